@@ -1,0 +1,8 @@
+//! PostgreSQL 15 specifics: page magic, resource managers, record layouts, `pg_control`.
+
+pub mod identify;
+pub mod rmgr;
+pub mod records;
+
+/// `XLOG_PAGE_MAGIC` of PostgreSQL 15.
+pub const XLOG_PAGE_MAGIC: u16 = 0xD110;

@@ -1,0 +1,11 @@
+//! The WAL stream: page headers, record reassembly, record fragments, images.
+
+pub mod image;
+pub mod page;
+pub mod pglz;
+pub mod reader;
+pub mod segment;
+pub mod record;
+
+pub use reader::{StartPosition, WalDecodeError, WalDecoder};
+pub use record::{BlockImage, BlockRef, DecodedRecord, RecordHeader};
