@@ -1,5 +1,6 @@
 //! `strata`: one binary, a subcommand per role.
 
+mod pgdata;
 mod wal;
 
 use clap::{Parser, Subcommand};

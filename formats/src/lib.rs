@@ -5,6 +5,7 @@
 //! randomized tests).
 
 pub mod lsn;
+pub mod page;
 pub mod types;
 pub mod version;
 pub mod v15;

@@ -92,10 +92,26 @@ mod tests {
 
     /// Pages from a PostgreSQL 15 cluster created with data checksums, with their block numbers.
     const VECTORS: [(&str, &[u8; PAGE_SIZE], u32); 4] = [
-        ("heap_blk0", include_bytes!("../../tests/data/page/heap_blk0.page"), 0),
-        ("heap_blk1", include_bytes!("../../tests/data/page/heap_blk1.page"), 1),
-        ("pg_class_blk0", include_bytes!("../../tests/data/page/pg_class_blk0.page"), 0),
-        ("btree_blk1", include_bytes!("../../tests/data/page/btree_blk1.page"), 1),
+        (
+            "heap_blk0",
+            include_bytes!("../../tests/data/page/heap_blk0.page"),
+            0,
+        ),
+        (
+            "heap_blk1",
+            include_bytes!("../../tests/data/page/heap_blk1.page"),
+            1,
+        ),
+        (
+            "pg_class_blk0",
+            include_bytes!("../../tests/data/page/pg_class_blk0.page"),
+            0,
+        ),
+        (
+            "btree_blk1",
+            include_bytes!("../../tests/data/page/btree_blk1.page"),
+            1,
+        ),
     ];
 
     fn stored(page: &[u8; PAGE_SIZE]) -> u16 {

@@ -1,7 +1,10 @@
 //! PostgreSQL 15 specifics: page magic, resource managers, record layouts, `pg_control`.
 
+pub mod control;
 pub mod identify;
+pub mod checkpoint_state;
 pub mod rmgr;
+pub mod startup;
 pub mod records;
 
 /// `XLOG_PAGE_MAGIC` of PostgreSQL 15.

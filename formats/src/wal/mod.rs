@@ -1,5 +1,6 @@
 //! The WAL stream: page headers, record reassembly, record fragments, images.
 
+pub mod encode;
 pub mod image;
 pub mod page;
 pub mod pglz;

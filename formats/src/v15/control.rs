@@ -1,0 +1,196 @@
+//! `global/pg_control` of PostgreSQL 15 (`ControlFileData`, version 1300).
+//!
+//! The struct is 296 bytes, CRC-32C over everything before the CRC field, and
+//! the file is zero-padded to 8 KiB. Fields Strata does not interpret are
+//! kept byte for byte, so a decoded file re-encodes to the same bytes.
+
+use crate::lsn::Lsn;
+use crate::types::{Cursor, Truncated};
+use crate::v15::records::xlog::CheckPoint;
+
+/// `PG_CONTROL_VERSION` of PostgreSQL 15.
+pub const PG_CONTROL_VERSION: u32 = 1300;
+/// `CATALOG_VERSION_NO` of PostgreSQL 15.
+pub const CATALOG_VERSION_NO: u32 = 202209061;
+/// Size of the file on disk.
+pub const PG_CONTROL_FILE_SIZE: usize = 8192;
+/// Size of the struct.
+pub const CONTROL_DATA_SIZE: usize = 296;
+const CRC_OFFSET: usize = 288;
+
+/// `DBState`: how the cluster was last left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum DbState {
+    Startup = 0,
+    Shutdowned = 1,
+    ShutdownedInRecovery = 2,
+    Shutdowning = 3,
+    InCrashRecovery = 4,
+    InArchiveRecovery = 5,
+    InProduction = 6,
+}
+
+impl DbState {
+    fn from_u32(v: u32) -> Option<DbState> {
+        Some(match v {
+            0 => DbState::Startup,
+            1 => DbState::Shutdowned,
+            2 => DbState::ShutdownedInRecovery,
+            3 => DbState::Shutdowning,
+            4 => DbState::InCrashRecovery,
+            5 => DbState::InArchiveRecovery,
+            6 => DbState::InProduction,
+            _ => return None,
+        })
+    }
+}
+
+/// The fields of `pg_control` Strata reads or writes; the rest of the
+/// struct is carried in `raw`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControlFile {
+    pub system_identifier: u64,
+    pub pg_control_version: u32,
+    pub catalog_version_no: u32,
+    pub state: DbState,
+    /// Time of the last update, seconds since the Unix epoch.
+    pub time: i64,
+    /// LSN of the last checkpoint record.
+    pub checkpoint: Lsn,
+    pub checkpoint_copy: CheckPoint,
+    pub unlogged_lsn: Lsn,
+    pub min_recovery_point: Lsn,
+    pub min_recovery_point_tli: u32,
+    pub backup_start_point: Lsn,
+    pub backup_end_point: Lsn,
+    pub backup_end_required: bool,
+    pub wal_level: i32,
+    pub wal_log_hints: bool,
+    pub block_size: u32,
+    pub wal_block_size: u32,
+    pub wal_segment_size: u32,
+    pub data_checksum_version: u32,
+    /// The struct as read (fields above override it when encoding).
+    raw: [u8; CONTROL_DATA_SIZE],
+}
+
+/// A `pg_control` file that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlFileError {
+    #[error("pg_control is truncated: {0}")]
+    Truncated(#[from] Truncated),
+    #[error("pg_control CRC mismatch (stored {stored:08X}, computed {computed:08X})")]
+    Crc { stored: u32, computed: u32 },
+    #[error("pg_control version {0} is not supported (expected {PG_CONTROL_VERSION})")]
+    Version(u32),
+    #[error("pg_control has invalid state {0}")]
+    State(u32),
+}
+
+impl ControlFile {
+    /// Decodes and verifies `pg_control` (the file, or at least its first 296 bytes).
+    pub fn decode(bytes: &[u8]) -> Result<ControlFile, ControlFileError> {
+        if bytes.len() < CONTROL_DATA_SIZE {
+            return Err(Truncated { offset: 0, needed: CONTROL_DATA_SIZE, available: bytes.len() }.into());
+        }
+        let stored = u32::from_le_bytes(bytes[CRC_OFFSET..CRC_OFFSET + 4].try_into().unwrap());
+        let computed = crc32c::crc32c(&bytes[..CRC_OFFSET]);
+        if stored != computed {
+            return Err(ControlFileError::Crc { stored, computed });
+        }
+        let mut c = Cursor::new(bytes);
+        let system_identifier = c.u64()?;
+        let pg_control_version = c.u32()?;
+        if pg_control_version != PG_CONTROL_VERSION {
+            return Err(ControlFileError::Version(pg_control_version));
+        }
+        let catalog_version_no = c.u32()?;
+        let state_raw = c.u32()?;
+        let state = DbState::from_u32(state_raw).ok_or(ControlFileError::State(state_raw))?;
+        c.skip(4)?;
+        let time = c.i64()?;
+        let checkpoint = Lsn(c.u64()?);
+        let checkpoint_copy = CheckPoint::decode(c.take(CheckPoint::SIZE)?)?;
+        let unlogged_lsn = Lsn(c.u64()?);
+        let min_recovery_point = Lsn(c.u64()?);
+        let min_recovery_point_tli = c.u32()?;
+        c.skip(4)?;
+        let backup_start_point = Lsn(c.u64()?);
+        let backup_end_point = Lsn(c.u64()?);
+        let backup_end_required = c.u8()? != 0;
+        c.skip(3)?;
+        let wal_level = c.i32()?;
+        let wal_log_hints = c.u8()? != 0;
+        let mut c = Cursor::new(&bytes[216..]);
+        let block_size = c.u32()?;
+        c.skip(4)?; // relseg_size
+        let wal_block_size = c.u32()?;
+        let wal_segment_size = c.u32()?;
+        let mut c = Cursor::new(&bytes[252..]);
+        let data_checksum_version = c.u32()?;
+        Ok(ControlFile {
+            system_identifier,
+            pg_control_version,
+            catalog_version_no,
+            state,
+            time,
+            checkpoint,
+            checkpoint_copy,
+            unlogged_lsn,
+            min_recovery_point,
+            min_recovery_point_tli,
+            backup_start_point,
+            backup_end_point,
+            backup_end_required,
+            wal_level,
+            wal_log_hints,
+            block_size,
+            wal_block_size,
+            wal_segment_size,
+            data_checksum_version,
+            raw: bytes[..CONTROL_DATA_SIZE].try_into().unwrap(),
+        })
+    }
+
+    /// Encodes the whole 8 KiB file with a fresh CRC.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; PG_CONTROL_FILE_SIZE];
+        out[..CONTROL_DATA_SIZE].copy_from_slice(&self.raw);
+        out[0..8].copy_from_slice(&self.system_identifier.to_le_bytes());
+        out[8..12].copy_from_slice(&self.pg_control_version.to_le_bytes());
+        out[12..16].copy_from_slice(&self.catalog_version_no.to_le_bytes());
+        out[16..20].copy_from_slice(&(self.state as u32).to_le_bytes());
+        out[24..32].copy_from_slice(&self.time.to_le_bytes());
+        out[32..40].copy_from_slice(&self.checkpoint.0.to_le_bytes());
+        out[40..128].copy_from_slice(&self.checkpoint_copy.encode());
+        out[128..136].copy_from_slice(&self.unlogged_lsn.0.to_le_bytes());
+        out[136..144].copy_from_slice(&self.min_recovery_point.0.to_le_bytes());
+        out[144..148].copy_from_slice(&self.min_recovery_point_tli.to_le_bytes());
+        out[152..160].copy_from_slice(&self.backup_start_point.0.to_le_bytes());
+        out[160..168].copy_from_slice(&self.backup_end_point.0.to_le_bytes());
+        out[168] = self.backup_end_required as u8;
+        out[172..176].copy_from_slice(&self.wal_level.to_le_bytes());
+        out[176] = self.wal_log_hints as u8;
+        out[216..220].copy_from_slice(&self.block_size.to_le_bytes());
+        out[224..228].copy_from_slice(&self.wal_block_size.to_le_bytes());
+        out[228..232].copy_from_slice(&self.wal_segment_size.to_le_bytes());
+        out[252..256].copy_from_slice(&self.data_checksum_version.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
+        out[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Points the file at a shutdown checkpoint record at `lsn`: a server
+    /// reading it starts there without recovery.
+    pub fn set_shutdown_checkpoint(&mut self, lsn: Lsn, checkpoint: CheckPoint) {
+        self.state = DbState::Shutdowned;
+        self.time = checkpoint.time;
+        self.checkpoint = lsn;
+        self.checkpoint_copy = checkpoint;
+        self.min_recovery_point = Lsn::INVALID;
+        self.min_recovery_point_tli = 0;
+        self.backup_start_point = Lsn::INVALID;
+        self.backup_end_point = Lsn::INVALID;
+        self.backup_end_required = false;
+    }
+}
