@@ -1,6 +1,7 @@
 //! `strata`: one binary, a subcommand per role.
 
 mod pgdata;
+mod verify_images;
 mod wal;
 
 use clap::{Parser, Subcommand};

@@ -36,6 +36,15 @@ pub enum WalCommand {
         #[arg(long)]
         fresh_wal: bool,
     },
+    /// Compare the last full-page image of every block in a stopped server's
+    /// WAL with the block in its data files (under PostgreSQL's masking rules).
+    VerifyImages {
+        #[arg(long)]
+        pgdata: PathBuf,
+        /// Mismatches listed in the report.
+        #[arg(long, default_value_t = 20)]
+        max_reported: usize,
+    },
     /// Measure decoding throughput of segment files against a plain copy of the same bytes.
     Bench {
         /// Timed passes over the files (the median is reported).
@@ -50,6 +59,12 @@ pub fn run(cmd: WalCommand) -> i32 {
     let result = match cmd {
         WalCommand::Dump { json, start, files } => dump(json, start, &files),
         WalCommand::Bench { runs, files } => bench(runs, &files),
+        WalCommand::VerifyImages { pgdata, max_reported } => {
+            crate::verify_images::verify_images(&pgdata, max_reported).and_then(|(ok, report)| {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+                Ok(if ok { 0 } else { 1 })
+            })
+        }
         WalCommand::ResetToEnd { pgdata, fresh_wal } => crate::pgdata::reset_to_end(&pgdata, fresh_wal).and_then(|report| {
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(0)

@@ -4,6 +4,7 @@
 //! malformed input and never panics (see the fuzz target in `fuzz/` and the
 //! randomized tests).
 
+pub mod fuzz;
 pub mod lsn;
 pub mod page;
 pub mod types;

@@ -256,10 +256,13 @@ impl WalDecoder {
         let page = self.pos;
         let expected_size = header_size_at(page, self.segment_size);
         let avail = self.available();
-        if avail.len() < SHORT_HEADER_SIZE.max(if expected_size == LONG_HEADER_SIZE { LONG_HEADER_SIZE } else { 0 }) {
+        if avail.len() < expected_size {
             return Ok(false);
         }
-        let header = PageHeader::decode(avail).expect("enough bytes for either header");
+        let Some(header) = PageHeader::decode(avail) else {
+            // Only possible when a short header claims to be long.
+            return self.corrupt(page, "long page header flag does not match the segment boundary".into());
+        };
         let in_record = self.partial.is_some();
 
         // A page never written (zeros) or left over from a recycled segment

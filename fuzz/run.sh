@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with the stable toolchain (SanitizerCoverage
+# instrumentation, no cargo-fuzz needed) and runs each for a bounded time,
+# seeded with the WAL test vectors. Usage: fuzz/run.sh [SECONDS_PER_TARGET]
+set -euo pipefail
+cd "$(dirname "$0")"
+seconds="${1:-60}"
+export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+ -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+ -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
+# An explicit --target keeps the instrumentation flags away from build scripts.
+host="$(rustc -vV | sed -n 's/^host: //p')"
+cargo build --release --quiet --target "$host" --bin decoders
+mkdir -p corpus/decoders artifacts
+# Seeds: each WAL vector behind every selector byte.
+for f in ../formats/tests/data/wal/*.wal ../formats/tests/data/pg_control_v15; do
+    for sel in 0 1 2 3; do
+        out="corpus/decoders/seed-$sel-$(basename "$f")"
+        [ -f "$out" ] || { printf "\\x0$sel" > "$out"; head -c 32768 "$f" >> "$out"; }
+    done
+done
+./target/"$host"/release/decoders corpus/decoders -max_total_time="$seconds" -max_len=65536 \
+    -artifact_prefix=artifacts/ -print_final_stats=1 2>&1 | tail -n 12

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything (scripts/setup.sh), then runs every test: Rust unit and
+# integration tests, a bounded coverage-guided fuzz run of every decoder, and
+# the Python integration tests against real PostgreSQL 15.
+# Environment: STRATA_FUZZ_SECONDS (default 60; 0 skips the fuzz run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+if ! command -v cargo >/dev/null 2>&1; then export PATH="$HOME/.cargo/bin:$PATH"; fi
+
+echo "== cargo test"
+cargo test --release --locked --workspace --quiet
+
+fuzz_seconds="${STRATA_FUZZ_SECONDS:-60}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+    echo "== fuzz (${fuzz_seconds}s per target)"
+    ./fuzz/run.sh "$fuzz_seconds"
+fi
+
+echo "== pytest"
+.venv/bin/pytest test_runner "$@"

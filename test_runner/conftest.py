@@ -1,0 +1,99 @@
+"""Shared fixtures for the Strata integration tests.
+
+Run from the repository root with ``.venv/bin/pytest test_runner``.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Do not leave __pycache__ directories behind for the helper modules.
+sys.dont_write_bytecode = True
+
+TEST_RUNNER_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TEST_RUNNER_DIR.parent
+if str(TEST_RUNNER_DIR) not in sys.path:
+    sys.path.insert(0, str(TEST_RUNNER_DIR))
+
+from fixtures.pg import PgCluster  # noqa: E402
+
+PG_MAJOR = 15
+
+
+def _find_pg_bin_dir() -> Path:
+    """PostgreSQL server binaries: $PG_BIN_DIR, then `pg_config --bindir`
+    (of the expected major version), then the Debian/Ubuntu layout."""
+    env = os.environ.get("PG_BIN_DIR")
+    if env:
+        return Path(env)
+    candidates = []
+    for pg_config in (f"/usr/lib/postgresql/{PG_MAJOR}/bin/pg_config", "pg_config"):
+        try:
+            out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            candidates.append(Path(out.stdout.strip()))
+    candidates.append(Path(f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
+    for c in candidates:
+        if (c / "initdb").exists() and (c / "pg_waldump").exists():
+            return c
+    return candidates[0]
+
+
+@pytest.fixture(scope="session")
+def pg_bin_dir() -> Path:
+    d = _find_pg_bin_dir()
+    missing = [p for p in ("initdb", "pg_ctl", "postgres", "pg_waldump") if not (d / p).exists()]
+    if missing:
+        pytest.fail(f"PostgreSQL {PG_MAJOR} binaries not found in {d} (missing {', '.join(missing)}); "
+                    f"install postgresql-{PG_MAJOR} (scripts/setup.sh) or set PG_BIN_DIR")
+    out = subprocess.run([str(d / "postgres"), "--version"], capture_output=True, text=True, timeout=30)
+    version = out.stdout.strip()
+    if f"(PostgreSQL) {PG_MAJOR}." not in version:
+        pytest.fail(f"expected PostgreSQL {PG_MAJOR} in {d}, found: {version!r}")
+    return d
+
+
+@pytest.fixture(scope="session")
+def strata_bin() -> Path:
+    path = REPO_ROOT / "target" / "release" / "strata"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        pytest.fail(f"Strata binary not found at {path}; build it first with "
+                    f"`cargo build --release` in {REPO_ROOT}")
+    return path
+
+
+@pytest.fixture
+def pg_cluster_factory(pg_bin_dir, tmp_path, tmp_path_factory):
+    """Creates PgCluster objects (not yet initialised) in fresh directories
+    under the test's tmp_path; every cluster is stopped at teardown, even on
+    failure."""
+    clusters = []
+    # The server user must be able to reach tmp_path from the pytest root.
+    traverse_root = tmp_path_factory.getbasetemp().parent
+
+    def make(name: str = "pg") -> PgCluster:
+        base = tmp_path / f"{name}{len(clusters)}"
+        cluster = PgCluster(pg_bin_dir, base, traverse_root=traverse_root)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    errors = []
+    for c in clusters:
+        try:
+            c.cleanup()
+        except Exception as e:  # keep stopping the others
+            errors.append(f"{c}: {e}")
+    if errors:
+        pytest.fail("failed to stop cluster(s): " + "; ".join(errors))
+
+
+@pytest.fixture
+def pg_cluster(pg_cluster_factory) -> PgCluster:
+    """A fresh, not yet initialised cluster."""
+    return pg_cluster_factory()
