@@ -120,7 +120,7 @@ impl WalBuilder {
     }
 
     fn page_header(&self, page: Lsn, remaining: u32) -> PageHeader {
-        let long = page.0 % self.segment_size == 0;
+        let long = page.0.is_multiple_of(self.segment_size);
         let mut info = 0;
         if long {
             info |= XLP_LONG_HEADER;

@@ -105,7 +105,7 @@ impl PageHeader {
 /// Size of the page header at `lsn`, which must be at a page boundary.
 pub fn header_size_at(lsn: Lsn, segment_size: u64) -> usize {
     debug_assert_eq!(lsn.0 % XLOG_BLCKSZ as u64, 0);
-    if lsn.0 % segment_size == 0 {
+    if lsn.0.is_multiple_of(segment_size) {
         LONG_HEADER_SIZE
     } else {
         SHORT_HEADER_SIZE

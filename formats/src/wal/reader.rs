@@ -380,7 +380,7 @@ impl WalDecoder {
 /// start at a page boundary but after its header.
 pub fn record_start_at(lsn: Lsn, segment_size: u64) -> Lsn {
     let lsn = lsn.align_up(MAXALIGN);
-    if lsn.0 % XLOG_BLCKSZ as u64 == 0 {
+    if lsn.0.is_multiple_of(XLOG_BLCKSZ as u64) {
         Lsn(lsn.0 + header_size_at(lsn, segment_size) as u64)
     } else {
         lsn
