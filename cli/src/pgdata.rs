@@ -32,7 +32,8 @@ fn sync_dir(dir: &Path) -> anyhow::Result<()> {
 fn same_owner(path: &Path, reference: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(reference)?;
-    std::os::unix::fs::chown(path, Some(meta.uid()), Some(meta.gid())).with_context(|| format!("chown {}", path.display()))
+    std::os::unix::fs::chown(path, Some(meta.uid()), Some(meta.gid()))
+        .with_context(|| format!("chown {}", path.display()))
 }
 
 /// With `fresh_wal`, every old segment is removed and the generated segment

@@ -99,7 +99,9 @@ pub fn verify_images(pgdata: &Path, max_reported: usize) -> anyhow::Result<(bool
                     gist::clear_follow_right(&mut img.page, record.end_lsn);
                 }
             }
-            Some(ParsedRecord::Smgr(SmgrRecord::Truncate { rel, blocks, flags })) if flags & SMGR_TRUNCATE_HEAP != 0 => {
+            Some(ParsedRecord::Smgr(SmgrRecord::Truncate { rel, blocks, flags }))
+                if flags & SMGR_TRUNCATE_HEAP != 0 =>
+            {
                 last.retain(|(r, f, blk), _| !(*r == rel && *f == ForkNumber::Main && *blk >= blocks));
             }
             Some(ParsedRecord::Xact(XactRecord::Finish(finish))) => {

@@ -59,16 +59,17 @@ pub fn run(cmd: WalCommand) -> i32 {
     let result = match cmd {
         WalCommand::Dump { json, start, files } => dump(json, start, &files),
         WalCommand::Bench { runs, files } => bench(runs, &files),
-        WalCommand::VerifyImages { pgdata, max_reported } => {
-            crate::verify_images::verify_images(&pgdata, max_reported).and_then(|(ok, report)| {
+        WalCommand::VerifyImages { pgdata, max_reported } => crate::verify_images::verify_images(&pgdata, max_reported)
+            .and_then(|(ok, report)| {
                 println!("{}", serde_json::to_string_pretty(&report)?);
                 Ok(if ok { 0 } else { 1 })
+            }),
+        WalCommand::ResetToEnd { pgdata, fresh_wal } => {
+            crate::pgdata::reset_to_end(&pgdata, fresh_wal).and_then(|report| {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+                Ok(0)
             })
         }
-        WalCommand::ResetToEnd { pgdata, fresh_wal } => crate::pgdata::reset_to_end(&pgdata, fresh_wal).and_then(|report| {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-            Ok(0)
-        }),
     };
     match result {
         Ok(code) => code,
@@ -141,7 +142,8 @@ fn record_json(record: &DecodedRecord) -> anyhow::Result<RecordJson> {
     let mut blocks = Vec::with_capacity(record.blocks.len());
     let mut fpi_len = 0u32;
     for b in &record.blocks {
-        let page = record.block_image(b).map_err(|e| anyhow::anyhow!("block {} ({} blk {}): {e}", b.id, b.rel, b.block))?;
+        let page =
+            record.block_image(b).map_err(|e| anyhow::anyhow!("block {} ({} blk {}): {e}", b.id, b.rel, b.block))?;
         if let Some(image) = &b.image {
             fpi_len += image.data.len() as u32;
         }
@@ -228,7 +230,10 @@ fn dump(json: bool, start: Option<Lsn>, files: &[PathBuf]) -> anyhow::Result<i32
                     }
                     Err(e) => {
                         let (path, offset) = reader.locate(record.lsn);
-                        break Some((record.lsn, format!("{}: record at {} (offset {offset:#x}): {e:#}", path.display(), record.lsn)));
+                        break Some((
+                            record.lsn,
+                            format!("{}: record at {} (offset {offset:#x}): {e:#}", path.display(), record.lsn),
+                        ));
                     }
                 }
             }
@@ -275,7 +280,10 @@ fn bench(runs: usize, files: &[PathBuf]) -> anyhow::Result<i32> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
     let files = expand(files)?;
     let (segment_size, version) = strata_formats::wal::segment::probe_segment(&files[0])?;
-    let first = files[0].file_name().and_then(|n| n.to_str()).and_then(|n| strata_formats::wal::segment::SegmentName::parse(n, segment_size));
+    let first = files[0]
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| strata_formats::wal::segment::SegmentName::parse(n, segment_size));
     let first = first.ok_or_else(|| anyhow::anyhow!("{}: not a segment file name", files[0].display()))?;
     let mut bytes = Vec::new();
     let mut read_s = Vec::new();
@@ -307,7 +315,8 @@ fn bench(runs: usize, files: &[PathBuf]) -> anyhow::Result<i32> {
 
         for restore_images in [false, true] {
             let t = Instant::now();
-            let mut decoder = WalDecoder::new(version, first.start_lsn(segment_size), segment_size, StartPosition::FindFirstRecord);
+            let mut decoder =
+                WalDecoder::new(version, first.start_lsn(segment_size), segment_size, StartPosition::FindFirstRecord);
             decoder.feed(&bytes);
             let mut n = 0u64;
             while let Ok(Some(record)) = decoder.next_record() {

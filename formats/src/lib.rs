@@ -8,8 +8,8 @@ pub mod fuzz;
 pub mod lsn;
 pub mod page;
 pub mod types;
-pub mod version;
 pub mod v15;
+pub mod version;
 pub mod wal;
 
 pub use lsn::Lsn;

@@ -173,7 +173,8 @@ impl<'a> Cursor<'a> {
     pub fn count(&mut self, elem_size: usize) -> Result<usize, Truncated> {
         let offset = self.pos;
         let n = self.i32()?;
-        let n = usize::try_from(n).map_err(|_| Truncated { offset, needed: usize::MAX, available: self.remaining() })?;
+        let n =
+            usize::try_from(n).map_err(|_| Truncated { offset, needed: usize::MAX, available: self.remaining() })?;
         match n.checked_mul(elem_size) {
             Some(bytes) if bytes <= self.remaining() => Ok(n),
             _ => Err(Truncated { offset, needed: n.saturating_mul(elem_size), available: self.remaining() }),

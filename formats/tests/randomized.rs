@@ -92,7 +92,11 @@ fn damaged_wal_never_panics() {
         let chunk = [bytes.len(), 1 + rng.below(9000)][rng.below(2)];
         let summary = decode_wal(&bytes, *lsn, 16 << 20, chunk);
         // Damage never makes up records: at most as many as the clean input.
-        assert!(summary.records <= clean[which] + 1, "iteration {iterations}: {} records from damaged input", summary.records);
+        assert!(
+            summary.records <= clean[which] + 1,
+            "iteration {iterations}: {} records from damaged input",
+            summary.records
+        );
         if summary.error.is_some() {
             errors += 1;
         }

@@ -179,10 +179,7 @@ impl PageKind {
         let Ok(h) = super::PageHeader::decode(page) else {
             return PageKind::Unknown;
         };
-        if h.is_new()
-            || h.page_size() != PAGE_SIZE
-            || h.layout_version() != super::PG_PAGE_LAYOUT_VERSION
-        {
+        if h.is_new() || h.page_size() != PAGE_SIZE || h.layout_version() != super::PG_PAGE_LAYOUT_VERSION {
             return PageKind::Unknown;
         }
         if !h.has_valid_bounds() {
@@ -204,9 +201,7 @@ impl PageKind {
                 BLOOM_PAGE_ID => PageKind::Generic,
                 BRIN_PAGETYPE_META | BRIN_PAGETYPE_REVMAP | BRIN_PAGETYPE_REGULAR => PageKind::Brin,
                 // A sequence page holds exactly one tuple.
-                _ if get_u32(page, special) == Some(SEQ_MAGIC) && h.max_offset_number() == 1 => {
-                    PageKind::Sequence
-                }
+                _ if get_u32(page, special) == Some(SEQ_MAGIC) && h.max_offset_number() == 1 => PageKind::Sequence,
                 flags if flags & !GIN_KNOWN_FLAGS == 0 => PageKind::Gin,
                 _ => PageKind::Unknown,
             },
@@ -215,8 +210,7 @@ impl PageKind {
                 GIST_PAGE_ID => PageKind::Gist,
                 cycle_id
                     if cycle_id <= MAX_BT_CYCLE_ID
-                        && get_u16(page, special + BT_FLAGS)
-                            .is_some_and(|f| f & !BTP_KNOWN_FLAGS == 0) =>
+                        && get_u16(page, special + BT_FLAGS).is_some_and(|f| f & !BTP_KNOWN_FLAGS == 0) =>
                 {
                     PageKind::Btree
                 }
@@ -330,11 +324,7 @@ fn mask_lsn_and_checksum(page: &mut [u8; PAGE_SIZE]) {
 fn mask_hint_bits(page: &mut [u8; PAGE_SIZE]) {
     put_u32(page, 20, 0);
     let flags = get_u16(page, 10).unwrap_or(0);
-    put_u16(
-        page,
-        10,
-        flags & !(PD_PAGE_FULL | PD_HAS_FREE_LINES | PD_ALL_VISIBLE),
-    );
+    put_u16(page, 10, flags & !(PD_PAGE_FULL | PD_HAS_FREE_LINES | PD_ALL_VISIBLE));
 }
 
 /// `mask_unused_space`: zero the hole between `pd_lower` and `pd_upper`.
@@ -433,11 +423,7 @@ fn btree_mask(page: &mut [u8; PAGE_SIZE]) {
         mask_lp_flags(page);
     }
     let flags = get_u16(page, sp + BT_FLAGS).unwrap_or(0);
-    put_u16(
-        page,
-        sp + BT_FLAGS,
-        flags & !(BTP_HAS_GARBAGE | BTP_SPLIT_END),
-    );
+    put_u16(page, sp + BT_FLAGS, flags & !(BTP_HAS_GARBAGE | BTP_SPLIT_END));
     put_u16(page, sp + BT_CYCLEID, 0);
 }
 
@@ -528,9 +514,7 @@ fn brin_mask(page: &mut [u8; PAGE_SIZE]) {
         return;
     };
     let page_type = get_u16(page, sp + BRIN_TYPE).unwrap_or(0);
-    if page_type == BRIN_PAGETYPE_REGULAR
-        || (page_type == BRIN_PAGETYPE_META && lower(page) > PAGE_HEADER_SIZE)
-    {
+    if page_type == BRIN_PAGETYPE_REGULAR || (page_type == BRIN_PAGETYPE_META && lower(page) > PAGE_HEADER_SIZE) {
         mask_unused_space(page);
     }
     let flags = get_u16(page, sp + BRIN_FLAGS).unwrap_or(0);
@@ -559,8 +543,7 @@ mod tests {
 
     const HEAP_BLK0: &[u8; PAGE_SIZE] = include_bytes!("../../tests/data/page/heap_blk0.page");
     const HEAP_BLK1: &[u8; PAGE_SIZE] = include_bytes!("../../tests/data/page/heap_blk1.page");
-    const PG_CLASS_BLK0: &[u8; PAGE_SIZE] =
-        include_bytes!("../../tests/data/page/pg_class_blk0.page");
+    const PG_CLASS_BLK0: &[u8; PAGE_SIZE] = include_bytes!("../../tests/data/page/pg_class_blk0.page");
     const BTREE_BLK1: &[u8; PAGE_SIZE] = include_bytes!("../../tests/data/page/btree_blk1.page");
 
     /// Offset of the first differing byte (keeps failure messages short).
@@ -588,10 +571,7 @@ mod tests {
 
     fn first_normal(page: &[u8; PAGE_SIZE]) -> (u16, ItemId) {
         let n = PageHeader::decode(page).unwrap().max_offset_number();
-        (1..=n)
-            .map(|o| (o, item_id(page, o).unwrap()))
-            .find(|(_, id)| id.is_normal())
-            .unwrap()
+        (1..=n).map(|o| (o, item_id(page, o).unwrap())).find(|(_, id)| id.is_normal()).unwrap()
     }
 
     /// An empty, initialized page with `special_size` bytes of special space.
@@ -614,16 +594,7 @@ mod tests {
         let start = (h.upper as usize - len) & !(MAXIMUM_ALIGNOF - 1);
         p[start..start + len].fill(fill);
         let off = h.max_offset_number() + 1;
-        set_item_id(
-            p,
-            off,
-            ItemId {
-                off: start as u16,
-                flags,
-                len: len as u16,
-            },
-        )
-        .unwrap();
+        set_item_id(p, off, ItemId { off: start as u16, flags, len: len as u16 }).unwrap();
         h.lower += ITEM_ID_SIZE as u16;
         h.upper = start as u16;
         p[..PAGE_HEADER_SIZE].copy_from_slice(&h.encode());
@@ -661,42 +632,15 @@ mod tests {
             }
             p
         };
-        assert_eq!(
-            PageKind::detect(&with_tail(16, &[(14, HASHO_PAGE_ID)])),
-            PageKind::Hash
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(16, &[(14, GIST_PAGE_ID)])),
-            PageKind::Gist
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(16, &[(12, BTP_LEAF), (14, 7)])),
-            PageKind::Btree
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(16, &[(14, 0xFFF0)])),
-            PageKind::Unknown
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(8, &[(6, SPGIST_PAGE_ID)])),
-            PageKind::SpGist
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(8, &[(6, BRIN_PAGETYPE_REVMAP)])),
-            PageKind::Brin
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(8, &[(6, BLOOM_PAGE_ID)])),
-            PageKind::Generic
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(8, &[(6, 0x0003)])),
-            PageKind::Gin
-        );
-        assert_eq!(
-            PageKind::detect(&with_tail(8, &[(6, 0x1234)])),
-            PageKind::Unknown
-        );
+        assert_eq!(PageKind::detect(&with_tail(16, &[(14, HASHO_PAGE_ID)])), PageKind::Hash);
+        assert_eq!(PageKind::detect(&with_tail(16, &[(14, GIST_PAGE_ID)])), PageKind::Gist);
+        assert_eq!(PageKind::detect(&with_tail(16, &[(12, BTP_LEAF), (14, 7)])), PageKind::Btree);
+        assert_eq!(PageKind::detect(&with_tail(16, &[(14, 0xFFF0)])), PageKind::Unknown);
+        assert_eq!(PageKind::detect(&with_tail(8, &[(6, SPGIST_PAGE_ID)])), PageKind::SpGist);
+        assert_eq!(PageKind::detect(&with_tail(8, &[(6, BRIN_PAGETYPE_REVMAP)])), PageKind::Brin);
+        assert_eq!(PageKind::detect(&with_tail(8, &[(6, BLOOM_PAGE_ID)])), PageKind::Generic);
+        assert_eq!(PageKind::detect(&with_tail(8, &[(6, 0x0003)])), PageKind::Gin);
+        assert_eq!(PageKind::detect(&with_tail(8, &[(6, 0x1234)])), PageKind::Unknown);
         assert_eq!(PageKind::detect(&with_tail(24, &[])), PageKind::Unknown);
 
         let mut seq = with_tail(8, &[(0, SEQ_MAGIC as u16)]);
@@ -725,11 +669,7 @@ mod tests {
         let (_, id) = first_normal(HEAP_BLK0);
         let infomask_at = id.off as usize + HTUP_INFOMASK;
         let infomask = get_u16(HEAP_BLK0, infomask_at).unwrap();
-        assert_ne!(
-            infomask & HEAP_XMIN_FROZEN,
-            HEAP_XMIN_FROZEN,
-            "test vector tuples are not frozen"
-        );
+        assert_ne!(infomask & HEAP_XMIN_FROZEN, HEAP_XMIN_FROZEN, "test vector tuples are not frozen");
 
         let mut other = *HEAP_BLK0;
         put_u16(&mut other, infomask_at, infomask ^ HEAP_XMIN_COMMITTED);
@@ -740,26 +680,17 @@ mod tests {
         // Command id differs too (redo uses FirstCommandId).
         put_u32(&mut other, id.off as usize + HTUP_CID, 42);
         assert_ne!(&other, HEAP_BLK0);
-        assert_same!(
-            masked(&other, PageKind::Heap),
-            masked(HEAP_BLK0, PageKind::Heap)
-        );
+        assert_same!(masked(&other, PageKind::Heap), masked(HEAP_BLK0, PageKind::Heap));
 
         // Tuple data differences survive masking.
         let mut changed = other;
         changed[id.off as usize + id.len as usize - 1] ^= 0x5A;
-        assert_differ!(
-            masked(&changed, PageKind::Heap),
-            masked(HEAP_BLK0, PageKind::Heap)
-        );
+        assert_differ!(masked(&changed, PageKind::Heap), masked(HEAP_BLK0, PageKind::Heap));
 
         // The attribute-shape bits of the infomask are not hints.
         let mut shape = *HEAP_BLK0;
         put_u16(&mut shape, infomask_at, infomask ^ 0x0001);
-        assert_differ!(
-            masked(&shape, PageKind::Heap),
-            masked(HEAP_BLK0, PageKind::Heap)
-        );
+        assert_differ!(masked(&shape, PageKind::Heap), masked(HEAP_BLK0, PageKind::Heap));
     }
 
     #[test]
@@ -771,10 +702,7 @@ mod tests {
         let mut b = a;
         put_u16(&mut b, at, HEAP_XMIN_FROZEN);
         assert_same!(masked(&a, PageKind::Heap), masked(&b, PageKind::Heap));
-        assert_eq!(
-            get_u16(&masked(&a, PageKind::Heap), at),
-            Some(HEAP_XMIN_FROZEN)
-        );
+        assert_eq!(get_u16(&masked(&a, PageKind::Heap), at), Some(HEAP_XMIN_FROZEN));
         // Unfrozen vs frozen is a real difference.
         put_u16(&mut b, at, HEAP_XMIN_COMMITTED);
         assert_differ!(masked(&a, PageKind::Heap), masked(&b, PageKind::Heap));
@@ -801,30 +729,21 @@ mod tests {
         mask_page_at(&mut r, PageKind::Heap, 0x1_0005);
         assert_same!(p, r);
         // Without the block number, only block 0 lines up.
-        assert_differ!(
-            masked(&primary, PageKind::Heap),
-            masked(&replay, PageKind::Heap)
-        );
+        assert_differ!(masked(&primary, PageKind::Heap), masked(&replay, PageKind::Heap));
     }
 
     #[test]
     fn unused_space_garbage_is_masked() {
         let h = PageHeader::decode(HEAP_BLK1).unwrap();
         let mut garbage = *HEAP_BLK1;
-        for (i, b) in garbage[h.lower as usize..h.upper as usize]
-            .iter_mut()
-            .enumerate()
-        {
+        for (i, b) in garbage[h.lower as usize..h.upper as usize].iter_mut().enumerate() {
             *b = i as u8 | 1;
         }
         for kind in [PageKind::Heap, PageKind::Generic, PageKind::Sequence] {
             assert_same!(masked(&garbage, kind), masked(HEAP_BLK1, kind), kind);
         }
         // Unknown pages keep their hole.
-        assert_differ!(
-            masked(&garbage, PageKind::Unknown),
-            masked(HEAP_BLK1, PageKind::Unknown)
-        );
+        assert_differ!(masked(&garbage, PageKind::Unknown), masked(HEAP_BLK1, PageKind::Unknown));
     }
 
     #[test]
@@ -836,30 +755,17 @@ mod tests {
         id.flags = LP_DEAD;
         set_item_id(&mut killed, off, id).unwrap();
         let flags = get_u16(&killed, sp + BT_FLAGS).unwrap();
-        put_u16(
-            &mut killed,
-            sp + BT_FLAGS,
-            flags | BTP_HAS_GARBAGE | BTP_SPLIT_END,
-        );
+        put_u16(&mut killed, sp + BT_FLAGS, flags | BTP_HAS_GARBAGE | BTP_SPLIT_END);
         put_u16(&mut killed, sp + BT_CYCLEID, 12);
-        assert_same!(
-            masked(&killed, PageKind::Btree),
-            masked(BTREE_BLK1, PageKind::Btree)
-        );
-        assert_differ!(
-            masked(&killed, PageKind::Heap),
-            masked(BTREE_BLK1, PageKind::Heap)
-        );
+        assert_same!(masked(&killed, PageKind::Btree), masked(BTREE_BLK1, PageKind::Btree));
+        assert_differ!(masked(&killed, PageKind::Heap), masked(BTREE_BLK1, PageKind::Heap));
 
         // On an internal page LP_DEAD is a real difference.
         let mut internal = *BTREE_BLK1;
         put_u16(&mut internal, sp + BT_FLAGS, flags & !BTP_LEAF);
         let mut internal_killed = internal;
         set_item_id(&mut internal_killed, off, id).unwrap();
-        assert_differ!(
-            masked(&internal_killed, PageKind::Btree),
-            masked(&internal, PageKind::Btree)
-        );
+        assert_differ!(masked(&internal_killed, PageKind::Btree), masked(&internal, PageKind::Btree));
     }
 
     #[test]
@@ -871,11 +777,7 @@ mod tests {
         let off = add_item(&mut a, 16, LP_NORMAL, 3);
         let mut b = a;
         b[sp..sp + 8].fill(0x42);
-        put_u16(
-            &mut b,
-            sp + GIST_FLAGS,
-            F_LEAF | F_FOLLOW_RIGHT | F_HAS_GARBAGE,
-        );
+        put_u16(&mut b, sp + GIST_FLAGS, F_LEAF | F_FOLLOW_RIGHT | F_HAS_GARBAGE);
         let mut id = item_id(&b, off).unwrap();
         id.flags = LP_DEAD;
         set_item_id(&mut b, off, id).unwrap();
@@ -949,33 +851,21 @@ mod tests {
             if iter % 2 == 1 {
                 // Mostly-plausible header so the deeper paths run.
                 let r = next();
-                let special = [
-                    PAGE_SIZE,
-                    PAGE_SIZE - 8,
-                    PAGE_SIZE - 16,
-                    (r >> 8) as usize % 9000,
-                ][r as usize % 4];
+                let special = [PAGE_SIZE, PAGE_SIZE - 8, PAGE_SIZE - 16, (r >> 8) as usize % 9000][r as usize % 4];
                 let lower = PAGE_HEADER_SIZE + (r >> 20) as usize % 600;
                 let upper = lower + (r >> 32) as usize % 7000;
                 put_u16(&mut page, 12, lower as u16);
                 put_u16(&mut page, 14, upper as u16);
                 put_u16(&mut page, 16, special as u16);
                 put_u16(&mut page, 18, 0x2004);
-                put_u16(
-                    &mut page,
-                    PAGE_SIZE - 2,
-                    magics[(r >> 48) as usize % magics.len()],
-                );
+                put_u16(&mut page, PAGE_SIZE - 2, magics[(r >> 48) as usize % magics.len()]);
                 put_u16(&mut page, PAGE_SIZE - 4, (r >> 40) as u16 & 0x7);
                 if iter % 4 == 1 {
                     // Line pointers near the end of the page, with long lengths.
                     for off in 1..=((lower - PAGE_HEADER_SIZE) / ITEM_ID_SIZE) as u16 {
                         let v = next();
-                        let id = ItemId {
-                            off: 8000 + (v % 400) as u16,
-                            flags: (v >> 16) as u8 & 3,
-                            len: (v >> 24) as u16,
-                        };
+                        let id =
+                            ItemId { off: 8000 + (v % 400) as u16, flags: (v >> 16) as u8 & 3, len: (v >> 24) as u16 };
                         set_item_id(&mut page, off, id).unwrap();
                     }
                 }

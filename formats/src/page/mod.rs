@@ -71,10 +71,7 @@ pub enum PageError {
 
 fn check_len(page: &[u8], need: usize) -> Result<(), PageError> {
     if page.len() < need {
-        Err(PageError::TooShort {
-            len: page.len(),
-            need,
-        })
+        Err(PageError::TooShort { len: page.len(), need })
     } else {
         Ok(())
     }
@@ -202,11 +199,7 @@ pub fn is_all_zeros(page: &[u8]) -> bool {
 /// Number of line pointers, derived from `pd_lower` (`PageGetMaxOffsetNumber`).
 pub fn max_offset_number(page: &[u8]) -> Result<u16, PageError> {
     let lower = pd_lower(page)? as usize;
-    Ok(if lower <= PAGE_HEADER_SIZE {
-        0
-    } else {
-        ((lower - PAGE_HEADER_SIZE) / ITEM_ID_SIZE) as u16
-    })
+    Ok(if lower <= PAGE_HEADER_SIZE { 0 } else { ((lower - PAGE_HEADER_SIZE) / ITEM_ID_SIZE) as u16 })
 }
 
 /// The decoded 24-byte page header (`PageHeaderData` without the line pointers).
@@ -282,11 +275,7 @@ impl PageHeader {
     /// True if `header <= pd_lower <= pd_upper <= pd_special <= PAGE_SIZE`
     /// (the bounds PostgreSQL insists on before touching the hole).
     pub fn has_valid_bounds(&self) -> bool {
-        let (lower, upper, special) = (
-            self.lower as usize,
-            self.upper as usize,
-            self.special as usize,
-        );
+        let (lower, upper, special) = (self.lower as usize, self.upper as usize, self.special as usize);
         PAGE_HEADER_SIZE <= lower && lower <= upper && upper <= special && special <= PAGE_SIZE
     }
 }
@@ -306,18 +295,12 @@ pub struct ItemId {
 impl ItemId {
     /// Unpacks the raw little-endian word.
     pub fn from_raw(raw: u32) -> ItemId {
-        ItemId {
-            off: (raw & 0x7FFF) as u16,
-            flags: ((raw >> 15) & 0x3) as u8,
-            len: ((raw >> 17) & 0x7FFF) as u16,
-        }
+        ItemId { off: (raw & 0x7FFF) as u16, flags: ((raw >> 15) & 0x3) as u8, len: ((raw >> 17) & 0x7FFF) as u16 }
     }
 
     /// Packs into the raw word; out-of-range fields are truncated to their bit widths.
     pub fn to_raw(self) -> u32 {
-        (self.off as u32 & 0x7FFF)
-            | ((self.flags as u32 & 0x3) << 15)
-            | ((self.len as u32 & 0x7FFF) << 17)
+        (self.off as u32 & 0x7FFF) | ((self.flags as u32 & 0x3) << 15) | ((self.len as u32 & 0x7FFF) << 17)
     }
 
     /// `ItemIdIsUsed`: anything but `LP_UNUSED`.
@@ -393,8 +376,7 @@ mod tests {
         set_pd_lower(&mut page, 32).unwrap();
         set_pd_upper(&mut page, 8000).unwrap();
         set_pd_special(&mut page, 8176).unwrap();
-        set_pd_pagesize_version(&mut page, PAGE_SIZE as u16 | PG_PAGE_LAYOUT_VERSION as u16)
-            .unwrap();
+        set_pd_pagesize_version(&mut page, PAGE_SIZE as u16 | PG_PAGE_LAYOUT_VERSION as u16).unwrap();
         set_pd_prune_xid(&mut page, 1234).unwrap();
         let h = PageHeader::decode(&page).unwrap();
         assert_eq!(
@@ -416,11 +398,7 @@ mod tests {
 
     #[test]
     fn item_id_packing() {
-        let id = ItemId {
-            off: 8152,
-            flags: LP_DEAD,
-            len: 40,
-        };
+        let id = ItemId { off: 8152, flags: LP_DEAD, len: 40 };
         let raw = id.to_raw();
         assert_eq!(raw, 8152 | (3 << 15) | (40 << 17));
         assert_eq!(ItemId::from_raw(raw), id);
@@ -436,10 +414,7 @@ mod tests {
     fn short_buffers_are_errors() {
         let mut short = [0u8; 10];
         assert_eq!(pd_lsn(&short).unwrap(), 0);
-        assert_eq!(
-            pd_flags(&short),
-            Err(PageError::TooShort { len: 10, need: 12 })
-        );
+        assert_eq!(pd_flags(&short), Err(PageError::TooShort { len: 10, need: 12 }));
         assert!(set_pd_prune_xid(&mut short, 1).is_err());
         assert!(PageHeader::decode(&short).is_err());
         assert!(item_id(&[0u8; PAGE_HEADER_SIZE], 1).is_err());

@@ -77,7 +77,9 @@ impl CheckpointState {
             }
             ParsedRecord::Xact(XactRecord::Prepare(prepare)) => self.observe_xid(prepare.xid),
             ParsedRecord::Xlog(XlogRecord::NextOid(oid)) => self.checkpoint.next_oid = *oid,
-            ParsedRecord::Xlog(XlogRecord::Checkpoint { shutdown, checkpoint }) => self.apply_checkpoint(*shutdown, checkpoint),
+            ParsedRecord::Xlog(XlogRecord::Checkpoint { shutdown, checkpoint }) => {
+                self.apply_checkpoint(*shutdown, checkpoint)
+            }
             ParsedRecord::MultiXact(MultiXactRecord::Create { multi, offset, members }) => {
                 let mut next = multi.wrapping_add(1);
                 if next < FIRST_MULTI_ID {

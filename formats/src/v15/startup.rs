@@ -34,14 +34,8 @@ pub fn shutdown_checkpoint_at(
     time: i64,
 ) -> ShutdownCheckpoint {
     let segment_size = template.wal_segment_size as u64;
-    let mut builder = WalBuilder::new(
-        PgVersion::V15,
-        template.system_identifier,
-        state.this_timeline,
-        segment_size,
-        at,
-        prev,
-    );
+    let mut builder =
+        WalBuilder::new(PgVersion::V15, template.system_identifier, state.this_timeline, segment_size, at, prev);
     let mut checkpoint = *state;
     checkpoint.time = time;
     // No transaction is running at a shutdown checkpoint.

@@ -4,12 +4,14 @@
 use std::collections::BTreeMap;
 
 use crate::lsn::Lsn;
+use crate::types::TransactionId;
 use crate::version::{PgVersion, MAXALIGN, XLOG_BLCKSZ};
 use crate::wal::page::{header_size_at, LongHeaderFields, PageHeader, XLP_FIRST_IS_CONTRECORD, XLP_LONG_HEADER};
 use crate::wal::reader::record_start_at;
-use crate::wal::record::{record_crc, RecordHeader, RECORD_HEADER_SIZE, XLR_BLOCK_ID_DATA_LONG, XLR_BLOCK_ID_DATA_SHORT};
+use crate::wal::record::{
+    record_crc, RecordHeader, RECORD_HEADER_SIZE, XLR_BLOCK_ID_DATA_LONG, XLR_BLOCK_ID_DATA_SHORT,
+};
 use crate::wal::segment::SegmentName;
-use crate::types::TransactionId;
 
 /// Encodes a record without block references: header, main-data header, data.
 pub fn encode_record(rmgr: u8, info: u8, xid: TransactionId, prev: Lsn, main_data: &[u8]) -> Vec<u8> {
@@ -50,7 +52,14 @@ pub struct WalBuilder {
 impl WalBuilder {
     /// A builder whose first record will start at `start` (moved past a page
     /// header if it falls on a page boundary); `prev` is the record before it.
-    pub fn new(version: PgVersion, system_id: u64, timeline: u32, segment_size: u64, start: Lsn, prev: Lsn) -> WalBuilder {
+    pub fn new(
+        version: PgVersion,
+        system_id: u64,
+        timeline: u32,
+        segment_size: u64,
+        start: Lsn,
+        prev: Lsn,
+    ) -> WalBuilder {
         WalBuilder {
             version,
             system_id,

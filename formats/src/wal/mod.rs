@@ -5,8 +5,8 @@ pub mod image;
 pub mod page;
 pub mod pglz;
 pub mod reader;
-pub mod segment;
 pub mod record;
+pub mod segment;
 
 pub use reader::{StartPosition, WalDecodeError, WalDecoder};
 pub use record::{BlockImage, BlockRef, DecodedRecord, RecordHeader};

@@ -8,13 +8,13 @@
 //! the unconsumed input.
 
 use crate::lsn::Lsn;
+use crate::v15::rmgr::{RM_XLOG_ID, XLOG_SWITCH};
 use crate::version::{PgVersion, MAXALIGN, XLOG_BLCKSZ};
 use crate::wal::page::{
     header_size_at, PageHeader, LONG_HEADER_SIZE, SHORT_HEADER_SIZE, XLP_ALL_FLAGS, XLP_FIRST_IS_CONTRECORD,
     XLP_FIRST_IS_OVERWRITE_CONTRECORD, XLP_LONG_HEADER,
 };
 use crate::wal::record::{record_crc, DecodedRecord, RecordHeader, MAX_RECORD_SIZE, RECORD_HEADER_SIZE};
-use crate::v15::rmgr::{RM_XLOG_ID, XLOG_SWITCH};
 
 /// Why decoding stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -221,7 +221,11 @@ impl WalDecoder {
                 if (total as usize) < RECORD_HEADER_SIZE || total > MAX_RECORD_SIZE {
                     return self.corrupt(start, format!("invalid record length {total}"));
                 }
-                self.partial = Some(Partial { start, bytes: Vec::with_capacity((total as usize).min(1 << 16)), total_length: Some(total) });
+                self.partial = Some(Partial {
+                    start,
+                    bytes: Vec::with_capacity((total as usize).min(1 << 16)),
+                    total_length: Some(total),
+                });
             }
 
             // Copy as much of the record as this page and the input allow.
@@ -287,7 +291,10 @@ impl WalDecoder {
         }
         if let Some(long) = &header.long {
             if long.segment_size as u64 != self.segment_size {
-                return self.corrupt(page, format!("WAL segment size {} differs from {}", long.segment_size, self.segment_size));
+                return self.corrupt(
+                    page,
+                    format!("WAL segment size {} differs from {}", long.segment_size, self.segment_size),
+                );
             }
             if long.block_size as usize != XLOG_BLCKSZ {
                 return self.corrupt(page, format!("WAL block size {} is not supported", long.block_size));
@@ -317,7 +324,11 @@ impl WalDecoder {
                 let start = partial.start;
                 return self.corrupt(
                     start,
-                    format!("invalid contrecord length {} at {page}, expected {}", header.remaining_length, total - got),
+                    format!(
+                        "invalid contrecord length {} at {page}, expected {}",
+                        header.remaining_length,
+                        total - got
+                    ),
                 );
             }
         } else if contrecord {
@@ -358,7 +369,13 @@ impl WalDecoder {
         let header = RecordHeader::decode(&partial.bytes).expect("complete record");
         let crc = record_crc(&partial.bytes);
         if crc != header.crc {
-            return self.corrupt(start, format!("incorrect resource manager data checksum in record (stored {:08X}, computed {crc:08X})", header.crc));
+            return self.corrupt(
+                start,
+                format!(
+                    "incorrect resource manager data checksum in record (stored {:08X}, computed {crc:08X})",
+                    header.crc
+                ),
+            );
         }
         let mut end = self.pos.align_up(MAXALIGN);
         if header.rmgr == RM_XLOG_ID && header.rmgr_info() == XLOG_SWITCH {

@@ -102,12 +102,17 @@ impl SegmentReader {
     /// Opens `files` (in order, consecutive, one timeline). Decoding starts at
     /// the first record that begins in the first file, or at `start`.
     pub fn open(files: &[PathBuf], start: Option<Lsn>) -> Result<SegmentReader, SegmentError> {
-        let first = files.first().ok_or_else(|| SegmentError::Invalid { path: PathBuf::new(), reason: "no WAL files given".into() })?;
+        let first = files
+            .first()
+            .ok_or_else(|| SegmentError::Invalid { path: PathBuf::new(), reason: "no WAL files given".into() })?;
         let (segment_size, version) = probe_segment(first)?;
         let mut named = Vec::with_capacity(files.len());
         for path in files {
             let name = path.file_name().and_then(|n| n.to_str()).and_then(|n| SegmentName::parse(n, segment_size));
-            let name = name.ok_or_else(|| SegmentError::Invalid { path: path.clone(), reason: "not a WAL segment file name".into() })?;
+            let name = name.ok_or_else(|| SegmentError::Invalid {
+                path: path.clone(),
+                reason: "not a WAL segment file name".into(),
+            })?;
             if let Some((_, prev)) = named.last() {
                 let prev: &SegmentName = prev;
                 if name.segment_number != prev.segment_number + 1 || name.timeline != prev.timeline {
@@ -173,12 +178,13 @@ impl SegmentReader {
     /// File and offset holding `lsn`.
     pub fn locate(&self, lsn: Lsn) -> (PathBuf, u64) {
         let segment = lsn.0 / self.segment_size;
-        let path = self
-            .files
-            .iter()
-            .find(|(_, n)| n.segment_number == segment)
-            .map(|(p, _)| p.clone())
-            .unwrap_or_else(|| PathBuf::from(SegmentName { timeline: self.files[0].1.timeline, segment_number: segment }.file_name(self.segment_size)));
+        let path =
+            self.files.iter().find(|(_, n)| n.segment_number == segment).map(|(p, _)| p.clone()).unwrap_or_else(|| {
+                PathBuf::from(
+                    SegmentName { timeline: self.files[0].1.timeline, segment_number: segment }
+                        .file_name(self.segment_size),
+                )
+            });
         (path, lsn.0 % self.segment_size)
     }
 

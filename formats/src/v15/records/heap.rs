@@ -87,31 +87,27 @@ pub fn vm_clears(record: &DecodedRecord, heap2: bool) -> Result<Vec<VmClear>, He
     let mut push = |rel, heap_block, bits| out.push(VmClear { rel, heap_block, bits });
     if heap2 {
         match info & XLOG_HEAP_OPMASK {
-            XLOG_HEAP2_MULTI_INSERT
-                if flags_at(data, 0)? & XLH_INSERT_ALL_VISIBLE_CLEARED != 0 => {
-                    let b = block0()?;
-                    push(b.rel, b.block, VISIBILITYMAP_VALID_BITS);
-                }
-            XLOG_HEAP2_LOCK_UPDATED
-                if flags_at(data, 7)? & XLH_LOCK_ALL_FROZEN_CLEARED != 0 => {
-                    let b = block0()?;
-                    push(b.rel, b.block, VISIBILITYMAP_ALL_FROZEN);
-                }
+            XLOG_HEAP2_MULTI_INSERT if flags_at(data, 0)? & XLH_INSERT_ALL_VISIBLE_CLEARED != 0 => {
+                let b = block0()?;
+                push(b.rel, b.block, VISIBILITYMAP_VALID_BITS);
+            }
+            XLOG_HEAP2_LOCK_UPDATED if flags_at(data, 7)? & XLH_LOCK_ALL_FROZEN_CLEARED != 0 => {
+                let b = block0()?;
+                push(b.rel, b.block, VISIBILITYMAP_ALL_FROZEN);
+            }
             _ => {}
         }
         return Ok(out);
     }
     match info & XLOG_HEAP_OPMASK {
-        XLOG_HEAP_INSERT
-            if flags_at(data, 2)? & XLH_INSERT_ALL_VISIBLE_CLEARED != 0 => {
-                let b = block0()?;
-                push(b.rel, b.block, VISIBILITYMAP_VALID_BITS);
-            }
-        XLOG_HEAP_DELETE
-            if flags_at(data, 7)? & XLH_DELETE_ALL_VISIBLE_CLEARED != 0 => {
-                let b = block0()?;
-                push(b.rel, b.block, VISIBILITYMAP_VALID_BITS);
-            }
+        XLOG_HEAP_INSERT if flags_at(data, 2)? & XLH_INSERT_ALL_VISIBLE_CLEARED != 0 => {
+            let b = block0()?;
+            push(b.rel, b.block, VISIBILITYMAP_VALID_BITS);
+        }
+        XLOG_HEAP_DELETE if flags_at(data, 7)? & XLH_DELETE_ALL_VISIBLE_CLEARED != 0 => {
+            let b = block0()?;
+            push(b.rel, b.block, VISIBILITYMAP_VALID_BITS);
+        }
         XLOG_HEAP_UPDATE | XLOG_HEAP_HOT_UPDATE => {
             let flags = flags_at(data, 7)?;
             let new = block0()?;
@@ -124,11 +120,10 @@ pub fn vm_clears(record: &DecodedRecord, heap2: bool) -> Result<Vec<VmClear>, He
                 push(new.rel, new.block, VISIBILITYMAP_VALID_BITS);
             }
         }
-        XLOG_HEAP_LOCK
-            if flags_at(data, 7)? & XLH_LOCK_ALL_FROZEN_CLEARED != 0 => {
-                let b = block0()?;
-                push(b.rel, b.block, VISIBILITYMAP_ALL_FROZEN);
-            }
+        XLOG_HEAP_LOCK if flags_at(data, 7)? & XLH_LOCK_ALL_FROZEN_CLEARED != 0 => {
+            let b = block0()?;
+            push(b.rel, b.block, VISIBILITYMAP_ALL_FROZEN);
+        }
         _ => {}
     }
     Ok(out)

@@ -27,7 +27,9 @@ pub enum ParsedRecord {
     /// A heap or heap2 record that clears visibility-map bits.
     VmClear(Vec<heap::VmClear>),
     /// A GiST record whose left child (this block id) needs the follow-right fix-up.
-    GistFollowRight { block_id: u8 },
+    GistFollowRight {
+        block_id: u8,
+    },
 }
 
 /// A record whose main data does not match its type.

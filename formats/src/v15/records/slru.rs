@@ -1,7 +1,7 @@
 //! CLOG and MultiXact resource managers: SLRU page zeroing, truncation and
 //! multixact creation.
 
-use crate::types::{Cursor, Oid, Truncated, TransactionId};
+use crate::types::{Cursor, Oid, TransactionId, Truncated};
 
 pub const CLOG_ZEROPAGE: u8 = 0x00;
 pub const CLOG_TRUNCATE: u8 = 0x10;

@@ -21,10 +21,17 @@ pub const XLOG_RELMAP_UPDATE: u8 = 0x00;
 /// An smgr (Storage) record.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum SmgrRecord {
-    Create { rel: RelFileNode, fork: ForkNumber },
+    Create {
+        rel: RelFileNode,
+        fork: ForkNumber,
+    },
     /// Truncates the forks selected by `flags` to `blocks` blocks (main fork)
     /// and to what those blocks need (VM, FSM).
-    Truncate { rel: RelFileNode, blocks: BlockNumber, flags: u32 },
+    Truncate {
+        rel: RelFileNode,
+        blocks: BlockNumber,
+        flags: u32,
+    },
 }
 
 /// Error decoding a record of this module.
@@ -63,10 +70,21 @@ pub fn parse_smgr(info: u8, data: &[u8]) -> Result<Option<SmgrRecord>, StoragePa
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum DbaseRecord {
     /// CREATE DATABASE … STRATEGY FILE_COPY: the directory is copied file by file.
-    CreateFileCopy { db: Oid, tablespace: Oid, src_db: Oid, src_tablespace: Oid },
+    CreateFileCopy {
+        db: Oid,
+        tablespace: Oid,
+        src_db: Oid,
+        src_tablespace: Oid,
+    },
     /// CREATE DATABASE … STRATEGY WAL_LOG: blocks follow as their own records.
-    CreateWalLog { db: Oid, tablespace: Oid },
-    Drop { db: Oid, tablespaces: Vec<Oid> },
+    CreateWalLog {
+        db: Oid,
+        tablespace: Oid,
+    },
+    Drop {
+        db: Oid,
+        tablespaces: Vec<Oid>,
+    },
 }
 
 /// Decodes a Database record's main data.

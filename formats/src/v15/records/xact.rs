@@ -1,6 +1,6 @@
 //! Transaction resource manager: commit, abort, prepare, subtransaction assignment.
 
-use crate::types::{Cursor, Oid, RelFileNode, Truncated, TransactionId};
+use crate::types::{Cursor, Oid, RelFileNode, TransactionId, Truncated};
 
 pub const XLOG_XACT_COMMIT: u8 = 0x00;
 pub const XLOG_XACT_PREPARE: u8 = 0x10;
@@ -98,7 +98,8 @@ fn xids(c: &mut Cursor<'_>) -> Result<Vec<TransactionId>, Truncated> {
 fn c_string(c: &mut Cursor<'_>) -> Result<String, Truncated> {
     let offset = c.position();
     let rest = c.take(c.remaining())?;
-    let end = rest.iter().position(|b| *b == 0).ok_or(Truncated { offset, needed: rest.len() + 1, available: rest.len() })?;
+    let end =
+        rest.iter().position(|b| *b == 0).ok_or(Truncated { offset, needed: rest.len() + 1, available: rest.len() })?;
     let s = String::from_utf8_lossy(&rest[..end]).into_owned();
     // Put back what follows the terminator.
     *c = Cursor::new(&rest[end + 1..]);
@@ -111,7 +112,11 @@ fn parse_finish(info: u8, data: &[u8]) -> Result<XactFinish, Truncated> {
     let xact_time = c.i64()?;
     let xinfo = if info & XLOG_XACT_HAS_INFO != 0 { c.u32()? } else { 0 };
     let mut finish = XactFinish {
-        outcome: if matches!(op, XLOG_XACT_COMMIT | XLOG_XACT_COMMIT_PREPARED) { Outcome::Commit } else { Outcome::Abort },
+        outcome: if matches!(op, XLOG_XACT_COMMIT | XLOG_XACT_COMMIT_PREPARED) {
+            Outcome::Commit
+        } else {
+            Outcome::Abort
+        },
         prepared: matches!(op, XLOG_XACT_COMMIT_PREPARED | XLOG_XACT_ABORT_PREPARED),
         xact_time,
         xinfo,
@@ -172,7 +177,7 @@ fn parse_prepare(data: &[u8]) -> Result<XactPrepare, Truncated> {
     c.skip(1)?;
     let gidlen = c.u16()?;
     c.skip(16)?; // origin lsn and timestamp
-    // The GID follows the MAXALIGNed header (72 bytes).
+                 // The GID follows the MAXALIGNed header (72 bytes).
     c.align(8)?;
     let gid_bytes = c.take(gidlen as usize)?;
     let end = gid_bytes.iter().position(|b| *b == 0).unwrap_or(gid_bytes.len());

@@ -1,7 +1,7 @@
 //! XLOG resource manager: checkpoints, OID allocation, parameter changes.
 
 use crate::lsn::Lsn;
-use crate::types::{Cursor, Oid, Truncated, TransactionId};
+use crate::types::{Cursor, Oid, TransactionId, Truncated};
 
 /// `CheckPoint`: the state a server needs to start at a checkpoint (88 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -143,14 +143,21 @@ impl ParameterChange {
 /// The decoded XLOG records Strata acts on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum XlogRecord {
-    Checkpoint { shutdown: bool, checkpoint: CheckPoint },
+    Checkpoint {
+        shutdown: bool,
+        checkpoint: CheckPoint,
+    },
     NextOid(Oid),
     Switch,
     ParameterChange(ParameterChange),
     /// A full-page image (the image is in the block reference); `for_hint` for FPI_FOR_HINT.
-    FullPageImage { for_hint: bool },
+    FullPageImage {
+        for_hint: bool,
+    },
     /// A partial record at `lsn` was abandoned and overwritten.
-    OverwriteContrecord { lsn: Lsn },
+    OverwriteContrecord {
+        lsn: Lsn,
+    },
     /// Records with no effect on stored state (noop, restore point, backup end, …).
     Other,
 }
