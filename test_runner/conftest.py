@@ -4,13 +4,15 @@ Run from the repository root with ``.venv/bin/pytest test_runner``.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-# Do not leave __pycache__ directories behind for the helper modules.
+# Do not leave __pycache__ directories behind for the modules imported from
+# here on (see also pytest_unconfigure).
 sys.dont_write_bytecode = True
 
 TEST_RUNNER_DIR = Path(__file__).resolve().parent
@@ -21,6 +23,13 @@ if str(TEST_RUNNER_DIR) not in sys.path:
 from fixtures.pg import PgCluster  # noqa: E402
 
 PG_MAJOR = 15
+
+
+def pytest_unconfigure(config):
+    # pytest caches this conftest, rewritten for assertions, before it runs;
+    # remove that cache so that a test run leaves the tree as it found it.
+    for d in (TEST_RUNNER_DIR / "__pycache__", TEST_RUNNER_DIR / "fixtures" / "__pycache__"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _find_pg_bin_dir() -> Path:
