@@ -49,14 +49,13 @@ pub fn decode_wal(bytes: &[u8], start: Lsn, segment_size: u64, chunk: usize) -> 
 pub fn fuzz_one(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else { return };
     match selector % 4 {
-        // WAL from a segment start, fed whole and in small chunks.
-        0 => {
-            let _ = decode_wal(rest, Lsn(16 << 20), 16 << 20, rest.len());
-            let _ = decode_wal(rest, Lsn(16 << 20), 16 << 20, 7);
-        }
-        // WAL from a page in the middle of a segment.
-        1 => {
-            let _ = decode_wal(rest, Lsn((16 << 20) + 8192 * 3), 16 << 20, 4096);
+        // WAL starting at the page its first header claims (so real WAL decodes
+        // deeply), fed whole and in small chunks.
+        0 | 1 => {
+            let claimed = rest.get(8..16).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+            let start = Lsn(claimed - claimed % crate::version::XLOG_BLCKSZ as u64);
+            let chunk = if selector % 4 == 0 { rest.len() } else { 1 + usize::from(selector) * 31 };
+            let _ = decode_wal(rest, start, 16 << 20, chunk);
         }
         // A single record's fragments, as if reassembled already.
         2 => {

@@ -16,6 +16,9 @@ use crate::wal::page::{
 };
 use crate::wal::record::{record_crc, DecodedRecord, RecordHeader, MAX_RECORD_SIZE, RECORD_HEADER_SIZE};
 
+/// Highest LSN the decoder works at (PostgreSQL would need exabytes of WAL to get here).
+pub const MAX_LSN: Lsn = Lsn(u64::MAX - (1 << 40));
+
 /// Why decoding stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WalDecodeError {
@@ -115,7 +118,7 @@ impl WalDecoder {
 
     /// LSN of the next byte the decoder expects.
     pub fn input_lsn(&self) -> Lsn {
-        Lsn(self.pos.0 + (self.input.len() - self.input_pos) as u64)
+        Lsn(self.pos.0.saturating_add((self.input.len() - self.input_pos) as u64))
     }
 
     /// LSN up to which input has been consumed.
@@ -144,7 +147,7 @@ impl WalDecoder {
     fn consume(&mut self, n: usize) {
         debug_assert!(n <= self.input.len() - self.input_pos);
         self.input_pos += n;
-        self.pos = Lsn(self.pos.0 + n as u64);
+        self.pos = Lsn(self.pos.0.saturating_add(n as u64));
     }
 
     fn corrupt<T>(&mut self, lsn: Lsn, reason: String) -> Result<T, WalDecodeError> {
@@ -166,6 +169,12 @@ impl WalDecoder {
             return Err(err.clone());
         }
         loop {
+            // Keeps all LSN arithmetic below (next page, next segment, record
+            // end) far from overflow, whatever start position was given.
+            if self.pos >= MAX_LSN {
+                let pos = self.pos;
+                return self.corrupt(pos, "LSN out of range".into());
+            }
             // Padding after XLOG SWITCH up to the segment boundary.
             if let Some(until) = self.skip_until {
                 let n = ((until.0 - self.pos.0) as usize).min(self.available().len());
