@@ -18,12 +18,45 @@ enum Command {
     /// Inspect PostgreSQL WAL: decode segment files, measure decoding speed.
     #[command(subcommand)]
     Wal(wal::WalCommand),
+    /// Run a safekeeper: durable, replicated WAL for PostgreSQL timelines.
+    Safekeeper {
+        /// The safekeeper's TOML configuration.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+}
+
+/// Logs to stderr; `RUST_LOG` selects levels (default: info).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+}
+
+fn safekeeper(config: &std::path::Path) -> i32 {
+    init_logging();
+    let config = match strata_safekeeper::config::SafekeeperConfig::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("strata safekeeper: {e}");
+            return 2;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
+    match runtime.block_on(strata_safekeeper::run(config)) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            1
+        }
+    }
 }
 
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Wal(cmd) => wal::run(cmd),
+        Command::Safekeeper { config } => safekeeper(&config),
     };
     std::process::exit(code);
 }

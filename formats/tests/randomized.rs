@@ -137,7 +137,7 @@ fn garbage_through_every_entry_point() {
 fn lsns_near_the_end_of_the_address_space_are_errors() {
     use strata_formats::wal::{StartPosition, WalDecodeError, WalDecoder};
     use strata_formats::PgVersion;
-    for start in [u64::MAX - 8191, u64::MAX - (1 << 40) - 8192, u64::MAX & !8191] {
+    for start in [u64::MAX - 8191, u64::MAX - (1 << 40) - 8192, !8191u64] {
         let mut d = WalDecoder::new(PgVersion::V15, Lsn(start), 16 << 20, StartPosition::FindFirstRecord);
         d.feed(&[0xAB; 40_000]);
         assert!(matches!(d.next_record(), Err(WalDecodeError::Corrupt { .. })), "start {start:#x}");

@@ -1,0 +1,6 @@
+//! Strata's wire protocols and the identifiers they carry.
+
+pub mod ids;
+pub mod safekeeper;
+
+pub use ids::{NodeId, TenantId, TimelineId};

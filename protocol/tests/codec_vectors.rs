@@ -1,0 +1,205 @@
+//! Test vectors of the safekeeper protocol: exact frames (length prefix
+//! included) for a few messages, as listed in `docs/safekeeper-protocol.md`.
+//! Spaces in the hex strings separate fields and mean nothing.
+
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::codec::{
+    decode_acceptor, decode_consumer, decode_proposer, decode_stream, encode_acceptor, encode_consumer,
+    encode_proposer, encode_stream, split_frame,
+};
+use strata_protocol::safekeeper::{
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, ErrorCode, ErrorMessage,
+    ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, TermHistory, TermLsn,
+    TimelineIdentity, VoteRequest, VoteResponse, WalData,
+};
+use strata_protocol::{NodeId, TenantId, TimelineId};
+
+fn history(entries: &[(u64, u64)]) -> TermHistory {
+    TermHistory(entries.iter().map(|&(term, lsn)| TermLsn { term, lsn: Lsn(lsn) }).collect())
+}
+
+fn unhex(spaced: &str) -> Vec<u8> {
+    let compact: String = spaced.split_whitespace().collect();
+    hex::decode(compact).expect("valid hex in a test vector")
+}
+
+/// Checks that `frame` splits off whole and, tag and payload, decodes with `decode` to `expected`.
+fn check_decode<T: PartialEq + std::fmt::Debug, E: std::fmt::Debug>(
+    frame: &[u8],
+    decode: fn(&[u8]) -> Result<T, E>,
+    expected: &T,
+) {
+    let (consumed, body) = split_frame(frame).unwrap().expect("a whole frame");
+    assert_eq!(consumed, frame.len());
+    assert_eq!(&decode(body).unwrap(), expected);
+}
+
+fn proposer(msg: ProposerMessage, vector: &str) {
+    let mut out = Vec::new();
+    encode_proposer(&msg, &mut out);
+    assert_eq!(hex::encode(&out), hex::encode(unhex(vector)), "{msg:?}");
+    check_decode(&unhex(vector), decode_proposer, &msg);
+}
+
+fn acceptor(msg: AcceptorMessage, vector: &str) {
+    let mut out = Vec::new();
+    encode_acceptor(&msg, &mut out);
+    assert_eq!(hex::encode(&out), hex::encode(unhex(vector)), "{msg:?}");
+    check_decode(&unhex(vector), decode_acceptor, &msg);
+}
+
+fn consumer(msg: ConsumerMessage, vector: &str) {
+    let mut out = Vec::new();
+    encode_consumer(&msg, &mut out);
+    assert_eq!(hex::encode(&out), hex::encode(unhex(vector)), "{msg:?}");
+    check_decode(&unhex(vector), decode_consumer, &msg);
+}
+
+fn stream(msg: StreamMessage, vector: &str) {
+    let mut out = Vec::new();
+    encode_stream(&msg, &mut out);
+    assert_eq!(hex::encode(&out), hex::encode(unhex(vector)), "{msg:?}");
+    check_decode(&unhex(vector), decode_stream, &msg);
+}
+
+#[test]
+fn proposer_greeting() {
+    proposer(
+        ProposerMessage::Greeting(ProposerGreeting {
+            protocol_version: 1,
+            proposer_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+            timeline: TimelineIdentity {
+                tenant_id: TenantId([0x11; 16]),
+                timeline_id: TimelineId([0x22; 16]),
+                system_id: 0x0102_0304_0506_0708,
+                pg_version: 15,
+                wal_segment_size: 16 << 20,
+            },
+        }),
+        "45000000 01 01000000 000102030405060708090a0b0c0d0e0f
+         11111111111111111111111111111111 22222222222222222222222222222222
+         0807060504030201 0f000000 00000001",
+    );
+}
+
+#[test]
+fn vote_request() {
+    proposer(ProposerMessage::VoteRequest(VoteRequest { term: 5 }), "09000000 02 0500000000000000");
+}
+
+#[test]
+fn proposer_elected() {
+    proposer(
+        ProposerMessage::Elected(ProposerElected {
+            term: 5,
+            start_streaming_at: Lsn(0x2800),
+            term_history: history(&[(1, 0x1000), (5, 0x3000)]),
+            timeline_start_lsn: Lsn(0x1000),
+        }),
+        "3d000000 03 0500000000000000 0028000000000000 0010000000000000
+         02000000 0100000000000000 0010000000000000 0500000000000000 0030000000000000",
+    );
+}
+
+#[test]
+fn append_request() {
+    proposer(
+        ProposerMessage::Append(AppendRequest {
+            term: 5,
+            begin_lsn: Lsn(0x3000),
+            commit_lsn: Lsn(0x2f00),
+            truncate_lsn: Lsn(0x1000),
+            wal: vec![1, 2, 3, 4, 5],
+        }),
+        "26000000 04 0500000000000000 0030000000000000 002f000000000000 0010000000000000 0102030405",
+    );
+}
+
+#[test]
+fn acceptor_greeting() {
+    acceptor(
+        AcceptorMessage::Greeting(AcceptorGreeting { protocol_version: 1, node_id: NodeId(7), term: 4 }),
+        "15000000 81 01000000 0700000000000000 0400000000000000",
+    );
+}
+
+#[test]
+fn vote_response() {
+    acceptor(
+        AcceptorMessage::VoteResponse(VoteResponse {
+            term: 5,
+            vote_given: true,
+            flush_lsn: Lsn(0x3000),
+            truncate_lsn: Lsn(0x1000),
+            term_history: history(&[(1, 0x1000), (3, 0x2000)]),
+            timeline_start_lsn: Lsn(0x1000),
+        }),
+        "46000000 82 0500000000000000 01 0030000000000000 0010000000000000 0010000000000000
+         02000000 0100000000000000 0010000000000000 0300000000000000 0020000000000000",
+    );
+}
+
+#[test]
+fn append_response() {
+    acceptor(
+        AcceptorMessage::AppendResponse(AppendResponse { term: 5, flush_lsn: Lsn(0x3005), commit_lsn: Lsn(0x3000) }),
+        "19000000 83 0500000000000000 0530000000000000 0030000000000000",
+    );
+}
+
+#[test]
+fn acceptor_error() {
+    acceptor(
+        AcceptorMessage::Error(ErrorMessage { code: ErrorCode::Version, message: "need v1".into() }),
+        "0e000000 8f 0200 07000000 6e656564207631",
+    );
+}
+
+#[test]
+fn start_streaming() {
+    consumer(
+        ConsumerMessage::Start(StartStreaming {
+            protocol_version: 1,
+            tenant_id: TenantId([0x11; 16]),
+            timeline_id: TimelineId([0x22; 16]),
+            start_lsn: Lsn(0x1000),
+            stop_lsn: Lsn::INVALID,
+            include_uncommitted: false,
+            consumer_id: "ps-1".into(),
+        }),
+        "3e000000 10 01000000 11111111111111111111111111111111 22222222222222222222222222222222
+         0010000000000000 0000000000000000 00 04000000 70732d31",
+    );
+}
+
+#[test]
+fn wal_data() {
+    stream(
+        StreamMessage::Wal(WalData {
+            begin_lsn: Lsn(0x3000),
+            commit_lsn: Lsn(0x3000),
+            flush_lsn: Lsn(0x3005),
+            wal: vec![1, 2, 3, 4, 5],
+        }),
+        "1e000000 91 0030000000000000 0030000000000000 0530000000000000 0102030405",
+    );
+}
+
+#[test]
+fn vectors_are_rejected_by_other_directions_and_when_damaged() {
+    // The VoteResponse vector with vote_given = 2.
+    let mut frame = unhex(
+        "46000000 82 0500000000000000 02 0030000000000000 0010000000000000 0010000000000000
+         02000000 0100000000000000 0010000000000000 0300000000000000 0020000000000000",
+    );
+    assert!(decode_acceptor(&frame[4..]).unwrap_err().to_string().contains("vote_given"));
+    // The same with the history's terms out of order (3 then 1).
+    frame[13] = 1;
+    frame[58] = 1;
+    frame[42] = 3;
+    assert!(decode_acceptor(&frame[4..]).unwrap_err().to_string().contains("invalid term history"));
+    // An acceptor greeting is not a proposer message.
+    let greeting = unhex("15000000 81 01000000 0700000000000000 0400000000000000");
+    assert!(decode_proposer(&greeting[4..]).is_err());
+    assert!(decode_stream(&greeting[4..]).is_err());
+}

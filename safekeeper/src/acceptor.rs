@@ -1,0 +1,357 @@
+//! The acceptor side of the safekeeper protocol for one timeline.
+//!
+//! Safety rests on four rules (argued in `docs/safekeeper-protocol.md`):
+//! a vote is given only for a term higher than any seen, and the term is
+//! durable before the answer; appends are accepted only in the current term
+//! after its ProposerElected; only fsynced WAL is acknowledged; the term
+//! history is reported only up to the flushed WAL.
+
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::{
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ErrorCode, ErrorMessage, ProposerElected,
+    ProposerGreeting, ProposerMessage, Term, TermHistory, TimelineIdentity, VoteRequest, VoteResponse,
+    PROTOCOL_VERSION,
+};
+use strata_protocol::NodeId;
+
+/// What the acceptor keeps durably (the control file).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PersistentState {
+    pub identity: TimelineIdentityState,
+    pub timeline_start_lsn: Lsn,
+    /// The highest term voted in or followed.
+    pub term: Term,
+    /// Terms of the WAL held (entries past the flushed WAL describe WAL not yet received).
+    pub term_history: TermHistory,
+    pub commit_lsn: Lsn,
+    /// WAL below this is held by every acceptor.
+    pub truncate_lsn: Lsn,
+    /// Flushed WAL end when the state was last written; the real end is found
+    /// by reading the WAL from here at start-up.
+    pub flush_lsn_hint: Lsn,
+}
+
+/// `TimelineIdentity` in a serializable form.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TimelineIdentityState {
+    pub tenant_id: strata_protocol::TenantId,
+    pub timeline_id: strata_protocol::TimelineId,
+    pub system_id: u64,
+    pub pg_version: u32,
+    pub wal_segment_size: u32,
+}
+
+impl From<&TimelineIdentity> for TimelineIdentityState {
+    fn from(t: &TimelineIdentity) -> Self {
+        TimelineIdentityState {
+            tenant_id: t.tenant_id,
+            timeline_id: t.timeline_id,
+            system_id: t.system_id,
+            pg_version: t.pg_version,
+            wal_segment_size: t.wal_segment_size,
+        }
+    }
+}
+
+impl TimelineIdentityState {
+    /// The identity as sent on the wire.
+    pub fn to_identity(&self) -> TimelineIdentity {
+        TimelineIdentity {
+            tenant_id: self.tenant_id,
+            timeline_id: self.timeline_id,
+            system_id: self.system_id,
+            pg_version: self.pg_version,
+            wal_segment_size: self.wal_segment_size,
+        }
+    }
+}
+
+impl PersistentState {
+    /// State of a new, empty timeline whose WAL starts at `timeline_start_lsn`.
+    pub fn new(identity: &TimelineIdentity, timeline_start_lsn: Lsn) -> PersistentState {
+        PersistentState {
+            identity: identity.into(),
+            timeline_start_lsn,
+            term: 0,
+            term_history: TermHistory::default(),
+            commit_lsn: timeline_start_lsn,
+            truncate_lsn: timeline_start_lsn,
+            flush_lsn_hint: timeline_start_lsn,
+        }
+    }
+}
+
+/// Durable storage of a timeline's WAL.
+pub trait WalStore {
+    /// Writes `bytes` at `at`, which must equal `write_lsn()`; not yet durable.
+    fn write(&mut self, at: Lsn, bytes: &[u8]) -> Result<(), StorageError>;
+    /// Makes everything written durable.
+    fn flush(&mut self) -> Result<(), StorageError>;
+    /// Durably removes all WAL from `at` on.
+    fn truncate(&mut self, at: Lsn) -> Result<(), StorageError>;
+    /// End of the WAL written.
+    fn write_lsn(&self) -> Lsn;
+    /// End of the WAL made durable.
+    fn flush_lsn(&self) -> Lsn;
+}
+
+/// Durable storage of `PersistentState`, replaced atomically.
+pub trait ControlStore {
+    fn persist(&mut self, state: &PersistentState) -> Result<(), StorageError>;
+}
+
+/// A storage failure; the timeline stalls until storage works again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StorageError(pub String);
+
+/// Why the acceptor refused a message; the connection is closed after it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AcceptorError {
+    #[error("protocol version {0} is not supported (this safekeeper speaks {PROTOCOL_VERSION})")]
+    Version(u32),
+    #[error("timeline identity differs: {0}")]
+    Mismatch(String),
+    #[error("term {offered} is older than the current term {current}")]
+    TermSuperseded { offered: Term, current: Term },
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+}
+
+impl AcceptorError {
+    /// The message sent to the peer before closing.
+    pub fn to_message(&self) -> AcceptorMessage {
+        let code = match self {
+            AcceptorError::Version(_) => ErrorCode::Version,
+            AcceptorError::Mismatch(_) => ErrorCode::Mismatch,
+            AcceptorError::TermSuperseded { .. } => ErrorCode::TermSuperseded,
+            AcceptorError::Protocol(_) => ErrorCode::Protocol,
+            AcceptorError::Storage(_) => ErrorCode::Storage,
+        };
+        AcceptorMessage::Error(ErrorMessage { code, message: self.to_string() })
+    }
+}
+
+/// One timeline's acceptor.
+pub struct Acceptor<W: WalStore, C: ControlStore> {
+    node_id: NodeId,
+    state: PersistentState,
+    wal: W,
+    control: C,
+    /// The term whose ProposerElected was accepted; appends need it.
+    elected_term: Option<Term>,
+    /// Commit LSN announced by the proposer, applied once flushed WAL reaches it.
+    announced_commit_lsn: Lsn,
+    announced_truncate_lsn: Lsn,
+}
+
+impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
+    /// An acceptor over recovered state and WAL (whose end has been found).
+    pub fn new(node_id: NodeId, state: PersistentState, wal: W, control: C) -> Acceptor<W, C> {
+        let announced_commit_lsn = state.commit_lsn;
+        let announced_truncate_lsn = state.truncate_lsn;
+        Acceptor { node_id, state, wal, control, elected_term: None, announced_commit_lsn, announced_truncate_lsn }
+    }
+
+    pub fn state(&self) -> &PersistentState {
+        &self.state
+    }
+
+    pub fn wal(&self) -> &W {
+        &self.wal
+    }
+
+    pub fn wal_mut(&mut self) -> &mut W {
+        &mut self.wal
+    }
+
+    /// End of the durable WAL.
+    pub fn flush_lsn(&self) -> Lsn {
+        self.wal.flush_lsn()
+    }
+
+    /// The term history of the WAL actually held.
+    pub fn held_history(&self) -> TermHistory {
+        self.state.term_history.up_to(self.wal.flush_lsn())
+    }
+
+    /// Handles one message. Appends are written but not flushed: the caller
+    /// batches them and calls `flush` (group commit), which produces the
+    /// acknowledgement.
+    pub fn handle(&mut self, msg: &ProposerMessage) -> Result<Option<AcceptorMessage>, AcceptorError> {
+        match msg {
+            ProposerMessage::Greeting(g) => self.greeting(g).map(Some),
+            ProposerMessage::VoteRequest(v) => self.vote(v).map(Some),
+            ProposerMessage::Elected(e) => self.elected(e).map(Some),
+            ProposerMessage::Append(a) => self.append(a).map(|()| None),
+        }
+    }
+
+    fn greeting(&mut self, g: &ProposerGreeting) -> Result<AcceptorMessage, AcceptorError> {
+        if g.protocol_version != PROTOCOL_VERSION {
+            return Err(AcceptorError::Version(g.protocol_version));
+        }
+        let mine = &self.state.identity;
+        let theirs = &g.timeline;
+        if (mine.tenant_id, mine.timeline_id) != (theirs.tenant_id, theirs.timeline_id) {
+            return Err(AcceptorError::Mismatch(format!(
+                "greeting for {}/{}, this is {}/{}",
+                theirs.tenant_id, theirs.timeline_id, mine.tenant_id, mine.timeline_id
+            )));
+        }
+        if (mine.system_id, mine.pg_version, mine.wal_segment_size)
+            != (theirs.system_id, theirs.pg_version, theirs.wal_segment_size)
+        {
+            return Err(AcceptorError::Mismatch(format!(
+                "system id {} / PostgreSQL {} / segment size {} offered, timeline has {} / {} / {}",
+                theirs.system_id,
+                theirs.pg_version,
+                theirs.wal_segment_size,
+                mine.system_id,
+                mine.pg_version,
+                mine.wal_segment_size
+            )));
+        }
+        Ok(AcceptorMessage::Greeting(AcceptorGreeting {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: self.node_id,
+            term: self.state.term,
+        }))
+    }
+
+    fn vote(&mut self, v: &VoteRequest) -> Result<AcceptorMessage, AcceptorError> {
+        let vote_given = v.term > self.state.term;
+        if vote_given {
+            // Durable before the answer: after a crash we must not vote again in this term.
+            let mut next = self.state.clone();
+            next.term = v.term;
+            next.flush_lsn_hint = self.wal.flush_lsn();
+            self.control.persist(&next)?;
+            self.state = next;
+            self.elected_term = None;
+        }
+        Ok(AcceptorMessage::VoteResponse(VoteResponse {
+            term: self.state.term,
+            vote_given,
+            flush_lsn: self.wal.flush_lsn(),
+            truncate_lsn: self.state.truncate_lsn,
+            term_history: self.held_history(),
+            timeline_start_lsn: self.state.timeline_start_lsn,
+        }))
+    }
+
+    fn elected(&mut self, e: &ProposerElected) -> Result<AcceptorMessage, AcceptorError> {
+        if e.term < self.state.term {
+            return Err(AcceptorError::TermSuperseded { offered: e.term, current: self.state.term });
+        }
+        e.term_history.validate().map_err(|err| AcceptorError::Protocol(err.to_string()))?;
+        if e.term_history.last_term() != e.term {
+            return Err(AcceptorError::Protocol(format!(
+                "history of term {} ends with term {}",
+                e.term,
+                e.term_history.last_term()
+            )));
+        }
+        let flush = self.wal.flush_lsn();
+        let start = e.start_streaming_at;
+        if start > flush {
+            return Err(AcceptorError::Protocol(format!(
+                "streaming would start at {start}, past this WAL's end {flush}"
+            )));
+        }
+        if start < self.state.commit_lsn {
+            // Impossible if every proposer follows the protocol: committed
+            // WAL is in every elected history.
+            return Err(AcceptorError::Protocol(format!(
+                "truncation at {start} would remove committed WAL (commit LSN {})",
+                self.state.commit_lsn
+            )));
+        }
+        if start < self.state.timeline_start_lsn {
+            return Err(AcceptorError::Protocol(format!(
+                "streaming would start at {start}, before the timeline start {}",
+                self.state.timeline_start_lsn
+            )));
+        }
+        // The shared prefix must really be shared.
+        let ours = self.held_history().up_to(start);
+        let theirs = e.term_history.up_to(start);
+        if ours.divergence(start, &theirs, start) != Some(start) && !ours.0.is_empty() {
+            return Err(AcceptorError::Protocol(format!(
+                "histories differ before {start}: ours {:?}, proposer's {:?}",
+                ours.0, theirs.0
+            )));
+        }
+        if self.wal.write_lsn() > start {
+            self.wal.truncate(start)?;
+        }
+        let mut next = self.state.clone();
+        next.term = e.term;
+        next.term_history = e.term_history.clone();
+        next.flush_lsn_hint = self.wal.flush_lsn();
+        self.control.persist(&next)?;
+        self.state = next;
+        self.elected_term = Some(e.term);
+        Ok(self.append_response())
+    }
+
+    fn append(&mut self, a: &AppendRequest) -> Result<(), AcceptorError> {
+        if a.term < self.state.term {
+            return Err(AcceptorError::TermSuperseded { offered: a.term, current: self.state.term });
+        }
+        if self.elected_term != Some(a.term) {
+            return Err(AcceptorError::Protocol(format!("append in term {} before ProposerElected", a.term)));
+        }
+        let write_lsn = self.wal.write_lsn();
+        if a.begin_lsn != write_lsn {
+            return Err(AcceptorError::Protocol(format!("append at {} but this WAL ends at {write_lsn}", a.begin_lsn)));
+        }
+        if !a.wal.is_empty() {
+            self.wal.write(a.begin_lsn, &a.wal)?;
+        }
+        self.announced_commit_lsn = self.announced_commit_lsn.max(a.commit_lsn);
+        self.announced_truncate_lsn = self.announced_truncate_lsn.max(a.truncate_lsn);
+        Ok(())
+    }
+
+    /// Makes the written WAL durable and returns the acknowledgement.
+    pub fn flush(&mut self) -> Result<AcceptorMessage, AcceptorError> {
+        self.wal.flush()?;
+        let flush = self.wal.flush_lsn();
+        // Commit is what the proposer says is quorum-flushed, limited to what we hold.
+        let commit = self.announced_commit_lsn.min(flush);
+        if commit > self.state.commit_lsn {
+            self.state.commit_lsn = commit;
+        }
+        let truncate = self.announced_truncate_lsn.min(flush);
+        if truncate > self.state.truncate_lsn {
+            self.state.truncate_lsn = truncate;
+        }
+        Ok(self.append_response())
+    }
+
+    /// Writes the control file with the current positions (called
+    /// periodically; not needed for safety).
+    pub fn persist(&mut self) -> Result<(), AcceptorError> {
+        let mut next = self.state.clone();
+        next.flush_lsn_hint = self.wal.flush_lsn();
+        self.control.persist(&next)?;
+        self.state = next;
+        Ok(())
+    }
+
+    fn append_response(&self) -> AcceptorMessage {
+        AcceptorMessage::AppendResponse(AppendResponse {
+            term: self.state.term,
+            flush_lsn: self.wal.flush_lsn(),
+            commit_lsn: self.state.commit_lsn,
+        })
+    }
+
+    /// Takes the WAL store and control store back (e.g. to simulate a crash).
+    pub fn into_parts(self) -> (PersistentState, W, C) {
+        (self.state, self.wal, self.control)
+    }
+}

@@ -1,0 +1,86 @@
+//! The timeline control file: `PersistentState` as JSON with a format
+//! version and a CRC-32C, replaced atomically (write a temporary file,
+//! fsync, rename, fsync the directory), so a crash leaves the old or the new
+//! state, never a mix.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::acceptor::{ControlStore, PersistentState, StorageError};
+
+/// File name inside the timeline directory.
+pub const CONTROL_FILE_NAME: &str = "safekeeper.control";
+/// Version of the control file format.
+pub const CONTROL_FORMAT_VERSION: u32 = 1;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Envelope {
+    format_version: u32,
+    crc32c: u32,
+    state: serde_json::Value,
+}
+
+/// The control file of one timeline.
+pub struct ControlFile {
+    path: PathBuf,
+    no_sync: bool,
+}
+
+impl ControlFile {
+    pub fn new(dir: &Path, no_sync: bool) -> ControlFile {
+        ControlFile { path: dir.join(CONTROL_FILE_NAME), no_sync }
+    }
+
+    /// Reads and verifies the state; `Ok(None)` if there is no control file.
+    pub fn load(&self) -> Result<Option<PersistentState>, StorageError> {
+        let bytes = match fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StorageError(format!("reading {}: {e}", self.path.display()))),
+        };
+        decode(&bytes).map(Some).map_err(|e| StorageError(format!("{}: {e}", self.path.display())))
+    }
+}
+
+/// Decodes a control file's bytes, checking version and CRC.
+pub fn decode(bytes: &[u8]) -> Result<PersistentState, String> {
+    let env: Envelope = serde_json::from_slice(bytes).map_err(|e| format!("not a control file: {e}"))?;
+    if env.format_version != CONTROL_FORMAT_VERSION {
+        return Err(format!("control file format {} is not supported", env.format_version));
+    }
+    let canonical = serde_json::to_vec(&env.state).map_err(|e| e.to_string())?;
+    let crc = crc32c::crc32c(&canonical);
+    if crc != env.crc32c {
+        return Err(format!("control file CRC mismatch (stored {:08x}, computed {crc:08x})", env.crc32c));
+    }
+    serde_json::from_value(env.state).map_err(|e| format!("invalid control file state: {e}"))
+}
+
+/// Encodes a state as a control file.
+pub fn encode(state: &PersistentState) -> Vec<u8> {
+    let value = serde_json::to_value(state).expect("the state serializes");
+    let canonical = serde_json::to_vec(&value).expect("a JSON value serializes");
+    let env = Envelope { format_version: CONTROL_FORMAT_VERSION, crc32c: crc32c::crc32c(&canonical), state: value };
+    let mut out = serde_json::to_vec_pretty(&env).expect("the envelope serializes");
+    out.push(b'\n');
+    out
+}
+
+impl ControlStore for ControlFile {
+    fn persist(&mut self, state: &PersistentState) -> Result<(), StorageError> {
+        let err = |what: &str, e: std::io::Error| StorageError(format!("{what} {}: {e}", self.path.display()));
+        let tmp = self.path.with_extension("tmp");
+        let mut f = File::create(&tmp).map_err(|e| err("creating", e))?;
+        f.write_all(&encode(state)).map_err(|e| err("writing", e))?;
+        if !self.no_sync {
+            f.sync_all().map_err(|e| err("syncing", e))?;
+        }
+        fs::rename(&tmp, &self.path).map_err(|e| err("renaming", e))?;
+        if !self.no_sync {
+            let dir = self.path.parent().expect("a control file lives in a directory");
+            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| err("syncing directory of", e))?;
+        }
+        Ok(())
+    }
+}

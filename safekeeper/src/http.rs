@@ -1,0 +1,114 @@
+//! HTTP API: status (JSON), timeline creation, Prometheus metrics.
+//!
+//! - `GET  /v1/status` — this safekeeper and a summary of every timeline
+//! - `GET  /v1/tenant/{tenant}/timeline/{timeline}` — one timeline's state
+//! - `POST /v1/tenant/{tenant}/timeline/{timeline}` — create a timeline:
+//!   `{"system_id": u64, "pg_version": 15, "wal_segment_size": u32, "start_lsn": "X/X"}`
+//! - `GET  /metrics` — Prometheus text format
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::TimelineIdentity;
+use strata_protocol::{TenantId, TimelineId};
+
+use crate::server::Shared;
+
+/// Body of a timeline creation request.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTimeline {
+    pub system_id: u64,
+    pub pg_version: u32,
+    pub wal_segment_size: u32,
+    pub start_lsn: Lsn,
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status).post(create_timeline))
+        .route("/metrics", get(metrics))
+        .with_state(shared)
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> Response {
+    let timelines: Vec<_> = shared.timelines.all().iter().map(|t| t.status()).collect();
+    Json(serde_json::json!({
+        "id": shared.config.id,
+        "listen": shared.config.listen,
+        "fsync": shared.config.fsync,
+        "timelines": timelines,
+    }))
+    .into_response()
+}
+
+fn parse_ids(tenant: &str, timeline: &str) -> Result<(TenantId, TimelineId), Box<Response>> {
+    let bad = |e: strata_protocol::ids::IdParseError| Box::new(error(StatusCode::BAD_REQUEST, e.to_string()));
+    Ok((tenant.parse().map_err(bad)?, timeline.parse().map_err(bad)?))
+}
+
+async fn timeline_status(
+    State(shared): State<Arc<Shared>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Response {
+    let (t, l) = match parse_ids(&tenant, &timeline) {
+        Ok(ids) => ids,
+        Err(r) => return *r,
+    };
+    match shared.timelines.get(t, l) {
+        Some(tl) => Json(tl.status()).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found")),
+    }
+}
+
+async fn create_timeline(
+    State(shared): State<Arc<Shared>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Result<Json<CreateTimeline>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let (t, l) = match parse_ids(&tenant, &timeline) {
+        Ok(ids) => ids,
+        Err(r) => return *r,
+    };
+    let Json(req) = match body {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let size = u64::from(req.wal_segment_size);
+    if !size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&size) {
+        return error(StatusCode::BAD_REQUEST, format!("invalid wal_segment_size {size}"));
+    }
+    if req.pg_version != 15 {
+        return error(StatusCode::BAD_REQUEST, format!("PostgreSQL {} is not supported", req.pg_version));
+    }
+    let identity = TimelineIdentity {
+        tenant_id: t,
+        timeline_id: l,
+        system_id: req.system_id,
+        pg_version: req.pg_version,
+        wal_segment_size: req.wal_segment_size,
+    };
+    let result = tokio::task::block_in_place(|| shared.timelines.create(&identity, req.start_lsn));
+    match result {
+        Ok((tl, created)) => {
+            let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+            (code, Json(tl.status())).into_response()
+        }
+        Err(e) => error(StatusCode::CONFLICT, e.to_string()),
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    ([("content-type", "text/plain; version=0.0.4")], shared.metrics.render()).into_response()
+}

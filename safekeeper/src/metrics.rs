@@ -1,0 +1,65 @@
+//! Prometheus metrics of the safekeeper.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Counters and histograms shared by all connections.
+pub struct Metrics {
+    registry: Registry,
+    pub append_requests: Counter,
+    pub append_bytes: Counter,
+    pub flushes: Counter,
+    pub flush_seconds: Histogram,
+    pub appends_per_flush: Histogram,
+    pub proposer_connections: Gauge,
+    pub consumer_connections: Gauge,
+    pub sent_bytes: Counter,
+    pub protocol_errors: Counter,
+    pub storage_errors: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("strata_safekeeper");
+        let m = Metrics {
+            append_requests: Counter::default(),
+            append_bytes: Counter::default(),
+            flushes: Counter::default(),
+            flush_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            appends_per_flush: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            proposer_connections: Gauge::default(),
+            consumer_connections: Gauge::default(),
+            sent_bytes: Counter::default(),
+            protocol_errors: Counter::default(),
+            storage_errors: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("append_requests", "WAL append requests received", m.append_requests.clone());
+        registry.register("append_bytes", "WAL bytes received from proposers", m.append_bytes.clone());
+        registry.register("flushes", "WAL flushes (fsync batches)", m.flushes.clone());
+        registry.register("flush_seconds", "Time to make a batch of appends durable", m.flush_seconds.clone());
+        registry.register("appends_per_flush", "Append requests covered by one flush", m.appends_per_flush.clone());
+        registry.register("proposer_connections", "Open proposer connections", m.proposer_connections.clone());
+        registry.register("consumer_connections", "Open WAL consumer connections", m.consumer_connections.clone());
+        registry.register("sent_bytes", "WAL bytes sent to consumers", m.sent_bytes.clone());
+        registry.register("protocol_errors", "Connections closed for protocol violations", m.protocol_errors.clone());
+        registry.register("storage_errors", "Requests failed by storage errors", m.storage_errors.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,331 @@
+//! The safekeeper protocol server: proposer connections (votes, elections,
+//! WAL appends with group commit) and consumer connections (WAL streaming).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{info, warn};
+
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::{
+    AcceptorMessage, ConsumerMessage, ErrorCode, ErrorMessage, ProposerMessage, StartStreaming, StreamMessage,
+    StreamStart, WalData, PROTOCOL_VERSION,
+};
+
+use crate::acceptor::AcceptorError;
+use crate::config::SafekeeperConfig;
+use crate::connection::{Connection, ConnectionError};
+use crate::metrics::Metrics;
+use crate::timeline::{ConsumerInfo, Timeline};
+use crate::timelines::Timelines;
+use crate::wal_reader::read_wal;
+
+/// Most appends written before one flush (bounds the latency of the first).
+const MAX_APPENDS_PER_FLUSH: usize = 256;
+/// Time allowed for a peer to take what we send.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Keepalive interval for idle consumer streams.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// Shared state of all connections.
+pub struct Shared {
+    pub config: SafekeeperConfig,
+    pub timelines: Timelines,
+    pub metrics: Metrics,
+}
+
+/// Accepts connections until the listener fails.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    let mut next_id = 0u64;
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        next_id += 1;
+        let shared = shared.clone();
+        let id = next_id;
+        tokio::spawn(async move {
+            if let Err(e) = handle(stream, shared, id).await {
+                match e {
+                    ConnectionError::Closed => info!(%peer, "connection closed"),
+                    e => warn!(%peer, "connection ended: {e}"),
+                }
+            }
+        });
+    }
+}
+
+async fn handle(stream: TcpStream, shared: Arc<Shared>, id: u64) -> Result<(), ConnectionError> {
+    let mut conn = Connection::new(stream);
+    let first = conn.read_frame(shared.config.idle_timeout).await?;
+    match first.first() {
+        Some(0x01..=0x0F) => proposer(conn, first, shared).await,
+        Some(0x10..=0x1F) => consumer(conn, first, shared, id).await,
+        _ => {
+            shared.metrics.protocol_errors.inc();
+            let msg =
+                ErrorMessage { code: ErrorCode::Protocol, message: "expected a greeting or a stream request".into() };
+            codec::encode_acceptor(&AcceptorMessage::Error(msg), conn.out());
+            conn.flush(SEND_TIMEOUT).await
+        }
+    }
+}
+
+/// Sends an error to a proposer and ends the connection.
+async fn refuse(conn: &mut Connection, shared: &Shared, err: &AcceptorError) -> Result<(), ConnectionError> {
+    match err {
+        AcceptorError::Storage(_) => shared.metrics.storage_errors.inc(),
+        _ => shared.metrics.protocol_errors.inc(),
+    };
+    codec::encode_acceptor(&err.to_message(), conn.out());
+    conn.flush(SEND_TIMEOUT).await
+}
+
+async fn proposer(mut conn: Connection, first: Vec<u8>, shared: Arc<Shared>) -> Result<(), ConnectionError> {
+    let greeting = match codec::decode_proposer(&first) {
+        Ok(ProposerMessage::Greeting(g)) => g,
+        Ok(_) => {
+            let err = AcceptorError::Protocol("the first message must be a greeting".into());
+            return refuse(&mut conn, &shared, &err).await;
+        }
+        Err(e) => return refuse(&mut conn, &shared, &AcceptorError::Protocol(e.to_string())).await,
+    };
+    let Some(timeline) = shared.timelines.get(greeting.timeline.tenant_id, greeting.timeline.timeline_id) else {
+        shared.metrics.protocol_errors.inc();
+        let msg = ErrorMessage {
+            code: ErrorCode::NotFound,
+            message: format!("timeline {}/{} not found", greeting.timeline.tenant_id, greeting.timeline.timeline_id),
+        };
+        codec::encode_acceptor(&AcceptorMessage::Error(msg), conn.out());
+        return conn.flush(SEND_TIMEOUT).await;
+    };
+    let span = tracing::info_span!("proposer", tenant = %greeting.timeline.tenant_id, timeline = %greeting.timeline.timeline_id);
+    let _enter = span.enter();
+    shared.metrics.proposer_connections.inc();
+    let result = proposer_loop(&mut conn, &shared, &timeline, ProposerMessage::Greeting(greeting)).await;
+    shared.metrics.proposer_connections.dec();
+    result
+}
+
+async fn proposer_loop(
+    conn: &mut Connection,
+    shared: &Shared,
+    timeline: &Arc<Timeline>,
+    greeting: ProposerMessage,
+) -> Result<(), ConnectionError> {
+    let mut pending: Option<ProposerMessage> = Some(greeting);
+    loop {
+        let msg = match pending.take() {
+            Some(m) => m,
+            None => {
+                let frame = conn.read_frame(shared.config.idle_timeout).await?;
+                match codec::decode_proposer(&frame) {
+                    Ok(m) => m,
+                    Err(e) => return refuse(conn, shared, &AcceptorError::Protocol(e.to_string())).await,
+                }
+            }
+        };
+        if let ProposerMessage::Append(_) = msg {
+            // Group commit: write this and every append already received, then flush once.
+            let mut batch = vec![msg];
+            while batch.len() < MAX_APPENDS_PER_FLUSH {
+                let Some(frame) = conn.buffered_frame()? else { break };
+                match codec::decode_proposer(&frame) {
+                    Ok(m @ ProposerMessage::Append(_)) => batch.push(m),
+                    Ok(other) => {
+                        pending = Some(other);
+                        break;
+                    }
+                    Err(e) => return refuse(conn, shared, &AcceptorError::Protocol(e.to_string())).await,
+                }
+            }
+            let started = Instant::now();
+            let n = batch.len();
+            let outcome = tokio::task::block_in_place(|| {
+                timeline.with_acceptor(|acceptor| {
+                    for m in &batch {
+                        if let ProposerMessage::Append(a) = m {
+                            shared.metrics.append_requests.inc();
+                            shared.metrics.append_bytes.inc_by(a.wal.len() as u64);
+                        }
+                        acceptor.handle(m)?;
+                    }
+                    acceptor.flush()
+                })
+            });
+            match outcome {
+                Ok(ack) => {
+                    shared.metrics.flushes.inc();
+                    shared.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
+                    shared.metrics.appends_per_flush.observe(n as f64);
+                    *timeline.last_error.lock().expect("lock poisoned") = None;
+                    codec::encode_acceptor(&ack, conn.out());
+                    conn.flush(SEND_TIMEOUT).await?;
+                }
+                Err(e) => {
+                    warn!("refusing appends: {e}");
+                    *timeline.last_error.lock().expect("lock poisoned") = Some(e.to_string());
+                    return refuse(conn, shared, &e).await;
+                }
+            }
+            continue;
+        }
+        let outcome = tokio::task::block_in_place(|| timeline.with_acceptor(|acceptor| acceptor.handle(&msg)));
+        match outcome {
+            Ok(Some(reply)) => {
+                if let ProposerMessage::Elected(e) = &msg {
+                    info!(term = e.term, start = %e.start_streaming_at, "proposer elected");
+                }
+                codec::encode_acceptor(&reply, conn.out());
+                conn.flush(SEND_TIMEOUT).await?;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!("refusing proposer message: {e}");
+                if matches!(e, AcceptorError::Storage(_)) {
+                    *timeline.last_error.lock().expect("lock poisoned") = Some(e.to_string());
+                }
+                return refuse(conn, shared, &e).await;
+            }
+        }
+    }
+}
+
+async fn stream_error(
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    code: ErrorCode,
+    message: String,
+) -> Result<(), ConnectionError> {
+    let mut out = Vec::new();
+    codec::encode_stream(&StreamMessage::Error(ErrorMessage { code, message }), &mut out);
+    tokio::time::timeout(SEND_TIMEOUT, w.write_all(&out))
+        .await
+        .map_err(|_| ConnectionError::Timeout(SEND_TIMEOUT))??;
+    Ok(())
+}
+
+async fn consumer(conn: Connection, first: Vec<u8>, shared: Arc<Shared>, id: u64) -> Result<(), ConnectionError> {
+    let (mut reader, mut w) = conn.into_split();
+    let start: StartStreaming = match codec::decode_consumer(&first) {
+        Ok(ConsumerMessage::Start(s)) => s,
+        Ok(_) => {
+            return stream_error(&mut w, ErrorCode::Protocol, "the first message must be a stream request".into()).await
+        }
+        Err(e) => return stream_error(&mut w, ErrorCode::Protocol, e.to_string()).await,
+    };
+    if start.protocol_version != PROTOCOL_VERSION {
+        let msg = format!("protocol version {} is not supported", start.protocol_version);
+        return stream_error(&mut w, ErrorCode::Version, msg).await;
+    }
+    let Some(timeline) = shared.timelines.get(start.tenant_id, start.timeline_id) else {
+        let msg = format!("timeline {}/{} not found", start.tenant_id, start.timeline_id);
+        return stream_error(&mut w, ErrorCode::NotFound, msg).await;
+    };
+    let positions = timeline.positions();
+    if start.start_lsn < timeline.start_lsn || start.start_lsn > positions.flush_lsn {
+        let msg = format!(
+            "start {} is outside the WAL held ({} to {})",
+            start.start_lsn, timeline.start_lsn, positions.flush_lsn
+        );
+        return stream_error(&mut w, ErrorCode::NotFound, msg).await;
+    }
+    shared.metrics.consumer_connections.inc();
+    timeline.consumers.lock().expect("lock poisoned").insert(
+        id,
+        ConsumerInfo { name: start.consumer_id.clone(), sent_lsn: start.start_lsn, applied_lsn: Lsn::INVALID },
+    );
+    let result = consumer_loop(&mut reader, &mut w, &shared, &timeline, &start, id).await;
+    timeline.consumers.lock().expect("lock poisoned").remove(&id);
+    shared.metrics.consumer_connections.dec();
+    result
+}
+
+async fn consumer_loop(
+    reader: &mut crate::connection::FrameReader,
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    shared: &Shared,
+    timeline: &Arc<Timeline>,
+    start: &StartStreaming,
+    id: u64,
+) -> Result<(), ConnectionError> {
+    let mut positions = timeline.subscribe();
+    let mut out = Vec::new();
+    let now = *positions.borrow_and_update();
+    let hello = StreamStart {
+        term: now.term,
+        term_history: timeline.held_history(),
+        flush_lsn: now.flush_lsn,
+        commit_lsn: now.commit_lsn,
+        timeline: timeline.identity.clone(),
+    };
+    codec::encode_stream(&StreamMessage::Start(hello), &mut out);
+    let segment_size = u64::from(timeline.identity.wal_segment_size);
+    let mut sent = start.start_lsn;
+    let mut buf = vec![0u8; shared.config.max_send_bytes];
+    let mut last_feedback = Instant::now();
+    loop {
+        if !out.is_empty() {
+            tokio::time::timeout(SEND_TIMEOUT, w.write_all(&out))
+                .await
+                .map_err(|_| ConnectionError::Timeout(SEND_TIMEOUT))??;
+            out.clear();
+        }
+        let now = *positions.borrow_and_update();
+        let mut limit = if start.include_uncommitted { now.flush_lsn } else { now.commit_lsn };
+        if start.stop_lsn != Lsn::INVALID {
+            limit = limit.min(start.stop_lsn);
+            if sent >= start.stop_lsn {
+                return Ok(());
+            }
+        }
+        if sent < limit {
+            let n = ((limit.0 - sent.0) as usize).min(buf.len());
+            let dir = timeline.dir.clone();
+            let chunk = &mut buf[..n];
+            tokio::task::block_in_place(|| read_wal(&dir, segment_size, sent, chunk))?;
+            codec::encode_stream(
+                &StreamMessage::Wal(WalData {
+                    begin_lsn: sent,
+                    commit_lsn: now.commit_lsn,
+                    flush_lsn: now.flush_lsn,
+                    wal: chunk.to_vec(),
+                }),
+                &mut out,
+            );
+            shared.metrics.sent_bytes.inc_by(n as u64);
+            sent = Lsn(sent.0 + n as u64);
+            if let Some(c) = timeline.consumers.lock().expect("lock poisoned").get_mut(&id) {
+                c.sent_lsn = sent;
+            }
+            continue;
+        }
+        tokio::select! {
+            changed = positions.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+            }
+            frame = reader.read_frame() => {
+                match codec::decode_consumer(&frame?) {
+                    Ok(ConsumerMessage::Feedback(f)) => {
+                        last_feedback = Instant::now();
+                        if let Some(c) = timeline.consumers.lock().expect("lock poisoned").get_mut(&id) {
+                            c.applied_lsn = f.applied_lsn;
+                        }
+                    }
+                    Ok(ConsumerMessage::Start(_)) => {
+                        return stream_error(w, ErrorCode::Protocol, "stream already started".into()).await;
+                    }
+                    Err(e) => return stream_error(w, ErrorCode::Protocol, e.to_string()).await,
+                }
+            }
+            _ = tokio::time::sleep(KEEPALIVE) => {
+                if last_feedback.elapsed() > shared.config.idle_timeout {
+                    return Err(ConnectionError::Timeout(shared.config.idle_timeout));
+                }
+                codec::encode_stream(&StreamMessage::Keepalive { commit_lsn: now.commit_lsn, flush_lsn: now.flush_lsn }, &mut out);
+            }
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! A timeline's WAL on disk, in segment files named and laid out like
+//! PostgreSQL's (so `pg_waldump` and `strata wal dump` read them directly).
+//!
+//! Segments are created at full size with `set_len` (sparse: no zero-fill
+//! writes), written with positioned writes, and made durable by one
+//! `sync_data` per dirty segment per flush — so all appends that arrived
+//! while the previous flush ran share one fsync (group commit).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use strata_formats::wal::segment::SegmentName;
+use strata_formats::wal::{StartPosition, WalDecodeError, WalDecoder};
+use strata_formats::{Lsn, PgVersion};
+
+use crate::acceptor::{StorageError, WalStore};
+
+/// PostgreSQL timeline id used in segment names.
+const PG_TIMELINE: u32 = 1;
+/// Open segment files kept at once.
+const MAX_OPEN_SEGMENTS: usize = 4;
+
+/// Segment files of one timeline in one directory.
+pub struct SegmentStore {
+    dir: PathBuf,
+    segment_size: u64,
+    /// Where the timeline's WAL begins (nothing before it is stored).
+    start: Lsn,
+    write_lsn: Lsn,
+    flush_lsn: Lsn,
+    open: BTreeMap<u64, File>,
+    dirty: Vec<u64>,
+    dir_dirty: bool,
+    /// Disable fsync (tests and benchmarks only; said loudly at start-up).
+    no_sync: bool,
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> StorageError {
+    StorageError(format!("{what} {}: {e}", path.display()))
+}
+
+impl SegmentStore {
+    /// Opens the WAL in `dir` whose durable end is at or after `hint`, finds
+    /// the end of the last complete record (a torn write after a crash is
+    /// cut off) and positions writes there.
+    pub fn open(
+        dir: &Path,
+        segment_size: u64,
+        start: Lsn,
+        hint: Lsn,
+        no_sync: bool,
+    ) -> Result<SegmentStore, StorageError> {
+        fs::create_dir_all(dir).map_err(|e| io_err("creating", dir, e))?;
+        let mut store = SegmentStore {
+            dir: dir.to_path_buf(),
+            segment_size,
+            start,
+            write_lsn: hint.max(start),
+            flush_lsn: hint.max(start),
+            open: BTreeMap::new(),
+            dirty: Vec::new(),
+            dir_dirty: false,
+            no_sync,
+        };
+        let end = store.find_end_of_wal(hint.max(start))?;
+        store.write_lsn = end;
+        store.flush_lsn = end;
+        // Whatever follows the last complete record is garbage from a torn write.
+        store.truncate(end)?;
+        Ok(store)
+    }
+
+    fn segment_path(&self, segno: u64) -> PathBuf {
+        self.dir.join(SegmentName { timeline: PG_TIMELINE, segment_number: segno }.file_name(self.segment_size))
+    }
+
+    fn segment(&mut self, segno: u64, create: bool) -> Result<Option<&File>, StorageError> {
+        if !self.open.contains_key(&segno) {
+            let path = self.segment_path(segno);
+            let file = match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+                    // Created under a temporary name at full size, then renamed:
+                    // a crash never leaves a short segment behind.
+                    let tmp = path.with_extension("partial-create");
+                    let f = OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .open(&tmp)
+                        .map_err(|e| io_err("creating", &tmp, e))?;
+                    f.set_len(self.segment_size).map_err(|e| io_err("sizing", &tmp, e))?;
+                    fs::rename(&tmp, &path).map_err(|e| io_err("renaming", &tmp, e))?;
+                    self.dir_dirty = true;
+                    f
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(io_err("opening", &path, e)),
+            };
+            if self.open.len() >= MAX_OPEN_SEGMENTS {
+                // Close the oldest clean segment.
+                let victim = self.open.keys().copied().find(|s| !self.dirty.contains(s));
+                if let Some(v) = victim {
+                    self.open.remove(&v);
+                }
+            }
+            self.open.insert(segno, file);
+        }
+        Ok(self.open.get(&segno))
+    }
+
+    /// Reads durable-or-written WAL `[from, from + buf.len())`; returns bytes read
+    /// (short at the end of the written WAL).
+    pub fn read(&mut self, from: Lsn, buf: &mut [u8]) -> Result<usize, StorageError> {
+        if from < self.start || from >= self.write_lsn {
+            return Ok(0);
+        }
+        let want = buf.len().min((self.write_lsn.0 - from.0) as usize);
+        let mut done = 0;
+        while done < want {
+            let pos = from.0 + done as u64;
+            let segno = pos / self.segment_size;
+            let offset = pos % self.segment_size;
+            let n = (want - done).min((self.segment_size - offset) as usize);
+            let path = self.segment_path(segno);
+            let file =
+                self.segment(segno, false)?.ok_or_else(|| StorageError(format!("{} is missing", path.display())))?;
+            file.read_exact_at(&mut buf[done..done + n], offset).map_err(|e| io_err("reading", &path, e))?;
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// Decodes records from `from` to find where the last complete one ends.
+    fn find_end_of_wal(&mut self, from: Lsn) -> Result<Lsn, StorageError> {
+        let mode = if from == self.start { StartPosition::FindFirstRecord } else { StartPosition::RecordBoundary };
+        let mut decoder = WalDecoder::new(PgVersion::V15, from, self.segment_size, mode);
+        let mut end = from;
+        let mut pos = from;
+        let mut buf = vec![0u8; 1 << 20];
+        'outer: loop {
+            let segno = pos.0 / self.segment_size;
+            let path = self.segment_path(segno);
+            let offset = pos.0 % self.segment_size;
+            let n = buf.len().min((self.segment_size - offset) as usize);
+            let Some(file) = self.segment(segno, false)? else { break };
+            file.read_exact_at(&mut buf[..n], offset).map_err(|e| io_err("reading", &path, e))?;
+            decoder.feed(&buf[..n]);
+            pos = Lsn(pos.0 + n as u64);
+            loop {
+                match decoder.next_record() {
+                    Ok(Some(record)) => end = record.end_lsn,
+                    Ok(None) => break,
+                    Err(WalDecodeError::EndOfWal { .. } | WalDecodeError::Corrupt { .. }) => break 'outer,
+                }
+            }
+        }
+        Ok(end.max(from))
+    }
+
+    pub fn start_lsn(&self) -> Lsn {
+        self.start
+    }
+}
+
+impl WalStore for SegmentStore {
+    fn write(&mut self, at: Lsn, bytes: &[u8]) -> Result<(), StorageError> {
+        if at != self.write_lsn {
+            return Err(StorageError(format!("write at {at}, but the WAL ends at {}", self.write_lsn)));
+        }
+        let mut done = 0;
+        while done < bytes.len() {
+            let pos = at.0 + done as u64;
+            let segno = pos / self.segment_size;
+            let offset = pos % self.segment_size;
+            let n = (bytes.len() - done).min((self.segment_size - offset) as usize);
+            let path = self.segment_path(segno);
+            let file = self.segment(segno, true)?.expect("created on demand");
+            file.write_all_at(&bytes[done..done + n], offset).map_err(|e| io_err("writing", &path, e))?;
+            if !self.dirty.contains(&segno) {
+                self.dirty.push(segno);
+            }
+            done += n;
+        }
+        self.write_lsn = Lsn(at.0 + bytes.len() as u64);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), StorageError> {
+        if !self.no_sync {
+            for segno in std::mem::take(&mut self.dirty) {
+                let path = self.segment_path(segno);
+                if let Some(file) = self.segment(segno, false)? {
+                    file.sync_data().map_err(|e| io_err("syncing", &path, e))?;
+                }
+            }
+            if self.dir_dirty {
+                File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", &self.dir, e))?;
+                self.dir_dirty = false;
+            }
+        } else {
+            self.dirty.clear();
+        }
+        self.flush_lsn = self.write_lsn;
+        Ok(())
+    }
+
+    fn truncate(&mut self, at: Lsn) -> Result<(), StorageError> {
+        let at = at.max(self.start);
+        let segno = at.0 / self.segment_size;
+        let offset = at.0 % self.segment_size;
+        // Zero the rest of the segment holding `at` (sparse), drop later ones.
+        let path = self.segment_path(segno);
+        let (size, no_sync) = (self.segment_size, self.no_sync);
+        if let Some(file) = self.segment(segno, false)? {
+            file.set_len(offset).and_then(|()| file.set_len(size)).map_err(|e| io_err("truncating", &path, e))?;
+            if !no_sync {
+                file.sync_all().map_err(|e| io_err("syncing", &path, e))?;
+            }
+        }
+        let mut later = segno + 1;
+        loop {
+            let path = self.segment_path(later);
+            self.open.remove(&later);
+            match fs::remove_file(&path) {
+                Ok(()) => self.dir_dirty = true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) => return Err(io_err("removing", &path, e)),
+            }
+            later += 1;
+        }
+        self.dirty.retain(|s| *s <= segno);
+        self.write_lsn = at;
+        self.flush_lsn = self.flush_lsn.min(at);
+        if !self.no_sync && self.dir_dirty {
+            File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", &self.dir, e))?;
+            self.dir_dirty = false;
+        }
+        Ok(())
+    }
+
+    fn write_lsn(&self) -> Lsn {
+        self.write_lsn
+    }
+
+    fn flush_lsn(&self) -> Lsn {
+        self.flush_lsn
+    }
+}
