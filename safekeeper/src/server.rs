@@ -89,6 +89,9 @@ async fn proposer(mut conn: Connection, first: Vec<u8>, shared: Arc<Shared>) -> 
             let err = AcceptorError::Protocol("the first message must be a greeting".into());
             return refuse(&mut conn, &shared, &err).await;
         }
+        Err(codec::CodecError::UnsupportedVersion { version, .. }) => {
+            return refuse(&mut conn, &shared, &AcceptorError::Version(version)).await
+        }
         Err(e) => return refuse(&mut conn, &shared, &AcceptorError::Protocol(e.to_string())).await,
     };
     let Some(timeline) = shared.timelines.get(greeting.timeline.tenant_id, greeting.timeline.timeline_id) else {

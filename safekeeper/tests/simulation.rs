@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::election::Epoch;
-use strata_protocol::safekeeper::election::{elect, next_term, quorum, quorum_lsn, start_streaming_at};
+use strata_protocol::safekeeper::election::{advance_commit, elect, next_term, quorum, quorum_lsn, start_streaming_at};
 use strata_protocol::safekeeper::{
     AcceptorMessage, AppendRequest, ProposerElected, ProposerMessage, Term, TermHistory, TimelineIdentity, VoteRequest,
     VoteResponse,
@@ -47,6 +47,7 @@ type Node = Acceptor<MemoryWal, MemoryControl>;
 
 struct Proposer {
     term: Term,
+    epoch_start: Lsn,
     history: TermHistory,
     /// WAL from START: the donor's WAL up to the epoch start, then our records.
     wal: Vec<u8>,
@@ -73,6 +74,8 @@ struct Sim {
     identity: TimelineIdentity,
     elections: u64,
     commits: u64,
+    /// Commit by counting flushes alone (unsafe; to show the simulation catches it).
+    naive_commit: bool,
 }
 
 impl Sim {
@@ -100,6 +103,7 @@ impl Sim {
             identity,
             elections: 0,
             commits: 0,
+            naive_commit: false,
         }
     }
 
@@ -149,6 +153,7 @@ impl Sim {
         let Some(donor_wal) = donor_node.wal().read(START, epoch.start_lsn) else { return };
         let mut proposer = Proposer {
             term,
+            epoch_start: epoch.start_lsn,
             history: epoch.history.clone(),
             wal: donor_wal.to_vec(),
             active: HashMap::new(),
@@ -199,11 +204,15 @@ impl Sim {
                 continue; // delayed: sent later
             }
             let (next, flushed) = proposer.active[&i];
-            let end = proposer.end();
-            if next >= end {
+            if next >= proposer.end() {
                 continue;
             }
-            let chunk = proposer.wal[(next.0 - START.0) as usize..].to_vec();
+            // Random-size chunks: acceptors catching up sit between their
+            // start and the epoch start for a while.
+            let from = (next.0 - START.0) as usize;
+            let len = (1 + self.rng.below(64) as usize).min(proposer.wal.len() - from);
+            let chunk = proposer.wal[from..from + len].to_vec();
+            let end = Lsn(next.0 + len as u64);
             let req = AppendRequest {
                 term: proposer.term,
                 begin_lsn: next,
@@ -246,7 +255,11 @@ impl Sim {
             let entry = proposer.active.get_mut(&i).unwrap();
             entry.1 = entry.1.max(ack.flush_lsn);
             let flushes: Vec<Lsn> = proposer.active.values().map(|(_, f)| *f).collect();
-            let commit = quorum_lsn(&flushes, N);
+            let commit = if self.naive_commit {
+                quorum_lsn(&flushes, N).max(proposer.commit_lsn)
+            } else {
+                advance_commit(proposer.commit_lsn, quorum_lsn(&flushes, N), proposer.epoch_start)
+            };
             if commit > proposer.commit_lsn {
                 proposer.commit_lsn = commit;
                 let bytes = proposer.wal[..(commit.0 - START.0) as usize].to_vec();
@@ -374,21 +387,32 @@ impl Sim {
     }
 }
 
-#[test]
-fn safety_under_crashes_partitions_and_competing_proposers() {
+fn run(seeds: std::ops::RangeInclusive<u64>, naive_commit: bool) -> (u64, u64) {
     let mut elections = 0;
     let mut commits = 0;
-    for seed in 1..=300u64 {
+    for seed in seeds {
         let mut sim = Sim::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        sim.naive_commit = naive_commit;
         for _ in 0..400 {
             sim.step();
         }
         sim.finish();
         elections += sim.elections;
         commits += sim.commits;
-        let _ = &sim.identity;
     }
+    (elections, commits)
+}
+
+#[test]
+fn counting_flushes_below_the_epoch_start_loses_commits() {
+    let caught = std::panic::catch_unwind(|| run(1..=3000, true)).is_err();
+    assert!(caught, "the simulation must find the unsafe commit rule");
+}
+
+#[test]
+fn safety_under_crashes_partitions_and_competing_proposers() {
+    let (elections, commits) = run(1..=1000, false);
     // The simulation must actually exercise the protocol.
-    assert!(elections > 1000, "only {elections} elections");
-    assert!(commits > 5000, "only {commits} commit advances");
+    assert!(elections > 3000, "only {elections} elections");
+    assert!(commits > 10_000, "only {commits} commit advances");
 }

@@ -64,6 +64,19 @@ pub fn quorum_lsn(flush_lsns: &[Lsn], acceptors: usize) -> Lsn {
     sorted[q - 1]
 }
 
+/// The commit LSN after acknowledgements put the quorum at `quorum`: it
+/// moves only once the quorum has reached the epoch start. Below it, the
+/// acceptors that make up the quorum may still report an older last term,
+/// so a later election could pick a donor without this WAL (the Raft rule
+/// of committing only entries of the current term by counting).
+pub fn advance_commit(current: Lsn, quorum: Lsn, epoch_start: Lsn) -> Lsn {
+    if quorum >= epoch_start {
+        current.max(quorum)
+    } else {
+        current
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

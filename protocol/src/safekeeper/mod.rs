@@ -76,7 +76,8 @@ pub struct AppendRequest {
 impl AppendRequest {
     /// End of the WAL carried.
     pub fn end_lsn(&self) -> Lsn {
-        Lsn(self.begin_lsn.0 + self.wal.len() as u64)
+        // The codec rejects requests whose end would overflow.
+        Lsn(self.begin_lsn.0.saturating_add(self.wal.len() as u64))
     }
 }
 
