@@ -1,5 +1,6 @@
 //! `strata`: one binary, a subcommand per role.
 
+mod compute;
 mod pgdata;
 mod verify_images;
 mod wal;
@@ -18,6 +19,9 @@ enum Command {
     /// Inspect PostgreSQL WAL: decode segment files, measure decoding speed.
     #[command(subcommand)]
     Wal(wal::WalCommand),
+    /// The compute agent next to a stock PostgreSQL: WAL proposer, safekeeper sync.
+    #[command(subcommand)]
+    Compute(compute::ComputeCommand),
     /// Run a safekeeper: durable, replicated WAL for PostgreSQL timelines.
     Safekeeper {
         /// The safekeeper's TOML configuration.
@@ -27,7 +31,7 @@ enum Command {
 }
 
 /// Logs to stderr; `RUST_LOG` selects levels (default: info).
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
@@ -57,6 +61,7 @@ fn main() {
     let code = match cli.command {
         Command::Wal(cmd) => wal::run(cmd),
         Command::Safekeeper { config } => safekeeper(&config),
+        Command::Compute(cmd) => compute::run(cmd),
     };
     std::process::exit(code);
 }

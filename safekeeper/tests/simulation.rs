@@ -71,7 +71,6 @@ struct Sim {
     /// Bytes written by the proposer of each term (from START).
     term_wal: HashMap<Term, Vec<u8>>,
     committed: Vec<u8>,
-    identity: TimelineIdentity,
     elections: u64,
     commits: u64,
     /// Commit by counting flushes alone (unsafe; to show the simulation catches it).
@@ -100,7 +99,6 @@ impl Sim {
             proposers: vec![None, None],
             term_wal: HashMap::new(),
             committed: Vec::new(),
-            identity,
             elections: 0,
             commits: 0,
             naive_commit: false,

@@ -1,0 +1,131 @@
+//! `strata compute …`: the compute agent's roles.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use strata_compute::pg_replication::ReplicationConfig;
+use strata_compute::proposer::{self, ProposerConfig};
+use strata_protocol::safekeeper::TimelineIdentity;
+use strata_protocol::{TenantId, TimelineId};
+
+#[derive(Subcommand)]
+pub enum ComputeCommand {
+    /// Elect a proposer among the safekeepers, bring a quorum to the end of the
+    /// timeline's WAL and commit it; print that LSN.
+    SyncSafekeepers {
+        #[command(flatten)]
+        timeline: TimelineArgs,
+        /// PostgreSQL's system identifier of the timeline.
+        #[arg(long)]
+        system_id: u64,
+        #[arg(long, default_value_t = 16 << 20)]
+        wal_segment_size: u32,
+    },
+    /// Be the WAL proposer of a running PostgreSQL: receive its WAL as its
+    /// synchronous standby and report as flushed what a quorum of
+    /// safekeepers holds.
+    Proposer {
+        #[command(flatten)]
+        timeline: TimelineArgs,
+        /// PostgreSQL's socket directory (or host name).
+        #[arg(long)]
+        pg_host: String,
+        #[arg(long, default_value_t = 5432)]
+        pg_port: u16,
+        #[arg(long, default_value = "postgres")]
+        pg_user: String,
+        /// The name PostgreSQL's synchronous_standby_names lists.
+        #[arg(long, default_value = "strata_proposer")]
+        application_name: String,
+        /// Physical replication slot that keeps WAL until the safekeepers have it.
+        #[arg(long, default_value = "strata_proposer")]
+        slot: String,
+    },
+}
+
+#[derive(Args)]
+pub struct TimelineArgs {
+    /// Safekeeper addresses, comma-separated (host:port).
+    #[arg(long, value_delimiter = ',', required = true)]
+    safekeepers: Vec<String>,
+    #[arg(long)]
+    tenant_id: TenantId,
+    #[arg(long)]
+    timeline_id: TimelineId,
+}
+
+pub fn run(cmd: ComputeCommand) -> i32 {
+    crate::init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
+    let result = runtime.block_on(async move {
+        match cmd {
+            ComputeCommand::SyncSafekeepers { timeline, system_id, wal_segment_size } => {
+                let identity = TimelineIdentity {
+                    tenant_id: timeline.tenant_id,
+                    timeline_id: timeline.timeline_id,
+                    system_id,
+                    pg_version: 15,
+                    wal_segment_size,
+                };
+                let end = proposer::sync_safekeepers(ProposerConfig::new(timeline.safekeepers, identity)).await?;
+                println!("{end}");
+                Ok::<(), proposer::ProposerError>(())
+            }
+            ComputeCommand::Proposer { timeline, pg_host, pg_port, pg_user, application_name, slot } => {
+                let pg = ReplicationConfig {
+                    host: pg_host,
+                    port: pg_port,
+                    user: pg_user,
+                    password: std::env::var("PGPASSWORD").ok(),
+                    application_name,
+                    connect_timeout: Duration::from_secs(10),
+                };
+                let identity = identity_from_postgres(&pg, &timeline).await?;
+                let (status, _) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
+                proposer::run(ProposerConfig::new(timeline.safekeepers, identity), pg, Some(slot), status).await
+            }
+        }
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("strata compute: {e}");
+            1
+        }
+    }
+}
+
+/// The timeline identity as the running PostgreSQL states it.
+async fn identity_from_postgres(
+    pg: &ReplicationConfig,
+    timeline: &TimelineArgs,
+) -> Result<TimelineIdentity, proposer::ProposerError> {
+    let err = |e: strata_compute::pg_replication::PgError| proposer::ProposerError::Postgres(e.to_string());
+    let mut conn = strata_compute::pg_replication::ReplicationConnection::connect(pg).await.map_err(err)?;
+    let system = conn.identify_system().await.map_err(err)?;
+    let rows = conn.simple_query("SHOW wal_segment_size").await.map_err(err)?;
+    let text = rows.first().and_then(|r| r.first()).cloned().flatten().unwrap_or_default();
+    let size = parse_size(&text)
+        .ok_or_else(|| proposer::ProposerError::Postgres(format!("unexpected wal_segment_size {text:?}")))?;
+    Ok(TimelineIdentity {
+        tenant_id: timeline.tenant_id,
+        timeline_id: timeline.timeline_id,
+        system_id: system.system_id,
+        pg_version: 15,
+        wal_segment_size: size,
+    })
+}
+
+/// Parses PostgreSQL's "16MB" style sizes.
+fn parse_size(text: &str) -> Option<u32> {
+    let digits: String = text.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let n: u32 = digits.parse().ok()?;
+    match &text[digits.len()..] {
+        "MB" => n.checked_mul(1 << 20),
+        "GB" => n.checked_mul(1 << 30),
+        "kB" => n.checked_mul(1 << 10),
+        "" => Some(n),
+        _ => None,
+    }
+}

@@ -1,0 +1,557 @@
+//! The WAL proposer: gets elected by a quorum of safekeepers, brings lagging
+//! ones up to the epoch start with the donor's WAL, then streams the WAL that
+//! PostgreSQL sends it (as a physical standby) and reports back, as its
+//! flush position, what a quorum has made durable — so `synchronous_commit`
+//! waits for the quorum.
+//!
+//! One task owns all decisions (`Core`); a task per safekeeper only moves
+//! bytes (`safekeeper_link`). Appends are cut at record boundaries, so every
+//! flush LSN a safekeeper reports is a place where WAL can continue.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use strata_formats::wal::{StartPosition, WalDecoder};
+use strata_formats::{Lsn, PgVersion};
+use strata_protocol::safekeeper::election::{
+    advance_commit, elect, next_term, quorum, quorum_lsn, start_streaming_at, Epoch,
+};
+use strata_protocol::safekeeper::{
+    AcceptorMessage, AppendRequest, ErrorCode, ProposerElected, ProposerGreeting, ProposerMessage, Term,
+    TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
+};
+
+use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
+use crate::safekeeper_link::{run_link, LinkEvent};
+
+/// What the proposer needs.
+#[derive(Clone, Debug)]
+pub struct ProposerConfig {
+    pub safekeepers: Vec<String>,
+    pub timeline: TimelineIdentity,
+    /// Bound on every network wait.
+    pub timeout: Duration,
+    /// WAL held in memory for acceptors that have not acknowledged it.
+    pub max_buffer_bytes: usize,
+    /// Largest append sent at once.
+    pub max_append_bytes: usize,
+    /// Unacknowledged bytes in flight per safekeeper.
+    pub max_in_flight_bytes: u64,
+}
+
+impl ProposerConfig {
+    pub fn new(safekeepers: Vec<String>, timeline: TimelineIdentity) -> ProposerConfig {
+        ProposerConfig {
+            safekeepers,
+            timeline,
+            timeout: Duration::from_secs(10),
+            max_buffer_bytes: 256 << 20,
+            max_append_bytes: 128 << 10,
+            max_in_flight_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Why the proposer stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposerError {
+    #[error("lost the election: safekeepers are at term {seen}, ours is {ours}")]
+    Superseded { ours: Term, seen: Term },
+    #[error("safekeeper {0} refused: {1}")]
+    Refused(String, String),
+    #[error("safekeepers hold WAL up to {epoch_start}, beyond this PostgreSQL's end {pg_end}: start it from a basebackup at {epoch_start}")]
+    PostgresBehind { epoch_start: Lsn, pg_end: Lsn },
+    #[error("PostgreSQL: {0}")]
+    Postgres(String),
+    #[error("invalid WAL from PostgreSQL: {0}")]
+    Wal(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LinkPhase {
+    Down,
+    Greeted,
+    VoteSent,
+    ElectedSent,
+    /// Receiving WAL from `next`.
+    Streaming {
+        next: Lsn,
+    },
+}
+
+struct Link {
+    address: String,
+    session: u64,
+    phase: LinkPhase,
+    term_seen: Term,
+    /// Durable end acknowledged in our term (survives reconnects).
+    flush: Option<Lsn>,
+    commands: mpsc::Sender<(u64, ProposerMessage)>,
+}
+
+/// WAL from `start`, record-complete up to `complete_end`.
+struct WalBuffer {
+    start: Lsn,
+    bytes: VecDeque<u8>,
+    complete_end: Lsn,
+}
+
+impl WalBuffer {
+    fn end(&self) -> Lsn {
+        Lsn(self.start.0 + self.bytes.len() as u64)
+    }
+    fn slice(&self, from: Lsn, to: Lsn) -> Vec<u8> {
+        let a = (from.0 - self.start.0) as usize;
+        let b = (to.0 - self.start.0) as usize;
+        self.bytes.range(a..b).copied().collect()
+    }
+    fn trim_to(&mut self, lsn: Lsn) {
+        if lsn > self.start {
+            let n = ((lsn.0 - self.start.0) as usize).min(self.bytes.len());
+            self.bytes.drain(..n);
+            self.start = Lsn(self.start.0 + n as u64);
+        }
+    }
+}
+
+/// Progress reported to the caller (status, metrics).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ProposerStatus {
+    pub term: Term,
+    pub epoch_start: Lsn,
+    pub commit_lsn: Lsn,
+    pub received_lsn: Lsn,
+    pub connected_safekeepers: usize,
+}
+
+struct Core {
+    cfg: ProposerConfig,
+    links: Vec<Link>,
+    events: mpsc::Receiver<LinkEvent>,
+    term: Term,
+    votes: Vec<(usize, VoteResponse)>,
+    epoch: Option<Epoch>,
+    buffer: Option<WalBuffer>,
+    commit_lsn: Lsn,
+    commit_sent: Lsn,
+    status: tokio::sync::watch::Sender<ProposerStatus>,
+}
+
+impl Core {
+    fn start(cfg: ProposerConfig, status: tokio::sync::watch::Sender<ProposerStatus>) -> Core {
+        let (ev_tx, ev_rx) = mpsc::channel(1024);
+        let greeting = ProposerGreeting {
+            protocol_version: PROTOCOL_VERSION,
+            proposer_id: *strata_protocol::TimelineId::generate().0.first_chunk().expect("16 bytes"),
+            timeline: cfg.timeline.clone(),
+        };
+        let links = cfg
+            .safekeepers
+            .iter()
+            .enumerate()
+            .map(|(i, address)| {
+                let (tx, rx) = mpsc::channel(256);
+                tokio::spawn(run_link(i, address.clone(), greeting.clone(), ev_tx.clone(), rx, cfg.timeout));
+                Link {
+                    address: address.clone(),
+                    session: 0,
+                    phase: LinkPhase::Down,
+                    term_seen: 0,
+                    flush: None,
+                    commands: tx,
+                }
+            })
+            .collect();
+        Core {
+            cfg,
+            links,
+            events: ev_rx,
+            term: 0,
+            votes: Vec::new(),
+            epoch: None,
+            buffer: None,
+            commit_lsn: Lsn::INVALID,
+            commit_sent: Lsn::INVALID,
+            status,
+        }
+    }
+
+    fn send(&mut self, link: usize, msg: ProposerMessage) {
+        let l = &self.links[link];
+        // A full queue means the link is far behind; it catches up from its acknowledged position later.
+        if l.commands.try_send((l.session, msg)).is_err() {
+            warn!(safekeeper = %l.address, "command queue full");
+        }
+    }
+
+    fn publish(&self) {
+        let connected = self.links.iter().filter(|l| l.phase != LinkPhase::Down).count();
+        self.status.send_replace(ProposerStatus {
+            term: self.term,
+            epoch_start: self.epoch.as_ref().map_or(Lsn::INVALID, |e| e.start_lsn),
+            commit_lsn: self.commit_lsn,
+            received_lsn: self.buffer.as_ref().map_or(Lsn::INVALID, |b| b.complete_end),
+            connected_safekeepers: connected,
+        });
+    }
+
+    /// Handles one link event; returns an error if this proposer must stop.
+    fn on_event(&mut self, ev: LinkEvent) -> Result<(), ProposerError> {
+        match ev {
+            LinkEvent::Connected { link, session, term } => {
+                let l = &mut self.links[link];
+                l.session = session;
+                l.phase = LinkPhase::Greeted;
+                l.term_seen = term;
+                if self.epoch.is_some() && term > self.term {
+                    return Err(ProposerError::Superseded { ours: self.term, seen: term });
+                }
+                if self.term > 0 {
+                    // Ask for its position (a vote if the election is still open).
+                    self.links[link].phase = LinkPhase::VoteSent;
+                    self.send(link, ProposerMessage::VoteRequest(VoteRequest { term: self.term }));
+                } else {
+                    self.maybe_start_election();
+                }
+            }
+            LinkEvent::Disconnected { link, session, .. } => {
+                if self.links[link].session == session {
+                    self.links[link].phase = LinkPhase::Down;
+                }
+            }
+            LinkEvent::Message { link, session, msg } => {
+                if self.links[link].session != session {
+                    return Ok(());
+                }
+                self.on_message(link, msg)?;
+            }
+        }
+        self.publish();
+        Ok(())
+    }
+
+    fn maybe_start_election(&mut self) {
+        let greeted: Vec<usize> =
+            (0..self.links.len()).filter(|&i| self.links[i].phase == LinkPhase::Greeted).collect();
+        if self.term > 0 || greeted.len() < quorum(self.links.len()) {
+            return;
+        }
+        self.term = next_term(self.links.iter().map(|l| l.term_seen));
+        info!(term = self.term, "requesting votes");
+        for i in greeted {
+            self.links[i].phase = LinkPhase::VoteSent;
+            self.send(i, ProposerMessage::VoteRequest(VoteRequest { term: self.term }));
+        }
+    }
+
+    fn on_message(&mut self, link: usize, msg: AcceptorMessage) -> Result<(), ProposerError> {
+        match msg {
+            AcceptorMessage::VoteResponse(v) => {
+                if v.term > self.term {
+                    if self.epoch.is_some() {
+                        return Err(ProposerError::Superseded { ours: self.term, seen: v.term });
+                    }
+                    // Someone else is electing: try again above them.
+                    self.links[link].term_seen = v.term;
+                    self.term = 0;
+                    self.votes.clear();
+                    for l in &mut self.links {
+                        if l.phase == LinkPhase::VoteSent {
+                            l.phase = LinkPhase::Greeted;
+                        }
+                    }
+                    self.maybe_start_election();
+                    return Ok(());
+                }
+                if v.term < self.term {
+                    return Ok(()); // an answer to an older request
+                }
+                match &self.epoch {
+                    None if v.vote_given => {
+                        self.votes.push((link, v));
+                        if self.votes.len() >= quorum(self.links.len()) {
+                            self.win()?;
+                        }
+                    }
+                    None => {}
+                    Some(_) => self.send_elected(link, &v),
+                }
+            }
+            AcceptorMessage::AppendResponse(r) => {
+                if r.term > self.term {
+                    return Err(ProposerError::Superseded { ours: self.term, seen: r.term });
+                }
+                let l = &mut self.links[link];
+                if l.phase == LinkPhase::ElectedSent {
+                    // The answer to ProposerElected: its WAL now ends where we stream from.
+                    l.phase = LinkPhase::Streaming { next: r.flush_lsn };
+                }
+                // Durable WAL in our term only grows.
+                l.flush = Some(l.flush.map_or(r.flush_lsn, |f| f.max(r.flush_lsn)));
+                self.update_commit();
+            }
+            AcceptorMessage::Error(e) => {
+                if e.code == ErrorCode::TermSuperseded {
+                    return Err(ProposerError::Superseded { ours: self.term, seen: self.term + 1 });
+                }
+                if matches!(e.code, ErrorCode::Mismatch | ErrorCode::NotFound | ErrorCode::Version) {
+                    return Err(ProposerError::Refused(self.links[link].address.clone(), e.message));
+                }
+                warn!(safekeeper = %self.links[link].address, "error: {:?}: {}", e.code, e.message);
+            }
+            AcceptorMessage::Greeting(_) => {}
+        }
+        Ok(())
+    }
+
+    fn win(&mut self) -> Result<(), ProposerError> {
+        let votes: Vec<VoteResponse> = self.votes.iter().map(|(_, v)| v.clone()).collect();
+        let epoch = elect(self.term, &votes).ok_or_else(|| ProposerError::Other("no votes".into()))?;
+        info!(term = self.term, epoch_start = %epoch.start_lsn, donor = %self.links[self.votes[epoch.donor].0].address, "elected");
+        self.epoch = Some(epoch);
+        Ok(())
+    }
+
+    fn send_elected(&mut self, link: usize, v: &VoteResponse) {
+        let epoch = self.epoch.as_ref().expect("elected");
+        let end = self.buffer.as_ref().map_or(epoch.start_lsn, |b| b.complete_end);
+        let mut current = epoch.clone();
+        current.start_lsn = end.max(epoch.start_lsn);
+        let start = start_streaming_at(&current, &v.term_history, v.flush_lsn, epoch.timeline_start_lsn);
+        if let Some(b) = &self.buffer {
+            if start < b.start {
+                warn!(safekeeper = %self.links[link].address, %start, buffer_start = %b.start, "too far behind the buffered WAL; it must recover from its peers");
+                return;
+            }
+        }
+        let msg = ProposerElected {
+            term: self.term,
+            start_streaming_at: start,
+            term_history: epoch.history.clone(),
+            timeline_start_lsn: epoch.timeline_start_lsn,
+        };
+        self.links[link].phase = LinkPhase::ElectedSent;
+        self.send(link, ProposerMessage::Elected(msg));
+    }
+
+    fn update_commit(&mut self) {
+        let Some(epoch) = &self.epoch else { return };
+        let flushes: Vec<Lsn> = self.links.iter().filter_map(|l| l.flush).collect();
+        let commit = advance_commit(self.commit_lsn, quorum_lsn(&flushes, self.links.len()), epoch.start_lsn);
+        if commit > self.commit_lsn {
+            self.commit_lsn = commit;
+        }
+    }
+
+    /// Sends each streaming link what it lacks, within its in-flight bound,
+    /// and the commit LSN when it moved.
+    fn pump(&mut self) {
+        let Some(buffer) = &self.buffer else { return };
+        let complete = buffer.complete_end;
+        let mut sends = Vec::new();
+        for (i, l) in self.links.iter().enumerate() {
+            let LinkPhase::Streaming { next } = l.phase else { continue };
+            let flushed = l.flush.unwrap_or(next);
+            let mut at = next;
+            let mut msgs = Vec::new();
+            while at < complete && at.0.saturating_sub(flushed.0) < self.cfg.max_in_flight_bytes {
+                let to = Lsn((at.0 + self.cfg.max_append_bytes as u64).min(complete.0));
+                msgs.push((at, to));
+                at = to;
+            }
+            if msgs.is_empty() && self.commit_lsn > self.commit_sent {
+                msgs.push((at, at));
+            }
+            if !msgs.is_empty() {
+                sends.push((i, at, msgs));
+            }
+        }
+        let truncate = self.links.iter().filter_map(|l| l.flush).min().unwrap_or(Lsn::INVALID);
+        for (i, at, msgs) in sends {
+            for (from, to) in msgs {
+                let wal = self.buffer.as_ref().expect("checked").slice(from, to);
+                let req = AppendRequest {
+                    term: self.term,
+                    begin_lsn: from,
+                    commit_lsn: self.commit_lsn,
+                    truncate_lsn: truncate,
+                    wal,
+                };
+                self.send(i, ProposerMessage::Append(req));
+            }
+            self.links[i].phase = LinkPhase::Streaming { next: at };
+        }
+        self.commit_sent = self.commit_lsn;
+        // Keep what some connected acceptor may still need.
+        let keep = self
+            .links
+            .iter()
+            .filter_map(|l| match l.phase {
+                LinkPhase::Streaming { .. } => Some(l.flush.unwrap_or(Lsn::INVALID)),
+                _ => None,
+            })
+            .min()
+            .unwrap_or(self.commit_lsn)
+            .min(self.commit_lsn);
+        if let Some(b) = self.buffer.as_mut() {
+            if b.bytes.len() > self.cfg.max_buffer_bytes / 2 {
+                b.trim_to(keep);
+            }
+        }
+    }
+}
+
+/// Runs the election and brings a quorum to the epoch start: the first part
+/// of both modes. Returns the core with a buffer ending at the epoch start.
+async fn elect_and_sync(mut core: Core) -> Result<Core, ProposerError> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while core.epoch.is_none() {
+        let ev = tokio::time::timeout_at(deadline.into(), core.events.recv())
+            .await
+            .map_err(|_| ProposerError::Other("no quorum of safekeepers answered".into()))?
+            .ok_or_else(|| ProposerError::Other("links stopped".into()))?;
+        core.on_event(ev)?;
+    }
+    let epoch = core.epoch.clone().expect("elected");
+    // Where each voter must start, and the WAL they lack from the donor.
+    let mut min_start = epoch.start_lsn;
+    for (_, v) in &core.votes {
+        let s = start_streaming_at(&epoch, &v.term_history, v.flush_lsn, epoch.timeline_start_lsn);
+        min_start = min_start.min(s);
+    }
+    let mut buffer = WalBuffer { start: min_start, bytes: VecDeque::new(), complete_end: min_start };
+    if min_start < epoch.start_lsn {
+        let donor = core.votes[epoch.donor].0;
+        let address = core.links[donor].address.clone();
+        let (_, wal) = crate::wal_fetch::fetch_wal(
+            &address,
+            core.cfg.timeline.tenant_id,
+            core.cfg.timeline.timeline_id,
+            min_start,
+            epoch.start_lsn,
+            core.cfg.timeout,
+        )
+        .await
+        .map_err(ProposerError::Other)?;
+        buffer.bytes.extend(wal);
+        buffer.complete_end = epoch.start_lsn;
+    }
+    core.buffer = Some(buffer);
+    let votes = core.votes.clone();
+    for (link, v) in votes {
+        core.send_elected(link, &v);
+    }
+    core.publish();
+    Ok(core)
+}
+
+/// `strata compute sync-safekeepers`: elects a proposer, makes a quorum hold
+/// the WAL up to the epoch start and commits it; returns that LSN (the end of
+/// the timeline's WAL, where a new compute starts).
+pub async fn sync_safekeepers(cfg: ProposerConfig) -> Result<Lsn, ProposerError> {
+    let (status, _) = tokio::sync::watch::channel(ProposerStatus::default());
+    let mut core = elect_and_sync(Core::start(cfg, status)).await?;
+    let end = core.epoch.as_ref().expect("elected").start_lsn;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    // Done when a quorum has acknowledged a commit LSN of `end`.
+    loop {
+        core.pump();
+        let committed_acks =
+            core.links.iter().filter(|l| l.flush.is_some_and(|f| f >= end)).count() >= quorum(core.links.len());
+        if committed_acks && core.commit_lsn >= end && core.commit_sent >= end {
+            // One more round so acceptors persist the commit LSN.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return Ok(end);
+        }
+        let ev = tokio::time::timeout_at(deadline.into(), core.events.recv())
+            .await
+            .map_err(|_| ProposerError::Other("safekeepers did not catch up".into()))?
+            .ok_or_else(|| ProposerError::Other("links stopped".into()))?;
+        core.on_event(ev)?;
+    }
+}
+
+/// Runs the proposer for a live PostgreSQL until it loses its term or fails.
+pub async fn run(
+    cfg: ProposerConfig,
+    pg: ReplicationConfig,
+    slot: Option<String>,
+    status: tokio::sync::watch::Sender<ProposerStatus>,
+) -> Result<(), ProposerError> {
+    let pg_err = |e: crate::pg_replication::PgError| ProposerError::Postgres(e.to_string());
+    let mut conn = ReplicationConnection::connect(&pg).await.map_err(pg_err)?;
+    let system = conn.identify_system().await.map_err(pg_err)?;
+    if system.system_id != cfg.timeline.system_id {
+        return Err(ProposerError::Postgres(format!(
+            "PostgreSQL's system id {} is not the timeline's {}",
+            system.system_id, cfg.timeline.system_id
+        )));
+    }
+    if let Some(slot) = &slot {
+        conn.create_physical_slot(slot).await.map_err(pg_err)?;
+    }
+    let segment_size = u64::from(cfg.timeline.wal_segment_size);
+    let mut core = elect_and_sync(Core::start(cfg, status)).await?;
+    let epoch = core.epoch.clone().expect("elected");
+    if epoch.start_lsn > system.xlogpos {
+        return Err(ProposerError::PostgresBehind { epoch_start: epoch.start_lsn, pg_end: system.xlogpos });
+    }
+    let start = epoch.start_lsn;
+    let mode =
+        if start == epoch.timeline_start_lsn { StartPosition::FindFirstRecord } else { StartPosition::RecordBoundary };
+    let mut decoder = WalDecoder::new(PgVersion::V15, start, segment_size, mode);
+    let mut stream: ReplicationStream =
+        conn.start_physical(slot.as_deref(), start, system.timeline).await.map_err(pg_err)?;
+    info!(%start, "streaming WAL from PostgreSQL");
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut reported = Lsn::INVALID;
+    let mut last_report = Instant::now();
+    loop {
+        let buffer_full = core.buffer.as_ref().is_some_and(|b| b.bytes.len() >= core.cfg.max_buffer_bytes);
+        tokio::select! {
+            ev = core.events.recv() => {
+                let ev = ev.ok_or_else(|| ProposerError::Other("links stopped".into()))?;
+                core.on_event(ev)?;
+            }
+            msg = stream.next(), if !buffer_full => {
+                match msg.map_err(pg_err)? {
+                    ReplicationEvent::XLogData { start: at, data, .. } => {
+                        let b = core.buffer.as_mut().expect("set by sync");
+                        if at != b.end() {
+                            return Err(ProposerError::Wal(format!("WAL at {at}, expected {}", b.end())));
+                        }
+                        b.bytes.extend(data.iter());
+                        decoder.feed(&data);
+                        loop {
+                            match decoder.next_record() {
+                                Ok(Some(r)) => b.complete_end = r.end_lsn.min(b.end()),
+                                Ok(None) => break,
+                                Err(e) => return Err(ProposerError::Wal(e.to_string())),
+                            }
+                        }
+                    }
+                    ReplicationEvent::Keepalive { reply_requested, .. } => {
+                        if reply_requested {
+                            stream.send_status(core.commit_lsn, core.commit_lsn, core.commit_lsn, false).await.map_err(pg_err)?;
+                        }
+                    }
+                    ReplicationEvent::End => return Err(ProposerError::Postgres("replication stream ended".into())),
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        core.pump();
+        if core.commit_lsn > reported || last_report.elapsed() > Duration::from_secs(1) {
+            // What a quorum holds is what PostgreSQL may consider flushed.
+            stream.send_status(core.commit_lsn, core.commit_lsn, core.commit_lsn, false).await.map_err(pg_err)?;
+            reported = core.commit_lsn;
+            last_report = Instant::now();
+        }
+        core.publish();
+    }
+}

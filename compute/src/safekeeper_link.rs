@@ -1,0 +1,166 @@
+//! One proposer connection to one safekeeper, as a task: it (re)connects
+//! with backoff, greets, and then forwards commands from the proposer core
+//! and the safekeeper's answers. The core owns all protocol decisions.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::{AcceptorMessage, ProposerGreeting, ProposerMessage};
+
+/// What a link reports to the core.
+#[derive(Debug)]
+pub enum LinkEvent {
+    /// Connected and greeted; a new session (the core must vote/elect again).
+    Connected {
+        link: usize,
+        session: u64,
+        term: u64,
+    },
+    Message {
+        link: usize,
+        session: u64,
+        msg: AcceptorMessage,
+    },
+    Disconnected {
+        link: usize,
+        session: u64,
+        reason: String,
+    },
+}
+
+/// Commands from the core for the current session of a link.
+pub type LinkCommand = ProposerMessage;
+
+/// Longest wait between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Runs a link forever (until the core drops its channels).
+pub async fn run_link(
+    link: usize,
+    address: String,
+    greeting: ProposerGreeting,
+    events: mpsc::Sender<LinkEvent>,
+    mut commands: mpsc::Receiver<(u64, LinkCommand)>,
+    timeout: Duration,
+) {
+    let mut session = 0u64;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        session += 1;
+        let result = session_loop(link, session, &address, &greeting, &events, &mut commands, timeout).await;
+        let reason = match result {
+            Ok(()) => return, // the core is gone
+            Err(e) => e,
+        };
+        if events.send(LinkEvent::Disconnected { link, session, reason: reason.clone() }).await.is_err() {
+            return;
+        }
+        warn!(safekeeper = %address, "connection lost: {reason}; retrying in {backoff:?}");
+        // Drop commands meant for the dead session.
+        while commands.try_recv().is_ok() {}
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        if session > 1 {
+            backoff = backoff.max(Duration::from_millis(100));
+        }
+    }
+}
+
+async fn session_loop(
+    link: usize,
+    session: u64,
+    address: &str,
+    greeting: &ProposerGreeting,
+    events: &mpsc::Sender<LinkEvent>,
+    commands: &mut mpsc::Receiver<(u64, LinkCommand)>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+        .await
+        .map_err(|_| format!("connecting timed out after {timeout:?}"))?
+        .map_err(|e| format!("connecting: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (mut r, mut w) = stream.into_split();
+    let mut out = Vec::new();
+    codec::encode_proposer(&ProposerMessage::Greeting(greeting.clone()), &mut out);
+    w.write_all(&out).await.map_err(|e| format!("sending greeting: {e}"))?;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    // The greeting answer.
+    let first = loop {
+        if let Some((n, frame)) = codec::split_frame(&buf).map_err(|e| e.to_string())? {
+            let msg = codec::decode_acceptor(frame).map_err(|e| e.to_string())?;
+            buf.drain(..n);
+            break msg;
+        }
+        let n = tokio::time::timeout(timeout, r.read(&mut chunk))
+            .await
+            .map_err(|_| "no greeting answer".to_string())?
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed during greeting".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let term = match first {
+        AcceptorMessage::Greeting(g) => g.term,
+        AcceptorMessage::Error(e) => {
+            let reason = format!("refused: {:?}: {}", e.code, e.message);
+            let _ = events.send(LinkEvent::Message { link, session, msg: AcceptorMessage::Error(e) }).await;
+            return Err(reason);
+        }
+        other => return Err(format!("unexpected answer to greeting: {other:?}")),
+    };
+    info!(safekeeper = %address, term, "connected");
+    if events.send(LinkEvent::Connected { link, session, term }).await.is_err() {
+        return Ok(());
+    }
+    loop {
+        tokio::select! {
+            cmd = commands.recv() => {
+                let Some((cmd_session, cmd)) = cmd else { return Ok(()) };
+                if cmd_session != session {
+                    continue;
+                }
+                out.clear();
+                codec::encode_proposer(&cmd, &mut out);
+                // Drain whatever else is queued into the same write.
+                while let Ok((s, more)) = commands.try_recv() {
+                    if s == session {
+                        codec::encode_proposer(&more, &mut out);
+                    }
+                    if out.len() > 4 << 20 {
+                        break;
+                    }
+                }
+                tokio::time::timeout(timeout, w.write_all(&out))
+                    .await
+                    .map_err(|_| "send timed out".to_string())?
+                    .map_err(|e| format!("sending: {e}"))?;
+            }
+            n = r.read(&mut chunk) => {
+                let n = n.map_err(|e| format!("reading: {e}"))?;
+                if n == 0 {
+                    return Err("closed by safekeeper".into());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                while let Some((consumed, frame)) = codec::split_frame(&buf).map_err(|e| e.to_string())? {
+                    let msg = codec::decode_acceptor(frame).map_err(|e| e.to_string())?;
+                    buf.drain(..consumed);
+                    let is_error = matches!(msg, AcceptorMessage::Error(_));
+                    if events.send(LinkEvent::Message { link, session, msg }).await.is_err() {
+                        return Ok(());
+                    }
+                    if is_error {
+                        return Err("safekeeper reported an error".into());
+                    }
+                }
+            }
+        }
+    }
+}

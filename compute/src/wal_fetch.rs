@@ -1,0 +1,76 @@
+//! Fetching WAL from one safekeeper over the consumer protocol — used by the
+//! proposer to get the donor's WAL that lagging acceptors lack.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, StreamStart, PROTOCOL_VERSION};
+use strata_protocol::{TenantId, TimelineId};
+
+/// Reads `[from, to)` of a timeline's WAL (including uncommitted WAL) from `address`.
+pub async fn fetch_wal(
+    address: &str,
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+    from: Lsn,
+    to: Lsn,
+    timeout: Duration,
+) -> Result<(StreamStart, Vec<u8>), String> {
+    let len = to.0.checked_sub(from.0).ok_or("empty range")? as usize;
+    if len > 1 << 30 {
+        return Err(format!("{len} bytes of WAL to fetch; more than the proposer buffers (1 GiB)"));
+    }
+    let mut s = tokio::time::timeout(timeout, TcpStream::connect(address))
+        .await
+        .map_err(|_| format!("{address}: connect timed out"))?
+        .map_err(|e| format!("{address}: {e}"))?;
+    let mut out = Vec::new();
+    codec::encode_consumer(
+        &ConsumerMessage::Start(StartStreaming {
+            protocol_version: PROTOCOL_VERSION,
+            tenant_id,
+            timeline_id,
+            start_lsn: from,
+            stop_lsn: to,
+            include_uncommitted: true,
+            consumer_id: "proposer-recovery".into(),
+        }),
+        &mut out,
+    );
+    s.write_all(&out).await.map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    let mut wal = Vec::with_capacity(len);
+    let mut start = None;
+    while wal.len() < len {
+        if let Some((n, frame)) = codec::split_frame(&buf).map_err(|e| e.to_string())? {
+            let msg = codec::decode_stream(frame).map_err(|e| e.to_string())?;
+            buf.drain(..n);
+            match msg {
+                StreamMessage::Start(s) => start = Some(s),
+                StreamMessage::Wal(w) => {
+                    if w.begin_lsn.0 != from.0 + wal.len() as u64 {
+                        return Err(format!("WAL at {} out of order", w.begin_lsn));
+                    }
+                    wal.extend_from_slice(&w.wal[..w.wal.len().min(len - wal.len())]);
+                }
+                StreamMessage::Keepalive { .. } => {}
+                StreamMessage::Error(e) => return Err(format!("{address}: {:?}: {}", e.code, e.message)),
+            }
+            continue;
+        }
+        let n = tokio::time::timeout(timeout, s.read(&mut chunk))
+            .await
+            .map_err(|_| format!("{address}: no WAL for {timeout:?}"))?
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!("{address}: closed after {} of {len} bytes", wal.len()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok((start.ok_or("no stream start")?, wal))
+}

@@ -1,0 +1,233 @@
+"""Issue: WAL service. A stock PostgreSQL 15 commits only when a quorum of
+three safekeepers has fsynced its WAL (the compute's proposer is its only
+synchronous standby); any one safekeeper can die without losing a commit;
+a newer proposer takes over and the old one can no longer commit."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from fixtures.strata import Process, Safekeeper, format_lsn, parse_lsn
+
+SEGMENT = 16 << 20
+
+
+class WalService:
+    """Three safekeepers, a PostgreSQL whose synchronous standby is the
+    proposer, and the proposer process."""
+
+    def __init__(self, strata_bin: Path, base: Path, cluster):
+        self.strata_bin = strata_bin
+        self.base = base
+        self.pg = cluster
+        self.tenant = uuid.uuid4().hex
+        self.timeline = uuid.uuid4().hex
+        self.safekeepers = [Safekeeper(strata_bin, base, i + 1) for i in range(3)]
+        self.proposer: Process | None = None
+
+    def start(self) -> None:
+        for sk in self.safekeepers:
+            sk.start()
+        self.pg.initdb()
+        self.pg.start({
+            "wal_level": "replica",
+            "max_wal_senders": 10,
+            "max_replication_slots": 10,
+            "synchronous_standby_names": "strata_proposer",
+            "synchronous_commit": "on",
+            "fsync": "off",
+            "wal_sender_timeout": "60s",
+        })
+        system_id = int(self.pg.sql("SELECT system_identifier FROM pg_control_system()")[0][0])
+        insert = parse_lsn(self.pg.sql("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+        start = format_lsn(insert - insert % SEGMENT)
+        for sk in self.safekeepers:
+            sk.create_timeline(self.tenant, self.timeline, system_id, start, SEGMENT)
+        self.start_proposer()
+
+    def proposer_args(self, *extra: str) -> list[str]:
+        return [str(self.strata_bin), "compute", *extra,
+                "--safekeepers", ",".join(sk.address for sk in self.safekeepers),
+                "--tenant-id", self.tenant, "--timeline-id", self.timeline]
+
+    def start_proposer(self) -> None:
+        self.proposer = Process(self.proposer_args("proposer") + [
+            "--pg-host", str(self.pg.socket_dir), "--pg-port", str(self.pg.port)], self.base / "proposer.log")
+        self.proposer.start()
+        deadline = time.monotonic() + 60
+        while True:
+            rows = self.pg.sql("SELECT sync_state FROM pg_stat_replication WHERE application_name = 'strata_proposer'")
+            if rows and rows[0][0] == "sync":
+                return
+            if not self.proposer.running():
+                raise RuntimeError("proposer exited:\n" + self.proposer.log_text()[-4000:])
+            if time.monotonic() > deadline:
+                raise TimeoutError("proposer did not become the synchronous standby:\n" + self.proposer.log_text()[-4000:])
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proposer:
+            self.proposer.stop()
+        for sk in self.safekeepers:
+            sk.process.stop()
+
+    def statuses(self) -> list[dict]:
+        return [sk.timeline_status(self.tenant, self.timeline) for sk in self.safekeepers if sk.process.running()]
+
+
+@pytest.fixture
+def wal_service(strata_bin, pg_cluster, tmp_path):
+    svc = WalService(strata_bin, tmp_path, pg_cluster)
+    try:
+        svc.start()
+        yield svc
+    finally:
+        svc.stop()
+
+
+def insert_in_background(cluster, sql: str) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+
+    def run():
+        try:
+            with cluster.connect() as conn:
+                conn.execute(sql)
+            result["ok"] = time.monotonic()
+        except Exception as e:  # reported by the test
+            result["error"] = repr(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, result
+
+
+def test_quorum_commit(wal_service):
+    pg = wal_service.pg
+    pg.run(["pgbench", "-i", "-q", "-s", "2"], timeout=300)
+    out = pg.run(["pgbench", "-n", "-T", "5", "-c", "4", "-j", "2"], timeout=120).stdout
+    assert "tps = " in out, out
+    statuses = wal_service.statuses()
+    commit = max(parse_lsn(s["commit_lsn"]) for s in statuses)
+    assert commit >= parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]) - 10 * 1024 * 1024
+
+    # Two of three safekeepers gone: commits wait, reads work.
+    sk1, sk2, sk3 = wal_service.safekeepers
+    sk2.process.kill9()
+    sk3.process.kill9()
+    t, result = insert_in_background(pg, "INSERT INTO pgbench_history(tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 7, now())")
+    time.sleep(3)
+    assert result == {}, f"the commit returned without a quorum: {result}"
+    waits = pg.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")[0][0]
+    assert waits >= 1
+    assert pg.sql("SELECT count(*) FROM pgbench_accounts")[0][0] == 200000, "reads still work"
+
+    # One comes back: the waiting commit completes with no error.
+    sk2.start()
+    t.join(timeout=60)
+    assert "ok" in result, result
+    out = pg.run(["pgbench", "-n", "-T", "3", "-c", "2"], timeout=120).stdout
+    assert "tps = " in out
+    sk3.start()
+
+
+def test_no_acknowledged_commit_is_lost_when_safekeepers_are_killed(wal_service, strata_bin):
+    pg = wal_service.pg
+    pg.sql("CREATE TABLE acked(id int primary key, xid bigint)")
+    acked: dict[int, int] = {}
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def writer():
+        with pg.connect() as conn:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    xid = conn.execute("INSERT INTO acked VALUES (%s, txid_current()) RETURNING xid", (i,)).fetchone()[0]
+                    acked[i] = xid
+                except psycopg.Error as e:
+                    errors.append(repr(e))
+                    return
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    rng = random.Random(7)
+    deadline = time.monotonic() + 25
+    kills = 0
+    while time.monotonic() < deadline:
+        sk = rng.choice(wal_service.safekeepers)
+        sk.process.kill9()
+        kills += 1
+        time.sleep(rng.uniform(0.2, 1.5))
+        sk.start()
+        time.sleep(rng.uniform(0.2, 1.0))
+    stop.set()
+    t.join(timeout=60)
+    assert not errors, errors
+    assert kills >= 8 and len(acked) > 200, (kills, len(acked))
+
+    # Every acknowledged commit is in the WAL of at least two safekeepers.
+    wal_service.proposer.stop()
+    for sk in wal_service.safekeepers:
+        sk.process.stop()
+    holders: dict[int, int] = {}
+    for sk in wal_service.safekeepers:
+        res = subprocess.run([str(strata_bin), "wal", "dump", "--json", str(sk.wal_dir(wal_service.tenant, wal_service.timeline))],
+                             capture_output=True, text=True, timeout=300)
+        committed = set()
+        for line in res.stdout.splitlines():
+            r = json.loads(line)
+            if r.get("rmgr") == "Transaction" and r.get("info") == "COMMIT":
+                committed.add(r["xid"])
+        for xid in set(acked.values()):
+            if xid in committed:
+                holders[xid] = holders.get(xid, 0) + 1
+    lost = [i for i, xid in acked.items() if holders.get(xid, 0) < 2]
+    assert not lost, f"{len(lost)} acknowledged commits are not on a quorum, e.g. {lost[:5]}"
+
+
+def test_newer_proposer_takes_over(wal_service):
+    pg = wal_service.pg
+    pg.run(["pgbench", "-i", "-q", "-s", "1"], timeout=300)
+    pg.run(["pgbench", "-n", "-T", "2", "-c", "2"], timeout=120)
+    # A second proposer (sync-safekeepers) is elected with a higher term.
+    status = wal_service.safekeepers[0].timeline_status(wal_service.tenant, wal_service.timeline)
+    old_term = status["term"]
+    res = subprocess.run(wal_service.proposer_args("sync-safekeepers") + [
+        "--system-id", str(pg.sql("SELECT system_identifier FROM pg_control_system()")[0][0])],
+        capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    end = parse_lsn(res.stdout.strip())
+    # The first proposer can no longer get anything acknowledged and stops.
+    t, result = insert_in_background(pg, "INSERT INTO pgbench_history(tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 1, now())")
+    deadline = time.monotonic() + 30
+    while wal_service.proposer.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not wal_service.proposer.running(), "the superseded proposer keeps running"
+    assert "lost the election" in wal_service.proposer.log_text()
+    time.sleep(2)
+    assert result == {}, f"a commit was acknowledged after the takeover: {result}"
+    statuses = wal_service.statuses()
+    assert all(s["term"] > old_term for s in statuses)
+    # Every safekeeper's WAL up to the new end is identical.
+    flushes = [parse_lsn(s["flush_lsn"]) for s in statuses]
+    assert sum(f >= end for f in flushes) >= 2
+    common = min(flushes)
+    contents = []
+    for sk in wal_service.safekeepers:
+        d = sk.wal_dir(wal_service.tenant, wal_service.timeline)
+        data = b"".join(p.read_bytes() for p in sorted(d.iterdir()) if len(p.name) == 24)
+        contents.append(data)
+    start = parse_lsn(statuses[0]["timeline_start_lsn"])
+    n = common - start
+    assert all(c[:n] == contents[0][:n] for c in contents), "safekeepers hold different WAL for one LSN range"
+    pg.stop("immediate")
