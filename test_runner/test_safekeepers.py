@@ -25,14 +25,17 @@ class WalService:
     """Three safekeepers, a PostgreSQL whose synchronous standby is the
     proposer, and the proposer process."""
 
-    def __init__(self, strata_bin: Path, base: Path, cluster):
+    def __init__(self, strata_bin: Path, base: Path, cluster, proposer_args: tuple[str, ...] = ()):
         self.strata_bin = strata_bin
         self.base = base
         self.pg = cluster
         self.tenant = uuid.uuid4().hex
         self.timeline = uuid.uuid4().hex
         self.safekeepers = [Safekeeper(strata_bin, base, i + 1) for i in range(3)]
+        for sk in self.safekeepers:
+            sk.peers = [p for p in self.safekeepers if p is not sk]
         self.proposer: Process | None = None
+        self.extra_proposer_args = list(proposer_args)
 
     def start(self) -> None:
         for sk in self.safekeepers:
@@ -61,7 +64,8 @@ class WalService:
 
     def start_proposer(self) -> None:
         self.proposer = Process(self.proposer_args("proposer") + [
-            "--pg-host", str(self.pg.socket_dir), "--pg-port", str(self.pg.port)], self.base / "proposer.log")
+            "--pg-host", str(self.pg.socket_dir), "--pg-port", str(self.pg.port), *self.extra_proposer_args],
+            self.base / "proposer.log")
         self.proposer.start()
         deadline = time.monotonic() + 60
         while True:
@@ -231,3 +235,51 @@ def test_newer_proposer_takes_over(wal_service):
     n = common - start
     assert all(c[:n] == contents[0][:n] for c in contents), "safekeepers hold different WAL for one LSN range"
     pg.stop("immediate")
+
+
+@pytest.fixture
+def small_buffer_wal_service(strata_bin, pg_cluster, tmp_path):
+    svc = WalService(strata_bin, tmp_path, pg_cluster, ("--max-buffer-mb", "16"))
+    try:
+        svc.start()
+        yield svc
+    finally:
+        svc.stop()
+
+
+def test_peer_recovery(small_buffer_wal_service):
+    """A safekeeper down while more than 100 MB of WAL is written catches up
+    from its peers; the proposer, which keeps only 16 MB, does not resend it."""
+    svc = small_buffer_wal_service
+    pg = svc.pg
+    sk1, sk2, sk3 = svc.safekeepers
+    sk3.process.kill9()
+    before = parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["flush_lsn"])
+    pg.run(["pgbench", "-i", "-q", "-s", "10"], timeout=600)
+    pg.sql("CHECKPOINT")
+    target = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    assert target - before >= 100 << 20, f"only {(target - before) >> 20} MB written"
+    deadline = time.monotonic() + 60
+    while parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["commit_lsn"]) < target:
+        assert time.monotonic() < deadline, "the quorum of two did not commit the WAL"
+        time.sleep(0.2)
+
+    sk3.start()
+    deadline = time.monotonic() + 180
+    while parse_lsn(sk3.timeline_status(svc.tenant, svc.timeline)["flush_lsn"]) < target:
+        assert time.monotonic() < deadline, "safekeeper 3 did not catch up:\n" + sk3.process.log_text()[-3000:]
+        time.sleep(0.5)
+    assert "recovered WAL from peer" in sk3.process.log_text()
+    assert "must recover from its peers" in svc.proposer.log_text(), "the proposer resent the WAL itself"
+    # The recovered WAL is byte for byte the peers'.
+    start = parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["timeline_start_lsn"])
+
+    def wal(sk):
+        d = sk.wal_dir(svc.tenant, svc.timeline)
+        return b"".join(p.read_bytes() for p in sorted(d.iterdir()) if len(p.name) == 24)[: target - start]
+
+    assert wal(sk3) == wal(sk1)
+    # And it is a member of the quorum again: commits continue with sk1 gone.
+    sk1.process.kill9()
+    out = pg.run(["pgbench", "-n", "-t", "200", "-c", "2"], timeout=120).stdout
+    assert "tps = " in out

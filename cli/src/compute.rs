@@ -40,6 +40,10 @@ pub enum ComputeCommand {
         /// Physical replication slot that keeps WAL until the safekeepers have it.
         #[arg(long, default_value = "strata_proposer")]
         slot: String,
+        /// WAL kept in memory for safekeepers that have not acknowledged it;
+        /// one further behind recovers from its peers.
+        #[arg(long, default_value_t = 256)]
+        max_buffer_mb: usize,
     },
 }
 
@@ -71,7 +75,7 @@ pub fn run(cmd: ComputeCommand) -> i32 {
                 println!("{end}");
                 Ok::<(), proposer::ProposerError>(())
             }
-            ComputeCommand::Proposer { timeline, pg_host, pg_port, pg_user, application_name, slot } => {
+            ComputeCommand::Proposer { timeline, pg_host, pg_port, pg_user, application_name, slot, max_buffer_mb } => {
                 let pg = ReplicationConfig {
                     host: pg_host,
                     port: pg_port,
@@ -82,7 +86,9 @@ pub fn run(cmd: ComputeCommand) -> i32 {
                 };
                 let identity = identity_from_postgres(&pg, &timeline).await?;
                 let (status, _) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
-                proposer::run(ProposerConfig::new(timeline.safekeepers, identity), pg, Some(slot), status).await
+                let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
+                cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
+                proposer::run(cfg, pg, Some(slot), status).await
             }
         }
     });

@@ -92,6 +92,8 @@ struct Link {
     /// Durable end acknowledged in our term (survives reconnects).
     flush: Option<Lsn>,
     commands: mpsc::Sender<(u64, ProposerMessage)>,
+    /// When its position was last asked for (links left behind are asked again).
+    last_request: Instant,
 }
 
 /// WAL from `start`, record-complete up to `complete_end`.
@@ -164,6 +166,7 @@ impl Core {
                     term_seen: 0,
                     flush: None,
                     commands: tx,
+                    last_request: Instant::now(),
                 }
             })
             .collect();
@@ -213,8 +216,7 @@ impl Core {
                 }
                 if self.term > 0 {
                     // Ask for its position (a vote if the election is still open).
-                    self.links[link].phase = LinkPhase::VoteSent;
-                    self.send(link, ProposerMessage::VoteRequest(VoteRequest { term: self.term }));
+                    self.request_position(link);
                 } else {
                     self.maybe_start_election();
                 }
@@ -233,6 +235,26 @@ impl Core {
         }
         self.publish();
         Ok(())
+    }
+
+    fn request_position(&mut self, link: usize) {
+        self.links[link].phase = LinkPhase::VoteSent;
+        self.links[link].last_request = Instant::now();
+        self.send(link, ProposerMessage::VoteRequest(VoteRequest { term: self.term }));
+    }
+
+    /// Asks again for the position of links that were too far behind to be
+    /// streamed to (they catch up from their peers meanwhile).
+    fn retry_lagging(&mut self) {
+        if self.epoch.is_none() {
+            return;
+        }
+        for i in 0..self.links.len() {
+            let l = &self.links[i];
+            if l.phase == LinkPhase::VoteSent && l.last_request.elapsed() > Duration::from_secs(2) {
+                self.request_position(i);
+            }
+        }
     }
 
     fn maybe_start_election(&mut self) {
@@ -543,7 +565,7 @@ pub async fn run(
                     ReplicationEvent::End => return Err(ProposerError::Postgres("replication stream ended".into())),
                 }
             }
-            _ = tick.tick() => {}
+            _ = tick.tick() => core.retry_lagging(),
         }
         core.pump();
         if core.commit_lsn > reported || last_report.elapsed() > Duration::from_secs(1) {

@@ -332,6 +332,46 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         Ok(self.append_response())
     }
 
+    /// Appends committed WAL fetched from a peer (peer recovery). `history`
+    /// is the peer's term history; it must agree with ours up to our end,
+    /// and `until` must be committed on the peer, so the WAL is final.
+    /// Flushes, adopts the peer's history for the new WAL and persists it.
+    pub fn recovery_append(
+        &mut self,
+        history: &TermHistory,
+        at: Lsn,
+        bytes: &[u8],
+        peer_commit_lsn: Lsn,
+    ) -> Result<(), AcceptorError> {
+        let end = Lsn(at.0 + bytes.len() as u64);
+        if at != self.wal.write_lsn() || at != self.wal.flush_lsn() {
+            return Err(AcceptorError::Protocol(format!(
+                "recovery at {at}, but this WAL ends at {}",
+                self.wal.write_lsn()
+            )));
+        }
+        if end > peer_commit_lsn {
+            return Err(AcceptorError::Protocol(format!("recovery past the peer's commit LSN {peer_commit_lsn}")));
+        }
+        let ours = self.held_history();
+        if !ours.0.is_empty() && ours.divergence(at, history, end) != Some(at) {
+            return Err(AcceptorError::Protocol(format!(
+                "peer history {:?} does not continue ours {:?} at {at}",
+                history.0, ours.0
+            )));
+        }
+        self.wal.write(at, bytes)?;
+        self.wal.flush()?;
+        let mut next = self.state.clone();
+        next.term_history = history.up_to(end);
+        next.commit_lsn = next.commit_lsn.max(end);
+        next.flush_lsn_hint = end;
+        self.control.persist(&next)?;
+        self.state = next;
+        self.elected_term = None;
+        Ok(())
+    }
+
     /// Writes the control file with the current positions (called
     /// periodically; not needed for safety).
     pub fn persist(&mut self) -> Result<(), AcceptorError> {

@@ -11,6 +11,7 @@ pub mod control_file;
 pub mod http;
 pub mod memory;
 pub mod metrics;
+pub mod recovery;
 pub mod server;
 pub mod timeline;
 pub mod timelines;
@@ -51,6 +52,7 @@ pub async fn serve(
     tracing::info!(id = %config.id, listen = %config.listen, http = %config.listen_http, "safekeeper started");
     let shared = Arc::new(server::Shared { config, timelines, metrics: metrics::Metrics::new() });
     let mut protocol = tokio::spawn(server::serve(listener, shared.clone()));
+    let recovery = tokio::spawn(recovery::run(shared.clone()));
     let router = http::router(shared.clone());
     let mut api = tokio::spawn(async move { axum::serve(http, router).await });
     tokio::select! {
@@ -60,6 +62,7 @@ pub async fn serve(
     }
     protocol.abort();
     api.abort();
+    recovery.abort();
     for tl in shared.timelines.all() {
         if let Err(e) = tokio::task::block_in_place(|| tl.with_acceptor(|a| a.persist())) {
             tracing::warn!(timeline = %tl.identity.timeline_id, "writing control file at shutdown: {e}");
