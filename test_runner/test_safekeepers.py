@@ -16,77 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fixtures.strata import Process, Safekeeper, format_lsn, parse_lsn
-
-SEGMENT = 16 << 20
-
-
-class WalService:
-    """Three safekeepers, a PostgreSQL whose synchronous standby is the
-    proposer, and the proposer process."""
-
-    def __init__(self, strata_bin: Path, base: Path, cluster, proposer_args: tuple[str, ...] = ()):
-        self.strata_bin = strata_bin
-        self.base = base
-        self.pg = cluster
-        self.tenant = uuid.uuid4().hex
-        self.timeline = uuid.uuid4().hex
-        self.safekeepers = [Safekeeper(strata_bin, base, i + 1) for i in range(3)]
-        for sk in self.safekeepers:
-            sk.peers = [p for p in self.safekeepers if p is not sk]
-        self.proposer: Process | None = None
-        self.extra_proposer_args = list(proposer_args)
-
-    def start(self) -> None:
-        for sk in self.safekeepers:
-            sk.start()
-        self.pg.initdb()
-        self.pg.start({
-            "wal_level": "replica",
-            "max_wal_senders": 10,
-            "max_replication_slots": 10,
-            "synchronous_standby_names": "strata_proposer",
-            "synchronous_commit": "on",
-            "fsync": "off",
-            "wal_sender_timeout": "60s",
-        })
-        system_id = int(self.pg.sql("SELECT system_identifier FROM pg_control_system()")[0][0])
-        insert = parse_lsn(self.pg.sql("SELECT pg_current_wal_insert_lsn()::text")[0][0])
-        start = format_lsn(insert - insert % SEGMENT)
-        for sk in self.safekeepers:
-            sk.create_timeline(self.tenant, self.timeline, system_id, start, SEGMENT)
-        self.start_proposer()
-
-    def proposer_args(self, *extra: str) -> list[str]:
-        return [str(self.strata_bin), "compute", *extra,
-                "--safekeepers", ",".join(sk.address for sk in self.safekeepers),
-                "--tenant-id", self.tenant, "--timeline-id", self.timeline]
-
-    def start_proposer(self) -> None:
-        self.proposer = Process(self.proposer_args("proposer") + [
-            "--pg-host", str(self.pg.socket_dir), "--pg-port", str(self.pg.port), *self.extra_proposer_args],
-            self.base / "proposer.log")
-        self.proposer.start()
-        deadline = time.monotonic() + 60
-        while True:
-            rows = self.pg.sql("SELECT sync_state FROM pg_stat_replication WHERE application_name = 'strata_proposer'")
-            if rows and rows[0][0] == "sync":
-                return
-            if not self.proposer.running():
-                raise RuntimeError("proposer exited:\n" + self.proposer.log_text()[-4000:])
-            if time.monotonic() > deadline:
-                raise TimeoutError("proposer did not become the synchronous standby:\n" + self.proposer.log_text()[-4000:])
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.proposer:
-            self.proposer.stop()
-        for sk in self.safekeepers:
-            sk.process.stop()
-
-    def statuses(self) -> list[dict]:
-        return [sk.timeline_status(self.tenant, self.timeline) for sk in self.safekeepers if sk.process.running()]
-
+from fixtures.strata import WalService, parse_lsn
 
 @pytest.fixture
 def wal_service(strata_bin, pg_cluster, tmp_path):
