@@ -4,10 +4,11 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use strata_formats::wal::segment::SegmentName;
 use strata_formats::Lsn;
+
+use crate::wal_store::segment_path;
 
 /// Reads `buf.len()` bytes of WAL at `from` (the caller bounds it by the flush LSN).
 pub fn read_wal(dir: &Path, segment_size: u64, from: Lsn, buf: &mut [u8]) -> std::io::Result<()> {
@@ -17,7 +18,7 @@ pub fn read_wal(dir: &Path, segment_size: u64, from: Lsn, buf: &mut [u8]) -> std
         let segno = pos / segment_size;
         let offset = pos % segment_size;
         let n = (buf.len() - done).min((segment_size - offset) as usize);
-        let path: PathBuf = dir.join(SegmentName { timeline: 1, segment_number: segno }.file_name(segment_size));
+        let path = segment_path(dir, segno, segment_size);
         let file = File::open(&path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         file.read_exact_at(&mut buf[done..done + n], offset)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;

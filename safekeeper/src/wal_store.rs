@@ -37,6 +37,11 @@ pub struct SegmentStore {
     no_sync: bool,
 }
 
+/// Path of segment `segno` of the timeline stored in `dir`.
+pub fn segment_path(dir: &Path, segno: u64, segment_size: u64) -> PathBuf {
+    dir.join(SegmentName { timeline: PG_TIMELINE, segment_number: segno }.file_name(segment_size))
+}
+
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> StorageError {
     StorageError(format!("{what} {}: {e}", path.display()))
 }
@@ -73,7 +78,7 @@ impl SegmentStore {
     }
 
     fn segment_path(&self, segno: u64) -> PathBuf {
-        self.dir.join(SegmentName { timeline: PG_TIMELINE, segment_number: segno }.file_name(self.segment_size))
+        segment_path(&self.dir, segno, self.segment_size)
     }
 
     fn segment(&mut self, segno: u64, create: bool) -> Result<Option<&File>, StorageError> {
