@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fixtures.strata import WalService, parse_lsn
+from fixtures.strata import FakeConsumer, WalService, parse_lsn
 
 @pytest.fixture
 def wal_service(strata_bin, pg_cluster, tmp_path):
@@ -266,3 +266,43 @@ def test_full_disk_stalls_then_resumes(small_disk_safekeeper, strata_bin):
     last = json.loads(res.stdout.splitlines()[-1])
     assert res.returncode == 0 and "end_of_wal" in last, res.stderr[-2000:]
     assert parse_lsn(last["end_of_wal"]) >= target
+
+
+@pytest.fixture
+def throttled_wal_service(strata_bin, pg_cluster, tmp_path):
+    svc = WalService(strata_bin, tmp_path, pg_cluster, ("--max-consumer-lag-mb", "1"))
+    try:
+        svc.start()
+        yield svc
+    finally:
+        svc.stop()
+
+
+def test_backpressure_holds_commits_while_consumers_lag(throttled_wal_service):
+    svc = throttled_wal_service
+    pg = svc.pg
+    sk1 = svc.safekeepers[0]
+    start = sk1.timeline_status(svc.tenant, svc.timeline)["timeline_start_lsn"]
+    consumer = FakeConsumer(sk1, svc.tenant, svc.timeline, start)
+    try:
+        applied = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        consumer.report(applied)
+        time.sleep(1)
+        pg.sql("CREATE TABLE bp(a int, b text)")
+        # Far more than 1 MiB of WAL while the consumer stays put: commits stall.
+        t, result = insert_in_background(pg, "INSERT INTO bp SELECT g, repeat('x', 500) FROM generate_series(1, 20000) g")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and svc.proposer_status()["throttled_seconds"] < 1.0:
+            consumer.drain()
+            time.sleep(0.2)
+        status = svc.proposer_status()
+        assert status["throttled_seconds"] >= 1.0, status
+        assert "ok" not in result, "the commit returned while consumers lagged"
+        assert parse_lsn(status["acknowledged_lsn"]) <= applied + (1 << 20)
+        assert parse_lsn(status["commit_lsn"]) > parse_lsn(status["acknowledged_lsn"])
+        # The consumer catches up: the commit returns.
+        consumer.report(parse_lsn(status["commit_lsn"]))
+        t.join(timeout=30)
+        assert "ok" in result, result
+    finally:
+        consumer.close()

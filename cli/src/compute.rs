@@ -44,6 +44,12 @@ pub enum ComputeCommand {
         /// one further behind recovers from its peers.
         #[arg(long, default_value_t = 256)]
         max_buffer_mb: usize,
+        /// Hold commits back while WAL consumers lag more than this many MiB.
+        #[arg(long)]
+        max_consumer_lag_mb: Option<u64>,
+        /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
+        #[arg(long)]
+        http: Option<std::net::SocketAddr>,
     },
 }
 
@@ -75,7 +81,17 @@ pub fn run(cmd: ComputeCommand) -> i32 {
                 println!("{end}");
                 Ok::<(), proposer::ProposerError>(())
             }
-            ComputeCommand::Proposer { timeline, pg_host, pg_port, pg_user, application_name, slot, max_buffer_mb } => {
+            ComputeCommand::Proposer {
+                timeline,
+                pg_host,
+                pg_port,
+                pg_user,
+                application_name,
+                slot,
+                max_buffer_mb,
+                max_consumer_lag_mb,
+                http,
+            } => {
                 let pg = ReplicationConfig {
                     host: pg_host,
                     port: pg_port,
@@ -85,9 +101,16 @@ pub fn run(cmd: ComputeCommand) -> i32 {
                     connect_timeout: Duration::from_secs(10),
                 };
                 let identity = identity_from_postgres(&pg, &timeline).await?;
-                let (status, _) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
+                let (status, status_rx) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
+                if let Some(addr) = http {
+                    let listener = tokio::net::TcpListener::bind(addr)
+                        .await
+                        .map_err(|e| proposer::ProposerError::Other(format!("{addr}: {e}")))?;
+                    tokio::spawn(async move { axum::serve(listener, status_router(status_rx)).await });
+                }
                 let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
                 cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
+                cfg.max_consumer_lag_bytes = max_consumer_lag_mb.map(|mb| mb << 20);
                 proposer::run(cfg, pg, Some(slot), status).await
             }
         }
@@ -100,6 +123,36 @@ pub fn run(cmd: ComputeCommand) -> i32 {
             1
         }
     }
+}
+
+/// `/v1/status` (JSON) and `/metrics` (Prometheus text) of the proposer.
+fn status_router(status: tokio::sync::watch::Receiver<proposer::ProposerStatus>) -> axum::Router {
+    use axum::routing::get;
+    let json = status.clone();
+    axum::Router::new()
+        .route(
+            "/v1/status",
+            get(move || {
+                let s = *json.borrow();
+                async move { axum::Json(s) }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let s = *status.borrow();
+                async move {
+                    format!(
+                        "# TYPE strata_proposer_term gauge\nstrata_proposer_term {}\n\
+                     # TYPE strata_proposer_commit_lsn gauge\nstrata_proposer_commit_lsn {}\n\
+                     # TYPE strata_proposer_acknowledged_lsn gauge\nstrata_proposer_acknowledged_lsn {}\n\
+                     # TYPE strata_proposer_connected_safekeepers gauge\nstrata_proposer_connected_safekeepers {}\n\
+                     # TYPE strata_proposer_throttled_seconds counter\nstrata_proposer_throttled_seconds_total {}\n",
+                        s.term, s.commit_lsn.0, s.acknowledged_lsn.0, s.connected_safekeepers, s.throttled_seconds
+                    )
+                }
+            }),
+        )
 }
 
 /// The timeline identity as the running PostgreSQL states it.

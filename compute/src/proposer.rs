@@ -40,6 +40,9 @@ pub struct ProposerConfig {
     pub max_append_bytes: usize,
     /// Unacknowledged bytes in flight per safekeeper.
     pub max_in_flight_bytes: u64,
+    /// Backpressure: PostgreSQL's commits are acknowledged only up to this
+    /// many bytes past what the WAL consumers (pageservers) have applied.
+    pub max_consumer_lag_bytes: Option<u64>,
 }
 
 impl ProposerConfig {
@@ -51,6 +54,7 @@ impl ProposerConfig {
             max_buffer_bytes: 256 << 20,
             max_append_bytes: 128 << 10,
             max_in_flight_bytes: 16 << 20,
+            max_consumer_lag_bytes: None,
         }
     }
 }
@@ -94,6 +98,8 @@ struct Link {
     commands: mpsc::Sender<(u64, ProposerMessage)>,
     /// When its position was last asked for (links left behind are asked again).
     last_request: Instant,
+    /// What its consumers report as applied.
+    consumer_applied: Lsn,
 }
 
 /// WAL from `start`, record-complete up to `complete_end`.
@@ -127,8 +133,13 @@ pub struct ProposerStatus {
     pub term: Term,
     pub epoch_start: Lsn,
     pub commit_lsn: Lsn,
+    /// What PostgreSQL was told is flushed (the commit LSN, unless throttled).
+    pub acknowledged_lsn: Lsn,
+    pub consumer_applied_lsn: Lsn,
     pub received_lsn: Lsn,
     pub connected_safekeepers: usize,
+    /// Total time acknowledgements were held back by backpressure.
+    pub throttled_seconds: f64,
 }
 
 struct Core {
@@ -142,6 +153,9 @@ struct Core {
     commit_lsn: Lsn,
     commit_sent: Lsn,
     status: tokio::sync::watch::Sender<ProposerStatus>,
+    acknowledged_lsn: Lsn,
+    throttled: Duration,
+    throttled_since: Option<Instant>,
 }
 
 impl Core {
@@ -167,6 +181,7 @@ impl Core {
                     flush: None,
                     commands: tx,
                     last_request: Instant::now(),
+                    consumer_applied: Lsn::INVALID,
                 }
             })
             .collect();
@@ -181,6 +196,9 @@ impl Core {
             commit_lsn: Lsn::INVALID,
             commit_sent: Lsn::INVALID,
             status,
+            acknowledged_lsn: Lsn::INVALID,
+            throttled: Duration::ZERO,
+            throttled_since: None,
         }
     }
 
@@ -194,10 +212,14 @@ impl Core {
 
     fn publish(&self) {
         let connected = self.links.iter().filter(|l| l.phase != LinkPhase::Down).count();
+        let throttled = self.throttled + self.throttled_since.map_or(Duration::ZERO, |t| t.elapsed());
         self.status.send_replace(ProposerStatus {
             term: self.term,
             epoch_start: self.epoch.as_ref().map_or(Lsn::INVALID, |e| e.start_lsn),
             commit_lsn: self.commit_lsn,
+            acknowledged_lsn: self.acknowledged_lsn,
+            consumer_applied_lsn: self.consumer_applied(),
+            throttled_seconds: throttled.as_secs_f64(),
             received_lsn: self.buffer.as_ref().map_or(Lsn::INVALID, |b| b.complete_end),
             connected_safekeepers: connected,
         });
@@ -315,6 +337,7 @@ impl Core {
                 }
                 // Durable WAL in our term only grows.
                 l.flush = Some(l.flush.map_or(r.flush_lsn, |f| f.max(r.flush_lsn)));
+                l.consumer_applied = l.consumer_applied.max(r.consumer_applied_lsn);
                 self.update_commit();
             }
             AcceptorMessage::Error(e) => {
@@ -359,6 +382,34 @@ impl Core {
         };
         self.links[link].phase = LinkPhase::ElectedSent;
         self.send(link, ProposerMessage::Elected(msg));
+    }
+
+    /// The most advanced consumer position any safekeeper reports (a
+    /// pageserver streams from one of them).
+    fn consumer_applied(&self) -> Lsn {
+        self.links.iter().map(|l| l.consumer_applied).max().unwrap_or(Lsn::INVALID)
+    }
+
+    /// The LSN PostgreSQL may be told is flushed: the commit LSN, held back
+    /// while consumers lag more than the configured limit (like
+    /// max_replication_write_lag: writers wait instead of the lag growing).
+    fn acknowledgeable(&mut self) -> Lsn {
+        let applied = self.consumer_applied();
+        let ack = match self.cfg.max_consumer_lag_bytes {
+            Some(max) if applied != Lsn::INVALID => self.commit_lsn.min(Lsn(applied.0.saturating_add(max))),
+            _ => self.commit_lsn,
+        };
+        let ack = ack.max(self.acknowledged_lsn);
+        match (ack < self.commit_lsn, self.throttled_since) {
+            (true, None) => self.throttled_since = Some(Instant::now()),
+            (false, Some(since)) => {
+                self.throttled += since.elapsed();
+                self.throttled_since = None;
+            }
+            _ => {}
+        }
+        self.acknowledged_lsn = ack;
+        ack
     }
 
     fn update_commit(&mut self) {
@@ -559,7 +610,8 @@ pub async fn run(
                     }
                     ReplicationEvent::Keepalive { reply_requested, .. } => {
                         if reply_requested {
-                            stream.send_status(core.commit_lsn, core.commit_lsn, core.commit_lsn, false).await.map_err(pg_err)?;
+                            let ack = core.acknowledgeable();
+                            stream.send_status(ack, ack, ack, false).await.map_err(pg_err)?;
                         }
                     }
                     ReplicationEvent::End => return Err(ProposerError::Postgres("replication stream ended".into())),
@@ -568,10 +620,11 @@ pub async fn run(
             _ = tick.tick() => core.retry_lagging(),
         }
         core.pump();
-        if core.commit_lsn > reported || last_report.elapsed() > Duration::from_secs(1) {
+        let ack = core.acknowledgeable();
+        if ack > reported || last_report.elapsed() > Duration::from_secs(1) {
             // What a quorum holds is what PostgreSQL may consider flushed.
-            stream.send_status(core.commit_lsn, core.commit_lsn, core.commit_lsn, false).await.map_err(pg_err)?;
-            reported = core.commit_lsn;
+            stream.send_status(ack, ack, ack, false).await.map_err(pg_err)?;
+            reported = ack;
             last_report = Instant::now();
         }
         core.publish();

@@ -142,8 +142,13 @@ fn vote_response() {
 #[test]
 fn append_response() {
     acceptor(
-        AcceptorMessage::AppendResponse(AppendResponse { term: 5, flush_lsn: Lsn(0x3005), commit_lsn: Lsn(0x3000) }),
-        "19000000 83 0500000000000000 0530000000000000 0030000000000000",
+        AcceptorMessage::AppendResponse(AppendResponse {
+            term: 5,
+            flush_lsn: Lsn(0x3005),
+            commit_lsn: Lsn(0x3000),
+            consumer_applied_lsn: Lsn(0x2000),
+        }),
+        "21000000 83 0500000000000000 0530000000000000 0030000000000000 0020000000000000",
     );
 }
 

@@ -387,6 +387,8 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
             term: self.state.term,
             flush_lsn: self.wal.flush_lsn(),
             commit_lsn: self.state.commit_lsn,
+            // The server fills this in: consumers are its business.
+            consumer_applied_lsn: Lsn::INVALID,
         })
     }
 

@@ -158,7 +158,10 @@ async fn proposer_loop(
                 })
             });
             match outcome {
-                Ok(ack) => {
+                Ok(mut ack) => {
+                    if let AcceptorMessage::AppendResponse(r) = &mut ack {
+                        r.consumer_applied_lsn = timeline.consumer_applied_lsn();
+                    }
                     shared.metrics.flushes.inc();
                     shared.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
                     shared.metrics.appends_per_flush.observe(n as f64);

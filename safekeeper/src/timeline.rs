@@ -134,6 +134,12 @@ impl Timeline {
         result
     }
 
+    /// The lowest applied LSN its consumers reported (`Lsn::INVALID` if none reported yet).
+    pub fn consumer_applied_lsn(&self) -> Lsn {
+        let consumers = self.consumers.lock().expect("lock poisoned");
+        consumers.values().map(|c| c.applied_lsn).filter(|l| *l != Lsn::INVALID).min().unwrap_or(Lsn::INVALID)
+    }
+
     /// Positions as of now, and a receiver to wait for changes.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Positions> {
         self.positions.subscribe()

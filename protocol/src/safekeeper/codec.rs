@@ -267,9 +267,12 @@ pub fn encode_acceptor(msg: &AcceptorMessage, out: &mut Vec<u8>) {
             .lsn(v.timeline_start_lsn)
             .history(&v.term_history)
             .finish(),
-        AcceptorMessage::AppendResponse(a) => {
-            FrameWriter::begin(out, tag::APPEND_RESPONSE).u64(a.term).lsn(a.flush_lsn).lsn(a.commit_lsn).finish()
-        }
+        AcceptorMessage::AppendResponse(a) => FrameWriter::begin(out, tag::APPEND_RESPONSE)
+            .u64(a.term)
+            .lsn(a.flush_lsn)
+            .lsn(a.commit_lsn)
+            .lsn(a.consumer_applied_lsn)
+            .finish(),
         AcceptorMessage::Error(e) => FrameWriter::begin(out, tag::ACCEPTOR_ERROR).error(e).finish(),
     }
 }
@@ -526,6 +529,7 @@ pub fn decode_acceptor(frame: &[u8]) -> Result<AcceptorMessage, CodecError> {
                 term: r.u64("term")?,
                 flush_lsn: r.lsn("flush_lsn")?,
                 commit_lsn: r.lsn("commit_lsn")?,
+                consumer_applied_lsn: r.lsn("consumer_applied_lsn")?,
             }))
         }),
         tag::ACCEPTOR_ERROR => read(frame, "AcceptorError", |r| Ok(AcceptorMessage::Error(r.error()?))),
@@ -731,6 +735,7 @@ mod tests {
                 term: 9,
                 flush_lsn: Lsn(0x0300_1334),
                 commit_lsn: Lsn(0x0300_1234),
+                consumer_applied_lsn: Lsn(0x0300_1000),
             })),
             Any::A(AcceptorMessage::Error(ErrorMessage {
                 code: ErrorCode::TermSuperseded,
@@ -831,21 +836,25 @@ mod tests {
 
     #[test]
     fn truncation_error_names_message_and_field() {
-        let bytes =
-            Any::A(AcceptorMessage::AppendResponse(AppendResponse { term: 1, flush_lsn: Lsn(2), commit_lsn: Lsn(3) }))
-                .encode();
+        let bytes = Any::A(AcceptorMessage::AppendResponse(AppendResponse {
+            term: 1,
+            flush_lsn: Lsn(2),
+            commit_lsn: Lsn(3),
+            consumer_applied_lsn: Lsn(4),
+        }))
+        .encode();
         let err = decode_acceptor(&bytes[LENGTH_SIZE..bytes.len() - 1]).unwrap_err();
         assert_eq!(
             err,
             CodecError::Truncated {
                 message: "AppendResponse",
-                field: "commit_lsn",
-                offset: 17,
+                field: "consumer_applied_lsn",
+                offset: 25,
                 needed: 8,
                 available: 7
             }
         );
-        assert!(err.to_string().contains("AppendResponse") && err.to_string().contains("commit_lsn"));
+        assert!(err.to_string().contains("AppendResponse") && err.to_string().contains("consumer_applied_lsn"));
     }
 
     #[test]
@@ -1129,6 +1138,7 @@ mod tests {
                     term: self.next_u64(),
                     flush_lsn: self.lsn(),
                     commit_lsn: self.lsn(),
+                    consumer_applied_lsn: self.lsn(),
                 })),
                 7 => Any::A(AcceptorMessage::Error(self.error())),
                 8 => Any::C(ConsumerMessage::Start(StartStreaming {

@@ -120,6 +120,9 @@ pub struct AppendResponse {
     pub term: Term,
     pub flush_lsn: Lsn,
     pub commit_lsn: Lsn,
+    /// The lowest LSN its WAL consumers (pageservers) report as durably
+    /// processed; `Lsn::INVALID` without consumers. Drives backpressure.
+    pub consumer_applied_lsn: Lsn,
 }
 
 /// Messages an acceptor sends to a proposer.
