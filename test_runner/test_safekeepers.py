@@ -306,3 +306,54 @@ def test_backpressure_holds_commits_while_consumers_lag(throttled_wal_service):
         assert "ok" in result, result
     finally:
         consumer.close()
+
+
+def test_pg_receivewal_streams_from_a_safekeeper(strata_bin, pg_cluster, tmp_path):
+    """Stock pg_receivewal streams a timeline's committed WAL from a
+    safekeeper; with strata.strip_consistency=on every record's
+    XLR_CHECK_CONSISTENCY flag is cleared and its CRC recomputed, and the
+    result is still valid WAL (stock pg_waldump reads it)."""
+    svc = WalService(strata_bin, tmp_path, pg_cluster)
+    try:
+        svc.start(extra_settings={"wal_consistency_checking": "all"})
+        pg = svc.pg
+        pg.run(["pgbench", "-i", "-q", "-s", "1"], timeout=300)
+        # pg_receivewal starts at the segment holding the server position: fill that one.
+        pg.sql("SELECT pg_switch_wal()")
+        pg.run(["pgbench", "-n", "-t", "300"], timeout=300)
+        sk1 = svc.safekeepers[0]
+        commit = sk1.timeline_status(svc.tenant, svc.timeline)["commit_lsn"]
+        out_dir = tmp_path / "received"
+        out_dir.mkdir()
+        conn = (f"host=127.0.0.1 port={sk1.pg_port} user=postgres "
+                f"options='-c strata.timeline={svc.tenant}/{svc.timeline} -c strata.strip_consistency=on'")
+        res = subprocess.run([pg.bin("pg_receivewal"), "-D", str(out_dir), "-d", conn, "--no-loop",
+                              "--endpos", commit, "--no-sync", "-v"],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        received = subprocess.run([str(strata_bin), "wal", "dump", "--json", str(out_dir)],
+                                  capture_output=True, text=True, timeout=120)
+        original = subprocess.run([str(strata_bin), "wal", "dump", "--json",
+                                   str(sk1.wal_dir(svc.tenant, svc.timeline))],
+                                  capture_output=True, text=True, timeout=120)
+        got = [json.loads(l) for l in received.stdout.splitlines() if '"lsn"' in l]
+        orig = [json.loads(l) for l in original.stdout.splitlines() if '"lsn"' in l]
+        assert len(got) > 1000, received.stderr
+        by_lsn = {r["lsn"]: r for r in orig}
+        flagged = 0
+        for r in got:
+            o = by_lsn[r["lsn"]]
+            assert (r["rmgr"], r["info"], r["total_len"]) == (o["rmgr"], o["info"], o["total_len"])
+            assert r["xl_info"] & 0x02 == 0, r
+            flagged += o["xl_info"] & 0x02 != 0
+        assert flagged > 500, "the original WAL carries the flag on most records"
+        # Stock pg_waldump reads the rewritten WAL (CRCs are right).
+        for p in out_dir.glob("*.partial"):
+            p.rename(p.with_suffix(""))  # pg_waldump reads only complete names
+        files = sorted(p.name for p in out_dir.iterdir() if len(p.name) == 24)
+        dump = subprocess.run([pg.bin("pg_waldump"), "-p", str(out_dir), files[0], files[-1]],
+                              capture_output=True, text=True, timeout=120)
+        assert dump.stdout.count("\n") >= len(got) - 5, dump.stderr
+        assert "incorrect resource manager data checksum" not in dump.stderr, dump.stderr
+    finally:
+        svc.stop()

@@ -277,3 +277,28 @@ fn decode_wal_summary_counts_images() {
         assert!(s.images > 10, "{method}: {s:?}");
     }
 }
+
+#[test]
+fn stripping_the_consistency_flag_keeps_valid_wal() {
+    use strata_formats::wal::strip::ConsistencyStripper;
+    for (method, start, bytes) in vectors() {
+        let (before, _) = decode_all(&bytes, start, bytes.len());
+        assert!(
+            before.iter().filter(|r| r.header.info & 0x02 != 0).count() > 10,
+            "{method}: vector has flagged records"
+        );
+        let mut stripper = ConsistencyStripper::new(PgVersion::V15, start, SEG);
+        let mut out = Vec::new();
+        for chunk in bytes.chunks(777) {
+            out.extend(stripper.push(chunk).unwrap());
+        }
+        let (after, err) = decode_all(&out, start, out.len());
+        assert!(err.is_none(), "{method}: {err:?}");
+        assert_eq!(after.len(), before.len(), "{method}: everything up to the last complete record is released");
+        for (a, b) in after.iter().zip(&before) {
+            assert_eq!((a.lsn, a.end_lsn, a.header.total_length), (b.lsn, b.end_lsn, b.header.total_length));
+            assert_eq!(a.header.info, b.header.info & !0x02);
+            assert_eq!(a.raw[24..], b.raw[24..], "only the header changes");
+        }
+    }
+}

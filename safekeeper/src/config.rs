@@ -23,6 +23,12 @@ pub struct SafekeeperConfig {
     pub listen: SocketAddr,
     /// HTTP: status, timeline management, metrics.
     pub listen_http: SocketAddr,
+    /// PostgreSQL's replication protocol, for stock tools such as pg_receivewal (off if unset).
+    #[serde(default)]
+    pub listen_pg: Option<SocketAddr>,
+    /// Clear XLR_CHECK_CONSISTENCY in WAL sent over `listen_pg` even if the client does not ask.
+    #[serde(default)]
+    pub strip_consistency_for_replication: bool,
     pub data_dir: PathBuf,
     #[serde(default)]
     pub peers: Vec<Peer>,

@@ -11,6 +11,7 @@ pub mod control_file;
 pub mod http;
 pub mod memory;
 pub mod metrics;
+pub mod pg_server;
 pub mod recovery;
 pub mod server;
 pub mod timeline;
@@ -53,6 +54,13 @@ pub async fn serve(
     let shared = Arc::new(server::Shared { config, timelines, metrics: metrics::Metrics::new() });
     let mut protocol = tokio::spawn(server::serve(listener, shared.clone()));
     let recovery = tokio::spawn(recovery::run(shared.clone()));
+    let pg = match shared.config.listen_pg {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+            Some(tokio::spawn(pg_server::serve(listener, shared.clone())))
+        }
+        None => None,
+    };
     let router = http::router(shared.clone());
     let mut api = tokio::spawn(async move { axum::serve(http, router).await });
     tokio::select! {
@@ -63,6 +71,9 @@ pub async fn serve(
     protocol.abort();
     api.abort();
     recovery.abort();
+    if let Some(pg) = pg {
+        pg.abort();
+    }
     for tl in shared.timelines.all() {
         if let Err(e) = tokio::task::block_in_place(|| tl.with_acceptor(|a| a.persist())) {
             tracing::warn!(timeline = %tl.identity.timeline_id, "writing control file at shutdown: {e}");

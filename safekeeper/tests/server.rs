@@ -34,6 +34,8 @@ async fn start(dir: &std::path::Path) -> Running {
         id: NodeId(1),
         listen: addr,
         listen_http: http_addr,
+        listen_pg: None,
+        strip_consistency_for_replication: false,
         data_dir: dir.to_path_buf(),
         peers: vec![],
         fsync: true,

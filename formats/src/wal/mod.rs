@@ -7,6 +7,7 @@ pub mod pglz;
 pub mod reader;
 pub mod record;
 pub mod segment;
+pub mod strip;
 
 pub use reader::{StartPosition, WalDecodeError, WalDecoder};
 pub use record::{BlockImage, BlockRef, DecodedRecord, RecordHeader};

@@ -1,0 +1,355 @@
+//! PostgreSQL's physical replication protocol, as much as stock tools such
+//! as `pg_receivewal` need to stream a timeline's committed WAL from a
+//! safekeeper: startup (trust), `IDENTIFY_SYSTEM`, `SHOW`, and
+//! `START_REPLICATION`. The timeline is chosen with the startup option
+//! `-c strata.timeline=<tenant_id>/<timeline_id>` (libpq sends the database
+//! name "replication" for physical replication); the option
+//! `-c strata.strip_consistency=on` (or the config's default) clears
+//! `XLR_CHECK_CONSISTENCY` in what is sent.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{info, warn};
+
+use strata_formats::wal::strip::ConsistencyStripper;
+use strata_formats::{Lsn, PgVersion};
+
+use crate::server::Shared;
+use crate::timeline::Timeline;
+use crate::wal_reader::read_wal;
+
+/// Largest message accepted from a client.
+const MAX_MESSAGE: usize = 1 << 20;
+const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// Accepts replication clients forever.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handle(stream, shared).await {
+                warn!(%peer, "replication client: {e}");
+            }
+        });
+    }
+}
+
+fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(body.len() + 5);
+    m.push(tag);
+    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+fn error_response(code: &str, text: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (field, value) in [(b'S', "ERROR"), (b'V', "ERROR"), (b'C', code), (b'M', text)] {
+        b.push(field);
+        b.extend_from_slice(value.as_bytes());
+        b.push(0);
+    }
+    b.push(0);
+    message(b'E', &b)
+}
+
+fn ready() -> Vec<u8> {
+    message(b'Z', b"I")
+}
+
+/// One-row result with text columns.
+fn row_result(columns: &[(&str, u32)], values: &[Option<String>], tag: &str) -> Vec<u8> {
+    let mut desc = (columns.len() as i16).to_be_bytes().to_vec();
+    for (name, type_oid) in columns {
+        desc.extend_from_slice(name.as_bytes());
+        desc.push(0);
+        desc.extend_from_slice(&0i32.to_be_bytes());
+        desc.extend_from_slice(&0i16.to_be_bytes());
+        desc.extend_from_slice(&type_oid.to_be_bytes());
+        desc.extend_from_slice(&(-1i16).to_be_bytes());
+        desc.extend_from_slice(&(-1i32).to_be_bytes());
+        desc.extend_from_slice(&0i16.to_be_bytes());
+    }
+    let mut row = (values.len() as i16).to_be_bytes().to_vec();
+    for v in values {
+        match v {
+            Some(s) => {
+                row.extend_from_slice(&(s.len() as i32).to_be_bytes());
+                row.extend_from_slice(s.as_bytes());
+            }
+            None => row.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    let mut out = message(b'T', &desc);
+    out.extend(message(b'D', &row));
+    let mut t = tag.as_bytes().to_vec();
+    t.push(0);
+    out.extend(message(b'C', &t));
+    out
+}
+
+async fn read_exact_bounded(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, String> {
+    if n > MAX_MESSAGE {
+        return Err(format!("message of {n} bytes is too large"));
+    }
+    let mut b = vec![0u8; n];
+    tokio::time::timeout(Duration::from_secs(60), s.read_exact(&mut b))
+        .await
+        .map_err(|_| "client went silent".to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(b)
+}
+
+/// Reads a typed message: (type, body).
+async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>), String> {
+    let head = read_exact_bounded(s, 5).await?;
+    let len = i32::from_be_bytes(head[1..5].try_into().unwrap());
+    if len < 4 {
+        return Err(format!("invalid message length {len}"));
+    }
+    Ok((head[0], read_exact_bounded(s, len as usize - 4).await?))
+}
+
+fn pg_time_now() -> i64 {
+    // Microseconds since 2000-01-01.
+    let unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+    unix - 946_684_800_000_000
+}
+
+async fn handle(mut s: TcpStream, shared: Arc<Shared>) -> Result<(), String> {
+    let _ = s.set_nodelay(true);
+    // Startup, after refusing SSL/GSS encryption requests.
+    let params = loop {
+        let len = i32::from_be_bytes(read_exact_bounded(&mut s, 4).await?.try_into().unwrap());
+        if !(8..=10_000).contains(&len) {
+            return Err(format!("invalid startup length {len}"));
+        }
+        let body = read_exact_bounded(&mut s, len as usize - 4).await?;
+        let code = i32::from_be_bytes(body[0..4].try_into().unwrap());
+        match code {
+            80_877_103 | 80_877_104 => s.write_all(b"N").await.map_err(|e| e.to_string())?,
+            196_608 => {
+                let mut params = std::collections::HashMap::new();
+                let mut parts = body[4..].split(|b| *b == 0);
+                while let (Some(k), Some(v)) = (parts.next(), parts.next()) {
+                    if k.is_empty() {
+                        break;
+                    }
+                    params.insert(String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned());
+                }
+                break params;
+            }
+            other => {
+                s.write_all(&error_response("08P01", &format!("unsupported protocol {other}"))).await.ok();
+                return Err(format!("unsupported protocol code {other}"));
+            }
+        }
+    };
+    let options = params.get("options").cloned().unwrap_or_default();
+    let database = options
+        .split_whitespace()
+        .find_map(|o| o.strip_prefix("strata.timeline="))
+        .map(str::to_string)
+        .unwrap_or_else(|| params.get("database").cloned().unwrap_or_default());
+    let timeline = database
+        .split_once('/')
+        .and_then(|(t, l)| Some((t.parse().ok()?, l.parse().ok()?)))
+        .and_then(|(t, l)| shared.timelines.get(t, l));
+    let Some(timeline) = timeline else {
+        let msg = format!("choose a timeline held here with options '-c strata.timeline=<tenant_id>/<timeline_id>' (got {database:?})");
+        s.write_all(&error_response("3D000", &msg)).await.ok();
+        return Err(msg);
+    };
+    let strip = params.get("options").is_some_and(|o| o.contains("strata.strip_consistency=on"))
+        || shared.config.strip_consistency_for_replication;
+    let mut out = message(b'R', &0i32.to_be_bytes());
+    for (k, v) in [
+        ("server_version", "15.0"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+    ] {
+        let mut b = k.as_bytes().to_vec();
+        b.push(0);
+        b.extend_from_slice(v.as_bytes());
+        b.push(0);
+        out.extend(message(b'S', &b));
+    }
+    let mut key = 1i32.to_be_bytes().to_vec();
+    key.extend_from_slice(&2i32.to_be_bytes());
+    out.extend(message(b'K', &key));
+    out.extend(ready());
+    s.write_all(&out).await.map_err(|e| e.to_string())?;
+
+    loop {
+        let (tag, body) = read_message(&mut s).await?;
+        match tag {
+            b'X' => return Ok(()),
+            b'Q' => {
+                let query = String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(&body))
+                    .trim()
+                    .trim_end_matches(';')
+                    .to_string();
+                let upper = query.to_ascii_uppercase();
+                let positions = timeline.positions();
+                let reply = if upper == "IDENTIFY_SYSTEM" {
+                    let mut r = row_result(
+                        &[("systemid", 25), ("timeline", 23), ("xlogpos", 25), ("dbname", 25)],
+                        &[
+                            Some(timeline.identity.system_id.to_string()),
+                            Some("1".into()),
+                            Some(positions.commit_lsn.to_string()),
+                            None,
+                        ],
+                        "IDENTIFY_SYSTEM",
+                    );
+                    r.extend(ready());
+                    r
+                } else if upper == "SHOW WAL_SEGMENT_SIZE" {
+                    let mut r = row_result(
+                        &[("wal_segment_size", 25)],
+                        &[Some(format!("{}MB", timeline.identity.wal_segment_size >> 20))],
+                        "SHOW",
+                    );
+                    r.extend(ready());
+                    r
+                } else if upper == "SHOW DATA_DIRECTORY_MODE" {
+                    let mut r = row_result(&[("data_directory_mode", 25)], &[Some("0700".into())], "SHOW");
+                    r.extend(ready());
+                    r
+                } else if upper.starts_with("START_REPLICATION") {
+                    return stream(s, &shared, &timeline, &query, strip).await;
+                } else {
+                    let mut r = error_response("0A000", &format!("not supported by a Strata safekeeper: {query}"));
+                    r.extend(ready());
+                    r
+                };
+                s.write_all(&reply).await.map_err(|e| e.to_string())?;
+            }
+            other => {
+                s.write_all(&error_response("08P01", &format!("unexpected message type {}", other as char))).await.ok();
+                return Err(format!("unexpected message {other}"));
+            }
+        }
+    }
+}
+
+/// The client ended the copy (CopyDone): end ours and the command.
+async fn end_copy(w: &mut tokio::net::tcp::OwnedWriteHalf) -> Result<(), String> {
+    let mut end = message(b'c', &[]);
+    end.extend(message(b'C', b"START_STREAMING\0"));
+    end.extend(ready());
+    w.write_all(&end).await.map_err(|e| e.to_string())
+}
+
+/// `START_REPLICATION [SLOT name] [PHYSICAL] X/X [TIMELINE n]`.
+async fn stream(
+    mut s: TcpStream,
+    shared: &Shared,
+    timeline: &Arc<Timeline>,
+    query: &str,
+    strip: bool,
+) -> Result<(), String> {
+    let start: Option<Lsn> = query.split_whitespace().find_map(|w| w.parse().ok());
+    let positions = timeline.positions();
+    let Some(start) = start.filter(|l| *l >= timeline.start_lsn && *l <= positions.commit_lsn) else {
+        let msg =
+            format!("start position must lie in the committed WAL, {} to {}", timeline.start_lsn, positions.commit_lsn);
+        let mut r = error_response("58P01", &msg);
+        r.extend(ready());
+        s.write_all(&r).await.ok();
+        return Err(msg);
+    };
+    info!(timeline = %timeline.identity.timeline_id, %start, strip, "replication client streaming");
+    let mut body = vec![0u8];
+    body.extend_from_slice(&0i16.to_be_bytes());
+    s.write_all(&message(b'W', &body)).await.map_err(|e| e.to_string())?;
+    let segment_size = u64::from(timeline.identity.wal_segment_size);
+    let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
+    let (mut r, mut w) = s.into_split();
+    // Client messages: status updates are dropped; CopyDone ends the stream.
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+    let reader = tokio::spawn(async move {
+        loop {
+            let mut head = [0u8; 5];
+            if r.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let len = i32::from_be_bytes(head[1..5].try_into().expect("4 bytes"));
+            if !(4..=MAX_MESSAGE as i32).contains(&len) {
+                return;
+            }
+            let mut body = vec![0u8; len as usize - 4];
+            if r.read_exact(&mut body).await.is_err() {
+                return;
+            }
+            if head[0] == b'c' || head[0] == b'X' {
+                let _ = done_tx.send(());
+                return;
+            }
+        }
+    });
+    let mut watch = timeline.subscribe();
+    let mut sent = start;
+    let mut out_lsn = start;
+    let mut buf = vec![0u8; shared.config.max_send_bytes];
+    let result: Result<(), String> = async {
+        loop {
+            match done_rx.try_recv() {
+                Ok(()) => return end_copy(&mut w).await,
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => return Ok(()),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+            }
+            let commit = watch.borrow_and_update().commit_lsn;
+            if sent < commit {
+                let n = ((commit.0 - sent.0) as usize).min(buf.len());
+                let dir = timeline.dir.clone();
+                tokio::task::block_in_place(|| read_wal(&dir, segment_size, sent, &mut buf[..n]))
+                    .map_err(|e| e.to_string())?;
+                sent = Lsn(sent.0 + n as u64);
+                let data = match stripper.as_mut() {
+                    Some(st) => st.push(&buf[..n]).map_err(|e| e.to_string())?,
+                    None => buf[..n].to_vec(),
+                };
+                if !data.is_empty() {
+                    let mut m = vec![b'w'];
+                    m.extend_from_slice(&out_lsn.0.to_be_bytes());
+                    m.extend_from_slice(&commit.0.to_be_bytes());
+                    m.extend_from_slice(&pg_time_now().to_be_bytes());
+                    m.extend_from_slice(&data);
+                    out_lsn = Lsn(out_lsn.0 + data.len() as u64);
+                    tokio::time::timeout(Duration::from_secs(30), w.write_all(&message(b'd', &m)))
+                        .await
+                        .map_err(|_| "client not reading".to_string())?
+                        .map_err(|e| e.to_string())?;
+                }
+                continue;
+            }
+            tokio::select! {
+                done = &mut done_rx => {
+                    return match done {
+                        Ok(()) => end_copy(&mut w).await,
+                        Err(_) => Ok(()), // the client went away
+                    };
+                }
+                changed = watch.changed() => { if changed.is_err() { return Ok(()); } }
+                _ = tokio::time::sleep(KEEPALIVE) => {
+                    let mut m = vec![b'k'];
+                    m.extend_from_slice(&out_lsn.0.to_be_bytes());
+                    m.extend_from_slice(&pg_time_now().to_be_bytes());
+                    m.push(0);
+                    w.write_all(&message(b'd', &m)).await.map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+    .await;
+    reader.abort();
+    result
+}
