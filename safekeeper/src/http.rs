@@ -48,6 +48,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
         "id": shared.config.id,
         "listen": shared.config.listen,
         "fsync": shared.config.fsync,
+        "peers": shared.config.peers,
         "timelines": timelines,
     }))
     .into_response()
@@ -67,7 +68,11 @@ async fn timeline_status(
         Err(r) => return *r,
     };
     match shared.timelines.get(t, l) {
-        Some(tl) => Json(tl.status()).into_response(),
+        Some(tl) => {
+            let mut status = tl.status();
+            status["peers"] = serde_json::json!(shared.config.peers);
+            Json(status).into_response()
+        }
         None => error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found")),
     }
 }

@@ -285,6 +285,7 @@ async fn proposer_consumer_restart_and_bad_input() {
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["flush_lsn"], end.to_string());
     assert_eq!(status["term"], 2);
+    assert!(status["peers"].is_array());
     let (code, metrics) = http(sk.http, "GET", "/metrics", "").await;
     assert_eq!(code, 200);
     assert!(metrics.contains("strata_safekeeper_append_requests_total"), "{metrics}");
