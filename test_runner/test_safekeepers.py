@@ -300,6 +300,10 @@ def test_backpressure_holds_commits_while_consumers_lag(throttled_wal_service):
         assert "ok" not in result, "the commit returned while consumers lagged"
         assert parse_lsn(status["acknowledged_lsn"]) <= applied + (1 << 20)
         assert parse_lsn(status["commit_lsn"]) > parse_lsn(status["acknowledged_lsn"])
+        from fixtures.strata import http_text
+        metrics = http_text(f"http://127.0.0.1:{svc.proposer_http}/metrics")
+        throttled = float(re.search(r"^strata_proposer_throttled_seconds_total (\S+)$", metrics, re.M).group(1))
+        assert throttled >= 1.0, metrics
         # The consumer catches up: the commit returns.
         consumer.report(parse_lsn(status["commit_lsn"]))
         t.join(timeout=30)

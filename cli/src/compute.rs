@@ -141,18 +141,36 @@ fn status_router(status: tokio::sync::watch::Receiver<proposer::ProposerStatus>)
             "/metrics",
             get(move || {
                 let s = *status.borrow();
-                async move {
-                    format!(
-                        "# TYPE strata_proposer_term gauge\nstrata_proposer_term {}\n\
-                     # TYPE strata_proposer_commit_lsn gauge\nstrata_proposer_commit_lsn {}\n\
-                     # TYPE strata_proposer_acknowledged_lsn gauge\nstrata_proposer_acknowledged_lsn {}\n\
-                     # TYPE strata_proposer_connected_safekeepers gauge\nstrata_proposer_connected_safekeepers {}\n\
-                     # TYPE strata_proposer_throttled_seconds counter\nstrata_proposer_throttled_seconds_total {}\n",
-                        s.term, s.commit_lsn.0, s.acknowledged_lsn.0, s.connected_safekeepers, s.throttled_seconds
-                    )
-                }
+                async move { render_metrics(&s) }
             }),
         )
+}
+
+/// The proposer's status in Prometheus text format.
+fn render_metrics(s: &proposer::ProposerStatus) -> String {
+    use prometheus_client::metrics::counter::ConstCounter;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("strata_proposer");
+    registry.register("term", "Election term of this proposer", ConstGauge::new(s.term as i64));
+    registry.register("commit_lsn", "Quorum-flushed LSN in this term", ConstGauge::new(s.commit_lsn.0 as i64));
+    registry.register(
+        "acknowledged_lsn",
+        "LSN reported to PostgreSQL as flushed",
+        ConstGauge::new(s.acknowledged_lsn.0 as i64),
+    );
+    registry.register(
+        "connected_safekeepers",
+        "Safekeepers with an open connection",
+        ConstGauge::new(s.connected_safekeepers as i64),
+    );
+    registry.register(
+        "throttled_seconds",
+        "Time acknowledgements were held back by backpressure",
+        ConstCounter::new(s.throttled_seconds),
+    );
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+    out
 }
 
 /// The timeline identity as the running PostgreSQL states it.
