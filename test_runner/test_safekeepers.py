@@ -17,16 +17,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fixtures.strata import FakeConsumer, WalService, parse_lsn
+from fixtures.strata import FakeConsumer, WalService, parse_lsn, running_wal_service
 
 @pytest.fixture
 def wal_service(strata_bin, pg_cluster, tmp_path):
-    svc = WalService(strata_bin, tmp_path, pg_cluster)
-    try:
-        svc.start()
+    with running_wal_service(strata_bin, tmp_path, pg_cluster) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def insert_in_background(cluster, sql: str) -> tuple[threading.Thread, dict]:
@@ -157,11 +153,7 @@ def test_newer_proposer_takes_over(wal_service):
     flushes = [parse_lsn(s["flush_lsn"]) for s in statuses]
     assert sum(f >= end for f in flushes) >= 2
     common = min(flushes)
-    contents = []
-    for sk in wal_service.safekeepers:
-        d = sk.wal_dir(wal_service.tenant, wal_service.timeline)
-        data = b"".join(p.read_bytes() for p in sorted(d.iterdir()) if len(p.name) == 24)
-        contents.append(data)
+    contents = [wal_service.held_wal(sk) for sk in wal_service.safekeepers]
     start = parse_lsn(statuses[0]["timeline_start_lsn"])
     n = common - start
     assert all(c[:n] == contents[0][:n] for c in contents), "safekeepers hold different WAL for one LSN range"
@@ -170,12 +162,8 @@ def test_newer_proposer_takes_over(wal_service):
 
 @pytest.fixture
 def small_buffer_wal_service(strata_bin, pg_cluster, tmp_path):
-    svc = WalService(strata_bin, tmp_path, pg_cluster, ("--max-buffer-mb", "16"))
-    try:
-        svc.start()
+    with running_wal_service(strata_bin, tmp_path, pg_cluster, ("--max-buffer-mb", "16")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def test_peer_recovery(small_buffer_wal_service):
@@ -210,11 +198,7 @@ def test_peer_recovery(small_buffer_wal_service):
     # The recovered WAL is byte for byte the peers'.
     start = parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["timeline_start_lsn"])
 
-    def wal(sk):
-        d = sk.wal_dir(svc.tenant, svc.timeline)
-        return b"".join(p.read_bytes() for p in sorted(d.iterdir()) if len(p.name) == 24)[: target - start]
-
-    assert wal(sk3) == wal(sk1)
+    assert svc.held_wal(sk3)[: target - start] == svc.held_wal(sk1)[: target - start]
     # And it is a member of the quorum again: commits continue with sk1 gone.
     sk1.process.kill9()
     out = pg.run(["pgbench", "-n", "-t", "200", "-c", "2"], timeout=120).stdout
@@ -270,12 +254,8 @@ def test_full_disk_stalls_then_resumes(small_disk_safekeeper, strata_bin):
 
 @pytest.fixture
 def throttled_wal_service(strata_bin, pg_cluster, tmp_path):
-    svc = WalService(strata_bin, tmp_path, pg_cluster, ("--max-consumer-lag-mb", "1"))
-    try:
-        svc.start()
+    with running_wal_service(strata_bin, tmp_path, pg_cluster, ("--max-consumer-lag-mb", "1")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def test_backpressure_holds_commits_while_consumers_lag(throttled_wal_service):
@@ -317,9 +297,7 @@ def test_pg_receivewal_streams_from_a_safekeeper(strata_bin, pg_cluster, tmp_pat
     safekeeper; with strata.strip_consistency=on every record's
     XLR_CHECK_CONSISTENCY flag is cleared and its CRC recomputed, and the
     result is still valid WAL (stock pg_waldump reads it)."""
-    svc = WalService(strata_bin, tmp_path, pg_cluster)
-    try:
-        svc.start(extra_settings={"wal_consistency_checking": "all"})
+    with running_wal_service(strata_bin, tmp_path, pg_cluster, extra_settings={"wal_consistency_checking": "all"}) as svc:
         pg = svc.pg
         pg.run(["pgbench", "-i", "-q", "-s", "1"], timeout=300)
         # pg_receivewal starts at the segment holding the server position: fill that one.
@@ -359,5 +337,3 @@ def test_pg_receivewal_streams_from_a_safekeeper(strata_bin, pg_cluster, tmp_pat
                               capture_output=True, text=True, timeout=120)
         assert dump.stdout.count("\n") >= len(got) - 5, dump.stderr
         assert "incorrect resource manager data checksum" not in dump.stderr, dump.stderr
-    finally:
-        svc.stop()
