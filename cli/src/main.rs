@@ -1,6 +1,8 @@
 //! `strata`: one binary, a subcommand per role.
 
+mod cluster;
 mod compute;
+mod pagebench;
 mod pgdata;
 mod verify_images;
 mod wal;
@@ -28,6 +30,25 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Run a pageserver: page versions from the WAL, GetPage@LSN, basebackups.
+    Pageserver {
+        /// The pageserver's TOML configuration.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// GetPage@LSN load against a pageserver: throughput and latency percentiles.
+    Pagebench(pagebench::PagebenchArgs),
+    /// Create a local cluster: configs with free ports, 3 safekeepers, a pageserver, a tenant with a `main` branch.
+    Init(cluster::InitArgs),
+    /// Start every service of the local cluster that is not running.
+    Start(cluster::WorkdirArgs),
+    /// Stop the local cluster's endpoints and services.
+    Stop(cluster::WorkdirArgs),
+    /// Every service and timeline of the local cluster.
+    Status(cluster::StatusArgs),
+    /// Computes (PostgreSQL + agent) of the local cluster.
+    #[command(subcommand)]
+    Endpoint(cluster::EndpointCommand),
 }
 
 /// Logs to stderr; `RUST_LOG` selects levels (default: info).
@@ -56,12 +77,38 @@ fn safekeeper(config: &std::path::Path) -> i32 {
     }
 }
 
+fn pageserver(config: &std::path::Path) -> i32 {
+    init_logging();
+    let config = match strata_pageserver::config::PageserverConfig::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("strata pageserver: {e}");
+            return 2;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
+    match runtime.block_on(strata_pageserver::run(config)) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            1
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Wal(cmd) => wal::run(cmd),
         Command::Safekeeper { config } => safekeeper(&config),
         Command::Compute(cmd) => compute::run(cmd),
+        Command::Pageserver { config } => pageserver(&config),
+        Command::Pagebench(args) => pagebench::run(args),
+        Command::Init(args) => cluster::init(args),
+        Command::Start(args) => cluster::start(args),
+        Command::Stop(args) => cluster::stop(args),
+        Command::Status(args) => cluster::status(args),
+        Command::Endpoint(cmd) => cluster::endpoint(cmd),
     };
     std::process::exit(code);
 }
