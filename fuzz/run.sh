@@ -19,5 +19,21 @@ for f in ../formats/tests/data/wal/*.wal ../formats/tests/data/pg_control_v15; d
         [ -f "$out" ] || { printf "\\x0$sel" > "$out"; head -c 32768 "$f" >> "$out"; }
     done
 done
+# Page service seeds: test vectors of docs/pageserver-protocol.md behind
+# their selector byte (4), one file per direction.
+seed_hex() {
+    local out="corpus/decoders/$1" hex="$2" i
+    [ -f "$out" ] && return
+    for ((i = 0; i < ${#hex}; i += 2)); do printf "\\x${hex:i:2}"; done > "$out"
+}
+seed_hex seed-page-client "04\
+2500000001010000001111111111111111111111111111111122222222222222222222222222222222\
+2500000010070000000000000028000001000000007f06000005000000004000000000000003000000\
+2100000012080000000000000000000000000000007f060000050000000040000002000000\
+16000000140b0000000000000000000000000000000002000000"
+seed_hex seed-page-server "04\
+090000008128000003000000\
+0d000000920800000000000000d2040000\
+1a0000009f000000000000000003000b0000006e6f2074696d656c696e65"
 ./target/"$host"/release/decoders corpus/decoders -max_total_time="$seconds" -max_len=65536 \
     -artifact_prefix=artifacts/ -print_final_stats=1 2>&1 | tail -n 12

@@ -22,6 +22,10 @@ if str(TEST_RUNNER_DIR) not in sys.path:
 
 from fixtures.pg import PgCluster  # noqa: E402
 
+# Fixtures defined in modules of fixtures/: `cluster_factory` and `cluster`
+# (the local cluster driven through the `strata` command line).
+pytest_plugins = ["fixtures.cluster"]
+
 PG_MAJOR = 15
 
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use strata_compute::agent;
 use strata_compute::pg_replication::ReplicationConfig;
 use strata_compute::proposer::{self, ProposerConfig};
 use strata_protocol::safekeeper::TimelineIdentity;
@@ -10,6 +11,11 @@ use strata_protocol::{TenantId, TimelineId};
 
 #[derive(Subcommand)]
 pub enum ComputeCommand {
+    /// Start a compute in eager mode and keep it running: sync the
+    /// safekeepers, restore the data directory from the pageserver's
+    /// basebackup, configure and start PostgreSQL, and be its WAL proposer.
+    /// SIGTERM or SIGINT stops it gracefully.
+    Start(StartArgs),
     /// Elect a proposer among the safekeepers, bring a quorum to the end of the
     /// timeline's WAL and commit it; print that LSN.
     SyncSafekeepers {
@@ -54,6 +60,39 @@ pub enum ComputeCommand {
 }
 
 #[derive(Args)]
+pub struct StartArgs {
+    /// PostgreSQL's data directory; emptied and restored at every start.
+    #[arg(long)]
+    pgdata: std::path::PathBuf,
+    /// PostgreSQL's TCP port (on 127.0.0.1).
+    #[arg(long)]
+    pg_port: u16,
+    #[command(flatten)]
+    timeline: TimelineArgs,
+    /// The pageserver's HTTP API (host:port).
+    #[arg(long)]
+    pageserver_http: String,
+    /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
+    #[arg(long)]
+    http: Option<std::net::SocketAddr>,
+    /// Directory of the PostgreSQL 15 binaries.
+    #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
+    pg_bin_dir: std::path::PathBuf,
+    /// Operating-system user PostgreSQL runs as when this runs as root.
+    #[arg(long, default_value = "postgres")]
+    pg_user: String,
+    /// PostgreSQL's shared_buffers.
+    #[arg(long, default_value = "128MB")]
+    shared_buffers: String,
+    /// Hold commits back while WAL consumers lag more than this many MiB.
+    #[arg(long)]
+    max_consumer_lag_mb: Option<u64>,
+    /// How long the pageserver may take to ingest the WAL up to the start LSN.
+    #[arg(long, default_value_t = 60)]
+    wait_timeout_secs: u64,
+}
+
+#[derive(Args)]
 pub struct TimelineArgs {
     /// Safekeeper addresses, comma-separated (host:port).
     #[arg(long, value_delimiter = ',', required = true)]
@@ -69,52 +108,12 @@ pub fn run(cmd: ComputeCommand) -> i32 {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
     let result = runtime.block_on(async move {
         match cmd {
-            ComputeCommand::SyncSafekeepers { timeline, system_id, wal_segment_size } => {
-                let identity = TimelineIdentity {
-                    tenant_id: timeline.tenant_id,
-                    timeline_id: timeline.timeline_id,
-                    system_id,
-                    pg_version: 15,
-                    wal_segment_size,
-                };
-                let end = proposer::sync_safekeepers(ProposerConfig::new(timeline.safekeepers, identity)).await?;
-                println!("{end}");
-                Ok::<(), proposer::ProposerError>(())
-            }
-            ComputeCommand::Proposer {
-                timeline,
-                pg_host,
-                pg_port,
-                pg_user,
-                application_name,
-                slot,
-                max_buffer_mb,
-                max_consumer_lag_mb,
-                http,
-            } => {
-                let pg = ReplicationConfig {
-                    host: pg_host,
-                    port: pg_port,
-                    user: pg_user,
-                    password: std::env::var("PGPASSWORD").ok(),
-                    application_name,
-                    connect_timeout: Duration::from_secs(10),
-                };
-                let identity = identity_from_postgres(&pg, &timeline).await?;
-                let (status, status_rx) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
-                if let Some(addr) = http {
-                    let listener = tokio::net::TcpListener::bind(addr)
-                        .await
-                        .map_err(|e| proposer::ProposerError::Other(format!("{addr}: {e}")))?;
-                    tokio::spawn(async move { axum::serve(listener, status_router(status_rx)).await });
-                }
-                let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
-                cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
-                cfg.max_consumer_lag_bytes = max_consumer_lag_mb.map(|mb| mb << 20);
-                proposer::run(cfg, pg, Some(slot), status).await
-            }
+            ComputeCommand::Start(args) => start(args).await,
+            other => run_proposer_role(other).await.map_err(|e| e.to_string()),
         }
     });
+    // Blocking tasks still reading a stalled stream must not hold up the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -123,6 +122,77 @@ pub fn run(cmd: ComputeCommand) -> i32 {
             1
         }
     }
+}
+
+/// `sync-safekeepers` and `proposer`.
+async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::ProposerError> {
+    match cmd {
+        ComputeCommand::Start(_) => unreachable!("handled by start"),
+        ComputeCommand::SyncSafekeepers { timeline, system_id, wal_segment_size } => {
+            let identity = TimelineIdentity {
+                tenant_id: timeline.tenant_id,
+                timeline_id: timeline.timeline_id,
+                system_id,
+                pg_version: 15,
+                wal_segment_size,
+            };
+            let end = proposer::sync_safekeepers(ProposerConfig::new(timeline.safekeepers, identity)).await?;
+            println!("{end}");
+            Ok::<(), proposer::ProposerError>(())
+        }
+        ComputeCommand::Proposer {
+            timeline,
+            pg_host,
+            pg_port,
+            pg_user,
+            application_name,
+            slot,
+            max_buffer_mb,
+            max_consumer_lag_mb,
+            http,
+        } => {
+            let pg = ReplicationConfig {
+                host: pg_host,
+                port: pg_port,
+                user: pg_user,
+                password: std::env::var("PGPASSWORD").ok(),
+                application_name,
+                connect_timeout: Duration::from_secs(10),
+            };
+            let identity = identity_from_postgres(&pg, &timeline).await?;
+            let (status, status_rx) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
+            if let Some(addr) = http {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| proposer::ProposerError::Other(format!("{addr}: {e}")))?;
+                tokio::spawn(async move { axum::serve(listener, status_router(status_rx)).await });
+            }
+            let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
+            cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
+            cfg.max_consumer_lag_bytes = max_consumer_lag_mb.map(|mb| mb << 20);
+            proposer::run(cfg, pg, Some(slot), status).await
+        }
+    }
+}
+
+/// `strata compute start`: runs in the foreground until stopped.
+async fn start(args: StartArgs) -> Result<(), String> {
+    let mut cfg = agent::AgentConfig::new(
+        args.pgdata,
+        args.pg_port,
+        args.timeline.safekeepers,
+        args.timeline.tenant_id,
+        args.timeline.timeline_id,
+        args.pageserver_http,
+    );
+    cfg.http = args.http;
+    cfg.pg_bin_dir = args.pg_bin_dir;
+    cfg.pg_user = args.pg_user;
+    cfg.shared_buffers = args.shared_buffers;
+    cfg.max_consumer_lag_bytes = args.max_consumer_lag_mb.map(|mb| mb << 20);
+    cfg.wait_timeout = Duration::from_secs(args.wait_timeout_secs);
+    let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
+    agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }
 
 /// `/v1/status` (JSON) and `/metrics` (Prometheus text) of the proposer.
@@ -148,29 +218,7 @@ fn status_router(status: tokio::sync::watch::Receiver<proposer::ProposerStatus>)
 
 /// The proposer's status in Prometheus text format.
 fn render_metrics(s: &proposer::ProposerStatus) -> String {
-    use prometheus_client::metrics::counter::ConstCounter;
-    use prometheus_client::metrics::gauge::ConstGauge;
-    let mut registry = prometheus_client::registry::Registry::with_prefix("strata_proposer");
-    registry.register("term", "Election term of this proposer", ConstGauge::new(s.term as i64));
-    registry.register("commit_lsn", "Quorum-flushed LSN in this term", ConstGauge::new(s.commit_lsn.0 as i64));
-    registry.register(
-        "acknowledged_lsn",
-        "LSN reported to PostgreSQL as flushed",
-        ConstGauge::new(s.acknowledged_lsn.0 as i64),
-    );
-    registry.register(
-        "connected_safekeepers",
-        "Safekeepers with an open connection",
-        ConstGauge::new(s.connected_safekeepers as i64),
-    );
-    registry.register(
-        "throttled_seconds",
-        "Time acknowledgements were held back by backpressure",
-        ConstCounter::new(s.throttled_seconds),
-    );
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
-    out
+    agent::status::render_proposer_metrics(s)
 }
 
 /// The timeline identity as the running PostgreSQL states it.

@@ -1,12 +1,796 @@
 //! `strata pagebench`: GetPage@LSN load against a pageserver.
+//!
+//! It asks the size of each relation once, then reads random blocks of them
+//! from several connections, each keeping a fixed number of requests in
+//! flight, and reports throughput and latency percentiles. With
+//! `--loopback-baseline` the pageserver is replaced by an in-process server
+//! that answers every GetPage frame with a prebuilt page frame, without
+//! looking anything up: the best a GetPage round trip through this client
+//! and the loopback network can do on this machine, to judge the
+//! pageserver's numbers against.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
+use strata_compute::page_client::{PageClient, PageClientConfig, PageClientError};
+use strata_formats::types::{ForkNumber, RelFileNode};
+use strata_formats::Lsn;
+use strata_protocol::pageserver::codec::{self, GET_PAGE_LEN};
+use strata_protocol::pageserver::{PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_SIZE};
+use strata_protocol::{TenantId, TimelineId};
+
+/// Options of `strata pagebench`.
 #[derive(Args, Debug)]
-pub struct PagebenchArgs {}
+pub struct PagebenchArgs {
+    /// Page service address of the pageserver (host:port).
+    #[arg(long, value_name = "HOST:PORT", required_unless_present = "loopback_baseline")]
+    pageserver: Option<String>,
+    /// The tenant (32 hex digits).
+    #[arg(long, required_unless_present = "loopback_baseline")]
+    tenant_id: Option<TenantId>,
+    /// The timeline whose pages are read (32 hex digits).
+    #[arg(long, required_unless_present = "loopback_baseline")]
+    timeline_id: Option<TimelineId>,
+    /// A relation to read, as tablespace/database/relfilenode (e.g.
+    /// 1663/5/16384); repeat for several. Blocks are drawn uniformly over all.
+    #[arg(long = "rel", value_name = "SPC/DB/REL", value_parser = parse_rel, required_unless_present = "loopback_baseline")]
+    rels: Vec<RelFileNode>,
+    /// Connections, each served by its own task.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    connections: u32,
+    /// Requests kept in flight on each connection.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_PIPELINE_DEPTH as i64))]
+    depth: u32,
+    /// Seconds of load (fractions allowed).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_duration)]
+    duration: f64,
+    /// Read pages as of this LSN; 0/0 means the latest ingested one.
+    #[arg(long, value_name = "X/Y", default_value = "0/0")]
+    lsn: Lsn,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Measure against an in-process loopback server instead of a
+    /// pageserver: the ideal limit of a GetPage round trip here.
+    #[arg(long)]
+    loopback_baseline: bool,
+}
 
+/// `SPC/DB/REL`, three unsigned 32-bit numbers.
+fn parse_rel(s: &str) -> Result<RelFileNode, String> {
+    let bad = || format!("invalid relation {s:?}: expected SPC/DB/REL, three numbers such as 1663/5/16384");
+    let mut parts = s.split('/').map(|p| p.parse::<u32>().map_err(|_| bad()));
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(spc), Some(db), Some(rel), None) => Ok(RelFileNode { spc: spc?, db: db?, rel: rel? }),
+        _ => Err(bad()),
+    }
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 1e6 => Ok(secs),
+        _ => Err(format!("invalid duration {s:?}: expected a positive number of seconds")),
+    }
+}
+
+/// Runs the benchmark; the exit code is 0 when every request succeeded.
 pub fn run(args: PagebenchArgs) -> i32 {
-    let _ = args;
-    eprintln!("strata pagebench: not built yet");
-    1
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("strata pagebench: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(bench(&args)) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.text());
+            }
+            if report.errors == 0 && report.requests > 0 {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("strata pagebench: {e}");
+            1
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The load
+// ---------------------------------------------------------------------------
+
+/// Blocks of the loopback baseline's pretend relation (1 GiB).
+const LOOPBACK_BLOCKS: u32 = 1 << 17;
+
+/// Where the load goes and what it reads.
+struct Target {
+    addr: String,
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+    lsn: Lsn,
+    /// Relations with blocks, each with the global index of its first block.
+    rels: Vec<(u64, RelFileNode)>,
+    total_blocks: u64,
+}
+
+impl Target {
+    /// The block with global index `i` (below `total_blocks`).
+    fn block(&self, i: u64) -> (RelFileNode, u32) {
+        let pos = self.rels.partition_point(|&(start, _)| start <= i).saturating_sub(1);
+        let (start, rel) = self.rels[pos];
+        // Each relation has fewer than 2^32 blocks.
+        (rel, (i - start) as u32)
+    }
+}
+
+/// What one connection's task measured.
+#[derive(Default)]
+struct WorkerStats {
+    histogram: Histogram,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl WorkerStats {
+    fn error(&mut self, count: u64, what: impl FnOnce() -> String) {
+        self.errors += count;
+        if self.first_error.is_none() {
+            self.first_error = Some(what());
+        }
+    }
+}
+
+fn client_config(depth: u32) -> PageClientConfig {
+    PageClientConfig { max_in_flight: depth as usize, ..PageClientConfig::default() }
+}
+
+async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
+    let target = if args.loopback_baseline {
+        let addr = start_loopback_server().await.map_err(|e| format!("starting the loopback server: {e}"))?;
+        let rel = RelFileNode { spc: 1663, db: 1, rel: 1 };
+        Target {
+            addr: addr.to_string(),
+            tenant_id: TenantId::default(),
+            timeline_id: TimelineId::default(),
+            lsn: args.lsn,
+            rels: vec![(0, rel)],
+            total_blocks: u64::from(LOOPBACK_BLOCKS),
+        }
+    } else {
+        prepare(args).await?
+    };
+    let target = Arc::new(target);
+
+    // Connect everything first so that the timed part is only load.
+    let mut connecting = Vec::new();
+    for _ in 0..args.connections {
+        let t = Arc::clone(&target);
+        let depth = args.depth;
+        connecting.push(tokio::spawn(async move {
+            PageClient::connect(&t.addr, t.tenant_id, t.timeline_id, client_config(depth)).await
+        }));
+    }
+    let mut clients = Vec::new();
+    for c in connecting {
+        let client = c.await.map_err(|e| format!("connecting: {e}"))?;
+        clients.push(client.map_err(|e| e.to_string())?);
+    }
+
+    let duration = Duration::from_secs_f64(args.duration);
+    let start = Instant::now();
+    let deadline = start + duration;
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut workers = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let t = Arc::clone(&target);
+        let rng = Rng::new(seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        workers.push(tokio::spawn(worker(t, client, args.depth as usize, deadline, rng)));
+    }
+    let mut total = WorkerStats::default();
+    for w in workers {
+        match w.await {
+            Ok(stats) => {
+                total.histogram.merge(&stats.histogram);
+                if let Some(e) = stats.first_error {
+                    total.error(stats.errors, || e);
+                }
+            }
+            Err(e) => total.error(1, || format!("a connection task failed: {e}")),
+        }
+    }
+    let elapsed = start.elapsed();
+    if let Some(e) = &total.first_error {
+        eprintln!("strata pagebench: {} errors; the first: {e}", total.errors);
+    }
+    Ok(Report {
+        loopback: args.loopback_baseline,
+        addr: target.addr.clone(),
+        connections: args.connections,
+        depth: args.depth,
+        lsn: target.lsn,
+        relations: target.rels.len(),
+        blocks: target.total_blocks,
+        elapsed,
+        requests: total.histogram.count(),
+        errors: total.errors,
+        histogram: total.histogram,
+    })
+}
+
+/// Checks the pageserver's address and asks the size of every relation.
+async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
+    let (Some(addr), Some(tenant_id), Some(timeline_id)) = (&args.pageserver, args.tenant_id, args.timeline_id) else {
+        return Err("--pageserver, --tenant-id and --timeline-id are required".into());
+    };
+    if args.rels.is_empty() {
+        return Err("at least one --rel is required".into());
+    }
+    let mut client =
+        PageClient::connect(addr, tenant_id, timeline_id, client_config(1)).await.map_err(|e| e.to_string())?;
+    let mut rels = Vec::new();
+    let mut total_blocks = 0u64;
+    for &rel in &args.rels {
+        let blocks = client
+            .rel_size(args.lsn, rel, ForkNumber::Main)
+            .await
+            .map_err(|e| format!("size of relation {rel}: {e}"))?;
+        if blocks == 0 {
+            eprintln!("strata pagebench: relation {rel} is empty at {}; skipping it", lsn_text(args.lsn));
+            continue;
+        }
+        rels.push((total_blocks, rel));
+        total_blocks += u64::from(blocks);
+    }
+    if total_blocks == 0 {
+        return Err("no block to read: every relation is empty".into());
+    }
+    Ok(Target { addr: addr.clone(), tenant_id, timeline_id, lsn: args.lsn, rels, total_blocks })
+}
+
+/// One connection's load: keeps `depth` random GetPage requests in flight
+/// until `deadline`, then collects the answers still due. Reconnects after
+/// a failure.
+async fn worker(target: Arc<Target>, client: PageClient, depth: usize, deadline: Instant, mut rng: Rng) -> WorkerStats {
+    let mut stats = WorkerStats::default();
+    let mut client = Some(client);
+    while Instant::now() < deadline {
+        let mut c = match client.take() {
+            Some(c) => c,
+            None => match PageClient::connect(
+                &target.addr,
+                target.tenant_id,
+                target.timeline_id,
+                client_config(depth as u32),
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    stats.error(1, || format!("reconnecting: {e}"));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let mut sent_at = VecDeque::with_capacity(depth);
+        match load(&target, &mut c, depth, deadline, &mut rng, &mut sent_at, &mut stats).await {
+            Ok(()) => break,
+            // Requests in flight on a failed connection are lost.
+            Err(e) => stats.error(sent_at.len().max(1) as u64, || e.to_string()),
+        }
+    }
+    stats
+}
+
+async fn load(
+    target: &Target,
+    client: &mut PageClient,
+    depth: usize,
+    deadline: Instant,
+    rng: &mut Rng,
+    sent_at: &mut VecDeque<Instant>,
+    stats: &mut WorkerStats,
+) -> Result<(), PageClientError> {
+    loop {
+        let now = Instant::now();
+        if now < deadline {
+            while client.in_flight() < depth {
+                let (rel, block) = target.block(rng.below(target.total_blocks));
+                client.queue(PageRequest::GetPage { id: 0, lsn: target.lsn, rel, fork: ForkNumber::Main, block })?;
+                sent_at.push_back(now);
+            }
+        } else if client.in_flight() == 0 {
+            return Ok(());
+        }
+        let msg = client.recv().await?;
+        let sent = sent_at.pop_front().unwrap_or(now);
+        match msg {
+            ServerMessage::Page { .. } => stats.histogram.record(sent.elapsed().as_nanos() as u64),
+            ServerMessage::Error { code, message, .. } => stats.error(1, || format!("{code:?}: {message}")),
+            other => stats.error(1, || format!("unexpected {}", other.name())),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The loopback baseline
+// ---------------------------------------------------------------------------
+
+/// Starts the loopback server on an ephemeral port of 127.0.0.1.
+async fn start_loopback_server() -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(loopback_connection(stream));
+        }
+    });
+    Ok(addr)
+}
+
+/// Serves one loopback connection: a hello gets a `HelloOk`, every
+/// GetPage-sized frame a page frame carrying the request's id; anything else
+/// closes the connection. All answers to one read go out in one write, as a
+/// batching server would send them.
+async fn loopback_connection(mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let mut page_frame = Vec::new();
+    codec::encode_page(1, &[0x5A; PAGE_SIZE], &mut page_frame);
+    // The id follows the length and the tag.
+    let id_at = codec::LENGTH_SIZE + 1;
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        buf.reserve(64 << 10);
+        match stream.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let mut start = 0;
+        while let Ok(Some((consumed, frame))) = codec::split_frame(&buf[start..]) {
+            if frame[0] == codec::tag::HELLO {
+                codec::encode_server(&ServerMessage::HelloOk { last_record_lsn: Lsn(1) }, &mut out);
+            } else if frame.len() == GET_PAGE_LEN {
+                let at = out.len();
+                out.extend_from_slice(&page_frame);
+                out[at + id_at..at + id_at + 8].copy_from_slice(&frame[1..9]);
+            } else {
+                return;
+            }
+            start += consumed;
+        }
+        buf.drain(..start);
+        if buf.len() > codec::MAX_FRAME_SIZE || stream.write_all(&out).await.is_err() {
+            return;
+        }
+        out.clear();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Results
+// ---------------------------------------------------------------------------
+
+/// Everything measured in one run.
+struct Report {
+    loopback: bool,
+    addr: String,
+    connections: u32,
+    depth: u32,
+    lsn: Lsn,
+    relations: usize,
+    blocks: u64,
+    elapsed: Duration,
+    requests: u64,
+    errors: u64,
+    histogram: Histogram,
+}
+
+impl Report {
+    fn requests_per_s(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Page payload received, in decimal megabytes per second.
+    fn mb_per_s(&self) -> f64 {
+        self.requests_per_s() * PAGE_SIZE as f64 / 1e6
+    }
+
+    /// Latency at quantile `q` in microseconds.
+    fn us(&self, q: f64) -> f64 {
+        self.histogram.percentile(q) as f64 / 1e3
+    }
+
+    fn text(&self) -> String {
+        let mut s = String::new();
+        let what = if self.loopback {
+            format!("loopback baseline (in-process server at {})", self.addr)
+        } else {
+            format!(
+                "pageserver {}, {} relations ({} blocks) at LSN {}",
+                self.addr,
+                self.relations,
+                self.blocks,
+                lsn_text(self.lsn)
+            )
+        };
+        let _ = writeln!(s, "pagebench: {what}");
+        let _ = writeln!(
+            s,
+            "  {} connections × depth {}, {:.2} s",
+            self.connections,
+            self.depth,
+            self.elapsed.as_secs_f64()
+        );
+        let _ = writeln!(
+            s,
+            "  requests {} ({:.1}/s), {:.1} MB/s, errors {}",
+            self.requests,
+            self.requests_per_s(),
+            self.mb_per_s(),
+            self.errors
+        );
+        let _ = writeln!(
+            s,
+            "  latency µs: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
+            self.us(0.5),
+            self.us(0.9),
+            self.us(0.99),
+            self.us(0.999),
+            self.histogram.max() as f64 / 1e3,
+            self.histogram.mean() / 1e3
+        );
+        s
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": if self.loopback { "loopback" } else { "pageserver" },
+            "address": self.addr,
+            "connections": self.connections,
+            "depth": self.depth,
+            "lsn": self.lsn.to_string(),
+            "relations": self.relations,
+            "blocks": self.blocks,
+            "duration_s": self.elapsed.as_secs_f64(),
+            "requests": self.requests,
+            "errors": self.errors,
+            "requests_per_s": self.requests_per_s(),
+            "mb_per_s": self.mb_per_s(),
+            "latency_us": {
+                "p50": self.us(0.5),
+                "p90": self.us(0.9),
+                "p99": self.us(0.99),
+                "p99_9": self.us(0.999),
+                "max": self.histogram.max() as f64 / 1e3,
+                "mean": self.histogram.mean() / 1e3,
+            },
+        })
+    }
+}
+
+fn lsn_text(lsn: Lsn) -> String {
+    if lsn == Lsn::INVALID {
+        "latest".into()
+    } else {
+        lsn.to_string()
+    }
+}
+
+/// Bits of sub-bucket precision: each power-of-two range of values is cut
+/// into 2^7 buckets, so a reported value is within 1/128 (0.8 %) of a
+/// recorded one, and values below 256 are exact.
+const SUB_BITS: u32 = 7;
+const SUB: u64 = 1 << SUB_BITS;
+const BUCKETS: usize = ((64 - SUB_BITS + 1) as usize) << SUB_BITS;
+
+/// A histogram of `u64` values in logarithmic buckets with linear
+/// sub-buckets: constant memory, constant-time recording, bounded relative
+/// error over the whole `u64` range.
+#[derive(Clone)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+    min: u64,
+    max: u64,
+    sum: u128,
+}
+
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram { counts: vec![0; BUCKETS], total: 0, min: u64::MAX, max: 0, sum: 0 }
+    }
+}
+
+impl Histogram {
+    /// The bucket of `v`. Below `2 * SUB` every value has its own bucket;
+    /// above, the top `SUB_BITS + 1` bits of the value pick it.
+    fn index(v: u64) -> usize {
+        if v < 2 * SUB {
+            return v as usize;
+        }
+        let msb = 63 - v.leading_zeros();
+        let shift = msb - SUB_BITS;
+        ((u64::from(shift) + 1) * SUB + (v >> shift) - SUB) as usize
+    }
+
+    /// The smallest and largest value of bucket `i`.
+    fn bounds(i: usize) -> (u64, u64) {
+        let i = i as u64;
+        if i < 2 * SUB {
+            return (i, i);
+        }
+        let shift = i / SUB - 1;
+        let low = (i % SUB + SUB) << shift;
+        (low, low + ((1u64 << shift) - 1))
+    }
+
+    /// Adds one value.
+    pub fn record(&mut self, v: u64) {
+        self.counts[Self::index(v)] += 1;
+        self.total += 1;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        self.sum += u128::from(v);
+    }
+
+    /// Adds every value of `other`.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.sum += other.sum;
+    }
+
+    /// Values recorded.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// The largest value recorded (0 if none).
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// The mean of the values recorded (0 if none).
+    pub fn mean(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.sum as f64 / self.total as f64
+        }
+    }
+
+    /// The value below or at which a fraction `q` (0 to 1) of the recorded
+    /// values lie: the upper end of the bucket holding that rank, never more
+    /// than the maximum. 0 if nothing was recorded.
+    pub fn percentile(&self, q: f64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0u64;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                let (low, high) = Self::bounds(i);
+                return high.min(self.max).max(low);
+            }
+        }
+        self.max
+    }
+}
+
+/// xorshift64*: fast, good enough to spread requests over blocks.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        // Never 0, which xorshift would keep forever.
+        Rng(seed | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n` (n > 0), by multiply-shift rather than modulo bias.
+    fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: PagebenchArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<PagebenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pagebench").chain(argv.iter().copied())).map(|c| c.args)
+    }
+
+    const TENANT: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn rel_arguments() {
+        assert_eq!(parse_rel("1663/5/16384"), Ok(RelFileNode { spc: 1663, db: 5, rel: 16384 }));
+        assert_eq!(parse_rel("0/0/4294967295"), Ok(RelFileNode { spc: 0, db: 0, rel: u32::MAX }));
+        for bad in ["", "1663/5", "1663/5/16384/1", "a/5/1", "1663//1", "1663/5/4294967296", " 1/2/3", "-1/2/3"] {
+            assert!(parse_rel(bad).is_err(), "{bad:?}");
+        }
+        let args = parse(&[
+            "--pageserver",
+            "127.0.0.1:6400",
+            "--tenant-id",
+            TENANT,
+            "--timeline-id",
+            TENANT,
+            "--rel",
+            "1663/5/16384",
+            "--rel",
+            "1663/5/16390",
+            "--depth",
+            "8",
+            "--lsn",
+            "0/16B3748",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(args.rels.len(), 2);
+        assert_eq!(args.rels[1], RelFileNode { spc: 1663, db: 5, rel: 16390 });
+        assert_eq!((args.connections, args.depth, args.duration, args.json), (1, 8, 10.0, true));
+        assert_eq!(args.lsn, Lsn(0x016B_3748));
+        assert!(!args.loopback_baseline);
+    }
+
+    #[test]
+    fn argument_rules() {
+        // Without a pageserver everything is required, with the loopback nothing.
+        assert!(parse(&["--pageserver", "h:1", "--tenant-id", TENANT, "--timeline-id", TENANT]).is_err());
+        let args = parse(&["--loopback-baseline", "--connections", "4", "--duration", "0.5"]).unwrap();
+        assert_eq!((args.connections, args.duration, args.lsn), (4, 0.5, Lsn::INVALID));
+        assert!(parse(&["--loopback-baseline", "--depth", "0"]).is_err());
+        assert!(parse(&["--loopback-baseline", "--depth", "129"]).is_err());
+        assert!(parse(&["--loopback-baseline", "--duration", "0"]).is_err());
+        assert!(parse(&["--loopback-baseline", "--duration", "nan"]).is_err());
+        assert!(parse(&["--loopback-baseline", "--rel", "1/2"]).is_err());
+        assert!(parse(&["--loopback-baseline", "--lsn", "16B3748"]).is_err());
+    }
+
+    #[test]
+    fn histogram_buckets_cover_every_value() {
+        let mut rng = Rng::new(7);
+        let mut previous_high = None;
+        for i in 0..BUCKETS {
+            let (low, high) = Histogram::bounds(i);
+            // Buckets are contiguous and in order.
+            if let Some(p) = previous_high {
+                assert_eq!(low, p + 1, "bucket {i}");
+            }
+            previous_high = Some(high);
+            assert_eq!(Histogram::index(low), i);
+            assert_eq!(Histogram::index(high), i);
+            // Relative width at most 1/128.
+            assert!((high - low) as f64 <= low as f64 / SUB as f64, "bucket {i}: {low}..={high}");
+        }
+        assert_eq!(previous_high, Some(u64::MAX));
+        for _ in 0..100_000 {
+            let v = rng.next_u64() >> rng.below(64);
+            let (low, high) = Histogram::bounds(Histogram::index(v));
+            assert!(low <= v && v <= high);
+        }
+    }
+
+    #[test]
+    fn histogram_percentiles() {
+        let mut h = Histogram::default();
+        assert_eq!((h.percentile(0.5), h.max(), h.mean()), (0, 0, 0.0));
+        for v in 1..=100 {
+            h.record(v);
+        }
+        // Small values are exact.
+        assert_eq!(h.percentile(0.5), 50);
+        assert_eq!(h.percentile(0.9), 90);
+        assert_eq!(h.percentile(0.99), 99);
+        assert_eq!(h.percentile(0.999), 100);
+        assert_eq!(h.percentile(1.0), 100);
+        assert_eq!(h.percentile(0.0), 1);
+        assert_eq!(h.mean(), 50.5);
+
+        // Microsecond-scale latencies in nanoseconds: 990 fast, 9 slow, 1 very slow.
+        let mut h = Histogram::default();
+        for i in 0..990 {
+            h.record(50_000 + i);
+        }
+        for _ in 0..9 {
+            h.record(2_000_000);
+        }
+        h.record(40_000_000);
+        let close = |got: u64, want: u64| (got as f64 - want as f64).abs() <= want as f64 / 128.0;
+        assert!(close(h.percentile(0.5), 50_499), "{}", h.percentile(0.5));
+        assert!(close(h.percentile(0.99), 50_989), "{}", h.percentile(0.99));
+        assert!(close(h.percentile(0.995), 2_000_000), "{}", h.percentile(0.995));
+        assert!(close(h.percentile(0.999), 2_000_000), "{}", h.percentile(0.999));
+        assert_eq!(h.percentile(1.0), 40_000_000);
+        assert_eq!(h.max(), 40_000_000);
+
+        // Merging equals recording everything in one.
+        let mut a = Histogram::default();
+        let mut b = Histogram::default();
+        let mut both = Histogram::default();
+        for v in [3u64, 900, 70_000, 1 << 40] {
+            a.record(v);
+            both.record(v);
+        }
+        for v in [5u64, 1_000_000, u64::MAX] {
+            b.record(v);
+            both.record(v);
+        }
+        a.merge(&b);
+        for q in [0.0, 0.3, 0.5, 0.9, 1.0] {
+            assert_eq!(a.percentile(q), both.percentile(q));
+        }
+        assert_eq!((a.count(), a.max()), (7, u64::MAX));
+    }
+
+    #[test]
+    fn blocks_are_mapped_to_relations() {
+        let r = |rel| RelFileNode { spc: 1663, db: 5, rel };
+        let target = Target {
+            addr: String::new(),
+            tenant_id: TenantId::default(),
+            timeline_id: TimelineId::default(),
+            lsn: Lsn::INVALID,
+            rels: vec![(0, r(1)), (10, r(2)), (11, r(3))],
+            total_blocks: 14,
+        };
+        assert_eq!(target.block(0), (r(1), 0));
+        assert_eq!(target.block(9), (r(1), 9));
+        assert_eq!(target.block(10), (r(2), 0));
+        assert_eq!(target.block(11), (r(3), 0));
+        assert_eq!(target.block(13), (r(3), 2));
+        let mut rng = Rng::new(1);
+        assert!((0..10_000).all(|_| rng.below(14) < 14));
+    }
+
+    #[test]
+    fn loopback_baseline_runs() {
+        let args = parse(&["--loopback-baseline", "--connections", "2", "--depth", "4", "--duration", "0.3"]).unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let report = runtime.block_on(bench(&args)).unwrap();
+        assert!(report.requests > 100, "{}", report.text());
+        assert_eq!(report.errors, 0);
+        assert!(report.histogram.percentile(0.5) > 0);
+        let json = report.json();
+        assert_eq!(json["mode"], "loopback");
+        assert_eq!(json["requests"].as_u64(), Some(report.requests));
+        assert!(json["latency_us"]["p99_9"].as_f64().unwrap() >= json["latency_us"]["p50"].as_f64().unwrap());
+    }
 }

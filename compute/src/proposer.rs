@@ -140,6 +140,8 @@ pub struct ProposerStatus {
     pub connected_safekeepers: usize,
     /// Total time acknowledgements were held back by backpressure.
     pub throttled_seconds: f64,
+    /// PostgreSQL's WAL is being streamed to the safekeepers (its commits can complete).
+    pub streaming: bool,
 }
 
 struct Core {
@@ -156,6 +158,8 @@ struct Core {
     acknowledged_lsn: Lsn,
     throttled: Duration,
     throttled_since: Option<Instant>,
+    /// Set once PostgreSQL streams its WAL to this proposer.
+    streaming: bool,
 }
 
 impl Core {
@@ -199,6 +203,7 @@ impl Core {
             acknowledged_lsn: Lsn::INVALID,
             throttled: Duration::ZERO,
             throttled_since: None,
+            streaming: false,
         }
     }
 
@@ -222,6 +227,7 @@ impl Core {
             throttled_seconds: throttled.as_secs_f64(),
             received_lsn: self.buffer.as_ref().map_or(Lsn::INVALID, |b| b.complete_end),
             connected_safekeepers: connected,
+            streaming: self.streaming,
         });
     }
 
@@ -550,14 +556,66 @@ pub async fn sync_safekeepers(cfg: ProposerConfig) -> Result<Lsn, ProposerError>
 }
 
 /// Runs the proposer for a live PostgreSQL until it loses its term or fails.
+/// The end of PostgreSQL's replication stream is an error here; see
+/// [`run_until_shutdown`] for a proposer that is told PostgreSQL is stopping.
 pub async fn run(
     cfg: ProposerConfig,
     pg: ReplicationConfig,
     slot: Option<String>,
     status: tokio::sync::watch::Sender<ProposerStatus>,
 ) -> Result<(), ProposerError> {
+    run_inner(cfg, pg, slot, status, None).await.map(|_| ())
+}
+
+/// Like [`run`], for a PostgreSQL that may be asked to stop. Once `shutdown`
+/// is true, the end of the replication stream (PostgreSQL's walsender ends it
+/// after sending the WAL of its shutdown checkpoint) is the normal end: the
+/// proposer waits, at most `drain_timeout`, until a quorum of safekeepers holds
+/// every complete record received, and returns the commit LSN. If `shutdown`
+/// turns true before streaming began, it returns [`Lsn::INVALID`] at once:
+/// no commit can have been acknowledged yet.
+pub async fn run_until_shutdown(
+    cfg: ProposerConfig,
+    pg: ReplicationConfig,
+    slot: Option<String>,
+    status: tokio::sync::watch::Sender<ProposerStatus>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    drain_timeout: Duration,
+) -> Result<Lsn, ProposerError> {
+    run_inner(cfg, pg, slot, status, Some((shutdown, drain_timeout))).await
+}
+
+/// Resolves once `shutdown` holds true; never if there is no receiver or
+/// its sender is gone without saying so.
+async fn shutdown_requested(shutdown: &mut Option<(tokio::sync::watch::Receiver<bool>, Duration)>) {
+    match shutdown {
+        Some((rx, _)) => {
+            if rx.wait_for(|stop| *stop).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// The drain timeout once a shutdown was requested; `None` while running.
+fn stopping(shutdown: &Option<(tokio::sync::watch::Receiver<bool>, Duration)>) -> Option<Duration> {
+    match shutdown {
+        Some((rx, drain_timeout)) if *rx.borrow() => Some(*drain_timeout),
+        _ => None,
+    }
+}
+
+/// Connects to PostgreSQL, wins an election, brings a quorum to the epoch
+/// start and starts PostgreSQL's replication stream there.
+async fn connect_and_elect(
+    cfg: ProposerConfig,
+    pg: &ReplicationConfig,
+    slot: Option<&str>,
+    status: tokio::sync::watch::Sender<ProposerStatus>,
+) -> Result<(Core, WalDecoder, ReplicationStream), ProposerError> {
     let pg_err = |e: crate::pg_replication::PgError| ProposerError::Postgres(e.to_string());
-    let mut conn = ReplicationConnection::connect(&pg).await.map_err(pg_err)?;
+    let mut conn = ReplicationConnection::connect(pg).await.map_err(pg_err)?;
     let system = conn.identify_system().await.map_err(pg_err)?;
     if system.system_id != cfg.timeline.system_id {
         return Err(ProposerError::Postgres(format!(
@@ -565,11 +623,11 @@ pub async fn run(
             system.system_id, cfg.timeline.system_id
         )));
     }
-    if let Some(slot) = &slot {
+    if let Some(slot) = slot {
         conn.create_physical_slot(slot).await.map_err(pg_err)?;
     }
     let segment_size = u64::from(cfg.timeline.wal_segment_size);
-    let mut core = elect_and_sync(Core::start(cfg, status)).await?;
+    let core = elect_and_sync(Core::start(cfg, status)).await?;
     let epoch = core.epoch.clone().expect("elected");
     if epoch.start_lsn > system.xlogpos {
         return Err(ProposerError::PostgresBehind { epoch_start: epoch.start_lsn, pg_end: system.xlogpos });
@@ -577,10 +635,29 @@ pub async fn run(
     let start = epoch.start_lsn;
     let mode =
         if start == epoch.timeline_start_lsn { StartPosition::FindFirstRecord } else { StartPosition::RecordBoundary };
-    let mut decoder = WalDecoder::new(PgVersion::V15, start, segment_size, mode);
-    let mut stream: ReplicationStream =
-        conn.start_physical(slot.as_deref(), start, system.timeline).await.map_err(pg_err)?;
+    let decoder = WalDecoder::new(PgVersion::V15, start, segment_size, mode);
+    let stream = conn.start_physical(slot, start, system.timeline).await.map_err(pg_err)?;
     info!(%start, "streaming WAL from PostgreSQL");
+    Ok((core, decoder, stream))
+}
+
+async fn run_inner(
+    cfg: ProposerConfig,
+    pg: ReplicationConfig,
+    slot: Option<String>,
+    status: tokio::sync::watch::Sender<ProposerStatus>,
+    mut shutdown: Option<(tokio::sync::watch::Receiver<bool>, Duration)>,
+) -> Result<Lsn, ProposerError> {
+    let pg_err = |e: crate::pg_replication::PgError| ProposerError::Postgres(e.to_string());
+    let (mut core, mut decoder, mut stream) = tokio::select! {
+        r = connect_and_elect(cfg, &pg, slot.as_deref(), status) => r?,
+        _ = shutdown_requested(&mut shutdown) => {
+            info!("shutdown requested before PostgreSQL's WAL was streamed");
+            return Ok(Lsn::INVALID);
+        }
+    };
+    core.streaming = true;
+    core.publish();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut reported = Lsn::INVALID;
     let mut last_report = Instant::now();
@@ -592,7 +669,20 @@ pub async fn run(
                 core.on_event(ev)?;
             }
             msg = stream.next(), if !buffer_full => {
-                match msg.map_err(pg_err)? {
+                let msg = match msg {
+                    Ok(msg) => msg,
+                    // A stopping server may close the connection less tidily
+                    // than with the end of the stream; what arrived is still
+                    // made durable.
+                    Err(e) => match stopping(&shutdown) {
+                        Some(drain_timeout) => {
+                            warn!("replication stream failed during shutdown: {e}");
+                            return drain(core, drain_timeout).await;
+                        }
+                        None => return Err(pg_err(e)),
+                    },
+                };
+                match msg {
                     ReplicationEvent::XLogData { start: at, data, .. } => {
                         let b = core.buffer.as_mut().expect("set by sync");
                         if at != b.end() {
@@ -611,10 +701,20 @@ pub async fn run(
                     ReplicationEvent::Keepalive { reply_requested, .. } => {
                         if reply_requested {
                             let ack = core.acknowledgeable();
-                            stream.send_status(ack, ack, ack, false).await.map_err(pg_err)?;
+                            if let Err(e) = stream.send_status(ack, ack, ack, false).await {
+                                return match stopping(&shutdown) {
+                                    Some(drain_timeout) => drain(core, drain_timeout).await,
+                                    None => Err(pg_err(e)),
+                                };
+                            }
                         }
                     }
-                    ReplicationEvent::End => return Err(ProposerError::Postgres("replication stream ended".into())),
+                    ReplicationEvent::End => {
+                        return match stopping(&shutdown) {
+                            Some(drain_timeout) => drain(core, drain_timeout).await,
+                            None => Err(ProposerError::Postgres("replication stream ended".into())),
+                        };
+                    }
                 }
             }
             _ = tick.tick() => core.retry_lagging(),
@@ -623,10 +723,48 @@ pub async fn run(
         let ack = core.acknowledgeable();
         if ack > reported || last_report.elapsed() > Duration::from_secs(1) {
             // What a quorum holds is what PostgreSQL may consider flushed.
-            stream.send_status(ack, ack, ack, false).await.map_err(pg_err)?;
+            if let Err(e) = stream.send_status(ack, ack, ack, false).await {
+                return match stopping(&shutdown) {
+                    Some(drain_timeout) => drain(core, drain_timeout).await,
+                    None => Err(pg_err(e)),
+                };
+            }
             reported = ack;
             last_report = Instant::now();
         }
         core.publish();
+    }
+}
+
+/// After PostgreSQL's stream ended at shutdown: keeps the safekeepers going
+/// until a quorum holds every complete record received (and was sent that
+/// commit LSN), at most `timeout`. Returns the commit LSN.
+async fn drain(mut core: Core, timeout: Duration) -> Result<Lsn, ProposerError> {
+    core.streaming = false;
+    let (target, received) = core.buffer.as_ref().map_or((Lsn::INVALID, Lsn::INVALID), |b| (b.complete_end, b.end()));
+    if received > target {
+        warn!(%target, %received, "the replication stream ended inside a record; its start is not sent");
+    }
+    info!(%target, "PostgreSQL's replication stream ended at shutdown; waiting for the safekeepers");
+    let deadline = Instant::now() + timeout;
+    loop {
+        core.pump();
+        core.publish();
+        if core.commit_lsn >= target && core.commit_sent >= target {
+            // Give the links a moment to deliver the last commit LSN.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            info!(commit_lsn = %core.commit_lsn, "all WAL received is on a quorum of safekeepers");
+            return Ok(core.commit_lsn);
+        }
+        let ev = tokio::time::timeout_at(deadline.into(), core.events.recv())
+            .await
+            .map_err(|_| {
+                ProposerError::Other(format!(
+                    "safekeepers did not confirm the WAL up to {target} within {timeout:?} (commit LSN {})",
+                    core.commit_lsn
+                ))
+            })?
+            .ok_or_else(|| ProposerError::Other("links stopped".into()))?;
+        core.on_event(ev)?;
     }
 }

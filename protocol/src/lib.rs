@@ -1,6 +1,7 @@
 //! Strata's wire protocols and the identifiers they carry.
 
 pub mod ids;
+pub mod pageserver;
 pub mod safekeeper;
 
 pub use ids::{NodeId, TenantId, TimelineId};

@@ -1,4 +1,23 @@
 //! The local cluster: `strata init`, `start`, `stop`, `status`, `endpoint`.
+//!
+//! A cluster lives in one directory (the *workdir*): `cluster.toml` names
+//! every service with its ports and config, each service has a directory
+//! with its config, data, log and pidfile, and each endpoint (a compute:
+//! stock PostgreSQL plus its agent) has one under `endpoints/`. Services are
+//! detached processes of this same binary; liveness is decided from the
+//! pidfiles, so any command can be run at any time. See
+//! `docs/local-cluster.md`.
+
+mod endpoint;
+mod http;
+mod layout;
+mod ports;
+mod process;
+mod services;
+mod status;
+
+use std::fmt;
+use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
@@ -7,15 +26,45 @@ use clap::{Args, Subcommand};
 pub struct WorkdirArgs {
     /// The cluster's directory (configs, data, logs).
     #[arg(long, default_value = ".strata")]
-    pub workdir: std::path::PathBuf,
+    pub workdir: PathBuf,
+    /// Only these services (comma-separated names, e.g. `sk2`); the default is all of them.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES", help_heading = "start/stop options")]
+    pub only: Vec<String>,
+    /// Kill at once (SIGKILL) instead of asking for a clean shutdown.
+    #[arg(long, help_heading = "stop options")]
+    pub immediate: bool,
 }
 
+impl WorkdirArgs {
+    /// Refuses the start/stop-only options on a command they mean nothing to.
+    fn plain(&self, command: &str) -> Result<()> {
+        if !self.only.is_empty() {
+            return Err(Error::Usage(format!("--only applies to `strata start` and `strata stop`, not `{command}`")));
+        }
+        if self.immediate {
+            return Err(Error::Usage(format!("--immediate applies to stopping, not `{command}`")));
+        }
+        Ok(())
+    }
+}
+
+/// `strata init`: what the new cluster looks like.
 #[derive(Args, Debug)]
 pub struct InitArgs {
     #[command(flatten)]
     pub workdir: WorkdirArgs,
+    /// Number of safekeepers (a commit needs a majority of them).
+    #[arg(long, default_value_t = 3)]
+    pub safekeepers: usize,
+    /// Where the installed PostgreSQL 15 server binaries are.
+    #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
+    pub pg_bin_dir: PathBuf,
+    /// Unprivileged user that runs initdb and PostgreSQL when Strata runs as root.
+    #[arg(long, default_value = "postgres")]
+    pub pg_user: String,
 }
 
+/// `strata status`: human or JSON output.
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -25,47 +74,145 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// `strata endpoint …`: computes (PostgreSQL + agent) of the local cluster.
 #[derive(Subcommand, Debug)]
 pub enum EndpointCommand {
     /// Start a compute (PostgreSQL + agent) on a branch; prints its connection string last.
     Start {
         name: String,
+        /// The branch to run on (default: the endpoint's branch, `main` for a new one).
+        #[arg(long)]
+        branch: Option<String>,
+        /// PostgreSQL's port (default: the endpoint's previous port, else a free one).
+        #[arg(long)]
+        port: Option<u16>,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+    /// Stop a compute: PostgreSQL shuts down and its WAL reaches the safekeepers.
     Stop {
         name: String,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+    /// Every endpoint: branch, port, state, connection string.
     List {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
 }
 
+/// Why a cluster command failed; decides the exit code.
+#[derive(Debug)]
+pub(crate) enum Error {
+    /// The command line asks for something impossible (exit code 2).
+    Usage(String),
+    /// The command was fine but did not succeed (exit code 1).
+    Failed(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Usage(m) | Error::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Result of the cluster commands' internals.
+pub(crate) type Result<T> = std::result::Result<T, Error>;
+
+/// Shorthand for a failure message.
+pub(crate) fn failed<T>(message: impl Into<String>) -> Result<T> {
+    Err(Error::Failed(message.into()))
+}
+
+/// Runs a command body and turns its outcome into an exit code, printing
+/// the error as `strata <command>: <message>`.
+fn exit_code(command: &str, result: Result<()>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("strata {command}: {e}");
+            match e {
+                Error::Usage(_) => 2,
+                Error::Failed(_) => 1,
+            }
+        }
+    }
+}
+
+/// `strata init`: writes the workdir of a new cluster (nothing is started).
 pub fn init(args: InitArgs) -> i32 {
-    let _ = args;
-    eprintln!("strata init: not built yet");
-    1
+    exit_code("init", args.workdir.plain("init").and_then(|()| layout::init(&args)))
 }
+
+/// `strata start`: starts every service that is not running, then makes
+/// sure the tenant and its timelines exist everywhere.
 pub fn start(args: WorkdirArgs) -> i32 {
-    let _ = args;
-    eprintln!("strata start: not built yet");
-    1
+    let result = (|| {
+        if args.immediate {
+            return Err(Error::Usage("--immediate applies to stopping, not `start`".into()));
+        }
+        let wd = layout::Workdir::open(&args.workdir)?;
+        let _lock = wd.lock()?;
+        services::start(&wd, &args.only)
+    })();
+    exit_code("start", result)
 }
+
+/// `strata stop`: stops the endpoints, then the pageserver, then the safekeepers.
 pub fn stop(args: WorkdirArgs) -> i32 {
-    let _ = args;
-    eprintln!("strata stop: not built yet");
-    1
+    let result = (|| {
+        let wd = layout::Workdir::open(&args.workdir)?;
+        let _lock = wd.lock()?;
+        services::stop(&wd, &args.only, args.immediate)
+    })();
+    exit_code("stop", result)
 }
+
+/// `strata status`: services, endpoints and timelines, running or not.
 pub fn status(args: StatusArgs) -> i32 {
-    let _ = args;
-    eprintln!("strata status: not built yet");
-    1
+    let result = (|| {
+        args.workdir.plain("status")?;
+        let wd = layout::Workdir::open(&args.workdir.workdir)?;
+        status::print(&wd, args.json)
+    })();
+    exit_code("status", result)
 }
+
+/// `strata endpoint start|stop|list`.
 pub fn endpoint(cmd: EndpointCommand) -> i32 {
-    let _ = cmd;
-    eprintln!("strata endpoint: not built yet");
-    1
+    match cmd {
+        EndpointCommand::Start { name, branch, port, workdir } => {
+            let result = (|| {
+                workdir.plain("endpoint start")?;
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                endpoint::check_name(&name)?;
+                let _lock = wd.lock()?;
+                endpoint::start(&wd, &name, branch.as_deref(), port)
+            })();
+            exit_code("endpoint start", result)
+        }
+        EndpointCommand::Stop { name, workdir } => {
+            let result = (|| {
+                if !workdir.only.is_empty() {
+                    return Err(Error::Usage("--only applies to services, not `endpoint stop`".into()));
+                }
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                endpoint::check_name(&name)?;
+                let _lock = wd.lock()?;
+                endpoint::stop(&wd, &name, workdir.immediate)
+            })();
+            exit_code("endpoint stop", result)
+        }
+        EndpointCommand::List { workdir } => {
+            let result = (|| {
+                workdir.plain("endpoint list")?;
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                endpoint::list(&wd)
+            })();
+            exit_code("endpoint list", result)
+        }
+    }
 }

@@ -1,0 +1,112 @@
+//! A small JSON-over-HTTP client for the services' APIs, with timeouts.
+
+use std::time::Duration;
+
+/// Timeout of a status query: services answer these at once or are unwell.
+pub const QUICK: Duration = Duration::from_secs(3);
+
+/// An HTTP answer: status code and body (JSON, or the raw text as a JSON string).
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: serde_json::Value,
+}
+
+impl Reply {
+    /// The `error` field services put in failure bodies, else the whole body.
+    pub fn error_text(&self) -> String {
+        match self.body.get("error").and_then(|e| e.as_str()) {
+            Some(e) => e.to_string(),
+            None => self.body.to_string(),
+        }
+    }
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        // Error statuses are answers the callers act on (404: create it, 409: exists).
+        .http_status_as_error(false)
+        // Every service is on 127.0.0.1: a proxy from the environment must not be used.
+        .proxy(None)
+        .build()
+        .into()
+}
+
+fn reply(result: Result<ureq::http::Response<ureq::Body>, ureq::Error>, url: &str) -> Result<Reply, String> {
+    let mut response = result.map_err(|e| format!("{url}: {e}"))?;
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().map_err(|e| format!("{url}: reading the answer: {e}"))?;
+    let body = if text.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+    };
+    Ok(Reply { status, body })
+}
+
+/// `GET url`; an error only if no answer came (connection refused, timeout).
+pub fn get(url: &str, timeout: Duration) -> Result<Reply, String> {
+    reply(agent(timeout).get(url).call(), url)
+}
+
+/// `POST url` with a JSON body; an error only if no answer came.
+pub fn post(url: &str, body: &serde_json::Value, timeout: Duration) -> Result<Reply, String> {
+    reply(agent(timeout).post(url).content_type("application/json").send(body.to_string()), url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Serves one canned answer on a local port and returns what was asked.
+    fn serve_once(answer: &'static str) -> (u16, std::thread::JoinHandle<String>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handle = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            // Headers and body may arrive in separate reads: read the whole request.
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&request).to_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap()))
+                        .unwrap_or(0);
+                    if request.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            s.write_all(answer.as_bytes()).unwrap();
+            String::from_utf8_lossy(&request).into_owned()
+        });
+        (port, handle)
+    }
+
+    #[test]
+    fn statuses_and_bodies() {
+        let (port, h) = serve_once("HTTP/1.1 404 Not Found\r\ncontent-length: 17\r\n\r\n{\"error\":\"nope\"}\n");
+        let r = get(&format!("http://127.0.0.1:{port}/v1/x"), QUICK).unwrap();
+        assert_eq!(r.status, 404);
+        assert_eq!(r.error_text(), "nope");
+        assert!(h.join().unwrap().starts_with("GET /v1/x "));
+
+        let (port, h) = serve_once("HTTP/1.1 201 Created\r\ncontent-length: 8\r\n\r\n{\"a\":1}\n");
+        let r = post(&format!("http://127.0.0.1:{port}/p"), &serde_json::json!({"k": "v"}), QUICK).unwrap();
+        assert_eq!((r.status, r.body["a"].as_i64()), (201, Some(1)));
+        let request = h.join().unwrap();
+        assert!(request.contains("{\"k\":\"v\"}") && request.to_lowercase().contains("application/json"), "{request}");
+
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        assert!(get(&format!("http://127.0.0.1:{closed}/"), QUICK).is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! Starting and stopping the safekeepers and the pageserver, and making
+//! sure the tenant and its timelines exist on all of them.
+
+use std::ffi::OsStr;
+use std::time::{Duration, Instant};
+
+use super::layout::{Kind, Service, Workdir, MAIN_BRANCH};
+use super::process::{self, Identity, Stopped};
+use super::{endpoint, failed, http, Error, Result};
+
+/// Longest a service may take to answer `GET /v1/status` after being spawned.
+const START_WAIT: Duration = Duration::from_secs(30);
+/// Longest a service may take to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// Tenant creation runs initdb and imports it into the pageserver.
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(180);
+/// Log lines shown when a service fails to start.
+const TAIL_LINES: usize = 20;
+
+/// How a service's process is recognised (see `process`).
+pub fn identity(wd: &Workdir, s: &Service) -> Identity {
+    Identity { subcommand: s.kind.as_str(), marker: wd.config_path(s), pidfile: wd.pid_path(&s.name) }
+}
+
+/// The pid of a running service, if it runs.
+pub fn running(wd: &Workdir, s: &Service) -> Option<i32> {
+    identity(wd, s).running()
+}
+
+/// The services named by `--only` (all if empty): safekeepers first, then
+/// the pageserver, since the pageserver streams WAL from the safekeepers.
+fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<&'a Service>> {
+    for name in only {
+        if wd.service(name).is_none() {
+            let known: Vec<&str> = wd.cluster.services.iter().map(|s| s.name.as_str()).collect();
+            return Err(Error::Usage(format!("no service named {name:?} (services: {})", known.join(", "))));
+        }
+    }
+    let wanted = |s: &&Service| only.is_empty() || only.contains(&s.name);
+    let mut selected: Vec<&Service> = wd.cluster.of_kind(Kind::Safekeeper).filter(wanted).collect();
+    selected.extend(wd.cluster.of_kind(Kind::Pageserver).filter(wanted));
+    Ok(selected)
+}
+
+/// `strata start`: starts the selected services that are not running, then,
+/// if the pageserver runs, makes sure the tenant and timelines exist.
+pub fn start(wd: &Workdir, only: &[String]) -> Result<()> {
+    for s in select(wd, only)? {
+        start_one(wd, s)?;
+    }
+    let ps = wd.cluster.pageserver();
+    if running(wd, ps).is_some() {
+        ensure_timelines(wd)
+    } else {
+        println!("{}: not running, so the tenant was not checked", ps.name);
+        Ok(())
+    }
+}
+
+/// Spawns one service unless it runs, and waits until its HTTP API answers.
+fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
+    let id = identity(wd, s);
+    if let Some(pid) = id.running() {
+        println!("{}: already running (pid {pid})", s.name);
+        return Ok(());
+    }
+    let config = wd.config_path(s);
+    if !config.is_file() {
+        return failed(format!("{}: config {} is missing", s.name, config.display()));
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::Failed(format!("finding the strata binary: {e}")))?;
+    let log = wd.log_path(&s.name);
+    let from = process::log_len(&log);
+    let args = [OsStr::new(s.kind.as_str()), OsStr::new("--config"), config.as_os_str()];
+    let mut child = process::spawn(&exe, &args, &log, &wd.root)?;
+    let pid = child.id();
+    id.write_pid(pid)?;
+
+    let url = format!("{}/v1/status", s.http_url());
+    let deadline = Instant::now() + START_WAIT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            id.remove_pidfile();
+            return failed(format!(
+                "{}: exited during start-up ({status})\n{}",
+                s.name,
+                process::log_tail(&log, from, TAIL_LINES)
+            ));
+        }
+        // Checking that ours still runs after the answer: another process could
+        // hold the port if ours failed to bind it.
+        if matches!(http::get(&url, Duration::from_secs(1)), Ok(r) if r.status == 200)
+            && matches!(child.try_wait(), Ok(None))
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            process::kill_group(pid as i32);
+            let _ = child.wait();
+            id.remove_pidfile();
+            return failed(format!(
+                "{}: {url} did not answer within {}s; killed it\n{}",
+                s.name,
+                START_WAIT.as_secs(),
+                process::log_tail(&log, from, TAIL_LINES)
+            ));
+        }
+        std::thread::sleep(process::POLL);
+    }
+    println!("{}: started (pid {pid}, log {})", s.name, log.display());
+    Ok(())
+}
+
+/// A field of the pageserver's timeline status, or an error naming it.
+fn field<'a>(status: &'a serde_json::Value, name: &str) -> Result<&'a serde_json::Value> {
+    match status.get(name) {
+        Some(v) if !v.is_null() => Ok(v),
+        _ => failed(format!("the pageserver's timeline status has no `{name}`: {status}")),
+    }
+}
+
+/// Makes sure every branch's timeline exists on the pageserver (creating
+/// the tenant with its `main` timeline if needed) and on every running
+/// safekeeper, with the identity the pageserver reports. Idempotent.
+pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
+    let c = &wd.cluster;
+    let ps = c.pageserver();
+    let tenant = c.tenant_id;
+    for branch in &c.branches {
+        let timeline = branch.timeline_id;
+        let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
+        let get = || http::get(&url, http::QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)));
+        let mut reply = get()?;
+        if reply.status == 404 && branch.name == MAIN_BRANCH {
+            println!("{}: creating tenant {tenant} (initdb and import; this takes a while)", ps.name);
+            let create_url = format!("{}/v1/tenant", ps.http_url());
+            let body = serde_json::json!({ "tenant_id": tenant.to_string(), "timeline_id": timeline.to_string() });
+            let created = http::post(&create_url, &body, BOOTSTRAP_TIMEOUT)
+                .map_err(|e| Error::Failed(format!("{}: creating the tenant: {e}", ps.name)))?;
+            reply = match created.status {
+                201 => created,
+                // Created meanwhile (or earlier, but then the GET would have found it).
+                409 => get()?,
+                s => {
+                    return failed(format!("{}: creating tenant {tenant}: HTTP {s}: {}", ps.name, created.error_text()))
+                }
+            };
+        }
+        if reply.status != 200 && reply.status != 201 {
+            return failed(format!(
+                "{}: branch {} (timeline {timeline}): HTTP {}: {}",
+                ps.name,
+                branch.name,
+                reply.status,
+                reply.error_text()
+            ));
+        }
+        let status = reply.body;
+        if status.get("state").and_then(|s| s.as_str()) == Some("broken") {
+            return failed(format!("{}: timeline {timeline} is broken: {}", ps.name, status["error"]));
+        }
+        let create = serde_json::json!({
+            "system_id": field(&status, "system_id")?,
+            "pg_version": field(&status, "pg_version")?,
+            "wal_segment_size": field(&status, "wal_segment_size")?,
+            "start_lsn": field(&status, "start_lsn")?,
+        });
+        let mut on = Vec::new();
+        for sk in c.of_kind(Kind::Safekeeper) {
+            if running(wd, sk).is_none() {
+                // Created when `strata start` starts it again.
+                on.push(format!("{} (not running)", sk.name));
+                continue;
+            }
+            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", sk.http_url());
+            let r = http::post(&url, &create, http::QUICK).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
+            match r.status {
+                201 => on.push(format!("{} (created)", sk.name)),
+                200 => on.push(sk.name.clone()),
+                409 => {
+                    return failed(format!(
+                        "{}: holds timeline {timeline} with another identity than the pageserver's: {}",
+                        sk.name,
+                        r.error_text()
+                    ))
+                }
+                s => return failed(format!("{}: creating timeline {timeline}: HTTP {s}: {}", sk.name, r.error_text())),
+            }
+        }
+        println!("branch {}: timeline {timeline} on {}, {}", branch.name, ps.name, on.join(", "));
+    }
+    Ok(())
+}
+
+/// `strata stop`: the endpoints (unless `--only`), then the pageserver,
+/// then the safekeepers; keeps going past a failure and reports them all.
+pub fn stop(wd: &Workdir, only: &[String], immediate: bool) -> Result<()> {
+    let mut errors = Vec::new();
+    if only.is_empty() {
+        if let Err(e) = endpoint::stop_all(wd, immediate) {
+            errors.push(e.to_string());
+        }
+    }
+    let mut selected = select(wd, only)?;
+    // The pageserver first: it would otherwise log lost safekeeper connections.
+    selected.reverse();
+    for s in selected {
+        if let Err(e) = stop_one(wd, s, immediate) {
+            errors.push(e.to_string());
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        failed(errors.join("; "))
+    }
+}
+
+fn stop_one(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
+    let id = identity(wd, s);
+    let Some(pid) = id.running() else {
+        id.remove_pidfile();
+        println!("{}: not running", s.name);
+        return Ok(());
+    };
+    let how =
+        process::terminate(&id, pid, STOP_GRACE, immediate).map_err(|e| Error::Failed(format!("{}: {e}", s.name)))?;
+    id.remove_pidfile();
+    match how {
+        Stopped::Clean => println!("{}: stopped (pid {pid})", s.name),
+        Stopped::Killed if immediate => println!("{}: killed (pid {pid})", s.name),
+        Stopped::Killed => {
+            println!("{}: killed (pid {pid}) after not stopping within {}s", s.name, STOP_GRACE.as_secs())
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! A client of the pageserver's HTTP API: timeline information and
+//! basebackups. Requests are blocking (`ureq`); async callers go through
+//! [`tokio::task::spawn_blocking`], as the helpers here do.
+
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_formats::Lsn;
+use strata_protocol::{TenantId, TimelineId};
+
+/// Bound on a JSON request (connect, send, receive the whole answer).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on connecting for a basebackup.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on the pageserver preparing a basebackup (until the headers arrive).
+const BASEBACKUP_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on each read of the basebackup stream: a stalled transfer fails.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest JSON answer accepted.
+const MAX_JSON_BYTES: u64 = 1 << 20;
+
+/// The pageserver's description of a timeline (fields not listed are ignored).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct TimelineInfo {
+    pub system_id: u64,
+    pub wal_segment_size: u32,
+    pub pg_version: u32,
+    /// End of the WAL the pageserver has ingested.
+    pub last_record_lsn: Lsn,
+    /// `active`, `broken`, or a state on the way to them.
+    pub state: String,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No answer (connection refused, timed out, reset): worth retrying.
+    #[error("{url}: {message}")]
+    Unreachable { url: String, message: String },
+    /// An HTTP error status, with the `error` message of its JSON body.
+    #[error("{url}: HTTP {status}: {message}")]
+    Status { url: String, status: u16, message: String },
+    /// An answer that is not what the API promises.
+    #[error("{url}: {message}")]
+    Invalid { url: String, message: String },
+}
+
+impl ApiError {
+    /// Whether the pageserver may answer if asked again (down, starting, overloaded).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ApiError::Unreachable { .. } => true,
+            ApiError::Status { status, .. } => *status == 503,
+            ApiError::Invalid { .. } => false,
+        }
+    }
+}
+
+/// The pageserver's HTTP endpoint.
+#[derive(Clone, Debug)]
+pub struct PageserverClient {
+    base: String,
+    json: ureq::Agent,
+    stream: ureq::Agent,
+}
+
+impl PageserverClient {
+    /// A client of `address` (`host:port`, or a URL starting with `http://`).
+    pub fn new(address: &str) -> PageserverClient {
+        let base = if address.starts_with("http://") { address.to_string() } else { format!("http://{address}") };
+        let json = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(REQUEST_TIMEOUT))
+            .build()
+            .into();
+        let stream = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_send_request(Some(CONNECT_TIMEOUT))
+            .timeout_recv_response(Some(BASEBACKUP_RESPONSE_TIMEOUT))
+            .timeout_per_read(Some(READ_TIMEOUT))
+            .build()
+            .into();
+        PageserverClient { base: base.trim_end_matches('/').to_string(), json, stream }
+    }
+
+    fn timeline_url(&self, tenant: TenantId, timeline: TimelineId) -> String {
+        format!("{}/v1/tenant/{tenant}/timeline/{timeline}", self.base)
+    }
+
+    /// `GET /v1/tenant/{tenant}/timeline/{timeline}`.
+    pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<TimelineInfo, ApiError> {
+        let url = self.timeline_url(tenant, timeline);
+        let response = self.json.get(&url).call().map_err(|e| transport_error(&url, e))?;
+        let status = response.status().as_u16();
+        let text = response
+            .into_body()
+            .with_config()
+            .limit(MAX_JSON_BYTES)
+            .read_to_string()
+            .map_err(|e| transport_error(&url, e))?;
+        if status != 200 {
+            return Err(ApiError::Status { url, status, message: error_message(&text) });
+        }
+        serde_json::from_str(&text)
+            .map_err(|e| ApiError::Invalid { url, message: format!("unexpected timeline description: {e}") })
+    }
+
+    /// `GET …/basebackup?lsn={lsn}&full=true`: a reader of the uncompressed
+    /// tar stream, each read bounded by a timeout.
+    pub fn basebackup(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        lsn: Lsn,
+    ) -> Result<impl Read + Send + 'static, ApiError> {
+        let lsn_text = lsn.to_string().replace('/', "%2F");
+        let url = format!("{}/basebackup?lsn={lsn_text}&full=true", self.timeline_url(tenant, timeline));
+        let response = self.stream.get(&url).call().map_err(|e| transport_error(&url, e))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let text = response.into_body().with_config().limit(MAX_JSON_BYTES).read_to_string().unwrap_or_default();
+            return Err(ApiError::Status { url, status, message: error_message(&text) });
+        }
+        Ok(response.into_body().into_reader())
+    }
+}
+
+fn transport_error(url: &str, e: ureq::Error) -> ApiError {
+    ApiError::Unreachable { url: url.to_string(), message: e.to_string() }
+}
+
+/// The `error` field of a JSON error body, else the body itself (shortened).
+fn error_message(body: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct ErrorBody {
+        error: String,
+    }
+    match serde_json::from_str::<ErrorBody>(body) {
+        Ok(e) => e.error,
+        Err(_) => {
+            let trimmed = body.trim();
+            let mut end = trimmed.len().min(500);
+            while !trimmed.is_char_boundary(end) {
+                end -= 1;
+            }
+            if trimmed.is_empty() {
+                "(no body)".into()
+            } else {
+                trimmed[..end].to_string()
+            }
+        }
+    }
+}
+
+/// First pause between retries; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Asks for the timeline until the pageserver answers, retrying transient
+/// failures with backoff for at most `patience`.
+pub async fn timeline_with_retry(
+    client: &Arc<PageserverClient>,
+    tenant: TenantId,
+    timeline: TimelineId,
+    patience: Duration,
+) -> Result<TimelineInfo, ApiError> {
+    let deadline = Instant::now() + patience;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let c = client.clone();
+        let result = tokio::task::spawn_blocking(move || c.timeline(tenant, timeline)).await.unwrap_or_else(|e| {
+            Err(ApiError::Invalid { url: client.base.clone(), message: format!("request task: {e}") })
+        });
+        match result {
+            Err(e) if e.is_transient() && Instant::now() + backoff < deadline => {
+                tracing::debug!("pageserver not answering yet: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_timeline_info() {
+        let text = r#"{"system_id": 7412345678901234567, "wal_segment_size": 16777216, "pg_version": 15,
+            "last_record_lsn": "0/16B3748", "state": "active", "error": null, "ancestor": null}"#;
+        let info: TimelineInfo = serde_json::from_str(text).unwrap();
+        assert_eq!(info.system_id, 7412345678901234567);
+        assert_eq!(info.last_record_lsn, Lsn(0x16B3748));
+        assert_eq!(info.state, "active");
+        assert_eq!(info.error, None);
+        let broken = r#"{"system_id": 1, "wal_segment_size": 16777216, "pg_version": 15,
+            "last_record_lsn": "1/0", "state": "broken", "error": "layer file missing"}"#;
+        let info: TimelineInfo = serde_json::from_str(broken).unwrap();
+        assert_eq!(info.error.as_deref(), Some("layer file missing"));
+        assert!(serde_json::from_str::<TimelineInfo>(r#"{"system_id": 1}"#).is_err());
+    }
+
+    #[test]
+    fn error_messages() {
+        assert_eq!(error_message(r#"{"error": "timeline not found"}"#), "timeline not found");
+        assert_eq!(error_message("plain text\n"), "plain text");
+        assert_eq!(error_message(""), "(no body)");
+        assert_eq!(error_message(&"é".repeat(400)).len(), 500);
+    }
+
+    #[test]
+    fn urls() {
+        let c = PageserverClient::new("127.0.0.1:9898");
+        let (t, l) = (TenantId([0x11; 16]), TimelineId([0x22; 16]));
+        assert_eq!(
+            c.timeline_url(t, l),
+            format!("http://127.0.0.1:9898/v1/tenant/{}/timeline/{}", "11".repeat(16), "22".repeat(16))
+        );
+        assert_eq!(PageserverClient::new("http://ps:1/").base, "http://ps:1");
+    }
+
+    #[tokio::test]
+    async fn unreachable_is_retried_then_reported() {
+        // A port that was free a moment ago: connections are refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let client = Arc::new(PageserverClient::new(&format!("127.0.0.1:{port}")));
+        let started = Instant::now();
+        let err = timeline_with_retry(&client, TenantId([1; 16]), TimelineId([2; 16]), Duration::from_millis(400))
+            .await
+            .unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(started.elapsed() >= Duration::from_millis(150), "{:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,324 @@
+//! The configuration the agent gives PostgreSQL: `postgresql.conf`, an empty
+//! `postgresql.auto.conf` and `pg_hba.conf`, written over whatever the
+//! basebackup carried.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// What `wal_consistency_checking` lists: the resource managers whose
+/// records must carry an image of every block they change, because the
+/// pageserver has no native redo for them yet. `"all"` covers every resource
+/// manager that can produce such images; as native redo arrives, this becomes
+/// an explicit list of PostgreSQL's rmgr names (`Heap2`, `Btree`, ...) without
+/// the ones it replaces.
+pub const WAL_CONSISTENCY_CHECKING: &[&str] = &["all"];
+
+/// Longest Unix socket path PostgreSQL accepts (`sizeof(sun_path) - 1`).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Inputs of the generated configuration.
+#[derive(Clone, Debug)]
+pub struct PgSettings {
+    /// TCP port on 127.0.0.1, also the socket's name suffix.
+    pub port: u16,
+    /// Directory of the Unix socket: the (absolute) data directory.
+    pub socket_dir: PathBuf,
+    /// `shared_buffers`, in PostgreSQL's size syntax (`128MB`).
+    pub shared_buffers: String,
+    /// The WAL proposer's application name, the only synchronous standby.
+    pub application_name: String,
+}
+
+/// A setting that cannot be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+    #[error("writing {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// The value of `wal_consistency_checking`.
+pub fn wal_consistency_checking() -> String {
+    WAL_CONSISTENCY_CHECKING.join(",")
+}
+
+/// A single-quoted configuration value (quotes doubled, backslashes escaped).
+fn quote(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// Checks what would otherwise only fail inside PostgreSQL, or could break
+/// out of its quoted value.
+fn validate(s: &PgSettings) -> Result<(), ConfigError> {
+    if s.port == 0 {
+        return Err(ConfigError::Invalid("port 0".into()));
+    }
+    if !s.socket_dir.is_absolute() {
+        return Err(ConfigError::Invalid(format!("socket directory {} is not absolute", s.socket_dir.display())));
+    }
+    let dir = s.socket_dir.to_str().ok_or_else(|| {
+        ConfigError::Invalid(format!("socket directory {} is not valid UTF-8", s.socket_dir.display()))
+    })?;
+    if dir.contains(['\n', '\r', '\0', ',']) {
+        return Err(ConfigError::Invalid(format!("socket directory {dir:?} contains a newline, NUL or comma")));
+    }
+    let socket = format!("{}/.s.PGSQL.{}", dir.trim_end_matches('/'), s.port);
+    if socket.len() > MAX_SOCKET_PATH {
+        return Err(ConfigError::Invalid(format!(
+            "socket path {socket} is longer than {MAX_SOCKET_PATH} bytes: use a shorter data directory path"
+        )));
+    }
+    let size_ok = !s.shared_buffers.is_empty()
+        && s.shared_buffers.starts_with(|c: char| c.is_ascii_digit())
+        && s.shared_buffers.chars().all(|c| c.is_ascii_alphanumeric());
+    if !size_ok {
+        return Err(ConfigError::Invalid(format!(
+            "shared_buffers {:?}: expected a size such as 128MB or 1GB",
+            s.shared_buffers
+        )));
+    }
+    let name_ok = !s.application_name.is_empty()
+        && s.application_name.len() < 64
+        && s.application_name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
+    if !name_ok {
+        return Err(ConfigError::Invalid(format!(
+            "application name {:?}: expected 1 to 63 of [a-z0-9_]",
+            s.application_name
+        )));
+    }
+    Ok(())
+}
+
+/// The text of `postgresql.conf`.
+pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
+    validate(s)?;
+    let mut out = String::from("# Written by the Strata compute agent at every start; edits are lost.\n\n");
+    let mut set = |comment: &str, name: &str, value: String| {
+        for line in comment.lines() {
+            let _ = writeln!(out, "# {line}");
+        }
+        let _ = writeln!(out, "{name} = {value}");
+    };
+    set("Clients connect over TCP on the loopback interface only.", "listen_addresses", quote("127.0.0.1"));
+    set("", "port", s.port.to_string());
+    set(
+        "The socket lives in the data directory: PostgreSQL's user can write there,\n\
+         and each compute gets its own.",
+        "unix_socket_directories",
+        quote(s.socket_dir.to_str().expect("validated")),
+    );
+    set("", "shared_buffers", quote(&s.shared_buffers));
+    set(
+        "The agent's WAL proposer is the one synchronous standby: a commit returns\n\
+         only once a quorum of safekeepers has the WAL.",
+        "synchronous_standby_names",
+        quote(&s.application_name),
+    );
+    set("", "synchronous_commit", "on".into());
+    set("", "wal_level", "replica".into());
+    set("", "max_wal_senders", "10".into());
+    set("The proposer's physical slot keeps WAL until the safekeepers have it.", "max_replication_slots", "10".into());
+    set(
+        "A little WAL beyond the slot, so a reconnecting proposer finds what it needs.",
+        "wal_keep_size",
+        quote("128MB"),
+    );
+    set(
+        "Every record of these resource managers carries an image of each block after\n\
+         the change. The pageserver stores those images and needs no PostgreSQL redo.",
+        "wal_consistency_checking",
+        quote(&wal_consistency_checking()),
+    );
+    set(
+        "Hint-bit-only changes are WAL-logged (with a full page image after each\n\
+         checkpoint), so pages served back from the pageserver keep their hints.",
+        "wal_log_hints",
+        "on".into(),
+    );
+    set(
+        "The block images above dominate the WAL volume; lz4 keeps it small and cheap\n\
+         to decode.",
+        "wal_compression",
+        "lz4".into(),
+    );
+    set("Full page images after each checkpoint give the pageserver complete pages.", "full_page_writes", "on".into());
+    set(
+        "The compute is disposable: its data directory is rebuilt from the pageserver\n\
+         at every start, and WAL durability comes from the safekeepers.",
+        "fsync",
+        "off".into(),
+    );
+    set(
+        "After a crash the agent stops, and a new start restores from the storage\n\
+         instead of recovering local files the safekeepers may not agree with.",
+        "restart_after_crash",
+        "off".into(),
+    );
+    set(
+        "Session defaults as initdb would write them for the C locale, so that\n\
+         sessions behave the same whatever the agent's environment.",
+        "timezone",
+        quote("UTC"),
+    );
+    set("", "log_timezone", quote("UTC"));
+    set("", "datestyle", quote("iso, mdy"));
+    set("", "lc_messages", quote("C"));
+    set("", "default_text_search_config", quote("pg_catalog.english"));
+    set("", "log_min_messages", "warning".into());
+    set(
+        "Standard error goes to the log file the agent opened next to the data directory.",
+        "logging_collector",
+        "off".into(),
+    );
+    Ok(out)
+}
+
+/// The text of `pg_hba.conf`: trust for every local and loopback connection,
+/// normal and replication (PostgreSQL listens on nothing else).
+pub fn pg_hba_conf() -> String {
+    "# Written by the Strata compute agent at every start; edits are lost.\n\
+     # TYPE  DATABASE     USER  ADDRESS       METHOD\n\
+     local   all          all                 trust\n\
+     local   replication  all                 trust\n\
+     host    all          all   127.0.0.1/32  trust\n\
+     host    replication  all   127.0.0.1/32  trust\n"
+        .to_string()
+}
+
+fn write(path: PathBuf, text: &str) -> Result<(), ConfigError> {
+    std::fs::write(&path, text).map_err(|source| ConfigError::Io { path, source })
+}
+
+/// Writes the configuration into `pgdata`: `postgresql.conf` and
+/// `pg_hba.conf` replaced, `postgresql.auto.conf` emptied, an empty
+/// `pg_ident.conf` if there is none.
+pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
+    let conf = postgresql_conf(s)?;
+    write(pgdata.join("postgresql.conf"), &conf)?;
+    write(
+        pgdata.join("postgresql.auto.conf"),
+        "# Emptied by the Strata compute agent at every start; ALTER SYSTEM settings do not persist.\n",
+    )?;
+    write(pgdata.join("pg_hba.conf"), &pg_hba_conf())?;
+    let ident = pgdata.join("pg_ident.conf");
+    if !ident.exists() {
+        write(ident, "")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> PgSettings {
+        PgSettings {
+            port: 55432,
+            socket_dir: PathBuf::from("/srv/compute/pgdata"),
+            shared_buffers: "128MB".into(),
+            application_name: "strata_proposer".into(),
+        }
+    }
+
+    /// `name = value` lines, comments dropped.
+    fn settings_of(conf: &str) -> Vec<(String, String)> {
+        conf.lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| {
+                let (k, v) = l.split_once(" = ").expect("name = value");
+                (k.to_string(), v.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn generates_the_settings() {
+        let conf = postgresql_conf(&settings()).unwrap();
+        let map = settings_of(&conf);
+        let get = |name: &str| map.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        assert_eq!(get("port"), Some("55432"));
+        assert_eq!(get("listen_addresses"), Some("'127.0.0.1'"));
+        assert_eq!(get("unix_socket_directories"), Some("'/srv/compute/pgdata'"));
+        assert_eq!(get("synchronous_standby_names"), Some("'strata_proposer'"));
+        assert_eq!(get("synchronous_commit"), Some("on"));
+        assert_eq!(get("wal_level"), Some("replica"));
+        assert_eq!(get("wal_consistency_checking"), Some("'all'"));
+        assert_eq!(get("wal_compression"), Some("lz4"));
+        assert_eq!(get("wal_log_hints"), Some("on"));
+        assert_eq!(get("full_page_writes"), Some("on"));
+        assert_eq!(get("fsync"), Some("off"));
+        assert_eq!(get("shared_buffers"), Some("'128MB'"));
+        assert_eq!(get("restart_after_crash"), Some("off"));
+        assert_eq!(get("logging_collector"), Some("off"));
+        assert_eq!(get("log_min_messages"), Some("warning"));
+        assert_eq!(get("timezone"), Some("'UTC'"));
+        // Each setting once.
+        let mut names: Vec<_> = map.iter().map(|(k, _)| k.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), map.len());
+    }
+
+    #[test]
+    fn consistency_checking_names_known_rmgrs() {
+        for name in WAL_CONSISTENCY_CHECKING {
+            assert!(
+                *name == "all" || strata_formats::v15::rmgr::by_name(name).is_some(),
+                "{name} is not a PostgreSQL 15 resource manager"
+            );
+        }
+        assert!(!wal_consistency_checking().is_empty());
+    }
+
+    #[test]
+    fn quotes_values() {
+        assert_eq!(quote("a'b"), "'a''b'");
+        assert_eq!(quote(r"a\b"), r"'a\\b'");
+        let mut s = settings();
+        s.socket_dir = PathBuf::from("/srv/o'neil/pgdata");
+        let conf = postgresql_conf(&s).unwrap();
+        assert!(conf.contains("unix_socket_directories = '/srv/o''neil/pgdata'"), "{conf}");
+    }
+
+    #[test]
+    fn rejects_bad_settings() {
+        let bad = [
+            PgSettings { shared_buffers: "128MB'; fsync = on".into(), ..settings() },
+            PgSettings { shared_buffers: "".into(), ..settings() },
+            PgSettings { shared_buffers: "MB".into(), ..settings() },
+            PgSettings { application_name: "Strata proposer".into(), ..settings() },
+            PgSettings { socket_dir: PathBuf::from("relative/pgdata"), ..settings() },
+            PgSettings { socket_dir: PathBuf::from("/a\nb"), ..settings() },
+            PgSettings { socket_dir: PathBuf::from(format!("/{}", "d".repeat(100))), ..settings() },
+            PgSettings { port: 0, ..settings() },
+        ];
+        for s in bad {
+            assert!(matches!(postgresql_conf(&s), Err(ConfigError::Invalid(_))), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn hba_trusts_local_and_loopback_only() {
+        let hba = pg_hba_conf();
+        let rules: Vec<Vec<&str>> =
+            hba.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rules.len(), 4);
+        assert!(rules.iter().all(|r| r.last() == Some(&"trust")));
+        assert!(rules.iter().filter(|r| r[0] == "host").all(|r| r[3] == "127.0.0.1/32"));
+        assert!(rules.iter().any(|r| r[0] == "host" && r[1] == "replication"));
+    }
+
+    #[test]
+    fn writes_files() {
+        let dir = std::env::temp_dir().join(format!("strata-pgconf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("postgresql.auto.conf"), "work_mem = '1GB'\n").unwrap();
+        write_config(&dir, &settings()).unwrap();
+        assert!(std::fs::read_to_string(dir.join("postgresql.conf")).unwrap().contains("port = 55432"));
+        assert!(!std::fs::read_to_string(dir.join("postgresql.auto.conf")).unwrap().contains("work_mem"));
+        assert!(std::fs::read_to_string(dir.join("pg_hba.conf")).unwrap().contains("trust"));
+        assert!(dir.join("pg_ident.conf").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

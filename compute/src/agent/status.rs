@@ -1,0 +1,334 @@
+//! The agent's state as others see it: `GET /v1/status` (JSON) and
+//! `GET /metrics` (Prometheus text), including the durations of the phases
+//! of the last start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+use strata_formats::Lsn;
+use tokio::sync::watch;
+
+use crate::proposer::ProposerStatus;
+
+/// Where the agent is in a compute's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    /// Looking up the timeline and bringing the safekeepers to the end of its WAL.
+    Syncing,
+    /// Waiting for the pageserver to ingest the WAL up to that end.
+    WaitingForPageserver,
+    /// Downloading and unpacking the basebackup, writing the configuration.
+    Restoring,
+    /// PostgreSQL is starting; the proposer is connecting.
+    Starting,
+    /// PostgreSQL accepts connections and its WAL streams to the safekeepers.
+    Running,
+    /// Shutting down: PostgreSQL's last WAL is being made durable.
+    Stopping,
+    /// The start or the run failed (`error` says why).
+    Failed,
+}
+
+impl AgentState {
+    /// All states, in order.
+    pub const ALL: [AgentState; 7] = [
+        AgentState::Syncing,
+        AgentState::WaitingForPageserver,
+        AgentState::Restoring,
+        AgentState::Starting,
+        AgentState::Running,
+        AgentState::Stopping,
+        AgentState::Failed,
+    ];
+
+    /// The name used in JSON and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentState::Syncing => "syncing",
+            AgentState::WaitingForPageserver => "waiting_for_pageserver",
+            AgentState::Restoring => "restoring",
+            AgentState::Starting => "starting",
+            AgentState::Running => "running",
+            AgentState::Stopping => "stopping",
+            AgentState::Failed => "failed",
+        }
+    }
+}
+
+/// Durations (seconds) and sizes of the phases of the last start; zero
+/// until a phase has completed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct StartTimings {
+    /// Asking the pageserver for the timeline (including retries).
+    pub timeline_lookup_seconds: f64,
+    /// sync-safekeepers: election and catch-up of a quorum.
+    pub sync_seconds: f64,
+    /// Until the pageserver had ingested the WAL up to the start LSN.
+    pub wait_seconds: f64,
+    /// Downloading and unpacking the basebackup (streamed, so together).
+    pub basebackup_seconds: f64,
+    pub basebackup_bytes: u64,
+    pub basebackup_files: u64,
+    /// Writing the configuration and setting ownership.
+    pub config_seconds: f64,
+    /// From starting `postgres` until it accepted connections.
+    pub postgres_start_seconds: f64,
+    /// Until the proposer streamed PostgreSQL's WAL (state `running`).
+    pub proposer_start_seconds: f64,
+    /// From the agent's start to `running`.
+    pub total_seconds: f64,
+}
+
+/// Everything `/v1/status` reports except the proposer's part.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AgentStatus {
+    pub state: AgentState,
+    pub pg_port: u16,
+    pub pgdata: PathBuf,
+    /// PostgreSQL's log file.
+    pub pg_log: PathBuf,
+    pub tenant_id: String,
+    pub timeline_id: String,
+    /// The LSN the compute started at (the end of the timeline's WAL), once known.
+    pub start_lsn: Option<Lsn>,
+    pub error: Option<String>,
+    pub timings: StartTimings,
+}
+
+/// The JSON document of `/v1/status`.
+#[derive(serde::Serialize)]
+struct StatusDocument<'a> {
+    #[serde(flatten)]
+    agent: &'a AgentStatus,
+    proposer: ProposerStatus,
+}
+
+/// Shared handle on the agent's status; cheap to clone.
+#[derive(Clone)]
+pub struct StatusHandle {
+    agent: Arc<Mutex<AgentStatus>>,
+    proposer: watch::Receiver<ProposerStatus>,
+}
+
+impl StatusHandle {
+    /// A handle starting from `initial`, reading the proposer's part from `proposer`.
+    pub fn new(initial: AgentStatus, proposer: watch::Receiver<ProposerStatus>) -> StatusHandle {
+        StatusHandle { agent: Arc::new(Mutex::new(initial)), proposer }
+    }
+
+    /// Changes the agent's part.
+    pub fn update(&self, f: impl FnOnce(&mut AgentStatus)) {
+        let mut guard = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard);
+    }
+
+    /// Sets the state.
+    pub fn set_state(&self, state: AgentState) {
+        self.update(|s| s.state = state);
+    }
+
+    /// A copy of the agent's part.
+    pub fn agent(&self) -> AgentStatus {
+        self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The proposer's latest status.
+    pub fn proposer(&self) -> ProposerStatus {
+        *self.proposer.borrow()
+    }
+
+    /// The `/v1/status` document.
+    pub fn to_json(&self) -> serde_json::Value {
+        let agent = self.agent();
+        serde_json::to_value(StatusDocument { agent: &agent, proposer: self.proposer() })
+            .expect("the status serializes")
+    }
+}
+
+/// Registers the proposer's metrics (`strata_proposer_*` when `registry` has
+/// no prefix of its own).
+pub fn register_proposer_metrics(registry: &mut Registry, s: &ProposerStatus) {
+    let r = registry.sub_registry_with_prefix("strata_proposer");
+    r.register("term", "Election term of this proposer", ConstGauge::new(s.term as i64));
+    r.register("commit_lsn", "Quorum-flushed LSN in this term", ConstGauge::new(s.commit_lsn.0 as i64));
+    r.register(
+        "acknowledged_lsn",
+        "LSN reported to PostgreSQL as flushed",
+        ConstGauge::new(s.acknowledged_lsn.0 as i64),
+    );
+    r.register(
+        "connected_safekeepers",
+        "Safekeepers with an open connection",
+        ConstGauge::new(s.connected_safekeepers as i64),
+    );
+    r.register(
+        "throttled_seconds",
+        "Time acknowledgements were held back by backpressure",
+        ConstCounter::new(s.throttled_seconds),
+    );
+}
+
+/// The proposer's metrics in Prometheus text format.
+pub fn render_proposer_metrics(s: &ProposerStatus) -> String {
+    let mut registry = Registry::default();
+    register_proposer_metrics(&mut registry, s);
+    encode(&registry)
+}
+
+fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
+    out
+}
+
+/// The agent's and the proposer's metrics in Prometheus text format.
+pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String {
+    let mut registry = Registry::default();
+    {
+        let r = registry.sub_registry_with_prefix("strata_compute");
+        let states = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+        for state in AgentState::ALL {
+            states.get_or_create(&vec![("state", state.name())]).set(i64::from(agent.state == state));
+        }
+        r.register("state", "1 for the agent's current state, 0 for the others", states);
+        r.register("pg_port", "PostgreSQL's TCP port", ConstGauge::new(i64::from(agent.pg_port)));
+        r.register(
+            "start_lsn",
+            "LSN the compute started at",
+            ConstGauge::new(agent.start_lsn.unwrap_or_default().0 as i64),
+        );
+        let t = &agent.timings;
+        let seconds = [
+            (
+                "start_timeline_lookup_seconds",
+                "Last start: asking the pageserver for the timeline",
+                t.timeline_lookup_seconds,
+            ),
+            ("start_sync_seconds", "Last start: sync-safekeepers", t.sync_seconds),
+            ("start_wait_seconds", "Last start: waiting for the pageserver to reach the start LSN", t.wait_seconds),
+            ("start_basebackup_seconds", "Last start: downloading and unpacking the basebackup", t.basebackup_seconds),
+            ("start_config_seconds", "Last start: writing the configuration", t.config_seconds),
+            ("start_postgres_seconds", "Last start: until PostgreSQL accepted connections", t.postgres_start_seconds),
+            (
+                "start_proposer_seconds",
+                "Last start: until PostgreSQL's WAL streamed to the safekeepers",
+                t.proposer_start_seconds,
+            ),
+            ("start_total_seconds", "Last start: from the agent's start to running", t.total_seconds),
+        ];
+        for (name, help, value) in seconds {
+            r.register(name, help, ConstGauge::new(value));
+        }
+        r.register(
+            "basebackup_bytes",
+            "Last start: bytes of the basebackup stream",
+            ConstGauge::new(t.basebackup_bytes),
+        );
+        r.register("basebackup_files", "Last start: files in the basebackup", ConstGauge::new(t.basebackup_files));
+    }
+    register_proposer_metrics(&mut registry, proposer);
+    encode(&registry)
+}
+
+/// `/v1/status` and `/metrics`.
+pub fn router(handle: StatusHandle) -> axum::Router {
+    use axum::routing::get;
+    let json = handle.clone();
+    axum::Router::new()
+        .route(
+            "/v1/status",
+            get(move || {
+                let doc = json.to_json();
+                async move { axum::Json(doc) }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let text = render_metrics(&handle.agent(), &handle.proposer());
+                async move { text }
+            }),
+        )
+}
+
+/// Binds `addr` and serves [`router`] in a background task.
+pub async fn serve(addr: SocketAddr, handle: StatusHandle) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(handle)).await {
+            tracing::warn!("status server: {e}");
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> AgentStatus {
+        AgentStatus {
+            state: AgentState::Running,
+            pg_port: 55432,
+            pgdata: PathBuf::from("/srv/ep/pgdata"),
+            pg_log: PathBuf::from("/srv/ep/postgres.log"),
+            tenant_id: "11".repeat(16),
+            timeline_id: "22".repeat(16),
+            start_lsn: Some(Lsn(0x0100_0028)),
+            error: None,
+            timings: StartTimings { sync_seconds: 0.25, basebackup_bytes: 4096, ..Default::default() },
+        }
+    }
+
+    #[test]
+    fn status_json() {
+        let (_tx, rx) = watch::channel(ProposerStatus { term: 3, streaming: true, ..Default::default() });
+        let handle = StatusHandle::new(status(), rx);
+        let v = handle.to_json();
+        assert_eq!(v["state"], "running");
+        assert_eq!(v["pg_port"], 55432);
+        assert_eq!(v["pgdata"], "/srv/ep/pgdata");
+        assert_eq!(v["start_lsn"], "0/1000028");
+        assert_eq!(v["error"], serde_json::Value::Null);
+        assert_eq!(v["timings"]["sync_seconds"], 0.25);
+        assert_eq!(v["proposer"]["term"], 3);
+        assert_eq!(v["proposer"]["streaming"], true);
+
+        handle.update(|s| {
+            s.state = AgentState::Failed;
+            s.error = Some("basebackup: broken".into());
+            s.start_lsn = None;
+        });
+        let v = handle.to_json();
+        assert_eq!(v["state"], "failed");
+        assert_eq!(v["error"], "basebackup: broken");
+        assert_eq!(v["start_lsn"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn state_names_match_serde() {
+        for state in AgentState::ALL {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.name());
+        }
+        assert_eq!(AgentState::WaitingForPageserver.name(), "waiting_for_pageserver");
+    }
+
+    #[test]
+    fn metrics_text() {
+        let text = render_metrics(&status(), &ProposerStatus { throttled_seconds: 1.5, ..Default::default() });
+        assert!(text.contains("strata_compute_state{state=\"running\"} 1"), "{text}");
+        assert!(text.contains("strata_compute_state{state=\"syncing\"} 0"), "{text}");
+        assert!(text.contains("strata_compute_start_sync_seconds 0.25"), "{text}");
+        assert!(text.contains("strata_compute_basebackup_bytes 4096"), "{text}");
+        assert!(text.contains("strata_compute_start_lsn 16777256"), "{text}");
+        assert!(text.contains("strata_proposer_throttled_seconds_total 1.5"), "{text}");
+        assert!(text.contains("strata_proposer_term 0"), "{text}");
+        let proposer_only = render_proposer_metrics(&ProposerStatus::default());
+        assert!(proposer_only.contains("strata_proposer_commit_lsn 0") && !proposer_only.contains("strata_compute"));
+    }
+}

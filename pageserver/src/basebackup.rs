@@ -1,0 +1,277 @@
+//! Basebackup@LSN: a tar stream of a data directory that a stock
+//! PostgreSQL 15 starts from without recovery (D5): every non-relation file,
+//! a generated `pg_control` and a WAL segment holding a shutdown checkpoint
+//! at the LSN, unlogged relations' init forks also as their main forks, and
+//! with `full` every relation's data.
+//!
+//! The free space map is left out: it is a hint that is not WAL-logged, and
+//! PostgreSQL treats a missing one as empty and rebuilds it.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use strata_formats::types::{ForkNumber, RelFileNode};
+use strata_formats::v15::startup::shutdown_checkpoint_at;
+use strata_formats::version::BLCKSZ;
+use strata_formats::Lsn;
+use strata_protocol::pageserver::SlruKind;
+
+use crate::import::{GLOBALTABLESPACE_OID, RELSEG_BLOCKS};
+use crate::ingest::SLRU_PAGES_PER_SEGMENT;
+use crate::key::{Key, RelTag};
+use crate::timeline::{ReadError, Timeline};
+
+/// Directories PostgreSQL 15 expects in a data directory.
+const EMPTY_DIRS: &[&str] = &[
+    "pg_commit_ts",
+    "pg_dynshmem",
+    "pg_logical",
+    "pg_logical/mappings",
+    "pg_logical/snapshots",
+    "pg_notify",
+    "pg_replslot",
+    "pg_serial",
+    "pg_snapshots",
+    "pg_stat",
+    "pg_stat_tmp",
+    "pg_subtrans",
+    "pg_tblspc",
+    "pg_wal/archive_status",
+];
+/// Pages fetched per lookup while streaming relation data.
+const READ_BATCH: usize = 64;
+
+/// Why a basebackup could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum BasebackupError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("{0}")]
+    Lsn(String),
+    #[error("writing the tar stream: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes the basebackup of `tl` at `lsn` (which must be the end of the
+/// last ingested record) to `out`.
+pub fn write_basebackup<W: Write>(tl: &Timeline, lsn: Lsn, full: bool, out: W) -> Result<(), BasebackupError> {
+    let lsns = tl.record_lsns();
+    if lsn != lsns.last {
+        return Err(BasebackupError::Lsn(format!(
+            "a basebackup is made at the end of the ingested WAL ({}); {lsn} is not it",
+            lsns.last
+        )));
+    }
+    let prev = lsns.prev;
+    let mtime = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut tar = TarOut { tar: tar::Builder::new(out), mtime };
+    tar.small("PG_VERSION", b"15\n")?;
+    tar.small("postgresql.conf", b"# written by the compute agent\n")?;
+    tar.small("postgresql.auto.conf", b"")?;
+    tar.small("pg_ident.conf", b"")?;
+    tar.small("pg_hba.conf", b"local all all trust\nhost all all 127.0.0.1/32 trust\n")?;
+    tar.dir("global")?;
+    tar.dir("base")?;
+    tar.dir("pg_wal")?;
+    for d in EMPTY_DIRS {
+        tar.dir(d)?;
+    }
+
+    // Databases and their relations.
+    let databases = tl.db_dir(lsn)?;
+    for &(spc, db) in &databases {
+        let prefix = if spc == GLOBALTABLESPACE_OID { "global".to_string() } else { format!("base/{db}") };
+        if spc != GLOBALTABLESPACE_OID {
+            tar.dir(&prefix)?;
+            tar.small(&format!("{prefix}/PG_VERSION"), b"15\n")?;
+        }
+        if let Some(map) = tl.get(&Key::relmap(spc, db), lsn)? {
+            tar.small(&format!("{prefix}/pg_filenode.map"), &map)?;
+        }
+        let rels = tl.rel_dir(spc, db, lsn)?;
+        let has_init: BTreeSet<u32> =
+            rels.iter().filter(|(_, f)| *f == ForkNumber::Init as u8).map(|(r, _)| *r).collect();
+        for &(rel, fork) in &rels {
+            let Some(fork) = ForkNumber::from_u8(fork) else { continue };
+            if fork == ForkNumber::Fsm {
+                continue;
+            }
+            let tag = RelTag { rel: RelFileNode { spc, db, rel }, fork };
+            let unlogged = has_init.contains(&rel);
+            if unlogged && fork == ForkNumber::Main {
+                // Written from the init fork below: an unlogged relation starts empty.
+                continue;
+            }
+            if !full && !unlogged {
+                continue;
+            }
+            let size = tl.rel_size(tag, lsn)?.unwrap_or(0);
+            write_fork(&mut tar, tl, tag, size, lsn, &format!("{prefix}/{rel}{}", fork.file_suffix()))?;
+            if fork == ForkNumber::Init {
+                write_fork(&mut tar, tl, tag, size, lsn, &format!("{prefix}/{rel}"))?;
+            }
+        }
+    }
+
+    // SLRUs: each segment up to its last existing page.
+    for (kind, path) in [
+        (SlruKind::Clog, "pg_xact"),
+        (SlruKind::MultiXactOffsets, "pg_multixact/offsets"),
+        (SlruKind::MultiXactMembers, "pg_multixact/members"),
+    ] {
+        if kind == SlruKind::MultiXactOffsets {
+            tar.dir("pg_multixact")?;
+        }
+        tar.dir(path)?;
+        for seg in tl.slru_segments(kind, lsn)? {
+            let data = slru_segment(tl, kind, seg, lsn)?;
+            tar.small(&format!("{path}/{seg:04X}"), &data)?;
+        }
+    }
+
+    tar.dir("pg_twophase")?;
+    for xid in tl.twophase_xids(lsn)? {
+        if let Some(data) = tl.get(&Key::twophase_file(xid), lsn)? {
+            tar.small(&format!("pg_twophase/{xid:08X}"), &data)?;
+        }
+    }
+
+    // pg_control and the WAL segment with a shutdown checkpoint at `lsn`.
+    let template = tl.control_template()?;
+    let checkpoint = tl.checkpoint_at(lsn)?;
+    let now = mtime as i64;
+    let generated = shutdown_checkpoint_at(&template, &checkpoint, lsn, prev, now);
+    tar.small("global/pg_control", &generated.control_file)?;
+    for (name, data) in &generated.segments {
+        tar.small(&format!("pg_wal/{name}"), data)?;
+    }
+    tar.tar.into_inner()?.flush()?;
+    tl.metrics.basebackups.inc();
+    Ok(())
+}
+
+/// A tar stream with fixed modes and modification time.
+struct TarOut<W: Write> {
+    tar: tar::Builder<W>,
+    mtime: u64,
+}
+
+impl<W: Write> TarOut<W> {
+    fn file(&mut self, path: &str, data: &mut dyn Read, size: u64) -> std::io::Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(size);
+        h.set_mode(0o600);
+        h.set_mtime(self.mtime);
+        h.set_entry_type(tar::EntryType::Regular);
+        self.tar.append_data(&mut h, path, data)
+    }
+
+    fn small(&mut self, path: &str, data: &[u8]) -> std::io::Result<()> {
+        self.file(path, &mut &data[..], data.len() as u64)
+    }
+
+    fn dir(&mut self, path: &str) -> std::io::Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(0);
+        h.set_mode(0o700);
+        h.set_mtime(self.mtime);
+        h.set_entry_type(tar::EntryType::Directory);
+        self.tar.append_data(&mut h, path, std::io::empty())
+    }
+}
+
+/// Writes one fork as 1 GiB segment files, streaming its pages.
+fn write_fork<W: Write>(
+    tar: &mut TarOut<W>,
+    tl: &Timeline,
+    tag: RelTag,
+    size: u32,
+    lsn: Lsn,
+    path: &str,
+) -> Result<(), BasebackupError> {
+    let segments = u64::from(size).div_ceil(RELSEG_BLOCKS).max(1);
+    for seg in 0..segments {
+        let first = seg * RELSEG_BLOCKS;
+        let blocks = (u64::from(size) - first.min(u64::from(size))).min(RELSEG_BLOCKS);
+        let name = if seg == 0 { path.to_string() } else { format!("{path}.{seg}") };
+        let mut reader = ForkReader {
+            tl,
+            tag,
+            lsn,
+            next: first as u32,
+            end: (first + blocks) as u32,
+            buf: Vec::new(),
+            pos: 0,
+            error: None,
+        };
+        tar.file(&name, &mut reader, blocks * BLCKSZ as u64)?;
+        if let Some(e) = reader.error {
+            return Err(e.into());
+        }
+    }
+    Ok(())
+}
+
+/// Reads a range of a fork's pages, a batch at a time.
+struct ForkReader<'a> {
+    tl: &'a Timeline,
+    tag: RelTag,
+    lsn: Lsn,
+    next: u32,
+    end: u32,
+    buf: Vec<u8>,
+    pos: usize,
+    error: Option<ReadError>,
+}
+
+impl Read for ForkReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.buf.len() {
+            if self.next >= self.end {
+                return Ok(0);
+            }
+            let n = ((self.end - self.next) as usize).min(READ_BATCH);
+            let keys: Vec<Key> = (0..n as u32).map(|i| Key::rel_block(self.tag, self.next + i)).collect();
+            self.buf.clear();
+            self.pos = 0;
+            for r in self.tl.get_many(&keys, self.lsn) {
+                match r {
+                    Ok(Some(page)) if page.len() == BLCKSZ => self.buf.extend_from_slice(&page),
+                    Ok(Some(page)) => {
+                        let e = std::io::Error::other(format!("a page of {} bytes in {}", page.len(), self.tag));
+                        return Err(e);
+                    }
+                    Ok(None) => self.buf.extend_from_slice(&[0u8; BLCKSZ]),
+                    Err(e) => {
+                        let msg = e.to_string();
+                        self.error = Some(e);
+                        return Err(std::io::Error::other(msg));
+                    }
+                }
+            }
+            self.next += n as u32;
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// One SLRU segment file: its pages up to the last one that exists.
+pub fn slru_segment(tl: &Timeline, kind: SlruKind, seg: u32, lsn: Lsn) -> Result<Vec<u8>, ReadError> {
+    let keys: Vec<Key> =
+        (0..SLRU_PAGES_PER_SEGMENT).map(|i| Key::slru_page(kind, seg * SLRU_PAGES_PER_SEGMENT + i)).collect();
+    let pages: Vec<Option<Bytes>> = tl.get_many(&keys, lsn).into_iter().collect::<Result<_, _>>()?;
+    let Some(last) = pages.iter().rposition(Option::is_some) else { return Ok(Vec::new()) };
+    let mut data = Vec::with_capacity((last + 1) * BLCKSZ);
+    for p in &pages[..=last] {
+        match p {
+            Some(page) if page.len() == BLCKSZ => data.extend_from_slice(page),
+            _ => data.extend_from_slice(&[0u8; BLCKSZ]),
+        }
+    }
+    Ok(data)
+}

@@ -1,0 +1,241 @@
+//! The pageserver's HTTP API: status, tenant bootstrap, timeline status,
+//! basebackups, checkpoints, a single-page read for debugging and tests,
+//! and Prometheus metrics.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use strata_formats::types::{ForkNumber, RelFileNode};
+use strata_formats::Lsn;
+use strata_protocol::{TenantId, TimelineId};
+
+use crate::key::RelTag;
+use crate::tenants::{CreateError, Tenants, TimelineEntry};
+use crate::timeline::ReadError;
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+fn read_error(e: ReadError) -> Response {
+    let status = match e {
+        ReadError::NotFound(_) => StatusCode::NOT_FOUND,
+        ReadError::LsnTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        ReadError::Layer(_) | ReadError::Corrupt { .. } | ReadError::Broken { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, e.to_string())
+}
+
+pub fn router(tenants: Arc<Tenants>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/tenant", post(create_tenant))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page))
+        .route("/metrics", get(metrics))
+        .with_state(tenants)
+}
+
+async fn status(State(tenants): State<Arc<Tenants>>) -> Response {
+    let timelines: Vec<_> = tenants.all().iter().map(|e| e.status()).collect();
+    Json(serde_json::json!({
+        "id": tenants.conf.id,
+        "listen_pg": tenants.conf.listen_pg,
+        "listen_http": tenants.conf.listen_http,
+        "safekeepers": tenants.conf.safekeepers,
+        "timelines": timelines,
+    }))
+    .into_response()
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CreateTenant {
+    tenant_id: Option<TenantId>,
+    timeline_id: Option<TimelineId>,
+}
+
+async fn create_tenant(
+    State(tenants): State<Arc<Tenants>>,
+    body: Result<Json<CreateTenant>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let tenant = req.tenant_id.unwrap_or_else(TenantId::generate);
+    let timeline = req.timeline_id.unwrap_or_else(TimelineId::generate);
+    let t2 = tenants.clone();
+    match tokio::task::spawn_blocking(move || t2.bootstrap(tenant, timeline)).await {
+        Ok(Ok(entry)) => (StatusCode::CREATED, Json(entry.status())).into_response(),
+        Ok(Err(e @ CreateError::Exists(..))) => error(StatusCode::CONFLICT, e.to_string()),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("bootstrap task failed: {e}")),
+    }
+}
+
+fn lookup(tenants: &Tenants, tenant: &str, timeline: &str) -> Result<Arc<TimelineEntry>, Box<Response>> {
+    let bad = |e: strata_protocol::ids::IdParseError| Box::new(error(StatusCode::BAD_REQUEST, e.to_string()));
+    let t: TenantId = tenant.parse().map_err(bad)?;
+    let l: TimelineId = timeline.parse().map_err(bad)?;
+    tenants.get(t, l).ok_or_else(|| Box::new(error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"))))
+}
+
+async fn timeline_status(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
+    match lookup(&tenants, &t, &l) {
+        Ok(entry) => Json(entry.status()).into_response(),
+        Err(r) => *r,
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BasebackupQuery {
+    lsn: Option<Lsn>,
+    #[serde(default)]
+    full: bool,
+}
+
+/// A body fed from a blocking producer through a bounded channel.
+struct ChannelBody(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl futures_core::Stream for ChannelBody {
+    type Item = Result<Bytes, std::io::Error>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// Buffers the tar stream into chunks for the channel (blocking send: the producer is a blocking task).
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+const CHUNK: usize = 256 * 1024;
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+            self.tx.blocking_send(Ok(chunk)).map_err(|_| std::io::Error::other("the client went away"))?;
+        }
+        Ok(())
+    }
+}
+
+async fn basebackup(
+    State(tenants): State<Arc<Tenants>>,
+    Path((t, l)): Path<(String, String)>,
+    query: Result<Query<BasebackupQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(e) => e,
+        Err(r) => return *r,
+    };
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let lsn = match entry.tl.wait_lsn(q.lsn.unwrap_or(Lsn::INVALID), tenants.conf.wait_lsn_timeout).await {
+        Ok(l) => l,
+        Err(e) => return read_error(e),
+    };
+    let last = entry.tl.record_lsns().last;
+    if lsn != last {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("a basebackup is made at the end of the ingested WAL ({last}); {lsn} is not it"),
+        );
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let tl = entry.tl.clone();
+    let full = q.full;
+    tokio::task::spawn_blocking(move || {
+        let mut w = ChannelWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK) };
+        if let Err(e) = crate::basebackup::write_basebackup(&tl, lsn, full, &mut w).and_then(|()| {
+            use std::io::Write;
+            w.flush().map_err(Into::into)
+        }) {
+            tracing::error!(timeline = %tl.timeline_id, %lsn, "basebackup failed: {e}");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    ([("content-type", "application/x-tar")], Body::from_stream(ChannelBody(rx))).into_response()
+}
+
+async fn checkpoint(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(e) => e,
+        Err(r) => return *r,
+    };
+    let tl = entry.tl.clone();
+    match tokio::task::spawn_blocking(move || tl.checkpoint()).await {
+        Ok(Ok(())) => Json(entry.status()).into_response(),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PageQuery {
+    /// `spc/db/rel`
+    rel: String,
+    #[serde(default)]
+    fork: u8,
+    block: u32,
+    lsn: Option<Lsn>,
+}
+
+/// One page (8192 bytes) of a relation at an LSN.
+async fn page(
+    State(tenants): State<Arc<Tenants>>,
+    Path((t, l)): Path<(String, String)>,
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(e) => e,
+        Err(r) => return *r,
+    };
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let parts: Vec<Result<u32, _>> = q.rel.split('/').map(str::parse).collect();
+    let (Some(fork), [Ok(spc), Ok(db), Ok(rel)]) = (ForkNumber::from_u8(q.fork), parts.as_slice()) else {
+        return error(StatusCode::BAD_REQUEST, format!("bad relation {:?} or fork {}", q.rel, q.fork));
+    };
+    let tag = RelTag { rel: RelFileNode { spc: *spc, db: *db, rel: *rel }, fork };
+    let lsn = match entry.tl.wait_lsn(q.lsn.unwrap_or(Lsn::INVALID), tenants.conf.wait_lsn_timeout).await {
+        Ok(l) => l,
+        Err(e) => return read_error(e),
+    };
+    let tl = entry.tl.clone();
+    match tokio::task::spawn_blocking(move || tl.rel_page(tag, q.block, lsn)).await {
+        Ok(Ok(page)) => ([("content-type", "application/octet-stream")], page).into_response(),
+        Ok(Err(e)) => read_error(e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn metrics(State(tenants): State<Arc<Tenants>>) -> Response {
+    ([("content-type", "text/plain; version=0.0.4")], tenants.metrics.render()).into_response()
+}

@@ -1,0 +1,259 @@
+//! Tenant bootstrap: `initdb` with the installed PostgreSQL, then import of
+//! that data directory into a new timeline at its end-of-WAL LSN.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_formats::types::{ForkNumber, Oid, RelFileNode};
+use strata_formats::v15::control::ControlFile;
+use strata_formats::version::BLCKSZ;
+use strata_formats::wal::segment::{list_segments, SegmentReader};
+use strata_formats::Lsn;
+use strata_protocol::pageserver::SlruKind;
+use strata_protocol::{TenantId, TimelineId};
+use tracing::info;
+
+use crate::config::PageserverConfig;
+use crate::dirs;
+use crate::ingest::SLRU_PAGES_PER_SEGMENT;
+use crate::key::{Key, RelTag};
+use crate::layer::map::RecordLsns;
+use crate::metrics::Metrics;
+use crate::timeline::{Timeline, TimelineMetadata};
+use crate::value::Value;
+
+/// Tablespace OIDs of `global/` and `base/`.
+pub const GLOBALTABLESPACE_OID: Oid = 1664;
+pub const DEFAULTTABLESPACE_OID: Oid = 1663;
+/// Versions committed per batch while importing (bounds memory).
+const BATCH: usize = 1024;
+
+fn io(path: &Path, e: std::io::Error) -> String {
+    format!("{}: {e}", path.display())
+}
+
+/// Runs `initdb` into `dir` as the configured unprivileged user when running as root.
+pub fn run_initdb(conf: &PageserverConfig, dir: &Path) -> Result<(), String> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let initdb = conf.pg_bin_dir.join("initdb");
+    let mut cmd = Command::new(&initdb);
+    cmd.arg("-D").arg(dir).args(["-U", "postgres", "--encoding=UTF8", "--locale=C", "--no-instructions", "--no-sync"]);
+    crate::user::run_as(&mut cmd, dir, &conf.pg_user)?;
+    let out = cmd.output().map_err(|e| format!("{}: {e}", initdb.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed ({}): {}",
+            initdb.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// What an import found.
+pub struct Imported {
+    pub system_id: u64,
+    pub wal_segment_size: u32,
+    /// End of the last checkpoint record: where the timeline's WAL continues.
+    pub end_lsn: Lsn,
+    pub checkpoint_lsn: Lsn,
+}
+
+/// Creates timeline `timeline_id` of `tenant_id` in `dir` from the cleanly
+/// shut-down data directory `pgdata`.
+pub fn import_datadir(
+    pgdata: &Path,
+    dir: PathBuf,
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+    conf: &PageserverConfig,
+    metrics: Arc<Metrics>,
+) -> Result<(Arc<Timeline>, Imported), String> {
+    let control_path = pgdata.join("global/pg_control");
+    let control_bytes = std::fs::read(&control_path).map_err(|e| io(&control_path, e))?;
+    let control = ControlFile::decode(&control_bytes).map_err(|e| format!("{}: {e}", control_path.display()))?;
+    let segment_size = u64::from(control.wal_segment_size);
+    // The end of the checkpoint record is where new WAL goes.
+    let segments = list_segments(&pgdata.join("pg_wal")).map_err(|e| io(&pgdata.join("pg_wal"), e))?;
+    let mut reader = SegmentReader::open(&segments, Some(control.checkpoint)).map_err(|e| e.to_string())?;
+    let record = reader
+        .next_record()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no checkpoint record at {} in {}", control.checkpoint, pgdata.display()))?;
+    let end_lsn = record.end_lsn;
+    let _ = segment_size;
+
+    let meta = TimelineMetadata {
+        format_version: 1,
+        tenant_id,
+        timeline_id,
+        ancestor_timeline_id: None,
+        ancestor_lsn: None,
+        pg_version: 15,
+        system_id: control.system_identifier,
+        wal_segment_size: control.wal_segment_size,
+        start_lsn: end_lsn,
+        disk_consistent_lsn: Lsn::INVALID,
+        prev_record_lsn: control.checkpoint,
+        layers: Vec::new(),
+    };
+    let tl = Timeline::create(dir, meta, conf.fsync, conf.checkpoint_distance, metrics)?;
+    let lsns = RecordLsns { last: end_lsn, prev: control.checkpoint };
+    let mut batch = Vec::new();
+    let put = |key: Key, value: Value, batch: &mut Vec<(Key, Lsn, Value)>| {
+        batch.push((key, end_lsn, value));
+        if batch.len() >= BATCH {
+            tl.commit_record(std::mem::take(batch), lsns);
+        }
+    };
+
+    put(Key::control(), Value::Image(Bytes::from(control_bytes.clone())), &mut batch);
+    put(Key::checkpoint(), Value::Image(Bytes::copy_from_slice(&control.checkpoint_copy.encode())), &mut batch);
+
+    // Relations of global/ and of each database in base/.
+    let mut databases = BTreeSet::new();
+    databases.insert((GLOBALTABLESPACE_OID, 0));
+    let base = pgdata.join("base");
+    for entry in std::fs::read_dir(&base).map_err(|e| io(&base, e))? {
+        let entry = entry.map_err(|e| io(&base, e))?;
+        if let Ok(db) = entry.file_name().to_string_lossy().parse::<Oid>() {
+            databases.insert((DEFAULTTABLESPACE_OID, db));
+        }
+    }
+    let mut pages = 0u64;
+    for &(spc, db) in &databases {
+        let dbdir = if spc == GLOBALTABLESPACE_OID { pgdata.join("global") } else { base.join(db.to_string()) };
+        let mut forks: BTreeMap<RelTag, Vec<(u32, PathBuf)>> = BTreeMap::new();
+        for entry in std::fs::read_dir(&dbdir).map_err(|e| io(&dbdir, e))? {
+            let entry = entry.map_err(|e| io(&dbdir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == "pg_filenode.map" {
+                let data = std::fs::read(entry.path()).map_err(|e| io(&entry.path(), e))?;
+                put(Key::relmap(spc, db), Value::Image(Bytes::from(data)), &mut batch);
+                continue;
+            }
+            let Some((rel, fork, segno)) = parse_relfile_name(&name) else { continue };
+            let tag = RelTag { rel: RelFileNode { spc, db, rel }, fork };
+            forks.entry(tag).or_default().push((segno, entry.path()));
+        }
+        let mut rel_dir = BTreeSet::new();
+        for (tag, mut files) in forks {
+            if tag.fork == ForkNumber::Fsm {
+                // The free space map is a hint and is not served; PostgreSQL rebuilds it.
+                continue;
+            }
+            files.sort();
+            let mut block = 0u32;
+            for (segno, path) in files {
+                if u64::from(segno) * RELSEG_BLOCKS != u64::from(block) {
+                    return Err(format!("{}: segment {segno} follows a relation of {block} blocks", path.display()));
+                }
+                let data = std::fs::read(&path).map_err(|e| io(&path, e))?;
+                if data.len() % BLCKSZ != 0 {
+                    return Err(format!("{}: {} bytes is not a whole number of pages", path.display(), data.len()));
+                }
+                for page in data.chunks_exact(BLCKSZ) {
+                    put(Key::rel_block(tag, block), Value::Image(Bytes::copy_from_slice(page)), &mut batch);
+                    block += 1;
+                    pages += 1;
+                }
+            }
+            rel_dir.insert((tag.rel.rel, tag.fork as u8));
+            put(Key::rel_size(tag), Value::Image(Bytes::copy_from_slice(&block.to_le_bytes())), &mut batch);
+        }
+        put(Key::rel_dir(spc, db), Value::Image(Bytes::from(dirs::encode_rels(&rel_dir))), &mut batch);
+    }
+    put(Key::db_dir(), Value::Image(Bytes::from(dirs::encode_pairs(&databases))), &mut batch);
+
+    for (kind, sub) in [
+        (SlruKind::Clog, "pg_xact"),
+        (SlruKind::MultiXactOffsets, "pg_multixact/offsets"),
+        (SlruKind::MultiXactMembers, "pg_multixact/members"),
+    ] {
+        let dir = pgdata.join(sub);
+        let mut segs = BTreeSet::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
+            let entry = entry.map_err(|e| io(&dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(segno) = u32::from_str_radix(&name, 16) else { continue };
+            let data = std::fs::read(entry.path()).map_err(|e| io(&entry.path(), e))?;
+            if data.len() % BLCKSZ != 0 || data.len() > BLCKSZ * SLRU_PAGES_PER_SEGMENT as usize {
+                return Err(format!("{}: {} bytes is not an SLRU segment", entry.path().display(), data.len()));
+            }
+            for (i, page) in data.chunks_exact(BLCKSZ).enumerate() {
+                let pageno = segno * SLRU_PAGES_PER_SEGMENT + i as u32;
+                put(Key::slru_page(kind, pageno), Value::Image(Bytes::copy_from_slice(page)), &mut batch);
+            }
+            segs.insert(segno);
+        }
+        put(Key::slru_dir(kind), Value::Image(Bytes::from(dirs::encode_u32s(&segs))), &mut batch);
+    }
+
+    let twophase_dir = pgdata.join("pg_twophase");
+    let mut xids = BTreeSet::new();
+    for entry in std::fs::read_dir(&twophase_dir).map_err(|e| io(&twophase_dir, e))? {
+        let entry = entry.map_err(|e| io(&twophase_dir, e))?;
+        let Ok(xid) = u32::from_str_radix(&entry.file_name().to_string_lossy(), 16) else { continue };
+        let data = std::fs::read(entry.path()).map_err(|e| io(&entry.path(), e))?;
+        put(Key::twophase_file(xid), Value::Image(Bytes::from(data)), &mut batch);
+        xids.insert(xid);
+    }
+    put(Key::twophase_dir(), Value::Image(Bytes::from(dirs::encode_u32s(&xids))), &mut batch);
+    tl.commit_record(batch, lsns);
+    tl.checkpoint()?;
+    info!(%tenant_id, %timeline_id, %end_lsn, pages, "imported a data directory");
+    Ok((
+        tl,
+        Imported {
+            system_id: control.system_identifier,
+            wal_segment_size: control.wal_segment_size,
+            end_lsn,
+            checkpoint_lsn: control.checkpoint,
+        },
+    ))
+}
+
+/// Blocks per 1 GiB relation segment file.
+pub const RELSEG_BLOCKS: u64 = (1 << 30) / BLCKSZ as u64;
+
+/// Parses `<relfilenode>[_fsm|_vm|_init][.<segno>]`.
+pub fn parse_relfile_name(name: &str) -> Option<(Oid, ForkNumber, u32)> {
+    let (stem, segno) = match name.split_once('.') {
+        Some((stem, seg)) => (stem, seg.parse().ok()?),
+        None => (name, 0),
+    };
+    let (rel, fork) = match stem.split_once('_') {
+        Some((rel, "fsm")) => (rel, ForkNumber::Fsm),
+        Some((rel, "vm")) => (rel, ForkNumber::VisibilityMap),
+        Some((rel, "init")) => (rel, ForkNumber::Init),
+        Some(_) => return None,
+        None => (stem, ForkNumber::Main),
+    };
+    if rel.is_empty() || !rel.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((rel.parse().ok()?, fork, segno))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relation_file_names() {
+        assert_eq!(parse_relfile_name("16384"), Some((16384, ForkNumber::Main, 0)));
+        assert_eq!(parse_relfile_name("16384_vm"), Some((16384, ForkNumber::VisibilityMap, 0)));
+        assert_eq!(parse_relfile_name("16384_init.2"), Some((16384, ForkNumber::Init, 2)));
+        assert_eq!(parse_relfile_name("pg_filenode.map"), None);
+        assert_eq!(parse_relfile_name("PG_VERSION"), None);
+        assert_eq!(parse_relfile_name("123_xx"), None);
+        assert_eq!(parse_relfile_name("99999999999"), None);
+    }
+}

@@ -1,0 +1,488 @@
+//! WAL ingest: turns each decoded record into versions of keys.
+//!
+//! Block references must carry an image (the compute runs with
+//! `wal_consistency_checking` for every resource manager without native
+//! redo); the image is stamped with the record's end LSN, as redo would.
+//! The changes PostgreSQL makes without a block reference — visibility-map
+//! clearing, transaction status, multixacts, relation creation, truncation
+//! and drops, databases, the relation map, two-phase state and checkpoint
+//! counters — are derived from the records themselves.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_formats::page::{checksum, is_new, set_pd_lsn};
+use strata_formats::types::{BlockNumber, ForkNumber, Oid, RelFileNode};
+use strata_formats::v15::checkpoint_state::CheckpointState;
+use strata_formats::v15::records::slru::{ClogRecord, MultiXactRecord};
+use strata_formats::v15::records::storage::{
+    DbaseRecord, SmgrRecord, SMGR_TRUNCATE_FSM, SMGR_TRUNCATE_HEAP, SMGR_TRUNCATE_VM,
+};
+use strata_formats::v15::records::xact::{Outcome, XactRecord};
+use strata_formats::v15::records::{self, gist, ParsedRecord};
+use strata_formats::v15::{identify, rmgr};
+use strata_formats::wal::record::DecodedRecord;
+use strata_formats::Lsn;
+use strata_protocol::pageserver::SlruKind;
+use strata_redo::{NativeRecord, HEAPBLOCKS_PER_VM_PAGE};
+
+use crate::dirs;
+use crate::key::{Key, RelTag};
+use crate::layer::map::RecordLsns;
+use crate::timeline::{ReadError, Timeline};
+use crate::value::Value;
+
+/// Pages per SLRU segment file.
+pub const SLRU_PAGES_PER_SEGMENT: u32 = 32;
+
+/// A record that cannot be ingested: ingest of the timeline stops here.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot ingest the {rmgr} {kind} record at {lsn}: {reason}")]
+pub struct IngestError {
+    pub lsn: Lsn,
+    pub rmgr: String,
+    pub kind: String,
+    pub reason: String,
+}
+
+/// Ingest state of one timeline: the checkpoint counters and caches of the
+/// directory-like values, so each record does not re-read them.
+pub struct WalIngest {
+    tl: Arc<Timeline>,
+    checkpoint: CheckpointState,
+    checksums: bool,
+    db_dir: BTreeSet<(Oid, Oid)>,
+    rel_dirs: HashMap<(Oid, Oid), BTreeSet<(Oid, u8)>>,
+    rel_sizes: HashMap<RelTag, BlockNumber>,
+    slru_dirs: HashMap<SlruKind, BTreeSet<u32>>,
+    twophase: BTreeSet<u32>,
+    // Per record:
+    lsn: Lsn,
+    batch: Vec<(Key, Lsn, Value)>,
+    dirty_db_dir: bool,
+    dirty_rel_dirs: BTreeSet<(Oid, Oid)>,
+    dirty_sizes: BTreeSet<RelTag>,
+    dirty_slru: BTreeSet<SlruKind>,
+    dirty_twophase: bool,
+}
+
+type Res<T> = Result<T, String>;
+
+fn read_err(e: ReadError) -> String {
+    e.to_string()
+}
+
+impl WalIngest {
+    /// Starts ingesting after the last record the timeline holds.
+    pub fn new(tl: Arc<Timeline>) -> Result<WalIngest, String> {
+        let last = tl.record_lsns().last;
+        let checkpoint = CheckpointState::new(tl.checkpoint_at(last).map_err(read_err)?);
+        let checksums = tl.control_template().map_err(read_err)?.data_checksum_version != 0;
+        let db_dir = tl.db_dir(last).map_err(read_err)?;
+        let twophase = tl.twophase_xids(last).map_err(read_err)?;
+        Ok(WalIngest {
+            tl,
+            checkpoint,
+            checksums,
+            db_dir,
+            rel_dirs: HashMap::new(),
+            rel_sizes: HashMap::new(),
+            slru_dirs: HashMap::new(),
+            twophase,
+            lsn: last,
+            batch: Vec::new(),
+            dirty_db_dir: false,
+            dirty_rel_dirs: BTreeSet::new(),
+            dirty_sizes: BTreeSet::new(),
+            dirty_slru: BTreeSet::new(),
+            dirty_twophase: false,
+        })
+    }
+
+    /// Ingests one record and makes its versions visible at its end LSN.
+    pub fn ingest(&mut self, rec: &DecodedRecord) -> Result<(), IngestError> {
+        self.lsn = rec.end_lsn;
+        let result = self.ingest_inner(rec);
+        if let Err(reason) = result {
+            self.batch.clear();
+            return Err(IngestError {
+                lsn: rec.lsn,
+                rmgr: rmgr::name(rec.rmgr()).into_owned(),
+                kind: identify::identify(rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN").to_string(),
+                reason,
+            });
+        }
+        self.finish_record();
+        self.tl.commit_record(std::mem::take(&mut self.batch), RecordLsns { last: rec.end_lsn, prev: rec.lsn });
+        Ok(())
+    }
+
+    fn ingest_inner(&mut self, rec: &DecodedRecord) -> Res<()> {
+        let parsed = records::parse(rec).map_err(|e| e.to_string())?;
+        let gist_child = match &parsed {
+            Some(ParsedRecord::GistFollowRight { block_id }) => Some(*block_id),
+            _ => None,
+        };
+        for block in &rec.blocks {
+            if block.image.is_none() {
+                return Err(format!(
+                    "block {} of {}{} changes without an image and there is no native redo for it \
+                     (is wal_consistency_checking set for this resource manager?)",
+                    block.block,
+                    block.rel,
+                    block.fork.file_suffix()
+                ));
+            }
+            let mut page = rec
+                .block_image(block)
+                .map_err(|e| format!("image of block {} of {}: {e}", block.block, block.rel))?
+                .ok_or("image vanished")?;
+            if !is_new(&page[..]).unwrap_or(true) {
+                set_pd_lsn(&mut page[..], self.lsn.0).map_err(|e| e.to_string())?;
+            }
+            if gist_child == Some(block.id) {
+                gist::clear_follow_right(&mut page, self.lsn);
+            }
+            if self.checksums && !is_new(&page[..]).unwrap_or(true) {
+                checksum::set_checksum(&mut page, block.block);
+            }
+            let tag = RelTag { rel: block.rel, fork: block.fork };
+            self.ensure_rel(tag)?;
+            self.extend_to(tag, block.block + 1)?;
+            self.put(Key::rel_block(tag, block.block), Value::Image(Bytes::from(page.to_vec())));
+        }
+        if let Some(p) = &parsed {
+            self.apply_parsed(rec, p)?;
+        }
+        let before = self.checkpoint.checkpoint;
+        self.checkpoint.apply(rec, parsed.as_ref());
+        if self.checkpoint.checkpoint != before {
+            self.put(Key::checkpoint(), Value::Image(Bytes::copy_from_slice(&self.checkpoint.checkpoint.encode())));
+        }
+        Ok(())
+    }
+
+    fn apply_parsed(&mut self, rec: &DecodedRecord, parsed: &ParsedRecord) -> Res<()> {
+        match parsed {
+            ParsedRecord::VmClear(clears) => {
+                let mut per_page: BTreeMap<(RelFileNode, BlockNumber), Vec<(u32, u8)>> = BTreeMap::new();
+                for c in clears {
+                    per_page.entry((c.rel, c.heap_block / HEAPBLOCKS_PER_VM_PAGE)).or_default().push((c.heap_block, c.bits));
+                }
+                for ((rel, vm_block), list) in per_page {
+                    let tag = RelTag { rel, fork: ForkNumber::VisibilityMap };
+                    // Bits can only be set on a VM page that exists; clearing
+                    // beyond the fork changes nothing.
+                    if self.rel_size(tag)?.is_some_and(|n| vm_block < n) {
+                        self.put(Key::rel_block(tag, vm_block), Value::Native(NativeRecord::ClearVmBits(list)));
+                    }
+                }
+            }
+            ParsedRecord::Xact(XactRecord::Finish(f)) => {
+                let xid = f.xid(rec.header.xid);
+                let status = match f.outcome {
+                    Outcome::Commit => strata_redo::CLOG_COMMITTED,
+                    Outcome::Abort => strata_redo::CLOG_ABORTED,
+                };
+                let mut per_page: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+                for x in std::iter::once(xid).chain(f.subxacts.iter().copied()) {
+                    per_page.entry(strata_redo::clog_page(x)).or_default().push(x);
+                }
+                for (page, xids) in per_page {
+                    self.put(Key::slru_page(SlruKind::Clog, page), Value::Native(NativeRecord::ClogSetStatus { xids, status }));
+                }
+                for rel in &f.dropped_rels {
+                    self.drop_rel(*rel)?;
+                }
+                if f.prepared && self.twophase.remove(&xid) {
+                    self.dirty_twophase = true;
+                }
+            }
+            ParsedRecord::Xact(XactRecord::Prepare(p)) => {
+                let data = rec.main_data();
+                let mut file = Vec::with_capacity(data.len() + 4);
+                file.extend_from_slice(data);
+                file.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+                self.put(Key::twophase_file(p.xid), Value::Image(Bytes::from(file)));
+                self.twophase.insert(p.xid);
+                self.dirty_twophase = true;
+            }
+            ParsedRecord::Xact(_) => {}
+            ParsedRecord::Clog(ClogRecord::ZeroPage { page }) => self.zero_slru_page(SlruKind::Clog, *page as u32)?,
+            ParsedRecord::Clog(ClogRecord::Truncate { page, .. }) => {
+                let cutoff = *page as u32 / SLRU_PAGES_PER_SEGMENT;
+                self.remove_slru_segments(SlruKind::Clog, |seg| seg < cutoff)?;
+            }
+            ParsedRecord::MultiXact(m) => self.apply_multixact(m)?,
+            ParsedRecord::Smgr(SmgrRecord::Create { rel, fork }) => self.ensure_rel(RelTag { rel: *rel, fork: *fork })?,
+            ParsedRecord::Smgr(SmgrRecord::Truncate { rel, blocks, flags }) => {
+                if flags & SMGR_TRUNCATE_HEAP != 0 {
+                    self.truncate(RelTag { rel: *rel, fork: ForkNumber::Main }, *blocks)?;
+                }
+                if flags & SMGR_TRUNCATE_VM != 0 {
+                    // The VM keeps the page holding the new end's bits (its tail is cleared by an image).
+                    let vm_blocks = blocks.div_ceil(HEAPBLOCKS_PER_VM_PAGE);
+                    self.truncate(RelTag { rel: *rel, fork: ForkNumber::VisibilityMap }, vm_blocks)?;
+                }
+                if flags & SMGR_TRUNCATE_FSM != 0 {
+                    // The free space map is a hint, not served to computes; start it afresh.
+                    self.truncate(RelTag { rel: *rel, fork: ForkNumber::Fsm }, 0)?;
+                }
+            }
+            ParsedRecord::Dbase(DbaseRecord::CreateFileCopy { db, tablespace, src_db, src_tablespace }) => {
+                self.copy_database((*src_tablespace, *src_db), (*tablespace, *db))?;
+            }
+            ParsedRecord::Dbase(DbaseRecord::CreateWalLog { db, tablespace }) => {
+                if self.db_dir.insert((*tablespace, *db)) {
+                    self.dirty_db_dir = true;
+                }
+                self.rel_dirs.insert((*tablespace, *db), BTreeSet::new());
+                self.dirty_rel_dirs.insert((*tablespace, *db));
+            }
+            ParsedRecord::Dbase(DbaseRecord::Drop { db, tablespaces }) => {
+                for spc in tablespaces {
+                    if self.db_dir.remove(&(*spc, *db)) {
+                        self.dirty_db_dir = true;
+                    }
+                    self.rel_dirs.insert((*spc, *db), BTreeSet::new());
+                    self.dirty_rel_dirs.insert((*spc, *db));
+                    self.rel_sizes.retain(|t, _| !(t.rel.spc == *spc && t.rel.db == *db));
+                }
+            }
+            ParsedRecord::Tblspc(t) => {
+                tracing::warn!(lsn = %rec.lsn, record = ?t, "tablespaces other than pg_default and pg_global are not served");
+            }
+            ParsedRecord::RelMap(u) => {
+                self.put(Key::relmap(u.tablespace, u.db), Value::Image(Bytes::copy_from_slice(&u.data)));
+            }
+            ParsedRecord::Xlog(_) | ParsedRecord::GistFollowRight { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn apply_multixact(&mut self, m: &MultiXactRecord) -> Res<()> {
+        match m {
+            MultiXactRecord::ZeroOffsetsPage { page } => self.zero_slru_page(SlruKind::MultiXactOffsets, *page as u32),
+            MultiXactRecord::ZeroMembersPage { page } => self.zero_slru_page(SlruKind::MultiXactMembers, *page as u32),
+            MultiXactRecord::Create { multi, offset, members } => {
+                self.put(
+                    Key::slru_page(SlruKind::MultiXactOffsets, strata_redo::multixact_offsets_page(*multi)),
+                    Value::Native(NativeRecord::MultiXactOffset { multi: *multi, offset: *offset }),
+                );
+                let mut per_page: BTreeMap<u32, Vec<(u32, u32, u8)>> = BTreeMap::new();
+                for (i, m) in members.iter().enumerate() {
+                    let at = offset.wrapping_add(i as u32);
+                    per_page.entry(strata_redo::multixact_members_page(at)).or_default().push((at, m.xid, m.status as u8));
+                }
+                for (page, list) in per_page {
+                    self.put(
+                        Key::slru_page(SlruKind::MultiXactMembers, page),
+                        Value::Native(NativeRecord::MultiXactMembers(list)),
+                    );
+                }
+                Ok(())
+            }
+            MultiXactRecord::Truncate { start_offsets, end_offsets, start_members, end_members, .. } => {
+                let seg = |page: u32| page / SLRU_PAGES_PER_SEGMENT;
+                let (s, e) = (
+                    seg(strata_redo::multixact_offsets_page(*start_offsets)),
+                    seg(strata_redo::multixact_offsets_page(*end_offsets)),
+                );
+                self.remove_slru_segments(SlruKind::MultiXactOffsets, |x| in_wrapping_range(x, s, e))?;
+                let (s, e) = (
+                    seg(strata_redo::multixact_members_page(*start_members)),
+                    seg(strata_redo::multixact_members_page(*end_members)),
+                );
+                self.remove_slru_segments(SlruKind::MultiXactMembers, |x| in_wrapping_range(x, s, e))
+            }
+        }
+    }
+
+    // ---- cached state ----
+
+    fn put(&mut self, key: Key, value: Value) {
+        self.batch.push((key, self.lsn, value));
+    }
+
+    /// The state before this record is what the timeline holds at its last LSN.
+    fn read_lsn(&self) -> Lsn {
+        self.tl.record_lsns().last
+    }
+
+    fn rel_dir(&mut self, spc: Oid, db: Oid) -> Res<&mut BTreeSet<(Oid, u8)>> {
+        if !self.rel_dirs.contains_key(&(spc, db)) {
+            let dir = self.tl.rel_dir(spc, db, self.read_lsn()).map_err(read_err)?;
+            self.rel_dirs.insert((spc, db), dir);
+        }
+        Ok(self.rel_dirs.get_mut(&(spc, db)).expect("just inserted"))
+    }
+
+    fn rel_size(&mut self, tag: RelTag) -> Res<Option<BlockNumber>> {
+        if !self.rel_dir(tag.rel.spc, tag.rel.db)?.contains(&(tag.rel.rel, tag.fork as u8)) {
+            return Ok(None);
+        }
+        if let Some(n) = self.rel_sizes.get(&tag) {
+            return Ok(Some(*n));
+        }
+        let n = self.tl.rel_size(tag, self.read_lsn()).map_err(read_err)?.unwrap_or(0);
+        self.rel_sizes.insert(tag, n);
+        Ok(Some(n))
+    }
+
+    /// Makes a relation fork exist (empty if it is new).
+    fn ensure_rel(&mut self, tag: RelTag) -> Res<()> {
+        let (spc, db) = (tag.rel.spc, tag.rel.db);
+        if self.rel_dir(spc, db)?.insert((tag.rel.rel, tag.fork as u8)) {
+            self.dirty_rel_dirs.insert((spc, db));
+            self.rel_sizes.insert(tag, 0);
+            self.dirty_sizes.insert(tag);
+        }
+        Ok(())
+    }
+
+    fn extend_to(&mut self, tag: RelTag, blocks: BlockNumber) -> Res<()> {
+        let size = self.rel_size(tag)?.unwrap_or(0);
+        if blocks > size {
+            self.rel_sizes.insert(tag, blocks);
+            self.dirty_sizes.insert(tag);
+        }
+        Ok(())
+    }
+
+    /// Shrinks a fork; the cut blocks read as zeros if the fork grows again.
+    fn truncate(&mut self, tag: RelTag, blocks: BlockNumber) -> Res<()> {
+        let Some(size) = self.rel_size(tag)? else { return Ok(()) };
+        if blocks >= size {
+            return Ok(());
+        }
+        for b in blocks..size {
+            self.put(Key::rel_block(tag, b), Value::ZeroPage);
+        }
+        self.rel_sizes.insert(tag, blocks);
+        self.dirty_sizes.insert(tag);
+        Ok(())
+    }
+
+    fn drop_rel(&mut self, rel: RelFileNode) -> Res<()> {
+        let dir = self.rel_dir(rel.spc, rel.db)?;
+        let before = dir.len();
+        dir.retain(|(r, _)| *r != rel.rel);
+        if dir.len() != before {
+            self.dirty_rel_dirs.insert((rel.spc, rel.db));
+        }
+        self.rel_sizes.retain(|t, _| t.rel != rel);
+        self.dirty_sizes.retain(|t| t.rel != rel);
+        Ok(())
+    }
+
+    fn slru_dir(&mut self, kind: SlruKind) -> Res<&mut BTreeSet<u32>> {
+        if !self.slru_dirs.contains_key(&kind) {
+            let dir = self.tl.slru_segments(kind, self.read_lsn()).map_err(read_err)?;
+            self.slru_dirs.insert(kind, dir);
+        }
+        Ok(self.slru_dirs.get_mut(&kind).expect("just inserted"))
+    }
+
+    fn zero_slru_page(&mut self, kind: SlruKind, page: u32) -> Res<()> {
+        self.put(Key::slru_page(kind, page), Value::ZeroPage);
+        if self.slru_dir(kind)?.insert(page / SLRU_PAGES_PER_SEGMENT) {
+            self.dirty_slru.insert(kind);
+        }
+        Ok(())
+    }
+
+    fn remove_slru_segments(&mut self, kind: SlruKind, remove: impl Fn(u32) -> bool) -> Res<()> {
+        let dir = self.slru_dir(kind)?;
+        let before = dir.len();
+        dir.retain(|s| !remove(*s));
+        if dir.len() != before {
+            self.dirty_slru.insert(kind);
+        }
+        Ok(())
+    }
+
+    /// CREATE DATABASE … STRATEGY FILE_COPY: every fork of the source
+    /// database, and its relation map, as of this record.
+    fn copy_database(&mut self, src: (Oid, Oid), dst: (Oid, Oid)) -> Res<()> {
+        let lsn = self.read_lsn();
+        let rels = self.rel_dir(src.0, src.1)?.clone();
+        let mut new_dir = BTreeSet::new();
+        for (rel, fork) in rels {
+            let Some(fork_number) = ForkNumber::from_u8(fork) else { continue };
+            let src_tag = RelTag { rel: RelFileNode { spc: src.0, db: src.1, rel }, fork: fork_number };
+            let dst_tag = RelTag { rel: RelFileNode { spc: dst.0, db: dst.1, rel }, fork: fork_number };
+            let size = self.rel_size(src_tag)?.unwrap_or(0);
+            for b in 0..size {
+                if let Some(page) = self.tl.get(&Key::rel_block(src_tag, b), lsn).map_err(read_err)? {
+                    self.put(Key::rel_block(dst_tag, b), Value::Image(page));
+                }
+            }
+            new_dir.insert((rel, fork));
+            self.rel_sizes.insert(dst_tag, size);
+            self.dirty_sizes.insert(dst_tag);
+        }
+        self.rel_dirs.insert(dst, new_dir);
+        self.dirty_rel_dirs.insert(dst);
+        if let Some(map) = self.tl.get(&Key::relmap(src.0, src.1), lsn).map_err(read_err)? {
+            self.put(Key::relmap(dst.0, dst.1), Value::Image(map));
+        }
+        if self.db_dir.insert(dst) {
+            self.dirty_db_dir = true;
+        }
+        Ok(())
+    }
+
+    /// Writes the directory-like values this record changed, once each.
+    fn finish_record(&mut self) {
+        if std::mem::take(&mut self.dirty_db_dir) {
+            let v = dirs::encode_pairs(&self.db_dir);
+            self.put(Key::db_dir(), Value::Image(Bytes::from(v)));
+        }
+        for (spc, db) in std::mem::take(&mut self.dirty_rel_dirs) {
+            let v = dirs::encode_rels(&self.rel_dirs[&(spc, db)]);
+            self.put(Key::rel_dir(spc, db), Value::Image(Bytes::from(v)));
+        }
+        for tag in std::mem::take(&mut self.dirty_sizes) {
+            if let Some(n) = self.rel_sizes.get(&tag).copied() {
+                self.put(Key::rel_size(tag), Value::Image(Bytes::copy_from_slice(&n.to_le_bytes())));
+            }
+        }
+        for kind in std::mem::take(&mut self.dirty_slru) {
+            let v = dirs::encode_u32s(&self.slru_dirs[&kind]);
+            self.put(Key::slru_dir(kind), Value::Image(Bytes::from(v)));
+        }
+        if std::mem::take(&mut self.dirty_twophase) {
+            let v = dirs::encode_u32s(&self.twophase);
+            self.put(Key::twophase_dir(), Value::Image(Bytes::from(v)));
+        }
+    }
+}
+
+/// `x` in `[start, end)` on a circle of segment numbers.
+fn in_wrapping_range(x: u32, start: u32, end: u32) -> bool {
+    if start <= end {
+        x >= start && x < end
+    } else {
+        x >= start || x < end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_formats::version::BLCKSZ;
+
+    #[test]
+    fn wrapping_ranges() {
+        assert!(in_wrapping_range(3, 2, 5));
+        assert!(!in_wrapping_range(5, 2, 5));
+        assert!(in_wrapping_range(9, 8, 2) && in_wrapping_range(1, 8, 2) && !in_wrapping_range(4, 8, 2));
+        assert!(!in_wrapping_range(4, 4, 4), "an empty range removes nothing");
+    }
+
+    #[test]
+    fn blcksz_is_a_page() {
+        assert_eq!(BLCKSZ, 8192);
+    }
+}

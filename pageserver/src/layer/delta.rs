@@ -1,0 +1,460 @@
+//! Delta layer files: immutable, sorted versions of keys over a key range
+//! and an LSN range, with an index so that a lookup reads one index block
+//! and the values it needs — never the whole file. Format: see
+//! `docs/pageserver-storage.md` (version 1).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use strata_formats::Lsn;
+
+use super::{LayerError, Versions};
+use crate::key::{Key, KEY_SIZE};
+use crate::value::Value;
+
+const MAGIC: &[u8; 8] = b"STRDELTA";
+const END_MAGIC: &[u8; 8] = b"STRDLEND";
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_SIZE: usize = 8 + 4 + 4 + KEY_SIZE * 2 + 8 + 8 + 4;
+const FOOTER_SIZE: usize = 8 + 8 + 4 + 4 + 8;
+/// key | lsn | offset | len | crc | flags
+const ENTRY_SIZE: usize = KEY_SIZE + 8 + 8 + 4 + 4 + 2;
+/// Index entries per block: one in-memory summary entry per block.
+const ENTRIES_PER_BLOCK: usize = 128;
+/// Flag: the stored bytes are zstd-compressed.
+const FLAG_ZSTD: u8 = 1;
+/// Flag: the value is a base version (image or zero page).
+const FLAG_BASE: u8 = 2;
+/// Values at least this large are compressed.
+const COMPRESS_MIN: usize = 256;
+/// Largest value accepted when reading (a page plus slack, or a directory).
+const MAX_VALUE: u32 = 64 << 20;
+
+/// One index entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    key: Key,
+    lsn: Lsn,
+    offset: u64,
+    len: u32,
+    crc: u32,
+    flags: u8,
+}
+
+impl Entry {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.key.encode());
+        out.extend_from_slice(&self.lsn.0.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.crc.to_le_bytes());
+        out.push(self.flags);
+        out.push(0);
+    }
+
+    fn decode(b: &[u8]) -> Entry {
+        debug_assert_eq!(b.len(), ENTRY_SIZE);
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        Entry {
+            key: Key::decode(b[..KEY_SIZE].try_into().expect("key bytes")),
+            lsn: Lsn(u64_at(KEY_SIZE)),
+            offset: u64_at(KEY_SIZE + 8),
+            len: u32_at(KEY_SIZE + 16),
+            crc: u32_at(KEY_SIZE + 20),
+            flags: b[KEY_SIZE + 24],
+        }
+    }
+}
+
+/// The name of a layer file: its key range and LSN range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LayerName {
+    pub lsn_start: Lsn,
+    pub lsn_end: Lsn,
+    pub key_start: Key,
+    pub key_end: Key,
+}
+
+impl std::fmt::Display for LayerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}__{:016X}-{:016X}.delta", self.key_start, self.key_end, self.lsn_start.0, self.lsn_end.0)
+    }
+}
+
+impl std::str::FromStr for LayerName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<LayerName, String> {
+        let bad = || format!("{s:?} is not a delta layer file name");
+        let body = s.strip_suffix(".delta").ok_or_else(bad)?;
+        let (keys, lsns) = body.split_once("__").ok_or_else(bad)?;
+        let (k1, k2) = keys.split_once('-').ok_or_else(bad)?;
+        let (l1, l2) = lsns.split_once('-').ok_or_else(bad)?;
+        let lsn = |x: &str| u64::from_str_radix(x, 16).map(Lsn).map_err(|_| bad());
+        let name = LayerName { key_start: k1.parse()?, key_end: k2.parse()?, lsn_start: lsn(l1)?, lsn_end: lsn(l2)? };
+        if name.key_start > name.key_end || name.lsn_start >= name.lsn_end {
+            return Err(bad());
+        }
+        Ok(name)
+    }
+}
+
+/// Writes a delta layer file from versions given in key, then LSN order.
+pub struct DeltaLayerWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    offset: u64,
+    index: Vec<u8>,
+    count: u64,
+    last: Option<(Key, Lsn)>,
+    name: LayerName,
+    scratch: Vec<u8>,
+}
+
+impl DeltaLayerWriter {
+    /// Starts writing `name` as a temporary file in `dir`.
+    pub fn new(dir: &Path, name: LayerName) -> std::io::Result<DeltaLayerWriter> {
+        let path = dir.join(format!("{name}.tmp"));
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
+        let mut header = Vec::with_capacity(HEADER_SIZE);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        header.extend_from_slice(&name.key_start.encode());
+        header.extend_from_slice(&name.key_end.encode());
+        header.extend_from_slice(&name.lsn_start.0.to_le_bytes());
+        header.extend_from_slice(&name.lsn_end.0.to_le_bytes());
+        let crc = crc32c::crc32c(&header);
+        header.extend_from_slice(&crc.to_le_bytes());
+        debug_assert_eq!(header.len(), HEADER_SIZE);
+        out.write_all(&header)?;
+        Ok(DeltaLayerWriter {
+            path,
+            out,
+            offset: HEADER_SIZE as u64,
+            index: Vec::new(),
+            count: 0,
+            last: None,
+            name,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Appends one version; keys and LSNs must not go backwards.
+    pub fn put(&mut self, key: &Key, lsn: Lsn, value: &Value) -> std::io::Result<()> {
+        debug_assert!(self.last.is_none_or(|l| l <= (*key, lsn)), "versions out of order");
+        debug_assert!(*key >= self.name.key_start && *key < self.name.key_end);
+        debug_assert!(lsn >= self.name.lsn_start && lsn < self.name.lsn_end);
+        self.last = Some((*key, lsn));
+        self.scratch.clear();
+        value.encode(&mut self.scratch);
+        let mut flags = if value.is_base() { FLAG_BASE } else { 0 };
+        let compressed;
+        let stored: &[u8] = if self.scratch.len() >= COMPRESS_MIN {
+            compressed = zstd::bulk::compress(&self.scratch, 1)?;
+            if compressed.len() < self.scratch.len() {
+                flags |= FLAG_ZSTD;
+                &compressed
+            } else {
+                &self.scratch
+            }
+        } else {
+            &self.scratch
+        };
+        self.out.write_all(stored)?;
+        Entry {
+            key: *key,
+            lsn,
+            offset: self.offset,
+            len: stored.len() as u32,
+            crc: crc32c::crc32c(stored),
+            flags,
+        }
+        .encode(&mut self.index);
+        self.offset += stored.len() as u64;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Writes the index and footer, fsyncs (if asked) and renames the file to its final name.
+    pub fn finish(mut self, fsync: bool) -> std::io::Result<PathBuf> {
+        let index_offset = self.offset;
+        self.out.write_all(&self.index)?;
+        let mut footer = Vec::with_capacity(FOOTER_SIZE);
+        footer.extend_from_slice(&index_offset.to_le_bytes());
+        footer.extend_from_slice(&self.count.to_le_bytes());
+        footer.extend_from_slice(&crc32c::crc32c(&self.index).to_le_bytes());
+        footer.extend_from_slice(&0u32.to_le_bytes());
+        footer.extend_from_slice(END_MAGIC);
+        self.out.write_all(&footer)?;
+        let file = self.out.into_inner().map_err(|e| e.into_error())?;
+        if fsync {
+            file.sync_all()?;
+        }
+        let final_path = self.path.with_file_name(self.name.to_string());
+        std::fs::rename(&self.path, &final_path)?;
+        Ok(final_path)
+    }
+}
+
+/// An open delta layer file. Holds only a sparse summary of its index in memory.
+pub struct DeltaLayer {
+    pub name: LayerName,
+    path: PathBuf,
+    file: File,
+    index_offset: u64,
+    count: u64,
+    /// First (key, LSN) of each index block.
+    summary: Vec<(Key, Lsn)>,
+    pub file_size: u64,
+}
+
+impl DeltaLayer {
+    /// Opens and checks a layer file: header, footer and index CRC.
+    pub fn open(path: &Path) -> Result<DeltaLayer, LayerError> {
+        let p = path.display().to_string();
+        let io = |source| LayerError::Io { path: p.clone(), source };
+        let corrupt = |reason: String| LayerError::Corrupt { path: p.clone(), reason };
+        let file = File::open(path).map_err(io)?;
+        let file_size = file.metadata().map_err(io)?.len();
+        if file_size < (HEADER_SIZE + FOOTER_SIZE) as u64 {
+            return Err(corrupt(format!("{file_size} bytes is too short for a layer file")));
+        }
+        let mut header = [0u8; HEADER_SIZE];
+        file.read_exact_at(&mut header, 0).map_err(io)?;
+        if &header[..8] != MAGIC {
+            return Err(corrupt("bad magic".into()));
+        }
+        let crc = u32::from_le_bytes(header[HEADER_SIZE - 4..].try_into().expect("4 bytes"));
+        if crc != crc32c::crc32c(&header[..HEADER_SIZE - 4]) {
+            return Err(corrupt("header CRC mismatch".into()));
+        }
+        let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
+        if version != FORMAT_VERSION {
+            return Err(corrupt(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+        }
+        let k = 16;
+        let name = LayerName {
+            key_start: Key::decode(header[k..k + KEY_SIZE].try_into().expect("key")),
+            key_end: Key::decode(header[k + KEY_SIZE..k + 2 * KEY_SIZE].try_into().expect("key")),
+            lsn_start: Lsn(u64::from_le_bytes(header[k + 36..k + 44].try_into().expect("8 bytes"))),
+            lsn_end: Lsn(u64::from_le_bytes(header[k + 44..k + 52].try_into().expect("8 bytes"))),
+        };
+        let mut footer = [0u8; FOOTER_SIZE];
+        file.read_exact_at(&mut footer, file_size - FOOTER_SIZE as u64).map_err(io)?;
+        if &footer[FOOTER_SIZE - 8..] != END_MAGIC {
+            return Err(corrupt("bad footer magic (incomplete file?)".into()));
+        }
+        let index_offset = u64::from_le_bytes(footer[0..8].try_into().expect("8 bytes"));
+        let count = u64::from_le_bytes(footer[8..16].try_into().expect("8 bytes"));
+        let index_crc = u32::from_le_bytes(footer[16..20].try_into().expect("4 bytes"));
+        let index_len = count.checked_mul(ENTRY_SIZE as u64).ok_or_else(|| corrupt("entry count overflows".into()))?;
+        if index_offset < HEADER_SIZE as u64 || index_offset.checked_add(index_len) != Some(file_size - FOOTER_SIZE as u64)
+        {
+            return Err(corrupt(format!("index at {index_offset} with {count} entries does not fit the file")));
+        }
+        // Stream the index once: check its CRC, its order and value bounds, and keep the summary.
+        let mut summary = Vec::with_capacity((count as usize).div_ceil(ENTRIES_PER_BLOCK));
+        let mut crc = 0u32;
+        let mut buf = vec![0u8; ENTRY_SIZE * ENTRIES_PER_BLOCK];
+        let mut last: Option<(Key, Lsn)> = None;
+        let mut done = 0u64;
+        while done < count {
+            let n = ((count - done) as usize).min(ENTRIES_PER_BLOCK);
+            let chunk = &mut buf[..n * ENTRY_SIZE];
+            file.read_exact_at(chunk, index_offset + done * ENTRY_SIZE as u64).map_err(io)?;
+            crc = crc32c::crc32c_append(crc, chunk);
+            for (i, raw) in chunk.chunks_exact(ENTRY_SIZE).enumerate() {
+                let e = Entry::decode(raw);
+                if last.is_some_and(|l| l > (e.key, e.lsn)) {
+                    return Err(corrupt(format!("index entry {} out of order", done + i as u64)));
+                }
+                if e.offset < HEADER_SIZE as u64 || e.offset.saturating_add(u64::from(e.len)) > index_offset {
+                    return Err(corrupt(format!("value of index entry {} lies outside the values", done + i as u64)));
+                }
+                if e.key < name.key_start || e.key >= name.key_end || e.lsn < name.lsn_start || e.lsn >= name.lsn_end {
+                    return Err(corrupt(format!("index entry {} outside the layer's ranges", done + i as u64)));
+                }
+                last = Some((e.key, e.lsn));
+                if i == 0 {
+                    summary.push((e.key, e.lsn));
+                }
+            }
+            done += n as u64;
+        }
+        if crc != index_crc {
+            return Err(corrupt("index CRC mismatch".into()));
+        }
+        Ok(DeltaLayer { name, path: path.to_path_buf(), file, index_offset, count, summary, file_size })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn corrupt(&self, reason: String) -> LayerError {
+        LayerError::Corrupt { path: self.path.display().to_string(), reason }
+    }
+
+    fn read_block(&self, block: usize) -> Result<Vec<Entry>, LayerError> {
+        let first = block * ENTRIES_PER_BLOCK;
+        let n = (self.count as usize - first).min(ENTRIES_PER_BLOCK);
+        let mut buf = vec![0u8; n * ENTRY_SIZE];
+        self.file
+            .read_exact_at(&mut buf, self.index_offset + (first * ENTRY_SIZE) as u64)
+            .map_err(|source| LayerError::Io { path: self.path.display().to_string(), source })?;
+        Ok(buf.chunks_exact(ENTRY_SIZE).map(Entry::decode).collect())
+    }
+
+    fn read_value(&self, e: &Entry) -> Result<Value, LayerError> {
+        if e.len > MAX_VALUE {
+            return Err(self.corrupt(format!("value of {} bytes at offset {}", e.len, e.offset)));
+        }
+        let mut buf = vec![0u8; e.len as usize];
+        self.file
+            .read_exact_at(&mut buf, e.offset)
+            .map_err(|source| LayerError::Io { path: self.path.display().to_string(), source })?;
+        if crc32c::crc32c(&buf) != e.crc {
+            return Err(self.corrupt(format!("CRC mismatch in the value of key {} at offset {}", e.key, e.offset)));
+        }
+        let raw = if e.flags & FLAG_ZSTD != 0 {
+            zstd::bulk::decompress(&buf, MAX_VALUE as usize)
+                .map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))?
+        } else {
+            buf
+        };
+        Value::decode(&raw).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))
+    }
+
+    /// Gathers versions of `key` at or below `lsn`, newest first; true once a base is found.
+    pub fn collect(&self, key: &Key, lsn: Lsn, out: &mut Versions) -> Result<bool, LayerError> {
+        if *key < self.name.key_start || *key >= self.name.key_end || lsn < self.name.lsn_start {
+            return Ok(false);
+        }
+        // The last block whose first entry is at or before (key, lsn).
+        let mut block = match self.summary.partition_point(|s| *s <= (*key, lsn)) {
+            0 => return Ok(false),
+            n => n - 1,
+        };
+        let mut entries = self.read_block(block)?;
+        let mut i = entries.partition_point(|e| (e.key, e.lsn) <= (*key, lsn));
+        loop {
+            if i == 0 {
+                if block == 0 {
+                    return Ok(false);
+                }
+                block -= 1;
+                entries = self.read_block(block)?;
+                i = entries.len();
+                continue;
+            }
+            i -= 1;
+            let e = entries[i];
+            if e.key != *key {
+                return Ok(false);
+            }
+            let value = self.read_value(&e)?;
+            if value.is_base() != (e.flags & FLAG_BASE != 0) {
+                return Err(self.corrupt(format!("value kind of key {} at offset {} disagrees with the index", e.key, e.offset)));
+            }
+            if out.push(e.lsn, value) {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Number of versions stored.
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use strata_redo::NativeRecord;
+
+    fn key(n: u32) -> Key {
+        Key { kind: 0, field1: 1663, field2: 5, field3: 16384, field4: 0, field5: n }
+    }
+
+    fn write(dir: &Path, versions: &[(Key, Lsn, Value)]) -> PathBuf {
+        let name = LayerName {
+            key_start: versions.iter().map(|v| v.0).min().unwrap(),
+            key_end: versions.iter().map(|v| v.0).max().unwrap().next(),
+            lsn_start: Lsn(0x100),
+            lsn_end: Lsn(0x10000),
+        };
+        let mut w = DeltaLayerWriter::new(dir, name).unwrap();
+        for (k, l, v) in versions {
+            w.put(k, *l, v).unwrap();
+        }
+        w.finish(false).unwrap()
+    }
+
+    fn page(fill: u8) -> Value {
+        Value::Image(Bytes::from(vec![fill; 8192]))
+    }
+
+    #[test]
+    fn lookups_cross_index_blocks_and_stop_at_images() {
+        let dir = std::env::temp_dir().join(format!("strata-delta-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut versions = Vec::new();
+        // Key 1 has 300 versions (crossing index blocks): an image at the start and
+        // every 100th; the rest are native records.
+        for i in 0..300u64 {
+            let v = if i % 100 == 0 { page(i as u8) } else { Value::Native(NativeRecord::ClearVmBits(vec![(i as u32, 1)])) };
+            versions.push((key(1), Lsn(0x100 + i * 8), v));
+        }
+        for n in 2..500 {
+            versions.push((key(n), Lsn(0x200), page(n as u8)));
+        }
+        let path = write(&dir, &versions);
+        let layer = DeltaLayer::open(&path).unwrap();
+        assert_eq!(layer.len(), versions.len() as u64);
+        assert_eq!(path.file_name().unwrap().to_str().unwrap().parse::<LayerName>().unwrap(), layer.name);
+
+        let mut out = Versions::default();
+        assert!(layer.collect(&key(1), Lsn(0x100 + 250 * 8), &mut out).unwrap());
+        assert_eq!(out.list.len(), 51, "versions 250 down to the image at 200");
+        assert_eq!(out.list[0].0, Lsn(0x100 + 250 * 8));
+        assert_eq!(out.list[50].1, page(200));
+
+        let mut out = Versions::default();
+        assert!(layer.collect(&key(499), Lsn(0x300), &mut out).unwrap());
+        assert_eq!(out.list, vec![(Lsn(0x200), page(243))]);
+        let mut out = Versions::default();
+        assert!(!layer.collect(&key(499), Lsn(0x1ff), &mut out).unwrap(), "older than every version");
+        assert!(!layer.collect(&key(600), Lsn(0x300), &mut out).unwrap(), "outside the key range");
+        assert!(out.list.is_empty());
+
+        // Flip a byte in a value: the read names the file; no panic.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER_SIZE + 3] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let layer = DeltaLayer::open(&path).unwrap();
+        let err = layer.collect(&key(1), Lsn(0x100), &mut Versions::default()).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains("CRC"), "{err}");
+        // Damage anywhere in the index or footer is caught at open.
+        let len = bytes.len();
+        for at in [len - 1, len - FOOTER_SIZE, len - FOOTER_SIZE - 5, 0, 20] {
+            let mut b = std::fs::read(&path).unwrap();
+            b[at] ^= 0x55;
+            let p = dir.join(format!("damaged-{at}"));
+            std::fs::write(&p, &b).unwrap();
+            let err = DeltaLayer::open(&p).err().expect("damage detected").to_string();
+            assert!(err.contains(&p.display().to_string()), "{err}");
+        }
+        std::fs::write(dir.join("short"), b"STRDELTA").unwrap();
+        assert!(DeltaLayer::open(&dir.join("short")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,42 @@
+//! Layers: where versions of keys live. An in-memory layer takes the WAL as
+//! it is ingested; when it is large enough it is frozen and written to an
+//! immutable delta layer file. A read collects versions of a key from the
+//! newest layer to the oldest until it meets a base version (an image).
+
+pub mod delta;
+pub mod inmemory;
+pub mod map;
+
+use strata_formats::Lsn;
+
+use crate::value::Value;
+
+/// Versions of one key gathered for a read, newest first.
+#[derive(Default, Debug)]
+pub struct Versions {
+    pub list: Vec<(Lsn, Value)>,
+}
+
+impl Versions {
+    /// Whether the oldest version gathered so far is a base (no older one is needed).
+    pub fn complete(&self) -> bool {
+        self.list.last().is_some_and(|(_, v)| v.is_base())
+    }
+
+    /// Adds an older version; returns true once a base is reached.
+    pub fn push(&mut self, lsn: Lsn, value: Value) -> bool {
+        debug_assert!(self.list.last().is_none_or(|(l, _)| *l >= lsn), "versions must be added newest first");
+        let base = value.is_base();
+        self.list.push((lsn, value));
+        base
+    }
+}
+
+/// A layer file that cannot be read. Always names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("layer file {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("layer file {path} is corrupt: {reason}")]
+    Corrupt { path: String, reason: String },
+}

@@ -1,0 +1,270 @@
+//! The page service: GetPage@LSN and the other reads of
+//! `docs/pageserver-protocol.md`, over a pipelined TCP protocol.
+//!
+//! Requests that arrive together are answered together: consecutive
+//! GetPage requests at one LSN become one lookup that visits the layer map
+//! once, and all responses go out in one write.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_formats::version::BLCKSZ;
+use strata_formats::Lsn;
+use strata_protocol::pageserver::codec;
+use strata_protocol::pageserver::{
+    ClientMessage, ErrorCode, PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info};
+
+use crate::key::{Key, RelTag};
+use crate::tenants::Tenants;
+use crate::timeline::{ReadError, Timeline};
+
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// An idle connection is closed after this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accepts page service connections until the listener fails.
+pub async fn serve(listener: TcpListener, tenants: Arc<Tenants>) {
+    loop {
+        let Ok((socket, peer)) = listener.accept().await else { continue };
+        let tenants = tenants.clone();
+        tokio::spawn(async move {
+            let _ = socket.set_nodelay(true);
+            tenants.metrics.page_connections.inc();
+            if let Err(e) = connection(socket, &tenants).await {
+                debug!(%peer, "page service connection closed: {e}");
+            }
+            tenants.metrics.page_connections.dec();
+        });
+    }
+}
+
+fn error_code(e: &ReadError) -> ErrorCode {
+    match e {
+        ReadError::NotFound(_) => ErrorCode::NotFound,
+        ReadError::LsnTimeout { .. } => ErrorCode::LsnTimeout,
+        ReadError::Layer(_) | ReadError::Corrupt { .. } | ReadError::Broken { .. } => ErrorCode::Corrupt,
+    }
+}
+
+async fn read_more(socket: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> Result<(), String> {
+    let mut chunk = [0u8; 16 * 1024];
+    let n = tokio::time::timeout(timeout, socket.read(&mut chunk))
+        .await
+        .map_err(|_| format!("no request for {timeout:?}"))?
+        .map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Err("closed by the client".into());
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(())
+}
+
+async fn send(socket: &mut TcpStream, out: &[u8]) -> Result<(), String> {
+    tokio::time::timeout(WRITE_TIMEOUT, socket.write_all(out))
+        .await
+        .map_err(|_| "write timed out".to_string())?
+        .map_err(|e| e.to_string())
+}
+
+async fn refuse(socket: &mut TcpStream, code: ErrorCode, message: String) -> Result<(), String> {
+    let mut out = Vec::new();
+    codec::encode_server(&ServerMessage::Error { id: 0, code, message: message.clone() }, &mut out);
+    send(socket, &out).await?;
+    Err(message)
+}
+
+async fn connection(mut socket: TcpStream, tenants: &Tenants) -> Result<(), String> {
+    let mut buf = Vec::new();
+    let hello = loop {
+        match codec::split_frame(&buf) {
+            Ok(Some((n, frame))) => {
+                let msg = codec::decode_client(frame);
+                buf.drain(..n);
+                break msg;
+            }
+            Ok(None) => read_more(&mut socket, &mut buf, HELLO_TIMEOUT).await?,
+            Err(e) => return refuse(&mut socket, ErrorCode::Protocol, e.to_string()).await,
+        }
+    };
+    let hello = match hello {
+        Ok(ClientMessage::Hello(h)) => h,
+        Ok(_) => return refuse(&mut socket, ErrorCode::Protocol, "the first message must be Hello".into()).await,
+        Err(e) => return refuse(&mut socket, ErrorCode::Protocol, e.to_string()).await,
+    };
+    if hello.protocol_version != PAGE_PROTOCOL_VERSION {
+        let msg = format!("protocol version {} is not supported (this server speaks {PAGE_PROTOCOL_VERSION})", hello.protocol_version);
+        return refuse(&mut socket, ErrorCode::Version, msg).await;
+    }
+    let Some(entry) = tenants.get(hello.tenant_id, hello.timeline_id) else {
+        let msg = format!("timeline {}/{} not found on this pageserver", hello.tenant_id, hello.timeline_id);
+        return refuse(&mut socket, ErrorCode::NotFound, msg).await;
+    };
+    let tl = entry.tl.clone();
+    info!(tenant = %hello.tenant_id, timeline = %hello.timeline_id, "page service connection");
+    let mut out = Vec::new();
+    codec::encode_server(&ServerMessage::HelloOk { last_record_lsn: tl.record_lsns().last }, &mut out);
+    send(&mut socket, &out).await?;
+    let wait_timeout = tenants.conf.wait_lsn_timeout;
+    loop {
+        // Take every complete request already received (up to the pipeline depth).
+        let mut requests = Vec::new();
+        let mut protocol_error = None;
+        while requests.len() < MAX_PIPELINE_DEPTH {
+            match codec::split_frame(&buf) {
+                Ok(Some((n, frame))) => {
+                    match codec::decode_client(frame) {
+                        Ok(ClientMessage::Request(r)) => requests.push(r),
+                        Ok(ClientMessage::Hello(_)) => protocol_error = Some("a second Hello".to_string()),
+                        Err(e) => protocol_error = Some(e.to_string()),
+                    }
+                    buf.drain(..n);
+                    if protocol_error.is_some() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    protocol_error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if requests.is_empty() {
+            if let Some(e) = protocol_error {
+                return refuse(&mut socket, ErrorCode::Protocol, e).await;
+            }
+            read_more(&mut socket, &mut buf, IDLE_TIMEOUT).await?;
+            continue;
+        }
+        let started = Instant::now();
+        // Resolve and wait for every LSN first (async), then read (blocking).
+        let mut lsns: HashMap<Lsn, Result<Lsn, String>> = HashMap::new();
+        for r in &requests {
+            if !lsns.contains_key(&r.lsn()) {
+                let resolved = tl.wait_lsn(r.lsn(), wait_timeout).await.map_err(|e| e.to_string());
+                lsns.insert(r.lsn(), resolved);
+            }
+        }
+        let tl2 = tl.clone();
+        let responses = tokio::task::spawn_blocking(move || answer(&tl2, requests, &lsns))
+            .await
+            .map_err(|e| format!("request handler failed: {e}"))?;
+        out.clear();
+        for resp in &responses {
+            if matches!(resp, ServerMessage::Error { .. }) {
+                tl.metrics.request_errors.inc();
+            }
+            codec::encode_server(resp, &mut out);
+        }
+        send(&mut socket, &out).await?;
+        let per_request = started.elapsed().as_secs_f64();
+        for _ in &responses {
+            tl.metrics.request_seconds.observe(per_request);
+        }
+        if let Some(e) = protocol_error {
+            return refuse(&mut socket, ErrorCode::Protocol, e).await;
+        }
+    }
+}
+
+/// Answers a batch of requests in order.
+fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Result<Lsn, String>>) -> Vec<ServerMessage> {
+    let mut out: Vec<Option<ServerMessage>> = requests.iter().map(|_| None).collect();
+    let lsn_of = |r: &PageRequest| lsns.get(&r.lsn()).cloned().unwrap_or(Err("LSN not resolved".into()));
+    // Runs of GetPage at one LSN: check sizes, then one batched lookup.
+    let mut i = 0;
+    while i < requests.len() {
+        let PageRequest::GetPage { lsn: first_lsn, .. } = requests[i] else {
+            out[i] = Some(answer_one(tl, &requests[i], lsn_of(&requests[i])));
+            i += 1;
+            continue;
+        };
+        let mut j = i;
+        while j < requests.len() && matches!(requests[j], PageRequest::GetPage { lsn, .. } if lsn == first_lsn) {
+            j += 1;
+        }
+        match lsn_of(&requests[i]) {
+            Err(e) => {
+                for k in i..j {
+                    out[k] = Some(ServerMessage::Error { id: requests[k].id(), code: ErrorCode::LsnTimeout, message: e.clone() });
+                }
+            }
+            Ok(lsn) => {
+                let mut sizes: HashMap<RelTag, Result<Option<u32>, String>> = HashMap::new();
+                let mut keys = Vec::new();
+                let mut slots = Vec::new();
+                for k in i..j {
+                    let PageRequest::GetPage { id, rel, fork, block, .. } = requests[k] else { unreachable!() };
+                    let tag = RelTag { rel, fork };
+                    let size = sizes.entry(tag).or_insert_with(|| tl.rel_size(tag, lsn).map_err(|e| e.to_string()));
+                    match size {
+                        Ok(Some(n)) if block < *n => {
+                            keys.push(Key::rel_block(tag, block));
+                            slots.push((k, id));
+                        }
+                        Ok(Some(n)) => {
+                            let message = format!("block {block} of {tag} is beyond its {n} blocks at {lsn}");
+                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message });
+                        }
+                        Ok(None) => {
+                            let message = format!("relation {tag} does not exist at {lsn}");
+                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message });
+                        }
+                        Err(e) => out[k] = Some(ServerMessage::Error { id, code: ErrorCode::Corrupt, message: e.clone() }),
+                    }
+                }
+                tl.metrics.getpage_requests.inc_by((j - i) as u64);
+                tl.metrics.getpage_batches.inc();
+                tl.metrics.getpage_batch_size.observe(keys.len() as f64);
+                for ((k, id), r) in slots.into_iter().zip(tl.get_many(&keys, lsn)) {
+                    out[k] = Some(match r {
+                        Ok(Some(page)) if page.len() == BLCKSZ => ServerMessage::Page { id, page: page.to_vec() },
+                        Ok(Some(page)) => ServerMessage::Error {
+                            id,
+                            code: ErrorCode::Corrupt,
+                            message: format!("a page of {} bytes", page.len()),
+                        },
+                        Ok(None) => ServerMessage::Page { id, page: vec![0u8; BLCKSZ] },
+                        Err(e) => ServerMessage::Error { id, code: error_code(&e), message: e.to_string() },
+                    });
+                }
+            }
+        }
+        i = j;
+    }
+    out.into_iter().map(|m| m.expect("every request answered")).collect()
+}
+
+fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Result<Lsn, String>) -> ServerMessage {
+    let id = req.id();
+    let lsn = match lsn {
+        Ok(l) => l,
+        Err(message) => return ServerMessage::Error { id, code: ErrorCode::LsnTimeout, message },
+    };
+    let result: Result<ServerMessage, ReadError> = (|| {
+        Ok(match *req {
+            PageRequest::GetPage { .. } => unreachable!("batched"),
+            PageRequest::RelExists { rel, fork, .. } => {
+                ServerMessage::Exists { id, exists: tl.rel_size(RelTag { rel, fork }, lsn)?.is_some() }
+            }
+            PageRequest::RelSize { rel, fork, .. } => match tl.rel_size(RelTag { rel, fork }, lsn)? {
+                Some(blocks) => ServerMessage::Size { id, blocks },
+                None => return Err(ReadError::NotFound(format!("relation {} does not exist at {lsn}", RelTag { rel, fork }))),
+            },
+            PageRequest::DbSize { spc, db, .. } => ServerMessage::DbSize { id, bytes: tl.db_size(spc, db, lsn)? },
+            PageRequest::SlruSegment { kind, segno, .. } => {
+                if !tl.slru_segments(kind, lsn)?.contains(&segno) {
+                    return Err(ReadError::NotFound(format!("{kind} segment {segno:04X} does not exist at {lsn}")));
+                }
+                ServerMessage::Segment { id, data: crate::basebackup::slru_segment(tl, kind, segno, lsn)? }
+            }
+        })
+    })();
+    result.unwrap_or_else(|e| ServerMessage::Error { id, code: error_code(&e), message: e.to_string() })
+}

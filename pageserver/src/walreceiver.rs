@@ -1,0 +1,308 @@
+//! The WAL receiver of a timeline: streams committed WAL from the safekeeper
+//! that has the most, decodes it and feeds the records to ingest. On any
+//! connection failure it reconnects (to whichever safekeeper is then best)
+//! and resumes from the last record ingested; after a restart that is
+//! `disk_consistent_lsn`, so WAL is re-ingested from what is durable.
+//!
+//! One thread per timeline: ingest is CPU-bound, and blocking sockets with
+//! timeouts keep the loop simple.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use strata_formats::wal::reader::{StartPosition, WalDecoder};
+use strata_formats::version::PgVersion;
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::{ConsumerFeedback, ConsumerMessage, StartStreaming, StreamMessage, PROTOCOL_VERSION};
+use tracing::{info, warn};
+
+use crate::ingest::WalIngest;
+use crate::timeline::Timeline;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Safekeepers send a keepalive every few seconds; silence longer than this is a dead link.
+const READ_TIMEOUT: Duration = Duration::from_secs(15);
+const FEEDBACK_INTERVAL: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// After this long with nothing more to ingest from the current safekeeper,
+/// ask the others whether they have committed more (the current one may lag:
+/// a quorum does not need it).
+const PROBE_AFTER: Duration = Duration::from_secs(2);
+/// An in-memory layer older than this is frozen even if small, so that
+/// `disk_consistent_lsn` (and re-ingest after a crash) stays close behind.
+const MAX_LAYER_AGE: Duration = Duration::from_secs(30);
+
+/// What the status API shows about a timeline's WAL source.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ReceiverStatus {
+    pub safekeeper: Option<String>,
+    pub safekeeper_commit_lsn: Lsn,
+    pub last_error: Option<String>,
+}
+
+/// Handle to a running receiver.
+pub struct WalReceiver {
+    pub status: Arc<Mutex<ReceiverStatus>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl WalReceiver {
+    /// Starts the receiver and the flusher of `tl`.
+    pub fn spawn(tl: Arc<Timeline>, safekeepers: Vec<String>) -> WalReceiver {
+        let status = Arc::new(Mutex::new(ReceiverStatus::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let name = format!("wal-{}", tl.timeline_id);
+        let receiver = {
+            let (tl, status, stop) = (tl.clone(), status.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || receive_loop(tl, safekeepers, status, stop))
+                .expect("a thread starts")
+        };
+        let flusher = {
+            let (tl, stop) = (tl.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("flush-{}", tl.timeline_id))
+                .spawn(move || flush_loop(tl, stop))
+                .expect("a thread starts")
+        };
+        WalReceiver { status, stop, threads: vec![receiver, flusher] }
+    }
+
+    /// Stops both threads and waits for them (the flusher writes what is frozen first).
+    pub fn shutdown(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn flush_loop(tl: Arc<Timeline>, stop: Arc<AtomicBool>) {
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        if tl.broken_reason().is_none() {
+            if let Err(e) = tl.flush_frozen() {
+                tl.set_broken(format!("flushing a layer failed: {e}"));
+            }
+        }
+        if stopping {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn receive_loop(tl: Arc<Timeline>, safekeepers: Vec<String>, status: Arc<Mutex<ReceiverStatus>>, stop: Arc<AtomicBool>) {
+    let mut backoff = Duration::from_millis(100);
+    let mut ingest = None;
+    while !stop.load(Ordering::SeqCst) {
+        if tl.broken_reason().is_some() {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        }
+        if ingest.is_none() {
+            match WalIngest::new(tl.clone()) {
+                Ok(i) => ingest = Some(i),
+                Err(e) => {
+                    tl.set_broken(format!("cannot start ingest: {e}"));
+                    continue;
+                }
+            }
+        }
+        let ingest = ingest.as_mut().expect("set above");
+        let result = connect_best(&tl, &safekeepers, &status).and_then(|(addr, stream, commit)| {
+            info!(timeline = %tl.timeline_id, safekeeper = %addr, start = %tl.record_lsns().last, %commit, "streaming WAL");
+            backoff = Duration::from_millis(100);
+            status.lock().last_error = None;
+            stream_wal(&tl, ingest, stream, &addr, &safekeepers, &status, &stop)
+        });
+        match result {
+            Ok(()) => {}
+            Err(StreamError::Ingest(e)) => {
+                tl.set_broken(e);
+            }
+            Err(StreamError::Connection(e)) => {
+                warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
+                status.lock().last_error = Some(e);
+                status.lock().safekeeper = None;
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+    // Freeze what was ingested so the flusher makes it durable before exit.
+    tl.freeze();
+}
+
+enum StreamError {
+    /// Retry, possibly with another safekeeper.
+    Connection(String),
+    /// The WAL cannot be ingested: the timeline stops.
+    Ingest(String),
+}
+
+/// Opens a stream on every safekeeper and keeps the one with the highest commit LSN.
+fn connect_best(
+    tl: &Timeline,
+    safekeepers: &[String],
+    status: &Mutex<ReceiverStatus>,
+) -> Result<(String, TcpStream, Lsn), StreamError> {
+    let start = tl.record_lsns().last;
+    let mut best: Option<(String, TcpStream, Lsn)> = None;
+    let mut errors = Vec::new();
+    for addr in safekeepers {
+        match open_stream(tl, addr, start) {
+            Ok((stream, commit)) => {
+                if best.as_ref().is_none_or(|b| commit > b.2) {
+                    best = Some((addr.clone(), stream, commit));
+                }
+            }
+            Err(e) => errors.push(format!("{addr}: {e}")),
+        }
+    }
+    let best = best.ok_or_else(|| StreamError::Connection(format!("no safekeeper streams from {start}: {}", errors.join("; "))))?;
+    tl.metrics.walreceiver_connects.inc();
+    let mut s = status.lock();
+    s.safekeeper = Some(best.0.clone());
+    s.safekeeper_commit_lsn = best.2;
+    Ok(best)
+}
+
+fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<(TcpStream, Lsn), String> {
+    let sockaddr = addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("address does not resolve")?;
+    let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(|e| e.to_string())?;
+    stream.set_write_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    codec::encode_consumer(
+        &ConsumerMessage::Start(StartStreaming {
+            protocol_version: PROTOCOL_VERSION,
+            tenant_id: tl.tenant_id,
+            timeline_id: tl.timeline_id,
+            start_lsn: start,
+            stop_lsn: Lsn::INVALID,
+            include_uncommitted: false,
+            consumer_id: format!("pageserver/{}", tl.timeline_id),
+        }),
+        &mut out,
+    );
+    stream.write_all(&out).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    match read_message(&mut stream, &mut buf)? {
+        StreamMessage::Start(s) => {
+            let meta = tl.metadata();
+            if s.timeline.system_id != meta.system_id {
+                return Err(format!("system id {} is not the timeline's {}", s.timeline.system_id, meta.system_id));
+            }
+            stream.set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
+            Ok((stream, s.commit_lsn))
+        }
+        StreamMessage::Error(e) => Err(e.message),
+        other => Err(format!("unexpected first message {other:?}")),
+    }
+}
+
+/// Reads one stream message; `buf` keeps bytes of the next frames.
+fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<StreamMessage, String> {
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        if let Some((n, frame)) = codec::split_frame(buf).map_err(|e| e.to_string())? {
+            let msg = codec::decode_stream(frame).map_err(|e| e.to_string())?;
+            buf.drain(..n);
+            return Ok(msg);
+        }
+        let n = stream.read(&mut chunk).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("the safekeeper closed the connection".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Whether a safekeeper other than `current` has committed WAL beyond `lsn`.
+fn other_has_more(tl: &Timeline, safekeepers: &[String], current: &str, lsn: Lsn) -> Option<(String, Lsn)> {
+    safekeepers.iter().filter(|a| a.as_str() != current).find_map(|addr| match open_stream(tl, addr, lsn) {
+        Ok((_, commit)) if commit > lsn => Some((addr.clone(), commit)),
+        _ => None,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream_wal(
+    tl: &Timeline,
+    ingest: &mut WalIngest,
+    mut stream: TcpStream,
+    current: &str,
+    safekeepers: &[String],
+    status: &Mutex<ReceiverStatus>,
+    stop: &AtomicBool,
+) -> Result<(), StreamError> {
+    let meta = tl.metadata();
+    let lsns = tl.record_lsns();
+    let mut decoder =
+        WalDecoder::new(PgVersion::V15, lsns.last, u64::from(meta.wal_segment_size), StartPosition::RecordBoundary);
+    decoder.set_system_id(meta.system_id);
+    if lsns.prev != Lsn::INVALID {
+        decoder.set_prev_record(lsns.prev);
+    }
+    let mut buf = Vec::new();
+    let mut last_feedback = Instant::now() - FEEDBACK_INTERVAL;
+    let mut idle_since: Option<Instant> = None;
+    let conn = StreamError::Connection;
+    while !stop.load(Ordering::SeqCst) {
+        let last = tl.record_lsns().last;
+        if last >= status.lock().safekeeper_commit_lsn {
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= PROBE_AFTER {
+                if let Some((addr, commit)) = other_has_more(tl, safekeepers, current, last) {
+                    return Err(conn(format!("{addr} has committed up to {commit}, beyond {current}; switching")));
+                }
+                idle_since = Some(Instant::now());
+            }
+        } else {
+            idle_since = None;
+        }
+        if last_feedback.elapsed() >= FEEDBACK_INTERVAL {
+            let mut out = Vec::new();
+            let applied_lsn = tl.disk_consistent_lsn();
+            codec::encode_consumer(&ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn }), &mut out);
+            stream.write_all(&out).map_err(|e| conn(e.to_string()))?;
+            last_feedback = Instant::now();
+        }
+        if tl.should_freeze(MAX_LAYER_AGE) {
+            tl.freeze();
+        }
+        match read_message(&mut stream, &mut buf).map_err(conn)? {
+            StreamMessage::Wal(w) => {
+                if w.begin_lsn != decoder.input_lsn() {
+                    return Err(conn(format!("WAL at {} does not continue {}", w.begin_lsn, decoder.input_lsn())));
+                }
+                status.lock().safekeeper_commit_lsn = w.commit_lsn;
+                decoder.feed(&w.wal);
+                tl.metrics.wal_bytes_ingested.inc_by(w.wal.len() as u64);
+                loop {
+                    match decoder.next_record() {
+                        Ok(Some(rec)) => {
+                            ingest.ingest(&rec).map_err(|e| StreamError::Ingest(e.to_string()))?;
+                            tl.metrics.records_ingested.inc();
+                        }
+                        Ok(None) => break,
+                        Err(e) => return Err(StreamError::Ingest(format!("WAL decoding failed: {e}"))),
+                    }
+                }
+            }
+            StreamMessage::Keepalive { commit_lsn, .. } => status.lock().safekeeper_commit_lsn = commit_lsn,
+            StreamMessage::Error(e) => return Err(conn(format!("safekeeper error: {}", e.message))),
+            StreamMessage::Start(_) => return Err(conn("a second stream start".into())),
+        }
+    }
+    Ok(())
+}

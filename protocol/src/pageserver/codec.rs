@@ -1,0 +1,959 @@
+//! Byte layout of the page service protocol (specified in
+//! `docs/pageserver-protocol.md`).
+//!
+//! Every message travels in one frame, as in the safekeeper protocol:
+//!
+//! ```text
+//! u32 length (little-endian) | u8 tag | payload
+//! ```
+//!
+//! `length` counts the tag and the payload (never the length field itself)
+//! and is between 1 and [`MAX_FRAME_SIZE`]. Fields follow each other without
+//! padding:
+//!
+//! - integers are fixed-width little-endian; an LSN or a request id is a `u64`;
+//! - a bool is one byte, 0 or 1 (any other value is rejected);
+//! - tenant and timeline ids are their 16 raw bytes;
+//! - a page address is laid out like PostgreSQL's `BufferTag`: `u32`
+//!   tablespace, database, relfilenode, fork number, block number;
+//! - a string is a `u32` byte count and that many bytes of UTF-8 (at most
+//!   [`MAX_STRING_LEN`] bytes);
+//! - page and segment bytes come last in their message and extend to the end
+//!   of the frame.
+//!
+//! Decoding never panics, whatever the input, and rejects trailing bytes, so
+//! every message has exactly one encoding.
+
+use strata_formats::types::{Cursor, ForkNumber, RelFileNode, Truncated};
+use strata_formats::Lsn;
+
+use super::{
+    ClientMessage, ErrorCode, Hello, PageRequest, ServerMessage, SlruKind, MAX_SEGMENT_SIZE, PAGE_PROTOCOL_VERSION,
+    PAGE_SIZE,
+};
+use crate::ids::{TenantId, TimelineId};
+
+/// Size of the length prefix of a frame.
+pub const LENGTH_SIZE: usize = 4;
+/// Largest value of a frame's length field (tag and payload). The largest
+/// message of version 1, a full SLRU segment, needs 262 153; the rest is room
+/// for later versions without letting a peer make us buffer much.
+pub const MAX_FRAME_SIZE: usize = 1 << 20;
+/// Largest error message, in bytes.
+pub const MAX_STRING_LEN: usize = 4096;
+/// Length field of every `GetPage` frame (tag and payload).
+pub const GET_PAGE_LEN: usize = 37;
+/// Length field of every `Page` frame (tag, id and page).
+pub const PAGE_LEN: usize = 1 + 8 + PAGE_SIZE;
+
+/// Message tags: `0x01` the greeting, `0x10..=0x1F` requests; the high bit is
+/// set on messages sent by the pageserver. `0x00` is never used.
+pub mod tag {
+    pub const HELLO: u8 = 0x01;
+    pub const GET_PAGE: u8 = 0x10;
+    pub const REL_EXISTS: u8 = 0x11;
+    pub const REL_SIZE: u8 = 0x12;
+    pub const DB_SIZE: u8 = 0x13;
+    pub const SLRU_SEGMENT: u8 = 0x14;
+
+    pub const HELLO_OK: u8 = 0x81;
+    pub const PAGE: u8 = 0x90;
+    pub const EXISTS: u8 = 0x91;
+    pub const SIZE: u8 = 0x92;
+    pub const DB_SIZE_RESPONSE: u8 = 0x93;
+    pub const SEGMENT: u8 = 0x94;
+    pub const ERROR: u8 = 0x9F;
+}
+
+/// What was wrong with a frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty frame: a frame holds at least a tag")]
+    EmptyFrame,
+    #[error("frame of {len} bytes exceeds the maximum of {MAX_FRAME_SIZE}")]
+    FrameTooLarge { len: usize },
+    #[error("unknown {direction} message tag {tag:#04x}")]
+    UnknownTag { direction: &'static str, tag: u8 },
+    #[error("{message}: truncated in field `{field}` at offset {offset}: needed {needed} bytes, {available} left")]
+    Truncated { message: &'static str, field: &'static str, offset: usize, needed: usize, available: usize },
+    #[error("{message}: {count} trailing bytes after the last field")]
+    TrailingBytes { message: &'static str, count: usize },
+    #[error("{message}: field `{field}` is a bool but holds {value}")]
+    InvalidBool { message: &'static str, field: &'static str, value: u8 },
+    #[error("{message}: field `{field}` is not valid UTF-8 (valid up to byte {valid_up_to})")]
+    BadUtf8 { message: &'static str, field: &'static str, valid_up_to: usize },
+    #[error("{message}: field `{field}` is {len} bytes long, at most {MAX_STRING_LEN} allowed")]
+    StringTooLong { message: &'static str, field: &'static str, len: usize },
+    #[error("{message}: unknown error code {code}")]
+    UnknownErrorCode { message: &'static str, code: u16 },
+    #[error("{message}: unknown fork number {fork}")]
+    UnknownFork { message: &'static str, fork: u32 },
+    #[error("{message}: unknown SLRU kind {kind}")]
+    UnknownSlruKind { message: &'static str, kind: u8 },
+    #[error("{message}: request id 0 is reserved for connection-level errors")]
+    ZeroId { message: &'static str },
+    #[error("Page: {len} page bytes, a page is exactly {PAGE_SIZE}")]
+    BadPageSize { len: usize },
+    #[error("Segment: {len} bytes, a segment is a whole number of {PAGE_SIZE}-byte pages, at most {MAX_SEGMENT_SIZE}")]
+    BadSegmentSize { len: usize },
+    /// A hello of another protocol version that this build cannot decode; the
+    /// answer is an error with [`ErrorCode::Version`].
+    #[error("protocol version {version} is not supported (this build speaks {PAGE_PROTOCOL_VERSION}): {detail}")]
+    UnsupportedVersion { version: u32, detail: Box<DecodeError> },
+}
+
+// ---------------------------------------------------------------------------
+// Framing
+// ---------------------------------------------------------------------------
+
+/// Finds the first frame in `buf`: `Ok(Some((consumed, frame)))` where
+/// `consumed` counts the length prefix too and `frame` is the tag and payload;
+/// `Ok(None)` if `buf` does not hold a whole frame yet. Fails as soon as the
+/// length prefix is 0 or larger than [`MAX_FRAME_SIZE`], so a receiver never
+/// buffers more than that for one frame.
+pub fn split_frame(buf: &[u8]) -> Result<Option<(usize, &[u8])>, DecodeError> {
+    let Some(prefix) = buf.first_chunk::<LENGTH_SIZE>() else { return Ok(None) };
+    let len = u32::from_le_bytes(*prefix) as usize;
+    if len == 0 {
+        return Err(DecodeError::EmptyFrame);
+    }
+    if len > MAX_FRAME_SIZE {
+        return Err(DecodeError::FrameTooLarge { len });
+    }
+    match buf.get(LENGTH_SIZE..LENGTH_SIZE + len) {
+        Some(frame) => Ok(Some((LENGTH_SIZE + len, frame))),
+        None => Ok(None),
+    }
+}
+
+/// The protocol version of a hello, read without decoding the rest (its
+/// position is the same in every version).
+pub fn peek_version(frame: &[u8]) -> Option<u32> {
+    match frame.split_first() {
+        Some((&tag::HELLO, rest)) => rest.first_chunk::<4>().map(|b| u32::from_le_bytes(*b)),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Encoding
+// ---------------------------------------------------------------------------
+
+/// Appends one frame to an output buffer; the length is filled in by `finish`.
+struct FrameWriter<'a> {
+    out: &'a mut Vec<u8>,
+    start: usize,
+}
+
+impl<'a> FrameWriter<'a> {
+    fn begin(out: &'a mut Vec<u8>, tag: u8) -> FrameWriter<'a> {
+        let start = out.len();
+        out.extend_from_slice(&[0; LENGTH_SIZE]);
+        out.push(tag);
+        FrameWriter { out, start }
+    }
+
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.out.push(v);
+        self
+    }
+    fn u16(&mut self, v: u16) -> &mut Self {
+        self.out.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.out.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.out.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn lsn(&mut self, v: Lsn) -> &mut Self {
+        self.u64(v.0)
+    }
+    fn bool(&mut self, v: bool) -> &mut Self {
+        self.u8(u8::from(v))
+    }
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.out.extend_from_slice(v);
+        self
+    }
+    /// A request id; 0 would be taken for a connection-level error.
+    fn request_id(&mut self, id: u64, message: &str) -> &mut Self {
+        assert!(id != 0, "{message}: request id 0 is reserved for connection-level errors");
+        self.u64(id)
+    }
+    /// `rel` and `fork`, the first four fields of a `BufferTag`.
+    fn rel_fork(&mut self, rel: &RelFileNode, fork: ForkNumber) -> &mut Self {
+        self.u32(rel.spc).u32(rel.db).u32(rel.rel).u32(fork as u32)
+    }
+    /// Strings longer than [`MAX_STRING_LEN`] are cut at a character boundary.
+    fn string(&mut self, s: &str) -> &mut Self {
+        let mut end = s.len().min(MAX_STRING_LEN);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.u32(end as u32);
+        self.out.extend_from_slice(&s.as_bytes()[..end]);
+        self
+    }
+    fn finish(&mut self) {
+        let len = self.out.len() - self.start - LENGTH_SIZE;
+        assert!(len <= MAX_FRAME_SIZE, "frame of {len} bytes exceeds the protocol limit of {MAX_FRAME_SIZE}");
+        self.out[self.start..self.start + LENGTH_SIZE].copy_from_slice(&(len as u32).to_le_bytes());
+    }
+}
+
+/// Appends the frame (length prefix included) of a client message to `out`.
+///
+/// Panics on a request id of 0, which no valid request carries.
+pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
+    match msg {
+        ClientMessage::Hello(h) => FrameWriter::begin(out, tag::HELLO)
+            .u32(h.protocol_version)
+            .bytes(&h.tenant_id.0)
+            .bytes(&h.timeline_id.0)
+            .finish(),
+        ClientMessage::Request(r) => encode_request(r, out),
+    }
+}
+
+/// Appends the frame of one request to `out` (see [`encode_client`]).
+pub fn encode_request(req: &PageRequest, out: &mut Vec<u8>) {
+    match req {
+        PageRequest::GetPage { id, lsn, rel, fork, block } => FrameWriter::begin(out, tag::GET_PAGE)
+            .request_id(*id, "GetPage")
+            .lsn(*lsn)
+            .rel_fork(rel, *fork)
+            .u32(*block)
+            .finish(),
+        PageRequest::RelExists { id, lsn, rel, fork } => FrameWriter::begin(out, tag::REL_EXISTS)
+            .request_id(*id, "RelExists")
+            .lsn(*lsn)
+            .rel_fork(rel, *fork)
+            .finish(),
+        PageRequest::RelSize { id, lsn, rel, fork } => {
+            FrameWriter::begin(out, tag::REL_SIZE).request_id(*id, "RelSize").lsn(*lsn).rel_fork(rel, *fork).finish()
+        }
+        PageRequest::DbSize { id, lsn, spc, db } => {
+            FrameWriter::begin(out, tag::DB_SIZE).request_id(*id, "DbSize").lsn(*lsn).u32(*spc).u32(*db).finish()
+        }
+        PageRequest::SlruSegment { id, lsn, kind, segno } => FrameWriter::begin(out, tag::SLRU_SEGMENT)
+            .request_id(*id, "SlruSegment")
+            .lsn(*lsn)
+            .u8(*kind as u8)
+            .u32(*segno)
+            .finish(),
+    }
+}
+
+/// Appends the frame (length prefix included) of a server message to `out`.
+///
+/// Panics if the message could not be decoded again: a page that is not
+/// [`PAGE_SIZE`] bytes, a segment that is not whole pages or is larger than
+/// [`MAX_SEGMENT_SIZE`], or a response other than `Error` with id 0.
+pub fn encode_server(msg: &ServerMessage, out: &mut Vec<u8>) {
+    match msg {
+        ServerMessage::HelloOk { last_record_lsn } => {
+            FrameWriter::begin(out, tag::HELLO_OK).lsn(*last_record_lsn).finish()
+        }
+        ServerMessage::Page { id, page } => {
+            let page: &[u8; PAGE_SIZE] = match page.as_slice().try_into() {
+                Ok(p) => p,
+                Err(_) => panic!("Page: {} page bytes, a page is exactly {PAGE_SIZE}", page.len()),
+            };
+            encode_page(*id, page, out)
+        }
+        ServerMessage::Exists { id, exists } => {
+            FrameWriter::begin(out, tag::EXISTS).request_id(*id, "Exists").bool(*exists).finish()
+        }
+        ServerMessage::Size { id, blocks } => {
+            FrameWriter::begin(out, tag::SIZE).request_id(*id, "Size").u32(*blocks).finish()
+        }
+        ServerMessage::DbSize { id, bytes } => {
+            FrameWriter::begin(out, tag::DB_SIZE_RESPONSE).request_id(*id, "DbSize").u64(*bytes).finish()
+        }
+        ServerMessage::Segment { id, data } => {
+            assert!(valid_segment_size(data.len()), "{}", DecodeError::BadSegmentSize { len: data.len() });
+            FrameWriter::begin(out, tag::SEGMENT).request_id(*id, "Segment").bytes(data).finish()
+        }
+        ServerMessage::Error { id, code, message } => {
+            FrameWriter::begin(out, tag::ERROR).u64(*id).u16(*code as u16).string(message).finish()
+        }
+    }
+}
+
+/// Appends a `Page` response frame to `out` straight from a borrowed page,
+/// which spares a server the copy into a [`ServerMessage::Page`].
+pub fn encode_page(id: u64, page: &[u8; PAGE_SIZE], out: &mut Vec<u8>) {
+    out.reserve(LENGTH_SIZE + PAGE_LEN);
+    FrameWriter::begin(out, tag::PAGE).request_id(id, "Page").bytes(page).finish()
+}
+
+fn valid_segment_size(len: usize) -> bool {
+    len <= MAX_SEGMENT_SIZE && len.is_multiple_of(PAGE_SIZE)
+}
+
+// ---------------------------------------------------------------------------
+// Decoding
+// ---------------------------------------------------------------------------
+
+/// Reads the fields of one message, naming the message and field in errors.
+struct Reader<'a> {
+    cur: Cursor<'a>,
+    message: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn truncated(&self, field: &'static str, t: Truncated) -> DecodeError {
+        DecodeError::Truncated {
+            message: self.message,
+            field,
+            offset: t.offset,
+            needed: t.needed,
+            available: t.available,
+        }
+    }
+
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
+        self.cur.take(n).map_err(|t| self.truncated(field, t))
+    }
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        self.cur.u8().map_err(|t| self.truncated(field, t))
+    }
+    fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
+        self.cur.u16().map_err(|t| self.truncated(field, t))
+    }
+    fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
+        self.cur.u32().map_err(|t| self.truncated(field, t))
+    }
+    fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+        self.cur.u64().map_err(|t| self.truncated(field, t))
+    }
+    fn lsn(&mut self, field: &'static str) -> Result<Lsn, DecodeError> {
+        self.u64(field).map(Lsn)
+    }
+    fn bool(&mut self, field: &'static str) -> Result<bool, DecodeError> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(DecodeError::InvalidBool { message: self.message, field, value }),
+        }
+    }
+    fn id16(&mut self, field: &'static str) -> Result<[u8; 16], DecodeError> {
+        let mut id = [0u8; 16];
+        id.copy_from_slice(self.take(16, field)?);
+        Ok(id)
+    }
+    /// A request id, which is never 0.
+    fn request_id(&mut self) -> Result<u64, DecodeError> {
+        match self.u64("id")? {
+            0 => Err(DecodeError::ZeroId { message: self.message }),
+            id => Ok(id),
+        }
+    }
+    fn rel(&mut self) -> Result<RelFileNode, DecodeError> {
+        Ok(RelFileNode { spc: self.u32("spc")?, db: self.u32("db")?, rel: self.u32("rel")? })
+    }
+    fn fork(&mut self) -> Result<ForkNumber, DecodeError> {
+        let fork = self.u32("fork")?;
+        u8::try_from(fork)
+            .ok()
+            .and_then(ForkNumber::from_u8)
+            .ok_or(DecodeError::UnknownFork { message: self.message, fork })
+    }
+    fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
+        let len = self.u32(field)? as usize;
+        if len > MAX_STRING_LEN {
+            return Err(DecodeError::StringTooLong { message: self.message, field, len });
+        }
+        let bytes = self.take(len, field)?;
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(e) => Err(DecodeError::BadUtf8 { message: self.message, field, valid_up_to: e.valid_up_to() }),
+        }
+    }
+    /// Everything up to the end of the frame.
+    fn rest(&mut self, field: &'static str) -> Result<&'a [u8], DecodeError> {
+        self.take(self.cur.remaining(), field)
+    }
+}
+
+/// The tag of a frame (tag and payload), after the size checks.
+fn frame_tag(frame: &[u8]) -> Result<u8, DecodeError> {
+    if frame.len() > MAX_FRAME_SIZE {
+        return Err(DecodeError::FrameTooLarge { len: frame.len() });
+    }
+    frame.first().copied().ok_or(DecodeError::EmptyFrame)
+}
+
+/// Decodes the payload of `frame` (tag and payload) as `message` and checks
+/// that nothing follows.
+fn read<'a, T>(
+    frame: &'a [u8],
+    message: &'static str,
+    fields: impl FnOnce(&mut Reader<'a>) -> Result<T, DecodeError>,
+) -> Result<T, DecodeError> {
+    let mut r = Reader { cur: Cursor::new(frame), message };
+    r.u8("tag")?;
+    let value = fields(&mut r)?;
+    match r.cur.remaining() {
+        0 => Ok(value),
+        count => Err(DecodeError::TrailingBytes { message, count }),
+    }
+}
+
+/// Decodes a client message from a frame's tag and payload.
+pub fn decode_client(frame: &[u8]) -> Result<ClientMessage, DecodeError> {
+    match frame_tag(frame)? {
+        tag::HELLO => read(frame, "Hello", |r| {
+            Ok(ClientMessage::Hello(Hello {
+                protocol_version: r.u32("protocol_version")?,
+                tenant_id: TenantId(r.id16("tenant_id")?),
+                timeline_id: TimelineId(r.id16("timeline_id")?),
+            }))
+        })
+        .map_err(|e| match peek_version(frame) {
+            Some(version) if version != PAGE_PROTOCOL_VERSION => {
+                DecodeError::UnsupportedVersion { version, detail: Box::new(e) }
+            }
+            _ => e,
+        }),
+        tag::GET_PAGE => read(frame, "GetPage", |r| {
+            Ok(PageRequest::GetPage {
+                id: r.request_id()?,
+                lsn: r.lsn("lsn")?,
+                rel: r.rel()?,
+                fork: r.fork()?,
+                block: r.u32("block")?,
+            })
+        })
+        .map(ClientMessage::Request),
+        tag::REL_EXISTS => read(frame, "RelExists", |r| {
+            Ok(PageRequest::RelExists { id: r.request_id()?, lsn: r.lsn("lsn")?, rel: r.rel()?, fork: r.fork()? })
+        })
+        .map(ClientMessage::Request),
+        tag::REL_SIZE => read(frame, "RelSize", |r| {
+            Ok(PageRequest::RelSize { id: r.request_id()?, lsn: r.lsn("lsn")?, rel: r.rel()?, fork: r.fork()? })
+        })
+        .map(ClientMessage::Request),
+        tag::DB_SIZE => read(frame, "DbSize", |r| {
+            Ok(PageRequest::DbSize { id: r.request_id()?, lsn: r.lsn("lsn")?, spc: r.u32("spc")?, db: r.u32("db")? })
+        })
+        .map(ClientMessage::Request),
+        tag::SLRU_SEGMENT => read(frame, "SlruSegment", |r| {
+            let id = r.request_id()?;
+            let lsn = r.lsn("lsn")?;
+            let raw = r.u8("kind")?;
+            let kind = SlruKind::from_u8(raw).ok_or(DecodeError::UnknownSlruKind { message: r.message, kind: raw })?;
+            Ok(PageRequest::SlruSegment { id, lsn, kind, segno: r.u32("segno")? })
+        })
+        .map(ClientMessage::Request),
+        tag => Err(DecodeError::UnknownTag { direction: "client", tag }),
+    }
+}
+
+/// Decodes a server message from a frame's tag and payload.
+pub fn decode_server(frame: &[u8]) -> Result<ServerMessage, DecodeError> {
+    match frame_tag(frame)? {
+        tag::HELLO_OK => {
+            read(frame, "HelloOk", |r| Ok(ServerMessage::HelloOk { last_record_lsn: r.lsn("last_record_lsn")? }))
+        }
+        tag::PAGE => read(frame, "Page", |r| {
+            let id = r.request_id()?;
+            let page = r.rest("page")?;
+            if page.len() != PAGE_SIZE {
+                return Err(DecodeError::BadPageSize { len: page.len() });
+            }
+            Ok(ServerMessage::Page { id, page: page.to_vec() })
+        }),
+        tag::EXISTS => {
+            read(frame, "Exists", |r| Ok(ServerMessage::Exists { id: r.request_id()?, exists: r.bool("exists")? }))
+        }
+        tag::SIZE => read(frame, "Size", |r| Ok(ServerMessage::Size { id: r.request_id()?, blocks: r.u32("blocks")? })),
+        tag::DB_SIZE_RESPONSE => {
+            read(frame, "DbSize", |r| Ok(ServerMessage::DbSize { id: r.request_id()?, bytes: r.u64("bytes")? }))
+        }
+        tag::SEGMENT => read(frame, "Segment", |r| {
+            let id = r.request_id()?;
+            let data = r.rest("data")?;
+            if !valid_segment_size(data.len()) {
+                return Err(DecodeError::BadSegmentSize { len: data.len() });
+            }
+            Ok(ServerMessage::Segment { id, data: data.to_vec() })
+        }),
+        tag::ERROR => read(frame, "Error", |r| {
+            let id = r.u64("id")?;
+            let raw = r.u16("code")?;
+            let code =
+                ErrorCode::from_u16(raw).ok_or(DecodeError::UnknownErrorCode { message: r.message, code: raw })?;
+            Ok(ServerMessage::Error { id, code, message: r.string("message")? })
+        }),
+        tag => Err(DecodeError::UnknownTag { direction: "server", tag }),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fuzzing
+// ---------------------------------------------------------------------------
+
+/// Fuzz entry point: runs both decoders over `data` taken as one frame (tag
+/// and payload), then splits `data` into length-prefixed frames and decodes
+/// each. Whatever decodes must re-encode to exactly the same bytes (the
+/// encoding is canonical); a difference panics, which is the finding.
+pub fn fuzz_decode(data: &[u8]) {
+    decode_both(data);
+    let mut rest = data;
+    while let Ok(Some((consumed, frame))) = split_frame(rest) {
+        assert!(consumed == LENGTH_SIZE + frame.len() && consumed <= rest.len());
+        decode_both(frame);
+        rest = &rest[consumed..];
+    }
+}
+
+/// Both decoders on one frame, checking that a decoded message re-encodes to it.
+fn decode_both(frame: &[u8]) {
+    let mut out = Vec::new();
+    if let Ok(m) = decode_client(frame) {
+        encode_client(&m, &mut out);
+    }
+    if let Ok(m) = decode_server(frame) {
+        encode_server(&m, &mut out);
+    }
+    if !out.is_empty() {
+        // Tags are disjoint: at most one decoder accepts a frame.
+        assert_eq!(&out[LENGTH_SIZE..], frame, "a decoded message re-encodes differently");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pageserver::MAX_PIPELINE_DEPTH;
+
+    /// `1663/5/16384`: a table of the `postgres` database in `pg_default`.
+    const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16384 };
+
+    fn unhex(spaced: &str) -> Vec<u8> {
+        let compact: String = spaced.split_whitespace().collect();
+        hex::decode(compact).expect("valid hex in a test vector")
+    }
+
+    fn client_bytes(m: &ClientMessage) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_client(m, &mut out);
+        out
+    }
+
+    fn server_bytes(m: &ServerMessage) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_server(m, &mut out);
+        out
+    }
+
+    fn request(r: PageRequest) -> ClientMessage {
+        ClientMessage::Request(r)
+    }
+
+    /// The test vectors of `docs/pageserver-protocol.md`, in the same order.
+    fn client_vectors() -> Vec<(ClientMessage, &'static str)> {
+        vec![
+            (
+                ClientMessage::Hello(Hello {
+                    protocol_version: 1,
+                    tenant_id: TenantId([0x11; 16]),
+                    timeline_id: TimelineId([0x22; 16]),
+                }),
+                "25000000 01 01000000 11111111111111111111111111111111 22222222222222222222222222222222",
+            ),
+            (
+                request(PageRequest::GetPage {
+                    id: 7,
+                    lsn: Lsn(0x0100_0028),
+                    rel: REL,
+                    fork: ForkNumber::Main,
+                    block: 3,
+                }),
+                "25000000 10 0700000000000000 2800000100000000 7f060000 05000000 00400000 00000000 03000000",
+            ),
+            (
+                request(PageRequest::RelExists { id: 9, lsn: Lsn(0x0100_0028), rel: REL, fork: ForkNumber::Fsm }),
+                "21000000 11 0900000000000000 2800000100000000 7f060000 05000000 00400000 01000000",
+            ),
+            (
+                request(PageRequest::RelSize { id: 8, lsn: Lsn::INVALID, rel: REL, fork: ForkNumber::VisibilityMap }),
+                "21000000 12 0800000000000000 0000000000000000 7f060000 05000000 00400000 02000000",
+            ),
+            (
+                request(PageRequest::DbSize { id: 10, lsn: Lsn(0x0200_0000), spc: 1663, db: 5 }),
+                "19000000 13 0a00000000000000 0000000200000000 7f060000 05000000",
+            ),
+            (
+                request(PageRequest::SlruSegment { id: 11, lsn: Lsn::INVALID, kind: SlruKind::Clog, segno: 2 }),
+                "16000000 14 0b00000000000000 0000000000000000 00 02000000",
+            ),
+        ]
+    }
+
+    /// Server vectors whose bytes are printed in full in the spec.
+    fn server_vectors() -> Vec<(ServerMessage, &'static str)> {
+        vec![
+            (ServerMessage::HelloOk { last_record_lsn: Lsn(0x0300_0028) }, "09000000 81 2800000300000000"),
+            (ServerMessage::Exists { id: 9, exists: true }, "0a000000 91 0900000000000000 01"),
+            (ServerMessage::Size { id: 8, blocks: 1234 }, "0d000000 92 0800000000000000 d2040000"),
+            (ServerMessage::DbSize { id: 10, bytes: 7_880_704 }, "11000000 93 0a00000000000000 0040780000000000"),
+            (ServerMessage::Segment { id: 11, data: Vec::new() }, "09000000 94 0b00000000000000"),
+            (
+                ServerMessage::Error { id: 0, code: ErrorCode::NotFound, message: "no timeline".into() },
+                "1a000000 9f 0000000000000000 0300 0b000000 6e6f2074696d656c696e65",
+            ),
+            (
+                ServerMessage::Error { id: 7, code: ErrorCode::LsnTimeout, message: "0/5000000".into() },
+                "18000000 9f 0700000000000000 0400 09000000 302f35303030303030",
+            ),
+        ]
+    }
+
+    #[test]
+    fn test_vectors() {
+        for (msg, vector) in client_vectors() {
+            let bytes = unhex(vector);
+            assert_eq!(hex::encode(client_bytes(&msg)), hex::encode(&bytes), "{msg:?}");
+            let (consumed, frame) = split_frame(&bytes).unwrap().expect("a whole frame");
+            assert_eq!(consumed, bytes.len());
+            assert_eq!(decode_client(frame).as_ref(), Ok(&msg));
+        }
+        for (msg, vector) in server_vectors() {
+            let bytes = unhex(vector);
+            assert_eq!(hex::encode(server_bytes(&msg)), hex::encode(&bytes), "{msg:?}");
+            let (consumed, frame) = split_frame(&bytes).unwrap().expect("a whole frame");
+            assert_eq!(consumed, bytes.len());
+            assert_eq!(decode_server(frame).as_ref(), Ok(&msg));
+        }
+        // Page, id 7, every byte 0xab: a 9-byte header, then the page.
+        let page = ServerMessage::Page { id: 7, page: vec![0xAB; PAGE_SIZE] };
+        let bytes = server_bytes(&page);
+        assert_eq!(hex::encode(&bytes[..13]), "09200000900700000000000000");
+        assert_eq!(bytes.len(), 13 + PAGE_SIZE);
+        assert!(bytes[13..].iter().all(|&b| b == 0xAB));
+        assert_eq!(decode_server(&bytes[LENGTH_SIZE..]), Ok(page));
+        // Segment, id 11, one page of zeros.
+        let segment = ServerMessage::Segment { id: 11, data: vec![0; PAGE_SIZE] };
+        let bytes = server_bytes(&segment);
+        assert_eq!(hex::encode(&bytes[..13]), "09200000940b00000000000000");
+        assert_eq!(decode_server(&bytes[LENGTH_SIZE..]), Ok(segment));
+    }
+
+    #[test]
+    fn fixed_sizes() {
+        let get_page = client_bytes(&client_vectors()[1].0);
+        assert_eq!(get_page.len(), LENGTH_SIZE + GET_PAGE_LEN);
+        let page = server_bytes(&ServerMessage::Page { id: 1, page: vec![0; PAGE_SIZE] });
+        assert_eq!(page.len(), LENGTH_SIZE + PAGE_LEN);
+        let mut direct = Vec::new();
+        encode_page(1, &[0; PAGE_SIZE], &mut direct);
+        assert_eq!(direct, page);
+        let full = server_bytes(&ServerMessage::Segment { id: 1, data: vec![0; MAX_SEGMENT_SIZE] });
+        assert!(full.len() - LENGTH_SIZE <= MAX_FRAME_SIZE);
+        // A full pipeline of the largest request fits easily in socket buffers.
+        const { assert!(MAX_PIPELINE_DEPTH * (LENGTH_SIZE + GET_PAGE_LEN) < 8192) };
+    }
+
+    /// One message of every variant, with non-trivial field values.
+    fn samples() -> (Vec<ClientMessage>, Vec<ServerMessage>) {
+        let mut clients: Vec<ClientMessage> = client_vectors().into_iter().map(|(m, _)| m).collect();
+        clients.push(request(PageRequest::GetPage {
+            id: u64::MAX,
+            lsn: Lsn(u64::MAX),
+            rel: RelFileNode { spc: u32::MAX, db: 0, rel: 1 },
+            fork: ForkNumber::Init,
+            block: u32::MAX,
+        }));
+        clients.push(request(PageRequest::SlruSegment {
+            id: 1,
+            lsn: Lsn(5),
+            kind: SlruKind::MultiXactMembers,
+            segno: 0xABCD,
+        }));
+        let mut servers: Vec<ServerMessage> = server_vectors().into_iter().map(|(m, _)| m).collect();
+        servers.push(ServerMessage::Page { id: 3, page: (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect() });
+        servers.push(ServerMessage::Segment { id: 4, data: vec![0x5A; MAX_SEGMENT_SIZE] });
+        servers.push(ServerMessage::Exists { id: 5, exists: false });
+        servers.push(ServerMessage::Error {
+            id: 6,
+            code: ErrorCode::Corrupt,
+            message: "checksum mismatch — ünïcödé".into(),
+        });
+        (clients, servers)
+    }
+
+    #[test]
+    fn every_variant_round_trips_and_only_its_decoder_accepts_it() {
+        let (clients, servers) = samples();
+        for m in clients {
+            let bytes = client_bytes(&m);
+            let frame = &bytes[LENGTH_SIZE..];
+            assert_eq!(decode_client(frame).as_ref(), Ok(&m));
+            assert!(decode_server(frame).is_err(), "{m:?}");
+            fuzz_decode(&bytes);
+        }
+        for m in servers {
+            let bytes = server_bytes(&m);
+            let frame = &bytes[LENGTH_SIZE..];
+            assert_eq!(decode_server(frame).as_ref(), Ok(&m));
+            assert!(decode_client(frame).is_err(), "{}", m.name());
+            fuzz_decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn frames_concatenate_and_split_incrementally() {
+        let (clients, servers) = samples();
+        let mut stream = Vec::new();
+        for m in &servers {
+            encode_server(m, &mut stream);
+        }
+        // Fed one prefix at a time, a frame appears exactly when it is complete.
+        let mut start = 0;
+        let mut decoded = Vec::new();
+        for end in 0..=stream.len() {
+            if let Some((consumed, frame)) = split_frame(&stream[start..end]).unwrap() {
+                decoded.push(decode_server(frame).unwrap());
+                start += consumed;
+                assert_eq!(start, end, "a frame is found as soon as its last byte arrives");
+            }
+        }
+        assert_eq!(decoded, servers);
+        let mut stream = Vec::new();
+        for m in &clients {
+            encode_client(m, &mut stream);
+        }
+        let mut rest = &stream[..];
+        for m in &clients {
+            let (consumed, frame) = split_frame(rest).unwrap().unwrap();
+            assert_eq!(&decode_client(frame).unwrap(), m);
+            rest = &rest[consumed..];
+        }
+        assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn lengths_are_checked_before_the_body_arrives() {
+        assert_eq!(split_frame(&[0, 0, 0]), Ok(None));
+        assert_eq!(split_frame(&[0, 0, 0, 0]), Err(DecodeError::EmptyFrame));
+        let too_big = ((MAX_FRAME_SIZE + 1) as u32).to_le_bytes();
+        assert_eq!(split_frame(&too_big), Err(DecodeError::FrameTooLarge { len: MAX_FRAME_SIZE + 1 }));
+        assert_eq!(split_frame(&[0xFF; 4]), Err(DecodeError::FrameTooLarge { len: u32::MAX as usize }));
+        assert_eq!(split_frame(&(MAX_FRAME_SIZE as u32).to_le_bytes()), Ok(None));
+        assert_eq!(decode_client(&[]), Err(DecodeError::EmptyFrame));
+        assert_eq!(
+            decode_server(&vec![tag::PAGE; MAX_FRAME_SIZE + 1]),
+            Err(DecodeError::FrameTooLarge { len: MAX_FRAME_SIZE + 1 })
+        );
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_rejected() {
+        let (clients, servers) = samples();
+        for m in &clients {
+            let bytes = client_bytes(m);
+            let frame = &bytes[LENGTH_SIZE..];
+            for cut in 0..frame.len() {
+                assert!(decode_client(&frame[..cut]).is_err(), "{m:?} cut at {cut}");
+            }
+            let mut longer = frame.to_vec();
+            longer.push(0);
+            assert!(decode_client(&longer).is_err(), "{m:?} with a trailing byte");
+        }
+        for m in &servers {
+            let bytes = server_bytes(m);
+            let frame = &bytes[LENGTH_SIZE..];
+            // Pages and segments end with their bytes: every cut shows as a bad size.
+            for cut in (0..frame.len()).step_by(97).chain(frame.len().saturating_sub(20)..frame.len()) {
+                let result = decode_server(&frame[..cut]);
+                let segment_of_whole_pages =
+                    matches!(m, ServerMessage::Segment { .. }) && cut >= 9 && (cut - 9) % PAGE_SIZE == 0;
+                assert_eq!(result.is_ok(), segment_of_whole_pages, "{} cut at {cut}: {result:?}", m.name());
+            }
+            let mut longer = frame.to_vec();
+            longer.push(0);
+            assert!(decode_server(&longer).is_err(), "{} with a trailing byte", m.name());
+        }
+    }
+
+    #[test]
+    fn field_values_are_checked() {
+        let get_page = client_bytes(&client_vectors()[1].0)[LENGTH_SIZE..].to_vec();
+        // Fork at frame offset 1 + 8 + 8 + 12 = 29.
+        for fork in [4u32, 0x100, u32::MAX] {
+            let mut frame = get_page.clone();
+            frame[29..33].copy_from_slice(&fork.to_le_bytes());
+            assert_eq!(decode_client(&frame), Err(DecodeError::UnknownFork { message: "GetPage", fork }));
+        }
+        // Request id 0 is reserved.
+        let mut frame = get_page.clone();
+        frame[1..9].fill(0);
+        assert_eq!(decode_client(&frame), Err(DecodeError::ZeroId { message: "GetPage" }));
+        let frame = [tag::SIZE, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+        assert_eq!(decode_server(&frame), Err(DecodeError::ZeroId { message: "Size" }));
+        // SLRU kinds.
+        let mut frame = client_bytes(&client_vectors()[5].0)[LENGTH_SIZE..].to_vec();
+        frame[17] = 3;
+        assert_eq!(decode_client(&frame), Err(DecodeError::UnknownSlruKind { message: "SlruSegment", kind: 3 }));
+        // Bools.
+        let frame = [tag::EXISTS, 1, 0, 0, 0, 0, 0, 0, 0, 2];
+        assert!(matches!(decode_server(&frame), Err(DecodeError::InvalidBool { value: 2, .. })));
+        // Pages must be exactly one page, segments whole pages up to 32.
+        let page = |n: usize| {
+            let mut f = vec![tag::PAGE, 1, 0, 0, 0, 0, 0, 0, 0];
+            f.resize(9 + n, 0);
+            decode_server(&f)
+        };
+        assert!(page(PAGE_SIZE).is_ok());
+        assert_eq!(page(PAGE_SIZE - 1), Err(DecodeError::BadPageSize { len: PAGE_SIZE - 1 }));
+        assert_eq!(page(PAGE_SIZE + 1), Err(DecodeError::BadPageSize { len: PAGE_SIZE + 1 }));
+        assert_eq!(page(0), Err(DecodeError::BadPageSize { len: 0 }));
+        let segment = |n: usize| {
+            let mut f = vec![tag::SEGMENT, 1, 0, 0, 0, 0, 0, 0, 0];
+            f.resize(9 + n, 0);
+            decode_server(&f)
+        };
+        assert!(segment(MAX_SEGMENT_SIZE).is_ok());
+        assert!(segment(3 * PAGE_SIZE).is_ok());
+        assert_eq!(segment(100), Err(DecodeError::BadSegmentSize { len: 100 }));
+        assert_eq!(
+            segment(MAX_SEGMENT_SIZE + PAGE_SIZE),
+            Err(DecodeError::BadSegmentSize { len: MAX_SEGMENT_SIZE + PAGE_SIZE })
+        );
+    }
+
+    #[test]
+    fn error_messages_are_checked() {
+        let error = |code: u16, message: &[u8]| {
+            let mut frame = vec![tag::ERROR, 4, 0, 0, 0, 0, 0, 0, 0];
+            frame.extend(code.to_le_bytes());
+            frame.extend((message.len() as u32).to_le_bytes());
+            frame.extend(message);
+            decode_server(&frame)
+        };
+        assert!(error(6, b"fine").is_ok());
+        assert!(matches!(error(6, b"bad \xFF utf-8"), Err(DecodeError::BadUtf8 { valid_up_to: 4, .. })));
+        assert!(matches!(error(6, &[b'x'; MAX_STRING_LEN + 1]), Err(DecodeError::StringTooLong { len: 4097, .. })));
+        assert!(error(6, &[b'x'; MAX_STRING_LEN]).is_ok());
+        assert!(matches!(error(0, b""), Err(DecodeError::UnknownErrorCode { code: 0, .. })));
+        assert!(matches!(error(7, b""), Err(DecodeError::UnknownErrorCode { code: 7, .. })));
+        // A hostile length fails before anything is allocated.
+        let frame = [tag::ERROR, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0xFF, 0xFF, 0xFF, 0xFF];
+        assert!(matches!(decode_server(&frame), Err(DecodeError::StringTooLong { .. })));
+        // Encoding cuts long messages at a character boundary.
+        let long = "é".repeat(MAX_STRING_LEN);
+        let bytes = server_bytes(&ServerMessage::Error { id: 1, code: ErrorCode::Internal, message: long });
+        let Ok(ServerMessage::Error { message, .. }) = decode_server(&bytes[LENGTH_SIZE..]) else { panic!("decodes") };
+        assert_eq!(message, "é".repeat(MAX_STRING_LEN / 2));
+        // Which codes end the connection.
+        for n in 1..=6 {
+            let code = ErrorCode::from_u16(n).unwrap();
+            assert_eq!(code as u16, n);
+            assert_eq!(code.closes_connection(), n <= 2);
+        }
+    }
+
+    #[test]
+    fn other_versions_are_reported_as_such() {
+        let mut hello = client_bytes(&ClientMessage::Hello(Hello {
+            protocol_version: 2,
+            tenant_id: TenantId([1; 16]),
+            timeline_id: TimelineId([2; 16]),
+        }));
+        // Same layout: decodes, and the server refuses the version itself.
+        assert!(decode_client(&hello[LENGTH_SIZE..]).is_ok());
+        assert_eq!(peek_version(&hello[LENGTH_SIZE..]), Some(2));
+        hello.extend([9, 9]);
+        let err = decode_client(&hello[LENGTH_SIZE..]).unwrap_err();
+        assert!(matches!(err, DecodeError::UnsupportedVersion { version: 2, .. }), "{err:?}");
+        // The same damage to a version 1 hello is a plain decoding error.
+        let mut hello = client_bytes(&client_vectors()[0].0);
+        hello.push(0);
+        assert!(matches!(decode_client(&hello[LENGTH_SIZE..]), Err(DecodeError::TrailingBytes { count: 1, .. })));
+        assert_eq!(peek_version(&[tag::GET_PAGE, 1, 0, 0, 0]), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "a page is exactly 8192")]
+    fn encoding_a_short_page_panics() {
+        server_bytes(&ServerMessage::Page { id: 1, page: vec![0; 100] });
+    }
+
+    #[test]
+    #[should_panic(expected = "request id 0 is reserved")]
+    fn encoding_request_id_zero_panics() {
+        client_bytes(&request(PageRequest::RelSize { id: 0, lsn: Lsn(0), rel: REL, fork: ForkNumber::Main }));
+    }
+
+    #[test]
+    fn answers_match_kind_and_id() {
+        let get = PageRequest::GetPage { id: 5, lsn: Lsn(0), rel: REL, fork: ForkNumber::Main, block: 0 };
+        assert!(ServerMessage::Page { id: 5, page: vec![] }.answers(&get));
+        assert!(!ServerMessage::Page { id: 6, page: vec![] }.answers(&get));
+        assert!(!ServerMessage::Size { id: 5, blocks: 1 }.answers(&get));
+        assert!(ServerMessage::Error { id: 5, code: ErrorCode::NotFound, message: String::new() }.answers(&get));
+        assert!(!ServerMessage::HelloOk { last_record_lsn: Lsn(1) }.answers(&get));
+        let size = get.clone().with_id(9);
+        assert_eq!((size.id(), size.lsn(), size.name()), (9, Lsn(0), "GetPage"));
+    }
+
+    /// xorshift64*: a tiny deterministic generator for the randomized test.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next_u64(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next_u64() % n
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next_u64() as u8).collect()
+        }
+    }
+
+    #[test]
+    fn randomized_damage_never_panics() {
+        let (clients, servers) = samples();
+        let mut frames: Vec<Vec<u8>> = clients.iter().map(client_bytes).collect();
+        frames.extend(servers.iter().filter(|m| !matches!(m, ServerMessage::Segment { .. })).map(server_bytes));
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let (mut decoded, mut rejected) = (0usize, 0usize);
+        for i in 0..20_000 {
+            let mut bytes = frames[rng.below(frames.len() as u64) as usize].clone();
+            match i % 4 {
+                0 => {
+                    let j = LENGTH_SIZE + rng.below((bytes.len() - LENGTH_SIZE) as u64) as usize;
+                    bytes[j] ^= 1 << rng.below(8);
+                }
+                1 => bytes.truncate(rng.below(bytes.len() as u64) as usize),
+                2 => {
+                    let j = rng.below(bytes.len().min(40) as u64) as usize;
+                    bytes[j] = rng.next_u64() as u8;
+                }
+                _ => {
+                    let n = rng.below(60) as usize;
+                    bytes = rng.bytes(n);
+                }
+            }
+            fuzz_decode(&bytes);
+            let ok = bytes.len() > LENGTH_SIZE
+                && (decode_client(&bytes[LENGTH_SIZE..]).is_ok() || decode_server(&bytes[LENGTH_SIZE..]).is_ok());
+            if ok {
+                decoded += 1;
+            } else {
+                rejected += 1;
+            }
+        }
+        assert!(decoded > 2_000 && rejected > 8_000, "decoded {decoded}, rejected {rejected}");
+    }
+}

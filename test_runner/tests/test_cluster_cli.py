@@ -1,0 +1,261 @@
+"""The local cluster command line: `strata init`, `start`, `stop`,
+`status --json` and `endpoint start|stop|list`, each run as the `strata`
+binary against a temporary workdir."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import psycopg
+import pytest
+
+from fixtures.cluster import StrataCommandFailed, pid_alive
+
+SAFEKEEPERS = ["sk1", "sk2", "sk3"]
+SERVICES = SAFEKEEPERS + ["pageserver"]
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+LSN = re.compile(r"^[0-9A-F]+/[0-9A-F]+$")
+
+
+def all_ports(c) -> list[int]:
+    return [p for s in c.cluster_toml["services"] for p in s["ports"].values()]
+
+
+def states(status: dict) -> dict[str, str]:
+    return {s["name"]: s["state"] for s in status["services"]}
+
+
+def test_init_writes_every_config(cluster_factory):
+    c = cluster_factory(start=False)
+    ct = c.cluster_toml
+    assert ct["format_version"] == 1
+    assert HEX32.match(ct["tenant_id"])
+    assert [b["name"] for b in ct["branches"]] == ["main"]
+    assert HEX32.match(ct["branches"][0]["timeline_id"])
+    assert [(s["name"], s["kind"]) for s in ct["services"]] == [
+        ("sk1", "safekeeper"), ("sk2", "safekeeper"), ("sk3", "safekeeper"), ("pageserver", "pageserver")]
+
+    ports = all_ports(c)
+    assert len(ports) == 3 * 3 + 2 and len(set(ports)) == len(ports), ports
+
+    by_name = {s["name"]: s for s in ct["services"]}
+    for i, name in enumerate(SAFEKEEPERS, start=1):
+        cfg = c.service_config(name)
+        ports = by_name[name]["ports"]
+        assert cfg["id"] == i
+        assert cfg["listen"] == f"127.0.0.1:{ports['listen']}"
+        assert cfg["listen_http"] == f"127.0.0.1:{ports['http']}"
+        assert cfg["listen_pg"] == f"127.0.0.1:{ports['pg']}"
+        assert cfg["data_dir"] == str(c.workdir.resolve() / name / "data")
+        peers = {p["id"]: p["address"] for p in cfg["peers"]}
+        assert peers == {j: f"127.0.0.1:{by_name[f'sk{j}']['ports']['listen']}" for j in (1, 2, 3) if j != i}
+        assert (c.workdir / name / "data").is_dir()
+
+    ps = c.service_config("pageserver")
+    assert ps["safekeepers"] == [f"127.0.0.1:{by_name[n]['ports']['listen']}" for n in SAFEKEEPERS]
+    assert ps["listen_http"] == f"127.0.0.1:{by_name['pageserver']['ports']['http']}"
+    assert ps["listen_pg"] == f"127.0.0.1:{by_name['pageserver']['ports']['pg']}"
+    assert ps["data_dir"] == str(c.workdir.resolve() / "pageserver" / "data")
+    assert ps["id"] not in (1, 2, 3)
+
+    # A second init is refused and changes nothing.
+    before = (c.workdir / "cluster.toml").read_text()
+    second = c.run("init", check=False)
+    assert second.returncode == 1
+    assert "cluster.toml" in second.stderr and "exists" in second.stderr
+    assert (c.workdir / "cluster.toml").read_text() == before
+
+    # Nothing runs yet; status says so without failing.
+    st = c.status()
+    assert set(states(st).values()) == {"stopped"}
+    assert all(s["pid"] is None for s in st["services"])
+    assert st["timelines"][0]["pageserver"] is None
+
+
+def test_usage_and_missing_workdir_errors(cluster_factory, tmp_path):
+    fresh = cluster_factory(init=False, start=False)
+    assert fresh.run("init", "--safekeepers", "0", check=False).returncode == 2
+    assert not (fresh.workdir / "cluster.toml").exists()
+    c = cluster_factory(start=False)
+    assert c.run("start", "--immediate", check=False).returncode == 2
+    assert c.run("start", "--only", "nosuch", check=False).returncode == 2
+    assert c.run("endpoint", "start", "bad/name", check=False).returncode == 2
+    assert c.run("status", "--bogus", check=False).returncode == 2
+    missing = subprocess.run([str(c.strata_bin), "status", "--workdir", str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert "cluster.toml" in missing.stderr and "strata init" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+
+
+def test_init_safekeeper_count(cluster_factory):
+    c = cluster_factory(start=False, init_args=("--safekeepers", "1"))
+    names = [s["name"] for s in c.cluster_toml["services"]]
+    assert names == ["sk1", "pageserver"]
+    assert c.service_config("sk1").get("peers", []) == []
+    assert c.run("init", check=False).returncode == 1  # already initialised
+
+
+def test_safekeepers_only_start_and_restart(cluster_factory):
+    """`--only` starts just the safekeepers; after a kill -9, `start` restarts only the dead one."""
+    c = cluster_factory(start=False)
+    out = c.start("--only", ",".join(SAFEKEEPERS))
+    for name in SAFEKEEPERS:
+        assert f"{name}: started" in out
+    st = c.status()
+    assert states(st) == {"sk1": "running", "sk2": "running", "sk3": "running", "pageserver": "stopped"}
+    pids = {s["name"]: s["pid"] for s in st["services"]}
+    assert all(pid_alive(pids[n]) for n in SAFEKEEPERS)
+
+    c.kill9("sk1")
+    assert c.service("sk1")["state"] == "stopped"
+    out = c.start("--only", ",".join(SAFEKEEPERS))
+    assert "sk1: started" in out
+    assert "sk2: already running" in out and "sk3: already running" in out
+    after = {s["name"]: s["pid"] for s in c.status()["services"]}
+    assert after["sk2"] == pids["sk2"] and after["sk3"] == pids["sk3"]
+    assert after["sk1"] not in (None, pids["sk1"])
+
+    out = c.stop("--only", "sk2")
+    assert "sk2: stopped" in out
+    assert states(c.status())["sk2"] == "stopped" and not c.pidfile("sk2").exists()
+
+
+def test_start_and_status(cluster):
+    st = cluster.status()
+    assert states(st) == {n: "running" for n in SERVICES}
+    for s in st["services"]:
+        assert pid_alive(s["pid"]), s
+        assert s["kind"] == ("pageserver" if s["name"] == "pageserver" else "safekeeper")
+        assert s["ports"] == next(x["ports"] for x in cluster.cluster_toml["services"] if x["name"] == s["name"])
+    assert st["endpoints"] == []
+
+    [tl] = st["timelines"]
+    assert tl["branch"] == "main"
+    assert tl["tenant_id"] == cluster.cluster_toml["tenant_id"]
+    assert tl["timeline_id"] == cluster.cluster_toml["branches"][0]["timeline_id"]
+    ps = tl["pageserver"]
+    assert ps is not None and ps["state"] == "active", ps
+    assert LSN.match(ps["last_record_lsn"]) and LSN.match(ps["start_lsn"])
+    assert [s["name"] for s in tl["safekeepers"]] == SAFEKEEPERS
+    for sk in tl["safekeepers"]:
+        assert LSN.match(sk["flush_lsn"] or "") and LSN.match(sk["commit_lsn"] or ""), sk
+
+    human = cluster.run("status").stdout
+    for name in SERVICES:
+        assert re.search(rf"^{name}\s+\w+\s+running\s+\d+", human, re.M), human
+
+    # A second start changes nothing.
+    out = cluster.start()
+    for name in SERVICES:
+        assert f"{name}: already running" in out
+    assert {s["name"]: s["pid"] for s in cluster.status()["services"]} == {s["name"]: s["pid"] for s in st["services"]}
+
+
+def test_kill9_safekeeper_then_start_restarts_only_it(cluster):
+    before = {s["name"]: s["pid"] for s in cluster.status()["services"]}
+    cluster.kill9("sk2")
+    st = cluster.status()
+    assert states(st) == {"sk1": "running", "sk2": "stopped", "sk3": "running", "pageserver": "running"}
+
+    out = cluster.start()
+    assert "sk2: started" in out, out
+    for name in ("sk1", "sk3", "pageserver"):
+        assert f"{name}: already running" in out, out
+    after = {s["name"]: s["pid"] for s in cluster.status()["services"]}
+    assert all(after[n] == before[n] for n in ("sk1", "sk3", "pageserver"))
+    assert after["sk2"] not in (None, before["sk2"]) and pid_alive(after["sk2"])
+    # Its timeline survived the crash.
+    sk2 = next(s for s in cluster.status()["timelines"][0]["safekeepers"] if s["name"] == "sk2")
+    assert sk2["flush_lsn"] is not None
+
+
+def test_two_clusters_side_by_side(cluster_factory):
+    a = cluster_factory()
+    b = cluster_factory()
+    assert not set(all_ports(a)) & set(all_ports(b))
+    assert a.cluster_toml["tenant_id"] != b.cluster_toml["tenant_id"]
+    assert set(states(a.status()).values()) == {"running"}
+    assert set(states(b.status()).values()) == {"running"}
+    a.stop()
+    assert set(states(a.status()).values()) == {"stopped"}
+    assert set(states(b.status()).values()) == {"running"}
+    b.stop()
+
+
+def test_stop_is_idempotent(cluster):
+    pids = [s["pid"] for s in cluster.status()["services"]]
+    out = cluster.stop()
+    for name in SERVICES:
+        assert f"{name}: stopped" in out, out
+        assert not cluster.pidfile(name).exists()
+    assert not any(pid_alive(p) for p in pids)
+    out = cluster.stop()
+    for name in SERVICES:
+        assert f"{name}: not running" in out, out
+    st = cluster.status()
+    assert set(states(st).values()) == {"stopped"}
+    assert st["timelines"][0]["pageserver"] is None and st["timelines"][0]["safekeepers"] == []
+    # And it starts again from its own data.
+    out = cluster.start()
+    for name in SERVICES:
+        assert f"{name}: started" in out, out
+    assert cluster.status()["timelines"][0]["pageserver"]["state"] == "active"
+
+
+def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
+    out = cluster.run("endpoint", "start", "ep1").stdout
+    connstr = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"postgresql://postgres@127\.0\.0\.1:(\d+)/postgres", connstr)
+    assert m, out
+    port = int(m.group(1))
+    assert port not in all_ports(cluster)
+
+    psql = subprocess.run([str(pg_bin_dir / "psql"), "-X", "-A", "-t", "-c", "SELECT 1", connstr],
+                          capture_output=True, text=True, timeout=60)
+    assert psql.returncode == 0 and psql.stdout.strip() == "1", psql.stderr
+
+    with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
+
+    listed = cluster.run("endpoint", "list").stdout
+    assert re.search(rf"^ep1\s+main\s+{port}\s+running\s+{re.escape(connstr)}$", listed, re.M), listed
+    [ep] = cluster.status()["endpoints"]
+    assert (ep["name"], ep["kind"], ep["branch"], ep["state"]) == ("ep1", "compute", "main", "running")
+    assert ep["ports"]["pg"] == port and pid_alive(ep["pid"])
+
+    # One writer per branch; no second start of a running endpoint.
+    with pytest.raises(StrataCommandFailed) as e:
+        cluster.endpoint_start("ep2")
+    assert "ep1" in e.value.stderr
+    with pytest.raises(StrataCommandFailed):
+        cluster.endpoint_start("ep1")
+
+    cluster.endpoint_stop("ep1")
+    assert cluster.status()["endpoints"][0]["state"] == "stopped"
+    assert "endpoint ep1: not running" in cluster.endpoint_stop("ep1")
+
+    # Restarted: same port, same rows.
+    assert cluster.endpoint_start("ep1") == connstr
+    with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
+        assert conn.execute("SELECT count(*), sum(id) FROM t").fetchone() == (1000, 500500)
+        conn.execute("INSERT INTO t VALUES (1001, 'after restart')")
+
+    # The whole cluster stopped (endpoints first) and started again.
+    out = cluster.stop()
+    assert out.index("endpoint ep1: stopped") < out.index("pageserver: stopped"), out
+    cluster.start()
+    assert cluster.endpoint_start("ep1") == connstr
+    with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (1001,)
+
+
+def test_endpoint_needs_the_storage(cluster_factory):
+    c = cluster_factory(start=False)
+    c.start("--only", ",".join(SAFEKEEPERS))
+    r = c.run("endpoint", "start", "ep1", check=False)
+    assert r.returncode == 1
+    assert "pageserver is not running" in r.stderr
+    assert "no endpoints" in c.run("endpoint", "list").stdout
