@@ -120,11 +120,12 @@ struct Safekeepers {
     addresses: Vec<String>,
     http: Vec<SocketAddr>,
     stop: Vec<oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Safekeepers {
     async fn start(base: &Path) -> Safekeepers {
-        let mut s = Safekeepers { addresses: Vec::new(), http: Vec::new(), stop: Vec::new() };
+        let mut s = Safekeepers { addresses: Vec::new(), http: Vec::new(), stop: Vec::new(), tasks: Vec::new() };
         for id in 1..=3 {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -142,7 +143,7 @@ impl Safekeepers {
             .unwrap();
             let config = strata_safekeeper::config::SafekeeperConfig::load(&config_path).unwrap();
             let (tx, rx) = oneshot::channel::<()>();
-            tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = rx.await;
                 };
@@ -153,6 +154,7 @@ impl Safekeepers {
             s.addresses.push(addr.to_string());
             s.http.push(http_addr);
             s.stop.push(tx);
+            s.tasks.push(task);
         }
         s
     }
@@ -179,9 +181,13 @@ impl Safekeepers {
         out
     }
 
-    fn stop(self) {
+    /// Stops them and waits until they have written their control files.
+    async fn stop(self) {
         for tx in self.stop {
             let _ = tx.send(());
+        }
+        for task in self.tasks {
+            task.await.unwrap();
         }
     }
 }
@@ -393,7 +399,7 @@ async fn compute_life_cycle() {
     let positions = safekeepers.positions(tenant, timeline).await;
     assert!(positions.iter().filter(|(flush, _)| *flush > second.checkpoint).count() >= 2, "{positions:?}");
 
-    safekeepers.stop();
+    safekeepers.stop().await;
     let _ = std::fs::remove_dir_all(&base);
 }
 

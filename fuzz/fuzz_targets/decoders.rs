@@ -1,17 +1,24 @@
 //! Fuzz target for every decoder of untrusted bytes: WAL stream, record
 //! fragments, images, pg_control, page masking (`strata-formats`), the
 //! safekeeper protocol frames and the page service protocol frames
-//! (`strata-protocol`).
+//! (`strata-protocol`), and the pageserver's layer files, stored values
+//! and metadata (`strata-pageserver`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
 /// entry point reads its selector modulo 4, so these inputs still reach it.
 const PAGE_SERVICE: u8 = 4;
+/// First bytes of inputs for the pageserver's decoders: 5 = stored values,
+/// directories, names and metadata; 6 = a layer file.
+const PAGESERVER: [u8; 2] = [5, 6];
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
     strata_protocol::safekeeper::codec::fuzz_decode(data);
     if let Some((&PAGE_SERVICE, frames)) = data.split_first() {
         strata_protocol::pageserver::codec::fuzz_decode(frames);
+    }
+    if data.first().is_some_and(|b| PAGESERVER.contains(b)) {
+        strata_pageserver::fuzz::fuzz_one(data);
     }
 });

@@ -5,6 +5,7 @@
 pub mod basebackup;
 pub mod config;
 pub mod dirs;
+pub mod fuzz;
 pub mod http;
 pub mod key;
 pub mod layer;

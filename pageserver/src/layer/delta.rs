@@ -199,11 +199,31 @@ impl DeltaLayerWriter {
     }
 }
 
+/// Where a layer's bytes come from: its file, or memory (tests and fuzzing).
+enum Source {
+    File(File),
+    Memory(Vec<u8>),
+}
+
+impl Source {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Source::File(f) => f.read_exact_at(buf, offset),
+            Source::Memory(m) => {
+                let start = usize::try_from(offset).map_err(|_| std::io::ErrorKind::UnexpectedEof)?;
+                let end = start.checked_add(buf.len()).filter(|e| *e <= m.len()).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+                buf.copy_from_slice(&m[start..end]);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// An open delta layer file. Holds only a sparse summary of its index in memory.
 pub struct DeltaLayer {
     pub name: LayerName,
     path: PathBuf,
-    file: File,
+    file: Source,
     index_offset: u64,
     count: u64,
     /// First (key, LSN) of each index block.
@@ -214,11 +234,22 @@ pub struct DeltaLayer {
 impl DeltaLayer {
     /// Opens and checks a layer file: header, footer and index CRC.
     pub fn open(path: &Path) -> Result<DeltaLayer, LayerError> {
+        let io = |source| LayerError::Io { path: path.display().to_string(), source };
+        let file = File::open(path).map_err(io)?;
+        let file_size = file.metadata().map_err(io)?.len();
+        DeltaLayer::open_source(path, Source::File(file), file_size)
+    }
+
+    /// Opens a layer held in memory; `path` only names it in errors.
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<DeltaLayer, LayerError> {
+        let len = bytes.len() as u64;
+        DeltaLayer::open_source(path, Source::Memory(bytes), len)
+    }
+
+    fn open_source(path: &Path, file: Source, file_size: u64) -> Result<DeltaLayer, LayerError> {
         let p = path.display().to_string();
         let io = |source| LayerError::Io { path: p.clone(), source };
         let corrupt = |reason: String| LayerError::Corrupt { path: p.clone(), reason };
-        let file = File::open(path).map_err(io)?;
-        let file_size = file.metadata().map_err(io)?.len();
         if file_size < (HEADER_SIZE + FOOTER_SIZE) as u64 {
             return Err(corrupt(format!("{file_size} bytes is too short for a layer file")));
         }
@@ -288,6 +319,11 @@ impl DeltaLayer {
             return Err(corrupt("index CRC mismatch".into()));
         }
         Ok(DeltaLayer { name, path: path.to_path_buf(), file, index_offset, count, summary, file_size })
+    }
+
+    /// First key and LSN of every index block (for tests and fuzzing).
+    pub fn summary(&self) -> &[(Key, Lsn)] {
+        &self.summary
     }
 
     pub fn path(&self) -> &Path {

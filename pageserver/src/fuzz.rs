@@ -1,0 +1,45 @@
+//! Entry point for the fuzz target (`fuzz/`): every decoder of untrusted
+//! bytes in the pageserver — layer files, stored values, native records,
+//! directory values, layer file names and timeline metadata.
+
+use std::path::Path;
+
+use strata_formats::Lsn;
+
+use crate::dirs;
+use crate::key::Key;
+use crate::layer::delta::{DeltaLayer, LayerName};
+use crate::layer::Versions;
+use crate::value::Value;
+
+/// Decodes `data` in every way the pageserver decodes stored bytes; never panics.
+pub fn fuzz_one(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else { return };
+    match selector % 2 {
+        0 => {
+            if let Ok(layer) = DeltaLayer::from_bytes(Path::new("fuzz.delta"), rest.to_vec()) {
+                let mut probes: Vec<Key> = layer.summary().iter().map(|(k, _)| *k).take(8).collect();
+                probes.push(Key::MIN);
+                probes.push(layer.name.key_start);
+                for key in probes {
+                    for lsn in [Lsn(0), layer.name.lsn_start, Lsn(u64::MAX)] {
+                        let _ = layer.collect(&key, lsn, &mut Versions::default());
+                    }
+                }
+            }
+        }
+        _ => {
+            if let Ok(Value::Native(r)) = Value::decode(rest) {
+                let _ = r.apply(&mut [0u8; strata_formats::version::BLCKSZ]);
+            }
+            let _ = dirs::decode_pairs(rest);
+            let _ = dirs::decode_rels(rest);
+            let _ = dirs::decode_u32s(rest);
+            if let Ok(text) = std::str::from_utf8(rest) {
+                let _ = text.parse::<LayerName>();
+                let _ = text.parse::<Key>();
+                let _ = serde_json::from_str::<crate::timeline::TimelineMetadata>(text);
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The delta layer file format (version 1) against a committed vector:
+//! the bytes written for a fixed set of versions must not change, and the
+//! vector must read back as those versions. Regenerate (only on a format
+//! change, with a version bump) with `STRATA_WRITE_VECTORS=1`.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use strata_formats::Lsn;
+use strata_pageserver::key::Key;
+use strata_pageserver::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName};
+use strata_pageserver::layer::Versions;
+use strata_pageserver::value::Value;
+use strata_redo::NativeRecord;
+
+fn key(block: u32) -> Key {
+    Key { kind: 0, field1: 1663, field2: 5, field3: 16384, field4: 0, field5: block }
+}
+
+fn versions() -> Vec<(Key, Lsn, Value)> {
+    vec![
+        (key(0), Lsn(0x0100_0028), Value::Image(Bytes::from_static(b"small image"))),
+        (key(0), Lsn(0x0100_0060), Value::Native(NativeRecord::ClearVmBits(vec![(7, 3)]))),
+        (key(1), Lsn(0x0100_0028), Value::ZeroPage),
+        (key(2), Lsn(0x0100_0060), Value::Native(NativeRecord::ClogSetStatus { xids: vec![900, 901], status: 1 })),
+    ]
+}
+
+#[test]
+fn delta_layer_v1_vector() {
+    let dir = std::env::temp_dir().join(format!("strata-layer-vector-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = LayerName { key_start: key(0), key_end: key(3), lsn_start: Lsn(0x0100_0028), lsn_end: Lsn(0x0100_0061) };
+    let mut w = DeltaLayerWriter::new(&dir, name).unwrap();
+    for (k, l, v) in versions() {
+        w.put(&k, l, &v).unwrap();
+    }
+    let written = std::fs::read(w.finish(false).unwrap()).unwrap();
+    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.delta");
+    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
+        std::fs::write(&vector, &written).unwrap();
+    }
+    let expected = std::fs::read(&vector).unwrap();
+    assert_eq!(written, expected, "the writer no longer produces format version 1 byte for byte");
+
+    let layer = DeltaLayer::from_bytes(&vector, expected).unwrap();
+    assert_eq!(layer.name, name);
+    assert_eq!(name.to_string(), "000000067F00000005000040000000000000-000000067F00000005000040000000000003__0000000001000028-0000000001000061.delta");
+    let mut out = Versions::default();
+    assert!(layer.collect(&key(0), Lsn(0x0100_0060), &mut out).unwrap());
+    assert_eq!(out.list.len(), 2);
+    assert_eq!(out.list[1].1, Value::Image(Bytes::from_static(b"small image")));
+    let mut out = Versions::default();
+    assert!(!layer.collect(&key(2), Lsn(0x0100_0060), &mut out).unwrap(), "a native record alone is not complete");
+    assert_eq!(out.list[0].1, versions()[3].2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn timeline_metadata_v1_vector() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/metadata-v1.json");
+    let meta: strata_pageserver::timeline::TimelineMetadata =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(meta.format_version, 1);
+    assert_eq!(meta.disk_consistent_lsn, Lsn(0x63F_FF68));
+    assert_eq!(meta.layers[0].parse::<LayerName>().unwrap().lsn_end, Lsn(0x0100_0061));
+}
