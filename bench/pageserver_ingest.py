@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Pageserver WAL ingest under pgbench, next to the rate at which the
+compute writes that WAL and to `strata wal bench` decoding the same WAL:
+
+- run:      pgbench -c 8 -T 30 on an endpoint of a local cluster (`strata
+            init`, `start`, `endpoint start`) after `pgbench -i -s 10`. Every
+            0.5 s a sampler reads the compute's pg_current_wal_lsn(), the
+            pageserver's timeline status (last_record_lsn) and its /metrics
+            (strata_pageserver_wal_bytes_ingested, records_ingested). Per run:
+            WAL written by the compute (MB/s), WAL ingested (MB/s, records/s),
+            ingested/written, and the lag in bytes and in seconds (p50, p99,
+            max).
+- catch-up: the pageserver is stopped (`strata stop --only pageserver`) two
+            seconds into a pgbench run, which goes on without it; once pgbench
+            has finished the pageserver is started again and the time until
+            it has ingested the whole backlog gives its ingest rate when WAL
+            is waiting (MB/s, records/s): its capacity, not the compute's pace.
+- decode:   `strata wal bench` over a safekeeper's segment files of the same
+            timeline afterwards: decoding alone (MB/s), the ceiling of ingest.
+
+Lag in bytes = compute LSN - pageserver last_record_lsn at one sample. Lag
+in seconds = for each sample of the compute's LSN, the time until the
+pageserver's last_record_lsn reached it (interpolated between samples).
+The pageserver's counters restart from zero with the process; rates are
+taken from differences.
+
+Usage: .venv/bin/python bench/pageserver_ingest.py [--scale 10] [--clients 8] [--seconds 30] [--runs 3]
+           [--catchup-runs 3] [--backlog-seconds 15] [--interval 0.5] [--quick]
+Writes bench/results/pageserver_ingest.json and .txt and prints medians and ratios.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+from pathlib import Path
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test_runner"))
+
+from fixtures.cluster import LocalCluster  # noqa: E402
+from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+MB = 1e6
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks; q in [0, 100]."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    pos = (len(v) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def counters(text: str) -> dict[str, float]:
+    """The pageserver's ingest counters from its Prometheus text."""
+    out = {}
+    for name in ("wal_bytes_ingested", "records_ingested"):
+        m = re.search(rf"^strata_pageserver_{name}_total (\S+)$", text, re.M)
+        out[name] = float(m.group(1)) if m else float("nan")
+    return out
+
+
+class Target:
+    """The cluster's pageserver, timeline and endpoint, as the benchmark reads them."""
+
+    def __init__(self, cluster: LocalCluster, connstr: str):
+        ct = cluster.cluster_toml
+        ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
+        self.cluster = cluster
+        self.connstr = connstr
+        self.http = f"http://127.0.0.1:{ps['ports']['http']}"
+        self.tenant = ct["tenant_id"]
+        self.timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
+        m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
+        self.pg_env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
+                       "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3),
+                       "PGDATABASE": m.group(4), "PGCONNECT_TIMEOUT": "30", "LC_ALL": "C"}
+
+    def timeline_status(self) -> dict:
+        code, body = http_json("GET", f"{self.http}/v1/tenant/{self.tenant}/timeline/{self.timeline}", timeout=5)
+        assert code == 200, body
+        return body
+
+    def pageserver_lsn(self) -> int:
+        return parse_lsn(self.timeline_status()["last_record_lsn"])
+
+    def metrics(self) -> dict[str, float]:
+        return counters(http_text(f"{self.http}/metrics", timeout=5))
+
+    def compute_lsn(self) -> int:
+        with psycopg.connect(self.connstr, autocommit=True) as conn:
+            return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+    def pgbench(self, *args: str, timeout: float) -> str:
+        res = subprocess.run([str(PG_BIN / "pgbench"), *args], env=self.pg_env, capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            raise RuntimeError(f"pgbench {' '.join(args)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        return res.stdout
+
+    def wait_caught_up(self, timeout: float = 300) -> float:
+        """Waits until the pageserver has ingested everything the compute wrote; returns the seconds waited."""
+        target = self.compute_lsn()
+        start = time.monotonic()
+        while self.pageserver_lsn() < target:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"pageserver did not reach {target:X} in {timeout} s")
+            time.sleep(0.05)
+        return time.monotonic() - start
+
+
+class Sampler:
+    """Samples the compute's LSN, the pageserver's LSN and counters every `interval` in a thread.
+
+    One sample: t (monotonic), compute_lsn, pageserver_lsn (None while the
+    pageserver does not answer), wal_bytes, records."""
+
+    def __init__(self, target: Target, interval: float):
+        self.target = target
+        self.interval = interval
+        self.samples: list[dict] = []
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.error: Exception | None = None
+
+    def __enter__(self) -> "Sampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
+
+    def loop(self) -> None:
+        try:
+            with psycopg.connect(self.target.connstr, autocommit=True) as conn:
+                next_at = time.monotonic()
+                while not self.stop_event.is_set():
+                    t = time.monotonic()
+                    clsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    sample = {"t": t, "compute_lsn": clsn, "pageserver_lsn": None,
+                              "wal_bytes": None, "records": None}
+                    try:
+                        sample["pageserver_lsn"] = self.target.pageserver_lsn()
+                        c = self.target.metrics()
+                        sample["wal_bytes"], sample["records"] = c["wal_bytes_ingested"], c["records_ingested"]
+                    except (urllib.error.URLError, ConnectionError, TimeoutError, AssertionError):
+                        pass
+                    self.samples.append(sample)
+                    next_at += self.interval
+                    self.stop_event.wait(max(0.0, next_at - time.monotonic()))
+        except Exception as e:  # reported by __exit__
+            self.error = e
+
+    def window(self, t0: float, t1: float) -> list[dict]:
+        return [s for s in self.samples if t0 <= s["t"] <= t1]
+
+
+def lag_seconds(samples: list[dict], t0: float, t1: float) -> list[float]:
+    """For each sample in [t0, t1]: seconds until the pageserver's LSN reached
+    the compute's LSN of that sample, interpolated linearly between samples;
+    samples whose LSN was never reached are left out."""
+    ps = [(s["t"], s["pageserver_lsn"]) for s in samples if s["pageserver_lsn"] is not None]
+    out = []
+    j = 0
+    for s in samples:
+        if not t0 <= s["t"] <= t1:
+            continue
+        c = s["compute_lsn"]
+        while j < len(ps) and ps[j][0] < s["t"]:
+            j += 1
+        # The first pageserver sample at or after this one that holds c.
+        k = j
+        while k < len(ps) and ps[k][1] < c:
+            k += 1
+        if k == len(ps):
+            continue
+        tk, pk = ps[k]
+        if k > 0 and ps[k - 1][1] < c and pk > ps[k - 1][1]:
+            tp, pp = ps[k - 1]
+            tk = tp + (tk - tp) * (c - pp) / (pk - pp)
+        out.append(max(0.0, tk - s["t"]))
+    return out
+
+
+def rate(samples: list[dict], key: str) -> float:
+    """Increase of a counter per second between the first and last sample that have it."""
+    have = [s for s in samples if s[key] is not None]
+    if len(have) < 2 or have[-1]["t"] <= have[0]["t"]:
+        return float("nan")
+    return (have[-1][key] - have[0][key]) / (have[-1]["t"] - have[0]["t"])
+
+
+def summarize_window(sampler: Sampler, t0: float, t1: float) -> dict:
+    w = sampler.window(t0, t1)
+    lag_b = [s["compute_lsn"] - s["pageserver_lsn"] for s in w if s["pageserver_lsn"] is not None]
+    lag_s = lag_seconds(sampler.samples, t0, t1)
+    return {
+        "seconds": w[-1]["t"] - w[0]["t"],
+        "samples": len(w),
+        "written_mb_per_s": rate(w, "compute_lsn") / MB,
+        "ingested_mb_per_s": rate(w, "wal_bytes") / MB,
+        "ingested_records_per_s": rate(w, "records"),
+        "lag_bytes": {"p50": percentile(lag_b, 50), "p99": percentile(lag_b, 99), "max": max(lag_b)},
+        "lag_seconds": {"p50": percentile(lag_s, 50), "p99": percentile(lag_s, 99), "max": max(lag_s)},
+    }
+
+
+def pgbench_run(target: Target, sampler: Sampler, args) -> dict:
+    target.wait_caught_up()
+    t0 = time.monotonic()
+    out = target.pgbench("-n", "-c", str(args.clients), "-j", str(min(args.clients, 2)), "-T", str(args.seconds),
+                         timeout=args.seconds * 4 + 120)
+    t1 = time.monotonic()
+    target.wait_caught_up()
+    time.sleep(args.interval * 2)  # samples after the end, for the lag of the last ones
+    r = summarize_window(sampler, t0, t1)
+    r["tps"] = float(re.search(r"tps = ([0-9.]+)", out).group(1))
+    r["ingested_vs_written"] = r["ingested_mb_per_s"] / r["written_mb_per_s"]
+    return r
+
+
+def catchup_run(target: Target, args) -> dict:
+    """Stops the pageserver 2 s into a pgbench run, restarts it after the
+    run and times the ingestion of the backlog."""
+    cluster = target.cluster
+    target.wait_caught_up()
+    start_lsn = target.pageserver_lsn()
+    bench = subprocess.Popen([str(PG_BIN / "pgbench"), "-n", "-c", str(args.clients), "-j",
+                              str(min(args.clients, 2)), "-T", str(args.backlog_seconds)],
+                             env=target.pg_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(2)
+        cluster.stop("--only", "pageserver")
+        stopped_lsn = parse_lsn(cluster.status()["timelines"][0]["safekeepers"][0]["commit_lsn"])
+        out, err = bench.communicate(timeout=args.backlog_seconds * 4 + 120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    if bench.returncode != 0:
+        raise RuntimeError(f"pgbench failed:\n{out[-3000:]}\n{err[-3000:]}")
+    end_lsn = target.compute_lsn()
+    t_start = time.monotonic()
+    cluster.start("--only", "pageserver")
+    t_ready = time.monotonic()
+    # Where the restarted pageserver resumes: what it had made durable.
+    first = target.timeline_status()
+    resumed_lsn = min(parse_lsn(first["last_record_lsn"]), parse_lsn(first["disk_consistent_lsn"]))
+    while True:
+        lsn = target.pageserver_lsn()
+        if lsn >= end_lsn:
+            break
+        if time.monotonic() - t_ready > 600:
+            raise TimeoutError("the pageserver did not ingest its backlog in 600 s")
+        time.sleep(0.02)
+    t_done = time.monotonic()
+    c = target.metrics()
+    ingest_s = t_done - t_ready
+    return {
+        "backlog_bytes": end_lsn - resumed_lsn,
+        "backlog_mb": (end_lsn - resumed_lsn) / MB,
+        "wal_while_down_mb": (end_lsn - stopped_lsn) / MB,
+        "pageserver_start_s": t_ready - t_start,
+        "ingest_s": ingest_s,
+        "restart_to_caught_up_s": t_done - t_start,
+        "backlog_mb_per_s": (end_lsn - resumed_lsn) / MB / ingest_s,
+        "ingested_mb_per_s": c["wal_bytes_ingested"] / MB / ingest_s,
+        "ingested_records_per_s": c["records_ingested"] / ingest_s,
+        "records": c["records_ingested"],
+        "start_lsn": f"{start_lsn >> 32:X}/{start_lsn & 0xFFFFFFFF:X}",
+        "tps": float(re.search(r"tps = ([0-9.]+)", out).group(1)),
+    }
+
+
+def decode_bench(cluster: LocalCluster, target: Target, runs: int) -> dict:
+    """`strata wal bench` over sk1's complete segment files of the timeline,
+    from its second one on (the first starts with zeros before the timeline's
+    start LSN)."""
+    d = cluster.workdir / "sk1" / "data" / target.tenant / target.timeline
+    segments = sorted(p for p in d.iterdir() if re.fullmatch(r"[0-9A-F]{24}", p.name))
+    end = target.compute_lsn()
+    seg_size = target.timeline_status()["wal_segment_size"]
+    last_complete = end // seg_size  # segments below this number are complete
+    files = [p for p in segments[1:] if int(p.name[8:16], 16) * (0x100000000 // seg_size) + int(p.name[16:], 16)
+             < last_complete]
+    out = subprocess.run([str(cluster.strata_bin), "wal", "bench", "--runs", str(runs), *map(str, files)],
+                         capture_output=True, text=True, check=True, timeout=3600)
+    return json.loads(out.stdout)
+
+
+def median_of(runs: list[dict], *path: str) -> float:
+    def get(r):
+        for p in path:
+            r = r[p]
+        return r
+    return statistics.median(get(r) for r in runs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=int, default=30)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--catchup-runs", type=int, default=3)
+    ap.add_argument("--backlog-seconds", type=int, default=15)
+    ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs of 5 s, 1 catch-up of 6 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.scale, args.seconds, args.runs, args.catchup_runs, args.backlog_seconds = 2, 5, 2, 1, 6
+    strata_bin = REPO / "target" / "release" / "strata"
+    results: dict = {"config": {k: v for k, v in vars(args).items()}, "cpus": os.cpu_count(),
+                     "loadavg_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # PostgreSQL runs as another user
+        cluster = LocalCluster(strata_bin, base / "cluster", PG_BIN)
+        (base / "cluster").mkdir()
+        try:
+            cluster.init()
+            cluster.start()
+            target = Target(cluster, cluster.endpoint_start("main"))
+            with Sampler(target, args.interval) as sampler:
+                t0 = time.monotonic()
+                target.pgbench("-i", "-q", "-s", str(args.scale), timeout=1800)
+                t1 = time.monotonic()
+                target.wait_caught_up()
+                time.sleep(args.interval * 2)
+                results["init"] = summarize_window(sampler, t0, t1)
+                results["init"]["ingested_vs_written"] = (results["init"]["ingested_mb_per_s"]
+                                                          / results["init"]["written_mb_per_s"])
+                results["runs"] = [pgbench_run(target, sampler, args) for _ in range(args.runs)]
+            results["catchup_runs"] = [catchup_run(target, args) for _ in range(args.catchup_runs)]
+            results["decode"] = decode_bench(cluster, target, runs=3 if args.quick else 5)
+        finally:
+            if (cluster.workdir / "cluster.toml").exists():
+                if cluster.run("stop", check=False, timeout=600).returncode != 0:
+                    cluster.run("stop", "--immediate", check=False, timeout=600)
+
+    runs, catchups, dec = results["runs"], results["catchup_runs"], results["decode"]
+    med = {
+        "written_mb_per_s": median_of(runs, "written_mb_per_s"),
+        "ingested_mb_per_s": median_of(runs, "ingested_mb_per_s"),
+        "ingested_records_per_s": median_of(runs, "ingested_records_per_s"),
+        "ingested_vs_written": median_of(runs, "ingested_vs_written"),
+        "tps": median_of(runs, "tps"),
+        "lag_bytes": {q: median_of(runs, "lag_bytes", q) for q in ("p50", "p99", "max")},
+        "lag_seconds": {q: median_of(runs, "lag_seconds", q) for q in ("p50", "p99", "max")},
+        "catchup_backlog_mb": median_of(catchups, "backlog_mb"),
+        "catchup_ingest_s": median_of(catchups, "ingest_s"),
+        "catchup_mb_per_s": median_of(catchups, "ingested_mb_per_s"),
+        "catchup_records_per_s": median_of(catchups, "ingested_records_per_s"),
+        "catchup_pageserver_start_s": median_of(catchups, "pageserver_start_s"),
+        "decode_mb_per_s": dec["decode_mb_per_s"],
+        "decode_and_restore_images_mb_per_s": dec["decode_and_restore_images_mb_per_s"],
+        "decode_records_per_s": dec["decode_records_per_s"],
+    }
+    med["catchup_vs_written"] = med["catchup_mb_per_s"] / med["written_mb_per_s"]
+    med["catchup_vs_decode"] = med["catchup_mb_per_s"] / med["decode_mb_per_s"]
+    med["catchup_vs_decode_and_restore"] = med["catchup_mb_per_s"] / med["decode_and_restore_images_mb_per_s"]
+    results["medians"] = med
+
+    init = results["init"]
+    lines = [
+        f"pgbench -s {args.scale}, -c {args.clients}, {args.runs} x {args.seconds} s; sampling every {args.interval} s;"
+        f" medians of runs",
+        "",
+        f"{'phase':<24}{'written MB/s':>13}{'ingested MB/s':>14}{'records/s':>11}{'ingest/written':>15}"
+        f"{'lag p50':>10}{'lag p99':>10}{'lag max':>10}{'lag p50 s':>10}{'lag p99 s':>10}{'lag max s':>10}",
+    ]
+    for name, r in [("pgbench -i (load)", init), (f"pgbench -c {args.clients} (run)", med)]:
+        lines.append(
+            f"{name:<24}{r['written_mb_per_s']:>13.1f}{r['ingested_mb_per_s']:>14.1f}"
+            f"{r['ingested_records_per_s']:>11.0f}{r['ingested_vs_written']:>15.3f}"
+            f"{r['lag_bytes']['p50'] / 1e3:>8.0f}kB{r['lag_bytes']['p99'] / 1e3:>8.0f}kB"
+            f"{r['lag_bytes']['max'] / 1e3:>8.0f}kB{r['lag_seconds']['p50']:>10.3f}{r['lag_seconds']['p99']:>10.3f}"
+            f"{r['lag_seconds']['max']:>10.3f}")
+    lines += [
+        "",
+        f"catch-up (pageserver stopped during pgbench, restarted after it; {len(catchups)} runs):",
+        f"  backlog {med['catchup_backlog_mb']:.1f} MB ingested in {med['catchup_ingest_s']:.2f} s"
+        f" (+ {med['catchup_pageserver_start_s']:.2f} s to start the pageserver):"
+        f" {med['catchup_mb_per_s']:.1f} MB/s, {med['catchup_records_per_s']:.0f} records/s",
+        f"  catch-up / written during the run: {med['catchup_vs_written']:.2f}x"
+        f" (how much faster than the compute writes the pageserver can ingest)",
+        "",
+        f"strata wal bench on the same WAL ({dec['wal_bytes'] / MB:.0f} MB, {dec['records']} records):"
+        f" decode {dec['decode_mb_per_s']:.0f} MB/s, decode + restore images"
+        f" {dec['decode_and_restore_images_mb_per_s']:.0f} MB/s, {dec['decode_records_per_s']:.0f} records/s",
+        f"  catch-up ingest / decode: {med['catchup_vs_decode']:.3f};"
+        f" / decode + restore images: {med['catchup_vs_decode_and_restore']:.3f}",
+    ]
+    summary = "\n".join(lines)
+    out_dir = REPO / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "pageserver_ingest.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "pageserver_ingest.txt").write_text(summary + "\n")
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
