@@ -257,9 +257,11 @@ impl Timeline {
     /// Adds the versions one record produced and advances the record LSNs.
     pub fn commit_record(&self, batch: Vec<(Key, Lsn, Value)>, lsns: RecordLsns) {
         debug_assert!(lsns.last >= self.record_lsns().last, "record LSNs go backwards");
+        // Holding the map (shared) across both steps keeps a concurrent
+        // freeze from cutting between the versions and their record LSNs.
+        let map = self.layers.read();
         if !batch.is_empty() {
-            let open = self.layers.read().open.clone();
-            open.put_batch(batch);
+            map.open.put_batch(batch);
         }
         self.lsns.send_replace(lsns);
     }
@@ -274,9 +276,9 @@ impl Timeline {
     /// Freezes the open layer at the current record LSNs; waits while too
     /// many frozen layers are unflushed, so memory stays bounded.
     pub fn freeze(&self) {
-        let lsns = self.record_lsns();
         {
             let mut map = self.layers.write();
+            let lsns = self.record_lsns();
             if map.open.is_empty() && map.frozen.is_empty() && lsns.last == self.disk_consistent_lsn() {
                 return;
             }
