@@ -165,7 +165,8 @@ def main() -> int:
     data = results["data"]
     lines = [
         f"pgbench_accounts ({data['rel']}): {data['blocks']} blocks, {data['table_mb']:.0f} MB, scale {args.scale};"
-        f" random blocks at the latest LSN; medians of {args.runs} x {args.seconds:g} s",
+        f" random blocks at the latest LSN; medians of {args.runs} x {args.seconds:g} s;"
+        f" {data['timeline_after_checkpoint']['delta_layers']} delta layers after the checkpoint",
         "",
         f"{'conn':>5}{'depth':>6}{'strata req/s':>13}{'loop req/s':>12}{'req/s ratio':>12}"
         f"{'strata p50':>11}{'loop p50':>10}{'p50 ratio':>10}{'strata p99':>11}{'loop p99':>10}"

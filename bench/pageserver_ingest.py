@@ -269,11 +269,16 @@ def catchup_run(target: Target, args) -> dict:
     ready_lsn = parse_lsn(first["last_record_lsn"])
     c0 = target.metrics()
     t0 = time.monotonic()
+    # The last poll before the LSN first moved: from there on WAL flows.
+    t_flow, lsn_flow = t0, ready_lsn
     while True:
+        t = time.monotonic()
         lsn = target.pageserver_lsn()
         if lsn >= end_lsn:
             break
-        if time.monotonic() - t_ready > 600:
+        if lsn == ready_lsn:
+            t_flow = t
+        if t - t_ready > 600:
             raise TimeoutError("the pageserver did not ingest its backlog in 600 s")
         time.sleep(0.01)
     t_done = time.monotonic()
@@ -287,6 +292,8 @@ def catchup_run(target: Target, args) -> dict:
         "pageserver_start_s": t_ready - t_start,
         "ingest_s": ingest_s,
         "restart_to_caught_up_s": t_done - t_start,
+        "first_wal_s": t_flow - t0,
+        "flowing_mb_per_s": (end_lsn - lsn_flow) / MB / (t_done - t_flow),
         "backlog_mb_per_s": (end_lsn - ready_lsn) / MB / ingest_s,
         "ingested_mb_per_s": (c1["wal_bytes_ingested"] - c0["wal_bytes_ingested"]) / MB / ingest_s,
         "ingested_records_per_s": (c1["records_ingested"] - c0["records_ingested"]) / ingest_s,
@@ -377,6 +384,8 @@ def main() -> int:
         "catchup_mb_per_s": median_of(catchups, "ingested_mb_per_s"),
         "catchup_records_per_s": median_of(catchups, "ingested_records_per_s"),
         "catchup_pageserver_start_s": median_of(catchups, "pageserver_start_s"),
+        "catchup_first_wal_s": median_of(catchups, "first_wal_s"),
+        "catchup_flowing_mb_per_s": median_of(catchups, "flowing_mb_per_s"),
         "decode_mb_per_s": dec["decode_mb_per_s"],
         "decode_and_restore_images_mb_per_s": dec["decode_and_restore_images_mb_per_s"],
         "decode_records_per_s": dec["decode_records_per_s"],
@@ -407,7 +416,8 @@ def main() -> int:
         f"  backlog {med['catchup_backlog_mb']:.1f} MB, ingested in {med['catchup_restart_to_caught_up_s']:.2f} s"
         f" from the restart ({med['catchup_pageserver_start_s']:.2f} s until the pageserver answered);"
         f" rate after it answered:"
-        f" {med['catchup_mb_per_s']:.1f} MB/s, {med['catchup_records_per_s']:.0f} records/s",
+        f" {med['catchup_mb_per_s']:.1f} MB/s, {med['catchup_records_per_s']:.0f} records/s"
+        f" ({med['catchup_flowing_mb_per_s']:.1f} MB/s once WAL flowed, {med['catchup_first_wal_s']:.2f} s later)",
         f"  catch-up / written during the run: {med['catchup_vs_written']:.2f}x"
         f" (how much faster than the compute writes the pageserver can ingest)",
         "",

@@ -153,15 +153,16 @@ fn connect_best(
     tl: &Timeline,
     safekeepers: &[String],
     status: &Mutex<ReceiverStatus>,
-) -> Result<(String, TcpStream, Lsn), StreamError> {
+) -> Result<(String, OpenStream, Lsn), StreamError> {
     let start = tl.record_lsns().last;
-    let mut best: Option<(String, TcpStream, Lsn)> = None;
+    let mut best: Option<(String, OpenStream, Lsn)> = None;
     let mut errors = Vec::new();
     for addr in safekeepers {
         match open_stream(tl, addr, start) {
-            Ok((stream, commit)) => {
+            Ok(s) => {
+                let commit = s.commit;
                 if best.as_ref().is_none_or(|b| commit > b.2) {
-                    best = Some((addr.clone(), stream, commit));
+                    best = Some((addr.clone(), s, commit));
                 }
             }
             Err(e) => errors.push(format!("{addr}: {e}")),
@@ -175,7 +176,15 @@ fn connect_best(
     Ok(best)
 }
 
-fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<(TcpStream, Lsn), String> {
+/// An open stream: the socket, the safekeeper's commit LSN, and bytes of
+/// the next frames already read with the first message.
+struct OpenStream {
+    stream: TcpStream,
+    commit: Lsn,
+    buffered: Vec<u8>,
+}
+
+fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, String> {
     let sockaddr = addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("address does not resolve")?;
     let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(|e| e.to_string())?;
@@ -203,7 +212,7 @@ fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<(TcpStream, Lsn)
                 return Err(format!("system id {} is not the timeline's {}", s.timeline.system_id, meta.system_id));
             }
             stream.set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
-            Ok((stream, s.commit_lsn))
+            Ok(OpenStream { stream, commit: s.commit_lsn, buffered: buf })
         }
         StreamMessage::Error(e) => Err(e.message),
         other => Err(format!("unexpected first message {other:?}")),
@@ -230,7 +239,7 @@ fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<StreamMessa
 /// Whether a safekeeper other than `current` has committed WAL beyond `lsn`.
 fn other_has_more(tl: &Timeline, safekeepers: &[String], current: &str, lsn: Lsn) -> Option<(String, Lsn)> {
     safekeepers.iter().filter(|a| a.as_str() != current).find_map(|addr| match open_stream(tl, addr, lsn) {
-        Ok((_, commit)) if commit > lsn => Some((addr.clone(), commit)),
+        Ok(s) if s.commit > lsn => Some((addr.clone(), s.commit)),
         _ => None,
     })
 }
@@ -239,7 +248,7 @@ fn other_has_more(tl: &Timeline, safekeepers: &[String], current: &str, lsn: Lsn
 fn stream_wal(
     tl: &Timeline,
     ingest: &mut WalIngest,
-    mut stream: TcpStream,
+    open: OpenStream,
     current: &str,
     safekeepers: &[String],
     status: &Mutex<ReceiverStatus>,
@@ -253,22 +262,21 @@ fn stream_wal(
     if lsns.prev != Lsn::INVALID {
         decoder.set_prev_record(lsns.prev);
     }
-    let mut buf = Vec::new();
+    let OpenStream { mut stream, buffered: mut buf, .. } = open;
     let mut last_feedback = Instant::now() - FEEDBACK_INTERVAL;
-    let mut idle_since: Option<Instant> = None;
+    // When ingest last advanced: a stream that stops advancing may come from
+    // a safekeeper the quorum left behind.
+    let mut progress = (tl.record_lsns().last, Instant::now());
     let conn = StreamError::Connection;
     while !stop.load(Ordering::SeqCst) {
         let last = tl.record_lsns().last;
-        if last >= status.lock().safekeeper_commit_lsn {
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= PROBE_AFTER {
-                if let Some((addr, commit)) = other_has_more(tl, safekeepers, current, last) {
-                    return Err(conn(format!("{addr} has committed up to {commit}, beyond {current}; switching")));
-                }
-                idle_since = Some(Instant::now());
+        if last != progress.0 {
+            progress = (last, Instant::now());
+        } else if progress.1.elapsed() >= PROBE_AFTER {
+            if let Some((addr, commit)) = other_has_more(tl, safekeepers, current, last) {
+                return Err(conn(format!("{addr} has committed up to {commit}, beyond {current}; switching")));
             }
-        } else {
-            idle_since = None;
+            progress.1 = Instant::now();
         }
         if last_feedback.elapsed() >= FEEDBACK_INTERVAL {
             let mut out = Vec::new();

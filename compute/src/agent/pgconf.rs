@@ -116,6 +116,13 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
         quote(&s.application_name),
     );
     set("", "synchronous_commit", "on".into());
+    set("", "max_connections", "100".into());
+    set(
+        "Two-phase commit is available as on a self-managed server; prepared\n\
+         transactions survive a compute restart (their state is in the WAL).",
+        "max_prepared_transactions",
+        "100".into(),
+    );
     set("", "wal_level", "replica".into());
     set("", "max_wal_senders", "10".into());
     set("The proposer's physical slot keeps WAL until the safekeepers have it.", "max_replication_slots", "10".into());

@@ -98,12 +98,21 @@ pub fn check_not_running(pgdata: &Path) -> Result<(), PostgresError> {
         return Ok(());
     }
     // SAFETY: signal 0 only checks that the process exists.
-    let alive =
+    let exists =
         unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A killed postmaster waiting to be reaped (a zombie) no longer runs.
+    let alive = exists && !is_zombie(pid);
     if alive {
         return Err(PostgresError::StillRunning { pid, pgdata: pgdata.display().to_string() });
     }
     Ok(())
+}
+
+/// Whether `/proc` shows the process as a zombie (exited, not yet reaped).
+fn is_zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may contain spaces.
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|st| st == "Z" || st == "X")
 }
 
 /// A running `postgres` server, the child of this process.

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Compute start time against database size, eager mode, next to stock
+PostgreSQL starting on a local data directory of the same size:
+
+- strata: `strata endpoint start` on a local cluster whose database was
+          loaded with pgbench -i -s N (then the endpoint was stopped): sync
+          the safekeepers, wait for the pageserver, download and unpack the
+          full basebackup, start PostgreSQL and its WAL proposer. Timed from
+          the command to the first successful query; the agent's own phase
+          durations are read from its /v1/status (`timings`).
+- stock:  the same database in a local data directory, cleanly shut down
+          (pg_ctl stop -m fast), then `pg_ctl start -w` and the same first
+          query.
+
+Both read from a warm page cache. For each scale, --runs starts of each;
+medians, and the ratio strata/stock. Eager start grows with the database
+(the whole of it is copied before PostgreSQL starts); this is the baseline
+that a lazy start (pages fetched on demand) must beat: about a second,
+whatever the size.
+
+Usage: .venv/bin/python bench/compute_start.py [--scales 1,10,30] [--runs 3] [--quick]
+Writes bench/results/compute_start.json and .txt and prints medians and ratios.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test_runner"))
+
+from fixtures.cluster import LocalCluster  # noqa: E402
+from fixtures.pg import PgCluster  # noqa: E402
+from fixtures.strata import http_json, parse_lsn  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+FIRST_QUERY = "SELECT count(*) FROM pgbench_branches"
+PHASES = ["timeline_lookup_seconds", "sync_seconds", "wait_seconds", "basebackup_seconds", "config_seconds",
+          "postgres_start_seconds", "proposer_start_seconds", "total_seconds"]
+
+
+def first_query(connect, timeout: float = 60) -> None:
+    """Connects and runs FIRST_QUERY, retrying until it succeeds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with connect() as conn:
+                conn.execute(FIRST_QUERY).fetchone()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def du(path: Path) -> int:
+    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
+
+
+def strata_scale(strata_bin: Path, base: Path, scale: int, runs: int) -> dict:
+    cluster = LocalCluster(strata_bin, base / f"strata-s{scale}", PG_BIN)
+    cluster.workdir.mkdir()
+    try:
+        cluster.init()
+        cluster.start()
+        ct = cluster.cluster_toml
+        ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
+        timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
+        tl_url = f"http://127.0.0.1:{ps['ports']['http']}/v1/tenant/{ct['tenant_id']}/timeline/{timeline}"
+        connstr = cluster.endpoint_start("main")
+        m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
+               "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4),
+               "LC_ALL": "C"}
+        subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
+                       capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
+        cluster.endpoint_stop("main")
+        starts = []
+        for i in range(runs):
+            # Start from a quiet cluster: the pageserver holds all the WAL and,
+            # the first time, has written it to layer files.
+            end = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
+            deadline = time.monotonic() + 300
+            while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the pageserver did not ingest the endpoint's WAL")
+                time.sleep(0.05)
+            if i == 0:
+                code, body = http_json("POST", f"{tl_url}/checkpoint", timeout=300)
+                assert code == 200, body
+            t0 = time.monotonic()
+            connstr = cluster.endpoint_start("main")
+            t_cmd = time.monotonic()
+            first_query(lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=10))
+            t1 = time.monotonic()
+            endpoint = next(e for e in cluster.status()["endpoints"] if e["name"] == "main")
+            code, agent = http_json("GET", f"http://127.0.0.1:{endpoint['ports']['http']}/v1/status")
+            assert code == 200, agent
+            with psycopg.connect(connstr, autocommit=True) as conn:
+                db_bytes = conn.execute("SELECT sum(pg_database_size(oid)) FROM pg_database").fetchone()[0]
+            pgdata = cluster.workdir / "endpoints" / "main" / "pgdata"
+            starts.append({"seconds": t1 - t0, "command_seconds": t_cmd - t0, "timings": agent["timings"],
+                           "database_bytes": int(db_bytes), "pgdata_bytes": du(pgdata)})
+            cluster.endpoint_stop("main")
+        return {
+            "seconds": statistics.median(s["seconds"] for s in starts),
+            "command_seconds": statistics.median(s["command_seconds"] for s in starts),
+            "phases": {p: statistics.median(s["timings"][p] for s in starts) for p in PHASES},
+            "basebackup_bytes": statistics.median(s["timings"]["basebackup_bytes"] for s in starts),
+            "database_bytes": starts[-1]["database_bytes"],
+            "pgdata_bytes": starts[-1]["pgdata_bytes"],
+            "runs": starts,
+        }
+    finally:
+        if (cluster.workdir / "cluster.toml").exists():
+            if cluster.run("stop", check=False, timeout=600).returncode != 0:
+                cluster.run("stop", "--immediate", check=False, timeout=600)
+
+
+def stock_scale(base: Path, scale: int, runs: int) -> dict:
+    c = PgCluster(PG_BIN, base / f"stock-s{scale}", traverse_root=base)
+    try:
+        c.initdb()
+        c.start({"max_wal_size": "2GB"})
+        c.run(["pgbench", "-i", "-q", "-s", str(scale)], timeout=1800)
+        c.sql("CHECKPOINT")
+        db_bytes = int(c.sql("SELECT sum(pg_database_size(oid)) FROM pg_database")[0][0])
+        c.stop("fast")
+        starts = []
+        for _ in range(runs):
+            t0 = time.monotonic()
+            c.start()  # pg_ctl start -w, then a connection
+            first_query(lambda: c.connect(connect_timeout=10))
+            starts.append(time.monotonic() - t0)
+            c.stop("fast")
+        return {"seconds": statistics.median(starts), "database_bytes": db_bytes, "pgdata_bytes": du(c.pgdata),
+                "runs": starts}
+    finally:
+        c.cleanup()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10, 30])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smoke run: scales 1 and 3, 2 runs each")
+    args = ap.parse_args()
+    if args.quick:
+        args.scales, args.runs = [1, 3], 2
+    strata_bin = REPO / "target" / "release" / "strata"
+    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
+                     "first_query": FIRST_QUERY, "scales": []}
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # PostgreSQL runs as another user
+        for scale in args.scales:
+            stock = stock_scale(base, scale, args.runs)
+            strata = strata_scale(strata_bin, base, scale, args.runs)
+            results["scales"].append({"scale": scale, "stock": stock, "strata": strata,
+                                      "ratio": strata["seconds"] / stock["seconds"]})
+
+    lines = [
+        f"start to first query ({FIRST_QUERY}); eager mode (full basebackup); medians of {args.runs} starts",
+        "",
+        f"{'scale':>6}{'db MB':>8}{'stock s':>9}{'strata s':>10}{'ratio':>8}{'basebackup MB':>15}"
+        f"{'sync':>7}{'wait':>7}{'bbackup':>9}{'config':>8}{'pg start':>9}{'proposer':>9}{'agent':>7}{'other':>7}",
+    ]
+    for r in results["scales"]:
+        s, t = r["stock"], r["strata"]
+        p = t["phases"]
+        lines.append(
+            f"{r['scale']:>6}{s['database_bytes'] / 1e6:>8.0f}{s['seconds']:>9.3f}{t['seconds']:>10.3f}{r['ratio']:>8.1f}"
+            f"{t['basebackup_bytes'] / 1e6:>15.0f}{p['sync_seconds']:>7.3f}{p['wait_seconds']:>7.3f}"
+            f"{p['basebackup_seconds']:>9.3f}{p['config_seconds']:>8.3f}{p['postgres_start_seconds']:>9.3f}"
+            f"{p['proposer_start_seconds']:>9.3f}{p['total_seconds']:>7.3f}{t['seconds'] - p['total_seconds']:>7.3f}")
+    lines += [
+        "",
+        "seconds: strata = `strata endpoint start` to the first successful query; stock = pg_ctl start -w"
+        " to the same query; ratio = strata / stock",
+        "phases (s): the agent's timings; other = the command's own polling, process start and the query",
+        "Eager start grows with the database size; a lazy start must beat these figures:"
+        " about 1 s whatever the size.",
+    ]
+    text = "\n".join(lines)
+    out_dir = REPO / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "compute_start.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "compute_start.txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
