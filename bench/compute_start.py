@@ -18,7 +18,7 @@ medians, and the ratio strata/stock. Eager start grows with the database
 that a lazy start (pages fetched on demand) must beat: about a second,
 whatever the size.
 
-Usage: .venv/bin/python bench/compute_start.py [--scales 1,10,30] [--runs 3] [--quick]
+Usage: .venv/bin/python bench/compute_start.py [--scales 1,10,30] [--runs 5] [--quick]
 Writes bench/results/compute_start.json and .txt and prints medians and ratios.
 """
 
@@ -151,7 +151,7 @@ def stock_scale(base: Path, scale: int, runs: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10, 30])
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smoke run: scales 1 and 3, 2 runs each")
     args = ap.parse_args()
     if args.quick:

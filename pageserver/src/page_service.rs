@@ -144,10 +144,10 @@ async fn connection(mut socket: TcpStream, tenants: &Tenants) -> Result<(), Stri
         }
         let started = Instant::now();
         // Resolve and wait for every LSN first (async), then read (blocking).
-        let mut lsns: HashMap<Lsn, Result<Lsn, String>> = HashMap::new();
+        let mut lsns: HashMap<Lsn, Result<Lsn, (ErrorCode, String)>> = HashMap::new();
         for r in &requests {
             if !lsns.contains_key(&r.lsn()) {
-                let resolved = tl.wait_lsn(r.lsn(), wait_timeout).await.map_err(|e| e.to_string());
+                let resolved = tl.wait_lsn(r.lsn(), wait_timeout).await.map_err(|e| (error_code(&e), e.to_string()));
                 lsns.insert(r.lsn(), resolved);
             }
         }
@@ -174,9 +174,12 @@ async fn connection(mut socket: TcpStream, tenants: &Tenants) -> Result<(), Stri
 }
 
 /// Answers a batch of requests in order.
-fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Result<Lsn, String>>) -> Vec<ServerMessage> {
+/// The resolved LSN of a request, or why it has none (the error to answer with).
+type Resolved = Result<Lsn, (ErrorCode, String)>;
+
+fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolved>) -> Vec<ServerMessage> {
     let mut out: Vec<Option<ServerMessage>> = requests.iter().map(|_| None).collect();
-    let lsn_of = |r: &PageRequest| lsns.get(&r.lsn()).cloned().unwrap_or(Err("LSN not resolved".into()));
+    let lsn_of = |r: &PageRequest| lsns.get(&r.lsn()).cloned().unwrap_or(Err((ErrorCode::Internal, "LSN not resolved".into())));
     // Runs of GetPage at one LSN: check sizes, then one batched lookup.
     let mut i = 0;
     while i < requests.len() {
@@ -190,9 +193,9 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Result<
             j += 1;
         }
         match lsn_of(&requests[i]) {
-            Err(e) => {
+            Err((code, message)) => {
                 for k in i..j {
-                    out[k] = Some(ServerMessage::Error { id: requests[k].id(), code: ErrorCode::LsnTimeout, message: e.clone() });
+                    out[k] = Some(ServerMessage::Error { id: requests[k].id(), code, message: message.clone() });
                 }
             }
             Ok(lsn) => {
@@ -241,11 +244,11 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Result<
     out.into_iter().map(|m| m.expect("every request answered")).collect()
 }
 
-fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Result<Lsn, String>) -> ServerMessage {
+fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Resolved) -> ServerMessage {
     let id = req.id();
     let lsn = match lsn {
         Ok(l) => l,
-        Err(message) => return ServerMessage::Error { id, code: ErrorCode::LsnTimeout, message },
+        Err((code, message)) => return ServerMessage::Error { id, code, message },
     };
     let result: Result<ServerMessage, ReadError> = (|| {
         Ok(match *req {
@@ -257,7 +260,12 @@ fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Result<Lsn, String>) -> Ser
                 Some(blocks) => ServerMessage::Size { id, blocks },
                 None => return Err(ReadError::NotFound(format!("relation {} does not exist at {lsn}", RelTag { rel, fork }))),
             },
-            PageRequest::DbSize { spc, db, .. } => ServerMessage::DbSize { id, bytes: tl.db_size(spc, db, lsn)? },
+            PageRequest::DbSize { spc, db, .. } => {
+                if !tl.db_dir(lsn)?.contains(&(spc, db)) {
+                    return Err(ReadError::NotFound(format!("database {spc}/{db} does not exist at {lsn}")));
+                }
+                ServerMessage::DbSize { id, bytes: tl.db_size(spc, db, lsn)? }
+            }
             PageRequest::SlruSegment { kind, segno, .. } => {
                 if !tl.slru_segments(kind, lsn)?.contains(&segno) {
                     return Err(ReadError::NotFound(format!("{kind} segment {segno:04X} does not exist at {lsn}")));

@@ -244,6 +244,10 @@ impl Timeline {
         if lsn == Lsn::INVALID {
             return Ok(self.record_lsns().last);
         }
+        let start = self.meta.lock().start_lsn;
+        if lsn < start {
+            return Err(ReadError::NotFound(format!("{lsn} is before the start of timeline {} ({start})", self.timeline_id)));
+        }
         let mut rx = self.lsns.subscribe();
         let reached = tokio::time::timeout(timeout, rx.wait_for(|l| l.last >= lsn)).await.is_ok_and(|r| r.is_ok());
         match reached {
