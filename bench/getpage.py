@@ -19,7 +19,8 @@ of the runs. Ratios strata/loopback: throughput (1.0 is the limit) and p50
 latency (1.0 is the limit, higher is slower).
 
 Usage: .venv/bin/python bench/getpage.py [--scale 10] [--seconds 10] [--runs 3] [--connections 1,8] [--depths 1,16] [--quick]
-Writes bench/results/getpage.json and .txt and prints medians and ratios.
+Writes bench/results/getpage.json and .txt (getpage_quick.* with --quick) and prints
+medians and ratios.
 """
 
 import argparse
@@ -185,9 +186,10 @@ def main() -> int:
         lines.append(f"ERRORS: {errors} failed requests")
     text = "\n".join(lines)
     out_dir = REPO / "bench" / "results"
+    stem_suffix = "_quick" if args.quick else ""  # a smoke run keeps the real figures
     out_dir.mkdir(exist_ok=True)
-    (out_dir / "getpage.json").write_text(json.dumps(results, indent=2))
-    (out_dir / "getpage.txt").write_text(text + "\n")
+    (out_dir / f"getpage{stem_suffix}.json").write_text(json.dumps(results, indent=2))
+    (out_dir / f"getpage{stem_suffix}.txt").write_text(text + "\n")
     print(text)
     return 0
 

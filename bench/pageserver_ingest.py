@@ -26,7 +26,8 @@ taken from differences.
 
 Usage: .venv/bin/python bench/pageserver_ingest.py [--scale 10] [--clients 8] [--seconds 30] [--runs 3]
            [--catchup-runs 3] [--backlog-seconds 30] [--interval 0.5] [--quick]
-Writes bench/results/pageserver_ingest.json and .txt and prints medians and ratios.
+Writes bench/results/pageserver_ingest.json and .txt (pageserver_ingest_quick.* with --quick) and prints
+medians and ratios.
 """
 
 import argparse
@@ -429,9 +430,10 @@ def main() -> int:
     ]
     summary = "\n".join(lines)
     out_dir = REPO / "bench" / "results"
+    stem_suffix = "_quick" if args.quick else ""  # a smoke run keeps the real figures
     out_dir.mkdir(exist_ok=True)
-    (out_dir / "pageserver_ingest.json").write_text(json.dumps(results, indent=2))
-    (out_dir / "pageserver_ingest.txt").write_text(summary + "\n")
+    (out_dir / f"pageserver_ingest{stem_suffix}.json").write_text(json.dumps(results, indent=2))
+    (out_dir / f"pageserver_ingest{stem_suffix}.txt").write_text(summary + "\n")
     print(summary)
     return 0
 

@@ -242,6 +242,13 @@ impl WalIngest {
             }
             ParsedRecord::Dbase(DbaseRecord::Drop { db, tablespaces }) => {
                 for spc in tablespaces {
+                    let old: Vec<(Oid, u8)> = self.rel_dir(*spc, *db)?.iter().copied().collect();
+                    for (rel, fork) in old {
+                        if let Some(fork) = ForkNumber::from_u8(fork) {
+                            let tag = RelTag { rel: RelFileNode { spc: *spc, db: *db, rel }, fork };
+                            self.tl.note_rel_size(tag, self.lsn, None);
+                        }
+                    }
                     if self.db_dir.remove(&(*spc, *db)) {
                         self.dirty_db_dir = true;
                     }
@@ -366,10 +373,13 @@ impl WalIngest {
 
     fn drop_rel(&mut self, rel: RelFileNode) -> Res<()> {
         let dir = self.rel_dir(rel.spc, rel.db)?;
-        let before = dir.len();
+        let forks: Vec<u8> = dir.iter().filter(|(r, _)| *r == rel.rel).map(|(_, f)| *f).collect();
         dir.retain(|(r, _)| *r != rel.rel);
-        if dir.len() != before {
+        if !forks.is_empty() {
             self.dirty_rel_dirs.insert((rel.spc, rel.db));
+        }
+        for fork in forks.into_iter().filter_map(ForkNumber::from_u8) {
+            self.tl.note_rel_size(RelTag { rel, fork }, self.lsn, None);
         }
         self.rel_sizes.retain(|t, _| t.rel != rel);
         self.dirty_sizes.retain(|t| t.rel != rel);
@@ -446,6 +456,7 @@ impl WalIngest {
         for tag in std::mem::take(&mut self.dirty_sizes) {
             if let Some(n) = self.rel_sizes.get(&tag).copied() {
                 self.put(Key::rel_size(tag), Value::Image(Bytes::copy_from_slice(&n.to_le_bytes())));
+                self.tl.note_rel_size(tag, self.lsn, Some(n));
             }
         }
         for kind in std::mem::take(&mut self.dirty_slru) {

@@ -84,6 +84,11 @@ pub struct Timeline {
     /// Serializes flushes.
     flush_lock: Mutex<()>,
     opened_at: Mutex<Instant>,
+    /// Size of each relation fork (`None`: it does not exist) and the LSN
+    /// from which that holds until a newer change: ingest records every
+    /// change before making it visible, so a read at or after that LSN may
+    /// use it instead of walking the layers twice (directory, then size).
+    rel_size_cache: RwLock<std::collections::HashMap<RelTag, (Lsn, Option<BlockNumber>)>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -154,6 +159,7 @@ impl Timeline {
             flush_wait: Mutex::new(()),
             flush_lock: Mutex::new(()),
             opened_at: Mutex::new(Instant::now()),
+            rel_size_cache: RwLock::new(std::collections::HashMap::new()),
             metrics,
         })
     }
@@ -445,8 +451,30 @@ impl Timeline {
         ReadError::Corrupt { timeline: self.timeline_id, reason: format!("{what} at {lsn}: {e}") }
     }
 
+    /// Records a relation fork's new size (or its removal) at `lsn`, before
+    /// the record that makes it is visible (called by ingest only).
+    pub fn note_rel_size(&self, tag: RelTag, lsn: Lsn, size: Option<BlockNumber>) {
+        self.rel_size_cache.write().insert(tag, (lsn, size));
+    }
+
     /// Size of a relation fork in blocks, `None` if it does not exist.
     pub fn rel_size(&self, tag: RelTag, lsn: Lsn) -> Result<Option<BlockNumber>, ReadError> {
+        if let Some((since, size)) = self.rel_size_cache.read().get(&tag) {
+            if *since <= lsn {
+                return Ok(*size);
+            }
+        }
+        let size = self.rel_size_uncached(tag, lsn)?;
+        let mut cache = self.rel_size_cache.write();
+        // Only a newer answer replaces an entry: ingest may have noted a
+        // change after this read began.
+        if cache.get(&tag).is_none_or(|(since, _)| *since < lsn) {
+            cache.insert(tag, (lsn, size));
+        }
+        Ok(size)
+    }
+
+    fn rel_size_uncached(&self, tag: RelTag, lsn: Lsn) -> Result<Option<BlockNumber>, ReadError> {
         if !self.rel_dir(tag.rel.spc, tag.rel.db, lsn)?.contains(&(tag.rel.rel, tag.fork as u8)) {
             return Ok(None);
         }

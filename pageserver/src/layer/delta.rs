@@ -228,6 +228,7 @@ pub struct DeltaLayer {
     count: u64,
     /// First (key, LSN) of each index block.
     summary: Vec<(Key, Lsn)>,
+    filter: super::bloom::KeyFilter,
     pub file_size: u64,
 }
 
@@ -288,6 +289,7 @@ impl DeltaLayer {
         }
         // Stream the index once: check its CRC, its order and value bounds, and keep the summary.
         let mut summary = Vec::with_capacity((count as usize).div_ceil(ENTRIES_PER_BLOCK));
+        let mut filter = super::bloom::KeyFilter::with_capacity(usize::try_from(count).unwrap_or(usize::MAX).min(1 << 28));
         let mut crc = 0u32;
         let mut buf = vec![0u8; ENTRY_SIZE * ENTRIES_PER_BLOCK];
         let mut last: Option<(Key, Lsn)> = None;
@@ -308,6 +310,9 @@ impl DeltaLayer {
                 if e.key < name.key_start || e.key >= name.key_end || e.lsn < name.lsn_start || e.lsn >= name.lsn_end {
                     return Err(corrupt(format!("index entry {} outside the layer's ranges", done + i as u64)));
                 }
+                if last.is_none_or(|(k, _)| k != e.key) {
+                    filter.insert(&e.key);
+                }
                 last = Some((e.key, e.lsn));
                 if i == 0 {
                     summary.push((e.key, e.lsn));
@@ -318,7 +323,7 @@ impl DeltaLayer {
         if crc != index_crc {
             return Err(corrupt("index CRC mismatch".into()));
         }
-        Ok(DeltaLayer { name, path: path.to_path_buf(), file, index_offset, count, summary, file_size })
+        Ok(DeltaLayer { name, path: path.to_path_buf(), file, index_offset, count, summary, filter, file_size })
     }
 
     /// First key and LSN of every index block (for tests and fuzzing).
@@ -367,6 +372,9 @@ impl DeltaLayer {
     /// Gathers versions of `key` at or below `lsn`, newest first; true once a base is found.
     pub fn collect(&self, key: &Key, lsn: Lsn, out: &mut Versions) -> Result<bool, LayerError> {
         if *key < self.name.key_start || *key >= self.name.key_end || lsn < self.name.lsn_start {
+            return Ok(false);
+        }
+        if !self.filter.may_contain(key) {
             return Ok(false);
         }
         // The last block whose first entry is at or before (key, lsn).

@@ -3,6 +3,7 @@
 //! immutable delta layer file. A read collects versions of a key from the
 //! newest layer to the oldest until it meets a base version (an image).
 
+pub mod bloom;
 pub mod delta;
 pub mod inmemory;
 pub mod map;
