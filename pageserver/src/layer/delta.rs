@@ -32,6 +32,28 @@ const COMPRESS_MIN: usize = 256;
 /// Largest value accepted when reading (a page plus slack, or a directory).
 const MAX_VALUE: u32 = 64 << 20;
 
+thread_local! {
+    /// A decompression context per thread: creating one per value costs more
+    /// than decompressing a page.
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
+fn decompress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    DECOMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(zstd::bulk::Decompressor::new()?);
+        }
+        // The frame states its size (the writer compresses whole values); an
+        // output buffer of exactly that size avoids a huge allocation per value.
+        let size = match zstd::zstd_safe::get_frame_content_size(data) {
+            Ok(Some(n)) if n <= u64::from(MAX_VALUE) => n as usize,
+            _ => return Err(std::io::Error::other("zstd frame without a valid content size")),
+        };
+        slot.as_mut().expect("set above").decompress(data, size)
+    })
+}
+
 /// One index entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
@@ -111,6 +133,8 @@ pub struct DeltaLayerWriter {
     last: Option<(Key, Lsn)>,
     name: LayerName,
     scratch: Vec<u8>,
+    /// One compression context for the whole file (creating one per value costs more than compressing).
+    compressor: zstd::bulk::Compressor<'static>,
 }
 
 impl DeltaLayerWriter {
@@ -139,6 +163,7 @@ impl DeltaLayerWriter {
             last: None,
             name,
             scratch: Vec::new(),
+            compressor: zstd::bulk::Compressor::new(1)?,
         })
     }
 
@@ -153,7 +178,7 @@ impl DeltaLayerWriter {
         let mut flags = if value.is_base() { FLAG_BASE } else { 0 };
         let compressed;
         let stored: &[u8] = if self.scratch.len() >= COMPRESS_MIN {
-            compressed = zstd::bulk::compress(&self.scratch, 1)?;
+            compressed = self.compressor.compress(&self.scratch)?;
             if compressed.len() < self.scratch.len() {
                 flags |= FLAG_ZSTD;
                 &compressed
@@ -361,8 +386,7 @@ impl DeltaLayer {
             return Err(self.corrupt(format!("CRC mismatch in the value of key {} at offset {}", e.key, e.offset)));
         }
         let raw = if e.flags & FLAG_ZSTD != 0 {
-            zstd::bulk::decompress(&buf, MAX_VALUE as usize)
-                .map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))?
+            decompress(&buf).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))?
         } else {
             buf
         };
