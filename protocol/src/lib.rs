@@ -1,5 +1,6 @@
 //! Strata's wire protocols and the identifiers they carry.
 
+mod frame;
 pub mod ids;
 pub mod pageserver;
 pub mod safekeeper;

@@ -31,10 +31,11 @@ use super::{
     ClientMessage, ErrorCode, Hello, PageRequest, ServerMessage, SlruKind, MAX_SEGMENT_SIZE, PAGE_PROTOCOL_VERSION,
     PAGE_SIZE,
 };
+use crate::frame::{self, FrameWriter};
 use crate::ids::{TenantId, TimelineId};
 
 /// Size of the length prefix of a frame.
-pub const LENGTH_SIZE: usize = 4;
+pub const LENGTH_SIZE: usize = frame::LENGTH_SIZE;
 /// Largest value of a frame's length field (tag and payload). The largest
 /// message of version 1, a full SLRU segment, needs 262 153; the rest is room
 /// for later versions without letting a peer make us buffer much.
@@ -112,18 +113,10 @@ pub enum DecodeError {
 /// length prefix is 0 or larger than [`MAX_FRAME_SIZE`], so a receiver never
 /// buffers more than that for one frame.
 pub fn split_frame(buf: &[u8]) -> Result<Option<(usize, &[u8])>, DecodeError> {
-    let Some(prefix) = buf.first_chunk::<LENGTH_SIZE>() else { return Ok(None) };
-    let len = u32::from_le_bytes(*prefix) as usize;
-    if len == 0 {
-        return Err(DecodeError::EmptyFrame);
-    }
-    if len > MAX_FRAME_SIZE {
-        return Err(DecodeError::FrameTooLarge { len });
-    }
-    match buf.get(LENGTH_SIZE..LENGTH_SIZE + len) {
-        Some(frame) => Ok(Some((LENGTH_SIZE + len, frame))),
-        None => Ok(None),
-    }
+    frame::split(buf, MAX_FRAME_SIZE).map_err(|e| match e {
+        frame::BadLength::Empty => DecodeError::EmptyFrame,
+        frame::BadLength::TooLarge(len) => DecodeError::FrameTooLarge { len },
+    })
 }
 
 /// The protocol version of a hello, read without decoding the rest (its
@@ -139,46 +132,13 @@ pub fn peek_version(frame: &[u8]) -> Option<u32> {
 // Encoding
 // ---------------------------------------------------------------------------
 
-/// Appends one frame to an output buffer; the length is filled in by `finish`.
-struct FrameWriter<'a> {
-    out: &'a mut Vec<u8>,
-    start: usize,
+/// Starts a frame of this protocol (its frame and string limits).
+fn begin_frame(out: &mut Vec<u8>, tag: u8) -> FrameWriter<'_> {
+    FrameWriter::begin(out, tag, MAX_FRAME_SIZE, MAX_STRING_LEN)
 }
 
-impl<'a> FrameWriter<'a> {
-    fn begin(out: &'a mut Vec<u8>, tag: u8) -> FrameWriter<'a> {
-        let start = out.len();
-        out.extend_from_slice(&[0; LENGTH_SIZE]);
-        out.push(tag);
-        FrameWriter { out, start }
-    }
-
-    fn u8(&mut self, v: u8) -> &mut Self {
-        self.out.push(v);
-        self
-    }
-    fn u16(&mut self, v: u16) -> &mut Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u32(&mut self, v: u32) -> &mut Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn lsn(&mut self, v: Lsn) -> &mut Self {
-        self.u64(v.0)
-    }
-    fn bool(&mut self, v: bool) -> &mut Self {
-        self.u8(u8::from(v))
-    }
-    fn bytes(&mut self, v: &[u8]) -> &mut Self {
-        self.out.extend_from_slice(v);
-        self
-    }
+/// Field helpers of this protocol.
+impl FrameWriter<'_> {
     /// A request id; 0 would be taken for a connection-level error.
     fn request_id(&mut self, id: u64, message: &str) -> &mut Self {
         assert!(id != 0, "{message}: request id 0 is reserved for connection-level errors");
@@ -188,21 +148,6 @@ impl<'a> FrameWriter<'a> {
     fn rel_fork(&mut self, rel: &RelFileNode, fork: ForkNumber) -> &mut Self {
         self.u32(rel.spc).u32(rel.db).u32(rel.rel).u32(fork as u32)
     }
-    /// Strings longer than [`MAX_STRING_LEN`] are cut at a character boundary.
-    fn string(&mut self, s: &str) -> &mut Self {
-        let mut end = s.len().min(MAX_STRING_LEN);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.u32(end as u32);
-        self.out.extend_from_slice(&s.as_bytes()[..end]);
-        self
-    }
-    fn finish(&mut self) {
-        let len = self.out.len() - self.start - LENGTH_SIZE;
-        assert!(len <= MAX_FRAME_SIZE, "frame of {len} bytes exceeds the protocol limit of {MAX_FRAME_SIZE}");
-        self.out[self.start..self.start + LENGTH_SIZE].copy_from_slice(&(len as u32).to_le_bytes());
-    }
 }
 
 /// Appends the frame (length prefix included) of a client message to `out`.
@@ -210,7 +155,7 @@ impl<'a> FrameWriter<'a> {
 /// Panics on a request id of 0, which no valid request carries.
 pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
     match msg {
-        ClientMessage::Hello(h) => FrameWriter::begin(out, tag::HELLO)
+        ClientMessage::Hello(h) => begin_frame(out, tag::HELLO)
             .u32(h.protocol_version)
             .bytes(&h.tenant_id.0)
             .bytes(&h.timeline_id.0)
@@ -222,24 +167,24 @@ pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
 /// Appends the frame of one request to `out` (see [`encode_client`]).
 pub fn encode_request(req: &PageRequest, out: &mut Vec<u8>) {
     match req {
-        PageRequest::GetPage { id, lsn, rel, fork, block } => FrameWriter::begin(out, tag::GET_PAGE)
+        PageRequest::GetPage { id, lsn, rel, fork, block } => begin_frame(out, tag::GET_PAGE)
             .request_id(*id, "GetPage")
             .lsn(*lsn)
             .rel_fork(rel, *fork)
             .u32(*block)
             .finish(),
-        PageRequest::RelExists { id, lsn, rel, fork } => FrameWriter::begin(out, tag::REL_EXISTS)
+        PageRequest::RelExists { id, lsn, rel, fork } => begin_frame(out, tag::REL_EXISTS)
             .request_id(*id, "RelExists")
             .lsn(*lsn)
             .rel_fork(rel, *fork)
             .finish(),
         PageRequest::RelSize { id, lsn, rel, fork } => {
-            FrameWriter::begin(out, tag::REL_SIZE).request_id(*id, "RelSize").lsn(*lsn).rel_fork(rel, *fork).finish()
+            begin_frame(out, tag::REL_SIZE).request_id(*id, "RelSize").lsn(*lsn).rel_fork(rel, *fork).finish()
         }
         PageRequest::DbSize { id, lsn, spc, db } => {
-            FrameWriter::begin(out, tag::DB_SIZE).request_id(*id, "DbSize").lsn(*lsn).u32(*spc).u32(*db).finish()
+            begin_frame(out, tag::DB_SIZE).request_id(*id, "DbSize").lsn(*lsn).u32(*spc).u32(*db).finish()
         }
-        PageRequest::SlruSegment { id, lsn, kind, segno } => FrameWriter::begin(out, tag::SLRU_SEGMENT)
+        PageRequest::SlruSegment { id, lsn, kind, segno } => begin_frame(out, tag::SLRU_SEGMENT)
             .request_id(*id, "SlruSegment")
             .lsn(*lsn)
             .u8(*kind as u8)
@@ -256,7 +201,7 @@ pub fn encode_request(req: &PageRequest, out: &mut Vec<u8>) {
 pub fn encode_server(msg: &ServerMessage, out: &mut Vec<u8>) {
     match msg {
         ServerMessage::HelloOk { last_record_lsn } => {
-            FrameWriter::begin(out, tag::HELLO_OK).lsn(*last_record_lsn).finish()
+            begin_frame(out, tag::HELLO_OK).lsn(*last_record_lsn).finish()
         }
         ServerMessage::Page { id, page } => {
             let page: &[u8; PAGE_SIZE] = match page.as_slice().try_into() {
@@ -266,20 +211,20 @@ pub fn encode_server(msg: &ServerMessage, out: &mut Vec<u8>) {
             encode_page(*id, page, out)
         }
         ServerMessage::Exists { id, exists } => {
-            FrameWriter::begin(out, tag::EXISTS).request_id(*id, "Exists").bool(*exists).finish()
+            begin_frame(out, tag::EXISTS).request_id(*id, "Exists").bool(*exists).finish()
         }
         ServerMessage::Size { id, blocks } => {
-            FrameWriter::begin(out, tag::SIZE).request_id(*id, "Size").u32(*blocks).finish()
+            begin_frame(out, tag::SIZE).request_id(*id, "Size").u32(*blocks).finish()
         }
         ServerMessage::DbSize { id, bytes } => {
-            FrameWriter::begin(out, tag::DB_SIZE_RESPONSE).request_id(*id, "DbSize").u64(*bytes).finish()
+            begin_frame(out, tag::DB_SIZE_RESPONSE).request_id(*id, "DbSize").u64(*bytes).finish()
         }
         ServerMessage::Segment { id, data } => {
             assert!(valid_segment_size(data.len()), "{}", DecodeError::BadSegmentSize { len: data.len() });
-            FrameWriter::begin(out, tag::SEGMENT).request_id(*id, "Segment").bytes(data).finish()
+            begin_frame(out, tag::SEGMENT).request_id(*id, "Segment").bytes(data).finish()
         }
         ServerMessage::Error { id, code, message } => {
-            FrameWriter::begin(out, tag::ERROR).u64(*id).u16(*code as u16).string(message).finish()
+            begin_frame(out, tag::ERROR).u64(*id).u16(*code as u16).string(message).finish()
         }
     }
 }
@@ -288,7 +233,7 @@ pub fn encode_server(msg: &ServerMessage, out: &mut Vec<u8>) {
 /// which spares a server the copy into a [`ServerMessage::Page`].
 pub fn encode_page(id: u64, page: &[u8; PAGE_SIZE], out: &mut Vec<u8>) {
     out.reserve(LENGTH_SIZE + PAGE_LEN);
-    FrameWriter::begin(out, tag::PAGE).request_id(id, "Page").bytes(page).finish()
+    begin_frame(out, tag::PAGE).request_id(id, "Page").bytes(page).finish()
 }
 
 fn valid_segment_size(len: usize) -> bool {

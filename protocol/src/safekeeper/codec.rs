@@ -32,10 +32,11 @@ use super::{
     ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, StreamStart,
     TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
 };
+use crate::frame::{self, FrameWriter};
 use crate::ids::{NodeId, TenantId, TimelineId};
 
 /// Size of the length prefix of a frame.
-pub const LENGTH_SIZE: usize = 4;
+pub const LENGTH_SIZE: usize = frame::LENGTH_SIZE;
 /// Largest WAL chunk carried by one `Append` or `Wal` message.
 pub const MAX_WAL_CHUNK: usize = 16 << 20;
 /// Largest value of a frame's length field (tag and payload): a maximal WAL
@@ -110,18 +111,10 @@ pub enum CodecError {
 /// `Ok(None)` if `buf` does not hold a whole frame yet. Fails as soon as the
 /// length prefix is 0 or larger than [`MAX_FRAME_SIZE`].
 pub fn split_frame(buf: &[u8]) -> Result<Option<(usize, &[u8])>, CodecError> {
-    let Some(prefix) = buf.first_chunk::<LENGTH_SIZE>() else { return Ok(None) };
-    let len = u32::from_le_bytes(*prefix) as usize;
-    if len == 0 {
-        return Err(CodecError::EmptyFrame);
-    }
-    if len > MAX_FRAME_SIZE {
-        return Err(CodecError::FrameTooLarge { len });
-    }
-    match buf.get(LENGTH_SIZE..LENGTH_SIZE + len) {
-        Some(frame) => Ok(Some((LENGTH_SIZE + len, frame))),
-        None => Ok(None),
-    }
+    frame::split(buf, MAX_FRAME_SIZE).map_err(|e| match e {
+        frame::BadLength::Empty => CodecError::EmptyFrame,
+        frame::BadLength::TooLarge(len) => CodecError::FrameTooLarge { len },
+    })
 }
 
 /// The protocol version of a proposer greeting or a stream request, read
@@ -139,54 +132,15 @@ pub fn peek_version(frame: &[u8]) -> Option<u32> {
 // Encoding
 // ---------------------------------------------------------------------------
 
-/// Appends one frame to an output buffer; the length is filled in by `finish`.
-struct FrameWriter<'a> {
-    out: &'a mut Vec<u8>,
-    start: usize,
+/// Starts a frame of this protocol (its frame and string limits).
+fn begin_frame(out: &mut Vec<u8>, tag: u8) -> FrameWriter<'_> {
+    FrameWriter::begin(out, tag, MAX_FRAME_SIZE, MAX_STRING_LEN)
 }
 
-impl<'a> FrameWriter<'a> {
-    fn begin(out: &'a mut Vec<u8>, tag: u8) -> FrameWriter<'a> {
-        let start = out.len();
-        out.extend_from_slice(&[0; LENGTH_SIZE]);
-        out.push(tag);
-        FrameWriter { out, start }
-    }
-
-    fn u8(&mut self, v: u8) -> &mut Self {
-        self.out.push(v);
-        self
-    }
-    fn u16(&mut self, v: u16) -> &mut Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u32(&mut self, v: u32) -> &mut Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn lsn(&mut self, v: Lsn) -> &mut Self {
-        self.u64(v.0)
-    }
-    fn bool(&mut self, v: bool) -> &mut Self {
-        self.u8(u8::from(v))
-    }
+/// Field helpers of this protocol.
+impl FrameWriter<'_> {
     fn id(&mut self, v: &[u8; 16]) -> &mut Self {
         self.out.extend_from_slice(v);
-        self
-    }
-    /// Strings longer than [`MAX_STRING_LEN`] are cut at a character boundary.
-    fn string(&mut self, s: &str) -> &mut Self {
-        let mut end = s.len().min(MAX_STRING_LEN);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.u32(end as u32);
-        self.out.extend_from_slice(&s.as_bytes()[..end]);
         self
     }
     fn history(&mut self, h: &TermHistory) -> &mut Self {
@@ -208,16 +162,6 @@ impl<'a> FrameWriter<'a> {
     fn error(&mut self, e: &ErrorMessage) -> &mut Self {
         self.u16(e.code as u16).string(&e.message)
     }
-    fn bytes(&mut self, b: &[u8]) -> &mut Self {
-        self.out.extend_from_slice(b);
-        self
-    }
-
-    fn finish(&mut self) {
-        let len = self.out.len() - self.start - LENGTH_SIZE;
-        assert!(len <= MAX_FRAME_SIZE, "frame of {len} bytes exceeds the protocol limit of {MAX_FRAME_SIZE}");
-        self.out[self.start..self.start + LENGTH_SIZE].copy_from_slice(&(len as u32).to_le_bytes());
-    }
 }
 
 /// Appends the frame of a proposer message to `out`.
@@ -229,19 +173,19 @@ impl<'a> FrameWriter<'a> {
 /// over [`MAX_STRING_LEN`] bytes are cut instead.
 pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
     match msg {
-        ProposerMessage::Greeting(g) => FrameWriter::begin(out, tag::PROPOSER_GREETING)
+        ProposerMessage::Greeting(g) => begin_frame(out, tag::PROPOSER_GREETING)
             .u32(g.protocol_version)
             .id(&g.proposer_id)
             .identity(&g.timeline)
             .finish(),
-        ProposerMessage::VoteRequest(v) => FrameWriter::begin(out, tag::VOTE_REQUEST).u64(v.term).finish(),
-        ProposerMessage::Elected(e) => FrameWriter::begin(out, tag::PROPOSER_ELECTED)
+        ProposerMessage::VoteRequest(v) => begin_frame(out, tag::VOTE_REQUEST).u64(v.term).finish(),
+        ProposerMessage::Elected(e) => begin_frame(out, tag::PROPOSER_ELECTED)
             .u64(e.term)
             .lsn(e.start_streaming_at)
             .lsn(e.timeline_start_lsn)
             .history(&e.term_history)
             .finish(),
-        ProposerMessage::Append(a) => FrameWriter::begin(out, tag::APPEND_REQUEST)
+        ProposerMessage::Append(a) => begin_frame(out, tag::APPEND_REQUEST)
             .u64(a.term)
             .lsn(a.begin_lsn)
             .lsn(a.commit_lsn)
@@ -254,12 +198,12 @@ pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
 /// Appends the frame of an acceptor message to `out` (see [`encode_proposer`]).
 pub fn encode_acceptor(msg: &AcceptorMessage, out: &mut Vec<u8>) {
     match msg {
-        AcceptorMessage::Greeting(g) => FrameWriter::begin(out, tag::ACCEPTOR_GREETING)
+        AcceptorMessage::Greeting(g) => begin_frame(out, tag::ACCEPTOR_GREETING)
             .u32(g.protocol_version)
             .u64(g.node_id.0)
             .u64(g.term)
             .finish(),
-        AcceptorMessage::VoteResponse(v) => FrameWriter::begin(out, tag::VOTE_RESPONSE)
+        AcceptorMessage::VoteResponse(v) => begin_frame(out, tag::VOTE_RESPONSE)
             .u64(v.term)
             .bool(v.vote_given)
             .lsn(v.flush_lsn)
@@ -267,20 +211,20 @@ pub fn encode_acceptor(msg: &AcceptorMessage, out: &mut Vec<u8>) {
             .lsn(v.timeline_start_lsn)
             .history(&v.term_history)
             .finish(),
-        AcceptorMessage::AppendResponse(a) => FrameWriter::begin(out, tag::APPEND_RESPONSE)
+        AcceptorMessage::AppendResponse(a) => begin_frame(out, tag::APPEND_RESPONSE)
             .u64(a.term)
             .lsn(a.flush_lsn)
             .lsn(a.commit_lsn)
             .lsn(a.consumer_applied_lsn)
             .finish(),
-        AcceptorMessage::Error(e) => FrameWriter::begin(out, tag::ACCEPTOR_ERROR).error(e).finish(),
+        AcceptorMessage::Error(e) => begin_frame(out, tag::ACCEPTOR_ERROR).error(e).finish(),
     }
 }
 
 /// Appends the frame of a consumer message to `out` (see [`encode_proposer`]).
 pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
     match msg {
-        ConsumerMessage::Start(s) => FrameWriter::begin(out, tag::START_STREAMING)
+        ConsumerMessage::Start(s) => begin_frame(out, tag::START_STREAMING)
             .u32(s.protocol_version)
             .id(&s.tenant_id.0)
             .id(&s.timeline_id.0)
@@ -289,30 +233,30 @@ pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
             .bool(s.include_uncommitted)
             .string(&s.consumer_id)
             .finish(),
-        ConsumerMessage::Feedback(f) => FrameWriter::begin(out, tag::CONSUMER_FEEDBACK).lsn(f.applied_lsn).finish(),
+        ConsumerMessage::Feedback(f) => begin_frame(out, tag::CONSUMER_FEEDBACK).lsn(f.applied_lsn).finish(),
     }
 }
 
 /// Appends the frame of a stream message to `out` (see [`encode_proposer`]).
 pub fn encode_stream(msg: &StreamMessage, out: &mut Vec<u8>) {
     match msg {
-        StreamMessage::Start(s) => FrameWriter::begin(out, tag::STREAM_START)
+        StreamMessage::Start(s) => begin_frame(out, tag::STREAM_START)
             .u64(s.term)
             .lsn(s.flush_lsn)
             .lsn(s.commit_lsn)
             .identity(&s.timeline)
             .history(&s.term_history)
             .finish(),
-        StreamMessage::Wal(w) => FrameWriter::begin(out, tag::WAL_DATA)
+        StreamMessage::Wal(w) => begin_frame(out, tag::WAL_DATA)
             .lsn(w.begin_lsn)
             .lsn(w.commit_lsn)
             .lsn(w.flush_lsn)
             .bytes(&w.wal)
             .finish(),
         StreamMessage::Keepalive { commit_lsn, flush_lsn } => {
-            FrameWriter::begin(out, tag::KEEPALIVE).lsn(*commit_lsn).lsn(*flush_lsn).finish()
+            begin_frame(out, tag::KEEPALIVE).lsn(*commit_lsn).lsn(*flush_lsn).finish()
         }
-        StreamMessage::Error(e) => FrameWriter::begin(out, tag::STREAM_ERROR).error(e).finish(),
+        StreamMessage::Error(e) => begin_frame(out, tag::STREAM_ERROR).error(e).finish(),
     }
 }
 
