@@ -20,7 +20,10 @@ pub fn encode_pairs(set: &BTreeSet<(u32, u32)>) -> Vec<u8> {
 pub fn decode_pairs(bytes: &[u8]) -> Result<BTreeSet<(u32, u32)>, String> {
     let mut c = Cursor::new(bytes);
     let n = c.count(8).map_err(|e| e.to_string())?;
-    (0..n).map(|_| Ok((c.u32()?, c.u32()?))).collect::<Result<_, strata_formats::types::Truncated>>().map_err(|e| e.to_string())
+    (0..n)
+        .map(|_| Ok((c.u32()?, c.u32()?)))
+        .collect::<Result<_, strata_formats::types::Truncated>>()
+        .map_err(|e| e.to_string())
 }
 
 /// Encodes a relation directory: (relfilenode, fork) entries.
@@ -37,7 +40,10 @@ pub fn encode_rels(set: &BTreeSet<(u32, u8)>) -> Vec<u8> {
 pub fn decode_rels(bytes: &[u8]) -> Result<BTreeSet<(u32, u8)>, String> {
     let mut c = Cursor::new(bytes);
     let n = c.count(5).map_err(|e| e.to_string())?;
-    (0..n).map(|_| Ok((c.u32()?, c.u8()?))).collect::<Result<_, strata_formats::types::Truncated>>().map_err(|e| e.to_string())
+    (0..n)
+        .map(|_| Ok((c.u32()?, c.u8()?)))
+        .collect::<Result<_, strata_formats::types::Truncated>>()
+        .map_err(|e| e.to_string())
 }
 
 /// Encodes a set of u32 (SLRU segment numbers, prepared transaction ids).

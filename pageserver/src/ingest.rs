@@ -168,7 +168,10 @@ impl WalIngest {
             ParsedRecord::VmClear(clears) => {
                 let mut per_page: BTreeMap<(RelFileNode, BlockNumber), Vec<(u32, u8)>> = BTreeMap::new();
                 for c in clears {
-                    per_page.entry((c.rel, c.heap_block / HEAPBLOCKS_PER_VM_PAGE)).or_default().push((c.heap_block, c.bits));
+                    per_page
+                        .entry((c.rel, c.heap_block / HEAPBLOCKS_PER_VM_PAGE))
+                        .or_default()
+                        .push((c.heap_block, c.bits));
                 }
                 for ((rel, vm_block), list) in per_page {
                     let tag = RelTag { rel, fork: ForkNumber::VisibilityMap };
@@ -190,7 +193,10 @@ impl WalIngest {
                     per_page.entry(strata_redo::clog_page(x)).or_default().push(x);
                 }
                 for (page, xids) in per_page {
-                    self.put(Key::slru_page(SlruKind::Clog, page), Value::Native(NativeRecord::ClogSetStatus { xids, status }));
+                    self.put(
+                        Key::slru_page(SlruKind::Clog, page),
+                        Value::Native(NativeRecord::ClogSetStatus { xids, status }),
+                    );
                 }
                 for rel in &f.dropped_rels {
                     self.drop_rel(*rel)?;
@@ -215,7 +221,9 @@ impl WalIngest {
                 self.remove_slru_segments(SlruKind::Clog, |seg| seg < cutoff)?;
             }
             ParsedRecord::MultiXact(m) => self.apply_multixact(m)?,
-            ParsedRecord::Smgr(SmgrRecord::Create { rel, fork }) => self.ensure_rel(RelTag { rel: *rel, fork: *fork })?,
+            ParsedRecord::Smgr(SmgrRecord::Create { rel, fork }) => {
+                self.ensure_rel(RelTag { rel: *rel, fork: *fork })?
+            }
             ParsedRecord::Smgr(SmgrRecord::Truncate { rel, blocks, flags }) => {
                 if flags & SMGR_TRUNCATE_HEAP != 0 {
                     self.truncate(RelTag { rel: *rel, fork: ForkNumber::Main }, *blocks)?;
@@ -280,7 +288,11 @@ impl WalIngest {
                 let mut per_page: BTreeMap<u32, Vec<(u32, u32, u8)>> = BTreeMap::new();
                 for (i, m) in members.iter().enumerate() {
                     let at = offset.wrapping_add(i as u32);
-                    per_page.entry(strata_redo::multixact_members_page(at)).or_default().push((at, m.xid, m.status as u8));
+                    per_page.entry(strata_redo::multixact_members_page(at)).or_default().push((
+                        at,
+                        m.xid,
+                        m.status as u8,
+                    ));
                 }
                 for (page, list) in per_page {
                     self.put(

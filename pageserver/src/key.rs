@@ -66,7 +66,8 @@ impl fmt::Display for RelTag {
 
 impl Key {
     pub const MIN: Key = Key { kind: 0, field1: 0, field2: 0, field3: 0, field4: 0, field5: 0 };
-    pub const MAX: Key = Key { kind: 0xff, field1: u32::MAX, field2: u32::MAX, field3: u32::MAX, field4: 0xff, field5: u32::MAX };
+    pub const MAX: Key =
+        Key { kind: 0xff, field1: u32::MAX, field2: u32::MAX, field3: u32::MAX, field4: 0xff, field5: u32::MAX };
 
     const fn simple(kind: u8) -> Key {
         Key { kind, field1: 0, field2: 0, field3: 0, field4: 0, field5: 0 }

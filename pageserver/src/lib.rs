@@ -7,6 +7,8 @@ pub mod config;
 pub mod dirs;
 pub mod fuzz;
 pub mod http;
+pub mod import;
+pub mod ingest;
 pub mod key;
 pub mod layer;
 pub mod metrics;
@@ -14,8 +16,6 @@ pub mod page_service;
 pub mod tenants;
 pub mod timeline;
 pub mod user;
-pub mod import;
-pub mod ingest;
 pub mod value;
 pub mod walreceiver;
 
@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 /// Runs the pageserver until SIGTERM/SIGINT.
 pub async fn run(config: config::PageserverConfig) -> Result<(), String> {
-    let page = tokio::net::TcpListener::bind(config.listen_pg).await.map_err(|e| format!("{}: {e}", config.listen_pg))?;
+    let page =
+        tokio::net::TcpListener::bind(config.listen_pg).await.map_err(|e| format!("{}: {e}", config.listen_pg))?;
     let http =
         tokio::net::TcpListener::bind(config.listen_http).await.map_err(|e| format!("{}: {e}", config.listen_http))?;
     let mut term =

@@ -98,7 +98,10 @@ async fn connection(mut socket: TcpStream, tenants: &Tenants) -> Result<(), Stri
         Err(e) => return refuse(&mut socket, ErrorCode::Protocol, e.to_string()).await,
     };
     if hello.protocol_version != PAGE_PROTOCOL_VERSION {
-        let msg = format!("protocol version {} is not supported (this server speaks {PAGE_PROTOCOL_VERSION})", hello.protocol_version);
+        let msg = format!(
+            "protocol version {} is not supported (this server speaks {PAGE_PROTOCOL_VERSION})",
+            hello.protocol_version
+        );
         return refuse(&mut socket, ErrorCode::Version, msg).await;
     }
     let Some(entry) = tenants.get(hello.tenant_id, hello.timeline_id) else {
@@ -180,7 +183,8 @@ type Resolved = Result<Lsn, (ErrorCode, String)>;
 
 fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolved>) -> Vec<ServerMessage> {
     let mut out: Vec<Option<ServerMessage>> = requests.iter().map(|_| None).collect();
-    let lsn_of = |r: &PageRequest| lsns.get(&r.lsn()).cloned().unwrap_or(Err((ErrorCode::Internal, "LSN not resolved".into())));
+    let lsn_of =
+        |r: &PageRequest| lsns.get(&r.lsn()).cloned().unwrap_or(Err((ErrorCode::Internal, "LSN not resolved".into())));
     // Runs of GetPage at one LSN: check sizes, then one batched lookup.
     let mut i = 0;
     while i < requests.len() {
@@ -220,7 +224,9 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                             let message = format!("relation {tag} does not exist at {lsn}");
                             out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message });
                         }
-                        Err(e) => out[k] = Some(ServerMessage::Error { id, code: ErrorCode::Corrupt, message: e.clone() }),
+                        Err(e) => {
+                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::Corrupt, message: e.clone() })
+                        }
                     }
                 }
                 tl.metrics.getpage_requests.inc_by((j - i) as u64);
@@ -259,7 +265,12 @@ fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Resolved) -> ServerMessage 
             }
             PageRequest::RelSize { rel, fork, .. } => match tl.rel_size(RelTag { rel, fork }, lsn)? {
                 Some(blocks) => ServerMessage::Size { id, blocks },
-                None => return Err(ReadError::NotFound(format!("relation {} does not exist at {lsn}", RelTag { rel, fork }))),
+                None => {
+                    return Err(ReadError::NotFound(format!(
+                        "relation {} does not exist at {lsn}",
+                        RelTag { rel, fork }
+                    )))
+                }
             },
             PageRequest::DbSize { spc, db, .. } => {
                 if !tl.db_dir(lsn)?.contains(&(spc, db)) {

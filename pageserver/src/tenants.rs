@@ -48,7 +48,8 @@ impl Tenants {
 
     /// Loads every timeline under the data directory and starts its WAL receiver.
     pub fn load(conf: Arc<PageserverConfig>, metrics: Arc<Metrics>) -> Result<Arc<Tenants>, String> {
-        let tenants = Arc::new(Tenants { conf, metrics, timelines: RwLock::new(BTreeMap::new()), creating: Mutex::new(()) });
+        let tenants =
+            Arc::new(Tenants { conf, metrics, timelines: RwLock::new(BTreeMap::new()), creating: Mutex::new(()) });
         let root = tenants.conf.data_dir.join("tenants");
         std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
         for t in std::fs::read_dir(&root).map_err(|e| format!("{}: {e}", root.display()))? {
@@ -63,7 +64,12 @@ impl Tenants {
                     let _ = std::fs::remove_dir_all(l.path());
                     continue;
                 }
-                match Timeline::load(l.path(), tenants.conf.fsync, tenants.conf.checkpoint_distance, tenants.metrics.clone()) {
+                match Timeline::load(
+                    l.path(),
+                    tenants.conf.fsync,
+                    tenants.conf.checkpoint_distance,
+                    tenants.metrics.clone(),
+                ) {
                     Ok(tl) => {
                         info!(%tenant_id, %timeline_id, disk_consistent_lsn = %tl.disk_consistent_lsn(), "loaded timeline");
                         tenants.attach(tl);
@@ -81,7 +87,11 @@ impl Tenants {
 
     fn attach(&self, tl: Arc<Timeline>) -> Arc<TimelineEntry> {
         let receiver = WalReceiver::spawn(tl.clone(), self.conf.safekeepers.clone());
-        let entry = Arc::new(TimelineEntry { tl: tl.clone(), receiver: receiver.status.clone(), handle: Mutex::new(Some(receiver)) });
+        let entry = Arc::new(TimelineEntry {
+            tl: tl.clone(),
+            receiver: receiver.status.clone(),
+            handle: Mutex::new(Some(receiver)),
+        });
         self.timelines.write().insert((tl.tenant_id, tl.timeline_id), entry.clone());
         entry
     }

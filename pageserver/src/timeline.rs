@@ -143,7 +143,8 @@ impl Timeline {
     ) -> Arc<Timeline> {
         let lsns = RecordLsns { last: meta.disk_consistent_lsn, prev: meta.prev_record_lsn };
         // A new timeline (nothing durable yet) takes its initial versions at its start LSN.
-        let first = if meta.disk_consistent_lsn == Lsn::INVALID { meta.start_lsn } else { Lsn(meta.disk_consistent_lsn.0 + 1) };
+        let first =
+            if meta.disk_consistent_lsn == Lsn::INVALID { meta.start_lsn } else { Lsn(meta.disk_consistent_lsn.0 + 1) };
         let open = Arc::new(InMemoryLayer::new(first));
         Arc::new(Timeline {
             tenant_id: meta.tenant_id,
@@ -166,7 +167,12 @@ impl Timeline {
 
     /// Loads a timeline from its directory. A layer file that cannot be opened
     /// makes the timeline broken (the error names the file), not the process.
-    pub fn load(dir: PathBuf, fsync: bool, checkpoint_distance: u64, metrics: Arc<Metrics>) -> Result<Arc<Timeline>, String> {
+    pub fn load(
+        dir: PathBuf,
+        fsync: bool,
+        checkpoint_distance: u64,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Timeline>, String> {
         let meta_path = dir.join("metadata.json");
         let text = std::fs::read_to_string(&meta_path).map_err(|e| io_context(&meta_path, e))?;
         let meta: TimelineMetadata =
@@ -175,7 +181,11 @@ impl Timeline {
             return Err(format!("{}: the timeline's creation did not finish", dir.display()));
         }
         if meta.format_version != METADATA_VERSION {
-            return Err(format!("{}: format version {} is not {METADATA_VERSION}", meta_path.display(), meta.format_version));
+            return Err(format!(
+                "{}: format version {} is not {METADATA_VERSION}",
+                meta_path.display(),
+                meta.format_version
+            ));
         }
         // Files of a flush that did not reach the metadata are not part of the timeline.
         let listed: BTreeSet<&str> = meta.layers.iter().map(String::as_str).collect();
@@ -252,13 +262,21 @@ impl Timeline {
         }
         let start = self.meta.lock().start_lsn;
         if lsn < start {
-            return Err(ReadError::NotFound(format!("{lsn} is before the start of timeline {} ({start})", self.timeline_id)));
+            return Err(ReadError::NotFound(format!(
+                "{lsn} is before the start of timeline {} ({start})",
+                self.timeline_id
+            )));
         }
         let mut rx = self.lsns.subscribe();
         let reached = tokio::time::timeout(timeout, rx.wait_for(|l| l.last >= lsn)).await.is_ok_and(|r| r.is_ok());
         match reached {
             true => Ok(lsn),
-            false => Err(ReadError::LsnTimeout { timeline: self.timeline_id, lsn, last: self.record_lsns().last, waited: timeout }),
+            false => Err(ReadError::LsnTimeout {
+                timeline: self.timeline_id,
+                lsn,
+                last: self.record_lsns().last,
+                waited: timeout,
+            }),
         }
     }
 
@@ -396,7 +414,10 @@ impl Timeline {
     /// Values of several keys at one LSN, visiting the layer map once (batched GetPage).
     pub fn get_many(&self, keys: &[Key], lsn: Lsn) -> Vec<Result<Option<Bytes>, ReadError>> {
         if let Err(e) = self.check_broken() {
-            return keys.iter().map(|_| Err(ReadError::Broken { timeline: self.timeline_id, reason: e.to_string() })).collect();
+            return keys
+                .iter()
+                .map(|_| Err(ReadError::Broken { timeline: self.timeline_id, reason: e.to_string() }))
+                .collect();
         }
         let layers = self.layers.read().newest_first();
         let mut found: Vec<Result<Versions, ReadError>> = keys.iter().map(|_| Ok(Versions::default())).collect();
@@ -487,7 +508,9 @@ impl Timeline {
 
     /// A page of a relation; blocks never written read as zeros.
     pub fn rel_page(&self, tag: RelTag, block: BlockNumber, lsn: Lsn) -> Result<Bytes, ReadError> {
-        let size = self.rel_size(tag, lsn)?.ok_or_else(|| ReadError::NotFound(format!("relation {tag} does not exist at {lsn}")))?;
+        let size = self
+            .rel_size(tag, lsn)?
+            .ok_or_else(|| ReadError::NotFound(format!("relation {tag} does not exist at {lsn}")))?;
         if block >= size {
             return Err(ReadError::NotFound(format!("block {block} of {tag} is beyond its {size} blocks at {lsn}")));
         }
@@ -534,7 +557,8 @@ impl Timeline {
     }
 
     pub fn checkpoint_at(&self, lsn: Lsn) -> Result<CheckPoint, ReadError> {
-        let b = self.get(&Key::checkpoint(), lsn)?.ok_or_else(|| self.decode_err("checkpoint", lsn, "missing".into()))?;
+        let b =
+            self.get(&Key::checkpoint(), lsn)?.ok_or_else(|| self.decode_err("checkpoint", lsn, "missing".into()))?;
         CheckPoint::decode(&b).map_err(|e| self.decode_err("checkpoint", lsn, e.to_string()))
     }
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_formats::wal::reader::{StartPosition, WalDecoder};
 use strata_formats::version::PgVersion;
+use strata_formats::wal::reader::{StartPosition, WalDecoder};
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{ConsumerFeedback, ConsumerMessage, StartStreaming, StreamMessage, PROTOCOL_VERSION};
@@ -99,7 +99,12 @@ fn flush_loop(tl: Arc<Timeline>, stop: Arc<AtomicBool>) {
     }
 }
 
-fn receive_loop(tl: Arc<Timeline>, safekeepers: Vec<String>, status: Arc<Mutex<ReceiverStatus>>, stop: Arc<AtomicBool>) {
+fn receive_loop(
+    tl: Arc<Timeline>,
+    safekeepers: Vec<String>,
+    status: Arc<Mutex<ReceiverStatus>>,
+    stop: Arc<AtomicBool>,
+) {
     let mut backoff = Duration::from_millis(100);
     let mut ingest = None;
     while !stop.load(Ordering::SeqCst) {
@@ -168,7 +173,8 @@ fn connect_best(
             Err(e) => errors.push(format!("{addr}: {e}")),
         }
     }
-    let best = best.ok_or_else(|| StreamError::Connection(format!("no safekeeper streams from {start}: {}", errors.join("; "))))?;
+    let best = best
+        .ok_or_else(|| StreamError::Connection(format!("no safekeeper streams from {start}: {}", errors.join("; "))))?;
     tl.metrics.walreceiver_connects.inc();
     let mut s = status.lock();
     s.safekeeper = Some(best.0.clone());

@@ -50,7 +50,10 @@ fn versions_survive_flushes_and_reload() {
     let lsn = |i: u64| Lsn(start.0 + 0x100 * i);
     for i in 0..100u64 {
         let v = if i % 10 == 0 { page(0xff) } else { Value::Native(NativeRecord::ClearVmBits(vec![(i as u32, 1)])) };
-        tl.commit_record(vec![(k, lsn(i), v), (Key::rel_block(TAG, 1 + i as u32), lsn(i), page(i as u8))], RecordLsns { last: lsn(i), prev: lsn(i.saturating_sub(1)) });
+        tl.commit_record(
+            vec![(k, lsn(i), v), (Key::rel_block(TAG, 1 + i as u32), lsn(i), page(i as u8))],
+            RecordLsns { last: lsn(i), prev: lsn(i.saturating_sub(1)) },
+        );
         if i % 25 == 24 {
             tl.checkpoint().unwrap();
         }

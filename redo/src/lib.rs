@@ -209,11 +209,16 @@ mod tests {
     #[test]
     fn clog_status_bits() {
         let mut page = [0u8; BLCKSZ];
-        let r = NativeRecord::ClogSetStatus { xids: vec![CLOG_XACTS_PER_PAGE + 5, CLOG_XACTS_PER_PAGE + 6], status: CLOG_COMMITTED };
+        let r = NativeRecord::ClogSetStatus {
+            xids: vec![CLOG_XACTS_PER_PAGE + 5, CLOG_XACTS_PER_PAGE + 6],
+            status: CLOG_COMMITTED,
+        };
         r.apply(&mut page).unwrap();
         // xid 5 in page: byte 1, shift 2; xid 6: byte 1, shift 4.
         assert_eq!(page[1], 0b0001_0100);
-        NativeRecord::ClogSetStatus { xids: vec![CLOG_XACTS_PER_PAGE + 5], status: CLOG_ABORTED }.apply(&mut page).unwrap();
+        NativeRecord::ClogSetStatus { xids: vec![CLOG_XACTS_PER_PAGE + 5], status: CLOG_ABORTED }
+            .apply(&mut page)
+            .unwrap();
         assert_eq!(page[1], 0b0001_1000, "status replaced, neighbour kept");
         let mixed = NativeRecord::ClogSetStatus { xids: vec![1, CLOG_XACTS_PER_PAGE], status: CLOG_COMMITTED };
         assert!(mixed.apply(&mut page).is_err());

@@ -189,15 +189,8 @@ impl DeltaLayerWriter {
             &self.scratch
         };
         self.out.write_all(stored)?;
-        Entry {
-            key: *key,
-            lsn,
-            offset: self.offset,
-            len: stored.len() as u32,
-            crc: crc32c::crc32c(stored),
-            flags,
-        }
-        .encode(&mut self.index);
+        Entry { key: *key, lsn, offset: self.offset, len: stored.len() as u32, crc: crc32c::crc32c(stored), flags }
+            .encode(&mut self.index);
         self.offset += stored.len() as u64;
         self.count += 1;
         Ok(())
@@ -236,7 +229,8 @@ impl Source {
             Source::File(f) => f.read_exact_at(buf, offset),
             Source::Memory(m) => {
                 let start = usize::try_from(offset).map_err(|_| std::io::ErrorKind::UnexpectedEof)?;
-                let end = start.checked_add(buf.len()).filter(|e| *e <= m.len()).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+                let end =
+                    start.checked_add(buf.len()).filter(|e| *e <= m.len()).ok_or(std::io::ErrorKind::UnexpectedEof)?;
                 buf.copy_from_slice(&m[start..end]);
                 Ok(())
             }
@@ -308,13 +302,15 @@ impl DeltaLayer {
         let count = u64::from_le_bytes(footer[8..16].try_into().expect("8 bytes"));
         let index_crc = u32::from_le_bytes(footer[16..20].try_into().expect("4 bytes"));
         let index_len = count.checked_mul(ENTRY_SIZE as u64).ok_or_else(|| corrupt("entry count overflows".into()))?;
-        if index_offset < HEADER_SIZE as u64 || index_offset.checked_add(index_len) != Some(file_size - FOOTER_SIZE as u64)
+        if index_offset < HEADER_SIZE as u64
+            || index_offset.checked_add(index_len) != Some(file_size - FOOTER_SIZE as u64)
         {
             return Err(corrupt(format!("index at {index_offset} with {count} entries does not fit the file")));
         }
         // Stream the index once: check its CRC, its order and value bounds, and keep the summary.
         let mut summary = Vec::with_capacity((count as usize).div_ceil(ENTRIES_PER_BLOCK));
-        let mut filter = super::bloom::KeyFilter::with_capacity(usize::try_from(count).unwrap_or(usize::MAX).min(1 << 28));
+        let mut filter =
+            super::bloom::KeyFilter::with_capacity(usize::try_from(count).unwrap_or(usize::MAX).min(1 << 28));
         let mut crc = 0u32;
         let mut buf = vec![0u8; ENTRY_SIZE * ENTRIES_PER_BLOCK];
         let mut last: Option<(Key, Lsn)> = None;
@@ -425,7 +421,8 @@ impl DeltaLayer {
             }
             let value = self.read_value(&e)?;
             if value.is_base() != (e.flags & FLAG_BASE != 0) {
-                return Err(self.corrupt(format!("value kind of key {} at offset {} disagrees with the index", e.key, e.offset)));
+                return Err(self
+                    .corrupt(format!("value kind of key {} at offset {} disagrees with the index", e.key, e.offset)));
             }
             if out.push(e.lsn, value) {
                 return Ok(true);
@@ -479,7 +476,11 @@ mod tests {
         // Key 1 has 300 versions (crossing index blocks): an image at the start and
         // every 100th; the rest are native records.
         for i in 0..300u64 {
-            let v = if i % 100 == 0 { page(i as u8) } else { Value::Native(NativeRecord::ClearVmBits(vec![(i as u32, 1)])) };
+            let v = if i % 100 == 0 {
+                page(i as u8)
+            } else {
+                Value::Native(NativeRecord::ClearVmBits(vec![(i as u32, 1)]))
+            };
             versions.push((key(1), Lsn(0x100 + i * 8), v));
         }
         for n in 2..500 {
