@@ -147,7 +147,7 @@ impl Safekeepers {
                 let shutdown = async move {
                     let _ = rx.await;
                 };
-                if let Err(e) = strata_safekeeper::serve(config, listener, http, shutdown).await {
+                if let Err(e) = strata_safekeeper::serve(config, listener, http, None, shutdown).await {
                     panic!("safekeeper {id}: {e}");
                 }
             });

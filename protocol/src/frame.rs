@@ -4,6 +4,7 @@
 //! its own limits and adds its own field helpers (`impl FrameWriter` in its
 //! codec).
 
+use strata_formats::types::{Cursor, Truncated};
 use strata_formats::Lsn;
 
 /// Size of the length prefix.
@@ -89,5 +90,101 @@ impl<'a> FrameWriter<'a> {
         let len = self.out.len() - self.start - LENGTH_SIZE;
         assert!(len <= self.max_frame, "frame of {len} bytes exceeds the protocol limit of {}", self.max_frame);
         self.out[self.start..self.start + LENGTH_SIZE].copy_from_slice(&(len as u32).to_le_bytes());
+    }
+}
+
+/// A field that does not decode; each codec turns it into its own error
+/// type (the variants of the same names), so both protocols share one reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FieldError {
+    Truncated { message: &'static str, field: &'static str, offset: usize, needed: usize, available: usize },
+    TrailingBytes { message: &'static str, count: usize },
+    InvalidBool { message: &'static str, field: &'static str, value: u8 },
+    BadUtf8 { message: &'static str, field: &'static str, valid_up_to: usize },
+    StringTooLong { message: &'static str, field: &'static str, len: usize },
+}
+
+/// Reads the fields of one message, naming the message and field in errors.
+/// `E` is the codec's error type; protocol-specific fields are added with an
+/// `impl Fields<'_, ThatError>` in the codec.
+pub(crate) struct Fields<'a, E> {
+    pub(crate) cur: Cursor<'a>,
+    pub(crate) message: &'static str,
+    max_string: usize,
+    error: std::marker::PhantomData<E>,
+}
+
+impl<'a, E: From<FieldError>> Fields<'a, E> {
+    pub(crate) fn truncated(&self, field: &'static str, t: Truncated) -> E {
+        E::from(FieldError::Truncated {
+            message: self.message,
+            field,
+            offset: t.offset,
+            needed: t.needed,
+            available: t.available,
+        })
+    }
+    pub(crate) fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], E> {
+        self.cur.take(n).map_err(|t| self.truncated(field, t))
+    }
+    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, E> {
+        self.cur.u8().map_err(|t| self.truncated(field, t))
+    }
+    pub(crate) fn u16(&mut self, field: &'static str) -> Result<u16, E> {
+        self.cur.u16().map_err(|t| self.truncated(field, t))
+    }
+    pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, E> {
+        self.cur.u32().map_err(|t| self.truncated(field, t))
+    }
+    pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, E> {
+        self.cur.u64().map_err(|t| self.truncated(field, t))
+    }
+    pub(crate) fn lsn(&mut self, field: &'static str) -> Result<Lsn, E> {
+        self.u64(field).map(Lsn)
+    }
+    pub(crate) fn bool(&mut self, field: &'static str) -> Result<bool, E> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(E::from(FieldError::InvalidBool { message: self.message, field, value })),
+        }
+    }
+    pub(crate) fn id16(&mut self, field: &'static str) -> Result<[u8; 16], E> {
+        let mut id = [0u8; 16];
+        id.copy_from_slice(self.take(16, field)?);
+        Ok(id)
+    }
+    /// A `u32` length and that many bytes of UTF-8, at most the protocol's string limit.
+    pub(crate) fn string(&mut self, field: &'static str) -> Result<String, E> {
+        let len = self.u32(field)? as usize;
+        if len > self.max_string {
+            return Err(E::from(FieldError::StringTooLong { message: self.message, field, len }));
+        }
+        let bytes = self.take(len, field)?;
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(e) => Err(E::from(FieldError::BadUtf8 { message: self.message, field, valid_up_to: e.valid_up_to() })),
+        }
+    }
+    /// Everything up to the end of the frame.
+    pub(crate) fn rest(&mut self, field: &'static str) -> Result<&'a [u8], E> {
+        self.take(self.cur.remaining(), field)
+    }
+}
+
+/// Decodes `frame` (tag and payload) as `message` with `fields`, after
+/// skipping the tag, and checks that nothing follows the last field.
+pub(crate) fn read_fields<'a, T, E: From<FieldError>>(
+    frame: &'a [u8],
+    message: &'static str,
+    max_string: usize,
+    fields: impl FnOnce(&mut Fields<'a, E>) -> Result<T, E>,
+) -> Result<T, E> {
+    let mut r: Fields<'a, E> = Fields { cur: Cursor::new(frame), message, max_string, error: std::marker::PhantomData };
+    r.u8("tag")?;
+    let value = fields(&mut r)?;
+    match r.cur.remaining() {
+        0 => Ok(value),
+        count => Err(E::from(FieldError::TrailingBytes { message, count })),
     }
 }

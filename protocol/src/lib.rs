@@ -1,6 +1,7 @@
 //! Strata's wire protocols and the identifiers they carry.
 
 mod frame;
+pub mod framed;
 pub mod ids;
 pub mod pageserver;
 pub mod safekeeper;

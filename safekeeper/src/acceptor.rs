@@ -100,10 +100,30 @@ pub trait ControlStore {
     fn persist(&mut self, state: &PersistentState) -> Result<(), StorageError>;
 }
 
-/// A storage failure; the timeline stalls until storage works again.
+/// A storage failure, naming the operation and the file. The timeline
+/// stops accepting until it has re-read its state from disk.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StorageError(pub String);
+#[error("{op} {}: {message}", path.display())]
+pub struct StorageError {
+    /// What was being done ("syncing", "writing", …).
+    pub op: &'static str,
+    pub path: std::path::PathBuf,
+    /// The operating system's error number, if the error came from it.
+    pub errno: Option<i32>,
+    pub message: String,
+}
+
+impl StorageError {
+    /// An I/O error of `op` on `path`.
+    pub fn io(op: &'static str, path: &std::path::Path, e: &std::io::Error) -> StorageError {
+        StorageError { op, path: path.to_path_buf(), errno: e.raw_os_error(), message: e.to_string() }
+    }
+
+    /// Any other failure of `op` on `path`.
+    pub fn other(op: &'static str, path: &std::path::Path, message: impl Into<String>) -> StorageError {
+        StorageError { op, path: path.to_path_buf(), errno: None, message: message.into() }
+    }
+}
 
 /// Why the acceptor refused a message; the connection is closed after it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

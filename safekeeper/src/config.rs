@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use strata_protocol::NodeId;
+use strata_service::config::{check_duration, check_open_files, check_range, seconds, ConfigError};
 
 /// A peer safekeeper (for peer recovery).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -41,6 +42,18 @@ pub struct SafekeeperConfig {
     /// Most WAL sent to a consumer in one message.
     #[serde(default = "default_max_send")]
     pub max_send_bytes: usize,
+    /// Most connections on `listen` (proposers, consumers, peers) at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most connections on `listen_http` at once.
+    #[serde(default = "default_max_http_connections")]
+    pub max_http_connections: usize,
+    /// Most connections on `listen_pg` at once.
+    #[serde(default = "default_max_pg_connections")]
+    pub max_pg_connections: usize,
+    /// Longest a new connection may take to send its greeting (or startup packet).
+    #[serde(default = "default_handshake_timeout", with = "seconds")]
+    pub handshake_timeout: Duration,
 }
 
 fn default_true() -> bool {
@@ -52,30 +65,75 @@ fn default_idle_timeout() -> Duration {
 fn default_max_send() -> usize {
     1 << 20
 }
+fn default_max_connections() -> usize {
+    256
+}
+fn default_max_http_connections() -> usize {
+    64
+}
+fn default_max_pg_connections() -> usize {
+    32
+}
+fn default_handshake_timeout() -> Duration {
+    Duration::from_secs(10)
+}
 
-mod seconds {
-    use std::time::Duration;
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v = <f64 as serde::Deserialize>::deserialize(d)?;
-        if !(0.0..=86_400.0).contains(&v) {
-            return Err(serde::de::Error::custom("must be between 0 and 86400 seconds"));
-        }
-        Ok(Duration::from_secs_f64(v))
-    }
+/// Descriptors kept for everything but client connections: WAL segments
+/// and control files, peer and recovery connections, logs.
+pub const RESERVED_FILES: usize = 256;
+
+/// Why a config was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigLoadError {
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("{path}: {source}")]
+    Invalid { path: PathBuf, source: ConfigError },
 }
 
 impl SafekeeperConfig {
     /// Reads and checks a TOML config file.
-    pub fn load(path: &std::path::Path) -> Result<SafekeeperConfig, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let config: SafekeeperConfig = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if config.max_send_bytes == 0 || config.max_send_bytes > 16 << 20 {
-            return Err(format!("{}: max_send_bytes must be between 1 and 16 MiB", path.display()));
-        }
+    pub fn load(path: &std::path::Path) -> Result<SafekeeperConfig, ConfigLoadError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigLoadError::Read { path: path.into(), source })?;
+        let config: SafekeeperConfig =
+            toml::from_str(&text).map_err(|source| ConfigLoadError::Parse { path: path.into(), source })?;
+        config.validate().map_err(|source| ConfigLoadError::Invalid { path: path.into(), source })?;
         Ok(config)
+    }
+
+    /// Refuses values that would break the service, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_range("max_send_bytes", self.max_send_bytes, 1, 16 << 20)?;
+        check_duration("idle_timeout", self.idle_timeout)?;
+        check_duration("handshake_timeout", self.handshake_timeout)?;
+        check_range("max_connections", self.max_connections, 1, 100_000)?;
+        check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
+        check_range("max_pg_connections", self.max_pg_connections, 1, 100_000)?;
+        let listeners = [("listen", self.listen), ("listen_http", self.listen_http)];
+        for (i, (key, addr)) in listeners.iter().chain(self.listen_pg.map(|a| ("listen_pg", a)).iter()).enumerate() {
+            for (other, other_addr) in listeners.iter().take(i) {
+                if addr == other_addr && addr.port() != 0 {
+                    return Err(ConfigError { key, message: format!("{addr} is also `{other}`") });
+                }
+            }
+        }
+        if self.peers.iter().any(|p| p.id == self.id) {
+            return Err(ConfigError { key: "peers", message: format!("lists this safekeeper's own id {}", self.id) });
+        }
+        Ok(())
+    }
+
+    /// Checks that the connection limits fit in the open-file limit `limit`.
+    pub fn check_open_files(&self, limit: u64) -> Result<(), ConfigError> {
+        let mut uses =
+            vec![("max_connections", self.max_connections), ("max_http_connections", self.max_http_connections)];
+        if self.listen_pg.is_some() {
+            uses.push(("max_pg_connections", self.max_pg_connections));
+        }
+        check_open_files(&uses, RESERVED_FILES, limit)
     }
 }
 
@@ -93,5 +151,28 @@ mod tests {
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
         assert!(toml::from_str::<SafekeeperConfig>(&format!("bogus = 1\n{ok}")).is_err());
         assert!(toml::from_str::<SafekeeperConfig>("id = 1").is_err());
+        c.validate().unwrap();
+        assert_eq!(c.max_connections, 256);
+        c.check_open_files(1024).unwrap();
+        assert!(c.check_open_files(256).unwrap_err().to_string().starts_with("max_connections"));
+    }
+
+    #[test]
+    fn values_that_break_the_service_are_refused_by_key() {
+        let base = "id = 1\nlisten = \"127.0.0.1:5454\"\nlisten_http = \"127.0.0.1:7676\"\ndata_dir = \"/tmp/x\"\n";
+        for (extra, key) in [
+            ("idle_timeout = 0", "idle_timeout"),
+            ("handshake_timeout = 0", "handshake_timeout"),
+            ("max_connections = 0", "max_connections"),
+            ("max_http_connections = 0", "max_http_connections"),
+            ("max_pg_connections = 0", "max_pg_connections"),
+            ("max_send_bytes = 0", "max_send_bytes"),
+            ("listen_pg = \"127.0.0.1:7676\"", "listen_pg"),
+            ("[[peers]]\nid = 1\naddress = \"x:1\"", "peers"),
+        ] {
+            let c: SafekeeperConfig = toml::from_str(&format!("{base}{extra}\n")).unwrap();
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.key, key, "{extra}: {e}");
+        }
     }
 }

@@ -37,10 +37,16 @@ impl ControlFile {
         let bytes = match fs::read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StorageError(format!("reading {}: {e}", self.path.display()))),
+            Err(e) => return Err(StorageError::io("reading", &self.path, &e)),
         };
-        decode(&bytes).map(Some).map_err(|e| StorageError(format!("{}: {e}", self.path.display())))
+        decode(&bytes).map(Some).map_err(|e| StorageError::other("decoding", &self.path, e))
     }
+}
+
+/// fsyncs a directory, so that files created, renamed or removed in it
+/// (or, for a parent, the directory itself) survive a crash.
+pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StorageError::io("syncing directory", dir, &e))
 }
 
 /// Decodes a control file's bytes, checking version and CRC.
@@ -69,17 +75,16 @@ pub fn encode(state: &PersistentState) -> Vec<u8> {
 
 impl ControlStore for ControlFile {
     fn persist(&mut self, state: &PersistentState) -> Result<(), StorageError> {
-        let err = |what: &str, e: std::io::Error| StorageError(format!("{what} {}: {e}", self.path.display()));
         let tmp = self.path.with_extension("tmp");
-        let mut f = File::create(&tmp).map_err(|e| err("creating", e))?;
-        f.write_all(&encode(state)).map_err(|e| err("writing", e))?;
+        let mut f = File::create(&tmp).map_err(|e| StorageError::io("creating", &tmp, &e))?;
+        f.write_all(&encode(state)).map_err(|e| StorageError::io("writing", &tmp, &e))?;
         if !self.no_sync {
-            f.sync_all().map_err(|e| err("syncing", e))?;
+            f.sync_all().map_err(|e| StorageError::io("syncing", &tmp, &e))?;
         }
-        fs::rename(&tmp, &self.path).map_err(|e| err("renaming", e))?;
+        fs::rename(&tmp, &self.path).map_err(|e| StorageError::io("renaming", &tmp, &e))?;
         if !self.no_sync {
             let dir = self.path.parent().expect("a control file lives in a directory");
-            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| err("syncing directory of", e))?;
+            sync_dir(dir)?;
         }
         Ok(())
     }

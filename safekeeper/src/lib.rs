@@ -8,6 +8,7 @@ pub mod acceptor;
 pub mod config;
 pub mod connection;
 pub mod control_file;
+pub mod healing;
 pub mod http;
 pub mod memory;
 pub mod metrics;
@@ -19,63 +20,91 @@ pub mod timelines;
 pub mod wal_reader;
 pub mod wal_store;
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use strata_service::{bind, BindError, Limits, Listener};
+
+/// Why the safekeeper could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error("config: {0}")]
+    Config(#[from] strata_service::config::ConfigError),
+    #[error("loading timelines: {0}")]
+    Load(#[from] acceptor::StorageError),
+    #[error("signals: {0}")]
+    Signals(std::io::Error),
+}
+
 /// Runs a safekeeper until SIGTERM or SIGINT, then writes every control file.
-pub async fn run(config: config::SafekeeperConfig) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|e| format!("{}: {e}", config.listen))?;
-    let http =
-        tokio::net::TcpListener::bind(config.listen_http).await.map_err(|e| format!("{}: {e}", config.listen_http))?;
+pub async fn run(config: config::SafekeeperConfig) -> Result<(), StartError> {
+    let open_files = strata_service::config::raise_open_file_limit();
+    config.check_open_files(open_files)?;
+    let listener = bind("listen", config.listen).await?;
+    let http = bind("listen_http", config.listen_http).await?;
+    let pg = match config.listen_pg {
+        Some(addr) => Some(bind("listen_pg", addr).await?),
+        None => None,
+    };
     let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signals)?;
     let shutdown = async move {
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         }
     };
-    serve(config, listener, http, shutdown).await
+    serve(config, listener, http, pg, shutdown).await
 }
 
-/// Serves on bound listeners until `shutdown` completes.
+/// Serves on bound listeners until `shutdown` completes. The listeners
+/// never stop by themselves (see `strata_service::listener`).
 pub async fn serve(
     config: config::SafekeeperConfig,
     listener: tokio::net::TcpListener,
     http: tokio::net::TcpListener,
+    pg: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
+    config.validate()?;
     if !config.fsync {
         tracing::warn!("fsync is OFF: acknowledged WAL can be lost on a power failure");
     }
     let timelines =
-        tokio::task::block_in_place(|| timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync))
-            .map_err(|e| e.to_string())?;
+        tokio::task::block_in_place(|| timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync))?;
     tracing::info!(id = %config.id, listen = %config.listen, http = %config.listen_http, "safekeeper started");
-    let shared = Arc::new(server::Shared { config, timelines, metrics: metrics::Metrics::new() });
-    let mut protocol = tokio::spawn(server::serve(listener, shared.clone()));
-    let recovery = tokio::spawn(recovery::run(shared.clone()));
-    let pg = match shared.config.listen_pg {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("{addr}: {e}"))?;
-            Some(tokio::spawn(pg_server::serve(listener, shared.clone())))
-        }
-        None => None,
-    };
-    let router = http::router(shared.clone());
-    let mut api = tokio::spawn(async move { axum::serve(http, router).await });
-    tokio::select! {
-        _ = shutdown => {}
-        r = &mut protocol => return Err(format!("protocol listener failed: {r:?}")),
-        r = &mut api => return Err(format!("HTTP listener failed: {r:?}")),
-    }
-    protocol.abort();
-    api.abort();
-    recovery.abort();
+    let metrics = metrics::Metrics::new();
+    let listener_metrics = metrics.listener_metrics();
+    let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
+    let protocol =
+        Listener::new("protocol", listener, limits(config.max_connections), server::refusal, &listener_metrics);
+    let http = Listener::new(
+        "http",
+        http,
+        limits(config.max_http_connections),
+        strata_service::http::refusal,
+        &listener_metrics,
+    );
+    let pg =
+        pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
+    let shared = Arc::new(server::Shared { config, timelines, metrics, next_connection_id: AtomicU64::new(1) });
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(server::serve(protocol, shared.clone()));
+    tasks.spawn(recovery::run(shared.clone()));
+    tasks.spawn(healing::run(shared.clone()));
     if let Some(pg) = pg {
-        pg.abort();
+        tasks.spawn(pg_server::serve(pg, shared.clone()));
     }
+    tasks.spawn(strata_service::http::serve(http, http::router(shared.clone()), Default::default()));
+    shutdown.await;
+    tasks.abort_all();
     for tl in shared.timelines.all() {
-        if let Err(e) = tokio::task::block_in_place(|| tl.with_acceptor(|a| a.persist())) {
+        if tl.failure().is_some() {
+            continue;
+        }
+        if let Err(e) = tokio::task::block_in_place(|| tl.persist()) {
             tracing::warn!(timeline = %tl.identity.timeline_id, "writing control file at shutdown: {e}");
         }
     }

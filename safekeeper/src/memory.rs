@@ -40,7 +40,7 @@ impl MemoryWal {
 impl WalStore for MemoryWal {
     fn write(&mut self, at: Lsn, bytes: &[u8]) -> Result<(), StorageError> {
         if self.fail_writes {
-            return Err(StorageError("no space left on device".into()));
+            return Err(StorageError::other("writing", std::path::Path::new("memory"), "no space left on device"));
         }
         assert_eq!(at, self.write_lsn(), "writes are contiguous");
         self.bytes.extend_from_slice(bytes);

@@ -5,6 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use strata_service::ListenerMetrics;
 
 /// Counters and histograms shared by all connections.
 pub struct Metrics {
@@ -19,6 +20,10 @@ pub struct Metrics {
     pub sent_bytes: Counter,
     pub protocol_errors: Counter,
     pub storage_errors: Counter,
+    pub timelines_failed: Gauge,
+    pub timeline_failures: Counter,
+    pub timeline_reloads: Counter,
+    listeners: ListenerMetrics,
 }
 
 impl Metrics {
@@ -35,6 +40,10 @@ impl Metrics {
             sent_bytes: Counter::default(),
             protocol_errors: Counter::default(),
             storage_errors: Counter::default(),
+            timelines_failed: Gauge::default(),
+            timeline_failures: Counter::default(),
+            timeline_reloads: Counter::default(),
+            listeners: ListenerMetrics::default(),
             registry: Registry::default(),
         };
         registry.register("append_requests", "WAL append requests received", m.append_requests.clone());
@@ -47,7 +56,20 @@ impl Metrics {
         registry.register("sent_bytes", "WAL bytes sent to consumers", m.sent_bytes.clone());
         registry.register("protocol_errors", "Connections closed for protocol violations", m.protocol_errors.clone());
         registry.register("storage_errors", "Requests failed by storage errors", m.storage_errors.clone());
-        Metrics { registry, ..m }
+        registry.register(
+            "timelines_failed",
+            "Timelines that stopped accepting after a storage error or a panic, until re-read from disk",
+            m.timelines_failed.clone(),
+        );
+        registry.register("timeline_failures", "Times a timeline stopped accepting", m.timeline_failures.clone());
+        registry.register("timeline_reloads", "Failed timelines re-read from disk", m.timeline_reloads.clone());
+        let listeners = ListenerMetrics::register(&mut registry);
+        Metrics { registry, listeners, ..m }
+    }
+
+    /// The connection metrics of the listeners.
+    pub fn listener_metrics(&self) -> ListenerMetrics {
+        self.listeners.clone()
     }
 
     /// The metrics in Prometheus text format.

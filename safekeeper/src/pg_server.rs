@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tracing::{info, warn};
+
+use strata_service::Listener;
 
 use strata_formats::wal::strip::ConsistencyStripper;
 use strata_formats::{Lsn, PgVersion};
@@ -24,18 +26,51 @@ use crate::wal_reader::read_wal;
 /// Largest message accepted from a client.
 const MAX_MESSAGE: usize = 1 << 20;
 const KEEPALIVE: Duration = Duration::from_secs(10);
+/// Longest a client may take to send a message it started, or to take what we send.
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why a replication connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicationError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}: nothing for {IO_TIMEOUT:?}")]
+    Timeout(&'static str),
+    #[error("no startup packet within {0:?}")]
+    Handshake(Duration),
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// Refused with an error sent to the client.
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("reading WAL: {0}")]
+    Wal(String),
+}
+
+/// The answer to a connection refused because the listener is full.
+pub fn refusal(_first_bytes: &[u8]) -> Vec<u8> {
+    error_response("53300", "too many connections to this safekeeper's replication port")
+}
 
 /// Accepts replication clients forever.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
-    loop {
-        let (stream, peer) = listener.accept().await?;
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            if let Err(e) = handle(stream, shared).await {
-                warn!(%peer, "replication client: {e}");
+pub async fn serve(listener: Listener, shared: Arc<Shared>) {
+    listener
+        .serve(move |conn| {
+            let shared = shared.clone();
+            async move {
+                let peer = conn.peer;
+                if let Err(e) = handle(conn, shared).await {
+                    warn!(%peer, "replication client: {e}");
+                }
             }
-        });
-    }
+        })
+        .await
+}
+
+/// Writes `bytes`, waiting at most `IO_TIMEOUT` for the client to take them.
+async fn send<W: AsyncWriteExt + Unpin>(w: &mut W, bytes: &[u8]) -> Result<(), ReplicationError> {
+    tokio::time::timeout(IO_TIMEOUT, w.write_all(bytes)).await.map_err(|_| ReplicationError::Timeout("sending"))??;
+    Ok(())
 }
 
 fn message(tag: u8, body: &[u8]) -> Vec<u8> {
@@ -92,24 +127,23 @@ fn row_result(columns: &[(&str, u32)], values: &[Option<String>], tag: &str) -> 
     out
 }
 
-async fn read_exact_bounded(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, String> {
+async fn read_exact_bounded(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, ReplicationError> {
     if n > MAX_MESSAGE {
-        return Err(format!("message of {n} bytes is too large"));
+        return Err(ReplicationError::Protocol(format!("message of {n} bytes is too large")));
     }
     let mut b = vec![0u8; n];
-    tokio::time::timeout(Duration::from_secs(60), s.read_exact(&mut b))
+    tokio::time::timeout(IO_TIMEOUT, s.read_exact(&mut b))
         .await
-        .map_err(|_| "client went silent".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| ReplicationError::Timeout("reading"))??;
     Ok(b)
 }
 
 /// Reads a typed message: (type, body).
-async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>), String> {
+async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>), ReplicationError> {
     let head = read_exact_bounded(s, 5).await?;
-    let len = i32::from_be_bytes(head[1..5].try_into().unwrap());
+    let len = i32::from_be_bytes(head[1..5].try_into().expect("4 bytes"));
     if len < 4 {
-        return Err(format!("invalid message length {len}"));
+        return Err(ReplicationError::Protocol(format!("invalid message length {len}")));
     }
     Ok((head[0], read_exact_bounded(s, len as usize - 4).await?))
 }
@@ -120,18 +154,28 @@ fn pg_time_now() -> i64 {
     unix - 946_684_800_000_000
 }
 
-async fn handle(mut s: TcpStream, shared: Arc<Shared>) -> Result<(), String> {
+async fn handle(conn: strata_service::Connection, shared: Arc<Shared>) -> Result<(), ReplicationError> {
+    let strata_service::Connection { stream: mut s, slot, .. } = conn;
     let _ = s.set_nodelay(true);
-    // Startup, after refusing SSL/GSS encryption requests.
-    let params = loop {
-        let len = i32::from_be_bytes(read_exact_bounded(&mut s, 4).await?.try_into().unwrap());
+    let limit = shared.config.handshake_timeout;
+    let params = tokio::time::timeout_at(slot.handshake_deadline(), startup(&mut s))
+        .await
+        .map_err(|_| ReplicationError::Handshake(limit))??;
+    slot.established();
+    session(s, shared, params).await
+}
+
+/// The startup packet's parameters, after refusing SSL/GSS encryption requests.
+async fn startup(s: &mut TcpStream) -> Result<std::collections::HashMap<String, String>, ReplicationError> {
+    loop {
+        let len = i32::from_be_bytes(read_exact_bounded(s, 4).await?.try_into().expect("4 bytes"));
         if !(8..=10_000).contains(&len) {
-            return Err(format!("invalid startup length {len}"));
+            return Err(ReplicationError::Protocol(format!("invalid startup length {len}")));
         }
-        let body = read_exact_bounded(&mut s, len as usize - 4).await?;
-        let code = i32::from_be_bytes(body[0..4].try_into().unwrap());
+        let body = read_exact_bounded(s, len as usize - 4).await?;
+        let code = i32::from_be_bytes(body[0..4].try_into().expect("4 bytes"));
         match code {
-            80_877_103 | 80_877_104 => s.write_all(b"N").await.map_err(|e| e.to_string())?,
+            80_877_103 | 80_877_104 => send(s, b"N").await?,
             196_608 => {
                 let mut params = std::collections::HashMap::new();
                 let mut parts = body[4..].split(|b| *b == 0);
@@ -141,14 +185,21 @@ async fn handle(mut s: TcpStream, shared: Arc<Shared>) -> Result<(), String> {
                     }
                     params.insert(String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned());
                 }
-                break params;
+                return Ok(params);
             }
             other => {
-                s.write_all(&error_response("08P01", &format!("unsupported protocol {other}"))).await.ok();
-                return Err(format!("unsupported protocol code {other}"));
+                let _ = send(s, &error_response("08P01", &format!("unsupported protocol {other}"))).await;
+                return Err(ReplicationError::Refused(format!("unsupported protocol code {other}")));
             }
         }
-    };
+    }
+}
+
+async fn session(
+    mut s: TcpStream,
+    shared: Arc<Shared>,
+    params: std::collections::HashMap<String, String>,
+) -> Result<(), ReplicationError> {
     let options = params.get("options").cloned().unwrap_or_default();
     let database = options
         .split_whitespace()
@@ -161,8 +212,8 @@ async fn handle(mut s: TcpStream, shared: Arc<Shared>) -> Result<(), String> {
         .and_then(|(t, l)| shared.timelines.get(t, l));
     let Some(timeline) = timeline else {
         let msg = format!("choose a timeline held here with options '-c strata.timeline=<tenant_id>/<timeline_id>' (got {database:?})");
-        s.write_all(&error_response("3D000", &msg)).await.ok();
-        return Err(msg);
+        let _ = send(&mut s, &error_response("3D000", &msg)).await;
+        return Err(ReplicationError::Refused(msg));
     };
     let strip = params.get("options").is_some_and(|o| o.contains("strata.strip_consistency=on"))
         || shared.config.strip_consistency_for_replication;
@@ -185,7 +236,7 @@ async fn handle(mut s: TcpStream, shared: Arc<Shared>) -> Result<(), String> {
     key.extend_from_slice(&2i32.to_be_bytes());
     out.extend(message(b'K', &key));
     out.extend(ready());
-    s.write_all(&out).await.map_err(|e| e.to_string())?;
+    send(&mut s, &out).await?;
 
     loop {
         let (tag, body) = read_message(&mut s).await?;
@@ -230,22 +281,23 @@ async fn handle(mut s: TcpStream, shared: Arc<Shared>) -> Result<(), String> {
                     r.extend(ready());
                     r
                 };
-                s.write_all(&reply).await.map_err(|e| e.to_string())?;
+                send(&mut s, &reply).await?;
             }
             other => {
-                s.write_all(&error_response("08P01", &format!("unexpected message type {}", other as char))).await.ok();
-                return Err(format!("unexpected message {other}"));
+                let _ =
+                    send(&mut s, &error_response("08P01", &format!("unexpected message type {}", other as char))).await;
+                return Err(ReplicationError::Protocol(format!("unexpected message {other}")));
             }
         }
     }
 }
 
 /// The client ended the copy (CopyDone): end ours and the command.
-async fn end_copy(w: &mut tokio::net::tcp::OwnedWriteHalf) -> Result<(), String> {
+async fn end_copy(w: &mut tokio::net::tcp::OwnedWriteHalf) -> Result<(), ReplicationError> {
     let mut end = message(b'c', &[]);
     end.extend(message(b'C', b"START_STREAMING\0"));
     end.extend(ready());
-    w.write_all(&end).await.map_err(|e| e.to_string())
+    send(w, &end).await
 }
 
 /// `START_REPLICATION [SLOT name] [PHYSICAL] X/X [TIMELINE n]`.
@@ -255,7 +307,7 @@ async fn stream(
     timeline: &Arc<Timeline>,
     query: &str,
     strip: bool,
-) -> Result<(), String> {
+) -> Result<(), ReplicationError> {
     let start: Option<Lsn> = query.split_whitespace().find_map(|w| w.parse().ok());
     let positions = timeline.positions();
     let Some(start) = start.filter(|l| *l >= timeline.start_lsn && *l <= positions.commit_lsn) else {
@@ -263,13 +315,13 @@ async fn stream(
             format!("start position must lie in the committed WAL, {} to {}", timeline.start_lsn, positions.commit_lsn);
         let mut r = error_response("58P01", &msg);
         r.extend(ready());
-        s.write_all(&r).await.ok();
-        return Err(msg);
+        let _ = send(&mut s, &r).await;
+        return Err(ReplicationError::Refused(msg));
     };
     info!(timeline = %timeline.identity.timeline_id, %start, strip, "replication client streaming");
     let mut body = vec![0u8];
     body.extend_from_slice(&0i16.to_be_bytes());
-    s.write_all(&message(b'W', &body)).await.map_err(|e| e.to_string())?;
+    send(&mut s, &message(b'W', &body)).await?;
     let segment_size = u64::from(timeline.identity.wal_segment_size);
     let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
     let (mut r, mut w) = s.into_split();
@@ -299,7 +351,7 @@ async fn stream(
     let mut sent = start;
     let mut out_lsn = start;
     let mut buf = vec![0u8; shared.config.max_send_bytes];
-    let result: Result<(), String> = async {
+    let result: Result<(), ReplicationError> = async {
         loop {
             match done_rx.try_recv() {
                 Ok(()) => return end_copy(&mut w).await,
@@ -311,10 +363,10 @@ async fn stream(
                 let n = ((commit.0 - sent.0) as usize).min(buf.len());
                 let dir = timeline.dir.clone();
                 tokio::task::block_in_place(|| read_wal(&dir, segment_size, sent, &mut buf[..n]))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| ReplicationError::Wal(e.to_string()))?;
                 sent = Lsn(sent.0 + n as u64);
                 let data = match stripper.as_mut() {
-                    Some(st) => st.push(&buf[..n]).map_err(|e| e.to_string())?,
+                    Some(st) => st.push(&buf[..n]).map_err(|e| ReplicationError::Wal(e.to_string()))?,
                     None => buf[..n].to_vec(),
                 };
                 if !data.is_empty() {
@@ -324,10 +376,7 @@ async fn stream(
                     m.extend_from_slice(&pg_time_now().to_be_bytes());
                     m.extend_from_slice(&data);
                     out_lsn = Lsn(out_lsn.0 + data.len() as u64);
-                    tokio::time::timeout(Duration::from_secs(30), w.write_all(&message(b'd', &m)))
-                        .await
-                        .map_err(|_| "client not reading".to_string())?
-                        .map_err(|e| e.to_string())?;
+                    send(&mut w, &message(b'd', &m)).await?;
                 }
                 continue;
             }
@@ -344,7 +393,7 @@ async fn stream(
                     m.extend_from_slice(&out_lsn.0.to_be_bytes());
                     m.extend_from_slice(&pg_time_now().to_be_bytes());
                     m.push(0);
-                    w.write_all(&message(b'd', &m)).await.map_err(|e| e.to_string())?;
+                    send(&mut w, &message(b'd', &m)).await?;
                 }
             }
         }

@@ -3,138 +3,248 @@
 //! from a peer instead of waiting for the proposer to resend it. Only
 //! committed WAL is copied, so it is final whatever elections follow, and
 //! only when the peer's term history continues ours.
+//!
+//! One worker per peer: it checks every timeline against that peer in turn,
+//! so there is one attempt per peer at a time, different peers are used
+//! concurrently, and a peer that hangs (every wait is bounded) holds up only
+//! its own worker. A timeline is recovered by one worker at a time. After a
+//! failure a worker waits a jittered, growing delay before trying its peer
+//! again.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use strata_formats::Lsn;
-use strata_protocol::safekeeper::codec;
-use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, PROTOCOL_VERSION};
+use strata_protocol::framed::{self, FrameError, FrameReader};
+use strata_protocol::safekeeper::codec::{self, CodecError};
+use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, TermHistory, PROTOCOL_VERSION};
+use strata_protocol::{TenantId, TimelineId};
+use strata_service::backoff::Backoff;
 
+use crate::config::Peer;
 use crate::server::Shared;
-use crate::timeline::Timeline;
+use crate::timeline::{AcceptorCallError, Timeline};
 
 /// How far behind a peer's commit LSN a timeline must be before recovery
 /// starts; below it the proposer's own stream catches the safekeeper up.
 pub const RECOVERY_THRESHOLD_BYTES: u64 = 8 << 20;
-/// How often timelines are checked.
+/// How often each worker checks the timelines.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Bytes written per flush during recovery.
 const FLUSH_EVERY: usize = 16 << 20;
+/// Bound on connecting to a peer and on its first answer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const MIN_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// Checks every timeline against every peer, forever.
-pub async fn run(shared: Arc<Shared>) {
-    if shared.config.peers.is_empty() {
-        return;
-    }
-    loop {
-        tokio::time::sleep(CHECK_INTERVAL).await;
-        for timeline in shared.timelines.all() {
-            for peer in &shared.config.peers {
-                if peer.id == shared.config.id {
-                    continue;
-                }
-                match recover_from(&shared, &timeline, &peer.address).await {
-                    Ok(Some(end)) => {
-                        info!(timeline = %timeline.identity.timeline_id, peer = %peer.address, %end, "recovered WAL from peer");
-                        break;
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        warn!(timeline = %timeline.identity.timeline_id, peer = %peer.address, "peer recovery: {e}")
-                    }
-                }
-            }
+/// Why a recovery attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    #[error("connecting: {0}")]
+    Connect(String),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("malformed message: {0}")]
+    Codec(#[from] CodecError),
+    #[error("the peer refused: {0}")]
+    Refused(String),
+    #[error("the peer's stream is out of order: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Local(#[from] AcceptorCallError),
+}
+
+/// Timelines being recovered right now (by any worker).
+#[derive(Default)]
+struct InRecovery(Mutex<HashSet<(TenantId, TimelineId)>>);
+
+/// Holds a timeline's place in `InRecovery` while it is recovered.
+struct Claim<'a> {
+    set: &'a InRecovery,
+    key: (TenantId, TimelineId),
+}
+
+impl InRecovery {
+    fn claim(&self, tl: &Timeline) -> Option<Claim<'_>> {
+        let key = (tl.identity.tenant_id, tl.identity.timeline_id);
+        let claimed = self.0.lock().insert(key);
+        // (Not `then_some`: a claim built and dropped for `false` would
+        // release the other worker's claim.)
+        if claimed {
+            Some(Claim { set: self, key })
+        } else {
+            None
         }
     }
 }
 
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.set.0.lock().remove(&self.key);
+    }
+}
+
+/// Runs one worker per peer, forever.
+pub async fn run(shared: Arc<Shared>) {
+    let in_recovery = Arc::new(InRecovery::default());
+    let mut workers = tokio::task::JoinSet::new();
+    for peer in shared.config.peers.iter().filter(|p| p.id != shared.config.id).cloned() {
+        workers.spawn(worker(shared.clone(), peer, in_recovery.clone()));
+    }
+    while workers.join_next().await.is_some() {}
+}
+
+/// Checks every timeline against `peer`, recovering those far behind it.
+async fn worker(shared: Arc<Shared>, peer: Peer, in_recovery: Arc<InRecovery>) {
+    let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
+    loop {
+        tokio::time::sleep(CHECK_INTERVAL).await;
+        let mut failed = false;
+        for timeline in shared.timelines.all() {
+            if timeline.failure().is_some() {
+                continue;
+            }
+            let Some(_claim) = in_recovery.claim(&timeline) else { continue };
+            match recover_from(&shared, &timeline, &peer.address).await {
+                Ok(Some(end)) => {
+                    info!(timeline = %timeline.identity.timeline_id, peer = %peer.address, %end, "recovered WAL from peer")
+                }
+                Ok(None) => {}
+                // The peer does not have this timeline (yet): not the peer's fault.
+                Err(RecoveryError::Refused(e)) => {
+                    tracing::debug!(timeline = %timeline.identity.timeline_id, peer = %peer.address, "peer recovery: {e}")
+                }
+                Err(e) => {
+                    warn!(timeline = %timeline.identity.timeline_id, peer = %peer.address, "peer recovery: {e}");
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        if failed {
+            tokio::time::sleep(backoff.next_delay()).await;
+        } else {
+            backoff.reset();
+        }
+    }
+}
+
+/// A stream of the peer's committed WAL of one timeline.
+struct PeerStream {
+    frames: FrameReader<TcpStream>,
+    idle_timeout: Duration,
+}
+
+impl PeerStream {
+    async fn open(
+        address: &str,
+        timeline: &Timeline,
+        start: Lsn,
+        me: String,
+        idle: Duration,
+    ) -> Result<PeerStream, RecoveryError> {
+        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+            .await
+            .map_err(|_| RecoveryError::Connect(format!("no connection within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|e| RecoveryError::Connect(e.to_string()))?;
+        let mut out = Vec::new();
+        codec::encode_consumer(
+            &ConsumerMessage::Start(StartStreaming {
+                protocol_version: PROTOCOL_VERSION,
+                tenant_id: timeline.identity.tenant_id,
+                timeline_id: timeline.identity.timeline_id,
+                start_lsn: start,
+                stop_lsn: Lsn::INVALID,
+                include_uncommitted: false,
+                consumer_id: me,
+            }),
+            &mut out,
+        );
+        framed::write_all(&mut s, &out, CONNECT_TIMEOUT).await?;
+        Ok(PeerStream { frames: FrameReader::new(s, codec::MAX_FRAME_SIZE), idle_timeout: idle })
+    }
+
+    async fn next(&mut self, timeout: Duration) -> Result<StreamMessage, RecoveryError> {
+        let msg = codec::decode_stream(self.frames.read_frame(timeout).await?)?;
+        if let StreamMessage::Error(e) = msg {
+            return Err(RecoveryError::Refused(format!("{:?}: {}", e.code, e.message)));
+        }
+        Ok(msg)
+    }
+}
+
 /// Copies the peer's committed WAL beyond ours, if we are far enough behind.
-async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, address: &str) -> Result<Option<Lsn>, String> {
-    let timeout = shared.config.idle_timeout;
+async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, address: &str) -> Result<Option<Lsn>, RecoveryError> {
     let mine = timeline.positions();
-    let mut s = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(address))
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    codec::encode_consumer(
-        &ConsumerMessage::Start(StartStreaming {
-            protocol_version: PROTOCOL_VERSION,
-            tenant_id: timeline.identity.tenant_id,
-            timeline_id: timeline.identity.timeline_id,
-            start_lsn: mine.flush_lsn,
-            stop_lsn: Lsn::INVALID,
-            include_uncommitted: false,
-            consumer_id: format!("peer-recovery-{}", shared.config.id),
-        }),
-        &mut out,
-    );
-    s.write_all(&out).await.map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 1 << 16];
-    let mut target: Option<(Lsn, strata_protocol::safekeeper::TermHistory)> = None;
+    let me = format!("peer-recovery-{}", shared.config.id);
+    let mut stream = PeerStream::open(address, timeline, mine.flush_lsn, me, shared.config.idle_timeout).await?;
+    let (until, history): (Lsn, TermHistory) = match stream.next(CONNECT_TIMEOUT).await? {
+        StreamMessage::Start(start) => {
+            if start.timeline != timeline.identity {
+                return Err(RecoveryError::Protocol("the peer's timeline identity differs".into()));
+            }
+            if start.commit_lsn.0 < mine.flush_lsn.0 + RECOVERY_THRESHOLD_BYTES {
+                return Ok(None);
+            }
+            info!(peer = %address, from = %mine.flush_lsn, to = %start.commit_lsn, "recovering WAL from peer");
+            (start.commit_lsn, start.term_history)
+        }
+        other => return Err(RecoveryError::Protocol(format!("{other:?} before the stream start"))),
+    };
     let mut pending: Vec<u8> = Vec::new();
     let mut pending_start = mine.flush_lsn;
-    let mut applied = mine.flush_lsn;
     loop {
-        while let Some((n, frame)) = codec::split_frame(&buf).map_err(|e| e.to_string())? {
-            let msg = codec::decode_stream(frame).map_err(|e| e.to_string())?;
-            buf.drain(..n);
-            match msg {
-                StreamMessage::Start(start) => {
-                    if start.timeline != timeline.identity {
-                        return Err("peer's timeline identity differs".into());
-                    }
-                    if start.commit_lsn.0 < mine.flush_lsn.0 + RECOVERY_THRESHOLD_BYTES {
-                        return Ok(None);
-                    }
-                    info!(peer = %address, from = %mine.flush_lsn, to = %start.commit_lsn, "recovering WAL from peer");
-                    target = Some((start.commit_lsn, start.term_history));
-                }
-                StreamMessage::Wal(w) => {
-                    let Some((until, _)) = &target else { return Err("WAL before stream start".into()) };
-                    if w.begin_lsn.0 != pending_start.0 + pending.len() as u64 {
-                        return Err(format!("peer sent WAL at {} out of order", w.begin_lsn));
-                    }
-                    let take = w.wal.len().min(until.0.saturating_sub(w.begin_lsn.0) as usize);
-                    pending.extend_from_slice(&w.wal[..take]);
-                }
-                StreamMessage::Keepalive { .. } => {}
-                StreamMessage::Error(e) => return Err(format!("{:?}: {}", e.code, e.message)),
-            }
-        }
-        let Some((until, history)) = &target else {
-            let n = tokio::time::timeout(timeout, s.read(&mut chunk)).await.map_err(|_| "no answer".to_string())?;
-            let n = n.map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Err("peer closed the stream".into());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            continue;
-        };
         let done = pending_start.0 + pending.len() as u64 >= until.0;
         if pending.len() >= FLUSH_EVERY || (done && !pending.is_empty()) {
-            let (history, commit) = (history.clone(), *until);
             let bytes = std::mem::take(&mut pending);
             let at = pending_start;
-            tokio::task::block_in_place(|| timeline.with_acceptor(|a| a.recovery_append(&history, at, &bytes, commit)))
-                .map_err(|e| e.to_string())?;
+            tokio::task::block_in_place(|| timeline.with_acceptor(|a| a.recovery_append(&history, at, &bytes, until)))?;
             pending_start = Lsn(at.0 + bytes.len() as u64);
-            applied = pending_start;
         }
         if done {
-            return Ok(Some(applied));
+            return Ok(Some(pending_start));
         }
-        let n = tokio::time::timeout(timeout, s.read(&mut chunk)).await.map_err(|_| "peer stalled".to_string())?;
-        let n = n.map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("peer closed the stream".into());
+        match stream.next(stream.idle_timeout).await? {
+            StreamMessage::Wal(w) => {
+                if w.begin_lsn.0 != pending_start.0 + pending.len() as u64 {
+                    return Err(RecoveryError::Protocol(format!("WAL at {} out of order", w.begin_lsn)));
+                }
+                let take = w.wal.len().min(until.0.saturating_sub(w.begin_lsn.0) as usize);
+                pending.extend_from_slice(&w.wal[..take]);
+            }
+            StreamMessage::Keepalive { .. } => {}
+            other => return Err(RecoveryError::Protocol(format!("unexpected {other:?}"))),
         }
-        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeline_is_claimed_by_one_worker_at_a_time() {
+        let dir = std::env::temp_dir().join(format!("strata-sk-claim-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let identity = strata_protocol::safekeeper::TimelineIdentity {
+            tenant_id: TenantId([1; 16]),
+            timeline_id: TimelineId([2; 16]),
+            system_id: 1,
+            pg_version: 15,
+            wal_segment_size: 1 << 20,
+        };
+        let tl = Timeline::create(&dir, strata_protocol::NodeId(1), &identity, Lsn(1 << 20), true).unwrap();
+        let set = InRecovery::default();
+        let first = set.claim(&tl).expect("free");
+        assert!(set.claim(&tl).is_none(), "claimed already");
+        assert!(set.claim(&tl).is_none(), "a refused claim does not release the first");
+        drop(first);
+        assert!(set.claim(&tl).is_some(), "released");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

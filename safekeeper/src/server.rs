@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use strata_protocol::framed;
+use strata_service::Listener;
 use tracing::{info, warn};
 
 use strata_formats::Lsn;
@@ -17,9 +19,9 @@ use strata_protocol::safekeeper::{
 
 use crate::acceptor::AcceptorError;
 use crate::config::SafekeeperConfig;
-use crate::connection::{Connection, ConnectionError};
+use crate::connection::{Connection, ConnectionError, Frames};
 use crate::metrics::Metrics;
-use crate::timeline::{ConsumerInfo, Timeline};
+use crate::timeline::{AcceptorCallError, ConsumerInfo, Timeline};
 use crate::timelines::Timelines;
 use crate::wal_reader::read_wal;
 
@@ -35,34 +37,79 @@ pub struct Shared {
     pub config: SafekeeperConfig,
     pub timelines: Timelines,
     pub metrics: Metrics,
+    /// Numbers consumer connections (their key in a timeline's consumer list).
+    pub next_connection_id: AtomicU64,
 }
 
-/// Accepts connections until the listener fails.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
-    let mut next_id = 0u64;
-    loop {
-        let (stream, peer) = listener.accept().await?;
-        next_id += 1;
-        let shared = shared.clone();
-        let id = next_id;
-        tokio::spawn(async move {
-            if let Err(e) = handle(stream, shared, id).await {
-                match e {
-                    ConnectionError::Closed => info!(%peer, "connection closed"),
-                    e => warn!(%peer, "connection ended: {e}"),
+/// The answer to a connection refused because the listener is full: an
+/// error of the kind its first frame expects (consumer or proposer).
+pub fn refusal(first_bytes: &[u8]) -> Vec<u8> {
+    let msg = ErrorMessage {
+        code: ErrorCode::Overloaded,
+        message: "too many connections to this safekeeper; retry later".into(),
+    };
+    let mut out = Vec::new();
+    match first_bytes.get(codec::LENGTH_SIZE) {
+        Some(0x10..=0x1F) => codec::encode_stream(&StreamMessage::Error(msg), &mut out),
+        _ => codec::encode_acceptor(&AcceptorMessage::Error(msg), &mut out),
+    }
+    out
+}
+
+/// Serves proposers, consumers and peers on `listener` forever.
+pub async fn serve(listener: Listener, shared: Arc<Shared>) {
+    listener
+        .serve(move |conn| {
+            let shared = shared.clone();
+            async move {
+                let peer = conn.peer;
+                if let Err(e) = handle(conn, shared).await {
+                    if e.is_closed() {
+                        info!(%peer, "connection closed");
+                    } else {
+                        warn!(%peer, "connection ended: {e}");
+                    }
                 }
             }
-        });
-    }
+        })
+        .await
 }
 
-async fn handle(stream: TcpStream, shared: Arc<Shared>, id: u64) -> Result<(), ConnectionError> {
+/// What a connection's first frame asks for.
+enum First {
+    Proposer(Result<ProposerMessage, codec::CodecError>),
+    Consumer(Result<ConsumerMessage, codec::CodecError>),
+    Unknown,
+}
+
+async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Result<(), ConnectionError> {
+    let strata_service::Connection { stream, slot, .. } = accepted;
     let mut conn = Connection::new(stream);
-    let first = conn.read_frame(shared.config.idle_timeout).await?;
-    match first.first() {
-        Some(0x01..=0x0F) => proposer(conn, first, shared).await,
-        Some(0x10..=0x1F) => consumer(conn, first, shared, id).await,
-        _ => {
+    let limit = shared.config.handshake_timeout;
+    let frame = match tokio::time::timeout_at(slot.handshake_deadline(), conn.read_frame(limit)).await {
+        Err(_) => return Err(ConnectionError::Handshake(limit)),
+        Ok(frame) => frame?,
+    };
+    let first = match frame.first() {
+        Some(0x01..=0x0F) => First::Proposer(codec::decode_proposer(frame)),
+        Some(0x10..=0x1F) => First::Consumer(codec::decode_consumer(frame)),
+        _ => First::Unknown,
+    };
+    match first {
+        First::Proposer(msg) => {
+            if matches!(msg, Ok(ProposerMessage::Greeting(_))) {
+                slot.established();
+            }
+            proposer(conn, msg, shared).await
+        }
+        First::Consumer(msg) => {
+            if matches!(msg, Ok(ConsumerMessage::Start(_))) {
+                slot.established();
+            }
+            let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
+            consumer(conn, msg, shared, id).await
+        }
+        First::Unknown => {
             shared.metrics.protocol_errors.inc();
             let msg =
                 ErrorMessage { code: ErrorCode::Protocol, message: "expected a greeting or a stream request".into() };
@@ -73,26 +120,40 @@ async fn handle(stream: TcpStream, shared: Arc<Shared>, id: u64) -> Result<(), C
 }
 
 /// Sends an error to a proposer and ends the connection.
-async fn refuse(conn: &mut Connection, shared: &Shared, err: &AcceptorError) -> Result<(), ConnectionError> {
-    match err {
-        AcceptorError::Storage(_) => shared.metrics.storage_errors.inc(),
-        _ => shared.metrics.protocol_errors.inc(),
+async fn refuse(conn: &mut Connection, shared: &Shared, err: &AcceptorCallError) -> Result<(), ConnectionError> {
+    let reply = match err {
+        AcceptorCallError::Refused(e) => {
+            shared.metrics.protocol_errors.inc();
+            e.to_message()
+        }
+        AcceptorCallError::Failed(f) => {
+            shared.metrics.storage_errors.inc();
+            AcceptorMessage::Error(ErrorMessage { code: ErrorCode::Storage, message: f.to_string() })
+        }
     };
-    codec::encode_acceptor(&err.to_message(), conn.out());
+    codec::encode_acceptor(&reply, conn.out());
     conn.flush(SEND_TIMEOUT).await
 }
 
-async fn proposer(mut conn: Connection, first: Vec<u8>, shared: Arc<Shared>) -> Result<(), ConnectionError> {
-    let greeting = match codec::decode_proposer(&first) {
+/// A refusal for a message that did not decode or came out of order.
+fn protocol_error(message: String) -> AcceptorCallError {
+    AcceptorCallError::Refused(AcceptorError::Protocol(message))
+}
+
+async fn proposer(
+    mut conn: Connection,
+    first: Result<ProposerMessage, codec::CodecError>,
+    shared: Arc<Shared>,
+) -> Result<(), ConnectionError> {
+    let greeting = match first {
         Ok(ProposerMessage::Greeting(g)) => g,
         Ok(_) => {
-            let err = AcceptorError::Protocol("the first message must be a greeting".into());
-            return refuse(&mut conn, &shared, &err).await;
+            return refuse(&mut conn, &shared, &protocol_error("the first message must be a greeting".into())).await
         }
         Err(codec::CodecError::UnsupportedVersion { version, .. }) => {
-            return refuse(&mut conn, &shared, &AcceptorError::Version(version)).await
+            return refuse(&mut conn, &shared, &AcceptorCallError::Refused(AcceptorError::Version(version))).await
         }
-        Err(e) => return refuse(&mut conn, &shared, &AcceptorError::Protocol(e.to_string())).await,
+        Err(e) => return refuse(&mut conn, &shared, &protocol_error(e.to_string())).await,
     };
     let Some(timeline) = shared.timelines.get(greeting.timeline.tenant_id, greeting.timeline.timeline_id) else {
         shared.metrics.protocol_errors.inc();
@@ -121,26 +182,23 @@ async fn proposer_loop(
     loop {
         let msg = match pending.take() {
             Some(m) => m,
-            None => {
-                let frame = conn.read_frame(shared.config.idle_timeout).await?;
-                match codec::decode_proposer(&frame) {
-                    Ok(m) => m,
-                    Err(e) => return refuse(conn, shared, &AcceptorError::Protocol(e.to_string())).await,
-                }
-            }
+            None => match codec::decode_proposer(conn.read_frame(shared.config.idle_timeout).await?) {
+                Ok(m) => m,
+                Err(e) => return refuse(conn, shared, &protocol_error(e.to_string())).await,
+            },
         };
         if let ProposerMessage::Append(_) = msg {
             // Group commit: write this and every append already received, then flush once.
             let mut batch = vec![msg];
             while batch.len() < MAX_APPENDS_PER_FLUSH {
                 let Some(frame) = conn.buffered_frame()? else { break };
-                match codec::decode_proposer(&frame) {
+                match codec::decode_proposer(frame) {
                     Ok(m @ ProposerMessage::Append(_)) => batch.push(m),
                     Ok(other) => {
                         pending = Some(other);
                         break;
                     }
-                    Err(e) => return refuse(conn, shared, &AcceptorError::Protocol(e.to_string())).await,
+                    Err(e) => return refuse(conn, shared, &protocol_error(e.to_string())).await,
                 }
             }
             let started = Instant::now();
@@ -165,13 +223,11 @@ async fn proposer_loop(
                     shared.metrics.flushes.inc();
                     shared.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
                     shared.metrics.appends_per_flush.observe(n as f64);
-                    *timeline.last_error.lock().expect("lock poisoned") = None;
                     codec::encode_acceptor(&ack, conn.out());
                     conn.flush(SEND_TIMEOUT).await?;
                 }
                 Err(e) => {
                     warn!("refusing appends: {e}");
-                    *timeline.last_error.lock().expect("lock poisoned") = Some(e.to_string());
                     return refuse(conn, shared, &e).await;
                 }
             }
@@ -189,9 +245,6 @@ async fn proposer_loop(
             Ok(None) => {}
             Err(e) => {
                 warn!("refusing proposer message: {e}");
-                if matches!(e, AcceptorError::Storage(_)) {
-                    *timeline.last_error.lock().expect("lock poisoned") = Some(e.to_string());
-                }
                 return refuse(conn, shared, &e).await;
             }
         }
@@ -205,15 +258,17 @@ async fn stream_error(
 ) -> Result<(), ConnectionError> {
     let mut out = Vec::new();
     codec::encode_stream(&StreamMessage::Error(ErrorMessage { code, message }), &mut out);
-    tokio::time::timeout(SEND_TIMEOUT, w.write_all(&out))
-        .await
-        .map_err(|_| ConnectionError::Timeout(SEND_TIMEOUT))??;
-    Ok(())
+    Ok(framed::write_all(w, &out, SEND_TIMEOUT).await?)
 }
 
-async fn consumer(conn: Connection, first: Vec<u8>, shared: Arc<Shared>, id: u64) -> Result<(), ConnectionError> {
+async fn consumer(
+    conn: Connection,
+    first: Result<ConsumerMessage, codec::CodecError>,
+    shared: Arc<Shared>,
+    id: u64,
+) -> Result<(), ConnectionError> {
     let (mut reader, mut w) = conn.into_split();
-    let start: StartStreaming = match codec::decode_consumer(&first) {
+    let start: StartStreaming = match first {
         Ok(ConsumerMessage::Start(s)) => s,
         Ok(_) => {
             return stream_error(&mut w, ErrorCode::Protocol, "the first message must be a stream request".into()).await
@@ -237,18 +292,18 @@ async fn consumer(conn: Connection, first: Vec<u8>, shared: Arc<Shared>, id: u64
         return stream_error(&mut w, ErrorCode::NotFound, msg).await;
     }
     shared.metrics.consumer_connections.inc();
-    timeline.consumers.lock().expect("lock poisoned").insert(
+    timeline.consumers.lock().insert(
         id,
         ConsumerInfo { name: start.consumer_id.clone(), sent_lsn: start.start_lsn, applied_lsn: Lsn::INVALID },
     );
     let result = consumer_loop(&mut reader, &mut w, &shared, &timeline, &start, id).await;
-    timeline.consumers.lock().expect("lock poisoned").remove(&id);
+    timeline.consumers.lock().remove(&id);
     shared.metrics.consumer_connections.dec();
     result
 }
 
 async fn consumer_loop(
-    reader: &mut crate::connection::FrameReader,
+    reader: &mut Frames,
     w: &mut tokio::net::tcp::OwnedWriteHalf,
     shared: &Shared,
     timeline: &Arc<Timeline>,
@@ -272,9 +327,7 @@ async fn consumer_loop(
     let mut last_feedback = Instant::now();
     loop {
         if !out.is_empty() {
-            tokio::time::timeout(SEND_TIMEOUT, w.write_all(&out))
-                .await
-                .map_err(|_| ConnectionError::Timeout(SEND_TIMEOUT))??;
+            framed::write_all(w, &out, SEND_TIMEOUT).await?;
             out.clear();
         }
         let now = *positions.borrow_and_update();
@@ -301,7 +354,7 @@ async fn consumer_loop(
             );
             shared.metrics.sent_bytes.inc_by(n as u64);
             sent = Lsn(sent.0 + n as u64);
-            if let Some(c) = timeline.consumers.lock().expect("lock poisoned").get_mut(&id) {
+            if let Some(c) = timeline.consumers.lock().get_mut(&id) {
                 c.sent_lsn = sent;
             }
             continue;
@@ -312,11 +365,11 @@ async fn consumer_loop(
                     return Ok(());
                 }
             }
-            frame = reader.read_frame() => {
-                match codec::decode_consumer(&frame?) {
+            frame = reader.read_frame(shared.config.idle_timeout) => {
+                match codec::decode_consumer(frame?) {
                     Ok(ConsumerMessage::Feedback(f)) => {
                         last_feedback = Instant::now();
-                        if let Some(c) = timeline.consumers.lock().expect("lock poisoned").get_mut(&id) {
+                        if let Some(c) = timeline.consumers.lock().get_mut(&id) {
                             c.applied_lsn = f.applied_lsn;
                         }
                     }
@@ -328,7 +381,7 @@ async fn consumer_loop(
             }
             _ = tokio::time::sleep(KEEPALIVE) => {
                 if last_feedback.elapsed() > shared.config.idle_timeout {
-                    return Err(ConnectionError::Timeout(shared.config.idle_timeout));
+                    return Err(framed::FrameError::Timeout(shared.config.idle_timeout).into());
                 }
                 codec::encode_stream(&StreamMessage::Keepalive { commit_lsn: now.commit_lsn, flush_lsn: now.flush_lsn }, &mut out);
             }

@@ -1,18 +1,30 @@
 //! One timeline on this safekeeper: its acceptor (behind a lock, since
 //! proposer connections and status requests share it), its directory, and
 //! the positions consumers wait on.
+//!
+//! **Fail-stop.** A storage error (a failed write, fsync or control file
+//! update) or a panic in the acceptor's code marks the timeline *failed*:
+//! it refuses proposers from then on, because what it holds in memory may
+//! no longer match the disk (after a failed fsync the kernel may have
+//! dropped the unwritten pages). It comes back only by re-reading its state
+//! from disk ([`Timeline::reload`], retried by the background task in
+//! `healing`), cut back to the last flush that succeeded, or by a restart.
+//! Consumers keep reading the WAL below the published flush LSN, which was
+//! durable before the failure. Other timelines are not affected.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::{Term, TermHistory, TimelineIdentity};
 use strata_protocol::{NodeId, TenantId, TimelineId};
 
-use crate::acceptor::{Acceptor, ControlStore, PersistentState, StorageError, WalStore};
-use crate::control_file::ControlFile;
+use crate::acceptor::{Acceptor, AcceptorError, PersistentState, StorageError, WalStore as _};
+use crate::control_file::{sync_dir, ControlFile};
 use crate::wal_store::SegmentStore;
 
 /// Positions published to consumers after every change.
@@ -33,15 +45,41 @@ pub struct ConsumerInfo {
 
 pub type TimelineAcceptor = Acceptor<SegmentStore, ControlFile>;
 
+/// Why a timeline stopped accepting.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Failure {
+    pub reason: String,
+    /// Unix seconds.
+    pub since: u64,
+    /// The WAL up to here was durable before the failure; a reload keeps
+    /// exactly this much.
+    pub durable_flush_lsn: Lsn,
+    /// Reloads tried so far.
+    pub reload_attempts: u64,
+    pub last_reload_error: Option<String>,
+}
+
+/// An acceptor call on a timeline that has failed (or failed during the call).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("timeline {tenant_id}/{timeline_id} stopped accepting after a failure ({reason}); it resumes once its state has been re-read from disk")]
+pub struct TimelineFailed {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    pub reason: String,
+}
+
 /// A timeline held by this safekeeper.
 pub struct Timeline {
     pub identity: TimelineIdentity,
     pub dir: PathBuf,
     pub start_lsn: Lsn,
+    node_id: NodeId,
+    no_sync: bool,
     acceptor: Mutex<TimelineAcceptor>,
+    /// Set while the timeline refuses work (see the module docs).
+    failure: Mutex<Option<Failure>>,
     positions: tokio::sync::watch::Sender<Positions>,
     pub consumers: Mutex<HashMap<u64, ConsumerInfo>>,
-    pub last_error: Mutex<Option<String>>,
     last_persist: Mutex<Instant>,
 }
 
@@ -50,8 +88,23 @@ pub fn timeline_dir(data_dir: &Path, tenant: TenantId, timeline: TimelineId) -> 
     data_dir.join(tenant.to_string()).join(timeline.to_string())
 }
 
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The message of a panic payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 impl Timeline {
-    /// Creates a new timeline whose WAL starts at `start_lsn`.
+    /// Creates a new timeline whose WAL starts at `start_lsn`. The directory
+    /// and its entry in the parents are durable before the control file is
+    /// written, and the control file before this returns.
     pub fn create(
         data_dir: &Path,
         node_id: NodeId,
@@ -60,21 +113,47 @@ impl Timeline {
         no_sync: bool,
     ) -> Result<Arc<Timeline>, StorageError> {
         let dir = timeline_dir(data_dir, identity.tenant_id, identity.timeline_id);
-        std::fs::create_dir_all(&dir).map_err(|e| StorageError(format!("creating {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating", &dir, &e))?;
+        if !no_sync {
+            // The timeline's directory, and the tenant's in the data directory.
+            let tenant_dir = dir.parent().expect("under the tenant's directory");
+            sync_dir(tenant_dir)?;
+            sync_dir(data_dir)?;
+        }
         let mut control = ControlFile::new(&dir, no_sync);
         if control.load()?.is_some() {
-            return Err(StorageError(format!("{} already holds a timeline", dir.display())));
+            return Err(StorageError::other("creating", &dir, "already holds a timeline"));
         }
         let state = PersistentState::new(identity, start_lsn);
-        control.persist(&state)?;
+        crate::acceptor::ControlStore::persist(&mut control, &state)?;
         Self::open(dir, node_id, state, control, no_sync)
     }
 
     /// Loads a timeline from its directory.
     pub fn load(dir: &Path, node_id: NodeId, no_sync: bool) -> Result<Arc<Timeline>, StorageError> {
         let control = ControlFile::new(dir, no_sync);
-        let state = control.load()?.ok_or_else(|| StorageError(format!("{}: no control file", dir.display())))?;
+        let state = control.load()?.ok_or_else(|| StorageError::other("loading", dir, "no control file"))?;
         Self::open(dir.to_path_buf(), node_id, state, control, no_sync)
+    }
+
+    fn open_acceptor(
+        dir: &Path,
+        node_id: NodeId,
+        state: PersistentState,
+        control: ControlFile,
+        no_sync: bool,
+        durable: Option<Lsn>,
+    ) -> Result<TimelineAcceptor, StorageError> {
+        let segment_size = u64::from(state.identity.wal_segment_size);
+        if !segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&segment_size) {
+            return Err(StorageError::other("loading", dir, format!("invalid segment size {segment_size}")));
+        }
+        let start = state.timeline_start_lsn;
+        let store = match durable {
+            None => SegmentStore::open(dir, segment_size, start, state.flush_lsn_hint, no_sync)?,
+            Some(durable) => SegmentStore::reopen(dir, segment_size, start, durable, no_sync)?,
+        };
+        Ok(Acceptor::new(node_id, state, store, control))
     }
 
     fn open(
@@ -85,58 +164,147 @@ impl Timeline {
         no_sync: bool,
     ) -> Result<Arc<Timeline>, StorageError> {
         let identity = state.identity.to_identity();
-        let segment_size = u64::from(identity.wal_segment_size);
-        if !segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&segment_size) {
-            return Err(StorageError(format!("{}: invalid segment size {segment_size}", dir.display())));
-        }
-        let store = SegmentStore::open(&dir, segment_size, state.timeline_start_lsn, state.flush_lsn_hint, no_sync)?;
         let start_lsn = state.timeline_start_lsn;
-        let acceptor = Acceptor::new(node_id, state, store, control);
-        let positions = Positions {
-            term: acceptor.state().term,
-            flush_lsn: acceptor.flush_lsn(),
-            commit_lsn: acceptor.state().commit_lsn,
-        };
+        let acceptor = Self::open_acceptor(&dir, node_id, state, control, no_sync, None)?;
+        let positions = Self::positions_of(&acceptor);
         Ok(Arc::new(Timeline {
             identity,
             dir,
             start_lsn,
+            node_id,
+            no_sync,
             acceptor: Mutex::new(acceptor),
+            failure: Mutex::new(None),
             positions: tokio::sync::watch::channel(positions).0,
             consumers: Mutex::new(HashMap::new()),
-            last_error: Mutex::new(None),
             last_persist: Mutex::new(Instant::now()),
         }))
     }
 
-    /// Runs `f` on the acceptor, then publishes the new positions and, at
-    /// most once a second, rewrites the control file (so restarts scan little WAL).
-    pub fn with_acceptor<R>(&self, f: impl FnOnce(&mut TimelineAcceptor) -> R) -> R {
-        let mut acceptor = self.acceptor.lock().expect("acceptor lock poisoned");
-        let result = f(&mut acceptor);
-        let now = Positions {
+    fn positions_of(acceptor: &TimelineAcceptor) -> Positions {
+        Positions {
             term: acceptor.state().term,
             flush_lsn: acceptor.flush_lsn(),
             commit_lsn: acceptor.state().commit_lsn,
+        }
+    }
+
+    fn failed_error(&self, reason: String) -> TimelineFailed {
+        TimelineFailed { tenant_id: self.identity.tenant_id, timeline_id: self.identity.timeline_id, reason }
+    }
+
+    /// Why the timeline refuses work, if it does.
+    pub fn failure(&self) -> Option<Failure> {
+        self.failure.lock().clone()
+    }
+
+    /// Stops the timeline (see the module docs). `store_flush_lsn` is the
+    /// WAL store's own flush LSN (it only advances after a successful sync
+    /// and drops at once when a truncation begins); with the published one
+    /// (everything acknowledged) it bounds what is known durable.
+    fn fail(&self, reason: String, store_flush_lsn: Lsn) {
+        let mut failure = self.failure.lock();
+        if failure.is_some() {
+            return;
+        }
+        let durable_flush_lsn = self.positions().flush_lsn.min(store_flush_lsn);
+        tracing::error!(
+            tenant = %self.identity.tenant_id, timeline = %self.identity.timeline_id, %durable_flush_lsn,
+            "timeline stops accepting: {reason}"
+        );
+        *failure =
+            Some(Failure { reason, since: unix_now(), durable_flush_lsn, reload_attempts: 0, last_reload_error: None });
+    }
+
+    /// Runs `f` on the acceptor, then publishes the new positions and, at
+    /// most once a second, rewrites the control file (so restarts scan
+    /// little WAL). A storage error returned by `f`, or a panic in it,
+    /// fails the timeline (and the panic becomes an error here).
+    pub fn with_acceptor<R>(
+        &self,
+        f: impl FnOnce(&mut TimelineAcceptor) -> Result<R, AcceptorError>,
+    ) -> Result<R, AcceptorCallError> {
+        if let Some(failure) = self.failure() {
+            return Err(AcceptorCallError::Failed(self.failed_error(failure.reason)));
+        }
+        let mut acceptor = self.acceptor.lock();
+        // The acceptor's state may be half-updated after a panic: it is
+        // never used again (the timeline fails and reloads from disk).
+        let result = match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut acceptor))) {
+            Ok(result) => result,
+            Err(payload) => {
+                let reason = format!("panicked: {}", panic_message(payload.as_ref()));
+                self.fail(reason.clone(), acceptor.flush_lsn());
+                return Err(AcceptorCallError::Failed(self.failed_error(reason)));
+            }
         };
-        let mut last = self.last_persist.lock().expect("lock poisoned");
+        if let Err(AcceptorError::Storage(e)) = &result {
+            let reason = format!("storage: {e}");
+            self.fail(reason.clone(), acceptor.flush_lsn());
+            return Err(AcceptorCallError::Failed(self.failed_error(reason)));
+        }
+        // Published only after a successful call: every published flush LSN is durable.
+        let now = Self::positions_of(&acceptor);
+        self.publish(now);
+        let mut last = self.last_persist.lock();
         if last.elapsed().as_secs() >= 1 {
             *last = Instant::now();
             if let Err(e) = acceptor.persist() {
-                tracing::warn!(timeline = %self.identity.timeline_id, "persisting control file: {e}");
+                // What the call did is durable (and may be acknowledged);
+                // later calls are refused.
+                self.fail(format!("persisting the control file: {e}"), acceptor.flush_lsn());
             }
         }
+        result.map_err(AcceptorCallError::Refused)
+    }
+
+    fn publish(&self, now: Positions) {
         self.positions.send_if_modified(|p| {
             let changed = *p != now;
+            debug_assert!(now.term >= p.term || !changed, "terms never go back");
             *p = now;
             changed
         });
-        result
+    }
+
+    /// Re-reads the timeline's state from disk after a failure: the control
+    /// file, and the WAL cut back to the durable flush LSN. On success the
+    /// timeline accepts again.
+    pub fn reload(&self) -> Result<(), String> {
+        let Some(failure) = self.failure() else { return Ok(()) };
+        let result = (|| -> Result<TimelineAcceptor, StorageError> {
+            let control = ControlFile::new(&self.dir, self.no_sync);
+            let state =
+                control.load()?.ok_or_else(|| StorageError::other("reloading", &self.dir, "no control file"))?;
+            Self::open_acceptor(&self.dir, self.node_id, state, control, self.no_sync, Some(failure.durable_flush_lsn))
+        })();
+        let mut slot = self.failure.lock();
+        match result {
+            Ok(acceptor) => {
+                let now = Self::positions_of(&acceptor);
+                *self.acceptor.lock() = acceptor;
+                *slot = None;
+                drop(slot);
+                self.publish(now);
+                tracing::info!(
+                    tenant = %self.identity.tenant_id, timeline = %self.identity.timeline_id,
+                    flush_lsn = %now.flush_lsn, "timeline re-read from disk; accepting again"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(f) = slot.as_mut() {
+                    f.reload_attempts += 1;
+                    f.last_reload_error = Some(e.to_string());
+                }
+                Err(e.to_string())
+            }
+        }
     }
 
     /// The lowest applied LSN its consumers reported (`Lsn::INVALID` if none reported yet).
     pub fn consumer_applied_lsn(&self) -> Lsn {
-        let consumers = self.consumers.lock().expect("lock poisoned");
+        let consumers = self.consumers.lock();
         consumers.values().map(|c| c.applied_lsn).filter(|l| *l != Lsn::INVALID).min().unwrap_or(Lsn::INVALID)
     }
 
@@ -151,16 +319,22 @@ impl Timeline {
 
     /// Term history of the WAL held.
     pub fn held_history(&self) -> TermHistory {
-        self.acceptor.lock().expect("acceptor lock poisoned").held_history()
+        self.acceptor.lock().held_history()
+    }
+
+    /// Writes the control file (at shutdown); not for a failed timeline.
+    pub fn persist(&self) -> Result<(), AcceptorCallError> {
+        self.with_acceptor(|a| a.persist())
     }
 
     /// JSON status for the HTTP API.
     pub fn status(&self) -> serde_json::Value {
         let (state, write_lsn) = {
-            let a = self.acceptor.lock().expect("acceptor lock poisoned");
+            let a = self.acceptor.lock();
             (a.state().clone(), a.wal().write_lsn())
         };
         let p = self.positions();
+        let failure = self.failure();
         serde_json::json!({
             "tenant_id": self.identity.tenant_id,
             "timeline_id": self.identity.timeline_id,
@@ -168,14 +342,81 @@ impl Timeline {
             "pg_version": self.identity.pg_version,
             "wal_segment_size": self.identity.wal_segment_size,
             "timeline_start_lsn": self.start_lsn,
+            "state": if failure.is_some() { "failed" } else { "active" },
             "term": state.term,
             "term_history": state.term_history.up_to(p.flush_lsn),
             "write_lsn": write_lsn,
             "flush_lsn": p.flush_lsn,
             "commit_lsn": p.commit_lsn,
             "truncate_lsn": state.truncate_lsn,
-            "consumers": self.consumers.lock().expect("lock poisoned").values().cloned().collect::<Vec<_>>(),
-            "last_error": self.last_error.lock().expect("lock poisoned").clone(),
+            "consumers": self.consumers.lock().values().cloned().collect::<Vec<_>>(),
+            "last_error": failure.as_ref().map(|f| f.reason.clone()),
+            "failure": failure,
         })
+    }
+}
+
+/// Why an acceptor call did not succeed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AcceptorCallError {
+    /// The acceptor refused the message (protocol, term, version…).
+    #[error(transparent)]
+    Refused(AcceptorError),
+    /// The timeline has failed; see [`Failure`].
+    #[error(transparent)]
+    Failed(TimelineFailed),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_protocol::safekeeper::{ProposerElected, ProposerMessage, VoteRequest};
+
+    fn identity() -> TimelineIdentity {
+        TimelineIdentity {
+            tenant_id: TenantId([1; 16]),
+            timeline_id: TimelineId([2; 16]),
+            system_id: 7,
+            pg_version: 15,
+            wal_segment_size: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn a_panic_fails_only_the_timeline_and_a_reload_recovers_it() {
+        let dir = std::env::temp_dir().join(format!("strata-sk-timeline-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), Lsn(2 << 20), false).unwrap();
+        let vote = ProposerMessage::VoteRequest(VoteRequest { term: 3 });
+        tl.with_acceptor(|a| a.handle(&vote)).unwrap();
+        let err = tl.with_acceptor(|_| -> Result<(), AcceptorError> { panic!("injected") }).unwrap_err();
+        assert!(matches!(&err, AcceptorCallError::Failed(f) if f.reason.contains("injected")), "{err}");
+        assert_eq!(tl.status()["state"], "failed");
+        // Refused while failed, without running the call.
+        let ran = std::cell::Cell::new(false);
+        assert!(tl
+            .with_acceptor(|_| {
+                ran.set(true);
+                Ok(())
+            })
+            .is_err());
+        assert!(!ran.get());
+        // Another timeline in the same process is untouched.
+        let mut other_id = identity();
+        other_id.timeline_id = TimelineId([3; 16]);
+        let other = Timeline::create(&dir, NodeId(1), &other_id, Lsn(2 << 20), false).unwrap();
+        other.with_acceptor(|a| a.handle(&vote)).unwrap();
+        // The reload re-reads the control file: the vote in term 3 survived.
+        tl.reload().unwrap();
+        assert_eq!(tl.status()["state"], "active");
+        assert_eq!(tl.positions().term, 3);
+        let elected = ProposerMessage::Elected(ProposerElected {
+            term: 3,
+            start_streaming_at: Lsn(2 << 20),
+            timeline_start_lsn: Lsn(2 << 20),
+            term_history: TermHistory(vec![strata_protocol::safekeeper::TermLsn { term: 3, lsn: Lsn(2 << 20) }]),
+        });
+        tl.with_acceptor(|a| a.handle(&elected)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

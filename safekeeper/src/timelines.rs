@@ -1,16 +1,28 @@
 //! All timelines of this safekeeper, loaded from the data directory at
 //! start-up and created through the HTTP API.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::TimelineIdentity;
 use strata_protocol::{NodeId, TenantId, TimelineId};
 
 use crate::acceptor::StorageError;
-use crate::timeline::{timeline_dir, Timeline};
+use crate::timeline::Timeline;
+
+/// Why a timeline could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("timeline {0}/{1} exists with a different identity or start LSN")]
+    Conflict(TenantId, TimelineId),
+    #[error("timeline {0}/{1} exists on disk but could not be loaded ({2}); it is kept as it is")]
+    Unloadable(TenantId, TimelineId, String),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
 
 /// The registry of timelines.
 pub struct Timelines {
@@ -18,55 +30,76 @@ pub struct Timelines {
     pub data_dir: PathBuf,
     pub no_sync: bool,
     map: Mutex<HashMap<(TenantId, TimelineId), Arc<Timeline>>>,
+    /// Timelines found on disk that could not be loaded, with the reason:
+    /// never served, never overwritten, shown in the status.
+    unloadable: Mutex<BTreeMap<(TenantId, TimelineId), String>>,
 }
 
 impl Timelines {
-    /// Loads every timeline found under `data_dir/<tenant>/<timeline>/`.
+    /// Loads every timeline found under `data_dir/<tenant>/<timeline>/`. A
+    /// timeline that does not load is reported (and left on disk as it is);
+    /// the others are served.
     pub fn load(node_id: NodeId, data_dir: PathBuf, no_sync: bool) -> Result<Timelines, StorageError> {
-        std::fs::create_dir_all(&data_dir).map_err(|e| StorageError(format!("{}: {e}", data_dir.display())))?;
+        std::fs::create_dir_all(&data_dir).map_err(|e| StorageError::io("creating", &data_dir, &e))?;
         let mut map = HashMap::new();
-        let read = |p: &PathBuf| std::fs::read_dir(p).map_err(|e| StorageError(format!("{}: {e}", p.display())));
+        let mut unloadable = BTreeMap::new();
+        let read = |p: &PathBuf| std::fs::read_dir(p).map_err(|e| StorageError::io("listing", p, &e));
         for tenant in read(&data_dir)? {
-            let tenant = tenant.map_err(|e| StorageError(e.to_string()))?.path();
+            let tenant = tenant.map_err(|e| StorageError::io("listing", &data_dir, &e))?.path();
             let Some(tenant_id) = tenant.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse().ok()) else {
                 continue;
             };
             for timeline in read(&tenant)? {
-                let dir = timeline.map_err(|e| StorageError(e.to_string()))?.path();
+                let dir = timeline.map_err(|e| StorageError::io("listing", &tenant, &e))?.path();
                 let Some(timeline_id) = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse().ok()) else {
                     continue;
                 };
-                let tl = Timeline::load(&dir, node_id, no_sync)?;
-                tracing::info!(%tenant_id, %timeline_id, flush_lsn = %tl.positions().flush_lsn, "loaded timeline");
-                map.insert((tenant_id, timeline_id), tl);
+                match Timeline::load(&dir, node_id, no_sync) {
+                    Ok(tl) => {
+                        tracing::info!(%tenant_id, %timeline_id, flush_lsn = %tl.positions().flush_lsn, "loaded timeline");
+                        map.insert((tenant_id, timeline_id), tl);
+                    }
+                    Err(e) => {
+                        tracing::error!(%tenant_id, %timeline_id, "timeline not loaded, left on disk as it is: {e}");
+                        unloadable.insert((tenant_id, timeline_id), e.to_string());
+                    }
+                }
             }
         }
-        Ok(Timelines { node_id, data_dir, no_sync, map: Mutex::new(map) })
+        Ok(Timelines { node_id, data_dir, no_sync, map: Mutex::new(map), unloadable: Mutex::new(unloadable) })
     }
 
     pub fn get(&self, tenant: TenantId, timeline: TimelineId) -> Option<Arc<Timeline>> {
-        self.map.lock().expect("lock poisoned").get(&(tenant, timeline)).cloned()
+        self.map.lock().get(&(tenant, timeline)).cloned()
     }
 
     pub fn all(&self) -> Vec<Arc<Timeline>> {
-        self.map.lock().expect("lock poisoned").values().cloned().collect()
+        self.map.lock().values().cloned().collect()
+    }
+
+    /// Timelines on disk that could not be loaded, with why.
+    pub fn unloadable(&self) -> Vec<serde_json::Value> {
+        self.unloadable
+            .lock()
+            .iter()
+            .map(|((t, l), why)| serde_json::json!({ "tenant_id": t, "timeline_id": l, "error": why }))
+            .collect()
     }
 
     /// Creates a timeline; creating one that exists with the same identity
     /// and start is a no-op, with a different one an error.
-    pub fn create(&self, identity: &TimelineIdentity, start_lsn: Lsn) -> Result<(Arc<Timeline>, bool), StorageError> {
-        let mut map = self.map.lock().expect("lock poisoned");
+    pub fn create(&self, identity: &TimelineIdentity, start_lsn: Lsn) -> Result<(Arc<Timeline>, bool), CreateError> {
+        let mut map = self.map.lock();
         let key = (identity.tenant_id, identity.timeline_id);
         if let Some(existing) = map.get(&key) {
             if existing.identity == *identity && existing.start_lsn == start_lsn {
                 return Ok((existing.clone(), false));
             }
-            return Err(StorageError(format!(
-                "timeline {}/{} exists with a different identity or start LSN",
-                identity.tenant_id, identity.timeline_id
-            )));
+            return Err(CreateError::Conflict(identity.tenant_id, identity.timeline_id));
         }
-        let _ = timeline_dir(&self.data_dir, identity.tenant_id, identity.timeline_id);
+        if let Some(why) = self.unloadable.lock().get(&key) {
+            return Err(CreateError::Unloadable(identity.tenant_id, identity.timeline_id, why.clone()));
+        }
         let tl = Timeline::create(&self.data_dir, self.node_id, identity, start_lsn, self.no_sync)?;
         map.insert(key, tl.clone());
         Ok((tl, true))

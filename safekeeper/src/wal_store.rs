@@ -5,6 +5,12 @@
 //! writes), written with positioned writes, and made durable by one
 //! `sync_data` per dirty segment per flush — so all appends that arrived
 //! while the previous flush ran share one fsync (group commit).
+//!
+//! A failed fsync poisons the store: after it the kernel may have dropped
+//! the unwritten pages and report later fsyncs as successful, so nothing
+//! written since the last good flush can be trusted. Every later call fails
+//! until the store is opened again from disk, cut back to the last flush
+//! that succeeded ([`SegmentStore::reopen`]).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -16,6 +22,7 @@ use strata_formats::wal::{StartPosition, WalDecodeError, WalDecoder};
 use strata_formats::{Lsn, PgVersion};
 
 use crate::acceptor::{StorageError, WalStore};
+use crate::control_file::sync_dir;
 
 /// PostgreSQL timeline id used in segment names.
 const PG_TIMELINE: u32 = 1;
@@ -35,6 +42,8 @@ pub struct SegmentStore {
     dir_dirty: bool,
     /// Disable fsync (tests and benchmarks only; said loudly at start-up).
     no_sync: bool,
+    /// Set by a failed fsync: the store refuses everything from then on.
+    poisoned: Option<StorageError>,
 }
 
 /// Path of segment `segno` of the timeline stored in `dir`.
@@ -42,8 +51,8 @@ pub fn segment_path(dir: &Path, segno: u64, segment_size: u64) -> PathBuf {
     dir.join(SegmentName { timeline: PG_TIMELINE, segment_number: segno }.file_name(segment_size))
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> StorageError {
-    StorageError(format!("{what} {}: {e}", path.display()))
+fn io_err(what: &'static str, path: &Path, e: std::io::Error) -> StorageError {
+    StorageError::io(what, path, &e)
 }
 
 impl SegmentStore {
@@ -68,6 +77,7 @@ impl SegmentStore {
             dirty: Vec::new(),
             dir_dirty: false,
             no_sync,
+            poisoned: None,
         };
         let end = store.find_end_of_wal(hint.max(start))?;
         store.write_lsn = end;
@@ -75,6 +85,58 @@ impl SegmentStore {
         // Whatever follows the last complete record is garbage from a torn write.
         store.truncate(end)?;
         Ok(store)
+    }
+
+    /// Opens the WAL again after a failure, keeping nothing past `durable`
+    /// (the end of the last flush that succeeded: what follows may be lost
+    /// however it reads now). Fails if the WAL on disk ends before `durable`:
+    /// acknowledged WAL is gone and only an operator can decide what next.
+    pub fn reopen(
+        dir: &Path,
+        segment_size: u64,
+        start: Lsn,
+        durable: Lsn,
+        no_sync: bool,
+    ) -> Result<SegmentStore, StorageError> {
+        let mut store = SegmentStore::open(dir, segment_size, start, durable, no_sync)?;
+        if store.flush_lsn < durable {
+            return Err(StorageError::other(
+                "reopening",
+                dir,
+                format!("the WAL ends at {} on disk, but it was durable up to {durable}", store.flush_lsn),
+            ));
+        }
+        if store.flush_lsn > durable {
+            store.truncate(durable)?;
+        }
+        debug_assert_eq!(store.flush_lsn, durable);
+        Ok(store)
+    }
+
+    /// The failure that poisoned the store, if any.
+    pub fn poisoned(&self) -> Option<&StorageError> {
+        self.poisoned.as_ref()
+    }
+
+    fn check_usable(&self) -> Result<(), StorageError> {
+        match &self.poisoned {
+            Some(e) => Err(StorageError::other(
+                "using",
+                &self.dir,
+                format!("the WAL store failed earlier ({e}) and must be reopened from disk"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a durability step; its failure poisons the store.
+    fn durable<T>(&mut self, step: impl FnOnce(&mut Self) -> Result<T, StorageError>) -> Result<T, StorageError> {
+        let result = step(self);
+        if let Err(e) = &result {
+            tracing::error!(dir = %self.dir.display(), "WAL store failed and stops: {e}");
+            self.poisoned = Some(e.clone());
+        }
+        result
     }
 
     fn segment_path(&self, segno: u64) -> PathBuf {
@@ -131,8 +193,7 @@ impl SegmentStore {
             let offset = pos % self.segment_size;
             let n = (want - done).min((self.segment_size - offset) as usize);
             let path = self.segment_path(segno);
-            let file =
-                self.segment(segno, false)?.ok_or_else(|| StorageError(format!("{} is missing", path.display())))?;
+            let file = self.segment(segno, false)?.ok_or_else(|| StorageError::other("reading", &path, "missing"))?;
             file.read_exact_at(&mut buf[done..done + n], offset).map_err(|e| io_err("reading", &path, e))?;
             done += n;
         }
@@ -173,8 +234,13 @@ impl SegmentStore {
 
 impl WalStore for SegmentStore {
     fn write(&mut self, at: Lsn, bytes: &[u8]) -> Result<(), StorageError> {
+        self.check_usable()?;
         if at != self.write_lsn {
-            return Err(StorageError(format!("write at {at}, but the WAL ends at {}", self.write_lsn)));
+            return Err(StorageError::other(
+                "writing",
+                &self.dir,
+                format!("at {at}, but the WAL ends at {}", self.write_lsn),
+            ));
         }
         let mut done = 0;
         while done < bytes.len() {
@@ -195,26 +261,52 @@ impl WalStore for SegmentStore {
     }
 
     fn flush(&mut self) -> Result<(), StorageError> {
+        self.check_usable()?;
         if !self.no_sync {
-            for segno in std::mem::take(&mut self.dirty) {
-                let path = self.segment_path(segno);
-                if let Some(file) = self.segment(segno, false)? {
-                    file.sync_data().map_err(|e| io_err("syncing", &path, e))?;
+            self.durable(|store| {
+                for segno in std::mem::take(&mut store.dirty) {
+                    let path = store.segment_path(segno);
+                    if let Some(file) = store.segment(segno, false)? {
+                        file.sync_data().map_err(|e| io_err("syncing", &path, e))?;
+                    }
                 }
-            }
-            if self.dir_dirty {
-                File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", &self.dir, e))?;
-                self.dir_dirty = false;
-            }
+                if store.dir_dirty {
+                    sync_dir(&store.dir)?;
+                    store.dir_dirty = false;
+                }
+                Ok(())
+            })?;
         } else {
             self.dirty.clear();
         }
+        debug_assert!(self.flush_lsn <= self.write_lsn);
         self.flush_lsn = self.write_lsn;
         Ok(())
     }
 
     fn truncate(&mut self, at: Lsn) -> Result<(), StorageError> {
+        self.check_usable()?;
+        self.durable(|store| store.truncate_files(at))
+    }
+
+    fn write_lsn(&self) -> Lsn {
+        self.write_lsn
+    }
+
+    fn flush_lsn(&self) -> Lsn {
+        self.flush_lsn
+    }
+}
+
+impl SegmentStore {
+    /// Durably removes the WAL from `at` on (zeroes the rest of its
+    /// segment, removes later segments).
+    fn truncate_files(&mut self, at: Lsn) -> Result<(), StorageError> {
         let at = at.max(self.start);
+        // From here on nothing past `at` is held, whether or not the files
+        // are cut in the end.
+        self.flush_lsn = self.flush_lsn.min(at);
+        self.write_lsn = self.write_lsn.min(at);
         let segno = at.0 / self.segment_size;
         let offset = at.0 % self.segment_size;
         // Zero the rest of the segment holding `at` (sparse), drop later ones.
@@ -241,17 +333,9 @@ impl WalStore for SegmentStore {
         self.write_lsn = at;
         self.flush_lsn = self.flush_lsn.min(at);
         if !self.no_sync && self.dir_dirty {
-            File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", &self.dir, e))?;
+            sync_dir(&self.dir)?;
             self.dir_dirty = false;
         }
         Ok(())
-    }
-
-    fn write_lsn(&self) -> Lsn {
-        self.write_lsn
-    }
-
-    fn flush_lsn(&self) -> Lsn {
-        self.flush_lsn
     }
 }

@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use strata_protocol::framed::{FrameError, FrameReader};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -13,7 +14,7 @@ use strata_formats::wal::encode::{encode_record, WalBuilder};
 use strata_formats::{Lsn, PgVersion};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::*;
-use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_protocol::{TenantId, TimelineId};
 use strata_safekeeper::config::SafekeeperConfig;
 
 const SEG: u64 = 1 << 20;
@@ -23,27 +24,26 @@ struct Running {
     addr: SocketAddr,
     http: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), String>>,
+    task: tokio::task::JoinHandle<Result<(), strata_safekeeper::StartError>>,
 }
 
 async fn start(dir: &std::path::Path) -> Running {
+    start_with(dir, "").await
+}
+
+/// Starts a safekeeper on free ports; `extra` is more of its TOML config.
+async fn start_with(dir: &std::path::Path, extra: &str) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (addr, http_addr) = (listener.local_addr().unwrap(), http.local_addr().unwrap());
-    let config = SafekeeperConfig {
-        id: NodeId(1),
-        listen: addr,
-        listen_http: http_addr,
-        listen_pg: None,
-        strip_consistency_for_replication: false,
-        data_dir: dir.to_path_buf(),
-        peers: vec![],
-        fsync: true,
-        idle_timeout: Duration::from_secs(10),
-        max_send_bytes: 64 * 1024,
-    };
+    let config: SafekeeperConfig = toml::from_str(&format!(
+        "id = 1\nlisten = \"{addr}\"\nlisten_http = \"{http_addr}\"\ndata_dir = {:?}\nidle_timeout = 10\n\
+         max_send_bytes = 65536\n{extra}\n",
+        dir.display().to_string()
+    ))
+    .unwrap();
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(strata_safekeeper::serve(config, listener, http, async move {
+    let task = tokio::spawn(strata_safekeeper::serve(config, listener, http, None, async move {
         let _ = rx.await;
     }));
     Running { addr, http: http_addr, stop, task }
@@ -64,16 +64,15 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, S
 }
 
 struct Client {
-    s: TcpStream,
-    buf: Vec<u8>,
+    s: FrameReader<TcpStream>,
 }
 
 impl Client {
     async fn connect(addr: SocketAddr) -> Client {
-        Client { s: TcpStream::connect(addr).await.unwrap(), buf: Vec::new() }
+        Client { s: FrameReader::new(TcpStream::connect(addr).await.unwrap(), codec::MAX_FRAME_SIZE) }
     }
     async fn send_raw(&mut self, bytes: &[u8]) {
-        self.s.write_all(bytes).await.unwrap();
+        self.s.get_mut().write_all(bytes).await.unwrap();
     }
     async fn send(&mut self, msg: &ProposerMessage) {
         let mut out = Vec::new();
@@ -82,18 +81,10 @@ impl Client {
     }
     /// The next frame, or None if the server closed the connection.
     async fn frame(&mut self) -> Option<Vec<u8>> {
-        loop {
-            if let Some((n, f)) = codec::split_frame(&self.buf).unwrap() {
-                let f = f.to_vec();
-                self.buf.drain(..n);
-                return Some(f);
-            }
-            let mut chunk = vec![0u8; 1 << 16];
-            let n = tokio::time::timeout(Duration::from_secs(10), self.s.read(&mut chunk)).await.unwrap().unwrap_or(0);
-            if n == 0 {
-                return None;
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+        match self.s.read_frame(Duration::from_secs(10)).await {
+            Ok(f) => Some(f.to_vec()),
+            Err(FrameError::Closed | FrameError::Io(_)) => None,
+            Err(e) => panic!("{e}"),
         }
     }
     async fn reply(&mut self) -> AcceptorMessage {
@@ -300,5 +291,97 @@ async fn proposer_consumer_restart_and_bad_input() {
     assert_eq!(status["flush_lsn"], end.to_string());
     assert_eq!(status["term"], 2);
     sk.stop.send(()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn create_timeline(sk: &Running) -> String {
+    let tl = format!("/v1/tenant/{}/timeline/{}", TenantId([5; 16]), TimelineId([6; 16]));
+    let body = format!(r#"{{"system_id": 77, "pg_version": 15, "wal_segment_size": {SEG}, "start_lsn": "{START}"}}"#);
+    assert_eq!(http(sk.http, "POST", &tl, &body).await.0, 201);
+    tl
+}
+
+/// Greets and expects the acceptor's greeting: an established connection.
+async fn greeted(addr: SocketAddr) -> Client {
+    let mut p = Client::connect(addr).await;
+    p.send(&greeting(77)).await;
+    assert!(matches!(p.reply().await, AcceptorMessage::Greeting(_)));
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_floods_displace_each_other_and_established_connections_stay() {
+    let dir = std::env::temp_dir().join(format!("strata-sk-limits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start_with(&dir, "max_connections = 4\nmax_http_connections = 3\nhandshake_timeout = 1").await;
+    let tl = create_timeline(&sk).await;
+
+    // Far more idle connections than places, on both ports.
+    let mut idle = Vec::new();
+    for _ in 0..50 {
+        idle.push(TcpStream::connect(sk.addr).await.unwrap());
+        idle.push(TcpStream::connect(sk.http).await.unwrap());
+    }
+    // A proposer that greets still gets in, and so does a status request.
+    let mut established = vec![greeted(sk.addr).await];
+    let (code, _) = http(sk.http, "GET", &tl, "").await;
+    assert_eq!(code, 200, "status answers under a flood of idle connections");
+    // Up to the limit, established connections all stay.
+    for _ in 0..3 {
+        established.push(greeted(sk.addr).await);
+    }
+    // With every place established, a new connection is refused with a clear error.
+    let mut refused = Client::connect(sk.addr).await;
+    refused.send(&greeting(77)).await;
+    match refused.reply().await {
+        AcceptorMessage::Error(e) => {
+            assert_eq!(e.code, ErrorCode::Overloaded);
+            assert!(e.message.contains("too many connections"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(refused.frame().await.is_none(), "closed after the error");
+    // A consumer that is refused gets the error in its own message type.
+    let mut c = Client::connect(sk.addr).await;
+    let mut out = Vec::new();
+    codec::encode_consumer(
+        &ConsumerMessage::Start(StartStreaming {
+            protocol_version: 1,
+            tenant_id: TenantId([5; 16]),
+            timeline_id: TimelineId([6; 16]),
+            start_lsn: START,
+            stop_lsn: Lsn::INVALID,
+            include_uncommitted: false,
+            consumer_id: "refused".into(),
+        }),
+        &mut out,
+    );
+    c.send_raw(&out).await;
+    let frame = c.frame().await.expect("an answer");
+    assert!(
+        matches!(codec::decode_stream(&frame).unwrap(), StreamMessage::Error(e) if e.code == ErrorCode::Overloaded)
+    );
+    // The established connections still work.
+    for p in &mut established {
+        p.send(&ProposerMessage::VoteRequest(VoteRequest { term: 0 })).await;
+        assert!(matches!(p.reply().await, AcceptorMessage::VoteResponse(_)));
+    }
+    // Idle connections are closed after the handshake timeout (1 s).
+    drop(established);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let mut lone = TcpStream::connect(sk.addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(5), lone.read(&mut byte)).await.expect("closed in time");
+    assert!(matches!(n, Ok(0) | Err(_)), "closed: {n:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let (code, metrics) = http(sk.http, "GET", "/metrics", "").await;
+    assert_eq!(code, 200);
+    for name in ["connections_displaced_total", "connections_refused_total", "connections_open"] {
+        assert!(metrics.contains(&format!("strata_safekeeper_{name}{{listener=\"protocol\"}}")), "{name}: {metrics}");
+    }
+    drop(idle);
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

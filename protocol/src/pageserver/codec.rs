@@ -24,14 +24,13 @@
 //! Decoding never panics, whatever the input, and rejects trailing bytes, so
 //! every message has exactly one encoding.
 
-use strata_formats::types::{Cursor, ForkNumber, RelFileNode, Truncated};
-use strata_formats::Lsn;
+use strata_formats::types::{ForkNumber, RelFileNode};
 
 use super::{
     ClientMessage, ErrorCode, Hello, PageRequest, ServerMessage, SlruKind, MAX_SEGMENT_SIZE, PAGE_PROTOCOL_VERSION,
     PAGE_SIZE,
 };
-use crate::frame::{self, FrameWriter};
+use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{TenantId, TimelineId};
 
 /// Size of the length prefix of a frame.
@@ -155,11 +154,9 @@ impl FrameWriter<'_> {
 /// Panics on a request id of 0, which no valid request carries.
 pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
     match msg {
-        ClientMessage::Hello(h) => begin_frame(out, tag::HELLO)
-            .u32(h.protocol_version)
-            .bytes(&h.tenant_id.0)
-            .bytes(&h.timeline_id.0)
-            .finish(),
+        ClientMessage::Hello(h) => {
+            begin_frame(out, tag::HELLO).u32(h.protocol_version).bytes(&h.tenant_id.0).bytes(&h.timeline_id.0).finish()
+        }
         ClientMessage::Request(r) => encode_request(r, out),
     }
 }
@@ -173,11 +170,9 @@ pub fn encode_request(req: &PageRequest, out: &mut Vec<u8>) {
             .rel_fork(rel, *fork)
             .u32(*block)
             .finish(),
-        PageRequest::RelExists { id, lsn, rel, fork } => begin_frame(out, tag::REL_EXISTS)
-            .request_id(*id, "RelExists")
-            .lsn(*lsn)
-            .rel_fork(rel, *fork)
-            .finish(),
+        PageRequest::RelExists { id, lsn, rel, fork } => {
+            begin_frame(out, tag::REL_EXISTS).request_id(*id, "RelExists").lsn(*lsn).rel_fork(rel, *fork).finish()
+        }
         PageRequest::RelSize { id, lsn, rel, fork } => {
             begin_frame(out, tag::REL_SIZE).request_id(*id, "RelSize").lsn(*lsn).rel_fork(rel, *fork).finish()
         }
@@ -200,9 +195,7 @@ pub fn encode_request(req: &PageRequest, out: &mut Vec<u8>) {
 /// [`MAX_SEGMENT_SIZE`], or a response other than `Error` with id 0.
 pub fn encode_server(msg: &ServerMessage, out: &mut Vec<u8>) {
     match msg {
-        ServerMessage::HelloOk { last_record_lsn } => {
-            begin_frame(out, tag::HELLO_OK).lsn(*last_record_lsn).finish()
-        }
+        ServerMessage::HelloOk { last_record_lsn } => begin_frame(out, tag::HELLO_OK).lsn(*last_record_lsn).finish(),
         ServerMessage::Page { id, page } => {
             let page: &[u8; PAGE_SIZE] = match page.as_slice().try_into() {
                 Ok(p) => p,
@@ -213,9 +206,7 @@ pub fn encode_server(msg: &ServerMessage, out: &mut Vec<u8>) {
         ServerMessage::Exists { id, exists } => {
             begin_frame(out, tag::EXISTS).request_id(*id, "Exists").bool(*exists).finish()
         }
-        ServerMessage::Size { id, blocks } => {
-            begin_frame(out, tag::SIZE).request_id(*id, "Size").u32(*blocks).finish()
-        }
+        ServerMessage::Size { id, blocks } => begin_frame(out, tag::SIZE).request_id(*id, "Size").u32(*blocks).finish(),
         ServerMessage::DbSize { id, bytes } => {
             begin_frame(out, tag::DB_SIZE_RESPONSE).request_id(*id, "DbSize").u64(*bytes).finish()
         }
@@ -244,53 +235,24 @@ fn valid_segment_size(len: usize) -> bool {
 // Decoding
 // ---------------------------------------------------------------------------
 
-/// Reads the fields of one message, naming the message and field in errors.
-struct Reader<'a> {
-    cur: Cursor<'a>,
-    message: &'static str,
+/// Fields of this protocol, on the reader shared with the safekeeper codec.
+type Reader<'a> = Fields<'a, DecodeError>;
+
+impl From<FieldError> for DecodeError {
+    fn from(e: FieldError) -> DecodeError {
+        match e {
+            FieldError::Truncated { message, field, offset, needed, available } => {
+                DecodeError::Truncated { message, field, offset, needed, available }
+            }
+            FieldError::TrailingBytes { message, count } => DecodeError::TrailingBytes { message, count },
+            FieldError::InvalidBool { message, field, value } => DecodeError::InvalidBool { message, field, value },
+            FieldError::BadUtf8 { message, field, valid_up_to } => DecodeError::BadUtf8 { message, field, valid_up_to },
+            FieldError::StringTooLong { message, field, len } => DecodeError::StringTooLong { message, field, len },
+        }
+    }
 }
 
-impl<'a> Reader<'a> {
-    fn truncated(&self, field: &'static str, t: Truncated) -> DecodeError {
-        DecodeError::Truncated {
-            message: self.message,
-            field,
-            offset: t.offset,
-            needed: t.needed,
-            available: t.available,
-        }
-    }
-
-    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
-        self.cur.take(n).map_err(|t| self.truncated(field, t))
-    }
-    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
-        self.cur.u8().map_err(|t| self.truncated(field, t))
-    }
-    fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
-        self.cur.u16().map_err(|t| self.truncated(field, t))
-    }
-    fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
-        self.cur.u32().map_err(|t| self.truncated(field, t))
-    }
-    fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
-        self.cur.u64().map_err(|t| self.truncated(field, t))
-    }
-    fn lsn(&mut self, field: &'static str) -> Result<Lsn, DecodeError> {
-        self.u64(field).map(Lsn)
-    }
-    fn bool(&mut self, field: &'static str) -> Result<bool, DecodeError> {
-        match self.u8(field)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            value => Err(DecodeError::InvalidBool { message: self.message, field, value }),
-        }
-    }
-    fn id16(&mut self, field: &'static str) -> Result<[u8; 16], DecodeError> {
-        let mut id = [0u8; 16];
-        id.copy_from_slice(self.take(16, field)?);
-        Ok(id)
-    }
+impl Fields<'_, DecodeError> {
     /// A request id, which is never 0.
     fn request_id(&mut self) -> Result<u64, DecodeError> {
         match self.u64("id")? {
@@ -307,21 +269,6 @@ impl<'a> Reader<'a> {
             .ok()
             .and_then(ForkNumber::from_u8)
             .ok_or(DecodeError::UnknownFork { message: self.message, fork })
-    }
-    fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
-        let len = self.u32(field)? as usize;
-        if len > MAX_STRING_LEN {
-            return Err(DecodeError::StringTooLong { message: self.message, field, len });
-        }
-        let bytes = self.take(len, field)?;
-        match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(DecodeError::BadUtf8 { message: self.message, field, valid_up_to: e.valid_up_to() }),
-        }
-    }
-    /// Everything up to the end of the frame.
-    fn rest(&mut self, field: &'static str) -> Result<&'a [u8], DecodeError> {
-        self.take(self.cur.remaining(), field)
     }
 }
 
@@ -340,13 +287,7 @@ fn read<'a, T>(
     message: &'static str,
     fields: impl FnOnce(&mut Reader<'a>) -> Result<T, DecodeError>,
 ) -> Result<T, DecodeError> {
-    let mut r = Reader { cur: Cursor::new(frame), message };
-    r.u8("tag")?;
-    let value = fields(&mut r)?;
-    match r.cur.remaining() {
-        0 => Ok(value),
-        count => Err(DecodeError::TrailingBytes { message, count }),
-    }
+    frame::read_fields(frame, message, MAX_STRING_LEN, fields)
 }
 
 /// Decodes a client message from a frame's tag and payload.
@@ -476,6 +417,7 @@ fn decode_both(frame: &[u8]) {
 mod tests {
     use super::*;
     use crate::pageserver::MAX_PIPELINE_DEPTH;
+    use strata_formats::Lsn;
 
     /// `1663/5/16384`: a table of the `postgres` database in `pg_default`.
     const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16384 };

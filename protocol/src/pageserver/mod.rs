@@ -162,6 +162,8 @@ pub enum ErrorCode {
     Corrupt = 5,
     /// Anything else.
     Internal = 6,
+    /// Too many connections: refused before the hello was read; retry later.
+    Overloaded = 7,
 }
 
 impl ErrorCode {
@@ -174,13 +176,14 @@ impl ErrorCode {
             4 => ErrorCode::LsnTimeout,
             5 => ErrorCode::Corrupt,
             6 => ErrorCode::Internal,
+            7 => ErrorCode::Overloaded,
             _ => return None,
         })
     }
 
     /// Whether the server closes the connection after sending it.
     pub fn closes_connection(self) -> bool {
-        matches!(self, ErrorCode::Protocol | ErrorCode::Version)
+        matches!(self, ErrorCode::Protocol | ErrorCode::Version | ErrorCode::Overloaded)
     }
 }
 

@@ -23,7 +23,7 @@
 //! Decoding never panics, whatever the input, and rejects trailing bytes, so
 //! every message has exactly one encoding.
 
-use strata_formats::types::{Cursor, Truncated};
+use strata_formats::types::Truncated;
 use strata_formats::Lsn;
 
 use super::history::HistoryError;
@@ -32,7 +32,7 @@ use super::{
     ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, StreamStart,
     TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
 };
-use crate::frame::{self, FrameWriter};
+use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{NodeId, TenantId, TimelineId};
 
 /// Size of the length prefix of a frame.
@@ -198,11 +198,9 @@ pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
 /// Appends the frame of an acceptor message to `out` (see [`encode_proposer`]).
 pub fn encode_acceptor(msg: &AcceptorMessage, out: &mut Vec<u8>) {
     match msg {
-        AcceptorMessage::Greeting(g) => begin_frame(out, tag::ACCEPTOR_GREETING)
-            .u32(g.protocol_version)
-            .u64(g.node_id.0)
-            .u64(g.term)
-            .finish(),
+        AcceptorMessage::Greeting(g) => {
+            begin_frame(out, tag::ACCEPTOR_GREETING).u32(g.protocol_version).u64(g.node_id.0).u64(g.term).finish()
+        }
         AcceptorMessage::VoteResponse(v) => begin_frame(out, tag::VOTE_RESPONSE)
             .u64(v.term)
             .bool(v.vote_given)
@@ -247,12 +245,9 @@ pub fn encode_stream(msg: &StreamMessage, out: &mut Vec<u8>) {
             .identity(&s.timeline)
             .history(&s.term_history)
             .finish(),
-        StreamMessage::Wal(w) => begin_frame(out, tag::WAL_DATA)
-            .lsn(w.begin_lsn)
-            .lsn(w.commit_lsn)
-            .lsn(w.flush_lsn)
-            .bytes(&w.wal)
-            .finish(),
+        StreamMessage::Wal(w) => {
+            begin_frame(out, tag::WAL_DATA).lsn(w.begin_lsn).lsn(w.commit_lsn).lsn(w.flush_lsn).bytes(&w.wal).finish()
+        }
         StreamMessage::Keepalive { commit_lsn, flush_lsn } => {
             begin_frame(out, tag::KEEPALIVE).lsn(*commit_lsn).lsn(*flush_lsn).finish()
         }
@@ -264,64 +259,24 @@ pub fn encode_stream(msg: &StreamMessage, out: &mut Vec<u8>) {
 // Decoding
 // ---------------------------------------------------------------------------
 
-/// Reads the fields of one message, naming the message and field in errors.
-struct Reader<'a> {
-    cur: Cursor<'a>,
-    message: &'static str,
+/// Fields of this protocol, on the reader shared with the page service codec.
+type Reader<'a> = Fields<'a, CodecError>;
+
+impl From<FieldError> for CodecError {
+    fn from(e: FieldError) -> CodecError {
+        match e {
+            FieldError::Truncated { message, field, offset, needed, available } => {
+                CodecError::Truncated { message, field, offset, needed, available }
+            }
+            FieldError::TrailingBytes { message, count } => CodecError::TrailingBytes { message, count },
+            FieldError::InvalidBool { message, field, value } => CodecError::InvalidBool { message, field, value },
+            FieldError::BadUtf8 { message, field, valid_up_to } => CodecError::BadUtf8 { message, field, valid_up_to },
+            FieldError::StringTooLong { message, field, len } => CodecError::StringTooLong { message, field, len },
+        }
+    }
 }
 
-impl<'a> Reader<'a> {
-    fn truncated(message: &'static str, field: &'static str, t: Truncated) -> CodecError {
-        CodecError::Truncated { message, field, offset: t.offset, needed: t.needed, available: t.available }
-    }
-
-    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], CodecError> {
-        let message = self.message;
-        self.cur.take(n).map_err(|t| Self::truncated(message, field, t))
-    }
-    fn u8(&mut self, field: &'static str) -> Result<u8, CodecError> {
-        let message = self.message;
-        self.cur.u8().map_err(|t| Self::truncated(message, field, t))
-    }
-    fn u16(&mut self, field: &'static str) -> Result<u16, CodecError> {
-        let message = self.message;
-        self.cur.u16().map_err(|t| Self::truncated(message, field, t))
-    }
-    fn u32(&mut self, field: &'static str) -> Result<u32, CodecError> {
-        let message = self.message;
-        self.cur.u32().map_err(|t| Self::truncated(message, field, t))
-    }
-    fn u64(&mut self, field: &'static str) -> Result<u64, CodecError> {
-        let message = self.message;
-        self.cur.u64().map_err(|t| Self::truncated(message, field, t))
-    }
-    fn lsn(&mut self, field: &'static str) -> Result<Lsn, CodecError> {
-        self.u64(field).map(Lsn)
-    }
-    fn bool(&mut self, field: &'static str) -> Result<bool, CodecError> {
-        match self.u8(field)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            value => Err(CodecError::InvalidBool { message: self.message, field, value }),
-        }
-    }
-    fn id(&mut self, field: &'static str) -> Result<[u8; 16], CodecError> {
-        let bytes = self.take(16, field)?;
-        let mut id = [0u8; 16];
-        id.copy_from_slice(bytes);
-        Ok(id)
-    }
-    fn string(&mut self, field: &'static str) -> Result<String, CodecError> {
-        let len = self.u32(field)? as usize;
-        if len > MAX_STRING_LEN {
-            return Err(CodecError::StringTooLong { message: self.message, field, len });
-        }
-        let bytes = self.take(len, field)?;
-        match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(CodecError::BadUtf8 { message: self.message, field, valid_up_to: e.valid_up_to() }),
-        }
-    }
+impl Fields<'_, CodecError> {
     fn history(&mut self, field: &'static str) -> Result<TermHistory, CodecError> {
         let count = self.u32(field)? as usize;
         if count > MAX_HISTORY_ENTRIES {
@@ -331,7 +286,7 @@ impl<'a> Reader<'a> {
         let size = count * 16;
         if self.cur.remaining() < size {
             let t = Truncated { offset: self.cur.position(), needed: size, available: self.cur.remaining() };
-            return Err(Self::truncated(self.message, field, t));
+            return Err(self.truncated(field, t));
         }
         let mut entries = Vec::with_capacity(count);
         for _ in 0..count {
@@ -345,8 +300,8 @@ impl<'a> Reader<'a> {
     }
     fn identity(&mut self) -> Result<TimelineIdentity, CodecError> {
         Ok(TimelineIdentity {
-            tenant_id: TenantId(self.id("tenant_id")?),
-            timeline_id: TimelineId(self.id("timeline_id")?),
+            tenant_id: TenantId(self.id16("tenant_id")?),
+            timeline_id: TimelineId(self.id16("timeline_id")?),
             system_id: self.u64("system_id")?,
             pg_version: self.u32("pg_version")?,
             wal_segment_size: self.u32("wal_segment_size")?,
@@ -359,10 +314,9 @@ impl<'a> Reader<'a> {
     }
     /// WAL: everything up to the end of the frame, which must fit in the LSN space after `begin_lsn`.
     fn wal(&mut self, begin_lsn: Lsn) -> Result<Vec<u8>, CodecError> {
-        let len = self.cur.remaining();
-        let wal = self.take(len, "wal")?;
-        if begin_lsn.checked_add(len as u64).is_none() {
-            return Err(CodecError::LsnOverflow { message: self.message, begin_lsn, len });
+        let wal = self.rest("wal")?;
+        if begin_lsn.checked_add(wal.len() as u64).is_none() {
+            return Err(CodecError::LsnOverflow { message: self.message, begin_lsn, len: wal.len() });
         }
         Ok(wal.to_vec())
     }
@@ -377,6 +331,7 @@ fn error_code(code: u16) -> Option<ErrorCode> {
         5 => ErrorCode::TermSuperseded,
         6 => ErrorCode::Storage,
         7 => ErrorCode::Internal,
+        8 => ErrorCode::Overloaded,
         _ => return None,
     })
 }
@@ -396,13 +351,7 @@ fn read<'a, T>(
     message: &'static str,
     fields: impl FnOnce(&mut Reader<'a>) -> Result<T, CodecError>,
 ) -> Result<T, CodecError> {
-    let mut r = Reader { cur: Cursor::new(frame), message };
-    r.u8("tag")?;
-    let value = fields(&mut r)?;
-    match r.cur.remaining() {
-        0 => Ok(value),
-        count => Err(CodecError::TrailingBytes { message, count }),
-    }
+    frame::read_fields(frame, message, MAX_STRING_LEN, fields)
 }
 
 /// A greeting or stream request that does not decode is reported as a
@@ -420,7 +369,7 @@ pub fn decode_proposer(frame: &[u8]) -> Result<ProposerMessage, CodecError> {
         tag::PROPOSER_GREETING => read(frame, "ProposerGreeting", |r| {
             Ok(ProposerMessage::Greeting(ProposerGreeting {
                 protocol_version: r.u32("protocol_version")?,
-                proposer_id: r.id("proposer_id")?,
+                proposer_id: r.id16("proposer_id")?,
                 timeline: r.identity()?,
             }))
         })
@@ -487,8 +436,8 @@ pub fn decode_consumer(frame: &[u8]) -> Result<ConsumerMessage, CodecError> {
         tag::START_STREAMING => read(frame, "StartStreaming", |r| {
             Ok(ConsumerMessage::Start(StartStreaming {
                 protocol_version: r.u32("protocol_version")?,
-                tenant_id: TenantId(r.id("tenant_id")?),
-                timeline_id: TimelineId(r.id("timeline_id")?),
+                tenant_id: TenantId(r.id16("tenant_id")?),
+                timeline_id: TimelineId(r.id16("timeline_id")?),
                 start_lsn: r.lsn("start_lsn")?,
                 stop_lsn: r.lsn("stop_lsn")?,
                 include_uncommitted: r.bool("include_uncommitted")?,

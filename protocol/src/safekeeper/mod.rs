@@ -159,6 +159,8 @@ pub enum ErrorCode {
     Storage = 6,
     /// Anything else.
     Internal = 7,
+    /// Too many connections: refused before the greeting was read; retry later.
+    Overloaded = 8,
 }
 
 /// First message of a consumer connection (pageserver, peer recovery,

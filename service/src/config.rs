@@ -1,0 +1,107 @@
+//! Helpers for the services' TOML configs: durations in seconds, checks that
+//! name the offending key, and the open-file budget.
+
+/// A config value that would break the service, named by its key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct ConfigError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+/// Checks that `value` (of config key `key`) lies in `min..=max`.
+pub fn check_range<T: PartialOrd + std::fmt::Display>(
+    key: &'static str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError { key, message: format!("must be between {min} and {max}, not {value}") });
+    }
+    Ok(())
+}
+
+/// Checks that a duration is positive and at most a day.
+pub fn check_duration(key: &'static str, value: std::time::Duration) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        return Err(ConfigError { key, message: "must be more than 0 seconds".into() });
+    }
+    Ok(())
+}
+
+/// Raises this process's soft limit on open files to its hard limit and
+/// returns the result: the services size their connection limits and file
+/// caches to fit in it.
+pub fn raise_open_file_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
+            return 1024;
+        }
+        if rl.rlim_cur < rl.rlim_max {
+            let raised = libc::rlimit { rlim_cur: rl.rlim_max, rlim_max: rl.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur;
+            }
+        }
+        rl.rlim_cur
+    }
+}
+
+/// Checks that the descriptors a config allows (`uses`: key and count)
+/// plus `reserve` for everything else fit in the open-file limit `limit`.
+pub fn check_open_files(uses: &[(&'static str, usize)], reserve: usize, limit: u64) -> Result<(), ConfigError> {
+    let total: usize = uses.iter().map(|(_, n)| n).sum::<usize>() + reserve;
+    if total as u64 > limit {
+        let keys: Vec<String> = uses.iter().map(|(k, n)| format!("{k} = {n}")).collect();
+        return Err(ConfigError {
+            key: uses.first().map_or("open files", |(k, _)| k),
+            message: format!(
+                "{} and {reserve} descriptors for files and peers need {total} open files, more than this \
+                 process may open ({limit}); lower them or raise the limit (ulimit -n)",
+                keys.join(", ")
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Serde for a duration written as seconds (an integer or a fraction), at
+/// most a day.
+pub mod seconds {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = <f64 as serde::Deserialize>::deserialize(d)?;
+        if !(0.0..=86_400.0).contains(&v) {
+            return Err(serde::de::Error::custom("must be between 0 and 86400 seconds"));
+        }
+        Ok(Duration::from_secs_f64(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_name_the_key() {
+        assert!(check_range("max_connections", 5usize, 1, 10).is_ok());
+        let e = check_range("max_connections", 0usize, 1, 10).unwrap_err();
+        assert_eq!(e.to_string(), "max_connections: must be between 1 and 10, not 0");
+        assert!(check_duration("idle_timeout", std::time::Duration::ZERO)
+            .unwrap_err()
+            .to_string()
+            .starts_with("idle_timeout"));
+        let e = check_open_files(&[("max_connections", 900), ("max_http_connections", 100)], 100, 1024).unwrap_err();
+        assert!(e.to_string().contains("max_connections = 900") && e.to_string().contains("1100"), "{e}");
+        assert!(check_open_files(&[("max_connections", 500)], 100, 1024).is_ok());
+        assert!(raise_open_file_limit() >= 1);
+    }
+}

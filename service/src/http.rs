@@ -1,0 +1,159 @@
+//! The HTTP server of every service's management API (status, metrics,
+//! management): an axum router served over a [`Listener`], HTTP/1.1 with
+//! keep-alive, and bounds on everything a client controls:
+//!
+//! - request headers (and the wait for the next request on a kept-alive
+//!   connection) must arrive within `header_timeout`;
+//! - a request body must arrive whole within `body_timeout` and be at most
+//!   `max_body_bytes`;
+//! - a connection with no request in progress may be displaced by a new
+//!   one when the listener is full (see `listener`); one serving a request,
+//!   including a streamed response body, is not.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::Router;
+use bytes::Bytes;
+use http_body::Frame;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tracing::debug;
+
+use crate::listener::{BusyGuard, Listener};
+
+/// Bounds of an HTTP listener besides its connection limit.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+/// The answer to a connection refused because the listener is full.
+pub fn refusal(_first_bytes: &[u8]) -> Vec<u8> {
+    let body = r#"{"error":"too many connections to this HTTP API; retry later"}"#;
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\nretry-after: 1\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Serves `router` on `listener` forever.
+pub async fn serve(listener: Listener, router: Router, limits: HttpLimits) {
+    let router = router.layer(axum::extract::DefaultBodyLimit::max(limits.max_body_bytes));
+    listener
+        .serve(move |conn| {
+            let router = router.clone();
+            async move {
+                let slot = Arc::new(conn.slot);
+                let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let busy = slot.busy();
+                    let mut router = router.clone();
+                    async move {
+                        let req: Request = req.map(|b| Body::new(DeadlineBody::new(b, limits.body_timeout)));
+                        let response = tower_call(&mut router, req).await;
+                        Ok::<_, Infallible>(response.map(|b| Body::new(BusyBody { inner: b, _busy: busy })))
+                    }
+                });
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
+                if let Err(e) = builder.serve_connection(TokioIo::new(conn.stream), service).await {
+                    debug!(peer = %conn.peer, "HTTP connection ended: {e}");
+                }
+            }
+        })
+        .await
+}
+
+/// Calls the router as a tower service (it is always ready).
+async fn tower_call(router: &mut Router, req: Request) -> axum::response::Response {
+    use tower_service::Service;
+    match router.call(req).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// A response body that keeps its connection marked busy until it is
+/// finished or dropped.
+struct BusyBody {
+    inner: Body,
+    _busy: BusyGuard,
+}
+
+impl http_body::Body for BusyBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request body that fails unless it arrives whole within a deadline
+/// (counted from the first read), so a slow sender cannot hold a busy
+/// connection for long.
+struct DeadlineBody {
+    inner: hyper::body::Incoming,
+    timeout: Duration,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl DeadlineBody {
+    fn new(inner: hyper::body::Incoming, timeout: Duration) -> DeadlineBody {
+        DeadlineBody { inner, timeout, deadline: None }
+    }
+}
+
+/// Why a request body was cut off.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0:?}")]
+pub struct BodyTimeout(Duration);
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let timeout = self.timeout;
+        let deadline = self.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Box::new(BodyTimeout(timeout)))));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map(|f| f.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
