@@ -1,0 +1,667 @@
+//! The passthrough file system: every request is served from the backing
+//! directory, except that fsyncs and writes fail while the control file arms
+//! them (see `faults`).
+//!
+//! Kernel caching is kept out of the way of failures: the FUSE writeback
+//! cache is never requested (fuser does not ask for it), so each write(2)
+//! reaches this daemon before it returns and a failed fsync is a failure the
+//! caller sees; attribute and entry TTLs are zero, so a change made directly
+//! in the backing directory is seen at once.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, Metadata, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::faults::Faults;
+use crate::inodes::Inodes;
+use crate::sys;
+
+/// How long the kernel may cache attributes and names: not at all.
+const TTL: Duration = Duration::ZERO;
+
+/// Our inode numbers are never reused, so generations are not needed.
+const GENERATION: Generation = Generation(0);
+
+/// An open file or directory of the backing directory.
+struct Handle {
+    /// The inode it was opened through (for attributes of unlinked files).
+    ino: u64,
+    file: File,
+    kind: HandleKind,
+}
+
+enum HandleKind {
+    File {
+        /// Opened with O_SYNC or O_DSYNC: each write is also a sync.
+        sync_writes: bool,
+    },
+    Dir {
+        /// The listing served by READDIR, taken when it starts at offset 0.
+        listing: Mutex<Vec<Listed>>,
+    },
+}
+
+/// One directory entry as READDIR returns it.
+struct Listed {
+    ino: u64,
+    kind: FileType,
+    name: OsString,
+}
+
+/// What one SETATTR changes (`None`: left as it is).
+struct Changes {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+}
+
+/// The FUSE file system over a backing directory.
+pub struct FaultFs {
+    /// The backing directory (absolute, no symlinks).
+    root: PathBuf,
+    inodes: Mutex<Inodes>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    faults: Arc<Faults>,
+    /// The daemon's effective uid and gid, when it is root: new files and
+    /// directories are then given to the calling user, as a kernel file
+    /// system would create them.
+    root_ids: Option<(u32, u32)>,
+}
+
+type Result<T> = std::result::Result<T, Errno>;
+
+/// The errno of an I/O error (EIO if it carries none).
+fn errno(e: io::Error) -> Errno {
+    Errno::from(e)
+}
+
+fn file_type(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// FUSE attributes of `ino` from the backing file's metadata.
+fn attr(ino: u64, m: &Metadata) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: m.size(),
+        blocks: m.blocks(),
+        atime: sys::system_time(m.atime(), m.atime_nsec()),
+        mtime: sys::system_time(m.mtime(), m.mtime_nsec()),
+        ctime: sys::system_time(m.ctime(), m.ctime_nsec()),
+        crtime: sys::system_time(m.ctime(), m.ctime_nsec()),
+        kind: file_type(m.mode()),
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink() as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: m.rdev() as u32,
+        blksize: m.blksize() as u32,
+        flags: 0,
+    }
+}
+
+/// Opens a backing file with the flags the caller gave to open(2) or creat(2).
+fn open_backing(path: &Path, flags: i32, create_mode: Option<u32>) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => options.write(true),
+        libc::O_RDWR => options.read(true).write(true),
+        _ => options.read(true),
+    };
+    // The other flags go through as they are (O_APPEND, O_SYNC, O_DSYNC,
+    // O_NOATIME, O_TRUNC, O_EXCL...), except: O_DIRECT, which would demand
+    // aligned buffers of this daemon (durability comes from fsync, which we
+    // pass on); O_NOCTTY, meaningless here; O_CREAT, set only for CREATE.
+    let mut custom = flags & !(libc::O_ACCMODE | libc::O_DIRECT | libc::O_NOCTTY | libc::O_CREAT) | libc::O_CLOEXEC;
+    if let Some(mode) = create_mode {
+        // O_CREAT as a custom flag rather than `create(true)`: the standard
+        // library refuses that for read-only opens, which open(2) allows.
+        custom |= libc::O_CREAT;
+        options.mode(mode);
+    }
+    options.custom_flags(custom);
+    options.open(path)
+}
+
+impl FaultFs {
+    /// A file system serving `root` (absolute, without symlinks), with faults
+    /// armed by `faults`.
+    pub fn new(root: PathBuf, faults: Arc<Faults>) -> FaultFs {
+        let (uid, gid) = sys::effective_ids();
+        FaultFs {
+            root,
+            inodes: Mutex::new(Inodes::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            faults,
+            root_ids: (uid == 0).then_some((uid, gid)),
+        }
+    }
+
+    fn full(&self, rel: &Path) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// The relative path of `ino` (ENOENT once unlinked).
+    fn path(&self, ino: INodeNo) -> Result<PathBuf> {
+        self.inodes.lock().path(ino.0).map(Path::to_path_buf).ok_or(Errno::ENOENT)
+    }
+
+    /// The relative path of `name` in directory `parent`.
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf> {
+        let dir = self.path(parent)?;
+        if name == "." {
+            return Ok(dir);
+        }
+        if name == ".." {
+            return Ok(dir.parent().map(Path::to_path_buf).unwrap_or_default());
+        }
+        Ok(dir.join(name))
+    }
+
+    /// A name for logs: the relative path, or the inode once unlinked.
+    fn describe(&self, ino: u64) -> String {
+        match self.inodes.lock().path(ino) {
+            Some(path) if path.as_os_str().is_empty() => "/".to_string(),
+            Some(path) => path.display().to_string(),
+            None => format!("<unlinked inode {ino}>"),
+        }
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>> {
+        self.handles.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn add_handle(&self, ino: u64, file: File, kind: HandleKind) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Arc::new(Handle { ino, file, kind }));
+        FileHandle(fh)
+    }
+
+    /// Metadata of `ino`: through the open handle if given, else its path,
+    /// else (unlinked) any handle still open on it.
+    fn stat(&self, ino: INodeNo, fh: Option<FileHandle>) -> Result<Metadata> {
+        if let Some(handle) = fh.and_then(|fh| self.handle(fh).ok()) {
+            return handle.file.metadata().map_err(errno);
+        }
+        if let Ok(path) = self.path(ino) {
+            return fs::symlink_metadata(self.full(&path)).map_err(errno);
+        }
+        let open = self.handles.lock().values().find(|h| h.ino == ino.0).cloned();
+        match open {
+            Some(handle) => handle.file.metadata().map_err(errno),
+            None => Err(Errno::ENOENT),
+        }
+    }
+
+    /// Gives a newly created `path` to the caller when we run as root.
+    fn chown_new(&self, req: &Request, path: &Path) -> Result<()> {
+        match self.root_ids {
+            Some(ids) if ids != (req.uid(), req.gid()) => {
+                std::os::unix::fs::lchown(path, Some(req.uid()), Some(req.gid())).map_err(errno)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Registers a new entry the kernel will hold (one lookup) and returns its attributes.
+    fn entry(&self, rel: &Path) -> Result<FileAttr> {
+        let meta = fs::symlink_metadata(self.full(rel)).map_err(errno)?;
+        let ino = self.inodes.lock().lookup(rel);
+        Ok(attr(ino, &meta))
+    }
+
+    fn do_setattr(&self, ino: INodeNo, fh: Option<FileHandle>, changes: Changes) -> Result<FileAttr> {
+        let Changes { mode, uid, gid, size, atime, mtime } = changes;
+        // By path while the file has one (an open handle may be read-only,
+        // which ftruncate refuses); through the handle once unlinked.
+        enum On {
+            Path(PathBuf),
+            Open(Arc<Handle>),
+        }
+        let on = match (self.path(ino), fh) {
+            (Ok(rel), _) => On::Path(self.full(&rel)),
+            (Err(_), Some(fh)) => On::Open(self.handle(fh)?),
+            (Err(e), None) => return Err(e),
+        };
+        // Owner first: chown clears set-id bits that a mode in the same request sets.
+        if uid.is_some() || gid.is_some() {
+            match &on {
+                On::Path(path) => std::os::unix::fs::lchown(path, uid, gid),
+                On::Open(h) => std::os::unix::fs::fchown(&h.file, uid, gid),
+            }
+            .map_err(errno)?;
+        }
+        if let Some(mode) = mode {
+            let perms = fs::Permissions::from_mode(mode & 0o7777);
+            match &on {
+                On::Path(path) => fs::set_permissions(path, perms),
+                On::Open(h) => h.file.set_permissions(perms),
+            }
+            .map_err(errno)?;
+        }
+        if let Some(size) = size {
+            match &on {
+                On::Path(path) => sys::truncate(path, size),
+                On::Open(h) => h.file.set_len(size),
+            }
+            .map_err(errno)?;
+        }
+        // Times last, so that a size change in the same request does not move mtime after it was set.
+        if atime.is_some() || mtime.is_some() {
+            let target = match &on {
+                On::Path(path) => sys::Target::Path(path),
+                On::Open(h) => sys::Target::File(&h.file),
+            };
+            sys::set_times(target, atime, mtime).map_err(errno)?;
+        }
+        Ok(attr(ino.0, &self.stat(ino, fh)?))
+    }
+
+    fn do_readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, reply: &mut ReplyDirectory) -> Result<()> {
+        let handle = self.handle(fh)?;
+        let HandleKind::Dir { listing } = &handle.kind else { return Err(Errno::ENOTDIR) };
+        let mut listing = listing.lock();
+        if offset == 0 {
+            *listing = self.list(ino)?;
+        }
+        // Offsets are positions in the listing: entry i says "continue at i + 1".
+        for (i, entry) in listing.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(entry.ino), i as u64 + 1, entry.kind, &entry.name) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries of directory `ino`, with `.` and `..` first.
+    fn list(&self, ino: INodeNo) -> Result<Vec<Listed>> {
+        let Ok(rel) = self.path(ino) else {
+            // Removed while open: only the dot entries remain.
+            return Ok(vec![
+                Listed { ino: ino.0, kind: FileType::Directory, name: ".".into() },
+                Listed { ino: ino.0, kind: FileType::Directory, name: "..".into() },
+            ]);
+        };
+        let parent_ino = {
+            let inodes = self.inodes.lock();
+            rel.parent().and_then(|p| inodes.get(p)).unwrap_or(ino.0)
+        };
+        let mut out = vec![
+            Listed { ino: ino.0, kind: FileType::Directory, name: ".".into() },
+            Listed { ino: parent_ino, kind: FileType::Directory, name: "..".into() },
+        ];
+        for entry in fs::read_dir(self.full(&rel)).map_err(errno)? {
+            let entry = entry.map_err(errno)?;
+            // An entry removed since the directory was read is skipped.
+            let Ok(file_type) = entry.file_type() else { continue };
+            let kind = FileType::from_std(file_type).unwrap_or(FileType::RegularFile);
+            // d_ino is informational (nothing looks files up by it): our inode
+            // number when the kernel holds one, else the backing one.
+            let ino = self.inodes.lock().get(&rel.join(entry.file_name())).unwrap_or(entry.ino());
+            out.push(Listed { ino, kind, name: entry.file_name() });
+        }
+        Ok(out)
+    }
+
+    fn do_fsync(&self, ino: INodeNo, fh: FileHandle, datasync: bool, op: &str) -> Result<()> {
+        if self.faults.active().fsync {
+            self.faults.inject(op, self.describe(ino.0), "EIO");
+            return Err(Errno::EIO);
+        }
+        let handle = self.handle(fh)?;
+        if datasync {
+            handle.file.sync_data().map_err(errno)
+        } else {
+            handle.file.sync_all().map_err(errno)
+        }
+    }
+
+    fn do_write(&self, ino: INodeNo, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32> {
+        let handle = self.handle(fh)?;
+        let faults = self.faults.active();
+        if faults.write {
+            self.faults.inject("write", self.describe(ino.0), "ENOSPC");
+            return Err(Errno::ENOSPC);
+        }
+        if faults.fsync && matches!(handle.kind, HandleKind::File { sync_writes: true }) {
+            self.faults.inject("synchronous write", self.describe(ino.0), "EIO");
+            return Err(Errno::EIO);
+        }
+        // pwrite until all is written; after a partial write the error is
+        // not reported, the count is (as write(2) does).
+        let mut written = 0;
+        while written < data.len() {
+            match handle.file.write_at(&data[written..], offset + written as u64) {
+                Ok(0) => break,
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if written == 0 => return Err(errno(e)),
+                Err(_) => break,
+            }
+        }
+        u32::try_from(written).map_err(|_| Errno::EINVAL)
+    }
+
+    fn do_read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let handle = self.handle(fh)?;
+        let mut buf = vec![0; size as usize];
+        let mut read = 0;
+        while read < buf.len() {
+            match handle.file.read_at(&mut buf[read..], offset + read as u64) {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if read == 0 => return Err(errno(e)),
+                Err(_) => break,
+            }
+        }
+        buf.truncate(read);
+        Ok(buf)
+    }
+
+    fn do_rename(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let (from, to) = (self.child(parent, name)?, self.child(newparent, newname)?);
+        // The table stays locked across the rename so that nothing sees the
+        // backing directory and the table disagree.
+        let mut inodes = self.inodes.lock();
+        let (full_from, full_to) = (self.full(&from), self.full(&to));
+        if flags.is_empty() {
+            fs::rename(&full_from, &full_to).map_err(errno)?;
+        } else if flags == RenameFlags::RENAME_NOREPLACE {
+            sys::rename_noreplace(&full_from, &full_to).map_err(errno)?;
+        } else {
+            // RENAME_EXCHANGE and RENAME_WHITEOUT are not supported.
+            return Err(Errno::EINVAL);
+        }
+        inodes.renamed(&from, &to);
+        Ok(())
+    }
+}
+
+/// Answers a request from a `Result`: the value via `ok`, an error as its errno.
+macro_rules! answer {
+    ($reply:expr, $result:expr, |$v:pat_param| $ok:expr) => {
+        match $result {
+            Ok($v) => $ok,
+            Err(e) => $reply.error(e),
+        }
+    };
+}
+
+impl Filesystem for FaultFs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let result = self.child(parent, name).and_then(|rel| self.entry(&rel));
+        answer!(reply, result, |a| reply.entry(&TTL, &a, GENERATION));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.inodes.lock().forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        answer!(reply, self.stat(ino, fh), |m| reply.attr(&TTL, &attr(ino.0, &m)));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let result = self.do_setattr(ino, fh, Changes { mode, uid, gid, size, atime, mtime });
+        answer!(reply, result, |a| reply.attr(&TTL, &a));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let result = self.path(ino).and_then(|rel| fs::read_link(self.full(&rel)).map_err(errno));
+        answer!(reply, result, |target| reply.data(target.as_os_str().as_encoded_bytes()));
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let result = self.child(parent, name).and_then(|rel| {
+            let full = self.full(&rel);
+            fs::DirBuilder::new().mode(mode & !umask & 0o7777).create(&full).map_err(errno)?;
+            self.chown_new(req, &full)?;
+            self.entry(&rel)
+        });
+        answer!(reply, result, |a| reply.entry(&TTL, &a, GENERATION));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self.child(parent, name).and_then(|rel| {
+            let mut inodes = self.inodes.lock();
+            fs::remove_file(self.full(&rel)).map_err(errno)?;
+            inodes.unlinked(&rel);
+            Ok(())
+        });
+        answer!(reply, result, |()| reply.ok());
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self.child(parent, name).and_then(|rel| {
+            let mut inodes = self.inodes.lock();
+            fs::remove_dir(self.full(&rel)).map_err(errno)?;
+            inodes.unlinked(&rel);
+            Ok(())
+        });
+        answer!(reply, result, |()| reply.ok());
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let result = self.child(parent, link_name).and_then(|rel| {
+            let full = self.full(&rel);
+            std::os::unix::fs::symlink(target, &full).map_err(errno)?;
+            self.chown_new(req, &full)?;
+            self.entry(&rel)
+        });
+        answer!(reply, result, |a| reply.entry(&TTL, &a, GENERATION));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let result = self.do_rename(parent, name, newparent, newname, flags);
+        answer!(reply, result, |()| reply.ok());
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let result = self.path(ino).and_then(|rel| {
+            let file = open_backing(&self.full(&rel), flags.0, None).map_err(errno)?;
+            let sync_writes = flags.0 & libc::O_DSYNC != 0;
+            Ok(self.add_handle(ino.0, file, HandleKind::File { sync_writes }))
+        });
+        answer!(reply, result, |fh| reply.opened(fh, FopenFlags::empty()));
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        answer!(reply, self.do_read(fh, offset, size), |data| reply.data(&data));
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        answer!(reply, self.do_write(ino, fh, offset, data), |n| reply.written(n));
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Writes went to the backing file already (pwrite); nothing is buffered here.
+        answer!(reply, self.handle(fh), |_| reply.ok());
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Dropping the last reference closes the backing file.
+        self.handles.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let op = if datasync { "fdatasync" } else { "fsync" };
+        answer!(reply, self.do_fsync(ino, fh, datasync, op), |()| reply.ok());
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let result = self.path(ino).and_then(|rel| {
+            let dir = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(self.full(&rel))
+                .map_err(errno)?;
+            Ok(self.add_handle(ino.0, dir, HandleKind::Dir { listing: Mutex::new(Vec::new()) }))
+        });
+        answer!(reply, result, |fh| reply.opened(fh, FopenFlags::empty()));
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        answer!(reply, self.do_readdir(ino, fh, offset, &mut reply), |()| reply.ok());
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.handles.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        answer!(reply, self.do_fsync(ino, fh, datasync, "directory fsync"), |()| reply.ok());
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        answer!(reply, sys::statvfs(&self.root).map_err(errno), |st| reply.statfs(
+            st.f_blocks,
+            st.f_bfree,
+            st.f_bavail,
+            st.f_files,
+            st.f_ffree,
+            st.f_bsize as u32,
+            st.f_namemax as u32,
+            st.f_frsize as u32,
+        ));
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let result = self.path(ino).and_then(|rel| sys::access(&self.full(&rel), mask.bits()).map_err(errno));
+        answer!(reply, result, |()| reply.ok());
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let result = self.child(parent, name).and_then(|rel| {
+            let full = self.full(&rel);
+            let file = open_backing(&full, flags, Some(mode & !umask & 0o7777)).map_err(errno)?;
+            self.chown_new(req, &full)?;
+            let meta = file.metadata().map_err(errno)?;
+            let ino = self.inodes.lock().lookup(&rel);
+            let sync_writes = flags & libc::O_DSYNC != 0;
+            let fh = self.add_handle(ino, file, HandleKind::File { sync_writes });
+            Ok((attr(ino, &meta), fh))
+        });
+        answer!(reply, result, |(a, fh)| reply.created(&TTL, &a, GENERATION, fh, FopenFlags::empty()));
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let result = self.handle(fh).and_then(|handle| {
+            if self.faults.active().write {
+                self.faults.inject("fallocate", self.describe(ino.0), "ENOSPC");
+                return Err(Errno::ENOSPC);
+            }
+            sys::fallocate(&handle.file, mode, offset, length).map_err(errno)
+        });
+        answer!(reply, result, |()| reply.ok());
+    }
+}
