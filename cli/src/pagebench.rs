@@ -16,13 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use strata_compute::page_client::{PageClient, PageClientConfig, PageClientError};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
+use strata_protocol::framed::FrameReader;
 use strata_protocol::pageserver::codec::{self, GET_PAGE_LEN};
 use strata_protocol::pageserver::{PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_SIZE};
 use strata_protocol::{TenantId, TimelineId};
@@ -347,39 +348,50 @@ async fn start_loopback_server() -> std::io::Result<SocketAddr> {
 /// GetPage-sized frame a page frame carrying the request's id; anything else
 /// closes the connection. All answers to one read go out in one write, as a
 /// batching server would send them.
-async fn loopback_connection(mut stream: TcpStream) {
+async fn loopback_connection(stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let mut page_frame = Vec::new();
     codec::encode_page(1, &[0x5A; PAGE_SIZE], &mut page_frame);
-    // The id follows the length and the tag.
-    let id_at = codec::LENGTH_SIZE + 1;
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
     let mut out: Vec<u8> = Vec::new();
     loop {
-        buf.reserve(64 << 10);
-        match stream.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        let Ok(first) = frames.read_frame(Duration::from_secs(600)).await else { return };
+        if !loopback_answer(first, &page_frame, &mut out) {
+            return;
         }
-        let mut start = 0;
-        while let Ok(Some((consumed, frame))) = codec::split_frame(&buf[start..]) {
-            if frame[0] == codec::tag::HELLO {
-                codec::encode_server(&ServerMessage::HelloOk { last_record_lsn: Lsn(1) }, &mut out);
-            } else if frame.len() == GET_PAGE_LEN {
-                let at = out.len();
-                out.extend_from_slice(&page_frame);
-                out[at + id_at..at + id_at + 8].copy_from_slice(&frame[1..9]);
-            } else {
-                return;
+        // Everything already received is answered in the same write.
+        loop {
+            match frames.buffered_frame() {
+                Ok(Some(frame)) => {
+                    if !loopback_answer(frame, &page_frame, &mut out) {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => return,
             }
-            start += consumed;
         }
-        buf.drain(..start);
-        if buf.len() > codec::MAX_FRAME_SIZE || stream.write_all(&out).await.is_err() {
+        if frames.get_mut().write_all(&out).await.is_err() {
             return;
         }
         out.clear();
     }
+}
+
+/// Appends the loopback answer to one frame; false for a frame it does not serve.
+fn loopback_answer(frame: &[u8], page_frame: &[u8], out: &mut Vec<u8>) -> bool {
+    // The id follows the length and the tag.
+    let id_at = codec::LENGTH_SIZE + 1;
+    if frame[0] == codec::tag::HELLO {
+        codec::encode_server(&ServerMessage::HelloOk { last_record_lsn: Lsn(1) }, out);
+    } else if frame.len() == GET_PAGE_LEN {
+        let at = out.len();
+        out.extend_from_slice(page_frame);
+        out[at + id_at..at + id_at + 8].copy_from_slice(&frame[1..9]);
+    } else {
+        return false;
+    }
+    true
 }
 
 // ---------------------------------------------------------------------------

@@ -14,21 +14,18 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
+use strata_protocol::framed::{FrameError, FrameReader};
 use strata_protocol::pageserver::codec::{self, DecodeError};
 use strata_protocol::pageserver::{
     ClientMessage, ErrorCode, Hello, PageRequest, ServerMessage, SlruKind, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_VERSION,
 };
 use strata_protocol::{TenantId, TimelineId};
-
-/// Bytes asked of the socket per read: several pages, so a deep pipeline is
-/// drained in few system calls.
-const READ_CHUNK: usize = 64 << 10;
 
 /// Timeouts and limits of a [`PageClient`].
 #[derive(Clone, Debug)]
@@ -88,17 +85,14 @@ pub enum PageClientError {
 /// One page service connection to one timeline of a pageserver.
 #[derive(Debug)]
 pub struct PageClient {
-    stream: TcpStream,
+    /// The connection, read as frames (the protocol crate's frame reader).
+    stream: FrameReader<TcpStream>,
     config: PageClientConfig,
     last_record_lsn: Lsn,
     /// Requests sent or queued and not yet answered, oldest first.
     in_flight: VecDeque<PageRequest>,
     /// Encoded requests not yet written to the socket.
     out: Vec<u8>,
-    /// Received bytes; unparsed data starts at `start`. Holds at most one
-    /// partial frame plus one read.
-    buf: Vec<u8>,
-    start: usize,
     next_id: u64,
     broken: bool,
 }
@@ -122,13 +116,11 @@ impl PageClient {
         stream.set_nodelay(true)?;
         let max_in_flight = config.max_in_flight.clamp(1, MAX_PIPELINE_DEPTH);
         let mut client = PageClient {
-            stream,
+            stream: FrameReader::new(stream, codec::MAX_FRAME_SIZE),
             config: PageClientConfig { max_in_flight, ..config },
             last_record_lsn: Lsn::INVALID,
             in_flight: VecDeque::new(),
             out: Vec::new(),
-            buf: Vec::new(),
-            start: 0,
             next_id: 1,
             broken: false,
         };
@@ -315,7 +307,7 @@ impl PageClient {
         what: &'static str,
         limit: Duration,
     ) -> Result<(), PageClientError> {
-        let result = match tokio::time::timeout_at(deadline, self.stream.write_all(&self.out)).await {
+        let result = match tokio::time::timeout_at(deadline, self.stream.get_mut().write_all(&self.out)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(PageClientError::Io(e)),
             Err(_) => Err(PageClientError::Timeout { what, after: limit }),
@@ -347,29 +339,17 @@ impl PageClient {
         what: &'static str,
         limit: Duration,
     ) -> Result<ServerMessage, PageClientError> {
-        loop {
-            if let Some((consumed, frame)) = codec::split_frame(&self.buf[self.start..])? {
-                let msg = codec::decode_server(frame)?;
-                self.start += consumed;
-                if self.start == self.buf.len() {
-                    self.buf.clear();
-                    self.start = 0;
-                }
-                return Ok(msg);
-            }
-            // Only part of one frame is left: move it to the front so the
-            // buffer never holds more than a frame and a read.
-            if self.start > 0 {
-                self.buf.drain(..self.start);
-                self.start = 0;
-            }
-            self.buf.reserve(READ_CHUNK);
-            let n = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf))
-                .await
-                .map_err(|_| PageClientError::Timeout { what, after: limit })??;
-            if n == 0 {
-                return Err(PageClientError::Closed);
-            }
+        let frame = tokio::time::timeout_at(deadline, self.stream.read_frame(limit))
+            .await
+            .map_err(|_| PageClientError::Timeout { what, after: limit })?;
+        match frame {
+            Ok(frame) => Ok(codec::decode_server(frame)?),
+            Err(FrameError::Timeout(_)) => Err(PageClientError::Timeout { what, after: limit }),
+            Err(FrameError::Closed | FrameError::ClosedMidFrame(_)) => Err(PageClientError::Closed),
+            Err(FrameError::Io(e)) => Err(PageClientError::Io(e)),
+            Err(FrameError::Empty) => Err(DecodeError::EmptyFrame.into()),
+            Err(FrameError::TooLarge { len, .. }) => Err(DecodeError::FrameTooLarge { len }.into()),
+            Err(e @ FrameError::WriteTimeout(_)) => Err(PageClientError::Protocol(e.to_string())),
         }
     }
 }
@@ -429,18 +409,14 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
-            let Ok((mut stream, _)) = listener.accept().await else { return };
-            let mut buf = Vec::new();
-            let mut chunk = vec![0u8; 4096];
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
             loop {
-                let Ok(n) = stream.read(&mut chunk).await else { return };
-                if n == 0 {
-                    return;
-                }
-                buf.extend_from_slice(&chunk[..n]);
+                let Ok(frame) = frames.read_frame(Duration::from_secs(30)).await else { return };
                 let mut out = Vec::new();
-                while let Ok(Some((consumed, frame))) = codec::split_frame(&buf) {
-                    match codec::decode_client(frame).unwrap() {
+                let mut next = Some(frame.to_vec());
+                while let Some(frame) = next.take() {
+                    match codec::decode_client(&frame).unwrap() {
                         ClientMessage::Hello(h) => match script {
                             Script::Silent => {}
                             Script::RefuseHello => codec::encode_server(
@@ -457,9 +433,10 @@ mod tests {
                         },
                         ClientMessage::Request(r) => out.extend(answer(&r, script)),
                     }
-                    buf.drain(..consumed);
+                    // Answer every request already received in one write.
+                    next = frames.buffered_frame().ok().flatten().map(<[u8]>::to_vec);
                 }
-                if stream.write_all(&out).await.is_err() {
+                if frames.get_mut().write_all(&out).await.is_err() {
                     return;
                 }
             }

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{AcceptorMessage, ProposerGreeting, ProposerMessage};
 
@@ -35,6 +35,10 @@ pub enum LinkEvent {
 
 /// Commands from the core for the current session of a link.
 pub type LinkCommand = ProposerMessage;
+
+/// Longest silence from a connected safekeeper before the link gives up
+/// on it (beyond the safekeepers' default idle timeout of 60 s).
+const IDLE_READ_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Longest wait between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -85,27 +89,16 @@ async fn session_loop(
         .map_err(|_| format!("connecting timed out after {timeout:?}"))?
         .map_err(|e| format!("connecting: {e}"))?;
     let _ = stream.set_nodelay(true);
-    let (mut r, mut w) = stream.into_split();
+    let (r, mut w) = stream.into_split();
+    let mut frames = FrameReader::new(r, codec::MAX_FRAME_SIZE);
     let mut out = Vec::new();
     codec::encode_proposer(&ProposerMessage::Greeting(greeting.clone()), &mut out);
-    w.write_all(&out).await.map_err(|e| format!("sending greeting: {e}"))?;
-    let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; 64 * 1024];
+    framed::write_all(&mut w, &out, timeout).await.map_err(|e| format!("sending greeting: {e}"))?;
     // The greeting answer.
-    let first = loop {
-        if let Some((n, frame)) = codec::split_frame(&buf).map_err(|e| e.to_string())? {
-            let msg = codec::decode_acceptor(frame).map_err(|e| e.to_string())?;
-            buf.drain(..n);
-            break msg;
-        }
-        let n = tokio::time::timeout(timeout, r.read(&mut chunk))
-            .await
-            .map_err(|_| "no greeting answer".to_string())?
-            .map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("closed during greeting".into());
-        }
-        buf.extend_from_slice(&chunk[..n]);
+    let first = match frames.read_frame(timeout).await {
+        Ok(frame) => codec::decode_acceptor(frame).map_err(|e| e.to_string())?,
+        Err(FrameError::Timeout(_)) => return Err("no greeting answer".into()),
+        Err(e) => return Err(format!("during greeting: {e}")),
     };
     let term = match first {
         AcceptorMessage::Greeting(g) => g.term,
@@ -138,27 +131,24 @@ async fn session_loop(
                         break;
                     }
                 }
-                tokio::time::timeout(timeout, w.write_all(&out))
-                    .await
-                    .map_err(|_| "send timed out".to_string())?
-                    .map_err(|e| format!("sending: {e}"))?;
+                framed::write_all(&mut w, &out, timeout).await.map_err(|e| format!("sending: {e}"))?;
             }
-            n = r.read(&mut chunk) => {
-                let n = n.map_err(|e| format!("reading: {e}"))?;
-                if n == 0 {
-                    return Err("closed by safekeeper".into());
+            // A quiet PostgreSQL sends nothing for long stretches, and a
+            // safekeeper answers only appends: silence alone is not a
+            // failure until it outlasts the safekeeper's own idle timeout
+            // (which closes the connection). Writes have `timeout`.
+            frame = frames.read_frame(IDLE_READ_TIMEOUT) => {
+                let msg = match frame {
+                    Ok(frame) => codec::decode_acceptor(frame).map_err(|e| e.to_string())?,
+                    Err(FrameError::Closed) => return Err("closed by safekeeper".into()),
+                    Err(e) => return Err(format!("reading: {e}")),
+                };
+                let is_error = matches!(msg, AcceptorMessage::Error(_));
+                if events.send(LinkEvent::Message { link, session, msg }).await.is_err() {
+                    return Ok(());
                 }
-                buf.extend_from_slice(&chunk[..n]);
-                while let Some((consumed, frame)) = codec::split_frame(&buf).map_err(|e| e.to_string())? {
-                    let msg = codec::decode_acceptor(frame).map_err(|e| e.to_string())?;
-                    buf.drain(..consumed);
-                    let is_error = matches!(msg, AcceptorMessage::Error(_));
-                    if events.send(LinkEvent::Message { link, session, msg }).await.is_err() {
-                        return Ok(());
-                    }
-                    if is_error {
-                        return Err("safekeeper reported an error".into());
-                    }
+                if is_error {
+                    return Err("safekeeper reported an error".into());
                 }
             }
         }

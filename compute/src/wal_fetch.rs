@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use strata_formats::Lsn;
+use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, StreamStart, PROTOCOL_VERSION};
 use strata_protocol::{TenantId, TimelineId};
@@ -41,15 +41,18 @@ pub async fn fetch_wal(
         }),
         &mut out,
     );
-    s.write_all(&out).await.map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 1 << 16];
+    framed::write_all(&mut s, &out, timeout).await.map_err(|e| format!("{address}: {e}"))?;
+    let mut frames = FrameReader::new(s, codec::MAX_FRAME_SIZE);
     let mut wal = Vec::with_capacity(len);
     let mut start = None;
     while wal.len() < len {
-        if let Some((n, frame)) = codec::split_frame(&buf).map_err(|e| e.to_string())? {
+        let frame = frames.read_frame(timeout).await.map_err(|e| match e {
+            FrameError::Timeout(_) => format!("{address}: no WAL for {timeout:?}"),
+            FrameError::Closed => format!("{address}: closed after {} of {len} bytes", wal.len()),
+            e => format!("{address}: {e}"),
+        })?;
+        {
             let msg = codec::decode_stream(frame).map_err(|e| e.to_string())?;
-            buf.drain(..n);
             match msg {
                 StreamMessage::Start(s) => start = Some(s),
                 StreamMessage::Wal(w) => {
@@ -61,16 +64,7 @@ pub async fn fetch_wal(
                 StreamMessage::Keepalive { .. } => {}
                 StreamMessage::Error(e) => return Err(format!("{address}: {:?}: {}", e.code, e.message)),
             }
-            continue;
         }
-        let n = tokio::time::timeout(timeout, s.read(&mut chunk))
-            .await
-            .map_err(|_| format!("{address}: no WAL for {timeout:?}"))?
-            .map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err(format!("{address}: closed after {} of {len} bytes", wal.len()));
-        }
-        buf.extend_from_slice(&chunk[..n]);
     }
     Ok((start.ok_or("no stream start")?, wal))
 }

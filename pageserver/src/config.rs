@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use strata_protocol::NodeId;
+use strata_service::config::{
+    check_duration, check_open_files, check_range, load_toml, seconds, ConfigError, ConfigLoadError,
+};
 
 /// Everything a pageserver process needs; written by `strata init`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -36,6 +39,18 @@ pub struct PageserverConfig {
     /// fsync layer files and metadata. Off only for tests.
     #[serde(default = "default_true")]
     pub fsync: bool,
+    /// Most page service connections at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most connections on `listen_http` at once.
+    #[serde(default = "default_max_http_connections")]
+    pub max_http_connections: usize,
+    /// Longest a new page service connection may take to send its hello.
+    #[serde(default = "default_handshake_timeout", with = "seconds")]
+    pub handshake_timeout: Duration,
+    /// Most layer files open at once (a cache of descriptors shared by all timelines).
+    #[serde(default = "default_max_open_layer_files")]
+    pub max_open_layer_files: usize,
 }
 
 fn default_pg_bin_dir() -> PathBuf {
@@ -53,30 +68,61 @@ fn default_wait_lsn_timeout() -> Duration {
 fn default_true() -> bool {
     true
 }
-
-mod seconds {
-    use std::time::Duration;
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v = <f64 as serde::Deserialize>::deserialize(d)?;
-        if !(0.0..=86_400.0).contains(&v) {
-            return Err(serde::de::Error::custom("must be between 0 and 86400 seconds"));
-        }
-        Ok(Duration::from_secs_f64(v))
-    }
+fn default_max_connections() -> usize {
+    256
 }
+fn default_max_http_connections() -> usize {
+    64
+}
+fn default_handshake_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_open_layer_files() -> usize {
+    256
+}
+
+/// Descriptors kept for everything but client connections and layer
+/// files: WAL receiver sockets, metadata writes, flushes, initdb, logs.
+pub const RESERVED_FILES: usize = 192;
 
 impl PageserverConfig {
     /// Reads and checks a TOML config file.
-    pub fn load(path: &std::path::Path) -> Result<PageserverConfig, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let config: PageserverConfig = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if !(1 << 20..=1 << 30).contains(&config.checkpoint_distance) {
-            return Err(format!("{}: checkpoint_distance must be between 1 MiB and 1 GiB", path.display()));
+    pub fn load(path: &std::path::Path) -> Result<PageserverConfig, ConfigLoadError> {
+        load_toml(path, PageserverConfig::validate)
+    }
+
+    /// Refuses values that would break the service, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_range("checkpoint_distance", self.checkpoint_distance, 1 << 20, 1 << 30)?;
+        check_duration("wait_lsn_timeout", self.wait_lsn_timeout)?;
+        check_duration("handshake_timeout", self.handshake_timeout)?;
+        check_range("max_connections", self.max_connections, 1, 100_000)?;
+        check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
+        check_range("max_open_layer_files", self.max_open_layer_files, 16, 1_000_000)?;
+        if self.listen_pg == self.listen_http && self.listen_pg.port() != 0 {
+            return Err(ConfigError {
+                key: "listen_http",
+                message: format!("{} is also `listen_pg`", self.listen_http),
+            });
         }
-        Ok(config)
+        if let Some(bad) = self.safekeepers.iter().find(|a| !a.contains(':')) {
+            return Err(ConfigError { key: "safekeepers", message: format!("{bad:?} is not host:port") });
+        }
+        Ok(())
+    }
+
+    /// Checks that the connection limits and open layer files fit in the
+    /// open-file limit `limit`.
+    pub fn check_open_files(&self, limit: u64) -> Result<(), ConfigError> {
+        check_open_files(
+            &[
+                ("max_connections", self.max_connections),
+                ("max_http_connections", self.max_http_connections),
+                ("max_open_layer_files", self.max_open_layer_files),
+            ],
+            RESERVED_FILES,
+            limit,
+        )
     }
 }
 
@@ -93,5 +139,21 @@ mod tests {
         assert_eq!(c.pg_user, "postgres");
         assert!(c.fsync);
         assert!(toml::from_str::<PageserverConfig>(&format!("bogus = 1\n{ok}")).is_err());
+        c.validate().unwrap();
+        c.check_open_files(1024).unwrap();
+        assert_eq!(c.check_open_files(512).unwrap_err().key, "max_connections");
+        for (extra, key) in [
+            ("wait_lsn_timeout = 0", "wait_lsn_timeout"),
+            ("handshake_timeout = 0", "handshake_timeout"),
+            ("max_connections = 0", "max_connections"),
+            ("max_http_connections = 0", "max_http_connections"),
+            ("max_open_layer_files = 0", "max_open_layer_files"),
+            ("checkpoint_distance = 0", "checkpoint_distance"),
+        ] {
+            let c: PageserverConfig = toml::from_str(&format!("{ok}{extra}\n")).unwrap();
+            assert_eq!(c.validate().unwrap_err().key, key, "{extra}");
+        }
+        let c: PageserverConfig = toml::from_str(&ok.replace("9898", "6400")).unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "listen_http");
     }
 }

@@ -34,6 +34,16 @@ fn read_error(e: ReadError) -> Response {
     error(status, e.to_string())
 }
 
+/// The status of a failed creation, from its kind.
+fn create_status(e: &CreateError) -> StatusCode {
+    match e {
+        CreateError::Exists(..) => StatusCode::CONFLICT,
+        CreateError::Import { .. } | CreateError::Storage { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        // Out of threads: retrying later may work.
+        CreateError::Receiver { .. } => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
 pub fn router(tenants: Arc<Tenants>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
@@ -78,8 +88,7 @@ async fn create_tenant(
     let t2 = tenants.clone();
     match tokio::task::spawn_blocking(move || t2.bootstrap(tenant, timeline)).await {
         Ok(Ok(entry)) => (StatusCode::CREATED, Json(entry.status())).into_response(),
-        Ok(Err(e @ CreateError::Exists(..))) => error(StatusCode::CONFLICT, e.to_string()),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Ok(Err(e)) => error(create_status(&e), e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("bootstrap task failed: {e}")),
     }
 }
@@ -189,7 +198,8 @@ async fn checkpoint(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(Str
     let tl = entry.tl.clone();
     match tokio::task::spawn_blocking(move || tl.checkpoint()).await {
         Ok(Ok(())) => Json(entry.status()).into_response(),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        // The flush failed: the timeline is broken now (its status says why).
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

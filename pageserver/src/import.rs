@@ -21,8 +21,7 @@ use crate::dirs;
 use crate::ingest::SLRU_PAGES_PER_SEGMENT;
 use crate::key::{Key, RelTag};
 use crate::layer::map::RecordLsns;
-use crate::metrics::Metrics;
-use crate::timeline::{Timeline, TimelineMetadata};
+use crate::timeline::{FlushError, StorageError, Timeline, TimelineMetadata, TimelineResources};
 use crate::value::Value;
 
 /// Tablespace OIDs of `global/` and `base/`.
@@ -31,12 +30,37 @@ pub const DEFAULTTABLESPACE_OID: Oid = 1663;
 /// Versions committed per batch while importing (bounds memory).
 const BATCH: usize = 1024;
 
-fn io(path: &Path, e: std::io::Error) -> String {
-    format!("{}: {e}", path.display())
+/// Why a tenant could not be bootstrapped.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("{program} failed ({status}): {stderr}")]
+    Initdb { program: PathBuf, status: std::process::ExitStatus, stderr: String },
+    #[error("running {program}: {source}")]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    User(#[from] crate::user::UserError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("{}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Flush(#[from] FlushError),
+}
+
+fn io(path: &Path, e: std::io::Error) -> ImportError {
+    ImportError::Storage(StorageError::Io { op: "reading", path: path.to_path_buf(), source: e })
+}
+
+fn invalid(path: &Path, reason: String) -> ImportError {
+    ImportError::Invalid { path: path.to_path_buf(), reason }
 }
 
 /// Runs `initdb` into `dir` as the configured unprivileged user when running as root.
-pub fn run_initdb(conf: &PageserverConfig, dir: &Path) -> Result<(), String> {
+pub fn run_initdb(conf: &PageserverConfig, dir: &Path) -> Result<(), ImportError> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
     }
@@ -45,14 +69,13 @@ pub fn run_initdb(conf: &PageserverConfig, dir: &Path) -> Result<(), String> {
     let mut cmd = Command::new(&initdb);
     cmd.arg("-D").arg(dir).args(["-U", "postgres", "--encoding=UTF8", "--locale=C", "--no-instructions", "--no-sync"]);
     crate::user::run_as(&mut cmd, dir, &conf.pg_user)?;
-    let out = cmd.output().map_err(|e| format!("{}: {e}", initdb.display()))?;
+    let out = cmd.output().map_err(|source| ImportError::Spawn { program: initdb.clone(), source })?;
     if !out.status.success() {
-        return Err(format!(
-            "{} failed ({}): {}",
-            initdb.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(ImportError::Initdb {
+            program: initdb,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(())
 }
@@ -73,20 +96,21 @@ pub fn import_datadir(
     dir: PathBuf,
     tenant_id: TenantId,
     timeline_id: TimelineId,
-    conf: &PageserverConfig,
-    metrics: Arc<Metrics>,
-) -> Result<(Arc<Timeline>, Imported), String> {
+    res: &TimelineResources,
+) -> Result<(Arc<Timeline>, Imported), ImportError> {
     let control_path = pgdata.join("global/pg_control");
     let control_bytes = std::fs::read(&control_path).map_err(|e| io(&control_path, e))?;
-    let control = ControlFile::decode(&control_bytes).map_err(|e| format!("{}: {e}", control_path.display()))?;
+    let control = ControlFile::decode(&control_bytes).map_err(|e| invalid(&control_path, e.to_string()))?;
     let segment_size = u64::from(control.wal_segment_size);
     // The end of the checkpoint record is where new WAL goes.
     let segments = list_segments(&pgdata.join("pg_wal")).map_err(|e| io(&pgdata.join("pg_wal"), e))?;
-    let mut reader = SegmentReader::open(&segments, Some(control.checkpoint)).map_err(|e| e.to_string())?;
+    let wal_dir = pgdata.join("pg_wal");
+    let mut reader =
+        SegmentReader::open(&segments, Some(control.checkpoint)).map_err(|e| invalid(&wal_dir, e.to_string()))?;
     let record = reader
         .next_record()
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("no checkpoint record at {} in {}", control.checkpoint, pgdata.display()))?;
+        .map_err(|e| invalid(&wal_dir, e.to_string()))?
+        .ok_or_else(|| invalid(&wal_dir, format!("no checkpoint record at {}", control.checkpoint)))?;
     let end_lsn = record.end_lsn;
     let _ = segment_size;
 
@@ -104,7 +128,7 @@ pub fn import_datadir(
         prev_record_lsn: control.checkpoint,
         layers: Vec::new(),
     };
-    let tl = Timeline::create(dir, meta, conf.fsync, conf.checkpoint_distance, metrics)?;
+    let tl = Timeline::create(dir, meta, res)?;
     let lsns = RecordLsns { last: end_lsn, prev: control.checkpoint };
     let mut batch = Vec::new();
     let put = |key: Key, value: Value, batch: &mut Vec<(Key, Lsn, Value)>| {
@@ -153,11 +177,11 @@ pub fn import_datadir(
             let mut block = 0u32;
             for (segno, path) in files {
                 if u64::from(segno) * RELSEG_BLOCKS != u64::from(block) {
-                    return Err(format!("{}: segment {segno} follows a relation of {block} blocks", path.display()));
+                    return Err(invalid(&path, format!("segment {segno} follows a relation of {block} blocks")));
                 }
                 let data = std::fs::read(&path).map_err(|e| io(&path, e))?;
                 if data.len() % BLCKSZ != 0 {
-                    return Err(format!("{}: {} bytes is not a whole number of pages", path.display(), data.len()));
+                    return Err(invalid(&path, format!("{} bytes is not a whole number of pages", data.len())));
                 }
                 for page in data.chunks_exact(BLCKSZ) {
                     put(Key::rel_block(tag, block), Value::Image(Bytes::copy_from_slice(page)), &mut batch);
@@ -185,7 +209,7 @@ pub fn import_datadir(
             let Ok(segno) = u32::from_str_radix(&name, 16) else { continue };
             let data = std::fs::read(entry.path()).map_err(|e| io(&entry.path(), e))?;
             if data.len() % BLCKSZ != 0 || data.len() > BLCKSZ * SLRU_PAGES_PER_SEGMENT as usize {
-                return Err(format!("{}: {} bytes is not an SLRU segment", entry.path().display(), data.len()));
+                return Err(invalid(&entry.path(), format!("{} bytes is not an SLRU segment", data.len())));
             }
             for (i, page) in data.chunks_exact(BLCKSZ).enumerate() {
                 let pageno = segno * SLRU_PAGES_PER_SEGMENT + i as u32;

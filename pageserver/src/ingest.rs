@@ -67,6 +67,8 @@ pub struct WalIngest {
     dirty_twophase: bool,
 }
 
+/// The reason a record cannot be ingested; `ingest` wraps it into an
+/// [`IngestError`] naming the record and its LSN.
 type Res<T> = Result<T, String>;
 
 fn read_err(e: ReadError) -> String {
@@ -75,12 +77,12 @@ fn read_err(e: ReadError) -> String {
 
 impl WalIngest {
     /// Starts ingesting after the last record the timeline holds.
-    pub fn new(tl: Arc<Timeline>) -> Result<WalIngest, String> {
+    pub fn new(tl: Arc<Timeline>) -> Result<WalIngest, ReadError> {
         let last = tl.record_lsns().last;
-        let checkpoint = CheckpointState::new(tl.checkpoint_at(last).map_err(read_err)?);
-        let checksums = tl.control_template().map_err(read_err)?.data_checksum_version != 0;
-        let db_dir = tl.db_dir(last).map_err(read_err)?;
-        let twophase = tl.twophase_xids(last).map_err(read_err)?;
+        let checkpoint = CheckpointState::new(tl.checkpoint_at(last)?);
+        let checksums = tl.control_template()?.data_checksum_version != 0;
+        let db_dir = tl.db_dir(last)?;
+        let twophase = tl.twophase_xids(last)?;
         Ok(WalIngest {
             tl,
             checkpoint,

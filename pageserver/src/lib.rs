@@ -20,15 +20,36 @@ pub mod value;
 pub mod walreceiver;
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use strata_service::{bind, BindError, Limits, Listener};
+
+/// Why the pageserver could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error("config: {0}")]
+    Config(#[from] strata_service::config::ConfigError),
+    #[error("loading tenants: {0}")]
+    Load(#[from] tenants::LoadError),
+    #[error("signals: {0}")]
+    Signals(std::io::Error),
+    #[error("a task failed: {0}")]
+    Task(String),
+}
+
+/// How often broken timelines are considered for re-reading.
+const RELOAD_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Runs the pageserver until SIGTERM/SIGINT.
-pub async fn run(config: config::PageserverConfig) -> Result<(), String> {
-    let page =
-        tokio::net::TcpListener::bind(config.listen_pg).await.map_err(|e| format!("{}: {e}", config.listen_pg))?;
-    let http =
-        tokio::net::TcpListener::bind(config.listen_http).await.map_err(|e| format!("{}: {e}", config.listen_http))?;
+pub async fn run(config: config::PageserverConfig) -> Result<(), StartError> {
+    let open_files = strata_service::config::raise_open_file_limit();
+    config.check_open_files(open_files)?;
+    let page = bind("listen_pg", config.listen_pg).await?;
+    let http = bind("listen_http", config.listen_http).await?;
     let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signals)?;
     let shutdown = async move {
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
@@ -39,36 +60,63 @@ pub async fn run(config: config::PageserverConfig) -> Result<(), String> {
 }
 
 /// Serves on bound listeners until `shutdown` completes, then stops ingest
-/// and writes what was ingested to layer files.
+/// and writes what was ingested to layer files. The listeners never stop by
+/// themselves (see `strata_service::listener`).
 pub async fn serve(
     config: config::PageserverConfig,
     page: tokio::net::TcpListener,
     http: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
+    config.validate()?;
     if !config.fsync {
         tracing::warn!("fsync is OFF: layer files may be lost on a power failure");
     }
     let metrics = Arc::new(metrics::Metrics::new());
+    let resources = timeline::TimelineResources {
+        fsync: config.fsync,
+        checkpoint_distance: config.checkpoint_distance,
+        metrics: metrics.clone(),
+        files: layer::files::FileCache::new(config.max_open_layer_files, metrics.layer_files.clone()),
+    };
+    let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
+    let listener_metrics = metrics.listener_metrics();
+    let page = Listener::new("page", page, limits(config.max_connections), page_service::refusal, &listener_metrics);
+    let http = Listener::new(
+        "http",
+        http,
+        limits(config.max_http_connections),
+        strata_service::http::refusal,
+        &listener_metrics,
+    );
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
-        move || tenants::Tenants::load(conf, metrics)
+        move || tenants::Tenants::load(conf, resources)
     })
     .await
-    .map_err(|e| e.to_string())??;
+    .map_err(|e| StartError::Task(e.to_string()))??;
     tracing::info!(id = %conf.id, page_service = %conf.listen_pg, http = %conf.listen_http, "pageserver started");
-    let mut pages = tokio::spawn(page_service::serve(page, tenants.clone()));
-    let router = http::router(tenants.clone());
-    let mut api = tokio::spawn(async move { axum::serve(http, router).await });
-    tokio::select! {
-        _ = shutdown => {}
-        r = &mut pages => return Err(format!("page service listener failed: {r:?}")),
-        r = &mut api => return Err(format!("HTTP listener failed: {r:?}")),
-    }
-    pages.abort();
-    api.abort();
-    tokio::task::spawn_blocking(move || tenants.shutdown()).await.map_err(|e| e.to_string())?;
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(page_service::serve(page, tenants.clone()));
+    tasks.spawn(strata_service::http::serve(http, http::router(tenants.clone()), Default::default()));
+    tasks.spawn({
+        let tenants = tenants.clone();
+        async move {
+            loop {
+                tokio::time::sleep(RELOAD_CHECK_INTERVAL).await;
+                let t = tenants.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    t.metrics.timelines_broken.set(t.all().iter().filter(|e| e.tl.broken().is_some()).count() as i64);
+                    t.reload_broken();
+                })
+                .await;
+            }
+        }
+    });
+    shutdown.await;
+    tasks.abort_all();
+    tokio::task::spawn_blocking(move || tenants.shutdown()).await.map_err(|e| StartError::Task(e.to_string()))?;
     tracing::info!("pageserver stopped");
     Ok(())
 }

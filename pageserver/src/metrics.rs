@@ -5,6 +5,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use strata_service::ListenerMetrics;
+
+use crate::layer::files::CacheMetrics;
 
 /// Counters and histograms shared by every timeline and connection.
 pub struct Metrics {
@@ -21,6 +24,10 @@ pub struct Metrics {
     pub page_connections: Gauge,
     pub basebackups: Counter,
     pub walreceiver_connects: Counter,
+    pub timelines_broken: Gauge,
+    pub timeline_reloads: Counter,
+    pub layer_files: CacheMetrics,
+    listeners: ListenerMetrics,
 }
 
 impl Metrics {
@@ -39,6 +46,10 @@ impl Metrics {
             page_connections: Gauge::default(),
             basebackups: Counter::default(),
             walreceiver_connects: Counter::default(),
+            timelines_broken: Gauge::default(),
+            timeline_reloads: Counter::default(),
+            layer_files: CacheMetrics::default(),
+            listeners: ListenerMetrics::default(),
             registry: Registry::default(),
         };
         registry.register("wal_bytes_ingested", "WAL bytes decoded and ingested", m.wal_bytes_ingested.clone());
@@ -53,7 +64,30 @@ impl Metrics {
         registry.register("page_connections", "Open page service connections", m.page_connections.clone());
         registry.register("basebackups", "Basebackups served", m.basebackups.clone());
         registry.register("walreceiver_connects", "Connections made to safekeepers", m.walreceiver_connects.clone());
-        Metrics { registry, ..m }
+        registry.register(
+            "timelines_broken",
+            "Timelines stopped by an error (see their status)",
+            m.timelines_broken.clone(),
+        );
+        registry.register("timeline_reloads", "Broken timelines re-read from disk", m.timeline_reloads.clone());
+        registry.register("layer_files_open", "Layer files open in the descriptor cache", m.layer_files.open.clone());
+        registry.register(
+            "layer_file_opens",
+            "Layer files opened by the descriptor cache",
+            m.layer_files.opens.clone(),
+        );
+        registry.register(
+            "layer_file_evictions",
+            "Layer files closed to stay within max_open_layer_files",
+            m.layer_files.evictions.clone(),
+        );
+        let listeners = ListenerMetrics::register(&mut registry);
+        Metrics { registry, listeners, ..m }
+    }
+
+    /// The connection metrics of the listeners.
+    pub fn listener_metrics(&self) -> ListenerMetrics {
+        self.listeners.clone()
     }
 
     /// The metrics in Prometheus text format.

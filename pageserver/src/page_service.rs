@@ -11,37 +11,59 @@ use std::time::{Duration, Instant};
 
 use strata_formats::version::BLCKSZ;
 use strata_formats::Lsn;
+use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::pageserver::codec;
 use strata_protocol::pageserver::{
     ClientMessage, ErrorCode, PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use strata_service::Listener;
+use tokio::net::tcp::OwnedWriteHalf;
 use tracing::{debug, info};
 
 use crate::key::{Key, RelTag};
 use crate::tenants::Tenants;
 use crate::timeline::{ReadError, Timeline};
 
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// An idle connection is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Accepts page service connections until the listener fails.
-pub async fn serve(listener: TcpListener, tenants: Arc<Tenants>) {
-    loop {
-        let Ok((socket, peer)) = listener.accept().await else { continue };
-        let tenants = tenants.clone();
-        tokio::spawn(async move {
-            let _ = socket.set_nodelay(true);
-            tenants.metrics.page_connections.inc();
-            if let Err(e) = connection(socket, &tenants).await {
-                debug!(%peer, "page service connection closed: {e}");
+/// Why a page service connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("no hello within {0:?}")]
+    Handshake(Duration),
+    /// Refused with an error sent to the client.
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// The answer to a connection refused because the listener is full.
+pub fn refusal(_first_bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let message = "too many connections to this pageserver; retry later".to_string();
+    codec::encode_server(&ServerMessage::Error { id: 0, code: ErrorCode::Overloaded, message }, &mut out);
+    out
+}
+
+/// Serves page service connections on `listener` forever.
+pub async fn serve(listener: Listener, tenants: Arc<Tenants>) {
+    listener
+        .serve(move |conn| {
+            let tenants = tenants.clone();
+            async move {
+                let peer = conn.peer;
+                let _ = conn.stream.set_nodelay(true);
+                tenants.metrics.page_connections.inc();
+                if let Err(e) = connection(conn, &tenants).await {
+                    debug!(%peer, "page service connection closed: {e}");
+                }
+                tenants.metrics.page_connections.dec();
             }
-            tenants.metrics.page_connections.dec();
-        });
-    }
+        })
+        .await
 }
 
 fn error_code(e: &ReadError) -> ErrorCode {
@@ -52,106 +74,93 @@ fn error_code(e: &ReadError) -> ErrorCode {
     }
 }
 
-async fn read_more(socket: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> Result<(), String> {
-    let mut chunk = [0u8; 16 * 1024];
-    let n = tokio::time::timeout(timeout, socket.read(&mut chunk))
-        .await
-        .map_err(|_| format!("no request for {timeout:?}"))?
-        .map_err(|e| e.to_string())?;
-    if n == 0 {
-        return Err("closed by the client".into());
-    }
-    buf.extend_from_slice(&chunk[..n]);
-    Ok(())
-}
-
-async fn send(socket: &mut TcpStream, out: &[u8]) -> Result<(), String> {
-    tokio::time::timeout(WRITE_TIMEOUT, socket.write_all(out))
-        .await
-        .map_err(|_| "write timed out".to_string())?
-        .map_err(|e| e.to_string())
-}
-
-async fn refuse(socket: &mut TcpStream, code: ErrorCode, message: String) -> Result<(), String> {
+async fn refuse(w: &mut OwnedWriteHalf, code: ErrorCode, message: String) -> Result<(), ConnectionError> {
     let mut out = Vec::new();
     codec::encode_server(&ServerMessage::Error { id: 0, code, message: message.clone() }, &mut out);
-    send(socket, &out).await?;
-    Err(message)
+    framed::write_all(w, &out, WRITE_TIMEOUT).await?;
+    Err(ConnectionError::Refused(message))
 }
 
-async fn connection(mut socket: TcpStream, tenants: &Tenants) -> Result<(), String> {
-    let mut buf = Vec::new();
-    let hello = loop {
-        match codec::split_frame(&buf) {
-            Ok(Some((n, frame))) => {
-                let msg = codec::decode_client(frame);
-                buf.drain(..n);
-                break msg;
-            }
-            Ok(None) => read_more(&mut socket, &mut buf, HELLO_TIMEOUT).await?,
-            Err(e) => return refuse(&mut socket, ErrorCode::Protocol, e.to_string()).await,
+async fn connection(conn: strata_service::Connection, tenants: &Tenants) -> Result<(), ConnectionError> {
+    let strata_service::Connection { stream, slot, .. } = conn;
+    let (r, mut w) = stream.into_split();
+    let mut frames = FrameReader::new(r, codec::MAX_FRAME_SIZE);
+    let limit = tenants.conf.handshake_timeout;
+    let hello = match tokio::time::timeout_at(slot.handshake_deadline(), frames.read_frame(limit)).await {
+        Err(_) => return Err(ConnectionError::Handshake(limit)),
+        Ok(Err(e @ (FrameError::Empty | FrameError::TooLarge { .. }))) => {
+            return refuse(&mut w, ErrorCode::Protocol, e.to_string()).await
         }
+        Ok(frame) => codec::decode_client(frame?),
     };
     let hello = match hello {
         Ok(ClientMessage::Hello(h)) => h,
-        Ok(_) => return refuse(&mut socket, ErrorCode::Protocol, "the first message must be Hello".into()).await,
-        Err(e) => return refuse(&mut socket, ErrorCode::Protocol, e.to_string()).await,
+        Ok(_) => return refuse(&mut w, ErrorCode::Protocol, "the first message must be Hello".into()).await,
+        Err(e) => return refuse(&mut w, ErrorCode::Protocol, e.to_string()).await,
     };
     if hello.protocol_version != PAGE_PROTOCOL_VERSION {
         let msg = format!(
             "protocol version {} is not supported (this server speaks {PAGE_PROTOCOL_VERSION})",
             hello.protocol_version
         );
-        return refuse(&mut socket, ErrorCode::Version, msg).await;
+        return refuse(&mut w, ErrorCode::Version, msg).await;
     }
+    slot.established();
     let Some(entry) = tenants.get(hello.tenant_id, hello.timeline_id) else {
         let msg = format!("timeline {}/{} not found on this pageserver", hello.tenant_id, hello.timeline_id);
-        return refuse(&mut socket, ErrorCode::NotFound, msg).await;
+        return refuse(&mut w, ErrorCode::NotFound, msg).await;
     };
     let tl = entry.tl.clone();
     info!(tenant = %hello.tenant_id, timeline = %hello.timeline_id, "page service connection");
     let mut out = Vec::new();
     codec::encode_server(&ServerMessage::HelloOk { last_record_lsn: tl.record_lsns().last }, &mut out);
-    send(&mut socket, &out).await?;
+    framed::write_all(&mut w, &out, WRITE_TIMEOUT).await?;
     let wait_timeout = tenants.conf.wait_lsn_timeout;
     loop {
-        // Take every complete request already received (up to the pipeline depth).
+        // Take every complete request already received (up to the pipeline
+        // depth); wait for one if none is.
         let mut requests = Vec::new();
         let mut protocol_error = None;
         while requests.len() < MAX_PIPELINE_DEPTH {
-            match codec::split_frame(&buf) {
-                Ok(Some((n, frame))) => {
-                    match codec::decode_client(frame) {
-                        Ok(ClientMessage::Request(r)) => requests.push(r),
-                        Ok(ClientMessage::Hello(_)) => protocol_error = Some("a second Hello".to_string()),
-                        Err(e) => protocol_error = Some(e.to_string()),
+            let frame = if requests.is_empty() {
+                match frames.read_frame(IDLE_TIMEOUT).await {
+                    Ok(f) => Some(f),
+                    Err(e @ (FrameError::Empty | FrameError::TooLarge { .. })) => {
+                        protocol_error = Some(e.to_string());
+                        None
                     }
-                    buf.drain(..n);
-                    if protocol_error.is_some() {
-                        break;
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                match frames.buffered_frame() {
+                    Ok(f) => f,
+                    Err(e) => {
+                        protocol_error = Some(e.to_string());
+                        None
                     }
                 }
-                Ok(None) => break,
-                Err(e) => {
-                    protocol_error = Some(e.to_string());
-                    break;
-                }
+            };
+            let Some(frame) = frame else { break };
+            match codec::decode_client(frame) {
+                Ok(ClientMessage::Request(r)) => requests.push(r),
+                Ok(ClientMessage::Hello(_)) => protocol_error = Some("a second Hello".to_string()),
+                Err(e) => protocol_error = Some(e.to_string()),
+            }
+            if protocol_error.is_some() {
+                break;
             }
         }
         if requests.is_empty() {
-            if let Some(e) = protocol_error {
-                return refuse(&mut socket, ErrorCode::Protocol, e).await;
-            }
-            read_more(&mut socket, &mut buf, IDLE_TIMEOUT).await?;
-            continue;
+            let e = protocol_error.expect("either a request or an error");
+            return refuse(&mut w, ErrorCode::Protocol, e).await;
         }
         let started = Instant::now();
         // Resolve and wait for every LSN first (async), then read (blocking).
         let mut lsns: HashMap<Lsn, Result<Lsn, (ErrorCode, String)>> = HashMap::new();
         for r in &requests {
-            if !lsns.contains_key(&r.lsn()) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = lsns.entry(r.lsn()) {
                 let resolved = tl.wait_lsn(r.lsn(), wait_timeout).await.map_err(|e| (error_code(&e), e.to_string()));
-                lsns.insert(r.lsn(), resolved);
+                slot.insert(resolved);
             }
         }
         // Reads are short (a few small preads, mostly from the page cache):
@@ -166,13 +175,13 @@ async fn connection(mut socket: TcpStream, tenants: &Tenants) -> Result<(), Stri
             }
             codec::encode_server(resp, &mut out);
         }
-        send(&mut socket, &out).await?;
+        framed::write_all(&mut w, &out, WRITE_TIMEOUT).await?;
         let per_request = started.elapsed().as_secs_f64();
         for _ in &responses {
             tl.metrics.request_seconds.observe(per_request);
         }
         if let Some(e) = protocol_error {
-            return refuse(&mut socket, ErrorCode::Protocol, e).await;
+            return refuse(&mut w, ErrorCode::Protocol, e).await;
         }
     }
 }

@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use crate::dirs;
 use crate::key::{Key, RelTag};
 use crate::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName};
+use crate::layer::files::FileCache;
 use crate::layer::inmemory::InMemoryLayer;
 use crate::layer::map::{LayerMap, RecordLsns};
 use crate::layer::{LayerError, Versions};
@@ -53,6 +54,84 @@ pub struct TimelineMetadata {
     pub layers: Vec<String>,
 }
 
+/// What every timeline of a pageserver shares.
+#[derive(Clone)]
+pub struct TimelineResources {
+    /// fsync layer files and metadata (off only for tests).
+    pub fsync: bool,
+    /// WAL bytes ingested into the in-memory layer before it is frozen.
+    pub checkpoint_distance: u64,
+    pub metrics: Arc<Metrics>,
+    /// The bounded cache of open layer files.
+    pub files: Arc<FileCache>,
+}
+
+/// A failed operation on a timeline's files, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+}
+
+impl StorageError {
+    pub fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StorageError + 'a {
+        move |source| StorageError::Io { op, path: path.to_path_buf(), source }
+    }
+}
+
+/// A flush or checkpoint that failed: the timeline is broken after it and
+/// `disk_consistent_lsn` stayed where it was.
+#[derive(Debug, thiserror::Error)]
+#[error("timeline {tenant_id}/{timeline_id}: flushing up to {lsn}: {source}")]
+pub struct FlushError {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    pub lsn: Lsn,
+    #[source]
+    pub source: StorageError,
+}
+
+/// Why a timeline stopped, and whether re-reading it from disk may help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BrokenKind {
+    /// A write, fsync or rename of its files failed: what is in memory may
+    /// not be on disk. Re-read from disk (automatically, with backoff).
+    Storage,
+    /// Its code panicked: its memory may be inconsistent. Re-read from disk.
+    Panic,
+    /// The WAL could not be ingested (a record without image or native
+    /// redo, a decoding error): re-reading would stop at the same record.
+    Ingest,
+    /// Its files on disk are missing, damaged or unexpected: an operator decides.
+    Files,
+}
+
+impl BrokenKind {
+    /// Whether the timeline is re-read from disk automatically.
+    pub fn reloads(self) -> bool {
+        matches!(self, BrokenKind::Storage | BrokenKind::Panic)
+    }
+}
+
+/// Why a timeline is broken.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Broken {
+    pub kind: BrokenKind,
+    pub reason: String,
+    /// Unix seconds.
+    pub since: u64,
+}
+
 /// Why a read failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -74,10 +153,11 @@ pub struct Timeline {
     pub dir: PathBuf,
     fsync: bool,
     checkpoint_distance: u64,
+    files: Arc<FileCache>,
     meta: Mutex<TimelineMetadata>,
     layers: RwLock<LayerMap>,
     lsns: tokio::sync::watch::Sender<RecordLsns>,
-    broken: Mutex<Option<String>>,
+    broken: Mutex<Option<Broken>>,
     /// Signalled when a frozen layer has been flushed.
     flushed: Condvar,
     flush_wait: Mutex<()>,
@@ -92,28 +172,56 @@ pub struct Timeline {
     pub metrics: Arc<Metrics>,
 }
 
-fn io_context(path: &Path, e: std::io::Error) -> String {
-    format!("{}: {e}", path.display())
-}
+/// Name of a timeline's metadata file.
+pub const METADATA_FILE: &str = "metadata.json";
 
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync of the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8], fsync: bool) -> Result<(), String> {
+pub fn write_atomic(path: &Path, bytes: &[u8], fsync: bool) -> Result<(), StorageError> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io_context(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| io_context(&tmp, e))?;
+    let mut f = std::fs::File::create(&tmp).map_err(StorageError::io("creating", &tmp))?;
+    f.write_all(bytes).map_err(StorageError::io("writing", &tmp))?;
     if fsync {
-        f.sync_all().map_err(|e| io_context(&tmp, e))?;
+        f.sync_all().map_err(StorageError::io("syncing", &tmp))?;
     }
-    std::fs::rename(&tmp, path).map_err(|e| io_context(path, e))?;
+    std::fs::rename(&tmp, path).map_err(StorageError::io("renaming", &tmp))?;
     if fsync {
         sync_dir(path.parent().expect("a file has a directory"))?;
     }
     Ok(())
 }
 
-fn sync_dir(dir: &Path) -> Result<(), String> {
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_context(dir, e))
+/// fsyncs a directory: the entries created, renamed or removed in it survive a crash.
+pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(StorageError::io("syncing directory", dir))
+}
+
+/// Creates `dir` (and missing parents) durably: each new directory's entry
+/// in its parent is fsynced before this returns.
+pub fn create_dir_durable(dir: &Path, fsync: bool) -> Result<(), StorageError> {
+    let mut missing = Vec::new();
+    let mut d = dir;
+    while !d.exists() {
+        missing.push(d.to_path_buf());
+        match d.parent() {
+            Some(p) => d = p,
+            None => break,
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(StorageError::io("creating", dir))?;
+    if fsync {
+        for created in missing.iter().rev() {
+            sync_dir(created)?;
+            if let Some(parent) = created.parent() {
+                sync_dir(parent)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 impl Timeline {
@@ -123,23 +231,47 @@ impl Timeline {
     pub fn create(
         dir: PathBuf,
         meta: TimelineMetadata,
-        fsync: bool,
-        checkpoint_distance: u64,
-        metrics: Arc<Metrics>,
-    ) -> Result<Arc<Timeline>, String> {
-        std::fs::create_dir_all(&dir).map_err(|e| io_context(&dir, e))?;
-        let tl = Timeline::new(dir, meta, Vec::new(), fsync, checkpoint_distance, metrics);
-        tl.write_metadata()?;
+        res: &TimelineResources,
+    ) -> Result<Arc<Timeline>, StorageError> {
+        create_dir_durable(&dir, res.fsync)?;
+        let tl = Timeline::new(dir, meta, Vec::new(), res);
+        tl.write_metadata(&tl.metadata())?;
         Ok(tl)
+    }
+
+    /// A timeline that could not be loaded, kept (with its files) to be
+    /// reported: every request on it answers that it is broken.
+    pub fn unloadable(
+        dir: PathBuf,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        reason: String,
+        res: &TimelineResources,
+    ) -> Arc<Timeline> {
+        let meta = TimelineMetadata {
+            format_version: METADATA_VERSION,
+            tenant_id,
+            timeline_id,
+            ancestor_timeline_id: None,
+            ancestor_lsn: None,
+            pg_version: 0,
+            system_id: 0,
+            wal_segment_size: 0,
+            start_lsn: Lsn::INVALID,
+            disk_consistent_lsn: Lsn::INVALID,
+            prev_record_lsn: Lsn::INVALID,
+            layers: Vec::new(),
+        };
+        let tl = Timeline::new(dir, meta, Vec::new(), res);
+        tl.set_broken(BrokenKind::Files, reason);
+        tl
     }
 
     fn new(
         dir: PathBuf,
         meta: TimelineMetadata,
         deltas: Vec<Arc<DeltaLayer>>,
-        fsync: bool,
-        checkpoint_distance: u64,
-        metrics: Arc<Metrics>,
+        res: &TimelineResources,
     ) -> Arc<Timeline> {
         let lsns = RecordLsns { last: meta.disk_consistent_lsn, prev: meta.prev_record_lsn };
         // A new timeline (nothing durable yet) takes its initial versions at its start LSN.
@@ -150,8 +282,9 @@ impl Timeline {
             tenant_id: meta.tenant_id,
             timeline_id: meta.timeline_id,
             dir,
-            fsync,
-            checkpoint_distance,
+            fsync: res.fsync,
+            checkpoint_distance: res.checkpoint_distance,
+            files: res.files.clone(),
             layers: RwLock::new(LayerMap { open, frozen: Vec::new(), deltas }),
             lsns: tokio::sync::watch::Sender::new(lsns),
             meta: Mutex::new(meta),
@@ -161,46 +294,58 @@ impl Timeline {
             flush_lock: Mutex::new(()),
             opened_at: Mutex::new(Instant::now()),
             rel_size_cache: RwLock::new(std::collections::HashMap::new()),
-            metrics,
+            metrics: res.metrics.clone(),
         })
     }
 
-    /// Loads a timeline from its directory. A layer file that cannot be opened
-    /// makes the timeline broken (the error names the file), not the process.
-    pub fn load(
-        dir: PathBuf,
-        fsync: bool,
-        checkpoint_distance: u64,
-        metrics: Arc<Metrics>,
-    ) -> Result<Arc<Timeline>, String> {
-        let meta_path = dir.join("metadata.json");
-        let text = std::fs::read_to_string(&meta_path).map_err(|e| io_context(&meta_path, e))?;
-        let meta: TimelineMetadata =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", meta_path.display()))?;
-        if meta.disk_consistent_lsn == Lsn::INVALID {
-            return Err(format!("{}: the timeline's creation did not finish", dir.display()));
-        }
+    /// Loads a timeline from its directory. A layer file that cannot be
+    /// opened makes the timeline broken (the error names the file), not the
+    /// process. Nothing is ever deleted here except what is garbage by
+    /// construction: temporary files, and layer files of a flush that did
+    /// not reach the metadata (they start after `disk_consistent_lsn` and
+    /// their WAL is ingested again). Any other file not listed in the
+    /// metadata is unexpected: an error, and the files stay.
+    pub fn load(dir: PathBuf, res: &TimelineResources) -> Result<Arc<Timeline>, StorageError> {
+        let meta_path = dir.join(METADATA_FILE);
+        let text = std::fs::read_to_string(&meta_path).map_err(StorageError::io("reading", &meta_path))?;
+        let invalid = |reason: String| StorageError::Invalid { path: meta_path.clone(), reason };
+        let meta: TimelineMetadata = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         if meta.format_version != METADATA_VERSION {
-            return Err(format!(
-                "{}: format version {} is not {METADATA_VERSION}",
-                meta_path.display(),
-                meta.format_version
-            ));
+            return Err(invalid(format!("format version {} is not {METADATA_VERSION}", meta.format_version)));
         }
-        // Files of a flush that did not reach the metadata are not part of the timeline.
+        if meta.disk_consistent_lsn == Lsn::INVALID {
+            return Err(invalid("nothing was ever made durable (an unfinished creation without its marker)".into()));
+        }
         let listed: BTreeSet<&str> = meta.layers.iter().map(String::as_str).collect();
-        for entry in std::fs::read_dir(&dir).map_err(|e| io_context(&dir, e))? {
-            let entry = entry.map_err(|e| io_context(&dir, e))?;
+        let mut unexpected = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(StorageError::io("listing", &dir))? {
+            let entry = entry.map_err(StorageError::io("listing", &dir))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if (name.ends_with(".delta") || name.ends_with(".tmp")) && !listed.contains(name.as_str()) {
-                warn!(file = %entry.path().display(), "removing a layer file left by an unfinished flush");
-                let _ = std::fs::remove_file(entry.path());
+            if name == METADATA_FILE || listed.contains(name.as_str()) {
+                continue;
             }
+            let unfinished_flush = name.parse::<LayerName>().is_ok_and(|l| l.lsn_start > meta.disk_consistent_lsn);
+            if name.ends_with(".tmp") || unfinished_flush {
+                warn!(file = %entry.path().display(), "removing a file left by an unfinished flush");
+                std::fs::remove_file(entry.path()).map_err(StorageError::io("removing", &entry.path()))?;
+            } else {
+                unexpected.push(name);
+            }
+        }
+        if !unexpected.is_empty() {
+            unexpected.sort();
+            return Err(StorageError::Invalid {
+                path: dir.clone(),
+                reason: format!(
+                    "files that the metadata does not list and no unfinished flush explains (left as they are): {}",
+                    unexpected.join(", ")
+                ),
+            });
         }
         let mut deltas = Vec::new();
         let mut broken = None;
         for name in &meta.layers {
-            match DeltaLayer::open(&dir.join(name)) {
+            match DeltaLayer::open(&dir.join(name), &res.files) {
                 Ok(l) => deltas.push(Arc::new(l)),
                 Err(e) => {
                     broken = Some(e.to_string());
@@ -209,9 +354,9 @@ impl Timeline {
             }
         }
         deltas.sort_by_key(|l| l.name.lsn_start);
-        let tl = Timeline::new(dir, meta, deltas, fsync, checkpoint_distance, metrics);
+        let tl = Timeline::new(dir, meta, deltas, res);
         if let Some(reason) = broken {
-            tl.set_broken(reason);
+            tl.set_broken(BrokenKind::Files, reason);
         }
         Ok(tl)
     }
@@ -220,19 +365,29 @@ impl Timeline {
         self.meta.lock().clone()
     }
 
-    fn write_metadata(&self) -> Result<(), String> {
-        let meta = self.meta.lock().clone();
-        let text = serde_json::to_vec_pretty(&meta).expect("metadata serializes");
-        write_atomic(&self.dir.join("metadata.json"), &text, self.fsync)
+    /// Writes `meta` durably; only then may it be installed in memory.
+    fn write_metadata(&self, meta: &TimelineMetadata) -> Result<(), StorageError> {
+        let text = serde_json::to_vec_pretty(meta).expect("metadata serializes");
+        write_atomic(&self.dir.join(METADATA_FILE), &text, self.fsync)
     }
 
-    pub fn set_broken(&self, reason: String) {
-        warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, %reason, "timeline is broken");
-        *self.broken.lock() = Some(reason);
+    /// Stops the timeline: ingest, flushes and reads refuse from now on.
+    /// The first reason is kept.
+    pub fn set_broken(&self, kind: BrokenKind, reason: String) {
+        let mut broken = self.broken.lock();
+        if broken.is_some() {
+            return;
+        }
+        warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, ?kind, %reason, "timeline is broken");
+        *broken = Some(Broken { kind, reason, since: unix_now() });
+    }
+
+    pub fn broken(&self) -> Option<Broken> {
+        self.broken.lock().clone()
     }
 
     pub fn broken_reason(&self) -> Option<String> {
-        self.broken.lock().clone()
+        self.broken.lock().as_ref().map(|b| b.reason.clone())
     }
 
     fn check_broken(&self) -> Result<(), ReadError> {
@@ -323,61 +478,84 @@ impl Timeline {
     }
 
     /// Writes every frozen layer to a delta layer file and advances
-    /// `disk_consistent_lsn`. Called by the flusher thread (and checkpoints).
-    pub fn flush_frozen(&self) -> Result<(), String> {
+    /// `disk_consistent_lsn` — in memory only after the metadata naming the
+    /// file is durable. Called by the flusher thread (and checkpoints). A
+    /// failure breaks the timeline: after a failed fsync nothing since the
+    /// last good one can be trusted.
+    pub fn flush_frozen(&self) -> Result<(), FlushError> {
         let _guard = self.flush_lock.lock();
         loop {
+            if let Some(b) = self.broken() {
+                let source = StorageError::Invalid { path: self.dir.clone(), reason: format!("broken: {}", b.reason) };
+                return Err(self.flush_error(self.disk_consistent_lsn(), source));
+            }
             let Some((layer, lsns)) = self.layers.read().frozen.first().cloned() else { return Ok(()) };
-            let started = Instant::now();
-            let delta = match layer.key_range() {
-                Some((first, last)) => {
-                    let name = LayerName {
-                        key_start: first,
-                        key_end: last.next(),
-                        lsn_start: layer.start_lsn,
-                        lsn_end: layer.end_lsn().expect("frozen"),
-                    };
-                    let mut writer = DeltaLayerWriter::new(&self.dir, name).map_err(|e| io_context(&self.dir, e))?;
-                    layer.for_each(|k, l, v| writer.put(k, l, v)).map_err(|e| io_context(&self.dir, e))?;
-                    let path = writer.finish(self.fsync).map_err(|e| io_context(&self.dir, e))?;
-                    if self.fsync {
-                        sync_dir(&self.dir)?;
-                    }
-                    Some(Arc::new(DeltaLayer::open(&path).map_err(|e| e.to_string())?))
-                }
-                None => None,
-            };
-            {
-                let mut meta = self.meta.lock();
-                if let Some(d) = &delta {
-                    meta.layers.push(d.name.to_string());
-                }
-                meta.disk_consistent_lsn = lsns.last;
-                meta.prev_record_lsn = lsns.prev;
+            if let Err(source) = self.flush_one(&layer, lsns) {
+                self.set_broken(BrokenKind::Storage, format!("flushing up to {}: {source}", lsns.last));
+                return Err(self.flush_error(lsns.last, source));
             }
-            self.write_metadata()?;
-            {
-                let mut map = self.layers.write();
-                let (first, _) = map.frozen.remove(0);
-                debug_assert!(Arc::ptr_eq(&first, &layer));
-                if let Some(d) = &delta {
-                    self.metrics.layer_bytes_written.inc_by(d.file_size);
-                    map.deltas.push(d.clone());
-                }
-            }
-            self.metrics.layers_flushed.inc();
-            info!(
-                tenant = %self.tenant_id, timeline = %self.timeline_id, disk_consistent_lsn = %lsns.last,
-                versions = delta.as_ref().map_or(0, |d| d.len()), elapsed_ms = started.elapsed().as_millis() as u64,
-                "flushed a layer"
-            );
             let _g = self.flush_wait.lock();
             self.flushed.notify_all();
         }
     }
 
+    fn flush_error(&self, lsn: Lsn, source: StorageError) -> FlushError {
+        FlushError { tenant_id: self.tenant_id, timeline_id: self.timeline_id, lsn, source }
+    }
+
+    fn flush_one(&self, layer: &Arc<InMemoryLayer>, lsns: RecordLsns) -> Result<(), StorageError> {
+        let started = Instant::now();
+        let delta = match layer.key_range() {
+            Some((first, last)) => {
+                let name = LayerName {
+                    key_start: first,
+                    key_end: last.next(),
+                    lsn_start: layer.start_lsn,
+                    lsn_end: layer.end_lsn().expect("frozen"),
+                };
+                let tmp_dir = &self.dir;
+                let mut writer =
+                    DeltaLayerWriter::new(&self.dir, name).map_err(StorageError::io("creating a layer in", tmp_dir))?;
+                layer
+                    .for_each(|k, l, v| writer.put(k, l, v))
+                    .map_err(StorageError::io("writing a layer in", tmp_dir))?;
+                let path = writer.finish(self.fsync).map_err(StorageError::io("finishing a layer in", tmp_dir))?;
+                if self.fsync {
+                    sync_dir(&self.dir)?;
+                }
+                Some(Arc::new(DeltaLayer::open(&path, &self.files)?))
+            }
+            None => None,
+        };
+        let mut next = self.metadata();
+        if let Some(d) = &delta {
+            next.layers.push(d.name.to_string());
+        }
+        debug_assert!(lsns.last >= next.disk_consistent_lsn, "disk_consistent_lsn goes backwards");
+        next.disk_consistent_lsn = lsns.last;
+        next.prev_record_lsn = lsns.prev;
+        self.write_metadata(&next)?;
+        *self.meta.lock() = next;
+        {
+            let mut map = self.layers.write();
+            let (first, _) = map.frozen.remove(0);
+            debug_assert!(Arc::ptr_eq(&first, layer));
+            if let Some(d) = &delta {
+                self.metrics.layer_bytes_written.inc_by(d.file_size);
+                map.deltas.push(d.clone());
+            }
+        }
+        self.metrics.layers_flushed.inc();
+        info!(
+            tenant = %self.tenant_id, timeline = %self.timeline_id, disk_consistent_lsn = %lsns.last,
+            versions = delta.as_ref().map_or(0, |d| d.len()), elapsed_ms = started.elapsed().as_millis() as u64,
+            "flushed a layer"
+        );
+        Ok(())
+    }
+
     /// Freezes and flushes everything ingested so far.
-    pub fn checkpoint(&self) -> Result<(), String> {
+    pub fn checkpoint(&self) -> Result<(), FlushError> {
         self.freeze();
         self.flush_frozen()
     }

@@ -7,7 +7,7 @@
 //! One thread per timeline: ingest is CPU-bound, and blocking sockets with
 //! timeouts keep the loop simple.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,12 +17,14 @@ use parking_lot::Mutex;
 use strata_formats::version::PgVersion;
 use strata_formats::wal::reader::{StartPosition, WalDecoder};
 use strata_formats::Lsn;
+use strata_protocol::framed::{FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{ConsumerFeedback, ConsumerMessage, StartStreaming, StreamMessage, PROTOCOL_VERSION};
+use strata_service::panic_message;
 use tracing::{info, warn};
 
 use crate::ingest::WalIngest;
-use crate::timeline::Timeline;
+use crate::timeline::{BrokenKind, Timeline};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Safekeepers send a keepalive every few seconds; silence longer than this is a dead link.
@@ -45,6 +47,16 @@ pub struct ReceiverStatus {
     pub last_error: Option<String>,
 }
 
+/// The threads of a receiver could not be started (the process is out
+/// of threads or memory): an error for this timeline, not a panic.
+#[derive(Debug, thiserror::Error)]
+#[error("starting thread {name}: {source}")]
+pub struct SpawnError {
+    pub name: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Handle to a running receiver.
 pub struct WalReceiver {
     pub status: Arc<Mutex<ReceiverStatus>>,
@@ -53,26 +65,43 @@ pub struct WalReceiver {
 }
 
 impl WalReceiver {
-    /// Starts the receiver and the flusher of `tl`.
-    pub fn spawn(tl: Arc<Timeline>, safekeepers: Vec<String>) -> WalReceiver {
+    /// Starts the receiver and the flusher of `tl`. A panic in either
+    /// breaks this timeline only (its memory is re-read from disk later).
+    pub fn spawn(tl: Arc<Timeline>, safekeepers: Vec<String>) -> Result<WalReceiver, SpawnError> {
         let status = Arc::new(Mutex::new(ReceiverStatus::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let name = format!("wal-{}", tl.timeline_id);
-        let receiver = {
-            let (tl, status, stop) = (tl.clone(), status.clone(), stop.clone());
+        let spawn = |name: String, body: Box<dyn FnOnce() + Send>, tl: Arc<Timeline>| {
+            let thread_name = name.clone();
             std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || receive_loop(tl, safekeepers, status, stop))
-                .expect("a thread starts")
+                .spawn(move || {
+                    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                        let message = panic_message(payload.as_ref());
+                        tl.set_broken(BrokenKind::Panic, format!("thread {thread_name} panicked: {message}"));
+                    }
+                })
+                .map_err(|source| SpawnError { name, source })
+        };
+        let receiver = {
+            let (tl2, status, stop) = (tl.clone(), status.clone(), stop.clone());
+            spawn(
+                format!("wal-{}", tl.timeline_id),
+                Box::new(move || receive_loop(tl2, safekeepers, status, stop)),
+                tl.clone(),
+            )?
         };
         let flusher = {
-            let (tl, stop) = (tl.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name(format!("flush-{}", tl.timeline_id))
-                .spawn(move || flush_loop(tl, stop))
-                .expect("a thread starts")
+            let (tl2, stop2) = (tl.clone(), stop.clone());
+            match spawn(format!("flush-{}", tl.timeline_id), Box::new(move || flush_loop(tl2, stop2)), tl.clone()) {
+                Ok(f) => f,
+                Err(e) => {
+                    stop.store(true, Ordering::SeqCst);
+                    let _ = receiver.join();
+                    return Err(e);
+                }
+            }
         };
-        WalReceiver { status, stop, threads: vec![receiver, flusher] }
+        Ok(WalReceiver { status, stop, threads: vec![receiver, flusher] })
     }
 
     /// Stops both threads and waits for them (the flusher writes what is frozen first).
@@ -88,8 +117,9 @@ fn flush_loop(tl: Arc<Timeline>, stop: Arc<AtomicBool>) {
     loop {
         let stopping = stop.load(Ordering::SeqCst);
         if tl.broken_reason().is_none() {
+            // A failure breaks the timeline (see `Timeline::flush_frozen`).
             if let Err(e) = tl.flush_frozen() {
-                tl.set_broken(format!("flushing a layer failed: {e}"));
+                tracing::error!(timeline = %tl.timeline_id, "{e}");
             }
         }
         if stopping {
@@ -116,7 +146,7 @@ fn receive_loop(
             match WalIngest::new(tl.clone()) {
                 Ok(i) => ingest = Some(i),
                 Err(e) => {
-                    tl.set_broken(format!("cannot start ingest: {e}"));
+                    tl.set_broken(BrokenKind::Ingest, format!("cannot start ingest: {e}"));
                     continue;
                 }
             }
@@ -131,7 +161,7 @@ fn receive_loop(
         match result {
             Ok(()) => {}
             Err(StreamError::Ingest(e)) => {
-                tl.set_broken(e);
+                tl.set_broken(BrokenKind::Ingest, e);
             }
             Err(StreamError::Connection(e)) => {
                 warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
@@ -182,12 +212,11 @@ fn connect_best(
     Ok(best)
 }
 
-/// An open stream: the socket, the safekeeper's commit LSN, and bytes of
-/// the next frames already read with the first message.
+/// An open stream: its frames (the socket, with bytes of the next frames
+/// already read with the first message) and the safekeeper's commit LSN.
 struct OpenStream {
-    stream: TcpStream,
+    frames: FrameReader<TcpStream>,
     commit: Lsn,
-    buffered: Vec<u8>,
 }
 
 fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, String> {
@@ -210,36 +239,28 @@ fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, Stri
         &mut out,
     );
     stream.write_all(&out).map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    match read_message(&mut stream, &mut buf)? {
+    let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
+    match read_message(&mut frames)? {
         StreamMessage::Start(s) => {
             let meta = tl.metadata();
             if s.timeline.system_id != meta.system_id {
                 return Err(format!("system id {} is not the timeline's {}", s.timeline.system_id, meta.system_id));
             }
-            stream.set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
-            Ok(OpenStream { stream, commit: s.commit_lsn, buffered: buf })
+            frames.get_ref().set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
+            Ok(OpenStream { frames, commit: s.commit_lsn })
         }
         StreamMessage::Error(e) => Err(e.message),
         other => Err(format!("unexpected first message {other:?}")),
     }
 }
 
-/// Reads one stream message; `buf` keeps bytes of the next frames.
-fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<StreamMessage, String> {
-    let mut chunk = [0u8; 64 * 1024];
-    loop {
-        if let Some((n, frame)) = codec::split_frame(buf).map_err(|e| e.to_string())? {
-            let msg = codec::decode_stream(frame).map_err(|e| e.to_string())?;
-            buf.drain(..n);
-            return Ok(msg);
-        }
-        let n = stream.read(&mut chunk).map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("the safekeeper closed the connection".into());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
+/// Reads one stream message (bounded by the socket's read timeout).
+fn read_message(frames: &mut FrameReader<TcpStream>) -> Result<StreamMessage, String> {
+    let frame = frames.read_frame_blocking().map_err(|e| match e {
+        FrameError::Timeout(_) => format!("nothing from the safekeeper for {READ_TIMEOUT:?}"),
+        e => e.to_string(),
+    })?;
+    codec::decode_stream(frame).map_err(|e| e.to_string())
 }
 
 /// Whether a safekeeper other than `current` has committed WAL beyond `lsn`.
@@ -268,7 +289,7 @@ fn stream_wal(
     if lsns.prev != Lsn::INVALID {
         decoder.set_prev_record(lsns.prev);
     }
-    let OpenStream { mut stream, buffered: mut buf, .. } = open;
+    let OpenStream { mut frames, .. } = open;
     let mut last_feedback = Instant::now() - FEEDBACK_INTERVAL;
     // When ingest last advanced: a stream that stops advancing may come from
     // a safekeeper the quorum left behind.
@@ -288,13 +309,13 @@ fn stream_wal(
             let mut out = Vec::new();
             let applied_lsn = tl.disk_consistent_lsn();
             codec::encode_consumer(&ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn }), &mut out);
-            stream.write_all(&out).map_err(|e| conn(e.to_string()))?;
+            frames.get_mut().write_all(&out).map_err(|e| conn(e.to_string()))?;
             last_feedback = Instant::now();
         }
         if tl.should_freeze(MAX_LAYER_AGE) {
             tl.freeze();
         }
-        match read_message(&mut stream, &mut buf).map_err(conn)? {
+        match read_message(&mut frames).map_err(conn)? {
             StreamMessage::Wal(w) => {
                 if w.begin_lsn != decoder.input_lsn() {
                     return Err(conn(format!("WAL at {} does not continue {}", w.begin_lsn, decoder.input_lsn())));

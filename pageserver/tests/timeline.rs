@@ -1,7 +1,8 @@
 //! A timeline's versions across in-memory layers, flushes to layer files and
 //! a reload from disk: reads at every LSN see exactly the versions at or
-//! below it, native records apply on top of the newest image, and a layer
-//! file not listed in the metadata (an unfinished flush) is removed.
+//! below it, native records apply on top of the newest image; a layer file
+//! of an unfinished flush is removed at load, while any other file the
+//! metadata does not list stops the load and stays.
 
 use std::sync::Arc;
 
@@ -9,9 +10,11 @@ use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_pageserver::key::{Key, RelTag};
+use strata_pageserver::layer::delta::LayerName;
+use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
-use strata_pageserver::timeline::{Timeline, TimelineMetadata};
+use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
 use strata_pageserver::value::Value;
 use strata_protocol::{TenantId, TimelineId};
 use strata_redo::NativeRecord;
@@ -37,6 +40,15 @@ fn page(fill: u8) -> Value {
     Value::Image(Bytes::from(vec![fill; 8192]))
 }
 
+fn resources() -> TimelineResources {
+    TimelineResources {
+        fsync: false,
+        checkpoint_distance: 1 << 20,
+        metrics: Arc::new(Metrics::new()),
+        files: FileCache::new(16, Default::default()),
+    }
+}
+
 const TAG: RelTag = RelTag { rel: RelFileNode { spc: 1663, db: 5, rel: 16384 }, fork: ForkNumber::VisibilityMap };
 
 #[test]
@@ -44,7 +56,7 @@ fn versions_survive_flushes_and_reload() {
     let dir = std::env::temp_dir().join(format!("strata-timeline-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let start = Lsn(0x100_0000);
-    let tl = Timeline::create(dir.clone(), meta(start), false, 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let tl = Timeline::create(dir.clone(), meta(start), &resources()).unwrap();
     let k = Key::rel_block(TAG, 0);
     // Record i ends at start + 0x100 * i; every 10th record writes an image, the others a VM clear.
     let lsn = |i: u64| Lsn(start.0 + 0x100 * i);
@@ -79,16 +91,33 @@ fn versions_survive_flushes_and_reload() {
     let layers = tl.metadata().layers.len();
     assert!(layers >= 4, "{layers} layer files");
 
-    // A leftover of an unfinished flush is removed at load; reads are unchanged.
-    std::fs::write(dir.join("00-00__0000000000000000-0000000000000001.delta"), b"partial").unwrap();
+    // Leftovers of an unfinished flush (a layer starting after
+    // disk_consistent_lsn, a temporary file) are removed at load; reads are unchanged.
+    let name = |from: Lsn, to: Lsn| {
+        LayerName { key_start: Key::MIN, key_end: k.next(), lsn_start: from, lsn_end: to }.to_string()
+    };
+    let unfinished = name(Lsn(lsn(99).0 + 1), lsn(120));
+    std::fs::write(dir.join(&unfinished), b"partial").unwrap();
+    std::fs::write(dir.join("half-written.tmp"), b"partial").unwrap();
     drop(tl);
-    let tl = Timeline::load(dir.clone(), false, 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let tl = Timeline::load(dir.clone(), &resources()).unwrap();
     assert!(tl.broken_reason().is_none());
-    assert!(!dir.join("00-00__0000000000000000-0000000000000001.delta").exists());
+    assert!(!dir.join(&unfinished).exists() && !dir.join("half-written.tmp").exists());
     assert_eq!(tl.record_lsns(), RecordLsns { last: lsn(99), prev: lsn(98) });
     for i in [0, 9, 25, 99] {
         expect(&tl, i);
     }
+    drop(tl);
+
+    // A file nothing explains (an old LSN range not in the metadata) stops
+    // the load with the file named, and nothing is removed.
+    let stray = name(lsn(3), lsn(4));
+    std::fs::write(dir.join(&stray), b"whose?").unwrap();
+    let err = Timeline::load(dir.clone(), &resources()).err().expect("refused").to_string();
+    assert!(err.contains(&stray) && err.contains("left as they are"), "{err}");
+    assert!(dir.join(&stray).exists());
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(files, layers + 2, "every layer, the metadata and the stray file stay");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -96,9 +125,10 @@ fn versions_survive_flushes_and_reload() {
 fn an_unfinished_creation_is_refused_at_load() {
     let dir = std::env::temp_dir().join(format!("strata-timeline-new-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let tl = Timeline::create(dir.clone(), meta(Lsn(0x100_0000)), false, 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let tl = Timeline::create(dir.clone(), meta(Lsn(0x100_0000)), &resources()).unwrap();
     drop(tl);
-    let err = Timeline::load(dir.clone(), false, 1 << 20, Arc::new(Metrics::new())).err().unwrap();
-    assert!(err.contains("did not finish"), "{err}");
+    let err = Timeline::load(dir.clone(), &resources()).err().unwrap().to_string();
+    assert!(err.contains("nothing was ever made durable"), "{err}");
+    assert!(dir.join("metadata.json").exists(), "kept");
     std::fs::remove_dir_all(&dir).unwrap();
 }

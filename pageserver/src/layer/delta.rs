@@ -5,11 +5,12 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use strata_formats::Lsn;
 
+use super::files::{CachedFile, FileCache};
 use super::{LayerError, Versions};
 use crate::key::{Key, KEY_SIZE};
 use crate::value::Value;
@@ -217,9 +218,10 @@ impl DeltaLayerWriter {
     }
 }
 
-/// Where a layer's bytes come from: its file, or memory (tests and fuzzing).
+/// Where a layer's bytes come from: its file (through the descriptor
+/// cache), or memory (tests and fuzzing).
 enum Source {
-    File(File),
+    File(CachedFile),
     Memory(Vec<u8>),
 }
 
@@ -252,11 +254,12 @@ pub struct DeltaLayer {
 }
 
 impl DeltaLayer {
-    /// Opens and checks a layer file: header, footer and index CRC.
-    pub fn open(path: &Path) -> Result<DeltaLayer, LayerError> {
+    /// Opens and checks a layer file: header, footer and index CRC. Its
+    /// descriptor is taken from `files` on each read, not kept.
+    pub fn open(path: &Path, files: &Arc<FileCache>) -> Result<DeltaLayer, LayerError> {
         let io = |source| LayerError::Io { path: path.display().to_string(), source };
-        let file = File::open(path).map_err(io)?;
-        let file_size = file.metadata().map_err(io)?.len();
+        let file = files.file(path);
+        let file_size = file.size().map_err(io)?;
         DeltaLayer::open_source(path, Source::File(file), file_size)
     }
 
@@ -487,7 +490,8 @@ mod tests {
             versions.push((key(n), Lsn(0x200), page(n as u8)));
         }
         let path = write(&dir, &versions);
-        let layer = DeltaLayer::open(&path).unwrap();
+        let files = FileCache::new(4, Default::default());
+        let layer = DeltaLayer::open(&path, &files).unwrap();
         assert_eq!(layer.len(), versions.len() as u64);
         assert_eq!(path.file_name().unwrap().to_str().unwrap().parse::<LayerName>().unwrap(), layer.name);
 
@@ -509,7 +513,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER_SIZE + 3] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
-        let layer = DeltaLayer::open(&path).unwrap();
+        let layer = DeltaLayer::open(&path, &files).unwrap();
         let err = layer.collect(&key(1), Lsn(0x100), &mut Versions::default()).unwrap_err().to_string();
         assert!(err.contains(&path.display().to_string()) && err.contains("CRC"), "{err}");
         // Damage anywhere in the index or footer is caught at open.
@@ -519,11 +523,11 @@ mod tests {
             b[at] ^= 0x55;
             let p = dir.join(format!("damaged-{at}"));
             std::fs::write(&p, &b).unwrap();
-            let err = DeltaLayer::open(&p).err().expect("damage detected").to_string();
+            let err = DeltaLayer::open(&p, &files).err().expect("damage detected").to_string();
             assert!(err.contains(&p.display().to_string()), "{err}");
         }
         std::fs::write(dir.join("short"), b"STRDELTA").unwrap();
-        assert!(DeltaLayer::open(&dir.join("short")).is_err());
+        assert!(DeltaLayer::open(&dir.join("short"), &files).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod bloom;
 pub mod delta;
+pub mod files;
 pub mod inmemory;
 pub mod map;
 
