@@ -13,7 +13,7 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
@@ -193,7 +193,7 @@ impl Supervisor {
                         status = child.wait() => {
                             remove_pidfile_of(&self.args.pidfile, pid);
                             match status {
-                                Ok(status) => describe(status),
+                                Ok(status) => exit::describe(status),
                                 Err(e) => format!("lost track of it: {e}"),
                             }
                         }
@@ -270,7 +270,7 @@ impl Supervisor {
         let grace = Duration::from_secs(self.args.grace_secs);
         signal_pid(pid as i32, libc::SIGTERM);
         if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
-            info!("supervisor: {name} stopped ({})", status.map(describe).unwrap_or_else(|e| e.to_string()));
+            info!("supervisor: {name} stopped ({})", status.map(exit::describe).unwrap_or_else(|e| e.to_string()));
             return "clean";
         }
         warn!("supervisor: {name} did not stop within {} s; killing its process group", grace.as_secs());
@@ -309,11 +309,6 @@ fn signal_pid(pid: i32, sig: libc::c_int) {
     unsafe {
         libc::kill(pid, sig);
     }
-}
-
-/// How the service ended, in words.
-fn describe(status: ExitStatus) -> String {
-    exit::describe(status)
 }
 
 #[cfg(test)]

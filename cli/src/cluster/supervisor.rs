@@ -21,8 +21,8 @@ use crate::supervise::{unix_now, SupervisorState};
 /// How much longer than the service's grace period the supervisor gets to
 /// stop it (it SIGKILLs the service after the grace period and waits for it).
 const SUPERVISOR_MARGIN: Duration = Duration::from_secs(15);
-/// Grace period of a service found running without its supervisor.
-const UNSUPERVISED_KILL_WAIT: Duration = Duration::from_secs(10);
+/// Grace period of a service still running after its supervisor stopped.
+const LEFTOVER_GRACE: Duration = Duration::from_secs(10);
 
 /// A supervised service: the service process and its supervisor.
 #[derive(Clone, Debug)]
@@ -232,7 +232,7 @@ impl Supervised {
         }
         // The service outlived its supervisor (killed, or never there).
         if let Some(pid) = self.service.running() {
-            let grace = if supervisor.is_some() { UNSUPERVISED_KILL_WAIT } else { self.grace };
+            let grace = if supervisor.is_some() { LEFTOVER_GRACE } else { self.grace };
             match process::terminate(&self.service, pid, grace, immediate).map_err(fail)? {
                 Stopped::Clean if supervisor.is_none() => how = Stopped::Clean,
                 Stopped::Clean => {}
