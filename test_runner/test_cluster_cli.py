@@ -4,13 +4,14 @@ binary against a temporary workdir."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
 import psycopg
 import pytest
 
-from fixtures.cluster import StrataCommandFailed, pid_alive
+from fixtures.cluster import StrataCommandFailed, kill_and_wait, pid_alive
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 SERVICES = SAFEKEEPERS + ["pageserver"]
@@ -98,7 +99,8 @@ def test_init_safekeeper_count(cluster_factory):
 
 
 def test_safekeepers_only_start_and_restart(cluster_factory):
-    """`--only` starts just the safekeepers; after a kill -9, `start` restarts only the dead one."""
+    """`--only` starts just the safekeepers; after a kill -9 of one with its
+    supervisor, `start` restarts only the dead one."""
     c = cluster_factory(start=False)
     out = c.start("--only", ",".join(SAFEKEEPERS))
     for name in SAFEKEEPERS:
@@ -107,8 +109,9 @@ def test_safekeepers_only_start_and_restart(cluster_factory):
     assert states(st) == {"sk1": "running", "sk2": "running", "sk3": "running", "pageserver": "stopped"}
     pids = {s["name"]: s["pid"] for s in st["services"]}
     assert all(pid_alive(pids[n]) for n in SAFEKEEPERS)
+    assert all(s["supervised"] and pid_alive(s["supervisor_pid"]) for s in st["services"] if s["name"] in SAFEKEEPERS)
 
-    c.kill9("sk1")
+    c.kill9("sk1", supervisor=True)
     assert c.service("sk1")["state"] == "stopped"
     out = c.start("--only", ",".join(SAFEKEEPERS))
     assert "sk1: started" in out
@@ -120,6 +123,7 @@ def test_safekeepers_only_start_and_restart(cluster_factory):
     out = c.stop("--only", "sk2")
     assert "sk2: stopped" in out
     assert states(c.status())["sk2"] == "stopped" and not c.pidfile("sk2").exists()
+    assert not c.supervisor_pidfile("sk2").exists() and not pid_alive(after["sk2"])
 
 
 def test_start_and_status(cluster):
@@ -153,9 +157,27 @@ def test_start_and_status(cluster):
     assert {s["name"]: s["pid"] for s in cluster.status()["services"]} == {s["name"]: s["pid"] for s in st["services"]}
 
 
-def test_kill9_safekeeper_then_start_restarts_only_it(cluster):
+def test_kill9_safekeeper_comes_back_by_itself(cluster):
+    """A killed safekeeper is started again by its supervisor; nothing else changes."""
+    before = {s["name"]: s for s in cluster.status()["services"]}
+    old = cluster.kill9("sk2")
+    entry = cluster.wait_restarted("sk2", old)
+    assert entry["restarts"] == 1 and entry["last_exit"] == "signal 9: SIGKILL", entry
+    assert entry["supervisor_pid"] == before["sk2"]["supervisor_pid"], entry
+    assert cluster.pid("sk2") == entry["pid"] and pid_alive(entry["pid"])
+    after = {s["name"]: s for s in cluster.status()["services"]}
+    for name in ("sk1", "sk3", "pageserver"):
+        assert (after[name]["pid"], after[name]["restarts"]) == (before[name]["pid"], 0), after[name]
+    # Its timeline survived the crash.
+    sk2 = next(s for s in cluster.status()["timelines"][0]["safekeepers"] if s["name"] == "sk2")
+    assert sk2["flush_lsn"] is not None
+    # `start` leaves a running, supervised service alone.
+    assert "sk2: already running" in cluster.start()
+
+
+def test_kill9_safekeeper_with_supervisor_then_start_restarts_only_it(cluster):
     before = {s["name"]: s["pid"] for s in cluster.status()["services"]}
-    cluster.kill9("sk2")
+    cluster.kill9("sk2", supervisor=True)
     st = cluster.status()
     assert states(st) == {"sk1": "running", "sk2": "stopped", "sk3": "running", "pageserver": "running"}
 
@@ -163,12 +185,52 @@ def test_kill9_safekeeper_then_start_restarts_only_it(cluster):
     assert "sk2: started" in out, out
     for name in ("sk1", "sk3", "pageserver"):
         assert f"{name}: already running" in out, out
-    after = {s["name"]: s["pid"] for s in cluster.status()["services"]}
-    assert all(after[n] == before[n] for n in ("sk1", "sk3", "pageserver"))
-    assert after["sk2"] not in (None, before["sk2"]) and pid_alive(after["sk2"])
-    # Its timeline survived the crash.
+    after = {s["name"]: s for s in cluster.status()["services"]}
+    assert all(after[n]["pid"] == before[n] for n in ("sk1", "sk3", "pageserver"))
+    assert after["sk2"]["pid"] not in (None, before["sk2"]) and pid_alive(after["sk2"]["pid"])
+    assert after["sk2"]["supervised"] and after["sk2"]["restarts"] == 0, after["sk2"]
     sk2 = next(s for s in cluster.status()["timelines"][0]["safekeepers"] if s["name"] == "sk2")
     assert sk2["flush_lsn"] is not None
+
+
+def test_service_without_its_supervisor(cluster):
+    """A service whose supervisor was killed keeps running, unsupervised;
+    `start` puts it under a new supervisor without a second copy, and `stop`
+    stops a service running alone too."""
+    old_sup, old_pid = cluster.supervisor_pid("sk1"), cluster.pid("sk1")
+    kill_and_wait(old_sup)
+    entry = cluster.service("sk1")
+    assert (entry["state"], entry["pid"], entry["supervised"], entry["supervisor_pid"]) == (
+        "running", old_pid, False, None), entry
+    # Unsupervised, a crash is not repaired.
+    kill_and_wait(old_pid)
+    assert cluster.service("sk1")["state"] == "stopped"
+    cluster.start("--only", "sk1")
+
+    kill_and_wait(cluster.supervisor_pid("sk1"))
+    alone = cluster.pid("sk1")
+    out = cluster.start("--only", "sk1")
+    assert f"sk1: runs without its supervisor (pid {alone}); restarting it under a new one" in out, out
+    assert "sk1: started" in out, out
+    assert not pid_alive(alone), "no second copy: the unsupervised one was stopped"
+    entry = cluster.service("sk1")
+    assert entry["state"] == "running" and entry["supervised"] and entry["pid"] != alone, entry
+    copies = [p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+              if pid_alive(p) and str(cluster.service_config_path("sk1")) in _cmdline(p)
+              and _cmdline(p).startswith(str(cluster.strata_bin) + " safekeeper")]
+    assert copies == [entry["pid"]], copies
+
+    kill_and_wait(cluster.supervisor_pid("sk1"))
+    out = cluster.stop("--only", "sk1")
+    assert f"sk1: stopped (pid {entry['pid']})" in out, out
+    assert not pid_alive(entry["pid"]) and not cluster.pidfile("sk1").exists()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_two_clusters_side_by_side(cluster_factory):
@@ -185,11 +247,14 @@ def test_two_clusters_side_by_side(cluster_factory):
 
 
 def test_stop_is_idempotent(cluster):
-    pids = [s["pid"] for s in cluster.status()["services"]]
+    services = cluster.status()["services"]
+    pids = [s["pid"] for s in services] + [s["supervisor_pid"] for s in services]
+    assert all(pid_alive(p) for p in pids), services
     out = cluster.stop()
     for name in SERVICES:
         assert f"{name}: stopped" in out, out
-        assert not cluster.pidfile(name).exists()
+        assert not cluster.pidfile(name).exists() and not cluster.supervisor_pidfile(name).exists()
+        assert cluster.supervisor_state(name) is None
     assert not any(pid_alive(p) for p in pids)
     out = cluster.stop()
     for name in SERVICES:
@@ -221,10 +286,13 @@ def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
         conn.execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
 
     listed = cluster.run("endpoint", "list").stdout
-    assert re.search(rf"^ep1\s+main\s+{port}\s+running\s+{re.escape(connstr)}$", listed, re.M), listed
+    assert re.search(r"^NAME\s+BRANCH\s+PORT\s+STATE\s+RESTARTS\s+LAST CAUSE\s+CONNECTION$", listed, re.M), listed
+    assert re.search(rf"^ep1\s+main\s+{port}\s+running\s+0\s+-\s+{re.escape(connstr)}$", listed, re.M), listed
     [ep] = cluster.status()["endpoints"]
     assert (ep["name"], ep["kind"], ep["branch"], ep["state"]) == ("ep1", "compute", "main", "running")
-    assert ep["ports"]["pg"] == port and pid_alive(ep["pid"])
+    assert ep["ports"]["pg"] == port and pid_alive(ep["pid"]) and pid_alive(ep["supervisor_pid"])
+    assert (ep["restarts"], ep["last_cause"], ep["crash_loop"]) == (0, None, False), ep
+    agent_pids = (ep["pid"], ep["supervisor_pid"])
 
     # One writer per branch; no second start of a running endpoint.
     with pytest.raises(StrataCommandFailed) as e:
@@ -235,6 +303,7 @@ def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
 
     cluster.endpoint_stop("ep1")
     assert cluster.status()["endpoints"][0]["state"] == "stopped"
+    assert not any(pid_alive(p) for p in agent_pids)
     assert "endpoint ep1: not running" in cluster.endpoint_stop("ep1")
 
     # Restarted: same port, same rows.

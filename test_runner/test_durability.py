@@ -30,7 +30,7 @@ from fixtures.checks import (
     wait_for_pageserver_lsn,
 )
 from fixtures.cluster import pid_alive
-from fixtures.endpoint import Endpoint, kill9
+from fixtures.endpoint import Endpoint
 from fixtures.strata import parse_lsn
 from fixtures.workload import run_broad_workload
 
@@ -152,9 +152,10 @@ def test_prepared_transaction_survives_compute_restart(cluster):
 
 def test_pageserver_kill9_under_load(cluster):
     """Commits need only the safekeepers: pgbench keeps committing while the
-    pageserver is dead. Restarted, it catches up with the WAL written
-    meanwhile (surviving a second kill -9 during the catch-up), and a new
-    compute sees every transaction pgbench acknowledged."""
+    pageserver is dead (its supervisor killed too, so it stays down).
+    Restarted, it catches up with the WAL written meanwhile (surviving a
+    second kill -9 during the catch-up, after which its supervisor starts it
+    again), and a new compute sees every transaction pgbench acknowledged."""
     scale = 5
     ep = Endpoint(cluster, "ep")
     ep.start()
@@ -164,7 +165,8 @@ def test_pageserver_kill9_under_load(cluster):
         with ep.connect() as watcher:
             time.sleep(4)
             assert history_rows(watcher) > 0, "pgbench does not commit"
-            cluster.kill9("pageserver")
+            # With its supervisor, so that it stays down for a while.
+            cluster.kill9("pageserver", supervisor=True)
             assert cluster.service("pageserver")["state"] == "stopped"
             samples = [history_rows(watcher)]
             for _ in range(4):
@@ -179,15 +181,16 @@ def test_pageserver_kill9_under_load(cluster):
             for sk in SAFEKEEPERS:
                 assert f"{sk}: already running" in out, out
 
-            # Once more while it catches up with the ~5 s of WAL it missed.
+            # Once more while it catches up with the ~5 s of WAL it missed:
+            # this time its supervisor starts it again.
             time.sleep(0.5)
             seen = pageserver_timeline(cluster)
             behind = parse_lsn(wal_lsn(ep)) - parse_lsn(seen["last_record_lsn"])
             assert behind > 0, seen
-            cluster.kill9("pageserver")
-            time.sleep(1)
-            out = cluster.start()
-            assert "pageserver: started" in out, out
+            killed = cluster.kill9("pageserver")
+            restarted = cluster.wait_restarted("pageserver", killed)
+            assert restarted["restarts"] == 1 and restarted["last_exit"] == "signal 9: SIGKILL", restarted
+            assert "pageserver: already running" in cluster.start()
             assert history_rows(watcher) > samples[-1]
         stdout, stderr = bench.communicate(timeout=180)
     finally:
@@ -220,10 +223,11 @@ def wait_reaped(pid: int, timeout: float = 60) -> None:
 
 
 def test_compute_kill9_keeps_acknowledged_commits(cluster):
-    """A client commits rows one by one; the compute agent and its
-    PostgreSQL are killed with SIGKILL mid-stream. After `endpoint stop`
-    (clean-up) and `endpoint start`, every acknowledged row is there, and at
-    most the one row in flight besides."""
+    """A client commits rows one by one; the compute agent's supervisor, the
+    agent and its PostgreSQL are killed with SIGKILL mid-stream (so that
+    nothing restarts it). After `endpoint stop` (clean-up) and `endpoint
+    start`, every acknowledged row is there, and at most the one row in
+    flight besides. (test_self_healing.py covers the automatic restarts.)"""
     ep = Endpoint(cluster, "ep")
     ep.start()
     ep.sql("CREATE TABLE acked (id int PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp())")
@@ -251,11 +255,7 @@ def test_compute_kill9_keeps_acknowledged_commits(cluster):
         assert time.monotonic() < deadline, f"only {len(acknowledged)} commits in 120 s"
         time.sleep(0.05)
 
-    agent, postmaster = ep.agent_pid(), ep.postmaster_pid()
-    assert agent is not None and pid_alive(agent), agent
-    assert postmaster is not None and pid_alive(postmaster), postmaster
-    kill9(agent)
-    kill9(postmaster)
+    _, _, postmaster = ep.kill9_compute()
     thread.join(timeout=120)
     assert not thread.is_alive(), "the writer still waits for its commit after the compute died"
     assert errors, "the writer ended without an error"

@@ -14,6 +14,7 @@ pub enum ComputeCommand {
     /// Start a compute in eager mode and keep it running: sync the
     /// safekeepers, restore the data directory from the pageserver's
     /// basebackup, configure and start PostgreSQL, and be its WAL proposer.
+    /// Once running, a failure leads to a fresh start after a backoff.
     /// SIGTERM or SIGINT stops it gracefully.
     Start(StartArgs),
     /// Elect a proposer among the safekeepers, bring a quorum to the end of the
@@ -90,6 +91,15 @@ pub struct StartArgs {
     /// How long the pageserver may take to ingest the WAL up to the start LSN.
     #[arg(long, default_value_t = 60)]
     wait_timeout_secs: u64,
+    /// After PostgreSQL ran, this many restarts within --crash-loop-window-secs
+    /// are reported as a crash loop (restarts go on, backed off).
+    #[arg(long, default_value_t = 5)]
+    crash_loop_restarts: u32,
+    #[arg(long, default_value_t = 300)]
+    crash_loop_window_secs: u64,
+    /// Longest pause between two restarts of PostgreSQL.
+    #[arg(long, default_value_t = 30)]
+    restart_max_delay_secs: u64,
 }
 
 #[derive(Args)]
@@ -191,6 +201,9 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.shared_buffers = args.shared_buffers;
     cfg.max_consumer_lag_bytes = args.max_consumer_lag_mb.map(|mb| mb << 20);
     cfg.wait_timeout = Duration::from_secs(args.wait_timeout_secs);
+    cfg.restart.crash_loop_restarts = args.crash_loop_restarts;
+    cfg.restart.crash_loop_window = Duration::from_secs(args.crash_loop_window_secs);
+    cfg.restart.max_delay = Duration::from_secs(args.restart_max_delay_secs);
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

@@ -4,6 +4,7 @@ mod cluster;
 mod compute;
 mod pagebench;
 mod pgdata;
+mod supervise;
 mod verify_images;
 mod wal;
 
@@ -49,6 +50,9 @@ enum Command {
     /// Computes (PostgreSQL + agent) of the local cluster.
     #[command(subcommand)]
     Endpoint(cluster::EndpointCommand),
+    /// Internal: run one service of the local cluster and restart it when it exits.
+    #[command(hide = true)]
+    Supervise(supervise::SuperviseArgs),
 }
 
 /// Logs to stderr; `RUST_LOG` selects levels (default: info).
@@ -109,6 +113,7 @@ fn main() {
         Command::Stop(args) => cluster::stop(args),
         Command::Status(args) => cluster::status(args),
         Command::Endpoint(cmd) => cluster::endpoint(cmd),
+        Command::Supervise(args) => supervise::run(args),
     };
     std::process::exit(code);
 }

@@ -160,6 +160,17 @@ struct Core {
     throttled_since: Option<Instant>,
     /// Set once PostgreSQL streams its WAL to this proposer.
     streaming: bool,
+    /// The link tasks, aborted with the core: a dropped proposer keeps no
+    /// safekeeper connection (or reconnection attempt) behind.
+    link_tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        for task in &self.link_tasks {
+            task.abort();
+        }
+    }
 }
 
 impl Core {
@@ -170,13 +181,21 @@ impl Core {
             proposer_id: *strata_protocol::TimelineId::generate().0.first_chunk().expect("16 bytes"),
             timeline: cfg.timeline.clone(),
         };
+        let mut link_tasks = Vec::with_capacity(cfg.safekeepers.len());
         let links = cfg
             .safekeepers
             .iter()
             .enumerate()
             .map(|(i, address)| {
                 let (tx, rx) = mpsc::channel(256);
-                tokio::spawn(run_link(i, address.clone(), greeting.clone(), ev_tx.clone(), rx, cfg.timeout));
+                link_tasks.push(tokio::spawn(run_link(
+                    i,
+                    address.clone(),
+                    greeting.clone(),
+                    ev_tx.clone(),
+                    rx,
+                    cfg.timeout,
+                )));
                 Link {
                     address: address.clone(),
                     session: 0,
@@ -204,6 +223,7 @@ impl Core {
             throttled: Duration::ZERO,
             throttled_since: None,
             streaming: false,
+            link_tasks,
         }
     }
 

@@ -459,3 +459,48 @@ async fn a_stop_while_waiting_for_the_pageserver_ends_cleanly() {
     assert!(t.elapsed() < Duration::from_secs(5));
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// A restart drops the old proposer: its safekeeper connections must close
+/// at once, not when their own timeouts expire (10 s for a greeting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_proposer_keeps_no_safekeeper_connection() {
+    use strata_compute::proposer::{self, ProposerConfig};
+    use strata_protocol::safekeeper::TimelineIdentity;
+    use tokio::io::AsyncReadExt;
+
+    // Accepts connections and never answers: the links wait for a greeting.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let identity = TimelineIdentity {
+        tenant_id: TenantId::generate(),
+        timeline_id: TimelineId::generate(),
+        system_id: 1,
+        pg_version: 15,
+        wal_segment_size: SEG as u32,
+    };
+    let cfg = ProposerConfig::new(vec![address; 3], identity);
+    let sync = tokio::spawn(proposer::sync_safekeepers(cfg));
+    let mut accepted = Vec::new();
+    for _ in 0..3 {
+        let (socket, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await.unwrap().unwrap();
+        accepted.push(socket);
+    }
+    sync.abort();
+    assert!(sync.await.unwrap_err().is_cancelled());
+    let t = Instant::now();
+    for mut socket in accepted {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(3), socket.read(&mut buf))
+                .await
+                .expect("the dropped proposer's connection stays open")
+                .unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // And it does not come back.
+    assert!(tokio::time::timeout(Duration::from_millis(500), listener.accept()).await.is_err());
+}

@@ -1,14 +1,18 @@
 //! Endpoints: a compute (stock PostgreSQL plus the `strata compute start`
-//! agent) on a branch, each in `endpoints/<name>/` with its remembered ports.
+//! agent, under its supervisor) on a branch, each in `endpoints/<name>/`
+//! with its remembered ports.
 
 use std::ffi::OsString;
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use strata_compute::agent::postgres;
+
 use super::layout::{self, Kind, Workdir, HOST, MAIN_BRANCH};
-use super::process::{self, Identity, Stopped};
-use super::{failed, http, ports, services, status, Error, Result};
+use super::process::{self, Identity};
+use super::supervisor::{Liveness, Supervised};
+use super::{failed, http, ports, services, status, AgentArgs, Error, Result};
 
 /// Longest an agent may take from spawn to a running PostgreSQL (it may
 /// sync the safekeepers, wait for the pageserver and restore a basebackup).
@@ -59,6 +63,11 @@ impl Endpoint {
         Identity { subcommand: "compute", marker: self.pgdata(), pidfile: self.dir.join("compute.pid") }
     }
 
+    /// The agent with its supervisor.
+    pub fn supervised(&self) -> Supervised {
+        Supervised::new(format!("endpoint {}", self.file.name), self.identity(), self.log(), STOP_GRACE)
+    }
+
     /// libpq connection string of its PostgreSQL.
     pub fn connstr(&self) -> String {
         format!("postgresql://postgres@{HOST}:{}/postgres", self.file.pg_port)
@@ -69,12 +78,38 @@ impl Endpoint {
         format!("http://{HOST}:{}/v1/status", self.file.http_port)
     }
 
-    /// The agent's reported `state` and `error`, if it answers.
-    pub fn agent_state(&self) -> Option<(String, Option<String>)> {
+    /// What the agent reports, if it answers.
+    pub fn agent_view(&self) -> Option<AgentView> {
         let r = http::get(&self.status_url(), http::QUICK).ok().filter(|r| r.status == 200)?;
-        let state = r.body.get("state")?.as_str()?.to_string();
-        let error = r.body.get("error").and_then(|e| e.as_str()).map(str::to_string);
-        Some((state, error))
+        AgentView::from_status(&r.body)
+    }
+}
+
+/// The parts of the agent's `/v1/status` the cluster commands show.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentView {
+    pub state: String,
+    pub error: Option<String>,
+    /// PostgreSQL restarts by this agent process.
+    pub restarts: u64,
+    pub last_restart_cause: Option<String>,
+    pub last_restart_at: Option<u64>,
+    pub last_restart_downtime_seconds: Option<f64>,
+    pub crash_loop: bool,
+}
+
+impl AgentView {
+    fn from_status(body: &serde_json::Value) -> Option<AgentView> {
+        let text = |k: &str| body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        Some(AgentView {
+            state: text("state")?,
+            error: text("error"),
+            restarts: body.get("restarts").and_then(|v| v.as_u64()).unwrap_or(0),
+            last_restart_cause: text("last_restart_cause"),
+            last_restart_at: body.get("last_restart_at").and_then(|v| v.as_u64()),
+            last_restart_downtime_seconds: body.get("last_restart_downtime_seconds").and_then(|v| v.as_f64()),
+            crash_loop: body.get("crash_loop").and_then(|v| v.as_bool()).unwrap_or(false),
+        })
     }
 }
 
@@ -153,9 +188,9 @@ fn choose_ports(wd: &Workdir, name: &str, port: Option<u16>, old: Option<&Endpoi
     Ok((pg_port, http_port))
 }
 
-/// `strata endpoint start`: spawns the agent and waits until PostgreSQL runs;
-/// the last line printed is the connection string.
-pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>) -> Result<()> {
+/// `strata endpoint start`: spawns the agent under its supervisor and
+/// waits until PostgreSQL runs; the last line printed is the connection string.
+pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>, agent: &AgentArgs) -> Result<()> {
     let old = load(wd, name)?;
     let branch_name = match (branch, &old) {
         (Some(b), Some(o)) if b != o.file.branch => {
@@ -173,14 +208,30 @@ pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>) 
         return failed(format!("no branch named {branch_name:?} (branches: {})", known.join(", ")));
     };
     if let Some(o) = &old {
-        if let Some(pid) = o.identity().running() {
-            return failed(format!("endpoint {name} is already running (pid {pid}): {}", o.connstr()));
+        match o.supervised().liveness() {
+            Liveness::Running { pid, supervisor: Some(_) } => {
+                return failed(format!("endpoint {name} is already running (pid {pid}): {}", o.connstr()))
+            }
+            Liveness::Restarting { supervisor } => {
+                return failed(format!(
+                    "endpoint {name} is already running: its supervisor (pid {supervisor}) is restarting its agent"
+                ))
+            }
+            Liveness::Running { pid, supervisor: None } => {
+                // Never two agents on one data directory: stop it, start anew.
+                println!(
+                    "endpoint {name}: its agent (pid {pid}) runs without its supervisor; restarting it under a new one"
+                );
+                o.supervised().stop_unsupervised()?;
+            }
+            Liveness::Stopped => {}
         }
     }
     // One writer per timeline: a second PostgreSQL would fork its WAL.
     for other in load_all(wd)? {
         if other.file.name != name && other.file.branch == branch_name {
-            if let Some(pid) = other.identity().running() {
+            let liveness = other.supervised().liveness();
+            if let Some(pid) = liveness.pid().or(liveness.supervisor()) {
                 return failed(format!(
                     "endpoint {} (pid {pid}) already runs on branch {branch_name}; one writer per branch",
                     other.file.name
@@ -207,7 +258,7 @@ pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>) 
 
     let c = &wd.cluster;
     let ps = c.pageserver();
-    let args: Vec<OsString> = vec![
+    let mut args: Vec<OsString> = vec![
         "compute".into(),
         "start".into(),
         "--pgdata".into(),
@@ -229,56 +280,59 @@ pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>) 
         "--pg-user".into(),
         c.pg_user.clone().into(),
     ];
+    if let Some(n) = agent.crash_loop_restarts {
+        args.extend(["--crash-loop-restarts".into(), n.to_string().into()]);
+    }
+    if let Some(secs) = agent.crash_loop_window_secs {
+        args.extend(["--crash-loop-window-secs".into(), secs.to_string().into()]);
+    }
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
     let exe = std::env::current_exe().map_err(|e| Error::Failed(format!("finding the strata binary: {e}")))?;
     let log = ep.log();
     let from = process::log_len(&log);
-    let id = ep.identity();
-    let mut child = process::spawn(&exe, &args, &log, &wd.root)?;
-    let pid = child.id();
-    id.write_pid(pid)?;
+    let sv = ep.supervised();
+    let mut child = sv.spawn(&exe, &args, &wd.root)?;
 
+    // A failed start leaves nothing running: the agent (which stops its
+    // PostgreSQL), its supervisor, and a PostgreSQL it could not stop.
+    let abort = |child: &mut std::process::Child, why: String| {
+        let _ = sv.stop(false);
+        let _ = stop_orphan_postgres(&ep, true);
+        let _ = child.try_wait();
+        failed(format!("endpoint {name}: {why}\n{}", process::log_tail(&log, from, TAIL_LINES)))
+    };
     let deadline = Instant::now() + START_WAIT;
     let mut last_state = String::from("(no answer)");
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            id.remove_pidfile();
-            return failed(format!(
-                "endpoint {name}: the compute agent exited ({status}) in state {last_state}\n{}",
-                process::log_tail(&log, from, TAIL_LINES)
-            ));
+    let pid = loop {
+        if let Some(why) = sv.start_failure(&mut child) {
+            return abort(&mut child, format!("the compute agent {why} in state {last_state}"));
         }
-        if let Some((state, error)) = ep.agent_state() {
-            match state.as_str() {
-                "running" => break,
-                "failed" => {
-                    let _ = process::terminate(&id, pid as i32, Duration::from_secs(10), false);
-                    let _ = child.wait();
-                    id.remove_pidfile();
-                    return failed(format!(
-                        "endpoint {name}: failed: {}\n{}",
-                        error.unwrap_or_else(|| "(no error given)".into()),
-                        process::log_tail(&log, from, TAIL_LINES)
-                    ));
+        if let Some(view) = ep.agent_view() {
+            match view.state.as_str() {
+                "running" => {
+                    if let Some(pid) = sv.service.running() {
+                        break pid;
+                    }
                 }
-                _ => last_state = state,
+                "failed" => {
+                    let error = view.error.unwrap_or_else(|| "(no error given)".into());
+                    return abort(&mut child, format!("failed: {error}"));
+                }
+                _ => last_state = view.state,
             }
         }
         if Instant::now() > deadline {
-            let _ = process::terminate(&id, pid as i32, Duration::from_secs(10), false);
-            let _ = child.wait();
-            id.remove_pidfile();
-            return failed(format!(
-                "endpoint {name}: not running after {}s (last state: {last_state}); stopped it\n{}",
-                START_WAIT.as_secs(),
-                process::log_tail(&log, from, TAIL_LINES)
-            ));
+            return abort(
+                &mut child,
+                format!("not running after {}s (last state: {last_state}); stopped it", START_WAIT.as_secs()),
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
-    }
+    };
     println!(
-        "endpoint {name}: running on branch {branch_name} (timeline {}), agent pid {pid}, log {}",
+        "endpoint {name}: running on branch {branch_name} (timeline {}), agent pid {pid}, supervisor pid {}, log {}",
         branch.timeline_id,
+        child.id(),
         log.display()
     );
     // Last line: scripts take the connection string from here.
@@ -302,10 +356,10 @@ fn check_storage_runs(wd: &Workdir) -> Result<()> {
     Ok(())
 }
 
-/// The pid of a PostgreSQL running in the endpoint's pgdata while its agent
-/// does not (the agent was killed).
+/// The pid of a PostgreSQL running in the endpoint's pgdata while neither
+/// its agent nor the agent's supervisor does (both were killed).
 pub fn orphan_postgres(ep: &Endpoint) -> Option<i32> {
-    if ep.identity().running().is_some() {
+    if ep.supervised().liveness() != Liveness::Stopped {
         return None;
     }
     let pid = process::read_pid(&ep.pgdata().join("postmaster.pid"))?;
@@ -313,24 +367,40 @@ pub fn orphan_postgres(ep: &Endpoint) -> Option<i32> {
 }
 
 /// Stops a PostgreSQL that outlived its agent, so nothing of a stopped
-/// endpoint runs and a restart finds its port and pgdata free.
+/// endpoint runs and a restart finds its port and pgdata free; then kills
+/// any postgres process still running in the data directory (the
+/// postmaster's children each lead their own session, so they are found by
+/// their working directory).
 fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
-    let Some(pid) = orphan_postgres(ep) else { return Ok(()) };
-    let is_postgres = || process::alive(pid) && process::comm(pid).as_deref() == Some("postgres");
-    // SIGINT: fast shutdown; SIGQUIT: immediate shutdown (crash recovery at next start).
-    process::send(pid, if immediate { libc::SIGQUIT } else { libc::SIGINT });
-    if !process::wait_gone(is_postgres, ORPHAN_GRACE) {
-        process::kill_group(pid);
-        if !process::wait_gone(is_postgres, Duration::from_secs(10)) {
-            return failed(format!("endpoint {}: PostgreSQL (pid {pid}) does not die", ep.file.name));
+    if let Some(pid) = orphan_postgres(ep) {
+        let is_postgres = || process::alive(pid) && process::comm(pid).as_deref() == Some("postgres");
+        // SIGINT: fast shutdown.
+        process::send(pid, if immediate { libc::SIGKILL } else { libc::SIGINT });
+        if !process::wait_gone(is_postgres, ORPHAN_GRACE) {
+            process::kill_group(pid);
+            if !process::wait_gone(is_postgres, Duration::from_secs(10)) {
+                return failed(format!("endpoint {}: PostgreSQL (pid {pid}) does not die", ep.file.name));
+            }
         }
+        println!("endpoint {}: stopped PostgreSQL (pid {pid}) left running by its agent", ep.file.name);
     }
-    println!("endpoint {}: stopped PostgreSQL (pid {pid}) left running by its agent", ep.file.name);
+    if ep.supervised().liveness() != Liveness::Stopped {
+        return Ok(());
+    }
+    let pgdata = ep.pgdata();
+    let left = || !postgres::processes_in(&pgdata).is_empty();
+    for pid in postgres::processes_in(&pgdata) {
+        process::send(pid, libc::SIGKILL);
+    }
+    if !process::wait_gone(left, Duration::from_secs(10)) {
+        return failed(format!("endpoint {}: postgres processes in {} do not die", ep.file.name, pgdata.display()));
+    }
     Ok(())
 }
 
-/// `strata endpoint stop`: SIGTERM to the agent (it stops PostgreSQL and
-/// flushes the WAL), SIGKILL after the grace period. Idempotent.
+/// `strata endpoint stop`: SIGTERM to the supervisor, which passes it to
+/// the agent (it stops PostgreSQL and flushes the WAL) and kills it after
+/// the grace period. Idempotent.
 pub fn stop(wd: &Workdir, name: &str, immediate: bool) -> Result<()> {
     let Some(ep) = load(wd, name)? else {
         let known: Vec<String> = load_all(wd)?.into_iter().map(|e| e.file.name).collect();
@@ -343,23 +413,8 @@ pub fn stop(wd: &Workdir, name: &str, immediate: bool) -> Result<()> {
 }
 
 fn stop_endpoint(ep: &Endpoint, immediate: bool) -> Result<()> {
-    let name = &ep.file.name;
-    let id = ep.identity();
-    match id.running() {
-        None => println!("endpoint {name}: not running"),
-        Some(pid) => {
-            let how = process::terminate(&id, pid, STOP_GRACE, immediate)
-                .map_err(|e| Error::Failed(format!("endpoint {name}: {e}")))?;
-            match how {
-                Stopped::Clean => println!("endpoint {name}: stopped (pid {pid})"),
-                Stopped::Killed if immediate => println!("endpoint {name}: killed (pid {pid})"),
-                Stopped::Killed => {
-                    println!("endpoint {name}: killed (pid {pid}) after not stopping within {}s", STOP_GRACE.as_secs())
-                }
-            }
-        }
-    }
-    id.remove_pidfile();
+    let outcome = ep.supervised().stop(immediate)?;
+    println!("endpoint {}: {}", ep.file.name, services::stop_message(outcome, immediate, STOP_GRACE));
     stop_orphan_postgres(ep, immediate)
 }
 
@@ -378,7 +433,8 @@ pub fn stop_all(wd: &Workdir, immediate: bool) -> Result<()> {
     }
 }
 
-/// `strata endpoint list`: name, branch, port, state, connection string.
+/// `strata endpoint list`: name, branch, port, state, restarts, the last
+/// cause of a restart, and the connection string.
 pub fn list(wd: &Workdir) -> Result<()> {
     let endpoints = load_all(wd)?;
     if endpoints.is_empty() {
@@ -388,16 +444,20 @@ pub fn list(wd: &Workdir) -> Result<()> {
     let rows = endpoints
         .iter()
         .map(|ep| {
+            let r = status::endpoint_restarts(ep);
             vec![
                 ep.file.name.clone(),
                 ep.file.branch.clone(),
                 ep.file.pg_port.to_string(),
                 status::endpoint_state_text(ep),
+                r.total.to_string(),
+                status::short(r.last_cause.as_deref().unwrap_or("-")),
                 ep.connstr(),
             ]
         })
         .collect();
-    print!("{}", status::table(&["NAME", "BRANCH", "PORT", "STATE", "CONNECTION"], rows));
+    // The connection string last: scripts take the last field.
+    print!("{}", status::table(&["NAME", "BRANCH", "PORT", "STATE", "RESTARTS", "LAST CAUSE", "CONNECTION"], rows));
     Ok(())
 }
 

@@ -2,10 +2,11 @@
 //!
 //! A cluster lives in one directory (the *workdir*): `cluster.toml` names
 //! every service with its ports and config, each service has a directory
-//! with its config, data, log and pidfile, and each endpoint (a compute:
+//! with its config, data, log and pidfiles, and each endpoint (a compute:
 //! stock PostgreSQL plus its agent) has one under `endpoints/`. Services are
-//! detached processes of this same binary; liveness is decided from the
-//! pidfiles, so any command can be run at any time. See
+//! detached processes of this same binary, each run by its own supervisor
+//! (`strata supervise`) that restarts it when it exits; liveness is decided
+//! from the pidfiles, so any command can be run at any time. See
 //! `docs/local-cluster.md`.
 
 mod endpoint;
@@ -15,6 +16,7 @@ mod ports;
 mod process;
 mod services;
 mod status;
+mod supervisor;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -87,6 +89,8 @@ pub enum EndpointCommand {
         #[arg(long)]
         port: Option<u16>,
         #[command(flatten)]
+        agent: AgentArgs,
+        #[command(flatten)]
         workdir: WorkdirArgs,
     },
     /// Stop a compute: PostgreSQL shuts down and its WAL reaches the safekeepers.
@@ -100,6 +104,18 @@ pub enum EndpointCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+}
+
+/// `strata endpoint start`: options handed to the compute agent for this run.
+#[derive(Args, Clone, Debug, Default)]
+pub struct AgentArgs {
+    /// This many restarts of PostgreSQL within --crash-loop-window-secs are
+    /// reported as a crash loop (default 5).
+    #[arg(long, help_heading = "compute agent options")]
+    pub crash_loop_restarts: Option<u32>,
+    /// The window of --crash-loop-restarts, in seconds (default 300).
+    #[arg(long, help_heading = "compute agent options")]
+    pub crash_loop_window_secs: Option<u64>,
 }
 
 /// Why a cluster command failed; decides the exit code.
@@ -184,13 +200,13 @@ pub fn status(args: StatusArgs) -> i32 {
 /// `strata endpoint start|stop|list`.
 pub fn endpoint(cmd: EndpointCommand) -> i32 {
     match cmd {
-        EndpointCommand::Start { name, branch, port, workdir } => {
+        EndpointCommand::Start { name, branch, port, agent, workdir } => {
             let result = (|| {
                 workdir.plain("endpoint start")?;
                 let wd = layout::Workdir::open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
                 let _lock = wd.lock()?;
-                endpoint::start(&wd, &name, branch.as_deref(), port)
+                endpoint::start(&wd, &name, branch.as_deref(), port, &agent)
             })();
             exit_code("endpoint start", result)
         }

@@ -1,11 +1,13 @@
-//! Starting and stopping the safekeepers and the pageserver, and making
-//! sure the tenant and its timelines exist on all of them.
+//! Starting and stopping the safekeepers and the pageserver (each under
+//! its supervisor), and making sure the tenant and its timelines exist on
+//! all of them.
 
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
 use super::layout::{Kind, Service, Workdir, MAIN_BRANCH};
 use super::process::{self, Identity, Stopped};
+use super::supervisor::{Liveness, StopOutcome, Supervised};
 use super::{endpoint, failed, http, Error, Result};
 
 /// Longest a service may take to answer `GET /v1/status` after being spawned.
@@ -20,6 +22,11 @@ const TAIL_LINES: usize = 20;
 /// How a service's process is recognised (see `process`).
 pub fn identity(wd: &Workdir, s: &Service) -> Identity {
     Identity { subcommand: s.kind.as_str(), marker: wd.config_path(s), pidfile: wd.pid_path(&s.name) }
+}
+
+/// The service with its supervisor.
+pub fn supervised(wd: &Workdir, s: &Service) -> Supervised {
+    Supervised::new(s.name.clone(), identity(wd, s), wd.log_path(&s.name), STOP_GRACE)
 }
 
 /// The pid of a running service, if it runs.
@@ -57,12 +64,32 @@ pub fn start(wd: &Workdir, only: &[String]) -> Result<()> {
     }
 }
 
-/// Spawns one service unless it runs, and waits until its HTTP API answers.
+/// Spawns one service under a new supervisor unless it runs (or its
+/// supervisor is restarting it), and waits until its HTTP API answers. A
+/// service that runs without its supervisor (the supervisor was killed) is
+/// stopped and started again under a new one: never two copies.
 fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
-    let id = identity(wd, s);
-    if let Some(pid) = id.running() {
-        println!("{}: already running (pid {pid})", s.name);
-        return Ok(());
+    let sv = supervised(wd, s);
+    match sv.liveness() {
+        Liveness::Running { pid, supervisor: Some(_) } => {
+            println!("{}: already running (pid {pid})", s.name);
+            return Ok(());
+        }
+        Liveness::Restarting { supervisor } => {
+            let r = sv.restarts();
+            println!(
+                "{}: restarting (its supervisor, pid {supervisor}, starts it again; restarts {}, last exit: {})",
+                s.name,
+                r.restarts,
+                r.last_exit.as_deref().unwrap_or("-")
+            );
+            return Ok(());
+        }
+        Liveness::Running { pid, supervisor: None } => {
+            println!("{}: runs without its supervisor (pid {pid}); restarting it under a new one", s.name);
+            sv.stop_unsupervised()?;
+        }
+        Liveness::Stopped => {}
     }
     let config = wd.config_path(s);
     if !config.is_file() {
@@ -72,42 +99,32 @@ fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
     let log = wd.log_path(&s.name);
     let from = process::log_len(&log);
     let args = [OsStr::new(s.kind.as_str()), OsStr::new("--config"), config.as_os_str()];
-    let mut child = process::spawn(&exe, &args, &log, &wd.root)?;
-    let pid = child.id();
-    id.write_pid(pid)?;
+    let mut child = sv.spawn(&exe, &args, &wd.root)?;
 
     let url = format!("{}/v1/status", s.http_url());
     let deadline = Instant::now() + START_WAIT;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            id.remove_pidfile();
-            return failed(format!(
-                "{}: exited during start-up ({status})\n{}",
-                s.name,
-                process::log_tail(&log, from, TAIL_LINES)
-            ));
+    let abort = |child: &mut std::process::Child, why: String| {
+        let _ = sv.stop(true);
+        let _ = child.try_wait();
+        failed(format!("{}: {why}\n{}", s.name, process::log_tail(&log, from, TAIL_LINES)))
+    };
+    let pid = loop {
+        if let Some(why) = sv.start_failure(&mut child) {
+            return abort(&mut child, why);
         }
-        // Checking that ours still runs after the answer: another process could
-        // hold the port if ours failed to bind it.
-        if matches!(http::get(&url, Duration::from_secs(1)), Ok(r) if r.status == 200)
-            && matches!(child.try_wait(), Ok(None))
-        {
-            break;
+        // Ours must still run after the answer, and never have exited: another
+        // process could hold the port if ours failed to bind it.
+        if matches!(http::get(&url, Duration::from_secs(1)), Ok(r) if r.status == 200) {
+            if let (Some(pid), None) = (sv.service.running(), sv.start_failure(&mut child)) {
+                break pid;
+            }
         }
         if Instant::now() > deadline {
-            process::kill_group(pid as i32);
-            let _ = child.wait();
-            id.remove_pidfile();
-            return failed(format!(
-                "{}: {url} did not answer within {}s; killed it\n{}",
-                s.name,
-                START_WAIT.as_secs(),
-                process::log_tail(&log, from, TAIL_LINES)
-            ));
+            return abort(&mut child, format!("{url} did not answer within {}s; killed it", START_WAIT.as_secs()));
         }
         std::thread::sleep(process::POLL);
-    }
-    println!("{}: started (pid {pid}, log {})", s.name, log.display());
+    };
+    println!("{}: started (pid {pid}, supervisor pid {}, log {})", s.name, child.id(), log.display());
     Ok(())
 }
 
@@ -217,21 +234,21 @@ pub fn stop(wd: &Workdir, only: &[String], immediate: bool) -> Result<()> {
 }
 
 fn stop_one(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
-    let id = identity(wd, s);
-    let Some(pid) = id.running() else {
-        id.remove_pidfile();
-        println!("{}: not running", s.name);
-        return Ok(());
-    };
-    let how =
-        process::terminate(&id, pid, STOP_GRACE, immediate).map_err(|e| Error::Failed(format!("{}: {e}", s.name)))?;
-    id.remove_pidfile();
-    match how {
-        Stopped::Clean => println!("{}: stopped (pid {pid})", s.name),
-        Stopped::Killed if immediate => println!("{}: killed (pid {pid})", s.name),
-        Stopped::Killed => {
-            println!("{}: killed (pid {pid}) after not stopping within {}s", s.name, STOP_GRACE.as_secs())
-        }
-    }
+    let outcome = supervised(wd, s).stop(immediate)?;
+    println!("{}: {}", s.name, stop_message(outcome, immediate, STOP_GRACE));
     Ok(())
+}
+
+/// `stopped (pid N)`, `killed (pid N)`, `not running`, ….
+pub fn stop_message(outcome: StopOutcome, immediate: bool, grace: Duration) -> String {
+    let StopOutcome::Stopped { pid, how } = outcome else { return "not running".into() };
+    let pid = match pid {
+        Some(pid) => format!("pid {pid}"),
+        None => "it was waiting to be restarted".into(),
+    };
+    match how {
+        Stopped::Clean => format!("stopped ({pid})"),
+        Stopped::Killed if immediate => format!("killed ({pid})"),
+        Stopped::Killed => format!("killed ({pid}) after not stopping within {}s", grace.as_secs()),
+    }
 }

@@ -3,22 +3,76 @@
 
 use serde_json::{json, Value};
 
-use super::endpoint::{self, Endpoint};
+use super::endpoint::{self, AgentView, Endpoint};
 use super::layout::{Kind, Workdir};
+use super::supervisor::Liveness;
 use super::{http, services, Result};
+
+/// Longest cause shown in a table cell.
+const SHORT_CHARS: usize = 80;
+
+/// An endpoint's restarts: the supervisor's of the agent plus the agent's
+/// of PostgreSQL, and the most recent cause of either.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EndpointRestarts {
+    pub total: u64,
+    /// The supervisor's restarts of the agent process.
+    pub agent: u64,
+    /// The agent's restarts of PostgreSQL.
+    pub postgres: u64,
+    pub last_cause: Option<String>,
+    pub crash_loop: bool,
+}
+
+/// Combines the supervisor's and the agent's view of an endpoint's restarts.
+fn combine(supervisor: &super::supervisor::Restarts, agent: Option<&AgentView>) -> EndpointRestarts {
+    let postgres = agent.map_or(0, |a| a.restarts);
+    let agent_cause = agent.and_then(|a| Some((a.last_restart_at.unwrap_or(0), a.last_restart_cause.clone()?)));
+    let supervisor_cause = supervisor
+        .last_exit
+        .as_ref()
+        .map(|e| (supervisor.last_exit_at.unwrap_or(0), format!("the compute agent exited ({e})")));
+    // The later of the two; the agent's restart on a tie (it is the finer one).
+    let last_cause = match (agent_cause, supervisor_cause) {
+        (Some(a), Some(s)) => Some(if s.0 > a.0 { s.1 } else { a.1 }),
+        (a, s) => a.or(s).map(|c| c.1),
+    };
+    EndpointRestarts {
+        total: supervisor.restarts + postgres,
+        agent: supervisor.restarts,
+        postgres,
+        last_cause,
+        crash_loop: supervisor.crash_loop || agent.is_some_and(|a| a.crash_loop),
+    }
+}
+
+/// An endpoint's restarts, asking its supervisor and its agent.
+pub fn endpoint_restarts(ep: &Endpoint) -> EndpointRestarts {
+    let sv = ep.supervised();
+    let agent = sv.service.running().and_then(|_| ep.agent_view());
+    combine(&sv.restarts(), agent.as_ref())
+}
 
 /// The whole status as JSON (the `--json` output).
 pub fn collect(wd: &Workdir) -> Result<Value> {
     let c = &wd.cluster;
     let mut service_rows = Vec::new();
     for s in &c.services {
-        let pid = services::running(wd, s);
+        let sv = services::supervised(wd, s);
+        let liveness = sv.liveness();
+        let r = sv.restarts();
         service_rows.push(json!({
             "name": s.name,
             "kind": s.kind.as_str(),
-            "pid": pid,
+            "pid": liveness.pid(),
+            "supervisor_pid": liveness.supervisor(),
+            "supervised": liveness.supervisor().is_some(),
             "ports": s.ports,
-            "state": if pid.is_some() { "running" } else { "stopped" },
+            "state": liveness.name(),
+            "restarts": r.restarts,
+            "last_exit": r.last_exit,
+            "last_exit_at": r.last_exit_at,
+            "crash_loop": r.crash_loop,
             "config": wd.config_path(s),
             "log": wd.log_path(&s.name),
         }));
@@ -26,18 +80,33 @@ pub fn collect(wd: &Workdir) -> Result<Value> {
 
     let mut endpoint_rows = Vec::new();
     for ep in endpoint::load_all(wd)? {
-        let pid = ep.identity().running();
-        let agent = pid.and_then(|_| ep.agent_state());
+        let sv = ep.supervised();
+        let liveness = sv.liveness();
+        let supervisor = sv.restarts();
+        let agent = liveness.pid().and_then(|_| ep.agent_view());
+        let restarts = combine(&supervisor, agent.as_ref());
         endpoint_rows.push(json!({
             "name": ep.file.name,
             "kind": "compute",
-            "pid": pid,
+            "pid": liveness.pid(),
+            "supervisor_pid": liveness.supervisor(),
+            "supervised": liveness.supervisor().is_some(),
             "ports": { "pg": ep.file.pg_port, "http": ep.file.http_port },
             "branch": ep.file.branch,
             "timeline_id": c.branch(&ep.file.branch).map(|b| b.timeline_id.to_string()),
-            "state": if pid.is_some() { "running" } else { "stopped" },
-            "compute_state": agent.as_ref().map(|a| a.0.clone()),
-            "compute_error": agent.and_then(|a| a.1),
+            "state": liveness.name(),
+            "compute_state": agent.as_ref().map(|a| a.state.clone()),
+            "compute_error": agent.as_ref().and_then(|a| a.error.clone()),
+            "restarts": restarts.total,
+            "agent_restarts": restarts.agent,
+            "postgres_restarts": restarts.postgres,
+            "last_exit": supervisor.last_exit,
+            "last_exit_at": supervisor.last_exit_at,
+            "last_restart_cause": agent.as_ref().and_then(|a| a.last_restart_cause.clone()),
+            "last_restart_at": agent.as_ref().and_then(|a| a.last_restart_at),
+            "last_restart_downtime_seconds": agent.as_ref().and_then(|a| a.last_restart_downtime_seconds),
+            "last_cause": restarts.last_cause,
+            "crash_loop": restarts.crash_loop,
             "orphan_postgres_pid": endpoint::orphan_postgres(&ep),
             "connstr": ep.connstr(),
             "log": ep.log(),
@@ -97,19 +166,33 @@ pub fn collect(wd: &Workdir) -> Result<Value> {
     }))
 }
 
-/// `running`, `stopped`, or `running (<agent state>)` while it is not yet ready.
+/// `running`, `restarting`, `stopped`, or `running (<agent state>)` while
+/// the agent is not running PostgreSQL.
 pub fn endpoint_state_text(ep: &Endpoint) -> String {
-    match ep.identity().running() {
-        None => match endpoint::orphan_postgres(ep) {
+    match ep.supervised().liveness() {
+        Liveness::Stopped => match endpoint::orphan_postgres(ep) {
             Some(pid) => format!("stopped (PostgreSQL pid {pid} left running)"),
             None => "stopped".into(),
         },
-        Some(_) => match ep.agent_state() {
-            Some((s, _)) if s == "running" => "running".into(),
-            Some((s, _)) => format!("running ({s})"),
+        Liveness::Restarting { .. } => "restarting".into(),
+        Liveness::Running { .. } => match ep.agent_view() {
+            Some(a) if a.state == "running" => "running".into(),
+            Some(a) if a.crash_loop => format!("running ({}, crash loop)", a.state),
+            Some(a) => format!("running ({})", a.state),
             None => "running (no answer)".into(),
         },
     }
+}
+
+/// The first line of `text`, at most 80 characters (`…` when cut).
+pub fn short(text: &str) -> String {
+    let line = text.lines().next().unwrap_or("");
+    if line.chars().count() <= SHORT_CHARS && line.len() == text.trim_end().len() {
+        return line.to_string();
+    }
+    let mut cut: String = line.chars().take(SHORT_CHARS - 1).collect();
+    cut.push('…');
+    cut
 }
 
 /// Left-aligned columns separated by two spaces, one line per row.
@@ -156,11 +239,28 @@ fn render(st: &Value) -> String {
             .unwrap_or_default()
     };
 
+    let state = |s: &Value| {
+        if s["crash_loop"] == true {
+            format!("{} (crash loop)", text(&s["state"]))
+        } else {
+            text(&s["state"])
+        }
+    };
     let rows = arr("services")
         .iter()
-        .map(|s| vec![text(&s["name"]), text(&s["kind"]), text(&s["state"]), text(&s["pid"]), ports(&s["ports"])])
+        .map(|s| {
+            vec![
+                text(&s["name"]),
+                text(&s["kind"]),
+                state(s),
+                text(&s["pid"]),
+                text(&s["restarts"]),
+                ports(&s["ports"]),
+                short(&text(&s["last_exit"])),
+            ]
+        })
         .collect();
-    out.push_str(&table(&["NAME", "KIND", "STATE", "PID", "PORTS"], rows));
+    out.push_str(&table(&["NAME", "KIND", "STATE", "PID", "RESTARTS", "PORTS", "LAST EXIT"], rows));
 
     out.push('\n');
     let endpoints = arr("endpoints");
@@ -170,22 +270,30 @@ fn render(st: &Value) -> String {
         let rows = endpoints
             .iter()
             .map(|e| {
-                let state = match (&e["state"], &e["compute_state"], &e["orphan_postgres_pid"]) {
+                let mut state = match (&e["state"], &e["compute_state"], &e["orphan_postgres_pid"]) {
                     (s, Value::String(c), _) if c != "running" => format!("{} ({c})", text(s)),
                     (s, _, Value::Number(pid)) => format!("{} (PostgreSQL pid {pid} left running)", text(s)),
                     (s, _, _) => text(s),
                 };
+                if e["crash_loop"] == true {
+                    state.push_str(" (crash loop)");
+                }
                 vec![
                     text(&e["name"]),
                     text(&e["branch"]),
                     state,
                     text(&e["pid"]),
+                    text(&e["restarts"]),
                     ports(&e["ports"]),
+                    short(&text(&e["last_cause"])),
                     text(&e["connstr"]),
                 ]
             })
             .collect();
-        out.push_str(&table(&["ENDPOINT", "BRANCH", "STATE", "PID", "PORTS", "CONNECTION"], rows));
+        out.push_str(&table(
+            &["ENDPOINT", "BRANCH", "STATE", "PID", "RESTARTS", "PORTS", "LAST CAUSE", "CONNECTION"],
+            rows,
+        ));
     }
 
     out.push('\n');
@@ -243,16 +351,60 @@ mod tests {
     }
 
     #[test]
+    fn short_cells() {
+        assert_eq!(short("one line"), "one line");
+        assert_eq!(short("first\nsecond"), "first…");
+        let long = "x".repeat(200);
+        assert_eq!(short(&long).chars().count(), SHORT_CHARS);
+        assert!(short(&long).ends_with('…'));
+    }
+
+    #[test]
+    fn endpoint_restarts_add_up_and_take_the_latest_cause() {
+        use super::super::supervisor::Restarts;
+        let sup = Restarts {
+            restarts: 1,
+            last_exit: Some("signal 9: SIGKILL".into()),
+            last_exit_at: Some(100),
+            crash_loop: false,
+        };
+        let agent = AgentView {
+            state: "running".into(),
+            restarts: 2,
+            last_restart_cause: Some("PostgreSQL exited (exit code 1)".into()),
+            last_restart_at: Some(200),
+            ..Default::default()
+        };
+        let r = combine(&sup, Some(&agent));
+        assert_eq!((r.total, r.agent, r.postgres), (3, 1, 2));
+        assert_eq!(r.last_cause.as_deref(), Some("PostgreSQL exited (exit code 1)"));
+        assert!(!r.crash_loop);
+        let later = Restarts { last_exit_at: Some(300), crash_loop: true, ..sup.clone() };
+        let r = combine(&later, Some(&agent));
+        assert_eq!(r.last_cause.as_deref(), Some("the compute agent exited (signal 9: SIGKILL)"));
+        assert!(r.crash_loop);
+        assert_eq!(combine(&Restarts::default(), None), EndpointRestarts::default());
+        assert_eq!(combine(&sup, None).last_cause.as_deref(), Some("the compute agent exited (signal 9: SIGKILL)"));
+    }
+
+    #[test]
     fn renders_stopped_cluster() {
         let st = json!({
             "workdir": "/w", "tenant_id": "t",
-            "services": [{"name": "sk1", "kind": "safekeeper", "state": "stopped", "pid": null, "ports": {"http": 1}}],
+            "services": [{"name": "sk1", "kind": "safekeeper", "state": "stopped", "pid": null, "ports": {"http": 1},
+                          "restarts": 0, "last_exit": null, "crash_loop": false},
+                         {"name": "sk2", "kind": "safekeeper", "state": "restarting", "pid": null, "ports": {"http": 2},
+                          "restarts": 6, "last_exit": "signal 9: SIGKILL", "crash_loop": true}],
             "endpoints": [],
             "timelines": [{"branch": "main", "timeline_id": "l", "pageserver": null,
                            "safekeepers": [{"name": "sk1", "flush_lsn": "0/10", "commit_lsn": "0/8"}]}],
         });
         let out = render(&st);
-        assert!(out.contains("sk1   safekeeper  stopped  -    http=1"), "{out}");
+        assert!(out.contains("sk1   safekeeper  stopped                  -    0         http=1  -\n"), "{out}");
+        assert!(
+            out.contains("sk2   safekeeper  restarting (crash loop)  -    6         http=2  signal 9: SIGKILL"),
+            "{out}"
+        );
         assert!(out.contains("flush=0/10 commit=0/8"), "{out}");
         assert!(out.contains("no endpoints"), "{out}");
         assert!(out.contains("pageserver  -      (not running)"), "{out}");

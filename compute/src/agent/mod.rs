@@ -11,31 +11,35 @@
 //! 7. on SIGTERM or SIGINT stops PostgreSQL (fast shutdown) while the
 //!    proposer makes its last WAL durable.
 //!
+//! Once the compute has been running, a failure of PostgreSQL or of the
+//! proposer leads to a fresh start (steps 1 to 6 again, on the same port)
+//! after a backoff ([`restart`]); before that, a failure ends the agent.
 //! Status and metrics are served over HTTP ([`status`]).
 
 pub mod basebackup;
+pub mod exit;
+pub mod leftover;
 pub mod pageserver_api;
 pub mod pgconf;
 pub mod postgres;
+pub mod restart;
+mod running;
+mod start;
 pub mod status;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use strata_formats::Lsn;
-use strata_protocol::safekeeper::TimelineIdentity;
 use strata_protocol::{TenantId, TimelineId};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use crate::pg_replication::ReplicationConfig;
-use crate::proposer::{self, ProposerConfig, ProposerStatus};
-use pageserver_api::{PageserverClient, TimelineInfo};
-use postgres::{OsUser, Postgres};
-use status::{AgentState, AgentStatus, StartTimings, StatusHandle};
+use crate::proposer::ProposerStatus;
+use pageserver_api::TimelineInfo;
+use restart::{RestartPolicy, RestartTracker};
+use running::RunEnd;
+use status::{AgentState, AgentStatus, RestartStatus, StartTimings, StatusHandle};
 
 /// The only PostgreSQL major version supported.
 const PG_VERSION: u32 = 15;
@@ -74,6 +78,10 @@ pub struct AgentConfig {
     pub wait_timeout: Duration,
     /// How long an unreachable pageserver is retried at first (it may be starting).
     pub pageserver_patience: Duration,
+    /// The same during a restart, whose failure is retried with backoff anyway.
+    pub restart_pageserver_patience: Duration,
+    /// Bound on sync-safekeepers (election and catch-up of a quorum).
+    pub sync_timeout: Duration,
     /// Bound on PostgreSQL starting up, and on the proposer then streaming.
     pub start_timeout: Duration,
     /// Bound on a graceful stop (PostgreSQL's shutdown plus the last WAL
@@ -81,6 +89,8 @@ pub struct AgentConfig {
     pub stop_timeout: Duration,
     /// After a failure, how long `failed` stays visible on the status endpoint.
     pub failed_linger: Duration,
+    /// Pacing of PostgreSQL's restarts, and what counts as a crash loop.
+    pub restart: RestartPolicy,
 }
 
 impl AgentConfig {
@@ -110,9 +120,12 @@ impl AgentConfig {
             max_consumer_lag_bytes: None,
             wait_timeout: Duration::from_secs(60),
             pageserver_patience: Duration::from_secs(30),
+            restart_pageserver_patience: Duration::from_secs(5),
+            sync_timeout: Duration::from_secs(60),
             start_timeout: Duration::from_secs(60),
             stop_timeout: Duration::from_secs(60),
             failed_linger: Duration::from_secs(1),
+            restart: RestartPolicy::default(),
         }
     }
 }
@@ -168,9 +181,11 @@ async fn unless_stopped<T>(stop: &mut watch::Receiver<bool>, fut: impl std::futu
 }
 
 /// Runs the compute until `stop` turns true (then stops it gracefully and
-/// returns `Ok`) or something fails.
+/// returns `Ok`) or its first start fails. Failures after it ran are
+/// followed by fresh starts.
 pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
     let pgdata = absolute(&cfg.pgdata).map_err(|e| fail("configuration", e))?;
+    cfg.restart.validate().map_err(|e| fail("configuration", e))?;
     let (proposer_tx, proposer_rx) = watch::channel(ProposerStatus::default());
     let status = StatusHandle::new(
         AgentStatus {
@@ -183,6 +198,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             start_lsn: None,
             error: None,
             timings: StartTimings::default(),
+            restart: RestartStatus::default(),
         },
         proposer_rx,
     );
@@ -192,7 +208,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         }
         None => None,
     };
-    let agent = Agent { cfg, pgdata, status: status.clone(), started: Instant::now() };
+    let agent = Agent { cfg, pgdata, status: status.clone() };
     let result = agent.run(&mut stop, proposer_tx).await;
     if let Err(e) = &result {
         status.update(|s| {
@@ -240,12 +256,31 @@ fn check_timeline(info: &TimelineInfo) -> Result<(), String> {
     Ok(())
 }
 
+/// Unix time in whole seconds.
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// One start of PostgreSQL: the first, or a restart after a failure.
+#[derive(Clone, Copy, Debug)]
+struct Attempt {
+    /// When this attempt began (its phases are timed from here).
+    began: Instant,
+    /// For a restart: since when the compute has been down.
+    down_since: Option<Instant>,
+}
+
+impl Attempt {
+    fn is_restart(&self) -> bool {
+        self.down_since.is_some()
+    }
+}
+
 struct Agent {
     cfg: AgentConfig,
     /// Absolute.
     pgdata: PathBuf,
     status: StatusHandle,
-    started: Instant,
 }
 
 impl Agent {
@@ -253,359 +288,67 @@ impl Agent {
         format!("timeline {}/{}", self.cfg.tenant_id, self.cfg.timeline_id)
     }
 
-    fn record(&self, f: impl FnOnce(&mut StartTimings)) {
-        self.status.update(|s| f(&mut s.timings));
-    }
-
-    /// The replication connection to the local server.
-    fn replication_config(&self) -> ReplicationConfig {
-        ReplicationConfig {
-            host: "127.0.0.1".into(),
-            port: self.cfg.pg_port,
-            user: self.cfg.pg_role.clone(),
-            password: None,
-            application_name: self.cfg.application_name.clone(),
-            connect_timeout: Duration::from_secs(10),
-        }
-    }
-
+    /// Starts the compute, and starts it again after each failure once it
+    /// has been running, until a stop is requested.
     async fn run(
         &self,
         stop: &mut watch::Receiver<bool>,
         proposer_tx: watch::Sender<ProposerStatus>,
     ) -> Result<(), AgentError> {
-        let client = Arc::new(PageserverClient::new(&self.cfg.pageserver_http));
-        info!(
-            tenant = %self.cfg.tenant_id, timeline = %self.cfg.timeline_id, pgdata = %self.pgdata.display(),
-            port = self.cfg.pg_port, "starting a compute"
-        );
-
-        // 1. The timeline, as the pageserver knows it.
-        let t = Instant::now();
-        let Some(info) = unless_stopped(
-            stop,
-            pageserver_api::timeline_with_retry(
-                &client,
-                self.cfg.tenant_id,
-                self.cfg.timeline_id,
-                self.cfg.pageserver_patience,
-            ),
-        )
-        .await
-        else {
-            return stopped_early();
-        };
-        let info = info.map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name())))?;
-        check_timeline(&info).map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name())))?;
-        let seconds = t.elapsed().as_secs_f64();
-        self.record(|t| t.timeline_lookup_seconds = seconds);
-        info!(seconds, system_id = info.system_id, last_record_lsn = %info.last_record_lsn, "timeline found");
-
-        // 2. The end of the timeline's WAL, committed on a quorum.
-        let t = Instant::now();
-        let identity = TimelineIdentity {
-            tenant_id: self.cfg.tenant_id,
-            timeline_id: self.cfg.timeline_id,
-            system_id: info.system_id,
-            pg_version: PG_VERSION,
-            wal_segment_size: info.wal_segment_size,
-        };
-        let mut proposer_cfg = ProposerConfig::new(self.cfg.safekeepers.clone(), identity);
-        proposer_cfg.max_consumer_lag_bytes = self.cfg.max_consumer_lag_bytes;
-        let Some(lsn) = unless_stopped(stop, proposer::sync_safekeepers(proposer_cfg.clone())).await else {
-            return stopped_early();
-        };
-        let lsn = lsn.map_err(|e| fail("sync-safekeepers", format!("{}: {e}", self.timeline_name())))?;
-        let seconds = t.elapsed().as_secs_f64();
-        self.status.update(|s| {
-            s.start_lsn = Some(lsn);
-            s.timings.sync_seconds = seconds;
-        });
-        info!(seconds, %lsn, "safekeepers synced: the timeline's WAL ends here");
-
-        // 3. The pageserver must have all of it.
-        self.status.set_state(AgentState::WaitingForPageserver);
-        let t = Instant::now();
-        let Some(waited) = unless_stopped(stop, self.wait_for_pageserver(&client, lsn)).await else {
-            return stopped_early();
-        };
-        waited?;
-        let seconds = t.elapsed().as_secs_f64();
-        self.record(|t| t.wait_seconds = seconds);
-        info!(seconds, %lsn, "the pageserver has the WAL up to the start LSN");
-
-        // 4. The data directory from the basebackup.
-        self.status.set_state(AgentState::Restoring);
-        let t = Instant::now();
-        let Some(stats) = self.restore(stop, &client, lsn).await? else {
-            return stopped_early();
-        };
-        let seconds = t.elapsed().as_secs_f64();
-        self.record(|t| {
-            t.basebackup_seconds = seconds;
-            t.basebackup_bytes = stats.bytes;
-            t.basebackup_files = stats.files;
-        });
-        info!(
-            seconds,
-            bytes = stats.bytes,
-            files = stats.files,
-            mb_per_second = stats.bytes as f64 / 1e6 / seconds.max(1e-6),
-            "basebackup unpacked"
-        );
-
-        // 5. Configuration, and the directory handed to PostgreSQL's user.
-        let t = Instant::now();
-        let user = postgres::server_user(&self.cfg.pg_user).map_err(|e| fail("configuration", e))?;
-        self.configure(user.as_ref()).await?;
-        let seconds = t.elapsed().as_secs_f64();
-        self.record(|t| t.config_seconds = seconds);
-        info!(seconds, "configuration written");
-
-        // 6. PostgreSQL.
-        self.status.set_state(AgentState::Starting);
-        let t = Instant::now();
-        let log = postgres::log_path(&self.pgdata);
-        let mut pg = Postgres::spawn(&self.cfg.pg_bin_dir, &self.pgdata, &log, user.as_ref())
-            .map_err(|e| fail("starting PostgreSQL", e))?;
-        info!(pid = pg.pid(), log = %log.display(), "PostgreSQL started");
-        let repl = self.replication_config();
-        match unless_stopped(stop, pg.wait_ready(&repl, self.cfg.start_timeout)).await {
-            None => {
-                info!("stop requested while PostgreSQL was starting");
-                pg.stop(self.cfg.stop_timeout).await.map_err(|e| fail("stopping", e))?;
+        let mut tracker = RestartTracker::new(self.cfg.restart);
+        let mut attempt = Attempt { began: Instant::now(), down_since: None };
+        loop {
+            proposer_tx.send_replace(ProposerStatus::default());
+            let (error, cause, running_since) = match self.start_and_run(stop, &proposer_tx, attempt).await {
+                RunEnd::Stopped(result) => return result,
+                // Before the first `running`, a failure is the agent's answer
+                // (an unknown or broken timeline must be reported at once).
+                RunEnd::Failed { error, running_since: None, .. } if !attempt.is_restart() => return Err(error),
+                RunEnd::Failed { error, cause, running_since } => (error, cause, running_since),
+            };
+            let now = Instant::now();
+            let uptime = running_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+            // Down since this failure, or since the failure a failed restart tried to recover from.
+            let down_since = match (running_since, attempt.down_since) {
+                (None, Some(since)) => since,
+                _ => now,
+            };
+            let delay = tracker.failed(uptime, restart::random_jitter());
+            tracker.restarting(now);
+            let crash_loop_until = tracker.crash_loop_until(now);
+            let restarts = tracker.total();
+            self.status.update(|s| {
+                s.state = AgentState::Restarting;
+                s.error = Some(error.to_string());
+                s.restart.restarts = restarts;
+                s.restart.last_restart_cause = Some(cause.clone());
+                s.restart.last_restart_at = Some(unix_now());
+                s.restart.crash_loop_until = crash_loop_until;
+            });
+            warn!(restarts, delay_ms = delay.as_millis() as u64, "{cause}; starting PostgreSQL afresh");
+            if crash_loop_until.is_some() {
+                let p = tracker.policy();
+                error!(
+                    restarts,
+                    "crash loop: {} restarts within {:?}; still restarting, at most every {:?}",
+                    p.crash_loop_restarts,
+                    p.crash_loop_window,
+                    p.max_delay
+                );
+            }
+            if unless_stopped(stop, tokio::time::sleep(delay)).await.is_none() {
+                info!("stop requested while waiting to restart PostgreSQL");
                 return Ok(());
             }
-            Some(Err(e)) => {
-                let _ = pg.stop_immediately().await;
-                return Err(fail("starting PostgreSQL", e));
-            }
-            Some(Ok(())) => {}
-        }
-        let seconds = t.elapsed().as_secs_f64();
-        self.record(|t| t.postgres_start_seconds = seconds);
-        info!(seconds, "PostgreSQL accepts connections");
-
-        // 7. The proposer, then supervision until a stop or a failure.
-        self.supervise(stop, pg, proposer_cfg, repl, proposer_tx).await
-    }
-
-    /// Polls the pageserver until it has ingested the WAL up to `lsn`.
-    async fn wait_for_pageserver(&self, client: &Arc<PageserverClient>, lsn: Lsn) -> Result<(), AgentError> {
-        let deadline = Instant::now() + self.cfg.wait_timeout;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let c = client.clone();
-            let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
-            let answer = tokio::task::spawn_blocking(move || c.timeline(tenant, timeline))
-                .await
-                .map_err(|e| fail("waiting for the pageserver", format!("request task: {e}")))?;
-            let last = match answer {
-                Ok(info) => {
-                    check_timeline(&info).map_err(|e| fail("waiting for the pageserver", e))?;
-                    if info.state == "active" && info.last_record_lsn >= lsn {
-                        return Ok(());
-                    }
-                    format!("{} at {}", info.state, info.last_record_lsn)
-                }
-                Err(e) if e.is_transient() => e.to_string(),
-                Err(e) => return Err(fail("waiting for the pageserver", format!("{}: {e}", self.timeline_name()))),
-            };
-            if Instant::now() + pause > deadline {
-                return Err(fail(
-                    "waiting for the pageserver",
-                    format!(
-                        "{}: the pageserver did not reach {lsn} within {:?} (last: {last})",
-                        self.timeline_name(),
-                        self.cfg.wait_timeout
-                    ),
-                ));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(250));
+            attempt = Attempt { began: Instant::now(), down_since: Some(down_since) };
         }
     }
-
-    /// Empties the data directory and unpacks the basebackup at `lsn` into
-    /// it, streaming. `None` if a stop was requested meanwhile.
-    async fn restore(
-        &self,
-        stop: &mut watch::Receiver<bool>,
-        client: &Arc<PageserverClient>,
-        lsn: Lsn,
-    ) -> Result<Option<basebackup::UnpackStats>, AgentError> {
-        postgres::check_not_running(&self.pgdata).map_err(|e| fail("basebackup", e))?;
-        let cancel = Arc::new(AtomicBool::new(false));
-        let (c, pgdata, flag) = (client.clone(), self.pgdata.clone(), cancel.clone());
-        let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
-        let mut task = tokio::task::spawn_blocking(move || -> Result<basebackup::UnpackStats, String> {
-            basebackup::prepare_dir(&pgdata).map_err(|e| e.to_string())?;
-            let reader = c.basebackup(tenant, timeline, lsn).map_err(|e| e.to_string())?;
-            let stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
-            basebackup::finish(&pgdata, PG_VERSION).map_err(|e| e.to_string())?;
-            Ok(stats)
-        });
-        let context = || format!("{} at {lsn} into {}", self.timeline_name(), self.pgdata.display());
-        tokio::select! {
-            r = &mut task => {
-                let r = r.map_err(|e| fail("basebackup", format!("{}: unpacking task: {e}", context())))?;
-                r.map(Some).map_err(|e| fail("basebackup", format!("{}: {e}", context())))
-            }
-            _ = stop_requested(stop) => {
-                cancel.store(true, Ordering::Relaxed);
-                let _ = task.await;
-                Ok(None)
-            }
-        }
-    }
-
-    /// Writes the configuration and gives the data directory to `user`.
-    async fn configure(&self, user: Option<&OsUser>) -> Result<(), AgentError> {
-        let settings = pgconf::PgSettings {
-            port: self.cfg.pg_port,
-            socket_dir: self.pgdata.clone(),
-            shared_buffers: self.cfg.shared_buffers.clone(),
-            application_name: self.cfg.application_name.clone(),
-        };
-        let pgdata = self.pgdata.clone();
-        let owner = user.map(|u| (u.uid, u.gid));
-        tokio::task::spawn_blocking(move || -> Result<(), String> {
-            pgconf::write_config(&pgdata, &settings).map_err(|e| e.to_string())?;
-            basebackup::set_ownership(&pgdata, owner).map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| fail("configuration", format!("task: {e}")))?
-        .map_err(|e| fail("configuration", e))
-    }
-
-    /// Runs the proposer next to the running server until a stop is
-    /// requested (then stops both in order) or either fails.
-    async fn supervise(
-        &self,
-        stop: &mut watch::Receiver<bool>,
-        mut pg: Postgres,
-        proposer_cfg: ProposerConfig,
-        repl: ReplicationConfig,
-        proposer_tx: watch::Sender<ProposerStatus>,
-    ) -> Result<(), AgentError> {
-        let (proposer_stop_tx, proposer_stop_rx) = watch::channel(false);
-        let mut proposer_status = proposer_tx.subscribe();
-        let mut proposer = Box::pin(proposer::run_until_shutdown(
-            proposer_cfg,
-            repl,
-            Some(self.cfg.slot.clone()),
-            proposer_tx,
-            proposer_stop_rx,
-            self.cfg.stop_timeout,
-        ));
-        let t = Instant::now();
-        let streaming_deadline = tokio::time::Instant::now() + self.cfg.start_timeout;
-        let mut running = false;
-        loop {
-            tokio::select! {
-                exit = pg.wait() => {
-                    let message = match exit {
-                        Ok(status) => pg.unexpected_exit(status).to_string(),
-                        Err(e) => e.to_string(),
-                    };
-                    return Err(fail("running", format!("PostgreSQL stopped unexpectedly: {message}")));
-                }
-                r = &mut proposer => {
-                    let why = match r {
-                        Err(e) => format!("the WAL proposer failed: {e}"),
-                        Ok(_) => "the WAL proposer stopped unexpectedly".to_string(),
-                    };
-                    warn!("{why}; stopping PostgreSQL");
-                    let stopped = pg.stop(self.cfg.stop_timeout).await;
-                    let stopped = match stopped {
-                        Ok(s) => format!("PostgreSQL stopped ({s})"),
-                        Err(e) => e.to_string(),
-                    };
-                    return Err(fail("running", format!("{why}; {stopped}")));
-                }
-                _ = stop_requested(stop) => break,
-                changed = proposer_status.changed(), if !running => {
-                    if changed.is_ok() && proposer_status.borrow_and_update().streaming {
-                        running = true;
-                        let seconds = t.elapsed().as_secs_f64();
-                        let total = self.started.elapsed().as_secs_f64();
-                        self.status.update(|s| {
-                            s.state = AgentState::Running;
-                            s.timings.proposer_start_seconds = seconds;
-                            s.timings.total_seconds = total;
-                        });
-                        info!(
-                            seconds, total_seconds = total,
-                            "running: postgresql://{}@127.0.0.1:{}/postgres", self.cfg.pg_role, self.cfg.pg_port
-                        );
-                    }
-                }
-                _ = tokio::time::sleep_until(streaming_deadline), if !running => {
-                    let _ = pg.stop(self.cfg.stop_timeout).await;
-                    return Err(fail(
-                        "starting the WAL proposer",
-                        format!("PostgreSQL's WAL did not stream to the safekeepers within {:?}", self.cfg.start_timeout),
-                    ));
-                }
-            }
-        }
-
-        // Graceful stop: PostgreSQL writes its shutdown checkpoint and its
-        // walsender sends the last WAL; the proposer makes it durable.
-        self.status.set_state(AgentState::Stopping);
-        info!(pid = pg.pid(), "stopping: fast shutdown of PostgreSQL");
-        let t = Instant::now();
-        let _ = proposer_stop_tx.send(true);
-        pg.signal(libc::SIGINT);
-        let deadline = tokio::time::Instant::now() + self.cfg.stop_timeout;
-        let mut pg_exit = None;
-        let mut proposer_end = None;
-        while pg_exit.is_none() || proposer_end.is_none() {
-            tokio::select! {
-                exit = pg.wait(), if pg_exit.is_none() => pg_exit = Some(exit),
-                end = &mut proposer, if proposer_end.is_none() => proposer_end = Some(end),
-                _ = tokio::time::sleep_until(deadline) => break,
-            }
-        }
-        let pg_result = match pg_exit {
-            Some(Ok(status)) if status.success() => Ok(()),
-            Some(Ok(status)) => Err(pg.unexpected_exit(status).to_string()),
-            Some(Err(e)) => Err(e.to_string()),
-            None => {
-                let _ = pg.stop_immediately().await;
-                Err(format!("PostgreSQL did not shut down within {:?}; stopped it immediately", self.cfg.stop_timeout))
-            }
-        };
-        let proposer_result = match proposer_end {
-            Some(Ok(commit_lsn)) => {
-                info!(%commit_lsn, "the safekeepers hold all WAL PostgreSQL sent");
-                Ok(())
-            }
-            Some(Err(e)) => Err(format!("the WAL proposer failed: {e}")),
-            None => {
-                Err(format!("the safekeepers did not confirm PostgreSQL's last WAL within {:?}", self.cfg.stop_timeout))
-            }
-        };
-        match (pg_result, proposer_result) {
-            (Ok(()), Ok(())) => {
-                info!(seconds = t.elapsed().as_secs_f64(), "stopped");
-                Ok(())
-            }
-            (Err(a), Ok(())) | (Ok(()), Err(a)) => Err(fail("stopping", a)),
-            (Err(a), Err(b)) => Err(fail("stopping", format!("{a}; {b}"))),
-        }
-    }
-}
-
-/// The end of a stop requested before PostgreSQL was started: nothing to undo.
-fn stopped_early() -> Result<(), AgentError> {
-    info!("stop requested before PostgreSQL was started");
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_formats::Lsn;
 
     fn info() -> TimelineInfo {
         TimelineInfo {

@@ -157,8 +157,8 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
         "off".into(),
     );
     set(
-        "After a crash the agent stops, and a new start restores from the storage\n\
-         instead of recovering local files the safekeepers may not agree with.",
+        "After a crash the agent starts PostgreSQL afresh from the storage instead\n\
+         of recovering local files the safekeepers may not agree with.",
         "restart_after_crash",
         "off".into(),
     );

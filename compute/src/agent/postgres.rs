@@ -13,6 +13,13 @@ use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
 
 /// Bytes of the log shown with an error.
 const LOG_TAIL_BYTES: u64 = 4096;
+/// Bytes of the log searched for the reason of an exit.
+const LOG_REASON_BYTES: u64 = 64 << 10;
+/// Longest reason quoted from the log.
+const MAX_REASON_CHARS: usize = 300;
+/// What the postmaster logs when a child crashed, or when it panics itself.
+const CRASH_MARKERS: &[&str] =
+    &["was terminated by signal", "was terminated by exception", "exited with exit code", "PANIC:"];
 /// Bound on waiting for the server to exit after an immediate shutdown.
 const IMMEDIATE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -89,6 +96,22 @@ pub fn log_tail(path: &Path) -> String {
     read().unwrap_or_else(|e| format!("({}: {e})", path.display()))
 }
 
+/// The last crash report in the log after byte `from` (within the last
+/// 64 KiB), without the line prefix and shortened.
+pub fn crash_reason(path: &Path, from: u64) -> Option<String> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let start = from.max(len.saturating_sub(LOG_REASON_BYTES));
+    f.seek(SeekFrom::Start(start)).ok()?;
+    let mut bytes = Vec::new();
+    f.take(LOG_REASON_BYTES).read_to_end(&mut bytes).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let line = text.lines().rev().find(|l| CRASH_MARKERS.iter().any(|m| l.contains(m)))?;
+    // `2024-01-01 00:00:00.000 UTC [42] LOG:  server process …`: keep the message.
+    let message = ["LOG:  ", "PANIC:  "].iter().find_map(|p| line.split_once(p).map(|(_, m)| m)).unwrap_or(line).trim();
+    Some(message.chars().take(MAX_REASON_CHARS).collect())
+}
+
 /// Fails if `postmaster.pid` in `pgdata` names a live process: a server is
 /// still running there and its directory must not be replaced.
 pub fn check_not_running(pgdata: &Path) -> Result<(), PostgresError> {
@@ -111,8 +134,70 @@ pub fn check_not_running(pgdata: &Path) -> Result<(), PostgresError> {
 /// Whether `/proc` shows the process as a zombie (exited, not yet reaped).
 fn is_zombie(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The state follows the command name, which is in parentheses and may contain spaces.
-    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|st| st == "Z" || st == "X")
+    stat_fields(&stat).is_some_and(|f| f.state == "Z" || f.state == "X")
+}
+
+/// The fields of `/proc/PID/stat` used here.
+struct StatFields<'a> {
+    /// The command name (`comm`).
+    comm: &'a str,
+    state: &'a str,
+}
+
+fn stat_fields(stat: &str) -> Option<StatFields<'_>> {
+    // `pid (comm) state …`: comm is in parentheses and may contain anything.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let comm = stat.get(open + 1..close)?;
+    let state = stat.get(close + 1..)?.split_whitespace().next()?;
+    Some(StatFields { comm, state })
+}
+
+/// Whether `pid` is a live (not zombie) process whose command name is `postgres`.
+pub fn is_live_postgres(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    stat_fields(&stat).is_some_and(|f| f.comm == "postgres" && f.state != "Z" && f.state != "X")
+}
+
+/// The live `postgres` processes whose working directory is `pgdata`: a
+/// server's postmaster and every process it started. (Each child of the
+/// postmaster leads its own session, so no process group holds them all;
+/// they all run in the data directory.)
+pub fn processes_in(pgdata: &Path) -> Vec<i32> {
+    let target = std::fs::canonicalize(pgdata).unwrap_or_else(|_| pgdata.to_path_buf());
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found: Vec<i32> = dir
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            is_live_postgres(pid) && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == target)
+        })
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// SIGKILL to every process of [`processes_in`] `pgdata`, until none is
+/// left (at most `timeout`). True if none is left. Only for a data
+/// directory whose server has died or is being killed: a server started
+/// there meanwhile would be killed too.
+pub async fn kill_processes_in(pgdata: &Path, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let pids = processes_in(pgdata);
+        if pids.is_empty() {
+            return true;
+        }
+        for pid in pids {
+            // SAFETY: kill has no memory effects; a process that is gone gives ESRCH.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A running `postgres` server, the child of this process.
@@ -120,7 +205,10 @@ fn is_zombie(pid: i32) -> bool {
 pub struct Postgres {
     child: tokio::process::Child,
     pid: i32,
+    pgdata: PathBuf,
     log: PathBuf,
+    /// Length of the log when this server was started: what follows is its own.
+    log_start: u64,
     exited: Option<ExitStatus>,
 }
 
@@ -136,6 +224,7 @@ impl Postgres {
             .open(log)
             .map_err(io(format!("opening the log {}", log.display())))?;
         let stderr = file.try_clone().map_err(io(format!("opening the log {}", log.display())))?;
+        let log_start = file.metadata().map(|m| m.len()).unwrap_or(0);
         let binary = bin_dir.join("postgres");
         let mut cmd = tokio::process::Command::new(&binary);
         cmd.arg("-D")
@@ -156,7 +245,7 @@ impl Postgres {
             context: "starting PostgreSQL".into(),
             source: std::io::Error::other("the child exited at once"),
         })?;
-        Ok(Postgres { child, pid, log: log.to_path_buf(), exited: None })
+        Ok(Postgres { child, pid, pgdata: pgdata.to_path_buf(), log: log.to_path_buf(), log_start, exited: None })
     }
 
     /// The postmaster's process id.
@@ -243,6 +332,17 @@ impl Postgres {
         self.exited_error(status)
     }
 
+    /// One line on why the server exited: its exit status, and the crash
+    /// this server logged last, if it logged one (`server process (PID 7)
+    /// was terminated by signal 9: Killed`).
+    pub fn exit_cause(&self, status: ExitStatus) -> String {
+        let how = super::exit::describe(status);
+        match crash_reason(&self.log, self.log_start) {
+            Some(reason) => format!("PostgreSQL exited ({how}): {reason}"),
+            None => format!("PostgreSQL exited ({how})"),
+        }
+    }
+
     /// Stops the server: fast shutdown (SIGINT), then after `timeout` an
     /// immediate one (SIGQUIT), then SIGKILL. Returns its exit status.
     pub async fn stop(&mut self, timeout: Duration) -> Result<ExitStatus, PostgresError> {
@@ -252,6 +352,24 @@ impl Postgres {
         }
         self.stop_immediately().await?;
         Err(PostgresError::NotStopped(timeout))
+    }
+
+    /// Ends the server and everything it started: an immediate shutdown if
+    /// the postmaster still runs, then SIGKILL to every postgres process
+    /// left in the data directory (backends that have not noticed a dead
+    /// postmaster yet, which could still write into it). Bounded.
+    pub async fn stop_everything(&mut self) -> Result<ExitStatus, PostgresError> {
+        let status = match self.try_wait()? {
+            Some(status) => status,
+            None => self.stop_immediately().await?,
+        };
+        if !kill_processes_in(&self.pgdata, IMMEDIATE_STOP_TIMEOUT).await {
+            return Err(PostgresError::Io {
+                context: format!("killing the processes left by PostgreSQL in {}", self.pgdata.display()),
+                source: std::io::Error::other(format!("still running after {IMMEDIATE_STOP_TIMEOUT:?}")),
+            });
+        }
+        Ok(status)
     }
 
     /// Immediate shutdown (SIGQUIT), then SIGKILL if that does not end it.
@@ -293,6 +411,28 @@ mod tests {
         assert!(tail.len() <= LOG_TAIL_BYTES as usize && tail.ends_with("THE END\n"));
         std::fs::remove_file(&path).unwrap();
         assert!(log_tail(&path).contains("No such file"));
+    }
+
+    #[test]
+    fn crash_reasons_come_from_this_run_only() {
+        let path = std::env::temp_dir().join(format!("strata-crash-reason-{}", std::process::id()));
+        let old = "2024-01-01 00:00:00.000 UTC [7] LOG:  server process (PID 9) was terminated by signal 11: Segmentation fault\n";
+        std::fs::write(&path, old).unwrap();
+        assert!(crash_reason(&path, 0).unwrap().starts_with("server process (PID 9) was terminated by signal 11"));
+        let from = old.len() as u64;
+        assert_eq!(crash_reason(&path, from), None, "an earlier server's crash is not this one's");
+        let new = "2024-01-01 00:00:01.000 UTC [8] LOG:  server process (PID 12) was terminated by signal 9: Killed\n\
+                   2024-01-01 00:00:01.001 UTC [8] LOG:  terminating any other active server processes\n\
+                   2024-01-01 00:00:01.002 UTC [8] LOG:  shutting down because restart_after_crash is off\n";
+        std::fs::write(&path, format!("{old}{new}")).unwrap();
+        assert_eq!(
+            crash_reason(&path, from).as_deref(),
+            Some("server process (PID 12) was terminated by signal 9: Killed")
+        );
+        std::fs::write(&path, format!("{old}PANIC:  could not write {}\n", "x".repeat(1000))).unwrap();
+        assert_eq!(crash_reason(&path, from).unwrap().chars().count(), MAX_REASON_CHARS);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(crash_reason(&path, 0), None);
     }
 
     #[test]

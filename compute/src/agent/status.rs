@@ -1,10 +1,11 @@
 //! The agent's state as others see it: `GET /v1/status` (JSON) and
 //! `GET /metrics` (Prometheus text), including the durations of the phases
-//! of the last start.
+//! of the last start and the restarts of PostgreSQL.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
@@ -29,20 +30,24 @@ pub enum AgentState {
     Starting,
     /// PostgreSQL accepts connections and its WAL streams to the safekeepers.
     Running,
+    /// PostgreSQL or the proposer failed after `running`: waiting to start
+    /// afresh, or starting afresh (all phases again).
+    Restarting,
     /// Shutting down: PostgreSQL's last WAL is being made durable.
     Stopping,
-    /// The start or the run failed (`error` says why).
+    /// The first start failed (`error` says why); the agent exits.
     Failed,
 }
 
 impl AgentState {
     /// All states, in order.
-    pub const ALL: [AgentState; 7] = [
+    pub const ALL: [AgentState; 8] = [
         AgentState::Syncing,
         AgentState::WaitingForPageserver,
         AgentState::Restoring,
         AgentState::Starting,
         AgentState::Running,
+        AgentState::Restarting,
         AgentState::Stopping,
         AgentState::Failed,
     ];
@@ -55,6 +60,7 @@ impl AgentState {
             AgentState::Restoring => "restoring",
             AgentState::Starting => "starting",
             AgentState::Running => "running",
+            AgentState::Restarting => "restarting",
             AgentState::Stopping => "stopping",
             AgentState::Failed => "failed",
         }
@@ -85,6 +91,33 @@ pub struct StartTimings {
     pub total_seconds: f64,
 }
 
+/// PostgreSQL's restarts by this agent process.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct RestartStatus {
+    /// Fresh starts after a failure (each attempt counts).
+    pub restarts: u64,
+    /// What led to the last one: PostgreSQL's exit, the proposer's error,
+    /// or a failed restart attempt.
+    pub last_restart_cause: Option<String>,
+    /// When the last one was decided (Unix seconds).
+    pub last_restart_at: Option<u64>,
+    /// From detecting the failure to `running` again, for the last restart
+    /// that got there.
+    pub last_restart_downtime_seconds: Option<f64>,
+    /// The recent restarts are a crash loop (see `AgentConfig::restart`).
+    pub crash_loop: bool,
+    /// Until when they are; `crash_loop` is derived from it when read.
+    #[serde(skip)]
+    pub crash_loop_until: Option<Instant>,
+}
+
+impl RestartStatus {
+    /// `crash_loop` as of `now`.
+    fn refresh(&mut self, now: Instant) {
+        self.crash_loop = self.crash_loop_until.is_some_and(|until| now < until);
+    }
+}
+
 /// Everything `/v1/status` reports except the proposer's part.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AgentStatus {
@@ -97,8 +130,12 @@ pub struct AgentStatus {
     pub timeline_id: String,
     /// The LSN the compute started at (the end of the timeline's WAL), once known.
     pub start_lsn: Option<Lsn>,
+    /// Why the first start failed (`failed`), or what the agent is
+    /// recovering from (`restarting`); null otherwise.
     pub error: Option<String>,
     pub timings: StartTimings,
+    #[serde(flatten)]
+    pub restart: RestartStatus,
 }
 
 /// The JSON document of `/v1/status`.
@@ -133,9 +170,11 @@ impl StatusHandle {
         self.update(|s| s.state = state);
     }
 
-    /// A copy of the agent's part.
+    /// A copy of the agent's part, as of now.
     pub fn agent(&self) -> AgentStatus {
-        self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let mut copy = self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        copy.restart.refresh(Instant::now());
+        copy
     }
 
     /// The proposer's latest status.
@@ -231,6 +270,22 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
             ConstGauge::new(t.basebackup_bytes),
         );
         r.register("basebackup_files", "Last start: files in the basebackup", ConstGauge::new(t.basebackup_files));
+        let restart = &agent.restart;
+        r.register(
+            "restarts",
+            "Fresh starts of PostgreSQL after a failure, by this agent process",
+            ConstCounter::new(restart.restarts),
+        );
+        r.register(
+            "crash_loop",
+            "1 while the recent restarts are a crash loop",
+            ConstGauge::new(i64::from(restart.crash_loop)),
+        );
+        r.register(
+            "last_restart_downtime_seconds",
+            "Last restart: from detecting the failure to running again",
+            ConstGauge::new(restart.last_restart_downtime_seconds.unwrap_or(0.0)),
+        );
     }
     register_proposer_metrics(&mut registry, proposer);
     encode(&registry)
@@ -282,6 +337,7 @@ mod tests {
             start_lsn: Some(Lsn(0x0100_0028)),
             error: None,
             timings: StartTimings { sync_seconds: 0.25, basebackup_bytes: 4096, ..Default::default() },
+            restart: RestartStatus::default(),
         }
     }
 
@@ -298,6 +354,12 @@ mod tests {
         assert_eq!(v["timings"]["sync_seconds"], 0.25);
         assert_eq!(v["proposer"]["term"], 3);
         assert_eq!(v["proposer"]["streaming"], true);
+        assert_eq!(v["restarts"], 0);
+        assert_eq!(v["last_restart_cause"], serde_json::Value::Null);
+        assert_eq!(v["last_restart_at"], serde_json::Value::Null);
+        assert_eq!(v["last_restart_downtime_seconds"], serde_json::Value::Null);
+        assert_eq!(v["crash_loop"], false);
+        assert!(v.get("crash_loop_until").is_none());
 
         handle.update(|s| {
             s.state = AgentState::Failed;
@@ -308,6 +370,42 @@ mod tests {
         assert_eq!(v["state"], "failed");
         assert_eq!(v["error"], "basebackup: broken");
         assert_eq!(v["start_lsn"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn restarts_and_crash_loops() {
+        let (_tx, rx) = watch::channel(ProposerStatus::default());
+        let handle = StatusHandle::new(status(), rx);
+        let now = Instant::now();
+        handle.update(|s| {
+            s.state = AgentState::Restarting;
+            s.restart = RestartStatus {
+                restarts: 5,
+                last_restart_cause: Some("PostgreSQL exited (signal 9: SIGKILL)".into()),
+                last_restart_at: Some(1_700_000_000),
+                last_restart_downtime_seconds: Some(1.25),
+                crash_loop: false,
+                crash_loop_until: Some(now + std::time::Duration::from_secs(60)),
+            };
+        });
+        let v = handle.to_json();
+        assert_eq!(v["state"], "restarting");
+        assert_eq!(v["restarts"], 5);
+        assert_eq!(v["last_restart_cause"], "PostgreSQL exited (signal 9: SIGKILL)");
+        assert_eq!(v["last_restart_at"], 1_700_000_000u64);
+        assert_eq!(v["last_restart_downtime_seconds"], 1.25);
+        assert_eq!(v["crash_loop"], true, "derived from crash_loop_until");
+        let text = render_metrics(&handle.agent(), &ProposerStatus::default());
+        assert!(text.contains("strata_compute_restarts_total 5"), "{text}");
+        assert!(text.contains("strata_compute_crash_loop 1"), "{text}");
+        assert!(text.contains("strata_compute_last_restart_downtime_seconds 1.25"), "{text}");
+        assert!(text.contains("strata_compute_state{state=\"restarting\"} 1"), "{text}");
+
+        // A crash loop ends once its restarts leave the window.
+        handle.update(|s| s.restart.crash_loop_until = Some(now));
+        assert_eq!(handle.to_json()["crash_loop"], false);
+        let text = render_metrics(&handle.agent(), &ProposerStatus::default());
+        assert!(text.contains("strata_compute_crash_loop 0"), "{text}");
     }
 
     #[test]
@@ -328,6 +426,8 @@ mod tests {
         assert!(text.contains("strata_compute_start_lsn 16777256"), "{text}");
         assert!(text.contains("strata_proposer_throttled_seconds_total 1.5"), "{text}");
         assert!(text.contains("strata_proposer_term 0"), "{text}");
+        assert!(text.contains("strata_compute_restarts_total 0"), "{text}");
+        assert!(text.contains("strata_compute_crash_loop 0"), "{text}");
         let proposer_only = render_proposer_metrics(&ProposerStatus::default());
         assert!(proposer_only.contains("strata_proposer_commit_lsn 0") && !proposer_only.contains("strata_compute"));
     }

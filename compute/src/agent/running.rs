@@ -1,0 +1,216 @@
+//! A started PostgreSQL with its WAL proposer: reaching `running`, watching
+//! both until a stop is requested (then stopping them in order) or either
+//! fails (then stopping what is left, for the agent to start afresh).
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::postgres::Postgres;
+use super::status::AgentState;
+use super::{fail, stop_requested, Agent, AgentError, Attempt};
+use crate::pg_replication::ReplicationConfig;
+use crate::proposer::{self, ProposerConfig, ProposerStatus};
+
+/// How long a failed proposer waits for PostgreSQL's own exit, which is
+/// then the cause to report (a crashed backend ends the replication stream
+/// a moment before the postmaster exits).
+const EXIT_ATTRIBUTION_WAIT: Duration = Duration::from_secs(1);
+
+/// What a start hands over to the run.
+pub(super) struct Started {
+    pub pg: Postgres,
+    pub proposer_cfg: ProposerConfig,
+    pub repl: ReplicationConfig,
+}
+
+/// How one start-and-run of the compute ended.
+pub(super) enum RunEnd {
+    /// A stop was requested; the result of stopping.
+    Stopped(Result<(), AgentError>),
+    /// PostgreSQL or the proposer failed, or the start did; nothing of it
+    /// runs any more. `cause` is one line for the status; `running_since`
+    /// is when it reached `running`, if it did.
+    Failed { error: AgentError, cause: String, running_since: Option<Instant> },
+}
+
+/// What ended the watch over a running compute.
+enum Watch {
+    StopRequested,
+    PostgresExited(Result<std::process::ExitStatus, super::postgres::PostgresError>),
+    ProposerEnded(Result<strata_formats::Lsn, proposer::ProposerError>),
+    NotStreaming,
+}
+
+impl Agent {
+    /// Runs the proposer next to the started server until a stop is
+    /// requested (then stops both in order) or either fails.
+    pub(super) async fn run_started(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        started: Started,
+        proposer_tx: watch::Sender<ProposerStatus>,
+        attempt: Attempt,
+    ) -> RunEnd {
+        let Started { mut pg, proposer_cfg, repl } = started;
+        let (proposer_stop_tx, proposer_stop_rx) = watch::channel(false);
+        let mut proposer_status = proposer_tx.subscribe();
+        let mut proposer = Box::pin(proposer::run_until_shutdown(
+            proposer_cfg,
+            repl,
+            Some(self.cfg.slot.clone()),
+            proposer_tx,
+            proposer_stop_rx,
+            self.cfg.stop_timeout,
+        ));
+        let t = Instant::now();
+        let streaming_deadline = tokio::time::Instant::now() + self.cfg.start_timeout;
+        let mut running_since = None;
+        let ended = loop {
+            tokio::select! {
+                exit = pg.wait() => break Watch::PostgresExited(exit),
+                r = &mut proposer => break Watch::ProposerEnded(r),
+                _ = stop_requested(stop) => break Watch::StopRequested,
+                changed = proposer_status.changed(), if running_since.is_none() => {
+                    if changed.is_ok() && proposer_status.borrow_and_update().streaming {
+                        running_since = Some(Instant::now());
+                        self.now_running(t, attempt);
+                    }
+                }
+                _ = tokio::time::sleep_until(streaming_deadline), if running_since.is_none() => {
+                    break Watch::NotStreaming;
+                }
+            }
+        };
+
+        let (error, cause) = match ended {
+            Watch::StopRequested => {
+                return RunEnd::Stopped(self.stop_gracefully(&mut pg, &mut proposer, &proposer_stop_tx).await)
+            }
+            Watch::PostgresExited(exit) => match exit {
+                Ok(status) => (
+                    fail("running", format!("PostgreSQL stopped unexpectedly: {}", pg.unexpected_exit(status))),
+                    pg.exit_cause(status),
+                ),
+                Err(e) => {
+                    let message = format!("PostgreSQL stopped unexpectedly: {e}");
+                    (fail("running", &message), message)
+                }
+            },
+            Watch::ProposerEnded(r) => {
+                let why = match r {
+                    Err(e) => format!("the WAL proposer failed: {e}"),
+                    Ok(_) => "the WAL proposer stopped unexpectedly".to_string(),
+                };
+                // The root cause is PostgreSQL's exit if it follows at once.
+                match tokio::time::timeout(EXIT_ATTRIBUTION_WAIT, pg.wait()).await {
+                    Ok(Ok(status)) => (fail("running", format!("{why}; {}", pg.unexpected_exit(status))), {
+                        format!("{}; {why}", pg.exit_cause(status))
+                    }),
+                    _ => (fail("running", &why), why),
+                }
+            }
+            Watch::NotStreaming => {
+                let why =
+                    format!("PostgreSQL's WAL did not stream to the safekeepers within {:?}", self.cfg.start_timeout);
+                (fail("starting the WAL proposer", &why), why)
+            }
+        };
+        // The old proposer and its safekeeper connections go first, then
+        // whatever is left of PostgreSQL.
+        drop(proposer);
+        warn!("{cause}; stopping what is left of PostgreSQL");
+        if let Err(e) = pg.stop_everything().await {
+            warn!("stopping PostgreSQL: {e}");
+        }
+        RunEnd::Failed { error, cause, running_since }
+    }
+
+    /// PostgreSQL streams its WAL to the proposer: commits can complete.
+    fn now_running(&self, proposer_started: Instant, attempt: Attempt) {
+        let seconds = proposer_started.elapsed().as_secs_f64();
+        let total = attempt.began.elapsed().as_secs_f64();
+        let downtime = attempt.down_since.map(|t| t.elapsed().as_secs_f64());
+        self.status.update(|s| {
+            s.state = AgentState::Running;
+            s.error = None;
+            s.timings.proposer_start_seconds = seconds;
+            s.timings.total_seconds = total;
+            if downtime.is_some() {
+                s.restart.last_restart_downtime_seconds = downtime;
+            }
+        });
+        match downtime {
+            Some(downtime) => info!(
+                seconds,
+                total_seconds = total,
+                downtime_seconds = downtime,
+                "running again: postgresql://{}@127.0.0.1:{}/postgres",
+                self.cfg.pg_role,
+                self.cfg.pg_port
+            ),
+            None => info!(
+                seconds,
+                total_seconds = total,
+                "running: postgresql://{}@127.0.0.1:{}/postgres",
+                self.cfg.pg_role,
+                self.cfg.pg_port
+            ),
+        }
+    }
+
+    /// Graceful stop: PostgreSQL writes its shutdown checkpoint and its
+    /// walsender sends the last WAL; the proposer makes it durable.
+    async fn stop_gracefully(
+        &self,
+        pg: &mut Postgres,
+        proposer: &mut std::pin::Pin<
+            Box<impl std::future::Future<Output = Result<strata_formats::Lsn, proposer::ProposerError>>>,
+        >,
+        proposer_stop_tx: &watch::Sender<bool>,
+    ) -> Result<(), AgentError> {
+        self.status.set_state(AgentState::Stopping);
+        info!(pid = pg.pid(), "stopping: fast shutdown of PostgreSQL");
+        let t = Instant::now();
+        let _ = proposer_stop_tx.send(true);
+        pg.signal(libc::SIGINT);
+        let deadline = tokio::time::Instant::now() + self.cfg.stop_timeout;
+        let mut pg_exit = None;
+        let mut proposer_end = None;
+        while pg_exit.is_none() || proposer_end.is_none() {
+            tokio::select! {
+                exit = pg.wait(), if pg_exit.is_none() => pg_exit = Some(exit),
+                end = &mut *proposer, if proposer_end.is_none() => proposer_end = Some(end),
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let pg_result = match pg_exit {
+            Some(Ok(status)) if status.success() => Ok(()),
+            Some(Ok(status)) => Err(pg.unexpected_exit(status).to_string()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => {
+                let _ = pg.stop_everything().await;
+                Err(format!("PostgreSQL did not shut down within {:?}; stopped it immediately", self.cfg.stop_timeout))
+            }
+        };
+        let proposer_result = match proposer_end {
+            Some(Ok(commit_lsn)) => {
+                info!(%commit_lsn, "the safekeepers hold all WAL PostgreSQL sent");
+                Ok(())
+            }
+            Some(Err(e)) => Err(format!("the WAL proposer failed: {e}")),
+            None => {
+                Err(format!("the safekeepers did not confirm PostgreSQL's last WAL within {:?}", self.cfg.stop_timeout))
+            }
+        };
+        match (pg_result, proposer_result) {
+            (Ok(()), Ok(())) => {
+                info!(seconds = t.elapsed().as_secs_f64(), "stopped");
+                Ok(())
+            }
+            (Err(a), Ok(())) | (Ok(()), Err(a)) => Err(fail("stopping", a)),
+            (Err(a), Err(b)) => Err(fail("stopping", format!("{a}; {b}"))),
+        }
+    }
+}

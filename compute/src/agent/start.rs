@@ -1,0 +1,302 @@
+//! One start of the compute, phases 1 to 6: the timeline, sync-safekeepers,
+//! waiting for the pageserver, the basebackup, the configuration and
+//! PostgreSQL accepting connections. The first start and every restart run
+//! the same sequence; a restart keeps the state `restarting` throughout.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::TimelineIdentity;
+use tokio::sync::watch;
+use tracing::info;
+
+use super::pageserver_api::{self, PageserverClient};
+use super::postgres::{self, OsUser, Postgres};
+use super::running::{RunEnd, Started};
+use super::status::{AgentState, StartTimings};
+use super::{
+    basebackup, check_timeline, fail, leftover, pgconf, stop_requested, unless_stopped, Agent, AgentError, Attempt,
+    PG_VERSION,
+};
+use crate::pg_replication::ReplicationConfig;
+use crate::proposer::{self, ProposerConfig, ProposerStatus};
+
+/// How a start ended before PostgreSQL ran with its proposer.
+enum StartEnd {
+    Started(Box<Started>),
+    /// A stop was requested; the result of stopping what had been started.
+    Stopped(Result<(), AgentError>),
+    Failed(AgentError),
+}
+
+/// `?` for the phases: an error ends the start as [`StartEnd::Failed`].
+macro_rules! step {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return StartEnd::Failed(e),
+        }
+    };
+}
+
+/// A stop requested before PostgreSQL was started: nothing to undo.
+fn stopped_early() -> StartEnd {
+    info!("stop requested before PostgreSQL was started");
+    StartEnd::Stopped(Ok(()))
+}
+
+impl Agent {
+    fn record(&self, f: impl FnOnce(&mut StartTimings)) {
+        self.status.update(|s| f(&mut s.timings));
+    }
+
+    /// Shows `state` unless this is a restart (which stays `restarting`).
+    fn enter(&self, attempt: Attempt, state: AgentState) {
+        if !attempt.is_restart() {
+            self.status.set_state(state);
+        }
+    }
+
+    /// The replication connection to the local server.
+    fn replication_config(&self) -> ReplicationConfig {
+        ReplicationConfig {
+            host: "127.0.0.1".into(),
+            port: self.cfg.pg_port,
+            user: self.cfg.pg_role.clone(),
+            password: None,
+            application_name: self.cfg.application_name.clone(),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Starts the compute and runs it until a stop or a failure.
+    pub(super) async fn start_and_run(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        proposer_tx: &watch::Sender<ProposerStatus>,
+        attempt: Attempt,
+    ) -> RunEnd {
+        match self.start(stop, attempt).await {
+            StartEnd::Started(started) => self.run_started(stop, *started, proposer_tx.clone(), attempt).await,
+            StartEnd::Stopped(result) => RunEnd::Stopped(result),
+            StartEnd::Failed(error) => {
+                let cause = format!("the start failed: {error}");
+                RunEnd::Failed { error, cause, running_since: None }
+            }
+        }
+    }
+
+    /// Phases 1 to 6: PostgreSQL runs and accepts connections.
+    async fn start(&self, stop: &mut watch::Receiver<bool>, attempt: Attempt) -> StartEnd {
+        let client = Arc::new(PageserverClient::new(&self.cfg.pageserver_http));
+        info!(
+            tenant = %self.cfg.tenant_id, timeline = %self.cfg.timeline_id, pgdata = %self.pgdata.display(),
+            port = self.cfg.pg_port, restart = attempt.is_restart(), "starting a compute"
+        );
+        self.status.update(|s| s.timings = StartTimings::default());
+        self.enter(attempt, AgentState::Syncing);
+
+        // 1. The timeline, as the pageserver knows it.
+        let t = Instant::now();
+        let patience =
+            if attempt.is_restart() { self.cfg.restart_pageserver_patience } else { self.cfg.pageserver_patience };
+        let Some(info) = unless_stopped(
+            stop,
+            pageserver_api::timeline_with_retry(&client, self.cfg.tenant_id, self.cfg.timeline_id, patience),
+        )
+        .await
+        else {
+            return stopped_early();
+        };
+        let info = step!(info.map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name()))));
+        step!(check_timeline(&info).map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name()))));
+        let seconds = t.elapsed().as_secs_f64();
+        self.record(|t| t.timeline_lookup_seconds = seconds);
+        info!(seconds, system_id = info.system_id, last_record_lsn = %info.last_record_lsn, "timeline found");
+
+        // 2. The end of the timeline's WAL, committed on a quorum (a new term).
+        let t = Instant::now();
+        let identity = TimelineIdentity {
+            tenant_id: self.cfg.tenant_id,
+            timeline_id: self.cfg.timeline_id,
+            system_id: info.system_id,
+            pg_version: PG_VERSION,
+            wal_segment_size: info.wal_segment_size,
+        };
+        let mut proposer_cfg = ProposerConfig::new(self.cfg.safekeepers.clone(), identity);
+        proposer_cfg.max_consumer_lag_bytes = self.cfg.max_consumer_lag_bytes;
+        let sync = tokio::time::timeout(self.cfg.sync_timeout, proposer::sync_safekeepers(proposer_cfg.clone()));
+        let Some(lsn) = unless_stopped(stop, sync).await else {
+            return stopped_early();
+        };
+        let lsn = step!(lsn
+            .map_err(|_| format!("no quorum of safekeepers was synced within {:?}", self.cfg.sync_timeout))
+            .and_then(|r| r.map_err(|e| e.to_string()))
+            .map_err(|e| fail("sync-safekeepers", format!("{}: {e}", self.timeline_name()))));
+        let seconds = t.elapsed().as_secs_f64();
+        self.status.update(|s| {
+            s.start_lsn = Some(lsn);
+            s.timings.sync_seconds = seconds;
+        });
+        info!(seconds, %lsn, "safekeepers synced: the timeline's WAL ends here");
+
+        // 3. The pageserver must have all of it.
+        self.enter(attempt, AgentState::WaitingForPageserver);
+        let t = Instant::now();
+        let Some(waited) = unless_stopped(stop, self.wait_for_pageserver(&client, lsn)).await else {
+            return stopped_early();
+        };
+        step!(waited);
+        let seconds = t.elapsed().as_secs_f64();
+        self.record(|t| t.wait_seconds = seconds);
+        info!(seconds, %lsn, "the pageserver has the WAL up to the start LSN");
+
+        // 4. The data directory from the basebackup.
+        self.enter(attempt, AgentState::Restoring);
+        let t = Instant::now();
+        let Some(stats) = step!(self.restore(stop, &client, lsn).await) else {
+            return stopped_early();
+        };
+        let seconds = t.elapsed().as_secs_f64();
+        self.record(|t| {
+            t.basebackup_seconds = seconds;
+            t.basebackup_bytes = stats.bytes;
+            t.basebackup_files = stats.files;
+        });
+        info!(
+            seconds,
+            bytes = stats.bytes,
+            files = stats.files,
+            mb_per_second = stats.bytes as f64 / 1e6 / seconds.max(1e-6),
+            "basebackup unpacked"
+        );
+
+        // 5. Configuration, and the directory handed to PostgreSQL's user.
+        let t = Instant::now();
+        let user = step!(postgres::server_user(&self.cfg.pg_user).map_err(|e| fail("configuration", e)));
+        step!(self.configure(user.as_ref()).await);
+        let seconds = t.elapsed().as_secs_f64();
+        self.record(|t| t.config_seconds = seconds);
+        info!(seconds, "configuration written");
+
+        // 6. PostgreSQL.
+        self.enter(attempt, AgentState::Starting);
+        let t = Instant::now();
+        let log = postgres::log_path(&self.pgdata);
+        let mut pg = step!(Postgres::spawn(&self.cfg.pg_bin_dir, &self.pgdata, &log, user.as_ref())
+            .map_err(|e| fail("starting PostgreSQL", e)));
+        info!(pid = pg.pid(), log = %log.display(), "PostgreSQL started");
+        let repl = self.replication_config();
+        match unless_stopped(stop, pg.wait_ready(&repl, self.cfg.start_timeout)).await {
+            None => {
+                info!("stop requested while PostgreSQL was starting");
+                return StartEnd::Stopped(
+                    pg.stop(self.cfg.stop_timeout).await.map(|_| ()).map_err(|e| fail("stopping", e)),
+                );
+            }
+            Some(Err(e)) => {
+                let _ = pg.stop_everything().await;
+                return StartEnd::Failed(fail("starting PostgreSQL", e));
+            }
+            Some(Ok(())) => {}
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        self.record(|t| t.postgres_start_seconds = seconds);
+        info!(seconds, "PostgreSQL accepts connections");
+        StartEnd::Started(Box::new(Started { pg, proposer_cfg, repl }))
+    }
+
+    /// Polls the pageserver until it has ingested the WAL up to `lsn`.
+    async fn wait_for_pageserver(&self, client: &Arc<PageserverClient>, lsn: Lsn) -> Result<(), AgentError> {
+        let deadline = Instant::now() + self.cfg.wait_timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let c = client.clone();
+            let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
+            let answer = tokio::task::spawn_blocking(move || c.timeline(tenant, timeline))
+                .await
+                .map_err(|e| fail("waiting for the pageserver", format!("request task: {e}")))?;
+            let last = match answer {
+                Ok(info) => {
+                    check_timeline(&info).map_err(|e| fail("waiting for the pageserver", e))?;
+                    if info.state == "active" && info.last_record_lsn >= lsn {
+                        return Ok(());
+                    }
+                    format!("{} at {}", info.state, info.last_record_lsn)
+                }
+                Err(e) if e.is_transient() => e.to_string(),
+                Err(e) => return Err(fail("waiting for the pageserver", format!("{}: {e}", self.timeline_name()))),
+            };
+            if Instant::now() + pause > deadline {
+                return Err(fail(
+                    "waiting for the pageserver",
+                    format!(
+                        "{}: the pageserver did not reach {lsn} within {:?} (last: {last})",
+                        self.timeline_name(),
+                        self.cfg.wait_timeout
+                    ),
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Stops a PostgreSQL an earlier agent left running here, empties the
+    /// data directory and unpacks the basebackup at `lsn` into it, streaming.
+    /// `None` if a stop was requested meanwhile.
+    async fn restore(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        client: &Arc<PageserverClient>,
+        lsn: Lsn,
+    ) -> Result<Option<basebackup::UnpackStats>, AgentError> {
+        if let Some(pid) = leftover::find(&self.pgdata) {
+            leftover::stop(&self.pgdata, pid).await.map_err(|e| fail("basebackup", e))?;
+        }
+        postgres::check_not_running(&self.pgdata).map_err(|e| fail("basebackup", e))?;
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (c, pgdata, flag) = (client.clone(), self.pgdata.clone(), cancel.clone());
+        let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
+        let mut task = tokio::task::spawn_blocking(move || -> Result<basebackup::UnpackStats, String> {
+            basebackup::prepare_dir(&pgdata).map_err(|e| e.to_string())?;
+            let reader = c.basebackup(tenant, timeline, lsn).map_err(|e| e.to_string())?;
+            let stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
+            basebackup::finish(&pgdata, PG_VERSION).map_err(|e| e.to_string())?;
+            Ok(stats)
+        });
+        let context = || format!("{} at {lsn} into {}", self.timeline_name(), self.pgdata.display());
+        tokio::select! {
+            r = &mut task => {
+                let r = r.map_err(|e| fail("basebackup", format!("{}: unpacking task: {e}", context())))?;
+                r.map(Some).map_err(|e| fail("basebackup", format!("{}: {e}", context())))
+            }
+            _ = stop_requested(stop) => {
+                cancel.store(true, Ordering::Relaxed);
+                let _ = task.await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Writes the configuration and gives the data directory to `user`.
+    async fn configure(&self, user: Option<&OsUser>) -> Result<(), AgentError> {
+        let settings = pgconf::PgSettings {
+            port: self.cfg.pg_port,
+            socket_dir: self.pgdata.clone(),
+            shared_buffers: self.cfg.shared_buffers.clone(),
+            application_name: self.cfg.application_name.clone(),
+        };
+        let pgdata = self.pgdata.clone();
+        let owner = user.map(|u| (u.uid, u.gid));
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            pgconf::write_config(&pgdata, &settings).map_err(|e| e.to_string())?;
+            basebackup::set_ownership(&pgdata, owner).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| fail("configuration", format!("task: {e}")))?
+        .map_err(|e| fail("configuration", e))
+    }
+}
