@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use strata_protocol::NodeId;
-use strata_service::config::{check_duration, check_open_files, check_range, seconds, ConfigError};
+use strata_service::config::{
+    check_duration, check_open_files, check_range, load_toml, seconds, ConfigError, ConfigLoadError,
+};
 
 /// A peer safekeeper (for peer recovery).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -82,26 +84,10 @@ fn default_handshake_timeout() -> Duration {
 /// and control files, peer and recovery connections, logs.
 pub const RESERVED_FILES: usize = 256;
 
-/// Why a config was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigLoadError {
-    #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("{path}: {source}")]
-    Parse { path: PathBuf, source: toml::de::Error },
-    #[error("{path}: {source}")]
-    Invalid { path: PathBuf, source: ConfigError },
-}
-
 impl SafekeeperConfig {
     /// Reads and checks a TOML config file.
     pub fn load(path: &std::path::Path) -> Result<SafekeeperConfig, ConfigLoadError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigLoadError::Read { path: path.into(), source })?;
-        let config: SafekeeperConfig =
-            toml::from_str(&text).map_err(|source| ConfigLoadError::Parse { path: path.into(), source })?;
-        config.validate().map_err(|source| ConfigLoadError::Invalid { path: path.into(), source })?;
-        Ok(config)
+        load_toml(path, SafekeeperConfig::validate)
     }
 
     /// Refuses values that would break the service, naming the key.

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::{Term, TermHistory, TimelineIdentity};
 use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_service::panic_message;
 
 use crate::acceptor::{Acceptor, AcceptorError, PersistentState, StorageError, WalStore as _};
 use crate::control_file::{sync_dir, ControlFile};
@@ -90,15 +91,6 @@ pub fn timeline_dir(data_dir: &Path, tenant: TenantId, timeline: TimelineId) -> 
 
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// The message of a panic payload.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 impl Timeline {
@@ -270,7 +262,7 @@ impl Timeline {
     /// Re-reads the timeline's state from disk after a failure: the control
     /// file, and the WAL cut back to the durable flush LSN. On success the
     /// timeline accepts again.
-    pub fn reload(&self) -> Result<(), String> {
+    pub fn reload(&self) -> Result<(), StorageError> {
         let Some(failure) = self.failure() else { return Ok(()) };
         let result = (|| -> Result<TimelineAcceptor, StorageError> {
             let control = ControlFile::new(&self.dir, self.no_sync);
@@ -297,7 +289,7 @@ impl Timeline {
                     f.reload_attempts += 1;
                     f.last_reload_error = Some(e.to_string());
                 }
-                Err(e.to_string())
+                Err(e)
             }
         }
     }

@@ -9,6 +9,28 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// Why a config file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigLoadError {
+    #[error("{}: {source}", path.display())]
+    Read { path: std::path::PathBuf, source: std::io::Error },
+    #[error("{}: {source}", path.display())]
+    Parse { path: std::path::PathBuf, source: toml::de::Error },
+    #[error("{}: {source}", path.display())]
+    Invalid { path: std::path::PathBuf, source: ConfigError },
+}
+
+/// Reads a TOML config file and checks it with `validate`.
+pub fn load_toml<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+    validate: impl FnOnce(&T) -> Result<(), ConfigError>,
+) -> Result<T, ConfigLoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigLoadError::Read { path: path.into(), source })?;
+    let config: T = toml::from_str(&text).map_err(|source| ConfigLoadError::Parse { path: path.into(), source })?;
+    validate(&config).map_err(|source| ConfigLoadError::Invalid { path: path.into(), source })?;
+    Ok(config)
+}
+
 /// Checks that `value` (of config key `key`) lies in `min..=max`.
 pub fn check_range<T: PartialOrd + std::fmt::Display>(
     key: &'static str,

@@ -10,3 +10,12 @@ pub mod metrics;
 
 pub use listener::{bind, BindError, Connection, Limits, Listener, Slot};
 pub use metrics::ListenerMetrics;
+
+/// The message of a caught panic's payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
