@@ -175,7 +175,11 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .map_err(|e| proposer::ProposerError::Other(format!("{addr}: {e}")))?;
-                tokio::spawn(async move { axum::serve(listener, status_router(status_rx)).await });
+                let limits = strata_service::Limits { max_connections: 32, handshake_timeout: Duration::from_secs(10) };
+                let metrics = strata_service::ListenerMetrics::default();
+                let listener =
+                    strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &metrics);
+                tokio::spawn(strata_service::http::serve(listener, status_router(status_rx), Default::default()));
             }
             let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
             cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;

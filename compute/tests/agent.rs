@@ -2,7 +2,7 @@
 //! process), a stand-in pageserver that serves a basebackup tarred from a
 //! stock `initdb`, and a real PostgreSQL 15 that is restored, started, used,
 //! stopped, and started again from its stopped state. The PostgreSQL tests
-//! are skipped if its binaries are not installed (set PG_BIN to use others).
+//! fail if its binaries are not installed (set PG_BIN to use others).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -264,10 +264,11 @@ async fn wait_running(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn starts_uses_stops_and_restarts_a_compute() {
-    if !pg_bin().join("postgres").exists() {
-        eprintln!("skipping: no PostgreSQL binaries in {} (set PG_BIN)", pg_bin().display());
-        return;
-    }
+    assert!(
+        pg_bin().join("postgres").exists(),
+        "no PostgreSQL binaries in {}: install postgresql-15 (scripts/setup.sh) or set PG_BIN",
+        pg_bin().display()
+    );
     tokio::time::timeout(TEST_TIMEOUT, compute_life_cycle()).await.expect("test timed out");
 }
 

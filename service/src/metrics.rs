@@ -34,6 +34,13 @@ impl ListenerMetrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &mut Registry) -> ListenerMetrics {
         let m = ListenerMetrics::default();
+        m.register_into(registry);
+        m
+    }
+
+    /// Registers these metrics (their values are shared) in `registry`.
+    pub fn register_into(&self, registry: &mut Registry) {
+        let m = self;
         registry.register("connections_open", "Open connections per listener", m.open.clone());
         registry.register("connections_accepted", "Connections accepted per listener", m.accepted.clone());
         registry.register(
@@ -47,7 +54,6 @@ impl ListenerMetrics {
             m.refused.clone(),
         );
         registry.register("accept_errors", "Failed accepts (the listener keeps running)", m.accept_errors.clone());
-        m
     }
 
     pub(crate) fn for_listener(&self, name: &'static str) -> OneListener {

@@ -11,6 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
+use strata_service::ListenerMetrics;
 use strata_formats::Lsn;
 use tokio::sync::watch;
 
@@ -151,12 +152,14 @@ struct StatusDocument<'a> {
 pub struct StatusHandle {
     agent: Arc<Mutex<AgentStatus>>,
     proposer: watch::Receiver<ProposerStatus>,
+    /// Connections of the status server itself.
+    listeners: ListenerMetrics,
 }
 
 impl StatusHandle {
     /// A handle starting from `initial`, reading the proposer's part from `proposer`.
     pub fn new(initial: AgentStatus, proposer: watch::Receiver<ProposerStatus>) -> StatusHandle {
-        StatusHandle { agent: Arc::new(Mutex::new(initial)), proposer }
+        StatusHandle { agent: Arc::new(Mutex::new(initial)), proposer, listeners: ListenerMetrics::default() }
     }
 
     /// Changes the agent's part.
@@ -306,20 +309,29 @@ pub fn router(handle: StatusHandle) -> axum::Router {
         .route(
             "/metrics",
             get(move || {
-                let text = render_metrics(&handle.agent(), &handle.proposer());
+                let mut text = render_metrics(&handle.agent(), &handle.proposer());
+                let mut registry = Registry::with_prefix("strata_compute");
+                handle.listeners.register_into(&mut registry);
+                text.push_str(&encode(&registry));
                 async move { text }
             }),
         )
 }
 
-/// Binds `addr` and serves [`router`] in a background task.
+/// Most connections to the status server at once.
+const MAX_STATUS_CONNECTIONS: usize = 32;
+
+/// Binds `addr` and serves [`router`] in a background task, on a listener
+/// with a connection limit that never stops on accept errors.
 pub async fn serve(addr: SocketAddr, handle: StatusHandle) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(handle)).await {
-            tracing::warn!("status server: {e}");
-        }
-    }))
+    let limits = strata_service::Limits {
+        max_connections: MAX_STATUS_CONNECTIONS,
+        handshake_timeout: std::time::Duration::from_secs(10),
+    };
+    let listener =
+        strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &handle.listeners);
+    Ok(tokio::spawn(strata_service::http::serve(listener, router(handle), Default::default())))
 }
 
 #[cfg(test)]
