@@ -268,15 +268,31 @@ impl Timeline {
     }
 
     /// Re-reads the timeline's state from disk after a failure: the control
-    /// file, and the WAL cut back to the durable flush LSN. On success the
-    /// timeline accepts again.
+    /// file, and the WAL cut back to the durable flush LSN. Then writes the
+    /// control file again (its flush-LSN hint now the durable flush LSN),
+    /// which proves the disk takes a durable write: cutting the WAL back
+    /// syncs nothing when there is nothing to cut (e.g. no segment yet), and
+    /// a timeline must not accept again on a disk whose fsync still fails.
+    /// On success the timeline accepts again.
     pub fn reload(&self) -> Result<(), String> {
         let Some(failure) = self.failure() else { return Ok(()) };
         let result = (|| -> Result<TimelineAcceptor, StorageError> {
             let control = ControlFile::new(&self.dir, self.no_sync);
             let state =
                 control.load()?.ok_or_else(|| StorageError::other("reloading", &self.dir, "no control file"))?;
-            Self::open_acceptor(&self.dir, self.node_id, state, control, self.no_sync, Some(failure.durable_flush_lsn))
+            let mut acceptor = Self::open_acceptor(
+                &self.dir,
+                self.node_id,
+                state,
+                control,
+                self.no_sync,
+                Some(failure.durable_flush_lsn),
+            )?;
+            acceptor.persist().map_err(|e| match e {
+                AcceptorError::Storage(e) => e,
+                other => StorageError::other("reloading", &self.dir, other.to_string()),
+            })?;
+            Ok(acceptor)
         })();
         let mut slot = self.failure.lock();
         match result {
@@ -417,6 +433,43 @@ mod tests {
             term_history: TermHistory(vec![strata_protocol::safekeeper::TermLsn { term: 3, lsn: Lsn(2 << 20) }]),
         });
         tl.with_acceptor(|a| a.handle(&elected)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A timeline with no WAL yet has nothing to cut back or sync when it is
+    /// re-read: the reload must still not succeed while the disk refuses a
+    /// durable write (here: the control file's temporary name is taken by a
+    /// directory, so writing it fails, even as root).
+    #[test]
+    fn a_reload_fails_while_the_control_file_cannot_be_written() {
+        let dir = std::env::temp_dir().join(format!("strata-sk-timeline-reload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let start = Lsn(2 << 20);
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), start, false).unwrap();
+        tl.with_acceptor(|_| -> Result<(), AcceptorError> { panic!("injected") }).unwrap_err();
+        let blocker = tl.dir.join(crate::control_file::CONTROL_FILE_NAME).with_extension("tmp");
+        std::fs::create_dir(&blocker).unwrap();
+        for attempt in 1..=2 {
+            let err = tl.reload().unwrap_err();
+            assert!(err.contains("safekeeper.tmp"), "{err}");
+            let failure = tl.failure().expect("still failed");
+            assert_eq!(failure.reload_attempts, attempt);
+            assert_eq!(failure.durable_flush_lsn, start);
+            assert_eq!(tl.status()["state"], "failed");
+        }
+        // Writable again: the reload succeeds, and wrote the control file.
+        std::fs::remove_dir(&blocker).unwrap();
+        let inode = || {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(tl.dir.join(crate::control_file::CONTROL_FILE_NAME)).unwrap().ino()
+        };
+        let before = inode();
+        tl.reload().unwrap();
+        assert!(tl.failure().is_none());
+        assert_ne!(inode(), before, "the reload replaced the control file");
+        assert_eq!(tl.positions().flush_lsn, start);
+        let vote = ProposerMessage::VoteRequest(VoteRequest { term: 1 });
+        tl.with_acceptor(|a| a.handle(&vote)).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
