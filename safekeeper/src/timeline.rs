@@ -224,10 +224,14 @@ impl Timeline {
         &self,
         f: impl FnOnce(&mut TimelineAcceptor) -> Result<R, AcceptorError>,
     ) -> Result<R, AcceptorCallError> {
+        // Checked under the acceptor's lock: a call that waited for it while
+        // another call failed the timeline must not run on the failed
+        // acceptor (a vote it persisted could be missed by the reload).
+        // Locks are always taken in this order: acceptor, then failure.
+        let mut acceptor = self.acceptor.lock();
         if let Some(failure) = self.failure() {
             return Err(AcceptorCallError::Failed(self.failed_error(failure.reason)));
         }
-        let mut acceptor = self.acceptor.lock();
         // The acceptor's state may be half-updated after a panic: it is
         // never used again (the timeline fails and reloads from disk).
         let result = match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut acceptor))) {
@@ -294,14 +298,18 @@ impl Timeline {
             })?;
             Ok(acceptor)
         })();
+        // No call runs while the timeline is failed, so none wrote the disk
+        // since it was read. Same lock order as `with_acceptor`.
+        let mut current = self.acceptor.lock();
         let mut slot = self.failure.lock();
         match result {
             Ok(acceptor) => {
                 let now = Self::positions_of(&acceptor);
-                *self.acceptor.lock() = acceptor;
+                *current = acceptor;
                 *slot = None;
                 drop(slot);
                 self.publish(now);
+                drop(current);
                 tracing::info!(
                     tenant = %self.identity.tenant_id, timeline = %self.identity.timeline_id,
                     flush_lsn = %now.flush_lsn, "timeline re-read from disk; accepting again"
@@ -433,6 +441,70 @@ mod tests {
             term_history: TermHistory(vec![strata_protocol::safekeeper::TermLsn { term: 3, lsn: Lsn(2 << 20) }]),
         });
         tl.with_acceptor(|a| a.handle(&elected)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A call that was waiting for the acceptor while another call failed
+    /// the timeline is refused without running (it would run on the failed
+    /// acceptor: a vote it persisted could be missed by the reload), and a
+    /// reload meanwhile does not deadlock with it.
+    #[test]
+    fn a_call_waiting_while_the_timeline_fails_is_refused() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("strata-sk-timeline-waiting-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), Lsn(2 << 20), false).unwrap();
+        let storage_error = || AcceptorError::Storage(StorageError::other("syncing", Path::new("x"), "injected"));
+
+        // A holds the acceptor and fails the timeline once B waits for it.
+        let (held_tx, held_rx) = mpsc::channel();
+        let a = {
+            let tl = tl.clone();
+            std::thread::spawn(move || {
+                tl.with_acceptor(|_| -> Result<(), AcceptorError> {
+                    held_tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(200));
+                    Err(storage_error())
+                })
+            })
+        };
+        held_rx.recv().unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        // B reports when its call starts running, or when it returned.
+        let (b_tx, b_rx) = mpsc::channel();
+        let b = {
+            let (tl, ran, b_tx) = (tl.clone(), ran.clone(), b_tx.clone());
+            std::thread::spawn(move || {
+                let result = tl.with_acceptor(|a| {
+                    ran.store(true, Ordering::SeqCst);
+                    b_tx.send("running").unwrap();
+                    a.handle(&ProposerMessage::VoteRequest(VoteRequest { term: 5 }))?;
+                    // A slow disk, then another storage error.
+                    std::thread::sleep(Duration::from_millis(300));
+                    Err::<(), _>(storage_error())
+                });
+                b_tx.send("returned").unwrap();
+                result
+            })
+        };
+        assert!(matches!(a.join().unwrap(), Err(AcceptorCallError::Failed(_))));
+        b_rx.recv().unwrap();
+        // The reload, in the background, while B runs if it does: it must finish.
+        let (done_tx, done_rx) = mpsc::channel();
+        {
+            let tl = tl.clone();
+            std::thread::spawn(move || done_tx.send(tl.reload()).unwrap());
+        }
+        let reloaded = done_rx.recv_timeout(Duration::from_secs(10)).expect("the reload deadlocked");
+        let b = b.join().unwrap();
+        assert!(matches!(&b, Err(AcceptorCallError::Failed(_))), "{b:?}");
+        assert!(!ran.load(Ordering::SeqCst), "a call ran on the failed acceptor");
+        reloaded.unwrap();
+        assert_eq!(tl.positions().term, 0, "no vote was given while failed");
+        tl.with_acceptor(|a| a.handle(&ProposerMessage::VoteRequest(VoteRequest { term: 5 }))).unwrap();
+        assert_eq!(tl.positions().term, 5);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
