@@ -70,7 +70,7 @@ def test_quorum_commit(wal_service):
     sk3.start()
 
 
-def test_no_acknowledged_commit_is_lost_when_safekeepers_are_killed(wal_service, strata_bin):
+def test_no_acknowledged_commit_is_lost_when_safekeepers_are_killed(wal_service):
     pg = wal_service.pg
     pg.sql("CREATE TABLE acked(id int primary key, xid bigint)")
     acked: dict[int, int] = {}
@@ -112,13 +112,7 @@ def test_no_acknowledged_commit_is_lost_when_safekeepers_are_killed(wal_service,
         sk.process.stop()
     holders: dict[int, int] = {}
     for sk in wal_service.safekeepers:
-        res = subprocess.run([str(strata_bin), "wal", "dump", "--json", str(sk.wal_dir(wal_service.tenant, wal_service.timeline))],
-                             capture_output=True, text=True, timeout=300)
-        committed = set()
-        for line in res.stdout.splitlines():
-            r = json.loads(line)
-            if r.get("rmgr") == "Transaction" and r.get("info") == "COMMIT":
-                committed.add(r["xid"])
+        committed = wal_service.committed_xids(sk)
         for xid in set(acked.values()):
             if xid in committed:
                 holders[xid] = holders.get(xid, 0) + 1

@@ -216,10 +216,14 @@ impl Timeline {
         &self,
         f: impl FnOnce(&mut TimelineAcceptor) -> Result<R, AcceptorError>,
     ) -> Result<R, AcceptorCallError> {
+        // Checked under the acceptor's lock: a call that waited for it while
+        // another call failed the timeline must not run on the failed
+        // acceptor (a vote it persisted could be missed by the reload).
+        // Locks are always taken in this order: acceptor, then failure.
+        let mut acceptor = self.acceptor.lock();
         if let Some(failure) = self.failure() {
             return Err(AcceptorCallError::Failed(self.failed_error(failure.reason)));
         }
-        let mut acceptor = self.acceptor.lock();
         // The acceptor's state may be half-updated after a panic: it is
         // never used again (the timeline fails and reloads from disk).
         let result = match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut acceptor))) {
@@ -260,24 +264,44 @@ impl Timeline {
     }
 
     /// Re-reads the timeline's state from disk after a failure: the control
-    /// file, and the WAL cut back to the durable flush LSN. On success the
-    /// timeline accepts again.
+    /// file, and the WAL cut back to the durable flush LSN. Then writes the
+    /// control file again (its flush-LSN hint now the durable flush LSN),
+    /// which proves the disk takes a durable write: cutting the WAL back
+    /// syncs nothing when there is nothing to cut (e.g. no segment yet), and
+    /// a timeline must not accept again on a disk whose fsync still fails.
+    /// On success the timeline accepts again.
     pub fn reload(&self) -> Result<(), StorageError> {
         let Some(failure) = self.failure() else { return Ok(()) };
         let result = (|| -> Result<TimelineAcceptor, StorageError> {
             let control = ControlFile::new(&self.dir, self.no_sync);
             let state =
                 control.load()?.ok_or_else(|| StorageError::other("reloading", &self.dir, "no control file"))?;
-            Self::open_acceptor(&self.dir, self.node_id, state, control, self.no_sync, Some(failure.durable_flush_lsn))
+            let mut acceptor = Self::open_acceptor(
+                &self.dir,
+                self.node_id,
+                state,
+                control,
+                self.no_sync,
+                Some(failure.durable_flush_lsn),
+            )?;
+            acceptor.persist().map_err(|e| match e {
+                AcceptorError::Storage(e) => e,
+                other => StorageError::other("reloading", &self.dir, other.to_string()),
+            })?;
+            Ok(acceptor)
         })();
+        // No call runs while the timeline is failed, so none wrote the disk
+        // since it was read. Same lock order as `with_acceptor`.
+        let mut current = self.acceptor.lock();
         let mut slot = self.failure.lock();
         match result {
             Ok(acceptor) => {
                 let now = Self::positions_of(&acceptor);
-                *self.acceptor.lock() = acceptor;
+                *current = acceptor;
                 *slot = None;
                 drop(slot);
                 self.publish(now);
+                drop(current);
                 tracing::info!(
                     tenant = %self.identity.tenant_id, timeline = %self.identity.timeline_id,
                     flush_lsn = %now.flush_lsn, "timeline re-read from disk; accepting again"
@@ -409,6 +433,107 @@ mod tests {
             term_history: TermHistory(vec![strata_protocol::safekeeper::TermLsn { term: 3, lsn: Lsn(2 << 20) }]),
         });
         tl.with_acceptor(|a| a.handle(&elected)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A call that was waiting for the acceptor while another call failed
+    /// the timeline is refused without running (it would run on the failed
+    /// acceptor: a vote it persisted could be missed by the reload), and a
+    /// reload meanwhile does not deadlock with it.
+    #[test]
+    fn a_call_waiting_while_the_timeline_fails_is_refused() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("strata-sk-timeline-waiting-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), Lsn(2 << 20), false).unwrap();
+        let storage_error = || AcceptorError::Storage(StorageError::other("syncing", Path::new("x"), "injected"));
+
+        // A holds the acceptor and fails the timeline once B waits for it.
+        let (held_tx, held_rx) = mpsc::channel();
+        let a = {
+            let tl = tl.clone();
+            std::thread::spawn(move || {
+                tl.with_acceptor(|_| -> Result<(), AcceptorError> {
+                    held_tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(200));
+                    Err(storage_error())
+                })
+            })
+        };
+        held_rx.recv().unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        // B reports when its call starts running, or when it returned.
+        let (b_tx, b_rx) = mpsc::channel();
+        let b = {
+            let (tl, ran, b_tx) = (tl.clone(), ran.clone(), b_tx.clone());
+            std::thread::spawn(move || {
+                let result = tl.with_acceptor(|a| {
+                    ran.store(true, Ordering::SeqCst);
+                    b_tx.send("running").unwrap();
+                    a.handle(&ProposerMessage::VoteRequest(VoteRequest { term: 5 }))?;
+                    // A slow disk, then another storage error.
+                    std::thread::sleep(Duration::from_millis(300));
+                    Err::<(), _>(storage_error())
+                });
+                b_tx.send("returned").unwrap();
+                result
+            })
+        };
+        assert!(matches!(a.join().unwrap(), Err(AcceptorCallError::Failed(_))));
+        b_rx.recv().unwrap();
+        // The reload, in the background, while B runs if it does: it must finish.
+        let (done_tx, done_rx) = mpsc::channel();
+        {
+            let tl = tl.clone();
+            std::thread::spawn(move || done_tx.send(tl.reload()).unwrap());
+        }
+        let reloaded = done_rx.recv_timeout(Duration::from_secs(10)).expect("the reload deadlocked");
+        let b = b.join().unwrap();
+        assert!(matches!(&b, Err(AcceptorCallError::Failed(_))), "{b:?}");
+        assert!(!ran.load(Ordering::SeqCst), "a call ran on the failed acceptor");
+        reloaded.unwrap();
+        assert_eq!(tl.positions().term, 0, "no vote was given while failed");
+        tl.with_acceptor(|a| a.handle(&ProposerMessage::VoteRequest(VoteRequest { term: 5 }))).unwrap();
+        assert_eq!(tl.positions().term, 5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A timeline with no WAL yet has nothing to cut back or sync when it is
+    /// re-read: the reload must still not succeed while the disk refuses a
+    /// durable write (here: the control file's temporary name is taken by a
+    /// directory, so writing it fails, even as root).
+    #[test]
+    fn a_reload_fails_while_the_control_file_cannot_be_written() {
+        let dir = std::env::temp_dir().join(format!("strata-sk-timeline-reload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let start = Lsn(2 << 20);
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), start, false).unwrap();
+        tl.with_acceptor(|_| -> Result<(), AcceptorError> { panic!("injected") }).unwrap_err();
+        let blocker = tl.dir.join(crate::control_file::CONTROL_FILE_NAME).with_extension("tmp");
+        std::fs::create_dir(&blocker).unwrap();
+        for attempt in 1..=2 {
+            let err = tl.reload().unwrap_err();
+            assert!(err.contains("safekeeper.tmp"), "{err}");
+            let failure = tl.failure().expect("still failed");
+            assert_eq!(failure.reload_attempts, attempt);
+            assert_eq!(failure.durable_flush_lsn, start);
+            assert_eq!(tl.status()["state"], "failed");
+        }
+        // Writable again: the reload succeeds, and wrote the control file.
+        std::fs::remove_dir(&blocker).unwrap();
+        let inode = || {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(tl.dir.join(crate::control_file::CONTROL_FILE_NAME)).unwrap().ino()
+        };
+        let before = inode();
+        tl.reload().unwrap();
+        assert!(tl.failure().is_none());
+        assert_ne!(inode(), before, "the reload replaced the control file");
+        assert_eq!(tl.positions().flush_lsn, start);
+        let vote = ProposerMessage::VoteRequest(VoteRequest { term: 1 });
+        tl.with_acceptor(|a| a.handle(&vote)).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
