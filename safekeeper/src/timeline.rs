@@ -515,7 +515,7 @@ mod tests {
         std::fs::create_dir(&blocker).unwrap();
         for attempt in 1..=2 {
             let err = tl.reload().unwrap_err();
-            assert!(err.contains("safekeeper.tmp"), "{err}");
+            assert!(err.to_string().contains("safekeeper.tmp"), "{err}");
             let failure = tl.failure().expect("still failed");
             assert_eq!(failure.reload_attempts, attempt);
             assert_eq!(failure.durable_flush_lsn, start);
