@@ -182,7 +182,11 @@ def test_peer_recovery(small_buffer_wal_service):
     while parse_lsn(sk3.timeline_status(svc.tenant, svc.timeline)["flush_lsn"]) < target:
         assert time.monotonic() < deadline, "safekeeper 3 did not catch up:\n" + sk3.process.log_text()[-3000:]
         time.sleep(0.5)
-    assert "recovered WAL from peer" in sk3.process.log_text()
+    # The worker logs the end of the recovery after its last append is published.
+    deadline = time.monotonic() + 10
+    while "recovered WAL from peer" not in sk3.process.log_text():
+        assert time.monotonic() < deadline, sk3.process.log_text()[-3000:]
+        time.sleep(0.2)
     # The proposer did not resend it: safekeeper 3 received far less from
     # proposers than it holds now (its counter restarted with it).
     from fixtures.strata import http_text

@@ -394,7 +394,7 @@ impl ReplicationConnection {
         }
         let timeout = self.timeout;
         let ended = with_timeout(timeout, || command.clone(), self.start_inner(&command)).await?;
-        Ok(ReplicationStream { conn: self.conn, parameters: self.parameters, ended })
+        Ok(ReplicationStream { conn: self.conn, parameters: self.parameters, ended, timeout })
     }
 
     /// Sends START_REPLICATION; returns whether the server skipped COPY mode.
@@ -500,10 +500,15 @@ impl ReplicationConnection {
 }
 
 /// A connection in COPY BOTH mode after `START_REPLICATION`.
+///
+/// Reads wait as long as PostgreSQL is quiet (an idle server sends nothing,
+/// and it is a local child whose exit the agent watches); every write waits
+/// at most the connection's timeout.
 pub struct ReplicationStream {
     conn: Conn,
     parameters: HashMap<String, String>,
     ended: bool,
+    timeout: Duration,
 }
 
 impl fmt::Debug for ReplicationStream {
@@ -569,9 +574,13 @@ impl ReplicationStream {
         body[17..25].copy_from_slice(&apply.0.to_be_bytes());
         body[25..33].copy_from_slice(&pg_now_micros().to_be_bytes());
         body[33] = u8::from(reply_requested);
-        self.conn.flush().await?;
-        self.conn.queue(b'd', &body)?;
-        self.conn.flush().await
+        let timeout = self.timeout;
+        with_timeout(timeout, || "sending a standby status update".to_string(), async {
+            self.conn.flush().await?;
+            self.conn.queue(b'd', &body)?;
+            self.conn.flush().await
+        })
+        .await
     }
 
     /// A run-time parameter the server reported.

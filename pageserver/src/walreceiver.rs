@@ -70,29 +70,15 @@ impl WalReceiver {
     pub fn spawn(tl: Arc<Timeline>, safekeepers: Vec<String>) -> Result<WalReceiver, SpawnError> {
         let status = Arc::new(Mutex::new(ReceiverStatus::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let spawn = |name: String, body: Box<dyn FnOnce() + Send>, tl: Arc<Timeline>| {
-            let thread_name = name.clone();
-            std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || {
-                    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-                        let message = panic_message(payload.as_ref());
-                        tl.set_broken(BrokenKind::Panic, format!("thread {thread_name} panicked: {message}"));
-                    }
-                })
-                .map_err(|source| SpawnError { name, source })
-        };
         let receiver = {
             let (tl2, status, stop) = (tl.clone(), status.clone(), stop.clone());
-            spawn(
-                format!("wal-{}", tl.timeline_id),
-                Box::new(move || receive_loop(tl2, safekeepers, status, stop)),
-                tl.clone(),
-            )?
+            spawn_guarded(format!("wal-{}", tl.timeline_id), tl.clone(), move || {
+                receive_loop(tl2, safekeepers, status, stop)
+            })?
         };
         let flusher = {
             let (tl2, stop2) = (tl.clone(), stop.clone());
-            match spawn(format!("flush-{}", tl.timeline_id), Box::new(move || flush_loop(tl2, stop2)), tl.clone()) {
+            match spawn_guarded(format!("flush-{}", tl.timeline_id), tl.clone(), move || flush_loop(tl2, stop2)) {
                 Ok(f) => f,
                 Err(e) => {
                     stop.store(true, Ordering::SeqCst);
@@ -111,6 +97,25 @@ impl WalReceiver {
             let _ = t.join();
         }
     }
+}
+
+/// Starts a thread of `tl`'s own: failing to start it is an error (no
+/// threads left), and a panic in it breaks `tl` only.
+pub fn spawn_guarded(
+    name: String,
+    tl: Arc<Timeline>,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, SpawnError> {
+    let thread_name = name.clone();
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(move || {
+            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                let message = panic_message(payload.as_ref());
+                tl.set_broken(BrokenKind::Panic, format!("thread {thread_name} panicked: {message}"));
+            }
+        })
+        .map_err(|source| SpawnError { name, source })
 }
 
 fn flush_loop(tl: Arc<Timeline>, stop: Arc<AtomicBool>) {

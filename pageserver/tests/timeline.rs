@@ -132,3 +132,22 @@ fn an_unfinished_creation_is_refused_at_load() {
     assert!(dir.join("metadata.json").exists(), "kept");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_panic_in_a_timeline_thread_breaks_only_that_timeline() {
+    use strata_pageserver::timeline::BrokenKind;
+    use strata_pageserver::walreceiver::spawn_guarded;
+    let dir = std::env::temp_dir().join(format!("strata-timeline-panic-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let res = resources();
+    let a = Timeline::create(dir.join("a"), meta(Lsn(0x100_0000)), &res).unwrap();
+    let b = Timeline::create(dir.join("b"), meta(Lsn(0x100_0000)), &res).unwrap();
+    spawn_guarded("test-a".into(), a.clone(), || panic!("injected")).unwrap().join().unwrap();
+    spawn_guarded("test-b".into(), b.clone(), || {}).unwrap().join().unwrap();
+    let broken = a.broken().expect("a is broken");
+    assert_eq!(broken.kind, BrokenKind::Panic);
+    assert!(broken.kind.reloads(), "re-read from disk");
+    assert!(broken.reason.contains("test-a") && broken.reason.contains("injected"), "{}", broken.reason);
+    assert!(b.broken().is_none(), "the other timeline goes on");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -50,6 +50,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
         "fsync": shared.config.fsync,
         "peers": shared.config.peers,
         "timelines": timelines,
+        "unloadable": shared.timelines.unloadable(),
     }))
     .into_response()
 }

@@ -4,6 +4,8 @@
 //!
 //! - request headers (and the wait for the next request on a kept-alive
 //!   connection) must arrive within `header_timeout`;
+//! - a response write that makes no progress for `write_timeout` (the
+//!   client stopped reading) ends the connection;
 //! - a request body must arrive whole within `body_timeout` and be at most
 //!   `max_body_bytes`;
 //! - a connection with no request in progress may be displaced by a new
@@ -31,6 +33,7 @@ use crate::listener::{BusyGuard, Listener};
 #[derive(Clone, Copy, Debug)]
 pub struct HttpLimits {
     pub header_timeout: Duration,
+    pub write_timeout: Duration,
     pub body_timeout: Duration,
     pub max_body_bytes: usize,
 }
@@ -39,6 +42,7 @@ impl Default for HttpLimits {
     fn default() -> HttpLimits {
         HttpLimits {
             header_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
             max_body_bytes: 1 << 20,
         }
@@ -75,7 +79,8 @@ pub async fn serve(listener: Listener, router: Router, limits: HttpLimits) {
                 });
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
-                if let Err(e) = builder.serve_connection(TokioIo::new(conn.stream), service).await {
+                let io = TokioIo::new(WriteDeadline::new(conn.stream, limits.write_timeout));
+                if let Err(e) = builder.serve_connection(io, service).await {
                     debug!(peer = %conn.peer, "HTTP connection ended: {e}");
                 }
             }
@@ -155,5 +160,112 @@ impl http_body::Body for DeadlineBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A stream whose writes fail once one has made no progress for `limit`:
+/// a client that stops reading a response cannot hold its connection (and
+/// a busy place in the listener) forever.
+struct WriteDeadline<S> {
+    inner: S,
+    limit: Duration,
+    /// Running while a write is pending; reset by any progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> WriteDeadline<S> {
+        WriteDeadline { inner, limit, stalled: None }
+    }
+
+    /// Turns a pending write into an error once it has been pending too long.
+    fn check<T>(&mut self, cx: &mut Context<'_>, poll: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        match poll {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let limit = self.limit;
+                let timer = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    let e = std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the client took nothing for {limit:?}"),
+                    );
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.check(cx, poll)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.check(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn a_write_nobody_reads_fails_after_the_limit() {
+        let (client, _server) = tokio::io::duplex(1024);
+        let mut w = WriteDeadline::new(client, Duration::from_millis(100));
+        let started = std::time::Instant::now();
+        let err = w.write_all(&vec![0u8; 64 * 1024]).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn a_slow_but_steady_reader_is_not_cut_off() {
+        let (client, mut server) = tokio::io::duplex(1024);
+        let reader = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut total = 0;
+            let mut buf = [0u8; 512];
+            while total < 16 * 1024 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                total += server.read(&mut buf).await.unwrap();
+            }
+        });
+        // Each write waits a little, never the whole limit.
+        let mut w = WriteDeadline::new(client, Duration::from_millis(200));
+        w.write_all(&vec![1u8; 16 * 1024]).await.unwrap();
+        reader.await.unwrap();
+    }
+
+    #[test]
+    fn refusal_is_a_complete_http_response() {
+        let text = String::from_utf8(refusal(b"GET / HTTP/1.1")).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        assert!(body.contains("too many connections"));
     }
 }

@@ -11,8 +11,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
-use strata_service::ListenerMetrics;
 use strata_formats::Lsn;
+use strata_service::ListenerMetrics;
 use tokio::sync::watch;
 
 use crate::proposer::ProposerStatus;
