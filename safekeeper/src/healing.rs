@@ -1,6 +1,10 @@
 //! Brings failed timelines back: each is re-read from disk (see
 //! `timeline`), retried with a growing, jittered delay while the cause
 //! persists (a disk that still fails its fsyncs fails the reload too).
+//!
+//! A timeline that fails again soon after coming back (a disk that fills
+//! up again as soon as the WAL is cut back) keeps its grown delay instead
+//! of starting over, so it flaps ever more slowly instead of every second.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,38 +18,62 @@ use crate::server::Shared;
 const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 const MIN_DELAY: Duration = Duration::from_secs(1);
 const MAX_DELAY: Duration = Duration::from_secs(60);
+/// A timeline active this long after a reload starts over with the shortest delay.
+const STABLE_AFTER: Duration = Duration::from_secs(60);
+
+/// What is known of one timeline that failed recently.
+struct Episode {
+    /// The timeline's failure count this entry has seen.
+    failures: u64,
+    next_try: Instant,
+    backoff: Backoff,
+    recovered_at: Option<Instant>,
+}
 
 /// Reloads failed timelines, forever.
 pub async fn run(shared: Arc<Shared>) {
-    // When each failed timeline is tried next, and its backoff.
-    let mut schedule: HashMap<(TenantId, TimelineId), (Instant, Backoff)> = HashMap::new();
+    let mut episodes: HashMap<(TenantId, TimelineId), Episode> = HashMap::new();
     loop {
         tokio::time::sleep(CHECK_INTERVAL).await;
+        let now = Instant::now();
         let mut failed = 0;
         for tl in shared.timelines.all() {
             let key = (tl.identity.tenant_id, tl.identity.timeline_id);
             if tl.failure().is_none() {
-                schedule.remove(&key);
+                if episodes.get(&key).is_some_and(|e| e.recovered_at.is_some_and(|t| t.elapsed() >= STABLE_AFTER)) {
+                    episodes.remove(&key);
+                }
                 continue;
             }
             failed += 1;
-            let (next, backoff) = schedule.entry(key).or_insert_with(|| {
-                shared.metrics.timeline_failures.inc();
-                (Instant::now() + MIN_DELAY, Backoff::new(MIN_DELAY, MAX_DELAY))
+            let count = tl.failure_count();
+            let episode = episodes.entry(key).or_insert_with(|| Episode {
+                failures: 0,
+                next_try: now,
+                backoff: Backoff::new(MIN_DELAY, MAX_DELAY),
+                recovered_at: None,
             });
-            if Instant::now() < *next {
+            if episode.failures != count {
+                // A new failure: wait before the first re-read, longer each
+                // time if it keeps failing soon after coming back.
+                shared.metrics.timeline_failures.inc();
+                episode.failures = count;
+                episode.recovered_at = None;
+                episode.next_try = now + episode.backoff.next_delay();
+            }
+            if now < episode.next_try {
                 continue;
             }
             match tokio::task::block_in_place(|| tl.reload()) {
                 Ok(()) => {
                     shared.metrics.timeline_reloads.inc();
                     failed -= 1;
-                    schedule.remove(&key);
+                    episode.recovered_at = Some(Instant::now());
                 }
                 Err(e) => {
-                    let delay = backoff.next_delay();
+                    let delay = episode.backoff.next_delay();
                     tracing::warn!(timeline = %tl.identity.timeline_id, "re-reading the timeline from disk failed: {e}; next try in {delay:?}");
-                    *next = Instant::now() + delay;
+                    episode.next_try = Instant::now() + delay;
                 }
             }
         }

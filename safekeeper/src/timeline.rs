@@ -79,6 +79,10 @@ pub struct Timeline {
     acceptor: Mutex<TimelineAcceptor>,
     /// Set while the timeline refuses work (see the module docs).
     failure: Mutex<Option<Failure>>,
+    /// The most recent failure, kept after a reload (for the status).
+    last_failure: Mutex<Option<Failure>>,
+    /// Failures so far (each one a new episode for the healing task).
+    failures: std::sync::atomic::AtomicU64,
     positions: tokio::sync::watch::Sender<Positions>,
     pub consumers: Mutex<HashMap<u64, ConsumerInfo>>,
     last_persist: Mutex<Instant>,
@@ -167,6 +171,8 @@ impl Timeline {
             no_sync,
             acceptor: Mutex::new(acceptor),
             failure: Mutex::new(None),
+            last_failure: Mutex::new(None),
+            failures: std::sync::atomic::AtomicU64::new(0),
             positions: tokio::sync::watch::channel(positions).0,
             consumers: Mutex::new(HashMap::new()),
             last_persist: Mutex::new(Instant::now()),
@@ -190,6 +196,11 @@ impl Timeline {
         self.failure.lock().clone()
     }
 
+    /// How many times the timeline has failed since it was loaded.
+    pub fn failure_count(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Stops the timeline (see the module docs). `store_flush_lsn` is the
     /// WAL store's own flush LSN (it only advances after a successful sync
     /// and drops at once when a truncation begins); with the published one
@@ -204,8 +215,10 @@ impl Timeline {
             tenant = %self.identity.tenant_id, timeline = %self.identity.timeline_id, %durable_flush_lsn,
             "timeline stops accepting: {reason}"
         );
-        *failure =
-            Some(Failure { reason, since: unix_now(), durable_flush_lsn, reload_attempts: 0, last_reload_error: None });
+        let f = Failure { reason, since: unix_now(), durable_flush_lsn, reload_attempts: 0, last_reload_error: None };
+        *self.last_failure.lock() = Some(f.clone());
+        *failure = Some(f);
+        self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Runs `f` on the acceptor, then publishes the new positions and, at
@@ -366,7 +379,8 @@ impl Timeline {
             "commit_lsn": p.commit_lsn,
             "truncate_lsn": state.truncate_lsn,
             "consumers": self.consumers.lock().values().cloned().collect::<Vec<_>>(),
-            "last_error": failure.as_ref().map(|f| f.reason.clone()),
+            // The latest failure, current or recovered from.
+            "last_error": self.last_failure.lock().as_ref().map(|f| f.reason.clone()),
             "failure": failure,
         })
     }
