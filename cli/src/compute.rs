@@ -76,6 +76,9 @@ pub struct StartArgs {
     /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
     #[arg(long)]
     http: Option<std::net::SocketAddr>,
+    /// Most connections to the status server at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    http_max_connections: u16,
     /// Directory of the PostgreSQL 15 binaries.
     #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
     pg_bin_dir: std::path::PathBuf,
@@ -200,6 +203,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
         args.pageserver_http,
     );
     cfg.http = args.http;
+    cfg.http_max_connections = usize::from(args.http_max_connections);
     cfg.pg_bin_dir = args.pg_bin_dir;
     cfg.pg_user = args.pg_user;
     cfg.shared_buffers = args.shared_buffers;

@@ -385,3 +385,19 @@ async fn connection_floods_displace_each_other_and_established_connections_stay(
     sk.task.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_is_refused_naming_the_key() {
+    let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = taken.local_addr().unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dir = std::env::temp_dir().join(format!("strata-sk-port-{}", std::process::id()));
+    let config: SafekeeperConfig = toml::from_str(&format!(
+        "id = 1\nlisten = \"{free}\"\nlisten_http = \"{addr}\"\ndata_dir = {:?}\n",
+        dir.display().to_string()
+    ))
+    .unwrap();
+    let err = strata_safekeeper::run(config).await.unwrap_err().to_string();
+    assert!(err.starts_with(&format!("listen_http = {addr}: ")) && err.contains("in use"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -59,6 +59,8 @@ pub struct AgentConfig {
     pub pageserver_http: String,
     /// Where to serve `/v1/status` and `/metrics`.
     pub http: Option<SocketAddr>,
+    /// Most connections to the status server at once.
+    pub http_max_connections: usize,
     /// Directory of the `postgres` binary.
     pub pg_bin_dir: PathBuf,
     /// Operating-system user PostgreSQL runs as when the agent runs as root.
@@ -111,6 +113,7 @@ impl AgentConfig {
             timeline_id,
             pageserver_http,
             http: None,
+            http_max_connections: 32,
             pg_bin_dir: PathBuf::from("/usr/lib/postgresql/15/bin"),
             pg_user: "postgres".into(),
             pg_role: "postgres".into(),
@@ -203,9 +206,11 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         proposer_rx,
     );
     let server = match cfg.http {
-        Some(addr) => {
-            Some(status::serve(addr, status.clone()).await.map_err(|e| fail("status server", format!("{addr}: {e}")))?)
-        }
+        Some(addr) => Some(
+            status::serve(addr, cfg.http_max_connections, status.clone())
+                .await
+                .map_err(|e| fail("status server", format!("{addr}: {e}")))?,
+        ),
         None => None,
     };
     let agent = Agent { cfg, pgdata, status: status.clone() };

@@ -318,15 +318,16 @@ pub fn router(handle: StatusHandle) -> axum::Router {
         )
 }
 
-/// Most connections to the status server at once.
-const MAX_STATUS_CONNECTIONS: usize = 32;
-
 /// Binds `addr` and serves [`router`] in a background task, on a listener
 /// with a connection limit that never stops on accept errors.
-pub async fn serve(addr: SocketAddr, handle: StatusHandle) -> std::io::Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(
+    addr: SocketAddr,
+    max_connections: usize,
+    handle: StatusHandle,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let limits = strata_service::Limits {
-        max_connections: MAX_STATUS_CONNECTIONS,
+        max_connections: max_connections.max(1),
         handshake_timeout: std::time::Duration::from_secs(10),
     };
     let listener =
