@@ -39,7 +39,7 @@ impl ControlFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StorageError::io("reading", &self.path, &e)),
         };
-        decode(&bytes).map(Some).map_err(|e| StorageError::other("decoding", &self.path, e))
+        decode(&bytes).map(Some).map_err(|e| StorageError::other("decoding", &self.path, e.to_string()))
     }
 }
 
@@ -49,18 +49,31 @@ pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StorageError::io("syncing directory", dir, &e))
 }
 
+/// Why a control file's bytes were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a control file: {0}")]
+    NotJson(serde_json::Error),
+    #[error("control file format {0} is not supported")]
+    Version(u32),
+    #[error("control file CRC mismatch (stored {stored:08x}, computed {computed:08x})")]
+    Crc { stored: u32, computed: u32 },
+    #[error("invalid control file state: {0}")]
+    State(serde_json::Error),
+}
+
 /// Decodes a control file's bytes, checking version and CRC.
-pub fn decode(bytes: &[u8]) -> Result<PersistentState, String> {
-    let env: Envelope = serde_json::from_slice(bytes).map_err(|e| format!("not a control file: {e}"))?;
+pub fn decode(bytes: &[u8]) -> Result<PersistentState, DecodeError> {
+    let env: Envelope = serde_json::from_slice(bytes).map_err(DecodeError::NotJson)?;
     if env.format_version != CONTROL_FORMAT_VERSION {
-        return Err(format!("control file format {} is not supported", env.format_version));
+        return Err(DecodeError::Version(env.format_version));
     }
-    let canonical = serde_json::to_vec(&env.state).map_err(|e| e.to_string())?;
-    let crc = crc32c::crc32c(&canonical);
-    if crc != env.crc32c {
-        return Err(format!("control file CRC mismatch (stored {:08x}, computed {crc:08x})", env.crc32c));
+    let canonical = serde_json::to_vec(&env.state).map_err(DecodeError::State)?;
+    let computed = crc32c::crc32c(&canonical);
+    if computed != env.crc32c {
+        return Err(DecodeError::Crc { stored: env.crc32c, computed });
     }
-    serde_json::from_value(env.state).map_err(|e| format!("invalid control file state: {e}"))
+    serde_json::from_value(env.state).map_err(DecodeError::State)
 }
 
 /// Encodes a state as a control file.
