@@ -48,14 +48,7 @@ pub async fn run(config: config::PageserverConfig) -> Result<(), StartError> {
     config.check_open_files(open_files)?;
     let page = bind("listen_pg", config.listen_pg).await?;
     let http = bind("listen_http", config.listen_http).await?;
-    let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signals)?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        }
-    };
+    let shutdown = strata_service::shutdown_signal().map_err(StartError::Signals)?;
     serve(config, page, http, shutdown).await
 }
 

@@ -48,14 +48,7 @@ pub async fn run(config: config::SafekeeperConfig) -> Result<(), StartError> {
         Some(addr) => Some(bind("listen_pg", addr).await?),
         None => None,
     };
-    let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signals)?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        }
-    };
+    let shutdown = strata_service::shutdown_signal().map_err(StartError::Signals)?;
     serve(config, listener, http, pg, shutdown).await
 }
 

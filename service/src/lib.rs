@@ -11,6 +11,18 @@ pub mod metrics;
 pub use listener::{bind, BindError, Connection, Limits, Listener, Slot};
 pub use metrics::ListenerMetrics;
 
+/// A future that completes at the first SIGTERM or SIGINT (logged): when a
+/// service shuts down cleanly. Fails only if the handlers cannot be installed.
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
+}
+
 /// The message of a caught panic's payload.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
