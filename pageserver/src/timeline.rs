@@ -304,7 +304,9 @@ impl Timeline {
     /// construction: temporary files, and layer files of a flush that did
     /// not reach the metadata (they start after `disk_consistent_lsn` and
     /// their WAL is ingested again). Any other file not listed in the
-    /// metadata is unexpected: an error, and the files stay.
+    /// metadata is unexpected: an error, and every file stays, the garbage
+    /// too — with something unexplained in the directory, the metadata may
+    /// not be the one these files were written with.
     pub fn load(dir: PathBuf, res: &TimelineResources) -> Result<Arc<Timeline>, StorageError> {
         let meta_path = dir.join(METADATA_FILE);
         let text = std::fs::read_to_string(&meta_path).map_err(StorageError::io("reading", &meta_path))?;
@@ -318,6 +320,7 @@ impl Timeline {
         }
         let listed: BTreeSet<&str> = meta.layers.iter().map(String::as_str).collect();
         let mut unexpected = Vec::new();
+        let mut garbage = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(StorageError::io("listing", &dir))? {
             let entry = entry.map_err(StorageError::io("listing", &dir))?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -326,13 +329,17 @@ impl Timeline {
             }
             let unfinished_flush = name.parse::<LayerName>().is_ok_and(|l| l.lsn_start > meta.disk_consistent_lsn);
             if name.ends_with(".tmp") || unfinished_flush {
-                warn!(file = %entry.path().display(), "removing a file left by an unfinished flush");
-                std::fs::remove_file(entry.path()).map_err(StorageError::io("removing", &entry.path()))?;
+                garbage.push(entry.path());
             } else {
                 unexpected.push(name);
             }
         }
-        if !unexpected.is_empty() {
+        if unexpected.is_empty() {
+            for path in garbage {
+                warn!(file = %path.display(), "removing a file left by an unfinished flush");
+                std::fs::remove_file(&path).map_err(StorageError::io("removing", &path))?;
+            }
+        } else {
             unexpected.sort();
             return Err(StorageError::Invalid {
                 path: dir.clone(),

@@ -110,14 +110,19 @@ fn versions_survive_flushes_and_reload() {
     drop(tl);
 
     // A file nothing explains (an old LSN range not in the metadata) stops
-    // the load with the file named, and nothing is removed.
+    // the load with the file named, and nothing is removed: not even what
+    // would otherwise be the leftovers of an unfinished flush (with the
+    // metadata in doubt, so is what "unfinished" means).
     let stray = name(lsn(3), lsn(4));
     std::fs::write(dir.join(&stray), b"whose?").unwrap();
+    std::fs::write(dir.join(&unfinished), b"partial").unwrap();
+    std::fs::write(dir.join("half-written.tmp"), b"partial").unwrap();
     let err = Timeline::load(dir.clone(), &resources()).err().expect("refused").to_string();
     assert!(err.contains(&stray) && err.contains("left as they are"), "{err}");
-    assert!(dir.join(&stray).exists());
+    assert!(!err.contains(&unfinished) && !err.contains("half-written.tmp"), "{err}");
+    assert!(dir.join(&stray).exists() && dir.join(&unfinished).exists() && dir.join("half-written.tmp").exists());
     let files = std::fs::read_dir(&dir).unwrap().count();
-    assert_eq!(files, layers + 2, "every layer, the metadata and the stray file stay");
+    assert_eq!(files, layers + 4, "every layer, the metadata, the stray file and the leftovers stay");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
