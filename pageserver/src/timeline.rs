@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::dirs;
 use crate::key::{Key, RelTag};
-use crate::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName};
+use crate::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName, WriteError};
 use crate::layer::files::FileCache;
 use crate::layer::inmemory::InMemoryLayer;
 use crate::layer::map::{LayerMap, RecordLsns};
@@ -80,6 +80,12 @@ pub enum StorageError {
     Invalid { path: PathBuf, reason: String },
     #[error(transparent)]
     Layer(#[from] LayerError),
+}
+
+impl From<WriteError> for StorageError {
+    fn from(e: WriteError) -> StorageError {
+        StorageError::Io { op: e.op, path: e.path, source: e.source }
+    }
 }
 
 impl StorageError {
@@ -520,13 +526,10 @@ impl Timeline {
                     lsn_start: layer.start_lsn,
                     lsn_end: layer.end_lsn().expect("frozen"),
                 };
-                let tmp_dir = &self.dir;
-                let mut writer =
-                    DeltaLayerWriter::new(&self.dir, name).map_err(StorageError::io("creating a layer in", tmp_dir))?;
-                layer
-                    .for_each(|k, l, v| writer.put(k, l, v))
-                    .map_err(StorageError::io("writing a layer in", tmp_dir))?;
-                let path = writer.finish(self.fsync).map_err(StorageError::io("finishing a layer in", tmp_dir))?;
+                // Each step's error names the layer file (its temporary name).
+                let mut writer = DeltaLayerWriter::new(&self.dir, name)?;
+                layer.for_each(|k, l, v| writer.put(k, l, v))?;
+                let path = writer.finish(self.fsync)?;
                 if self.fsync {
                     sync_dir(&self.dir)?;
                 }

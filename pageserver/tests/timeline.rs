@@ -137,3 +137,32 @@ fn an_unfinished_creation_is_refused_at_load() {
     assert!(dir.join("metadata.json").exists(), "kept");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_failed_flush_breaks_the_timeline_and_names_the_file() {
+    use strata_pageserver::timeline::BrokenKind;
+    let dir = std::env::temp_dir().join(format!("strata-timeline-flush-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let start = Lsn(0x100_0000);
+    let tl = Timeline::create(dir.clone(), meta(start), &resources()).unwrap();
+    let k = Key::rel_block(TAG, 0);
+    tl.commit_record(vec![(k, Lsn(start.0 + 0x100), page(1))], RecordLsns { last: Lsn(start.0 + 0x100), prev: start });
+    tl.checkpoint().unwrap();
+    let durable = tl.disk_consistent_lsn();
+    tl.commit_record(
+        vec![(k, Lsn(start.0 + 0x200), page(2))],
+        RecordLsns { last: Lsn(start.0 + 0x200), prev: durable },
+    );
+    // The directory is gone (a disk that failed under it): the layer file cannot be created.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = tl.checkpoint().expect_err("the flush fails").to_string();
+    let broken = tl.broken().expect("broken");
+    assert_eq!(broken.kind, BrokenKind::Storage);
+    let file = dir.join(format!(
+        "{}.tmp",
+        LayerName { key_start: k, key_end: k.next(), lsn_start: Lsn(durable.0 + 1), lsn_end: Lsn(start.0 + 0x201) }
+    ));
+    let expected = format!("creating {}: ", file.display());
+    assert!(broken.reason.contains(&expected) && err.contains(&expected), "{} / {err}", broken.reason);
+    assert_eq!(tl.disk_consistent_lsn(), durable, "disk_consistent_lsn stays");
+}
