@@ -136,6 +136,10 @@ pub struct Broken {
     pub reason: String,
     /// Unix seconds.
     pub since: u64,
+    /// Re-reads from disk tried since (for the kinds that are re-read), all failed.
+    pub reload_attempts: u32,
+    /// Why the last of them failed.
+    pub last_reload_error: Option<String>,
 }
 
 /// Why a read failed.
@@ -378,6 +382,15 @@ impl Timeline {
         self.meta.lock().clone()
     }
 
+    /// Writes the metadata again, durably. A timeline re-read after a
+    /// storage failure does this before it is used: reading works on a disk
+    /// that still fails fsync, and a timeline that flushed into it again
+    /// would only break again, after having looked healthy meanwhile. It
+    /// also makes the removals of `load` durable.
+    pub fn persist_metadata(&self) -> Result<(), StorageError> {
+        self.write_metadata(&self.metadata())
+    }
+
     /// Writes `meta` durably; only then may it be installed in memory.
     fn write_metadata(&self, meta: &TimelineMetadata) -> Result<(), StorageError> {
         let text = serde_json::to_vec_pretty(meta).expect("metadata serializes");
@@ -392,7 +405,15 @@ impl Timeline {
             return;
         }
         warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, ?kind, %reason, "timeline is broken");
-        *broken = Some(Broken { kind, reason, since: unix_now() });
+        *broken = Some(Broken { kind, reason, since: unix_now(), reload_attempts: 0, last_reload_error: None });
+    }
+
+    /// Records a failed attempt to re-read this broken timeline from disk.
+    pub fn note_reload_failure(&self, error: String) {
+        if let Some(b) = self.broken.lock().as_mut() {
+            b.reload_attempts += 1;
+            b.last_reload_error = Some(error);
+        }
     }
 
     pub fn broken(&self) -> Option<Broken> {
