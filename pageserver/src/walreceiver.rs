@@ -163,6 +163,12 @@ fn receive_loop(
             Err(StreamError::Ingest(e)) => {
                 tl.set_broken(BrokenKind::Ingest, e);
             }
+            Err(StreamError::Broken(reason)) => {
+                info!(timeline = %tl.timeline_id, %reason, "the timeline is broken; stopped streaming WAL");
+                let mut s = status.lock();
+                s.safekeeper = None;
+                s.last_error = Some(format!("not streaming: the timeline is broken: {reason}"));
+            }
             Err(StreamError::Connection(e)) => {
                 warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
                 status.lock().last_error = Some(e);
@@ -181,6 +187,8 @@ enum StreamError {
     Connection(String),
     /// The WAL cannot be ingested: the timeline stops.
     Ingest(String),
+    /// The timeline broke meanwhile (a flush failed): ingest stops.
+    Broken(String),
 }
 
 /// Opens a stream on every safekeeper and keeps the one with the highest commit LSN.
@@ -296,6 +304,11 @@ fn stream_wal(
     let mut progress = (tl.record_lsns().last, Instant::now());
     let conn = StreamError::Connection;
     while !stop.load(Ordering::SeqCst) {
+        if let Some(reason) = tl.broken_reason() {
+            // Nothing more goes into a broken timeline: it cannot be read or
+            // flushed, and the memory it took would grow without bound.
+            return Err(StreamError::Broken(reason));
+        }
         let last = tl.record_lsns().last;
         if last != progress.0 {
             progress = (last, Instant::now());
