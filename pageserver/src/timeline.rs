@@ -420,6 +420,10 @@ impl Timeline {
         self.broken.lock().clone()
     }
 
+    pub fn is_broken(&self) -> bool {
+        self.broken.lock().is_some()
+    }
+
     pub fn broken_reason(&self) -> Option<String> {
         self.broken.lock().as_ref().map(|b| b.reason.clone())
     }

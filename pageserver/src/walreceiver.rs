@@ -356,6 +356,10 @@ fn stream_wal(
                 decoder.feed(&w.wal);
                 tl.metrics.wal_bytes_ingested.inc_by(w.wal.len() as u64);
                 loop {
+                    if tl.is_broken() {
+                        // Not even the rest of this message (a flush failed meanwhile).
+                        break;
+                    }
                     match decoder.next_record() {
                         Ok(Some(rec)) => {
                             ingest.ingest(&rec).map_err(|e| StreamError::Ingest(e.to_string()))?;
