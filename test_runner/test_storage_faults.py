@@ -7,7 +7,11 @@ acknowledged is lost on the way.
 
 Safekeeper 1's data directory is on a strata-faultfs mount
 (docs/testing.md) that fails every fsync with EIO while its control file
-says `fsync`."""
+says `fsync`.
+
+The same for the pageserver: a timeline whose flush fails is broken (kind
+`storage`) and holds its `disk_consistent_lsn`, the process serves on, and
+the timeline is re-read from disk once the disk works again."""
 
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from fixtures.checks import pageserver_timeline, wait_for_pageserver_lsn
+from fixtures.endpoint import Endpoint
+from fixtures.load import AckedWriters
 from fixtures.strata import (SEGMENT, Safekeeper, WalService, commit_xids, format_lsn, parse_lsn,
                               running_wal_service)
 
@@ -318,3 +325,127 @@ def test_safekeeper_whose_fsync_fails_from_the_start_acknowledges_nothing(strata
         wait_for("sk1 to catch up", lambda: flush_lsn(svc, sk1) >= target, 60)
         print(f"sk1 accepted again {t3 - t2:.3f}s after the fault cleared "
               f"(reload attempts: {retried['failure']['reload_attempts']}+), caught up after {time.monotonic() - t2:.3f}s")
+
+
+# ------------------------------------------------------------------ the pageserver
+
+def test_pageserver_fsync_failure_breaks_the_timeline_until_the_disk_recovers(cluster_factory):
+    """The pageserver's data directory is on a strata-faultfs mount (a local
+    cluster: `strata init`, the mount, `strata start`). While its fsync
+    fails, a flush breaks the timeline (kind `storage`, the reason naming
+    the file and the I/O error); `disk_consistent_lsn` holds, ingest stops,
+    the process runs on and answers, and re-reading the timeline from disk
+    fails as long as the disk does. Once the disk works, the timeline is
+    re-read, active again, catches up with the safekeepers, and a new
+    compute sees every commit acknowledged meanwhile (commits need only the
+    safekeepers)."""
+    cluster = cluster_factory(faultfs=("pageserver",))
+    fs = cluster.faultfs["pageserver"]
+    tl_dir = str(cluster.timeline_dir())
+    checkpoint = cluster.timeline_path() + "/checkpoint"
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    pid = cluster.pid("pageserver")
+
+    def timeline() -> dict:
+        return pageserver_timeline(cluster)
+
+    writers = AckedWriters(ep, threads=1).start()
+    try:
+        wait_for("the writer to commit", lambda: writers.count() > 100, 60)
+        # Before the fault: a checkpoint makes what was ingested durable.
+        wait_for_pageserver_lsn(cluster, ep.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+        code, body = cluster.http("pageserver", "POST", checkpoint, timeout=60)
+        assert code == 200 and body["state"] == "active", body
+        flushed = parse_lsn(body["disk_consistent_lsn"])
+        wait_for("more WAL ingested", lambda: parse_lsn(timeline()["last_record_lsn"]) > flushed, 60)
+
+        # The fault, and a flush.
+        fs.set_faults("fsync")
+        t_inject = time.monotonic()
+        code, body = cluster.http("pageserver", "POST", checkpoint, timeout=60)
+        t_broken = time.monotonic()
+        assert code == 500, body
+        st = timeline()
+        print(f"\npageserver checkpoint with fsync failing: HTTP {code}: {body['error']}")
+        assert st["state"] == "broken" and st["broken"]["kind"] == "storage", st
+        reason = st["error"]
+        assert reason == st["broken"]["reason"] and EIO in reason, st
+        # It names the file whose fsync failed, in the timeline's directory:
+        # the one the file system reports having failed first.
+        synced = re.search(r"syncing(?: directory)? (/\S+): " + EIO, reason)
+        assert synced and synced[1].startswith(tl_dir + "/"), reason
+        first_injected = re.search(r"injected EIO into \S+ of (\S+)", fs.injected()[0])[1]
+        assert synced[1] == str(cluster.data_dir("pageserver") / first_injected), (reason, fs.injected()[0])
+        durable = parse_lsn(st["disk_consistent_lsn"])
+        wanted = parse_lsn(re.search(r"flushing up to (\S+):", reason)[1])
+        assert durable < wanted <= parse_lsn(st["last_record_lsn"]), st
+
+        # While broken: nothing moves, the service runs on, commits go on.
+        # (A record being ingested as the flush failed may still complete:
+        # the reference is taken a moment later.)
+        time.sleep(0.3)
+        samples = []
+        for _ in range(8):
+            s = timeline()
+            assert s["state"] == "broken" and s["broken"]["kind"] == "storage", s
+            samples.append((parse_lsn(s["disk_consistent_lsn"]), parse_lsn(s["last_record_lsn"])))
+            time.sleep(0.5)
+        print("disk_consistent_lsn, last_record_lsn while broken:",
+              sorted({(format_lsn(a), format_lsn(b)) for a, b in samples}),
+              f"({samples[0][1] - parse_lsn(st['last_record_lsn'])} bytes of WAL ingested after the first status)")
+        assert {a for a, _ in samples} == {durable}, "disk_consistent_lsn moved while broken"
+        assert len({b for _, b in samples}) == 1, "ingest went on while broken"
+        assert cluster.pid("pageserver") == pid and cluster.service("pageserver")["restarts"] == 0
+        assert cluster.answers("pageserver")
+        # Re-reading from disk is tried, and fails while the disk does.
+        retried = wait_for("a reload to be tried (and fail)",
+                           lambda: (s := timeline())["broken"]["reload_attempts"] >= 1 and s, 30)
+        assert EIO in retried["broken"]["last_reload_error"], retried["broken"]
+        assert retried["state"] == "broken" and parse_lsn(retried["disk_consistent_lsn"]) == durable
+        metrics = wait_for_metric_value(cluster, "strata_pageserver_timelines_broken", 1)
+        assert metrics["strata_pageserver_timeline_reloads_total"] == 0, metrics
+        t_clear = time.monotonic()
+        during = len(writers.acked_between(t_inject, t_clear))
+        assert during > 0 and not writers.errors, (during, writers.errors[:3])
+
+        # The disk works again: re-read, active, caught up with the safekeepers.
+        fs.set_faults("")
+        active = wait_for("the timeline to be active again", lambda: (s := timeline())["state"] == "active" and s, 60)
+        t_active = time.monotonic()
+        assert active["error"] is None and active["broken"] is None, active
+        assert parse_lsn(active["disk_consistent_lsn"]) >= durable
+        metrics = wait_for_metric_value(cluster, "strata_pageserver_timelines_broken", 0)
+        assert metrics["strata_pageserver_timeline_reloads_total"] >= 1, metrics
+        commit = max(parse_lsn(sk["commit_lsn"]) for sk in
+                     next(t for t in cluster.status()["timelines"] if t["branch"] == "main")["safekeepers"])
+        wait_for_pageserver_lsn(cluster, format_lsn(commit), timeout=120)
+        t_caught_up = time.monotonic()
+        code, body = cluster.http("pageserver", "POST", checkpoint, timeout=60)
+        assert code == 200 and parse_lsn(body["disk_consistent_lsn"]) >= commit > durable, body
+        assert cluster.pid("pageserver") == pid, "the process was restarted"
+    finally:
+        writers.stop()
+    print(f"broken {t_broken - t_inject:.3f}s after the fault; {during} commits acknowledged while broken; "
+          f"active again {t_active - t_clear:.3f}s after the disk recovered, caught up with the safekeepers' "
+          f"commit LSN after {t_caught_up - t_clear:.3f}s; reload attempts while failing: "
+          f"{retried['broken']['reload_attempts']}+")
+
+    # A new compute, from the pageserver, has every acknowledged commit.
+    acked = writers.acked_ids()
+    ep.stop()
+    ep.start()
+    ids = {r[0] for r in ep.sql("SELECT id FROM acked")}
+    missing = sorted(acked - ids)
+    assert not missing, f"{len(missing)} acknowledged rows are missing, e.g. {missing[:5]}"
+    print(f"commits acknowledged: {len(acked)}, all on a new compute")
+    assert fs.injected(), "strata-faultfs injected nothing"
+
+
+def wait_for_metric_value(cluster, name: str, value: float) -> dict[str, float]:
+    """A service's metrics once `name` has `value` (the pageserver updates
+    its gauge of broken timelines every half second)."""
+    def check():
+        metrics = cluster.metrics("pageserver")
+        return metrics.get(name) == value and metrics
+    return wait_for(f"{name} to be {value}", check, 10)

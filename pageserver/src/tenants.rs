@@ -281,18 +281,26 @@ impl Tenants {
             if let Some(r) = entry.handle.lock().take() {
                 r.shutdown();
             }
-            match Timeline::load(entry.tl.dir.clone(), &self.resources) {
-                Ok(tl) if tl.broken().is_none() => {
+            // Back in service only once the disk takes a durable write again.
+            let reloaded = Timeline::load(entry.tl.dir.clone(), &self.resources).and_then(|tl| match tl.broken() {
+                Some(b) => {
+                    Err(StorageError::Invalid { path: tl.dir.clone(), reason: format!("still broken: {}", b.reason) })
+                }
+                None => tl.persist_metadata().map(|()| tl),
+            });
+            match reloaded {
+                Ok(tl) => {
                     self.metrics.timeline_reloads.inc();
                     self.reloads.lock().remove(&key);
+                    info!(tenant = %key.0, timeline = %key.1, disk_consistent_lsn = %tl.disk_consistent_lsn(), "timeline re-read from disk; active again");
                     if let Err(e) = self.attach(tl) {
                         error!(tenant = %key.0, timeline = %key.1, "{e}");
                     }
                 }
-                Ok(tl) => {
-                    warn!(tenant = %key.0, timeline = %key.1, "still broken: {}", tl.broken_reason().unwrap_or_default())
+                Err(e) => {
+                    warn!(tenant = %key.0, timeline = %key.1, "re-reading failed: {e}");
+                    entry.tl.note_reload_failure(e.to_string());
                 }
-                Err(e) => warn!(tenant = %key.0, timeline = %key.1, "re-reading failed: {e}"),
             }
         }
     }

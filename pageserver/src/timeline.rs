@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::dirs;
 use crate::key::{Key, RelTag};
-use crate::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName};
+use crate::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName, WriteError};
 use crate::layer::files::FileCache;
 use crate::layer::inmemory::InMemoryLayer;
 use crate::layer::map::{LayerMap, RecordLsns};
@@ -82,6 +82,12 @@ pub enum StorageError {
     Layer(#[from] LayerError),
 }
 
+impl From<WriteError> for StorageError {
+    fn from(e: WriteError) -> StorageError {
+        StorageError::Io { op: e.op, path: e.path, source: e.source }
+    }
+}
+
 impl StorageError {
     pub fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StorageError + 'a {
         move |source| StorageError::Io { op, path: path.to_path_buf(), source }
@@ -130,6 +136,10 @@ pub struct Broken {
     pub reason: String,
     /// Unix seconds.
     pub since: u64,
+    /// Re-reads from disk tried since (for the kinds that are re-read), all failed.
+    pub reload_attempts: u32,
+    /// Why the last of them failed.
+    pub last_reload_error: Option<String>,
 }
 
 /// Why a read failed.
@@ -304,7 +314,9 @@ impl Timeline {
     /// construction: temporary files, and layer files of a flush that did
     /// not reach the metadata (they start after `disk_consistent_lsn` and
     /// their WAL is ingested again). Any other file not listed in the
-    /// metadata is unexpected: an error, and the files stay.
+    /// metadata is unexpected: an error, and every file stays, the garbage
+    /// too — with something unexplained in the directory, the metadata may
+    /// not be the one these files were written with.
     pub fn load(dir: PathBuf, res: &TimelineResources) -> Result<Arc<Timeline>, StorageError> {
         let meta_path = dir.join(METADATA_FILE);
         let text = std::fs::read_to_string(&meta_path).map_err(StorageError::io("reading", &meta_path))?;
@@ -318,6 +330,7 @@ impl Timeline {
         }
         let listed: BTreeSet<&str> = meta.layers.iter().map(String::as_str).collect();
         let mut unexpected = Vec::new();
+        let mut garbage = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(StorageError::io("listing", &dir))? {
             let entry = entry.map_err(StorageError::io("listing", &dir))?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -326,13 +339,17 @@ impl Timeline {
             }
             let unfinished_flush = name.parse::<LayerName>().is_ok_and(|l| l.lsn_start > meta.disk_consistent_lsn);
             if name.ends_with(".tmp") || unfinished_flush {
-                warn!(file = %entry.path().display(), "removing a file left by an unfinished flush");
-                std::fs::remove_file(entry.path()).map_err(StorageError::io("removing", &entry.path()))?;
+                garbage.push(entry.path());
             } else {
                 unexpected.push(name);
             }
         }
-        if !unexpected.is_empty() {
+        if unexpected.is_empty() {
+            for path in garbage {
+                warn!(file = %path.display(), "removing a file left by an unfinished flush");
+                std::fs::remove_file(&path).map_err(StorageError::io("removing", &path))?;
+            }
+        } else {
             unexpected.sort();
             return Err(StorageError::Invalid {
                 path: dir.clone(),
@@ -365,6 +382,15 @@ impl Timeline {
         self.meta.lock().clone()
     }
 
+    /// Writes the metadata again, durably. A timeline re-read after a
+    /// storage failure does this before it is used: reading works on a disk
+    /// that still fails fsync, and a timeline that flushed into it again
+    /// would only break again, after having looked healthy meanwhile. It
+    /// also makes the removals of `load` durable.
+    pub fn persist_metadata(&self) -> Result<(), StorageError> {
+        self.write_metadata(&self.metadata())
+    }
+
     /// Writes `meta` durably; only then may it be installed in memory.
     fn write_metadata(&self, meta: &TimelineMetadata) -> Result<(), StorageError> {
         let text = serde_json::to_vec_pretty(meta).expect("metadata serializes");
@@ -379,11 +405,23 @@ impl Timeline {
             return;
         }
         warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, ?kind, %reason, "timeline is broken");
-        *broken = Some(Broken { kind, reason, since: unix_now() });
+        *broken = Some(Broken { kind, reason, since: unix_now(), reload_attempts: 0, last_reload_error: None });
+    }
+
+    /// Records a failed attempt to re-read this broken timeline from disk.
+    pub fn note_reload_failure(&self, error: String) {
+        if let Some(b) = self.broken.lock().as_mut() {
+            b.reload_attempts += 1;
+            b.last_reload_error = Some(error);
+        }
     }
 
     pub fn broken(&self) -> Option<Broken> {
         self.broken.lock().clone()
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken.lock().is_some()
     }
 
     pub fn broken_reason(&self) -> Option<String> {
@@ -513,13 +551,10 @@ impl Timeline {
                     lsn_start: layer.start_lsn,
                     lsn_end: layer.end_lsn().expect("frozen"),
                 };
-                let tmp_dir = &self.dir;
-                let mut writer =
-                    DeltaLayerWriter::new(&self.dir, name).map_err(StorageError::io("creating a layer in", tmp_dir))?;
-                layer
-                    .for_each(|k, l, v| writer.put(k, l, v))
-                    .map_err(StorageError::io("writing a layer in", tmp_dir))?;
-                let path = writer.finish(self.fsync).map_err(StorageError::io("finishing a layer in", tmp_dir))?;
+                // Each step's error names the layer file (its temporary name).
+                let mut writer = DeltaLayerWriter::new(&self.dir, name)?;
+                layer.for_each(|k, l, v| writer.put(k, l, v))?;
+                let path = writer.finish(self.fsync)?;
                 if self.fsync {
                     sync_dir(&self.dir)?;
                 }

@@ -29,6 +29,10 @@ use crate::timeline::{BrokenKind, Timeline};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Safekeepers send a keepalive every few seconds; silence longer than this is a dead link.
 const READ_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest one read of a stream waits: the loop around it sends feedback,
+/// probes the other safekeepers and checks for silence and shutdown on its
+/// own clock, also while the safekeeper sends nothing.
+const POLL: Duration = Duration::from_millis(200);
 const FEEDBACK_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// After this long with nothing more to ingest from the current safekeeper,
@@ -168,6 +172,12 @@ fn receive_loop(
             Err(StreamError::Ingest(e)) => {
                 tl.set_broken(BrokenKind::Ingest, e);
             }
+            Err(StreamError::Broken(reason)) => {
+                info!(timeline = %tl.timeline_id, %reason, "the timeline is broken; stopped streaming WAL");
+                let mut s = status.lock();
+                s.safekeeper = None;
+                s.last_error = Some(format!("not streaming: the timeline is broken: {reason}"));
+            }
             Err(StreamError::Connection(e)) => {
                 warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
                 status.lock().last_error = Some(e);
@@ -186,6 +196,8 @@ enum StreamError {
     Connection(String),
     /// The WAL cannot be ingested: the timeline stops.
     Ingest(String),
+    /// The timeline broke meanwhile (a flush failed): ingest stops.
+    Broken(String),
 }
 
 /// Opens a stream on every safekeeper and keeps the one with the highest commit LSN.
@@ -251,7 +263,7 @@ fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, Stri
             if s.timeline.system_id != meta.system_id {
                 return Err(format!("system id {} is not the timeline's {}", s.timeline.system_id, meta.system_id));
             }
-            frames.get_ref().set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
+            frames.get_ref().set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
             Ok(OpenStream { frames, commit: s.commit_lsn })
         }
         StreamMessage::Error(e) => Err(e.message),
@@ -259,13 +271,20 @@ fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, Stri
     }
 }
 
-/// Reads one stream message (bounded by the socket's read timeout).
+/// Reads one stream message (bounded by the socket's read timeout, the
+/// connection's first one).
 fn read_message(frames: &mut FrameReader<TcpStream>) -> Result<StreamMessage, String> {
-    let frame = frames.read_frame_blocking().map_err(|e| match e {
-        FrameError::Timeout(_) => format!("nothing from the safekeeper for {READ_TIMEOUT:?}"),
-        e => e.to_string(),
-    })?;
-    codec::decode_stream(frame).map_err(|e| e.to_string())
+    poll_message(frames)?.ok_or_else(|| format!("no answer from the safekeeper within {CONNECT_TIMEOUT:?}"))
+}
+
+/// The next stream message, or `None` if none came within the socket's read
+/// timeout (what was read of a message stays buffered for the next call).
+fn poll_message(frames: &mut FrameReader<TcpStream>) -> Result<Option<StreamMessage>, String> {
+    match frames.read_frame_blocking() {
+        Ok(frame) => codec::decode_stream(frame).map(Some).map_err(|e| e.to_string()),
+        Err(FrameError::Timeout(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Whether a safekeeper other than `current` has committed WAL beyond `lsn`.
@@ -296,11 +315,17 @@ fn stream_wal(
     }
     let OpenStream { mut frames, .. } = open;
     let mut last_feedback = Instant::now() - FEEDBACK_INTERVAL;
+    let mut last_heard = Instant::now();
     // When ingest last advanced: a stream that stops advancing may come from
     // a safekeeper the quorum left behind.
     let mut progress = (tl.record_lsns().last, Instant::now());
     let conn = StreamError::Connection;
     while !stop.load(Ordering::SeqCst) {
+        if let Some(reason) = tl.broken_reason() {
+            // Nothing more goes into a broken timeline: it cannot be read or
+            // flushed, and the memory it took would grow without bound.
+            return Err(StreamError::Broken(reason));
+        }
         let last = tl.record_lsns().last;
         if last != progress.0 {
             progress = (last, Instant::now());
@@ -320,7 +345,14 @@ fn stream_wal(
         if tl.should_freeze(MAX_LAYER_AGE) {
             tl.freeze();
         }
-        match read_message(&mut frames).map_err(conn)? {
+        let Some(message) = poll_message(&mut frames).map_err(conn)? else {
+            if last_heard.elapsed() >= READ_TIMEOUT {
+                return Err(conn(format!("nothing from the safekeeper for {READ_TIMEOUT:?}")));
+            }
+            continue;
+        };
+        last_heard = Instant::now();
+        match message {
             StreamMessage::Wal(w) => {
                 if w.begin_lsn != decoder.input_lsn() {
                     return Err(conn(format!("WAL at {} does not continue {}", w.begin_lsn, decoder.input_lsn())));
@@ -329,6 +361,10 @@ fn stream_wal(
                 decoder.feed(&w.wal);
                 tl.metrics.wal_bytes_ingested.inc_by(w.wal.len() as u64);
                 loop {
+                    if tl.is_broken() {
+                        // Not even the rest of this message (a flush failed meanwhile).
+                        break;
+                    }
                     match decoder.next_record() {
                         Ok(Some(rec)) => {
                             ingest.ingest(&rec).map_err(|e| StreamError::Ingest(e.to_string()))?;

@@ -110,14 +110,19 @@ fn versions_survive_flushes_and_reload() {
     drop(tl);
 
     // A file nothing explains (an old LSN range not in the metadata) stops
-    // the load with the file named, and nothing is removed.
+    // the load with the file named, and nothing is removed: not even what
+    // would otherwise be the leftovers of an unfinished flush (with the
+    // metadata in doubt, so is what "unfinished" means).
     let stray = name(lsn(3), lsn(4));
     std::fs::write(dir.join(&stray), b"whose?").unwrap();
+    std::fs::write(dir.join(&unfinished), b"partial").unwrap();
+    std::fs::write(dir.join("half-written.tmp"), b"partial").unwrap();
     let err = Timeline::load(dir.clone(), &resources()).err().expect("refused").to_string();
     assert!(err.contains(&stray) && err.contains("left as they are"), "{err}");
-    assert!(dir.join(&stray).exists());
+    assert!(!err.contains(&unfinished) && !err.contains("half-written.tmp"), "{err}");
+    assert!(dir.join(&stray).exists() && dir.join(&unfinished).exists() && dir.join("half-written.tmp").exists());
     let files = std::fs::read_dir(&dir).unwrap().count();
-    assert_eq!(files, layers + 2, "every layer, the metadata and the stray file stay");
+    assert_eq!(files, layers + 4, "every layer, the metadata, the stray file and the leftovers stay");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -150,4 +155,33 @@ fn a_panic_in_a_timeline_thread_breaks_only_that_timeline() {
     assert!(broken.reason.contains("test-a") && broken.reason.contains("injected"), "{}", broken.reason);
     assert!(b.broken().is_none(), "the other timeline goes on");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_failed_flush_breaks_the_timeline_and_names_the_file() {
+    use strata_pageserver::timeline::BrokenKind;
+    let dir = std::env::temp_dir().join(format!("strata-timeline-flush-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let start = Lsn(0x100_0000);
+    let tl = Timeline::create(dir.clone(), meta(start), &resources()).unwrap();
+    let k = Key::rel_block(TAG, 0);
+    tl.commit_record(vec![(k, Lsn(start.0 + 0x100), page(1))], RecordLsns { last: Lsn(start.0 + 0x100), prev: start });
+    tl.checkpoint().unwrap();
+    let durable = tl.disk_consistent_lsn();
+    tl.commit_record(
+        vec![(k, Lsn(start.0 + 0x200), page(2))],
+        RecordLsns { last: Lsn(start.0 + 0x200), prev: durable },
+    );
+    // The directory is gone (a disk that failed under it): the layer file cannot be created.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = tl.checkpoint().expect_err("the flush fails").to_string();
+    let broken = tl.broken().expect("broken");
+    assert_eq!(broken.kind, BrokenKind::Storage);
+    let file = dir.join(format!(
+        "{}.tmp",
+        LayerName { key_start: k, key_end: k.next(), lsn_start: Lsn(durable.0 + 1), lsn_end: Lsn(start.0 + 0x201) }
+    ));
+    let expected = format!("creating {}: ", file.display());
+    assert!(broken.reason.contains(&expected) && err.contains(&expected), "{} / {err}", broken.reason);
+    assert_eq!(tl.disk_consistent_lsn(), durable, "disk_consistent_lsn stays");
 }

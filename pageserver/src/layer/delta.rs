@@ -124,6 +124,17 @@ impl std::str::FromStr for LayerName {
     }
 }
 
+/// A step of writing a layer file that failed, naming the step and the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {}: {source}", path.display())]
+pub struct WriteError {
+    /// `creating`, `writing`, `syncing` or `renaming`.
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Writes a delta layer file from versions given in key, then LSN order.
 pub struct DeltaLayerWriter {
     path: PathBuf,
@@ -140,9 +151,12 @@ pub struct DeltaLayerWriter {
 
 impl DeltaLayerWriter {
     /// Starts writing `name` as a temporary file in `dir`.
-    pub fn new(dir: &Path, name: LayerName) -> std::io::Result<DeltaLayerWriter> {
+    pub fn new(dir: &Path, name: LayerName) -> Result<DeltaLayerWriter, WriteError> {
         let path = dir.join(format!("{name}.tmp"));
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
+        let at = &path;
+        let failed = |op: &'static str| move |source| WriteError { op, path: at.clone(), source };
+        let file = File::create(&path).map_err(failed("creating"))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
         let mut header = Vec::with_capacity(HEADER_SIZE);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -154,7 +168,8 @@ impl DeltaLayerWriter {
         let crc = crc32c::crc32c(&header);
         header.extend_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(header.len(), HEADER_SIZE);
-        out.write_all(&header)?;
+        out.write_all(&header).map_err(failed("writing"))?;
+        let compressor = zstd::bulk::Compressor::new(1).map_err(failed("compressing"))?;
         Ok(DeltaLayerWriter {
             path,
             out,
@@ -164,12 +179,21 @@ impl DeltaLayerWriter {
             last: None,
             name,
             scratch: Vec::new(),
-            compressor: zstd::bulk::Compressor::new(1)?,
+            compressor,
         })
     }
 
+    /// The temporary file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn failed(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
+        move |source| WriteError { op, path: self.path.clone(), source }
+    }
+
     /// Appends one version; keys and LSNs must not go backwards.
-    pub fn put(&mut self, key: &Key, lsn: Lsn, value: &Value) -> std::io::Result<()> {
+    pub fn put(&mut self, key: &Key, lsn: Lsn, value: &Value) -> Result<(), WriteError> {
         debug_assert!(self.last.is_none_or(|l| l <= (*key, lsn)), "versions out of order");
         debug_assert!(*key >= self.name.key_start && *key < self.name.key_end);
         debug_assert!(lsn >= self.name.lsn_start && lsn < self.name.lsn_end);
@@ -179,7 +203,7 @@ impl DeltaLayerWriter {
         let mut flags = if value.is_base() { FLAG_BASE } else { 0 };
         let compressed;
         let stored: &[u8] = if self.scratch.len() >= COMPRESS_MIN {
-            compressed = self.compressor.compress(&self.scratch)?;
+            compressed = self.compressor.compress(&self.scratch).map_err(self.failed("compressing"))?;
             if compressed.len() < self.scratch.len() {
                 flags |= FLAG_ZSTD;
                 &compressed
@@ -189,7 +213,7 @@ impl DeltaLayerWriter {
         } else {
             &self.scratch
         };
-        self.out.write_all(stored)?;
+        self.out.write_all(stored).map_err(self.failed("writing"))?;
         Entry { key: *key, lsn, offset: self.offset, len: stored.len() as u32, crc: crc32c::crc32c(stored), flags }
             .encode(&mut self.index);
         self.offset += stored.len() as u64;
@@ -198,22 +222,26 @@ impl DeltaLayerWriter {
     }
 
     /// Writes the index and footer, fsyncs (if asked) and renames the file to its final name.
-    pub fn finish(mut self, fsync: bool) -> std::io::Result<PathBuf> {
+    pub fn finish(mut self, fsync: bool) -> Result<PathBuf, WriteError> {
         let index_offset = self.offset;
-        self.out.write_all(&self.index)?;
+        let index = std::mem::take(&mut self.index);
+        self.out.write_all(&index).map_err(self.failed("writing"))?;
         let mut footer = Vec::with_capacity(FOOTER_SIZE);
         footer.extend_from_slice(&index_offset.to_le_bytes());
         footer.extend_from_slice(&self.count.to_le_bytes());
-        footer.extend_from_slice(&crc32c::crc32c(&self.index).to_le_bytes());
+        footer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
         footer.extend_from_slice(&0u32.to_le_bytes());
         footer.extend_from_slice(END_MAGIC);
-        self.out.write_all(&footer)?;
-        let file = self.out.into_inner().map_err(|e| e.into_error())?;
+        self.out.write_all(&footer).map_err(self.failed("writing"))?;
+        let DeltaLayerWriter { path, out, name, .. } = self;
+        let at = &path;
+        let failed = |op: &'static str| move |source| WriteError { op, path: at.clone(), source };
+        let file = out.into_inner().map_err(|e| failed("writing")(e.into_error()))?;
         if fsync {
-            file.sync_all()?;
+            file.sync_all().map_err(failed("syncing"))?;
         }
-        let final_path = self.path.with_file_name(self.name.to_string());
-        std::fs::rename(&self.path, &final_path)?;
+        let final_path = path.with_file_name(name.to_string());
+        std::fs::rename(&path, &final_path).map_err(failed("renaming"))?;
         Ok(final_path)
     }
 }
@@ -528,6 +556,31 @@ mod tests {
         }
         std::fs::write(dir.join("short"), b"STRDELTA").unwrap();
         assert!(DeltaLayer::open(&dir.join("short"), &files).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn write_errors_name_the_step_and_the_file() {
+        let dir = std::env::temp_dir().join(format!("strata-delta-errors-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = LayerName { key_start: key(1), key_end: key(2), lsn_start: Lsn(0x100), lsn_end: Lsn(0x200) };
+        let tmp_name = format!("{name}.tmp");
+
+        let missing = dir.join("missing");
+        let err = DeltaLayerWriter::new(&missing, name).err().expect("no directory");
+        assert_eq!((err.op, err.path.as_path()), ("creating", missing.join(&tmp_name).as_path()));
+        assert_eq!(err.source.kind(), std::io::ErrorKind::NotFound);
+        assert!(err.to_string().starts_with(&format!("creating {}: ", missing.join(&tmp_name).display())), "{err}");
+
+        // The temporary file disappears before the rename (the sync of the open file still works).
+        let mut w = DeltaLayerWriter::new(&dir, name).unwrap();
+        assert_eq!(w.path(), dir.join(&tmp_name));
+        w.put(&key(1), Lsn(0x100), &page(1)).unwrap();
+        std::fs::remove_file(dir.join(&tmp_name)).unwrap();
+        let err = w.finish(true).expect_err("nothing to rename");
+        assert_eq!((err.op, err.path.as_path()), ("renaming", dir.join(&tmp_name).as_path()));
+        assert!(err.to_string().contains(&tmp_name), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

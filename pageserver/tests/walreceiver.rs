@@ -1,0 +1,223 @@
+//! The WAL receiver against two fake safekeepers: the one it streams from
+//! goes silent (no WAL, no keepalive) while the other commits more. The
+//! receiver keeps sending feedback on its own clock, asks the other one
+//! (every 2 s without progress) and switches to it, instead of waiting for
+//! a message from the silent one that would have let its loop run again.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use strata_formats::v15::control::ControlFile;
+use strata_formats::wal::encode::{encode_record, WalBuilder};
+use strata_formats::{Lsn, PgVersion};
+use strata_pageserver::key::Key;
+use strata_pageserver::layer::files::FileCache;
+use strata_pageserver::layer::map::RecordLsns;
+use strata_pageserver::metrics::Metrics;
+use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
+use strata_pageserver::value::Value;
+use strata_pageserver::walreceiver::WalReceiver;
+use strata_protocol::framed::FrameReader;
+use strata_protocol::safekeeper::history::{TermHistory, TermLsn};
+use strata_protocol::safekeeper::{codec, ConsumerMessage, StreamMessage, StreamStart, TimelineIdentity, WalData};
+use strata_protocol::{TenantId, TimelineId};
+
+const SEG: u64 = 16 << 20;
+/// Where the timeline's WAL begins (mid-page, at a record boundary).
+const START: Lsn = Lsn(0x0200_0100);
+
+/// The WAL both safekeepers hold: `n` no-op records from START; returns the
+/// bytes from START and the end LSN of each record.
+fn wal(system_id: u64, n: usize) -> (Vec<u8>, Vec<Lsn>) {
+    let mut b = WalBuilder::new(PgVersion::V15, system_id, 1, SEG, START, Lsn(0));
+    let mut ends = Vec::new();
+    for i in 0..n {
+        let data = vec![i as u8; 200];
+        // XLOG_NOOP: nothing to ingest but the record itself.
+        b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &data));
+        ends.push(b.end_lsn());
+    }
+    let end = b.end_lsn();
+    let seg = b.into_segments().remove(0).1;
+    (seg[(START.0 % SEG) as usize..(end.0 % SEG) as usize].to_vec(), ends)
+}
+
+/// A fake safekeeper: answers every StartStreaming with its current commit
+/// LSN, sends the WAL up to it, then stays silent (no keepalives), counting
+/// the feedback it receives.
+struct FakeSafekeeper {
+    addr: String,
+    commit: Arc<AtomicU64>,
+    feedback: Arc<AtomicUsize>,
+    starts: Arc<AtomicUsize>,
+}
+
+fn fake_safekeeper(
+    identity: TimelineIdentity,
+    wal: Arc<Vec<u8>>,
+    commit: Lsn,
+    stop: Arc<AtomicBool>,
+) -> FakeSafekeeper {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let commit = Arc::new(AtomicU64::new(commit.0));
+    let feedback = Arc::new(AtomicUsize::new(0));
+    let starts = Arc::new(AtomicUsize::new(0));
+    let fake = FakeSafekeeper { addr, commit: commit.clone(), feedback: feedback.clone(), starts: starts.clone() };
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let (identity, wal, commit, feedback, starts, stop) =
+                (identity.clone(), wal.clone(), commit.clone(), feedback.clone(), starts.clone(), stop.clone());
+            std::thread::spawn(move || serve(conn, identity, &wal, &commit, &feedback, &starts, &stop));
+        }
+    });
+    fake
+}
+
+fn serve(
+    conn: TcpStream,
+    identity: TimelineIdentity,
+    wal: &[u8],
+    commit: &AtomicU64,
+    feedback: &AtomicUsize,
+    starts: &AtomicUsize,
+    stop: &AtomicBool,
+) {
+    conn.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut w = conn.try_clone().unwrap();
+    let mut frames = FrameReader::new(conn, codec::MAX_FRAME_SIZE);
+    let start = loop {
+        match frames.read_frame_blocking() {
+            Ok(f) => match codec::decode_consumer(f).unwrap() {
+                ConsumerMessage::Start(s) => break s,
+                other => panic!("expected a start, got {other:?}"),
+            },
+            Err(e) if e.is_closed() => return,
+            Err(_) if !stop.load(Ordering::SeqCst) => continue,
+            Err(_) => return,
+        }
+    };
+    starts.fetch_add(1, Ordering::SeqCst);
+    let commit = Lsn(commit.load(Ordering::SeqCst));
+    let mut out = Vec::new();
+    codec::encode_stream(
+        &StreamMessage::Start(StreamStart {
+            term: 1,
+            term_history: TermHistory(vec![TermLsn { term: 1, lsn: START }]),
+            flush_lsn: commit,
+            commit_lsn: commit,
+            timeline: identity,
+        }),
+        &mut out,
+    );
+    if start.start_lsn < commit {
+        let from = (start.start_lsn.0 - START.0) as usize;
+        let to = (commit.0 - START.0) as usize;
+        codec::encode_stream(
+            &StreamMessage::Wal(WalData {
+                begin_lsn: start.start_lsn,
+                commit_lsn: commit,
+                flush_lsn: commit,
+                wal: wal[from..to].to_vec(),
+            }),
+            &mut out,
+        );
+    }
+    if w.write_all(&out).is_err() {
+        return;
+    }
+    // Silence from now on; count what the consumer sends.
+    while !stop.load(Ordering::SeqCst) {
+        match frames.read_frame_blocking() {
+            Ok(f) => {
+                if let Ok(ConsumerMessage::Feedback(_)) = codec::decode_consumer(f) {
+                    feedback.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            Err(e) if e.is_closed() => return,
+            Err(strata_protocol::framed::FrameError::Timeout(_)) => continue,
+            Err(_) => return,
+        }
+    }
+    let _ = w.shutdown(std::net::Shutdown::Both);
+    let _ = frames.get_mut().read(&mut [0u8; 1]);
+}
+
+#[test]
+fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
+    let dir = std::env::temp_dir().join(format!("strata-walreceiver-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let control_bytes = include_bytes!("../../formats/tests/data/pg_control_v15");
+    let control = ControlFile::decode(control_bytes).unwrap();
+    let system_id = control.system_identifier;
+    let (tenant_id, timeline_id) = (TenantId::generate(), TimelineId::generate());
+    let meta = TimelineMetadata {
+        format_version: 1,
+        tenant_id,
+        timeline_id,
+        ancestor_timeline_id: None,
+        ancestor_lsn: None,
+        pg_version: 15,
+        system_id,
+        wal_segment_size: SEG as u32,
+        start_lsn: START,
+        disk_consistent_lsn: Lsn::INVALID,
+        prev_record_lsn: Lsn::INVALID,
+        layers: Vec::new(),
+    };
+    let res = TimelineResources {
+        fsync: false,
+        checkpoint_distance: 1 << 20,
+        metrics: Arc::new(Metrics::new()),
+        files: FileCache::new(16, Default::default()),
+    };
+    let tl = Timeline::create(dir.clone(), meta, &res).unwrap();
+    // What an import leaves: pg_control and the checkpoint, at the start LSN.
+    tl.commit_record(
+        vec![
+            (Key::control(), START, Value::Image(Bytes::copy_from_slice(control_bytes))),
+            (Key::checkpoint(), START, Value::Image(Bytes::copy_from_slice(&control.checkpoint_copy.encode()))),
+        ],
+        RecordLsns { last: START, prev: Lsn::INVALID },
+    );
+    tl.checkpoint().unwrap();
+
+    let (bytes, ends) = wal(system_id, 40);
+    let (first, more) = (ends[19], ends[39]);
+    let bytes = Arc::new(bytes);
+    let identity = TimelineIdentity { tenant_id, timeline_id, system_id, pg_version: 15, wal_segment_size: SEG as u32 };
+    let stop = Arc::new(AtomicBool::new(false));
+    // Both have committed `first` when the receiver starts: it takes the first.
+    let silent = fake_safekeeper(identity.clone(), bytes.clone(), first, stop.clone());
+    let other = fake_safekeeper(identity, bytes, first, stop.clone());
+    let receiver = WalReceiver::spawn(tl.clone(), vec![silent.addr.clone(), other.addr.clone()]).unwrap();
+
+    let wait = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !check() {
+            assert!(Instant::now() < deadline, "{what}: not within 60 s; at {}", tl.record_lsns().last);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("the first WAL ingested", &|| tl.record_lsns().last == first);
+    assert_eq!(receiver.status.lock().safekeeper.as_deref(), Some(silent.addr.as_str()));
+    // The other safekeeper commits more; the one streamed from says nothing.
+    other.commit.store(more.0, Ordering::SeqCst);
+    wait("the WAL the other committed ingested", &|| tl.record_lsns().last == more);
+    assert_eq!(receiver.status.lock().safekeeper.as_deref(), Some(other.addr.as_str()));
+    // Feedback went on while the silent one sent nothing (one goes out
+    // before the first read; any more came from the receiver's own clock).
+    let fed = silent.feedback.load(Ordering::SeqCst);
+    assert!(fed >= 2, "the silent safekeeper got {fed} feedback messages");
+    // Asked at the start, then by the probe that found the other one ahead.
+    assert!(other.starts.load(Ordering::SeqCst) >= 3, "{} starts on the other", other.starts.load(Ordering::SeqCst));
+
+    stop.store(true, Ordering::SeqCst);
+    receiver.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
