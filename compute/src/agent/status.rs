@@ -324,7 +324,7 @@ const MAX_STATUS_CONNECTIONS: usize = 32;
 /// Binds `addr` and serves [`router`] in a background task, on a listener
 /// with a connection limit that never stops on accept errors.
 pub async fn serve(addr: SocketAddr, handle: StatusHandle) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = strata_service::listener::listen(addr)?;
     let limits = strata_service::Limits {
         max_connections: MAX_STATUS_CONNECTIONS,
         handshake_timeout: std::time::Duration::from_secs(10),
