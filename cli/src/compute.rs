@@ -175,8 +175,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             let identity = identity_from_postgres(&pg, &timeline).await?;
             let (status, status_rx) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
             if let Some(addr) = http {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
+                let listener = strata_service::listener::listen(addr)
                     .map_err(|e| proposer::ProposerError::Other(format!("{addr}: {e}")))?;
                 let limits = strata_service::Limits { max_connections: 32, handshake_timeout: Duration::from_secs(10) };
                 let metrics = strata_service::ListenerMetrics::default();

@@ -112,7 +112,9 @@ impl PageserverConfig {
     }
 
     /// Checks that the connection limits and open layer files fit in the
-    /// open-file limit `limit`.
+    /// open-file limit `limit` (each of the two listeners may hold a few
+    /// descriptors beyond its limit: the connection it is admitting and those
+    /// it is refusing).
     pub fn check_open_files(&self, limit: u64) -> Result<(), ConfigError> {
         check_open_files(
             &[
@@ -120,7 +122,7 @@ impl PageserverConfig {
                 ("max_http_connections", self.max_http_connections),
                 ("max_open_layer_files", self.max_open_layer_files),
             ],
-            RESERVED_FILES,
+            RESERVED_FILES + 2 * strata_service::listener::DESCRIPTORS_BEYOND_LIMIT,
             limit,
         )
     }

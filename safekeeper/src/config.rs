@@ -112,14 +112,17 @@ impl SafekeeperConfig {
         Ok(())
     }
 
-    /// Checks that the connection limits fit in the open-file limit `limit`.
+    /// Checks that the connection limits fit in the open-file limit `limit`
+    /// (each listener may hold a few descriptors beyond its limit: the
+    /// connection it is admitting and those it is refusing).
     pub fn check_open_files(&self, limit: u64) -> Result<(), ConfigError> {
         let mut uses =
             vec![("max_connections", self.max_connections), ("max_http_connections", self.max_http_connections)];
         if self.listen_pg.is_some() {
             uses.push(("max_pg_connections", self.max_pg_connections));
         }
-        check_open_files(&uses, RESERVED_FILES, limit)
+        let listeners = uses.len() * strata_service::listener::DESCRIPTORS_BEYOND_LIMIT;
+        check_open_files(&uses, RESERVED_FILES + listeners, limit)
     }
 }
 

@@ -325,7 +325,7 @@ pub async fn serve(
     max_connections: usize,
     handle: StatusHandle,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = strata_service::listener::listen(addr)?;
     let limits = strata_service::Limits {
         max_connections: max_connections.max(1),
         handshake_timeout: std::time::Duration::from_secs(10),
