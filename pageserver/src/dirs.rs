@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use strata_formats::types::Cursor;
+use strata_formats::types::{Cursor, Truncated};
 
 /// Encodes a set of (u32, u32) pairs (databases: tablespace, database).
 pub fn encode_pairs(set: &BTreeSet<(u32, u32)>) -> Vec<u8> {
@@ -17,13 +17,11 @@ pub fn encode_pairs(set: &BTreeSet<(u32, u32)>) -> Vec<u8> {
     out
 }
 
-pub fn decode_pairs(bytes: &[u8]) -> Result<BTreeSet<(u32, u32)>, String> {
+/// Decodes what [`encode_pairs`] wrote.
+pub fn decode_pairs(bytes: &[u8]) -> Result<BTreeSet<(u32, u32)>, Truncated> {
     let mut c = Cursor::new(bytes);
-    let n = c.count(8).map_err(|e| e.to_string())?;
-    (0..n)
-        .map(|_| Ok((c.u32()?, c.u32()?)))
-        .collect::<Result<_, strata_formats::types::Truncated>>()
-        .map_err(|e| e.to_string())
+    let n = c.count(8)?;
+    (0..n).map(|_| Ok((c.u32()?, c.u32()?))).collect()
 }
 
 /// Encodes a relation directory: (relfilenode, fork) entries.
@@ -37,13 +35,11 @@ pub fn encode_rels(set: &BTreeSet<(u32, u8)>) -> Vec<u8> {
     out
 }
 
-pub fn decode_rels(bytes: &[u8]) -> Result<BTreeSet<(u32, u8)>, String> {
+/// Decodes what [`encode_rels`] wrote.
+pub fn decode_rels(bytes: &[u8]) -> Result<BTreeSet<(u32, u8)>, Truncated> {
     let mut c = Cursor::new(bytes);
-    let n = c.count(5).map_err(|e| e.to_string())?;
-    (0..n)
-        .map(|_| Ok((c.u32()?, c.u8()?)))
-        .collect::<Result<_, strata_formats::types::Truncated>>()
-        .map_err(|e| e.to_string())
+    let n = c.count(5)?;
+    (0..n).map(|_| Ok((c.u32()?, c.u8()?))).collect()
 }
 
 /// Encodes a set of u32 (SLRU segment numbers, prepared transaction ids).
@@ -56,10 +52,11 @@ pub fn encode_u32s(set: &BTreeSet<u32>) -> Vec<u8> {
     out
 }
 
-pub fn decode_u32s(bytes: &[u8]) -> Result<BTreeSet<u32>, String> {
+/// Decodes what [`encode_u32s`] wrote.
+pub fn decode_u32s(bytes: &[u8]) -> Result<BTreeSet<u32>, Truncated> {
     let mut c = Cursor::new(bytes);
-    let n = c.count(4).map_err(|e| e.to_string())?;
-    (0..n).map(|_| c.u32()).collect::<Result<_, _>>().map_err(|e| e.to_string())
+    let n = c.count(4)?;
+    (0..n).map(|_| c.u32()).collect()
 }
 
 #[cfg(test)]

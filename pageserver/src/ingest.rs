@@ -43,7 +43,45 @@ pub struct IngestError {
     pub lsn: Lsn,
     pub rmgr: String,
     pub kind: String,
-    pub reason: String,
+    /// Boxed: the error is rare and the happy path should stay small.
+    #[source]
+    pub reason: Box<IngestFailure>,
+}
+
+/// Why a record cannot be ingested.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestFailure {
+    /// The record's body does not decode.
+    #[error(transparent)]
+    Parse(#[from] records::ParseError),
+    /// A block reference without a full-page image, for a resource manager
+    /// that has no native redo.
+    #[error(
+        "block {block} of {rel}{fork} changes without an image and there is no native redo for it \
+         (is wal_consistency_checking set for this resource manager?)"
+    )]
+    NoImage { rel: RelFileNode, fork: &'static str, block: BlockNumber },
+    /// A full-page image that cannot be restored.
+    #[error("image of block {block} of {rel}{fork}: {source}")]
+    Image {
+        rel: RelFileNode,
+        fork: &'static str,
+        block: BlockNumber,
+        #[source]
+        source: ImageFailure,
+    },
+    /// Reading the state before the record failed.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+}
+
+/// What is wrong with a full-page image.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageFailure {
+    #[error(transparent)]
+    Restore(#[from] strata_formats::wal::image::ImageError),
+    #[error(transparent)]
+    Page(#[from] strata_formats::page::PageError),
 }
 
 /// Ingest state of one timeline: the checkpoint counters and caches of the
@@ -69,11 +107,7 @@ pub struct WalIngest {
 
 /// The reason a record cannot be ingested; `ingest` wraps it into an
 /// [`IngestError`] naming the record and its LSN.
-type Res<T> = Result<T, String>;
-
-fn read_err(e: ReadError) -> String {
-    e.to_string()
-}
+type Res<T> = Result<T, IngestFailure>;
 
 impl WalIngest {
     /// Starts ingesting after the last record the timeline holds.
@@ -112,7 +146,7 @@ impl WalIngest {
                 lsn: rec.lsn,
                 rmgr: rmgr::name(rec.rmgr()).into_owned(),
                 kind: identify::identify(rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN").to_string(),
-                reason,
+                reason: Box::new(reason),
             });
         }
         self.finish_record();
@@ -121,27 +155,19 @@ impl WalIngest {
     }
 
     fn ingest_inner(&mut self, rec: &DecodedRecord) -> Res<()> {
-        let parsed = records::parse(rec).map_err(|e| e.to_string())?;
+        let parsed = records::parse(rec)?;
         let gist_child = match &parsed {
             Some(ParsedRecord::GistFollowRight { block_id }) => Some(*block_id),
             _ => None,
         };
         for block in &rec.blocks {
-            if block.image.is_none() {
-                return Err(format!(
-                    "block {} of {}{} changes without an image and there is no native redo for it \
-                     (is wal_consistency_checking set for this resource manager?)",
-                    block.block,
-                    block.rel,
-                    block.fork.file_suffix()
-                ));
-            }
-            let mut page = rec
-                .block_image(block)
-                .map_err(|e| format!("image of block {} of {}: {e}", block.block, block.rel))?
-                .ok_or("image vanished")?;
+            let (rel, fork, blkno) = (block.rel, block.fork.file_suffix(), block.block);
+            let image_failure = |source: ImageFailure| IngestFailure::Image { rel, fork, block: blkno, source };
+            let Some(mut page) = rec.block_image(block).map_err(|e| image_failure(e.into()))? else {
+                return Err(IngestFailure::NoImage { rel, fork, block: blkno });
+            };
             if !is_new(&page[..]).unwrap_or(true) {
-                set_pd_lsn(&mut page[..], self.lsn.0).map_err(|e| e.to_string())?;
+                set_pd_lsn(&mut page[..], self.lsn.0).map_err(|e| image_failure(e.into()))?;
             }
             if gist_child == Some(block.id) {
                 gist::clear_follow_right(&mut page, self.lsn);
@@ -333,7 +359,7 @@ impl WalIngest {
 
     fn rel_dir(&mut self, spc: Oid, db: Oid) -> Res<&mut BTreeSet<(Oid, u8)>> {
         if !self.rel_dirs.contains_key(&(spc, db)) {
-            let dir = self.tl.rel_dir(spc, db, self.read_lsn()).map_err(read_err)?;
+            let dir = self.tl.rel_dir(spc, db, self.read_lsn())?;
             self.rel_dirs.insert((spc, db), dir);
         }
         Ok(self.rel_dirs.get_mut(&(spc, db)).expect("just inserted"))
@@ -346,7 +372,7 @@ impl WalIngest {
         if let Some(n) = self.rel_sizes.get(&tag) {
             return Ok(Some(*n));
         }
-        let n = self.tl.rel_size(tag, self.read_lsn()).map_err(read_err)?.unwrap_or(0);
+        let n = self.tl.rel_size(tag, self.read_lsn())?.unwrap_or(0);
         self.rel_sizes.insert(tag, n);
         Ok(Some(n))
     }
@@ -402,7 +428,7 @@ impl WalIngest {
 
     fn slru_dir(&mut self, kind: SlruKind) -> Res<&mut BTreeSet<u32>> {
         if !self.slru_dirs.contains_key(&kind) {
-            let dir = self.tl.slru_segments(kind, self.read_lsn()).map_err(read_err)?;
+            let dir = self.tl.slru_segments(kind, self.read_lsn())?;
             self.slru_dirs.insert(kind, dir);
         }
         Ok(self.slru_dirs.get_mut(&kind).expect("just inserted"))
@@ -438,7 +464,7 @@ impl WalIngest {
             let dst_tag = RelTag { rel: RelFileNode { spc: dst.0, db: dst.1, rel }, fork: fork_number };
             let size = self.rel_size(src_tag)?.unwrap_or(0);
             for b in 0..size {
-                if let Some(page) = self.tl.get(&Key::rel_block(src_tag, b), lsn).map_err(read_err)? {
+                if let Some(page) = self.tl.get(&Key::rel_block(src_tag, b), lsn)? {
                     self.put(Key::rel_block(dst_tag, b), Value::Image(page));
                 }
             }
@@ -448,7 +474,7 @@ impl WalIngest {
         }
         self.rel_dirs.insert(dst, new_dir);
         self.dirty_rel_dirs.insert(dst);
-        if let Some(map) = self.tl.get(&Key::relmap(src.0, src.1), lsn).map_err(read_err)? {
+        if let Some(map) = self.tl.get(&Key::relmap(src.0, src.1), lsn)? {
             self.put(Key::relmap(dst.0, dst.1), Value::Image(map));
         }
         if self.db_dir.insert(dst) {

@@ -184,15 +184,22 @@ impl fmt::Debug for Key {
     }
 }
 
+/// Text that is not a key in its hex form.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a {len}-digit hex key", len = KEY_SIZE * 2)]
+pub struct KeyParseError(pub String);
+
 impl std::str::FromStr for Key {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Key, String> {
+    type Err = KeyParseError;
+    fn from_str(s: &str) -> Result<Key, KeyParseError> {
+        let bad = || KeyParseError(s.to_string());
+        // All ASCII hex digits, so slicing at even offsets cannot split a character.
         if s.len() != KEY_SIZE * 2 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("{s:?} is not a {}-digit hex key", KEY_SIZE * 2));
+            return Err(bad());
         }
         let mut b = [0u8; KEY_SIZE];
         for (i, out) in b.iter_mut().enumerate() {
-            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
         }
         Ok(Key::decode(&b))
     }

@@ -213,13 +213,15 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                 }
             }
             Ok(lsn) => {
-                let mut sizes: HashMap<RelTag, Result<Option<u32>, String>> = HashMap::new();
+                let mut sizes: HashMap<RelTag, Result<Option<u32>, (ErrorCode, String)>> = HashMap::new();
                 let mut keys = Vec::new();
                 let mut slots = Vec::new();
                 for k in i..j {
                     let PageRequest::GetPage { id, rel, fork, block, .. } = requests[k] else { unreachable!() };
                     let tag = RelTag { rel, fork };
-                    let size = sizes.entry(tag).or_insert_with(|| tl.rel_size(tag, lsn).map_err(|e| e.to_string()));
+                    let size = sizes
+                        .entry(tag)
+                        .or_insert_with(|| tl.rel_size(tag, lsn).map_err(|e| (error_code(&e), e.to_string())));
                     match size {
                         Ok(Some(n)) if block < *n => {
                             keys.push(Key::rel_block(tag, block));
@@ -233,8 +235,8 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                             let message = format!("relation {tag} does not exist at {lsn}");
                             out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message });
                         }
-                        Err(e) => {
-                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::Corrupt, message: e.clone() })
+                        Err((code, message)) => {
+                            out[k] = Some(ServerMessage::Error { id, code: *code, message: message.clone() })
                         }
                     }
                 }

@@ -681,7 +681,7 @@ impl Timeline {
         Ok(Some(Bytes::from(page)))
     }
 
-    fn decode_err(&self, what: &str, lsn: Lsn, e: String) -> ReadError {
+    fn decode_err(&self, what: &str, lsn: Lsn, e: impl std::fmt::Display) -> ReadError {
         ReadError::Corrupt { timeline: self.timeline_id, reason: format!("{what} at {lsn}: {e}") }
     }
 
@@ -714,7 +714,7 @@ impl Timeline {
         }
         match self.get(&Key::rel_size(tag), lsn)? {
             Some(b) if b.len() == 4 => Ok(Some(u32::from_le_bytes(b[..].try_into().expect("4 bytes")))),
-            Some(b) => Err(self.decode_err("relation size", lsn, format!("{} bytes", b.len()))),
+            Some(b) => Err(self.decode_err("relation size", lsn, format_args!("{} bytes", b.len()))),
             None => Ok(Some(0)),
         }
     }
@@ -770,14 +770,13 @@ impl Timeline {
     }
 
     pub fn checkpoint_at(&self, lsn: Lsn) -> Result<CheckPoint, ReadError> {
-        let b =
-            self.get(&Key::checkpoint(), lsn)?.ok_or_else(|| self.decode_err("checkpoint", lsn, "missing".into()))?;
-        CheckPoint::decode(&b).map_err(|e| self.decode_err("checkpoint", lsn, e.to_string()))
+        let b = self.get(&Key::checkpoint(), lsn)?.ok_or_else(|| self.decode_err("checkpoint", lsn, "missing"))?;
+        CheckPoint::decode(&b).map_err(|e| self.decode_err("checkpoint", lsn, e))
     }
 
     pub fn control_template(&self) -> Result<ControlFile, ReadError> {
         let lsn = self.record_lsns().last;
-        let b = self.get(&Key::control(), lsn)?.ok_or_else(|| self.decode_err("pg_control", lsn, "missing".into()))?;
-        ControlFile::decode(&b).map_err(|e| self.decode_err("pg_control", lsn, e.to_string()))
+        let b = self.get(&Key::control(), lsn)?.ok_or_else(|| self.decode_err("pg_control", lsn, "missing"))?;
+        ControlFile::decode(&b).map_err(|e| self.decode_err("pg_control", lsn, e))
     }
 }

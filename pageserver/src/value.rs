@@ -52,13 +52,28 @@ impl Value {
         }
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Value, String> {
+    /// Parses what [`Value::encode`] wrote (bytes from a layer file: untrusted).
+    pub fn decode(bytes: &[u8]) -> Result<Value, ValueError> {
         match bytes.split_first() {
             Some((&TAG_IMAGE, rest)) => Ok(Value::Image(Bytes::copy_from_slice(rest))),
             Some((&TAG_ZERO, [])) => Ok(Value::ZeroPage),
-            Some((&TAG_NATIVE, rest)) => NativeRecord::decode(rest).map(Value::Native).map_err(|e| e.to_string()),
-            Some((tag, _)) => Err(format!("unknown value tag {tag}")),
-            None => Err("empty value".into()),
+            Some((&TAG_ZERO, rest)) => Err(ValueError::TrailingBytes(rest.len())),
+            Some((&TAG_NATIVE, rest)) => Ok(Value::Native(NativeRecord::decode(rest)?)),
+            Some((tag, _)) => Err(ValueError::UnknownTag(*tag)),
+            None => Err(ValueError::Empty),
         }
     }
+}
+
+/// A stored value that does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum ValueError {
+    #[error("empty value")]
+    Empty,
+    #[error("unknown value tag {0}")]
+    UnknownTag(u8),
+    #[error("{0} bytes after a zero-page value")]
+    TrailingBytes(usize),
+    #[error("native record: {0}")]
+    Native(#[from] strata_redo::RedoError),
 }

@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_formats::version::PgVersion;
-use strata_formats::wal::reader::{StartPosition, WalDecoder};
+use strata_formats::wal::reader::{StartPosition, WalDecodeError, WalDecoder};
 use strata_formats::Lsn;
 use strata_protocol::framed::{FrameError, FrameReader};
-use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::codec::{self, CodecError};
 use strata_protocol::safekeeper::{ConsumerFeedback, ConsumerMessage, StartStreaming, StreamMessage, PROTOCOL_VERSION};
 use strata_service::panic_message;
 use tracing::{info, warn};
 
-use crate::ingest::WalIngest;
+use crate::ingest::{IngestError, WalIngest};
 use crate::timeline::{BrokenKind, Timeline};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -169,8 +169,8 @@ fn receive_loop(
         });
         match result {
             Ok(()) => {}
-            Err(StreamError::Ingest(e)) => {
-                tl.set_broken(BrokenKind::Ingest, e);
+            Err(e @ (StreamError::Ingest(_) | StreamError::Decode(_))) => {
+                tl.set_broken(BrokenKind::Ingest, e.to_string());
             }
             Err(StreamError::Broken(reason)) => {
                 info!(timeline = %tl.timeline_id, %reason, "the timeline is broken; stopped streaming WAL");
@@ -180,8 +180,10 @@ fn receive_loop(
             }
             Err(StreamError::Connection(e)) => {
                 warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
-                status.lock().last_error = Some(e);
-                status.lock().safekeeper = None;
+                let mut s = status.lock();
+                s.last_error = Some(e.to_string());
+                s.safekeeper = None;
+                drop(s);
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
@@ -191,13 +193,54 @@ fn receive_loop(
     tl.freeze();
 }
 
+/// Why streaming stopped.
+#[derive(Debug, thiserror::Error)]
 enum StreamError {
     /// Retry, possibly with another safekeeper.
-    Connection(String),
+    #[error(transparent)]
+    Connection(#[from] LinkError),
     /// The WAL cannot be ingested: the timeline stops.
-    Ingest(String),
+    #[error(transparent)]
+    Ingest(#[from] IngestError),
+    /// The WAL does not decode: the timeline stops.
+    #[error("WAL decoding failed: {0}")]
+    Decode(#[from] WalDecodeError),
     /// The timeline broke meanwhile (a flush failed): ingest stops.
+    #[error("the timeline is broken: {0}")]
     Broken(String),
+}
+
+/// Why a stream from a safekeeper failed; the receiver retries.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("address does not resolve")]
+    NoAddress,
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("undecodable message: {0}")]
+    Codec(#[from] CodecError),
+    #[error("no answer from the safekeeper within {0:?}")]
+    NoAnswer(Duration),
+    #[error("nothing from the safekeeper for {0:?}")]
+    Silent(Duration),
+    #[error("system id {got} is not the timeline's {want}")]
+    SystemId { got: u64, want: u64 },
+    #[error("safekeeper error: {0}")]
+    Refused(String),
+    #[error("unexpected message: {0}")]
+    Unexpected(String),
+    #[error("WAL at {got} does not continue {expected}")]
+    Gap { got: Lsn, expected: Lsn },
+    #[error("{other} has committed up to {commit}, beyond {current}; switching")]
+    Behind { other: String, commit: Lsn, current: String },
+    #[error("no safekeeper streams from {start}: {}", list_failures(.failures))]
+    NoSource { start: Lsn, failures: Vec<(String, LinkError)> },
+}
+
+fn list_failures(failures: &[(String, LinkError)]) -> String {
+    failures.iter().map(|(addr, e)| format!("{addr}: {e}")).collect::<Vec<_>>().join("; ")
 }
 
 /// Opens a stream on every safekeeper and keeps the one with the highest commit LSN.
@@ -208,7 +251,7 @@ fn connect_best(
 ) -> Result<(String, OpenStream, Lsn), StreamError> {
     let start = tl.record_lsns().last;
     let mut best: Option<(String, OpenStream, Lsn)> = None;
-    let mut errors = Vec::new();
+    let mut failures = Vec::new();
     for addr in safekeepers {
         match open_stream(tl, addr, start) {
             Ok(s) => {
@@ -217,11 +260,10 @@ fn connect_best(
                     best = Some((addr.clone(), s, commit));
                 }
             }
-            Err(e) => errors.push(format!("{addr}: {e}")),
+            Err(e) => failures.push((addr.clone(), e)),
         }
     }
-    let best = best
-        .ok_or_else(|| StreamError::Connection(format!("no safekeeper streams from {start}: {}", errors.join("; "))))?;
+    let best = best.ok_or(LinkError::NoSource { start, failures })?;
     tl.metrics.walreceiver_connects.inc();
     let mut s = status.lock();
     s.safekeeper = Some(best.0.clone());
@@ -236,12 +278,12 @@ struct OpenStream {
     commit: Lsn,
 }
 
-fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, String> {
-    let sockaddr = addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("address does not resolve")?;
-    let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(|e| e.to_string())?;
-    stream.set_write_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, LinkError> {
+    let sockaddr = addr.to_socket_addrs()?.next().ok_or(LinkError::NoAddress)?;
+    let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)?;
+    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    stream.set_write_timeout(Some(READ_TIMEOUT))?;
+    stream.set_nodelay(true)?;
     let mut out = Vec::new();
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {
@@ -255,35 +297,35 @@ fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, Stri
         }),
         &mut out,
     );
-    stream.write_all(&out).map_err(|e| e.to_string())?;
+    stream.write_all(&out)?;
     let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
     match read_message(&mut frames)? {
         StreamMessage::Start(s) => {
             let meta = tl.metadata();
             if s.timeline.system_id != meta.system_id {
-                return Err(format!("system id {} is not the timeline's {}", s.timeline.system_id, meta.system_id));
+                return Err(LinkError::SystemId { got: s.timeline.system_id, want: meta.system_id });
             }
-            frames.get_ref().set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
+            frames.get_ref().set_read_timeout(Some(POLL))?;
             Ok(OpenStream { frames, commit: s.commit_lsn })
         }
-        StreamMessage::Error(e) => Err(e.message),
-        other => Err(format!("unexpected first message {other:?}")),
+        StreamMessage::Error(e) => Err(LinkError::Refused(e.message)),
+        other => Err(LinkError::Unexpected(format!("{other:?} as the first message"))),
     }
 }
 
 /// Reads one stream message (bounded by the socket's read timeout, the
 /// connection's first one).
-fn read_message(frames: &mut FrameReader<TcpStream>) -> Result<StreamMessage, String> {
-    poll_message(frames)?.ok_or_else(|| format!("no answer from the safekeeper within {CONNECT_TIMEOUT:?}"))
+fn read_message(frames: &mut FrameReader<TcpStream>) -> Result<StreamMessage, LinkError> {
+    poll_message(frames)?.ok_or(LinkError::NoAnswer(CONNECT_TIMEOUT))
 }
 
 /// The next stream message, or `None` if none came within the socket's read
 /// timeout (what was read of a message stays buffered for the next call).
-fn poll_message(frames: &mut FrameReader<TcpStream>) -> Result<Option<StreamMessage>, String> {
+fn poll_message(frames: &mut FrameReader<TcpStream>) -> Result<Option<StreamMessage>, LinkError> {
     match frames.read_frame_blocking() {
-        Ok(frame) => codec::decode_stream(frame).map(Some).map_err(|e| e.to_string()),
+        Ok(frame) => Ok(Some(codec::decode_stream(frame)?)),
         Err(FrameError::Timeout(_)) => Ok(None),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -319,7 +361,6 @@ fn stream_wal(
     // When ingest last advanced: a stream that stops advancing may come from
     // a safekeeper the quorum left behind.
     let mut progress = (tl.record_lsns().last, Instant::now());
-    let conn = StreamError::Connection;
     while !stop.load(Ordering::SeqCst) {
         if let Some(reason) = tl.broken_reason() {
             // Nothing more goes into a broken timeline: it cannot be read or
@@ -331,7 +372,7 @@ fn stream_wal(
             progress = (last, Instant::now());
         } else if progress.1.elapsed() >= PROBE_AFTER {
             if let Some((addr, commit)) = other_has_more(tl, safekeepers, current, last) {
-                return Err(conn(format!("{addr} has committed up to {commit}, beyond {current}; switching")));
+                return Err(LinkError::Behind { other: addr, commit, current: current.to_string() }.into());
             }
             progress.1 = Instant::now();
         }
@@ -339,15 +380,15 @@ fn stream_wal(
             let mut out = Vec::new();
             let applied_lsn = tl.disk_consistent_lsn();
             codec::encode_consumer(&ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn }), &mut out);
-            frames.get_mut().write_all(&out).map_err(|e| conn(e.to_string()))?;
+            frames.get_mut().write_all(&out).map_err(LinkError::from)?;
             last_feedback = Instant::now();
         }
         if tl.should_freeze(MAX_LAYER_AGE) {
             tl.freeze();
         }
-        let Some(message) = poll_message(&mut frames).map_err(conn)? else {
+        let Some(message) = poll_message(&mut frames)? else {
             if last_heard.elapsed() >= READ_TIMEOUT {
-                return Err(conn(format!("nothing from the safekeeper for {READ_TIMEOUT:?}")));
+                return Err(LinkError::Silent(READ_TIMEOUT).into());
             }
             continue;
         };
@@ -355,7 +396,7 @@ fn stream_wal(
         match message {
             StreamMessage::Wal(w) => {
                 if w.begin_lsn != decoder.input_lsn() {
-                    return Err(conn(format!("WAL at {} does not continue {}", w.begin_lsn, decoder.input_lsn())));
+                    return Err(LinkError::Gap { got: w.begin_lsn, expected: decoder.input_lsn() }.into());
                 }
                 status.lock().safekeeper_commit_lsn = w.commit_lsn;
                 decoder.feed(&w.wal);
@@ -367,17 +408,17 @@ fn stream_wal(
                     }
                     match decoder.next_record() {
                         Ok(Some(rec)) => {
-                            ingest.ingest(&rec).map_err(|e| StreamError::Ingest(e.to_string()))?;
+                            ingest.ingest(&rec)?;
                             tl.metrics.records_ingested.inc();
                         }
                         Ok(None) => break,
-                        Err(e) => return Err(StreamError::Ingest(format!("WAL decoding failed: {e}"))),
+                        Err(e) => return Err(e.into()),
                     }
                 }
             }
             StreamMessage::Keepalive { commit_lsn, .. } => status.lock().safekeeper_commit_lsn = commit_lsn,
-            StreamMessage::Error(e) => return Err(conn(format!("safekeeper error: {}", e.message))),
-            StreamMessage::Start(_) => return Err(conn("a second stream start".into())),
+            StreamMessage::Error(e) => return Err(LinkError::Refused(e.message).into()),
+            StreamMessage::Start(_) => return Err(LinkError::Unexpected("a second stream start".into()).into()),
         }
     }
     Ok(())

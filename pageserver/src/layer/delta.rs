@@ -107,16 +107,22 @@ impl std::fmt::Display for LayerName {
     }
 }
 
+/// Text that is not a delta layer file name.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a delta layer file name")]
+pub struct LayerNameError(pub String);
+
 impl std::str::FromStr for LayerName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<LayerName, String> {
-        let bad = || format!("{s:?} is not a delta layer file name");
+    type Err = LayerNameError;
+    fn from_str(s: &str) -> Result<LayerName, LayerNameError> {
+        let bad = || LayerNameError(s.to_string());
         let body = s.strip_suffix(".delta").ok_or_else(bad)?;
         let (keys, lsns) = body.split_once("__").ok_or_else(bad)?;
         let (k1, k2) = keys.split_once('-').ok_or_else(bad)?;
         let (l1, l2) = lsns.split_once('-').ok_or_else(bad)?;
         let lsn = |x: &str| u64::from_str_radix(x, 16).map(Lsn).map_err(|_| bad());
-        let name = LayerName { key_start: k1.parse()?, key_end: k2.parse()?, lsn_start: lsn(l1)?, lsn_end: lsn(l2)? };
+        let key = |x: &str| x.parse::<Key>().map_err(|_| bad());
+        let name = LayerName { key_start: key(k1)?, key_end: key(k2)?, lsn_start: lsn(l1)?, lsn_end: lsn(l2)? };
         if name.key_start > name.key_end || name.lsn_start >= name.lsn_end {
             return Err(bad());
         }
