@@ -135,6 +135,10 @@ def start_endpoint(cluster: LocalCluster, name: str = "ep") -> Endpoint:
 
 
 def current_lsn(conn) -> int:
+    """The end of the WAL written so far, made durable first: records outside
+    transactions (VACUUM's visibility-map records, for one) can sit in WAL
+    buffers beyond pg_current_wal_lsn() until a commit flushes them."""
+    conn.execute("SELECT txid_current()")
     return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
 
 

@@ -88,6 +88,10 @@ pub struct StartArgs {
     /// PostgreSQL's shared_buffers.
     #[arg(long, default_value = "128MB")]
     shared_buffers: String,
+    /// Log an image of every changed page, also for resource managers the
+    /// pageserver redoes natively, so it can check its redo against them.
+    #[arg(long)]
+    verify_redo: bool,
     /// Hold commits back while WAL consumers lag more than this many MiB.
     #[arg(long)]
     max_consumer_lag_mb: Option<u64>,
@@ -206,6 +210,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.pg_bin_dir = args.pg_bin_dir;
     cfg.pg_user = args.pg_user;
     cfg.shared_buffers = args.shared_buffers;
+    cfg.verify_redo = args.verify_redo;
     cfg.max_consumer_lag_bytes = args.max_consumer_lag_mb.map(|mb| mb << 20);
     cfg.wait_timeout = Duration::from_secs(args.wait_timeout_secs);
     cfg.restart.crash_loop_restarts = args.crash_loop_restarts;

@@ -6,6 +6,7 @@ mod pagebench;
 mod pgdata;
 mod supervise;
 mod verify_images;
+mod verify_redo;
 mod wal;
 
 use clap::{Parser, Subcommand};

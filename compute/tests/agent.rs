@@ -346,7 +346,10 @@ async fn compute_life_cycle() {
     }
     assert!(pgdata.parent().unwrap().join("postgres.log").exists());
 
-    assert_eq!(psql(port, "SHOW wal_consistency_checking").await, "all");
+    assert_eq!(
+        psql(port, "SHOW wal_consistency_checking").await,
+        strata_compute::agent::pgconf::wal_consistency_checking(false)
+    );
     assert_eq!(psql(port, "SHOW fsync").await, "off");
     assert_eq!(psql(port, "SHOW timezone").await, "UTC");
     assert_eq!(

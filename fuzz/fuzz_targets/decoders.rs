@@ -2,7 +2,8 @@
 //! fragments, images, pg_control, page masking (`strata-formats`), the
 //! safekeeper protocol frames and the page service protocol frames
 //! (`strata-protocol`), and the pageserver's layer files, stored values
-//! and metadata (`strata-pageserver`).
+//! and metadata (`strata-pageserver`), and native redo of heap and btree
+//! records (`strata-redo`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -11,6 +12,8 @@ const PAGE_SERVICE: u8 = 4;
 /// First bytes of inputs for the pageserver's decoders: 5 = stored values,
 /// directories, names and metadata; 6 = a layer file.
 const PAGESERVER: [u8; 2] = [5, 6];
+/// First byte of inputs for native redo: heap, heap2 and btree records on a page.
+const NATIVE_REDO: u8 = 7;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -20,5 +23,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     if data.first().is_some_and(|b| PAGESERVER.contains(b)) {
         strata_pageserver::fuzz::fuzz_one(data);
+    }
+    if let Some((&NATIVE_REDO, record)) = data.split_first() {
+        strata_redo::fuzz::fuzz_one(record);
     }
 });

@@ -51,6 +51,11 @@ pub struct PageserverConfig {
     /// Most layer files open at once (a cache of descriptors shared by all timelines).
     #[serde(default = "default_max_open_layer_files")]
     pub max_open_layer_files: usize,
+    /// Compare native redo with the images computes log when they run with
+    /// `wal_consistency_checking = 'all'` (a verification mode for tests;
+    /// mismatches are counted, logged and shown in the timeline's status).
+    #[serde(default)]
+    pub verify_redo: bool,
 }
 
 fn default_pg_bin_dir() -> PathBuf {

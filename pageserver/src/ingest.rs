@@ -1,8 +1,13 @@
 //! WAL ingest: turns each decoded record into versions of keys.
 //!
-//! Block references must carry an image (the compute runs with
+//! A block reference either carries an image (the compute runs with
 //! `wal_consistency_checking` for every resource manager without native
-//! redo); the image is stamped with the record's end LSN, as redo would.
+//! redo, and full-page writes carry one too), stamped with the record's end
+//! LSN as redo would, or belongs to a record the pageserver redoes natively
+//! (heap, heap2, btree): then the record itself is stored for the block and
+//! redone when the page is read. Every [`MAX_REDO_CHAIN`] records of a page,
+//! ingest redoes them itself and stores the page as an image instead, so a
+//! read never applies more than that many records.
 //! The changes PostgreSQL makes without a block reference — visibility-map
 //! clearing, transaction status, multixacts, relation creation, truncation
 //! and drops, databases, the relation map, two-phase state and checkpoint
@@ -22,7 +27,8 @@ use strata_formats::v15::records::storage::{
 use strata_formats::v15::records::xact::{Outcome, XactRecord};
 use strata_formats::v15::records::{self, gist, ParsedRecord};
 use strata_formats::v15::{identify, rmgr};
-use strata_formats::wal::record::DecodedRecord;
+use strata_formats::version::BLCKSZ;
+use strata_formats::wal::record::{BlockRef, DecodedRecord};
 use strata_formats::Lsn;
 use strata_protocol::pageserver::SlruKind;
 use strata_redo::{NativeRecord, HEAPBLOCKS_PER_VM_PAGE};
@@ -31,10 +37,17 @@ use crate::dirs;
 use crate::key::{Key, RelTag};
 use crate::layer::map::RecordLsns;
 use crate::timeline::{ReadError, Timeline};
-use crate::value::Value;
+use crate::value::{Value, WalRedo};
 
 /// Pages per SLRU segment file.
 pub const SLRU_PAGES_PER_SEGMENT: u32 = 32;
+
+/// Most WAL records a read of a page redoes: the next record of that page
+/// is redone at ingest and stored as an image.
+pub const MAX_REDO_CHAIN: u32 = 16;
+/// Pages whose chain length ingest tracks; beyond this the counts start over
+/// (chains may then reach twice the limit, never more).
+const MAX_TRACKED_CHAINS: usize = 100_000;
 
 /// A record that cannot be ingested: ingest of the timeline stops here.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +86,18 @@ pub enum IngestFailure {
     /// Reading the state before the record failed.
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// A block changed natively whose page does not exist.
+    #[error("block {block} of {rel}{fork} is changed but does not exist (the relation has {size} blocks)")]
+    NoBase { rel: RelFileNode, fork: &'static str, block: BlockNumber, size: BlockNumber },
+    /// Native redo of a block failed.
+    #[error("native redo of block {block} of {rel}{fork}: {source}")]
+    Redo {
+        rel: RelFileNode,
+        fork: &'static str,
+        block: BlockNumber,
+        #[source]
+        source: strata_redo::RedoError,
+    },
 }
 
 /// What is wrong with a full-page image.
@@ -103,6 +128,8 @@ pub struct WalIngest {
     dirty_sizes: BTreeSet<RelTag>,
     dirty_slru: BTreeSet<SlruKind>,
     dirty_twophase: bool,
+    /// Records stored for native redo per page since its last image.
+    chains: HashMap<Key, u32>,
 }
 
 /// The reason a record cannot be ingested; `ingest` wraps it into an
@@ -133,6 +160,7 @@ impl WalIngest {
             dirty_sizes: BTreeSet::new(),
             dirty_slru: BTreeSet::new(),
             dirty_twophase: false,
+            chains: HashMap::new(),
         })
     }
 
@@ -163,9 +191,24 @@ impl WalIngest {
         for block in &rec.blocks {
             let (rel, fork, blkno) = (block.rel, block.fork.file_suffix(), block.block);
             let image_failure = |source: ImageFailure| IngestFailure::Image { rel, fork, block: blkno, source };
+            let tag = RelTag { rel: block.rel, fork: block.fork };
+            let key = Key::rel_block(tag, block.block);
+            let native = strata_redo::supports(rec.rmgr(), rec.header.info);
             let Some(mut page) = rec.block_image(block).map_err(|e| image_failure(e.into()))? else {
-                return Err(IngestFailure::NoImage { rel, fork, block: blkno });
+                if !native {
+                    return Err(IngestFailure::NoImage { rel, fork, block: blkno });
+                }
+                self.ensure_rel(tag)?;
+                self.store_redo(rec, block, tag, key)?;
+                self.extend_to(tag, block.block + 1)?;
+                continue;
             };
+            // A full-page write is restored, not redone (its data is usually left out).
+            let apply = block.image.as_ref().is_some_and(|i| i.apply());
+            if native && !apply && self.tl.verify_redo {
+                self.verify_block(rec, block, tag, key, &page)?;
+            }
+            self.chains.remove(&key);
             if !is_new(&page[..]).unwrap_or(true) {
                 set_pd_lsn(&mut page[..], self.lsn.0).map_err(|e| image_failure(e.into()))?;
             }
@@ -175,10 +218,9 @@ impl WalIngest {
             if self.checksums && !is_new(&page[..]).unwrap_or(true) {
                 checksum::set_checksum(&mut page, block.block);
             }
-            let tag = RelTag { rel: block.rel, fork: block.fork };
             self.ensure_rel(tag)?;
             self.extend_to(tag, block.block + 1)?;
-            self.put(Key::rel_block(tag, block.block), Value::Image(Bytes::from(page.to_vec())));
+            self.put(key, Value::Image(Bytes::from(page.to_vec())));
         }
         if let Some(p) = &parsed {
             self.apply_parsed(rec, p)?;
@@ -344,6 +386,112 @@ impl WalIngest {
                 self.remove_slru_segments(SlruKind::MultiXactMembers, |x| in_wrapping_range(x, s, e))
             }
         }
+    }
+
+    // ---- native redo ----
+
+    /// Stores a natively redone block change: the record itself, or every
+    /// [`MAX_REDO_CHAIN`] records of the page, the page redone here.
+    fn store_redo(&mut self, rec: &DecodedRecord, block: &BlockRef, tag: RelTag, key: Key) -> Res<()> {
+        let (rel, fork, blkno) = (block.rel, block.fork.file_suffix(), block.block);
+        let size = self.rel_size(tag)?.unwrap_or(0);
+        // A page beyond the end reads as zeros; only the visibility map is
+        // extended that way before a record changes it (heap and index pages
+        // are initialized by the record that first uses them).
+        if !block.will_init() && blkno >= size && tag.fork != ForkNumber::VisibilityMap {
+            return Err(IngestFailure::NoBase { rel, fork, block: blkno, size });
+        }
+        let chain = if block.will_init() { 0 } else { self.chains.get(&key).copied().unwrap_or(0) + 1 };
+        if chain >= MAX_REDO_CHAIN {
+            let mut page = self.page_before(key)?;
+            strata_redo::redo_block(rec, block.id, &mut page).map_err(|source| IngestFailure::Redo {
+                rel,
+                fork,
+                block: blkno,
+                source,
+            })?;
+            if self.checksums && !is_new(&page[..]).unwrap_or(true) {
+                checksum::set_checksum(&mut page, blkno);
+            }
+            self.chains.remove(&key);
+            self.tl.metrics.redo_pages_materialized.inc();
+            self.put(key, Value::Image(Bytes::from(page.to_vec())));
+            return Ok(());
+        }
+        if self.chains.len() >= MAX_TRACKED_CHAINS && !self.chains.contains_key(&key) {
+            self.chains.clear();
+        }
+        self.chains.insert(key, chain);
+        self.tl.metrics.redo_records_stored.inc();
+        self.put(
+            key,
+            Value::Wal(WalRedo {
+                block_id: block.id,
+                will_init: block.will_init(),
+                lsn: rec.lsn,
+                end_lsn: rec.end_lsn,
+                record: Bytes::copy_from_slice(&rec.raw),
+            }),
+        );
+        Ok(())
+    }
+
+    /// The page as of the previous record (zeros if it has no version).
+    fn page_before(&self, key: Key) -> Res<Box<[u8; BLCKSZ]>> {
+        let mut page = Box::new([0u8; BLCKSZ]);
+        if let Some(b) = self.tl.get(&key, self.read_lsn())? {
+            if b.len() != BLCKSZ {
+                return Err(IngestFailure::Read(ReadError::Corrupt {
+                    timeline: self.tl.timeline_id,
+                    reason: format!("key {key}: a page of {} bytes", b.len()),
+                }));
+            }
+            page.copy_from_slice(&b);
+        }
+        Ok(page)
+    }
+
+    /// The oracle at ingest: redo natively what PostgreSQL also logged an
+    /// image of, and report any difference. The image is what is stored.
+    fn verify_block(
+        &mut self,
+        rec: &DecodedRecord,
+        block: &BlockRef,
+        tag: RelTag,
+        key: Key,
+        image: &[u8; BLCKSZ],
+    ) -> Res<()> {
+        let size = self.rel_size(tag)?.unwrap_or(0);
+        if !block.will_init() && block.block >= size && tag.fork != ForkNumber::VisibilityMap {
+            // First touch of a page never logged before (e.g. extended by a
+            // bulk load): nothing to redo from.
+            return Ok(());
+        }
+        let before = self.page_before(key)?;
+        let kind = identify::identify(rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN");
+        let outcome = match strata_redo::verify::check_block(rec, block.id, &before, image) {
+            Ok((_, None)) => None,
+            Ok((_, Some(m))) => Some(m.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        self.tl.metrics.redo_blocks_verified.inc();
+        let mut check = self.tl.redo_check.lock();
+        check.verified += 1;
+        if let Some(problem) = outcome {
+            self.tl.metrics.redo_mismatches.inc();
+            check.mismatches += 1;
+            let what = format!(
+                "{} {kind} record at {} (block {} of {}{}): {problem}",
+                rmgr::name(rec.rmgr()),
+                rec.lsn,
+                block.block,
+                block.rel,
+                block.fork.file_suffix()
+            );
+            tracing::error!(timeline = %self.tl.timeline_id, "native redo differs from PostgreSQL: {what}");
+            check.last_mismatch = Some(what);
+        }
+        Ok(())
     }
 
     // ---- cached state ----

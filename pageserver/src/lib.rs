@@ -71,6 +71,7 @@ pub async fn serve(
         checkpoint_distance: config.checkpoint_distance,
         metrics: metrics.clone(),
         files: layer::files::FileCache::new(config.max_open_layer_files, metrics.layer_files.clone()),
+        verify_redo: config.verify_redo,
     };
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let listener_metrics = metrics.listener_metrics();

@@ -26,6 +26,10 @@ pub struct Metrics {
     pub walreceiver_connects: Counter,
     pub timelines_broken: Gauge,
     pub timeline_reloads: Counter,
+    pub redo_records_stored: Counter,
+    pub redo_pages_materialized: Counter,
+    pub redo_blocks_verified: Counter,
+    pub redo_mismatches: Counter,
     pub layer_files: CacheMetrics,
     listeners: ListenerMetrics,
 }
@@ -48,6 +52,10 @@ impl Metrics {
             walreceiver_connects: Counter::default(),
             timelines_broken: Gauge::default(),
             timeline_reloads: Counter::default(),
+            redo_records_stored: Counter::default(),
+            redo_pages_materialized: Counter::default(),
+            redo_blocks_verified: Counter::default(),
+            redo_mismatches: Counter::default(),
             layer_files: CacheMetrics::default(),
             listeners: ListenerMetrics::default(),
             registry: Registry::default(),
@@ -70,6 +78,26 @@ impl Metrics {
             m.timelines_broken.clone(),
         );
         registry.register("timeline_reloads", "Broken timelines re-read from disk", m.timeline_reloads.clone());
+        registry.register(
+            "redo_records_stored",
+            "Block changes stored as WAL records for native redo (no image)",
+            m.redo_records_stored.clone(),
+        );
+        registry.register(
+            "redo_pages_materialized",
+            "Pages written as images by ingest to keep redo chains short",
+            m.redo_pages_materialized.clone(),
+        );
+        registry.register(
+            "redo_blocks_verified",
+            "Blocks whose native redo was compared with PostgreSQL's image (verify_redo)",
+            m.redo_blocks_verified.clone(),
+        );
+        registry.register(
+            "redo_mismatches",
+            "Blocks whose native redo differed from PostgreSQL's image (verify_redo)",
+            m.redo_mismatches.clone(),
+        );
         registry.register("layer_files_open", "Layer files open in the descriptor cache", m.layer_files.open.clone());
         registry.register(
             "layer_file_opens",

@@ -348,6 +348,7 @@ impl TimelineEntry {
             "state": if broken.is_some() { "broken" } else { "active" },
             "error": broken.as_ref().map(|b| b.reason.clone()),
             "broken": broken,
+            "verify_redo": self.tl.verify_redo.then(|| self.tl.redo_check.lock().clone()),
         })
     }
 }

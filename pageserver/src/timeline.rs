@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex, RwLock};
-use strata_formats::types::{BlockNumber, Oid};
+use strata_formats::types::{BlockNumber, ForkNumber, Oid};
 use strata_formats::v15::control::ControlFile;
 use strata_formats::v15::records::xlog::CheckPoint;
 use strata_formats::version::BLCKSZ;
@@ -54,6 +54,15 @@ pub struct TimelineMetadata {
     pub layers: Vec<String>,
 }
 
+/// Results of checking native redo against PostgreSQL's images.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RedoCheck {
+    pub verified: u64,
+    pub mismatches: u64,
+    /// The last mismatch: record, LSN, block and first differing byte.
+    pub last_mismatch: Option<String>,
+}
+
 /// What every timeline of a pageserver shares.
 #[derive(Clone)]
 pub struct TimelineResources {
@@ -64,6 +73,9 @@ pub struct TimelineResources {
     pub metrics: Arc<Metrics>,
     /// The bounded cache of open layer files.
     pub files: Arc<FileCache>,
+    /// Check native redo against PostgreSQL's images at ingest (computes
+    /// then log images for every resource manager).
+    pub verify_redo: bool,
 }
 
 /// A failed operation on a timeline's files, naming the file.
@@ -179,6 +191,12 @@ pub struct Timeline {
     /// change before making it visible, so a read at or after that LSN may
     /// use it instead of walking the layers twice (directory, then size).
     rel_size_cache: RwLock<std::collections::HashMap<RelTag, (Lsn, Option<BlockNumber>)>>,
+    /// Whether pages carry checksums (read from pg_control once).
+    checksums: std::sync::OnceLock<bool>,
+    /// See [`TimelineResources::verify_redo`].
+    pub verify_redo: bool,
+    /// What the redo oracle found (with `verify_redo`).
+    pub redo_check: Mutex<RedoCheck>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -304,6 +322,9 @@ impl Timeline {
             flush_lock: Mutex::new(()),
             opened_at: Mutex::new(Instant::now()),
             rel_size_cache: RwLock::new(std::collections::HashMap::new()),
+            checksums: std::sync::OnceLock::new(),
+            verify_redo: res.verify_redo,
+            redo_check: Mutex::new(RedoCheck::default()),
             metrics: res.metrics.clone(),
         })
     }
@@ -655,30 +676,60 @@ impl Timeline {
         let mut list = versions.list;
         let Some((_, oldest)) = list.last() else { return Ok(None) };
         let corrupt = |reason: String| ReadError::Corrupt { timeline: self.timeline_id, reason };
+        // The page to apply the newer versions to; changes without an older
+        // image start from zeros, as PostgreSQL reads a page that was never written.
         let mut page: Vec<u8> = match oldest {
             Value::Image(b) if list.len() == 1 => return Ok(Some(b.clone())),
-            Value::Image(b) => b.to_vec(),
-            Value::ZeroPage => vec![0u8; BLCKSZ],
-            Value::Native(_) if key.is_page() => vec![0u8; BLCKSZ],
-            Value::Native(_) => return Err(corrupt(format!("key {key} has only native records at {lsn}"))),
+            Value::Image(b) => {
+                let page = b.to_vec();
+                list.pop();
+                page
+            }
+            Value::ZeroPage => {
+                list.pop();
+                vec![0u8; BLCKSZ]
+            }
+            Value::Native(_) | Value::Wal(_) if key.is_page() => vec![0u8; BLCKSZ],
+            Value::Native(_) | Value::Wal(_) => {
+                return Err(corrupt(format!("key {key} has only changes, no base, at {lsn}")))
+            }
         };
-        if list.len() > 1 {
+        if !list.is_empty() {
             let page: &mut [u8; BLCKSZ] = page
                 .as_mut_slice()
                 .try_into()
-                .map_err(|_| corrupt(format!("key {key}: native records on a value of {} bytes", list.len())))?;
-            if list.last().is_some_and(|(_, v)| v.is_base()) {
-                list.pop();
+                .map_err(|_| corrupt(format!("key {key}: changes on top of a value of {} bytes", list.len())))?;
+            for (i, (l, v)) in list.iter().enumerate().rev() {
+                match v {
+                    Value::Native(r) => r.apply(page).map_err(|e| corrupt(format!("key {key} at {l}: {e}")))?,
+                    // Only the oldest version gathered can be a record that initializes the page.
+                    Value::Wal(w) if !w.will_init || i == list.len() - 1 => {
+                        w.apply(page).map_err(|e| corrupt(format!("key {key}: {e}")))?
+                    }
+                    _ => return Err(corrupt(format!("key {key}: base version above the oldest at {l}"))),
+                }
             }
-            for (l, v) in list.iter().rev() {
-                if let Value::Native(r) = v {
-                    r.apply(page).map_err(|e| corrupt(format!("key {key} at {l}: {e}")))?;
-                } else {
-                    return Err(corrupt(format!("key {key}: base version above the oldest at {l}")));
+            if let Some((tag, block)) = key.as_rel_block() {
+                let new = strata_formats::page::is_new(&page[..]).unwrap_or(true);
+                if tag.fork != ForkNumber::Fsm && !new && self.data_checksums()? {
+                    // The changes moved pd_lsn and the content: the checksum follows.
+                    strata_formats::page::checksum::set_checksum(page, block);
                 }
             }
         }
         Ok(Some(Bytes::from(page)))
+    }
+
+    /// Whether the cluster has data checksums (pages served must carry them).
+    fn data_checksums(&self) -> Result<bool, ReadError> {
+        if let Some(on) = self.checksums.get() {
+            return Ok(*on);
+        }
+        let lsn = self.record_lsns().last;
+        // Before the import there is no pg_control, and no page either.
+        let Some(b) = self.get(&Key::control(), lsn)? else { return Ok(false) };
+        let control = ControlFile::decode(&b).map_err(|e| self.decode_err("pg_control", lsn, e))?;
+        Ok(*self.checksums.get_or_init(|| control.data_checksum_version != 0))
     }
 
     fn decode_err(&self, what: &str, lsn: Lsn, e: impl std::fmt::Display) -> ReadError {

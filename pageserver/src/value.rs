@@ -1,8 +1,12 @@
-//! Values stored under keys: full images, zero pages, or native records to
-//! apply on top of an older image.
+//! Values stored under keys: full images, zero pages, native records to
+//! apply on top of an older image, or PostgreSQL WAL records that are redone
+//! natively when the page is read.
 
 use bytes::Bytes;
-use strata_redo::NativeRecord;
+use strata_formats::version::BLCKSZ;
+use strata_formats::wal::record::DecodedRecord;
+use strata_formats::Lsn;
+use strata_redo::{NativeRecord, RedoError};
 
 /// One version of a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,16 +17,70 @@ pub enum Value {
     ZeroPage,
     /// A change to apply to the previous version.
     Native(NativeRecord),
+    /// A WAL record to redo on one of its blocks.
+    Wal(WalRedo),
+}
+
+/// A PostgreSQL WAL record kept for native redo of its block `block_id`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WalRedo {
+    pub block_id: u8,
+    /// The record initializes the page: no older version is needed.
+    pub will_init: bool,
+    /// Where the record starts and ends in the WAL.
+    pub lsn: Lsn,
+    pub end_lsn: Lsn,
+    /// The record as it is in the WAL (header included, no page headers).
+    pub record: Bytes,
+}
+
+/// A stored WAL record that cannot be redone.
+#[derive(Debug, thiserror::Error)]
+pub enum WalRedoError {
+    #[error("stored WAL record at {lsn} does not decode: {source}")]
+    Decode {
+        lsn: Lsn,
+        #[source]
+        source: strata_formats::wal::record::RecordError,
+    },
+    #[error("redo of block {block_id} of the WAL record at {lsn}: {source}")]
+    Redo {
+        lsn: Lsn,
+        block_id: u8,
+        #[source]
+        source: RedoError,
+    },
+}
+
+impl WalRedo {
+    /// Applies the record to `page`, the version before it.
+    pub fn apply(&self, page: &mut [u8; BLCKSZ]) -> Result<(), WalRedoError> {
+        let rec = DecodedRecord::decode(self.lsn, self.end_lsn, self.record.to_vec())
+            .map_err(|source| WalRedoError::Decode { lsn: self.lsn, source })?;
+        strata_redo::redo_block(&rec, self.block_id, page).map_err(|source| WalRedoError::Redo {
+            lsn: self.lsn,
+            block_id: self.block_id,
+            source,
+        })
+    }
 }
 
 const TAG_IMAGE: u8 = 1;
 const TAG_ZERO: u8 = 2;
 const TAG_NATIVE: u8 = 3;
+const TAG_WAL: u8 = 4;
+/// Block id, flags and the two LSNs before the record bytes.
+const WAL_HEADER_SIZE: usize = 1 + 1 + 8 + 8;
+const WAL_WILL_INIT: u8 = 0x01;
 
 impl Value {
     /// Whether this version does not depend on older ones.
     pub fn is_base(&self) -> bool {
-        !matches!(self, Value::Native(_))
+        match self {
+            Value::Native(_) => false,
+            Value::Wal(w) => w.will_init,
+            Value::Image(_) | Value::ZeroPage => true,
+        }
     }
 
     /// Approximate memory use, for bounding in-memory layers.
@@ -34,6 +92,7 @@ impl Value {
             Value::Native(NativeRecord::ClogSetStatus { xids, .. }) => 16 + xids.len() * 4,
             Value::Native(NativeRecord::MultiXactOffset { .. }) => 16,
             Value::Native(NativeRecord::MultiXactMembers(v)) => 16 + v.len() * 12,
+            Value::Wal(w) => 48 + w.record.len(),
         }
     }
 
@@ -49,6 +108,14 @@ impl Value {
                 out.push(TAG_NATIVE);
                 r.encode(out);
             }
+            Value::Wal(w) => {
+                out.push(TAG_WAL);
+                out.push(w.block_id);
+                out.push(if w.will_init { WAL_WILL_INIT } else { 0 });
+                out.extend_from_slice(&w.lsn.0.to_le_bytes());
+                out.extend_from_slice(&w.end_lsn.0.to_le_bytes());
+                out.extend_from_slice(&w.record);
+            }
         }
     }
 
@@ -59,6 +126,23 @@ impl Value {
             Some((&TAG_ZERO, [])) => Ok(Value::ZeroPage),
             Some((&TAG_ZERO, rest)) => Err(ValueError::TrailingBytes(rest.len())),
             Some((&TAG_NATIVE, rest)) => Ok(Value::Native(NativeRecord::decode(rest)?)),
+            Some((&TAG_WAL, rest)) => {
+                if rest.len() < WAL_HEADER_SIZE {
+                    return Err(ValueError::Truncated(rest.len()));
+                }
+                let flags = rest[1];
+                if flags & !WAL_WILL_INIT != 0 {
+                    return Err(ValueError::UnknownFlags(flags));
+                }
+                let lsn = |at: usize| Lsn(u64::from_le_bytes(rest[at..at + 8].try_into().expect("8 bytes")));
+                Ok(Value::Wal(WalRedo {
+                    block_id: rest[0],
+                    will_init: flags & WAL_WILL_INIT != 0,
+                    lsn: lsn(2),
+                    end_lsn: lsn(10),
+                    record: Bytes::copy_from_slice(&rest[WAL_HEADER_SIZE..]),
+                }))
+            }
             Some((tag, _)) => Err(ValueError::UnknownTag(*tag)),
             None => Err(ValueError::Empty),
         }
@@ -74,6 +158,10 @@ pub enum ValueError {
     UnknownTag(u8),
     #[error("{0} bytes after a zero-page value")]
     TrailingBytes(usize),
+    #[error("WAL record value of {0} bytes is shorter than its header")]
+    Truncated(usize),
+    #[error("unknown WAL record value flags {0:#04x}")]
+    UnknownFlags(u8),
     #[error("native record: {0}")]
     Native(#[from] strata_redo::RedoError),
 }

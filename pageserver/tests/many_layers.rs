@@ -75,7 +75,13 @@ fn twenty_thousand_layers_under_a_1024_file_limit() {
 
     let metrics = Arc::new(Metrics::new());
     let files = FileCache::new(128, metrics.layer_files.clone());
-    let res = TimelineResources { fsync: false, checkpoint_distance: 1 << 20, metrics: metrics.clone(), files };
+    let res = TimelineResources {
+        fsync: false,
+        checkpoint_distance: 1 << 20,
+        metrics: metrics.clone(),
+        files,
+        verify_redo: false,
+    };
     let before = open_fds();
     let tl = Timeline::load(dir.clone(), &res).unwrap();
     assert!(tl.broken_reason().is_none());

@@ -46,6 +46,7 @@ fn resources() -> TimelineResources {
         checkpoint_distance: 1 << 20,
         metrics: Arc::new(Metrics::new()),
         files: FileCache::new(16, Default::default()),
+        verify_redo: false,
     }
 }
 

@@ -175,6 +175,7 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
         checkpoint_distance: 1 << 20,
         metrics: Arc::new(Metrics::new()),
         files: FileCache::new(16, Default::default()),
+        verify_redo: false,
     };
     let tl = Timeline::create(dir.clone(), meta, &res).unwrap();
     // What an import leaves: pg_control and the checkpoint, at the start LSN.

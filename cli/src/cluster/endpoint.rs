@@ -280,6 +280,9 @@ pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>, 
         "--pg-user".into(),
         c.pg_user.clone().into(),
     ];
+    if c.verify_redo {
+        args.push("--verify-redo".into());
+    }
     if let Some(n) = agent.crash_loop_restarts {
         args.extend(["--crash-loop-restarts".into(), n.to_string().into()]);
     }

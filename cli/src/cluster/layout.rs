@@ -36,6 +36,9 @@ pub struct ClusterFile {
     pub pg_bin_dir: PathBuf,
     /// Unprivileged user that runs initdb and PostgreSQL when Strata runs as root.
     pub pg_user: String,
+    /// Computes log images of every change and the pageserver checks native redo against them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify_redo: bool,
     pub branches: Vec<Branch>,
     pub services: Vec<Service>,
 }
@@ -347,6 +350,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
             "safekeepers": (0..n).map(|i| format!("{HOST}:{}", sk_port(i, 0))).collect::<Vec<_>>(),
             "pg_bin_dir": args.pg_bin_dir,
             "pg_user": args.pg_user,
+            "verify_redo": args.verify_redo,
         }),
         "pageserver",
     )?;
@@ -364,6 +368,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
         tenant_id: TenantId::generate(),
         pg_bin_dir: args.pg_bin_dir.clone(),
         pg_user: args.pg_user.clone(),
+        verify_redo: args.verify_redo,
         branches: vec![Branch { name: MAIN_BRANCH.into(), timeline_id: TimelineId::generate() }],
         services,
     };
@@ -401,6 +406,7 @@ mod tests {
             safekeepers: n,
             pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
             pg_user: "postgres".into(),
+            verify_redo: false,
         }
     }
 

@@ -64,6 +64,10 @@ pub struct InitArgs {
     /// Unprivileged user that runs initdb and PostgreSQL when Strata runs as root.
     #[arg(long, default_value = "postgres")]
     pub pg_user: String,
+    /// Verification mode: computes log an image of every page they change and
+    /// the pageserver checks its native redo against them (slower; for tests).
+    #[arg(long)]
+    pub verify_redo: bool,
 }
 
 /// `strata status`: human or JSON output.

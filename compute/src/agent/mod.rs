@@ -70,6 +70,8 @@ pub struct AgentConfig {
     pub pg_role: String,
     /// `shared_buffers` (`128MB`).
     pub shared_buffers: String,
+    /// Images of every change for every resource manager (`wal_consistency_checking = 'all'`).
+    pub verify_redo: bool,
     /// The proposer's application name, listed in `synchronous_standby_names`.
     pub application_name: String,
     /// The proposer's physical replication slot.
@@ -118,6 +120,7 @@ impl AgentConfig {
             pg_user: "postgres".into(),
             pg_role: "postgres".into(),
             shared_buffers: "128MB".into(),
+            verify_redo: false,
             application_name: "strata_proposer".into(),
             slot: "strata_proposer".into(),
             max_consumer_lag_bytes: None,

@@ -5,14 +5,6 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// What `wal_consistency_checking` lists: the resource managers whose
-/// records must carry an image of every block they change, because the
-/// pageserver has no native redo for them yet. `"all"` covers every resource
-/// manager that can produce such images; as native redo arrives, this becomes
-/// an explicit list of PostgreSQL's rmgr names (`Heap2`, `Btree`, ...) without
-/// the ones it replaces.
-pub const WAL_CONSISTENCY_CHECKING: &[&str] = &["all"];
-
 /// Longest Unix socket path PostgreSQL accepts (`sizeof(sun_path) - 1`).
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -25,6 +17,8 @@ pub struct PgSettings {
     pub socket_dir: PathBuf,
     /// `shared_buffers`, in PostgreSQL's size syntax (`128MB`).
     pub shared_buffers: String,
+    /// Images for every resource manager, natively redone ones included.
+    pub verify_redo: bool,
     /// The WAL proposer's application name, the only synchronous standby.
     pub application_name: String,
 }
@@ -38,9 +32,17 @@ pub enum ConfigError {
     Io { path: PathBuf, source: std::io::Error },
 }
 
-/// The value of `wal_consistency_checking`.
-pub fn wal_consistency_checking() -> String {
-    WAL_CONSISTENCY_CHECKING.join(",")
+/// The value of `wal_consistency_checking`: the resource managers whose
+/// records must carry an image of every block they change, because the
+/// pageserver has no native redo for them (all of them to verify redo).
+pub fn wal_consistency_checking(verify_redo: bool) -> String {
+    let native = strata_redo::NATIVE_RMGRS;
+    if verify_redo || native.is_empty() {
+        return "all".into();
+    }
+    let names: Vec<&str> =
+        strata_formats::v15::rmgr::CONSISTENCY_CHECKABLE.iter().copied().filter(|n| !native.contains(n)).collect();
+    names.join(",")
 }
 
 /// A single-quoted configuration value (quotes doubled, backslashes escaped).
@@ -129,13 +131,14 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
     set(
         "A little WAL beyond the slot, so a reconnecting proposer finds what it needs.",
         "wal_keep_size",
-        quote("128MB"),
+        // In verification mode the WAL is also checked offline afterwards.
+        quote(if s.verify_redo { "1GB" } else { "128MB" }),
     );
     set(
         "Every record of these resource managers carries an image of each block after\n\
          the change. The pageserver stores those images and needs no PostgreSQL redo.",
         "wal_consistency_checking",
-        quote(&wal_consistency_checking()),
+        quote(&wal_consistency_checking(s.verify_redo)),
     );
     set(
         "Hint-bit-only changes are WAL-logged (with a full page image after each\n\
@@ -224,6 +227,7 @@ mod tests {
             port: 55432,
             socket_dir: PathBuf::from("/srv/compute/pgdata"),
             shared_buffers: "128MB".into(),
+            verify_redo: false,
             application_name: "strata_proposer".into(),
         }
     }
@@ -250,7 +254,7 @@ mod tests {
         assert_eq!(get("synchronous_standby_names"), Some("'strata_proposer'"));
         assert_eq!(get("synchronous_commit"), Some("on"));
         assert_eq!(get("wal_level"), Some("replica"));
-        assert_eq!(get("wal_consistency_checking"), Some("'all'"));
+        assert_eq!(get("wal_consistency_checking"), Some(quote(&wal_consistency_checking(false)).as_str()));
         assert_eq!(get("wal_compression"), Some("lz4"));
         assert_eq!(get("wal_log_hints"), Some("on"));
         assert_eq!(get("full_page_writes"), Some("on"));
@@ -269,13 +273,18 @@ mod tests {
 
     #[test]
     fn consistency_checking_names_known_rmgrs() {
-        for name in WAL_CONSISTENCY_CHECKING {
+        for name in strata_redo::NATIVE_RMGRS {
             assert!(
-                *name == "all" || strata_formats::v15::rmgr::by_name(name).is_some(),
-                "{name} is not a PostgreSQL 15 resource manager"
+                strata_formats::v15::rmgr::CONSISTENCY_CHECKABLE.contains(name),
+                "{name} is not a resource manager wal_consistency_checking accepts"
             );
         }
-        assert!(!wal_consistency_checking().is_empty());
+        assert_eq!(wal_consistency_checking(true), "all");
+        let normal = wal_consistency_checking(false);
+        for name in normal.split(',').filter(|n| *n != "all") {
+            assert!(strata_formats::v15::rmgr::CONSISTENCY_CHECKABLE.contains(&name), "{name} is not checkable");
+            assert!(!strata_redo::NATIVE_RMGRS.contains(&name), "{name} is redone natively");
+        }
     }
 
     #[test]

@@ -287,6 +287,7 @@ impl Agent {
             port: self.cfg.pg_port,
             socket_dir: self.pgdata.clone(),
             shared_buffers: self.cfg.shared_buffers.clone(),
+            verify_redo: self.cfg.verify_redo,
             application_name: self.cfg.application_name.clone(),
         };
         let pgdata = self.pgdata.clone();
