@@ -1,12 +1,15 @@
 //! Native redo: changes that PostgreSQL applies to pages without carrying an
 //! image of the result, written from PostgreSQL's page formats.
 //!
-//! The pageserver stores each of these as a small record and applies it on
-//! top of the newest page image when a page is read. Everything else arrives
-//! as a full image (`wal_consistency_checking`), so this set stays small:
-//! visibility-map bit clearing and the SLRU updates of transaction status
-//! and multixacts. The byte layout of the encoded records is part of the
-//! layer file format (`docs/pageserver-storage.md`).
+//! Two kinds: PostgreSQL's own heap, heap2 and btree records, redone block
+//! by block exactly as PostgreSQL 15's redo does ([`redo_block`], checked
+//! against PostgreSQL's images by [`verify`]); and [`NativeRecord`]s, the
+//! changes PostgreSQL makes without a block reference (visibility-map bit
+//! clearing, the SLRU updates of transaction status and multixacts), which
+//! the pageserver derives from records. Every other resource manager's
+//! changes arrive as full images (`wal_consistency_checking`). The byte
+//! layout of the encoded records is part of the layer file format
+//! (`docs/pageserver-storage.md`).
 
 use strata_formats::types::TransactionId;
 use strata_formats::version::BLCKSZ;
