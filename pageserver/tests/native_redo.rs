@@ -1,0 +1,195 @@
+//! Ingest and reads of natively redone records: a heap page built from
+//! stored records only, chains cut by ingest, and records that cannot be
+//! applied stopping ingest with their LSN instead of storing a wrong page.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_formats::page::{max_offset_number, pd_lsn};
+use strata_formats::types::{ForkNumber, RelFileNode};
+use strata_formats::v15::control::ControlFile;
+use strata_formats::wal::record::{record_crc, DecodedRecord};
+use strata_formats::Lsn;
+use strata_pageserver::ingest::WalIngest;
+use strata_pageserver::key::{Key, RelTag};
+use strata_pageserver::layer::files::FileCache;
+use strata_pageserver::layer::map::RecordLsns;
+use strata_pageserver::metrics::Metrics;
+use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
+use strata_pageserver::value::Value;
+use strata_protocol::{TenantId, TimelineId};
+
+const START: Lsn = Lsn(0x0100_0028);
+const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16384 };
+const RM_HEAP: u8 = 10;
+const RM_HEAP2: u8 = 9;
+const RM_BTREE: u8 = 11;
+const HEAP_INSERT: u8 = 0x00;
+const HEAP_INIT_PAGE: u8 = 0x80;
+const BKPBLOCK_HAS_DATA: u8 = 0x20;
+const BKPBLOCK_WILL_INIT: u8 = 0x40;
+
+fn timeline(name: &str) -> (Arc<Timeline>, Arc<Metrics>) {
+    let dir = std::env::temp_dir().join(format!("strata-native-redo-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let control_bytes = include_bytes!("../../formats/tests/data/pg_control_v15");
+    let control = ControlFile::decode(control_bytes).unwrap();
+    let meta = TimelineMetadata {
+        format_version: 1,
+        tenant_id: TenantId::generate(),
+        timeline_id: TimelineId::generate(),
+        ancestor_timeline_id: None,
+        ancestor_lsn: None,
+        pg_version: 15,
+        system_id: control.system_identifier,
+        wal_segment_size: 16 << 20,
+        start_lsn: START,
+        disk_consistent_lsn: Lsn::INVALID,
+        prev_record_lsn: Lsn::INVALID,
+        layers: Vec::new(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let res = TimelineResources {
+        fsync: false,
+        checkpoint_distance: 1 << 20,
+        metrics: metrics.clone(),
+        files: FileCache::new(16, Default::default()),
+        verify_redo: false,
+    };
+    let tl = Timeline::create(dir, meta, &res).unwrap();
+    tl.commit_record(
+        vec![
+            (Key::control(), START, Value::Image(Bytes::copy_from_slice(control_bytes))),
+            (Key::checkpoint(), START, Value::Image(Bytes::copy_from_slice(&control.checkpoint_copy.encode()))),
+        ],
+        RecordLsns { last: START, prev: Lsn::INVALID },
+    );
+    (tl, metrics)
+}
+
+/// A WAL record with one block reference (`fork_flags` as given, data
+/// attached) and main data, its length and CRC filled in.
+fn record(rmgr: u8, info: u8, block: u32, fork_flags: u8, data: &[u8], main: &[u8], lsn: Lsn) -> DecodedRecord {
+    let mut raw = vec![0u8; 24];
+    raw.push(0); // block id
+    raw.push(fork_flags);
+    raw.extend_from_slice(&(data.len() as u16).to_le_bytes());
+    for v in [REL.spc, REL.db, REL.rel, block] {
+        raw.extend_from_slice(&v.to_le_bytes());
+    }
+    raw.push(255);
+    raw.push(main.len() as u8);
+    raw.extend_from_slice(data);
+    raw.extend_from_slice(main);
+    let len = raw.len() as u32;
+    raw[0..4].copy_from_slice(&len.to_le_bytes());
+    raw[4..8].copy_from_slice(&1000u32.to_le_bytes());
+    raw[16] = info;
+    raw[17] = rmgr;
+    let crc = record_crc(&raw);
+    raw[20..24].copy_from_slice(&crc.to_le_bytes());
+    let end = Lsn((lsn.0 + u64::from(len)).next_multiple_of(8));
+    DecodedRecord::decode(lsn, end, raw).unwrap()
+}
+
+/// A heap insert of a one-column tuple at `offnum` (`xl_heap_insert` as
+/// main data; `xl_heap_header` and the tuple after its header as block data).
+fn heap_insert(block: u32, offnum: u16, init: bool, lsn: Lsn) -> DecodedRecord {
+    let mut main = offnum.to_le_bytes().to_vec();
+    main.push(0); // flags
+    let mut data = Vec::new();
+    data.extend_from_slice(&1u16.to_le_bytes()); // t_infomask2: one attribute
+    data.extend_from_slice(&0x0800u16.to_le_bytes()); // t_infomask: xmax invalid
+    data.push(24); // t_hoff
+    data.push(0); // the header's alignment byte
+    data.extend_from_slice(&(offnum as u32 * 7).to_le_bytes());
+    let (info, flags) = if init {
+        (HEAP_INSERT | HEAP_INIT_PAGE, BKPBLOCK_HAS_DATA | BKPBLOCK_WILL_INIT)
+    } else {
+        (HEAP_INSERT, BKPBLOCK_HAS_DATA)
+    };
+    record(RM_HEAP, info, block, flags, &data, &main, lsn)
+}
+
+#[test]
+fn pages_are_built_from_records_and_chains_stay_short() {
+    let (tl, metrics) = timeline("build");
+    let mut ingest = WalIngest::new(tl.clone()).unwrap();
+    let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0);
+    let mut lsn = START;
+    let mut ends = Vec::new();
+    for i in 0..40u16 {
+        let rec = heap_insert(0, i + 1, i == 0, lsn);
+        ingest.ingest(&rec).unwrap();
+        ends.push(rec.end_lsn);
+        lsn = rec.end_lsn;
+    }
+    // Every version reads back with its tuples and stamped with its LSN.
+    for (i, end) in ends.iter().enumerate() {
+        let page = tl.get(&key, *end).unwrap().expect("the page exists");
+        assert_eq!(max_offset_number(&page).unwrap(), i as u16 + 1, "tuples at version {i}");
+        assert_eq!(pd_lsn(&page).unwrap(), end.0);
+        let item = u32::from_le_bytes(page[24 + 4 * i..28 + 4 * i].try_into().unwrap());
+        let (off, len) = ((item & 0x7fff) as usize, (item >> 17) as usize);
+        assert_eq!(len, 28);
+        assert_eq!(&page[off + 24..off + 28], &((i as u32 + 1) * 7).to_le_bytes());
+    }
+    // Records 16 and 32 after the initializing one were redone at ingest.
+    let text = metrics.render();
+    assert!(text.contains("strata_pageserver_redo_pages_materialized_total 2"), "{text}");
+    assert!(text.contains("strata_pageserver_redo_records_stored_total 38"), "{text}");
+    // The same after the versions went to a layer file.
+    tl.checkpoint().unwrap();
+    let page = tl.get(&key, *ends.last().unwrap()).unwrap().unwrap();
+    assert_eq!(max_offset_number(&page).unwrap(), 40);
+}
+
+#[test]
+fn records_that_cannot_be_applied_stop_ingest_with_their_lsn() {
+    let (tl, _) = timeline("errors");
+    let mut ingest = WalIngest::new(tl.clone()).unwrap();
+    let first = heap_insert(0, 1, true, START);
+    ingest.ingest(&first).unwrap();
+    let at = first.end_lsn;
+    let cases = [
+        // A block beyond the relation's end that the record does not initialize.
+        (heap_insert(5, 1, false, at), "does not exist"),
+        // Info bits that are no heap2 record redone natively (REWRITE has no blocks).
+        (record(RM_HEAP2, 0x00, 0, BKPBLOCK_HAS_DATA, &[1, 2, 3], &[], at), "no native redo"),
+        // Info bits btree does not define.
+        (record(RM_BTREE, 0xF0, 0, BKPBLOCK_HAS_DATA, &[1, 2, 3], &[], at), "no native redo"),
+        // A resource manager from the future.
+        (record(200, 0x00, 0, BKPBLOCK_HAS_DATA, &[1, 2, 3], &[], at), "no native redo"),
+    ];
+    for (rec, expected) in cases {
+        let err = ingest.ingest(&rec).expect_err("must not be ingested").to_string();
+        assert!(err.contains(&at.to_string()) && err.contains(expected), "{err}");
+        // Nothing of it became visible.
+        assert_eq!(tl.record_lsns().last, at);
+    }
+    let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0);
+    let page = tl.get(&key, at).unwrap().unwrap();
+    assert_eq!(max_offset_number(&page).unwrap(), 1);
+
+    // A record whose data is malformed is stored (ingest does not redo every
+    // record), but no page is ever made of it: its read is an error naming
+    // the record, and so is the redo at ingest that would cut its chain.
+    let bad = record(RM_HEAP, HEAP_INSERT, 0, BKPBLOCK_HAS_DATA, &[1, 0], &[2, 0, 0], at);
+    ingest.ingest(&bad).unwrap();
+    let err = tl.get(&key, bad.end_lsn).expect_err("no page from a malformed record").to_string();
+    assert!(err.contains(&at.to_string()), "{err}");
+    let mut lsn = bad.end_lsn;
+    let mut failed = None;
+    for i in 0..20u16 {
+        let rec = heap_insert(0, 2 + i, false, lsn);
+        match ingest.ingest(&rec) {
+            Ok(()) => lsn = rec.end_lsn,
+            Err(e) => {
+                failed = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let failed = failed.expect("redo at ingest meets the malformed record within a chain's length");
+    assert!(failed.contains(&at.to_string()), "{failed}");
+}
