@@ -44,7 +44,7 @@ pub const SLRU_PAGES_PER_SEGMENT: u32 = 32;
 
 /// Most WAL records a read of a page redoes: the next record of that page
 /// is redone at ingest and stored as an image.
-pub const MAX_REDO_CHAIN: u32 = 16;
+pub const MAX_REDO_CHAIN: u32 = 8;
 /// Pages whose chain length ingest tracks; beyond this the counts start over
 /// (chains may then reach twice the limit, never more).
 const MAX_TRACKED_CHAINS: usize = 100_000;

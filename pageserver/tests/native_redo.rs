@@ -134,10 +134,11 @@ fn pages_are_built_from_records_and_chains_stay_short() {
         assert_eq!(len, 28);
         assert_eq!(&page[off + 24..off + 28], &((i as u32 + 1) * 7).to_le_bytes());
     }
-    // Records 16 and 32 after the initializing one were redone at ingest.
+    // Records 8, 16, 24 and 32 after the initializing one were redone at ingest.
+    assert_eq!(strata_pageserver::ingest::MAX_REDO_CHAIN, 8);
     let text = metrics.render();
-    assert!(text.contains("strata_pageserver_redo_pages_materialized_total 2"), "{text}");
-    assert!(text.contains("strata_pageserver_redo_records_stored_total 38"), "{text}");
+    assert!(text.contains("strata_pageserver_redo_pages_materialized_total 4"), "{text}");
+    assert!(text.contains("strata_pageserver_redo_records_stored_total 36"), "{text}");
     // The same after the versions went to a layer file.
     tl.checkpoint().unwrap();
     let page = tl.get(&key, *ends.last().unwrap()).unwrap().unwrap();
