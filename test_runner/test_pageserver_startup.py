@@ -45,6 +45,18 @@ def fill(ep: Endpoint) -> str:
     return ep.sql("SELECT pg_current_wal_lsn()::text")[0][0]
 
 
+def filled_then_pageserver_stopped(cluster: LocalCluster) -> Endpoint:
+    """The table written through a stopped endpoint, ingested by the
+    pageserver, which is then stopped (its files can be changed by hand)."""
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    end = fill(ep)
+    ep.stop()
+    wait_for_pageserver_lsn(cluster, end)
+    cluster.stop("--only", "pageserver")
+    return ep
+
+
 def assert_data(ep: Endpoint, extra: int = 0) -> None:
     n = ROWS + extra
     assert ep.sql("SELECT count(*), sum(id) FROM kept") == [(n, n * (n + 1) // 2)]
@@ -77,12 +89,7 @@ def branch_status(cluster: LocalCluster, branch: str = "main") -> dict:
 
 
 def test_missing_metadata_breaks_the_timeline_and_keeps_its_files(cluster, tmp_path):
-    ep = Endpoint(cluster, "ep")
-    ep.start()
-    end = fill(ep)
-    ep.stop()
-    wait_for_pageserver_lsn(cluster, end)
-    cluster.stop("--only", "pageserver")
+    ep = filled_then_pageserver_stopped(cluster)
     d = cluster.timeline_dir()
     before = listing(d)
     assert "metadata.json" in before and any(n.endswith(".delta") for n in before), before
@@ -137,12 +144,7 @@ def test_missing_metadata_breaks_the_timeline_and_keeps_its_files(cluster, tmp_p
 
 
 def test_interrupted_creation_is_removed_and_an_unknown_directory_kept(cluster):
-    ep = Endpoint(cluster, "ep")
-    ep.start()
-    end = fill(ep)
-    ep.stop()
-    wait_for_pageserver_lsn(cluster, end)
-    cluster.stop("--only", "pageserver")
+    ep = filled_then_pageserver_stopped(cluster)
     timelines = cluster.timelines_dir()
     main_before = listing(cluster.timeline_dir())
 
@@ -197,12 +199,7 @@ def test_interrupted_creation_is_removed_and_an_unknown_directory_kept(cluster):
 
 
 def test_stray_layer_file_breaks_the_timeline_and_stays(cluster):
-    ep = Endpoint(cluster, "ep")
-    ep.start()
-    end = fill(ep)
-    ep.stop()
-    wait_for_pageserver_lsn(cluster, end)
-    cluster.stop("--only", "pageserver")
+    ep = filled_then_pageserver_stopped(cluster)
     d = cluster.timeline_dir()
     meta = json.loads((d / "metadata.json").read_text())
     listed = meta["layers"]

@@ -38,7 +38,28 @@ struct LastImage {
     rmgr: u8,
 }
 
-type BlockKey = (RelFileNode, ForkNumber, u32);
+pub type BlockKey = (RelFileNode, ForkNumber, u32);
+
+/// Forgets the blocks a record removes without a block reference: the
+/// heap's tail cut by a truncation (the visibility map and free space map
+/// lose theirs too: all of theirs are forgotten rather than modelled),
+/// dropped relations and databases.
+pub fn forget_blocks<V>(parsed: &ParsedRecord, blocks: &mut HashMap<BlockKey, V>) {
+    match parsed {
+        ParsedRecord::Smgr(SmgrRecord::Truncate { rel, blocks: size, flags }) => {
+            blocks.retain(|(r, f, blk), _| {
+                r != rel || (*f == ForkNumber::Main && (flags & SMGR_TRUNCATE_HEAP == 0 || *blk < *size))
+            });
+        }
+        ParsedRecord::Xact(XactRecord::Finish(finish)) => {
+            for rel in &finish.dropped_rels {
+                blocks.retain(|(r, _, _), _| r != rel);
+            }
+        }
+        ParsedRecord::Dbase(DbaseRecord::Drop { db, .. }) => blocks.retain(|(r, _, _), _| r.db != *db),
+        _ => {}
+    }
+}
 
 fn relation_path(pgdata: &Path, rel: RelFileNode, fork: ForkNumber, block: u32) -> PathBuf {
     let base = match rel.spc {
@@ -99,18 +120,8 @@ pub fn verify_images(pgdata: &Path, max_reported: usize) -> anyhow::Result<(bool
                     gist::clear_follow_right(&mut img.page, record.end_lsn);
                 }
             }
-            Some(ParsedRecord::Smgr(SmgrRecord::Truncate { rel, blocks, flags }))
-                if flags & SMGR_TRUNCATE_HEAP != 0 =>
-            {
-                last.retain(|(r, f, blk), _| !(*r == rel && *f == ForkNumber::Main && *blk >= blocks));
-            }
-            Some(ParsedRecord::Xact(XactRecord::Finish(finish))) => {
-                for rel in &finish.dropped_rels {
-                    last.retain(|(r, _, _), _| r != rel);
-                }
-            }
-            Some(ParsedRecord::Dbase(DbaseRecord::Drop { db, .. })) => last.retain(|(r, _, _), _| r.db != db),
-            _ => {}
+            Some(parsed) => forget_blocks(&parsed, &mut last),
+            None => {}
         }
     }
 

@@ -15,17 +15,16 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 use strata_formats::v15::identify::identify;
-use strata_formats::v15::records::storage::{DbaseRecord, SmgrRecord, SMGR_TRUNCATE_HEAP};
-use strata_formats::v15::records::xact::XactRecord;
 use strata_formats::v15::records::{self, ParsedRecord};
 use strata_formats::v15::rmgr;
 use strata_formats::wal::segment::SegmentReader;
-use strata_formats::{ForkNumber, Lsn, RelFileNode};
+use strata_formats::{ForkNumber, Lsn};
 use strata_redo::verify::check_block;
+
+use crate::verify_images::{forget_blocks, BlockKey};
 use strata_redo::{NativeRecord, HEAPBLOCKS_PER_VM_PAGE};
 
 const BLCKSZ: usize = 8192;
-type BlockKey = (RelFileNode, ForkNumber, u32);
 type Page = Box<[u8; BLCKSZ]>;
 
 /// Counts of one kind of record (resource manager and record name).
@@ -199,20 +198,8 @@ fn apply_side_effects(
                 }
             }
         }
-        Some(ParsedRecord::Smgr(SmgrRecord::Truncate { rel, blocks, flags })) if flags & SMGR_TRUNCATE_HEAP != 0 => {
-            pages.retain(|(r, f, blk), _| !(*r == rel && *f == ForkNumber::Main && *blk >= blocks));
-        }
-        Some(ParsedRecord::Smgr(SmgrRecord::Truncate { rel, .. })) => {
-            // The VM and FSM forks lose their tail; forget them rather than model it.
-            pages.retain(|(r, f, _), _| !(*r == rel && *f != ForkNumber::Main));
-        }
-        Some(ParsedRecord::Xact(XactRecord::Finish(finish))) => {
-            for rel in &finish.dropped_rels {
-                pages.retain(|(r, _, _), _| r != rel);
-            }
-        }
-        Some(ParsedRecord::Dbase(DbaseRecord::Drop { db, .. })) => pages.retain(|(r, _, _), _| r.db != db),
-        _ => {}
+        Some(parsed) => forget_blocks(&parsed, pages),
+        None => {}
     }
     Ok(())
 }

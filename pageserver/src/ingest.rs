@@ -394,11 +394,7 @@ impl WalIngest {
     /// [`MAX_REDO_CHAIN`] records of the page, the page redone here.
     fn store_redo(&mut self, rec: &DecodedRecord, block: &BlockRef, tag: RelTag, key: Key) -> Res<()> {
         let (rel, fork, blkno) = (block.rel, block.fork.file_suffix(), block.block);
-        let size = self.rel_size(tag)?.unwrap_or(0);
-        // A page beyond the end reads as zeros; only the visibility map is
-        // extended that way before a record changes it (heap and index pages
-        // are initialized by the record that first uses them).
-        if !block.will_init() && blkno >= size && tag.fork != ForkNumber::VisibilityMap {
+        if let Some(size) = self.missing_base(block, tag)? {
             return Err(IngestFailure::NoBase { rel, fork, block: blkno, size });
         }
         let chain = if block.will_init() { 0 } else { self.chains.get(&key).copied().unwrap_or(0) + 1 };
@@ -436,6 +432,17 @@ impl WalIngest {
         Ok(())
     }
 
+    /// The relation's size if `block` has no page for the record to change:
+    /// beyond the end and not initialized by the record. A page beyond the
+    /// end reads as zeros, but only the visibility map is extended that way
+    /// before a record changes it (heap and index pages are initialized by
+    /// the record that first uses them).
+    fn missing_base(&mut self, block: &BlockRef, tag: RelTag) -> Res<Option<BlockNumber>> {
+        let size = self.rel_size(tag)?.unwrap_or(0);
+        let missing = !block.will_init() && block.block >= size && tag.fork != ForkNumber::VisibilityMap;
+        Ok(missing.then_some(size))
+    }
+
     /// The page as of the previous record (zeros if it has no version).
     fn page_before(&self, key: Key) -> Res<Box<[u8; BLCKSZ]>> {
         let mut page = Box::new([0u8; BLCKSZ]);
@@ -461,8 +468,7 @@ impl WalIngest {
         key: Key,
         image: &[u8; BLCKSZ],
     ) -> Res<()> {
-        let size = self.rel_size(tag)?.unwrap_or(0);
-        if !block.will_init() && block.block >= size && tag.fork != ForkNumber::VisibilityMap {
+        if self.missing_base(block, tag)?.is_some() {
             // First touch of a page never logged before (e.g. extended by a
             // bulk load): nothing to redo from.
             return Ok(());

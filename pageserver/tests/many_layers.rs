@@ -5,6 +5,8 @@
 //! Its own test binary, because it lowers the open-file limit of the whole
 //! process.
 
+mod common;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -14,9 +16,8 @@ use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::delta::{DeltaLayerWriter, LayerName};
 use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::metrics::Metrics;
-use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
+use strata_pageserver::timeline::{Timeline, TimelineMetadata};
 use strata_pageserver::value::Value;
-use strata_protocol::{TenantId, TimelineId};
 
 const LAYERS: u64 = 20_000;
 const KEYS: u64 = 64;
@@ -58,30 +59,16 @@ fn twenty_thousand_layers_under_a_1024_file_limit() {
         names.push(w.finish(false).unwrap().file_name().unwrap().to_string_lossy().into_owned());
     }
     let meta = TimelineMetadata {
-        format_version: 1,
-        tenant_id: TenantId::generate(),
-        timeline_id: TimelineId::generate(),
-        ancestor_timeline_id: None,
-        ancestor_lsn: None,
-        pg_version: 15,
-        system_id: 42,
-        wal_segment_size: 16 << 20,
-        start_lsn: START,
         disk_consistent_lsn: lsn(LAYERS - 1),
         prev_record_lsn: lsn(LAYERS - 2),
         layers: names,
+        ..common::metadata(START, 42)
     };
     std::fs::write(dir.join("metadata.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
 
     let metrics = Arc::new(Metrics::new());
     let files = FileCache::new(128, metrics.layer_files.clone());
-    let res = TimelineResources {
-        fsync: false,
-        checkpoint_distance: 1 << 20,
-        metrics: metrics.clone(),
-        files,
-        verify_redo: false,
-    };
+    let res = common::resources(metrics.clone(), files);
     let before = open_fds();
     let tl = Timeline::load(dir.clone(), &res).unwrap();
     assert!(tl.broken_reason().is_none());

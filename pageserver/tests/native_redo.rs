@@ -2,22 +2,18 @@
 //! stored records only, chains cut by ingest, and records that cannot be
 //! applied stopping ingest with their LSN instead of storing a wrong page.
 
+mod common;
+
 use std::sync::Arc;
 
-use bytes::Bytes;
 use strata_formats::page::{max_offset_number, pd_lsn};
 use strata_formats::types::{ForkNumber, RelFileNode};
-use strata_formats::v15::control::ControlFile;
 use strata_formats::wal::record::{record_crc, DecodedRecord};
 use strata_formats::Lsn;
 use strata_pageserver::ingest::WalIngest;
 use strata_pageserver::key::{Key, RelTag};
-use strata_pageserver::layer::files::FileCache;
-use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
-use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
-use strata_pageserver::value::Value;
-use strata_protocol::{TenantId, TimelineId};
+use strata_pageserver::timeline::Timeline;
 
 const START: Lsn = Lsn(0x0100_0028);
 const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16384 };
@@ -30,40 +26,7 @@ const BKPBLOCK_HAS_DATA: u8 = 0x20;
 const BKPBLOCK_WILL_INIT: u8 = 0x40;
 
 fn timeline(name: &str) -> (Arc<Timeline>, Arc<Metrics>) {
-    let dir = std::env::temp_dir().join(format!("strata-native-redo-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let control_bytes = include_bytes!("../../formats/tests/data/pg_control_v15");
-    let control = ControlFile::decode(control_bytes).unwrap();
-    let meta = TimelineMetadata {
-        format_version: 1,
-        tenant_id: TenantId::generate(),
-        timeline_id: TimelineId::generate(),
-        ancestor_timeline_id: None,
-        ancestor_lsn: None,
-        pg_version: 15,
-        system_id: control.system_identifier,
-        wal_segment_size: 16 << 20,
-        start_lsn: START,
-        disk_consistent_lsn: Lsn::INVALID,
-        prev_record_lsn: Lsn::INVALID,
-        layers: Vec::new(),
-    };
-    let metrics = Arc::new(Metrics::new());
-    let res = TimelineResources {
-        fsync: false,
-        checkpoint_distance: 1 << 20,
-        metrics: metrics.clone(),
-        files: FileCache::new(16, Default::default()),
-        verify_redo: false,
-    };
-    let tl = Timeline::create(dir, meta, &res).unwrap();
-    tl.commit_record(
-        vec![
-            (Key::control(), START, Value::Image(Bytes::copy_from_slice(control_bytes))),
-            (Key::checkpoint(), START, Value::Image(Bytes::copy_from_slice(&control.checkpoint_copy.encode()))),
-        ],
-        RecordLsns { last: START, prev: Lsn::INVALID },
-    );
+    let (tl, metrics, _) = common::imported_timeline(&format!("native-redo-{name}"), START);
     (tl, metrics)
 }
 

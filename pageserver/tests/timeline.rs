@@ -4,6 +4,8 @@
 //! of an unfinished flush is removed at load, while any other file the
 //! metadata does not list stops the load and stays.
 
+mod common;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,24 +18,10 @@ use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
 use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
 use strata_pageserver::value::Value;
-use strata_protocol::{TenantId, TimelineId};
 use strata_redo::NativeRecord;
 
 fn meta(start: Lsn) -> TimelineMetadata {
-    TimelineMetadata {
-        format_version: 1,
-        tenant_id: TenantId::generate(),
-        timeline_id: TimelineId::generate(),
-        ancestor_timeline_id: None,
-        ancestor_lsn: None,
-        pg_version: 15,
-        system_id: 42,
-        wal_segment_size: 16 << 20,
-        start_lsn: start,
-        disk_consistent_lsn: Lsn::INVALID,
-        prev_record_lsn: Lsn::INVALID,
-        layers: Vec::new(),
-    }
+    common::metadata(start, 42)
 }
 
 fn page(fill: u8) -> Value {
@@ -41,13 +29,7 @@ fn page(fill: u8) -> Value {
 }
 
 fn resources() -> TimelineResources {
-    TimelineResources {
-        fsync: false,
-        checkpoint_distance: 1 << 20,
-        metrics: Arc::new(Metrics::new()),
-        files: FileCache::new(16, Default::default()),
-        verify_redo: false,
-    }
+    common::resources(Arc::new(Metrics::new()), FileCache::new(16, Default::default()))
 }
 
 const TAG: RelTag = RelTag { rel: RelFileNode { spc: 1663, db: 5, rel: 16384 }, fork: ForkNumber::VisibilityMap };

@@ -4,27 +4,20 @@
 //! (every 2 s without progress) and switches to it, instead of waiting for
 //! a message from the silent one that would have let its loop run again.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use strata_formats::v15::control::ControlFile;
 use strata_formats::wal::encode::{encode_record, WalBuilder};
 use strata_formats::{Lsn, PgVersion};
-use strata_pageserver::key::Key;
-use strata_pageserver::layer::files::FileCache;
-use strata_pageserver::layer::map::RecordLsns;
-use strata_pageserver::metrics::Metrics;
-use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
-use strata_pageserver::value::Value;
 use strata_pageserver::walreceiver::WalReceiver;
 use strata_protocol::framed::FrameReader;
 use strata_protocol::safekeeper::history::{TermHistory, TermLsn};
 use strata_protocol::safekeeper::{codec, ConsumerMessage, StreamMessage, StreamStart, TimelineIdentity, WalData};
-use strata_protocol::{TenantId, TimelineId};
 
 const SEG: u64 = 16 << 20;
 /// Where the timeline's WAL begins (mid-page, at a record boundary).
@@ -150,42 +143,8 @@ fn serve(
 
 #[test]
 fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
-    let dir = std::env::temp_dir().join(format!("strata-walreceiver-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let control_bytes = include_bytes!("../../formats/tests/data/pg_control_v15");
-    let control = ControlFile::decode(control_bytes).unwrap();
-    let system_id = control.system_identifier;
-    let (tenant_id, timeline_id) = (TenantId::generate(), TimelineId::generate());
-    let meta = TimelineMetadata {
-        format_version: 1,
-        tenant_id,
-        timeline_id,
-        ancestor_timeline_id: None,
-        ancestor_lsn: None,
-        pg_version: 15,
-        system_id,
-        wal_segment_size: SEG as u32,
-        start_lsn: START,
-        disk_consistent_lsn: Lsn::INVALID,
-        prev_record_lsn: Lsn::INVALID,
-        layers: Vec::new(),
-    };
-    let res = TimelineResources {
-        fsync: false,
-        checkpoint_distance: 1 << 20,
-        metrics: Arc::new(Metrics::new()),
-        files: FileCache::new(16, Default::default()),
-        verify_redo: false,
-    };
-    let tl = Timeline::create(dir.clone(), meta, &res).unwrap();
-    // What an import leaves: pg_control and the checkpoint, at the start LSN.
-    tl.commit_record(
-        vec![
-            (Key::control(), START, Value::Image(Bytes::copy_from_slice(control_bytes))),
-            (Key::checkpoint(), START, Value::Image(Bytes::copy_from_slice(&control.checkpoint_copy.encode()))),
-        ],
-        RecordLsns { last: START, prev: Lsn::INVALID },
-    );
+    let (tl, _, control) = common::imported_timeline("walreceiver", START);
+    let (tenant_id, timeline_id, system_id) = (tl.tenant_id, tl.timeline_id, control.system_identifier);
     tl.checkpoint().unwrap();
 
     let (bytes, ends) = wal(system_id, 40);
@@ -220,5 +179,5 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
 
     stop.store(true, Ordering::SeqCst);
     receiver.shutdown();
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&tl.dir);
 }

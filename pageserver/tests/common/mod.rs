@@ -1,0 +1,66 @@
+//! Timelines for the pageserver's integration tests.
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_formats::v15::control::ControlFile;
+use strata_formats::Lsn;
+use strata_pageserver::key::Key;
+use strata_pageserver::layer::files::FileCache;
+use strata_pageserver::layer::map::RecordLsns;
+use strata_pageserver::metrics::Metrics;
+use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
+use strata_pageserver::value::Value;
+use strata_protocol::{TenantId, TimelineId};
+
+/// The pg_control of the format test vectors.
+pub const CONTROL: &[u8] = include_bytes!("../../../formats/tests/data/pg_control_v15");
+
+/// Metadata of a new timeline starting at `start`, with nothing on disk yet.
+pub fn metadata(start: Lsn, system_id: u64) -> TimelineMetadata {
+    TimelineMetadata {
+        format_version: 1,
+        tenant_id: TenantId::generate(),
+        timeline_id: TimelineId::generate(),
+        ancestor_timeline_id: None,
+        ancestor_lsn: None,
+        pg_version: 15,
+        system_id,
+        wal_segment_size: 16 << 20,
+        start_lsn: start,
+        disk_consistent_lsn: Lsn::INVALID,
+        prev_record_lsn: Lsn::INVALID,
+        layers: Vec::new(),
+    }
+}
+
+/// Resources without fsync and with 1 MiB in-memory layers.
+pub fn resources(metrics: Arc<Metrics>, files: Arc<FileCache>) -> TimelineResources {
+    TimelineResources { fsync: false, checkpoint_distance: 1 << 20, metrics, files, verify_redo: false }
+}
+
+/// A fresh directory for a test's timeline.
+pub fn test_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A timeline holding what an import leaves, pg_control and the checkpoint
+/// at `start`, so that ingest can begin after it.
+pub fn imported_timeline(name: &str, start: Lsn) -> (Arc<Timeline>, Arc<Metrics>, ControlFile) {
+    let control = ControlFile::decode(CONTROL).unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let res = resources(metrics.clone(), FileCache::new(16, Default::default()));
+    let tl = Timeline::create(test_dir(name), metadata(start, control.system_identifier), &res).unwrap();
+    tl.commit_record(
+        vec![
+            (Key::control(), start, Value::Image(Bytes::copy_from_slice(CONTROL))),
+            (Key::checkpoint(), start, Value::Image(Bytes::copy_from_slice(&control.checkpoint_copy.encode()))),
+        ],
+        RecordLsns { last: start, prev: Lsn::INVALID },
+    );
+    (tl, metrics, control)
+}
