@@ -114,7 +114,8 @@ COUNTERS = ("wal_bytes_ingested", "records_ingested", "redo_records_stored", "re
 # Records of one page the pageserver keeps for redo before it stores the page
 # as an image instead (MAX_REDO_CHAIN in pageserver/src/ingest.rs): used to
 # follow the length of a page's chain through the WAL.
-MAX_REDO_CHAIN = 16
+MAX_REDO_CHAIN = int(re.search(r"pub const MAX_REDO_CHAIN: u32 = (\d+);",
+                                (REPO / "pageserver" / "src" / "ingest.rs").read_text()).group(1))
 
 # The insert workload's table: three btree indexes, two of them on random
 # keys; no autovacuum, so that its WAL is that of the inserts alone.

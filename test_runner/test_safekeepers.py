@@ -50,6 +50,15 @@ def test_quorum_commit(wal_service):
     commit = max(parse_lsn(s["commit_lsn"]) for s in statuses)
     assert commit >= parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]) - 10 * 1024 * 1024
 
+    # One commit, then silence: no later WAL carries its commit LSN, so the
+    # proposer sends it on its own (after a short wait) to every safekeeper.
+    pg.sql("INSERT INTO pgbench_history(tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 1, now())")
+    target = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    deadline = time.monotonic() + 10
+    while min(parse_lsn(s["commit_lsn"]) for s in wal_service.statuses()) < target:
+        assert time.monotonic() < deadline, f"the commit LSN did not reach every safekeeper: {wal_service.statuses()}"
+        time.sleep(0.05)
+
     # Two of three safekeepers gone: commits wait, reads work.
     sk1, sk2, sk3 = wal_service.safekeepers
     sk2.process.kill9()

@@ -5,6 +5,7 @@
 //! pageserver, configures and starts the server, and stops it in order.
 
 pub mod agent;
+pub mod dedicated;
 pub mod page_client;
 pub mod pg_replication;
 pub mod proposer;

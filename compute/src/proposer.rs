@@ -27,6 +27,11 @@ use strata_protocol::safekeeper::{
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
 use crate::safekeeper_link::{run_link, LinkEvent};
 
+/// How long a commit LSN waits for WAL to carry it to the safekeepers
+/// before it is sent on its own. Only the WAL's consumers (which read
+/// committed WAL) wait for it; PostgreSQL's commits do not.
+const COMMIT_UPDATE_DELAY: Duration = Duration::from_millis(2);
+
 /// What the proposer needs.
 #[derive(Clone, Debug)]
 pub struct ProposerConfig {
@@ -100,6 +105,8 @@ struct Link {
     last_request: Instant,
     /// What its consumers report as applied.
     consumer_applied: Lsn,
+    /// The commit LSN last sent to it.
+    commit_sent: Lsn,
 }
 
 /// WAL from `start`, record-complete up to `complete_end`.
@@ -153,7 +160,13 @@ struct Core {
     epoch: Option<Epoch>,
     buffer: Option<WalBuffer>,
     commit_lsn: Lsn,
+    /// The commit LSN every streaming link was sent.
     commit_sent: Lsn,
+    /// How long a commit LSN that no WAL carries waits before it is sent on
+    /// its own ([`COMMIT_UPDATE_DELAY`] while streaming, zero otherwise).
+    commit_update_delay: Duration,
+    /// Since when some link lacks the commit LSN and has no WAL to carry it.
+    commit_waiting_since: Option<Instant>,
     status: tokio::sync::watch::Sender<ProposerStatus>,
     acknowledged_lsn: Lsn,
     throttled: Duration,
@@ -205,6 +218,7 @@ impl Core {
                     commands: tx,
                     last_request: Instant::now(),
                     consumer_applied: Lsn::INVALID,
+                    commit_sent: Lsn::INVALID,
                 }
             })
             .collect();
@@ -218,6 +232,8 @@ impl Core {
             buffer: None,
             commit_lsn: Lsn::INVALID,
             commit_sent: Lsn::INVALID,
+            commit_update_delay: Duration::ZERO,
+            commit_waiting_since: None,
             status,
             acknowledged_lsn: Lsn::INVALID,
             throttled: Duration::ZERO,
@@ -258,6 +274,7 @@ impl Core {
                 let l = &mut self.links[link];
                 l.session = session;
                 l.phase = LinkPhase::Greeted;
+                l.commit_sent = Lsn::INVALID;
                 l.term_seen = term;
                 if self.epoch.is_some() && term > self.term {
                     return Err(ProposerError::Superseded { ours: self.term, seen: term });
@@ -447,12 +464,22 @@ impl Core {
         }
     }
 
-    /// Sends each streaming link what it lacks, within its in-flight bound,
-    /// and the commit LSN when it moved.
+    /// When a commit LSN waiting to be sent on its own is due.
+    fn commit_update_deadline(&self) -> Option<Instant> {
+        self.commit_waiting_since.map(|since| since + self.commit_update_delay)
+    }
+
+    /// Sends each streaming link what it lacks, within its in-flight bound;
+    /// every append carries the commit LSN. A link with no WAL to send gets
+    /// the commit LSN on its own once it has waited `commit_update_delay`:
+    /// under load the next append carries it, and the safekeepers are spared
+    /// a message (and the proposer an answer) per commit.
     fn pump(&mut self) {
         let Some(buffer) = &self.buffer else { return };
         let complete = buffer.complete_end;
         let mut sends = Vec::new();
+        let mut waiting = false;
+        let commit_only_due = self.commit_update_deadline().is_none_or(|due| Instant::now() >= due);
         for (i, l) in self.links.iter().enumerate() {
             let LinkPhase::Streaming { next } = l.phase else { continue };
             let flushed = l.flush.unwrap_or(next);
@@ -463,13 +490,22 @@ impl Core {
                 msgs.push((at, to));
                 at = to;
             }
-            if msgs.is_empty() && self.commit_lsn > self.commit_sent {
-                msgs.push((at, at));
+            if msgs.is_empty() && self.commit_lsn > l.commit_sent {
+                if self.commit_update_delay.is_zero() || (commit_only_due && self.commit_waiting_since.is_some()) {
+                    msgs.push((at, at));
+                } else {
+                    waiting = true;
+                }
             }
             if !msgs.is_empty() {
                 sends.push((i, at, msgs));
             }
         }
+        self.commit_waiting_since = match (waiting, self.commit_waiting_since) {
+            (false, _) => None,
+            (true, None) => Some(Instant::now()),
+            (true, since) => since,
+        };
         let truncate = self.links.iter().filter_map(|l| l.flush).min().unwrap_or(Lsn::INVALID);
         for (i, at, msgs) in sends {
             for (from, to) in msgs {
@@ -484,8 +520,15 @@ impl Core {
                 self.send(i, ProposerMessage::Append(req));
             }
             self.links[i].phase = LinkPhase::Streaming { next: at };
+            self.links[i].commit_sent = self.commit_lsn;
         }
-        self.commit_sent = self.commit_lsn;
+        self.commit_sent = self
+            .links
+            .iter()
+            .filter(|l| matches!(l.phase, LinkPhase::Streaming { .. }))
+            .map(|l| l.commit_sent)
+            .min()
+            .unwrap_or(self.commit_lsn);
         // Keep what some connected acceptor may still need.
         let keep = self
             .links
@@ -605,6 +648,24 @@ pub async fn run_until_shutdown(
     run_inner(cfg, pg, slot, status, Some((shutdown, drain_timeout))).await
 }
 
+/// [`run_until_shutdown`] on a thread of its own ([`crate::dedicated`]):
+/// the commit path of every transaction runs there, undisturbed by the
+/// agent's other work and without waking other threads.
+pub async fn run_until_shutdown_on_own_thread(
+    cfg: ProposerConfig,
+    pg: ReplicationConfig,
+    slot: Option<String>,
+    status: tokio::sync::watch::Sender<ProposerStatus>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    drain_timeout: Duration,
+) -> Result<Lsn, ProposerError> {
+    crate::dedicated::run_on_own_thread("wal-proposer", move || {
+        run_until_shutdown(cfg, pg, slot, status, shutdown, drain_timeout)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ProposerError::Other(e.to_string())))
+}
+
 /// Resolves once `shutdown` holds true; never if there is no receiver or
 /// its sender is gone without saying so.
 async fn shutdown_requested(shutdown: &mut Option<(tokio::sync::watch::Receiver<bool>, Duration)>) {
@@ -677,12 +738,14 @@ async fn run_inner(
         }
     };
     core.streaming = true;
+    core.commit_update_delay = COMMIT_UPDATE_DELAY;
     core.publish();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut reported = Lsn::INVALID;
     let mut last_report = Instant::now();
     loop {
         let buffer_full = core.buffer.as_ref().is_some_and(|b| b.bytes.len() >= core.cfg.max_buffer_bytes);
+        let commit_due = core.commit_update_deadline();
         tokio::select! {
             ev = core.events.recv() => {
                 let ev = ev.ok_or_else(|| ProposerError::Other("links stopped".into()))?;
@@ -738,6 +801,7 @@ async fn run_inner(
                 }
             }
             _ = tick.tick() => core.retry_lagging(),
+            _ = tokio::time::sleep_until(commit_due.unwrap_or_else(Instant::now).into()), if commit_due.is_some() => {}
         }
         core.pump();
         let ack = core.acknowledgeable();
@@ -761,6 +825,7 @@ async fn run_inner(
 /// commit LSN), at most `timeout`. Returns the commit LSN.
 async fn drain(mut core: Core, timeout: Duration) -> Result<Lsn, ProposerError> {
     core.streaming = false;
+    core.commit_update_delay = Duration::ZERO;
     let (target, received) = core.buffer.as_ref().map_or((Lsn::INVALID, Lsn::INVALID), |b| (b.complete_end, b.end()));
     if received > target {
         warn!(%target, %received, "the replication stream ended inside a record; its start is not sent");

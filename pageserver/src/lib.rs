@@ -13,6 +13,7 @@ pub mod key;
 pub mod layer;
 pub mod metrics;
 pub mod page_service;
+pub mod rebuilt_pages;
 pub mod tenants;
 pub mod timeline;
 pub mod user;

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub timeline_reloads: Counter,
     pub redo_records_stored: Counter,
     pub redo_pages_materialized: Counter,
+    pub redo_records_applied: Counter,
+    pub rebuilt_page_hits: Counter,
     pub redo_blocks_verified: Counter,
     pub redo_mismatches: Counter,
     pub layer_files: CacheMetrics,
@@ -54,6 +56,8 @@ impl Metrics {
             timeline_reloads: Counter::default(),
             redo_records_stored: Counter::default(),
             redo_pages_materialized: Counter::default(),
+            redo_records_applied: Counter::default(),
+            rebuilt_page_hits: Counter::default(),
             redo_blocks_verified: Counter::default(),
             redo_mismatches: Counter::default(),
             layer_files: CacheMetrics::default(),
@@ -87,6 +91,16 @@ impl Metrics {
             "redo_pages_materialized",
             "Pages written as images by ingest to keep redo chains short",
             m.redo_pages_materialized.clone(),
+        );
+        registry.register(
+            "redo_records_applied",
+            "Stored changes applied to rebuild pages that were read",
+            m.redo_records_applied.clone(),
+        );
+        registry.register(
+            "rebuilt_page_hits",
+            "Page reads that started from a page rebuilt by an earlier read",
+            m.rebuilt_page_hits.clone(),
         );
         registry.register(
             "redo_blocks_verified",

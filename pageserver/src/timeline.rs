@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
+use crate::rebuilt_pages::RebuiltPages;
 use parking_lot::{Condvar, Mutex, RwLock};
 use strata_formats::types::{BlockNumber, ForkNumber, Oid};
 use strata_formats::v15::control::ControlFile;
@@ -193,6 +195,8 @@ pub struct Timeline {
     rel_size_cache: RwLock<std::collections::HashMap<RelTag, (Lsn, Option<BlockNumber>)>>,
     /// Whether pages carry checksums (read from pg_control once).
     checksums: std::sync::OnceLock<bool>,
+    /// Pages rebuilt from redo records, the base of their next read.
+    rebuilt: RebuiltPages,
     /// See [`TimelineResources::verify_redo`].
     pub verify_redo: bool,
     /// What the redo oracle found (with `verify_redo`).
@@ -323,6 +327,7 @@ impl Timeline {
             opened_at: Mutex::new(Instant::now()),
             rel_size_cache: RwLock::new(std::collections::HashMap::new()),
             checksums: std::sync::OnceLock::new(),
+            rebuilt: RebuiltPages::new(crate::rebuilt_pages::DEFAULT_CAPACITY),
             verify_redo: res.verify_redo,
             redo_check: Mutex::new(RedoCheck::default()),
             metrics: res.metrics.clone(),
@@ -674,8 +679,23 @@ impl Timeline {
 
     fn reconstruct(&self, key: &Key, lsn: Lsn, versions: Versions) -> Result<Option<Bytes>, ReadError> {
         let mut list = versions.list;
-        let Some((_, oldest)) = list.last() else { return Ok(None) };
+        let Some(&(newest, _)) = list.first() else { return Ok(None) };
         let corrupt = |reason: String| ReadError::Corrupt { timeline: self.timeline_id, reason };
+        // A page rebuilt before, at a version this read includes, replaces
+        // that version and everything older.
+        if list.len() > 1 {
+            if let Some((at, page)) = self.rebuilt.get(key) {
+                if let Some(i) = list.iter().position(|(l, _)| *l == at) {
+                    self.metrics.rebuilt_page_hits.inc();
+                    if i == 0 {
+                        return Ok(Some(page));
+                    }
+                    list.truncate(i);
+                    list.push((at, Value::Image(page)));
+                }
+            }
+        }
+        let Some((_, oldest)) = list.last() else { return Ok(None) };
         // The page to apply the newer versions to; changes without an older
         // image start from zeros, as PostgreSQL reads a page that was never written.
         let mut page: Vec<u8> = match oldest {
@@ -694,11 +714,13 @@ impl Timeline {
                 return Err(corrupt(format!("key {key} has only changes, no base, at {lsn}")))
             }
         };
-        if !list.is_empty() {
+        let applied = !list.is_empty();
+        if applied {
             let page: &mut [u8; BLCKSZ] = page
                 .as_mut_slice()
                 .try_into()
                 .map_err(|_| corrupt(format!("key {key}: changes on top of a value of {} bytes", list.len())))?;
+            self.metrics.redo_records_applied.inc_by(list.len() as u64);
             for (i, (l, v)) in list.iter().enumerate().rev() {
                 match v {
                     Value::Native(r) => r.apply(page).map_err(|e| corrupt(format!("key {key} at {l}: {e}")))?,
@@ -717,7 +739,11 @@ impl Timeline {
                 }
             }
         }
-        Ok(Some(Bytes::from(page)))
+        let page = Bytes::from(page);
+        if applied {
+            self.rebuilt.insert(*key, newest, page.clone());
+        }
+        Ok(Some(page))
     }
 
     /// Whether the cluster has data checksums (pages served must carry them).

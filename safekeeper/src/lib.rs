@@ -13,6 +13,7 @@ pub mod http;
 pub mod memory;
 pub mod metrics;
 pub mod pg_server;
+pub mod proposer_session;
 pub mod recovery;
 pub mod server;
 pub mod timeline;

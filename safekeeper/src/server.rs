@@ -23,10 +23,8 @@ use crate::connection::{Connection, ConnectionError, Frames};
 use crate::metrics::Metrics;
 use crate::timeline::{AcceptorCallError, ConsumerInfo, Timeline};
 use crate::timelines::Timelines;
-use crate::wal_reader::read_wal;
+use crate::wal_reader::{WalReader, RECENT_WAL_BYTES};
 
-/// Most appends written before one flush (bounds the latency of the first).
-const MAX_APPENDS_PER_FLUSH: usize = 256;
 /// Time allowed for a peer to take what we send.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keepalive interval for idle consumer streams.
@@ -119,9 +117,9 @@ async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Re
     }
 }
 
-/// Sends an error to a proposer and ends the connection.
-async fn refuse(conn: &mut Connection, shared: &Shared, err: &AcceptorCallError) -> Result<(), ConnectionError> {
-    let reply = match err {
+/// The error a proposer is sent for `err` (counted in the metrics).
+pub(crate) fn refusal_message(shared: &Shared, err: &AcceptorCallError) -> AcceptorMessage {
+    match err {
         AcceptorCallError::Refused(e) => {
             shared.metrics.protocol_errors.inc();
             e.to_message()
@@ -130,8 +128,12 @@ async fn refuse(conn: &mut Connection, shared: &Shared, err: &AcceptorCallError)
             shared.metrics.storage_errors.inc();
             AcceptorMessage::Error(ErrorMessage { code: ErrorCode::Storage, message: f.to_string() })
         }
-    };
-    codec::encode_acceptor(&reply, conn.out());
+    }
+}
+
+/// Sends an error to a proposer and ends the connection.
+async fn refuse(conn: &mut Connection, shared: &Shared, err: &AcceptorCallError) -> Result<(), ConnectionError> {
+    codec::encode_acceptor(&refusal_message(shared, err), conn.out());
     conn.flush(SEND_TIMEOUT).await
 }
 
@@ -167,88 +169,40 @@ async fn proposer(
     let span = tracing::info_span!("proposer", tenant = %greeting.timeline.tenant_id, timeline = %greeting.timeline.timeline_id);
     let _enter = span.enter();
     shared.metrics.proposer_connections.inc();
-    let result = proposer_loop(&mut conn, &shared, &timeline, ProposerMessage::Greeting(greeting)).await;
+    let result = proposer_loop(conn, &shared, &timeline, ProposerMessage::Greeting(greeting)).await;
     shared.metrics.proposer_connections.dec();
     result
 }
 
+/// Hands the greeted connection to a thread of its own
+/// ([`crate::proposer_session`]) and waits for it to end.
 async fn proposer_loop(
-    conn: &mut Connection,
-    shared: &Shared,
+    conn: Connection,
+    shared: &Arc<Shared>,
     timeline: &Arc<Timeline>,
     greeting: ProposerMessage,
 ) -> Result<(), ConnectionError> {
-    let mut pending: Option<ProposerMessage> = Some(greeting);
-    loop {
-        let msg = match pending.take() {
-            Some(m) => m,
-            None => match codec::decode_proposer(conn.read_frame(shared.config.idle_timeout).await?) {
-                Ok(m) => m,
-                Err(e) => return refuse(conn, shared, &protocol_error(e.to_string())).await,
-            },
-        };
-        if let ProposerMessage::Append(_) = msg {
-            // Group commit: write this and every append already received, then flush once.
-            let mut batch = vec![msg];
-            while batch.len() < MAX_APPENDS_PER_FLUSH {
-                let Some(frame) = conn.buffered_frame()? else { break };
-                match codec::decode_proposer(frame) {
-                    Ok(m @ ProposerMessage::Append(_)) => batch.push(m),
-                    Ok(other) => {
-                        pending = Some(other);
-                        break;
-                    }
-                    Err(e) => return refuse(conn, shared, &protocol_error(e.to_string())).await,
-                }
-            }
-            let started = Instant::now();
-            let n = batch.len();
-            let outcome = tokio::task::block_in_place(|| {
-                timeline.with_acceptor(|acceptor| {
-                    for m in &batch {
-                        if let ProposerMessage::Append(a) = m {
-                            shared.metrics.append_requests.inc();
-                            shared.metrics.append_bytes.inc_by(a.wal.len() as u64);
-                        }
-                        acceptor.handle(m)?;
-                    }
-                    acceptor.flush()
-                })
-            });
-            match outcome {
-                Ok(mut ack) => {
-                    if let AcceptorMessage::AppendResponse(r) = &mut ack {
-                        r.consumer_applied_lsn = timeline.consumer_applied_lsn();
-                    }
-                    shared.metrics.flushes.inc();
-                    shared.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
-                    shared.metrics.appends_per_flush.observe(n as f64);
-                    codec::encode_acceptor(&ack, conn.out());
-                    conn.flush(SEND_TIMEOUT).await?;
-                }
-                Err(e) => {
-                    warn!("refusing appends: {e}");
-                    return refuse(conn, shared, &e).await;
-                }
-            }
-            continue;
-        }
-        let outcome = tokio::task::block_in_place(|| timeline.with_acceptor(|acceptor| acceptor.handle(&msg)));
-        match outcome {
-            Ok(Some(reply)) => {
-                if let ProposerMessage::Elected(e) = &msg {
-                    info!(term = e.term, start = %e.start_streaming_at, "proposer elected");
-                }
-                codec::encode_acceptor(&reply, conn.out());
-                conn.flush(SEND_TIMEOUT).await?;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                warn!("refusing proposer message: {e}");
-                return refuse(conn, shared, &e).await;
-            }
-        }
-    }
+    let io = |e: std::io::Error| ConnectionError::Frame(framed::FrameError::Io(e));
+    let (frames, writer) = conn.into_split();
+    let (reader, buffered) = frames.into_parts();
+    let stream = reader
+        .reunite(writer)
+        .map_err(|_| io(std::io::Error::other("the halves of one connection did not reunite")))?
+        .into_std()
+        .map_err(io)?;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let (shared, timeline) = (shared.clone(), timeline.clone());
+    let span = tracing::Span::current();
+    std::thread::Builder::new()
+        .name("proposer".into())
+        .spawn(move || {
+            let _enter = span.enter();
+            let result = crate::proposer_session::serve(stream, buffered, &shared, &timeline, greeting, SEND_TIMEOUT);
+            let _ = done_tx.send(result);
+        })
+        .map_err(io)?;
+    // The thread always answers, unless it panicked.
+    done_rx.await.unwrap_or_else(|_| Err(io(std::io::Error::other("the proposer's thread panicked"))))
 }
 
 async fn stream_error(
@@ -324,6 +278,7 @@ async fn consumer_loop(
     let segment_size = u64::from(timeline.identity.wal_segment_size);
     let mut sent = start.start_lsn;
     let mut buf = vec![0u8; shared.config.max_send_bytes];
+    let mut wal = WalReader::new(&timeline.dir, segment_size, !start.include_uncommitted);
     let mut last_feedback = Instant::now();
     loop {
         if !out.is_empty() {
@@ -340,9 +295,13 @@ async fn consumer_loop(
         }
         if sent < limit {
             let n = ((limit.0 - sent.0) as usize).min(buf.len());
-            let dir = timeline.dir.clone();
             let chunk = &mut buf[..n];
-            tokio::task::block_in_place(|| read_wal(&dir, segment_size, sent, chunk))?;
+            if now.flush_lsn.0 - sent.0 <= RECENT_WAL_BYTES {
+                // Just written: in the page cache, a copy of a few kilobytes.
+                wal.read(sent, chunk)?;
+            } else {
+                tokio::task::block_in_place(|| wal.read(sent, chunk))?;
+            }
             codec::encode_stream(
                 &StreamMessage::Wal(WalData {
                     begin_lsn: sent,

@@ -4,25 +4,106 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use strata_formats::Lsn;
 
 use crate::wal_store::segment_path;
 
-/// Reads `buf.len()` bytes of WAL at `from` (the caller bounds it by the flush LSN).
-pub fn read_wal(dir: &Path, segment_size: u64, from: Lsn, buf: &mut [u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let pos = from.0 + done as u64;
-        let segno = pos / segment_size;
-        let offset = pos % segment_size;
-        let n = (buf.len() - done).min((segment_size - offset) as usize);
-        let path = segment_path(dir, segno, segment_size);
-        let file = File::open(&path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        file.read_exact_at(&mut buf[done..done + n], offset)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        done += n;
+/// WAL within this many bytes of the flush LSN was written moments ago and
+/// is read in place (from the page cache); older WAL may have to come from
+/// the disk, and is read off the async worker.
+pub const RECENT_WAL_BYTES: u64 = 1 << 20;
+
+/// Reads one timeline's WAL. A reader of committed WAL keeps the segment it
+/// read last open: a consumer that keeps up reads the same segment a few
+/// kilobytes at a time. Committed WAL is never truncated, so a segment
+/// holding some of it is never removed and recreated under the open file;
+/// uncommitted WAL may be, and its readers open the file for every read.
+pub struct WalReader {
+    dir: PathBuf,
+    segment_size: u64,
+    keep_open: bool,
+    open: Option<(u64, File)>,
+}
+
+impl WalReader {
+    pub fn new(dir: &Path, segment_size: u64, committed_only: bool) -> WalReader {
+        WalReader { dir: dir.to_path_buf(), segment_size, keep_open: committed_only, open: None }
     }
-    Ok(())
+
+    /// Reads `buf.len()` bytes of WAL at `from` (the caller bounds it by the
+    /// flush LSN). A segment file replaced by a truncation is opened again:
+    /// the file is reopened after every error.
+    pub fn read(&mut self, from: Lsn, buf: &mut [u8]) -> std::io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let pos = from.0 + done as u64;
+            let segno = pos / self.segment_size;
+            let offset = pos % self.segment_size;
+            let n = (buf.len() - done).min((self.segment_size - offset) as usize);
+            let result = self.segment(segno).and_then(|f| f.read_exact_at(&mut buf[done..done + n], offset));
+            if let Err(e) = result {
+                self.open = None;
+                let path = segment_path(&self.dir, segno, self.segment_size);
+                return Err(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())));
+            }
+            done += n;
+        }
+        if !self.keep_open {
+            self.open = None;
+        }
+        Ok(())
+    }
+
+    fn segment(&mut self, segno: u64) -> std::io::Result<&File> {
+        if self.open.as_ref().is_none_or(|(open, _)| *open != segno) {
+            self.open = Some((segno, File::open(segment_path(&self.dir, segno, self.segment_size))?));
+        }
+        Ok(&self.open.as_ref().expect("opened above").1)
+    }
+}
+
+/// Reads `buf.len()` bytes of WAL at `from` once (see [`WalReader`]).
+pub fn read_wal(dir: &Path, segment_size: u64, from: Lsn, buf: &mut [u8]) -> std::io::Result<()> {
+    WalReader::new(dir, segment_size, false).read(from, buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_across_segments_and_reopens_after_errors() {
+        let dir = std::env::temp_dir().join(format!("strata-sk-wal-reader-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let size = 1024u64;
+        for segno in 0..3u64 {
+            let bytes: Vec<u8> = (0..size).map(|i| (segno * 7 + i) as u8).collect();
+            std::fs::write(segment_path(&dir, segno, size), bytes).unwrap();
+        }
+        let mut r = WalReader::new(&dir, size, true);
+        let mut buf = vec![0u8; 1500];
+        r.read(Lsn(1000), &mut buf).unwrap();
+        let expect: Vec<u8> = (1000..2500u64).map(|p| ((p / size) * 7 + p % size) as u8).collect();
+        assert_eq!(buf, expect);
+        // A missing segment is an error naming it; the next read works again.
+        let missing = segment_path(&dir, 5, size);
+        let err = r.read(Lsn(5 * size), &mut buf[..10]).unwrap_err();
+        assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+        r.read(Lsn(10), &mut buf[..10]).unwrap();
+        assert_eq!(&buf[..10], &expect_at(10, size)[..]);
+        // A segment rewritten under the reader (truncation) is read anew after an error.
+        std::fs::remove_file(segment_path(&dir, 0, size)).unwrap();
+        std::fs::write(segment_path(&dir, 0, size), vec![9u8; size as usize]).unwrap();
+        assert!(r.read(Lsn(5 * size), &mut buf[..1]).is_err());
+        r.read(Lsn(10), &mut buf[..10]).unwrap();
+        assert_eq!(&buf[..10], &[9u8; 10]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn expect_at(from: u64, size: u64) -> Vec<u8> {
+        (from..from + 10).map(|p| ((p / size) * 7 + p % size) as u8).collect()
+    }
 }

@@ -56,7 +56,7 @@ impl Agent {
         let Started { mut pg, proposer_cfg, repl } = started;
         let (proposer_stop_tx, proposer_stop_rx) = watch::channel(false);
         let mut proposer_status = proposer_tx.subscribe();
-        let mut proposer = Box::pin(proposer::run_until_shutdown(
+        let mut proposer = Box::pin(proposer::run_until_shutdown_on_own_thread(
             proposer_cfg,
             repl,
             Some(self.cfg.slot.clone()),

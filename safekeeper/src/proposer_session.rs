@@ -1,0 +1,163 @@
+//! A greeted proposer's connection, served by a thread of its own with
+//! blocking reads, writes and fsyncs.
+//!
+//! Every commit of the compute waits for this loop: read the append, write
+//! it, fsync, answer. On the async runtime each fsync had to hand the
+//! worker thread's other tasks to a fresh thread (`block_in_place`) and
+//! each message woke a worker; here the loop is one thread that sleeps in
+//! `read` and `fdatasync`, like PostgreSQL's own WAL receiver. A timeline
+//! has at most one proposer at a time, so this is a thread per active
+//! compute, and the connection limit bounds the rest.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use strata_protocol::framed::{FrameError, FrameReader};
+use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::{AcceptorMessage, ProposerMessage};
+
+use crate::acceptor::AcceptorError;
+use crate::connection::ConnectionError;
+use crate::server::Shared;
+use crate::timeline::{AcceptorCallError, Timeline};
+
+/// Most appends written before one flush (bounds the latency of the first).
+pub const MAX_APPENDS_PER_FLUSH: usize = 256;
+
+/// The blocking connection: frames in, encoded replies out.
+struct Session {
+    frames: FrameReader<TcpStream>,
+    writer: TcpStream,
+    out: Vec<u8>,
+    idle_timeout: Duration,
+    send_timeout: Duration,
+}
+
+impl Session {
+    fn read_frame(&mut self) -> Result<&[u8], ConnectionError> {
+        let idle = self.idle_timeout;
+        self.frames.read_frame_blocking().map_err(|e| match e {
+            // The socket's read timeout is the idle timeout.
+            FrameError::Timeout(_) => ConnectionError::Frame(FrameError::Timeout(idle)),
+            e => ConnectionError::Frame(e),
+        })
+    }
+
+    fn send(&mut self) -> Result<(), ConnectionError> {
+        let result = self.writer.write_all(&self.out);
+        self.out.clear();
+        result.map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                ConnectionError::Frame(FrameError::WriteTimeout(self.send_timeout))
+            }
+            _ => ConnectionError::Frame(FrameError::Io(e)),
+        })
+    }
+
+    /// Sends the error for `err` and ends the connection.
+    fn refuse(&mut self, shared: &Shared, err: &AcceptorCallError) -> Result<(), ConnectionError> {
+        codec::encode_acceptor(&crate::server::refusal_message(shared, err), &mut self.out);
+        self.send()
+    }
+}
+
+/// Serves the proposer on `stream` (which already delivered `buffered`, the
+/// bytes read past its greeting) until it goes away or must be refused.
+/// Blocks the calling thread: run it on a thread of its own.
+pub fn serve(
+    stream: TcpStream,
+    buffered: Vec<u8>,
+    shared: &Shared,
+    timeline: &Timeline,
+    greeting: ProposerMessage,
+    send_timeout: Duration,
+) -> Result<(), ConnectionError> {
+    let io = |e: std::io::Error| ConnectionError::Frame(FrameError::Io(e));
+    stream.set_nonblocking(false).map_err(io)?;
+    stream.set_read_timeout(Some(shared.config.idle_timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(send_timeout)).map_err(io)?;
+    let reader = stream.try_clone().map_err(io)?;
+    let mut session = Session {
+        frames: FrameReader::with_buffered(reader, buffered, codec::MAX_FRAME_SIZE),
+        writer: stream,
+        out: Vec::with_capacity(1 << 12),
+        idle_timeout: shared.config.idle_timeout,
+        send_timeout,
+    };
+    let mut pending: Option<ProposerMessage> = Some(greeting);
+    loop {
+        let msg = match pending.take() {
+            Some(m) => m,
+            None => match codec::decode_proposer(session.read_frame()?) {
+                Ok(m) => m,
+                Err(e) => return session.refuse(shared, &protocol_error(e.to_string())),
+            },
+        };
+        if let ProposerMessage::Append(_) = msg {
+            // Group commit: write this and every append already received, then flush once.
+            let mut batch = vec![msg];
+            while batch.len() < MAX_APPENDS_PER_FLUSH {
+                let Some(frame) = session.frames.buffered_frame().map_err(ConnectionError::Frame)? else { break };
+                match codec::decode_proposer(frame) {
+                    Ok(m @ ProposerMessage::Append(_)) => batch.push(m),
+                    Ok(other) => {
+                        pending = Some(other);
+                        break;
+                    }
+                    Err(e) => return session.refuse(shared, &protocol_error(e.to_string())),
+                }
+            }
+            let started = Instant::now();
+            let n = batch.len();
+            let outcome = timeline.with_acceptor(|acceptor| {
+                for m in &batch {
+                    if let ProposerMessage::Append(a) = m {
+                        shared.metrics.append_requests.inc();
+                        shared.metrics.append_bytes.inc_by(a.wal.len() as u64);
+                    }
+                    acceptor.handle(m)?;
+                }
+                acceptor.flush()
+            });
+            match outcome {
+                Ok(mut ack) => {
+                    if let AcceptorMessage::AppendResponse(r) = &mut ack {
+                        r.consumer_applied_lsn = timeline.consumer_applied_lsn();
+                    }
+                    shared.metrics.flushes.inc();
+                    shared.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
+                    shared.metrics.appends_per_flush.observe(n as f64);
+                    codec::encode_acceptor(&ack, &mut session.out);
+                    session.send()?;
+                }
+                Err(e) => {
+                    warn!("refusing appends: {e}");
+                    return session.refuse(shared, &e);
+                }
+            }
+            continue;
+        }
+        match timeline.with_acceptor(|acceptor| acceptor.handle(&msg)) {
+            Ok(Some(reply)) => {
+                if let ProposerMessage::Elected(e) = &msg {
+                    info!(term = e.term, start = %e.start_streaming_at, "proposer elected");
+                }
+                codec::encode_acceptor(&reply, &mut session.out);
+                session.send()?;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!("refusing proposer message: {e}");
+                return session.refuse(shared, &e);
+            }
+        }
+    }
+}
+
+/// A refusal for a message that did not decode or came out of order.
+fn protocol_error(message: String) -> AcceptorCallError {
+    AcceptorCallError::Refused(AcceptorError::Protocol(message))
+}
