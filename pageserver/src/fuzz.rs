@@ -8,7 +8,7 @@ use strata_formats::Lsn;
 
 use crate::dirs;
 use crate::key::Key;
-use crate::layer::delta::{DeltaLayer, LayerName};
+use crate::layer::layer_file::{LayerFile, LayerName};
 use crate::layer::Versions;
 use crate::value::Value;
 
@@ -17,7 +17,8 @@ pub fn fuzz_one(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else { return };
     match selector % 2 {
         0 => {
-            if let Ok(layer) = DeltaLayer::from_bytes(Path::new("fuzz.delta"), rest.to_vec()) {
+            // A layer file of either kind (delta or image).
+            if let Ok(layer) = LayerFile::from_bytes(Path::new("fuzz.layer"), rest.to_vec()) {
                 let mut probes: Vec<Key> = layer.summary().iter().map(|(k, _)| *k).take(8).collect();
                 probes.push(Key::MIN);
                 probes.push(layer.name.key_start);

@@ -22,9 +22,9 @@ use tracing::{info, warn};
 
 use crate::dirs;
 use crate::key::{Key, RelTag};
-use crate::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName, WriteError};
 use crate::layer::files::FileCache;
 use crate::layer::inmemory::InMemoryLayer;
+use crate::layer::layer_file::{LayerFile, LayerFileWriter, LayerName, WriteError};
 use crate::layer::map::{LayerMap, RecordLsns};
 use crate::layer::{LayerError, Versions};
 use crate::metrics::Metrics;
@@ -302,7 +302,7 @@ impl Timeline {
     fn new(
         dir: PathBuf,
         meta: TimelineMetadata,
-        deltas: Vec<Arc<DeltaLayer>>,
+        deltas: Vec<Arc<LayerFile>>,
         res: &TimelineResources,
     ) -> Arc<Timeline> {
         let lsns = RecordLsns { last: meta.disk_consistent_lsn, prev: meta.prev_record_lsn };
@@ -388,7 +388,7 @@ impl Timeline {
         let mut deltas = Vec::new();
         let mut broken = None;
         for name in &meta.layers {
-            match DeltaLayer::open(&dir.join(name), &res.files) {
+            match LayerFile::open(&dir.join(name), &res.files) {
                 Ok(l) => deltas.push(Arc::new(l)),
                 Err(e) => {
                     broken = Some(e.to_string());
@@ -571,20 +571,15 @@ impl Timeline {
         let started = Instant::now();
         let delta = match layer.key_range() {
             Some((first, last)) => {
-                let name = LayerName {
-                    key_start: first,
-                    key_end: last.next(),
-                    lsn_start: layer.start_lsn,
-                    lsn_end: layer.end_lsn().expect("frozen"),
-                };
+                let name = LayerName::delta(first, last.next(), layer.start_lsn, layer.end_lsn().expect("frozen"));
                 // Each step's error names the layer file (its temporary name).
-                let mut writer = DeltaLayerWriter::new(&self.dir, name)?;
+                let mut writer = LayerFileWriter::new(&self.dir, name)?;
                 layer.for_each(|k, l, v| writer.put(k, l, v))?;
                 let path = writer.finish(self.fsync)?;
                 if self.fsync {
                     sync_dir(&self.dir)?;
                 }
-                Some(Arc::new(DeltaLayer::open(&path, &self.files)?))
+                Some(Arc::new(LayerFile::open(&path, &self.files)?))
             }
             None => None,
         };

@@ -1,6 +1,6 @@
-//! The delta layer file format (version 1) against a committed vector:
-//! the bytes written for a fixed set of versions must not change, and the
-//! vector must read back as those versions. Regenerate (only on a format
+//! The layer file format (version 1), delta and image, against committed
+//! vectors: the bytes written for a fixed set of versions must not change,
+//! and each vector must read back as those versions. Regenerate (only on a format
 //! change, with a version bump) with `STRATA_WRITE_VECTORS=1`.
 
 use std::path::Path;
@@ -8,7 +8,7 @@ use std::path::Path;
 use bytes::Bytes;
 use strata_formats::Lsn;
 use strata_pageserver::key::Key;
-use strata_pageserver::layer::delta::{DeltaLayer, DeltaLayerWriter, LayerName};
+use strata_pageserver::layer::layer_file::{LayerFile, LayerFileWriter, LayerName};
 use strata_pageserver::layer::Versions;
 use strata_pageserver::value::Value;
 use strata_redo::NativeRecord;
@@ -30,8 +30,8 @@ fn versions() -> Vec<(Key, Lsn, Value)> {
 fn delta_layer_v1_vector() {
     let dir = std::env::temp_dir().join(format!("strata-layer-vector-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let name = LayerName { key_start: key(0), key_end: key(3), lsn_start: Lsn(0x0100_0028), lsn_end: Lsn(0x0100_0061) };
-    let mut w = DeltaLayerWriter::new(&dir, name).unwrap();
+    let name = LayerName::delta(key(0), key(3), Lsn(0x0100_0028), Lsn(0x0100_0061));
+    let mut w = LayerFileWriter::new(&dir, name).unwrap();
     for (k, l, v) in versions() {
         w.put(&k, l, &v).unwrap();
     }
@@ -43,7 +43,7 @@ fn delta_layer_v1_vector() {
     let expected = std::fs::read(&vector).unwrap();
     assert_eq!(written, expected, "the writer no longer produces format version 1 byte for byte");
 
-    let layer = DeltaLayer::from_bytes(&vector, expected).unwrap();
+    let layer = LayerFile::from_bytes(&vector, expected).unwrap();
     assert_eq!(layer.name, name);
     assert_eq!(name.to_string(), "000000067F00000005000040000000000000-000000067F00000005000040000000000003__0000000001000028-0000000001000061.delta");
     let mut out = Versions::default();
@@ -53,6 +53,55 @@ fn delta_layer_v1_vector() {
     let mut out = Versions::default();
     assert!(!layer.collect(&key(2), Lsn(0x0100_0060), &mut out).unwrap(), "a native record alone is not complete");
     assert_eq!(out.list[0].1, versions()[3].2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn image_layer_v1_vector() {
+    let dir = std::env::temp_dir().join(format!("strata-image-vector-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let at = Lsn(0x0100_0060);
+    let name = LayerName::image(key(0), key(4), at);
+    let mut w = LayerFileWriter::new(&dir, name).unwrap();
+    // Key 2 has no value at this LSN: the image layer does not hold it.
+    let page = Value::Image(Bytes::from(vec![0x5A; 8192]));
+    w.put(&key(0), at, &Value::Image(Bytes::from_static(b"small image"))).unwrap();
+    w.put(&key(1), at, &Value::ZeroPage).unwrap();
+    w.put(&key(3), at, &page).unwrap();
+    let written = std::fs::read(w.finish(false).unwrap()).unwrap();
+    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.image");
+    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
+        std::fs::write(&vector, &written).unwrap();
+    }
+    let expected = std::fs::read(&vector).unwrap();
+    assert_eq!(written, expected, "the writer no longer produces format version 1 byte for byte");
+    assert_eq!(&expected[..8], b"STRIMAGE");
+    assert_eq!(&expected[expected.len() - 8..], b"STRIMEND");
+
+    let layer = LayerFile::from_bytes(&vector, expected).unwrap();
+    assert_eq!(layer.name, name);
+    assert_eq!(
+        name.to_string(),
+        "000000067F00000005000040000000000000-000000067F00000005000040000000000004__0000000001000060.image"
+    );
+    assert_eq!(name.to_string().parse::<LayerName>().unwrap(), name);
+    for (k, value) in
+        [(key(0), Value::Image(Bytes::from_static(b"small image"))), (key(1), Value::ZeroPage), (key(3), page)]
+    {
+        let mut out = Versions::default();
+        assert!(layer.collect(&k, Lsn(0x0200_0000), &mut out).unwrap());
+        assert_eq!(out.list, vec![(at, value)]);
+    }
+    // A key of the range that it lacks had no value: the search ends empty.
+    let mut out = Versions::default();
+    assert!(layer.collect(&key(2), at, &mut out).unwrap());
+    assert!(out.list.is_empty() && out.complete());
+    // Outside its key range, or before its LSN, it says nothing.
+    for (k, l) in [(key(4), at), (key(0), Lsn(at.0 - 1))] {
+        let mut out = Versions::default();
+        assert!(!layer.collect(&k, l, &mut out).unwrap());
+        assert!(out.list.is_empty() && !out.complete());
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

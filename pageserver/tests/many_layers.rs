@@ -13,8 +13,8 @@ use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_pageserver::key::{Key, RelTag};
-use strata_pageserver::layer::delta::{DeltaLayerWriter, LayerName};
 use strata_pageserver::layer::files::FileCache;
+use strata_pageserver::layer::layer_file::{LayerFileWriter, LayerName};
 use strata_pageserver::metrics::Metrics;
 use strata_pageserver::timeline::{Timeline, TimelineMetadata};
 use strata_pageserver::value::Value;
@@ -53,8 +53,8 @@ fn twenty_thousand_layers_under_a_1024_file_limit() {
     let mut names = Vec::new();
     for i in 0..LAYERS {
         let key = Key::rel_block(TAG, (i % KEYS) as u32);
-        let name = LayerName { key_start: key, key_end: key.next(), lsn_start: lsn(i), lsn_end: Lsn(lsn(i).0 + 1) };
-        let mut w = DeltaLayerWriter::new(&dir, name).unwrap();
+        let name = LayerName::delta(key, key.next(), lsn(i), Lsn(lsn(i).0 + 1));
+        let mut w = LayerFileWriter::new(&dir, name).unwrap();
         w.put(&key, lsn(i), &Value::Image(Bytes::from(vec![fill(i); 8192]))).unwrap();
         names.push(w.finish(false).unwrap().file_name().unwrap().to_string_lossy().into_owned());
     }

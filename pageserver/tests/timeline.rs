@@ -12,8 +12,8 @@ use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_pageserver::key::{Key, RelTag};
-use strata_pageserver::layer::delta::LayerName;
 use strata_pageserver::layer::files::FileCache;
+use strata_pageserver::layer::layer_file::LayerName;
 use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
 use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
@@ -76,9 +76,7 @@ fn versions_survive_flushes_and_reload() {
 
     // Leftovers of an unfinished flush (a layer starting after
     // disk_consistent_lsn, a temporary file) are removed at load; reads are unchanged.
-    let name = |from: Lsn, to: Lsn| {
-        LayerName { key_start: Key::MIN, key_end: k.next(), lsn_start: from, lsn_end: to }.to_string()
-    };
+    let name = |from: Lsn, to: Lsn| LayerName::delta(Key::MIN, k.next(), from, to).to_string();
     let unfinished = name(Lsn(lsn(99).0 + 1), lsn(120));
     std::fs::write(dir.join(&unfinished), b"partial").unwrap();
     std::fs::write(dir.join("half-written.tmp"), b"partial").unwrap();
@@ -160,10 +158,7 @@ fn a_failed_flush_breaks_the_timeline_and_names_the_file() {
     let err = tl.checkpoint().expect_err("the flush fails").to_string();
     let broken = tl.broken().expect("broken");
     assert_eq!(broken.kind, BrokenKind::Storage);
-    let file = dir.join(format!(
-        "{}.tmp",
-        LayerName { key_start: k, key_end: k.next(), lsn_start: Lsn(durable.0 + 1), lsn_end: Lsn(start.0 + 0x201) }
-    ));
+    let file = dir.join(format!("{}.tmp", LayerName::delta(k, k.next(), Lsn(durable.0 + 1), Lsn(start.0 + 0x201))));
     let expected = format!("creating {}: ", file.display());
     assert!(broken.reason.contains(&expected) && err.contains(&expected), "{} / {err}", broken.reason);
     assert_eq!(tl.disk_consistent_lsn(), durable, "disk_consistent_lsn stays");

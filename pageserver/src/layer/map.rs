@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use strata_formats::Lsn;
 
-use super::delta::DeltaLayer;
 use super::inmemory::InMemoryLayer;
+use super::layer_file::LayerFile;
 use super::{LayerError, Versions};
 use crate::key::Key;
 
@@ -23,21 +23,21 @@ pub struct RecordLsns {
 #[derive(Clone)]
 pub enum LayerRef {
     Memory(Arc<InMemoryLayer>),
-    Delta(Arc<DeltaLayer>),
+    File(Arc<LayerFile>),
 }
 
 impl LayerRef {
     pub fn start_lsn(&self) -> Lsn {
         match self {
             LayerRef::Memory(l) => l.start_lsn,
-            LayerRef::Delta(l) => l.name.lsn_start,
+            LayerRef::File(l) => l.name.lsn_start,
         }
     }
 
     pub fn collect(&self, key: &Key, lsn: Lsn, out: &mut Versions) -> Result<bool, LayerError> {
         match self {
             LayerRef::Memory(l) => Ok(l.collect(key, lsn, out)),
-            LayerRef::Delta(l) => l.collect(key, lsn, out),
+            LayerRef::File(l) => l.collect(key, lsn, out),
         }
     }
 }
@@ -47,7 +47,7 @@ pub struct LayerMap {
     /// Oldest first, with the record LSNs at the moment each was frozen.
     pub frozen: Vec<(Arc<InMemoryLayer>, RecordLsns)>,
     /// Ordered by LSN range.
-    pub deltas: Vec<Arc<DeltaLayer>>,
+    pub deltas: Vec<Arc<LayerFile>>,
 }
 
 impl LayerMap {
@@ -56,7 +56,7 @@ impl LayerMap {
         let mut out = Vec::with_capacity(1 + self.frozen.len() + self.deltas.len());
         out.push(LayerRef::Memory(self.open.clone()));
         out.extend(self.frozen.iter().rev().map(|(l, _)| LayerRef::Memory(l.clone())));
-        out.extend(self.deltas.iter().rev().map(|l| LayerRef::Delta(l.clone())));
+        out.extend(self.deltas.iter().rev().map(|l| LayerRef::File(l.clone())));
         out
     }
 }

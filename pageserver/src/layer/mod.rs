@@ -4,9 +4,9 @@
 //! newest layer to the oldest until it meets a base version (an image).
 
 pub mod bloom;
-pub mod delta;
 pub mod files;
 pub mod inmemory;
+pub mod layer_file;
 pub mod map;
 
 use strata_formats::Lsn;
@@ -17,20 +17,31 @@ use crate::value::Value;
 #[derive(Default, Debug)]
 pub struct Versions {
     pub list: Vec<(Lsn, Value)>,
+    /// No older version is needed: a base was reached, or an image layer
+    /// showed that the key had no value before the versions gathered.
+    closed: bool,
 }
 
 impl Versions {
-    /// Whether the oldest version gathered so far is a base (no older one is needed).
+    /// Whether the search is over (no older version is needed).
     pub fn complete(&self) -> bool {
-        self.list.last().is_some_and(|(_, v)| v.is_base())
+        self.closed
     }
 
     /// Adds an older version; returns true once a base is reached.
     pub fn push(&mut self, lsn: Lsn, value: Value) -> bool {
+        debug_assert!(!self.closed, "no version is older than a base");
         debug_assert!(self.list.last().is_none_or(|(l, _)| *l >= lsn), "versions must be added newest first");
         let base = value.is_base();
         self.list.push((lsn, value));
+        self.closed = base;
         base
+    }
+
+    /// Ends the search without a base: the key had no value before the
+    /// versions gathered (an image layer of its range does not hold it).
+    pub fn close(&mut self) {
+        self.closed = true;
     }
 }
 

@@ -1,7 +1,9 @@
-//! Delta layer files: immutable, sorted versions of keys over a key range
-//! and an LSN range, with an index so that a lookup reads one index block
-//! and the values it needs — never the whole file. Format: see
-//! `docs/pageserver-storage.md` (version 1).
+//! Layer files: immutable, sorted versions of keys over a key range, with an
+//! index so that a lookup reads one index block and the values it needs —
+//! never the whole file. Two kinds share the format (version 1,
+//! `docs/pageserver-storage.md`): a *delta* layer holds the versions of an
+//! LSN range; an *image* layer holds, at one LSN, the value of every key of
+//! its range that has one (so a key it lacks had none).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -15,8 +17,6 @@ use super::{LayerError, Versions};
 use crate::key::{Key, KEY_SIZE};
 use crate::value::Value;
 
-const MAGIC: &[u8; 8] = b"STRDELTA";
-const END_MAGIC: &[u8; 8] = b"STRDLEND";
 pub const FORMAT_VERSION: u32 = 1;
 const HEADER_SIZE: usize = 8 + 4 + 4 + KEY_SIZE * 2 + 8 + 8 + 4;
 const FOOTER_SIZE: usize = 8 + 8 + 4 + 4 + 8;
@@ -92,38 +92,101 @@ impl Entry {
     }
 }
 
-/// The name of a layer file: its key range and LSN range.
+/// The two kinds of layer file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LayerKind {
+    /// Versions of the keys of a key range over an LSN range.
+    Delta,
+    /// The value of every key of a key range that has one, at one LSN.
+    Image,
+}
+
+impl LayerKind {
+    fn magic(self) -> &'static [u8; 8] {
+        match self {
+            LayerKind::Delta => b"STRDELTA",
+            LayerKind::Image => b"STRIMAGE",
+        }
+    }
+
+    fn end_magic(self) -> &'static [u8; 8] {
+        match self {
+            LayerKind::Delta => b"STRDLEND",
+            LayerKind::Image => b"STRIMEND",
+        }
+    }
+}
+
+/// The name of a layer file: its kind, key range and LSN range (an image
+/// layer at LSN `L` has the range `[L, L+1)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LayerName {
     pub lsn_start: Lsn,
     pub lsn_end: Lsn,
     pub key_start: Key,
     pub key_end: Key,
+    pub kind: LayerKind,
+}
+
+impl LayerName {
+    /// A delta layer of keys `[key_start, key_end)` at LSNs `[lsn_start, lsn_end)`.
+    pub fn delta(key_start: Key, key_end: Key, lsn_start: Lsn, lsn_end: Lsn) -> LayerName {
+        LayerName { lsn_start, lsn_end, key_start, key_end, kind: LayerKind::Delta }
+    }
+
+    /// An image layer of keys `[key_start, key_end)` at `lsn`.
+    pub fn image(key_start: Key, key_end: Key, lsn: Lsn) -> LayerName {
+        LayerName { lsn_start: lsn, lsn_end: Lsn(lsn.0 + 1), key_start, key_end, kind: LayerKind::Image }
+    }
 }
 
 impl std::fmt::Display for LayerName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}-{}__{:016X}-{:016X}.delta", self.key_start, self.key_end, self.lsn_start.0, self.lsn_end.0)
+        match self.kind {
+            LayerKind::Delta => {
+                write!(
+                    f,
+                    "{}-{}__{:016X}-{:016X}.delta",
+                    self.key_start, self.key_end, self.lsn_start.0, self.lsn_end.0
+                )
+            }
+            LayerKind::Image => write!(f, "{}-{}__{:016X}.image", self.key_start, self.key_end, self.lsn_start.0),
+        }
     }
 }
 
-/// Text that is not a delta layer file name.
+/// Text that is not a layer file name.
 #[derive(Debug, thiserror::Error)]
-#[error("{0:?} is not a delta layer file name")]
+#[error("{0:?} is not a layer file name")]
 pub struct LayerNameError(pub String);
 
 impl std::str::FromStr for LayerName {
     type Err = LayerNameError;
     fn from_str(s: &str) -> Result<LayerName, LayerNameError> {
         let bad = || LayerNameError(s.to_string());
-        let body = s.strip_suffix(".delta").ok_or_else(bad)?;
-        let (keys, lsns) = body.split_once("__").ok_or_else(bad)?;
-        let (k1, k2) = keys.split_once('-').ok_or_else(bad)?;
-        let (l1, l2) = lsns.split_once('-').ok_or_else(bad)?;
         let lsn = |x: &str| u64::from_str_radix(x, 16).map(Lsn).map_err(|_| bad());
         let key = |x: &str| x.parse::<Key>().map_err(|_| bad());
-        let name = LayerName { key_start: key(k1)?, key_end: key(k2)?, lsn_start: lsn(l1)?, lsn_end: lsn(l2)? };
-        if name.key_start > name.key_end || name.lsn_start >= name.lsn_end {
+        let keys = |keys: &str| -> Result<(Key, Key), LayerNameError> {
+            let (k1, k2) = keys.split_once('-').ok_or_else(bad)?;
+            Ok((key(k1)?, key(k2)?))
+        };
+        let name = if let Some(body) = s.strip_suffix(".delta") {
+            let (k, lsns) = body.split_once("__").ok_or_else(bad)?;
+            let (l1, l2) = lsns.split_once('-').ok_or_else(bad)?;
+            let (key_start, key_end) = keys(k)?;
+            LayerName::delta(key_start, key_end, lsn(l1)?, lsn(l2)?)
+        } else if let Some(body) = s.strip_suffix(".image") {
+            let (k, at) = body.split_once("__").ok_or_else(bad)?;
+            let (key_start, key_end) = keys(k)?;
+            let at = lsn(at)?;
+            if at.0 == u64::MAX {
+                return Err(bad());
+            }
+            LayerName::image(key_start, key_end, at)
+        } else {
+            return Err(bad());
+        };
+        if name.key_start > name.key_end || name.lsn_start >= name.lsn_end || name.to_string() != s {
             return Err(bad());
         }
         Ok(name)
@@ -141,8 +204,8 @@ pub struct WriteError {
     pub source: std::io::Error,
 }
 
-/// Writes a delta layer file from versions given in key, then LSN order.
-pub struct DeltaLayerWriter {
+/// Writes a layer file from versions given in key, then LSN order.
+pub struct LayerFileWriter {
     path: PathBuf,
     out: BufWriter<File>,
     offset: u64,
@@ -155,16 +218,16 @@ pub struct DeltaLayerWriter {
     compressor: zstd::bulk::Compressor<'static>,
 }
 
-impl DeltaLayerWriter {
+impl LayerFileWriter {
     /// Starts writing `name` as a temporary file in `dir`.
-    pub fn new(dir: &Path, name: LayerName) -> Result<DeltaLayerWriter, WriteError> {
+    pub fn new(dir: &Path, name: LayerName) -> Result<LayerFileWriter, WriteError> {
         let path = dir.join(format!("{name}.tmp"));
         let at = &path;
         let failed = |op: &'static str| move |source| WriteError { op, path: at.clone(), source };
         let file = File::create(&path).map_err(failed("creating"))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let mut header = Vec::with_capacity(HEADER_SIZE);
-        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(name.kind.magic());
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         header.extend_from_slice(&0u32.to_le_bytes());
         header.extend_from_slice(&name.key_start.encode());
@@ -176,7 +239,7 @@ impl DeltaLayerWriter {
         debug_assert_eq!(header.len(), HEADER_SIZE);
         out.write_all(&header).map_err(failed("writing"))?;
         let compressor = zstd::bulk::Compressor::new(1).map_err(failed("compressing"))?;
-        Ok(DeltaLayerWriter {
+        Ok(LayerFileWriter {
             path,
             out,
             offset: HEADER_SIZE as u64,
@@ -198,8 +261,15 @@ impl DeltaLayerWriter {
         move |source| WriteError { op, path: self.path.clone(), source }
     }
 
-    /// Appends one version; keys and LSNs must not go backwards.
+    /// Appends one version; keys and LSNs must not go backwards. An image
+    /// layer takes one base version per key, at its LSN.
     pub fn put(&mut self, key: &Key, lsn: Lsn, value: &Value) -> Result<(), WriteError> {
+        if self.name.kind == LayerKind::Image
+            && (!value.is_base() || lsn != self.name.lsn_start || self.last.is_some_and(|(k, _)| k == *key))
+        {
+            let why = format!("an image layer holds one base version per key, at its LSN (key {key}, {lsn})");
+            return Err(WriteError { op: "writing", path: self.path.clone(), source: std::io::Error::other(why) });
+        }
         debug_assert!(self.last.is_none_or(|l| l <= (*key, lsn)), "versions out of order");
         debug_assert!(*key >= self.name.key_start && *key < self.name.key_end);
         debug_assert!(lsn >= self.name.lsn_start && lsn < self.name.lsn_end);
@@ -237,9 +307,9 @@ impl DeltaLayerWriter {
         footer.extend_from_slice(&self.count.to_le_bytes());
         footer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
         footer.extend_from_slice(&0u32.to_le_bytes());
-        footer.extend_from_slice(END_MAGIC);
+        footer.extend_from_slice(self.name.kind.end_magic());
         self.out.write_all(&footer).map_err(self.failed("writing"))?;
-        let DeltaLayerWriter { path, out, name, .. } = self;
+        let LayerFileWriter { path, out, name, .. } = self;
         let at = &path;
         let failed = |op: &'static str| move |source| WriteError { op, path: at.clone(), source };
         let file = out.into_inner().map_err(|e| failed("writing")(e.into_error()))?;
@@ -274,8 +344,8 @@ impl Source {
     }
 }
 
-/// An open delta layer file. Holds only a sparse summary of its index in memory.
-pub struct DeltaLayer {
+/// An open layer file of either kind. Holds only a sparse summary of its index in memory.
+pub struct LayerFile {
     pub name: LayerName,
     path: PathBuf,
     file: Source,
@@ -287,23 +357,23 @@ pub struct DeltaLayer {
     pub file_size: u64,
 }
 
-impl DeltaLayer {
+impl LayerFile {
     /// Opens and checks a layer file: header, footer and index CRC. Its
     /// descriptor is taken from `files` on each read, not kept.
-    pub fn open(path: &Path, files: &Arc<FileCache>) -> Result<DeltaLayer, LayerError> {
+    pub fn open(path: &Path, files: &Arc<FileCache>) -> Result<LayerFile, LayerError> {
         let io = |source| LayerError::Io { path: path.display().to_string(), source };
         let file = files.file(path);
         let file_size = file.size().map_err(io)?;
-        DeltaLayer::open_source(path, Source::File(file), file_size)
+        LayerFile::open_source(path, Source::File(file), file_size)
     }
 
     /// Opens a layer held in memory; `path` only names it in errors.
-    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<DeltaLayer, LayerError> {
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<LayerFile, LayerError> {
         let len = bytes.len() as u64;
-        DeltaLayer::open_source(path, Source::Memory(bytes), len)
+        LayerFile::open_source(path, Source::Memory(bytes), len)
     }
 
-    fn open_source(path: &Path, file: Source, file_size: u64) -> Result<DeltaLayer, LayerError> {
+    fn open_source(path: &Path, file: Source, file_size: u64) -> Result<LayerFile, LayerError> {
         let p = path.display().to_string();
         let io = |source| LayerError::Io { path: p.clone(), source };
         let corrupt = |reason: String| LayerError::Corrupt { path: p.clone(), reason };
@@ -312,9 +382,11 @@ impl DeltaLayer {
         }
         let mut header = [0u8; HEADER_SIZE];
         file.read_exact_at(&mut header, 0).map_err(io)?;
-        if &header[..8] != MAGIC {
-            return Err(corrupt("bad magic".into()));
-        }
+        let kind = match &header[..8] {
+            m if m == LayerKind::Delta.magic() => LayerKind::Delta,
+            m if m == LayerKind::Image.magic() => LayerKind::Image,
+            _ => return Err(corrupt("bad magic".into())),
+        };
         let crc = u32::from_le_bytes(header[HEADER_SIZE - 4..].try_into().expect("4 bytes"));
         if crc != crc32c::crc32c(&header[..HEADER_SIZE - 4]) {
             return Err(corrupt("header CRC mismatch".into()));
@@ -324,15 +396,23 @@ impl DeltaLayer {
             return Err(corrupt(format!("format version {version}, this build reads {FORMAT_VERSION}")));
         }
         let k = 16;
+        let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().expect("8 bytes"));
         let name = LayerName {
             key_start: Key::decode(header[k..k + KEY_SIZE].try_into().expect("key")),
             key_end: Key::decode(header[k + KEY_SIZE..k + 2 * KEY_SIZE].try_into().expect("key")),
-            lsn_start: Lsn(u64::from_le_bytes(header[k + 36..k + 44].try_into().expect("8 bytes"))),
-            lsn_end: Lsn(u64::from_le_bytes(header[k + 44..k + 52].try_into().expect("8 bytes"))),
+            lsn_start: Lsn(u64_at(k + 36)),
+            lsn_end: Lsn(u64_at(k + 44)),
+            kind,
         };
+        if name.key_start > name.key_end || name.lsn_start >= name.lsn_end {
+            return Err(corrupt(format!("empty or reversed ranges in the header: {name}")));
+        }
+        if kind == LayerKind::Image && name.lsn_end.0 != name.lsn_start.0.wrapping_add(1) {
+            return Err(corrupt(format!("an image layer's LSN range is one LSN: {name}")));
+        }
         let mut footer = [0u8; FOOTER_SIZE];
         file.read_exact_at(&mut footer, file_size - FOOTER_SIZE as u64).map_err(io)?;
-        if &footer[FOOTER_SIZE - 8..] != END_MAGIC {
+        if &footer[FOOTER_SIZE - 8..] != kind.end_magic() {
             return Err(corrupt("bad footer magic (incomplete file?)".into()));
         }
         let index_offset = u64::from_le_bytes(footer[0..8].try_into().expect("8 bytes"));
@@ -368,6 +448,12 @@ impl DeltaLayer {
                 if e.key < name.key_start || e.key >= name.key_end || e.lsn < name.lsn_start || e.lsn >= name.lsn_end {
                     return Err(corrupt(format!("index entry {} outside the layer's ranges", done + i as u64)));
                 }
+                if kind == LayerKind::Image && (e.flags & FLAG_BASE == 0 || last.is_some_and(|(k, _)| k == e.key)) {
+                    return Err(corrupt(format!(
+                        "index entry {} of an image layer is not one base version",
+                        done + i as u64
+                    )));
+                }
                 if last.is_none_or(|(k, _)| k != e.key) {
                     filter.insert(&e.key);
                 }
@@ -381,7 +467,7 @@ impl DeltaLayer {
         if crc != index_crc {
             return Err(corrupt("index CRC mismatch".into()));
         }
-        Ok(DeltaLayer { name, path: path.to_path_buf(), file, index_offset, count, summary, filter, file_size })
+        Ok(LayerFile { name, path: path.to_path_buf(), file, index_offset, count, summary, filter, file_size })
     }
 
     /// First key and LSN of every index block (for tests and fuzzing).
@@ -426,17 +512,20 @@ impl DeltaLayer {
         Value::decode(&raw).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))
     }
 
-    /// Gathers versions of `key` at or below `lsn`, newest first; true once a base is found.
+    /// Gathers versions of `key` at or below `lsn`, newest first; true once
+    /// no older version is needed: a base was found, or this is an image
+    /// layer of the key's range (which holds the key's value at its LSN if
+    /// it had one), and `out` is closed.
     pub fn collect(&self, key: &Key, lsn: Lsn, out: &mut Versions) -> Result<bool, LayerError> {
         if *key < self.name.key_start || *key >= self.name.key_end || lsn < self.name.lsn_start {
             return Ok(false);
         }
         if !self.filter.may_contain(key) {
-            return Ok(false);
+            return Ok(self.absent(out));
         }
         // The last block whose first entry is at or before (key, lsn).
         let mut block = match self.summary.partition_point(|s| *s <= (*key, lsn)) {
-            0 => return Ok(false),
+            0 => return Ok(self.absent(out)),
             n => n - 1,
         };
         let mut entries = self.read_block(block)?;
@@ -444,7 +533,7 @@ impl DeltaLayer {
         loop {
             if i == 0 {
                 if block == 0 {
-                    return Ok(false);
+                    return Ok(self.absent(out));
                 }
                 block -= 1;
                 entries = self.read_block(block)?;
@@ -454,7 +543,7 @@ impl DeltaLayer {
             i -= 1;
             let e = entries[i];
             if e.key != *key {
-                return Ok(false);
+                return Ok(self.absent(out));
             }
             let value = self.read_value(&e)?;
             if value.is_base() != (e.flags & FLAG_BASE != 0) {
@@ -465,6 +554,16 @@ impl DeltaLayer {
                 return Ok(true);
             }
         }
+    }
+
+    /// The key has no version here: for an image layer, the key had no
+    /// value at its LSN, and the search ends (`out` is closed).
+    fn absent(&self, out: &mut Versions) -> bool {
+        let image = self.name.kind == LayerKind::Image;
+        if image {
+            out.close();
+        }
+        image
     }
 
     /// Number of versions stored.
@@ -488,13 +587,13 @@ mod tests {
     }
 
     fn write(dir: &Path, versions: &[(Key, Lsn, Value)]) -> PathBuf {
-        let name = LayerName {
-            key_start: versions.iter().map(|v| v.0).min().unwrap(),
-            key_end: versions.iter().map(|v| v.0).max().unwrap().next(),
-            lsn_start: Lsn(0x100),
-            lsn_end: Lsn(0x10000),
-        };
-        let mut w = DeltaLayerWriter::new(dir, name).unwrap();
+        let name = LayerName::delta(
+            versions.iter().map(|v| v.0).min().unwrap(),
+            versions.iter().map(|v| v.0).max().unwrap().next(),
+            Lsn(0x100),
+            Lsn(0x10000),
+        );
+        let mut w = LayerFileWriter::new(dir, name).unwrap();
         for (k, l, v) in versions {
             w.put(k, *l, v).unwrap();
         }
@@ -525,7 +624,7 @@ mod tests {
         }
         let path = write(&dir, &versions);
         let files = FileCache::new(4, Default::default());
-        let layer = DeltaLayer::open(&path, &files).unwrap();
+        let layer = LayerFile::open(&path, &files).unwrap();
         assert_eq!(layer.len(), versions.len() as u64);
         assert_eq!(path.file_name().unwrap().to_str().unwrap().parse::<LayerName>().unwrap(), layer.name);
 
@@ -547,7 +646,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER_SIZE + 3] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
-        let layer = DeltaLayer::open(&path, &files).unwrap();
+        let layer = LayerFile::open(&path, &files).unwrap();
         let err = layer.collect(&key(1), Lsn(0x100), &mut Versions::default()).unwrap_err().to_string();
         assert!(err.contains(&path.display().to_string()) && err.contains("CRC"), "{err}");
         // Damage anywhere in the index or footer is caught at open.
@@ -557,11 +656,84 @@ mod tests {
             b[at] ^= 0x55;
             let p = dir.join(format!("damaged-{at}"));
             std::fs::write(&p, &b).unwrap();
-            let err = DeltaLayer::open(&p, &files).err().expect("damage detected").to_string();
+            let err = LayerFile::open(&p, &files).err().expect("damage detected").to_string();
             assert!(err.contains(&p.display().to_string()), "{err}");
         }
         std::fs::write(dir.join("short"), b"STRDELTA").unwrap();
-        assert!(DeltaLayer::open(&dir.join("short"), &files).is_err());
+        assert!(LayerFile::open(&dir.join("short"), &files).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn image_layers_hold_one_base_version_per_key_and_end_the_search() {
+        let dir = std::env::temp_dir().join(format!("strata-image-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = Lsn(0x500);
+        let name = LayerName::image(key(0), key(1000), at);
+        let mut w = LayerFileWriter::new(&dir, name).unwrap();
+        // Every other key, over several index blocks.
+        for n in (0..1000).step_by(2) {
+            w.put(&key(n), at, &page(n as u8)).unwrap();
+        }
+        // What an image layer cannot hold is refused, naming the file.
+        for (k, l, v) in [
+            (key(998), at, page(1)),
+            (key(999), Lsn(0x400), page(1)),
+            (key(999), at, Value::Native(NativeRecord::ClearVmBits(vec![(1, 1)]))),
+        ] {
+            let err = w.put(&k, l, &v).expect_err("not an image layer's version").to_string();
+            assert!(err.contains("image layer") && err.contains(&format!("{name}.tmp")), "{err}");
+        }
+        let path = w.finish(false).unwrap();
+        assert_eq!(path.file_name().unwrap().to_str().unwrap().parse::<LayerName>().unwrap(), name);
+        let files = FileCache::new(4, Default::default());
+        let layer = LayerFile::open(&path, &files).unwrap();
+        assert_eq!(layer.name.kind, LayerKind::Image);
+        for n in [0u32, 1, 254, 255, 256, 511, 998, 999] {
+            let mut out = Versions::default();
+            assert!(layer.collect(&key(n), Lsn(0x900), &mut out).unwrap(), "key {n}");
+            assert!(out.complete());
+            let expected = if n % 2 == 0 { vec![(at, page(n as u8))] } else { vec![] };
+            assert_eq!(out.list, expected, "key {n}");
+        }
+        // Newer versions gathered before stay; the image is their base.
+        let mut out = Versions::default();
+        out.push(Lsn(0x600), Value::Native(NativeRecord::ClearVmBits(vec![(1, 1)])));
+        assert!(layer.collect(&key(3), Lsn(0x600), &mut out).unwrap());
+        assert_eq!(out.list.len(), 1, "key 3 had no value at the image's LSN: the page starts from zeros");
+
+        // A file that claims to be an image layer but holds a delta's
+        // versions (a non-base value; two versions of a key) is refused at open.
+        for versions in [
+            vec![(key(1), at, Value::Native(NativeRecord::ClearVmBits(vec![(1, 1)])))],
+            vec![(key(1), at, page(1)), (key(1), at, page(2))],
+        ] {
+            let delta = LayerName::delta(key(0), key(1000), at, Lsn(at.0 + 1));
+            let mut w = LayerFileWriter::new(&dir, delta).unwrap();
+            for (k, l, v) in &versions {
+                w.put(k, *l, v).unwrap();
+            }
+            let mut bytes = std::fs::read(w.finish(false).unwrap()).unwrap();
+            bytes[..8].copy_from_slice(b"STRIMAGE");
+            let crc = crc32c::crc32c(&bytes[..HEADER_SIZE - 4]);
+            bytes[HEADER_SIZE - 4..HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
+            let len = bytes.len();
+            bytes[len - 8..].copy_from_slice(b"STRIMEND");
+            let err = LayerFile::from_bytes(Path::new("forged.image"), bytes).err().expect("refused").to_string();
+            assert!(err.contains("forged.image") && err.contains("not one base version"), "{err}");
+        }
+        // Names: both kinds round-trip; anything else is refused.
+        let delta = LayerName::delta(key(0), key(9), Lsn(1), Lsn(5));
+        assert_eq!(delta.to_string().parse::<LayerName>().unwrap(), delta);
+        for bad in [
+            format!("{}-{}__{:016X}.delta", key(0), key(9), 5),
+            format!("{}-{}__{:016X}-{:016X}.image", key(0), key(9), 1, 5),
+            format!("{}-{}__{:016X}.image", key(0), key(9), u64::MAX),
+            format!("{}-{}__{:016x}.image", key(0), key(9), 0xab),
+        ] {
+            assert!(bad.parse::<LayerName>().is_err(), "{bad}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -570,17 +742,17 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("strata-delta-errors-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let name = LayerName { key_start: key(1), key_end: key(2), lsn_start: Lsn(0x100), lsn_end: Lsn(0x200) };
+        let name = LayerName::delta(key(1), key(2), Lsn(0x100), Lsn(0x200));
         let tmp_name = format!("{name}.tmp");
 
         let missing = dir.join("missing");
-        let err = DeltaLayerWriter::new(&missing, name).err().expect("no directory");
+        let err = LayerFileWriter::new(&missing, name).err().expect("no directory");
         assert_eq!((err.op, err.path.as_path()), ("creating", missing.join(&tmp_name).as_path()));
         assert_eq!(err.source.kind(), std::io::ErrorKind::NotFound);
         assert!(err.to_string().starts_with(&format!("creating {}: ", missing.join(&tmp_name).display())), "{err}");
 
         // The temporary file disappears before the rename (the sync of the open file still works).
-        let mut w = DeltaLayerWriter::new(&dir, name).unwrap();
+        let mut w = LayerFileWriter::new(&dir, name).unwrap();
         assert_eq!(w.path(), dir.join(&tmp_name));
         w.put(&key(1), Lsn(0x100), &page(1)).unwrap();
         std::fs::remove_file(dir.join(&tmp_name)).unwrap();
