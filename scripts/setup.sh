@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Strata needs on Debian 12 (run as root, idempotent):
 # PostgreSQL 15 server and clients, FUSE, a Rust toolchain if none, the Python
-# virtual environment for tests and benchmarks, and the release build.
+# virtual environment for tests and benchmarks, MinIO (the S3 server the tests
+# start; built once from its Go module), and the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,17 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r test_runner/requirements.txt
+
+# shellcheck source=scripts/minio.sh
+. scripts/minio.sh
+if [ ! -x "$STRATA_MINIO" ]; then
+    if ! command -v go >/dev/null 2>&1; then
+        echo "setup: Go (1.24 or newer) is required to build MinIO, the S3 server of the tests" >&2
+        exit 1
+    fi
+    echo "setup: building MinIO $MINIO_VERSION from its Go module (once; several minutes)"
+    GOBIN="$(dirname "$STRATA_MINIO")" go install "github.com/minio/minio@$MINIO_VERSION"
+fi
 
 cargo build --release --locked 2>&1 | tail -n 3
 echo "setup: done (binary: target/release/strata)"

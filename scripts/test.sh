@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# STRATA_MINIO: the S3 server the remote storage tests start.
+. scripts/minio.sh
 if ! command -v cargo >/dev/null 2>&1; then export PATH="$HOME/.cargo/bin:$PATH"; fi
 
 echo "== cargo test"

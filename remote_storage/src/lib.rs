@@ -1,0 +1,256 @@
+//! Remote storage: the objects that make a service's data outlive its disk
+//! (layer files and index manifests of the pageserver, and later the WAL
+//! segments of the safekeepers), in a local directory or in any S3 API,
+//! through the `object_store` crate.
+//!
+//! Every operation has a timeout, and transient failures are retried a
+//! bounded number of times with jittered backoff. Errors name the
+//! operation, the object and the number of attempts. Object names are
+//! relative to the configured prefix; a local directory holds them as files
+//! under the same relative paths.
+
+pub mod config;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use tracing::warn;
+
+pub use config::RemoteStorageConfig;
+use strata_service::backoff::Backoff;
+
+/// Longest wait for one attempt of one operation.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Attempts of an operation before its error is returned.
+pub const DEFAULT_ATTEMPTS: u32 = 5;
+/// Backoff between attempts: from 100 ms, doubling, up to 30 s, jittered.
+pub const DEFAULT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(30));
+
+/// Why a remote operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("remote storage {0}")]
+    Config(String),
+    #[error("{op} {key}: no such object")]
+    NotFound { op: &'static str, key: String },
+    #[error("{op} {key}: {message} (after {attempts} attempts)")]
+    Failed { op: &'static str, key: String, attempts: u32, message: String },
+    #[error("{op} {}: {source}", path.display())]
+    Local {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An object and its size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Relative to the storage's prefix.
+    pub key: String,
+    pub size: u64,
+}
+
+/// A connection to one object store, under one prefix.
+#[derive(Clone, Debug)]
+pub struct RemoteStorage {
+    store: Arc<dyn ObjectStore>,
+    /// Prepended to every key (empty for none).
+    prefix: String,
+    describe: String,
+    timeout: Duration,
+    attempts: u32,
+    /// Shortest and longest wait between attempts.
+    backoff: (Duration, Duration),
+}
+
+impl RemoteStorage {
+    /// Opens the storage `cfg` describes; a local directory is created if
+    /// missing. Nothing is read or written yet.
+    pub fn new(cfg: &RemoteStorageConfig) -> Result<RemoteStorage, RemoteError> {
+        let (store, prefix): (Arc<dyn ObjectStore>, String) = match cfg {
+            RemoteStorageConfig::Local { path } => {
+                std::fs::create_dir_all(path).map_err(|source| RemoteError::Local {
+                    op: "creating",
+                    path: path.clone(),
+                    source,
+                })?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(path)
+                    .map_err(|e| RemoteError::Config(format!("{}: {e}", path.display())))?;
+                // Writes go to a temporary file that is renamed: no reader sees half an object.
+                (Arc::new(fs.with_automatic_cleanup(true)), String::new())
+            }
+            RemoteStorageConfig::S3 { bucket, prefix, endpoint, region, access_key_id, secret_access_key } => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+                if let Some(e) = endpoint {
+                    b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
+                }
+                let region = region.clone().or_else(|| std::env::var("AWS_DEFAULT_REGION").ok());
+                b = b.with_region(region.unwrap_or_else(|| "us-east-1".into()));
+                if let Some(k) = access_key_id {
+                    b = b.with_access_key_id(k);
+                }
+                if let Some(s) = secret_access_key {
+                    b = b.with_secret_access_key(s);
+                }
+                let s3 = b.build().map_err(|e| RemoteError::Config(format!("{}: {e}", cfg.describe())))?;
+                (Arc::new(s3), prefix.trim_matches('/').to_string())
+            }
+        };
+        Ok(RemoteStorage {
+            store,
+            prefix,
+            describe: cfg.describe(),
+            timeout: DEFAULT_TIMEOUT,
+            attempts: DEFAULT_ATTEMPTS,
+            backoff: DEFAULT_BACKOFF,
+        })
+    }
+
+    /// Changes the timeout per attempt, the number of attempts and the
+    /// shortest and longest (jittered) wait between them.
+    pub fn with_retries(mut self, timeout: Duration, attempts: u32, min: Duration, max: Duration) -> RemoteStorage {
+        self.timeout = timeout;
+        self.attempts = attempts.max(1);
+        self.backoff = (min.max(Duration::from_millis(1)), max.max(min));
+        self
+    }
+
+    /// The directory, or the `s3://` URL (for status pages).
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    fn path(&self, op: &'static str, key: &str) -> Result<ObjectPath, RemoteError> {
+        let full = if self.prefix.is_empty() { key.to_string() } else { format!("{}/{key}", self.prefix) };
+        ObjectPath::parse(&full).map_err(|e| RemoteError::Failed {
+            op,
+            key: key.to_string(),
+            attempts: 0,
+            message: format!("not a valid object name: {e}"),
+        })
+    }
+
+    /// Runs `f` until it succeeds, fails for good, or has used every attempt.
+    async fn retrying<T, F, Fut>(&self, op: &'static str, key: &str, mut f: F) -> Result<T, RemoteError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let mut attempt = 0;
+        let mut backoff = Backoff::new(self.backoff.0, self.backoff.1);
+        loop {
+            attempt += 1;
+            let message = match tokio::time::timeout(self.timeout, f()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(object_store::Error::NotFound { .. })) => {
+                    return Err(RemoteError::NotFound { op, key: key.to_string() })
+                }
+                Ok(Err(e)) if !transient(&e) => {
+                    return Err(RemoteError::Failed {
+                        op,
+                        key: key.to_string(),
+                        attempts: attempt,
+                        message: e.to_string(),
+                    })
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {:?}", self.timeout),
+            };
+            if attempt >= self.attempts {
+                return Err(RemoteError::Failed { op, key: key.to_string(), attempts: attempt, message });
+            }
+            let delay = backoff.next_delay();
+            warn!(storage = %self.describe, op, key, attempt, ?delay, "{message}; retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Writes `bytes` as the object `key`, replacing any object of that name.
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), RemoteError> {
+        let path = self.path("uploading", key)?;
+        self.retrying("uploading", key, || self.store.put(&path, PutPayload::from_bytes(bytes.clone()))).await?;
+        Ok(())
+    }
+
+    /// Uploads the file at `local` as the object `key`; returns its size.
+    /// The file is read whole: its size bounds the memory an upload takes.
+    pub async fn upload_file(&self, key: &str, local: &Path) -> Result<u64, RemoteError> {
+        let bytes = tokio::fs::read(local).await.map_err(|source| RemoteError::Local {
+            op: "reading",
+            path: local.to_path_buf(),
+            source,
+        })?;
+        let size = bytes.len() as u64;
+        self.put(key, Bytes::from(bytes)).await?;
+        Ok(size)
+    }
+
+    /// The whole object `key`.
+    pub async fn get(&self, key: &str) -> Result<Bytes, RemoteError> {
+        let path = self.path("downloading", key)?;
+        self.retrying("downloading", key, || async { self.store.get(&path).await?.bytes().await }).await
+    }
+
+    /// Downloads the object `key` to `local`: written to a temporary file
+    /// next to it, synced, then renamed, so `local` is whole or absent.
+    pub async fn download_file(&self, key: &str, local: &Path) -> Result<u64, RemoteError> {
+        let bytes = self.get(key).await?;
+        let tmp = PathBuf::from(format!("{}.download", local.display()));
+        let (tmp2, local2) = (tmp.clone(), local.to_path_buf());
+        let written = tokio::task::spawn_blocking(move || -> Result<(), (&'static str, PathBuf, std::io::Error)> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp2).map_err(|e| ("creating", tmp2.clone(), e))?;
+            f.write_all(&bytes).map_err(|e| ("writing", tmp2.clone(), e))?;
+            f.sync_all().map_err(|e| ("syncing", tmp2.clone(), e))?;
+            std::fs::rename(&tmp2, &local2).map_err(|e| ("renaming", tmp2.clone(), e))?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| RemoteError::Local {
+            op: "writing",
+            path: tmp.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        written.map_err(|(op, path, source)| RemoteError::Local { op, path, source })?;
+        Ok(std::fs::metadata(local).map(|m| m.len()).unwrap_or(0))
+    }
+
+    /// Every object whose name starts with `prefix` (a directory-like
+    /// prefix: `a/b` lists `a/b/…`), names relative to the storage's prefix.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, RemoteError> {
+        let path = self.path("listing", prefix)?;
+        let strip = if self.prefix.is_empty() { 0 } else { self.prefix.len() + 1 };
+        let metas: Vec<object_store::ObjectMeta> =
+            self.retrying("listing", prefix, || self.store.list(Some(&path)).try_collect()).await?;
+        let mut out: Vec<ObjectInfo> = metas
+            .into_iter()
+            .map(|m| ObjectInfo { key: m.location.as_ref().get(strip..).unwrap_or("").to_string(), size: m.size })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Deletes the object `key`; deleting one that does not exist succeeds.
+    pub async fn delete(&self, key: &str) -> Result<(), RemoteError> {
+        let path = self.path("deleting", key)?;
+        match self.retrying("deleting", key, || self.store.delete(&path)).await {
+            Err(RemoteError::NotFound { .. }) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// Whether an error may go away by itself (network, server, timeouts).
+fn transient(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::Generic { .. } | object_store::Error::JoinError { .. })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::*;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-remote-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn local(dir: &Path) -> RemoteStorage {
+    RemoteStorage::new(&RemoteStorageConfig::Local { path: dir.to_path_buf() }).unwrap()
+}
+
+#[tokio::test]
+async fn a_local_directory_stores_lists_downloads_and_deletes_objects() {
+    let dir = temp_dir("local");
+    let storage = local(&dir.join("store"));
+    assert_eq!(storage.describe(), dir.join("store").display().to_string());
+    let key = "tenants/t1/timelines/l1/layer-00000001";
+    storage.put(key, Bytes::from_static(b"layer bytes")).await.unwrap();
+    storage.put("tenants/t1/timelines/l1/index-00000001.json", Bytes::from_static(b"{}")).await.unwrap();
+    storage.put("tenants/t2/other", Bytes::from_static(b"x")).await.unwrap();
+    // The objects are files under the same relative names.
+    assert_eq!(std::fs::read(dir.join("store").join(key)).unwrap(), b"layer bytes");
+    assert_eq!(storage.get(key).await.unwrap(), Bytes::from_static(b"layer bytes"));
+
+    let listed = storage.list("tenants/t1").await.unwrap();
+    assert_eq!(
+        listed,
+        vec![
+            ObjectInfo { key: "tenants/t1/timelines/l1/index-00000001.json".into(), size: 2 },
+            ObjectInfo { key: key.into(), size: 11 },
+        ]
+    );
+    // A prefix is a directory: "tenants/t" lists nothing of t1 or t2.
+    assert!(storage.list("tenants/t").await.unwrap().is_empty());
+
+    let file = dir.join("downloaded");
+    assert_eq!(storage.download_file(key, &file).await.unwrap(), 11);
+    assert_eq!(std::fs::read(&file).unwrap(), b"layer bytes");
+    assert!(!PathBuf::from(format!("{}.download", file.display())).exists());
+    // And back up from a file.
+    assert_eq!(storage.upload_file("copy", &file).await.unwrap(), 11);
+    assert_eq!(storage.get("copy").await.unwrap(), Bytes::from_static(b"layer bytes"));
+
+    storage.delete(key).await.unwrap();
+    storage.delete(key).await.unwrap(); // already gone: fine
+    let err = storage.get(key).await.unwrap_err();
+    assert!(matches!(err, RemoteError::NotFound { .. }) && err.to_string().contains(key), "{err}");
+    let err = storage.download_file(key, &dir.join("nothing")).await.unwrap_err();
+    assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
+    assert!(!dir.join("nothing").exists());
+    let err = storage.upload_file("x", &dir.join("missing-file")).await.unwrap_err().to_string();
+    assert!(err.contains("reading") && err.contains("missing-file"), "{err}");
+    let err = storage.put("a//b", Bytes::new()).await.unwrap_err().to_string();
+    assert!(err.contains("a//b") && err.contains("not a valid object name"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_a_bounded_number_of_times() {
+    let dir = temp_dir("retries");
+    let storage =
+        local(&dir).with_retries(Duration::from_millis(200), 3, Duration::from_millis(1), Duration::from_millis(5));
+    let calls = AtomicU32::new(0);
+    let generic = || object_store::Error::Generic { store: "test", source: "connection reset".into() };
+    // Two failures, then success.
+    let got = storage
+        .retrying("uploading", "k", || async {
+            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                Err(generic())
+            } else {
+                Ok(7)
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!((got, calls.load(Ordering::SeqCst)), (7, 3));
+    // Always failing: three attempts, then the error with the count.
+    calls.store(0, Ordering::SeqCst);
+    let err = storage
+        .retrying("uploading", "k", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(generic())
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert!(err.contains("uploading k") && err.contains("connection reset") && err.contains("3 attempts"), "{err}");
+    // A hung store is a timeout, retried too.
+    calls.store(0, Ordering::SeqCst);
+    let err = storage
+        .retrying("downloading", "k", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<object_store::Result<()>>().await
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert!(err.contains("no answer within 200ms"), "{err}");
+    // A permanent failure is not retried.
+    calls.store(0, Ordering::SeqCst);
+    let err = storage
+        .retrying("uploading", "k", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(object_store::Error::PermissionDenied { path: "k".into(), source: "denied".into() })
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(matches!(err, RemoteError::Failed { attempts: 1, .. }), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_s3_config_builds_a_client_without_connecting() {
+    let cfg = RemoteStorageConfig::S3 {
+        bucket: "strata".into(),
+        prefix: "/pageserver/".into(),
+        endpoint: Some("http://127.0.0.1:1".into()),
+        region: None,
+        access_key_id: Some("key".into()),
+        secret_access_key: Some("secret".into()),
+    };
+    let storage = RemoteStorage::new(&cfg).unwrap();
+    assert_eq!(storage.describe(), "s3://strata/pageserver at http://127.0.0.1:1");
+    assert_eq!(storage.prefix, "pageserver");
+}
