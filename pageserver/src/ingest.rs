@@ -47,7 +47,7 @@ pub const SLRU_PAGES_PER_SEGMENT: u32 = 32;
 pub const MAX_REDO_CHAIN: u32 = 8;
 /// Pages whose chain length ingest tracks; beyond this the counts start over
 /// (chains may then reach twice the limit, never more).
-const MAX_TRACKED_CHAINS: usize = 100_000;
+pub const MAX_TRACKED_CHAINS: usize = 100_000;
 
 /// A record that cannot be ingested: ingest of the timeline stops here.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +165,12 @@ impl WalIngest {
     }
 
     /// Ingests one record and makes its versions visible at its end LSN.
+    /// Pages whose redo chain length is tracked now (at most
+    /// [`MAX_TRACKED_CHAINS`]).
+    pub fn tracked_chains(&self) -> usize {
+        self.chains.len()
+    }
+
     pub fn ingest(&mut self, rec: &DecodedRecord) -> Result<(), IngestError> {
         self.lsn = rec.end_lsn;
         let result = self.ingest_inner(rec);

@@ -192,3 +192,32 @@ fn records_that_cannot_be_applied_stop_ingest_with_their_lsn() {
     let failed = failed.expect("redo at ingest meets the malformed record within a chain's length");
     assert!(failed.contains(&at.to_string()), "{failed}");
 }
+
+#[test]
+fn the_chain_counts_of_ingest_stay_bounded() {
+    use strata_pageserver::ingest::MAX_TRACKED_CHAINS;
+    let (tl, _) = timeline("chain-counts");
+    let mut ingest = WalIngest::new(tl.clone()).unwrap();
+    let mut lsn = START;
+    let mut most = 0;
+    // One page more than the counts can hold, each started by its record,
+    // then a second record on each of the last pages.
+    let pages = MAX_TRACKED_CHAINS as u32 + 10;
+    for block in 0..pages {
+        let rec = heap_insert(block, 1, true, lsn);
+        ingest.ingest(&rec).unwrap();
+        lsn = rec.end_lsn;
+        most = most.max(ingest.tracked_chains());
+    }
+    for block in pages - 5..pages {
+        let rec = heap_insert(block, 2, false, lsn);
+        ingest.ingest(&rec).unwrap();
+        lsn = rec.end_lsn;
+        most = most.max(ingest.tracked_chains());
+    }
+    assert_eq!(most, MAX_TRACKED_CHAINS);
+    assert!(ingest.tracked_chains() < 100, "the counts started over: {}", ingest.tracked_chains());
+    // Pages read back right after the counts started over.
+    let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, pages - 1);
+    assert_eq!(max_offset_number(&tl.get(&key, lsn).unwrap().unwrap()).unwrap(), 2);
+}

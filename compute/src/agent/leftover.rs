@@ -116,8 +116,20 @@ mod tests {
     fn spawn_in(exe: &Path, dir: &Path) -> std::process::Child {
         // Another test forking while the copy was open for writing can make
         // exec fail with ETXTBSY for a moment.
+        use std::os::unix::process::CommandExt;
         for _ in 0..50 {
-            match std::process::Command::new(exe).arg("30").current_dir(dir).spawn() {
+            let mut cmd = std::process::Command::new(exe);
+            cmd.arg("30").current_dir(dir);
+            // A test run started in the background of a shell inherits an
+            // ignored SIGQUIT; PostgreSQL sets its own handler, `sleep` does not.
+            // SAFETY: signal() is async-signal-safe, as pre_exec requires.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            match cmd.spawn() {
                 Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => std::thread::sleep(Duration::from_millis(20)),
                 other => return other.unwrap(),
             }
