@@ -1,6 +1,6 @@
 //! Entry point for the fuzz target (`fuzz/`): every decoder of untrusted
 //! bytes in the pageserver — layer files, stored values, native records,
-//! directory values, layer file names and timeline metadata.
+//! directory values, layer file names, timeline metadata and remote indexes.
 
 use std::path::Path;
 
@@ -36,6 +36,7 @@ pub fn fuzz_one(data: &[u8]) {
             let _ = dirs::decode_pairs(rest);
             let _ = dirs::decode_rels(rest);
             let _ = dirs::decode_u32s(rest);
+            let _ = crate::remote_index::RemoteIndex::decode(rest);
             if let Ok(text) = std::str::from_utf8(rest) {
                 let _ = text.parse::<LayerName>();
                 let _ = text.parse::<Key>();

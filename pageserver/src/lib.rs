@@ -14,6 +14,7 @@ pub mod layer;
 pub mod metrics;
 pub mod page_service;
 pub mod rebuilt_pages;
+pub mod remote_index;
 pub mod tenants;
 pub mod timeline;
 pub mod user;

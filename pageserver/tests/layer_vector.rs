@@ -106,6 +106,41 @@ fn image_layer_v1_vector() {
 }
 
 #[test]
+fn remote_index_v1_vector() {
+    use strata_pageserver::remote_index::{IndexLayer, RemoteIndex};
+    let index = RemoteIndex {
+        generation: 2,
+        disk_consistent_lsn: Lsn(0x0100_0061),
+        prev_record_lsn: Lsn(0x0100_0028),
+        ancestor_timeline_id: None,
+        ancestor_lsn: None,
+        gc_cutoff_lsn: Lsn(0),
+        retain_lsns: vec![],
+        layers: vec![
+            IndexLayer {
+                name: LayerName::delta(key(0), key(3), Lsn(0x0100_0028), Lsn(0x0100_0061)).to_string(),
+                size: 421,
+                crc32c: 0x1234_5678,
+                generation: 1,
+            },
+            IndexLayer {
+                name: LayerName::image(key(0), key(4), Lsn(0x0100_0060)).to_string(),
+                size: 8499,
+                crc32c: 0x9ABC_DEF0,
+                generation: 2,
+            },
+        ],
+    };
+    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/index-v1.json");
+    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
+        std::fs::write(&vector, index.encode()).unwrap();
+    }
+    let expected = std::fs::read(&vector).unwrap();
+    assert_eq!(index.encode(), expected, "the index is no longer written as format version 1 byte for byte");
+    assert_eq!(RemoteIndex::decode(&expected).unwrap(), index);
+}
+
+#[test]
 fn timeline_metadata_v1_vector() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/metadata-v1.json");
     let meta: strata_pageserver::timeline::TimelineMetadata =
