@@ -19,6 +19,7 @@ pub struct Metrics {
     pub getpage_requests: Counter,
     pub getpage_batches: Counter,
     pub getpage_batch_size: Histogram,
+    pub read_layers_visited: Histogram,
     pub request_seconds: Histogram,
     pub request_errors: Counter,
     pub page_connections: Gauge,
@@ -47,6 +48,7 @@ impl Metrics {
             getpage_requests: Counter::default(),
             getpage_batches: Counter::default(),
             getpage_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
+            read_layers_visited: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             request_seconds: Histogram::new(exponential_buckets(0.00001, 2.0, 20)),
             request_errors: Counter::default(),
             page_connections: Gauge::default(),
@@ -71,6 +73,11 @@ impl Metrics {
         registry.register("getpage_requests", "GetPage requests served", m.getpage_requests.clone());
         registry.register("getpage_batches", "Batched lookups serving GetPage requests", m.getpage_batches.clone());
         registry.register("getpage_batch_size", "GetPage requests per batched lookup", m.getpage_batch_size.clone());
+        registry.register(
+            "read_layers_visited",
+            "Layers (in memory and files) a read of one key searched until it had every version it needed",
+            m.read_layers_visited.clone(),
+        );
         registry.register("request_seconds", "Page service request latency", m.request_seconds.clone());
         registry.register("request_errors", "Page service requests answered with an error", m.request_errors.clone());
         registry.register("page_connections", "Open page service connections", m.page_connections.clone());

@@ -628,14 +628,17 @@ impl Timeline {
         self.check_broken()?;
         let layers = self.layers.read().newest_first();
         let mut out = Versions::default();
+        let mut visited = 0u32;
         for layer in layers {
             if layer.start_lsn() > lsn {
                 continue;
             }
+            visited += 1;
             if layer.collect(key, lsn, &mut out)? {
                 break;
             }
         }
+        self.metrics.read_layers_visited.observe(f64::from(visited));
         Ok(out)
     }
 
@@ -655,19 +658,24 @@ impl Timeline {
         }
         let layers = self.layers.read().newest_first();
         let mut found: Vec<Result<Versions, ReadError>> = keys.iter().map(|_| Ok(Versions::default())).collect();
+        let mut visited = vec![0u32; keys.len()];
         for layer in layers {
             if layer.start_lsn() > lsn {
                 continue;
             }
-            for (key, slot) in keys.iter().zip(found.iter_mut()) {
+            for ((key, slot), n) in keys.iter().zip(found.iter_mut()).zip(visited.iter_mut()) {
                 let Ok(v) = slot else { continue };
                 if v.complete() {
                     continue;
                 }
+                *n += 1;
                 if let Err(e) = layer.collect(key, lsn, v) {
                     *slot = Err(e.into());
                 }
             }
+        }
+        for n in visited {
+            self.metrics.read_layers_visited.observe(f64::from(n));
         }
         keys.iter().zip(found).map(|(key, v)| self.reconstruct(key, lsn, v?)).collect()
     }

@@ -163,3 +163,48 @@ fn a_failed_flush_breaks_the_timeline_and_names_the_file() {
     assert!(broken.reason.contains(&expected) && err.contains(&expected), "{} / {err}", broken.reason);
     assert_eq!(tl.disk_consistent_lsn(), durable, "disk_consistent_lsn stays");
 }
+
+#[test]
+fn reads_count_the_layers_they_visit() {
+    let dir = std::env::temp_dir().join(format!("strata-timeline-visits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let metrics = Arc::new(Metrics::new());
+    let start = Lsn(0x100_0000);
+    let res = common::resources(metrics.clone(), FileCache::new(16, Default::default()));
+    let tl = Timeline::create(dir.clone(), meta(start), &res).unwrap();
+    let k = Key::rel_block(TAG, 0);
+    let lsn = |i: u64| Lsn(start.0 + 0x100 * i);
+    // An image, flushed; a change, flushed; a change in memory.
+    let values = [
+        page(1),
+        Value::Native(NativeRecord::ClearVmBits(vec![(0, 1)])),
+        Value::Native(NativeRecord::ClearVmBits(vec![(1, 1)])),
+    ];
+    for (i, v) in values.into_iter().enumerate() {
+        let i = i as u64 + 1;
+        tl.commit_record(vec![(k, lsn(i), v)], RecordLsns { last: lsn(i), prev: lsn(i - 1) });
+        if i < 3 {
+            tl.checkpoint().unwrap();
+        }
+    }
+    let observed = || -> (f64, f64) {
+        let text = metrics.render();
+        let value = |name: &str| -> f64 {
+            let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        (value("strata_pageserver_read_layers_visited_sum"), value("strata_pageserver_read_layers_visited_count"))
+    };
+    let (sum0, count0) = observed();
+    let absent = Key::rel_block(TAG, 9);
+    // A key no layer holds: the open layer and both files are searched.
+    assert_eq!(tl.get(&absent, lsn(3)).unwrap(), None);
+    assert_eq!(observed(), (sum0 + 3.0, count0 + 1.0));
+    // At the image's LSN only the first file starts early enough to be searched.
+    tl.get(&k, lsn(1)).unwrap().unwrap();
+    assert_eq!(observed(), (sum0 + 4.0, count0 + 2.0));
+    // Batched reads count per key.
+    tl.get_many(&[absent, k], lsn(1));
+    assert_eq!(observed(), (sum0 + 6.0, count0 + 4.0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
