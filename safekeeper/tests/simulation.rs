@@ -11,7 +11,7 @@
 //! - after a final election with every acceptor up, the elected WAL begins
 //!   with all committed WAL.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::election::Epoch;
@@ -52,7 +52,9 @@ struct Proposer {
     /// WAL from START: the donor's WAL up to the epoch start, then our records.
     wal: Vec<u8>,
     /// Per acceptor in the current term: (next LSN to send, flushed LSN).
-    active: HashMap<usize, (Lsn, Lsn)>,
+    /// Ordered: the order appends go out in is part of the run, and a seed
+    /// must give the same run every time (a HashMap's order differs per process).
+    active: BTreeMap<usize, (Lsn, Lsn)>,
     commit_lsn: Lsn,
     seq: u64,
 }
@@ -154,7 +156,7 @@ impl Sim {
             epoch_start: epoch.start_lsn,
             history: epoch.history.clone(),
             wal: donor_wal.to_vec(),
-            active: HashMap::new(),
+            active: BTreeMap::new(),
             commit_lsn: Lsn::INVALID,
             seq: 0,
         };
