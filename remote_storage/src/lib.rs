@@ -202,6 +202,7 @@ impl RemoteStorage {
     /// next to it, synced, then renamed, so `local` is whole or absent.
     pub async fn download_file(&self, key: &str, local: &Path) -> Result<u64, RemoteError> {
         let bytes = self.get(key).await?;
+        let size = bytes.len() as u64;
         let tmp = PathBuf::from(format!("{}.download", local.display()));
         let (tmp2, local2) = (tmp.clone(), local.to_path_buf());
         let written = tokio::task::spawn_blocking(move || -> Result<(), (&'static str, PathBuf, std::io::Error)> {
@@ -219,7 +220,7 @@ impl RemoteStorage {
             source: std::io::Error::other(e),
         })?;
         written.map_err(|(op, path, source)| RemoteError::Local { op, path, source })?;
-        Ok(std::fs::metadata(local).map(|m| m.len()).unwrap_or(0))
+        Ok(size)
     }
 
     /// Every object whose name starts with `prefix` (a directory-like

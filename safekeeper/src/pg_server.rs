@@ -21,7 +21,7 @@ use strata_formats::{Lsn, PgVersion};
 
 use crate::server::Shared;
 use crate::timeline::Timeline;
-use crate::wal_reader::read_wal;
+use crate::wal_reader::WalReader;
 
 /// Largest message accepted from a client.
 const MAX_MESSAGE: usize = 1 << 20;
@@ -351,6 +351,8 @@ async fn stream(
     let mut sent = start;
     let mut out_lsn = start;
     let mut buf = vec![0u8; shared.config.max_send_bytes];
+    // Only committed WAL is sent: the segment being read stays open.
+    let mut wal = WalReader::new(&timeline.dir, segment_size, true);
     let result: Result<(), ReplicationError> = async {
         loop {
             match done_rx.try_recv() {
@@ -361,8 +363,7 @@ async fn stream(
             let commit = watch.borrow_and_update().commit_lsn;
             if sent < commit {
                 let n = ((commit.0 - sent.0) as usize).min(buf.len());
-                let dir = timeline.dir.clone();
-                tokio::task::block_in_place(|| read_wal(&dir, segment_size, sent, &mut buf[..n]))
+                tokio::task::block_in_place(|| wal.read(sent, &mut buf[..n]))
                     .map_err(|e| ReplicationError::Wal(e.to_string()))?;
                 sent = Lsn(sent.0 + n as u64);
                 let data = match stripper.as_mut() {

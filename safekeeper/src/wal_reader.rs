@@ -64,11 +64,6 @@ impl WalReader {
     }
 }
 
-/// Reads `buf.len()` bytes of WAL at `from` once (see [`WalReader`]).
-pub fn read_wal(dir: &Path, segment_size: u64, from: Lsn, buf: &mut [u8]) -> std::io::Result<()> {
-    WalReader::new(dir, segment_size, false).read(from, buf)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
