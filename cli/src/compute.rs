@@ -190,12 +190,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
             cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
             cfg.max_consumer_lag_bytes = max_consumer_lag_mb.map(|mb| mb << 20);
-            // On a thread of its own, as in the agent (strata_compute::dedicated).
-            strata_compute::dedicated::run_on_own_thread("wal-proposer", move || {
-                proposer::run(cfg, pg, Some(slot), status)
-            })
-            .await
-            .unwrap_or_else(|e| Err(proposer::ProposerError::Other(e.to_string())))
+            proposer::on_own_thread(move || proposer::run(cfg, pg, Some(slot), status)).await
         }
     }
 }

@@ -479,7 +479,7 @@ impl Core {
         let complete = buffer.complete_end;
         let mut sends = Vec::new();
         let mut waiting = false;
-        let commit_only_due = self.commit_update_deadline().is_none_or(|due| Instant::now() >= due);
+        let commit_only_due = self.commit_update_deadline().is_some_and(|due| Instant::now() >= due);
         for (i, l) in self.links.iter().enumerate() {
             let LinkPhase::Streaming { next } = l.phase else { continue };
             let flushed = l.flush.unwrap_or(next);
@@ -491,7 +491,7 @@ impl Core {
                 at = to;
             }
             if msgs.is_empty() && self.commit_lsn > l.commit_sent {
-                if self.commit_update_delay.is_zero() || (commit_only_due && self.commit_waiting_since.is_some()) {
+                if self.commit_update_delay.is_zero() || commit_only_due {
                     msgs.push((at, at));
                 } else {
                     waiting = true;
@@ -648,22 +648,19 @@ pub async fn run_until_shutdown(
     run_inner(cfg, pg, slot, status, Some((shutdown, drain_timeout))).await
 }
 
-/// [`run_until_shutdown`] on a thread of its own ([`crate::dedicated`]):
-/// the commit path of every transaction runs there, undisturbed by the
-/// agent's other work and without waking other threads.
-pub async fn run_until_shutdown_on_own_thread(
-    cfg: ProposerConfig,
-    pg: ReplicationConfig,
-    slot: Option<String>,
-    status: tokio::sync::watch::Sender<ProposerStatus>,
-    shutdown: tokio::sync::watch::Receiver<bool>,
-    drain_timeout: Duration,
-) -> Result<Lsn, ProposerError> {
-    crate::dedicated::run_on_own_thread("wal-proposer", move || {
-        run_until_shutdown(cfg, pg, slot, status, shutdown, drain_timeout)
-    })
-    .await
-    .unwrap_or_else(|e| Err(ProposerError::Other(e.to_string())))
+/// Runs the proposer that `make` returns ([`run`] or
+/// [`run_until_shutdown`]) on a thread of its own ([`crate::dedicated`]):
+/// the commit path of every transaction runs there, undisturbed by other
+/// work and without waking other threads.
+pub async fn on_own_thread<T, M, F>(make: M) -> Result<T, ProposerError>
+where
+    M: FnOnce() -> F + Send + 'static,
+    F: std::future::Future<Output = Result<T, ProposerError>> + 'static,
+    T: Send + 'static,
+{
+    crate::dedicated::run_on_own_thread("wal-proposer", make)
+        .await
+        .unwrap_or_else(|e| Err(ProposerError::Other(e.to_string())))
 }
 
 /// Resolves once `shutdown` holds true; never if there is no receiver or

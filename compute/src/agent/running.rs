@@ -56,14 +56,10 @@ impl Agent {
         let Started { mut pg, proposer_cfg, repl } = started;
         let (proposer_stop_tx, proposer_stop_rx) = watch::channel(false);
         let mut proposer_status = proposer_tx.subscribe();
-        let mut proposer = Box::pin(proposer::run_until_shutdown_on_own_thread(
-            proposer_cfg,
-            repl,
-            Some(self.cfg.slot.clone()),
-            proposer_tx,
-            proposer_stop_rx,
-            self.cfg.stop_timeout,
-        ));
+        let (slot, stop_timeout) = (Some(self.cfg.slot.clone()), self.cfg.stop_timeout);
+        let mut proposer = Box::pin(proposer::on_own_thread(move || {
+            proposer::run_until_shutdown(proposer_cfg, repl, slot, proposer_tx, proposer_stop_rx, stop_timeout)
+        }));
         let t = Instant::now();
         let streaming_deadline = tokio::time::Instant::now() + self.cfg.start_timeout;
         let mut running_since = None;
