@@ -9,6 +9,9 @@ use strata_compute::proposer::{self, ProposerConfig};
 use strata_protocol::safekeeper::TimelineIdentity;
 use strata_protocol::{TenantId, TimelineId};
 
+/// Default bound on how far WAL consumers may lag before commits wait.
+const DEFAULT_MAX_CONSUMER_LAG_MB: u64 = 1024;
+
 #[derive(Subcommand)]
 pub enum ComputeCommand {
     /// Start a compute in eager mode and keep it running: sync the
@@ -51,9 +54,11 @@ pub enum ComputeCommand {
         /// one further behind recovers from its peers.
         #[arg(long, default_value_t = 256)]
         max_buffer_mb: usize,
-        /// Hold commits back while WAL consumers lag more than this many MiB.
-        #[arg(long)]
-        max_consumer_lag_mb: Option<u64>,
+        /// Hold commits back while WAL consumers lag more than this many MiB
+        /// (0: never). The pageserver reports a lag while L0 layers wait for
+        /// compaction, so this bounds them too.
+        #[arg(long, default_value_t = DEFAULT_MAX_CONSUMER_LAG_MB)]
+        max_consumer_lag_mb: u64,
         /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
         #[arg(long)]
         http: Option<std::net::SocketAddr>,
@@ -92,9 +97,11 @@ pub struct StartArgs {
     /// pageserver redoes natively, so it can check its redo against them.
     #[arg(long)]
     verify_redo: bool,
-    /// Hold commits back while WAL consumers lag more than this many MiB.
-    #[arg(long)]
-    max_consumer_lag_mb: Option<u64>,
+    /// Hold commits back while WAL consumers lag more than this many MiB
+    /// (0: never). The pageserver reports a lag while L0 layers wait for
+    /// compaction, so this bounds them too.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONSUMER_LAG_MB)]
+    max_consumer_lag_mb: u64,
     /// How long the pageserver may take to ingest the WAL up to the start LSN.
     #[arg(long, default_value_t = 60)]
     wait_timeout_secs: u64,
@@ -189,7 +196,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             }
             let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
             cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
-            cfg.max_consumer_lag_bytes = max_consumer_lag_mb.map(|mb| mb << 20);
+            cfg.max_consumer_lag_bytes = (max_consumer_lag_mb > 0).then_some(max_consumer_lag_mb << 20);
             proposer::on_own_thread(move || proposer::run(cfg, pg, Some(slot), status)).await
         }
     }
@@ -211,7 +218,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.pg_user = args.pg_user;
     cfg.shared_buffers = args.shared_buffers;
     cfg.verify_redo = args.verify_redo;
-    cfg.max_consumer_lag_bytes = args.max_consumer_lag_mb.map(|mb| mb << 20);
+    cfg.max_consumer_lag_bytes = (args.max_consumer_lag_mb > 0).then_some(args.max_consumer_lag_mb << 20);
     cfg.wait_timeout = Duration::from_secs(args.wait_timeout_secs);
     cfg.restart.crash_loop_restarts = args.crash_loop_restarts;
     cfg.restart.crash_loop_window = Duration::from_secs(args.crash_loop_window_secs);

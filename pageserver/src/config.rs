@@ -56,6 +56,24 @@ pub struct PageserverConfig {
     /// mismatches are counted, logged and shown in the timeline's status).
     #[serde(default)]
     pub verify_redo: bool,
+    /// L0 deltas (one per flush) that start a compaction into L1 deltas.
+    #[serde(default = "default_compaction_threshold")]
+    pub compaction_threshold: usize,
+    /// Size at which compaction and image creation start a new file (at the next key).
+    #[serde(default = "default_compaction_target_size")]
+    pub compaction_target_size: u64,
+    /// L1 delta runs above the newest image that start an image creation.
+    #[serde(default = "default_image_creation_threshold")]
+    pub image_creation_threshold: usize,
+    /// L0 deltas at which ingest is slowed until compaction catches up.
+    #[serde(default = "default_l0_backpressure_threshold")]
+    pub l0_backpressure_threshold: usize,
+    /// Bytes per second compaction and image creation may read (0: no limit).
+    #[serde(default = "default_compaction_max_bytes_per_second")]
+    pub compaction_max_bytes_per_second: u64,
+    /// How often each timeline is checked for compaction and image creation.
+    #[serde(default = "default_compaction_period", with = "seconds")]
+    pub compaction_period: Duration,
 }
 
 fn default_pg_bin_dir() -> PathBuf {
@@ -85,6 +103,24 @@ fn default_handshake_timeout() -> Duration {
 fn default_max_open_layer_files() -> usize {
     256
 }
+fn default_compaction_threshold() -> usize {
+    10
+}
+fn default_compaction_target_size() -> u64 {
+    128 << 20
+}
+fn default_image_creation_threshold() -> usize {
+    3
+}
+fn default_l0_backpressure_threshold() -> usize {
+    30
+}
+fn default_compaction_max_bytes_per_second() -> u64 {
+    256 << 20
+}
+fn default_compaction_period() -> Duration {
+    Duration::from_secs(1)
+}
 
 /// Descriptors kept for everything but client connections and layer
 /// files: WAL receiver sockets, metadata writes, flushes, initdb, logs.
@@ -104,6 +140,11 @@ impl PageserverConfig {
         check_range("max_connections", self.max_connections, 1, 100_000)?;
         check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
         check_range("max_open_layer_files", self.max_open_layer_files, 16, 1_000_000)?;
+        check_range("compaction_threshold", self.compaction_threshold, 2, 1000)?;
+        check_range("compaction_target_size", self.compaction_target_size, 64 << 10, 16 << 30)?;
+        check_range("image_creation_threshold", self.image_creation_threshold, 1, 1000)?;
+        check_range("l0_backpressure_threshold", self.l0_backpressure_threshold, self.compaction_threshold, 10_000)?;
+        check_duration("compaction_period", self.compaction_period)?;
         if self.listen_pg == self.listen_http && self.listen_pg.port() != 0 {
             return Err(ConfigError {
                 key: "listen_http",
@@ -114,6 +155,16 @@ impl PageserverConfig {
             return Err(ConfigError { key: "safekeepers", message: format!("{bad:?} is not host:port") });
         }
         Ok(())
+    }
+
+    /// When timelines compact and create images.
+    pub fn layer_policy(&self) -> crate::timeline::LayerPolicy {
+        crate::timeline::LayerPolicy {
+            compaction_threshold: self.compaction_threshold,
+            compaction_target_size: self.compaction_target_size,
+            image_creation_threshold: self.image_creation_threshold,
+            l0_backpressure_threshold: self.l0_backpressure_threshold,
+        }
     }
 
     /// Checks that the connection limits and open layer files fit in the
@@ -145,6 +196,8 @@ mod tests {
         assert_eq!(c.checkpoint_distance, 64 << 20);
         assert_eq!(c.pg_user, "postgres");
         assert!(c.fsync);
+        let p = c.layer_policy();
+        assert_eq!((p.compaction_threshold, p.image_creation_threshold, p.l0_backpressure_threshold), (10, 3, 30));
         assert!(toml::from_str::<PageserverConfig>(&format!("bogus = 1\n{ok}")).is_err());
         c.validate().unwrap();
         c.check_open_files(1024).unwrap();
@@ -156,6 +209,11 @@ mod tests {
             ("max_http_connections = 0", "max_http_connections"),
             ("max_open_layer_files = 0", "max_open_layer_files"),
             ("checkpoint_distance = 0", "checkpoint_distance"),
+            ("compaction_threshold = 1", "compaction_threshold"),
+            ("compaction_target_size = 10", "compaction_target_size"),
+            ("image_creation_threshold = 0", "image_creation_threshold"),
+            ("l0_backpressure_threshold = 5", "l0_backpressure_threshold"),
+            ("compaction_period = 0", "compaction_period"),
         ] {
             let c: PageserverConfig = toml::from_str(&format!("{ok}{extra}\n")).unwrap();
             assert_eq!(c.validate().unwrap_err().key, key, "{extra}");

@@ -190,16 +190,47 @@ async fn basebackup(
     ([("content-type", "application/x-tar")], Body::from_stream(ChannelBody(rx))).into_response()
 }
 
-async fn checkpoint(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CheckpointQuery {
+    /// Also compact every L0 and write images now (thresholds of one).
+    #[serde(default)]
+    compact: bool,
+}
+
+/// Flushes what was ingested (and, with `compact=true`, compacts and
+/// writes images); answers with the timeline's status.
+async fn checkpoint(
+    State(tenants): State<Arc<Tenants>>,
+    Path((t, l)): Path<(String, String)>,
+    query: Result<Query<CheckpointQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
     let entry = match lookup(&tenants, &t, &l) {
         Ok(e) => e,
         Err(r) => return *r,
     };
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
     let tl = entry.tl.clone();
-    match tokio::task::spawn_blocking(move || tl.checkpoint()).await {
-        Ok(Ok(())) => Json(entry.status()).into_response(),
-        // The flush failed: the timeline is broken now (its status says why).
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    let work = move || -> Result<Option<crate::timeline::CompactionOutcome>, String> {
+        // A failed flush breaks the timeline (its status says why).
+        tl.checkpoint().map_err(|e| e.to_string())?;
+        if !q.compact {
+            return Ok(None);
+        }
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let outcome = tl.compact(true, &mut crate::timeline::Throttle::new(0), &never).map_err(|e| e.to_string())?;
+        Ok(Some(outcome))
+    };
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(outcome)) => {
+            let mut status = entry.status();
+            status["compaction"] = serde_json::json!(outcome);
+            Json(status).into_response()
+        }
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

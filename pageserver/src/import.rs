@@ -127,6 +127,7 @@ pub fn import_datadir(
         disk_consistent_lsn: Lsn::INVALID,
         prev_record_lsn: control.checkpoint,
         layers: Vec::new(),
+        removed_layers: Vec::new(),
     };
     let tl = Timeline::create(dir, meta, res)?;
     let lsns = RecordLsns { last: end_lsn, prev: control.checkpoint };

@@ -2,6 +2,7 @@
 //! page versions (in-memory layer, then immutable layer files), and serves
 //! GetPage@LSN, relation sizes and basebackups at any ingested LSN.
 
+pub mod background;
 pub mod basebackup;
 pub mod config;
 pub mod dirs;
@@ -74,6 +75,7 @@ pub async fn serve(
         metrics: metrics.clone(),
         files: layer::files::FileCache::new(config.max_open_layer_files, metrics.layer_files.clone()),
         verify_redo: config.verify_redo,
+        policy: config.layer_policy(),
     };
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let listener_metrics = metrics.listener_metrics();
@@ -92,6 +94,8 @@ pub async fn serve(
     })
     .await
     .map_err(|e| StartError::Task(e.to_string()))??;
+    let compactor = background::Compactor::spawn(tenants.clone())
+        .map_err(|e| StartError::Task(format!("starting the compactor: {e}")))?;
     tracing::info!(id = %conf.id, page_service = %conf.listen_pg, http = %conf.listen_http, "pageserver started");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(page_service::serve(page, tenants.clone()));
@@ -112,6 +116,7 @@ pub async fn serve(
     });
     shutdown.await;
     tasks.abort_all();
+    tokio::task::spawn_blocking(move || compactor.stop()).await.map_err(|e| StartError::Task(e.to_string()))?;
     tokio::task::spawn_blocking(move || tenants.shutdown()).await.map_err(|e| StartError::Task(e.to_string()))?;
     tracing::info!("pageserver stopped");
     Ok(())

@@ -34,6 +34,16 @@ pub struct Metrics {
     pub redo_blocks_verified: Counter,
     pub redo_mismatches: Counter,
     pub layer_files: CacheMetrics,
+    pub compactions: Counter,
+    pub compaction_bytes_read: Counter,
+    pub compaction_bytes_written: Counter,
+    pub image_layers_created: Counter,
+    pub image_bytes_written: Counter,
+    pub compaction_errors: Counter,
+    pub l0_layers: Gauge,
+    pub l1_layers: Gauge,
+    pub image_layers: Gauge,
+    pub backpressure_timelines: Gauge,
     listeners: ListenerMetrics,
 }
 
@@ -63,6 +73,16 @@ impl Metrics {
             redo_blocks_verified: Counter::default(),
             redo_mismatches: Counter::default(),
             layer_files: CacheMetrics::default(),
+            compactions: Counter::default(),
+            compaction_bytes_read: Counter::default(),
+            compaction_bytes_written: Counter::default(),
+            image_layers_created: Counter::default(),
+            image_bytes_written: Counter::default(),
+            compaction_errors: Counter::default(),
+            l0_layers: Gauge::default(),
+            l1_layers: Gauge::default(),
+            image_layers: Gauge::default(),
+            backpressure_timelines: Gauge::default(),
             listeners: ListenerMetrics::default(),
             registry: Registry::default(),
         };
@@ -129,6 +149,32 @@ impl Metrics {
             "layer_file_evictions",
             "Layer files closed to stay within max_open_layer_files",
             m.layer_files.evictions.clone(),
+        );
+        registry.register("compactions", "L0 compactions finished", m.compactions.clone());
+        registry.register(
+            "compaction_bytes_read",
+            "Stored bytes of L0 deltas read by compaction",
+            m.compaction_bytes_read.clone(),
+        );
+        registry.register(
+            "compaction_bytes_written",
+            "Bytes of L1 delta files written by compaction",
+            m.compaction_bytes_written.clone(),
+        );
+        registry.register("image_layers_created", "Image layer files written", m.image_layers_created.clone());
+        registry.register("image_bytes_written", "Bytes of image layer files written", m.image_bytes_written.clone());
+        registry.register(
+            "compaction_errors",
+            "Compactions and image creations that failed (retried later)",
+            m.compaction_errors.clone(),
+        );
+        registry.register("l0_layers", "L0 delta layers of all timelines", m.l0_layers.clone());
+        registry.register("l1_layers", "L1 delta layers of all timelines", m.l1_layers.clone());
+        registry.register("image_layers", "Image layers of all timelines", m.image_layers.clone());
+        registry.register(
+            "backpressure_timelines",
+            "Timelines whose ingest is slowed because L0 deltas wait for compaction",
+            m.backpressure_timelines.clone(),
         );
         let listeners = ListenerMetrics::register(&mut registry);
         Metrics { registry, listeners, ..m }

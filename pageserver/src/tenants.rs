@@ -327,7 +327,7 @@ impl TimelineEntry {
         let lsns = self.tl.record_lsns();
         let receiver = self.receiver.lock().clone();
         let broken = self.tl.broken();
-        let (memory_layers, delta_layers) = self.tl.layer_count();
+        let (memory_layers, files) = self.tl.layer_count();
         serde_json::json!({
             "tenant_id": meta.tenant_id,
             "timeline_id": meta.timeline_id,
@@ -344,7 +344,12 @@ impl TimelineEntry {
             "safekeeper_commit_lsn": receiver.safekeeper_commit_lsn,
             "wal_source_error": receiver.last_error,
             "memory_layers": memory_layers,
-            "delta_layers": delta_layers,
+            "delta_layers": files.l0 + files.l1,
+            "l0_layers": files.l0,
+            "l1_layers": files.l1,
+            "image_layers": files.image,
+            "layer_bytes": files.bytes,
+            "backpressure": self.tl.backpressure(),
             "state": if broken.is_some() { "broken" } else { "active" },
             "error": broken.as_ref().map(|b| b.reason.clone()),
             "broken": broken,

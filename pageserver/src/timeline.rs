@@ -20,12 +20,16 @@ use strata_protocol::pageserver::SlruKind;
 use strata_protocol::{TenantId, TimelineId};
 use tracing::{info, warn};
 
+mod compaction;
+
+pub use compaction::{CompactionError, CompactionOutcome, Throttle};
+
 use crate::dirs;
 use crate::key::{Key, RelTag};
 use crate::layer::files::FileCache;
 use crate::layer::inmemory::InMemoryLayer;
 use crate::layer::layer_file::{LayerFile, LayerFileWriter, LayerName, WriteError};
-use crate::layer::map::{LayerMap, RecordLsns};
+use crate::layer::map::{HistoricLayers, LayerCounts, LayerMap, RecordLsns};
 use crate::layer::{LayerError, Versions};
 use crate::metrics::Metrics;
 use crate::value::Value;
@@ -54,6 +58,11 @@ pub struct TimelineMetadata {
     /// Start of the record that ends at `disk_consistent_lsn`.
     pub prev_record_lsn: Lsn,
     pub layers: Vec<String>,
+    /// Layer files no longer part of the timeline (replaced by compaction,
+    /// removed by GC) whose local files may still exist: they are deleted
+    /// when no read uses them any more, and at load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_layers: Vec<String>,
 }
 
 /// Results of checking native redo against PostgreSQL's images.
@@ -78,6 +87,32 @@ pub struct TimelineResources {
     /// Check native redo against PostgreSQL's images at ingest (computes
     /// then log images for every resource manager).
     pub verify_redo: bool,
+    /// When to compact and create images.
+    pub policy: LayerPolicy,
+}
+
+/// When a timeline's layers are compacted and imaged (`docs/bottomless-pageserver.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerPolicy {
+    /// L0 deltas that start a compaction.
+    pub compaction_threshold: usize,
+    /// A new L1 file starts at the first key after this many bytes.
+    pub compaction_target_size: u64,
+    /// L1 delta runs above the newest image that start an image creation.
+    pub image_creation_threshold: usize,
+    /// L0 deltas at which ingest is slowed (the applied LSN reported stops at the oldest L0).
+    pub l0_backpressure_threshold: usize,
+}
+
+impl Default for LayerPolicy {
+    fn default() -> LayerPolicy {
+        LayerPolicy {
+            compaction_threshold: 10,
+            compaction_target_size: 128 << 20,
+            image_creation_threshold: 3,
+            l0_backpressure_threshold: 30,
+        }
+    }
 }
 
 /// A failed operation on a timeline's files, naming the file.
@@ -187,6 +222,13 @@ pub struct Timeline {
     flush_wait: Mutex<()>,
     /// Serializes flushes.
     flush_lock: Mutex<()>,
+    /// Serializes changes of the set of layer files (a flush adding one,
+    /// compaction, image creation, GC): each writes the metadata and swaps
+    /// the map under it.
+    layer_files_lock: Mutex<()>,
+    /// Serializes compaction, image creation and GC.
+    compaction_lock: Mutex<()>,
+    policy: LayerPolicy,
     opened_at: Mutex<Instant>,
     /// Size of each relation fork (`None`: it does not exist) and the LSN
     /// from which that holds until a newer change: ingest records every
@@ -266,7 +308,7 @@ impl Timeline {
         res: &TimelineResources,
     ) -> Result<Arc<Timeline>, StorageError> {
         create_dir_durable(&dir, res.fsync)?;
-        let tl = Timeline::new(dir, meta, Vec::new(), res);
+        let tl = Timeline::new(dir, meta, HistoricLayers::default(), res);
         tl.write_metadata(&tl.metadata())?;
         Ok(tl)
     }
@@ -293,18 +335,14 @@ impl Timeline {
             disk_consistent_lsn: Lsn::INVALID,
             prev_record_lsn: Lsn::INVALID,
             layers: Vec::new(),
+            removed_layers: Vec::new(),
         };
-        let tl = Timeline::new(dir, meta, Vec::new(), res);
+        let tl = Timeline::new(dir, meta, HistoricLayers::default(), res);
         tl.set_broken(BrokenKind::Files, reason);
         tl
     }
 
-    fn new(
-        dir: PathBuf,
-        meta: TimelineMetadata,
-        deltas: Vec<Arc<LayerFile>>,
-        res: &TimelineResources,
-    ) -> Arc<Timeline> {
+    fn new(dir: PathBuf, meta: TimelineMetadata, historic: HistoricLayers, res: &TimelineResources) -> Arc<Timeline> {
         let lsns = RecordLsns { last: meta.disk_consistent_lsn, prev: meta.prev_record_lsn };
         // A new timeline (nothing durable yet) takes its initial versions at its start LSN.
         let first =
@@ -317,13 +355,16 @@ impl Timeline {
             fsync: res.fsync,
             checkpoint_distance: res.checkpoint_distance,
             files: res.files.clone(),
-            layers: RwLock::new(LayerMap { open, frozen: Vec::new(), deltas }),
+            layers: RwLock::new(LayerMap { open, frozen: Vec::new(), historic: Arc::new(historic) }),
             lsns: tokio::sync::watch::Sender::new(lsns),
             meta: Mutex::new(meta),
             broken: Mutex::new(None),
             flushed: Condvar::new(),
             flush_wait: Mutex::new(()),
             flush_lock: Mutex::new(()),
+            layer_files_lock: Mutex::new(()),
+            compaction_lock: Mutex::new(()),
+            policy: res.policy,
             opened_at: Mutex::new(Instant::now()),
             rel_size_cache: RwLock::new(std::collections::HashMap::new()),
             checksums: std::sync::OnceLock::new(),
@@ -354,7 +395,25 @@ impl Timeline {
         if meta.disk_consistent_lsn == Lsn::INVALID {
             return Err(invalid("nothing was ever made durable (an unfinished creation without its marker)".into()));
         }
+        // A compaction or image creation lists its new files in the metadata
+        // while they still have their temporary names, and renames them
+        // after: a crash in between leaves listed files under `<name>.tmp`,
+        // complete and fsynced.
+        let mut renamed = false;
+        for name in &meta.layers {
+            let path = dir.join(name);
+            let tmp = dir.join(format!("{name}.tmp"));
+            if !path.exists() && tmp.exists() {
+                info!(file = %path.display(), "completing the rename of a layer file the metadata lists");
+                std::fs::rename(&tmp, &path).map_err(StorageError::io("renaming", &tmp))?;
+                renamed = true;
+            }
+        }
+        if renamed && res.fsync {
+            sync_dir(&dir)?;
+        }
         let listed: BTreeSet<&str> = meta.layers.iter().map(String::as_str).collect();
+        let removed: BTreeSet<&str> = meta.removed_layers.iter().map(String::as_str).collect();
         let mut unexpected = Vec::new();
         let mut garbage = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(StorageError::io("listing", &dir))? {
@@ -364,7 +423,7 @@ impl Timeline {
                 continue;
             }
             let unfinished_flush = name.parse::<LayerName>().is_ok_and(|l| l.lsn_start > meta.disk_consistent_lsn);
-            if name.ends_with(".tmp") || unfinished_flush {
+            if name.ends_with(".tmp") || unfinished_flush || removed.contains(name.as_str()) {
                 garbage.push(entry.path());
             } else {
                 unexpected.push(name);
@@ -385,19 +444,18 @@ impl Timeline {
                 ),
             });
         }
-        let mut deltas = Vec::new();
+        let mut historic = HistoricLayers::default();
         let mut broken = None;
         for name in &meta.layers {
-            match LayerFile::open(&dir.join(name), &res.files) {
-                Ok(l) => deltas.push(Arc::new(l)),
-                Err(e) => {
-                    broken = Some(e.to_string());
-                    break;
-                }
+            let opened = LayerFile::open(&dir.join(name), &res.files)
+                .map_err(|e| e.to_string())
+                .and_then(|l| historic.insert(Arc::new(l)).map_err(|e| format!("{}: {e}", dir.display())));
+            if let Err(e) = opened {
+                broken = Some(e);
+                break;
             }
         }
-        deltas.sort_by_key(|l| l.name.lsn_start);
-        let tl = Timeline::new(dir, meta, deltas, res);
+        let tl = Timeline::new(dir, meta, historic, res);
         if let Some(reason) = broken {
             tl.set_broken(BrokenKind::Files, reason);
         }
@@ -471,6 +529,24 @@ impl Timeline {
 
     pub fn disk_consistent_lsn(&self) -> Lsn {
         self.meta.lock().disk_consistent_lsn
+    }
+
+    /// Whether so many L0 deltas wait for compaction that ingest must slow down.
+    pub fn backpressure(&self) -> bool {
+        self.layers.read().historic.l0_count() >= self.policy.l0_backpressure_threshold
+    }
+
+    /// The LSN reported to the safekeepers as applied: `disk_consistent_lsn`,
+    /// or, while L0s pile up past `l0_backpressure_threshold`, the start of
+    /// the oldest of them. The proposer holds commits back while consumers
+    /// lag more than its limit, so ingest slows until compaction catches up
+    /// (`docs/bottomless-pageserver.md`, "Backpressure").
+    pub fn feedback_lsn(&self) -> Lsn {
+        let dcl = self.disk_consistent_lsn();
+        if !self.backpressure() {
+            return dcl;
+        }
+        self.layers.read().historic.l0().first().map_or(dcl, |l| l.name.lsn_start.min(dcl))
     }
 
     /// Resolves LSN 0 ("latest") and waits until `lsn` is ingested.
@@ -570,8 +646,9 @@ impl Timeline {
     fn flush_one(&self, layer: &Arc<InMemoryLayer>, lsns: RecordLsns) -> Result<(), StorageError> {
         let started = Instant::now();
         let delta = match layer.key_range() {
-            Some((first, last)) => {
-                let name = LayerName::delta(first, last.next(), layer.start_lsn, layer.end_lsn().expect("frozen"));
+            Some(_) => {
+                // An L0: every key (compaction sorts them into key ranges).
+                let name = LayerName::delta(Key::MIN, Key::MAX, layer.start_lsn, layer.end_lsn().expect("frozen"));
                 // Each step's error names the layer file (its temporary name).
                 let mut writer = LayerFileWriter::new(&self.dir, name)?;
                 layer.for_each(|k, l, v| writer.put(k, l, v))?;
@@ -583,6 +660,7 @@ impl Timeline {
             }
             None => None,
         };
+        let _files = self.layer_files_lock.lock();
         let mut next = self.metadata();
         if let Some(d) = &delta {
             next.layers.push(d.name.to_string());
@@ -590,16 +668,21 @@ impl Timeline {
         debug_assert!(lsns.last >= next.disk_consistent_lsn, "disk_consistent_lsn goes backwards");
         next.disk_consistent_lsn = lsns.last;
         next.prev_record_lsn = lsns.prev;
+        self.prune_removed(&mut next);
         self.write_metadata(&next)?;
         *self.meta.lock() = next;
         {
             let mut map = self.layers.write();
-            let (first, _) = map.frozen.remove(0);
-            debug_assert!(Arc::ptr_eq(&first, layer));
             if let Some(d) = &delta {
                 self.metrics.layer_bytes_written.inc_by(d.file_size);
-                map.deltas.push(d.clone());
+                let mut historic = (*map.historic).clone();
+                historic
+                    .insert(d.clone())
+                    .map_err(|e| StorageError::Invalid { path: self.dir.clone(), reason: e.to_string() })?;
+                map.historic = Arc::new(historic);
             }
+            let (first, _) = map.frozen.remove(0);
+            debug_assert!(Arc::ptr_eq(&first, layer));
         }
         self.metrics.layers_flushed.inc();
         info!(
@@ -616,9 +699,20 @@ impl Timeline {
         self.flush_frozen()
     }
 
-    pub fn layer_count(&self) -> (usize, usize) {
+    /// In-memory layers, and layer files by kind.
+    pub fn layer_count(&self) -> (usize, LayerCounts) {
         let map = self.layers.read();
-        (map.frozen.len() + 1, map.deltas.len())
+        (map.frozen.len() + 1, map.historic.counts())
+    }
+
+    /// The layer files now.
+    pub fn historic(&self) -> Arc<HistoricLayers> {
+        self.layers.read().historic.clone()
+    }
+
+    /// Drops from `removed_layers` the files that are gone.
+    fn prune_removed(&self, meta: &mut TimelineMetadata) {
+        meta.removed_layers.retain(|n| self.dir.join(n).exists());
     }
 
     // ---- reads ----
@@ -626,17 +720,20 @@ impl Timeline {
     /// Gathers the versions of `key` visible at `lsn`.
     fn versions(&self, key: &Key, lsn: Lsn) -> Result<Versions, ReadError> {
         self.check_broken()?;
-        let layers = self.layers.read().newest_first();
+        let (memory, historic) = self.layers.read().snapshot();
         let mut out = Versions::default();
         let mut visited = 0u32;
-        for layer in layers {
-            if layer.start_lsn() > lsn {
+        for layer in memory {
+            if layer.start_lsn > lsn {
                 continue;
             }
             visited += 1;
-            if layer.collect(key, lsn, &mut out)? {
+            if layer.collect(key, lsn, &mut out) {
                 break;
             }
+        }
+        if !out.complete() {
+            visited += historic.collect(key, lsn, &mut out)?;
         }
         self.metrics.read_layers_visited.observe(f64::from(visited));
         Ok(out)
@@ -656,11 +753,11 @@ impl Timeline {
                 .map(|_| Err(ReadError::Broken { timeline: self.timeline_id, reason: e.to_string() }))
                 .collect();
         }
-        let layers = self.layers.read().newest_first();
-        let mut found: Vec<Result<Versions, ReadError>> = keys.iter().map(|_| Ok(Versions::default())).collect();
+        let (memory, historic) = self.layers.read().snapshot();
+        let mut found: Vec<Result<Versions, LayerError>> = keys.iter().map(|_| Ok(Versions::default())).collect();
         let mut visited = vec![0u32; keys.len()];
-        for layer in layers {
-            if layer.start_lsn() > lsn {
+        for layer in memory {
+            if layer.start_lsn > lsn {
                 continue;
             }
             for ((key, slot), n) in keys.iter().zip(found.iter_mut()).zip(visited.iter_mut()) {
@@ -669,11 +766,10 @@ impl Timeline {
                     continue;
                 }
                 *n += 1;
-                if let Err(e) = layer.collect(key, lsn, v) {
-                    *slot = Err(e.into());
-                }
+                layer.collect(key, lsn, v);
             }
         }
+        historic.collect_many(keys, lsn, &mut found, &mut visited);
         for n in visited {
             self.metrics.read_layers_visited.observe(f64::from(n));
         }

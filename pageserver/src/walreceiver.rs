@@ -378,7 +378,7 @@ fn stream_wal(
         }
         if last_feedback.elapsed() >= FEEDBACK_INTERVAL {
             let mut out = Vec::new();
-            let applied_lsn = tl.disk_consistent_lsn();
+            let applied_lsn = tl.feedback_lsn();
             codec::encode_consumer(&ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn }), &mut out);
             frames.get_mut().write_all(&out).map_err(LinkError::from)?;
             last_feedback = Instant::now();

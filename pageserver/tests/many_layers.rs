@@ -72,7 +72,7 @@ fn twenty_thousand_layers_under_a_1024_file_limit() {
     let before = open_fds();
     let tl = Timeline::load(dir.clone(), &res).unwrap();
     assert!(tl.broken_reason().is_none());
-    assert_eq!(tl.layer_count().1, LAYERS as usize);
+    assert_eq!(tl.layer_count().1.l1, LAYERS as usize);
     // Every layer was opened once to check it, through the cache.
     assert!(metrics.layer_files.opens.get() >= LAYERS);
     assert!(res.files.len() <= 128);

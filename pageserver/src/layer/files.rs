@@ -144,8 +144,13 @@ impl Drop for CachedFile {
 mod tests {
     use super::*;
 
-    fn open_fds() -> usize {
-        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    /// Descriptors open on files in `dir` (other tests run in parallel).
+    fn open_fds(dir: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.starts_with(dir))
+            .count()
     }
 
     #[test]
@@ -160,7 +165,7 @@ mod tests {
                 cache.file(&p)
             })
             .collect();
-        let before = open_fds();
+        let before = open_fds(&dir);
         for round in 0..3 {
             for (i, f) in files.iter().enumerate() {
                 let mut buf = [0u8; 5];
@@ -169,7 +174,7 @@ mod tests {
                 assert!(cache.len() <= 8);
             }
         }
-        assert!(open_fds() <= before + 8, "descriptors stay bounded");
+        assert!(open_fds(&dir) <= before + 8, "descriptors stay bounded");
         // Recently used files stay open: a hot file is read without reopening.
         let opens = cache.metrics.opens.get();
         for _ in 0..100 {

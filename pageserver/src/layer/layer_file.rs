@@ -204,6 +204,22 @@ pub struct WriteError {
     pub source: std::io::Error,
 }
 
+/// The header of a layer file named `name`.
+fn encode_header(name: &LayerName) -> Vec<u8> {
+    let mut header = Vec::with_capacity(HEADER_SIZE);
+    header.extend_from_slice(name.kind.magic());
+    header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header.extend_from_slice(&0u32.to_le_bytes());
+    header.extend_from_slice(&name.key_start.encode());
+    header.extend_from_slice(&name.key_end.encode());
+    header.extend_from_slice(&name.lsn_start.0.to_le_bytes());
+    header.extend_from_slice(&name.lsn_end.0.to_le_bytes());
+    let crc = crc32c::crc32c(&header);
+    header.extend_from_slice(&crc.to_le_bytes());
+    debug_assert_eq!(header.len(), HEADER_SIZE);
+    header
+}
+
 /// Writes a layer file from versions given in key, then LSN order.
 pub struct LayerFileWriter {
     path: PathBuf,
@@ -213,6 +229,8 @@ pub struct LayerFileWriter {
     count: u64,
     last: Option<(Key, Lsn)>,
     name: LayerName,
+    /// The name the header and the temporary file were written with.
+    initial_name: LayerName,
     scratch: Vec<u8>,
     /// One compression context for the whole file (creating one per value costs more than compressing).
     compressor: zstd::bulk::Compressor<'static>,
@@ -226,18 +244,7 @@ impl LayerFileWriter {
         let failed = |op: &'static str| move |source| WriteError { op, path: at.clone(), source };
         let file = File::create(&path).map_err(failed("creating"))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
-        let mut header = Vec::with_capacity(HEADER_SIZE);
-        header.extend_from_slice(name.kind.magic());
-        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        header.extend_from_slice(&0u32.to_le_bytes());
-        header.extend_from_slice(&name.key_start.encode());
-        header.extend_from_slice(&name.key_end.encode());
-        header.extend_from_slice(&name.lsn_start.0.to_le_bytes());
-        header.extend_from_slice(&name.lsn_end.0.to_le_bytes());
-        let crc = crc32c::crc32c(&header);
-        header.extend_from_slice(&crc.to_le_bytes());
-        debug_assert_eq!(header.len(), HEADER_SIZE);
-        out.write_all(&header).map_err(failed("writing"))?;
+        out.write_all(&encode_header(&name)).map_err(failed("writing"))?;
         let compressor = zstd::bulk::Compressor::new(1).map_err(failed("compressing"))?;
         Ok(LayerFileWriter {
             path,
@@ -247,9 +254,24 @@ impl LayerFileWriter {
             count: 0,
             last: None,
             name,
+            initial_name: name,
             scratch: Vec::new(),
             compressor,
         })
+    }
+
+    /// Sets the end of the key range, known only once the last key is
+    /// written (compaction and image creation cut files by size). The
+    /// header and the temporary name follow at `finish`.
+    pub fn set_key_end(&mut self, key_end: Key) {
+        debug_assert!(self.last.is_none_or(|(k, _)| k < key_end), "a written key lies beyond the new end");
+        debug_assert!(key_end >= self.name.key_start);
+        self.name.key_end = key_end;
+    }
+
+    /// The name the file will have.
+    pub fn name(&self) -> LayerName {
+        self.name
     }
 
     /// The temporary file being written.
@@ -297,8 +319,52 @@ impl LayerFileWriter {
         Ok(())
     }
 
+    /// Appends a version copied as stored from another layer file (no
+    /// decompression); the same order rules as [`LayerFileWriter::put`].
+    pub fn put_raw(&mut self, v: &RawVersion) -> Result<(), WriteError> {
+        let base = v.flags & FLAG_BASE != 0;
+        if self.name.kind == LayerKind::Image
+            && (!base || v.lsn != self.name.lsn_start || self.last.is_some_and(|(k, _)| k == v.key))
+        {
+            let why = format!("an image layer holds one base version per key, at its LSN (key {}, {})", v.key, v.lsn);
+            return Err(WriteError { op: "writing", path: self.path.clone(), source: std::io::Error::other(why) });
+        }
+        debug_assert!(self.last.is_none_or(|l| l <= (v.key, v.lsn)), "versions out of order");
+        debug_assert!(v.key >= self.name.key_start && v.key < self.name.key_end);
+        debug_assert!(v.lsn >= self.name.lsn_start && v.lsn < self.name.lsn_end);
+        self.last = Some((v.key, v.lsn));
+        self.out.write_all(&v.bytes).map_err(self.failed("writing"))?;
+        let crc = crc32c::crc32c(&v.bytes);
+        Entry { key: v.key, lsn: v.lsn, offset: self.offset, len: v.bytes.len() as u32, crc, flags: v.flags }
+            .encode(&mut self.index);
+        self.offset += v.bytes.len() as u64;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Bytes written so far (values only).
+    pub fn written(&self) -> u64 {
+        self.offset
+    }
+
+    /// Versions written so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
     /// Writes the index and footer, fsyncs (if asked) and renames the file to its final name.
-    pub fn finish(mut self, fsync: bool) -> Result<PathBuf, WriteError> {
+    pub fn finish(self, fsync: bool) -> Result<PathBuf, WriteError> {
+        let path = self.finish_unrenamed(fsync)?;
+        let name = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".tmp")).map(str::to_string);
+        let final_path = path.with_file_name(name.expect("the writer names its file <name>.tmp"));
+        std::fs::rename(&path, &final_path).map_err(|source| WriteError { op: "renaming", path, source })?;
+        Ok(final_path)
+    }
+
+    /// Writes the index and footer and fsyncs (if asked), leaving the file
+    /// under its temporary name `<name>.tmp`, which it returns: the caller
+    /// renames it once the metadata that lists it is durable.
+    pub fn finish_unrenamed(mut self, fsync: bool) -> Result<PathBuf, WriteError> {
         let index_offset = self.offset;
         let index = std::mem::take(&mut self.index);
         self.out.write_all(&index).map_err(self.failed("writing"))?;
@@ -309,16 +375,23 @@ impl LayerFileWriter {
         footer.extend_from_slice(&0u32.to_le_bytes());
         footer.extend_from_slice(self.name.kind.end_magic());
         self.out.write_all(&footer).map_err(self.failed("writing"))?;
-        let LayerFileWriter { path, out, name, .. } = self;
-        let at = &path;
-        let failed = |op: &'static str| move |source| WriteError { op, path: at.clone(), source };
-        let file = out.into_inner().map_err(|e| failed("writing")(e.into_error()))?;
-        if fsync {
-            file.sync_all().map_err(failed("syncing"))?;
+        let LayerFileWriter { mut path, out, name, initial_name, .. } = self;
+        let failed = |op: &'static str, at: &Path| {
+            let at = at.to_path_buf();
+            move |source| WriteError { op, path: at, source }
+        };
+        let file = out.into_inner().map_err(|e| failed("writing", &path)(e.into_error()))?;
+        if name != initial_name {
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(&encode_header(&name), 0).map_err(failed("writing", &path))?;
+            let renamed = path.with_file_name(format!("{name}.tmp"));
+            std::fs::rename(&path, &renamed).map_err(failed("renaming", &path))?;
+            path = renamed;
         }
-        let final_path = path.with_file_name(name.to_string());
-        std::fs::rename(&path, &final_path).map_err(failed("renaming"))?;
-        Ok(final_path)
+        if fsync {
+            file.sync_all().map_err(failed("syncing", &path))?;
+        }
+        Ok(path)
     }
 }
 
@@ -355,6 +428,9 @@ pub struct LayerFile {
     summary: Vec<(Key, Lsn)>,
     filter: super::bloom::KeyFilter,
     pub file_size: u64,
+    /// Set once the layer is no longer part of its timeline: the file is
+    /// deleted when the last read holding it lets go.
+    removed: std::sync::atomic::AtomicBool,
 }
 
 impl LayerFile {
@@ -467,7 +543,23 @@ impl LayerFile {
         if crc != index_crc {
             return Err(corrupt("index CRC mismatch".into()));
         }
-        Ok(LayerFile { name, path: path.to_path_buf(), file, index_offset, count, summary, filter, file_size })
+        Ok(LayerFile {
+            name,
+            path: path.to_path_buf(),
+            file,
+            index_offset,
+            count,
+            summary,
+            filter,
+            file_size,
+            removed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Marks the layer as no longer part of its timeline: its file is
+    /// deleted when the last holder drops it (reads in flight finish first).
+    pub fn mark_removed(&self) {
+        self.removed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// First key and LSN of every index block (for tests and fuzzing).
@@ -493,7 +585,8 @@ impl LayerFile {
         Ok(buf.chunks_exact(ENTRY_SIZE).map(Entry::decode).collect())
     }
 
-    fn read_value(&self, e: &Entry) -> Result<Value, LayerError> {
+    /// The stored bytes of a value, checked against their CRC.
+    fn read_stored(&self, e: &Entry) -> Result<Vec<u8>, LayerError> {
         if e.len > MAX_VALUE {
             return Err(self.corrupt(format!("value of {} bytes at offset {}", e.len, e.offset)));
         }
@@ -504,6 +597,11 @@ impl LayerFile {
         if crc32c::crc32c(&buf) != e.crc {
             return Err(self.corrupt(format!("CRC mismatch in the value of key {} at offset {}", e.key, e.offset)));
         }
+        Ok(buf)
+    }
+
+    fn read_value(&self, e: &Entry) -> Result<Value, LayerError> {
+        let buf = self.read_stored(e)?;
         let raw = if e.flags & FLAG_ZSTD != 0 {
             decompress(&buf).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))?
         } else {
@@ -566,6 +664,27 @@ impl LayerFile {
         image
     }
 
+    /// Every version in key, then LSN order, as stored (each checked
+    /// against its CRC): the input of compaction.
+    pub fn scan(&self) -> Scan<'_> {
+        Scan { layer: self, block: 0, entries: Vec::new(), next: 0, values: true }
+    }
+
+    /// Every (key, LSN) in order, from the index alone.
+    pub fn scan_keys(&self) -> Scan<'_> {
+        Scan { layer: self, block: 0, entries: Vec::new(), next: 0, values: false }
+    }
+
+    /// Decodes a version read by [`LayerFile::scan`].
+    pub fn decode_raw(&self, v: &RawVersion) -> Result<Value, LayerError> {
+        let raw = if v.flags & FLAG_ZSTD != 0 {
+            decompress(&v.bytes).map_err(|err| self.corrupt(format!("value of key {} at {}: {err}", v.key, v.lsn)))?
+        } else {
+            v.bytes.clone()
+        };
+        Value::decode(&raw).map_err(|err| self.corrupt(format!("value of key {} at {}: {err}", v.key, v.lsn)))
+    }
+
     /// Number of versions stored.
     pub fn len(&self) -> u64 {
         self.count
@@ -573,6 +692,72 @@ impl LayerFile {
 
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+}
+
+impl Drop for LayerFile {
+    fn drop(&mut self) {
+        if self.removed.load(std::sync::atomic::Ordering::SeqCst) && matches!(self.file, Source::File(_)) {
+            match std::fs::remove_file(&self.path) {
+                Ok(()) => tracing::debug!(file = %self.path.display(), "deleted a removed layer file"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Left for the next load, which deletes the files the metadata lists as removed.
+                Err(e) => tracing::warn!(file = %self.path.display(), "deleting a removed layer file: {e}"),
+            }
+        }
+    }
+}
+
+/// A version as a layer file stores it: possibly compressed, with its flags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawVersion {
+    pub key: Key,
+    pub lsn: Lsn,
+    pub flags: u8,
+    /// Empty when only keys are scanned.
+    pub bytes: Vec<u8>,
+}
+
+impl RawVersion {
+    pub fn is_base(&self) -> bool {
+        self.flags & FLAG_BASE != 0
+    }
+}
+
+/// Iterator over a layer file's versions in order (see [`LayerFile::scan`]).
+pub struct Scan<'a> {
+    layer: &'a LayerFile,
+    block: usize,
+    entries: Vec<Entry>,
+    next: usize,
+    values: bool,
+}
+
+impl Iterator for Scan<'_> {
+    type Item = Result<RawVersion, LayerError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next == self.entries.len() {
+            if self.block * ENTRIES_PER_BLOCK >= self.layer.count as usize {
+                return None;
+            }
+            match self.layer.read_block(self.block) {
+                Ok(entries) => self.entries = entries,
+                Err(e) => {
+                    // Stop after an error: the caller gets it once.
+                    self.block = usize::MAX / ENTRIES_PER_BLOCK;
+                    return Some(Err(e));
+                }
+            }
+            self.block += 1;
+            self.next = 0;
+        }
+        let e = self.entries[self.next];
+        self.next += 1;
+        if !self.values {
+            return Some(Ok(RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes: Vec::new() }));
+        }
+        Some(self.layer.read_stored(&e).map(|bytes| RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes }))
     }
 }
 

@@ -33,12 +33,20 @@ pub fn metadata(start: Lsn, system_id: u64) -> TimelineMetadata {
         disk_consistent_lsn: Lsn::INVALID,
         prev_record_lsn: Lsn::INVALID,
         layers: Vec::new(),
+        removed_layers: Vec::new(),
     }
 }
 
 /// Resources without fsync and with 1 MiB in-memory layers.
 pub fn resources(metrics: Arc<Metrics>, files: Arc<FileCache>) -> TimelineResources {
-    TimelineResources { fsync: false, checkpoint_distance: 1 << 20, metrics, files, verify_redo: false }
+    TimelineResources {
+        fsync: false,
+        checkpoint_distance: 1 << 20,
+        metrics,
+        files,
+        verify_redo: false,
+        policy: Default::default(),
+    }
 }
 
 /// A fresh directory for a test's timeline.

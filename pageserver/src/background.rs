@@ -1,0 +1,89 @@
+//! The compactor: one thread per pageserver that visits every timeline in
+//! turn, compacting L0 deltas and creating images when they are due, and
+//! keeps the layer gauges current. One thread (not one per timeline) bounds
+//! the disk bandwidth and memory that background work takes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{error, warn};
+
+use crate::tenants::Tenants;
+use crate::timeline::{CompactionError, Throttle};
+
+/// The compactor thread; stopped (and joined) by [`Compactor::stop`].
+pub struct Compactor {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Compactor {
+    pub fn spawn(tenants: Arc<Tenants>) -> std::io::Result<Compactor> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = std::thread::Builder::new().name("compactor".into()).spawn({
+            let stop = stop.clone();
+            move || run(&tenants, &stop)
+        })?;
+        Ok(Compactor { stop, handle: Some(handle) })
+    }
+
+    /// Stops a compaction in progress (its temporary files are removed) and waits for the thread.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn run(tenants: &Tenants, stop: &AtomicBool) {
+    let period = tenants.conf.compaction_period;
+    let rate = tenants.conf.compaction_max_bytes_per_second;
+    while !stop.load(Ordering::SeqCst) {
+        let started = Instant::now();
+        let (mut l0, mut l1, mut image, mut pressed) = (0, 0, 0, 0);
+        for entry in tenants.all() {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let tl = &entry.tl;
+            if tl.is_broken() {
+                continue;
+            }
+            // A panic here is a bug in compaction: it breaks this timeline
+            // (re-read from disk), not the pageserver.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tl.compact(false, &mut Throttle::new(rate), stop)
+            }));
+            match result {
+                Ok(Ok(_)) | Ok(Err(CompactionError::Cancelled)) => {}
+                Ok(Err(e)) => {
+                    tenants.metrics.compaction_errors.inc();
+                    warn!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction failed (retried later): {e}");
+                }
+                Err(panic) => {
+                    tenants.metrics.compaction_errors.inc();
+                    let message = strata_service::panic_message(&*panic);
+                    error!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction panicked: {message}");
+                    tl.set_broken(crate::timeline::BrokenKind::Panic, format!("compaction panicked: {message}"));
+                }
+            }
+            let (_, counts) = tl.layer_count();
+            l0 += counts.l0;
+            l1 += counts.l1;
+            image += counts.image;
+            pressed += usize::from(tl.backpressure());
+        }
+        tenants.metrics.l0_layers.set(l0 as i64);
+        tenants.metrics.l1_layers.set(l1 as i64);
+        tenants.metrics.image_layers.set(image as i64);
+        tenants.metrics.backpressure_timelines.set(pressed as i64);
+        let mut rest = period.saturating_sub(started.elapsed());
+        while !rest.is_zero() && !stop.load(Ordering::SeqCst) {
+            let step = rest.min(Duration::from_millis(100));
+            std::thread::sleep(step);
+            rest -= step;
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Compaction and image creation change where versions live, never what a
+//! read returns: reads at every LSN are the same before and after, and
+//! after a reload; replaced files are deleted; a read at the newest LSN
+//! visits a bounded number of layers; a crash between the metadata and
+//! the renames is completed at load.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_formats::types::{ForkNumber, RelFileNode};
+use strata_formats::Lsn;
+use strata_pageserver::key::{Key, RelTag};
+use strata_pageserver::layer::files::FileCache;
+use strata_pageserver::layer::map::RecordLsns;
+use strata_pageserver::metrics::Metrics;
+use strata_pageserver::timeline::{LayerPolicy, Throttle, Timeline, TimelineResources};
+use strata_pageserver::value::Value;
+use strata_redo::NativeRecord;
+
+const TAG: RelTag = RelTag { rel: RelFileNode { spc: 1663, db: 5, rel: 16384 }, fork: ForkNumber::VisibilityMap };
+const KEYS: u32 = 40;
+const PER_ROUND: u64 = 60;
+
+fn resources() -> TimelineResources {
+    let mut res = common::resources(Arc::new(Metrics::new()), FileCache::new(16, Default::default()));
+    res.policy = LayerPolicy {
+        compaction_threshold: 4,
+        // Small files, so that a run has several and reads cross them.
+        compaction_target_size: 64 << 10,
+        image_creation_threshold: 2,
+        l0_backpressure_threshold: 8,
+    };
+    res
+}
+
+fn lsn(i: u64) -> Lsn {
+    Lsn(0x100_0000 + 0x100 * i)
+}
+
+/// A page that does not compress, different for each `seed`.
+fn noise(seed: u64) -> Bytes {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut page = vec![0u8; 8192];
+    for chunk in page.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    Bytes::from(page)
+}
+
+/// Record `i` writes one key: every 9th version of a key is an image, the
+/// others clear a bit of it (native redo on top).
+fn write_rounds(tl: &Timeline, rounds: std::ops::Range<u64>) {
+    for r in rounds {
+        for i in r * PER_ROUND..(r + 1) * PER_ROUND {
+            let i = i + 1;
+            let block = (i * 7 % u64::from(KEYS)) as u32;
+            let v = if (i / u64::from(KEYS)) % 9 == 0 {
+                Value::Image(noise(i))
+            } else {
+                Value::Native(NativeRecord::ClearVmBits(vec![((i % 4000) as u32, 1)]))
+            };
+            tl.commit_record(
+                vec![(Key::rel_block(TAG, block), lsn(i), v)],
+                RecordLsns { last: lsn(i), prev: lsn(i - 1) },
+            );
+        }
+        tl.checkpoint().unwrap();
+    }
+}
+
+/// Every key at every 5th LSN up to record `upto`.
+fn reads(tl: &Timeline, upto: u64) -> BTreeMap<(u64, u32), Option<Bytes>> {
+    let mut out = BTreeMap::new();
+    for i in (1..=upto).step_by(5).chain([upto]) {
+        for b in 0..KEYS {
+            out.insert((i, b), tl.get(&Key::rel_block(TAG, b), lsn(i)).unwrap());
+        }
+    }
+    out
+}
+
+fn layer_files_on_disk(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "metadata.json")
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn compaction_and_images_keep_every_read_the_same() {
+    let dir = common::test_dir("compaction");
+    let res = resources();
+    let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
+    let never = AtomicBool::new(false);
+    write_rounds(&tl, 0..6);
+    let before = reads(&tl, 6 * PER_ROUND);
+    assert_eq!(tl.layer_count().1.l0, 6);
+
+    // Six L0s (threshold 4) become one run of L1s; no image yet (one run, threshold 2).
+    let outcome = tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+    assert_eq!(outcome.l0_compacted, 6, "{outcome:?}");
+    assert!(outcome.l1_written >= 2, "files are cut at the target size: {outcome:?}");
+    assert_eq!(outcome.images_written, 0);
+    let counts = tl.layer_count().1;
+    assert_eq!((counts.l0, counts.l1, counts.image), (0, outcome.l1_written, 0));
+    assert_eq!(reads(&tl, 6 * PER_ROUND), before, "compaction changed a read");
+    // The L0 files are gone (no read holds them); the directory holds what the metadata lists.
+    let mut listed = tl.metadata().layers.clone();
+    listed.sort();
+    assert_eq!(layer_files_on_disk(&dir), listed);
+
+    // Below the threshold nothing happens.
+    write_rounds(&tl, 6..9);
+    assert_eq!(tl.compact(false, &mut Throttle::new(0), &never).unwrap(), Default::default());
+    // The fourth L0 starts a second compaction, and the second run above no image, an image.
+    write_rounds(&tl, 9..10);
+    let before = reads(&tl, 10 * PER_ROUND);
+    let outcome = tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+    assert_eq!(outcome.l0_compacted, 4, "{outcome:?}");
+    assert!(outcome.images_written >= 1, "{outcome:?}");
+    assert_eq!(outcome.image_lsn, Some(lsn(10 * PER_ROUND)), "images at the end of the newest L1 run");
+    assert_eq!(reads(&tl, 10 * PER_ROUND), before, "compaction or images changed a read");
+
+    // A read at the newest LSN stops at the image.
+    write_rounds(&tl, 10..11);
+    let text_before = res.metrics.render();
+    let visits = |text: &str| -> (f64, f64) {
+        let value = |name: &str| -> f64 {
+            text.lines().find(|l| l.starts_with(name)).unwrap().rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        (value("strata_pageserver_read_layers_visited_sum"), value("strata_pageserver_read_layers_visited_count"))
+    };
+    let (s0, c0) = visits(&text_before);
+    let untouched = Key::rel_block(TAG, KEYS + 5);
+    assert_eq!(tl.get(&untouched, lsn(11 * PER_ROUND)).unwrap(), None);
+    let (s1, c1) = visits(&res.metrics.render());
+    assert_eq!(c1 - c0, 1.0);
+    // The newest L0, then the image run ends the search (the open layer
+    // starts after the read's LSN; the L1s below the image are not visited).
+    assert_eq!(s1 - s0, 2.0, "layers visited for a key without a value");
+
+    // A reload from disk reads the same.
+    let all = reads(&tl, 11 * PER_ROUND);
+    let meta = tl.metadata();
+    drop(tl);
+    let tl = Timeline::load(dir.clone(), &res).unwrap();
+    assert!(tl.broken().is_none(), "{:?}", tl.broken());
+    assert_eq!(reads(&tl, 11 * PER_ROUND), all);
+
+    // A crash after the metadata listed new files but before their rename:
+    // load completes the rename. A file the metadata lists as removed is deleted.
+    let l1 = meta.layers.iter().find(|n| n.ends_with(".delta") && !n.starts_with(&Key::MIN.to_string())).unwrap();
+    drop(tl);
+    std::fs::rename(dir.join(l1), dir.join(format!("{l1}.tmp"))).unwrap();
+    let removed = meta.removed_layers.first().cloned().unwrap_or_else(|| "000000000000000000000000000000000000-FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF__0000000001000001-0000000001000002.delta".into());
+    let mut with_removed = meta.clone();
+    with_removed.removed_layers = vec![removed.clone()];
+    std::fs::write(dir.join("metadata.json"), serde_json::to_vec(&with_removed).unwrap()).unwrap();
+    std::fs::write(dir.join(&removed), b"an old L0 whose deletion a crash cut short").unwrap();
+    let tl = Timeline::load(dir.clone(), &res).unwrap();
+    assert!(tl.broken().is_none(), "{:?}", tl.broken());
+    assert!(dir.join(l1).exists() && !dir.join(format!("{l1}.tmp")).exists());
+    assert!(!dir.join(&removed).exists());
+    assert_eq!(reads(&tl, 11 * PER_ROUND), all);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn l0s_past_the_threshold_hold_back_the_reported_lsn() {
+    let dir = common::test_dir("backpressure");
+    let res = resources();
+    let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
+    write_rounds(&tl, 0..7);
+    assert!(!tl.backpressure());
+    assert_eq!(tl.feedback_lsn(), tl.disk_consistent_lsn());
+    write_rounds(&tl, 7..8);
+    assert!(tl.backpressure(), "8 L0s reach the threshold");
+    let oldest = tl.historic().l0()[0].name.lsn_start;
+    assert_eq!(tl.feedback_lsn(), oldest, "the applied LSN reported stops at the oldest L0");
+    let never = AtomicBool::new(false);
+    tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+    assert!(!tl.backpressure());
+    assert_eq!(tl.feedback_lsn(), tl.disk_consistent_lsn());
+    // A compaction stopped by shutdown leaves no file behind and changes nothing.
+    write_rounds(&tl, 8..12);
+    let files = layer_files_on_disk(&dir);
+    let stop = AtomicBool::new(true);
+    assert!(tl.compact(false, &mut Throttle::new(0), &stop).is_err());
+    assert_eq!(layer_files_on_disk(&dir), files);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,135 @@
+"""Compaction and image creation under a real workload, through the CLI's
+cluster: the pageserver runs with 1 MiB in-memory layers and low
+thresholds, so pgbench makes many L0 deltas that the background compactor
+merges into L1 runs and covers with images while the compute writes. Every
+page of the compute's data directory then equals the pageserver's at the
+compute's checkpoint (PostgreSQL's masking rules), before and after a
+forced compaction; an older LSN still serves the older pages; pgbench's
+invariants hold; and a read at the newest LSN visits few layers."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+from fixtures.page_mask import masked
+from fixtures.checks import assert_pgbench_invariants, pgbench_state
+from fixtures.strata import format_lsn, parse_lsn
+from test_pageserver import (PageserverApi, catalog, compare_data_dir, current_lsn, start_endpoint,
+                             wait_quiet)
+
+SCALE = 4
+SMALL_LAYERS = {
+    "checkpoint_distance": 1 << 20,
+    "compaction_threshold": 3,
+    "compaction_target_size": 1 << 20,
+    "image_creation_threshold": 2,
+    "compaction_period": 0.2,
+}
+
+
+def configure_pageserver(cluster, settings: dict) -> None:
+    conf = cluster.workdir / "pageserver" / "pageserver.toml"
+    text = conf.read_text()
+    for key, value in settings.items():
+        line = f"{key} = {json.dumps(value)}"
+        text, n = re.subn(rf"^{key} = .*$", line, text, flags=re.M)
+        if not n:
+            text += line + "\n"
+    conf.write_text(text)
+
+
+def checkpoint_compact(ps: PageserverApi) -> dict:
+    code, body = ps.request("POST", ps.tl_path() + "/checkpoint?compact=true", timeout=600)
+    assert code == 200, (code, body)
+    return json.loads(body)
+
+
+def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
+    cluster = cluster_factory(start=False)
+    configure_pageserver(cluster, SMALL_LAYERS)
+    cluster.start()
+    ps = PageserverApi(cluster)
+    ep = start_endpoint(cluster)
+    with ep.connect() as conn:
+        conn.execute("ALTER SYSTEM SET autovacuum = off")
+        conn.execute("SELECT pg_reload_conf()")
+        # So that template0's catalog can be read (page kinds of its relations).
+        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    with ep.connect() as conn:
+        conn.execute("CHECKPOINT")
+        early = current_lsn(conn)
+        accounts = conn.execute("SELECT pg_relation_filepath('pgbench_accounts')").fetchone()[0]
+    early_accounts = (ep.pgdata / accounts).read_bytes()
+
+    # While pgbench runs, watch the layers the compactor keeps in check.
+    seen = {"l0": 0, "images": 0, "samples": 0}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            st = ps.status()
+            seen["l0"] = max(seen["l0"], st["l0_layers"])
+            seen["images"] = max(seen["images"], st["image_layers"])
+            seen["samples"] += 1
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        ep.run(["pgbench", "-n", "-c", "4", "-T", "25"], timeout=300)
+    finally:
+        stop.set()
+        watcher.join()
+    metrics = cluster.metrics("pageserver")
+    print("\nlayers while pgbench ran:", seen, {k: v for k, v in metrics.items() if "compaction" in k or "image" in k})
+    assert metrics["strata_pageserver_compactions_total"] >= 2, metrics
+    assert metrics["strata_pageserver_image_layers_created_total"] >= 1, metrics
+    assert metrics["strata_pageserver_compaction_errors_total"] == 0
+    assert seen["samples"] > 10 and seen["images"] >= 1, seen
+
+    with ep.connect() as conn:
+        assert_pgbench_invariants(pgbench_state(conn), SCALE)
+    wait_quiet(ep)
+    dbs, rels = catalog(ep)
+    with ep.connect() as conn:
+        conn.execute("CHECKPOINT")
+        lsn = current_lsn(conn)
+    st = ps.wait_lsn(lsn)
+    assert st["state"] == "active", st
+    cmp = compare_data_dir(ps, ep, rels, lsn, keep=True)
+    print("pages after background compaction:", json.dumps(cmp.summary()))
+    assert not cmp.mismatches and not cmp.size_mismatches, json.dumps(cmp.mismatches[:5] + cmp.size_mismatches[:5])
+    assert cmp.blocks_compared > 1000 and cmp.by_kind["heap"] > 0 and cmp.by_kind["btree"] > 0, cmp.summary()
+
+    # Everything compacted and imaged now: the same bytes from the new layers.
+    st = checkpoint_compact(ps)
+    print("after a forced compaction:", {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers", "layer_bytes")},
+          st["compaction"])
+    assert st["l0_layers"] == 0 and st["image_layers"] >= 1, st
+    for key, page in cmp.fetched.items():
+        spc, db, rel, fork, block = key
+        code, served = ps.page(spc, db, rel, fork, block, lsn)
+        assert code == 200 and served == page, f"{key} changed with compaction"
+
+    # The early LSN still serves the pages of that time (from L1 deltas below the images).
+    db_oid = dbs["postgres"]
+    rel = int(accounts.rsplit("/", 1)[1])
+    for block in range(0, len(early_accounts) // 8192, 37):
+        code, served = ps.page(1663, db_oid, rel, "main", block, early)
+        assert code == 200, (block, served)
+        # Pages equal after PostgreSQL's masking (hint bits set later).
+        assert masked(served, "heap", block) == masked(early_accounts[block * 8192:(block + 1) * 8192], "heap", block), \
+            f"pgbench_accounts block {block} at {format_lsn(early)}"
+
+    # A read at the newest LSN stops at the first image: few layers, however long the history.
+    before = cluster.metrics("pageserver")
+    code, _ = ps.page(1663, db_oid, rel, "main", 1, lsn)
+    after = cluster.metrics("pageserver")
+    visited = after["strata_pageserver_read_layers_visited_sum"] - before["strata_pageserver_read_layers_visited_sum"]
+    reads = after["strata_pageserver_read_layers_visited_count"] - before["strata_pageserver_read_layers_visited_count"]
+    assert code == 200 and reads >= 1
+    assert visited / reads <= 3, (visited, reads)
