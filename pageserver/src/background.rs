@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 use tracing::{error, warn};
 
 use crate::tenants::Tenants;
-use crate::timeline::{CompactionError, Throttle};
+use std::collections::HashMap;
+
+use strata_protocol::{TenantId, TimelineId};
+
+use crate::timeline::{pg_now, CompactionError, Throttle};
 
 /// The compactor thread; stopped (and joined) by [`Compactor::stop`].
 pub struct Compactor {
@@ -40,6 +44,8 @@ impl Compactor {
 fn run(tenants: &Tenants, stop: &AtomicBool) {
     let period = tenants.conf.compaction_period;
     let rate = tenants.conf.compaction_max_bytes_per_second;
+    let gc_policy = tenants.conf.gc_policy();
+    let mut last_gc: HashMap<(TenantId, TimelineId), Instant> = HashMap::new();
     while !stop.load(Ordering::SeqCst) {
         let started = Instant::now();
         let (mut l0, mut l1, mut image, mut pressed) = (0, 0, 0, 0);
@@ -56,17 +62,27 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 tl.compact(false, &mut Throttle::new(rate), stop)
             }));
+            let key = (tl.tenant_id, tl.timeline_id);
+            let result = match result {
+                Ok(Ok(_)) if last_gc.get(&key).is_none_or(|t| t.elapsed() >= tenants.conf.gc_period) => {
+                    last_gc.insert(key, Instant::now());
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        tl.gc(&gc_policy, pg_now()).map(|_| Default::default())
+                    }))
+                }
+                other => other,
+            };
             match result {
                 Ok(Ok(_)) | Ok(Err(CompactionError::Cancelled)) => {}
                 Ok(Err(e)) => {
                     tenants.metrics.compaction_errors.inc();
-                    warn!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction failed (retried later): {e}");
+                    warn!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction or GC failed (retried later): {e}");
                 }
                 Err(panic) => {
                     tenants.metrics.compaction_errors.inc();
                     let message = strata_service::panic_message(&*panic);
-                    error!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction panicked: {message}");
-                    tl.set_broken(crate::timeline::BrokenKind::Panic, format!("compaction panicked: {message}"));
+                    error!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction or GC panicked: {message}");
+                    tl.set_broken(crate::timeline::BrokenKind::Panic, format!("compaction or GC panicked: {message}"));
                 }
             }
             let (_, counts) = tl.layer_count();

@@ -74,6 +74,15 @@ pub struct PageserverConfig {
     /// How often each timeline is checked for compaction and image creation.
     #[serde(default = "default_compaction_period", with = "seconds")]
     pub compaction_period: Duration,
+    /// Pages stay readable at any LSN committed within this long (seconds; 0: none kept).
+    #[serde(default = "default_pitr_interval", with = "strata_service::config::retention_seconds")]
+    pub pitr_interval: Duration,
+    /// ... and within this many bytes of WAL behind the newest durable LSN.
+    #[serde(default = "default_gc_horizon")]
+    pub gc_horizon: u64,
+    /// How often each timeline is garbage collected.
+    #[serde(default = "default_gc_period", with = "seconds")]
+    pub gc_period: Duration,
 }
 
 fn default_pg_bin_dir() -> PathBuf {
@@ -121,6 +130,15 @@ fn default_compaction_max_bytes_per_second() -> u64 {
 fn default_compaction_period() -> Duration {
     Duration::from_secs(1)
 }
+fn default_pitr_interval() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
+fn default_gc_horizon() -> u64 {
+    64 << 20
+}
+fn default_gc_period() -> Duration {
+    Duration::from_secs(60)
+}
 
 /// Descriptors kept for everything but client connections and layer
 /// files: WAL receiver sockets, metadata writes, flushes, initdb, logs.
@@ -145,6 +163,7 @@ impl PageserverConfig {
         check_range("image_creation_threshold", self.image_creation_threshold, 1, 1000)?;
         check_range("l0_backpressure_threshold", self.l0_backpressure_threshold, self.compaction_threshold, 10_000)?;
         check_duration("compaction_period", self.compaction_period)?;
+        check_duration("gc_period", self.gc_period)?;
         if self.listen_pg == self.listen_http && self.listen_pg.port() != 0 {
             return Err(ConfigError {
                 key: "listen_http",
@@ -165,6 +184,11 @@ impl PageserverConfig {
             image_creation_threshold: self.image_creation_threshold,
             l0_backpressure_threshold: self.l0_backpressure_threshold,
         }
+    }
+
+    /// How much history timelines keep.
+    pub fn gc_policy(&self) -> crate::timeline::GcPolicy {
+        crate::timeline::GcPolicy { pitr_interval: self.pitr_interval, gc_horizon: self.gc_horizon }
     }
 
     /// Checks that the connection limits and open layer files fit in the

@@ -29,6 +29,7 @@ fn read_error(e: ReadError) -> Response {
     let status = match e {
         ReadError::NotFound(_) => StatusCode::NOT_FOUND,
         ReadError::LsnTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        ReadError::BelowGcCutoff { .. } => StatusCode::GONE,
         ReadError::Layer(_) | ReadError::Corrupt { .. } | ReadError::Broken { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, e.to_string())
@@ -196,6 +197,9 @@ struct CheckpointQuery {
     /// Also compact every L0 and write images now (thresholds of one).
     #[serde(default)]
     compact: bool,
+    /// Then garbage collect with the pageserver's policy.
+    #[serde(default)]
+    gc: bool,
 }
 
 /// Flushes what was ingested (and, with `compact=true`, compacts and
@@ -214,20 +218,29 @@ async fn checkpoint(
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
     let tl = entry.tl.clone();
-    let work = move || -> Result<Option<crate::timeline::CompactionOutcome>, String> {
+    let gc_policy = tenants.conf.gc_policy();
+    let work = move || -> Result<serde_json::Value, String> {
         // A failed flush breaks the timeline (its status says why).
         tl.checkpoint().map_err(|e| e.to_string())?;
-        if !q.compact {
-            return Ok(None);
+        let mut done = serde_json::json!({});
+        if q.compact {
+            let never = std::sync::atomic::AtomicBool::new(false);
+            let outcome =
+                tl.compact(true, &mut crate::timeline::Throttle::new(0), &never).map_err(|e| e.to_string())?;
+            done["compaction"] = serde_json::json!(outcome);
         }
-        let never = std::sync::atomic::AtomicBool::new(false);
-        let outcome = tl.compact(true, &mut crate::timeline::Throttle::new(0), &never).map_err(|e| e.to_string())?;
-        Ok(Some(outcome))
+        if q.gc {
+            let outcome = tl.gc(&gc_policy, crate::timeline::pg_now()).map_err(|e| e.to_string())?;
+            done["gc"] = serde_json::json!(outcome);
+        }
+        Ok(done)
     };
     match tokio::task::spawn_blocking(work).await {
-        Ok(Ok(outcome)) => {
+        Ok(Ok(done)) => {
             let mut status = entry.status();
-            status["compaction"] = serde_json::json!(outcome);
+            for (k, v) in done.as_object().into_iter().flatten() {
+                status[k] = v.clone();
+            }
             Json(status).into_response()
         }
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),

@@ -128,6 +128,8 @@ pub fn import_datadir(
         prev_record_lsn: control.checkpoint,
         layers: Vec::new(),
         removed_layers: Vec::new(),
+        gc_cutoff_lsn: Lsn::INVALID,
+        retain_lsns: Vec::new(),
     };
     let tl = Timeline::create(dir, meta, res)?;
     let lsns = RecordLsns { last: end_lsn, prev: control.checkpoint };

@@ -130,7 +130,13 @@ pub struct WalIngest {
     dirty_twophase: bool,
     /// Records stored for native redo per page since its last image.
     chains: HashMap<Key, u32>,
+    /// The last commit time written to [`Key::commit_time`].
+    last_commit_time: Option<i64>,
 }
+
+/// Commit times are recorded at most this often (µs): GC and point-in-time
+/// lookups resolve times to LSNs at this granularity.
+pub const COMMIT_TIME_STEP_US: i64 = 1_000_000;
 
 /// The reason a record cannot be ingested; `ingest` wraps it into an
 /// [`IngestError`] naming the record and its LSN.
@@ -144,6 +150,7 @@ impl WalIngest {
         let checksums = tl.control_template()?.data_checksum_version != 0;
         let db_dir = tl.db_dir(last)?;
         let twophase = tl.twophase_xids(last)?;
+        let last_commit_time = tl.commit_time_at(last)?;
         Ok(WalIngest {
             tl,
             checkpoint,
@@ -161,6 +168,7 @@ impl WalIngest {
             dirty_slru: BTreeSet::new(),
             dirty_twophase: false,
             chains: HashMap::new(),
+            last_commit_time,
         })
     }
 
@@ -276,6 +284,12 @@ impl WalIngest {
                 }
                 for rel in &f.dropped_rels {
                     self.drop_rel(*rel)?;
+                }
+                if f.outcome == Outcome::Commit
+                    && self.last_commit_time.is_none_or(|t| f.xact_time >= t.saturating_add(COMMIT_TIME_STEP_US))
+                {
+                    self.last_commit_time = Some(f.xact_time);
+                    self.put(Key::commit_time(), Value::Image(Bytes::copy_from_slice(&f.xact_time.to_le_bytes())));
                 }
                 if f.prepared && self.twophase.remove(&xid) {
                     self.dirty_twophase = true;

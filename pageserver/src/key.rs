@@ -47,6 +47,7 @@ pub const KIND_TWOPHASE_DIR: u8 = 0x30;
 pub const KIND_TWOPHASE_FILE: u8 = 0x31;
 pub const KIND_CHECKPOINT: u8 = 0x40;
 pub const KIND_CONTROL: u8 = 0x41;
+pub const KIND_COMMIT_TIME: u8 = 0x42;
 
 /// Block number field of a relation-size key.
 const REL_SIZE_BLOCK: u32 = u32::MAX;
@@ -118,6 +119,10 @@ impl Key {
     }
     pub const fn control() -> Key {
         Key::simple(KIND_CONTROL)
+    }
+    /// The commit time of the last commit at or before an LSN (sparse: see ingest).
+    pub const fn commit_time() -> Key {
+        Key::simple(KIND_COMMIT_TIME)
     }
 
     /// The relation fork and block of a relation block key.

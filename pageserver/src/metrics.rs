@@ -44,6 +44,8 @@ pub struct Metrics {
     pub l1_layers: Gauge,
     pub image_layers: Gauge,
     pub backpressure_timelines: Gauge,
+    pub gc_layers_removed: Counter,
+    pub gc_bytes_removed: Counter,
     listeners: ListenerMetrics,
 }
 
@@ -83,6 +85,8 @@ impl Metrics {
             l1_layers: Gauge::default(),
             image_layers: Gauge::default(),
             backpressure_timelines: Gauge::default(),
+            gc_layers_removed: Counter::default(),
+            gc_bytes_removed: Counter::default(),
             listeners: ListenerMetrics::default(),
             registry: Registry::default(),
         };
@@ -175,6 +179,16 @@ impl Metrics {
             "backpressure_timelines",
             "Timelines whose ingest is slowed because L0 deltas wait for compaction",
             m.backpressure_timelines.clone(),
+        );
+        registry.register(
+            "gc_layers_removed",
+            "Layer files removed by garbage collection",
+            m.gc_layers_removed.clone(),
+        );
+        registry.register(
+            "gc_bytes_removed",
+            "Bytes of layer files removed by garbage collection",
+            m.gc_bytes_removed.clone(),
         );
         let listeners = ListenerMetrics::register(&mut registry);
         Metrics { registry, listeners, ..m }

@@ -68,7 +68,8 @@ pub async fn serve(listener: Listener, tenants: Arc<Tenants>) {
 
 fn error_code(e: &ReadError) -> ErrorCode {
     match e {
-        ReadError::NotFound(_) => ErrorCode::NotFound,
+        // The message names the cutoff.
+        ReadError::NotFound(_) | ReadError::BelowGcCutoff { .. } => ErrorCode::NotFound,
         ReadError::LsnTimeout { .. } => ErrorCode::LsnTimeout,
         ReadError::Layer(_) | ReadError::Corrupt { .. } | ReadError::Broken { .. } => ErrorCode::Corrupt,
     }

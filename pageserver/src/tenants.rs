@@ -340,6 +340,7 @@ impl TimelineEntry {
             "last_record_lsn": lsns.last,
             "prev_record_lsn": lsns.prev,
             "disk_consistent_lsn": meta.disk_consistent_lsn,
+            "gc_cutoff_lsn": meta.gc_cutoff_lsn,
             "wal_source": receiver.safekeeper,
             "safekeeper_commit_lsn": receiver.safekeeper_commit_lsn,
             "wal_source_error": receiver.last_error,

@@ -21,8 +21,10 @@ use strata_protocol::{TenantId, TimelineId};
 use tracing::{info, warn};
 
 mod compaction;
+mod gc;
 
 pub use compaction::{CompactionError, CompactionOutcome, Throttle};
+pub use gc::{pg_now, GcOutcome, GcPolicy};
 
 use crate::dirs;
 use crate::key::{Key, RelTag};
@@ -63,6 +65,16 @@ pub struct TimelineMetadata {
     /// when no read uses them any more, and at load.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed_layers: Vec<String>,
+    /// Reads below this LSN are refused: GC may have removed their versions.
+    #[serde(default, skip_serializing_if = "lsn_is_zero")]
+    pub gc_cutoff_lsn: Lsn,
+    /// LSNs whose pages GC keeps readable whatever the cutoff (branch points).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retain_lsns: Vec<Lsn>,
+}
+
+fn lsn_is_zero(lsn: &Lsn) -> bool {
+    *lsn == Lsn::INVALID
 }
 
 /// Results of checking native redo against PostgreSQL's images.
@@ -204,6 +216,8 @@ pub enum ReadError {
     LsnTimeout { timeline: TimelineId, lsn: Lsn, last: Lsn, waited: Duration },
     #[error("timeline {timeline} is broken: {reason}")]
     Broken { timeline: TimelineId, reason: String },
+    #[error("timeline {timeline}: {lsn} is below the GC cutoff {cutoff} (versions older than the cutoff may be gone; see pitr_interval and gc_horizon)")]
+    BelowGcCutoff { timeline: TimelineId, lsn: Lsn, cutoff: Lsn },
 }
 
 pub struct Timeline {
@@ -228,6 +242,8 @@ pub struct Timeline {
     layer_files_lock: Mutex<()>,
     /// Serializes compaction, image creation and GC.
     compaction_lock: Mutex<()>,
+    /// `gc_cutoff_lsn` of the metadata, for the read path.
+    gc_cutoff: std::sync::atomic::AtomicU64,
     policy: LayerPolicy,
     opened_at: Mutex<Instant>,
     /// Size of each relation fork (`None`: it does not exist) and the LSN
@@ -336,6 +352,8 @@ impl Timeline {
             prev_record_lsn: Lsn::INVALID,
             layers: Vec::new(),
             removed_layers: Vec::new(),
+            gc_cutoff_lsn: Lsn::INVALID,
+            retain_lsns: Vec::new(),
         };
         let tl = Timeline::new(dir, meta, HistoricLayers::default(), res);
         tl.set_broken(BrokenKind::Files, reason);
@@ -348,6 +366,7 @@ impl Timeline {
         let first =
             if meta.disk_consistent_lsn == Lsn::INVALID { meta.start_lsn } else { Lsn(meta.disk_consistent_lsn.0 + 1) };
         let open = Arc::new(InMemoryLayer::new(first));
+        let gc_cutoff = meta.gc_cutoff_lsn;
         Arc::new(Timeline {
             tenant_id: meta.tenant_id,
             timeline_id: meta.timeline_id,
@@ -364,6 +383,7 @@ impl Timeline {
             flush_lock: Mutex::new(()),
             layer_files_lock: Mutex::new(()),
             compaction_lock: Mutex::new(()),
+            gc_cutoff: std::sync::atomic::AtomicU64::new(gc_cutoff.0),
             policy: res.policy,
             opened_at: Mutex::new(Instant::now()),
             rel_size_cache: RwLock::new(std::collections::HashMap::new()),
@@ -718,8 +738,23 @@ impl Timeline {
     // ---- reads ----
 
     /// Gathers the versions of `key` visible at `lsn`.
+    /// Refuses reads below the GC cutoff.
+    fn check_gc_cutoff(&self, lsn: Lsn) -> Result<(), ReadError> {
+        let cutoff = Lsn(self.gc_cutoff.load(std::sync::atomic::Ordering::Acquire));
+        if lsn < cutoff {
+            return Err(ReadError::BelowGcCutoff { timeline: self.timeline_id, lsn, cutoff });
+        }
+        Ok(())
+    }
+
+    /// Reads below this LSN are refused.
+    pub fn gc_cutoff_lsn(&self) -> Lsn {
+        Lsn(self.gc_cutoff.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     fn versions(&self, key: &Key, lsn: Lsn) -> Result<Versions, ReadError> {
         self.check_broken()?;
+        self.check_gc_cutoff(lsn)?;
         let (memory, historic) = self.layers.read().snapshot();
         let mut out = Versions::default();
         let mut visited = 0u32;
@@ -751,6 +786,13 @@ impl Timeline {
             return keys
                 .iter()
                 .map(|_| Err(ReadError::Broken { timeline: self.timeline_id, reason: e.to_string() }))
+                .collect();
+        }
+        if self.check_gc_cutoff(lsn).is_err() {
+            let cutoff = self.gc_cutoff_lsn();
+            return keys
+                .iter()
+                .map(|_| Err(ReadError::BelowGcCutoff { timeline: self.timeline_id, lsn, cutoff }))
                 .collect();
         }
         let (memory, historic) = self.layers.read().snapshot();
@@ -948,6 +990,15 @@ impl Timeline {
     pub fn checkpoint_at(&self, lsn: Lsn) -> Result<CheckPoint, ReadError> {
         let b = self.get(&Key::checkpoint(), lsn)?.ok_or_else(|| self.decode_err("checkpoint", lsn, "missing"))?;
         CheckPoint::decode(&b).map_err(|e| self.decode_err("checkpoint", lsn, e))
+    }
+
+    /// The commit time recorded at or before `lsn` (µs since 2000-01-01), if any.
+    pub fn commit_time_at(&self, lsn: Lsn) -> Result<Option<i64>, ReadError> {
+        match self.get(&Key::commit_time(), lsn)? {
+            Some(b) if b.len() == 8 => Ok(Some(i64::from_le_bytes(b[..].try_into().expect("8 bytes")))),
+            Some(b) => Err(self.decode_err("commit time", lsn, format_args!("{} bytes", b.len()))),
+            None => Ok(None),
+        }
     }
 
     pub fn control_template(&self) -> Result<ControlFile, ReadError> {

@@ -9,6 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
@@ -17,7 +18,7 @@ use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
-use strata_pageserver::timeline::{LayerPolicy, Throttle, Timeline, TimelineResources};
+use strata_pageserver::timeline::{GcPolicy, LayerPolicy, Throttle, Timeline, TimelineResources};
 use strata_pageserver::value::Value;
 use strata_redo::NativeRecord;
 
@@ -197,5 +198,78 @@ fn l0s_past_the_threshold_hold_back_the_reported_lsn() {
     let stop = AtomicBool::new(true);
     assert!(tl.compact(false, &mut Throttle::new(0), &stop).is_err());
     assert_eq!(layer_files_on_disk(&dir), files);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn gc_removes_what_the_newest_image_below_the_cutoff_covers() {
+    let dir = common::test_dir("gc");
+    let res = resources();
+    let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
+    let never = AtomicBool::new(false);
+    // Commit times: record i committed at second 1000 + i / 10 (PostgreSQL's µs).
+    let commit = |i: u64| (1000 + i as i64 / 10) * 1_000_000;
+    for r in 0..12 {
+        write_rounds(&tl, r..r + 1);
+        // A commit record after the round's last record (which was flushed).
+        let i = (r + 1) * PER_ROUND;
+        let at = Lsn(lsn(i).0 + 0x10);
+        tl.commit_record(
+            vec![(Key::commit_time(), at, Value::Image(Bytes::copy_from_slice(&commit(i).to_le_bytes())))],
+            RecordLsns { last: at, prev: lsn(i) },
+        );
+        tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+    }
+    tl.checkpoint().unwrap();
+    let end = 12 * PER_ROUND;
+    let all = reads(&tl, end);
+    let files_before = layer_files_on_disk(&dir).len();
+
+    // Times map to the LSN of the newest commit at or before them.
+    let commit_lsn = |i: u64| Lsn(lsn(i).0 + 0x10);
+    assert_eq!(
+        tl.lsn_for_commit_time(commit(4 * PER_ROUND), lsn(end)).unwrap(),
+        Some(Lsn(commit_lsn(5 * PER_ROUND).0 - 1)),
+        "the last LSN before the next recorded commit"
+    );
+    assert_eq!(tl.lsn_for_commit_time(commit(0), lsn(end)).unwrap(), None, "before the first commit recorded");
+    assert_eq!(tl.lsn_for_commit_time(i64::MAX, lsn(end)).unwrap(), Some(lsn(end)));
+
+    // A PITR window of 30 s, 30 s after record 600's commit: the cutoff is
+    // the LSN of the newest commit at or before that time.
+    let now = commit(10 * PER_ROUND) + 30_000_000;
+    let policy = GcPolicy { pitr_interval: Duration::from_secs(30), gc_horizon: 0 };
+    let outcome = tl.gc(&policy, now).unwrap();
+    assert_eq!(outcome.cutoff, Lsn(commit_lsn(11 * PER_ROUND).0 - 1));
+    assert_eq!(tl.gc_cutoff_lsn(), outcome.cutoff);
+    assert!(outcome.layers_removed > 0, "{outcome:?}");
+    let image = outcome.image_lsn.unwrap();
+    assert!(image <= outcome.cutoff);
+    // Pages at LSNs inside the window are unchanged; below it, refused with the cutoff named.
+    for ((i, b), page) in &all {
+        let got = tl.get(&Key::rel_block(TAG, *b), lsn(*i));
+        if lsn(*i) >= outcome.cutoff {
+            assert_eq!(&got.unwrap(), page, "record {i} block {b}");
+        } else {
+            let err = got.unwrap_err().to_string();
+            assert!(err.contains("below the GC cutoff") && err.contains(&outcome.cutoff.to_string()), "{err}");
+        }
+    }
+    assert!(layer_files_on_disk(&dir).len() < files_before);
+    // Every layer that remains ends after the image, or is the image.
+    for l in tl.historic().iter() {
+        assert!(l.name.lsn_end.0 > image.0 + 1 || l.name.lsn_start == image, "{} should be gone", l.name);
+    }
+    // The cutoff never goes back, and survives a reload.
+    let again = tl.gc(&GcPolicy { pitr_interval: Duration::from_secs(3600), gc_horizon: 0 }, now).unwrap();
+    assert_eq!(again.cutoff, outcome.cutoff);
+    assert_eq!(again.layers_removed, 0);
+    drop(tl);
+    let tl = Timeline::load(dir.clone(), &res).unwrap();
+    assert!(tl.broken().is_none(), "{:?}", tl.broken());
+    assert_eq!(tl.gc_cutoff_lsn(), outcome.cutoff);
+    for b in 0..KEYS {
+        assert_eq!(Some(&tl.get(&Key::rel_block(TAG, b), lsn(end)).unwrap()), all.get(&(end, b)));
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

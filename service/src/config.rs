@@ -108,6 +108,24 @@ pub mod seconds {
     }
 }
 
+/// Like [`seconds`], for retention periods: up to ten years.
+pub mod retention_seconds {
+    use std::time::Duration;
+
+    pub use super::seconds::serialize;
+
+    /// Ten years of seconds.
+    const MAX: f64 = 10.0 * 366.0 * 86_400.0;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = <f64 as serde::Deserialize>::deserialize(d)?;
+        if !(0.0..=MAX).contains(&v) {
+            return Err(serde::de::Error::custom(format!("must be between 0 and {MAX} seconds (ten years)")));
+        }
+        Ok(Duration::from_secs_f64(v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -371,8 +371,19 @@ impl Timeline {
         added: Vec<(PathBuf, LayerName)>,
         removed: &[LayerName],
     ) -> Result<Vec<Arc<LayerFile>>, StorageError> {
+        self.install_layers_with(added, removed, |_| {})
+    }
+
+    /// [`Timeline::install_layers`], changing the metadata with `edit` too.
+    pub(super) fn install_layers_with(
+        &self,
+        added: Vec<(PathBuf, LayerName)>,
+        removed: &[LayerName],
+        edit: impl FnOnce(&mut super::TimelineMetadata),
+    ) -> Result<Vec<Arc<LayerFile>>, StorageError> {
         let _files = self.layer_files_lock.lock();
         let mut next = self.metadata();
+        edit(&mut next);
         let gone: BTreeSet<String> = removed.iter().map(|n| n.to_string()).collect();
         next.layers.retain(|n| !gone.contains(n));
         next.layers.extend(added.iter().map(|(_, n)| n.to_string()));

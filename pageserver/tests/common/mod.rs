@@ -34,6 +34,8 @@ pub fn metadata(start: Lsn, system_id: u64) -> TimelineMetadata {
         prev_record_lsn: Lsn::INVALID,
         layers: Vec::new(),
         removed_layers: Vec::new(),
+        gc_cutoff_lsn: Lsn::INVALID,
+        retain_lsns: Vec::new(),
     }
 }
 
