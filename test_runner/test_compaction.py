@@ -201,3 +201,23 @@ def test_gc_keeps_the_pitr_window_exact_and_refuses_below(cluster_factory):
     assert code == 410, (code, body)
     code, served = ps.page(1663, db_oid, rel, "main", 0, None)
     assert code == 200 and served == cmp.fetched[(1663, db_oid, rel, "main", 0)]
+
+
+def test_timeline_checkpoint_cli(cluster):
+    """`strata timeline checkpoint` flushes, compacts and writes images,
+    and prints the LSN now durable; an unknown branch is an error."""
+    ep = start_endpoint(cluster)
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE t AS SELECT g AS id, repeat('x', 200) AS v FROM generate_series(1, 20000) g")
+        lsn = current_lsn(conn)
+    ps = PageserverApi(cluster)
+    ps.wait_lsn(lsn)
+    out = cluster.run("timeline", "checkpoint").stdout.strip()
+    durable = parse_lsn(out)
+    st = ps.status()
+    assert durable >= lsn and st["disk_consistent_lsn"] == out, (out, st)
+    assert st["l0_layers"] == 0 and st["image_layers"] >= 1, st
+    with ep.connect() as conn:
+        assert conn.execute("SELECT count(*), sum(length(v)) FROM t").fetchone() == (20000, 4_000_000)
+    bad = cluster.run("timeline", "checkpoint", "--branch", "nope", check=False)
+    assert bad.returncode == 1 and 'no branch named "nope"' in bad.stderr, bad

@@ -51,6 +51,9 @@ enum Command {
     /// Computes (PostgreSQL + agent) of the local cluster.
     #[command(subcommand)]
     Endpoint(cluster::EndpointCommand),
+    /// Timelines of the local cluster's branches: checkpoint.
+    #[command(subcommand)]
+    Timeline(cluster::TimelineCommand),
     /// Internal: run one service of the local cluster and restart it when it exits.
     #[command(hide = true)]
     Supervise(supervise::SuperviseArgs),
@@ -114,6 +117,7 @@ fn main() {
         Command::Stop(args) => cluster::stop(args),
         Command::Status(args) => cluster::status(args),
         Command::Endpoint(cmd) => cluster::endpoint(cmd),
+        Command::Timeline(cmd) => cluster::timeline(cmd),
         Command::Supervise(args) => supervise::run(args),
     };
     std::process::exit(code);

@@ -273,3 +273,58 @@ fn gc_removes_what_the_newest_image_below_the_cutoff_covers() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A day of flushes compressed: 500 flushes of 1 MiB-class layers with
+/// compaction and GC after each. Layer count, bytes, open files and the
+/// layers a read at the newest LSN visits stay bounded: the second half of
+/// the history adds nothing to any of them.
+#[test]
+fn long_history_keeps_layers_files_and_read_cost_bounded() {
+    let dir = common::test_dir("long-history");
+    let metrics = Arc::new(Metrics::new());
+    let files = FileCache::new(32, metrics.layer_files.clone());
+    let mut res = common::resources(metrics.clone(), files.clone());
+    res.policy = resources().policy;
+    let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
+    let never = AtomicBool::new(false);
+    // Keep 20 flushes of history.
+    let policy = GcPolicy { pitr_interval: Duration::ZERO, gc_horizon: 20 * PER_ROUND * 0x100 };
+    let visits = |key: Key, at: Lsn| -> f64 {
+        let value = |text: &str, name: &str| -> f64 {
+            text.lines().find(|l| l.starts_with(name)).unwrap().rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let before = value(&metrics.render(), "strata_pageserver_read_layers_visited_sum");
+        tl.get(&key, at).unwrap();
+        value(&metrics.render(), "strata_pageserver_read_layers_visited_sum") - before
+    };
+    let mut worst = Vec::new();
+    for half in 0..2 {
+        let (mut layers, mut bytes, mut visited, mut open) = (0usize, 0u64, 0f64, 0usize);
+        for r in half * 250..(half + 1) * 250 {
+            write_rounds(&tl, r..r + 1);
+            tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+            tl.gc(&policy, 0).unwrap();
+            let counts = tl.layer_count().1;
+            layers = layers.max(counts.l0 + counts.l1 + counts.image);
+            bytes = bytes.max(counts.bytes);
+            let end = lsn((r + 1) * PER_ROUND);
+            visited = visited.max(visits(Key::rel_block(TAG, (r % u64::from(KEYS)) as u32), end));
+            open = open.max(files.len());
+        }
+        worst.push((layers, bytes, visited, open));
+    }
+    println!("per half (layers, bytes, layers visited, open files): {worst:?}");
+    let (first, second) = (worst[0], worst[1]);
+    assert!(second.0 <= first.0, "layer count grew: {worst:?}");
+    assert!(second.1 <= first.1 * 11 / 10, "layer bytes grew: {worst:?}");
+    assert!(second.2 <= first.2, "read cost grew: {worst:?}");
+    // L0s below the threshold, L1 runs below the image threshold, one image, the open layer.
+    assert!(second.2 <= (4 + 2 + 2) as f64, "{worst:?}");
+    assert!(second.3 <= 32, "{worst:?}");
+    assert!(tl.gc_cutoff_lsn() > lsn(400 * PER_ROUND), "GC followed the horizon");
+    // The files on disk are the ones the metadata lists.
+    let mut listed = tl.metadata().layers.clone();
+    listed.sort();
+    assert_eq!(layer_files_on_disk(&dir), listed);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -17,6 +17,7 @@ mod process;
 mod services;
 mod status;
 mod supervisor;
+mod timeline;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -199,6 +200,34 @@ pub fn status(args: StatusArgs) -> i32 {
         status::print(&wd, args.json)
     })();
     exit_code("status", result)
+}
+
+/// `strata timeline …`.
+#[derive(Subcommand, Debug)]
+pub enum TimelineCommand {
+    /// Flush what the pageserver ingested, compact it and write images now;
+    /// prints the LSN now durable in layer files.
+    Checkpoint {
+        /// The branch (default: main).
+        #[arg(long)]
+        branch: Option<String>,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
+/// `strata timeline checkpoint`.
+pub fn timeline(cmd: TimelineCommand) -> i32 {
+    match cmd {
+        TimelineCommand::Checkpoint { branch, workdir } => {
+            let result = (|| {
+                workdir.plain("timeline checkpoint")?;
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                timeline::checkpoint(&wd, branch.as_deref())
+            })();
+            exit_code("timeline checkpoint", result)
+        }
+    }
 }
 
 /// `strata endpoint start|stop|list`.

@@ -101,8 +101,9 @@ impl Timeline {
         for retained in &meta.retain_lsns {
             cutoff = cutoff.min(*retained);
         }
-        // Never lower than a cutoff already announced: reads below it were refused.
-        let cutoff = cutoff.max(meta.gc_cutoff_lsn).max(meta.start_lsn);
+        // Never lower than a cutoff already announced: reads below it were
+        // refused. (No commit old enough and no horizon yet: 0/0, nothing to do.)
+        let cutoff = cutoff.max(meta.gc_cutoff_lsn);
         let historic = self.historic();
         let image = historic
             .iter()

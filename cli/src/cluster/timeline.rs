@@ -1,0 +1,40 @@
+//! `strata timeline …`: operations on a branch's timeline in the pageserver.
+
+use std::time::Duration;
+
+use super::layout::{Workdir, MAIN_BRANCH};
+use super::{failed, http, Result};
+
+/// Longest a checkpoint may take: it writes every layer due, which for a
+/// large database is minutes of I/O.
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// Flushes what the pageserver ingested of `branch`, compacts every L0,
+/// writes images, and prints the LSN that is now durable in layer files.
+pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
+    let name = branch.unwrap_or(MAIN_BRANCH);
+    let Some(b) = wd.cluster.branch(name) else {
+        let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
+        return failed(format!("no branch named {name:?} (branches: {})", known.join(", ")));
+    };
+    let ps = wd.cluster.pageserver();
+    let url = format!(
+        "{}/v1/tenant/{}/timeline/{}/checkpoint?compact=true",
+        ps.http_url(),
+        wd.cluster.tenant_id,
+        b.timeline_id
+    );
+    let reply = match http::post(&url, &serde_json::Value::Null, CHECKPOINT_TIMEOUT) {
+        Ok(r) => r,
+        Err(e) => return failed(format!("the pageserver did not answer (is the cluster started?): {e}")),
+    };
+    if reply.status != 200 {
+        return failed(format!("checkpoint of branch {name}: {} {}", reply.status, reply.error_text()));
+    }
+    let lsn = reply.body.get("disk_consistent_lsn").and_then(|l| l.as_str()).unwrap_or_default();
+    if lsn.is_empty() {
+        return failed(format!("checkpoint of branch {name}: no disk_consistent_lsn in {}", reply.body));
+    }
+    println!("{lsn}");
+    Ok(())
+}
