@@ -228,6 +228,13 @@ impl Timeline {
         let mut outcome = CompactionOutcome::default();
         self.check_broken()?;
         self.compact_l0(force, throttle, stop, &mut outcome)?;
+        // A forced round leaves no L0 (one compaction takes at most
+        // MAX_L0_PER_COMPACTION; the background takes the rest next round).
+        while force && self.layers.read().historic.l0_count() > 0 {
+            let done = outcome.l0_compacted;
+            self.compact_l0(force, throttle, stop, &mut outcome)?;
+            debug_assert!(outcome.l0_compacted > done, "a forced compaction makes progress");
+        }
         self.create_images(force, throttle, stop, &mut outcome)?;
         Ok(outcome)
     }

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Compaction, images and GC of the pageserver, measured in one run of the
+CLI's cluster (every service on):
+
+- ingest:      pgbench -i -s SCALE, then pgbench -c 8 for --seconds through
+               an endpoint; WAL bytes ingested per second of the workload
+- compaction:  the pageserver runs with compaction held back during the
+               load (compaction_threshold 1000), so the timeline ends with
+               only L0 deltas; `checkpoint?compact=true` then merges them and
+               writes images: MB/s of L0 input, and its ratio to the ingest rate
+- GetPage:     `strata pagebench` (1 connection, depth 1) on random blocks of
+               pgbench_accounts at the latest LSN, before compaction (every
+               L0 searched) and after (the image ends the search): medians of
+               --runs runs, ratio compacted / uncompacted
+- storage:     after GC with no PITR window and no horizon, the bytes of the
+               layer files next to the compute's data directory (base/ and
+               global/, what PostgreSQL stores for the same database)
+
+Usage: .venv/bin/python bench/compaction.py [--scale 10] [--seconds 60] [--runs 3] [--quick]
+Writes bench/results/compaction.json and .txt (compaction_quick.* with --quick).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test_runner"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from fixtures.cluster import LocalCluster  # noqa: E402
+from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
+from getpage import pagebench  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+SETTINGS = {
+    "checkpoint_distance": 8 << 20,
+    "compaction_threshold": 1000,
+    "l0_backpressure_threshold": 2000,
+    "pitr_interval": 0.0,
+    "gc_horizon": 0,
+    "gc_period": 86400.0,
+}
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^strata_pageserver_{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--getpage-seconds", type=float, default=5)
+    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 10 s of pgbench, 2 runs of 2 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.scale, args.seconds, args.runs, args.getpage_seconds = 2, 10, 2, 2
+    strata_bin = REPO / "target" / "release" / "strata"
+    results: dict = {"config": vars(args), "settings": SETTINGS, "cpus": os.cpu_count(),
+                     "loadavg_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # PostgreSQL runs as another user
+        (base / "cluster").mkdir()
+        cluster = LocalCluster(strata_bin, base / "cluster", PG_BIN)
+        try:
+            cluster.init()
+            conf = cluster.workdir / "pageserver" / "pageserver.toml"
+            text = conf.read_text()
+            for key, value in SETTINGS.items():
+                text = re.sub(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", text, flags=re.M)
+            conf.write_text(text)
+            cluster.start()
+            ct = cluster.cluster_toml
+            ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
+            tenant = ct["tenant_id"]
+            timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
+            http = f"http://127.0.0.1:{ps['ports']['http']}"
+            tl_url = f"{http}/v1/tenant/{tenant}/timeline/{timeline}"
+            connstr = cluster.endpoint_start("main")
+            m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
+                   "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4),
+                   "LC_ALL": "C"}
+            subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=env, check=True,
+                           capture_output=True, timeout=3600, stdin=subprocess.DEVNULL)
+            wal0 = metric(http_text(f"{http}/metrics"), "wal_bytes_ingested_total")
+            t0 = time.monotonic()
+            run = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-c", "8", "-j", "2", "-T", str(int(args.seconds))],
+                                 env=env, check=True, capture_output=True, text=True,
+                                 timeout=args.seconds * 3 + 300, stdin=subprocess.DEVNULL)
+            pgbench_s = time.monotonic() - t0
+            tps = float(re.search(r"tps = ([\d.]+)", run.stdout).group(1))
+            with psycopg.connect(connstr, autocommit=True) as conn:
+                conn.execute("CHECKPOINT")
+                spc, db, rel = conn.execute(
+                    "SELECT (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default'),"
+                    " (SELECT oid FROM pg_database WHERE datname = current_database()),"
+                    " pg_relation_filenode('pgbench_accounts')").fetchone()
+            pgdata = cluster.workdir / "endpoints" / "main" / "pgdata"
+            pg_bytes = dir_bytes(pgdata / "base") + dir_bytes(pgdata / "global")
+            cluster.endpoint_stop("main")
+            end = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
+            while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
+                time.sleep(0.05)
+            wal = metric(http_text(f"{http}/metrics"), "wal_bytes_ingested_total") - wal0
+            code, st = http_json("POST", f"{tl_url}/checkpoint", timeout=600)
+            assert code == 200, st
+            results["workload"] = {"pgbench_seconds": pgbench_s, "tps": tps, "wal_mb": wal / 1e6,
+                                   "ingest_mb_per_s": wal / 1e6 / pgbench_s, "pg_data_bytes": pg_bytes}
+            results["uncompacted"] = {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers", "layer_bytes")}
+            target = ["--pageserver", f"127.0.0.1:{ps['ports']['pg']}", "--tenant-id", tenant,
+                      "--timeline-id", timeline, "--rel", f"{spc}/{db}/{rel}"]
+            pagebench(strata_bin, target, 1, 1, 1)  # warm: files opened, page cache
+            before = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
+
+            m0 = http_text(f"{http}/metrics")
+            t0 = time.monotonic()
+            code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true", timeout=3600)
+            compact_s = time.monotonic() - t0
+            assert code == 200, st
+            m1 = http_text(f"{http}/metrics")
+            read = metric(m1, "compaction_bytes_read_total") - metric(m0, "compaction_bytes_read_total")
+            images = metric(m1, "image_bytes_written_total") - metric(m0, "image_bytes_written_total")
+            results["compaction"] = {"seconds": compact_s, "l0_bytes_read": read, "image_bytes_written": images,
+                                     "input_mb_per_s": read / 1e6 / compact_s,
+                                     "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers",
+                                                                   "layer_bytes")}}
+            pagebench(strata_bin, target, 1, 1, 1)
+            after = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
+
+            code, st = http_json("POST", f"{tl_url}/checkpoint?gc=true", timeout=3600)
+            assert code == 200, st
+            results["gc"] = {"outcome": st["gc"], "layer_bytes": st["layer_bytes"],
+                             "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers")}}
+        finally:
+            if (cluster.workdir / "cluster.toml").exists():
+                if cluster.run("stop", check=False, timeout=600).returncode != 0:
+                    cluster.run("stop", "--immediate", check=False, timeout=600)
+
+    def med(runs, q):
+        return statistics.median(r["latency_us"][q] for r in runs)
+
+    gp = {"uncompacted": {"p50_us": med(before, "p50"), "p99_us": med(before, "p99")},
+          "compacted": {"p50_us": med(after, "p50"), "p99_us": med(after, "p99")}}
+    gp["p50_ratio"] = gp["compacted"]["p50_us"] / gp["uncompacted"]["p50_us"]
+    gp["p99_ratio"] = gp["compacted"]["p99_us"] / gp["uncompacted"]["p99_us"]
+    results["getpage"] = gp
+    w, c = results["workload"], results["compaction"]
+    c["input_vs_ingest_ratio"] = c["input_mb_per_s"] / w["ingest_mb_per_s"]
+    results["storage_ratio"] = w["pg_data_bytes"] / results["gc"]["layer_bytes"]
+    lines = [
+        f"pgbench -s {args.scale}, {w['pgbench_seconds']:.0f} s at 8 clients ({w['tps']:.0f} TPS):"
+        f" {w['wal_mb']:.0f} MB of WAL ingested, {w['ingest_mb_per_s']:.1f} MB/s",
+        f"before compaction: {results['uncompacted']}",
+        f"compaction: {c['l0_bytes_read'] / 1e6:.0f} MB of L0 read in {c['seconds']:.1f} s ="
+        f" {c['input_mb_per_s']:.1f} MB/s, {c['input_vs_ingest_ratio']:.1f}x the ingest rate;"
+        f" {c['image_bytes_written'] / 1e6:.0f} MB of images; after: {c['layers']}",
+        f"GetPage (1 connection, depth 1, medians of {args.runs} x {args.getpage_seconds:g} s):"
+        f" p50 {gp['uncompacted']['p50_us']:.0f} -> {gp['compacted']['p50_us']:.0f} us (ratio {gp['p50_ratio']:.2f}),"
+        f" p99 {gp['uncompacted']['p99_us']:.0f} -> {gp['compacted']['p99_us']:.0f} us (ratio {gp['p99_ratio']:.2f})",
+        f"after GC (no PITR window): {results['gc']['layer_bytes'] / 1e6:.1f} MB of layers"
+        f" {results['gc']['layers']} vs {w['pg_data_bytes'] / 1e6:.1f} MB of PostgreSQL data files:"
+        f" {results['storage_ratio']:.2f}x smaller",
+    ]
+    text = "\n".join(lines)
+    out_dir = REPO / "bench" / "results"
+    stem = "compaction_quick" if args.quick else "compaction"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    (out_dir / f"{stem}.txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
