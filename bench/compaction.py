@@ -9,9 +9,11 @@ CLI's cluster (every service on):
                only L0 deltas; `checkpoint?compact=true` then merges them and
                writes images: MB/s of L0 input, and its ratio to the ingest rate
 - GetPage:     `strata pagebench` (1 connection, depth 1) on random blocks of
-               pgbench_accounts at the latest LSN, before compaction (every
-               L0 searched) and after (the image ends the search): medians of
-               --runs runs, ratio compacted / uncompacted
+               pgbench_accounts at the latest LSN: on the fresh database
+               (after pgbench -i, compacted), after the workload before
+               compaction (every L0 searched) and after (the image ends the
+               search): medians of --runs runs; ratios compacted /
+               uncompacted and compacted / fresh
 - storage:     after GC with no PITR window and no horizon, the bytes of the
                layer files next to the compute's data directory (base/ and
                global/, what PostgreSQL stores for the same database)
@@ -100,6 +102,21 @@ def main() -> int:
                    "LC_ALL": "C"}
             subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=env, check=True,
                            capture_output=True, timeout=3600, stdin=subprocess.DEVNULL)
+            with psycopg.connect(connstr, autocommit=True) as conn:
+                spc, db, rel = conn.execute(
+                    "SELECT (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default'),"
+                    " (SELECT oid FROM pg_database WHERE datname = current_database()),"
+                    " pg_relation_filenode('pgbench_accounts')").fetchone()
+                fresh_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            target = ["--pageserver", f"127.0.0.1:{ps['ports']['pg']}", "--tenant-id", tenant,
+                      "--timeline-id", timeline, "--rel", f"{spc}/{db}/{rel}"]
+            # The fresh database: loaded, compacted and imaged.
+            while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < fresh_lsn:
+                time.sleep(0.05)
+            code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true", timeout=3600)
+            assert code == 200, st
+            pagebench(strata_bin, target, 1, 1, 1)
+            fresh = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
             wal0 = metric(http_text(f"{http}/metrics"), "wal_bytes_ingested_total")
             t0 = time.monotonic()
             run = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-c", "8", "-j", "2", "-T", str(int(args.seconds))],
@@ -109,10 +126,6 @@ def main() -> int:
             tps = float(re.search(r"tps = ([\d.]+)", run.stdout).group(1))
             with psycopg.connect(connstr, autocommit=True) as conn:
                 conn.execute("CHECKPOINT")
-                spc, db, rel = conn.execute(
-                    "SELECT (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default'),"
-                    " (SELECT oid FROM pg_database WHERE datname = current_database()),"
-                    " pg_relation_filenode('pgbench_accounts')").fetchone()
             pgdata = cluster.workdir / "endpoints" / "main" / "pgdata"
             pg_bytes = dir_bytes(pgdata / "base") + dir_bytes(pgdata / "global")
             cluster.endpoint_stop("main")
@@ -125,8 +138,6 @@ def main() -> int:
             results["workload"] = {"pgbench_seconds": pgbench_s, "tps": tps, "wal_mb": wal / 1e6,
                                    "ingest_mb_per_s": wal / 1e6 / pgbench_s, "pg_data_bytes": pg_bytes}
             results["uncompacted"] = {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers", "layer_bytes")}
-            target = ["--pageserver", f"127.0.0.1:{ps['ports']['pg']}", "--tenant-id", tenant,
-                      "--timeline-id", timeline, "--rel", f"{spc}/{db}/{rel}"]
             pagebench(strata_bin, target, 1, 1, 1)  # warm: files opened, page cache
             before = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
 
@@ -157,10 +168,13 @@ def main() -> int:
     def med(runs, q):
         return statistics.median(r["latency_us"][q] for r in runs)
 
-    gp = {"uncompacted": {"p50_us": med(before, "p50"), "p99_us": med(before, "p99")},
+    gp = {"fresh": {"p50_us": med(fresh, "p50"), "p99_us": med(fresh, "p99")},
+          "uncompacted": {"p50_us": med(before, "p50"), "p99_us": med(before, "p99")},
           "compacted": {"p50_us": med(after, "p50"), "p99_us": med(after, "p99")}}
     gp["p50_ratio"] = gp["compacted"]["p50_us"] / gp["uncompacted"]["p50_us"]
     gp["p99_ratio"] = gp["compacted"]["p99_us"] / gp["uncompacted"]["p99_us"]
+    gp["p50_vs_fresh"] = gp["compacted"]["p50_us"] / gp["fresh"]["p50_us"]
+    gp["p99_vs_fresh"] = gp["compacted"]["p99_us"] / gp["fresh"]["p99_us"]
     results["getpage"] = gp
     w, c = results["workload"], results["compaction"]
     c["input_vs_ingest_ratio"] = c["input_mb_per_s"] / w["ingest_mb_per_s"]
@@ -174,7 +188,9 @@ def main() -> int:
         f" {c['image_bytes_written'] / 1e6:.0f} MB of images; after: {c['layers']}",
         f"GetPage (1 connection, depth 1, medians of {args.runs} x {args.getpage_seconds:g} s):"
         f" p50 {gp['uncompacted']['p50_us']:.0f} -> {gp['compacted']['p50_us']:.0f} us (ratio {gp['p50_ratio']:.2f}),"
-        f" p99 {gp['uncompacted']['p99_us']:.0f} -> {gp['compacted']['p99_us']:.0f} us (ratio {gp['p99_ratio']:.2f})",
+        f" p99 {gp['uncompacted']['p99_us']:.0f} -> {gp['compacted']['p99_us']:.0f} us (ratio {gp['p99_ratio']:.2f});"
+        f" the fresh database (loaded and compacted): p50 {gp['fresh']['p50_us']:.0f} us, p99 {gp['fresh']['p99_us']:.0f} us;"
+        f" after the workload and compaction vs fresh: p50 {gp['p50_vs_fresh']:.2f}x, p99 {gp['p99_vs_fresh']:.2f}x",
         f"after GC (no PITR window): {results['gc']['layer_bytes'] / 1e6:.1f} MB of layers"
         f" {results['gc']['layers']} vs {w['pg_data_bytes'] / 1e6:.1f} MB of PostgreSQL data files:"
         f" {results['storage_ratio']:.2f}x smaller",
