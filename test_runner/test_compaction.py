@@ -219,5 +219,9 @@ def test_timeline_checkpoint_cli(cluster):
     assert st["l0_layers"] == 0 and st["image_layers"] >= 1, st
     with ep.connect() as conn:
         assert conn.execute("SELECT count(*), sum(length(v)) FROM t").fetchone() == (20000, 4_000_000)
+    # `strata status` shows the layers and the GC cutoff of each timeline.
+    shown = cluster.run("status").stdout
+    assert f"layers(L0/L1/image)=0/{st['l1_layers']}/{st['image_layers']}" in shown, shown
+    assert "gc_cutoff=0/0" in shown, shown
     bad = cluster.run("timeline", "checkpoint", "--branch", "nope", check=False)
     assert bad.returncode == 1 and 'no branch named "nope"' in bad.stderr, bad

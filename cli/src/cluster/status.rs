@@ -306,11 +306,22 @@ fn render(st: &Value) -> String {
             Value::Null => row.extend(["-".into(), if ps_running { "(no answer)" } else { "(not running)" }.into()]),
             ps => {
                 row.push(text(&ps["state"]));
-                row.push(format!(
+                let mut lsns = format!(
                     "last_record={} disk_consistent={}",
                     text(&ps["last_record_lsn"]),
                     text(&ps["disk_consistent_lsn"])
-                ));
+                );
+                if ps["layer_bytes"].is_u64() {
+                    lsns.push_str(&format!(
+                        " gc_cutoff={} layers(L0/L1/image)={}/{}/{} {:.1} MB",
+                        text(&ps["gc_cutoff_lsn"]),
+                        text(&ps["l0_layers"]),
+                        text(&ps["l1_layers"]),
+                        text(&ps["image_layers"]),
+                        ps["layer_bytes"].as_u64().unwrap_or(0) as f64 / 1e6
+                    ));
+                }
+                row.push(lsns);
             }
         }
         rows.push(row);
