@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use strata_protocol::{TenantId, TimelineId};
 
-use crate::timeline::{pg_now, CompactionError, Throttle};
+use crate::timeline::{pg_now, CompactionError, Throttle, Timeline};
 
 /// The compactor thread; stopped (and joined) by [`Compactor::stop`].
 pub struct Compactor {
@@ -57,33 +57,12 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             if tl.is_broken() {
                 continue;
             }
-            // A panic here is a bug in compaction: it breaks this timeline
-            // (re-read from disk), not the pageserver.
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                tl.compact(false, &mut Throttle::new(rate), stop)
-            }));
+            let compacted =
+                guarded(tenants, tl, "compaction", || tl.compact(false, &mut Throttle::new(rate), stop).map(drop));
             let key = (tl.tenant_id, tl.timeline_id);
-            let result = match result {
-                Ok(Ok(_)) if last_gc.get(&key).is_none_or(|t| t.elapsed() >= tenants.conf.gc_period) => {
-                    last_gc.insert(key, Instant::now());
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        tl.gc(&gc_policy, pg_now()).map(|_| Default::default())
-                    }))
-                }
-                other => other,
-            };
-            match result {
-                Ok(Ok(_)) | Ok(Err(CompactionError::Cancelled)) => {}
-                Ok(Err(e)) => {
-                    tenants.metrics.compaction_errors.inc();
-                    warn!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction or GC failed (retried later): {e}");
-                }
-                Err(panic) => {
-                    tenants.metrics.compaction_errors.inc();
-                    let message = strata_service::panic_message(&*panic);
-                    error!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "compaction or GC panicked: {message}");
-                    tl.set_broken(crate::timeline::BrokenKind::Panic, format!("compaction or GC panicked: {message}"));
-                }
+            if compacted && last_gc.get(&key).is_none_or(|t| t.elapsed() >= tenants.conf.gc_period) {
+                last_gc.insert(key, Instant::now());
+                let _ = guarded(tenants, tl, "GC", || tl.gc(&gc_policy, pg_now()).map(drop));
             }
             let (_, counts) = tl.layer_count();
             l0 += counts.l0;
@@ -100,6 +79,29 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             let step = rest.min(Duration::from_millis(100));
             std::thread::sleep(step);
             rest -= step;
+        }
+    }
+}
+
+/// Runs one piece of background work on `tl`: a failure is logged, counted
+/// and tried again next round; a panic is a bug in that work and breaks
+/// this timeline (re-read from disk), not the pageserver. True if it succeeded.
+#[must_use]
+fn guarded(tenants: &Tenants, tl: &Timeline, what: &str, f: impl FnOnce() -> Result<(), CompactionError>) -> bool {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => true,
+        Ok(Err(CompactionError::Cancelled)) => false,
+        Ok(Err(e)) => {
+            tenants.metrics.compaction_errors.inc();
+            warn!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "{what} failed (retried later): {e}");
+            false
+        }
+        Err(panic) => {
+            tenants.metrics.compaction_errors.inc();
+            let message = strata_service::panic_message(&*panic);
+            error!(tenant = %tl.tenant_id, timeline = %tl.timeline_id, "{what} panicked: {message}");
+            tl.set_broken(crate::timeline::BrokenKind::Panic, format!("{what} panicked: {message}"));
+            false
         }
     }
 }

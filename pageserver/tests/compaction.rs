@@ -134,17 +134,10 @@ fn compaction_and_images_keep_every_read_the_same() {
 
     // A read at the newest LSN stops at the image.
     write_rounds(&tl, 10..11);
-    let text_before = res.metrics.render();
-    let visits = |text: &str| -> (f64, f64) {
-        let value = |name: &str| -> f64 {
-            text.lines().find(|l| l.starts_with(name)).unwrap().rsplit(' ').next().unwrap().parse().unwrap()
-        };
-        (value("strata_pageserver_read_layers_visited_sum"), value("strata_pageserver_read_layers_visited_count"))
-    };
-    let (s0, c0) = visits(&text_before);
+    let (s0, c0) = common::layers_visited(&res.metrics);
     let untouched = Key::rel_block(TAG, KEYS + 5);
     assert_eq!(tl.get(&untouched, lsn(11 * PER_ROUND)).unwrap(), None);
-    let (s1, c1) = visits(&res.metrics.render());
+    let (s1, c1) = common::layers_visited(&res.metrics);
     assert_eq!(c1 - c0, 1.0);
     // The newest L0, then the image run ends the search (the open layer
     // starts after the read's LSN; the L1s below the image are not visited).
@@ -290,12 +283,9 @@ fn long_history_keeps_layers_files_and_read_cost_bounded() {
     // Keep 20 flushes of history.
     let policy = GcPolicy { pitr_interval: Duration::ZERO, gc_horizon: 20 * PER_ROUND * 0x100 };
     let visits = |key: Key, at: Lsn| -> f64 {
-        let value = |text: &str, name: &str| -> f64 {
-            text.lines().find(|l| l.starts_with(name)).unwrap().rsplit(' ').next().unwrap().parse().unwrap()
-        };
-        let before = value(&metrics.render(), "strata_pageserver_read_layers_visited_sum");
+        let (before, _) = common::layers_visited(&metrics);
         tl.get(&key, at).unwrap();
-        value(&metrics.render(), "strata_pageserver_read_layers_visited_sum") - before
+        common::layers_visited(&metrics).0 - before
     };
     let mut worst = Vec::new();
     for half in 0..2 {

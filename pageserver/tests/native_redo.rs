@@ -111,11 +111,7 @@ fn pages_are_built_from_records_and_chains_stay_short() {
         assert_eq!(tl.get(&key, *end).unwrap().unwrap(), first[i], "version {i}");
     }
     // A hot page read again applies nothing.
-    let counter = |name: &str| -> u64 {
-        let text = metrics.render();
-        let line = text.lines().find(|l| l.starts_with(&format!("strata_pageserver_{name}_total "))).unwrap();
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let counter = |name: &str| common::metric(&metrics, &format!("strata_pageserver_{name}_total")) as u64;
     let last = *ends.last().unwrap();
     tl.get(&key, last).unwrap().unwrap();
     let (applied, hits) = (counter("redo_records_applied"), counter("rebuilt_page_hits"));

@@ -188,14 +188,7 @@ fn reads_count_the_layers_they_visit() {
             tl.checkpoint().unwrap();
         }
     }
-    let observed = || -> (f64, f64) {
-        let text = metrics.render();
-        let value = |name: &str| -> f64 {
-            let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {text}"));
-            line.rsplit(' ').next().unwrap().parse().unwrap()
-        };
-        (value("strata_pageserver_read_layers_visited_sum"), value("strata_pageserver_read_layers_visited_count"))
-    };
+    let observed = || common::layers_visited(&metrics);
     let (sum0, count0) = observed();
     let absent = Key::rel_block(TAG, 9);
     // A key no layer holds: the open layer and both files are searched.

@@ -51,6 +51,21 @@ pub fn resources(metrics: Arc<Metrics>, files: Arc<FileCache>) -> TimelineResour
     }
 }
 
+/// The value of the unlabelled sample `name` (its full name) in `metrics`.
+pub fn metric(metrics: &Metrics, name: &str) -> f64 {
+    let text = metrics.render();
+    let line = text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name} in {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Sum and count of the layers reads visited so far.
+pub fn layers_visited(metrics: &Metrics) -> (f64, f64) {
+    (
+        metric(metrics, "strata_pageserver_read_layers_visited_sum"),
+        metric(metrics, "strata_pageserver_read_layers_visited_count"),
+    )
+}
+
 /// A fresh directory for a test's timeline.
 pub fn test_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("strata-{name}-{}", std::process::id()));
