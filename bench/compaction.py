@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
 from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
-from getpage import pagebench  # noqa: E402
+from getpage import client_env, pagebench  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SETTINGS = {
@@ -96,10 +96,7 @@ def main() -> int:
             http = f"http://127.0.0.1:{ps['ports']['http']}"
             tl_url = f"{http}/v1/tenant/{tenant}/timeline/{timeline}"
             connstr = cluster.endpoint_start("main")
-            m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
-            env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
-                   "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4),
-                   "LC_ALL": "C"}
+            env = client_env(connstr)
             subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=env, check=True,
                            capture_output=True, timeout=3600, stdin=subprocess.DEVNULL)
             with psycopg.connect(connstr, autocommit=True) as conn:

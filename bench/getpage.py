@@ -62,6 +62,15 @@ def pagebench(strata_bin: Path, extra: list[str], connections: int, depth: int, 
     return json.loads(res.stdout)
 
 
+def client_env(connstr: str) -> dict:
+    """The environment of PostgreSQL's client programs (pgbench, psql) for
+    an endpoint's connection string, and nothing of the caller's PG*."""
+    m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
+            "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4),
+            "LC_ALL": "C"}
+
+
 def prepare(cluster: LocalCluster, scale: int) -> dict:
     """Loads pgbench data through an endpoint, stops it, waits for the
     pageserver to hold all of its WAL and checkpoints it; returns what
@@ -73,10 +82,7 @@ def prepare(cluster: LocalCluster, scale: int) -> dict:
     http = f"http://127.0.0.1:{ps['ports']['http']}"
     tl_url = f"{http}/v1/tenant/{tenant}/timeline/{timeline}"
     connstr = cluster.endpoint_start("main")
-    m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
-           "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4),
-           "LC_ALL": "C"}
+    env = client_env(connstr)
     subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
                    capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
     with psycopg.connect(connstr, autocommit=True) as conn:

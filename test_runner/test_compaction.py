@@ -41,6 +41,22 @@ def configure_pageserver(cluster, settings: dict) -> None:
     conf.write_text(text)
 
 
+def quiet_cluster(cluster_factory, settings: dict):
+    """A started cluster whose pageserver runs with `settings`, and an
+    endpoint without autovacuum (nothing changes pages while files are read)
+    whose template0 accepts connections (so its catalog can be read for the
+    page kinds of its relations)."""
+    cluster = cluster_factory(start=False)
+    configure_pageserver(cluster, settings)
+    cluster.start()
+    ep = start_endpoint(cluster)
+    with ep.connect() as conn:
+        conn.execute("ALTER SYSTEM SET autovacuum = off")
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+    return cluster, PageserverApi(cluster), ep
+
+
 def checkpoint_compact(ps: PageserverApi) -> dict:
     code, body = ps.request("POST", ps.tl_path() + "/checkpoint?compact=true", timeout=600)
     assert code == 200, (code, body)
@@ -48,16 +64,7 @@ def checkpoint_compact(ps: PageserverApi) -> dict:
 
 
 def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
-    cluster = cluster_factory(start=False)
-    configure_pageserver(cluster, SMALL_LAYERS)
-    cluster.start()
-    ps = PageserverApi(cluster)
-    ep = start_endpoint(cluster)
-    with ep.connect() as conn:
-        conn.execute("ALTER SYSTEM SET autovacuum = off")
-        conn.execute("SELECT pg_reload_conf()")
-        # So that template0's catalog can be read (page kinds of its relations).
-        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+    cluster, ps, ep = quiet_cluster(cluster_factory, SMALL_LAYERS)
     ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
     with ep.connect() as conn:
         conn.execute("CHECKPOINT")
@@ -141,15 +148,8 @@ def test_gc_keeps_the_pitr_window_exact_and_refuses_below(cluster_factory):
     layers the image below it covers, refuses reads below it with an
     error naming it, and keeps every page at the compute's checkpoint
     exact; the cutoff survives a pageserver restart."""
-    cluster = cluster_factory(start=False)
-    configure_pageserver(cluster, {**SMALL_LAYERS, "pitr_interval": 2.0, "gc_horizon": 0, "gc_period": 3600.0})
-    cluster.start()
-    ps = PageserverApi(cluster)
-    ep = start_endpoint(cluster)
-    with ep.connect() as conn:
-        conn.execute("ALTER SYSTEM SET autovacuum = off")
-        conn.execute("SELECT pg_reload_conf()")
-        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+    cluster, ps, ep = quiet_cluster(cluster_factory,
+                                    {**SMALL_LAYERS, "pitr_interval": 2.0, "gc_horizon": 0, "gc_period": 3600.0})
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
     with ep.connect() as conn:
         early = current_lsn(conn)
