@@ -1,6 +1,7 @@
 //! The compactor: one thread per pageserver that visits every timeline in
 //! turn, compacting L0 deltas and creating images when they are due, and
-//! keeps the layer gauges current. One thread (not one per timeline) bounds
+//! keeps the layer gauges current; then evicts layers from local disk
+//! when it holds more than `local_cache_bytes`. One thread (not one per timeline) bounds
 //! the disk bandwidth and memory that background work takes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +50,7 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
         let started = Instant::now();
         let (mut l0, mut l1, mut image, mut pressed) = (0, 0, 0, 0);
+        let (mut lag_layers, mut lag_bytes, mut upload_pressed) = (0, 0, 0);
         for entry in tenants.all() {
             if stop.load(Ordering::SeqCst) {
                 return;
@@ -69,7 +71,16 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             l1 += counts.l1;
             image += counts.image;
             pressed += usize::from(tl.backpressure());
+            if let Some(u) = tl.upload_status() {
+                lag_layers += u.upload_queue_layers;
+                lag_bytes += u.upload_lag_bytes;
+                upload_pressed += usize::from(u.upload_lag_bytes > tenants.conf.max_upload_lag_bytes);
+            }
         }
+        crate::eviction::evict_to_limit(tenants, tenants.conf.local_cache_bytes);
+        tenants.metrics.upload_queue_layers.set(lag_layers as i64);
+        tenants.metrics.upload_lag_bytes.set(lag_bytes as i64);
+        tenants.metrics.upload_backpressure_timelines.set(upload_pressed as i64);
         tenants.metrics.l0_layers.set(l0 as i64);
         tenants.metrics.l1_layers.set(l1 as i64);
         tenants.metrics.image_layers.set(image as i64);

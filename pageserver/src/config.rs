@@ -83,6 +83,22 @@ pub struct PageserverConfig {
     /// How often each timeline is garbage collected.
     #[serde(default = "default_gc_period", with = "seconds")]
     pub gc_period: Duration,
+    /// Object storage, the truth of every layer (`docs/bottomless-pageserver.md`);
+    /// without it layers live on local disk only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
+    /// The file in which the control plane names each attached tenant's
+    /// generation (required with `remote_storage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachments: Option<PathBuf>,
+    /// Local bytes of layer files above which uploaded layers read longest
+    /// ago are evicted (0: no limit). Needs `remote_storage`.
+    #[serde(default)]
+    pub local_cache_bytes: u64,
+    /// Bytes of layer files not yet in object storage above which ingest
+    /// is slowed (the applied LSN reported stops at the uploaded one).
+    #[serde(default = "default_max_upload_lag_bytes")]
+    pub max_upload_lag_bytes: u64,
 }
 
 fn default_pg_bin_dir() -> PathBuf {
@@ -139,6 +155,9 @@ fn default_gc_horizon() -> u64 {
 fn default_gc_period() -> Duration {
     Duration::from_secs(60)
 }
+fn default_max_upload_lag_bytes() -> u64 {
+    1 << 30
+}
 
 /// Descriptors kept for everything but client connections and layer
 /// files: WAL receiver sockets, metadata writes, flushes, initdb, logs.
@@ -164,6 +183,19 @@ impl PageserverConfig {
         check_range("l0_backpressure_threshold", self.l0_backpressure_threshold, self.compaction_threshold, 10_000)?;
         check_duration("compaction_period", self.compaction_period)?;
         check_duration("gc_period", self.gc_period)?;
+        if self.remote_storage.is_some() && self.attachments.is_none() {
+            return Err(ConfigError {
+                key: "attachments",
+                message: "is required with `remote_storage`: it names each tenant's generation".into(),
+            });
+        }
+        if self.remote_storage.is_none() && self.local_cache_bytes != 0 {
+            return Err(ConfigError {
+                key: "local_cache_bytes",
+                message: "needs `remote_storage`: an evicted layer is downloaded from there".into(),
+            });
+        }
+        check_range("max_upload_lag_bytes", self.max_upload_lag_bytes, 1 << 20, u64::MAX)?;
         if self.listen_pg == self.listen_http && self.listen_pg.port() != 0 {
             return Err(ConfigError {
                 key: "listen_http",
@@ -238,6 +270,9 @@ mod tests {
             ("image_creation_threshold = 0", "image_creation_threshold"),
             ("l0_backpressure_threshold = 5", "l0_backpressure_threshold"),
             ("compaction_period = 0", "compaction_period"),
+            ("local_cache_bytes = 1000000", "local_cache_bytes"),
+            ("max_upload_lag_bytes = 10", "max_upload_lag_bytes"),
+            ("[remote_storage]\ntype = 'local'\npath = '/tmp/r'", "attachments"),
         ] {
             let c: PageserverConfig = toml::from_str(&format!("{ok}{extra}\n")).unwrap();
             assert_eq!(c.validate().unwrap_err().key, key, "{extra}");

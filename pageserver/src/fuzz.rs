@@ -19,7 +19,8 @@ pub fn fuzz_one(data: &[u8]) {
         0 => {
             // A layer file of either kind (delta or image).
             if let Ok(layer) = LayerFile::from_bytes(Path::new("fuzz.layer"), rest.to_vec()) {
-                let mut probes: Vec<Key> = layer.summary().iter().map(|(k, _)| *k).take(8).collect();
+                let mut probes: Vec<Key> =
+                    layer.summary().unwrap_or_default().iter().map(|(k, _)| *k).take(8).collect();
                 probes.push(Key::MIN);
                 probes.push(layer.name.key_start);
                 for key in probes {
@@ -36,7 +37,8 @@ pub fn fuzz_one(data: &[u8]) {
             let _ = dirs::decode_pairs(rest);
             let _ = dirs::decode_rels(rest);
             let _ = dirs::decode_u32s(rest);
-            let _ = crate::remote_index::RemoteIndex::decode(rest);
+            let _ = crate::remote::index::RemoteIndex::decode(rest);
+            let _ = crate::remote::attachments::Attachments::decode(rest);
             if let Ok(text) = std::str::from_utf8(rest) {
                 let _ = text.parse::<LayerName>();
                 let _ = text.parse::<Key>();

@@ -39,6 +39,8 @@ fn read_error(e: ReadError) -> Response {
 fn create_status(e: &CreateError) -> StatusCode {
     match e {
         CreateError::Exists(..) => StatusCode::CONFLICT,
+        // The control plane must attach the tenant here first.
+        CreateError::NotAttached { .. } => StatusCode::PRECONDITION_FAILED,
         CreateError::Import { .. } | CreateError::Storage { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         // Out of threads: retrying later may work.
         CreateError::Receiver { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -64,6 +66,8 @@ async fn status(State(tenants): State<Arc<Tenants>>) -> Response {
         "listen_pg": tenants.conf.listen_pg,
         "listen_http": tenants.conf.listen_http,
         "safekeepers": tenants.conf.safekeepers,
+        "data_dir": tenants.conf.data_dir,
+        "remote_storage": tenants.remote.as_ref().map(|r| r.describe().to_string()),
         "timelines": timelines,
     }))
     .into_response()
@@ -200,6 +204,10 @@ struct CheckpointQuery {
     /// Then garbage collect with the pageserver's policy.
     #[serde(default)]
     gc: bool,
+    /// Then wait (at most this many seconds) until the remote index covers
+    /// the flushed LSN; 0: do not wait.
+    #[serde(default)]
+    upload_timeout: u64,
 }
 
 /// Flushes what was ingested (and, with `compact=true`, compacts and
@@ -232,6 +240,10 @@ async fn checkpoint(
         if q.gc {
             let outcome = tl.gc(&gc_policy, crate::timeline::pg_now()).map_err(|e| e.to_string())?;
             done["gc"] = serde_json::json!(outcome);
+        }
+        if q.upload_timeout > 0 {
+            let lsn = tl.wait_uploaded(std::time::Duration::from_secs(q.upload_timeout))?;
+            done["uploaded_lsn"] = serde_json::json!(lsn);
         }
         Ok(done)
     };

@@ -6,6 +6,7 @@ pub mod background;
 pub mod basebackup;
 pub mod config;
 pub mod dirs;
+pub mod eviction;
 pub mod fuzz;
 pub mod http;
 pub mod import;
@@ -15,7 +16,7 @@ pub mod layer;
 pub mod metrics;
 pub mod page_service;
 pub mod rebuilt_pages;
-pub mod remote_index;
+pub mod remote;
 pub mod tenants;
 pub mod timeline;
 pub mod user;
@@ -87,10 +88,17 @@ pub async fn serve(
         strata_service::http::refusal,
         &listener_metrics,
     );
+    let remote = match (&config.remote_storage, &config.attachments) {
+        (Some(cfg), Some(attachments)) => Some(
+            remote::Remote::start(cfg, attachments.clone(), config.max_upload_lag_bytes, config.fsync, metrics.clone())
+                .map_err(|e| StartError::Task(format!("remote storage: {e}")))?,
+        ),
+        _ => None,
+    };
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
-        move || tenants::Tenants::load(conf, resources)
+        move || tenants::Tenants::load(conf, resources, remote)
     })
     .await
     .map_err(|e| StartError::Task(e.to_string()))??;

@@ -46,6 +46,20 @@ pub struct Metrics {
     pub backpressure_timelines: Gauge,
     pub gc_layers_removed: Counter,
     pub gc_bytes_removed: Counter,
+    pub layers_uploaded: Counter,
+    pub upload_bytes: Counter,
+    pub indexes_uploaded: Counter,
+    pub upload_errors: Counter,
+    pub upload_lag_bytes: Gauge,
+    pub upload_queue_layers: Gauge,
+    pub layers_downloaded: Counter,
+    pub download_bytes: Counter,
+    pub download_errors: Counter,
+    pub layers_evicted: Counter,
+    pub local_layer_bytes: Gauge,
+    pub remote_deletions: Counter,
+    pub remote_deletions_refused: Counter,
+    pub upload_backpressure_timelines: Gauge,
     listeners: ListenerMetrics,
 }
 
@@ -87,6 +101,20 @@ impl Metrics {
             backpressure_timelines: Gauge::default(),
             gc_layers_removed: Counter::default(),
             gc_bytes_removed: Counter::default(),
+            layers_uploaded: Counter::default(),
+            upload_bytes: Counter::default(),
+            indexes_uploaded: Counter::default(),
+            upload_errors: Counter::default(),
+            upload_lag_bytes: Gauge::default(),
+            upload_queue_layers: Gauge::default(),
+            layers_downloaded: Counter::default(),
+            download_bytes: Counter::default(),
+            download_errors: Counter::default(),
+            layers_evicted: Counter::default(),
+            local_layer_bytes: Gauge::default(),
+            remote_deletions: Counter::default(),
+            remote_deletions_refused: Counter::default(),
+            upload_backpressure_timelines: Gauge::default(),
             listeners: ListenerMetrics::default(),
             registry: Registry::default(),
         };
@@ -189,6 +217,52 @@ impl Metrics {
             "gc_bytes_removed",
             "Bytes of layer files removed by garbage collection",
             m.gc_bytes_removed.clone(),
+        );
+        registry.register("layers_uploaded", "Layer files uploaded to remote storage", m.layers_uploaded.clone());
+        registry.register("upload_bytes", "Bytes of layer files uploaded", m.upload_bytes.clone());
+        registry.register("indexes_uploaded", "Index manifests uploaded", m.indexes_uploaded.clone());
+        registry.register(
+            "upload_errors",
+            "Uploads to remote storage that failed (retried with backoff)",
+            m.upload_errors.clone(),
+        );
+        registry.register(
+            "upload_lag_bytes",
+            "Bytes of layer files of all timelines not yet in remote storage",
+            m.upload_lag_bytes.clone(),
+        );
+        registry.register(
+            "upload_queue_layers",
+            "Layer files of all timelines waiting to be uploaded",
+            m.upload_queue_layers.clone(),
+        );
+        registry.register("layers_downloaded", "Layer files downloaded on demand", m.layers_downloaded.clone());
+        registry.register("download_bytes", "Bytes of layer files downloaded", m.download_bytes.clone());
+        registry.register("download_errors", "On-demand downloads that failed", m.download_errors.clone());
+        registry.register(
+            "layers_evicted",
+            "Layer files evicted from local disk (kept in remote storage)",
+            m.layers_evicted.clone(),
+        );
+        registry.register(
+            "local_layer_bytes",
+            "Bytes of layer files on local disk, all timelines",
+            m.local_layer_bytes.clone(),
+        );
+        registry.register(
+            "remote_deletions",
+            "Objects deleted from remote storage through the deletion queue",
+            m.remote_deletions.clone(),
+        );
+        registry.register(
+            "remote_deletions_refused",
+            "Queued deletions dropped because their generation is no longer current",
+            m.remote_deletions_refused.clone(),
+        );
+        registry.register(
+            "upload_backpressure_timelines",
+            "Timelines whose ingest is slowed because uploads lag more than max_upload_lag_bytes",
+            m.upload_backpressure_timelines.clone(),
         );
         let listeners = ListenerMetrics::register(&mut registry);
         Metrics { registry, listeners, ..m }

@@ -22,14 +22,25 @@ use tracing::{error, info, warn};
 use crate::config::PageserverConfig;
 use crate::import::{self, ImportError};
 use crate::metrics::Metrics;
+use crate::remote::{Attachments, Remote, RemoteTimeline};
 use crate::timeline::{sync_dir, StorageError, Timeline, TimelineResources};
 use crate::walreceiver::{ReceiverStatus, SpawnError, WalReceiver};
+use strata_formats::Lsn;
 
 /// Suffix of a creation marker (`<timeline>.creating`).
 const CREATING_SUFFIX: &str = ".creating";
 /// Broken timelines whose cause may pass are re-read from disk this often at first.
 const RELOAD_MIN_DELAY: Duration = Duration::from_secs(1);
 const RELOAD_MAX_DELAY: Duration = Duration::from_secs(60);
+/// Longest a shutdown waits for the last uploads.
+const SHUTDOWN_UPLOAD_WAIT: Duration = Duration::from_secs(10);
+
+/// `disk_consistent_lsn` of a timeline directory's metadata, if readable.
+fn local_disk_consistent_lsn(dir: &Path) -> Option<Lsn> {
+    let text = std::fs::read_to_string(dir.join(crate::timeline::METADATA_FILE)).ok()?;
+    let meta: crate::timeline::TimelineMetadata = serde_json::from_str(&text).ok()?;
+    (meta.disk_consistent_lsn != Lsn::INVALID).then_some(meta.disk_consistent_lsn)
+}
 
 /// A timeline with its WAL receiver.
 pub struct TimelineEntry {
@@ -57,6 +68,8 @@ pub enum CreateError {
         #[source]
         source: StorageError,
     },
+    #[error("tenant {tenant} is not attached to this pageserver: {reason}")]
+    NotAttached { tenant: TenantId, reason: String },
     #[error("timeline {tenant}/{timeline}: {source}")]
     Receiver {
         tenant: TenantId,
@@ -81,6 +94,11 @@ pub struct Tenants {
     pub conf: Arc<PageserverConfig>,
     pub metrics: Arc<Metrics>,
     pub resources: TimelineResources,
+    /// Object storage, if configured.
+    pub remote: Option<Arc<Remote>>,
+    /// The generation of each tenant attached here, read at start (and at
+    /// bootstrap): the one this pageserver's objects carry.
+    generations: Mutex<HashMap<TenantId, u32>>,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), Arc<TimelineEntry>>>,
     creating: Mutex<()>,
     /// When each broken timeline is re-read next, and its backoff.
@@ -99,11 +117,26 @@ impl Tenants {
     }
 
     /// Loads every timeline under the data directory and starts its WAL receiver.
-    pub fn load(conf: Arc<PageserverConfig>, resources: TimelineResources) -> Result<Arc<Tenants>, LoadError> {
+    pub fn load(
+        conf: Arc<PageserverConfig>,
+        resources: TimelineResources,
+        remote: Option<Arc<Remote>>,
+    ) -> Result<Arc<Tenants>, LoadError> {
+        let mut generations = HashMap::new();
+        if let Some(r) = &remote {
+            let a = Attachments::load(r.attachments_path()).map_err(|e| LoadError {
+                op: "reading",
+                path: r.attachments_path().to_path_buf(),
+                source: std::io::Error::other(e),
+            })?;
+            generations = a.tenants.iter().map(|(t, at)| (*t, at.generation)).collect();
+        }
         let tenants = Arc::new(Tenants {
             conf,
             metrics: resources.metrics.clone(),
             resources,
+            remote,
+            generations: Mutex::new(generations),
             timelines: RwLock::new(BTreeMap::new()),
             creating: Mutex::new(()),
             reloads: Mutex::new(HashMap::new()),
@@ -135,7 +168,33 @@ impl Tenants {
                     }
                     continue;
                 }
-                match Timeline::load(dir.clone(), &tenants.resources) {
+                let remote = match tenants.remote_timeline(tenant_id, timeline_id, &dir) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        error!(%tenant_id, %timeline_id, "cannot read its index in remote storage: {e}");
+                        tenants.attach_unloadable(
+                            dir,
+                            tenant_id,
+                            timeline_id,
+                            format!("reading its remote index: {e}"),
+                        );
+                        continue;
+                    }
+                };
+                if let Some((rt, remote_lsn)) = &remote {
+                    let local_lsn = local_disk_consistent_lsn(&dir);
+                    if local_lsn.is_none_or(|l| l < *remote_lsn) {
+                        // Object storage is the truth, and it is ahead (another
+                        // attachment went on): the local files are an old cache.
+                        warn!(%tenant_id, %timeline_id, local = ?local_lsn, remote = %remote_lsn, "remote storage is ahead of the local files; attaching from remote storage");
+                        if let Err(e) = tenants.attach_from_remote(&dir, rt.clone(), true) {
+                            error!(%tenant_id, %timeline_id, "{e}");
+                            tenants.attach_unloadable(dir, tenant_id, timeline_id, e.to_string());
+                        }
+                        continue;
+                    }
+                }
+                match Timeline::load_with_remote(dir.clone(), &tenants.resources, remote.map(|(r, _)| r)) {
                     Ok(tl) => {
                         info!(%tenant_id, %timeline_id, disk_consistent_lsn = %tl.disk_consistent_lsn(), "loaded timeline");
                         if let Err(e) = tenants.attach(tl) {
@@ -145,6 +204,42 @@ impl Tenants {
                     Err(e) => {
                         error!(%tenant_id, %timeline_id, "cannot load timeline; it is broken and its files stay: {e}");
                         tenants.attach_unloadable(dir, tenant_id, timeline_id, e.to_string());
+                    }
+                }
+            }
+        }
+        // Timelines that only object storage has: attached from their index.
+        if let Some(remote) = tenants.remote.clone() {
+            let attached: Vec<(TenantId, u32)> = tenants.generations.lock().iter().map(|(t, g)| (*t, *g)).collect();
+            for (tenant_id, _) in attached {
+                let remote_timelines = match crate::remote::attach_timelines(&remote, tenant_id) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        error!(%tenant_id, "listing the tenant's timelines in remote storage: {e}");
+                        continue;
+                    }
+                };
+                for timeline_id in remote_timelines {
+                    if tenants.get(tenant_id, timeline_id).is_some() {
+                        continue;
+                    }
+                    let dir = tenants.timeline_dir(tenant_id, timeline_id);
+                    let attached = tenants
+                        .remote_timeline(tenant_id, timeline_id, &dir)
+                        .map_err(|e| StorageError::Invalid { path: dir.clone(), reason: e })
+                        .and_then(|r| match r {
+                            Some((rt, _)) => tenants.attach_from_remote(&dir, rt, false).map(Some),
+                            None => Ok(None),
+                        });
+                    match attached {
+                        Ok(Some(())) => {}
+                        Ok(None) => {
+                            info!(%tenant_id, %timeline_id, "objects in remote storage but no index: nothing to attach")
+                        }
+                        Err(e) => {
+                            error!(%tenant_id, %timeline_id, "attaching from remote storage: {e}");
+                            tenants.attach_unloadable(dir, tenant_id, timeline_id, e.to_string());
+                        }
                     }
                 }
             }
@@ -162,6 +257,58 @@ impl Tenants {
             }
         }
         Ok(tenants)
+    }
+
+    /// The remote client of a timeline, with the LSN its newest index
+    /// covers (`None` without object storage or without an attachment of
+    /// the tenant here).
+    fn remote_timeline(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        dir: &Path,
+    ) -> Result<Option<(Arc<RemoteTimeline>, Lsn)>, String> {
+        let Some(remote) = &self.remote else { return Ok(None) };
+        let Some(generation) = self.generations.lock().get(&tenant).copied() else {
+            warn!(%tenant, %timeline, "the tenant has no generation in the attachment file; its layers stay local");
+            return Ok(None);
+        };
+        let found = RemoteTimeline::find_index(remote, tenant, timeline, generation)?;
+        let lsn = found.as_ref().map_or(Lsn::INVALID, |f| f.index.disk_consistent_lsn);
+        Ok(Some((RemoteTimeline::new(remote.clone(), tenant, timeline, generation, dir.to_path_buf(), found), lsn)))
+    }
+
+    /// Attaches a timeline from its remote index alone: the metadata comes
+    /// from the index, every layer is downloaded when first read. Replaces
+    /// the local directory if `replace` (the creation marker makes a crash
+    /// halfway remove it at the next start).
+    fn attach_from_remote(&self, dir: &Path, rt: Arc<RemoteTimeline>, replace: bool) -> Result<(), StorageError> {
+        let (tenant, timeline) = (rt.tenant_id, rt.timeline_id);
+        let index = rt.index().ok_or_else(|| StorageError::Invalid {
+            path: dir.to_path_buf(),
+            reason: "no index in remote storage".into(),
+        })?;
+        let parent = dir.parent().expect("under timelines/").to_path_buf();
+        crate::timeline::create_dir_durable(&parent, self.conf.fsync)?;
+        let marker = marker_path(dir);
+        crate::timeline::write_atomic(&marker, b"", self.conf.fsync)?;
+        if replace {
+            std::fs::remove_dir_all(dir).map_err(StorageError::io("removing", dir))?;
+        }
+        crate::timeline::create_dir_durable(dir, self.conf.fsync)?;
+        let meta = crate::remote::metadata_from_index(tenant, timeline, &index);
+        let text = serde_json::to_vec_pretty(&meta).expect("metadata serializes");
+        crate::timeline::write_atomic(&dir.join(crate::timeline::METADATA_FILE), &text, self.conf.fsync)?;
+        std::fs::remove_file(&marker).map_err(StorageError::io("removing", &marker))?;
+        if self.conf.fsync {
+            sync_dir(&parent)?;
+        }
+        let tl = Timeline::load_with_remote(dir.to_path_buf(), &self.resources, Some(rt))?;
+        info!(%tenant, %timeline, disk_consistent_lsn = %tl.disk_consistent_lsn(), layers = index.layers.len(), generation = index.generation, "attached timeline from remote storage");
+        if let Err(e) = self.attach(tl) {
+            error!(%tenant, %timeline, "{e}");
+        }
+        Ok(())
     }
 
     /// Removes a marked, unfinished timeline: the directory, then the marker.
@@ -228,6 +375,21 @@ impl Tenants {
             return Err(CreateError::Exists(tenant, timeline));
         }
         let storage = |source| CreateError::Storage { tenant, timeline, source };
+        // With object storage, a tenant is created only where it is attached.
+        let generation = match &self.remote {
+            Some(remote) => {
+                let g = remote.generation(tenant).map_err(|reason| CreateError::NotAttached { tenant, reason })?;
+                let Some(g) = g else {
+                    return Err(CreateError::NotAttached {
+                        tenant,
+                        reason: format!("{} names no generation for it", remote.attachments_path().display()),
+                    });
+                };
+                self.generations.lock().insert(tenant, g);
+                Some((remote.clone(), g))
+            }
+            None => None,
+        };
         // The marker is durable before the timeline's first byte.
         let parent = dir.parent().expect("under timelines/").to_path_buf();
         crate::timeline::create_dir_durable(&parent, self.conf.fsync).map_err(storage)?;
@@ -244,6 +406,9 @@ impl Tenants {
                     sync_dir(&parent).map_err(storage)?;
                 }
                 info!(%tenant, %timeline, start_lsn = %imported.end_lsn, system_id = imported.system_id, "bootstrapped tenant");
+                if let Some((remote, g)) = generation {
+                    tl.set_remote(RemoteTimeline::new(remote, tenant, timeline, g, dir.clone(), None));
+                }
                 self.attach(tl)
             }
             Err(source) => {
@@ -282,11 +447,15 @@ impl Tenants {
                 r.shutdown();
             }
             // Back in service only once the disk takes a durable write again.
-            let reloaded = Timeline::load(entry.tl.dir.clone(), &self.resources).and_then(|tl| match tl.broken() {
-                Some(b) => {
-                    Err(StorageError::Invalid { path: tl.dir.clone(), reason: format!("still broken: {}", b.reason) })
+            let remote = entry.tl.remote().cloned();
+            let reloaded = Timeline::load_with_remote(entry.tl.dir.clone(), &self.resources, remote).and_then(|tl| {
+                match tl.broken() {
+                    Some(b) => Err(StorageError::Invalid {
+                        path: tl.dir.clone(),
+                        reason: format!("still broken: {}", b.reason),
+                    }),
+                    None => tl.persist_metadata().map(|()| tl),
                 }
-                None => tl.persist_metadata().map(|()| tl),
             });
             match reloaded {
                 Ok(tl) => {
@@ -305,7 +474,9 @@ impl Tenants {
         }
     }
 
-    /// Stops every WAL receiver and flushes what was ingested.
+    /// Stops every WAL receiver and flushes what was ingested; gives the
+    /// uploads a bounded time to put the last layers in object storage (what
+    /// is not uploaded then is uploaded after the next start).
     pub fn shutdown(&self) {
         for entry in self.all() {
             if let Some(r) = entry.handle.lock().take() {
@@ -316,6 +487,17 @@ impl Tenants {
                     error!(timeline = %entry.tl.timeline_id, "final flush failed: {e}");
                 }
             }
+        }
+        let deadline = Instant::now() + SHUTDOWN_UPLOAD_WAIT;
+        for entry in self.all() {
+            let Some(r) = entry.tl.remote() else { continue };
+            if entry.tl.broken_reason().is_none() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if let Err(e) = entry.tl.wait_uploaded(left) {
+                    warn!(timeline = %entry.tl.timeline_id, "not everything is uploaded at shutdown: {e}");
+                }
+            }
+            r.stop();
         }
     }
 }
@@ -328,6 +510,7 @@ impl TimelineEntry {
         let receiver = self.receiver.lock().clone();
         let broken = self.tl.broken();
         let (memory_layers, files) = self.tl.layer_count();
+        let local = self.tl.resident_layers();
         serde_json::json!({
             "tenant_id": meta.tenant_id,
             "timeline_id": meta.timeline_id,
@@ -351,6 +534,11 @@ impl TimelineEntry {
             "image_layers": files.image,
             "layer_bytes": files.bytes,
             "backpressure": self.tl.backpressure(),
+            "upload_backpressure": self.tl.upload_backpressure(),
+            "local_layers": local.0,
+            "local_layer_bytes": local.1,
+            "remote": self.tl.upload_status(),
+            "remote_consistent_lsn": self.tl.remote_consistent_lsn(),
             "state": if broken.is_some() { "broken" } else { "active" },
             "error": broken.as_ref().map(|b| b.reason.clone()),
             "broken": broken,

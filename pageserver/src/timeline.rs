@@ -34,10 +34,11 @@ use crate::layer::layer_file::{LayerFile, LayerFileWriter, LayerName, WriteError
 use crate::layer::map::{HistoricLayers, LayerCounts, LayerMap, RecordLsns};
 use crate::layer::{LayerError, Versions};
 use crate::metrics::Metrics;
+use crate::remote::RemoteTimeline;
 use crate::value::Value;
 
 /// Version of `metadata.json`.
-const METADATA_VERSION: u32 = 1;
+pub const METADATA_VERSION: u32 = 1;
 /// Frozen layers allowed to wait for their flush before ingest waits too.
 const MAX_FROZEN: usize = 2;
 
@@ -260,6 +261,8 @@ pub struct Timeline {
     /// What the redo oracle found (with `verify_redo`).
     pub redo_check: Mutex<RedoCheck>,
     pub metrics: Arc<Metrics>,
+    /// Object storage, when the pageserver has it.
+    remote: std::sync::OnceLock<Arc<RemoteTimeline>>,
 }
 
 /// Name of a timeline's metadata file.
@@ -392,6 +395,7 @@ impl Timeline {
             verify_redo: res.verify_redo,
             redo_check: Mutex::new(RedoCheck::default()),
             metrics: res.metrics.clone(),
+            remote: std::sync::OnceLock::new(),
         })
     }
 
@@ -405,6 +409,18 @@ impl Timeline {
     /// too — with something unexplained in the directory, the metadata may
     /// not be the one these files were written with.
     pub fn load(dir: PathBuf, res: &TimelineResources) -> Result<Arc<Timeline>, StorageError> {
+        Timeline::load_with_remote(dir, res, None)
+    }
+
+    /// [`Timeline::load`] for a pageserver with object storage: a listed
+    /// layer that is not on local disk but in `remote`'s index is a layer
+    /// evicted earlier (or one never downloaded, for a timeline attached
+    /// from object storage), downloaded by the first read that needs it.
+    pub fn load_with_remote(
+        dir: PathBuf,
+        res: &TimelineResources,
+        remote: Option<Arc<RemoteTimeline>>,
+    ) -> Result<Arc<Timeline>, StorageError> {
         let meta_path = dir.join(METADATA_FILE);
         let text = std::fs::read_to_string(&meta_path).map_err(StorageError::io("reading", &meta_path))?;
         let invalid = |reason: String| StorageError::Invalid { path: meta_path.clone(), reason };
@@ -443,7 +459,12 @@ impl Timeline {
                 continue;
             }
             let unfinished_flush = name.parse::<LayerName>().is_ok_and(|l| l.lsn_start > meta.disk_consistent_lsn);
-            if name.ends_with(".tmp") || unfinished_flush || removed.contains(name.as_str()) {
+            // `.download`: a download cut short (the file is renamed only when whole).
+            if name.ends_with(".tmp")
+                || name.ends_with(".download")
+                || unfinished_flush
+                || removed.contains(name.as_str())
+            {
                 garbage.push(entry.path());
             } else {
                 unexpected.push(name);
@@ -467,10 +488,20 @@ impl Timeline {
         let mut historic = HistoricLayers::default();
         let mut broken = None;
         for name in &meta.layers {
-            let opened = LayerFile::open(&dir.join(name), &res.files)
-                .map_err(|e| e.to_string())
-                .and_then(|l| historic.insert(Arc::new(l)).map_err(|e| format!("{}: {e}", dir.display())));
-            if let Err(e) = opened {
+            let path = dir.join(name);
+            let opened = match &remote {
+                Some(r) if !path.exists() && r.is_uploaded(name) => match name.parse::<LayerName>() {
+                    Ok(n) => {
+                        let size = r.uploaded_size(name).unwrap_or(0);
+                        Ok(LayerFile::remote(&path, n, size, &res.files, r.clone()))
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                _ => LayerFile::open(&path, &res.files).map_err(|e| e.to_string()),
+            };
+            let inserted =
+                opened.and_then(|l| historic.insert(Arc::new(l)).map_err(|e| format!("{}: {e}", dir.display())));
+            if let Err(e) = inserted {
                 broken = Some(e);
                 break;
             }
@@ -479,7 +510,61 @@ impl Timeline {
         if let Some(reason) = broken {
             tl.set_broken(BrokenKind::Files, reason);
         }
+        if let Some(r) = remote {
+            tl.set_remote(r);
+        }
         Ok(tl)
+    }
+
+    /// Connects the timeline to object storage: its layers can be evicted
+    /// and downloaded again, and its upload loop starts.
+    pub fn set_remote(self: &Arc<Self>, remote: Arc<RemoteTimeline>) {
+        if self.remote.set(remote.clone()).is_err() {
+            return;
+        }
+        for l in self.historic().iter() {
+            l.set_remote(remote.clone());
+        }
+        remote.start(Arc::downgrade(self));
+    }
+
+    /// The timeline's object storage client, if the pageserver has object storage.
+    pub fn remote(&self) -> Option<&Arc<RemoteTimeline>> {
+        self.remote.get()
+    }
+
+    /// A new layer file of this timeline: evictable once uploaded.
+    fn adopt(&self, layer: &LayerFile) {
+        if let Some(r) = self.remote.get() {
+            layer.set_remote(r.clone());
+        }
+    }
+
+    /// Tells the upload loop that the metadata changed.
+    fn metadata_changed(&self) {
+        if let Some(r) = self.remote.get() {
+            r.wake();
+        }
+    }
+
+    /// Every layer file: name and bytes.
+    pub fn layer_sizes(&self) -> Vec<(String, u64)> {
+        self.historic().iter().map(|l| (l.name.to_string(), l.file_size)).collect()
+    }
+
+    /// Layer files on local disk, and their bytes.
+    pub fn resident_layers(&self) -> (usize, u64) {
+        let h = self.historic();
+        h.iter().filter(|l| l.is_resident()).fold((0, 0), |(n, b), l| (n + 1, b + l.file_size))
+    }
+
+    /// Waits until the remote index covers `disk_consistent_lsn` (at once without object storage).
+    pub fn wait_uploaded(&self, timeout: Duration) -> Result<Lsn, String> {
+        let lsn = self.disk_consistent_lsn();
+        if let Some(r) = self.remote.get() {
+            r.wait_uploaded(lsn, timeout)?;
+        }
+        Ok(lsn)
     }
 
     pub fn metadata(&self) -> TimelineMetadata {
@@ -563,10 +648,36 @@ impl Timeline {
     /// (`docs/bottomless-pageserver.md`, "Backpressure").
     pub fn feedback_lsn(&self) -> Lsn {
         let dcl = self.disk_consistent_lsn();
-        if !self.backpressure() {
-            return dcl;
+        let mut lsn = dcl;
+        if self.backpressure() {
+            lsn = self.layers.read().historic.l0().first().map_or(dcl, |l| l.name.lsn_start.min(dcl));
         }
-        self.layers.read().historic.l0().first().map_or(dcl, |l| l.name.lsn_start.min(dcl))
+        // While uploads lag too far (object storage down or slow), the
+        // applied LSN stops at what object storage has.
+        if self.upload_backpressure() {
+            let uploaded = self.remote.get().map_or(Lsn::INVALID, |r| r.remote_consistent_lsn());
+            let floor = if uploaded == Lsn::INVALID { self.meta.lock().start_lsn } else { uploaded };
+            lsn = lsn.min(floor);
+        }
+        lsn
+    }
+
+    /// Whether local layers not yet in object storage pass `max_upload_lag_bytes`.
+    pub fn upload_backpressure(&self) -> bool {
+        match self.remote.get() {
+            Some(r) => r.status(&self.layer_sizes()).upload_lag_bytes > r.max_upload_lag_bytes(),
+            None => false,
+        }
+    }
+
+    /// The remote side's status (`None` without object storage).
+    pub fn upload_status(&self) -> Option<crate::remote::UploadStatus> {
+        self.remote.get().map(|r| r.status(&self.layer_sizes()))
+    }
+
+    /// `disk_consistent_lsn` of the newest index in object storage.
+    pub fn remote_consistent_lsn(&self) -> Option<Lsn> {
+        self.remote.get().map(|r| r.remote_consistent_lsn())
     }
 
     /// Resolves LSN 0 ("latest") and waits until `lsn` is ingested.
@@ -676,7 +787,9 @@ impl Timeline {
                 if self.fsync {
                     sync_dir(&self.dir)?;
                 }
-                Some(Arc::new(LayerFile::open(&path, &self.files)?))
+                let file = LayerFile::open(&path, &self.files)?;
+                self.adopt(&file);
+                Some(Arc::new(file))
             }
             None => None,
         };
@@ -691,6 +804,7 @@ impl Timeline {
         self.prune_removed(&mut next);
         self.write_metadata(&next)?;
         *self.meta.lock() = next;
+        self.metadata_changed();
         {
             let mut map = self.layers.write();
             if let Some(d) = &delta {

@@ -379,7 +379,9 @@ fn stream_wal(
         if last_feedback.elapsed() >= FEEDBACK_INTERVAL {
             let mut out = Vec::new();
             let applied_lsn = tl.feedback_lsn();
-            codec::encode_consumer(&ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn }), &mut out);
+            let remote_consistent_lsn = tl.remote_consistent_lsn().unwrap_or(Lsn::INVALID);
+            let feedback = ConsumerFeedback { applied_lsn, remote_consistent_lsn };
+            codec::encode_consumer(&ConsumerMessage::Feedback(feedback), &mut out);
             frames.get_mut().write_all(&out).map_err(LinkError::from)?;
             last_feedback = Instant::now();
         }

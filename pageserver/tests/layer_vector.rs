@@ -107,9 +107,13 @@ fn image_layer_v1_vector() {
 
 #[test]
 fn remote_index_v1_vector() {
-    use strata_pageserver::remote_index::{IndexLayer, RemoteIndex};
+    use strata_pageserver::remote::index::{IndexLayer, RemoteIndex};
     let index = RemoteIndex {
         generation: 2,
+        pg_version: 15,
+        system_id: 7_300_000_000_000_000_001,
+        wal_segment_size: 16 << 20,
+        start_lsn: Lsn(0x0100_0028),
         disk_consistent_lsn: Lsn(0x0100_0061),
         prev_record_lsn: Lsn(0x0100_0028),
         ancestor_timeline_id: None,

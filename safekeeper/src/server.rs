@@ -248,7 +248,12 @@ async fn consumer(
     shared.metrics.consumer_connections.inc();
     timeline.consumers.lock().insert(
         id,
-        ConsumerInfo { name: start.consumer_id.clone(), sent_lsn: start.start_lsn, applied_lsn: Lsn::INVALID },
+        ConsumerInfo {
+            name: start.consumer_id.clone(),
+            sent_lsn: start.start_lsn,
+            applied_lsn: Lsn::INVALID,
+            remote_consistent_lsn: Lsn::INVALID,
+        },
     );
     let result = consumer_loop(&mut reader, &mut w, &shared, &timeline, &start, id).await;
     timeline.consumers.lock().remove(&id);
@@ -330,6 +335,7 @@ async fn consumer_loop(
                         last_feedback = Instant::now();
                         if let Some(c) = timeline.consumers.lock().get_mut(&id) {
                             c.applied_lsn = f.applied_lsn;
+                            c.remote_consistent_lsn = f.remote_consistent_lsn;
                         }
                     }
                     Ok(ConsumerMessage::Start(_)) => {

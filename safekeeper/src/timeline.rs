@@ -42,6 +42,8 @@ pub struct ConsumerInfo {
     pub name: String,
     pub sent_lsn: Lsn,
     pub applied_lsn: Lsn,
+    /// What the consumer has in object storage (0: nothing, or no object storage).
+    pub remote_consistent_lsn: Lsn,
 }
 
 pub type TimelineAcceptor = Acceptor<SegmentStore, ControlFile>;

@@ -22,6 +22,11 @@ pub const HOST: &str = "127.0.0.1";
 /// The branch every new cluster has.
 pub const MAIN_BRANCH: &str = "main";
 
+/// The pageserver's object storage (local backend) inside the workdir.
+pub const REMOTE_STORAGE_DIR: &str = "remote_storage";
+/// The attachment file beside the pageserver's config.
+pub const ATTACHMENTS_FILE: &str = "attachments.json";
+
 /// How long a mutating command waits for another one to finish.
 const LOCK_WAIT: Duration = Duration::from_secs(300);
 
@@ -41,6 +46,11 @@ pub struct ClusterFile {
     pub verify_redo: bool,
     pub branches: Vec<Branch>,
     pub services: Vec<Service>,
+    /// The generation of the tenant's current attachment to the
+    /// pageserver: `strata start` issues a new one each time it starts the
+    /// pageserver (`docs/local-cluster.md`, "Generations").
+    #[serde(default)]
+    pub generation: u32,
 }
 
 /// A branch: a named timeline of the tenant.
@@ -251,6 +261,34 @@ impl Workdir {
     }
 }
 
+impl Workdir {
+    /// Issues the next generation of the tenant's attachment to the
+    /// pageserver: recorded in `cluster.toml` first, then written to the
+    /// pageserver's attachment file (if its config names one). Called with
+    /// the command lock held, before the pageserver starts.
+    pub fn attach_next_generation(&self) -> Result<u32> {
+        let path = self.root.join(CLUSTER_FILE);
+        let mut cluster: ClusterFile = read_toml(&path)?;
+        cluster.generation =
+            cluster.generation.checked_add(1).ok_or_else(|| Error::Failed("generation overflow".into()))?;
+        write_toml(&path, "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+        let ps = self.cluster.pageserver();
+        let conf: strata_pageserver::config::PageserverConfig = read_toml(&self.config_path(ps))?;
+        if let Some(file) = conf.attachments {
+            let attachments = strata_pageserver::remote::Attachments {
+                format_version: strata_pageserver::remote::attachments::ATTACHMENTS_FORMAT_VERSION,
+                tenants: BTreeMap::from([(
+                    cluster.tenant_id,
+                    strata_pageserver::remote::attachments::Attachment { generation: cluster.generation },
+                )]),
+            };
+            let text = String::from_utf8(attachments.encode()).expect("JSON is UTF-8");
+            write_atomic(&file, &text)?;
+        }
+        Ok(cluster.generation)
+    }
+}
+
 /// Reads a TOML file into `T`, naming the file in the error.
 pub fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let text = fs::read_to_string(path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
@@ -351,6 +389,9 @@ pub fn init(args: &InitArgs) -> Result<()> {
             "pg_bin_dir": args.pg_bin_dir,
             "pg_user": args.pg_user,
             "verify_redo": args.verify_redo,
+            // Object storage in a local directory: nothing else to set up.
+            "remote_storage": { "type": "local", "path": root.join(REMOTE_STORAGE_DIR) },
+            "attachments": root.join(&name).join(ATTACHMENTS_FILE),
         }),
         "pageserver",
     )?;
@@ -371,6 +412,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
         verify_redo: args.verify_redo,
         branches: vec![Branch { name: MAIN_BRANCH.into(), timeline_id: TimelineId::generate() }],
         services,
+        generation: 0,
     };
     cluster.check().map_err(Error::Failed)?;
 

@@ -95,6 +95,11 @@ fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
     if !config.is_file() {
         return failed(format!("{}: config {} is missing", s.name, config.display()));
     }
+    if s.kind == Kind::Pageserver {
+        // Every start is a new attachment of the tenant, with a new generation.
+        let g = wd.attach_next_generation()?;
+        println!("{}: attaching tenant {} with generation {g}", s.name, wd.cluster.tenant_id);
+    }
     let exe = std::env::current_exe().map_err(|e| Error::Failed(format!("finding the strata binary: {e}")))?;
     let log = wd.log_path(&s.name);
     let from = process::log_len(&log);

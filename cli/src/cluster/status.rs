@@ -54,6 +54,22 @@ pub fn endpoint_restarts(ep: &Endpoint) -> EndpointRestarts {
 }
 
 /// The whole status as JSON (the `--json` output).
+/// A service's local data directory and its object storage (a path for
+/// the local backend, a URL otherwise), from its config.
+fn storage_of(wd: &Workdir, s: &super::layout::Service) -> (Option<std::path::PathBuf>, Option<String>) {
+    let path = wd.config_path(s);
+    match s.kind {
+        Kind::Pageserver => match strata_pageserver::config::PageserverConfig::load(&path) {
+            Ok(c) => (Some(c.data_dir), c.remote_storage.map(|r| r.describe())),
+            Err(_) => (None, None),
+        },
+        Kind::Safekeeper => match strata_safekeeper::config::SafekeeperConfig::load(&path) {
+            Ok(c) => (Some(c.data_dir), None),
+            Err(_) => (None, None),
+        },
+    }
+}
+
 pub fn collect(wd: &Workdir) -> Result<Value> {
     let c = &wd.cluster;
     let mut service_rows = Vec::new();
@@ -61,6 +77,7 @@ pub fn collect(wd: &Workdir) -> Result<Value> {
         let sv = services::supervised(wd, s);
         let liveness = sv.liveness();
         let r = sv.restarts();
+        let (data_dir, remote_storage) = storage_of(wd, s);
         service_rows.push(json!({
             "name": s.name,
             "kind": s.kind.as_str(),
@@ -75,6 +92,8 @@ pub fn collect(wd: &Workdir) -> Result<Value> {
             "crash_loop": r.crash_loop,
             "config": wd.config_path(s),
             "log": wd.log_path(&s.name),
+            "data_dir": data_dir,
+            "remote_storage": remote_storage,
         }));
     }
 
@@ -320,6 +339,22 @@ fn render(st: &Value) -> String {
                         text(&ps["image_layers"]),
                         ps["layer_bytes"].as_u64().unwrap_or(0) as f64 / 1e6
                     ));
+                }
+                let remote = &ps["remote"];
+                if remote.is_object() {
+                    lsns.push_str(&format!(
+                        " local={} {:.1} MB remote={} {:.1} MB remote_consistent={} upload_queue={} {:.1} MB",
+                        text(&ps["local_layers"]),
+                        ps["local_layer_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+                        text(&remote["remote_layers"]),
+                        remote["remote_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+                        text(&remote["remote_consistent_lsn"]),
+                        text(&remote["upload_queue_layers"]),
+                        remote["upload_lag_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+                    ));
+                    if let Some(e) = remote["upload_error"].as_str() {
+                        lsns.push_str(&format!(" upload_error={}", short(e)));
+                    }
                 }
                 row.push(lsns);
             }

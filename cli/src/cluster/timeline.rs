@@ -10,7 +10,8 @@ use super::{failed, http, Result};
 const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// Flushes what the pageserver ingested of `branch`, compacts every L0,
-/// writes images, and prints the LSN that is now durable in layer files.
+/// writes images, waits until object storage has all of it (when the
+/// pageserver has object storage), and prints the LSN that is now durable.
 pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
     let name = branch.unwrap_or(MAIN_BRANCH);
     let Some(b) = wd.cluster.branch(name) else {
@@ -19,10 +20,11 @@ pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
     };
     let ps = wd.cluster.pageserver();
     let url = format!(
-        "{}/v1/tenant/{}/timeline/{}/checkpoint?compact=true",
+        "{}/v1/tenant/{}/timeline/{}/checkpoint?compact=true&upload_timeout={}",
         ps.http_url(),
         wd.cluster.tenant_id,
-        b.timeline_id
+        b.timeline_id,
+        CHECKPOINT_TIMEOUT.as_secs() / 2
     );
     let reply = match http::post(&url, &serde_json::Value::Null, CHECKPOINT_TIMEOUT) {
         Ok(r) => r,
@@ -31,9 +33,9 @@ pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
     if reply.status != 200 {
         return failed(format!("checkpoint of branch {name}: {} {}", reply.status, reply.error_text()));
     }
-    let lsn = reply.body.get("disk_consistent_lsn").and_then(|l| l.as_str()).unwrap_or_default();
+    let lsn = reply.body.get("uploaded_lsn").and_then(|l| l.as_str()).unwrap_or_default();
     if lsn.is_empty() {
-        return failed(format!("checkpoint of branch {name}: no disk_consistent_lsn in {}", reply.body));
+        return failed(format!("checkpoint of branch {name}: no uploaded_lsn in {}", reply.body));
     }
     println!("{lsn}");
     Ok(())

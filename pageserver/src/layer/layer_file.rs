@@ -417,39 +417,183 @@ impl Source {
     }
 }
 
-/// An open layer file of either kind. Holds only a sparse summary of its index in memory.
-pub struct LayerFile {
-    pub name: LayerName,
-    path: PathBuf,
+/// Downloads a layer file that is not on local disk (on-demand download
+/// from remote storage). Implemented by the timeline's remote client.
+pub trait Fetch: Send + Sync {
+    /// Writes the whole layer `name` of `size` bytes to `path` (atomically:
+    /// `path` is whole or absent afterwards), checked against its index entry.
+    fn fetch(&self, name: &LayerName, path: &Path, size: u64) -> Result<(), String>;
+}
+
+/// The part of a layer that exists only while its file is local: the
+/// descriptor, the index position, the summary and the key filter.
+struct Loaded {
     file: Source,
     index_offset: u64,
     count: u64,
     /// First (key, LSN) of each index block.
     summary: Vec<(Key, Lsn)>,
     filter: super::bloom::KeyFilter,
+}
+
+/// A layer file of either kind. Holds only a sparse summary of its index
+/// in memory, and only while the file is local: a layer evicted from local
+/// disk keeps its name and size, and is downloaded again by the first read
+/// that needs it.
+pub struct LayerFile {
+    pub name: LayerName,
+    path: PathBuf,
     pub file_size: u64,
+    /// `None` while the file is not on local disk.
+    loaded: parking_lot::Mutex<Option<Arc<Loaded>>>,
+    /// Held while downloading or evicting: one download per layer at a
+    /// time, and no eviction racing a download.
+    residency: parking_lot::Mutex<()>,
+    /// Where descriptors come from (`None` for a layer held in memory).
+    files: Option<Arc<FileCache>>,
+    /// How to get the file back once evicted (set when remote storage is on).
+    remote: std::sync::OnceLock<Arc<dyn Fetch>>,
+    /// Milliseconds since the Unix epoch of the last read (eviction order).
+    last_read: std::sync::atomic::AtomicU64,
     /// Set once the layer is no longer part of its timeline: the file is
     /// deleted when the last read holding it lets go.
     removed: std::sync::atomic::AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl LayerFile {
     /// Opens and checks a layer file: header, footer and index CRC. Its
     /// descriptor is taken from `files` on each read, not kept.
     pub fn open(path: &Path, files: &Arc<FileCache>) -> Result<LayerFile, LayerError> {
-        let io = |source| LayerError::Io { path: path.display().to_string(), source };
-        let file = files.file(path);
-        let file_size = file.size().map_err(io)?;
-        LayerFile::open_source(path, Source::File(file), file_size)
+        let (name, file_size, loaded) = LayerFile::load(path, files)?;
+        Ok(LayerFile::assemble(name, path, file_size, Some(loaded), Some(files.clone())))
+    }
+
+    /// A layer whose file is not on local disk: `fetch` downloads it to
+    /// `path` at its first read.
+    pub fn remote(
+        path: &Path,
+        name: LayerName,
+        file_size: u64,
+        files: &Arc<FileCache>,
+        fetch: Arc<dyn Fetch>,
+    ) -> LayerFile {
+        let l = LayerFile::assemble(name, path, file_size, None, Some(files.clone()));
+        let _ = l.remote.set(fetch);
+        l
     }
 
     /// Opens a layer held in memory; `path` only names it in errors.
     pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<LayerFile, LayerError> {
         let len = bytes.len() as u64;
-        LayerFile::open_source(path, Source::Memory(bytes), len)
+        let (name, loaded) = LayerFile::open_source(path, Source::Memory(bytes), len)?;
+        Ok(LayerFile::assemble(name, path, len, Some(loaded), None))
     }
 
-    fn open_source(path: &Path, file: Source, file_size: u64) -> Result<LayerFile, LayerError> {
+    fn assemble(
+        name: LayerName,
+        path: &Path,
+        file_size: u64,
+        loaded: Option<Loaded>,
+        files: Option<Arc<FileCache>>,
+    ) -> LayerFile {
+        LayerFile {
+            name,
+            path: path.to_path_buf(),
+            file_size,
+            loaded: parking_lot::Mutex::new(loaded.map(Arc::new)),
+            residency: parking_lot::Mutex::new(()),
+            files,
+            remote: std::sync::OnceLock::new(),
+            last_read: std::sync::atomic::AtomicU64::new(now_ms()),
+            removed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn load(path: &Path, files: &Arc<FileCache>) -> Result<(LayerName, u64, Loaded), LayerError> {
+        let io = |source| LayerError::Io { path: path.display().to_string(), source };
+        let file = files.file(path);
+        let file_size = file.size().map_err(io)?;
+        let (name, loaded) = LayerFile::open_source(path, Source::File(file), file_size)?;
+        Ok((name, file_size, loaded))
+    }
+
+    /// Lets the layer be evicted and downloaded again through `fetch`.
+    pub fn set_remote(&self, fetch: Arc<dyn Fetch>) {
+        let _ = self.remote.set(fetch);
+    }
+
+    /// Whether the file is on local disk.
+    pub fn is_resident(&self) -> bool {
+        self.loaded.lock().is_some()
+    }
+
+    /// When the layer was last read (ms since the Unix epoch).
+    pub fn last_read_ms(&self) -> u64 {
+        self.last_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The readable layer, downloading its file first if it is not local.
+    fn loaded(&self) -> Result<Arc<Loaded>, LayerError> {
+        self.last_read.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+        if let Some(l) = &*self.loaded.lock() {
+            return Ok(l.clone());
+        }
+        let _one = self.residency.lock();
+        if let Some(l) = &*self.loaded.lock() {
+            return Ok(l.clone());
+        }
+        let p = self.path.display().to_string();
+        let (Some(fetch), Some(files)) = (self.remote.get(), self.files.as_ref()) else {
+            return Err(LayerError::Io {
+                path: p,
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not on local disk and no remote storage"),
+            });
+        };
+        fetch
+            .fetch(&self.name, &self.path, self.file_size)
+            .map_err(|e| LayerError::Io { path: p.clone(), source: std::io::Error::other(e) })?;
+        let (name, size, loaded) = LayerFile::load(&self.path, files)?;
+        if name != self.name || size != self.file_size {
+            return Err(LayerError::Corrupt {
+                path: p,
+                reason: format!(
+                    "downloaded file is {name} of {size} bytes, expected {} of {}",
+                    self.name, self.file_size
+                ),
+            });
+        }
+        let loaded = Arc::new(loaded);
+        *self.loaded.lock() = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Deletes the local file if no read uses it and it can be downloaded
+    /// again; returns whether it did. The caller makes sure the file is in
+    /// remote storage.
+    pub fn evict(&self) -> Result<bool, LayerError> {
+        if self.remote.get().is_none() {
+            return Ok(false);
+        }
+        let _one = self.residency.lock();
+        let mut loaded = self.loaded.lock();
+        match &*loaded {
+            Some(l) if Arc::strong_count(l) == 1 => {}
+            _ => return Ok(false),
+        }
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(LayerError::Io { path: self.path.display().to_string(), source }),
+        }
+        *loaded = None;
+        Ok(true)
+    }
+
+    fn open_source(path: &Path, file: Source, file_size: u64) -> Result<(LayerName, Loaded), LayerError> {
         let p = path.display().to_string();
         let io = |source| LayerError::Io { path: p.clone(), source };
         let corrupt = |reason: String| LayerError::Corrupt { path: p.clone(), reason };
@@ -543,17 +687,7 @@ impl LayerFile {
         if crc != index_crc {
             return Err(corrupt("index CRC mismatch".into()));
         }
-        Ok(LayerFile {
-            name,
-            path: path.to_path_buf(),
-            file,
-            index_offset,
-            count,
-            summary,
-            filter,
-            file_size,
-            removed: std::sync::atomic::AtomicBool::new(false),
-        })
+        Ok((name, Loaded { file, index_offset, count, summary, filter }))
     }
 
     /// Marks the layer as no longer part of its timeline: its file is
@@ -563,8 +697,8 @@ impl LayerFile {
     }
 
     /// First key and LSN of every index block (for tests and fuzzing).
-    pub fn summary(&self) -> &[(Key, Lsn)] {
-        &self.summary
+    pub fn summary(&self) -> Result<Vec<(Key, Lsn)>, LayerError> {
+        Ok(self.loaded()?.summary.clone())
     }
 
     pub fn path(&self) -> &Path {
@@ -575,23 +709,23 @@ impl LayerFile {
         LayerError::Corrupt { path: self.path.display().to_string(), reason }
     }
 
-    fn read_block(&self, block: usize) -> Result<Vec<Entry>, LayerError> {
+    fn read_block(&self, l: &Loaded, block: usize) -> Result<Vec<Entry>, LayerError> {
         let first = block * ENTRIES_PER_BLOCK;
-        let n = (self.count as usize - first).min(ENTRIES_PER_BLOCK);
+        let n = (l.count as usize - first).min(ENTRIES_PER_BLOCK);
         let mut buf = vec![0u8; n * ENTRY_SIZE];
-        self.file
-            .read_exact_at(&mut buf, self.index_offset + (first * ENTRY_SIZE) as u64)
+        l.file
+            .read_exact_at(&mut buf, l.index_offset + (first * ENTRY_SIZE) as u64)
             .map_err(|source| LayerError::Io { path: self.path.display().to_string(), source })?;
         Ok(buf.chunks_exact(ENTRY_SIZE).map(Entry::decode).collect())
     }
 
     /// The stored bytes of a value, checked against their CRC.
-    fn read_stored(&self, e: &Entry) -> Result<Vec<u8>, LayerError> {
+    fn read_stored(&self, l: &Loaded, e: &Entry) -> Result<Vec<u8>, LayerError> {
         if e.len > MAX_VALUE {
             return Err(self.corrupt(format!("value of {} bytes at offset {}", e.len, e.offset)));
         }
         let mut buf = vec![0u8; e.len as usize];
-        self.file
+        l.file
             .read_exact_at(&mut buf, e.offset)
             .map_err(|source| LayerError::Io { path: self.path.display().to_string(), source })?;
         if crc32c::crc32c(&buf) != e.crc {
@@ -600,8 +734,8 @@ impl LayerFile {
         Ok(buf)
     }
 
-    fn read_value(&self, e: &Entry) -> Result<Value, LayerError> {
-        let buf = self.read_stored(e)?;
+    fn read_value(&self, l: &Loaded, e: &Entry) -> Result<Value, LayerError> {
+        let buf = self.read_stored(l, e)?;
         let raw = if e.flags & FLAG_ZSTD != 0 {
             decompress(&buf).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))?
         } else {
@@ -618,15 +752,16 @@ impl LayerFile {
         if *key < self.name.key_start || *key >= self.name.key_end || lsn < self.name.lsn_start {
             return Ok(false);
         }
-        if !self.filter.may_contain(key) {
+        let l = self.loaded()?;
+        if !l.filter.may_contain(key) {
             return Ok(self.absent(out));
         }
         // The last block whose first entry is at or before (key, lsn).
-        let mut block = match self.summary.partition_point(|s| *s <= (*key, lsn)) {
+        let mut block = match l.summary.partition_point(|s| *s <= (*key, lsn)) {
             0 => return Ok(self.absent(out)),
             n => n - 1,
         };
-        let mut entries = self.read_block(block)?;
+        let mut entries = self.read_block(&l, block)?;
         let mut i = entries.partition_point(|e| (e.key, e.lsn) <= (*key, lsn));
         loop {
             if i == 0 {
@@ -634,7 +769,7 @@ impl LayerFile {
                     return Ok(self.absent(out));
                 }
                 block -= 1;
-                entries = self.read_block(block)?;
+                entries = self.read_block(&l, block)?;
                 i = entries.len();
                 continue;
             }
@@ -643,7 +778,7 @@ impl LayerFile {
             if e.key != *key {
                 return Ok(self.absent(out));
             }
-            let value = self.read_value(&e)?;
+            let value = self.read_value(&l, &e)?;
             if value.is_base() != (e.flags & FLAG_BASE != 0) {
                 return Err(self
                     .corrupt(format!("value kind of key {} at offset {} disagrees with the index", e.key, e.offset)));
@@ -667,12 +802,12 @@ impl LayerFile {
     /// Every version in key, then LSN order, as stored (each checked
     /// against its CRC): the input of compaction.
     pub fn scan(&self) -> Scan<'_> {
-        Scan { layer: self, block: 0, entries: Vec::new(), next: 0, values: true }
+        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: true }
     }
 
     /// Every (key, LSN) in order, from the index alone.
     pub fn scan_keys(&self) -> Scan<'_> {
-        Scan { layer: self, block: 0, entries: Vec::new(), next: 0, values: false }
+        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: false }
     }
 
     /// Decodes a version read by [`LayerFile::scan`].
@@ -685,19 +820,19 @@ impl LayerFile {
         Value::decode(&raw).map_err(|err| self.corrupt(format!("value of key {} at {}: {err}", v.key, v.lsn)))
     }
 
-    /// Number of versions stored.
+    /// Number of versions stored (0 while the file is not local).
     pub fn len(&self) -> u64 {
-        self.count
+        self.loaded.lock().as_ref().map_or(0, |l| l.count)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.len() == 0
     }
 }
 
 impl Drop for LayerFile {
     fn drop(&mut self) {
-        if self.removed.load(std::sync::atomic::Ordering::SeqCst) && matches!(self.file, Source::File(_)) {
+        if self.removed.load(std::sync::atomic::Ordering::SeqCst) && self.files.is_some() {
             match std::fs::remove_file(&self.path) {
                 Ok(()) => tracing::debug!(file = %self.path.display(), "deleted a removed layer file"),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -727,6 +862,8 @@ impl RawVersion {
 /// Iterator over a layer file's versions in order (see [`LayerFile::scan`]).
 pub struct Scan<'a> {
     layer: &'a LayerFile,
+    /// The layer's file, held for the whole scan (it is not evicted meanwhile).
+    loaded: Result<Arc<Loaded>, LayerError>,
     block: usize,
     entries: Vec<Entry>,
     next: usize,
@@ -737,11 +874,21 @@ impl Iterator for Scan<'_> {
     type Item = Result<RawVersion, LayerError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        let l = match &self.loaded {
+            Ok(l) => l.clone(),
+            // The file could not be had: the caller gets the error once.
+            Err(_) => {
+                return std::mem::replace(&mut self.loaded, Err(LayerError::Gone)).err().and_then(|e| match e {
+                    LayerError::Gone => None,
+                    e => Some(Err(e)),
+                })
+            }
+        };
         if self.next == self.entries.len() {
-            if self.block * ENTRIES_PER_BLOCK >= self.layer.count as usize {
+            if self.block.saturating_mul(ENTRIES_PER_BLOCK) >= l.count as usize {
                 return None;
             }
-            match self.layer.read_block(self.block) {
+            match self.layer.read_block(&l, self.block) {
                 Ok(entries) => self.entries = entries,
                 Err(e) => {
                     // Stop after an error: the caller gets it once.
@@ -757,7 +904,7 @@ impl Iterator for Scan<'_> {
         if !self.values {
             return Some(Ok(RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes: Vec::new() }));
         }
-        Some(self.layer.read_stored(&e).map(|bytes| RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes }))
+        Some(self.layer.read_stored(&l, &e).map(|bytes| RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes }))
     }
 }
 

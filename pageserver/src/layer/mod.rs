@@ -52,4 +52,7 @@ pub enum LayerError {
     Io { path: String, source: std::io::Error },
     #[error("layer file {path} is corrupt: {reason}")]
     Corrupt { path: String, reason: String },
+    /// A scan that already reported its error.
+    #[error("the layer file could not be read (reported before)")]
+    Gone,
 }

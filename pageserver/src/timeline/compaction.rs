@@ -415,7 +415,9 @@ impl Timeline {
             }
             let mut files = Vec::with_capacity(opened.len());
             for path in opened {
-                files.push(Arc::new(LayerFile::open(&path, &self.files)?));
+                let file = LayerFile::open(&path, &self.files)?;
+                self.adopt(&file);
+                files.push(Arc::new(file));
             }
             Ok::<_, StorageError>(files)
         })();
@@ -444,6 +446,7 @@ impl Timeline {
             map.historic = Arc::new(historic);
         }
         *self.meta.lock() = next;
+        self.metadata_changed();
         Ok(files)
     }
 }

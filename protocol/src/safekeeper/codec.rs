@@ -231,7 +231,9 @@ pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
             .bool(s.include_uncommitted)
             .string(&s.consumer_id)
             .finish(),
-        ConsumerMessage::Feedback(f) => begin_frame(out, tag::CONSUMER_FEEDBACK).lsn(f.applied_lsn).finish(),
+        ConsumerMessage::Feedback(f) => {
+            begin_frame(out, tag::CONSUMER_FEEDBACK).lsn(f.applied_lsn).lsn(f.remote_consistent_lsn).finish()
+        }
     }
 }
 
@@ -446,7 +448,9 @@ pub fn decode_consumer(frame: &[u8]) -> Result<ConsumerMessage, CodecError> {
         })
         .map_err(|e| version_aware(frame, e)),
         tag::CONSUMER_FEEDBACK => read(frame, "ConsumerFeedback", |r| {
-            Ok(ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn: r.lsn("applied_lsn")? }))
+            let applied_lsn = r.lsn("applied_lsn")?;
+            let remote_consistent_lsn = r.lsn("remote_consistent_lsn")?;
+            Ok(ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn, remote_consistent_lsn }))
         }),
         tag => Err(CodecError::UnknownTag { direction: "consumer", tag }),
     }
@@ -643,7 +647,10 @@ mod tests {
                 include_uncommitted: true,
                 consumer_id: "pageserver-7".into(),
             })),
-            Any::C(ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn: Lsn(0x0250_0000) })),
+            Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
+                applied_lsn: Lsn(0x0250_0000),
+                remote_consistent_lsn: Lsn(0x0240_0000),
+            })),
             Any::S(StreamMessage::Start(StreamStart {
                 term: 9,
                 term_history: h,
@@ -1045,7 +1052,10 @@ mod tests {
                     include_uncommitted: self.below(2) == 0,
                     consumer_id: self.string(),
                 })),
-                9 => Any::C(ConsumerMessage::Feedback(ConsumerFeedback { applied_lsn: self.lsn() })),
+                9 => Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
+                    applied_lsn: self.lsn(),
+                    remote_consistent_lsn: self.lsn(),
+                })),
                 10 => Any::S(StreamMessage::Start(StreamStart {
                     term: self.next_u64(),
                     term_history: self.history(),

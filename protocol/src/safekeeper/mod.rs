@@ -184,6 +184,10 @@ pub struct StartStreaming {
 pub struct ConsumerFeedback {
     /// WAL durably processed by the consumer.
     pub applied_lsn: Lsn,
+    /// WAL whose versions are in the consumer's object storage (the
+    /// pageserver's remote index); 0 if it has none. Safekeepers may remove
+    /// WAL below the lowest of these.
+    pub remote_consistent_lsn: Lsn,
 }
 
 /// Messages a consumer sends.

@@ -39,6 +39,13 @@ pub struct IndexLayer {
 pub struct RemoteIndex {
     /// The generation that wrote this index.
     pub generation: u32,
+    /// The PostgreSQL cluster the timeline belongs to (what attaching it
+    /// from object storage alone needs to serve it).
+    pub pg_version: u32,
+    pub system_id: u64,
+    pub wal_segment_size: u32,
+    /// Where the timeline's WAL begins.
+    pub start_lsn: Lsn,
     /// Every version up to here is in the listed layers.
     pub disk_consistent_lsn: Lsn,
     /// Start of the record that ends at `disk_consistent_lsn`.
@@ -128,6 +135,9 @@ impl RemoteIndex {
                 )));
             }
         }
+        if index.start_lsn > index.disk_consistent_lsn {
+            return Err(IndexError::Invalid("start_lsn beyond disk_consistent_lsn".into()));
+        }
         if index.prev_record_lsn > index.disk_consistent_lsn {
             return Err(IndexError::Invalid("prev_record_lsn beyond disk_consistent_lsn".into()));
         }
@@ -174,6 +184,10 @@ mod tests {
     fn index() -> RemoteIndex {
         RemoteIndex {
             generation: 3,
+            pg_version: 15,
+            system_id: 7,
+            wal_segment_size: 16 << 20,
+            start_lsn: Lsn(0x0100_0028),
             disk_consistent_lsn: Lsn(0x0200_0000),
             prev_record_lsn: Lsn(0x01FF_FFC8),
             ancestor_timeline_id: None,

@@ -1,0 +1,104 @@
+//! The attachment file: written by the control plane (the local cluster's
+//! `strata`, later a storage controller), read by the pageserver. It names,
+//! for each tenant, the generation of its current attachment
+//! (`docs/pageserver-storage.md`, "Attachments"). The pageserver reads it
+//! at start, to learn its own generation of each tenant, and again before
+//! every batch of remote deletions, to learn whether that generation is
+//! still the current one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use strata_protocol::TenantId;
+
+/// The version this build reads and writes.
+pub const ATTACHMENTS_FORMAT_VERSION: u32 = 1;
+/// Largest attachment file accepted.
+const MAX_BYTES: u64 = 16 << 20;
+
+/// One tenant's attachment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attachment {
+    /// Issued by the control plane, higher for every new attachment.
+    pub generation: u32,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attachments {
+    pub format_version: u32,
+    pub tenants: BTreeMap<TenantId, Attachment>,
+}
+
+impl Attachments {
+    /// Reads and checks the file; a missing file means no tenant is attached.
+    pub fn load(path: &Path) -> Result<Attachments, String> {
+        let bytes = match std::fs::File::open(path) {
+            Ok(f) => {
+                use std::io::Read;
+                let mut out = Vec::new();
+                f.take(MAX_BYTES + 1).read_to_end(&mut out).map_err(|e| format!("reading {}: {e}", path.display()))?;
+                out
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Attachments { format_version: ATTACHMENTS_FORMAT_VERSION, tenants: BTreeMap::new() })
+            }
+            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        };
+        Attachments::decode(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses the bytes of an attachment file.
+    pub fn decode(bytes: &[u8]) -> Result<Attachments, String> {
+        if bytes.len() as u64 > MAX_BYTES {
+            return Err(format!("larger than {MAX_BYTES} bytes"));
+        }
+        let a: Attachments = serde_json::from_slice(bytes).map_err(|e| format!("not an attachment file: {e}"))?;
+        if a.format_version != ATTACHMENTS_FORMAT_VERSION {
+            return Err(format!("format version {}, this build reads {ATTACHMENTS_FORMAT_VERSION}", a.format_version));
+        }
+        if let Some((t, _)) = a.tenants.iter().find(|(_, at)| at.generation == 0) {
+            return Err(format!("tenant {t}: generation 0 is not issued"));
+        }
+        Ok(a)
+    }
+
+    /// The bytes of the file.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("attachments always encode");
+        out.push(b'\n');
+        out
+    }
+
+    /// The current generation of `tenant`, if it is attached.
+    pub fn generation(&self, tenant: TenantId) -> Option<u32> {
+        self.tenants.get(&tenant).map(|a| a.generation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_bad_files() {
+        let t = "11111111111111111111111111111111".parse::<TenantId>().unwrap();
+        let a = Attachments { format_version: 1, tenants: BTreeMap::from([(t, Attachment { generation: 7 })]) };
+        let bytes = a.encode();
+        assert_eq!(Attachments::decode(&bytes).unwrap(), a);
+        assert_eq!(a.generation(t), Some(7));
+        assert_eq!(a.generation("22222222222222222222222222222222".parse().unwrap()), None);
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(Attachments::decode(text.replace("\"format_version\": 1", "\"format_version\": 2").as_bytes())
+            .unwrap_err()
+            .contains("version 2"));
+        assert!(Attachments::decode(text.replace(": 7", ": 0").as_bytes()).unwrap_err().contains("generation 0"));
+        assert!(Attachments::decode(text.replace("generation", "gen").as_bytes()).is_err());
+        assert!(Attachments::decode(b"{").is_err());
+        let missing = std::env::temp_dir().join("strata-no-such-attachments.json");
+        assert!(Attachments::load(&missing).unwrap().tenants.is_empty());
+    }
+}

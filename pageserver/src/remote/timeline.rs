@@ -1,0 +1,482 @@
+//! A timeline's side of object storage: the upload loop that makes the
+//! remote index follow the local metadata, on-demand downloads, and
+//! attaching timelines from the index alone.
+//!
+//! The loop works from snapshots of the metadata: it uploads the listed
+//! layers that are not in remote storage yet (at most
+//! [`super::MAX_UPLOADS_IN_FLIGHT`] per pageserver at once), then the
+//! index that lists them, then queues the deletion of the objects the new
+//! index no longer lists. An object is part of the timeline only once an
+//! index lists it, so a crash at any point leaves an index whose every
+//! layer is whole in remote storage.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use strata_formats::Lsn;
+use strata_protocol::{TenantId, TimelineId};
+use strata_remote_storage::RemoteError;
+use strata_service::backoff::Backoff;
+use tokio::sync::{watch, Notify};
+use tracing::{info, warn};
+
+use super::index::{index_key, layer_key, newest_index, timeline_prefix, IndexLayer, RemoteIndex};
+use super::{DeletionBatch, Remote};
+use crate::layer::layer_file::{Fetch, LayerName};
+use crate::timeline::{Timeline, TimelineMetadata};
+
+/// The loop looks at the metadata at least this often without being woken.
+const SYNC_PERIOD: Duration = Duration::from_secs(10);
+/// Backoff between failed rounds: from 100 ms, doubling, up to 30 s, forever.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// What the remote side of a timeline looks like now (status pages).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct UploadStatus {
+    pub generation: u32,
+    /// `disk_consistent_lsn` of the newest index in remote storage.
+    pub remote_consistent_lsn: Lsn,
+    /// Layers the newest remote index lists, and their bytes.
+    pub remote_layers: usize,
+    pub remote_bytes: u64,
+    /// Local layer files not yet uploaded, and their bytes.
+    pub upload_queue_layers: usize,
+    pub upload_lag_bytes: u64,
+    /// Why the last round failed, while it is being retried.
+    pub upload_error: Option<String>,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Every object in remote storage this timeline may use: what the
+    /// newest index lists, plus layers uploaded for the next one.
+    uploaded: BTreeMap<String, IndexLayer>,
+    /// The newest index in remote storage (ours, or the one attached from).
+    index: Option<RemoteIndex>,
+    /// Index objects of older generations: deleted once ours is uploaded.
+    older_indexes: Vec<String>,
+    last_error: Option<String>,
+}
+
+/// An index found in remote storage, with the older ones beside it.
+pub struct FoundIndex {
+    pub index: RemoteIndex,
+    /// Object names of indexes of generations below ours.
+    pub older: Vec<String>,
+}
+
+/// Why a round of the upload loop stopped.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("{0}")]
+    Remote(#[from] RemoteError),
+    /// A listed file was replaced meanwhile (compaction): take a new snapshot.
+    #[error("layer file {0} was replaced while being uploaded")]
+    Replaced(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A timeline's remote storage client.
+pub struct RemoteTimeline {
+    remote: Arc<Remote>,
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    /// Of this pageserver's attachment of the tenant.
+    pub generation: u32,
+    dir: PathBuf,
+    state: Mutex<SyncState>,
+    wake: Notify,
+    consistent: watch::Sender<Lsn>,
+    /// Only the newest upload loop runs (a timeline re-read from disk starts a new one).
+    loop_id: AtomicU64,
+    stopped: AtomicBool,
+}
+
+impl RemoteTimeline {
+    pub fn new(
+        remote: Arc<Remote>,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        generation: u32,
+        dir: PathBuf,
+        found: Option<FoundIndex>,
+    ) -> Arc<RemoteTimeline> {
+        let mut state = SyncState::default();
+        let mut consistent = Lsn::INVALID;
+        if let Some(f) = found {
+            state.uploaded = f.index.layers.iter().map(|l| (l.name.clone(), l.clone())).collect();
+            consistent = f.index.disk_consistent_lsn;
+            state.index = Some(f.index);
+            state.older_indexes = f.older;
+        }
+        Arc::new(RemoteTimeline {
+            remote,
+            tenant_id,
+            timeline_id,
+            generation,
+            dir,
+            state: Mutex::new(state),
+            wake: Notify::new(),
+            consistent: watch::Sender::new(consistent),
+            loop_id: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// The newest index of the timeline at or below `generation`, if any.
+    pub fn find_index(
+        remote: &Arc<Remote>,
+        tenant: TenantId,
+        timeline: TimelineId,
+        generation: u32,
+    ) -> Result<Option<FoundIndex>, String> {
+        let storage = remote.storage.clone();
+        let prefix = timeline_prefix(tenant, timeline);
+        let listed = remote
+            .block_on(async move { storage.list(&prefix).await })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
+        let Some((g, key)) = newest_index(keys.iter().copied(), generation) else { return Ok(None) };
+        let storage = remote.storage.clone();
+        let k = key.to_string();
+        let bytes = remote
+            .block_on(async move { storage.get(&k).await })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let index = RemoteIndex::decode(&bytes).map_err(|e| format!("{key}: {e}"))?;
+        if index.generation != g {
+            return Err(format!("{key}: written by generation {}, named for {g}", index.generation));
+        }
+        let older = keys
+            .iter()
+            .filter_map(|k| newest_index([*k], generation.saturating_sub(1)).map(|(_, k)| k.to_string()))
+            .collect();
+        Ok(Some(FoundIndex { index, older }))
+    }
+
+    /// Wakes the upload loop: the metadata changed.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Stops the upload loop (shutdown).
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Starts the upload loop of `tl` (replacing any earlier loop).
+    pub fn start(self: &Arc<Self>, tl: Weak<Timeline>) {
+        let id = self.loop_id.fetch_add(1, Ordering::SeqCst) + 1;
+        let me = self.clone();
+        self.remote.spawn(async move { me.run(tl, id).await });
+        self.wake();
+    }
+
+    /// `disk_consistent_lsn` of the newest index in remote storage.
+    pub fn remote_consistent_lsn(&self) -> Lsn {
+        *self.consistent.borrow()
+    }
+
+    /// The newest index in remote storage, if any.
+    pub fn index(&self) -> Option<RemoteIndex> {
+        self.state.lock().index.clone()
+    }
+
+    /// Size of an uploaded layer, as the index has it.
+    pub fn uploaded_size(&self, name: &str) -> Option<u64> {
+        self.state.lock().uploaded.get(name).map(|l| l.size)
+    }
+
+    /// Local layer bytes not yet uploaded at which ingest is slowed.
+    pub fn max_upload_lag_bytes(&self) -> u64 {
+        self.remote.max_upload_lag_bytes
+    }
+
+    /// Whether the layer `name` is in remote storage (so it may be evicted).
+    pub fn is_uploaded(&self, name: &str) -> bool {
+        self.state.lock().uploaded.contains_key(name)
+    }
+
+    /// Waits until the remote index covers `lsn`.
+    pub fn wait_uploaded(&self, lsn: Lsn, timeout: Duration) -> Result<(), String> {
+        let mut rx = self.consistent.subscribe();
+        self.wake();
+        let reached = self
+            .remote
+            .block_on(async move { tokio::time::timeout(timeout, rx.wait_for(|l| *l >= lsn)).await.is_ok() })
+            .map_err(|e| e.to_string())?;
+        if reached {
+            Ok(())
+        } else {
+            let err = self.state.lock().last_error.clone();
+            Err(format!(
+                "the remote index reached {} and not {lsn} within {timeout:?}{}",
+                self.remote_consistent_lsn(),
+                err.map(|e| format!(" (last upload error: {e})")).unwrap_or_default()
+            ))
+        }
+    }
+
+    /// The remote side now; `local` are the timeline's layer files (name, bytes).
+    pub fn status(&self, local: &[(String, u64)]) -> UploadStatus {
+        let state = self.state.lock();
+        let (remote_layers, remote_bytes) =
+            state.index.as_ref().map_or((0, 0), |i| (i.layers.len(), i.layers.iter().map(|l| l.size).sum()));
+        let pending: Vec<u64> =
+            local.iter().filter(|(n, _)| !state.uploaded.contains_key(n)).map(|(_, b)| *b).collect();
+        UploadStatus {
+            generation: self.generation,
+            remote_consistent_lsn: self.remote_consistent_lsn(),
+            remote_layers,
+            remote_bytes,
+            upload_queue_layers: pending.len(),
+            upload_lag_bytes: pending.iter().sum(),
+            upload_error: state.last_error.clone(),
+        }
+    }
+
+    async fn run(self: Arc<Self>, tl: Weak<Timeline>, id: u64) {
+        let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+        loop {
+            let _ = tokio::time::timeout(SYNC_PERIOD, self.wake.notified()).await;
+            if self.stopped.load(Ordering::SeqCst) || self.loop_id.load(Ordering::SeqCst) != id {
+                return;
+            }
+            let meta = {
+                let Some(t) = tl.upgrade() else { return };
+                // A broken timeline's metadata may not match its files.
+                if t.is_broken() {
+                    continue;
+                }
+                t.metadata()
+            };
+            match self.sync(&meta).await {
+                Ok(()) => {
+                    backoff.reset();
+                    self.state.lock().last_error = None;
+                }
+                Err(SyncError::Replaced(name)) => {
+                    tracing::debug!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{name} was replaced; taking the new layer list");
+                    tokio::time::sleep(RETRY_MIN).await;
+                    self.wake();
+                }
+                Err(e) => {
+                    self.remote.metrics.upload_errors.inc();
+                    let delay = backoff.next_delay();
+                    warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, ?delay, "uploading: {e}; retrying");
+                    self.state.lock().last_error = Some(e.to_string());
+                    tokio::time::sleep(delay).await;
+                    self.wake();
+                }
+            }
+        }
+    }
+
+    /// One round: the layers `meta` lists that are not uploaded, then the
+    /// index, then the deletions.
+    async fn sync(&self, meta: &TimelineMetadata) -> Result<(), SyncError> {
+        let missing: Vec<String> = {
+            let state = self.state.lock();
+            meta.layers.iter().filter(|n| !state.uploaded.contains_key(*n)).cloned().collect()
+        };
+        let mut uploads = tokio::task::JoinSet::new();
+        for name in missing {
+            let permit =
+                self.remote.uploads.clone().acquire_owned().await.map_err(|e| SyncError::Other(e.to_string()))?;
+            let path = self.dir.join(&name);
+            let key = layer_key(self.tenant_id, self.timeline_id, &name, self.generation);
+            let storage = self.remote.storage.clone();
+            let generation = self.generation;
+            uploads.spawn(async move {
+                let _permit = permit;
+                let read = tokio::task::spawn_blocking({
+                    let path = path.clone();
+                    move || std::fs::read(path)
+                })
+                .await
+                .map_err(|e| SyncError::Other(e.to_string()))?;
+                let bytes = match read {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SyncError::Replaced(name)),
+                    Err(e) => return Err(SyncError::Other(format!("reading {}: {e}", path.display()))),
+                };
+                let layer = IndexLayer { name, size: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes), generation };
+                storage.put(&key, Bytes::from(bytes)).await?;
+                Ok(layer)
+            });
+        }
+        let mut first_error = None;
+        while let Some(done) = uploads.join_next().await {
+            match done.map_err(|e| SyncError::Other(e.to_string())).and_then(|r| r) {
+                Ok(layer) => {
+                    self.remote.metrics.layers_uploaded.inc();
+                    self.remote.metrics.upload_bytes.inc_by(layer.size);
+                    self.state.lock().uploaded.insert(layer.name.clone(), layer);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        let index = {
+            let state = self.state.lock();
+            let mut layers = Vec::with_capacity(meta.layers.len());
+            for name in &meta.layers {
+                let l = state.uploaded.get(name).ok_or_else(|| SyncError::Other(format!("{name} vanished")))?;
+                layers.push(l.clone());
+            }
+            layers.sort_by(|a, b| a.name.cmp(&b.name));
+            let index = RemoteIndex {
+                generation: self.generation,
+                pg_version: meta.pg_version,
+                system_id: meta.system_id,
+                wal_segment_size: meta.wal_segment_size,
+                start_lsn: meta.start_lsn,
+                disk_consistent_lsn: meta.disk_consistent_lsn,
+                prev_record_lsn: meta.prev_record_lsn,
+                ancestor_timeline_id: meta.ancestor_timeline_id,
+                ancestor_lsn: meta.ancestor_lsn,
+                gc_cutoff_lsn: meta.gc_cutoff_lsn,
+                retain_lsns: meta.retain_lsns.clone(),
+                layers,
+            };
+            if state.index.as_ref() == Some(&index) {
+                return Ok(());
+            }
+            index
+        };
+        let key = index_key(self.tenant_id, self.timeline_id, self.generation);
+        self.remote.storage.put(&key, Bytes::from(index.encode())).await?;
+        self.remote.metrics.indexes_uploaded.inc();
+        let lsn = index.disk_consistent_lsn;
+        // What no index lists any more goes, through the validated queue.
+        let (gone, older) = {
+            let mut state = self.state.lock();
+            let listed: BTreeSet<&str> = index.layers.iter().map(|l| l.name.as_str()).collect();
+            let gone: Vec<IndexLayer> =
+                state.uploaded.values().filter(|l| !listed.contains(l.name.as_str())).cloned().collect();
+            for l in &gone {
+                state.uploaded.remove(&l.name);
+            }
+            state.index = Some(index);
+            (gone, std::mem::take(&mut state.older_indexes))
+        };
+        self.consistent.send_replace(lsn);
+        let mut keys: Vec<String> =
+            gone.iter().map(|l| layer_key(self.tenant_id, self.timeline_id, &l.name, l.generation)).collect();
+        keys.extend(older);
+        self.remote.delete_later(DeletionBatch { tenant: self.tenant_id, generation: self.generation, keys }).await;
+        Ok(())
+    }
+}
+
+impl Fetch for RemoteTimeline {
+    fn fetch(&self, name: &LayerName, path: &Path, size: u64) -> Result<(), String> {
+        let name_s = name.to_string();
+        let entry = self
+            .state
+            .lock()
+            .uploaded
+            .get(&name_s)
+            .cloned()
+            .ok_or_else(|| format!("layer {name_s} is neither local nor in remote storage"))?;
+        if entry.size != size {
+            return Err(format!("layer {name_s}: the index says {} bytes, the timeline {size}", entry.size));
+        }
+        let key = layer_key(self.tenant_id, self.timeline_id, &entry.name, entry.generation);
+        let storage = self.remote.storage.clone();
+        let started = Instant::now();
+        let k = key.clone();
+        let got = self.remote.block_on(async move { storage.get(&k).await }).map_err(|e| e.to_string())?;
+        let bytes = got.map_err(|e| {
+            self.remote.metrics.download_errors.inc();
+            e.to_string()
+        })?;
+        let crc = crc32c::crc32c(&bytes);
+        if bytes.len() as u64 != entry.size || crc != entry.crc32c {
+            self.remote.metrics.download_errors.inc();
+            return Err(format!(
+                "{key}: {} bytes with CRC {crc:08x}, the index says {} bytes with CRC {:08x}",
+                bytes.len(),
+                entry.size,
+                entry.crc32c
+            ));
+        }
+        let tmp = PathBuf::from(format!("{}.download", path.display()));
+        let written = (|| {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            if self.remote.fsync {
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, path)
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(format!("writing {}: {e}", path.display()));
+        }
+        self.remote.metrics.layers_downloaded.inc();
+        self.remote.metrics.download_bytes.inc_by(entry.size);
+        info!(
+            tenant = %self.tenant_id, timeline = %self.timeline_id, layer = %name_s, bytes = entry.size,
+            elapsed_ms = started.elapsed().as_millis() as u64, "downloaded a layer on demand"
+        );
+        Ok(())
+    }
+}
+
+/// The timelines of `tenant` that remote storage holds objects of.
+pub fn attach_timelines(remote: &Arc<Remote>, tenant: TenantId) -> Result<Vec<TimelineId>, String> {
+    let storage = remote.storage.clone();
+    let prefix = format!("tenants/{tenant}/timelines");
+    let listed = remote
+        .block_on(async move { storage.list(&prefix).await })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let mut out = BTreeSet::new();
+    for o in listed {
+        let mut parts = o.key.split('/');
+        if let (Some("tenants"), Some(_), Some("timelines"), Some(tl)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        {
+            if let Ok(id) = tl.parse::<TimelineId>() {
+                out.insert(id);
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// The metadata of a timeline attached from `index` alone.
+pub fn metadata_from_index(tenant: TenantId, timeline: TimelineId, index: &RemoteIndex) -> TimelineMetadata {
+    TimelineMetadata {
+        format_version: crate::timeline::METADATA_VERSION,
+        tenant_id: tenant,
+        timeline_id: timeline,
+        ancestor_timeline_id: index.ancestor_timeline_id,
+        ancestor_lsn: index.ancestor_lsn,
+        pg_version: index.pg_version,
+        system_id: index.system_id,
+        wal_segment_size: index.wal_segment_size,
+        start_lsn: index.start_lsn,
+        disk_consistent_lsn: index.disk_consistent_lsn,
+        prev_record_lsn: index.prev_record_lsn,
+        layers: index.layers.iter().map(|l| l.name.clone()).collect(),
+        removed_layers: Vec::new(),
+        gc_cutoff_lsn: index.gc_cutoff_lsn,
+        retain_lsns: index.retain_lsns.clone(),
+    }
+}

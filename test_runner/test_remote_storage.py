@@ -1,0 +1,393 @@
+"""The pageserver's object storage, through the CLI's cluster: layers and
+the index are uploaded as they are written; a pageserver on an empty disk
+attaches the timeline from object storage alone and serves the same pages;
+the local disk is a bounded cache (eviction, on-demand download); kill -9
+during uploads never leaves an index that lists a missing or partial
+object; a stale generation can neither publish nor delete; and an S3
+server (MinIO) killed under load costs nothing once it is back.
+
+Pages are compared with the compute's own data files at its checkpoint
+(PostgreSQL's masking rules), as in test_pageserver.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import crc32c
+
+from fixtures.checks import assert_pgbench_invariants, pgbench_state
+from fixtures.cluster import wait_until
+from fixtures.minio import Minio, free_port
+from fixtures.strata import parse_lsn
+from test_compaction import SMALL_LAYERS, configure_pageserver
+from test_pageserver import PageserverApi, catalog, compare_data_dir, current_lsn, start_endpoint, wait_quiet
+
+SCALE = 4
+
+
+def set_remote_storage(cluster, table: dict) -> None:
+    """Replaces the pageserver's `[remote_storage]` table (the last table of the file)."""
+    conf = cluster.workdir / "pageserver" / "pageserver.toml"
+    text = re.sub(r"\n\[remote_storage\]\n(.*\n?)*$", "\n", conf.read_text())
+    text += "\n[remote_storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+    conf.write_text(text)
+
+
+def remote_cluster(cluster_factory, settings: dict, remote: dict | None = None):
+    """A started cluster with a quiet endpoint (no autovacuum), its
+    pageserver running with `settings` (and `remote` as its object storage,
+    else the local directory `strata init` set up)."""
+    cluster = cluster_factory(start=False)
+    configure_pageserver(cluster, settings)
+    if remote is not None:
+        set_remote_storage(cluster, remote)
+    cluster.start()
+    ep = start_endpoint(cluster)
+    with ep.connect() as conn:
+        conn.execute("ALTER SYSTEM SET autovacuum = off")
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+    return cluster, PageserverApi(cluster), ep
+
+
+def timeline_objects(root: Path, ps: PageserverApi) -> Path:
+    return root / "tenants" / ps.tenant / "timelines" / ps.timeline
+
+
+def check_index(index: Path) -> int:
+    """Every layer `index` lists is in remote storage, whole: the size and
+    CRC-32C the index gives. Returns the number of layers."""
+    doc = json.loads(index.read_text())
+    layers = doc["index"]["layers"]
+    for layer in layers:
+        obj = index.parent / f"{layer['name']}-{layer['generation']:08x}"
+        assert obj.is_file(), f"{index.name} lists {obj.name}, which is not in remote storage"
+        data = obj.read_bytes()
+        assert len(data) == layer["size"], f"{obj.name}: {len(data)} bytes, {index.name} says {layer['size']}"
+        assert crc32c.crc32c(data) == layer["crc32c"], f"{obj.name}: CRC differs from {index.name}"
+    return len(layers)
+
+
+def snapshot_pages(ps: PageserverApi, ep, lsn: int):
+    """The compute's relation pages at `lsn`, compared with the pageserver's."""
+    dbs, rels = catalog(ep)
+    cmp = compare_data_dir(ps, ep, rels, lsn, keep=True)
+    assert not cmp.mismatches and not cmp.size_mismatches, json.dumps(cmp.mismatches[:5] + cmp.size_mismatches[:5])
+    assert cmp.blocks_compared > 1000 and cmp.by_kind["heap"] > 0 and cmp.by_kind["btree"] > 0, cmp.summary()
+    return cmp
+
+
+def settle(cluster, ps: PageserverApi, ep) -> int:
+    """Quiesces the compute, checkpoints it, and checkpoints the pageserver
+    through `strata timeline checkpoint`, which returns once object storage
+    has everything; returns the compute's LSN."""
+    wait_quiet(ep)
+    with ep.connect() as conn:
+        conn.execute("CHECKPOINT")
+        lsn = current_lsn(conn)
+    ps.wait_lsn(lsn)
+    uploaded = parse_lsn(cluster.run("timeline", "checkpoint").stdout.strip())
+    assert uploaded >= lsn, (uploaded, lsn)
+    return lsn
+
+
+def caught_up(ps: PageserverApi, timeout: float = 60) -> dict:
+    """The status once every layer is uploaded (background compaction may
+    still be writing layers after a checkpoint)."""
+    def check():
+        st = ps.status()
+        r = st["remote"]
+        done = r["upload_queue_layers"] == 0 and r["upload_lag_bytes"] == 0
+        return st if done and r["remote_consistent_lsn"] == st["disk_consistent_lsn"] else None
+    return wait_until("uploads caught up", check, timeout=timeout)
+
+
+def assert_same_pages(ps: PageserverApi, cmp, lsn: int) -> None:
+    for key, page in cmp.fetched.items():
+        spc, db, rel, fork, block = key
+        code, served = ps.page(spc, db, rel, fork, block, lsn)
+        assert code == 200 and served == page, f"{key} differs"
+
+
+def test_attach_from_object_storage_on_an_empty_disk(cluster_factory):
+    cluster, ps, ep = remote_cluster(cluster_factory, SMALL_LAYERS)
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    ep.run(["pgbench", "-n", "-c", "4", "-T", "10"], timeout=300)
+    lsn = settle(cluster, ps, ep)
+    st = caught_up(ps)
+    remote = st["remote"]
+    print("\nafter the checkpoint:", {k: st[k] for k in ("local_layers", "local_layer_bytes")}, remote)
+    assert remote["remote_layers"] == st["l0_layers"] + st["l1_layers"] + st["image_layers"], (remote, st)
+    assert parse_lsn(st["remote_consistent_lsn"]) == parse_lsn(st["disk_consistent_lsn"]) >= lsn, st
+    assert remote["generation"] == 1 == cluster.cluster_toml["generation"]
+
+    # `strata status --json` names where the pageserver keeps its data.
+    svc = next(s for s in cluster.status()["services"] if s["kind"] == "pageserver")
+    root = cluster.workdir / "remote_storage"
+    assert Path(svc["data_dir"]) == ps.data_dir and Path(svc["remote_storage"]) == root, svc
+    objects = timeline_objects(root, ps)
+    assert check_index(objects / "index-00000001.json") == remote["remote_layers"]
+    cmp = snapshot_pages(ps, ep, lsn)
+
+    # The safekeepers hear what object storage has.
+    code, sk = cluster.http("sk1", "GET", "/v1/status")
+    assert code == 200, sk
+    consumers = [c for t in sk["timelines"] for c in t.get("consumers", [])]
+    assert any(parse_lsn(c["remote_consistent_lsn"]) >= lsn for c in consumers), consumers
+
+    # The local disk is lost: the pageserver starts on an empty one.
+    cluster.stop("--only", "pageserver")
+    shutil.rmtree(ps.data_dir / "tenants")
+    out = cluster.start("--only", "pageserver")
+    assert "generation 2" in out, out
+    ps.close()
+    st = ps.status()
+    assert st["state"] == "active" and parse_lsn(st["disk_consistent_lsn"]) >= lsn, st
+    before = cluster.metrics("pageserver")
+    assert_same_pages(ps, cmp, lsn)
+    after = cluster.metrics("pageserver")
+    downloaded = after["strata_pageserver_layers_downloaded_total"]
+    print("attached from object storage; layers downloaded on demand:", downloaded)
+    assert downloaded > 0 and after["strata_pageserver_download_errors_total"] == 0, after
+    assert before["strata_pageserver_layers_downloaded_total"] <= downloaded
+
+    # The new generation publishes its own index; the old one is removed.
+    wait_until("the index of generation 2", lambda: (objects / "index-00000002.json").exists(), timeout=60)
+    wait_until("the index of generation 1 gone", lambda: not (objects / "index-00000001.json").exists(), timeout=60)
+    check_index(objects / "index-00000002.json")
+
+    # And the compute writes on through it.
+    ep.run(["pgbench", "-n", "-c", "2", "-T", "5"], timeout=300)
+    with ep.connect() as conn:
+        assert_pgbench_invariants(pgbench_state(conn), SCALE)
+    lsn2 = settle(cluster, ps, ep)
+    snapshot_pages(ps, ep, lsn2)
+
+
+def test_eviction_keeps_local_disk_bounded_and_downloads_on_demand(cluster_factory):
+    limit = 4 << 20
+    cluster, ps, ep = remote_cluster(cluster_factory, {**SMALL_LAYERS, "local_cache_bytes": limit})
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    ep.run(["pgbench", "-n", "-c", "4", "-T", "10"], timeout=300)
+    lsn = settle(cluster, ps, ep)
+
+    def bounded():
+        st = ps.status()
+        return st if st["local_layer_bytes"] <= limit else None
+
+    st = wait_until("local layers within local_cache_bytes", bounded, timeout=60)
+    print("\nlayers:", st["layer_bytes"], "bytes in all,", st["local_layer_bytes"], "local, limit", limit)
+    assert st["layer_bytes"] > 2 * limit, st
+    m = cluster.metrics("pageserver")
+    assert m["strata_pageserver_layers_evicted_total"] > 0, m
+    assert m["strata_pageserver_local_layer_bytes"] <= limit, m
+    evicted = [n for n in json.loads((ps.timeline_dir / "metadata.json").read_text())["layers"]
+               if not (ps.timeline_dir / n).exists()]
+    assert evicted, "evicted layers leave the local disk"
+
+    # Every page is still exact: what a read needs comes back from object storage.
+    cmp = snapshot_pages(ps, ep, lsn)
+    m2 = cluster.metrics("pageserver")
+    print("downloaded on demand:", m2["strata_pageserver_layers_downloaded_total"])
+    assert m2["strata_pageserver_layers_downloaded_total"] > 0 and m2["strata_pageserver_download_errors_total"] == 0
+    # ... and the cache goes back under its bound.
+    wait_until("local layers within local_cache_bytes again", bounded, timeout=60)
+    assert_same_pages(ps, cmp, lsn)
+    # A restart with evicted layers loads them as remote-only layers.
+    cluster.stop("--only", "pageserver")
+    cluster.start("--only", "pageserver")
+    ps.close()
+    assert ps.status()["state"] == "active"
+    assert_same_pages(ps, cmp, lsn)
+
+
+def test_kill9_during_uploads_never_publishes_a_partial_index(cluster_factory):
+    cluster, ps, ep = remote_cluster(cluster_factory, SMALL_LAYERS)
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    objects = timeline_objects(cluster.workdir / "remote_storage", ps)
+    bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "25"])
+    checked = []
+    try:
+        for i in range(4):
+            time.sleep(2 + i)
+            # The supervisor too: nothing writes while the objects are checked.
+            cluster.kill9("pageserver", supervisor=True)
+            indexes = sorted(objects.glob("index-*.json"))
+            assert indexes, "no index"
+            checked.append(sum(check_index(ix) for ix in indexes))
+            out = cluster.start()
+            assert "pageserver: started" in out, out
+        stdout, stderr = bench.communicate(timeout=180)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=30)
+    assert bench.returncode == 0, f"pgbench failed:\n{stdout}\n{stderr}"
+    print("\nlayers checked in the indexes after each kill -9:", checked)
+    assert cluster.cluster_toml["generation"] == 5
+    with ep.connect() as conn:
+        assert_pgbench_invariants(pgbench_state(conn), SCALE)
+    lsn = settle(cluster, ps, ep)
+    check_index(objects / "index-00000005.json")
+    snapshot_pages(ps, ep, lsn)
+
+
+def start_second_pageserver(cluster, generation: int, workdir: Path):
+    """A second pageserver for the cluster's tenant, on an empty disk, with
+    its own attachment file naming `generation`."""
+    conf = (cluster.workdir / "pageserver" / "pageserver.toml").read_text()
+    data = workdir / "data"
+    attachments = workdir / "attachments.json"
+    pg, http = free_port(), free_port()
+    conf = re.sub(r'^listen_pg = .*$', f'listen_pg = "127.0.0.1:{pg}"', conf, flags=re.M)
+    conf = re.sub(r'^listen_http = .*$', f'listen_http = "127.0.0.1:{http}"', conf, flags=re.M)
+    conf = re.sub(r'^data_dir = .*$', f'data_dir = "{data}"', conf, flags=re.M)
+    conf = re.sub(r'^attachments = .*$', f'attachments = "{attachments}"', conf, flags=re.M)
+    conf = re.sub(r'^id = .*$', 'id = 99', conf, flags=re.M)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "pageserver.toml").write_text(conf)
+    tenant = cluster.cluster_toml["tenant_id"]
+    attachments.write_text(json.dumps({"format_version": 1, "tenants": {tenant: {"generation": generation}}}))
+    log = open(workdir / "pageserver.log", "ab")
+    proc = subprocess.Popen([str(cluster.strata_bin), "pageserver", "--config", str(workdir / "pageserver.toml")],
+                            stdout=log, stderr=subprocess.STDOUT)
+    return proc, http
+
+
+def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory, tmp_path):
+    cluster, ps_a, ep = remote_cluster(cluster_factory, SMALL_LAYERS)
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    settle(cluster, ps_a, ep)
+    objects = timeline_objects(cluster.workdir / "remote_storage", ps_a)
+    tenant = ps_a.tenant
+
+    # The control plane moves the tenant: generation 2 to pageserver B, and
+    # it tells A that its generation 1 is no longer current.
+    proc, http_b = start_second_pageserver(cluster, 2, tmp_path / "ps-b")
+    try:
+        (cluster.workdir / "pageserver" / "attachments.json").write_text(
+            json.dumps({"format_version": 1, "tenants": {tenant: {"generation": 2}}}))
+        ps_b = PageserverApi(cluster)
+        ps_b.http_port = http_b
+
+        def b_active():
+            try:
+                st = ps_b.status()
+            except OSError:
+                return None
+            return st if st["state"] == "active" else None
+
+        wait_until("pageserver B attached", b_active, timeout=60)
+        wait_until("B's index", lambda: (objects / "index-00000002.json").exists(), timeout=60)
+        b_index = (objects / "index-00000002.json").read_bytes()
+        refused_before = cluster.metrics("pageserver")["strata_pageserver_remote_deletions_refused_total"]
+        deleted_before = cluster.metrics("pageserver")["strata_pageserver_remote_deletions_total"]
+
+        # A, stale, goes on: more WAL, a forced compaction (its L0s are
+        # replaced, so it queues their deletion), and uploads under generation 1.
+        ep.run(["pgbench", "-n", "-c", "4", "-T", "8"], timeout=300)
+        code, body = ps_a.request("POST", ps_a.tl_path() + "/checkpoint?compact=true&upload_timeout=120", timeout=300)
+        assert code == 200, body
+        st_a = json.loads(body)
+        assert st_a["compaction"]["l0_compacted"] > 0, st_a["compaction"]
+
+        def refused():
+            m = cluster.metrics("pageserver")
+            return m if m["strata_pageserver_remote_deletions_refused_total"] > refused_before else None
+
+        m = wait_until("A's deletions refused", refused, timeout=60)
+        print("\nstale pageserver A: deletions refused",
+              m["strata_pageserver_remote_deletions_refused_total"] - refused_before)
+        assert m["strata_pageserver_remote_deletions_total"] == deleted_before, "a stale generation deleted objects"
+        # A's writes carry generation 1: B's index is untouched, and every
+        # object it lists is still there.
+        assert (objects / "index-00000001.json").exists()
+        check_index(objects / "index-00000002.json")
+
+        # B serves the same pages as A at an LSN both have.
+        wait_quiet(ep)
+        with ep.connect() as conn:
+            conn.execute("CHECKPOINT")
+            lsn = current_lsn(conn)
+        ps_a.wait_lsn(lsn)
+        ps_b.wait_lsn(lsn)
+        cmp = snapshot_pages(ps_a, ep, lsn)
+        assert_same_pages(ps_b, cmp, lsn)
+        # B's own index lists only objects that exist, A's activity notwithstanding.
+        code, body = ps_b.request("POST", ps_b.tl_path() + "/checkpoint?compact=true&upload_timeout=120", timeout=300)
+        assert code == 200, body
+        check_index(objects / "index-00000002.json")
+        assert json.loads((objects / "index-00000002.json").read_text())["index"]["generation"] == 2
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_object_storage_killed_under_load(cluster_factory, tmp_path):
+    """MinIO as the object store, killed while pgbench writes: ingest goes
+    on locally, the status and metrics show the upload lag and the error,
+    and once MinIO is back everything is uploaded; a pageserver on an empty
+    disk then serves every page from it."""
+    minio = Minio(tmp_path / "minio")
+    minio.start()
+    try:
+        cluster, ps, ep = remote_cluster(cluster_factory, {**SMALL_LAYERS, "max_upload_lag_bytes": 2 << 20},
+                                         remote=minio.remote_storage("strata"))
+        ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+        st = ps.status()
+        svc = next(s for s in cluster.status()["services"] if s["kind"] == "pageserver")
+        assert svc["remote_storage"] == f"s3://strata-test/strata at {minio.endpoint}", svc
+        bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "20"])
+        seen = {}
+        try:
+            time.sleep(3)
+            minio.kill()
+            t0 = time.monotonic()
+
+            def lagging():
+                s = ps.status()
+                r = s["remote"]
+                return s if r["upload_lag_bytes"] > 0 and r["upload_error"] and s["upload_backpressure"] else None
+
+            down = wait_until("the upload lag shows", lagging, timeout=60)
+            seen = {"lag": down["remote"]["upload_lag_bytes"], "error": down["remote"]["upload_error"][:120]}
+            ingest_before = parse_lsn(down["last_record_lsn"])
+            time.sleep(max(0.0, 8 - (time.monotonic() - t0)))
+            st = ps.status()
+            m = cluster.metrics("pageserver")
+            assert m["strata_pageserver_upload_errors_total"] > 0, m
+            assert parse_lsn(st["last_record_lsn"]) > ingest_before, "ingest stopped while object storage was down"
+            minio.start()
+            stdout, stderr = bench.communicate(timeout=180)
+        finally:
+            if bench.poll() is None:
+                bench.kill()
+                bench.wait(timeout=30)
+        assert bench.returncode == 0, f"pgbench failed:\n{stdout}\n{stderr}"
+        print("\nwhile MinIO was down:", seen)
+        with ep.connect() as conn:
+            assert_pgbench_invariants(pgbench_state(conn), SCALE)
+        lsn = settle(cluster, ps, ep)
+        st = caught_up(ps)
+        assert st["remote"]["upload_error"] is None, st["remote"]
+        cmp = snapshot_pages(ps, ep, lsn)
+        # Nothing was lost: a pageserver with no local files serves it all from MinIO.
+        cluster.stop("--only", "pageserver")
+        shutil.rmtree(ps.data_dir / "tenants")
+        cluster.start("--only", "pageserver")
+        ps.close()
+        assert_same_pages(ps, cmp, lsn)
+        assert cluster.metrics("pageserver")["strata_pageserver_layers_downloaded_total"] > 0
+    finally:
+        minio.kill()
