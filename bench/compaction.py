@@ -15,8 +15,12 @@ CLI's cluster (every service on):
                search): medians of --runs runs; ratios compacted /
                uncompacted and compacted / fresh
 - storage:     after GC with no PITR window and no horizon, the bytes of the
-               layer files next to the compute's data directory (base/ and
-               global/, what PostgreSQL stores for the same database)
+               layer files, and of every object in the pageserver's object
+               storage once uploaded, next to the compute's data directory
+               (base/ and global/, what PostgreSQL stores for the same database)
+- cold GetPage: one page read right after every layer was evicted (its layer
+               downloaded from object storage on demand) vs the next page of
+               the same layer (warm), over HTTP: medians of --runs x 5 reads
 
 Usage: .venv/bin/python bench/compaction.py [--scale 10] [--seconds 60] [--runs 3] [--quick]
 Writes bench/results/compaction.json and .txt (compaction_quick.* with --quick).
@@ -61,6 +65,27 @@ def metric(text: str, name: str) -> float:
 
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def cold_warm(tl_url: str, spc: int, db: int, rel: int, n: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of one page read right after evicting every layer
+    (downloaded on demand), and of the next block read after it (warm)."""
+    import random
+    import urllib.request
+    cold, warm = [], []
+
+    def read(block: int) -> float:
+        t0 = time.monotonic()
+        with urllib.request.urlopen(f"{tl_url}/page?rel={spc}/{db}/{rel}&block={block}", timeout=120) as r:
+            assert r.status == 200 and len(r.read()) == 8192
+        return (time.monotonic() - t0) * 1000
+    for _ in range(n):
+        code, done = http_json("POST", f"{tl_url}/evict", timeout=120)
+        assert code == 200 and done["evicted_layers"] > 0, done
+        block = random.randrange(0, 1000)
+        cold.append(read(block))
+        warm.append(read(block + 1))
+    return cold, warm
 
 
 def main() -> int:
@@ -157,6 +182,23 @@ def main() -> int:
             assert code == 200, st
             results["gc"] = {"outcome": st["gc"], "layer_bytes": st["layer_bytes"],
                              "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers")}}
+            # Object storage: everything uploaded, then the stored bytes.
+            code, st = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=600", timeout=900)
+            assert code == 200, st
+            deadline = time.monotonic() + 600
+            while True:
+                st = http_json("GET", tl_url)[1]
+                r = st["remote"]
+                if r["upload_queue_layers"] == 0 and r["remote_layers"] == (
+                        st["l0_layers"] + st["l1_layers"] + st["image_layers"]):
+                    break
+                assert time.monotonic() < deadline, st
+                time.sleep(0.2)
+            time.sleep(2)  # the deletion queue runs after the index
+            results["remote"] = {"object_bytes": dir_bytes(cluster.workdir / "remote_storage"),
+                                 "index_layer_bytes": r["remote_bytes"], "layers": r["remote_layers"]}
+            cold, warm = cold_warm(tl_url, spc, db, rel, args.runs * 5)
+            results["cold_getpage"] = {"cold_ms": cold, "warm_ms": warm}
         finally:
             if (cluster.workdir / "cluster.toml").exists():
                 if cluster.run("stop", check=False, timeout=600).returncode != 0:
@@ -176,6 +218,10 @@ def main() -> int:
     w, c = results["workload"], results["compaction"]
     c["input_vs_ingest_ratio"] = c["input_mb_per_s"] / w["ingest_mb_per_s"]
     results["storage_ratio"] = w["pg_data_bytes"] / results["gc"]["layer_bytes"]
+    results["remote_storage_ratio"] = w["pg_data_bytes"] / results["remote"]["object_bytes"]
+    cw = results["cold_getpage"]
+    cw["cold_p50_ms"], cw["warm_p50_ms"] = statistics.median(cw["cold_ms"]), statistics.median(cw["warm_ms"])
+    cw["cold_vs_warm"] = cw["cold_p50_ms"] / cw["warm_p50_ms"]
     lines = [
         f"pgbench -s {args.scale}, {w['pgbench_seconds']:.0f} s at 8 clients ({w['tps']:.0f} TPS):"
         f" {w['wal_mb']:.0f} MB of WAL ingested, {w['ingest_mb_per_s']:.1f} MB/s",
@@ -191,6 +237,11 @@ def main() -> int:
         f"after GC (no PITR window): {results['gc']['layer_bytes'] / 1e6:.1f} MB of layers"
         f" {results['gc']['layers']} vs {w['pg_data_bytes'] / 1e6:.1f} MB of PostgreSQL data files:"
         f" {results['storage_ratio']:.2f}x smaller",
+        f"in object storage: {results['remote']['object_bytes'] / 1e6:.1f} MB in all (index and"
+        f" {results['remote']['layers']} layers) vs {w['pg_data_bytes'] / 1e6:.1f} MB of PostgreSQL data files:"
+        f" {results['remote_storage_ratio']:.2f}x smaller",
+        f"GetPage over HTTP right after evicting every layer (downloaded on demand) vs warm, medians of"
+        f" {len(cw['cold_ms'])}: {cw['cold_p50_ms']:.1f} ms vs {cw['warm_p50_ms']:.2f} ms ({cw['cold_vs_warm']:.0f}x)",
     ]
     text = "\n".join(lines)
     out_dir = REPO / "bench" / "results"

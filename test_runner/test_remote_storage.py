@@ -348,12 +348,13 @@ def test_object_storage_killed_under_load(cluster_factory, tmp_path):
         st = ps.status()
         svc = next(s for s in cluster.status()["services"] if s["kind"] == "pageserver")
         assert svc["remote_storage"] == f"s3://strata-test/strata at {minio.endpoint}", svc
-        bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "20"])
+        bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "30"])
         seen = {}
         try:
             time.sleep(3)
             minio.kill()
             t0 = time.monotonic()
+            ingest_before = parse_lsn(ps.status()["last_record_lsn"])
 
             def lagging():
                 s = ps.status()
@@ -361,9 +362,10 @@ def test_object_storage_killed_under_load(cluster_factory, tmp_path):
                 return s if r["upload_lag_bytes"] > 0 and r["upload_error"] and s["upload_backpressure"] else None
 
             down = wait_until("the upload lag shows", lagging, timeout=60)
-            seen = {"lag": down["remote"]["upload_lag_bytes"], "error": down["remote"]["upload_error"][:120]}
-            ingest_before = parse_lsn(down["last_record_lsn"])
-            time.sleep(max(0.0, 8 - (time.monotonic() - t0)))
+            seen = {"lag": down["remote"]["upload_lag_bytes"], "error": down["remote"]["upload_error"][:120],
+                    "seconds": round(time.monotonic() - t0, 1)}
+            time.sleep(max(0.0, 10 - (time.monotonic() - t0)))
+            assert bench.poll() is None, "pgbench ended while object storage was down"
             st = ps.status()
             m = cluster.metrics("pageserver")
             assert m["strata_pageserver_upload_errors_total"] > 0, m

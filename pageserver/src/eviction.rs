@@ -2,7 +2,8 @@
 //! `local_cache_bytes`, the uploaded ones read longest ago are deleted
 //! locally (they stay in object storage and are downloaded again by the
 //! first read that needs them). A layer that is not uploaded yet, or that
-//! a read holds, is never evicted.
+//! a read holds, is never evicted; nor is one that no uploaded index
+//! lists yet (after a crash the pageserver finds layers through the index).
 
 use std::sync::Arc;
 
@@ -32,7 +33,7 @@ pub fn evict_to_limit(tenants: &Tenants, limit: u64) -> EvictionOutcome {
                 continue;
             }
             total += layer.file_size;
-            if remote.as_ref().is_some_and(|r| r.is_uploaded(&layer.name.to_string())) {
+            if remote.as_ref().is_some_and(|r| r.is_in_index(&layer.name.to_string())) {
                 candidates.push((layer.last_read_ms(), layer.clone()));
             }
         }

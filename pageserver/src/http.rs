@@ -54,6 +54,7 @@ pub fn router(tenants: Arc<Tenants>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page))
         .route("/metrics", get(metrics))
         .with_state(tenants)
@@ -256,6 +257,25 @@ async fn checkpoint(
             Json(status).into_response()
         }
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Evicts every uploaded layer of the timeline that no read holds.
+async fn evict(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(e) => e,
+        Err(r) => return *r,
+    };
+    if entry.tl.remote().is_none() {
+        return error(StatusCode::BAD_REQUEST, "the pageserver has no object storage: nothing can be evicted".into());
+    }
+    let tl = entry.tl.clone();
+    match tokio::task::spawn_blocking(move || tl.evict_all()).await {
+        Ok(Ok((layers, bytes))) => {
+            Json(serde_json::json!({ "evicted_layers": layers, "evicted_bytes": bytes })).into_response()
+        }
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

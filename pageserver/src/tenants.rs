@@ -183,9 +183,11 @@ impl Tenants {
                 };
                 if let Some((rt, remote_lsn)) = &remote {
                     let local_lsn = local_disk_consistent_lsn(&dir);
-                    if local_lsn.is_none_or(|l| l < *remote_lsn) {
-                        // Object storage is the truth, and it is ahead (another
-                        // attachment went on): the local files are an old cache.
+                    // Object storage is the truth, and it is ahead (another
+                    // attachment went on): the local files are an old cache.
+                    // Local files without readable metadata are not replaced:
+                    // they stay for an operator, as without object storage.
+                    if local_lsn.is_some_and(|l| l < *remote_lsn) {
                         warn!(%tenant_id, %timeline_id, local = ?local_lsn, remote = %remote_lsn, "remote storage is ahead of the local files; attaching from remote storage");
                         if let Err(e) = tenants.attach_from_remote(&dir, rt.clone(), true) {
                             error!(%tenant_id, %timeline_id, "{e}");

@@ -558,6 +558,22 @@ impl Timeline {
         h.iter().filter(|l| l.is_resident()).fold((0, 0), |(n, b), l| (n + 1, b + l.file_size))
     }
 
+    /// Evicts every uploaded layer file that no read holds (operators and
+    /// benchmarks: the next reads download what they need); returns the
+    /// layers and bytes evicted.
+    pub fn evict_all(&self) -> Result<(usize, u64), LayerError> {
+        let Some(r) = self.remote.get() else { return Ok((0, 0)) };
+        let mut done = (0, 0);
+        for l in self.historic().iter() {
+            if l.is_resident() && r.is_in_index(&l.name.to_string()) && l.evict()? {
+                done.0 += 1;
+                done.1 += l.file_size;
+            }
+        }
+        self.metrics.layers_evicted.inc_by(done.0 as u64);
+        Ok(done)
+    }
+
     /// Waits until the remote index covers `disk_consistent_lsn` (at once without object storage).
     pub fn wait_uploaded(&self, timeout: Duration) -> Result<Lsn, String> {
         let lsn = self.disk_consistent_lsn();

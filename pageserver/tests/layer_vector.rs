@@ -145,6 +145,23 @@ fn remote_index_v1_vector() {
 }
 
 #[test]
+fn attachments_v1_vector() {
+    use strata_pageserver::remote::attachments::{Attachment, Attachments};
+    let tenant = "0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
+    let a = Attachments {
+        format_version: 1,
+        tenants: std::collections::BTreeMap::from([(tenant, Attachment { generation: 3 })]),
+    };
+    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/attachments-v1.json");
+    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
+        std::fs::write(&vector, a.encode()).unwrap();
+    }
+    let expected = std::fs::read(&vector).unwrap();
+    assert_eq!(a.encode(), expected, "the attachment file is no longer written as format version 1 byte for byte");
+    assert_eq!(Attachments::decode(&expected).unwrap().generation(tenant), Some(3));
+}
+
+#[test]
 fn timeline_metadata_v1_vector() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/metadata-v1.json");
     let meta: strata_pageserver::timeline::TimelineMetadata =

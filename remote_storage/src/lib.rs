@@ -87,7 +87,11 @@ impl RemoteStorage {
                 (Arc::new(fs.with_automatic_cleanup(true)), String::new())
             }
             RemoteStorageConfig::S3 { bucket, prefix, endpoint, region, access_key_id, secret_access_key } => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+                // Retries are ours (bounded, jittered, logged, with a timeout
+                // per attempt): the client's own would hide an unreachable
+                // server for minutes inside one attempt.
+                let retry = object_store::RetryConfig { max_retries: 0, ..Default::default() };
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(retry);
                 if let Some(e) = endpoint {
                     b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
                 }

@@ -201,9 +201,20 @@ impl RemoteTimeline {
         self.remote.max_upload_lag_bytes
     }
 
-    /// Whether the layer `name` is in remote storage (so it may be evicted).
+    /// Whether the layer `name` is in remote storage (uploaded, perhaps not yet listed by an index).
     pub fn is_uploaded(&self, name: &str) -> bool {
         self.state.lock().uploaded.contains_key(name)
+    }
+
+    /// Whether the newest remote index lists the layer `name`: only then may
+    /// its local file go (after a crash the pageserver finds it through
+    /// that index).
+    pub fn is_in_index(&self, name: &str) -> bool {
+        self.state
+            .lock()
+            .index
+            .as_ref()
+            .is_some_and(|i| i.layers.binary_search_by(|l| l.name.as_str().cmp(name)).is_ok())
     }
 
     /// Waits until the remote index covers `lsn`.
