@@ -41,13 +41,16 @@ def configure_pageserver(cluster, settings: dict) -> None:
     conf.write_text(text)
 
 
-def quiet_cluster(cluster_factory, settings: dict):
-    """A started cluster whose pageserver runs with `settings`, and an
-    endpoint without autovacuum (nothing changes pages while files are read)
-    whose template0 accepts connections (so its catalog can be read for the
-    page kinds of its relations)."""
+def quiet_cluster(cluster_factory, settings: dict, prepare=None):
+    """A started cluster whose pageserver runs with `settings` (and whatever
+    `prepare(cluster)` changes before the start), and an endpoint without
+    autovacuum (nothing changes pages while files are read) whose template0
+    accepts connections (so its catalog can be read for the page kinds of
+    its relations)."""
     cluster = cluster_factory(start=False)
     configure_pageserver(cluster, settings)
+    if prepare is not None:
+        prepare(cluster)
     cluster.start()
     ep = start_endpoint(cluster)
     with ep.connect() as conn:

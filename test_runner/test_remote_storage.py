@@ -12,11 +12,9 @@ Pages are compared with the compute's own data files at its checkpoint
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -26,8 +24,8 @@ from fixtures.checks import assert_pgbench_invariants, pgbench_state
 from fixtures.cluster import wait_until
 from fixtures.minio import Minio, free_port
 from fixtures.strata import parse_lsn
-from test_compaction import SMALL_LAYERS, configure_pageserver
-from test_pageserver import PageserverApi, catalog, compare_data_dir, current_lsn, start_endpoint, wait_quiet
+from test_compaction import SMALL_LAYERS, quiet_cluster
+from test_pageserver import PageserverApi, catalog, compare_data_dir, current_lsn, wait_quiet
 
 SCALE = 4
 
@@ -41,20 +39,10 @@ def set_remote_storage(cluster, table: dict) -> None:
 
 
 def remote_cluster(cluster_factory, settings: dict, remote: dict | None = None):
-    """A started cluster with a quiet endpoint (no autovacuum), its
-    pageserver running with `settings` (and `remote` as its object storage,
-    else the local directory `strata init` set up)."""
-    cluster = cluster_factory(start=False)
-    configure_pageserver(cluster, settings)
-    if remote is not None:
-        set_remote_storage(cluster, remote)
-    cluster.start()
-    ep = start_endpoint(cluster)
-    with ep.connect() as conn:
-        conn.execute("ALTER SYSTEM SET autovacuum = off")
-        conn.execute("SELECT pg_reload_conf()")
-        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
-    return cluster, PageserverApi(cluster), ep
+    """`quiet_cluster` with `remote` as the pageserver's object storage (else
+    the local directory `strata init` set up)."""
+    prepare = None if remote is None else (lambda cluster: set_remote_storage(cluster, remote))
+    return quiet_cluster(cluster_factory, settings, prepare)
 
 
 def timeline_objects(root: Path, ps: PageserverApi) -> Path:

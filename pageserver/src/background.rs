@@ -74,7 +74,7 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             if let Some(u) = tl.upload_status() {
                 lag_layers += u.upload_queue_layers;
                 lag_bytes += u.upload_lag_bytes;
-                upload_pressed += usize::from(u.upload_lag_bytes > tenants.conf.max_upload_lag_bytes);
+                upload_pressed += usize::from(u.backpressure);
             }
         }
         crate::eviction::evict_to_limit(tenants, tenants.conf.local_cache_bytes);

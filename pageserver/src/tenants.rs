@@ -214,7 +214,7 @@ impl Tenants {
         if let Some(remote) = tenants.remote.clone() {
             let attached: Vec<(TenantId, u32)> = tenants.generations.lock().iter().map(|(t, g)| (*t, *g)).collect();
             for (tenant_id, _) in attached {
-                let remote_timelines = match crate::remote::attach_timelines(&remote, tenant_id) {
+                let remote_timelines = match crate::remote::remote_timelines(&remote, tenant_id) {
                     Ok(t) => t,
                     Err(e) => {
                         error!(%tenant_id, "listing the tenant's timelines in remote storage: {e}");
@@ -513,6 +513,7 @@ impl TimelineEntry {
         let broken = self.tl.broken();
         let (memory_layers, files) = self.tl.layer_count();
         let local = self.tl.resident_layers();
+        let remote = self.tl.upload_status();
         serde_json::json!({
             "tenant_id": meta.tenant_id,
             "timeline_id": meta.timeline_id,
@@ -536,10 +537,10 @@ impl TimelineEntry {
             "image_layers": files.image,
             "layer_bytes": files.bytes,
             "backpressure": self.tl.backpressure(),
-            "upload_backpressure": self.tl.upload_backpressure(),
+            "upload_backpressure": remote.as_ref().is_some_and(|u| u.backpressure),
             "local_layers": local.0,
             "local_layer_bytes": local.1,
-            "remote": self.tl.upload_status(),
+            "remote": remote,
             "remote_consistent_lsn": self.tl.remote_consistent_lsn(),
             "state": if broken.is_some() { "broken" } else { "active" },
             "error": broken.as_ref().map(|b| b.reason.clone()),

@@ -490,12 +490,11 @@ impl Timeline {
         for name in &meta.layers {
             let path = dir.join(name);
             let opened = match &remote {
-                Some(r) if !path.exists() && r.is_uploaded(name) => match name.parse::<LayerName>() {
-                    Ok(n) => {
-                        let size = r.uploaded_size(name).unwrap_or(0);
-                        Ok(LayerFile::remote(&path, n, size, &res.files, r.clone()))
-                    }
-                    Err(e) => Err(e.to_string()),
+                Some(r) if !path.exists() => match (r.uploaded_size(name), name.parse::<LayerName>()) {
+                    (Some(size), Ok(n)) => Ok(LayerFile::remote(&path, n, size, &res.files, r.clone())),
+                    // Neither local nor remote: the open names the missing file.
+                    (None, _) => LayerFile::open(&path, &res.files).map_err(|e| e.to_string()),
+                    (_, Err(e)) => Err(e.to_string()),
                 },
                 _ => LayerFile::open(&path, &res.files).map_err(|e| e.to_string()),
             };
@@ -680,10 +679,7 @@ impl Timeline {
 
     /// Whether local layers not yet in object storage pass `max_upload_lag_bytes`.
     pub fn upload_backpressure(&self) -> bool {
-        match self.remote.get() {
-            Some(r) => r.status(&self.layer_sizes()).upload_lag_bytes > r.max_upload_lag_bytes(),
-            None => false,
-        }
+        self.upload_status().is_some_and(|u| u.backpressure)
     }
 
     /// The remote side's status (`None` without object storage).

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 pub use attachments::Attachments;
 pub use deletion::DeletionBatch;
-pub use timeline::{attach_timelines, metadata_from_index, FoundIndex, RemoteTimeline, UploadStatus};
+pub use timeline::{metadata_from_index, remote_timelines, FoundIndex, RemoteTimeline, UploadStatus};
 
 use crate::metrics::Metrics;
 

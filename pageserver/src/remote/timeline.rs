@@ -48,6 +48,8 @@ pub struct UploadStatus {
     /// Local layer files not yet uploaded, and their bytes.
     pub upload_queue_layers: usize,
     pub upload_lag_bytes: u64,
+    /// Whether the lag passes `max_upload_lag_bytes`, so that ingest is slowed.
+    pub backpressure: bool,
     /// Why the last round failed, while it is being retried.
     pub upload_error: Option<String>,
 }
@@ -191,19 +193,9 @@ impl RemoteTimeline {
         self.state.lock().index.clone()
     }
 
-    /// Size of an uploaded layer, as the index has it.
+    /// Size of an uploaded layer (perhaps not yet listed by an index), as its index entry has it.
     pub fn uploaded_size(&self, name: &str) -> Option<u64> {
         self.state.lock().uploaded.get(name).map(|l| l.size)
-    }
-
-    /// Local layer bytes not yet uploaded at which ingest is slowed.
-    pub fn max_upload_lag_bytes(&self) -> u64 {
-        self.remote.max_upload_lag_bytes
-    }
-
-    /// Whether the layer `name` is in remote storage (uploaded, perhaps not yet listed by an index).
-    pub fn is_uploaded(&self, name: &str) -> bool {
-        self.state.lock().uploaded.contains_key(name)
     }
 
     /// Whether the newest remote index lists the layer `name`: only then may
@@ -251,6 +243,7 @@ impl RemoteTimeline {
             remote_bytes,
             upload_queue_layers: pending.len(),
             upload_lag_bytes: pending.iter().sum(),
+            backpressure: pending.iter().sum::<u64>() > self.remote.max_upload_lag_bytes,
             upload_error: state.last_error.clone(),
         }
     }
@@ -450,7 +443,7 @@ impl Fetch for RemoteTimeline {
 }
 
 /// The timelines of `tenant` that remote storage holds objects of.
-pub fn attach_timelines(remote: &Arc<Remote>, tenant: TenantId) -> Result<Vec<TimelineId>, String> {
+pub fn remote_timelines(remote: &Arc<Remote>, tenant: TenantId) -> Result<Vec<TimelineId>, String> {
     let storage = remote.storage.clone();
     let prefix = format!("tenants/{tenant}/timelines");
     let listed = remote
