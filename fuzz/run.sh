@@ -38,6 +38,9 @@ seed_hex seed-page-server "04\
 # Pageserver seeds: the layer file vectors (selector 6) and a timeline metadata file (5).
 [ -f corpus/decoders/seed-layer ] || { printf "\\x06" > corpus/decoders/seed-layer; cat ../pageserver/tests/data/layer-v1.delta >> corpus/decoders/seed-layer; }
 [ -f corpus/decoders/seed-image-layer ] || { printf "\\x06" > corpus/decoders/seed-image-layer; cat ../pageserver/tests/data/layer-v1.image >> corpus/decoders/seed-image-layer; }
+for v in layer-v2.delta layer-v2.image; do
+    [ -f "corpus/decoders/seed-$v" ] || { printf "\\x06" > "corpus/decoders/seed-$v"; cat "../pageserver/tests/data/$v" >> "corpus/decoders/seed-$v"; }
+done
 [ -f corpus/decoders/seed-index ] || { printf "\\x05" > corpus/decoders/seed-index; cat ../pageserver/tests/data/index-v1.json >> corpus/decoders/seed-index; }
 [ -f corpus/decoders/seed-metadata ] || { printf "\\x05" > corpus/decoders/seed-metadata; cat ../pageserver/tests/data/metadata-v1.json >> corpus/decoders/seed-metadata; }
 ./target/"$host"/release/decoders corpus/decoders -max_total_time="$seconds" -max_len=65536 \

@@ -28,7 +28,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import crc32c
 import pytest
+import zstandard
 
 from fixtures import page_protocol as pp
 from fixtures.cluster import LocalCluster, StrataCommandFailed, pid_alive
@@ -424,11 +426,13 @@ def flip(path: Path, offset: int, n: int = 4) -> None:
         f.write(bytes(b ^ 0xFF for b in old))
 
 
-# Layer file format (pageserver/src/layer/delta.rs, version 1).
+# Layer file format (pageserver/src/layer/layer_file.rs, version 2; docs/pageserver-storage.md).
 KEY_SIZE = 18
 LAYER_HEADER_SIZE = 8 + 4 + 4 + 2 * KEY_SIZE + 8 + 8 + 4
 LAYER_FOOTER_SIZE = 8 + 8 + 4 + 4 + 8
 LAYER_ENTRY_SIZE = KEY_SIZE + 8 + 8 + 4 + 4 + 2
+LAYER_BLOCK_REF_SIZE = 8 + 4 + 4
+LAYER_ENTRIES_PER_BLOCK = 128
 REL_SIZE_BLOCK = 0xFFFFFFFF  # the block field of a relation-size key
 
 
@@ -446,18 +450,29 @@ class LayerEntry:
 
 
 def layer_index(path: Path) -> tuple[int, list[LayerEntry]]:
-    """The index of a delta layer file: (index offset, entries)."""
+    """The index of a delta layer file: (end of the values, entries)."""
     data = path.read_bytes()
     assert data[:8] == b"STRDELTA" and data[-8:] == b"STRDLEND", path
-    index_offset, count = struct.unpack_from("<QQ", data, len(data) - LAYER_FOOTER_SIZE)
-    assert index_offset + count * LAYER_ENTRY_SIZE == len(data) - LAYER_FOOTER_SIZE
+    assert struct.unpack_from("<I", data, 8)[0] == 2, path
+    table, count = struct.unpack_from("<QQ", data, len(data) - LAYER_FOOTER_SIZE)
+    nblocks = -(-count // LAYER_ENTRIES_PER_BLOCK)
+    assert table + nblocks * LAYER_BLOCK_REF_SIZE == len(data) - LAYER_FOOTER_SIZE
+    raw = b""
+    values_end = None
+    for b in range(nblocks):
+        offset, length, crc = struct.unpack_from("<QII", data, table + b * LAYER_BLOCK_REF_SIZE)
+        values_end = offset if values_end is None else values_end
+        stored = data[offset:offset + length]
+        assert crc32c.crc32c(stored) == crc
+        raw += zstandard.ZstdDecompressor().decompress(stored)
+    assert len(raw) == count * LAYER_ENTRY_SIZE
     entries = []
     for i in range(count):
-        e = index_offset + i * LAYER_ENTRY_SIZE
-        kind, f1, f2, f3, f4, f5 = struct.unpack_from(">BIIIBI", data, e)
-        lsn, offset, length = struct.unpack_from("<QQI", data, e + KEY_SIZE)
+        e = i * LAYER_ENTRY_SIZE
+        kind, f1, f2, f3, f4, f5 = struct.unpack_from(">BIIIBI", raw, e)
+        lsn, offset, length = struct.unpack_from("<QQI", raw, e + KEY_SIZE)
         entries.append(LayerEntry(kind, f1, f2, f3, f4, f5, lsn, offset, length))
-    return index_offset, entries
+    return values_end if values_end is not None else table, entries
 
 
 def layer_files(ps: PageserverApi) -> list[Path]:

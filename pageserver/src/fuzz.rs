@@ -1,5 +1,5 @@
 //! Entry point for the fuzz target (`fuzz/`): every decoder of untrusted
-//! bytes in the pageserver — layer files, stored values, native records,
+//! bytes in the pageserver — layer files, value groups, stored values, native records,
 //! directory values, layer file names, timeline metadata and remote indexes.
 
 use std::path::Path;
@@ -23,6 +23,9 @@ pub fn fuzz_one(data: &[u8]) {
                     layer.summary().unwrap_or_default().iter().map(|(k, _)| *k).take(8).collect();
                 probes.push(Key::MIN);
                 probes.push(layer.name.key_start);
+                for v in layer.scan().take(64).flatten() {
+                    let _ = layer.decode_raw(&v);
+                }
                 for key in probes {
                     for lsn in [Lsn(0), layer.name.lsn_start, Lsn(u64::MAX)] {
                         let _ = layer.collect(&key, lsn, &mut Versions::default());
@@ -37,6 +40,11 @@ pub fn fuzz_one(data: &[u8]) {
             let _ = dirs::decode_pairs(rest);
             let _ = dirs::decode_rels(rest);
             let _ = dirs::decode_u32s(rest);
+            if let Ok(g) = crate::layer::group::Group::decode(rest.to_vec()) {
+                for slot in 0..=255 {
+                    let _ = g.get(slot);
+                }
+            }
             let _ = crate::remote::index::RemoteIndex::decode(rest);
             let _ = crate::remote::attachments::Attachments::decode(rest);
             if let Ok(text) = std::str::from_utf8(rest) {

@@ -1,7 +1,8 @@
-//! The layer file format (version 1), delta and image, against committed
-//! vectors: the bytes written for a fixed set of versions must not change,
-//! and each vector must read back as those versions. Regenerate (only on a format
-//! change, with a version bump) with `STRATA_WRITE_VECTORS=1`.
+//! The layer file format, delta and image, against committed vectors: the
+//! bytes written (version 2) for a fixed set of versions must not change,
+//! and each vector — version 1 ones too, which this build still reads —
+//! must read back as those versions. Regenerate the version 2 vectors (only
+//! on a format change, with a version bump) with `STRATA_WRITE_VECTORS=1`.
 
 use std::path::Path;
 
@@ -26,26 +27,40 @@ fn versions() -> Vec<(Key, Lsn, Value)> {
     ]
 }
 
-#[test]
-fn delta_layer_v1_vector() {
-    let dir = std::env::temp_dir().join(format!("strata-layer-vector-{}", std::process::id()));
+/// Writes `versions` as the layer `name`; returns the file's bytes.
+fn written(tag: &str, name: LayerName, versions: &[(Key, Lsn, Value)]) -> Vec<u8> {
+    let dir = std::env::temp_dir().join(format!("strata-layer-vector-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let name = LayerName::delta(key(0), key(3), Lsn(0x0100_0028), Lsn(0x0100_0061));
     let mut w = LayerFileWriter::new(&dir, name).unwrap();
-    for (k, l, v) in versions() {
-        w.put(&k, l, &v).unwrap();
+    for (k, l, v) in versions {
+        w.put(k, *l, v).unwrap();
     }
-    let written = std::fs::read(w.finish(false).unwrap()).unwrap();
-    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.delta");
-    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
-        std::fs::write(&vector, &written).unwrap();
-    }
-    let expected = std::fs::read(&vector).unwrap();
-    assert_eq!(written, expected, "the writer no longer produces format version 1 byte for byte");
+    let bytes = std::fs::read(w.finish(false).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    bytes
+}
 
-    let layer = LayerFile::from_bytes(&vector, expected).unwrap();
-    assert_eq!(layer.name, name);
-    assert_eq!(name.to_string(), "000000067F00000005000040000000000000-000000067F00000005000040000000000003__0000000001000028-0000000001000061.delta");
+/// The committed vector `file`, (re)written from `bytes` when asked to,
+/// and compared byte for byte.
+fn vector(file: &str, bytes: &[u8]) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(file);
+    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let expected = std::fs::read(&path).unwrap();
+    assert_eq!(bytes, expected, "the writer no longer produces {file} byte for byte");
+    expected
+}
+
+fn delta_name() -> LayerName {
+    LayerName::delta(key(0), key(3), Lsn(0x0100_0028), Lsn(0x0100_0061))
+}
+
+/// What the delta vectors must read back as.
+fn check_delta(file: &str, bytes: Vec<u8>) {
+    let layer = LayerFile::from_bytes(Path::new(file), bytes).unwrap();
+    assert_eq!(layer.name, delta_name());
+    assert_eq!(layer.name.to_string(), "000000067F00000005000040000000000000-000000067F00000005000040000000000003__0000000001000028-0000000001000061.delta");
     let mut out = Versions::default();
     assert!(layer.collect(&key(0), Lsn(0x0100_0060), &mut out).unwrap());
     assert_eq!(out.list.len(), 2);
@@ -53,56 +68,92 @@ fn delta_layer_v1_vector() {
     let mut out = Versions::default();
     assert!(!layer.collect(&key(2), Lsn(0x0100_0060), &mut out).unwrap(), "a native record alone is not complete");
     assert_eq!(out.list[0].1, versions()[3].2);
-    std::fs::remove_dir_all(&dir).unwrap();
+    let scanned: Vec<(Key, Lsn, Value)> =
+        layer.scan().map(|v| v.unwrap()).map(|v| (v.key, v.lsn, layer.decode_raw(&v).unwrap())).collect();
+    assert_eq!(scanned, versions());
 }
 
 #[test]
-fn image_layer_v1_vector() {
-    let dir = std::env::temp_dir().join(format!("strata-image-vector-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let at = Lsn(0x0100_0060);
-    let name = LayerName::image(key(0), key(4), at);
-    let mut w = LayerFileWriter::new(&dir, name).unwrap();
-    // Key 2 has no value at this LSN: the image layer does not hold it.
-    let page = Value::Image(Bytes::from(vec![0x5A; 8192]));
-    w.put(&key(0), at, &Value::Image(Bytes::from_static(b"small image"))).unwrap();
-    w.put(&key(1), at, &Value::ZeroPage).unwrap();
-    w.put(&key(3), at, &page).unwrap();
-    let written = std::fs::read(w.finish(false).unwrap()).unwrap();
-    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.image");
-    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
-        std::fs::write(&vector, &written).unwrap();
-    }
-    let expected = std::fs::read(&vector).unwrap();
-    assert_eq!(written, expected, "the writer no longer produces format version 1 byte for byte");
-    assert_eq!(&expected[..8], b"STRIMAGE");
-    assert_eq!(&expected[expected.len() - 8..], b"STRIMEND");
+fn delta_layer_v2_vector() {
+    let bytes = vector("layer-v2.delta", &written("delta", delta_name(), &versions()));
+    assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
+    check_delta("layer-v2.delta", bytes);
+}
 
-    let layer = LayerFile::from_bytes(&vector, expected).unwrap();
+#[test]
+fn delta_layer_v1_vector_still_reads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.delta");
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
+    check_delta("layer-v1.delta", bytes);
+}
+
+const IMAGE_AT: Lsn = Lsn(0x0100_0060);
+
+fn image_page() -> Value {
+    Value::Image(Bytes::from(vec![0x5A; 8192]))
+}
+
+/// The image vectors' versions: key 2 has no value at this LSN, so the
+/// image layer does not hold it.
+fn image_versions() -> Vec<(Key, Lsn, Value)> {
+    vec![
+        (key(0), IMAGE_AT, Value::Image(Bytes::from_static(b"small image"))),
+        (key(1), IMAGE_AT, Value::ZeroPage),
+        (key(3), IMAGE_AT, image_page()),
+    ]
+}
+
+/// What the image vectors must read back as.
+fn check_image(file: &str, bytes: Vec<u8>) {
+    assert_eq!(&bytes[..8], b"STRIMAGE");
+    assert_eq!(&bytes[bytes.len() - 8..], b"STRIMEND");
+    let name = LayerName::image(key(0), key(4), IMAGE_AT);
+    let layer = LayerFile::from_bytes(Path::new(file), bytes).unwrap();
     assert_eq!(layer.name, name);
     assert_eq!(
         name.to_string(),
         "000000067F00000005000040000000000000-000000067F00000005000040000000000004__0000000001000060.image"
     );
     assert_eq!(name.to_string().parse::<LayerName>().unwrap(), name);
-    for (k, value) in
-        [(key(0), Value::Image(Bytes::from_static(b"small image"))), (key(1), Value::ZeroPage), (key(3), page)]
-    {
+    for (k, _, value) in image_versions() {
         let mut out = Versions::default();
         assert!(layer.collect(&k, Lsn(0x0200_0000), &mut out).unwrap());
-        assert_eq!(out.list, vec![(at, value)]);
+        assert_eq!(out.list, vec![(IMAGE_AT, value)]);
     }
     // A key of the range that it lacks had no value: the search ends empty.
     let mut out = Versions::default();
-    assert!(layer.collect(&key(2), at, &mut out).unwrap());
+    assert!(layer.collect(&key(2), IMAGE_AT, &mut out).unwrap());
     assert!(out.list.is_empty() && out.complete());
     // Outside its key range, or before its LSN, it says nothing.
-    for (k, l) in [(key(4), at), (key(0), Lsn(at.0 - 1))] {
+    for (k, l) in [(key(4), IMAGE_AT), (key(0), Lsn(IMAGE_AT.0 - 1))] {
         let mut out = Versions::default();
         assert!(!layer.collect(&k, l, &mut out).unwrap());
         assert!(out.list.is_empty() && !out.complete());
     }
-    std::fs::remove_dir_all(&dir).unwrap();
+    let scanned: Vec<(Key, Lsn, Value)> =
+        layer.scan().map(|v| v.unwrap()).map(|v| (v.key, v.lsn, layer.decode_raw(&v).unwrap())).collect();
+    assert_eq!(scanned, image_versions());
+}
+
+#[test]
+fn image_layer_v2_vector() {
+    let name = LayerName::image(key(0), key(4), IMAGE_AT);
+    let bytes = vector("layer-v2.image", &written("image", name, &image_versions()));
+    assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
+    // The three values are one compressed group: one stored blob, slots 0 to 2.
+    let footer = bytes.len() - 32;
+    let table = u64::from_le_bytes(bytes[footer..footer + 8].try_into().unwrap()) as usize;
+    assert_eq!(table + 16, footer, "one index block");
+    check_image("layer-v2.image", bytes);
+}
+
+#[test]
+fn image_layer_v1_vector_still_reads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.image");
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
+    check_image("layer-v1.image", bytes);
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! Layer files: immutable, sorted versions of keys over a key range, with an
 //! index so that a lookup reads one index block and the values it needs —
-//! never the whole file. Two kinds share the format (version 1,
-//! `docs/pageserver-storage.md`): a *delta* layer holds the versions of an
-//! LSN range; an *image* layer holds, at one LSN, the value of every key of
-//! its range that has one (so a key it lacks had none).
+//! never the whole file. Two kinds share the format (version 2, which reads
+//! version 1 too; `docs/pageserver-storage.md`): a *delta* layer holds the
+//! versions of an LSN range; an *image* layer holds, at one LSN, the value
+//! of every key of its range that has one (so a key it lacks had none).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -13,25 +13,46 @@ use std::sync::Arc;
 use strata_formats::Lsn;
 
 use super::files::{CachedFile, FileCache};
+use super::group::{Group, GroupBuilder};
 use super::{LayerError, Versions};
 use crate::key::{Key, KEY_SIZE};
 use crate::value::Value;
 
-pub const FORMAT_VERSION: u32 = 1;
+/// The version this build writes.
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER_SIZE: usize = 8 + 4 + 4 + KEY_SIZE * 2 + 8 + 8 + 4;
 const FOOTER_SIZE: usize = 8 + 8 + 4 + 4 + 8;
-/// key | lsn | offset | len | crc | flags
+/// key | lsn | offset | len | crc | flags | slot
 const ENTRY_SIZE: usize = KEY_SIZE + 8 + 8 + 4 + 4 + 2;
 /// Index entries per block: one in-memory summary entry per block.
 const ENTRIES_PER_BLOCK: usize = 128;
+/// Version 2: offset, stored length and CRC-32C of one index block.
+const BLOCK_REF_SIZE: usize = 8 + 4 + 4;
+/// Version 2: the most a compressed index block may take (zstd's bound
+/// for a full block, with slack).
+const MAX_STORED_BLOCK: u32 = (ENTRY_SIZE * ENTRIES_PER_BLOCK + 1024) as u32;
 /// Flag: the stored bytes are zstd-compressed.
 const FLAG_ZSTD: u8 = 1;
 /// Flag: the value is a base version (image or zero page).
 const FLAG_BASE: u8 = 2;
+/// Flag (version 2): the stored bytes are a zstd frame of a value group;
+/// the entry's slot says which value of it.
+const FLAG_GROUP: u8 = 4;
 /// Values at least this large are compressed.
 const COMPRESS_MIN: usize = 256;
 /// Largest value accepted when reading (a page plus slack, or a directory).
 const MAX_VALUE: u32 = 64 << 20;
+/// zstd level of delta layers' values and of index blocks: flushes are on
+/// the ingest path.
+const DELTA_LEVEL: i32 = 1;
+/// zstd level of image layers: written in the background and kept for
+/// long; level 6 over groups stores about 1.4× less than level 1 per page
+/// at about 170 MB/s (`docs/pageserver-storage.md`).
+const IMAGE_LEVEL: i32 = 6;
+/// An image layer's group closes at this many values...
+const GROUP_VALUES: usize = 16;
+/// ...or once it holds this many bytes; a value this large is stored alone.
+const GROUP_BYTES: usize = 128 << 10;
 
 thread_local! {
     /// A decompression context per thread: creating one per value costs more
@@ -39,7 +60,9 @@ thread_local! {
     static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
 }
 
-fn decompress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+/// Decompresses one zstd frame that states its size, refusing one larger
+/// than `max` (or, with `exact`, of any other size).
+fn decompress(data: &[u8], max: usize, exact: bool) -> std::io::Result<Vec<u8>> {
     DECOMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
@@ -48,10 +71,17 @@ fn decompress(data: &[u8]) -> std::io::Result<Vec<u8>> {
         // The frame states its size (the writer compresses whole values); an
         // output buffer of exactly that size avoids a huge allocation per value.
         let size = match zstd::zstd_safe::get_frame_content_size(data) {
-            Ok(Some(n)) if n <= u64::from(MAX_VALUE) => n as usize,
+            Ok(Some(n)) if n <= max as u64 && (!exact || n == max as u64) => n as usize,
+            Ok(Some(n)) => {
+                return Err(std::io::Error::other(format!("zstd frame of {n} bytes, expected at most {max}")))
+            }
             _ => return Err(std::io::Error::other("zstd frame without a valid content size")),
         };
-        slot.as_mut().expect("set above").decompress(data, size)
+        let out = slot.as_mut().expect("set above").decompress(data, size)?;
+        if out.len() != size {
+            return Err(std::io::Error::other("zstd frame shorter than it states"));
+        }
+        Ok(out)
     })
 }
 
@@ -64,6 +94,8 @@ struct Entry {
     len: u32,
     crc: u32,
     flags: u8,
+    /// Which value of a group (`FLAG_GROUP`); 0 otherwise.
+    slot: u8,
 }
 
 impl Entry {
@@ -74,7 +106,7 @@ impl Entry {
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&self.crc.to_le_bytes());
         out.push(self.flags);
-        out.push(0);
+        out.push(self.slot);
     }
 
     fn decode(b: &[u8]) -> Entry {
@@ -88,7 +120,23 @@ impl Entry {
             len: u32_at(KEY_SIZE + 16),
             crc: u32_at(KEY_SIZE + 20),
             flags: b[KEY_SIZE + 24],
+            slot: b[KEY_SIZE + 25],
         }
+    }
+
+    /// Why the flags and slot are not valid in a file of `version`, if so.
+    fn check_flags(&self, version: u32) -> Result<(), String> {
+        if self.flags & !(FLAG_ZSTD | FLAG_BASE | FLAG_GROUP) != 0 {
+            return Err(format!("unknown flags {:#04x}", self.flags));
+        }
+        let group = self.flags & FLAG_GROUP != 0;
+        if group && (version < 2 || self.flags & FLAG_ZSTD != 0) {
+            return Err(format!("group flag with flags {:#04x} in format version {version}", self.flags));
+        }
+        if !group && self.slot != 0 {
+            return Err(format!("slot {} outside a value group", self.slot));
+        }
+        Ok(())
     }
 }
 
@@ -232,8 +280,13 @@ pub struct LayerFileWriter {
     /// The name the header and the temporary file were written with.
     initial_name: LayerName,
     scratch: Vec<u8>,
-    /// One compression context for the whole file (creating one per value costs more than compressing).
+    /// One compression context per file for values (creating one per value
+    /// costs more than compressing), one for index blocks.
     compressor: zstd::bulk::Compressor<'static>,
+    index_compressor: zstd::bulk::Compressor<'static>,
+    /// An image layer's values not yet written: (key, LSN, flags) and the group.
+    pending: Vec<(Key, Lsn, u8)>,
+    group: GroupBuilder,
 }
 
 impl LayerFileWriter {
@@ -245,7 +298,9 @@ impl LayerFileWriter {
         let file = File::create(&path).map_err(failed("creating"))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(&encode_header(&name)).map_err(failed("writing"))?;
-        let compressor = zstd::bulk::Compressor::new(1).map_err(failed("compressing"))?;
+        let level = if name.kind == LayerKind::Image { IMAGE_LEVEL } else { DELTA_LEVEL };
+        let compressor = zstd::bulk::Compressor::new(level).map_err(failed("compressing"))?;
+        let index_compressor = zstd::bulk::Compressor::new(DELTA_LEVEL).map_err(failed("compressing"))?;
         Ok(LayerFileWriter {
             path,
             out,
@@ -257,6 +312,9 @@ impl LayerFileWriter {
             initial_name: name,
             scratch: Vec::new(),
             compressor,
+            index_compressor,
+            pending: Vec::new(),
+            group: GroupBuilder::default(),
         })
     }
 
@@ -283,73 +341,122 @@ impl LayerFileWriter {
         move |source| WriteError { op, path: self.path.clone(), source }
     }
 
-    /// Appends one version; keys and LSNs must not go backwards. An image
-    /// layer takes one base version per key, at its LSN.
-    pub fn put(&mut self, key: &Key, lsn: Lsn, value: &Value) -> Result<(), WriteError> {
+    fn refuse_image_version(&self, key: &Key, lsn: Lsn, base: bool) -> Result<(), WriteError> {
         if self.name.kind == LayerKind::Image
-            && (!value.is_base() || lsn != self.name.lsn_start || self.last.is_some_and(|(k, _)| k == *key))
+            && (!base || lsn != self.name.lsn_start || self.last.is_some_and(|(k, _)| k == *key))
         {
             let why = format!("an image layer holds one base version per key, at its LSN (key {key}, {lsn})");
             return Err(WriteError { op: "writing", path: self.path.clone(), source: std::io::Error::other(why) });
         }
+        Ok(())
+    }
+
+    /// Appends one version; keys and LSNs must not go backwards. An image
+    /// layer takes one base version per key, at its LSN.
+    pub fn put(&mut self, key: &Key, lsn: Lsn, value: &Value) -> Result<(), WriteError> {
+        self.refuse_image_version(key, lsn, value.is_base())?;
         debug_assert!(self.last.is_none_or(|l| l <= (*key, lsn)), "versions out of order");
         debug_assert!(*key >= self.name.key_start && *key < self.name.key_end);
         debug_assert!(lsn >= self.name.lsn_start && lsn < self.name.lsn_end);
         self.last = Some((*key, lsn));
-        self.scratch.clear();
-        value.encode(&mut self.scratch);
-        let mut flags = if value.is_base() { FLAG_BASE } else { 0 };
+        let mut encoded = std::mem::take(&mut self.scratch);
+        encoded.clear();
+        value.encode(&mut encoded);
+        let flags = if value.is_base() { FLAG_BASE } else { 0 };
+        let result = if self.name.kind == LayerKind::Image && encoded.len() < GROUP_BYTES {
+            self.pending.push((*key, lsn, flags));
+            self.group.push(&encoded);
+            if self.group.len() == GROUP_VALUES || self.group.bytes() >= GROUP_BYTES {
+                self.write_group()
+            } else {
+                Ok(())
+            }
+        } else {
+            // Entries stay in key order: a pending group goes first.
+            self.write_group().and_then(|()| self.write_single(*key, lsn, flags, &encoded))
+        };
+        self.scratch = encoded;
+        result
+    }
+
+    /// Writes one value on its own, compressed if that makes it smaller.
+    fn write_single(&mut self, key: Key, lsn: Lsn, mut flags: u8, encoded: &[u8]) -> Result<(), WriteError> {
         let compressed;
-        let stored: &[u8] = if self.scratch.len() >= COMPRESS_MIN {
-            compressed = self.compressor.compress(&self.scratch).map_err(self.failed("compressing"))?;
-            if compressed.len() < self.scratch.len() {
+        let stored: &[u8] = if encoded.len() >= COMPRESS_MIN {
+            compressed = self.compressor.compress(encoded).map_err(self.failed("compressing"))?;
+            if compressed.len() < encoded.len() {
                 flags |= FLAG_ZSTD;
                 &compressed
             } else {
-                &self.scratch
+                encoded
             }
         } else {
-            &self.scratch
+            encoded
         };
         self.out.write_all(stored).map_err(self.failed("writing"))?;
-        Entry { key: *key, lsn, offset: self.offset, len: stored.len() as u32, crc: crc32c::crc32c(stored), flags }
-            .encode(&mut self.index);
+        let crc = crc32c::crc32c(stored);
+        Entry { key, lsn, offset: self.offset, len: stored.len() as u32, crc, flags, slot: 0 }.encode(&mut self.index);
         self.offset += stored.len() as u64;
         self.count += 1;
+        Ok(())
+    }
+
+    /// Writes the pending values of an image layer as one compressed group
+    /// (a lone value on its own).
+    fn write_group(&mut self) -> Result<(), WriteError> {
+        if let Some(one) = self.group.single() {
+            let one = one.to_vec();
+            let (key, lsn, flags) = self.pending[0];
+            self.pending.clear();
+            self.group.take_payload();
+            return self.write_single(key, lsn, flags, &one);
+        }
+        if self.group.is_empty() {
+            return Ok(());
+        }
+        let payload = self.group.take_payload();
+        let stored = self.compressor.compress(&payload).map_err(self.failed("compressing"))?;
+        self.out.write_all(&stored).map_err(self.failed("writing"))?;
+        let crc = crc32c::crc32c(&stored);
+        for (slot, (key, lsn, flags)) in self.pending.drain(..).enumerate() {
+            let flags = flags | FLAG_GROUP;
+            Entry { key, lsn, offset: self.offset, len: stored.len() as u32, crc, flags, slot: slot as u8 }
+                .encode(&mut self.index);
+            self.count += 1;
+        }
+        self.offset += stored.len() as u64;
         Ok(())
     }
 
     /// Appends a version copied as stored from another layer file (no
     /// decompression); the same order rules as [`LayerFileWriter::put`].
     pub fn put_raw(&mut self, v: &RawVersion) -> Result<(), WriteError> {
-        let base = v.flags & FLAG_BASE != 0;
-        if self.name.kind == LayerKind::Image
-            && (!base || v.lsn != self.name.lsn_start || self.last.is_some_and(|(k, _)| k == v.key))
-        {
-            let why = format!("an image layer holds one base version per key, at its LSN (key {}, {})", v.key, v.lsn);
-            return Err(WriteError { op: "writing", path: self.path.clone(), source: std::io::Error::other(why) });
-        }
+        self.refuse_image_version(&v.key, v.lsn, v.is_base())?;
+        debug_assert!(v.flags & FLAG_GROUP == 0, "a scan hands out a group's values one by one");
         debug_assert!(self.last.is_none_or(|l| l <= (v.key, v.lsn)), "versions out of order");
         debug_assert!(v.key >= self.name.key_start && v.key < self.name.key_end);
         debug_assert!(v.lsn >= self.name.lsn_start && v.lsn < self.name.lsn_end);
+        self.write_group()?;
         self.last = Some((v.key, v.lsn));
         self.out.write_all(&v.bytes).map_err(self.failed("writing"))?;
         let crc = crc32c::crc32c(&v.bytes);
-        Entry { key: v.key, lsn: v.lsn, offset: self.offset, len: v.bytes.len() as u32, crc, flags: v.flags }
+        let flags = v.flags & (FLAG_ZSTD | FLAG_BASE);
+        Entry { key: v.key, lsn: v.lsn, offset: self.offset, len: v.bytes.len() as u32, crc, flags, slot: 0 }
             .encode(&mut self.index);
         self.offset += v.bytes.len() as u64;
         self.count += 1;
         Ok(())
     }
 
-    /// Bytes written so far (values only).
+    /// Bytes written so far (values only; a pending group by its size
+    /// before compression).
     pub fn written(&self) -> u64 {
-        self.offset
+        self.offset + self.group.bytes() as u64
     }
 
     /// Versions written so far.
     pub fn count(&self) -> u64 {
-        self.count
+        self.count + self.pending.len() as u64
     }
 
     /// Writes the index and footer, fsyncs (if asked) and renames the file to its final name.
@@ -365,13 +472,26 @@ impl LayerFileWriter {
     /// under its temporary name `<name>.tmp`, which it returns: the caller
     /// renames it once the metadata that lists it is durable.
     pub fn finish_unrenamed(mut self, fsync: bool) -> Result<PathBuf, WriteError> {
-        let index_offset = self.offset;
+        self.write_group()?;
         let index = std::mem::take(&mut self.index);
-        self.out.write_all(&index).map_err(self.failed("writing"))?;
+        debug_assert_eq!(index.len() as u64, self.count * ENTRY_SIZE as u64);
+        // The index as compressed blocks, then the table of the blocks.
+        let mut table = Vec::with_capacity(index.len().div_ceil(ENTRY_SIZE * ENTRIES_PER_BLOCK) * BLOCK_REF_SIZE);
+        for block in index.chunks(ENTRY_SIZE * ENTRIES_PER_BLOCK) {
+            let stored = self.index_compressor.compress(block).map_err(self.failed("compressing"))?;
+            debug_assert!(stored.len() as u32 <= MAX_STORED_BLOCK);
+            self.out.write_all(&stored).map_err(self.failed("writing"))?;
+            table.extend_from_slice(&self.offset.to_le_bytes());
+            table.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+            table.extend_from_slice(&crc32c::crc32c(&stored).to_le_bytes());
+            self.offset += stored.len() as u64;
+        }
+        let table_offset = self.offset;
+        self.out.write_all(&table).map_err(self.failed("writing"))?;
         let mut footer = Vec::with_capacity(FOOTER_SIZE);
-        footer.extend_from_slice(&index_offset.to_le_bytes());
+        footer.extend_from_slice(&table_offset.to_le_bytes());
         footer.extend_from_slice(&self.count.to_le_bytes());
-        footer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
+        footer.extend_from_slice(&crc32c::crc32c(&table).to_le_bytes());
         footer.extend_from_slice(&0u32.to_le_bytes());
         footer.extend_from_slice(self.name.kind.end_magic());
         self.out.write_all(&footer).map_err(self.failed("writing"))?;
@@ -425,15 +545,59 @@ pub trait Fetch: Send + Sync {
     fn fetch(&self, name: &LayerName, path: &Path, size: u64) -> Result<(), String>;
 }
 
+/// Where a layer file's index lies.
+enum IndexLayout {
+    /// Version 1: the entries, uncompressed, from this offset.
+    Plain { offset: u64 },
+    /// Version 2: compressed blocks of entries; (offset, stored length, CRC-32C) of each.
+    Blocks(Vec<(u64, u32, u32)>),
+}
+
 /// The part of a layer that exists only while its file is local: the
 /// descriptor, the index position, the summary and the key filter.
 struct Loaded {
     file: Source,
-    index_offset: u64,
+    index: IndexLayout,
     count: u64,
     /// First (key, LSN) of each index block.
     summary: Vec<(Key, Lsn)>,
     filter: super::bloom::KeyFilter,
+}
+
+impl Loaded {
+    /// The entries of index block `block` as stored uncompressed: a
+    /// version 2 block is checked against its CRC and its size.
+    fn index_block(&self, block: usize) -> Result<Vec<u8>, BlockError> {
+        let first = block * ENTRIES_PER_BLOCK;
+        let n = (self.count as usize).saturating_sub(first).min(ENTRIES_PER_BLOCK);
+        match &self.index {
+            IndexLayout::Plain { offset } => {
+                let mut buf = vec![0u8; n * ENTRY_SIZE];
+                self.file.read_exact_at(&mut buf, offset + (first * ENTRY_SIZE) as u64).map_err(BlockError::Io)?;
+                Ok(buf)
+            }
+            IndexLayout::Blocks(blocks) => {
+                let &(offset, len, crc) =
+                    blocks.get(block).ok_or_else(|| BlockError::Corrupt(format!("no index block {block}")))?;
+                if len > MAX_STORED_BLOCK {
+                    return Err(BlockError::Corrupt(format!("index block {block} of {len} bytes")));
+                }
+                let mut stored = vec![0u8; len as usize];
+                self.file.read_exact_at(&mut stored, offset).map_err(BlockError::Io)?;
+                if crc32c::crc32c(&stored) != crc {
+                    return Err(BlockError::Corrupt(format!("CRC mismatch in index block {block}")));
+                }
+                decompress(&stored, n * ENTRY_SIZE, true)
+                    .map_err(|e| BlockError::Corrupt(format!("index block {block}: {e}")))
+            }
+        }
+    }
+}
+
+/// Why an index block could not be had.
+enum BlockError {
+    Io(std::io::Error),
+    Corrupt(String),
 }
 
 /// A layer file of either kind. Holds only a sparse summary of its index
@@ -612,8 +776,8 @@ impl LayerFile {
             return Err(corrupt("header CRC mismatch".into()));
         }
         let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
-        if version != FORMAT_VERSION {
-            return Err(corrupt(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+        if !(1..=FORMAT_VERSION).contains(&version) {
+            return Err(corrupt(format!("format version {version}, this build reads 1 to {FORMAT_VERSION}")));
         }
         let k = 16;
         let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().expect("8 bytes"));
@@ -631,63 +795,106 @@ impl LayerFile {
             return Err(corrupt(format!("an image layer's LSN range is one LSN: {name}")));
         }
         let mut footer = [0u8; FOOTER_SIZE];
-        file.read_exact_at(&mut footer, file_size - FOOTER_SIZE as u64).map_err(io)?;
+        let footer_at = file_size - FOOTER_SIZE as u64;
+        file.read_exact_at(&mut footer, footer_at).map_err(io)?;
         if &footer[FOOTER_SIZE - 8..] != kind.end_magic() {
             return Err(corrupt("bad footer magic (incomplete file?)".into()));
         }
         let index_offset = u64::from_le_bytes(footer[0..8].try_into().expect("8 bytes"));
         let count = u64::from_le_bytes(footer[8..16].try_into().expect("8 bytes"));
         let index_crc = u32::from_le_bytes(footer[16..20].try_into().expect("4 bytes"));
-        let index_len = count.checked_mul(ENTRY_SIZE as u64).ok_or_else(|| corrupt("entry count overflows".into()))?;
-        if index_offset < HEADER_SIZE as u64
-            || index_offset.checked_add(index_len) != Some(file_size - FOOTER_SIZE as u64)
-        {
-            return Err(corrupt(format!("index at {index_offset} with {count} entries does not fit the file")));
-        }
-        // Stream the index once: check its CRC, its order and value bounds, and keep the summary.
-        let mut summary = Vec::with_capacity((count as usize).div_ceil(ENTRIES_PER_BLOCK));
-        let mut filter =
-            super::bloom::KeyFilter::with_capacity(usize::try_from(count).unwrap_or(usize::MAX).min(1 << 28));
+        let (values_end, index) = if version == 1 {
+            // The entries fill the space up to the footer; one CRC covers them.
+            let index_len =
+                count.checked_mul(ENTRY_SIZE as u64).ok_or_else(|| corrupt("entry count overflows".into()))?;
+            if index_offset < HEADER_SIZE as u64 || index_offset.checked_add(index_len) != Some(footer_at) {
+                return Err(corrupt(format!("index at {index_offset} with {count} entries does not fit the file")));
+            }
+            (index_offset, IndexLayout::Plain { offset: index_offset })
+        } else {
+            // The block table fills the space up to the footer; the blocks
+            // lie back to back before it, right after the values.
+            let table_len = count
+                .div_ceil(ENTRIES_PER_BLOCK as u64)
+                .checked_mul(BLOCK_REF_SIZE as u64)
+                .ok_or_else(|| corrupt("entry count overflows".into()))?;
+            if index_offset < HEADER_SIZE as u64 || index_offset.checked_add(table_len) != Some(footer_at) {
+                return Err(corrupt(format!(
+                    "block table at {index_offset} for {count} entries does not fit the file"
+                )));
+            }
+            let mut table = vec![0u8; table_len as usize];
+            file.read_exact_at(&mut table, index_offset).map_err(io)?;
+            if crc32c::crc32c(&table) != index_crc {
+                return Err(corrupt("block table CRC mismatch".into()));
+            }
+            let blocks: Vec<(u64, u32, u32)> = table
+                .chunks_exact(BLOCK_REF_SIZE)
+                .map(|b| {
+                    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+                    (u64::from_le_bytes(b[..8].try_into().expect("8 bytes")), u32_at(8), u32_at(12))
+                })
+                .collect();
+            let mut end = index_offset;
+            for (i, &(offset, len, _)) in blocks.iter().enumerate().rev() {
+                if offset.checked_add(u64::from(len)) != Some(end) || offset < HEADER_SIZE as u64 {
+                    return Err(corrupt(format!("index block {i} does not end where the next one starts")));
+                }
+                end = offset;
+            }
+            (end, IndexLayout::Blocks(blocks))
+        };
+        let mut loaded = Loaded {
+            file,
+            index,
+            count,
+            summary: Vec::with_capacity((count as usize).div_ceil(ENTRIES_PER_BLOCK).min(1 << 20)),
+            filter: super::bloom::KeyFilter::with_capacity(usize::try_from(count).unwrap_or(usize::MAX).min(1 << 28)),
+        };
+        // Stream the index once: check its CRCs, its order and value
+        // bounds, and keep the summary.
         let mut crc = 0u32;
-        let mut buf = vec![0u8; ENTRY_SIZE * ENTRIES_PER_BLOCK];
         let mut last: Option<(Key, Lsn)> = None;
         let mut done = 0u64;
+        let mut block = 0usize;
         while done < count {
-            let n = ((count - done) as usize).min(ENTRIES_PER_BLOCK);
-            let chunk = &mut buf[..n * ENTRY_SIZE];
-            file.read_exact_at(chunk, index_offset + done * ENTRY_SIZE as u64).map_err(io)?;
-            crc = crc32c::crc32c_append(crc, chunk);
+            let chunk = match loaded.index_block(block) {
+                Ok(c) => c,
+                Err(BlockError::Io(e)) => return Err(io(e)),
+                Err(BlockError::Corrupt(reason)) => return Err(corrupt(reason)),
+            };
+            crc = crc32c::crc32c_append(crc, &chunk);
             for (i, raw) in chunk.chunks_exact(ENTRY_SIZE).enumerate() {
+                let at = done + i as u64;
                 let e = Entry::decode(raw);
                 if last.is_some_and(|l| l > (e.key, e.lsn)) {
-                    return Err(corrupt(format!("index entry {} out of order", done + i as u64)));
+                    return Err(corrupt(format!("index entry {at} out of order")));
                 }
-                if e.offset < HEADER_SIZE as u64 || e.offset.saturating_add(u64::from(e.len)) > index_offset {
-                    return Err(corrupt(format!("value of index entry {} lies outside the values", done + i as u64)));
+                e.check_flags(version).map_err(|why| corrupt(format!("index entry {at}: {why}")))?;
+                if e.offset < HEADER_SIZE as u64 || e.offset.saturating_add(u64::from(e.len)) > values_end {
+                    return Err(corrupt(format!("value of index entry {at} lies outside the values")));
                 }
                 if e.key < name.key_start || e.key >= name.key_end || e.lsn < name.lsn_start || e.lsn >= name.lsn_end {
-                    return Err(corrupt(format!("index entry {} outside the layer's ranges", done + i as u64)));
+                    return Err(corrupt(format!("index entry {at} outside the layer's ranges")));
                 }
                 if kind == LayerKind::Image && (e.flags & FLAG_BASE == 0 || last.is_some_and(|(k, _)| k == e.key)) {
-                    return Err(corrupt(format!(
-                        "index entry {} of an image layer is not one base version",
-                        done + i as u64
-                    )));
+                    return Err(corrupt(format!("index entry {at} of an image layer is not one base version")));
                 }
                 if last.is_none_or(|(k, _)| k != e.key) {
-                    filter.insert(&e.key);
+                    loaded.filter.insert(&e.key);
                 }
                 last = Some((e.key, e.lsn));
                 if i == 0 {
-                    summary.push((e.key, e.lsn));
+                    loaded.summary.push((e.key, e.lsn));
                 }
             }
-            done += n as u64;
+            done += (chunk.len() / ENTRY_SIZE) as u64;
+            block += 1;
         }
-        if crc != index_crc {
+        if version == 1 && crc != index_crc {
             return Err(corrupt("index CRC mismatch".into()));
         }
-        Ok((name, Loaded { file, index_offset, count, summary, filter }))
+        Ok((name, loaded))
     }
 
     /// Marks the layer as no longer part of its timeline: its file is
@@ -710,16 +917,14 @@ impl LayerFile {
     }
 
     fn read_block(&self, l: &Loaded, block: usize) -> Result<Vec<Entry>, LayerError> {
-        let first = block * ENTRIES_PER_BLOCK;
-        let n = (l.count as usize - first).min(ENTRIES_PER_BLOCK);
-        let mut buf = vec![0u8; n * ENTRY_SIZE];
-        l.file
-            .read_exact_at(&mut buf, l.index_offset + (first * ENTRY_SIZE) as u64)
-            .map_err(|source| LayerError::Io { path: self.path.display().to_string(), source })?;
-        Ok(buf.chunks_exact(ENTRY_SIZE).map(Entry::decode).collect())
+        match l.index_block(block) {
+            Ok(buf) => Ok(buf.chunks_exact(ENTRY_SIZE).map(Entry::decode).collect()),
+            Err(BlockError::Io(source)) => Err(LayerError::Io { path: self.path.display().to_string(), source }),
+            Err(BlockError::Corrupt(reason)) => Err(self.corrupt(reason)),
+        }
     }
 
-    /// The stored bytes of a value, checked against their CRC.
+    /// The stored bytes of a value (or of its group), checked against their CRC.
     fn read_stored(&self, l: &Loaded, e: &Entry) -> Result<Vec<u8>, LayerError> {
         if e.len > MAX_VALUE {
             return Err(self.corrupt(format!("value of {} bytes at offset {}", e.len, e.offset)));
@@ -734,13 +939,34 @@ impl LayerFile {
         Ok(buf)
     }
 
-    fn read_value(&self, l: &Loaded, e: &Entry) -> Result<Value, LayerError> {
+    /// The group an entry's value belongs to (`FLAG_GROUP`).
+    fn read_group(&self, l: &Loaded, e: &Entry) -> Result<Group, LayerError> {
+        let stored = self.read_stored(l, e)?;
+        decompress(&stored, super::group::MAX_PAYLOAD, false)
+            .map_err(|err| err.to_string())
+            .and_then(Group::decode)
+            .map_err(|err| self.corrupt(format!("value group at offset {}: {err}", e.offset)))
+    }
+
+    /// A value's encoding, uncompressed.
+    fn read_encoded(&self, l: &Loaded, e: &Entry) -> Result<Vec<u8>, LayerError> {
+        if e.flags & FLAG_GROUP != 0 {
+            let group = self.read_group(l, e)?;
+            let value =
+                group.get(e.slot).map_err(|err| self.corrupt(format!("group at offset {}: {err}", e.offset)))?;
+            return Ok(value.to_vec());
+        }
         let buf = self.read_stored(l, e)?;
-        let raw = if e.flags & FLAG_ZSTD != 0 {
-            decompress(&buf).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))?
+        if e.flags & FLAG_ZSTD != 0 {
+            decompress(&buf, MAX_VALUE as usize, false)
+                .map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))
         } else {
-            buf
-        };
+            Ok(buf)
+        }
+    }
+
+    fn read_value(&self, l: &Loaded, e: &Entry) -> Result<Value, LayerError> {
+        let raw = self.read_encoded(l, e)?;
         Value::decode(&raw).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))
     }
 
@@ -802,18 +1028,19 @@ impl LayerFile {
     /// Every version in key, then LSN order, as stored (each checked
     /// against its CRC): the input of compaction.
     pub fn scan(&self) -> Scan<'_> {
-        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: true }
+        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: true, group: None }
     }
 
     /// Every (key, LSN) in order, from the index alone.
     pub fn scan_keys(&self) -> Scan<'_> {
-        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: false }
+        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: false, group: None }
     }
 
     /// Decodes a version read by [`LayerFile::scan`].
     pub fn decode_raw(&self, v: &RawVersion) -> Result<Value, LayerError> {
         let raw = if v.flags & FLAG_ZSTD != 0 {
-            decompress(&v.bytes).map_err(|err| self.corrupt(format!("value of key {} at {}: {err}", v.key, v.lsn)))?
+            decompress(&v.bytes, MAX_VALUE as usize, false)
+                .map_err(|err| self.corrupt(format!("value of key {} at {}: {err}", v.key, v.lsn)))?
         } else {
             v.bytes.clone()
         };
@@ -843,7 +1070,8 @@ impl Drop for LayerFile {
     }
 }
 
-/// A version as a layer file stores it: possibly compressed, with its flags.
+/// A version as a layer file stores it: possibly compressed, with its
+/// flags. A value of a group comes out on its own, uncompressed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawVersion {
     pub key: Key,
@@ -868,6 +1096,8 @@ pub struct Scan<'a> {
     entries: Vec<Entry>,
     next: usize,
     values: bool,
+    /// The last value group read (by its offset): its values come in a row.
+    group: Option<(u64, Group)>,
 }
 
 impl Iterator for Scan<'_> {
@@ -902,9 +1132,23 @@ impl Iterator for Scan<'_> {
         let e = self.entries[self.next];
         self.next += 1;
         if !self.values {
-            return Some(Ok(RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes: Vec::new() }));
+            let flags = e.flags & FLAG_BASE;
+            return Some(Ok(RawVersion { key: e.key, lsn: e.lsn, flags, bytes: Vec::new() }));
         }
-        Some(self.layer.read_stored(&l, &e).map(|bytes| RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes }))
+        if e.flags & FLAG_GROUP == 0 {
+            let read = self.layer.read_stored(&l, &e);
+            return Some(read.map(|bytes| RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes }));
+        }
+        if self.group.as_ref().is_none_or(|(offset, _)| *offset != e.offset) {
+            match self.layer.read_group(&l, &e) {
+                Ok(g) => self.group = Some((e.offset, g)),
+                Err(err) => return Some(Err(err)),
+            }
+        }
+        let (_, group) = self.group.as_ref().expect("read above");
+        let value = group.get(e.slot).map_err(|err| self.layer.corrupt(format!("group at offset {}: {err}", e.offset)));
+        let flags = e.flags & FLAG_BASE;
+        Some(value.map(|v| RawVersion { key: e.key, lsn: e.lsn, flags, bytes: v.to_vec() }))
     }
 }
 
@@ -1066,6 +1310,86 @@ mod tests {
         ] {
             assert!(bad.parse::<LayerName>().is_err(), "{bad}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A page like PostgreSQL's: mostly shared structure, a few bytes of its own.
+    fn heap_like_page(n: u32) -> Value {
+        let mut p = vec![0u8; 8192];
+        for (i, chunk) in p.chunks_mut(64).enumerate() {
+            chunk[..4].copy_from_slice(&(n * 128 + i as u32).to_le_bytes());
+            chunk[4..].fill(b' ');
+        }
+        Value::Image(Bytes::from(p))
+    }
+
+    #[test]
+    fn image_layers_store_groups_of_values_and_read_each_alone() {
+        let dir = std::env::temp_dir().join(format!("strata-image-groups-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = Lsn(0x500);
+        let n = 1000u32;
+        let mut w = LayerFileWriter::new(&dir, LayerName::image(key(0), key(n + 1), at)).unwrap();
+        for i in 0..n {
+            // A value too large for a group now and then: stored alone, in key order.
+            let v = if i % 300 == 7 {
+                Value::Image(Bytes::from(vec![i as u8; GROUP_BYTES + 1]))
+            } else {
+                heap_like_page(i)
+            };
+            w.put(&key(i), at, &v).unwrap();
+        }
+        assert_eq!(w.count(), u64::from(n));
+        let path = w.finish(false).unwrap();
+        // Each page alone at level 1 is what format version 1 stored.
+        let mut alone = zstd::bulk::Compressor::new(1).unwrap();
+        let single: usize = (0..n)
+            .filter(|i| i % 300 != 7)
+            .map(|i| {
+                let mut enc = Vec::new();
+                heap_like_page(i).encode(&mut enc);
+                alone.compress(&enc).unwrap().len() + ENTRY_SIZE
+            })
+            .sum();
+        let size = std::fs::metadata(&path).unwrap().len() as usize;
+        assert!(size * 10 < single * 8, "grouped {size} bytes against {single} page by page");
+
+        let files = FileCache::new(4, Default::default());
+        let layer = LayerFile::open(&path, &files).unwrap();
+        for i in [0u32, 1, 6, 7, 8, 15, 16, 17, 307, 500, 999] {
+            let mut out = Versions::default();
+            assert!(layer.collect(&key(i), at, &mut out).unwrap());
+            let expected = if i % 300 == 7 {
+                Value::Image(Bytes::from(vec![i as u8; GROUP_BYTES + 1]))
+            } else {
+                heap_like_page(i)
+            };
+            assert_eq!(out.list, vec![(at, expected)], "key {i}");
+        }
+        // A scan hands out every value on its own, uncompressed, in order.
+        let mut seen = 0u32;
+        for v in layer.scan() {
+            let v = v.unwrap();
+            assert_eq!(v.key, key(seen));
+            assert_eq!(v.flags & (FLAG_GROUP | FLAG_ZSTD), if seen % 300 == 7 { FLAG_ZSTD } else { 0 });
+            if seen % 300 != 7 {
+                assert_eq!(layer.decode_raw(&v).unwrap(), heap_like_page(seen));
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, n);
+
+        // Damage in the first group fails the reads of its values only, naming the file.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER_SIZE + 10] ^= 0xff;
+        let layer = LayerFile::from_bytes(Path::new("damaged.image"), bytes).unwrap();
+        for i in 0..7 {
+            let err = layer.collect(&key(i), at, &mut Versions::default()).unwrap_err().to_string();
+            assert!(err.contains("damaged.image") && err.contains("CRC"), "{err}");
+        }
+        assert!(layer.collect(&key(8), at, &mut Versions::default()).is_ok());
+        assert!(layer.scan().any(|v| v.is_err()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

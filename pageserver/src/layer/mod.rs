@@ -5,6 +5,7 @@
 
 pub mod bloom;
 pub mod files;
+pub mod group;
 pub mod inmemory;
 pub mod layer_file;
 pub mod map;
