@@ -84,3 +84,48 @@ pub(super) async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::attachments::Attachment;
+    use bytes::Bytes;
+    use strata_remote_storage::RemoteStorageConfig;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deletions_of_a_generation_that_is_not_current_are_dropped() {
+        let dir = std::env::temp_dir().join(format!("strata-deletion-queue-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let storage = RemoteStorage::new(&RemoteStorageConfig::Local { path: dir.join("store") }).unwrap();
+        for key in ["old/a", "old/b", "new/c"] {
+            storage.put(key, Bytes::from_static(b"x")).await.unwrap();
+        }
+        let tenant: TenantId = "0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
+        let other: TenantId = "1f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
+        let attachments = dir.join("attachments.json");
+        let file = Attachments {
+            format_version: 1,
+            tenants: std::collections::BTreeMap::from([(tenant, Attachment { generation: 2 })]),
+        };
+        std::fs::write(&attachments, file.encode()).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (tx, rx) = mpsc::channel(8);
+        let queue = tokio::spawn(run(rx, storage.clone(), attachments, metrics.clone()));
+        // Generation 1 is stale, the other tenant is not attached at all; generation 2 is current.
+        let batch = |tenant, generation, keys: &[&str]| DeletionBatch {
+            tenant,
+            generation,
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        };
+        tx.send(batch(tenant, 1, &["old/a", "old/b"])).await.unwrap();
+        tx.send(batch(other, 2, &["old/a"])).await.unwrap();
+        tx.send(batch(tenant, 2, &["new/c"])).await.unwrap();
+        drop(tx);
+        queue.await.unwrap();
+        assert!(storage.get("old/a").await.is_ok() && storage.get("old/b").await.is_ok());
+        assert!(storage.get("new/c").await.is_err(), "the current generation's deletion happened");
+        assert_eq!(metrics.remote_deletions_refused.get(), 3);
+        assert_eq!(metrics.remote_deletions.get(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -64,6 +64,9 @@ struct SyncState {
     /// Index objects of older generations: deleted once ours is uploaded.
     older_indexes: Vec<String>,
     last_error: Option<String>,
+    /// Why uploads stopped for good: the attachment file no longer names
+    /// this generation, so a newer attachment owns the tenant.
+    superseded: Option<String>,
 }
 
 /// An index found in remote storage, with the older ones beside it.
@@ -99,6 +102,8 @@ pub struct RemoteTimeline {
     /// Only the newest upload loop runs (a timeline re-read from disk starts a new one).
     loop_id: AtomicU64,
     stopped: AtomicBool,
+    /// Set once a newer generation owns the tenant (see `SyncState::superseded`).
+    superseded: Arc<AtomicBool>,
 }
 
 impl RemoteTimeline {
@@ -129,6 +134,7 @@ impl RemoteTimeline {
             consistent: watch::Sender::new(consistent),
             loop_id: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
+            superseded: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -213,11 +219,17 @@ impl RemoteTimeline {
     pub fn wait_uploaded(&self, lsn: Lsn, timeout: Duration) -> Result<(), String> {
         let mut rx = self.consistent.subscribe();
         self.wake();
+        let superseded = self.superseded.clone();
         let reached = self
             .remote
-            .block_on(async move { tokio::time::timeout(timeout, rx.wait_for(|l| *l >= lsn)).await.is_ok() })
+            .block_on(async move {
+                let done = |l: &Lsn| *l >= lsn || superseded.load(Ordering::SeqCst);
+                tokio::time::timeout(timeout, rx.wait_for(done)).await.is_ok()
+            })
             .map_err(|e| e.to_string())?;
-        if reached {
+        if let Some(why) = self.state.lock().superseded.clone() {
+            Err(why)
+        } else if reached {
             Ok(())
         } else {
             let err = self.state.lock().last_error.clone();
@@ -263,6 +275,18 @@ impl RemoteTimeline {
                 }
                 t.metadata()
             };
+            if let Some(why) = self.superseded_by().await {
+                warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{why}");
+                {
+                    let mut state = self.state.lock();
+                    state.last_error = Some(why.clone());
+                    state.superseded = Some(why);
+                }
+                self.superseded.store(true, Ordering::SeqCst);
+                // Waiters for an upload learn that none will come.
+                self.consistent.send_modify(|_| {});
+                return;
+            }
             match self.sync(&meta).await {
                 Ok(()) => {
                     backoff.reset();
@@ -281,6 +305,30 @@ impl RemoteTimeline {
                     tokio::time::sleep(delay).await;
                     self.wake();
                 }
+            }
+        }
+    }
+
+    /// Why this attachment may no longer upload, if so: the attachment file
+    /// names another generation, or not the tenant at all. Uploads of a
+    /// stale generation would be harmless (the new attachment never reads
+    /// them) but endless. An unreadable file says nothing: uploads go on.
+    async fn superseded_by(&self) -> Option<String> {
+        let remote = self.remote.clone();
+        let tenant = self.tenant_id;
+        let current = tokio::task::spawn_blocking(move || remote.generation(tenant)).await.ok()?;
+        let ours = self.generation;
+        match current {
+            Ok(Some(g)) if g == ours => None,
+            Ok(Some(g)) => Some(format!(
+                "generation {ours} is no longer current (the attachment file names generation {g}): uploads stopped"
+            )),
+            Ok(None) => Some(format!(
+                "the attachment file no longer lists the tenant (generation {ours} was ours): uploads stopped"
+            )),
+            Err(e) => {
+                warn!(tenant = %self.tenant_id, "reading the attachment file: {e}; uploading anyway");
+                None
             }
         }
     }
