@@ -135,7 +135,9 @@ def main() -> int:
             # The fresh database: loaded, compacted and imaged.
             while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < fresh_lsn:
                 time.sleep(0.05)
-            code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true", timeout=3600)
+            # Every measurement runs with nothing being uploaded (uploads of
+            # the files just written would compete with the reads).
+            code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true&upload_timeout=3600", timeout=7200)
             assert code == 200, st
             pagebench(strata_bin, target, 1, 1, 1)
             fresh = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
@@ -155,7 +157,7 @@ def main() -> int:
             while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
                 time.sleep(0.05)
             wal = metric(http_text(f"{http}/metrics"), "wal_bytes_ingested_total") - wal0
-            code, st = http_json("POST", f"{tl_url}/checkpoint", timeout=600)
+            code, st = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=3600", timeout=7200)
             assert code == 200, st
             results["workload"] = {"pgbench_seconds": pgbench_s, "tps": tps, "wal_mb": wal / 1e6,
                                    "ingest_mb_per_s": wal / 1e6 / pgbench_s, "pg_data_bytes": pg_bytes}
@@ -175,6 +177,8 @@ def main() -> int:
                                      "input_mb_per_s": read / 1e6 / compact_s,
                                      "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers",
                                                                    "layer_bytes")}}
+            code, _ = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=3600", timeout=7200)
+            assert code == 200
             pagebench(strata_bin, target, 1, 1, 1)
             after = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
 
