@@ -9,12 +9,16 @@ use strata_service::config::{
     check_duration, check_open_files, check_range, load_toml, seconds, ConfigError, ConfigLoadError,
 };
 
-/// A peer safekeeper (for peer recovery).
+/// A peer safekeeper (for peer recovery and the choice of the offloader).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Peer {
     pub id: NodeId,
     /// Its protocol address (`host:port`).
     pub address: String,
+    /// Its HTTP address (`host:port`), polled for its positions; a peer
+    /// without one never counts as live for the choice of the offloader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
 }
 
 /// Everything a safekeeper process needs; written by `strata init`.
@@ -56,6 +60,9 @@ pub struct SafekeeperConfig {
     /// Longest a new connection may take to send its greeting (or startup packet).
     #[serde(default = "default_handshake_timeout", with = "seconds")]
     pub handshake_timeout: Duration,
+    /// Object storage that completed WAL segments are offloaded to (none: no offload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
 }
 
 fn default_true() -> bool {

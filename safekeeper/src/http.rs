@@ -4,6 +4,7 @@
 //! - `GET  /v1/tenant/{tenant}/timeline/{timeline}` — one timeline's state
 //! - `POST /v1/tenant/{tenant}/timeline/{timeline}` — create a timeline:
 //!   `{"system_id": u64, "pg_version": 15, "wal_segment_size": u32, "start_lsn": "X/X"}`
+//! - `GET  /v1/positions` — flush, commit and offloaded LSN of every timeline (polled by peers)
 //! - `GET  /metrics` — Prometheus text format
 
 use std::sync::Arc;
@@ -37,6 +38,7 @@ fn error(status: StatusCode, message: String) -> Response {
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
+        .route("/v1/positions", get(positions))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status).post(create_timeline))
         .route("/metrics", get(metrics))
         .with_state(shared)
@@ -53,6 +55,27 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
         "unloadable": shared.timelines.unloadable(),
     }))
     .into_response()
+}
+
+async fn positions(State(shared): State<Arc<Shared>>) -> Response {
+    let all: Vec<crate::peers::TimelinePositions> = shared
+        .timelines
+        .all()
+        .iter()
+        // A failed timeline is not held for the choice of the offloader.
+        .filter(|t| t.failure().is_none())
+        .map(|t| {
+            let p = t.positions();
+            crate::peers::TimelinePositions {
+                tenant_id: t.identity.tenant_id,
+                timeline_id: t.identity.timeline_id,
+                flush_lsn: p.flush_lsn,
+                commit_lsn: p.commit_lsn,
+                offloaded_lsn: t.offload.lock().offloaded_lsn,
+            }
+        })
+        .collect();
+    Json(all).into_response()
 }
 
 fn parse_ids(tenant: &str, timeline: &str) -> Result<(TenantId, TimelineId), Box<Response>> {

@@ -12,6 +12,8 @@ pub mod healing;
 pub mod http;
 pub mod memory;
 pub mod metrics;
+pub mod offload;
+pub mod peers;
 pub mod pg_server;
 pub mod proposer_session;
 pub mod recovery;
@@ -83,11 +85,19 @@ pub async fn serve(
     );
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
-    let shared = Arc::new(server::Shared { config, timelines, metrics, next_connection_id: AtomicU64::new(1) });
+    let shared = Arc::new(server::Shared {
+        config,
+        timelines,
+        metrics,
+        next_connection_id: AtomicU64::new(1),
+        peers: Default::default(),
+    });
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(server::serve(protocol, shared.clone()));
     tasks.spawn(recovery::run(shared.clone()));
     tasks.spawn(healing::run(shared.clone()));
+    tasks.spawn(peers::run(shared.clone()));
+    tasks.spawn(offload::run(shared.clone()));
     if let Some(pg) = pg {
         tasks.spawn(pg_server::serve(pg, shared.clone()));
     }

@@ -23,6 +23,9 @@ pub struct Metrics {
     pub timelines_failed: Gauge,
     pub timeline_failures: Counter,
     pub timeline_reloads: Counter,
+    pub segments_offloaded: Counter,
+    pub offload_bytes: Counter,
+    pub offload_errors: Counter,
     listeners: ListenerMetrics,
 }
 
@@ -43,6 +46,9 @@ impl Metrics {
             timelines_failed: Gauge::default(),
             timeline_failures: Counter::default(),
             timeline_reloads: Counter::default(),
+            segments_offloaded: Counter::default(),
+            offload_bytes: Counter::default(),
+            offload_errors: Counter::default(),
             listeners: ListenerMetrics::default(),
             registry: Registry::default(),
         };
@@ -63,6 +69,17 @@ impl Metrics {
         );
         registry.register("timeline_failures", "Times a timeline stopped accepting", m.timeline_failures.clone());
         registry.register("timeline_reloads", "Failed timelines re-read from disk", m.timeline_reloads.clone());
+        registry.register(
+            "segments_offloaded",
+            "WAL segments uploaded to object storage",
+            m.segments_offloaded.clone(),
+        );
+        registry.register("offload_bytes", "WAL bytes uploaded to object storage", m.offload_bytes.clone());
+        registry.register(
+            "offload_errors",
+            "Failed rounds of WAL offload (retried a second later)",
+            m.offload_errors.clone(),
+        );
         let listeners = ListenerMetrics::register(&mut registry);
         Metrics { registry, listeners, ..m }
     }

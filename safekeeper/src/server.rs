@@ -37,6 +37,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Numbers consumer connections (their key in a timeline's consumer list).
     pub next_connection_id: AtomicU64,
+    /// The peers' positions, as they last answered.
+    pub peers: crate::peers::PeerViews,
 }
 
 /// The answer to a connection refused because the listener is full: an

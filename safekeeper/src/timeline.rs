@@ -88,6 +88,8 @@ pub struct Timeline {
     positions: tokio::sync::watch::Sender<Positions>,
     pub consumers: Mutex<HashMap<u64, ConsumerInfo>>,
     last_persist: Mutex<Instant>,
+    /// What of the WAL is in object storage (see `offload`).
+    pub offload: Mutex<crate::offload::OffloadState>,
 }
 
 /// Directory of a timeline under the data directory.
@@ -178,6 +180,7 @@ impl Timeline {
             positions: tokio::sync::watch::channel(positions).0,
             consumers: Mutex::new(HashMap::new()),
             last_persist: Mutex::new(Instant::now()),
+            offload: Mutex::new(Default::default()),
         }))
     }
 
@@ -381,6 +384,7 @@ impl Timeline {
             "commit_lsn": p.commit_lsn,
             "truncate_lsn": state.truncate_lsn,
             "consumers": self.consumers.lock().values().cloned().collect::<Vec<_>>(),
+            "offload": self.offload.lock().clone(),
             // The latest failure, current or recovered from.
             "last_error": self.last_failure.lock().as_ref().map(|f| f.reason.clone()),
             "failure": failure,

@@ -351,7 +351,13 @@ pub fn init(args: &InitArgs) -> Result<()> {
         let name = format!("sk{}", i + 1);
         let peers: Vec<_> = (0..n)
             .filter(|&j| j != i)
-            .map(|j| serde_json::json!({ "id": j + 1, "address": format!("{HOST}:{}", sk_port(j, 0)) }))
+            .map(|j| {
+                serde_json::json!({
+                    "id": j + 1,
+                    "address": format!("{HOST}:{}", sk_port(j, 0)),
+                    "http": format!("{HOST}:{}", sk_port(j, 1)),
+                })
+            })
             .collect();
         let config: strata_safekeeper::config::SafekeeperConfig = service_config(
             serde_json::json!({
@@ -361,6 +367,8 @@ pub fn init(args: &InitArgs) -> Result<()> {
                 "listen_pg": format!("{HOST}:{}", sk_port(i, 2)),
                 "data_dir": root.join(&name).join("data"),
                 "peers": peers,
+                // Completed WAL segments go to the same object storage as the layers.
+                "remote_storage": { "type": "local", "path": root.join(REMOTE_STORAGE_DIR) },
             }),
             "safekeeper",
         )?;

@@ -64,7 +64,7 @@ fn storage_of(wd: &Workdir, s: &super::layout::Service) -> (Option<std::path::Pa
             Err(_) => (None, None),
         },
         Kind::Safekeeper => match strata_safekeeper::config::SafekeeperConfig::load(&path) {
-            Ok(c) => (Some(c.data_dir), None),
+            Ok(c) => (Some(c.data_dir), c.remote_storage.map(|r| r.describe())),
             Err(_) => (None, None),
         },
     }

@@ -1,0 +1,347 @@
+//! WAL offload: completed, committed segments of every timeline go to
+//! object storage, byte for byte as the safekeepers hold them (the
+//! consistency bit left as is), each followed by a small metadata object
+//! with its checksum. Layout and format: `docs/safekeeper.md`, "WAL in
+//! object storage".
+//!
+//! One safekeeper offloads a timeline: of the live members that hold it
+//! (this one and the peers that answered lately, see `peers`), the one with
+//! the lowest node id. It uploads each segment once it holds it whole and
+//! knows it committed. When it dies, the others stop seeing it within
+//! `peers::LIVE_FOR` and the next one takes over. (Choosing by positions
+//! as well would make the choice flap: peers' positions are up to a second
+//! old while the WAL moves on.) Committed WAL is the same on every safekeeper, and a
+//! segment's object name is fixed, so two members that briefly both think
+//! they offload (a stale view) write the same bytes to the same names:
+//! nothing is duplicated, nothing is lost.
+//!
+//! A segment counts as offloaded only once its metadata object exists and
+//! matches it, so a crash between the two uploads leaves a segment that
+//! the next offloader simply uploads again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_formats::wal::segment::SegmentName;
+use strata_formats::Lsn;
+use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_remote_storage::RemoteStorage;
+use tracing::{info, warn};
+
+use crate::server::Shared;
+use crate::timeline::Timeline;
+use crate::wal_store::segment_path;
+
+/// Version of the metadata object format.
+pub const FORMAT_VERSION: u32 = 1;
+/// PostgreSQL timeline id of the segments (as on the safekeepers' disks).
+const PG_TIMELINE: u32 = 1;
+/// How often every timeline is looked at.
+const TICK: Duration = Duration::from_secs(1);
+/// Most segments one timeline offloads per tick (others get their turn).
+const SEGMENTS_PER_TICK: usize = 8;
+/// Longest one upload attempt may take (16 MiB even over a slow link).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The object-name prefix of a timeline's WAL.
+pub fn timeline_prefix(tenant: TenantId, timeline: TimelineId) -> String {
+    format!("wal/{tenant}/{timeline}")
+}
+
+/// The object name of a segment (its PostgreSQL file name under the prefix).
+pub fn segment_key(tenant: TenantId, timeline: TimelineId, segno: u64, segment_size: u64) -> String {
+    let name = SegmentName { timeline: PG_TIMELINE, segment_number: segno }.file_name(segment_size);
+    format!("{}/{name}", timeline_prefix(tenant, timeline))
+}
+
+/// The object name of a segment's metadata.
+pub fn meta_key(tenant: TenantId, timeline: TimelineId, segno: u64, segment_size: u64) -> String {
+    format!("{}.json", segment_key(tenant, timeline, segno, segment_size))
+}
+
+/// The metadata object of an offloaded segment (format version 1).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentMeta {
+    pub format_version: u32,
+    pub segment_size: u64,
+    /// The segment covers `[start_lsn, end_lsn)`.
+    pub start_lsn: Lsn,
+    pub end_lsn: Lsn,
+    /// CRC-32C of the segment object's bytes.
+    pub crc32c: u32,
+    /// The safekeeper that uploaded it.
+    pub uploaded_by: NodeId,
+}
+
+impl SegmentMeta {
+    /// Decodes and checks a metadata object.
+    pub fn decode(bytes: &[u8]) -> Result<SegmentMeta, String> {
+        let m: SegmentMeta = serde_json::from_slice(bytes).map_err(|e| format!("malformed segment metadata: {e}"))?;
+        if m.format_version != FORMAT_VERSION {
+            return Err(format!(
+                "segment metadata format version {}, this build reads {FORMAT_VERSION}",
+                m.format_version
+            ));
+        }
+        let size_ok = m.segment_size.is_power_of_two() && (1 << 20..=1 << 30).contains(&m.segment_size);
+        if !size_ok
+            || !m.start_lsn.0.is_multiple_of(m.segment_size)
+            || m.end_lsn.0.checked_sub(m.start_lsn.0) != Some(m.segment_size)
+        {
+            return Err(format!(
+                "segment metadata covers [{}, {}) with segments of {} bytes",
+                m.start_lsn, m.end_lsn, m.segment_size
+            ));
+        }
+        Ok(m)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("plain data serializes")
+    }
+}
+
+/// A timeline's offload, as this safekeeper knows it (for the status).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct OffloadState {
+    /// End of the unbroken run of offloaded segments from the timeline's
+    /// first one (0 until object storage was listed).
+    pub offloaded_lsn: Lsn,
+    /// Who offloads the next segment, as seen from here (none while no
+    /// member holds it committed).
+    pub offloader: Option<NodeId>,
+    pub last_error: Option<String>,
+    /// Whether object storage was listed since the timeline was loaded.
+    #[serde(skip)]
+    listed: bool,
+}
+
+/// Offloads the WAL of every timeline, forever (returns at once without object storage).
+pub async fn run(shared: Arc<Shared>) {
+    let Some(cfg) = &shared.config.remote_storage else { return };
+    let storage = match RemoteStorage::new(cfg) {
+        // One attempt per tick: the tick is the retry, and errors show at once.
+        Ok(s) => s.with_retries(UPLOAD_TIMEOUT, 1, Duration::from_millis(100), Duration::from_secs(1)),
+        Err(e) => {
+            tracing::error!("WAL offload is off: {e}");
+            return;
+        }
+    };
+    info!(storage = %storage.describe(), "offloading completed WAL segments");
+    loop {
+        tokio::time::sleep(TICK).await;
+        // Until every peer was asked once, a live one with a lower id looks
+        // dead, and this one would offload what that one does.
+        if !shared.peers.all_asked(&shared.config.peers) {
+            continue;
+        }
+        for tl in shared.timelines.all() {
+            if tl.failure().is_some() {
+                continue;
+            }
+            let result = offload_timeline(&shared, &storage, &tl).await;
+            let mut state = tl.offload.lock();
+            match result {
+                Ok(()) => state.last_error = None,
+                Err(e) => {
+                    shared.metrics.offload_errors.inc();
+                    if state.last_error.as_ref() != Some(&e) {
+                        warn!(tenant = %tl.identity.tenant_id, timeline = %tl.identity.timeline_id, "offloading WAL: {e}");
+                    }
+                    state.last_error = Some(e);
+                }
+            }
+        }
+    }
+}
+
+/// Offloads what this safekeeper is to offload of one timeline now.
+async fn offload_timeline(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Timeline>) -> Result<(), String> {
+    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+    let segment_size = u64::from(tl.identity.wal_segment_size);
+    let first = tl.start_lsn.0 / segment_size;
+    if !tl.offload.lock().listed {
+        let done = offloaded_in_storage(storage, tenant, timeline, first, segment_size).await?;
+        let mut state = tl.offload.lock();
+        state.offloaded_lsn = state.offloaded_lsn.max(done);
+        state.listed = true;
+    }
+    let me = shared.config.id;
+    for _ in 0..SEGMENTS_PER_TICK {
+        let peers = shared.peers.live(tenant, timeline);
+        let mut offloaded = tl.offload.lock().offloaded_lsn;
+        // What a live peer offloaded is in object storage (it uploaded it or saw it there).
+        for (_, p) in &peers {
+            if p.offloaded_lsn > offloaded && p.offloaded_lsn.0.is_multiple_of(segment_size) {
+                offloaded = p.offloaded_lsn;
+            }
+        }
+        let segno = (offloaded.0 / segment_size).max(first);
+        let end = Lsn((segno + 1) * segment_size);
+        let offloader = peers.iter().map(|(id, _)| *id).chain([me]).min_by_key(|id| id.0);
+        {
+            let mut state = tl.offload.lock();
+            state.offloaded_lsn = offloaded;
+            state.offloader = offloader;
+        }
+        let mine = tl.positions();
+        if offloader != Some(me) || mine.flush_lsn < end || mine.commit_lsn < end {
+            return Ok(());
+        }
+        upload_segment(shared, storage, tl, segno, segment_size).await?;
+        let mut state = tl.offload.lock();
+        state.offloaded_lsn = state.offloaded_lsn.max(end);
+    }
+    Ok(())
+}
+
+/// Uploads segment `segno`, then its metadata.
+async fn upload_segment(
+    shared: &Shared,
+    storage: &RemoteStorage,
+    tl: &Arc<Timeline>,
+    segno: u64,
+    segment_size: u64,
+) -> Result<(), String> {
+    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+    let path = segment_path(&tl.dir, segno, segment_size);
+    let bytes = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || std::fs::read(path)).await.map_err(|e| e.to_string())?
+    }
+    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    if bytes.len() as u64 != segment_size {
+        return Err(format!("{} has {} bytes, not a whole segment of {segment_size}", path.display(), bytes.len()));
+    }
+    let mut bytes = bytes;
+    fill_headers_before_start(&mut bytes, tl, segno, segment_size)?;
+    let start = Lsn(segno * segment_size);
+    let meta = SegmentMeta {
+        format_version: FORMAT_VERSION,
+        segment_size,
+        start_lsn: start,
+        end_lsn: Lsn(start.0 + segment_size),
+        crc32c: crc32c::crc32c(&bytes),
+        uploaded_by: shared.config.id,
+    };
+    storage
+        .put(&segment_key(tenant, timeline, segno, segment_size), Bytes::from(bytes))
+        .await
+        .map_err(|e| e.to_string())?;
+    storage
+        .put(&meta_key(tenant, timeline, segno, segment_size), Bytes::from(meta.encode()))
+        .await
+        .map_err(|e| e.to_string())?;
+    shared.metrics.segments_offloaded.inc();
+    shared.metrics.offload_bytes.inc_by(segment_size);
+    info!(%tenant, %timeline, segment = segno, end = %meta.end_lsn, "offloaded a WAL segment");
+    Ok(())
+}
+
+/// The first segment of a timeline that starts inside it holds nothing
+/// before the start (no safekeeper ever received it). Stock readers check
+/// the segment's long page header and the header of the page they start
+/// in, so those pages get headers with no record data: PostgreSQL can then
+/// begin replay at the timeline's start (as from its checkpoint), and
+/// `pg_waldump` from any page boundary after it.
+fn fill_headers_before_start(bytes: &mut [u8], tl: &Timeline, segno: u64, segment_size: u64) -> Result<(), String> {
+    use strata_formats::version::XLOG_BLCKSZ;
+    use strata_formats::wal::page::{LongHeaderFields, PageHeader, XLP_LONG_HEADER};
+    let seg_start = segno * segment_size;
+    let start = tl.start_lsn.0;
+    if start <= seg_start || start >= seg_start + segment_size {
+        return Ok(());
+    }
+    let magic = match tl.identity.pg_version {
+        15 => strata_formats::PgVersion::V15.wal_page_magic(),
+        v => return Err(format!("PostgreSQL {v} is not supported")),
+    };
+    let page = XLOG_BLCKSZ as u64;
+    let mut at = seg_start;
+    // Every page that begins before the start (the start's own page too,
+    // unless the start is its first byte: then the WAL holds its header).
+    while at < start {
+        let off = (at - seg_start) as usize;
+        let long = at == seg_start;
+        let header = PageHeader {
+            magic,
+            info: if long { XLP_LONG_HEADER } else { 0 },
+            timeline: PG_TIMELINE,
+            page_address: Lsn(at),
+            remaining_length: 0,
+            long: long.then_some(LongHeaderFields {
+                system_id: tl.identity.system_id,
+                segment_size: segment_size as u32,
+                block_size: XLOG_BLCKSZ as u32,
+            }),
+        };
+        let end = off + header.size();
+        // Never over WAL the safekeepers hold: only zeros before the start.
+        if (at + header.size() as u64) <= start && bytes[off..end].iter().all(|b| *b == 0) {
+            header.encode(&mut bytes[off..end]);
+        }
+        at += page;
+    }
+    Ok(())
+}
+
+/// End of the unbroken run of segments from `first` on that object storage
+/// holds with their metadata (`Lsn(0)` if none).
+async fn offloaded_in_storage(
+    storage: &RemoteStorage,
+    tenant: TenantId,
+    timeline: TimelineId,
+    first: u64,
+    segment_size: u64,
+) -> Result<Lsn, String> {
+    let objects = storage.list(&timeline_prefix(tenant, timeline)).await.map_err(|e| e.to_string())?;
+    let mut with_meta: Vec<u64> = objects
+        .iter()
+        .filter_map(|o| o.key.rsplit('/').next()?.strip_suffix(".json").map(str::to_string))
+        .filter_map(|name| SegmentName::parse(&name, segment_size))
+        .filter(|s| s.timeline == PG_TIMELINE)
+        .map(|s| s.segment_number)
+        .collect();
+    with_meta.sort_unstable();
+    let mut next = first;
+    for segno in with_meta.into_iter().filter(|s| *s >= first) {
+        if segno != next {
+            break;
+        }
+        next += 1;
+    }
+    Ok(if next == first { Lsn(0) } else { Lsn(next * segment_size) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_metadata_round_trips_and_bad_ranges_are_refused() {
+        let m = SegmentMeta {
+            format_version: 1,
+            segment_size: 16 << 20,
+            start_lsn: Lsn(0x0100_0000),
+            end_lsn: Lsn(0x0200_0000),
+            crc32c: 0xDEAD_BEEF,
+            uploaded_by: NodeId(2),
+        };
+        assert_eq!(SegmentMeta::decode(&m.encode()).unwrap(), m);
+        for bad in [
+            SegmentMeta { format_version: 2, ..m.clone() },
+            SegmentMeta { end_lsn: Lsn(0x0300_0000), ..m.clone() },
+            SegmentMeta { start_lsn: Lsn(0x0100_0001), end_lsn: Lsn(0x0200_0001), ..m.clone() },
+            SegmentMeta { segment_size: 3 << 20, ..m.clone() },
+        ] {
+            assert!(SegmentMeta::decode(&bad.encode()).is_err(), "{bad:?}");
+        }
+        assert!(SegmentMeta::decode(b"{}").is_err());
+        assert_eq!(
+            segment_key(TenantId([1; 16]), TimelineId([2; 16]), 2, 16 << 20),
+            "wal/01010101010101010101010101010101/02020202020202020202020202020202/000000010000000000000002"
+        );
+    }
+}

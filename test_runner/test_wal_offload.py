@@ -1,0 +1,135 @@
+"""WAL offload, through the CLI's cluster: completed, committed segments go
+to object storage once each (the safekeeper with the lowest id among the
+live ones that hold them uploads them), each with a metadata object whose
+CRC-32C matches; `pg_waldump` reads the offloaded segments; and when the
+offloader is killed with -9 under pgbench another safekeeper takes over
+with no segment missing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import crc32c
+
+from fixtures.cluster import wait_until
+from fixtures.strata import format_lsn, parse_lsn
+from test_pageserver import current_lsn, start_endpoint
+
+SEGMENT = 16 << 20
+SAFEKEEPERS = ("sk1", "sk2", "sk3")
+
+
+def sk_timeline(cluster, name: str) -> dict:
+    code, st = cluster.http(name, "GET", cluster.timeline_path())
+    assert code == 200, st
+    return st
+
+
+def wal_dir(cluster) -> Path:
+    return cluster.workdir / "remote_storage" / "wal" / cluster.cluster_toml["tenant_id"] / cluster.timeline_id()
+
+
+def check_offloaded(cluster, upto: int) -> dict[int, int]:
+    """Every segment below `upto` is in object storage once, whole, with
+    metadata that matches it; returns the uploader of each segment."""
+    root = wal_dir(cluster)
+    metas = sorted(p for p in root.iterdir() if p.name.endswith(".json"))
+    segnos = [int(p.name[8:16], 16) * (0x100000000 // SEGMENT) + int(p.name[16:24], 16) for p in metas]
+    assert segnos == list(range(segnos[0], segnos[0] + len(segnos))), f"a segment is missing: {segnos}"
+    assert (segnos[-1] + 1) * SEGMENT >= upto, (segnos, upto)
+    uploaders = {}
+    for segno, meta_path in zip(segnos, metas):
+        meta = json.loads(meta_path.read_text())
+        data = (root / meta_path.name.removesuffix(".json")).read_bytes()
+        assert len(data) == SEGMENT == meta["segment_size"], meta_path.name
+        assert crc32c.crc32c(data) == meta["crc32c"], f"{meta_path.name}: CRC mismatch"
+        assert parse_lsn(meta["start_lsn"]) == segno * SEGMENT and meta["format_version"] == 1, meta
+        uploaders[segno] = meta["uploaded_by"]
+    return uploaders
+
+
+def offloaded_lsns(cluster, names=SAFEKEEPERS) -> dict[str, int]:
+    return {n: parse_lsn(sk_timeline(cluster, n)["offload"]["offloaded_lsn"]) for n in names}
+
+
+def test_completed_segments_are_offloaded_once_and_pg_waldump_reads_them(cluster, pg_bin_dir, tmp_path):
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "4", "-q"], timeout=300)
+    with ep.connect() as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("CREATE TABLE after_switch AS SELECT 1 AS x")
+        end = current_lsn(conn)
+    segment_end = end // SEGMENT * SEGMENT
+    assert segment_end >= 3 * SEGMENT, format_lsn(end)
+
+    # Every safekeeper learns what sk1 offloaded (from its peers), up to the
+    # last completed segment.
+    def all_offloaded():
+        lsns = offloaded_lsns(cluster)
+        return lsns if min(lsns.values()) >= segment_end else None
+
+    lsns = wait_until("segments offloaded", all_offloaded, timeout=120)
+    statuses = {n: sk_timeline(cluster, n)["offload"] for n in SAFEKEEPERS}
+    print("\noffloaded:", {n: format_lsn(v) for n, v in lsns.items()})
+    uploaders = check_offloaded(cluster, segment_end)
+    assert set(uploaders.values()) == {1}, uploaders
+    m = {n: cluster.metrics(n) for n in SAFEKEEPERS}
+    assert m["sk1"]["strata_safekeeper_segments_offloaded_total"] >= len(uploaders)
+    assert m["sk2"]["strata_safekeeper_segments_offloaded_total"] == 0, "a segment was uploaded twice"
+    assert m["sk3"]["strata_safekeeper_segments_offloaded_total"] == 0, "a segment was uploaded twice"
+    assert all(s["last_error"] is None for s in statuses.values()), statuses
+
+    # Stock pg_waldump decodes the offloaded WAL as it is.
+    copy = tmp_path / "offloaded"
+    copy.mkdir()
+    for p in wal_dir(cluster).iterdir():
+        if not p.name.endswith(".json"):
+            shutil.copy(p, copy / p.name)
+    # From the first page boundary after the timeline's start: the WAL
+    # before the start is on no safekeeper (docs/safekeeper.md).
+    start = (parse_lsn(sk_timeline(cluster, "sk1")["timeline_start_lsn"]) // 8192 + 1) * 8192
+    dump = subprocess.run([str(pg_bin_dir / "pg_waldump"), "-p", str(copy), "-s", format_lsn(start),
+                           "-e", format_lsn(segment_end), "--stats"], capture_output=True, text=True, timeout=120)
+    assert dump.returncode == 0, dump.stderr[-2000:]
+    total = next(line for line in dump.stdout.splitlines() if line.startswith("Total"))
+    print("pg_waldump:", total)
+    assert int(total.split()[1]) > 1000, total
+
+
+def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    with ep.connect() as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("SELECT txid_current()")
+    wait_until("sk1 offloads", lambda: sk_timeline(cluster, "sk1")["offload"]["offloaded_lsn"] != "0/0", timeout=120)
+
+    bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "40"])
+    try:
+        before = offloaded_lsns(cluster, ("sk1",))["sk1"]
+        cluster.kill9("sk1", supervisor=True)  # stays down
+        # sk2 takes over within a few seconds and goes on offloading.
+        def sk2_offloads():
+            st = sk_timeline(cluster, "sk2")["offload"]
+            return st if st["offloader"] == 2 and parse_lsn(st["offloaded_lsn"]) >= before + 2 * SEGMENT else None
+
+        took_over = wait_until("sk2 offloads", sk2_offloads, timeout=120)
+        print("\nafter the offloader died:", took_over)
+        assert bench.wait(timeout=120) == 0
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    with ep.connect() as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("SELECT txid_current()")
+        end = current_lsn(conn) // SEGMENT * SEGMENT
+    wait_until("the rest offloaded", lambda: offloaded_lsns(cluster, ("sk2", "sk3"))["sk3"] >= end, timeout=120)
+    uploaders = check_offloaded(cluster, end)
+    assert {1, 2} <= set(uploaders.values()) <= {1, 2}, uploaders
+    # sk1 comes back, learns what was offloaded meanwhile, and uploads nothing twice.
+    cluster.start()
+    wait_until("sk1 caught up", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
+    assert check_offloaded(cluster, end) == uploaders
