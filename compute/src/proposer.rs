@@ -506,7 +506,12 @@ impl Core {
             (true, None) => Some(Instant::now()),
             (true, since) => since,
         };
-        let truncate = self.links.iter().filter_map(|l| l.flush).min().unwrap_or(Lsn::INVALID);
+        // Held by every acceptor: unknown while one has not answered since
+        // this proposer started (safekeepers remove WAL below it).
+        let truncate = match self.links.iter().map(|l| l.flush).collect::<Option<Vec<Lsn>>>() {
+            Some(flushes) => flushes.into_iter().min().unwrap_or(Lsn::INVALID),
+            None => Lsn::INVALID,
+        };
         for (i, at, msgs) in sends {
             for (from, to) in msgs {
                 let wal = self.buffer.as_ref().expect("checked").slice(from, to);

@@ -72,6 +72,7 @@ async fn positions(State(shared): State<Arc<Shared>>) -> Response {
                 flush_lsn: p.flush_lsn,
                 commit_lsn: p.commit_lsn,
                 offloaded_lsn: t.offload.lock().offloaded_lsn,
+                remote_consistent_lsn: t.remote_consistent.get(),
             }
         })
         .collect();

@@ -17,6 +17,7 @@ pub mod peers;
 pub mod pg_server;
 pub mod proposer_session;
 pub mod recovery;
+pub mod removal;
 pub mod server;
 pub mod timeline;
 pub mod timelines;
@@ -98,6 +99,7 @@ pub async fn serve(
     tasks.spawn(healing::run(shared.clone()));
     tasks.spawn(peers::run(shared.clone()));
     tasks.spawn(offload::run(shared.clone()));
+    tasks.spawn(removal::run(shared.clone()));
     if let Some(pg) = pg {
         tasks.spawn(pg_server::serve(pg, shared.clone()));
     }

@@ -26,6 +26,8 @@ pub struct Metrics {
     pub segments_offloaded: Counter,
     pub offload_bytes: Counter,
     pub offload_errors: Counter,
+    pub segments_removed: Counter,
+    pub local_wal_bytes: Gauge,
     listeners: ListenerMetrics,
 }
 
@@ -49,6 +51,8 @@ impl Metrics {
             segments_offloaded: Counter::default(),
             offload_bytes: Counter::default(),
             offload_errors: Counter::default(),
+            segments_removed: Counter::default(),
+            local_wal_bytes: Gauge::default(),
             listeners: ListenerMetrics::default(),
             registry: Registry::default(),
         };
@@ -80,6 +84,8 @@ impl Metrics {
             "Failed rounds of WAL offload (retried a second later)",
             m.offload_errors.clone(),
         );
+        registry.register("segments_removed", "Local WAL segments removed", m.segments_removed.clone());
+        registry.register("local_wal_bytes", "Bytes of WAL segments held on local disk", m.local_wal_bytes.clone());
         let listeners = ListenerMetrics::register(&mut registry);
         Metrics { registry, listeners, ..m }
     }

@@ -34,6 +34,10 @@ pub struct TimelinePositions {
     pub commit_lsn: Lsn,
     /// End of the WAL this safekeeper knows to be in object storage.
     pub offloaded_lsn: Lsn,
+    /// The highest `remote_consistent_lsn` the pageserver reported to it
+    /// (the pageserver streams from one safekeeper; the others learn it here).
+    #[serde(default)]
+    pub remote_consistent_lsn: Lsn,
 }
 
 /// The last answer of one peer.

@@ -247,6 +247,12 @@ async fn consumer(
         );
         return stream_error(&mut w, ErrorCode::NotFound, msg).await;
     }
+    let held_from = timeline.removal.lock().removed_before;
+    if start.start_lsn < held_from {
+        let msg =
+            format!("start {} lies in WAL this safekeeper removed; it holds the WAL from {held_from}", start.start_lsn);
+        return stream_error(&mut w, ErrorCode::WalRemoved, msg).await;
+    }
     shared.metrics.consumer_connections.inc();
     timeline.consumers.lock().insert(
         id,
@@ -339,6 +345,7 @@ async fn consumer_loop(
                             c.applied_lsn = f.applied_lsn;
                             c.remote_consistent_lsn = f.remote_consistent_lsn;
                         }
+                        timeline.remote_consistent.note(f.remote_consistent_lsn);
                     }
                     Ok(ConsumerMessage::Start(_)) => {
                         return stream_error(w, ErrorCode::Protocol, "stream already started".into()).await;

@@ -90,6 +90,10 @@ pub struct Timeline {
     last_persist: Mutex<Instant>,
     /// What of the WAL is in object storage (see `offload`).
     pub offload: Mutex<crate::offload::OffloadState>,
+    /// The highest `remote_consistent_lsn` a consumer reported.
+    pub remote_consistent: crate::removal::RemoteConsistent,
+    /// Where the WAL held begins and why (see `removal`).
+    pub removal: Mutex<crate::removal::RemovalState>,
 }
 
 /// Directory of a timeline under the data directory.
@@ -166,6 +170,8 @@ impl Timeline {
         let identity = state.identity.to_identity();
         let start_lsn = state.timeline_start_lsn;
         let acceptor = Self::open_acceptor(&dir, node_id, state, control, no_sync, None)?;
+        let removal =
+            crate::removal::RemovalState { removed_before: acceptor.wal().removed_before(), ..Default::default() };
         let positions = Self::positions_of(&acceptor);
         Ok(Arc::new(Timeline {
             identity,
@@ -181,6 +187,8 @@ impl Timeline {
             consumers: Mutex::new(HashMap::new()),
             last_persist: Mutex::new(Instant::now()),
             offload: Mutex::new(Default::default()),
+            remote_consistent: Default::default(),
+            removal: Mutex::new(removal),
         }))
     }
 
@@ -385,6 +393,8 @@ impl Timeline {
             "truncate_lsn": state.truncate_lsn,
             "consumers": self.consumers.lock().values().cloned().collect::<Vec<_>>(),
             "offload": self.offload.lock().clone(),
+            "removal": self.removal.lock().clone(),
+            "remote_consistent_lsn": self.remote_consistent.get(),
             // The latest failure, current or recovered from.
             "last_error": self.last_failure.lock().as_ref().map(|f| f.reason.clone()),
             "failure": failure,

@@ -44,6 +44,8 @@ pub struct SegmentStore {
     no_sync: bool,
     /// Set by a failed fsync: the store refuses everything from then on.
     poisoned: Option<StorageError>,
+    /// The WAL below this was removed (see `removal`): its segments are gone.
+    removed_before: Lsn,
 }
 
 /// Path of segment `segno` of the timeline stored in `dir`.
@@ -78,8 +80,20 @@ impl SegmentStore {
             dir_dirty: false,
             no_sync,
             poisoned: None,
+            removed_before: start,
         };
-        let end = store.find_end_of_wal(hint.max(start))?;
+        // Segments removed before a restart: the first one on disk says where the WAL now begins.
+        let first_on_disk = strata_formats::wal::segment::list_segments(dir)
+            .map_err(|e| io_err("listing", dir, e))?
+            .iter()
+            .filter_map(|p| p.file_name()?.to_str())
+            .filter_map(|n| SegmentName::parse(n, segment_size))
+            .map(|s| s.segment_number)
+            .min();
+        if let Some(first) = first_on_disk {
+            store.removed_before = Lsn(first * segment_size).max(start);
+        }
+        let end = store.find_end_of_wal(hint.max(store.removed_before))?;
         store.write_lsn = end;
         store.flush_lsn = end;
         // Whatever follows the last complete record is garbage from a torn write.
@@ -182,6 +196,10 @@ impl SegmentStore {
     /// Reads durable-or-written WAL `[from, from + buf.len())`; returns bytes read
     /// (short at the end of the written WAL).
     pub fn read(&mut self, from: Lsn, buf: &mut [u8]) -> Result<usize, StorageError> {
+        if from < self.removed_before && from >= self.start {
+            let why = format!("WAL at {from} was removed (this safekeeper holds it from {})", self.removed_before);
+            return Err(StorageError::other("reading", &self.dir, why));
+        }
         if from < self.start || from >= self.write_lsn {
             return Ok(0);
         }
@@ -229,6 +247,39 @@ impl SegmentStore {
 
     pub fn start_lsn(&self) -> Lsn {
         self.start
+    }
+
+    /// Where the WAL held now begins: the timeline's start, or the first
+    /// segment not removed.
+    pub fn removed_before(&self) -> Lsn {
+        self.removed_before
+    }
+
+    /// Removes every segment that ends at or below `lsn` (which must not
+    /// pass the flushed WAL); returns how many files went. The directory is
+    /// synced with the next flush: a segment that comes back after a crash
+    /// is removed again.
+    pub fn remove_before(&mut self, lsn: Lsn) -> Result<u64, StorageError> {
+        self.check_usable()?;
+        debug_assert!(lsn <= self.flush_lsn, "removing WAL that is not flushed");
+        let end = lsn.0.min(self.flush_lsn.0) / self.segment_size;
+        let first = self.removed_before.0 / self.segment_size;
+        let mut removed = 0;
+        for segno in first..end {
+            self.open.remove(&segno);
+            self.dirty.retain(|s| *s != segno);
+            let path = self.segment_path(segno);
+            match fs::remove_file(&path) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("removing", &path, e)),
+            }
+        }
+        if end > first {
+            self.removed_before = Lsn(end * self.segment_size);
+            self.dir_dirty = true;
+        }
+        Ok(removed)
     }
 }
 

@@ -334,6 +334,7 @@ fn error_code(code: u16) -> Option<ErrorCode> {
         6 => ErrorCode::Storage,
         7 => ErrorCode::Internal,
         8 => ErrorCode::Overloaded,
+        9 => ErrorCode::WalRemoved,
         _ => return None,
     })
 }
@@ -878,7 +879,9 @@ mod tests {
         let frame = [tag::STREAM_ERROR, 8, 0, 0, 0, 0, 0];
         assert!(decode_stream(&frame).is_ok(), "Overloaded");
         let frame = [tag::STREAM_ERROR, 9, 0, 0, 0, 0, 0];
-        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 9, .. })));
+        assert!(decode_stream(&frame).is_ok(), "WalRemoved");
+        let frame = [tag::STREAM_ERROR, 10, 0, 0, 0, 0, 0];
+        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 10, .. })));
         let frame = [tag::STREAM_ERROR, 0, 0, 0, 0, 0, 0];
         assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 0, .. })));
 

@@ -161,6 +161,9 @@ pub enum ErrorCode {
     Internal = 7,
     /// Too many connections: refused before the greeting was read; retry later.
     Overloaded = 8,
+    /// The start of a stream lies in WAL this safekeeper removed (it is in
+    /// object storage, or on peers); the message says where the WAL held begins.
+    WalRemoved = 9,
 }
 
 /// First message of a consumer connection (pageserver, peer recovery,

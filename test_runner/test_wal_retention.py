@@ -1,21 +1,30 @@
-"""WAL offload, through the CLI's cluster: completed, committed segments go
-to object storage once each (the safekeeper with the lowest id among the
-live ones that hold them uploads them), each with a metadata object whose
-CRC-32C matches; `pg_waldump` reads the offloaded segments; and when the
-offloader is killed with -9 under pgbench another safekeeper takes over
-with no segment missing."""
+"""WAL retention on the safekeepers, through the CLI's cluster.
+
+Offload: completed, committed segments go to object storage once each (the
+safekeeper with the lowest id among the live ones that hold them uploads
+them), each with a metadata object whose CRC-32C matches; `pg_waldump`
+reads the offloaded segments; when the offloader is killed with -9 under
+pgbench another safekeeper takes over with no segment missing.
+
+Removal: under pgbench each safekeeper's local WAL stays bounded (segments
+go once offloaded, below the pageserver's remote_consistent_lsn and held by
+every safekeeper), every removal is logged with its LSNs, and every
+acknowledged commit is still there after the whole cluster restarts."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import crc32c
 
+from fixtures.checks import assert_pgbench_invariants, pgbench_state
 from fixtures.cluster import wait_until
 from fixtures.strata import format_lsn, parse_lsn
+from test_compaction import configure_pageserver
 from test_pageserver import current_lsn, start_endpoint
 
 SEGMENT = 16 << 20
@@ -133,3 +142,79 @@ def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
     cluster.start()
     wait_until("sk1 caught up", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
     assert check_offloaded(cluster, end) == uploaders
+
+
+def local_segments(cluster, name: str) -> list[str]:
+    d = cluster.data_dir(name) / cluster.cluster_toml["tenant_id"] / cluster.timeline_id()
+    return sorted(p.name for p in d.iterdir() if len(p.name) == 24)
+
+
+def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(cluster_factory):
+    cluster = cluster_factory(start=False)
+    # Small in-memory layers: the pageserver uploads (and so reports) often.
+    configure_pageserver(cluster, {"checkpoint_distance": 8 << 20})
+    cluster.start()
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "4", "-q"], timeout=300)
+    with ep.connect() as conn:
+        start = current_lsn(conn)
+
+    # pgbench (acknowledged commits to check later) beside bulk writes (WAL volume).
+    bench = ep.popen(["pgbench", "-n", "-c", "2", "-T", "600"])
+    peak = {n: 0 for n in SAFEKEEPERS}
+
+    def sample():
+        for n in SAFEKEEPERS:
+            peak[n] = max(peak[n], int(sk_timeline(cluster, n)["removal"]["local_wal_bytes"]),
+                          len(local_segments(cluster, n)) * SEGMENT)
+
+    try:
+        with ep.connect() as conn:
+            while current_lsn(conn) - start < 400 << 20:
+                conn.execute("CREATE TABLE bulk AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 100000) g")
+                conn.execute("DROP TABLE bulk")
+                sample()
+                # The pageserver keeps up: the next batch waits for its ingest.
+                lsn = current_lsn(conn)
+                wait_until("the pageserver caught up", lambda: parse_lsn(
+                    cluster.http("pageserver", "GET", cluster.timeline_path())[1]["last_record_lsn"]) >= lsn,
+                    timeout=120)
+                sample()
+        bench.terminate()
+        bench.wait(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    with ep.connect() as conn:
+        end = current_lsn(conn)
+        before = pgbench_state(conn)
+    written = end - start
+    # Everything flushed and uploaded: the horizon reaches the last segment boundary.
+    cluster.run("timeline", "checkpoint", timeout=600)
+    boundary = end // SEGMENT * SEGMENT
+
+    def removed_everywhere():
+        st = {n: sk_timeline(cluster, n)["removal"] for n in SAFEKEEPERS}
+        return st if all(parse_lsn(s["removed_before"]) >= boundary - SEGMENT for s in st.values()) else None
+
+    st = wait_until("WAL removed on every safekeeper", removed_everywhere, timeout=120)
+    print(f"\nWAL written under pgbench: {written / 2**20:.0f} MiB; peak local WAL per safekeeper (MiB):",
+          {n: p // 2**20 for n, p in peak.items()}, "; now:", {n: s["local_wal_bytes"] // 2**20 for n, s in st.items()})
+    for n in SAFEKEEPERS:
+        files = local_segments(cluster, n)
+        assert len(files) <= 3, f"{n} still holds {files}"
+        assert peak[n] <= 160 << 20, f"{n} held {peak[n]} bytes of the {written} written under load"
+        assert cluster.metrics(n)["strata_safekeeper_segments_removed_total"] > 0
+        log = cluster.log(n)
+        assert "removed WAL segments" in log and "remote_consistent" in log and "offloaded_lsn" in log
+        assert st[n]["held_back_by"], st[n]
+
+    # Restart everything: every acknowledged commit is there.
+    ep.stop()
+    cluster.stop()
+    cluster.start()
+    ep.start()
+    with ep.connect() as conn:
+        after = pgbench_state(conn)
+    assert after == before, (before, after)
+    assert_pgbench_invariants(after, 4)

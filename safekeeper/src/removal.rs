@@ -1,0 +1,133 @@
+//! WAL removal: a safekeeper deletes a local segment once nobody can need
+//! it from this disk. The horizon of a timeline is the lowest of
+//!
+//! - the pageserver's `remote_consistent_lsn` (the highest it reported, to
+//!   this safekeeper or to a live peer): object storage holds layers with
+//!   every change below it;
+//! - the truncate LSN the proposer sends: every safekeeper has flushed the
+//!   WAL below it, so no peer recovers it from here;
+//! - with object storage, the offloaded LSN: the WAL below it is in object
+//!   storage;
+//! - the flush LSN the control file records: a restart finds the end of
+//!   the WAL by reading from there, so that segment stays.
+//!
+//! Only whole segments below the horizon go. Every removal is logged with
+//! the LSNs that allowed it, and the status names what holds the horizon
+//! back.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_formats::Lsn;
+use tracing::{info, warn};
+
+use crate::server::Shared;
+use crate::timeline::Timeline;
+
+/// How often every timeline is looked at.
+const TICK: Duration = Duration::from_secs(1);
+
+/// A timeline's removal, for the status.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RemovalState {
+    /// The WAL held begins here.
+    pub removed_before: Lsn,
+    /// Segments wholly below this may go.
+    pub horizon: Lsn,
+    /// Which input sets the horizon.
+    pub held_back_by: &'static str,
+    /// Bytes of the segment files held.
+    pub local_wal_bytes: u64,
+    /// Segments removed since the safekeeper started.
+    pub segments_removed: u64,
+}
+
+/// The highest `remote_consistent_lsn` a consumer reported for a timeline.
+#[derive(Default)]
+pub struct RemoteConsistent(AtomicU64);
+
+impl RemoteConsistent {
+    pub fn note(&self, lsn: Lsn) {
+        self.0.fetch_max(lsn.0, Ordering::SeqCst);
+    }
+
+    pub fn get(&self) -> Lsn {
+        Lsn(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// Removes what every timeline no longer needs, forever.
+pub async fn run(shared: Arc<Shared>) {
+    loop {
+        tokio::time::sleep(TICK).await;
+        let mut local = 0;
+        for tl in shared.timelines.all() {
+            if tl.failure().is_some() {
+                continue;
+            }
+            match tokio::task::block_in_place(|| remove(&shared, &tl)) {
+                Ok(bytes) => local += bytes,
+                Err(e) => {
+                    warn!(tenant = %tl.identity.tenant_id, timeline = %tl.identity.timeline_id, "removing WAL: {e}")
+                }
+            }
+        }
+        shared.metrics.local_wal_bytes.set(local as i64);
+    }
+}
+
+/// One timeline: moves its horizon, removes the segments below it;
+/// returns the bytes of segments held.
+fn remove(shared: &Shared, tl: &Timeline) -> Result<u64, String> {
+    let segment_size = u64::from(tl.identity.wal_segment_size);
+    let (truncate, hint, flush, removed_before) = tl
+        .with_acceptor(|a| {
+            let s = a.state();
+            Ok((s.truncate_lsn, s.flush_lsn_hint, a.flush_lsn(), a.wal().removed_before()))
+        })
+        .map_err(|e| e.to_string())?;
+    // The pageserver reports to the safekeeper it streams from; the others learn it from their peers.
+    for (_, p) in shared.peers.live(tl.identity.tenant_id, tl.identity.timeline_id) {
+        tl.remote_consistent.note(p.remote_consistent_lsn);
+    }
+    let remote_consistent = tl.remote_consistent.get();
+    let offloaded = tl.offload.lock().offloaded_lsn;
+    let mut inputs = vec![
+        ("the pageserver's remote_consistent_lsn", remote_consistent),
+        ("a peer's flush LSN (the truncate LSN)", truncate),
+        ("the flush LSN in the control file", hint),
+    ];
+    if shared.config.remote_storage.is_some() {
+        inputs.push(("the offload", offloaded));
+    }
+    let (held_back_by, horizon) = inputs.iter().copied().min_by_key(|(_, lsn)| *lsn).expect("not empty");
+    let horizon = Lsn(horizon.0.min(flush.0) / segment_size * segment_size);
+    let mut removed = 0;
+    let mut now_before = removed_before;
+    if horizon > removed_before {
+        removed =
+            tl.with_acceptor(|a| Ok(a.wal_mut().remove_before(horizon))).map_err(|e| e.to_string())?.map_err(|e| {
+                // A removal that failed is retried a second later; it does not fail the timeline.
+                e.to_string()
+            })?;
+        now_before = horizon;
+        if removed > 0 {
+            shared.metrics.segments_removed.inc_by(removed);
+            info!(
+                tenant = %tl.identity.tenant_id, timeline = %tl.identity.timeline_id, segments = removed,
+                from = %removed_before, to = %horizon, %remote_consistent, truncate_lsn = %truncate,
+                offloaded_lsn = %offloaded, flush_lsn_hint = %hint, "removed WAL segments"
+            );
+        }
+    }
+    let first = now_before.0 / segment_size;
+    let local = (flush.0.div_ceil(segment_size).max(first + 1) - first) * segment_size;
+    let mut state = tl.removal.lock();
+    state.removed_before = now_before;
+    state.horizon = horizon;
+    state.held_back_by = held_back_by;
+    state.local_wal_bytes = local;
+    state.segments_removed += removed;
+    Ok(local)
+}
