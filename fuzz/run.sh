@@ -38,6 +38,8 @@ seed_hex seed-page-server "04\
 # Pageserver seeds: the layer file vectors (selector 6) and a timeline metadata file (5).
 [ -f corpus/decoders/seed-layer ] || { printf "\\x06" > corpus/decoders/seed-layer; cat ../pageserver/tests/data/layer-v1.delta >> corpus/decoders/seed-layer; }
 [ -f corpus/decoders/seed-image-layer ] || { printf "\\x06" > corpus/decoders/seed-image-layer; cat ../pageserver/tests/data/layer-v1.image >> corpus/decoders/seed-image-layer; }
+# Safekeeper seeds (selector 8): offloaded segment metadata.
+[ -f corpus/decoders/seed-segment-meta ] || printf '\x08{"format_version":1,"segment_size":16777216,"start_lsn":"0/1000000","end_lsn":"0/2000000","crc32c":1,"wal_start_lsn":"0/1500780","uploaded_by":1}' > corpus/decoders/seed-segment-meta
 for v in layer-v2.delta layer-v2.image; do
     [ -f "corpus/decoders/seed-$v" ] || { printf "\\x06" > "corpus/decoders/seed-$v"; cat "../pageserver/tests/data/$v" >> "corpus/decoders/seed-$v"; }
 done

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import crc32c
 
-from fixtures.checks import assert_pgbench_invariants, pgbench_state
+from fixtures.checks import assert_pgbench_invariants, dump_all, pgbench_state, split_sequences
 from fixtures.cluster import wait_until
 from fixtures.strata import format_lsn, parse_lsn
 from test_compaction import configure_pageserver
@@ -218,3 +218,51 @@ def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(clus
         after = pgbench_state(conn)
     assert after == before, (before, after)
     assert_pgbench_invariants(after, 4)
+
+
+def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster, pg_bin_dir, strata_bin, tmp_path):
+    """A stock PostgreSQL restored from a pg_basebackup of the compute (no
+    WAL in it) and `strata wal restore` as its restore_command reaches the
+    same pg_dumpall as the compute."""
+    import os
+    import pwd
+
+    from fixtures.pg import SERVER_USER, PgCluster, is_root
+
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    stock = PgCluster(pg_bin_dir, tmp_path / "stock", traverse_root=tmp_path)
+    ep.run(["pg_basebackup", "-D", str(stock.pgdata), "-X", "none", "-c", "fast", "--no-sync"], timeout=300)
+    # Written after the backup: only the offloaded WAL brings it.
+    ep.run(["pgbench", "-n", "-c", "2", "-t", "300"], timeout=300)
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE after_backup AS SELECT g FROM generate_series(1, 1000) g")
+        conn.execute("SELECT pg_switch_wal()")
+        end = current_lsn(conn) // SEGMENT * SEGMENT
+    expected = dump_all(ep)
+    wait_until("the WAL offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
+
+    ct = cluster.cluster_toml
+    restore = (f"{strata_bin} wal restore --config {cluster.service_config_path('sk1')} "
+               f"--tenant-id {ct['tenant_id']} --timeline-id {cluster.timeline_id()} %f %p")
+    (stock.pgdata / "recovery.signal").write_text("")
+    with open(stock.pgdata / "postgresql.conf", "a") as f:
+        f.write(f"\ninclude_if_exists '{stock.SETTINGS_FILE}'\n")
+    if is_root():
+        pw = pwd.getpwnam(SERVER_USER)
+        for root, dirs, files in os.walk(stock.pgdata):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.chown(name, pw.pw_uid, pw.pw_gid)
+        stock.pgdata.chmod(0o700)
+    try:
+        stock.start({"restore_command": restore, "synchronous_standby_names": "", "recovery_target_action": "promote"},
+                    timeout=300)
+        wait_until("recovery ended", lambda: not stock.sql("SELECT pg_is_in_recovery()")[0][0], timeout=300)
+        log = stock.log_text()
+        assert "restored log file" in log, log[-3000:]
+        got = dump_all(stock)
+    finally:
+        stock.cleanup()
+    # Sequences come back ahead after a recovery (PostgreSQL logs them in advance).
+    assert split_sequences(got)[0] == split_sequences(expected)[0], "the restored server differs from the compute"
+    assert "after_backup" in got

@@ -8,6 +8,7 @@ mod supervise;
 mod verify_images;
 mod verify_redo;
 mod wal;
+mod wal_restore;
 
 use clap::{Parser, Subcommand};
 

@@ -59,6 +59,28 @@ pub enum WalCommand {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// PostgreSQL's `restore_command` for the WAL the safekeepers offloaded:
+    /// `strata wal restore --config sk.toml --tenant-id T --timeline-id L %f %p`.
+    /// Exits 1 when the segment is not offloaded, 127 on any other failure.
+    Restore {
+        /// A config with the `[remote_storage]` table (a safekeeper's will do).
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        tenant_id: strata_protocol::TenantId,
+        #[arg(long)]
+        timeline_id: strata_protocol::TimelineId,
+        /// Bytes per WAL segment (the cluster's `wal_segment_size`).
+        #[arg(long, default_value_t = 16 << 20)]
+        segment_size: u64,
+        /// Leave XLR_CHECK_CONSISTENCY set (a stock server then checks every page image).
+        #[arg(long)]
+        keep_consistency: bool,
+        /// The segment PostgreSQL asks for (%f).
+        name: String,
+        /// Where to write it (%p).
+        destination: PathBuf,
+    },
     /// Measure decoding throughput of segment files against a plain copy of the same bytes.
     Bench {
         /// Timed passes over the files (the median is reported).
@@ -71,6 +93,17 @@ pub enum WalCommand {
 
 pub fn run(cmd: WalCommand) -> i32 {
     let result = match cmd {
+        WalCommand::Restore { config, tenant_id, timeline_id, segment_size, keep_consistency, name, destination } => {
+            return crate::wal_restore::run(crate::wal_restore::Restore {
+                config: &config,
+                tenant: tenant_id,
+                timeline: timeline_id,
+                segment_size,
+                keep_consistency,
+                name: &name,
+                destination: &destination,
+            })
+        }
         WalCommand::Dump { json, start, files } => dump(json, start, &files),
         WalCommand::Bench { runs, files } => bench(runs, &files),
         WalCommand::VerifyImages { pgdata, max_reported } => crate::verify_images::verify_images(&pgdata, max_reported)

@@ -2,8 +2,9 @@
 //! fragments, images, pg_control, page masking (`strata-formats`), the
 //! safekeeper protocol frames and the page service protocol frames
 //! (`strata-protocol`), and the pageserver's layer files, stored values
-//! and metadata (`strata-pageserver`), and native redo of heap and btree
-//! records (`strata-redo`).
+//! and metadata (`strata-pageserver`), native redo of heap and btree
+//! records (`strata-redo`), and the safekeepers' offloaded segment metadata
+//! and peer positions (`strata-safekeeper`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -14,6 +15,9 @@ const PAGE_SERVICE: u8 = 4;
 const PAGESERVER: [u8; 2] = [5, 6];
 /// First byte of inputs for native redo: heap, heap2 and btree records on a page.
 const NATIVE_REDO: u8 = 7;
+/// First byte of inputs for the safekeepers' decoders of object storage
+/// and peer answers: offloaded segment metadata, peer positions.
+const SAFEKEEPER: u8 = 8;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -26,5 +30,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     if let Some((&NATIVE_REDO, record)) = data.split_first() {
         strata_redo::fuzz::fuzz_one(record);
+    }
+    if let Some((&SAFEKEEPER, bytes)) = data.split_first() {
+        let _ = strata_safekeeper::offload::SegmentMeta::decode(bytes);
+        let _ = serde_json::from_slice::<Vec<strata_safekeeper::peers::TimelinePositions>>(bytes);
     }
 });

@@ -71,6 +71,10 @@ pub struct SegmentMeta {
     pub end_lsn: Lsn,
     /// CRC-32C of the segment object's bytes.
     pub crc32c: u32,
+    /// Set on the timeline's first segment when the timeline starts inside
+    /// it: the WAL begins here (before it: page headers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_start_lsn: Option<Lsn>,
     /// The safekeeper that uploaded it.
     pub uploaded_by: NodeId,
 }
@@ -94,6 +98,9 @@ impl SegmentMeta {
                 "segment metadata covers [{}, {}) with segments of {} bytes",
                 m.start_lsn, m.end_lsn, m.segment_size
             ));
+        }
+        if m.wal_start_lsn.is_some_and(|s| s < m.start_lsn || s >= m.end_lsn) {
+            return Err(format!("segment metadata puts the WAL start outside [{}, {})", m.start_lsn, m.end_lsn));
         }
         Ok(m)
     }
@@ -132,9 +139,9 @@ pub async fn run(shared: Arc<Shared>) {
     info!(storage = %storage.describe(), "offloading completed WAL segments");
     loop {
         tokio::time::sleep(TICK).await;
-        // Until every peer was asked once, a live one with a lower id looks
-        // dead, and this one would offload what that one does.
-        if !shared.peers.all_asked(&shared.config.peers) {
+        // Until every peer answered or stayed silent long enough, a live one
+        // with a lower id looks dead, and this one would offload what that one does.
+        if !shared.peers.settled(&shared.config.peers) {
             continue;
         }
         for tl in shared.timelines.all() {
@@ -224,6 +231,7 @@ async fn upload_segment(
         start_lsn: start,
         end_lsn: Lsn(start.0 + segment_size),
         crc32c: crc32c::crc32c(&bytes),
+        wal_start_lsn: (tl.start_lsn > start && tl.start_lsn.0 < start.0 + segment_size).then_some(tl.start_lsn),
         uploaded_by: shared.config.id,
     };
     storage
@@ -327,6 +335,7 @@ mod tests {
             start_lsn: Lsn(0x0100_0000),
             end_lsn: Lsn(0x0200_0000),
             crc32c: 0xDEAD_BEEF,
+            wal_start_lsn: None,
             uploaded_by: NodeId(2),
         };
         assert_eq!(SegmentMeta::decode(&m.encode()).unwrap(), m);
@@ -335,6 +344,7 @@ mod tests {
             SegmentMeta { end_lsn: Lsn(0x0300_0000), ..m.clone() },
             SegmentMeta { start_lsn: Lsn(0x0100_0001), end_lsn: Lsn(0x0200_0001), ..m.clone() },
             SegmentMeta { segment_size: 3 << 20, ..m.clone() },
+            SegmentMeta { wal_start_lsn: Some(Lsn(0x0200_0000)), ..m.clone() },
         ] {
             assert!(SegmentMeta::decode(&bad.encode()).is_err(), "{bad:?}");
         }

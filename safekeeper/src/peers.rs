@@ -46,11 +46,11 @@ struct PeerView {
     timelines: HashMap<(TenantId, TimelineId), TimelinePositions>,
 }
 
-/// Every peer's last answer, and which peers were asked at least once.
+/// Every peer's last answer, and when each peer was first asked.
 #[derive(Default)]
 pub struct PeerViews {
     views: Mutex<HashMap<NodeId, PeerView>>,
-    asked: Mutex<std::collections::HashSet<NodeId>>,
+    first_asked: Mutex<HashMap<NodeId, Instant>>,
 }
 
 impl PeerViews {
@@ -71,11 +71,16 @@ impl PeerViews {
         self.views.lock().insert(peer, PeerView { at: Instant::now(), timelines });
     }
 
-    /// Whether every one of `peers` has been asked once (answered or not):
-    /// before that, a live peer may look dead.
-    pub fn all_asked(&self, peers: &[Peer]) -> bool {
-        let asked = self.asked.lock();
-        peers.iter().filter(|p| p.http.is_some()).all(|p| asked.contains(&p.id))
+    /// Whether the view of every one of `peers` is settled: it answered
+    /// once, or has been asked for [`LIVE_FOR`] without answering. Before
+    /// that a live peer may look dead (it may be starting, like this one).
+    pub fn settled(&self, peers: &[Peer]) -> bool {
+        let views = self.views.lock();
+        let first = self.first_asked.lock();
+        peers
+            .iter()
+            .filter(|p| p.http.is_some())
+            .all(|p| views.contains_key(&p.id) || first.get(&p.id).is_some_and(|t| t.elapsed() >= LIVE_FOR))
     }
 }
 
@@ -109,7 +114,7 @@ async fn poll(shared: Arc<Shared>, peer: Peer) {
         if let Ok(Ok(positions)) = &answer {
             shared.peers.record(peer.id, positions.clone());
         }
-        shared.peers.asked.lock().insert(peer.id);
+        shared.peers.first_asked.lock().entry(peer.id).or_insert_with(Instant::now);
         match answer {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => debug!(peer = %peer.id, %url, "asking a peer for its positions: {e}"),

@@ -106,11 +106,12 @@ fn remove(shared: &Shared, tl: &Timeline) -> Result<u64, String> {
     let mut removed = 0;
     let mut now_before = removed_before;
     if horizon > removed_before {
-        removed =
-            tl.with_acceptor(|a| Ok(a.wal_mut().remove_before(horizon))).map_err(|e| e.to_string())?.map_err(|e| {
-                // A removal that failed is retried a second later; it does not fail the timeline.
-                e.to_string()
-            })?;
+        // A failed removal (returned inside `Ok`) does not fail the
+        // timeline: it is retried a second later.
+        removed = tl
+            .with_acceptor(|a| Ok(a.wal_mut().remove_before(horizon)))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
         now_before = horizon;
         if removed > 0 {
             shared.metrics.segments_removed.inc_by(removed);

@@ -220,7 +220,13 @@ impl SegmentStore {
 
     /// Decodes records from `from` to find where the last complete one ends.
     fn find_end_of_wal(&mut self, from: Lsn) -> Result<Lsn, StorageError> {
-        let mode = if from == self.start { StartPosition::FindFirstRecord } else { StartPosition::RecordBoundary };
+        // From the start of the WAL held (the timeline's, or a segment
+        // boundary after removal) the first record is searched for.
+        let mode = if from == self.start || from == self.removed_before {
+            StartPosition::FindFirstRecord
+        } else {
+            StartPosition::RecordBoundary
+        };
         let mut decoder = WalDecoder::new(PgVersion::V15, from, self.segment_size, mode);
         let mut end = from;
         let mut pos = from;

@@ -76,6 +76,37 @@ fn reopen_finds_the_end_and_cuts_torn_writes() {
 }
 
 #[test]
+fn removed_segments_stay_removed_and_reads_below_them_fail() {
+    let dir = tempdir("remove");
+    let start = Lsn(3 * SEG + 0x780);
+    let (bytes, ends) = wal(start, 400);
+    let mut store = SegmentStore::open(&dir, SEG, start, start, false).unwrap();
+    store.write(start, &bytes).unwrap();
+    store.flush().unwrap();
+    let end = store.flush_lsn();
+    assert!(end.0 > 6 * SEG, "the WAL spans several segments");
+    assert_eq!(store.removed_before(), start);
+    // Only whole segments below the LSN go: 3 and 4, not 5 (which 5.5 is in).
+    assert_eq!(store.remove_before(Lsn(5 * SEG + SEG / 2)).unwrap(), 2);
+    assert_eq!(store.removed_before(), Lsn(5 * SEG));
+    assert_eq!(store.remove_before(Lsn(5 * SEG)).unwrap(), 0, "nothing more below 5");
+    let mut buf = vec![0u8; 100];
+    let err = store.read(Lsn(4 * SEG), &mut buf).unwrap_err().to_string();
+    assert!(err.contains("removed") && err.contains("0/500000"), "{err}");
+    assert_eq!(store.read(Lsn(5 * SEG), &mut buf).unwrap(), 100);
+    drop(store);
+    // A restart finds where the WAL now begins and the same end (also
+    // from a hint below it: the first record of segment 5 is searched for).
+    for hint in [ends[399], start] {
+        let store = SegmentStore::open(&dir, SEG, start, hint, false).unwrap();
+        assert_eq!((store.removed_before(), store.flush_lsn()), (Lsn(5 * SEG), end), "hint {hint}");
+    }
+    let mut store = SegmentStore::open(&dir, SEG, start, ends[0], false).unwrap();
+    assert!(store.read(Lsn(3 * SEG + 0x780), &mut buf).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn control_file_roundtrip_and_damage() {
     let dir = tempdir("control");
     std::fs::create_dir_all(&dir).unwrap();

@@ -76,6 +76,12 @@ impl ConsistencyStripper {
         Ok(self.buf.drain(..n).collect())
     }
 
+    /// Ends the stream: the bytes held back (an incomplete last record, or
+    /// what follows the end of the WAL), unchanged.
+    pub fn finish(self) -> Vec<u8> {
+        self.buf.into_iter().collect()
+    }
+
     fn overwrite(&mut self, lsn: Lsn, bytes: &[u8]) {
         let mut pos = lsn.0;
         for &b in bytes {

@@ -1,0 +1,138 @@
+//! `strata wal restore`: PostgreSQL's `restore_command` for the WAL the
+//! safekeepers offloaded (`docs/safekeeper.md`, "WAL in object storage").
+//! It fetches one segment, checks it against its metadata (size, CRC-32C),
+//! clears `XLR_CHECK_CONSISTENCY` in its records (a stock server would run
+//! the consistency checks itself) and writes it where PostgreSQL asked.
+//!
+//! Exit codes follow what PostgreSQL makes of them: 1 when the segment is
+//! not in object storage (the end of the archive: recovery ends there);
+//! 127 on any other failure (a damaged object, an unreachable store), which
+//! PostgreSQL treats like a shell error and stops recovery at once, instead
+//! of ending it early and losing the WAL it could not fetch.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use strata_formats::wal::segment::SegmentName;
+use strata_formats::wal::strip::ConsistencyStripper;
+use strata_formats::PgVersion;
+use strata_protocol::{TenantId, TimelineId};
+use strata_remote_storage::{RemoteError, RemoteStorage, RemoteStorageConfig};
+use strata_safekeeper::offload::{meta_key, segment_key, SegmentMeta};
+
+/// What a service config must hold for the restore: its object storage.
+#[derive(serde::Deserialize)]
+struct StorageOnly {
+    remote_storage: Option<RemoteStorageConfig>,
+}
+
+/// The arguments of `strata wal restore`.
+pub struct Restore<'a> {
+    pub config: &'a Path,
+    pub tenant: TenantId,
+    pub timeline: TimelineId,
+    pub segment_size: u64,
+    pub keep_consistency: bool,
+    pub name: &'a str,
+    pub destination: &'a Path,
+}
+
+/// Runs the restore; the exit code for PostgreSQL.
+pub fn run(r: Restore<'_>) -> i32 {
+    match restore(&r) {
+        Ok(true) => 0,
+        Ok(false) => {
+            eprintln!("strata wal restore: {} is not in object storage", r.name);
+            1
+        }
+        Err(e) => {
+            eprintln!("strata wal restore: {}: {e:#}", r.name);
+            127
+        }
+    }
+}
+
+/// Whether the segment was there (and is now at the destination).
+fn restore(r: &Restore<'_>) -> anyhow::Result<bool> {
+    // Timeline history files and anything else that is not a segment: none offloaded.
+    let Some(segment) = SegmentName::parse(r.name, r.segment_size) else { return Ok(false) };
+    if segment.timeline != 1 {
+        return Ok(false);
+    }
+    let text = std::fs::read_to_string(r.config).with_context(|| format!("reading {}", r.config.display()))?;
+    let cfg: StorageOnly = toml::from_str(&text).with_context(|| format!("parsing {}", r.config.display()))?;
+    let cfg = cfg.remote_storage.ok_or_else(|| anyhow!("{} has no [remote_storage]", r.config.display()))?;
+    let storage = RemoteStorage::new(&cfg)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().enable_io().build()?;
+    let segno = segment.segment_number;
+    let Some((meta, bytes)) = runtime.block_on(fetch(&storage, r, segno))? else { return Ok(false) };
+    let out = if r.keep_consistency {
+        bytes
+    } else {
+        // A record that runs into the next segment gets its new CRC only with its end.
+        let next = runtime.block_on(fetch(&storage, r, segno + 1))?;
+        strip(&meta, &bytes, next.as_ref().map(|(_, b)| &b[..]))?
+    };
+    write_atomically(r.destination, &out)?;
+    Ok(true)
+}
+
+/// A segment and its metadata, checked against each other (`None`: not offloaded).
+async fn fetch(storage: &RemoteStorage, r: &Restore<'_>, segno: u64) -> anyhow::Result<Option<(SegmentMeta, Vec<u8>)>> {
+    let meta = match storage.get(&meta_key(r.tenant, r.timeline, segno, r.segment_size)).await {
+        Ok(m) => SegmentMeta::decode(&m).map_err(|e| anyhow!(e))?,
+        Err(RemoteError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let key = segment_key(r.tenant, r.timeline, segno, r.segment_size);
+    let bytes = storage.get(&key).await?.to_vec();
+    if meta.segment_size != r.segment_size || bytes.len() as u64 != r.segment_size {
+        bail!(
+            "{key}: {} bytes, metadata for segments of {}, expected {}",
+            bytes.len(),
+            meta.segment_size,
+            r.segment_size
+        );
+    }
+    if crc32c::crc32c(&bytes) != meta.crc32c {
+        bail!("{key}: CRC-32C mismatch with its metadata");
+    }
+    Ok(Some((meta, bytes)))
+}
+
+/// The segment with the consistency flag cleared in every record that
+/// begins in it (`next`: the following segment, for a record that ends there).
+fn strip(meta: &SegmentMeta, bytes: &[u8], next: Option<&[u8]>) -> anyhow::Result<Vec<u8>> {
+    let size = bytes.len();
+    // Before the timeline's WAL begins there are only page headers.
+    let from = meta.wal_start_lsn.unwrap_or(meta.start_lsn);
+    let skip = (from.0 - meta.start_lsn.0) as usize;
+    let mut out = bytes[..skip].to_vec();
+    let mut stripper = ConsistencyStripper::new(PgVersion::V15, from, meta.segment_size);
+    out.extend(stripper.push(&bytes[skip..]).context("decoding the segment")?);
+    if out.len() < size {
+        if let Some(next) = next {
+            // Decoding errors past this segment are the next restore's business.
+            if let Ok(more) = stripper.push(next) {
+                out.extend(more);
+            }
+        }
+    }
+    if out.len() < size {
+        out.extend(stripper.finish());
+    }
+    debug_assert!(out.len() >= size, "the stripper gives back every byte");
+    out.truncate(size);
+    Ok(out)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename: the
+/// server never sees half a segment.
+fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let tmp = PathBuf::from(format!("{}.strata-restore", path.display()));
+    let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
+}
