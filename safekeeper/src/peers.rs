@@ -19,9 +19,9 @@ use crate::server::Shared;
 /// How often each peer is asked.
 const POLL: Duration = Duration::from_secs(1);
 /// Longest wait for one answer.
-const TIMEOUT: Duration = Duration::from_secs(2);
+const TIMEOUT: Duration = Duration::from_secs(3);
 /// A peer that has not answered for this long is taken for dead.
-pub const LIVE_FOR: Duration = Duration::from_secs(5);
+pub const LIVE_FOR: Duration = Duration::from_secs(10);
 /// Largest answer read (about 200 bytes per timeline).
 const MAX_ANSWER: u64 = 64 << 20;
 
