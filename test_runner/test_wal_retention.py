@@ -165,6 +165,9 @@ def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(clus
     ep.run(["pgbench", "-i", "-s", "4", "-q"], timeout=300)
     with ep.connect() as conn:
         start = current_lsn(conn)
+    # Offload runs (it starts once the safekeepers have heard from each other).
+    wait_until("an offloader chosen", lambda: all(sk_timeline(cluster, n)["offload"]["offloader"] == 1
+                                                   for n in SAFEKEEPERS), timeout=60)
 
     # pgbench (acknowledged commits to check later) beside bulk writes (WAL volume).
     bench = ep.popen(["pgbench", "-n", "-c", "2", "-T", "600"])

@@ -123,6 +123,10 @@ pub struct OffloadState {
     /// Whether object storage was listed since the timeline was loaded.
     #[serde(skip)]
     listed: bool,
+    /// When this safekeeper first looked at the timeline: peers that hold it
+    /// too may not have reported it yet (it is created on each in turn).
+    #[serde(skip)]
+    first_seen: Option<std::time::Instant>,
 }
 
 /// Offloads the WAL of every timeline, forever (returns at once without object storage).
@@ -169,6 +173,10 @@ async fn offload_timeline(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Tim
     let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
     let segment_size = u64::from(tl.identity.wal_segment_size);
     let first = tl.start_lsn.0 / segment_size;
+    let seen = *tl.offload.lock().first_seen.get_or_insert_with(std::time::Instant::now);
+    if seen.elapsed() < crate::peers::LIVE_FOR {
+        return Ok(());
+    }
     if !tl.offload.lock().listed {
         let done = offloaded_in_storage(storage, tenant, timeline, first, segment_size).await?;
         let mut state = tl.offload.lock();
