@@ -116,8 +116,8 @@ pub struct OffloadState {
     /// End of the unbroken run of offloaded segments from the timeline's
     /// first one (0 until object storage was listed).
     pub offloaded_lsn: Lsn,
-    /// Who offloads the next segment, as seen from here (none while no
-    /// member holds it committed).
+    /// Who offloads the timeline, as seen from here (none until this
+    /// safekeeper has looked at it with its peers' views settled).
     pub offloader: Option<NodeId>,
     pub last_error: Option<String>,
     /// Whether object storage was listed since the timeline was loaded.
@@ -184,30 +184,34 @@ async fn offload_timeline(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Tim
         state.listed = true;
     }
     let me = shared.config.id;
-    for _ in 0..SEGMENTS_PER_TICK {
-        let peers = shared.peers.live(tenant, timeline);
-        let mut offloaded = tl.offload.lock().offloaded_lsn;
-        // What a live peer offloaded is in object storage (it uploaded it or saw it there).
-        for (_, p) in &peers {
-            if p.offloaded_lsn > offloaded && p.offloaded_lsn.0.is_multiple_of(segment_size) {
-                offloaded = p.offloaded_lsn;
-            }
+    // The peers' view changes once a second: taken once per tick.
+    let peers = shared.peers.live(tenant, timeline);
+    let mut offloaded = tl.offload.lock().offloaded_lsn;
+    // What a live peer offloaded is in object storage (it uploaded it or saw it there).
+    for (_, p) in &peers {
+        if p.offloaded_lsn > offloaded && p.offloaded_lsn.0.is_multiple_of(segment_size) {
+            offloaded = p.offloaded_lsn;
         }
+    }
+    let offloader = peers.iter().map(|(id, _)| *id).chain([me]).min_by_key(|id| id.0).expect("this one at least");
+    {
+        let mut state = tl.offload.lock();
+        state.offloaded_lsn = offloaded;
+        state.offloader = Some(offloader);
+    }
+    if offloader != me {
+        return Ok(());
+    }
+    for _ in 0..SEGMENTS_PER_TICK {
         let segno = (offloaded.0 / segment_size).max(first);
         let end = Lsn((segno + 1) * segment_size);
-        let offloader = peers.iter().map(|(id, _)| *id).chain([me]).min_by_key(|id| id.0);
-        {
-            let mut state = tl.offload.lock();
-            state.offloaded_lsn = offloaded;
-            state.offloader = offloader;
-        }
         let mine = tl.positions();
-        if offloader != Some(me) || mine.flush_lsn < end || mine.commit_lsn < end {
-            return Ok(());
+        if mine.flush_lsn < end || mine.commit_lsn < end {
+            break;
         }
         upload_segment(shared, storage, tl, segno, segment_size).await?;
-        let mut state = tl.offload.lock();
-        state.offloaded_lsn = state.offloaded_lsn.max(end);
+        offloaded = end;
+        tl.offload.lock().offloaded_lsn = end;
     }
     Ok(())
 }
