@@ -22,7 +22,7 @@ CLI's cluster (every service on):
                downloaded from object storage on demand) vs the next page of
                the same layer (warm), over HTTP: medians of --runs x 5 reads
 
-Usage: .venv/bin/python bench/compaction.py [--scale 10] [--seconds 60] [--runs 3] [--quick]
+Usage: .venv/bin/python bench/compaction.py [--scale 10] [--seconds 60] [--runs 3] [--quick] [--name STEM]
 Writes bench/results/compaction.json and .txt (compaction_quick.* with --quick).
 """
 
@@ -95,10 +95,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--getpage-seconds", type=float, default=5)
     ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 10 s of pgbench, 2 runs of 2 s")
+    ap.add_argument("--name", default=None, help="results file stem (default: compaction, or compaction_quick)")
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs, args.getpage_seconds = 2, 10, 2, 2
-    strata_bin = REPO / "target" / "release" / "strata"
+    # STRATA_BIN lets a long run keep its own copy of the binary while the tree is rebuilt.
+    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
     results: dict = {"config": vars(args), "settings": SETTINGS, "cpus": os.cpu_count(),
                      "loadavg_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
@@ -249,7 +251,7 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     out_dir = REPO / "bench" / "results"
-    stem = "compaction_quick" if args.quick else "compaction"
+    stem = args.name or ("compaction_quick" if args.quick else "compaction")
     out_dir.mkdir(exist_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
     (out_dir / f"{stem}.txt").write_text(text + "\n")

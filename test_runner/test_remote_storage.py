@@ -87,13 +87,16 @@ def settle(cluster, ps: PageserverApi, ep) -> int:
 
 
 def caught_up(ps: PageserverApi, timeout: float = 60) -> dict:
-    """The status once every layer is uploaded (background compaction may
-    still be writing layers after a checkpoint)."""
+    """The status once every layer is uploaded and listed by the remote
+    index (background compaction may still be writing layers after a
+    checkpoint, and an uploaded layer is listed only once the round that
+    uploaded it publishes the index)."""
     def check():
         st = ps.status()
         r = st["remote"]
         done = r["upload_queue_layers"] == 0 and r["upload_lag_bytes"] == 0
-        return st if done and r["remote_consistent_lsn"] == st["disk_consistent_lsn"] else None
+        listed = r["remote_layers"] == st["l0_layers"] + st["l1_layers"] + st["image_layers"]
+        return st if done and listed and r["remote_consistent_lsn"] == st["disk_consistent_lsn"] else None
     return wait_until("uploads caught up", check, timeout=timeout)
 
 

@@ -276,3 +276,142 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster, p
     # Sequences come back ahead after a recovery (PostgreSQL logs them in advance).
     assert split_sequences(got)[0] == split_sequences(expected)[0], "the restored server differs from the compute"
     assert "after_backup" in got
+
+
+def bulk_write(ep, until: int) -> None:
+    """Writes WAL (tables created and dropped) until the compute's LSN reaches `until`."""
+    with ep.connect() as conn:
+        while current_lsn(conn) < until:
+            conn.execute("CREATE TABLE bulk AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 100000) g")
+            conn.execute("DROP TABLE bulk")
+
+
+def test_pageserver_restored_to_an_older_state_reads_the_offloaded_wal(cluster_factory):
+    """The pageserver's objects go back to an earlier snapshot (a bucket
+    restored from a backup) while the safekeepers have removed the WAL
+    after it: a pageserver on an empty disk attaches the old index, reads
+    the removed WAL from object storage, then streams the rest from the
+    safekeepers, with nothing lost."""
+    cluster = cluster_factory(start=False)
+    configure_pageserver(cluster, {"checkpoint_distance": 8 << 20})
+    cluster.start()
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    cluster.run("timeline", "checkpoint", timeout=600)
+    ps_path = cluster.timeline_path()
+    remote = cluster.workdir / "remote_storage"
+    snapshot = cluster.workdir / "tenants-snapshot"
+    cluster.stop("--only", "pageserver")
+    shutil.copytree(remote / "tenants", snapshot)
+    cluster.start("--only", "pageserver")
+    old = parse_lsn(cluster.http("pageserver", "GET", ps_path)[1]["remote_consistent_lsn"])
+
+    # More WAL; the pageserver uploads it, so the safekeepers remove the WAL
+    # after the snapshot's LSN.
+    ep.run(["pgbench", "-n", "-c", "2", "-t", "500"], timeout=300)
+    bulk_write(ep, old + 5 * SEGMENT)
+    ep.run(["pgbench", "-n", "-c", "2", "-t", "500"], timeout=300)
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE last_words AS SELECT g FROM generate_series(1, 1000) g")
+        end = current_lsn(conn)
+        before = pgbench_state(conn)
+    cluster.run("timeline", "checkpoint", timeout=600)
+    gone = (old // SEGMENT + 2) * SEGMENT
+
+    def removed_everywhere():
+        st = {n: parse_lsn(sk_timeline(cluster, n)["removal"]["removed_before"]) for n in SAFEKEEPERS}
+        return st if min(st.values()) >= gone else None
+
+    removed = wait_until("the WAL after the snapshot removed", removed_everywhere, timeout=180)
+    print(f"\nsnapshot at {format_lsn(old)}; the safekeepers hold the WAL from",
+          {n: format_lsn(v) for n, v in removed.items()})
+
+    # The pageserver's objects go back to the snapshot; its disk is empty.
+    cluster.stop("--only", "pageserver")
+    shutil.rmtree(cluster.data_dir("pageserver") / "tenants")
+    shutil.rmtree(remote / "tenants")
+    shutil.copytree(snapshot, remote / "tenants")
+    cluster.start("--only", "pageserver")
+    st = cluster.http("pageserver", "GET", ps_path)[1]
+    assert parse_lsn(st["disk_consistent_lsn"]) <= old < gone, st
+
+    wait_until("the pageserver caught up", lambda: parse_lsn(
+        cluster.http("pageserver", "GET", ps_path)[1]["last_record_lsn"]) >= end, timeout=300)
+    read = cluster.metrics("pageserver")["strata_pageserver_wal_segments_from_object_storage_total"]
+    assert read >= 1, read
+    assert "reading offloaded WAL from object storage" in cluster.log("pageserver")
+    print("segments read from object storage:", read)
+
+    # A new compute starts from the restored pageserver with every commit.
+    ep.stop()
+    ep.start()
+    with ep.connect() as conn:
+        assert pgbench_state(conn) == before
+        assert conn.execute("SELECT count(*) FROM last_words").fetchone()[0] == 1000
+    assert_pgbench_invariants(before, 2)
+
+
+def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_storage(cluster):
+    """sk3 is down while pgbench and bulk writes go on; sk1 and sk2 offload
+    and remove the WAL (a safekeeper that is down does not hold their WAL
+    back when there is object storage). Back up, sk3 takes the removed part
+    from object storage and the rest from a peer: its segments equal the
+    offloaded ones byte for byte, and with sk1 down, sk2 and sk3 carry on
+    with every acknowledged commit."""
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    wait_until("an offloader chosen", lambda: all(sk_timeline(cluster, n)["offload"]["offloader"] == 1
+                                                   for n in SAFEKEEPERS), timeout=60)
+    cluster.kill9("sk3", supervisor=True)  # stays down
+    behind = parse_lsn(sk_timeline(cluster, "sk1")["flush_lsn"])
+    bench = ep.popen(["pgbench", "-n", "-c", "2", "-T", "600"])
+    try:
+        bulk_write(ep, behind + 6 * SEGMENT)
+    finally:
+        bench.terminate()
+        bench.wait(timeout=60)
+    with ep.connect() as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("SELECT txid_current()")
+        end = current_lsn(conn)
+    cluster.run("timeline", "checkpoint", timeout=600)
+    gone = (behind // SEGMENT + 3) * SEGMENT
+
+    def removed():
+        st = {n: parse_lsn(sk_timeline(cluster, n)["removal"]["removed_before"]) for n in ("sk1", "sk2")}
+        return st if min(st.values()) >= gone else None
+
+    held = wait_until("sk1 and sk2 removed the WAL sk3 lacks", removed, timeout=180)
+    print(f"\nsk3 stopped at {format_lsn(behind)}; its peers hold the WAL from",
+          {n: format_lsn(v) for n, v in held.items()})
+
+    cluster.start()
+    wait_until("sk3 caught up", lambda: parse_lsn(sk_timeline(cluster, "sk3")["flush_lsn"]) >= end, timeout=300)
+    recovered = cluster.metrics("sk3")["strata_safekeeper_segments_recovered_from_object_storage_total"]
+    assert recovered >= 2, recovered
+    assert "recovering WAL the peer removed from object storage" in cluster.log("sk3")
+    # sk3's copy of what it recovered is the offloaded segment, byte for byte.
+    sk3_dir = cluster.data_dir("sk3") / cluster.cluster_toml["tenant_id"] / cluster.timeline_id()
+    compared = 0
+    for name in local_segments(cluster, "sk3"):
+        offloaded = wal_dir(cluster) / name
+        segno = int(name[8:16], 16) * (0x100000000 // SEGMENT) + int(name[16:24], 16)
+        if offloaded.exists() and behind // SEGMENT < segno < held["sk1"] // SEGMENT:
+            assert (sk3_dir / name).read_bytes() == offloaded.read_bytes(), f"sk3's {name} differs"
+            compared += 1
+    assert compared >= 2, compared
+    print("segments recovered from object storage:", recovered, "; compared byte for byte:", compared)
+
+    # sk1 goes: sk2 and sk3 are the quorum, with every acknowledged commit.
+    with ep.connect() as conn:
+        before = pgbench_state(conn)
+    cluster.kill9("sk1", supervisor=True)
+    ep.run(["pgbench", "-n", "-c", "2", "-t", "200"], timeout=300)
+    with ep.connect() as conn:
+        after = pgbench_state(conn)
+    assert after.counts["pgbench_history"] == before.counts["pgbench_history"] + 400, (before, after)
+    ep.stop()
+    ep.start()
+    with ep.connect() as conn:
+        assert pgbench_state(conn) == after
+    assert_pgbench_invariants(after, 2)

@@ -12,13 +12,13 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use strata_formats::wal::segment::SegmentName;
 use strata_formats::wal::strip::ConsistencyStripper;
 use strata_formats::PgVersion;
 use strata_protocol::{TenantId, TimelineId};
-use strata_remote_storage::{RemoteError, RemoteStorage, RemoteStorageConfig};
-use strata_safekeeper::offload::{meta_key, segment_key, SegmentMeta};
+use strata_remote_storage::wal::{fetch_segment, SegmentMeta};
+use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
 
 /// What a service config must hold for the restore: its object storage.
 #[derive(serde::Deserialize)]
@@ -79,25 +79,7 @@ fn restore(r: &Restore<'_>) -> anyhow::Result<bool> {
 
 /// A segment and its metadata, checked against each other (`None`: not offloaded).
 async fn fetch(storage: &RemoteStorage, r: &Restore<'_>, segno: u64) -> anyhow::Result<Option<(SegmentMeta, Vec<u8>)>> {
-    let meta = match storage.get(&meta_key(r.tenant, r.timeline, segno, r.segment_size)).await {
-        Ok(m) => SegmentMeta::decode(&m).map_err(|e| anyhow!(e))?,
-        Err(RemoteError::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let key = segment_key(r.tenant, r.timeline, segno, r.segment_size);
-    let bytes = storage.get(&key).await?.to_vec();
-    if meta.segment_size != r.segment_size || bytes.len() as u64 != r.segment_size {
-        bail!(
-            "{key}: {} bytes, metadata for segments of {}, expected {}",
-            bytes.len(),
-            meta.segment_size,
-            r.segment_size
-        );
-    }
-    if crc32c::crc32c(&bytes) != meta.crc32c {
-        bail!("{key}: CRC-32C mismatch with its metadata");
-    }
-    Ok(Some((meta, bytes)))
+    Ok(fetch_segment(storage, r.tenant, r.timeline, segno, r.segment_size).await?)
 }
 
 /// The segment with the consistency flag cleared in every record that

@@ -32,7 +32,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         strata_redo::fuzz::fuzz_one(record);
     }
     if let Some((&SAFEKEEPER, bytes)) = data.split_first() {
-        let _ = strata_safekeeper::offload::SegmentMeta::decode(bytes);
+        let _ = strata_remote_storage::wal::SegmentMeta::decode(bytes);
         let _ = serde_json::from_slice::<Vec<strata_safekeeper::peers::TimelinePositions>>(bytes);
     }
 });

@@ -25,6 +25,8 @@ pub struct Metrics {
     pub page_connections: Gauge,
     pub basebackups: Counter,
     pub walreceiver_connects: Counter,
+    /// WAL segments read from the safekeepers' offloaded WAL (they had removed them).
+    pub wal_segments_from_object_storage: Counter,
     pub timelines_broken: Gauge,
     pub timeline_reloads: Counter,
     pub redo_records_stored: Counter,
@@ -80,6 +82,7 @@ impl Metrics {
             page_connections: Gauge::default(),
             basebackups: Counter::default(),
             walreceiver_connects: Counter::default(),
+            wal_segments_from_object_storage: Counter::default(),
             timelines_broken: Gauge::default(),
             timeline_reloads: Counter::default(),
             redo_records_stored: Counter::default(),
@@ -135,6 +138,11 @@ impl Metrics {
         registry.register("page_connections", "Open page service connections", m.page_connections.clone());
         registry.register("basebackups", "Basebackups served", m.basebackups.clone());
         registry.register("walreceiver_connects", "Connections made to safekeepers", m.walreceiver_connects.clone());
+        registry.register(
+            "wal_segments_from_object_storage",
+            "WAL segments read from object storage because the safekeepers had removed them",
+            m.wal_segments_from_object_storage.clone(),
+        );
         registry.register(
             "timelines_broken",
             "Timelines stopped by an error (see their status)",

@@ -4,6 +4,12 @@
 //! and resumes from the last record ingested; after a restart that is
 //! `disk_consistent_lsn`, so WAL is re-ingested from what is durable.
 //!
+//! When no safekeeper holds the WAL it needs any more (they removed it once
+//! it was offloaded: the pageserver came back from an older state), it reads
+//! the offloaded segments from object storage, one at a time, and goes back
+//! to the safekeepers from the end of each: the decoder carries a record
+//! that runs on into the next segment across the switch.
+//!
 //! One thread per timeline: ingest is CPU-bound, and blocking sockets with
 //! timeouts keep the loop simple.
 
@@ -19,7 +25,9 @@ use strata_formats::wal::reader::{StartPosition, WalDecodeError, WalDecoder};
 use strata_formats::Lsn;
 use strata_protocol::framed::{FrameError, FrameReader};
 use strata_protocol::safekeeper::codec::{self, CodecError};
-use strata_protocol::safekeeper::{ConsumerFeedback, ConsumerMessage, StartStreaming, StreamMessage, PROTOCOL_VERSION};
+use strata_protocol::safekeeper::{
+    ConsumerFeedback, ConsumerMessage, ErrorCode, StartStreaming, StreamMessage, PROTOCOL_VERSION,
+};
 use strata_service::panic_message;
 use tracing::{info, warn};
 
@@ -146,6 +154,9 @@ fn receive_loop(
 ) {
     let mut backoff = Duration::from_millis(100);
     let mut ingest = None;
+    // A decoder fed up to a segment's end from object storage: the next
+    // stream starts there, and a record cut by the segment end goes on.
+    let mut carried: Option<WalDecoder> = None;
     while !stop.load(Ordering::SeqCst) {
         if tl.broken_reason().is_some() {
             std::thread::sleep(Duration::from_millis(500));
@@ -161,12 +172,27 @@ fn receive_loop(
             }
         }
         let ingest = ingest.as_mut().expect("set above");
-        let result = connect_best(&tl, &safekeepers, &status).and_then(|(addr, stream, commit)| {
-            info!(timeline = %tl.timeline_id, safekeeper = %addr, start = %tl.record_lsns().last, %commit, "streaming WAL");
-            backoff = Duration::from_millis(100);
-            status.lock().last_error = None;
-            stream_wal(&tl, ingest, stream, &addr, &safekeepers, &status, &stop)
-        });
+        let start = carried.as_ref().map_or_else(|| tl.record_lsns().last, WalDecoder::input_lsn);
+        let result = match connect_best(&tl, &safekeepers, &status, start) {
+            Ok((addr, stream, commit)) => {
+                info!(timeline = %tl.timeline_id, safekeeper = %addr, %start, %commit, "streaming WAL");
+                backoff = Duration::from_millis(100);
+                status.lock().last_error = None;
+                stream_wal(&tl, ingest, carried.take(), stream, &addr, &safekeepers, &status, &stop)
+            }
+            Err(StreamError::Connection(LinkError::NoSource { start, failures }))
+                if failures.iter().any(|(_, e)| matches!(e, LinkError::WalRemoved(_))) =>
+            {
+                read_offloaded(&tl, ingest, &mut carried, &status, start).inspect(|()| {
+                    backoff = Duration::from_millis(100);
+                })
+            }
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            // Resume from the last record ingested.
+            carried = None;
+        }
         match result {
             Ok(()) => {}
             Err(e @ (StreamError::Ingest(_) | StreamError::Decode(_))) => {
@@ -229,6 +255,10 @@ pub enum LinkError {
     SystemId { got: u64, want: u64 },
     #[error("safekeeper error: {0}")]
     Refused(String),
+    #[error("the safekeeper no longer holds that WAL: {0}")]
+    WalRemoved(String),
+    #[error("offloaded WAL: {0}")]
+    Offloaded(String),
     #[error("unexpected message: {0}")]
     Unexpected(String),
     #[error("WAL at {got} does not continue {expected}")]
@@ -248,8 +278,8 @@ fn connect_best(
     tl: &Timeline,
     safekeepers: &[String],
     status: &Mutex<ReceiverStatus>,
+    start: Lsn,
 ) -> Result<(String, OpenStream, Lsn), StreamError> {
-    let start = tl.record_lsns().last;
     let mut best: Option<(String, OpenStream, Lsn)> = None;
     let mut failures = Vec::new();
     for addr in safekeepers {
@@ -308,9 +338,93 @@ fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, Link
             frames.get_ref().set_read_timeout(Some(POLL))?;
             Ok(OpenStream { frames, commit: s.commit_lsn })
         }
-        StreamMessage::Error(e) => Err(LinkError::Refused(e.message)),
+        StreamMessage::Error(e) => Err(refusal(e.code, e.message)),
         other => Err(LinkError::Unexpected(format!("{other:?} as the first message"))),
     }
+}
+
+fn refusal(code: ErrorCode, message: String) -> LinkError {
+    if code == ErrorCode::WalRemoved {
+        LinkError::WalRemoved(message)
+    } else {
+        LinkError::Refused(message)
+    }
+}
+
+/// A decoder of `tl`'s WAL from the end of the last record ingested.
+fn new_decoder(tl: &Timeline) -> WalDecoder {
+    let meta = tl.metadata();
+    let lsns = tl.record_lsns();
+    let mut decoder =
+        WalDecoder::new(PgVersion::V15, lsns.last, u64::from(meta.wal_segment_size), StartPosition::RecordBoundary);
+    decoder.set_system_id(meta.system_id);
+    if lsns.prev != Lsn::INVALID {
+        decoder.set_prev_record(lsns.prev);
+    }
+    decoder
+}
+
+/// Ingests every whole record the decoder holds.
+fn ingest_decoded(tl: &Timeline, ingest: &mut WalIngest, decoder: &mut WalDecoder) -> Result<(), StreamError> {
+    loop {
+        if tl.is_broken() {
+            // Not even the rest of this message (a flush failed meanwhile).
+            return Ok(());
+        }
+        match decoder.next_record()? {
+            Some(rec) => {
+                ingest.ingest(&rec)?;
+                tl.metrics.records_ingested.inc();
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Ingests the offloaded segment that holds `start` (no safekeeper holds
+/// it any more), leaving the decoder at the segment's end in `carried`.
+fn read_offloaded(
+    tl: &Timeline,
+    ingest: &mut WalIngest,
+    carried: &mut Option<WalDecoder>,
+    status: &Mutex<ReceiverStatus>,
+    start: Lsn,
+) -> Result<(), StreamError> {
+    let Some(remote) = tl.remote() else {
+        return Err(LinkError::Offloaded(format!(
+            "the safekeepers removed the WAL at {start}, and this pageserver has no object storage to read it from"
+        ))
+        .into());
+    };
+    let segment_size = u64::from(tl.metadata().wal_segment_size);
+    let segno = start.0 / segment_size;
+    let fetched = remote
+        .fetch_wal_segment(segno, segment_size)
+        .map_err(|e| LinkError::Offloaded(format!("segment {segno} (for {start}): {e}")))?;
+    let Some((_, bytes)) = fetched else {
+        return Err(LinkError::Offloaded(format!(
+            "the safekeepers removed the WAL at {start}, and segment {segno} is not in object storage"
+        ))
+        .into());
+    };
+    let mut decoder = carried.take().unwrap_or_else(|| new_decoder(tl));
+    debug_assert_eq!(decoder.input_lsn(), start, "a carried decoder continues where it stopped");
+    info!(timeline = %tl.timeline_id, %start, segno, "reading offloaded WAL from object storage");
+    {
+        let mut s = status.lock();
+        s.safekeeper = Some("object storage".into());
+        s.last_error = None;
+    }
+    let from = (start.0 % segment_size) as usize;
+    decoder.feed(&bytes[from..]);
+    tl.metrics.wal_bytes_ingested.inc_by((bytes.len() - from) as u64);
+    tl.metrics.wal_segments_from_object_storage.inc();
+    ingest_decoded(tl, ingest, &mut decoder)?;
+    if tl.should_freeze(MAX_LAYER_AGE) {
+        tl.freeze();
+    }
+    *carried = Some(decoder);
+    Ok(())
 }
 
 /// Reads one stream message (bounded by the socket's read timeout, the
@@ -341,20 +455,14 @@ fn other_has_more(tl: &Timeline, safekeepers: &[String], current: &str, lsn: Lsn
 fn stream_wal(
     tl: &Timeline,
     ingest: &mut WalIngest,
+    decoder: Option<WalDecoder>,
     open: OpenStream,
     current: &str,
     safekeepers: &[String],
     status: &Mutex<ReceiverStatus>,
     stop: &AtomicBool,
 ) -> Result<(), StreamError> {
-    let meta = tl.metadata();
-    let lsns = tl.record_lsns();
-    let mut decoder =
-        WalDecoder::new(PgVersion::V15, lsns.last, u64::from(meta.wal_segment_size), StartPosition::RecordBoundary);
-    decoder.set_system_id(meta.system_id);
-    if lsns.prev != Lsn::INVALID {
-        decoder.set_prev_record(lsns.prev);
-    }
+    let mut decoder = decoder.unwrap_or_else(|| new_decoder(tl));
     let OpenStream { mut frames, .. } = open;
     let mut last_feedback = Instant::now() - FEEDBACK_INTERVAL;
     let mut last_heard = Instant::now();
@@ -403,23 +511,10 @@ fn stream_wal(
                 status.lock().safekeeper_commit_lsn = w.commit_lsn;
                 decoder.feed(&w.wal);
                 tl.metrics.wal_bytes_ingested.inc_by(w.wal.len() as u64);
-                loop {
-                    if tl.is_broken() {
-                        // Not even the rest of this message (a flush failed meanwhile).
-                        break;
-                    }
-                    match decoder.next_record() {
-                        Ok(Some(rec)) => {
-                            ingest.ingest(&rec)?;
-                            tl.metrics.records_ingested.inc();
-                        }
-                        Ok(None) => break,
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                ingest_decoded(tl, ingest, &mut decoder)?;
             }
             StreamMessage::Keepalive { commit_lsn, .. } => status.lock().safekeeper_commit_lsn = commit_lsn,
-            StreamMessage::Error(e) => return Err(LinkError::Refused(e.message).into()),
+            StreamMessage::Error(e) => return Err(refusal(e.code, e.message).into()),
             StreamMessage::Start(_) => return Err(LinkError::Unexpected("a second stream start".into()).into()),
         }
     }

@@ -1,6 +1,6 @@
 //! Remote storage: the objects that make a service's data outlive its disk
-//! (layer files and index manifests of the pageserver, and later the WAL
-//! segments of the safekeepers), in a local directory or in any S3 API,
+//! (layer files and index manifests of the pageserver, and the WAL
+//! segments the safekeepers offload, see [`wal`]), in a local directory or in any S3 API,
 //! through the `object_store` crate.
 //!
 //! Every operation has a timeout, and transient failures are retried a
@@ -10,6 +10,7 @@
 //! under the same relative paths.
 
 pub mod config;
+pub mod wal;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -73,6 +73,7 @@ async fn positions(State(shared): State<Arc<Shared>>) -> Response {
                 commit_lsn: p.commit_lsn,
                 offloaded_lsn: t.offload.lock().offloaded_lsn,
                 remote_consistent_lsn: t.remote_consistent.get(),
+                removed_before: t.removal.lock().removed_before,
             }
         })
         .collect();

@@ -40,6 +40,8 @@ pub enum StartError {
     Load(#[from] acceptor::StorageError),
     #[error("signals: {0}")]
     Signals(std::io::Error),
+    #[error("remote storage: {0}")]
+    RemoteStorage(#[from] strata_remote_storage::RemoteError),
 }
 
 /// Runs a safekeeper until SIGTERM or SIGINT, then writes every control file.
@@ -86,7 +88,9 @@ pub async fn serve(
     );
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
+    let remote = config.remote_storage.as_ref().map(strata_remote_storage::RemoteStorage::new).transpose()?;
     let shared = Arc::new(server::Shared {
+        remote,
         config,
         timelines,
         metrics,

@@ -26,6 +26,7 @@ use bytes::Bytes;
 use strata_formats::wal::segment::SegmentName;
 use strata_formats::Lsn;
 use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_remote_storage::wal::{meta_key, segment_key, timeline_prefix, SegmentMeta, FORMAT_VERSION, PG_TIMELINE};
 use strata_remote_storage::RemoteStorage;
 use tracing::{info, warn};
 
@@ -33,82 +34,12 @@ use crate::server::Shared;
 use crate::timeline::Timeline;
 use crate::wal_store::segment_path;
 
-/// Version of the metadata object format.
-pub const FORMAT_VERSION: u32 = 1;
-/// PostgreSQL timeline id of the segments (as on the safekeepers' disks).
-const PG_TIMELINE: u32 = 1;
 /// How often every timeline is looked at.
 const TICK: Duration = Duration::from_secs(1);
 /// Most segments one timeline offloads per tick (others get their turn).
 const SEGMENTS_PER_TICK: usize = 8;
 /// Longest one upload attempt may take (16 MiB even over a slow link).
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The object-name prefix of a timeline's WAL.
-pub fn timeline_prefix(tenant: TenantId, timeline: TimelineId) -> String {
-    format!("wal/{tenant}/{timeline}")
-}
-
-/// The object name of a segment (its PostgreSQL file name under the prefix).
-pub fn segment_key(tenant: TenantId, timeline: TimelineId, segno: u64, segment_size: u64) -> String {
-    let name = SegmentName { timeline: PG_TIMELINE, segment_number: segno }.file_name(segment_size);
-    format!("{}/{name}", timeline_prefix(tenant, timeline))
-}
-
-/// The object name of a segment's metadata.
-pub fn meta_key(tenant: TenantId, timeline: TimelineId, segno: u64, segment_size: u64) -> String {
-    format!("{}.json", segment_key(tenant, timeline, segno, segment_size))
-}
-
-/// The metadata object of an offloaded segment (format version 1).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SegmentMeta {
-    pub format_version: u32,
-    pub segment_size: u64,
-    /// The segment covers `[start_lsn, end_lsn)`.
-    pub start_lsn: Lsn,
-    pub end_lsn: Lsn,
-    /// CRC-32C of the segment object's bytes.
-    pub crc32c: u32,
-    /// Set on the timeline's first segment when the timeline starts inside
-    /// it: the WAL begins here (before it: page headers only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wal_start_lsn: Option<Lsn>,
-    /// The safekeeper that uploaded it.
-    pub uploaded_by: NodeId,
-}
-
-impl SegmentMeta {
-    /// Decodes and checks a metadata object.
-    pub fn decode(bytes: &[u8]) -> Result<SegmentMeta, String> {
-        let m: SegmentMeta = serde_json::from_slice(bytes).map_err(|e| format!("malformed segment metadata: {e}"))?;
-        if m.format_version != FORMAT_VERSION {
-            return Err(format!(
-                "segment metadata format version {}, this build reads {FORMAT_VERSION}",
-                m.format_version
-            ));
-        }
-        let size_ok = m.segment_size.is_power_of_two() && (1 << 20..=1 << 30).contains(&m.segment_size);
-        if !size_ok
-            || !m.start_lsn.0.is_multiple_of(m.segment_size)
-            || m.end_lsn.0.checked_sub(m.start_lsn.0) != Some(m.segment_size)
-        {
-            return Err(format!(
-                "segment metadata covers [{}, {}) with segments of {} bytes",
-                m.start_lsn, m.end_lsn, m.segment_size
-            ));
-        }
-        if m.wal_start_lsn.is_some_and(|s| s < m.start_lsn || s >= m.end_lsn) {
-            return Err(format!("segment metadata puts the WAL start outside [{}, {})", m.start_lsn, m.end_lsn));
-        }
-        Ok(m)
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(self).expect("plain data serializes")
-    }
-}
 
 /// A timeline's offload, as this safekeeper knows it (for the status).
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -131,15 +62,9 @@ pub struct OffloadState {
 
 /// Offloads the WAL of every timeline, forever (returns at once without object storage).
 pub async fn run(shared: Arc<Shared>) {
-    let Some(cfg) = &shared.config.remote_storage else { return };
-    let storage = match RemoteStorage::new(cfg) {
-        // One attempt per tick: the tick is the retry, and errors show at once.
-        Ok(s) => s.with_retries(UPLOAD_TIMEOUT, 1, Duration::from_millis(100), Duration::from_secs(1)),
-        Err(e) => {
-            tracing::error!("WAL offload is off: {e}");
-            return;
-        }
-    };
+    let Some(storage) = &shared.remote else { return };
+    // One attempt per tick: the tick is the retry, and errors show at once.
+    let storage = storage.clone().with_retries(UPLOAD_TIMEOUT, 1, Duration::from_millis(100), Duration::from_secs(1));
     info!(storage = %storage.describe(), "offloading completed WAL segments");
     loop {
         tokio::time::sleep(TICK).await;
@@ -333,37 +258,4 @@ async fn offloaded_in_storage(
         next += 1;
     }
     Ok(if next == first { Lsn(0) } else { Lsn(next * segment_size) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn segment_metadata_round_trips_and_bad_ranges_are_refused() {
-        let m = SegmentMeta {
-            format_version: 1,
-            segment_size: 16 << 20,
-            start_lsn: Lsn(0x0100_0000),
-            end_lsn: Lsn(0x0200_0000),
-            crc32c: 0xDEAD_BEEF,
-            wal_start_lsn: None,
-            uploaded_by: NodeId(2),
-        };
-        assert_eq!(SegmentMeta::decode(&m.encode()).unwrap(), m);
-        for bad in [
-            SegmentMeta { format_version: 2, ..m.clone() },
-            SegmentMeta { end_lsn: Lsn(0x0300_0000), ..m.clone() },
-            SegmentMeta { start_lsn: Lsn(0x0100_0001), end_lsn: Lsn(0x0200_0001), ..m.clone() },
-            SegmentMeta { segment_size: 3 << 20, ..m.clone() },
-            SegmentMeta { wal_start_lsn: Some(Lsn(0x0200_0000)), ..m.clone() },
-        ] {
-            assert!(SegmentMeta::decode(&bad.encode()).is_err(), "{bad:?}");
-        }
-        assert!(SegmentMeta::decode(b"{}").is_err());
-        assert_eq!(
-            segment_key(TenantId([1; 16]), TimelineId([2; 16]), 2, 16 << 20),
-            "wal/01010101010101010101010101010101/02020202020202020202020202020202/000000010000000000000002"
-        );
-    }
 }

@@ -38,6 +38,9 @@ pub struct TimelinePositions {
     /// (the pageserver streams from one safekeeper; the others learn it here).
     #[serde(default)]
     pub remote_consistent_lsn: Lsn,
+    /// Where its local WAL begins (it removed what lies before).
+    #[serde(default)]
+    pub removed_before: Lsn,
 }
 
 /// The last answer of one peer.

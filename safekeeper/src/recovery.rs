@@ -4,6 +4,12 @@
 //! committed WAL is copied, so it is final whatever elections follow, and
 //! only when the peer's term history continues ours.
 //!
+//! When the peer has removed part of what is missing (it was offloaded;
+//! the peer reports where its WAL begins, see `peers`), that part comes
+//! from object storage: the offloaded segments are committed WAL, checked
+//! against their checksums, and the peer's term history (from its stream,
+//! which then goes on from where its WAL begins) covers them as well.
+//!
 //! One worker per peer: it checks every timeline against that peer in turn,
 //! so there is one attempt per peer at a time, different peers are used
 //! concurrently, and a peer that hangs (every wait is bounded) holds up only
@@ -24,6 +30,8 @@ use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec::{self, CodecError};
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, TermHistory, PROTOCOL_VERSION};
 use strata_protocol::{TenantId, TimelineId};
+use strata_remote_storage::wal::fetch_segment;
+use strata_remote_storage::RemoteStorage;
 use strata_service::backoff::Backoff;
 
 use crate::config::Peer;
@@ -55,6 +63,8 @@ pub enum RecoveryError {
     Refused(String),
     #[error("the peer's stream is out of order: {0}")]
     Protocol(String),
+    #[error("offloaded WAL: {0}")]
+    Offloaded(String),
     #[error(transparent)]
     Local(#[from] AcceptorCallError),
 }
@@ -110,7 +120,7 @@ async fn worker(shared: Arc<Shared>, peer: Peer, in_recovery: Arc<InRecovery>) {
                 continue;
             }
             let Some(_claim) = in_recovery.claim(&timeline) else { continue };
-            match recover_from(&shared, &timeline, &peer.address).await {
+            match recover_from(&shared, &timeline, &peer).await {
                 Ok(Some(end)) => {
                     info!(timeline = %timeline.identity.timeline_id, peer = %peer.address, %end, "recovered WAL from peer")
                 }
@@ -179,16 +189,27 @@ impl PeerStream {
 }
 
 /// Copies the peer's committed WAL beyond ours, if we are far enough behind.
-async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, address: &str) -> Result<Option<Lsn>, RecoveryError> {
+async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, peer: &Peer) -> Result<Option<Lsn>, RecoveryError> {
+    let address = peer.address.as_str();
     let mine = timeline.positions();
     let me = format!("peer-recovery-{}", shared.config.id);
-    let mut stream = PeerStream::open(address, timeline, mine.flush_lsn, me, shared.config.idle_timeout).await?;
+    // Where the peer's WAL begins, as it last said: before it, object storage.
+    let peer_from = shared
+        .peers
+        .live(timeline.identity.tenant_id, timeline.identity.timeline_id)
+        .into_iter()
+        .find(|(id, _)| *id == peer.id)
+        .map_or(Lsn(0), |(_, p)| p.removed_before);
+    let offloaded = shared.remote.as_ref().filter(|_| peer_from > mine.flush_lsn);
+    let stream_from = if offloaded.is_some() { peer_from } else { mine.flush_lsn };
+    let mut stream = PeerStream::open(address, timeline, stream_from, me, shared.config.idle_timeout).await?;
     let (until, history): (Lsn, TermHistory) = match stream.next(CONNECT_TIMEOUT).await? {
         StreamMessage::Start(start) => {
             if start.timeline != timeline.identity {
                 return Err(RecoveryError::Protocol("the peer's timeline identity differs".into()));
             }
-            if start.commit_lsn.0 < mine.flush_lsn.0 + RECOVERY_THRESHOLD_BYTES {
+            // What the peer removed no proposer can send either: that is recovered however little.
+            if start.commit_lsn.0 < mine.flush_lsn.0 + RECOVERY_THRESHOLD_BYTES && offloaded.is_none() {
                 return Ok(None);
             }
             info!(peer = %address, from = %mine.flush_lsn, to = %start.commit_lsn, "recovering WAL from peer");
@@ -196,8 +217,17 @@ async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, address: &str) 
         }
         other => return Err(RecoveryError::Protocol(format!("{other:?} before the stream start"))),
     };
+    if let Some(storage) = offloaded {
+        if stream_from > until {
+            return Err(RecoveryError::Protocol(format!(
+                "the peer's WAL begins at {stream_from}, past its commit {until}"
+            )));
+        }
+        info!(peer = %address, from = %mine.flush_lsn, to = %stream_from, "recovering WAL the peer removed from object storage");
+        recover_offloaded(shared, storage, timeline, mine.flush_lsn, stream_from, &history, until).await?;
+    }
     let mut pending: Vec<u8> = Vec::new();
-    let mut pending_start = mine.flush_lsn;
+    let mut pending_start = stream_from;
     loop {
         let done = pending_start.0 + pending.len() as u64 >= until.0;
         if pending.len() >= FLUSH_EVERY || (done && !pending.is_empty()) {
@@ -221,6 +251,40 @@ async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, address: &str) 
             other => return Err(RecoveryError::Protocol(format!("unexpected {other:?}"))),
         }
     }
+}
+
+/// Appends the offloaded WAL `[from, to)`, segment by segment; `history`
+/// and `until` are the peer's, which holds the WAL from `to` on.
+async fn recover_offloaded(
+    shared: &Shared,
+    storage: &RemoteStorage,
+    timeline: &Arc<Timeline>,
+    from: Lsn,
+    to: Lsn,
+    history: &TermHistory,
+    until: Lsn,
+) -> Result<(), RecoveryError> {
+    let (tenant, id) = (timeline.identity.tenant_id, timeline.identity.timeline_id);
+    let segment_size = u64::from(timeline.identity.wal_segment_size);
+    let mut at = from;
+    while at < to {
+        let segno = at.0 / segment_size;
+        let fetched = fetch_segment(storage, tenant, id, segno, segment_size)
+            .await
+            .map_err(|e| RecoveryError::Offloaded(format!("segment {segno}: {e}")))?;
+        let Some((_, bytes)) = fetched else {
+            return Err(RecoveryError::Offloaded(format!(
+                "segment {segno} is not in object storage, and the peer's WAL begins at {to}"
+            )));
+        };
+        let begin = (at.0 - segno * segment_size) as usize;
+        let end = (to.0 - segno * segment_size).min(segment_size) as usize;
+        let chunk = &bytes[begin..end];
+        tokio::task::block_in_place(|| timeline.with_acceptor(|a| a.recovery_append(history, at, chunk, until)))?;
+        at = Lsn(at.0 + chunk.len() as u64);
+        shared.metrics.segments_recovered_from_object_storage.inc();
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,10 +4,14 @@
 //! - the pageserver's `remote_consistent_lsn` (the highest it reported, to
 //!   this safekeeper or to a live peer): object storage holds layers with
 //!   every change below it;
-//! - the truncate LSN the proposer sends: every safekeeper has flushed the
-//!   WAL below it, so no peer recovers it from here;
 //! - with object storage, the offloaded LSN: the WAL below it is in object
-//!   storage;
+//!   storage, where a peer that lacks it recovers it from (`recovery`);
+//! - without object storage, the truncate LSN the proposer sends: every
+//!   safekeeper has flushed the WAL below it, so no peer recovers it from
+//!   here. (With object storage it is left out: a safekeeper that is down
+//!   would otherwise hold every peer's WAL until it returns; peers without
+//!   an HTTP address cannot learn where this one's WAL begins, so then it
+//!   stays.)
 //! - the flush LSN the control file records: a restart finds the end of
 //!   the WAL by reading from there, so that segment stays.
 //!
@@ -95,11 +99,15 @@ fn remove(shared: &Shared, tl: &Timeline) -> Result<u64, String> {
     let offloaded = tl.offload.lock().offloaded_lsn;
     let mut inputs = vec![
         ("the pageserver's remote_consistent_lsn", remote_consistent),
-        ("a peer's flush LSN (the truncate LSN)", truncate),
         ("the flush LSN in the control file", hint),
     ];
-    if shared.config.remote_storage.is_some() {
+    // A peer learns where this one's WAL begins over HTTP, and only then recovers from object storage.
+    let peers_recover = shared.config.peers.iter().filter(|p| p.id != shared.config.id).all(|p| p.http.is_some());
+    if shared.remote.is_some() {
         inputs.push(("the offload", offloaded));
+    }
+    if shared.remote.is_none() || !peers_recover {
+        inputs.push(("a peer's flush LSN (the truncate LSN)", truncate));
     }
     let (held_back_by, horizon) = inputs.iter().copied().min_by_key(|(_, lsn)| *lsn).expect("not empty");
     let horizon = Lsn(horizon.0.min(flush.0) / segment_size * segment_size);

@@ -39,6 +39,8 @@ pub struct Shared {
     pub next_connection_id: AtomicU64,
     /// The peers' positions, as they last answered.
     pub peers: crate::peers::PeerViews,
+    /// Where WAL is offloaded to and recovered from, if anywhere.
+    pub remote: Option<strata_remote_storage::RemoteStorage>,
 }
 
 /// The answer to a connection refused because the listener is full: an

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::{TenantId, TimelineId};
+use strata_remote_storage::wal::{fetch_segment, SegmentMeta};
 use strata_remote_storage::RemoteError;
 use strata_service::backoff::Backoff;
 use tokio::sync::{watch, Notify};
@@ -213,6 +214,17 @@ impl RemoteTimeline {
             .index
             .as_ref()
             .is_some_and(|i| i.layers.binary_search_by(|l| l.name.as_str().cmp(name)).is_ok())
+    }
+
+    /// Segment `segno` of this timeline's WAL as the safekeepers offloaded
+    /// it to the same object storage, checked against its metadata (`None`:
+    /// not offloaded).
+    pub fn fetch_wal_segment(&self, segno: u64, segment_size: u64) -> Result<Option<(SegmentMeta, Vec<u8>)>, String> {
+        let (storage, tenant, timeline) = (self.remote.storage.clone(), self.tenant_id, self.timeline_id);
+        self.remote
+            .block_on(async move { fetch_segment(&storage, tenant, timeline, segno, segment_size).await })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
     }
 
     /// Waits until the remote index covers `lsn`.
