@@ -230,15 +230,32 @@ def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(clus
     assert_pgbench_invariants(after, 4)
 
 
-def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster, pg_bin_dir, strata_bin, tmp_path):
+def configure_safekeepers(cluster, settings: dict) -> None:
+    """Sets top-level keys of every safekeeper's config (before `cluster.start()`)."""
+    for name in SAFEKEEPERS:
+        path = cluster.service_config_path(name)
+        text = path.read_text()
+        head, sep, tables = text.partition("\n[")
+        lines = [line for line in head.splitlines() if line.split(" = ")[0] not in settings]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+        path.write_text("\n".join(lines) + "\n" + (sep.lstrip("\n") + tables if sep else ""))
+
+
+def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_factory, pg_bin_dir, strata_bin,
+                                                                       tmp_path):
     """A stock PostgreSQL restored from a pg_basebackup of the compute (no
     WAL in it) and `strata wal restore` as its restore_command reaches the
-    same pg_dumpall as the compute."""
+    same pg_dumpall as the compute. The last segment is not complete: its
+    committed part is in object storage as a partial segment within the
+    configured time (here 1 s), and the restore reads it."""
     import os
     import pwd
 
     from fixtures.pg import SERVER_USER, PgCluster, is_root
 
+    cluster = cluster_factory(start=False)
+    configure_safekeepers(cluster, {"partial_offload_after": 1})
+    cluster.start()
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
     stock = PgCluster(pg_bin_dir, tmp_path / "stock", traverse_root=tmp_path)
@@ -247,10 +264,27 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster, p
     ep.run(["pgbench", "-n", "-c", "2", "-t", "300"], timeout=300)
     with ep.connect() as conn:
         conn.execute("CREATE TABLE after_backup AS SELECT g FROM generate_series(1, 1000) g")
-        conn.execute("SELECT pg_switch_wal()")
-        end = current_lsn(conn) // SEGMENT * SEGMENT
+        end = current_lsn(conn)
     expected = dump_all(ep)
-    wait_until("the WAL offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
+    assert end % SEGMENT > 0, "the last segment is not complete"
+
+    # The last commits are in object storage: whole segments, then the
+    # committed part of the last one.
+    def partial_covers():
+        st = sk_timeline(cluster, "sk1")["offload"]
+        return st if parse_lsn(st["offloaded_lsn"]) >= end // SEGMENT * SEGMENT and \
+            parse_lsn(st["partial_lsn"]) >= end else None
+
+    st = wait_until("the WAL offloaded, the last segment partly", partial_covers, timeout=120)
+    partial = wal_dir(cluster) / (sorted(p.name for p in wal_dir(cluster).iterdir()
+                                         if p.name.endswith(".partial"))[-1])
+    meta = json.loads((partial.parent / (partial.name + ".json")).read_text())
+    data = partial.read_bytes()
+    assert meta["partial"] is True and crc32c.crc32c(data) == meta["crc32c"], meta
+    assert parse_lsn(meta["end_lsn"]) - parse_lsn(meta["start_lsn"]) == len(data) and \
+        parse_lsn(meta["start_lsn"]) == end // SEGMENT * SEGMENT, meta
+    print("\noffload:", st, "; partial segment:", partial.name, meta["end_lsn"])
+    assert cluster.metrics("sk1")["strata_safekeeper_partial_segments_offloaded_total"] >= 1
 
     ct = cluster.cluster_toml
     restore = (f"{strata_bin} wal restore --config {cluster.service_config_path('sk1')} "
@@ -276,6 +310,13 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster, p
     # Sequences come back ahead after a recovery (PostgreSQL logs them in advance).
     assert split_sequences(got)[0] == split_sequences(expected)[0], "the restored server differs from the compute"
     assert "after_backup" in got
+
+    # Once the segment is complete, it is offloaded whole and the partial one goes.
+    with ep.connect() as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("SELECT txid_current()")
+    wait_until("the partial segment replaced", lambda: not partial.exists() and
+               (partial.parent / partial.name.removesuffix(".partial")).exists(), timeout=120)
 
 
 def bulk_write(ep, until: int) -> None:

@@ -4,6 +4,11 @@
 //! clears `XLR_CHECK_CONSISTENCY` in its records (a stock server would run
 //! the consistency checks itself) and writes it where PostgreSQL asked.
 //!
+//! A segment that was only offloaded as a partial segment (the committed
+//! prefix of the segment being written, e.g. the last one of a compute that
+//! stopped) is given to PostgreSQL padded with zeros to a whole segment:
+//! replay reads its records and ends at the zeros, as at the end of any WAL.
+//!
 //! Exit codes follow what PostgreSQL makes of them: 1 when the segment is
 //! not in object storage (the end of the archive: recovery ends there);
 //! 127 on any other failure (a damaged object, an unreachable store), which
@@ -17,7 +22,7 @@ use strata_formats::wal::segment::SegmentName;
 use strata_formats::wal::strip::ConsistencyStripper;
 use strata_formats::PgVersion;
 use strata_protocol::{TenantId, TimelineId};
-use strata_remote_storage::wal::{fetch_segment, SegmentMeta};
+use strata_remote_storage::wal::{fetch_partial_segment, fetch_segment, SegmentMeta};
 use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
 
 /// What a service config must hold for the restore: its object storage.
@@ -70,16 +75,26 @@ fn restore(r: &Restore<'_>) -> anyhow::Result<bool> {
         bytes
     } else {
         // A record that runs into the next segment gets its new CRC only with its end.
-        let next = runtime.block_on(fetch(&storage, r, segno + 1))?;
-        strip(&meta, &bytes, next.as_ref().map(|(_, b)| &b[..]))?
+        let next = if meta.partial { None } else { runtime.block_on(fetch(&storage, r, segno + 1))? };
+        // (Of a partial next segment, only its WAL: the zeros after it do not decode.)
+        let next = next.as_ref().map(|(m, b)| &b[..(m.end_lsn.0 - m.start_lsn.0) as usize]);
+        strip(&meta, &bytes, next)?
     };
     write_atomically(r.destination, &out)?;
     Ok(true)
 }
 
-/// A segment and its metadata, checked against each other (`None`: not offloaded).
+/// A segment and its metadata, checked against each other: the whole
+/// segment, else a partial one padded with zeros (`None`: not offloaded).
 async fn fetch(storage: &RemoteStorage, r: &Restore<'_>, segno: u64) -> anyhow::Result<Option<(SegmentMeta, Vec<u8>)>> {
-    Ok(fetch_segment(storage, r.tenant, r.timeline, segno, r.segment_size).await?)
+    if let Some(whole) = fetch_segment(storage, r.tenant, r.timeline, segno, r.segment_size).await? {
+        return Ok(Some(whole));
+    }
+    let partial = fetch_partial_segment(storage, r.tenant, r.timeline, segno, r.segment_size).await?;
+    Ok(partial.map(|(meta, mut bytes)| {
+        bytes.resize(r.segment_size as usize, 0);
+        (meta, bytes)
+    }))
 }
 
 /// The segment with the consistency flag cleared in every record that
@@ -91,6 +106,15 @@ fn strip(meta: &SegmentMeta, bytes: &[u8], next: Option<&[u8]>) -> anyhow::Resul
     let skip = (from.0 - meta.start_lsn.0) as usize;
     let mut out = bytes[..skip].to_vec();
     let mut stripper = ConsistencyStripper::new(PgVersion::V15, from, meta.segment_size);
+    if meta.partial {
+        // The committed prefix; the zeros after it are no WAL.
+        let end = (meta.end_lsn.0 - meta.start_lsn.0) as usize;
+        out.extend(stripper.push(&bytes[skip..end]).context("decoding the partial segment")?);
+        out.extend(stripper.finish());
+        debug_assert_eq!(out.len(), end, "the stripper gives back every byte");
+        out.resize(size, 0);
+        return Ok(out);
+    }
     out.extend(stripper.push(&bytes[skip..]).context("decoding the segment")?);
     if out.len() < size {
         if let Some(next) = next {

@@ -63,6 +63,11 @@ pub struct SafekeeperConfig {
     /// Object storage that completed WAL segments are offloaded to (none: no offload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
+    /// Longest committed WAL stays on the safekeepers' disks only: the
+    /// committed part of a segment not yet complete is then offloaded as a
+    /// partial segment (a compute that stops leaves its last segment so).
+    #[serde(default = "default_partial_offload_after", with = "seconds")]
+    pub partial_offload_after: Duration,
 }
 
 fn default_true() -> bool {
@@ -86,6 +91,9 @@ fn default_max_pg_connections() -> usize {
 fn default_handshake_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_partial_offload_after() -> Duration {
+    Duration::from_secs(60)
+}
 
 /// Descriptors kept for everything but client connections: WAL segments
 /// and control files, peer and recovery connections, logs.
@@ -102,6 +110,7 @@ impl SafekeeperConfig {
         check_range("max_send_bytes", self.max_send_bytes, 1, 16 << 20)?;
         check_duration("idle_timeout", self.idle_timeout)?;
         check_duration("handshake_timeout", self.handshake_timeout)?;
+        check_duration("partial_offload_after", self.partial_offload_after)?;
         check_range("max_connections", self.max_connections, 1, 100_000)?;
         check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
         check_range("max_pg_connections", self.max_pg_connections, 1, 100_000)?;
@@ -159,6 +168,7 @@ mod tests {
         for (extra, key) in [
             ("idle_timeout = 0", "idle_timeout"),
             ("handshake_timeout = 0", "handshake_timeout"),
+            ("partial_offload_after = 0", "partial_offload_after"),
             ("max_connections = 0", "max_connections"),
             ("max_http_connections = 0", "max_http_connections"),
             ("max_pg_connections = 0", "max_pg_connections"),

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub timeline_failures: Counter,
     pub timeline_reloads: Counter,
     pub segments_offloaded: Counter,
+    /// Partial segments uploaded (the committed part of a segment being written).
+    pub partial_segments_offloaded: Counter,
     /// Segments a far-behind timeline took from object storage (its peers had removed them).
     pub segments_recovered_from_object_storage: Counter,
     pub offload_bytes: Counter,
@@ -51,6 +53,7 @@ impl Metrics {
             timeline_failures: Counter::default(),
             timeline_reloads: Counter::default(),
             segments_offloaded: Counter::default(),
+            partial_segments_offloaded: Counter::default(),
             segments_recovered_from_object_storage: Counter::default(),
             offload_bytes: Counter::default(),
             offload_errors: Counter::default(),
@@ -85,6 +88,11 @@ impl Metrics {
             "segments_recovered_from_object_storage",
             "WAL segments recovered from object storage because the peers had removed them",
             m.segments_recovered_from_object_storage.clone(),
+        );
+        registry.register(
+            "partial_segments_offloaded",
+            "Partial WAL segments uploaded (committed WAL of a segment not yet complete)",
+            m.partial_segments_offloaded.clone(),
         );
         registry.register("offload_bytes", "WAL bytes uploaded to object storage", m.offload_bytes.clone());
         registry.register(

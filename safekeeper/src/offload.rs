@@ -18,6 +18,13 @@
 //! A segment counts as offloaded only once its metadata object exists and
 //! matches it, so a crash between the two uploads leaves a segment that
 //! the next offloader simply uploads again.
+//!
+//! The segment being written is offloaded as a partial segment (its
+//! committed prefix) once committed WAL beyond what object storage holds
+//! has waited `partial_offload_after`: a compute that stops leaves its last
+//! segment incomplete for good, and its last commits would otherwise be on
+//! the safekeepers' disks only. The offloader replaces the partial segment
+//! as the WAL grows and deletes it once the whole segment is uploaded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +33,9 @@ use bytes::Bytes;
 use strata_formats::wal::segment::SegmentName;
 use strata_formats::Lsn;
 use strata_protocol::{NodeId, TenantId, TimelineId};
-use strata_remote_storage::wal::{meta_key, segment_key, timeline_prefix, SegmentMeta, FORMAT_VERSION, PG_TIMELINE};
+use strata_remote_storage::wal::{
+    meta_key, partial_key, partial_meta_key, segment_key, timeline_prefix, SegmentMeta, FORMAT_VERSION, PG_TIMELINE,
+};
 use strata_remote_storage::RemoteStorage;
 use tracing::{info, warn};
 
@@ -50,7 +59,12 @@ pub struct OffloadState {
     /// Who offloads the timeline, as seen from here (none until this
     /// safekeeper has looked at it with its peers' views settled).
     pub offloader: Option<NodeId>,
+    /// End of the partial segment this safekeeper last offloaded (0: none).
+    pub partial_lsn: Lsn,
     pub last_error: Option<String>,
+    /// Since when committed WAL beyond what object storage holds has waited.
+    #[serde(skip)]
+    uncovered_since: Option<std::time::Instant>,
     /// Whether object storage was listed since the timeline was loaded.
     #[serde(skip)]
     listed: bool,
@@ -138,7 +152,81 @@ async fn offload_timeline(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Tim
         offloaded = end;
         tl.offload.lock().offloaded_lsn = end;
     }
+    offload_partial(shared, storage, tl, offloaded).await
+}
+
+/// Offloads the committed part of the segment being written once it has
+/// waited `partial_offload_after` beyond what object storage holds.
+async fn offload_partial(
+    shared: &Shared,
+    storage: &RemoteStorage,
+    tl: &Arc<Timeline>,
+    offloaded: Lsn,
+) -> Result<(), String> {
+    let segment_size = u64::from(tl.identity.wal_segment_size);
+    let segno = (offloaded.0 / segment_size).max(tl.start_lsn.0 / segment_size);
+    let seg_start = Lsn(segno * segment_size);
+    let mine = tl.positions();
+    let committed = mine.commit_lsn.min(mine.flush_lsn);
+    let covered = {
+        let state = tl.offload.lock();
+        state.partial_lsn.max(seg_start).max(tl.start_lsn)
+    };
+    // Whole segments are the loop above's business (or wait for commit).
+    if committed <= covered || committed.0 >= seg_start.0 + segment_size {
+        tl.offload.lock().uncovered_since = None;
+        return Ok(());
+    }
+    let since = *tl.offload.lock().uncovered_since.get_or_insert_with(std::time::Instant::now);
+    if since.elapsed() < shared.config.partial_offload_after {
+        return Ok(());
+    }
+    let bytes = read_segment(tl, segno, segment_size, committed.0 - seg_start.0).await?;
+    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+    let meta = SegmentMeta {
+        format_version: FORMAT_VERSION,
+        segment_size,
+        start_lsn: seg_start,
+        end_lsn: committed,
+        crc32c: crc32c::crc32c(&bytes),
+        wal_start_lsn: (tl.start_lsn > seg_start).then_some(tl.start_lsn),
+        uploaded_by: shared.config.id,
+        partial: true,
+    };
+    storage
+        .put(&partial_key(tenant, timeline, segno, segment_size), Bytes::from(bytes))
+        .await
+        .map_err(|e| e.to_string())?;
+    storage
+        .put(&partial_meta_key(tenant, timeline, segno, segment_size), Bytes::from(meta.encode()))
+        .await
+        .map_err(|e| e.to_string())?;
+    {
+        let mut state = tl.offload.lock();
+        state.partial_lsn = committed;
+        state.uncovered_since = None;
+    }
+    shared.metrics.partial_segments_offloaded.inc();
+    info!(%tenant, %timeline, segment = segno, end = %committed, "offloaded a partial WAL segment");
     Ok(())
+}
+
+/// The first `len` bytes of segment `segno` as offloaded (with page
+/// headers before the timeline's start).
+async fn read_segment(tl: &Arc<Timeline>, segno: u64, segment_size: u64, len: u64) -> Result<Vec<u8>, String> {
+    let path = segment_path(&tl.dir, segno, segment_size);
+    let mut bytes = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || std::fs::read(path)).await.map_err(|e| e.to_string())?
+    }
+    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    if (bytes.len() as u64) < len || bytes.len() as u64 > segment_size {
+        return Err(format!("{} has {} bytes, fewer than the {len} to offload", path.display(), bytes.len()));
+    }
+    bytes.resize(segment_size as usize, 0);
+    fill_headers_before_start(&mut bytes, tl, segno, segment_size)?;
+    bytes.truncate(len as usize);
+    Ok(bytes)
 }
 
 /// Uploads segment `segno`, then its metadata.
@@ -150,17 +238,7 @@ async fn upload_segment(
     segment_size: u64,
 ) -> Result<(), String> {
     let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    let path = segment_path(&tl.dir, segno, segment_size);
-    let bytes = {
-        let path = path.clone();
-        tokio::task::spawn_blocking(move || std::fs::read(path)).await.map_err(|e| e.to_string())?
-    }
-    .map_err(|e| format!("reading {}: {e}", path.display()))?;
-    if bytes.len() as u64 != segment_size {
-        return Err(format!("{} has {} bytes, not a whole segment of {segment_size}", path.display(), bytes.len()));
-    }
-    let mut bytes = bytes;
-    fill_headers_before_start(&mut bytes, tl, segno, segment_size)?;
+    let bytes = read_segment(tl, segno, segment_size, segment_size).await?;
     let start = Lsn(segno * segment_size);
     let meta = SegmentMeta {
         format_version: FORMAT_VERSION,
@@ -170,6 +248,7 @@ async fn upload_segment(
         crc32c: crc32c::crc32c(&bytes),
         wal_start_lsn: (tl.start_lsn > start && tl.start_lsn.0 < start.0 + segment_size).then_some(tl.start_lsn),
         uploaded_by: shared.config.id,
+        partial: false,
     };
     storage
         .put(&segment_key(tenant, timeline, segno, segment_size), Bytes::from(bytes))
@@ -179,6 +258,13 @@ async fn upload_segment(
         .put(&meta_key(tenant, timeline, segno, segment_size), Bytes::from(meta.encode()))
         .await
         .map_err(|e| e.to_string())?;
+    // The whole segment replaces a partial one (this or another offloader's):
+    // metadata first, so no reader finds metadata without its object.
+    for key in
+        [partial_meta_key(tenant, timeline, segno, segment_size), partial_key(tenant, timeline, segno, segment_size)]
+    {
+        storage.delete(&key).await.map_err(|e| e.to_string())?;
+    }
     shared.metrics.segments_offloaded.inc();
     shared.metrics.offload_bytes.inc_by(segment_size);
     info!(%tenant, %timeline, segment = segno, end = %meta.end_lsn, "offloaded a WAL segment");
