@@ -201,7 +201,10 @@ def main() -> int:
                 assert time.monotonic() < deadline, st
                 time.sleep(0.2)
             time.sleep(2)  # the deletion queue runs after the index
-            results["remote"] = {"object_bytes": dir_bytes(cluster.workdir / "remote_storage"),
+            # The pageserver's objects only: the safekeepers' offloaded WAL
+            # (`wal/`, the archive of the whole run) is another matter.
+            results["remote"] = {"object_bytes": dir_bytes(cluster.workdir / "remote_storage" / "tenants"),
+                                 "wal_archive_bytes": dir_bytes(cluster.workdir / "remote_storage" / "wal"),
                                  "index_layer_bytes": r["remote_bytes"], "layers": r["remote_layers"]}
             cold, warm = cold_warm(tl_url, spc, db, rel, args.runs * 5)
             results["cold_getpage"] = {"cold_ms": cold, "warm_ms": warm}

@@ -456,3 +456,70 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
     with ep.connect() as conn:
         assert pgbench_state(conn) == after
     assert_pgbench_invariants(after, 2)
+
+
+def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
+    """Offloaded segments older than wal_archive_retention (here 2 s) go
+    from object storage once the pageserver's remote_consistent_lsn is past
+    them, and not before: while the pageserver is down, the segments
+    written meanwhile stay. A restarted safekeeper finds where the
+    archive's unbroken run ends from its oldest segment and uploads
+    nothing again."""
+    cluster = cluster_factory(start=False)
+    configure_safekeepers(cluster, {"wal_archive_retention": 2})
+    configure_pageserver(cluster, {"checkpoint_distance": 8 << 20})
+    cluster.start()
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    with ep.connect() as conn:
+        bulk_write(ep, current_lsn(conn) + 3 * SEGMENT)
+    cluster.run("timeline", "checkpoint", timeout=600)
+    consistent = parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["remote_consistent_lsn"])
+
+    def archived() -> list[int]:
+        return sorted(int(p.name[8:16], 16) * (0x100000000 // SEGMENT) + int(p.name[16:24], 16)
+                      for p in wal_dir(cluster).iterdir() if p.name.endswith(".json") and "partial" not in p.name)
+
+    def expired_below(lsn):
+        def check():
+            segs = archived()
+            return segs or [-1] if all((s + 1) * SEGMENT > lsn for s in segs) else None
+        return check
+
+    wait_until("offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= consistent // SEGMENT * SEGMENT,
+               timeout=120)
+    wait_until("the archive below remote_consistent_lsn deleted", expired_below(consistent), timeout=120)
+    deleted = cluster.metrics("sk1")["strata_safekeeper_archived_segments_expired_total"]
+    assert deleted >= 3, deleted
+    assert "deleted archived WAL past its retention" in cluster.log("sk1")
+
+    # The pageserver is down: what is written now is offloaded and, older
+    # than the retention or not, stays in the archive.
+    cluster.stop("--only", "pageserver")
+    with ep.connect() as conn:
+        bulk_write(ep, current_lsn(conn) + 3 * SEGMENT)
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("SELECT txid_current()")
+        end = current_lsn(conn) // SEGMENT * SEGMENT
+    wait_until("offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
+    time.sleep(6)  # three retentions
+    segs = archived()
+    print(f"\nremote_consistent_lsn {format_lsn(consistent)}; with the pageserver down the archive holds {segs}")
+    assert segs == list(range(segs[0], end // SEGMENT)) and segs[0] <= consistent // SEGMENT, segs
+    assert cluster.metrics("sk1")["strata_safekeeper_archived_segments_expired_total"] == deleted
+    check_offloaded(cluster, end)  # whole, matching their metadata
+
+    # sk1 restarts: the archive's run begins at its oldest segment, nothing is uploaded twice.
+    cluster.stop("--only", "sk1")
+    cluster.start("--only", "sk1")
+    wait_until("sk1 listed the archive", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
+    assert cluster.metrics("sk1")["strata_safekeeper_segments_offloaded_total"] == 0
+
+    # The pageserver is back and uploads: the rest expires.
+    cluster.start()
+    wait_until("the pageserver caught up", lambda: parse_lsn(
+        cluster.http("pageserver", "GET", cluster.timeline_path())[1]["last_record_lsn"]) >= end, timeout=300)
+    cluster.run("timeline", "checkpoint", timeout=600)
+    consistent = parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["remote_consistent_lsn"])
+    assert consistent >= end
+    wait_until("the rest deleted", expired_below(consistent), timeout=120)

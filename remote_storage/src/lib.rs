@@ -50,12 +50,13 @@ pub enum RemoteError {
     },
 }
 
-/// An object and its size.
+/// An object, its size and when it was last written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {
     /// Relative to the storage's prefix.
     pub key: String,
     pub size: u64,
+    pub last_modified: std::time::SystemTime,
 }
 
 /// A connection to one object store, under one prefix.
@@ -237,7 +238,11 @@ impl RemoteStorage {
             self.retrying("listing", prefix, || self.store.list(Some(&path)).try_collect()).await?;
         let mut out: Vec<ObjectInfo> = metas
             .into_iter()
-            .map(|m| ObjectInfo { key: m.location.as_ref().get(strip..).unwrap_or("").to_string(), size: m.size })
+            .map(|m| ObjectInfo {
+                key: m.location.as_ref().get(strip..).unwrap_or("").to_string(),
+                size: m.size,
+                last_modified: m.last_modified.into(),
+            })
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)

@@ -68,6 +68,12 @@ pub struct SafekeeperConfig {
     /// partial segment (a compute that stops leaves its last segment so).
     #[serde(default = "default_partial_offload_after", with = "seconds")]
     pub partial_offload_after: Duration,
+    /// How long offloaded WAL is kept in object storage (for restores from
+    /// a base backup and for a pageserver rebuilt from an older index);
+    /// older segments go once the pageserver's `remote_consistent_lsn` is
+    /// past them.
+    #[serde(default = "default_wal_archive_retention", with = "seconds")]
+    pub wal_archive_retention: Duration,
 }
 
 fn default_true() -> bool {
@@ -94,6 +100,9 @@ fn default_handshake_timeout() -> Duration {
 fn default_partial_offload_after() -> Duration {
     Duration::from_secs(60)
 }
+fn default_wal_archive_retention() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
 
 /// Descriptors kept for everything but client connections: WAL segments
 /// and control files, peer and recovery connections, logs.
@@ -111,6 +120,7 @@ impl SafekeeperConfig {
         check_duration("idle_timeout", self.idle_timeout)?;
         check_duration("handshake_timeout", self.handshake_timeout)?;
         check_duration("partial_offload_after", self.partial_offload_after)?;
+        check_duration("wal_archive_retention", self.wal_archive_retention)?;
         check_range("max_connections", self.max_connections, 1, 100_000)?;
         check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
         check_range("max_pg_connections", self.max_pg_connections, 1, 100_000)?;
@@ -169,6 +179,7 @@ mod tests {
             ("idle_timeout = 0", "idle_timeout"),
             ("handshake_timeout = 0", "handshake_timeout"),
             ("partial_offload_after = 0", "partial_offload_after"),
+            ("wal_archive_retention = 0", "wal_archive_retention"),
             ("max_connections = 0", "max_connections"),
             ("max_http_connections = 0", "max_http_connections"),
             ("max_pg_connections = 0", "max_pg_connections"),

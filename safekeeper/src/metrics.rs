@@ -24,6 +24,8 @@ pub struct Metrics {
     pub timeline_failures: Counter,
     pub timeline_reloads: Counter,
     pub segments_offloaded: Counter,
+    /// Archived segments deleted from object storage past their retention.
+    pub archived_segments_expired: Counter,
     /// Partial segments uploaded (the committed part of a segment being written).
     pub partial_segments_offloaded: Counter,
     /// Segments a far-behind timeline took from object storage (its peers had removed them).
@@ -53,6 +55,7 @@ impl Metrics {
             timeline_failures: Counter::default(),
             timeline_reloads: Counter::default(),
             segments_offloaded: Counter::default(),
+            archived_segments_expired: Counter::default(),
             partial_segments_offloaded: Counter::default(),
             segments_recovered_from_object_storage: Counter::default(),
             offload_bytes: Counter::default(),
@@ -93,6 +96,11 @@ impl Metrics {
             "partial_segments_offloaded",
             "Partial WAL segments uploaded (committed WAL of a segment not yet complete)",
             m.partial_segments_offloaded.clone(),
+        );
+        registry.register(
+            "archived_segments_expired",
+            "Offloaded WAL segments deleted from object storage past wal_archive_retention",
+            m.archived_segments_expired.clone(),
         );
         registry.register("offload_bytes", "WAL bytes uploaded to object storage", m.offload_bytes.clone());
         registry.register(

@@ -25,6 +25,12 @@
 //! segment incomplete for good, and its last commits would otherwise be on
 //! the safekeepers' disks only. The offloader replaces the partial segment
 //! as the WAL grows and deletes it once the whole segment is uploaded.
+//!
+//! Offloaded WAL is an archive with a bound: the offloader deletes segments
+//! older than `wal_archive_retention` once the pageserver's
+//! `remote_consistent_lsn` is past them (a pageserver rebuilt from its
+//! newest index never needs them; a restore from an older base backup or
+//! an older index needs them only within the retention).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +55,8 @@ const TICK: Duration = Duration::from_secs(1);
 const SEGMENTS_PER_TICK: usize = 8;
 /// Longest one upload attempt may take (16 MiB even over a slow link).
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often the offloader looks for archived segments past their retention.
+const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 
 /// A timeline's offload, as this safekeeper knows it (for the status).
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -65,6 +73,9 @@ pub struct OffloadState {
     /// Since when committed WAL beyond what object storage holds has waited.
     #[serde(skip)]
     uncovered_since: Option<std::time::Instant>,
+    /// When archived segments were last checked against their retention.
+    #[serde(skip)]
+    expired_at: Option<std::time::Instant>,
     /// Whether object storage was listed since the timeline was loaded.
     #[serde(skip)]
     listed: bool,
@@ -152,7 +163,53 @@ async fn offload_timeline(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Tim
         offloaded = end;
         tl.offload.lock().offloaded_lsn = end;
     }
-    offload_partial(shared, storage, tl, offloaded).await
+    offload_partial(shared, storage, tl, offloaded).await?;
+    let every = EXPIRE_EVERY.min(shared.config.wal_archive_retention);
+    let due = tl.offload.lock().expired_at.is_none_or(|t| t.elapsed() >= every);
+    if due {
+        expire_archive(shared, storage, tl).await?;
+        tl.offload.lock().expired_at = Some(std::time::Instant::now());
+    }
+    Ok(())
+}
+
+/// Deletes archived segments older than the retention that the pageserver
+/// no longer needs (metadata first: a segment without metadata is not
+/// offloaded to any reader).
+async fn expire_archive(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Timeline>) -> Result<(), String> {
+    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+    let segment_size = u64::from(tl.identity.wal_segment_size);
+    let needed_from = tl.remote_consistent.get();
+    if needed_from == Lsn(0) {
+        return Ok(()); // unknown since the start: keep everything
+    }
+    let now = std::time::SystemTime::now();
+    let objects = storage.list(&timeline_prefix(tenant, timeline)).await.map_err(|e| e.to_string())?;
+    let mut expired = 0;
+    for o in &objects {
+        let Some(name) = o.key.rsplit('/').next().and_then(|n| n.strip_suffix(".json")) else { continue };
+        let Some(segment) = SegmentName::parse(name, segment_size).filter(|s| s.timeline == PG_TIMELINE) else {
+            continue;
+        };
+        let end = (segment.segment_number + 1) * segment_size;
+        let old = now.duration_since(o.last_modified).unwrap_or_default() >= shared.config.wal_archive_retention;
+        if end > needed_from.0 || !old {
+            continue;
+        }
+        for key in [
+            meta_key(tenant, timeline, segment.segment_number, segment_size),
+            segment_key(tenant, timeline, segment.segment_number, segment_size),
+        ] {
+            storage.delete(&key).await.map_err(|e| e.to_string())?;
+        }
+        expired += 1;
+    }
+    if expired > 0 {
+        shared.metrics.archived_segments_expired.inc_by(expired);
+        info!(%tenant, %timeline, segments = expired, remote_consistent = %needed_from,
+              retention_s = shared.config.wal_archive_retention.as_secs(), "deleted archived WAL past its retention");
+    }
+    Ok(())
 }
 
 /// Offloads the committed part of the segment being written once it has
@@ -336,6 +393,8 @@ async fn offloaded_in_storage(
         .map(|s| s.segment_number)
         .collect();
     with_meta.sort_unstable();
+    // The archive's oldest segments may have expired: the run starts at the oldest one held.
+    let first = with_meta.iter().copied().find(|s| *s >= first).unwrap_or(first);
     let mut next = first;
     for segno in with_meta.into_iter().filter(|s| *s >= first) {
         if segno != next {
