@@ -523,3 +523,49 @@ def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
     consistent = parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["remote_consistent_lsn"])
     assert consistent >= end
     wait_until("the rest deleted", expired_below(consistent), timeout=120)
+
+
+def test_wal_restore_tells_a_missing_segment_from_a_damaged_one(cluster, strata_bin, tmp_path):
+    """`strata wal restore` exits 1 for a segment that is not offloaded
+    (PostgreSQL ends recovery there) and 127 for a damaged one or a store
+    it cannot read (PostgreSQL stops), never handing over bad bytes."""
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "1", "-q"], timeout=300)
+    with ep.connect() as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("SELECT txid_current()")
+        end = current_lsn(conn) // SEGMENT * SEGMENT
+    wait_until("offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
+    ct = cluster.cluster_toml
+    name = sorted(p.name for p in wal_dir(cluster).iterdir() if len(p.name) == 24)[-1]
+
+    def restore(segment: str, config=None) -> subprocess.CompletedProcess:
+        out = tmp_path / "restored"
+        out.unlink(missing_ok=True)
+        return subprocess.run([str(strata_bin), "wal", "restore", "--config",
+                               str(config or cluster.service_config_path("sk1")), "--tenant-id", ct["tenant_id"],
+                               "--timeline-id", cluster.timeline_id(), segment, str(out)],
+                              capture_output=True, text=True, timeout=120)
+
+    ok = restore(name)
+    assert ok.returncode == 0 and (tmp_path / "restored").stat().st_size == SEGMENT, ok.stderr
+    absent = restore("0000000100000000000000FF")
+    assert absent.returncode == 1 and "not in object storage" in absent.stderr, absent
+    assert not (tmp_path / "restored").exists()
+
+    # A flipped byte in the object: damaged, exit 127, nothing written.
+    obj = wal_dir(cluster) / name
+    data = bytearray(obj.read_bytes())
+    data[SEGMENT // 2] ^= 0xFF
+    obj.write_bytes(bytes(data))
+    damaged = restore(name)
+    assert damaged.returncode == 127 and "CRC-32C" in damaged.stderr, damaged
+    assert not (tmp_path / "restored").exists()
+
+    # A config without object storage, or one that does not parse: exit 127.
+    bare = tmp_path / "bare.toml"
+    bare.write_text("id = 9\n")
+    assert restore(name, bare).returncode == 127
+    broken = tmp_path / "broken.toml"
+    broken.write_text("remote_storage = [\n")
+    assert restore(name, broken).returncode == 127

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use strata_protocol::NodeId;
 use strata_service::config::{
-    check_duration, check_open_files, check_range, load_toml, seconds, ConfigError, ConfigLoadError,
+    check_duration, check_open_files, check_range, load_toml, retention_seconds, seconds, ConfigError, ConfigLoadError,
 };
 
 /// A peer safekeeper (for peer recovery and the choice of the offloader).
@@ -72,7 +72,7 @@ pub struct SafekeeperConfig {
     /// a base backup and for a pageserver rebuilt from an older index);
     /// older segments go once the pageserver's `remote_consistent_lsn` is
     /// past them.
-    #[serde(default = "default_wal_archive_retention", with = "seconds")]
+    #[serde(default = "default_wal_archive_retention", with = "retention_seconds")]
     pub wal_archive_retention: Duration,
 }
 
@@ -164,6 +164,9 @@ mod tests {
         assert!(c.fsync);
         assert_eq!(c.peers.len(), 1);
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
+        // What `strata init` writes is read back (a week of retention included).
+        let again: SafekeeperConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(again.wal_archive_retention, Duration::from_secs(7 * 24 * 3600));
         assert!(toml::from_str::<SafekeeperConfig>(&format!("bogus = 1\n{ok}")).is_err());
         assert!(toml::from_str::<SafekeeperConfig>("id = 1").is_err());
         c.validate().unwrap();
