@@ -64,6 +64,15 @@ def offloaded_lsns(cluster, names=SAFEKEEPERS) -> dict[str, int]:
     return {n: parse_lsn(sk_timeline(cluster, n)["offload"]["offloaded_lsn"]) for n in names}
 
 
+def switch_segment(ep) -> int:
+    """Completes the compute's current segment (and writes a record in the
+    next, so the switch is committed); returns the LSN after it."""
+    with ep.connect() as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        conn.execute("SELECT txid_current()")
+        return current_lsn(conn)
+
+
 def test_completed_segments_are_offloaded_once_and_pg_waldump_reads_them(cluster, pg_bin_dir, tmp_path):
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "4", "-q"], timeout=300)
@@ -111,9 +120,7 @@ def test_completed_segments_are_offloaded_once_and_pg_waldump_reads_them(cluster
 def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
-    with ep.connect() as conn:
-        conn.execute("SELECT pg_switch_wal()")
-        conn.execute("SELECT txid_current()")
+    switch_segment(ep)
     wait_until("sk1 offloads", lambda: sk_timeline(cluster, "sk1")["offload"]["offloaded_lsn"] != "0/0", timeout=120)
 
     # pgbench goes on while the offloader dies; bulk writes make sure that
@@ -138,10 +145,7 @@ def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
     finally:
         bench.terminate()
         bench.wait(timeout=60)
-    with ep.connect() as conn:
-        conn.execute("SELECT pg_switch_wal()")
-        conn.execute("SELECT txid_current()")
-        end = current_lsn(conn) // SEGMENT * SEGMENT
+    end = switch_segment(ep) // SEGMENT * SEGMENT
     wait_until("the rest offloaded", lambda: offloaded_lsns(cluster, ("sk2", "sk3"))["sk3"] >= end, timeout=120)
     uploaders = check_offloaded(cluster, end)
     assert {1, 2} <= set(uploaders.values()) <= {1, 2}, uploaders
@@ -312,9 +316,7 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
     assert "after_backup" in got
 
     # Once the segment is complete, it is offloaded whole and the partial one goes.
-    with ep.connect() as conn:
-        conn.execute("SELECT pg_switch_wal()")
-        conn.execute("SELECT txid_current()")
+    switch_segment(ep)
     wait_until("the partial segment replaced", lambda: not partial.exists() and
                (partial.parent / partial.name.removesuffix(".partial")).exists(), timeout=120)
 
@@ -411,10 +413,7 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
     finally:
         bench.terminate()
         bench.wait(timeout=60)
-    with ep.connect() as conn:
-        conn.execute("SELECT pg_switch_wal()")
-        conn.execute("SELECT txid_current()")
-        end = current_lsn(conn)
+    end = switch_segment(ep)
     cluster.run("timeline", "checkpoint", timeout=600)
     gone = (behind // SEGMENT + 3) * SEGMENT
 
@@ -498,9 +497,7 @@ def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
     cluster.stop("--only", "pageserver")
     with ep.connect() as conn:
         bulk_write(ep, current_lsn(conn) + 3 * SEGMENT)
-        conn.execute("SELECT pg_switch_wal()")
-        conn.execute("SELECT txid_current()")
-        end = current_lsn(conn) // SEGMENT * SEGMENT
+    end = switch_segment(ep) // SEGMENT * SEGMENT
     wait_until("offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
     time.sleep(6)  # three retentions
     segs = archived()
@@ -531,10 +528,7 @@ def test_wal_restore_tells_a_missing_segment_from_a_damaged_one(cluster, strata_
     it cannot read (PostgreSQL stops), never handing over bad bytes."""
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "1", "-q"], timeout=300)
-    with ep.connect() as conn:
-        conn.execute("SELECT pg_switch_wal()")
-        conn.execute("SELECT txid_current()")
-        end = current_lsn(conn) // SEGMENT * SEGMENT
+    end = switch_segment(ep) // SEGMENT * SEGMENT
     wait_until("offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
     ct = cluster.cluster_toml
     name = sorted(p.name for p in wal_dir(cluster).iterdir() if len(p.name) == 24)[-1]

@@ -238,32 +238,14 @@ async fn offload_partial(
     if since.elapsed() < shared.config.partial_offload_after {
         return Ok(());
     }
-    let bytes = read_segment(tl, segno, segment_size, committed.0 - seg_start.0).await?;
-    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    let meta = SegmentMeta {
-        format_version: FORMAT_VERSION,
-        segment_size,
-        start_lsn: seg_start,
-        end_lsn: committed,
-        crc32c: crc32c::crc32c(&bytes),
-        wal_start_lsn: (tl.start_lsn > seg_start).then_some(tl.start_lsn),
-        uploaded_by: shared.config.id,
-        partial: true,
-    };
-    storage
-        .put(&partial_key(tenant, timeline, segno, segment_size), Bytes::from(bytes))
-        .await
-        .map_err(|e| e.to_string())?;
-    storage
-        .put(&partial_meta_key(tenant, timeline, segno, segment_size), Bytes::from(meta.encode()))
-        .await
-        .map_err(|e| e.to_string())?;
+    put_segment(shared, storage, tl, segno, committed).await?;
     {
         let mut state = tl.offload.lock();
         state.partial_lsn = committed;
         state.uncovered_since = None;
     }
     shared.metrics.partial_segments_offloaded.inc();
+    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
     info!(%tenant, %timeline, segment = segno, end = %committed, "offloaded a partial WAL segment");
     Ok(())
 }
@@ -278,12 +260,51 @@ async fn read_segment(tl: &Arc<Timeline>, segno: u64, segment_size: u64, len: u6
     }
     .map_err(|e| format!("reading {}: {e}", path.display()))?;
     if (bytes.len() as u64) < len || bytes.len() as u64 > segment_size {
-        return Err(format!("{} has {} bytes, fewer than the {len} to offload", path.display(), bytes.len()));
+        return Err(format!(
+            "{} has {} bytes: {len} of a segment of {segment_size} are to be offloaded",
+            path.display(),
+            bytes.len()
+        ));
     }
     bytes.resize(segment_size as usize, 0);
     fill_headers_before_start(&mut bytes, tl, segno, segment_size)?;
     bytes.truncate(len as usize);
     Ok(bytes)
+}
+
+/// Uploads segment `segno` up to `end` (all of it, or the committed prefix
+/// of a segment being written: a partial segment), then its metadata.
+async fn put_segment(
+    shared: &Shared,
+    storage: &RemoteStorage,
+    tl: &Arc<Timeline>,
+    segno: u64,
+    end: Lsn,
+) -> Result<(), String> {
+    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+    let segment_size = u64::from(tl.identity.wal_segment_size);
+    let start = Lsn(segno * segment_size);
+    debug_assert!(start < end && end.0 <= start.0 + segment_size, "{end} is not in segment {segno}");
+    let partial = end.0 < start.0 + segment_size;
+    let bytes = read_segment(tl, segno, segment_size, end.0 - start.0).await?;
+    let meta = SegmentMeta {
+        format_version: FORMAT_VERSION,
+        segment_size,
+        start_lsn: start,
+        end_lsn: end,
+        crc32c: crc32c::crc32c(&bytes),
+        wal_start_lsn: (tl.start_lsn > start && tl.start_lsn < end).then_some(tl.start_lsn),
+        uploaded_by: shared.config.id,
+        partial,
+    };
+    let (key, mkey) = if partial {
+        (partial_key(tenant, timeline, segno, segment_size), partial_meta_key(tenant, timeline, segno, segment_size))
+    } else {
+        (segment_key(tenant, timeline, segno, segment_size), meta_key(tenant, timeline, segno, segment_size))
+    };
+    storage.put(&key, Bytes::from(bytes)).await.map_err(|e| e.to_string())?;
+    storage.put(&mkey, Bytes::from(meta.encode())).await.map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Uploads segment `segno`, then its metadata.
@@ -295,26 +316,8 @@ async fn upload_segment(
     segment_size: u64,
 ) -> Result<(), String> {
     let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    let bytes = read_segment(tl, segno, segment_size, segment_size).await?;
-    let start = Lsn(segno * segment_size);
-    let meta = SegmentMeta {
-        format_version: FORMAT_VERSION,
-        segment_size,
-        start_lsn: start,
-        end_lsn: Lsn(start.0 + segment_size),
-        crc32c: crc32c::crc32c(&bytes),
-        wal_start_lsn: (tl.start_lsn > start && tl.start_lsn.0 < start.0 + segment_size).then_some(tl.start_lsn),
-        uploaded_by: shared.config.id,
-        partial: false,
-    };
-    storage
-        .put(&segment_key(tenant, timeline, segno, segment_size), Bytes::from(bytes))
-        .await
-        .map_err(|e| e.to_string())?;
-    storage
-        .put(&meta_key(tenant, timeline, segno, segment_size), Bytes::from(meta.encode()))
-        .await
-        .map_err(|e| e.to_string())?;
+    let end = Lsn((segno + 1) * segment_size);
+    put_segment(shared, storage, tl, segno, end).await?;
     // The whole segment replaces a partial one (this or another offloader's):
     // metadata first, so no reader finds metadata without its object.
     for key in
@@ -324,7 +327,7 @@ async fn upload_segment(
     }
     shared.metrics.segments_offloaded.inc();
     shared.metrics.offload_bytes.inc_by(segment_size);
-    info!(%tenant, %timeline, segment = segno, end = %meta.end_lsn, "offloaded a WAL segment");
+    info!(%tenant, %timeline, segment = segno, %end, "offloaded a WAL segment");
     Ok(())
 }
 
