@@ -193,6 +193,7 @@ impl Core {
             protocol_version: PROTOCOL_VERSION,
             proposer_id: *strata_protocol::TimelineId::generate().0.first_chunk().expect("16 bytes"),
             timeline: cfg.timeline.clone(),
+            membership: Default::default(),
         };
         let mut link_tasks = Vec::with_capacity(cfg.safekeepers.len());
         let links = cfg

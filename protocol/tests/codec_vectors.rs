@@ -8,9 +8,9 @@ use strata_protocol::safekeeper::codec::{
     encode_proposer, encode_stream, split_frame,
 };
 use strata_protocol::safekeeper::{
-    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, ErrorCode, ErrorMessage,
-    ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, TermHistory, TermLsn,
-    TimelineIdentity, VoteRequest, VoteResponse, WalData,
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, ErrorCode, ErrorMessage, Member,
+    Membership, ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, TermHistory,
+    TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
 };
 use strata_protocol::{NodeId, TenantId, TimelineId};
 
@@ -62,11 +62,15 @@ fn stream(msg: StreamMessage, vector: &str) {
     check_decode(&unhex(vector), decode_stream, &msg);
 }
 
+fn member(id: u64, address: &str) -> Member {
+    Member { id: NodeId(id), address: address.into() }
+}
+
 #[test]
 fn proposer_greeting() {
     proposer(
         ProposerMessage::Greeting(ProposerGreeting {
-            protocol_version: 1,
+            protocol_version: 2,
             proposer_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             timeline: TimelineIdentity {
                 tenant_id: TenantId([0x11; 16]),
@@ -75,10 +79,12 @@ fn proposer_greeting() {
                 pg_version: 15,
                 wal_segment_size: 16 << 20,
             },
+            membership: Membership::default(),
         }),
-        "45000000 01 01000000 000102030405060708090a0b0c0d0e0f
+        "4c000000 01 02000000 000102030405060708090a0b0c0d0e0f
          11111111111111111111111111111111 22222222222222222222222222222222
-         0807060504030201 0f000000 00000001",
+         0807060504030201 0f000000 00000001
+         00000000 0000 00",
     );
 }
 
@@ -118,8 +124,19 @@ fn append_request() {
 #[test]
 fn acceptor_greeting() {
     acceptor(
-        AcceptorMessage::Greeting(AcceptorGreeting { protocol_version: 1, node_id: NodeId(7), term: 4 }),
-        "15000000 81 01000000 0700000000000000 0400000000000000",
+        AcceptorMessage::Greeting(AcceptorGreeting {
+            protocol_version: 2,
+            node_id: NodeId(7),
+            term: 4,
+            membership: Membership {
+                generation: 3,
+                members: vec![member(1, "a:1"), member(2, "b:2")],
+                new_members: Some(vec![member(1, "a:1"), member(4, "d:4")]),
+            },
+        }),
+        "5a000000 81 02000000 0700000000000000 0400000000000000
+         03000000 0200 0100000000000000 03000000 613a31 0200000000000000 03000000 623a32
+         01 0200 0100000000000000 03000000 613a31 0400000000000000 03000000 643a34",
     );
 }
 
@@ -164,7 +181,7 @@ fn acceptor_error() {
 fn start_streaming() {
     consumer(
         ConsumerMessage::Start(StartStreaming {
-            protocol_version: 1,
+            protocol_version: 2,
             tenant_id: TenantId([0x11; 16]),
             timeline_id: TimelineId([0x22; 16]),
             start_lsn: Lsn(0x1000),
@@ -172,7 +189,7 @@ fn start_streaming() {
             include_uncommitted: false,
             consumer_id: "ps-1".into(),
         }),
-        "3e000000 10 01000000 11111111111111111111111111111111 22222222222222222222222222222222
+        "3e000000 10 02000000 11111111111111111111111111111111 22222222222222222222222222222222
          0010000000000000 0000000000000000 00 04000000 70732d31",
     );
 }

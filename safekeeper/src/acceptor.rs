@@ -8,8 +8,8 @@
 
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::{
-    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ErrorCode, ErrorMessage, ProposerElected,
-    ProposerGreeting, ProposerMessage, Term, TermHistory, TimelineIdentity, VoteRequest, VoteResponse,
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ErrorCode, ErrorMessage, Membership,
+    ProposerElected, ProposerGreeting, ProposerMessage, Term, TermHistory, TimelineIdentity, VoteRequest, VoteResponse,
     PROTOCOL_VERSION,
 };
 use strata_protocol::NodeId;
@@ -29,6 +29,10 @@ pub struct PersistentState {
     /// Flushed WAL end when the state was last written; the real end is found
     /// by reading the WAL from here at start-up.
     pub flush_lsn_hint: Lsn,
+    /// The timeline's membership configuration (absent in control files
+    /// written before membership existed: generation 0).
+    #[serde(default)]
+    pub membership: Membership,
 }
 
 /// `TimelineIdentity` in a serializable form.
@@ -77,6 +81,7 @@ impl PersistentState {
             commit_lsn: timeline_start_lsn,
             truncate_lsn: timeline_start_lsn,
             flush_lsn_hint: timeline_start_lsn,
+            membership: Membership::default(),
         }
     }
 }
@@ -138,6 +143,8 @@ pub enum AcceptorError {
     Protocol(String),
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
+    #[error("the membership configuration is now of generation {current}, not {session}")]
+    MembershipChanged { session: u32, current: u32 },
 }
 
 impl AcceptorError {
@@ -149,6 +156,7 @@ impl AcceptorError {
             AcceptorError::TermSuperseded { .. } => ErrorCode::TermSuperseded,
             AcceptorError::Protocol(_) => ErrorCode::Protocol,
             AcceptorError::Storage(_) => ErrorCode::Storage,
+            AcceptorError::MembershipChanged { .. } => ErrorCode::MembershipChanged,
         };
         AcceptorMessage::Error(ErrorMessage { code, message: self.to_string() })
     }
@@ -234,11 +242,43 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
                 mine.wal_segment_size
             )));
         }
+        // A proposer knows a newer configuration only from a member that holds it.
+        if g.membership.generation > self.state.membership.generation {
+            self.set_membership(g.membership.clone())?;
+        }
         Ok(AcceptorMessage::Greeting(AcceptorGreeting {
             protocol_version: PROTOCOL_VERSION,
             node_id: self.node_id,
             term: self.state.term,
+            membership: self.state.membership.clone(),
         }))
+    }
+
+    /// The timeline's membership configuration.
+    pub fn membership(&self) -> &Membership {
+        &self.state.membership
+    }
+
+    /// Adopts a configuration of a higher generation (durably); an equal
+    /// one is a no-op if identical, any other is refused.
+    pub fn set_membership(&mut self, m: Membership) -> Result<(), AcceptorError> {
+        m.validate().map_err(|e| AcceptorError::Protocol(format!("membership configuration: {e}")))?;
+        let current = &self.state.membership;
+        if m.generation == current.generation {
+            return if m == *current {
+                Ok(())
+            } else {
+                Err(AcceptorError::Protocol(format!("another configuration of generation {}", m.generation)))
+            };
+        }
+        if m.generation < current.generation {
+            return Err(AcceptorError::MembershipChanged { session: m.generation, current: current.generation });
+        }
+        let mut next = self.state.clone();
+        next.membership = m;
+        self.control.persist(&next)?;
+        self.state = next;
+        Ok(())
     }
 
     fn vote(&mut self, v: &VoteRequest) -> Result<AcceptorMessage, AcceptorError> {

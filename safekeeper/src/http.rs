@@ -4,6 +4,11 @@
 //! - `GET  /v1/tenant/{tenant}/timeline/{timeline}` — one timeline's state
 //! - `POST /v1/tenant/{tenant}/timeline/{timeline}` — create a timeline:
 //!   `{"system_id": u64, "pg_version": 15, "wal_segment_size": u32, "start_lsn": "X/X"}`
+//! - `GET  /v1/tenant/{tenant}/timeline/{timeline}/membership` — its membership configuration
+//! - `PUT  /v1/tenant/{tenant}/timeline/{timeline}/membership` — install a
+//!   configuration of a higher generation (`docs/safekeeper-membership.md`);
+//!   200 with the configuration now held, 409 for an older or a different
+//!   one of the same generation, 400 for a malformed one
 //! - `GET  /v1/positions` — flush, commit and offloaded LSN of every timeline (polled by peers)
 //! - `GET  /metrics` — Prometheus text format
 
@@ -12,11 +17,11 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, put};
 use axum::{Json, Router};
 
 use strata_formats::Lsn;
-use strata_protocol::safekeeper::TimelineIdentity;
+use strata_protocol::safekeeper::{Membership, TimelineIdentity};
 use strata_protocol::{TenantId, TimelineId};
 
 use crate::server::Shared;
@@ -40,6 +45,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/positions", get(positions))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status).post(create_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", put(set_membership).get(get_membership))
         .route("/metrics", get(metrics))
         .with_state(shared)
 }
@@ -137,6 +143,58 @@ async fn create_timeline(
             (code, Json(tl.status())).into_response()
         }
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),
+    }
+}
+
+async fn get_membership(
+    State(shared): State<Arc<Shared>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Response {
+    let (t, l) = match parse_ids(&tenant, &timeline) {
+        Ok(ids) => ids,
+        Err(r) => return *r,
+    };
+    let Some(tl) = shared.timelines.get(t, l) else {
+        return error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"));
+    };
+    match tokio::task::block_in_place(|| tl.with_acceptor(|a| Ok(a.membership().clone()))) {
+        Ok(m) => Json(m).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn set_membership(
+    State(shared): State<Arc<Shared>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Result<Json<Membership>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let (t, l) = match parse_ids(&tenant, &timeline) {
+        Ok(ids) => ids,
+        Err(r) => return *r,
+    };
+    let Json(m) = match body {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    if let Err(e) = m.validate() {
+        return error(StatusCode::BAD_REQUEST, format!("membership configuration: {e}"));
+    }
+    let Some(tl) = shared.timelines.get(t, l) else {
+        return error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"));
+    };
+    let generation = m.generation;
+    match tokio::task::block_in_place(|| {
+        tl.with_acceptor(|a| {
+            a.set_membership(m)?;
+            Ok(a.membership().clone())
+        })
+    }) {
+        Ok(now) => {
+            tracing::info!(tenant = %t, timeline = %l, generation, "membership configuration installed");
+            Json(now).into_response()
+        }
+        Err(crate::timeline::AcceptorCallError::Refused(e)) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 

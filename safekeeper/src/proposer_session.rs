@@ -88,6 +88,19 @@ pub fn serve(
         send_timeout,
     };
     let mut pending: Option<ProposerMessage> = Some(greeting);
+    // The membership generation this connection works under (set by the
+    // greeting): once the timeline's changes, the proposer must reconnect
+    // and learn the new configuration, so no vote or append of a stale
+    // configuration is ever taken (docs/safekeeper-membership.md).
+    let mut session_generation = 0u32;
+    let same_generation = |acceptor: &crate::timeline::TimelineAcceptor, session: u32| {
+        let current = acceptor.membership().generation;
+        if current == session {
+            Ok(())
+        } else {
+            Err(AcceptorError::MembershipChanged { session, current })
+        }
+    };
     loop {
         let msg = match pending.take() {
             Some(m) => m,
@@ -113,6 +126,7 @@ pub fn serve(
             let started = Instant::now();
             let n = batch.len();
             let outcome = timeline.with_acceptor(|acceptor| {
+                same_generation(acceptor, session_generation)?;
                 for m in &batch {
                     if let ProposerMessage::Append(a) = m {
                         shared.metrics.append_requests.inc();
@@ -140,13 +154,31 @@ pub fn serve(
             }
             continue;
         }
-        match timeline.with_acceptor(|acceptor| acceptor.handle(&msg)) {
+        let handled = timeline.with_acceptor(|acceptor| {
+            if !matches!(msg, ProposerMessage::Greeting(_)) {
+                same_generation(acceptor, session_generation)?;
+            }
+            acceptor.handle(&msg)
+        });
+        match handled {
             Ok(Some(reply)) => {
                 if let ProposerMessage::Elected(e) = &msg {
                     info!(term = e.term, start = %e.start_streaming_at, "proposer elected");
                 }
                 codec::encode_acceptor(&reply, &mut session.out);
                 session.send()?;
+                if let (ProposerMessage::Greeting(g), AcceptorMessage::Greeting(ours)) = (&msg, &reply) {
+                    session_generation = ours.membership.generation;
+                    if g.membership.generation < session_generation {
+                        // The proposer learns the newer configuration from our greeting and reconnects.
+                        info!(
+                            theirs = g.membership.generation,
+                            ours = session_generation,
+                            "a proposer of an older membership generation; closing"
+                        );
+                        return Ok(());
+                    }
+                }
             }
             Ok(None) => {}
             Err(e) => {

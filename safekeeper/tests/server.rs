@@ -107,6 +107,7 @@ fn greeting(system_id: u64) -> ProposerMessage {
         protocol_version: PROTOCOL_VERSION,
         proposer_id: [9; 16],
         timeline: identity(system_id),
+        membership: Default::default(),
     })
 }
 
@@ -154,7 +155,12 @@ async fn proposer_consumer_restart_and_bad_input() {
     let mut g = identity(77);
     g.tenant_id = TenantId([0xEE; 16]);
     unknown
-        .send(&ProposerMessage::Greeting(ProposerGreeting { protocol_version: 1, proposer_id: [1; 16], timeline: g }))
+        .send(&ProposerMessage::Greeting(ProposerGreeting {
+            protocol_version: PROTOCOL_VERSION,
+            proposer_id: [1; 16],
+            timeline: g,
+            membership: Default::default(),
+        }))
         .await;
     match unknown.reply().await {
         AcceptorMessage::Error(e) => assert_eq!(e.code, ErrorCode::NotFound),
@@ -218,7 +224,7 @@ async fn proposer_consumer_restart_and_bad_input() {
     let mut out = Vec::new();
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {
-            protocol_version: 1,
+            protocol_version: PROTOCOL_VERSION,
             tenant_id: TenantId([5; 16]),
             timeline_id: TimelineId([6; 16]),
             start_lsn: START,
@@ -346,7 +352,7 @@ async fn connection_floods_displace_each_other_and_established_connections_stay(
     let mut out = Vec::new();
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {
-            protocol_version: 1,
+            protocol_version: PROTOCOL_VERSION,
             tenant_id: TenantId([5; 16]),
             timeline_id: TimelineId([6; 16]),
             start_lsn: START,
@@ -400,4 +406,59 @@ async fn a_port_in_use_is_refused_naming_the_key() {
     let err = strata_safekeeper::run(config).await.unwrap_err().to_string();
     assert!(err.starts_with(&format!("listen_http = {addr}: ")) && err.contains("in use"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A membership configuration is installed over HTTP (only ever a higher
+/// generation), survives a restart, and fences proposers: a connection of
+/// an older generation learns the new one from the greeting and is closed,
+/// and an established connection is refused once the generation changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_generations_fence_stale_proposers() {
+    let dir = std::env::temp_dir().join(format!("strata-sk-membership-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start(&dir).await;
+    let tl = create_timeline(&sk).await;
+    let path = format!("{tl}/membership");
+    let (code, body) = http(sk.http, "GET", &path, "").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"generation\":0"), "{body}");
+
+    // An established connection of generation 0.
+    let mut old = greeted(sk.addr).await;
+    let g1 = r#"{"generation": 1, "members": [{"id": 1, "address": "a:1"}, {"id": 2, "address": "b:2"}],
+                "new_members": [{"id": 1, "address": "a:1"}, {"id": 3, "address": "c:3"}]}"#;
+    let (code, body) = http(sk.http, "PUT", &path, g1).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(http(sk.http, "PUT", &path, g1).await.0, 200, "the same configuration again is a no-op");
+    let older = r#"{"generation": 0, "members": []}"#;
+    assert_eq!(http(sk.http, "PUT", &path, older).await.0, 409);
+    let other = r#"{"generation": 1, "members": [{"id": 9, "address": "z:9"}]}"#;
+    assert_eq!(http(sk.http, "PUT", &path, other).await.0, 409);
+    let bad = r#"{"generation": 2, "members": [{"id": 1, "address": "a:1"}, {"id": 1, "address": "a:1"}]}"#;
+    assert_eq!(http(sk.http, "PUT", &path, bad).await.0, 400);
+
+    // The established connection is refused at its next message.
+    old.send(&ProposerMessage::VoteRequest(VoteRequest { term: 1 })).await;
+    match old.reply().await {
+        AcceptorMessage::Error(e) => assert_eq!(e.code, ErrorCode::MembershipChanged, "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+    // A new connection of generation 0 gets the configuration, then is closed.
+    let mut stale = Client::connect(sk.addr).await;
+    stale.send(&greeting(77)).await;
+    match stale.reply().await {
+        AcceptorMessage::Greeting(g) => assert_eq!(g.membership.generation, 1, "{g:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(stale.frame().await.is_none(), "closed after the greeting");
+
+    // Restarted, the safekeeper still holds generation 1.
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    let sk = start(&dir).await;
+    let (code, body) = http(sk.http, "GET", &path, "").await;
+    assert!(code == 200 && body.contains("\"generation\":1") && body.contains("c:3"), "{code} {body}");
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

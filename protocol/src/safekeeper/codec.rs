@@ -27,6 +27,7 @@ use strata_formats::types::Truncated;
 use strata_formats::Lsn;
 
 use super::history::HistoryError;
+use super::membership::{Member, Membership, MAX_MEMBERS};
 use super::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
     ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, StreamStart,
@@ -92,6 +93,8 @@ pub enum CodecError {
     HistoryTooLong { message: &'static str, count: usize },
     #[error("{message}: {detail}")]
     InvalidHistory { message: &'static str, detail: HistoryError },
+    #[error("{message}: invalid membership configuration: {detail}")]
+    InvalidMembership { message: &'static str, detail: String },
     #[error("{message}: unknown error code {code}")]
     UnknownErrorCode { message: &'static str, code: u16 },
     #[error("{message}: {len} WAL bytes from LSN {begin_lsn} run past the end of the LSN space")]
@@ -159,6 +162,21 @@ impl FrameWriter<'_> {
     fn identity(&mut self, t: &TimelineIdentity) -> &mut Self {
         self.id(&t.tenant_id.0).id(&t.timeline_id.0).u64(t.system_id).u32(t.pg_version).u32(t.wal_segment_size)
     }
+    fn members(&mut self, set: &[Member]) -> &mut Self {
+        assert!(set.len() <= MAX_MEMBERS, "a set of {} members exceeds the protocol limit of {MAX_MEMBERS}", set.len());
+        self.u16(set.len() as u16);
+        for m in set {
+            self.u64(m.id.0).string(&m.address);
+        }
+        self
+    }
+    fn membership(&mut self, m: &Membership) -> &mut Self {
+        self.u32(m.generation).members(&m.members).bool(m.new_members.is_some());
+        if let Some(new) = &m.new_members {
+            self.members(new);
+        }
+        self
+    }
     fn error(&mut self, e: &ErrorMessage) -> &mut Self {
         self.u16(e.code as u16).string(&e.message)
     }
@@ -177,6 +195,7 @@ pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
             .u32(g.protocol_version)
             .id(&g.proposer_id)
             .identity(&g.timeline)
+            .membership(&g.membership)
             .finish(),
         ProposerMessage::VoteRequest(v) => begin_frame(out, tag::VOTE_REQUEST).u64(v.term).finish(),
         ProposerMessage::Elected(e) => begin_frame(out, tag::PROPOSER_ELECTED)
@@ -198,9 +217,12 @@ pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
 /// Appends the frame of an acceptor message to `out` (see [`encode_proposer`]).
 pub fn encode_acceptor(msg: &AcceptorMessage, out: &mut Vec<u8>) {
     match msg {
-        AcceptorMessage::Greeting(g) => {
-            begin_frame(out, tag::ACCEPTOR_GREETING).u32(g.protocol_version).u64(g.node_id.0).u64(g.term).finish()
-        }
+        AcceptorMessage::Greeting(g) => begin_frame(out, tag::ACCEPTOR_GREETING)
+            .u32(g.protocol_version)
+            .u64(g.node_id.0)
+            .u64(g.term)
+            .membership(&g.membership)
+            .finish(),
         AcceptorMessage::VoteResponse(v) => begin_frame(out, tag::VOTE_RESPONSE)
             .u64(v.term)
             .bool(v.vote_given)
@@ -300,6 +322,29 @@ impl Fields<'_, CodecError> {
         history.validate().map_err(|detail| CodecError::InvalidHistory { message: self.message, detail })?;
         Ok(history)
     }
+    fn members(&mut self, field: &'static str) -> Result<Vec<Member>, CodecError> {
+        let count = self.u16(field)? as usize;
+        if count > MAX_MEMBERS {
+            return Err(CodecError::InvalidMembership {
+                message: self.message,
+                detail: format!("a set of {count} members, at most {MAX_MEMBERS} allowed"),
+            });
+        }
+        let mut set = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = NodeId(self.u64(field)?);
+            set.push(Member { id, address: self.string(field)? });
+        }
+        Ok(set)
+    }
+    fn membership(&mut self) -> Result<Membership, CodecError> {
+        let generation = self.u32("generation")?;
+        let members = self.members("members")?;
+        let new_members = if self.bool("joint")? { Some(self.members("new_members")?) } else { None };
+        let m = Membership { generation, members, new_members };
+        m.validate().map_err(|detail| CodecError::InvalidMembership { message: self.message, detail })?;
+        Ok(m)
+    }
     fn identity(&mut self) -> Result<TimelineIdentity, CodecError> {
         Ok(TimelineIdentity {
             tenant_id: TenantId(self.id16("tenant_id")?),
@@ -335,6 +380,7 @@ fn error_code(code: u16) -> Option<ErrorCode> {
         7 => ErrorCode::Internal,
         8 => ErrorCode::Overloaded,
         9 => ErrorCode::WalRemoved,
+        10 => ErrorCode::MembershipChanged,
         _ => return None,
     })
 }
@@ -374,6 +420,7 @@ pub fn decode_proposer(frame: &[u8]) -> Result<ProposerMessage, CodecError> {
                 protocol_version: r.u32("protocol_version")?,
                 proposer_id: r.id16("proposer_id")?,
                 timeline: r.identity()?,
+                membership: r.membership()?,
             }))
         })
         .map_err(|e| version_aware(frame, e)),
@@ -408,6 +455,7 @@ pub fn decode_acceptor(frame: &[u8]) -> Result<AcceptorMessage, CodecError> {
                 protocol_version: r.u32("protocol_version")?,
                 node_id: NodeId(r.u64("node_id")?),
                 term: r.u64("term")?,
+                membership: r.membership()?,
             }))
         }),
         tag::VOTE_RESPONSE => read(frame, "VoteResponse", |r| {
@@ -586,6 +634,7 @@ mod tests {
                 protocol_version: PROTOCOL_VERSION,
                 proposer_id: [0x5C; 16],
                 timeline: identity(),
+                membership: Membership::default(),
             })),
             Any::P(ProposerMessage::VoteRequest(VoteRequest { term: 0xDEAD_BEEF_0000_0007 })),
             Any::P(ProposerMessage::Elected(ProposerElected {
@@ -612,6 +661,19 @@ mod tests {
                 protocol_version: PROTOCOL_VERSION,
                 node_id: NodeId(u64::MAX - 3),
                 term: 8,
+                membership: Membership {
+                    generation: 7,
+                    members: vec![
+                        Member { id: NodeId(1), address: "sk1:5454".into() },
+                        Member { id: NodeId(2), address: "sk2:5454".into() },
+                        Member { id: NodeId(3), address: "sk3:5454".into() },
+                    ],
+                    new_members: Some(vec![
+                        Member { id: NodeId(1), address: "sk1:5454".into() },
+                        Member { id: NodeId(2), address: "sk2:5454".into() },
+                        Member { id: NodeId(4), address: "sk4:5454".into() },
+                    ]),
+                },
             })),
             Any::A(AcceptorMessage::VoteResponse(VoteResponse {
                 term: 9,
@@ -880,8 +942,10 @@ mod tests {
         assert!(decode_stream(&frame).is_ok(), "Overloaded");
         let frame = [tag::STREAM_ERROR, 9, 0, 0, 0, 0, 0];
         assert!(decode_stream(&frame).is_ok(), "WalRemoved");
-        let frame = [tag::STREAM_ERROR, 10, 0, 0, 0, 0, 0];
-        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 10, .. })));
+        let frame = [tag::ACCEPTOR_ERROR, 10, 0, 0, 0, 0, 0];
+        assert!(decode_acceptor(&frame).is_ok(), "MembershipChanged");
+        let frame = [tag::STREAM_ERROR, 11, 0, 0, 0, 0, 0];
+        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 11, .. })));
         let frame = [tag::STREAM_ERROR, 0, 0, 0, 0, 0, 0];
         assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 0, .. })));
 
@@ -930,17 +994,20 @@ mod tests {
     #[test]
     fn other_versions_are_reported_as_such() {
         let Any::P(ProposerMessage::Greeting(mut g)) = samples()[0].clone() else { unreachable!() };
-        g.protocol_version = 2;
+        g.protocol_version = PROTOCOL_VERSION + 1;
         let mut out = Vec::new();
         encode_proposer(&ProposerMessage::Greeting(g.clone()), &mut out);
         // Same layout: decodes, and the acceptor refuses the version itself.
         assert_eq!(decode_proposer(&out[LENGTH_SIZE..]), Ok(ProposerMessage::Greeting(g)));
-        assert_eq!(peek_version(&out[LENGTH_SIZE..]), Some(2));
-        // A longer greeting of version 2.
+        assert_eq!(peek_version(&out[LENGTH_SIZE..]), Some(PROTOCOL_VERSION + 1));
+        // A longer greeting of the other version.
         out.extend([1, 2, 3]);
         let err = decode_proposer(&out[LENGTH_SIZE..]).unwrap_err();
-        assert!(matches!(err, CodecError::UnsupportedVersion { version: 2, .. }), "{err:?}");
-        // The same damage to a version 1 greeting is a plain decoding error.
+        assert!(
+            matches!(err, CodecError::UnsupportedVersion { version, .. } if version == PROTOCOL_VERSION + 1),
+            "{err:?}"
+        );
+        // The same damage to a greeting of this version is a plain decoding error.
         let mut out = samples()[0].encode();
         out.push(0);
         assert!(matches!(decode_proposer(&out[LENGTH_SIZE..]), Err(CodecError::TrailingBytes { count: 1, .. })));
@@ -1000,6 +1067,19 @@ mod tests {
         fn error(&mut self) -> ErrorMessage {
             ErrorMessage { code: error_code(1 + self.below(7) as u16).unwrap(), message: self.string() }
         }
+        fn membership(&mut self) -> Membership {
+            if self.below(3) == 0 {
+                return Membership::default();
+            }
+            let set = |first: u64, n: u64| -> Vec<Member> {
+                (0..n).map(|i| Member { id: NodeId(first + i), address: format!("sk{i}:1") }).collect()
+            };
+            let members = set(1, 1 + self.below(5));
+            let n = 1 + self.below(5);
+            let new_members = (self.below(2) == 0).then(|| set(3, n));
+            Membership { generation: 1 + self.below(100) as u32, members, new_members }
+        }
+
         fn wal(&mut self) -> Vec<u8> {
             let n = self.below(40) as usize;
             self.bytes(n)
@@ -1011,6 +1091,7 @@ mod tests {
                     protocol_version: self.below(3) as u32,
                     proposer_id: self.bytes(16).try_into().unwrap(),
                     timeline: self.identity(),
+                    membership: self.membership(),
                 })),
                 1 => Any::P(ProposerMessage::VoteRequest(VoteRequest { term: self.next_u64() })),
                 2 => Any::P(ProposerMessage::Elected(ProposerElected {
@@ -1030,6 +1111,7 @@ mod tests {
                     protocol_version: self.next_u64() as u32,
                     node_id: NodeId(self.next_u64()),
                     term: self.next_u64(),
+                    membership: self.membership(),
                 })),
                 5 => Any::A(AcceptorMessage::VoteResponse(VoteResponse {
                     term: self.next_u64(),

@@ -7,6 +7,7 @@
 pub mod codec;
 pub mod election;
 pub mod history;
+pub mod membership;
 
 pub use history::{TermHistory, TermLsn};
 
@@ -14,8 +15,10 @@ use strata_formats::Lsn;
 
 use crate::ids::{NodeId, TenantId, TimelineId};
 
-/// Protocol version spoken by this build.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Protocol version spoken by this build (2: greetings carry the membership configuration).
+pub const PROTOCOL_VERSION: u32 = 2;
+
+pub use membership::{Member, Membership};
 
 /// An election term. Terms only grow; each has at most one proposer.
 pub type Term = u64;
@@ -39,6 +42,8 @@ pub struct ProposerGreeting {
     /// Random id of this proposer process (for logs and status).
     pub proposer_id: [u8; 16],
     pub timeline: TimelineIdentity,
+    /// The configuration the proposer knows (the highest generation it saw).
+    pub membership: Membership,
 }
 
 /// The proposer asks for the acceptor's vote in `term`.
@@ -97,6 +102,8 @@ pub struct AcceptorGreeting {
     pub node_id: NodeId,
     /// The highest term this acceptor has voted in.
     pub term: Term,
+    /// The acceptor's configuration of the timeline.
+    pub membership: Membership,
 }
 
 /// The acceptor's answer to a vote request.
@@ -164,6 +171,9 @@ pub enum ErrorCode {
     /// The start of a stream lies in WAL this safekeeper removed (it is in
     /// object storage, or on peers); the message says where the WAL held begins.
     WalRemoved = 9,
+    /// The acceptor's membership configuration is of another generation
+    /// than the connection's: the proposer reconnects with the newer one.
+    MembershipChanged = 10,
 }
 
 /// First message of a consumer connection (pageserver, peer recovery,
