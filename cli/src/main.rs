@@ -27,12 +27,9 @@ enum Command {
     /// The compute agent next to a stock PostgreSQL: WAL proposer, safekeeper sync.
     #[command(subcommand)]
     Compute(compute::ComputeCommand),
-    /// Run a safekeeper: durable, replicated WAL for PostgreSQL timelines.
-    Safekeeper {
-        /// The safekeeper's TOML configuration.
-        #[arg(long)]
-        config: std::path::PathBuf,
-    },
+    /// Run a safekeeper: durable, replicated WAL for PostgreSQL timelines
+    /// (`--config`); or change the local cluster's safekeepers.
+    Safekeeper(SafekeeperArgs),
     /// Run a pageserver: page versions from the WAL, GetPage@LSN, basebackups.
     Pageserver {
         /// The pageserver's TOML configuration.
@@ -58,6 +55,32 @@ enum Command {
     /// Internal: run one service of the local cluster and restart it when it exits.
     #[command(hide = true)]
     Supervise(supervise::SuperviseArgs),
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct SafekeeperArgs {
+    /// The safekeeper's TOML configuration.
+    #[arg(long, required = true)]
+    config: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    command: Option<SafekeeperCommand>,
+}
+
+#[derive(Subcommand)]
+enum SafekeeperCommand {
+    /// Replace safekeeper OLD of the local cluster (e.g. one whose disk is
+    /// gone) by a new, empty safekeeper NEW while writes go on: NEW catches
+    /// up, then every timeline's membership moves from the old set to the
+    /// new one through a joint configuration (docs/safekeeper-membership.md).
+    Replace {
+        /// The service to replace (e.g. `sk3`).
+        old: String,
+        /// The new service's name (e.g. `sk4`).
+        new: String,
+        #[command(flatten)]
+        workdir: cluster::WorkdirArgs,
+    },
 }
 
 /// Logs to stderr; `RUST_LOG` selects levels (default: info).
@@ -109,7 +132,11 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Wal(cmd) => wal::run(cmd),
-        Command::Safekeeper { config } => safekeeper(&config),
+        Command::Safekeeper(SafekeeperArgs {
+            command: Some(SafekeeperCommand::Replace { old, new, workdir }), ..
+        }) => cluster::replace_safekeeper(&old, &new, workdir),
+        Command::Safekeeper(SafekeeperArgs { config: Some(config), .. }) => safekeeper(&config),
+        Command::Safekeeper(_) => unreachable!("clap requires --config without a subcommand"),
         Command::Compute(cmd) => compute::run(cmd),
         Command::Pageserver { config } => pageserver(&config),
         Command::Pagebench(args) => pagebench::run(args),

@@ -20,9 +20,10 @@ use strata_protocol::safekeeper::election::{
     advance_commit, elect, next_term, quorum, quorum_lsn, start_streaming_at, Epoch,
 };
 use strata_protocol::safekeeper::{
-    AcceptorMessage, AppendRequest, ErrorCode, ProposerElected, ProposerGreeting, ProposerMessage, Term,
+    AcceptorMessage, AppendRequest, ErrorCode, Membership, ProposerElected, ProposerGreeting, ProposerMessage, Term,
     TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
 };
+use strata_protocol::NodeId;
 
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
 use crate::safekeeper_link::{run_link, LinkEvent};
@@ -77,6 +78,10 @@ pub enum ProposerError {
     Postgres(String),
     #[error("invalid WAL from PostgreSQL: {0}")]
     Wal(String),
+    /// A membership change re-elected this proposer, but the new quorum
+    /// does not continue the WAL it streamed: it must start afresh.
+    #[error("re-elected under membership generation {generation}: {why}")]
+    Reconfigured { generation: u32, why: String },
     #[error("{0}")]
     Other(String),
 }
@@ -95,6 +100,8 @@ enum LinkPhase {
 
 struct Link {
     address: String,
+    /// Its node id: from the configuration (generation > 0), else as it greeted.
+    id: Option<NodeId>,
     session: u64,
     phase: LinkPhase,
     term_seen: Term,
@@ -149,13 +156,24 @@ pub struct ProposerStatus {
     pub throttled_seconds: f64,
     /// PostgreSQL's WAL is being streamed to the safekeepers (its commits can complete).
     pub streaming: bool,
+    /// The safekeepers' membership generation the proposer works under (0: its configured set).
+    pub membership_generation: u32,
+    /// Elections won since the start (more than one: re-elected after membership changes).
+    pub elections: u32,
 }
 
 struct Core {
     cfg: ProposerConfig,
+    /// Which safekeepers count (generation 0: the configured ones, by majority).
+    membership: Membership,
+    proposer_id: [u8; 16],
     links: Vec<Link>,
     events: mpsc::Receiver<LinkEvent>,
     term: Term,
+    /// The term whose WAL this proposer streamed before a membership change
+    /// made it run a new election (0: none); the new quorum must continue it.
+    streamed_term: Term,
+    elections: u32,
     votes: Vec<(usize, VoteResponse)>,
     epoch: Option<Epoch>,
     buffer: Option<WalBuffer>,
@@ -188,46 +206,16 @@ impl Drop for Core {
 
 impl Core {
     fn start(cfg: ProposerConfig, status: tokio::sync::watch::Sender<ProposerStatus>) -> Core {
-        let (ev_tx, ev_rx) = mpsc::channel(1024);
-        let greeting = ProposerGreeting {
-            protocol_version: PROTOCOL_VERSION,
-            proposer_id: *strata_protocol::TimelineId::generate().0.first_chunk().expect("16 bytes"),
-            timeline: cfg.timeline.clone(),
-            membership: Default::default(),
-        };
-        let mut link_tasks = Vec::with_capacity(cfg.safekeepers.len());
-        let links = cfg
-            .safekeepers
-            .iter()
-            .enumerate()
-            .map(|(i, address)| {
-                let (tx, rx) = mpsc::channel(256);
-                link_tasks.push(tokio::spawn(run_link(
-                    i,
-                    address.clone(),
-                    greeting.clone(),
-                    ev_tx.clone(),
-                    rx,
-                    cfg.timeout,
-                )));
-                Link {
-                    address: address.clone(),
-                    session: 0,
-                    phase: LinkPhase::Down,
-                    term_seen: 0,
-                    flush: None,
-                    commands: tx,
-                    last_request: Instant::now(),
-                    consumer_applied: Lsn::INVALID,
-                    commit_sent: Lsn::INVALID,
-                }
-            })
-            .collect();
-        Core {
+        let (_, events) = mpsc::channel(1);
+        let mut core = Core {
             cfg,
-            links,
-            events: ev_rx,
+            membership: Membership::default(),
+            proposer_id: *strata_protocol::TimelineId::generate().0.first_chunk().expect("16 bytes"),
+            links: Vec::new(),
+            events,
             term: 0,
+            streamed_term: 0,
+            elections: 0,
             votes: Vec::new(),
             epoch: None,
             buffer: None,
@@ -240,8 +228,103 @@ impl Core {
             throttled: Duration::ZERO,
             throttled_since: None,
             streaming: false,
-            link_tasks,
+            link_tasks: Vec::new(),
+        };
+        let configured = core.cfg.safekeepers.iter().map(|a| (None, a.clone())).collect();
+        core.connect_links(configured);
+        core
+    }
+
+    /// (Re)starts one link per safekeeper, greeting with the current
+    /// configuration. Links of an earlier configuration are stopped and
+    /// their events (on the old channel) are never read.
+    fn connect_links(&mut self, safekeepers: Vec<(Option<NodeId>, String)>) {
+        for task in self.link_tasks.drain(..) {
+            task.abort();
         }
+        let (ev_tx, ev_rx) = mpsc::channel(1024);
+        self.events = ev_rx;
+        let greeting = ProposerGreeting {
+            protocol_version: PROTOCOL_VERSION,
+            proposer_id: self.proposer_id,
+            timeline: self.cfg.timeline.clone(),
+            membership: self.membership.clone(),
+        };
+        self.links = Vec::with_capacity(safekeepers.len());
+        for (i, (id, address)) in safekeepers.into_iter().enumerate() {
+            let (tx, rx) = mpsc::channel(256);
+            self.link_tasks.push(tokio::spawn(run_link(
+                i,
+                address.clone(),
+                greeting.clone(),
+                ev_tx.clone(),
+                rx,
+                self.cfg.timeout,
+            )));
+            self.links.push(Link {
+                address,
+                id,
+                session: 0,
+                phase: LinkPhase::Down,
+                term_seen: 0,
+                flush: None,
+                commands: tx,
+                last_request: Instant::now(),
+                consumer_applied: Lsn::INVALID,
+                commit_sent: Lsn::INVALID,
+            });
+        }
+    }
+
+    /// Whether `links` make a quorum: a majority of the configured set
+    /// (generation 0), or of each set of the configuration.
+    fn is_quorum(&self, links: &[usize]) -> bool {
+        if self.membership.generation == 0 {
+            return links.len() >= quorum(self.links.len());
+        }
+        let ids: Vec<NodeId> = links.iter().filter_map(|&i| self.links[i].id).collect();
+        self.membership.has_quorum(&ids)
+    }
+
+    /// The highest LSN a quorum has flushed in this term.
+    fn quorum_flush(&self) -> Lsn {
+        if self.membership.generation == 0 {
+            let flushes: Vec<Lsn> = self.links.iter().filter_map(|l| l.flush).collect();
+            return quorum_lsn(&flushes, self.links.len());
+        }
+        let flushes: Vec<(NodeId, Lsn)> = self.links.iter().filter_map(|l| Some((l.id?, l.flush?))).collect();
+        self.membership.quorum_lsn(&flushes)
+    }
+
+    /// Moves to a configuration of a higher generation that a safekeeper
+    /// reported: new links to its members and a new election. The WAL
+    /// received from PostgreSQL and the commit LSN are kept; once elected
+    /// again, streaming goes on from where each member's WAL ends.
+    fn adopt(&mut self, m: Membership) -> Result<(), ProposerError> {
+        m.validate().map_err(|e| ProposerError::Other(format!("a safekeeper's membership configuration: {e}")))?;
+        let members: Vec<(Option<NodeId>, String)> = m.all().into_iter().map(|x| (Some(x.id), x.address)).collect();
+        info!(
+            from = self.membership.generation,
+            to = m.generation,
+            joint = m.new_members.is_some(),
+            members = ?members.iter().map(|(_, a)| a.as_str()).collect::<Vec<_>>(),
+            "adopting the safekeepers' membership configuration; electing again"
+        );
+        if self.epoch.is_some() {
+            self.streamed_term = self.term;
+        }
+        let min_term = self.term;
+        self.membership = m;
+        self.connect_links(members);
+        for l in &mut self.links {
+            l.term_seen = min_term;
+        }
+        self.term = 0;
+        self.votes.clear();
+        self.epoch = None;
+        self.commit_sent = Lsn::INVALID;
+        self.commit_waiting_since = None;
+        Ok(())
     }
 
     fn send(&mut self, link: usize, msg: ProposerMessage) {
@@ -265,14 +348,26 @@ impl Core {
             received_lsn: self.buffer.as_ref().map_or(Lsn::INVALID, |b| b.complete_end),
             connected_safekeepers: connected,
             streaming: self.streaming,
+            membership_generation: self.membership.generation,
+            elections: self.elections,
         });
     }
 
     /// Handles one link event; returns an error if this proposer must stop.
     fn on_event(&mut self, ev: LinkEvent) -> Result<(), ProposerError> {
         match ev {
-            LinkEvent::Connected { link, session, term } => {
+            LinkEvent::Connected { link, session, term, node_id, membership } => {
+                if membership.generation > self.membership.generation {
+                    self.adopt(membership)?;
+                    self.publish();
+                    return Ok(());
+                }
                 let l = &mut self.links[link];
+                if l.id.is_some_and(|id| id != node_id) {
+                    warn!(safekeeper = %l.address, %node_id, expected = ?l.id, "another safekeeper answers at this address; not counted");
+                    return Ok(());
+                }
+                l.id = Some(node_id);
                 l.session = session;
                 l.phase = LinkPhase::Greeted;
                 l.commit_sent = Lsn::INVALID;
@@ -326,7 +421,7 @@ impl Core {
     fn maybe_start_election(&mut self) {
         let greeted: Vec<usize> =
             (0..self.links.len()).filter(|&i| self.links[i].phase == LinkPhase::Greeted).collect();
-        if self.term > 0 || greeted.len() < quorum(self.links.len()) {
+        if self.term > 0 || !self.is_quorum(&greeted) {
             return;
         }
         self.term = next_term(self.links.iter().map(|l| l.term_seen));
@@ -362,8 +457,13 @@ impl Core {
                 match &self.epoch {
                     None if v.vote_given => {
                         self.votes.push((link, v));
-                        if self.votes.len() >= quorum(self.links.len()) {
+                        let voters: Vec<usize> = self.votes.iter().map(|(l, _)| *l).collect();
+                        if self.is_quorum(&voters) {
                             self.win()?;
+                            if self.buffer.is_some() {
+                                // Elected again after a membership change: go on streaming.
+                                self.continue_streaming()?;
+                            }
                         }
                     }
                     None => {}
@@ -401,8 +501,40 @@ impl Core {
     fn win(&mut self) -> Result<(), ProposerError> {
         let votes: Vec<VoteResponse> = self.votes.iter().map(|(_, v)| v.clone()).collect();
         let epoch = elect(self.term, &votes).ok_or_else(|| ProposerError::Other("no votes".into()))?;
-        info!(term = self.term, epoch_start = %epoch.start_lsn, donor = %self.links[self.votes[epoch.donor].0].address, "elected");
+        info!(term = self.term, epoch_start = %epoch.start_lsn, donor = %self.links[self.votes[epoch.donor].0].address, generation = self.membership.generation, "elected");
         self.epoch = Some(epoch);
+        self.elections += 1;
+        Ok(())
+    }
+
+    /// After an election that a membership change caused: the new epoch must
+    /// continue the WAL this proposer holds (its previous term's WAL, which
+    /// a quorum of the old set — part of every joint quorum — holds), then
+    /// each voter is told where its WAL continues.
+    fn continue_streaming(&mut self) -> Result<(), ProposerError> {
+        let epoch = self.epoch.as_ref().expect("just elected");
+        let buffer = self.buffer.as_ref().expect("checked by the caller");
+        let previous = epoch.history.0.iter().rev().nth(1).map_or(0, |t| t.term);
+        let generation = self.membership.generation;
+        if self.streamed_term != 0 && previous != self.streamed_term {
+            return Err(ProposerError::Reconfigured {
+                generation,
+                why: format!("the new quorum's WAL ends in term {previous}, not in ours ({})", self.streamed_term),
+            });
+        }
+        if epoch.start_lsn < buffer.start || epoch.start_lsn > buffer.complete_end {
+            return Err(ProposerError::Reconfigured {
+                generation,
+                why: format!(
+                    "the new epoch starts at {}, outside the WAL held ({}..{})",
+                    epoch.start_lsn, buffer.start, buffer.complete_end
+                ),
+            });
+        }
+        let votes = self.votes.clone();
+        for (link, v) in votes {
+            self.send_elected(link, &v);
+        }
         Ok(())
     }
 
@@ -458,8 +590,7 @@ impl Core {
 
     fn update_commit(&mut self) {
         let Some(epoch) = &self.epoch else { return };
-        let flushes: Vec<Lsn> = self.links.iter().filter_map(|l| l.flush).collect();
-        let commit = advance_commit(self.commit_lsn, quorum_lsn(&flushes, self.links.len()), epoch.start_lsn);
+        let commit = advance_commit(self.commit_lsn, self.quorum_flush(), epoch.start_lsn);
         if commit > self.commit_lsn {
             self.commit_lsn = commit;
         }
@@ -609,9 +740,9 @@ pub async fn sync_safekeepers(cfg: ProposerConfig) -> Result<Lsn, ProposerError>
     // Done when a quorum has acknowledged a commit LSN of `end`.
     loop {
         core.pump();
-        let committed_acks =
-            core.links.iter().filter(|l| l.flush.is_some_and(|f| f >= end)).count() >= quorum(core.links.len());
-        if committed_acks && core.commit_lsn >= end && core.commit_sent >= end {
+        let acked: Vec<usize> =
+            (0..core.links.len()).filter(|&i| core.links[i].flush.is_some_and(|f| f >= end)).collect();
+        if core.epoch.is_some() && core.is_quorum(&acked) && core.commit_lsn >= end && core.commit_sent >= end {
             // One more round so acceptors persist the commit LSN.
             tokio::time::sleep(Duration::from_millis(50)).await;
             return Ok(end);

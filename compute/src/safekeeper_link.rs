@@ -10,7 +10,8 @@ use tracing::{info, warn};
 
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
-use strata_protocol::safekeeper::{AcceptorMessage, ProposerGreeting, ProposerMessage};
+use strata_protocol::safekeeper::{AcceptorMessage, Membership, ProposerGreeting, ProposerMessage};
+use strata_protocol::NodeId;
 
 /// What a link reports to the core.
 #[derive(Debug)]
@@ -20,6 +21,9 @@ pub enum LinkEvent {
         link: usize,
         session: u64,
         term: u64,
+        /// The safekeeper's node id and its configuration of the timeline.
+        node_id: NodeId,
+        membership: Membership,
     },
     Message {
         link: usize,
@@ -100,8 +104,8 @@ async fn session_loop(
         Err(FrameError::Timeout(_)) => return Err("no greeting answer".into()),
         Err(e) => return Err(format!("during greeting: {e}")),
     };
-    let term = match first {
-        AcceptorMessage::Greeting(g) => g.term,
+    let (term, node_id, membership) = match first {
+        AcceptorMessage::Greeting(g) => (g.term, g.node_id, g.membership),
         AcceptorMessage::Error(e) => {
             let reason = format!("refused: {:?}: {}", e.code, e.message);
             let _ = events.send(LinkEvent::Message { link, session, msg: AcceptorMessage::Error(e) }).await;
@@ -109,8 +113,8 @@ async fn session_loop(
         }
         other => return Err(format!("unexpected answer to greeting: {other:?}")),
     };
-    info!(safekeeper = %address, term, "connected");
-    if events.send(LinkEvent::Connected { link, session, term }).await.is_err() {
+    info!(safekeeper = %address, term, generation = membership.generation, "connected");
+    if events.send(LinkEvent::Connected { link, session, term, node_id, membership }).await.is_err() {
         return Ok(());
     }
     loop {

@@ -33,6 +33,11 @@ pub struct PersistentState {
     /// written before membership existed: generation 0).
     #[serde(default)]
     pub membership: Membership,
+    /// The membership generation under which the last term in
+    /// `term_history` was elected (a membership change waits for an
+    /// election under its joint configuration).
+    #[serde(default)]
+    pub elected_generation: u32,
 }
 
 /// `TimelineIdentity` in a serializable form.
@@ -82,6 +87,7 @@ impl PersistentState {
             truncate_lsn: timeline_start_lsn,
             flush_lsn_hint: timeline_start_lsn,
             membership: Membership::default(),
+            elected_generation: 0,
         }
     }
 }
@@ -145,6 +151,8 @@ pub enum AcceptorError {
     Storage(#[from] StorageError),
     #[error("the membership configuration is now of generation {current}, not {session}")]
     MembershipChanged { session: u32, current: u32 },
+    #[error("this safekeeper is no member of the timeline's configuration (generation {generation})")]
+    NotMember { generation: u32 },
 }
 
 impl AcceptorError {
@@ -156,7 +164,7 @@ impl AcceptorError {
             AcceptorError::TermSuperseded { .. } => ErrorCode::TermSuperseded,
             AcceptorError::Protocol(_) => ErrorCode::Protocol,
             AcceptorError::Storage(_) => ErrorCode::Storage,
-            AcceptorError::MembershipChanged { .. } => ErrorCode::MembershipChanged,
+            AcceptorError::MembershipChanged { .. } | AcceptorError::NotMember { .. } => ErrorCode::MembershipChanged,
         };
         AcceptorMessage::Error(ErrorMessage { code, message: self.to_string() })
     }
@@ -209,6 +217,9 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
     /// batches them and calls `flush` (group commit), which produces the
     /// acknowledgement.
     pub fn handle(&mut self, msg: &ProposerMessage) -> Result<Option<AcceptorMessage>, AcceptorError> {
+        if !matches!(msg, ProposerMessage::Greeting(_)) {
+            self.check_member()?;
+        }
         match msg {
             ProposerMessage::Greeting(g) => self.greeting(g).map(Some),
             ProposerMessage::VoteRequest(v) => self.vote(v).map(Some),
@@ -252,6 +263,17 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
             term: self.state.term,
             membership: self.state.membership.clone(),
         }))
+    }
+
+    /// A safekeeper outside the timeline's configuration (one being added,
+    /// or one replaced) neither votes nor accepts WAL from proposers: its
+    /// vote would count for a set it is not part of.
+    fn check_member(&self) -> Result<(), AcceptorError> {
+        let m = &self.state.membership;
+        if m.generation > 0 && !m.is_member(self.node_id) {
+            return Err(AcceptorError::NotMember { generation: m.generation });
+        }
+        Ok(())
     }
 
     /// The timeline's membership configuration.
@@ -350,6 +372,8 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         let mut next = self.state.clone();
         next.term = e.term;
         next.term_history = e.term_history.clone();
+        // Connections of another generation are refused before this point.
+        next.elected_generation = self.state.membership.generation;
         next.flush_lsn_hint = self.wal.flush_lsn();
         self.control.persist(&next)?;
         self.state = next;

@@ -190,7 +190,9 @@ async fn set_membership(
         })
     }) {
         Ok(now) => {
-            tracing::info!(tenant = %t, timeline = %l, generation, "membership configuration installed");
+            // Proposers of the older generation reconnect and learn this one.
+            let closed = tl.disconnect_proposers();
+            tracing::info!(tenant = %t, timeline = %l, generation, closed, "membership configuration installed");
             Json(now).into_response()
         }
         Err(crate::timeline::AcceptorCallError::Refused(e)) => error(StatusCode::CONFLICT, e.to_string()),

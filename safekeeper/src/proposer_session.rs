@@ -80,6 +80,7 @@ pub fn serve(
     stream.set_read_timeout(Some(shared.config.idle_timeout)).map_err(io)?;
     stream.set_write_timeout(Some(send_timeout)).map_err(io)?;
     let reader = stream.try_clone().map_err(io)?;
+    let _registration = timeline.register_proposer(stream.try_clone().map_err(io)?);
     let mut session = Session {
         frames: FrameReader::with_buffered(reader, buffered, codec::MAX_FRAME_SIZE),
         writer: stream,
@@ -138,6 +139,7 @@ pub fn serve(
             });
             match outcome {
                 Ok(mut ack) => {
+                    timeline.note_append();
                     if let AcceptorMessage::AppendResponse(r) = &mut ack {
                         r.consumer_applied_lsn = timeline.consumer_applied_lsn();
                     }

@@ -41,6 +41,10 @@ use crate::timeline::{AcceptorCallError, Timeline};
 /// How far behind a peer's commit LSN a timeline must be before recovery
 /// starts; below it the proposer's own stream catches the safekeeper up.
 pub const RECOVERY_THRESHOLD_BYTES: u64 = 8 << 20;
+/// A timeline no proposer has written to for this long is recovered
+/// however little it lacks: no proposer is catching it up (it is not a
+/// member yet, or it was too far behind the proposer's buffer).
+pub const NO_PROPOSER_AFTER: Duration = Duration::from_secs(5);
 /// How often each worker checks the timelines.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Bytes written per flush during recovery.
@@ -209,7 +213,9 @@ async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, peer: &Peer) ->
                 return Err(RecoveryError::Protocol("the peer's timeline identity differs".into()));
             }
             // What the peer removed no proposer can send either: that is recovered however little.
-            if start.commit_lsn.0 < mine.flush_lsn.0 + RECOVERY_THRESHOLD_BYTES && offloaded.is_none() {
+            let unattended = timeline.since_last_append().is_none_or(|t| t > NO_PROPOSER_AFTER);
+            let threshold = if unattended { 1 } else { RECOVERY_THRESHOLD_BYTES };
+            if start.commit_lsn.0 < mine.flush_lsn.0 + threshold && offloaded.is_none() {
                 return Ok(None);
             }
             info!(peer = %address, from = %mine.flush_lsn, to = %start.commit_lsn, "recovering WAL from peer");

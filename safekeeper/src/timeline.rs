@@ -94,6 +94,24 @@ pub struct Timeline {
     pub remote_consistent: crate::removal::RemoteConsistent,
     /// Where the WAL held begins and why (see `removal`).
     pub removal: Mutex<crate::removal::RemovalState>,
+    /// Open proposer connections, closed when the membership changes so
+    /// their proposers learn the new configuration at once.
+    proposers: Mutex<Vec<(u64, std::net::TcpStream)>>,
+    next_proposer: std::sync::atomic::AtomicU64,
+    /// When a proposer last wrote WAL here (peer recovery waits for none).
+    last_append: Mutex<Option<Instant>>,
+}
+
+/// Holds a proposer connection's place in its timeline's list.
+pub struct ProposerRegistration<'a> {
+    timeline: &'a Timeline,
+    id: u64,
+}
+
+impl Drop for ProposerRegistration<'_> {
+    fn drop(&mut self) {
+        self.timeline.proposers.lock().retain(|(id, _)| *id != self.id);
+    }
 }
 
 /// Directory of a timeline under the data directory.
@@ -189,6 +207,9 @@ impl Timeline {
             offload: Mutex::new(Default::default()),
             remote_consistent: Default::default(),
             removal: Mutex::new(removal),
+            proposers: Mutex::new(Vec::new()),
+            next_proposer: std::sync::atomic::AtomicU64::new(0),
+            last_append: Mutex::new(None),
         }))
     }
 
@@ -232,6 +253,34 @@ impl Timeline {
         *self.last_failure.lock() = Some(f.clone());
         *failure = Some(f);
         self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Lists a proposer connection (a clone of its socket) until the
+    /// registration is dropped.
+    pub fn register_proposer(&self, socket: std::net::TcpStream) -> ProposerRegistration<'_> {
+        let id = self.next_proposer.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.proposers.lock().push((id, socket));
+        ProposerRegistration { timeline: self, id }
+    }
+
+    /// Closes every proposer connection (after a membership change): each
+    /// proposer reconnects and is told the new configuration in the greeting.
+    pub fn disconnect_proposers(&self) -> usize {
+        let proposers = self.proposers.lock();
+        for (_, socket) in proposers.iter() {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+        proposers.len()
+    }
+
+    /// Records that a proposer wrote WAL now.
+    pub fn note_append(&self) {
+        *self.last_append.lock() = Some(Instant::now());
+    }
+
+    /// How long since a proposer last wrote WAL here (`None`: never since start).
+    pub fn since_last_append(&self) -> Option<std::time::Duration> {
+        self.last_append.lock().map(|t| t.elapsed())
     }
 
     /// Runs `f` on the acceptor, then publishes the new positions and, at
@@ -387,6 +436,9 @@ impl Timeline {
             "state": if failure.is_some() { "failed" } else { "active" },
             "term": state.term,
             "term_history": state.term_history.up_to(p.flush_lsn),
+            "membership": state.membership,
+            "elected_term": state.term_history.last_term(),
+            "elected_generation": state.elected_generation,
             "write_lsn": write_lsn,
             "flush_lsn": p.flush_lsn,
             "commit_lsn": p.commit_lsn,

@@ -12,6 +12,7 @@
 mod endpoint;
 mod http;
 mod layout;
+mod membership;
 mod ports;
 mod process;
 mod services;
@@ -228,6 +229,17 @@ pub fn timeline(cmd: TimelineCommand) -> i32 {
             exit_code("timeline checkpoint", result)
         }
     }
+}
+
+/// `strata safekeeper replace OLD NEW`.
+pub fn replace_safekeeper(old: &str, new: &str, workdir: WorkdirArgs) -> i32 {
+    let result = (|| {
+        workdir.plain("safekeeper replace")?;
+        let wd = layout::Workdir::open(&workdir.workdir)?;
+        let _lock = wd.lock()?;
+        membership::replace(&wd, old, new)
+    })();
+    exit_code("safekeeper replace", result)
 }
 
 /// `strata endpoint start|stop|list`.

@@ -68,7 +68,7 @@ pub fn start(wd: &Workdir, only: &[String]) -> Result<()> {
 /// supervisor is restarting it), and waits until its HTTP API answers. A
 /// service that runs without its supervisor (the supervisor was killed) is
 /// stopped and started again under a new one: never two copies.
-fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
+pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
     let sv = supervised(wd, s);
     match sv.liveness() {
         Liveness::Running { pid, supervisor: Some(_) } => {
@@ -238,7 +238,7 @@ pub fn stop(wd: &Workdir, only: &[String], immediate: bool) -> Result<()> {
     }
 }
 
-fn stop_one(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
+pub fn stop_one(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
     let outcome = supervised(wd, s).stop(immediate)?;
     println!("{}: {}", s.name, stop_message(outcome, immediate, STOP_GRACE));
     Ok(())

@@ -1,0 +1,458 @@
+//! `strata safekeeper replace OLD NEW`: replaces a safekeeper of the local
+//! cluster (typically one whose disk is gone) by a new, empty one while
+//! writes go on. Every timeline goes through the membership change of
+//! `docs/safekeeper-membership.md`: the new safekeeper catches up first,
+//! then a joint configuration (a majority of both sets for every election
+//! and commit), then the new set alone. A change interrupted half-way is
+//! resumed by running the command again: the generations say where it
+//! stopped.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use strata_formats::Lsn;
+use strata_protocol::safekeeper::election::quorum;
+use strata_protocol::safekeeper::{Member, Membership, TermHistory, TimelineIdentity};
+use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_safekeeper::config::{Peer, SafekeeperConfig};
+
+use super::layout::{read_toml, write_toml, Kind, Service, Workdir, CLUSTER_FILE, HOST};
+use super::{failed, http, ports, services, Error, Result};
+
+/// How long the new safekeeper may take to catch up with the members.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(900);
+/// How long a running compute has to be elected under the joint
+/// configuration before this command elects a proposer itself.
+const PROPOSER_WAIT: Duration = Duration::from_secs(15);
+/// Bound on the wait for the joint configuration to be committed.
+const JOINT_TIMEOUT: Duration = Duration::from_secs(120);
+const POLL: Duration = Duration::from_millis(200);
+
+/// A safekeeper's view of one timeline (`GET /v1/tenant/T/timeline/L`).
+#[derive(Debug, serde::Deserialize)]
+struct TimelineState {
+    system_id: u64,
+    pg_version: u32,
+    wal_segment_size: u32,
+    timeline_start_lsn: Lsn,
+    term_history: TermHistory,
+    /// The last term a proposer was elected in, and under which generation.
+    elected_term: u64,
+    elected_generation: u32,
+    flush_lsn: Lsn,
+    commit_lsn: Lsn,
+}
+
+/// One safekeeper as the change sees it.
+#[derive(Clone, Debug)]
+struct Node {
+    name: String,
+    member: Member,
+    /// Base URL of its HTTP API.
+    http: String,
+}
+
+/// The change of one timeline from `old` to `new` (the same minus OLD plus NEW).
+struct Change<'a> {
+    tenant: TenantId,
+    timeline: TimelineId,
+    old: &'a [Node],
+    new: &'a [Node],
+}
+
+fn tl_url(n: &Node, t: TenantId, l: TimelineId) -> String {
+    format!("{}/v1/tenant/{t}/timeline/{l}", n.http)
+}
+
+impl Change<'_> {
+    /// Every safekeeper of either set, once.
+    fn everyone(&self) -> Vec<&Node> {
+        let mut all: Vec<&Node> = self.old.iter().collect();
+        all.extend(self.new.iter().filter(|n| !self.old.iter().any(|o| o.member.id == n.member.id)));
+        all
+    }
+
+    fn state(&self, n: &Node) -> std::result::Result<TimelineState, String> {
+        let r = http::get(&tl_url(n, self.tenant, self.timeline), http::QUICK)?;
+        if r.status != 200 {
+            return Err(format!("HTTP {}: {}", r.status, r.error_text()));
+        }
+        serde_json::from_value(r.body).map_err(|e| format!("its timeline status: {e}"))
+    }
+
+    fn membership(&self, n: &Node) -> std::result::Result<Membership, String> {
+        let r = http::get(&format!("{}/membership", tl_url(n, self.tenant, self.timeline)), http::QUICK)?;
+        if r.status != 200 {
+            return Err(format!("HTTP {}: {}", r.status, r.error_text()));
+        }
+        serde_json::from_value(r.body).map_err(|e| format!("its membership: {e}"))
+    }
+
+    /// Installs `m` on every reachable node of `on`; succeeds once a
+    /// majority of `need` holds it (or a later generation refused it —
+    /// then someone else moved on, and that is an error).
+    fn install(&self, m: &Membership, on: &[&Node], need: &[Node]) -> Result<()> {
+        let body = serde_json::to_value(m).expect("a membership serializes");
+        let mut holding = Vec::new();
+        let mut problems = Vec::new();
+        for n in on {
+            let url = format!("{}/membership", tl_url(n, self.tenant, self.timeline));
+            match http::put(&url, &body, http::QUICK) {
+                Ok(r) if r.status == 200 => holding.push(n.member.id),
+                Ok(r) => problems.push(format!("{}: HTTP {}: {}", n.name, r.status, r.error_text())),
+                Err(e) => problems.push(format!("{}: {e}", n.name)),
+            }
+        }
+        let acked = need.iter().filter(|n| holding.contains(&n.member.id)).count();
+        if acked < quorum(need.len()) {
+            return failed(format!(
+                "timeline {}: generation {} reached {acked} of {} safekeepers that must hold it, a majority is needed: {}",
+                self.timeline,
+                m.generation,
+                need.len(),
+                problems.join("; ")
+            ));
+        }
+        for p in problems {
+            println!("  (not reached: {p})");
+        }
+        Ok(())
+    }
+
+    /// The highest-generation configuration any reachable node holds.
+    fn current(&self) -> Result<Membership> {
+        let mut best: Option<Membership> = None;
+        for n in self.everyone() {
+            if let Ok(m) = self.membership(n) {
+                if best.as_ref().is_none_or(|b| m.generation > b.generation) {
+                    best = Some(m);
+                }
+            }
+        }
+        best.ok_or_else(|| Error::Failed(format!("timeline {}: no safekeeper answered", self.timeline)))
+    }
+
+    fn run(&self, new_node: &Node) -> Result<()> {
+        let members = |set: &[Node]| set.iter().map(|n| n.member.clone()).collect::<Vec<_>>();
+        let same = |a: &[Member], b: &[Node]| {
+            let mut x: Vec<u64> = a.iter().map(|m| m.id.0).collect();
+            let mut y: Vec<u64> = b.iter().map(|n| n.member.id.0).collect();
+            x.sort_unstable();
+            y.sort_unstable();
+            x == y
+        };
+        let everyone = self.everyone();
+        let mut current = self.current()?;
+        if current.generation == 0 {
+            // The configured set becomes generation 1, so that the new
+            // safekeeper can be told it is not a member yet.
+            let first = Membership { generation: 1, members: members(self.old), new_members: None };
+            println!("  generation 1: the current safekeepers");
+            self.install(&first, &everyone[..self.old.len()], self.old)?;
+            current = first;
+        }
+        if current.new_members.is_none() && same(&current.members, self.new) {
+            println!("  already done (generation {})", current.generation);
+            return Ok(());
+        }
+        if current.new_members.is_none() {
+            if !same(&current.members, self.old) {
+                return failed(format!(
+                    "timeline {}: generation {} has members {:?}, not the cluster's safekeepers",
+                    self.timeline,
+                    current.generation,
+                    current.members.iter().map(|m| m.id.0).collect::<Vec<_>>()
+                ));
+            }
+            self.create_on_new(new_node, &current)?;
+            self.catch_up(new_node)?;
+            let joint = Membership {
+                generation: current.generation + 1,
+                members: members(self.old),
+                new_members: Some(members(self.new)),
+            };
+            println!(
+                "  generation {}: joint (a majority of both sets for every election and commit)",
+                joint.generation
+            );
+            self.install(&joint, &everyone, self.old)?;
+            current = joint;
+        } else if !current.new_members.as_deref().is_some_and(|n| same(n, self.new)) {
+            return failed(format!(
+                "timeline {}: a change to another set is under way (generation {})",
+                self.timeline, current.generation
+            ));
+        }
+        self.joint_committed(&current)?;
+        let last = Membership { generation: current.generation + 1, members: members(self.new), new_members: None };
+        println!("  generation {}: the new set", last.generation);
+        self.install(&last, &everyone, self.new)?;
+        Ok(())
+    }
+
+    /// Creates the timeline on the new safekeeper with a member's identity
+    /// and tells it the current configuration (it is no member: it neither
+    /// votes nor accepts WAL from proposers, but recovers from its peers).
+    fn create_on_new(&self, new_node: &Node, current: &Membership) -> Result<()> {
+        let mut source = None;
+        for n in self.old.iter().filter(|n| n.member.id != new_node.member.id) {
+            if let Ok(s) = self.state(n) {
+                source = Some(s);
+                break;
+            }
+        }
+        let Some(s) = source else {
+            return failed(format!("timeline {}: no member answered", self.timeline));
+        };
+        let body = serde_json::json!({
+            "system_id": s.system_id,
+            "pg_version": s.pg_version,
+            "wal_segment_size": s.wal_segment_size,
+            "start_lsn": s.timeline_start_lsn,
+        });
+        let r = http::post(&tl_url(new_node, self.tenant, self.timeline), &body, http::QUICK)
+            .map_err(|e| Error::Failed(format!("{}: {e}", new_node.name)))?;
+        if r.status != 200 && r.status != 201 {
+            return failed(format!(
+                "{}: creating timeline {}: HTTP {}: {}",
+                new_node.name,
+                self.timeline,
+                r.status,
+                r.error_text()
+            ));
+        }
+        self.install(current, &[new_node], std::slice::from_ref(new_node))
+    }
+
+    /// Waits until the new safekeeper holds what the members had committed
+    /// when the wait began (from its peers and object storage), so the
+    /// joint phase, in which it counts, is short.
+    fn catch_up(&self, new_node: &Node) -> Result<()> {
+        let target = self
+            .old
+            .iter()
+            .filter_map(|n| self.state(n).ok())
+            .map(|s| s.commit_lsn)
+            .max()
+            .ok_or_else(|| Error::Failed(format!("timeline {}: no member answered", self.timeline)))?;
+        println!("  {} catching up to {target}", new_node.name);
+        let t = Instant::now();
+        let mut told = Instant::now();
+        loop {
+            match self.state(new_node) {
+                Ok(s) if s.flush_lsn >= target => {
+                    println!("  {} caught up ({} in {:.1}s)", new_node.name, s.flush_lsn, t.elapsed().as_secs_f64());
+                    return Ok(());
+                }
+                Ok(s) if told.elapsed() > Duration::from_secs(10) => {
+                    println!("  {} at {} of {target}", new_node.name, s.flush_lsn);
+                    told = Instant::now();
+                }
+                _ => {}
+            }
+            if t.elapsed() > CATCH_UP_TIMEOUT {
+                return failed(format!(
+                    "{} did not catch up to {target} within {}s (see its log)",
+                    new_node.name,
+                    CATCH_UP_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Waits until a proposer of the joint generation was elected and a
+    /// majority of the new set holds its epoch start: then everything ever
+    /// committed is on a majority of the new set (that proposer's voters
+    /// included a majority of the old set, so its epoch start holds all
+    /// that was committed before; what it commits is on majorities of
+    /// both). A running compute is re-elected within a second; without
+    /// one, this command elects a proposer itself.
+    fn joint_committed(&self, joint: &Membership) -> Result<()> {
+        let started = Instant::now();
+        let mut elected_here = false;
+        loop {
+            let holding = self
+                .new
+                .iter()
+                .filter(|n| {
+                    // The status lists the history up to the flush LSN: the
+                    // elected term is last once the epoch start is flushed.
+                    self.state(n).is_ok_and(|s| {
+                        s.elected_generation >= joint.generation
+                            && s.term_history.0.last().is_some_and(|last| s.flush_lsn >= last.lsn)
+                            && s.term_history.0.last().map(|l| l.term) == Some(s.elected_term)
+                    })
+                })
+                .count();
+            if holding >= quorum(self.new.len()) {
+                println!("  a majority of the new set holds the joint epoch ({:.1}s)", started.elapsed().as_secs_f64());
+                return Ok(());
+            }
+            if !elected_here && started.elapsed() > PROPOSER_WAIT {
+                println!(
+                    "  no compute was elected under generation {}; electing a proposer to commit it",
+                    joint.generation
+                );
+                self.sync(joint)?;
+                elected_here = true;
+            }
+            if started.elapsed() > JOINT_TIMEOUT {
+                return failed(format!(
+                    "timeline {}: generation {} was not committed within {}s",
+                    self.timeline,
+                    joint.generation,
+                    JOINT_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Runs an election under `joint` and commits its epoch start (what
+    /// `strata compute sync-safekeepers` does).
+    fn sync(&self, joint: &Membership) -> Result<()> {
+        let s = self
+            .old
+            .iter()
+            .find_map(|n| self.state(n).ok())
+            .ok_or_else(|| Error::Failed(format!("timeline {}: no member answered", self.timeline)))?;
+        let identity = TimelineIdentity {
+            tenant_id: self.tenant,
+            timeline_id: self.timeline,
+            system_id: s.system_id,
+            pg_version: s.pg_version,
+            wal_segment_size: s.wal_segment_size,
+        };
+        let addresses = joint.all().into_iter().map(|m| m.address).collect();
+        let cfg = strata_compute::proposer::ProposerConfig::new(addresses, identity);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Failed(format!("a runtime: {e}")))?;
+        let end = runtime
+            .block_on(async {
+                tokio::time::timeout(JOINT_TIMEOUT, strata_compute::proposer::sync_safekeepers(cfg)).await
+            })
+            .map_err(|_| Error::Failed("the election under the joint configuration timed out".into()))?
+            .map_err(|e| Error::Failed(format!("the election under the joint configuration: {e}")))?;
+        println!("  elected and committed up to {end}");
+        Ok(())
+    }
+}
+
+/// `strata safekeeper replace OLD NEW`.
+pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
+    super::endpoint::check_name(new)?;
+    let Some(old_service) = wd.service(old).filter(|s| s.kind == Kind::Safekeeper).cloned() else {
+        return Err(Error::Usage(format!("no safekeeper named {old:?}")));
+    };
+    let wd = match wd.service(new) {
+        Some(s) if s.kind == Kind::Safekeeper => {
+            println!("{new}: exists; resuming the replacement of {old}");
+            Workdir::open(&wd.root)?
+        }
+        Some(_) => return Err(Error::Usage(format!("{new:?} names another service"))),
+        None => add_safekeeper(wd, &old_service, new)?,
+    };
+    let new_service = wd.service(new).expect("added").clone();
+    services::start_one(&wd, &new_service)?;
+
+    let node = |s: &Service| -> Result<Node> {
+        let c: SafekeeperConfig = read_toml(&wd.config_path(s))?;
+        Ok(Node {
+            name: s.name.clone(),
+            member: Member { id: c.id, address: s.addr("listen").expect("checked on load") },
+            http: s.http_url(),
+        })
+    };
+    let old_set: Vec<Node> =
+        wd.cluster.of_kind(Kind::Safekeeper).filter(|s| s.name != new).map(node).collect::<Result<_>>()?;
+    let new_node = node(&new_service)?;
+    let new_set: Vec<Node> =
+        old_set.iter().filter(|n| n.name != old).cloned().chain(std::iter::once(new_node.clone())).collect();
+
+    for branch in &wd.cluster.branches {
+        println!("branch {} (timeline {}):", branch.name, branch.timeline_id);
+        let change =
+            Change { tenant: wd.cluster.tenant_id, timeline: branch.timeline_id, old: &old_set, new: &new_set };
+        change.run(&new_node)?;
+    }
+
+    // The old safekeeper leaves the cluster: stopped if it runs, its
+    // directory kept, its place in every config taken by the new one.
+    services::stop_one(&wd, &old_service, false)?;
+    let mut cluster = wd.cluster.clone();
+    cluster.services.retain(|s| s.name != old);
+    write_toml(&wd.root.join(CLUSTER_FILE), "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    let wd = Workdir::open(&wd.root)?;
+    rewrite_configs(&wd)?;
+    println!(
+        "{old} replaced by {new}; the pageserver and the other safekeepers use the new list from their next start ({old}'s directory is kept)"
+    );
+    Ok(())
+}
+
+/// Adds the new safekeeper to `cluster.toml` with fresh ports and the next
+/// free node id, its config a copy of `like`'s with its own addresses.
+fn add_safekeeper(wd: &Workdir, like: &Service, name: &str) -> Result<Workdir> {
+    let mut highest = 0u64;
+    for s in &wd.cluster.services {
+        let v: toml::Value = read_toml(&wd.config_path(s))?;
+        highest = highest.max(v.get("id").and_then(|i| i.as_integer()).unwrap_or(0) as u64);
+    }
+    let id = NodeId(highest + 1);
+    let p = ports::allocate(3, &wd.cluster.ports()).map_err(|e| Error::Failed(format!("finding free ports: {e}")))?;
+    let service = Service {
+        name: name.to_string(),
+        kind: Kind::Safekeeper,
+        config: PathBuf::from(name).join("safekeeper.toml"),
+        ports: BTreeMap::from([("listen".into(), p[0]), ("http".into(), p[1]), ("pg".into(), p[2])]),
+    };
+    let mut config: SafekeeperConfig = read_toml(&wd.config_path(like))?;
+    config.id = id;
+    let addr = |port: u16| format!("{HOST}:{port}").parse().expect("an address");
+    config.listen = addr(p[0]);
+    config.listen_http = addr(p[1]);
+    config.listen_pg = Some(addr(p[2]));
+    config.data_dir = wd.root.join(name).join("data");
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| Error::Failed(format!("{}: {e}", config.data_dir.display())))?;
+    let mut cluster = wd.cluster.clone();
+    cluster.services.push(service.clone());
+    let header = "# Written by `strata safekeeper replace`; ports and paths must match cluster.toml.\n";
+    write_toml(&wd.root.join(&service.config), header, &config)?;
+    write_toml(&wd.root.join(CLUSTER_FILE), "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    println!("{name}: added as safekeeper {id} (listen {})", config.listen);
+    let wd = Workdir::open(&wd.root)?;
+    rewrite_configs(&wd)?;
+    Ok(wd)
+}
+
+/// Points every safekeeper's peers, and the pageserver's safekeeper list,
+/// at the safekeepers `cluster.toml` names.
+fn rewrite_configs(wd: &Workdir) -> Result<()> {
+    let sks: Vec<&Service> = wd.cluster.of_kind(Kind::Safekeeper).collect();
+    let mut ids = BTreeMap::new();
+    for s in &sks {
+        let c: SafekeeperConfig = read_toml(&wd.config_path(s))?;
+        ids.insert(s.name.clone(), c.id);
+    }
+    for s in &sks {
+        let path = wd.config_path(s);
+        let mut c: SafekeeperConfig = read_toml(&path)?;
+        c.peers = sks
+            .iter()
+            .filter(|p| p.name != s.name)
+            .map(|p| Peer { id: ids[&p.name], address: p.addr("listen").expect("checked"), http: p.addr("http") })
+            .collect();
+        write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
+    }
+    let ps = wd.cluster.pageserver();
+    let path = wd.config_path(ps);
+    let mut c: strata_pageserver::config::PageserverConfig = read_toml(&path)?;
+    c.safekeepers = wd.cluster.safekeeper_addrs();
+    write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
+    Ok(())
+}

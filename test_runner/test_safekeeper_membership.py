@@ -1,0 +1,159 @@
+"""Replacing a safekeeper with `strata safekeeper replace OLD NEW`
+(docs/safekeeper-membership.md): the new safekeeper catches up from its
+peers and from object storage, every timeline moves through a joint
+configuration to the new set, and writes go on throughout."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import psycopg
+
+from fixtures.checks import assert_pgbench_invariants, pgbench_state
+from fixtures.cluster import wait_until
+from fixtures.strata import parse_lsn
+from test_pageserver import current_lsn, start_endpoint
+from test_wal_retention import SEGMENT, bulk_write, sk_timeline, switch_segment
+
+
+def membership(cluster, name: str) -> dict:
+    code, m = cluster.http(name, "GET", cluster.timeline_path() + "/membership")
+    assert code == 200, m
+    return m
+
+
+def member_ids(m: dict) -> list[int]:
+    return sorted(x["id"] for x in m["members"])
+
+
+def test_a_wiped_safekeeper_is_replaced_while_writes_go_on(cluster):
+    """sk3 dies and its disk is wiped while a client commits row after row
+    and pgbench runs. `strata safekeeper replace sk3 sk4` adds sk4, which
+    takes what sk1 and sk2 removed from object storage and the rest from
+    them; the timeline goes through generations 1 (the old set), 2 (joint)
+    and 3 (sk1, sk2, sk4). The compute is re-elected under each without a
+    restart and no commit fails. Then sk1 dies too: sk2 and sk4 are the
+    quorum, and every acknowledged commit is there, also after the compute
+    restarts."""
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    ep.sql("CREATE TABLE acked (id int PRIMARY KEY)")
+    # Enough WAL that sk1 and sk2 remove some: the new safekeeper must take
+    # that part from object storage.
+    with ep.connect() as conn:
+        bulk_write(ep, current_lsn(conn) + 3 * SEGMENT)
+    switch_segment(ep)
+    cluster.run("timeline", "checkpoint", timeout=600)
+    start = parse_lsn(sk_timeline(cluster, "sk1")["timeline_start_lsn"])
+    wait_until("sk1 and sk2 removed old WAL",
+               lambda: all(parse_lsn(sk_timeline(cluster, n)["removal"]["removed_before"]) > start + SEGMENT
+                           for n in ("sk1", "sk2")), timeout=180)
+
+    cluster.kill9("sk3", supervisor=True)
+    shutil.rmtree(cluster.data_dir("sk3"))
+    postmaster = ep.postmaster_pid()
+
+    acknowledged: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    slowest = [0.0]
+
+    def writer() -> None:
+        try:
+            with ep.connect() as conn:
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    t = time.monotonic()
+                    conn.execute("INSERT INTO acked (id) VALUES (%s)", (n,))
+                    slowest[0] = max(slowest[0], time.monotonic() - t)
+                    acknowledged.append(n)
+        except psycopg.Error as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    bench = ep.popen(["pgbench", "-n", "-c", "2", "-T", "600"])
+    try:
+        wait_until("the writer commits with sk3 gone", lambda: len(acknowledged) > 50, timeout=60)
+        before = len(acknowledged)
+        out = cluster.run("safekeeper", "replace", "sk3", "sk4", timeout=900).stdout
+        print("\n" + out)
+        during = len(acknowledged) - before
+        time.sleep(2)
+        assert thread.is_alive(), f"the writer failed: {errors}"
+    finally:
+        stop.set()
+        bench.terminate()
+        bench.wait(timeout=60)
+    thread.join(timeout=60)
+    assert not errors, errors
+    assert during > 0, "no commit went through during the replacement"
+    print(f"commits during the replacement: {during}; slowest commit {slowest[0]:.2f}s")
+    assert ep.postmaster_pid() == postmaster, "the compute restarted"
+
+    # The cluster now has sk1, sk2, sk4; every member holds generation 3.
+    names = [s["name"] for s in cluster.cluster_toml["services"]]
+    assert "sk3" not in names and "sk4" in names, names
+    sk4_id = cluster.service_config("sk4")["id"]
+    for n in ("sk1", "sk2", "sk4"):
+        m = membership(cluster, n)
+        assert m["generation"] == 3 and m.get("new_members") is None, (n, m)
+        assert member_ids(m) == sorted([1, 2, sk4_id]), (n, m)
+    assert "generation 2: joint" in out, out
+    proposer = ep.agent_status()["proposer"]
+    assert proposer["membership_generation"] == 3, proposer
+    assert proposer["elections"] >= 3, proposer
+    ps_config = cluster.service_config("pageserver")
+    assert cluster.service("sk4")["ports"]["listen"] in [int(a.split(":")[1]) for a in ps_config["safekeepers"]]
+
+    # sk4 took the removed WAL from object storage and holds all of it now.
+    assert cluster.metrics("sk4")["strata_safekeeper_segments_recovered_from_object_storage_total"] >= 1
+    with ep.connect() as conn:
+        end = current_lsn(conn)
+    wait_until("sk4 caught up", lambda: parse_lsn(sk_timeline(cluster, "sk4")["flush_lsn"]) >= end, timeout=120)
+
+    # sk1 goes: sk2 and sk4 are a majority of the new set.
+    cluster.kill9("sk1", supervisor=True)
+    with ep.connect() as conn:
+        before_state = pgbench_state(conn)
+    ep.run(["pgbench", "-n", "-c", "2", "-t", "100"], timeout=300)
+    ids = [r[0] for r in ep.sql("SELECT id FROM acked ORDER BY id")]
+    missing = sorted(set(acknowledged) - set(ids))
+    assert not missing, f"{len(missing)} acknowledged commits lost, first {missing[:10]}"
+    with ep.connect() as conn:
+        after = pgbench_state(conn)
+    assert after.counts["pgbench_history"] == before_state.counts["pgbench_history"] + 200
+    ep.stop()
+    ep.start()
+    assert [r[0] for r in ep.sql("SELECT id FROM acked ORDER BY id")] == ids
+    with ep.connect() as conn:
+        assert pgbench_state(conn) == after
+    assert_pgbench_invariants(after, 2)
+
+
+def test_replace_without_a_compute_elects_under_the_joint_configuration(cluster):
+    """With no compute running nobody would be elected under the joint
+    configuration: the command elects a proposer itself (which commits
+    the epoch on a majority of both sets), and the data is all there when
+    a compute starts on the new set. Running it again refuses (sk3 is gone
+    from the cluster); a live sk3 is stopped by the replacement."""
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE t AS SELECT g AS id FROM generate_series(1, 1000) g")
+    ep.stop()
+    out = cluster.run("safekeeper", "replace", "sk3", "sk4", timeout=600).stdout
+    assert "electing a proposer" in out, out
+    assert cluster.pid("sk3") is None, "sk3 still runs"
+    for n in ("sk1", "sk2", "sk4"):
+        assert membership(cluster, n)["generation"] == 3
+    ep.start()
+    assert ep.sql("SELECT count(*) FROM t") == [(1000,)]
+    ep.sql("INSERT INTO t VALUES (1001)")
+    assert ep.agent_status()["proposer"]["membership_generation"] == 3
+
+    again = cluster.run("safekeeper", "replace", "sk3", "sk5", check=False)
+    assert again.returncode == 2 and "no safekeeper named" in again.stderr, again
+    again = cluster.run("safekeeper", "replace", "sk1", "pageserver", check=False)
+    assert again.returncode == 2 and "another service" in again.stderr, again
