@@ -6,6 +6,7 @@ configuration to the new set, and writes go on throughout."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 import time
 
@@ -134,20 +135,41 @@ def test_a_wiped_safekeeper_is_replaced_while_writes_go_on(cluster):
     assert_pgbench_invariants(after, 2)
 
 
-def test_replace_without_a_compute_elects_under_the_joint_configuration(cluster):
-    """With no compute running nobody would be elected under the joint
-    configuration: the command elects a proposer itself (which commits
-    the epoch on a majority of both sets), and the data is all there when
-    a compute starts on the new set. Running it again refuses (sk3 is gone
-    from the cluster); a live sk3 is stopped by the replacement."""
+def test_an_interrupted_replacement_resumes_and_without_a_compute_elects_itself(cluster):
+    """The command is killed (-9) once the joint configuration is installed:
+    the timeline stays joint, and running the command again finishes the
+    change. With no compute running nobody would be elected under the
+    joint configuration, so the command elects a proposer itself (which
+    commits the epoch on a majority of both sets). The live sk3 is
+    stopped, the data is all there on a compute of the new set, and sk3
+    cannot be replaced twice."""
     ep = start_endpoint(cluster)
     ep.sql("CREATE TABLE t AS SELECT g AS id FROM generate_series(1, 1000) g")
     ep.stop()
+    cmd = [str(cluster.strata_bin), "safekeeper", "replace", "sk3", "sk4", "--workdir", str(cluster.workdir)]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             stdin=subprocess.DEVNULL)
+    seen = []
+    try:
+        for line in first.stdout:
+            seen.append(line)
+            if "joint" in line:
+                first.kill()
+                break
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert any("joint" in line for line in seen), "".join(seen)
+    m = membership(cluster, "sk1")
+    assert m["generation"] == 2 and m["new_members"] is not None, m
+
     out = cluster.run("safekeeper", "replace", "sk3", "sk4", timeout=600).stdout
-    assert "electing a proposer" in out, out
+    assert "resuming" in out and "electing a proposer" in out, out
     assert cluster.pid("sk3") is None, "sk3 still runs"
     for n in ("sk1", "sk2", "sk4"):
         assert membership(cluster, n)["generation"] == 3
+    status = cluster.run("status").stdout
+    assert status.count("membership_generation=3") == 3 and "sk3" not in status, status
     ep.start()
     assert ep.sql("SELECT count(*) FROM t") == [(1000,)]
     ep.sql("INSERT INTO t VALUES (1001)")

@@ -148,8 +148,8 @@ impl Change<'_> {
             // The configured set becomes generation 1, so that the new
             // safekeeper can be told it is not a member yet.
             let first = Membership { generation: 1, members: members(self.old), new_members: None };
-            println!("  generation 1: the current safekeepers");
             self.install(&first, &everyone[..self.old.len()], self.old)?;
+            println!("  generation 1: the current safekeepers");
             current = first;
         }
         if current.new_members.is_none() && same(&current.members, self.new) {
@@ -172,11 +172,11 @@ impl Change<'_> {
                 members: members(self.old),
                 new_members: Some(members(self.new)),
             };
+            self.install(&joint, &everyone, self.old)?;
             println!(
                 "  generation {}: joint (a majority of both sets for every election and commit)",
                 joint.generation
             );
-            self.install(&joint, &everyone, self.old)?;
             current = joint;
         } else if !current.new_members.as_deref().is_some_and(|n| same(n, self.new)) {
             return failed(format!(
@@ -186,8 +186,8 @@ impl Change<'_> {
         }
         self.joint_committed(&current)?;
         let last = Membership { generation: current.generation + 1, members: members(self.new), new_members: None };
-        println!("  generation {}: the new set", last.generation);
         self.install(&last, &everyone, self.new)?;
+        println!("  generation {}: the new set", last.generation);
         Ok(())
     }
 

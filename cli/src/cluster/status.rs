@@ -164,6 +164,7 @@ pub fn collect(wd: &Workdir) -> Result<Value> {
                     "name": name,
                     "flush_lsn": tl.map(|t| t["flush_lsn"].clone()),
                     "commit_lsn": tl.map(|t| t["commit_lsn"].clone()),
+                    "membership_generation": tl.map(|t| t["membership"]["generation"].clone()),
                 })
             })
             .collect();
@@ -366,7 +367,12 @@ fn render(st: &Value) -> String {
                 row.extend(["-".into(), "(no such timeline)".into()]);
             } else {
                 row.push("-".into());
-                row.push(format!("flush={} commit={}", text(&sk["flush_lsn"]), text(&sk["commit_lsn"])));
+                let mut lsns = format!("flush={} commit={}", text(&sk["flush_lsn"]), text(&sk["commit_lsn"]));
+                // Shown once the timeline's membership has changed (docs/safekeeper-membership.md).
+                if let Some(g) = sk["membership_generation"].as_u64().filter(|g| *g > 0) {
+                    lsns.push_str(&format!(" membership_generation={g}"));
+                }
+                row.push(lsns);
             }
             rows.push(row);
         }
