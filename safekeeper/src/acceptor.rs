@@ -448,6 +448,11 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         self.wal.flush()?;
         let mut next = self.state.clone();
         next.term_history = history.up_to(end);
+        if next.term_history.last_term() != self.state.term_history.last_term() {
+            // The last term now is one this acceptor was not told of by its
+            // proposer: under which generation it was won is unknown here.
+            next.elected_generation = 0;
+        }
         next.commit_lsn = next.commit_lsn.max(end);
         next.flush_lsn_hint = end;
         self.control.persist(&next)?;

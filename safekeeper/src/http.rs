@@ -185,14 +185,17 @@ async fn set_membership(
     let generation = m.generation;
     match tokio::task::block_in_place(|| {
         tl.with_acceptor(|a| {
+            let before = a.membership().generation;
             a.set_membership(m)?;
-            Ok(a.membership().clone())
+            Ok((a.membership().clone(), before))
         })
     }) {
-        Ok(now) => {
-            // Proposers of the older generation reconnect and learn this one.
-            let closed = tl.disconnect_proposers();
-            tracing::info!(tenant = %t, timeline = %l, generation, closed, "membership configuration installed");
+        Ok((now, before)) => {
+            if before != now.generation {
+                // Proposers of the older generation reconnect and learn this one.
+                let closed = tl.disconnect_proposers();
+                tracing::info!(tenant = %t, timeline = %l, generation, closed, "membership configuration installed");
+            }
             Json(now).into_response()
         }
         Err(crate::timeline::AcceptorCallError::Refused(e)) => error(StatusCode::CONFLICT, e.to_string()),
