@@ -453,6 +453,9 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
             // proposer: under which generation it was won is unknown here.
             next.elected_generation = 0;
         }
+        // Votes are never given for a term this WAL already holds: the
+        // term it answers with must cover its history.
+        next.term = next.term.max(next.term_history.last_term());
         next.commit_lsn = next.commit_lsn.max(end);
         next.flush_lsn_hint = end;
         self.control.persist(&next)?;
