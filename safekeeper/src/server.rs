@@ -233,7 +233,9 @@ async fn consumer(
         }
         Err(e) => return stream_error(&mut w, ErrorCode::Protocol, e.to_string()).await,
     };
-    if start.protocol_version != PROTOCOL_VERSION {
+    // The consumer messages are the same in versions 1 and 2 (only the
+    // proposer greetings changed), so consumers of either are served.
+    if !(1..=PROTOCOL_VERSION).contains(&start.protocol_version) {
         let msg = format!("protocol version {} is not supported", start.protocol_version);
         return stream_error(&mut w, ErrorCode::Version, msg).await;
     }
