@@ -49,6 +49,9 @@ enum Command {
     /// Computes (PostgreSQL + agent) of the local cluster.
     #[command(subcommand)]
     Endpoint(cluster::EndpointCommand),
+    /// Branches of the local cluster: a new database at any point of another, in milliseconds.
+    #[command(subcommand)]
+    Branch(cluster::BranchCommand),
     /// Timelines of the local cluster's branches: checkpoint.
     #[command(subcommand)]
     Timeline(cluster::TimelineCommand),
@@ -146,6 +149,7 @@ fn main() {
         Command::Status(args) => cluster::status(args),
         Command::Endpoint(cmd) => cluster::endpoint(cmd),
         Command::Timeline(cmd) => cluster::timeline(cmd),
+        Command::Branch(cmd) => cluster::branch(cmd),
         Command::Supervise(args) => supervise::run(args),
     };
     std::process::exit(code);

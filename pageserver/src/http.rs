@@ -18,7 +18,7 @@ use strata_formats::Lsn;
 use strata_protocol::{TenantId, TimelineId};
 
 use crate::key::RelTag;
-use crate::tenants::{CreateError, Tenants, TimelineEntry};
+use crate::tenants::{BranchError, CreateError, DeleteError, Tenants, TimelineEntry};
 use crate::timeline::ReadError;
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -51,7 +51,8 @@ pub fn router(tenants: Arc<Tenants>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/tenant", post(create_tenant))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
+        .route("/v1/tenant/{tenant}/timeline", post(create_branch))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status).delete(delete_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict))
@@ -99,6 +100,137 @@ async fn create_tenant(
     }
 }
 
+/// How long a branch at an LSN waits for the parent to ingest it.
+const BRANCH_LSN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBranch {
+    /// The new timeline's id (generated if absent).
+    timeline_id: Option<TimelineId>,
+    ancestor_timeline_id: TimelineId,
+    /// The branch point; at most one of `ancestor_lsn` and `ancestor_time`
+    /// (neither: the parent's newest record).
+    ancestor_lsn: Option<Lsn>,
+    /// RFC 3339, e.g. `2026-11-24T14:03:05.123456+00:00`.
+    ancestor_time: Option<String>,
+}
+
+/// The status of a failed branch creation, from its kind.
+fn branch_status(e: &BranchError) -> StatusCode {
+    match e {
+        BranchError::Exists(..) => StatusCode::CONFLICT,
+        BranchError::ParentNotFound(..) => StatusCode::NOT_FOUND,
+        BranchError::NotAligned { .. }
+        | BranchError::BeforeStart { .. }
+        | BranchError::InFuture { .. }
+        | BranchError::NoCommitThatOld { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        BranchError::BelowGcCutoff { .. } => StatusCode::GONE,
+        BranchError::ParentBroken { .. } | BranchError::Receiver { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        BranchError::Read(_) | BranchError::Storage { .. } | BranchError::Other(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// PostgreSQL's time (µs since 2000-01-01) of an RFC 3339 timestamp.
+fn pg_time(text: &str) -> Result<i64, String> {
+    let t = chrono::DateTime::parse_from_rfc3339(text).map_err(|e| format!("ancestor_time {text:?}: {e}"))?;
+    Ok(t.timestamp_micros() - crate::timeline::PG_EPOCH_OFFSET_US)
+}
+
+/// `POST /v1/tenant/{tenant}/timeline`: a branch of a timeline at an LSN,
+/// at a time, or at its newest record (`docs/branches.md`).
+async fn create_branch(
+    State(tenants): State<Arc<Tenants>>,
+    Path(tenant): Path<String>,
+    body: Result<Json<CreateBranch>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let tenant: TenantId = match tenant.parse() {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
+    };
+    let req = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let parent_id = req.ancestor_timeline_id;
+    let Some(parent) = tenants.get(tenant, parent_id) else {
+        return error(StatusCode::NOT_FOUND, BranchError::ParentNotFound(tenant, parent_id).to_string());
+    };
+    let timeline = req.timeline_id.unwrap_or_else(TimelineId::generate);
+    let lsn = match (req.ancestor_lsn, req.ancestor_time) {
+        (Some(_), Some(_)) => {
+            return error(StatusCode::BAD_REQUEST, "give ancestor_lsn or ancestor_time, not both".into())
+        }
+        (Some(lsn), None) if !lsn.0.is_multiple_of(8) || lsn < parent.tl.metadata().start_lsn => {
+            // Refused at once, not after a wait for the LSN.
+            let e = if !lsn.0.is_multiple_of(8) {
+                BranchError::NotAligned { lsn }
+            } else {
+                BranchError::BeforeStart { lsn, start: parent.tl.metadata().start_lsn, parent: parent_id }
+            };
+            return error(branch_status(&e), e.to_string());
+        }
+        (Some(lsn), None) => match parent.tl.wait_lsn(lsn, BRANCH_LSN_WAIT).await {
+            Ok(_) => lsn,
+            Err(ReadError::LsnTimeout { last, .. }) => {
+                let e = BranchError::InFuture { lsn, last, parent: parent_id };
+                return error(branch_status(&e), e.to_string());
+            }
+            Err(e) => return read_error(e),
+        },
+        (None, Some(text)) => {
+            let time = match pg_time(&text) {
+                Ok(t) => t,
+                Err(e) => return error(StatusCode::BAD_REQUEST, e),
+            };
+            if time > crate::timeline::pg_now() {
+                return error(StatusCode::UNPROCESSABLE_ENTITY, format!("{text} is in the future"));
+            }
+            let tl = parent.tl.clone();
+            match tokio::task::spawn_blocking(move || tl.lsn_for_time(time)).await {
+                Ok(Ok(Some(lsn))) => lsn,
+                Ok(Ok(None)) => {
+                    let e = BranchError::NoCommitThatOld { parent: parent_id };
+                    return error(branch_status(&e), e.to_string());
+                }
+                Ok(Err(e)) => return read_error(e),
+                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("time lookup failed: {e}")),
+            }
+        }
+        (None, None) => parent.tl.record_lsns().last,
+    };
+    let t2 = tenants.clone();
+    match tokio::task::spawn_blocking(move || t2.create_branch(tenant, timeline, parent_id, lsn)).await {
+        Ok(Ok(entry)) => (StatusCode::CREATED, Json(entry.status())).into_response(),
+        Ok(Err(e)) => error(branch_status(&e), e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("branch creation failed: {e}")),
+    }
+}
+
+/// `DELETE /v1/tenant/{tenant}/timeline/{timeline}`: refused (409) while a
+/// branch depends on it.
+async fn delete_timeline(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(entry) => entry,
+        Err(r) => return *r,
+    };
+    let (tenant, timeline) = (entry.tl.tenant_id, entry.tl.timeline_id);
+    drop(entry);
+    let t2 = tenants.clone();
+    match tokio::task::spawn_blocking(move || t2.delete_timeline(tenant, timeline)).await {
+        Ok(Ok(())) => (StatusCode::OK, Json(serde_json::json!({ "deleted": timeline }))).into_response(),
+        Ok(Err(e)) => {
+            let status = match e {
+                DeleteError::NotFound(..) => StatusCode::NOT_FOUND,
+                DeleteError::HasBranches { .. } => StatusCode::CONFLICT,
+                DeleteError::Remote { .. } | DeleteError::Storage { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(status, e.to_string())
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("deletion failed: {e}")),
+    }
+}
+
 fn lookup(tenants: &Tenants, tenant: &str, timeline: &str) -> Result<Arc<TimelineEntry>, Box<Response>> {
     let bad = |e: strata_protocol::ids::IdParseError| Box::new(error(StatusCode::BAD_REQUEST, e.to_string()));
     let t: TenantId = tenant.parse().map_err(bad)?;
@@ -106,11 +238,46 @@ fn lookup(tenants: &Tenants, tenant: &str, timeline: &str) -> Result<Arc<Timelin
     tenants.get(t, l).ok_or_else(|| Box::new(error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"))))
 }
 
-async fn timeline_status(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
-    match lookup(&tenants, &t, &l) {
-        Ok(entry) => Json(entry.status()).into_response(),
-        Err(r) => *r,
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StatusQuery {
+    /// Also sum the sizes of every relation at the newest LSN (reads every
+    /// database's relation directory: not for frequent polling).
+    #[serde(default)]
+    logical_size: bool,
+}
+
+async fn timeline_status(
+    State(tenants): State<Arc<Tenants>>,
+    Path((t, l)): Path<(String, String)>,
+    query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(query)) = query else {
+        return error(StatusCode::BAD_REQUEST, "the only query parameter is logical_size=true|false".into());
+    };
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(entry) => entry,
+        Err(r) => return *r,
+    };
+    let mut status = entry.status();
+    if query.logical_size {
+        let tl = entry.tl.clone();
+        let size = tokio::task::spawn_blocking(move || {
+            let lsn = tl.record_lsns().last;
+            let mut total = 0u64;
+            for (spc, db) in tl.db_dir(lsn)? {
+                total += tl.db_size(spc, db, lsn)?;
+            }
+            Ok::<u64, ReadError>(total)
+        })
+        .await;
+        match size {
+            Ok(Ok(n)) => status["logical_size"] = serde_json::json!(n),
+            Ok(Err(e)) => return read_error(e),
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("logical size: {e}")),
+        }
     }
+    Json(status).into_response()
 }
 
 #[derive(serde::Deserialize)]

@@ -134,10 +134,6 @@ pub struct WalIngest {
     last_commit_time: Option<i64>,
 }
 
-/// Commit times are recorded at most this often (µs): GC and point-in-time
-/// lookups resolve times to LSNs at this granularity.
-pub const COMMIT_TIME_STEP_US: i64 = 1_000_000;
-
 /// The reason a record cannot be ingested; `ingest` wraps it into an
 /// [`IngestError`] naming the record and its LSN.
 type Res<T> = Result<T, IngestFailure>;
@@ -286,7 +282,10 @@ impl WalIngest {
                     self.drop_rel(*rel)?;
                 }
                 if f.outcome == Outcome::Commit
-                    && self.last_commit_time.is_none_or(|t| f.xact_time >= t.saturating_add(COMMIT_TIME_STEP_US))
+                    // Every commit stamped later than all before it: the
+                    // first commit after a time T is always recorded, so
+                    // a branch at T is exact to the commit (docs/branches.md).
+                    && self.last_commit_time.is_none_or(|t| f.xact_time > t)
                 {
                     self.last_commit_time = Some(f.xact_time);
                     self.put(Key::commit_time(), Value::Image(Bytes::copy_from_slice(&f.xact_time.to_le_bytes())));

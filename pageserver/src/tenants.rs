@@ -23,7 +23,7 @@ use crate::config::PageserverConfig;
 use crate::import::{self, ImportError};
 use crate::metrics::Metrics;
 use crate::remote::{Attachments, Remote, RemoteTimeline};
-use crate::timeline::{sync_dir, StorageError, Timeline, TimelineResources};
+use crate::timeline::{sync_dir, StorageError, Timeline, TimelineMetadata, TimelineResources};
 use crate::walreceiver::{ReceiverStatus, SpawnError, WalReceiver};
 use strata_formats::Lsn;
 
@@ -49,7 +49,63 @@ pub struct TimelineEntry {
     handle: Mutex<Option<WalReceiver>>,
 }
 
-/// Why a timeline could not be created.
+/// Why a branch could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchError {
+    #[error("timeline {0}/{1} already exists")]
+    Exists(TenantId, TimelineId),
+    #[error("parent timeline {0}/{1} not found")]
+    ParentNotFound(TenantId, TimelineId),
+    #[error("parent timeline {parent} is broken: {reason}")]
+    ParentBroken { parent: TimelineId, reason: String },
+    #[error("{lsn} is not a WAL position: records begin at 8-byte aligned LSNs")]
+    NotAligned { lsn: Lsn },
+    #[error("{lsn} is before the start of timeline {parent} ({start})")]
+    BeforeStart { lsn: Lsn, start: Lsn, parent: TimelineId },
+    #[error("{lsn} is in the future: timeline {parent} has WAL up to {last}")]
+    InFuture { lsn: Lsn, last: Lsn, parent: TimelineId },
+    #[error("{lsn} is below the GC cutoff {cutoff} of timeline {parent}: its history before the cutoff is gone (see pitr_interval)")]
+    BelowGcCutoff { lsn: Lsn, cutoff: Lsn, parent: TimelineId },
+    #[error("timeline {parent} has no commit at or before that time that is still readable")]
+    NoCommitThatOld { parent: TimelineId },
+    #[error("branch {tenant}/{timeline}: {source}")]
+    Storage {
+        tenant: TenantId,
+        timeline: TimelineId,
+        #[source]
+        source: StorageError,
+    },
+    #[error("branch {tenant}/{timeline}: {source}")]
+    Receiver {
+        tenant: TenantId,
+        timeline: TimelineId,
+        #[source]
+        source: SpawnError,
+    },
+    #[error("reading the parent: {0}")]
+    Read(#[from] crate::timeline::ReadError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Why a timeline could not be deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error("timeline {0}/{1} not found")]
+    NotFound(TenantId, TimelineId),
+    #[error("timeline {timeline} has branches ({}); delete them first", children.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
+    HasBranches { timeline: TimelineId, children: Vec<TimelineId> },
+    #[error("timeline {timeline}: deleting its objects: {reason}")]
+    Remote { timeline: TimelineId, reason: String },
+    #[error("timeline {timeline}: {source}")]
+    Storage {
+        timeline: TimelineId,
+        #[source]
+        source: StorageError,
+    },
+}
+
+/// Why a tenant could not be bootstrapped.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
     #[error("timeline {0}/{1} already exists")]
@@ -146,6 +202,8 @@ impl Tenants {
             move |source| LoadError { op, path: path.to_path_buf(), source }
         }
         std::fs::create_dir_all(&root).map_err(err("creating", &root))?;
+        // Attached once all are loaded, parents before their branches.
+        let mut loaded: Vec<Arc<Timeline>> = Vec::new();
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))? {
             let t = t.map_err(err("listing", &root))?;
             let Ok(tenant_id) = t.file_name().to_string_lossy().parse::<TenantId>() else { continue };
@@ -189,9 +247,12 @@ impl Tenants {
                     // they stay for an operator, as without object storage.
                     if local_lsn.is_some_and(|l| l < *remote_lsn) {
                         warn!(%tenant_id, %timeline_id, local = ?local_lsn, remote = %remote_lsn, "remote storage is ahead of the local files; attaching from remote storage");
-                        if let Err(e) = tenants.attach_from_remote(&dir, rt.clone(), true) {
-                            error!(%tenant_id, %timeline_id, "{e}");
-                            tenants.attach_unloadable(dir, tenant_id, timeline_id, e.to_string());
+                        match tenants.attach_from_remote(&dir, rt.clone(), true) {
+                            Ok(tl) => loaded.push(tl),
+                            Err(e) => {
+                                error!(%tenant_id, %timeline_id, "{e}");
+                                tenants.attach_unloadable(dir, tenant_id, timeline_id, e.to_string());
+                            }
                         }
                         continue;
                     }
@@ -199,9 +260,7 @@ impl Tenants {
                 match Timeline::load_with_remote(dir.clone(), &tenants.resources, remote.map(|(r, _)| r)) {
                     Ok(tl) => {
                         info!(%tenant_id, %timeline_id, disk_consistent_lsn = %tl.disk_consistent_lsn(), "loaded timeline");
-                        if let Err(e) = tenants.attach(tl) {
-                            error!(%tenant_id, %timeline_id, "{e}");
-                        }
+                        loaded.push(tl);
                     }
                     Err(e) => {
                         error!(%tenant_id, %timeline_id, "cannot load timeline; it is broken and its files stay: {e}");
@@ -222,7 +281,9 @@ impl Tenants {
                     }
                 };
                 for timeline_id in remote_timelines {
-                    if tenants.get(tenant_id, timeline_id).is_some() {
+                    if tenants.get(tenant_id, timeline_id).is_some()
+                        || loaded.iter().any(|t| (t.tenant_id, t.timeline_id) == (tenant_id, timeline_id))
+                    {
                         continue;
                     }
                     let dir = tenants.timeline_dir(tenant_id, timeline_id);
@@ -234,7 +295,7 @@ impl Tenants {
                             None => Ok(None),
                         });
                     match attached {
-                        Ok(Some(())) => {}
+                        Ok(Some(tl)) => loaded.push(tl),
                         Ok(None) => {
                             info!(%tenant_id, %timeline_id, "objects in remote storage but no index: nothing to attach")
                         }
@@ -246,6 +307,7 @@ impl Tenants {
                 }
             }
         }
+        tenants.attach_in_order(loaded);
         // Markers whose directory is gone (a failed creation cleaned up halfway).
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))?.flatten() {
             let Ok(entries) = std::fs::read_dir(t.path().join("timelines")) else { continue };
@@ -284,7 +346,12 @@ impl Tenants {
     /// from the index, every layer is downloaded when first read. Replaces
     /// the local directory if `replace` (the creation marker makes a crash
     /// halfway remove it at the next start).
-    fn attach_from_remote(&self, dir: &Path, rt: Arc<RemoteTimeline>, replace: bool) -> Result<(), StorageError> {
+    fn attach_from_remote(
+        &self,
+        dir: &Path,
+        rt: Arc<RemoteTimeline>,
+        replace: bool,
+    ) -> Result<Arc<Timeline>, StorageError> {
         let (tenant, timeline) = (rt.tenant_id, rt.timeline_id);
         let index = rt.index().ok_or_else(|| StorageError::Invalid {
             path: dir.to_path_buf(),
@@ -307,10 +374,29 @@ impl Tenants {
         }
         let tl = Timeline::load_with_remote(dir.to_path_buf(), &self.resources, Some(rt))?;
         info!(%tenant, %timeline, disk_consistent_lsn = %tl.disk_consistent_lsn(), layers = index.layers.len(), generation = index.generation, "attached timeline from remote storage");
-        if let Err(e) = self.attach(tl) {
-            error!(%tenant, %timeline, "{e}");
+        Ok(tl)
+    }
+
+    /// Attaches loaded timelines, each parent before its branches: a
+    /// branch's ingest reads through its parent from its first record.
+    fn attach_in_order(&self, mut pending: Vec<Arc<Timeline>>) {
+        while !pending.is_empty() {
+            let waits_for_parent = |tl: &Arc<Timeline>| {
+                tl.metadata().ancestor_timeline_id.is_some_and(|p| {
+                    pending.iter().any(|other| other.tenant_id == tl.tenant_id && other.timeline_id == p)
+                })
+            };
+            let (ready, rest): (Vec<_>, Vec<_>) = pending.iter().cloned().partition(|tl| !waits_for_parent(tl));
+            // Nothing ready would mean a cycle of ancestors: attach them all (their reads fail, naming it).
+            let (ready, rest) = if ready.is_empty() { (rest, Vec::new()) } else { (ready, rest) };
+            for tl in ready {
+                let (tenant, timeline) = (tl.tenant_id, tl.timeline_id);
+                if let Err(e) = self.attach(tl) {
+                    error!(%tenant, %timeline, "{e}");
+                }
+            }
+            pending = rest;
         }
-        Ok(())
     }
 
     /// Removes a marked, unfinished timeline: the directory, then the marker.
@@ -354,10 +440,181 @@ impl Tenants {
                 return Err(CreateError::Receiver { tenant, timeline, source });
             }
         };
+        self.link_ancestors(&tl);
         let entry =
             Arc::new(TimelineEntry { tl, receiver: receiver.status.clone(), handle: Mutex::new(Some(receiver)) });
         self.timelines.write().insert((tenant, timeline), entry.clone());
         Ok(entry)
+    }
+
+    /// Links `tl` to its parent and its children to it, whichever was
+    /// attached first (a parent attached anew replaces the old link).
+    fn link_ancestors(&self, tl: &Arc<Timeline>) {
+        let tenant = tl.tenant_id;
+        if let Some(parent) = tl.metadata().ancestor_timeline_id {
+            if let Some(p) = self.get(tenant, parent) {
+                tl.set_ancestor(p.tl.clone());
+            }
+        }
+        for child in self.all() {
+            if child.tl.tenant_id == tenant && child.tl.metadata().ancestor_timeline_id == Some(tl.timeline_id) {
+                child.tl.set_ancestor(tl.clone());
+            }
+        }
+    }
+
+    /// Creates a branch of `parent` at `lsn` (`docs/branches.md`): metadata
+    /// only. The parent keeps `lsn` readable first (durably), then the
+    /// child's directory appears with its metadata, then it is attached and
+    /// streams its own WAL from the safekeepers from `lsn` on. The caller
+    /// has resolved the point and waited for the parent to ingest it.
+    pub fn create_branch(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        parent: TimelineId,
+        lsn: Lsn,
+    ) -> Result<Arc<TimelineEntry>, BranchError> {
+        let _one_at_a_time = self.creating.lock();
+        let dir = self.timeline_dir(tenant, timeline);
+        let marker = marker_path(&dir);
+        if self.get(tenant, timeline).is_some() || dir.exists() || marker.exists() {
+            return Err(BranchError::Exists(tenant, timeline));
+        }
+        let p = self.get(tenant, parent).ok_or(BranchError::ParentNotFound(tenant, parent))?;
+        let ptl = &p.tl;
+        if let Some(reason) = ptl.broken_reason() {
+            return Err(BranchError::ParentBroken { parent, reason });
+        }
+        let pmeta = ptl.metadata();
+        let lsns = ptl.record_lsns();
+        if !lsn.0.is_multiple_of(8) {
+            return Err(BranchError::NotAligned { lsn });
+        }
+        if lsn < pmeta.start_lsn {
+            return Err(BranchError::BeforeStart { lsn, start: pmeta.start_lsn, parent });
+        }
+        if lsn > lsns.last {
+            return Err(BranchError::InFuture { lsn, last: lsns.last, parent });
+        }
+        let cutoff = ptl.gc_cutoff_lsn();
+        if lsn < cutoff {
+            return Err(BranchError::BelowGcCutoff { lsn, cutoff, parent });
+        }
+        let storage = |source| BranchError::Storage { tenant, timeline, source };
+        ptl.retain_lsn(lsn).map_err(storage)?;
+        // GC may have moved the cutoff between the check and the retention.
+        let cutoff = ptl.gc_cutoff_lsn();
+        if lsn < cutoff {
+            let others = self.branch_points(tenant, parent).iter().filter(|l| **l == lsn).count();
+            let _ = ptl.release_lsn(lsn, others);
+            return Err(BranchError::BelowGcCutoff { lsn, cutoff, parent });
+        }
+        let meta = TimelineMetadata {
+            format_version: crate::timeline::METADATA_VERSION,
+            tenant_id: tenant,
+            timeline_id: timeline,
+            ancestor_timeline_id: Some(parent),
+            ancestor_lsn: Some(lsn),
+            pg_version: pmeta.pg_version,
+            system_id: pmeta.system_id,
+            wal_segment_size: pmeta.wal_segment_size,
+            start_lsn: lsn,
+            disk_consistent_lsn: lsn,
+            // The record before the branch point is known only at the
+            // parent's newest record; elsewhere none is named (PostgreSQL
+            // only checks that its first record's link points back).
+            prev_record_lsn: if lsn == lsns.last { lsns.prev } else { Lsn::INVALID },
+            layers: Vec::new(),
+            removed_layers: Vec::new(),
+            gc_cutoff_lsn: Lsn::INVALID,
+            retain_lsns: Vec::new(),
+        };
+        let parent_dir = dir.parent().expect("under timelines/").to_path_buf();
+        let created = (|| {
+            crate::timeline::write_atomic(&marker, b"", self.conf.fsync)?;
+            let tl = Timeline::create(dir.clone(), meta, &self.resources)?;
+            std::fs::remove_file(&marker).map_err(StorageError::io("removing", &marker))?;
+            if self.conf.fsync {
+                sync_dir(&parent_dir)?;
+            }
+            Ok::<_, StorageError>(tl)
+        })();
+        let tl = match created {
+            Ok(tl) => tl,
+            Err(e) => {
+                if let Err(e) = self.remove_unfinished(&dir) {
+                    error!(%tenant, %timeline, "cleaning up after a failed branch creation: {e}");
+                }
+                return Err(storage(e));
+            }
+        };
+        if let (Some(remote), Some(g)) = (&self.remote, self.generations.lock().get(&tenant).copied()) {
+            tl.set_remote(RemoteTimeline::new(remote.clone(), tenant, timeline, g, dir.clone(), None));
+        }
+        info!(%tenant, %timeline, %parent, %lsn, "created branch");
+        self.attach(tl).map_err(|e| match e {
+            CreateError::Receiver { tenant, timeline, source } => BranchError::Receiver { tenant, timeline, source },
+            other => BranchError::Other(other.to_string()),
+        })
+    }
+
+    /// Deletes a timeline that no branch depends on: its WAL receiver
+    /// stops, it leaves the map (reads in flight finish on their open
+    /// files), its objects and directory go, and its parent lets GC have
+    /// the branch point again.
+    pub fn delete_timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<(), DeleteError> {
+        let _one_at_a_time = self.creating.lock();
+        let entry = self.get(tenant, timeline).ok_or(DeleteError::NotFound(tenant, timeline))?;
+        let children: Vec<TimelineId> = self
+            .all()
+            .iter()
+            .map(|e| e.tl.metadata())
+            .filter(|m| m.tenant_id == tenant && m.ancestor_timeline_id == Some(timeline))
+            .map(|m| m.timeline_id)
+            .collect();
+        if !children.is_empty() {
+            return Err(DeleteError::HasBranches { timeline, children });
+        }
+        if let Some(r) = entry.handle.lock().take() {
+            r.shutdown();
+        }
+        self.timelines.write().remove(&(tenant, timeline));
+        let meta = entry.tl.metadata();
+        if let Some(r) = entry.tl.remote() {
+            r.stop();
+        }
+        if let Some(remote) = &self.remote {
+            let n = crate::remote::delete_timeline_objects(remote, tenant, timeline)
+                .map_err(|reason| DeleteError::Remote { timeline, reason })?;
+            info!(%tenant, %timeline, objects = n, "deleted the timeline's objects");
+        }
+        // A crash halfway leaves the marker: the next start removes the rest.
+        let dir = entry.tl.dir.clone();
+        let marker = marker_path(&dir);
+        crate::timeline::write_atomic(&marker, b"", self.conf.fsync)
+            .and_then(|()| self.remove_unfinished(&dir))
+            .map_err(|source| DeleteError::Storage { timeline, source })?;
+        if let (Some(parent), Some(at)) = (meta.ancestor_timeline_id, meta.ancestor_lsn) {
+            if let Some(p) = self.get(tenant, parent) {
+                let others = self.branch_points(tenant, parent).iter().filter(|l| **l == at).count();
+                if let Err(e) = p.tl.release_lsn(at, others) {
+                    warn!(%tenant, %parent, %at, "releasing the branch point: {e}");
+                }
+            }
+        }
+        info!(%tenant, %timeline, "deleted timeline");
+        Ok(())
+    }
+
+    /// The branch points of `parent`'s children attached here.
+    fn branch_points(&self, tenant: TenantId, parent: TimelineId) -> Vec<Lsn> {
+        self.all()
+            .iter()
+            .map(|e| e.tl.metadata())
+            .filter(|m| m.tenant_id == tenant && m.ancestor_timeline_id == Some(parent))
+            .filter_map(|m| m.ancestor_lsn)
+            .collect()
     }
 
     pub fn get(&self, tenant: TenantId, timeline: TimelineId) -> Option<Arc<TimelineEntry>> {
@@ -527,6 +784,7 @@ impl TimelineEntry {
             "prev_record_lsn": lsns.prev,
             "disk_consistent_lsn": meta.disk_consistent_lsn,
             "gc_cutoff_lsn": meta.gc_cutoff_lsn,
+            "retain_lsns": meta.retain_lsns,
             "wal_source": receiver.safekeeper,
             "safekeeper_commit_lsn": receiver.safekeeper_commit_lsn,
             "wal_source_error": receiver.last_error,

@@ -24,7 +24,7 @@ mod compaction;
 mod gc;
 
 pub use compaction::{CompactionError, CompactionOutcome, Throttle};
-pub use gc::{pg_now, GcOutcome, GcPolicy};
+pub use gc::{pg_now, GcOutcome, GcPolicy, PG_EPOCH_OFFSET_US};
 
 use crate::dirs;
 use crate::key::{Key, RelTag};
@@ -263,6 +263,11 @@ pub struct Timeline {
     pub metrics: Arc<Metrics>,
     /// Object storage, when the pageserver has it.
     remote: std::sync::OnceLock<Arc<RemoteTimeline>>,
+    /// The branch point (`ancestor_lsn`; never changes) and the timeline
+    /// it branched from, once both are attached: versions a read does not
+    /// find here are read there, at the branch point at most.
+    ancestor_lsn: Option<Lsn>,
+    ancestor: RwLock<Option<Arc<Timeline>>>,
 }
 
 /// Name of a timeline's metadata file.
@@ -370,6 +375,7 @@ impl Timeline {
             if meta.disk_consistent_lsn == Lsn::INVALID { meta.start_lsn } else { Lsn(meta.disk_consistent_lsn.0 + 1) };
         let open = Arc::new(InMemoryLayer::new(first));
         let gc_cutoff = meta.gc_cutoff_lsn;
+        let ancestor_lsn = meta.ancestor_timeline_id.and(meta.ancestor_lsn);
         Arc::new(Timeline {
             tenant_id: meta.tenant_id,
             timeline_id: meta.timeline_id,
@@ -396,6 +402,8 @@ impl Timeline {
             redo_check: Mutex::new(RedoCheck::default()),
             metrics: res.metrics.clone(),
             remote: std::sync::OnceLock::new(),
+            ancestor_lsn,
+            ancestor: RwLock::new(None),
         })
     }
 
@@ -525,6 +533,71 @@ impl Timeline {
             l.set_remote(remote.clone());
         }
         remote.start(Arc::downgrade(self));
+    }
+
+    /// Links the timeline this one branched from (at attach, and again
+    /// whenever the parent is attached anew).
+    pub fn set_ancestor(&self, parent: Arc<Timeline>) {
+        debug_assert_eq!(Some(parent.timeline_id), self.metadata().ancestor_timeline_id, "another parent");
+        *self.ancestor.write() = Some(parent);
+    }
+
+    /// The branch point and the parent timeline, if this is a branch
+    /// (`Err`: a branch whose parent is not attached).
+    fn ancestor_for_read(&self) -> Result<Option<(Arc<Timeline>, Lsn)>, ReadError> {
+        let Some(at) = self.ancestor_lsn else { return Ok(None) };
+        match self.ancestor.read().clone() {
+            Some(parent) => Ok(Some((parent, at))),
+            None => Err(ReadError::NotFound(format!(
+                "timeline {} is a branch of {} at {at}, which is not attached here",
+                self.timeline_id,
+                self.metadata().ancestor_timeline_id.map_or_else(|| "?".into(), |t| t.to_string())
+            ))),
+        }
+    }
+
+    /// Reads below a branch's start are the parent's, not the branch's.
+    fn check_branch_start(&self, lsn: Lsn) -> Result<(), ReadError> {
+        match self.ancestor_lsn {
+            Some(start) if lsn < start => Err(ReadError::NotFound(format!(
+                "timeline {} begins at {start} (a branch); {lsn} is before it",
+                self.timeline_id
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Completes `out` with the versions the parent holds at the branch
+    /// point (recursively, through every ancestor).
+    fn collect_from_ancestor(&self, key: &Key, lsn: Lsn, out: &mut Versions) -> Result<(), ReadError> {
+        if out.complete() {
+            return Ok(());
+        }
+        let Some((parent, at)) = self.ancestor_for_read()? else { return Ok(()) };
+        let older = parent.versions(key, lsn.min(at))?;
+        out.append_older(older);
+        Ok(())
+    }
+
+    /// Keeps `lsn` readable whatever GC does (a branch point): in the
+    /// metadata, durably, and in the next index.
+    pub fn retain_lsn(&self, lsn: Lsn) -> Result<(), StorageError> {
+        self.install_layers_with(Vec::new(), &[], |m| {
+            if !m.retain_lsns.contains(&lsn) {
+                m.retain_lsns.push(lsn);
+                m.retain_lsns.sort_unstable();
+            }
+        })
+        .map(|_| ())
+    }
+
+    /// Lets GC have `lsn` again (a branch deleted), if no other branch
+    /// point is at that LSN (`others`: how many remain there).
+    pub fn release_lsn(&self, lsn: Lsn, others: usize) -> Result<(), StorageError> {
+        if others > 0 {
+            return Ok(());
+        }
+        self.install_layers_with(Vec::new(), &[], |m| m.retain_lsns.retain(|l| *l != lsn)).map(|_| ())
     }
 
     /// The timeline's object storage client, if the pageserver has object storage.
@@ -881,6 +954,7 @@ impl Timeline {
     fn versions(&self, key: &Key, lsn: Lsn) -> Result<Versions, ReadError> {
         self.check_broken()?;
         self.check_gc_cutoff(lsn)?;
+        self.check_branch_start(lsn)?;
         let (memory, historic) = self.layers.read().snapshot();
         let mut out = Versions::default();
         let mut visited = 0u32;
@@ -897,6 +971,7 @@ impl Timeline {
             visited += historic.collect(key, lsn, &mut out)?;
         }
         self.metrics.read_layers_visited.observe(f64::from(visited));
+        self.collect_from_ancestor(key, lsn, &mut out)?;
         Ok(out)
     }
 
@@ -921,6 +996,10 @@ impl Timeline {
                 .map(|_| Err(ReadError::BelowGcCutoff { timeline: self.timeline_id, lsn, cutoff }))
                 .collect();
         }
+        if let Err(e) = self.check_branch_start(lsn) {
+            let message = e.to_string();
+            return keys.iter().map(|_| Err(ReadError::NotFound(message.clone()))).collect();
+        }
         let (memory, historic) = self.layers.read().snapshot();
         let mut found: Vec<Result<Versions, LayerError>> = keys.iter().map(|_| Ok(Versions::default())).collect();
         let mut visited = vec![0u32; keys.len()];
@@ -941,7 +1020,14 @@ impl Timeline {
         for n in visited {
             self.metrics.read_layers_visited.observe(f64::from(n));
         }
-        keys.iter().zip(found).map(|(key, v)| self.reconstruct(key, lsn, v?)).collect()
+        keys.iter()
+            .zip(found)
+            .map(|(key, v)| {
+                let mut v = v?;
+                self.collect_from_ancestor(key, lsn, &mut v)?;
+                self.reconstruct(key, lsn, v)
+            })
+            .collect()
     }
 
     fn reconstruct(&self, key: &Key, lsn: Lsn, versions: Versions) -> Result<Option<Bytes>, ReadError> {

@@ -4,6 +4,8 @@
 //! - `GET  /v1/tenant/{tenant}/timeline/{timeline}` — one timeline's state
 //! - `POST /v1/tenant/{tenant}/timeline/{timeline}` — create a timeline:
 //!   `{"system_id": u64, "pg_version": 15, "wal_segment_size": u32, "start_lsn": "X/X"}`
+//! - `DELETE /v1/tenant/{tenant}/timeline/{timeline}` — delete a timeline
+//!   (a deleted branch) and its offloaded WAL
 //! - `GET  /v1/tenant/{tenant}/timeline/{timeline}/membership` — its membership configuration
 //! - `PUT  /v1/tenant/{tenant}/timeline/{timeline}/membership` — install a
 //!   configuration of a higher generation (`docs/safekeeper-membership.md`);
@@ -44,7 +46,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/positions", get(positions))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status).post(create_timeline))
+        .route(
+            "/v1/tenant/{tenant}/timeline/{timeline}",
+            get(timeline_status).post(create_timeline).delete(delete_timeline),
+        )
         .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", put(set_membership).get(get_membership))
         .route("/metrics", get(metrics))
         .with_state(shared)
@@ -144,6 +149,40 @@ async fn create_timeline(
         }
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),
     }
+}
+
+/// Deletes the timeline here and its offloaded WAL in object storage
+/// (every safekeeper deletes the same objects: deleting is idempotent).
+async fn delete_timeline(
+    State(shared): State<Arc<Shared>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Response {
+    let (t, l) = match parse_ids(&tenant, &timeline) {
+        Ok(ids) => ids,
+        Err(r) => return *r,
+    };
+    let existed = match tokio::task::block_in_place(|| shared.timelines.delete(t, l)) {
+        Ok(existed) => existed,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mut objects = 0usize;
+    if let Some(storage) = &shared.remote {
+        let prefix = format!("{}/", strata_remote_storage::wal::timeline_prefix(t, l));
+        let listed = match storage.list(&prefix).await {
+            Ok(l) => l,
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, format!("listing the offloaded WAL: {e}")),
+        };
+        for o in listed {
+            if let Err(e) = storage.delete(&o.key).await {
+                return error(StatusCode::SERVICE_UNAVAILABLE, format!("deleting {}: {e}", o.key));
+            }
+            objects += 1;
+        }
+    }
+    if !existed && objects == 0 {
+        return error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"));
+    }
+    Json(serde_json::json!({ "deleted": existed, "offloaded_objects_deleted": objects })).into_response()
 }
 
 async fn get_membership(

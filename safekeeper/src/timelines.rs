@@ -13,6 +13,9 @@ use strata_protocol::{NodeId, TenantId, TimelineId};
 use crate::acceptor::StorageError;
 use crate::timeline::Timeline;
 
+/// Suffix of a timeline directory being deleted.
+const DELETED_SUFFIX: &str = ".deleted";
+
 /// Why a timeline could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
@@ -51,6 +54,13 @@ impl Timelines {
             };
             for timeline in read(&tenant)? {
                 let dir = timeline.map_err(|e| StorageError::io("listing", &tenant, &e))?.path();
+                if dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(DELETED_SUFFIX)) {
+                    // A deletion cut short: finish it.
+                    if let Err(e) = std::fs::remove_dir_all(&dir) {
+                        tracing::warn!(dir = %dir.display(), "removing a deleted timeline's directory: {e}");
+                    }
+                    continue;
+                }
                 let Some(timeline_id) = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse().ok()) else {
                     continue;
                 };
@@ -84,6 +94,26 @@ impl Timelines {
             .iter()
             .map(|((t, l), why)| serde_json::json!({ "tenant_id": t, "timeline_id": l, "error": why }))
             .collect()
+    }
+
+    /// Deletes a timeline (a deleted branch): it leaves the map, its
+    /// proposers are disconnected, and its directory is renamed away
+    /// (durably) and removed; a crash in between is finished at the next
+    /// load. Returns whether it existed.
+    pub fn delete(&self, tenant: TenantId, timeline: TimelineId) -> Result<bool, StorageError> {
+        let Some(tl) = self.map.lock().remove(&(tenant, timeline)) else { return Ok(false) };
+        tl.disconnect_proposers();
+        let dir = tl.dir.clone();
+        let mut gone = dir.clone().into_os_string();
+        gone.push(DELETED_SUFFIX);
+        let gone = PathBuf::from(gone);
+        std::fs::rename(&dir, &gone).map_err(|e| StorageError::io("renaming", &dir, &e))?;
+        if !self.no_sync {
+            crate::control_file::sync_dir(dir.parent().expect("under the tenant's directory"))?;
+        }
+        std::fs::remove_dir_all(&gone).map_err(|e| StorageError::io("removing", &gone, &e))?;
+        tracing::info!(%tenant, %timeline, "deleted timeline");
+        Ok(true)
     }
 
     /// Creates a timeline; creating one that exists with the same identity

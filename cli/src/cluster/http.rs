@@ -55,6 +55,11 @@ pub fn post(url: &str, body: &serde_json::Value, timeout: Duration) -> Result<Re
     reply(agent(timeout).post(url).content_type("application/json").send(body.to_string()), url)
 }
 
+/// `DELETE url`; an error only if no answer came.
+pub fn delete(url: &str, timeout: Duration) -> Result<Reply, String> {
+    reply(agent(timeout).delete(url).call(), url)
+}
+
 /// `PUT url` with a JSON body; an error only if no answer came.
 pub fn put(url: &str, body: &serde_json::Value, timeout: Duration) -> Result<Reply, String> {
     reply(agent(timeout).put(url).content_type("application/json").send(body.to_string()), url)

@@ -59,6 +59,12 @@ pub struct ClusterFile {
 pub struct Branch {
     pub name: String,
     pub timeline_id: TimelineId,
+    /// The branch it was created from, and where (`docs/branches.md`);
+    /// none for `main`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ancestor_lsn: Option<strata_formats::Lsn>,
 }
 
 /// What a service is; decides its subcommand and config format.
@@ -418,7 +424,12 @@ pub fn init(args: &InitArgs) -> Result<()> {
         pg_bin_dir: args.pg_bin_dir.clone(),
         pg_user: args.pg_user.clone(),
         verify_redo: args.verify_redo,
-        branches: vec![Branch { name: MAIN_BRANCH.into(), timeline_id: TimelineId::generate() }],
+        branches: vec![Branch {
+            name: MAIN_BRANCH.into(),
+            timeline_id: TimelineId::generate(),
+            parent: None,
+            ancestor_lsn: None,
+        }],
         services,
         generation: 0,
     };

@@ -9,6 +9,7 @@
 //! from the pidfiles, so any command can be run at any time. See
 //! `docs/local-cluster.md`.
 
+mod branch;
 mod endpoint;
 mod http;
 mod layout;
@@ -227,6 +228,78 @@ pub fn timeline(cmd: TimelineCommand) -> i32 {
                 timeline::checkpoint(&wd, branch.as_deref())
             })();
             exit_code("timeline checkpoint", result)
+        }
+    }
+}
+
+/// `strata branch …`: branches of the tenant (`docs/branches.md`).
+#[derive(Subcommand, Debug)]
+pub enum BranchCommand {
+    /// Create a branch of PARENT (default `main`) at its newest commit, at
+    /// an LSN, or at a time (every transaction committed by then, none
+    /// after); prints the new timeline and its start LSN.
+    Create {
+        name: String,
+        /// The branch to branch from.
+        #[arg(long, value_name = "PARENT")]
+        from: Option<String>,
+        /// The branch point: an LSN of the parent (e.g. 0/16B3748).
+        #[arg(long, value_name = "LSN", conflicts_with = "at_time")]
+        at: Option<String>,
+        /// The branch point: a time, RFC 3339 or as PostgreSQL prints it (e.g. 2026-11-24 14:03:05.123+00).
+        #[arg(long, value_name = "TIMESTAMP")]
+        at_time: Option<String>,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Delete a branch: refused while a branch depends on it, or while an
+    /// endpoint runs on it unless --force (which stops it).
+    Delete {
+        name: String,
+        /// Stop the endpoints running on it.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// The tree of branches: timeline, parent, branch point, logical size, endpoints.
+    List {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
+/// `strata branch create|delete|list`.
+pub fn branch(cmd: BranchCommand) -> i32 {
+    match cmd {
+        BranchCommand::Create { name, from, at, at_time, workdir } => {
+            let result = (|| {
+                workdir.plain("branch create")?;
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let _lock = wd.lock()?;
+                branch::create(&wd, &name, from.as_deref(), at.as_deref(), at_time.as_deref())
+            })();
+            exit_code("branch create", result)
+        }
+        BranchCommand::Delete { name, force, workdir } => {
+            let result = (|| {
+                workdir.plain("branch delete")?;
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let _lock = wd.lock()?;
+                branch::delete(&wd, &name, force)
+            })();
+            exit_code("branch delete", result)
+        }
+        BranchCommand::List { json, workdir } => {
+            let result = (|| {
+                workdir.plain("branch list")?;
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                branch::list(&wd, json)
+            })();
+            exit_code("branch list", result)
         }
     }
 }

@@ -39,6 +39,21 @@ impl Versions {
         base
     }
 
+    /// Adds the versions found further back (in a branch's parent), all
+    /// older than these; the search ends where theirs ended.
+    pub fn append_older(&mut self, older: Versions) {
+        debug_assert!(!self.closed, "no version is older than a base");
+        debug_assert!(
+            match (self.list.last(), older.list.first()) {
+                (Some((ours, _)), Some((theirs, _))) => theirs <= ours,
+                _ => true,
+            },
+            "the parent's versions are older"
+        );
+        self.list.extend(older.list);
+        self.closed = older.closed;
+    }
+
     /// Ends the search without a base: the key had no value before the
     /// versions gathered (an image layer of its range does not hold it).
     pub fn close(&mut self) {

@@ -22,7 +22,9 @@ use tokio::sync::{mpsc, Semaphore};
 
 pub use attachments::Attachments;
 pub use deletion::DeletionBatch;
-pub use timeline::{metadata_from_index, remote_timelines, FoundIndex, RemoteTimeline, UploadStatus};
+pub use timeline::{
+    delete_timeline_objects, metadata_from_index, remote_timelines, FoundIndex, RemoteTimeline, UploadStatus,
+};
 
 use crate::metrics::Metrics;
 

@@ -524,6 +524,26 @@ pub fn remote_timelines(remote: &Arc<Remote>, tenant: TenantId) -> Result<Vec<Ti
     Ok(out.into_iter().collect())
 }
 
+/// Deletes every object of a timeline (a deleted branch): its indexes
+/// first, so an attach never finds an index whose layers are going, then
+/// its layers. Returns how many objects went.
+pub fn delete_timeline_objects(remote: &Arc<Remote>, tenant: TenantId, timeline: TimelineId) -> Result<usize, String> {
+    let storage = remote.storage.clone();
+    let prefix = format!("{}/", super::index::timeline_prefix(tenant, timeline));
+    remote
+        .block_on(async move {
+            let mut keys: Vec<String> =
+                storage.list(&prefix).await.map_err(|e| e.to_string())?.into_iter().map(|o| o.key).collect();
+            // Indexes before layers.
+            keys.sort_by_key(|k| !k.rsplit('/').next().is_some_and(|n| n.starts_with("index-")));
+            for key in &keys {
+                storage.delete(key).await.map_err(|e| format!("deleting {key}: {e}"))?;
+            }
+            Ok::<usize, String>(keys.len())
+        })
+        .map_err(|e| e.to_string())?
+}
+
 /// The metadata of a timeline attached from `index` alone.
 pub fn metadata_from_index(tenant: TenantId, timeline: TimelineId, index: &RemoteIndex) -> TimelineMetadata {
     TimelineMetadata {

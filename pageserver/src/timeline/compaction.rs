@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_formats::Lsn;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::{BrokenKind, ReadError, StorageError, Timeline};
 use crate::key::Key;
@@ -312,19 +312,15 @@ impl Timeline {
         // delta will ever straddle the image (compaction merges only L0s).
         let lsn = Lsn(top.0 - 1);
         let started = Instant::now();
-        // The keys that may have a value at `lsn`: those of the newest image
-        // (complete for every key) and of every delta above it, up to `lsn`.
-        let sources: Vec<Arc<LayerFile>> = historic
-            .iter()
-            .filter(|l| l.name.lsn_start <= lsn)
-            .filter(|l| match (l.name.kind, newest_image) {
-                (LayerKind::Image, Some(i)) => l.name.lsn_start == i,
-                (LayerKind::Image, None) => false,
-                (LayerKind::Delta, i) => i.is_none_or(|i| l.name.lsn_start > i),
-            })
-            .cloned()
-            .collect();
-        debug_assert!(sources.iter().all(|l| l.name.lsn_end.0 <= lsn.0 + 1), "a source straddles the image LSN");
+        // The keys that may have a value at `lsn` (a branch's parent's too).
+        let Some(sources) = self.key_sources(lsn)? else {
+            debug!(tenant = %self.tenant_id, timeline = %self.timeline_id, "images wait for the parent's flush");
+            return Ok(());
+        };
+        debug_assert!(
+            sources.iter().filter(|l| l.path().starts_with(&self.dir)).all(|l| l.name.lsn_end.0 <= lsn.0 + 1),
+            "a source of this timeline straddles the image LSN"
+        );
         let mut out = Outputs::new(self, LayerKind::Image, lsn, Lsn(lsn.0 + 1));
         let mut batch: Vec<Key> = Vec::with_capacity(IMAGE_BATCH);
         let mut write_batch = |batch: &mut Vec<Key>, out: &mut Outputs| -> Result<(), CompactionError> {
@@ -373,6 +369,43 @@ impl Timeline {
     /// A crash at any point leaves either the old set or the new one (load
     /// completes the renames and deletes the removed files). A failure
     /// after the metadata was written breaks the timeline; it is re-read.
+    /// Layer files whose keys include every key that may have a value at
+    /// `lsn`: the newest image at or below it (complete for every key) and
+    /// the deltas above that image starting at or below `lsn`; for a branch
+    /// without such an image, also its parent's at the branch point.
+    /// `None` while some of the parent's versions are only in memory.
+    fn key_sources(&self, lsn: Lsn) -> Result<Option<Vec<Arc<LayerFile>>>, ReadError> {
+        let historic = self.historic();
+        let newest_image = historic
+            .iter()
+            .filter(|l| l.name.kind == LayerKind::Image && l.name.lsn_start <= lsn)
+            .map(|l| l.name.lsn_start)
+            .max();
+        let mut sources: Vec<Arc<LayerFile>> = historic
+            .iter()
+            .filter(|l| l.name.lsn_start <= lsn)
+            .filter(|l| match (l.name.kind, newest_image) {
+                (LayerKind::Image, Some(i)) => l.name.lsn_start == i,
+                (LayerKind::Image, None) => false,
+                (LayerKind::Delta, i) => i.is_none_or(|i| l.name.lsn_start > i),
+            })
+            .cloned()
+            .collect();
+        if newest_image.is_none() {
+            if let Some((parent, at)) = self.ancestor_for_read()? {
+                let at = lsn.min(at);
+                if parent.disk_consistent_lsn() < at {
+                    return Ok(None);
+                }
+                match parent.key_sources(at)? {
+                    Some(more) => sources.extend(more),
+                    None => return Ok(None),
+                }
+            }
+        }
+        Ok(Some(sources))
+    }
+
     pub(super) fn install_layers(
         &self,
         added: Vec<(PathBuf, LayerName)>,

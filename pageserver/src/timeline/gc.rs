@@ -44,7 +44,7 @@ pub struct GcOutcome {
 }
 
 /// Microseconds between 1970-01-01 and 2000-01-01, PostgreSQL's epoch.
-const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
+pub const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 
 /// Now, as PostgreSQL stamps commits (µs since 2000-01-01).
 pub fn pg_now() -> i64 {
@@ -81,6 +81,24 @@ impl Timeline {
         }
         // An LSN before any commit was recorded gives no time to compare.
         Ok(self.commit_time_at(Lsn(lo))?.map(|_| Lsn(lo)))
+    }
+
+    /// The branch point for time `time` (µs since 2000-01-01): after every
+    /// commit stamped at or before it and before the first stamped after
+    /// it, as PostgreSQL's recovery_target_time stops (`docs/branches.md`).
+    /// That first commit's record ends at a version of the commit-time key;
+    /// 8 bytes before its end lies inside it, so the state there has every
+    /// record before it and not the commit. With no commit after `time`
+    /// yet, the newest record end. `None`: no commit that old is readable.
+    pub fn lsn_for_time(&self, time: i64) -> Result<Option<Lsn>, ReadError> {
+        let upto = self.record_lsns().last;
+        let Some(lo) = self.lsn_for_commit_time(time, upto)? else { return Ok(None) };
+        if lo == upto {
+            return Ok(Some(upto));
+        }
+        let commit_end = lo.0 + 1;
+        debug_assert!(commit_end.is_multiple_of(8), "records end at aligned LSNs");
+        Ok(Some(Lsn(commit_end - 8)))
     }
 
     /// Raises the cutoff per `policy` and removes the layers no read at or

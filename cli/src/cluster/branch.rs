@@ -1,0 +1,276 @@
+//! `strata branch create|list`: branches of the local cluster's tenant
+//! (`docs/branches.md`). A branch is a timeline that begins at a point of
+//! another: metadata on the pageserver, a new WAL timeline on the
+//! safekeepers, a line in `cluster.toml`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use strata_formats::Lsn;
+use strata_protocol::TimelineId;
+
+use super::layout::{read_toml, write_toml, Branch, ClusterFile, Kind, Workdir, CLUSTER_FILE, MAIN_BRANCH};
+use super::{endpoint, failed, http, services, Error, Result};
+
+/// A branch at an LSN waits up to 30 s on the pageserver for it to be ingested.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Branch names go into `cluster.toml` and command lines: keep them plain.
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && !name.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!("invalid branch name {name:?}: use letters, digits, '-' and '_' (at most 63)")))
+    }
+}
+
+/// An RFC 3339 timestamp from what a user types: RFC 3339 itself, or
+/// PostgreSQL's text form (`2026-11-24 14:03:05.123456+00`, as `now()`
+/// prints it).
+pub fn parse_time(text: &str) -> Result<String> {
+    let t = text.trim();
+    let parsed = chrono::DateTime::parse_from_rfc3339(t)
+        .or_else(|_| chrono::DateTime::parse_from_str(t, "%Y-%m-%d %H:%M:%S%.f%#z"))
+        .map_err(|_| {
+            Error::Usage(format!(
+                "--at-time {text:?}: expected a timestamp with a time zone, e.g. 2026-11-24T14:03:05Z or 2026-11-24 14:03:05.123+00"
+            ))
+        })?;
+    Ok(parsed.to_rfc3339_opts(chrono::SecondsFormat::Micros, false))
+}
+
+/// The highest commit LSN the running safekeepers report for `timeline`
+/// (the parent's newest commit), if any runs.
+fn newest_commit(wd: &Workdir, timeline: TimelineId) -> Option<Lsn> {
+    let tenant = wd.cluster.tenant_id;
+    wd.cluster
+        .of_kind(Kind::Safekeeper)
+        .filter(|s| services::running(wd, s).is_some())
+        .filter_map(|s| {
+            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
+            let r = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200)?;
+            serde_json::from_value::<Lsn>(r.body.get("commit_lsn")?.clone()).ok()
+        })
+        .max()
+}
+
+/// `strata branch create NAME [--from PARENT] [--at LSN | --at-time TS]`.
+pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at_time: Option<&str>) -> Result<()> {
+    check_name(name)?;
+    if wd.cluster.branch(name).is_some() {
+        return failed(format!("a branch named {name:?} exists"));
+    }
+    let parent_name = from.unwrap_or(MAIN_BRANCH);
+    let Some(parent) = wd.cluster.branch(parent_name).cloned() else {
+        let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
+        return failed(format!("no branch named {parent_name:?} (branches: {})", known.join(", ")));
+    };
+    let ps = wd.cluster.pageserver();
+    if services::running(wd, ps).is_none() {
+        return failed(format!("{} is not running (start it with `strata start`)", ps.name));
+    }
+    let timeline_id = TimelineId::generate();
+    let mut body = json!({
+        "timeline_id": timeline_id.to_string(),
+        "ancestor_timeline_id": parent.timeline_id.to_string(),
+    });
+    match (at, at_time) {
+        (Some(_), Some(_)) => return Err(Error::Usage("give --at or --at-time, not both".into())),
+        (Some(lsn), None) => {
+            let lsn: Lsn = lsn.parse().map_err(|e| Error::Usage(format!("--at {lsn:?}: {e}")))?;
+            // Said at once rather than after the pageserver's wait for it.
+            if let Some(newest) = newest_commit(wd, parent.timeline_id).filter(|n| lsn > *n) {
+                return failed(format!("{lsn} is in the future: the newest commit of {parent_name} is {newest}"));
+            }
+            body["ancestor_lsn"] = json!(lsn);
+        }
+        (None, Some(t)) => body["ancestor_time"] = json!(parse_time(t)?),
+        // The parent's newest commit: what its safekeepers hold committed
+        // (the pageserver waits until it has ingested it).
+        (None, None) => {
+            if let Some(lsn) = newest_commit(wd, parent.timeline_id) {
+                body["ancestor_lsn"] = json!(lsn);
+            }
+        }
+    }
+    let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), wd.cluster.tenant_id);
+    let r = http::post(&url, &body, CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    if r.status != 201 {
+        return failed(format!("branch {name}: {} (HTTP {})", r.error_text(), r.status));
+    }
+    let start: Lsn = serde_json::from_value(r.body["start_lsn"].clone())
+        .map_err(|e| Error::Failed(format!("{}: the new timeline's start_lsn: {e}", ps.name)))?;
+
+    let path = wd.root.join(CLUSTER_FILE);
+    let mut cluster: ClusterFile = read_toml(&path)?;
+    cluster.branches.push(Branch {
+        name: name.to_string(),
+        timeline_id,
+        parent: Some(parent_name.to_string()),
+        ancestor_lsn: Some(start),
+    });
+    write_toml(&path, "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    // Its WAL timeline on every running safekeeper (the others get it at `strata start`).
+    services::ensure_timelines(&Workdir::open(&wd.root)?)?;
+    println!("branch {name}: timeline {timeline_id}, from {parent_name} at {start}");
+    Ok(())
+}
+
+/// `strata branch delete NAME [--force]`: refused while a branch depends
+/// on it, and while an endpoint runs on it unless `--force` (which stops
+/// it). The branch's timeline goes from the pageserver and every
+/// safekeeper (all must run), its endpoints' directories with it.
+pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
+    let Some(b) = wd.cluster.branch(name).cloned() else {
+        return failed(format!("no branch named {name:?}"));
+    };
+    if b.parent.is_none() {
+        return failed(format!("{name} is the tenant's first branch; every other branch descends from it"));
+    }
+    let children: Vec<&str> =
+        wd.cluster.branches.iter().filter(|c| c.parent.as_deref() == Some(name)).map(|c| c.name.as_str()).collect();
+    if !children.is_empty() {
+        return failed(format!("branch {name} has branches ({}); delete them first", children.join(", ")));
+    }
+    let on: Vec<endpoint::Endpoint> = endpoint::load_all(wd)?.into_iter().filter(|e| e.file.branch == name).collect();
+    for ep in &on {
+        let liveness = ep.supervised().liveness();
+        if let Some(pid) = liveness.pid().or(liveness.supervisor()) {
+            if !force {
+                return failed(format!(
+                    "endpoint {} (pid {pid}) runs on branch {name}; stop it first or use --force",
+                    ep.file.name
+                ));
+            }
+        }
+    }
+    let services: Vec<_> = wd.cluster.services.iter().collect();
+    if let Some(s) = services.iter().find(|s| services::running(wd, s).is_none()) {
+        return failed(format!("{} is not running: every service deletes the branch's data (start it first)", s.name));
+    }
+    for ep in &on {
+        endpoint::stop(wd, &ep.file.name, false)?;
+        std::fs::remove_dir_all(&ep.dir).map_err(|e| Error::Failed(format!("{}: {e}", ep.dir.display())))?;
+        println!("endpoint {}: removed", ep.file.name);
+    }
+    let tenant = wd.cluster.tenant_id;
+    let ps = wd.cluster.pageserver();
+    let url = format!("{}/v1/tenant/{tenant}/timeline/{}", ps.http_url(), b.timeline_id);
+    let r = http::delete(&url, CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    if r.status != 200 && r.status != 404 {
+        return failed(format!(
+            "{}: deleting timeline {}: {} (HTTP {})",
+            ps.name,
+            b.timeline_id,
+            r.error_text(),
+            r.status
+        ));
+    }
+    for sk in wd.cluster.of_kind(Kind::Safekeeper) {
+        let url = format!("{}/v1/tenant/{tenant}/timeline/{}", sk.http_url(), b.timeline_id);
+        let r = http::delete(&url, CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
+        if r.status != 200 && r.status != 404 {
+            return failed(format!(
+                "{}: deleting timeline {}: {} (HTTP {})",
+                sk.name,
+                b.timeline_id,
+                r.error_text(),
+                r.status
+            ));
+        }
+    }
+    let path = wd.root.join(CLUSTER_FILE);
+    let mut cluster: ClusterFile = read_toml(&path)?;
+    cluster.branches.retain(|x| x.name != name);
+    write_toml(&path, "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    println!("branch {name}: deleted (timeline {})", b.timeline_id);
+    Ok(())
+}
+
+/// One branch as `branch list` shows it.
+fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::Endpoint]) -> Value {
+    let ps = wd.cluster.pageserver();
+    let url =
+        format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), wd.cluster.tenant_id, b.timeline_id);
+    let status = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200).map(|r| r.body);
+    let on: Vec<&str> = endpoints.iter().filter(|e| e.file.branch == b.name).map(|e| e.file.name.as_str()).collect();
+    json!({
+        "name": b.name,
+        "timeline_id": b.timeline_id,
+        "parent": b.parent,
+        "ancestor_lsn": b.ancestor_lsn,
+        "last_record_lsn": status.as_ref().map(|s| s["last_record_lsn"].clone()),
+        "logical_size": status.as_ref().map(|s| s["logical_size"].clone()),
+        "endpoints": on,
+    })
+}
+
+/// `strata branch list [--json]`: the tree of branches.
+pub fn list(wd: &Workdir, as_json: bool) -> Result<()> {
+    let endpoints = endpoint::load_all(wd)?;
+    let mut rows = Vec::new();
+    // Depth-first from `main`, children in creation order.
+    fn walk(wd: &Workdir, name: &str, depth: usize, endpoints: &[endpoint::Endpoint], rows: &mut Vec<(usize, Value)>) {
+        let Some(b) = wd.cluster.branch(name) else { return };
+        rows.push((depth, describe(wd, b, endpoints)));
+        for child in wd.cluster.branches.iter().filter(|c| c.parent.as_deref() == Some(name)) {
+            walk(wd, &child.name, depth + 1, endpoints, rows);
+        }
+    }
+    walk(wd, MAIN_BRANCH, 0, &endpoints, &mut rows);
+    if as_json {
+        let all: Vec<Value> = rows.into_iter().map(|(_, v)| v).collect();
+        println!("{}", serde_json::to_string_pretty(&all).expect("JSON"));
+        return Ok(());
+    }
+    let text = |v: &Value| match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    println!("{:<28} {:<32} {:<12} {:<12} {:>12}  ENDPOINTS", "BRANCH", "TIMELINE", "PARENT", "AT", "SIZE");
+    for (depth, v) in rows {
+        let name =
+            if depth == 0 { text(&v["name"]) } else { format!("{}└ {}", "  ".repeat(depth - 1), text(&v["name"])) };
+        let size = v["logical_size"].as_u64().map_or("-".to_string(), human_bytes);
+        let eps: Vec<String> = v["endpoints"].as_array().map(|a| a.iter().map(text).collect()).unwrap_or_default();
+        println!(
+            "{:<28} {:<32} {:<12} {:<12} {:>12}  {}",
+            name,
+            text(&v["timeline_id"]),
+            text(&v["parent"]),
+            text(&v["ancestor_lsn"]),
+            size,
+            if eps.is_empty() { "-".to_string() } else { eps.join(",") }
+        );
+    }
+    Ok(())
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n => format!("{} KiB", n.div_ceil(1024)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_in_rfc3339_and_postgres_form() {
+        assert_eq!(parse_time("2026-11-24T14:03:05Z").unwrap(), "2026-11-24T14:03:05.000000+00:00");
+        assert_eq!(parse_time("2026-11-24 14:03:05.123456+00").unwrap(), "2026-11-24T14:03:05.123456+00:00");
+        assert_eq!(parse_time("2026-11-24 16:03:05.5+02:00").unwrap(), "2026-11-24T16:03:05.500000+02:00");
+        assert!(matches!(parse_time("2026-11-24 14:03:05"), Err(Error::Usage(_))), "a time zone is required");
+        assert!(matches!(parse_time("yesterday"), Err(Error::Usage(_))));
+        assert!(check_name("dev-1").is_ok() && check_name("-x").is_err() && check_name("a b").is_err());
+        assert_eq!(human_bytes(38 << 20), "38.0 MiB");
+    }
+}

@@ -1,0 +1,230 @@
+"""Branches (docs/branches.md) through the CLI's cluster: `strata branch
+create|list`, computes on branches, isolation, a branch of a branch, a
+branch at a time that brings back a dropped table, and the state of
+prepared and in-progress transactions at the branch point."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psycopg
+
+from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
+from fixtures.endpoint import Endpoint
+from fixtures.strata import parse_lsn
+
+
+def branch_create(cluster, name: str, *extra: str) -> tuple[str, int]:
+    """Creates a branch; returns its timeline id and start LSN."""
+    out = cluster.run("branch", "create", name, *extra, timeout=120).stdout.strip().splitlines()[-1]
+    # branch NAME: timeline ID, from PARENT at LSN
+    words = out.split()
+    assert words[0] == "branch" and words[1] == f"{name}:", out
+    return words[3].rstrip(","), parse_lsn(words[-1])
+
+
+def branches(cluster) -> dict[str, dict]:
+    return {b["name"]: b for b in json.loads(cluster.run("branch", "list", "--json").stdout)}
+
+
+def ids(ep: Endpoint, table: str = "t") -> list[int]:
+    return [r[0] for r in ep.sql(f"SELECT id FROM {table} ORDER BY id")]
+
+
+def test_branches_are_isolated_and_a_branch_of_a_branch_reads_through_both(cluster):
+    main = Endpoint(cluster, "main-ep")
+    main.start()
+    main.run(["pgbench", "-i", "-s", "1", "-q"], timeout=300)
+    main.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    main.sql("INSERT INTO t SELECT generate_series(1, 100)")
+
+    timeline, start = branch_create(cluster, "dev")
+    listed = branches(cluster)
+    assert listed["dev"]["parent"] == "main" and listed["dev"]["timeline_id"] == timeline, listed
+    assert parse_lsn(listed["dev"]["ancestor_lsn"]) == start
+    with main.connect() as conn:
+        assert start <= parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+    dev = Endpoint(cluster, "dev-ep", branch="dev")
+    dev.start()
+    assert ids(dev) == list(range(1, 101)), "the branch has the parent's rows at the branch point"
+    dev.sql("INSERT INTO t SELECT generate_series(101, 200)")
+    main.sql("INSERT INTO t SELECT generate_series(1001, 1100)")
+    assert ids(dev) == list(range(1, 201))
+    assert ids(main) == list(range(1, 101)) + list(range(1001, 1101)), "the child's writes never show on the parent"
+
+    # A branch of the branch.
+    branch_create(cluster, "hotfix", "--from", "dev")
+    hot = Endpoint(cluster, "hot-ep", branch="hotfix")
+    hot.start()
+    assert ids(hot) == list(range(1, 201))
+    hot.sql("DELETE FROM t WHERE id > 150")
+    assert ids(hot) == list(range(1, 151))
+    assert ids(dev) == list(range(1, 201)), "the grandchild's writes never show on its parent"
+
+    # pgbench on two branches at once, then invariants and amcheck on each.
+    with main.connect() as conn:
+        main_before = pgbench_state(conn)
+    with dev.connect() as conn:
+        dev_before = pgbench_state(conn)
+    runs = [ep.popen(["pgbench", "-n", "-c", "2", "-t", "150"]) for ep in (main, dev)]
+    for r in runs:
+        assert r.wait(timeout=600) == 0
+    for ep, before in ((main, main_before), (dev, dev_before)):
+        with ep.connect() as conn:
+            after = pgbench_state(conn)
+        assert after.counts["pgbench_history"] == before.counts["pgbench_history"] + 300
+        assert_pgbench_invariants(after, 1)
+        run_amcheck(ep)
+    with hot.connect() as conn:
+        assert pgbench_state(conn) == dev_before, "pgbench on dev does not reach hotfix"
+
+    tree = cluster.run("branch", "list").stdout
+    print("\n" + tree)
+    lines = tree.splitlines()
+    assert lines[1].startswith("main") and "dev" in lines[2] and "hotfix" in lines[3], tree
+    assert "main-ep" in lines[1] and "dev-ep" in lines[2] and "hot-ep" in lines[3], tree
+    assert branches(cluster)["dev"]["logical_size"] > 10 << 20
+
+    # Every branch comes back after the whole cluster restarts.
+    for ep in (main, dev, hot):
+        ep.stop()
+    cluster.stop()
+    cluster.start()
+    for ep in (main, dev, hot):
+        ep.start()
+    assert ids(main) == list(range(1, 101)) + list(range(1001, 1101))
+    assert ids(dev) == list(range(1, 201))
+    assert ids(hot) == list(range(1, 151))
+
+
+def test_branch_points_are_checked(cluster):
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE t (id int)")
+    with ep.connect() as conn:
+        now = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+    def refused(*args: str) -> str:
+        r = cluster.run("branch", "create", *args, check=False, timeout=120)
+        assert r.returncode != 0, r
+        return r.stderr
+
+    branch_create(cluster, "b1")
+    assert "exists" in refused("b1")
+    assert "no branch named" in refused("b2", "--from", "nope")
+    assert "in the future" in refused("b2", "--at", f"{(now + (1 << 30)) >> 32:X}/{(now + (1 << 30)) & 0xFFFFFFFF:X}")
+    start = parse_lsn(branches(cluster)["b1"]["ancestor_lsn"])
+    assert "not a WAL position" in refused("b2", "--at", f"{start >> 32:X}/{(start & 0xFFFFFFFF) - 4:X}")
+    assert "before the start" in refused("b2", "--at", "0/10")
+    assert "in the future" in refused("b2", "--at-time", "2999-01-01 00:00:00+00")
+    assert "no commit" in refused("b2", "--at-time", "2001-01-01 00:00:00+00")
+    r = cluster.run("branch", "create", "b2", "--at-time", "yesterday", check=False)
+    assert r.returncode == 2 and "--at-time" in r.stderr, r
+    assert set(branches(cluster)) == {"main", "b1"}
+
+
+def test_a_branch_at_a_time_brings_back_a_dropped_table(cluster):
+    """Write, note the time, DROP TABLE, branch at the noted time: the table
+    is there with every row committed before it. Exact to the commit: rows
+    committed one after another around the noted times split exactly."""
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE important (id int PRIMARY KEY, note text)")
+    marks = []
+    with ep.connect() as conn:
+        for i in range(1, 301):
+            conn.execute("INSERT INTO important VALUES (%s, 'row')", (i,))
+            if i % 100 == 0:
+                # The time after commit i, before commit i + 1 begins.
+                marks.append((i, conn.execute("SELECT clock_timestamp()::text").fetchone()[0]))
+    time.sleep(0.2)
+    ep.sql("DROP TABLE important")
+
+    for i, at in marks:
+        name = f"before-drop-{i}"
+        branch_create(cluster, name, "--at-time", at)
+        b = Endpoint(cluster, f"ep-{i}", branch=name)
+        b.start()
+        assert ids(b, "important") == list(range(1, i + 1)), f"branch at {at}"
+        b.stop()
+    try:
+        ep.sql("SELECT count(*) FROM important")
+        raise AssertionError("the parent still has the table")
+    except psycopg.errors.UndefinedTable:
+        pass
+
+
+def test_prepared_and_in_progress_transactions_at_the_branch_point(cluster):
+    """A branch behaves as after a crash at its point: a transaction in
+    progress there is aborted on the branch, a prepared one is kept and can
+    be committed there, independently of the parent."""
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY, what text)")
+    with ep.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t SELECT i, 'prepared' FROM generate_series(1, 10) i")
+        conn.execute("PREPARE TRANSACTION 'p1'")
+    open_conn = psycopg.connect(**ep.conninfo(), autocommit=False)
+    try:
+        open_conn.execute("INSERT INTO t SELECT i, 'in progress' FROM generate_series(11, 20) i")
+        ep.sql("INSERT INTO t VALUES (100, 'committed')")
+        branch_create(cluster, "after-crash")
+    finally:
+        open_conn.commit()
+        open_conn.close()
+    b = Endpoint(cluster, "b", branch="after-crash")
+    b.start()
+    assert b.sql("SELECT gid FROM pg_prepared_xacts") == [("p1",)]
+    assert b.sql("SELECT id, what FROM t ORDER BY id") == [(100, "committed")]
+    b.sql("COMMIT PREPARED 'p1'")
+    assert [r[0] for r in b.sql("SELECT id FROM t ORDER BY id")] == list(range(1, 11)) + [100]
+    # The parent: the in-progress transaction committed later; p1 still prepared there.
+    assert ep.sql("SELECT gid FROM pg_prepared_xacts") == [("p1",)]
+    ep.sql("ROLLBACK PREPARED 'p1'")
+    assert [r[0] for r in ep.sql("SELECT id FROM t ORDER BY id")] == list(range(11, 21)) + [100]
+    assert [r[0] for r in b.sql("SELECT id FROM t ORDER BY id")] == list(range(1, 11)) + [100]
+
+
+def test_deleting_branches(cluster):
+    """A branch with a running endpoint is deleted only with --force, one
+    with branches not at all, `main` never. Deleted, its timeline is gone
+    from the pageserver, the safekeepers and object storage, and the parent
+    no longer retains its branch point."""
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE t AS SELECT generate_series(1, 10) AS id")
+    timeline, start = branch_create(cluster, "doomed")
+    branch_create(cluster, "child", "--from", "doomed")
+    on = Endpoint(cluster, "on-doomed", branch="doomed")
+    on.start()
+    assert ids(on) == list(range(1, 11))
+
+    def refused(*args: str) -> str:
+        r = cluster.run("branch", "delete", *args, check=False, timeout=120)
+        assert r.returncode == 1, r
+        return r.stderr
+
+    assert "first branch" in refused("main")
+    assert "has branches (child)" in refused("doomed")
+    cluster.run("branch", "delete", "child", timeout=120)
+    assert "stop it first or use --force" in refused("doomed")
+    main_tl = cluster.timeline_id("main")
+    code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{cluster.cluster_toml['tenant_id']}/timeline/{main_tl}")
+    assert [parse_lsn(x) for x in st["retain_lsns"]] == [start], st
+    cluster.run("branch", "delete", "doomed", "--force", timeout=120)
+    assert on.postmaster_pid() is None
+
+    assert set(branches(cluster)) == {"main"}
+    path = f"/v1/tenant/{cluster.cluster_toml['tenant_id']}/timeline/{timeline}"
+    assert cluster.http("pageserver", "GET", path)[0] == 404
+    for sk in ("sk1", "sk2", "sk3"):
+        assert cluster.http(sk, "GET", path)[0] == 404
+    remote = cluster.workdir / "remote_storage"
+    assert not list(remote.glob(f"tenants/*/timelines/{timeline}/*")), "the branch's layers are still in object storage"
+    assert not list(remote.glob(f"wal/*/{timeline}/*")), "the branch's WAL is still in object storage"
+    code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{cluster.cluster_toml['tenant_id']}/timeline/{main_tl}")
+    assert st["retain_lsns"] == [], st
+    assert ids(ep) == list(range(1, 11))
