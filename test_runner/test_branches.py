@@ -6,6 +6,7 @@ prepared and in-progress transactions at the branch point."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import psycopg
@@ -228,3 +229,43 @@ def test_deleting_branches(cluster):
     code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{cluster.cluster_toml['tenant_id']}/timeline/{main_tl}")
     assert st["retain_lsns"] == [], st
     assert ids(ep) == list(range(1, 11))
+
+
+def test_the_branch_tree_comes_back_from_object_storage_alone(cluster):
+    """Every branch, checkpointed into object storage; the pageserver loses
+    its disk and attaches the tenant from object storage alone: the tree is
+    whole (each branch names its parent) and every branch reads as before."""
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE t AS SELECT generate_series(1, 1000) AS id")
+    branch_create(cluster, "dev")
+    ep.sql("INSERT INTO t SELECT generate_series(1001, 2000)")
+    dev = Endpoint(cluster, "dev-ep", branch="dev")
+    dev.start()
+    dev.sql("DELETE FROM t WHERE id % 2 = 0")
+    branch_create(cluster, "deeper", "--from", "dev")
+    dev.sql("DELETE FROM t WHERE id < 100")
+    for e in (ep, dev):
+        e.stop()
+    expected = {"main": list(range(1, 2001)), "dev": [i for i in range(1, 1001) if i % 2 and i >= 100],
+                "deeper": [i for i in range(1, 1001) if i % 2]}
+    for name in expected:
+        cluster.run("timeline", "checkpoint", "--branch", name, timeout=600)
+    before = {name: b["ancestor_lsn"] for name, b in branches(cluster).items()}
+
+    ps_data = cluster.data_dir("pageserver")
+    cluster.stop("--only", "pageserver")
+    shutil.rmtree(ps_data / "tenants")
+    cluster.start("--only", "pageserver")
+    tenant = cluster.cluster_toml["tenant_id"]
+    for name, b in branches(cluster).items():
+        code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{tenant}/timeline/{b['timeline_id']}")
+        assert code == 200 and st["state"] == "active", st
+        parent = b["parent"] and cluster.timeline_id(b["parent"])
+        assert st["ancestor_timeline_id"] == parent and st["ancestor_lsn"] == before[name], (name, st)
+    for name, rows in expected.items():
+        e = Endpoint(cluster, f"after-{name}", branch=name)
+        e.start()
+        assert ids(e) == rows, name
+        e.stop()
+    assert cluster.metrics("pageserver")["strata_pageserver_layers_downloaded_total"] > 0

@@ -426,6 +426,8 @@ impl Tenants {
 
     fn attach(&self, tl: Arc<Timeline>) -> Result<Arc<TimelineEntry>, CreateError> {
         let (tenant, timeline) = (tl.tenant_id, tl.timeline_id);
+        // Before its ingest starts: a branch's first reads go to its parent.
+        self.link_ancestors(&tl);
         let receiver = match WalReceiver::spawn(tl.clone(), self.conf.safekeepers.clone()) {
             Ok(r) => r,
             Err(source) => {
@@ -440,7 +442,6 @@ impl Tenants {
                 return Err(CreateError::Receiver { tenant, timeline, source });
             }
         };
-        self.link_ancestors(&tl);
         let entry =
             Arc::new(TimelineEntry { tl, receiver: receiver.status.clone(), handle: Mutex::new(Some(receiver)) });
         self.timelines.write().insert((tenant, timeline), entry.clone());
