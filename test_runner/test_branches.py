@@ -14,6 +14,8 @@ import psycopg
 from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
 from fixtures.endpoint import Endpoint
 from fixtures.strata import parse_lsn
+from test_compaction import configure_pageserver
+from test_pageserver import current_lsn
 
 
 def branch_create(cluster, name: str, *extra: str) -> tuple[str, int]:
@@ -269,3 +271,45 @@ def test_the_branch_tree_comes_back_from_object_storage_alone(cluster):
         assert ids(e) == rows, name
         e.stop()
     assert cluster.metrics("pageserver")["strata_pageserver_layers_downloaded_total"] > 0
+
+
+def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_factory):
+    """With a 2 s PITR window: a branch made inside the window keeps its
+    point readable through GC (it reads exactly what it held), while the
+    parent's history older than the window goes, and a branch below the
+    cutoff, by LSN or by time, is refused naming it."""
+    cluster = cluster_factory(start=False)
+    configure_pageserver(cluster, {"pitr_interval": 2.0, "gc_horizon": 0, "gc_period": 3600.0})
+    cluster.start()
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    ep.sql("INSERT INTO t SELECT generate_series(1, 100)")
+    with ep.connect() as conn:
+        old = current_lsn(conn)
+        old_time = conn.execute("SELECT clock_timestamp()::text").fetchone()[0]
+    tenant, main_tl = cluster.cluster_toml["tenant_id"], cluster.timeline_id()
+    # Images at the old rows: what GC removes below them is the history older than the window.
+    code, st = cluster.http("pageserver", "POST", f"/v1/tenant/{tenant}/timeline/{main_tl}/checkpoint?compact=true")
+    assert code == 200 and st["compaction"]["images_written"] > 0, st
+    time.sleep(2.5)
+    ep.sql("INSERT INTO t SELECT generate_series(101, 200)")
+    _, inside = branch_create(cluster, "inside")
+    ep.sql("INSERT INTO t SELECT generate_series(201, 300)")
+    time.sleep(2.5)
+    ep.sql("INSERT INTO t SELECT generate_series(301, 400)")
+    code, st = cluster.http("pageserver", "POST", f"/v1/tenant/{tenant}/timeline/{main_tl}/checkpoint?compact=true&gc=true")
+    assert code == 200, st
+    cutoff = parse_lsn(st["gc"]["cutoff"])
+    print("\ngc:", st["gc"], "branch point", hex(inside))
+    assert old < cutoff <= inside, "the cutoff passed the old rows and stopped at the branch point"
+    assert st["gc"]["layers_removed"] > 0, st["gc"]
+
+    b = Endpoint(cluster, "inside-ep", branch="inside")
+    b.start()
+    assert ids(b) == list(range(1, 201))
+    r = cluster.run("branch", "create", "too-old", "--at", f"{old >> 32:X}/{old & 0xFFFFFFFF:X}", check=False)
+    assert r.returncode == 1 and "below the GC cutoff" in r.stderr and st["gc"]["cutoff"] in r.stderr, r
+    r = cluster.run("branch", "create", "too-old", "--at-time", old_time, check=False)
+    assert r.returncode == 1 and "no commit" in r.stderr, r
+    assert ids(ep) == list(range(1, 401))
