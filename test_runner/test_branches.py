@@ -293,7 +293,12 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     code, st = cluster.http("pageserver", "POST", f"/v1/tenant/{tenant}/timeline/{main_tl}/checkpoint?compact=true")
     assert code == 200 and st["compaction"]["images_written"] > 0, st
     time.sleep(2.5)
-    ep.sql("INSERT INTO t SELECT generate_series(101, 200)")
+    ep.sql("INSERT INTO t SELECT generate_series(101, 150)")
+    with ep.connect() as conn:
+        leased = current_lsn(conn)
+    ro = Endpoint(cluster, "ro")
+    ro.start("--at", f"{leased >> 32:X}/{leased & 0xFFFFFFFF:X}")
+    ep.sql("INSERT INTO t SELECT generate_series(151, 200)")
     _, inside = branch_create(cluster, "inside")
     ep.sql("INSERT INTO t SELECT generate_series(201, 300)")
     time.sleep(2.5)
@@ -302,7 +307,8 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     assert code == 200, st
     cutoff = parse_lsn(st["gc"]["cutoff"])
     print("\ngc:", st["gc"], "branch point", hex(inside))
-    assert old < cutoff <= inside, "the cutoff passed the old rows and stopped at the branch point"
+    assert old < cutoff == leased < inside, "the cutoff passed the old rows and stopped at the lease"
+    assert ids(ro) == list(range(1, 151))
     assert st["gc"]["layers_removed"] > 0, st["gc"]
 
     b = Endpoint(cluster, "inside-ep", branch="inside")
@@ -312,4 +318,47 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     assert r.returncode == 1 and "below the GC cutoff" in r.stderr and st["gc"]["cutoff"] in r.stderr, r
     r = cluster.run("branch", "create", "too-old", "--at-time", old_time, check=False)
     assert r.returncode == 1 and "no commit" in r.stderr, r
+    r = cluster.run("endpoint", "start", "ro-old", "--at", f"{old >> 32:X}/{old & 0xFFFFFFFF:X}", check=False)
+    assert r.returncode == 1 and "below the GC cutoff" in r.stderr, r
     assert ids(ep) == list(range(1, 401))
+
+
+def test_a_read_only_endpoint_at_a_point_of_a_branch(cluster):
+    """`endpoint start --at LSN|TIME` runs a read-only compute at that point,
+    next to the branch's writer: it sees the branch as it was, PostgreSQL
+    itself refuses its writes, and its LSN is leased on the pageserver."""
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    ep.sql("INSERT INTO t SELECT generate_series(1, 100)")
+    with ep.connect() as conn:
+        lsn = current_lsn(conn)
+        at_time = conn.execute("SELECT clock_timestamp()::text").fetchone()[0]
+    ep.sql("INSERT INTO t SELECT generate_series(101, 200)")
+
+    by_lsn = Endpoint(cluster, "by-lsn")
+    by_lsn.start("--at", f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}")
+    by_time = Endpoint(cluster, "by-time")
+    by_time.start("--at", at_time)
+    for ro in (by_lsn, by_time):
+        assert ids(ro) == list(range(1, 101))
+        assert ro.sql("SELECT pg_is_in_recovery()") == [(True,)]
+        with ro.connect() as conn:
+            try:
+                conn.execute("INSERT INTO t VALUES (1000)")
+                raise AssertionError("a read-only compute took a write")
+            except psycopg.errors.ReadOnlySqlTransaction as e:
+                assert "read-only transaction" in str(e)
+    # The writer goes on.
+    ep.sql("INSERT INTO t VALUES (201)")
+    assert ids(ep) == list(range(1, 202))
+    tenant = cluster.cluster_toml["tenant_id"]
+    code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{tenant}/timeline/{cluster.timeline_id()}")
+    leases = [parse_lsn(x["lsn"]) for x in st["leases"]]
+    assert lsn in leases and all(0 < x["seconds_left"] <= 600 for x in st["leases"]), st["leases"]
+    # Restarted, it is at the same point.
+    by_lsn.stop()
+    by_lsn.start()
+    assert ids(by_lsn) == list(range(1, 101))
+    r = cluster.run("endpoint", "start", "bad", "--at", "last tuesday", check=False)
+    assert r.returncode == 2 and "--at" in r.stderr, r

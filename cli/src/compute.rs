@@ -114,6 +114,11 @@ pub struct StartArgs {
     /// Longest pause between two restarts of PostgreSQL.
     #[arg(long, default_value_t = 30)]
     restart_max_delay_secs: u64,
+    /// A read-only compute at this LSN: a hot standby of the basebackup
+    /// there, no safekeepers, writes refused by PostgreSQL; the agent holds
+    /// a lease on the LSN.
+    #[arg(long, value_name = "LSN")]
+    read_only_at: Option<strata_formats::Lsn>,
 }
 
 #[derive(Args)]
@@ -223,6 +228,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.restart.crash_loop_restarts = args.crash_loop_restarts;
     cfg.restart.crash_loop_window = Duration::from_secs(args.crash_loop_window_secs);
     cfg.restart.max_delay = Duration::from_secs(args.restart_max_delay_secs);
+    cfg.read_only_at = args.read_only_at;
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

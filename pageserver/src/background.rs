@@ -47,6 +47,7 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
     let rate = tenants.conf.compaction_max_bytes_per_second;
     let gc_policy = tenants.conf.gc_policy();
     let mut last_gc: HashMap<(TenantId, TimelineId), Instant> = HashMap::new();
+    let launched = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         let started = Instant::now();
         let (mut l0, mut l1, mut image, mut pressed) = (0, 0, 0, 0);
@@ -62,7 +63,10 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             let compacted =
                 guarded(tenants, tl, "compaction", || tl.compact(false, &mut Throttle::new(rate), stop).map(drop));
             let key = (tl.tenant_id, tl.timeline_id);
-            if compacted && last_gc.get(&key).is_none_or(|t| t.elapsed() >= tenants.conf.gc_period) {
+            // Leases granted before a restart are not known here: they are
+            // renewed within a minute, and until one TTL has passed GC waits.
+            let leases_known = launched.elapsed() >= crate::timeline::LEASE_TTL;
+            if compacted && leases_known && last_gc.get(&key).is_none_or(|t| t.elapsed() >= tenants.conf.gc_period) {
                 last_gc.insert(key, Instant::now());
                 let _ = guarded(tenants, tl, "GC", || tl.gc(&gc_policy, pg_now()).map(drop));
             }

@@ -54,17 +54,15 @@ pub enum BasebackupError {
     Io(#[from] std::io::Error),
 }
 
-/// Writes the basebackup of `tl` at `lsn` (which must be the end of the
-/// last ingested record) to `out`.
+/// Writes the basebackup of `tl` at `lsn` to `out`: the end of the last
+/// ingested record for a compute that writes, any ingested LSN for a
+/// read-only one (whose shutdown checkpoint names no previous record).
 pub fn write_basebackup<W: Write>(tl: &Timeline, lsn: Lsn, full: bool, out: W) -> Result<(), BasebackupError> {
     let lsns = tl.record_lsns();
-    if lsn != lsns.last {
-        return Err(BasebackupError::Lsn(format!(
-            "a basebackup is made at the end of the ingested WAL ({}); {lsn} is not it",
-            lsns.last
-        )));
+    if lsn > lsns.last {
+        return Err(BasebackupError::Lsn(format!("the WAL is ingested up to {}; {lsn} is beyond it", lsns.last)));
     }
-    let prev = lsns.prev;
+    let prev = if lsn == lsns.last { lsns.prev } else { Lsn::INVALID };
     let mtime = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut tar = TarOut { tar: tar::Builder::new(out), mtime };
     tar.small("PG_VERSION", b"15\n")?;

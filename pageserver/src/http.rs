@@ -54,6 +54,8 @@ pub fn router(tenants: Arc<Tenants>) -> Router {
         .route("/v1/tenant/{tenant}/timeline", post(create_branch))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status).delete(delete_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/lease", post(lease))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_by_time", get(lsn_by_time))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page))
@@ -231,6 +233,75 @@ async fn delete_timeline(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path
     }
 }
 
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseRequest {
+    lsn: Lsn,
+}
+
+/// `POST .../lease {"lsn"}`: keeps `lsn` readable (GC stays below it) for
+/// [`crate::timeline::LEASE_TTL`]; a read-only compute renews it.
+async fn lease(
+    State(tenants): State<Arc<Tenants>>,
+    Path((t, l)): Path<(String, String)>,
+    body: Result<Json<LeaseRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(e) => e,
+        Err(r) => return *r,
+    };
+    let Json(req) = match body {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    match entry.tl.lease(req.lsn) {
+        Ok(ttl) => Json(serde_json::json!({ "lsn": req.lsn, "valid_for_seconds": ttl.as_secs() })).into_response(),
+        Err(ReadError::NotFound(m)) => error(StatusCode::UNPROCESSABLE_ENTITY, m),
+        Err(e) => read_error(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimeQuery {
+    /// RFC 3339.
+    time: String,
+}
+
+/// `GET .../lsn_by_time?time=…`: the LSN a branch or a read-only compute
+/// at that time uses (after every commit stamped at or before it, before
+/// the first stamped after it).
+async fn lsn_by_time(
+    State(tenants): State<Arc<Tenants>>,
+    Path((t, l)): Path<(String, String)>,
+    query: Result<Query<TimeQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let entry = match lookup(&tenants, &t, &l) {
+        Ok(e) => e,
+        Err(r) => return *r,
+    };
+    let Ok(Query(q)) = query else {
+        return error(StatusCode::BAD_REQUEST, "expected ?time=<RFC 3339 timestamp>".into());
+    };
+    let time = match pg_time(&q.time) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    if time > crate::timeline::pg_now() {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, format!("{} is in the future", q.time));
+    }
+    let tl = entry.tl.clone();
+    match tokio::task::spawn_blocking(move || tl.lsn_for_time(time)).await {
+        Ok(Ok(Some(lsn))) => Json(serde_json::json!({ "lsn": lsn })).into_response(),
+        Ok(Ok(None)) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("timeline {} has no commit at or before {} that is still readable", entry.tl.timeline_id, q.time),
+        ),
+        Ok(Err(e)) => read_error(e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("time lookup failed: {e}")),
+    }
+}
+
 fn lookup(tenants: &Tenants, tenant: &str, timeline: &str) -> Result<Arc<TimelineEntry>, Box<Response>> {
     let bad = |e: strata_protocol::ids::IdParseError| Box::new(error(StatusCode::BAD_REQUEST, e.to_string()));
     let t: TenantId = tenant.parse().map_err(bad)?;
@@ -286,6 +357,10 @@ struct BasebackupQuery {
     lsn: Option<Lsn>,
     #[serde(default)]
     full: bool,
+    /// For a read-only compute: any LSN of the timeline, not only the end
+    /// of its WAL (`docs/branches.md`, "Computes").
+    #[serde(default)]
+    read_only: bool,
 }
 
 /// A body fed from a blocking producer through a bounded channel.
@@ -341,10 +416,16 @@ async fn basebackup(
         Err(e) => return read_error(e),
     };
     let last = entry.tl.record_lsns().last;
-    if lsn != last {
+    if lsn != last && !q.read_only {
         return error(
             StatusCode::BAD_REQUEST,
-            format!("a basebackup is made at the end of the ingested WAL ({last}); {lsn} is not it"),
+            format!("a basebackup is made at the end of the ingested WAL ({last}); {lsn} is not it (read_only=true for another LSN)"),
+        );
+    }
+    if !lsn.0.is_multiple_of(8) {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("{lsn} is not a WAL position: records begin at 8-byte aligned LSNs"),
         );
     }
     let (tx, rx) = tokio::sync::mpsc::channel(4);

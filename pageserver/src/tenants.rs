@@ -786,6 +786,7 @@ impl TimelineEntry {
             "disk_consistent_lsn": meta.disk_consistent_lsn,
             "gc_cutoff_lsn": meta.gc_cutoff_lsn,
             "retain_lsns": meta.retain_lsns,
+            "leases": self.tl.leases().iter().map(|(lsn, left)| serde_json::json!({ "lsn": lsn, "seconds_left": left })).collect::<Vec<_>>(),
             "wal_source": receiver.safekeeper,
             "safekeeper_commit_lsn": receiver.safekeeper_commit_lsn,
             "wal_source_error": receiver.last_error,

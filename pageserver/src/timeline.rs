@@ -268,7 +268,14 @@ pub struct Timeline {
     /// find here are read there, at the branch point at most.
     ancestor_lsn: Option<Lsn>,
     ancestor: RwLock<Option<Arc<Timeline>>>,
+    /// LSNs read-only computes read at, with when each lease ends. GC
+    /// computes and announces its cutoff under this lock, so a lease is
+    /// either seen by GC or refused as below the cutoff.
+    leases: Mutex<std::collections::BTreeMap<Lsn, Instant>>,
 }
+
+/// How long a lease keeps its LSN readable without a renewal.
+pub const LEASE_TTL: Duration = Duration::from_secs(600);
 
 /// Name of a timeline's metadata file.
 pub const METADATA_FILE: &str = "metadata.json";
@@ -404,6 +411,7 @@ impl Timeline {
             remote: std::sync::OnceLock::new(),
             ancestor_lsn,
             ancestor: RwLock::new(None),
+            leases: Mutex::new(std::collections::BTreeMap::new()),
         })
     }
 
@@ -577,6 +585,32 @@ impl Timeline {
         let older = parent.versions(key, lsn.min(at))?;
         out.append_older(older);
         Ok(())
+    }
+
+    /// Leases `lsn` for [`LEASE_TTL`] (or renews it): GC keeps it readable
+    /// until then. Refused below the GC cutoff, before a branch's start,
+    /// beyond the ingested WAL.
+    pub fn lease(&self, lsn: Lsn) -> Result<Duration, ReadError> {
+        self.check_broken()?;
+        self.check_branch_start(lsn)?;
+        let last = self.record_lsns().last;
+        if lsn > last {
+            return Err(ReadError::NotFound(format!("{lsn} is beyond the ingested WAL ({last})")));
+        }
+        let mut leases = self.leases.lock();
+        self.check_gc_cutoff(lsn)?;
+        let until = Instant::now() + LEASE_TTL;
+        let e = leases.entry(lsn).or_insert(until);
+        *e = (*e).max(until);
+        Ok(LEASE_TTL)
+    }
+
+    /// The live leases, lowest LSN first, with the seconds each has left.
+    pub fn leases(&self) -> Vec<(Lsn, u64)> {
+        let now = Instant::now();
+        let mut leases = self.leases.lock();
+        leases.retain(|_, until| *until > now);
+        leases.iter().map(|(l, until)| (*l, until.duration_since(now).as_secs())).collect()
     }
 
     /// Keeps `lsn` readable whatever GC does (a branch point): in the

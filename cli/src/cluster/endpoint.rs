@@ -38,6 +38,9 @@ pub struct EndpointFile {
     pub pg_port: u16,
     /// The agent's HTTP API port on 127.0.0.1.
     pub http_port: u16,
+    /// A read-only compute pinned to this LSN of its branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_at: Option<strata_formats::Lsn>,
 }
 
 /// An endpoint with its directory.
@@ -111,6 +114,29 @@ impl AgentView {
             crash_loop: body.get("crash_loop").and_then(|v| v.as_bool()).unwrap_or(false),
         })
     }
+}
+
+/// The LSN of `--at`: an LSN as given, or the branch's point at a time
+/// (after every commit stamped by then), as the pageserver resolves it.
+fn resolve_point(wd: &Workdir, branch: &layout::Branch, at: &str) -> Result<strata_formats::Lsn> {
+    if let Ok(lsn) = at.parse::<strata_formats::Lsn>() {
+        return Ok(lsn);
+    }
+    let time = super::branch::parse_time(at, "--at")?;
+    let ps = wd.cluster.pageserver();
+    let url = format!(
+        "{}/v1/tenant/{}/timeline/{}/lsn_by_time?time={}",
+        ps.http_url(),
+        wd.cluster.tenant_id,
+        branch.timeline_id,
+        time.replace('+', "%2B")
+    );
+    let r = http::get(&url, http::QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    if r.status != 200 {
+        return failed(format!("--at {at}: {} (HTTP {})", r.error_text(), r.status));
+    }
+    serde_json::from_value(r.body["lsn"].clone())
+        .map_err(|e| Error::Failed(format!("{}: its LSN for {at}: {e}", ps.name)))
 }
 
 /// Endpoint names become directory names: keep them plain.
@@ -190,7 +216,14 @@ fn choose_ports(wd: &Workdir, name: &str, port: Option<u16>, old: Option<&Endpoi
 
 /// `strata endpoint start`: spawns the agent under its supervisor and
 /// waits until PostgreSQL runs; the last line printed is the connection string.
-pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>, agent: &AgentArgs) -> Result<()> {
+pub fn start(
+    wd: &Workdir,
+    name: &str,
+    branch: Option<&str>,
+    port: Option<u16>,
+    agent: &AgentArgs,
+    at: Option<&str>,
+) -> Result<()> {
     let old = load(wd, name)?;
     let branch_name = match (branch, &old) {
         (Some(b), Some(o)) if b != o.file.branch => {
@@ -227,8 +260,16 @@ pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>, 
             Liveness::Stopped => {}
         }
     }
+    // Read-only at a point given now, or as it was before.
+    let read_only_at = match at {
+        Some(at) => Some(resolve_point(wd, &branch, at)?),
+        None => old.as_ref().and_then(|o| o.file.read_only_at),
+    };
     // One writer per timeline: a second PostgreSQL would fork its WAL.
     for other in load_all(wd)? {
+        if read_only_at.is_some() || other.file.read_only_at.is_some() {
+            continue;
+        }
         if other.file.name != name && other.file.branch == branch_name {
             let liveness = other.supervised().liveness();
             if let Some(pid) = liveness.pid().or(liveness.supervisor()) {
@@ -248,8 +289,10 @@ pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>, 
     let (pg_port, http_port) = choose_ports(wd, name, port, old.as_ref().map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
-    let ep =
-        Endpoint { dir, file: EndpointFile { name: name.into(), branch: branch_name.clone(), pg_port, http_port } };
+    let ep = Endpoint {
+        dir,
+        file: EndpointFile { name: name.into(), branch: branch_name.clone(), pg_port, http_port, read_only_at },
+    };
     layout::write_toml(
         &ep.dir.join(ENDPOINT_FILE),
         "# Written by `strata endpoint start`; reused by restarts.\n",
@@ -282,6 +325,9 @@ pub fn start(wd: &Workdir, name: &str, branch: Option<&str>, port: Option<u16>, 
     ];
     if c.verify_redo {
         args.push("--verify-redo".into());
+    }
+    if let Some(lsn) = read_only_at {
+        args.extend(["--read-only-at".into(), lsn.to_string().into()]);
     }
     if let Some(n) = agent.crash_loop_restarts {
         args.extend(["--crash-loop-restarts".into(), n.to_string().into()]);
@@ -480,7 +526,13 @@ mod tests {
 
     #[test]
     fn endpoint_file_roundtrips() {
-        let f = EndpointFile { name: "e".into(), branch: "main".into(), pg_port: 5432, http_port: 8080 };
+        let f = EndpointFile {
+            name: "e".into(),
+            branch: "main".into(),
+            pg_port: 5432,
+            http_port: 8080,
+            read_only_at: None,
+        };
         let text = toml::to_string(&f).unwrap();
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);
         let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f };

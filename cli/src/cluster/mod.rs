@@ -95,6 +95,10 @@ pub enum EndpointCommand {
         /// PostgreSQL's port (default: the endpoint's previous port, else a free one).
         #[arg(long)]
         port: Option<u16>,
+        /// A read-only compute at this point of the branch: an LSN, or a
+        /// time (every transaction committed by then); writes are refused.
+        #[arg(long, value_name = "LSN|TIMESTAMP")]
+        at: Option<String>,
         #[command(flatten)]
         agent: AgentArgs,
         #[command(flatten)]
@@ -318,13 +322,13 @@ pub fn replace_safekeeper(old: &str, new: &str, workdir: WorkdirArgs) -> i32 {
 /// `strata endpoint start|stop|list`.
 pub fn endpoint(cmd: EndpointCommand) -> i32 {
     match cmd {
-        EndpointCommand::Start { name, branch, port, agent, workdir } => {
+        EndpointCommand::Start { name, branch, port, at, agent, workdir } => {
             let result = (|| {
                 workdir.plain("endpoint start")?;
                 let wd = layout::Workdir::open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
                 let _lock = wd.lock()?;
-                endpoint::start(&wd, &name, branch.as_deref(), port, &agent)
+                endpoint::start(&wd, &name, branch.as_deref(), port, &agent, at.as_deref())
             })();
             exit_code("endpoint start", result)
         }

@@ -95,6 +95,10 @@ pub struct AgentConfig {
     pub failed_linger: Duration,
     /// Pacing of PostgreSQL's restarts, and what counts as a crash loop.
     pub restart: RestartPolicy,
+    /// A read-only compute at this LSN (a hot standby without a WAL
+    /// source, `docs/branches.md`): no safekeepers, no proposer; the agent
+    /// holds a lease on the LSN.
+    pub read_only_at: Option<strata_formats::Lsn>,
 }
 
 impl AgentConfig {
@@ -132,6 +136,7 @@ impl AgentConfig {
             stop_timeout: Duration::from_secs(60),
             failed_linger: Duration::from_secs(1),
             restart: RestartPolicy::default(),
+            read_only_at: None,
         }
     }
 }

@@ -109,6 +109,21 @@ impl PageserverClient {
             .map_err(|e| ApiError::Invalid { url, message: format!("unexpected timeline description: {e}") })
     }
 
+    /// `POST …/lease`: keeps `lsn` readable for a while (a read-only
+    /// compute renews it every minute, `docs/branches.md`).
+    pub fn lease(&self, tenant: TenantId, timeline: TimelineId, lsn: Lsn) -> Result<(), ApiError> {
+        let url = format!("{}/lease", self.timeline_url(tenant, timeline));
+        let body = serde_json::json!({ "lsn": lsn }).to_string();
+        let response =
+            self.json.post(&url).content_type("application/json").send(body).map_err(|e| transport_error(&url, e))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let text = response.into_body().with_config().limit(MAX_JSON_BYTES).read_to_string().unwrap_or_default();
+            return Err(ApiError::Status { url, status, message: error_message(&text) });
+        }
+        Ok(())
+    }
+
     /// `GET …/basebackup?lsn={lsn}&full=true`: a reader of the uncompressed
     /// tar stream, each read bounded by a timeout.
     pub fn basebackup(
@@ -116,9 +131,14 @@ impl PageserverClient {
         tenant: TenantId,
         timeline: TimelineId,
         lsn: Lsn,
+        read_only: bool,
     ) -> Result<impl Read + Send + 'static, ApiError> {
         let lsn_text = lsn.to_string().replace('/', "%2F");
-        let url = format!("{}/basebackup?lsn={lsn_text}&full=true", self.timeline_url(tenant, timeline));
+        let url = format!(
+            "{}/basebackup?lsn={lsn_text}&full=true{}",
+            self.timeline_url(tenant, timeline),
+            if read_only { "&read_only=true" } else { "" }
+        );
         let response = self.stream.get(&url).call().map_err(|e| transport_error(&url, e))?;
         let status = response.status().as_u16();
         if status != 200 {

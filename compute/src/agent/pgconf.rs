@@ -21,6 +21,8 @@ pub struct PgSettings {
     pub verify_redo: bool,
     /// The WAL proposer's application name, the only synchronous standby.
     pub application_name: String,
+    /// A read-only compute: a hot standby with no WAL source.
+    pub read_only: bool,
 }
 
 /// A setting that cannot be written.
@@ -211,6 +213,15 @@ pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
         "# Emptied by the Strata compute agent at every start; ALTER SYSTEM settings do not persist.\n",
     )?;
     write(pgdata.join("pg_hba.conf"), &pg_hba_conf())?;
+    // A standby with neither primary_conninfo nor restore_command replays
+    // nothing after the basebackup's checkpoint: it stays at that LSN, and
+    // PostgreSQL itself refuses every write.
+    let signal = pgdata.join("standby.signal");
+    if s.read_only {
+        write(signal, "")?;
+    } else if signal.exists() {
+        std::fs::remove_file(&signal).map_err(|e| ConfigError::Io { path: signal.clone(), source: e })?;
+    }
     let ident = pgdata.join("pg_ident.conf");
     if !ident.exists() {
         write(ident, "")?;
@@ -229,6 +240,7 @@ mod tests {
             shared_buffers: "128MB".into(),
             verify_redo: false,
             application_name: "strata_proposer".into(),
+            read_only: false,
         }
     }
 

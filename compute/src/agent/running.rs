@@ -17,6 +17,8 @@ use crate::proposer::{self, ProposerConfig, ProposerStatus};
 /// then the cause to report (a crashed backend ends the replication stream
 /// a moment before the postmaster exits).
 const EXIT_ATTRIBUTION_WAIT: Duration = Duration::from_secs(1);
+/// How often a read-only compute renews its lease (it lasts ten minutes).
+const LEASE_RENEWAL: Duration = Duration::from_secs(60);
 
 /// What a start hands over to the run.
 pub(super) struct Started {
@@ -53,6 +55,9 @@ impl Agent {
         proposer_tx: watch::Sender<ProposerStatus>,
         attempt: Attempt,
     ) -> RunEnd {
+        if let Some(lsn) = self.cfg.read_only_at {
+            return self.run_read_only(stop, started.pg, lsn, attempt).await;
+        }
         let Started { mut pg, proposer_cfg, repl } = started;
         let (proposer_stop_tx, proposer_stop_rx) = watch::channel(false);
         let mut proposer_status = proposer_tx.subscribe();
@@ -121,6 +126,55 @@ impl Agent {
             warn!("stopping PostgreSQL: {e}");
         }
         RunEnd::Failed { error, cause, running_since }
+    }
+
+    /// A read-only compute: PostgreSQL alone (a hot standby that replays
+    /// nothing), running as soon as it accepts connections; the lease on
+    /// its LSN is renewed every minute until it stops.
+    async fn run_read_only(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        mut pg: Postgres,
+        lsn: strata_formats::Lsn,
+        attempt: Attempt,
+    ) -> RunEnd {
+        let running_since = Instant::now();
+        self.now_running(running_since, attempt);
+        let client = std::sync::Arc::new(super::pageserver_api::PageserverClient::new(&self.cfg.pageserver_http));
+        let mut renew = tokio::time::interval(LEASE_RENEWAL);
+        renew.tick().await; // the lease was just taken
+        loop {
+            tokio::select! {
+                exit = pg.wait() => {
+                    let (error, cause) = match exit {
+                        Ok(status) => (
+                            fail("running", format!("PostgreSQL stopped unexpectedly: {}", pg.unexpected_exit(status))),
+                            pg.exit_cause(status),
+                        ),
+                        Err(e) => {
+                            let message = format!("PostgreSQL stopped unexpectedly: {e}");
+                            (fail("running", &message), message)
+                        }
+                    };
+                    let _ = pg.stop_everything().await;
+                    return RunEnd::Failed { error, cause, running_since: Some(running_since) };
+                }
+                _ = stop_requested(stop) => {
+                    self.status.set_state(AgentState::Stopping);
+                    info!(pid = pg.pid(), "stopping the read-only PostgreSQL");
+                    let stopped = pg.stop(self.cfg.stop_timeout).await.map(|_| ()).map_err(|e| fail("stopping", e));
+                    return RunEnd::Stopped(stopped);
+                }
+                _ = renew.tick() => {
+                    let (c, tenant, timeline) = (client.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
+                    match tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => warn!(%lsn, "renewing the lease: {e}"),
+                        Err(e) => warn!(%lsn, "renewing the lease: {e}"),
+                    }
+                }
+            }
+        }
     }
 
     /// PostgreSQL streams its WAL to the proposer: commits can complete.

@@ -127,20 +127,32 @@ impl Agent {
         };
         let mut proposer_cfg = ProposerConfig::new(self.cfg.safekeepers.clone(), identity);
         proposer_cfg.max_consumer_lag_bytes = self.cfg.max_consumer_lag_bytes;
-        let sync = tokio::time::timeout(self.cfg.sync_timeout, proposer::sync_safekeepers(proposer_cfg.clone()));
-        let Some(lsn) = unless_stopped(stop, sync).await else {
-            return stopped_early();
+        let lsn = match self.cfg.read_only_at {
+            // A read-only compute writes no WAL: no election, its point is given.
+            Some(lsn) => {
+                self.status.update(|s| s.start_lsn = Some(lsn));
+                info!(%lsn, "read-only at a fixed LSN: the safekeepers are not involved");
+                lsn
+            }
+            None => {
+                let sync =
+                    tokio::time::timeout(self.cfg.sync_timeout, proposer::sync_safekeepers(proposer_cfg.clone()));
+                let Some(lsn) = unless_stopped(stop, sync).await else {
+                    return stopped_early();
+                };
+                let lsn = step!(lsn
+                    .map_err(|_| format!("no quorum of safekeepers was synced within {:?}", self.cfg.sync_timeout))
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+                    .map_err(|e| fail("sync-safekeepers", format!("{}: {e}", self.timeline_name()))));
+                let seconds = t.elapsed().as_secs_f64();
+                self.status.update(|s| {
+                    s.start_lsn = Some(lsn);
+                    s.timings.sync_seconds = seconds;
+                });
+                info!(seconds, %lsn, "safekeepers synced: the timeline's WAL ends here");
+                lsn
+            }
         };
-        let lsn = step!(lsn
-            .map_err(|_| format!("no quorum of safekeepers was synced within {:?}", self.cfg.sync_timeout))
-            .and_then(|r| r.map_err(|e| e.to_string()))
-            .map_err(|e| fail("sync-safekeepers", format!("{}: {e}", self.timeline_name()))));
-        let seconds = t.elapsed().as_secs_f64();
-        self.status.update(|s| {
-            s.start_lsn = Some(lsn);
-            s.timings.sync_seconds = seconds;
-        });
-        info!(seconds, %lsn, "safekeepers synced: the timeline's WAL ends here");
 
         // 3. The pageserver must have all of it.
         self.enter(attempt, AgentState::WaitingForPageserver);
@@ -152,6 +164,16 @@ impl Agent {
         let seconds = t.elapsed().as_secs_f64();
         self.record(|t| t.wait_seconds = seconds);
         info!(seconds, %lsn, "the pageserver has the WAL up to the start LSN");
+        if self.cfg.read_only_at.is_some() {
+            // Held before the basebackup reads at it, renewed while running.
+            let c = client.clone();
+            let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
+            let leased = tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn)).await;
+            step!(leased
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+                .map_err(|e| fail("lease", format!("{} at {lsn}: {e}", self.timeline_name()))));
+        }
 
         // 4. The data directory from the basebackup.
         self.enter(attempt, AgentState::Restoring);
@@ -260,9 +282,10 @@ impl Agent {
         let cancel = Arc::new(AtomicBool::new(false));
         let (c, pgdata, flag) = (client.clone(), self.pgdata.clone(), cancel.clone());
         let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
+        let read_only = self.cfg.read_only_at.is_some();
         let mut task = tokio::task::spawn_blocking(move || -> Result<basebackup::UnpackStats, String> {
             basebackup::prepare_dir(&pgdata).map_err(|e| e.to_string())?;
-            let reader = c.basebackup(tenant, timeline, lsn).map_err(|e| e.to_string())?;
+            let reader = c.basebackup(tenant, timeline, lsn, read_only).map_err(|e| e.to_string())?;
             let stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
             basebackup::finish(&pgdata, PG_VERSION).map_err(|e| e.to_string())?;
             Ok(stats)
@@ -289,6 +312,7 @@ impl Agent {
             shared_buffers: self.cfg.shared_buffers.clone(),
             verify_redo: self.cfg.verify_redo,
             application_name: self.cfg.application_name.clone(),
+            read_only: self.cfg.read_only_at.is_some(),
         };
         let pgdata = self.pgdata.clone();
         let owner = user.map(|u| (u.uid, u.gid));

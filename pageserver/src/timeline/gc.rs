@@ -119,6 +119,15 @@ impl Timeline {
         for retained in &meta.retain_lsns {
             cutoff = cutoff.min(*retained);
         }
+        // Leases are granted under this lock after checking the announced
+        // cutoff: held until the new cutoff is announced below.
+        let leases = self.leases.lock();
+        let now_instant = std::time::Instant::now();
+        for (lsn, until) in leases.iter() {
+            if *until > now_instant {
+                cutoff = cutoff.min(*lsn);
+            }
+        }
         // Never lower than a cutoff already announced: reads below it were
         // refused. (No commit old enough and no horizon yet: 0/0, nothing to do.)
         let cutoff = cutoff.max(meta.gc_cutoff_lsn);
@@ -148,6 +157,7 @@ impl Timeline {
         // Reads below the cutoff are refused before any layer goes (reads in
         // flight keep the files they hold until they finish).
         self.gc_cutoff.fetch_max(cutoff.0, std::sync::atomic::Ordering::AcqRel);
+        drop(leases);
         self.install_layers_with(Vec::new(), &removed, |m| m.gc_cutoff_lsn = cutoff)?;
         self.metrics.gc_layers_removed.inc_by(removed.len() as u64);
         self.metrics.gc_bytes_removed.inc_by(outcome.bytes_removed);
