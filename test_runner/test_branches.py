@@ -320,6 +320,11 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     assert r.returncode == 1 and "no commit" in r.stderr, r
     r = cluster.run("endpoint", "start", "ro-old", "--at", f"{old >> 32:X}/{old & 0xFFFFFFFF:X}", check=False)
     assert r.returncode == 1 and "below the GC cutoff" in r.stderr, r
+    # The pageserver refuses such a basebackup before it starts streaming.
+    old_text = f"{old >> 32:X}%2F{old & 0xFFFFFFFF:X}"
+    code, body = cluster.http("pageserver", "GET",
+                              f"/v1/tenant/{tenant}/timeline/{main_tl}/basebackup?lsn={old_text}&read_only=true")
+    assert code == 410 and "below the GC cutoff" in body["error"], (code, body)
     assert ids(ep) == list(range(1, 401))
 
 
@@ -356,6 +361,10 @@ def test_a_read_only_endpoint_at_a_point_of_a_branch(cluster):
     code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{tenant}/timeline/{cluster.timeline_id()}")
     leases = [parse_lsn(x["lsn"]) for x in st["leases"]]
     assert lsn in leases and all(0 < x["seconds_left"] <= 600 for x in st["leases"]), st["leases"]
+    path = f"/v1/tenant/{tenant}/timeline/{cluster.timeline_id()}/lease"
+    for bad in ("0/8", "0/16B3741", "FFFF/0"):
+        code, body = cluster.http("pageserver", "POST", path, {"lsn": bad})
+        assert code == 422, (bad, code, body)
     # Restarted, it is at the same point.
     by_lsn.stop()
     by_lsn.start()

@@ -159,6 +159,10 @@ async fn create_branch(
         return error(StatusCode::NOT_FOUND, BranchError::ParentNotFound(tenant, parent_id).to_string());
     };
     let timeline = req.timeline_id.unwrap_or_else(TimelineId::generate);
+    if let Some(reason) = parent.tl.broken_reason() {
+        let e = BranchError::ParentBroken { parent: parent_id, reason };
+        return error(branch_status(&e), e.to_string());
+    }
     let lsn = match (req.ancestor_lsn, req.ancestor_time) {
         (Some(_), Some(_)) => {
             return error(StatusCode::BAD_REQUEST, "give ancestor_lsn or ancestor_time, not both".into())
@@ -422,11 +426,11 @@ async fn basebackup(
             format!("a basebackup is made at the end of the ingested WAL ({last}); {lsn} is not it (read_only=true for another LSN)"),
         );
     }
-    if !lsn.0.is_multiple_of(8) {
-        return error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("{lsn} is not a WAL position: records begin at 8-byte aligned LSNs"),
-        );
+    // Refused before the answer starts: a tar cut short is a worse error.
+    match entry.tl.check_readable_point(lsn) {
+        Ok(()) => {}
+        Err(ReadError::NotFound(m)) => return error(StatusCode::UNPROCESSABLE_ENTITY, m),
+        Err(e) => return read_error(e),
     }
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let tl = entry.tl.clone();

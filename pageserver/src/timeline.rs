@@ -592,17 +592,33 @@ impl Timeline {
     /// beyond the ingested WAL.
     pub fn lease(&self, lsn: Lsn) -> Result<Duration, ReadError> {
         self.check_broken()?;
-        self.check_branch_start(lsn)?;
-        let last = self.record_lsns().last;
-        if lsn > last {
-            return Err(ReadError::NotFound(format!("{lsn} is beyond the ingested WAL ({last})")));
-        }
+        self.check_readable_point(lsn)?;
         let mut leases = self.leases.lock();
         self.check_gc_cutoff(lsn)?;
         let until = Instant::now() + LEASE_TTL;
         let e = leases.entry(lsn).or_insert(until);
         *e = (*e).max(until);
         Ok(LEASE_TTL)
+    }
+
+    /// Whether `lsn` is a point a compute can start at: aligned, within the
+    /// timeline's ingested WAL (`NotFound` otherwise), not below the GC
+    /// cutoff (`BelowGcCutoff`).
+    pub fn check_readable_point(&self, lsn: Lsn) -> Result<(), ReadError> {
+        let start = self.meta.lock().start_lsn;
+        let last = self.record_lsns().last;
+        if !lsn.0.is_multiple_of(8) {
+            return Err(ReadError::NotFound(format!(
+                "{lsn} is not a WAL position: records begin at 8-byte aligned LSNs"
+            )));
+        }
+        if lsn < start || lsn > last {
+            return Err(ReadError::NotFound(format!(
+                "{lsn} is outside timeline {} ({start} to the WAL ingested, {last})",
+                self.timeline_id
+            )));
+        }
+        self.check_gc_cutoff(lsn)
     }
 
     /// The live leases, lowest LSN first, with the seconds each has left.

@@ -147,6 +147,7 @@ async fn create_timeline(
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
             (code, Json(tl.status())).into_response()
         }
+        Err(e @ crate::timelines::CreateError::Storage(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),
     }
 }

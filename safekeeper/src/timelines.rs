@@ -107,7 +107,11 @@ impl Timelines {
         let mut gone = dir.clone().into_os_string();
         gone.push(DELETED_SUFFIX);
         let gone = PathBuf::from(gone);
-        std::fs::rename(&dir, &gone).map_err(|e| StorageError::io("renaming", &dir, &e))?;
+        if let Err(e) = std::fs::rename(&dir, &gone) {
+            // Nothing was deleted: it is served again.
+            self.map.lock().insert((tenant, timeline), tl);
+            return Err(StorageError::io("renaming", &dir, &e));
+        }
         if !self.no_sync {
             crate::control_file::sync_dir(dir.parent().expect("under the tenant's directory"))?;
         }

@@ -1,0 +1,531 @@
+"""The OpenAPI descriptions of the management HTTP APIs
+(`docs/openapi/pageserver.yaml`, `docs/openapi/safekeeper.yaml`) are kept
+honest three ways:
+
+- each is a structurally valid OpenAPI 3.0 document (version string, info,
+  paths, responses on every operation, path parameters declared, every
+  `$ref` resolving);
+- the routes the services' routers declare (`.route(...)` in
+  `pageserver/src/http.rs` and `safekeeper/src/http.rs`) are exactly the
+  documented paths and methods;
+- a live local cluster answers every documented operation with a status
+  code the description lists for it, with a body that has the documented
+  media type and, for JSON, the documented required fields and types.
+  Every GET is called with real ids; every other operation only with
+  requests it must refuse (or that change nothing, such as creating a
+  safekeeper timeline again with its own identity).
+
+Needs PyYAML (`requirements.txt`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+
+from fixtures.cluster import wait_until
+from fixtures.strata import parse_lsn
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SPECS = {
+    "pageserver": REPO_ROOT / "docs" / "openapi" / "pageserver.yaml",
+    "safekeeper": REPO_ROOT / "docs" / "openapi" / "safekeeper.yaml",
+}
+ROUTERS = {
+    "pageserver": REPO_ROOT / "pageserver" / "src" / "http.rs",
+    "safekeeper": REPO_ROOT / "safekeeper" / "src" / "http.rs",
+}
+SAFEKEEPERS = ["sk1", "sk2", "sk3"]
+HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+# axum's method routers, as they appear in `get(handler).post(other)`.
+AXUM_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+
+
+def load_spec(name: str) -> dict:
+    with open(SPECS[name], encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+@pytest.fixture(scope="module")
+def specs() -> dict[str, dict]:
+    return {name: load_spec(name) for name in SPECS}
+
+
+# ---------------------------------------------------------------- documents
+
+def resolve_pointer(doc: dict, ref: str):
+    """The object an internal `$ref` (`#/a/b`) names; KeyError if none."""
+    assert ref.startswith("#/"), f"only internal references are used: {ref!r}"
+    node = doc
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(ref)
+        node = node[part]
+    return node
+
+
+def deref(doc: dict, node):
+    """`node`, following `$ref`s until an object without one."""
+    seen = set()
+    while isinstance(node, dict) and "$ref" in node:
+        ref = node["$ref"]
+        assert ref not in seen, f"reference cycle at {ref}"
+        seen.add(ref)
+        node = resolve_pointer(doc, ref)
+    return node
+
+
+def all_refs(node, where: str = "#"):
+    """Every (location, `$ref` value) in a document."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "$ref":
+                yield where, v
+            else:
+                yield from all_refs(v, f"{where}/{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from all_refs(v, f"{where}/{i}")
+
+
+def operations(spec: dict):
+    """Every (path, method, operation, path-level parameters) of a document."""
+    for path, item in spec["paths"].items():
+        for method in HTTP_METHODS:
+            if method in item:
+                yield path, method, item[method], item.get("parameters", [])
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_spec_is_structurally_valid_openapi_3(name):
+    spec = load_spec(name)
+    problems = []
+    assert isinstance(spec, dict), f"{SPECS[name]} is not a mapping"
+    assert isinstance(spec.get("openapi"), str) and re.fullmatch(r"3\.0\.\d+", spec["openapi"]), \
+        f"openapi must be a 3.0.x version string, not {spec.get('openapi')!r}"
+    info = spec.get("info")
+    assert isinstance(info, dict), "info is missing"
+    for key in ("title", "version", "description"):
+        assert isinstance(info.get(key), str) and info[key].strip(), f"info.{key} must be a non-empty string"
+    # The description points to the documents of the semantics; they exist.
+    docs = re.findall(r"`(docs/[\w./-]+\.md)`", info["description"])
+    assert docs, "info.description names no document of the semantics"
+    for d in docs:
+        if not (REPO_ROOT / d).is_file():
+            problems.append(f"info.description names {d}, which does not exist")
+    assert isinstance(spec.get("paths"), dict) and spec["paths"], "paths is missing or empty"
+
+    for where, ref in all_refs(spec):
+        try:
+            resolve_pointer(spec, ref)
+        except (KeyError, AssertionError):
+            problems.append(f"{where}: $ref {ref!r} does not resolve")
+
+    op_ids = []
+    for path in spec["paths"]:
+        if not path.startswith("/"):
+            problems.append(f"path {path!r} does not start with /")
+    for path, method, op, path_params in operations(spec):
+        at = f"{method.upper()} {path}"
+        if not isinstance(op, dict):
+            problems.append(f"{at}: not an operation object")
+            continue
+        if "operationId" in op:
+            op_ids.append(op["operationId"])
+        responses = op.get("responses")
+        if not isinstance(responses, dict) or not responses:
+            problems.append(f"{at}: no responses")
+            continue
+        for code, response in responses.items():
+            if not (isinstance(code, str) and (code == "default" or re.fullmatch(r"[1-5](\d\d|XX)", code))):
+                problems.append(f"{at}: response key {code!r} is not a quoted status code")
+            try:
+                response = deref(spec, response)
+            except KeyError:
+                continue  # reported with the references
+            if not isinstance(response.get("description"), str):
+                problems.append(f"{at} {code}: a response needs a description")
+            for media, content in (response.get("content") or {}).items():
+                if "schema" not in content:
+                    problems.append(f"{at} {code} {media}: no schema")
+            # Every error answer is the `{"error": ...}` object.
+            if isinstance(code, str) and code[0] in "45":
+                schema = (response.get("content") or {}).get("application/json", {}).get("schema")
+                try:
+                    err = deref(spec, schema) if schema else None
+                except KeyError:
+                    err = None
+                if not (err and "error" in err.get("required", [])):
+                    problems.append(f"{at} {code}: an error answer must be application/json with a required `error`")
+        # Path parameters: each template name declared once as a required path parameter, nothing else.
+        declared = {}
+        for p in list(path_params) + list(op.get("parameters", [])):
+            try:
+                p = deref(spec, p)
+            except KeyError:
+                continue
+            for key in ("name", "in"):
+                if key not in p:
+                    problems.append(f"{at}: parameter without {key}: {p}")
+            if "schema" not in p and "content" not in p:
+                problems.append(f"{at}: parameter {p.get('name')} has no schema")
+            if p.get("in") == "path":
+                declared[p.get("name")] = p
+                if p.get("required") is not True:
+                    problems.append(f"{at}: path parameter {p.get('name')} must be required")
+        templated = set(re.findall(r"\{(\w+)\}", path))
+        if templated != set(declared):
+            problems.append(f"{at}: path parameters {sorted(declared)} do not match the template {sorted(templated)}")
+        body = op.get("requestBody")
+        if body is not None:
+            try:
+                body = deref(spec, body)
+            except KeyError:
+                body = {}
+            if not body.get("content"):
+                problems.append(f"{at}: requestBody without content")
+    dup = {i for i in op_ids if op_ids.count(i) > 1}
+    if dup:
+        problems.append(f"duplicate operationIds {sorted(dup)}")
+    assert not problems, f"{SPECS[name].name}:\n" + "\n".join(problems)
+
+
+# ------------------------------------------------------------ code vs. docs
+
+ROUTE_CALL = re.compile(
+    r"\.route\(\s*\"(?P<path>[^\"]+)\"\s*,\s*"
+    r"(?P<chain>[a-z_]+\(\s*\w+\s*\)(?:\s*\.\s*[a-z_]+\(\s*\w+\s*\))*)\s*,?\s*\)")
+
+
+def code_routes(name: str) -> set[tuple[str, str]]:
+    """(path, method) of every `.route(...)` of a service's router."""
+    source = ROUTERS[name].read_text()
+    found = set()
+    matches = list(ROUTE_CALL.finditer(source))
+    assert len(matches) == source.count(".route("), \
+        f"{ROUTERS[name]}: {source.count('.route(')} .route( calls but {len(matches)} understood; update ROUTE_CALL"
+    for m in matches:
+        for method, handler in re.findall(r"([a-z_]+)\(\s*(\w+)\s*\)", m["chain"]):
+            assert method in AXUM_METHODS, f"{ROUTERS[name]}: unexpected method router {method}() on {m['path']}"
+            assert re.search(rf"\bfn {handler}\b", source), f"{ROUTERS[name]}: no handler fn {handler}"
+            found.add((m["path"], method))
+    assert found, f"no routes found in {ROUTERS[name]}"
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_documented_routes_are_the_routes_of_the_code(name):
+    spec = load_spec(name)
+    documented = {(path, method) for path, method, _, _ in operations(spec)}
+    in_code = code_routes(name)
+    fmt = lambda s: "\n".join(f"  {m.upper()} {p}" for p, m in sorted(s))  # noqa: E731
+    assert not in_code - documented, f"routed in {ROUTERS[name].name} but not in {SPECS[name].name}:\n" \
+                                     f"{fmt(in_code - documented)}"
+    assert not documented - in_code, f"in {SPECS[name].name} but not routed in {ROUTERS[name].name}:\n" \
+                                     f"{fmt(documented - in_code)}"
+
+
+# ------------------------------------------------------- answers vs. schemas
+
+JSON_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+}
+
+
+def validate(spec: dict, schema, value, where: str) -> list[str]:
+    """What in `value` disagrees with `schema` (the subset of OpenAPI 3.0
+    schemas the descriptions use: type, nullable, required, properties,
+    additionalProperties, items, enum, pattern, minimum/maximum, allOf)."""
+    schema = deref(spec, schema)
+    if value is None:
+        return [] if schema.get("nullable") else [f"{where}: null where the schema does not allow it"]
+    errors = []
+    for sub in schema.get("allOf", []):
+        errors += validate(spec, sub, value, where)
+    kind = schema.get("type")
+    if kind is not None:
+        if not JSON_TYPES[kind](value):
+            return errors + [f"{where}: {type(value).__name__} {value!r:.60} is not of type {kind}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: {value!r} is not one of {schema['enum']}")
+    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{where}: {value!r} does not match {schema['pattern']}")
+    if JSON_TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}: {value} < minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}: {value} > maximum {schema['maximum']}")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{where}: required field {key!r} is missing")
+        props = schema.get("properties", {})
+        for key, sub in props.items():
+            if key in value:
+                errors += validate(spec, sub, value[key], f"{where}.{key}")
+        if schema.get("additionalProperties") is False:
+            extra = set(value) - set(props)
+            if extra:
+                errors.append(f"{where}: fields {sorted(extra)} are not documented")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors += validate(spec, schema["items"], item, f"{where}[{i}]")
+    return errors
+
+
+def raw_request(url: str, method: str, body: bytes | None = None,
+                timeout: float = 30) -> tuple[int, str, bytes]:
+    """One request: (status, content type, body bytes). A body is sent as JSON."""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+class Checker:
+    """Calls documented operations of a live cluster and collects every
+    disagreement with the descriptions."""
+
+    def __init__(self, cluster, specs: dict[str, dict]):
+        self.cluster = cluster
+        self.specs = specs
+        self.problems: list[str] = []
+        # (spec name, path template, method) -> status codes answered.
+        self.answered: dict[tuple[str, str, str], set[int]] = {}
+
+    def call(self, service: str, method: str, template: str, *, query: dict | None = None,
+             json_body=None, raw_body: bytes | None = None, expect: set[int], **params):
+        """Calls `method template` (filled with `params`) on `service`; checks
+        that the status is documented for the operation and expected by the
+        test, and the body against the documented content. Returns (status,
+        parsed JSON or raw bytes)."""
+        name = "pageserver" if service == "pageserver" else "safekeeper"
+        spec = self.specs[name]
+        path = template.format(**params)
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        body = raw_body if raw_body is not None else (json.dumps(json_body).encode() if json_body is not None else None)
+        status, ctype, data = raw_request(self.cluster.http_url(service, path), method.upper(), body)
+        at = f"{service}: {method.upper()} {path}"
+        self.answered.setdefault((name, template, method), set()).add(status)
+
+        op = spec["paths"].get(template, {}).get(method)
+        if op is None:
+            self.problems.append(f"{at}: {method.upper()} {template} is not documented")
+            return status, data
+        if status not in expect:
+            self.problems.append(f"{at}: answered {status}, the test expected {sorted(expect)}: {data[:300]!r}")
+        responses = op["responses"]
+        if str(status) not in responses and "default" not in responses:
+            self.problems.append(f"{at}: answered {status}, not documented (documented: {sorted(responses)}): "
+                                 f"{data[:300]!r}")
+            return status, data
+        response = deref(spec, responses.get(str(status), responses.get("default")))
+        content = response.get("content") or {}
+        if not content:
+            return status, data
+        media = ctype.split(";")[0].strip().lower()
+        if media not in content:
+            self.problems.append(f"{at}: {status} with content type {ctype!r}, documented {sorted(content)}")
+            return status, data
+        if media != "application/json":
+            return status, data
+        try:
+            parsed = json.loads(data)
+        except ValueError as e:
+            self.problems.append(f"{at}: {status} body is not JSON ({e}): {data[:200]!r}")
+            return status, data
+        self.problems += [f"{at}: {e}" for e in validate(spec, content[media]["schema"], parsed, "body")]
+        return status, parsed
+
+    def unexercised(self) -> list[str]:
+        """Documented operations never called, or GETs never answered with success."""
+        out = []
+        for name, spec in self.specs.items():
+            for path, method, _, _ in operations(spec):
+                codes = self.answered.get((name, path, method))
+                if not codes:
+                    out.append(f"{name}: {method.upper()} {path} was never called")
+                elif method == "get" and not any(200 <= c < 300 for c in codes):
+                    out.append(f"{name}: GET {path} never succeeded (answers {sorted(codes)})")
+        return out
+
+
+def test_live_cluster_answers_as_documented(cluster, specs):
+    """Every documented operation of the pageserver and of each safekeeper,
+    against a running local cluster."""
+    c = Checker(cluster, specs)
+    tenant = cluster.cluster_toml["tenant_id"]
+    timeline = cluster.timeline_id()
+    missing = uuid.uuid4().hex  # a timeline (or tenant) no service holds
+    ids = {"tenant": tenant, "timeline": timeline}
+    tl = "/v1/tenant/{tenant}/timeline/{timeline}"
+
+    # A commit, so that the timelines have WAL of a compute: a term history,
+    # consumers, and a commit time to find by `lsn_by_time`.
+    connstr = cluster.endpoint_start("ep")
+    with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
+        conn.execute("CREATE TABLE t (id int)")
+        before_commit = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        conn.execute("INSERT INTO t VALUES (1)")
+        commit_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+    wait_until("the pageserver ingests the commit",
+               lambda: parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["last_record_lsn"])
+               >= commit_lsn, timeout=30)
+
+    # ---- pageserver: reads, with real ids
+    ps = "pageserver"
+    _, node = c.call(ps, "get", "/v1/status", expect={200})
+    if isinstance(node, dict) and not any(t.get("timeline_id") == timeline for t in node.get("timelines", [])):
+        c.problems.append(f"pageserver /v1/status does not list timeline {timeline}")
+    has_remote = isinstance(node, dict) and node.get("remote_storage") is not None
+    _, status = c.call(ps, "get", tl, expect={200}, **ids)
+    assert isinstance(status, dict), f"no timeline status: {status!r}"
+    _, sized = c.call(ps, "get", tl, query={"logical_size": "true"}, expect={200}, **ids)
+    if isinstance(sized, dict) and not isinstance(sized.get("logical_size"), int):
+        c.problems.append(f"logical_size=true answered no logical_size: {sized.get('logical_size')!r}")
+    c.call(ps, "get", tl, query={"bogus": "1"}, expect={400}, **ids)
+    c.call(ps, "get", tl, expect={404}, tenant=tenant, timeline=missing)
+    c.call(ps, "get", tl, expect={400}, tenant=tenant, timeline="not-an-id")
+
+    st, tar = c.call(ps, "get", tl + "/basebackup", expect={200}, **ids)
+    if st == 200 and (len(tar) < 1024 or tar[257:262] != b"ustar"):
+        c.problems.append(f"basebackup: not a tar stream ({len(tar)} bytes)")
+    c.call(ps, "get", tl + "/basebackup", query={"lsn": "0/8"}, expect={404}, **ids)  # before the start
+    c.call(ps, "get", tl + "/basebackup", query={"full": "maybe"}, expect={400}, **ids)
+    c.call(ps, "get", tl + "/basebackup", expect={404}, tenant=tenant, timeline=missing)
+
+    # After every commit stamped at or before now: past the INSERT's commit.
+    just_now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    _, found = c.call(ps, "get", tl + "/lsn_by_time", query={"time": just_now}, expect={200}, **ids)
+    if isinstance(found, dict) and "lsn" in found and parse_lsn(found["lsn"]) <= before_commit:
+        c.problems.append(f"lsn_by_time {just_now}: {found['lsn']}, not after the last commit")
+    c.call(ps, "get", tl + "/lsn_by_time", query={"time": "2100-01-01T00:00:00Z"}, expect={422}, **ids)
+    c.call(ps, "get", tl + "/lsn_by_time", query={"time": "yesterday"}, expect={400}, **ids)
+    c.call(ps, "get", tl + "/lsn_by_time", expect={400}, **ids)
+    c.call(ps, "get", tl + "/lsn_by_time", query={"time": just_now}, expect={404}, tenant=tenant, timeline=missing)
+
+    # pg_class (relfilenode 1259) of template1 (database 1): in every bootstrap.
+    st, page = c.call(ps, "get", tl + "/page", query={"rel": "1663/1/1259", "block": 0}, expect={200}, **ids)
+    if st == 200 and len(page) != 8192:
+        c.problems.append(f"page: {len(page)} bytes, not 8192")
+    c.call(ps, "get", tl + "/page", query={"rel": "1663/1/1259", "block": 4000000000}, expect={404}, **ids)
+    c.call(ps, "get", tl + "/page", query={"rel": "1663/1/1259", "block": 0, "fork": 9}, expect={400}, **ids)
+    c.call(ps, "get", tl + "/page", query={"block": 0}, expect={400}, **ids)
+
+    st, text = c.call(ps, "get", "/metrics", expect={200})
+    if st == 200 and b"# TYPE" not in text:
+        c.problems.append("pageserver /metrics: no `# TYPE` line")
+
+    # ---- pageserver: changes, only requests that must be refused
+    c.call(ps, "post", "/v1/tenant", raw_body=b"{", expect={400})
+    c.call(ps, "post", "/v1/tenant", json_body={"tenant_id": tenant, "bogus": 1}, expect={400})
+    c.call(ps, "post", "/v1/tenant", json_body={"tenant_id": tenant, "timeline_id": timeline}, expect={409})
+    if has_remote:
+        # With object storage a tenant the attachment file does not name is refused before any work.
+        c.call(ps, "post", "/v1/tenant", json_body={"tenant_id": missing}, expect={412})
+
+    branches = "/v1/tenant/{tenant}/timeline"
+    c.call(ps, "post", branches, raw_body=b"not json", expect={400}, tenant=tenant)
+    c.call(ps, "post", branches, json_body={"ancestor_timeline_id": timeline}, expect={400}, tenant="not-an-id")
+    c.call(ps, "post", branches, json_body={"timeline_id": missing}, expect={400}, tenant=tenant)
+    c.call(ps, "post", branches, json_body={"ancestor_timeline_id": missing}, expect={404}, tenant=tenant)
+    c.call(ps, "post", branches, json_body={"timeline_id": missing, "ancestor_timeline_id": timeline,
+                                            "ancestor_lsn": "0/8", "ancestor_time": just_now},
+           expect={400}, tenant=tenant)
+    c.call(ps, "post", branches, json_body={"timeline_id": missing, "ancestor_timeline_id": timeline,
+                                            "ancestor_lsn": "0/1"}, expect={422}, tenant=tenant)  # not aligned
+    c.call(ps, "post", branches, json_body={"timeline_id": missing, "ancestor_timeline_id": timeline,
+                                            "ancestor_lsn": "0/8"}, expect={422}, tenant=tenant)  # before start
+    c.call(ps, "post", branches, json_body={"timeline_id": missing, "ancestor_timeline_id": timeline,
+                                            "ancestor_time": "2100-01-01T00:00:00Z"}, expect={422}, tenant=tenant)
+
+    c.call(ps, "delete", tl, expect={404}, tenant=tenant, timeline=missing)
+    c.call(ps, "delete", tl, expect={400}, tenant=tenant, timeline="not-an-id")
+
+    c.call(ps, "post", tl + "/lease", raw_body=b"{", expect={400}, **ids)
+    c.call(ps, "post", tl + "/lease", json_body={"lsn": "0/16B3748", "ttl": 1}, expect={400}, **ids)
+    c.call(ps, "post", tl + "/lease", json_body={"lsn": "FFFFFFFF/0"}, expect={422}, **ids)  # beyond the WAL
+    c.call(ps, "post", tl + "/lease", json_body={"lsn": "0/16B3748"}, expect={404}, tenant=tenant, timeline=missing)
+
+    c.call(ps, "post", tl + "/checkpoint", query={"compact": "maybe"}, expect={400}, **ids)
+    c.call(ps, "post", tl + "/checkpoint", expect={404}, tenant=tenant, timeline=missing)
+    c.call(ps, "post", tl + "/evict", expect={404}, tenant=tenant, timeline=missing)
+    c.call(ps, "post", tl + "/evict", expect={400}, tenant="not-an-id", timeline=timeline)
+
+    # ---- safekeepers
+    for sk in SAFEKEEPERS:
+        _, node = c.call(sk, "get", "/v1/status", expect={200})
+        if isinstance(node, dict) and not any(t.get("timeline_id") == timeline for t in node.get("timelines", [])):
+            c.problems.append(f"{sk} /v1/status does not list timeline {timeline}")
+        _, positions = c.call(sk, "get", "/v1/positions", expect={200})
+        if isinstance(positions, list) and not any(p.get("timeline_id") == timeline for p in positions):
+            c.problems.append(f"{sk} /v1/positions does not list timeline {timeline}")
+        _, sk_status = c.call(sk, "get", tl, expect={200}, **ids)
+        c.call(sk, "get", tl, expect={404}, tenant=tenant, timeline=missing)
+        c.call(sk, "get", tl, expect={400}, tenant="not-an-id", timeline=timeline)
+        _, membership = c.call(sk, "get", tl + "/membership", expect={200}, **ids)
+        c.call(sk, "get", tl + "/membership", expect={404}, tenant=tenant, timeline=missing)
+        st, text = c.call(sk, "get", "/metrics", expect={200})
+        if st == 200 and b"# TYPE" not in text:
+            c.problems.append(f"{sk} /metrics: no `# TYPE` line")
+
+        # Creation: again with its own identity changes nothing (200); anything else is refused.
+        if isinstance(sk_status, dict):
+            identity = {"system_id": sk_status.get("system_id"), "pg_version": sk_status.get("pg_version"),
+                        "wal_segment_size": sk_status.get("wal_segment_size"),
+                        "start_lsn": sk_status.get("timeline_start_lsn")}
+            c.call(sk, "post", tl, json_body=identity, expect={200}, **ids)
+            c.call(sk, "post", tl, json_body={**identity, "system_id": identity["system_id"] ^ 1},
+                   expect={409}, **ids)
+            c.call(sk, "post", tl, json_body={**identity, "pg_version": 14}, expect={400},
+                   tenant=tenant, timeline=missing)
+            c.call(sk, "post", tl, json_body={**identity, "wal_segment_size": 1000}, expect={400},
+                   tenant=tenant, timeline=missing)
+            c.call(sk, "post", tl, json_body={**identity, "bogus": 1}, expect={400},
+                   tenant=tenant, timeline=missing)
+        c.call(sk, "post", tl, raw_body=b"{", expect={400}, tenant=tenant, timeline=missing)
+        c.call(sk, "delete", tl, expect={404}, tenant=tenant, timeline=missing)
+        c.call(sk, "delete", tl, expect={400}, tenant=tenant, timeline="not-an-id")
+
+        # Membership: the configuration held, again, changes nothing (200); the rest is refused.
+        if isinstance(membership, dict):
+            c.call(sk, "put", tl + "/membership", json_body=membership, expect={200}, **ids)
+        c.call(sk, "put", tl + "/membership", raw_body=b"{", expect={400}, **ids)
+        c.call(sk, "put", tl + "/membership", json_body={"generation": 0, "members": [{"id": 1, "address": "a:1"}]},
+               expect={400}, **ids)
+        c.call(sk, "put", tl + "/membership", json_body={"generation": 1, "members": [{"id": 1, "address": "a:1"}]},
+               expect={404}, tenant=tenant, timeline=missing)
+
+    # Nothing was changed by the refused requests.
+    _, after = c.call(ps, "get", tl, expect={200}, **ids)
+    if isinstance(after, dict) and after.get("retain_lsns") != status.get("retain_lsns"):
+        c.problems.append(f"retain_lsns changed: {status.get('retain_lsns')} -> {after.get('retain_lsns')}")
+    if isinstance(after, dict) and after.get("leases"):
+        c.problems.append(f"a lease was granted: {after['leases']}")
+    for sk in SAFEKEEPERS:
+        _, positions = c.call(sk, "get", "/v1/positions", expect={200})
+        if isinstance(positions, list) and any(p.get("timeline_id") == missing for p in positions):
+            c.problems.append(f"{sk} now holds timeline {missing}")
+
+    problems = c.problems + c.unexercised()
+    assert not problems, "\n".join(problems)
