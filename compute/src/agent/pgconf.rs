@@ -13,7 +13,7 @@ const MAX_SOCKET_PATH: usize = 107;
 pub struct PgSettings {
     /// TCP port on 127.0.0.1, also the socket's name suffix.
     pub port: u16,
-    /// Directory of the Unix socket: the (absolute) data directory.
+    /// Directory of the Unix socket (absolute): see [`socket_dir`].
     pub socket_dir: PathBuf,
     /// `shared_buffers`, in PostgreSQL's size syntax (`128MB`).
     pub shared_buffers: String,
@@ -67,10 +67,10 @@ fn validate(s: &PgSettings) -> Result<(), ConfigError> {
     if dir.contains(['\n', '\r', '\0', ',']) {
         return Err(ConfigError::Invalid(format!("socket directory {dir:?} contains a newline, NUL or comma")));
     }
-    let socket = format!("{}/.s.PGSQL.{}", dir.trim_end_matches('/'), s.port);
+    let socket = socket_path(dir, s.port);
     if socket.len() > MAX_SOCKET_PATH {
         return Err(ConfigError::Invalid(format!(
-            "socket path {socket} is longer than {MAX_SOCKET_PATH} bytes: use a shorter data directory path"
+            "socket path {socket} is longer than {MAX_SOCKET_PATH} bytes: use a shorter data or temporary directory path"
         )));
     }
     let size_ok = !s.shared_buffers.is_empty()
@@ -107,8 +107,9 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
     set("Clients connect over TCP on the loopback interface only.", "listen_addresses", quote("127.0.0.1"));
     set("", "port", s.port.to_string());
     set(
-        "The socket lives in the data directory: PostgreSQL's user can write there,\n\
-         and each compute gets its own.",
+        "The socket lives in the data directory (PostgreSQL's user can write there,\n\
+         and each compute gets its own), or in a private temporary directory when\n\
+         the data directory's path is too long for a socket.",
         "unix_socket_directories",
         quote(s.socket_dir.to_str().expect("validated")),
     );
@@ -200,6 +201,55 @@ pub fn pg_hba_conf() -> String {
 
 fn write(path: PathBuf, text: &str) -> Result<(), ConfigError> {
     std::fs::write(&path, text).map_err(|source| ConfigError::Io { path, source })
+}
+
+/// The directory of the compute's Unix socket: the data directory when the
+/// socket path fits in `sun_path`, else a short directory in the system's
+/// temporary directory named after the data directory, so that a deep data
+/// directory does not stop the compute from starting.
+pub fn socket_dir(pgdata: &Path, port: u16) -> PathBuf {
+    let fits = |dir: &Path| dir.to_str().is_some_and(|d| socket_path(d, port).len() <= MAX_SOCKET_PATH);
+    if fits(pgdata) {
+        return pgdata.to_path_buf();
+    }
+    // The same data directory always gets the same directory, so restarts
+    // do not leave a new one behind each time.
+    let digest = crc32c::crc32c(pgdata.as_os_str().as_encoded_bytes());
+    std::env::temp_dir().join(format!("strata-socket-{digest:08x}"))
+}
+
+fn socket_path(dir: &str, port: u16) -> String {
+    format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/'))
+}
+
+/// Creates the socket directory when it is not the data directory, owned by
+/// `owner` (else the current user) and private to it. An existing entry
+/// that is not a directory of that owner is refused: the temporary directory
+/// is shared, and somebody else's directory could intercept connections.
+pub fn prepare_socket_dir(dir: &Path, pgdata: &Path, owner: Option<(u32, u32)>) -> Result<(), ConfigError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if dir == pgdata {
+        return Ok(());
+    }
+    let io = |source| ConfigError::Io { path: dir.to_path_buf(), source };
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let meta = std::fs::symlink_metadata(dir).map_err(io)?;
+    if !meta.is_dir() || (meta.uid() != me && Some(meta.uid()) != owner.map(|o| o.0)) {
+        return Err(ConfigError::Invalid(format!(
+            "socket directory {} exists and is not a directory of this compute's user",
+            dir.display()
+        )));
+    }
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).map_err(io)?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)
 }
 
 /// Writes the configuration into `pgdata`: `postgresql.conf` and
@@ -335,6 +385,30 @@ mod tests {
         assert!(rules.iter().all(|r| r.last() == Some(&"trust")));
         assert!(rules.iter().filter(|r| r[0] == "host").all(|r| r[3] == "127.0.0.1/32"));
         assert!(rules.iter().any(|r| r[0] == "host" && r[1] == "replication"));
+    }
+
+    #[test]
+    fn a_deep_data_directory_gets_a_short_private_socket_directory() {
+        let short = Path::new("/srv/compute/pgdata");
+        assert_eq!(socket_dir(short, 5432), short);
+        let deep = PathBuf::from(format!("/{}/pgdata", "d".repeat(100)));
+        let dir = socket_dir(&deep, 5432);
+        assert_ne!(dir, deep);
+        assert_eq!(dir, socket_dir(&deep, 5432), "stable across restarts");
+        assert_ne!(dir, socket_dir(&deep.join("other"), 5432));
+        assert!(postgresql_conf(&PgSettings { socket_dir: dir.clone(), ..settings() }).is_ok());
+
+        prepare_socket_dir(&dir, &deep, None).unwrap();
+        prepare_socket_dir(&dir, &deep, None).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::remove_dir(&dir).unwrap();
+
+        // Something else in its place is refused, not used.
+        std::fs::write(&dir, "").unwrap();
+        let err = prepare_socket_dir(&dir, &deep, None).unwrap_err();
+        assert!(err.to_string().contains("not a directory of this compute's user"), "{err}");
+        std::fs::remove_file(&dir).unwrap();
     }
 
     #[test]

@@ -308,7 +308,7 @@ impl Agent {
     async fn configure(&self, user: Option<&OsUser>) -> Result<(), AgentError> {
         let settings = pgconf::PgSettings {
             port: self.cfg.pg_port,
-            socket_dir: self.pgdata.clone(),
+            socket_dir: pgconf::socket_dir(&self.pgdata, self.cfg.pg_port),
             shared_buffers: self.cfg.shared_buffers.clone(),
             verify_redo: self.cfg.verify_redo,
             application_name: self.cfg.application_name.clone(),
@@ -318,6 +318,7 @@ impl Agent {
         let owner = user.map(|u| (u.uid, u.gid));
         tokio::task::spawn_blocking(move || -> Result<(), String> {
             pgconf::write_config(&pgdata, &settings).map_err(|e| e.to_string())?;
+            pgconf::prepare_socket_dir(&settings.socket_dir, &pgdata, owner).map_err(|e| e.to_string())?;
             basebackup::set_ownership(&pgdata, owner).map_err(|e| e.to_string())
         })
         .await
