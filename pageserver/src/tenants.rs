@@ -503,12 +503,8 @@ impl Tenants {
             return Err(BranchError::BelowGcCutoff { lsn, cutoff, parent });
         }
         let storage = |source| BranchError::Storage { tenant, timeline, source };
-        ptl.retain_lsn(lsn).map_err(storage)?;
-        // GC may have moved the cutoff between the check and the retention.
-        let cutoff = ptl.gc_cutoff_lsn();
-        if lsn < cutoff {
-            let others = self.branch_points(tenant, parent).iter().filter(|l| **l == lsn).count();
-            let _ = ptl.release_lsn(lsn, others);
+        // GC may have moved the cutoff since the check.
+        if let Some(cutoff) = ptl.retain_lsn(lsn).map_err(storage)? {
             return Err(BranchError::BelowGcCutoff { lsn, cutoff, parent });
         }
         let meta = TimelineMetadata {

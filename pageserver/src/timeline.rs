@@ -630,15 +630,24 @@ impl Timeline {
     }
 
     /// Keeps `lsn` readable whatever GC does (a branch point): in the
-    /// metadata, durably, and in the next index.
-    pub fn retain_lsn(&self, lsn: Lsn) -> Result<(), StorageError> {
+    /// metadata, durably, and in the next index. `Some(cutoff)`: refused,
+    /// the point is below the GC cutoff.
+    pub fn retain_lsn(&self, lsn: Lsn) -> Result<Option<Lsn>, StorageError> {
+        // GC holds the leases lock from reading the retained LSNs to
+        // announcing its cutoff: either it sees this point, or this check
+        // sees its cutoff.
+        let _gc = self.leases.lock();
+        let cutoff = self.gc_cutoff_lsn();
+        if lsn < cutoff {
+            return Ok(Some(cutoff));
+        }
         self.install_layers_with(Vec::new(), &[], |m| {
             if !m.retain_lsns.contains(&lsn) {
                 m.retain_lsns.push(lsn);
                 m.retain_lsns.sort_unstable();
             }
         })
-        .map(|_| ())
+        .map(|_| None)
     }
 
     /// Lets GC have `lsn` again (a branch deleted), if no other branch
@@ -996,14 +1005,24 @@ impl Timeline {
         Ok(())
     }
 
-    /// Reads below this LSN are refused.
+    /// Refuses reads below the GC cutoff, except at a retained LSN: a
+    /// child reads its parent at exactly its branch point, and GC keeps
+    /// what those reads need.
+    fn check_read_point(&self, lsn: Lsn) -> Result<(), ReadError> {
+        match self.check_gc_cutoff(lsn) {
+            Err(_) if self.meta.lock().retain_lsns.contains(&lsn) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Reads below this LSN are refused (but at retained LSNs).
     pub fn gc_cutoff_lsn(&self) -> Lsn {
         Lsn(self.gc_cutoff.load(std::sync::atomic::Ordering::Acquire))
     }
 
     fn versions(&self, key: &Key, lsn: Lsn) -> Result<Versions, ReadError> {
         self.check_broken()?;
-        self.check_gc_cutoff(lsn)?;
+        self.check_read_point(lsn)?;
         self.check_branch_start(lsn)?;
         let (memory, historic) = self.layers.read().snapshot();
         let mut out = Versions::default();
@@ -1039,7 +1058,7 @@ impl Timeline {
                 .map(|_| Err(ReadError::Broken { timeline: self.timeline_id, reason: e.to_string() }))
                 .collect();
         }
-        if self.check_gc_cutoff(lsn).is_err() {
+        if self.check_read_point(lsn).is_err() {
             let cutoff = self.gc_cutoff_lsn();
             return keys
                 .iter()

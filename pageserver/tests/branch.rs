@@ -1,7 +1,8 @@
 //! Branches (`docs/branches.md`): a child timeline reads its parent's
 //! versions up to the branch point and its own after it; writes on either
 //! never show on the other; a branch of a branch reads through both;
-//! images, compaction and a reload of the child keep every read the same.
+//! images, compaction and a reload of the child keep every read the same;
+//! GC past a branch point keeps only the layers a read there visits.
 
 mod common;
 
@@ -14,9 +15,12 @@ use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::files::FileCache;
+use strata_pageserver::layer::layer_file::LayerKind;
 use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
-use strata_pageserver::timeline::{LayerPolicy, Throttle, Timeline, TimelineMetadata, TimelineResources};
+use strata_pageserver::timeline::{
+    pg_now, GcPolicy, LayerPolicy, Throttle, Timeline, TimelineMetadata, TimelineResources,
+};
 use strata_pageserver::value::Value;
 use strata_redo::NativeRecord;
 
@@ -170,9 +174,9 @@ fn retained_branch_points_are_durable() {
     let res = resources();
     let parent = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
     write(&parent, 0..2, 0, |_| true);
-    parent.retain_lsn(lsn(30)).unwrap();
-    parent.retain_lsn(lsn(10)).unwrap();
-    parent.retain_lsn(lsn(30)).unwrap();
+    for l in [30, 10, 30] {
+        assert_eq!(parent.retain_lsn(lsn(l)).unwrap(), None);
+    }
     assert_eq!(parent.metadata().retain_lsns, vec![lsn(10), lsn(30)]);
     drop(parent);
     let parent = Timeline::load(dir.clone(), &res).unwrap();
@@ -181,5 +185,74 @@ fn retained_branch_points_are_durable() {
     assert_eq!(parent.metadata().retain_lsns, vec![lsn(10), lsn(30)], "another branch still needs it");
     parent.release_lsn(lsn(10), 0).unwrap();
     assert_eq!(parent.metadata().retain_lsns, vec![lsn(30)]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn gc_past_a_branch_point_keeps_only_what_a_read_there_visits() {
+    let dir = common::test_dir("branch-gc");
+    let res = resources();
+    let never = AtomicBool::new(false);
+    let parent = Timeline::create(dir.join("parent"), common::metadata(lsn(0), 42), &res).unwrap();
+    // Images every two rounds: some below the branch point, several above.
+    for r in 0..12 {
+        write(&parent, r..r + 1, 0, |_| true);
+        if r % 2 == 1 {
+            parent.compact(true, &mut Throttle::new(0), &never).unwrap();
+        }
+    }
+    let point = 5 * PER_ROUND + 7;
+    let at_point = read_all(&parent, point);
+    assert_eq!(parent.retain_lsn(lsn(point)).unwrap(), None);
+    let child = Timeline::create(dir.join("child"), child_metadata(&parent, lsn(point)), &res).unwrap();
+    child.set_ancestor(parent.clone());
+    write(&child, 20..21, 0xABCD, |b| b % 2 == 0);
+    let child_now = read_all(&child, 21 * PER_ROUND);
+    let newest = read_all(&parent, 12 * PER_ROUND);
+    let bytes_before = parent.historic().counts().bytes;
+
+    // No history kept: the cutoff goes to the newest durable LSN, far past
+    // the branch point, which stays readable.
+    let none = GcPolicy { pitr_interval: std::time::Duration::ZERO, gc_horizon: 0 };
+    let outcome = parent.gc(&none, pg_now()).unwrap();
+    assert!(outcome.cutoff > lsn(point + 3 * PER_ROUND), "{outcome:?}");
+    assert_eq!(outcome.retained_points, vec![lsn(point)]);
+    assert!(outcome.layers_removed > 0, "{outcome:?}");
+    assert!(parent.historic().counts().bytes < bytes_before);
+    assert_eq!(read_all(&child, point), at_point, "the child at its branch point");
+    assert_eq!(read_many(&child, point), at_point);
+    assert_eq!(read_all(&child, 21 * PER_ROUND), child_now, "the child's own writes");
+    assert_eq!(read_all(&parent, point), at_point, "the parent at the retained point");
+    assert_eq!(read_all(&parent, 12 * PER_ROUND), newest);
+    let e = parent.get(&Key::rel_block(TAG, 1), lsn(point + 1)).unwrap_err();
+    assert!(e.to_string().contains("GC cutoff"), "{e}");
+
+    // What is left below the cutoff's image: the image the point reads and
+    // the deltas from it up to the point, nothing wholly after the point.
+    let image = outcome.image_lsn.expect("an image at or below the cutoff");
+    let point_image = parent
+        .historic()
+        .iter()
+        .filter(|l| l.name.kind == LayerKind::Image && l.name.lsn_start <= lsn(point))
+        .map(|l| l.name.lsn_start)
+        .max()
+        .expect("an image below the branch point");
+    for l in parent.historic().iter() {
+        let n = l.name;
+        if n.lsn_end.0 <= image.0 + 1 && !(n.kind == LayerKind::Image && n.lsn_start == image) {
+            assert!(n.lsn_start <= lsn(point) && n.lsn_end.0 > point_image.0, "{n} is not read at the point");
+        }
+    }
+    // A branch cannot be made below the cutoff, even next to a retained point.
+    assert_eq!(parent.retain_lsn(lsn(point + 1)).unwrap(), Some(outcome.cutoff));
+
+    // The branch deleted: the point is let go, and the next GC takes its layers.
+    drop(child);
+    parent.release_lsn(lsn(point), 0).unwrap();
+    let again = parent.gc(&none, pg_now()).unwrap();
+    assert!(again.retained_points.is_empty() && again.layers_removed > 0, "{again:?}");
+    let e = parent.get(&Key::rel_block(TAG, 1), lsn(point)).unwrap_err();
+    assert!(e.to_string().contains("GC cutoff"), "{e}");
+    assert_eq!(read_all(&parent, 12 * PER_ROUND), newest);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,10 +3,12 @@
 //! The cutoff is the lower of the LSN `gc_horizon` bytes behind
 //! `disk_consistent_lsn` and the LSN of the newest commit older than
 //! `pitr_interval` (commit times are versions of [`Key::commit_time`]), and
-//! never above a retained LSN (a branch point). Reads below the cutoff are
-//! refused from then on. A layer is removed when every version in it is
-//! older than an image layer at or below the cutoff: image runs cover every
-//! key, so the newest such image answers every read at or above the cutoff.
+//! never above a leased LSN. Reads below the cutoff are refused from then
+//! on, except at a retained LSN (a branch point), which a child reads
+//! through. A layer is removed when no read it could serve remains: every
+//! read at or above the cutoff, and every read at a retained point below
+//! it, finds each key in an image at or below its LSN before reaching the
+//! layer (image runs cover every key of the key space).
 
 use std::time::Duration;
 
@@ -37,8 +39,12 @@ impl Default for GcPolicy {
 pub struct GcOutcome {
     /// The cutoff now in force.
     pub cutoff: Lsn,
-    /// The image all removed layers lie below.
+    /// The newest image at or below the cutoff: every read at or above the
+    /// cutoff finds each key there or above.
     pub image_lsn: Option<Lsn>,
+    /// Branch points below the cutoff, still readable: the layers their
+    /// reads visit were kept.
+    pub retained_points: Vec<Lsn>,
     pub layers_removed: usize,
     pub bytes_removed: u64,
 }
@@ -115,13 +121,17 @@ impl Timeline {
             let before = now.saturating_sub(i64::try_from(policy.pitr_interval.as_micros()).unwrap_or(i64::MAX));
             self.lsn_for_commit_time(before, durable)?.unwrap_or(Lsn::INVALID)
         };
+        // Branch points do not hold the cutoff back: reads at exactly them
+        // stay possible below it (`check_read_point`), and GC keeps only
+        // the layers those reads visit. Leases do hold it: a read-only
+        // compute's lease is short-lived and renewed, and its reads are
+        // checked like any other.
         let mut cutoff = horizon.min(pitr);
-        for retained in &meta.retain_lsns {
-            cutoff = cutoff.min(*retained);
-        }
-        // Leases are granted under this lock after checking the announced
-        // cutoff: held until the new cutoff is announced below.
+        // Leases and branch points are granted under this lock after
+        // checking the announced cutoff: held from reading them until the
+        // new cutoff is announced below.
         let leases = self.leases.lock();
+        let retain_lsns = self.metadata().retain_lsns;
         let now_instant = std::time::Instant::now();
         for (lsn, until) in leases.iter() {
             if *until > now_instant {
@@ -132,24 +142,21 @@ impl Timeline {
         // refused. (No commit old enough and no horizon yet: 0/0, nothing to do.)
         let cutoff = cutoff.max(meta.gc_cutoff_lsn);
         let historic = self.historic();
-        let image = historic
+        let mut images: Vec<Lsn> =
+            historic.iter().filter(|l| l.name.kind == LayerKind::Image).map(|l| l.name.lsn_start).collect();
+        images.sort_unstable();
+        images.dedup();
+        let points: Vec<Lsn> = retain_lsns.iter().copied().filter(|r| *r < cutoff).collect();
+        let image = newest_image_at_or_below(&images, cutoff);
+        let mut outcome = GcOutcome { cutoff, image_lsn: image, retained_points: points.clone(), ..Default::default() };
+        let removed: Vec<LayerName> = historic
             .iter()
-            .filter(|l| l.name.kind == LayerKind::Image && l.name.lsn_start <= cutoff)
-            .map(|l| l.name.lsn_start)
-            .max();
-        let mut outcome = GcOutcome { cutoff, image_lsn: image, ..Default::default() };
-        let removed: Vec<LayerName> = match image {
-            Some(i) => historic
-                .iter()
-                .filter(|l| l.name.lsn_end.0 <= i.0 + 1)
-                .filter(|l| !(l.name.kind == LayerKind::Image && l.name.lsn_start == i))
-                .map(|l| {
-                    outcome.bytes_removed += l.file_size;
-                    l.name
-                })
-                .collect(),
-            None => Vec::new(),
-        };
+            .filter(|l| removable(&l.name, cutoff, &points, &images))
+            .map(|l| {
+                outcome.bytes_removed += l.file_size;
+                l.name
+            })
+            .collect();
         outcome.layers_removed = removed.len();
         if cutoff == meta.gc_cutoff_lsn && removed.is_empty() {
             return Ok(outcome);
@@ -168,5 +175,92 @@ impl Timeline {
             );
         }
         Ok(outcome)
+    }
+}
+
+/// The newest image LSN at or below `lsn` (`images` sorted).
+fn newest_image_at_or_below(images: &[Lsn], lsn: Lsn) -> Option<Lsn> {
+    images.partition_point(|i| *i <= lsn).checked_sub(1).map(|n| images[n])
+}
+
+/// Whether a read at `point` can need `layer`: it is the newest image at
+/// or below the point, or it holds versions after that image and at or
+/// before the point (all of them, with no such image).
+fn needed_at(layer: &LayerName, point: Lsn, images: &[Lsn]) -> bool {
+    if layer.lsn_start > point {
+        return false;
+    }
+    match newest_image_at_or_below(images, point) {
+        None => true,
+        Some(i) if layer.kind == LayerKind::Image && layer.lsn_start == i => true,
+        // Versions in [lsn_start, lsn_end) meet (i, point].
+        Some(i) => layer.lsn_end.0 > i.0 + 1 && i < point,
+    }
+}
+
+/// Whether GC may remove `layer`: no read at or above `cutoff` and none at
+/// a retained point below it (`points`) can need it.
+fn removable(layer: &LayerName, cutoff: Lsn, points: &[Lsn], images: &[Lsn]) -> bool {
+    // Reads at or above the cutoff: each finds every key at the newest image
+    // at or below the cutoff, or newer; they need the layers with versions
+    // after that image.
+    let above = match newest_image_at_or_below(images, cutoff) {
+        None => true,
+        Some(i) => layer.lsn_end.0 > i.0 + 1 || (layer.kind == LayerKind::Image && layer.lsn_start == i),
+    };
+    !above && !points.iter().any(|p| needed_at(layer, *p, images))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+
+    fn delta(start: u64, end: u64) -> LayerName {
+        LayerName::delta(Key::MIN, Key::MAX, Lsn(start), Lsn(end))
+    }
+
+    fn image(at: u64) -> LayerName {
+        LayerName::image(Key::MIN, Key::MAX, Lsn(at))
+    }
+
+    #[test]
+    fn layers_removed_are_those_no_read_visits() {
+        // Images at 100, 300 and 500; deltas between them.
+        let images = [Lsn(100), Lsn(300), Lsn(500)];
+        let gone = |l: LayerName, cutoff: u64, points: &[u64]| {
+            let points: Vec<Lsn> = points.iter().map(|p| Lsn(*p)).collect();
+            removable(&l, Lsn(cutoff), &points, &images)
+        };
+        // No branch point: everything older than the newest image at or
+        // below the cutoff goes, that image and what is newer stay.
+        assert!(gone(delta(0, 100), 550, &[]));
+        assert!(gone(image(100), 550, &[]));
+        assert!(gone(delta(300, 500), 550, &[]));
+        assert!(gone(delta(300, 501), 550, &[]), "versions up to the image's LSN are in the image");
+        assert!(!gone(delta(300, 502), 550, &[]));
+        assert!(!gone(image(500), 550, &[]));
+        assert!(!gone(delta(500, 600), 550, &[]));
+        assert!(!gone(delta(600, 700), 550, &[]));
+        // No image at or below the cutoff: nothing goes.
+        assert!(!gone(delta(0, 50), 90, &[]));
+        // A branch point at 200 reads image 100 and the deltas up to 200.
+        assert!(gone(delta(0, 100), 550, &[200]));
+        assert!(!gone(image(100), 550, &[200]));
+        assert!(!gone(delta(100, 200), 550, &[200]));
+        assert!(!gone(delta(150, 250), 550, &[200]), "straddles the point");
+        assert!(gone(delta(201, 300), 550, &[200]), "wholly after the point");
+        assert!(gone(image(300), 550, &[200]));
+        // A point before any image keeps everything it can reach.
+        assert!(!gone(delta(0, 100), 550, &[50]));
+        assert!(gone(delta(60, 100), 550, &[50]));
+        // A point exactly at an image reads only that image.
+        assert!(!gone(image(300), 550, &[300]));
+        assert!(gone(delta(200, 301), 550, &[300]));
+        assert!(gone(delta(200, 302), 550, &[300]), "its versions after 300 are not read there");
+        assert!(!gone(delta(200, 302), 301, &[300]), "but at the cutoff 301 they are");
+        // An image exactly at the cutoff: reads above it need what follows.
+        assert!(!gone(delta(250, 302), 300, &[]));
+        assert!(gone(delta(250, 301), 300, &[]));
     }
 }
