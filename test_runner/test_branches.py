@@ -13,7 +13,8 @@ import psycopg
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
 from fixtures.endpoint import Endpoint
-from fixtures.strata import parse_lsn
+from fixtures.cluster import wait_until
+from fixtures.strata import format_lsn, parse_lsn
 from test_compaction import configure_pageserver
 from test_pageserver import current_lsn
 
@@ -371,3 +372,115 @@ def test_a_read_only_endpoint_at_a_point_of_a_branch(cluster):
     assert ids(by_lsn) == list(range(1, 101))
     r = cluster.run("endpoint", "start", "bad", "--at", "last tuesday", check=False)
     assert r.returncode == 2 and "--at" in r.stderr, r
+
+
+def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(cluster_factory, pg_bin_dir, strata_bin,
+                                                                           tmp_path):
+    """A branch at LSN P of a compute that ran the broad workload (every
+    index access method, TOAST, both CREATE DATABASE strategies, two-phase
+    commit, multixacts, VACUUM FULL, ...): after the parent has gone on,
+    written images above P and garbage-collected past P with a 1 s PITR
+    window, every block of every relation fork of a stock PostgreSQL
+    restored from a base backup and replayed to exactly P (archive recovery
+    from the offloaded WAL, recovery_target_lsn) equals the branch's page
+    at P, under PostgreSQL's masking rules, and every fork's size agrees."""
+    from fixtures.pg import PgCluster
+    from fixtures.workload import run_broad_workload
+    from test_pageserver import PageserverApi, catalog, compare_data_dir, error_message, mismatch_report, wait_quiet
+    from test_wal_retention import configure_safekeepers, prepare_stock_recovery, sk_timeline
+
+    cluster = cluster_factory(start=False)
+    configure_safekeepers(cluster, {"partial_offload_after": 1})
+    configure_pageserver(cluster, {"pitr_interval": 1.0, "gc_horizon": 0, "gc_period": 3600.0})
+    cluster.start()
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    with ep.connect() as conn:
+        # Nothing in the background writes between the point and the checks.
+        conn.execute("ALTER SYSTEM SET autovacuum = off")
+        conn.execute("SELECT pg_reload_conf()")
+        # So that every database's catalog can be read on the stock server.
+        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+    stock = PgCluster(pg_bin_dir, tmp_path / "stock", traverse_root=tmp_path)
+    ep.run(["pg_basebackup", "-D", str(stock.pgdata), "-X", "none", "-c", "fast", "--no-sync"], timeout=300)
+
+    run_broad_workload(ep)
+    wait_quiet(ep)
+    # At the point: a prepared transaction and one in progress.
+    ep.sql("CREATE TABLE prepared_t (id int)")
+    with ep.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO prepared_t SELECT generate_series(1, 100)")
+        conn.execute("PREPARE TRANSACTION 'at_the_point'")
+    with ep.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO pgbench_history VALUES (1, 1, 1, 42, now(), 'in progress')")
+        with ep.connect() as other:
+            other.execute("UPDATE pgbench_branches SET bbalance = bbalance + 7")
+            point = current_lsn(other)
+        conn.execute("COMMIT")
+    ps = PageserverApi(cluster)
+    ps.wait_lsn(point)
+    timeline, start = branch_create(cluster, "exact", "--at", format_lsn(point))
+    assert start == point
+
+    # The parent goes on: new versions of what the point has, images above
+    # the point, then GC past it with a 1 s window.
+    tenant, main_tl = cluster.cluster_toml["tenant_id"], cluster.timeline_id()
+    gc_path = f"/v1/tenant/{tenant}/timeline/{main_tl}/checkpoint?compact=true"
+    for _ in range(2):
+        ep.run(["pgbench", "-n", "-t", "200", "-c", "2"], timeout=300)
+        ep.sql("VACUUM FULL pgbench_accounts")
+        code, st = cluster.http("pageserver", "POST", gc_path)
+        assert code == 200 and st["compaction"]["images_written"] > 0, st
+    time.sleep(1.5)
+    ep.sql("CREATE TABLE after_the_point AS SELECT generate_series(1, 10) AS id")
+    code, st = cluster.http("pageserver", "POST", gc_path + "&gc=true")
+    assert code == 200, st
+    gc = st["gc"]
+    print("\ngc past the branch point:", gc, "point", format_lsn(point))
+    assert parse_lsn(gc["cutoff"]) > point and [parse_lsn(p) for p in gc["retained_points"]] == [point], gc
+    assert gc["layers_removed"] > 0, gc
+    # The parent reads at the retained point only, not next to it.
+    code, body = ps.page(1664, 0, 1262, "main", 0, point + 8)
+    assert code == 410 and "below the GC cutoff" in error_message(body), (code, body)
+    code, _ = ps.page(1664, 0, 1262, "main", 0, point)
+    assert code == 200
+
+    # The stock server: the base backup, replayed from the offloaded WAL to
+    # exactly the point (every record that ends at or before it), promoted.
+    with ep.connect() as conn:
+        end = current_lsn(conn)
+
+    def offloaded_past_the_end() -> bool:
+        st = sk_timeline(cluster, "sk1")["offload"]
+        return max(parse_lsn(st["offloaded_lsn"]), parse_lsn(st["partial_lsn"])) >= end
+
+    wait_until("the WAL past the point offloaded", offloaded_past_the_end, timeout=120)
+    restore = prepare_stock_recovery(cluster, stock, strata_bin)
+    try:
+        stock.start({"restore_command": restore, "synchronous_standby_names": "", "autovacuum": "off",
+                     "recovery_target_lsn": format_lsn(point), "recovery_target_inclusive": "off",
+                     "recovery_target_action": "promote"}, timeout=300)
+        wait_until("recovery ended", lambda: not stock.sql("SELECT pg_is_in_recovery()")[0][0], timeout=300)
+        replayed = parse_lsn(stock.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0])
+        assert replayed == point, f"stock replay ended at {replayed:X}, the point is {point:X}"
+        assert stock.sql("SELECT gid FROM pg_prepared_xacts") == [("at_the_point",)]
+        assert stock.sql("SELECT count(*) FROM pgbench_history WHERE filler = 'in progress'") == [(0,)]
+        dbs, rels = catalog(stock)
+        stock.sql("CHECKPOINT")
+        stock.stop()
+
+        ps.timeline = timeline
+        t0 = time.monotonic()
+        cmp = compare_data_dir(ps, stock, rels, point)
+        report = {**cmp.summary(), "comparison_seconds": round(time.monotonic() - t0, 1)}
+        print("branch pages against stock PostgreSQL at the point:", json.dumps(report, indent=1))
+        assert not cmp.mismatches, mismatch_report(report, cmp.mismatches)
+        assert not cmp.size_mismatches, json.dumps(cmp.size_mismatches[:20], indent=1)
+        assert cmp.blocks_compared == cmp.blocks_equal > 4000, report
+        for kind in ("heap", "btree", "hash", "gin", "gist", "spgist", "brin", "vm"):
+            assert cmp.by_kind[kind] > 0, f"no {kind} page compared: {report}"
+        assert {"postgres", "template0", "template1", "db_wal_log"} <= set(dbs), dbs
+    finally:
+        stock.cleanup()

@@ -245,6 +245,31 @@ def configure_safekeepers(cluster, settings: dict) -> None:
         path.write_text("\n".join(lines) + "\n" + (sep.lstrip("\n") + tables if sep else ""))
 
 
+def prepare_stock_recovery(cluster, stock, strata_bin: Path, branch: str = "main") -> str:
+    """Makes ``stock`` (a PgCluster whose data directory is a pg_basebackup
+    of a compute) a server in archive recovery, given to PostgreSQL's user;
+    returns the `strata wal restore` command that reads the branch's WAL
+    offloaded by safekeeper sk1."""
+    import os
+    import pwd
+
+    from fixtures.pg import SERVER_USER, is_root
+
+    ct = cluster.cluster_toml
+    restore = (f"{strata_bin} wal restore --config {cluster.service_config_path('sk1')} "
+               f"--tenant-id {ct['tenant_id']} --timeline-id {cluster.timeline_id(branch)} %f %p")
+    (stock.pgdata / "recovery.signal").write_text("")
+    with open(stock.pgdata / "postgresql.conf", "a") as f:
+        f.write(f"\ninclude_if_exists '{stock.SETTINGS_FILE}'\n")
+    if is_root():
+        pw = pwd.getpwnam(SERVER_USER)
+        for root, dirs, files in os.walk(stock.pgdata):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.chown(name, pw.pw_uid, pw.pw_gid)
+        stock.pgdata.chmod(0o700)
+    return restore
+
+
 def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_factory, pg_bin_dir, strata_bin,
                                                                        tmp_path):
     """A stock PostgreSQL restored from a pg_basebackup of the compute (no
@@ -252,10 +277,7 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
     same pg_dumpall as the compute. The last segment is not complete: its
     committed part is in object storage as a partial segment within the
     configured time (here 1 s), and the restore reads it."""
-    import os
-    import pwd
-
-    from fixtures.pg import SERVER_USER, PgCluster, is_root
+    from fixtures.pg import PgCluster
 
     cluster = cluster_factory(start=False)
     configure_safekeepers(cluster, {"partial_offload_after": 1})
@@ -290,18 +312,7 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
     print("\noffload:", st, "; partial segment:", partial.name, meta["end_lsn"])
     assert cluster.metrics("sk1")["strata_safekeeper_partial_segments_offloaded_total"] >= 1
 
-    ct = cluster.cluster_toml
-    restore = (f"{strata_bin} wal restore --config {cluster.service_config_path('sk1')} "
-               f"--tenant-id {ct['tenant_id']} --timeline-id {cluster.timeline_id()} %f %p")
-    (stock.pgdata / "recovery.signal").write_text("")
-    with open(stock.pgdata / "postgresql.conf", "a") as f:
-        f.write(f"\ninclude_if_exists '{stock.SETTINGS_FILE}'\n")
-    if is_root():
-        pw = pwd.getpwnam(SERVER_USER)
-        for root, dirs, files in os.walk(stock.pgdata):
-            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-                os.chown(name, pw.pw_uid, pw.pw_gid)
-        stock.pgdata.chmod(0o700)
+    restore = prepare_stock_recovery(cluster, stock, strata_bin)
     try:
         stock.start({"restore_command": restore, "synchronous_standby_names": "", "recovery_target_action": "promote"},
                     timeout=300)
