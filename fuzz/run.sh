@@ -37,6 +37,8 @@ seed_hex seed-page-server "04\
 1a0000009f000000000000000003000b0000006e6f2074696d656c696e65"
 # Pageserver seeds: the layer file vectors (selector 6) and a timeline metadata file (5).
 [ -f corpus/decoders/seed-layer ] || { printf "\\x06" > corpus/decoders/seed-layer; cat ../pageserver/tests/data/layer-v1.delta >> corpus/decoders/seed-layer; }
+# The lazy manifest vector (selector 9).
+[ -f corpus/decoders/seed-lazy-manifest ] || printf '\x09strata lazy manifest 1\nlsn 0/1500780\nbase/5/1249 61\nbase/5/16384_vm 1\nglobal/1262 1\nend 3\n' > corpus/decoders/seed-lazy-manifest
 [ -f corpus/decoders/seed-image-layer ] || { printf "\\x06" > corpus/decoders/seed-image-layer; cat ../pageserver/tests/data/layer-v1.image >> corpus/decoders/seed-image-layer; }
 # Safekeeper seeds (selector 8): offloaded segment metadata.
 [ -f corpus/decoders/seed-segment-meta ] || printf '\x08{"format_version":1,"segment_size":16777216,"start_lsn":"0/1000000","end_lsn":"0/2000000","crc32c":1,"wal_start_lsn":"0/1500780","uploaded_by":1}' > corpus/decoders/seed-segment-meta

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod dedicated;
+pub mod lazy;
 pub mod page_client;
 pub mod pg_replication;
 pub mod proposer;

@@ -3,8 +3,9 @@
 //! safekeeper protocol frames and the page service protocol frames
 //! (`strata-protocol`), and the pageserver's layer files, stored values
 //! and metadata (`strata-pageserver`), native redo of heap and btree
-//! records (`strata-redo`), and the safekeepers' offloaded segment metadata
-//! and peer positions (`strata-safekeeper`).
+//! records (`strata-redo`), the safekeepers' offloaded segment metadata
+//! and peer positions (`strata-safekeeper`), and a lazy basebackup's
+//! manifest (`strata-protocol`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -18,6 +19,8 @@ const NATIVE_REDO: u8 = 7;
 /// First byte of inputs for the safekeepers' decoders of object storage
 /// and peer answers: offloaded segment metadata, peer positions.
 const SAFEKEEPER: u8 = 8;
+/// First byte of inputs for a lazy basebackup's manifest.
+const LAZY_MANIFEST: u8 = 9;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -34,5 +37,12 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if let Some((&SAFEKEEPER, bytes)) = data.split_first() {
         let _ = strata_remote_storage::wal::SegmentMeta::decode(bytes);
         let _ = serde_json::from_slice::<Vec<strata_safekeeper::peers::TimelinePositions>>(bytes);
+    }
+    if let Some((&LAZY_MANIFEST, bytes)) = data.split_first() {
+        use strata_protocol::lazy_manifest::Manifest;
+        if let Ok(m) = Manifest::decode(bytes) {
+            // What decodes encodes to the same bytes: one text per manifest.
+            assert_eq!(m.encode().as_bytes(), bytes);
+        }
     }
 });

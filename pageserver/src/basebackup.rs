@@ -2,7 +2,9 @@
 //! PostgreSQL 15 starts from without recovery (D5): every non-relation file,
 //! a generated `pg_control` and a WAL segment holding a shutdown checkpoint
 //! at the LSN, unlogged relations' init forks also as their main forks, and
-//! with `full` every relation's data.
+//! every relation's data ([`RelationData::All`]), none of it, or a manifest
+//! of the relation forks a lazy compute reads from the pageserver
+//! ([`RelationData::Manifest`], `docs/lazy-compute.md`).
 //!
 //! The free space map is left out: it is a hint that is not WAL-logged, and
 //! PostgreSQL treats a missing one as empty and rebuilds it.
@@ -16,6 +18,7 @@ use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::v15::startup::shutdown_checkpoint_at;
 use strata_formats::version::BLCKSZ;
 use strata_formats::Lsn;
+use strata_protocol::lazy_manifest::{Manifest, ManifestEntry, ManifestFork, MANIFEST_NAME};
 use strata_protocol::pageserver::SlruKind;
 
 use crate::import::{GLOBALTABLESPACE_OID, RELSEG_BLOCKS};
@@ -54,10 +57,27 @@ pub enum BasebackupError {
     Io(#[from] std::io::Error),
 }
 
+/// What a basebackup carries of the relations that are WAL-logged
+/// (unlogged relations' init forks are always in it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelationData {
+    /// Every page: an eager compute.
+    All,
+    /// None.
+    Nothing,
+    /// None, and the manifest of their forks and sizes: a lazy compute.
+    Manifest,
+}
+
 /// Writes the basebackup of `tl` at `lsn` to `out`: the end of the last
 /// ingested record for a compute that writes, any ingested LSN for a
 /// read-only one (whose shutdown checkpoint names no previous record).
-pub fn write_basebackup<W: Write>(tl: &Timeline, lsn: Lsn, full: bool, out: W) -> Result<(), BasebackupError> {
+pub fn write_basebackup<W: Write>(
+    tl: &Timeline,
+    lsn: Lsn,
+    relations: RelationData,
+    out: W,
+) -> Result<(), BasebackupError> {
     let lsns = tl.record_lsns();
     if lsn > lsns.last {
         return Err(BasebackupError::Lsn(format!("the WAL is ingested up to {}; {lsn} is beyond it", lsns.last)));
@@ -78,6 +98,7 @@ pub fn write_basebackup<W: Write>(tl: &Timeline, lsn: Lsn, full: bool, out: W) -
     }
 
     // Databases and their relations.
+    let mut manifest = Vec::new();
     let databases = tl.db_dir(lsn)?;
     for &(spc, db) in &databases {
         let prefix = if spc == GLOBALTABLESPACE_OID { "global".to_string() } else { format!("base/{db}") };
@@ -102,15 +123,27 @@ pub fn write_basebackup<W: Write>(tl: &Timeline, lsn: Lsn, full: bool, out: W) -
                 // Written from the init fork below: an unlogged relation starts empty.
                 continue;
             }
-            if !full && !unlogged {
+            let size = tl.rel_size(tag, lsn)?.unwrap_or(0);
+            if relations != RelationData::All && !unlogged {
+                let fork = match fork {
+                    ForkNumber::Main => ManifestFork::Main,
+                    ForkNumber::VisibilityMap => ManifestFork::VisibilityMap,
+                    // A logged relation has no init fork; free space maps were skipped.
+                    _ => continue,
+                };
+                let db = (spc != GLOBALTABLESPACE_OID).then_some(db);
+                manifest.push(ManifestEntry { db, relfilenode: rel, fork, blocks: size });
                 continue;
             }
-            let size = tl.rel_size(tag, lsn)?.unwrap_or(0);
             write_fork(&mut tar, tl, tag, size, lsn, &format!("{prefix}/{rel}{}", fork.file_suffix()))?;
             if fork == ForkNumber::Init {
                 write_fork(&mut tar, tl, tag, size, lsn, &format!("{prefix}/{rel}"))?;
             }
         }
+    }
+
+    if relations == RelationData::Manifest {
+        tar.small(MANIFEST_NAME, Manifest { lsn, entries: manifest }.encode().as_bytes())?;
     }
 
     // SLRUs: each segment up to its last existing page.

@@ -365,6 +365,10 @@ struct BasebackupQuery {
     /// of its WAL (`docs/branches.md`, "Computes").
     #[serde(default)]
     read_only: bool,
+    /// No relation data, and the manifest of the relation forks a lazy
+    /// compute reads (`docs/lazy-compute.md`).
+    #[serde(default)]
+    lazy: bool,
 }
 
 /// A body fed from a blocking producer through a bounded channel.
@@ -432,12 +436,17 @@ async fn basebackup(
         Err(ReadError::NotFound(m)) => return error(StatusCode::UNPROCESSABLE_ENTITY, m),
         Err(e) => return read_error(e),
     }
+    let relations = match (q.full, q.lazy) {
+        (true, true) => return error(StatusCode::BAD_REQUEST, "full=true and lazy=true exclude each other".into()),
+        (true, false) => crate::basebackup::RelationData::All,
+        (false, true) => crate::basebackup::RelationData::Manifest,
+        (false, false) => crate::basebackup::RelationData::Nothing,
+    };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let tl = entry.tl.clone();
-    let full = q.full;
     tokio::task::spawn_blocking(move || {
         let mut w = ChannelWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK) };
-        if let Err(e) = crate::basebackup::write_basebackup(&tl, lsn, full, &mut w).and_then(|()| {
+        if let Err(e) = crate::basebackup::write_basebackup(&tl, lsn, relations, &mut w).and_then(|()| {
             use std::io::Write;
             w.flush().map_err(Into::into)
         }) {

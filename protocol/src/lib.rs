@@ -3,6 +3,7 @@
 mod frame;
 pub mod framed;
 pub mod ids;
+pub mod lazy_manifest;
 pub mod pageserver;
 pub mod safekeeper;
 

@@ -1,0 +1,5 @@
+//! Lazy computes (`docs/lazy-compute.md`): PostgreSQL's relation files
+//! served from a local cache and GetPage@LSN, so that a compute starts
+//! without copying the database.
+
+pub mod rules;

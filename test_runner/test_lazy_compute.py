@@ -1,0 +1,98 @@
+"""Lazy computes (docs/lazy-compute.md), through the CLI's cluster: the lazy
+basebackup carries no relation data and a manifest that names every
+relation fork of the full basebackup with its size."""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+import urllib.error
+import urllib.request
+
+from fixtures.endpoint import Endpoint
+
+BLOCK = 8192
+SEGMENT_FILE = re.compile(r"^(?P<path>(?:global|base/\d+)/(?P<rel>\d+)(?P<fork>_vm|_fsm|_init)?)(?:\.(?P<seg>\d+))?$")
+
+
+def basebackup(cluster, query: str) -> tuple[int, bytes]:
+    url = cluster.http_url("pageserver", cluster.timeline_path() + "/basebackup?" + query)
+    try:
+        with urllib.request.urlopen(url, timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def members(tar_bytes: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def fork_sizes(files: dict[str, bytes]) -> dict[str, int]:
+    """Blocks of each relation fork in a tar, its segments added up."""
+    sizes: dict[str, int] = {}
+    for name, data in files.items():
+        m = SEGMENT_FILE.match(name)
+        if m:
+            assert len(data) % BLOCK == 0, name
+            sizes[m["path"]] = sizes.get(m["path"], 0) + len(data) // BLOCK
+    return sizes
+
+
+def test_the_lazy_basebackup_names_every_relation_fork_and_carries_none(cluster):
+    """The lazy basebackup at the end of the WAL: the full one's files but
+    the logged relations' data; the manifest lists exactly the full one's
+    main and visibility map forks with their sizes (a table over 1 GiB is
+    not needed: segments are added up the same way), and the unlogged
+    relation's forks come in the tar as in eager mode."""
+    ep = Endpoint(cluster, "ep")
+    ep.start()
+    ep.sql("CREATE TABLE t AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 20000) g")
+    ep.sql("VACUUM t")  # a visibility map fork
+    ep.sql("CREATE UNLOGGED TABLE u (id int PRIMARY KEY)")
+    ep.sql("CREATE DATABASE other")
+    ep.stop()
+
+    code, full_tar = basebackup(cluster, "full=true")
+    assert code == 200, full_tar[:300]
+    code, lazy_tar = basebackup(cluster, "lazy=true")
+    assert code == 200, lazy_tar[:300]
+    full, lazy = members(full_tar), members(lazy_tar)
+
+    manifest = lazy.pop("strata.lazy.manifest").decode()
+    lines = manifest.splitlines()
+    assert lines[0] == "strata lazy manifest 1" and lines[1].startswith("lsn ") and lines[-1] == f"end {len(lines) - 3}"
+    entries = dict(line.rsplit(" ", 1) for line in lines[2:-1])
+    assert list(entries) == sorted(entries), "sorted by path"
+    listed = {path: int(blocks) for path, blocks in entries.items()}
+
+    full_sizes = fork_sizes(full)
+    unlogged = {m["rel"] for name in full if (m := SEGMENT_FILE.match(name)) and m["fork"] == "_init"}
+    logged = {p: n for p, n in full_sizes.items()
+              if SEGMENT_FILE.match(p)["rel"] not in unlogged and SEGMENT_FILE.match(p)["fork"] in (None, "_vm")}
+    assert listed == logged, sorted(set(listed.items()) ^ set(logged.items()))[:20]
+    assert any(p.endswith("_vm") and n > 0 for p, n in listed.items()), "t's visibility map is listed"
+    assert sum(listed.values()) * BLOCK > 10 << 20, "t alone is over 10 MiB"
+    assert len({p.split("/")[1] for p in listed if p.startswith("base/")}) >= 4, "every database"
+
+    # Everything else is the same, byte for byte but the generated pg_control
+    # and checkpoint segment (they carry the time); relation data is gone.
+    relation_files = {n for n in full if SEGMENT_FILE.match(n) and SEGMENT_FILE.match(n)["rel"] not in unlogged}
+    assert set(lazy) == set(full) - relation_files, sorted(set(lazy) ^ (set(full) - relation_files))[:20]
+    for name in lazy:
+        if name != "global/pg_control" and not name.startswith("pg_wal/"):
+            assert lazy[name] == full[name], name
+    assert any(SEGMENT_FILE.match(n) and SEGMENT_FILE.match(n)["rel"] in unlogged for n in lazy), \
+        "the unlogged relation is in the tar"
+    # Without the generated 16 MiB WAL segment, what a lazy compute unpacks
+    # is a small fraction of the relation data.
+    unpacked = sum(len(v) for n, v in lazy.items() if not n.startswith("pg_wal/"))
+    data = sum(len(full[n]) for n in relation_files)
+    print(f"\nlazy basebackup: {unpacked} bytes besides the WAL segment, against {data} bytes of relation data; "
+          f"{len(listed)} forks, {sum(listed.values())} blocks listed")
+    assert unpacked * 10 < data
+
+    code, body = basebackup(cluster, "full=true&lazy=true")
+    assert code == 400 and b"exclude each other" in body, (code, body)
