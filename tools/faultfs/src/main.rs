@@ -6,9 +6,7 @@
 //! requests; on SIGTERM or SIGINT unmounts and exits 0.
 
 mod faults;
-mod fs;
-mod inodes;
-mod sys;
+mod hooks;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,8 +17,10 @@ use std::time::Duration;
 use clap::Parser;
 use fuser::{Config, MountOption, Session, SessionACL};
 
+use strata_fusefs::{sys, Passthrough};
+
 use crate::faults::{log, Faults};
-use crate::fs::FaultFs;
+use crate::hooks::FaultHooks;
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -84,7 +84,7 @@ fn run(args: Args) -> Result<(), String> {
     sys::set_umask(0);
 
     let faults = Arc::new(Faults::new(paths.control.clone()));
-    let fs = FaultFs::new(paths.backing.clone(), faults.clone());
+    let fs = Passthrough::new(paths.backing.clone(), FaultHooks(faults.clone()));
     let mut config = Config::default();
     config.mount_options = vec![MountOption::FSName("strata-faultfs".into())];
     if sys::effective_ids().0 == 0 {

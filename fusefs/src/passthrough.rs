@@ -1,6 +1,6 @@
 //! The passthrough file system: every request is served from the backing
-//! directory, except that fsyncs and writes fail while the control file arms
-//! them (see `faults`).
+//! directory, with [`Hooks`] called around the operations that users of
+//! the crate change: reads, writes, syncs, truncation, creation, removal.
 //!
 //! Kernel caching is kept out of the way of failures: the FUSE writeback
 //! cache is never requested (fuser does not ask for it), so each write(2)
@@ -25,7 +25,6 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::faults::Faults;
 use crate::inodes::Inodes;
 use crate::sys;
 
@@ -71,21 +70,84 @@ struct Changes {
     mtime: Option<TimeOrNow>,
 }
 
+/// The file an operation is on: its inode, and its path relative to the
+/// backing directory (`None` once unlinked).
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub ino: u64,
+    pub path: Option<PathBuf>,
+}
+
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.path {
+            Some(path) if path.as_os_str().is_empty() => f.write_str("/"),
+            Some(path) => write!(f, "{}", path.display()),
+            None => write!(f, "<unlinked inode {}>", self.ino),
+        }
+    }
+}
+
+/// What a user of the passthrough adds to it. Every method has a default
+/// that does nothing; an error refuses the operation with that errno
+/// before the backing file is touched.
+pub trait Hooks: Send + Sync + 'static {
+    /// Before `size` bytes at `offset` are read from `file` (the backing
+    /// file, opened as the caller asked).
+    fn before_read(&self, _node: &Node, _file: &File, _offset: u64, _size: u32) -> Result<()> {
+        Ok(())
+    }
+
+    /// Before `len` bytes are written at `offset`; `sync`: the file was
+    /// opened with O_SYNC or O_DSYNC, so the write is also a sync.
+    fn before_write(&self, _node: &Node, _file: &File, _offset: u64, _len: usize, _sync: bool) -> Result<()> {
+        Ok(())
+    }
+
+    /// After `data` was written at `offset` (what was written, which may be
+    /// less than asked).
+    fn after_write(&self, _node: &Node, _file: &File, _offset: u64, _data: &[u8]) {}
+
+    /// Before an fsync (`op`: `fsync`, `fdatasync` or `directory fsync`).
+    fn before_fsync(&self, _node: &Node, _op: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// Before an fallocate.
+    fn before_fallocate(&self, _node: &Node) -> Result<()> {
+        Ok(())
+    }
+
+    /// After the file's size was set to `size` (truncate, ftruncate, or
+    /// O_TRUNC on open).
+    fn after_set_size(&self, _node: &Node, _size: u64) {}
+
+    /// After a file was created (not on an open of an existing file).
+    fn after_create(&self, _node: &Node) {}
+
+    /// After `path` was removed.
+    fn after_unlink(&self, _path: &Path) {}
+
+    /// After `from` was renamed to `to` (replacing what `to` was).
+    fn after_rename(&self, _from: &Path, _to: &Path) {}
+}
+
 /// The FUSE file system over a backing directory.
-pub struct FaultFs {
+pub struct Passthrough<H: Hooks> {
     /// The backing directory (absolute, no symlinks).
     root: PathBuf,
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
-    faults: Arc<Faults>,
+    hooks: H,
     /// The daemon's effective uid and gid, when it is root: new files and
     /// directories are then given to the calling user, as a kernel file
     /// system would create them.
     root_ids: Option<(u32, u32)>,
 }
 
-type Result<T> = std::result::Result<T, Errno>;
+/// A result whose error is the errno the kernel gets.
+pub type Result<T> = std::result::Result<T, Errno>;
 
 /// The errno of an I/O error (EIO if it carries none).
 fn errno(e: io::Error) -> Errno {
@@ -148,17 +210,16 @@ fn open_backing(path: &Path, flags: i32, create_mode: Option<u32>) -> io::Result
     options.open(path)
 }
 
-impl FaultFs {
-    /// A file system serving `root` (absolute, without symlinks), with faults
-    /// armed by `faults`.
-    pub fn new(root: PathBuf, faults: Arc<Faults>) -> FaultFs {
+impl<H: Hooks> Passthrough<H> {
+    /// A file system serving `root` (absolute, without symlinks), changed by `hooks`.
+    pub fn new(root: PathBuf, hooks: H) -> Passthrough<H> {
         let (uid, gid) = sys::effective_ids();
-        FaultFs {
+        Passthrough {
             root,
             inodes: Mutex::new(Inodes::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            faults,
+            hooks,
             root_ids: (uid == 0).then_some((uid, gid)),
         }
     }
@@ -184,13 +245,14 @@ impl FaultFs {
         Ok(dir.join(name))
     }
 
-    /// A name for logs: the relative path, or the inode once unlinked.
-    fn describe(&self, ino: u64) -> String {
-        match self.inodes.lock().path(ino) {
-            Some(path) if path.as_os_str().is_empty() => "/".to_string(),
-            Some(path) => path.display().to_string(),
-            None => format!("<unlinked inode {ino}>"),
-        }
+    /// The hooks' view of `ino`.
+    fn node(&self, ino: u64) -> Node {
+        Node { ino, path: self.inodes.lock().path(ino).map(Path::to_path_buf) }
+    }
+
+    /// The hooks given at creation.
+    pub fn hooks(&self) -> &H {
+        &self.hooks
     }
 
     fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>> {
@@ -271,6 +333,7 @@ impl FaultFs {
                 On::Open(h) => h.file.set_len(size),
             }
             .map_err(errno)?;
+            self.hooks.after_set_size(&self.node(ino.0), size);
         }
         // Times last, so that a size change in the same request does not move mtime after it was set.
         if atime.is_some() || mtime.is_some() {
@@ -330,10 +393,7 @@ impl FaultFs {
     }
 
     fn do_fsync(&self, ino: INodeNo, fh: FileHandle, datasync: bool, op: &str) -> Result<()> {
-        if self.faults.active().fsync {
-            self.faults.inject(op, self.describe(ino.0), "EIO");
-            return Err(Errno::EIO);
-        }
+        self.hooks.before_fsync(&self.node(ino.0), op)?;
         let handle = self.handle(fh)?;
         if datasync {
             handle.file.sync_data().map_err(errno)
@@ -344,15 +404,9 @@ impl FaultFs {
 
     fn do_write(&self, ino: INodeNo, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32> {
         let handle = self.handle(fh)?;
-        let faults = self.faults.active();
-        if faults.write {
-            self.faults.inject("write", self.describe(ino.0), "ENOSPC");
-            return Err(Errno::ENOSPC);
-        }
-        if faults.fsync && matches!(handle.kind, HandleKind::File { sync_writes: true }) {
-            self.faults.inject("synchronous write", self.describe(ino.0), "EIO");
-            return Err(Errno::EIO);
-        }
+        let node = self.node(ino.0);
+        let sync = matches!(handle.kind, HandleKind::File { sync_writes: true });
+        self.hooks.before_write(&node, &handle.file, offset, data.len(), sync)?;
         // pwrite until all is written; after a partial write the error is
         // not reported, the count is (as write(2) does).
         let mut written = 0;
@@ -365,11 +419,13 @@ impl FaultFs {
                 Err(_) => break,
             }
         }
+        self.hooks.after_write(&node, &handle.file, offset, &data[..written]);
         u32::try_from(written).map_err(|_| Errno::EINVAL)
     }
 
-    fn do_read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+    fn do_read(&self, ino: INodeNo, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
         let handle = self.handle(fh)?;
+        self.hooks.before_read(&self.node(ino.0), &handle.file, offset, size)?;
         let mut buf = vec![0; size as usize];
         let mut read = 0;
         while read < buf.len() {
@@ -407,6 +463,8 @@ impl FaultFs {
             return Err(Errno::EINVAL);
         }
         inodes.renamed(&from, &to);
+        drop(inodes);
+        self.hooks.after_rename(&from, &to);
         Ok(())
     }
 }
@@ -421,7 +479,7 @@ macro_rules! answer {
     };
 }
 
-impl Filesystem for FaultFs {
+impl<H: Hooks> Filesystem for Passthrough<H> {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let result = self.child(parent, name).and_then(|rel| self.entry(&rel));
         answer!(reply, result, |a| reply.entry(&TTL, &a, GENERATION));
@@ -477,6 +535,8 @@ impl Filesystem for FaultFs {
             let mut inodes = self.inodes.lock();
             fs::remove_file(self.full(&rel)).map_err(errno)?;
             inodes.unlinked(&rel);
+            drop(inodes);
+            self.hooks.after_unlink(&rel);
             Ok(())
         });
         answer!(reply, result, |()| reply.ok());
@@ -519,6 +579,9 @@ impl Filesystem for FaultFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let result = self.path(ino).and_then(|rel| {
             let file = open_backing(&self.full(&rel), flags.0, None).map_err(errno)?;
+            if flags.0 & libc::O_TRUNC != 0 {
+                self.hooks.after_set_size(&Node { ino: ino.0, path: Some(rel) }, 0);
+            }
             let sync_writes = flags.0 & libc::O_DSYNC != 0;
             Ok(self.add_handle(ino.0, file, HandleKind::File { sync_writes }))
         });
@@ -528,7 +591,7 @@ impl Filesystem for FaultFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -536,7 +599,7 @@ impl Filesystem for FaultFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        answer!(reply, self.do_read(fh, offset, size), |data| reply.data(&data));
+        answer!(reply, self.do_read(ino, fh, offset, size), |data| reply.data(&data));
     }
 
     fn write(
@@ -634,10 +697,17 @@ impl Filesystem for FaultFs {
     ) {
         let result = self.child(parent, name).and_then(|rel| {
             let full = self.full(&rel);
+            let existed = fs::symlink_metadata(&full).is_ok();
             let file = open_backing(&full, flags, Some(mode & !umask & 0o7777)).map_err(errno)?;
             self.chown_new(req, &full)?;
             let meta = file.metadata().map_err(errno)?;
             let ino = self.inodes.lock().lookup(&rel);
+            let node = Node { ino, path: Some(rel) };
+            if !existed {
+                self.hooks.after_create(&node);
+            } else if flags & libc::O_TRUNC != 0 {
+                self.hooks.after_set_size(&node, 0);
+            }
             let sync_writes = flags & libc::O_DSYNC != 0;
             let fh = self.add_handle(ino, file, HandleKind::File { sync_writes });
             Ok((attr(ino, &meta), fh))
@@ -656,10 +726,7 @@ impl Filesystem for FaultFs {
         reply: ReplyEmpty,
     ) {
         let result = self.handle(fh).and_then(|handle| {
-            if self.faults.active().write {
-                self.faults.inject("fallocate", self.describe(ino.0), "ENOSPC");
-                return Err(Errno::ENOSPC);
-            }
+            self.hooks.before_fallocate(&self.node(ino.0))?;
             sys::fallocate(&handle.file, mode, offset, length).map_err(errno)
         });
         answer!(reply, result, |()| reply.ok());
