@@ -98,9 +98,9 @@ pub trait Hooks: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Before `len` bytes are written at `offset`; `sync`: the file was
-    /// opened with O_SYNC or O_DSYNC, so the write is also a sync.
-    fn before_write(&self, _node: &Node, _file: &File, _offset: u64, _len: usize, _sync: bool) -> Result<()> {
+    /// Before `data` is written at `offset`; `sync`: the file was opened
+    /// with O_SYNC or O_DSYNC, so the write is also a sync.
+    fn before_write(&self, _node: &Node, _file: &File, _offset: u64, _data: &[u8], _sync: bool) -> Result<()> {
         Ok(())
     }
 
@@ -406,7 +406,7 @@ impl<H: Hooks> Passthrough<H> {
         let handle = self.handle(fh)?;
         let node = self.node(ino.0);
         let sync = matches!(handle.kind, HandleKind::File { sync_writes: true });
-        self.hooks.before_write(&node, &handle.file, offset, data.len(), sync)?;
+        self.hooks.before_write(&node, &handle.file, offset, data, sync)?;
         // pwrite until all is written; after a partial write the error is
         // not reported, the count is (as write(2) does).
         let mut written = 0;

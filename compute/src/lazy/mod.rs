@@ -2,4 +2,5 @@
 //! served from a local cache and GetPage@LSN, so that a compute starts
 //! without copying the database.
 
+pub mod fs;
 pub mod rules;

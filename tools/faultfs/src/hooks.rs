@@ -14,7 +14,7 @@ use crate::faults::Faults;
 pub struct FaultHooks(pub Arc<Faults>);
 
 impl Hooks for FaultHooks {
-    fn before_write(&self, node: &Node, _file: &File, _offset: u64, _len: usize, sync: bool) -> Result<()> {
+    fn before_write(&self, node: &Node, _file: &File, _offset: u64, _data: &[u8], sync: bool) -> Result<()> {
         let active = self.0.active();
         if active.write {
             self.0.inject("write", node, "ENOSPC");

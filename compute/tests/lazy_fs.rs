@@ -1,0 +1,172 @@
+//! The lazy file system mounted for real (FUSE), over a page source that
+//! counts what it is asked: reads of listed files fetch each block once at
+//! the start LSN, writes win, partial writes merge with the fetched block,
+//! truncation and re-extension read zeros, a re-created file is local, a
+//! second segment maps to the fork's later blocks, and a failing source is
+//! an I/O error for that read only.
+//!
+//! Needs /dev/fuse (and root, or fusermount3).
+
+use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use strata_compute::lazy::fs::{mount, LazyHooks, LazyStats, Mount, PageSource};
+use strata_formats::types::{ForkNumber, RelFileNode};
+use strata_formats::Lsn;
+use strata_protocol::lazy_manifest::{ManifestEntry, ManifestFork};
+
+const S: Lsn = Lsn(0x300_0000);
+const B: usize = 8192;
+
+/// Pages whose bytes say which block and LSN they are; every request logged.
+#[derive(Default)]
+struct FakeSource {
+    asked: Mutex<Vec<(u32, u32, Lsn)>>,
+    fail: AtomicBool,
+}
+
+fn page_of(rel: u32, block: u32, lsn: Lsn) -> Vec<u8> {
+    let mut p = vec![0u8; B];
+    p[8..12].copy_from_slice(&rel.to_le_bytes());
+    p[12..16].copy_from_slice(&block.to_le_bytes());
+    p[16..24].copy_from_slice(&lsn.0.to_le_bytes());
+    p[100..B].fill((block % 251) as u8 + 1);
+    p
+}
+
+impl PageSource for FakeSource {
+    fn get_pages(&self, rel: RelFileNode, _fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<Vec<u8>>, String> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err("the pageserver is down".into());
+        }
+        let mut asked = self.asked.lock();
+        Ok(blocks
+            .iter()
+            .map(|b| {
+                asked.push((rel.rel, *b, lsn));
+                page_of(rel.rel, *b, lsn)
+            })
+            .collect())
+    }
+}
+
+struct Mounted {
+    dir: PathBuf,
+    mnt: PathBuf,
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            let _ = s.umount_and_join();
+        }
+        let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mnt).status();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn setup(name: &str, entries: &[ManifestEntry], source: Arc<FakeSource>) -> (Mounted, Arc<LazyStats>) {
+    let dir = std::env::temp_dir().join(format!("strata-lazy-fs-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let (backing, mnt) = (dir.join("backing"), dir.join("mnt"));
+    fs::create_dir_all(backing.join("5")).unwrap();
+    fs::write(backing.join("5/PG_VERSION"), "15\n").unwrap();
+    fs::create_dir_all(&mnt).unwrap();
+    let stats = Arc::new(LazyStats::default());
+    let hooks = LazyHooks::new(Mount::Base, backing, entries, S, None, source, stats.clone()).unwrap();
+    let session = mount(&mnt, hooks).unwrap();
+    (Mounted { dir, mnt, session: Some(session) }, stats)
+}
+
+fn entry(rel: u32, blocks: u32) -> ManifestEntry {
+    ManifestEntry { db: Some(5), relfilenode: rel, fork: ManifestFork::Main, blocks }
+}
+
+fn with_lsn(lsn: Lsn, fill: u8) -> Vec<u8> {
+    let mut p = vec![fill; B];
+    p[0..4].copy_from_slice(&((lsn.0 >> 32) as u32).to_le_bytes());
+    p[4..8].copy_from_slice(&(lsn.0 as u32).to_le_bytes());
+    p
+}
+
+#[test]
+fn reads_writes_and_sizes_follow_the_rules() {
+    let source = Arc::new(FakeSource::default());
+    let (m, stats) = setup("rules", &[entry(1000, 4), entry(1001, 131_072 + 3)], source.clone());
+    let path = m.mnt.join("5/1000");
+    assert_eq!(fs::metadata(&path).unwrap().len(), 4 * B as u64, "the size comes from the manifest");
+    assert_eq!(fs::read_to_string(m.mnt.join("5/PG_VERSION")).unwrap(), "15\n");
+    let mut names: Vec<String> =
+        fs::read_dir(m.mnt.join("5")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["1000", "1001", "1001.1", "PG_VERSION"]);
+
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let mut buf = vec![0u8; B];
+    f.read_exact_at(&mut buf, 2 * B as u64).unwrap();
+    assert_eq!(buf, page_of(1000, 2, S), "an unwritten block is the pageserver's at the start LSN");
+    f.read_exact_at(&mut buf, 2 * B as u64).unwrap();
+    assert_eq!(source.asked.lock().iter().filter(|a| a.1 == 2).count(), 1, "fetched once, then local");
+
+    // A whole-block write wins and is never fetched.
+    let mine = with_lsn(Lsn(S.0 + 0x100), 0x5A);
+    f.write_all_at(&mine, B as u64).unwrap();
+    f.read_exact_at(&mut buf, B as u64).unwrap();
+    assert_eq!(buf, mine);
+    assert!(!source.asked.lock().iter().any(|a| a.0 == 1000 && a.1 == 1));
+
+    // A partial write keeps the rest of the block as the pageserver had it.
+    f.write_all_at(b"hello", 3 * B as u64 + 200).unwrap();
+    f.read_exact_at(&mut buf, 3 * B as u64).unwrap();
+    let mut expected = page_of(1000, 3, S);
+    expected[200..205].copy_from_slice(b"hello");
+    assert_eq!(buf, expected);
+
+    // Truncation, then a write past the end: the blocks between read zeros.
+    f.set_len(B as u64).unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().len(), B as u64);
+    f.write_all_at(&with_lsn(Lsn(S.0 + 0x200), 7), 3 * B as u64).unwrap();
+    f.read_exact_at(&mut buf, 2 * B as u64).unwrap();
+    assert!(buf.iter().all(|b| *b == 0), "a block cut off is not the pageserver's again");
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, page_of(1000, 0, S), "the block below the cut still is");
+    drop(f);
+
+    // Removed and created again: local and empty, never fetched.
+    let before = source.asked.lock().len();
+    fs::remove_file(&path).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 0);
+    f.write_all_at(&with_lsn(Lsn(S.0 + 0x300), 9), 0).unwrap();
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, with_lsn(Lsn(S.0 + 0x300), 9));
+    assert_eq!(source.asked.lock().len(), before);
+
+    // The second segment of a fork over 1 GiB holds the fork's later blocks.
+    let seg = OpenOptions::new().read(true).open(m.mnt.join("5/1001.1")).unwrap();
+    assert_eq!(seg.metadata().unwrap().len(), 3 * B as u64);
+    seg.read_exact_at(&mut buf, B as u64).unwrap();
+    assert_eq!(buf, page_of(1001, 131_073, S));
+
+    // A failing source fails that read only; the next one works again.
+    source.fail.store(true, Ordering::Relaxed);
+    let err = seg.read_exact_at(&mut buf, 2 * B as u64).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    source.fail.store(false, Ordering::Relaxed);
+    seg.read_exact_at(&mut buf, 2 * B as u64).unwrap();
+    assert_eq!(buf, page_of(1001, 131_074, S));
+    // The kernel may try the failed range more than once (readahead, then the read).
+    assert!(stats.fetch_errors.load(Ordering::Relaxed) >= 1);
+    assert!(stats.blocks_fetched.load(Ordering::Relaxed) >= 4);
+    let lsns: HashMap<Lsn, usize> = source.asked.lock().iter().fold(HashMap::new(), |mut m, a| {
+        *m.entry(a.2).or_default() += 1;
+        m
+    });
+    assert_eq!(lsns.keys().copied().collect::<Vec<_>>(), vec![S], "every read so far at the start LSN");
+}
