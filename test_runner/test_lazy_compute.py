@@ -96,3 +96,42 @@ def test_the_lazy_basebackup_names_every_relation_fork_and_carries_none(cluster)
 
     code, body = basebackup(cluster, "full=true&lazy=true")
     assert code == 400 and b"exclude each other" in body, (code, body)
+
+
+def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
+    """`endpoint start --lazy`: PostgreSQL on FUSE-served relation files
+    reads the data an eager compute wrote, writes, restarts (lazy again,
+    remembered) and keeps every commit; pgbench's invariants hold and
+    pg_amcheck finds nothing."""
+    from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
+
+    eager = Endpoint(cluster, "eager")
+    eager.start()
+    eager.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    eager.sql("CREATE TABLE t AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 50000) g")
+    expected = eager.sql("SELECT count(*), sum(id), md5(string_agg(v, ',' ORDER BY id)) FROM t")
+    eager.stop()
+
+    ep = Endpoint(cluster, "lazy")
+    ep.start("--lazy")
+    mounts = [line.split()[1] for line in open("/proc/self/mounts") if "strata-lazy" in line]
+    assert any(m.endswith("/base") for m in mounts) and any(m.endswith("/global") for m in mounts), mounts
+    assert ep.sql("SELECT count(*), sum(id), md5(string_agg(v, ',' ORDER BY id)) FROM t") == expected
+    ep.run(["pgbench", "-n", "-c", "2", "-T", "10"], timeout=300)
+    ep.sql("INSERT INTO t SELECT g, 'lazy' FROM generate_series(50001, 51000) g")
+    ep.sql("CREATE TABLE created_here AS SELECT generate_series(1, 1000) AS id")
+    with ep.connect() as conn:
+        state = pgbench_state(conn)
+    assert_pgbench_invariants(state, 2)
+    run_amcheck(ep)
+
+    # A restart keeps the mode and every commit.
+    ep.stop()
+    assert not [line for line in open("/proc/self/mounts") if "strata-lazy" in line], "unmounted at stop"
+    ep.start()
+    assert [line for line in open("/proc/self/mounts") if "strata-lazy" in line]
+    with ep.connect() as conn:
+        assert pgbench_state(conn) == state
+    assert ep.sql("SELECT count(*) FROM t") == [(51000,)]
+    assert ep.sql("SELECT count(*) FROM created_here") == [(1000,)]
+    ep.stop()

@@ -119,6 +119,11 @@ pub struct StartArgs {
     /// a lease on the LSN.
     #[arg(long, value_name = "LSN")]
     read_only_at: Option<strata_formats::Lsn>,
+    /// A lazy compute: PostgreSQL's relation files served through FUSE,
+    /// their blocks fetched from the pageserver's page service at this
+    /// address as they are read (`docs/lazy-compute.md`).
+    #[arg(long, value_name = "HOST:PORT")]
+    lazy_page_service: Option<String>,
 }
 
 #[derive(Args)]
@@ -229,6 +234,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.restart.crash_loop_window = Duration::from_secs(args.crash_loop_window_secs);
     cfg.restart.max_delay = Duration::from_secs(args.restart_max_delay_secs);
     cfg.read_only_at = args.read_only_at;
+    cfg.lazy_page_service = args.lazy_page_service;
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

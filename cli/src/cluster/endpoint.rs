@@ -41,6 +41,9 @@ pub struct EndpointFile {
     /// A read-only compute pinned to this LSN of its branch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_at: Option<strata_formats::Lsn>,
+    /// A lazy compute (`docs/lazy-compute.md`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lazy: bool,
 }
 
 /// An endpoint with its directory.
@@ -286,12 +289,13 @@ pub fn start(
         stop_orphan_postgres(o, false)?;
     }
 
+    let lazy = agent.lazy || (!agent.eager && old.as_ref().is_some_and(|o| o.file.lazy));
     let (pg_port, http_port) = choose_ports(wd, name, port, old.as_ref().map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
     let ep = Endpoint {
         dir,
-        file: EndpointFile { name: name.into(), branch: branch_name.clone(), pg_port, http_port, read_only_at },
+        file: EndpointFile { name: name.into(), branch: branch_name.clone(), pg_port, http_port, read_only_at, lazy },
     };
     layout::write_toml(
         &ep.dir.join(ENDPOINT_FILE),
@@ -328,6 +332,9 @@ pub fn start(
     }
     if let Some(lsn) = read_only_at {
         args.extend(["--read-only-at".into(), lsn.to_string().into()]);
+    }
+    if lazy {
+        args.extend(["--lazy-page-service".into(), ps.addr("pg").unwrap_or_default().into()]);
     }
     if let Some(n) = agent.crash_loop_restarts {
         args.extend(["--crash-loop-restarts".into(), n.to_string().into()]);
@@ -532,6 +539,7 @@ mod tests {
             pg_port: 5432,
             http_port: 8080,
             read_only_at: None,
+            lazy: false,
         };
         let text = toml::to_string(&f).unwrap();
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);

@@ -127,6 +127,15 @@ pub struct AgentArgs {
     /// The window of --crash-loop-restarts, in seconds (default 300).
     #[arg(long, help_heading = "compute agent options")]
     pub crash_loop_window_secs: Option<u64>,
+    /// A lazy compute: relation files served through FUSE from the
+    /// pageserver as PostgreSQL reads them (`docs/lazy-compute.md`); kept
+    /// for the endpoint's later starts.
+    #[arg(long, conflicts_with = "eager", help_heading = "compute agent options")]
+    pub lazy: bool,
+    /// An eager compute: the whole database restored before PostgreSQL
+    /// starts (the default; kept for later starts).
+    #[arg(long, help_heading = "compute agent options")]
+    pub eager: bool,
 }
 
 /// Why a cluster command failed; decides the exit code.

@@ -18,6 +18,7 @@
 
 pub mod basebackup;
 pub mod exit;
+pub mod lazy;
 pub mod leftover;
 pub mod pageserver_api;
 pub mod pgconf;
@@ -99,6 +100,10 @@ pub struct AgentConfig {
     /// source, `docs/branches.md`): no safekeepers, no proposer; the agent
     /// holds a lease on the LSN.
     pub read_only_at: Option<strata_formats::Lsn>,
+    /// A lazy compute (`docs/lazy-compute.md`): relation files served
+    /// through FUSE from the page service at this address (`host:port`)
+    /// instead of restored.
+    pub lazy_page_service: Option<String>,
 }
 
 impl AgentConfig {
@@ -137,6 +142,7 @@ impl AgentConfig {
             failed_linger: Duration::from_secs(1),
             restart: RestartPolicy::default(),
             read_only_at: None,
+            lazy_page_service: None,
         }
     }
 }
@@ -221,8 +227,10 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         ),
         None => None,
     };
-    let agent = Agent { cfg, pgdata, status: status.clone() };
+    let agent = Agent { cfg, pgdata, status: status.clone(), lazy: lazy::LazyMounts::default() };
     let result = agent.run(&mut stop, proposer_tx).await;
+    // PostgreSQL is stopped by now: its files can go.
+    agent.lazy.unmount(&agent.pgdata);
     if let Err(e) = &result {
         status.update(|s| {
             s.state = AgentState::Failed;
@@ -294,6 +302,8 @@ struct Agent {
     /// Absolute.
     pgdata: PathBuf,
     status: StatusHandle,
+    /// A lazy compute's mounts of `base/` and `global/`.
+    lazy: lazy::LazyMounts,
 }
 
 impl Agent {

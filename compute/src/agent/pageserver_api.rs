@@ -124,19 +124,22 @@ impl PageserverClient {
         Ok(())
     }
 
-    /// `GET …/basebackup?lsn={lsn}&full=true`: a reader of the uncompressed
-    /// tar stream, each read bounded by a timeout.
+    /// `GET …/basebackup?lsn={lsn}&full=true` (`lazy=true` instead for a
+    /// lazy compute): a reader of the uncompressed tar stream, each read
+    /// bounded by a timeout.
     pub fn basebackup(
         &self,
         tenant: TenantId,
         timeline: TimelineId,
         lsn: Lsn,
         read_only: bool,
+        lazy: bool,
     ) -> Result<impl Read + Send + 'static, ApiError> {
         let lsn_text = lsn.to_string().replace('/', "%2F");
         let url = format!(
-            "{}/basebackup?lsn={lsn_text}&full=true{}",
+            "{}/basebackup?lsn={lsn_text}&{}{}",
             self.timeline_url(tenant, timeline),
+            if lazy { "lazy=true" } else { "full=true" },
             if read_only { "&read_only=true" } else { "" }
         );
         let response = self.stream.get(&url).call().map_err(|e| transport_error(&url, e))?;

@@ -202,6 +202,12 @@ impl Agent {
         let seconds = t.elapsed().as_secs_f64();
         self.record(|t| t.config_seconds = seconds);
         info!(seconds, "configuration written");
+        if let Some(addr) = &self.cfg.lazy_page_service {
+            let t = Instant::now();
+            let owner = user.as_ref().map(|u| (u.uid, u.gid));
+            let files = step!(self.lazy.mount(&self.pgdata, addr, &self.cfg, lsn, owner).await);
+            info!(seconds = t.elapsed().as_secs_f64(), files, "relation files mounted (lazy)");
+        }
 
         // 6. PostgreSQL.
         self.enter(attempt, AgentState::Starting);
@@ -279,13 +285,16 @@ impl Agent {
             leftover::stop(&self.pgdata, pid).await.map_err(|e| fail("basebackup", e))?;
         }
         postgres::check_not_running(&self.pgdata).map_err(|e| fail("basebackup", e))?;
+        // A lazy compute's mounts of the previous run (or a dead agent's).
+        self.lazy.unmount(&self.pgdata);
         let cancel = Arc::new(AtomicBool::new(false));
         let (c, pgdata, flag) = (client.clone(), self.pgdata.clone(), cancel.clone());
         let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
         let read_only = self.cfg.read_only_at.is_some();
+        let lazy = self.cfg.lazy_page_service.is_some();
         let mut task = tokio::task::spawn_blocking(move || -> Result<basebackup::UnpackStats, String> {
             basebackup::prepare_dir(&pgdata).map_err(|e| e.to_string())?;
-            let reader = c.basebackup(tenant, timeline, lsn, read_only).map_err(|e| e.to_string())?;
+            let reader = c.basebackup(tenant, timeline, lsn, read_only, lazy).map_err(|e| e.to_string())?;
             let stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
             basebackup::finish(&pgdata, PG_VERSION).map_err(|e| e.to_string())?;
             Ok(stats)

@@ -4,3 +4,4 @@
 
 pub mod fs;
 pub mod rules;
+pub mod source;

@@ -1,0 +1,147 @@
+//! A lazy compute's mounts (`docs/lazy-compute.md`): after the lazy
+//! basebackup is unpacked and configured, `base/` and `global/` move to a
+//! backing directory beside the data directory and come back as FUSE mounts
+//! of it; at the next start and when the agent ends they are unmounted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use strata_formats::Lsn;
+use strata_protocol::lazy_manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_BYTES};
+use tracing::{info, warn};
+
+use super::{fail, AgentConfig, AgentError};
+use crate::lazy::fs::{mount, LazyHooks, LazyStats, Mount};
+use crate::lazy::source::PageServiceSource;
+use crate::page_client::PageClientConfig;
+
+/// The directories a lazy compute serves, and their names under the data directory.
+const MOUNTS: [(Mount, &str); 2] = [(Mount::Base, "base"), (Mount::Global, "global")];
+
+/// The mounts of the current run, if any.
+#[derive(Default)]
+pub struct LazyMounts {
+    sessions: Mutex<Vec<fuser::BackgroundSession>>,
+    stats: Arc<LazyStats>,
+}
+
+/// The backing directory of a data directory: a sibling, so that renames
+/// into it stay on one file system.
+fn backing_dir(pgdata: &Path) -> PathBuf {
+    let name = pgdata.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "pgdata".into());
+    pgdata.with_file_name(format!("{name}.lazy"))
+}
+
+impl LazyMounts {
+    /// Counters of the file system, over every run.
+    pub fn stats(&self) -> &Arc<LazyStats> {
+        &self.stats
+    }
+
+    /// Unmounts this run's mounts, and detaches any other mount left on
+    /// `base/` or `global/` (an agent killed while serving leaves mounts
+    /// that answer nothing but ENOTCONN).
+    pub fn unmount(&self, pgdata: &Path) {
+        for session in self.sessions.lock().drain(..) {
+            if let Err(e) = session.umount_and_join() {
+                warn!("unmounting a lazy mount: {e}; detaching it");
+            }
+        }
+        for (_, dir) in MOUNTS {
+            let path = pgdata.join(dir);
+            match strata_fusefs::sys::detach(&path) {
+                Ok(()) => info!(path = %path.display(), "detached a mount left behind"),
+                // Not a mount point, or not there: nothing to do.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) => {}
+                Err(e) => warn!(path = %path.display(), "detaching: {e}"),
+            }
+        }
+    }
+
+    /// Reads and removes the manifest, moves `base/` and `global/` to the
+    /// backing directory and mounts them back; returns how many relation
+    /// files are served from the pageserver.
+    pub async fn mount(
+        &self,
+        pgdata: &Path,
+        page_service: &str,
+        cfg: &AgentConfig,
+        lsn: Lsn,
+        owner: Option<(u32, u32)>,
+    ) -> Result<usize, AgentError> {
+        let source = PageServiceSource::new(
+            page_service.to_string(),
+            cfg.tenant_id,
+            cfg.timeline_id,
+            PageClientConfig::default(),
+        )
+        .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))?;
+        let source = Arc::new(source);
+        let pgdata = pgdata.to_path_buf();
+        let stats = self.stats.clone();
+        let prepared = tokio::task::spawn_blocking(move || prepare(&pgdata, lsn, owner, source, stats))
+            .await
+            .map_err(|e| fail("lazy mount", format!("task: {e}")))?
+            .map_err(|e| fail("lazy mount", e))?;
+        let mut sessions = self.sessions.lock();
+        let mut files = 0;
+        for (hooks, mountpoint) in prepared {
+            files += hooks.remote_files();
+            let session = mount(&mountpoint, hooks)
+                .map_err(|e| fail("lazy mount", format!("mounting {}: {e}", mountpoint.display())))?;
+            sessions.push(session);
+        }
+        Ok(files)
+    }
+}
+
+/// The blocking part of [`LazyMounts::mount`]: the hooks of each mount and
+/// its mount point, the directories moved and made.
+fn prepare(
+    pgdata: &Path,
+    lsn: Lsn,
+    owner: Option<(u32, u32)>,
+    source: Arc<PageServiceSource>,
+    stats: Arc<LazyStats>,
+) -> Result<Vec<(LazyHooks, PathBuf)>, String> {
+    let manifest_path = pgdata.join(MANIFEST_NAME);
+    let bytes = std::fs::read(&manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
+    if bytes.len() > MAX_MANIFEST_BYTES {
+        return Err(format!("{}: {} bytes is too large", manifest_path.display(), bytes.len()));
+    }
+    let manifest = Manifest::decode(&bytes).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    if manifest.lsn != lsn {
+        return Err(format!("the manifest is at {}, the basebackup at {lsn}", manifest.lsn));
+    }
+    std::fs::remove_file(&manifest_path).map_err(|e| format!("removing {}: {e}", manifest_path.display()))?;
+
+    let backing = backing_dir(pgdata);
+    if backing.exists() {
+        std::fs::remove_dir_all(&backing).map_err(|e| format!("emptying {}: {e}", backing.display()))?;
+    }
+    std::fs::create_dir(&backing).map_err(|e| format!("creating {}: {e}", backing.display()))?;
+    let mut out = Vec::new();
+    for (which, dir) in MOUNTS {
+        let (from, to) = (pgdata.join(dir), backing.join(dir));
+        std::fs::rename(&from, &to).map_err(|e| format!("moving {} to {}: {e}", from.display(), to.display()))?;
+        // The mount point, as PostgreSQL's own directory would be.
+        std::fs::create_dir(&from).map_err(|e| format!("creating {}: {e}", from.display()))?;
+        super::basebackup::set_ownership(&from, owner).map_err(|e| e.to_string())?;
+        let source: Arc<dyn crate::lazy::fs::PageSource> = source.clone();
+        let hooks = LazyHooks::new(which, to.clone(), &manifest.entries, lsn, owner, source, stats.clone())
+            .map_err(|e| format!("backing files in {}: {e}", to.display()))?;
+        out.push((hooks, from));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backing_directory_is_a_sibling() {
+        assert_eq!(backing_dir(Path::new("/srv/ep/pgdata")), PathBuf::from("/srv/ep/pgdata.lazy"));
+    }
+}
