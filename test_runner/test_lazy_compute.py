@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 from fixtures.endpoint import Endpoint
+from fixtures.strata import http_json
 
 BLOCK = 8192
 SEGMENT_FILE = re.compile(r"^(?P<path>(?:global|base/\d+)/(?P<rel>\d+)(?P<fork>_vm|_fsm|_init)?)(?:\.(?P<seg>\d+))?$")
@@ -23,6 +24,13 @@ def basebackup(cluster, query: str) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def agent_status(cluster, endpoint: str) -> dict:
+    ep = next(e for e in cluster.status()["endpoints"] if e["name"] == endpoint)
+    code, body = http_json("GET", f"http://127.0.0.1:{ep['ports']['http']}/v1/status")
+    assert code == 200, body
+    return body
 
 
 def members(tar_bytes: bytes) -> dict[str, bytes]:
@@ -124,6 +132,8 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
         state = pgbench_state(conn)
     assert_pgbench_invariants(state, 2)
     run_amcheck(ep)
+    lazy = agent_status(cluster, "lazy")["lazy"]
+    assert lazy["blocks_fetched"] > 0 and lazy["fetch_errors"] == 0, lazy
 
     # A restart keeps the mode and every commit.
     ep.stop()
@@ -134,4 +144,45 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
         assert pgbench_state(conn) == state
     assert ep.sql("SELECT count(*) FROM t") == [(51000,)]
     assert ep.sql("SELECT count(*) FROM created_here") == [(1000,)]
+    ep.stop()
+
+
+def test_a_read_fails_while_the_pageserver_is_down_and_works_once_it_is_back(cluster):
+    """kill -9 of the pageserver (and its supervisor, so it stays down): a
+    lazy compute's query that needs blocks it does not hold fails with
+    PostgreSQL's own I/O error, while commits and queries on what it holds
+    go on; once the pageserver is back the same query answers, and
+    PostgreSQL was never restarted."""
+    import psycopg
+    import pytest
+
+    eager = Endpoint(cluster, "eager")
+    eager.start()
+    eager.sql("CREATE TABLE t AS SELECT g AS id, repeat('x', 200) AS pad FROM generate_series(1, 20000) g")
+    eager.sql("CREATE TABLE w (id int)")
+    eager.stop()
+
+    ep = Endpoint(cluster, "lazy")
+    ep.start("--lazy")
+    started = ep.sql("SELECT pg_postmaster_start_time()")
+    # What the later statements on w read (its pages, the catalogs), in
+    # shared buffers and the backing files now.
+    ep.sql("INSERT INTO w VALUES (1)")
+    assert ep.sql("SELECT count(*) FROM w") == [(1,)]
+    cluster.kill9("pageserver", supervisor=True)
+    assert cluster.service("pageserver")["state"] == "stopped"
+
+    with pytest.raises(psycopg.Error) as failed:
+        ep.sql("SELECT count(*) FROM t")
+    assert "could not read block" in str(failed.value) and "Input/output error" in str(failed.value), failed.value
+    # The blocks it holds still serve, and commits need only the safekeepers.
+    ep.sql("INSERT INTO w VALUES (2)")
+    assert ep.sql("SELECT count(*) FROM w") == [(2,)]
+
+    out = cluster.start()
+    assert "pageserver: started" in out, out
+    assert ep.sql("SELECT count(*) FROM t") == [(20000,)]
+    lazy = agent_status(cluster, "lazy")["lazy"]
+    assert lazy["fetch_errors"] >= 1 and lazy["blocks_fetched"] > 300, lazy
+    assert ep.sql("SELECT pg_postmaster_start_time()") == started, "PostgreSQL ran on"
     ep.stop()

@@ -216,9 +216,12 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             error: None,
             timings: StartTimings::default(),
             restart: RestartStatus::default(),
+            lazy: None,
         },
         proposer_rx,
     );
+    let lazy = lazy::LazyMounts::default();
+    let status = if cfg.lazy_page_service.is_some() { status.with_lazy(lazy.stats().clone()) } else { status };
     let server = match cfg.http {
         Some(addr) => Some(
             status::serve(addr, cfg.http_max_connections, status.clone())
@@ -227,7 +230,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         ),
         None => None,
     };
-    let agent = Agent { cfg, pgdata, status: status.clone(), lazy: lazy::LazyMounts::default() };
+    let agent = Agent { cfg, pgdata, status: status.clone(), lazy };
     let result = agent.run(&mut stop, proposer_tx).await;
     // PostgreSQL is stopped by now: its files can go.
     agent.lazy.unmount(&agent.pgdata);

@@ -137,6 +137,17 @@ pub struct AgentStatus {
     pub timings: StartTimings,
     #[serde(flatten)]
     pub restart: RestartStatus,
+    /// A lazy compute's file system (`docs/lazy-compute.md`); null when eager.
+    pub lazy: Option<LazyStatus>,
+}
+
+/// What a lazy compute's file system did, over every run of PostgreSQL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LazyStatus {
+    /// Blocks fetched from the pageserver.
+    pub blocks_fetched: u64,
+    /// Fetches that failed (each an I/O error to PostgreSQL).
+    pub fetch_errors: u64,
 }
 
 /// The JSON document of `/v1/status`.
@@ -154,12 +165,25 @@ pub struct StatusHandle {
     proposer: watch::Receiver<ProposerStatus>,
     /// Connections of the status server itself.
     listeners: ListenerMetrics,
+    /// A lazy compute's file system counters.
+    lazy: Option<Arc<crate::lazy::fs::LazyStats>>,
 }
 
 impl StatusHandle {
     /// A handle starting from `initial`, reading the proposer's part from `proposer`.
     pub fn new(initial: AgentStatus, proposer: watch::Receiver<ProposerStatus>) -> StatusHandle {
-        StatusHandle { agent: Arc::new(Mutex::new(initial)), proposer, listeners: ListenerMetrics::default() }
+        StatusHandle {
+            agent: Arc::new(Mutex::new(initial)),
+            proposer,
+            listeners: ListenerMetrics::default(),
+            lazy: None,
+        }
+    }
+
+    /// The same handle, reporting a lazy compute's file system counters.
+    pub fn with_lazy(mut self, stats: Arc<crate::lazy::fs::LazyStats>) -> StatusHandle {
+        self.lazy = Some(stats);
+        self
     }
 
     /// Changes the agent's part.
@@ -177,6 +201,10 @@ impl StatusHandle {
     pub fn agent(&self) -> AgentStatus {
         let mut copy = self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
         copy.restart.refresh(Instant::now());
+        copy.lazy = self.lazy.as_ref().map(|l| LazyStatus {
+            blocks_fetched: l.blocks_fetched.load(std::sync::atomic::Ordering::Relaxed),
+            fetch_errors: l.fetch_errors.load(std::sync::atomic::Ordering::Relaxed),
+        });
         copy
     }
 
@@ -289,6 +317,18 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
             "Last restart: from detecting the failure to running again",
             ConstGauge::new(restart.last_restart_downtime_seconds.unwrap_or(0.0)),
         );
+        if let Some(lazy) = &agent.lazy {
+            r.register(
+                "lazy_blocks_fetched",
+                "Blocks the lazy file system fetched from the pageserver",
+                ConstCounter::new(lazy.blocks_fetched),
+            );
+            r.register(
+                "lazy_fetch_errors",
+                "Fetches from the pageserver that failed (I/O errors to PostgreSQL)",
+                ConstCounter::new(lazy.fetch_errors),
+            );
+        }
     }
     register_proposer_metrics(&mut registry, proposer);
     encode(&registry)
@@ -351,7 +391,23 @@ mod tests {
             error: None,
             timings: StartTimings { sync_seconds: 0.25, basebackup_bytes: 4096, ..Default::default() },
             restart: RestartStatus::default(),
+            lazy: None,
         }
+    }
+
+    #[test]
+    fn a_lazy_computes_counters() {
+        let (_tx, rx) = watch::channel(ProposerStatus::default());
+        let eager = StatusHandle::new(status(), rx.clone());
+        assert!(eager.to_json()["lazy"].is_null());
+        assert!(!render_metrics(&eager.agent(), &eager.proposer()).contains("lazy"));
+        let stats = Arc::new(crate::lazy::fs::LazyStats::default());
+        stats.blocks_fetched.store(7, std::sync::atomic::Ordering::Relaxed);
+        let lazy = StatusHandle::new(status(), rx).with_lazy(stats);
+        assert_eq!(lazy.to_json()["lazy"], serde_json::json!({"blocks_fetched": 7, "fetch_errors": 0}));
+        let text = render_metrics(&lazy.agent(), &lazy.proposer());
+        assert!(text.contains("strata_compute_lazy_blocks_fetched_total 7"), "{text}");
+        assert!(text.contains("strata_compute_lazy_fetch_errors_total 0"), "{text}");
     }
 
     #[test]
