@@ -43,18 +43,6 @@ fn lsn(i: u64) -> Lsn {
     Lsn(0x100_0000 + 0x100 * i)
 }
 
-fn page(seed: u64) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut page = vec![0u8; 8192];
-    for chunk in page.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
-    Bytes::from(page)
-}
-
 /// Records `rounds` (each `PER_ROUND` records, then a checkpoint). Record
 /// `i` writes block `i * 7 % KEYS` if `keys` takes it: an image every 5th
 /// time, else a change on top. `salt` makes the timelines' pages differ.
@@ -64,7 +52,7 @@ fn write(tl: &Timeline, rounds: std::ops::Range<u64>, salt: u64, keys: impl Fn(u
             let block = (i * 7 % u64::from(KEYS)) as u32;
             let batch = if keys(block) {
                 let v = if (i / u64::from(KEYS)) % 5 == 0 {
-                    Value::Image(page(i ^ salt))
+                    Value::Image(common::noise_page(i ^ salt))
                 } else {
                     Value::Native(NativeRecord::ClearVmBits(vec![(((i ^ salt) % 4000) as u32, 1)]))
                 };

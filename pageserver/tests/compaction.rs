@@ -42,19 +42,6 @@ fn lsn(i: u64) -> Lsn {
     Lsn(0x100_0000 + 0x100 * i)
 }
 
-/// A page that does not compress, different for each `seed`.
-fn noise(seed: u64) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut page = vec![0u8; 8192];
-    for chunk in page.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
-    Bytes::from(page)
-}
-
 /// Record `i` writes one key: every 9th version of a key is an image, the
 /// others clear a bit of it (native redo on top).
 fn write_rounds(tl: &Timeline, rounds: std::ops::Range<u64>) {
@@ -63,7 +50,7 @@ fn write_rounds(tl: &Timeline, rounds: std::ops::Range<u64>) {
             let i = i + 1;
             let block = (i * 7 % u64::from(KEYS)) as u32;
             let v = if (i / u64::from(KEYS)) % 9 == 0 {
-                Value::Image(noise(i))
+                Value::Image(common::noise_page(i))
             } else {
                 Value::Native(NativeRecord::ClearVmBits(vec![((i % 4000) as u32, 1)]))
             };

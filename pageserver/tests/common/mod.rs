@@ -89,3 +89,16 @@ pub fn imported_timeline(name: &str, start: Lsn) -> (Arc<Timeline>, Arc<Metrics>
     );
     (tl, metrics, control)
 }
+
+/// An 8 KiB page that does not compress, different for each `seed`.
+pub fn noise_page(seed: u64) -> Bytes {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut page = vec![0u8; 8192];
+    for chunk in page.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    Bytes::from(page)
+}
