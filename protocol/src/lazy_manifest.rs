@@ -81,8 +81,9 @@ fn bad(line: usize, what: impl Into<String>) -> ManifestError {
     ManifestError::Bad { line, what: what.into() }
 }
 
-/// A decimal number as PostgreSQL writes file names: digits, no leading zero.
-fn number(s: &str) -> Option<u32> {
+/// A decimal number as PostgreSQL writes file names: digits only, no sign,
+/// no leading zero (so that a name maps to exactly one number).
+pub fn file_number(s: &str) -> Option<u32> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0')) {
         return None;
     }
@@ -95,13 +96,13 @@ fn parse_path(path: &str) -> Option<(Option<u32>, u32, ManifestFork)> {
         (None, file)
     } else {
         let (db, file) = path.strip_prefix("base/")?.split_once('/')?;
-        (Some(number(db)?), file)
+        (Some(file_number(db)?), file)
     };
     let (rel, fork) = match file.strip_suffix("_vm") {
         Some(rel) => (rel, ManifestFork::VisibilityMap),
         None => (file, ManifestFork::Main),
     };
-    Some((db, number(rel)?, fork))
+    Some((db, file_number(rel)?, fork))
 }
 
 impl Manifest {
@@ -127,7 +128,7 @@ impl Manifest {
         let body = text.strip_suffix('\n').ok_or_else(|| bad(0, "does not end with a newline"))?;
         let mut lines = body.split('\n').enumerate().map(|(i, l)| (i + 1, l));
         let (n, header) = lines.next().ok_or_else(|| bad(1, "empty"))?;
-        let version = header.strip_prefix(HEADER).and_then(number).ok_or_else(|| bad(n, "not a lazy manifest"))?;
+        let version = header.strip_prefix(HEADER).and_then(file_number).ok_or_else(|| bad(n, "not a lazy manifest"))?;
         if version != MANIFEST_VERSION {
             return Err(bad(n, format!("version {version}, this build reads {MANIFEST_VERSION}")));
         }
@@ -143,7 +144,7 @@ impl Manifest {
         while let Some((n, line)) = lines.next() {
             let (key, value) = line.split_once(' ').ok_or_else(|| bad(n, format!("no size in {line:?}")))?;
             if key == "end" {
-                let count = number(value).ok_or_else(|| bad(n, format!("bad count {value:?}")))?;
+                let count = file_number(value).ok_or_else(|| bad(n, format!("bad count {value:?}")))?;
                 if count as usize != entries.len() {
                     return Err(bad(n, format!("says {count} entries, {} were read", entries.len())));
                 }
@@ -153,7 +154,7 @@ impl Manifest {
                 return Ok(Manifest { lsn, entries });
             }
             let (db, relfilenode, fork) = parse_path(key).ok_or_else(|| bad(n, format!("bad path {key:?}")))?;
-            let blocks = number(value).ok_or_else(|| bad(n, format!("bad size {value:?}")))?;
+            let blocks = file_number(value).ok_or_else(|| bad(n, format!("bad size {value:?}")))?;
             if last_path.is_some_and(|p| p >= key) {
                 return Err(bad(n, format!("{key} is out of order or repeated")));
             }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_formats::Lsn;
-use strata_protocol::lazy_manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_BYTES};
+use strata_protocol::lazy_manifest::{Manifest, MANIFEST_NAME};
 use tracing::{info, warn};
 
 use super::{fail, AgentConfig, AgentError};
@@ -107,9 +107,6 @@ fn prepare(
 ) -> Result<Vec<(LazyHooks, PathBuf)>, String> {
     let manifest_path = pgdata.join(MANIFEST_NAME);
     let bytes = std::fs::read(&manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
-    if bytes.len() > MAX_MANIFEST_BYTES {
-        return Err(format!("{}: {} bytes is too large", manifest_path.display(), bytes.len()));
-    }
     let manifest = Manifest::decode(&bytes).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
     if manifest.lsn != lsn {
         return Err(format!("the manifest is at {}, the basebackup at {lsn}", manifest.lsn));

@@ -84,24 +84,15 @@ pub struct LazyHooks {
 /// a manifest entry, and its relation, or `None` if the entry is not under
 /// this mount.
 fn segment_path(mount: Mount, e: &ManifestEntry, segment: u32) -> Option<(PathBuf, RelFileNode)> {
-    let suffix = match e.fork {
-        ManifestFork::Main => "",
-        ManifestFork::VisibilityMap => "_vm",
+    let (dir, rel) = match (mount, e.db) {
+        (Mount::Global, None) => ("global/", RelFileNode { spc: GLOBAL_SPC, db: 0, rel: e.relfilenode }),
+        (Mount::Base, Some(db)) => ("base/", RelFileNode { spc: DEFAULT_SPC, db, rel: e.relfilenode }),
+        _ => return None,
     };
-    let name = if segment == 0 {
-        format!("{}{suffix}", e.relfilenode)
-    } else {
-        format!("{}{suffix}.{segment}", e.relfilenode)
-    };
-    match (mount, e.db) {
-        (Mount::Global, None) => {
-            Some((PathBuf::from(name), RelFileNode { spc: GLOBAL_SPC, db: 0, rel: e.relfilenode }))
-        }
-        (Mount::Base, Some(db)) => {
-            Some((Path::new(&db.to_string()).join(name), RelFileNode { spc: DEFAULT_SPC, db, rel: e.relfilenode }))
-        }
-        _ => None,
-    }
+    let first = e.path();
+    let under_mount = first.strip_prefix(dir).expect("a manifest path starts with its directory");
+    let name = if segment == 0 { under_mount.to_string() } else { format!("{under_mount}.{segment}") };
+    Some((PathBuf::from(name), rel))
 }
 
 impl LazyHooks {

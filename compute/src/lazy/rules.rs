@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use strata_formats::version::BLCKSZ;
 use strata_formats::Lsn;
+use strata_protocol::lazy_manifest::file_number as parse_number;
 
 /// Blocks per segment file (1 GiB of 8 KiB blocks).
 pub const SEGMENT_BLOCKS: u32 = 131_072;
@@ -65,15 +66,6 @@ impl RelFileName {
         let relfilenode = parse_number(rel)?;
         Some(RelFileName { relfilenode, kind: if temp { ForkKind::Temp } else { kind }, segment })
     }
-}
-
-/// A decimal number as PostgreSQL writes it: digits only, no sign, no
-/// leading zero (so that a name maps to exactly one number).
-fn parse_number(s: &str) -> Option<u32> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0')) {
-        return None;
-    }
-    s.parse().ok()
 }
 
 /// The LSN in a page's header (`pd_lsn`: two 32-bit halves, high first).
