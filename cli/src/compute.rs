@@ -124,6 +124,10 @@ pub struct StartArgs {
     /// address as they are read (`docs/lazy-compute.md`).
     #[arg(long, value_name = "HOST:PORT")]
     lazy_page_service: Option<String>,
+    /// A lazy compute's local file cache: the most MiB of relation blocks
+    /// it keeps that it may fetch again (blocks only it holds are kept too).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    lazy_cache_mb: u64,
 }
 
 #[derive(Args)]
@@ -235,6 +239,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.restart.max_delay = Duration::from_secs(args.restart_max_delay_secs);
     cfg.read_only_at = args.read_only_at;
     cfg.lazy_page_service = args.lazy_page_service;
+    cfg.lazy_cache_bytes = args.lazy_cache_mb << 20;
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use strata_compute::lazy::cache::{Cache, CacheStats};
 use strata_compute::lazy::fs::{mount, LazyHooks, LazyStats, Mount, PageSource};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
@@ -72,6 +73,16 @@ impl Drop for Mounted {
 }
 
 fn setup(name: &str, entries: &[ManifestEntry], source: Arc<FakeSource>) -> (Mounted, Arc<LazyStats>) {
+    let cache = Arc::new(Cache::new(1 << 20, Arc::new(CacheStats::default())));
+    setup_with_cache(name, entries, source, cache)
+}
+
+fn setup_with_cache(
+    name: &str,
+    entries: &[ManifestEntry],
+    source: Arc<FakeSource>,
+    cache: Arc<Cache>,
+) -> (Mounted, Arc<LazyStats>) {
     let dir = std::env::temp_dir().join(format!("strata-lazy-fs-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     let (backing, mnt) = (dir.join("backing"), dir.join("mnt"));
@@ -79,7 +90,7 @@ fn setup(name: &str, entries: &[ManifestEntry], source: Arc<FakeSource>) -> (Mou
     fs::write(backing.join("5/PG_VERSION"), "15\n").unwrap();
     fs::create_dir_all(&mnt).unwrap();
     let stats = Arc::new(LazyStats::default());
-    let hooks = LazyHooks::new(Mount::Base, backing, entries, S, None, source, stats.clone()).unwrap();
+    let hooks = LazyHooks::new(Mount::Base, backing, entries, S, None, source, stats.clone(), cache).unwrap();
     let session = mount(&mnt, hooks).unwrap();
     (Mounted { dir, mnt, session: Some(session) }, stats)
 }
@@ -169,4 +180,82 @@ fn reads_writes_and_sizes_follow_the_rules() {
         m
     });
     assert_eq!(lsns.keys().copied().collect::<Vec<_>>(), vec![S], "every read so far at the start LSN");
+}
+
+/// Bytes the file system holds of a backing file (holes not counted).
+fn allocated(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// Waits (a little: the cache's thread finishes a pass that concurrent
+/// requests left over budget) for a backing file to hold at most `blocks`.
+fn within_budget(path: &std::path::Path, blocks: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while allocated(path) > blocks * B as u64 {
+        assert!(std::time::Instant::now() < deadline, "{} bytes held, budget {blocks} blocks", allocated(path));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Drops the kernel's cached pages of an open file, so that the next read
+/// reaches the file system.
+fn drop_kernel_cache(f: &fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an open descriptor.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}
+
+#[test]
+fn a_cache_smaller_than_the_file_drops_blocks_and_reads_them_back_at_their_version() {
+    let source = Arc::new(FakeSource::default());
+    let cache_stats = Arc::new(CacheStats::default());
+    let cache = Arc::new(Cache::new(8, cache_stats.clone()));
+    cache.set_ingested(S);
+    cache.spawn_evictor().unwrap();
+    let (m, _stats) = setup_with_cache("cache", &[entry(1000, 64)], source.clone(), cache.clone());
+    let path = m.mnt.join("5/1000");
+    let backing = m.dir.join("backing/5/1000");
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let mut buf = vec![0u8; B];
+
+    // Four blocks written at LSNs the pageserver has not ingested yet.
+    let mine = |b: u32| with_lsn(Lsn(S.0 + 0x100 * (u64::from(b) + 1)), b as u8 + 1);
+    for b in 0..4u32 {
+        f.write_all_at(&mine(b), u64::from(b) * B as u64).unwrap();
+    }
+    // Every other block read, twice over: the disk stays within the budget
+    // (the written blocks count towards it and wait), every read is right.
+    for round in 0..2 {
+        drop_kernel_cache(&f);
+        for b in 4..64u32 {
+            f.read_exact_at(&mut buf, u64::from(b) * B as u64).unwrap();
+            assert_eq!(buf, page_of(1000, b, S), "round {round} block {b}");
+            within_budget(&backing, 8);
+        }
+    }
+    assert!(cache_stats.evictions.load(Ordering::Relaxed) >= 2 * 60 - 8);
+    let fetched_again = source.asked.lock().iter().filter(|a| a.1 == 10).count();
+    assert!(fetched_again >= 2, "a dropped block is fetched again");
+    drop_kernel_cache(&f);
+    for b in 0..4u32 {
+        f.read_exact_at(&mut buf, u64::from(b) * B as u64).unwrap();
+        assert_eq!(buf, mine(b), "a written block stays until the pageserver has it");
+    }
+    assert!(!source.asked.lock().iter().any(|a| a.1 < 4));
+
+    // The pageserver catches up: the written blocks may go, and come back
+    // from the pageserver at their own LSN.
+    cache.set_ingested(Lsn(S.0 + 0x1000));
+    drop_kernel_cache(&f);
+    for b in 4..64u32 {
+        f.read_exact_at(&mut buf, u64::from(b) * B as u64).unwrap();
+    }
+    drop_kernel_cache(&f);
+    for b in 0..4u32 {
+        f.read_exact_at(&mut buf, u64::from(b) * B as u64).unwrap();
+        let lsn = Lsn(S.0 + 0x100 * (u64::from(b) + 1));
+        assert_eq!(buf, page_of(1000, b, lsn), "block {b} read back at its page LSN");
+    }
+    within_budget(&backing, 8);
 }

@@ -5,8 +5,10 @@
 //! Kernel caching is kept out of the way of failures: the FUSE writeback
 //! cache is never requested (fuser does not ask for it), so each write(2)
 //! reaches this daemon before it returns and a failed fsync is a failure the
-//! caller sees; attribute and entry TTLs are zero, so a change made directly
-//! in the backing directory is seen at once.
+//! caller sees. By default attribute and entry TTLs are zero and open files
+//! start with an empty page cache, so a change made directly in the backing
+//! directory is seen at once; [`Passthrough::exclusive`] lets the kernel
+//! cache all three when nothing else changes the backing directory.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -27,9 +29,6 @@ use parking_lot::Mutex;
 
 use crate::inodes::Inodes;
 use crate::sys;
-
-/// How long the kernel may cache attributes and names: not at all.
-const TTL: Duration = Duration::ZERO;
 
 /// Our inode numbers are never reused, so generations are not needed.
 const GENERATION: Generation = Generation(0);
@@ -130,6 +129,40 @@ pub trait Hooks: Send + Sync + 'static {
 
     /// After `from` was renamed to `to` (replacing what `to` was).
     fn after_rename(&self, _from: &Path, _to: &Path) {}
+
+    /// Serves a read; `read` reads the backing file. By default
+    /// [`Hooks::before_read`], then `read`. A user that must keep the
+    /// backing bytes still while they are read (they may change under a
+    /// concurrent request) holds its lock around `read`.
+    fn serve_read(
+        &self,
+        node: &Node,
+        file: &File,
+        offset: u64,
+        size: u32,
+        read: &mut dyn FnMut() -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        self.before_read(node, file, offset, size)?;
+        read()
+    }
+
+    /// Serves a write; `write` writes `data` to the backing file and
+    /// returns how much it wrote. By default [`Hooks::before_write`],
+    /// `write`, then [`Hooks::after_write`] with what was written.
+    fn serve_write(
+        &self,
+        node: &Node,
+        file: &File,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+        write: &mut dyn FnMut() -> Result<u32>,
+    ) -> Result<u32> {
+        self.before_write(node, file, offset, data, sync)?;
+        let written = write()?;
+        self.after_write(node, file, offset, &data[..written as usize]);
+        Ok(written)
+    }
 }
 
 /// The FUSE file system over a backing directory.
@@ -144,6 +177,10 @@ pub struct Passthrough<H: Hooks> {
     /// directories are then given to the calling user, as a kernel file
     /// system would create them.
     root_ids: Option<(u32, u32)>,
+    /// How long the kernel may cache attributes and names.
+    ttl: Duration,
+    /// Whether an open keeps the file's pages the kernel already caches.
+    keep_cache: bool,
 }
 
 /// A result whose error is the errno the kernel gets.
@@ -221,6 +258,26 @@ impl<H: Hooks> Passthrough<H> {
             next_fh: AtomicU64::new(1),
             hooks,
             root_ids: (uid == 0).then_some((uid, gid)),
+            ttl: Duration::ZERO,
+            keep_cache: false,
+        }
+    }
+
+    /// The backing directory changes through this mount alone: the kernel
+    /// may cache attributes and names for `ttl` and keep file pages across
+    /// opens. Without this, every `lseek(SEEK_END)` and `stat` is a round
+    /// trip to the daemon and every open drops the file's cached pages.
+    pub fn exclusive(mut self, ttl: Duration) -> Passthrough<H> {
+        self.ttl = ttl;
+        self.keep_cache = true;
+        self
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        if self.keep_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
         }
     }
 
@@ -406,39 +463,40 @@ impl<H: Hooks> Passthrough<H> {
         let handle = self.handle(fh)?;
         let node = self.node(ino.0);
         let sync = matches!(handle.kind, HandleKind::File { sync_writes: true });
-        self.hooks.before_write(&node, &handle.file, offset, data, sync)?;
-        // pwrite until all is written; after a partial write the error is
-        // not reported, the count is (as write(2) does).
-        let mut written = 0;
-        while written < data.len() {
-            match handle.file.write_at(&data[written..], offset + written as u64) {
-                Ok(0) => break,
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if written == 0 => return Err(errno(e)),
-                Err(_) => break,
+        self.hooks.serve_write(&node, &handle.file, offset, data, sync, &mut || {
+            // pwrite until all is written; after a partial write the error
+            // is not reported, the count is (as write(2) does).
+            let mut written = 0;
+            while written < data.len() {
+                match handle.file.write_at(&data[written..], offset + written as u64) {
+                    Ok(0) => break,
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if written == 0 => return Err(errno(e)),
+                    Err(_) => break,
+                }
             }
-        }
-        self.hooks.after_write(&node, &handle.file, offset, &data[..written]);
-        u32::try_from(written).map_err(|_| Errno::EINVAL)
+            u32::try_from(written).map_err(|_| Errno::EINVAL)
+        })
     }
 
     fn do_read(&self, ino: INodeNo, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
         let handle = self.handle(fh)?;
-        self.hooks.before_read(&self.node(ino.0), &handle.file, offset, size)?;
-        let mut buf = vec![0; size as usize];
-        let mut read = 0;
-        while read < buf.len() {
-            match handle.file.read_at(&mut buf[read..], offset + read as u64) {
-                Ok(0) => break,
-                Ok(n) => read += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if read == 0 => return Err(errno(e)),
-                Err(_) => break,
+        self.hooks.serve_read(&self.node(ino.0), &handle.file, offset, size, &mut || {
+            let mut buf = vec![0; size as usize];
+            let mut read = 0;
+            while read < buf.len() {
+                match handle.file.read_at(&mut buf[read..], offset + read as u64) {
+                    Ok(0) => break,
+                    Ok(n) => read += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if read == 0 => return Err(errno(e)),
+                    Err(_) => break,
+                }
             }
-        }
-        buf.truncate(read);
-        Ok(buf)
+            buf.truncate(read);
+            Ok(buf)
+        })
     }
 
     fn do_rename(
@@ -482,7 +540,7 @@ macro_rules! answer {
 impl<H: Hooks> Filesystem for Passthrough<H> {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let result = self.child(parent, name).and_then(|rel| self.entry(&rel));
-        answer!(reply, result, |a| reply.entry(&TTL, &a, GENERATION));
+        answer!(reply, result, |a| reply.entry(&self.ttl, &a, GENERATION));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -490,7 +548,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        answer!(reply, self.stat(ino, fh), |m| reply.attr(&TTL, &attr(ino.0, &m)));
+        answer!(reply, self.stat(ino, fh), |m| reply.attr(&self.ttl, &attr(ino.0, &m)));
     }
 
     fn setattr(
@@ -512,7 +570,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
         reply: ReplyAttr,
     ) {
         let result = self.do_setattr(ino, fh, Changes { mode, uid, gid, size, atime, mtime });
-        answer!(reply, result, |a| reply.attr(&TTL, &a));
+        answer!(reply, result, |a| reply.attr(&self.ttl, &a));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -527,7 +585,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
             self.chown_new(req, &full)?;
             self.entry(&rel)
         });
-        answer!(reply, result, |a| reply.entry(&TTL, &a, GENERATION));
+        answer!(reply, result, |a| reply.entry(&self.ttl, &a, GENERATION));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -559,7 +617,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
             self.chown_new(req, &full)?;
             self.entry(&rel)
         });
-        answer!(reply, result, |a| reply.entry(&TTL, &a, GENERATION));
+        answer!(reply, result, |a| reply.entry(&self.ttl, &a, GENERATION));
     }
 
     fn rename(
@@ -585,7 +643,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
             let sync_writes = flags.0 & libc::O_DSYNC != 0;
             Ok(self.add_handle(ino.0, file, HandleKind::File { sync_writes }))
         });
-        answer!(reply, result, |fh| reply.opened(fh, FopenFlags::empty()));
+        answer!(reply, result, |fh| reply.opened(fh, self.open_flags()));
     }
 
     fn read(
@@ -712,7 +770,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
             let fh = self.add_handle(ino, file, HandleKind::File { sync_writes });
             Ok((attr(ino, &meta), fh))
         });
-        answer!(reply, result, |(a, fh)| reply.created(&TTL, &a, GENERATION, fh, FopenFlags::empty()));
+        answer!(reply, result, |(a, fh)| reply.created(&self.ttl, &a, GENERATION, fh, self.open_flags()));
     }
 
     fn fallocate(

@@ -119,6 +119,12 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, length: u64) -> i
     check(unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, length) })
 }
 
+/// Frees the bytes `[offset, offset + length)` of `file`, which then read as
+/// zeros; the file's size stays.
+pub fn punch_hole(file: &std::fs::File, offset: u64, length: u64) -> io::Result<()> {
+    fallocate(file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, length)
+}
+
 /// Sets the process umask, returning the previous one.
 pub fn set_umask(mask: u32) -> u32 {
     // SAFETY: umask cannot fail.

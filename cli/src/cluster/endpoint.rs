@@ -44,6 +44,9 @@ pub struct EndpointFile {
     /// A lazy compute (`docs/lazy-compute.md`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lazy: bool,
+    /// A lazy compute's cache size in MiB, when not the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_mb: Option<u64>,
 }
 
 /// An endpoint with its directory.
@@ -290,12 +293,21 @@ pub fn start(
     }
 
     let lazy = agent.lazy || (!agent.eager && old.as_ref().is_some_and(|o| o.file.lazy));
+    let cache_mb = agent.cache_mb.or(old.as_ref().and_then(|o| o.file.cache_mb));
     let (pg_port, http_port) = choose_ports(wd, name, port, old.as_ref().map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
     let ep = Endpoint {
         dir,
-        file: EndpointFile { name: name.into(), branch: branch_name.clone(), pg_port, http_port, read_only_at, lazy },
+        file: EndpointFile {
+            name: name.into(),
+            branch: branch_name.clone(),
+            pg_port,
+            http_port,
+            read_only_at,
+            lazy,
+            cache_mb,
+        },
     };
     layout::write_toml(
         &ep.dir.join(ENDPOINT_FILE),
@@ -335,6 +347,9 @@ pub fn start(
     }
     if lazy {
         args.extend(["--lazy-page-service".into(), ps.addr("pg").unwrap_or_default().into()]);
+        if let Some(mb) = cache_mb {
+            args.extend(["--lazy-cache-mb".into(), mb.to_string().into()]);
+        }
     }
     if let Some(n) = agent.crash_loop_restarts {
         args.extend(["--crash-loop-restarts".into(), n.to_string().into()]);
@@ -540,6 +555,7 @@ mod tests {
             http_port: 8080,
             read_only_at: None,
             lazy: false,
+            cache_mb: None,
         };
         let text = toml::to_string(&f).unwrap();
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);

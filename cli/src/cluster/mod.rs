@@ -136,6 +136,10 @@ pub struct AgentArgs {
     /// starts (the default; kept for later starts).
     #[arg(long, help_heading = "compute agent options")]
     pub eager: bool,
+    /// A lazy compute's local file cache in MiB (default 1024; kept for
+    /// later starts).
+    #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub cache_mb: Option<u64>,
 }
 
 /// Why a cluster command failed; decides the exit code.

@@ -4,14 +4,18 @@
 //! of it; at the next start and when the agent ends they are unmounted.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::lazy_manifest::{Manifest, MANIFEST_NAME};
 use tracing::{info, warn};
 
+use super::pageserver_api::PageserverClient;
 use super::{fail, AgentConfig, AgentError};
+use crate::lazy::cache::Cache;
 use crate::lazy::fs::{mount, LazyHooks, LazyStats, Mount};
 use crate::lazy::source::PageServiceSource;
 use crate::page_client::PageClientConfig;
@@ -19,11 +23,45 @@ use crate::page_client::PageClientConfig;
 /// The directories a lazy compute serves, and their names under the data directory.
 const MOUNTS: [(Mount, &str); 2] = [(Mount::Base, "base"), (Mount::Global, "global")];
 
+/// How often the cache learns how far the pageserver has ingested (written
+/// blocks wait for that before they may be dropped).
+const INGEST_POLL: Duration = Duration::from_millis(500);
+
 /// The mounts of the current run, if any.
 #[derive(Default)]
 pub struct LazyMounts {
     sessions: Mutex<Vec<fuser::BackgroundSession>>,
+    /// Stops the current run's ingest poller.
+    poller_stop: Mutex<Option<Arc<AtomicBool>>>,
     stats: Arc<LazyStats>,
+}
+
+/// Tells `cache` the pageserver's ingested LSN every [`INGEST_POLL`] until
+/// `stop` is set or the cache is gone. Failures only delay evictions of
+/// written blocks.
+fn poll_ingested(
+    cache: Weak<Cache>,
+    pageserver: PageserverClient,
+    cfg: (strata_protocol::TenantId, strata_protocol::TimelineId),
+    stop: Arc<AtomicBool>,
+) {
+    let mut warned = false;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(cache) = cache.upgrade() else { return };
+        match pageserver.timeline(cfg.0, cfg.1) {
+            Ok(info) => {
+                cache.set_ingested(info.last_record_lsn);
+                warned = false;
+            }
+            Err(e) if !warned => {
+                warn!("lazy cache: asking the pageserver how far it ingested: {e}");
+                warned = true;
+            }
+            Err(_) => {}
+        }
+        drop(cache);
+        std::thread::sleep(INGEST_POLL);
+    }
 }
 
 /// The backing directory of a data directory: a sibling, so that renames
@@ -43,6 +81,9 @@ impl LazyMounts {
     /// `base/` or `global/` (an agent killed while serving leaves mounts
     /// that answer nothing but ENOTCONN).
     pub fn unmount(&self, pgdata: &Path) {
+        if let Some(stop) = self.poller_stop.lock().take() {
+            stop.store(true, Ordering::Relaxed);
+        }
         for session in self.sessions.lock().drain(..) {
             if let Err(e) = session.umount_and_join() {
                 warn!("unmounting a lazy mount: {e}; detaching it");
@@ -80,7 +121,23 @@ impl LazyMounts {
         let source = Arc::new(source);
         let pgdata = pgdata.to_path_buf();
         let stats = self.stats.clone();
-        let prepared = tokio::task::spawn_blocking(move || prepare(&pgdata, lsn, owner, source, stats))
+        let budget =
+            usize::try_from(cfg.lazy_cache_bytes / strata_formats::version::BLCKSZ as u64).unwrap_or(usize::MAX);
+        let cache = Arc::new(Cache::new(budget, self.stats.cache.clone()));
+        // The basebackup's LSN is ingested.
+        cache.set_ingested(lsn);
+        cache.spawn_evictor().map_err(|e| fail("lazy mount", format!("starting the cache's thread: {e}")))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Some(old) = self.poller_stop.lock().replace(stop.clone()) {
+            old.store(true, Ordering::Relaxed);
+        }
+        let (weak, ps, ids) =
+            (Arc::downgrade(&cache), PageserverClient::new(&cfg.pageserver_http), (cfg.tenant_id, cfg.timeline_id));
+        std::thread::Builder::new()
+            .name("lazy-ingest-poll".into())
+            .spawn(move || poll_ingested(weak, ps, ids, stop))
+            .map_err(|e| fail("lazy mount", format!("starting the ingest poller: {e}")))?;
+        let prepared = tokio::task::spawn_blocking(move || prepare(&pgdata, lsn, owner, source, stats, cache))
             .await
             .map_err(|e| fail("lazy mount", format!("task: {e}")))?
             .map_err(|e| fail("lazy mount", e))?;
@@ -104,6 +161,7 @@ fn prepare(
     owner: Option<(u32, u32)>,
     source: Arc<PageServiceSource>,
     stats: Arc<LazyStats>,
+    cache: Arc<Cache>,
 ) -> Result<Vec<(LazyHooks, PathBuf)>, String> {
     let manifest_path = pgdata.join(MANIFEST_NAME);
     let bytes = std::fs::read(&manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
@@ -126,8 +184,9 @@ fn prepare(
         std::fs::create_dir(&from).map_err(|e| format!("creating {}: {e}", from.display()))?;
         super::basebackup::set_ownership(&from, owner).map_err(|e| e.to_string())?;
         let source: Arc<dyn crate::lazy::fs::PageSource> = source.clone();
-        let hooks = LazyHooks::new(which, to.clone(), &manifest.entries, lsn, owner, source, stats.clone())
-            .map_err(|e| format!("backing files in {}: {e}", to.display()))?;
+        let hooks =
+            LazyHooks::new(which, to.clone(), &manifest.entries, lsn, owner, source, stats.clone(), cache.clone())
+                .map_err(|e| format!("backing files in {}: {e}", to.display()))?;
         out.push((hooks, from));
     }
     Ok(out)

@@ -104,6 +104,9 @@ pub struct AgentConfig {
     /// through FUSE from the page service at this address (`host:port`)
     /// instead of restored.
     pub lazy_page_service: Option<String>,
+    /// A lazy compute's local file cache: the most bytes of relation
+    /// blocks it keeps that it may fetch again (`docs/lazy-compute.md`).
+    pub lazy_cache_bytes: u64,
 }
 
 impl AgentConfig {
@@ -143,6 +146,7 @@ impl AgentConfig {
             restart: RestartPolicy::default(),
             read_only_at: None,
             lazy_page_service: None,
+            lazy_cache_bytes: 1 << 30,
         }
     }
 }

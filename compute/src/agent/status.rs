@@ -148,6 +148,12 @@ pub struct LazyStatus {
     pub blocks_fetched: u64,
     /// Fetches that failed (each an I/O error to PostgreSQL).
     pub fetch_errors: u64,
+    /// Blocks the cache dropped from local disk.
+    pub cache_evictions: u64,
+    /// Blocks the cache holds that it may drop (an upper bound).
+    pub cache_blocks: u64,
+    /// The most blocks it holds before dropping some.
+    pub cache_budget_blocks: u64,
 }
 
 /// The JSON document of `/v1/status`.
@@ -204,6 +210,9 @@ impl StatusHandle {
         copy.lazy = self.lazy.as_ref().map(|l| LazyStatus {
             blocks_fetched: l.blocks_fetched.load(std::sync::atomic::Ordering::Relaxed),
             fetch_errors: l.fetch_errors.load(std::sync::atomic::Ordering::Relaxed),
+            cache_evictions: l.cache.evictions.load(std::sync::atomic::Ordering::Relaxed),
+            cache_blocks: l.cache.blocks.load(std::sync::atomic::Ordering::Relaxed),
+            cache_budget_blocks: l.cache.budget_blocks.load(std::sync::atomic::Ordering::Relaxed),
         });
         copy
     }
@@ -328,6 +337,21 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
                 "Fetches from the pageserver that failed (I/O errors to PostgreSQL)",
                 ConstCounter::new(lazy.fetch_errors),
             );
+            r.register(
+                "lazy_cache_evictions",
+                "Blocks the lazy file system's cache dropped from local disk",
+                ConstCounter::new(lazy.cache_evictions),
+            );
+            r.register(
+                "lazy_cache_blocks",
+                "Blocks the lazy file system's cache holds and may drop",
+                ConstGauge::new(lazy.cache_blocks as i64),
+            );
+            r.register(
+                "lazy_cache_budget_blocks",
+                "The most blocks the lazy file system's cache holds",
+                ConstGauge::new(lazy.cache_budget_blocks as i64),
+            );
         }
     }
     register_proposer_metrics(&mut registry, proposer);
@@ -404,7 +428,11 @@ mod tests {
         let stats = Arc::new(crate::lazy::fs::LazyStats::default());
         stats.blocks_fetched.store(7, std::sync::atomic::Ordering::Relaxed);
         let lazy = StatusHandle::new(status(), rx).with_lazy(stats);
-        assert_eq!(lazy.to_json()["lazy"], serde_json::json!({"blocks_fetched": 7, "fetch_errors": 0}));
+        assert_eq!(
+            lazy.to_json()["lazy"],
+            serde_json::json!({"blocks_fetched": 7, "fetch_errors": 0, "cache_evictions": 0, "cache_blocks": 0,
+                               "cache_budget_blocks": 0})
+        );
         let text = render_metrics(&lazy.agent(), &lazy.proposer());
         assert!(text.contains("strata_compute_lazy_blocks_fetched_total 7"), "{text}");
         assert!(text.contains("strata_compute_lazy_fetch_errors_total 0"), "{text}");

@@ -2,6 +2,7 @@
 //! served from a local cache and GetPage@LSN, so that a compute starts
 //! without copying the database.
 
+pub mod cache;
 pub mod fs;
 pub mod rules;
 pub mod source;

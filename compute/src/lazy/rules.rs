@@ -94,8 +94,9 @@ pub enum Source {
 enum Block {
     /// In the backing file; `Some(lsn)`: may be dropped and read back from
     /// the pageserver at `lsn` (a fetched block, or a written one under
-    /// rule 3); `None`: pinned (rules 4 and 5).
-    Local { read_back: Option<Lsn> },
+    /// rule 3); `None`: pinned (rules 4 and 5). `referenced`: read since
+    /// the cache's hand last passed it (CLOCK's second chance).
+    Local { read_back: Option<Lsn>, referenced: bool },
     /// Dropped from the backing file; read from the pageserver at this LSN.
     Evicted(Lsn),
     /// All zeros, nothing stored.
@@ -116,6 +117,19 @@ pub struct SegmentRules {
     /// The file's size in blocks.
     size: u32,
     blocks: BTreeMap<u32, Block>,
+}
+
+/// What [`SegmentRules::evict`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    /// The block is dropped: the caller punches its hole.
+    Done,
+    /// It was read since the last pass: kept, and the mark cleared.
+    SecondChance,
+    /// A written block whose version the pageserver has not ingested yet.
+    Waiting,
+    /// Not local, or pinned: nothing to evict, now or later.
+    Never,
 }
 
 /// What a write did to the file's local content.
@@ -173,7 +187,14 @@ impl SegmentRules {
     /// backing file: it may be dropped again and read back at `lsn`.
     pub fn fetched(&mut self, block: u32, lsn: Lsn) {
         debug_assert_eq!(self.source(block), Source::Remote(lsn), "only a remote block is fetched");
-        self.blocks.insert(block, Block::Local { read_back: Some(lsn) });
+        self.blocks.insert(block, Block::Local { read_back: Some(lsn), referenced: false });
+    }
+
+    /// `block` was read: a local block gets a second chance from the cache.
+    pub fn touch(&mut self, block: u32) {
+        if let Some(Block::Local { referenced, .. }) = self.blocks.get_mut(&block) {
+            *referenced = true;
+        }
     }
 
     /// PostgreSQL wrote `page` at `block` (extending the file if past its end).
@@ -200,7 +221,7 @@ impl SegmentRules {
             // Rules 4 and 5: nothing on the pageserver describes this page.
             _ => None,
         };
-        self.blocks.insert(block, Block::Local { read_back });
+        self.blocks.insert(block, Block::Local { read_back, referenced: false });
         WriteOutcome::Store
     }
 
@@ -210,17 +231,30 @@ impl SegmentRules {
     /// reading it back never waits for ingest.
     pub fn evictable(&self, block: u32, ingested: Lsn) -> Option<Lsn> {
         match self.blocks.get(&block) {
-            Some(Block::Local { read_back: Some(lsn) }) if *lsn <= ingested => Some(*lsn),
+            Some(Block::Local { read_back: Some(lsn), .. }) if *lsn <= ingested => Some(*lsn),
             _ => None,
         }
     }
 
-    /// Drops `block` from the backing file (the caller punches the hole).
-    /// Returns false, changing nothing, if the rules do not allow it.
-    pub fn evict(&mut self, block: u32, ingested: Lsn) -> bool {
-        let Some(lsn) = self.evictable(block, ingested) else { return false };
-        self.blocks.insert(block, Block::Evicted(lsn));
-        true
+    /// The cache's hand at `block`: drops it from the backing file (the
+    /// caller punches the hole) if the rules allow it and it was not read
+    /// since the last pass.
+    pub fn evict(&mut self, block: u32, ingested: Lsn) -> Eviction {
+        match self.blocks.get_mut(&block) {
+            Some(Block::Local { read_back: Some(_), referenced }) if *referenced => {
+                *referenced = false;
+                Eviction::SecondChance
+            }
+            Some(Block::Local { read_back: Some(lsn), .. }) => {
+                if *lsn > ingested {
+                    return Eviction::Waiting;
+                }
+                let lsn = *lsn;
+                self.blocks.insert(block, Block::Evicted(lsn));
+                Eviction::Done
+            }
+            _ => Eviction::Never,
+        }
     }
 
     /// The file's length set to `blocks` (truncation, or `ftruncate`
@@ -245,7 +279,7 @@ impl SegmentRules {
         let mut local = 0;
         let mut pinned = 0;
         for b in self.blocks.values() {
-            if let Block::Local { read_back } = b {
+            if let Block::Local { read_back, .. } = b {
                 local += 1;
                 pinned += u32::from(read_back.is_none());
             }
@@ -319,21 +353,25 @@ mod tests {
         assert_eq!(r.source(3), Source::Local);
         // Not before the pageserver has the page's version.
         assert_eq!(r.evictable(3, Lsn(S.0 + 0x4F8)), None);
-        assert!(!r.evict(3, Lsn(S.0 + 0x4F8)));
+        assert_eq!(r.evict(3, Lsn(S.0 + 0x4F8)), Eviction::Waiting);
         assert_eq!(r.source(3), Source::Local);
-        assert!(r.evict(3, Lsn(S.0 + 0x500)));
+        // Read since the last pass: kept once.
+        r.touch(3);
+        assert_eq!(r.evict(3, Lsn(S.0 + 0x500)), Eviction::SecondChance);
+        assert_eq!(r.evict(3, Lsn(S.0 + 0x500)), Eviction::Done);
+        assert_eq!(r.evict(3, Lsn(S.0 + 0x500)), Eviction::Never, "already gone");
         assert_eq!(r.source(3), Source::Remote(Lsn(S.0 + 0x500)));
         // A page whose only change since the start was a hint: its LSN is older.
         r.write(4, &page(0x20, 7));
-        assert!(r.evict(4, S));
+        assert_eq!(r.evict(4, S), Eviction::Done);
         assert_eq!(r.source(4), Source::Remote(S));
         // Fetched blocks go back to where they came from.
         r.fetched(5, S);
         assert_eq!(r.source(5), Source::Local);
-        assert!(r.evict(5, S));
+        assert_eq!(r.evict(5, S), Eviction::Done);
         assert_eq!(r.source(5), Source::Remote(S));
         r.fetched(3, Lsn(S.0 + 0x500));
-        assert!(r.evict(3, Lsn(S.0 + 0x500)));
+        assert_eq!(r.evict(3, Lsn(S.0 + 0x500)), Eviction::Done);
         assert_eq!(r.source(3), Source::Remote(Lsn(S.0 + 0x500)));
     }
 
@@ -343,16 +381,16 @@ mod tests {
             let mut r = SegmentRules::remote(kind, 4, S);
             r.write(1, &page(S.0 + 0x800, 1));
             assert_eq!(r.evictable(1, Lsn(u64::MAX)), None, "{kind:?}");
-            assert!(!r.evict(1, Lsn(u64::MAX)));
+            assert_eq!(r.evict(1, Lsn(u64::MAX)), Eviction::Never);
             assert_eq!(r.source(1), Source::Local);
             // An unwritten block fetched from the pageserver may still go.
             r.fetched(2, S);
-            assert!(r.evict(2, S), "{kind:?}");
+            assert_eq!(r.evict(2, S), Eviction::Done, "{kind:?}");
         }
         // A page without an LSN (only extended, or never logged) neither.
         let mut r = SegmentRules::remote(ForkKind::Main, 4, S);
         r.write(1, &page(0, 9));
-        assert!(!r.evict(1, Lsn(u64::MAX)));
+        assert_eq!(r.evict(1, Lsn(u64::MAX)), Eviction::Never);
         assert_eq!(r.local_blocks(), (1, 1));
     }
 
@@ -363,7 +401,7 @@ mod tests {
         r.write(0, &page(S.0 + 0x100, 1));
         r.write(1, &page(S.0 + 0x200, 1));
         assert_eq!(r.source(0), Source::Local);
-        assert!(!r.evict(0, Lsn(u64::MAX)), "pages copied by FILE_COPY carry LSNs from before the file existed");
+        assert_eq!(r.evict(0, Lsn(u64::MAX)), Eviction::Never, "FILE_COPY copies pages with LSNs from before the file");
         assert_eq!(r.local_blocks(), (2, 2));
         // A file the manifest does not list but the tar had (init forks, unlogged main forks).
         let r = SegmentRules::local(ForkKind::Init, 3);

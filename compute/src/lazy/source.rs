@@ -1,7 +1,8 @@
-//! Pages from the pageserver's page service for the lazy file system: one
-//! pipelined connection (`crate::page_client`), opened on first use and
-//! again after any failure, driven from the file system's threads by a
-//! runtime of its own.
+//! Pages from the pageserver's page service for the lazy file system: a
+//! few pipelined connections (`crate::page_client`), each opened on first
+//! use and again after any failure, driven from the file system's threads
+//! by a runtime of its own. Several, so that concurrent reads (the workers
+//! of a parallel scan) are served by the pageserver at once.
 
 use parking_lot::Mutex;
 use strata_formats::types::{ForkNumber, RelFileNode};
@@ -19,9 +20,13 @@ pub struct PageServiceSource {
     timeline: TimelineId,
     config: PageClientConfig,
     runtime: tokio::runtime::Runtime,
-    /// `None` until connected, and after a failure (the next call reconnects).
-    client: Mutex<Option<PageClient>>,
+    /// Each `None` until connected, and after a failure (the next call
+    /// on it reconnects).
+    clients: Vec<Mutex<Option<PageClient>>>,
 }
+
+/// Connections per source: as many as the file system has threads.
+pub const CONNECTIONS: usize = 4;
 
 impl PageServiceSource {
     /// A source for `tenant`/`timeline` at the page service `addr` (`host:port`).
@@ -31,8 +36,11 @@ impl PageServiceSource {
         timeline: TimelineId,
         config: PageClientConfig,
     ) -> std::io::Result<PageServiceSource> {
+        // A current-thread runtime may be entered from several threads at
+        // once: each drives its own future, one of them the I/O driver.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
-        Ok(PageServiceSource { addr, tenant, timeline, config, runtime, client: Mutex::new(None) })
+        let clients = (0..CONNECTIONS).map(|_| Mutex::new(None)).collect();
+        Ok(PageServiceSource { addr, tenant, timeline, config, runtime, clients })
     }
 
     async fn fetch(
@@ -66,7 +74,18 @@ impl PageServiceSource {
 
 impl PageSource for PageServiceSource {
     fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<Vec<u8>>, String> {
-        let mut slot = self.client.lock();
+        // A free connection, else wait for one (chosen by thread, so that
+        // the waits spread).
+        let mut slot = match self.clients.iter().find_map(|c| c.try_lock()) {
+            Some(slot) => slot,
+            None => {
+                let n = std::hash::BuildHasher::hash_one(
+                    &std::collections::hash_map::RandomState::new(),
+                    std::thread::current().id(),
+                );
+                self.clients[n as usize % self.clients.len()].lock()
+            }
+        };
         self.runtime.block_on(async {
             if slot.is_none() {
                 let c = PageClient::connect(&self.addr, self.tenant, self.timeline, self.config.clone())

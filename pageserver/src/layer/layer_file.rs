@@ -17,6 +17,7 @@ use super::group::{Group, GroupBuilder};
 use super::{LayerError, Versions};
 use crate::key::{Key, KEY_SIZE};
 use crate::value::Value;
+use std::collections::VecDeque;
 
 /// The version this build writes.
 pub const FORMAT_VERSION: u32 = 2;
@@ -58,6 +59,40 @@ thread_local! {
     /// A decompression context per thread: creating one per value costs more
     /// than decompressing a page.
     static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Ids of [`Loaded`] layers.
+static NEXT_LOADED_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A decoded part of a loaded layer file: (loaded id, position, the part).
+type Recent<T> = (u64, usize, Arc<T>);
+
+/// Groups each thread keeps decompressed.
+const RECENT_GROUPS: usize = 8;
+
+thread_local! {
+    /// The value groups this thread decompressed last, newest first:
+    /// (loaded layer id, offset) and the group. Sequential reads (scans
+    /// served batch by batch, several at once over several connections)
+    /// read a group's values one after the other, and without this pay a
+    /// whole group's decompression for each.
+    static RECENT: std::cell::RefCell<VecDeque<Recent<Group>>> = const { std::cell::RefCell::new(VecDeque::new()) };
+    /// The index blocks this thread decoded last, newest first: (loaded
+    /// layer id, block) and the entries. Lookups of neighbouring keys
+    /// (a batch of consecutive pages) share an index block.
+    static RECENT_INDEX: std::cell::RefCell<VecDeque<Recent<Vec<Entry>>>> = const { std::cell::RefCell::new(VecDeque::new()) };
+}
+
+/// Index blocks each thread keeps decoded (128 entries each).
+const RECENT_INDEX_BLOCKS: usize = 16;
+
+/// Looks `(id, at)` up in a thread's recent list, moving a hit to the front.
+fn recent_get<T: Clone>(recent: &mut VecDeque<(u64, usize, T)>, id: u64, at: usize) -> Option<T> {
+    let i = recent.iter().position(|(i, a, _)| *i == id && *a == at)?;
+    let found = recent.remove(i).expect("found above");
+    let value = found.2.clone();
+    recent.push_front(found);
+    Some(value)
 }
 
 /// Decompresses one zstd frame that states its size, refusing one larger
@@ -556,6 +591,9 @@ enum IndexLayout {
 /// The part of a layer that exists only while its file is local: the
 /// descriptor, the index position, the summary and the key filter.
 struct Loaded {
+    /// Unique over the process's life: names this loading of this file in
+    /// the per-thread group cache (an address could be reused).
+    id: u64,
     file: Source,
     index: IndexLayout,
     count: u64,
@@ -845,6 +883,7 @@ impl LayerFile {
             (end, IndexLayout::Blocks(blocks))
         };
         let mut loaded = Loaded {
+            id: NEXT_LOADED_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             file,
             index,
             count,
@@ -916,6 +955,21 @@ impl LayerFile {
         LayerError::Corrupt { path: self.path.display().to_string(), reason }
     }
 
+    /// [`Self::read_block`] through this thread's recent index blocks (a
+    /// loaded file never changes; a new loading has a new id).
+    fn read_block_cached(&self, l: &Loaded, block: usize) -> Result<Arc<Vec<Entry>>, LayerError> {
+        if let Some(hit) = RECENT_INDEX.with(|c| recent_get(&mut c.borrow_mut(), l.id, block)) {
+            return Ok(hit);
+        }
+        let entries = Arc::new(self.read_block(l, block)?);
+        RECENT_INDEX.with(|c| {
+            let mut recent = c.borrow_mut();
+            recent.truncate(RECENT_INDEX_BLOCKS - 1);
+            recent.push_front((l.id, block, entries.clone()));
+        });
+        Ok(entries)
+    }
+
     fn read_block(&self, l: &Loaded, block: usize) -> Result<Vec<Entry>, LayerError> {
         match l.index_block(block) {
             Ok(buf) => Ok(buf.chunks_exact(ENTRY_SIZE).map(Entry::decode).collect()),
@@ -948,10 +1002,28 @@ impl LayerFile {
             .map_err(|err| self.corrupt(format!("value group at offset {}: {err}", e.offset)))
     }
 
+    /// [`Self::read_group`] through this thread's recent groups. A cached
+    /// group was read and checked from the same loaded file, which never
+    /// changes (layer files are immutable; a new loading has a new id).
+    fn read_group_cached(&self, l: &Loaded, e: &Entry) -> Result<Arc<Group>, LayerError> {
+        // Offsets past usize (32-bit hosts) are not cached.
+        let Ok(at) = usize::try_from(e.offset) else { return self.read_group(l, e).map(Arc::new) };
+        if let Some(g) = RECENT.with(|c| recent_get(&mut c.borrow_mut(), l.id, at)) {
+            return Ok(g);
+        }
+        let g = Arc::new(self.read_group(l, e)?);
+        RECENT.with(|c| {
+            let mut recent = c.borrow_mut();
+            recent.truncate(RECENT_GROUPS - 1);
+            recent.push_front((l.id, at, g.clone()));
+        });
+        Ok(g)
+    }
+
     /// A value's encoding, uncompressed.
     fn read_encoded(&self, l: &Loaded, e: &Entry) -> Result<Vec<u8>, LayerError> {
         if e.flags & FLAG_GROUP != 0 {
-            let group = self.read_group(l, e)?;
+            let group = self.read_group_cached(l, e)?;
             let value =
                 group.get(e.slot).map_err(|err| self.corrupt(format!("group at offset {}: {err}", e.offset)))?;
             return Ok(value.to_vec());
@@ -987,7 +1059,7 @@ impl LayerFile {
             0 => return Ok(self.absent(out)),
             n => n - 1,
         };
-        let mut entries = self.read_block(&l, block)?;
+        let mut entries = self.read_block_cached(&l, block)?;
         let mut i = entries.partition_point(|e| (e.key, e.lsn) <= (*key, lsn));
         loop {
             if i == 0 {
@@ -995,7 +1067,7 @@ impl LayerFile {
                     return Ok(self.absent(out));
                 }
                 block -= 1;
-                entries = self.read_block(&l, block)?;
+                entries = self.read_block_cached(&l, block)?;
                 i = entries.len();
                 continue;
             }
@@ -1380,7 +1452,9 @@ mod tests {
         }
         assert_eq!(seen, n);
 
-        // Damage in the first group fails the reads of its values only, naming the file.
+        // Damage in the first group fails the reads of its values only, naming
+        // the file. This thread just read the same offsets of the undamaged
+        // file: its recent groups and index blocks are not this loading's.
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER_SIZE + 10] ^= 0xff;
         let layer = LayerFile::from_bytes(Path::new("damaged.image"), bytes).unwrap();

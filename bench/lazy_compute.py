@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""A lazy compute's read and pgbench speed, side by side with stock
+PostgreSQL on local disk and with the same compute in eager mode
+(docs/lazy-compute.md, "Cache" and "Prefetch"):
+
+- cold scan: `SELECT count(*) FROM pgbench_accounts` right after a start,
+  the kernel's page cache dropped first (when this user may: otherwise the
+  figures say "warm os cache"). Stock: `pg_ctl start` on a local data
+  directory of the same database. Lazy: `strata endpoint start --lazy`, so
+  every block comes from the pageserver through the file system.
+- pgbench RW (the TPC-B-like script) and RO (`-S`), each after a warm-up of
+  the same length, on the eager and on the lazy compute of one cluster.
+
+Each figure is the median of --runs runs; ratios are lazy / stock for the
+scan (time: below 1 is faster, so the target is stock/lazy >= 0.5) and lazy
+/ eager for pgbench (tps).
+
+Usage: .venv/bin/python bench/lazy_compute.py [--scale 20] [--runs 3] [--seconds 20] [--quick]
+Writes bench/results/lazy_compute.json and .txt (lazy_compute_quick.* with --quick).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test_runner"))
+
+from fixtures.cluster import LocalCluster  # noqa: E402
+from fixtures.pg import PgCluster  # noqa: E402
+from fixtures.strata import http_json, parse_lsn  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+SCAN = "SELECT count(*) FROM pgbench_accounts WHERE filler IS NOT NULL"  # a heap scan (count(*) alone scans the index)
+
+
+def drop_os_cache() -> bool:
+    """Writes dirty pages and drops the kernel's page cache; False if not allowed."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed_scan(connect) -> float:
+    with connect() as conn:
+        t0 = time.monotonic()
+        n = conn.execute(SCAN).fetchone()[0]
+        elapsed = time.monotonic() - t0
+    assert n > 0
+    return elapsed
+
+
+def pgbench_tps(env: dict, args: list[str], seconds: int) -> float:
+    out = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-T", str(seconds), *args], env=env, check=True,
+                         capture_output=True, text=True, timeout=seconds * 4 + 120, stdin=subprocess.DEVNULL).stdout
+    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    assert m, out
+    return float(m.group(1))
+
+
+def stock_scans(base: Path, scale: int, runs: int) -> dict:
+    c = PgCluster(PG_BIN, base / "stock", traverse_root=base)
+    try:
+        c.initdb()
+        c.start({"max_wal_size": "2GB"})
+        c.run(["pgbench", "-i", "-q", "-s", str(scale)], timeout=1800)
+        c.sql("VACUUM ANALYZE")
+        c.sql("CHECKPOINT")
+        db_bytes = int(c.sql("SELECT pg_database_size(current_database())")[0][0])
+        c.stop("fast")
+        scans, cold = [], True
+        for _ in range(runs):
+            cold = drop_os_cache() and cold
+            c.start()
+            scans.append(timed_scan(lambda: c.connect(connect_timeout=10)))
+            c.stop("fast")
+        return {"scan_seconds": statistics.median(scans), "scans": scans, "os_cache_dropped": cold,
+                "database_bytes": db_bytes}
+    finally:
+        c.cleanup()
+
+
+def endpoint_env(connstr: str) -> dict:
+    m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
+            "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4), "LC_ALL": "C"}
+
+
+def wait_ingested(cluster: LocalCluster, tl_url: str) -> None:
+    end = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
+    deadline = time.monotonic() + 300
+    while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the pageserver did not ingest the endpoint's WAL")
+        time.sleep(0.05)
+
+
+def agent_lazy(cluster: LocalCluster) -> dict | None:
+    ep = next(e for e in cluster.status()["endpoints"] if e["name"] == "main")
+    code, body = http_json("GET", f"http://127.0.0.1:{ep['ports']['http']}/v1/status")
+    assert code == 200, body
+    return body.get("lazy")
+
+
+def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: int, clients: int) -> dict:
+    cluster = LocalCluster(strata_bin, base / "strata", PG_BIN)
+    cluster.workdir.mkdir()
+    try:
+        cluster.init()
+        cluster.start()
+        ct = cluster.cluster_toml
+        ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
+        timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
+        tl_url = f"http://127.0.0.1:{ps['ports']['http']}/v1/tenant/{ct['tenant_id']}/timeline/{timeline}"
+        env = endpoint_env(cluster.endpoint_start("main", "main", "--eager"))
+        subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
+                       capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
+        subprocess.run([str(PG_BIN / "psql"), "-qc", "VACUUM ANALYZE"], env=env, check=True, capture_output=True)
+        cluster.endpoint_stop("main")
+        wait_ingested(cluster, tl_url)
+        # Compacted, as a pageserver's background work leaves a database
+        # that is read more than written: pages come from image layers.
+        code, body = http_json("POST", f"{tl_url}/checkpoint?compact=true", timeout=600)
+        assert code == 200, body
+
+        scans, fetched, cold = [], [], True
+        for _ in range(runs):
+            wait_ingested(cluster, tl_url)
+            cold = drop_os_cache() and cold
+            connstr = cluster.endpoint_start("main", "main", "--lazy")
+            scans.append(timed_scan(lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=10)))
+            fetched.append(agent_lazy(cluster)["blocks_fetched"])
+            cluster.endpoint_stop("main")
+
+        tps: dict = {}
+        for mode in ("eager", "lazy"):
+            wait_ingested(cluster, tl_url)
+            env = endpoint_env(cluster.endpoint_start("main", "main", f"--{mode}"))
+            for name, extra in (("rw", []), ("ro", ["-S"])):
+                common = ["-c", str(clients), "-j", str(min(clients, 2)), *extra]
+                pgbench_tps(env, common, seconds)  # warm-up: the same work, not counted
+                tps[f"{mode}_{name}"] = [pgbench_tps(env, common, seconds) for _ in range(runs)]
+            if mode == "lazy":
+                tps["lazy_status"] = agent_lazy(cluster)
+            cluster.endpoint_stop("main")
+        return {"scan_seconds": statistics.median(scans), "scans": scans, "blocks_fetched": fetched,
+                "os_cache_dropped": cold, "tps": tps}
+    finally:
+        if (cluster.workdir / "cluster.toml").exists():
+            if cluster.run("stop", check=False, timeout=600).returncode != 0:
+                cluster.run("stop", "--immediate", check=False, timeout=600)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=20, help="each pgbench run (and its warm-up)")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs of 5 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.scale, args.runs, args.seconds = 2, 2, 5
+    strata_bin = REPO / "target" / "release" / "strata"
+    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # PostgreSQL runs as another user
+        results["stock"] = stock_scans(base, args.scale, args.runs)
+        results["strata"] = strata_runs(strata_bin, base, args.scale, args.runs, args.seconds, args.clients)
+    s, z = results["stock"], results["strata"]
+    med = {k: statistics.median(v) for k, v in z["tps"].items() if isinstance(v, list)}
+    results["scan_speed_vs_stock"] = s["scan_seconds"] / z["scan_seconds"]
+    results["rw_vs_eager"] = med["lazy_rw"] / med["eager_rw"]
+    results["ro_vs_eager"] = med["lazy_ro"] / med["eager_ro"]
+    cache = "cold os cache" if s["os_cache_dropped"] and z["os_cache_dropped"] else "warm os cache"
+    lines = [
+        f"scale {args.scale} ({s['database_bytes'] / 1e6:.0f} MB); medians of {args.runs} runs; {cache}",
+        "",
+        f"cold scan ({SCAN}) right after a start:",
+        f"  stock (local disk)      {s['scan_seconds']:8.3f} s",
+        f"  lazy (from pageserver)  {z['scan_seconds']:8.3f} s   speed vs stock {results['scan_speed_vs_stock']:.2f}"
+        f"   (target >= 0.5; blocks fetched {statistics.median(z['blocks_fetched']):.0f})",
+        "",
+        f"pgbench, {args.clients} clients, {args.seconds} s after a warm-up of the same length (tps):",
+        f"  RW  eager {med['eager_rw']:9.1f}   lazy {med['lazy_rw']:9.1f}   lazy/eager {results['rw_vs_eager']:.2f}"
+        "   (target >= 0.9)",
+        f"  RO  eager {med['eager_ro']:9.1f}   lazy {med['lazy_ro']:9.1f}   lazy/eager {results['ro_vs_eager']:.2f}"
+        "   (target >= 0.95)",
+        "",
+        f"lazy file system after pgbench: {json.dumps(z['tps'].get('lazy_status'))}",
+    ]
+    text = "\n".join(lines)
+    out_dir = REPO / "bench" / "results"
+    stem = "lazy_compute_quick" if args.quick else "lazy_compute"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    (out_dir / f"{stem}.txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
