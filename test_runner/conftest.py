@@ -73,7 +73,9 @@ def pg_bin_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def strata_bin() -> Path:
-    path = REPO_ROOT / "target" / "release" / "strata"
+    # STRATA_BIN: another build of the same tree (a suite run that must not
+    # see the next rebuild).
+    path = Path(os.environ.get("STRATA_BIN", REPO_ROOT / "target" / "release" / "strata"))
     if not path.is_file() or not os.access(path, os.X_OK):
         pytest.fail(f"Strata binary not found at {path}; build it first with "
                     f"`cargo build --release` in {REPO_ROOT}")

@@ -351,6 +351,9 @@ pub fn start(
             args.extend(["--lazy-cache-mb".into(), mb.to_string().into()]);
         }
     }
+    if let Some(size) = &agent.shared_buffers {
+        args.extend(["--shared-buffers".into(), size.into()]);
+    }
     if let Some(n) = agent.crash_loop_restarts {
         args.extend(["--crash-loop-restarts".into(), n.to_string().into()]);
     }

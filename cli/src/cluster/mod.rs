@@ -140,6 +140,9 @@ pub struct AgentArgs {
     /// later starts).
     #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
     pub cache_mb: Option<u64>,
+    /// PostgreSQL's shared_buffers for this run (default 128MB).
+    #[arg(long, help_heading = "compute agent options", value_name = "SIZE")]
+    pub shared_buffers: Option<String>,
 }
 
 /// Why a cluster command failed; decides the exit code.

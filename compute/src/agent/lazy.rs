@@ -27,10 +27,14 @@ const MOUNTS: [(Mount, &str); 2] = [(Mount::Base, "base"), (Mount::Global, "glob
 /// blocks wait for that before they may be dropped).
 const INGEST_POLL: Duration = Duration::from_millis(500);
 
+/// How often the agent checks that the mounts' daemons still serve.
+const MOUNT_WATCH: Duration = Duration::from_secs(1);
+
 /// The mounts of the current run, if any.
 #[derive(Default)]
 pub struct LazyMounts {
-    sessions: Mutex<Vec<fuser::BackgroundSession>>,
+    /// Each with the directory it serves.
+    sessions: Mutex<Vec<(fuser::BackgroundSession, PathBuf)>>,
     /// Stops the current run's ingest poller.
     poller_stop: Mutex<Option<Arc<AtomicBool>>>,
     stats: Arc<LazyStats>,
@@ -84,7 +88,7 @@ impl LazyMounts {
         if let Some(stop) = self.poller_stop.lock().take() {
             stop.store(true, Ordering::Relaxed);
         }
-        for session in self.sessions.lock().drain(..) {
+        for (session, _) in self.sessions.lock().drain(..) {
             if let Err(e) = session.umount_and_join() {
                 warn!("unmounting a lazy mount: {e}; detaching it");
             }
@@ -96,6 +100,23 @@ impl LazyMounts {
                 // Not a mount point, or not there: nothing to do.
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) => {}
                 Err(e) => warn!(path = %path.display(), "detaching: {e}"),
+            }
+        }
+    }
+
+    /// A mount of this run whose daemon no longer serves it (its session
+    /// thread ended: the FUSE connection was aborted or the thread died),
+    /// if any: PostgreSQL's reads and writes there fail from then on.
+    pub fn dead_mount(&self) -> Option<PathBuf> {
+        self.sessions.lock().iter().find(|(s, _)| s.guard.is_finished()).map(|(_, path)| path.clone())
+    }
+
+    /// Resolves once a mount of this run is dead (never, without mounts).
+    pub async fn died(&self) -> PathBuf {
+        loop {
+            tokio::time::sleep(MOUNT_WATCH).await;
+            if let Some(path) = self.dead_mount() {
+                return path;
             }
         }
     }
@@ -147,7 +168,7 @@ impl LazyMounts {
             files += hooks.remote_files();
             let session = mount(&mountpoint, hooks)
                 .map_err(|e| fail("lazy mount", format!("mounting {}: {e}", mountpoint.display())))?;
-            sessions.push(session);
+            sessions.push((session, mountpoint));
         }
         Ok(files)
     }

@@ -43,6 +43,8 @@ enum Watch {
     PostgresExited(Result<std::process::ExitStatus, super::postgres::PostgresError>),
     ProposerEnded(Result<strata_formats::Lsn, proposer::ProposerError>),
     NotStreaming,
+    /// A lazy compute's mount stopped being served.
+    MountDied(std::path::PathBuf),
 }
 
 impl Agent {
@@ -72,6 +74,7 @@ impl Agent {
             tokio::select! {
                 exit = pg.wait() => break Watch::PostgresExited(exit),
                 r = &mut proposer => break Watch::ProposerEnded(r),
+                dead = self.lazy.died() => break Watch::MountDied(dead),
                 _ = stop_requested(stop) => break Watch::StopRequested,
                 changed = proposer_status.changed(), if running_since.is_none() => {
                     if changed.is_ok() && proposer_status.borrow_and_update().streaming {
@@ -117,6 +120,12 @@ impl Agent {
                     format!("PostgreSQL's WAL did not stream to the safekeepers within {:?}", self.cfg.start_timeout);
                 (fail("starting the WAL proposer", &why), why)
             }
+            Watch::MountDied(path) => {
+                // Acknowledged commits are on the safekeepers; the next
+                // start mounts afresh.
+                let why = format!("the lazy file system's mount of {} is no longer served", path.display());
+                (fail("running", &why), why)
+            }
         };
         // The old proposer and its safekeeper connections go first, then
         // whatever is left of PostgreSQL.
@@ -158,6 +167,12 @@ impl Agent {
                     };
                     let _ = pg.stop_everything().await;
                     return RunEnd::Failed { error, cause, running_since: Some(running_since) };
+                }
+                dead = self.lazy.died() => {
+                    let why = format!("the lazy file system's mount of {} is no longer served", dead.display());
+                    warn!("{why}; stopping PostgreSQL");
+                    let _ = pg.stop_everything().await;
+                    return RunEnd::Failed { error: fail("running", &why), cause: why, running_since: Some(running_since) };
                 }
                 _ = stop_requested(stop) => {
                     self.status.set_state(AgentState::Stopping);
