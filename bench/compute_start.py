@@ -51,7 +51,7 @@ from fixtures.strata import http_json, parse_lsn  # noqa: E402
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 FIRST_QUERY = "SELECT count(*) FROM pgbench_branches"
 PHASES = ["timeline_lookup_seconds", "sync_seconds", "wait_seconds", "basebackup_seconds", "config_seconds",
-          "postgres_start_seconds", "proposer_start_seconds", "total_seconds"]
+          "mount_seconds", "postgres_start_seconds", "proposer_start_seconds", "total_seconds"]
 
 
 def first_query(connect, timeout: float = 60) -> None:
@@ -203,21 +203,24 @@ def main() -> int:
             f"{r['scale']:>6}{s['database_bytes'] / 1e6:>8.0f}{s['seconds']:>9.3f}{e['seconds']:>9.3f}"
             f"{z['seconds']:>8.3f}{r['lazy_ratio']:>11.2f}{z['seconds'] / e['seconds']:>11.2f}"
             f"{e['pgdata_bytes'] / 1e6:>15.1f}{z['pgdata_bytes'] / 1e6:>14.1f}")
-    lines += [
-        "",
-        "eager mode, by phase:",
-        "",
-        f"{'scale':>6}{'db MB':>8}{'stock s':>9}{'strata s':>10}{'ratio':>8}{'basebackup MB':>15}"
-        f"{'sync':>7}{'wait':>7}{'bbackup':>9}{'config':>8}{'pg start':>9}{'proposer':>9}{'agent':>7}{'other':>7}",
-    ]
-    for r in results["scales"]:
-        s, t = r["stock"], r["strata"]
-        p = t["phases"]
-        lines.append(
-            f"{r['scale']:>6}{s['database_bytes'] / 1e6:>8.0f}{s['seconds']:>9.3f}{t['seconds']:>10.3f}{r['ratio']:>8.1f}"
-            f"{t['basebackup_bytes'] / 1e6:>15.0f}{p['sync_seconds']:>7.3f}{p['wait_seconds']:>7.3f}"
-            f"{p['basebackup_seconds']:>9.3f}{p['config_seconds']:>8.3f}{p['postgres_start_seconds']:>9.3f}"
-            f"{p['proposer_start_seconds']:>9.3f}{p['total_seconds']:>7.3f}{t['seconds'] - p['total_seconds']:>7.3f}")
+    for mode, key in (("eager", "strata"), ("lazy", "lazy")):
+        lines += [
+            "",
+            f"{mode} mode, by phase:",
+            "",
+            f"{'scale':>6}{'db MB':>8}{'stock s':>9}{'strata s':>10}{'ratio':>8}{'basebackup MB':>15}"
+            f"{'sync':>7}{'wait':>7}{'bbackup':>9}{'config':>8}{'mount':>7}{'pg start':>9}{'proposer':>9}"
+            f"{'agent':>7}{'other':>7}",
+        ]
+        for r in results["scales"]:
+            s, t = r["stock"], r[key]
+            p = t["phases"]
+            lines.append(
+                f"{r['scale']:>6}{s['database_bytes'] / 1e6:>8.0f}{s['seconds']:>9.3f}{t['seconds']:>10.3f}"
+                f"{t['seconds'] / s['seconds']:>8.1f}{t['basebackup_bytes'] / 1e6:>15.0f}{p['sync_seconds']:>7.3f}"
+                f"{p['wait_seconds']:>7.3f}{p['basebackup_seconds']:>9.3f}{p['config_seconds']:>8.3f}"
+                f"{p['mount_seconds']:>7.3f}{p['postgres_start_seconds']:>9.3f}{p['proposer_start_seconds']:>9.3f}"
+                f"{p['total_seconds']:>7.3f}{t['seconds'] - p['total_seconds']:>7.3f}")
     lines += [
         "",
         "seconds: strata = `strata endpoint start` to the first successful query; stock = pg_ctl start -w"

@@ -206,7 +206,9 @@ impl Agent {
             let t = Instant::now();
             let owner = user.as_ref().map(|u| (u.uid, u.gid));
             let files = step!(self.lazy.mount(&self.pgdata, addr, &self.cfg, lsn, owner).await);
-            info!(seconds = t.elapsed().as_secs_f64(), files, "relation files mounted (lazy)");
+            let seconds = t.elapsed().as_secs_f64();
+            self.record(|t| t.mount_seconds = seconds);
+            info!(seconds, files, "relation files mounted (lazy)");
         }
 
         // 6. PostgreSQL.

@@ -84,6 +84,9 @@ pub struct StartTimings {
     pub basebackup_files: u64,
     /// Writing the configuration and setting ownership.
     pub config_seconds: f64,
+    /// A lazy compute: reading the manifest, creating the backing files
+    /// and mounting `base/` and `global/` (0 when eager).
+    pub mount_seconds: f64,
     /// From starting `postgres` until it accepted connections.
     pub postgres_start_seconds: f64,
     /// Until the proposer streamed PostgreSQL's WAL (state `running`).
@@ -293,6 +296,7 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
             ("start_wait_seconds", "Last start: waiting for the pageserver to reach the start LSN", t.wait_seconds),
             ("start_basebackup_seconds", "Last start: downloading and unpacking the basebackup", t.basebackup_seconds),
             ("start_config_seconds", "Last start: writing the configuration", t.config_seconds),
+            ("start_mount_seconds", "Last start: mounting a lazy compute's relation files", t.mount_seconds),
             ("start_postgres_seconds", "Last start: until PostgreSQL accepted connections", t.postgres_start_seconds),
             (
                 "start_proposer_seconds",
@@ -424,7 +428,7 @@ mod tests {
         let (_tx, rx) = watch::channel(ProposerStatus::default());
         let eager = StatusHandle::new(status(), rx.clone());
         assert!(eager.to_json()["lazy"].is_null());
-        assert!(!render_metrics(&eager.agent(), &eager.proposer()).contains("lazy"));
+        assert!(!render_metrics(&eager.agent(), &eager.proposer()).contains("strata_compute_lazy_"));
         let stats = Arc::new(crate::lazy::fs::LazyStats::default());
         stats.blocks_fetched.store(7, std::sync::atomic::Ordering::Relaxed);
         let lazy = StatusHandle::new(status(), rx).with_lazy(stats);
