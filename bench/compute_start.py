@@ -178,7 +178,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scales, args.runs = [1, 3], 2
-    strata_bin = REPO / "target" / "release" / "strata"
+    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
     results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
                      "first_query": FIRST_QUERY, "scales": []}
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:

@@ -173,7 +173,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.runs, args.seconds = 2, 2, 5
-    strata_bin = REPO / "target" / "release" / "strata"
+    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
     results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         base = Path(tmp)
