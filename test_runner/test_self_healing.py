@@ -226,6 +226,9 @@ def test_stop_leaves_no_process_behind(cluster):
     assert "sk3: killed" in out and "endpoint ep: killed" in out, out
     alive = {role: pid for role, pid in pids.items() if pid_alive(pid)}
     assert not alive, f"left running after strata stop --immediate: {alive}"
+    # A lazy compute's mounts go with it, even with its agent killed.
+    mounts = [line.split()[1] for line in open("/proc/self/mounts") if str(cluster.workdir) in line]
+    assert not mounts, f"mounts left after strata stop --immediate: {mounts}"
 
 
 def test_crash_loop_is_reported_and_the_compute_recovers(cluster):

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_compute::lazy::cache::{Cache, CacheStats};
-use strata_compute::lazy::fs::{mount, LazyHooks, LazyStats, Mount, PageSource};
+use strata_compute::lazy::fs::{mount, FetchError, LazyHooks, LazyStats, Mount, PageSource};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_protocol::lazy_manifest::{ManifestEntry, ManifestFork};
@@ -29,6 +29,8 @@ const B: usize = 8192;
 struct FakeSource {
     asked: Mutex<Vec<(u32, u32, Lsn)>>,
     fail: AtomicBool,
+    /// Reads below this LSN are refused as below the GC cutoff.
+    cutoff: std::sync::atomic::AtomicU64,
 }
 
 fn page_of(rel: u32, block: u32, lsn: Lsn) -> Vec<u8> {
@@ -41,9 +43,18 @@ fn page_of(rel: u32, block: u32, lsn: Lsn) -> Vec<u8> {
 }
 
 impl PageSource for FakeSource {
-    fn get_pages(&self, rel: RelFileNode, _fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<Vec<u8>>, String> {
+    fn get_pages(
+        &self,
+        rel: RelFileNode,
+        _fork: ForkNumber,
+        blocks: &[u32],
+        lsn: Lsn,
+    ) -> Result<Vec<Vec<u8>>, FetchError> {
         if self.fail.load(Ordering::Relaxed) {
-            return Err("the pageserver is down".into());
+            return Err(FetchError::Other("the pageserver is down".into()));
+        }
+        if lsn.0 < self.cutoff.load(Ordering::Relaxed) {
+            return Err(FetchError::BelowGcCutoff(format!("{lsn} is below the GC cutoff")));
         }
         let mut asked = self.asked.lock();
         Ok(blocks
@@ -53,6 +64,10 @@ impl PageSource for FakeSource {
                 page_of(rel.rel, *b, lsn)
             })
             .collect())
+    }
+
+    fn latest_lsn(&self) -> Result<Lsn, String> {
+        Ok(Lsn(self.cutoff.load(Ordering::Relaxed) + 0x1000))
     }
 }
 
@@ -91,6 +106,8 @@ fn setup_with_cache(
     fs::create_dir_all(&mnt).unwrap();
     let stats = Arc::new(LazyStats::default());
     let hooks = LazyHooks::new(Mount::Base, backing, entries, S, None, source, stats.clone(), cache).unwrap();
+    // A read-write compute's hooks (the floor stays 0 unless a test sets it).
+    let hooks = hooks.floating();
     let session = mount(&mnt, hooks).unwrap();
     (Mounted { dir, mnt, session: Some(session) }, stats)
 }
@@ -258,4 +275,26 @@ fn a_cache_smaller_than_the_file_drops_blocks_and_reads_them_back_at_their_versi
         assert_eq!(buf, page_of(1000, b, lsn), "block {b} read back at its page LSN");
     }
     within_budget(&backing, 8);
+}
+
+#[test]
+fn a_read_write_compute_reads_at_its_floor_and_moves_it_past_the_gc_cutoff() {
+    let source = Arc::new(FakeSource::default());
+    let cache = Arc::new(Cache::new(1 << 20, Arc::new(CacheStats::default())));
+    let (m, _stats) = setup_with_cache("floor", &[entry(1000, 256)], source.clone(), cache.clone());
+    let f = OpenOptions::new().read(true).open(m.mnt.join("5/1000")).unwrap();
+    let mut buf = vec![0u8; B];
+    // A floor past the start: unwritten blocks are read there.
+    let floor = Lsn(S.0 + 0x800);
+    cache.set_floor(floor);
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, page_of(1000, 0, floor));
+    // GC passed the floor: the read is refused once, the floor moves to
+    // the latest LSN, and the read is served there.
+    source.cutoff.store(S.0 + 0x10_000, Ordering::Relaxed);
+    // (Far from block 0: the kernel's read-ahead did not fetch it.)
+    f.read_exact_at(&mut buf, 200 * B as u64).unwrap();
+    let latest = Lsn(S.0 + 0x11_000);
+    assert_eq!(buf, page_of(1000, 200, latest));
+    assert_eq!(cache.floor(), latest);
 }

@@ -292,7 +292,8 @@ pub fn start(
         stop_orphan_postgres(o, false)?;
     }
 
-    let lazy = agent.lazy || (!agent.eager && old.as_ref().is_some_and(|o| o.file.lazy));
+    // Lazy unless asked otherwise, now or at an earlier start of the endpoint.
+    let lazy = agent.lazy || (!agent.eager && old.as_ref().is_none_or(|o| o.file.lazy));
     let cache_mb = agent.cache_mb.or(old.as_ref().and_then(|o| o.file.cache_mb));
     let (pg_port, http_port) = choose_ports(wd, name, port, old.as_ref().map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
@@ -469,6 +470,8 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
     if !process::wait_gone(left, Duration::from_secs(10)) {
         return failed(format!("endpoint {}: postgres processes in {} do not die", ep.file.name, pgdata.display()));
     }
+    // A lazy compute's mounts outlive an agent that was killed.
+    strata_compute::agent::lazy::detach_left_behind(&pgdata);
     Ok(())
 }
 

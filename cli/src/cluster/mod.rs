@@ -128,12 +128,12 @@ pub struct AgentArgs {
     #[arg(long, help_heading = "compute agent options")]
     pub crash_loop_window_secs: Option<u64>,
     /// A lazy compute: relation files served through FUSE from the
-    /// pageserver as PostgreSQL reads them (`docs/lazy-compute.md`); kept
-    /// for the endpoint's later starts.
+    /// pageserver as PostgreSQL reads them (`docs/lazy-compute.md`). The
+    /// default for a new endpoint; kept for the endpoint's later starts.
     #[arg(long, conflicts_with = "eager", help_heading = "compute agent options")]
     pub lazy: bool,
     /// An eager compute: the whole database restored before PostgreSQL
-    /// starts (the default; kept for later starts).
+    /// starts (kept for later starts).
     #[arg(long, help_heading = "compute agent options")]
     pub eager: bool,
     /// A lazy compute's local file cache in MiB (default 1024; kept for

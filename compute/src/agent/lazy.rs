@@ -41,12 +41,15 @@ pub struct LazyMounts {
 }
 
 /// Tells `cache` the pageserver's ingested LSN every [`INGEST_POLL`] until
-/// `stop` is set or the cache is gone. Failures only delay evictions of
-/// written blocks.
+/// `stop` is set or the cache is gone, and with `floating` (a read-write
+/// compute) moves the read floor there too, so that its reads stay above
+/// the GC cutoff however long it runs. Failures only delay evictions of
+/// written blocks and the floor.
 fn poll_ingested(
     cache: Weak<Cache>,
     pageserver: PageserverClient,
     cfg: (strata_protocol::TenantId, strata_protocol::TimelineId),
+    floating: bool,
     stop: Arc<AtomicBool>,
 ) {
     let mut warned = false;
@@ -55,6 +58,9 @@ fn poll_ingested(
         match pageserver.timeline(cfg.0, cfg.1) {
             Ok(info) => {
                 cache.set_ingested(info.last_record_lsn);
+                if floating {
+                    cache.set_floor(info.last_record_lsn);
+                }
                 warned = false;
             }
             Err(e) if !warned => {
@@ -65,6 +71,20 @@ fn poll_ingested(
         }
         drop(cache);
         std::thread::sleep(INGEST_POLL);
+    }
+}
+
+/// Detaches any mount left on `base/` or `global/` of `pgdata` (an agent
+/// killed while serving leaves mounts that answer nothing but ENOTCONN).
+pub fn detach_left_behind(pgdata: &Path) {
+    for (_, dir) in MOUNTS {
+        let path = pgdata.join(dir);
+        match strata_fusefs::sys::detach(&path) {
+            Ok(()) => info!(path = %path.display(), "detached a mount left behind"),
+            // Not a mount point, or not there: nothing to do.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) => {}
+            Err(e) => warn!(path = %path.display(), "detaching: {e}"),
+        }
     }
 }
 
@@ -93,15 +113,7 @@ impl LazyMounts {
                 warn!("unmounting a lazy mount: {e}; detaching it");
             }
         }
-        for (_, dir) in MOUNTS {
-            let path = pgdata.join(dir);
-            match strata_fusefs::sys::detach(&path) {
-                Ok(()) => info!(path = %path.display(), "detached a mount left behind"),
-                // Not a mount point, or not there: nothing to do.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) => {}
-                Err(e) => warn!(path = %path.display(), "detaching: {e}"),
-            }
-        }
+        detach_left_behind(pgdata);
     }
 
     /// A mount of this run whose daemon no longer serves it (its session
@@ -152,16 +164,21 @@ impl LazyMounts {
         if let Some(old) = self.poller_stop.lock().replace(stop.clone()) {
             old.store(true, Ordering::Relaxed);
         }
+        let floating = cfg.read_only_at.is_none();
+        if floating {
+            cache.set_floor(lsn);
+        }
         let (weak, ps, ids) =
             (Arc::downgrade(&cache), PageserverClient::new(&cfg.pageserver_http), (cfg.tenant_id, cfg.timeline_id));
         std::thread::Builder::new()
             .name("lazy-ingest-poll".into())
-            .spawn(move || poll_ingested(weak, ps, ids, stop))
+            .spawn(move || poll_ingested(weak, ps, ids, floating, stop))
             .map_err(|e| fail("lazy mount", format!("starting the ingest poller: {e}")))?;
-        let prepared = tokio::task::spawn_blocking(move || prepare(&pgdata, lsn, owner, source, stats, cache))
-            .await
-            .map_err(|e| fail("lazy mount", format!("task: {e}")))?
-            .map_err(|e| fail("lazy mount", e))?;
+        let prepared =
+            tokio::task::spawn_blocking(move || prepare(&pgdata, lsn, owner, source, stats, cache, floating))
+                .await
+                .map_err(|e| fail("lazy mount", format!("task: {e}")))?
+                .map_err(|e| fail("lazy mount", e))?;
         let mut sessions = self.sessions.lock();
         let mut files = 0;
         for (hooks, mountpoint) in prepared {
@@ -183,6 +200,7 @@ fn prepare(
     source: Arc<PageServiceSource>,
     stats: Arc<LazyStats>,
     cache: Arc<Cache>,
+    floating: bool,
 ) -> Result<Vec<(LazyHooks, PathBuf)>, String> {
     let manifest_path = pgdata.join(MANIFEST_NAME);
     let bytes = std::fs::read(&manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
@@ -208,7 +226,7 @@ fn prepare(
         let hooks =
             LazyHooks::new(which, to.clone(), &manifest.entries, lsn, owner, source, stats.clone(), cache.clone())
                 .map_err(|e| format!("backing files in {}: {e}", to.display()))?;
-        out.push((hooks, from));
+        out.push((if floating { hooks.floating() } else { hooks }, from));
     }
     Ok(out)
 }

@@ -57,6 +57,9 @@ pub struct Cache {
     over: Condvar,
     /// The pageserver's ingested LSN, as last learnt.
     ingested: AtomicU64,
+    /// The read floor of a read-write compute (`docs/lazy-compute.md`,
+    /// rule 1): an LSN the pageserver had ingested, moved up as it goes.
+    floor: AtomicU64,
     stats: Arc<CacheStats>,
 }
 
@@ -69,6 +72,7 @@ impl Cache {
             ring: Mutex::new(VecDeque::new()),
             over: Condvar::new(),
             ingested: AtomicU64::new(0),
+            floor: AtomicU64::new(0),
             stats,
         }
     }
@@ -137,6 +141,16 @@ impl Cache {
     /// The pageserver has ingested WAL up to `lsn` (never moves back).
     pub fn set_ingested(&self, lsn: Lsn) {
         self.ingested.fetch_max(lsn.0, Ordering::Relaxed);
+    }
+
+    /// Moves the read floor up to `lsn` (never back).
+    pub fn set_floor(&self, lsn: Lsn) {
+        self.floor.fetch_max(lsn.0, Ordering::Relaxed);
+    }
+
+    /// The read floor (0 until set).
+    pub fn floor(&self) -> Lsn {
+        Lsn(self.floor.load(Ordering::Relaxed))
     }
 
     /// The pageserver's ingested LSN as last learnt.

@@ -45,6 +45,23 @@ pub enum Mount {
     Global,
 }
 
+/// Why the page source gave no pages.
+#[derive(Debug)]
+pub enum FetchError {
+    /// The LSN is below the pageserver's GC cutoff: its versions may be gone.
+    BelowGcCutoff(String),
+    /// Anything else (after the source's own retries).
+    Other(String),
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FetchError::BelowGcCutoff(e) | FetchError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Where the file system gets the blocks it does not hold.
 pub trait PageSource: Send + Sync + 'static {
     /// The images of `blocks` of `rel`/`fork` as of `lsn`, in that order.
@@ -54,7 +71,12 @@ pub trait PageSource: Send + Sync + 'static {
         fork: ForkNumber,
         blocks: &[u32],
         lsn: Lsn,
-    ) -> std::result::Result<Vec<Vec<u8>>, String>;
+    ) -> std::result::Result<Vec<Vec<u8>>, FetchError>;
+
+    /// How far the pageserver has ingested the timeline, now.
+    fn latest_lsn(&self) -> std::result::Result<Lsn, String> {
+        Err("this source cannot tell".into())
+    }
 }
 
 /// Counters of the file system, for the agent's status and metrics.
@@ -158,6 +180,9 @@ pub struct LazyHooks {
     source: Arc<dyn PageSource>,
     stats: Arc<LazyStats>,
     cache: Arc<Cache>,
+    /// A read-write compute: blocks may be read at the read floor when it
+    /// is past their rules' LSN (a read-only one reads at its pinned LSN).
+    floating: bool,
 }
 
 /// The backing file's path (relative to the mount) of segment `segment` of
@@ -233,7 +258,13 @@ impl LazyHooks {
                 files.insert(rel_path, Arc::new(FileEntry::new(rf)));
             }
         }
-        Ok(LazyHooks { mount, backing, files: Mutex::new(files), source, stats, cache })
+        Ok(LazyHooks { mount, backing, files: Mutex::new(files), source, stats, cache, floating: false })
+    }
+
+    /// Lets reads go to the read floor (a read-write compute; see `get`).
+    pub fn floating(mut self) -> LazyHooks {
+        self.floating = true;
+        self
     }
 
     /// The mount's directory of the data directory.
@@ -256,30 +287,47 @@ impl LazyHooks {
         self.files.lock().get(path).cloned()
     }
 
-    /// The pages of `wanted` (file blocks by LSN) from the page source,
-    /// checked; the file's lock need not be held.
+    /// The pages of `wanted` (file blocks by the LSN their rules name)
+    /// from the page source, checked, each group with the LSN it was read
+    /// at: the rules' LSN or, for a read-write compute, the read floor if
+    /// later (`docs/lazy-compute.md`, rule 1). A read refused as below the
+    /// GC cutoff moves the floor to the pageserver's latest LSN and is
+    /// tried once more. The file's lock need not be held.
     fn get(
         &self,
         node: &Node,
         (rel, fork, first_block): (RelFileNode, ForkNumber, u32),
         wanted: &BTreeMap<Lsn, Vec<u32>>,
-    ) -> Result<Vec<Vec<u8>>> {
+    ) -> Result<Vec<(Lsn, Vec<Vec<u8>>)>> {
         let mut out = Vec::new();
         for (lsn, blocks) in wanted {
             let fork_blocks: Vec<u32> = blocks.iter().map(|b| first_block + b).collect();
-            match self.source.get_pages(rel, fork, &fork_blocks, *lsn) {
+            let mut at = if self.floating { (*lsn).max(self.cache.floor()) } else { *lsn };
+            let mut result = self.source.get_pages(rel, fork, &fork_blocks, at);
+            if let (Err(FetchError::BelowGcCutoff(e)), true) = (&result, self.floating) {
+                match self.source.latest_lsn() {
+                    Ok(latest) => {
+                        warn!(file = %node, %at, %latest, "reading at the pageserver's latest LSN: {e}");
+                        self.cache.set_floor(latest);
+                        at = (*lsn).max(self.cache.floor());
+                        result = self.source.get_pages(rel, fork, &fork_blocks, at);
+                    }
+                    Err(le) => warn!(file = %node, "{e}; asking for the latest LSN: {le}"),
+                }
+            }
+            match result {
                 Ok(pages) if pages.len() == blocks.len() && pages.iter().all(|p| p.len() == BLCKSZ) => {
                     self.stats.blocks_fetched.fetch_add(blocks.len() as u64, Ordering::Relaxed);
-                    out.extend(pages);
+                    out.push((at, pages));
                 }
                 Ok(pages) => {
                     self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-                    error!(file = %node, %lsn, asked = blocks.len(), got = pages.len(), "the page source answered wrong");
+                    error!(file = %node, %at, asked = blocks.len(), got = pages.len(), "the page source answered wrong");
                     return Err(Errno::EIO);
                 }
                 Err(e) => {
                     self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-                    warn!(file = %node, %lsn, first = fork_blocks[0], blocks = blocks.len(), "fetching pages: {e}");
+                    warn!(file = %node, %at, first = fork_blocks[0], blocks = blocks.len(), "fetching pages: {e}");
                     return Err(Errno::EIO);
                 }
             }
@@ -296,10 +344,13 @@ impl LazyHooks {
         node: &Node,
         rf: &mut RemoteFile,
         wanted: &BTreeMap<Lsn, Vec<u32>>,
-        pages: &[Vec<u8>],
+        got: &[(Lsn, Vec<Vec<u8>>)],
         fetched: &mut Vec<u32>,
     ) -> Result<()> {
-        let blocks = wanted.iter().flat_map(|(lsn, blocks)| blocks.iter().map(move |b| (*lsn, *b)));
+        // (the rules' LSN, the LSN read at, block), in the order of `got`'s pages.
+        let blocks =
+            wanted.iter().zip(got).flat_map(|((lsn, blocks), (at, _))| blocks.iter().map(move |b| (*lsn, *at, *b)));
+        let pages = got.iter().flat_map(|(_, pages)| pages);
         // Runs of consecutive blocks go to the backing file in one write.
         let mut run: Vec<u8> = Vec::new();
         let mut run_start = 0u32;
@@ -315,7 +366,7 @@ impl LazyHooks {
             })
         };
         let mut stored = Vec::new();
-        for ((lsn, b), page) in blocks.zip(pages) {
+        for ((lsn, at, b), page) in blocks.zip(pages) {
             if rf.rules.source(b) != Source::Remote(lsn) {
                 continue;
             }
@@ -324,7 +375,7 @@ impl LazyHooks {
                 run_start = b;
             }
             run.extend_from_slice(page);
-            stored.push((b, lsn));
+            stored.push((b, at));
         }
         flush(&mut run, run_start)?;
         for (b, lsn) in stored {

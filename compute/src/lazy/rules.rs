@@ -183,10 +183,14 @@ impl SegmentRules {
         }
     }
 
-    /// `block` was fetched from the pageserver at `lsn` and stored in the
-    /// backing file: it may be dropped again and read back at `lsn`.
+    /// `block` was fetched from the pageserver at `lsn` (its state's LSN,
+    /// or a later read floor) and stored in the backing file: it may be
+    /// dropped again and read back at `lsn`.
     pub fn fetched(&mut self, block: u32, lsn: Lsn) {
-        debug_assert_eq!(self.source(block), Source::Remote(lsn), "only a remote block is fetched");
+        debug_assert!(
+            matches!(self.source(block), Source::Remote(l) if l <= lsn),
+            "only a remote block is fetched, at or after its LSN"
+        );
         self.blocks.insert(block, Block::Local { read_back: Some(lsn), referenced: false });
     }
 

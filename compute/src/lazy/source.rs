@@ -7,11 +7,16 @@
 use parking_lot::Mutex;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
-use strata_protocol::pageserver::{PageRequest, ServerMessage};
+use strata_protocol::pageserver::{ErrorCode, PageRequest, ServerMessage};
 use strata_protocol::{TenantId, TimelineId};
 
-use super::fs::PageSource;
-use crate::page_client::{PageClient, PageClientConfig};
+use super::fs::{FetchError, PageSource};
+use crate::page_client::{PageClient, PageClientConfig, PageClientError};
+
+/// How long a fetch keeps trying while the pageserver cannot be reached
+/// (a restart under its supervisor takes seconds): the query waits instead
+/// of failing. Past this, or on any other failure, the read is an I/O error.
+pub const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The page service of one timeline.
 pub struct PageServiceSource {
@@ -49,31 +54,87 @@ impl PageServiceSource {
         fork: ForkNumber,
         blocks: &[u32],
         lsn: Lsn,
-    ) -> Result<Vec<Vec<u8>>, String> {
+    ) -> Result<Vec<Vec<u8>>, Failure> {
         let mut pages = Vec::with_capacity(blocks.len());
         let mut next = 0;
         while pages.len() < blocks.len() {
             // Keep the pipeline full: queue what fits, then take one answer.
             while next < blocks.len() && client.in_flight() < client.max_in_flight() {
                 let request = PageRequest::GetPage { id: 0, lsn, rel, fork, block: blocks[next] };
-                client.queue(request).map_err(|e| e.to_string())?;
+                client.queue(request).map_err(Failure::Transport)?;
                 next += 1;
             }
-            match client.recv().await.map_err(|e| e.to_string())? {
+            match client.recv().await.map_err(Failure::Transport)? {
                 ServerMessage::Page { page, .. } => pages.push(page),
                 ServerMessage::Error { code, message, .. } => {
                     let block = blocks[pages.len()];
-                    return Err(format!("block {block} of {rel:?} fork {fork:?} at {lsn}: {code:?}: {message}"));
+                    let text = format!("block {block} of {rel:?} fork {fork:?} at {lsn}: {code:?}: {message}");
+                    return Err(match code {
+                        ErrorCode::NotFound if message.contains("below the GC cutoff") => {
+                            Failure::Final(FetchError::BelowGcCutoff(text))
+                        }
+                        ErrorCode::Overloaded => Failure::Busy(text),
+                        _ => Failure::Final(FetchError::Other(text)),
+                    });
                 }
-                other => return Err(format!("{} in answer to GetPage", other.name())),
+                other => {
+                    return Err(Failure::Final(FetchError::Other(format!("{} in answer to GetPage", other.name()))))
+                }
             }
         }
         Ok(pages)
     }
 }
 
+/// Why one attempt failed.
+enum Failure {
+    /// The connection failed (or could not be made): retried on a new one.
+    Transport(PageClientError),
+    /// The pageserver is overloaded: retried after a pause.
+    Busy(String),
+    /// An answer that another attempt would not change.
+    Final(FetchError),
+}
+
 impl PageSource for PageServiceSource {
-    fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<Vec<u8>>, String> {
+    fn latest_lsn(&self) -> Result<Lsn, String> {
+        // A fresh connection's hello says how far the timeline is ingested.
+        self.runtime.block_on(async {
+            PageClient::connect(&self.addr, self.tenant, self.timeline, self.config.clone())
+                .await
+                .map(|c| c.last_record_lsn())
+                .map_err(|e| format!("page service {}: {e}", self.addr))
+        })
+    }
+
+    fn get_pages(
+        &self,
+        rel: RelFileNode,
+        fork: ForkNumber,
+        blocks: &[u32],
+        lsn: Lsn,
+    ) -> Result<Vec<Vec<u8>>, FetchError> {
+        let deadline = std::time::Instant::now() + RETRY_FOR;
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            let error = match self.attempt(rel, fork, blocks, lsn) {
+                Ok(pages) => return Ok(pages),
+                Err(Failure::Final(e)) => return Err(e),
+                Err(Failure::Transport(e)) => e.to_string(),
+                Err(Failure::Busy(e)) => e,
+            };
+            if std::time::Instant::now() + pause > deadline {
+                return Err(FetchError::Other(format!("{error} (still failing after {RETRY_FOR:?})")));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_secs(1));
+        }
+    }
+}
+
+impl PageServiceSource {
+    /// One try on one connection (made first if need be).
+    fn attempt(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<Vec<u8>>, Failure> {
         // A free connection, else wait for one (chosen by thread, so that
         // the waits spread).
         let mut slot = match self.clients.iter().find_map(|c| c.try_lock()) {
@@ -90,7 +151,13 @@ impl PageSource for PageServiceSource {
             if slot.is_none() {
                 let c = PageClient::connect(&self.addr, self.tenant, self.timeline, self.config.clone())
                     .await
-                    .map_err(|e| format!("page service {}: {e}", self.addr))?;
+                    .map_err(|e| match e {
+                        // The timeline itself refused: no retry changes that.
+                        PageClientError::Refused { code, message } if code != ErrorCode::Overloaded => Failure::Final(
+                            FetchError::Other(format!("page service {}: {code:?}: {message}", self.addr)),
+                        ),
+                        e => Failure::Transport(e),
+                    })?;
                 *slot = Some(c);
             }
             let client = slot.as_mut().expect("connected above");
