@@ -114,7 +114,7 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
     from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
 
     eager = Endpoint(cluster, "eager")
-    eager.start()
+    eager.start("--eager")
     eager.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
     eager.sql("CREATE TABLE t AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 50000) g")
     expected = eager.sql("SELECT count(*), sum(id), md5(string_agg(v, ',' ORDER BY id)) FROM t")
@@ -149,15 +149,18 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
 
 def test_a_read_fails_while_the_pageserver_is_down_and_works_once_it_is_back(cluster):
     """kill -9 of the pageserver (and its supervisor, so it stays down): a
-    lazy compute's query that needs blocks it does not hold fails with
-    PostgreSQL's own I/O error, while commits and queries on what it holds
-    go on; once the pageserver is back the same query answers, and
-    PostgreSQL was never restarted."""
+    lazy compute's query that needs blocks it does not hold waits (the
+    fetch retries for 20 s, long enough for a supervised restart) and then
+    fails with PostgreSQL's own I/O error, while commits and queries on
+    what it holds go on; once the pageserver is back the same query
+    answers, and PostgreSQL was never restarted."""
+    import time
+
     import psycopg
     import pytest
 
     eager = Endpoint(cluster, "eager")
-    eager.start()
+    eager.start("--eager")
     eager.sql("CREATE TABLE t AS SELECT g AS id, repeat('x', 200) AS pad FROM generate_series(1, 20000) g")
     eager.sql("CREATE TABLE w (id int)")
     eager.stop()
@@ -172,8 +175,10 @@ def test_a_read_fails_while_the_pageserver_is_down_and_works_once_it_is_back(clu
     cluster.kill9("pageserver", supervisor=True)
     assert cluster.service("pageserver")["state"] == "stopped"
 
+    t0 = time.monotonic()
     with pytest.raises(psycopg.Error) as failed:
         ep.sql("SELECT count(*) FROM t")
+    assert time.monotonic() - t0 >= 15, "the fetch waited for the pageserver before failing"
     assert "could not read block" in str(failed.value) and "Input/output error" in str(failed.value), failed.value
     # The blocks it holds still serve, and commits need only the safekeepers.
     ep.sql("INSERT INTO w VALUES (2)")
@@ -203,7 +208,7 @@ def test_a_cache_smaller_than_the_working_set_drops_blocks_and_reads_them_back_r
     from test_pageserver import PageserverApi
 
     eager = Endpoint(cluster, "eager")
-    eager.start()
+    eager.start("--eager")
     eager.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
     eager.stop()
 
