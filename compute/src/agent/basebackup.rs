@@ -113,10 +113,11 @@ pub fn prepare_dir(pgdata: &Path) -> Result<(), RestoreError> {
     for entry in entries {
         let entry = entry.map_err(io_err(format!("reading {}", what())))?;
         let path = entry.path();
-        let file_type = entry.file_type().map_err(io_err(format!("inspecting {}", path.display())))?;
-        let result = if file_type.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
-        result.map_err(io_err(format!("removing {}", path.display())))?;
+        // Into the trash, deleted in the background: a start does not wait
+        // for the old files to be unlinked.
+        super::trash::discard(pgdata, &path).map_err(io_err(format!("removing {}", path.display())))?;
     }
+    super::trash::sweep(pgdata);
     fs::write(pgdata.join(RESTORE_MARKER), b"").map_err(io_err(format!("writing the marker in {}", what())))?;
     Ok(())
 }

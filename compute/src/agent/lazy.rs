@@ -212,7 +212,8 @@ fn prepare(
 
     let backing = backing_dir(pgdata);
     if backing.exists() {
-        std::fs::remove_dir_all(&backing).map_err(|e| format!("emptying {}: {e}", backing.display()))?;
+        super::trash::discard(pgdata, &backing).map_err(|e| format!("emptying {}: {e}", backing.display()))?;
+        super::trash::sweep(pgdata);
     }
     std::fs::create_dir(&backing).map_err(|e| format!("creating {}: {e}", backing.display()))?;
     let mut out = Vec::new();

@@ -19,6 +19,7 @@
 pub mod basebackup;
 pub mod exit;
 pub mod lazy;
+pub mod trash;
 pub mod leftover;
 pub mod pageserver_api;
 pub mod pgconf;
