@@ -19,7 +19,6 @@
 pub mod basebackup;
 pub mod exit;
 pub mod lazy;
-pub mod trash;
 pub mod leftover;
 pub mod pageserver_api;
 pub mod pgconf;
@@ -28,6 +27,7 @@ pub mod restart;
 mod running;
 mod start;
 pub mod status;
+pub mod trash;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
