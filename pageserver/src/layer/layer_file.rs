@@ -86,13 +86,32 @@ thread_local! {
 /// Index blocks each thread keeps decoded (128 entries each).
 const RECENT_INDEX_BLOCKS: usize = 16;
 
-/// Looks `(id, at)` up in a thread's recent list, moving a hit to the front.
-fn recent_get<T: Clone>(recent: &mut VecDeque<(u64, usize, T)>, id: u64, at: usize) -> Option<T> {
-    let i = recent.iter().position(|(i, a, _)| *i == id && *a == at)?;
-    let found = recent.remove(i).expect("found above");
-    let value = found.2.clone();
-    recent.push_front(found);
-    Some(value)
+/// The part at `(id, at)` from a thread's recent list (`keep` long), a hit
+/// moved to the front; else `load`s it and puts it in front.
+fn recent_or_load<T, E>(
+    list: &'static std::thread::LocalKey<std::cell::RefCell<VecDeque<Recent<T>>>>,
+    keep: usize,
+    (id, at): (u64, usize),
+    load: impl FnOnce() -> Result<T, E>,
+) -> Result<Arc<T>, E> {
+    let hit = list.with(|c| {
+        let mut recent = c.borrow_mut();
+        let i = recent.iter().position(|(i, a, _)| *i == id && *a == at)?;
+        let found = recent.remove(i).expect("found above");
+        let value = found.2.clone();
+        recent.push_front(found);
+        Some(value)
+    });
+    if let Some(value) = hit {
+        return Ok(value);
+    }
+    let value = Arc::new(load()?);
+    list.with(|c| {
+        let mut recent = c.borrow_mut();
+        recent.truncate(keep - 1);
+        recent.push_front((id, at, value.clone()));
+    });
+    Ok(value)
 }
 
 /// Decompresses one zstd frame that states its size, refusing one larger
@@ -958,16 +977,7 @@ impl LayerFile {
     /// [`Self::read_block`] through this thread's recent index blocks (a
     /// loaded file never changes; a new loading has a new id).
     fn read_block_cached(&self, l: &Loaded, block: usize) -> Result<Arc<Vec<Entry>>, LayerError> {
-        if let Some(hit) = RECENT_INDEX.with(|c| recent_get(&mut c.borrow_mut(), l.id, block)) {
-            return Ok(hit);
-        }
-        let entries = Arc::new(self.read_block(l, block)?);
-        RECENT_INDEX.with(|c| {
-            let mut recent = c.borrow_mut();
-            recent.truncate(RECENT_INDEX_BLOCKS - 1);
-            recent.push_front((l.id, block, entries.clone()));
-        });
-        Ok(entries)
+        recent_or_load(&RECENT_INDEX, RECENT_INDEX_BLOCKS, (l.id, block), || self.read_block(l, block))
     }
 
     fn read_block(&self, l: &Loaded, block: usize) -> Result<Vec<Entry>, LayerError> {
@@ -1008,16 +1018,7 @@ impl LayerFile {
     fn read_group_cached(&self, l: &Loaded, e: &Entry) -> Result<Arc<Group>, LayerError> {
         // Offsets past usize (32-bit hosts) are not cached.
         let Ok(at) = usize::try_from(e.offset) else { return self.read_group(l, e).map(Arc::new) };
-        if let Some(g) = RECENT.with(|c| recent_get(&mut c.borrow_mut(), l.id, at)) {
-            return Ok(g);
-        }
-        let g = Arc::new(self.read_group(l, e)?);
-        RECENT.with(|c| {
-            let mut recent = c.borrow_mut();
-            recent.truncate(RECENT_GROUPS - 1);
-            recent.push_front((l.id, at, g.clone()));
-        });
-        Ok(g)
+        recent_or_load(&RECENT, RECENT_GROUPS, (l.id, at), || self.read_group(l, e))
     }
 
     /// A value's encoding, uncompressed.
