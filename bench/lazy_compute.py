@@ -9,7 +9,9 @@ PostgreSQL on local disk and with the same compute in eager mode
   directory of the same database. Lazy: `strata endpoint start --lazy`, so
   every block comes from the pageserver through the file system.
 - pgbench RW (the TPC-B-like script) and RO (`-S`), each after a warm-up of
-  the same length, on the eager and on the lazy compute of one cluster.
+  the same length, on the eager and on the lazy compute of one cluster. Each
+  run starts the endpoint afresh; runs alternate which mode goes first, and
+  RO starts after a checkpoint the pageserver has ingested.
 
 Each figure is the median of --runs runs; ratios are lazy / stock for the
 scan (time: below 1 is faster, so the target is stock/lazy >= 0.5) and lazy
@@ -144,17 +146,26 @@ def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: in
             fetched.append(agent_lazy(cluster)["blocks_fetched"])
             cluster.endpoint_stop("main")
 
-        tps: dict = {}
-        for mode in ("eager", "lazy"):
-            wait_ingested(cluster, tl_url)
-            env = endpoint_env(cluster.endpoint_start("main", "main", f"--{mode}"))
-            for name, extra in (("rw", []), ("ro", ["-S"])):
-                common = ["-c", str(clients), "-j", str(min(clients, 2)), *extra]
-                pgbench_tps(env, common, seconds)  # warm-up: the same work, not counted
-                tps[f"{mode}_{name}"] = [pgbench_tps(env, common, seconds) for _ in range(runs)]
-            if mode == "lazy":
-                tps["lazy_status"] = agent_lazy(cluster)
-            cluster.endpoint_stop("main")
+        # Rounds alternate which mode goes first, and each mode starts its
+        # RO runs from a checkpointed, ingested state: the work the RW runs
+        # leave behind (checkpoints, the pageserver's ingest and compaction)
+        # then weighs on both modes alike instead of on whichever runs next.
+        tps: dict = {f"{m}_{n}": [] for m in ("eager", "lazy") for n in ("rw", "ro")}
+        for r in range(runs):
+            for mode in ("eager", "lazy") if r % 2 == 0 else ("lazy", "eager"):
+                wait_ingested(cluster, tl_url)
+                env = endpoint_env(cluster.endpoint_start("main", "main", f"--{mode}"))
+                for name, extra in (("rw", []), ("ro", ["-S"])):
+                    if name == "ro":
+                        subprocess.run([str(PG_BIN / "psql"), "-qc", "CHECKPOINT"], env=env, check=True,
+                                       capture_output=True, timeout=600)
+                        wait_ingested(cluster, tl_url)
+                    common = ["-c", str(clients), "-j", str(min(clients, 2)), *extra]
+                    pgbench_tps(env, common, seconds)  # warm-up: the same work, not counted
+                    tps[f"{mode}_{name}"].append(pgbench_tps(env, common, seconds))
+                if mode == "lazy":
+                    tps["lazy_status"] = agent_lazy(cluster)
+                cluster.endpoint_stop("main")
         return {"scan_seconds": statistics.median(scans), "scans": scans, "blocks_fetched": fetched,
                 "os_cache_dropped": cold, "tps": tps}
     finally:

@@ -377,3 +377,69 @@ def test_random_workloads_through_a_tiny_cache_end_as_on_stock_postgres(cluster,
     print(f"seed {seed}: {status}")
     assert status["cache_evictions"] > 0 and status["fetch_errors"] == 0, status
     ep.stop()
+
+
+def test_a_table_over_1_gib_is_served_on_both_sides_of_its_segment_boundary(cluster):
+    """PostgreSQL keeps a relation in 1 GiB segment files (131 072 blocks
+    each). A lazy compute with a 64 MiB cache writes a table of just over
+    1 GiB and updates rows on both sides of the boundary; a fresh lazy
+    compute reads it all from the pageserver: the `.1` file holds the
+    fork's later blocks at their place, each row is as written (the rows
+    next to the boundary by their block), and pg_amcheck finds nothing.
+    Cut back below the boundary by VACUUM, the next compute has no second
+    segment."""
+    from fixtures.checks import run_amcheck
+
+    segment = 131072
+    rows = segment + 300
+    ep = Endpoint(cluster, "big")
+    ep.start("--cache-mb", "64")
+    # Fillfactor 10 and rows of 700 bytes: one row per block, so about
+    # 100 MB of WAL makes the 1 GiB.
+    ep.sql("CREATE TABLE big (id int, pad text) WITH (fillfactor = 10, autovacuum_enabled = off)")
+    with ep.connect() as conn:
+        conn.execute("SET statement_timeout = 0")
+        conn.execute(f"INSERT INTO big SELECT g, repeat(chr(65 + g % 26), 700) FROM generate_series(1, {rows}) g")
+        conn.execute("UPDATE big SET pad = repeat('z', 700) WHERE id BETWEEN %s AND %s", (segment - 100, segment + 100))
+    (blocks,) = ep.sql("SELECT pg_relation_size('big') / 8192")[0]
+    assert blocks == rows, blocks
+    db, filenode = ep.sql("SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), "
+                          "pg_relation_filenode('big')")[0]
+    status = agent_status(cluster, "big")["lazy"]
+    assert status["cache_budget_blocks"] == 64 * 128 and status["fetch_errors"] == 0, status
+
+    def check(expected_rows: int) -> None:
+        first = f"base/{db}/{filenode}"
+        assert (ep.pgdata / first).stat().st_size == min(expected_rows, segment) * BLOCK
+        second = ep.pgdata / f"{first}.1"
+        if expected_rows > segment:
+            assert second.stat().st_size == (expected_rows - segment) * BLOCK
+        else:
+            assert not second.exists()
+        total = expected_rows * (expected_rows + 1) // 2
+        updated = max(0, min(expected_rows, segment + 100) - (segment - 100) + 1)
+        got = ep.sql("SELECT count(*), sum(id), count(*) FILTER (WHERE pad = repeat('z', 700)), "
+                     "count(*) FILTER (WHERE pad = repeat(chr(65 + id % 26), 700)) FROM big")[0]
+        assert got == (expected_rows, total, updated, expected_rows - updated), got
+        # Block b holds row b + 1 (one row per block, updated on its block).
+        last = min(segment + 2, expected_rows)
+        by_block = ep.sql("SELECT (ctid::text::point)[0]::int, id, left(pad, 1) FROM big "
+                          "WHERE id BETWEEN %s AND %s ORDER BY id", (last - 4, last))
+        letter = {i: "z" if segment - 100 <= i <= segment + 100 else chr(65 + i % 26) for i in range(last - 4, last + 1)}
+        assert by_block == [(i - 1, i, letter[i]) for i in range(last - 4, last + 1)], by_block
+
+    ep.stop()
+    ep.start("--cache-mb", "64")
+    check(rows)
+    run_amcheck(ep)
+    status = agent_status(cluster, "big")["lazy"]
+    assert status["blocks_fetched"] >= rows and status["cache_evictions"] > 0 and status["fetch_errors"] == 0, status
+
+    # VACUUM truncates empty blocks at the end when there are at least 1000.
+    ep.sql(f"DELETE FROM big WHERE id > {segment - 1000}")
+    ep.sql("VACUUM big")
+    assert ep.sql("SELECT pg_relation_size('big') / 8192")[0] == (segment - 1000,)
+    ep.stop()
+    ep.start("--cache-mb", "64")
+    check(segment - 1000)
+    ep.stop()

@@ -43,13 +43,7 @@ fn page_of(rel: u32, block: u32, lsn: Lsn) -> Vec<u8> {
 }
 
 impl PageSource for FakeSource {
-    fn get_pages(
-        &self,
-        rel: RelFileNode,
-        _fork: ForkNumber,
-        blocks: &[u32],
-        lsn: Lsn,
-    ) -> Result<Vec<Vec<u8>>, FetchError> {
+    fn get_pages(&self, rel: RelFileNode, _fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
         if self.fail.load(Ordering::Relaxed) {
             return Err(FetchError::Other("the pageserver is down".into()));
         }
@@ -59,7 +53,7 @@ impl PageSource for FakeSource {
         let mut asked = self.asked.lock();
         Ok(blocks
             .iter()
-            .map(|b| {
+            .flat_map(|b| {
                 asked.push((rel.rel, *b, lsn));
                 page_of(rel.rel, *b, lsn)
             })
@@ -197,6 +191,43 @@ fn reads_writes_and_sizes_follow_the_rules() {
         m
     });
     assert_eq!(lsns.keys().copied().collect::<Vec<_>>(), vec![S], "every read so far at the start LSN");
+}
+
+#[test]
+fn large_reads_are_answered_with_the_pages_fetched_for_them_and_those_are_kept() {
+    let source = Arc::new(FakeSource::default());
+    let cache = Arc::new(Cache::new(16 << 20, Arc::new(CacheStats::default())));
+    let (m, _) = setup_with_cache("large", &[entry(1002, 600)], source.clone(), cache);
+    let path = m.mnt.join("5/1002");
+    // Some blocks are local before the scan: one written, one read.
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let mine = with_lsn(Lsn(S.0 + 0x100), 0x77);
+    f.write_all_at(&mine, 130 * B as u64).unwrap();
+    let mut one = vec![0u8; B];
+    f.read_exact_at(&mut one, 260 * B as u64).unwrap();
+    drop(f);
+    let expected = |b: usize| if b == 130 { mine.clone() } else { page_of(1002, b as u32, S) };
+
+    // Reads of 1 MiB (the kernel's read-ahead makes them as large), some
+    // over local blocks, from a descriptor that has read nothing.
+    let g = OpenOptions::new().read(true).open(&path).unwrap();
+    let mut all = vec![0u8; 600 * B];
+    for (i, chunk) in all.chunks_mut(128 * B).enumerate() {
+        g.read_exact_at(chunk, (i * 128 * B) as u64).unwrap();
+    }
+    for b in 0..600 {
+        assert!(all[b * B..(b + 1) * B] == expected(b), "block {b}");
+    }
+    // A read that does not start at a block boundary.
+    let mut odd = vec![0u8; 3 * B];
+    g.read_exact_at(&mut odd, 70 * B as u64 + 100).unwrap();
+    assert_eq!(odd, all[70 * B + 100..73 * B + 100]);
+    // The backing file holds what was answered, each block fetched once.
+    assert!(fs::read(m.dir.join("backing/5/1002")).unwrap() == all, "the backing file differs from what was read");
+    let asked = source.asked.lock();
+    let mut blocks: Vec<u32> = asked.iter().map(|a| a.1).collect();
+    blocks.sort_unstable();
+    assert_eq!(blocks, (0..600).filter(|b| *b != 130).collect::<Vec<_>>());
 }
 
 /// Bytes the file system holds of a backing file (holes not counted).

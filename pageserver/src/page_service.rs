@@ -5,6 +5,7 @@
 //! GetPage requests at one LSN become one lookup that visits the layer map
 //! once, and all responses go out in one write.
 
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -171,10 +172,18 @@ async fn connection(conn: strata_service::Connection, tenants: &Tenants) -> Resu
         let responses = answer(&tl, requests, &lsns);
         out.clear();
         for resp in &responses {
-            if matches!(resp, ServerMessage::Error { .. }) {
-                tl.metrics.request_errors.inc();
+            match resp {
+                Answer::Page { id, page } => {
+                    let page = page.as_ref().try_into().expect("pages are checked to be BLCKSZ when answered");
+                    codec::encode_page(*id, page, &mut out)
+                }
+                Answer::Other(msg) => {
+                    if matches!(msg, ServerMessage::Error { .. }) {
+                        tl.metrics.request_errors.inc();
+                    }
+                    codec::encode_server(msg, &mut out);
+                }
             }
-            codec::encode_server(resp, &mut out);
         }
         framed::write_all(&mut w, &out, WRITE_TIMEOUT).await?;
         let per_request = started.elapsed().as_secs_f64();
@@ -187,19 +196,39 @@ async fn connection(conn: strata_service::Connection, tenants: &Tenants) -> Resu
     }
 }
 
-/// Answers a batch of requests in order.
+/// The page of a block that has no version (never written, or truncated).
+static ZERO_PAGE: [u8; BLCKSZ] = [0; BLCKSZ];
+
 /// The resolved LSN of a request, or why it has none (the error to answer with).
 type Resolved = Result<Lsn, (ErrorCode, String)>;
 
-fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolved>) -> Vec<ServerMessage> {
-    let mut out: Vec<Option<ServerMessage>> = requests.iter().map(|_| None).collect();
+/// One response: a page as the timeline gave it (encoded straight from
+/// there, without a copy of its own), or any other message.
+enum Answer {
+    /// `page` is exactly `BLCKSZ` bytes.
+    Page {
+        id: u64,
+        page: Bytes,
+    },
+    Other(ServerMessage),
+}
+
+impl From<ServerMessage> for Answer {
+    fn from(msg: ServerMessage) -> Answer {
+        Answer::Other(msg)
+    }
+}
+
+/// Answers a batch of requests in order.
+fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolved>) -> Vec<Answer> {
+    let mut out: Vec<Option<Answer>> = requests.iter().map(|_| None).collect();
     let lsn_of =
         |r: &PageRequest| lsns.get(&r.lsn()).cloned().unwrap_or(Err((ErrorCode::Internal, "LSN not resolved".into())));
     // Runs of GetPage at one LSN: check sizes, then one batched lookup.
     let mut i = 0;
     while i < requests.len() {
         let PageRequest::GetPage { lsn: first_lsn, .. } = requests[i] else {
-            out[i] = Some(answer_one(tl, &requests[i], lsn_of(&requests[i])));
+            out[i] = Some(answer_one(tl, &requests[i], lsn_of(&requests[i])).into());
             i += 1;
             continue;
         };
@@ -210,7 +239,7 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
         match lsn_of(&requests[i]) {
             Err((code, message)) => {
                 for k in i..j {
-                    out[k] = Some(ServerMessage::Error { id: requests[k].id(), code, message: message.clone() });
+                    out[k] = Some(ServerMessage::Error { id: requests[k].id(), code, message: message.clone() }.into());
                 }
             }
             Ok(lsn) => {
@@ -230,14 +259,14 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                         }
                         Ok(Some(n)) => {
                             let message = format!("block {block} of {tag} is beyond its {n} blocks at {lsn}");
-                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message });
+                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message }.into());
                         }
                         Ok(None) => {
                             let message = format!("relation {tag} does not exist at {lsn}");
-                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message });
+                            out[k] = Some(ServerMessage::Error { id, code: ErrorCode::NotFound, message }.into());
                         }
                         Err((code, message)) => {
-                            out[k] = Some(ServerMessage::Error { id, code: *code, message: message.clone() })
+                            out[k] = Some(ServerMessage::Error { id, code: *code, message: message.clone() }.into())
                         }
                     }
                 }
@@ -246,14 +275,16 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                 tl.metrics.getpage_batch_size.observe(keys.len() as f64);
                 for ((k, id), r) in slots.into_iter().zip(tl.get_many(&keys, lsn)) {
                     out[k] = Some(match r {
-                        Ok(Some(page)) if page.len() == BLCKSZ => ServerMessage::Page { id, page: page.to_vec() },
-                        Ok(Some(page)) => ServerMessage::Error {
+                        Ok(Some(page)) if page.len() == BLCKSZ => Answer::Page { id, page },
+                        Ok(Some(page)) => Answer::Other(ServerMessage::Error {
                             id,
                             code: ErrorCode::Corrupt,
                             message: format!("a page of {} bytes", page.len()),
-                        },
-                        Ok(None) => ServerMessage::Page { id, page: vec![0u8; BLCKSZ] },
-                        Err(e) => ServerMessage::Error { id, code: error_code(&e), message: e.to_string() },
+                        }),
+                        Ok(None) => Answer::Page { id, page: Bytes::from_static(&ZERO_PAGE) },
+                        Err(e) => {
+                            Answer::Other(ServerMessage::Error { id, code: error_code(&e), message: e.to_string() })
+                        }
                     });
                 }
             }

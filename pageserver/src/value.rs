@@ -121,8 +121,15 @@ impl Value {
 
     /// Parses what [`Value::encode`] wrote (bytes from a layer file: untrusted).
     pub fn decode(bytes: &[u8]) -> Result<Value, ValueError> {
+        Value::decode_shared(Bytes::copy_from_slice(bytes))
+    }
+
+    /// [`Value::decode`] of shared bytes: an image or record is a slice of
+    /// them, not a copy.
+    pub fn decode_shared(bytes: Bytes) -> Result<Value, ValueError> {
+        let shared = |from: usize| bytes.slice(from..);
         match bytes.split_first() {
-            Some((&TAG_IMAGE, rest)) => Ok(Value::Image(Bytes::copy_from_slice(rest))),
+            Some((&TAG_IMAGE, _)) => Ok(Value::Image(shared(1))),
             Some((&TAG_ZERO, [])) => Ok(Value::ZeroPage),
             Some((&TAG_ZERO, rest)) => Err(ValueError::TrailingBytes(rest.len())),
             Some((&TAG_NATIVE, rest)) => Ok(Value::Native(NativeRecord::decode(rest)?)),
@@ -140,7 +147,7 @@ impl Value {
                     will_init: flags & WAL_WILL_INIT != 0,
                     lsn: lsn(2),
                     end_lsn: lsn(10),
-                    record: Bytes::copy_from_slice(&rest[WAL_HEADER_SIZE..]),
+                    record: shared(1 + WAL_HEADER_SIZE),
                 }))
             }
             Some((tag, _)) => Err(ValueError::UnknownTag(*tag)),
@@ -164,4 +171,46 @@ pub enum ValueError {
     UnknownFlags(u8),
     #[error("native record: {0}")]
     Native(#[from] strata_redo::RedoError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_and_shared_decoding_slices_instead_of_copying() {
+        let page: Vec<u8> = (0..BLCKSZ).map(|i| (i % 253) as u8).collect();
+        let values = [
+            Value::Image(Bytes::from(page.clone())),
+            Value::ZeroPage,
+            Value::Native(NativeRecord::ClearVmBits(vec![(3, 1), (9, 2)])),
+            Value::Wal(WalRedo {
+                block_id: 2,
+                will_init: true,
+                lsn: Lsn(0x10),
+                end_lsn: Lsn(0x40),
+                record: vec![5; 48].into(),
+            }),
+        ];
+        for v in &values {
+            let mut raw = Vec::new();
+            v.encode(&mut raw);
+            assert_eq!(&Value::decode(&raw).unwrap(), v);
+            let shared = Bytes::from(raw);
+            let decoded = Value::decode_shared(shared.clone()).unwrap();
+            assert_eq!(&decoded, v);
+            match decoded {
+                Value::Image(b) => assert_eq!(b.as_ptr(), shared[1..].as_ptr(), "the image is a slice of the value"),
+                Value::Wal(w) => assert_eq!(w.record.as_ptr(), shared[1 + WAL_HEADER_SIZE..].as_ptr()),
+                _ => {}
+            }
+        }
+        assert!(matches!(Value::decode(&[]), Err(ValueError::Empty)));
+        assert!(matches!(Value::decode(&[9, 1]), Err(ValueError::UnknownTag(9))));
+        assert!(matches!(Value::decode(&[TAG_ZERO, 0]), Err(ValueError::TrailingBytes(1))));
+        assert!(matches!(Value::decode_shared(Bytes::from_static(&[TAG_WAL, 1, 0])), Err(ValueError::Truncated(2))));
+        let mut bad_flags = vec![TAG_WAL, 0, 0x80];
+        bad_flags.resize(1 + WAL_HEADER_SIZE, 0);
+        assert!(matches!(Value::decode(&bad_flags), Err(ValueError::UnknownFlags(0x80))));
+    }
 }

@@ -64,14 +64,15 @@ impl std::fmt::Display for FetchError {
 
 /// Where the file system gets the blocks it does not hold.
 pub trait PageSource: Send + Sync + 'static {
-    /// The images of `blocks` of `rel`/`fork` as of `lsn`, in that order.
+    /// The images of `blocks` of `rel`/`fork` as of `lsn`, one after
+    /// another in that order (`blocks.len()` pages of `BLCKSZ` bytes).
     fn get_pages(
         &self,
         rel: RelFileNode,
         fork: ForkNumber,
         blocks: &[u32],
         lsn: Lsn,
-    ) -> std::result::Result<Vec<Vec<u8>>, FetchError>;
+    ) -> std::result::Result<Vec<u8>, FetchError>;
 
     /// How far the pageserver has ingested the timeline, now.
     fn latest_lsn(&self) -> std::result::Result<Lsn, String> {
@@ -128,6 +129,14 @@ impl RemoteFile {
         } else {
             self.window = 0;
             self.next = blocks.end;
+        }
+        // A read as large as the largest window is the kernel's own
+        // read-ahead at work (a mount reads ahead a megabyte at a time):
+        // fetching beyond it would only make part of the kernel's next read
+        // local already, and that read could no longer be answered straight
+        // from the pages fetched for it.
+        if blocks.len() >= PREFETCH_MAX as usize {
+            return blocks.end..blocks.end;
         }
         let ahead = blocks.end..blocks.end.saturating_add(self.window).min(self.rules.size());
         let remote = ahead.clone().filter(|b| matches!(self.rules.source(*b), Source::Remote(_))).count();
@@ -298,7 +307,7 @@ impl LazyHooks {
         node: &Node,
         (rel, fork, first_block): (RelFileNode, ForkNumber, u32),
         wanted: &BTreeMap<Lsn, Vec<u32>>,
-    ) -> Result<Vec<(Lsn, Vec<Vec<u8>>)>> {
+    ) -> Result<Vec<(Lsn, Vec<u8>)>> {
         let mut out = Vec::new();
         for (lsn, blocks) in wanted {
             let fork_blocks: Vec<u32> = blocks.iter().map(|b| first_block + b).collect();
@@ -316,13 +325,13 @@ impl LazyHooks {
                 }
             }
             match result {
-                Ok(pages) if pages.len() == blocks.len() && pages.iter().all(|p| p.len() == BLCKSZ) => {
+                Ok(pages) if pages.len() == blocks.len() * BLCKSZ => {
                     self.stats.blocks_fetched.fetch_add(blocks.len() as u64, Ordering::Relaxed);
                     out.push((at, pages));
                 }
                 Ok(pages) => {
                     self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-                    error!(file = %node, %at, asked = blocks.len(), got = pages.len(), "the page source answered wrong");
+                    error!(file = %node, %at, asked = blocks.len(), got_bytes = pages.len(), "the page source answered wrong");
                     return Err(Errno::EIO);
                 }
                 Err(e) => {
@@ -338,51 +347,47 @@ impl LazyHooks {
     /// Stores fetched `pages` of `wanted` in the backing file, each only if
     /// its block is still remote at the LSN it was fetched at (a write, a
     /// truncation or another fetch may have come first); adds the blocks
-    /// stored to `fetched`.
+    /// stored to `fetched`, and returns how many that was.
     fn store(
         &self,
         node: &Node,
         rf: &mut RemoteFile,
         wanted: &BTreeMap<Lsn, Vec<u32>>,
-        got: &[(Lsn, Vec<Vec<u8>>)],
+        got: &[(Lsn, Vec<u8>)],
         fetched: &mut Vec<u32>,
-    ) -> Result<()> {
-        // (the rules' LSN, the LSN read at, block), in the order of `got`'s pages.
-        let blocks =
-            wanted.iter().zip(got).flat_map(|((lsn, blocks), (at, _))| blocks.iter().map(move |b| (*lsn, *at, *b)));
-        let pages = got.iter().flat_map(|(_, pages)| pages);
-        // Runs of consecutive blocks go to the backing file in one write.
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u32;
-        let flush = |run: &mut Vec<u8>, start: u32| -> Result<()> {
-            if run.is_empty() {
-                return Ok(());
+    ) -> Result<usize> {
+        let before = fetched.len();
+        for ((lsn, blocks), (at, pages)) in wanted.iter().zip(got) {
+            debug_assert_eq!(pages.len(), blocks.len() * BLCKSZ, "`get` checks the source's answer");
+            // Runs of blocks that are consecutive in the file and still
+            // remote go to the backing file in one write, straight from
+            // the pages as they came.
+            let mut i = 0;
+            while i < blocks.len() {
+                if rf.rules.source(blocks[i]) != Source::Remote(*lsn) {
+                    i += 1;
+                    continue;
+                }
+                let mut end = i + 1;
+                while end < blocks.len()
+                    && blocks[end] == blocks[end - 1] + 1
+                    && rf.rules.source(blocks[end]) == Source::Remote(*lsn)
+                {
+                    end += 1;
+                }
+                let bytes = &pages[i * BLCKSZ..end * BLCKSZ];
+                rf.file.write_all_at(bytes, u64::from(blocks[i]) * BLOCK).map_err(|e| {
+                    error!(file = %node, block = blocks[i], "storing fetched pages: {e}");
+                    Errno::EIO
+                })?;
+                for &b in &blocks[i..end] {
+                    rf.rules.fetched(b, *at);
+                    fetched.push(b);
+                }
+                i = end;
             }
-            let result = rf.file.write_all_at(run, u64::from(start) * BLOCK);
-            run.clear();
-            result.map_err(|e| {
-                error!(file = %node, block = start, "storing fetched pages: {e}");
-                Errno::EIO
-            })
-        };
-        let mut stored = Vec::new();
-        for ((lsn, at, b), page) in blocks.zip(pages) {
-            if rf.rules.source(b) != Source::Remote(lsn) {
-                continue;
-            }
-            if run.is_empty() || run_start + (run.len() / BLCKSZ) as u32 != b {
-                flush(&mut run, run_start)?;
-                run_start = b;
-            }
-            run.extend_from_slice(page);
-            stored.push((b, at));
         }
-        flush(&mut run, run_start)?;
-        for (b, lsn) in stored {
-            rf.rules.fetched(b, lsn);
-            fetched.push(b);
-        }
-        Ok(())
+        Ok(fetched.len() - before)
     }
 
     /// Fetches the blocks in `blocks` whose rules say they are remote and
@@ -402,14 +407,18 @@ impl LazyHooks {
             }
         }
         let pages = self.get(node, (rf.rel, rf.fork, rf.first_block), &wanted)?;
-        self.store(node, rf, &wanted, &pages, fetched)
+        self.store(node, rf, &wanted, &pages, fetched).map(|_| ())
     }
 
     /// Makes the remote blocks of `demanded` local, fetching them with the
     /// blocks `ahead` without holding the file's lock, so that readers of
     /// other blocks of the file (a parallel scan's workers) go on; blocks
     /// another request is fetching are waited for. Returns with the lock
-    /// held and every block of `demanded` local or not remote.
+    /// held and every block of `demanded` local or not remote, and, when
+    /// this call fetched and stored every block of `demanded` at one LSN,
+    /// their bytes (the read is answered from them instead of reading back
+    /// what was just written).
+    #[allow(clippy::type_complexity)]
     fn make_local<'a>(
         &self,
         node: &Node,
@@ -418,12 +427,13 @@ impl LazyHooks {
         demanded: std::ops::Range<u32>,
         ahead: std::ops::Range<u32>,
         fetched: &mut Vec<u32>,
-    ) -> Result<parking_lot::MutexGuard<'a, RemoteFile>> {
+    ) -> Result<(parking_lot::MutexGuard<'a, RemoteFile>, Option<Vec<u8>>)> {
         let mut ahead = Some(ahead);
+        let mut first_pass = true;
         loop {
             let mut missing = demanded.clone().filter(|b| matches!(rf.rules.source(*b), Source::Remote(_))).peekable();
             if missing.peek().is_none() {
-                return Ok(rf);
+                return Ok((rf, None));
             }
             let mut mine: BTreeMap<Lsn, Vec<u32>> = BTreeMap::new();
             let candidates: Vec<u32> = missing.chain(ahead.take().into_iter().flatten()).collect();
@@ -437,6 +447,7 @@ impl LazyHooks {
             if mine.is_empty() {
                 // Every missing block is on its way in another request.
                 entry.1.wait_for(&mut rf, std::time::Duration::from_secs(1));
+                first_pass = false;
                 continue;
             }
             let which = (rf.rel, rf.fork, rf.first_block);
@@ -447,7 +458,23 @@ impl LazyHooks {
                 }
             }
             entry.1.notify_all();
-            self.store(node, &mut rf, &mine, &pages?, fetched)?;
+            let mut pages = pages?;
+            let stored = self.store(node, &mut rf, &mine, &pages, fetched)?;
+            // One group that starts with all of `demanded`, every block of
+            // it stored: the group's first bytes are the read's answer.
+            let whole = first_pass
+                && mine.len() == 1
+                && stored == mine.values().next().map_or(0, Vec::len)
+                && mine
+                    .values()
+                    .next()
+                    .is_some_and(|blocks| blocks.iter().copied().take(demanded.len()).eq(demanded.clone()));
+            if whole {
+                let (_, mut bytes) = pages.pop().expect("one group");
+                bytes.truncate(demanded.len() * BLCKSZ);
+                return Ok((rf, Some(bytes)));
+            }
+            first_pass = false;
         }
     }
 
@@ -578,14 +605,23 @@ impl Hooks for LazyHooks {
             let mut rf = entry.0.lock();
             let blocks = block_range(offset, u64::from(size), rf.rules.size());
             let max = u32::try_from(self.cache.budget() / 4).unwrap_or(u32::MAX).min(PREFETCH_MAX);
-            let ahead = rf.readahead(&blocks, max);
-            let mut rf = self.make_local(node, &entry, rf, blocks.clone(), ahead, &mut admitted)?;
-            for b in blocks {
+            let mut ahead = rf.readahead(&blocks, max);
+            if blocks.len() as u32 >= PREFETCH_MAX {
+                ahead = ahead.start..ahead.start;
+            }
+            let (mut rf, fetched) = self.make_local(node, &entry, rf, blocks.clone(), ahead, &mut admitted)?;
+            for b in blocks.clone() {
                 rf.rules.touch(b);
             }
-            // Under the lock: the cache's hand cannot drop a block while
-            // its bytes are being read.
-            read()?
+            let aligned =
+                offset == u64::from(blocks.start) * BLOCK && u64::from(size) == u64::from(blocks.len() as u32) * BLOCK;
+            match fetched {
+                // Exactly the blocks just fetched: their bytes as they came.
+                Some(bytes) if aligned => bytes,
+                // Under the lock: the cache's hand cannot drop a block while
+                // its bytes are being read.
+                _ => read()?,
+            }
         };
         let entry: Arc<dyn Evictable> = entry;
         self.cache.admit(&entry, &admitted);
@@ -698,6 +734,12 @@ mod tests {
         f.readahead(&(0..8), 256);
         f.readahead(&(16..24), 256);
         assert_eq!(f.readahead(&(8..16), 256), 16..32, "behind the furthest read, within a window");
+        // Reads as large as the largest window fetch nothing ahead, but count
+        // as sequential for the smaller reads after them.
+        let mut f = remote_file(1000);
+        assert_eq!(f.readahead(&(0..128), 256), 128..128);
+        assert_eq!(f.readahead(&(128..256), 256), 256..256);
+        assert_eq!(f.readahead(&(256..257), 256), 257..289);
         // A cache too small to prefetch into.
         let mut f = remote_file(1000);
         f.readahead(&(0..1), 0);

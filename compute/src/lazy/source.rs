@@ -6,6 +6,7 @@
 
 use parking_lot::Mutex;
 use strata_formats::types::{ForkNumber, RelFileNode};
+use strata_formats::version::BLCKSZ;
 use strata_formats::Lsn;
 use strata_protocol::pageserver::{ErrorCode, PageRequest, ServerMessage};
 use strata_protocol::{TenantId, TimelineId};
@@ -48,26 +49,27 @@ impl PageServiceSource {
         Ok(PageServiceSource { addr, tenant, timeline, config, runtime, clients })
     }
 
+    /// The pages of `blocks` at `lsn`, one after another.
     async fn fetch(
         client: &mut PageClient,
         rel: RelFileNode,
         fork: ForkNumber,
         blocks: &[u32],
         lsn: Lsn,
-    ) -> Result<Vec<Vec<u8>>, Failure> {
-        let mut pages = Vec::with_capacity(blocks.len());
+    ) -> Result<Vec<u8>, Failure> {
+        let mut pages = Vec::with_capacity(blocks.len() * BLCKSZ);
         let mut next = 0;
-        while pages.len() < blocks.len() {
+        while pages.len() < blocks.len() * BLCKSZ {
             // Keep the pipeline full: queue what fits, then take one answer.
             while next < blocks.len() && client.in_flight() < client.max_in_flight() {
                 let request = PageRequest::GetPage { id: 0, lsn, rel, fork, block: blocks[next] };
                 client.queue(request).map_err(Failure::Transport)?;
                 next += 1;
             }
-            match client.recv().await.map_err(Failure::Transport)? {
-                ServerMessage::Page { page, .. } => pages.push(page),
-                ServerMessage::Error { code, message, .. } => {
-                    let block = blocks[pages.len()];
+            match client.recv_page_into(&mut pages).await.map_err(Failure::Transport)? {
+                None => {}
+                Some(ServerMessage::Error { code, message, .. }) => {
+                    let block = blocks[pages.len() / BLCKSZ];
                     let text = format!("block {block} of {rel:?} fork {fork:?} at {lsn}: {code:?}: {message}");
                     return Err(match code {
                         ErrorCode::NotFound if message.contains("below the GC cutoff") => {
@@ -77,7 +79,7 @@ impl PageServiceSource {
                         _ => Failure::Final(FetchError::Other(text)),
                     });
                 }
-                other => {
+                Some(other) => {
                     return Err(Failure::Final(FetchError::Other(format!("{} in answer to GetPage", other.name()))))
                 }
             }
@@ -107,13 +109,7 @@ impl PageSource for PageServiceSource {
         })
     }
 
-    fn get_pages(
-        &self,
-        rel: RelFileNode,
-        fork: ForkNumber,
-        blocks: &[u32],
-        lsn: Lsn,
-    ) -> Result<Vec<Vec<u8>>, FetchError> {
+    fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
         let deadline = std::time::Instant::now() + RETRY_FOR;
         let mut pause = std::time::Duration::from_millis(50);
         loop {
@@ -134,7 +130,7 @@ impl PageSource for PageServiceSource {
 
 impl PageServiceSource {
     /// One try on one connection (made first if need be).
-    fn attempt(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<Vec<u8>>, Failure> {
+    fn attempt(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, Failure> {
         // A free connection, else wait for one (chosen by thread, so that
         // the waits spread).
         let mut slot = match self.clients.iter().find_map(|c| c.try_lock()) {

@@ -60,7 +60,7 @@ impl GroupBuilder {
 
 /// A decoded group: its payload and where each value lies in it.
 pub struct Group {
-    payload: Vec<u8>,
+    payload: bytes::Bytes,
     bounds: Vec<(usize, usize)>,
 }
 
@@ -87,7 +87,7 @@ impl Group {
         if start != payload.len() {
             return Err(format!("value group has {} bytes after its values", payload.len() - start));
         }
-        Ok(Group { payload, bounds })
+        Ok(Group { payload: payload.into(), bounds })
     }
 
     /// The value in `slot`.
@@ -97,6 +97,13 @@ impl Group {
             .get(usize::from(slot))
             .ok_or_else(|| format!("slot {slot} of a value group of {}", self.bounds.len()))?;
         Ok(&self.payload[*s..*e])
+    }
+
+    /// The value in `slot`, sharing the payload's memory: readers hand
+    /// pages on without copying them (the payload lives as long as any).
+    pub fn value(&self, slot: u8) -> Result<bytes::Bytes, String> {
+        let value = self.get(slot)?;
+        Ok(self.payload.slice_ref(value))
     }
 
     /// Number of values.
@@ -128,6 +135,8 @@ mod tests {
         assert_eq!(g.get(0).unwrap(), b"first");
         assert_eq!(g.get(1).unwrap(), b"");
         assert_eq!(g.get(2).unwrap(), &[7u8; 300][..]);
+        assert_eq!(g.value(2).unwrap(), &[7u8; 300][..]);
+        assert!(g.value(3).is_err());
         assert!(g.get(3).unwrap_err().contains("slot 3"));
 
         let mut short = payload.clone();

@@ -5,6 +5,7 @@
 //! versions of an LSN range; an *image* layer holds, at one LSN, the value
 //! of every key of its range that has one (so a key it lacks had none).
 
+use bytes::Bytes;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -1021,26 +1022,26 @@ impl LayerFile {
         recent_or_load(&RECENT, RECENT_GROUPS, (l.id, at), || self.read_group(l, e))
     }
 
-    /// A value's encoding, uncompressed.
-    fn read_encoded(&self, l: &Loaded, e: &Entry) -> Result<Vec<u8>, LayerError> {
+    /// A value's encoding, uncompressed (a value of a group shares the
+    /// group's memory).
+    fn read_encoded(&self, l: &Loaded, e: &Entry) -> Result<Bytes, LayerError> {
         if e.flags & FLAG_GROUP != 0 {
             let group = self.read_group_cached(l, e)?;
-            let value =
-                group.get(e.slot).map_err(|err| self.corrupt(format!("group at offset {}: {err}", e.offset)))?;
-            return Ok(value.to_vec());
+            return group.value(e.slot).map_err(|err| self.corrupt(format!("group at offset {}: {err}", e.offset)));
         }
         let buf = self.read_stored(l, e)?;
         if e.flags & FLAG_ZSTD != 0 {
             decompress(&buf, MAX_VALUE as usize, false)
+                .map(Bytes::from)
                 .map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))
         } else {
-            Ok(buf)
+            Ok(buf.into())
         }
     }
 
     fn read_value(&self, l: &Loaded, e: &Entry) -> Result<Value, LayerError> {
         let raw = self.read_encoded(l, e)?;
-        Value::decode(&raw).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))
+        Value::decode_shared(raw).map_err(|err| self.corrupt(format!("value at offset {}: {err}", e.offset)))
     }
 
     /// Gathers versions of `key` at or below `lsn`, newest first; true once
@@ -1117,7 +1118,8 @@ impl LayerFile {
         } else {
             v.bytes.clone()
         };
-        Value::decode(&raw).map_err(|err| self.corrupt(format!("value of key {} at {}: {err}", v.key, v.lsn)))
+        Value::decode_shared(raw.into())
+            .map_err(|err| self.corrupt(format!("value of key {} at {}: {err}", v.key, v.lsn)))
     }
 
     /// Number of versions stored (0 while the file is not local).

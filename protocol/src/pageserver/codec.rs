@@ -340,20 +340,32 @@ pub fn decode_client(frame: &[u8]) -> Result<ClientMessage, DecodeError> {
     }
 }
 
+/// The request id and page of a `Page` frame, borrowed from the frame:
+/// `None` if the frame is another message. Readers of many pages copy each
+/// straight to where it goes instead of into a message of its own.
+pub fn decode_page_frame(frame: &[u8]) -> Option<Result<(u64, &[u8; PAGE_SIZE]), DecodeError>> {
+    match frame_tag(frame) {
+        Ok(tag::PAGE) => Some(decode_page(frame)),
+        _ => None,
+    }
+}
+
+fn decode_page(frame: &[u8]) -> Result<(u64, &[u8; PAGE_SIZE]), DecodeError> {
+    read(frame, "Page", |r| {
+        let id = r.request_id()?;
+        let page = r.rest("page")?;
+        let page = page.try_into().map_err(|_| DecodeError::BadPageSize { len: page.len() })?;
+        Ok((id, page))
+    })
+}
+
 /// Decodes a server message from a frame's tag and payload.
 pub fn decode_server(frame: &[u8]) -> Result<ServerMessage, DecodeError> {
     match frame_tag(frame)? {
         tag::HELLO_OK => {
             read(frame, "HelloOk", |r| Ok(ServerMessage::HelloOk { last_record_lsn: r.lsn("last_record_lsn")? }))
         }
-        tag::PAGE => read(frame, "Page", |r| {
-            let id = r.request_id()?;
-            let page = r.rest("page")?;
-            if page.len() != PAGE_SIZE {
-                return Err(DecodeError::BadPageSize { len: page.len() });
-            }
-            Ok(ServerMessage::Page { id, page: page.to_vec() })
-        }),
+        tag::PAGE => decode_page(frame).map(|(id, page)| ServerMessage::Page { id, page: page.to_vec() }),
         tag::EXISTS => {
             read(frame, "Exists", |r| Ok(ServerMessage::Exists { id: r.request_id()?, exists: r.bool("exists")? }))
         }
@@ -765,6 +777,28 @@ mod tests {
         hello.push(0);
         assert!(matches!(decode_client(&hello[LENGTH_SIZE..]), Err(DecodeError::TrailingBytes { count: 1, .. })));
         assert_eq!(peek_version(&[tag::GET_PAGE, 1, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn page_frames_decode_borrowed_and_other_frames_are_left_alone() {
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+        let bytes = server_bytes(&ServerMessage::Page { id: 7, page: page.clone() });
+        let frame = &bytes[LENGTH_SIZE..];
+        let (id, got) = decode_page_frame(frame).expect("a page frame").unwrap();
+        assert_eq!((id, &got[..]), (7, &page[..]));
+        assert!(std::ptr::eq(got.as_ptr(), frame[frame.len() - PAGE_SIZE..].as_ptr()), "borrowed, not copied");
+        let size = server_bytes(&ServerMessage::Size { id: 7, blocks: 3 });
+        assert!(decode_page_frame(&size[LENGTH_SIZE..]).is_none());
+        assert!(decode_page_frame(&[]).is_none());
+        // A page frame one byte short, and one with id 0: errors, as decode_server gives.
+        let short = &frame[..frame.len() - 1];
+        assert!(
+            matches!(decode_page_frame(short), Some(Err(DecodeError::BadPageSize { len })) if len == PAGE_SIZE - 1)
+        );
+        assert!(matches!(decode_server(short), Err(DecodeError::BadPageSize { .. })));
+        let mut zero = frame.to_vec();
+        zero[1..9].fill(0);
+        assert!(matches!(decode_page_frame(&zero), Some(Err(DecodeError::ZeroId { .. }))));
     }
 
     #[test]
