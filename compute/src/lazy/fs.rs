@@ -605,10 +605,7 @@ impl Hooks for LazyHooks {
             let mut rf = entry.0.lock();
             let blocks = block_range(offset, u64::from(size), rf.rules.size());
             let max = u32::try_from(self.cache.budget() / 4).unwrap_or(u32::MAX).min(PREFETCH_MAX);
-            let mut ahead = rf.readahead(&blocks, max);
-            if blocks.len() as u32 >= PREFETCH_MAX {
-                ahead = ahead.start..ahead.start;
-            }
+            let ahead = rf.readahead(&blocks, max);
             let (mut rf, fetched) = self.make_local(node, &entry, rf, blocks.clone(), ahead, &mut admitted)?;
             for b in blocks.clone() {
                 rf.rules.touch(b);
