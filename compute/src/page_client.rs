@@ -220,37 +220,19 @@ impl PageClient {
     /// per page. Any other answer is returned as `recv` returns it.
     pub async fn recv_page_into(&mut self, pages: &mut Vec<u8>) -> Result<Option<ServerMessage>, PageClientError> {
         let limit = self.before_recv().await?;
-        let frame =
+        let got =
             match Self::next_frame(&mut self.stream, Instant::now() + limit, "waiting for a response", limit).await {
-                Ok(frame) => frame,
-                Err(e) => {
-                    self.broken = true;
-                    return Err(e);
-                }
+                Ok(frame) => page_or_message(frame, &mut self.in_flight, pages),
+                Err(e) => Err(e),
             };
-        if let Some(page) = codec::decode_page_frame(frame) {
-            let (id, page) = match page {
-                Ok(found) => found,
-                Err(e) => {
-                    self.broken = true;
-                    return Err(e.into());
-                }
-            };
-            if matches!(self.in_flight.front(), Some(PageRequest::GetPage { id: want, .. }) if *want == id) {
-                pages.extend_from_slice(page);
-                self.in_flight.pop_front();
-                return Ok(None);
-            }
-        }
-        // Anything else takes the general path (which names what is wrong).
-        let msg = match codec::decode_server(frame) {
-            Ok(msg) => msg,
+        match got {
+            Ok(None) => Ok(None),
+            Ok(Some(msg)) => self.accept(msg).map(Some),
             Err(e) => {
                 self.broken = true;
-                return Err(e.into());
+                Err(e)
             }
-        };
-        self.accept(msg).map(Some)
+        }
     }
 
     /// Checks that a response can be awaited, and writes out queued
@@ -415,6 +397,26 @@ impl PageClient {
             Err(e @ FrameError::WriteTimeout(_)) => Err(PageClientError::Protocol(e.to_string())),
         }
     }
+}
+
+/// A `Page` frame answering the oldest request in flight: the page is
+/// appended to `pages` and the request taken off (`None`). Any other frame
+/// (an error, or a page with another id) decoded as a message, for the
+/// general path to check and name what is wrong.
+fn page_or_message(
+    frame: &[u8],
+    in_flight: &mut VecDeque<PageRequest>,
+    pages: &mut Vec<u8>,
+) -> Result<Option<ServerMessage>, PageClientError> {
+    if let Some(page) = codec::decode_page_frame(frame) {
+        let (id, page) = page?;
+        if matches!(in_flight.front(), Some(PageRequest::GetPage { id: want, .. }) if *want == id) {
+            pages.extend_from_slice(page);
+            in_flight.pop_front();
+            return Ok(None);
+        }
+    }
+    Ok(Some(codec::decode_server(frame)?))
 }
 
 fn unexpected(msg: ServerMessage) -> PageClientError {

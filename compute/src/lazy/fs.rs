@@ -415,10 +415,9 @@ impl LazyHooks {
     /// other blocks of the file (a parallel scan's workers) go on; blocks
     /// another request is fetching are waited for. Returns with the lock
     /// held and every block of `demanded` local or not remote, and, when
-    /// this call fetched and stored every block of `demanded` at one LSN,
-    /// their bytes (the read is answered from them instead of reading back
+    /// one fetch of this call got and stored every block of `demanded` at
+    /// one LSN, their bytes (the read is answered from them instead of reading back
     /// what was just written).
-    #[allow(clippy::type_complexity)]
     fn make_local<'a>(
         &self,
         node: &Node,
@@ -429,7 +428,6 @@ impl LazyHooks {
         fetched: &mut Vec<u32>,
     ) -> Result<(parking_lot::MutexGuard<'a, RemoteFile>, Option<Vec<u8>>)> {
         let mut ahead = Some(ahead);
-        let mut first_pass = true;
         loop {
             let mut missing = demanded.clone().filter(|b| matches!(rf.rules.source(*b), Source::Remote(_))).peekable();
             if missing.peek().is_none() {
@@ -447,7 +445,6 @@ impl LazyHooks {
             if mine.is_empty() {
                 // Every missing block is on its way in another request.
                 entry.1.wait_for(&mut rf, std::time::Duration::from_secs(1));
-                first_pass = false;
                 continue;
             }
             let which = (rf.rel, rf.fork, rf.first_block);
@@ -461,20 +458,17 @@ impl LazyHooks {
             let mut pages = pages?;
             let stored = self.store(node, &mut rf, &mine, &pages, fetched)?;
             // One group that starts with all of `demanded`, every block of
-            // it stored: the group's first bytes are the read's answer.
-            let whole = first_pass
-                && mine.len() == 1
-                && stored == mine.values().next().map_or(0, Vec::len)
-                && mine
-                    .values()
-                    .next()
-                    .is_some_and(|blocks| blocks.iter().copied().take(demanded.len()).eq(demanded.clone()));
+            // it stored just now: the group's first bytes are the read's
+            // answer, as the backing file holds them.
+            let one_group = if mine.len() == 1 { mine.values().next() } else { None };
+            let whole = one_group.is_some_and(|blocks| {
+                stored == blocks.len() && blocks.iter().copied().take(demanded.len()).eq(demanded.clone())
+            });
             if whole {
                 let (_, mut bytes) = pages.pop().expect("one group");
                 bytes.truncate(demanded.len() * BLCKSZ);
                 return Ok((rf, Some(bytes)));
             }
-            first_pass = false;
         }
     }
 
