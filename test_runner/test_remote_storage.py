@@ -22,7 +22,8 @@ import crc32c
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
 from fixtures.cluster import wait_until
-from fixtures.minio import Minio, free_port
+from fixtures.minio import Minio
+from fixtures.ports import free_port
 from fixtures.strata import parse_lsn
 from test_compaction import SMALL_LAYERS, quiet_cluster
 from test_pageserver import PageserverApi, catalog, compare_data_dir, current_lsn, wait_quiet

@@ -43,7 +43,7 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    strata_service::ports::allocate(1, &[]).unwrap()[0]
 }
 
 fn temp_base(name: &str) -> PathBuf {

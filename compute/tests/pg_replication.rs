@@ -42,7 +42,7 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    strata_service::ports::allocate(1, &[]).unwrap()[0]
 }
 
 /// A PostgreSQL 15 cluster in a temporary directory, stopped and removed on drop.

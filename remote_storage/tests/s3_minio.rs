@@ -2,7 +2,6 @@
 //! (installed by `scripts/setup.sh`; `STRATA_MINIO` names its binary).
 //! Also what the storage does while the server is down and after it is back.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -100,7 +99,7 @@ fn ureq_like_get(port: u16, path: &str) -> Option<u16> {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    strata_service::ports::allocate(1, &[]).unwrap()[0]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! What every Strata service shares: listeners that bound and survive their
 //! clients, the HTTP server of the management APIs, the open-file budget,
+//! free ports for services configured before they bind,
 //! and config helpers.
 
 pub mod backoff;
@@ -7,6 +8,7 @@ pub mod config;
 pub mod http;
 pub mod listener;
 pub mod metrics;
+pub mod ports;
 
 pub use listener::{bind, BindError, Connection, Limits, Listener, Slot};
 pub use metrics::ListenerMetrics;

@@ -12,7 +12,8 @@ use strata_compute::agent::postgres;
 use super::layout::{self, Kind, Workdir, HOST, MAIN_BRANCH};
 use super::process::{self, Identity};
 use super::supervisor::{Liveness, Supervised};
-use super::{failed, http, ports, services, status, AgentArgs, Error, Result};
+use super::{failed, http, services, status, AgentArgs, Error, Result};
+use strata_service::ports;
 
 /// Longest an agent may take from spawn to a running PostgreSQL (it may
 /// sync the safekeepers, wait for the pageserver and restore a basebackup).

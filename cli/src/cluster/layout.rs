@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use strata_protocol::{TenantId, TimelineId};
 
-use super::{failed, ports, Error, InitArgs, Result};
+use super::{failed, Error, InitArgs, Result};
+use strata_service::ports;
 
 /// Name of the cluster description inside the workdir.
 pub const CLUSTER_FILE: &str = "cluster.toml";

@@ -18,7 +18,8 @@ use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_safekeeper::config::{Peer, SafekeeperConfig};
 
 use super::layout::{read_toml, write_toml, Kind, Service, Workdir, CLUSTER_FILE, HOST};
-use super::{failed, http, ports, services, Error, Result};
+use super::{failed, http, services, Error, Result};
+use strata_service::ports;
 
 /// How long the new safekeeper may take to catch up with the members.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(900);

@@ -14,7 +14,6 @@ mod endpoint;
 mod http;
 mod layout;
 mod membership;
-mod ports;
 mod process;
 mod services;
 mod status;
