@@ -1,7 +1,8 @@
 //! The lazy file system mounted for real (FUSE), over a page source that
 //! counts what it is asked: reads of listed files fetch each block once at
 //! the start LSN, writes win, partial writes merge with the fetched block,
-//! truncation and re-extension read zeros, a re-created file is local, a
+//! truncation and re-extension read zeros (also when the truncation comes
+//! while blocks past it are being fetched), a re-created file is local, a
 //! second segment maps to the fork's later blocks, and a failing source is
 //! an I/O error for that read only.
 //!
@@ -31,6 +32,10 @@ struct FakeSource {
     fail: AtomicBool,
     /// Reads below this LSN are refused as below the GC cutoff.
     cutoff: std::sync::atomic::AtomicU64,
+    /// While set, requests wait (counted in `held`) until it is cleared.
+    hold: Mutex<bool>,
+    held: std::sync::atomic::AtomicUsize,
+    released: parking_lot::Condvar,
 }
 
 fn page_of(rel: u32, block: u32, lsn: Lsn) -> Vec<u8> {
@@ -44,6 +49,15 @@ fn page_of(rel: u32, block: u32, lsn: Lsn) -> Vec<u8> {
 
 impl PageSource for FakeSource {
     fn get_pages(&self, rel: RelFileNode, _fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
+        {
+            let mut hold = self.hold.lock();
+            if *hold {
+                self.held.fetch_add(1, Ordering::SeqCst);
+                while *hold {
+                    self.released.wait(&mut hold);
+                }
+            }
+        }
         if self.fail.load(Ordering::Relaxed) {
             return Err(FetchError::Other("the pageserver is down".into()));
         }
@@ -228,6 +242,51 @@ fn large_reads_are_answered_with_the_pages_fetched_for_them_and_those_are_kept()
     let mut blocks: Vec<u32> = asked.iter().map(|a| a.1).collect();
     blocks.sort_unstable();
     assert_eq!(blocks, (0..600).filter(|b| *b != 130).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_file_cut_while_its_blocks_are_fetched_stays_cut() {
+    let source = Arc::new(FakeSource::default());
+    let (m, _) = setup("cut", &[entry(1003, 64)], source.clone());
+    let path = m.mnt.join("5/1003");
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    f.read_exact_at(&mut vec![0u8; B], 0).unwrap();
+    // A read of the blocks past the cut waits on the page source...
+    *source.hold.lock() = true;
+    let reader = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let g = OpenOptions::new().read(true).open(&path).unwrap();
+            let mut buf = vec![0u8; 4 * B];
+            g.read_at(&mut buf, 40 * B as u64).map(|n| (n, buf))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while source.held.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the read never reached the page source");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // ...while the file is cut to 10 blocks (the kernel may hold the cut
+    // until the read is answered); then the source answers.
+    let cutter = {
+        let f = f.try_clone().unwrap();
+        std::thread::spawn(move || f.set_len(10 * B as u64))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    *source.hold.lock() = false;
+    source.released.notify_all();
+    cutter.join().unwrap().unwrap();
+    let read = reader.join().unwrap();
+    // The pages that came back are not stored past the new end: the file
+    // keeps its size, and grown again it reads zeros there, not them.
+    let backing = m.dir.join("backing/5/1003");
+    assert_eq!(fs::metadata(&backing).unwrap().len(), 10 * B as u64, "the read was answered {read:?}");
+    f.set_len(64 * B as u64).unwrap();
+    let mut page = vec![1u8; B];
+    f.read_exact_at(&mut page, 41 * B as u64).unwrap();
+    assert!(page.iter().all(|b| *b == 0), "block 41 reads old bytes after the cut");
+    f.read_exact_at(&mut page, 5 * B as u64).unwrap();
+    assert!(page == page_of(1003, 5, S), "block 5 is not its page");
 }
 
 /// Bytes the file system holds of a backing file (holes not counted).

@@ -163,6 +163,16 @@ pub trait Hooks: Send + Sync + 'static {
         self.after_write(node, file, offset, &data[..written as usize]);
         Ok(written)
     }
+
+    /// Serves a truncate or ftruncate; `set` sets the backing file's size.
+    /// By default `set`, then [`Hooks::after_set_size`]. A user whose own
+    /// writes to the file must not land between the two holds its lock
+    /// around both.
+    fn serve_set_size(&self, node: &Node, size: u64, set: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        set()?;
+        self.after_set_size(node, size);
+        Ok(())
+    }
 }
 
 /// The FUSE file system over a backing directory.
@@ -385,12 +395,13 @@ impl<H: Hooks> Passthrough<H> {
             .map_err(errno)?;
         }
         if let Some(size) = size {
-            match &on {
-                On::Path(path) => sys::truncate(path, size),
-                On::Open(h) => h.file.set_len(size),
-            }
-            .map_err(errno)?;
-            self.hooks.after_set_size(&self.node(ino.0), size);
+            self.hooks.serve_set_size(&self.node(ino.0), size, &mut || {
+                match &on {
+                    On::Path(path) => sys::truncate(path, size),
+                    On::Open(h) => h.file.set_len(size),
+                }
+                .map_err(errno)
+            })?;
         }
         // Times last, so that a size change in the same request does not move mtime after it was set.
         if atime.is_some() || mtime.is_some() {

@@ -574,6 +574,11 @@ fn set_read_ahead(mountpoint: &Path) -> std::io::Result<()> {
     std::fs::write(path, format!("{READ_AHEAD_KB}\n"))
 }
 
+/// The blocks of a file of `size` bytes.
+fn size_blocks(size: u64) -> u32 {
+    u32::try_from(size.div_ceil(BLOCK)).unwrap_or(u32::MAX).min(SEGMENT_BLOCKS)
+}
+
 /// The blocks `[offset, offset + len)` touches, cut at `size` blocks.
 fn block_range(offset: u64, len: u64, size: u32) -> std::ops::Range<u32> {
     if len == 0 {
@@ -641,10 +646,29 @@ impl Hooks for LazyHooks {
         Ok(written)
     }
 
+    fn serve_set_size(&self, node: &Node, size: u64, set: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let Some(entry) = self.remote(node) else { return set() };
+        // Under the lock: pages fetched without it are not stored between
+        // the new size and the rules learning it (they would grow the
+        // file back past its end).
+        let mut rf = entry.0.lock();
+        set()?;
+        rf.rules.set_size(size_blocks(size));
+        Ok(())
+    }
+
     fn after_set_size(&self, node: &Node, size: u64) {
-        let Some(rf) = self.remote(node) else { return };
-        let blocks = u32::try_from(size.div_ceil(BLOCK)).unwrap_or(u32::MAX).min(SEGMENT_BLOCKS);
-        rf.0.lock().rules.set_size(blocks);
+        // O_TRUNC on open: the size was set before the rules could learn
+        // it, and pages fetched meanwhile may have been stored past it; the
+        // file is cut again once none can be.
+        let Some(entry) = self.remote(node) else { return };
+        let mut rf = entry.0.lock();
+        rf.rules.set_size(size_blocks(size));
+        if rf.file.metadata().is_ok_and(|m| m.len() > size) {
+            if let Err(e) = rf.file.set_len(size) {
+                error!(file = %node, size, "cutting a truncated file again: {e}");
+            }
+        }
     }
 
     fn after_create(&self, node: &Node) {
