@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -319,6 +320,36 @@ def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
     assert cluster.endpoint_start("ep1") == connstr
     with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (1001,)
+
+
+def test_a_deep_workdir_gets_a_socket_directory_that_goes_with_the_endpoint(cluster_factory):
+    # A socket path past sun_path's 107 bytes: PostgreSQL could not listen
+    # in the data directory.
+    c = cluster_factory(under="d" * 60 + "/" + "e" * 60)
+    connstr = c.endpoint_start("ep1")
+    pgdata = c.workdir / "endpoints" / "ep1" / "pgdata"
+    conf = (pgdata / "postgresql.conf").read_text()
+    m = re.search(r"^unix_socket_directories = '([^']*)'", conf, re.M)
+    assert m, conf
+    sockets = Path(m.group(1))
+    assert sockets != pgdata and len(str(sockets)) < 100, sockets
+    assert list(sockets.glob(".s.PGSQL.*")), "PostgreSQL listens in the socket directory"
+    with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
+        conn.execute("CREATE TABLE t AS SELECT 1 AS x")
+    # Stopped, the endpoint leaves nothing in the temporary directory;
+    # started again, it makes the directory again.
+    c.endpoint_stop("ep1")
+    assert not sockets.exists()
+    assert c.endpoint_start("ep1") == connstr
+    assert list(sockets.glob(".s.PGSQL.*"))
+    with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
+        assert conn.execute("SELECT x FROM t").fetchone() == (1,)
+    # Also when its agent was killed.
+    [ep] = c.status()["endpoints"]
+    kill_and_wait(ep["supervisor_pid"])
+    kill_and_wait(ep["pid"])
+    c.endpoint_stop("ep1")
+    assert not sockets.exists()
 
 
 def test_endpoint_needs_the_storage(cluster_factory):

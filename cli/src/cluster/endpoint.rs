@@ -473,6 +473,17 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
     }
     // A lazy compute's mounts outlive an agent that was killed.
     strata_compute::agent::lazy::detach_left_behind(&pgdata);
+    // A deep data directory has its socket in a directory of its own in
+    // the temporary directory: it goes with the processes that used it
+    // (the next start makes it again).
+    let sockets = strata_compute::agent::pgconf::socket_dir(&pgdata, ep.file.pg_port);
+    if sockets != pgdata {
+        match std::fs::remove_dir_all(&sockets) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!("endpoint {}: removing socket directory {}: {e}", ep.file.name, sockets.display()),
+        }
+    }
     Ok(())
 }
 
