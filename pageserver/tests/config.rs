@@ -13,7 +13,8 @@ fn config(extra: &str, pg: std::net::SocketAddr, http: std::net::SocketAddr) -> 
 }
 
 fn free_port() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    let port = strata_service::ports::allocate(1, &[]).unwrap()[0];
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
