@@ -54,20 +54,8 @@ fn outside((lo, hi): (u16, u16)) -> Option<RangeInclusive<u16>> {
 /// Tries the ports of `range` in order from a point given by `seed`, so that
 /// allocators running side by side rarely try the same ports.
 fn probe(n: usize, avoid: &[u16], range: RangeInclusive<u16>, seed: u64) -> std::io::Result<Vec<u16>> {
-    let mut held = Vec::with_capacity(n);
-    let mut ports = Vec::with_capacity(n);
-    for port in probe_order(&range, seed) {
-        if ports.len() == n {
-            break;
-        }
-        if avoid.contains(&port) {
-            continue;
-        }
-        if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
-            held.push(listener);
-            ports.push(port);
-        }
-    }
+    let free = probe_order(&range, seed).filter_map(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).ok()).map(Ok);
+    let ports = choose(n, avoid, free)?;
     if ports.len() < n {
         return Err(std::io::Error::other(format!(
             "only {} of {n} ports free in {}..={}",
@@ -89,22 +77,33 @@ fn probe_order(range: &RangeInclusive<u16>, seed: u64) -> impl Iterator<Item = u
 /// The fallback when no range outside the ephemeral one is wide enough: the
 /// kernel's own choice, with every listener held until all are chosen.
 fn from_kernel(n: usize, avoid: &[u16]) -> std::io::Result<Vec<u16>> {
-    let mut held = Vec::with_capacity(n);
-    let mut ports = Vec::with_capacity(n);
     // Bounded: the kernel would have to return avoided ports many times over.
-    for _ in 0..(n + avoid.len()) * 4 + 16 {
-        if ports.len() == n {
-            break;
-        }
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let port = listener.local_addr()?.port();
-        held.push(listener);
-        if !avoid.contains(&port) && !ports.contains(&port) {
-            ports.push(port);
-        }
-    }
+    let tries = (n + avoid.len()) * 4 + 16;
+    let ports = choose(n, avoid, (0..tries).map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0))))?;
     if ports.len() < n {
         return Err(std::io::Error::other("the kernel kept returning ports that are to be avoided"));
+    }
+    Ok(ports)
+}
+
+/// The ports of the first `n` of `listeners` not in `avoid` (fewer if
+/// they run out), every listener held until all are chosen so that none
+/// is handed out twice; the first error ends the choice.
+fn choose(
+    n: usize,
+    avoid: &[u16],
+    mut listeners: impl Iterator<Item = std::io::Result<TcpListener>>,
+) -> std::io::Result<Vec<u16>> {
+    let mut held = Vec::with_capacity(n);
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        let Some(listener) = listeners.next() else { break };
+        let listener = listener?;
+        let port = listener.local_addr()?.port();
+        if !avoid.contains(&port) {
+            ports.push(port);
+        }
+        held.push(listener);
     }
     Ok(ports)
 }
