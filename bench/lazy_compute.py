@@ -18,8 +18,9 @@ scan (speed: the target is >= 0.5) and lazy / eager for pgbench (tps), the
 latter both of the medians and, less at the mercy of the machine's noise,
 the median of each round's ratio.
 
-Usage: .venv/bin/python bench/lazy_compute.py [--scale 20] [--runs 3] [--seconds 20] [--quick]
-Writes bench/results/lazy_compute.json and .txt (lazy_compute_quick.* with --quick).
+Usage: .venv/bin/python bench/lazy_compute.py [--scale 20] [--runs 3] [--seconds 20] [--quick] [--scan-only]
+Writes bench/results/lazy_compute.json and .txt (lazy_compute_quick.* with --quick,
+lazy_compute_scan.* with --scan-only: the cold scans alone).
 """
 
 import argparse
@@ -117,7 +118,8 @@ def agent_lazy(cluster: LocalCluster) -> dict | None:
     return body.get("lazy")
 
 
-def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: int, clients: int) -> dict:
+def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: int, clients: int,
+                pgbench: bool = True) -> dict:
     cluster = LocalCluster(strata_bin, base / "strata", PG_BIN)
     cluster.workdir.mkdir()
     try:
@@ -152,7 +154,7 @@ def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: in
         # leave behind (checkpoints, the pageserver's ingest and compaction)
         # then weighs on both modes alike instead of on whichever runs next.
         tps: dict = {f"{m}_{n}": [] for m in ("eager", "lazy") for n in ("rw", "ro")}
-        for r in range(runs):
+        for r in range(runs if pgbench else 0):
             for mode in ("eager", "lazy") if r % 2 == 0 else ("lazy", "eager"):
                 wait_ingested(cluster, tl_url)
                 env = endpoint_env(cluster.endpoint_start("main", "main", f"--{mode}"))
@@ -182,6 +184,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=20, help="each pgbench run (and its warm-up)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs of 5 s")
+    ap.add_argument("--scan-only", action="store_true", help="the cold scans alone, no pgbench rounds")
     args = ap.parse_args()
     if args.quick:
         args.scale, args.runs, args.seconds = 2, 2, 5
@@ -193,39 +196,44 @@ def main() -> int:
         # Stock scans first, alone on the machine (a stock scan beside the
         # running cluster's background work measured up to twice as slow).
         results["stock"] = stock_scans(base, args.scale, args.runs)
-        results["strata"] = strata_runs(strata_bin, base, args.scale, args.runs, args.seconds, args.clients)
+        results["strata"] = strata_runs(strata_bin, base, args.scale, args.runs, args.seconds, args.clients,
+                                        pgbench=not args.scan_only)
     s, z = results["stock"], results["strata"]
     db_bytes, stock_med = s["database_bytes"], s["scan_seconds"]
-    med = {k: statistics.median(v) for k, v in z["tps"].items() if isinstance(v, list)}
-    # Paired: each round's lazy figure against the eager one of the same round.
-    pairs = {
-        "rw": statistics.median(l / e for l, e in zip(z["tps"]["lazy_rw"], z["tps"]["eager_rw"])),
-        "ro": statistics.median(l / e for l, e in zip(z["tps"]["lazy_ro"], z["tps"]["eager_ro"])),
-    }
-    results.update(paired_ratios=pairs,
-                   scan_speed_vs_stock=stock_med / z["scan_seconds"],
-                   rw_vs_eager=med["lazy_rw"] / med["eager_rw"], ro_vs_eager=med["lazy_ro"] / med["eager_ro"])
+    results["scan_speed_vs_stock"] = stock_med / z["scan_seconds"]
     cache = "cold os cache" if s["os_cache_dropped"] and z["os_cache_dropped"] else "warm os cache"
     lines = [
         f"scale {args.scale} ({db_bytes / 1e6:.0f} MB); medians of {args.runs} runs (pgbench: and the median of"
         f" the rounds' ratios, each of a lazy run to the eager run of its round); {cache}",
         "",
         f"cold scan ({SCAN}) right after a start:",
-        f"  stock (local disk)      {stock_med:8.3f} s",
-        f"  lazy (from pageserver)  {z['scan_seconds']:8.3f} s   speed vs stock {results['scan_speed_vs_stock']:.2f}"
+        f"  stock (local disk)      {stock_med:8.3f} s   runs {', '.join(f'{t:.3f}' for t in s['scans'])}",
+        f"  lazy (from pageserver)  {z['scan_seconds']:8.3f} s   runs {', '.join(f'{t:.3f}' for t in z['scans'])}",
+        f"  lazy speed vs stock {results['scan_speed_vs_stock']:.2f}"
         f"   (target >= 0.5; blocks fetched {statistics.median(z['blocks_fetched']):.0f})",
-        "",
-        f"pgbench, {args.clients} clients, {args.seconds} s after a warm-up of the same length (tps):",
-        f"  RW  eager {med['eager_rw']:9.1f}   lazy {med['lazy_rw']:9.1f}   lazy/eager {results['rw_vs_eager']:.2f}"
-        f", paired {pairs['rw']:.2f}   (target >= 0.9)",
-        f"  RO  eager {med['eager_ro']:9.1f}   lazy {med['lazy_ro']:9.1f}   lazy/eager {results['ro_vs_eager']:.2f}"
-        f", paired {pairs['ro']:.2f}   (target >= 0.95)",
-        "",
-        f"lazy file system after pgbench: {json.dumps(z['tps'].get('lazy_status'))}",
     ]
+    if not args.scan_only:
+        med = {k: statistics.median(v) for k, v in z["tps"].items() if isinstance(v, list)}
+        # Paired: each round's lazy figure against the eager one of the same round.
+        pairs = {
+            "rw": statistics.median(l / e for l, e in zip(z["tps"]["lazy_rw"], z["tps"]["eager_rw"])),
+            "ro": statistics.median(l / e for l, e in zip(z["tps"]["lazy_ro"], z["tps"]["eager_ro"])),
+        }
+        results.update(paired_ratios=pairs, rw_vs_eager=med["lazy_rw"] / med["eager_rw"],
+                       ro_vs_eager=med["lazy_ro"] / med["eager_ro"])
+        lines += [
+            "",
+            f"pgbench, {args.clients} clients, {args.seconds} s after a warm-up of the same length (tps):",
+            f"  RW  eager {med['eager_rw']:9.1f}   lazy {med['lazy_rw']:9.1f}   lazy/eager"
+            f" {results['rw_vs_eager']:.2f}, paired {pairs['rw']:.2f}   (target >= 0.9)",
+            f"  RO  eager {med['eager_ro']:9.1f}   lazy {med['lazy_ro']:9.1f}   lazy/eager"
+            f" {results['ro_vs_eager']:.2f}, paired {pairs['ro']:.2f}   (target >= 0.95)",
+            "",
+            f"lazy file system after pgbench: {json.dumps(z['tps'].get('lazy_status'))}",
+        ]
     text = "\n".join(lines)
     out_dir = REPO / "bench" / "results"
-    stem = "lazy_compute_quick" if args.quick else "lazy_compute"
+    stem = "lazy_compute_quick" if args.quick else "lazy_compute_scan" if args.scan_only else "lazy_compute"
     out_dir.mkdir(exist_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
     (out_dir / f"{stem}.txt").write_text(text + "\n")

@@ -186,6 +186,34 @@ pub async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8], timeout: 
     Ok(())
 }
 
+/// Most buffers one vectored write is given (Linux takes at most 1024).
+const MAX_IOVECS: usize = 1024;
+
+/// Writes all of `parts` one after another, as vectored writes, so that
+/// bytes lying in many places reach the socket without being gathered into
+/// one buffer first; waits at most `timeout` for the peer to take them.
+pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    parts: &[&[u8]],
+    timeout: Duration,
+) -> Result<(), FrameError> {
+    let write = async {
+        let mut slices: Vec<std::io::IoSlice<'_>> =
+            parts.iter().filter(|p| !p.is_empty()).map(|p| std::io::IoSlice::new(p)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = w.write_vectored(&rest[..rest.len().min(MAX_IOVECS)]).await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero));
+            }
+            std::io::IoSlice::advance_slices(&mut rest, n);
+        }
+        Ok(())
+    };
+    tokio::time::timeout(timeout, write).await.map_err(|_| FrameError::WriteTimeout(timeout))??;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +305,74 @@ mod tests {
     async fn write_times_out_when_the_peer_does_not_read() {
         let (mut client, _server) = tokio::io::duplex(16);
         let err = write_all(&mut client, &[0; 1024], Duration::from_millis(50)).await.unwrap_err();
+        assert!(matches!(err, FrameError::WriteTimeout(_)), "{err}");
+    }
+
+    /// Takes at most `per_call` bytes from at most `max_bufs` buffers per
+    /// write, as a socket under pressure does.
+    struct Trickle {
+        got: Vec<u8>,
+        per_call: usize,
+        max_bufs: usize,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[std::io::IoSlice::new(buf)])
+        }
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let mut room = self.per_call;
+            let mut n = 0;
+            for b in bufs.iter().take(self.max_bufs) {
+                let take = b.len().min(room);
+                self.got.extend_from_slice(&b[..take]);
+                (room, n) = (room - take, n + take);
+                if room == 0 {
+                    break;
+                }
+            }
+            self.calls += 1;
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_send_every_part_in_order_through_partial_writes() {
+        let parts: Vec<Vec<u8>> = (0..3000u32).map(|i| vec![i as u8; (i % 13) as usize]).collect();
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        let expected = parts.concat();
+        for (per_call, max_bufs) in [(1, 1), (7, 3), (1000, 2000), (usize::MAX, usize::MAX)] {
+            let mut w = Trickle { got: Vec::new(), per_call, max_bufs, calls: 0 };
+            write_all_vectored(&mut w, &refs, Duration::from_secs(5)).await.unwrap();
+            assert_eq!(w.got, expected, "per_call {per_call}, max_bufs {max_bufs}");
+            // Never more than the kernel's limit of buffers in one call.
+            assert!(w.calls >= refs.iter().filter(|p| !p.is_empty()).count().div_ceil(MAX_IOVECS));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vectored_write_times_out_when_the_peer_does_not_read() {
+        let (mut client, _server) = tokio::io::duplex(16);
+        let page = [0u8; 512];
+        let err = write_all_vectored(&mut client, &[&page, &page], Duration::from_millis(50)).await.unwrap_err();
         assert!(matches!(err, FrameError::WriteTimeout(_)), "{err}");
     }
 }

@@ -149,6 +149,9 @@ pub struct AgentStatus {
 pub struct LazyStatus {
     /// Blocks fetched from the pageserver.
     pub blocks_fetched: u64,
+    /// Of those, blocks a large sequential read fetched for the first time
+    /// and did not keep in the cache.
+    pub blocks_streamed: u64,
     /// Fetches that failed (each an I/O error to PostgreSQL).
     pub fetch_errors: u64,
     /// Blocks the cache dropped from local disk.
@@ -212,6 +215,7 @@ impl StatusHandle {
         copy.restart.refresh(Instant::now());
         copy.lazy = self.lazy.as_ref().map(|l| LazyStatus {
             blocks_fetched: l.blocks_fetched.load(std::sync::atomic::Ordering::Relaxed),
+            blocks_streamed: l.blocks_streamed.load(std::sync::atomic::Ordering::Relaxed),
             fetch_errors: l.fetch_errors.load(std::sync::atomic::Ordering::Relaxed),
             cache_evictions: l.cache.evictions.load(std::sync::atomic::Ordering::Relaxed),
             cache_blocks: l.cache.blocks.load(std::sync::atomic::Ordering::Relaxed),
@@ -337,6 +341,11 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
                 ConstCounter::new(lazy.blocks_fetched),
             );
             r.register(
+                "lazy_blocks_streamed",
+                "Blocks fetched for a large sequential read and not kept in the cache",
+                ConstCounter::new(lazy.blocks_streamed),
+            );
+            r.register(
                 "lazy_fetch_errors",
                 "Fetches from the pageserver that failed (I/O errors to PostgreSQL)",
                 ConstCounter::new(lazy.fetch_errors),
@@ -431,14 +440,16 @@ mod tests {
         assert!(!render_metrics(&eager.agent(), &eager.proposer()).contains("strata_compute_lazy_"));
         let stats = Arc::new(crate::lazy::fs::LazyStats::default());
         stats.blocks_fetched.store(7, std::sync::atomic::Ordering::Relaxed);
+        stats.blocks_streamed.store(5, std::sync::atomic::Ordering::Relaxed);
         let lazy = StatusHandle::new(status(), rx).with_lazy(stats);
         assert_eq!(
             lazy.to_json()["lazy"],
-            serde_json::json!({"blocks_fetched": 7, "fetch_errors": 0, "cache_evictions": 0, "cache_blocks": 0,
+            serde_json::json!({"blocks_fetched": 7, "blocks_streamed": 5, "fetch_errors": 0, "cache_evictions": 0, "cache_blocks": 0,
                                "cache_budget_blocks": 0})
         );
         let text = render_metrics(&lazy.agent(), &lazy.proposer());
         assert!(text.contains("strata_compute_lazy_blocks_fetched_total 7"), "{text}");
+        assert!(text.contains("strata_compute_lazy_blocks_streamed_total 5"), "{text}");
         assert!(text.contains("strata_compute_lazy_fetch_errors_total 0"), "{text}");
     }
 

@@ -87,6 +87,9 @@ pub struct LazyStats {
     pub blocks_fetched: AtomicU64,
     /// Fetches that failed (each an EIO to PostgreSQL).
     pub fetch_errors: AtomicU64,
+    /// Blocks fetched by a large sequential read for the first time and
+    /// handed to the kernel without being kept in the cache.
+    pub blocks_streamed: AtomicU64,
     /// The cache's counters.
     pub cache: Arc<super::cache::CacheStats>,
 }
@@ -111,6 +114,39 @@ struct RemoteFile {
     window: u32,
     /// Blocks a request is fetching without the lock.
     in_flight: std::collections::HashSet<u32>,
+    /// Blocks a large sequential read fetched and did not keep (see
+    /// [`RemoteFile::keeps`]); allocated on the first such read.
+    streamed: Option<Streamed>,
+}
+
+/// One bit per block of a segment file.
+struct Streamed(Box<[u64]>);
+
+impl Streamed {
+    fn new() -> Streamed {
+        Streamed(vec![0; SEGMENT_BLOCKS.div_ceil(64) as usize].into_boxed_slice())
+    }
+
+    fn get(&self, block: u32) -> bool {
+        self.0.get(block as usize / 64).is_some_and(|w| w & (1 << (block % 64)) != 0)
+    }
+
+    fn set(&mut self, block: u32) {
+        if let Some(w) = self.0.get_mut(block as usize / 64) {
+            *w |= 1 << (block % 64);
+        }
+    }
+
+    /// Forgets the blocks from `end` on (the file was cut there).
+    fn cut(&mut self, end: u32) {
+        let words = self.0.len();
+        if end % 64 != 0 {
+            if let Some(w) = self.0.get_mut(end as usize / 64) {
+                *w &= (1 << (end % 64)) - 1;
+            }
+        }
+        self.0[(end.div_ceil(64) as usize).min(words)..].fill(0);
+    }
 }
 
 impl RemoteFile {
@@ -145,6 +181,35 @@ impl RemoteFile {
         } else {
             blocks.end..blocks.end
         }
+    }
+
+    /// The file's length set to `blocks`: the rules learn it, and blocks
+    /// cut off are new blocks if the file grows back.
+    fn set_size(&mut self, blocks: u32) {
+        self.rules.set_size(blocks);
+        if let Some(streamed) = &mut self.streamed {
+            streamed.cut(blocks);
+        }
+    }
+
+    /// Whether the cache keeps `blocks`, just fetched for a read of
+    /// exactly them that is as large as [`PREFETCH_MAX`]: the kernel's
+    /// read-ahead of a sequential scan. Its blocks are kept only if one of
+    /// them was fetched that way before (the kernel's page cache let it go
+    /// and the scan came back for it), so one pass over a large table does
+    /// not push the working set out of the cache, as PostgreSQL's own ring
+    /// buffers keep a large scan out of shared buffers. The blocks not kept
+    /// stay remote: their next read fetches them again, as it would read
+    /// them back after an eviction. Every other fetch is kept.
+    fn keeps(&mut self, blocks: &[u32]) -> bool {
+        let streamed = self.streamed.get_or_insert_with(Streamed::new);
+        if blocks.iter().any(|b| streamed.get(*b)) {
+            return true;
+        }
+        for &b in blocks {
+            streamed.set(b);
+        }
+        false
     }
 }
 
@@ -263,6 +328,7 @@ impl LazyHooks {
                     next: 0,
                     window: 0,
                     in_flight: Default::default(),
+                    streamed: None,
                 };
                 files.insert(rel_path, Arc::new(FileEntry::new(rf)));
             }
@@ -417,7 +483,11 @@ impl LazyHooks {
     /// held and every block of `demanded` local or not remote, and, when
     /// one fetch of this call got and stored every block of `demanded` at
     /// one LSN, their bytes (the read is answered from them instead of reading back
-    /// what was just written).
+    /// what was just written). `bulk`: the read is a block-aligned read of
+    /// the kernel's read-ahead size, whose blocks, when fetched exactly for
+    /// it, the cache may decline ([`RemoteFile::keeps`]); they are then
+    /// answered from the bytes fetched and stay remote.
+    #[allow(clippy::too_many_arguments)]
     fn make_local<'a>(
         &self,
         node: &Node,
@@ -425,6 +495,7 @@ impl LazyHooks {
         mut rf: parking_lot::MutexGuard<'a, RemoteFile>,
         demanded: std::ops::Range<u32>,
         ahead: std::ops::Range<u32>,
+        bulk: bool,
         fetched: &mut Vec<u32>,
     ) -> Result<(parking_lot::MutexGuard<'a, RemoteFile>, Option<Vec<u8>>)> {
         let mut ahead = Some(ahead);
@@ -456,6 +527,21 @@ impl LazyHooks {
             }
             entry.1.notify_all();
             let mut pages = pages?;
+            // Exactly the blocks of the read, each still remote at the LSN
+            // it was fetched for (nothing wrote, cut or stored it meanwhile).
+            let exact = match mine.first_key_value() {
+                Some((lsn, blocks)) if mine.len() == 1 => {
+                    blocks.iter().copied().eq(demanded.clone())
+                        && blocks.iter().all(|b| rf.rules.source(*b) == Source::Remote(*lsn))
+                }
+                _ => false,
+            };
+            if bulk && exact && !rf.keeps(&mine.values().next().expect("one group")[..]) {
+                self.stats.blocks_streamed.fetch_add(demanded.len() as u64, Ordering::Relaxed);
+                let (_, bytes) = pages.pop().expect("one group");
+                debug_assert_eq!(bytes.len(), demanded.len() * BLCKSZ);
+                return Ok((rf, Some(bytes)));
+            }
             let stored = self.store(node, &mut rf, &mine, &pages, fetched)?;
             // One group that starts with all of `demanded`, every block of
             // it stored just now: the group's first bytes are the read's
@@ -562,8 +648,14 @@ pub fn mount(mountpoint: &Path, hooks: LazyHooks) -> std::io::Result<fuser::Back
 
 /// How far the kernel reads ahead of sequential reads on a mount. Its
 /// default for FUSE, 128 KiB, makes a cold sequential scan one round trip
-/// per 16 blocks; a megabyte measured a sixth faster.
-const READ_AHEAD_KB: u32 = 1024;
+/// per 16 blocks; a megabyte measured a sixth faster. The kernel sends a
+/// read-ahead window as reads of at most a megabyte (FUSE's largest), so
+/// four megabytes keep about four of them in flight, which the mount's
+/// threads serve at once over the source's connections: a cold scan
+/// another ninth faster than with one megabyte, the pageserver and this
+/// daemon working side by side instead of in turn. Eight measured the same
+/// as four, sixteen slower.
+const READ_AHEAD_KB: u32 = 4096;
 
 /// Sets the mount's read-ahead through its backing device info in sysfs
 /// (root only; elsewhere the default stays).
@@ -605,12 +697,14 @@ impl Hooks for LazyHooks {
             let blocks = block_range(offset, u64::from(size), rf.rules.size());
             let max = u32::try_from(self.cache.budget() / 4).unwrap_or(u32::MAX).min(PREFETCH_MAX);
             let ahead = rf.readahead(&blocks, max);
-            let (mut rf, fetched) = self.make_local(node, &entry, rf, blocks.clone(), ahead, &mut admitted)?;
+            let aligned =
+                offset == u64::from(blocks.start) * BLOCK && u64::from(size) == u64::from(blocks.len() as u32) * BLOCK;
+            let bulk = aligned && blocks.len() >= PREFETCH_MAX as usize;
+            let (mut rf, fetched) =
+                self.make_local(node, &entry, rf, blocks.clone(), ahead, bulk, &mut admitted)?;
             for b in blocks.clone() {
                 rf.rules.touch(b);
             }
-            let aligned =
-                offset == u64::from(blocks.start) * BLOCK && u64::from(size) == u64::from(blocks.len() as u32) * BLOCK;
             match fetched {
                 // Exactly the blocks just fetched: their bytes as they came.
                 Some(bytes) if aligned => bytes,
@@ -653,7 +747,7 @@ impl Hooks for LazyHooks {
         // file back past its end).
         let mut rf = entry.0.lock();
         set()?;
-        rf.rules.set_size(size_blocks(size));
+        rf.set_size(size_blocks(size));
         Ok(())
     }
 
@@ -663,7 +757,7 @@ impl Hooks for LazyHooks {
         // file is cut again once none can be.
         let Some(entry) = self.remote(node) else { return };
         let mut rf = entry.0.lock();
-        rf.rules.set_size(size_blocks(size));
+        rf.set_size(size_blocks(size));
         if rf.file.metadata().is_ok_and(|m| m.len() > size) {
             if let Err(e) = rf.file.set_len(size) {
                 error!(file = %node, size, "cutting a truncated file again: {e}");
@@ -720,6 +814,7 @@ mod tests {
             next: 0,
             window: 0,
             in_flight: Default::default(),
+            streamed: None,
         }
     }
 
@@ -759,6 +854,35 @@ mod tests {
         let mut f = remote_file(1000);
         f.readahead(&(0..1), 0);
         assert_eq!(f.readahead(&(1..2), 0), 2..2);
+    }
+
+    #[test]
+    fn a_large_read_is_kept_once_its_blocks_come_back_and_a_cut_forgets_them() {
+        let run = |from: u32, to: u32| (from..to).collect::<Vec<u32>>();
+        let mut f = remote_file(1000);
+        assert!(!f.keeps(&run(0, 128)));
+        assert!(!f.keeps(&run(128, 256)));
+        assert!(f.keeps(&run(100, 228)), "blocks streamed before come back");
+        assert!(!f.keeps(&run(256, 384)));
+        // Cut to 130 blocks and grown again: the blocks cut off are new.
+        f.set_size(130);
+        f.set_size(1000);
+        assert!(!f.keeps(&run(130, 258)));
+        assert!(f.keeps(&run(0, 128)));
+        assert_eq!(f.rules.source(500), Source::Zero);
+
+        let mut s = Streamed::new();
+        for b in [0, 63, 64, 65, 127, 128, SEGMENT_BLOCKS - 1] {
+            s.set(b);
+        }
+        s.cut(65);
+        assert_eq!([0, 63, 64, 65, 127, 128].map(|b| s.get(b)), [true, true, true, false, false, false]);
+        assert!(!s.get(SEGMENT_BLOCKS - 1));
+        s.cut(64);
+        assert!(s.get(63) && !s.get(64));
+        s.cut(0);
+        assert!(!s.get(0) && !s.get(63));
+        assert!(!s.get(SEGMENT_BLOCKS), "past the segment: never set");
     }
 
     #[test]

@@ -227,6 +227,20 @@ pub fn encode_page(id: u64, page: &[u8; PAGE_SIZE], out: &mut Vec<u8>) {
     begin_frame(out, tag::PAGE).request_id(id, "Page").bytes(page).finish()
 }
 
+/// Bytes of a `Page` frame before its page: the frame is these followed by
+/// the page's [`PAGE_SIZE`] bytes.
+pub const PAGE_HEADER_LEN: usize = LENGTH_SIZE + PAGE_LEN - PAGE_SIZE;
+
+/// Appends the start of a `Page` response frame, everything but the page,
+/// to `out`: a server that sends the page from where it lies (a vectored
+/// write) never copies it. Panics on a request id of 0.
+pub fn encode_page_header(id: u64, out: &mut Vec<u8>) {
+    assert!(id != 0, "Page: request id 0 is reserved for connection-level errors");
+    out.extend_from_slice(&(PAGE_LEN as u32).to_le_bytes());
+    out.push(tag::PAGE);
+    out.extend_from_slice(&id.to_le_bytes());
+}
+
 fn valid_segment_size(len: usize) -> bool {
     len <= MAX_SEGMENT_SIZE && len.is_multiple_of(PAGE_SIZE)
 }
@@ -553,6 +567,16 @@ mod tests {
         let mut direct = Vec::new();
         encode_page(1, &[0; PAGE_SIZE], &mut direct);
         assert_eq!(direct, page);
+        // A header and the page after it are the same frame, whatever the id and page.
+        let filled: [u8; PAGE_SIZE] = std::array::from_fn(|i| (i * 7) as u8);
+        for id in [1, 0x0102_0304_0506_0708, u64::MAX] {
+            let (mut whole, mut split) = (Vec::new(), Vec::new());
+            encode_page(id, &filled, &mut whole);
+            encode_page_header(id, &mut split);
+            assert_eq!(split.len(), PAGE_HEADER_LEN);
+            split.extend_from_slice(&filled);
+            assert_eq!(split, whole);
+        }
         let full = server_bytes(&ServerMessage::Segment { id: 1, data: vec![0; MAX_SEGMENT_SIZE] });
         assert!(full.len() - LENGTH_SIZE <= MAX_FRAME_SIZE);
         // A full pipeline of the largest request fits easily in socket buffers.
