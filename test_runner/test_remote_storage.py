@@ -358,6 +358,13 @@ def test_object_storage_killed_under_load(cluster_factory, tmp_path):
             m = cluster.metrics("pageserver")
             assert m["strata_pageserver_upload_errors_total"] > 0, m
             assert parse_lsn(st["last_record_lsn"]) > ingest_before, "ingest stopped while object storage was down"
+            # A checkpoint that waits for its upload gives up after its
+            # timeout with the upload error, and leaves the uploads going
+            # (a wait that timed out once deadlocked them for good).
+            t1 = time.monotonic()
+            code, raw = ps.request("POST", ps.tl_path() + "/checkpoint?upload_timeout=2", timeout=60)
+            assert code == 500 and "last upload error" in json.loads(raw)["error"], (code, raw)
+            assert time.monotonic() - t1 < 30, "the checkpoint did not give up in time"
             minio.start()
             stdout, stderr = bench.communicate(timeout=180)
         finally:

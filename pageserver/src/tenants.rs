@@ -573,7 +573,8 @@ impl Tenants {
         if !children.is_empty() {
             return Err(DeleteError::HasBranches { timeline, children });
         }
-        if let Some(r) = entry.handle.lock().take() {
+        let receiver = entry.handle.lock().take();
+        if let Some(r) = receiver {
             r.shutdown();
         }
         self.timelines.write().remove(&(tenant, timeline));
@@ -699,7 +700,8 @@ impl Tenants {
             }
             info!(tenant = %key.0, timeline = %key.1, reason = %broken.reason, "re-reading a broken timeline from disk");
             // The old receiver stops (it flushes nothing: the timeline is broken).
-            if let Some(r) = entry.handle.lock().take() {
+            let receiver = entry.handle.lock().take();
+            if let Some(r) = receiver {
                 r.shutdown();
             }
             // Back in service only once the disk takes a durable write again.
@@ -735,7 +737,8 @@ impl Tenants {
     /// is not uploaded then is uploaded after the next start).
     pub fn shutdown(&self) {
         for entry in self.all() {
-            if let Some(r) = entry.handle.lock().take() {
+            let receiver = entry.handle.lock().take();
+            if let Some(r) = receiver {
                 r.shutdown();
             }
             if entry.tl.broken_reason().is_none() {

@@ -239,7 +239,11 @@ impl RemoteTimeline {
                 tokio::time::timeout(timeout, rx.wait_for(done)).await.is_ok()
             })
             .map_err(|e| e.to_string())?;
-        if let Some(why) = self.state.lock().superseded.clone() {
+        // Taken in a statement of its own: a guard in the `if let` would be
+        // held through the `else` branches, which lock again (a deadlock
+        // that stopped every upload after a wait that timed out).
+        let superseded = self.state.lock().superseded.clone();
+        if let Some(why) = superseded {
             Err(why)
         } else if reached {
             Ok(())
