@@ -443,3 +443,41 @@ def test_a_table_over_1_gib_is_served_on_both_sides_of_its_segment_boundary(clus
     ep.start("--cache-mb", "64")
     check(segment - 1000)
     ep.stop()
+
+
+def test_a_database_of_more_relation_files_than_descriptors_starts_lazily(cluster_factory):
+    """A lazy compute holds no descriptor and creates no backing file per
+    relation file until PostgreSQL looks that file up: a database of several
+    thousand relation files starts lazily with every Strata process limited
+    to 1024 open files, and reads and writes every table (each segment file
+    of the manifest used to hold a descriptor from the start)."""
+    tables = 1500
+    cluster = cluster_factory(nofile=1024)
+    eager = Endpoint(cluster, "eager")
+    eager.start("--eager")
+    for first in range(1, tables + 1, 500):
+        # Each with a primary key and a TOAST table and its index: 4 files.
+        eager.sql(f"DO $$ BEGIN FOR i IN {first}..{first + 499} LOOP "
+                  "EXECUTE format('CREATE TABLE many%s (id int PRIMARY KEY, v text)', i); "
+                  "EXECUTE format('INSERT INTO many%s VALUES (%s, repeat(''x'', 100))', i, i); "
+                  "END LOOP; END $$")
+    files = eager.sql("SELECT count(*) FROM pg_class WHERE relfilenode <> 0 AND relpersistence = 'p'")[0][0]
+    assert files > 4 * tables, files
+    eager.stop()
+
+    total = ("SELECT sum((xpath('/row/s/text()', query_to_xml(format('SELECT sum(id) AS s FROM many%s', i), "
+             f"false, true, '')))[1]::text::bigint) FROM generate_series(1, {tables}) i")
+    ep = Endpoint(cluster, "lazy")
+    ep.start("--lazy")
+    assert ep.sql(total) == [(tables * (tables + 1) // 2,)]
+    ep.sql(f"DO $$ BEGIN FOR i IN 1..{tables} LOOP "
+           "EXECUTE format('UPDATE many%s SET id = id * 2', i); END LOOP; END $$")
+    assert ep.sql(total) == [(tables * (tables + 1),)]
+    # Only what PostgreSQL looked up exists in the backing directory.
+    backing = cluster.workdir / "endpoints" / "lazy" / "pgdata.lazy" / "base"
+    created = sum(1 for p in backing.rglob("*") if p.is_file())
+    assert created < files, (created, files)
+    ep.stop()
+    ep.start()
+    assert ep.sql(total) == [(tables * (tables + 1),)]
+    ep.stop()

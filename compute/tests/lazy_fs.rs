@@ -3,8 +3,10 @@
 //! the start LSN, writes win, partial writes merge with the fetched block,
 //! truncation and re-extension read zeros (also when the truncation comes
 //! while blocks past it are being fetched), a re-created file is local, a
-//! second segment maps to the fork's later blocks, and a failing source is
-//! an I/O error for that read only.
+//! second segment maps to the fork's later blocks, a failing source is an
+//! I/O error for that read only, large sequential reads are kept from
+//! their second pass, and listed files are created when first looked up
+//! (listed before that) without a descriptor held per file.
 //!
 //! Needs /dev/fuse (and root, or fusermount3).
 
@@ -347,6 +349,13 @@ fn drop_kernel_cache(f: &fs::File) {
     assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
 }
 
+/// Turns the kernel's read-ahead off for an open file.
+fn random_reads(f: &fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an open descriptor.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) }, 0);
+}
+
 #[test]
 fn a_cache_smaller_than_the_file_drops_blocks_and_reads_them_back_at_their_version() {
     let source = Arc::new(FakeSource::default());
@@ -358,6 +367,9 @@ fn a_cache_smaller_than_the_file_drops_blocks_and_reads_them_back_at_their_versi
     let path = m.mnt.join("5/1000");
     let backing = m.dir.join("backing/5/1000");
     let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    // Block by block, as random reads come: no read-ahead (whose large
+    // reads the cache would not keep on their first pass).
+    random_reads(&f);
     let mut buf = vec![0u8; B];
 
     // Four blocks written at LSNs the pageserver has not ingested yet.
@@ -427,4 +439,56 @@ fn a_read_write_compute_reads_at_its_floor_and_moves_it_past_the_gc_cutoff() {
     let latest = Lsn(S.0 + 0x11_000);
     assert_eq!(buf, page_of(1000, 200, latest));
     assert_eq!(cache.floor(), latest);
+}
+
+/// Descriptors this process has open.
+fn open_descriptors() -> usize {
+    fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn listed_files_are_created_when_first_looked_up_and_hold_no_descriptor() {
+    const FILES: u32 = 3000;
+    let source = Arc::new(FakeSource::default());
+    let entries: Vec<ManifestEntry> = (0..FILES).map(|i| entry(20_000 + i, 2)).collect();
+    let before = open_descriptors();
+    let (m, _) = setup("many", &entries, source.clone());
+    let names = |dir: &std::path::Path| -> std::collections::BTreeSet<String> {
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    };
+    // The mount starts without a file per relation, yet lists them all.
+    assert_eq!(names(&m.dir.join("backing/5")).len(), 1, "only PG_VERSION in the backing directory");
+    let listed = names(&m.mnt.join("5"));
+    assert_eq!(listed.len(), FILES as usize + 1);
+    assert!(listed.contains("PG_VERSION") && listed.contains("20000") && listed.contains("22999"));
+
+    // An O_CREAT open of a listed name the kernel never looked up opens the
+    // listed file, with its pages, instead of making an empty one.
+    let created =
+        OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.mnt.join("5/22999")).unwrap();
+    assert_eq!(created.metadata().unwrap().len(), 2 * B as u64);
+    let mut buf = vec![0u8; B];
+    created.read_exact_at(&mut buf, B as u64).unwrap();
+    assert!(buf == page_of(22_999, 1, S), "the listed file's page");
+    drop(created);
+
+    // Every file read through the mount: each created on its lookup, sparse
+    // and of its size; no descriptor stays open per file.
+    for i in 0..FILES - 1 {
+        let f = fs::File::open(m.mnt.join(format!("5/{}", 20_000 + i))).unwrap();
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert!(buf == page_of(20_000 + i, 0, S), "file {i}");
+    }
+    let held = open_descriptors().saturating_sub(before);
+    assert!(held < 64, "{held} descriptors held for {FILES} files");
+    let backing = m.dir.join("backing/5/20000");
+    assert_eq!(fs::metadata(&backing).unwrap().len(), 2 * B as u64);
+    assert!(allocated(&backing) <= 2 * B as u64);
+    // Listed once each, now from the backing directory.
+    assert_eq!(names(&m.mnt.join("5")), listed);
+    assert_eq!(names(&m.dir.join("backing/5")), listed);
+    // Each block fetched once at most (the kernel reads ahead the second).
+    let asked = source.asked.lock();
+    let distinct: std::collections::HashSet<(u32, u32)> = asked.iter().map(|a| (a.0, a.1)).collect();
+    assert_eq!(distinct.len(), asked.len());
 }

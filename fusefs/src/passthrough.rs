@@ -28,16 +28,21 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::inodes::Inodes;
+use crate::open_files::{OpenFiles, Slot};
 use crate::sys;
 
 /// Our inode numbers are never reused, so generations are not needed.
 const GENERATION: Generation = Generation(0);
 
+/// The directory entry number given to a file the hooks serve but have not
+/// created yet ([`Hooks::pending_entries`]); our own numbers count up from 1
+/// and never get here.
+const PENDING_INO: u64 = 1 << 62;
+
 /// An open file or directory of the backing directory.
 struct Handle {
     /// The inode it was opened through (for attributes of unlinked files).
     ino: u64,
-    file: File,
     kind: HandleKind,
 }
 
@@ -45,8 +50,12 @@ enum HandleKind {
     File {
         /// Opened with O_SYNC or O_DSYNC: each write is also a sync.
         sync_writes: bool,
+        /// The backing file (closed and opened again under a bound, see
+        /// [`Passthrough::max_open_files`]).
+        slot: Arc<Slot>,
     },
     Dir {
+        file: Arc<File>,
         /// The listing served by READDIR, taken when it starts at offset 0.
         listing: Mutex<Vec<Listed>>,
     },
@@ -130,6 +139,20 @@ pub trait Hooks: Send + Sync + 'static {
     /// After `from` was renamed to `to` (replacing what `to` was).
     fn after_rename(&self, _from: &Path, _to: &Path) {}
 
+    /// Before `path` is looked up in the backing directory (a lookup, or a
+    /// create that may open an existing file): a user that serves files it
+    /// has not written to the backing directory yet creates it now.
+    fn before_lookup(&self, _path: &Path) -> Result<()> {
+        Ok(())
+    }
+
+    /// Files of directory `dir` that a user serves but has not created in
+    /// the backing directory yet (see [`Hooks::before_lookup`]): listed
+    /// with the directory's entries.
+    fn pending_entries(&self, _dir: &Path) -> Vec<OsString> {
+        Vec::new()
+    }
+
     /// Serves a read; `read` reads the backing file. By default
     /// [`Hooks::before_read`], then `read`. A user that must keep the
     /// backing bytes still while they are read (they may change under a
@@ -191,6 +214,8 @@ pub struct Passthrough<H: Hooks> {
     ttl: Duration,
     /// Whether an open keeps the file's pages the kernel already caches.
     keep_cache: bool,
+    /// The bound on open backing files, if any.
+    open_files: OpenFiles,
 }
 
 /// A result whose error is the errno the kernel gets.
@@ -270,7 +295,17 @@ impl<H: Hooks> Passthrough<H> {
             root_ids: (uid == 0).then_some((uid, gid)),
             ttl: Duration::ZERO,
             keep_cache: false,
+            open_files: OpenFiles::new(None),
         }
+    }
+
+    /// Holds at most about `max` backing files of open handles open at once
+    /// (`crate::open_files`): a handle not used lately has its descriptor
+    /// closed and opened again by path when next used. Without this, every
+    /// open handle holds a descriptor for as long as it is open.
+    pub fn max_open_files(mut self, max: usize) -> Passthrough<H> {
+        self.open_files = OpenFiles::new(Some(max));
+        self
     }
 
     /// The backing directory changes through this mount alone: the kernel
@@ -326,24 +361,80 @@ impl<H: Hooks> Passthrough<H> {
         self.handles.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
     }
 
-    fn add_handle(&self, ino: u64, file: File, kind: HandleKind) -> FileHandle {
+    fn add_handle(&self, ino: u64, kind: HandleKind) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(fh, Arc::new(Handle { ino, file, kind }));
+        let file = matches!(kind, HandleKind::File { .. });
+        self.handles.lock().insert(fh, Arc::new(Handle { ino, kind }));
+        if file {
+            self.open_files.opened(fh, |f| self.slot_of(f));
+        }
         FileHandle(fh)
+    }
+
+    fn slot_of(&self, fh: u64) -> Option<Arc<Slot>> {
+        match &self.handles.lock().get(&fh)?.kind {
+            HandleKind::File { slot, .. } => Some(slot.clone()),
+            HandleKind::Dir { .. } => None,
+        }
+    }
+
+    /// The backing file of handle `fh`, opened again by path if the bound
+    /// closed it.
+    fn file_of(&self, fh: u64, handle: &Handle) -> Result<Arc<File>> {
+        let slot = match &handle.kind {
+            HandleKind::Dir { file, .. } => return Ok(file.clone()),
+            HandleKind::File { slot, .. } => slot,
+        };
+        if let Some(file) = slot.get() {
+            return Ok(file);
+        }
+        let rel = self.path(INodeNo(handle.ino))?;
+        let file = open_backing(&self.full(&rel), slot.reopen_flags, None).map_err(errno)?;
+        let (file, mine) = slot.reopened(file);
+        if mine {
+            self.open_files.opened(fh, |f| self.slot_of(f));
+        }
+        Ok(file)
+    }
+
+    /// The backing file at `full` (of inode `ino`) is about to be unlinked
+    /// or replaced: the handles open on it keep their descriptors for good,
+    /// since it can no longer be opened by path. Called with the inode
+    /// table locked.
+    fn pin_handles(&self, ino: Option<u64>, full: &Path) {
+        let Some(ino) = ino.filter(|_| self.open_files.bounded()) else { return };
+        let slots: Vec<Arc<Slot>> = self
+            .handles
+            .lock()
+            .values()
+            .filter(|h| h.ino == ino)
+            .filter_map(|h| match &h.kind {
+                HandleKind::File { slot, .. } => Some(slot.clone()),
+                HandleKind::Dir { .. } => None,
+            })
+            .collect();
+        for slot in slots {
+            if !slot.pin() {
+                if let Ok(file) = open_backing(full, slot.reopen_flags, None) {
+                    slot.reopened(file);
+                    slot.pin();
+                }
+            }
+        }
     }
 
     /// Metadata of `ino`: through the open handle if given, else its path,
     /// else (unlinked) any handle still open on it.
     fn stat(&self, ino: INodeNo, fh: Option<FileHandle>) -> Result<Metadata> {
-        if let Some(handle) = fh.and_then(|fh| self.handle(fh).ok()) {
-            return handle.file.metadata().map_err(errno);
+        if let Some((fh, handle)) = fh.and_then(|fh| Some((fh, self.handle(fh).ok()?))) {
+            return self.file_of(fh.0, &handle)?.metadata().map_err(errno);
         }
         if let Ok(path) = self.path(ino) {
             return fs::symlink_metadata(self.full(&path)).map_err(errno);
         }
-        let open = self.handles.lock().values().find(|h| h.ino == ino.0).cloned();
+        let open = self.handles.lock().iter().find(|(_, h)| h.ino == ino.0).map(|(fh, h)| (*fh, h.clone()));
         match open {
-            Some(handle) => handle.file.metadata().map_err(errno),
+            Some((fh, handle)) => self.file_of(fh, &handle)?.metadata().map_err(errno),
             None => Err(Errno::ENOENT),
         }
     }
@@ -371,18 +462,18 @@ impl<H: Hooks> Passthrough<H> {
         // which ftruncate refuses); through the handle once unlinked.
         enum On {
             Path(PathBuf),
-            Open(Arc<Handle>),
+            Open(Arc<File>),
         }
         let on = match (self.path(ino), fh) {
             (Ok(rel), _) => On::Path(self.full(&rel)),
-            (Err(_), Some(fh)) => On::Open(self.handle(fh)?),
+            (Err(_), Some(fh)) => On::Open(self.file_of(fh.0, &*self.handle(fh)?)?),
             (Err(e), None) => return Err(e),
         };
         // Owner first: chown clears set-id bits that a mode in the same request sets.
         if uid.is_some() || gid.is_some() {
             match &on {
                 On::Path(path) => std::os::unix::fs::lchown(path, uid, gid),
-                On::Open(h) => std::os::unix::fs::fchown(&h.file, uid, gid),
+                On::Open(f) => std::os::unix::fs::fchown(&**f, uid, gid),
             }
             .map_err(errno)?;
         }
@@ -390,7 +481,7 @@ impl<H: Hooks> Passthrough<H> {
             let perms = fs::Permissions::from_mode(mode & 0o7777);
             match &on {
                 On::Path(path) => fs::set_permissions(path, perms),
-                On::Open(h) => h.file.set_permissions(perms),
+                On::Open(f) => f.set_permissions(perms),
             }
             .map_err(errno)?;
         }
@@ -398,7 +489,7 @@ impl<H: Hooks> Passthrough<H> {
             self.hooks.serve_set_size(&self.node(ino.0), size, &mut || {
                 match &on {
                     On::Path(path) => sys::truncate(path, size),
-                    On::Open(h) => h.file.set_len(size),
+                    On::Open(f) => f.set_len(size),
                 }
                 .map_err(errno)
             })?;
@@ -407,7 +498,7 @@ impl<H: Hooks> Passthrough<H> {
         if atime.is_some() || mtime.is_some() {
             let target = match &on {
                 On::Path(path) => sys::Target::Path(path),
-                On::Open(h) => sys::Target::File(&h.file),
+                On::Open(f) => sys::Target::File(f),
             };
             sys::set_times(target, atime, mtime).map_err(errno)?;
         }
@@ -416,7 +507,7 @@ impl<H: Hooks> Passthrough<H> {
 
     fn do_readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, reply: &mut ReplyDirectory) -> Result<()> {
         let handle = self.handle(fh)?;
-        let HandleKind::Dir { listing } = &handle.kind else { return Err(Errno::ENOTDIR) };
+        let HandleKind::Dir { listing, .. } = &handle.kind else { return Err(Errno::ENOTDIR) };
         let mut listing = listing.lock();
         if offset == 0 {
             *listing = self.list(ino)?;
@@ -447,6 +538,10 @@ impl<H: Hooks> Passthrough<H> {
             Listed { ino: ino.0, kind: FileType::Directory, name: ".".into() },
             Listed { ino: parent_ino, kind: FileType::Directory, name: "..".into() },
         ];
+        // Taken before the directory is read: a file created meanwhile is
+        // then in both, and listed once.
+        let pending = self.hooks.pending_entries(&rel);
+        let mut seen = std::collections::HashSet::new();
         for entry in fs::read_dir(self.full(&rel)).map_err(errno)? {
             let entry = entry.map_err(errno)?;
             // An entry removed since the directory was read is skipped.
@@ -455,31 +550,41 @@ impl<H: Hooks> Passthrough<H> {
             // d_ino is informational (nothing looks files up by it): our inode
             // number when the kernel holds one, else the backing one.
             let ino = self.inodes.lock().get(&rel.join(entry.file_name())).unwrap_or(entry.ino());
+            if !pending.is_empty() {
+                seen.insert(entry.file_name());
+            }
             out.push(Listed { ino, kind, name: entry.file_name() });
+        }
+        for name in pending.into_iter().filter(|n| !seen.contains(n)) {
+            // Not in the backing directory yet, so no inode of its own: a
+            // number of the range ours never reach.
+            let ino = PENDING_INO | (out.len() as u64);
+            out.push(Listed { ino, kind: FileType::RegularFile, name });
         }
         Ok(out)
     }
 
     fn do_fsync(&self, ino: INodeNo, fh: FileHandle, datasync: bool, op: &str) -> Result<()> {
         self.hooks.before_fsync(&self.node(ino.0), op)?;
-        let handle = self.handle(fh)?;
+        let file = self.file_of(fh.0, &*self.handle(fh)?)?;
         if datasync {
-            handle.file.sync_data().map_err(errno)
+            file.sync_data().map_err(errno)
         } else {
-            handle.file.sync_all().map_err(errno)
+            file.sync_all().map_err(errno)
         }
     }
 
     fn do_write(&self, ino: INodeNo, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32> {
         let handle = self.handle(fh)?;
+        let file = self.file_of(fh.0, &handle)?;
         let node = self.node(ino.0);
-        let sync = matches!(handle.kind, HandleKind::File { sync_writes: true });
-        self.hooks.serve_write(&node, &handle.file, offset, data, sync, &mut || {
+        let sync = matches!(handle.kind, HandleKind::File { sync_writes: true, .. });
+        self.hooks.serve_write(&node, &file, offset, data, sync, &mut || {
             // pwrite until all is written; after a partial write the error
             // is not reported, the count is (as write(2) does).
             let mut written = 0;
             while written < data.len() {
-                match handle.file.write_at(&data[written..], offset + written as u64) {
+                match file.write_at(&data[written..], offset + written as u64) {
                     Ok(0) => break,
                     Ok(n) => written += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -492,12 +597,12 @@ impl<H: Hooks> Passthrough<H> {
     }
 
     fn do_read(&self, ino: INodeNo, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let handle = self.handle(fh)?;
-        self.hooks.serve_read(&self.node(ino.0), &handle.file, offset, size, &mut || {
+        let file = self.file_of(fh.0, &*self.handle(fh)?)?;
+        self.hooks.serve_read(&self.node(ino.0), &file, offset, size, &mut || {
             let mut buf = vec![0; size as usize];
             let mut read = 0;
             while read < buf.len() {
-                match handle.file.read_at(&mut buf[read..], offset + read as u64) {
+                match file.read_at(&mut buf[read..], offset + read as u64) {
                     Ok(0) => break,
                     Ok(n) => read += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -523,6 +628,7 @@ impl<H: Hooks> Passthrough<H> {
         // backing directory and the table disagree.
         let mut inodes = self.inodes.lock();
         let (full_from, full_to) = (self.full(&from), self.full(&to));
+        self.pin_handles(inodes.get(&to), &full_to);
         if flags.is_empty() {
             fs::rename(&full_from, &full_to).map_err(errno)?;
         } else if flags == RenameFlags::RENAME_NOREPLACE {
@@ -550,7 +656,10 @@ macro_rules! answer {
 
 impl<H: Hooks> Filesystem for Passthrough<H> {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let result = self.child(parent, name).and_then(|rel| self.entry(&rel));
+        let result = self.child(parent, name).and_then(|rel| {
+            self.hooks.before_lookup(&rel)?;
+            self.entry(&rel)
+        });
         answer!(reply, result, |a| reply.entry(&self.ttl, &a, GENERATION));
     }
 
@@ -602,7 +711,9 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let result = self.child(parent, name).and_then(|rel| {
             let mut inodes = self.inodes.lock();
-            fs::remove_file(self.full(&rel)).map_err(errno)?;
+            let full = self.full(&rel);
+            self.pin_handles(inodes.get(&rel), &full);
+            fs::remove_file(&full).map_err(errno)?;
             inodes.unlinked(&rel);
             drop(inodes);
             self.hooks.after_unlink(&rel);
@@ -652,7 +763,8 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
                 self.hooks.after_set_size(&Node { ino: ino.0, path: Some(rel) }, 0);
             }
             let sync_writes = flags.0 & libc::O_DSYNC != 0;
-            Ok(self.add_handle(ino.0, file, HandleKind::File { sync_writes }))
+            let slot = Arc::new(Slot::new(file, flags.0));
+            Ok(self.add_handle(ino.0, HandleKind::File { sync_writes, slot }))
         });
         answer!(reply, result, |fh| reply.opened(fh, self.open_flags()));
     }
@@ -718,7 +830,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
                 .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
                 .open(self.full(&rel))
                 .map_err(errno)?;
-            Ok(self.add_handle(ino.0, dir, HandleKind::Dir { listing: Mutex::new(Vec::new()) }))
+            Ok(self.add_handle(ino.0, HandleKind::Dir { file: Arc::new(dir), listing: Mutex::new(Vec::new()) }))
         });
         answer!(reply, result, |fh| reply.opened(fh, FopenFlags::empty()));
     }
@@ -765,6 +877,10 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
         reply: ReplyCreate,
     ) {
         let result = self.child(parent, name).and_then(|rel| {
+            // The kernel may create without looking up first (an O_CREAT
+            // open of a name it has not cached): a file the hooks serve
+            // exists, and is opened, not made anew.
+            self.hooks.before_lookup(&rel)?;
             let full = self.full(&rel);
             let existed = fs::symlink_metadata(&full).is_ok();
             let file = open_backing(&full, flags, Some(mode & !umask & 0o7777)).map_err(errno)?;
@@ -778,7 +894,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
                 self.hooks.after_set_size(&node, 0);
             }
             let sync_writes = flags & libc::O_DSYNC != 0;
-            let fh = self.add_handle(ino, file, HandleKind::File { sync_writes });
+            let fh = self.add_handle(ino, HandleKind::File { sync_writes, slot: Arc::new(Slot::new(file, flags)) });
             Ok((attr(ino, &meta), fh))
         });
         answer!(reply, result, |(a, fh)| reply.created(&self.ttl, &a, GENERATION, fh, self.open_flags()));
@@ -796,7 +912,8 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
     ) {
         let result = self.handle(fh).and_then(|handle| {
             self.hooks.before_fallocate(&self.node(ino.0))?;
-            sys::fallocate(&handle.file, mode, offset, length).map_err(errno)
+            let file = self.file_of(fh.0, &handle)?;
+            sys::fallocate(&file, mode, offset, length).map_err(errno)
         });
         answer!(reply, result, |()| reply.ok());
     }

@@ -106,8 +106,17 @@ struct RemoteFile {
     fork: ForkNumber,
     /// The fork's block number of the file's block 0.
     first_block: u32,
-    /// Read-write, whatever the caller opened: fetched blocks are stored here.
-    file: File,
+    /// The backing file (absolute path). Opened for each use, never kept
+    /// open: a database of many relations would otherwise hold a descriptor
+    /// per segment file, past any limit.
+    path: PathBuf,
+    /// Whether the backing file exists yet: it is created when first
+    /// looked up ([`LazyHooks::before_lookup`]), so a start does not create
+    /// a file per relation.
+    created: bool,
+    /// Unlinked, or replaced by a create or a rename: nothing is stored in
+    /// its backing file any more.
+    gone: bool,
     /// The block after the furthest one read (sequential detection).
     next: u32,
     /// The prefetch window: 0 while reads are not sequential.
@@ -140,7 +149,7 @@ impl Streamed {
     /// Forgets the blocks from `end` on (the file was cut there).
     fn cut(&mut self, end: u32) {
         let words = self.0.len();
-        if end % 64 != 0 {
+        if !end.is_multiple_of(64) {
             if let Some(w) = self.0.get_mut(end as usize / 64) {
                 *w &= (1 << (end % 64)) - 1;
             }
@@ -150,6 +159,14 @@ impl Streamed {
 }
 
 impl RemoteFile {
+    /// The backing file, opened read-write (whatever the caller opened).
+    fn backing(&self) -> std::io::Result<File> {
+        if self.gone {
+            return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the file was removed"));
+        }
+        OpenOptions::new().read(true).write(true).open(&self.path)
+    }
+
     /// The blocks to fetch ahead of a read of `blocks`: sequential reads
     /// (each starting near where the last ones ended, as one scan or the
     /// interleaved chunks of a parallel scan do) grow a window, and the
@@ -237,8 +254,10 @@ impl Evictable for FileEntry {
         let outcome = rf.rules.evict(block, ingested);
         if outcome == Eviction::Done {
             // The block reads from the pageserver from now on; a hole not
-            // punched only costs disk.
-            if let Err(e) = strata_fusefs::sys::punch_hole(&rf.file, u64::from(block) * BLOCK, BLOCK) {
+            // punched only costs disk (and a removed file has none to punch).
+            let punched =
+                rf.backing().and_then(|f| strata_fusefs::sys::punch_hole(&f, u64::from(block) * BLOCK, BLOCK));
+            if let (Err(e), false) = (punched, rf.gone) {
                 warn!(rel = ?rf.rel, block = rf.first_block + block, "punching a hole for an evicted block: {e}");
             }
         }
@@ -251,6 +270,11 @@ pub struct LazyHooks {
     mount: Mount,
     backing: PathBuf,
     files: Mutex<HashMap<PathBuf, Arc<FileEntry>>>,
+    /// Listed files not created in the backing directory yet, by directory
+    /// (relative to the mount): directory listings show them.
+    pending: Mutex<HashMap<PathBuf, std::collections::HashSet<std::ffi::OsString>>>,
+    /// Who owns the backing files created (PostgreSQL's user), if not us.
+    owner: Option<(u32, u32)>,
     source: Arc<dyn PageSource>,
     stats: Arc<LazyStats>,
     cache: Arc<Cache>,
@@ -276,10 +300,12 @@ fn segment_path(mount: Mount, e: &ManifestEntry, segment: u32) -> Option<(PathBu
 
 impl LazyHooks {
     /// Hooks over `backing` (which holds the basebackup's files of this
-    /// mount): creates a sparse backing file of the manifest's size for
-    /// every segment of every listed fork under this mount, owned by
-    /// `owner` if given, whose blocks are read from `source` at `start`;
-    /// `cache` bounds the blocks kept (it may be shared with other mounts).
+    /// mount) that serve every segment of every listed fork under this
+    /// mount, its blocks read from `source` at `start`. Each is created in
+    /// the backing directory when first looked up, as a sparse file of the
+    /// manifest's size owned by `owner` if given; until then directory
+    /// listings show it. `cache` bounds the blocks kept (it may be shared
+    /// with other mounts).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         mount: Mount,
@@ -292,6 +318,7 @@ impl LazyHooks {
         cache: Arc<Cache>,
     ) -> std::io::Result<LazyHooks> {
         let mut files = HashMap::new();
+        let mut pending: HashMap<PathBuf, std::collections::HashSet<std::ffi::OsString>> = HashMap::new();
         for e in entries {
             let (fork, kind) = match e.fork {
                 ManifestFork::Main => (ForkNumber::Main, ForkKind::Main),
@@ -304,27 +331,24 @@ impl LazyHooks {
                 let Some((rel_path, rel)) = segment_path(mount, e, segment) else { break };
                 let first_block = segment * SEGMENT_BLOCKS;
                 let blocks = (e.blocks - first_block.min(e.blocks)).min(SEGMENT_BLOCKS);
-                let path = backing.join(&rel_path);
-                let io = |what: &str, err: std::io::Error| {
-                    std::io::Error::new(err.kind(), format!("{what} {}: {err}", path.display()))
-                };
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(&path)
-                    .map_err(|err| io("creating", err))?;
-                file.set_len(u64::from(blocks) * BLOCK).map_err(|err| io("sizing", err))?;
-                if let Some((uid, gid)) = owner {
-                    std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(|err| io("chown", err))?;
+                let dir = rel_path.parent().map(Path::to_path_buf).unwrap_or_default();
+                let name = rel_path.file_name().expect("a segment path names a file").to_os_string();
+                if !pending.contains_key(&dir) && !backing.join(&dir).is_dir() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("{}: no directory for the listed file {}", backing.display(), rel_path.display()),
+                    ));
                 }
+                pending.entry(dir).or_default().insert(name);
                 let rules = SegmentRules::remote(kind, blocks, start);
                 let rf = RemoteFile {
                     rules,
                     rel,
                     fork,
                     first_block,
-                    file,
+                    path: backing.join(&rel_path),
+                    created: false,
+                    gone: false,
                     next: 0,
                     window: 0,
                     in_flight: Default::default(),
@@ -333,7 +357,17 @@ impl LazyHooks {
                 files.insert(rel_path, Arc::new(FileEntry::new(rf)));
             }
         }
-        Ok(LazyHooks { mount, backing, files: Mutex::new(files), source, stats, cache, floating: false })
+        Ok(LazyHooks {
+            mount,
+            backing,
+            files: Mutex::new(files),
+            pending: Mutex::new(pending),
+            owner,
+            source,
+            stats,
+            cache,
+            floating: false,
+        })
     }
 
     /// Lets reads go to the read floor (a read-write compute; see `get`).
@@ -360,6 +394,36 @@ impl LazyHooks {
     fn remote(&self, node: &Node) -> Option<Arc<FileEntry>> {
         let path = node.path.as_ref()?;
         self.files.lock().get(path).cloned()
+    }
+
+    /// Creates `rf`'s backing file (at `path`, relative to the mount): a
+    /// sparse file of its size. The file's lock is held.
+    fn create_backing(&self, path: &Path, rf: &mut RemoteFile) -> std::io::Result<()> {
+        let file = OpenOptions::new().write(true).create_new(true).open(&rf.path)?;
+        file.set_len(u64::from(rf.rules.size()) * BLOCK)?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        }
+        rf.created = true;
+        self.forget_pending(path);
+        Ok(())
+    }
+
+    /// `path` (relative to the mount) is no longer a file to list.
+    fn forget_pending(&self, path: &Path) {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        if let (Some(names), Some(name)) = (self.pending.lock().get_mut(dir), path.file_name()) {
+            names.remove(name);
+        }
+    }
+
+    /// Takes `path`'s entry out of the listed files: its backing file is
+    /// gone or is another file now.
+    fn forget(&self, path: &Path) -> Option<Arc<FileEntry>> {
+        let entry = self.files.lock().remove(path)?;
+        self.forget_pending(path);
+        entry.0.lock().gone = true;
+        Some(entry)
     }
 
     /// The pages of `wanted` (file blocks by the LSN their rules name)
@@ -423,6 +487,7 @@ impl LazyHooks {
         fetched: &mut Vec<u32>,
     ) -> Result<usize> {
         let before = fetched.len();
+        let mut file: Option<File> = None;
         for ((lsn, blocks), (at, pages)) in wanted.iter().zip(got) {
             debug_assert_eq!(pages.len(), blocks.len() * BLCKSZ, "`get` checks the source's answer");
             // Runs of blocks that are consecutive in the file and still
@@ -442,7 +507,14 @@ impl LazyHooks {
                     end += 1;
                 }
                 let bytes = &pages[i * BLCKSZ..end * BLCKSZ];
-                rf.file.write_all_at(bytes, u64::from(blocks[i]) * BLOCK).map_err(|e| {
+                let f = match file {
+                    Some(ref f) => f,
+                    None => file.insert(rf.backing().map_err(|e| {
+                        error!(file = %node, "opening the backing file to store fetched pages: {e}");
+                        Errno::EIO
+                    })?),
+                };
+                f.write_all_at(bytes, u64::from(blocks[i]) * BLOCK).map_err(|e| {
                     error!(file = %node, block = blocks[i], "storing fetched pages: {e}");
                     Errno::EIO
                 })?;
@@ -585,6 +657,7 @@ impl LazyHooks {
             }
         }
         let mut page = vec![0u8; BLCKSZ];
+        let mut file: Option<File> = None;
         for b in first..last {
             let was_local = rf.rules.source(b) == Source::Local;
             let start = u64::from(b) * BLOCK;
@@ -595,9 +668,16 @@ impl LazyHooks {
             } else {
                 page.fill(0);
                 if b < size {
+                    let f = match file {
+                        Some(ref f) => f,
+                        None => file.insert(rf.backing().map_err(|e| {
+                            error!(file = %node, "opening the backing file to merge a partial write: {e}");
+                            Errno::EIO
+                        })?),
+                    };
                     let mut read = 0;
                     while read < BLCKSZ {
-                        match rf.file.read_at(&mut page[read..], start + read as u64) {
+                        match f.read_at(&mut page[read..], start + read as u64) {
                             Ok(0) => break,
                             Ok(n) => read += n,
                             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -629,7 +709,15 @@ impl LazyHooks {
 /// until the returned session is unmounted or dropped.
 pub fn mount(mountpoint: &Path, hooks: LazyHooks) -> std::io::Result<fuser::BackgroundSession> {
     // Nothing but this mount changes the backing directory.
-    let fs = strata_fusefs::Passthrough::new(hooks.backing.clone(), hooks).exclusive(KERNEL_CACHE_TTL);
+    // PostgreSQL keeps up to max_files_per_process files open in every
+    // process, and each open is a backing file here: without a bound, a
+    // database of many relations takes more descriptors than this process
+    // may have. Half the limit for them, half for everything else.
+    let limit = strata_service::config::raise_open_file_limit();
+    let max_open = usize::try_from(limit / 2).unwrap_or(usize::MAX).max(64);
+    let fs = strata_fusefs::Passthrough::new(hooks.backing.clone(), hooks)
+        .exclusive(KERNEL_CACHE_TTL)
+        .max_open_files(max_open);
     let mut config = fuser::Config::default();
     config.mount_options = vec![fuser::MountOption::FSName("strata-lazy".into())];
     if strata_fusefs::sys::effective_ids().0 == 0 {
@@ -651,10 +739,11 @@ pub fn mount(mountpoint: &Path, hooks: LazyHooks) -> std::io::Result<fuser::Back
 /// per 16 blocks; a megabyte measured a sixth faster. The kernel sends a
 /// read-ahead window as reads of at most a megabyte (FUSE's largest), so
 /// four megabytes keep about four of them in flight, which the mount's
-/// threads serve at once over the source's connections: a cold scan
-/// another ninth faster than with one megabyte, the pageserver and this
-/// daemon working side by side instead of in turn. Eight measured the same
-/// as four, sixteen slower.
+/// threads serve at once over the source's connections, the pageserver
+/// and this daemon working side by side instead of in turn (a cold scan a
+/// ninth faster than with one megabyte while fetched pages were all
+/// stored, about the same since large scans are not). Eight measured the
+/// same as four, sixteen slower.
 const READ_AHEAD_KB: u32 = 4096;
 
 /// Sets the mount's read-ahead through its backing device info in sysfs
@@ -700,8 +789,7 @@ impl Hooks for LazyHooks {
             let aligned =
                 offset == u64::from(blocks.start) * BLOCK && u64::from(size) == u64::from(blocks.len() as u32) * BLOCK;
             let bulk = aligned && blocks.len() >= PREFETCH_MAX as usize;
-            let (mut rf, fetched) =
-                self.make_local(node, &entry, rf, blocks.clone(), ahead, bulk, &mut admitted)?;
+            let (mut rf, fetched) = self.make_local(node, &entry, rf, blocks.clone(), ahead, bulk, &mut admitted)?;
             for b in blocks.clone() {
                 rf.rules.touch(b);
             }
@@ -758,9 +846,11 @@ impl Hooks for LazyHooks {
         let Some(entry) = self.remote(node) else { return };
         let mut rf = entry.0.lock();
         rf.set_size(size_blocks(size));
-        if rf.file.metadata().is_ok_and(|m| m.len() > size) {
-            if let Err(e) = rf.file.set_len(size) {
-                error!(file = %node, size, "cutting a truncated file again: {e}");
+        if let Ok(file) = rf.backing() {
+            if file.metadata().is_ok_and(|m| m.len() > size) {
+                if let Err(e) = file.set_len(size) {
+                    error!(file = %node, size, "cutting a truncated file again: {e}");
+                }
             }
         }
     }
@@ -769,20 +859,44 @@ impl Hooks for LazyHooks {
         // A file created now is local for good (rule 5), whatever was
         // listed under its name before.
         if let Some(path) = &node.path {
-            self.files.lock().remove(path);
+            self.forget(path);
         }
     }
 
     fn after_unlink(&self, path: &Path) {
-        self.files.lock().remove(path);
+        self.forget(path);
     }
 
     fn after_rename(&self, from: &Path, to: &Path) {
-        let mut files = self.files.lock();
-        files.remove(to);
-        if let Some(rf) = files.remove(from) {
-            files.insert(to.to_path_buf(), rf);
+        self.forget(to);
+        let Some(entry) = self.files.lock().remove(from) else { return };
+        {
+            let mut rf = entry.0.lock();
+            rf.path = self.backing.join(to);
+            // Renamed before it was ever looked up (nothing does): it exists
+            // under its new name only once created there.
+            if !rf.created {
+                rf.gone = true;
+            }
         }
+        self.forget_pending(from);
+        self.files.lock().insert(to.to_path_buf(), entry);
+    }
+
+    fn before_lookup(&self, path: &Path) -> Result<()> {
+        let Some(entry) = self.files.lock().get(path).cloned() else { return Ok(()) };
+        let mut rf = entry.0.lock();
+        if rf.created || rf.gone {
+            return Ok(());
+        }
+        self.create_backing(path, &mut rf).map_err(|e| {
+            error!(file = %path.display(), "creating the backing file of a listed file: {e}");
+            Errno::EIO
+        })
+    }
+
+    fn pending_entries(&self, dir: &Path) -> Vec<std::ffi::OsString> {
+        self.pending.lock().get(dir).map(|names| names.iter().cloned().collect()).unwrap_or_default()
     }
 }
 
@@ -800,9 +914,6 @@ mod tests {
     }
 
     fn remote_file(blocks: u32) -> RemoteFile {
-        let dir = std::env::temp_dir().join(format!("strata-readahead-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(dir.join("f")).unwrap();
         let rel = RelFileNode { spc: DEFAULT_SPC, db: 5, rel: 1000 };
         let rules = SegmentRules::remote(ForkKind::Main, blocks, Lsn(0x100));
         RemoteFile {
@@ -810,7 +921,9 @@ mod tests {
             rel,
             fork: ForkNumber::Main,
             first_block: 0,
-            file,
+            path: PathBuf::from("/nonexistent/5/1000"),
+            created: false,
+            gone: false,
             next: 0,
             window: 0,
             in_flight: Default::default(),
