@@ -493,16 +493,23 @@ def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
         return sorted(int(n[8:16], 16) * (0x100000000 // SEGMENT) + int(n[16:24], 16)
                       for n in names if n.endswith(".json") and "partial" not in n)
 
-    def expired_below(lsn):
+    def expired_total() -> float:
+        return cluster.metrics("sk1")["strata_safekeeper_archived_segments_expired_total"]
+
+    def expired_below(lsn, counted: float):
+        # The counter moves after a batch of deletions: wait for both, or an
+        # emptied archive is seen before the deletions are counted.
         def check():
             segs = archived()
-            return segs or [-1] if all((s + 1) * SEGMENT > lsn for s in segs) else None
+            done = all((s + 1) * SEGMENT > lsn for s in segs) and expired_total() >= counted
+            return segs or [-1] if done else None
         return check
 
     wait_until("offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= consistent // SEGMENT * SEGMENT,
                timeout=120)
-    wait_until("the archive below remote_consistent_lsn deleted", expired_below(consistent), timeout=120)
-    deleted = cluster.metrics("sk1")["strata_safekeeper_archived_segments_expired_total"]
+    # Three segments and more were written below remote_consistent_lsn.
+    wait_until("the archive below remote_consistent_lsn deleted", expired_below(consistent, 3), timeout=120)
+    deleted = expired_total()
     assert deleted >= 3, deleted
     assert "deleted archived WAL past its retention" in cluster.log("sk1")
 
@@ -533,7 +540,7 @@ def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
     cluster.run("timeline", "checkpoint", timeout=600)
     consistent = parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["remote_consistent_lsn"])
     assert consistent >= end
-    wait_until("the rest deleted", expired_below(consistent), timeout=120)
+    wait_until("the rest deleted", expired_below(consistent, deleted + 1), timeout=120)
 
 
 def test_wal_restore_tells_a_missing_segment_from_a_damaged_one(cluster, strata_bin, tmp_path):

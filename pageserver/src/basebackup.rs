@@ -123,7 +123,7 @@ pub fn write_basebackup<W: Write>(
                 // Written from the init fork below: an unlogged relation starts empty.
                 continue;
             }
-            let size = tl.rel_size(tag, lsn)?.unwrap_or(0);
+            let size = tl.listed_rel_size(tag, lsn)?;
             if relations != RelationData::All && !unlogged {
                 let fork = match fork {
                     ForkNumber::Main => ManifestFork::Main,

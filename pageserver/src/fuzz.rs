@@ -34,8 +34,12 @@ pub fn fuzz_one(data: &[u8]) {
             }
         }
         _ => {
-            if let Ok(Value::Native(r)) = Value::decode(rest) {
-                let _ = r.apply(&mut [0u8; strata_formats::version::BLCKSZ]);
+            match Value::decode(rest) {
+                Ok(Value::Native(r)) => {
+                    let _ = r.apply(&mut [0u8; strata_formats::version::BLCKSZ]);
+                }
+                Ok(Value::RelDirChange(c)) => c.apply(&mut std::collections::BTreeSet::new()),
+                _ => {}
             }
             let _ = dirs::decode_pairs(rest);
             let _ = dirs::decode_rels(rest);

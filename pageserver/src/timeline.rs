@@ -1117,6 +1117,14 @@ impl Timeline {
                 }
             }
         }
+        // A relation directory's changes apply to its last whole version.
+        if list.iter().any(|(_, v)| matches!(v, Value::RelDirChange(_))) {
+            let dir = self.reconstruct_rel_dir(key, lsn, &list)?;
+            if list.len() > 1 {
+                self.rebuilt.insert(*key, newest, dir.clone());
+            }
+            return Ok(Some(dir));
+        }
         let Some((_, oldest)) = list.last() else { return Ok(None) };
         // The page to apply the newer versions to; changes without an older
         // image start from zeros, as PostgreSQL reads a page that was never written.
@@ -1132,7 +1140,7 @@ impl Timeline {
                 vec![0u8; BLCKSZ]
             }
             Value::Native(_) | Value::Wal(_) if key.is_page() => vec![0u8; BLCKSZ],
-            Value::Native(_) | Value::Wal(_) => {
+            Value::Native(_) | Value::Wal(_) | Value::RelDirChange(_) => {
                 return Err(corrupt(format!("key {key} has only changes, no base, at {lsn}")))
             }
         };
@@ -1168,6 +1176,26 @@ impl Timeline {
         Ok(Some(page))
     }
 
+    /// A relation directory from its versions (newest first): the oldest a
+    /// whole directory, every newer one a change to apply to it.
+    fn reconstruct_rel_dir(&self, key: &Key, lsn: Lsn, list: &[(Lsn, Value)]) -> Result<Bytes, ReadError> {
+        let corrupt = |reason: String| ReadError::Corrupt { timeline: self.timeline_id, reason };
+        let Some(((base_lsn, Value::Image(base)), changes)) = list.split_last() else {
+            return Err(corrupt(format!("key {key}: relation directory changes without a whole directory at {lsn}")));
+        };
+        let mut dir = dirs::decode_rels(base).map_err(|e| self.decode_err("relation directory", *base_lsn, e))?;
+        for (l, v) in changes.iter().rev() {
+            match v {
+                Value::RelDirChange(c) => c.apply(&mut dir),
+                _ => {
+                    return Err(corrupt(format!("key {key}: a version at {l} that is not a relation directory change")))
+                }
+            }
+        }
+        self.metrics.redo_records_applied.inc_by(changes.len() as u64);
+        Ok(Bytes::from(dirs::encode_rels(&dir)))
+    }
+
     /// Whether the cluster has data checksums (pages served must carry them).
     fn data_checksums(&self) -> Result<bool, ReadError> {
         if let Some(on) = self.checksums.get() {
@@ -1192,12 +1220,24 @@ impl Timeline {
 
     /// Size of a relation fork in blocks, `None` if it does not exist.
     pub fn rel_size(&self, tag: RelTag, lsn: Lsn) -> Result<Option<BlockNumber>, ReadError> {
+        self.rel_size_checked(tag, lsn, true)
+    }
+
+    /// Size of a relation fork that the caller found in its relation
+    /// directory at `lsn`. Walking a directory this way reads the directory
+    /// once rather than once per relation (80 000 relations made that
+    /// minutes of a cold basebackup).
+    pub fn listed_rel_size(&self, tag: RelTag, lsn: Lsn) -> Result<BlockNumber, ReadError> {
+        Ok(self.rel_size_checked(tag, lsn, false)?.unwrap_or(0))
+    }
+
+    fn rel_size_checked(&self, tag: RelTag, lsn: Lsn, check_dir: bool) -> Result<Option<BlockNumber>, ReadError> {
         if let Some((since, size)) = self.rel_size_cache.read().get(&tag) {
             if *since <= lsn {
                 return Ok(*size);
             }
         }
-        let size = self.rel_size_uncached(tag, lsn)?;
+        let size = self.rel_size_uncached(tag, lsn, check_dir)?;
         let mut cache = self.rel_size_cache.write();
         // Only a newer answer replaces an entry: ingest may have noted a
         // change after this read began.
@@ -1207,8 +1247,8 @@ impl Timeline {
         Ok(size)
     }
 
-    fn rel_size_uncached(&self, tag: RelTag, lsn: Lsn) -> Result<Option<BlockNumber>, ReadError> {
-        if !self.rel_dir(tag.rel.spc, tag.rel.db, lsn)?.contains(&(tag.rel.rel, tag.fork as u8)) {
+    fn rel_size_uncached(&self, tag: RelTag, lsn: Lsn, check_dir: bool) -> Result<Option<BlockNumber>, ReadError> {
+        if check_dir && !self.rel_dir(tag.rel.spc, tag.rel.db, lsn)?.contains(&(tag.rel.rel, tag.fork as u8)) {
             return Ok(None);
         }
         match self.get(&Key::rel_size(tag), lsn)? {
@@ -1249,7 +1289,7 @@ impl Timeline {
         for (rel, fork) in self.rel_dir(spc, db, lsn)? {
             let Some(fork) = strata_formats::types::ForkNumber::from_u8(fork) else { continue };
             let tag = RelTag { rel: strata_formats::types::RelFileNode { spc, db, rel }, fork };
-            total += u64::from(self.rel_size(tag, lsn)?.unwrap_or(0)) * BLCKSZ as u64;
+            total += u64::from(self.listed_rel_size(tag, lsn)?) * BLCKSZ as u64;
         }
         Ok(total)
     }

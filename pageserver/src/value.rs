@@ -1,6 +1,6 @@
 //! Values stored under keys: full images, zero pages, native records to
-//! apply on top of an older image, or PostgreSQL WAL records that are redone
-//! natively when the page is read.
+//! apply on top of an older image, PostgreSQL WAL records that are redone
+//! natively when the page is read, or changes to a relation directory.
 
 use bytes::Bytes;
 use strata_formats::version::BLCKSZ;
@@ -19,6 +19,28 @@ pub enum Value {
     Native(NativeRecord),
     /// A WAL record to redo on one of its blocks.
     Wal(WalRedo),
+    /// Entries added to and removed from a relation directory (a change to
+    /// apply to its previous version: storing the whole directory for each
+    /// relation created made a database's storage grow with the square of
+    /// its relations).
+    RelDirChange(RelDirChange),
+}
+
+/// Changes to a relation directory's set of (relfilenode, fork) entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RelDirChange {
+    pub added: Vec<(u32, u8)>,
+    pub removed: Vec<(u32, u8)>,
+}
+
+impl RelDirChange {
+    /// Applies the change to the set before it.
+    pub fn apply(&self, set: &mut std::collections::BTreeSet<(u32, u8)>) {
+        for e in &self.removed {
+            set.remove(e);
+        }
+        set.extend(self.added.iter().copied());
+    }
 }
 
 /// A PostgreSQL WAL record kept for native redo of its block `block_id`.
@@ -69,6 +91,9 @@ const TAG_IMAGE: u8 = 1;
 const TAG_ZERO: u8 = 2;
 const TAG_NATIVE: u8 = 3;
 const TAG_WAL: u8 = 4;
+const TAG_REL_DIR_CHANGE: u8 = 5;
+/// Bytes of one relation directory entry: relfilenode and fork.
+const REL_ENTRY_SIZE: usize = 5;
 /// Block id, flags and the two LSNs before the record bytes.
 const WAL_HEADER_SIZE: usize = 1 + 1 + 8 + 8;
 const WAL_WILL_INIT: u8 = 0x01;
@@ -77,7 +102,7 @@ impl Value {
     /// Whether this version does not depend on older ones.
     pub fn is_base(&self) -> bool {
         match self {
-            Value::Native(_) => false,
+            Value::Native(_) | Value::RelDirChange(_) => false,
             Value::Wal(w) => w.will_init,
             Value::Image(_) | Value::ZeroPage => true,
         }
@@ -93,6 +118,7 @@ impl Value {
             Value::Native(NativeRecord::MultiXactOffset { .. }) => 16,
             Value::Native(NativeRecord::MultiXactMembers(v)) => 16 + v.len() * 12,
             Value::Wal(w) => 48 + w.record.len(),
+            Value::RelDirChange(c) => 16 + (c.added.len() + c.removed.len()) * REL_ENTRY_SIZE,
         }
     }
 
@@ -115,6 +141,16 @@ impl Value {
                 out.extend_from_slice(&w.lsn.0.to_le_bytes());
                 out.extend_from_slice(&w.end_lsn.0.to_le_bytes());
                 out.extend_from_slice(&w.record);
+            }
+            Value::RelDirChange(c) => {
+                out.push(TAG_REL_DIR_CHANGE);
+                for list in [&c.added, &c.removed] {
+                    out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+                    for (rel, fork) in list {
+                        out.extend_from_slice(&rel.to_le_bytes());
+                        out.push(*fork);
+                    }
+                }
             }
         }
     }
@@ -150,10 +186,33 @@ impl Value {
                     record: shared(1 + WAL_HEADER_SIZE),
                 }))
             }
+            Some((&TAG_REL_DIR_CHANGE, rest)) => decode_rel_dir_change(rest).map(Value::RelDirChange),
             Some((tag, _)) => Err(ValueError::UnknownTag(*tag)),
             None => Err(ValueError::Empty),
         }
     }
+}
+
+/// Two lists, each a u32 count and that many entries, and nothing after.
+fn decode_rel_dir_change(mut rest: &[u8]) -> Result<RelDirChange, ValueError> {
+    let mut list = || -> Result<Vec<(u32, u8)>, ValueError> {
+        let (count, tail) = rest.split_first_chunk::<4>().ok_or(ValueError::Truncated(rest.len()))?;
+        let count = u32::from_le_bytes(*count) as usize;
+        let bytes = count.checked_mul(REL_ENTRY_SIZE).filter(|n| *n <= tail.len());
+        let bytes = bytes.ok_or(ValueError::Truncated(rest.len()))?;
+        let entries = tail[..bytes]
+            .chunks_exact(REL_ENTRY_SIZE)
+            .map(|e| (u32::from_le_bytes(e[..4].try_into().expect("4 bytes")), e[4]))
+            .collect();
+        rest = &tail[bytes..];
+        Ok(entries)
+    };
+    let added = list()?;
+    let removed = list()?;
+    if !rest.is_empty() {
+        return Err(ValueError::TrailingBytes(rest.len()));
+    }
+    Ok(RelDirChange { added, removed })
 }
 
 /// A stored value that does not decode.
@@ -163,9 +222,9 @@ pub enum ValueError {
     Empty,
     #[error("unknown value tag {0}")]
     UnknownTag(u8),
-    #[error("{0} bytes after a zero-page value")]
+    #[error("{0} bytes after the end of a value")]
     TrailingBytes(usize),
-    #[error("WAL record value of {0} bytes is shorter than its header")]
+    #[error("value cut short: {0} bytes left where more are needed")]
     Truncated(usize),
     #[error("unknown WAL record value flags {0:#04x}")]
     UnknownFlags(u8),
@@ -191,6 +250,8 @@ mod tests {
                 end_lsn: Lsn(0x40),
                 record: vec![5; 48].into(),
             }),
+            Value::RelDirChange(RelDirChange { added: vec![(16384, 0), (16384, 2)], removed: vec![(1259, 0)] }),
+            Value::RelDirChange(RelDirChange::default()),
         ];
         for v in &values {
             let mut raw = Vec::new();
@@ -212,5 +273,25 @@ mod tests {
         let mut bad_flags = vec![TAG_WAL, 0, 0x80];
         bad_flags.resize(1 + WAL_HEADER_SIZE, 0);
         assert!(matches!(Value::decode(&bad_flags), Err(ValueError::UnknownFlags(0x80))));
+        // A relation directory change: counts that promise more than there
+        // is, or bytes after the second list, are refused.
+        let mut raw = Vec::new();
+        Value::RelDirChange(RelDirChange { added: vec![(7, 1)], removed: vec![] }).encode(&mut raw);
+        assert_eq!(raw, [TAG_REL_DIR_CHANGE, 1, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0]);
+        for cut in 1..raw.len() {
+            assert!(matches!(Value::decode(&raw[..cut]), Err(ValueError::Truncated(_))), "cut at {cut}");
+        }
+        let mut long = raw.clone();
+        long.push(0);
+        assert!(matches!(Value::decode(&long), Err(ValueError::TrailingBytes(1))));
+        let huge = [TAG_REL_DIR_CHANGE, 0xff, 0xff, 0xff, 0xff, 1, 2, 3];
+        assert!(matches!(Value::decode(&huge), Err(ValueError::Truncated(_))));
+    }
+
+    #[test]
+    fn a_relation_directory_change_applies_removals_then_additions() {
+        let mut set: std::collections::BTreeSet<(u32, u8)> = [(1, 0), (2, 0), (2, 1)].into();
+        RelDirChange { added: vec![(3, 0), (2, 0)], removed: vec![(2, 0), (2, 1), (9, 9)] }.apply(&mut set);
+        assert_eq!(set, [(1, 0), (2, 0), (3, 0)].into());
     }
 }

@@ -12,6 +12,7 @@ use strata_formats::wal::record::{record_crc, DecodedRecord};
 use strata_formats::Lsn;
 use strata_pageserver::ingest::WalIngest;
 use strata_pageserver::key::{Key, RelTag};
+use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::metrics::Metrics;
 use strata_pageserver::timeline::Timeline;
 
@@ -216,4 +217,79 @@ fn the_chain_counts_of_ingest_stay_bounded() {
     // Pages read back right after the counts started over.
     let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, pages - 1);
     assert_eq!(max_offset_number(&tl.get(&key, lsn).unwrap().unwrap()).unwrap(), 2);
+}
+
+/// An `XLOG_SMGR_CREATE` record of the main fork of relation `rel` in
+/// database 5 (no block references; `xl_smgr_create` as main data).
+fn smgr_create(rel: u32, lsn: Lsn) -> DecodedRecord {
+    const RM_SMGR: u8 = 2;
+    const XLOG_SMGR_CREATE: u8 = 0x10;
+    let mut main = Vec::new();
+    for v in [REL.spc, REL.db, rel, ForkNumber::Main as u32] {
+        main.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut raw = vec![0u8; 24];
+    raw.push(255);
+    raw.push(main.len() as u8);
+    raw.extend_from_slice(&main);
+    let len = raw.len() as u32;
+    raw[0..4].copy_from_slice(&len.to_le_bytes());
+    raw[16] = XLOG_SMGR_CREATE;
+    raw[17] = RM_SMGR;
+    let crc = record_crc(&raw);
+    raw[20..24].copy_from_slice(&crc.to_le_bytes());
+    let end = Lsn((lsn.0 + u64::from(len)).next_multiple_of(8));
+    DecodedRecord::decode(lsn, end, raw).unwrap()
+}
+
+#[test]
+fn a_relation_directory_costs_its_changes_not_a_copy_per_relation() {
+    const RELS: u32 = 10_000;
+    let (tl, metrics) = timeline("rel-dir");
+    let mut ingest = WalIngest::new(tl.clone()).unwrap();
+    let before = tl.rel_dir(REL.spc, REL.db, START).unwrap();
+    let mut lsn = START;
+    let mut ends = Vec::new();
+    for i in 0..RELS {
+        let rec = smgr_create(100_000 + i, lsn);
+        ingest.ingest(&rec).unwrap();
+        ends.push(rec.end_lsn);
+        lsn = rec.end_lsn;
+    }
+    // Each version lists exactly the relations created up to it, from the
+    // in-memory layer and, flushed, from a layer file.
+    let check = |what: &str| {
+        for i in [0, 1, 15, 16, 17, 100, 4_321, RELS as usize - 1] {
+            let dir = tl.rel_dir(REL.spc, REL.db, ends[i]).unwrap();
+            let created = (0..=i as u32).map(|r| (100_000 + r, ForkNumber::Main as u8));
+            let expected: std::collections::BTreeSet<(u32, u8)> = before.iter().copied().chain(created).collect();
+            assert_eq!(dir, expected, "{what}: version after relation {i}");
+        }
+    };
+    check("in memory");
+    tl.checkpoint().unwrap();
+    check("flushed");
+    // Whole directories only now and then: the layers hold a few MB, where
+    // a whole directory per relation was 5 bytes × N²/2, 250 MB before
+    // compression.
+    let (_, bytes) = tl.resident_layers();
+    assert!(bytes < 8 << 20, "{bytes} bytes of layers for {RELS} relations");
+    let applied = common::metric(&metrics, "strata_pageserver_redo_records_applied_total");
+    assert!(applied > 0.0, "versions were rebuilt from changes");
+
+    // Reloaded (no sizes cached), walking the directory (as a basebackup
+    // and a database's size do) reads it once and each listed size once:
+    // one read per relation, not two (each size read used to read the
+    // whole directory again).
+    let dir = common::test_dir_path("native-redo-rel-dir");
+    drop(ingest);
+    drop(tl);
+    let res = common::resources(metrics.clone(), FileCache::new(16, Default::default()));
+    let tl = Timeline::load(dir.clone(), &res).unwrap();
+    let (_, reads_before) = common::layers_visited(&metrics);
+    assert_eq!(tl.db_size(REL.spc, REL.db, lsn).unwrap(), 0);
+    let (_, reads_after) = common::layers_visited(&metrics);
+    let reads = reads_after - reads_before;
+    assert!(reads >= f64::from(RELS) && reads < f64::from(RELS) + 1_000.0, "{reads} reads for {RELS} relations");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

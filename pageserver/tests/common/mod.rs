@@ -68,9 +68,14 @@ pub fn layers_visited(metrics: &Metrics) -> (f64, f64) {
 
 /// A fresh directory for a test's timeline.
 pub fn test_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-{name}-{}", std::process::id()));
+    let dir = test_dir_path(name);
     let _ = std::fs::remove_dir_all(&dir);
     dir
+}
+
+/// Where [`test_dir`] put the directory of `name`.
+pub fn test_dir_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("strata-{name}-{}", std::process::id()))
 }
 
 /// A timeline holding what an import leaves, pg_control and the checkpoint
