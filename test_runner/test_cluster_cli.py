@@ -218,7 +218,7 @@ def test_service_without_its_supervisor(cluster):
     assert entry["state"] == "running" and entry["supervised"] and entry["pid"] != alone, entry
     copies = [p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
               if pid_alive(p) and str(cluster.service_config_path("sk1")) in _cmdline(p)
-              and _cmdline(p).startswith(str(cluster.strata_bin) + " safekeeper")]
+              and _cmdline(p).startswith(os.path.realpath(cluster.strata_bin) + " safekeeper")]
     assert copies == [entry["pid"]], copies
 
     kill_and_wait(cluster.supervisor_pid("sk1"))
