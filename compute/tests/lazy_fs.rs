@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -22,6 +21,7 @@ use strata_compute::lazy::cache::{Cache, CacheStats};
 use strata_compute::lazy::fs::{mount, FetchError, LazyHooks, LazyStats, Mount, PageSource};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
+use strata_fusefs::testing::Mounted;
 use strata_protocol::lazy_manifest::{ManifestEntry, ManifestFork};
 
 const S: Lsn = Lsn(0x300_0000);
@@ -81,22 +81,6 @@ impl PageSource for FakeSource {
     }
 }
 
-struct Mounted {
-    dir: PathBuf,
-    mnt: PathBuf,
-    session: Option<fuser::BackgroundSession>,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            let _ = s.umount_and_join();
-        }
-        let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mnt).status();
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn setup(name: &str, entries: &[ManifestEntry], source: Arc<FakeSource>) -> (Mounted, Arc<LazyStats>) {
     let cache = Arc::new(Cache::new(1 << 20, Arc::new(CacheStats::default())));
     setup_with_cache(name, entries, source, cache)
@@ -119,7 +103,7 @@ fn setup_with_cache(
     // A read-write compute's hooks (the floor stays 0 unless a test sets it).
     let hooks = hooks.floating();
     let session = mount(&mnt, hooks).unwrap();
-    (Mounted { dir, mnt, session: Some(session) }, stats)
+    (Mounted::new(dir, mnt, session), stats)
 }
 
 fn entry(rel: u32, blocks: u32) -> ManifestEntry {

@@ -7,5 +7,6 @@ pub mod inodes;
 mod open_files;
 mod passthrough;
 pub mod sys;
+pub mod testing;
 
 pub use passthrough::{Hooks, Node, Passthrough, Result};

@@ -8,28 +8,12 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 
+use strata_fusefs::testing::Mounted;
 use strata_fusefs::{Hooks, Passthrough};
 
 struct Plain;
 impl Hooks for Plain {}
-
-struct Mounted {
-    dir: PathBuf,
-    mnt: PathBuf,
-    session: Option<fuser::BackgroundSession>,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            let _ = s.umount_and_join();
-        }
-        let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mnt).status();
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn mount(name: &str, max_open: usize) -> Mounted {
     let dir = std::env::temp_dir().join(format!("strata-fusefs-{name}-{}", std::process::id()));
@@ -41,7 +25,7 @@ fn mount(name: &str, max_open: usize) -> Mounted {
     let mut config = fuser::Config::default();
     config.n_threads = Some(2);
     let session = fuser::Session::new(fs, &mnt, &config).unwrap().spawn().unwrap();
-    Mounted { dir, mnt, session: Some(session) }
+    Mounted::new(dir, mnt, session)
 }
 
 fn open_descriptors() -> usize {

@@ -167,6 +167,19 @@ impl RemoteFile {
         OpenOptions::new().read(true).write(true).open(&self.path)
     }
 
+    /// The backing file held in `slot`, opened there on first use (a
+    /// request that touches several blocks opens it once); `why` names the
+    /// use in the error logged when it cannot be opened.
+    fn backing_once<'a>(&self, slot: &'a mut Option<File>, node: &Node, why: &str) -> Result<&'a File> {
+        match slot {
+            Some(f) => Ok(f),
+            None => Ok(slot.insert(self.backing().map_err(|e| {
+                error!(file = %node, "opening the backing file {why}: {e}");
+                Errno::EIO
+            })?)),
+        }
+    }
+
     /// The blocks to fetch ahead of a read of `blocks`: sequential reads
     /// (each starting near where the last ones ended, as one scan or the
     /// interleaved chunks of a parallel scan do) grow a window, and the
@@ -507,13 +520,7 @@ impl LazyHooks {
                     end += 1;
                 }
                 let bytes = &pages[i * BLCKSZ..end * BLCKSZ];
-                let f = match file {
-                    Some(ref f) => f,
-                    None => file.insert(rf.backing().map_err(|e| {
-                        error!(file = %node, "opening the backing file to store fetched pages: {e}");
-                        Errno::EIO
-                    })?),
-                };
+                let f = rf.backing_once(&mut file, node, "to store fetched pages")?;
                 f.write_all_at(bytes, u64::from(blocks[i]) * BLOCK).map_err(|e| {
                     error!(file = %node, block = blocks[i], "storing fetched pages: {e}");
                     Errno::EIO
@@ -668,13 +675,7 @@ impl LazyHooks {
             } else {
                 page.fill(0);
                 if b < size {
-                    let f = match file {
-                        Some(ref f) => f,
-                        None => file.insert(rf.backing().map_err(|e| {
-                            error!(file = %node, "opening the backing file to merge a partial write: {e}");
-                            Errno::EIO
-                        })?),
-                    };
+                    let f = rf.backing_once(&mut file, node, "to merge a partial write")?;
                     let mut read = 0;
                     while read < BLCKSZ {
                         match f.read_at(&mut page[read..], start + read as u64) {
