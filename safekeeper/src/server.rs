@@ -297,10 +297,16 @@ async fn consumer_loop(
     let mut buf = vec![0u8; shared.config.max_send_bytes];
     let mut wal = WalReader::new(&timeline.dir, segment_size, !start.include_uncommitted);
     let mut last_feedback = Instant::now();
+    // When the stream last carried anything: a keepalive is due KEEPALIVE
+    // after it, however often the consumer's feedback wakes this loop (a
+    // timer restarted on every wake-up never fired while a consumer sent
+    // feedback every second, and the consumer, hearing nothing, reconnected).
+    let mut last_sent = Instant::now();
     loop {
         if !out.is_empty() {
             framed::write_all(w, &out, SEND_TIMEOUT).await?;
             out.clear();
+            last_sent = Instant::now();
         }
         let now = *positions.borrow_and_update();
         let mut limit = if start.include_uncommitted { now.flush_lsn } else { now.commit_lsn };
@@ -357,7 +363,7 @@ async fn consumer_loop(
                     Err(e) => return stream_error(w, ErrorCode::Protocol, e.to_string()).await,
                 }
             }
-            _ = tokio::time::sleep(KEEPALIVE) => {
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(last_sent + KEEPALIVE)) => {
                 if last_feedback.elapsed() > shared.config.idle_timeout {
                     return Err(framed::FrameError::Timeout(shared.config.idle_timeout).into());
                 }

@@ -315,6 +315,55 @@ async fn greeted(addr: SocketAddr) -> Client {
     p
 }
 
+/// An idle stream carries keepalives however often its consumer sends
+/// feedback (the pageserver sends it every second, and takes silence as a
+/// dead link).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_keeps_alive_while_its_consumer_sends_feedback() {
+    let dir = std::env::temp_dir().join(format!("strata-sk-keepalive-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start(&dir).await;
+    create_timeline(&sk).await;
+    let mut c = Client::connect(sk.addr).await;
+    let mut out = Vec::new();
+    codec::encode_consumer(
+        &ConsumerMessage::Start(StartStreaming {
+            protocol_version: PROTOCOL_VERSION,
+            tenant_id: TenantId([5; 16]),
+            timeline_id: TimelineId([6; 16]),
+            start_lsn: START,
+            stop_lsn: Lsn::INVALID,
+            include_uncommitted: false,
+            consumer_id: "keepalive".into(),
+        }),
+        &mut out,
+    );
+    c.send_raw(&out).await;
+    let started = std::time::Instant::now();
+    let mut keepalives = 0;
+    while started.elapsed() < Duration::from_secs(12) {
+        let mut feedback = Vec::new();
+        let f = ConsumerFeedback { applied_lsn: START, remote_consistent_lsn: START };
+        codec::encode_consumer(&ConsumerMessage::Feedback(f), &mut feedback);
+        c.send_raw(&feedback).await;
+        match c.s.read_frame(Duration::from_millis(500)).await {
+            Ok(frame) => match codec::decode_stream(frame).unwrap() {
+                StreamMessage::Start(_) => {}
+                StreamMessage::Keepalive { .. } => keepalives += 1,
+                other => panic!("{other:?} on an idle stream"),
+            },
+            Err(FrameError::Timeout(_)) => {}
+            Err(e) => panic!("the stream ended: {e}"),
+        }
+    }
+    // One every 5 s: two in 12 s.
+    assert!(keepalives >= 2, "{keepalives} keepalives in 12 s of feedback every 0.5 s");
+    drop(c);
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_floods_displace_each_other_and_established_connections_stay() {
     let dir = std::env::temp_dir().join(format!("strata-sk-limits-{}", std::process::id()));
