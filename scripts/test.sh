@@ -2,7 +2,9 @@
 # Installs everything (scripts/setup.sh), then runs every test: Rust unit and
 # integration tests, a bounded coverage-guided fuzz run of every decoder, and
 # the Python integration tests against real PostgreSQL 15.
-# Environment: STRATA_FUZZ_SECONDS (default 60; 0 skips the fuzz run).
+# Environment: STRATA_FUZZ_SECONDS (default 60; 0 skips the fuzz run),
+# STRATA_TEST_WORKERS (pytest processes side by side, default 2; 1 runs the
+# tests one after another, in order).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -20,4 +22,9 @@ if [ "$fuzz_seconds" -gt 0 ]; then
 fi
 
 echo "== pytest"
-.venv/bin/pytest test_runner "$@"
+workers="${STRATA_TEST_WORKERS:-2}"
+if [ "$workers" -gt 1 ]; then
+    .venv/bin/pytest test_runner -n "$workers" "$@"
+else
+    .venv/bin/pytest test_runner "$@"
+fi

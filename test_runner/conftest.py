@@ -20,7 +20,13 @@ REPO_ROOT = TEST_RUNNER_DIR.parent
 if str(TEST_RUNNER_DIR) not in sys.path:
     sys.path.insert(0, str(TEST_RUNNER_DIR))
 
-from fixtures.pg import PgCluster  # noqa: E402
+from fixtures.pg import PgCluster, temp_root  # noqa: E402
+from fixtures.ports import confine_to_share  # noqa: E402
+
+# Tests run in parallel processes (pytest-xdist's "gw0", "gw1", ...): each
+# takes its own part of the port range, for itself and the clusters it starts.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    confine_to_share(int(os.environ["PYTEST_XDIST_WORKER"][2:]), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 # Fixtures defined in modules of fixtures/: `cluster_factory` and `cluster`
 # (the local cluster driven through the `strata` command line).
@@ -89,7 +95,7 @@ def pg_cluster_factory(pg_bin_dir, tmp_path, tmp_path_factory):
     failure."""
     clusters = []
     # The server user must be able to reach tmp_path from the pytest root.
-    traverse_root = tmp_path_factory.getbasetemp().parent
+    traverse_root = temp_root(tmp_path_factory)
 
     def make(name: str = "pg") -> PgCluster:
         base = tmp_path / f"{name}{len(clusters)}"

@@ -122,8 +122,13 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
 
     ep = Endpoint(cluster, "lazy")
     ep.start("--lazy")
-    mounts = [line.split()[1] for line in open("/proc/self/mounts") if "strata-lazy" in line]
-    assert any(m.endswith("/base") for m in mounts) and any(m.endswith("/global") for m in mounts), mounts
+
+    def lazy_mounts() -> list[str]:
+        """This endpoint's lazy mounts (other tests may run beside this one)."""
+        return [line.split()[1] for line in open("/proc/self/mounts")
+                if line.split()[0] == "strata-lazy" and line.split()[1].startswith(f"{ep.pgdata}/")]
+
+    assert sorted(lazy_mounts()) == [f"{ep.pgdata}/base", f"{ep.pgdata}/global"], lazy_mounts()
     assert ep.sql("SELECT count(*), sum(id), md5(string_agg(v, ',' ORDER BY id)) FROM t") == expected
     ep.run(["pgbench", "-n", "-c", "2", "-T", "10"], timeout=300)
     ep.sql("INSERT INTO t SELECT g, 'lazy' FROM generate_series(50001, 51000) g")
@@ -137,9 +142,9 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
 
     # A restart keeps the mode and every commit.
     ep.stop()
-    assert not [line for line in open("/proc/self/mounts") if "strata-lazy" in line], "unmounted at stop"
+    assert not lazy_mounts(), "unmounted at stop"
     ep.start()
-    assert [line for line in open("/proc/self/mounts") if "strata-lazy" in line]
+    assert lazy_mounts()
     with ep.connect() as conn:
         assert pgbench_state(conn) == state
     assert ep.sql("SELECT count(*) FROM t") == [(51000,)]

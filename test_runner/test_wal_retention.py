@@ -128,6 +128,12 @@ def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
     bench = ep.popen(["pgbench", "-n", "-c", "2", "-T", "600"])
     try:
         before = offloaded_lsns(cluster, ("sk1",))["sk1"]
+        # The others know what sk1 offloaded before it dies (peers hear of it
+        # within a second or so): a successor re-uploads, under its own
+        # name, what it has not heard of, and what sk1 uploaded would
+        # then not show as sk1's below.
+        wait_until("sk2 and sk3 know what sk1 offloaded",
+                   lambda: min(offloaded_lsns(cluster, ("sk2", "sk3")).values()) >= before, timeout=60)
         cluster.kill9("sk1", supervisor=True)  # stays down
         with ep.connect() as conn:
             while current_lsn(conn) < before + 3 * SEGMENT:

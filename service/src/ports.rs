@@ -14,6 +14,8 @@ use std::ops::RangeInclusive;
 
 /// Where the kernel keeps the ephemeral range.
 const EPHEMERAL_RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+/// The environment variable that confines the ports chosen to a range.
+pub const PORT_RANGE_ENV: &str = "STRATA_PORT_RANGE";
 /// The lowest port chosen: below it live well-known and registered services.
 const LOWEST: u16 = 10_000;
 /// A range narrower than this is not worth probing; the kernel chooses instead.
@@ -22,11 +24,27 @@ const MIN_SPAN: u32 = 1_000;
 /// `n` distinct free ports, none of them in `avoid`. All are bound until every
 /// one is chosen, so none is handed out twice within a call; ports in `avoid`
 /// (given to stopped services) are skipped.
+///
+/// [`PORT_RANGE_ENV`], when set (`low-high`), is the range to choose from
+/// instead: clusters started side by side (tests run in parallel) are
+/// given disjoint ranges so that a port one has chosen and not yet bound
+/// is never chosen by another.
 pub fn allocate(n: usize, avoid: &[u16]) -> std::io::Result<Vec<u16>> {
+    if let Ok(text) = std::env::var(PORT_RANGE_ENV) {
+        return probe(n, avoid, configured_range(&text)?, random_u64());
+    }
     let ephemeral = std::fs::read_to_string(EPHEMERAL_RANGE_FILE).ok().and_then(|s| parse_range(&s));
     match ephemeral.and_then(outside) {
         Some(range) => probe(n, avoid, range, random_u64()),
         None => from_kernel(n, avoid),
+    }
+}
+
+/// The range a [`PORT_RANGE_ENV`] value (`low-high`) names.
+fn configured_range(text: &str) -> std::io::Result<RangeInclusive<u16>> {
+    match text.trim().split_once('-').and_then(|(lo, hi)| parse_range(&format!("{lo} {hi}"))) {
+        Some((lo, hi)) if lo > 0 => Ok(lo..=hi),
+        _ => Err(std::io::Error::other(format!("{PORT_RANGE_ENV}={text:?}: expected a range of ports, low-high"))),
     }
 }
 
@@ -127,6 +145,16 @@ mod tests {
         assert_eq!(parse_range("32768"), None);
         assert_eq!(parse_range("a b"), None);
         assert_eq!(parse_range("32768 70000"), None);
+    }
+
+    #[test]
+    fn a_configured_range_is_two_ports_low_to_high() {
+        assert_eq!(configured_range("20000-20999").unwrap(), 20000..=20999);
+        assert_eq!(configured_range(" 20000-20000\n").unwrap(), 20000..=20000);
+        for bad in ["", "20000", "20999-20000", "0-10", "a-b", "20000-70000", "20000 20999"] {
+            let err = configured_range(bad).unwrap_err().to_string();
+            assert!(err.contains("STRATA_PORT_RANGE"), "{bad:?}: {err}");
+        }
     }
 
     #[test]
