@@ -14,9 +14,10 @@ PostgreSQL on local disk and with the same compute in eager mode
   RO starts after a checkpoint the pageserver has ingested.
 
 Each figure is the median of --runs runs; ratios are stock / lazy for the
-scan (speed: the target is >= 0.5) and lazy / eager for pgbench (tps), the
-latter both of the medians and, less at the mercy of the machine's noise,
-the median of each round's ratio.
+scan (speed: the target is >= 0.5) and lazy / eager for pgbench (tps), both
+of the medians and, less at the mercy of the machine's noise, the median of
+each round's ratio (a round: one scan or pgbench run of each kind, in turn
+first).
 
 Usage: .venv/bin/python bench/lazy_compute.py [--scale 20] [--runs 3] [--seconds 20] [--quick] [--scan-only]
 Writes bench/results/lazy_compute.json and .txt (lazy_compute_quick.* with --quick,
@@ -74,26 +75,27 @@ def pgbench_tps(env: dict, args: list[str], seconds: int) -> float:
     return float(m.group(1))
 
 
-def stock_scans(base: Path, scale: int, runs: int) -> dict:
+def stock_prepare(base: Path, scale: int) -> tuple[PgCluster, int]:
+    """A stopped stock cluster of the pgbench database, and the database's size."""
     c = PgCluster(PG_BIN, base / "stock", traverse_root=base)
+    c.initdb()
+    c.start({"max_wal_size": "2GB"})
+    c.run(["pgbench", "-i", "-q", "-s", str(scale)], timeout=1800)
+    c.sql("VACUUM ANALYZE")
+    c.sql("CHECKPOINT")
+    db_bytes = int(c.sql("SELECT pg_database_size(current_database())")[0][0])
+    c.stop("fast")
+    return c, db_bytes
+
+
+def stock_scan(c: PgCluster) -> tuple[float, bool]:
+    """One cold scan on the stock cluster, and whether the OS cache was dropped."""
+    cold = drop_os_cache()
+    c.start()
     try:
-        c.initdb()
-        c.start({"max_wal_size": "2GB"})
-        c.run(["pgbench", "-i", "-q", "-s", str(scale)], timeout=1800)
-        c.sql("VACUUM ANALYZE")
-        c.sql("CHECKPOINT")
-        db_bytes = int(c.sql("SELECT pg_database_size(current_database())")[0][0])
-        c.stop("fast")
-        scans, cold = [], True
-        for _ in range(runs):
-            cold = drop_os_cache() and cold
-            c.start()
-            scans.append(timed_scan(lambda: c.connect(connect_timeout=10)))
-            c.stop("fast")
-        return {"scan_seconds": statistics.median(scans), "scans": scans, "os_cache_dropped": cold,
-                "database_bytes": db_bytes}
+        return timed_scan(lambda: c.connect(connect_timeout=10)), cold
     finally:
-        c.cleanup()
+        c.stop("fast")
 
 
 def endpoint_env(connstr: str) -> dict:
@@ -118,7 +120,7 @@ def agent_lazy(cluster: LocalCluster) -> dict | None:
     return body.get("lazy")
 
 
-def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: int, clients: int,
+def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs: int, seconds: int, clients: int,
                 pgbench: bool = True) -> dict:
     cluster = LocalCluster(strata_bin, base / "strata", PG_BIN)
     cluster.workdir.mkdir()
@@ -140,14 +142,24 @@ def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: in
         code, body = http_json("POST", f"{tl_url}/checkpoint?compact=true", timeout=600)
         assert code == 200, body
 
-        scans, fetched, cold = [], [], True
-        for _ in range(runs):
-            wait_ingested(cluster, tl_url)
-            cold = drop_os_cache() and cold
-            connstr = cluster.endpoint_start("main", "main", "--lazy")
-            scans.append(timed_scan(lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=10)))
-            fetched.append(agent_lazy(cluster)["blocks_fetched"])
-            cluster.endpoint_stop("main")
+        # Rounds of one stock and one lazy scan, in turn first: the machine's
+        # speed drifts (it is shared), and a round's ratio compares two scans
+        # made under the same conditions. The cluster is idle during a stock
+        # scan (its WAL ingested, its layers compacted).
+        scans, stock_scans, fetched, cold = [], [], [], True
+        for r in range(runs):
+            for which in ("stock", "lazy") if r % 2 == 0 else ("lazy", "stock"):
+                wait_ingested(cluster, tl_url)
+                if which == "stock":
+                    seconds_, dropped = stock_scan(stock)
+                    stock_scans.append(seconds_)
+                    cold = dropped and cold
+                    continue
+                cold = drop_os_cache() and cold
+                connstr = cluster.endpoint_start("main", "main", "--lazy")
+                scans.append(timed_scan(lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=10)))
+                fetched.append(agent_lazy(cluster)["blocks_fetched"])
+                cluster.endpoint_stop("main")
 
         # Rounds alternate which mode goes first, and each mode starts its
         # RO runs from a checkpointed, ingested state: the work the RW runs
@@ -170,6 +182,7 @@ def strata_runs(strata_bin: Path, base: Path, scale: int, runs: int, seconds: in
                     tps["lazy_status"] = agent_lazy(cluster)
                 cluster.endpoint_stop("main")
         return {"scan_seconds": statistics.median(scans), "scans": scans, "blocks_fetched": fetched,
+                "stock_scan_seconds": statistics.median(stock_scans), "stock_scans": stock_scans,
                 "os_cache_dropped": cold, "tps": tps}
     finally:
         if (cluster.workdir / "cluster.toml").exists():
@@ -193,23 +206,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         base = Path(tmp)
         base.chmod(0o755)  # PostgreSQL runs as another user
-        # Stock scans first, alone on the machine (a stock scan beside the
-        # running cluster's background work measured up to twice as slow).
-        results["stock"] = stock_scans(base, args.scale, args.runs)
-        results["strata"] = strata_runs(strata_bin, base, args.scale, args.runs, args.seconds, args.clients,
-                                        pgbench=not args.scan_only)
-    s, z = results["stock"], results["strata"]
-    db_bytes, stock_med = s["database_bytes"], s["scan_seconds"]
+        stock, db_bytes = stock_prepare(base, args.scale)
+        try:
+            z = strata_runs(strata_bin, base, stock, args.scale, args.runs, args.seconds, args.clients,
+                            pgbench=not args.scan_only)
+        finally:
+            stock.cleanup()
+    results["strata"] = z
+    results["database_bytes"] = db_bytes
+    stock_med = z["stock_scan_seconds"]
     results["scan_speed_vs_stock"] = stock_med / z["scan_seconds"]
-    cache = "cold os cache" if s["os_cache_dropped"] and z["os_cache_dropped"] else "warm os cache"
+    # Paired: each round's stock scan against the lazy scan of the same round.
+    results["scan_speed_paired"] = statistics.median(s / l for s, l in zip(z["stock_scans"], z["scans"]))
+    cache = "cold os cache" if z["os_cache_dropped"] else "warm os cache"
     lines = [
-        f"scale {args.scale} ({db_bytes / 1e6:.0f} MB); medians of {args.runs} runs (pgbench: and the median of"
-        f" the rounds' ratios, each of a lazy run to the eager run of its round); {cache}",
+        f"scale {args.scale} ({db_bytes / 1e6:.0f} MB); medians of {args.runs} runs (and, paired, the median of"
+        f" the rounds' ratios, each of two runs of one round); {cache}",
         "",
         f"cold scan ({SCAN}) right after a start:",
-        f"  stock (local disk)      {stock_med:8.3f} s   runs {', '.join(f'{t:.3f}' for t in s['scans'])}",
+        f"  stock (local disk)      {stock_med:8.3f} s   runs {', '.join(f'{t:.3f}' for t in z['stock_scans'])}",
         f"  lazy (from pageserver)  {z['scan_seconds']:8.3f} s   runs {', '.join(f'{t:.3f}' for t in z['scans'])}",
-        f"  lazy speed vs stock {results['scan_speed_vs_stock']:.2f}"
+        f"  lazy speed vs stock {results['scan_speed_vs_stock']:.2f}, paired {results['scan_speed_paired']:.2f}"
         f"   (target >= 0.5; blocks fetched {statistics.median(z['blocks_fetched']):.0f})",
     ]
     if not args.scan_only:
