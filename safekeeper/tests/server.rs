@@ -92,6 +92,27 @@ impl Client {
     }
 }
 
+/// A consumer that has asked to stream the test timeline from `START` to
+/// `stop_lsn` (`Lsn::INVALID`: on and on).
+async fn consumer(addr: SocketAddr, stop_lsn: Lsn, name: &str) -> Client {
+    let mut c = Client::connect(addr).await;
+    let mut out = Vec::new();
+    codec::encode_consumer(
+        &ConsumerMessage::Start(StartStreaming {
+            protocol_version: PROTOCOL_VERSION,
+            tenant_id: TenantId([5; 16]),
+            timeline_id: TimelineId([6; 16]),
+            start_lsn: START,
+            stop_lsn,
+            include_uncommitted: false,
+            consumer_id: name.into(),
+        }),
+        &mut out,
+    );
+    c.send_raw(&out).await;
+    c
+}
+
 fn identity(system_id: u64) -> TimelineIdentity {
     TimelineIdentity {
         tenant_id: TenantId([5; 16]),
@@ -220,21 +241,7 @@ async fn proposer_consumer_restart_and_bad_input() {
     assert_eq!(at, end);
 
     // A consumer streams the committed WAL.
-    let mut c = Client::connect(sk.addr).await;
-    let mut out = Vec::new();
-    codec::encode_consumer(
-        &ConsumerMessage::Start(StartStreaming {
-            protocol_version: PROTOCOL_VERSION,
-            tenant_id: TenantId([5; 16]),
-            timeline_id: TimelineId([6; 16]),
-            start_lsn: START,
-            stop_lsn: end,
-            include_uncommitted: false,
-            consumer_id: "test".into(),
-        }),
-        &mut out,
-    );
-    c.send_raw(&out).await;
+    let mut c = consumer(sk.addr, end, "test").await;
     let mut streamed = Vec::new();
     loop {
         let Some(frame) = c.frame().await else { break };
@@ -324,21 +331,7 @@ async fn an_idle_stream_keeps_alive_while_its_consumer_sends_feedback() {
     let _ = std::fs::remove_dir_all(&dir);
     let sk = start(&dir).await;
     create_timeline(&sk).await;
-    let mut c = Client::connect(sk.addr).await;
-    let mut out = Vec::new();
-    codec::encode_consumer(
-        &ConsumerMessage::Start(StartStreaming {
-            protocol_version: PROTOCOL_VERSION,
-            tenant_id: TenantId([5; 16]),
-            timeline_id: TimelineId([6; 16]),
-            start_lsn: START,
-            stop_lsn: Lsn::INVALID,
-            include_uncommitted: false,
-            consumer_id: "keepalive".into(),
-        }),
-        &mut out,
-    );
-    c.send_raw(&out).await;
+    let mut c = consumer(sk.addr, Lsn::INVALID, "keepalive").await;
     let started = std::time::Instant::now();
     let mut keepalives = 0;
     while started.elapsed() < Duration::from_secs(12) {
@@ -397,21 +390,7 @@ async fn connection_floods_displace_each_other_and_established_connections_stay(
     }
     assert!(refused.frame().await.is_none(), "closed after the error");
     // A consumer that is refused gets the error in its own message type.
-    let mut c = Client::connect(sk.addr).await;
-    let mut out = Vec::new();
-    codec::encode_consumer(
-        &ConsumerMessage::Start(StartStreaming {
-            protocol_version: PROTOCOL_VERSION,
-            tenant_id: TenantId([5; 16]),
-            timeline_id: TimelineId([6; 16]),
-            start_lsn: START,
-            stop_lsn: Lsn::INVALID,
-            include_uncommitted: false,
-            consumer_id: "refused".into(),
-        }),
-        &mut out,
-    );
-    c.send_raw(&out).await;
+    let mut c = consumer(sk.addr, Lsn::INVALID, "refused").await;
     let frame = c.frame().await.expect("an answer");
     assert!(
         matches!(codec::decode_stream(&frame).unwrap(), StreamMessage::Error(e) if e.code == ErrorCode::Overloaded)
