@@ -151,8 +151,8 @@ def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs
             for which in ("stock", "lazy") if r % 2 == 0 else ("lazy", "stock"):
                 wait_ingested(cluster, tl_url)
                 if which == "stock":
-                    seconds_, dropped = stock_scan(stock)
-                    stock_scans.append(seconds_)
+                    took, dropped = stock_scan(stock)
+                    stock_scans.append(took)
                     cold = dropped and cold
                     continue
                 cold = drop_os_cache() and cold

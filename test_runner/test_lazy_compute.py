@@ -122,13 +122,7 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
 
     ep = Endpoint(cluster, "lazy")
     ep.start("--lazy")
-
-    def lazy_mounts() -> list[str]:
-        """This endpoint's lazy mounts (other tests may run beside this one)."""
-        return [line.split()[1] for line in open("/proc/self/mounts")
-                if line.split()[0] == "strata-lazy" and line.split()[1].startswith(f"{ep.pgdata}/")]
-
-    assert sorted(lazy_mounts()) == [f"{ep.pgdata}/base", f"{ep.pgdata}/global"], lazy_mounts()
+    assert sorted(ep.lazy_mounts()) == [f"{ep.pgdata}/base", f"{ep.pgdata}/global"], ep.lazy_mounts()
     assert ep.sql("SELECT count(*), sum(id), md5(string_agg(v, ',' ORDER BY id)) FROM t") == expected
     ep.run(["pgbench", "-n", "-c", "2", "-T", "10"], timeout=300)
     ep.sql("INSERT INTO t SELECT g, 'lazy' FROM generate_series(50001, 51000) g")
@@ -142,9 +136,9 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
 
     # A restart keeps the mode and every commit.
     ep.stop()
-    assert not lazy_mounts(), "unmounted at stop"
+    assert not ep.lazy_mounts(), "unmounted at stop"
     ep.start()
-    assert lazy_mounts()
+    assert ep.lazy_mounts()
     with ep.connect() as conn:
         assert pgbench_state(conn) == state
     assert ep.sql("SELECT count(*) FROM t") == [(51000,)]
@@ -344,7 +338,7 @@ def test_a_dead_mount_makes_the_agent_start_postgres_afresh_with_every_commit(cl
     assert not missing, f"{len(missing)} acknowledged commits lost, e.g. {sorted(missing)[:10]}"
     status = agent_status(cluster, "lazy")
     assert status["restarts"] >= 1 and "no longer served" in status["last_restart_cause"], status
-    assert any(line.split()[1] == str(ep.pgdata / "base") for line in open("/proc/self/mounts")), "mounted again"
+    assert f"{ep.pgdata}/base" in ep.lazy_mounts(), "mounted again"
     ep.stop()
 
 
