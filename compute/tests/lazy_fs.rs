@@ -341,6 +341,37 @@ fn random_reads(f: &fs::File) {
 }
 
 #[test]
+fn a_write_back_that_fails_leaves_its_block_unreadable_until_written_whole() {
+    let source = Arc::new(FakeSource::default());
+    let (m, _) = setup("failed-write-back", &[entry(1000, 4)], source.clone());
+    let f = OpenOptions::new().read(true).write(true).open(m.mnt.join("5/1000")).unwrap();
+    random_reads(&f);
+    // One kernel page, half a block: written back alone, so the daemon
+    // needs the block's other half, and the pageserver is down.
+    source.fail.store(true, Ordering::Relaxed);
+    f.write_all_at(&[0x77; 4096], 2 * B as u64).unwrap();
+    let err = f.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    source.fail.store(false, Ordering::Relaxed);
+    drop_kernel_cache(&f);
+    let mut buf = vec![0u8; B];
+    let err = f.read_exact_at(&mut buf, 2 * B as u64).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "never the older version: {err}");
+    f.read_exact_at(&mut buf, B as u64).unwrap();
+    assert_eq!(buf, page_of(1000, 1, S), "the other blocks read as before");
+    // Half of it again: still nothing to merge with.
+    f.write_all_at(&[0x78; 4096], 2 * B as u64 + 4096).unwrap();
+    assert!(f.sync_all().is_err());
+    // Written whole: readable again, as written.
+    let mine = with_lsn(Lsn(S.0 + 0x100), 0x33);
+    f.write_all_at(&mine, 2 * B as u64).unwrap();
+    f.sync_all().unwrap();
+    drop_kernel_cache(&f);
+    f.read_exact_at(&mut buf, 2 * B as u64).unwrap();
+    assert_eq!(buf, mine);
+}
+
+#[test]
 fn a_cache_smaller_than_the_file_drops_blocks_and_reads_them_back_at_their_version() {
     let source = Arc::new(FakeSource::default());
     let cache_stats = Arc::new(CacheStats::default());

@@ -2,13 +2,15 @@
 //! directory, with [`Hooks`] called around the operations that users of
 //! the crate change: reads, writes, syncs, truncation, creation, removal.
 //!
-//! Kernel caching is kept out of the way of failures: the FUSE writeback
-//! cache is never requested (fuser does not ask for it), so each write(2)
-//! reaches this daemon before it returns and a failed fsync is a failure the
-//! caller sees. By default attribute and entry TTLs are zero and open files
-//! start with an empty page cache, so a change made directly in the backing
-//! directory is seen at once; [`Passthrough::exclusive`] lets the kernel
-//! cache all three when nothing else changes the backing directory.
+//! Kernel caching is kept out of the way unless asked for. By default each
+//! write(2) reaches this daemon before it returns, attribute and entry TTLs
+//! are zero and open files start with an empty page cache, so a change made
+//! directly in the backing directory is seen at once and a failed write is
+//! a failure its caller sees. [`Passthrough::exclusive`] lets the kernel
+//! cache attributes, names and pages when nothing else changes the backing
+//! directory; [`Passthrough::writeback_cache`] lets it gather writes too,
+//! a failed write-back then being reported by the next fsync (as a kernel
+//! file system reports it).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -21,11 +23,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
+use tracing::warn;
 
 use crate::inodes::Inodes;
 use crate::open_files::{OpenFiles, Slot};
@@ -214,6 +217,8 @@ pub struct Passthrough<H: Hooks> {
     ttl: Duration,
     /// Whether an open keeps the file's pages the kernel already caches.
     keep_cache: bool,
+    /// Whether the kernel is asked to cache writes ([`Passthrough::writeback_cache`]).
+    writeback: bool,
     /// The bound on open backing files, if any.
     open_files: OpenFiles,
 }
@@ -295,6 +300,7 @@ impl<H: Hooks> Passthrough<H> {
             root_ids: (uid == 0).then_some((uid, gid)),
             ttl: Duration::ZERO,
             keep_cache: false,
+            writeback: false,
             open_files: OpenFiles::new(None),
         }
     }
@@ -316,6 +322,32 @@ impl<H: Hooks> Passthrough<H> {
         self.ttl = ttl;
         self.keep_cache = true;
         self
+    }
+
+    /// The kernel keeps written pages and writes them back later, in larger
+    /// requests, instead of sending each write(2) here before it returns
+    /// (FUSE_WRITEBACK_CACHE, if the kernel offers it). Only for a mount
+    /// that is [`Passthrough::exclusive`]: the kernel then owns the files'
+    /// sizes and times. A failed write-back is reported by the next fsync,
+    /// as a kernel file system reports it.
+    pub fn writeback_cache(mut self) -> Passthrough<H> {
+        self.writeback = true;
+        self
+    }
+
+    /// The flags a backing file is opened with for open(2) `flags`. With the
+    /// write-back cache, the kernel reads pages through any handle of the
+    /// file (to fill a page partly written) and places appends itself.
+    fn backing_flags(&self, flags: i32) -> i32 {
+        if !self.writeback {
+            return flags;
+        }
+        let flags = flags & !libc::O_APPEND;
+        if flags & libc::O_ACCMODE == libc::O_WRONLY {
+            flags & !libc::O_ACCMODE | libc::O_RDWR
+        } else {
+            flags
+        }
     }
 
     fn open_flags(&self) -> FopenFlags {
@@ -655,6 +687,17 @@ macro_rules! answer {
 }
 
 impl<H: Hooks> Filesystem for Passthrough<H> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        if self.writeback {
+            if let Err(missing) = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
+                // Correct without it, only slower: each write is a round trip.
+                warn!(root = %self.root.display(), "the kernel offers no write-back cache ({missing:?}): writes go through");
+                self.writeback = false;
+            }
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let result = self.child(parent, name).and_then(|rel| {
             self.hooks.before_lookup(&rel)?;
@@ -758,12 +801,13 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let result = self.path(ino).and_then(|rel| {
-            let file = open_backing(&self.full(&rel), flags.0, None).map_err(errno)?;
-            if flags.0 & libc::O_TRUNC != 0 {
+            let flags = self.backing_flags(flags.0);
+            let file = open_backing(&self.full(&rel), flags, None).map_err(errno)?;
+            if flags & libc::O_TRUNC != 0 {
                 self.hooks.after_set_size(&Node { ino: ino.0, path: Some(rel) }, 0);
             }
-            let sync_writes = flags.0 & libc::O_DSYNC != 0;
-            let slot = Arc::new(Slot::new(file, flags.0));
+            let sync_writes = flags & libc::O_DSYNC != 0;
+            let slot = Arc::new(Slot::new(file, flags));
             Ok(self.add_handle(ino.0, HandleKind::File { sync_writes, slot }))
         });
         answer!(reply, result, |fh| reply.opened(fh, self.open_flags()));
@@ -883,6 +927,7 @@ impl<H: Hooks> Filesystem for Passthrough<H> {
             self.hooks.before_lookup(&rel)?;
             let full = self.full(&rel);
             let existed = fs::symlink_metadata(&full).is_ok();
+            let flags = self.backing_flags(flags);
             let file = open_backing(&full, flags, Some(mode & !umask & 0o7777)).map_err(errno)?;
             self.chown_new(req, &full)?;
             let meta = file.metadata().map_err(errno)?;

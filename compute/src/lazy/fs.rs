@@ -660,13 +660,17 @@ impl LazyHooks {
         for b in [first, last.saturating_sub(1)] {
             let start = u64::from(b) * BLOCK;
             if b < size && (offset > start || end < start + BLOCK) {
+                if rf.rules.source(b) == Source::Failed {
+                    // The rest of the block is lost with an earlier write.
+                    return Err(Errno::EIO);
+                }
                 self.fetch(node, rf, b..b + 1, admitted)?;
             }
         }
         let mut page = vec![0u8; BLCKSZ];
         let mut file: Option<File> = None;
         for b in first..last {
-            let was_local = rf.rules.source(b) == Source::Local;
+            let was_evictable = rf.rules.evictable(b, Lsn(u64::MAX)).is_some();
             let start = u64::from(b) * BLOCK;
             let whole = offset <= start && start + BLOCK <= end;
             if whole {
@@ -693,10 +697,12 @@ impl LazyHooks {
                 let to = end.min(start + BLOCK);
                 page[(from - start) as usize..(to - start) as usize]
                     .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
-                rf.rules.write(b, &page);
+                rf.rules.write_part(b, &page);
             }
-            // Once the pageserver has its version, the cache may drop it.
-            if !was_local && rf.rules.evictable(b, Lsn(u64::MAX)).is_some() {
+            // Once the pageserver has its version, the cache may drop it. A
+            // block pinned by a partial write and whole again may still be
+            // in the ring: a second entry finds it gone or evicts it once.
+            if !was_evictable && rf.rules.evictable(b, Lsn(u64::MAX)).is_some() {
                 admitted.push(b);
             }
         }
@@ -718,6 +724,7 @@ pub fn mount(mountpoint: &Path, hooks: LazyHooks) -> std::io::Result<fuser::Back
     let max_open = usize::try_from(limit / 2).unwrap_or(usize::MAX).max(64);
     let fs = strata_fusefs::Passthrough::new(hooks.backing.clone(), hooks)
         .exclusive(KERNEL_CACHE_TTL)
+        .writeback_cache()
         .max_open_files(max_open);
     let mut config = fuser::Config::default();
     config.mount_options = vec![fuser::MountOption::FSName("strata-lazy".into())];
@@ -785,6 +792,10 @@ impl Hooks for LazyHooks {
         let data = {
             let mut rf = entry.0.lock();
             let blocks = block_range(offset, u64::from(size), rf.rules.size());
+            if let Some(b) = blocks.clone().find(|b| rf.rules.source(*b) == Source::Failed) {
+                error!(file = %node, block = b, "reading a block whose last write failed");
+                return Err(Errno::EIO);
+            }
             let max = u32::try_from(self.cache.budget() / 4).unwrap_or(u32::MAX).min(PREFETCH_MAX);
             let ahead = rf.readahead(&blocks, max);
             let aligned =
@@ -820,9 +831,23 @@ impl Hooks for LazyHooks {
         let mut admitted = Vec::new();
         let written = {
             let mut rf = entry.0.lock();
-            self.learn_write(node, &mut rf, offset, data, &mut admitted)?;
             // Under the lock, so that no read fetches over these bytes.
-            write()?
+            let result = self.learn_write(node, &mut rf, offset, data, &mut admitted).and_then(|()| write());
+            match result {
+                Ok(n) if n as usize == data.len() => n,
+                failed => {
+                    // With the write-back cache the writer has gone on, and
+                    // the kernel may drop these pages: a later read must
+                    // fail, not return an older version or a hole.
+                    let first = offset / BLOCK;
+                    let last = (offset + data.len() as u64).div_ceil(BLOCK).min(u64::from(SEGMENT_BLOCKS));
+                    for b in first..last {
+                        rf.rules.failed(b as u32);
+                    }
+                    error!(file = %node, offset, len = data.len(), "a write did not reach the backing file: {failed:?}");
+                    failed?
+                }
+            }
         };
         let entry: Arc<dyn Evictable> = entry;
         self.cache.admit(&entry, &admitted);

@@ -87,6 +87,8 @@ pub enum Source {
     Zero,
     /// Past the end of the file: a short read.
     PastEnd,
+    /// A write of it failed: its bytes are nowhere, the read is an error.
+    Failed,
 }
 
 /// A block whose state is not the file's default.
@@ -101,6 +103,11 @@ enum Block {
     Evicted(Lsn),
     /// All zeros, nothing stored.
     Zero,
+    /// A write failed to reach the backing file (or to be merged with the
+    /// rest of the block): until written whole again, reads fail rather
+    /// than return an older version. With the kernel's write-back cache
+    /// PostgreSQL learns of the failure only at its next fsync.
+    Failed,
 }
 
 /// The states of the blocks of one segment file.
@@ -173,6 +180,7 @@ impl SegmentRules {
             Some(Block::Local { .. }) => Source::Local,
             Some(Block::Evicted(lsn)) => Source::Remote(*lsn),
             Some(Block::Zero) => Source::Zero,
+            Some(Block::Failed) => Source::Failed,
             None => match self.start {
                 Some(start) if block < self.remote_blocks => Source::Remote(start),
                 // A local file's blocks are in its backing file; past the
@@ -227,6 +235,30 @@ impl SegmentRules {
         };
         self.blocks.insert(block, Block::Local { read_back, referenced: false });
         WriteOutcome::Store
+    }
+
+    /// Part of `block` was written; `page` is the whole block as it now
+    /// is, the rest of its bytes having been local already. The block is
+    /// pinned until it is written whole again: with the kernel's write-back
+    /// cache, PostgreSQL's 8 KiB write may reach this file in two parts,
+    /// and a block whose header half is older than its other half is not
+    /// the pageserver's version at any LSN.
+    pub fn write_part(&mut self, block: u32, page: &[u8]) -> WriteOutcome {
+        let outcome = self.write(block, page);
+        if let Some(Block::Local { read_back, .. }) = self.blocks.get_mut(&block) {
+            *read_back = None;
+        }
+        outcome
+    }
+
+    /// A write of `block` failed ([`Block::Failed`]).
+    pub fn failed(&mut self, block: u32) {
+        debug_assert!(block < SEGMENT_BLOCKS);
+        for b in self.size..block {
+            self.blocks.insert(b, Block::Zero);
+        }
+        self.size = self.size.max(block + 1);
+        self.blocks.insert(block, Block::Failed);
     }
 
     /// The LSN `block` would be read back at if dropped now, if it may be
@@ -377,6 +409,43 @@ mod tests {
         r.fetched(3, Lsn(S.0 + 0x500));
         assert_eq!(r.evict(3, Lsn(S.0 + 0x500)), Eviction::Done);
         assert_eq!(r.source(3), Source::Remote(Lsn(S.0 + 0x500)));
+    }
+
+    #[test]
+    fn a_block_written_in_part_is_pinned_until_written_whole() {
+        let mut r = SegmentRules::remote(ForkKind::Main, 10, S);
+        r.fetched(2, S);
+        let newer = Lsn(S.0 + 0x300);
+        // The second half arrived first: the header still says S, which
+        // would read back a page without it.
+        assert_eq!(r.write_part(2, &page(S.0, 9)), WriteOutcome::Store);
+        assert_eq!(r.evictable(2, Lsn(u64::MAX)), None);
+        assert_eq!(r.evict(2, Lsn(u64::MAX)), Eviction::Never);
+        // The header half too, still in part: pinned.
+        r.write_part(2, &page(newer.0, 9));
+        assert_eq!(r.evictable(2, Lsn(u64::MAX)), None);
+        // Written whole: the page's own LSN again.
+        r.write(2, &page(newer.0, 9));
+        assert_eq!(r.evictable(2, newer), Some(newer));
+        assert_eq!(r.evict(2, newer), Eviction::Done);
+        assert_eq!(r.source(2), Source::Remote(newer));
+        assert_eq!(r.local_blocks(), (0, 0));
+        r.write_part(4, &page(newer.0, 1));
+        assert_eq!(r.local_blocks(), (1, 1), "counted as pinned");
+    }
+
+    #[test]
+    fn a_block_whose_write_failed_fails_to_read_until_written_whole() {
+        let mut r = SegmentRules::remote(ForkKind::Main, 4, S);
+        r.failed(1);
+        assert_eq!(r.source(1), Source::Failed);
+        assert_eq!(r.evict(1, Lsn(u64::MAX)), Eviction::Never);
+        // A failed extension: the file is as long as the kernel made it.
+        r.failed(6);
+        assert_eq!((r.size(), r.source(5), r.source(6)), (7, Source::Zero, Source::Failed));
+        r.write(1, &page(S.0 + 0x10, 3));
+        assert_eq!(r.source(1), Source::Local);
+        assert_eq!(r.local_blocks(), (1, 0));
     }
 
     #[test]
