@@ -8,18 +8,24 @@ PostgreSQL on local disk and with the same compute in eager mode
   figures say "warm os cache"). Stock: `pg_ctl start` on a local data
   directory of the same database. Lazy: `strata endpoint start --lazy`, so
   every block comes from the pageserver through the file system.
-- pgbench RW (the TPC-B-like script) and RO (`-S`), each after a warm-up of
-  the same length, on the eager and on the lazy compute of one cluster. Each
-  run starts the endpoint afresh; runs alternate which mode goes first, and
-  RO starts after a checkpoint the pageserver has ingested.
+- warm pgbench RW (the TPC-B-like script) and RO (`-S`): an eager endpoint
+  on the loaded branch and a lazy one on a branch made from it, both
+  running at once, both warmed by reading every table and index once
+  (pg_prewarm's 'read' mode: through the file system, not into shared
+  buffers). Then --slices rounds of one --slice-seconds pgbench run on each
+  endpoint, in turn first: with both up, the rounds alternate every few
+  seconds without a restart between, so the shared machine's drift weighs
+  on both alike. One uncounted run on each first; RO after a checkpoint of
+  both. Also reported: the first RW run after the start, before the warm-up
+  read (the cache filling).
 
-Each figure is the median of --runs runs; ratios are stock / lazy for the
+Scan figures are medians of --runs runs; ratios are stock / lazy for the
 scan (speed: the target is >= 0.5) and lazy / eager for pgbench (tps), both
 of the medians and, less at the mercy of the machine's noise, the median of
 each round's ratio (a round: one scan or pgbench run of each kind, in turn
 first).
 
-Usage: .venv/bin/python bench/lazy_compute.py [--scale 20] [--runs 3] [--seconds 20] [--quick] [--scan-only]
+Usage: .venv/bin/python bench/lazy_compute.py [--scale 20] [--runs 5] [--slices 10] [--slice-seconds 5] [--quick] [--scan-only]
 Writes bench/results/lazy_compute.json and .txt (lazy_compute_quick.* with --quick,
 lazy_compute_scan.* with --scan-only: the cold scans alone).
 """
@@ -105,7 +111,10 @@ def endpoint_env(connstr: str) -> dict:
 
 
 def wait_ingested(cluster: LocalCluster, tl_url: str) -> None:
-    end = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
+    """Waits until the pageserver has ingested what the safekeepers hold of
+    the timeline `tl_url` names."""
+    timeline = next(t for t in cluster.status()["timelines"] if tl_url.endswith(f"/timeline/{t['timeline_id']}"))
+    end = max(parse_lsn(sk["commit_lsn"]) for sk in timeline["safekeepers"])
     deadline = time.monotonic() + 300
     while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
         if time.monotonic() > deadline:
@@ -113,15 +122,62 @@ def wait_ingested(cluster: LocalCluster, tl_url: str) -> None:
         time.sleep(0.05)
 
 
-def agent_lazy(cluster: LocalCluster) -> dict | None:
-    ep = next(e for e in cluster.status()["endpoints"] if e["name"] == "main")
+def agent_lazy(cluster: LocalCluster, name: str = "main") -> dict | None:
+    ep = next(e for e in cluster.status()["endpoints"] if e["name"] == name)
     code, body = http_json("GET", f"http://127.0.0.1:{ep['ports']['http']}/v1/status")
     assert code == 200, body
     return body.get("lazy")
 
 
-def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs: int, seconds: int, clients: int,
-                pgbench: bool = True) -> dict:
+def psql(env: dict, sql: str, timeout: float = 600) -> str:
+    return subprocess.run([str(PG_BIN / "psql"), "-qAtc", sql], env=env, check=True, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL).stdout.strip()
+
+
+PREWARM = ("SELECT sum(pg_prewarm(oid, 'read')) FROM pg_class"
+           " WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'i')")
+
+
+def pgbench_rounds(cluster: LocalCluster, tl_url: str, slices: int, seconds: int, clients: int) -> dict:
+    """Warm pgbench on an eager endpoint of main and a lazy one of a branch
+    of it, both up at once, in alternating runs (module docstring)."""
+    wait_ingested(cluster, tl_url)
+    cluster.run("branch", "create", "twin", timeout=120)
+    twin = next(b["timeline_id"] for b in cluster.cluster_toml["branches"] if b["name"] == "twin")
+    twin_url = tl_url.rsplit("/", 1)[0] + "/" + twin
+    envs = {"eager": endpoint_env(cluster.endpoint_start("main", "main", "--eager")),
+            "lazy": endpoint_env(cluster.endpoint_start("twin", "twin", "--lazy"))}
+    common = ["-c", str(clients), "-j", str(min(clients, 2))]
+    tps: dict = {f"{m}_{n}": [] for m in ("eager", "lazy") for n in ("rw", "ro")}
+    try:
+        # The cache filling: the first run after the start, nothing read yet.
+        for mode in ("eager", "lazy"):
+            tps[f"{mode}_first_rw"] = pgbench_tps(envs[mode], common, seconds)
+        for mode, env in envs.items():
+            psql(env, "CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+            t0 = time.monotonic()
+            psql(env, PREWARM)
+            tps[f"{mode}_prewarm_seconds"] = time.monotonic() - t0
+        for name, extra in (("rw", []), ("ro", ["-S"])):
+            if name == "ro":
+                for env in envs.values():
+                    psql(env, "CHECKPOINT")
+                for url in (tl_url, twin_url):
+                    wait_ingested(cluster, url)
+            for mode in ("eager", "lazy"):
+                pgbench_tps(envs[mode], [*common, *extra], seconds)  # warm-up, not counted
+            for r in range(slices):
+                for mode in ("eager", "lazy") if r % 2 == 0 else ("lazy", "eager"):
+                    tps[f"{mode}_{name}"].append(pgbench_tps(envs[mode], [*common, *extra], seconds))
+        tps["lazy_status"] = agent_lazy(cluster, "twin")
+    finally:
+        cluster.endpoint_stop("main")
+        cluster.endpoint_stop("twin")
+    return tps
+
+
+def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs: int, slices: int,
+                slice_seconds: int, clients: int, pgbench: bool = True) -> dict:
     cluster = LocalCluster(strata_bin, base / "strata", PG_BIN)
     cluster.workdir.mkdir()
     try:
@@ -161,26 +217,7 @@ def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs
                 fetched.append(agent_lazy(cluster)["blocks_fetched"])
                 cluster.endpoint_stop("main")
 
-        # Rounds alternate which mode goes first, and each mode starts its
-        # RO runs from a checkpointed, ingested state: the work the RW runs
-        # leave behind (checkpoints, the pageserver's ingest and compaction)
-        # then weighs on both modes alike instead of on whichever runs next.
-        tps: dict = {f"{m}_{n}": [] for m in ("eager", "lazy") for n in ("rw", "ro")}
-        for r in range(runs if pgbench else 0):
-            for mode in ("eager", "lazy") if r % 2 == 0 else ("lazy", "eager"):
-                wait_ingested(cluster, tl_url)
-                env = endpoint_env(cluster.endpoint_start("main", "main", f"--{mode}"))
-                for name, extra in (("rw", []), ("ro", ["-S"])):
-                    if name == "ro":
-                        subprocess.run([str(PG_BIN / "psql"), "-qc", "CHECKPOINT"], env=env, check=True,
-                                       capture_output=True, timeout=600)
-                        wait_ingested(cluster, tl_url)
-                    common = ["-c", str(clients), "-j", str(min(clients, 2)), *extra]
-                    pgbench_tps(env, common, seconds)  # warm-up: the same work, not counted
-                    tps[f"{mode}_{name}"].append(pgbench_tps(env, common, seconds))
-                if mode == "lazy":
-                    tps["lazy_status"] = agent_lazy(cluster)
-                cluster.endpoint_stop("main")
+        tps = pgbench_rounds(cluster, tl_url, slices, slice_seconds, clients) if pgbench else {}
         return {"scan_seconds": statistics.median(scans), "scans": scans, "blocks_fetched": fetched,
                 "stock_scan_seconds": statistics.median(stock_scans), "stock_scans": stock_scans,
                 "os_cache_dropped": cold, "tps": tps}
@@ -193,14 +230,15 @@ def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=int, default=20)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--seconds", type=int, default=20, help="each pgbench run (and its warm-up)")
+    ap.add_argument("--runs", type=int, default=5, help="cold scans of each kind")
+    ap.add_argument("--slices", type=int, default=10, help="pgbench rounds of each kind (RW, RO)")
+    ap.add_argument("--slice-seconds", type=int, default=5, help="each pgbench run")
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs of 5 s")
+    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs, 2 rounds of 3 s")
     ap.add_argument("--scan-only", action="store_true", help="the cold scans alone, no pgbench rounds")
     args = ap.parse_args()
     if args.quick:
-        args.scale, args.runs, args.seconds = 2, 2, 5
+        args.scale, args.runs, args.slices, args.slice_seconds = 2, 2, 2, 3
     strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
     results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
@@ -208,8 +246,8 @@ def main() -> int:
         base.chmod(0o755)  # PostgreSQL runs as another user
         stock, db_bytes = stock_prepare(base, args.scale)
         try:
-            z = strata_runs(strata_bin, base, stock, args.scale, args.runs, args.seconds, args.clients,
-                            pgbench=not args.scan_only)
+            z = strata_runs(strata_bin, base, stock, args.scale, args.runs, args.slices, args.slice_seconds,
+                            args.clients, pgbench=not args.scan_only)
         finally:
             stock.cleanup()
     results["strata"] = z
@@ -220,17 +258,18 @@ def main() -> int:
     results["scan_speed_paired"] = statistics.median(s / l for s, l in zip(z["stock_scans"], z["scans"]))
     cache = "cold os cache" if z["os_cache_dropped"] else "warm os cache"
     lines = [
-        f"scale {args.scale} ({db_bytes / 1e6:.0f} MB); medians of {args.runs} runs (and, paired, the median of"
-        f" the rounds' ratios, each of two runs of one round); {cache}",
+        f"scale {args.scale} ({db_bytes / 1e6:.0f} MB); medians (and, paired, the median of the rounds' ratios,"
+        f" each of two runs of one round); {cache}",
         "",
-        f"cold scan ({SCAN}) right after a start:",
+        f"cold scan ({SCAN}) right after a start, {args.runs} rounds:",
         f"  stock (local disk)      {stock_med:8.3f} s   runs {', '.join(f'{t:.3f}' for t in z['stock_scans'])}",
         f"  lazy (from pageserver)  {z['scan_seconds']:8.3f} s   runs {', '.join(f'{t:.3f}' for t in z['scans'])}",
         f"  lazy speed vs stock {results['scan_speed_vs_stock']:.2f}, paired {results['scan_speed_paired']:.2f}"
         f"   (target >= 0.5; blocks fetched {statistics.median(z['blocks_fetched']):.0f})",
     ]
     if not args.scan_only:
-        med = {k: statistics.median(v) for k, v in z["tps"].items() if isinstance(v, list)}
+        t = z["tps"]
+        med = {k: statistics.median(v) for k, v in t.items() if isinstance(v, list)}
         # Paired: each round's lazy figure against the eager one of the same round.
         pairs = {
             "rw": statistics.median(l / e for l, e in zip(z["tps"]["lazy_rw"], z["tps"]["eager_rw"])),
@@ -240,13 +279,19 @@ def main() -> int:
                        ro_vs_eager=med["lazy_ro"] / med["eager_ro"])
         lines += [
             "",
-            f"pgbench, {args.clients} clients, {args.seconds} s after a warm-up of the same length (tps):",
+            f"warm pgbench, {args.clients} clients, {args.slices} rounds of {args.slice_seconds} s on each endpoint (tps):",
             f"  RW  eager {med['eager_rw']:9.1f}   lazy {med['lazy_rw']:9.1f}   lazy/eager"
             f" {results['rw_vs_eager']:.2f}, paired {pairs['rw']:.2f}   (target >= 0.9)",
             f"  RO  eager {med['eager_ro']:9.1f}   lazy {med['lazy_ro']:9.1f}   lazy/eager"
             f" {results['ro_vs_eager']:.2f}, paired {pairs['ro']:.2f}   (target >= 0.95)",
+            f"  RW rounds lazy/eager: {', '.join(f'{l / e:.2f}' for l, e in zip(t['lazy_rw'], t['eager_rw']))}",
+            f"  RO rounds lazy/eager: {', '.join(f'{l / e:.2f}' for l, e in zip(t['lazy_ro'], t['eager_ro']))}",
+            f"  first RW run after the start (the lazy cache empty): eager {t['eager_first_rw']:.1f}"
+            f"   lazy {t['lazy_first_rw']:.1f}   lazy/eager {t['lazy_first_rw'] / t['eager_first_rw']:.2f}",
+            f"  warm-up read of every table and index: eager {t['eager_prewarm_seconds']:.2f} s"
+            f"   lazy {t['lazy_prewarm_seconds']:.2f} s",
             "",
-            f"lazy file system after pgbench: {json.dumps(z['tps'].get('lazy_status'))}",
+            f"lazy file system after pgbench: {json.dumps(t.get('lazy_status'))}",
         ]
     text = "\n".join(lines)
     out_dir = REPO / "bench" / "results"
