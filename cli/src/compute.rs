@@ -128,6 +128,11 @@ pub struct StartArgs {
     /// it keeps that it may fetch again (blocks only it holds are kept too).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
     lazy_cache_mb: u64,
+    /// How long a lazy compute's read keeps trying while the pageserver
+    /// cannot be reached before that query fails with an I/O error
+    /// (0: fail at once).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    lazy_fetch_retry_secs: u64,
 }
 
 #[derive(Args)]
@@ -240,6 +245,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.read_only_at = args.read_only_at;
     cfg.lazy_page_service = args.lazy_page_service;
     cfg.lazy_cache_bytes = args.lazy_cache_mb << 20;
+    cfg.lazy_fetch_retry = Duration::from_secs(args.lazy_fetch_retry_secs);
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

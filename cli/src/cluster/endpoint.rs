@@ -48,6 +48,9 @@ pub struct EndpointFile {
     /// A lazy compute's cache size in MiB, when not the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_mb: Option<u64>,
+    /// A lazy compute's fetch retry window in seconds, when not the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch_retry_secs: Option<u64>,
 }
 
 /// An endpoint with its directory.
@@ -296,6 +299,7 @@ pub fn start(
     // Lazy unless asked otherwise, now or at an earlier start of the endpoint.
     let lazy = agent.lazy || (!agent.eager && old.as_ref().is_none_or(|o| o.file.lazy));
     let cache_mb = agent.cache_mb.or(old.as_ref().and_then(|o| o.file.cache_mb));
+    let fetch_retry_secs = agent.fetch_retry_secs.or(old.as_ref().and_then(|o| o.file.fetch_retry_secs));
     let (pg_port, http_port) = choose_ports(wd, name, port, old.as_ref().map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
@@ -309,6 +313,7 @@ pub fn start(
             read_only_at,
             lazy,
             cache_mb,
+            fetch_retry_secs,
         },
     };
     layout::write_toml(
@@ -351,6 +356,9 @@ pub fn start(
         args.extend(["--lazy-page-service".into(), ps.addr("pg").unwrap_or_default().into()]);
         if let Some(mb) = cache_mb {
             args.extend(["--lazy-cache-mb".into(), mb.to_string().into()]);
+        }
+        if let Some(secs) = fetch_retry_secs {
+            args.extend(["--lazy-fetch-retry-secs".into(), secs.to_string().into()]);
         }
     }
     if let Some(size) = &agent.shared_buffers {
@@ -574,6 +582,7 @@ mod tests {
             read_only_at: None,
             lazy: false,
             cache_mb: None,
+            fetch_retry_secs: Some(3),
         };
         let text = toml::to_string(&f).unwrap();
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);

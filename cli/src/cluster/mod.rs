@@ -139,6 +139,11 @@ pub struct AgentArgs {
     /// later starts).
     #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
     pub cache_mb: Option<u64>,
+    /// How long a lazy compute's read waits for an unreachable pageserver
+    /// before that query fails, in seconds (default 20; kept for later
+    /// starts).
+    #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub fetch_retry_secs: Option<u64>,
     /// PostgreSQL's shared_buffers for this run (default 128MB).
     #[arg(long, help_heading = "compute agent options", value_name = "SIZE")]
     pub shared_buffers: Option<String>,

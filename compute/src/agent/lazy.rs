@@ -150,7 +150,8 @@ impl LazyMounts {
             cfg.timeline_id,
             PageClientConfig::default(),
         )
-        .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))?;
+        .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))?
+        .retry_for(cfg.lazy_fetch_retry);
         let source = Arc::new(source);
         let pgdata = pgdata.to_path_buf();
         let stats = self.stats.clone();

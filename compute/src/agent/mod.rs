@@ -108,6 +108,9 @@ pub struct AgentConfig {
     /// A lazy compute's local file cache: the most bytes of relation
     /// blocks it keeps that it may fetch again (`docs/lazy-compute.md`).
     pub lazy_cache_bytes: u64,
+    /// How long a lazy compute's read keeps trying while the pageserver
+    /// cannot be reached before it fails with an I/O error.
+    pub lazy_fetch_retry: Duration,
 }
 
 impl AgentConfig {
@@ -148,6 +151,7 @@ impl AgentConfig {
             read_only_at: None,
             lazy_page_service: None,
             lazy_cache_bytes: 1 << 30,
+            lazy_fetch_retry: crate::lazy::source::RETRY_FOR,
         }
     }
 }

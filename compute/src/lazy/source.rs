@@ -14,9 +14,10 @@ use strata_protocol::{TenantId, TimelineId};
 use super::fs::{FetchError, PageSource};
 use crate::page_client::{PageClient, PageClientConfig, PageClientError};
 
-/// How long a fetch keeps trying while the pageserver cannot be reached
-/// (a restart under its supervisor takes seconds): the query waits instead
-/// of failing. Past this, or on any other failure, the read is an I/O error.
+/// How long a fetch keeps trying by default while the pageserver cannot be
+/// reached (a restart under its supervisor takes seconds): the query waits
+/// instead of failing. Past this, or on any other failure, the read is an
+/// I/O error.
 pub const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The page service of one timeline.
@@ -25,6 +26,8 @@ pub struct PageServiceSource {
     tenant: TenantId,
     timeline: TimelineId,
     config: PageClientConfig,
+    /// How long a fetch keeps trying ([`RETRY_FOR`] by default).
+    retry_for: std::time::Duration,
     runtime: tokio::runtime::Runtime,
     /// Each `None` until connected, and after a failure (the next call
     /// on it reconnects).
@@ -46,7 +49,14 @@ impl PageServiceSource {
         // once: each drives its own future, one of them the I/O driver.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
         let clients = (0..CONNECTIONS).map(|_| Mutex::new(None)).collect();
-        Ok(PageServiceSource { addr, tenant, timeline, config, runtime, clients })
+        Ok(PageServiceSource { addr, tenant, timeline, config, retry_for: RETRY_FOR, runtime, clients })
+    }
+
+    /// Fetches keep trying for `retry_for` while the pageserver cannot be
+    /// reached (zero: one try).
+    pub fn retry_for(mut self, retry_for: std::time::Duration) -> PageServiceSource {
+        self.retry_for = retry_for;
+        self
     }
 
     /// The pages of `blocks` at `lsn`, one after another.
@@ -110,7 +120,7 @@ impl PageSource for PageServiceSource {
     }
 
     fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
-        let deadline = std::time::Instant::now() + RETRY_FOR;
+        let deadline = std::time::Instant::now() + self.retry_for;
         let mut pause = std::time::Duration::from_millis(50);
         loop {
             let error = match self.attempt(rel, fork, blocks, lsn) {
@@ -120,7 +130,7 @@ impl PageSource for PageServiceSource {
                 Err(Failure::Busy(e)) => e,
             };
             if std::time::Instant::now() + pause > deadline {
-                return Err(FetchError::Other(format!("{error} (still failing after {RETRY_FOR:?})")));
+                return Err(FetchError::Other(format!("{error} (still failing after {:?})", self.retry_for)));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_secs(1));
