@@ -48,20 +48,10 @@ sys.path.insert(0, str(REPO / "test_runner"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
 from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.strata import http_json, parse_lsn  # noqa: E402
+from fixtures.strata import drop_os_caches, http_json, parse_lsn  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SCAN = "SELECT count(*) FROM pgbench_accounts WHERE filler IS NOT NULL"  # a heap scan (count(*) alone scans the index)
-
-
-def drop_os_cache() -> bool:
-    """Writes dirty pages and drops the kernel's page cache; False if not allowed."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def timed_scan(connect) -> float:
@@ -96,7 +86,7 @@ def stock_prepare(base: Path, scale: int) -> tuple[PgCluster, int]:
 
 def stock_scan(c: PgCluster) -> tuple[float, bool]:
     """One cold scan on the stock cluster, and whether the OS cache was dropped."""
-    cold = drop_os_cache()
+    cold = drop_os_caches(3)
     c.start()
     try:
         return timed_scan(lambda: c.connect(connect_timeout=10)), cold
@@ -190,7 +180,7 @@ def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs
         env = endpoint_env(cluster.endpoint_start("main", "main", "--eager"))
         subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
                        capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
-        subprocess.run([str(PG_BIN / "psql"), "-qc", "VACUUM ANALYZE"], env=env, check=True, capture_output=True)
+        psql(env, "VACUUM ANALYZE")
         cluster.endpoint_stop("main")
         wait_ingested(cluster, tl_url)
         # Compacted, as a pageserver's background work leaves a database
@@ -211,7 +201,7 @@ def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs
                     stock_scans.append(took)
                     cold = dropped and cold
                     continue
-                cold = drop_os_cache() and cold
+                cold = drop_os_caches(3) and cold
                 connstr = cluster.endpoint_start("main", "main", "--lazy")
                 scans.append(timed_scan(lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=10)))
                 fetched.append(agent_lazy(cluster)["blocks_fetched"])

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from fixtures.endpoint import Endpoint
-from fixtures.strata import http_json
+from fixtures.strata import drop_os_caches, http_json
 
 BLOCK = 8192
 SEGMENT_FILE = re.compile(r"^(?P<path>(?:global|base/\d+)/(?P<rel>\d+)(?P<fork>_vm|_fsm|_init)?)(?:\.(?P<seg>\d+))?$")
@@ -345,17 +345,6 @@ def test_a_dead_mount_makes_the_agent_start_postgres_afresh_with_every_commit(cl
     ep.stop()
 
 
-def drop_kernel_page_cache() -> bool:
-    """Writes dirty pages back and drops the kernel's clean cached pages;
-    False where this user may not."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-        return True
-    except OSError:
-        return False
-
-
 def test_random_workloads_through_a_tiny_cache_end_as_on_stock_postgres(cluster, pg_cluster_factory):
     """The block rules against a stock PostgreSQL: the same seeded random
     workloads (inserts, HOT and moving updates, deletes, multixacts,
@@ -386,7 +375,7 @@ def test_random_workloads_through_a_tiny_cache_end_as_on_stock_postgres(cluster,
             # emptied: the next reads of blocks the cache dropped go to the
             # pageserver at the blocks' own LSNs instead of being answered
             # from pages the kernel still held.
-            print(f"kernel page cache dropped: {drop_kernel_page_cache()}")
+            print(f"kernel page cache dropped: {drop_os_caches()}")
         ep.sql("CHECKPOINT")
         ep.stop()
         ep.start()
