@@ -147,7 +147,7 @@ pub struct TimelineArgs {
 }
 
 pub fn run(cmd: ComputeCommand) -> i32 {
-    crate::init_logging();
+    crate::logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
     let result = runtime.block_on(async move {
         match cmd {

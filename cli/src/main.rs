@@ -2,6 +2,7 @@
 
 mod cluster;
 mod compute;
+mod logging;
 mod pagebench;
 mod pgdata;
 mod supervise;
@@ -86,15 +87,8 @@ enum SafekeeperCommand {
     },
 }
 
-/// Logs to stderr; `RUST_LOG` selects levels (default: info).
-pub(crate) fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
-}
-
 fn safekeeper(config: &std::path::Path) -> i32 {
-    init_logging();
+    logging::init();
     let config = match strata_safekeeper::config::SafekeeperConfig::load(config) {
         Ok(c) => c,
         Err(e) => {
@@ -113,7 +107,7 @@ fn safekeeper(config: &std::path::Path) -> i32 {
 }
 
 fn pageserver(config: &std::path::Path) -> i32 {
-    init_logging();
+    logging::init();
     let config = match strata_pageserver::config::PageserverConfig::load(config) {
         Ok(c) => c,
         Err(e) => {

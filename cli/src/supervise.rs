@@ -108,7 +108,7 @@ fn remove_pidfile_of(path: &Path, pid: u32) {
 
 /// `strata supervise`: the exit code.
 pub fn run(args: SuperviseArgs) -> i32 {
-    crate::init_logging();
+    crate::logging::init();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

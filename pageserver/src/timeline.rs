@@ -22,9 +22,11 @@ use tracing::{info, warn};
 
 mod compaction;
 mod gc;
+mod metadata;
 
 pub use compaction::{CompactionError, CompactionOutcome, Throttle};
 pub use gc::{pg_now, GcOutcome, GcPolicy, PG_EPOCH_OFFSET_US};
+pub use metadata::{TimelineMetadata, METADATA_VERSION};
 
 use crate::dirs;
 use crate::key::{Key, RelTag};
@@ -34,49 +36,11 @@ use crate::layer::layer_file::{LayerFile, LayerFileWriter, LayerName, WriteError
 use crate::layer::map::{HistoricLayers, LayerCounts, LayerMap, RecordLsns};
 use crate::layer::{LayerError, Versions};
 use crate::metrics::Metrics;
-use crate::remote::RemoteTimeline;
+use crate::remote::{RemoteTimeline, UploadSource};
 use crate::value::Value;
 
-/// Version of `metadata.json`.
-pub const METADATA_VERSION: u32 = 1;
 /// Frozen layers allowed to wait for their flush before ingest waits too.
 const MAX_FROZEN: usize = 2;
-
-/// What a timeline persists besides its layer files (`metadata.json`).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TimelineMetadata {
-    pub format_version: u32,
-    pub tenant_id: TenantId,
-    pub timeline_id: TimelineId,
-    pub ancestor_timeline_id: Option<TimelineId>,
-    pub ancestor_lsn: Option<Lsn>,
-    pub pg_version: u32,
-    pub system_id: u64,
-    pub wal_segment_size: u32,
-    /// Where the timeline's WAL begins (the bootstrap or branch point).
-    pub start_lsn: Lsn,
-    /// Every version up to this LSN is in the listed layer files, fsynced.
-    pub disk_consistent_lsn: Lsn,
-    /// Start of the record that ends at `disk_consistent_lsn`.
-    pub prev_record_lsn: Lsn,
-    pub layers: Vec<String>,
-    /// Layer files no longer part of the timeline (replaced by compaction,
-    /// removed by GC) whose local files may still exist: they are deleted
-    /// when no read uses them any more, and at load.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub removed_layers: Vec<String>,
-    /// Reads below this LSN are refused: GC may have removed their versions.
-    #[serde(default, skip_serializing_if = "lsn_is_zero")]
-    pub gc_cutoff_lsn: Lsn,
-    /// LSNs whose pages GC keeps readable whatever the cutoff (branch points).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub retain_lsns: Vec<Lsn>,
-}
-
-fn lsn_is_zero(lsn: &Lsn) -> bool {
-    *lsn == Lsn::INVALID
-}
 
 /// Results of checking native redo against PostgreSQL's images.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -540,7 +504,13 @@ impl Timeline {
         for l in self.historic().iter() {
             l.set_remote(remote.clone());
         }
-        remote.start(Arc::downgrade(self));
+        let timeline = Arc::downgrade(self);
+        remote.start(move || match timeline.upgrade() {
+            None => UploadSource::Gone,
+            // A broken timeline's metadata may not match its files.
+            Some(t) if t.is_broken() => UploadSource::Broken,
+            Some(t) => UploadSource::Metadata(t.metadata()),
+        });
     }
 
     /// Links the timeline this one branched from (at attach, and again

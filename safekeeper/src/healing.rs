@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::backoff::Backoff;
 
-use crate::server::Shared;
+use crate::shared::Shared;
 
 const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 const MIN_DELAY: Duration = Duration::from_secs(1);

@@ -26,7 +26,7 @@ use strata_formats::Lsn;
 use strata_protocol::safekeeper::{Membership, TimelineIdentity};
 use strata_protocol::{TenantId, TimelineId};
 
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Body of a timeline creation request.
 #[derive(serde::Deserialize)]

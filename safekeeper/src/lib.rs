@@ -19,6 +19,7 @@ pub mod proposer_session;
 pub mod recovery;
 pub mod removal;
 pub mod server;
+pub mod shared;
 pub mod timeline;
 pub mod timelines;
 pub mod wal_reader;
@@ -89,7 +90,7 @@ pub async fn serve(
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
     let remote = config.remote_storage.as_ref().map(strata_remote_storage::RemoteStorage::new).transpose()?;
-    let shared = Arc::new(server::Shared {
+    let shared = Arc::new(shared::Shared {
         remote,
         config,
         timelines,

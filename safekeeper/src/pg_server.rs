@@ -19,7 +19,7 @@ use strata_service::Listener;
 use strata_formats::wal::strip::ConsistencyStripper;
 use strata_formats::{Lsn, PgVersion};
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::timeline::Timeline;
 use crate::wal_reader::WalReader;
 

@@ -17,11 +17,11 @@ use tracing::{info, warn};
 
 use strata_protocol::framed::{FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
-use strata_protocol::safekeeper::{AcceptorMessage, ProposerMessage};
+use strata_protocol::safekeeper::{AcceptorMessage, ErrorCode, ErrorMessage, ProposerMessage};
 
 use crate::acceptor::AcceptorError;
 use crate::connection::ConnectionError;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, Timeline};
 
 /// Most appends written before one flush (bounds the latency of the first).
@@ -59,7 +59,7 @@ impl Session {
 
     /// Sends the error for `err` and ends the connection.
     fn refuse(&mut self, shared: &Shared, err: &AcceptorCallError) -> Result<(), ConnectionError> {
-        codec::encode_acceptor(&crate::server::refusal_message(shared, err), &mut self.out);
+        codec::encode_acceptor(&refusal_message(shared, err), &mut self.out);
         self.send()
     }
 }
@@ -194,4 +194,18 @@ pub fn serve(
 /// A refusal for a message that did not decode or came out of order.
 fn protocol_error(message: String) -> AcceptorCallError {
     AcceptorCallError::Refused(AcceptorError::Protocol(message))
+}
+
+/// The error a proposer is sent for `err` (counted in the metrics).
+pub(crate) fn refusal_message(shared: &Shared, err: &AcceptorCallError) -> AcceptorMessage {
+    match err {
+        AcceptorCallError::Refused(e) => {
+            shared.metrics.protocol_errors.inc();
+            e.to_message()
+        }
+        AcceptorCallError::Failed(f) => {
+            shared.metrics.storage_errors.inc();
+            AcceptorMessage::Error(ErrorMessage { code: ErrorCode::Storage, message: f.to_string() })
+        }
+    }
 }

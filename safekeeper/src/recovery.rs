@@ -35,7 +35,7 @@ use strata_remote_storage::RemoteStorage;
 use strata_service::backoff::Backoff;
 
 use crate::config::Peer;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, Timeline};
 
 /// How far behind a peer's commit LSN a timeline must be before recovery

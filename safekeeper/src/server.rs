@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use strata_protocol::framed;
 use strata_service::Listener;
@@ -18,30 +18,15 @@ use strata_protocol::safekeeper::{
 };
 
 use crate::acceptor::AcceptorError;
-use crate::config::SafekeeperConfig;
 use crate::connection::{Connection, ConnectionError, Frames};
-use crate::metrics::Metrics;
+use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, ConsumerInfo, Timeline};
-use crate::timelines::Timelines;
 use crate::wal_reader::{WalReader, RECENT_WAL_BYTES};
 
 /// Time allowed for a peer to take what we send.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keepalive interval for idle consumer streams.
 const KEEPALIVE: Duration = Duration::from_secs(5);
-
-/// Shared state of all connections.
-pub struct Shared {
-    pub config: SafekeeperConfig,
-    pub timelines: Timelines,
-    pub metrics: Metrics,
-    /// Numbers consumer connections (their key in a timeline's consumer list).
-    pub next_connection_id: AtomicU64,
-    /// The peers' positions, as they last answered.
-    pub peers: crate::peers::PeerViews,
-    /// Where WAL is offloaded to and recovered from, if anywhere.
-    pub remote: Option<strata_remote_storage::RemoteStorage>,
-}
 
 /// The answer to a connection refused because the listener is full: an
 /// error of the kind its first frame expects (consumer or proposer).
@@ -121,23 +106,9 @@ async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Re
     }
 }
 
-/// The error a proposer is sent for `err` (counted in the metrics).
-pub(crate) fn refusal_message(shared: &Shared, err: &AcceptorCallError) -> AcceptorMessage {
-    match err {
-        AcceptorCallError::Refused(e) => {
-            shared.metrics.protocol_errors.inc();
-            e.to_message()
-        }
-        AcceptorCallError::Failed(f) => {
-            shared.metrics.storage_errors.inc();
-            AcceptorMessage::Error(ErrorMessage { code: ErrorCode::Storage, message: f.to_string() })
-        }
-    }
-}
-
 /// Sends an error to a proposer and ends the connection.
 async fn refuse(conn: &mut Connection, shared: &Shared, err: &AcceptorCallError) -> Result<(), ConnectionError> {
-    codec::encode_acceptor(&refusal_message(shared, err), conn.out());
+    codec::encode_acceptor(&crate::proposer_session::refusal_message(shared, err), conn.out());
     conn.flush(SEND_TIMEOUT).await
 }
 

@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 use strata_formats::Lsn;
 use strata_protocol::TimelineId;
 
+use super::error::{failed, Error, Result};
 use super::layout::{read_toml, write_toml, Branch, ClusterFile, Kind, Workdir, CLUSTER_FILE, MAIN_BRANCH};
-use super::{endpoint, failed, http, services, Error, Result};
+use super::{endpoint, http, services};
 
 /// A branch at an LSN waits up to 30 s on the pageserver for it to be ingested.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -26,21 +27,6 @@ fn check_name(name: &str) -> Result<()> {
     } else {
         Err(Error::Usage(format!("invalid branch name {name:?}: use letters, digits, '-' and '_' (at most 63)")))
     }
-}
-
-/// An RFC 3339 timestamp from what a user types: RFC 3339 itself, or
-/// PostgreSQL's text form (`2026-11-24 14:03:05.123456+00`, as `now()`
-/// prints it).
-pub fn parse_time(text: &str, option: &str) -> Result<String> {
-    let t = text.trim();
-    let parsed = chrono::DateTime::parse_from_rfc3339(t)
-        .or_else(|_| chrono::DateTime::parse_from_str(t, "%Y-%m-%d %H:%M:%S%.f%#z"))
-        .map_err(|_| {
-            Error::Usage(format!(
-                "{option} {text:?}: expected a timestamp with a time zone, e.g. 2026-11-24T14:03:05Z or 2026-11-24 14:03:05.123+00"
-            ))
-        })?;
-    Ok(parsed.to_rfc3339_opts(chrono::SecondsFormat::Micros, false))
 }
 
 /// The highest commit LSN the running safekeepers report for `timeline`
@@ -88,7 +74,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
             }
             body["ancestor_lsn"] = json!(lsn);
         }
-        (None, Some(t)) => body["ancestor_time"] = json!(parse_time(t, "--at-time")?),
+        (None, Some(t)) => body["ancestor_time"] = json!(super::args::parse_time(t, "--at-time")?),
         // The parent's newest commit: what its safekeepers hold committed
         // (the pageserver waits until it has ingested it).
         (None, None) => {
@@ -263,17 +249,8 @@ fn human_bytes(n: u64) -> String {
 mod tests {
     use super::*;
 
-    fn parse_time_(t: &str) -> Result<String> {
-        parse_time(t, "--at-time")
-    }
-
     #[test]
-    fn times_in_rfc3339_and_postgres_form() {
-        assert_eq!(parse_time_("2026-11-24T14:03:05Z").unwrap(), "2026-11-24T14:03:05.000000+00:00");
-        assert_eq!(parse_time_("2026-11-24 14:03:05.123456+00").unwrap(), "2026-11-24T14:03:05.123456+00:00");
-        assert_eq!(parse_time_("2026-11-24 16:03:05.5+02:00").unwrap(), "2026-11-24T16:03:05.500000+02:00");
-        assert!(matches!(parse_time_("2026-11-24 14:03:05"), Err(Error::Usage(_))), "a time zone is required");
-        assert!(matches!(parse_time_("yesterday"), Err(Error::Usage(_))));
+    fn names_and_sizes() {
         assert!(check_name("dev-1").is_ok() && check_name("-x").is_err() && check_name("a b").is_err());
         assert_eq!(human_bytes(38 << 20), "38.0 MiB");
     }

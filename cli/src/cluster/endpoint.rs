@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 
 use strata_compute::agent::postgres;
 
+use super::args::AgentArgs;
+use super::error::{failed, Error, Result};
 use super::layout::{self, Kind, Workdir, HOST, MAIN_BRANCH};
 use super::process::{self, Identity};
 use super::supervisor::{Liveness, Supervised};
-use super::{failed, http, services, status, AgentArgs, Error, Result};
+use super::{http, services};
 use strata_service::ports;
 
 /// Longest an agent may take from spawn to a running PostgreSQL (it may
@@ -132,7 +134,7 @@ fn resolve_point(wd: &Workdir, branch: &layout::Branch, at: &str) -> Result<stra
     if let Ok(lsn) = at.parse::<strata_formats::Lsn>() {
         return Ok(lsn);
     }
-    let time = super::branch::parse_time(at, "--at")?;
+    let time = super::args::parse_time(at, "--at")?;
     let ps = wd.cluster.pageserver();
     let url = format!(
         "{}/v1/tenant/{}/timeline/{}/lsn_by_time?time={}",
@@ -528,34 +530,6 @@ pub fn stop_all(wd: &Workdir, immediate: bool) -> Result<()> {
     } else {
         failed(errors.join("; "))
     }
-}
-
-/// `strata endpoint list`: name, branch, port, state, restarts, the last
-/// cause of a restart, and the connection string.
-pub fn list(wd: &Workdir) -> Result<()> {
-    let endpoints = load_all(wd)?;
-    if endpoints.is_empty() {
-        println!("no endpoints (create one with `strata endpoint start NAME --workdir {}`)", wd.root.display());
-        return Ok(());
-    }
-    let rows = endpoints
-        .iter()
-        .map(|ep| {
-            let r = status::endpoint_restarts(ep);
-            vec![
-                ep.file.name.clone(),
-                ep.file.branch.clone(),
-                ep.file.pg_port.to_string(),
-                status::endpoint_state_text(ep),
-                r.total.to_string(),
-                status::short(r.last_cause.as_deref().unwrap_or("-")),
-                ep.connstr(),
-            ]
-        })
-        .collect();
-    // The connection string last: scripts take the last field.
-    print!("{}", status::table(&["NAME", "BRANCH", "PORT", "STATE", "RESTARTS", "LAST CAUSE", "CONNECTION"], rows));
-    Ok(())
 }
 
 #[cfg(test)]

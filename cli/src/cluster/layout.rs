@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use strata_protocol::{TenantId, TimelineId};
 
-use super::{failed, Error, InitArgs, Result};
+use super::args::InitArgs;
+use super::error::{failed, Error, Result};
 use strata_service::ports;
 
 /// Name of the cluster description inside the workdir.

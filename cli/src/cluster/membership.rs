@@ -17,8 +17,9 @@ use strata_protocol::safekeeper::{Member, Membership, TermHistory, TimelineIdent
 use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_safekeeper::config::{Peer, SafekeeperConfig};
 
+use super::error::{failed, Error, Result};
 use super::layout::{read_toml, write_toml, Kind, Service, Workdir, CLUSTER_FILE, HOST};
-use super::{failed, http, services, Error, Result};
+use super::{http, services};
 use strata_service::ports;
 
 /// How long the new safekeeper may take to catch up with the members.

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{layout, Error, Result};
+use super::error::{Error, Result};
+use super::layout;
 
 /// How to recognise a process of ours: its subcommand and a unique argument.
 #[derive(Clone, Debug)]

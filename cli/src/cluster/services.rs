@@ -5,10 +5,11 @@
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
+use super::error::{failed, Error, Result};
+use super::http;
 use super::layout::{Kind, Service, Workdir, MAIN_BRANCH};
 use super::process::{self, Identity, Stopped};
 use super::supervisor::{Liveness, StopOutcome, Supervised};
-use super::{endpoint, failed, http, Error, Result};
 
 /// Longest a service may take to answer `GET /v1/status` after being spawned.
 const START_WAIT: Duration = Duration::from_secs(30);
@@ -214,15 +215,11 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
     Ok(())
 }
 
-/// `strata stop`: the endpoints (unless `--only`), then the pageserver,
-/// then the safekeepers; keeps going past a failure and reports them all.
+/// `strata stop` of the services (the endpoints are stopped before):
+/// the pageserver, then the safekeepers; keeps going past a failure and
+/// reports them all.
 pub fn stop(wd: &Workdir, only: &[String], immediate: bool) -> Result<()> {
     let mut errors = Vec::new();
-    if only.is_empty() {
-        if let Err(e) = endpoint::stop_all(wd, immediate) {
-            errors.push(e.to_string());
-        }
-    }
     let mut selected = select(wd, only)?;
     // The pageserver first: it would otherwise log lost safekeeper connections.
     selected.reverse();

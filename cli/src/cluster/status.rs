@@ -4,9 +4,10 @@
 use serde_json::{json, Value};
 
 use super::endpoint::{self, AgentView, Endpoint};
+use super::error::Result;
 use super::layout::{Kind, Workdir};
 use super::supervisor::Liveness;
-use super::{http, services, Result};
+use super::{http, services};
 
 /// Longest cause shown in a table cell.
 const SHORT_CHARS: usize = 80;
@@ -51,6 +52,34 @@ pub fn endpoint_restarts(ep: &Endpoint) -> EndpointRestarts {
     let sv = ep.supervised();
     let agent = sv.service.running().and_then(|_| ep.agent_view());
     combine(&sv.restarts(), agent.as_ref())
+}
+
+/// `strata endpoint list`: name, branch, port, state, restarts, the last
+/// cause of a restart, and the connection string.
+pub fn list_endpoints(wd: &Workdir) -> Result<()> {
+    let endpoints = endpoint::load_all(wd)?;
+    if endpoints.is_empty() {
+        println!("no endpoints (create one with `strata endpoint start NAME --workdir {}`)", wd.root.display());
+        return Ok(());
+    }
+    let rows = endpoints
+        .iter()
+        .map(|ep| {
+            let r = endpoint_restarts(ep);
+            vec![
+                ep.file.name.clone(),
+                ep.file.branch.clone(),
+                ep.file.pg_port.to_string(),
+                endpoint_state_text(ep),
+                r.total.to_string(),
+                short(r.last_cause.as_deref().unwrap_or("-")),
+                ep.connstr(),
+            ]
+        })
+        .collect();
+    // The connection string last: scripts take the last field.
+    print!("{}", table(&["NAME", "BRANCH", "PORT", "STATE", "RESTARTS", "LAST CAUSE", "CONNECTION"], rows));
+    Ok(())
 }
 
 /// The whole status as JSON (the `--json` output).

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Duration;
 
+use super::error::{Error, Result};
 use super::process::{self, Identity, Stopped};
-use super::{Error, Result};
 use crate::supervise::{unix_now, SupervisorState};
 
 /// How much longer than the service's grace period the supervisor gets to

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use super::error::{failed, Result};
+use super::http;
 use super::layout::{Workdir, MAIN_BRANCH};
-use super::{failed, http, Result};
 
 /// Longest a checkpoint may take: it writes every layer due, which for a
 /// large database is minutes of I/O.

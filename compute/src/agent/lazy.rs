@@ -13,8 +13,9 @@ use strata_formats::Lsn;
 use strata_protocol::lazy_manifest::{Manifest, MANIFEST_NAME};
 use tracing::{info, warn};
 
+use super::config::AgentConfig;
+use super::error::{fail, AgentError};
 use super::pageserver_api::PageserverClient;
-use super::{fail, AgentConfig, AgentError};
 use crate::lazy::cache::Cache;
 use crate::lazy::fs::{mount, LazyHooks, LazyStats, Mount};
 use crate::lazy::source::PageServiceSource;

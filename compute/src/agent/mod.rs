@@ -17,6 +17,8 @@
 //! Status and metrics are served over HTTP ([`status`]).
 
 pub mod basebackup;
+mod config;
+mod error;
 pub mod exit;
 pub mod lazy;
 pub mod leftover;
@@ -29,144 +31,23 @@ mod start;
 pub mod status;
 pub mod trash;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use strata_protocol::{TenantId, TimelineId};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+pub use config::AgentConfig;
+use error::fail;
+pub use error::AgentError;
+
 use crate::proposer::ProposerStatus;
 use pageserver_api::TimelineInfo;
-use restart::{RestartPolicy, RestartTracker};
-use running::RunEnd;
+use restart::RestartTracker;
 use status::{AgentState, AgentStatus, RestartStatus, StartTimings, StatusHandle};
 
 /// The only PostgreSQL major version supported.
 const PG_VERSION: u32 = 15;
-
-/// Everything `strata compute start` needs.
-#[derive(Clone, Debug)]
-pub struct AgentConfig {
-    /// The data directory; emptied and restored at every start.
-    pub pgdata: PathBuf,
-    /// PostgreSQL's TCP port on 127.0.0.1.
-    pub pg_port: u16,
-    /// Safekeeper addresses (host:port).
-    pub safekeepers: Vec<String>,
-    pub tenant_id: TenantId,
-    pub timeline_id: TimelineId,
-    /// The pageserver's HTTP API (host:port).
-    pub pageserver_http: String,
-    /// Where to serve `/v1/status` and `/metrics`.
-    pub http: Option<SocketAddr>,
-    /// Most connections to the status server at once.
-    pub http_max_connections: usize,
-    /// Directory of the `postgres` binary.
-    pub pg_bin_dir: PathBuf,
-    /// Operating-system user PostgreSQL runs as when the agent runs as root.
-    pub pg_user: String,
-    /// Database role of the proposer's replication connection (and of the
-    /// readiness check): the cluster's bootstrap superuser.
-    pub pg_role: String,
-    /// `shared_buffers` (`128MB`).
-    pub shared_buffers: String,
-    /// Images of every change for every resource manager (`wal_consistency_checking = 'all'`).
-    pub verify_redo: bool,
-    /// The proposer's application name, listed in `synchronous_standby_names`.
-    pub application_name: String,
-    /// The proposer's physical replication slot.
-    pub slot: String,
-    /// Backpressure: commits wait while the pageservers lag more than this.
-    pub max_consumer_lag_bytes: Option<u64>,
-    /// How long the pageserver may need to ingest the WAL up to the start LSN.
-    pub wait_timeout: Duration,
-    /// How long an unreachable pageserver is retried at first (it may be starting).
-    pub pageserver_patience: Duration,
-    /// The same during a restart, whose failure is retried with backoff anyway.
-    pub restart_pageserver_patience: Duration,
-    /// Bound on sync-safekeepers (election and catch-up of a quorum).
-    pub sync_timeout: Duration,
-    /// Bound on PostgreSQL starting up, and on the proposer then streaming.
-    pub start_timeout: Duration,
-    /// Bound on a graceful stop (PostgreSQL's shutdown plus the last WAL
-    /// reaching the safekeepers).
-    pub stop_timeout: Duration,
-    /// After a failure, how long `failed` stays visible on the status endpoint.
-    pub failed_linger: Duration,
-    /// Pacing of PostgreSQL's restarts, and what counts as a crash loop.
-    pub restart: RestartPolicy,
-    /// A read-only compute at this LSN (a hot standby without a WAL
-    /// source, `docs/branches.md`): no safekeepers, no proposer; the agent
-    /// holds a lease on the LSN.
-    pub read_only_at: Option<strata_formats::Lsn>,
-    /// A lazy compute (`docs/lazy-compute.md`): relation files served
-    /// through FUSE from the page service at this address (`host:port`)
-    /// instead of restored.
-    pub lazy_page_service: Option<String>,
-    /// A lazy compute's local file cache: the most bytes of relation
-    /// blocks it keeps that it may fetch again (`docs/lazy-compute.md`).
-    pub lazy_cache_bytes: u64,
-    /// How long a lazy compute's read keeps trying while the pageserver
-    /// cannot be reached before it fails with an I/O error.
-    pub lazy_fetch_retry: Duration,
-}
-
-impl AgentConfig {
-    /// A configuration with the defaults of the command line.
-    pub fn new(
-        pgdata: PathBuf,
-        pg_port: u16,
-        safekeepers: Vec<String>,
-        tenant_id: TenantId,
-        timeline_id: TimelineId,
-        pageserver_http: String,
-    ) -> AgentConfig {
-        AgentConfig {
-            pgdata,
-            pg_port,
-            safekeepers,
-            tenant_id,
-            timeline_id,
-            pageserver_http,
-            http: None,
-            http_max_connections: 32,
-            pg_bin_dir: PathBuf::from("/usr/lib/postgresql/15/bin"),
-            pg_user: "postgres".into(),
-            pg_role: "postgres".into(),
-            shared_buffers: "128MB".into(),
-            verify_redo: false,
-            application_name: "strata_proposer".into(),
-            slot: "strata_proposer".into(),
-            max_consumer_lag_bytes: None,
-            wait_timeout: Duration::from_secs(60),
-            pageserver_patience: Duration::from_secs(30),
-            restart_pageserver_patience: Duration::from_secs(5),
-            sync_timeout: Duration::from_secs(60),
-            start_timeout: Duration::from_secs(60),
-            stop_timeout: Duration::from_secs(60),
-            failed_linger: Duration::from_secs(1),
-            restart: RestartPolicy::default(),
-            read_only_at: None,
-            lazy_page_service: None,
-            lazy_cache_bytes: 1 << 30,
-            lazy_fetch_retry: crate::lazy::source::RETRY_FOR,
-        }
-    }
-}
-
-/// Why the agent stopped with an error: the phase, and what went wrong.
-#[derive(Debug, thiserror::Error)]
-#[error("{phase}: {message}")]
-pub struct AgentError {
-    pub phase: &'static str,
-    pub message: String,
-}
-
-fn fail(phase: &'static str, message: impl std::fmt::Display) -> AgentError {
-    AgentError { phase, message: message.to_string() }
-}
 
 /// A receiver that turns true at the first SIGTERM or SIGINT (a graceful stop).
 pub fn stop_on_signals() -> std::io::Result<watch::Receiver<bool>> {
@@ -292,6 +173,16 @@ fn check_timeline(info: &TimelineInfo) -> Result<(), String> {
 /// Unix time in whole seconds.
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// How one start-and-run of the compute ended.
+enum RunEnd {
+    /// A stop was requested; the result of stopping.
+    Stopped(Result<(), AgentError>),
+    /// PostgreSQL or the proposer failed, or the start did; nothing of it
+    /// runs any more. `cause` is one line for the status; `running_since`
+    /// is when it reached `running`, if it did.
+    Failed { error: AgentError, cause: String, running_since: Option<Instant> },
 }
 
 /// One start of PostgreSQL: the first, or a restart after a failure.

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::postgres::Postgres;
 use super::status::AgentState;
-use super::{fail, stop_requested, Agent, AgentError, Attempt};
+use super::{fail, stop_requested, Agent, AgentError, Attempt, RunEnd};
 use crate::pg_replication::ReplicationConfig;
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
 
@@ -25,16 +25,6 @@ pub(super) struct Started {
     pub pg: Postgres,
     pub proposer_cfg: ProposerConfig,
     pub repl: ReplicationConfig,
-}
-
-/// How one start-and-run of the compute ended.
-pub(super) enum RunEnd {
-    /// A stop was requested; the result of stopping.
-    Stopped(Result<(), AgentError>),
-    /// PostgreSQL or the proposer failed, or the start did; nothing of it
-    /// runs any more. `cause` is one line for the status; `running_since`
-    /// is when it reached `running`, if it did.
-    Failed { error: AgentError, cause: String, running_since: Option<Instant> },
 }
 
 /// What ended the watch over a running compute.

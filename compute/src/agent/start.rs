@@ -14,11 +14,11 @@ use tracing::info;
 
 use super::pageserver_api::{self, PageserverClient};
 use super::postgres::{self, OsUser, Postgres};
-use super::running::{RunEnd, Started};
+use super::running::Started;
 use super::status::{AgentState, StartTimings};
 use super::{
     basebackup, check_timeline, fail, leftover, pgconf, stop_requested, unless_stopped, Agent, AgentError, Attempt,
-    PG_VERSION,
+    RunEnd, PG_VERSION,
 };
 use crate::pg_replication::ReplicationConfig;
 use crate::proposer::{self, ProposerConfig, ProposerStatus};

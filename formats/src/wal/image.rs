@@ -2,7 +2,7 @@
 
 use crate::version::BLCKSZ;
 use crate::wal::pglz;
-use crate::wal::record::{BlockImage, ImageCompression};
+use crate::wal::record::{BlockImage, BlockRef, DecodedRecord, ImageCompression};
 
 /// A page image that cannot be restored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -15,6 +15,16 @@ pub enum ImageError {
     Zstd { expected: usize, reason: String },
     #[error("image is {actual} bytes, expected {expected}")]
     WrongSize { expected: usize, actual: usize },
+}
+
+impl DecodedRecord {
+    /// The 8 KiB page image of a block reference, decompressed and with its hole zero-filled.
+    pub fn block_image(&self, block: &BlockRef) -> Result<Option<Box<[u8; BLCKSZ]>>, ImageError> {
+        match &block.image {
+            None => Ok(None),
+            Some(image) => restore(image, &self.raw[image.data.clone()]).map(Some),
+        }
+    }
 }
 
 /// Rebuilds the 8 KiB page from an image's stored bytes.

@@ -370,12 +370,4 @@ impl DecodedRecord {
     pub fn rmgr_info(&self) -> u8 {
         self.header.rmgr_info()
     }
-
-    /// The 8 KiB page image of a block reference, decompressed and with its hole zero-filled.
-    pub fn block_image(&self, block: &BlockRef) -> Result<Option<Box<[u8; BLCKSZ]>>, crate::wal::image::ImageError> {
-        match &block.image {
-            None => Ok(None),
-            Some(image) => crate::wal::image::restore(image, &self.raw[image.data.clone()]).map(Some),
-        }
-    }
 }

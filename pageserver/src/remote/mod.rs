@@ -23,7 +23,8 @@ use tokio::sync::{mpsc, Semaphore};
 pub use attachments::Attachments;
 pub use deletion::DeletionBatch;
 pub use timeline::{
-    delete_timeline_objects, metadata_from_index, remote_timelines, FoundIndex, RemoteTimeline, UploadStatus,
+    delete_timeline_objects, metadata_from_index, remote_timelines, FoundIndex, RemoteTimeline, UploadSource,
+    UploadStatus,
 };
 
 use crate::metrics::Metrics;

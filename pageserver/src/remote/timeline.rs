@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::index::{index_key, layer_key, newest_index, timeline_prefix, IndexLayer, RemoteIndex};
 use super::{DeletionBatch, Remote};
 use crate::layer::layer_file::{Fetch, LayerName};
-use crate::timeline::{Timeline, TimelineMetadata};
+use crate::timeline::TimelineMetadata;
 
 /// The loop looks at the metadata at least this often without being woken.
 const SYNC_PERIOD: Duration = Duration::from_secs(10);
@@ -87,6 +87,17 @@ enum SyncError {
     Replaced(String),
     #[error("{0}")]
     Other(String),
+}
+
+/// What a timeline's upload loop finds when it looks at the timeline.
+pub enum UploadSource {
+    /// The timeline was dropped: the loop ends.
+    Gone,
+    /// The timeline is broken: its metadata may not match its files, so
+    /// nothing is uploaded until it is reloaded.
+    Broken,
+    /// What the timeline holds now.
+    Metadata(TimelineMetadata),
 }
 
 /// A timeline's remote storage client.
@@ -182,11 +193,12 @@ impl RemoteTimeline {
         self.wake.notify_one();
     }
 
-    /// Starts the upload loop of `tl` (replacing any earlier loop).
-    pub fn start(self: &Arc<Self>, tl: Weak<Timeline>) {
+    /// Starts the upload loop of a timeline (replacing any earlier loop);
+    /// `source` tells the loop what the timeline holds now.
+    pub fn start(self: &Arc<Self>, source: impl Fn() -> UploadSource + Send + Sync + 'static) {
         let id = self.loop_id.fetch_add(1, Ordering::SeqCst) + 1;
         let me = self.clone();
-        self.remote.spawn(async move { me.run(tl, id).await });
+        self.remote.spawn(async move { me.run(source, id).await });
         self.wake();
     }
 
@@ -276,20 +288,17 @@ impl RemoteTimeline {
         }
     }
 
-    async fn run(self: Arc<Self>, tl: Weak<Timeline>, id: u64) {
+    async fn run(self: Arc<Self>, source: impl Fn() -> UploadSource, id: u64) {
         let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
             let _ = tokio::time::timeout(SYNC_PERIOD, self.wake.notified()).await;
             if self.stopped.load(Ordering::SeqCst) || self.loop_id.load(Ordering::SeqCst) != id {
                 return;
             }
-            let meta = {
-                let Some(t) = tl.upgrade() else { return };
-                // A broken timeline's metadata may not match its files.
-                if t.is_broken() {
-                    continue;
-                }
-                t.metadata()
+            let meta = match source() {
+                UploadSource::Gone => return,
+                UploadSource::Broken => continue,
+                UploadSource::Metadata(meta) => meta,
             };
             if let Some(why) = self.superseded_by().await {
                 warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{why}");

@@ -38,16 +38,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use strata_formats::wal::segment::SegmentName;
 use strata_formats::Lsn;
-use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_protocol::{TenantId, TimelineId};
 use strata_remote_storage::wal::{
     meta_key, partial_key, partial_meta_key, segment_key, timeline_prefix, SegmentMeta, FORMAT_VERSION, PG_TIMELINE,
 };
 use strata_remote_storage::RemoteStorage;
 use tracing::{info, warn};
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::timeline::Timeline;
 use crate::wal_store::segment_path;
+
+mod state;
+pub use state::OffloadState;
 
 /// How often every timeline is looked at.
 const TICK: Duration = Duration::from_secs(1);
@@ -57,33 +60,6 @@ const SEGMENTS_PER_TICK: usize = 8;
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the offloader looks for archived segments past their retention.
 const EXPIRE_EVERY: Duration = Duration::from_secs(60);
-
-/// A timeline's offload, as this safekeeper knows it (for the status).
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct OffloadState {
-    /// End of the unbroken run of offloaded segments from the timeline's
-    /// first one (0 until object storage was listed).
-    pub offloaded_lsn: Lsn,
-    /// Who offloads the timeline, as seen from here (none until this
-    /// safekeeper has looked at it with its peers' views settled).
-    pub offloader: Option<NodeId>,
-    /// End of the partial segment this safekeeper last offloaded (0: none).
-    pub partial_lsn: Lsn,
-    pub last_error: Option<String>,
-    /// Since when committed WAL beyond what object storage holds has waited.
-    #[serde(skip)]
-    uncovered_since: Option<std::time::Instant>,
-    /// When archived segments were last checked against their retention.
-    #[serde(skip)]
-    expired_at: Option<std::time::Instant>,
-    /// Whether object storage was listed since the timeline was loaded.
-    #[serde(skip)]
-    listed: bool,
-    /// When this safekeeper first looked at the timeline: peers that hold it
-    /// too may not have reported it yet (it is created on each in turn).
-    #[serde(skip)]
-    first_seen: Option<std::time::Instant>,
-}
 
 /// Offloads the WAL of every timeline, forever (returns at once without object storage).
 pub async fn run(shared: Arc<Shared>) {

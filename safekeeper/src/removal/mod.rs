@@ -19,47 +19,20 @@
 //! the LSNs that allowed it, and the status names what holds the horizon
 //! back.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use strata_formats::Lsn;
 use tracing::{info, warn};
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::timeline::Timeline;
+
+mod state;
+pub use state::{RemoteConsistent, RemovalState};
 
 /// How often every timeline is looked at.
 const TICK: Duration = Duration::from_secs(1);
-
-/// A timeline's removal, for the status.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct RemovalState {
-    /// The WAL held begins here.
-    pub removed_before: Lsn,
-    /// Segments wholly below this may go.
-    pub horizon: Lsn,
-    /// Which input sets the horizon.
-    pub held_back_by: &'static str,
-    /// Bytes of the segment files held.
-    pub local_wal_bytes: u64,
-    /// Segments removed since the safekeeper started.
-    pub segments_removed: u64,
-}
-
-/// The highest `remote_consistent_lsn` a consumer reported for a timeline.
-#[derive(Default)]
-pub struct RemoteConsistent(AtomicU64);
-
-impl RemoteConsistent {
-    pub fn note(&self, lsn: Lsn) {
-        self.0.fetch_max(lsn.0, Ordering::SeqCst);
-    }
-
-    pub fn get(&self) -> Lsn {
-        Lsn(self.0.load(Ordering::SeqCst))
-    }
-}
 
 /// Removes what every timeline no longer needs, forever.
 pub async fn run(shared: Arc<Shared>) {

@@ -1,29 +1,17 @@
-//! What this safekeeper knows of its peers: each peer with an HTTP address
-//! is polled every second for the positions of its timelines
-//! (`GET /v1/positions`). A peer that answered within [`LIVE_FOR`] is live;
-//! the choice of the offloader (`offload`) is made among live members only,
-//! so when the offloader dies another takes over after at most that long.
+//! Every peer's last answer: the positions of the timelines it holds, and
+//! whether it is live.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::{NodeId, TenantId, TimelineId};
-use tracing::debug;
 
 use crate::config::Peer;
-use crate::server::Shared;
 
-/// How often each peer is asked.
-const POLL: Duration = Duration::from_secs(1);
-/// Longest wait for one answer.
-const TIMEOUT: Duration = Duration::from_secs(3);
 /// A peer that has not answered for this long is taken for dead.
 pub const LIVE_FOR: Duration = Duration::from_secs(10);
-/// Largest answer read (about 200 bytes per timeline).
-const MAX_ANSWER: u64 = 64 << 20;
 
 /// One timeline's positions as a safekeeper reports them to its peers.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -69,7 +57,8 @@ impl PeerViews {
         out
     }
 
-    fn record(&self, peer: NodeId, answer: Vec<TimelinePositions>) {
+    /// Keeps a peer's answer.
+    pub(super) fn record(&self, peer: NodeId, answer: Vec<TimelinePositions>) {
         let timelines = answer.into_iter().map(|p| ((p.tenant_id, p.timeline_id), p)).collect();
         self.views.lock().insert(peer, PeerView { at: Instant::now(), timelines });
     }
@@ -85,43 +74,9 @@ impl PeerViews {
             .filter(|p| p.http.is_some())
             .all(|p| views.contains_key(&p.id) || first.get(&p.id).is_some_and(|t| t.elapsed() >= LIVE_FOR))
     }
-}
 
-/// Polls every peer that has an HTTP address, forever.
-pub async fn run(shared: Arc<Shared>) {
-    let mut tasks = tokio::task::JoinSet::new();
-    for peer in shared.config.peers.iter().filter(|p| p.http.is_some()).cloned() {
-        tasks.spawn(poll(shared.clone(), peer));
-    }
-    while tasks.join_next().await.is_some() {}
-}
-
-async fn poll(shared: Arc<Shared>, peer: Peer) {
-    let url = format!("http://{}/v1/positions", peer.http.as_deref().expect("filtered on"));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(TIMEOUT))
-        .http_status_as_error(true)
-        // Peers are addressed directly: a proxy from the environment must not be used.
-        .proxy(None)
-        .build()
-        .into();
-    loop {
-        tokio::time::sleep(POLL).await;
-        let (agent, url2) = (agent.clone(), url.clone());
-        let answer = tokio::task::spawn_blocking(move || -> Result<Vec<TimelinePositions>, String> {
-            let mut r = agent.get(&url2).call().map_err(|e| e.to_string())?;
-            let text = r.body_mut().with_config().limit(MAX_ANSWER).read_to_string().map_err(|e| e.to_string())?;
-            serde_json::from_str(&text).map_err(|e| format!("malformed answer: {e}"))
-        })
-        .await;
-        if let Ok(Ok(positions)) = &answer {
-            shared.peers.record(peer.id, positions.clone());
-        }
-        shared.peers.first_asked.lock().entry(peer.id).or_insert_with(Instant::now);
-        match answer {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => debug!(peer = %peer.id, %url, "asking a peer for its positions: {e}"),
-            Err(e) => debug!(peer = %peer.id, "asking a peer for its positions: {e}"),
-        }
+    /// Notes that `peer` was asked (its first time starts the settling wait).
+    pub(super) fn note_asked(&self, peer: NodeId) {
+        self.first_asked.lock().entry(peer).or_insert_with(Instant::now);
     }
 }

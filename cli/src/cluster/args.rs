@@ -1,0 +1,219 @@
+//! The command lines of the cluster commands (`strata init`, `start`,
+//! `stop`, `status`, `endpoint`, `branch`, `timeline`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::error::{Error, Result};
+
+/// Options every cluster command takes.
+#[derive(Args, Clone, Debug)]
+pub struct WorkdirArgs {
+    /// The cluster's directory (configs, data, logs).
+    #[arg(long, default_value = ".strata")]
+    pub workdir: PathBuf,
+    /// Only these services (comma-separated names, e.g. `sk2`); the default is all of them.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES", help_heading = "start/stop options")]
+    pub only: Vec<String>,
+    /// Kill at once (SIGKILL) instead of asking for a clean shutdown.
+    #[arg(long, help_heading = "stop options")]
+    pub immediate: bool,
+}
+
+impl WorkdirArgs {
+    /// Refuses the start/stop-only options on a command they mean nothing to.
+    pub(super) fn plain(&self, command: &str) -> Result<()> {
+        if !self.only.is_empty() {
+            return Err(Error::Usage(format!("--only applies to `strata start` and `strata stop`, not `{command}`")));
+        }
+        if self.immediate {
+            return Err(Error::Usage(format!("--immediate applies to stopping, not `{command}`")));
+        }
+        Ok(())
+    }
+}
+
+/// `strata init`: what the new cluster looks like.
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub workdir: WorkdirArgs,
+    /// Number of safekeepers (a commit needs a majority of them).
+    #[arg(long, default_value_t = 3)]
+    pub safekeepers: usize,
+    /// Where the installed PostgreSQL 15 server binaries are.
+    #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
+    pub pg_bin_dir: PathBuf,
+    /// Unprivileged user that runs initdb and PostgreSQL when Strata runs as root.
+    #[arg(long, default_value = "postgres")]
+    pub pg_user: String,
+    /// Verification mode: computes log an image of every page they change and
+    /// the pageserver checks its native redo against them (slower; for tests).
+    #[arg(long)]
+    pub verify_redo: bool,
+}
+
+/// `strata status`: human or JSON output.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub workdir: WorkdirArgs,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `strata endpoint …`: computes (PostgreSQL + agent) of the local cluster.
+#[derive(Subcommand, Debug)]
+pub enum EndpointCommand {
+    /// Start a compute (PostgreSQL + agent) on a branch; prints its connection string last.
+    Start {
+        name: String,
+        /// The branch to run on (default: the endpoint's branch, `main` for a new one).
+        #[arg(long)]
+        branch: Option<String>,
+        /// PostgreSQL's port (default: the endpoint's previous port, else a free one).
+        #[arg(long)]
+        port: Option<u16>,
+        /// A read-only compute at this point of the branch: an LSN, or a
+        /// time (every transaction committed by then); writes are refused.
+        #[arg(long, value_name = "LSN|TIMESTAMP")]
+        at: Option<String>,
+        #[command(flatten)]
+        agent: AgentArgs,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Stop a compute: PostgreSQL shuts down and its WAL reaches the safekeepers.
+    Stop {
+        name: String,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Every endpoint: branch, port, state, connection string.
+    List {
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
+/// `strata endpoint start`: options handed to the compute agent for this run.
+#[derive(Args, Clone, Debug, Default)]
+pub struct AgentArgs {
+    /// This many restarts of PostgreSQL within --crash-loop-window-secs are
+    /// reported as a crash loop (default 5).
+    #[arg(long, help_heading = "compute agent options")]
+    pub crash_loop_restarts: Option<u32>,
+    /// The window of --crash-loop-restarts, in seconds (default 300).
+    #[arg(long, help_heading = "compute agent options")]
+    pub crash_loop_window_secs: Option<u64>,
+    /// A lazy compute: relation files served through FUSE from the
+    /// pageserver as PostgreSQL reads them (`docs/lazy-compute.md`). The
+    /// default for a new endpoint; kept for the endpoint's later starts.
+    #[arg(long, conflicts_with = "eager", help_heading = "compute agent options")]
+    pub lazy: bool,
+    /// An eager compute: the whole database restored before PostgreSQL
+    /// starts (kept for later starts).
+    #[arg(long, help_heading = "compute agent options")]
+    pub eager: bool,
+    /// A lazy compute's local file cache in MiB (default 1024; kept for
+    /// later starts).
+    #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub cache_mb: Option<u64>,
+    /// How long a lazy compute's read waits for an unreachable pageserver
+    /// before that query fails, in seconds (default 20; kept for later
+    /// starts).
+    #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub fetch_retry_secs: Option<u64>,
+    /// PostgreSQL's shared_buffers for this run (default 128MB).
+    #[arg(long, help_heading = "compute agent options", value_name = "SIZE")]
+    pub shared_buffers: Option<String>,
+}
+
+/// `strata timeline …`.
+#[derive(Subcommand, Debug)]
+pub enum TimelineCommand {
+    /// Flush what the pageserver ingested, compact it and write images now;
+    /// prints the LSN now durable in layer files.
+    Checkpoint {
+        /// The branch (default: main).
+        #[arg(long)]
+        branch: Option<String>,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
+/// `strata branch …`: branches of the tenant (`docs/branches.md`).
+#[derive(Subcommand, Debug)]
+pub enum BranchCommand {
+    /// Create a branch of PARENT (default `main`) at its newest commit, at
+    /// an LSN, or at a time (every transaction committed by then, none
+    /// after); prints the new timeline and its start LSN.
+    Create {
+        name: String,
+        /// The branch to branch from.
+        #[arg(long, value_name = "PARENT")]
+        from: Option<String>,
+        /// The branch point: an LSN of the parent (e.g. 0/16B3748).
+        #[arg(long, value_name = "LSN", conflicts_with = "at_time")]
+        at: Option<String>,
+        /// The branch point: a time, RFC 3339 or as PostgreSQL prints it (e.g. 2026-11-24 14:03:05.123+00).
+        #[arg(long, value_name = "TIMESTAMP")]
+        at_time: Option<String>,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Delete a branch: refused while a branch depends on it, or while an
+    /// endpoint runs on it unless --force (which stops it).
+    Delete {
+        name: String,
+        /// Stop the endpoints running on it.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// The tree of branches: timeline, parent, branch point, logical size, endpoints.
+    List {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
+/// An RFC 3339 timestamp from what a user types: RFC 3339 itself, or
+/// PostgreSQL's text form (`2026-11-24 14:03:05.123456+00`, as `now()`
+/// prints it).
+pub fn parse_time(text: &str, option: &str) -> Result<String> {
+    let t = text.trim();
+    let parsed = chrono::DateTime::parse_from_rfc3339(t)
+        .or_else(|_| chrono::DateTime::parse_from_str(t, "%Y-%m-%d %H:%M:%S%.f%#z"))
+        .map_err(|_| {
+            Error::Usage(format!(
+                "{option} {text:?}: expected a timestamp with a time zone, e.g. 2026-11-24T14:03:05Z or 2026-11-24 14:03:05.123+00"
+            ))
+        })?;
+    Ok(parsed.to_rfc3339_opts(chrono::SecondsFormat::Micros, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_time_(t: &str) -> Result<String> {
+        parse_time(t, "--at-time")
+    }
+
+    #[test]
+    fn times_in_rfc3339_and_postgres_form() {
+        assert_eq!(parse_time_("2026-11-24T14:03:05Z").unwrap(), "2026-11-24T14:03:05.000000+00:00");
+        assert_eq!(parse_time_("2026-11-24 14:03:05.123456+00").unwrap(), "2026-11-24T14:03:05.123456+00:00");
+        assert_eq!(parse_time_("2026-11-24 16:03:05.5+02:00").unwrap(), "2026-11-24T16:03:05.500000+02:00");
+        assert!(matches!(parse_time_("2026-11-24 14:03:05"), Err(Error::Usage(_))), "a time zone is required");
+        assert!(matches!(parse_time_("yesterday"), Err(Error::Usage(_))));
+    }
+}

@@ -1,0 +1,119 @@
+//! What the compute agent is told: `strata compute start`'s options.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use strata_protocol::{TenantId, TimelineId};
+
+use super::restart::RestartPolicy;
+
+/// Everything `strata compute start` needs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The data directory; emptied and restored at every start.
+    pub pgdata: PathBuf,
+    /// PostgreSQL's TCP port on 127.0.0.1.
+    pub pg_port: u16,
+    /// Safekeeper addresses (host:port).
+    pub safekeepers: Vec<String>,
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    /// The pageserver's HTTP API (host:port).
+    pub pageserver_http: String,
+    /// Where to serve `/v1/status` and `/metrics`.
+    pub http: Option<SocketAddr>,
+    /// Most connections to the status server at once.
+    pub http_max_connections: usize,
+    /// Directory of the `postgres` binary.
+    pub pg_bin_dir: PathBuf,
+    /// Operating-system user PostgreSQL runs as when the agent runs as root.
+    pub pg_user: String,
+    /// Database role of the proposer's replication connection (and of the
+    /// readiness check): the cluster's bootstrap superuser.
+    pub pg_role: String,
+    /// `shared_buffers` (`128MB`).
+    pub shared_buffers: String,
+    /// Images of every change for every resource manager (`wal_consistency_checking = 'all'`).
+    pub verify_redo: bool,
+    /// The proposer's application name, listed in `synchronous_standby_names`.
+    pub application_name: String,
+    /// The proposer's physical replication slot.
+    pub slot: String,
+    /// Backpressure: commits wait while the pageservers lag more than this.
+    pub max_consumer_lag_bytes: Option<u64>,
+    /// How long the pageserver may need to ingest the WAL up to the start LSN.
+    pub wait_timeout: Duration,
+    /// How long an unreachable pageserver is retried at first (it may be starting).
+    pub pageserver_patience: Duration,
+    /// The same during a restart, whose failure is retried with backoff anyway.
+    pub restart_pageserver_patience: Duration,
+    /// Bound on sync-safekeepers (election and catch-up of a quorum).
+    pub sync_timeout: Duration,
+    /// Bound on PostgreSQL starting up, and on the proposer then streaming.
+    pub start_timeout: Duration,
+    /// Bound on a graceful stop (PostgreSQL's shutdown plus the last WAL
+    /// reaching the safekeepers).
+    pub stop_timeout: Duration,
+    /// After a failure, how long `failed` stays visible on the status endpoint.
+    pub failed_linger: Duration,
+    /// Pacing of PostgreSQL's restarts, and what counts as a crash loop.
+    pub restart: RestartPolicy,
+    /// A read-only compute at this LSN (a hot standby without a WAL
+    /// source, `docs/branches.md`): no safekeepers, no proposer; the agent
+    /// holds a lease on the LSN.
+    pub read_only_at: Option<strata_formats::Lsn>,
+    /// A lazy compute (`docs/lazy-compute.md`): relation files served
+    /// through FUSE from the page service at this address (`host:port`)
+    /// instead of restored.
+    pub lazy_page_service: Option<String>,
+    /// A lazy compute's local file cache: the most bytes of relation
+    /// blocks it keeps that it may fetch again (`docs/lazy-compute.md`).
+    pub lazy_cache_bytes: u64,
+    /// How long a lazy compute's read keeps trying while the pageserver
+    /// cannot be reached before it fails with an I/O error.
+    pub lazy_fetch_retry: Duration,
+}
+
+impl AgentConfig {
+    /// A configuration with the defaults of the command line.
+    pub fn new(
+        pgdata: PathBuf,
+        pg_port: u16,
+        safekeepers: Vec<String>,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        pageserver_http: String,
+    ) -> AgentConfig {
+        AgentConfig {
+            pgdata,
+            pg_port,
+            safekeepers,
+            tenant_id,
+            timeline_id,
+            pageserver_http,
+            http: None,
+            http_max_connections: 32,
+            pg_bin_dir: PathBuf::from("/usr/lib/postgresql/15/bin"),
+            pg_user: "postgres".into(),
+            pg_role: "postgres".into(),
+            shared_buffers: "128MB".into(),
+            verify_redo: false,
+            application_name: "strata_proposer".into(),
+            slot: "strata_proposer".into(),
+            max_consumer_lag_bytes: None,
+            wait_timeout: Duration::from_secs(60),
+            pageserver_patience: Duration::from_secs(30),
+            restart_pageserver_patience: Duration::from_secs(5),
+            sync_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(60),
+            stop_timeout: Duration::from_secs(60),
+            failed_linger: Duration::from_secs(1),
+            restart: RestartPolicy::default(),
+            read_only_at: None,
+            lazy_page_service: None,
+            lazy_cache_bytes: 1 << 30,
+            lazy_fetch_retry: crate::lazy::source::RETRY_FOR,
+        }
+    }
+}
