@@ -3,7 +3,6 @@
 //! mechanism a basebackup at an arbitrary LSN uses).
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -14,19 +13,7 @@ use strata_formats::v15::records::{self, ParsedRecord};
 use strata_formats::v15::startup::shutdown_checkpoint_at;
 use strata_formats::wal::segment::{list_segments, SegmentReader};
 use strata_formats::Lsn;
-
-fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("strata-tmp");
-    let mut f = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
-}
-
-fn sync_dir(dir: &Path) -> anyhow::Result<()> {
-    fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
-}
+use strata_service::durable::replace_file;
 
 /// Copies the owner of `reference` to `path` (the server must own its files).
 fn same_owner(path: &Path, reference: &Path) -> anyhow::Result<()> {
@@ -113,14 +100,12 @@ pub fn reset_to_end(pgdata: &Path, fresh_wal: bool) -> anyhow::Result<serde_json
                 bytes[..prefix.len()].copy_from_slice(prefix);
             }
         }
-        write_synced(&path, &bytes)?;
+        replace_file(&path, &bytes, true)?;
         same_owner(&path, &control_path)?;
         written.push(path);
     }
-    sync_dir(&waldir)?;
-    write_synced(&control_path, &generated.control_file)?;
+    replace_file(&control_path, &generated.control_file, true)?;
     same_owner(&control_path, &pgdata.join("PG_VERSION"))?;
-    sync_dir(&pgdata.join("global"))?;
 
     Ok(serde_json::json!({
         "records_read": records,

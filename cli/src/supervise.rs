@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use clap::Args;
 use strata_compute::agent::exit;
 use strata_compute::agent::restart::{random_jitter, RestartPolicy, RestartTracker};
+use strata_service::durable::replace_file;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing::{error, info, warn};
 
@@ -88,14 +89,6 @@ impl SupervisorState {
 /// Unix time in whole seconds.
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Writes `contents` to `path` atomically (a temporary file, then rename).
-fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
 }
 
 /// Removes a pidfile if it still names `pid` (a newer process may own it).
@@ -173,7 +166,7 @@ impl Supervisor {
     async fn run(mut self) -> Result<(), String> {
         let mut signals = StopSignals::install().map_err(|e| format!("installing signal handlers: {e}"))?;
         let me = std::process::id();
-        write_atomic(&self.args.supervisor_pidfile, &format!("{me}\n"))
+        replace_file(&self.args.supervisor_pidfile, format!("{me}\n").as_bytes(), true)
             .map_err(|e| format!("{}: {e}", self.args.supervisor_pidfile.display()))?;
         let name = self.args.name.clone();
         info!(pid = me, "supervisor: starting {}", self.command_text());
@@ -182,7 +175,7 @@ impl Supervisor {
             let cause = match self.spawn() {
                 Ok(mut child) => {
                     let pid = child.id().unwrap_or(0);
-                    if let Err(e) = write_atomic(&self.args.pidfile, &format!("{pid}\n")) {
+                    if let Err(e) = replace_file(&self.args.pidfile, format!("{pid}\n").as_bytes(), true) {
                         warn!("supervisor: writing {}: {e}", self.args.pidfile.display());
                     }
                     self.state.child_pid = Some(pid);
@@ -298,7 +291,7 @@ impl Supervisor {
     /// Writes the state file; a failure is logged, not fatal.
     fn save(&self) {
         let text = serde_json::to_string_pretty(&self.state).expect("the state serializes");
-        if let Err(e) = write_atomic(&self.args.state, &(text + "\n")) {
+        if let Err(e) = replace_file(&self.args.state, (text + "\n").as_bytes(), true) {
             warn!("supervisor: writing {}: {e}", self.args.state.display());
         }
     }
@@ -332,7 +325,7 @@ mod tests {
             crash_loop_until: Some(400),
             ..Default::default()
         };
-        write_atomic(&path, &serde_json::to_string(&st).unwrap()).unwrap();
+        replace_file(&path, serde_json::to_string(&st).unwrap().as_bytes(), true).unwrap();
         assert_eq!(SupervisorState::load(&path), Some(st.clone()));
         assert!(st.crash_loop_at(399) && !st.crash_loop_at(400));
         std::fs::write(&path, "{not json").unwrap();

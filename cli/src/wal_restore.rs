@@ -15,7 +15,7 @@
 //! PostgreSQL treats like a shell error and stops recovery at once, instead
 //! of ending it early and losing the WAL it could not fetch.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{anyhow, Context};
 use strata_formats::wal::segment::SegmentName;
@@ -80,7 +80,8 @@ fn restore(r: &Restore<'_>) -> anyhow::Result<bool> {
         let next = next.as_ref().map(|(m, b)| &b[..(m.end_lsn.0 - m.start_lsn.0) as usize]);
         strip(&meta, &bytes, next)?
     };
-    write_atomically(r.destination, &out)?;
+    // Through a temporary file and a rename: the server never sees half a segment.
+    strata_service::durable::replace_file(r.destination, &out, true)?;
     Ok(true)
 }
 
@@ -130,15 +131,4 @@ fn strip(meta: &SegmentMeta, bytes: &[u8], next: Option<&[u8]>) -> anyhow::Resul
     debug_assert!(out.len() >= size, "the stripper gives back every byte");
     out.truncate(size);
     Ok(out)
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename: the
-/// server never sees half a segment.
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let tmp = PathBuf::from(format!("{}.strata-restore", path.display()));
-    let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
-    Ok(())
 }

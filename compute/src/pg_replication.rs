@@ -20,7 +20,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use md5::{Digest, Md5};
 use strata_formats::Lsn;
@@ -35,9 +35,6 @@ pub const MAX_MESSAGE_LEN: usize = 64 << 20;
 
 /// Protocol version 3.0, as sent in the StartupMessage.
 const PROTOCOL_VERSION: i32 = 3 << 16;
-
-/// Seconds from the Unix epoch to the PostgreSQL epoch (2000-01-01 00:00 UTC).
-const PG_EPOCH_OFFSET_SECS: u64 = 946_684_800;
 
 /// How much room is made in the read buffer at least before each read.
 const READ_CHUNK: usize = 16 << 10;
@@ -572,7 +569,7 @@ impl ReplicationStream {
         body[1..9].copy_from_slice(&write.0.to_be_bytes());
         body[9..17].copy_from_slice(&flush.0.to_be_bytes());
         body[17..25].copy_from_slice(&apply.0.to_be_bytes());
-        body[25..33].copy_from_slice(&pg_now_micros().to_be_bytes());
+        body[25..33].copy_from_slice(&strata_formats::time::pg_now().to_be_bytes());
         body[33] = u8::from(reply_requested);
         let timeout = self.timeout;
         with_timeout(timeout, || "sending a standby status update".to_string(), async {
@@ -587,13 +584,6 @@ impl ReplicationStream {
     pub fn parameter(&self, name: &str) -> Option<&str> {
         self.parameters.get(name).map(String::as_str)
     }
-}
-
-/// Microseconds since the PostgreSQL epoch.
-fn pg_now_micros() -> i64 {
-    let since_unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let micros = since_unix.as_micros() as i128 - (PG_EPOCH_OFFSET_SECS as i128) * 1_000_000;
-    micros.clamp(i64::MIN as i128, i64::MAX as i128) as i64
 }
 
 /// The MD5 password response: `"md5" + hex(md5(hex(md5(password + user)) + salt))`.
@@ -1062,6 +1052,6 @@ mod tests {
     #[test]
     fn pg_epoch() {
         // 2020-01-01 is 20 years (7305 days) after the PostgreSQL epoch; now is later.
-        assert!(pg_now_micros() > 7305 * 86_400 * 1_000_000);
+        assert!(strata_formats::time::pg_now() > 7305 * 86_400 * 1_000_000);
     }
 }

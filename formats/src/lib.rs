@@ -7,6 +7,7 @@
 pub mod fuzz;
 pub mod lsn;
 pub mod page;
+pub mod time;
 pub mod types;
 pub mod v15;
 pub mod version;

@@ -15,7 +15,9 @@ use std::collections::HashMap;
 
 use strata_protocol::{TenantId, TimelineId};
 
-use crate::timeline::{pg_now, CompactionError, Throttle, Timeline};
+use strata_formats::time::pg_now;
+
+use crate::timeline::{CompactionError, Throttle, Timeline};
 
 /// The compactor thread; stopped (and joined) by [`Compactor::stop`].
 pub struct Compactor {

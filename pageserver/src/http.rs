@@ -136,7 +136,7 @@ fn branch_status(e: &BranchError) -> StatusCode {
 /// PostgreSQL's time (µs since 2000-01-01) of an RFC 3339 timestamp.
 fn pg_time(text: &str) -> Result<i64, String> {
     let t = chrono::DateTime::parse_from_rfc3339(text).map_err(|e| format!("ancestor_time {text:?}: {e}"))?;
-    Ok(t.timestamp_micros() - crate::timeline::PG_EPOCH_OFFSET_US)
+    Ok(strata_formats::time::from_unix_micros(t.timestamp_micros()))
 }
 
 /// `POST /v1/tenant/{tenant}/timeline`: a branch of a timeline at an LSN,
@@ -189,7 +189,7 @@ async fn create_branch(
                 Ok(t) => t,
                 Err(e) => return error(StatusCode::BAD_REQUEST, e),
             };
-            if time > crate::timeline::pg_now() {
+            if time > strata_formats::time::pg_now() {
                 return error(StatusCode::UNPROCESSABLE_ENTITY, format!("{text} is in the future"));
             }
             let tl = parent.tl.clone();
@@ -291,7 +291,7 @@ async fn lsn_by_time(
         Ok(t) => t,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    if time > crate::timeline::pg_now() {
+    if time > strata_formats::time::pg_now() {
         return error(StatusCode::UNPROCESSABLE_ENTITY, format!("{} is in the future", q.time));
     }
     let tl = entry.tl.clone();
@@ -500,7 +500,7 @@ async fn checkpoint(
             done["compaction"] = serde_json::json!(outcome);
         }
         if q.gc {
-            let outcome = tl.gc(&gc_policy, crate::timeline::pg_now()).map_err(|e| e.to_string())?;
+            let outcome = tl.gc(&gc_policy, strata_formats::time::pg_now()).map_err(|e| e.to_string())?;
             done["gc"] = serde_json::json!(outcome);
         }
         if q.upload_timeout > 0 {

@@ -23,7 +23,9 @@ use crate::config::PageserverConfig;
 use crate::import::{self, ImportError};
 use crate::metrics::Metrics;
 use crate::remote::{Attachments, Remote, RemoteTimeline};
-use crate::timeline::{sync_dir, StorageError, Timeline, TimelineMetadata, TimelineResources};
+use strata_service::durable::{replace_file, sync_dir};
+
+use crate::timeline::{StorageError, Timeline, TimelineMetadata, TimelineResources};
 use crate::walreceiver::{ReceiverStatus, SpawnError, WalReceiver};
 use strata_formats::Lsn;
 
@@ -360,14 +362,14 @@ impl Tenants {
         let parent = dir.parent().expect("under timelines/").to_path_buf();
         crate::timeline::create_dir_durable(&parent, self.conf.fsync)?;
         let marker = marker_path(dir);
-        crate::timeline::write_atomic(&marker, b"", self.conf.fsync)?;
+        replace_file(&marker, b"", self.conf.fsync)?;
         if replace {
             std::fs::remove_dir_all(dir).map_err(StorageError::io("removing", dir))?;
         }
         crate::timeline::create_dir_durable(dir, self.conf.fsync)?;
         let meta = crate::remote::metadata_from_index(tenant, timeline, &index);
         let text = serde_json::to_vec_pretty(&meta).expect("metadata serializes");
-        crate::timeline::write_atomic(&dir.join(crate::timeline::METADATA_FILE), &text, self.conf.fsync)?;
+        replace_file(&dir.join(crate::timeline::METADATA_FILE), &text, self.conf.fsync)?;
         std::fs::remove_file(&marker).map_err(StorageError::io("removing", &marker))?;
         if self.conf.fsync {
             sync_dir(&parent)?;
@@ -529,7 +531,7 @@ impl Tenants {
         };
         let parent_dir = dir.parent().expect("under timelines/").to_path_buf();
         let created = (|| {
-            crate::timeline::write_atomic(&marker, b"", self.conf.fsync)?;
+            replace_file(&marker, b"", self.conf.fsync)?;
             let tl = Timeline::create(dir.clone(), meta, &self.resources)?;
             std::fs::remove_file(&marker).map_err(StorageError::io("removing", &marker))?;
             if self.conf.fsync {
@@ -590,7 +592,8 @@ impl Tenants {
         // A crash halfway leaves the marker: the next start removes the rest.
         let dir = entry.tl.dir.clone();
         let marker = marker_path(&dir);
-        crate::timeline::write_atomic(&marker, b"", self.conf.fsync)
+        replace_file(&marker, b"", self.conf.fsync)
+            .map_err(StorageError::from)
             .and_then(|()| self.remove_unfinished(&dir))
             .map_err(|source| DeleteError::Storage { timeline, source })?;
         if let (Some(parent), Some(at)) = (meta.ancestor_timeline_id, meta.ancestor_lsn) {
@@ -650,7 +653,7 @@ impl Tenants {
         // The marker is durable before the timeline's first byte.
         let parent = dir.parent().expect("under timelines/").to_path_buf();
         crate::timeline::create_dir_durable(&parent, self.conf.fsync).map_err(storage)?;
-        crate::timeline::write_atomic(&marker, b"", self.conf.fsync).map_err(storage)?;
+        replace_file(&marker, b"", self.conf.fsync).map_err(|e| storage(e.into()))?;
         let pgdata = self.conf.data_dir.join("tmp").join(format!("initdb-{timeline}"));
         let result = import::run_initdb(&self.conf, &pgdata)
             .and_then(|()| import::import_datadir(&pgdata, dir.clone(), tenant, timeline, &self.resources));
@@ -660,7 +663,7 @@ impl Tenants {
                 // Complete: the marker goes, durably, before the timeline is served.
                 std::fs::remove_file(&marker).map_err(StorageError::io("removing", &marker)).map_err(storage)?;
                 if self.conf.fsync {
-                    sync_dir(&parent).map_err(storage)?;
+                    sync_dir(&parent).map_err(|e| storage(e.into()))?;
                 }
                 info!(%tenant, %timeline, start_lsn = %imported.end_lsn, system_id = imported.system_id, "bootstrapped tenant");
                 if let Some((remote, g)) = generation {

@@ -25,8 +25,10 @@ mod gc;
 mod metadata;
 
 pub use compaction::{CompactionError, CompactionOutcome, Throttle};
-pub use gc::{pg_now, GcOutcome, GcPolicy, PG_EPOCH_OFFSET_US};
+pub use gc::{GcOutcome, GcPolicy};
 pub use metadata::{TimelineMetadata, METADATA_VERSION};
+
+use strata_service::durable::{replace_file, sync_dir};
 
 use crate::dirs;
 use crate::key::{Key, RelTag};
@@ -110,6 +112,12 @@ pub enum StorageError {
 
 impl From<WriteError> for StorageError {
     fn from(e: WriteError) -> StorageError {
+        StorageError::Io { op: e.op, path: e.path, source: e.source }
+    }
+}
+
+impl From<strata_service::durable::FileError> for StorageError {
+    fn from(e: strata_service::durable::FileError) -> StorageError {
         StorageError::Io { op: e.op, path: e.path, source: e.source }
     }
 }
@@ -243,27 +251,6 @@ pub const LEASE_TTL: Duration = Duration::from_secs(600);
 
 /// Name of a timeline's metadata file.
 pub const METADATA_FILE: &str = "metadata.json";
-
-/// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync of the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8], fsync: bool) -> Result<(), StorageError> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(StorageError::io("creating", &tmp))?;
-    f.write_all(bytes).map_err(StorageError::io("writing", &tmp))?;
-    if fsync {
-        f.sync_all().map_err(StorageError::io("syncing", &tmp))?;
-    }
-    std::fs::rename(&tmp, path).map_err(StorageError::io("renaming", &tmp))?;
-    if fsync {
-        sync_dir(path.parent().expect("a file has a directory"))?;
-    }
-    Ok(())
-}
-
-/// fsyncs a directory: the entries created, renamed or removed in it survive a crash.
-pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(StorageError::io("syncing directory", dir))
-}
 
 /// Creates `dir` (and missing parents) durably: each new directory's entry
 /// in its parent is fsynced before this returns.
@@ -700,7 +687,7 @@ impl Timeline {
     /// Writes `meta` durably; only then may it be installed in memory.
     fn write_metadata(&self, meta: &TimelineMetadata) -> Result<(), StorageError> {
         let text = serde_json::to_vec_pretty(meta).expect("metadata serializes");
-        write_atomic(&self.dir.join(METADATA_FILE), &text, self.fsync)
+        Ok(replace_file(&self.dir.join(METADATA_FILE), &text, self.fsync)?)
     }
 
     /// Stops the timeline: ingest, flushes and reads refuse from now on.

@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use strata_formats::time::pg_now;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_pageserver::key::{Key, RelTag};
@@ -18,9 +19,7 @@ use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::layer::layer_file::LayerKind;
 use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
-use strata_pageserver::timeline::{
-    pg_now, GcPolicy, LayerPolicy, Throttle, Timeline, TimelineMetadata, TimelineResources,
-};
+use strata_pageserver::timeline::{GcPolicy, LayerPolicy, Throttle, Timeline, TimelineMetadata, TimelineResources};
 use strata_pageserver::value::Value;
 use strata_redo::NativeRecord;
 

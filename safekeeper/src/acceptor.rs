@@ -124,6 +124,12 @@ pub struct StorageError {
     pub message: String,
 }
 
+impl From<strata_service::durable::FileError> for StorageError {
+    fn from(e: strata_service::durable::FileError) -> StorageError {
+        StorageError::io(e.op, &e.path, &e.source)
+    }
+}
+
 impl StorageError {
     /// An I/O error of `op` on `path`.
     pub fn io(op: &'static str, path: &std::path::Path, e: &std::io::Error) -> StorageError {

@@ -3,9 +3,10 @@
 //! fsync, rename, fsync the directory), so a crash leaves the old or the new
 //! state, never a mix.
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
+
+use strata_service::durable::replace_file;
 
 use crate::acceptor::{ControlStore, PersistentState, StorageError};
 
@@ -41,12 +42,6 @@ impl ControlFile {
         };
         decode(&bytes).map(Some).map_err(|e| StorageError::other("decoding", &self.path, e.to_string()))
     }
-}
-
-/// fsyncs a directory, so that files created, renamed or removed in it
-/// (or, for a parent, the directory itself) survive a crash.
-pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StorageError::io("syncing directory", dir, &e))
 }
 
 /// Why a control file's bytes were refused.
@@ -88,17 +83,6 @@ pub fn encode(state: &PersistentState) -> Vec<u8> {
 
 impl ControlStore for ControlFile {
     fn persist(&mut self, state: &PersistentState) -> Result<(), StorageError> {
-        let tmp = self.path.with_extension("tmp");
-        let mut f = File::create(&tmp).map_err(|e| StorageError::io("creating", &tmp, &e))?;
-        f.write_all(&encode(state)).map_err(|e| StorageError::io("writing", &tmp, &e))?;
-        if !self.no_sync {
-            f.sync_all().map_err(|e| StorageError::io("syncing", &tmp, &e))?;
-        }
-        fs::rename(&tmp, &self.path).map_err(|e| StorageError::io("renaming", &tmp, &e))?;
-        if !self.no_sync {
-            let dir = self.path.parent().expect("a control file lives in a directory");
-            sync_dir(dir)?;
-        }
-        Ok(())
+        Ok(replace_file(&self.path, &encode(state), !self.no_sync)?)
     }
 }

@@ -8,7 +8,7 @@
 //! `XLR_CHECK_CONSISTENCY` in what is sent.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -146,12 +146,6 @@ async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>), ReplicationErr
         return Err(ReplicationError::Protocol(format!("invalid message length {len}")));
     }
     Ok((head[0], read_exact_bounded(s, len as usize - 4).await?))
-}
-
-fn pg_time_now() -> i64 {
-    // Microseconds since 2000-01-01.
-    let unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
-    unix - 946_684_800_000_000
 }
 
 async fn handle(conn: strata_service::Connection, shared: Arc<Shared>) -> Result<(), ReplicationError> {
@@ -374,7 +368,7 @@ async fn stream(
                     let mut m = vec![b'w'];
                     m.extend_from_slice(&out_lsn.0.to_be_bytes());
                     m.extend_from_slice(&commit.0.to_be_bytes());
-                    m.extend_from_slice(&pg_time_now().to_be_bytes());
+                    m.extend_from_slice(&strata_formats::time::pg_now().to_be_bytes());
                     m.extend_from_slice(&data);
                     out_lsn = Lsn(out_lsn.0 + data.len() as u64);
                     send(&mut w, &message(b'd', &m)).await?;
@@ -392,7 +386,7 @@ async fn stream(
                 _ = tokio::time::sleep(KEEPALIVE) => {
                     let mut m = vec![b'k'];
                     m.extend_from_slice(&out_lsn.0.to_be_bytes());
-                    m.extend_from_slice(&pg_time_now().to_be_bytes());
+                    m.extend_from_slice(&strata_formats::time::pg_now().to_be_bytes());
                     m.push(0);
                     send(&mut w, &message(b'd', &m)).await?;
                 }

@@ -25,8 +25,9 @@ use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_service::panic_message;
 
 use crate::acceptor::{Acceptor, AcceptorError, PersistentState, StorageError, WalStore as _};
-use crate::control_file::{sync_dir, ControlFile};
+use crate::control_file::ControlFile;
 use crate::wal_store::SegmentStore;
+use strata_service::durable::sync_dir;
 
 /// Positions published to consumers after every change.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -593,11 +594,11 @@ mod tests {
         let start = Lsn(2 << 20);
         let tl = Timeline::create(&dir, NodeId(1), &identity(), start, false).unwrap();
         tl.with_acceptor(|_| -> Result<(), AcceptorError> { panic!("injected") }).unwrap_err();
-        let blocker = tl.dir.join(crate::control_file::CONTROL_FILE_NAME).with_extension("tmp");
+        let blocker = strata_service::durable::temp_path(&tl.dir.join(crate::control_file::CONTROL_FILE_NAME));
         std::fs::create_dir(&blocker).unwrap();
         for attempt in 1..=2 {
             let err = tl.reload().unwrap_err();
-            assert!(err.to_string().contains("safekeeper.tmp"), "{err}");
+            assert!(err.to_string().contains("safekeeper.control.tmp"), "{err}");
             let failure = tl.failure().expect("still failed");
             assert_eq!(failure.reload_attempts, attempt);
             assert_eq!(failure.durable_flush_lsn, start);

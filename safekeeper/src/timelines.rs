@@ -113,7 +113,7 @@ impl Timelines {
             return Err(StorageError::io("renaming", &dir, &e));
         }
         if !self.no_sync {
-            crate::control_file::sync_dir(dir.parent().expect("under the tenant's directory"))?;
+            strata_service::durable::sync_dir(dir.parent().expect("under the tenant's directory"))?;
         }
         std::fs::remove_dir_all(&gone).map_err(|e| StorageError::io("removing", &gone, &e))?;
         tracing::info!(%tenant, %timeline, "deleted timeline");

@@ -22,7 +22,7 @@ use strata_formats::wal::{StartPosition, WalDecodeError, WalDecoder};
 use strata_formats::{Lsn, PgVersion};
 
 use crate::acceptor::{StorageError, WalStore};
-use crate::control_file::sync_dir;
+use strata_service::durable::sync_dir;
 
 /// PostgreSQL timeline id used in segment names.
 const PG_TIMELINE: u32 = 1;

@@ -1,10 +1,11 @@
 //! What every Strata service shares: listeners that bound and survive their
 //! clients, the HTTP server of the management APIs, the open-file budget,
-//! free ports for services configured before they bind,
-//! and config helpers.
+//! free ports for services configured before they bind, config helpers,
+//! and files replaced atomically and durably.
 
 pub mod backoff;
 pub mod config;
+pub mod durable;
 pub mod http;
 pub mod listener;
 pub mod metrics;

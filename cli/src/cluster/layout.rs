@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -303,17 +302,10 @@ pub fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T> {
     toml::from_str(&text).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
 }
 
-/// Writes a file atomically (temporary file, then rename), so a crash never
-/// leaves a half-written config or pidfile behind.
+/// Replaces a file atomically and durably, so a crash never leaves a
+/// half-written config or pidfile behind.
 pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(contents.as_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
+    strata_service::durable::replace_file(path, contents.as_bytes(), true).map_err(|e| Error::Failed(e.to_string()))
 }
 
 /// Serializes `value` as TOML under a comment header and writes it atomically.

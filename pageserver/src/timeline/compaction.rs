@@ -444,7 +444,7 @@ impl Timeline {
                 opened.push(path);
             }
             if self.fsync {
-                super::sync_dir(&self.dir)?;
+                strata_service::durable::sync_dir(&self.dir)?;
             }
             let mut files = Vec::with_capacity(opened.len());
             for path in opened {

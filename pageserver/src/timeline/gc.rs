@@ -49,15 +49,6 @@ pub struct GcOutcome {
     pub bytes_removed: u64,
 }
 
-/// Microseconds between 1970-01-01 and 2000-01-01, PostgreSQL's epoch.
-pub const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
-
-/// Now, as PostgreSQL stamps commits (µs since 2000-01-01).
-pub fn pg_now() -> i64 {
-    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(unix.as_micros()).unwrap_or(i64::MAX) - PG_EPOCH_OFFSET_US
-}
-
 impl Timeline {
     /// The newest LSN at or below `upto` whose last recorded commit is at or
     /// before `time` (µs since 2000-01-01); `None` if no commit that old
@@ -108,7 +99,7 @@ impl Timeline {
     }
 
     /// Raises the cutoff per `policy` and removes the layers no read at or
-    /// above it needs. `now` is in PostgreSQL's time (see [`pg_now`]).
+    /// above it needs. `now` is in PostgreSQL's time (`strata_formats::time`).
     pub fn gc(&self, policy: &GcPolicy, now: i64) -> Result<GcOutcome, CompactionError> {
         let _one = self.compaction_lock.lock();
         self.check_broken()?;

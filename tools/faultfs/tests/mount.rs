@@ -187,8 +187,9 @@ fn raw_names(dir: &Path) -> Vec<String> {
     names
 }
 
+/// The services' directory sync, as an `io::Result` for `errno`.
 fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    strata_service::durable::sync_dir(dir).map_err(|e| e.source)
 }
 
 /// Bytes that differ at every position, so a misplaced chunk shows.
