@@ -12,11 +12,13 @@ import time
 import psycopg
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
-from fixtures.endpoint import Endpoint
-from fixtures.cluster import wait_until
+from fixtures.endpoint import Endpoint, current_lsn
+from fixtures.page_compare import catalog, compare_data_dir, mismatch_report, quiet_compute, wait_quiet
+from fixtures.pageserver_api import PageserverApi, error_message
+from fixtures.pg import PgCluster
 from fixtures.strata import format_lsn, parse_lsn
-from test_compaction import configure_pageserver
-from test_pageserver import current_lsn
+from fixtures.wait import wait_until
+from fixtures.workload import run_broad_workload
 
 
 def branch_create(cluster, name: str, *extra: str) -> tuple[str, int]:
@@ -47,8 +49,7 @@ def test_branches_are_isolated_and_a_branch_of_a_branch_reads_through_both(clust
     listed = branches(cluster)
     assert listed["dev"]["parent"] == "main" and listed["dev"]["timeline_id"] == timeline, listed
     assert parse_lsn(listed["dev"]["ancestor_lsn"]) == start
-    with main.connect() as conn:
-        assert start <= parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+    assert start <= main.wal_lsn()
 
     dev = Endpoint(cluster, "dev-ep", branch="dev")
     dev.start()
@@ -107,8 +108,7 @@ def test_branch_points_are_checked(cluster):
     ep = Endpoint(cluster, "ep")
     ep.start()
     ep.sql("CREATE TABLE t (id int)")
-    with ep.connect() as conn:
-        now = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+    now = ep.wal_lsn()
 
     def refused(*args: str) -> str:
         r = cluster.run("branch", "create", *args, check=False, timeout=120)
@@ -118,9 +118,9 @@ def test_branch_points_are_checked(cluster):
     branch_create(cluster, "b1")
     assert "exists" in refused("b1")
     assert "no branch named" in refused("b2", "--from", "nope")
-    assert "in the future" in refused("b2", "--at", f"{(now + (1 << 30)) >> 32:X}/{(now + (1 << 30)) & 0xFFFFFFFF:X}")
+    assert "in the future" in refused("b2", "--at", format_lsn(now + (1 << 30)))
     start = parse_lsn(branches(cluster)["b1"]["ancestor_lsn"])
-    assert "not a WAL position" in refused("b2", "--at", f"{start >> 32:X}/{(start & 0xFFFFFFFF) - 4:X}")
+    assert "not a WAL position" in refused("b2", "--at", format_lsn(start - 4))
     assert "before the start" in refused("b2", "--at", "0/10")
     assert "in the future" in refused("b2", "--at-time", "2999-01-01 00:00:00+00")
     assert "no commit" in refused("b2", "--at-time", "2001-01-01 00:00:00+00")
@@ -280,7 +280,7 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     parent's history older than the window goes, and a branch below the
     cutoff, by LSN or by time, is refused naming it."""
     cluster = cluster_factory(start=False)
-    configure_pageserver(cluster, {"pitr_interval": 2.0, "gc_horizon": 0, "gc_period": 3600.0})
+    cluster.configure("pageserver", {"pitr_interval": 2.0, "gc_horizon": 0, "gc_period": 3600.0})
     cluster.start()
     ep = Endpoint(cluster, "ep")
     ep.start()
@@ -298,7 +298,7 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     with ep.connect() as conn:
         leased = current_lsn(conn)
     ro = Endpoint(cluster, "ro")
-    ro.start("--at", f"{leased >> 32:X}/{leased & 0xFFFFFFFF:X}")
+    ro.start("--at", format_lsn(leased))
     ep.sql("INSERT INTO t SELECT generate_series(151, 200)")
     _, inside = branch_create(cluster, "inside")
     ep.sql("INSERT INTO t SELECT generate_series(201, 300)")
@@ -315,14 +315,14 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     b = Endpoint(cluster, "inside-ep", branch="inside")
     b.start()
     assert ids(b) == list(range(1, 201))
-    r = cluster.run("branch", "create", "too-old", "--at", f"{old >> 32:X}/{old & 0xFFFFFFFF:X}", check=False)
+    r = cluster.run("branch", "create", "too-old", "--at", format_lsn(old), check=False)
     assert r.returncode == 1 and "below the GC cutoff" in r.stderr and st["gc"]["cutoff"] in r.stderr, r
     r = cluster.run("branch", "create", "too-old", "--at-time", old_time, check=False)
     assert r.returncode == 1 and "no commit" in r.stderr, r
-    r = cluster.run("endpoint", "start", "ro-old", "--at", f"{old >> 32:X}/{old & 0xFFFFFFFF:X}", check=False)
+    r = cluster.run("endpoint", "start", "ro-old", "--at", format_lsn(old), check=False)
     assert r.returncode == 1 and "below the GC cutoff" in r.stderr, r
     # The pageserver refuses such a basebackup before it starts streaming.
-    old_text = f"{old >> 32:X}%2F{old & 0xFFFFFFFF:X}"
+    old_text = format_lsn(old).replace("/", "%2F")
     code, body = cluster.http("pageserver", "GET",
                               f"/v1/tenant/{tenant}/timeline/{main_tl}/basebackup?lsn={old_text}&read_only=true")
     assert code == 410 and "below the GC cutoff" in body["error"], (code, body)
@@ -343,7 +343,7 @@ def test_a_read_only_endpoint_at_a_point_of_a_branch(cluster):
     ep.sql("INSERT INTO t SELECT generate_series(101, 200)")
 
     by_lsn = Endpoint(cluster, "by-lsn")
-    by_lsn.start("--at", f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}")
+    by_lsn.start("--at", format_lsn(lsn))
     by_time = Endpoint(cluster, "by-time")
     by_time.start("--at", at_time)
     for ro in (by_lsn, by_time):
@@ -374,8 +374,7 @@ def test_a_read_only_endpoint_at_a_point_of_a_branch(cluster):
     assert r.returncode == 2 and "--at" in r.stderr, r
 
 
-def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(cluster_factory, pg_bin_dir, strata_bin,
-                                                                           tmp_path):
+def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(cluster_factory, pg_bin_dir, tmp_path):
     """A branch at LSN P of a compute that ran the broad workload (every
     index access method, TOAST, both CREATE DATABASE strategies, two-phase
     commit, multixacts, VACUUM FULL, ...): after the parent has gone on,
@@ -384,23 +383,15 @@ def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(clus
     restored from a base backup and replayed to exactly P (archive recovery
     from the offloaded WAL, recovery_target_lsn) equals the branch's page
     at P, under PostgreSQL's masking rules, and every fork's size agrees."""
-    from fixtures.pg import PgCluster
-    from fixtures.workload import run_broad_workload
-    from test_pageserver import PageserverApi, catalog, compare_data_dir, error_message, mismatch_report, wait_quiet
-    from test_wal_retention import configure_safekeepers, prepare_stock_recovery, sk_timeline
-
     cluster = cluster_factory(start=False)
-    configure_safekeepers(cluster, {"partial_offload_after": 1})
-    configure_pageserver(cluster, {"pitr_interval": 1.0, "gc_horizon": 0, "gc_period": 3600.0})
+    cluster.configure_safekeepers({"partial_offload_after": 1})
+    cluster.configure("pageserver", {"pitr_interval": 1.0, "gc_horizon": 0, "gc_period": 3600.0})
     cluster.start()
     ep = Endpoint(cluster, "ep")
     ep.start()
-    with ep.connect() as conn:
-        # Nothing in the background writes between the point and the checks.
-        conn.execute("ALTER SYSTEM SET autovacuum = off")
-        conn.execute("SELECT pg_reload_conf()")
-        # So that every database's catalog can be read on the stock server.
-        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+    # Nothing in the background writes between the point and the checks;
+    # every database's catalog (template0's too) can be read on the stock server.
+    quiet_compute(ep)
     stock = PgCluster(pg_bin_dir, tmp_path / "stock", traverse_root=tmp_path)
     ep.run(["pg_basebackup", "-D", str(stock.pgdata), "-X", "none", "-c", "fast", "--no-sync"], timeout=300)
 
@@ -453,16 +444,14 @@ def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(clus
         end = current_lsn(conn)
 
     def offloaded_past_the_end() -> bool:
-        st = sk_timeline(cluster, "sk1")["offload"]
+        st = cluster.timeline_status("sk1")["offload"]
         return max(parse_lsn(st["offloaded_lsn"]), parse_lsn(st["partial_lsn"])) >= end
 
     wait_until("the WAL past the point offloaded", offloaded_past_the_end, timeout=120)
-    restore = prepare_stock_recovery(cluster, stock, strata_bin)
     try:
-        stock.start({"restore_command": restore, "synchronous_standby_names": "", "autovacuum": "off",
-                     "recovery_target_lsn": format_lsn(point), "recovery_target_inclusive": "off",
-                     "recovery_target_action": "promote"}, timeout=300)
-        wait_until("recovery ended", lambda: not stock.sql("SELECT pg_is_in_recovery()")[0][0], timeout=300)
+        stock.recover_from_archive(cluster.wal_restore_command(), {
+            "autovacuum": "off", "recovery_target_lsn": format_lsn(point), "recovery_target_inclusive": "off"},
+            timeout=300)
         replayed = parse_lsn(stock.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0])
         assert replayed == point, f"stock replay ended at {replayed:X}, the point is {point:X}"
         assert stock.sql("SELECT gid FROM pg_prepared_xacts") == [("at_the_point",)]

@@ -27,10 +27,11 @@ import os
 import signal
 import time
 
-from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
-from fixtures.cluster import pid_alive, wait_until
+from fixtures.checks import assert_pgbench_invariants, history_rows, pgbench_state, run_amcheck
 from fixtures.endpoint import Endpoint
 from fixtures.load import AckedWriters, PgbenchLoop
+from fixtures.processes import pid_alive
+from fixtures.wait import wait_until
 
 SCALE = 1
 WRITERS = 3
@@ -41,10 +42,6 @@ SERVICE_VICTIMS = ("sk2", "pageserver")
 
 def fmt(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.3f} s"
-
-
-def history_rows(ep: Endpoint) -> int:
-    return ep.sql("SELECT count(*) FROM pgbench_history")[0][0]
 
 
 def steady_load(ep: Endpoint, writers: AckedWriters, seconds: float) -> None:
@@ -96,9 +93,8 @@ def kill_service(cluster, writers: AckedWriters, name: str) -> dict:
     before = cluster.service(name)["restarts"]
     t_kill = time.monotonic()
     cluster.kill9(name)
-    while not cluster.answers(name, timeout=0.5):
-        assert time.monotonic() - t_kill < 60, f"{name} did not come back within 60 s"
-        time.sleep(0.01)
+    wait_until(f"{name} to answer again", lambda: cluster.answers(name, timeout=0.5), timeout=60, interval=0.01,
+               retry=())
     t_up = time.monotonic()
     entry = cluster.wait_restarted(name, old, restarts=before + 1)
     assert entry["last_exit"] == "signal 9: SIGKILL" and entry["crash_loop"] is False, entry

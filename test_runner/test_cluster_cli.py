@@ -12,7 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fixtures.cluster import StrataCommandFailed, kill_and_wait, pid_alive
+from fixtures.cluster import StrataCommandFailed
+from fixtures.processes import kill_and_wait, pid_alive
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 SERVICES = SAFEKEEPERS + ["pageserver"]

@@ -10,60 +10,18 @@ invariants hold; and a read at the newest LSN visits few layers."""
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 
-from fixtures.page_mask import masked
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
+from fixtures.endpoint import current_lsn, start_endpoint
+from fixtures.page_compare import (assert_same_pages, catalog, checkpoint_compute, compare_data_dir, quiet_cluster,
+                                   wait_quiet)
+from fixtures.page_mask import masked
+from fixtures.pageserver_api import SMALL_LAYERS, PageserverApi, error_message
 from fixtures.strata import format_lsn, parse_lsn
-from test_pageserver import (PageserverApi, catalog, compare_data_dir, current_lsn, start_endpoint,
-                             wait_quiet)
 
 SCALE = 4
-SMALL_LAYERS = {
-    "checkpoint_distance": 1 << 20,
-    "compaction_threshold": 3,
-    "compaction_target_size": 1 << 20,
-    "image_creation_threshold": 2,
-    "compaction_period": 0.2,
-}
-
-
-def configure_pageserver(cluster, settings: dict) -> None:
-    conf = cluster.workdir / "pageserver" / "pageserver.toml"
-    text = conf.read_text()
-    for key, value in settings.items():
-        line = f"{key} = {json.dumps(value)}"
-        text, n = re.subn(rf"^{key} = .*$", line, text, flags=re.M)
-        if not n:
-            text += line + "\n"
-    conf.write_text(text)
-
-
-def quiet_cluster(cluster_factory, settings: dict, prepare=None):
-    """A started cluster whose pageserver runs with `settings` (and whatever
-    `prepare(cluster)` changes before the start), and an endpoint without
-    autovacuum (nothing changes pages while files are read) whose template0
-    accepts connections (so its catalog can be read for the page kinds of
-    its relations)."""
-    cluster = cluster_factory(start=False)
-    configure_pageserver(cluster, settings)
-    if prepare is not None:
-        prepare(cluster)
-    cluster.start()
-    ep = start_endpoint(cluster)
-    with ep.connect() as conn:
-        conn.execute("ALTER SYSTEM SET autovacuum = off")
-        conn.execute("SELECT pg_reload_conf()")
-        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
-    return cluster, PageserverApi(cluster), ep
-
-
-def checkpoint_compact(ps: PageserverApi) -> dict:
-    code, body = ps.request("POST", ps.tl_path() + "/checkpoint?compact=true", timeout=600)
-    assert code == 200, (code, body)
-    return json.loads(body)
 
 
 def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
@@ -105,10 +63,7 @@ def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
         assert_pgbench_invariants(pgbench_state(conn), SCALE)
     wait_quiet(ep)
     dbs, rels = catalog(ep)
-    with ep.connect() as conn:
-        conn.execute("CHECKPOINT")
-        lsn = current_lsn(conn)
-    st = ps.wait_lsn(lsn)
+    lsn, st = checkpoint_compute(ep, ps)
     assert st["state"] == "active", st
     cmp = compare_data_dir(ps, ep, rels, lsn, keep=True)
     print("pages after background compaction:", json.dumps(cmp.summary()))
@@ -116,14 +71,11 @@ def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
     assert cmp.blocks_compared > 1000 and cmp.by_kind["heap"] > 0 and cmp.by_kind["btree"] > 0, cmp.summary()
 
     # Everything compacted and imaged now: the same bytes from the new layers.
-    st = checkpoint_compact(ps)
+    st = ps.checkpoint("compact=true", timeout=600)
     print("after a forced compaction:", {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers", "layer_bytes")},
           st["compaction"])
     assert st["l0_layers"] == 0 and st["image_layers"] >= 1, st
-    for key, page in cmp.fetched.items():
-        spc, db, rel, fork, block = key
-        code, served = ps.page(spc, db, rel, fork, block, lsn)
-        assert code == 200 and served == page, f"{key} changed with compaction"
+    assert_same_pages(ps, cmp, lsn, "changed with compaction")
 
     # The early LSN still serves the pages of that time (from L1 deltas below the images).
     db_oid = dbs["postgres"]
@@ -167,15 +119,10 @@ def test_gc_keeps_the_pitr_window_exact_and_refuses_below(cluster_factory):
         assert_pgbench_invariants(pgbench_state(conn), 2)
     wait_quiet(ep)
     dbs, rels = catalog(ep)
-    with ep.connect() as conn:
-        conn.execute("CHECKPOINT")
-        lsn = current_lsn(conn)
-    ps.wait_lsn(lsn)
+    lsn, _ = checkpoint_compute(ep, ps)
     before = ps.status()
     time.sleep(2.5)  # the checkpoint's own commit leaves the window too
-    code, body = ps.request("POST", ps.tl_path() + "/checkpoint?compact=true&gc=true", timeout=600)
-    assert code == 200, body
-    st = json.loads(body)
+    st = ps.checkpoint("compact=true&gc=true", timeout=600)
     gc = st["gc"]
     print("\ngc:", gc, "layer bytes", before["layer_bytes"], "->", st["layer_bytes"])
     cutoff = parse_lsn(gc["cutoff"])
@@ -187,7 +134,7 @@ def test_gc_keeps_the_pitr_window_exact_and_refuses_below(cluster_factory):
 
     code, body = ps.page(1663, db_oid, rel, "main", 0, early)
     assert code == 410, (code, body)
-    message = json.loads(body)["error"]
+    message = error_message(body)
     assert "below the GC cutoff" in message and gc["cutoff"] in message, message
     # The compute is quiet: its files are the pages at any LSN from its checkpoint on.
     cmp = compare_data_dir(ps, ep, rels, now, keep=True)

@@ -49,9 +49,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixtures.checks import parse_pgbench
-from fixtures.cluster import LocalCluster, pid_alive, wait_until
+from fixtures.checks import history_rows, parse_pgbench
+from fixtures.cluster import LocalCluster
 from fixtures.endpoint import Endpoint
+from fixtures.processes import pid_alive
+from fixtures.wait import wait_until
 
 NOFILE = 1024                # RLIMIT_NOFILE (soft = hard) of every Strata process
 IDLE_PER_PORT = 600          # idle connections kept open against each port
@@ -424,10 +426,6 @@ def raise_own_limit(needed: int) -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def history_rows(ep: Endpoint) -> int:
-    return ep.sql("SELECT count(*) FROM pgbench_history")[0][0]
 
 
 def run_pgbench(ep: Endpoint, seconds: int):

@@ -22,28 +22,21 @@ from fixtures.checks import (
     assert_pgbench_invariants,
     compare_dumps,
     dump_all,
-    pageserver_timeline,
+    history_rows,
     parse_pgbench,
     pgbench_state,
     run_amcheck,
     user_databases,
-    wait_for_pageserver_lsn,
 )
-from fixtures.cluster import pid_alive
 from fixtures.endpoint import Endpoint
+from fixtures.pageserver_api import wait_for_pageserver_lsn
+from fixtures.processes import pid_alive
 from fixtures.strata import parse_lsn
+from fixtures.wait import wait_until
 from fixtures.workload import run_broad_workload
 
 SAFEKEEPERS = ("sk1", "sk2", "sk3")
 CLIENTS = 4
-
-
-def history_rows(conn) -> int:
-    return conn.execute("SELECT count(*) FROM pgbench_history").fetchone()[0]
-
-
-def wal_lsn(endpoint: Endpoint) -> str:
-    return endpoint.sql("SELECT pg_current_wal_lsn()::text")[0][0]
 
 
 def test_pgbench_survives_compute_restart(cluster):
@@ -184,8 +177,8 @@ def test_pageserver_kill9_under_load(cluster):
             # Once more while it catches up with the ~5 s of WAL it missed:
             # this time its supervisor starts it again.
             time.sleep(0.5)
-            seen = pageserver_timeline(cluster)
-            behind = parse_lsn(wal_lsn(ep)) - parse_lsn(seen["last_record_lsn"])
+            seen = cluster.timeline_status("pageserver")
+            behind = ep.wal_lsn() - parse_lsn(seen["last_record_lsn"])
             assert behind > 0, seen
             killed = cluster.kill9("pageserver")
             restarted = cluster.wait_restarted("pageserver", killed)
@@ -201,7 +194,7 @@ def test_pageserver_kill9_under_load(cluster):
     done = parse_pgbench(stdout)
     assert done.processed > 0 and done.failed == 0, done
 
-    end = wal_lsn(ep)
+    end = ep.wal_lsn()
     caught_up = wait_for_pageserver_lsn(cluster, end, timeout=300)
     assert caught_up["state"] == "active", caught_up
 
@@ -216,10 +209,7 @@ def test_pageserver_kill9_under_load(cluster):
 
 def wait_reaped(pid: int, timeout: float = 60) -> None:
     """Waits until a process has not only exited but was reaped by its parent."""
-    deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}").exists():
-        assert time.monotonic() < deadline, f"pid {pid} was not reaped in {timeout} s"
-        time.sleep(0.1)
+    wait_until(f"pid {pid} to be reaped", lambda: not Path(f"/proc/{pid}").exists(), timeout, retry=())
 
 
 def test_compute_kill9_keeps_acknowledged_commits(cluster):
@@ -249,11 +239,9 @@ def test_compute_kill9_keeps_acknowledged_commits(cluster):
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
-    while len(acknowledged) < 300:
-        assert thread.is_alive(), f"the writer stopped: {errors}\n{ep.logs()}"
-        assert time.monotonic() < deadline, f"only {len(acknowledged)} commits in 120 s"
-        time.sleep(0.05)
+    wait_until("300 commits", lambda: len(acknowledged) >= 300, timeout=120, interval=0.05, retry=(),
+               stop_if=lambda: None if thread.is_alive() else f"the writer stopped: {errors}\n{ep.logs()}",
+               details=lambda: f"only {len(acknowledged)} commits")
 
     _, _, postmaster = ep.kill9_compute()
     thread.join(timeout=120)

@@ -8,31 +8,23 @@ import io
 import os
 import re
 import tarfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from fixtures.endpoint import Endpoint
-from fixtures.strata import drop_os_caches, http_json
+from fixtures.pageserver_api import PageserverApi
+from fixtures.strata import drop_os_caches
+from fixtures.wait import wait_until
 
 BLOCK = 8192
 SEGMENT_FILE = re.compile(r"^(?P<path>(?:global|base/\d+)/(?P<rel>\d+)(?P<fork>_vm|_fsm|_init)?)(?:\.(?P<seg>\d+))?$")
 
 
 def basebackup(cluster, query: str) -> tuple[int, bytes]:
-    url = cluster.http_url("pageserver", cluster.timeline_path() + "/basebackup?" + query)
+    ps = PageserverApi(cluster)
     try:
-        with urllib.request.urlopen(url, timeout=120) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def agent_status(cluster, endpoint: str) -> dict:
-    ep = next(e for e in cluster.status()["endpoints"] if e["name"] == endpoint)
-    code, body = http_json("GET", f"http://127.0.0.1:{ep['ports']['http']}/v1/status")
-    assert code == 200, body
-    return body
+        return ps.request("GET", ps.tl_path() + "/basebackup?" + query, timeout=120)
+    finally:
+        ps.close()
 
 
 def members(tar_bytes: bytes) -> dict[str, bytes]:
@@ -133,7 +125,7 @@ def test_a_lazy_compute_runs_pgbench_and_keeps_every_commit(cluster):
         state = pgbench_state(conn)
     assert_pgbench_invariants(state, 2)
     run_amcheck(ep)
-    lazy = agent_status(cluster, "lazy")["lazy"]
+    lazy = ep.agent_status(timeout=10)["lazy"]
     assert lazy["blocks_fetched"] > 0 and lazy["fetch_errors"] == 0, lazy
 
     # A restart keeps the mode and every commit.
@@ -191,7 +183,7 @@ def test_a_read_fails_while_the_pageserver_is_down_and_works_once_it_is_back(clu
     out = cluster.start()
     assert "pageserver: started" in out, out
     assert ep.sql("SELECT count(*) FROM t") == [(20000,)]
-    lazy = agent_status(cluster, "lazy")["lazy"]
+    lazy = ep.agent_status(timeout=10)["lazy"]
     assert lazy["fetch_errors"] >= 1 and lazy["blocks_fetched"] > 300, lazy
     assert ep.sql("SELECT pg_postmaster_start_time()") == started, "PostgreSQL ran on"
     ep.stop()
@@ -204,12 +196,9 @@ def test_a_cache_smaller_than_the_working_set_drops_blocks_and_reads_them_back_r
     within its budget, pgbench's invariants hold, pg_amcheck finds nothing,
     and at the end every block of every pgbench relation as PostgreSQL
     reads it equals the pageserver's at the compute's last LSN."""
-    import time
-
-    from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck, wait_for_pageserver_lsn
+    from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
     from fixtures.page_mask import masked
-    from fixtures.strata import parse_lsn
-    from test_pageserver import PageserverApi
+    from fixtures.pageserver_api import wait_for_pageserver_lsn
 
     eager = Endpoint(cluster, "eager")
     eager.start("--eager")
@@ -229,7 +218,7 @@ def test_a_cache_smaller_than_the_working_set_drops_blocks_and_reads_them_back_r
     assert_pgbench_invariants(state, 2)
     run_amcheck(ep)
 
-    status = agent_status(cluster, "lazy")["lazy"]
+    status = ep.agent_status(timeout=10)["lazy"]
     budget = status["cache_budget_blocks"]
     assert budget == 128, status
     assert status["cache_evictions"] > 4 * budget and status["fetch_errors"] == 0, status
@@ -238,19 +227,17 @@ def test_a_cache_smaller_than_the_working_set_drops_blocks_and_reads_them_back_r
     assert status["blocks_fetched"] > 4000, status
 
     def within_budget() -> dict:
-        s = agent_status(cluster, "lazy")["lazy"]
+        s = ep.agent_status(timeout=10)["lazy"]
         return s if s["cache_blocks"] <= budget else None
 
-    deadline = time.monotonic() + 30
-    while (s := within_budget()) is None:
-        assert time.monotonic() < deadline, agent_status(cluster, "lazy")["lazy"]
-        time.sleep(0.2)
+    wait_until("the cache back within its budget", within_budget, timeout=30, interval=0.2, retry=(),
+               details=lambda: ep.agent_status(timeout=10)["lazy"])
 
     # Every block PostgreSQL reads equals the pageserver's at the last LSN:
     # a block read back at a wrong version would have been changed and
     # logged from the wrong content, and differ here.
     ep.sql("CHECKPOINT")
-    lsn = ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]
+    lsn = ep.wal_lsn("pg_current_wal_flush_lsn")
     wait_for_pageserver_lsn(cluster, lsn)
     ep.sql("CREATE EXTENSION IF NOT EXISTS pageinspect")
     rels = ep.sql("""
@@ -265,7 +252,7 @@ def test_a_cache_smaller_than_the_working_set_drops_blocks_and_reads_them_back_r
             for name, filenode, db, kind, nblocks in rels:
                 for b in range(nblocks):
                     mine = bytes(conn.execute("SELECT get_raw_page(%s, 'main', %s)", (name, b)).fetchone()[0])
-                    code, served = ps.page(1663, db, filenode, "main", b, parse_lsn(lsn))
+                    code, served = ps.page(1663, db, filenode, "main", b, lsn)
                     assert code == 200, (name, b, code, served[:200])
                     compared += 1
                     if masked(mine, kind, b) != masked(served, kind, b):
@@ -295,7 +282,6 @@ def test_a_dead_mount_makes_the_agent_start_postgres_afresh_with_every_commit(cl
     longer served, stops PostgreSQL and starts it afresh on new mounts, and
     every commit acknowledged before is there."""
     import threading
-    import time
 
     import psycopg
 
@@ -322,24 +308,20 @@ def test_a_dead_mount_makes_the_agent_start_postgres_afresh_with_every_commit(cl
     t = threading.Thread(target=writer)
     t.start()
     try:
-        deadline = time.monotonic() + 30
-        while len(acknowledged) < 500:
-            assert time.monotonic() < deadline, "the writer made no progress"
-            stop.wait(0.05)
+        wait_until("the writer to make progress", lambda: len(acknowledged) >= 500, timeout=30, interval=0.05,
+                   retry=())
         abort_fuse_connection(ep.pgdata / "base")
         ep.wait_new_server(started, timeout=90)
         before = len(acknowledged)
-        deadline = time.monotonic() + 30
-        while len(acknowledged) < before + 100:
-            assert time.monotonic() < deadline, "no commits after the restart"
-            stop.wait(0.05)
+        wait_until("commits after the restart", lambda: len(acknowledged) >= before + 100, timeout=30,
+                   interval=0.05, retry=())
     finally:
         stop.set()
         t.join(timeout=30)
     ids = {r[0] for r in ep.sql("SELECT id FROM t")}
     missing = set(acknowledged) - ids
     assert not missing, f"{len(missing)} acknowledged commits lost, e.g. {sorted(missing)[:10]}"
-    status = agent_status(cluster, "lazy")
+    status = ep.agent_status(timeout=10)
     assert status["restarts"] >= 1 and "no longer served" in status["last_restart_cause"], status
     assert f"{ep.pgdata}/base" in ep.lazy_mounts(), "mounted again"
     ep.stop()
@@ -381,7 +363,7 @@ def test_random_workloads_through_a_tiny_cache_end_as_on_stock_postgres(cluster,
         ep.start()
         assert table_digests(ep) == table_digests(stock), f"seed {s}, round {round_}"
     run_amcheck(ep)
-    status = agent_status(cluster, "lazy")["lazy"]
+    status = ep.agent_status(timeout=10)["lazy"]
     print(f"seed {seed}: {status}")
     assert status["cache_evictions"] > 0 and status["fetch_errors"] == 0, status
     ep.stop()
@@ -413,7 +395,7 @@ def test_a_table_over_1_gib_is_served_on_both_sides_of_its_segment_boundary(clus
     assert blocks == rows, blocks
     db, filenode = ep.sql("SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), "
                           "pg_relation_filenode('big')")[0]
-    status = agent_status(cluster, "big")["lazy"]
+    status = ep.agent_status(timeout=10)["lazy"]
     assert status["cache_budget_blocks"] == 64 * 128 and status["fetch_errors"] == 0, status
 
     def check(expected_rows: int) -> None:
@@ -440,7 +422,7 @@ def test_a_table_over_1_gib_is_served_on_both_sides_of_its_segment_boundary(clus
     ep.start("--cache-mb", "64")
     check(rows)
     run_amcheck(ep)
-    status = agent_status(cluster, "big")["lazy"]
+    status = ep.agent_status(timeout=10)["lazy"]
     assert status["blocks_fetched"] >= rows and status["cache_evictions"] > 0 and status["fetch_errors"] == 0, status
 
     # VACUUM truncates empty blocks at the end when there are at least 1000.

@@ -18,10 +18,10 @@ import random
 import subprocess
 
 from fixtures.endpoint import Endpoint
+from fixtures.pageserver_api import wait_for_pageserver_lsn
 from fixtures.random_workload import run_random_workload
 from fixtures.strata import parse_lsn
 from fixtures.workload import run_broad_workload
-from fixtures.cluster import wait_until
 
 # Kinds of record the workloads must reach, each with at least one block
 # compared (pg_waldump's names).
@@ -32,12 +32,6 @@ MUST_VERIFY = (
     "Btree/INSERT_LEAF", "Btree/INSERT_UPPER", "Btree/SPLIT_L", "Btree/SPLIT_R", "Btree/DEDUP",
     "Btree/VACUUM", "Btree/DELETE", "Btree/NEWROOT", "Btree/MARK_PAGE_HALFDEAD", "Btree/UNLINK_PAGE",
 )
-
-
-def redo_check(cluster) -> dict:
-    status, body = cluster.http("pageserver", "GET", cluster.timeline_path())
-    assert status == 200, body
-    return body
 
 
 def test_native_redo_matches_postgres(cluster_factory, strata_bin):
@@ -58,11 +52,7 @@ def test_native_redo_matches_postgres(cluster_factory, strata_bin):
         conn.execute("VACUUM shrink_t")
         end = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
 
-    def caught_up():
-        s = redo_check(cluster)
-        return s if parse_lsn(s["last_record_lsn"]) >= end else None
-
-    st = wait_until("the pageserver ingests the workload", caught_up, timeout=300)
+    st = wait_for_pageserver_lsn(cluster, end, timeout=300)
     check = st["verify_redo"]
     print("\npageserver redo oracle:", json.dumps(check), "rows:", counts)
     assert st["state"] == "active", st

@@ -33,7 +33,7 @@ import psycopg
 import pytest
 import yaml
 
-from fixtures.cluster import wait_until
+from fixtures.pageserver_api import wait_for_pageserver_lsn
 from fixtures.strata import parse_lsn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -388,9 +388,7 @@ def test_live_cluster_answers_as_documented(cluster, specs):
         before_commit = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
         conn.execute("INSERT INTO t VALUES (1)")
         commit_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-    wait_until("the pageserver ingests the commit",
-               lambda: parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["last_record_lsn"])
-               >= commit_lsn, timeout=30)
+    wait_for_pageserver_lsn(cluster, commit_lsn, timeout=30)
 
     # ---- pageserver: reads, with real ids
     ps = "pageserver"

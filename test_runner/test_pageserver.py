@@ -17,7 +17,6 @@ cluster (`strata init` / `start` / `endpoint start`):
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import struct
@@ -25,7 +24,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
@@ -33,331 +32,26 @@ import pytest
 import zstandard
 
 from fixtures import page_protocol as pp
-from fixtures.cluster import LocalCluster, StrataCommandFailed, pid_alive
-from fixtures.page_mask import PAGE_SIZE, diff_ranges, header_fields, locate, masked
+from fixtures.cluster import LocalCluster, StrataCommandFailed
+from fixtures.endpoint import current_lsn, start_endpoint
+from fixtures.page_compare import (Comparison, ForkFile, catalog, checkpoint_compute, compare_data_dir, compare_fork,
+                                   mismatch_report, quiet_compute, read_fork, relation_forks, wait_quiet)
+from fixtures.page_mask import PAGE_SIZE, masked
+from fixtures.pageserver_api import DEFAULT_SPC, FORK_NUMBER, PageserverApi, error_message
+from fixtures.processes import pid_alive
 from fixtures.strata import format_lsn, parse_lsn
-from fixtures.endpoint import Endpoint
+from fixtures.wait import wait_until
 from fixtures.workload import _copy_select, run_broad_workload
 
-GLOBAL_SPC = 1664
-DEFAULT_SPC = 1663
-FORK_SUFFIX = {"main": "", "fsm": "_fsm", "vm": "_vm", "init": "_init"}
-FORK_NUMBER = {"main": 0, "fsm": 1, "vm": 2, "init": 3}
-REL_FILE = re.compile(r"^(?P<rel>\d+)(?:_(?P<fork>fsm|vm|init))?(?:\.(?P<seg>\d+))?$")
-AM_KINDS = {"btree", "hash", "gin", "gist", "spgist", "brin"}
 HISTORY_TABLES = ("hist_t", "shrink_t", "drop_t")
 
 
 # ---------------------------------------------------------------- helpers
 
-class PageserverApi:
-    """The pageserver of a local cluster: HTTP API on one keep-alive connection, page service address."""
-
-    def __init__(self, cluster: LocalCluster):
-        ct = cluster.cluster_toml
-        svc = next(s for s in ct["services"] if s["name"] == "pageserver")
-        self.http_port = svc["ports"]["http"]
-        self.pg_address = f"127.0.0.1:{svc['ports']['pg']}"
-        self.tenant = ct["tenant_id"]
-        self.timeline = ct["branches"][0]["timeline_id"]
-        self.data_dir = Path(cluster.service_config("pageserver")["data_dir"])
-        self.conn: http.client.HTTPConnection | None = None
-
-    @property
-    def timeline_dir(self) -> Path:
-        return self.data_dir / "tenants" / self.tenant / "timelines" / self.timeline
-
-    def request(self, method: str, path: str, timeout: float = 60) -> tuple[int, bytes]:
-        for attempt in range(2):
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
-            self.conn.timeout = timeout
-            try:
-                self.conn.request(method, path)
-                r = self.conn.getresponse()
-                return r.status, r.read()
-            except (http.client.HTTPException, ConnectionError, OSError):
-                self.close()
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def tl_path(self, tenant: str | None = None, timeline: str | None = None) -> str:
-        return f"/v1/tenant/{tenant or self.tenant}/timeline/{timeline or self.timeline}"
-
-    def status(self) -> dict:
-        code, body = self.request("GET", self.tl_path())
-        assert code == 200, (code, body)
-        return json.loads(body)
-
-    def checkpoint(self) -> dict:
-        code, body = self.request("POST", self.tl_path() + "/checkpoint", timeout=300)
-        assert code == 200, (code, body)
-        return json.loads(body)
-
-    def page(self, spc: int, db: int, rel: int, fork: str, block: int, lsn: int | None,
-             timeout: float = 60) -> tuple[int, bytes]:
-        q = f"?rel={spc}/{db}/{rel}&fork={FORK_NUMBER[fork]}&block={block}"
-        if lsn is not None:
-            q += f"&lsn={format_lsn(lsn)}"
-        return self.request("GET", self.tl_path() + "/page" + q, timeout=timeout)
-
-    def wait_lsn(self, lsn: int, timeout: float = 180) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            st = self.status()
-            if parse_lsn(st["last_record_lsn"]) >= lsn:
-                return st
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout}s for {format_lsn(lsn)}, the pageserver is at "
-                                   f"{st['last_record_lsn']}: {st}")
-            time.sleep(0.2)
-
-
 def wait_caught_up(cluster: LocalCluster, ps: PageserverApi, timeout: float = 120) -> dict:
     """With no compute running: until the pageserver has ingested every WAL
     record the safekeepers have committed."""
-    commit = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
-    return ps.wait_lsn(commit, timeout)
-
-
-def error_message(body: bytes) -> str:
-    return json.loads(body)["error"]
-
-
-def start_endpoint(cluster: LocalCluster, name: str = "ep") -> Endpoint:
-    ep = Endpoint(cluster, name)
-    ep.start()
-    return ep
-
-
-def current_lsn(conn) -> int:
-    """The end of the WAL written so far, made durable first: records outside
-    transactions (VACUUM's visibility-map records, for one) can sit in WAL
-    buffers beyond pg_current_wal_lsn() until a commit flushes them."""
-    conn.execute("SELECT txid_current()")
-    return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-
-
-def wait_quiet(ep: Endpoint, timeout: float = 120) -> None:
-    """Until no other client backend is busy and no autovacuum worker runs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        busy = ep.sql("SELECT pid, backend_type, state, query FROM pg_stat_activity "
-                      "WHERE (backend_type = 'autovacuum worker' "
-                      "       OR (backend_type = 'client backend' AND state <> 'idle')) "
-                      "AND pid <> pg_backend_pid()")
-        if not busy:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the compute is not quiet: {busy}")
-        time.sleep(0.2)
-
-
-def read_fork(first_segment: Path) -> bytes:
-    """All blocks of a relation fork: its segment files concatenated."""
-    data = bytearray(first_segment.read_bytes())
-    seg = 1
-    while (p := first_segment.with_name(f"{first_segment.name}.{seg}")).exists():
-        data += p.read_bytes()
-        seg += 1
-    assert len(data) % PAGE_SIZE == 0, f"{first_segment}: {len(data)} bytes is not a whole number of pages"
-    return bytes(data)
-
-
-@dataclass
-class RelInfo:
-    name: str
-    relkind: str
-    amname: str
-    persistence: str
-
-    @property
-    def kind(self) -> str:
-        """Which masking rules apply to the relation's main and init forks."""
-        if self.relkind == "S":
-            return "sequence"
-        if self.relkind in ("r", "t", "m"):
-            return "heap" if self.amname == "heap" else "unknown"
-        if self.relkind == "i" and self.amname in AM_KINDS:
-            return self.amname
-        return "unknown"
-
-
-def catalog(ep: Endpoint) -> tuple[dict[str, int], dict[tuple[int, int, int], RelInfo]]:
-    """Database oids by name, and every relation with storage by (spc, db,
-    relfilenode), read from each database's catalog."""
-    dbs = {name: oid for name, oid in ep.sql("SELECT datname, oid::int FROM pg_database")}
-    rels: dict[tuple[int, int, int], RelInfo] = {}
-    for name, oid in dbs.items():
-        with ep.connect(name) as conn:
-            rows = conn.execute(
-                "SELECT pg_relation_filenode(c.oid)::bigint, c.reltablespace::int, c.relisshared, c.relkind, "
-                "       coalesce(am.amname, ''), c.relpersistence, c.oid::regclass::text "
-                "FROM pg_class c LEFT JOIN pg_am am ON am.oid = c.relam "
-                "WHERE pg_relation_filenode(c.oid) IS NOT NULL").fetchall()
-        for filenode, spc, shared, relkind, amname, persistence, relname in rows:
-            key = (GLOBAL_SPC, 0, filenode) if shared else (spc or DEFAULT_SPC, oid, filenode)
-            rels.setdefault(key, RelInfo(relname if shared else f"{name}.{relname}", relkind, amname, persistence))
-    return dbs, rels
-
-
-@dataclass
-class ForkFile:
-    spc: int
-    db: int
-    rel: int
-    fork: str
-    path: Path
-
-    @property
-    def tag(self) -> str:
-        return f"{self.spc}/{self.db}/{self.rel}{FORK_SUFFIX[self.fork]}"
-
-
-def relation_forks(pgdata: Path) -> list[ForkFile]:
-    """Every relation fork file of the default and global tablespaces (first segments only)."""
-    out = []
-    dirs = [(GLOBAL_SPC, 0, pgdata / "global")]
-    dirs += [(DEFAULT_SPC, int(d.name), d) for d in sorted((pgdata / "base").iterdir()) if d.name.isdigit()]
-    for spc, db, d in dirs:
-        for p in sorted(d.iterdir()):
-            m = REL_FILE.match(p.name)
-            if m and m["seg"] is None:
-                out.append(ForkFile(spc, db, int(m["rel"]), m["fork"] or "main", p))
-    assert not any((pgdata / "pg_tblspc").iterdir()), "tablespaces other than pg_default/pg_global are not covered"
-    return out
-
-
-@dataclass
-class Comparison:
-    lsn: int
-    blocks_compared: int = 0
-    blocks_equal: int = 0
-    forks_compared: int = 0
-    sizes_checked: int = 0
-    skipped: Counter = field(default_factory=Counter)
-    by_kind: Counter = field(default_factory=Counter)
-    mismatches: list = field(default_factory=list)
-    # Differences accounted for by PostgreSQL's own WAL (see wal_hole_explanation).
-    explained: list = field(default_factory=list)
-    size_mismatches: list = field(default_factory=list)
-    fetched: dict = field(default_factory=dict)  # (spc, db, rel, fork, block) -> raw page from HTTP
-    lsn_differs: list = field(default_factory=list)
-
-    def summary(self) -> dict:
-        return {"lsn": format_lsn(self.lsn), "forks_compared": self.forks_compared,
-                "blocks_compared": self.blocks_compared, "blocks_equal": self.blocks_equal,
-                "blocks_mismatched": len(self.mismatches), "blocks_differing_as_wal_says": len(self.explained),
-                "sizes_checked": self.sizes_checked,
-                "size_mismatches": len(self.size_mismatches), "by_kind": dict(self.by_kind),
-                "skipped_blocks_by_reason": dict(self.skipped)}
-
-
-def describe_mismatch(where: str, kind: str, block: int, local: bytes, served: bytes) -> dict:
-    ml, ms = masked(local, kind, block), masked(served, kind, block)
-    ranges = diff_ranges(ml, ms)
-    return {
-        "relation": where, "block": block, "kind": kind,
-        "differing_byte_ranges_after_masking": [
-            {"from": a, "to": b, "where": locate(local, a), "data_file": local[a:b][:32].hex(),
-             "pageserver": served[a:b][:32].hex()} for a, b in ranges],
-        "data_file_header": header_fields(local), "pageserver_header": header_fields(served),
-    }
-
-
-def mismatch_report(report: dict, mismatches: list) -> str:
-    """One line per mismatch, then the first few in full."""
-    lines = [json.dumps(report, indent=1), f"{len(mismatches)} mismatched blocks:"]
-    for m in mismatches:
-        ranges = ", ".join(f"[{r['from']},{r['to']}) {r['where']}: file {r['data_file']} / pageserver {r['pageserver']}"
-                           for r in m.get("differing_byte_ranges_after_masking", []))
-        lines.append(f"  {m['relation']} block {m['block']} ({m['kind']}): {ranges or m.get('error')}")
-    lines.append(json.dumps(mismatches[:3], indent=1))
-    return "\n".join(lines)
-
-
-def compare_fork(ps: PageserverApi, ff: ForkFile, local: bytes, kind: str, lsn: int, cmp: Comparison,
-                 where: str, skip_block=lambda b: None, keep: bool = False, explain=None) -> None:
-    """Compares every block of ``local`` with the pageserver's page at ``lsn``, and the fork's size."""
-    nblocks = len(local) // PAGE_SIZE
-    cmp.forks_compared += 1
-    for b in range(nblocks):
-        reason = skip_block(b)
-        if reason:
-            cmp.skipped[reason] += 1
-            continue
-        code, served = ps.page(ff.spc, ff.db, ff.rel, ff.fork, b, lsn)
-        if code != 200:
-            cmp.mismatches.append({"relation": where, "block": b, "kind": kind, "http_status": code,
-                                   "error": served.decode(errors="replace")})
-            continue
-        assert len(served) == PAGE_SIZE, (where, b, len(served))
-        if keep:
-            cmp.fetched[(ff.spc, ff.db, ff.rel, ff.fork, b)] = served
-        page = local[b * PAGE_SIZE:(b + 1) * PAGE_SIZE]
-        cmp.blocks_compared += 1
-        cmp.by_kind[kind] += 1
-        if masked(page, kind, b) == masked(served, kind, b):
-            cmp.blocks_equal += 1
-            if page[:8] != served[:8]:
-                cmp.lsn_differs.append((where, b, header_fields(page)["pd_lsn"], header_fields(served)["pd_lsn"]))
-        elif explain is not None and (why := explain(ff, kind, b, page, served)):
-            cmp.explained.append({"relation": where, "block": b, "kind": kind, "why": why})
-        else:
-            cmp.mismatches.append(describe_mismatch(where, kind, b, page, served))
-    # The size: the block after the last one does not exist at this LSN.
-    code, body = ps.page(ff.spc, ff.db, ff.rel, ff.fork, nblocks, lsn)
-    cmp.sizes_checked += 1
-    if code != 404:
-        cmp.size_mismatches.append({"relation": where, "blocks_in_data_file": nblocks,
-                                    f"page {nblocks} status": code,
-                                    "body": body[:200].decode(errors="replace") if code != 200 else "a page"})
-    elif nblocks == 0:
-        # An empty fork must still exist on the pageserver (not "does not exist").
-        msg = error_message(body)
-        if "beyond its 0 blocks" not in msg:
-            cmp.size_mismatches.append({"relation": where, "blocks_in_data_file": 0, "error": msg})
-
-
-def compare_data_dir(ps: PageserverApi, ep: Endpoint, rels: dict, lsn: int, keep: bool = False,
-                     explain=None) -> Comparison:
-    cmp = Comparison(lsn)
-    for ff in relation_forks(ep.pgdata):
-        info = rels.get((ff.spc, ff.db, ff.rel))
-        local = read_fork(ff.path)
-        nblocks = len(local) // PAGE_SIZE
-        if ff.fork == "fsm":
-            cmp.skipped["free space map fork: not served by the pageserver"] += nblocks
-            continue
-        if info is None:
-            # A dropped relation whose file is only unlinked after a checkpoint is empty.
-            assert nblocks == 0, f"{ff.path}: {nblocks} blocks of a relation no catalog knows"
-            cmp.skipped["file of a dropped relation, emptied"] += 1
-            continue
-        where = f"{info.name} ({ff.tag})"
-        if info.persistence == "t":
-            cmp.skipped["temporary relation"] += nblocks
-            continue
-        if info.persistence == "u" and ff.fork != "init":
-            cmp.skipped["unlogged relation: main and vm forks are not WAL-logged"] += nblocks
-            continue
-        kind = "vm" if ff.fork == "vm" else info.kind
-
-        def skip_block(b: int, kind=kind) -> str | None:
-            if kind == "sequence":
-                return "sequence page: nextval() changes it without WAL"
-            if kind == "spgist" and b == 0:
-                return "SP-GiST metapage: its last-used-page cache is written without WAL"
-            return None
-
-        compare_fork(ps, ff, local, kind, lsn, cmp, where, skip_block, keep, explain)
-    return cmp
+    return ps.wait_lsn(cluster.commit_lsn(), timeout)
 
 
 @dataclass
@@ -493,13 +187,10 @@ def test_pages_equal_compute_data_files(cluster, strata_bin):
     # with a checkpoint record there, followed by all the WAL it writes.
     start = parse_lsn(ps.status()["last_record_lsn"])
     ep = start_endpoint(cluster)
+    # Nothing in the background that would change pages while files are
+    # read; template0's catalog readable (page kinds of its relations).
+    quiet_compute(ep)
     with ep.connect() as conn:
-        # Nothing in the background that would change pages while files are read.
-        conn.execute("ALTER SYSTEM SET autovacuum = off")
-        conn.execute("SELECT pg_reload_conf()")
-        # So that template0's catalog can be read (page kinds of its relations).
-        conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
-
         # A first state of three tables, kept at L1: one will grow, one
         # shrink (VACUUM truncates it), one be dropped.
         for t in HISTORY_TABLES:
@@ -537,17 +228,14 @@ def test_pages_equal_compute_data_files(cluster, strata_bin):
     wait_quiet(ep)
     dbs, rels = catalog(ep)
     assert {"postgres", "template0", "template1", "db_wal_log"} <= set(dbs), dbs
-    with ep.connect() as conn:
-        conn.execute("CHECKPOINT")
-        l2 = current_lsn(conn)
-    st = ps.wait_lsn(l2)
+    l2, st = checkpoint_compute(ep, ps)
     assert st["state"] == "active", st
 
     t0 = time.monotonic()
     images = last_wal_images(strata_bin, ep.pgdata / "pg_wal", start, l2)
     cmp = compare_data_dir(ps, ep, rels, l2, keep=True, explain=wal_hole_explanation(images))
     compare_s = time.monotonic() - t0
-    lsn_after = parse_lsn(ep.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    lsn_after = ep.wal_lsn()
     report = {**cmp.summary(), "equal_blocks_with_a_different_pd_lsn": cmp.lsn_differs,
               "wal_after_comparison": format_lsn(lsn_after),
               "workload_seconds": round(workload_s, 1), "comparison_seconds": round(compare_s, 1)}
@@ -814,10 +502,9 @@ def test_bad_requests(cluster_factory):
     frames: each gets the error the protocol specifies, and the pageserver
     keeps serving everyone else."""
     c = cluster_factory(start=False)
-    conf = c.workdir / "pageserver" / "pageserver.toml"
-    text = conf.read_text()
+    text = c.service_config_path("pageserver").read_text()
     assert re.search(r"^wait_lsn_timeout = ", text, re.M), text
-    conf.write_text(re.sub(r"^wait_lsn_timeout = .*$", "wait_lsn_timeout = 2.0", text, flags=re.M))
+    c.configure("pageserver", {"wait_lsn_timeout": 2.0})
     c.start()
     ps = PageserverApi(c)
     ep = start_endpoint(c)
@@ -943,13 +630,12 @@ def test_getpage_pipelined_matches_http(cluster):
         # A visibility map with bits set (WAL-logged). VACUUM sets none while
         # another snapshot (e.g. autovacuum's) still sees the load as in
         # progress, so repeat it until it has.
-        deadline = time.monotonic() + 60
-        while True:
+        def vacuumed_all_visible() -> bool:
             conn.execute("VACUUM pipe_t")
-            if conn.execute("SELECT relallvisible FROM pg_class WHERE relname = 'pipe_t'").fetchone()[0] > 0:
-                break
-            assert time.monotonic() < deadline, "VACUUM never marked a page of pipe_t all-visible"
-            time.sleep(0.5)
+            return conn.execute("SELECT relallvisible FROM pg_class WHERE relname = 'pipe_t'").fetchone()[0] > 0
+
+        wait_until("VACUUM to mark a page of pipe_t all-visible", vacuumed_all_visible, timeout=60, interval=0.5,
+                   retry=())
         db = conn.execute("SELECT oid::int FROM pg_database WHERE datname = current_database()").fetchone()[0]
         rels = dict(conn.execute("SELECT relname::text, pg_relation_filenode(oid)::bigint FROM pg_class "
                                  "WHERE relname IN ('pipe_t', 'pipe_t_pkey', 'pg_class')").fetchall())

@@ -25,11 +25,17 @@ import time
 import uuid
 from pathlib import Path
 
-from fixtures.checks import pageserver_timeline, wait_for_pageserver_lsn
-from fixtures.cluster import LocalCluster, wait_until
+from fixtures.cluster import LocalCluster
 from fixtures.endpoint import Endpoint
+from fixtures.metrics import wait_for_metric
+from fixtures.pageserver_api import wait_for_pageserver_lsn
+from fixtures.strata import parse_lsn
+from fixtures.wait import ANY_ERROR
 
 ROWS = 2000
+# The pageserver's gauge of broken timelines, updated every half second:
+# waited for, and a scrape that fails (the service restarting) is tried again.
+BROKEN_GAUGE = "strata_pageserver_timelines_broken"
 
 
 def listing(d: Path) -> dict[str, tuple[int, str]]:
@@ -38,11 +44,11 @@ def listing(d: Path) -> dict[str, tuple[int, str]]:
             for p in sorted(d.iterdir()) if p.is_file()}
 
 
-def fill(ep: Endpoint) -> str:
+def fill(ep: Endpoint) -> int:
     """A table of ROWS rows; returns the WAL position after it."""
     ep.sql("CREATE TABLE kept (id int PRIMARY KEY, v text)")
     ep.sql(f"INSERT INTO kept SELECT g, md5(g::text) FROM generate_series(1, {ROWS}) g")
-    return ep.sql("SELECT pg_current_wal_lsn()::text")[0][0]
+    return ep.wal_lsn()
 
 
 def filled_then_pageserver_stopped(cluster: LocalCluster) -> Endpoint:
@@ -68,24 +74,12 @@ def restart_pageserver(cluster: LocalCluster) -> None:
     cluster.start("--only", "pageserver")
 
 
-def wait_metric(cluster: LocalCluster, name: str, value: float) -> dict[str, float]:
-    """The pageserver's metrics once `name` has `value` (the gauge of broken
-    timelines is updated every half second)."""
-    return wait_until(f"{name} = {value}", lambda: (m := cluster.metrics("pageserver")).get(name) == value and m,
-                      timeout=10)
-
-
 def assert_broken_files(status: dict, *needles: str) -> None:
     assert status["state"] == "broken", status
     assert status["broken"]["kind"] == "files", status
     assert status["error"] == status["broken"]["reason"] and status["broken"]["since"] > 0, status
     for needle in needles:
         assert needle in status["error"], (needle, status["error"])
-
-
-def branch_status(cluster: LocalCluster, branch: str = "main") -> dict:
-    """The pageserver's status of a branch as `strata status --json` shows it."""
-    return next(t for t in cluster.status()["timelines"] if t["branch"] == branch)["pageserver"]
 
 
 def test_missing_metadata_breaks_the_timeline_and_keeps_its_files(cluster, tmp_path):
@@ -107,19 +101,19 @@ def test_missing_metadata_breaks_the_timeline_and_keeps_its_files(cluster, tmp_p
     assert svc["state"] == "running" and svc["restarts"] == 0, svc
     pid = svc["pid"]
 
-    status = pageserver_timeline(cluster)
+    status = cluster.timeline_status("pageserver")
     print(f"\nbroken: {status['error']}")
     assert_broken_files(status, f"reading {meta}", "No such file or directory")
-    shown = branch_status(cluster)  # `strata status --json` shows the same
+    shown = cluster.branch_status()["pageserver"]  # `strata status --json` shows the same
     assert (shown["state"], shown["broken"]["kind"], shown["error"]) == ("broken", "files", status["error"]), shown
     code, whole = cluster.http("pageserver", "GET", "/v1/status")
     assert code == 200 and [t["state"] for t in whole["timelines"]] == ["broken"], whole
     # Every other file is there, unchanged.
     assert listing(d) == {n: v for n, v in before.items() if n != "metadata.json"}
-    metrics = wait_metric(cluster, "strata_pageserver_timelines_broken", 1)
+    metrics = wait_for_metric(cluster, BROKEN_GAUGE, 1, service="pageserver", interval=0.1, retry=ANY_ERROR)
     # Not retried by itself (an operator decides), and the service lives on.
     time.sleep(3)
-    status = pageserver_timeline(cluster)
+    status = cluster.timeline_status("pageserver")
     assert status["state"] == "broken" and status["broken"]["kind"] == "files", status
     metrics = cluster.metrics("pageserver")
     assert metrics["strata_pageserver_timeline_reloads_total"] == 0, metrics
@@ -133,10 +127,10 @@ def test_missing_metadata_breaks_the_timeline_and_keeps_its_files(cluster, tmp_p
     # The file restored, the next start brings the timeline back.
     shutil.move(saved, meta)
     restart_pageserver(cluster)
-    status = pageserver_timeline(cluster)
+    status = cluster.timeline_status("pageserver")
     assert status["state"] == "active" and status["error"] is None and status["broken"] is None, status
     assert listing(d) == before
-    wait_metric(cluster, "strata_pageserver_timelines_broken", 0)
+    wait_for_metric(cluster, BROKEN_GAUGE, 0, service="pageserver", interval=0.1, retry=ANY_ERROR)
     ep.start()
     assert_data(ep)
     ep.sql("INSERT INTO kept VALUES (%s, 'after')", (ROWS + 1,))
@@ -180,12 +174,12 @@ def test_interrupted_creation_is_removed_and_an_unknown_directory_kept(cluster):
     assert_broken_files(status, str(timelines / unknown / "metadata.json"), "No such file or directory")
     code, _ = cluster.http("pageserver", "GET", cluster.timeline_path(timeline=creating))
     assert code == 404
-    main = pageserver_timeline(cluster)
+    main = cluster.timeline_status("pageserver")
     assert main["state"] == "active", main
     code, whole = cluster.http("pageserver", "GET", "/v1/status")
     assert {t["timeline_id"]: t["state"] for t in whole["timelines"]} == {
         cluster.timeline_id(): "active", unknown: "broken"}, whole
-    wait_metric(cluster, "strata_pageserver_timelines_broken", 1)
+    wait_for_metric(cluster, BROKEN_GAUGE, 1, service="pageserver", interval=0.1, retry=ANY_ERROR)
     ep.start()
     assert_data(ep)
 
@@ -195,7 +189,7 @@ def test_interrupted_creation_is_removed_and_an_unknown_directory_kept(cluster):
     assert listing(timelines / unknown) == unknown_before
     code, status = cluster.http("pageserver", "GET", cluster.timeline_path(timeline=unknown))
     assert code == 200 and status["state"] == "broken", status
-    assert pageserver_timeline(cluster)["state"] == "active"
+    assert cluster.timeline_status("pageserver")["state"] == "active"
 
 
 def test_stray_layer_file_breaks_the_timeline_and_stays(cluster):
@@ -212,8 +206,7 @@ def test_stray_layer_file_breaks_the_timeline_and_stays(cluster):
     # Next to it, what an unfinished flush would have left: a layer starting
     # after disk_consistent_lsn and a temporary file. With a file nothing
     # explains in the directory, even these stay: nothing is removed.
-    hi, lo = meta["disk_consistent_lsn"].split("/")
-    after = (int(hi, 16) << 32 | int(lo, 16)) + 8
+    after = parse_lsn(meta["disk_consistent_lsn"]) + 8
     unfinished = f"{keys}__{after:016X}-{after + 0x1000:016X}.delta"
     (d / unfinished).write_bytes(b"partial")
     (d / "metadata.tmp").write_bytes(b"partial")
@@ -221,19 +214,19 @@ def test_stray_layer_file_breaks_the_timeline_and_stays(cluster):
 
     started = cluster.run("start", "--only", "pageserver", check=False)
     assert started.returncode == 1 and "is broken" in started.stderr, started
-    status = pageserver_timeline(cluster)
+    status = cluster.timeline_status("pageserver")
     print(f"\nbroken: {status['error']}")
     assert_broken_files(status, str(d), stray, "left as they are")
     assert unfinished not in status["error"] and "metadata.tmp" not in status["error"], status["error"]
     assert listing(d) == before, "files were removed or changed"
     assert cluster.answers("pageserver")
-    wait_metric(cluster, "strata_pageserver_timelines_broken", 1)
+    wait_for_metric(cluster, BROKEN_GAUGE, 1, service="pageserver", interval=0.1, retry=ANY_ERROR)
 
     # The stray file removed by hand, the timeline loads (the leftovers of
     # the unfinished flush go now) and a compute has all the data.
     (d / stray).unlink()
     restart_pageserver(cluster)
-    status = pageserver_timeline(cluster)
+    status = cluster.timeline_status("pageserver")
     assert status["state"] == "active", status
     assert listing(d) == {n: v for n, v in before.items() if n not in (stray, unfinished, "metadata.tmp")}
     ep.start()

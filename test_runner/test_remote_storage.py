@@ -7,7 +7,7 @@ object; a stale generation can neither publish nor delete; and an S3
 server (MinIO) killed under load costs nothing once it is back.
 
 Pages are compared with the compute's own data files at its checkpoint
-(PostgreSQL's masking rules), as in test_pageserver.py."""
+(PostgreSQL's masking rules; fixtures/page_compare.py)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ from pathlib import Path
 import crc32c
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
-from fixtures.cluster import wait_until
 from fixtures.minio import Minio
+from fixtures.page_compare import (assert_same_pages, catalog, checkpoint_compute, compare_data_dir, quiet_cluster,
+                                   wait_quiet)
+from fixtures.pageserver_api import SMALL_LAYERS, PageserverApi, error_message
 from fixtures.ports import free_port
+from fixtures.processes import terminate
 from fixtures.strata import parse_lsn
-from test_compaction import SMALL_LAYERS, quiet_cluster
-from test_pageserver import PageserverApi, catalog, compare_data_dir, current_lsn, wait_quiet
+from fixtures.wait import wait_until
 
 SCALE = 4
 
@@ -78,10 +80,7 @@ def settle(cluster, ps: PageserverApi, ep) -> int:
     through `strata timeline checkpoint`, which returns once object storage
     has everything; returns the compute's LSN."""
     wait_quiet(ep)
-    with ep.connect() as conn:
-        conn.execute("CHECKPOINT")
-        lsn = current_lsn(conn)
-    ps.wait_lsn(lsn)
+    lsn, _ = checkpoint_compute(ep, ps)
     uploaded = parse_lsn(cluster.run("timeline", "checkpoint").stdout.strip())
     assert uploaded >= lsn, (uploaded, lsn)
     return lsn
@@ -99,13 +98,6 @@ def caught_up(ps: PageserverApi, timeout: float = 60) -> dict:
         listed = r["remote_layers"] == st["l0_layers"] + st["l1_layers"] + st["image_layers"]
         return st if done and listed and r["remote_consistent_lsn"] == st["disk_consistent_lsn"] else None
     return wait_until("uploads caught up", check, timeout=timeout)
-
-
-def assert_same_pages(ps: PageserverApi, cmp, lsn: int) -> None:
-    for key, page in cmp.fetched.items():
-        spc, db, rel, fork, block = key
-        code, served = ps.page(spc, db, rel, fork, block, lsn)
-        assert code == 200 and served == page, f"{key} differs"
 
 
 def test_attach_from_object_storage_on_an_empty_disk(cluster_factory):
@@ -301,10 +293,7 @@ def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory, tmp_
 
         # B serves the same pages as A at an LSN both have.
         wait_quiet(ep)
-        with ep.connect() as conn:
-            conn.execute("CHECKPOINT")
-            lsn = current_lsn(conn)
-        ps_a.wait_lsn(lsn)
+        lsn, _ = checkpoint_compute(ep, ps_a)
         ps_b.wait_lsn(lsn)
         cmp = snapshot_pages(ps_a, ep, lsn)
         assert_same_pages(ps_b, cmp, lsn)
@@ -314,12 +303,7 @@ def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory, tmp_
         check_index(objects / "index-00000002.json")
         assert json.loads((objects / "index-00000002.json").read_text())["index"]["generation"] == 2
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, 60)
 
 
 def test_object_storage_killed_under_load(cluster_factory, tmp_path):
@@ -363,7 +347,7 @@ def test_object_storage_killed_under_load(cluster_factory, tmp_path):
             # (a wait that timed out once deadlocked them for good).
             t1 = time.monotonic()
             code, raw = ps.request("POST", ps.tl_path() + "/checkpoint?upload_timeout=2", timeout=60)
-            assert code == 500 and "last upload error" in json.loads(raw)["error"], (code, raw)
+            assert code == 500 and "last upload error" in error_message(raw), (code, raw)
             assert time.monotonic() - t1 < 30, "the checkpoint did not give up in time"
             minio.start()
             stdout, stderr = bench.communicate(timeout=180)

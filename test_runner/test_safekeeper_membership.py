@@ -13,10 +13,10 @@ import time
 import psycopg
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
-from fixtures.cluster import wait_until
-from fixtures.strata import parse_lsn
-from test_pageserver import current_lsn, start_endpoint
-from test_wal_retention import SEGMENT, bulk_write, sk_timeline, switch_segment
+from fixtures.endpoint import current_lsn, start_endpoint
+from fixtures.strata import SEGMENT, parse_lsn
+from fixtures.wait import wait_until
+from fixtures.workload import bulk_write, switch_segment
 
 
 def membership(cluster, name: str) -> dict:
@@ -47,9 +47,9 @@ def test_a_wiped_safekeeper_is_replaced_while_writes_go_on(cluster):
         bulk_write(ep, current_lsn(conn) + 3 * SEGMENT)
     switch_segment(ep)
     cluster.run("timeline", "checkpoint", timeout=600)
-    start = parse_lsn(sk_timeline(cluster, "sk1")["timeline_start_lsn"])
+    start = parse_lsn(cluster.timeline_status("sk1")["timeline_start_lsn"])
     wait_until("sk1 and sk2 removed old WAL",
-               lambda: all(parse_lsn(sk_timeline(cluster, n)["removal"]["removed_before"]) > start + SEGMENT
+               lambda: all(parse_lsn(cluster.timeline_status(n)["removal"]["removed_before"]) > start + SEGMENT
                            for n in ("sk1", "sk2")), timeout=180)
 
     cluster.kill9("sk3", supervisor=True)
@@ -114,7 +114,7 @@ def test_a_wiped_safekeeper_is_replaced_while_writes_go_on(cluster):
     assert cluster.metrics("sk4")["strata_safekeeper_segments_recovered_from_object_storage_total"] >= 1
     with ep.connect() as conn:
         end = current_lsn(conn)
-    wait_until("sk4 caught up", lambda: parse_lsn(sk_timeline(cluster, "sk4")["flush_lsn"]) >= end, timeout=120)
+    wait_until("sk4 caught up", lambda: parse_lsn(cluster.timeline_status("sk4")["flush_lsn"]) >= end, timeout=120)
 
     # sk1 goes: sk2 and sk4 are a majority of the new set.
     cluster.kill9("sk1", supervisor=True)

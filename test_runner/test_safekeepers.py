@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import subprocess
 import threading
 import time
-import uuid
-from pathlib import Path
 
-import psycopg
 import pytest
 
-from fixtures.strata import FakeConsumer, WalService, parse_lsn, running_wal_service
+from fixtures.load import AckedWriter
+from fixtures.metrics import parse_metrics
+from fixtures.strata import FakeConsumer, WalService, http_text, parse_lsn, running_wal_service
+from fixtures.wait import wait_until
 
 @pytest.fixture
 def wal_service(strata_bin, pg_cluster, tmp_path):
@@ -48,16 +47,15 @@ def test_quorum_commit(wal_service):
     assert "tps = " in out, out
     statuses = wal_service.statuses()
     commit = max(parse_lsn(s["commit_lsn"]) for s in statuses)
-    assert commit >= parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]) - 10 * 1024 * 1024
+    assert commit >= pg.wal_lsn("pg_current_wal_flush_lsn") - 10 * 1024 * 1024
 
     # One commit, then silence: no later WAL carries its commit LSN, so the
     # proposer sends it on its own (after a short wait) to every safekeeper.
     pg.sql("INSERT INTO pgbench_history(tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 1, now())")
-    target = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
-    deadline = time.monotonic() + 10
-    while min(parse_lsn(s["commit_lsn"]) for s in wal_service.statuses()) < target:
-        assert time.monotonic() < deadline, f"the commit LSN did not reach every safekeeper: {wal_service.statuses()}"
-        time.sleep(0.05)
+    target = pg.wal_lsn("pg_current_wal_flush_lsn")
+    wait_until("the commit LSN to reach every safekeeper",
+               lambda: min(parse_lsn(s["commit_lsn"]) for s in wal_service.statuses()) >= target, timeout=10,
+               interval=0.05, retry=(), details=wal_service.statuses)
 
     # Two of three safekeepers gone: commits wait, reads work.
     sk1, sk2, sk3 = wal_service.safekeepers
@@ -80,26 +78,7 @@ def test_quorum_commit(wal_service):
 
 
 def test_no_acknowledged_commit_is_lost_when_safekeepers_are_killed(wal_service):
-    pg = wal_service.pg
-    pg.sql("CREATE TABLE acked(id int primary key, xid bigint)")
-    acked: dict[int, int] = {}
-    stop = threading.Event()
-    errors: list[str] = []
-
-    def writer():
-        with pg.connect() as conn:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                try:
-                    xid = conn.execute("INSERT INTO acked VALUES (%s, txid_current()) RETURNING xid", (i,)).fetchone()[0]
-                    acked[i] = xid
-                except psycopg.Error as e:
-                    errors.append(repr(e))
-                    return
-
-    t = threading.Thread(target=writer, daemon=True)
-    t.start()
+    writer = AckedWriter(wal_service.pg).start()
     rng = random.Random(7)
     deadline = time.monotonic() + 25
     kills = 0
@@ -110,9 +89,9 @@ def test_no_acknowledged_commit_is_lost_when_safekeepers_are_killed(wal_service)
         time.sleep(rng.uniform(0.2, 1.5))
         sk.start()
         time.sleep(rng.uniform(0.2, 1.0))
-    stop.set()
-    t.join(timeout=60)
-    assert not errors, errors
+    writer.stop()
+    assert not writer.errors, writer.errors
+    acked = writer.xids()
     assert kills >= 8 and len(acked) > 200, (kills, len(acked))
 
     # Every acknowledged commit is in the WAL of at least two safekeepers.
@@ -134,7 +113,7 @@ def test_newer_proposer_takes_over(wal_service):
     pg.run(["pgbench", "-i", "-q", "-s", "1"], timeout=300)
     pg.run(["pgbench", "-n", "-T", "2", "-c", "2"], timeout=120)
     # A second proposer (sync-safekeepers) is elected with a higher term.
-    status = wal_service.safekeepers[0].timeline_status(wal_service.tenant, wal_service.timeline)
+    status = wal_service.timeline_status(wal_service.safekeepers[0])
     old_term = status["term"]
     res = subprocess.run(wal_service.proposer_args("sync-safekeepers") + [
         "--system-id", str(pg.sql("SELECT system_identifier FROM pg_control_system()")[0][0])],
@@ -143,10 +122,8 @@ def test_newer_proposer_takes_over(wal_service):
     end = parse_lsn(res.stdout.strip())
     # The first proposer can no longer get anything acknowledged and stops.
     t, result = insert_in_background(pg, "INSERT INTO pgbench_history(tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 1, now())")
-    deadline = time.monotonic() + 30
-    while wal_service.proposer.running() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not wal_service.proposer.running(), "the superseded proposer keeps running"
+    wait_until("the superseded proposer to stop", lambda: not wal_service.proposer.running(), timeout=30,
+               interval=0.2, retry=())
     assert "lost the election" in wal_service.proposer.log_text()
     time.sleep(2)
     assert result == {}, f"a commit was acknowledged after the takeover: {result}"
@@ -176,34 +153,33 @@ def test_peer_recovery(small_buffer_wal_service):
     pg = svc.pg
     sk1, sk2, sk3 = svc.safekeepers
     sk3.process.kill9()
-    before = parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["flush_lsn"])
+    before = svc.flush_lsn(sk1)
     pg.run(["pgbench", "-i", "-q", "-s", "10"], timeout=600)
     pg.sql("CHECKPOINT")
-    target = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    target = pg.wal_lsn("pg_current_wal_flush_lsn")
     assert target - before >= 100 << 20, f"only {(target - before) >> 20} MB written"
-    deadline = time.monotonic() + 60
-    while parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["commit_lsn"]) < target:
-        assert time.monotonic() < deadline, "the quorum of two did not commit the WAL"
-        time.sleep(0.2)
+    wait_until("the quorum of two to commit the WAL",
+               lambda: parse_lsn(svc.timeline_status(sk1)["commit_lsn"]) >= target, timeout=60,
+               interval=0.2, retry=())
 
     sk3.start()
-    deadline = time.monotonic() + 180
-    while parse_lsn(sk3.timeline_status(svc.tenant, svc.timeline)["flush_lsn"]) < target:
-        assert time.monotonic() < deadline, "safekeeper 3 did not catch up:\n" + sk3.process.log_text()[-3000:]
-        time.sleep(0.5)
+
+    def log_tail() -> str:
+        return sk3.process.log_text()[-3000:]
+
+    wait_until("safekeeper 3 to catch up",
+               lambda: svc.flush_lsn(sk3) >= target, timeout=180,
+               interval=0.5, retry=(), details=log_tail)
     # The worker logs the end of the recovery after its last append is published.
-    deadline = time.monotonic() + 10
-    while "recovered WAL from peer" not in sk3.process.log_text():
-        assert time.monotonic() < deadline, sk3.process.log_text()[-3000:]
-        time.sleep(0.2)
+    wait_until("safekeeper 3 to log the end of its recovery",
+               lambda: "recovered WAL from peer" in sk3.process.log_text(), timeout=10, interval=0.2, retry=(),
+               details=log_tail)
     # The proposer did not resend it: safekeeper 3 received far less from
     # proposers than it holds now (its counter restarted with it).
-    from fixtures.strata import http_text
-    metrics = http_text(sk3.url("/metrics"))
-    received = float(re.search(r"^strata_safekeeper_append_bytes_total (\S+)$", metrics, re.M).group(1))
+    received = sk3.metrics()["strata_safekeeper_append_bytes_total"]
     assert received < 32 << 20, f"safekeeper 3 got {received / 2**20:.0f} MiB from the proposer"
     # The recovered WAL is byte for byte the peers'.
-    start = parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["timeline_start_lsn"])
+    start = parse_lsn(svc.timeline_status(sk1)["timeline_start_lsn"])
 
     assert svc.held_wal(sk3)[: target - start] == svc.held_wal(sk1)[: target - start]
     # And it is a member of the quorum again: commits continue with sk1 gone.
@@ -238,20 +214,19 @@ def test_full_disk_stalls_then_resumes(small_disk_safekeeper, strata_bin):
     sk1, sk2, _ = svc.safekeepers
     # About 100 MB of WAL: more than safekeeper 1's disk holds.
     pg.run(["pgbench", "-i", "-q", "-s", "8"], timeout=600)
-    status = sk1.timeline_status(svc.tenant, svc.timeline)
+    status = svc.timeline_status(sk1)
     assert "No space left on device" in (status["last_error"] or ""), status
     stalled_at = parse_lsn(status["flush_lsn"])
-    commit = parse_lsn(sk2.timeline_status(svc.tenant, svc.timeline)["commit_lsn"])
+    commit = parse_lsn(svc.timeline_status(sk2)["commit_lsn"])
     assert stalled_at < commit, "the full safekeeper stalls while the other two commit"
 
     # Space returns: it catches up and its WAL decodes cleanly.
     subprocess.run(["mount", "-o", "remount,size=400m", str(mountpoint)], check=True)
-    target = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    target = pg.wal_lsn("pg_current_wal_flush_lsn")
     pg.sql("SELECT 1")
-    deadline = time.monotonic() + 120
-    while parse_lsn(sk1.timeline_status(svc.tenant, svc.timeline)["flush_lsn"]) < target:
-        assert time.monotonic() < deadline, sk1.process.log_text()[-3000:]
-        time.sleep(0.5)
+    wait_until("safekeeper 1 to catch up",
+               lambda: svc.flush_lsn(sk1) >= target, timeout=120,
+               interval=0.5, retry=(), details=lambda: sk1.process.log_text()[-3000:])
     res = subprocess.run([str(strata_bin), "wal", "dump", "--json", str(sk1.wal_dir(svc.tenant, svc.timeline))],
                          capture_output=True, text=True, timeout=300)
     last = json.loads(res.stdout.splitlines()[-1])
@@ -269,27 +244,29 @@ def test_backpressure_holds_commits_while_consumers_lag(throttled_wal_service):
     svc = throttled_wal_service
     pg = svc.pg
     sk1 = svc.safekeepers[0]
-    start = sk1.timeline_status(svc.tenant, svc.timeline)["timeline_start_lsn"]
+    start = svc.timeline_status(sk1)["timeline_start_lsn"]
     consumer = FakeConsumer(sk1, svc.tenant, svc.timeline, start)
     try:
-        applied = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        applied = pg.wal_lsn("pg_current_wal_flush_lsn")
         consumer.report(applied)
         time.sleep(1)
         pg.sql("CREATE TABLE bp(a int, b text)")
         # Far more than 1 MiB of WAL while the consumer stays put: commits stall.
         t, result = insert_in_background(pg, "INSERT INTO bp SELECT g, repeat('x', 500) FROM generate_series(1, 20000) g")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and svc.proposer_status()["throttled_seconds"] < 1.0:
+        def throttled() -> bool:
+            if svc.proposer_status()["throttled_seconds"] >= 1.0:
+                return True
             consumer.drain()
-            time.sleep(0.2)
+            return False
+
+        wait_until("commits held back for a second", throttled, timeout=20, interval=0.2, retry=())
         status = svc.proposer_status()
         assert status["throttled_seconds"] >= 1.0, status
         assert "ok" not in result, "the commit returned while consumers lagged"
         assert parse_lsn(status["acknowledged_lsn"]) <= applied + (1 << 20)
         assert parse_lsn(status["commit_lsn"]) > parse_lsn(status["acknowledged_lsn"])
-        from fixtures.strata import http_text
-        metrics = http_text(f"http://127.0.0.1:{svc.proposer_http}/metrics")
-        throttled = float(re.search(r"^strata_proposer_throttled_seconds_total (\S+)$", metrics, re.M).group(1))
+        metrics = parse_metrics(http_text(f"http://127.0.0.1:{svc.proposer_http}/metrics"))
+        throttled = metrics["strata_proposer_throttled_seconds_total"]
         assert throttled >= 1.0, metrics
         # The consumer catches up: the commit returns.
         consumer.report(parse_lsn(status["commit_lsn"]))
@@ -311,7 +288,7 @@ def test_pg_receivewal_streams_from_a_safekeeper(strata_bin, pg_cluster, tmp_pat
         pg.sql("SELECT pg_switch_wal()")
         pg.run(["pgbench", "-n", "-t", "300"], timeout=300)
         sk1 = svc.safekeepers[0]
-        commit = sk1.timeline_status(svc.tenant, svc.timeline)["commit_lsn"]
+        commit = svc.timeline_status(sk1)["commit_lsn"]
         out_dir = tmp_path / "received"
         out_dir.mkdir()
         conn = (f"host=127.0.0.1 port={sk1.pg_port} user=postgres "

@@ -19,8 +19,10 @@ import time
 
 import pytest
 
-from fixtures.cluster import pid_alive, postgres_processes, wait_until
 from fixtures.endpoint import Endpoint
+from fixtures.metrics import parse_metrics
+from fixtures.processes import pid_alive, postgres_processes
+from fixtures.wait import wait_until
 
 SERVICES = ("sk1", "sk2", "sk3", "pageserver")
 ROWS = 1000
@@ -50,10 +52,6 @@ def listed(cluster, name: str) -> dict[str, str]:
             ends = [start for start, _ in columns[1:]] + [None]
             return {col: line[start:end].strip() for (start, col), end in zip(columns, ends)}
     raise AssertionError(f"no endpoint {name} in:\n{lines}")
-
-
-def endpoint_entry(cluster, name: str) -> dict:
-    return next(e for e in cluster.status()["endpoints"] if e["name"] == name)
 
 
 def wait_agent(ep: Endpoint, what: str, check, timeout: float = 60) -> dict:
@@ -94,8 +92,8 @@ def test_postgres_kill9_restarts_compute(cluster, victim):
     metrics = ep.agent_metrics()
     assert "strata_compute_restarts_total 1" in metrics, metrics
     assert "strata_compute_crash_loop 0" in metrics, metrics
-    downtime = re.search(r"^strata_compute_last_restart_downtime_seconds (\S+)$", metrics, re.M)
-    assert downtime and abs(float(downtime.group(1)) - st["last_restart_downtime_seconds"]) < 1e-3, metrics
+    downtime = parse_metrics(metrics).get("strata_compute_last_restart_downtime_seconds")
+    assert downtime is not None and abs(downtime - st["last_restart_downtime_seconds"]) < 1e-3, metrics
 
     # The same agent, a new PostgreSQL; nothing of the old one is left.
     assert ep.agent_pid() == agent and ep.supervisor_pid() == supervisor
@@ -109,7 +107,7 @@ def test_postgres_kill9_restarts_compute(cluster, victim):
     row = listed(cluster, "ep")
     assert row["STATE"] == "running" and row["RESTARTS"] == "1", row
     assert row["LAST CAUSE"].startswith("PostgreSQL exited"), row
-    entry = endpoint_entry(cluster, "ep")
+    entry = ep.status()
     assert (entry["restarts"], entry["postgres_restarts"], entry["agent_restarts"]) == (1, 1, 0), entry
     assert entry["last_restart_cause"] == cause and entry["last_cause"] == cause and entry["crash_loop"] is False
 
@@ -144,7 +142,7 @@ def test_agent_kill9_supervisor_restarts_it(cluster):
     ep.sql("INSERT INTO kept VALUES (%s, 'after the restart')", (ROWS + 1,))
     assert_rows(ep, 1)
 
-    entry = endpoint_entry(cluster, "ep")
+    entry = ep.status()
     assert entry["state"] == "running" and entry["supervised"] is True, entry
     assert (entry["restarts"], entry["agent_restarts"], entry["postgres_restarts"]) == (1, 1, 0), entry
     assert entry["last_exit"] == "signal 9: SIGKILL", entry
@@ -219,7 +217,7 @@ def test_stop_leaves_no_process_behind(cluster):
     st = cluster.status()
     sk3 = next(s for s in st["services"] if s["name"] == "sk3")
     assert sk3["state"] == "running" and sk3["supervised"] is False, sk3
-    assert endpoint_entry(cluster, "ep")["supervised"] is False
+    assert ep.status()["supervised"] is False
     pids = cluster.all_pids()
     assert "sk3" in pids and "sk3 supervisor" not in pids and "ep postmaster" in pids, pids
     out = cluster.stop("--immediate")
@@ -247,7 +245,7 @@ def test_crash_loop_is_reported_and_the_compute_recovers(cluster):
     assert "pageserver" in st["error"], st
     assert "strata_compute_crash_loop 1" in ep.agent_metrics()
     assert 'strata_compute_state{state="restarting"} 1' in ep.agent_metrics()
-    entry = endpoint_entry(cluster, "ep")
+    entry = ep.status()
     assert entry["crash_loop"] is True and entry["compute_state"] == "restarting", entry
     assert entry["postgres_restarts"] >= 3, entry
     assert listed(cluster, "ep")["STATE"] == "running (restarting, crash loop)"

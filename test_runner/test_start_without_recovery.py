@@ -15,8 +15,10 @@ import subprocess
 
 import pytest
 
+from fixtures.checks import dump_all
+from fixtures.strata import parse_lsn
+from fixtures.waldump import run_waldump
 from fixtures.workload import broad_settings
-from fixtures.waldump import parse_lsn, run_waldump
 
 
 def controldata(cluster) -> dict:
@@ -28,10 +30,6 @@ def controldata(cluster) -> dict:
         key, _, value = line.partition(":")
         out[key.strip()] = value.strip()
     return out
-
-
-def dump(cluster) -> str:
-    return cluster.run(["pg_dumpall", "--no-role-passwords", "--restrict-key=strata"], timeout=300).stdout
 
 
 def new_log(cluster, offset: int) -> str:
@@ -71,7 +69,7 @@ def test_start_at_generated_checkpoint(pg_cluster, strata_bin, fresh_wal):
     pg_cluster.start(broad_settings())
     pg_cluster.sql("CREATE EXTENSION amcheck")
     workload(pg_cluster)
-    before = dump(pg_cluster)
+    before = dump_all(pg_cluster, unlogged_data=True, timeout=300)
     prepared = pg_cluster.sql("SELECT gid FROM pg_prepared_xacts")
     assert prepared == [("kept-across-restart",)]
     pg_cluster.stop("fast")
@@ -113,7 +111,7 @@ def test_start_at_generated_checkpoint(pg_cluster, strata_bin, fresh_wal):
     assert "database system was shut down at" in log, log
     assert "redo starts" not in log and "automatic recovery" not in log, log
 
-    assert dump(pg_cluster) == before, "pg_dumpall differs after the restart"
+    assert dump_all(pg_cluster, unlogged_data=True, timeout=300) == before, "pg_dumpall differs after the restart"
     assert pg_cluster.sql("SELECT count(*) FROM u") == [(5000,)], "unlogged data survives a clean start"
 
     # Writable, with transaction ids continuing from the tracked counter.

@@ -17,94 +17,20 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from fixtures.checks import pageserver_timeline, wait_for_pageserver_lsn
 from fixtures.endpoint import Endpoint
-from fixtures.load import AckedWriters
-from fixtures.strata import (SEGMENT, Safekeeper, WalService, commit_xids, format_lsn, parse_lsn,
-                              running_wal_service)
+from fixtures.load import AckedWriter, AckedWriters
+from fixtures.metrics import wait_for_metric
+from fixtures.pageserver_api import wait_for_pageserver_lsn
+from fixtures.strata import (SEGMENT, SEGMENT_NAME, Safekeeper, WalService, commit_xids, format_lsn, parse_lsn,
+                              running_wal_service, segment_name)
+from fixtures.wait import wait_until
 
 EIO = "Input/output error"
-SEGMENT_NAME = re.compile(r"^[0-9A-F]{24}$")
-
-
-def wait_for(what: str, predicate, timeout: float, interval: float = 0.05):
-    """Polls `predicate` until it returns something true (returned), or fails
-    the test after `timeout` seconds (a bound on a hang, not a measurement)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-class AckedWriter:
-    """Inserts ids into `acked`, one per transaction, on one connection in a
-    background thread, and records every commit that PostgreSQL acknowledged
-    (COMMIT returned): id -> (xid, monotonic time of the acknowledgement)."""
-
-    def __init__(self, pg):
-        self.pg = pg
-        self.acked: dict[int, tuple[int, float]] = {}
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> "AckedWriter":
-        self.pg.sql("CREATE TABLE acked(id int PRIMARY KEY, xid bigint)")
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            with self.pg.connect() as conn:
-                i = 0
-                while not self._stop.is_set():
-                    i += 1
-                    xid = conn.execute("INSERT INTO acked VALUES (%s, txid_current()) RETURNING xid", (i,)).fetchone()[0]
-                    self.acked[i] = (xid, time.monotonic())
-        except psycopg.Error as e:
-            self.errors.append(repr(e))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-        assert not self._thread.is_alive(), "the writer is stuck in a commit"
-
-    def count(self) -> int:
-        return len(self.acked)
-
-    def acked_between(self, t0: float, t1: float) -> int:
-        return sum(1 for _, t in list(self.acked.values()) if t0 <= t < t1)
-
-    def rate(self, t0: float, t1: float) -> float:
-        return self.acked_between(t0, t1) / (t1 - t0)
-
-
-def wait_for_metric(sk: Safekeeper, name: str, value: float) -> dict[str, float]:
-    """All of a safekeeper's metrics, once `name` has `value` (the gauge of
-    failed timelines is updated by the healing task, every half second)."""
-    def check():
-        metrics = sk.metrics()
-        return metrics.get(name) == value and metrics
-    return wait_for(f"{name} to be {value}", check, 10)
-
-
-def status(svc: WalService, sk: Safekeeper) -> dict:
-    return sk.timeline_status(svc.tenant, svc.timeline)
-
-
-def flush_lsn(svc: WalService, sk: Safekeeper) -> int:
-    return parse_lsn(status(svc, sk)["flush_lsn"])
 
 
 def copy_wal_prefix(svc: WalService, sk: Safekeeper, end: int, dest: Path) -> None:
@@ -113,9 +39,9 @@ def copy_wal_prefix(svc: WalService, sk: Safekeeper, end: int, dest: Path) -> No
     published never change, even while it keeps writing past it."""
     dest.mkdir()
     src = sk.wal_dir(svc.tenant, svc.timeline)
-    start = parse_lsn(status(svc, sk)["timeline_start_lsn"])
+    start = parse_lsn(svc.timeline_status(sk)["timeline_start_lsn"])
     for segno in range(start // SEGMENT, (end - 1) // SEGMENT + 1):
-        name = f"{1:08X}{segno // (0x1_0000_0000 // SEGMENT):08X}{segno % (0x1_0000_0000 // SEGMENT):08X}"
+        name = segment_name(segno)
         shutil.copyfile(src / name, dest / name)
         if segno == end // SEGMENT:
             with open(dest / name, "r+b") as f:
@@ -139,16 +65,18 @@ def test_failed_fsync_stops_one_safekeeper_and_it_recovers_when_the_disk_does(sk
     writer = AckedWriter(pg).start()
     t_begin = time.monotonic()
     # Before the fault: sk1 takes part (its flush LSN advances with the others').
-    first = flush_lsn(svc, sk1)
-    wait_for("sk1 to flush WAL of the workload", lambda: flush_lsn(svc, sk1) > first and writer.count() > 50, 30)
+    first = svc.flush_lsn(sk1)
+    wait_until("sk1 to flush WAL of the workload", lambda: svc.flush_lsn(sk1) > first and writer.count() > 50, 30,
+               interval=0.05, retry=())
     time.sleep(2)
-    assert status(svc, sk1)["state"] == "active"
+    assert svc.timeline_status(sk1)["state"] == "active"
 
     # The fault: every fsync on sk1's disk fails with EIO.
     t_inject = time.monotonic()
     sk1.faultfs.set_faults("fsync")
-    failed = wait_for("sk1's timeline to fail", lambda: (s := status(svc, sk1))["state"] == "failed" and s, 30,
-                      interval=0.02)
+    failed = wait_until("sk1's timeline to fail",
+                        lambda: (s := svc.timeline_status(sk1))["state"] == "failed" and s, 30,
+                        interval=0.02, retry=())
     t_failed = time.monotonic()
     failure = failed["failure"]
     reason = failure["reason"]
@@ -158,7 +86,7 @@ def test_failed_fsync_stops_one_safekeeper_and_it_recovers_when_the_disk_does(sk
     # the same one the file system reports having failed first.
     synced = re.search(r"syncing(?: directory)? (/\S+): " + EIO, reason)
     assert synced and synced[1].startswith(wal_dir), failure
-    injected = wait_for("faultfs to log the injected EIO", sk1.faultfs.injected, 10)
+    injected = wait_until("faultfs to log the injected EIO", sk1.faultfs.injected, 10, interval=0.05, retry=())
     first_injected = re.search(r"injected EIO into \S+ of (\S+)", injected[0])[1]
     assert synced[1].endswith("/" + first_injected.rstrip("/")), (reason, injected[0])
     assert failed["last_error"] == reason
@@ -171,10 +99,10 @@ def test_failed_fsync_stops_one_safekeeper_and_it_recovers_when_the_disk_does(sk
 
     # While failed: the flush LSN does not move and is the durable one; the
     # process and its HTTP API live on; the two others keep committing.
-    others_at_failure = max(flush_lsn(svc, sk) for sk in others)
+    others_at_failure = max(svc.flush_lsn(sk) for sk in others)
     samples = []
     for _ in range(6):
-        s = status(svc, sk1)
+        s = svc.timeline_status(sk1)
         assert s["state"] == "failed", s
         assert parse_lsn(s["failure"]["durable_flush_lsn"]) == durable, s
         samples.append(parse_lsn(s["flush_lsn"]))
@@ -183,14 +111,15 @@ def test_failed_fsync_stops_one_safekeeper_and_it_recovers_when_the_disk_does(sk
     assert samples == [durable] * len(samples), "the flush LSN moved while the timeline was failed"
     assert sk1.process.running()
     # Re-reading the timeline fails as long as the disk does.
-    retried = wait_for("a reload to be tried (and fail) while fsync still fails",
-                       lambda: (s := status(svc, sk1))["failure"]["reload_attempts"] >= 1 and s, 30)
+    retried = wait_until("a reload to be tried (and fail) while fsync still fails",
+                         lambda: (s := svc.timeline_status(sk1))["failure"]["reload_attempts"] >= 1 and s, 30,
+                         interval=0.05, retry=())
     assert EIO in retried["failure"]["last_reload_error"], retried["failure"]
     assert parse_lsn(retried["flush_lsn"]) == durable
     metrics = wait_for_metric(sk1, "strata_safekeeper_timelines_failed", 1)
     assert metrics["strata_safekeeper_timeline_failures_total"] >= 1, metrics
     assert metrics["strata_safekeeper_timeline_reloads_total"] == 0, metrics
-    others_now = max(flush_lsn(svc, sk) for sk in others)
+    others_now = max(svc.flush_lsn(sk) for sk in others)
     assert others_now > others_at_failure > 0 and others_now > durable, "sk2 and sk3 stopped with sk1"
     assert not writer.errors, writer.errors
     t_clear = time.monotonic()
@@ -201,7 +130,8 @@ def test_failed_fsync_stops_one_safekeeper_and_it_recovers_when_the_disk_does(sk
 
     # The disk works again: sk1 re-reads the timeline, accepts, catches up.
     sk1.faultfs.set_faults("")
-    active = wait_for("sk1 to accept again", lambda: (s := status(svc, sk1))["state"] == "active" and s, 60)
+    active = wait_until("sk1 to accept again", lambda: (s := svc.timeline_status(sk1))["state"] == "active" and s, 60,
+                        interval=0.05, retry=())
     t_active = time.monotonic()
     # No failure now; the last one stays on record.
     assert active["failure"] is None and "Input/output error" in active["last_error"], active
@@ -210,14 +140,14 @@ def test_failed_fsync_stops_one_safekeeper_and_it_recovers_when_the_disk_does(sk
     reloaded = re.findall(r"timeline re-read from disk; accepting again.* flush_lsn=(\S+)", sk1.process.log_text())
     assert [parse_lsn(x) for x in reloaded] == [durable], reloaded
     # Acknowledged before `target` is read: on sk1 already, or on sk2 and sk3 below `target`.
-    acked_before_target = {i: xid for i, (xid, _) in list(writer.acked.items())}
-    target = max(flush_lsn(svc, sk) for sk in others)
-    wait_for("sk1 to catch up with the others", lambda: flush_lsn(svc, sk1) >= target, 60)
+    acked_before_target = writer.xids()
+    target = max(svc.flush_lsn(sk) for sk in others)
+    wait_until("sk1 to catch up with the others", lambda: svc.flush_lsn(sk1) >= target, 60, interval=0.05, retry=())
     t_caught_up = time.monotonic()
     metrics = wait_for_metric(sk1, "strata_safekeeper_timelines_failed", 0)
     assert metrics["strata_safekeeper_timeline_reloads_total"] >= 1, metrics
     # Its WAL decodes without error up to its flush LSN.
-    held = flush_lsn(svc, sk1)
+    held = svc.flush_lsn(sk1)
     copy = tmp_path / "sk1-wal-copy"
     copy_wal_prefix(svc, sk1, held, copy)
     records, last = svc.dump_wal(directory=copy)
@@ -241,7 +171,7 @@ def test_failed_fsync_stops_one_safekeeper_and_it_recovers_when_the_disk_does(sk
           f"reload attempts while failed: {retried['failure']['reload_attempts']}+")
 
     # Nothing acknowledged was lost: in the table, and on a quorum of WAL.
-    acked = {i: xid for i, (xid, _) in writer.acked.items()}
+    acked = writer.xids()
     ids = {r[0] for r in pg.sql("SELECT id FROM acked")}
     missing = sorted(set(acked) - ids)
     assert not missing, f"{len(missing)} acknowledged rows are missing, e.g. {missing[:5]}"
@@ -277,9 +207,11 @@ def test_safekeeper_whose_fsync_fails_from_the_start_acknowledges_nothing(strata
     with running_wal_service(strata_bin, tmp_path, pg_cluster, faultfs=(1,), before_proposer=fail_sk1_fsync) as svc:
         pg = svc.pg
         sk1, sk2, sk3 = svc.safekeepers
-        start = parse_lsn(status(svc, sk1)["timeline_start_lsn"])
+        start = parse_lsn(svc.timeline_status(sk1)["timeline_start_lsn"])
         pg.sql("CREATE TABLE t(id int PRIMARY KEY)")
-        failed = wait_for("sk1's timeline to fail", lambda: (s := status(svc, sk1))["state"] == "failed" and s, 30)
+        failed = wait_until("sk1's timeline to fail",
+                            lambda: (s := svc.timeline_status(sk1))["state"] == "failed" and s, 30,
+                            interval=0.05, retry=())
         print(f"\nsk1 failed when the proposer came: {failed['failure']}")
         assert EIO in failed["failure"]["reason"], failed
         assert parse_lsn(failed["failure"]["durable_flush_lsn"]) == start, failed
@@ -291,20 +223,21 @@ def test_safekeeper_whose_fsync_fails_from_the_start_acknowledges_nothing(strata
             for i in range(1, 601):
                 conn.execute("INSERT INTO t VALUES (%s)", (i,))
                 if i % 50 == 0:
-                    s = status(svc, sk1)
+                    s = svc.timeline_status(sk1)
                     samples.append((s["state"], parse_lsn(s["flush_lsn"]), parse_lsn(s["write_lsn"])))
                     time.sleep(0.25)
         elapsed = time.monotonic() - t1
-        committed = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        committed = pg.wal_lsn("pg_current_wal_flush_lsn")
         print(f"600 commits in {elapsed:.1f}s (with pauses) on sk2 and sk3")
         for state, flushed, written in samples:
             assert (state, flushed, written) == ("failed", start, start), (state, format_lsn(flushed), format_lsn(written))
         for sk in (sk2, sk3):
-            assert parse_lsn(status(svc, sk)["flush_lsn"]) >= committed > start
+            assert parse_lsn(svc.timeline_status(sk)["flush_lsn"]) >= committed > start
         assert pg.sql("SELECT count(*) FROM t")[0][0] == 600
         assert sk1.process.running()
-        retried = wait_for("a reload to be tried (and fail)",
-                           lambda: (s := status(svc, sk1))["failure"]["reload_attempts"] >= 1 and s, 30)
+        retried = wait_until("a reload to be tried (and fail)",
+                             lambda: (s := svc.timeline_status(sk1))["failure"]["reload_attempts"] >= 1 and s, 30,
+                             interval=0.05, retry=())
         assert EIO in retried["failure"]["last_reload_error"], retried
         metrics = wait_for_metric(sk1, "strata_safekeeper_timelines_failed", 1)
         assert metrics["strata_safekeeper_timeline_failures_total"] == 1, "the timeline came back while the disk failed"
@@ -318,11 +251,12 @@ def test_safekeeper_whose_fsync_fails_from_the_start_acknowledges_nothing(strata
         # The disk works again: sk1 catches up.
         sk1.faultfs.set_faults("")
         t2 = time.monotonic()
-        wait_for("sk1 to accept again", lambda: status(svc, sk1)["state"] == "active", 60)
+        wait_until("sk1 to accept again", lambda: svc.timeline_status(sk1)["state"] == "active", 60,
+                   interval=0.05, retry=())
         t3 = time.monotonic()
         pg.sql("INSERT INTO t VALUES (0)")
-        target = parse_lsn(pg.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
-        wait_for("sk1 to catch up", lambda: flush_lsn(svc, sk1) >= target, 60)
+        target = pg.wal_lsn("pg_current_wal_flush_lsn")
+        wait_until("sk1 to catch up", lambda: svc.flush_lsn(sk1) >= target, 60, interval=0.05, retry=())
         print(f"sk1 accepted again {t3 - t2:.3f}s after the fault cleared "
               f"(reload attempts: {retried['failure']['reload_attempts']}+), caught up after {time.monotonic() - t2:.3f}s")
 
@@ -348,17 +282,18 @@ def test_pageserver_fsync_failure_breaks_the_timeline_until_the_disk_recovers(cl
     pid = cluster.pid("pageserver")
 
     def timeline() -> dict:
-        return pageserver_timeline(cluster)
+        return cluster.timeline_status("pageserver")
 
     writers = AckedWriters(ep, threads=1).start()
     try:
-        wait_for("the writer to commit", lambda: writers.count() > 100, 60)
+        wait_until("the writer to commit", lambda: writers.count() > 100, 60, interval=0.05, retry=())
         # Before the fault: a checkpoint makes what was ingested durable.
-        wait_for_pageserver_lsn(cluster, ep.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+        wait_for_pageserver_lsn(cluster, ep.wal_lsn())
         code, body = cluster.http("pageserver", "POST", checkpoint, timeout=60)
         assert code == 200 and body["state"] == "active", body
         flushed = parse_lsn(body["disk_consistent_lsn"])
-        wait_for("more WAL ingested", lambda: parse_lsn(timeline()["last_record_lsn"]) > flushed, 60)
+        wait_until("more WAL ingested", lambda: parse_lsn(timeline()["last_record_lsn"]) > flushed, 60,
+                   interval=0.05, retry=())
 
         # The fault, and a flush.
         fs.set_faults("fsync")
@@ -399,11 +334,12 @@ def test_pageserver_fsync_failure_breaks_the_timeline_until_the_disk_recovers(cl
         assert cluster.pid("pageserver") == pid and cluster.service("pageserver")["restarts"] == 0
         assert cluster.answers("pageserver")
         # Re-reading from disk is tried, and fails while the disk does.
-        retried = wait_for("a reload to be tried (and fail)",
-                           lambda: (s := timeline())["broken"]["reload_attempts"] >= 1 and s, 30)
+        retried = wait_until("a reload to be tried (and fail)",
+                             lambda: (s := timeline())["broken"]["reload_attempts"] >= 1 and s, 30,
+                             interval=0.05, retry=())
         assert EIO in retried["broken"]["last_reload_error"], retried["broken"]
         assert retried["state"] == "broken" and parse_lsn(retried["disk_consistent_lsn"]) == durable
-        metrics = wait_for_metric_value(cluster, "strata_pageserver_timelines_broken", 1)
+        metrics = wait_for_metric(cluster, "strata_pageserver_timelines_broken", 1, service="pageserver")
         assert metrics["strata_pageserver_timeline_reloads_total"] == 0, metrics
         t_clear = time.monotonic()
         during = len(writers.acked_between(t_inject, t_clear))
@@ -411,15 +347,15 @@ def test_pageserver_fsync_failure_breaks_the_timeline_until_the_disk_recovers(cl
 
         # The disk works again: re-read, active, caught up with the safekeepers.
         fs.set_faults("")
-        active = wait_for("the timeline to be active again", lambda: (s := timeline())["state"] == "active" and s, 60)
+        active = wait_until("the timeline to be active again", lambda: (s := timeline())["state"] == "active" and s,
+                            60, interval=0.05, retry=())
         t_active = time.monotonic()
         assert active["error"] is None and active["broken"] is None, active
         assert parse_lsn(active["disk_consistent_lsn"]) >= durable
-        metrics = wait_for_metric_value(cluster, "strata_pageserver_timelines_broken", 0)
+        metrics = wait_for_metric(cluster, "strata_pageserver_timelines_broken", 0, service="pageserver")
         assert metrics["strata_pageserver_timeline_reloads_total"] >= 1, metrics
-        commit = max(parse_lsn(sk["commit_lsn"]) for sk in
-                     next(t for t in cluster.status()["timelines"] if t["branch"] == "main")["safekeepers"])
-        wait_for_pageserver_lsn(cluster, format_lsn(commit), timeout=120)
+        commit = cluster.commit_lsn()
+        wait_for_pageserver_lsn(cluster, commit, timeout=120)
         t_caught_up = time.monotonic()
         code, body = cluster.http("pageserver", "POST", checkpoint, timeout=60)
         assert code == 200 and parse_lsn(body["disk_consistent_lsn"]) >= commit > durable, body
@@ -440,12 +376,3 @@ def test_pageserver_fsync_failure_breaks_the_timeline_until_the_disk_recovers(cl
     assert not missing, f"{len(missing)} acknowledged rows are missing, e.g. {missing[:5]}"
     print(f"commits acknowledged: {len(acked)}, all on a new compute")
     assert fs.injected(), "strata-faultfs injected nothing"
-
-
-def wait_for_metric_value(cluster, name: str, value: float) -> dict[str, float]:
-    """A service's metrics once `name` has `value` (the pageserver updates
-    its gauge of broken timelines every half second)."""
-    def check():
-        metrics = cluster.metrics("pageserver")
-        return metrics.get(name) == value and metrics
-    return wait_for(f"{name} to be {value}", check, 10)

@@ -16,7 +16,8 @@ from dataclasses import asdict
 
 import pytest
 
-from fixtures.waldump import WalRecord, format_lsn, parse_lsn, run_waldump
+from fixtures.strata import parse_lsn
+from fixtures.waldump import WalRecord, format_lsn, run_waldump
 from fixtures.workload import broad_settings, run_broad_workload
 
 BLCKSZ = 8192
@@ -162,7 +163,7 @@ def test_strata_wal_dump_matches_pg_waldump(pg_cluster, pg_bin_dir, strata_bin, 
     cluster.initdb(["--data-checksums"])
     cluster.start(broad_settings(consistency, compression))
     # WAL written by initdb predates these settings.
-    workload_start = parse_lsn(cluster.sql("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+    workload_start = cluster.wal_lsn("pg_current_wal_insert_lsn")
     run_broad_workload(cluster)
     # Relations whose WAL we look for afterwards: "spc/db/relfilenode".
     rel_query = ("SELECT concat_ws('/', CASE WHEN reltablespace = 0 THEN "

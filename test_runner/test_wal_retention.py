@@ -22,19 +22,14 @@ from pathlib import Path
 import crc32c
 
 from fixtures.checks import assert_pgbench_invariants, dump_all, pgbench_state, split_sequences
-from fixtures.cluster import wait_until
-from fixtures.strata import format_lsn, parse_lsn
-from test_compaction import configure_pageserver
-from test_pageserver import current_lsn, start_endpoint
+from fixtures.endpoint import current_lsn, start_endpoint
+from fixtures.pageserver_api import wait_for_pageserver_lsn
+from fixtures.pg import PgCluster
+from fixtures.strata import SEGMENT, format_lsn, parse_lsn, segment_number
+from fixtures.wait import wait_until
+from fixtures.workload import bulk_write, switch_segment
 
-SEGMENT = 16 << 20
 SAFEKEEPERS = ("sk1", "sk2", "sk3")
-
-
-def sk_timeline(cluster, name: str) -> dict:
-    code, st = cluster.http(name, "GET", cluster.timeline_path())
-    assert code == 200, st
-    return st
 
 
 def wal_dir(cluster) -> Path:
@@ -46,7 +41,7 @@ def check_offloaded(cluster, upto: int) -> dict[int, int]:
     metadata that matches it; returns the uploader of each segment."""
     root = wal_dir(cluster)
     metas = sorted(p for p in root.iterdir() if p.name.endswith(".json"))
-    segnos = [int(p.name[8:16], 16) * (0x100000000 // SEGMENT) + int(p.name[16:24], 16) for p in metas]
+    segnos = [segment_number(p.name) for p in metas]
     assert segnos == list(range(segnos[0], segnos[0] + len(segnos))), f"a segment is missing: {segnos}"
     assert (segnos[-1] + 1) * SEGMENT >= upto, (segnos, upto)
     uploaders = {}
@@ -61,16 +56,7 @@ def check_offloaded(cluster, upto: int) -> dict[int, int]:
 
 
 def offloaded_lsns(cluster, names=SAFEKEEPERS) -> dict[str, int]:
-    return {n: parse_lsn(sk_timeline(cluster, n)["offload"]["offloaded_lsn"]) for n in names}
-
-
-def switch_segment(ep) -> int:
-    """Completes the compute's current segment (and writes a record in the
-    next, so the switch is committed); returns the LSN after it."""
-    with ep.connect() as conn:
-        conn.execute("SELECT pg_switch_wal()")
-        conn.execute("SELECT txid_current()")
-        return current_lsn(conn)
+    return {n: parse_lsn(cluster.timeline_status(n)["offload"]["offloaded_lsn"]) for n in names}
 
 
 def test_completed_segments_are_offloaded_once_and_pg_waldump_reads_them(cluster, pg_bin_dir, tmp_path):
@@ -90,7 +76,7 @@ def test_completed_segments_are_offloaded_once_and_pg_waldump_reads_them(cluster
         return lsns if min(lsns.values()) >= segment_end else None
 
     lsns = wait_until("segments offloaded", all_offloaded, timeout=120)
-    statuses = {n: sk_timeline(cluster, n)["offload"] for n in SAFEKEEPERS}
+    statuses = {n: cluster.timeline_status(n)["offload"] for n in SAFEKEEPERS}
     print("\noffloaded:", {n: format_lsn(v) for n, v in lsns.items()})
     uploaders = check_offloaded(cluster, segment_end)
     assert set(uploaders.values()) == {1}, uploaders
@@ -108,7 +94,7 @@ def test_completed_segments_are_offloaded_once_and_pg_waldump_reads_them(cluster
             shutil.copy(p, copy / p.name)
     # From the first page boundary after the timeline's start: the WAL
     # before the start is on no safekeeper (docs/safekeeper.md).
-    start = (parse_lsn(sk_timeline(cluster, "sk1")["timeline_start_lsn"]) // 8192 + 1) * 8192
+    start = (parse_lsn(cluster.timeline_status("sk1")["timeline_start_lsn"]) // 8192 + 1) * 8192
     dump = subprocess.run([str(pg_bin_dir / "pg_waldump"), "-p", str(copy), "-s", format_lsn(start),
                            "-e", format_lsn(segment_end), "--stats"], capture_output=True, text=True, timeout=120)
     assert dump.returncode == 0, dump.stderr[-2000:]
@@ -121,7 +107,7 @@ def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
     switch_segment(ep)
-    wait_until("sk1 offloads", lambda: sk_timeline(cluster, "sk1")["offload"]["offloaded_lsn"] != "0/0", timeout=120)
+    wait_until("sk1 offloads", lambda: cluster.timeline_status("sk1")["offload"]["offloaded_lsn"] != "0/0", timeout=120)
 
     # pgbench goes on while the offloader dies; bulk writes make sure that
     # several segments complete after it (pgbench alone is slow on a busy machine).
@@ -135,14 +121,11 @@ def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
         wait_until("sk2 and sk3 know what sk1 offloaded",
                    lambda: min(offloaded_lsns(cluster, ("sk2", "sk3")).values()) >= before, timeout=60)
         cluster.kill9("sk1", supervisor=True)  # stays down
-        with ep.connect() as conn:
-            while current_lsn(conn) < before + 3 * SEGMENT:
-                conn.execute("CREATE TABLE bulk AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 50000) g")
-                conn.execute("DROP TABLE bulk")
+        bulk_write(ep, before + 3 * SEGMENT, rows=50_000)
 
         # sk2 takes over within a few seconds and goes on offloading.
         def sk2_offloads():
-            st = sk_timeline(cluster, "sk2")["offload"]
+            st = cluster.timeline_status("sk2")["offload"]
             return st if st["offloader"] == 2 and parse_lsn(st["offloaded_lsn"]) >= before + 2 * SEGMENT else None
 
         took_over = wait_until("sk2 offloads", sk2_offloads, timeout=120)
@@ -169,14 +152,14 @@ def local_segments(cluster, name: str) -> list[str]:
 def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(cluster_factory):
     cluster = cluster_factory(start=False)
     # Small in-memory layers: the pageserver uploads (and so reports) often.
-    configure_pageserver(cluster, {"checkpoint_distance": 8 << 20})
+    cluster.configure("pageserver", {"checkpoint_distance": 8 << 20})
     cluster.start()
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "4", "-q"], timeout=300)
     with ep.connect() as conn:
         start = current_lsn(conn)
     # Offload runs (it starts once the safekeepers have heard from each other).
-    wait_until("an offloader chosen", lambda: all(sk_timeline(cluster, n)["offload"]["offloader"] == 1
+    wait_until("an offloader chosen", lambda: all(cluster.timeline_status(n)["offload"]["offloader"] == 1
                                                    for n in SAFEKEEPERS), timeout=60)
 
     # pgbench (acknowledged commits to check later) beside bulk writes (WAL volume).
@@ -185,21 +168,17 @@ def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(clus
 
     def sample():
         for n in SAFEKEEPERS:
-            peak[n] = max(peak[n], int(sk_timeline(cluster, n)["removal"]["local_wal_bytes"]),
+            peak[n] = max(peak[n], int(cluster.timeline_status(n)["removal"]["local_wal_bytes"]),
                           len(local_segments(cluster, n)) * SEGMENT)
 
+    def between_batches(conn) -> None:
+        sample()
+        # The pageserver keeps up: the next batch waits for its ingest.
+        wait_for_pageserver_lsn(cluster, current_lsn(conn), timeout=120)
+        sample()
+
     try:
-        with ep.connect() as conn:
-            while current_lsn(conn) - start < 400 << 20:
-                conn.execute("CREATE TABLE bulk AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 100000) g")
-                conn.execute("DROP TABLE bulk")
-                sample()
-                # The pageserver keeps up: the next batch waits for its ingest.
-                lsn = current_lsn(conn)
-                wait_until("the pageserver caught up", lambda: parse_lsn(
-                    cluster.http("pageserver", "GET", cluster.timeline_path())[1]["last_record_lsn"]) >= lsn,
-                    timeout=120)
-                sample()
+        bulk_write(ep, start + (400 << 20), after_each=between_batches)
         bench.terminate()
         bench.wait(timeout=60)
     finally:
@@ -214,7 +193,7 @@ def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(clus
     boundary = end // SEGMENT * SEGMENT
 
     def removed_everywhere():
-        st = {n: sk_timeline(cluster, n)["removal"] for n in SAFEKEEPERS}
+        st = {n: cluster.timeline_status(n)["removal"] for n in SAFEKEEPERS}
         return st if all(parse_lsn(s["removed_before"]) >= boundary - SEGMENT for s in st.values()) else None
 
     st = wait_until("WAL removed on every safekeeper", removed_everywhere, timeout=120)
@@ -240,53 +219,14 @@ def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(clus
     assert_pgbench_invariants(after, 4)
 
 
-def configure_safekeepers(cluster, settings: dict) -> None:
-    """Sets top-level keys of every safekeeper's config (before `cluster.start()`)."""
-    for name in SAFEKEEPERS:
-        path = cluster.service_config_path(name)
-        text = path.read_text()
-        head, sep, tables = text.partition("\n[")
-        lines = [line for line in head.splitlines() if line.split(" = ")[0] not in settings]
-        lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
-        path.write_text("\n".join(lines) + "\n" + (sep.lstrip("\n") + tables if sep else ""))
-
-
-def prepare_stock_recovery(cluster, stock, strata_bin: Path, branch: str = "main") -> str:
-    """Makes ``stock`` (a PgCluster whose data directory is a pg_basebackup
-    of a compute) a server in archive recovery, given to PostgreSQL's user;
-    returns the `strata wal restore` command that reads the branch's WAL
-    offloaded by safekeeper sk1."""
-    import os
-    import pwd
-
-    from fixtures.pg import SERVER_USER, is_root
-
-    ct = cluster.cluster_toml
-    restore = (f"{strata_bin} wal restore --config {cluster.service_config_path('sk1')} "
-               f"--tenant-id {ct['tenant_id']} --timeline-id {cluster.timeline_id(branch)} %f %p")
-    (stock.pgdata / "recovery.signal").write_text("")
-    with open(stock.pgdata / "postgresql.conf", "a") as f:
-        f.write(f"\ninclude_if_exists '{stock.SETTINGS_FILE}'\n")
-    if is_root():
-        pw = pwd.getpwnam(SERVER_USER)
-        for root, dirs, files in os.walk(stock.pgdata):
-            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-                os.chown(name, pw.pw_uid, pw.pw_gid)
-        stock.pgdata.chmod(0o700)
-    return restore
-
-
-def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_factory, pg_bin_dir, strata_bin,
-                                                                       tmp_path):
+def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_factory, pg_bin_dir, tmp_path):
     """A stock PostgreSQL restored from a pg_basebackup of the compute (no
     WAL in it) and `strata wal restore` as its restore_command reaches the
     same pg_dumpall as the compute. The last segment is not complete: its
     committed part is in object storage as a partial segment within the
     configured time (here 1 s), and the restore reads it."""
-    from fixtures.pg import PgCluster
-
     cluster = cluster_factory(start=False)
-    configure_safekeepers(cluster, {"partial_offload_after": 1})
+    cluster.configure_safekeepers({"partial_offload_after": 1})
     cluster.start()
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
@@ -303,7 +243,7 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
     # The last commits are in object storage: whole segments, then the
     # committed part of the last one.
     def partial_covers():
-        st = sk_timeline(cluster, "sk1")["offload"]
+        st = cluster.timeline_status("sk1")["offload"]
         return st if parse_lsn(st["offloaded_lsn"]) >= end // SEGMENT * SEGMENT and \
             parse_lsn(st["partial_lsn"]) >= end else None
 
@@ -318,11 +258,8 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
     print("\noffload:", st, "; partial segment:", partial.name, meta["end_lsn"])
     assert cluster.metrics("sk1")["strata_safekeeper_partial_segments_offloaded_total"] >= 1
 
-    restore = prepare_stock_recovery(cluster, stock, strata_bin)
     try:
-        stock.start({"restore_command": restore, "synchronous_standby_names": "", "recovery_target_action": "promote"},
-                    timeout=300)
-        wait_until("recovery ended", lambda: not stock.sql("SELECT pg_is_in_recovery()")[0][0], timeout=300)
+        stock.recover_from_archive(cluster.wal_restore_command(), timeout=300)
         log = stock.log_text()
         assert "restored log file" in log, log[-3000:]
         got = dump_all(stock)
@@ -338,14 +275,6 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
                (partial.parent / partial.name.removesuffix(".partial")).exists(), timeout=120)
 
 
-def bulk_write(ep, until: int) -> None:
-    """Writes WAL (tables created and dropped) until the compute's LSN reaches `until`."""
-    with ep.connect() as conn:
-        while current_lsn(conn) < until:
-            conn.execute("CREATE TABLE bulk AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 100000) g")
-            conn.execute("DROP TABLE bulk")
-
-
 def test_pageserver_restored_to_an_older_state_reads_the_offloaded_wal(cluster_factory):
     """The pageserver's objects go back to an earlier snapshot (a bucket
     restored from a backup) while the safekeepers have removed the WAL
@@ -353,18 +282,17 @@ def test_pageserver_restored_to_an_older_state_reads_the_offloaded_wal(cluster_f
     the removed WAL from object storage, then streams the rest from the
     safekeepers, with nothing lost."""
     cluster = cluster_factory(start=False)
-    configure_pageserver(cluster, {"checkpoint_distance": 8 << 20})
+    cluster.configure("pageserver", {"checkpoint_distance": 8 << 20})
     cluster.start()
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
     cluster.run("timeline", "checkpoint", timeout=600)
-    ps_path = cluster.timeline_path()
     remote = cluster.workdir / "remote_storage"
     snapshot = cluster.workdir / "tenants-snapshot"
     cluster.stop("--only", "pageserver")
     shutil.copytree(remote / "tenants", snapshot)
     cluster.start("--only", "pageserver")
-    old = parse_lsn(cluster.http("pageserver", "GET", ps_path)[1]["remote_consistent_lsn"])
+    old = parse_lsn(cluster.timeline_status("pageserver")["remote_consistent_lsn"])
 
     # More WAL; the pageserver uploads it, so the safekeepers remove the WAL
     # after the snapshot's LSN.
@@ -379,7 +307,7 @@ def test_pageserver_restored_to_an_older_state_reads_the_offloaded_wal(cluster_f
     gone = (old // SEGMENT + 2) * SEGMENT
 
     def removed_everywhere():
-        st = {n: parse_lsn(sk_timeline(cluster, n)["removal"]["removed_before"]) for n in SAFEKEEPERS}
+        st = {n: parse_lsn(cluster.timeline_status(n)["removal"]["removed_before"]) for n in SAFEKEEPERS}
         return st if min(st.values()) >= gone else None
 
     removed = wait_until("the WAL after the snapshot removed", removed_everywhere, timeout=180)
@@ -392,11 +320,10 @@ def test_pageserver_restored_to_an_older_state_reads_the_offloaded_wal(cluster_f
     shutil.rmtree(remote / "tenants")
     shutil.copytree(snapshot, remote / "tenants")
     cluster.start("--only", "pageserver")
-    st = cluster.http("pageserver", "GET", ps_path)[1]
+    st = cluster.timeline_status("pageserver")
     assert parse_lsn(st["disk_consistent_lsn"]) <= old < gone, st
 
-    wait_until("the pageserver caught up", lambda: parse_lsn(
-        cluster.http("pageserver", "GET", ps_path)[1]["last_record_lsn"]) >= end, timeout=300)
+    wait_for_pageserver_lsn(cluster, end, timeout=300)
     read = cluster.metrics("pageserver")["strata_pageserver_wal_segments_from_object_storage_total"]
     assert read >= 1, read
     assert "reading offloaded WAL from object storage" in cluster.log("pageserver")
@@ -420,10 +347,10 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
     with every acknowledged commit."""
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
-    wait_until("an offloader chosen", lambda: all(sk_timeline(cluster, n)["offload"]["offloader"] == 1
+    wait_until("an offloader chosen", lambda: all(cluster.timeline_status(n)["offload"]["offloader"] == 1
                                                    for n in SAFEKEEPERS), timeout=60)
     cluster.kill9("sk3", supervisor=True)  # stays down
-    behind = parse_lsn(sk_timeline(cluster, "sk1")["flush_lsn"])
+    behind = parse_lsn(cluster.timeline_status("sk1")["flush_lsn"])
     bench = ep.popen(["pgbench", "-n", "-c", "2", "-T", "600"])
     try:
         bulk_write(ep, behind + 6 * SEGMENT)
@@ -435,7 +362,7 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
     gone = (behind // SEGMENT + 3) * SEGMENT
 
     def removed():
-        st = {n: parse_lsn(sk_timeline(cluster, n)["removal"]["removed_before"]) for n in ("sk1", "sk2")}
+        st = {n: parse_lsn(cluster.timeline_status(n)["removal"]["removed_before"]) for n in ("sk1", "sk2")}
         return st if min(st.values()) >= gone else None
 
     held = wait_until("sk1 and sk2 removed the WAL sk3 lacks", removed, timeout=180)
@@ -443,7 +370,7 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
           {n: format_lsn(v) for n, v in held.items()})
 
     cluster.start()
-    wait_until("sk3 caught up", lambda: parse_lsn(sk_timeline(cluster, "sk3")["flush_lsn"]) >= end, timeout=300)
+    wait_until("sk3 caught up", lambda: parse_lsn(cluster.timeline_status("sk3")["flush_lsn"]) >= end, timeout=300)
     recovered = cluster.metrics("sk3")["strata_safekeeper_segments_recovered_from_object_storage_total"]
     assert recovered >= 2, recovered
     assert "recovering WAL the peer removed from object storage" in cluster.log("sk3")
@@ -452,7 +379,7 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
     compared = 0
     for name in local_segments(cluster, "sk3"):
         offloaded = wal_dir(cluster) / name
-        segno = int(name[8:16], 16) * (0x100000000 // SEGMENT) + int(name[16:24], 16)
+        segno = segment_number(name)
         if offloaded.exists() and behind // SEGMENT < segno < held["sk1"] // SEGMENT:
             assert (sk3_dir / name).read_bytes() == offloaded.read_bytes(), f"sk3's {name} differs"
             compared += 1
@@ -482,22 +409,21 @@ def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
     archive's unbroken run ends from its oldest segment and uploads
     nothing again."""
     cluster = cluster_factory(start=False)
-    configure_safekeepers(cluster, {"wal_archive_retention": 2})
-    configure_pageserver(cluster, {"checkpoint_distance": 8 << 20})
+    cluster.configure_safekeepers({"wal_archive_retention": 2})
+    cluster.configure("pageserver", {"checkpoint_distance": 8 << 20})
     cluster.start()
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
     with ep.connect() as conn:
         bulk_write(ep, current_lsn(conn) + 3 * SEGMENT)
     cluster.run("timeline", "checkpoint", timeout=600)
-    consistent = parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["remote_consistent_lsn"])
+    consistent = parse_lsn(cluster.timeline_status("pageserver")["remote_consistent_lsn"])
 
     def archived() -> list[int]:
         # The local store removes a prefix's directory with its last object.
         root = wal_dir(cluster)
         names = [p.name for p in root.iterdir()] if root.exists() else []
-        return sorted(int(n[8:16], 16) * (0x100000000 // SEGMENT) + int(n[16:24], 16)
-                      for n in names if n.endswith(".json") and "partial" not in n)
+        return sorted(segment_number(n) for n in names if n.endswith(".json") and "partial" not in n)
 
     def expired_total() -> float:
         return cluster.metrics("sk1")["strata_safekeeper_archived_segments_expired_total"]
@@ -541,10 +467,9 @@ def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
 
     # The pageserver is back and uploads: the rest expires.
     cluster.start()
-    wait_until("the pageserver caught up", lambda: parse_lsn(
-        cluster.http("pageserver", "GET", cluster.timeline_path())[1]["last_record_lsn"]) >= end, timeout=300)
+    wait_for_pageserver_lsn(cluster, end, timeout=300)
     cluster.run("timeline", "checkpoint", timeout=600)
-    consistent = parse_lsn(cluster.http("pageserver", "GET", cluster.timeline_path())[1]["remote_consistent_lsn"])
+    consistent = parse_lsn(cluster.timeline_status("pageserver")["remote_consistent_lsn"])
     assert consistent >= end
     wait_until("the rest deleted", expired_below(consistent, deleted + 1), timeout=120)
 
