@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use fastrand::Rng;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -199,7 +200,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
     let mut workers = Vec::new();
     for (i, client) in clients.into_iter().enumerate() {
         let t = Arc::clone(&target);
-        let rng = Rng::new(seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let rng = Rng::with_seed(seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         workers.push(tokio::spawn(worker(t, client, args.depth as usize, deadline, rng)));
     }
     let mut total = WorkerStats::default();
@@ -311,7 +312,7 @@ async fn load(
         let now = Instant::now();
         if now < deadline {
             while client.in_flight() < depth {
-                let (rel, block) = target.block(rng.below(target.total_blocks));
+                let (rel, block) = target.block(rng.u64(..target.total_blocks));
                 client.queue(PageRequest::GetPage { id: 0, lsn: target.lsn, rel, fork: ForkNumber::Main, block })?;
                 sent_at.push_back(now);
             }
@@ -611,28 +612,6 @@ impl Histogram {
     }
 }
 
-/// xorshift64*: fast, good enough to spread requests over blocks.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        // Never 0, which xorshift would keep forever.
-        Rng(seed | 1)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `0..n` (n > 0), by multiply-shift rather than modulo bias.
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -698,7 +677,7 @@ mod tests {
 
     #[test]
     fn histogram_buckets_cover_every_value() {
-        let mut rng = Rng::new(7);
+        let mut rng = Rng::with_seed(7);
         let mut previous_high = None;
         for i in 0..BUCKETS {
             let (low, high) = Histogram::bounds(i);
@@ -714,7 +693,7 @@ mod tests {
         }
         assert_eq!(previous_high, Some(u64::MAX));
         for _ in 0..100_000 {
-            let v = rng.next_u64() >> rng.below(64);
+            let v = rng.u64(..) >> rng.u32(..64);
             let (low, high) = Histogram::bounds(Histogram::index(v));
             assert!(low <= v && v <= high);
         }
@@ -788,8 +767,8 @@ mod tests {
         assert_eq!(target.block(10), (r(2), 0));
         assert_eq!(target.block(11), (r(3), 0));
         assert_eq!(target.block(13), (r(3), 2));
-        let mut rng = Rng::new(1);
-        assert!((0..10_000).all(|_| rng.below(14) < 14));
+        let mut rng = Rng::with_seed(1);
+        assert!((0..10_000).all(|_| rng.u64(..14) < 14));
     }
 
     #[test]

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,46 +16,12 @@ use strata_compute::agent::{self, AgentConfig};
 use strata_formats::v15::control::{ControlFile, DbState};
 use strata_formats::Lsn;
 use strata_protocol::{TenantId, TimelineId};
+use strata_test_support::{as_root, blocking, free_port, pg_bin, pg_command, run, scratch_dir};
 use tokio::sync::{oneshot, watch};
 
 const SEG: u64 = 16 << 20;
 /// Bound on each test.
 const TEST_TIMEOUT: Duration = Duration::from_secs(240);
-
-fn pg_bin() -> PathBuf {
-    std::env::var_os("PG_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
-}
-
-fn as_root() -> bool {
-    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn free_port() -> u16 {
-    strata_service::ports::allocate(1, &[]).unwrap()[0]
-}
-
-fn temp_base(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-agent-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
 
 /// What the stand-in pageserver answers.
 struct FakeState {
@@ -201,18 +167,6 @@ async fn get_text(url: String) -> String {
     blocking(move || ureq::get(&url).call().unwrap().into_body().read_to_string().unwrap()).await
 }
 
-/// A PostgreSQL program, run as `postgres` when the test runs as root.
-fn pg_command(program: &str) -> Command {
-    let path = pg_bin().join(program);
-    if as_root() {
-        let mut cmd = Command::new("runuser");
-        cmd.args(["-u", "postgres", "--"]).arg(path);
-        cmd
-    } else {
-        Command::new(path)
-    }
-}
-
 /// Runs SQL over TCP as the `postgres` role; the unaligned output.
 async fn psql(port: u16, sql: &str) -> String {
     let sql = sql.to_string();
@@ -273,7 +227,7 @@ async fn starts_uses_stops_and_restarts_a_compute() {
 }
 
 async fn compute_life_cycle() {
-    let base = temp_base("cycle");
+    let base = scratch_dir("agent-cycle");
     let root = as_root();
 
     // A stock cluster, as a pageserver's basebackup would look like.
@@ -423,7 +377,7 @@ fn config_without_safekeepers(base: &Path, pageserver: String) -> AgentConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_pageserver_errors_with_context() {
-    let base = temp_base("errors");
+    let base = scratch_dir("agent-errors");
     let fake = Arc::new(Mutex::new(FakeState {
         system_id: 1,
         last_record_lsn: Lsn(SEG),
@@ -450,7 +404,7 @@ async fn reports_pageserver_errors_with_context() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_waiting_for_the_pageserver_ends_cleanly() {
-    let base = temp_base("early-stop");
+    let base = scratch_dir("agent-early-stop");
     // Nothing listens there: the agent keeps retrying.
     let cfg = config_without_safekeepers(&base, format!("127.0.0.1:{}", free_port()));
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -2,9 +2,8 @@
 //! in a temporary directory; the tests fail if its binaries are not
 //! installed) and against scripted fake servers for the error paths.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,7 @@ use strata_compute::pg_replication::{
 use strata_formats::v15::rmgr::{RM_HEAP_ID, RM_XLOG_ID, XLOG_CHECKPOINT_SHUTDOWN};
 use strata_formats::wal::{StartPosition, WalDecoder};
 use strata_formats::{Lsn, PgVersion};
+use strata_test_support::{as_root, blocking, free_port, pg_bin, pg_command, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep, timeout};
@@ -25,31 +25,10 @@ const XLOG_HEAP_INSERT: u8 = 0x00;
 /// Bound on every test.
 const TEST_TIMEOUT: Duration = Duration::from_secs(90);
 
-fn pg_bin() -> PathBuf {
-    std::env::var_os("PG_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn free_port() -> u16 {
-    strata_service::ports::allocate(1, &[]).unwrap()[0]
-}
-
 /// A PostgreSQL 15 cluster in a temporary directory, stopped and removed on drop.
 struct PgServer {
     dir: PathBuf,
     port: u16,
-    as_root: bool,
 }
 
 impl PgServer {
@@ -70,14 +49,13 @@ impl PgServer {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let as_root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
         // From here on, dropping the guard cleans up.
-        let server = PgServer { dir, port: free_port(), as_root };
-        if as_root {
+        let server = PgServer { dir, port: free_port() };
+        if as_root() {
             run(Command::new("chown").arg("-R").arg("postgres:postgres").arg(&server.dir));
         }
         let data = server.data_dir();
-        run(server.pg_command("initdb").arg("-D").arg(&data).args([
+        run(pg_command("initdb").arg("-D").arg(&data).args([
             "-A",
             "trust",
             "-U",
@@ -98,8 +76,7 @@ impl PgServer {
         let hba_path = data.join("pg_hba.conf");
         let hba = std::fs::read_to_string(&hba_path).unwrap();
         std::fs::write(&hba_path, format!("{hba_first}\n{hba}")).unwrap();
-        run(server
-            .pg_command("pg_ctl")
+        run(pg_command("pg_ctl")
             .arg("-D")
             .arg(&data)
             .arg("-l")
@@ -110,18 +87,6 @@ impl PgServer {
 
     fn data_dir(&self) -> PathBuf {
         self.dir.join("data")
-    }
-
-    /// A PostgreSQL program, run as `postgres` if the test runs as root.
-    fn pg_command(&self, program: &str) -> Command {
-        let path = pg_bin().join(program);
-        if self.as_root {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--"]).arg(path);
-            cmd
-        } else {
-            Command::new(path)
-        }
     }
 
     fn socket_dir(&self) -> String {
@@ -160,8 +125,7 @@ impl PgServer {
 
 impl Drop for PgServer {
     fn drop(&mut self) {
-        let _ = self
-            .pg_command("pg_ctl")
+        let _ = pg_command("pg_ctl")
             .arg("-D")
             .arg(self.data_dir())
             .args(["-m", "immediate", "-w", "-t", "30", "stop"])
@@ -178,10 +142,6 @@ impl Drop for PgServer {
 fn append(path: &Path, text: &str) {
     use std::io::Write;
     std::fs::OpenOptions::new().append(true).open(path).unwrap().write_all(text.as_bytes()).unwrap();
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
 }
 
 const APP: &str = "strata_repl_test";
@@ -307,7 +267,7 @@ async fn streams_wal(pg: std::sync::Arc<PgServer>) {
     // ends the stream with CommandComplete.
     let pg2 = pg.clone();
     let stopper = tokio::task::spawn_blocking(move || {
-        pg2.pg_command("pg_ctl").arg("-D").arg(pg2.data_dir()).args(["-m", "fast", "-w", "-t", "60", "stop"]).output()
+        pg_command("pg_ctl").arg("-D").arg(pg2.data_dir()).args(["-m", "fast", "-w", "-t", "60", "stop"]).output()
     });
     let keepalives_before = rx.keepalives;
     rx.shutdown_checkpoint = None; // initdb's was in the first segment

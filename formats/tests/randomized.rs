@@ -8,20 +8,7 @@ use std::time::{Duration, Instant};
 
 use strata_formats::fuzz::{decode_wal, fuzz_one};
 use strata_formats::Lsn;
-
-/// Small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use strata_test_support::rng::{seeded, Rng, RngExt};
 
 fn inputs() -> Vec<(Lsn, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/wal");
@@ -40,31 +27,31 @@ fn inputs() -> Vec<(Lsn, Vec<u8>)> {
 }
 
 fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
-    for _ in 0..1 + rng.below(4) {
-        match rng.below(5) {
+    for _ in 0..1 + rng.index(4) {
+        match rng.index(5) {
             0 => {
-                let i = rng.below(bytes.len());
-                bytes[i] ^= 1 << rng.below(8);
+                let i = rng.index(bytes.len());
+                bytes[i] ^= 1 << rng.index(8);
             }
             1 => {
-                let i = rng.below(bytes.len());
-                bytes[i] = rng.next() as u8;
+                let i = rng.index(bytes.len());
+                bytes[i] = rng.u64(..) as u8;
             }
             2 => {
-                let n = rng.below(bytes.len());
+                let n = rng.index(bytes.len());
                 bytes.truncate(n.max(1));
             }
             3 => {
-                let i = rng.below(bytes.len());
-                let n = rng.below(64).min(bytes.len() - i);
+                let i = rng.index(bytes.len());
+                let n = rng.index(64).min(bytes.len() - i);
                 for b in &mut bytes[i..i + n] {
-                    *b = rng.next() as u8;
+                    *b = rng.u64(..) as u8;
                 }
             }
             _ => {
                 // Overwrite a length-like field at an 8-byte boundary with an extreme value.
-                let i = rng.below(bytes.len() / 8) * 8;
-                let v = [0u32, 1, 23, 24, 0xffff, 0x3fff_ffff, u32::MAX][rng.below(7)];
+                let i = rng.index(bytes.len() / 8) * 8;
+                let v = [0u32, 1, 23, 24, 0xffff, 0x3fff_ffff, u32::MAX][rng.index(7)];
                 let n = 4.min(bytes.len() - i);
                 bytes[i..i + n].copy_from_slice(&v.to_le_bytes()[..n]);
             }
@@ -79,17 +66,17 @@ fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
 fn damaged_wal_never_panics() {
     let budget = Duration::from_secs(20);
     let started = Instant::now();
-    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+    let mut rng = seeded("damaged_wal_never_panics", 0x5EED_1234_ABCD_0001);
     let mut iterations = 0;
     let mut errors = 0;
     let inputs = inputs();
     let clean: Vec<usize> = inputs.iter().map(|(lsn, b)| decode_wal(b, *lsn, 16 << 20, b.len()).records).collect();
     while iterations < 3000 && started.elapsed() < budget {
-        let which = rng.below(inputs.len());
+        let which = rng.index(inputs.len());
         let (lsn, original) = &inputs[which];
         let mut bytes = original.clone();
         mutate(&mut rng, &mut bytes);
-        let chunk = [bytes.len(), 1 + rng.below(9000)][rng.below(2)];
+        let chunk = [bytes.len(), 1 + rng.index(9000)][rng.index(2)];
         let summary = decode_wal(&bytes, *lsn, 16 << 20, chunk);
         // Damage never makes up records: at most as many as the clean input.
         assert!(
@@ -108,7 +95,7 @@ fn damaged_wal_never_panics() {
 
 #[test]
 fn garbage_through_every_entry_point() {
-    let mut rng = Rng(0xFEED_0000_0000_0042);
+    let mut rng = seeded("garbage_through_every_entry_point", 0xFEED_0000_0000_0042);
     let inputs = inputs();
     let started = Instant::now();
     for i in 0..4000 {
@@ -116,13 +103,13 @@ fn garbage_through_every_entry_point() {
             break;
         }
         let mut data = vec![(i % 4) as u8];
-        if rng.below(2) == 0 {
-            let n = rng.below(20_000);
-            data.extend((0..n).map(|_| rng.next() as u8));
+        if rng.index(2) == 0 {
+            let n = rng.index(20_000);
+            data.extend((0..n).map(|_| rng.u64(..) as u8));
         } else {
-            let (_, original) = &inputs[rng.below(inputs.len())];
-            let from = rng.below(original.len());
-            let mut slice = original[from..(from + rng.below(20_000)).min(original.len())].to_vec();
+            let (_, original) = &inputs[rng.index(inputs.len())];
+            let from = rng.index(original.len());
+            let mut slice = original[from..(from + rng.index(20_000)).min(original.len())].to_vec();
             if slice.is_empty() {
                 slice.push(0);
             }

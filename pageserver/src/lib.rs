@@ -74,7 +74,7 @@ pub async fn serve(
         fsync: config.fsync,
         checkpoint_distance: config.checkpoint_distance,
         metrics: metrics.clone(),
-        files: layer::files::FileCache::new(config.max_open_layer_files, metrics.layer_files.clone()),
+        files: layer::files::FileCache::new(config.max_open_layer_files, metrics.layer_files()),
         verify_redo: config.verify_redo,
         policy: config.layer_policy(),
     };

@@ -262,7 +262,7 @@ fn gc_removes_what_the_newest_image_below_the_cutoff_covers() {
 fn long_history_keeps_layers_files_and_read_cost_bounded() {
     let dir = common::test_dir("long-history");
     let metrics = Arc::new(Metrics::new());
-    let files = FileCache::new(32, metrics.layer_files.clone());
+    let files = FileCache::new(32, metrics.layer_files());
     let mut res = common::resources(metrics.clone(), files.clone());
     res.policy = resources().policy;
     let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();

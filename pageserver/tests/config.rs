@@ -13,8 +13,7 @@ fn config(extra: &str, pg: std::net::SocketAddr, http: std::net::SocketAddr) -> 
 }
 
 fn free_port() -> std::net::SocketAddr {
-    let port = strata_service::ports::allocate(1, &[]).unwrap()[0];
-    std::net::SocketAddr::from(([127, 0, 0, 1], port))
+    std::net::SocketAddr::from(([127, 0, 0, 1], strata_test_support::free_port()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

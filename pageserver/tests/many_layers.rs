@@ -67,14 +67,14 @@ fn twenty_thousand_layers_under_a_1024_file_limit() {
     std::fs::write(dir.join("metadata.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
 
     let metrics = Arc::new(Metrics::new());
-    let files = FileCache::new(128, metrics.layer_files.clone());
+    let files = FileCache::new(128, metrics.layer_files());
     let res = common::resources(metrics.clone(), files);
     let before = open_fds();
     let tl = Timeline::load(dir.clone(), &res).unwrap();
     assert!(tl.broken_reason().is_none());
     assert_eq!(tl.layer_count().1.l1, LAYERS as usize);
     // Every layer was opened once to check it, through the cache.
-    assert!(metrics.layer_files.opens.get() >= LAYERS);
+    assert!(metrics.layer_file_opens.get() >= LAYERS);
     assert!(res.files.len() <= 128);
 
     // Reads across the whole history: each version lives in its own file.
@@ -87,7 +87,7 @@ fn twenty_thousand_layers_under_a_1024_file_limit() {
         assert!(open_fds() <= before + 128 + 8, "descriptors stay bounded while reading");
     }
     assert!(reads > 2_800);
-    assert!(metrics.layer_files.evictions.get() > LAYERS, "the cache cycled through the files");
+    assert!(metrics.layer_file_evictions.get() > LAYERS, "the cache cycled through the files");
     drop(tl);
     std::fs::remove_dir_all(&dir).unwrap();
 }

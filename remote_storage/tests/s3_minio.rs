@@ -98,15 +98,11 @@ fn ureq_like_get(port: u16, path: &str) -> Option<u16> {
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
 
-fn free_port() -> u16 {
-    strata_service::ports::allocate(1, &[]).unwrap()[0]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_objects_round_trip_and_survive_a_server_restart() {
     let dir = std::env::temp_dir().join(format!("strata-minio-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let port = free_port();
+    let port = strata_test_support::free_port();
     let mut minio = Minio::start(dir.clone(), port);
     let storage = RemoteStorage::new(&minio.config()).unwrap().with_retries(
         Duration::from_secs(5),

@@ -424,7 +424,7 @@ async fn connection_floods_displace_each_other_and_established_connections_stay(
 async fn a_port_in_use_is_refused_naming_the_key() {
     let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = taken.local_addr().unwrap();
-    let free = std::net::SocketAddr::from(([127, 0, 0, 1], strata_service::ports::allocate(1, &[]).unwrap()[0]));
+    let free = std::net::SocketAddr::from(([127, 0, 0, 1], strata_test_support::free_port()));
     let dir = std::env::temp_dir().join(format!("strata-sk-port-{}", std::process::id()));
     let config: SafekeeperConfig = toml::from_str(&format!(
         "id = 1\nlisten = \"{free}\"\nlisten_http = \"{addr}\"\ndata_dir = {:?}\n",

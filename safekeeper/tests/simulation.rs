@@ -28,6 +28,7 @@ use strata_protocol::safekeeper::{
 use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_safekeeper::acceptor::{Acceptor, AcceptorError, PersistentState, WalStore};
 use strata_safekeeper::memory::{MemoryControl, MemoryWal};
+use strata_test_support::rng::{Rng, RngExt};
 
 const N: usize = 3;
 const PROPOSERS: usize = 2;
@@ -38,22 +39,6 @@ const MAX_STEPS: u32 = 1500;
 /// How far behind the members' commit LSN NEW may be when the joint phase
 /// starts (the simulation's "one segment").
 const CATCH_UP_SLACK: u64 = 64;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 type Node = Acceptor<MemoryWal, MemoryControl>;
 
@@ -236,7 +221,7 @@ impl Sim {
         let nodes = (0..N).map(|i| Some(Self::empty_node(&identity, i))).collect();
         let config = Membership { generation: 0, members: (0..N).map(member).collect(), new_members: None };
         Sim {
-            rng: Rng(seed | 1),
+            rng: Rng::with_seed(seed),
             identity,
             nodes,
             proposers: (0..PROPOSERS).map(|_| None).collect(),

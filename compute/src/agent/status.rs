@@ -264,13 +264,7 @@ pub fn register_proposer_metrics(registry: &mut Registry, s: &ProposerStatus) {
 pub fn render_proposer_metrics(s: &ProposerStatus) -> String {
     let mut registry = Registry::default();
     register_proposer_metrics(&mut registry, s);
-    encode(&registry)
-}
-
-fn encode(registry: &Registry) -> String {
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
-    out
+    strata_service::metrics::render(&registry)
 }
 
 /// The agent's and the proposer's metrics in Prometheus text format.
@@ -368,7 +362,7 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
         }
     }
     register_proposer_metrics(&mut registry, proposer);
-    encode(&registry)
+    strata_service::metrics::render(&registry)
 }
 
 /// `/v1/status` and `/metrics`.
@@ -389,7 +383,7 @@ pub fn router(handle: StatusHandle) -> axum::Router {
                 let mut text = render_metrics(&handle.agent(), &handle.proposer());
                 let mut registry = Registry::with_prefix("strata_compute");
                 handle.listeners.register_into(&mut registry);
-                text.push_str(&encode(&registry));
+                text.push_str(&strata_service::metrics::render(&registry));
                 async move { text }
             }),
         )

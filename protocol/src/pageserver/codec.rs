@@ -444,6 +444,7 @@ mod tests {
     use super::*;
     use crate::pageserver::MAX_PIPELINE_DEPTH;
     use strata_formats::Lsn;
+    use strata_test_support::rng::{seeded, RngExt};
 
     /// `1663/5/16384`: a table of the `postgres` database in `pg_default`.
     const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16384 };
@@ -849,30 +850,12 @@ mod tests {
         assert_eq!((size.id(), size.lsn(), size.name()), (9, Lsn(0), "GetPage"));
     }
 
-    /// xorshift64*: a tiny deterministic generator for the randomized test.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next_u64() % n
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next_u64() as u8).collect()
-        }
-    }
-
     #[test]
     fn randomized_damage_never_panics() {
         let (clients, servers) = samples();
         let mut frames: Vec<Vec<u8>> = clients.iter().map(client_bytes).collect();
         frames.extend(servers.iter().filter(|m| !matches!(m, ServerMessage::Segment { .. })).map(server_bytes));
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut rng = seeded("page service codec damage", 0x9E37_79B9_7F4A_7C15);
         let (mut decoded, mut rejected) = (0usize, 0usize);
         for i in 0..20_000 {
             let mut bytes = frames[rng.below(frames.len() as u64) as usize].clone();
@@ -884,7 +867,7 @@ mod tests {
                 1 => bytes.truncate(rng.below(bytes.len() as u64) as usize),
                 2 => {
                     let j = rng.below(bytes.len().min(40) as u64) as usize;
-                    bytes[j] = rng.next_u64() as u8;
+                    bytes[j] = rng.u64(..) as u8;
                 }
                 _ => {
                     let n = rng.below(60) as usize;

@@ -574,6 +574,7 @@ fn decode_all(frame: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_test_support::rng::{seeded, Rng, RngExt};
 
     fn history(entries: &[(u64, u64)]) -> TermHistory {
         TermHistory(entries.iter().map(|&(term, lsn)| TermLsn { term, lsn: Lsn(lsn) }).collect())
@@ -1017,21 +1018,18 @@ mod tests {
         assert_eq!(peek_version(&[tag::VOTE_REQUEST, 1, 0, 0, 0]), None);
     }
 
-    /// xorshift64*: a tiny deterministic generator for the randomized test.
-    struct Rng(u64);
+    /// Random protocol values for the randomized test, from the tests' seeded generator.
+    struct Gen(Rng);
 
-    impl Rng {
+    impl Gen {
         fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+            self.0.u64(..)
         }
         fn below(&mut self, n: u64) -> u64 {
-            self.next_u64() % n
+            self.0.below(n)
         }
         fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next_u64() as u8).collect()
+            self.0.bytes(n)
         }
         fn lsn(&mut self) -> Lsn {
             // Mostly small values, sometimes anything.
@@ -1197,7 +1195,7 @@ mod tests {
 
     #[test]
     fn randomized_frames_never_panic() {
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut rng = Gen(seeded("safekeeper codec round trips", 0x9E37_79B9_7F4A_7C15));
         let (mut decoded, mut rejected) = (0usize, 0usize);
         for i in 0..20_000 {
             let m = rng.message();

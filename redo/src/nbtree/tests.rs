@@ -6,6 +6,7 @@ use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::v15::rmgr::RM_BTREE_ID;
 use strata_formats::wal::record::{BlockRef, DecodedRecord, RecordHeader, BKPBLOCK_HAS_DATA, RECORD_HEADER_SIZE};
 use strata_formats::Lsn;
+use strata_test_support::rng::RngExt;
 
 use super::page::{self, Opaque, BTP_DELETED, BTP_HAS_FULLXID, BTP_META};
 use super::tuple;
@@ -409,28 +410,13 @@ fn new_root() {
     assert_eq!(&m[..], &stamped(want)[..]);
 }
 
-/// A small deterministic generator for hostile input.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// Truncated and random records on valid, garbage and empty pages: errors
 /// are fine, panics are not.
 #[test]
 fn hostile_input_never_panics() {
     let posting = tuple::form_posting(&plain((0, 0), &key(3)), &[tid(1, 1), tid(1, 2), tid(1, 3)]).unwrap();
     let good = btree_page(&leaf(4), &[plain((0, 0), &key(9)), plain((1, 1), &key(1)), posting, plain((1, 9), &key(5))]);
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = strata_test_support::rng::seeded("nbtree redo of damaged records", 0x9E37_79B9_7F4A_7C15);
     let mut garbage = Box::new([0u8; BLCKSZ]);
     let mut pages: Vec<Box<Page>> = vec![good.clone(), Box::new([0u8; BLCKSZ])];
     for _ in 0..4 {
@@ -444,7 +430,7 @@ fn hostile_input_never_panics() {
     let tuple_data = [plain((1, 2), &key(2)), plain((0, 0), &key(7))].concat();
     for info in (0..=0xF0u16).step_by(0x10) {
         for round in 0..40 {
-            let main_len = (rng.next() % 48) as usize;
+            let main_len = (rng.u64(..) % 48) as usize;
             let mut main = rng.bytes(main_len);
             if round % 2 == 0 {
                 // Plausible small numbers get further into the redo routines.
@@ -454,10 +440,10 @@ fn hostile_input_never_panics() {
             }
             let data: Vec<u8> = match round % 4 {
                 0 => tuple_data.clone(),
-                1 => tuple_data[..(rng.next() as usize % tuple_data.len())].to_vec(),
+                1 => tuple_data[..(rng.u64(..) as usize % tuple_data.len())].to_vec(),
                 2 => le16(&[2, 1, 1, 2, 3, 0, 1]),
                 _ => {
-                    let n = (rng.next() % 64) as usize;
+                    let n = (rng.u64(..) % 64) as usize;
                     rng.bytes(n)
                 }
             };
