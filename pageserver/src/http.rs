@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -215,11 +216,7 @@ async fn create_branch(
 
 /// `DELETE /v1/tenant/{tenant}/timeline/{timeline}`: refused (409) while a
 /// branch depends on it.
-async fn delete_timeline(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(entry) => entry,
-        Err(r) => return *r,
-    };
+async fn delete_timeline(State(tenants): State<Arc<Tenants>>, TimelinePath(entry): TimelinePath) -> Response {
     let (tenant, timeline) = (entry.tl.tenant_id, entry.tl.timeline_id);
     drop(entry);
     let t2 = tenants.clone();
@@ -246,14 +243,9 @@ struct LeaseRequest {
 /// `POST .../lease {"lsn"}`: keeps `lsn` readable (GC stays below it) for
 /// [`crate::timeline::LEASE_TTL`]; a read-only compute renews it.
 async fn lease(
-    State(tenants): State<Arc<Tenants>>,
-    Path((t, l)): Path<(String, String)>,
+    TimelinePath(entry): TimelinePath,
     body: Result<Json<LeaseRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(e) => e,
-        Err(r) => return *r,
-    };
     let Json(req) = match body {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -276,14 +268,9 @@ struct TimeQuery {
 /// at that time uses (after every commit stamped at or before it, before
 /// the first stamped after it).
 async fn lsn_by_time(
-    State(tenants): State<Arc<Tenants>>,
-    Path((t, l)): Path<(String, String)>,
+    TimelinePath(entry): TimelinePath,
     query: Result<Query<TimeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(e) => e,
-        Err(r) => return *r,
-    };
     let Ok(Query(q)) = query else {
         return error(StatusCode::BAD_REQUEST, "expected ?time=<RFC 3339 timestamp>".into());
     };
@@ -306,11 +293,24 @@ async fn lsn_by_time(
     }
 }
 
-fn lookup(tenants: &Tenants, tenant: &str, timeline: &str) -> Result<Arc<TimelineEntry>, Box<Response>> {
-    let bad = |e: strata_protocol::ids::IdParseError| Box::new(error(StatusCode::BAD_REQUEST, e.to_string()));
-    let t: TenantId = tenant.parse().map_err(bad)?;
-    let l: TimelineId = timeline.parse().map_err(bad)?;
-    tenants.get(t, l).ok_or_else(|| Box::new(error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"))))
+/// The timeline a request's path names (`/v1/tenant/{tenant}/timeline/{timeline}/…`),
+/// found before the handler runs: a malformed id is a 400, an unknown
+/// timeline a 404.
+struct TimelinePath(Arc<TimelineEntry>);
+
+impl FromRequestParts<Arc<Tenants>> for TimelinePath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, tenants: &Arc<Tenants>) -> Result<Self, Response> {
+        let Path((tenant, timeline)) =
+            Path::<(String, String)>::from_request_parts(parts, tenants).await.map_err(IntoResponse::into_response)?;
+        let bad = |e: strata_protocol::ids::IdParseError| error(StatusCode::BAD_REQUEST, e.to_string());
+        let t: TenantId = tenant.parse().map_err(bad)?;
+        let l: TimelineId = timeline.parse().map_err(bad)?;
+        let entry =
+            tenants.get(t, l).ok_or_else(|| error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found")))?;
+        Ok(TimelinePath(entry))
+    }
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -323,16 +323,11 @@ struct StatusQuery {
 }
 
 async fn timeline_status(
-    State(tenants): State<Arc<Tenants>>,
-    Path((t, l)): Path<(String, String)>,
+    TimelinePath(entry): TimelinePath,
     query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Ok(Query(query)) = query else {
         return error(StatusCode::BAD_REQUEST, "the only query parameter is logical_size=true|false".into());
-    };
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(entry) => entry,
-        Err(r) => return *r,
     };
     let mut status = entry.status();
     if query.logical_size {
@@ -408,13 +403,9 @@ impl std::io::Write for ChannelWriter {
 
 async fn basebackup(
     State(tenants): State<Arc<Tenants>>,
-    Path((t, l)): Path<(String, String)>,
+    TimelinePath(entry): TimelinePath,
     query: Result<Query<BasebackupQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(e) => e,
-        Err(r) => return *r,
-    };
     let Query(q) = match query {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -476,13 +467,9 @@ struct CheckpointQuery {
 /// writes images); answers with the timeline's status.
 async fn checkpoint(
     State(tenants): State<Arc<Tenants>>,
-    Path((t, l)): Path<(String, String)>,
+    TimelinePath(entry): TimelinePath,
     query: Result<Query<CheckpointQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(e) => e,
-        Err(r) => return *r,
-    };
     let Query(q) = match query {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -523,11 +510,7 @@ async fn checkpoint(
 }
 
 /// Evicts every uploaded layer of the timeline that no read holds.
-async fn evict(State(tenants): State<Arc<Tenants>>, Path((t, l)): Path<(String, String)>) -> Response {
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(e) => e,
-        Err(r) => return *r,
-    };
+async fn evict(TimelinePath(entry): TimelinePath) -> Response {
     if entry.tl.remote().is_none() {
         return error(StatusCode::BAD_REQUEST, "the pageserver has no object storage: nothing can be evicted".into());
     }
@@ -555,13 +538,9 @@ struct PageQuery {
 /// One page (8192 bytes) of a relation at an LSN.
 async fn page(
     State(tenants): State<Arc<Tenants>>,
-    Path((t, l)): Path<(String, String)>,
+    TimelinePath(entry): TimelinePath,
     query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let entry = match lookup(&tenants, &t, &l) {
-        Ok(e) => e,
-        Err(r) => return *r,
-    };
     let Query(q) = match query {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),

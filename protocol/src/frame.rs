@@ -32,6 +32,34 @@ pub(crate) fn split(buf: &[u8], max_frame: usize) -> Result<Option<(usize, &[u8]
     Ok(buf.get(LENGTH_SIZE..LENGTH_SIZE + len).map(|frame| (LENGTH_SIZE + len, frame)))
 }
 
+/// The fuzz entry points' loop, one for both protocols: `reencode` runs
+/// every decoder of a protocol over one frame (tag and payload) and appends
+/// the encoding of whatever decoded. It runs over `data` taken as one
+/// frame, then over each length-prefixed frame `split` finds in `data`.
+/// What decodes must re-encode to exactly the same bytes (the encodings are
+/// canonical); a difference panics, which is the finding.
+pub(crate) fn fuzz_frames<E>(
+    data: &[u8],
+    split: impl Fn(&[u8]) -> Result<Option<(usize, &[u8])>, E>,
+    reencode: impl Fn(&[u8], &mut Vec<u8>),
+) {
+    let check = |frame: &[u8]| {
+        let mut out = Vec::new();
+        reencode(frame, &mut out);
+        if !out.is_empty() {
+            // Tags are disjoint: at most one decoder accepts a frame.
+            assert_eq!(&out[LENGTH_SIZE..], frame, "a decoded message re-encodes differently");
+        }
+    };
+    check(data);
+    let mut rest = data;
+    while let Ok(Some((consumed, frame))) = split(rest) {
+        assert!(consumed == LENGTH_SIZE + frame.len() && consumed <= rest.len());
+        check(frame);
+        rest = &rest[consumed..];
+    }
+}
+
 /// Appends one frame to an output buffer; the length is filled in by `finish`.
 pub(crate) struct FrameWriter<'a> {
     pub(crate) out: &'a mut Vec<u8>,

@@ -410,33 +410,18 @@ pub fn decode_server(frame: &[u8]) -> Result<ServerMessage, DecodeError> {
 // Fuzzing
 // ---------------------------------------------------------------------------
 
-/// Fuzz entry point: runs both decoders over `data` taken as one frame (tag
-/// and payload), then splits `data` into length-prefixed frames and decodes
-/// each. Whatever decodes must re-encode to exactly the same bytes (the
-/// encoding is canonical); a difference panics, which is the finding.
+/// Fuzz entry point: both decoders over `data` as one frame and over each
+/// frame in it; what decodes must re-encode to the same bytes
+/// (`frame::fuzz_frames`).
 pub fn fuzz_decode(data: &[u8]) {
-    decode_both(data);
-    let mut rest = data;
-    while let Ok(Some((consumed, frame))) = split_frame(rest) {
-        assert!(consumed == LENGTH_SIZE + frame.len() && consumed <= rest.len());
-        decode_both(frame);
-        rest = &rest[consumed..];
-    }
-}
-
-/// Both decoders on one frame, checking that a decoded message re-encodes to it.
-fn decode_both(frame: &[u8]) {
-    let mut out = Vec::new();
-    if let Ok(m) = decode_client(frame) {
-        encode_client(&m, &mut out);
-    }
-    if let Ok(m) = decode_server(frame) {
-        encode_server(&m, &mut out);
-    }
-    if !out.is_empty() {
-        // Tags are disjoint: at most one decoder accepts a frame.
-        assert_eq!(&out[LENGTH_SIZE..], frame, "a decoded message re-encodes differently");
-    }
+    frame::fuzz_frames(data, split_frame, |frame, out| {
+        if let Ok(m) = decode_client(frame) {
+            encode_client(&m, out);
+        }
+        if let Ok(m) = decode_server(frame) {
+            encode_server(&m, out);
+        }
+    });
 }
 
 #[cfg(test)]

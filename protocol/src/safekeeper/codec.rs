@@ -536,39 +536,24 @@ pub fn decode_stream(frame: &[u8]) -> Result<StreamMessage, CodecError> {
 // Fuzzing
 // ---------------------------------------------------------------------------
 
-/// Fuzz entry point: runs every decoder over `data` taken as one frame (tag
-/// and payload), then splits `data` into length-prefixed frames and decodes
-/// each. Whatever decodes must re-encode to exactly the same bytes (the
-/// encoding is canonical); a difference panics, which is the finding.
+/// Fuzz entry point: every decoder over `data` as one frame and over each
+/// frame in it; what decodes must re-encode to the same bytes
+/// (`frame::fuzz_frames`).
 pub fn fuzz_decode(data: &[u8]) {
-    decode_all(data);
-    let mut rest = data;
-    while let Ok(Some((consumed, frame))) = split_frame(rest) {
-        assert!(consumed == LENGTH_SIZE + frame.len() && consumed <= rest.len());
-        decode_all(frame);
-        rest = &rest[consumed..];
-    }
-}
-
-/// Every decoder on one frame, checking that a decoded message re-encodes to it.
-fn decode_all(frame: &[u8]) {
-    let mut out = Vec::new();
-    if let Ok(m) = decode_proposer(frame) {
-        encode_proposer(&m, &mut out);
-    }
-    if let Ok(m) = decode_acceptor(frame) {
-        encode_acceptor(&m, &mut out);
-    }
-    if let Ok(m) = decode_consumer(frame) {
-        encode_consumer(&m, &mut out);
-    }
-    if let Ok(m) = decode_stream(frame) {
-        encode_stream(&m, &mut out);
-    }
-    if !out.is_empty() {
-        // Tags are disjoint: at most one decoder accepts a frame.
-        assert_eq!(&out[LENGTH_SIZE..], frame, "a decoded message re-encodes differently");
-    }
+    frame::fuzz_frames(data, split_frame, |frame, out| {
+        if let Ok(m) = decode_proposer(frame) {
+            encode_proposer(&m, out);
+        }
+        if let Ok(m) = decode_acceptor(frame) {
+            encode_acceptor(&m, out);
+        }
+        if let Ok(m) = decode_consumer(frame) {
+            encode_consumer(&m, out);
+        }
+        if let Ok(m) = decode_stream(frame) {
+            encode_stream(&m, out);
+        }
+    });
 }
 
 #[cfg(test)]
