@@ -425,6 +425,7 @@ impl Core {
             return;
         }
         self.term = next_term(self.links.iter().map(|l| l.term_seen));
+        debug_assert!(self.links.iter().all(|l| l.term_seen < self.term), "a term above every term seen");
         info!(term = self.term, "requesting votes");
         for i in greeted {
             self.links[i].phase = LinkPhase::VoteSent;
@@ -499,8 +500,12 @@ impl Core {
     }
 
     fn win(&mut self) -> Result<(), ProposerError> {
+        // Elected only by a quorum of the configuration, each vote granted in this term.
+        debug_assert!(self.epoch.is_none(), "one election per term");
+        debug_assert!(self.is_quorum(&self.votes.iter().map(|(l, _)| *l).collect::<Vec<_>>()));
         let votes: Vec<VoteResponse> = self.votes.iter().map(|(_, v)| v.clone()).collect();
         let epoch = elect(self.term, &votes).ok_or_else(|| ProposerError::Other("no votes".into()))?;
+        debug_assert!(epoch.term == self.term && epoch.history.last_term() == self.term);
         info!(term = self.term, epoch_start = %epoch.start_lsn, donor = %self.links[self.votes[epoch.donor].0].address, generation = self.membership.generation, "elected");
         self.epoch = Some(epoch);
         self.elections += 1;
@@ -576,6 +581,8 @@ impl Core {
             _ => self.commit_lsn,
         };
         let ack = ack.max(self.acknowledged_lsn);
+        // PostgreSQL is told flushed only what a quorum holds, and never less than before.
+        debug_assert!(ack <= self.commit_lsn && ack >= self.acknowledged_lsn);
         match (ack < self.commit_lsn, self.throttled_since) {
             (true, None) => self.throttled_since = Some(Instant::now()),
             (false, Some(since)) => {

@@ -4,7 +4,11 @@
 //! a vote is given only for a term higher than any seen, and the term is
 //! durable before the answer; appends are accepted only in the current term
 //! after its ProposerElected; only fsynced WAL is acknowledged; the term
-//! history is reported only up to the flushed WAL.
+//! history is reported only up to the flushed WAL. Each is asserted where
+//! it holds (`debug_assert!`, on in every test build), and so are the
+//! invariants they rest on: the durable state's term, commit and truncate
+//! LSNs and membership generation never go back (`persist_state`), and the
+//! commit LSN never passes the flushed WAL (`check_positions`).
 
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::{
@@ -187,6 +191,8 @@ pub struct Acceptor<W: WalStore, C: ControlStore> {
     /// Commit LSN announced by the proposer, applied once flushed WAL reaches it.
     announced_commit_lsn: Lsn,
     announced_truncate_lsn: Lsn,
+    /// The term the control store holds: what a restart would find.
+    durable_term: Term,
 }
 
 impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
@@ -194,7 +200,42 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
     pub fn new(node_id: NodeId, state: PersistentState, wal: W, control: C) -> Acceptor<W, C> {
         let announced_commit_lsn = state.commit_lsn;
         let announced_truncate_lsn = state.truncate_lsn;
-        Acceptor { node_id, state, wal, control, elected_term: None, announced_commit_lsn, announced_truncate_lsn }
+        let durable_term = state.term;
+        Acceptor {
+            node_id,
+            state,
+            wal,
+            control,
+            elected_term: None,
+            announced_commit_lsn,
+            announced_truncate_lsn,
+            durable_term,
+        }
+    }
+
+    /// Makes `next` durable, then current. Every change of the term, the
+    /// history, the membership or the positions it records goes through
+    /// here, so that what the acceptor answers with is what a restart finds.
+    fn persist_state(&mut self, next: PersistentState) -> Result<(), AcceptorError> {
+        let now = &self.state;
+        debug_assert!(next.term >= now.term, "the term goes back from {} to {}", now.term, next.term);
+        debug_assert!(next.commit_lsn >= now.commit_lsn, "the commit LSN goes back");
+        debug_assert!(next.truncate_lsn >= now.truncate_lsn, "the truncate LSN goes back");
+        debug_assert!(next.membership.generation >= now.membership.generation, "the generation goes back");
+        debug_assert!(next.term_history.last_term() <= next.term, "a history past the term");
+        debug_assert_eq!(next.identity, now.identity, "a timeline's identity never changes");
+        self.control.persist(&next)?;
+        self.durable_term = next.term;
+        self.state = next;
+        Ok(())
+    }
+
+    /// The positions every answer reports: the commit LSN is never past
+    /// the flushed WAL, nor the flushed past the written.
+    fn check_positions(&self) {
+        let (commit, flush, write) = (self.state.commit_lsn, self.wal.flush_lsn(), self.wal.write_lsn());
+        debug_assert!(commit <= flush, "commit LSN {commit} past the flushed WAL {flush}");
+        debug_assert!(flush <= write, "flushed WAL {flush} past the written {write}");
     }
 
     pub fn state(&self) -> &PersistentState {
@@ -304,9 +345,7 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         }
         let mut next = self.state.clone();
         next.membership = m;
-        self.control.persist(&next)?;
-        self.state = next;
-        Ok(())
+        self.persist_state(next)
     }
 
     fn vote(&mut self, v: &VoteRequest) -> Result<AcceptorMessage, AcceptorError> {
@@ -316,16 +355,23 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
             let mut next = self.state.clone();
             next.term = v.term;
             next.flush_lsn_hint = self.wal.flush_lsn();
-            self.control.persist(&next)?;
-            self.state = next;
+            self.persist_state(next)?;
             self.elected_term = None;
         }
+        // Rule 1: a vote only for a term above any seen before, durable now.
+        debug_assert!(!vote_given || (self.state.term == v.term && self.durable_term == v.term));
+        let flush_lsn = self.wal.flush_lsn();
+        let term_history = self.held_history();
+        // Rule 4: the history reported ends within the flushed WAL, and
+        // names no term above the one voted in.
+        debug_assert!(term_history.0.last().is_none_or(|t| t.lsn <= flush_lsn && t.term <= self.state.term));
+        self.check_positions();
         Ok(AcceptorMessage::VoteResponse(VoteResponse {
             term: self.state.term,
             vote_given,
-            flush_lsn: self.wal.flush_lsn(),
+            flush_lsn,
             truncate_lsn: self.state.truncate_lsn,
-            term_history: self.held_history(),
+            term_history,
             timeline_start_lsn: self.state.timeline_start_lsn,
         }))
     }
@@ -381,9 +427,10 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         // Connections of another generation are refused before this point.
         next.elected_generation = self.state.membership.generation;
         next.flush_lsn_hint = self.wal.flush_lsn();
-        self.control.persist(&next)?;
-        self.state = next;
+        self.persist_state(next)?;
         self.elected_term = Some(e.term);
+        // Committed WAL survives the truncation: streaming starts at or after it.
+        debug_assert!(self.wal.write_lsn() == start && self.state.commit_lsn <= start);
         Ok(self.append_response())
     }
 
@@ -398,6 +445,9 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         if a.begin_lsn != write_lsn {
             return Err(AcceptorError::Protocol(format!("append at {} but this WAL ends at {write_lsn}", a.begin_lsn)));
         }
+        // Rule 2: WAL only from the proposer elected in the current term,
+        // whose ProposerElected this acceptor accepted and made durable.
+        debug_assert!(a.term == self.state.term && self.durable_term == a.term);
         if !a.wal.is_empty() {
             self.wal.write(a.begin_lsn, &a.wal)?;
         }
@@ -408,8 +458,12 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
 
     /// Makes the written WAL durable and returns the acknowledgement.
     pub fn flush(&mut self) -> Result<AcceptorMessage, AcceptorError> {
+        let flushed_before = self.wal.flush_lsn();
         self.wal.flush()?;
         let flush = self.wal.flush_lsn();
+        // Rule 3: only fsynced WAL is acknowledged, and a flush makes all
+        // that was written durable.
+        debug_assert!(flush >= flushed_before && flush == self.wal.write_lsn(), "a flush left WAL unflushed");
         // Commit is what the proposer says is quorum-flushed, limited to what we hold.
         let commit = self.announced_commit_lsn.min(flush);
         if commit > self.state.commit_lsn {
@@ -464,9 +518,9 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         next.term = next.term.max(next.term_history.last_term());
         next.commit_lsn = next.commit_lsn.max(end);
         next.flush_lsn_hint = end;
-        self.control.persist(&next)?;
-        self.state = next;
+        self.persist_state(next)?;
         self.elected_term = None;
+        self.check_positions();
         Ok(())
     }
 
@@ -475,12 +529,11 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
     pub fn persist(&mut self) -> Result<(), AcceptorError> {
         let mut next = self.state.clone();
         next.flush_lsn_hint = self.wal.flush_lsn();
-        self.control.persist(&next)?;
-        self.state = next;
-        Ok(())
+        self.persist_state(next)
     }
 
     fn append_response(&self) -> AcceptorMessage {
+        self.check_positions();
         AcceptorMessage::AppendResponse(AppendResponse {
             term: self.state.term,
             flush_lsn: self.wal.flush_lsn(),

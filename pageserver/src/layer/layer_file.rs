@@ -56,6 +56,27 @@ const GROUP_VALUES: usize = 16;
 /// ...or once it holds this many bytes; a value this large is stored alone.
 const GROUP_BYTES: usize = 128 << 10;
 
+/// zstd's bound on the compressed size of `n` bytes (`ZSTD_COMPRESSBOUND`).
+const fn zstd_bound(n: usize) -> usize {
+    n + (n >> 8) + if n < (128 << 10) { ((128 << 10) - n) >> 11 } else { 0 }
+}
+
+// The format's limits, checked where they are set rather than found out by
+// a reader refusing a file this build wrote.
+// A compressed index block always fits the limit readers apply.
+const _: () = assert!(zstd_bound(ENTRY_SIZE * ENTRIES_PER_BLOCK) <= MAX_STORED_BLOCK as usize);
+// A group's slot is one byte.
+const _: () = assert!(GROUP_VALUES <= u8::MAX as usize + 1);
+// A group closes once it reaches GROUP_BYTES, and takes only values smaller
+// than that: compressed, it stays within the largest value readers accept.
+const _: () = assert!(zstd_bound(2 * GROUP_BYTES) <= MAX_VALUE as usize);
+// A page, compressed or not, is a value readers accept.
+const _: () = assert!(zstd_bound(8192) <= MAX_VALUE as usize);
+// Index blocks, values and the table are addressed by u32 lengths.
+const _: () = assert!(ENTRY_SIZE * ENTRIES_PER_BLOCK <= u32::MAX as usize);
+// The header ends with its CRC; the footer with the 8-byte end magic.
+const _: () = assert!(HEADER_SIZE > 4 && FOOTER_SIZE >= 8 + 8 + 4 + 4 + 8);
+
 thread_local! {
     /// A decompression context per thread: creating one per value costs more
     /// than decompressing a page.
@@ -155,6 +176,10 @@ struct Entry {
 
 impl Entry {
     fn encode(&self, out: &mut Vec<u8>) {
+        // Checked before writing: readers refuse a longer value.
+        debug_assert!(self.len <= MAX_VALUE, "a value of {} bytes is past the format's limit", self.len);
+        debug_assert!(self.flags & FLAG_GROUP != 0 || self.slot == 0, "a slot outside a group");
+        let start = out.len();
         out.extend_from_slice(&self.key.encode());
         out.extend_from_slice(&self.lsn.0.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
@@ -162,6 +187,7 @@ impl Entry {
         out.extend_from_slice(&self.crc.to_le_bytes());
         out.push(self.flags);
         out.push(self.slot);
+        debug_assert_eq!(out.len() - start, ENTRY_SIZE);
     }
 
     fn decode(b: &[u8]) -> Entry {

@@ -14,7 +14,9 @@ pub fn quorum(n: usize) -> usize {
 
 /// The next term to propose, above every term the acceptors reported.
 pub fn next_term(seen: impl IntoIterator<Item = Term>) -> Term {
-    seen.into_iter().max().unwrap_or(0) + 1
+    let highest = seen.into_iter().max().unwrap_or(0);
+    // Terms never go back, nor wrap: a proposer's term is above every term seen.
+    highest.checked_add(1).expect("the term space is exhausted")
 }
 
 /// The outcome of winning an election with a majority of votes.
@@ -35,11 +37,18 @@ pub struct Epoch {
 /// majority, and the donor's WAL contains all of them (see the protocol
 /// document). `votes` must all be granted votes in `term`.
 pub fn elect(term: Term, votes: &[VoteResponse]) -> Option<Epoch> {
+    debug_assert!(votes.iter().all(|v| v.vote_given && v.term == term), "only votes granted in {term} elect");
     let (donor, best) = votes.iter().enumerate().max_by_key(|(_, v)| (v.term_history.last_term(), v.flush_lsn))?;
     let mut history = best.term_history.up_to(best.flush_lsn);
     debug_assert!(history.last_term() < term, "a vote in `term` reports only older terms");
     history.0.push(TermLsn { term, lsn: best.flush_lsn });
     let timeline_start_lsn = votes.iter().map(|v| v.timeline_start_lsn).max().unwrap_or(Lsn::INVALID);
+    // The donor's WAL is the most advanced of the voters': no voter holds
+    // a later last term, nor more WAL in the donor's last term.
+    debug_assert!(votes
+        .iter()
+        .all(|v| (v.term_history.last_term(), v.flush_lsn) <= (best.term_history.last_term(), best.flush_lsn)));
+    debug_assert!(history.validate().is_ok(), "the new history is ordered: {history:?}");
     Some(Epoch { term, donor, start_lsn: best.flush_lsn, history, timeline_start_lsn })
 }
 
@@ -61,7 +70,9 @@ pub fn quorum_lsn(flush_lsns: &[Lsn], acceptors: usize) -> Lsn {
     }
     let mut sorted = flush_lsns.to_vec();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
-    sorted[q - 1]
+    let lsn = sorted[q - 1];
+    debug_assert!(flush_lsns.iter().filter(|&&f| f >= lsn).count() >= q, "a majority holds the quorum LSN");
+    lsn
 }
 
 /// The commit LSN after acknowledgements put the quorum at `quorum`: it
@@ -70,11 +81,11 @@ pub fn quorum_lsn(flush_lsns: &[Lsn], acceptors: usize) -> Lsn {
 /// so a later election could pick a donor without this WAL (the Raft rule
 /// of committing only entries of the current term by counting).
 pub fn advance_commit(current: Lsn, quorum: Lsn, epoch_start: Lsn) -> Lsn {
-    if quorum >= epoch_start {
-        current.max(quorum)
-    } else {
-        current
-    }
+    let commit = if quorum >= epoch_start { current.max(quorum) } else { current };
+    // The commit LSN never goes back, and moves only to a quorum-held LSN
+    // of the current term's WAL.
+    debug_assert!(commit >= current && (commit == current || (commit == quorum && quorum >= epoch_start)));
+    commit
 }
 
 #[cfg(test)]
