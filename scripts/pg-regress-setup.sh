@@ -3,13 +3,14 @@
 # (docs/regression-suite.md). Run as root on Debian 12; idempotent, and quick
 # once done. It
 #
-# - adds a deb-src entry for bookworm (its own file in /etc/apt/sources.list.d/)
-#   unless an apt source has one already,
+# - adds deb-src entries for bookworm and bookworm-security (its own file in
+#   /etc/apt/sources.list.d/) unless an apt source has one for bookworm,
 # - installs dpkg-dev, gcc and postgresql-server-dev-15 (pg_regress, the server
 #   headers) at the installed server's exact version,
 # - fetches the installed server's source (`apt-get source
-#   postgresql-15/bookworm`, checked to be that version) and keeps only its
-#   src/test/regress, in a cache outside the repository,
+#   postgresql-15=<installed version>`: 15.18 from bookworm, or a newer
+#   security release) and keeps only its src/test/regress, in a cache
+#   outside the repository,
 # - builds the suite's C modules there against the server headers:
 #   regress.so, and the contrib/spi modules its triggers test loads
 #   (autoinc.so, refint.so).
@@ -140,16 +141,18 @@ PG_CONFIG="$PG_BIN/pg_config"
 #    patches applied, in a scratch directory.
 work=$(mktemp -d -t strata-pg-source.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-say "fetching the source of postgresql-$PG_MAJOR/bookworm"
-fetch() { (cd "$work" && "${APT[@]}" source "postgresql-$PG_MAJOR/bookworm") >"$work/apt-source.log" 2>&1; }
+# By exact version: bookworm has the release's, bookworm-security a newer
+# one that a fresh installation may have taken.
+say "fetching the source of postgresql-$PG_MAJOR $deb_version"
+fetch() { (cd "$work" && "${APT[@]}" source "postgresql-$PG_MAJOR=$deb_version") >"$work/apt-source.log" 2>&1; }
 if ! fetch; then
     apt_update
-    fetch || { cat "$work/apt-source.log" >&2; die "apt-get source postgresql-$PG_MAJOR/bookworm failed"; }
+    fetch || { cat "$work/apt-source.log" >&2; die "apt-get source postgresql-$PG_MAJOR=$deb_version failed"; }
 fi
 dsc=$(ls "$work"/postgresql-"$PG_MAJOR"_*.dsc)
 src_version=$(sed -n 's/^Version: //p' "$dsc")
 [ "$src_version" = "$deb_version" ] ||
-    die "apt-get source postgresql-$PG_MAJOR/bookworm gives $src_version; the installed server is $deb_version"
+    die "apt-get source postgresql-$PG_MAJOR=$deb_version gives $src_version"
 src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name "postgresql-$PG_MAJOR-*")
 grep -q "^PACKAGE_VERSION='$pg_version'\$" "$src/configure" ||
     die "the unpacked source in $src is not PostgreSQL $pg_version"

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Installs everything (scripts/setup.sh), then runs every test: Rust unit and
-# integration tests, a bounded coverage-guided fuzz run of every decoder, and
-# the Python integration tests against real PostgreSQL 15.
+# Installs what the tests need (scripts/setup-tests.sh), then runs every
+# check: rustfmt and clippy, the Rust unit and integration tests, a bounded
+# coverage-guided fuzz run of every decoder, and the Python integration
+# tests against real PostgreSQL 15 (PostgreSQL's own regression suite on a
+# lazy compute among them). Everything runs the `checked` build: release
+# optimizations with debug assertions and overflow checks.
 # Environment: STRATA_FUZZ_SECONDS (default 60; 0 skips the fuzz run),
 # STRATA_TEST_WORKERS (pytest processes side by side, default 2; 1 runs the
 # tests one after another, in order).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup-tests.sh
 # STRATA_MINIO: the S3 server the remote storage tests start.
 . scripts/minio.sh
 if ! command -v cargo >/dev/null 2>&1; then export PATH="$HOME/.cargo/bin:$PATH"; fi
 
+echo "== cargo fmt --check, cargo clippy"
+cargo fmt --all --check
+cargo clippy --locked --workspace --all-targets --quiet -- -D warnings
+
 echo "== cargo test"
-cargo test --release --locked --workspace --quiet
+cargo test --profile checked --locked --workspace --quiet
 
 fuzz_seconds="${STRATA_FUZZ_SECONDS:-60}"
 if [ "$fuzz_seconds" -gt 0 ]; then

@@ -79,12 +79,13 @@ def pg_bin_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def strata_bin() -> Path:
-    # STRATA_BIN: another build of the same tree (a suite run that must not
-    # see the next rebuild).
-    path = Path(os.environ.get("STRATA_BIN", REPO_ROOT / "target" / "release" / "strata"))
+    # The suite runs the `checked` build: release optimizations with debug
+    # assertions and overflow checks (docs/decisions.md). STRATA_BIN: another
+    # build of the same tree (a suite run that must not see the next rebuild).
+    path = Path(os.environ.get("STRATA_BIN", REPO_ROOT / "target" / "checked" / "strata"))
     if not path.is_file() or not os.access(path, os.X_OK):
         pytest.fail(f"Strata binary not found at {path}; build it first with "
-                    f"`cargo build --release` in {REPO_ROOT}")
+                    f"`cargo build --profile checked` in {REPO_ROOT}")
     return path
 
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what the tests need on Debian 12 (run as root, idempotent): the
+# packages of the main job, the Python virtual environment of the tests and
+# benchmarks, MinIO (the S3 server the tests start; built once from its Go
+# module), PostgreSQL's own regression suite (scripts/pg-regress-setup.sh),
+# and the `checked` build the tests run: release optimizations with debug
+# assertions and overflow checks (docs/testing.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+
+need_packages "${BASE_PACKAGES[@]}" python3-venv curl
+need_cargo
+# CI checks formatting and lints too.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null 2>&1 && rustup component add rustfmt clippy
+    cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 ||
+        { echo "setup: the rustfmt and clippy components are required" >&2; exit 1; }
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -r test_runner/requirements.txt
+
+# shellcheck source=scripts/minio.sh
+. scripts/minio.sh
+if [ ! -x "$STRATA_MINIO" ]; then
+    if ! command -v go >/dev/null 2>&1; then
+        echo "setup: Go (1.24 or newer) is required to build MinIO, the S3 server of the tests" >&2
+        exit 1
+    fi
+    echo "setup: building MinIO $MINIO_VERSION from its Go module (once; several minutes)"
+    GOBIN="$(dirname "$STRATA_MINIO")" go install "github.com/minio/minio@$MINIO_VERSION"
+fi
+
+./scripts/pg-regress-setup.sh | tail -n 1
+
+cargo build --profile checked --locked 2>&1 | tail -n 3
+echo "setup-tests: done (binary: target/checked/strata)"
