@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+/// Progress reported to the caller (status, metrics).
+pub use strata_protocol::api::compute::ProposerStatus;
+
 use strata_formats::wal::{StartPosition, WalDecoder};
 use strata_formats::{Lsn, PgVersion};
 use strata_protocol::safekeeper::election::{
@@ -139,27 +142,6 @@ impl WalBuffer {
             self.start = Lsn(self.start.0 + n as u64);
         }
     }
-}
-
-/// Progress reported to the caller (status, metrics).
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct ProposerStatus {
-    pub term: Term,
-    pub epoch_start: Lsn,
-    pub commit_lsn: Lsn,
-    /// What PostgreSQL was told is flushed (the commit LSN, unless throttled).
-    pub acknowledged_lsn: Lsn,
-    pub consumer_applied_lsn: Lsn,
-    pub received_lsn: Lsn,
-    pub connected_safekeepers: usize,
-    /// Total time acknowledgements were held back by backpressure.
-    pub throttled_seconds: f64,
-    /// PostgreSQL's WAL is being streamed to the safekeepers (its commits can complete).
-    pub streaming: bool,
-    /// The safekeepers' membership generation the proposer works under (0: its configured set).
-    pub membership_generation: u32,
-    /// Elections won since the start (more than one: re-elected after membership changes).
-    pub elections: u32,
 }
 
 struct Core {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use strata_compute::agent::{self, AgentConfig};
 use strata_formats::v15::control::{ControlFile, DbState};
 use strata_formats::Lsn;
+use strata_protocol::api::pageserver::{TimelineState, TimelineStatus};
 use strata_protocol::{TenantId, TimelineId};
 use strata_test_support::{as_root, blocking, free_port, pg_bin, pg_command, run, scratch_dir};
 use tokio::sync::{oneshot, watch};
@@ -31,7 +32,7 @@ struct FakeState {
     lagging_answers: u32,
     /// Answer the timeline request with this status and error instead.
     failure: Option<(u16, String)>,
-    state: &'static str,
+    state: TimelineState,
     tar: Vec<u8>,
     /// Query strings of the basebackup requests.
     basebackup_requests: Vec<HashMap<String, String>>,
@@ -44,7 +45,10 @@ async fn fake_pageserver(state: Arc<Mutex<FakeState>>) -> SocketAddr {
     use axum::response::IntoResponse;
     use axum::routing::get;
     type Shared = Arc<Mutex<FakeState>>;
-    async fn timeline(State(s): State<Shared>) -> axum::response::Response {
+    async fn timeline(
+        State(s): State<Shared>,
+        axum::extract::Path((tenant, timeline)): axum::extract::Path<(TenantId, TimelineId)>,
+    ) -> axum::response::Response {
         let mut s = s.lock().unwrap();
         if let Some((code, message)) = &s.failure {
             let code = StatusCode::from_u16(*code).unwrap();
@@ -56,15 +60,13 @@ async fn fake_pageserver(state: Arc<Mutex<FakeState>>) -> SocketAddr {
         } else {
             s.last_record_lsn
         };
-        axum::Json(serde_json::json!({
-            "system_id": s.system_id,
-            "wal_segment_size": SEG,
-            "pg_version": 15,
-            "last_record_lsn": lsn.to_string(),
-            "state": s.state,
-            "error": if s.state == "broken" { Some("a layer file is missing") } else { None },
-        }))
-        .into_response()
+        let mut status = TimelineStatus::new(tenant, timeline, s.system_id, SEG as u32, Lsn(SEG));
+        status.last_record_lsn = lsn;
+        status.state = s.state;
+        if s.state == TimelineState::Broken {
+            status.error = Some("a layer file is missing".into());
+        }
+        axum::Json(status).into_response()
     }
     async fn basebackup(State(s): State<Shared>, Query(q): Query<HashMap<String, String>>) -> Vec<u8> {
         let mut s = s.lock().unwrap();
@@ -260,7 +262,7 @@ async fn compute_life_cycle() {
         last_record_lsn: timeline_start,
         lagging_answers: 0,
         failure: None,
-        state: "active",
+        state: TimelineState::Active,
         tar: tar.clone(),
         basebackup_requests: Vec::new(),
     }));
@@ -383,7 +385,7 @@ async fn reports_pageserver_errors_with_context() {
         last_record_lsn: Lsn(SEG),
         lagging_answers: 0,
         failure: None,
-        state: "broken",
+        state: TimelineState::Broken,
         tar: Vec::new(),
         basebackup_requests: Vec::new(),
     }));

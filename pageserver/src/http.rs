@@ -18,12 +18,19 @@ use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_protocol::{TenantId, TimelineId};
 
+use strata_protocol::api::pageserver::{
+    BasebackupQuery, CheckpointQuery, CheckpointResponse, CreateBranchRequest, CreateTenantRequest,
+    DeleteTimelineResponse, EvictResponse, LeaseRequest, LeaseResponse, LsnResponse, PageQuery, PageserverStatus,
+    StatusQuery, TimeQuery,
+};
+use strata_protocol::api::ErrorBody;
+
 use crate::key::RelTag;
 use crate::tenants::{BranchError, CreateError, DeleteError, Tenants, TimelineEntry};
 use crate::timeline::ReadError;
 
 fn error(status: StatusCode, message: String) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
+    (status, Json(ErrorBody { error: message })).into_response()
 }
 
 fn read_error(e: ReadError) -> Response {
@@ -66,28 +73,21 @@ pub fn router(tenants: Arc<Tenants>) -> Router {
 
 async fn status(State(tenants): State<Arc<Tenants>>) -> Response {
     let timelines: Vec<_> = tenants.all().iter().map(|e| e.status()).collect();
-    Json(serde_json::json!({
-        "id": tenants.conf.id,
-        "listen_pg": tenants.conf.listen_pg,
-        "listen_http": tenants.conf.listen_http,
-        "safekeepers": tenants.conf.safekeepers,
-        "data_dir": tenants.conf.data_dir,
-        "remote_storage": tenants.remote.as_ref().map(|r| r.describe().to_string()),
-        "timelines": timelines,
-    }))
+    Json(PageserverStatus {
+        id: tenants.conf.id,
+        listen_pg: tenants.conf.listen_pg,
+        listen_http: tenants.conf.listen_http,
+        safekeepers: tenants.conf.safekeepers.clone(),
+        data_dir: tenants.conf.data_dir.clone(),
+        remote_storage: tenants.remote.as_ref().map(|r| r.describe().to_string()),
+        timelines,
+    })
     .into_response()
-}
-
-#[derive(serde::Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CreateTenant {
-    tenant_id: Option<TenantId>,
-    timeline_id: Option<TimelineId>,
 }
 
 async fn create_tenant(
     State(tenants): State<Arc<Tenants>>,
-    body: Result<Json<CreateTenant>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<CreateTenantRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let req = match body {
         Ok(Json(b)) => b,
@@ -105,19 +105,6 @@ async fn create_tenant(
 
 /// How long a branch at an LSN waits for the parent to ingest it.
 const BRANCH_LSN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateBranch {
-    /// The new timeline's id (generated if absent).
-    timeline_id: Option<TimelineId>,
-    ancestor_timeline_id: TimelineId,
-    /// The branch point; at most one of `ancestor_lsn` and `ancestor_time`
-    /// (neither: the parent's newest record).
-    ancestor_lsn: Option<Lsn>,
-    /// RFC 3339, e.g. `2026-11-24T14:03:05.123456+00:00`.
-    ancestor_time: Option<String>,
-}
 
 /// The status of a failed branch creation, from its kind.
 fn branch_status(e: &BranchError) -> StatusCode {
@@ -145,7 +132,7 @@ fn pg_time(text: &str) -> Result<i64, String> {
 async fn create_branch(
     State(tenants): State<Arc<Tenants>>,
     Path(tenant): Path<String>,
-    body: Result<Json<CreateBranch>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<CreateBranchRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let tenant: TenantId = match tenant.parse() {
         Ok(t) => t,
@@ -221,7 +208,7 @@ async fn delete_timeline(State(tenants): State<Arc<Tenants>>, TimelinePath(entry
     drop(entry);
     let t2 = tenants.clone();
     match tokio::task::spawn_blocking(move || t2.delete_timeline(tenant, timeline)).await {
-        Ok(Ok(())) => (StatusCode::OK, Json(serde_json::json!({ "deleted": timeline }))).into_response(),
+        Ok(Ok(())) => (StatusCode::OK, Json(DeleteTimelineResponse { deleted: timeline })).into_response(),
         Ok(Err(e)) => {
             let status = match e {
                 DeleteError::NotFound(..) => StatusCode::NOT_FOUND,
@@ -232,12 +219,6 @@ async fn delete_timeline(State(tenants): State<Arc<Tenants>>, TimelinePath(entry
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("deletion failed: {e}")),
     }
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LeaseRequest {
-    lsn: Lsn,
 }
 
 /// `POST .../lease {"lsn"}`: keeps `lsn` readable (GC stays below it) for
@@ -251,17 +232,10 @@ async fn lease(
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
     match entry.tl.lease(req.lsn) {
-        Ok(ttl) => Json(serde_json::json!({ "lsn": req.lsn, "valid_for_seconds": ttl.as_secs() })).into_response(),
+        Ok(ttl) => Json(LeaseResponse { lsn: req.lsn, valid_for_seconds: ttl.as_secs() }).into_response(),
         Err(ReadError::NotFound(m)) => error(StatusCode::UNPROCESSABLE_ENTITY, m),
         Err(e) => read_error(e),
     }
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TimeQuery {
-    /// RFC 3339.
-    time: String,
 }
 
 /// `GET .../lsn_by_time?time=…`: the LSN a branch or a read-only compute
@@ -283,7 +257,7 @@ async fn lsn_by_time(
     }
     let tl = entry.tl.clone();
     match tokio::task::spawn_blocking(move || tl.lsn_for_time(time)).await {
-        Ok(Ok(Some(lsn))) => Json(serde_json::json!({ "lsn": lsn })).into_response(),
+        Ok(Ok(Some(lsn))) => Json(LsnResponse { lsn }).into_response(),
         Ok(Ok(None)) => error(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("timeline {} has no commit at or before {} that is still readable", entry.tl.timeline_id, q.time),
@@ -313,15 +287,6 @@ impl FromRequestParts<Arc<Tenants>> for TimelinePath {
     }
 }
 
-#[derive(serde::Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct StatusQuery {
-    /// Also sum the sizes of every relation at the newest LSN (reads every
-    /// database's relation directory: not for frequent polling).
-    #[serde(default)]
-    logical_size: bool,
-}
-
 async fn timeline_status(
     TimelinePath(entry): TimelinePath,
     query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
@@ -342,28 +307,12 @@ async fn timeline_status(
         })
         .await;
         match size {
-            Ok(Ok(n)) => status["logical_size"] = serde_json::json!(n),
+            Ok(Ok(n)) => status.logical_size = Some(n),
             Ok(Err(e)) => return read_error(e),
             Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("logical size: {e}")),
         }
     }
     Json(status).into_response()
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BasebackupQuery {
-    lsn: Option<Lsn>,
-    #[serde(default)]
-    full: bool,
-    /// For a read-only compute: any LSN of the timeline, not only the end
-    /// of its WAL (`docs/branches.md`, "Computes").
-    #[serde(default)]
-    read_only: bool,
-    /// No relation data, and the manifest of the relation forks a lazy
-    /// compute reads (`docs/lazy-compute.md`).
-    #[serde(default)]
-    lazy: bool,
 }
 
 /// A body fed from a blocking producer through a bounded channel.
@@ -448,21 +397,6 @@ async fn basebackup(
     ([("content-type", "application/x-tar")], Body::from_stream(ChannelBody(rx))).into_response()
 }
 
-#[derive(serde::Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CheckpointQuery {
-    /// Also compact every L0 and write images now (thresholds of one).
-    #[serde(default)]
-    compact: bool,
-    /// Then garbage collect with the pageserver's policy.
-    #[serde(default)]
-    gc: bool,
-    /// Then wait (at most this many seconds) until the remote index covers
-    /// the flushed LSN; 0: do not wait.
-    #[serde(default)]
-    upload_timeout: u64,
-}
-
 /// Flushes what was ingested (and, with `compact=true`, compacts and
 /// writes images); answers with the timeline's status.
 async fn checkpoint(
@@ -476,34 +410,29 @@ async fn checkpoint(
     };
     let tl = entry.tl.clone();
     let gc_policy = tenants.conf.gc_policy();
-    let work = move || -> Result<serde_json::Value, String> {
+    let work = move || -> Result<CheckpointResponse, String> {
         // A failed flush breaks the timeline (its status says why).
         tl.checkpoint().map_err(|e| e.to_string())?;
-        let mut done = serde_json::json!({});
-        if q.compact {
-            let never = std::sync::atomic::AtomicBool::new(false);
-            let outcome =
-                tl.compact(true, &mut crate::timeline::Throttle::new(0), &never).map_err(|e| e.to_string())?;
-            done["compaction"] = serde_json::json!(outcome);
-        }
-        if q.gc {
-            let outcome = tl.gc(&gc_policy, strata_formats::time::pg_now()).map_err(|e| e.to_string())?;
-            done["gc"] = serde_json::json!(outcome);
-        }
-        if q.upload_timeout > 0 {
-            let lsn = tl.wait_uploaded(std::time::Duration::from_secs(q.upload_timeout))?;
-            done["uploaded_lsn"] = serde_json::json!(lsn);
-        }
-        Ok(done)
+        let compaction = match q.compact {
+            true => {
+                let never = std::sync::atomic::AtomicBool::new(false);
+                let mut throttle = crate::timeline::Throttle::new(0);
+                Some(tl.compact(true, &mut throttle, &never).map_err(|e| e.to_string())?)
+            }
+            false => None,
+        };
+        let gc = match q.gc {
+            true => Some(tl.gc(&gc_policy, strata_formats::time::pg_now()).map_err(|e| e.to_string())?),
+            false => None,
+        };
+        let uploaded_lsn = match q.upload_timeout {
+            0 => None,
+            secs => Some(tl.wait_uploaded(std::time::Duration::from_secs(secs))?),
+        };
+        Ok(CheckpointResponse { timeline: entry.status(), compaction, gc, uploaded_lsn })
     };
     match tokio::task::spawn_blocking(work).await {
-        Ok(Ok(done)) => {
-            let mut status = entry.status();
-            for (k, v) in done.as_object().into_iter().flatten() {
-                status[k] = v.clone();
-            }
-            Json(status).into_response()
-        }
+        Ok(Ok(done)) => Json(done).into_response(),
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
@@ -516,23 +445,10 @@ async fn evict(TimelinePath(entry): TimelinePath) -> Response {
     }
     let tl = entry.tl.clone();
     match tokio::task::spawn_blocking(move || tl.evict_all()).await {
-        Ok(Ok((layers, bytes))) => {
-            Json(serde_json::json!({ "evicted_layers": layers, "evicted_bytes": bytes })).into_response()
-        }
+        Ok(Ok((layers, bytes))) => Json(EvictResponse { evicted_layers: layers, evicted_bytes: bytes }).into_response(),
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PageQuery {
-    /// `spc/db/rel`
-    rel: String,
-    #[serde(default)]
-    fork: u8,
-    block: u32,
-    lsn: Option<Lsn>,
 }
 
 /// One page (8192 bytes) of a relation at an LSN.

@@ -23,6 +23,7 @@ use crate::config::PageserverConfig;
 use crate::import::{self, ImportError};
 use crate::metrics::Metrics;
 use crate::remote::{Attachments, Remote, RemoteTimeline};
+use strata_protocol::api::pageserver::{Lease, TimelineState, TimelineStatus};
 use strata_service::durable::{replace_file, sync_dir};
 
 use crate::timeline::{StorageError, Timeline, TimelineMetadata, TimelineResources};
@@ -766,7 +767,7 @@ impl Tenants {
 
 impl TimelineEntry {
     /// The timeline's status, as the HTTP API shows it.
-    pub fn status(&self) -> serde_json::Value {
+    pub fn status(&self) -> TimelineStatus {
         let meta = self.tl.metadata();
         let lsns = self.tl.record_lsns();
         let receiver = self.receiver.lock().clone();
@@ -774,40 +775,41 @@ impl TimelineEntry {
         let (memory_layers, files) = self.tl.layer_count();
         let local = self.tl.resident_layers();
         let remote = self.tl.upload_status();
-        serde_json::json!({
-            "tenant_id": meta.tenant_id,
-            "timeline_id": meta.timeline_id,
-            "ancestor_timeline_id": meta.ancestor_timeline_id,
-            "ancestor_lsn": meta.ancestor_lsn,
-            "pg_version": meta.pg_version,
-            "system_id": meta.system_id,
-            "wal_segment_size": meta.wal_segment_size,
-            "start_lsn": meta.start_lsn,
-            "last_record_lsn": lsns.last,
-            "prev_record_lsn": lsns.prev,
-            "disk_consistent_lsn": meta.disk_consistent_lsn,
-            "gc_cutoff_lsn": meta.gc_cutoff_lsn,
-            "retain_lsns": meta.retain_lsns,
-            "leases": self.tl.leases().iter().map(|(lsn, left)| serde_json::json!({ "lsn": lsn, "seconds_left": left })).collect::<Vec<_>>(),
-            "wal_source": receiver.safekeeper,
-            "safekeeper_commit_lsn": receiver.safekeeper_commit_lsn,
-            "wal_source_error": receiver.last_error,
-            "memory_layers": memory_layers,
-            "delta_layers": files.l0 + files.l1,
-            "l0_layers": files.l0,
-            "l1_layers": files.l1,
-            "image_layers": files.image,
-            "layer_bytes": files.bytes,
-            "backpressure": self.tl.backpressure(),
-            "upload_backpressure": remote.as_ref().is_some_and(|u| u.backpressure),
-            "local_layers": local.0,
-            "local_layer_bytes": local.1,
-            "remote": remote,
-            "remote_consistent_lsn": self.tl.remote_consistent_lsn(),
-            "state": if broken.is_some() { "broken" } else { "active" },
-            "error": broken.as_ref().map(|b| b.reason.clone()),
-            "broken": broken,
-            "verify_redo": self.tl.verify_redo.then(|| self.tl.redo_check.lock().clone()),
-        })
+        TimelineStatus {
+            tenant_id: meta.tenant_id,
+            timeline_id: meta.timeline_id,
+            ancestor_timeline_id: meta.ancestor_timeline_id,
+            ancestor_lsn: meta.ancestor_lsn,
+            pg_version: meta.pg_version,
+            system_id: meta.system_id,
+            wal_segment_size: meta.wal_segment_size,
+            start_lsn: meta.start_lsn,
+            last_record_lsn: lsns.last,
+            prev_record_lsn: lsns.prev,
+            disk_consistent_lsn: meta.disk_consistent_lsn,
+            gc_cutoff_lsn: meta.gc_cutoff_lsn,
+            retain_lsns: meta.retain_lsns,
+            leases: self.tl.leases().into_iter().map(|(lsn, seconds_left)| Lease { lsn, seconds_left }).collect(),
+            wal_source: receiver.safekeeper,
+            safekeeper_commit_lsn: receiver.safekeeper_commit_lsn,
+            wal_source_error: receiver.last_error,
+            memory_layers,
+            delta_layers: files.l0 + files.l1,
+            l0_layers: files.l0,
+            l1_layers: files.l1,
+            image_layers: files.image,
+            layer_bytes: files.bytes,
+            backpressure: self.tl.backpressure(),
+            upload_backpressure: remote.as_ref().is_some_and(|u| u.backpressure),
+            local_layers: local.0,
+            local_layer_bytes: local.1,
+            remote,
+            remote_consistent_lsn: self.tl.remote_consistent_lsn(),
+            state: if broken.is_some() { TimelineState::Broken } else { TimelineState::Active },
+            error: broken.as_ref().map(|b| b.reason.clone()),
+            broken,
+            verify_redo: self.tl.verify_redo.then(|| self.tl.redo_check.lock().clone()),
+            logical_size: None,
+        }
     }
 }

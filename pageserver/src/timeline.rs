@@ -24,9 +24,10 @@ mod compaction;
 mod gc;
 mod metadata;
 
-pub use compaction::{CompactionError, CompactionOutcome, Throttle};
-pub use gc::{GcOutcome, GcPolicy};
+pub use compaction::{CompactionError, Throttle};
+pub use gc::GcPolicy;
 pub use metadata::{TimelineMetadata, METADATA_VERSION};
+pub use strata_protocol::api::pageserver::{Broken, BrokenKind, CompactionOutcome, GcOutcome, RedoCheck};
 
 use strata_service::durable::{replace_file, sync_dir};
 
@@ -43,15 +44,6 @@ use crate::value::Value;
 
 /// Frozen layers allowed to wait for their flush before ingest waits too.
 const MAX_FROZEN: usize = 2;
-
-/// Results of checking native redo against PostgreSQL's images.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct RedoCheck {
-    pub verified: u64,
-    pub mismatches: u64,
-    /// The last mismatch: record, LSN, block and first differing byte.
-    pub last_mismatch: Option<String>,
-}
 
 /// What every timeline of a pageserver shares.
 #[derive(Clone)]
@@ -138,42 +130,6 @@ pub struct FlushError {
     pub lsn: Lsn,
     #[source]
     pub source: StorageError,
-}
-
-/// Why a timeline stopped, and whether re-reading it from disk may help.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BrokenKind {
-    /// A write, fsync or rename of its files failed: what is in memory may
-    /// not be on disk. Re-read from disk (automatically, with backoff).
-    Storage,
-    /// Its code panicked: its memory may be inconsistent. Re-read from disk.
-    Panic,
-    /// The WAL could not be ingested (a record without image or native
-    /// redo, a decoding error): re-reading would stop at the same record.
-    Ingest,
-    /// Its files on disk are missing, damaged or unexpected: an operator decides.
-    Files,
-}
-
-impl BrokenKind {
-    /// Whether the timeline is re-read from disk automatically.
-    pub fn reloads(self) -> bool {
-        matches!(self, BrokenKind::Storage | BrokenKind::Panic)
-    }
-}
-
-/// Why a timeline is broken.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Broken {
-    pub kind: BrokenKind,
-    pub reason: String,
-    /// Unix seconds.
-    pub since: u64,
-    /// Re-reads from disk tried since (for the kinds that are re-read), all failed.
-    pub reload_attempts: u32,
-    /// Why the last of them failed.
-    pub last_reload_error: Option<String>,
 }
 
 /// Why a read failed.

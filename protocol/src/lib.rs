@@ -1,5 +1,6 @@
 //! Strata's wire protocols and the identifiers they carry.
 
+pub mod api;
 mod frame;
 pub mod framed;
 pub mod ids;

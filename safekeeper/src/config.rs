@@ -10,16 +10,7 @@ use strata_service::config::{
 };
 
 /// A peer safekeeper (for peer recovery and the choice of the offloader).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Peer {
-    pub id: NodeId,
-    /// Its protocol address (`host:port`).
-    pub address: String,
-    /// Its HTTP address (`host:port`), polled for its positions; a peer
-    /// without one never counts as live for the choice of the offloader.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http: Option<String>,
-}
+pub use strata_protocol::api::safekeeper::Peer;
 
 /// Everything a safekeeper process needs; written by `strata init`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]

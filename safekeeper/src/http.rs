@@ -16,30 +16,25 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 
-use strata_formats::Lsn;
+use strata_protocol::api::safekeeper::{
+    CreateTimelineRequest, DeleteTimelineResponse, SafekeeperStatus, TimelinePositions,
+};
+use strata_protocol::api::ErrorBody;
 use strata_protocol::safekeeper::{Membership, TimelineIdentity};
 use strata_protocol::{TenantId, TimelineId};
 
 use crate::shared::Shared;
 
 /// Body of a timeline creation request.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTimeline {
-    pub system_id: u64,
-    pub pg_version: u32,
-    pub wal_segment_size: u32,
-    pub start_lsn: Lsn,
-}
-
 fn error(status: StatusCode, message: String) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
+    (status, Json(ErrorBody { error: message })).into_response()
 }
 
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -57,19 +52,19 @@ pub fn router(shared: Arc<Shared>) -> Router {
 
 async fn status(State(shared): State<Arc<Shared>>) -> Response {
     let timelines: Vec<_> = shared.timelines.all().iter().map(|t| t.status()).collect();
-    Json(serde_json::json!({
-        "id": shared.config.id,
-        "listen": shared.config.listen,
-        "fsync": shared.config.fsync,
-        "peers": shared.config.peers,
-        "timelines": timelines,
-        "unloadable": shared.timelines.unloadable(),
-    }))
+    Json(SafekeeperStatus {
+        id: shared.config.id,
+        listen: shared.config.listen,
+        fsync: shared.config.fsync,
+        peers: shared.config.peers.clone(),
+        timelines,
+        unloadable: shared.timelines.unloadable(),
+    })
     .into_response()
 }
 
 async fn positions(State(shared): State<Arc<Shared>>) -> Response {
-    let all: Vec<crate::peers::TimelinePositions> = shared
+    let all: Vec<TimelinePositions> = shared
         .timelines
         .all()
         .iter()
@@ -77,7 +72,7 @@ async fn positions(State(shared): State<Arc<Shared>>) -> Response {
         .filter(|t| t.failure().is_none())
         .map(|t| {
             let p = t.positions();
-            crate::peers::TimelinePositions {
+            TimelinePositions {
                 tenant_id: t.identity.tenant_id,
                 timeline_id: t.identity.timeline_id,
                 flush_lsn: p.flush_lsn,
@@ -91,23 +86,26 @@ async fn positions(State(shared): State<Arc<Shared>>) -> Response {
     Json(all).into_response()
 }
 
-fn parse_ids(tenant: &str, timeline: &str) -> Result<(TenantId, TimelineId), Box<Response>> {
-    let bad = |e: strata_protocol::ids::IdParseError| Box::new(error(StatusCode::BAD_REQUEST, e.to_string()));
-    Ok((tenant.parse().map_err(bad)?, timeline.parse().map_err(bad)?))
+/// The timeline ids a request's path names (`/v1/tenant/{tenant}/timeline/{timeline}/…`);
+/// a malformed id is a 400 before the handler runs.
+struct TimelineIds(TenantId, TimelineId);
+
+impl<S: Send + Sync> FromRequestParts<S> for TimelineIds {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let Path((tenant, timeline)) =
+            Path::<(String, String)>::from_request_parts(parts, state).await.map_err(IntoResponse::into_response)?;
+        let bad = |e: strata_protocol::ids::IdParseError| error(StatusCode::BAD_REQUEST, e.to_string());
+        Ok(TimelineIds(tenant.parse().map_err(bad)?, timeline.parse().map_err(bad)?))
+    }
 }
 
-async fn timeline_status(
-    State(shared): State<Arc<Shared>>,
-    Path((tenant, timeline)): Path<(String, String)>,
-) -> Response {
-    let (t, l) = match parse_ids(&tenant, &timeline) {
-        Ok(ids) => ids,
-        Err(r) => return *r,
-    };
+async fn timeline_status(State(shared): State<Arc<Shared>>, TimelineIds(t, l): TimelineIds) -> Response {
     match shared.timelines.get(t, l) {
         Some(tl) => {
             let mut status = tl.status();
-            status["peers"] = serde_json::json!(shared.config.peers);
+            status.peers = Some(shared.config.peers.clone());
             Json(status).into_response()
         }
         None => error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found")),
@@ -116,13 +114,9 @@ async fn timeline_status(
 
 async fn create_timeline(
     State(shared): State<Arc<Shared>>,
-    Path((tenant, timeline)): Path<(String, String)>,
-    body: Result<Json<CreateTimeline>, axum::extract::rejection::JsonRejection>,
+    TimelineIds(t, l): TimelineIds,
+    body: Result<Json<CreateTimelineRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let (t, l) = match parse_ids(&tenant, &timeline) {
-        Ok(ids) => ids,
-        Err(r) => return *r,
-    };
     let Json(req) = match body {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -154,14 +148,7 @@ async fn create_timeline(
 
 /// Deletes the timeline here and its offloaded WAL in object storage
 /// (every safekeeper deletes the same objects: deleting is idempotent).
-async fn delete_timeline(
-    State(shared): State<Arc<Shared>>,
-    Path((tenant, timeline)): Path<(String, String)>,
-) -> Response {
-    let (t, l) = match parse_ids(&tenant, &timeline) {
-        Ok(ids) => ids,
-        Err(r) => return *r,
-    };
+async fn delete_timeline(State(shared): State<Arc<Shared>>, TimelineIds(t, l): TimelineIds) -> Response {
     let existed = match tokio::task::block_in_place(|| shared.timelines.delete(t, l)) {
         Ok(existed) => existed,
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -183,17 +170,10 @@ async fn delete_timeline(
     if !existed && objects == 0 {
         return error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"));
     }
-    Json(serde_json::json!({ "deleted": existed, "offloaded_objects_deleted": objects })).into_response()
+    Json(DeleteTimelineResponse { deleted: existed, offloaded_objects_deleted: objects }).into_response()
 }
 
-async fn get_membership(
-    State(shared): State<Arc<Shared>>,
-    Path((tenant, timeline)): Path<(String, String)>,
-) -> Response {
-    let (t, l) = match parse_ids(&tenant, &timeline) {
-        Ok(ids) => ids,
-        Err(r) => return *r,
-    };
+async fn get_membership(State(shared): State<Arc<Shared>>, TimelineIds(t, l): TimelineIds) -> Response {
     let Some(tl) = shared.timelines.get(t, l) else {
         return error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"));
     };
@@ -205,13 +185,9 @@ async fn get_membership(
 
 async fn set_membership(
     State(shared): State<Arc<Shared>>,
-    Path((tenant, timeline)): Path<(String, String)>,
+    TimelineIds(t, l): TimelineIds,
     body: Result<Json<Membership>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let (t, l) = match parse_ids(&tenant, &timeline) {
-        Ok(ids) => ids,
-        Err(r) => return *r,
-    };
     let Json(m) = match body {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),

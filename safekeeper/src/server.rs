@@ -20,7 +20,7 @@ use strata_protocol::safekeeper::{
 use crate::acceptor::AcceptorError;
 use crate::connection::{Connection, ConnectionError, Frames};
 use crate::shared::Shared;
-use crate::timeline::{AcceptorCallError, ConsumerInfo, Timeline};
+use crate::timeline::{AcceptorCallError, ConsumerStatus, Timeline};
 use crate::wal_reader::{WalReader, RECENT_WAL_BYTES};
 
 /// Time allowed for a peer to take what we send.
@@ -231,7 +231,7 @@ async fn consumer(
     shared.metrics.consumer_connections.inc();
     timeline.consumers.lock().insert(
         id,
-        ConsumerInfo {
+        ConsumerStatus {
             name: start.consumer_id.clone(),
             sent_lsn: start.start_lsn,
             applied_lsn: Lsn::INVALID,

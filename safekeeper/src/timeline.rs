@@ -27,6 +27,8 @@ use strata_service::panic_message;
 use crate::acceptor::{Acceptor, AcceptorError, PersistentState, StorageError, WalStore as _};
 use crate::control_file::ControlFile;
 use crate::wal_store::SegmentStore;
+pub use strata_protocol::api::safekeeper::{ConsumerStatus, Failure};
+use strata_protocol::api::safekeeper::{TimelineState, TimelineStatus};
 use strata_service::durable::sync_dir;
 
 /// Positions published to consumers after every change.
@@ -37,31 +39,7 @@ pub struct Positions {
     pub commit_lsn: Lsn,
 }
 
-/// A connected consumer, for status.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ConsumerInfo {
-    pub name: String,
-    pub sent_lsn: Lsn,
-    pub applied_lsn: Lsn,
-    /// What the consumer has in object storage (0: nothing, or no object storage).
-    pub remote_consistent_lsn: Lsn,
-}
-
 pub type TimelineAcceptor = Acceptor<SegmentStore, ControlFile>;
-
-/// Why a timeline stopped accepting.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Failure {
-    pub reason: String,
-    /// Unix seconds.
-    pub since: u64,
-    /// The WAL up to here was durable before the failure; a reload keeps
-    /// exactly this much.
-    pub durable_flush_lsn: Lsn,
-    /// Reloads tried so far.
-    pub reload_attempts: u64,
-    pub last_reload_error: Option<String>,
-}
 
 /// An acceptor call on a timeline that has failed (or failed during the call).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -87,7 +65,7 @@ pub struct Timeline {
     /// Failures so far (each one a new episode for the healing task).
     failures: std::sync::atomic::AtomicU64,
     positions: tokio::sync::watch::Sender<Positions>,
-    pub consumers: Mutex<HashMap<u64, ConsumerInfo>>,
+    pub consumers: Mutex<HashMap<u64, ConsumerStatus>>,
     last_persist: Mutex<Instant>,
     /// What of the WAL is in object storage (see `offload`).
     pub offload: Mutex<crate::offload::OffloadState>,
@@ -420,38 +398,38 @@ impl Timeline {
     }
 
     /// JSON status for the HTTP API.
-    pub fn status(&self) -> serde_json::Value {
+    pub fn status(&self) -> TimelineStatus {
         let (state, write_lsn) = {
             let a = self.acceptor.lock();
             (a.state().clone(), a.wal().write_lsn())
         };
         let p = self.positions();
         let failure = self.failure();
-        serde_json::json!({
-            "tenant_id": self.identity.tenant_id,
-            "timeline_id": self.identity.timeline_id,
-            "system_id": self.identity.system_id,
-            "pg_version": self.identity.pg_version,
-            "wal_segment_size": self.identity.wal_segment_size,
-            "timeline_start_lsn": self.start_lsn,
-            "state": if failure.is_some() { "failed" } else { "active" },
-            "term": state.term,
-            "term_history": state.term_history.up_to(p.flush_lsn),
-            "membership": state.membership,
-            "elected_term": state.term_history.last_term(),
-            "elected_generation": state.elected_generation,
-            "write_lsn": write_lsn,
-            "flush_lsn": p.flush_lsn,
-            "commit_lsn": p.commit_lsn,
-            "truncate_lsn": state.truncate_lsn,
-            "consumers": self.consumers.lock().values().cloned().collect::<Vec<_>>(),
-            "offload": self.offload.lock().clone(),
-            "removal": self.removal.lock().clone(),
-            "remote_consistent_lsn": self.remote_consistent.get(),
-            // The latest failure, current or recovered from.
-            "last_error": self.last_failure.lock().as_ref().map(|f| f.reason.clone()),
-            "failure": failure,
-        })
+        TimelineStatus {
+            tenant_id: self.identity.tenant_id,
+            timeline_id: self.identity.timeline_id,
+            system_id: self.identity.system_id,
+            pg_version: self.identity.pg_version,
+            wal_segment_size: self.identity.wal_segment_size,
+            timeline_start_lsn: self.start_lsn,
+            state: if failure.is_some() { TimelineState::Failed } else { TimelineState::Active },
+            term: state.term,
+            term_history: state.term_history.up_to(p.flush_lsn),
+            membership: state.membership,
+            elected_term: state.term_history.last_term(),
+            elected_generation: state.elected_generation,
+            write_lsn,
+            flush_lsn: p.flush_lsn,
+            commit_lsn: p.commit_lsn,
+            truncate_lsn: state.truncate_lsn,
+            consumers: self.consumers.lock().values().cloned().collect(),
+            offload: self.offload.lock().status(),
+            removal: self.removal.lock().status(),
+            remote_consistent_lsn: self.remote_consistent.get(),
+            last_error: self.last_failure.lock().as_ref().map(|f| f.reason.clone()),
+            failure,
+            peers: None,
+        }
     }
 }
 
@@ -490,7 +468,7 @@ mod tests {
         tl.with_acceptor(|a| a.handle(&vote)).unwrap();
         let err = tl.with_acceptor(|_| -> Result<(), AcceptorError> { panic!("injected") }).unwrap_err();
         assert!(matches!(&err, AcceptorCallError::Failed(f) if f.reason.contains("injected")), "{err}");
-        assert_eq!(tl.status()["state"], "failed");
+        assert_eq!(tl.status().state, TimelineState::Failed);
         // Refused while failed, without running the call.
         let ran = std::cell::Cell::new(false);
         assert!(tl
@@ -507,7 +485,7 @@ mod tests {
         other.with_acceptor(|a| a.handle(&vote)).unwrap();
         // The reload re-reads the control file: the vote in term 3 survived.
         tl.reload().unwrap();
-        assert_eq!(tl.status()["state"], "active");
+        assert_eq!(tl.status().state, TimelineState::Active);
         assert_eq!(tl.positions().term, 3);
         let elected = ProposerMessage::Elected(ProposerElected {
             term: 3,
@@ -602,7 +580,7 @@ mod tests {
             let failure = tl.failure().expect("still failed");
             assert_eq!(failure.reload_attempts, attempt);
             assert_eq!(failure.durable_flush_lsn, start);
-            assert_eq!(tl.status()["state"], "failed");
+            assert_eq!(tl.status().state, TimelineState::Failed);
         }
         // Writable again: the reload succeeds, and wrote the control file.
         std::fs::remove_dir(&blocker).unwrap();

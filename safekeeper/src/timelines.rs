@@ -10,6 +10,8 @@ use strata_formats::Lsn;
 use strata_protocol::safekeeper::TimelineIdentity;
 use strata_protocol::{NodeId, TenantId, TimelineId};
 
+use strata_protocol::api::safekeeper::Unloadable;
+
 use crate::acceptor::StorageError;
 use crate::timeline::Timeline;
 
@@ -88,11 +90,11 @@ impl Timelines {
     }
 
     /// Timelines on disk that could not be loaded, with why.
-    pub fn unloadable(&self) -> Vec<serde_json::Value> {
+    pub fn unloadable(&self) -> Vec<Unloadable> {
         self.unloadable
             .lock()
             .iter()
-            .map(|((t, l), why)| serde_json::json!({ "tenant_id": t, "timeline_id": l, "error": why }))
+            .map(|((t, l), why)| Unloadable { tenant_id: *t, timeline_id: *l, error: why.clone() })
             .collect()
     }
 

@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
 use strata_formats::Lsn;
+use strata_protocol::api::cluster::BranchInfo;
+use strata_protocol::api::pageserver::{self, CreateBranchRequest};
+use strata_protocol::api::safekeeper;
 use strata_protocol::TimelineId;
 
 use super::error::{failed, Error, Result};
@@ -39,7 +41,7 @@ fn newest_commit(wd: &Workdir, timeline: TimelineId) -> Option<Lsn> {
         .filter_map(|s| {
             let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
             let r = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200)?;
-            serde_json::from_value::<Lsn>(r.body.get("commit_lsn")?.clone()).ok()
+            r.json::<safekeeper::TimelineStatus>().ok().map(|t| t.commit_lsn)
         })
         .max()
 }
@@ -60,10 +62,12 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         return failed(format!("{} is not running (start it with `strata start`)", ps.name));
     }
     let timeline_id = TimelineId::generate();
-    let mut body = json!({
-        "timeline_id": timeline_id.to_string(),
-        "ancestor_timeline_id": parent.timeline_id.to_string(),
-    });
+    let mut body = CreateBranchRequest {
+        timeline_id: Some(timeline_id),
+        ancestor_timeline_id: parent.timeline_id,
+        ancestor_lsn: None,
+        ancestor_time: None,
+    };
     match (at, at_time) {
         (Some(_), Some(_)) => return Err(Error::Usage("give --at or --at-time, not both".into())),
         (Some(lsn), None) => {
@@ -72,15 +76,13 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
             if let Some(newest) = newest_commit(wd, parent.timeline_id).filter(|n| lsn > *n) {
                 return failed(format!("{lsn} is in the future: the newest commit of {parent_name} is {newest}"));
             }
-            body["ancestor_lsn"] = json!(lsn);
+            body.ancestor_lsn = Some(lsn);
         }
-        (None, Some(t)) => body["ancestor_time"] = json!(super::args::parse_time(t, "--at-time")?),
+        (None, Some(t)) => body.ancestor_time = Some(super::args::parse_time(t, "--at-time")?),
         // The parent's newest commit: what its safekeepers hold committed
         // (the pageserver waits until it has ingested it).
         (None, None) => {
-            if let Some(lsn) = newest_commit(wd, parent.timeline_id) {
-                body["ancestor_lsn"] = json!(lsn);
-            }
+            body.ancestor_lsn = newest_commit(wd, parent.timeline_id);
         }
     }
     let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), wd.cluster.tenant_id);
@@ -88,8 +90,10 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
     if r.status != 201 {
         return failed(format!("branch {name}: {} (HTTP {})", r.error_text(), r.status));
     }
-    let start: Lsn = serde_json::from_value(r.body["start_lsn"].clone())
-        .map_err(|e| Error::Failed(format!("{}: the new timeline's start_lsn: {e}", ps.name)))?;
+    let start = r
+        .json::<pageserver::TimelineStatus>()
+        .map_err(|e| Error::Failed(format!("{}: the new timeline: {e}", ps.name)))?
+        .start_lsn;
 
     let path = wd.root.join(CLUSTER_FILE);
     let mut cluster: ClusterFile = read_toml(&path)?;
@@ -178,21 +182,23 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
 }
 
 /// One branch as `branch list` shows it.
-fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::Endpoint]) -> Value {
+fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::Endpoint]) -> BranchInfo {
     let ps = wd.cluster.pageserver();
     let url =
         format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), wd.cluster.tenant_id, b.timeline_id);
-    let status = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200).map(|r| r.body);
-    let on: Vec<&str> = endpoints.iter().filter(|e| e.file.branch == b.name).map(|e| e.file.name.as_str()).collect();
-    json!({
-        "name": b.name,
-        "timeline_id": b.timeline_id,
-        "parent": b.parent,
-        "ancestor_lsn": b.ancestor_lsn,
-        "last_record_lsn": status.as_ref().map(|s| s["last_record_lsn"].clone()),
-        "logical_size": status.as_ref().map(|s| s["logical_size"].clone()),
-        "endpoints": on,
-    })
+    let status = http::get(&url, http::QUICK)
+        .ok()
+        .filter(|r| r.status == 200)
+        .and_then(|r| r.json::<pageserver::TimelineStatus>().ok());
+    BranchInfo {
+        name: b.name.clone(),
+        timeline_id: b.timeline_id,
+        parent: b.parent.clone(),
+        ancestor_lsn: b.ancestor_lsn,
+        last_record_lsn: status.as_ref().map(|s| s.last_record_lsn),
+        logical_size: status.as_ref().and_then(|s| s.logical_size),
+        endpoints: endpoints.iter().filter(|e| e.file.branch == b.name).map(|e| e.file.name.clone()).collect(),
+    }
 }
 
 /// `strata branch list [--json]`: the tree of branches.
@@ -200,7 +206,13 @@ pub fn list(wd: &Workdir, as_json: bool) -> Result<()> {
     let endpoints = endpoint::load_all(wd)?;
     let mut rows = Vec::new();
     // Depth-first from `main`, children in creation order.
-    fn walk(wd: &Workdir, name: &str, depth: usize, endpoints: &[endpoint::Endpoint], rows: &mut Vec<(usize, Value)>) {
+    fn walk(
+        wd: &Workdir,
+        name: &str,
+        depth: usize,
+        endpoints: &[endpoint::Endpoint],
+        rows: &mut Vec<(usize, BranchInfo)>,
+    ) {
         let Some(b) = wd.cluster.branch(name) else { return };
         rows.push((depth, describe(wd, b, endpoints)));
         for child in wd.cluster.branches.iter().filter(|c| c.parent.as_deref() == Some(name)) {
@@ -209,29 +221,23 @@ pub fn list(wd: &Workdir, as_json: bool) -> Result<()> {
     }
     walk(wd, MAIN_BRANCH, 0, &endpoints, &mut rows);
     if as_json {
-        let all: Vec<Value> = rows.into_iter().map(|(_, v)| v).collect();
-        println!("{}", serde_json::to_string_pretty(&all).expect("JSON"));
+        let all: Vec<BranchInfo> = rows.into_iter().map(|(_, v)| v).collect();
+        println!("{}", serde_json::to_string_pretty(&all).expect("the branches serialize"));
         return Ok(());
     }
-    let text = |v: &Value| match v {
-        Value::Null => "-".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
     println!("{:<28} {:<32} {:<12} {:<12} {:>12}  ENDPOINTS", "BRANCH", "TIMELINE", "PARENT", "AT", "SIZE");
     for (depth, v) in rows {
-        let name =
-            if depth == 0 { text(&v["name"]) } else { format!("{}└ {}", "  ".repeat(depth - 1), text(&v["name"])) };
-        let size = v["logical_size"].as_u64().map_or("-".to_string(), human_bytes);
-        let eps: Vec<String> = v["endpoints"].as_array().map(|a| a.iter().map(text).collect()).unwrap_or_default();
+        let name = if depth == 0 { v.name.clone() } else { format!("{}└ {}", "  ".repeat(depth - 1), v.name) };
+        let size = v.logical_size.map_or("-".to_string(), human_bytes);
         println!(
             "{:<28} {:<32} {:<12} {:<12} {:>12}  {}",
             name,
-            text(&v["timeline_id"]),
-            text(&v["parent"]),
-            text(&v["ancestor_lsn"]),
+            v.timeline_id,
+            or_dash(v.parent),
+            or_dash(v.ancestor_lsn.map(|l| l.to_string())),
             size,
-            if eps.is_empty() { "-".to_string() } else { eps.join(",") }
+            if v.endpoints.is_empty() { "-".to_string() } else { v.endpoints.join(",") }
         );
     }
     Ok(())

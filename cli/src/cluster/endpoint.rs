@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use strata_compute::agent::postgres;
+use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
+use strata_protocol::api::pageserver::LsnResponse;
 
 use super::args::AgentArgs;
 use super::error::{failed, Error, Result};
@@ -94,37 +96,9 @@ impl Endpoint {
     }
 
     /// What the agent reports, if it answers.
-    pub fn agent_view(&self) -> Option<AgentView> {
+    pub fn agent_view(&self) -> Option<AgentStatus> {
         let r = http::get(&self.status_url(), http::QUICK).ok().filter(|r| r.status == 200)?;
-        AgentView::from_status(&r.body)
-    }
-}
-
-/// The parts of the agent's `/v1/status` the cluster commands show.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AgentView {
-    pub state: String,
-    pub error: Option<String>,
-    /// PostgreSQL restarts by this agent process.
-    pub restarts: u64,
-    pub last_restart_cause: Option<String>,
-    pub last_restart_at: Option<u64>,
-    pub last_restart_downtime_seconds: Option<f64>,
-    pub crash_loop: bool,
-}
-
-impl AgentView {
-    fn from_status(body: &serde_json::Value) -> Option<AgentView> {
-        let text = |k: &str| body.get(k).and_then(|v| v.as_str()).map(str::to_string);
-        Some(AgentView {
-            state: text("state")?,
-            error: text("error"),
-            restarts: body.get("restarts").and_then(|v| v.as_u64()).unwrap_or(0),
-            last_restart_cause: text("last_restart_cause"),
-            last_restart_at: body.get("last_restart_at").and_then(|v| v.as_u64()),
-            last_restart_downtime_seconds: body.get("last_restart_downtime_seconds").and_then(|v| v.as_f64()),
-            crash_loop: body.get("crash_loop").and_then(|v| v.as_bool()).unwrap_or(false),
-        })
+        r.json::<ComputeStatus>().ok().map(|s| s.agent)
     }
 }
 
@@ -147,8 +121,7 @@ fn resolve_point(wd: &Workdir, branch: &layout::Branch, at: &str) -> Result<stra
     if r.status != 200 {
         return failed(format!("--at {at}: {} (HTTP {})", r.error_text(), r.status));
     }
-    serde_json::from_value(r.body["lsn"].clone())
-        .map_err(|e| Error::Failed(format!("{}: its LSN for {at}: {e}", ps.name)))
+    r.json::<LsnResponse>().map(|r| r.lsn).map_err(|e| Error::Failed(format!("{}: its LSN for {at}: {e}", ps.name)))
 }
 
 /// Endpoint names become directory names: keep them plain.
@@ -394,17 +367,17 @@ pub fn start(
             return abort(&mut child, format!("the compute agent {why} in state {last_state}"));
         }
         if let Some(view) = ep.agent_view() {
-            match view.state.as_str() {
-                "running" => {
+            match view.state {
+                AgentState::Running => {
                     if let Some(pid) = sv.service.running() {
                         break pid;
                     }
                 }
-                "failed" => {
+                AgentState::Failed => {
                     let error = view.error.unwrap_or_else(|| "(no error given)".into());
                     return abort(&mut child, format!("failed: {error}"));
                 }
-                _ => last_state = view.state,
+                other => last_state = other.name().to_string(),
             }
         }
         if Instant::now() > deadline {

@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use strata_protocol::api::ErrorBody;
+
 /// Timeout of a status query: services answer these at once or are unwell.
 pub const QUICK: Duration = Duration::from_secs(3);
 
@@ -15,10 +19,15 @@ pub struct Reply {
 impl Reply {
     /// The `error` field services put in failure bodies, else the whole body.
     pub fn error_text(&self) -> String {
-        match self.body.get("error").and_then(|e| e.as_str()) {
-            Some(e) => e.to_string(),
-            None => self.body.to_string(),
+        match serde_json::from_value::<ErrorBody>(self.body.clone()) {
+            Ok(e) => e.error,
+            Err(_) => self.body.to_string(),
         }
+    }
+
+    /// The body as the API document `T`.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, String> {
+        serde_json::from_value(self.body.clone()).map_err(|e| format!("an unexpected answer: {e}"))
     }
 }
 
@@ -51,8 +60,9 @@ pub fn get(url: &str, timeout: Duration) -> Result<Reply, String> {
 }
 
 /// `POST url` with a JSON body; an error only if no answer came.
-pub fn post(url: &str, body: &serde_json::Value, timeout: Duration) -> Result<Reply, String> {
-    reply(agent(timeout).post(url).content_type("application/json").send(body.to_string()), url)
+pub fn post(url: &str, body: &impl Serialize, timeout: Duration) -> Result<Reply, String> {
+    let body = serde_json::to_string(body).expect("a request serializes");
+    reply(agent(timeout).post(url).content_type("application/json").send(body), url)
 }
 
 /// `DELETE url`; an error only if no answer came.
@@ -61,8 +71,9 @@ pub fn delete(url: &str, timeout: Duration) -> Result<Reply, String> {
 }
 
 /// `PUT url` with a JSON body; an error only if no answer came.
-pub fn put(url: &str, body: &serde_json::Value, timeout: Duration) -> Result<Reply, String> {
-    reply(agent(timeout).put(url).content_type("application/json").send(body.to_string()), url)
+pub fn put(url: &str, body: &impl Serialize, timeout: Duration) -> Result<Reply, String> {
+    let body = serde_json::to_string(body).expect("a request serializes");
+    reply(agent(timeout).put(url).content_type("application/json").send(body), url)
 }
 
 #[cfg(test)]

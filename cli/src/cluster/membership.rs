@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use strata_formats::Lsn;
+use strata_protocol::api::safekeeper::{CreateTimelineRequest, TimelineStatus};
 use strata_protocol::safekeeper::election::quorum;
-use strata_protocol::safekeeper::{Member, Membership, TermHistory, TimelineIdentity};
+use strata_protocol::safekeeper::{Member, Membership, TimelineIdentity};
 use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_safekeeper::config::{Peer, SafekeeperConfig};
 
@@ -30,21 +30,6 @@ const PROPOSER_WAIT: Duration = Duration::from_secs(15);
 /// Bound on the wait for the joint configuration to be committed.
 const JOINT_TIMEOUT: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(200);
-
-/// A safekeeper's view of one timeline (`GET /v1/tenant/T/timeline/L`).
-#[derive(Debug, serde::Deserialize)]
-struct TimelineState {
-    system_id: u64,
-    pg_version: u32,
-    wal_segment_size: u32,
-    timeline_start_lsn: Lsn,
-    term_history: TermHistory,
-    /// The last term a proposer was elected in, and under which generation.
-    elected_term: u64,
-    elected_generation: u32,
-    flush_lsn: Lsn,
-    commit_lsn: Lsn,
-}
 
 /// One safekeeper as the change sees it.
 #[derive(Clone, Debug)]
@@ -75,12 +60,12 @@ impl Change<'_> {
         all
     }
 
-    fn state(&self, n: &Node) -> std::result::Result<TimelineState, String> {
+    fn state(&self, n: &Node) -> std::result::Result<TimelineStatus, String> {
         let r = http::get(&tl_url(n, self.tenant, self.timeline), http::QUICK)?;
         if r.status != 200 {
             return Err(format!("HTTP {}: {}", r.status, r.error_text()));
         }
-        serde_json::from_value(r.body).map_err(|e| format!("its timeline status: {e}"))
+        r.json().map_err(|e| format!("its timeline status: {e}"))
     }
 
     fn membership(&self, n: &Node) -> std::result::Result<Membership, String> {
@@ -88,7 +73,7 @@ impl Change<'_> {
         if r.status != 200 {
             return Err(format!("HTTP {}: {}", r.status, r.error_text()));
         }
-        serde_json::from_value(r.body).map_err(|e| format!("its membership: {e}"))
+        r.json().map_err(|e| format!("its membership: {e}"))
     }
 
     /// Installs `m` on every reachable node of `on`; succeeds once a
@@ -207,12 +192,12 @@ impl Change<'_> {
         let Some(s) = source else {
             return failed(format!("timeline {}: no member answered", self.timeline));
         };
-        let body = serde_json::json!({
-            "system_id": s.system_id,
-            "pg_version": s.pg_version,
-            "wal_segment_size": s.wal_segment_size,
-            "start_lsn": s.timeline_start_lsn,
-        });
+        let body = CreateTimelineRequest {
+            system_id: s.system_id,
+            pg_version: s.pg_version,
+            wal_segment_size: s.wal_segment_size,
+            start_lsn: s.timeline_start_lsn,
+        };
         let r = http::post(&tl_url(new_node, self.tenant, self.timeline), &body, http::QUICK)
             .map_err(|e| Error::Failed(format!("{}: {e}", new_node.name)))?;
         if r.status != 200 && r.status != 201 {

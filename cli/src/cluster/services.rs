@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use super::error::{failed, Error, Result};
 use super::http;
+use strata_protocol::api::pageserver::{CreateTenantRequest, TimelineState, TimelineStatus};
+use strata_protocol::api::safekeeper::CreateTimelineRequest;
+
 use super::layout::{Kind, Service, Workdir, MAIN_BRANCH};
 use super::process::{self, Identity, Stopped};
 use super::supervisor::{Liveness, StopOutcome, Supervised};
@@ -134,14 +137,6 @@ pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
     Ok(())
 }
 
-/// A field of the pageserver's timeline status, or an error naming it.
-fn field<'a>(status: &'a serde_json::Value, name: &str) -> Result<&'a serde_json::Value> {
-    match status.get(name) {
-        Some(v) if !v.is_null() => Ok(v),
-        _ => failed(format!("the pageserver's timeline status has no `{name}`: {status}")),
-    }
-}
-
 /// Makes sure every branch's timeline exists on the pageserver (creating
 /// the tenant with its `main` timeline if needed) and on every running
 /// safekeeper, with the identity the pageserver reports. Idempotent.
@@ -157,7 +152,7 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
         if reply.status == 404 && branch.name == MAIN_BRANCH {
             println!("{}: creating tenant {tenant} (initdb and import; this takes a while)", ps.name);
             let create_url = format!("{}/v1/tenant", ps.http_url());
-            let body = serde_json::json!({ "tenant_id": tenant.to_string(), "timeline_id": timeline.to_string() });
+            let body = CreateTenantRequest { tenant_id: Some(tenant), timeline_id: Some(timeline) };
             let created = http::post(&create_url, &body, BOOTSTRAP_TIMEOUT)
                 .map_err(|e| Error::Failed(format!("{}: creating the tenant: {e}", ps.name)))?;
             reply = match created.status {
@@ -178,16 +173,18 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
                 reply.error_text()
             ));
         }
-        let status = reply.body;
-        if status.get("state").and_then(|s| s.as_str()) == Some("broken") {
-            return failed(format!("{}: timeline {timeline} is broken: {}", ps.name, status["error"]));
+        let status: TimelineStatus =
+            reply.json().map_err(|e| Error::Failed(format!("{}: timeline {timeline}: {e}", ps.name)))?;
+        if status.state == TimelineState::Broken {
+            let why = status.error.unwrap_or_else(|| "no reason given".into());
+            return failed(format!("{}: timeline {timeline} is broken: {why}", ps.name));
         }
-        let create = serde_json::json!({
-            "system_id": field(&status, "system_id")?,
-            "pg_version": field(&status, "pg_version")?,
-            "wal_segment_size": field(&status, "wal_segment_size")?,
-            "start_lsn": field(&status, "start_lsn")?,
-        });
+        let create = CreateTimelineRequest {
+            system_id: status.system_id,
+            pg_version: status.pg_version,
+            wal_segment_size: status.wal_segment_size,
+            start_lsn: status.start_lsn,
+        };
         let mut on = Vec::new();
         for sk in c.of_kind(Kind::Safekeeper) {
             if running(wd, sk).is_none() {

@@ -1,9 +1,11 @@
 //! `strata status`: every service, endpoint and timeline, as a table or
 //! JSON. Works whatever runs: a stopped service is reported, not an error.
 
-use serde_json::{json, Value};
+use strata_protocol::api::cluster::{BranchStatus, ClusterStatus, EndpointStatus, SafekeeperPosition, ServiceStatus};
+use strata_protocol::api::compute::{AgentState, RestartStatus};
+use strata_protocol::api::safekeeper::SafekeeperStatus;
 
-use super::endpoint::{self, AgentView, Endpoint};
+use super::endpoint::{self, Endpoint};
 use super::error::Result;
 use super::layout::{Kind, Workdir};
 use super::supervisor::Liveness;
@@ -26,7 +28,7 @@ pub struct EndpointRestarts {
 }
 
 /// Combines the supervisor's and the agent's view of an endpoint's restarts.
-fn combine(supervisor: &super::supervisor::Restarts, agent: Option<&AgentView>) -> EndpointRestarts {
+fn combine(supervisor: &super::supervisor::Restarts, agent: Option<&RestartStatus>) -> EndpointRestarts {
     let postgres = agent.map_or(0, |a| a.restarts);
     let agent_cause = agent.and_then(|a| Some((a.last_restart_at.unwrap_or(0), a.last_restart_cause.clone()?)));
     let supervisor_cause = supervisor
@@ -51,7 +53,7 @@ fn combine(supervisor: &super::supervisor::Restarts, agent: Option<&AgentView>) 
 pub fn endpoint_restarts(ep: &Endpoint) -> EndpointRestarts {
     let sv = ep.supervised();
     let agent = sv.service.running().and_then(|_| ep.agent_view());
-    combine(&sv.restarts(), agent.as_ref())
+    combine(&sv.restarts(), agent.as_ref().map(|a| &a.restart))
 }
 
 /// `strata endpoint list`: name, branch, port, state, restarts, the last
@@ -82,7 +84,6 @@ pub fn list_endpoints(wd: &Workdir) -> Result<()> {
     Ok(())
 }
 
-/// The whole status as JSON (the `--json` output).
 /// A service's local data directory and its object storage (a path for
 /// the local backend, a URL otherwise), from its config.
 fn storage_of(wd: &Workdir, s: &super::layout::Service) -> (Option<std::path::PathBuf>, Option<String>) {
@@ -99,76 +100,77 @@ fn storage_of(wd: &Workdir, s: &super::layout::Service) -> (Option<std::path::Pa
     }
 }
 
-pub fn collect(wd: &Workdir) -> Result<Value> {
+/// The whole status (the `--json` output).
+pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
     let c = &wd.cluster;
-    let mut service_rows = Vec::new();
+    let mut services = Vec::new();
     for s in &c.services {
         let sv = services::supervised(wd, s);
         let liveness = sv.liveness();
         let r = sv.restarts();
         let (data_dir, remote_storage) = storage_of(wd, s);
-        service_rows.push(json!({
-            "name": s.name,
-            "kind": s.kind.as_str(),
-            "pid": liveness.pid(),
-            "supervisor_pid": liveness.supervisor(),
-            "supervised": liveness.supervisor().is_some(),
-            "ports": s.ports,
-            "state": liveness.name(),
-            "restarts": r.restarts,
-            "last_exit": r.last_exit,
-            "last_exit_at": r.last_exit_at,
-            "crash_loop": r.crash_loop,
-            "config": wd.config_path(s),
-            "log": wd.log_path(&s.name),
-            "data_dir": data_dir,
-            "remote_storage": remote_storage,
-        }));
+        services.push(ServiceStatus {
+            name: s.name.clone(),
+            kind: s.kind.as_str().to_string(),
+            pid: liveness.pid(),
+            supervisor_pid: liveness.supervisor(),
+            supervised: liveness.supervisor().is_some(),
+            ports: s.ports.clone(),
+            state: liveness.name().to_string(),
+            restarts: r.restarts,
+            last_exit: r.last_exit,
+            last_exit_at: r.last_exit_at,
+            crash_loop: r.crash_loop,
+            config: wd.config_path(s),
+            log: wd.log_path(&s.name),
+            data_dir,
+            remote_storage,
+        });
     }
 
-    let mut endpoint_rows = Vec::new();
+    let mut endpoints = Vec::new();
     for ep in endpoint::load_all(wd)? {
         let sv = ep.supervised();
         let liveness = sv.liveness();
         let supervisor = sv.restarts();
         let agent = liveness.pid().and_then(|_| ep.agent_view());
-        let restarts = combine(&supervisor, agent.as_ref());
-        endpoint_rows.push(json!({
-            "name": ep.file.name,
-            "kind": "compute",
-            "pid": liveness.pid(),
-            "supervisor_pid": liveness.supervisor(),
-            "supervised": liveness.supervisor().is_some(),
-            "ports": { "pg": ep.file.pg_port, "http": ep.file.http_port },
-            "branch": ep.file.branch,
-            "timeline_id": c.branch(&ep.file.branch).map(|b| b.timeline_id.to_string()),
-            "state": liveness.name(),
-            "compute_state": agent.as_ref().map(|a| a.state.clone()),
-            "compute_error": agent.as_ref().and_then(|a| a.error.clone()),
-            "restarts": restarts.total,
-            "agent_restarts": restarts.agent,
-            "postgres_restarts": restarts.postgres,
-            "last_exit": supervisor.last_exit,
-            "last_exit_at": supervisor.last_exit_at,
-            "last_restart_cause": agent.as_ref().and_then(|a| a.last_restart_cause.clone()),
-            "last_restart_at": agent.as_ref().and_then(|a| a.last_restart_at),
-            "last_restart_downtime_seconds": agent.as_ref().and_then(|a| a.last_restart_downtime_seconds),
-            "last_cause": restarts.last_cause,
-            "crash_loop": restarts.crash_loop,
-            "orphan_postgres_pid": endpoint::orphan_postgres(&ep),
-            "connstr": ep.connstr(),
-            "log": ep.log(),
-        }));
+        let restarts = combine(&supervisor, agent.as_ref().map(|a| &a.restart));
+        endpoints.push(EndpointStatus {
+            name: ep.file.name.clone(),
+            kind: "compute".into(),
+            pid: liveness.pid(),
+            supervisor_pid: liveness.supervisor(),
+            supervised: liveness.supervisor().is_some(),
+            ports: [("pg".to_string(), ep.file.pg_port), ("http".to_string(), ep.file.http_port)].into(),
+            branch: ep.file.branch.clone(),
+            timeline_id: c.branch(&ep.file.branch).map(|b| b.timeline_id),
+            state: liveness.name().to_string(),
+            compute_state: agent.as_ref().map(|a| a.state),
+            compute_error: agent.as_ref().and_then(|a| a.error.clone()),
+            restarts: restarts.total,
+            agent_restarts: restarts.agent,
+            postgres_restarts: restarts.postgres,
+            last_exit: supervisor.last_exit,
+            last_exit_at: supervisor.last_exit_at,
+            last_restart_cause: agent.as_ref().and_then(|a| a.restart.last_restart_cause.clone()),
+            last_restart_at: agent.as_ref().and_then(|a| a.restart.last_restart_at),
+            last_restart_downtime_seconds: agent.as_ref().and_then(|a| a.restart.last_restart_downtime_seconds),
+            last_cause: restarts.last_cause,
+            crash_loop: restarts.crash_loop,
+            orphan_postgres_pid: endpoint::orphan_postgres(&ep),
+            connstr: ep.connstr(),
+            log: ep.log(),
+        });
     }
 
     // One status query per running safekeeper covers every timeline.
-    let mut sk_status = Vec::new();
+    let mut sk_status: Vec<(String, Option<SafekeeperStatus>)> = Vec::new();
     for s in c.of_kind(Kind::Safekeeper) {
         if services::running(wd, s).is_some() {
             let body = http::get(&format!("{}/v1/status", s.http_url()), http::QUICK)
                 .ok()
                 .filter(|r| r.status == 200)
-                .map(|r| r.body);
+                .and_then(|r| r.json().ok());
             sk_status.push((s.name.clone(), body));
         }
     }
@@ -176,43 +178,37 @@ pub fn collect(wd: &Workdir) -> Result<Value> {
     let ps_running = services::running(wd, ps).is_some();
     let mut timelines = Vec::new();
     for b in &c.branches {
-        let (tenant, timeline) = (c.tenant_id.to_string(), b.timeline_id.to_string());
+        let (tenant, timeline) = (c.tenant_id, b.timeline_id);
         let pageserver = if ps_running {
             let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
-            http::get(&url, http::QUICK).ok().filter(|r| r.status == 200).map(|r| r.body)
+            http::get(&url, http::QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok())
         } else {
             None
         };
-        let safekeepers: Vec<Value> = sk_status
+        let safekeepers = sk_status
             .iter()
             .map(|(name, body)| {
-                let tl = body.as_ref().and_then(|b| b.get("timelines")).and_then(|t| t.as_array()).and_then(|all| {
-                    all.iter().find(|t| t["tenant_id"] == tenant.as_str() && t["timeline_id"] == timeline.as_str())
-                });
-                json!({
-                    "name": name,
-                    "flush_lsn": tl.map(|t| t["flush_lsn"].clone()),
-                    "commit_lsn": tl.map(|t| t["commit_lsn"].clone()),
-                    "membership_generation": tl.map(|t| t["membership"]["generation"].clone()),
-                })
+                let tl = body
+                    .as_ref()
+                    .and_then(|b| b.timelines.iter().find(|t| t.tenant_id == tenant && t.timeline_id == timeline));
+                SafekeeperPosition {
+                    name: name.clone(),
+                    flush_lsn: tl.map(|t| t.flush_lsn),
+                    commit_lsn: tl.map(|t| t.commit_lsn),
+                    membership_generation: tl.map(|t| t.membership.generation),
+                }
             })
             .collect();
-        timelines.push(json!({
-            "branch": b.name,
-            "tenant_id": tenant,
-            "timeline_id": timeline,
-            "pageserver": pageserver,
-            "safekeepers": safekeepers,
-        }));
+        timelines.push(BranchStatus {
+            branch: b.name.clone(),
+            tenant_id: tenant,
+            timeline_id: timeline,
+            pageserver,
+            safekeepers,
+        });
     }
 
-    Ok(json!({
-        "workdir": wd.root,
-        "tenant_id": c.tenant_id.to_string(),
-        "services": service_rows,
-        "endpoints": endpoint_rows,
-        "timelines": timelines,
-    }))
+    Ok(ClusterStatus { workdir: wd.root.clone(), tenant_id: c.tenant_id, services, endpoints, timelines })
 }
 
 /// `running`, `restarting`, `stopped`, or `running (<agent state>)` while
@@ -225,9 +221,9 @@ pub fn endpoint_state_text(ep: &Endpoint) -> String {
         },
         Liveness::Restarting { .. } => "restarting".into(),
         Liveness::Running { .. } => match ep.agent_view() {
-            Some(a) if a.state == "running" => "running".into(),
-            Some(a) if a.crash_loop => format!("running ({}, crash loop)", a.state),
-            Some(a) => format!("running ({})", a.state),
+            Some(a) if a.state == AgentState::Running => "running".into(),
+            Some(a) if a.restart.crash_loop => format!("running ({}, crash loop)", a.state.name()),
+            Some(a) => format!("running ({})", a.state.name()),
             None => "running (no answer)".into(),
         },
     }
@@ -270,72 +266,66 @@ pub fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// An optional value, or `-`.
+fn or_dash(v: Option<impl std::fmt::Display>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+/// `name=port` for each listener.
+fn ports(ports: &std::collections::BTreeMap<String, u16>) -> String {
+    ports.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+}
+
+fn megabytes(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
 }
 
 /// Renders the collected status for people.
-fn render(st: &Value) -> String {
-    let mut out = format!("cluster {}  tenant {}\n\n", text(&st["workdir"]), text(&st["tenant_id"]));
-    let arr = |k: &str| st[k].as_array().cloned().unwrap_or_default();
-    let ports = |p: &Value| {
-        p.as_object()
-            .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default()
-    };
-
-    let state = |s: &Value| {
-        if s["crash_loop"] == true {
-            format!("{} (crash loop)", text(&s["state"]))
-        } else {
-            text(&s["state"])
-        }
-    };
-    let rows = arr("services")
+fn render(st: &ClusterStatus) -> String {
+    let mut out = format!("cluster {}  tenant {}\n\n", st.workdir.display(), st.tenant_id);
+    let rows = st
+        .services
         .iter()
         .map(|s| {
+            let state = if s.crash_loop { format!("{} (crash loop)", s.state) } else { s.state.clone() };
             vec![
-                text(&s["name"]),
-                text(&s["kind"]),
-                state(s),
-                text(&s["pid"]),
-                text(&s["restarts"]),
-                ports(&s["ports"]),
-                short(&text(&s["last_exit"])),
+                s.name.clone(),
+                s.kind.clone(),
+                state,
+                or_dash(s.pid),
+                s.restarts.to_string(),
+                ports(&s.ports),
+                short(&or_dash(s.last_exit.as_ref())),
             ]
         })
         .collect();
     out.push_str(&table(&["NAME", "KIND", "STATE", "PID", "RESTARTS", "PORTS", "LAST EXIT"], rows));
 
     out.push('\n');
-    let endpoints = arr("endpoints");
-    if endpoints.is_empty() {
+    if st.endpoints.is_empty() {
         out.push_str("no endpoints\n");
     } else {
-        let rows = endpoints
+        let rows = st
+            .endpoints
             .iter()
             .map(|e| {
-                let mut state = match (&e["state"], &e["compute_state"], &e["orphan_postgres_pid"]) {
-                    (s, Value::String(c), _) if c != "running" => format!("{} ({c})", text(s)),
-                    (s, _, Value::Number(pid)) => format!("{} (PostgreSQL pid {pid} left running)", text(s)),
-                    (s, _, _) => text(s),
+                let mut state = match (e.compute_state, e.orphan_postgres_pid) {
+                    (Some(c), _) if c != AgentState::Running => format!("{} ({})", e.state, c.name()),
+                    (_, Some(pid)) => format!("{} (PostgreSQL pid {pid} left running)", e.state),
+                    _ => e.state.clone(),
                 };
-                if e["crash_loop"] == true {
+                if e.crash_loop {
                     state.push_str(" (crash loop)");
                 }
                 vec![
-                    text(&e["name"]),
-                    text(&e["branch"]),
+                    e.name.clone(),
+                    e.branch.clone(),
                     state,
-                    text(&e["pid"]),
-                    text(&e["restarts"]),
-                    ports(&e["ports"]),
-                    short(&text(&e["last_cause"])),
-                    text(&e["connstr"]),
+                    or_dash(e.pid),
+                    e.restarts.to_string(),
+                    ports(&e.ports),
+                    short(&or_dash(e.last_cause.as_ref())),
+                    e.connstr.clone(),
                 ]
             })
             .collect();
@@ -346,43 +336,37 @@ fn render(st: &Value) -> String {
     }
 
     out.push('\n');
-    let ps_running = arr("services").iter().any(|s| s["kind"] == "pageserver" && s["state"] == "running");
+    let ps_running = st.services.iter().any(|s| s.kind == Kind::Pageserver.as_str() && s.state == "running");
     let mut rows = Vec::new();
-    for t in arr("timelines") {
-        let head = |source: &str| vec![text(&t["branch"]), text(&t["timeline_id"]), source.to_string()];
+    for t in &st.timelines {
+        let head = |source: &str| vec![t.branch.clone(), t.timeline_id.to_string(), source.to_string()];
         let mut row = head("pageserver");
-        match &t["pageserver"] {
-            Value::Null => row.extend(["-".into(), if ps_running { "(no answer)" } else { "(not running)" }.into()]),
-            ps => {
-                row.push(text(&ps["state"]));
+        match &t.pageserver {
+            None => row.extend(["-".into(), if ps_running { "(no answer)" } else { "(not running)" }.into()]),
+            Some(ps) => {
+                row.push(ps.state.to_string());
                 let mut lsns = format!(
-                    "last_record={} disk_consistent={}",
-                    text(&ps["last_record_lsn"]),
-                    text(&ps["disk_consistent_lsn"])
+                    "last_record={} disk_consistent={} gc_cutoff={} layers(L0/L1/image)={}/{}/{} {:.1} MB",
+                    ps.last_record_lsn,
+                    ps.disk_consistent_lsn,
+                    ps.gc_cutoff_lsn,
+                    ps.l0_layers,
+                    ps.l1_layers,
+                    ps.image_layers,
+                    megabytes(ps.layer_bytes)
                 );
-                if ps["layer_bytes"].is_u64() {
-                    lsns.push_str(&format!(
-                        " gc_cutoff={} layers(L0/L1/image)={}/{}/{} {:.1} MB",
-                        text(&ps["gc_cutoff_lsn"]),
-                        text(&ps["l0_layers"]),
-                        text(&ps["l1_layers"]),
-                        text(&ps["image_layers"]),
-                        ps["layer_bytes"].as_u64().unwrap_or(0) as f64 / 1e6
-                    ));
-                }
-                let remote = &ps["remote"];
-                if remote.is_object() {
+                if let Some(remote) = &ps.remote {
                     lsns.push_str(&format!(
                         " local={} {:.1} MB remote={} {:.1} MB remote_consistent={} upload_queue={} {:.1} MB",
-                        text(&ps["local_layers"]),
-                        ps["local_layer_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
-                        text(&remote["remote_layers"]),
-                        remote["remote_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
-                        text(&remote["remote_consistent_lsn"]),
-                        text(&remote["upload_queue_layers"]),
-                        remote["upload_lag_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+                        ps.local_layers,
+                        megabytes(ps.local_layer_bytes),
+                        remote.remote_layers,
+                        megabytes(remote.remote_bytes),
+                        remote.remote_consistent_lsn,
+                        remote.upload_queue_layers,
+                        megabytes(remote.upload_lag_bytes),
                     ));
-                    if let Some(e) = remote["upload_error"].as_str() {
+                    if let Some(e) = &remote.upload_error {
                         lsns.push_str(&format!(" upload_error={}", short(e)));
                     }
                 }
@@ -390,18 +374,19 @@ fn render(st: &Value) -> String {
             }
         }
         rows.push(row);
-        for sk in t["safekeepers"].as_array().cloned().unwrap_or_default() {
-            let mut row = head(&text(&sk["name"]));
-            if sk["flush_lsn"].is_null() {
-                row.extend(["-".into(), "(no such timeline)".into()]);
-            } else {
-                row.push("-".into());
-                let mut lsns = format!("flush={} commit={}", text(&sk["flush_lsn"]), text(&sk["commit_lsn"]));
-                // Shown once the timeline's membership has changed (docs/safekeeper-membership.md).
-                if let Some(g) = sk["membership_generation"].as_u64().filter(|g| *g > 0) {
-                    lsns.push_str(&format!(" membership_generation={g}"));
+        for sk in &t.safekeepers {
+            let mut row = head(&sk.name);
+            match (sk.flush_lsn, sk.commit_lsn) {
+                (Some(flush), Some(commit)) => {
+                    row.push("-".into());
+                    let mut lsns = format!("flush={flush} commit={commit}");
+                    // Shown once the timeline's membership has changed (docs/safekeeper-membership.md).
+                    if let Some(g) = sk.membership_generation.filter(|g| *g > 0) {
+                        lsns.push_str(&format!(" membership_generation={g}"));
+                    }
+                    row.push(lsns);
                 }
-                row.push(lsns);
+                _ => row.extend(["-".into(), "(no such timeline)".into()]),
             }
             rows.push(row);
         }
@@ -414,7 +399,7 @@ fn render(st: &Value) -> String {
 pub fn print(wd: &Workdir, json: bool) -> Result<()> {
     let st = collect(wd)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&st).expect("a JSON value serializes"));
+        println!("{}", serde_json::to_string_pretty(&st).expect("the status serializes"));
     } else {
         print!("{}", render(&st));
     }
@@ -424,6 +409,8 @@ pub fn print(wd: &Workdir, json: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_formats::Lsn;
+    use strata_protocol::{TenantId, TimelineId};
 
     #[test]
     fn table_aligns() {
@@ -449,8 +436,7 @@ mod tests {
             last_exit_at: Some(100),
             crash_loop: false,
         };
-        let agent = AgentView {
-            state: "running".into(),
+        let agent = RestartStatus {
             restarts: 2,
             last_restart_cause: Some("PostgreSQL exited (exit code 1)".into()),
             last_restart_at: Some(200),
@@ -470,16 +456,44 @@ mod tests {
 
     #[test]
     fn renders_stopped_cluster() {
-        let st = json!({
-            "workdir": "/w", "tenant_id": "t",
-            "services": [{"name": "sk1", "kind": "safekeeper", "state": "stopped", "pid": null, "ports": {"http": 1},
-                          "restarts": 0, "last_exit": null, "crash_loop": false},
-                         {"name": "sk2", "kind": "safekeeper", "state": "restarting", "pid": null, "ports": {"http": 2},
-                          "restarts": 6, "last_exit": "signal 9: SIGKILL", "crash_loop": true}],
-            "endpoints": [],
-            "timelines": [{"branch": "main", "timeline_id": "l", "pageserver": null,
-                           "safekeepers": [{"name": "sk1", "flush_lsn": "0/10", "commit_lsn": "0/8"}]}],
-        });
+        let service = |name: &str, state: &str, port: u16, restarts: u64, last_exit: Option<&str>| ServiceStatus {
+            name: name.into(),
+            kind: "safekeeper".into(),
+            pid: None,
+            supervisor_pid: None,
+            supervised: false,
+            ports: [("http".to_string(), port)].into(),
+            state: state.into(),
+            restarts,
+            last_exit: last_exit.map(str::to_string),
+            last_exit_at: None,
+            crash_loop: restarts > 5,
+            config: "/w/sk/safekeeper.toml".into(),
+            log: "/w/sk/log".into(),
+            data_dir: None,
+            remote_storage: None,
+        };
+        let st = ClusterStatus {
+            workdir: "/w".into(),
+            tenant_id: TenantId([1; 16]),
+            services: vec![
+                service("sk1", "stopped", 1, 0, None),
+                service("sk2", "restarting", 2, 6, Some("signal 9: SIGKILL")),
+            ],
+            endpoints: vec![],
+            timelines: vec![BranchStatus {
+                branch: "main".into(),
+                tenant_id: TenantId([1; 16]),
+                timeline_id: TimelineId([2; 16]),
+                pageserver: None,
+                safekeepers: vec![SafekeeperPosition {
+                    name: "sk1".into(),
+                    flush_lsn: Some(Lsn(0x10)),
+                    commit_lsn: Some(Lsn(8)),
+                    membership_generation: None,
+                }],
+            }],
+        };
         let out = render(&st);
         assert!(out.contains("sk1   safekeeper  stopped                  -    0         http=1  -\n"), "{out}");
         assert!(

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use super::error::{failed, Result};
+use strata_protocol::api::pageserver::CheckpointResponse;
+
+use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{Workdir, MAIN_BRANCH};
 
@@ -27,17 +29,18 @@ pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
         b.timeline_id,
         CHECKPOINT_TIMEOUT.as_secs() / 2
     );
-    let reply = match http::post(&url, &serde_json::Value::Null, CHECKPOINT_TIMEOUT) {
+    let reply = match http::post(&url, &(), CHECKPOINT_TIMEOUT) {
         Ok(r) => r,
         Err(e) => return failed(format!("the pageserver did not answer (is the cluster started?): {e}")),
     };
     if reply.status != 200 {
         return failed(format!("checkpoint of branch {name}: {} {}", reply.status, reply.error_text()));
     }
-    let lsn = reply.body.get("uploaded_lsn").and_then(|l| l.as_str()).unwrap_or_default();
-    if lsn.is_empty() {
+    let done: CheckpointResponse =
+        reply.json().map_err(|e| Error::Failed(format!("checkpoint of branch {name}: {e}")))?;
+    let Some(lsn) = done.uploaded_lsn else {
         return failed(format!("checkpoint of branch {name}: no uploaded_lsn in {}", reply.body));
-    }
+    };
     println!("{lsn}");
     Ok(())
 }

@@ -42,9 +42,10 @@ use error::fail;
 pub use error::AgentError;
 
 use crate::proposer::ProposerStatus;
-use pageserver_api::TimelineInfo;
+use pageserver_api::TimelineStatus;
 use restart::RestartTracker;
 use status::{AgentState, AgentStatus, RestartStatus, StartTimings, StatusHandle};
+use strata_protocol::api::pageserver::TimelineState;
 
 /// The only PostgreSQL major version supported.
 const PG_VERSION: u32 = 15;
@@ -153,8 +154,8 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
 }
 
 /// Checks the pageserver's description of the timeline.
-fn check_timeline(info: &TimelineInfo) -> Result<(), String> {
-    if info.state == "broken" {
+fn check_timeline(info: &TimelineStatus) -> Result<(), String> {
+    if info.state == TimelineState::Broken {
         return Err(format!(
             "the pageserver reports the timeline broken: {}",
             info.error.as_deref().unwrap_or("no reason given")
@@ -249,8 +250,8 @@ impl Agent {
                 s.restart.restarts = restarts;
                 s.restart.last_restart_cause = Some(cause.clone());
                 s.restart.last_restart_at = Some(unix_now());
-                s.restart.crash_loop_until = crash_loop_until;
             });
+            self.status.set_crash_loop_until(crash_loop_until);
             warn!(restarts, delay_ms = delay.as_millis() as u64, "{cause}; starting PostgreSQL afresh");
             if crash_loop_until.is_some() {
                 let p = tracker.policy();
@@ -275,26 +276,20 @@ impl Agent {
 mod tests {
     use super::*;
     use strata_formats::Lsn;
+    use strata_protocol::{TenantId, TimelineId};
 
-    fn info() -> TimelineInfo {
-        TimelineInfo {
-            system_id: 1,
-            wal_segment_size: 16 << 20,
-            pg_version: 15,
-            last_record_lsn: Lsn(0x100_0000),
-            state: "active".into(),
-            error: None,
-        }
+    fn info() -> TimelineStatus {
+        TimelineStatus::new(TenantId([1; 16]), TimelineId([2; 16]), 1, 16 << 20, Lsn(0x100_0000))
     }
 
     #[test]
     fn checks_timelines() {
         check_timeline(&info()).unwrap();
-        let broken = TimelineInfo { state: "broken".into(), error: Some("missing layer".into()), ..info() };
+        let broken = TimelineStatus { state: TimelineState::Broken, error: Some("missing layer".into()), ..info() };
         assert!(check_timeline(&broken).unwrap_err().contains("missing layer"));
-        assert!(check_timeline(&TimelineInfo { pg_version: 16, ..info() }).is_err());
-        assert!(check_timeline(&TimelineInfo { wal_segment_size: 3 << 20, ..info() }).is_err());
-        assert!(check_timeline(&TimelineInfo { wal_segment_size: 1 << 19, ..info() }).is_err());
+        assert!(check_timeline(&TimelineStatus { pg_version: 16, ..info() }).is_err());
+        assert!(check_timeline(&TimelineStatus { wal_segment_size: 3 << 20, ..info() }).is_err());
+        assert!(check_timeline(&TimelineStatus { wal_segment_size: 1 << 19, ..info() }).is_err());
     }
 
     #[test]

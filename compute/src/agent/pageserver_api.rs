@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_formats::Lsn;
+use strata_protocol::api::pageserver::LeaseRequest;
+use strata_protocol::api::ErrorBody;
 use strata_protocol::{TenantId, TimelineId};
 
 /// Bound on a JSON request (connect, send, receive the whole answer).
@@ -20,19 +22,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest JSON answer accepted.
 const MAX_JSON_BYTES: u64 = 1 << 20;
 
-/// The pageserver's description of a timeline (fields not listed are ignored).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-pub struct TimelineInfo {
-    pub system_id: u64,
-    pub wal_segment_size: u32,
-    pub pg_version: u32,
-    /// End of the WAL the pageserver has ingested.
-    pub last_record_lsn: Lsn,
-    /// `active`, `broken`, or a state on the way to them.
-    pub state: String,
-    #[serde(default)]
-    pub error: Option<String>,
-}
+/// The pageserver's description of a timeline.
+pub use strata_protocol::api::pageserver::TimelineStatus;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +83,7 @@ impl PageserverClient {
     }
 
     /// `GET /v1/tenant/{tenant}/timeline/{timeline}`.
-    pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<TimelineInfo, ApiError> {
+    pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<TimelineStatus, ApiError> {
         let url = self.timeline_url(tenant, timeline);
         let response = self.json.get(&url).call().map_err(|e| transport_error(&url, e))?;
         let status = response.status().as_u16();
@@ -113,7 +104,7 @@ impl PageserverClient {
     /// compute renews it every minute, `docs/branches.md`).
     pub fn lease(&self, tenant: TenantId, timeline: TimelineId, lsn: Lsn) -> Result<(), ApiError> {
         let url = format!("{}/lease", self.timeline_url(tenant, timeline));
-        let body = serde_json::json!({ "lsn": lsn }).to_string();
+        let body = serde_json::to_string(&LeaseRequest { lsn }).expect("a lease request serializes");
         let response =
             self.json.post(&url).content_type("application/json").send(body).map_err(|e| transport_error(&url, e))?;
         let status = response.status().as_u16();
@@ -158,10 +149,6 @@ fn transport_error(url: &str, e: ureq::Error) -> ApiError {
 
 /// The `error` field of a JSON error body, else the body itself (shortened).
 fn error_message(body: &str) -> String {
-    #[derive(serde::Deserialize)]
-    struct ErrorBody {
-        error: String,
-    }
     match serde_json::from_str::<ErrorBody>(body) {
         Ok(e) => e.error,
         Err(_) => {
@@ -190,7 +177,7 @@ pub async fn timeline_with_retry(
     tenant: TenantId,
     timeline: TimelineId,
     patience: Duration,
-) -> Result<TimelineInfo, ApiError> {
+) -> Result<TimelineStatus, ApiError> {
     let deadline = Instant::now() + patience;
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -212,21 +199,29 @@ pub async fn timeline_with_retry(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_protocol::api::pageserver::TimelineState;
 
     #[test]
-    fn parses_timeline_info() {
-        let text = r#"{"system_id": 7412345678901234567, "wal_segment_size": 16777216, "pg_version": 15,
-            "last_record_lsn": "0/16B3748", "state": "active", "error": null, "ancestor": null}"#;
-        let info: TimelineInfo = serde_json::from_str(text).unwrap();
+    fn parses_timeline_status() {
+        let mut status =
+            TimelineStatus::new(TenantId([1; 16]), TimelineId([2; 16]), 7412345678901234567, 16 << 20, Lsn(0x16B3748));
+        let mut text = serde_json::to_value(&status).unwrap();
+        assert_eq!(text["last_record_lsn"], "0/16B3748");
+        assert_eq!(text["state"], "active");
+        // A newer pageserver's answer, with a field this build does not know.
+        text["ancestor"] = serde_json::Value::Null;
+        let info: TimelineStatus = serde_json::from_value(text).unwrap();
         assert_eq!(info.system_id, 7412345678901234567);
         assert_eq!(info.last_record_lsn, Lsn(0x16B3748));
-        assert_eq!(info.state, "active");
+        assert_eq!(info.state, TimelineState::Active);
         assert_eq!(info.error, None);
-        let broken = r#"{"system_id": 1, "wal_segment_size": 16777216, "pg_version": 15,
-            "last_record_lsn": "1/0", "state": "broken", "error": "layer file missing"}"#;
-        let info: TimelineInfo = serde_json::from_str(broken).unwrap();
+        status.state = TimelineState::Broken;
+        status.error = Some("layer file missing".into());
+        let broken = serde_json::to_string(&status).unwrap();
+        assert!(broken.contains(r#""state":"broken""#), "{broken}");
+        let info: TimelineStatus = serde_json::from_str(&broken).unwrap();
         assert_eq!(info.error.as_deref(), Some("layer file missing"));
-        assert!(serde_json::from_str::<TimelineInfo>(r#"{"system_id": 1}"#).is_err());
+        assert!(serde_json::from_str::<TimelineStatus>(r#"{"system_id": 1}"#).is_err());
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::{
 };
 use crate::pg_replication::ReplicationConfig;
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
+use strata_protocol::api::pageserver::TimelineState;
 
 /// How a start ended before PostgreSQL ran with its proposer.
 enum StartEnd {
@@ -251,7 +252,7 @@ impl Agent {
             let last = match answer {
                 Ok(info) => {
                     check_timeline(&info).map_err(|e| fail("waiting for the pageserver", e))?;
-                    if info.state == "active" && info.last_record_lsn >= lsn {
+                    if info.state == TimelineState::Active && info.last_record_lsn >= lsn {
                         return Ok(());
                     }
                     format!("{} at {}", info.state, info.last_record_lsn)

@@ -3,7 +3,6 @@
 //! of the last start and the restarts of PostgreSQL.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -11,164 +10,14 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
-use strata_formats::Lsn;
 use strata_service::ListenerMetrics;
 use tokio::sync::watch;
 
+pub use strata_protocol::api::compute::{
+    AgentState, AgentStatus, ComputeStatus, LazyStatus, RestartStatus, StartTimings,
+};
+
 use crate::proposer::ProposerStatus;
-
-/// Where the agent is in a compute's life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentState {
-    /// Looking up the timeline and bringing the safekeepers to the end of its WAL.
-    Syncing,
-    /// Waiting for the pageserver to ingest the WAL up to that end.
-    WaitingForPageserver,
-    /// Downloading and unpacking the basebackup, writing the configuration.
-    Restoring,
-    /// PostgreSQL is starting; the proposer is connecting.
-    Starting,
-    /// PostgreSQL accepts connections and its WAL streams to the safekeepers.
-    Running,
-    /// PostgreSQL or the proposer failed after `running`: waiting to start
-    /// afresh, or starting afresh (all phases again).
-    Restarting,
-    /// Shutting down: PostgreSQL's last WAL is being made durable.
-    Stopping,
-    /// The first start failed (`error` says why); the agent exits.
-    Failed,
-}
-
-impl AgentState {
-    /// All states, in order.
-    pub const ALL: [AgentState; 8] = [
-        AgentState::Syncing,
-        AgentState::WaitingForPageserver,
-        AgentState::Restoring,
-        AgentState::Starting,
-        AgentState::Running,
-        AgentState::Restarting,
-        AgentState::Stopping,
-        AgentState::Failed,
-    ];
-
-    /// The name used in JSON and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            AgentState::Syncing => "syncing",
-            AgentState::WaitingForPageserver => "waiting_for_pageserver",
-            AgentState::Restoring => "restoring",
-            AgentState::Starting => "starting",
-            AgentState::Running => "running",
-            AgentState::Restarting => "restarting",
-            AgentState::Stopping => "stopping",
-            AgentState::Failed => "failed",
-        }
-    }
-}
-
-/// Durations (seconds) and sizes of the phases of the last start; zero
-/// until a phase has completed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct StartTimings {
-    /// Asking the pageserver for the timeline (including retries).
-    pub timeline_lookup_seconds: f64,
-    /// sync-safekeepers: election and catch-up of a quorum.
-    pub sync_seconds: f64,
-    /// Until the pageserver had ingested the WAL up to the start LSN.
-    pub wait_seconds: f64,
-    /// Downloading and unpacking the basebackup (streamed, so together).
-    pub basebackup_seconds: f64,
-    pub basebackup_bytes: u64,
-    pub basebackup_files: u64,
-    /// Writing the configuration and setting ownership.
-    pub config_seconds: f64,
-    /// A lazy compute: reading the manifest, creating the backing files
-    /// and mounting `base/` and `global/` (0 when eager).
-    pub mount_seconds: f64,
-    /// From starting `postgres` until it accepted connections.
-    pub postgres_start_seconds: f64,
-    /// Until the proposer streamed PostgreSQL's WAL (state `running`).
-    pub proposer_start_seconds: f64,
-    /// From the agent's start to `running`.
-    pub total_seconds: f64,
-}
-
-/// PostgreSQL's restarts by this agent process.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct RestartStatus {
-    /// Fresh starts after a failure (each attempt counts).
-    pub restarts: u64,
-    /// What led to the last one: PostgreSQL's exit, the proposer's error,
-    /// or a failed restart attempt.
-    pub last_restart_cause: Option<String>,
-    /// When the last one was decided (Unix seconds).
-    pub last_restart_at: Option<u64>,
-    /// From detecting the failure to `running` again, for the last restart
-    /// that got there.
-    pub last_restart_downtime_seconds: Option<f64>,
-    /// The recent restarts are a crash loop (see `AgentConfig::restart`).
-    pub crash_loop: bool,
-    /// Until when they are; `crash_loop` is derived from it when read.
-    #[serde(skip)]
-    pub crash_loop_until: Option<Instant>,
-}
-
-impl RestartStatus {
-    /// `crash_loop` as of `now`.
-    fn refresh(&mut self, now: Instant) {
-        self.crash_loop = self.crash_loop_until.is_some_and(|until| now < until);
-    }
-}
-
-/// Everything `/v1/status` reports except the proposer's part.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct AgentStatus {
-    pub state: AgentState,
-    pub pg_port: u16,
-    pub pgdata: PathBuf,
-    /// PostgreSQL's log file.
-    pub pg_log: PathBuf,
-    pub tenant_id: String,
-    pub timeline_id: String,
-    /// The LSN the compute started at (the end of the timeline's WAL), once known.
-    pub start_lsn: Option<Lsn>,
-    /// Why the first start failed (`failed`), or what the agent is
-    /// recovering from (`restarting`); null otherwise.
-    pub error: Option<String>,
-    pub timings: StartTimings,
-    #[serde(flatten)]
-    pub restart: RestartStatus,
-    /// A lazy compute's file system (`docs/lazy-compute.md`); null when eager.
-    pub lazy: Option<LazyStatus>,
-}
-
-/// What a lazy compute's file system did, over every run of PostgreSQL.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct LazyStatus {
-    /// Blocks fetched from the pageserver.
-    pub blocks_fetched: u64,
-    /// Of those, blocks a large sequential read fetched for the first time
-    /// and did not keep in the cache.
-    pub blocks_streamed: u64,
-    /// Fetches that failed (each an I/O error to PostgreSQL).
-    pub fetch_errors: u64,
-    /// Blocks the cache dropped from local disk.
-    pub cache_evictions: u64,
-    /// Blocks the cache holds that it may drop (an upper bound).
-    pub cache_blocks: u64,
-    /// The most blocks it holds before dropping some.
-    pub cache_budget_blocks: u64,
-}
-
-/// The JSON document of `/v1/status`.
-#[derive(serde::Serialize)]
-struct StatusDocument<'a> {
-    #[serde(flatten)]
-    agent: &'a AgentStatus,
-    proposer: ProposerStatus,
-}
 
 /// Shared handle on the agent's status; cheap to clone.
 #[derive(Clone)]
@@ -179,6 +28,9 @@ pub struct StatusHandle {
     listeners: ListenerMetrics,
     /// A lazy compute's file system counters.
     lazy: Option<Arc<crate::lazy::fs::LazyStats>>,
+    /// Until when the recent restarts are a crash loop; `crash_loop` is
+    /// derived from it when the status is read.
+    crash_loop_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl StatusHandle {
@@ -189,6 +41,7 @@ impl StatusHandle {
             proposer,
             listeners: ListenerMetrics::default(),
             lazy: None,
+            crash_loop_until: Arc::default(),
         }
     }
 
@@ -204,6 +57,11 @@ impl StatusHandle {
         f(&mut guard);
     }
 
+    /// Until when the recent restarts are a crash loop (`None`: they are not).
+    pub fn set_crash_loop_until(&self, until: Option<Instant>) {
+        *self.crash_loop_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
     /// Sets the state.
     pub fn set_state(&self, state: AgentState) {
         self.update(|s| s.state = state);
@@ -212,7 +70,8 @@ impl StatusHandle {
     /// A copy of the agent's part, as of now.
     pub fn agent(&self) -> AgentStatus {
         let mut copy = self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        copy.restart.refresh(Instant::now());
+        let until = *self.crash_loop_until.lock().unwrap_or_else(|e| e.into_inner());
+        copy.restart.crash_loop = until.is_some_and(|until| Instant::now() < until);
         copy.lazy = self.lazy.as_ref().map(|l| LazyStatus {
             blocks_fetched: l.blocks_fetched.load(std::sync::atomic::Ordering::Relaxed),
             blocks_streamed: l.blocks_streamed.load(std::sync::atomic::Ordering::Relaxed),
@@ -232,8 +91,7 @@ impl StatusHandle {
     /// The `/v1/status` document.
     pub fn to_json(&self) -> serde_json::Value {
         let agent = self.agent();
-        serde_json::to_value(StatusDocument { agent: &agent, proposer: self.proposer() })
-            .expect("the status serializes")
+        serde_json::to_value(ComputeStatus { agent, proposer: self.proposer() }).expect("the status serializes")
     }
 }
 
@@ -409,6 +267,8 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+    use strata_formats::Lsn;
 
     fn status() -> AgentStatus {
         AgentStatus {
@@ -491,9 +351,9 @@ mod tests {
                 last_restart_at: Some(1_700_000_000),
                 last_restart_downtime_seconds: Some(1.25),
                 crash_loop: false,
-                crash_loop_until: Some(now + std::time::Duration::from_secs(60)),
             };
         });
+        handle.set_crash_loop_until(Some(now + std::time::Duration::from_secs(60)));
         let v = handle.to_json();
         assert_eq!(v["state"], "restarting");
         assert_eq!(v["restarts"], 5);
@@ -508,7 +368,7 @@ mod tests {
         assert!(text.contains("strata_compute_state{state=\"restarting\"} 1"), "{text}");
 
         // A crash loop ends once its restarts leave the window.
-        handle.update(|s| s.restart.crash_loop_until = Some(now));
+        handle.set_crash_loop_until(Some(now));
         assert_eq!(handle.to_json()["crash_loop"], false);
         let text = render_metrics(&handle.agent(), &ProposerStatus::default());
         assert!(text.contains("strata_compute_crash_loop 0"), "{text}");

@@ -29,6 +29,8 @@ use tracing::{info, warn};
 use super::index::{index_key, layer_key, newest_index, timeline_prefix, IndexLayer, RemoteIndex};
 use super::{DeletionBatch, Remote};
 use crate::layer::layer_file::{Fetch, LayerName};
+pub use strata_protocol::api::pageserver::UploadStatus;
+
 use crate::timeline::TimelineMetadata;
 
 /// The loop looks at the metadata at least this often without being woken.
@@ -36,24 +38,6 @@ const SYNC_PERIOD: Duration = Duration::from_secs(10);
 /// Backoff between failed rounds: from 100 ms, doubling, up to 30 s, forever.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(30);
-
-/// What the remote side of a timeline looks like now (status pages).
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct UploadStatus {
-    pub generation: u32,
-    /// `disk_consistent_lsn` of the newest index in remote storage.
-    pub remote_consistent_lsn: Lsn,
-    /// Layers the newest remote index lists, and their bytes.
-    pub remote_layers: usize,
-    pub remote_bytes: u64,
-    /// Local layer files not yet uploaded, and their bytes.
-    pub upload_queue_layers: usize,
-    pub upload_lag_bytes: u64,
-    /// Whether the lag passes `max_upload_lag_bytes`, so that ingest is slowed.
-    pub backpressure: bool,
-    /// Why the last round failed, while it is being retried.
-    pub upload_error: Option<String>,
-}
 
 #[derive(Default)]
 struct SyncState {

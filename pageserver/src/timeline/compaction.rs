@@ -26,6 +26,7 @@ use crate::layer::layer_file::{LayerFile, LayerFileWriter, LayerKind, LayerName,
 use crate::layer::map::is_l0;
 use crate::layer::LayerError;
 use crate::value::Value;
+use strata_protocol::api::pageserver::CompactionOutcome;
 
 /// Most L0 deltas one compaction merges (bounds its duration; the rest wait for the next).
 const MAX_L0_PER_COMPACTION: usize = 64;
@@ -43,21 +44,6 @@ pub enum CompactionError {
     Read(#[from] ReadError),
     #[error("stopped: the pageserver is shutting down")]
     Cancelled,
-}
-
-/// What one round did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CompactionOutcome {
-    pub l0_compacted: usize,
-    pub l1_written: usize,
-    /// Stored bytes of the L0s read.
-    pub bytes_read: u64,
-    /// Bytes of the L1 files written.
-    pub bytes_written: u64,
-    pub images_written: usize,
-    pub image_bytes_written: u64,
-    /// The LSN of the images written, if any.
-    pub image_lsn: Option<Lsn>,
 }
 
 /// Limits the bytes compaction and image creation read per second, so

@@ -18,6 +18,7 @@ use tracing::info;
 use super::compaction::CompactionError;
 use super::{ReadError, Timeline};
 use crate::layer::layer_file::{LayerKind, LayerName};
+use strata_protocol::api::pageserver::GcOutcome;
 
 /// How much history a timeline keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,21 +33,6 @@ impl Default for GcPolicy {
     fn default() -> GcPolicy {
         GcPolicy { pitr_interval: Duration::from_secs(7 * 24 * 3600), gc_horizon: 64 << 20 }
     }
-}
-
-/// What one GC did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct GcOutcome {
-    /// The cutoff now in force.
-    pub cutoff: Lsn,
-    /// The newest image at or below the cutoff: every read at or above the
-    /// cutoff finds each key there or above.
-    pub image_lsn: Option<Lsn>,
-    /// Branch points below the cutoff, still readable: the layers their
-    /// reads visit were kept.
-    pub retained_points: Vec<Lsn>,
-    pub layers_removed: usize,
-    pub bytes_removed: u64,
 }
 
 impl Timeline {

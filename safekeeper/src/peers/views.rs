@@ -5,31 +5,13 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_formats::Lsn;
 use strata_protocol::{NodeId, TenantId, TimelineId};
 
 use crate::config::Peer;
+pub use strata_protocol::api::safekeeper::TimelinePositions;
 
 /// A peer that has not answered for this long is taken for dead.
 pub const LIVE_FOR: Duration = Duration::from_secs(10);
-
-/// One timeline's positions as a safekeeper reports them to its peers.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TimelinePositions {
-    pub tenant_id: TenantId,
-    pub timeline_id: TimelineId,
-    pub flush_lsn: Lsn,
-    pub commit_lsn: Lsn,
-    /// End of the WAL this safekeeper knows to be in object storage.
-    pub offloaded_lsn: Lsn,
-    /// The highest `remote_consistent_lsn` the pageserver reported to it
-    /// (the pageserver streams from one safekeeper; the others learn it here).
-    #[serde(default)]
-    pub remote_consistent_lsn: Lsn,
-    /// Where its local WAL begins (it removed what lies before).
-    #[serde(default)]
-    pub removed_before: Lsn,
-}
 
 /// The last answer of one peer.
 struct PeerView {

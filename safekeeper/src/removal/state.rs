@@ -5,9 +5,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use strata_formats::Lsn;
+use strata_protocol::api::safekeeper::RemovalStatus;
 
 /// A timeline's removal, for the status.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct RemovalState {
     /// The WAL held begins here.
     pub removed_before: Lsn,
@@ -19,6 +20,19 @@ pub struct RemovalState {
     pub local_wal_bytes: u64,
     /// Segments removed since the safekeeper started.
     pub segments_removed: u64,
+}
+
+impl RemovalState {
+    /// What the status shows of it.
+    pub fn status(&self) -> RemovalStatus {
+        RemovalStatus {
+            removed_before: self.removed_before,
+            horizon: self.horizon,
+            held_back_by: self.held_back_by.to_string(),
+            local_wal_bytes: self.local_wal_bytes,
+            segments_removed: self.segments_removed,
+        }
+    }
 }
 
 /// The highest `remote_consistent_lsn` a consumer reported for a timeline.

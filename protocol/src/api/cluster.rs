@@ -1,0 +1,122 @@
+//! `strata status --json`: a local or multi-host cluster's services,
+//! endpoints and timelines, as the CLI reports them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use strata_formats::Lsn;
+
+use super::compute::AgentState;
+use super::pageserver::TimelineStatus;
+use crate::{TenantId, TimelineId};
+
+/// The whole document.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ClusterStatus {
+    /// The cluster's directory.
+    pub workdir: PathBuf,
+    pub tenant_id: TenantId,
+    pub services: Vec<ServiceStatus>,
+    pub endpoints: Vec<EndpointStatus>,
+    /// One entry per branch.
+    pub timelines: Vec<BranchStatus>,
+}
+
+/// A safekeeper or pageserver process and its supervisor.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ServiceStatus {
+    pub name: String,
+    /// `safekeeper` or `pageserver`.
+    pub kind: String,
+    pub pid: Option<i32>,
+    pub supervisor_pid: Option<i32>,
+    pub supervised: bool,
+    /// Port of each of its listeners, by name.
+    pub ports: BTreeMap<String, u16>,
+    /// `running`, `restarting` or `stopped`.
+    pub state: String,
+    /// Restarts by its supervisor.
+    pub restarts: u64,
+    pub last_exit: Option<String>,
+    /// Unix seconds.
+    pub last_exit_at: Option<u64>,
+    pub crash_loop: bool,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    pub data_dir: Option<PathBuf>,
+    /// Where it keeps objects (a path or URL), if anywhere.
+    pub remote_storage: Option<String>,
+}
+
+/// A compute: PostgreSQL with its agent, under a supervisor.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct EndpointStatus {
+    pub name: String,
+    /// Always `compute`.
+    pub kind: String,
+    pub pid: Option<i32>,
+    pub supervisor_pid: Option<i32>,
+    pub supervised: bool,
+    /// `pg` and `http`.
+    pub ports: BTreeMap<String, u16>,
+    pub branch: String,
+    pub timeline_id: Option<TimelineId>,
+    /// The agent process: `running`, `restarting` or `stopped`.
+    pub state: String,
+    /// What the agent reports, while it answers.
+    pub compute_state: Option<AgentState>,
+    pub compute_error: Option<String>,
+    /// The agent's restarts by its supervisor plus PostgreSQL's by the agent.
+    pub restarts: u64,
+    pub agent_restarts: u64,
+    pub postgres_restarts: u64,
+    pub last_exit: Option<String>,
+    pub last_exit_at: Option<u64>,
+    pub last_restart_cause: Option<String>,
+    pub last_restart_at: Option<u64>,
+    pub last_restart_downtime_seconds: Option<f64>,
+    /// The latest cause of either kind of restart.
+    pub last_cause: Option<String>,
+    pub crash_loop: bool,
+    /// A PostgreSQL left running by an agent that is gone.
+    pub orphan_postgres_pid: Option<i32>,
+    pub connstr: String,
+    pub log: PathBuf,
+}
+
+/// A branch's timeline as the pageserver and each running safekeeper see it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct BranchStatus {
+    pub branch: String,
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    /// The pageserver's answer (none when it is not running or did not answer).
+    pub pageserver: Option<TimelineStatus>,
+    pub safekeepers: Vec<SafekeeperPosition>,
+}
+
+/// One running safekeeper's positions of a timeline (none: it does not hold it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SafekeeperPosition {
+    pub name: String,
+    pub flush_lsn: Option<Lsn>,
+    pub commit_lsn: Option<Lsn>,
+    pub membership_generation: Option<u32>,
+}
+
+/// One branch as `strata branch list --json` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BranchInfo {
+    pub name: String,
+    pub timeline_id: TimelineId,
+    /// The branch it was made from (none for `main`).
+    pub parent: Option<String>,
+    /// Where on the parent it begins.
+    pub ancestor_lsn: Option<Lsn>,
+    /// The pageserver's newest LSN of it, while it answers.
+    pub last_record_lsn: Option<Lsn>,
+    /// Bytes of its relations at that LSN, while the pageserver answers.
+    pub logical_size: Option<u64>,
+    /// Endpoints on it.
+    pub endpoints: Vec<String>,
+}

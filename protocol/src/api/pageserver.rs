@@ -1,0 +1,375 @@
+//! The pageserver's HTTP API (`docs/openapi/pageserver.yaml`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use strata_formats::Lsn;
+
+use crate::{NodeId, TenantId, TimelineId};
+
+/// `GET /v1/status`: the pageserver and every timeline it holds.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PageserverStatus {
+    pub id: NodeId,
+    pub listen_pg: SocketAddr,
+    pub listen_http: SocketAddr,
+    pub safekeepers: Vec<String>,
+    pub data_dir: PathBuf,
+    /// Where layers are uploaded (a path or URL), if anywhere.
+    pub remote_storage: Option<String>,
+    pub timelines: Vec<TimelineStatus>,
+}
+
+/// A timeline as `GET /v1/tenant/{tenant}/timeline/{timeline}` describes it
+/// (and as creating, branching and checkpointing answer).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct TimelineStatus {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    pub ancestor_timeline_id: Option<TimelineId>,
+    pub ancestor_lsn: Option<Lsn>,
+    pub pg_version: u32,
+    pub system_id: u64,
+    pub wal_segment_size: u32,
+    /// Where the timeline's WAL begins (the bootstrap or branch point).
+    pub start_lsn: Lsn,
+    /// End of the WAL ingested.
+    pub last_record_lsn: Lsn,
+    pub prev_record_lsn: Lsn,
+    /// Every version up to here is in layer files on local disk, fsynced.
+    pub disk_consistent_lsn: Lsn,
+    /// Reads below this are refused: GC may have removed their versions.
+    pub gc_cutoff_lsn: Lsn,
+    /// LSNs GC keeps readable whatever the cutoff (branch points).
+    pub retain_lsns: Vec<Lsn>,
+    pub leases: Vec<Lease>,
+    /// The safekeeper the WAL streams from, while connected.
+    pub wal_source: Option<String>,
+    pub safekeeper_commit_lsn: Lsn,
+    pub wal_source_error: Option<String>,
+    pub memory_layers: usize,
+    pub delta_layers: usize,
+    pub l0_layers: usize,
+    pub l1_layers: usize,
+    pub image_layers: usize,
+    /// Bytes of every layer file, local or not.
+    pub layer_bytes: u64,
+    /// Ingest is slowed: L0 deltas wait for compaction.
+    pub backpressure: bool,
+    /// Ingest is slowed: uploads lag more than `max_upload_lag_bytes`.
+    pub upload_backpressure: bool,
+    pub local_layers: usize,
+    pub local_layer_bytes: u64,
+    /// The object storage side (none without object storage).
+    pub remote: Option<UploadStatus>,
+    pub remote_consistent_lsn: Option<Lsn>,
+    pub state: TimelineState,
+    /// Why it is broken (`broken.reason`).
+    pub error: Option<String>,
+    pub broken: Option<Broken>,
+    /// Native redo checked against PostgreSQL's images (`verify_redo`).
+    pub verify_redo: Option<RedoCheck>,
+    /// Bytes of every relation at the newest LSN, when asked for
+    /// (`?logical_size=true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_size: Option<u64>,
+}
+
+impl TimelineStatus {
+    /// A timeline as it is created: active, nothing ingested past its
+    /// start, no layer files, no object storage (what a stand-in server
+    /// answers; fields are set from there).
+    pub fn new(
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        system_id: u64,
+        wal_segment_size: u32,
+        start_lsn: Lsn,
+    ) -> TimelineStatus {
+        TimelineStatus {
+            tenant_id,
+            timeline_id,
+            ancestor_timeline_id: None,
+            ancestor_lsn: None,
+            pg_version: 15,
+            system_id,
+            wal_segment_size,
+            start_lsn,
+            last_record_lsn: start_lsn,
+            prev_record_lsn: Lsn::INVALID,
+            disk_consistent_lsn: start_lsn,
+            gc_cutoff_lsn: Lsn::INVALID,
+            retain_lsns: Vec::new(),
+            leases: Vec::new(),
+            wal_source: None,
+            safekeeper_commit_lsn: Lsn::INVALID,
+            wal_source_error: None,
+            memory_layers: 1,
+            delta_layers: 0,
+            l0_layers: 0,
+            l1_layers: 0,
+            image_layers: 0,
+            layer_bytes: 0,
+            backpressure: false,
+            upload_backpressure: false,
+            local_layers: 0,
+            local_layer_bytes: 0,
+            remote: None,
+            remote_consistent_lsn: None,
+            state: TimelineState::Active,
+            error: None,
+            broken: None,
+            verify_redo: None,
+            logical_size: None,
+        }
+    }
+}
+
+/// Whether a timeline serves reads and ingests WAL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimelineState {
+    Active,
+    /// Stopped by an error (`broken` says which and why).
+    Broken,
+}
+
+impl std::fmt::Display for TimelineState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TimelineState::Active => "active",
+            TimelineState::Broken => "broken",
+        })
+    }
+}
+
+/// A lease: an LSN kept readable (`POST …/lease`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Lease {
+    pub lsn: Lsn,
+    pub seconds_left: u64,
+}
+
+/// Why a timeline is broken.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Broken {
+    pub kind: BrokenKind,
+    pub reason: String,
+    /// Unix seconds.
+    pub since: u64,
+    /// Re-reads from disk tried since (for the kinds that are re-read), all failed.
+    pub reload_attempts: u32,
+    /// Why the last of them failed.
+    pub last_reload_error: Option<String>,
+}
+
+/// Why a timeline stopped, and whether re-reading it from disk may help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BrokenKind {
+    /// A write, fsync or rename of its files failed: what is in memory may
+    /// not be on disk. Re-read from disk (automatically, with backoff).
+    Storage,
+    /// Its code panicked: its memory may be inconsistent. Re-read from disk.
+    Panic,
+    /// The WAL could not be ingested (a record without image or native
+    /// redo, a decoding error): re-reading would stop at the same record.
+    Ingest,
+    /// Its files on disk are missing, damaged or unexpected: an operator decides.
+    Files,
+}
+
+impl BrokenKind {
+    /// Whether the timeline is re-read from disk automatically.
+    pub fn reloads(self) -> bool {
+        matches!(self, BrokenKind::Storage | BrokenKind::Panic)
+    }
+}
+
+/// Results of checking native redo against PostgreSQL's images.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct RedoCheck {
+    pub verified: u64,
+    pub mismatches: u64,
+    /// The last mismatch: record, LSN, block and first differing byte.
+    pub last_mismatch: Option<String>,
+}
+
+/// What the remote side of a timeline looks like now.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct UploadStatus {
+    pub generation: u32,
+    /// `disk_consistent_lsn` of the newest index in remote storage.
+    pub remote_consistent_lsn: Lsn,
+    /// Layers the newest remote index lists, and their bytes.
+    pub remote_layers: usize,
+    pub remote_bytes: u64,
+    /// Local layer files not yet uploaded, and their bytes.
+    pub upload_queue_layers: usize,
+    pub upload_lag_bytes: u64,
+    /// Whether the lag passes `max_upload_lag_bytes`, so that ingest is slowed.
+    pub backpressure: bool,
+    /// Why the last round failed, while it is being retried.
+    pub upload_error: Option<String>,
+}
+
+/// What one compaction round did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CompactionOutcome {
+    pub l0_compacted: usize,
+    pub l1_written: usize,
+    /// Stored bytes of the L0s read.
+    pub bytes_read: u64,
+    /// Bytes of the L1 files written.
+    pub bytes_written: u64,
+    pub images_written: usize,
+    pub image_bytes_written: u64,
+    /// The LSN of the images written, if any.
+    pub image_lsn: Option<Lsn>,
+}
+
+/// What one GC did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GcOutcome {
+    /// The cutoff now in force.
+    pub cutoff: Lsn,
+    /// The newest image at or below the cutoff: every read at or above the
+    /// cutoff finds each key there or above.
+    pub image_lsn: Option<Lsn>,
+    /// Branch points below the cutoff, still readable: the layers their
+    /// reads visit were kept.
+    pub retained_points: Vec<Lsn>,
+    pub layers_removed: usize,
+    pub bytes_removed: u64,
+}
+
+/// `POST /v1/tenant`: bootstrap a tenant from `initdb` (ids generated if absent).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenantRequest {
+    pub tenant_id: Option<TenantId>,
+    pub timeline_id: Option<TimelineId>,
+}
+
+/// `POST /v1/tenant/{tenant}/timeline`: a branch (`docs/branches.md`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBranchRequest {
+    /// The new timeline's id (generated if absent).
+    pub timeline_id: Option<TimelineId>,
+    pub ancestor_timeline_id: TimelineId,
+    /// The branch point; at most one of `ancestor_lsn` and `ancestor_time`
+    /// (neither: the parent's newest record).
+    pub ancestor_lsn: Option<Lsn>,
+    /// RFC 3339, e.g. `2026-11-24T14:03:05.123456+00:00`.
+    pub ancestor_time: Option<String>,
+}
+
+/// `GET …/{timeline}?logical_size=true`.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusQuery {
+    /// Also sum the sizes of every relation at the newest LSN (reads every
+    /// database's relation directory: not for frequent polling).
+    #[serde(default)]
+    pub logical_size: bool,
+}
+
+/// `DELETE …/{timeline}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeleteTimelineResponse {
+    pub deleted: TimelineId,
+}
+
+/// `GET …/basebackup`: a tar of the data directory at an LSN.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasebackupQuery {
+    /// The end of the ingested WAL if absent.
+    pub lsn: Option<Lsn>,
+    /// With every relation's pages.
+    #[serde(default)]
+    pub full: bool,
+    /// For a read-only compute: any LSN of the timeline, not only the end
+    /// of its WAL (`docs/branches.md`, "Computes").
+    #[serde(default)]
+    pub read_only: bool,
+    /// No relation data, and the manifest of the relation forks a lazy
+    /// compute reads (`docs/lazy-compute.md`).
+    #[serde(default)]
+    pub lazy: bool,
+}
+
+/// `POST …/lease`: keep `lsn` readable for a while.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    pub lsn: Lsn,
+}
+
+/// The answer to a lease.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseResponse {
+    pub lsn: Lsn,
+    pub valid_for_seconds: u64,
+}
+
+/// `GET …/lsn_by_time?time=…`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeQuery {
+    /// RFC 3339.
+    pub time: String,
+}
+
+/// The LSN of a point in time.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LsnResponse {
+    pub lsn: Lsn,
+}
+
+/// `POST …/checkpoint`: flush now, and optionally compact, collect
+/// garbage and wait for the upload.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointQuery {
+    #[serde(default)]
+    pub compact: bool,
+    #[serde(default)]
+    pub gc: bool,
+    /// Seconds to wait for the remote index to cover the checkpoint (0: not at all).
+    #[serde(default)]
+    pub upload_timeout: u64,
+}
+
+/// The answer to a checkpoint: the timeline after it, and what was asked for.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct CheckpointResponse {
+    #[serde(flatten)]
+    pub timeline: TimelineStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<GcOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploaded_lsn: Option<Lsn>,
+}
+
+/// `POST …/evict`: every layer file the remote index holds leaves local disk.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EvictResponse {
+    pub evicted_layers: usize,
+    pub evicted_bytes: u64,
+}
+
+/// `GET …/page`: one page, for debugging and tests.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// `spc/db/rel`.
+    pub rel: String,
+    #[serde(default)]
+    pub fork: u8,
+    pub block: u32,
+    pub lsn: Option<Lsn>,
+}
