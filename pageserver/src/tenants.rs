@@ -583,7 +583,8 @@ impl Tenants {
         self.timelines.write().remove(&(tenant, timeline));
         let meta = entry.tl.metadata();
         if let Some(r) = entry.tl.remote() {
-            r.stop();
+            // An index uploaded after the listing below would outlive the deletion.
+            r.stop_and_wait();
         }
         if let Some(remote) = &self.remote {
             let n = crate::remote::delete_timeline_objects(remote, tenant, timeline)

@@ -31,19 +31,28 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
-/// The highest commit LSN the running safekeepers report for `timeline`
-/// (the parent's newest commit), if any runs.
-fn newest_commit(wd: &Workdir, timeline: TimelineId) -> Option<Lsn> {
-    let tenant = wd.cluster.tenant_id;
-    wd.cluster
-        .of_kind(Kind::Safekeeper)
-        .filter(|s| services::running(wd, s).is_some())
-        .filter_map(|s| {
+/// The branch's newest commit, if anything running knows it: the highest
+/// commit LSN of the WAL proposers of its running endpoints and of the
+/// running safekeepers. The proposer's comes first: a commit is
+/// acknowledged to its client once the proposer's commit LSN passes it,
+/// and the safekeepers learn that LSN a moment later (with the next append,
+/// or after the proposer's commit update delay), so a branch made right
+/// after a commit would otherwise begin before it.
+fn newest_commit(wd: &Workdir, branch: &Branch) -> Result<Option<Lsn>> {
+    let (tenant, timeline) = (wd.cluster.tenant_id, branch.timeline_id);
+    let from_safekeepers =
+        wd.cluster.of_kind(Kind::Safekeeper).filter(|s| services::running(wd, s).is_some()).filter_map(|s| {
             let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
             let r = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200)?;
             r.json::<safekeeper::TimelineStatus>().ok().map(|t| t.commit_lsn)
-        })
-        .max()
+        });
+    let from_proposers = endpoint::load_all(wd)?
+        .into_iter()
+        .filter(|ep| ep.file.branch == branch.name)
+        .filter_map(|ep| ep.compute_status())
+        .map(|s| s.proposer.commit_lsn)
+        .filter(|lsn| *lsn != Lsn::INVALID);
+    Ok(from_safekeepers.chain(from_proposers).max())
 }
 
 /// `strata branch create NAME [--from PARENT] [--at LSN | --at-time TS]`.
@@ -73,7 +82,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         (Some(lsn), None) => {
             let lsn: Lsn = lsn.parse().map_err(|e| Error::Usage(format!("--at {lsn:?}: {e}")))?;
             // Said at once rather than after the pageserver's wait for it.
-            if let Some(newest) = newest_commit(wd, parent.timeline_id).filter(|n| lsn > *n) {
+            if let Some(newest) = newest_commit(wd, &parent)?.filter(|n| lsn > *n) {
                 return failed(format!("{lsn} is in the future: the newest commit of {parent_name} is {newest}"));
             }
             body.ancestor_lsn = Some(lsn);
@@ -82,7 +91,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         // The parent's newest commit: what its safekeepers hold committed
         // (the pageserver waits until it has ingested it).
         (None, None) => {
-            body.ancestor_lsn = newest_commit(wd, parent.timeline_id);
+            body.ancestor_lsn = newest_commit(wd, &parent)?;
         }
     }
     let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), wd.cluster.tenant_id);

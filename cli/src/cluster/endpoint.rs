@@ -95,10 +95,15 @@ impl Endpoint {
         format!("http://{HOST}:{}/v1/status", self.file.http_port)
     }
 
+    /// What the agent and its WAL proposer report, if the agent answers.
+    pub fn compute_status(&self) -> Option<ComputeStatus> {
+        let r = http::get(&self.status_url(), http::QUICK).ok().filter(|r| r.status == 200)?;
+        r.json::<ComputeStatus>().ok()
+    }
+
     /// What the agent reports, if it answers.
     pub fn agent_view(&self) -> Option<AgentStatus> {
-        let r = http::get(&self.status_url(), http::QUICK).ok().filter(|r| r.status == 200)?;
-        r.json::<ComputeStatus>().ok().map(|s| s.agent)
+        self.compute_status().map(|s| s.agent)
     }
 }
 

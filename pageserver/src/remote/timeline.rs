@@ -98,6 +98,9 @@ pub struct RemoteTimeline {
     /// Only the newest upload loop runs (a timeline re-read from disk starts a new one).
     loop_id: AtomicU64,
     stopped: AtomicBool,
+    /// Held by the upload loop for each round of uploads (not while it
+    /// waits), so that `stop_and_wait` can wait for the round under way.
+    round: tokio::sync::Mutex<()>,
     /// Set once a newer generation owns the tenant (see `SyncState::superseded`).
     superseded: Arc<AtomicBool>,
 }
@@ -130,6 +133,7 @@ impl RemoteTimeline {
             consistent: watch::Sender::new(consistent),
             loop_id: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
+            round: tokio::sync::Mutex::new(()),
             superseded: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -175,6 +179,14 @@ impl RemoteTimeline {
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.wake.notify_one();
+    }
+
+    /// Stops the upload loop and waits for a round under way to end: after
+    /// it returns nothing of this timeline is uploaded (a deletion lists
+    /// its objects after this). Called from a blocking thread.
+    pub fn stop_and_wait(&self) {
+        self.stop();
+        drop(self.round.blocking_lock());
     }
 
     /// Starts the upload loop of a timeline (replacing any earlier loop);
@@ -276,6 +288,9 @@ impl RemoteTimeline {
         let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
             let _ = tokio::time::timeout(SYNC_PERIOD, self.wake.notified()).await;
+            // Checked under the round's lock: once `stop_and_wait` has taken
+            // it, no round starts.
+            let round = self.round.lock().await;
             if self.stopped.load(Ordering::SeqCst) || self.loop_id.load(Ordering::SeqCst) != id {
                 return;
             }
@@ -296,7 +311,9 @@ impl RemoteTimeline {
                 self.consistent.send_modify(|_| {});
                 return;
             }
-            match self.sync(&meta).await {
+            let result = self.sync(&meta).await;
+            drop(round);
+            match result {
                 Ok(()) => {
                     backoff.reset();
                     self.state.lock().last_error = None;
