@@ -576,7 +576,7 @@ mod tests {
         std::fs::create_dir(&blocker).unwrap();
         for attempt in 1..=2 {
             let err = tl.reload().unwrap_err();
-            assert!(err.to_string().contains("safekeeper.control.tmp"), "{err}");
+            assert!(err.to_string().contains(&format!("safekeeper.control.{}.tmp", std::process::id())), "{err}");
             let failure = tl.failure().expect("still failed");
             assert_eq!(failure.reload_attempts, attempt);
             assert_eq!(failure.durable_flush_lsn, start);

@@ -23,11 +23,14 @@ impl FileError {
     }
 }
 
-/// The temporary name `replace_file` writes `path` under: `.tmp` appended
-/// to the whole name, so that two files never share one.
+/// The temporary name `replace_file` writes `path` under: the whole name,
+/// this process's id and `.tmp`, so that two files never share one and two
+/// processes replacing the same file (a supervisor and the CLI writing a
+/// pidfile) never write into each other's temporary file. Within a
+/// process, one file has one writer at a time.
 pub fn temp_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".tmp");
+    name.push(format!(".{}.tmp", std::process::id()));
     PathBuf::from(name)
 }
 
@@ -37,13 +40,20 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// whole by the rename, but a crash may lose the change.
 pub fn replace_file(path: &Path, bytes: &[u8], fsync: bool) -> Result<(), FileError> {
     let tmp = temp_path(path);
-    let mut file = File::create(&tmp).map_err(FileError::of("creating", &tmp))?;
-    file.write_all(bytes).map_err(FileError::of("writing", &tmp))?;
-    if fsync {
-        file.sync_all().map_err(FileError::of("syncing", &tmp))?;
+    let written = (|| {
+        let mut file = File::create(&tmp).map_err(FileError::of("creating", &tmp))?;
+        file.write_all(bytes).map_err(FileError::of("writing", &tmp))?;
+        if fsync {
+            file.sync_all().map_err(FileError::of("syncing", &tmp))?;
+        }
+        drop(file);
+        std::fs::rename(&tmp, path).map_err(FileError::of("renaming", &tmp))
+    })();
+    if written.is_err() {
+        // Best effort: a failed replacement leaves no temporary file behind.
+        let _ = std::fs::remove_file(&tmp);
     }
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(FileError::of("renaming", &tmp))?;
+    written?;
     if fsync {
         sync_dir(parent_of(path))?;
     }
@@ -87,8 +97,10 @@ mod tests {
             assert!(!temp_path(&path).exists());
         }
         // The temporary name keeps the whole name: two files never share one.
-        assert_eq!(temp_path(&dir.join("a.toml")), dir.join("a.toml.tmp"));
+        let pid = std::process::id();
+        assert_eq!(temp_path(&dir.join("a.toml")), dir.join(format!("a.toml.{pid}.tmp")));
         assert_ne!(temp_path(&dir.join("a.toml")), temp_path(&dir.join("a.json")));
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "only the file itself");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -100,8 +112,15 @@ mod tests {
         std::fs::create_dir(temp_path(&path)).unwrap();
         let err = replace_file(&path, b"x", true).unwrap_err();
         assert_eq!(err.op, "creating");
-        assert!(err.to_string().contains("control.tmp"), "{err}");
+        assert!(err.to_string().contains(&format!("control.{}.tmp", std::process::id())), "{err}");
         assert!(!path.exists(), "nothing replaced");
+        std::fs::remove_dir(temp_path(&path)).unwrap();
+        // A rename that fails (onto a directory) leaves no temporary file.
+        std::fs::create_dir(&path).unwrap();
+        let err = replace_file(&path, b"x", false).unwrap_err();
+        assert_eq!(err.op, "renaming");
+        assert!(!temp_path(&path).exists());
+        std::fs::remove_dir(&path).unwrap();
         let err = sync_dir(&dir.join("missing")).unwrap_err();
         assert_eq!(err.op, "syncing directory");
         assert!(err.to_string().starts_with("syncing directory "), "{err}");
