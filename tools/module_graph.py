@@ -5,9 +5,10 @@ A module is one file (`src/a/b.rs` or `src/a/b/mod.rs` is `a::b`) or an
 inline `mod name { … }` of one; an edge M -> N means M names an item of N
 (`use crate::n::Item`, `super::n::f()`, `n::f()` of a module M declares).
 Declaring a child module (`mod n;`) and re-exporting an item (`pub use`)
-are not edges: a re-export is part of the module's public face, not a use. Every strongly connected
-component of more than one module is a circle: the modules in it cannot be
-understood, tested or moved one at a time.
+are not edges: a re-export is part of the module's public face, not a use;
+a path through a re-export leads to the module the item lives in. Every
+strongly connected component of more than one module is a circle: the
+modules in it cannot be understood, tested or moved one at a time.
 
 Usage: tools/module_graph.py [CRATE_DIR...]   (default: every workspace crate)
 Exit status 1 when a circle exists; each circle is printed with one edge per
@@ -87,7 +88,9 @@ def load_crate(src: Path, root_file: Path) -> dict[tuple[str, ...], Module]:
                 for i in range(m.start(), end + 1):
                     if own[i] != "\n":
                         own[i] = " "
-                visit(path + (name,), file, " " * m.end() + inner, dir_for_children / name)
+                # The child sees blanks before its body, so its line numbers hold.
+                before = re.sub(r"[^\n]", " ", text[: m.end()])
+                visit(path + (name,), file, before + inner, dir_for_children / name)
             else:
                 for candidate in (dir_for_children / f"{name}.rs", dir_for_children / name / "mod.rs"):
                     if candidate.is_file():
