@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""The write path, side by side with stock PostgreSQL 15 on local disk in one
+run, with every process's CPU seconds (from /proc) for each workload:
+
+- stock:     PostgreSQL 15, fsync=on, synchronous_commit=on, and the
+             compute's WAL settings (wal_log_hints=on, wal_compression=lz4,
+             shared_buffers=128MB), on this machine's disk.
+- strata:    the whole cluster as `strata init`, `start` and `endpoint start`
+             give it (3 safekeepers, a pageserver, a lazy endpoint).
+- sync_any2: stock PostgreSQL with two synchronous standbys, ANY 2 (the
+             durability of a 2-of-3 quorum), all fsync=on: pgbench only.
+
+Workloads, each on a fresh cluster of each kind, --runs times (medians):
+- load:    `pgbench -i -s 50`;
+- insert:  INSERT … SELECT of 10 M rows (about 1.1 GB) into a new table,
+           then CREATE INDEX on it;
+- restore: `pg_restore -j 2` of a directory-format dump of about 1 GB
+           (pgbench at scale 65, dumped once at the start);
+- pgbench: RW (TPC-B-like) at scale 10, 1, 8 and 32 clients, --seconds each;
+- catchup: (strata) the pageserver stopped, `pgbench -i -s 20` written on an
+           eager endpoint, the pageserver started again: MB/s of WAL it
+           ingests on the WAL already on the safekeepers, its CPU seconds per
+           MB against PostgreSQL's for producing that WAL and the
+           safekeepers', and `strata wal bench` (decoding alone) on the
+           same segments.
+
+For each workload: wall seconds, ratio strata/stock speed (stock seconds /
+strata seconds, or tps ratio), WAL bytes, and CPU seconds of PostgreSQL
+(the postmaster with every child, exited ones included), of each
+safekeeper, of the pageserver and of the compute agent (proposer and lazy
+file system), also per MB of WAL.
+
+Usage: .venv/bin/python bench/write_path.py [--runs 3] [--seconds 20] [--only load,insert,restore,pgbench,catchup]
+           [--quick]
+Writes bench/results/write_path.json and .txt (write_path_quick.* with --quick).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test_runner"))
+
+from fixtures.cluster import LocalCluster  # noqa: E402
+from fixtures.endpoint import Endpoint  # noqa: E402
+from fixtures.pg import PgCluster  # noqa: E402
+from fixtures.strata import parse_lsn  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+MB = 1 << 20
+TICK = os.sysconf("SC_CLK_TCK")
+# What the compute sets that weighs on the WAL, for stock too.
+STOCK = {"fsync": "on", "synchronous_commit": "on", "wal_log_hints": "on", "wal_compression": "lz4",
+         "shared_buffers": "128MB"}
+INSERT_ROWS = 10_000_000
+INSERT = ("CREATE TABLE big (id bigint, k int, a text, b text);"
+          "INSERT INTO big SELECT g, g % 1000, md5(g::text), md5((g + 1)::text) FROM generate_series(1, {rows}) g;"
+          "CREATE INDEX big_id ON big (id);")
+
+
+# ------------------------------------------------------------------ CPU
+
+def proc_cpu(pid: int, children: bool = False) -> float:
+    """CPU seconds of `pid` (and of its waited-for children with
+    `children`), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    # After the name: state is field 3; utime 14, stime 15, cutime 16, cstime 17.
+    u, s, cu, cs = (int(fields[i]) for i in (11, 12, 13, 14))
+    return (u + s + ((cu + cs) if children else 0)) / TICK
+
+
+def child_pids(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def postgres_cpu(postmaster: int) -> float:
+    """The postmaster, its exited (reaped) children and its live ones."""
+    return proc_cpu(postmaster, children=True) + sum(proc_cpu(c) for c in child_pids(postmaster))
+
+
+class Processes:
+    """The processes whose CPU is counted, by role."""
+
+    def __init__(self, postmaster: int, services: dict[str, int] | None = None):
+        self.postmaster = postmaster
+        self.services = services or {}
+
+    def sample(self) -> dict[str, float]:
+        out = {"postgres": postgres_cpu(self.postmaster)}
+        for name, pid in self.services.items():
+            out[name] = proc_cpu(pid)
+        return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 2) for k in after}
+
+
+# ------------------------------------------------------------- targets
+
+class Stock:
+    """Stock PostgreSQL on local disk."""
+
+    def __init__(self, base: Path, name: str, extra: dict | None = None):
+        self.pg = PgCluster(PG_BIN, base / name, traverse_root=base)
+        self.pg.initdb()
+        self.pg.start({**STOCK, **(extra or {})})
+
+    def env(self) -> dict:
+        return self.pg.client_env()
+
+    def processes(self) -> Processes:
+        return Processes(int((self.pg.pgdata / "postmaster.pid").read_text().split()[0]))
+
+    def close(self) -> None:
+        self.pg.cleanup()
+
+
+class Strata:
+    """A local cluster through the CLI, and one endpoint on `main`."""
+
+    def __init__(self, strata_bin: Path, base: Path, name: str, *endpoint_args: str):
+        self.cluster = LocalCluster(strata_bin, base / name, PG_BIN)
+        self.cluster.workdir.mkdir()
+        self.cluster.init()
+        self.cluster.start()
+        self.ep = Endpoint(self.cluster, "main")
+        self.ep.start(*endpoint_args)
+
+    def env(self) -> dict:
+        return self.ep.client_env()
+
+    def processes(self) -> Processes:
+        services = {n: self.cluster.pid(n) for n in [*self.cluster.safekeeper_names(), "pageserver"]}
+        services["compute_agent"] = self.ep.agent_pid()
+        return Processes(self.ep.postmaster_pid(), {k: v for k, v in services.items() if v})
+
+    def close(self) -> None:
+        if self.cluster.run("stop", check=False, timeout=600).returncode != 0:
+            self.cluster.run("stop", "--immediate", check=False, timeout=600)
+
+
+def run(env: dict, *cmd: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(PG_BIN / cmd[0]), *cmd[1:]], env=env, capture_output=True, text=True,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+def wal_lsn(env: dict) -> int:
+    return parse_lsn(run(env, "psql", "-XAtc", "SELECT pg_current_wal_lsn()").stdout.strip())
+
+
+def timed(target, fn) -> dict:
+    """Runs `fn`; its wall seconds, WAL bytes and CPU by role."""
+    procs = target.processes()
+    env = target.env()
+    lsn0, cpu0 = wal_lsn(env), procs.sample()
+    t0 = time.monotonic()
+    fn(env)
+    seconds = time.monotonic() - t0
+    cpu1 = procs.sample()
+    wal = wal_lsn(env) - lsn0
+    cpu = cpu_delta(cpu0, cpu1)
+    return {"seconds": round(seconds, 2), "wal_mb": round(wal / MB, 1), "cpu": cpu,
+            "cpu_per_wal_mb": {k: round(v / max(wal / MB, 1e-9), 4) for k, v in cpu.items()}}
+
+
+# ------------------------------------------------------------ workloads
+
+def load(env: dict, scale: int) -> None:
+    run(env, "pgbench", "-i", "-q", "-s", str(scale))
+
+
+def insert(env: dict, rows: int) -> None:
+    run(env, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-qc", INSERT.format(rows=rows))
+
+
+def restore(env: dict, dump: Path) -> None:
+    run(env, "createdb", "restored")
+    run(env, "pg_restore", "-j", "2", "-d", "restored", str(dump))
+
+
+def make_dump(base: Path, scale: int) -> tuple[Path, int]:
+    """A directory-format dump of pgbench at `scale`, and the database's size."""
+    src = Stock(base, "dump-source")
+    try:
+        env = src.env()
+        load(env, scale)
+        size = int(run(env, "psql", "-XAtc", "SELECT pg_database_size(current_database())").stdout)
+        dump = base / "dump"
+        run(env, "pg_dump", "-Fd", "-j", "2", "-f", str(dump))
+        subprocess.run(["chmod", "-R", "a+rX", str(dump)], check=True)
+        return dump, size
+    finally:
+        src.close()
+
+
+def pgbench_tps(env: dict, clients: int, seconds: int) -> float:
+    out = run(env, "pgbench", "-n", "-T", str(seconds), "-c", str(clients), "-j", str(min(clients, 2)),
+              timeout=seconds * 4 + 300).stdout
+    return float(re.search(r"tps = ([0-9.]+)", out).group(1))
+
+
+def pgbench_all(target, clients: list[int], seconds: int) -> dict:
+    env = target.env()
+    load(env, 10)
+    run(env, "psql", "-Xqc", "CHECKPOINT")
+    out = {}
+    for c in clients:
+        out[c] = timed(target, lambda e, c=c: out.__setitem__(f"tps_{c}", pgbench_tps(e, c, seconds)))
+        out[c]["tps"] = out.pop(f"tps_{c}")
+    return out
+
+
+class Any2:
+    """Stock with two synchronous standbys (ANY 2), all fsync=on."""
+
+    def __init__(self, base: Path):
+        self.primary = PgCluster(PG_BIN, base / "primary", traverse_root=base)
+        self.standbys = [PgCluster(PG_BIN, base / f"standby{i}", traverse_root=base) for i in (1, 2)]
+        self.primary.initdb()
+        self.primary.start({**STOCK, "wal_level": "replica", "max_wal_senders": 10,
+                            "synchronous_standby_names": "ANY 2 (s1, s2)"})
+        for i, s in enumerate(self.standbys, 1):
+            s.basebackup_from(self.primary, application_name=f"s{i}")
+            s.start({**STOCK, "hot_standby": "on"})
+
+    def env(self) -> dict:
+        return self.primary.client_env()
+
+    def processes(self) -> Processes:
+        pids = {f"standby{i}": int((s.pgdata / "postmaster.pid").read_text().split()[0])
+                for i, s in enumerate(self.standbys, 1)}
+        primary = int((self.primary.pgdata / "postmaster.pid").read_text().split()[0])
+
+        class Both(Processes):
+            def sample(inner) -> dict[str, float]:
+                out = {"postgres": postgres_cpu(primary)}
+                out.update({k: postgres_cpu(v) for k, v in pids.items()})
+                return out
+        return Both(primary)
+
+    def close(self) -> None:
+        for c in (*self.standbys, self.primary):
+            c.cleanup()
+
+
+def catchup(strata_bin: Path, base: Path, name: str, scale: int) -> dict:
+    """The pageserver behind by a bulk load, then catching up."""
+    z = Strata(strata_bin, base, name, "--eager")
+    try:
+        cluster = z.cluster
+        tl = cluster.timeline_path()
+        # It stops after a last flush: it resumes from what it had ingested.
+        resume = parse_lsn(cluster.http("pageserver", "GET", tl)[1]["last_record_lsn"])
+        cluster.stop("--only", "pageserver")
+        procs = z.processes()
+        env = z.env()
+        lsn0, cpu0 = wal_lsn(env), procs.sample()
+        load(env, scale)
+        run(env, "psql", "-Xqc", "CHECKPOINT")
+        end = wal_lsn(env)
+        cpu1 = procs.sample()
+        # The WAL is on the safekeepers (commits waited for them). Timed
+        # from the start of the process: with a backlog of hundreds of MB the
+        # start-up is a small part.
+        t0 = time.monotonic()
+        cluster.start("--only", "pageserver")
+        ps_pid = cluster.pid("pageserver")
+        start = resume
+        while parse_lsn(cluster.http("pageserver", "GET", tl)[1]["last_record_lsn"]) < end:
+            if time.monotonic() - t0 > 1800:
+                raise TimeoutError("the pageserver did not catch up in 30 min")
+            time.sleep(0.05)
+        seconds = time.monotonic() - t0
+        ps_cpu = proc_cpu(ps_pid)
+        wal_mb = (end - lsn0) / MB
+        backlog_mb = (end - start) / MB
+        load_cpu = cpu_delta(cpu0, cpu1)
+        sk_cpu = sum(v for k, v in load_cpu.items() if k.startswith("sk"))
+        decode = decode_bench(cluster, lsn0, end)
+        return {
+            "wal_mb": round(wal_mb, 1), "backlog_mb": round(backlog_mb, 1), "seconds": round(seconds, 2),
+            "ingest_mb_per_s": round(backlog_mb / seconds, 1),
+            "pageserver_cpu_s": round(ps_cpu, 2), "pageserver_mb_per_cpu_s": round(backlog_mb / max(ps_cpu, 1e-9), 1),
+            "load_cpu": load_cpu,
+            "pageserver_cpu_vs_postgres": round((ps_cpu / backlog_mb) / (load_cpu["postgres"] / wal_mb), 3),
+            "safekeepers_cpu_vs_postgres": round(sk_cpu / load_cpu["postgres"], 3),
+            "decode_mb_per_s": decode,
+        }
+    finally:
+        z.close()
+
+
+def decode_bench(cluster: LocalCluster, start: int, end: int) -> dict | None:
+    """`strata wal bench` over sk1's complete segments between two LSNs."""
+    ct = cluster.cluster_toml
+    d = cluster.workdir / "sk1" / "data" / ct["tenant_id"] / cluster.timeline_id()
+    seg = 16 * MB
+    files = [p for p in sorted(d.iterdir()) if re.fullmatch(r"[0-9A-F]{24}", p.name)
+             and start // seg < int(p.name[8:16], 16) * (0x100000000 // seg) + int(p.name[16:], 16) < end // seg]
+    if not files:
+        return None
+    out = subprocess.run([str(cluster.strata_bin), "wal", "bench", "--runs", "3", *map(str, files)],
+                         capture_output=True, text=True, check=True, timeout=3600)
+    report = json.loads(out.stdout)
+    return {k: round(report[k], 1) for k in ("decode_mb_per_s", "decode_and_restore_images_mb_per_s")}
+
+
+# ----------------------------------------------------------------- main
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians of seconds and WAL, and of each role's CPU."""
+    roles = sorted({k for r in runs for k in r["cpu"]})
+    return {"seconds": median([r["seconds"] for r in runs]), "wal_mb": median([r["wal_mb"] for r in runs]),
+            "cpu": {k: median([r["cpu"].get(k, 0.0) for r in runs]) for k in roles},
+            "runs_seconds": [r["seconds"] for r in runs]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=20, help="each pgbench run")
+    ap.add_argument("--only", default="load,insert,restore,pgbench,catchup")
+    ap.add_argument("--quick", action="store_true", help="smoke run: small sizes, one run")
+    args = ap.parse_args()
+    scale, rows, dump_scale, catchup_scale, clients = 50, INSERT_ROWS, 65, 20, [1, 8, 32]
+    if args.quick:
+        args.runs, args.seconds = 1, 5
+        scale, rows, dump_scale, catchup_scale, clients = 2, 100_000, 2, 2, [1, 8]
+    only = set(args.only.split(","))
+    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
+    results: dict = {"config": {**vars(args), "scale": scale, "rows": rows, "dump_scale": dump_scale},
+                     "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # PostgreSQL runs as another user
+        dump = None
+        if "restore" in only:
+            dump, dump_bytes = make_dump(base, dump_scale)
+            results["dump_database_mb"] = round(dump_bytes / MB)
+        workloads = {"load": lambda e: load(e, scale), "insert": lambda e: insert(e, rows),
+                     "restore": lambda e: restore(e, dump)}
+        for name, fn in workloads.items():
+            if name not in only:
+                continue
+            per: dict = {"stock": [], "strata": []}
+            for r in range(args.runs):
+                # Alternating which goes first: the shared machine drifts.
+                for kind in ("stock", "strata") if r % 2 == 0 else ("strata", "stock"):
+                    t = Stock(base, f"{name}-{kind}-{r}") if kind == "stock" else Strata(
+                        strata_bin, base, f"{name}-{kind}-{r}")
+                    try:
+                        per[kind].append(timed(t, fn))
+                    finally:
+                        t.close()
+            s, z = summarize(per["stock"]), summarize(per["strata"])
+            paired = median([a["seconds"] / b["seconds"] for a, b in zip(per["stock"], per["strata"])])
+            results[name] = {"stock": s, "strata": z, "speed_vs_stock": round(s["seconds"] / z["seconds"], 3),
+                             "paired": paired, "runs": per}
+            lines.append(f"{name:8} stock {s['seconds']:7.1f} s  strata {z['seconds']:7.1f} s  "
+                         f"speed {s['seconds'] / z['seconds']:.2f}x (paired {paired:.2f})  "
+                         f"WAL stock {s['wal_mb']:.0f} MB strata {z['wal_mb']:.0f} MB")
+            lines.append(f"         CPU s stock {s['cpu']}  strata {z['cpu']}")
+        if "pgbench" in only:
+            per = {"stock": [], "strata": [], "sync_any2": []}
+            for r in range(args.runs):
+                for kind in per:
+                    t = (Stock(base, f"pgb-stock-{r}") if kind == "stock" else
+                         Strata(strata_bin, base, f"pgb-strata-{r}") if kind == "strata" else Any2(base / f"any2-{r}"))
+                    try:
+                        per[kind].append(pgbench_all(t, clients, args.seconds))
+                    finally:
+                        t.close()
+            results["pgbench"] = {"runs": per}
+            for c in clients:
+                tps = {k: median([run_[c]["tps"] for run_ in v]) for k, v in per.items()}
+                results["pgbench"][c] = {"tps": tps, "vs_stock": round(tps["strata"] / tps["stock"], 3),
+                                         "vs_sync_any2": round(tps["strata"] / tps["sync_any2"], 3)}
+                lines.append(f"pgbench RW -c {c:2}: stock {tps['stock']:8.1f}  strata {tps['strata']:8.1f}  "
+                             f"any2 {tps['sync_any2']:8.1f}  strata/stock {tps['strata'] / tps['stock']:.2f}  "
+                             f"strata/any2 {tps['strata'] / tps['sync_any2']:.2f}")
+        if "catchup" in only:
+            runs = [catchup(strata_bin, base, f"catchup-{r}", catchup_scale) for r in range(args.runs)]
+            results["catchup"] = {"runs": runs, **{k: median([r[k] for r in runs]) for k in (
+                "ingest_mb_per_s", "pageserver_mb_per_cpu_s", "pageserver_cpu_vs_postgres",
+                "safekeepers_cpu_vs_postgres")}}
+            c = results["catchup"]
+            lines.append(f"catch-up: {c['ingest_mb_per_s']:.0f} MB/s of WAL, {c['pageserver_mb_per_cpu_s']:.0f} MB "
+                         f"per pageserver CPU second; pageserver CPU/MB vs PostgreSQL's "
+                         f"{c['pageserver_cpu_vs_postgres']:.2f} (target <= 0.25), safekeepers "
+                         f"{c['safekeepers_cpu_vs_postgres']:.2f}; decode alone "
+                         f"{[r['decode_mb_per_s'] for r in runs]} MB/s")
+    text = "\n".join(lines)
+    out_dir = REPO / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    stem = "write_path_quick" if args.quick else "write_path"
+    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2, default=str))
+    (out_dir / f"{stem}.txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
