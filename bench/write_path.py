@@ -126,6 +126,9 @@ class Stock:
     def processes(self) -> Processes:
         return Processes(int((self.pg.pgdata / "postmaster.pid").read_text().split()[0]))
 
+    def diagnose(self) -> str:
+        return self.pg.log_text()[-4000:]
+
     def close(self) -> None:
         self.pg.cleanup()
 
@@ -148,6 +151,9 @@ class Strata:
         services = {n: self.cluster.pid(n) for n in [*self.cluster.safekeeper_names(), "pageserver"]}
         services["compute_agent"] = self.ep.agent_pid()
         return Processes(self.ep.postmaster_pid(), {k: v for k, v in services.items() if v})
+
+    def diagnose(self) -> str:
+        return self.ep.logs()[-6000:]
 
     def close(self) -> None:
         if self.cluster.run("stop", check=False, timeout=600).returncode != 0:
@@ -373,8 +379,14 @@ def main() -> int:
                         strata_bin, base, f"{name}-{kind}-{r}")
                     try:
                         per[kind].append(timed(t, fn))
+                    except Exception as e:  # a failure is a finding: recorded, the other runs go on
+                        failure = f"{name} run {r} on {kind}: {e}\n{t.diagnose()}"
+                        print(failure, file=sys.stderr)
+                        results.setdefault("failures", []).append(failure)
                     finally:
                         t.close()
+            if not per["stock"] or not per["strata"]:
+                continue
             s, z = summarize(per["stock"]), summarize(per["strata"])
             paired = median([a["seconds"] / b["seconds"] for a, b in zip(per["stock"], per["strata"])])
             results[name] = {"stock": s, "strata": z, "speed_vs_stock": round(s["seconds"] / z["seconds"], 3),
@@ -383,6 +395,7 @@ def main() -> int:
                          f"speed {s['seconds'] / z['seconds']:.2f}x (paired {paired:.2f})  "
                          f"WAL stock {s['wal_mb']:.0f} MB strata {z['wal_mb']:.0f} MB")
             lines.append(f"         CPU s stock {s['cpu']}  strata {z['cpu']}")
+            save(results, lines, args.quick)
         if "pgbench" in only:
             per = {"stock": [], "strata": [], "sync_any2": []}
             for r in range(args.runs):
@@ -401,6 +414,7 @@ def main() -> int:
                 lines.append(f"pgbench RW -c {c:2}: stock {tps['stock']:8.1f}  strata {tps['strata']:8.1f}  "
                              f"any2 {tps['sync_any2']:8.1f}  strata/stock {tps['strata'] / tps['stock']:.2f}  "
                              f"strata/any2 {tps['strata'] / tps['sync_any2']:.2f}")
+            save(results, lines, args.quick)
         if "catchup" in only:
             runs = [catchup(strata_bin, base, f"catchup-{r}", catchup_scale) for r in range(args.runs)]
             results["catchup"] = {"runs": runs, **{k: median([r[k] for r in runs]) for k in (
@@ -412,14 +426,20 @@ def main() -> int:
                          f"{c['pageserver_cpu_vs_postgres']:.2f} (target <= 0.25), safekeepers "
                          f"{c['safekeepers_cpu_vs_postgres']:.2f}; decode alone "
                          f"{[r['decode_mb_per_s'] for r in runs]} MB/s")
-    text = "\n".join(lines)
+    if results.get("failures"):
+        lines.append(f"{len(results['failures'])} run(s) failed: see failures in the JSON")
+    save(results, lines, args.quick)
+    print("\n".join(lines))
+    return 0
+
+
+def save(results: dict, lines: list[str], quick: bool) -> None:
+    """Writes what is measured so far (a long run keeps its figures if it stops)."""
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
-    stem = "write_path_quick" if args.quick else "write_path"
+    stem = "write_path_quick" if quick else "write_path"
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2, default=str))
-    (out_dir / f"{stem}.txt").write_text(text + "\n")
-    print(text)
-    return 0
+    (out_dir / f"{stem}.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
