@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -116,7 +117,8 @@ class Stock:
     """Stock PostgreSQL on local disk."""
 
     def __init__(self, base: Path, name: str, extra: dict | None = None):
-        self.pg = PgCluster(PG_BIN, base / name, traverse_root=base)
+        self.dir = base / name
+        self.pg = PgCluster(PG_BIN, self.dir, traverse_root=base)
         self.pg.initdb()
         self.pg.start({**STOCK, **(extra or {})})
 
@@ -130,7 +132,9 @@ class Stock:
         return self.pg.log_text()[-4000:]
 
     def close(self) -> None:
+        # Each run's files go at once: a bulk load's are gigabytes.
         self.pg.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Strata:
@@ -158,6 +162,7 @@ class Strata:
     def close(self) -> None:
         if self.cluster.run("stop", check=False, timeout=600).returncode != 0:
             self.cluster.run("stop", "--immediate", check=False, timeout=600)
+        shutil.rmtree(self.cluster.workdir, ignore_errors=True)
 
 
 def run(env: dict, *cmd: str, timeout: float = 3600) -> subprocess.CompletedProcess:
@@ -265,6 +270,7 @@ class Any2:
     def close(self) -> None:
         for c in (*self.standbys, self.primary):
             c.cleanup()
+            shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 def catchup(strata_bin: Path, base: Path, name: str, scale: int) -> dict:
