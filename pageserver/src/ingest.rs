@@ -5,9 +5,10 @@
 //! redo, and full-page writes carry one too), stamped with the record's end
 //! LSN as redo would, or belongs to a record the pageserver redoes natively
 //! (heap, heap2, btree): then the record itself is stored for the block and
-//! redone when the page is read. Every [`MAX_REDO_CHAIN`] records of a page,
-//! ingest redoes them itself and stores the page as an image instead, so a
-//! read never applies more than that many records.
+//! redone when the page is read. Once a page's records since its last image
+//! would pass [`MAX_REDO_CHAIN`] records or [`MAX_CHAIN_BYTES`] bytes,
+//! ingest redoes the next one itself and stores the page as an image
+//! instead, so a read never applies more than that.
 //! The changes PostgreSQL makes without a block reference — visibility-map
 //! clearing, transaction status, multixacts, relation creation, truncation
 //! and drops, databases, the relation map, two-phase state and checkpoint
@@ -44,10 +45,24 @@ pub const SLRU_PAGES_PER_SEGMENT: u32 = 32;
 
 /// Most WAL records a read of a page redoes: the next record of that page
 /// is redone at ingest and stored as an image.
-pub const MAX_REDO_CHAIN: u32 = 8;
+pub const MAX_REDO_CHAIN: u32 = 64;
+/// Most bytes of records stored for a page since its last image: the record
+/// that would pass it is redone at ingest and stored as an image instead.
+/// An image then costs at most as many bytes as the records it replaces, so
+/// a page filled row by row (a bulk insert: one record per row) stores
+/// about its records once and a few images, not an image per handful of
+/// rows (`docs/pageserver.md`, "Chains stay short").
+pub const MAX_CHAIN_BYTES: usize = 8192;
 /// Pages whose chain length ingest tracks; beyond this the counts start over
 /// (chains may then reach twice the limit, never more).
 pub const MAX_TRACKED_CHAINS: usize = 100_000;
+
+/// The records stored for a page since its last image: how many, and their bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Chain {
+    records: u32,
+    bytes: usize,
+}
 
 /// A record that cannot be ingested: ingest of the timeline stops here.
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +151,7 @@ pub struct WalIngest {
     dirty_slru: BTreeSet<SlruKind>,
     dirty_twophase: bool,
     /// Records stored for native redo per page since its last image.
-    chains: HashMap<Key, u32>,
+    chains: HashMap<Key, Chain>,
     /// The last commit time written to [`Key::commit_time`].
     last_commit_time: Option<i64>,
 }
@@ -418,15 +433,18 @@ impl WalIngest {
 
     // ---- native redo ----
 
-    /// Stores a natively redone block change: the record itself, or every
-    /// [`MAX_REDO_CHAIN`] records of the page, the page redone here.
+    /// Stores a natively redone block change: the record itself, or, once
+    /// the page's chain would pass [`MAX_REDO_CHAIN`] records or
+    /// [`MAX_CHAIN_BYTES`], the page redone here.
     fn store_redo(&mut self, rec: &DecodedRecord, block: &BlockRef, tag: RelTag, key: Key) -> Res<()> {
         let (rel, fork, blkno) = (block.rel, block.fork.file_suffix(), block.block);
         if let Some(size) = self.missing_base(block, tag)? {
             return Err(IngestFailure::NoBase { rel, fork, block: blkno, size });
         }
-        let chain = if block.will_init() { 0 } else { self.chains.get(&key).copied().unwrap_or(0) + 1 };
-        if chain >= MAX_REDO_CHAIN {
+        let before =
+            if block.will_init() { Chain::default() } else { self.chains.get(&key).copied().unwrap_or_default() };
+        let chain = Chain { records: before.records + 1, bytes: before.bytes + rec.raw.len() };
+        if !block.will_init() && (chain.records >= MAX_REDO_CHAIN || chain.bytes > MAX_CHAIN_BYTES) {
             let mut page = self.page_before(key)?;
             strata_redo::redo_block(rec, block.id, &mut page).map_err(|source| IngestFailure::Redo {
                 rel,

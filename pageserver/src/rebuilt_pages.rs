@@ -2,7 +2,8 @@
 //! page applies only the records written since.
 //!
 //! A page that many records change is read back by applying up to
-//! `MAX_REDO_CHAIN - 1` records to its last image. Reading it again at the
+//! `MAX_REDO_CHAIN - 1` records (at most `MAX_CHAIN_BYTES` of them) to its
+//! last image. Reading it again at the
 //! same or a later LSN would repeat that work; instead the rebuilt page is
 //! kept with the LSN of the newest version it includes. Versions at an LSN
 //! never change, so the entry stays valid for every read whose versions

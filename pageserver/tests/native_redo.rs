@@ -10,7 +10,7 @@ use strata_formats::page::{max_offset_number, pd_lsn};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::wal::record::{record_crc, DecodedRecord};
 use strata_formats::Lsn;
-use strata_pageserver::ingest::WalIngest;
+use strata_pageserver::ingest::{WalIngest, MAX_CHAIN_BYTES, MAX_REDO_CHAIN};
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::metrics::Metrics;
@@ -59,6 +59,11 @@ fn record(rmgr: u8, info: u8, block: u32, fork_flags: u8, data: &[u8], main: &[u
 /// A heap insert of a one-column tuple at `offnum` (`xl_heap_insert` as
 /// main data; `xl_heap_header` and the tuple after its header as block data).
 fn heap_insert(block: u32, offnum: u16, init: bool, lsn: Lsn) -> DecodedRecord {
+    heap_insert_padded(block, offnum, init, 0, lsn)
+}
+
+/// The same with `pad` zero bytes after the column (a wider row).
+fn heap_insert_padded(block: u32, offnum: u16, init: bool, pad: usize, lsn: Lsn) -> DecodedRecord {
     let mut main = offnum.to_le_bytes().to_vec();
     main.push(0); // flags
     let mut data = Vec::new();
@@ -67,6 +72,7 @@ fn heap_insert(block: u32, offnum: u16, init: bool, lsn: Lsn) -> DecodedRecord {
     data.push(24); // t_hoff
     data.push(0); // the header's alignment byte
     data.extend_from_slice(&(offnum as u32 * 7).to_le_bytes());
+    data.resize(data.len() + pad, 0);
     let (info, flags) = if init {
         (HEAP_INSERT | HEAP_INIT_PAGE, BKPBLOCK_HAS_DATA | BKPBLOCK_WILL_INIT)
     } else {
@@ -82,7 +88,10 @@ fn pages_are_built_from_records_and_chains_stay_short() {
     let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0);
     let mut lsn = START;
     let mut ends = Vec::new();
-    for i in 0..40u16 {
+    // Small records: the count bounds the chains. The last leaves a chain
+    // one record short of the bound.
+    let n = 3 * MAX_REDO_CHAIN as u16 - 1;
+    for i in 0..n {
         let rec = heap_insert(0, i + 1, i == 0, lsn);
         ingest.ingest(&rec).unwrap();
         ends.push(rec.end_lsn);
@@ -98,11 +107,12 @@ fn pages_are_built_from_records_and_chains_stay_short() {
         assert_eq!(len, 28);
         assert_eq!(&page[off + 24..off + 28], &((i as u32 + 1) * 7).to_le_bytes());
     }
-    // Records 8, 16, 24 and 32 after the initializing one were redone at ingest.
-    assert_eq!(strata_pageserver::ingest::MAX_REDO_CHAIN, 8);
+    // The 64th and 128th record (counting the initializing one) were redone
+    // at ingest: no chain of records since an image reaches the bound.
+    assert_eq!(MAX_REDO_CHAIN, 64);
     let text = metrics.render();
-    assert!(text.contains("strata_pageserver_redo_pages_materialized_total 4"), "{text}");
-    assert!(text.contains("strata_pageserver_redo_records_stored_total 36"), "{text}");
+    assert!(text.contains("strata_pageserver_redo_pages_materialized_total 2"), "{text}");
+    assert!(text.contains(&format!("strata_pageserver_redo_records_stored_total {}", n - 2)), "{text}");
 
     // Read again, newest first: each read rebuilds its version from the
     // stored records (the page kept from the newest read is of a later
@@ -116,20 +126,20 @@ fn pages_are_built_from_records_and_chains_stay_short() {
     let last = *ends.last().unwrap();
     tl.get(&key, last).unwrap().unwrap();
     let (applied, hits) = (counter("redo_records_applied"), counter("rebuilt_page_hits"));
-    assert_eq!(tl.get(&key, last).unwrap().unwrap(), first[39]);
+    assert_eq!(tl.get(&key, last).unwrap().unwrap(), first[n as usize - 1]);
     assert_eq!((counter("redo_records_applied"), counter("rebuilt_page_hits")), (applied, hits + 1));
-    // The next record is the 8th since the last image: ingest redoes it,
+    // The next record is the 64th since the last image: ingest redoes it,
     // starting from the kept page, and stores the result as an image.
-    let rec = heap_insert(0, 41, false, lsn);
+    let rec = heap_insert(0, n + 1, false, lsn);
     ingest.ingest(&rec).unwrap();
     assert_eq!((counter("redo_records_applied"), counter("rebuilt_page_hits")), (applied, hits + 2));
     let page = tl.get(&key, rec.end_lsn).unwrap().unwrap();
-    assert_eq!(max_offset_number(&page).unwrap(), 41);
+    assert_eq!(max_offset_number(&page).unwrap(), n + 1);
     // One more: its read applies it to that image, and a second read nothing.
-    let rec = heap_insert(0, 42, false, rec.end_lsn);
+    let rec = heap_insert(0, n + 2, false, rec.end_lsn);
     ingest.ingest(&rec).unwrap();
     let page = tl.get(&key, rec.end_lsn).unwrap().unwrap();
-    assert_eq!(max_offset_number(&page).unwrap(), 42);
+    assert_eq!(max_offset_number(&page).unwrap(), n + 2);
     assert_eq!((counter("redo_records_applied"), counter("rebuilt_page_hits")), (applied + 1, hits + 2));
     assert_eq!(tl.get(&key, rec.end_lsn).unwrap().unwrap(), page);
     assert_eq!((counter("redo_records_applied"), counter("rebuilt_page_hits")), (applied + 1, hits + 3));
@@ -137,7 +147,38 @@ fn pages_are_built_from_records_and_chains_stay_short() {
     // The same after the versions went to a layer file.
     tl.checkpoint().unwrap();
     let page = tl.get(&key, *ends.last().unwrap()).unwrap().unwrap();
-    assert_eq!(max_offset_number(&page).unwrap(), 42);
+    assert_eq!(max_offset_number(&page).unwrap(), n + 2);
+}
+
+#[test]
+fn chains_of_large_records_stay_within_a_page_of_bytes() {
+    let (tl, metrics) = timeline("bytes");
+    let mut ingest = WalIngest::new(tl.clone()).unwrap();
+    let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0);
+    let mut lsn = START;
+    let mut ends = Vec::new();
+    // Rows of 1000 bytes: 8 fit on the page, and their 8 records pass a page
+    // of bytes (each has a header besides the row).
+    let (rows, pad) = (8u16, 966);
+    let mut sizes = Vec::new();
+    for i in 0..rows {
+        let rec = heap_insert_padded(0, i + 1, i == 0, pad, lsn);
+        sizes.push(rec.raw.len());
+        ingest.ingest(&rec).unwrap();
+        ends.push(rec.end_lsn);
+        lsn = rec.end_lsn;
+    }
+    // The record that would take the chain's bytes past a page is redone at
+    // ingest: every chain holds at most MAX_CHAIN_BYTES of records.
+    let per_chain = MAX_CHAIN_BYTES / sizes[1];
+    assert!(per_chain < rows as usize && (per_chain as u32) < MAX_REDO_CHAIN, "{per_chain}");
+    let materialized = common::metric(&metrics, "strata_pageserver_redo_pages_materialized_total") as usize;
+    assert_eq!(materialized, rows as usize / (per_chain + 1), "sizes {sizes:?}");
+    for (i, end) in ends.iter().enumerate() {
+        let page = tl.get(&key, *end).unwrap().expect("the page exists");
+        assert_eq!(max_offset_number(&page).unwrap(), i as u16 + 1, "tuples at version {i}");
+        assert_eq!(pd_lsn(&page).unwrap(), end.0);
+    }
 }
 
 #[test]
@@ -176,7 +217,7 @@ fn records_that_cannot_be_applied_stop_ingest_with_their_lsn() {
     assert!(err.contains(&at.to_string()), "{err}");
     let mut lsn = bad.end_lsn;
     let mut failed = None;
-    for i in 0..20u16 {
+    for i in 0..MAX_REDO_CHAIN as u16 {
         let rec = heap_insert(0, 2 + i, false, lsn);
         match ingest.ingest(&rec) {
             Ok(()) => lsn = rec.end_lsn,
