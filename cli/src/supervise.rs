@@ -175,12 +175,15 @@ impl Supervisor {
             let cause = match self.spawn() {
                 Ok(mut child) => {
                     let pid = child.id().unwrap_or(0);
-                    if let Err(e) = replace_file(&self.args.pidfile, format!("{pid}\n").as_bytes(), true) {
-                        warn!("supervisor: writing {}: {e}", self.args.pidfile.display());
-                    }
+                    // The state file first, then the pidfile: whoever sees the
+                    // new pid in the pidfile (`strata status`) then also finds
+                    // the state naming it, never the "restarting" one before.
                     self.state.child_pid = Some(pid);
                     self.state.state = "running".into();
                     self.save();
+                    if let Err(e) = replace_file(&self.args.pidfile, format!("{pid}\n").as_bytes(), true) {
+                        warn!("supervisor: writing {}: {e}", self.args.pidfile.display());
+                    }
                     info!("supervisor: {name} runs (pid {pid})");
                     tokio::select! {
                         status = child.wait() => {
