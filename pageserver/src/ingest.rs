@@ -14,7 +14,12 @@
 //! and drops, databases, the relation map, two-phase state and checkpoint
 //! counters — are derived from the records themselves.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+// Ingest looks up a cached size, directory and chain for every block of
+// every record; SipHash was a tenth of the ingest thread. The keys are
+// relation and block numbers, bounded in count (`MAX_TRACKED_CHAINS`).
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -45,17 +50,21 @@ pub const SLRU_PAGES_PER_SEGMENT: u32 = 32;
 
 /// Most WAL records a read of a page redoes: the next record of that page
 /// is redone at ingest and stored as an image.
-pub const MAX_REDO_CHAIN: u32 = 64;
+pub const MAX_REDO_CHAIN: u32 = 128;
 /// Most bytes of records stored for a page since its last image: the record
 /// that would pass it is redone at ingest and stored as an image instead.
-/// An image then costs at most as many bytes as the records it replaces, so
-/// a page filled row by row (a bulk insert: one record per row) stores
-/// about its records once and a few images, not an image per handful of
-/// rows (`docs/pageserver.md`, "Chains stay short").
-pub const MAX_CHAIN_BYTES: usize = 8192;
+/// Two pages: an image then costs at most half of what the records it
+/// replaces cost, and a page filled row by row (a bulk insert: one record
+/// per row) is stored as its records alone (`docs/pageserver.md`, "Chains
+/// stay short").
+pub const MAX_CHAIN_BYTES: usize = 16384;
 /// Pages whose chain length ingest tracks; beyond this the counts start over
 /// (chains may then reach twice the limit, never more).
 pub const MAX_TRACKED_CHAINS: usize = 100_000;
+/// Versions of ingested records held back before they are made visible
+/// together (a network message's worth usually): one lock and one
+/// wake-up of LSN waiters per batch instead of per record.
+pub const MAX_PENDING_VERSIONS: usize = 4096;
 
 /// The records stored for a page since its last image: how many, and their bytes.
 #[derive(Clone, Copy, Debug, Default)]
@@ -135,6 +144,9 @@ pub struct WalIngest {
     rel_sizes: HashMap<RelTag, BlockNumber>,
     slru_dirs: HashMap<SlruKind, BTreeSet<u32>>,
     twophase: BTreeSet<u32>,
+    /// Versions of whole records not yet visible, and the LSNs they reach.
+    pending: Vec<(Key, Lsn, Value)>,
+    pending_lsns: Option<RecordLsns>,
     // Per record:
     lsn: Lsn,
     batch: Vec<(Key, Lsn, Value)>,
@@ -174,36 +186,50 @@ impl WalIngest {
             checkpoint,
             checksums,
             db_dir,
-            rel_dirs: HashMap::new(),
-            rel_sizes: HashMap::new(),
-            slru_dirs: HashMap::new(),
+            rel_dirs: HashMap::default(),
+            rel_sizes: HashMap::default(),
+            slru_dirs: HashMap::default(),
             twophase,
+            pending: Vec::new(),
+            pending_lsns: None,
             lsn: last,
             batch: Vec::new(),
             dirty_db_dir: false,
             dirty_rel_dirs: BTreeSet::new(),
             rel_dir_edits: BTreeMap::new(),
-            rel_dir_chains: HashMap::new(),
+            rel_dir_chains: HashMap::default(),
             dirty_sizes: BTreeSet::new(),
             dirty_slru: BTreeSet::new(),
             dirty_twophase: false,
-            chains: HashMap::new(),
+            chains: HashMap::default(),
             last_commit_time,
         })
     }
 
-    /// Ingests one record and makes its versions visible at its end LSN.
     /// Pages whose redo chain length is tracked now (at most
     /// [`MAX_TRACKED_CHAINS`]).
     pub fn tracked_chains(&self) -> usize {
         self.chains.len()
     }
 
+    /// Ingests one record and makes its versions visible at its end LSN.
     pub fn ingest(&mut self, rec: &DecodedRecord) -> Result<(), IngestError> {
+        let result = self.add(rec);
+        self.commit();
+        result
+    }
+
+    /// Ingests one record; its versions become visible with the next
+    /// [`WalIngest::commit`], or earlier, before ingest reads the timeline
+    /// or once [`MAX_PENDING_VERSIONS`] wait. A record that fails adds
+    /// nothing; the records before it stay pending.
+    pub fn add(&mut self, rec: &DecodedRecord) -> Result<(), IngestError> {
+        debug_assert!(self.batch.is_empty(), "a record's versions outlived it");
         self.lsn = rec.end_lsn;
         let result = self.ingest_inner(rec);
         if let Err(reason) = result {
             self.batch.clear();
+            self.lsn = self.pending_lsns.unwrap_or_else(|| self.tl.record_lsns()).last;
             return Err(IngestError {
                 lsn: rec.lsn,
                 rmgr: rmgr::name(rec.rmgr()).into_owned(),
@@ -212,8 +238,21 @@ impl WalIngest {
             });
         }
         self.finish_record();
-        self.tl.commit_record(std::mem::take(&mut self.batch), RecordLsns { last: rec.end_lsn, prev: rec.lsn });
+        self.pending.append(&mut self.batch);
+        self.pending_lsns = Some(RecordLsns { last: rec.end_lsn, prev: rec.lsn });
+        if self.pending.len() >= MAX_PENDING_VERSIONS {
+            self.commit();
+        }
         Ok(())
+    }
+
+    /// Makes the versions of every record added so far visible, at the end
+    /// LSN of the last one.
+    pub fn commit(&mut self) {
+        if let Some(lsns) = self.pending_lsns.take() {
+            self.tl.commit_record(std::mem::take(&mut self.pending), lsns);
+        }
+        debug_assert!(self.pending.is_empty());
     }
 
     fn ingest_inner(&mut self, rec: &DecodedRecord) -> Res<()> {
@@ -490,9 +529,10 @@ impl WalIngest {
     }
 
     /// The page as of the previous record (zeros if it has no version).
-    fn page_before(&self, key: Key) -> Res<Box<[u8; BLCKSZ]>> {
+    fn page_before(&mut self, key: Key) -> Res<Box<[u8; BLCKSZ]>> {
         let mut page = Box::new([0u8; BLCKSZ]);
-        if let Some(b) = self.tl.get(&key, self.read_lsn())? {
+        let lsn = self.read_lsn();
+        if let Some(b) = self.tl.get(&key, lsn)? {
             if b.len() != BLCKSZ {
                 return Err(IngestFailure::Read(ReadError::Corrupt {
                     timeline: self.tl.timeline_id,
@@ -552,14 +592,18 @@ impl WalIngest {
         self.batch.push((key, self.lsn, value));
     }
 
-    /// The state before this record is what the timeline holds at its last LSN.
-    fn read_lsn(&self) -> Lsn {
+    /// The state before this record is what the timeline holds at its last
+    /// LSN, once the records before it are visible: every read of the
+    /// timeline during ingest goes through here.
+    fn read_lsn(&mut self) -> Lsn {
+        self.commit();
         self.tl.record_lsns().last
     }
 
     fn rel_dir(&mut self, spc: Oid, db: Oid) -> Res<&mut BTreeSet<(Oid, u8)>> {
         if !self.rel_dirs.contains_key(&(spc, db)) {
-            let dir = self.tl.rel_dir(spc, db, self.read_lsn())?;
+            let lsn = self.read_lsn();
+            let dir = self.tl.rel_dir(spc, db, lsn)?;
             self.rel_dirs.insert((spc, db), dir);
         }
         Ok(self.rel_dirs.get_mut(&(spc, db)).expect("just inserted"))
@@ -572,7 +616,8 @@ impl WalIngest {
         if let Some(n) = self.rel_sizes.get(&tag) {
             return Ok(Some(*n));
         }
-        let n = self.tl.listed_rel_size(tag, self.read_lsn())?;
+        let lsn = self.read_lsn();
+        let n = self.tl.listed_rel_size(tag, lsn)?;
         self.rel_sizes.insert(tag, n);
         Ok(Some(n))
     }
@@ -629,7 +674,8 @@ impl WalIngest {
 
     fn slru_dir(&mut self, kind: SlruKind) -> Res<&mut BTreeSet<u32>> {
         if !self.slru_dirs.contains_key(&kind) {
-            let dir = self.tl.slru_segments(kind, self.read_lsn())?;
+            let lsn = self.read_lsn();
+            let dir = self.tl.slru_segments(kind, lsn)?;
             self.slru_dirs.insert(kind, dir);
         }
         Ok(self.slru_dirs.get_mut(&kind).expect("just inserted"))

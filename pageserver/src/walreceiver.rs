@@ -364,21 +364,32 @@ fn new_decoder(tl: &Timeline) -> WalDecoder {
     decoder
 }
 
-/// Ingests every whole record the decoder holds.
+/// Ingests every whole record the decoder holds and makes them visible
+/// together (also those before a record that fails).
 fn ingest_decoded(tl: &Timeline, ingest: &mut WalIngest, decoder: &mut WalDecoder) -> Result<(), StreamError> {
-    loop {
+    let result = add_decoded(tl, ingest, decoder);
+    ingest.commit();
+    result
+}
+
+fn add_decoded(tl: &Timeline, ingest: &mut WalIngest, decoder: &mut WalDecoder) -> Result<(), StreamError> {
+    let mut records = 0;
+    let result = loop {
         if tl.is_broken() {
             // Not even the rest of this message (a flush failed meanwhile).
-            return Ok(());
+            break Ok(());
         }
-        match decoder.next_record()? {
-            Some(rec) => {
-                ingest.ingest(&rec)?;
-                tl.metrics.records_ingested.inc();
-            }
-            None => return Ok(()),
+        match decoder.next_record() {
+            Ok(Some(rec)) => match ingest.add(&rec) {
+                Ok(()) => records += 1,
+                Err(e) => break Err(e.into()),
+            },
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e.into()),
         }
-    }
+    };
+    tl.metrics.records_ingested.inc_by(records);
+    result
 }
 
 /// Ingests the offloaded segment that holds `start` (no safekeeper holds

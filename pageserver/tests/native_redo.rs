@@ -23,6 +23,7 @@ const RM_HEAP2: u8 = 9;
 const RM_BTREE: u8 = 11;
 const HEAP_INSERT: u8 = 0x00;
 const HEAP_INIT_PAGE: u8 = 0x80;
+const HEAP_INPLACE: u8 = 0x70;
 const BKPBLOCK_HAS_DATA: u8 = 0x20;
 const BKPBLOCK_WILL_INIT: u8 = 0x40;
 
@@ -88,9 +89,10 @@ fn pages_are_built_from_records_and_chains_stay_short() {
     let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0);
     let mut lsn = START;
     let mut ends = Vec::new();
-    // Small records: the count bounds the chains. The last leaves a chain
+    // Small records: the count bounds the chain (a page holds 226 of these
+    // rows, so one chain's worth and the next). The last leaves the chain
     // one record short of the bound.
-    let n = 3 * MAX_REDO_CHAIN as u16 - 1;
+    let n = MAX_REDO_CHAIN as u16 - 1;
     for i in 0..n {
         let rec = heap_insert(0, i + 1, i == 0, lsn);
         ingest.ingest(&rec).unwrap();
@@ -107,12 +109,11 @@ fn pages_are_built_from_records_and_chains_stay_short() {
         assert_eq!(len, 28);
         assert_eq!(&page[off + 24..off + 28], &((i as u32 + 1) * 7).to_le_bytes());
     }
-    // The 64th and 128th record (counting the initializing one) were redone
-    // at ingest: no chain of records since an image reaches the bound.
-    assert_eq!(MAX_REDO_CHAIN, 64);
+    // No record was redone at ingest yet: the chain is one short.
+    assert_eq!(MAX_REDO_CHAIN, 128);
     let text = metrics.render();
-    assert!(text.contains("strata_pageserver_redo_pages_materialized_total 2"), "{text}");
-    assert!(text.contains(&format!("strata_pageserver_redo_records_stored_total {}", n - 2)), "{text}");
+    assert!(text.contains("strata_pageserver_redo_pages_materialized_total 0"), "{text}");
+    assert!(text.contains(&format!("strata_pageserver_redo_records_stored_total {n}")), "{text}");
 
     // Read again, newest first: each read rebuilds its version from the
     // stored records (the page kept from the newest read is of a later
@@ -128,7 +129,7 @@ fn pages_are_built_from_records_and_chains_stay_short() {
     let (applied, hits) = (counter("redo_records_applied"), counter("rebuilt_page_hits"));
     assert_eq!(tl.get(&key, last).unwrap().unwrap(), first[n as usize - 1]);
     assert_eq!((counter("redo_records_applied"), counter("rebuilt_page_hits")), (applied, hits + 1));
-    // The next record is the 64th since the last image: ingest redoes it,
+    // The next record is the 128th since the page began: ingest redoes it,
     // starting from the kept page, and stores the result as an image.
     let rec = heap_insert(0, n + 1, false, lsn);
     ingest.ingest(&rec).unwrap();
@@ -151,33 +152,42 @@ fn pages_are_built_from_records_and_chains_stay_short() {
 }
 
 #[test]
-fn chains_of_large_records_stay_within_a_page_of_bytes() {
+fn chains_of_large_records_stay_within_their_bytes() {
     let (tl, metrics) = timeline("bytes");
     let mut ingest = WalIngest::new(tl.clone()).unwrap();
     let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0);
-    let mut lsn = START;
-    let mut ends = Vec::new();
-    // Rows of 1000 bytes: 8 fit on the page, and their 8 records pass a page
-    // of bytes (each has a header besides the row).
-    let (rows, pad) = (8u16, 966);
-    let mut sizes = Vec::new();
-    for i in 0..rows {
-        let rec = heap_insert_padded(0, i + 1, i == 0, pad, lsn);
+    // One row of 1000 bytes, then changed in place again and again (a page
+    // cannot hold more than MAX_CHAIN_BYTES of inserts, so only records that
+    // rewrite what is there can pass the bound): each record is a row long.
+    let pad = 966;
+    let first = heap_insert_padded(0, 1, true, pad, START);
+    ingest.ingest(&first).unwrap();
+    let (mut lsn, mut ends, mut sizes) = (first.end_lsn, Vec::new(), Vec::new());
+    let changes = 40u8;
+    for i in 0..changes {
+        let mut row = 7u32.to_le_bytes().to_vec();
+        row.resize(4 + pad, i + 1);
+        let rec = record(RM_HEAP, HEAP_INPLACE, 0, BKPBLOCK_HAS_DATA, &row, &1u16.to_le_bytes(), lsn);
         sizes.push(rec.raw.len());
         ingest.ingest(&rec).unwrap();
         ends.push(rec.end_lsn);
         lsn = rec.end_lsn;
     }
-    // The record that would take the chain's bytes past a page is redone at
-    // ingest: every chain holds at most MAX_CHAIN_BYTES of records.
-    let per_chain = MAX_CHAIN_BYTES / sizes[1];
-    assert!(per_chain < rows as usize && (per_chain as u32) < MAX_REDO_CHAIN, "{per_chain}");
+    // The record that would take the chain's bytes past the bound is redone
+    // at ingest: every chain holds at most MAX_CHAIN_BYTES of records.
+    let chain = MAX_CHAIN_BYTES / sizes[0];
+    let first_chain = (MAX_CHAIN_BYTES - first.raw.len()) / sizes[0];
+    assert!(first_chain + chain < changes as usize && (chain as u32) < MAX_REDO_CHAIN, "{chain}");
     let materialized = common::metric(&metrics, "strata_pageserver_redo_pages_materialized_total") as usize;
-    assert_eq!(materialized, rows as usize / (per_chain + 1), "sizes {sizes:?}");
+    assert_eq!(materialized, 1 + (changes as usize - first_chain - 1) / (chain + 1), "sizes {sizes:?}");
     for (i, end) in ends.iter().enumerate() {
         let page = tl.get(&key, *end).unwrap().expect("the page exists");
-        assert_eq!(max_offset_number(&page).unwrap(), i as u16 + 1, "tuples at version {i}");
+        assert_eq!(max_offset_number(&page).unwrap(), 1);
         assert_eq!(pd_lsn(&page).unwrap(), end.0);
+        let item = u32::from_le_bytes(page[24..28].try_into().unwrap());
+        let off = (item & 0x7fff) as usize;
+        assert_eq!(&page[off + 24..off + 28], &7u32.to_le_bytes());
+        assert!(page[off + 28..off + 28 + pad].iter().all(|b| *b == i as u8 + 1), "version {i}");
     }
 }
 
