@@ -268,6 +268,11 @@ impl WalIngest {
             let key = Key::rel_block(tag, block.block);
             let native = strata_redo::supports(rec.rmgr(), rec.header.info);
             let Some(mut page) = rec.block_image(block).map_err(|e| image_failure(e.into()))? else {
+                if is_fpi_for_hint(rec) {
+                    // Hint bits set with full_page_writes off: PostgreSQL's
+                    // redo skips such a block too (hints are never needed).
+                    continue;
+                }
                 if !native {
                     return Err(IngestFailure::NoImage { rel, fork, block: blkno });
                 }
@@ -775,6 +780,12 @@ impl WalIngest {
             self.put(Key::twophase_dir(), Value::Image(Bytes::from(v)));
         }
     }
+}
+
+/// An `XLOG_FPI_FOR_HINT` record: hint bits changed on its pages. Without
+/// `full_page_writes` its blocks carry no image and replay skips them.
+fn is_fpi_for_hint(rec: &DecodedRecord) -> bool {
+    rec.rmgr() == rmgr::RM_XLOG_ID && rec.header.rmgr_info() == rmgr::XLOG_FPI_FOR_HINT
 }
 
 /// Most changes written on top of a relation directory of `entries` before

@@ -18,6 +18,9 @@ use strata_pageserver::timeline::Timeline;
 
 const START: Lsn = Lsn(0x0100_0028);
 const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16384 };
+const RM_XLOG: u8 = 0;
+const XLOG_FPI_FOR_HINT: u8 = 0xA0;
+const XLOG_FPI: u8 = 0xB0;
 const RM_HEAP: u8 = 10;
 const RM_HEAP2: u8 = 9;
 const RM_BTREE: u8 = 11;
@@ -189,6 +192,26 @@ fn chains_of_large_records_stay_within_their_bytes() {
         assert_eq!(&page[off + 24..off + 28], &7u32.to_le_bytes());
         assert!(page[off + 28..off + 28 + pad].iter().all(|b| *b == i as u8 + 1), "version {i}");
     }
+}
+
+#[test]
+fn hint_records_without_an_image_change_nothing() {
+    // With full_page_writes off, PostgreSQL logs a hint-bit change as an
+    // FPI_FOR_HINT record whose block has no image; its replay skips it.
+    let (tl, _) = timeline("hints");
+    let mut ingest = WalIngest::new(tl.clone()).unwrap();
+    let first = heap_insert(0, 1, true, START);
+    ingest.ingest(&first).unwrap();
+    let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0);
+    let before = tl.get(&key, first.end_lsn).unwrap().unwrap();
+    let hint = record(RM_XLOG, XLOG_FPI_FOR_HINT, 0, 0, &[], &[], first.end_lsn);
+    ingest.ingest(&hint).unwrap();
+    assert_eq!(tl.record_lsns().last, hint.end_lsn);
+    assert_eq!(tl.get(&key, hint.end_lsn).unwrap().unwrap(), before);
+    // A plain FPI record must have its image: without one it is refused.
+    let fpi = record(RM_XLOG, XLOG_FPI, 0, 0, &[], &[], hint.end_lsn);
+    let err = ingest.ingest(&fpi).expect_err("an FPI record without an image").to_string();
+    assert!(err.contains(&hint.end_lsn.to_string()), "{err}");
 }
 
 #[test]
