@@ -28,7 +28,11 @@ For each workload: wall seconds, ratio strata/stock speed (stock seconds /
 strata seconds, or tps ratio), WAL bytes, and CPU seconds of PostgreSQL
 (the postmaster with every child, exited ones included), of each
 safekeeper, of the pageserver and of the compute agent (proposer and lazy
-file system), also per MB of WAL.
+file system), also per MB of WAL. The pageserver's and the agent's threads
+are also counted by what they do (`pageserver.ingest`, `.flush`,
+`.compaction`, `.upload`; `compute_agent.proposer`, `.lazy_fs`), and every
+figure again once the services have worked off what the workload left
+(`cpu_settled`: the last flush, compaction, uploads).
 
 Usage: .venv/bin/python bench/write_path.py [--runs 3] [--seconds 20] [--only load,insert,restore,pgbench,catchup]
            [--quick]
@@ -93,8 +97,38 @@ def postgres_cpu(postmaster: int) -> float:
     return proc_cpu(postmaster, children=True) + sum(proc_cpu(c) for c in child_pids(postmaster))
 
 
+# A service's threads by what they do (their names), for the CPU budget.
+THREAD_ROLES = {
+    "pageserver": [("wal-", "ingest"), ("flush-", "flush"), ("compactor", "compaction"),
+                   ("remote-storage", "upload")],
+    "compute_agent": [("wal-proposer", "proposer"), ("proposer", "proposer"), ("fuser", "lazy_fs")],
+}
+
+
+def thread_cpu(pid: int, roles: list[tuple[str, str]]) -> dict[str, float]:
+    """CPU seconds of a process's live threads, grouped by name prefix
+    (threads that have exited are in no group: the process total has them)."""
+    out = {role: 0.0 for _, role in roles}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return out
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        role = next((r for prefix, r in roles if name.startswith(prefix)), None)
+        if role:
+            out[role] += (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
 class Processes:
-    """The processes whose CPU is counted, by role."""
+    """The processes whose CPU is counted, by role (and the threads of the
+    pageserver and the agent by what they do, as `role.part`)."""
 
     def __init__(self, postmaster: int, services: dict[str, int] | None = None):
         self.postmaster = postmaster
@@ -104,7 +138,24 @@ class Processes:
         out = {"postgres": postgres_cpu(self.postmaster)}
         for name, pid in self.services.items():
             out[name] = proc_cpu(pid)
+            for part, cpu in thread_cpu(pid, THREAD_ROLES.get(name, [])).items():
+                out[f"{name}.{part}"] = cpu
         return out
+
+    def settle(self, quiet: float = 0.1, limit: float = 180) -> None:
+        """Waits until the services stop working off what the workload left
+        (the pageserver's flushes, compaction and uploads): less than `quiet`
+        CPU seconds in all over 2 s, or `limit` seconds."""
+        if not self.services:
+            return
+        deadline = time.monotonic() + limit
+        last = sum(proc_cpu(p) for p in self.services.values())
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            now = sum(proc_cpu(p) for p in self.services.values())
+            if now - last < quiet:
+                return
+            last = now
 
 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -188,8 +239,12 @@ def timed(target, fn) -> dict:
     cpu1 = procs.sample()
     wal = wal_lsn(env) - lsn0
     cpu = cpu_delta(cpu0, cpu1)
-    return {"seconds": round(seconds, 2), "wal_mb": round(wal / MB, 1), "cpu": cpu,
-            "cpu_per_wal_mb": {k: round(v / max(wal / MB, 1e-9), 4) for k, v in cpu.items()}}
+    # What the services still do for this workload after it returned (the
+    # last flush, compaction, uploads) is part of its cost.
+    procs.settle()
+    settled = cpu_delta(cpu0, procs.sample())
+    return {"seconds": round(seconds, 2), "wal_mb": round(wal / MB, 1), "cpu": cpu, "cpu_settled": settled,
+            "cpu_per_wal_mb": {k: round(v / max(wal / MB, 1e-9), 4) for k, v in settled.items()}}
 
 
 # ------------------------------------------------------------ workloads
@@ -344,8 +399,10 @@ def median(values: list[float]) -> float:
 def summarize(runs: list[dict]) -> dict:
     """Medians of seconds and WAL, and of each role's CPU."""
     roles = sorted({k for r in runs for k in r["cpu"]})
+    settled = sorted({k for r in runs for k in r.get("cpu_settled", {})})
     return {"seconds": median([r["seconds"] for r in runs]), "wal_mb": median([r["wal_mb"] for r in runs]),
             "cpu": {k: median([r["cpu"].get(k, 0.0) for r in runs]) for k in roles},
+            "cpu_settled": {k: median([r["cpu_settled"].get(k, 0.0) for r in runs]) for k in settled},
             "runs_seconds": [r["seconds"] for r in runs]}
 
 
@@ -401,6 +458,7 @@ def main() -> int:
                          f"speed {s['seconds'] / z['seconds']:.2f}x (paired {paired:.2f})  "
                          f"WAL stock {s['wal_mb']:.0f} MB strata {z['wal_mb']:.0f} MB")
             lines.append(f"         CPU s stock {s['cpu']}  strata {z['cpu']}")
+            lines.append(f"         CPU s once settled: strata {z['cpu_settled']}")
             save(results, lines, args.quick)
         if "pgbench" in only:
             per = {"stock": [], "strata": [], "sync_any2": []}
