@@ -111,11 +111,13 @@ STRATA_CONFIGS = ("strata", "verify")
 COUNTERS = ("wal_bytes_ingested", "records_ingested", "redo_records_stored", "redo_pages_materialized",
             "layer_bytes_written", "layers_flushed", "redo_blocks_verified", "redo_mismatches")
 
-# Records of one page the pageserver keeps for redo before it stores the page
-# as an image instead (MAX_REDO_CHAIN in pageserver/src/ingest.rs): used to
-# follow the length of a page's chain through the WAL.
-MAX_REDO_CHAIN = int(re.search(r"pub const MAX_REDO_CHAIN: u32 = (\d+);",
-                                (REPO / "pageserver" / "src" / "ingest.rs").read_text()).group(1))
+# Records of one page, and their bytes, the pageserver keeps for redo before
+# it stores the page as an image instead (MAX_REDO_CHAIN and MAX_CHAIN_BYTES in
+# pageserver/src/ingest.rs): used to follow the length of a page's chain
+# through the WAL.
+_INGEST = (REPO / "pageserver" / "src" / "ingest.rs").read_text()
+MAX_REDO_CHAIN = int(re.search(r"pub const MAX_REDO_CHAIN: u32 = (\d+);", _INGEST).group(1))
+MAX_CHAIN_BYTES = int(re.search(r"pub const MAX_CHAIN_BYTES: usize = (\d+);", _INGEST).group(1))
 
 # The insert workload's table: three btree indexes, two of them on random
 # keys; no autovacuum, so that its WAL is that of the inserts alone.
@@ -398,14 +400,17 @@ def wal_files(pgdata: Path, start: int, end: int, segment_size: int) -> list[Pat
 def redo_chains(strata_bin: Path, files: list[Path], start: int, end: int, rels: set[str]) -> dict:
     """Follows, through the WAL in [start, end), how many WAL records a read
     of each page of `rels` (main fork) has to redo after each record that
-    changes it: 0 after an image (logged by PostgreSQL or materialized by the
-    pageserver every MAX_REDO_CHAIN records), one more with each record
+    changes it: 0 after an image (logged by PostgreSQL, or materialized by the
+    pageserver once the chain would reach MAX_REDO_CHAIN records or pass
+    MAX_CHAIN_BYTES), one more with each record
     stored without an image. Returns {(rel, block): [(end_lsn, records to redo)]}.
     Pages whose first record in the range has no image are left out (their
     chain began before it)."""
     res = subprocess.run([str(strata_bin), "wal", "dump", "--json", "--start", format_lsn(start),
                           *map(str, files)], capture_output=True, text=True, timeout=600)
-    state: dict[tuple[str, int], tuple[int, bool]] = {}
+    # Per page: records stored since its last image, their bytes, and whether
+    # the chain starts at a record that initializes the page.
+    state: dict[tuple[str, int], tuple[int, int, bool]] = {}
     history: dict[tuple[str, int], list[tuple[int, int]]] = {}
     unknown: set[tuple[str, int]] = set()
     complete = False
@@ -425,17 +430,17 @@ def redo_chains(strata_bin: Path, files: list[Path], start: int, end: int, rels:
             if b["fork"] != "main" or b["rel"] not in rels or key in unknown:
                 continue
             if b["image"]:
-                count, wal_base = 0, False
+                count, size, wal_base = 0, 0, False
             elif b["will_init"]:
-                count, wal_base = 0, True
+                count, size, wal_base = 0, rec["total_len"], True
             elif key not in state:
                 unknown.add(key)
                 continue
             else:
-                count, wal_base = state[key][0] + 1, state[key][1]
-                if count >= MAX_REDO_CHAIN:
-                    count, wal_base = 0, False  # redone at ingest and stored as an image
-            state[key] = (count, wal_base)
+                count, size, wal_base = state[key][0] + 1, state[key][1] + rec["total_len"], state[key][2]
+                if count + int(wal_base) >= MAX_REDO_CHAIN or size > MAX_CHAIN_BYTES:
+                    count, size, wal_base = 0, 0, False  # redone at ingest and stored as an image
+            state[key] = (count, size, wal_base)
             history.setdefault(key, []).append((parse_lsn(rec["end_lsn"]), count + int(wal_base)))
     if not complete:
         raise RuntimeError(f"strata wal dump did not reach {format_lsn(end)}:\n{res.stdout[-2000:]}\n"
