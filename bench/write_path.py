@@ -73,15 +73,24 @@ INSERT = ("CREATE TABLE big (id bigint, k int, a text, b text);"
 
 # ------------------------------------------------------------------ CPU
 
+def read_stat(path: Path) -> tuple[str, list[str]] | None:
+    """A process's or thread's `stat`: its name and the fields after it
+    (None if it is gone)."""
+    try:
+        stat = path.read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+
+
 def proc_cpu(pid: int, children: bool = False) -> float:
     """CPU seconds of `pid` (and of its waited-for children with
     `children`), 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
+    stat = read_stat(Path(f"/proc/{pid}/stat"))
+    if stat is None:
         return 0.0
     # After the name: state is field 3; utime 14, stime 15, cutime 16, cstime 17.
-    u, s, cu, cs = (int(fields[i]) for i in (11, 12, 13, 14))
+    u, s, cu, cs = (int(stat[1][i]) for i in (11, 12, 13, 14))
     return (u + s + ((cu + cs) if children else 0)) / TICK
 
 
@@ -114,12 +123,10 @@ def thread_cpu(pid: int, roles: list[tuple[str, str]]) -> dict[str, float]:
     except FileNotFoundError:
         return out
     for task in tasks:
-        try:
-            stat = (task / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError):
+        stat = read_stat(task / "stat")
+        if stat is None:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
+        name, fields = stat
         role = next((r for prefix, r in roles if name.startswith(prefix)), None)
         if role:
             out[role] += (int(fields[11]) + int(fields[12])) / TICK

@@ -15,14 +15,13 @@
 //! counters — are derived from the records themselves.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use bytes::Bytes;
 // Ingest looks up a cached size, directory and chain for every block of
 // every record; SipHash was a tenth of the ingest thread. The keys are
 // relation and block numbers, bounded in count (`MAX_TRACKED_CHAINS`).
 use rustc_hash::FxHashMap as HashMap;
-use std::sync::Arc;
-
-use bytes::Bytes;
 use strata_formats::page::{checksum, is_new, set_pd_lsn};
 use strata_formats::types::{BlockNumber, ForkNumber, Oid, RelFileNode};
 use strata_formats::v15::checkpoint_state::CheckpointState;
