@@ -10,7 +10,7 @@ use strata_formats::page::{max_offset_number, pd_lsn};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::wal::record::{record_crc, DecodedRecord};
 use strata_formats::Lsn;
-use strata_pageserver::ingest::{WalIngest, MAX_CHAIN_BYTES, MAX_REDO_CHAIN};
+use strata_pageserver::ingest::{WalIngest, MAX_CHAIN_BYTES, MAX_PENDING_VERSIONS, MAX_REDO_CHAIN};
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::metrics::Metrics;
@@ -192,6 +192,51 @@ fn chains_of_large_records_stay_within_their_bytes() {
         assert_eq!(&page[off + 24..off + 28], &7u32.to_le_bytes());
         assert!(page[off + 28..off + 28 + pad].iter().all(|b| *b == i as u8 + 1), "version {i}");
     }
+}
+
+#[test]
+fn added_records_wait_for_a_commit_and_their_number_is_bounded() {
+    let (tl, _) = timeline("pending");
+    let mut ingest = WalIngest::new(tl.clone()).unwrap();
+    // Each record starts a new page: its version and the relation's size.
+    let (mut lsn, mut added, mut first_visible) = (START, 0usize, None);
+    for block in 0..MAX_PENDING_VERSIONS as u32 {
+        let rec = heap_insert(block, 1, true, lsn);
+        ingest.add(&rec).unwrap();
+        added += 1;
+        lsn = rec.end_lsn;
+        if first_visible.is_none() && tl.record_lsns().last > START {
+            first_visible = Some(added);
+        }
+    }
+    // Nothing was visible until the held versions reached the bound, two per
+    // record (after the first, which also lists the relation).
+    let first_visible = first_visible.expect("the bound makes records visible without a commit");
+    assert!(
+        first_visible <= MAX_PENDING_VERSIONS / 2 && first_visible > MAX_PENDING_VERSIONS / 2 - 2,
+        "{first_visible}"
+    );
+    assert!(tl.record_lsns().last < lsn);
+    ingest.commit();
+    assert_eq!(tl.record_lsns().last, lsn);
+    let key = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, MAX_PENDING_VERSIONS as u32 - 1);
+    assert_eq!(max_offset_number(&tl.get(&key, lsn).unwrap().unwrap()).unwrap(), 1);
+    // A record that fails adds nothing; the one before it stays pending and
+    // the next commit makes it visible.
+    let good = heap_insert(0, 2, false, lsn);
+    ingest.add(&good).unwrap();
+    let bad = heap_insert(MAX_PENDING_VERSIONS as u32 + 5, 1, false, good.end_lsn);
+    ingest.add(&bad).expect_err("a block beyond the relation's end");
+    assert_eq!(tl.record_lsns().last, lsn);
+    ingest.commit();
+    assert_eq!(tl.record_lsns().last, good.end_lsn);
+    assert_eq!(
+        max_offset_number(
+            &tl.get(&Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 0), good.end_lsn).unwrap().unwrap()
+        )
+        .unwrap(),
+        2
+    );
 }
 
 #[test]
