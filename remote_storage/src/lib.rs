@@ -10,6 +10,7 @@
 //! under the same relative paths.
 
 pub mod config;
+mod local_copy;
 pub mod wal;
 
 use std::path::{Path, PathBuf};
@@ -59,10 +60,21 @@ pub struct ObjectInfo {
     pub last_modified: std::time::SystemTime,
 }
 
+/// A file uploaded by [`RemoteStorage::upload_file`]: its size and the
+/// CRC-32C of its bytes (computed while they are copied, not read again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Uploaded {
+    pub size: u64,
+    pub crc32c: u32,
+}
+
 /// A connection to one object store, under one prefix.
 #[derive(Clone, Debug)]
 pub struct RemoteStorage {
     store: Arc<dyn ObjectStore>,
+    /// The same store when it is a local directory: files are uploaded into
+    /// it by streaming copies instead of through memory (see `upload_file`).
+    local: Option<Arc<object_store::local::LocalFileSystem>>,
     /// Prepended to every key (empty for none).
     prefix: String,
     describe: String,
@@ -76,6 +88,7 @@ impl RemoteStorage {
     /// Opens the storage `cfg` describes; a local directory is created if
     /// missing. Nothing is read or written yet.
     pub fn new(cfg: &RemoteStorageConfig) -> Result<RemoteStorage, RemoteError> {
+        let mut local = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match cfg {
             RemoteStorageConfig::Local { path } => {
                 std::fs::create_dir_all(path).map_err(|source| RemoteError::Local {
@@ -85,8 +98,13 @@ impl RemoteStorage {
                 })?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(path)
                     .map_err(|e| RemoteError::Config(format!("{}: {e}", path.display())))?;
-                // Writes go to a temporary file that is renamed: no reader sees half an object.
-                (Arc::new(fs.with_automatic_cleanup(true)), String::new())
+                // Writes go to a temporary file that is renamed: no reader
+                // sees half an object. An object that was written survives a
+                // crash of the machine, as it would in S3: the pageserver and
+                // the safekeepers delete their own copies once it is.
+                let fs = Arc::new(fs.with_automatic_cleanup(true).with_fsync(true));
+                local = Some(fs.clone());
+                (fs, String::new())
             }
             RemoteStorageConfig::S3 { bucket, prefix, endpoint, region, access_key_id, secret_access_key } => {
                 // Retries are ours (bounded, jittered, logged, with a timeout
@@ -111,6 +129,7 @@ impl RemoteStorage {
         };
         Ok(RemoteStorage {
             store,
+            local,
             prefix,
             describe: cfg.describe(),
             timeout: DEFAULT_TIMEOUT,
@@ -185,17 +204,36 @@ impl RemoteStorage {
         Ok(())
     }
 
-    /// Uploads the file at `local` as the object `key`; returns its size.
-    /// The file is read whole: its size bounds the memory an upload takes.
-    pub async fn upload_file(&self, key: &str, local: &Path) -> Result<u64, RemoteError> {
+    /// Uploads the file at `local` as the object `key`; returns its size and
+    /// CRC-32C. Into a local directory the file is copied in 1 MiB chunks
+    /// (staged, fsynced, renamed); to S3 it is read whole: its size bounds
+    /// the memory an upload takes.
+    pub async fn upload_file(&self, key: &str, local: &Path) -> Result<Uploaded, RemoteError> {
+        if let Some(fs) = &self.local {
+            let dest = fs.path_to_filesystem(&self.path("uploading", key)?).map_err(|e| RemoteError::Failed {
+                op: "uploading",
+                key: key.to_string(),
+                attempts: 0,
+                message: e.to_string(),
+            })?;
+            let src = local.to_path_buf();
+            return tokio::task::spawn_blocking(move || local_copy::upload(&src, &dest))
+                .await
+                .map_err(|e| RemoteError::Local {
+                    op: "uploading",
+                    path: local.to_path_buf(),
+                    source: std::io::Error::other(e),
+                })?
+                .map_err(|(op, path, source)| RemoteError::Local { op, path, source });
+        }
         let bytes = tokio::fs::read(local).await.map_err(|source| RemoteError::Local {
             op: "reading",
             path: local.to_path_buf(),
             source,
         })?;
-        let size = bytes.len() as u64;
+        let uploaded = Uploaded { size: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes) };
         self.put(key, Bytes::from(bytes)).await?;
-        Ok(size)
+        Ok(uploaded)
     }
 
     /// The whole object `key`.

@@ -40,7 +40,8 @@ async fn a_local_directory_stores_lists_downloads_and_deletes_objects() {
     assert_eq!(std::fs::read(&file).unwrap(), b"layer bytes");
     assert!(!PathBuf::from(format!("{}.download", file.display())).exists());
     // And back up from a file.
-    assert_eq!(storage.upload_file("copy", &file).await.unwrap(), 11);
+    let uploaded = storage.upload_file("copy", &file).await.unwrap();
+    assert_eq!(uploaded, Uploaded { size: 11, crc32c: crc32c::crc32c(b"layer bytes") });
     assert_eq!(storage.get("copy").await.unwrap(), Bytes::from_static(b"layer bytes"));
 
     storage.delete(key).await.unwrap();
@@ -54,6 +55,36 @@ async fn a_local_directory_stores_lists_downloads_and_deletes_objects() {
     assert!(err.contains("reading") && err.contains("missing-file"), "{err}");
     let err = storage.put("a//b", Bytes::new()).await.unwrap_err().to_string();
     assert!(err.contains("a//b") && err.contains("not a valid object name"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_file_uploaded_into_a_local_directory_is_copied_whole_with_its_crc_and_no_staging_file_left() {
+    let dir = temp_dir("upload");
+    let storage = local(&dir.join("store"));
+    // Larger than one copy chunk and not a multiple of it, so the CRC is
+    // carried across chunks.
+    let mut rng = strata_test_support::rng::seeded("local upload", 7);
+    let bytes: Vec<u8> = (0..(1 << 20) * 2 + 4097).map(|_| rng.u8(..)).collect();
+    let file = dir.join("layer");
+    std::fs::write(&file, &bytes).unwrap();
+    let key = "tenants/t1/timelines/l1/layer-a";
+    let uploaded = storage.upload_file(key, &file).await.unwrap();
+    assert_eq!(uploaded, Uploaded { size: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes) });
+    assert_eq!(storage.get(key).await.unwrap(), Bytes::from(bytes.clone()));
+    // Uploading again replaces the object; a staging name left by a crashed
+    // upload is neither reused nor listed.
+    std::fs::write(dir.join("store").join(format!("{key}#1")), b"torn").unwrap();
+    std::fs::write(&file, b"second").unwrap();
+    assert_eq!(storage.upload_file(key, &file).await.unwrap().size, 6);
+    assert_eq!(storage.get(key).await.unwrap(), Bytes::from_static(b"second"));
+    let names: Vec<String> = std::fs::read_dir(dir.join("store/tenants/t1/timelines/l1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with("layer-a#")).count(), 1, "{names:?}");
+    let listed = storage.list("tenants/t1").await.unwrap();
+    assert_eq!(listed.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), vec![key]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -376,19 +376,17 @@ impl RemoteTimeline {
             let generation = self.generation;
             uploads.spawn(async move {
                 let _permit = permit;
-                let read = tokio::task::spawn_blocking({
-                    let path = path.clone();
-                    move || std::fs::read(path)
-                })
-                .await
-                .map_err(|e| SyncError::Other(e.to_string()))?;
-                let bytes = match read {
-                    Ok(b) => b,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SyncError::Replaced(name)),
-                    Err(e) => return Err(SyncError::Other(format!("reading {}: {e}", path.display()))),
+                let uploaded = match storage.upload_file(&key, &path).await {
+                    Ok(u) => u,
+                    // Compaction replaced the layer since `meta` was taken.
+                    Err(RemoteError::Local { op: "reading", source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        return Err(SyncError::Replaced(name))
+                    }
+                    Err(e) => return Err(e.into()),
                 };
-                let layer = IndexLayer { name, size: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes), generation };
-                storage.put(&key, Bytes::from(bytes)).await?;
+                let layer = IndexLayer { name, size: uploaded.size, crc32c: uploaded.crc32c, generation };
                 Ok(layer)
             });
         }
