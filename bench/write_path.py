@@ -24,6 +24,12 @@ Workloads, each on a fresh cluster of each kind, --runs times (medians):
            safekeepers', and `strata wal bench` (decoding alone) on the
            same segments.
 
+After each bulk load on Strata (load, insert, restore), once settled: the
+layer bytes the pageserver wrote for it (flushes, compaction, image
+layers) against its WAL, and the bytes it stores for the timeline before
+and after compaction and GC (no PITR window), against PostgreSQL's data
+files of every database.
+
 For each workload: wall seconds, ratio strata/stock speed (stock seconds /
 strata seconds, or tps ratio), WAL bytes, and CPU seconds of PostgreSQL
 (the postmaster with every child, exited ones included), of each
@@ -198,10 +204,13 @@ class Stock:
 class Strata:
     """A local cluster through the CLI, and one endpoint on `main`."""
 
-    def __init__(self, strata_bin: Path, base: Path, name: str, *endpoint_args: str):
+    def __init__(self, strata_bin: Path, base: Path, name: str, *endpoint_args: str,
+                 pageserver: dict | None = None):
         self.cluster = LocalCluster(strata_bin, base / name, PG_BIN)
         self.cluster.workdir.mkdir()
         self.cluster.init()
+        if pageserver:
+            self.cluster.configure("pageserver", pageserver)
         self.cluster.start()
         self.ep = Endpoint(self.cluster, "main")
         self.ep.start(*endpoint_args)
@@ -221,6 +230,45 @@ class Strata:
         if self.cluster.run("stop", check=False, timeout=600).returncode != 0:
             self.cluster.run("stop", "--immediate", check=False, timeout=600)
         shutil.rmtree(self.cluster.workdir, ignore_errors=True)
+
+
+# Bulk loads run with no PITR window and GC only when asked, so that after
+# the timed part one collection shows what the loaded data costs to keep.
+# (The default keeps 7 days of history and collects every 60 s; with 7 days
+# nothing of a fresh load is collected, so the timed part is the same.)
+GC_NOW = {"pitr_interval": 0, "gc_horizon": 0, "gc_period": 3600}
+LAYER_WRITES = ("strata_pageserver_layer_bytes_written_total", "strata_pageserver_compaction_bytes_written_total",
+                "strata_pageserver_image_bytes_written_total")
+
+
+def storage(target: "Strata", before: dict[str, float], wal_mb: float) -> dict:
+    """After a settled bulk load: the layer bytes the pageserver wrote for it
+    (flushes, including what was still in memory, compaction, images)
+    against its WAL, and the bytes it stores
+    for the timeline before and after compaction and GC against
+    PostgreSQL's data files of every database."""
+    c = target.cluster
+    # What ingest still holds in memory is flushed first: it is written for
+    # the load as surely as what was flushed already.
+    code, body = c.http("pageserver", "POST", c.timeline_path() + "/checkpoint", timeout=600)
+    if code != 200:
+        raise RuntimeError(f"checkpoint: {code} {body}")
+    target.processes().settle()
+    after = c.metrics("pageserver")
+    parts = {k.split("_")[2]: after.get(k, 0) - before.get(k, 0) for k in LAYER_WRITES}
+    written = sum(parts.values())
+    stored = c.timeline_status("pageserver")["layer_bytes"]
+    code, body = c.http("pageserver", "POST", c.timeline_path() + "/checkpoint?compact=true&gc=true&upload_timeout=120",
+                        timeout=600)
+    if code != 200:
+        raise RuntimeError(f"checkpoint with compaction and GC: {code} {body}")
+    collected = c.timeline_status("pageserver")["layer_bytes"]
+    data = int(run(target.env(), "psql", "-XAtc", "SELECT sum(pg_database_size(oid)) FROM pg_database").stdout)
+    return {"layer_mb_written": round(written / MB, 1),
+            "layer_written_by": {k: round(v / MB, 1) for k, v in parts.items()},
+            "layer_written_vs_wal": round(written / MB / max(wal_mb, 1e-9), 3),
+            "stored_mb": round(stored / MB, 1), "stored_after_gc_mb": round(collected / MB, 1),
+            "data_files_mb": round(data / MB, 1), "stored_after_gc_vs_data": round(collected / max(data, 1), 3)}
 
 
 def run(env: dict, *cmd: str, timeout: float = 3600) -> subprocess.CompletedProcess:
@@ -446,9 +494,12 @@ def main() -> int:
                 # Alternating which goes first: the shared machine drifts.
                 for kind in ("stock", "strata") if r % 2 == 0 else ("strata", "stock"):
                     t = Stock(base, f"{name}-{kind}-{r}") if kind == "stock" else Strata(
-                        strata_bin, base, f"{name}-{kind}-{r}")
+                        strata_bin, base, f"{name}-{kind}-{r}", pageserver=GC_NOW)
                     try:
+                        before = t.cluster.metrics("pageserver") if kind == "strata" else {}
                         per[kind].append(timed(t, fn))
+                        if kind == "strata":
+                            per[kind][-1]["storage"] = storage(t, before, per[kind][-1]["wal_mb"])
                     except Exception as e:  # a failure is a finding: recorded, the other runs go on
                         failure = f"{name} run {r} on {kind}: {e}\n{t.diagnose()}"
                         print(failure, file=sys.stderr)
@@ -466,6 +517,15 @@ def main() -> int:
                          f"WAL stock {s['wal_mb']:.0f} MB strata {z['wal_mb']:.0f} MB")
             lines.append(f"         CPU s stock {s['cpu']}  strata {z['cpu']}")
             lines.append(f"         CPU s once settled: strata {z['cpu_settled']}")
+            st = {k: median([r["storage"][k] for r in per["strata"]]) for k in (
+                "layer_mb_written", "layer_written_vs_wal", "stored_mb", "stored_after_gc_mb", "data_files_mb",
+                "stored_after_gc_vs_data")}
+            results[name]["storage"] = st
+            lines.append(f"         layers written {st['layer_mb_written']:.0f} MB = {st['layer_written_vs_wal']:.2f}x "
+                         f"the WAL (target <= 1.5; by kind {[r['storage']['layer_written_by'] for r in per['strata']]}); "
+                         f"stored {st['stored_mb']:.0f} MB, after compaction and GC {st['stored_after_gc_mb']:.0f} MB "
+                         f"= {st['stored_after_gc_vs_data']:.2f} of {st['data_files_mb']:.0f} MB of data files "
+                         f"(target <= 0.33)")
             save(results, lines, args.quick)
         if "pgbench" in only:
             per = {"stock": [], "strata": [], "sync_any2": []}

@@ -51,14 +51,25 @@ const DELTA_LEVEL: i32 = -1;
 /// zstd level of index blocks (one per 128 entries, so their tables cost
 /// little).
 const INDEX_LEVEL: i32 = 1;
-/// zstd level of image layers: written in the background and kept for
-/// long; level 6 over groups stores about 1.4× less than level 1 per page
-/// at about 170 MB/s (`docs/pageserver-storage.md`).
-const IMAGE_LEVEL: i32 = 6;
+/// zstd level of image layers, over groups of pages: level 3 stores about
+/// what level 6 does (better on heaps, a fifth more on B-trees) at about
+/// three times its speed; level 6 was most of image creation's CPU after a
+/// bulk load (`docs/decisions.md`, "Image layers at zstd level 3").
+const IMAGE_LEVEL: i32 = 3;
 /// An image layer's group closes at this many values...
 const GROUP_VALUES: usize = 16;
 /// ...or once it holds this many bytes; a value this large is stored alone.
 const GROUP_BYTES: usize = 128 << 10;
+/// A delta layer groups values smaller than this: the WAL records stored
+/// for native redo, which compress poorly alone (too short for zstd to
+/// find anything) and well side by side (their headers and a table's
+/// tuples repeat). Page images and larger values stay alone, so that a
+/// read of one page decompresses only that page.
+const DELTA_GROUP_VALUE: usize = 2 << 10;
+/// A delta layer's group closes at this many values or bytes: a read of
+/// one version decompresses at most about this much.
+const DELTA_GROUP_VALUES: usize = 64;
+const DELTA_GROUP_BYTES: usize = 16 << 10;
 
 /// zstd's bound on the compressed size of `n` bytes (`ZSTD_COMPRESSBOUND`).
 const fn zstd_bound(n: usize) -> usize {
@@ -71,6 +82,10 @@ const fn zstd_bound(n: usize) -> usize {
 const _: () = assert!(zstd_bound(ENTRY_SIZE * ENTRIES_PER_BLOCK) <= MAX_STORED_BLOCK as usize);
 // A group's slot is one byte.
 const _: () = assert!(GROUP_VALUES <= u8::MAX as usize + 1);
+const _: () = assert!(DELTA_GROUP_VALUES <= super::group::MAX_VALUES);
+// A delta group, closed at DELTA_GROUP_BYTES with one more value below
+// DELTA_GROUP_VALUE, fits what readers decompress.
+const _: () = assert!(2 + 4 * DELTA_GROUP_VALUES + DELTA_GROUP_BYTES + DELTA_GROUP_VALUE <= super::group::MAX_PAYLOAD);
 // A group closes once it reaches GROUP_BYTES, and takes only values smaller
 // than that: compressed, it stays within the largest value readers accept.
 const _: () = assert!(zstd_bound(2 * GROUP_BYTES) <= MAX_VALUE as usize);
@@ -448,20 +463,39 @@ impl LayerFileWriter {
         encoded.clear();
         value.encode(&mut encoded);
         let flags = if value.is_base() { FLAG_BASE } else { 0 };
-        let result = if self.name.kind == LayerKind::Image && encoded.len() < GROUP_BYTES {
-            self.pending.push((*key, lsn, flags));
-            self.group.push(&encoded);
-            if self.group.len() == GROUP_VALUES || self.group.bytes() >= GROUP_BYTES {
-                self.write_group()
-            } else {
-                Ok(())
-            }
+        let result = if encoded.len() < self.group_value_limit() {
+            self.add_to_group(*key, lsn, flags, &encoded)
         } else {
             // Entries stay in key order: a pending group goes first.
             self.write_group().and_then(|()| self.write_single(*key, lsn, flags, &encoded))
         };
         self.scratch = encoded;
         result
+    }
+
+    /// Values smaller than this go into groups.
+    fn group_value_limit(&self) -> usize {
+        match self.name.kind {
+            LayerKind::Image => GROUP_BYTES,
+            LayerKind::Delta => DELTA_GROUP_VALUE,
+        }
+    }
+
+    /// Adds an uncompressed encoded value to the pending group, and writes
+    /// the group once it is full.
+    fn add_to_group(&mut self, key: Key, lsn: Lsn, flags: u8, encoded: &[u8]) -> Result<(), WriteError> {
+        debug_assert!(flags & (FLAG_ZSTD | FLAG_GROUP) == 0, "a group takes values uncompressed");
+        self.pending.push((key, lsn, flags));
+        self.group.push(encoded);
+        let (values, bytes) = match self.name.kind {
+            LayerKind::Image => (GROUP_VALUES, GROUP_BYTES),
+            LayerKind::Delta => (DELTA_GROUP_VALUES, DELTA_GROUP_BYTES),
+        };
+        if self.group.len() == values || self.group.bytes() >= bytes {
+            self.write_group()
+        } else {
+            Ok(())
+        }
     }
 
     /// Writes one value on its own, compressed if that makes it smaller.
@@ -521,8 +555,14 @@ impl LayerFileWriter {
         debug_assert!(self.last.is_none_or(|l| l <= (v.key, v.lsn)), "versions out of order");
         debug_assert!(v.key >= self.name.key_start && v.key < self.name.key_end);
         debug_assert!(v.lsn >= self.name.lsn_start && v.lsn < self.name.lsn_end);
-        self.write_group()?;
         self.last = Some((v.key, v.lsn));
+        // A small value (as it came out of a group, or stored alone
+        // uncompressed) joins this file's groups: compaction regroups
+        // what it merges rather than storing it uncompressed.
+        if self.name.kind == LayerKind::Delta && v.flags & FLAG_ZSTD == 0 && v.bytes.len() < DELTA_GROUP_VALUE {
+            return self.add_to_group(v.key, v.lsn, v.flags & FLAG_BASE, &v.bytes);
+        }
+        self.write_group()?;
         self.out.write_all(&v.bytes).map_err(self.failed("writing"))?;
         let crc = crc32c::crc32c(&v.bytes);
         let flags = v.flags & (FLAG_ZSTD | FLAG_BASE);
@@ -653,6 +693,14 @@ struct Loaded {
 }
 
 impl Loaded {
+    /// Where the values end: the index is written after the last of them.
+    fn values_end(&self) -> u64 {
+        match &self.index {
+            IndexLayout::Plain { offset } => *offset,
+            IndexLayout::Blocks(blocks) => blocks.first().map_or(HEADER_SIZE as u64, |b| b.0),
+        }
+    }
+
     /// The entries of index block `block` as stored uncompressed: a
     /// version 2 block is checked against its CRC and its size.
     fn index_block(&self, block: usize) -> Result<Vec<u8>, BlockError> {
@@ -1021,23 +1069,40 @@ impl LayerFile {
 
     /// The stored bytes of a value (or of its group), checked against their CRC.
     fn read_stored(&self, l: &Loaded, e: &Entry) -> Result<Vec<u8>, LayerError> {
+        self.check_len(e)?;
+        let mut buf = vec![0u8; e.len as usize];
+        l.file.read_exact_at(&mut buf, e.offset).map_err(|source| self.io(source))?;
+        self.check_crc(e, &buf)?;
+        Ok(buf)
+    }
+
+    fn check_len(&self, e: &Entry) -> Result<(), LayerError> {
         if e.len > MAX_VALUE {
             return Err(self.corrupt(format!("value of {} bytes at offset {}", e.len, e.offset)));
         }
-        let mut buf = vec![0u8; e.len as usize];
-        l.file
-            .read_exact_at(&mut buf, e.offset)
-            .map_err(|source| LayerError::Io { path: self.path.display().to_string(), source })?;
-        if crc32c::crc32c(&buf) != e.crc {
+        Ok(())
+    }
+
+    fn check_crc(&self, e: &Entry, stored: &[u8]) -> Result<(), LayerError> {
+        if crc32c::crc32c(stored) != e.crc {
             return Err(self.corrupt(format!("CRC mismatch in the value of key {} at offset {}", e.key, e.offset)));
         }
-        Ok(buf)
+        Ok(())
+    }
+
+    fn io(&self, source: std::io::Error) -> LayerError {
+        LayerError::Io { path: self.path.display().to_string(), source }
     }
 
     /// The group an entry's value belongs to (`FLAG_GROUP`).
     fn read_group(&self, l: &Loaded, e: &Entry) -> Result<Group, LayerError> {
         let stored = self.read_stored(l, e)?;
-        decompress(&stored, super::group::MAX_PAYLOAD, false)
+        self.decode_group(e, &stored)
+    }
+
+    /// A group from its stored (checked) bytes.
+    fn decode_group(&self, e: &Entry, stored: &[u8]) -> Result<Group, LayerError> {
+        decompress(stored, super::group::MAX_PAYLOAD, false)
             .map_err(|err| err.to_string())
             .and_then(Group::decode)
             .map_err(|err| self.corrupt(format!("value group at offset {}: {err}", e.offset)))
@@ -1132,12 +1197,12 @@ impl LayerFile {
     /// Every version in key, then LSN order, as stored (each checked
     /// against its CRC): the input of compaction.
     pub fn scan(&self) -> Scan<'_> {
-        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: true, group: None }
+        Scan::new(self, true)
     }
 
     /// Every (key, LSN) in order, from the index alone.
     pub fn scan_keys(&self) -> Scan<'_> {
-        Scan { layer: self, loaded: self.loaded(), block: 0, entries: Vec::new(), next: 0, values: false, group: None }
+        Scan::new(self, false)
     }
 
     /// Decodes a version read by [`LayerFile::scan`].
@@ -1203,6 +1268,39 @@ pub struct Scan<'a> {
     values: bool,
     /// The last value group read (by its offset): its values come in a row.
     group: Option<(u64, Group)>,
+    /// Stored bytes read ahead from this file offset: values lie in the
+    /// file in the order of their entries, so a scan reads the file in
+    /// large reads instead of one read per value.
+    window: (u64, Vec<u8>),
+}
+
+/// Bytes a [`Scan`] reads at a time (more when one value is larger).
+const SCAN_READ_AHEAD: u64 = 256 << 10;
+
+impl Scan<'_> {
+    fn new(layer: &LayerFile, values: bool) -> Scan<'_> {
+        let loaded = layer.loaded();
+        Scan { layer, loaded, block: 0, entries: Vec::new(), next: 0, values, group: None, window: (0, Vec::new()) }
+    }
+
+    /// An entry's stored bytes (checked against its CRC), from the window,
+    /// which moves forward to the entry when it does not hold them.
+    fn stored(&mut self, l: &Loaded, e: &Entry) -> Result<&[u8], LayerError> {
+        self.layer.check_len(e)?;
+        let (start, buf) = &self.window;
+        let held = e.offset >= *start && e.offset + e.len as u64 <= *start + buf.len() as u64;
+        if !held {
+            let ahead = l.values_end().saturating_sub(e.offset).min(SCAN_READ_AHEAD);
+            let mut buf = std::mem::take(&mut self.window.1);
+            buf.resize(ahead.max(e.len as u64) as usize, 0);
+            l.file.read_exact_at(&mut buf, e.offset).map_err(|source| self.layer.io(source))?;
+            self.window = (e.offset, buf);
+        }
+        let from = (e.offset - self.window.0) as usize;
+        let stored = &self.window.1[from..from + e.len as usize];
+        self.layer.check_crc(e, stored)?;
+        Ok(stored)
+    }
 }
 
 impl Iterator for Scan<'_> {
@@ -1241,11 +1339,12 @@ impl Iterator for Scan<'_> {
             return Some(Ok(RawVersion { key: e.key, lsn: e.lsn, flags, bytes: Vec::new() }));
         }
         if e.flags & FLAG_GROUP == 0 {
-            let read = self.layer.read_stored(&l, &e);
+            let read = self.stored(&l, &e).map(<[u8]>::to_vec);
             return Some(read.map(|bytes| RawVersion { key: e.key, lsn: e.lsn, flags: e.flags, bytes }));
         }
         if self.group.as_ref().is_none_or(|(offset, _)| *offset != e.offset) {
-            match self.layer.read_group(&l, &e) {
+            let layer = self.layer;
+            match self.stored(&l, &e).and_then(|stored| layer.decode_group(&e, stored)) {
                 Ok(g) => self.group = Some((e.offset, g)),
                 Err(err) => return Some(Err(err)),
             }
@@ -1342,6 +1441,134 @@ mod tests {
         }
         std::fs::write(dir.join("short"), b"STRDELTA").unwrap();
         assert!(LayerFile::open(&dir.join("short"), &files).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn delta_layers_group_small_values_and_compaction_regroups_them() {
+        let dir = std::env::temp_dir().join(format!("strata-delta-groups-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Ten pages, each an image and then 300 small records (alike, as a
+        // table's inserts are), one page image in the middle of each run.
+        let mut versions = Vec::new();
+        for n in 0..10u32 {
+            versions.push((key(n), Lsn(0x1000), page(n as u8)));
+            for i in 1..=300u64 {
+                let v = if i == 150 {
+                    page(i as u8)
+                } else {
+                    Value::Native(NativeRecord::ClearVmBits(vec![(n, 1), (i as u32, 3), (7, 1)]))
+                };
+                versions.push((key(n), Lsn(0x1000 + i * 8), v));
+            }
+        }
+        let path = write(&dir, &versions);
+        let files = FileCache::new(4, Default::default());
+        let layer = LayerFile::open(&path, &files).unwrap();
+        let encoded: usize = versions
+            .iter()
+            .filter(|v| !v.2.is_base())
+            .map(|v| {
+                let mut b = Vec::new();
+                v.2.encode(&mut b);
+                b.len()
+            })
+            .sum();
+        let size = std::fs::metadata(&path).unwrap().len() as usize;
+        assert!(size < encoded, "grouped records take less than their encodings alone: {size} >= {encoded}");
+        // Every version reads back, by lookup and by scan.
+        for n in 0..10u32 {
+            let mut out = Versions::default();
+            assert!(layer.collect(&key(n), Lsn(0x1000 + 300 * 8), &mut out).unwrap());
+            assert_eq!(out.list.len(), 151, "300 back to the image at 150");
+            assert_eq!(out.list[150].1, page(150));
+            assert_eq!(out.list[0].1, versions[n as usize * 301 + 300].2);
+        }
+        let scanned: Vec<_> = layer.scan().map(|v| v.unwrap()).collect();
+        let decoded: Vec<_> = scanned.iter().map(|v| (v.key, v.lsn, layer.decode_raw(v).unwrap())).collect();
+        assert_eq!(decoded, versions);
+
+        // Rewritten as compaction does (stored values copied raw): the
+        // small values are grouped again, not stored uncompressed.
+        let name = LayerName::delta(key(0), key(10), Lsn(0x100), Lsn(0x10000));
+        let out_dir = dir.join("out");
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let mut w = LayerFileWriter::new(&out_dir, name).unwrap();
+        for v in &scanned {
+            w.put_raw(v).unwrap();
+        }
+        let rewritten = w.finish(false).unwrap();
+        let again = LayerFile::open(&rewritten, &files).unwrap();
+        let size_again = std::fs::metadata(&rewritten).unwrap().len() as usize;
+        assert!(size_again * 10 < size * 11, "rewritten {size_again} bytes against {size}");
+        let decoded_again: Vec<_> =
+            again.scan().map(|v| v.unwrap()).map(|v| (v.key, v.lsn, again.decode_raw(&v).unwrap())).collect();
+        assert_eq!(decoded_again, versions);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_scan_reads_ahead_across_windows_and_still_checks_every_value() {
+        let dir = std::env::temp_dir().join(format!("strata-scan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Small records, pages and now and then a value larger than the
+        // read-ahead window, over several windows' worth of bytes.
+        let mut versions = Vec::new();
+        for n in 0..900u32 {
+            let v = match n % 150 {
+                // Incompressible, so that it is stored larger than a window.
+                149 => {
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ n as u64;
+                    let noise = (0..SCAN_READ_AHEAD + 4099).map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    });
+                    Value::Image(Bytes::from(noise.collect::<Vec<u8>>()))
+                }
+                k if k % 3 == 0 => page(n as u8),
+                _ => Value::Native(NativeRecord::ClearVmBits(vec![(n, 1)])),
+            };
+            versions.push((key(n), Lsn(0x200 + n as u64), v));
+        }
+        let path = write(&dir, &versions);
+        let files = FileCache::new(4, Default::default());
+        let layer = LayerFile::open(&path, &files).unwrap();
+        let scanned: Vec<_> = layer.scan().map(|v| v.unwrap()).collect();
+        assert_eq!(scanned.len(), versions.len());
+        let largest = scanned.iter().map(|v| v.bytes.len()).max().unwrap();
+        assert!(largest as u64 > SCAN_READ_AHEAD, "a value stored larger than the window: {largest}");
+        assert!(std::fs::metadata(&path).unwrap().len() > 4 * SCAN_READ_AHEAD, "several windows");
+        for (raw, (k, l, v)) in scanned.iter().zip(&versions) {
+            assert_eq!((raw.key, raw.lsn), (*k, *l));
+            assert_eq!(&layer.decode_raw(raw).unwrap(), v, "key {k}");
+        }
+        // A flipped byte in one value fails that value alone, naming the file.
+        let victim = scanned.len() / 2;
+        let offset = {
+            let l = layer.loaded().unwrap();
+            let block = layer.read_block(&l, victim / ENTRIES_PER_BLOCK).unwrap();
+            block[victim % ENTRIES_PER_BLOCK].offset
+        };
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[offset as usize] ^= 0xff;
+        let damaged = dir.join("damaged");
+        std::fs::write(&damaged, &bytes).unwrap();
+        let layer = LayerFile::open(&damaged, &files).unwrap();
+        let results: Vec<_> = layer.scan().collect();
+        assert_eq!(results.len(), versions.len());
+        for (i, r) in results.iter().enumerate() {
+            match r {
+                Err(e) if i == victim => {
+                    assert!(e.to_string().contains("CRC") && e.to_string().contains("damaged"), "{e}")
+                }
+                Err(e) => panic!("version {i} failed: {e}"),
+                Ok(_) => assert_ne!(i, victim, "the damaged value was not caught"),
+            }
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
