@@ -241,13 +241,18 @@ LAYER_WRITES = ("strata_pageserver_layer_bytes_written_total", "strata_pageserve
                 "strata_pageserver_image_bytes_written_total")
 
 
-def storage(target: "Strata", before: dict[str, float], wal_mb: float) -> dict:
-    """After a settled bulk load: the layer bytes the pageserver wrote for it
-    (flushes, including what was still in memory, compaction, images)
-    against its WAL, and the bytes it stores
+def storage(target: "Strata", before: dict[str, float], lsn_start: int) -> dict:
+    """After a settled bulk load and a VACUUM of it: the layer bytes the
+    pageserver wrote for them (flushes, including what was still in memory,
+    compaction, images) against their WAL, and the bytes it stores
     for the timeline before and after compaction and GC against
     PostgreSQL's data files of every database."""
     c = target.cluster
+    # The VACUUM that autovacuum would run a minute later (hint bits and the
+    # visibility map of the new pages, WAL-logged with page images), now, so
+    # that every run measures the same thing.
+    run(target.env(), "vacuumdb", "--all", "--quiet")
+    target.processes().settle()
     # What ingest still holds in memory is flushed first: it is written for
     # the load as surely as what was flushed already.
     code, body = c.http("pageserver", "POST", c.timeline_path() + "/checkpoint", timeout=600)
@@ -255,6 +260,9 @@ def storage(target: "Strata", before: dict[str, float], wal_mb: float) -> dict:
         raise RuntimeError(f"checkpoint: {code} {body}")
     target.processes().settle()
     after = c.metrics("pageserver")
+    # Against all the WAL written since the load began, the VACUUM's
+    # included: the layers hold that too.
+    wal_mb = (wal_lsn(target.env()) - lsn_start) / MB
     parts = {k.split("_")[2]: after.get(k, 0) - before.get(k, 0) for k in LAYER_WRITES}
     written = sum(parts.values())
     stored = c.timeline_status("pageserver")["layer_bytes"]
@@ -264,7 +272,7 @@ def storage(target: "Strata", before: dict[str, float], wal_mb: float) -> dict:
         raise RuntimeError(f"checkpoint with compaction and GC: {code} {body}")
     collected = c.timeline_status("pageserver")["layer_bytes"]
     data = int(run(target.env(), "psql", "-XAtc", "SELECT sum(pg_database_size(oid)) FROM pg_database").stdout)
-    return {"layer_mb_written": round(written / MB, 1),
+    return {"wal_mb": round(wal_mb, 1), "layer_mb_written": round(written / MB, 1),
             "layer_written_by": {k: round(v / MB, 1) for k, v in parts.items()},
             "layer_written_vs_wal": round(written / MB / max(wal_mb, 1e-9), 3),
             "stored_mb": round(stored / MB, 1), "stored_after_gc_mb": round(collected / MB, 1),
@@ -298,7 +306,8 @@ def timed(target, fn) -> dict:
     # last flush, compaction, uploads) is part of its cost.
     procs.settle()
     settled = cpu_delta(cpu0, procs.sample())
-    return {"seconds": round(seconds, 2), "wal_mb": round(wal / MB, 1), "cpu": cpu, "cpu_settled": settled,
+    return {"seconds": round(seconds, 2), "wal_mb": round(wal / MB, 1), "lsn_start": lsn0, "cpu": cpu,
+            "cpu_settled": settled,
             "cpu_per_wal_mb": {k: round(v / max(wal / MB, 1e-9), 4) for k, v in settled.items()}}
 
 
@@ -499,7 +508,7 @@ def main() -> int:
                         before = t.cluster.metrics("pageserver") if kind == "strata" else {}
                         per[kind].append(timed(t, fn))
                         if kind == "strata":
-                            per[kind][-1]["storage"] = storage(t, before, per[kind][-1]["wal_mb"])
+                            per[kind][-1]["storage"] = storage(t, before, per[kind][-1]["lsn_start"])
                     except Exception as e:  # a failure is a finding: recorded, the other runs go on
                         failure = f"{name} run {r} on {kind}: {e}\n{t.diagnose()}"
                         print(failure, file=sys.stderr)
@@ -518,11 +527,11 @@ def main() -> int:
             lines.append(f"         CPU s stock {s['cpu']}  strata {z['cpu']}")
             lines.append(f"         CPU s once settled: strata {z['cpu_settled']}")
             st = {k: median([r["storage"][k] for r in per["strata"]]) for k in (
-                "layer_mb_written", "layer_written_vs_wal", "stored_mb", "stored_after_gc_mb", "data_files_mb",
+                "wal_mb", "layer_mb_written", "layer_written_vs_wal", "stored_mb", "stored_after_gc_mb", "data_files_mb",
                 "stored_after_gc_vs_data")}
             results[name]["storage"] = st
             lines.append(f"         layers written {st['layer_mb_written']:.0f} MB = {st['layer_written_vs_wal']:.2f}x "
-                         f"the WAL (target <= 1.5; by kind {[r['storage']['layer_written_by'] for r in per['strata']]}); "
+                         f"the {st['wal_mb']:.0f} MB of WAL until measured (target <= 1.5; by kind {[r['storage']['layer_written_by'] for r in per['strata']]}); "
                          f"stored {st['stored_mb']:.0f} MB, after compaction and GC {st['stored_after_gc_mb']:.0f} MB "
                          f"= {st['stored_after_gc_vs_data']:.2f} of {st['data_files_mb']:.0f} MB of data files "
                          f"(target <= 0.33)")
