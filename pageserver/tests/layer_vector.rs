@@ -52,6 +52,14 @@ fn vector(file: &str, bytes: &[u8]) -> Vec<u8> {
     expected
 }
 
+/// A committed layer vector written by an earlier build, checked to be of
+/// format `version`.
+fn committed_layer(file: &str, version: u32) -> Vec<u8> {
+    let bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(file)).unwrap();
+    assert_eq!(&bytes[8..12], &version.to_le_bytes(), "{file}: format version");
+    bytes
+}
+
 fn delta_name() -> LayerName {
     LayerName::delta(key(0), key(3), Lsn(0x0100_0028), Lsn(0x0100_0061))
 }
@@ -85,18 +93,12 @@ fn delta_layer_v2_vector() {
 #[test]
 fn delta_layer_v2_vector_of_values_alone_still_reads() {
     // Written before delta layers grouped their small values.
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v2.delta");
-    let bytes = std::fs::read(path).unwrap();
-    assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
-    check_delta("layer-v2.delta", bytes);
+    check_delta("layer-v2.delta", committed_layer("layer-v2.delta", 2));
 }
 
 #[test]
 fn delta_layer_v1_vector_still_reads() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.delta");
-    let bytes = std::fs::read(path).unwrap();
-    assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
-    check_delta("layer-v1.delta", bytes);
+    check_delta("layer-v1.delta", committed_layer("layer-v1.delta", 1));
 }
 
 const IMAGE_AT: Lsn = Lsn(0x0100_0060);
@@ -161,10 +163,7 @@ fn image_layer_v2_vector() {
 
 #[test]
 fn image_layer_v1_vector_still_reads() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/layer-v1.image");
-    let bytes = std::fs::read(path).unwrap();
-    assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
-    check_image("layer-v1.image", bytes);
+    check_image("layer-v1.image", committed_layer("layer-v1.image", 1));
 }
 
 #[test]

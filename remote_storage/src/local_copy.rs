@@ -12,6 +12,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
+use strata_service::durable::parent_of;
+
 use crate::Uploaded;
 
 /// What failed, on which file.
@@ -44,7 +46,7 @@ pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
     })();
     match copied {
         Ok(uploaded) => {
-            sync_dir(parent(dest))?;
+            sync_dir(parent_of(dest))?;
             Ok(uploaded)
         }
         Err(e) => {
@@ -65,7 +67,7 @@ fn reserve_staging(dest: &Path) -> Result<(File, PathBuf), CopyError> {
         match OpenOptions::new().write(true).create_new(true).open(&staging) {
             Ok(f) => return Ok((f, staging)),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-            Err(e) if e.kind() == ErrorKind::NotFound => create_dirs(parent(dest))?,
+            Err(e) if e.kind() == ErrorKind::NotFound => create_dirs(parent_of(dest))?,
             Err(e) => return Err(("creating", staging, e)),
         }
     }
@@ -78,9 +80,9 @@ fn create_dirs(dir: &Path) -> Result<(), CopyError> {
     if dir.is_dir() {
         return Ok(());
     }
-    create_dirs(parent(dir))?;
+    create_dirs(parent_of(dir))?;
     match std::fs::create_dir(dir) {
-        Ok(()) => sync_dir(parent(dir)),
+        Ok(()) => sync_dir(parent_of(dir)),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(("creating directory", dir.to_path_buf(), e)),
     }
@@ -88,11 +90,4 @@ fn create_dirs(dir: &Path) -> Result<(), CopyError> {
 
 fn sync_dir(dir: &Path) -> Result<(), CopyError> {
     strata_service::durable::sync_dir(dir).map_err(|e| (e.op, e.path, e.source))
-}
-
-fn parent(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    }
 }

@@ -3,9 +3,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::*;
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-remote-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    strata_test_support::scratch_dir(&format!("remote-{name}"))
 }
 
 fn local(dir: &Path) -> RemoteStorage {

@@ -67,7 +67,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), FileError> {
 }
 
 /// The directory holding `path` (`.` for a bare file name).
-fn parent_of(path: &Path) -> &Path {
+pub fn parent_of(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

@@ -463,7 +463,7 @@ impl LayerFileWriter {
         encoded.clear();
         value.encode(&mut encoded);
         let flags = if value.is_base() { FLAG_BASE } else { 0 };
-        let result = if encoded.len() < self.group_value_limit() {
+        let result = if encoded.len() < self.group_limits().0 {
             self.add_to_group(*key, lsn, flags, &encoded)
         } else {
             // Entries stay in key order: a pending group goes first.
@@ -473,11 +473,12 @@ impl LayerFileWriter {
         result
     }
 
-    /// Values smaller than this go into groups.
-    fn group_value_limit(&self) -> usize {
+    /// This kind's groups: values smaller than the first go into them, and
+    /// a group closes at the second's values or the third's bytes.
+    fn group_limits(&self) -> (usize, usize, usize) {
         match self.name.kind {
-            LayerKind::Image => GROUP_BYTES,
-            LayerKind::Delta => DELTA_GROUP_VALUE,
+            LayerKind::Image => (GROUP_BYTES, GROUP_VALUES, GROUP_BYTES),
+            LayerKind::Delta => (DELTA_GROUP_VALUE, DELTA_GROUP_VALUES, DELTA_GROUP_BYTES),
         }
     }
 
@@ -487,10 +488,7 @@ impl LayerFileWriter {
         debug_assert!(flags & (FLAG_ZSTD | FLAG_GROUP) == 0, "a group takes values uncompressed");
         self.pending.push((key, lsn, flags));
         self.group.push(encoded);
-        let (values, bytes) = match self.name.kind {
-            LayerKind::Image => (GROUP_VALUES, GROUP_BYTES),
-            LayerKind::Delta => (DELTA_GROUP_VALUES, DELTA_GROUP_BYTES),
-        };
+        let (_, values, bytes) = self.group_limits();
         if self.group.len() == values || self.group.bytes() >= bytes {
             self.write_group()
         } else {
@@ -1446,9 +1444,7 @@ mod tests {
 
     #[test]
     fn delta_layers_group_small_values_and_compaction_regroups_them() {
-        let dir = std::env::temp_dir().join(format!("strata-delta-groups-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = strata_test_support::scratch_dir("delta-groups");
         // Ten pages, each an image and then 300 small records (alike, as a
         // table's inserts are), one page image in the middle of each run.
         let mut versions = Vec::new();
@@ -1510,9 +1506,7 @@ mod tests {
 
     #[test]
     fn a_scan_reads_ahead_across_windows_and_still_checks_every_value() {
-        let dir = std::env::temp_dir().join(format!("strata-scan-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = strata_test_support::scratch_dir("scan");
         // Small records, pages and now and then a value larger than the
         // read-ahead window, over several windows' worth of bytes.
         let mut versions = Vec::new();
