@@ -7,6 +7,12 @@
 //! on the way. The object appears the way `object_store` writes one: a
 //! staging file `NAME#N` (which its listings skip), fsynced, renamed over
 //! `NAME`, and the directory fsynced.
+//!
+//! A process killed mid-upload leaves its staging file behind. The next
+//! upload of the same name (a layer or segment is uploaded again under its
+//! name after a restart) removes the staging files of that name that nobody
+//! has written to for [`STALE_STAGING`], so they do not pile up; a younger
+//! one may belong to a live upload and stays.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
@@ -21,10 +27,14 @@ pub(crate) type CopyError = (&'static str, PathBuf, std::io::Error);
 
 const CHUNK: usize = 1 << 20;
 
+/// Age after which a staging file is taken to be left by a dead upload (a
+/// live one writes to its file at least every chunk).
+pub(crate) const STALE_STAGING: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Copies `src` to the object file `dest`; the object is whole or absent.
 pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
     let mut input = File::open(src).map_err(|e| ("reading", src.to_path_buf(), e))?;
-    let (mut output, staging) = reserve_staging(dest)?;
+    let (mut output, staging, others) = reserve_staging(dest)?;
     let copied = (|| {
         let mut buf = vec![0u8; CHUNK];
         let (mut size, mut crc) = (0u64, 0u32);
@@ -47,6 +57,7 @@ pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
     match copied {
         Ok(uploaded) => {
             sync_dir(parent_of(dest))?;
+            remove_stale(&others);
             Ok(uploaded)
         }
         Err(e) => {
@@ -58,20 +69,39 @@ pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
 }
 
 /// Creates `NAME#N` for the first free N (two uploads of one name never
-/// share a staging file), creating missing directories durably.
-fn reserve_staging(dest: &Path) -> Result<(File, PathBuf), CopyError> {
+/// share a staging file), creating missing directories durably; also
+/// returns the staging names found taken on the way.
+fn reserve_staging(dest: &Path) -> Result<(File, PathBuf, Vec<PathBuf>), CopyError> {
+    let mut others = Vec::new();
     for n in 1u32.. {
         let mut name = dest.as_os_str().to_owned();
         name.push(format!("#{n}"));
         let staging = PathBuf::from(name);
         match OpenOptions::new().write(true).create_new(true).open(&staging) {
-            Ok(f) => return Ok((f, staging)),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+            Ok(f) => return Ok((f, staging, others)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => others.push(staging),
             Err(e) if e.kind() == ErrorKind::NotFound => create_dirs(parent_of(dest))?,
             Err(e) => return Err(("creating", staging, e)),
         }
     }
     unreachable!("u32 staging names exhausted")
+}
+
+/// Removes the files among `others` not modified for [`STALE_STAGING`].
+/// Best effort: the object is already in place, and a file that cannot be
+/// removed now is tried again by the next upload of its name.
+fn remove_stale(others: &[PathBuf]) {
+    for path in others {
+        let stale = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= STALE_STAGING));
+        if stale {
+            match std::fs::remove_file(path) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed a staging file left by an earlier upload"),
+                Err(e) => tracing::warn!(path = %path.display(), "cannot remove a stale staging file: {e}"),
+            }
+        }
+    }
 }
 
 /// Creates `dir` and its missing ancestors, fsyncing the parent of each one

@@ -71,18 +71,34 @@ async fn a_file_uploaded_into_a_local_directory_is_copied_whole_with_its_crc_and
     assert_eq!(uploaded, Uploaded { size: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes) });
     assert_eq!(storage.get(key).await.unwrap(), Bytes::from(bytes.clone()));
     // Uploading again replaces the object; a staging name left by a crashed
-    // upload is neither reused nor listed.
-    std::fs::write(dir.join("store").join(format!("{key}#1")), b"torn").unwrap();
+    // upload is neither reused nor listed, and is kept while it may still
+    // belong to a live upload.
+    let staging = |n: u32| dir.join("store").join(format!("{key}#{n}"));
+    std::fs::write(staging(1), b"torn").unwrap();
     std::fs::write(&file, b"second").unwrap();
     assert_eq!(storage.upload_file(key, &file).await.unwrap().size, 6);
     assert_eq!(storage.get(key).await.unwrap(), Bytes::from_static(b"second"));
-    let names: Vec<String> = std::fs::read_dir(dir.join("store/tenants/t1/timelines/l1"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    assert_eq!(names.iter().filter(|n| n.starts_with("layer-a#")).count(), 1, "{names:?}");
+    let staged = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("store/tenants/t1/timelines/l1"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("layer-a#"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(staged(), vec!["layer-a#1"]);
     let listed = storage.list("tenants/t1").await.unwrap();
     assert_eq!(listed.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), vec![key]);
+    // Once nothing has written to them for long enough, the next upload of
+    // the name removes them; a fresh one stays.
+    let old = std::time::SystemTime::now() - local_copy::STALE_STAGING - Duration::from_secs(1);
+    std::fs::File::options().write(true).open(staging(1)).unwrap().set_modified(old).unwrap();
+    std::fs::write(staging(2), b"live").unwrap();
+    std::fs::write(&file, b"third").unwrap();
+    assert_eq!(storage.upload_file(key, &file).await.unwrap().size, 5);
+    assert_eq!(storage.get(key).await.unwrap(), Bytes::from_static(b"third"));
+    assert_eq!(staged(), vec!["layer-a#2"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
