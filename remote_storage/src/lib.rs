@@ -200,6 +200,20 @@ impl RemoteStorage {
     /// Writes `bytes` as the object `key`, replacing any object of that name.
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), RemoteError> {
         let path = self.path("uploading", key)?;
+        if let Some(fs) = &self.local {
+            // Our own staging (not `object_store`'s), whose leftovers the
+            // next put of the name removes.
+            let dest = local_path(fs, "uploading", key, &path)?;
+            return tokio::task::spawn_blocking(move || local_copy::put(&bytes, &dest))
+                .await
+                .map_err(|e| RemoteError::Local {
+                    op: "uploading",
+                    path: PathBuf::from(key),
+                    source: std::io::Error::other(e),
+                })?
+                .map(|_| ())
+                .map_err(|(op, path, source)| RemoteError::Local { op, path, source });
+        }
         self.retrying("uploading", key, || self.store.put(&path, PutPayload::from_bytes(bytes.clone()))).await?;
         Ok(())
     }
@@ -210,12 +224,7 @@ impl RemoteStorage {
     /// the memory an upload takes.
     pub async fn upload_file(&self, key: &str, local: &Path) -> Result<Uploaded, RemoteError> {
         if let Some(fs) = &self.local {
-            let dest = fs.path_to_filesystem(&self.path("uploading", key)?).map_err(|e| RemoteError::Failed {
-                op: "uploading",
-                key: key.to_string(),
-                attempts: 0,
-                message: e.to_string(),
-            })?;
+            let dest = local_path(fs, "uploading", key, &self.path("uploading", key)?)?;
             let src = local.to_path_buf();
             return tokio::task::spawn_blocking(move || local_copy::upload(&src, &dest))
                 .await
@@ -299,6 +308,21 @@ impl RemoteStorage {
 /// Whether an error may go away by itself (network, server, timeouts).
 fn transient(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::Generic { .. } | object_store::Error::JoinError { .. })
+}
+
+/// The file of object `key` (at `path`) in a local-directory store.
+fn local_path(
+    fs: &object_store::local::LocalFileSystem,
+    op: &'static str,
+    key: &str,
+    path: &ObjectPath,
+) -> Result<PathBuf, RemoteError> {
+    fs.path_to_filesystem(path).map_err(|e| RemoteError::Failed {
+        op,
+        key: key.to_string(),
+        attempts: 0,
+        message: e.to_string(),
+    })
 }
 
 #[cfg(test)]

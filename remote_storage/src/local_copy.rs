@@ -1,4 +1,5 @@
-//! Uploads into a local-directory object store by a streaming copy.
+//! Writes into a local-directory object store: files by a streaming copy,
+//! small objects from memory, both staged the same way.
 //!
 //! Reading a layer file whole into memory to hand it to the store cost more
 //! CPU than the copy itself (a fresh allocation faulted in page by page for
@@ -33,7 +34,18 @@ pub(crate) const STALE_STAGING: std::time::Duration = std::time::Duration::from_
 
 /// Copies `src` to the object file `dest`; the object is whole or absent.
 pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
-    let mut input = File::open(src).map_err(|e| ("reading", src.to_path_buf(), e))?;
+    let input = File::open(src).map_err(|e| ("reading", src.to_path_buf(), e))?;
+    write_object(input, src, dest)
+}
+
+/// Writes `bytes` as the object file `dest`, the same way as [`upload`]
+/// (so small objects leave no staging files behind either).
+pub(crate) fn put(bytes: &[u8], dest: &Path) -> Result<Uploaded, CopyError> {
+    write_object(bytes, dest, dest)
+}
+
+/// Streams `input` (read from `src`, named in errors) into `dest`.
+fn write_object(mut input: impl Read, src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
     let (mut output, staging, others) = reserve_staging(dest)?;
     let copied = (|| {
         let mut buf = vec![0u8; CHUNK];
@@ -68,17 +80,25 @@ pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
     }
 }
 
+fn staging_name(dest: &Path, n: u32) -> PathBuf {
+    let mut name = dest.as_os_str().to_owned();
+    name.push(format!("#{n}"));
+    PathBuf::from(name)
+}
+
 /// Creates `NAME#N` for the first free N (two uploads of one name never
 /// share a staging file), creating missing directories durably; also
-/// returns the staging names found taken on the way.
+/// returns the other staging names of `dest` in use: those before N, and
+/// those after it up to the first free one.
 fn reserve_staging(dest: &Path) -> Result<(File, PathBuf, Vec<PathBuf>), CopyError> {
     let mut others = Vec::new();
     for n in 1u32.. {
-        let mut name = dest.as_os_str().to_owned();
-        name.push(format!("#{n}"));
-        let staging = PathBuf::from(name);
+        let staging = staging_name(dest, n);
         match OpenOptions::new().write(true).create_new(true).open(&staging) {
-            Ok(f) => return Ok((f, staging, others)),
+            Ok(f) => {
+                others.extend((n + 1..).map(|k| staging_name(dest, k)).take_while(|p| p.exists()));
+                return Ok((f, staging, others));
+            }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => others.push(staging),
             Err(e) if e.kind() == ErrorKind::NotFound => create_dirs(parent_of(dest))?,
             Err(e) => return Err(("creating", staging, e)),

@@ -99,6 +99,11 @@ async fn a_file_uploaded_into_a_local_directory_is_copied_whole_with_its_crc_and
     assert_eq!(storage.upload_file(key, &file).await.unwrap().size, 5);
     assert_eq!(storage.get(key).await.unwrap(), Bytes::from_static(b"third"));
     assert_eq!(staged(), vec!["layer-a#2"]);
+    // A put from memory stages the same way and cleans up the same way.
+    std::fs::File::options().write(true).open(staging(2)).unwrap().set_modified(old).unwrap();
+    storage.put(key, Bytes::from_static(b"fourth")).await.unwrap();
+    assert_eq!(storage.get(key).await.unwrap(), Bytes::from_static(b"fourth"));
+    assert!(staged().is_empty(), "{:?}", staged());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
