@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "test_runner"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
+from fixtures.strata import auth_headers, http_json, http_text, parse_lsn  # noqa: E402
 from getpage import client_env, pagebench  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -76,7 +76,8 @@ def cold_warm(tl_url: str, spc: int, db: int, rel: int, n: int) -> tuple[list[fl
 
     def read(block: int) -> float:
         t0 = time.monotonic()
-        with urllib.request.urlopen(f"{tl_url}/page?rel={spc}/{db}/{rel}&block={block}", timeout=120) as r:
+        url = f"{tl_url}/page?rel={spc}/{db}/{rel}&block={block}"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers(url)), timeout=120) as r:
             assert r.status == 200 and len(r.read()) == 8192
         return (time.monotonic() - t0) * 1000
     for _ in range(n):

@@ -126,6 +126,7 @@ def strata_mode(cluster: LocalCluster, tl_url: str, mode: str, runs: int) -> dic
         first_query(lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=10))
         t1 = time.monotonic()
         endpoint = next(e for e in cluster.status()["endpoints"] if e["name"] == "main")
+        cluster.register_port(endpoint["ports"]["http"])
         code, agent = http_json("GET", f"http://127.0.0.1:{endpoint['ports']['http']}/v1/status")
         assert code == 200, agent
         with psycopg.connect(connstr, autocommit=True) as conn:

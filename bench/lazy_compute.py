@@ -114,6 +114,7 @@ def wait_ingested(cluster: LocalCluster, tl_url: str) -> None:
 
 def agent_lazy(cluster: LocalCluster, name: str = "main") -> dict | None:
     ep = next(e for e in cluster.status()["endpoints"] if e["name"] == name)
+    cluster.register_port(ep["ports"]["http"])
     code, body = http_json("GET", f"http://127.0.0.1:{ep['ports']['http']}/v1/status")
     assert code == 200, body
     return body.get("lazy")

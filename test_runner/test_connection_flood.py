@@ -53,6 +53,7 @@ from fixtures.checks import history_rows, parse_pgbench
 from fixtures.cluster import LocalCluster
 from fixtures.endpoint import Endpoint
 from fixtures.processes import pid_alive
+from fixtures.strata import auth_headers
 from fixtures.wait import wait_until
 
 NOFILE = 1024                # RLIMIT_NOFILE (soft = hard) of every Strata process
@@ -80,7 +81,8 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def http_get(port: int, path: str, timeout: float) -> bytes:
-    with _OPENER.open(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+    url = f"http://127.0.0.1:{port}{path}"
+    with _OPENER.open(urllib.request.Request(url, headers=auth_headers(url)), timeout=timeout) as r:
         return r.read()
 
 

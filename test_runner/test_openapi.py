@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from fixtures.pageserver_api import wait_for_pageserver_lsn
-from fixtures.strata import parse_lsn
+from fixtures.strata import auth_headers, parse_lsn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS = {
@@ -293,6 +293,7 @@ def raw_request(url: str, method: str, body: bytes | None = None,
                 timeout: float = 30) -> tuple[int, str, bytes]:
     """One request: (status, content type, body bytes). A body is sent as JSON."""
     headers = {"Content-Type": "application/json"} if body is not None else {}
+    headers.update(auth_headers(url))
     req = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:

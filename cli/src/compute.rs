@@ -133,6 +133,13 @@ pub struct StartArgs {
     /// (0: fail at once).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=3600))]
     lazy_fetch_retry_secs: u64,
+    /// The cluster's public key: callers of the status server must present
+    /// a token signed by it (`docs/security.md`).
+    #[arg(long, value_name = "PEM")]
+    auth_public_key: Option<std::path::PathBuf>,
+    /// A file holding this compute's tenant token, sent to the pageserver.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -246,6 +253,9 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.lazy_page_service = args.lazy_page_service;
     cfg.lazy_cache_bytes = args.lazy_cache_mb << 20;
     cfg.lazy_fetch_retry = Duration::from_secs(args.lazy_fetch_retry_secs);
+    cfg.token =
+        args.token_file.as_deref().map(strata_service::auth::read_token).transpose().map_err(|e| e.to_string())?;
+    cfg.auth_public_key = args.auth_public_key;
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

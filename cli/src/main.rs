@@ -56,6 +56,9 @@ enum Command {
     /// Timelines of the local cluster's branches: checkpoint.
     #[command(subcommand)]
     Timeline(cluster::TimelineCommand),
+    /// Tokens of the local cluster (`docs/security.md`).
+    #[command(subcommand)]
+    Auth(cluster::AuthCommand),
     /// Internal: run one service of the local cluster and restart it when it exits.
     #[command(hide = true)]
     Supervise(supervise::SuperviseArgs),
@@ -144,6 +147,7 @@ fn main() {
         Command::Endpoint(cmd) => cluster::endpoint(cmd),
         Command::Timeline(cmd) => cluster::timeline(cmd),
         Command::Branch(cmd) => cluster::branch(cmd),
+        Command::Auth(cmd) => cluster::auth(cmd),
         Command::Supervise(args) => supervise::run(args),
     };
     std::process::exit(code);

@@ -4,8 +4,8 @@
 //! (`strata-protocol`), and the pageserver's layer files, stored values
 //! and metadata (`strata-pageserver`), native redo of heap and btree
 //! records (`strata-redo`), the safekeepers' offloaded segment metadata
-//! and peer positions (`strata-safekeeper`), and a lazy basebackup's
-//! manifest (`strata-protocol`).
+//! and peer positions (`strata-safekeeper`), a lazy basebackup's
+//! manifest (`strata-protocol`), and tokens (`strata-service`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -21,6 +21,9 @@ const NATIVE_REDO: u8 = 7;
 const SAFEKEEPER: u8 = 8;
 /// First byte of inputs for a lazy basebackup's manifest.
 const LAZY_MANIFEST: u8 = 9;
+/// First byte of inputs for the token checks: a token, an `Authorization`
+/// header, or claims signed and verified.
+const TOKEN: u8 = 10;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -44,5 +47,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             // What decodes encodes to the same bytes: one text per manifest.
             assert_eq!(m.encode().as_bytes(), bytes);
         }
+    }
+    if let Some((&TOKEN, bytes)) = data.split_first() {
+        strata_service::auth::fuzz_one(bytes);
     }
 });

@@ -23,6 +23,11 @@ pub struct PageserverConfig {
     /// Safekeeper protocol addresses (`host:port`) to stream WAL from.
     #[serde(default)]
     pub safekeepers: Vec<String>,
+    /// Tokens: the key that callers' tokens must be signed with, and this
+    /// pageserver's own (`docs/security.md`). Without it every call is
+    /// accepted, which `strata init` never writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<strata_service::auth::AuthConfig>,
     /// Where `initdb` of the installed PostgreSQL is (tenant bootstrap).
     #[serde(default = "default_pg_bin_dir")]
     pub pg_bin_dir: PathBuf,

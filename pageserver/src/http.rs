@@ -11,12 +11,13 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_protocol::{TenantId, TimelineId};
+use strata_service::auth::http::{guard, HttpAuth, Need};
 
 use strata_protocol::api::pageserver::{
     BasebackupQuery, CheckpointQuery, CheckpointResponse, CreateBranchRequest, CreateTenantRequest,
@@ -55,19 +56,27 @@ fn create_status(e: &CreateError) -> StatusCode {
     }
 }
 
-pub fn router(tenants: Arc<Tenants>) -> Router {
-    Router::new()
-        .route("/v1/status", get(status))
+/// The API; with `auth`, each route needs the scope of its group
+/// (`docs/security.md`).
+pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
+    let management = Router::new()
         .route("/v1/tenant", post(create_tenant))
         .route("/v1/tenant/{tenant}/timeline", post(create_branch))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status).delete(delete_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", delete(delete_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict));
+    // What a compute of the tenant reads.
+    let tenant = Router::new()
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lease", post(lease))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_by_time", get(lsn_by_time))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page))
-        .route("/metrics", get(metrics))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page));
+    let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
+    Router::new()
+        .merge(guard(management, auth, Need::Management))
+        .merge(guard(tenant, auth, Need::Tenant))
+        .merge(guard(service, auth, Need::Service))
         .with_state(tenants)
 }
 

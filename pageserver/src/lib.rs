@@ -26,6 +26,7 @@ pub mod walreceiver;
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_service::auth::http::HttpAuth;
 use strata_service::{bind, BindError, Limits, Listener};
 
 /// Why the pageserver could not start.
@@ -37,6 +38,8 @@ pub enum StartError {
     Config(#[from] strata_service::config::ConfigError),
     #[error("loading tenants: {0}")]
     Load(#[from] tenants::LoadError),
+    #[error("auth: {0}")]
+    Auth(#[from] strata_service::auth::KeyError),
     #[error("signals: {0}")]
     Signals(std::io::Error),
     #[error("a task failed: {0}")]
@@ -95,6 +98,13 @@ pub async fn serve(
         ),
         _ => None,
     };
+    let auth = match &config.auth {
+        Some(a) => Some(HttpAuth::new(Arc::new(a.verifier()?), metrics.refusal_metrics())),
+        None => {
+            tracing::warn!("authentication is OFF: every caller is accepted");
+            None
+        }
+    };
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
@@ -107,7 +117,7 @@ pub async fn serve(
     tracing::info!(id = %conf.id, page_service = %conf.listen_pg, http = %conf.listen_http, "pageserver started");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(page_service::serve(page, tenants.clone()));
-    tasks.spawn(strata_service::http::serve(http, http::router(tenants.clone()), Default::default()));
+    tasks.spawn(strata_service::http::serve(http, http::router(tenants.clone(), auth.as_ref()), Default::default()));
     tasks.spawn({
         let tenants = tenants.clone();
         async move {

@@ -30,6 +30,11 @@ pub struct SafekeeperConfig {
     pub data_dir: PathBuf,
     #[serde(default)]
     pub peers: Vec<Peer>,
+    /// Tokens: the key that callers' tokens must be signed with, and this
+    /// safekeeper's own (`docs/security.md`). Without it every call is
+    /// accepted, which `strata init` never writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<strata_service::auth::AuthConfig>,
     /// fsync WAL and control files. Turning it off loses acknowledged WAL on a power failure.
     #[serde(default = "default_true")]
     pub fsync: bool,

@@ -20,7 +20,7 @@ use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 
 use strata_protocol::api::safekeeper::{
@@ -31,22 +31,30 @@ use strata_protocol::safekeeper::{Membership, TimelineIdentity};
 use strata_protocol::{TenantId, TimelineId};
 
 use crate::shared::Shared;
+use strata_service::auth::http::{guard, HttpAuth, Need};
 
 /// Body of a timeline creation request.
 fn error(status: StatusCode, message: String) -> Response {
     (status, Json(ErrorBody { error: message })).into_response()
 }
 
-pub fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+/// The API; with `auth`, each route needs the scope of its group
+/// (`docs/security.md`).
+pub fn router(shared: Arc<Shared>, auth: Option<&HttpAuth>) -> Router {
+    let management = Router::new()
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", post(create_timeline).delete(delete_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", put(set_membership));
+    let tenant = Router::new()
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", get(get_membership));
+    let service = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/positions", get(positions))
-        .route(
-            "/v1/tenant/{tenant}/timeline/{timeline}",
-            get(timeline_status).post(create_timeline).delete(delete_timeline),
-        )
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", put(set_membership).get(get_membership))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    Router::new()
+        .merge(guard(management, auth, Need::Management))
+        .merge(guard(tenant, auth, Need::Tenant))
+        .merge(guard(service, auth, Need::Service))
         .with_state(shared)
 }
 

@@ -28,6 +28,7 @@ pub mod wal_store;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use strata_service::auth::http::HttpAuth;
 use strata_service::{bind, BindError, Limits, Listener};
 
 /// Why the safekeeper could not start or stopped with an error.
@@ -39,6 +40,8 @@ pub enum StartError {
     Config(#[from] strata_service::config::ConfigError),
     #[error("loading timelines: {0}")]
     Load(#[from] acceptor::StorageError),
+    #[error("auth: {0}")]
+    Auth(#[from] strata_service::auth::KeyError),
     #[error("signals: {0}")]
     Signals(std::io::Error),
     #[error("remote storage: {0}")]
@@ -90,8 +93,19 @@ pub async fn serve(
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
     let remote = config.remote_storage.as_ref().map(strata_remote_storage::RemoteStorage::new).transpose()?;
+    let (auth, token) = match &config.auth {
+        Some(a) => {
+            let verifier = Arc::new(a.verifier()?);
+            (Some(HttpAuth::new(verifier, metrics.refusal_metrics())), a.token()?)
+        }
+        None => {
+            tracing::warn!("authentication is OFF: every caller is accepted");
+            (None, None)
+        }
+    };
     let shared = Arc::new(shared::Shared {
         remote,
+        token,
         config,
         timelines,
         metrics,
@@ -108,7 +122,7 @@ pub async fn serve(
     if let Some(pg) = pg {
         tasks.spawn(pg_server::serve(pg, shared.clone()));
     }
-    tasks.spawn(strata_service::http::serve(http, http::router(shared.clone()), Default::default()));
+    tasks.spawn(strata_service::http::serve(http, http::router(shared.clone(), auth.as_ref()), Default::default()));
     shutdown.await;
     tasks.abort_all();
     for tl in shared.timelines.all() {

@@ -21,4 +21,6 @@ pub struct Shared {
     pub peers: PeerViews,
     /// Where WAL is offloaded to and recovered from, if anywhere.
     pub remote: Option<strata_remote_storage::RemoteStorage>,
+    /// This safekeeper's own token, sent to its peers (never logged).
+    pub token: Option<strata_service::auth::Secret>,
 }

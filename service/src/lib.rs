@@ -1,8 +1,10 @@
 //! What every Strata service shares: listeners that bound and survive their
 //! clients, the HTTP server of the management APIs, the open-file budget,
 //! free ports for services configured before they bind, config helpers,
-//! and files replaced atomically and durably.
+//! files replaced atomically and durably, and the tokens that authorize
+//! every call.
 
+pub mod auth;
 pub mod backoff;
 pub mod config;
 pub mod durable;

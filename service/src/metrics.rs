@@ -72,8 +72,8 @@ impl ListenerMetrics {
 /// type, how it is made (`Default` unless given) and its help text, which
 /// is also the field's documentation and whose name is the field's. The
 /// struct gets `new` (every metric registered under `prefix`, plus the
-/// listeners' metrics), `render` (Prometheus text), `listener_metrics` and
-/// `Default`.
+/// listeners' metrics and the token refusals), `render` (Prometheus text),
+/// `listener_metrics`, `refusal_metrics` and `Default`.
 ///
 /// ```ignore
 /// strata_service::declare_metrics! {
@@ -96,6 +96,7 @@ macro_rules! declare_metrics {
         $vis struct $name {
             registry: $crate::metrics::Registry,
             listeners: $crate::ListenerMetrics,
+            refusals: $crate::auth::http::RefusalMetrics,
             $( #[doc = $help] pub $field: $ty, )*
         }
 
@@ -108,12 +109,19 @@ macro_rules! declare_metrics {
                     registry.register(stringify!($field), $help, $field.clone());
                 )*
                 let listeners = $crate::ListenerMetrics::register(&mut registry);
-                $name { registry, listeners, $( $field, )* }
+                let refusals = $crate::auth::http::RefusalMetrics::register(&mut registry);
+                $name { registry, listeners, refusals, $( $field, )* }
             }
 
             /// The connection metrics of the listeners.
             pub fn listener_metrics(&self) -> $crate::ListenerMetrics {
                 self.listeners.clone()
+            }
+
+            /// The counter of calls refused for their token.
+            #[allow(dead_code)] // a service without token checks has no use for it
+            pub fn refusal_metrics(&self) -> $crate::auth::http::RefusalMetrics {
+                self.refusals.clone()
             }
 
             /// The metrics in Prometheus text format.

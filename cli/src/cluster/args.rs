@@ -145,6 +145,27 @@ pub enum TimelineCommand {
     },
 }
 
+/// `strata auth …`: the cluster's tokens (`docs/security.md`).
+#[derive(Subcommand, Debug)]
+pub enum AuthCommand {
+    /// Print a new token signed by the cluster's key: for an operator's
+    /// tools (management), a monitoring system (service) or one tenant's
+    /// clients (tenant).
+    Token {
+        /// management, service or tenant.
+        #[arg(long)]
+        scope: strata_service::auth::Scope,
+        /// The tenant of a tenant token (default: the cluster's tenant).
+        #[arg(long)]
+        tenant: Option<strata_protocol::TenantId>,
+        /// Seconds until it expires (0: never).
+        #[arg(long, default_value_t = 3600)]
+        ttl_secs: u64,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
 /// `strata branch …`: branches of the tenant (`docs/branches.md`).
 #[derive(Subcommand, Debug)]
 pub enum BranchCommand {

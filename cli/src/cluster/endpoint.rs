@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use strata_compute::agent::postgres;
 use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
 use strata_protocol::api::pageserver::LsnResponse;
+use strata_service::auth::Scope;
 
 use super::args::AgentArgs;
 use super::error::{failed, Error, Result};
@@ -31,6 +32,8 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 const TAIL_LINES: usize = 30;
 /// File name of an endpoint's settings inside its directory.
 const ENDPOINT_FILE: &str = "endpoint.toml";
+/// The agent's tenant token (mode 0600), beside `endpoint.toml`.
+const AGENT_TOKEN_FILE: &str = "agent.token";
 
 /// `endpoints/<name>/endpoint.toml`: what a restart reuses.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -328,6 +331,20 @@ pub fn start(
     ];
     if c.verify_redo {
         args.push("--verify-redo".into());
+    }
+    if super::keys::signer(&wd.root)?.is_some() {
+        // The agent's own token: this tenant's data only. Rewritten at every
+        // start, so a new key takes effect with the next one.
+        let token = super::keys::mint(&wd.root, Scope::Tenant, Some(c.tenant_id), None)?;
+        let path = ep.dir.join(AGENT_TOKEN_FILE);
+        strata_service::auth::write_secret(&path, &token)
+            .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
+        args.extend([
+            "--auth-public-key".into(),
+            super::keys::public_key(&wd.root).into(),
+            "--token-file".into(),
+            path.into(),
+        ]);
     }
     if let Some(lsn) = read_only_at {
         args.extend(["--read-only-at".into(), lsn.to_string().into()]);

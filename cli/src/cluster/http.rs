@@ -1,6 +1,10 @@
-//! A small JSON-over-HTTP client for the services' APIs, with timeouts.
+//! A small JSON-over-HTTP client for the services' APIs, with timeouts,
+//! sending the CLI's management token when the cluster has one.
 
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use strata_service::auth::Secret;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -31,6 +35,22 @@ impl Reply {
     }
 }
 
+/// The token every request of this process carries. A CLI process works
+/// on one cluster, so it is set once, when the workdir is opened.
+static TOKEN: OnceLock<Secret> = OnceLock::new();
+
+/// Sends `token` with every later request (the first call wins).
+pub fn use_token(token: Secret) {
+    let _ = TOKEN.set(token);
+}
+
+fn authorized<B>(request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+    match TOKEN.get() {
+        Some(t) => request.header("Authorization", t.bearer()),
+        None => request,
+    }
+}
+
 fn agent(timeout: Duration) -> ureq::Agent {
     ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
@@ -56,24 +76,24 @@ fn reply(result: Result<ureq::http::Response<ureq::Body>, ureq::Error>, url: &st
 
 /// `GET url`; an error only if no answer came (connection refused, timeout).
 pub fn get(url: &str, timeout: Duration) -> Result<Reply, String> {
-    reply(agent(timeout).get(url).call(), url)
+    reply(authorized(agent(timeout).get(url)).call(), url)
 }
 
 /// `POST url` with a JSON body; an error only if no answer came.
 pub fn post(url: &str, body: &impl Serialize, timeout: Duration) -> Result<Reply, String> {
     let body = serde_json::to_string(body).expect("a request serializes");
-    reply(agent(timeout).post(url).content_type("application/json").send(body), url)
+    reply(authorized(agent(timeout).post(url)).content_type("application/json").send(body), url)
 }
 
 /// `DELETE url`; an error only if no answer came.
 pub fn delete(url: &str, timeout: Duration) -> Result<Reply, String> {
-    reply(agent(timeout).delete(url).call(), url)
+    reply(authorized(agent(timeout).delete(url)).call(), url)
 }
 
 /// `PUT url` with a JSON body; an error only if no answer came.
 pub fn put(url: &str, body: &impl Serialize, timeout: Duration) -> Result<Reply, String> {
     let body = serde_json::to_string(body).expect("a request serializes");
-    reply(agent(timeout).put(url).content_type("application/json").send(body), url)
+    reply(authorized(agent(timeout).put(url)).content_type("application/json").send(body), url)
 }
 
 #[cfg(test)]

@@ -196,6 +196,7 @@ impl Workdir {
         cluster.check().map_err(|e| Error::Failed(format!("{}: {e}", file.display())))?;
         // Absolute, so configs and pidfile markers do not depend on the caller's directory.
         let root = fs::canonicalize(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
+        super::keys::use_management_token(&root)?;
         Ok(Workdir { root, cluster })
     }
 
@@ -367,6 +368,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
                 "listen_pg": format!("{HOST}:{}", sk_port(i, 2)),
                 "data_dir": root.join(&name).join("data"),
                 "peers": peers,
+                "auth": super::keys::service_auth(&root),
                 // Completed WAL segments go to the same object storage as the layers.
                 "remote_storage": { "type": "local", "path": root.join(REMOTE_STORAGE_DIR) },
             }),
@@ -394,6 +396,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
             "listen_http": format!("{HOST}:{ps_http}"),
             "data_dir": root.join(&name).join("data"),
             "safekeepers": (0..n).map(|i| format!("{HOST}:{}", sk_port(i, 0))).collect::<Vec<_>>(),
+            "auth": super::keys::service_auth(&root),
             "pg_bin_dir": args.pg_bin_dir,
             "pg_user": args.pg_user,
             "verify_redo": args.verify_redo,
@@ -433,6 +436,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
         mkdir(&root.join(&s.name).join("data"))?;
     }
     mkdir(&root.join("endpoints"))?;
+    super::keys::create(&root)?;
     for (rel, text) in &configs {
         let header = "# Written by `strata init`; ports and paths must match cluster.toml.\n";
         write_atomic(&root.join(rel), &format!("{header}{text}"))?;

@@ -14,6 +14,7 @@ mod branch;
 mod endpoint;
 mod error;
 mod http;
+mod keys;
 mod layout;
 mod membership;
 mod process;
@@ -22,7 +23,7 @@ mod status;
 mod supervisor;
 mod timeline;
 
-pub use args::{BranchCommand, EndpointCommand, InitArgs, StatusArgs, TimelineCommand, WorkdirArgs};
+pub use args::{AuthCommand, BranchCommand, EndpointCommand, InitArgs, StatusArgs, TimelineCommand, WorkdirArgs};
 use error::{Error, Result};
 
 /// Runs a command body and turns its outcome into an exit code, printing
@@ -128,6 +129,26 @@ pub fn branch(cmd: BranchCommand) -> i32 {
                 branch::list(&wd, json)
             })();
             exit_code("branch list", result)
+        }
+    }
+}
+
+/// `strata auth token`.
+pub fn auth(cmd: AuthCommand) -> i32 {
+    match cmd {
+        AuthCommand::Token { scope, tenant, ttl_secs, workdir } => {
+            let result = (|| {
+                workdir.plain("auth token")?;
+                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let tenant = match scope {
+                    strata_service::auth::Scope::Tenant => Some(tenant.unwrap_or(wd.cluster.tenant_id)),
+                    _ => tenant,
+                };
+                let ttl = (ttl_secs > 0).then(|| std::time::Duration::from_secs(ttl_secs));
+                println!("{}", keys::mint(&wd.root, scope, tenant, ttl)?);
+                Ok(())
+            })();
+            exit_code("auth token", result)
         }
     }
 }

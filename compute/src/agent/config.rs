@@ -73,6 +73,11 @@ pub struct AgentConfig {
     /// How long a lazy compute's read keeps trying while the pageserver
     /// cannot be reached before it fails with an I/O error.
     pub lazy_fetch_retry: Duration,
+    /// The key callers of the status server must present tokens of
+    /// (`docs/security.md`); none: every caller is accepted.
+    pub auth_public_key: Option<PathBuf>,
+    /// The tenant token sent to the pageserver.
+    pub token: Option<strata_service::auth::Secret>,
 }
 
 impl AgentConfig {
@@ -114,6 +119,8 @@ impl AgentConfig {
             lazy_page_service: None,
             lazy_cache_bytes: 1 << 30,
             lazy_fetch_retry: crate::lazy::source::RETRY_FOR,
+            auth_public_key: None,
+            token: None,
         }
     }
 }

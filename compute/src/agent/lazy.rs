@@ -170,8 +170,11 @@ impl LazyMounts {
         if floating {
             cache.set_floor(lsn);
         }
-        let (weak, ps, ids) =
-            (Arc::downgrade(&cache), PageserverClient::new(&cfg.pageserver_http), (cfg.tenant_id, cfg.timeline_id));
+        let (weak, ps, ids) = (
+            Arc::downgrade(&cache),
+            PageserverClient::new(&cfg.pageserver_http).with_token(cfg.token.clone()),
+            (cfg.tenant_id, cfg.timeline_id),
+        );
         std::thread::Builder::new()
             .name("lazy-ingest-poll".into())
             .spawn(move || poll_ingested(weak, ps, ids, floating, stop))

@@ -113,9 +113,15 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
     );
     let lazy = lazy::LazyMounts::default();
     let status = if cfg.lazy_page_service.is_some() { status.with_lazy(lazy.stats().clone()) } else { status };
+    let verifier = match &cfg.auth_public_key {
+        Some(path) => Some(std::sync::Arc::new(
+            strata_service::auth::Verifier::load(path).map_err(|e| fail("auth", e.to_string()))?,
+        )),
+        None => None,
+    };
     let server = match cfg.http {
         Some(addr) => Some(
-            status::serve(addr, cfg.http_max_connections, status.clone())
+            status::serve(addr, cfg.http_max_connections, status.clone(), verifier)
                 .await
                 .map_err(|e| fail("status server", format!("{addr}: {e}")))?,
         ),

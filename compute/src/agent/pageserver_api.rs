@@ -10,6 +10,7 @@ use strata_formats::Lsn;
 use strata_protocol::api::pageserver::LeaseRequest;
 use strata_protocol::api::ErrorBody;
 use strata_protocol::{TenantId, TimelineId};
+use strata_service::auth::Secret;
 
 /// Bound on a JSON request (connect, send, receive the whole answer).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,6 +57,7 @@ pub struct PageserverClient {
     base: String,
     json: ureq::Agent,
     stream: ureq::Agent,
+    token: Option<Secret>,
 }
 
 impl PageserverClient {
@@ -75,7 +77,18 @@ impl PageserverClient {
             .timeout_per_read(Some(READ_TIMEOUT))
             .build()
             .into();
-        PageserverClient { base: base.trim_end_matches('/').to_string(), json, stream }
+        PageserverClient { base: base.trim_end_matches('/').to_string(), json, stream, token: None }
+    }
+
+    /// The same, sending `token` with every request.
+    pub fn with_token(mut self, token: Option<Secret>) -> PageserverClient {
+        self.token = token;
+        self
+    }
+
+    /// The `Authorization` header's value, if there is a token.
+    fn authorization(&self) -> Option<String> {
+        self.token.as_ref().map(Secret::bearer)
     }
 
     fn timeline_url(&self, tenant: TenantId, timeline: TimelineId) -> String {
@@ -85,7 +98,11 @@ impl PageserverClient {
     /// `GET /v1/tenant/{tenant}/timeline/{timeline}`.
     pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<TimelineStatus, ApiError> {
         let url = self.timeline_url(tenant, timeline);
-        let response = self.json.get(&url).call().map_err(|e| transport_error(&url, e))?;
+        let mut request = self.json.get(&url);
+        if let Some(auth) = self.authorization() {
+            request = request.header("Authorization", auth);
+        }
+        let response = request.call().map_err(|e| transport_error(&url, e))?;
         let status = response.status().as_u16();
         let text = response
             .into_body()
@@ -105,8 +122,11 @@ impl PageserverClient {
     pub fn lease(&self, tenant: TenantId, timeline: TimelineId, lsn: Lsn) -> Result<(), ApiError> {
         let url = format!("{}/lease", self.timeline_url(tenant, timeline));
         let body = serde_json::to_string(&LeaseRequest { lsn }).expect("a lease request serializes");
-        let response =
-            self.json.post(&url).content_type("application/json").send(body).map_err(|e| transport_error(&url, e))?;
+        let mut request = self.json.post(&url).content_type("application/json");
+        if let Some(auth) = self.authorization() {
+            request = request.header("Authorization", auth);
+        }
+        let response = request.send(body).map_err(|e| transport_error(&url, e))?;
         let status = response.status().as_u16();
         if status != 200 {
             let text = response.into_body().with_config().limit(MAX_JSON_BYTES).read_to_string().unwrap_or_default();
@@ -133,7 +153,11 @@ impl PageserverClient {
             if lazy { "lazy=true" } else { "full=true" },
             if read_only { "&read_only=true" } else { "" }
         );
-        let response = self.stream.get(&url).call().map_err(|e| transport_error(&url, e))?;
+        let mut request = self.stream.get(&url);
+        if let Some(auth) = self.authorization() {
+            request = request.header("Authorization", auth);
+        }
+        let response = request.call().map_err(|e| transport_error(&url, e))?;
         let status = response.status().as_u16();
         if status != 200 {
             let text = response.into_body().with_config().limit(MAX_JSON_BYTES).read_to_string().unwrap_or_default();

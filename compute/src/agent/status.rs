@@ -10,6 +10,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
+use strata_service::auth::http::{guard, HttpAuth, Need, RefusalMetrics};
+use strata_service::auth::Verifier;
 use strata_service::ListenerMetrics;
 use tokio::sync::watch;
 
@@ -26,6 +28,8 @@ pub struct StatusHandle {
     proposer: watch::Receiver<ProposerStatus>,
     /// Connections of the status server itself.
     listeners: ListenerMetrics,
+    /// Calls to the status server refused for their token.
+    refusals: RefusalMetrics,
     /// A lazy compute's file system counters.
     lazy: Option<Arc<crate::lazy::fs::LazyStats>>,
     /// Until when the recent restarts are a crash loop; `crash_loop` is
@@ -40,6 +44,7 @@ impl StatusHandle {
             agent: Arc::new(Mutex::new(initial)),
             proposer,
             listeners: ListenerMetrics::default(),
+            refusals: RefusalMetrics::default(),
             lazy: None,
             crash_loop_until: Arc::default(),
         }
@@ -223,11 +228,11 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
     strata_service::metrics::render(&registry)
 }
 
-/// `/v1/status` and `/metrics`.
-pub fn router(handle: StatusHandle) -> axum::Router {
+/// `/v1/status` and `/metrics`; with `auth`, for services and management.
+pub fn router(handle: StatusHandle, auth: Option<&HttpAuth>) -> axum::Router {
     use axum::routing::get;
     let json = handle.clone();
-    axum::Router::new()
+    let routes = axum::Router::new()
         .route(
             "/v1/status",
             get(move || {
@@ -241,10 +246,12 @@ pub fn router(handle: StatusHandle) -> axum::Router {
                 let mut text = render_metrics(&handle.agent(), &handle.proposer());
                 let mut registry = Registry::with_prefix("strata_compute");
                 handle.listeners.register_into(&mut registry);
+                handle.refusals.register_into(&mut registry);
                 text.push_str(&strata_service::metrics::render(&registry));
                 async move { text }
             }),
-        )
+        );
+    guard(routes, auth, Need::Service)
 }
 
 /// Binds `addr` and serves [`router`] in a background task, on a listener
@@ -253,7 +260,9 @@ pub async fn serve(
     addr: SocketAddr,
     max_connections: usize,
     handle: StatusHandle,
+    auth: Option<Arc<Verifier>>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let auth = auth.map(|v| HttpAuth::new(v, handle.refusals.clone()));
     let listener = strata_service::listener::listen(addr)?;
     let limits = strata_service::Limits {
         max_connections: max_connections.max(1),
@@ -261,7 +270,7 @@ pub async fn serve(
     };
     let listener =
         strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &handle.listeners);
-    Ok(tokio::spawn(strata_service::http::serve(listener, router(handle), Default::default())))
+    Ok(tokio::spawn(strata_service::http::serve(listener, router(handle, auth.as_ref()), Default::default())))
 }
 
 #[cfg(test)]

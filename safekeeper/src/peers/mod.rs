@@ -42,9 +42,13 @@ async fn poll(shared: Arc<Shared>, peer: Peer) {
         .into();
     loop {
         tokio::time::sleep(POLL).await;
-        let (agent, url2) = (agent.clone(), url.clone());
+        let (agent, url2, token) = (agent.clone(), url.clone(), shared.token.clone());
         let answer = tokio::task::spawn_blocking(move || -> Result<Vec<TimelinePositions>, String> {
-            let mut r = agent.get(&url2).call().map_err(|e| e.to_string())?;
+            let mut request = agent.get(&url2);
+            if let Some(token) = &token {
+                request = request.header("Authorization", token.bearer());
+            }
+            let mut r = request.call().map_err(|e| e.to_string())?;
             let text = r.body_mut().with_config().limit(MAX_ANSWER).read_to_string().map_err(|e| e.to_string())?;
             serde_json::from_str(&text).map_err(|e| format!("malformed answer: {e}"))
         })

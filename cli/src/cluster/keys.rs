@@ -1,0 +1,92 @@
+//! The cluster's key store (`auth/` in the workdir), made by `strata init`:
+//!
+//! - `private.pem` (0600): the Ed25519 key that signs every token; only the
+//!   CLI reads it, to mint its own management token per command, each
+//!   endpoint's tenant token and `strata auth token`'s;
+//! - `public.pem`: what every service checks tokens against;
+//! - `service.token` (0600): the services' own token, for calls between them.
+//!
+//! See `docs/security.md`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use strata_protocol::TenantId;
+use strata_service::auth::{self, AuthConfig, Claims, Scope, Secret, Signer};
+
+use super::error::{Error, Result};
+
+/// The key store's directory, relative to the workdir.
+pub const AUTH_DIR: &str = "auth";
+/// How long the CLI's own management token lives: longer than any command.
+const CLI_TOKEN_TTL: Duration = Duration::from_secs(3600);
+
+pub fn private_key(root: &Path) -> PathBuf {
+    root.join(AUTH_DIR).join("private.pem")
+}
+
+pub fn public_key(root: &Path) -> PathBuf {
+    root.join(AUTH_DIR).join("public.pem")
+}
+
+pub fn service_token(root: &Path) -> PathBuf {
+    root.join(AUTH_DIR).join("service.token")
+}
+
+/// What a service's config says about tokens.
+pub fn service_auth(root: &Path) -> AuthConfig {
+    AuthConfig { public_key: public_key(root), token_file: Some(service_token(root)) }
+}
+
+fn failed(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Failed(format!("{}: {e}", path.display()))
+}
+
+/// Writes a new key pair and the services' token under `root`.
+pub fn create(root: &Path) -> Result<()> {
+    let dir = root.join(AUTH_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| failed(&dir, e))?;
+    let (private, public) = auth::generate_key_pair();
+    auth::write_secret(&private_key(root), &private).map_err(|e| failed(&private_key(root), e))?;
+    strata_service::durable::replace_file(&public_key(root), public.as_bytes(), true)
+        .map_err(|e| failed(&public_key(root), e.source))?;
+    let signer = Signer::from_pem(private.as_bytes(), "the new key").map_err(|e| Error::Failed(e.to_string()))?;
+    let token = signer.sign(&Claims::new(Scope::Service, None, None));
+    auth::write_secret(&service_token(root), &token).map_err(|e| failed(&service_token(root), e))
+}
+
+/// The signer of the cluster at `root`, if it has a key store (clusters
+/// made before there were tokens have none, and their services accept
+/// every caller).
+pub fn signer(root: &Path) -> Result<Option<Signer>> {
+    let path = private_key(root);
+    if !path.exists() {
+        return Ok(None);
+    }
+    Signer::load(&path).map(Some).map_err(|e| Error::Failed(e.to_string()))
+}
+
+/// Makes every HTTP call of this process carry a fresh management token.
+pub fn use_management_token(root: &Path) -> Result<()> {
+    if let Some(signer) = signer(root)? {
+        let token = signer.sign(&Claims::new(Scope::Management, None, Some(CLI_TOKEN_TTL)));
+        super::http::use_token(Secret::new(token));
+    }
+    Ok(())
+}
+
+/// A token of `scope` (`tenant` needs its tenant) valid for `ttl`
+/// (forever if none).
+pub fn mint(root: &Path, scope: Scope, tenant: Option<TenantId>, ttl: Option<Duration>) -> Result<String> {
+    match (scope, tenant) {
+        (Scope::Tenant, None) => return Err(Error::Usage("a tenant token needs --tenant".into())),
+        (Scope::Management | Scope::Service, Some(_)) => {
+            return Err(Error::Usage(format!("a {scope} token is for every tenant: drop --tenant")))
+        }
+        _ => {}
+    }
+    let signer = signer(root)?.ok_or_else(|| {
+        Error::Failed(format!("{}: no key store: this cluster does not use tokens", root.join(AUTH_DIR).display()))
+    })?;
+    Ok(signer.sign(&Claims::new(scope, tenant, ttl)))
+}

@@ -1,0 +1,380 @@
+//! Who may call what: tokens signed with the cluster's Ed25519 key (JWT,
+//! algorithm `EdDSA`), each with one scope. `docs/security.md` has the
+//! token format and which interface accepts which scope.
+//!
+//! - **management**: the operator and the CLI; every call.
+//! - **service**: one service calling another (WAL streaming, peers'
+//!   positions, status and metrics); every tenant's data, no management.
+//! - **tenant**: one tenant's computes; that tenant's data only.
+//!
+//! Services hold only the public key, so a stolen service config cannot
+//! mint tokens; whoever holds the private key (the key store that
+//! `strata init` writes) can.
+
+pub mod http;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use strata_protocol::TenantId;
+
+/// Seconds an expired token is still accepted, for clocks that differ
+/// between hosts (NTP keeps them within milliseconds).
+pub const LEEWAY_SECS: u64 = 10;
+
+/// Longest token accepted; anything longer is refused before it is parsed.
+/// Ours are about 250 bytes.
+pub const MAX_TOKEN_LEN: usize = 2048;
+
+/// What a token lets its holder do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Management,
+    Service,
+    Tenant,
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Scope::Management => "management",
+            Scope::Service => "service",
+            Scope::Tenant => "tenant",
+        })
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Scope, String> {
+        match s {
+            "management" => Ok(Scope::Management),
+            "service" => Ok(Scope::Service),
+            "tenant" => Ok(Scope::Tenant),
+            _ => Err(format!("{s:?} is not a scope (management, service, tenant)")),
+        }
+    }
+}
+
+/// The claims of a token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    pub scope: Scope,
+    /// The tenant of a `tenant` token (and only of one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<TenantId>,
+    /// Issued at, seconds since the epoch.
+    pub iat: u64,
+    /// Expires at, seconds since the epoch; none for the services' own
+    /// tokens, which live as long as the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exp: Option<u64>,
+}
+
+impl Claims {
+    /// Claims of `scope` issued now, valid for `ttl` (forever if none).
+    pub fn new(scope: Scope, tenant_id: Option<TenantId>, ttl: Option<std::time::Duration>) -> Claims {
+        let iat = now();
+        Claims { scope, tenant_id, iat, exp: ttl.map(|t| iat.saturating_add(t.as_secs().max(1))) }
+    }
+
+    /// Whether these claims allow `need`; the refusal if not.
+    pub fn permits(&self, need: Access) -> Result<(), Refusal> {
+        match (self.scope, need) {
+            (Scope::Management, _) => Ok(()),
+            (Scope::Service, Access::Service | Access::Tenant(_)) => Ok(()),
+            (Scope::Tenant, Access::Tenant(t)) if self.tenant_id == Some(t) => Ok(()),
+            (Scope::Tenant, Access::Tenant(_)) => Err(Refusal::OtherTenant),
+            (have, need) => Err(Refusal::Scope { have, need: need.scope() }),
+        }
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// What a call needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Management only.
+    Management,
+    /// A service (or management).
+    Service,
+    /// This tenant's data: its own tenant token, a service, or management.
+    Tenant(TenantId),
+}
+
+impl Access {
+    /// The narrowest scope that is allowed.
+    pub fn scope(self) -> Scope {
+        match self {
+            Access::Management => Scope::Management,
+            Access::Service => Scope::Service,
+            Access::Tenant(_) => Scope::Tenant,
+        }
+    }
+}
+
+/// Why a call was refused. The first four mean "who are you?" (HTTP 401),
+/// the last two "not you" (403).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("no token: this interface needs a bearer token")]
+    NoToken,
+    #[error("a malformed token: {0}")]
+    Malformed(String),
+    #[error("a token not signed by this cluster's key")]
+    BadSignature,
+    #[error("an expired token")]
+    Expired,
+    #[error("a {have} token cannot do this: it needs {need} scope")]
+    Scope { have: Scope, need: Scope },
+    #[error("a token of another tenant")]
+    OtherTenant,
+}
+
+impl Refusal {
+    /// Whether this is "who are you?" (401) rather than "not you" (403).
+    pub fn unauthenticated(&self) -> bool {
+        !matches!(self, Refusal::Scope { .. } | Refusal::OtherTenant)
+    }
+
+    /// A short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NoToken => "no_token",
+            Refusal::Malformed(_) => "malformed",
+            Refusal::BadSignature => "bad_signature",
+            Refusal::Expired => "expired",
+            Refusal::Scope { .. } => "scope",
+            Refusal::OtherTenant => "other_tenant",
+        }
+    }
+}
+
+/// A token held in memory. It shows as `Secret(..)` in logs and debug
+/// output: tokens are never logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(token: String) -> Secret {
+        Secret(token)
+    }
+
+    /// The token itself, to send.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The value of an `Authorization` header carrying it.
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.0)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// A key file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: not an Ed25519 {kind} key in PEM: {message}")]
+    Format { what: String, kind: &'static str, message: String },
+    #[error("{}: {message}", path.display())]
+    Token { path: PathBuf, message: String },
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, KeyError> {
+    std::fs::read(path).map_err(|source| KeyError::Io { path: path.to_path_buf(), source })
+}
+
+/// Checks tokens against the cluster's public key.
+pub struct Verifier {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl Verifier {
+    /// From a public key in PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub fn from_pem(pem: &[u8], what: &str) -> Result<Verifier, KeyError> {
+        let key = DecodingKey::from_ed_pem(pem).map_err(|e| KeyError::Format {
+            what: what.to_string(),
+            kind: "public",
+            message: e.to_string(),
+        })?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        // `exp` is checked when present; services' own tokens have none.
+        validation.required_spec_claims.clear();
+        validation.validate_exp = true;
+        validation.leeway = LEEWAY_SECS;
+        Ok(Verifier { key, validation })
+    }
+
+    /// From a public key file.
+    pub fn load(path: &Path) -> Result<Verifier, KeyError> {
+        Verifier::from_pem(&read(path)?, &path.display().to_string())
+    }
+
+    /// The claims of `token` if this cluster signed it and it has not expired.
+    pub fn verify(&self, token: &str) -> Result<Claims, Refusal> {
+        if token.is_empty() {
+            return Err(Refusal::NoToken);
+        }
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(Refusal::Malformed(format!("longer than {MAX_TOKEN_LEN} bytes")));
+        }
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+            .map_err(|e| match e.kind() {
+                ErrorKind::InvalidSignature => Refusal::BadSignature,
+                ErrorKind::ExpiredSignature => Refusal::Expired,
+                ErrorKind::InvalidAlgorithm => Refusal::Malformed("not an EdDSA token".into()),
+                _ => Refusal::Malformed(e.to_string()),
+            })?
+            .claims;
+        match (claims.scope, claims.tenant_id) {
+            (Scope::Tenant, None) => Err(Refusal::Malformed("a tenant token without a tenant_id".into())),
+            (Scope::Management | Scope::Service, Some(_)) => {
+                Err(Refusal::Malformed(format!("a {} token with a tenant_id", claims.scope)))
+            }
+            _ => Ok(claims),
+        }
+    }
+}
+
+/// Mints tokens with the cluster's private key.
+pub struct Signer {
+    key: EncodingKey,
+}
+
+impl Signer {
+    /// From a private key in PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`).
+    pub fn from_pem(pem: &[u8], what: &str) -> Result<Signer, KeyError> {
+        let key = EncodingKey::from_ed_pem(pem).map_err(|e| KeyError::Format {
+            what: what.to_string(),
+            kind: "private",
+            message: e.to_string(),
+        })?;
+        Ok(Signer { key })
+    }
+
+    /// From a private key file.
+    pub fn load(path: &Path) -> Result<Signer, KeyError> {
+        Signer::from_pem(&read(path)?, &path.display().to_string())
+    }
+
+    /// A signed token of `claims`.
+    pub fn sign(&self, claims: &Claims) -> String {
+        debug_assert_eq!(claims.scope == Scope::Tenant, claims.tenant_id.is_some(), "{claims:?}");
+        jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), claims, &self.key)
+            .expect("an Ed25519 key loaded from PEM signs any claims")
+    }
+}
+
+/// A new Ed25519 key pair: (private key as PKCS#8 PEM, public key as PEM).
+pub fn generate_key_pair() -> (String, String) {
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("the system's random source works");
+    (pair.serialize_pem(), pair.public_key_pem())
+}
+
+/// What a service needs to check callers and to call others.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The cluster's public key (PEM): tokens signed by it are accepted.
+    pub public_key: PathBuf,
+    /// A file holding this process's own token, sent when it calls other
+    /// services (mode 0600; never logged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl AuthConfig {
+    /// The verifier of `public_key`.
+    pub fn verifier(&self) -> Result<Verifier, KeyError> {
+        Verifier::load(&self.public_key)
+    }
+
+    /// This process's own token, if it has one.
+    pub fn token(&self) -> Result<Option<Secret>, KeyError> {
+        self.token_file.as_deref().map(read_token).transpose()
+    }
+}
+
+/// The token of an `Authorization` header's value `Bearer <token>`.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (kind, token) = value.split_once(' ')?;
+    kind.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The token in the file at `path` (one token, surrounding white space
+/// ignored); the error never shows the file's contents.
+pub fn read_token(path: &Path) -> Result<Secret, KeyError> {
+    let bad = |message: &str| KeyError::Token { path: path.to_path_buf(), message: message.into() };
+    let text = String::from_utf8(read(path)?).map_err(|_| bad("not UTF-8"))?;
+    let token = text.trim();
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN || token.chars().any(char::is_whitespace) {
+        return Err(bad("does not hold one token"));
+    }
+    Ok(Secret(token.to_string()))
+}
+
+/// Writes `contents` to a new file readable by its owner only.
+pub fn write_secret(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = crate::durable::temp_path(path);
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    crate::durable::sync_dir(crate::durable::parent_of(path)).map_err(|e| e.source)
+}
+
+/// Fuzz entry point: `data` as a token and as an `Authorization` header
+/// must be refused or accepted without a panic; and as claims (JSON),
+/// signed with a real key, must verify to exactly one outcome.
+pub fn fuzz_one(data: &[u8]) {
+    use std::sync::OnceLock;
+    static KEYS: OnceLock<(Signer, Verifier)> = OnceLock::new();
+    let (signer, verifier) = KEYS.get_or_init(|| {
+        let (private, public) = generate_key_pair();
+        (
+            Signer::from_pem(private.as_bytes(), "fuzz").expect("a new key loads"),
+            Verifier::from_pem(public.as_bytes(), "fuzz").expect("a new key loads"),
+        )
+    });
+    let text = String::from_utf8_lossy(data);
+    if let Ok(claims) = verifier.verify(&text) {
+        panic!("an unsigned input verified: {claims:?}");
+    }
+    let _ = bearer_token(&text);
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
+        let token =
+            jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &value, &signer.key).expect("any JSON value signs");
+        if let Ok(claims) = verifier.verify(&token) {
+            // What verifies is consistent with its scope.
+            assert_eq!(claims.scope == Scope::Tenant, claims.tenant_id.is_some(), "{claims:?}");
+            let _ = claims.permits(Access::Management);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

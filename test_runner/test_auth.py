@@ -1,0 +1,100 @@
+"""Tokens on every HTTP API of a running local cluster (docs/security.md):
+each listener refuses a call without a token, with a malformed one, with
+one of another cluster's key, with an expired one, and with a scope or a
+tenant that does not allow it; a refused call changes nothing and is
+counted; the right token gets through."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+from fixtures.endpoint import Endpoint
+from fixtures.strata import http_json
+
+SAFEKEEPERS = ["sk1", "sk2", "sk3"]
+
+
+def call(url: str, token: str | None, method: str = "GET") -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    req = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def refusals(text: str, prefix: str) -> float:
+    """All of a service's `auth_refusals_total{…}` samples, summed."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(f"{prefix}_auth_refusals_total{{"))
+
+
+def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, pg_bin_dir):
+    c = cluster_factory()
+    other = cluster_factory(start=False)  # another cluster: another key
+    ep = Endpoint(c, "main")
+    ep.start()
+    ct = c.cluster_toml
+    tenant = ct["tenant_id"]
+    timeline = c.timeline_id("main")
+    tl = f"/v1/tenant/{tenant}/timeline/{timeline}"
+    mint = lambda cl, scope, *extra: cl.run("auth", "token", "--scope", scope, *extra).stdout.strip()  # noqa: E731
+    management, service = mint(c, "management"), mint(c, "service")
+    tenant_token = mint(c, "tenant")
+    other_tenant = mint(c, "tenant", "--tenant", "ab" * 16)
+    foreign = mint(other, "management")
+    expiring = mint(c, "management", "--ttl-secs", "1")
+    minted = time.monotonic()
+
+    ports = {s["name"]: s["ports"]["http"] for s in ct["services"]}
+    ports["agent"] = ep.http_port
+    prefixes = {**{n: "strata_safekeeper" for n in SAFEKEEPERS}, "pageserver": "strata_pageserver",
+                "agent": "strata_compute"}
+    # (listener, path) of a service-scope route and, where there is one, a tenant route.
+    for name, port in ports.items():
+        base = f"http://127.0.0.1:{port}"
+        before = refusals(call(f"{base}/metrics", management)[1], prefixes[name])
+        bad = [(None, 401, "no token"), ("not-a-token", 401, "malformed"), ("a.b.c", 401, "malformed"),
+               (foreign, 401, "not signed by this cluster"), (tenant_token, 403, "needs service scope")]
+        for token, status, words in bad:
+            code, body = call(f"{base}/v1/status", token)
+            assert code == status and words in body, (name, token and token[:12], code, body)
+            if token:
+                assert token not in body
+        assert call(f"{base}/v1/status", service)[0] == 200, name
+        assert call(f"{base}/v1/status", management)[0] == 200, name
+        if name != "agent":
+            assert call(f"{base}{tl}", tenant_token)[0] == 200, name
+            code, body = call(f"{base}{tl}", other_tenant)
+            assert code == 403 and "another tenant" in body, (name, code, body)
+        after = refusals(call(f"{base}/metrics", service)[1], prefixes[name])
+        assert after - before == len(bad) + (0 if name == "agent" else 1), (name, before, after)
+
+    # Management calls with lesser scopes are refused and change nothing.
+    ps = f"http://127.0.0.1:{ports['pageserver']}"
+    timelines_before = len(http_json("GET", f"{ps}/v1/status")[1]["timelines"])
+    for token in [service, tenant_token]:
+        assert call(f"{ps}{tl}", token, "DELETE")[0] == 403
+        assert call(f"{ps}/v1/tenant/{tenant}/timeline", token, "POST")[0] == 403
+        assert call(f"{ps}/v1/tenant", token, "POST")[0] == 403
+    for name in SAFEKEEPERS:
+        sk = f"http://127.0.0.1:{ports[name]}"
+        assert call(f"{sk}{tl}", tenant_token, "DELETE")[0] == 403
+        assert call(f"{sk}{tl}", service, "DELETE")[0] == 403
+        assert call(f"{sk}{tl}/membership", service, "PUT")[0] == 403
+    assert len(http_json("GET", f"{ps}/v1/status")[1]["timelines"]) == timelines_before
+    for name in [*SAFEKEEPERS, "pageserver"]:
+        code, body = http_json("GET", c.http_url(name, tl))
+        assert code == 200, (name, body)
+    # The compute kept working throughout.
+    ep.sql("CREATE TABLE t AS SELECT 1 AS x")
+    assert ep.sql("SELECT count(*) FROM t") == [(1,)]
+
+    # An expired token (past the 10 s leeway) is refused; a fresh one is not.
+    time.sleep(max(0.0, minted + 1 + 10 + 1.5 - time.monotonic()))
+    code, body = call(f"{ps}/v1/status", expiring)
+    assert code == 401 and "expired" in body, (code, body)
+    assert call(f"{ps}/v1/status", management)[0] == 200
