@@ -134,7 +134,8 @@ def main() -> int:
                     " pg_relation_filenode('pgbench_accounts')").fetchone()
                 fresh_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
             target = ["--pageserver", f"127.0.0.1:{ps['ports']['pg']}", "--tenant-id", tenant,
-                      "--timeline-id", timeline, "--rel", f"{spc}/{db}/{rel}"]
+                      "--timeline-id", timeline, "--rel", f"{spc}/{db}/{rel}",
+                      "--token-file", str(cluster.token_file())]
             # The fresh database: loaded, compacted and imaged.
             while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < fresh_lsn:
                 time.sleep(0.05)

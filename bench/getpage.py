@@ -144,7 +144,8 @@ def main() -> int:
             data = prepare(cluster, args.scale)
             results["data"] = data
             target = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
-                      "--timeline-id", data["timeline_id"], "--rel", data["rel"]]
+                      "--timeline-id", data["timeline_id"], "--rel", data["rel"],
+                      "--token-file", str(cluster.token_file())]
             # One short unmeasured pass: connections, page cache, layer files opened.
             pagebench(strata_bin, target, 1, 16, min(args.seconds, 3))
             for connections, depth in configs:

@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
+from fixtures import page_protocol as pp
 from fixtures.endpoint import Endpoint
 from fixtures.strata import http_json
 
@@ -92,6 +93,31 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
     # The compute kept working throughout.
     ep.sql("CREATE TABLE t AS SELECT 1 AS x")
     assert ep.sql("SELECT count(*) FROM t") == [(1,)]
+
+    # The page service: the token travels in the hello, and the refusal
+    # comes before the timeline is looked up (an unknown one is refused the same).
+    page = f"127.0.0.1:{next(s['ports']['pg'] for s in ct['services'] if s['name'] == 'pageserver')}"
+    before = refusals(call(f"{ps}/metrics", service)[1], "strata_pageserver")
+    for tl_id, token, version, code in [
+        (timeline, "", 2, pp.ERR_UNAUTHORIZED),
+        (timeline, "", 1, pp.ERR_UNAUTHORIZED),
+        (timeline, foreign, 2, pp.ERR_UNAUTHORIZED),
+        (timeline, other_tenant, 2, pp.ERR_FORBIDDEN),
+        ("ef" * 16, other_tenant, 2, pp.ERR_FORBIDDEN),
+        (timeline, service, 2, None),
+        (timeline, tenant_token, 2, None),
+    ]:
+        with pp.PageClient(page) as cl:
+            answer = cl.hello(tenant, tl_id, version=version, token=token)
+            if code is None:
+                assert isinstance(answer, pp.HelloOk), answer
+                r = cl.request(pp.rel_size_frame(1, 0, 1664, 0, 1262, 0))
+                assert isinstance(r, pp.Size), r
+            else:
+                assert isinstance(answer, pp.Error) and answer.id == 0 and answer.code == code, (token[:12], answer)
+                assert token == "" or token not in answer.message
+    after = refusals(call(f"{ps}/metrics", service)[1], "strata_pageserver")
+    assert after - before == 5, (before, after)
 
     # An expired token (past the 10 s leeway) is refused; a fresh one is not.
     time.sleep(max(0.0, minted + 1 + 10 + 1.5 - time.monotonic()))

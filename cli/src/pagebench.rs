@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use strata_service::auth::{read_token, Secret};
 
 use clap::Args;
 use fastrand::Rng;
@@ -57,6 +58,10 @@ pub struct PagebenchArgs {
     /// Read pages as of this LSN; 0/0 means the latest ingested one.
     #[arg(long, value_name = "X/Y", default_value = "0/0")]
     lsn: Lsn,
+    /// A file holding a token for the tenant (`strata auth token --scope
+    /// tenant`), for a pageserver that checks them (`docs/security.md`).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -128,6 +133,7 @@ struct Target {
     /// Relations with blocks, each with the global index of its first block.
     rels: Vec<(u64, RelFileNode)>,
     total_blocks: u64,
+    token: Option<Secret>,
 }
 
 impl Target {
@@ -157,8 +163,8 @@ impl WorkerStats {
     }
 }
 
-fn client_config(depth: u32) -> PageClientConfig {
-    PageClientConfig { max_in_flight: depth as usize, ..PageClientConfig::default() }
+fn client_config(depth: u32, token: &Option<Secret>) -> PageClientConfig {
+    PageClientConfig { max_in_flight: depth as usize, token: token.clone(), ..PageClientConfig::default() }
 }
 
 async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
@@ -172,6 +178,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
             lsn: args.lsn,
             rels: vec![(0, rel)],
             total_blocks: u64::from(LOOPBACK_BLOCKS),
+            token: None,
         }
     } else {
         prepare(args).await?
@@ -184,7 +191,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
         let t = Arc::clone(&target);
         let depth = args.depth;
         connecting.push(tokio::spawn(async move {
-            PageClient::connect(&t.addr, t.tenant_id, t.timeline_id, client_config(depth)).await
+            PageClient::connect(&t.addr, t.tenant_id, t.timeline_id, client_config(depth, &t.token)).await
         }));
     }
     let mut clients = Vec::new();
@@ -242,8 +249,9 @@ async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
     if args.rels.is_empty() {
         return Err("at least one --rel is required".into());
     }
+    let token = args.token_file.as_deref().map(read_token).transpose().map_err(|e| e.to_string())?;
     let mut client =
-        PageClient::connect(addr, tenant_id, timeline_id, client_config(1)).await.map_err(|e| e.to_string())?;
+        PageClient::connect(addr, tenant_id, timeline_id, client_config(1, &token)).await.map_err(|e| e.to_string())?;
     let mut rels = Vec::new();
     let mut total_blocks = 0u64;
     for &rel in &args.rels {
@@ -261,7 +269,7 @@ async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
     if total_blocks == 0 {
         return Err("no block to read: every relation is empty".into());
     }
-    Ok(Target { addr: addr.clone(), tenant_id, timeline_id, lsn: args.lsn, rels, total_blocks })
+    Ok(Target { addr: addr.clone(), tenant_id, timeline_id, lsn: args.lsn, rels, total_blocks, token })
 }
 
 /// One connection's load: keeps `depth` random GetPage requests in flight
@@ -277,7 +285,7 @@ async fn worker(target: Arc<Target>, client: PageClient, depth: usize, deadline:
                 &target.addr,
                 target.tenant_id,
                 target.timeline_id,
-                client_config(depth as u32),
+                client_config(depth as u32, &target.token),
             )
             .await
             {
@@ -761,6 +769,7 @@ mod tests {
             lsn: Lsn::INVALID,
             rels: vec![(0, r(1)), (10, r(2)), (11, r(3))],
             total_blocks: 14,
+            token: None,
         };
         assert_eq!(target.block(0), (r(1), 0));
         assert_eq!(target.block(9), (r(1), 9));

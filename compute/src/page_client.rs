@@ -38,6 +38,8 @@ pub struct PageClientConfig {
     pub response_timeout: Duration,
     /// Most requests in flight; at most [`MAX_PIPELINE_DEPTH`].
     pub max_in_flight: usize,
+    /// The token sent in the hello (`docs/security.md`).
+    pub token: Option<strata_service::auth::Secret>,
 }
 
 impl Default for PageClientConfig {
@@ -46,6 +48,7 @@ impl Default for PageClientConfig {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(60),
             max_in_flight: MAX_PIPELINE_DEPTH,
+            token: None,
         }
     }
 }
@@ -124,7 +127,8 @@ impl PageClient {
             next_id: 1,
             broken: false,
         };
-        let hello = Hello { protocol_version: PAGE_PROTOCOL_VERSION, tenant_id, timeline_id };
+        let token = client.config.token.as_ref().map(|t| t.expose().to_string());
+        let hello = Hello { protocol_version: PAGE_PROTOCOL_VERSION, tenant_id, timeline_id, token };
         codec::encode_client(&ClientMessage::Hello(hello), &mut client.out);
         client.write_out(deadline, "sending the hello", limit).await?;
         match client.read_message(deadline, "the hello answer", limit).await? {
@@ -514,6 +518,7 @@ mod tests {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
             max_in_flight: 16,
+            token: None,
         }
     }
 

@@ -98,13 +98,14 @@ pub async fn serve(
         ),
         _ => None,
     };
-    let auth = match &config.auth {
-        Some(a) => Some(HttpAuth::new(Arc::new(a.verifier()?), metrics.refusal_metrics())),
+    let verifier = match &config.auth {
+        Some(a) => Some(Arc::new(a.verifier()?)),
         None => {
             tracing::warn!("authentication is OFF: every caller is accepted");
             None
         }
     };
+    let auth = verifier.clone().map(|v| HttpAuth::new(v, metrics.refusal_metrics()));
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
@@ -116,7 +117,7 @@ pub async fn serve(
         .map_err(|e| StartError::Task(format!("starting the compactor: {e}")))?;
     tracing::info!(id = %conf.id, page_service = %conf.listen_pg, http = %conf.listen_http, "pageserver started");
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(page_service::serve(page, tenants.clone()));
+    tasks.spawn(page_service::serve(page, tenants.clone(), verifier));
     tasks.spawn(strata_service::http::serve(http, http::router(tenants.clone(), auth.as_ref()), Default::default()));
     tasks.spawn({
         let tenants = tenants.clone();

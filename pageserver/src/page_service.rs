@@ -15,8 +15,10 @@ use strata_formats::Lsn;
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::pageserver::codec;
 use strata_protocol::pageserver::{
-    ClientMessage, ErrorCode, PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_VERSION,
+    ClientMessage, ErrorCode, PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_MIN_VERSION,
+    PAGE_PROTOCOL_VERSION,
 };
+use strata_service::auth::{Access, Verifier};
 use strata_service::Listener;
 use tokio::net::tcp::OwnedWriteHalf;
 use tracing::{debug, info};
@@ -49,16 +51,17 @@ pub fn refusal(_first_bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Serves page service connections on `listener` forever.
-pub async fn serve(listener: Listener, tenants: Arc<Tenants>) {
+/// Serves page service connections on `listener` forever; with a
+/// verifier, each hello must carry a token that allows its tenant.
+pub async fn serve(listener: Listener, tenants: Arc<Tenants>, verifier: Option<Arc<Verifier>>) {
     listener
         .serve(move |conn| {
-            let tenants = tenants.clone();
+            let (tenants, verifier) = (tenants.clone(), verifier.clone());
             async move {
                 let peer = conn.peer;
                 let _ = conn.stream.set_nodelay(true);
                 tenants.metrics.page_connections.inc();
-                if let Err(e) = connection(conn, &tenants).await {
+                if let Err(e) = connection(conn, &tenants, verifier.as_deref()).await {
                     debug!(%peer, "page service connection closed: {e}");
                 }
                 tenants.metrics.page_connections.dec();
@@ -83,7 +86,11 @@ async fn refuse(w: &mut OwnedWriteHalf, code: ErrorCode, message: String) -> Res
     Err(ConnectionError::Refused(message))
 }
 
-async fn connection(conn: strata_service::Connection, tenants: &Tenants) -> Result<(), ConnectionError> {
+async fn connection(
+    conn: strata_service::Connection,
+    tenants: &Tenants,
+    verifier: Option<&Verifier>,
+) -> Result<(), ConnectionError> {
     let strata_service::Connection { stream, slot, .. } = conn;
     let (r, mut w) = stream.into_split();
     let mut frames = FrameReader::new(r, codec::MAX_FRAME_SIZE);
@@ -100,12 +107,22 @@ async fn connection(conn: strata_service::Connection, tenants: &Tenants) -> Resu
         Ok(_) => return refuse(&mut w, ErrorCode::Protocol, "the first message must be Hello".into()).await,
         Err(e) => return refuse(&mut w, ErrorCode::Protocol, e.to_string()).await,
     };
-    if hello.protocol_version != PAGE_PROTOCOL_VERSION {
+    if !(PAGE_PROTOCOL_MIN_VERSION..=PAGE_PROTOCOL_VERSION).contains(&hello.protocol_version) {
         let msg = format!(
-            "protocol version {} is not supported (this server speaks {PAGE_PROTOCOL_VERSION})",
+            "protocol version {} is not supported (this server speaks {PAGE_PROTOCOL_MIN_VERSION} to {PAGE_PROTOCOL_VERSION})",
             hello.protocol_version
         );
         return refuse(&mut w, ErrorCode::Version, msg).await;
+    }
+    if let Some(verifier) = verifier {
+        let verdict = verifier
+            .verify(hello.token.as_deref().unwrap_or(""))
+            .and_then(|claims| claims.permits(Access::Tenant(hello.tenant_id)));
+        if let Err(refusal) = verdict {
+            tenants.metrics.refusal_metrics().count("page", &refusal);
+            let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };
+            return refuse(&mut w, code, refusal.to_string()).await;
+        }
     }
     slot.established();
     let Some(entry) = tenants.get(hello.tenant_id, hello.timeline_id) else {

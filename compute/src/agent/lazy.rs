@@ -149,7 +149,7 @@ impl LazyMounts {
             page_service.to_string(),
             cfg.tenant_id,
             cfg.timeline_id,
-            PageClientConfig::default(),
+            PageClientConfig { token: cfg.token.clone(), ..PageClientConfig::default() },
         )
         .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))?
         .retry_for(cfg.lazy_fetch_retry);

@@ -27,8 +27,8 @@
 use strata_formats::types::{ForkNumber, RelFileNode};
 
 use super::{
-    ClientMessage, ErrorCode, Hello, PageRequest, ServerMessage, SlruKind, MAX_SEGMENT_SIZE, PAGE_PROTOCOL_VERSION,
-    PAGE_SIZE,
+    ClientMessage, ErrorCode, Hello, PageRequest, ServerMessage, SlruKind, MAX_SEGMENT_SIZE, PAGE_PROTOCOL_MIN_VERSION,
+    PAGE_PROTOCOL_VERSION, PAGE_SIZE,
 };
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{TenantId, TimelineId};
@@ -155,7 +155,13 @@ impl FrameWriter<'_> {
 pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
     match msg {
         ClientMessage::Hello(h) => {
-            begin_frame(out, tag::HELLO).u32(h.protocol_version).bytes(&h.tenant_id.0).bytes(&h.timeline_id.0).finish()
+            let mut f = begin_frame(out, tag::HELLO);
+            f.u32(h.protocol_version).bytes(&h.tenant_id.0).bytes(&h.timeline_id.0);
+            // Version 1 has no token field; later ones always have one.
+            if h.protocol_version >= 2 {
+                f.string(h.token.as_deref().unwrap_or(""));
+            }
+            f.finish()
         }
         ClientMessage::Request(r) => encode_request(r, out),
     }
@@ -308,14 +314,14 @@ fn read<'a, T>(
 pub fn decode_client(frame: &[u8]) -> Result<ClientMessage, DecodeError> {
     match frame_tag(frame)? {
         tag::HELLO => read(frame, "Hello", |r| {
-            Ok(ClientMessage::Hello(Hello {
-                protocol_version: r.u32("protocol_version")?,
-                tenant_id: TenantId(r.id16("tenant_id")?),
-                timeline_id: TimelineId(r.id16("timeline_id")?),
-            }))
+            let protocol_version = r.u32("protocol_version")?;
+            let tenant_id = TenantId(r.id16("tenant_id")?);
+            let timeline_id = TimelineId(r.id16("timeline_id")?);
+            let token = if protocol_version >= 2 { Some(r.string("token")?).filter(|t| !t.is_empty()) } else { None };
+            Ok(ClientMessage::Hello(Hello { protocol_version, tenant_id, timeline_id, token }))
         })
         .map_err(|e| match peek_version(frame) {
-            Some(version) if version != PAGE_PROTOCOL_VERSION => {
+            Some(version) if !(PAGE_PROTOCOL_MIN_VERSION..=PAGE_PROTOCOL_VERSION).contains(&version) => {
                 DecodeError::UnsupportedVersion { version, detail: Box::new(e) }
             }
             _ => e,
@@ -460,11 +466,13 @@ mod tests {
         vec![
             (
                 ClientMessage::Hello(Hello {
-                    protocol_version: 1,
+                    protocol_version: 2,
                     tenant_id: TenantId([0x11; 16]),
                     timeline_id: TimelineId([0x22; 16]),
+                    token: Some("tok".into()),
                 }),
-                "25000000 01 01000000 11111111111111111111111111111111 22222222222222222222222222222222",
+                "2c000000 01 02000000 11111111111111111111111111111111 22222222222222222222222222222222 \
+                 03000000 746f6b",
             ),
             (
                 request(PageRequest::GetPage {
@@ -752,7 +760,9 @@ mod tests {
         assert!(error(6, &[b'x'; MAX_STRING_LEN]).is_ok());
         assert!(matches!(error(0, b""), Err(DecodeError::UnknownErrorCode { code: 0, .. })));
         assert!(error(7, b"").is_ok(), "Overloaded");
-        assert!(matches!(error(8, b""), Err(DecodeError::UnknownErrorCode { code: 8, .. })));
+        assert!(error(8, b"").is_ok(), "Unauthorized");
+        assert!(error(9, b"").is_ok(), "Forbidden");
+        assert!(matches!(error(10, b""), Err(DecodeError::UnknownErrorCode { code: 10, .. })));
         // A hostile length fails before anything is allocated.
         let frame = [tag::ERROR, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0xFF, 0xFF, 0xFF, 0xFF];
         assert!(matches!(decode_server(&frame), Err(DecodeError::StringTooLong { .. })));
@@ -772,21 +782,41 @@ mod tests {
     #[test]
     fn other_versions_are_reported_as_such() {
         let mut hello = client_bytes(&ClientMessage::Hello(Hello {
-            protocol_version: 2,
+            protocol_version: 3,
             tenant_id: TenantId([1; 16]),
             timeline_id: TimelineId([2; 16]),
+            token: None,
         }));
         // Same layout: decodes, and the server refuses the version itself.
         assert!(decode_client(&hello[LENGTH_SIZE..]).is_ok());
-        assert_eq!(peek_version(&hello[LENGTH_SIZE..]), Some(2));
+        assert_eq!(peek_version(&hello[LENGTH_SIZE..]), Some(3));
         hello.extend([9, 9]);
         let err = decode_client(&hello[LENGTH_SIZE..]).unwrap_err();
-        assert!(matches!(err, DecodeError::UnsupportedVersion { version: 2, .. }), "{err:?}");
-        // The same damage to a version 1 hello is a plain decoding error.
+        assert!(matches!(err, DecodeError::UnsupportedVersion { version: 3, .. }), "{err:?}");
+        // The same damage to a version 2 hello is a plain decoding error.
         let mut hello = client_bytes(&client_vectors()[0].0);
         hello.push(0);
         assert!(matches!(decode_client(&hello[LENGTH_SIZE..]), Err(DecodeError::TrailingBytes { count: 1, .. })));
         assert_eq!(peek_version(&[tag::GET_PAGE, 1, 0, 0, 0]), None);
+        // Version 1 hellos (no token field) still decode, with no token; an
+        // empty token of version 2 is none as well.
+        let v1 = unhex("25000000 01 01000000 11111111111111111111111111111111 22222222222222222222222222222222");
+        let want = |protocol_version| {
+            ClientMessage::Hello(Hello {
+                protocol_version,
+                tenant_id: TenantId([0x11; 16]),
+                timeline_id: TimelineId([0x22; 16]),
+                token: None,
+            })
+        };
+        assert_eq!(decode_client(&v1[LENGTH_SIZE..]), Ok(want(1)));
+        assert_eq!(hex::encode(client_bytes(&want(1))), hex::encode(&v1));
+        let empty = client_bytes(&want(2));
+        assert_eq!(empty.len(), v1.len() + 4);
+        assert_eq!(decode_client(&empty[LENGTH_SIZE..]), Ok(want(2)));
+        // The token never shows in debug output.
+        let debug = format!("{:?}", client_vectors()[0].0);
+        assert!(!debug.contains("tok\"") && debug.contains("token: Some(\"..\")"), "{debug}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The page service protocol (version 1): how a compute asks a pageserver for
+//! The page service protocol (version 2): how a compute asks a pageserver for
 //! pages, relation sizes and SLRU segments of one timeline at an LSN, with
 //! many requests in flight on one connection. Specified in
 //! `docs/pageserver-protocol.md`; the byte layout is implemented in `codec`.
@@ -13,7 +13,9 @@ use strata_formats::Lsn;
 use crate::ids::{TenantId, TimelineId};
 
 /// Protocol version spoken by this build.
-pub const PAGE_PROTOCOL_VERSION: u32 = 1;
+pub const PAGE_PROTOCOL_VERSION: u32 = 2;
+/// The oldest version a server still accepts (its hello has no token).
+pub const PAGE_PROTOCOL_MIN_VERSION: u32 = 1;
 
 /// Size of a page carried by [`ServerMessage::Page`] (PostgreSQL's `BLCKSZ`).
 pub const PAGE_SIZE: usize = strata_formats::version::BLCKSZ;
@@ -67,12 +69,28 @@ impl fmt::Display for SlruKind {
     }
 }
 
-/// First message of a connection: which timeline all its requests are about.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// First message of a connection: which timeline all its requests are
+/// about, and (version 2) the token that allows them.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Hello {
     pub protocol_version: u32,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
+    /// A token signed by the cluster's key (`docs/security.md`); none in
+    /// version 1, or sent empty.
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for Hello {
+    // Tokens are never logged.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hello")
+            .field("protocol_version", &self.protocol_version)
+            .field("tenant_id", &self.tenant_id)
+            .field("timeline_id", &self.timeline_id)
+            .field("token", &self.token.as_ref().map(|_| ".."))
+            .finish()
+    }
 }
 
 /// A request about the connection's timeline, as of `lsn` (`Lsn::INVALID`:
@@ -164,6 +182,12 @@ pub enum ErrorCode {
     Internal = 6,
     /// Too many connections: refused before the hello was read; retry later.
     Overloaded = 7,
+    /// No token, or one that is malformed, not signed by the cluster's key
+    /// or expired; the server closes the connection.
+    Unauthorized = 8,
+    /// A token whose scope or tenant does not allow this timeline; the
+    /// server closes the connection.
+    Forbidden = 9,
 }
 
 impl ErrorCode {
@@ -177,13 +201,22 @@ impl ErrorCode {
             5 => ErrorCode::Corrupt,
             6 => ErrorCode::Internal,
             7 => ErrorCode::Overloaded,
+            8 => ErrorCode::Unauthorized,
+            9 => ErrorCode::Forbidden,
             _ => return None,
         })
     }
 
     /// Whether the server closes the connection after sending it.
     pub fn closes_connection(self) -> bool {
-        matches!(self, ErrorCode::Protocol | ErrorCode::Version | ErrorCode::Overloaded)
+        matches!(
+            self,
+            ErrorCode::Protocol
+                | ErrorCode::Version
+                | ErrorCode::Overloaded
+                | ErrorCode::Unauthorized
+                | ErrorCode::Forbidden
+        )
     }
 }
 
