@@ -6,6 +6,8 @@ counted; the right token gets through."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -118,6 +120,31 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
                 assert token == "" or token not in answer.message
     after = refusals(call(f"{ps}/metrics", service)[1], "strata_pageserver")
     assert after - before == 5, (before, after)
+
+    # The safekeepers' PostgreSQL-protocol WAL service takes the token as a
+    # cleartext password (PGPASSWORD), checked before the timeline is looked up.
+    sk_pg = ct["services"][0]["ports"]["pg"]
+    before = refusals(call(f"http://127.0.0.1:{ports['sk1']}/metrics", service)[1], "strata_safekeeper")
+
+    def identify(token: str | None, tl_id: str = timeline) -> subprocess.CompletedProcess:
+        env = {"PATH": os.environ.get("PATH", ""), "PGCONNECT_TIMEOUT": "10"}
+        if token is not None:
+            env["PGPASSWORD"] = token
+        conn = (f"host=127.0.0.1 port={sk_pg} user=strata dbname=replication replication=true "
+                f"options='-c strata.timeline={tenant}/{tl_id}'")
+        return subprocess.run([str(pg_bin_dir / "psql"), "-X", "-w", "-At", "-d", conn, "-c", "IDENTIFY_SYSTEM"],
+                              env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    for token, words in [(None, "no password supplied"), ("garbage", "malformed"),
+                         (foreign, "not signed by this cluster"), (other_tenant, "another tenant")]:
+        r = identify(token)
+        assert r.returncode != 0 and words in r.stderr, (token and token[:12], r.returncode, r.stdout, r.stderr)
+        assert token is None or token not in r.stderr
+    for token in [tenant_token, service]:
+        r = identify(token)
+        assert r.returncode == 0 and r.stdout.strip(), (r.stdout, r.stderr)
+    after = refusals(call(f"http://127.0.0.1:{ports['sk1']}/metrics", service)[1], "strata_safekeeper")
+    # psql without a password gives up before it sends one: no refusal to count.
+    assert after - before == 3, (before, after)
 
     # An expired token (past the 10 s leeway) is refused; a fresh one is not.
     time.sleep(max(0.0, minted + 1 + 10 + 1.5 - time.monotonic()))

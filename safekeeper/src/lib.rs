@@ -93,19 +93,18 @@ pub async fn serve(
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
     let remote = config.remote_storage.as_ref().map(strata_remote_storage::RemoteStorage::new).transpose()?;
-    let (auth, token) = match &config.auth {
-        Some(a) => {
-            let verifier = Arc::new(a.verifier()?);
-            (Some(HttpAuth::new(verifier, metrics.refusal_metrics())), a.token()?)
-        }
+    let (verifier, token) = match &config.auth {
+        Some(a) => (Some(Arc::new(a.verifier()?)), a.token()?),
         None => {
             tracing::warn!("authentication is OFF: every caller is accepted");
             (None, None)
         }
     };
+    let auth = verifier.clone().map(|v| HttpAuth::new(v, metrics.refusal_metrics()));
     let shared = Arc::new(shared::Shared {
         remote,
         token,
+        verifier,
         config,
         timelines,
         metrics,

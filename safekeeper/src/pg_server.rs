@@ -5,7 +5,9 @@
 //! `-c strata.timeline=<tenant_id>/<timeline_id>` (libpq sends the database
 //! name "replication" for physical replication); the option
 //! `-c strata.strip_consistency=on` (or the config's default) clears
-//! `XLR_CHECK_CONSISTENCY` in what is sent.
+//! `XLR_CHECK_CONSISTENCY` in what is sent. A safekeeper that checks
+//! tokens asks for a cleartext password and takes a token as it
+//! (`PGPASSWORD`), before it looks the timeline up (`docs/security.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
+use strata_protocol::{TenantId, TimelineId};
+use strata_service::auth::{Access, Verifier};
 use strata_service::Listener;
 
 use strata_formats::wal::strip::ConsistencyStripper;
@@ -152,11 +156,38 @@ async fn handle(conn: strata_service::Connection, shared: Arc<Shared>) -> Result
     let strata_service::Connection { stream: mut s, slot, .. } = conn;
     let _ = s.set_nodelay(true);
     let limit = shared.config.handshake_timeout;
-    let params = tokio::time::timeout_at(slot.handshake_deadline(), startup(&mut s))
-        .await
-        .map_err(|_| ReplicationError::Handshake(limit))??;
+    // The startup and, with tokens, the password exchange: a client holds
+    // an established (not displaceable) place only once it has proven itself.
+    let params = tokio::time::timeout_at(slot.handshake_deadline(), async {
+        let params = startup(&mut s).await?;
+        if let Some(verifier) = &shared.verifier {
+            let tenant = timeline_ids(&params).map(|(t, _)| t);
+            authenticate(&mut s, &shared, verifier, tenant).await?;
+        }
+        Ok::<_, ReplicationError>(params)
+    })
+    .await
+    .map_err(|_| ReplicationError::Handshake(limit))??;
     slot.established();
     session(s, shared, params).await
+}
+
+/// The timeline named by `-c strata.timeline=<tenant>/<timeline>` (or the
+/// database name), as given.
+fn timeline_name(params: &std::collections::HashMap<String, String>) -> String {
+    let options = params.get("options").cloned().unwrap_or_default();
+    options
+        .split_whitespace()
+        .find_map(|o| o.strip_prefix("strata.timeline="))
+        .map(str::to_string)
+        .unwrap_or_else(|| params.get("database").cloned().unwrap_or_default())
+}
+
+/// The ids of [`timeline_name`], if it is a pair of ids.
+fn timeline_ids(params: &std::collections::HashMap<String, String>) -> Option<(TenantId, TimelineId)> {
+    let name = timeline_name(params);
+    let (t, l) = name.split_once('/')?;
+    Some((t.parse().ok()?, l.parse().ok()?))
 }
 
 /// The startup packet's parameters, after refusing SSL/GSS encryption requests.
@@ -189,21 +220,44 @@ async fn startup(s: &mut TcpStream) -> Result<std::collections::HashMap<String, 
     }
 }
 
+/// Asks for a password and checks it as a token that allows `tenant` (a
+/// service or management token when the startup named no valid timeline,
+/// so that others learn nothing of what is held here).
+async fn authenticate(
+    s: &mut TcpStream,
+    shared: &Shared,
+    verifier: &Verifier,
+    tenant: Option<TenantId>,
+) -> Result<(), ReplicationError> {
+    // AuthenticationCleartextPassword: the link is loopback or (later) TLS.
+    send(s, &message(b'R', &3i32.to_be_bytes())).await?;
+    let (tag, body) = read_message(s).await?;
+    if tag != b'p' {
+        let msg = format!("expected a password message, got {:?}", tag as char);
+        let _ = send(s, &error_response("08P01", &msg)).await;
+        return Err(ReplicationError::Protocol(msg));
+    }
+    let password = std::str::from_utf8(body.strip_suffix(&[0]).unwrap_or(&body)).unwrap_or("");
+    let need = tenant.map_or(Access::Service, Access::Tenant);
+    match verifier.verify(password).and_then(|claims| claims.permits(need)) {
+        Ok(()) => Ok(()),
+        Err(refusal) => {
+            shared.metrics.refusal_metrics().count("pg", &refusal);
+            // 28P01 invalid_password; 28000 invalid_authorization_specification.
+            let code = if refusal.unauthenticated() { "28P01" } else { "28000" };
+            let _ = send(s, &error_response(code, &refusal.to_string())).await;
+            Err(ReplicationError::Refused(refusal.to_string()))
+        }
+    }
+}
+
 async fn session(
     mut s: TcpStream,
     shared: Arc<Shared>,
     params: std::collections::HashMap<String, String>,
 ) -> Result<(), ReplicationError> {
-    let options = params.get("options").cloned().unwrap_or_default();
-    let database = options
-        .split_whitespace()
-        .find_map(|o| o.strip_prefix("strata.timeline="))
-        .map(str::to_string)
-        .unwrap_or_else(|| params.get("database").cloned().unwrap_or_default());
-    let timeline = database
-        .split_once('/')
-        .and_then(|(t, l)| Some((t.parse().ok()?, l.parse().ok()?)))
-        .and_then(|(t, l)| shared.timelines.get(t, l));
+    let database = timeline_name(&params);
+    let timeline = timeline_ids(&params).and_then(|(t, l)| shared.timelines.get(t, l));
     let Some(timeline) = timeline else {
         let msg = format!("choose a timeline held here with options '-c strata.timeline=<tenant_id>/<timeline_id>' (got {database:?})");
         let _ = send(&mut s, &error_response("3D000", &msg)).await;

@@ -23,4 +23,6 @@ pub struct Shared {
     pub remote: Option<strata_remote_storage::RemoteStorage>,
     /// This safekeeper's own token, sent to its peers (never logged).
     pub token: Option<strata_service::auth::Secret>,
+    /// Checks callers' tokens; none: every caller is accepted.
+    pub verifier: Option<std::sync::Arc<strata_service::auth::Verifier>>,
 }
