@@ -133,14 +133,20 @@ fn signal(pid: i32, sig: libc::c_int) {
 /// SIGKILL to its whole process group (what it started dies with it). With
 /// `immediate`, SIGKILL at once.
 pub fn terminate(id: &Identity, pid: i32, grace: Duration, immediate: bool) -> Result<Stopped> {
+    if !id.is(pid) {
+        return Ok(Stopped::Clean);
+    }
+    // From here on the wait is for the pid itself, not for its identity: a
+    // dying process loses its command line (its memory goes first) while it
+    // still exists, and nobody else can have its pid before it is gone.
     if !immediate {
         signal(pid, libc::SIGTERM);
-        if wait_gone(|| id.is(pid), grace) {
+        if wait_gone(|| alive(pid), grace) {
             return Ok(Stopped::Clean);
         }
     }
     kill_group(pid);
-    if wait_gone(|| id.is(pid), KILL_WAIT) {
+    if wait_gone(|| alive(pid), KILL_WAIT) {
         Ok(Stopped::Killed)
     } else {
         Err(Error::Failed(format!("pid {pid} is still alive {}s after SIGKILL", KILL_WAIT.as_secs())))
