@@ -204,15 +204,7 @@ impl RemoteStorage {
             // Our own staging (not `object_store`'s), whose leftovers the
             // next put of the name removes.
             let dest = local_path(fs, "uploading", key, &path)?;
-            return tokio::task::spawn_blocking(move || local_copy::put(&bytes, &dest))
-                .await
-                .map_err(|e| RemoteError::Local {
-                    op: "uploading",
-                    path: PathBuf::from(key),
-                    source: std::io::Error::other(e),
-                })?
-                .map(|_| ())
-                .map_err(|(op, path, source)| RemoteError::Local { op, path, source });
+            return local_write(dest.clone(), move || local_copy::put(&bytes, &dest)).await.map(|_| ());
         }
         self.retrying("uploading", key, || self.store.put(&path, PutPayload::from_bytes(bytes.clone()))).await?;
         Ok(())
@@ -226,14 +218,7 @@ impl RemoteStorage {
         if let Some(fs) = &self.local {
             let dest = local_path(fs, "uploading", key, &self.path("uploading", key)?)?;
             let src = local.to_path_buf();
-            return tokio::task::spawn_blocking(move || local_copy::upload(&src, &dest))
-                .await
-                .map_err(|e| RemoteError::Local {
-                    op: "uploading",
-                    path: local.to_path_buf(),
-                    source: std::io::Error::other(e),
-                })?
-                .map_err(|(op, path, source)| RemoteError::Local { op, path, source });
+            return local_write(src.clone(), move || local_copy::upload(&src, &dest)).await;
         }
         let bytes = tokio::fs::read(local).await.map_err(|source| RemoteError::Local {
             op: "reading",
@@ -308,6 +293,18 @@ impl RemoteStorage {
 /// Whether an error may go away by itself (network, server, timeouts).
 fn transient(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::Generic { .. } | object_store::Error::JoinError { .. })
+}
+
+/// Runs a write into a local-directory store on a blocking thread; `path`
+/// names the write if the thread itself fails.
+async fn local_write(
+    path: PathBuf,
+    write: impl FnOnce() -> Result<Uploaded, local_copy::CopyError> + Send + 'static,
+) -> Result<Uploaded, RemoteError> {
+    tokio::task::spawn_blocking(write)
+        .await
+        .map_err(|e| RemoteError::Local { op: "uploading", path, source: std::io::Error::other(e) })?
+        .map_err(|(op, path, source)| RemoteError::Local { op, path, source })
 }
 
 /// The file of object `key` (at `path`) in a local-directory store.

@@ -334,17 +334,9 @@ pub fn read_token(path: &Path) -> Result<Secret, KeyError> {
     Ok(Secret(token.to_string()))
 }
 
-/// Writes `contents` to a new file readable by its owner only.
-pub fn write_secret(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = crate::durable::temp_path(path);
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    crate::durable::sync_dir(crate::durable::parent_of(path)).map_err(|e| e.source)
+/// Writes `contents` durably to a file readable by its owner only.
+pub fn write_secret(path: &Path, contents: &str) -> Result<(), crate::durable::FileError> {
+    crate::durable::replace_file_with_mode(path, contents.as_bytes(), true, 0o600)
 }
 
 /// Fuzz entry point: `data` as a token and as an `Authorization` header

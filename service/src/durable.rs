@@ -39,9 +39,23 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// and files nothing depends on after a crash) the file is still replaced
 /// whole by the rename, but a crash may lose the change.
 pub fn replace_file(path: &Path, bytes: &[u8], fsync: bool) -> Result<(), FileError> {
+    replace_file_with_mode(path, bytes, fsync, 0o666)
+}
+
+/// [`replace_file`] for a file created with permission bits `mode` (before
+/// the umask): 0o600 for secrets, which are never readable by others, not
+/// even for a moment before a `chmod`.
+pub fn replace_file_with_mode(path: &Path, bytes: &[u8], fsync: bool, mode: u32) -> Result<(), FileError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = temp_path(path);
     let written = (|| {
-        let mut file = File::create(&tmp).map_err(FileError::of("creating", &tmp))?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)
+            .map_err(FileError::of("creating", &tmp))?;
         file.write_all(bytes).map_err(FileError::of("writing", &tmp))?;
         if fsync {
             file.sync_all().map_err(FileError::of("syncing", &tmp))?;

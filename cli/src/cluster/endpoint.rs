@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use strata_compute::agent::postgres;
 use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
 use strata_protocol::api::pageserver::LsnResponse;
-use strata_service::auth::Scope;
+use strata_service::auth::{Claims, Scope};
 
 use super::args::AgentArgs;
 use super::error::{failed, Error, Result};
@@ -332,13 +332,12 @@ pub fn start(
     if c.verify_redo {
         args.push("--verify-redo".into());
     }
-    if super::keys::signer(&wd.root)?.is_some() {
+    if let Some(signer) = super::keys::signer(&wd.root)? {
         // The agent's own token: this tenant's data only. Rewritten at every
         // start, so a new key takes effect with the next one.
-        let token = super::keys::mint(&wd.root, Scope::Tenant, Some(c.tenant_id), None)?;
+        let token = signer.sign(&Claims::new(Scope::Tenant, Some(c.tenant_id), None));
         let path = ep.dir.join(AGENT_TOKEN_FILE);
-        strata_service::auth::write_secret(&path, &token)
-            .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
+        strata_service::auth::write_secret(&path, &token).map_err(|e| Error::Failed(e.to_string()))?;
         args.extend([
             "--auth-public-key".into(),
             super::keys::public_key(&wd.root).into(),

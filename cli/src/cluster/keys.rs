@@ -38,21 +38,17 @@ pub fn service_auth(root: &Path) -> AuthConfig {
     AuthConfig { public_key: public_key(root), token_file: Some(service_token(root)) }
 }
 
-fn failed(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Failed(format!("{}: {e}", path.display()))
-}
-
 /// Writes a new key pair and the services' token under `root`.
 pub fn create(root: &Path) -> Result<()> {
     let dir = root.join(AUTH_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| failed(&dir, e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
     let (private, public) = auth::generate_key_pair();
-    auth::write_secret(&private_key(root), &private).map_err(|e| failed(&private_key(root), e))?;
+    auth::write_secret(&private_key(root), &private).map_err(|e| Error::Failed(e.to_string()))?;
     strata_service::durable::replace_file(&public_key(root), public.as_bytes(), true)
-        .map_err(|e| failed(&public_key(root), e.source))?;
+        .map_err(|e| Error::Failed(e.to_string()))?;
     let signer = Signer::from_pem(private.as_bytes(), "the new key").map_err(|e| Error::Failed(e.to_string()))?;
     let token = signer.sign(&Claims::new(Scope::Service, None, None));
-    auth::write_secret(&service_token(root), &token).map_err(|e| failed(&service_token(root), e))
+    auth::write_secret(&service_token(root), &token).map_err(|e| Error::Failed(e.to_string()))
 }
 
 /// The signer of the cluster at `root`, if it has a key store (clusters
