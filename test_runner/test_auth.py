@@ -1,4 +1,6 @@
-"""Tokens on every HTTP API of a running local cluster (docs/security.md):
+"""Tokens on every interface of a running local cluster (docs/security.md):
+the HTTP APIs, the page service, the safekeepers' protocol and their
+PostgreSQL-protocol WAL service:
 each listener refuses a call without a token, with a malformed one, with
 one of another cluster's key, with an expired one, and with a scope or a
 tenant that does not allow it; a refused call changes nothing and is
@@ -13,6 +15,7 @@ import urllib.error
 import urllib.request
 
 from fixtures import page_protocol as pp
+from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint
 from fixtures.strata import http_json
 
@@ -145,6 +148,36 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
     after = refusals(call(f"http://127.0.0.1:{ports['sk1']}/metrics", service)[1], "strata_safekeeper")
     # psql without a password gives up before it sends one: no refusal to count.
     assert after - before == 3, (before, after)
+
+    # The safekeeper protocol: greetings (proposers) and stream requests
+    # (pageservers, peers) carry the token, checked before the timeline is
+    # looked up; the tenant's computes and the services get through.
+    sk_proto = f"127.0.0.1:{ct['services'][0]['ports']['listen']}"
+    code, status = http_json("GET", c.http_url("sk1", tl))
+    assert code == 200, status
+    hi, lo = status["flush_lsn"].split("/")
+    flush = (int(hi, 16) << 32) | int(lo, 16)
+    before = refusals(call(f"http://127.0.0.1:{ports['sk1']}/metrics", service)[1], "strata_safekeeper")
+    refused = [("", skp.ERR_UNAUTHORIZED), ("not-a-token", skp.ERR_UNAUTHORIZED),
+               (foreign, skp.ERR_UNAUTHORIZED), (other_tenant, skp.ERR_FORBIDDEN)]
+    for token, want in refused:
+        for first in [skp.greeting_frame(tenant, timeline, status["system_id"], token),
+                      skp.start_streaming_frame(tenant, timeline, flush, token)]:
+            answer = skp.exchange(sk_proto, first)
+            assert answer.code == want, (token[:12], answer)
+            assert token == "" or token not in answer.message
+    unknown = skp.exchange(sk_proto, skp.greeting_frame("cd" * 16, timeline, status["system_id"], ""))
+    assert unknown.code == skp.ERR_UNAUTHORIZED, unknown
+    for token in [tenant_token, service]:
+        answer = skp.exchange(sk_proto, skp.greeting_frame(tenant, timeline, status["system_id"], token))
+        assert answer.tag == skp.TAG_ACCEPTOR_GREETING, answer
+        answer = skp.exchange(sk_proto, skp.start_streaming_frame(tenant, timeline, flush, token))
+        assert answer.tag == skp.TAG_STREAM_START, answer
+    after = refusals(call(f"http://127.0.0.1:{ports['sk1']}/metrics", service)[1], "strata_safekeeper")
+    assert after - before == 2 * len(refused) + 1, (before, after)
+    # The compute still commits through the safekeepers.
+    ep.sql("INSERT INTO t VALUES (2)")
+    assert ep.sql("SELECT count(*) FROM t") == [(2,)]
 
     # An expired token (past the 10 s leeway) is refused; a fresh one is not.
     time.sleep(max(0.0, minted + 1 + 10 + 1.5 - time.monotonic()))

@@ -1,13 +1,16 @@
 //! `strata compute …`: the compute agent's roles.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use strata_compute::agent;
 use strata_compute::pg_replication::ReplicationConfig;
-use strata_compute::proposer::{self, ProposerConfig};
+use strata_compute::proposer::{self, ProposerConfig, ProposerError};
 use strata_protocol::safekeeper::TimelineIdentity;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantId, TimelineId, Token};
+use strata_service::auth::http::{guard, HttpAuth, Need, RefusalMetrics};
+use strata_service::auth::{read_token, Verifier};
 
 /// Default bound on how far WAL consumers may lag before commits wait.
 const DEFAULT_MAX_CONSUMER_LAG_MB: u64 = 1024;
@@ -62,6 +65,10 @@ pub enum ComputeCommand {
         /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
         #[arg(long)]
         http: Option<std::net::SocketAddr>,
+        /// The cluster's public key: callers of the status server must
+        /// present a service or management token signed by it.
+        #[arg(long, value_name = "PEM")]
+        auth_public_key: Option<std::path::PathBuf>,
     },
 }
 
@@ -137,9 +144,6 @@ pub struct StartArgs {
     /// a token signed by it (`docs/security.md`).
     #[arg(long, value_name = "PEM")]
     auth_public_key: Option<std::path::PathBuf>,
-    /// A file holding this compute's tenant token, sent to the pageserver.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -151,6 +155,17 @@ pub struct TimelineArgs {
     tenant_id: TenantId,
     #[arg(long)]
     timeline_id: TimelineId,
+    /// A file holding this compute's token (the tenant's), sent to the
+    /// safekeepers and the pageserver (`docs/security.md`).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+}
+
+impl TimelineArgs {
+    /// The token of `--token-file`, if given.
+    fn token(&self) -> Result<Option<Token>, String> {
+        self.token_file.as_deref().map(read_token).transpose().map_err(|e| e.to_string())
+    }
 }
 
 pub fn run(cmd: ComputeCommand) -> i32 {
@@ -186,7 +201,10 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
                 pg_version: 15,
                 wal_segment_size,
             };
-            let end = proposer::sync_safekeepers(ProposerConfig::new(timeline.safekeepers, identity)).await?;
+            let token = timeline.token().map_err(proposer::ProposerError::Other)?;
+            let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
+            cfg.token = token;
+            let end = proposer::sync_safekeepers(cfg).await?;
             println!("{end}");
             Ok::<(), proposer::ProposerError>(())
         }
@@ -200,7 +218,17 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             max_buffer_mb,
             max_consumer_lag_mb,
             http,
+            auth_public_key,
         } => {
+            let token = timeline.token().map_err(proposer::ProposerError::Other)?;
+            let auth = match auth_public_key {
+                Some(path) => Some(Arc::new(Verifier::load(&path).map_err(|e| ProposerError::Other(e.to_string()))?)),
+                None if http.is_some() => {
+                    tracing::warn!("authentication is OFF: the status server accepts every caller");
+                    None
+                }
+                None => None,
+            };
             let pg = ReplicationConfig {
                 host: pg_host,
                 port: pg_port,
@@ -218,9 +246,11 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
                 let metrics = strata_service::ListenerMetrics::default();
                 let listener =
                     strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &metrics);
-                tokio::spawn(strata_service::http::serve(listener, status_router(status_rx), Default::default()));
+                let router = status_router(status_rx, metrics, auth);
+                tokio::spawn(strata_service::http::serve(listener, router, Default::default()));
             }
             let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
+            cfg.token = token;
             cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
             cfg.max_consumer_lag_bytes = (max_consumer_lag_mb > 0).then_some(max_consumer_lag_mb << 20);
             proposer::on_own_thread(move || proposer::run(cfg, pg, Some(slot), status)).await
@@ -230,6 +260,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
 
 /// `strata compute start`: runs in the foreground until stopped.
 async fn start(args: StartArgs) -> Result<(), String> {
+    let token = args.timeline.token()?;
     let mut cfg = agent::AgentConfig::new(
         args.pgdata,
         args.pg_port,
@@ -253,18 +284,24 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.lazy_page_service = args.lazy_page_service;
     cfg.lazy_cache_bytes = args.lazy_cache_mb << 20;
     cfg.lazy_fetch_retry = Duration::from_secs(args.lazy_fetch_retry_secs);
-    cfg.token =
-        args.token_file.as_deref().map(strata_service::auth::read_token).transpose().map_err(|e| e.to_string())?;
+    cfg.token = token;
     cfg.auth_public_key = args.auth_public_key;
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }
 
-/// `/v1/status` (JSON) and `/metrics` (Prometheus text) of the proposer.
-fn status_router(status: tokio::sync::watch::Receiver<proposer::ProposerStatus>) -> axum::Router {
+/// `/v1/status` (JSON) and `/metrics` (Prometheus text) of the proposer;
+/// with `auth`, for services and management only.
+fn status_router(
+    status: tokio::sync::watch::Receiver<proposer::ProposerStatus>,
+    listeners: strata_service::ListenerMetrics,
+    auth: Option<Arc<Verifier>>,
+) -> axum::Router {
     use axum::routing::get;
+    let refusals = RefusalMetrics::default();
+    let auth = auth.map(|v| HttpAuth::new(v, refusals.clone()));
     let json = status.clone();
-    axum::Router::new()
+    let routes = axum::Router::new()
         .route(
             "/v1/status",
             get(move || {
@@ -275,10 +312,15 @@ fn status_router(status: tokio::sync::watch::Receiver<proposer::ProposerStatus>)
         .route(
             "/metrics",
             get(move || {
-                let s = *status.borrow();
-                async move { render_metrics(&s) }
+                let mut text = render_metrics(&status.borrow());
+                let mut registry = prometheus_client::registry::Registry::with_prefix("strata_compute");
+                listeners.register_into(&mut registry);
+                refusals.register_into(&mut registry);
+                text.push_str(&strata_service::metrics::render(&registry));
+                async move { text }
             }),
-        )
+        );
+    guard(routes, auth.as_ref(), Need::Service)
 }
 
 /// The proposer's status in Prometheus text format.

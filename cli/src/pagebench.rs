@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_service::auth::{read_token, Secret};
+use strata_service::auth::{read_token, Token};
 
 use clap::Args;
 use fastrand::Rng;
@@ -133,7 +133,7 @@ struct Target {
     /// Relations with blocks, each with the global index of its first block.
     rels: Vec<(u64, RelFileNode)>,
     total_blocks: u64,
-    token: Option<Secret>,
+    token: Option<Token>,
 }
 
 impl Target {
@@ -163,7 +163,7 @@ impl WorkerStats {
     }
 }
 
-fn client_config(depth: u32, token: &Option<Secret>) -> PageClientConfig {
+fn client_config(depth: u32, token: &Option<Token>) -> PageClientConfig {
     PageClientConfig { max_in_flight: depth as usize, token: token.clone(), ..PageClientConfig::default() }
 }
 

@@ -39,7 +39,7 @@ pub struct PageClientConfig {
     /// Most requests in flight; at most [`MAX_PIPELINE_DEPTH`].
     pub max_in_flight: usize,
     /// The token sent in the hello (`docs/security.md`).
-    pub token: Option<strata_service::auth::Secret>,
+    pub token: Option<strata_service::auth::Token>,
 }
 
 impl Default for PageClientConfig {
@@ -127,7 +127,7 @@ impl PageClient {
             next_id: 1,
             broken: false,
         };
-        let token = client.config.token.as_ref().map(|t| t.expose().to_string());
+        let token = client.config.token.clone();
         let hello = Hello { protocol_version: PAGE_PROTOCOL_VERSION, tenant_id, timeline_id, token };
         codec::encode_client(&ClientMessage::Hello(hello), &mut client.out);
         client.write_out(deadline, "sending the hello", limit).await?;

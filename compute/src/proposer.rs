@@ -26,7 +26,7 @@ use strata_protocol::safekeeper::{
     AcceptorMessage, AppendRequest, ErrorCode, Membership, ProposerElected, ProposerGreeting, ProposerMessage, Term,
     TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
 };
-use strata_protocol::NodeId;
+use strata_protocol::{NodeId, Token};
 
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
 use crate::safekeeper_link::{run_link, LinkEvent};
@@ -52,6 +52,9 @@ pub struct ProposerConfig {
     /// Backpressure: PostgreSQL's commits are acknowledged only up to this
     /// many bytes past what the WAL consumers (pageservers) have applied.
     pub max_consumer_lag_bytes: Option<u64>,
+    /// The token sent in every greeting and WAL request (a tenant or
+    /// service token; never logged).
+    pub token: Option<Token>,
 }
 
 impl ProposerConfig {
@@ -64,6 +67,7 @@ impl ProposerConfig {
             max_append_bytes: 128 << 10,
             max_in_flight_bytes: 16 << 20,
             max_consumer_lag_bytes: None,
+            token: None,
         }
     }
 }
@@ -231,6 +235,7 @@ impl Core {
             proposer_id: self.proposer_id,
             timeline: self.cfg.timeline.clone(),
             membership: self.membership.clone(),
+            token: self.cfg.token.clone(),
         };
         self.links = Vec::with_capacity(safekeepers.len());
         for (i, (id, address)) in safekeepers.into_iter().enumerate() {
@@ -703,6 +708,7 @@ async fn elect_and_sync(mut core: Core) -> Result<Core, ProposerError> {
             min_start,
             epoch.start_lsn,
             core.cfg.timeout,
+            &core.cfg.token,
         )
         .await
         .map_err(ProposerError::Other)?;

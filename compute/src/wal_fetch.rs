@@ -9,7 +9,7 @@ use strata_formats::Lsn;
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, StreamStart, PROTOCOL_VERSION};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantId, TimelineId, Token};
 
 /// Reads `[from, to)` of a timeline's WAL (including uncommitted WAL) from `address`.
 pub async fn fetch_wal(
@@ -19,6 +19,7 @@ pub async fn fetch_wal(
     from: Lsn,
     to: Lsn,
     timeout: Duration,
+    token: &Option<Token>,
 ) -> Result<(StreamStart, Vec<u8>), String> {
     let len = to.0.checked_sub(from.0).ok_or("empty range")? as usize;
     if len > 1 << 30 {
@@ -38,6 +39,7 @@ pub async fn fetch_wal(
             stop_lsn: to,
             include_uncommitted: true,
             consumer_id: "proposer-recovery".into(),
+            token: token.clone(),
         }),
         &mut out,
     );

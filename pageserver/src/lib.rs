@@ -106,10 +106,12 @@ pub async fn serve(
         }
     };
     let auth = verifier.clone().map(|v| HttpAuth::new(v, metrics.refusal_metrics()));
+    // The token this pageserver shows the safekeepers when it streams WAL.
+    let token = config.auth.as_ref().map(|a| a.token()).transpose()?.flatten();
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
-        move || tenants::Tenants::load(conf, resources, remote)
+        move || tenants::Tenants::load(conf, resources, remote, token)
     })
     .await
     .map_err(|e| StartError::Task(e.to_string()))??;

@@ -116,7 +116,7 @@ async fn connection(
     }
     if let Some(verifier) = verifier {
         let verdict = verifier
-            .verify(hello.token.as_deref().unwrap_or(""))
+            .verify(strata_protocol::token::wire(&hello.token))
             .and_then(|claims| claims.permits(Access::Tenant(hello.tenant_id)));
         if let Err(refusal) = verdict {
             tenants.metrics.refusal_metrics().count("page", &refusal);

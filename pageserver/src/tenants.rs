@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantId, TimelineId, Token};
 use strata_service::backoff::Backoff;
 use tracing::{error, info, warn};
 
@@ -27,7 +27,7 @@ use strata_protocol::api::pageserver::{Lease, TimelineState, TimelineStatus};
 use strata_service::durable::{replace_file, sync_dir};
 
 use crate::timeline::{StorageError, Timeline, TimelineMetadata, TimelineResources};
-use crate::walreceiver::{ReceiverStatus, SpawnError, WalReceiver};
+use crate::walreceiver::{ReceiverStatus, SpawnError, WalReceiver, WalSources};
 use strata_formats::Lsn;
 
 /// Suffix of a creation marker (`<timeline>.creating`).
@@ -155,6 +155,8 @@ pub struct Tenants {
     pub resources: TimelineResources,
     /// Object storage, if configured.
     pub remote: Option<Arc<Remote>>,
+    /// Where every timeline's WAL receiver streams from.
+    wal_sources: WalSources,
     /// The generation of each tenant attached here, read at start (and at
     /// bootstrap): the one this pageserver's objects carry.
     generations: Mutex<HashMap<TenantId, u32>>,
@@ -180,6 +182,7 @@ impl Tenants {
         conf: Arc<PageserverConfig>,
         resources: TimelineResources,
         remote: Option<Arc<Remote>>,
+        token: Option<Token>,
     ) -> Result<Arc<Tenants>, LoadError> {
         let mut generations = HashMap::new();
         if let Some(r) = &remote {
@@ -190,8 +193,10 @@ impl Tenants {
             })?;
             generations = a.tenants.iter().map(|(t, at)| (*t, at.generation)).collect();
         }
+        let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), token };
         let tenants = Arc::new(Tenants {
             conf,
+            wal_sources,
             metrics: resources.metrics.clone(),
             resources,
             remote,
@@ -431,7 +436,7 @@ impl Tenants {
         let (tenant, timeline) = (tl.tenant_id, tl.timeline_id);
         // Before its ingest starts: a branch's first reads go to its parent.
         self.link_ancestors(&tl);
-        let receiver = match WalReceiver::spawn(tl.clone(), self.conf.safekeepers.clone()) {
+        let receiver = match WalReceiver::spawn(tl.clone(), self.wal_sources.clone()) {
             Ok(r) => r,
             Err(source) => {
                 // No threads: the timeline is kept, broken, and retried like a storage failure.

@@ -28,6 +28,7 @@ use strata_protocol::safekeeper::codec::{self, CodecError};
 use strata_protocol::safekeeper::{
     ConsumerFeedback, ConsumerMessage, ErrorCode, StartStreaming, StreamMessage, PROTOCOL_VERSION,
 };
+use strata_protocol::Token;
 use strata_service::panic_message;
 use tracing::{info, warn};
 
@@ -69,6 +70,14 @@ pub struct SpawnError {
     pub source: std::io::Error,
 }
 
+/// Where a timeline's WAL comes from: the safekeepers' addresses, and the
+/// token that lets this pageserver read from them (never logged).
+#[derive(Clone, Debug, Default)]
+pub struct WalSources {
+    pub safekeepers: Vec<String>,
+    pub token: Option<Token>,
+}
+
 /// Handle to a running receiver.
 pub struct WalReceiver {
     pub status: Arc<Mutex<ReceiverStatus>>,
@@ -79,13 +88,13 @@ pub struct WalReceiver {
 impl WalReceiver {
     /// Starts the receiver and the flusher of `tl`. A panic in either
     /// breaks this timeline only (its memory is re-read from disk later).
-    pub fn spawn(tl: Arc<Timeline>, safekeepers: Vec<String>) -> Result<WalReceiver, SpawnError> {
+    pub fn spawn(tl: Arc<Timeline>, sources: WalSources) -> Result<WalReceiver, SpawnError> {
         let status = Arc::new(Mutex::new(ReceiverStatus::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let receiver = {
             let (tl2, status, stop) = (tl.clone(), status.clone(), stop.clone());
             spawn_guarded(format!("wal-{}", tl.timeline_id), tl.clone(), move || {
-                receive_loop(tl2, safekeepers, status, stop)
+                receive_loop(tl2, sources, status, stop)
             })?
         };
         let flusher = {
@@ -146,12 +155,7 @@ fn flush_loop(tl: Arc<Timeline>, stop: Arc<AtomicBool>) {
     }
 }
 
-fn receive_loop(
-    tl: Arc<Timeline>,
-    safekeepers: Vec<String>,
-    status: Arc<Mutex<ReceiverStatus>>,
-    stop: Arc<AtomicBool>,
-) {
+fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<ReceiverStatus>>, stop: Arc<AtomicBool>) {
     let mut backoff = Duration::from_millis(100);
     let mut ingest = None;
     // A decoder fed up to a segment's end from object storage: the next
@@ -173,12 +177,12 @@ fn receive_loop(
         }
         let ingest = ingest.as_mut().expect("set above");
         let start = carried.as_ref().map_or_else(|| tl.record_lsns().last, WalDecoder::input_lsn);
-        let result = match connect_best(&tl, &safekeepers, &status, start) {
+        let result = match connect_best(&tl, &sources, &status, start) {
             Ok((addr, stream, commit)) => {
                 info!(timeline = %tl.timeline_id, safekeeper = %addr, %start, %commit, "streaming WAL");
                 backoff = Duration::from_millis(100);
                 status.lock().last_error = None;
-                stream_wal(&tl, ingest, carried.take(), stream, &addr, &safekeepers, &status, &stop)
+                stream_wal(&tl, ingest, carried.take(), stream, &addr, &sources, &status, &stop)
             }
             Err(StreamError::Connection(LinkError::NoSource { start, failures }))
                 if failures.iter().any(|(_, e)| matches!(e, LinkError::WalRemoved(_))) =>
@@ -276,14 +280,14 @@ fn list_failures(failures: &[(String, LinkError)]) -> String {
 /// Opens a stream on every safekeeper and keeps the one with the highest commit LSN.
 fn connect_best(
     tl: &Timeline,
-    safekeepers: &[String],
+    sources: &WalSources,
     status: &Mutex<ReceiverStatus>,
     start: Lsn,
 ) -> Result<(String, OpenStream, Lsn), StreamError> {
     let mut best: Option<(String, OpenStream, Lsn)> = None;
     let mut failures = Vec::new();
-    for addr in safekeepers {
-        match open_stream(tl, addr, start) {
+    for addr in &sources.safekeepers {
+        match open_stream(tl, addr, &sources.token, start) {
             Ok(s) => {
                 let commit = s.commit;
                 if best.as_ref().is_none_or(|b| commit > b.2) {
@@ -308,7 +312,7 @@ struct OpenStream {
     commit: Lsn,
 }
 
-fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, LinkError> {
+fn open_stream(tl: &Timeline, addr: &str, token: &Option<Token>, start: Lsn) -> Result<OpenStream, LinkError> {
     let sockaddr = addr.to_socket_addrs()?.next().ok_or(LinkError::NoAddress)?;
     let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)?;
     stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
@@ -324,6 +328,7 @@ fn open_stream(tl: &Timeline, addr: &str, start: Lsn) -> Result<OpenStream, Link
             stop_lsn: Lsn::INVALID,
             include_uncommitted: false,
             consumer_id: format!("pageserver/{}", tl.timeline_id),
+            token: token.clone(),
         }),
         &mut out,
     );
@@ -455,8 +460,9 @@ fn poll_message(frames: &mut FrameReader<TcpStream>) -> Result<Option<StreamMess
 }
 
 /// Whether a safekeeper other than `current` has committed WAL beyond `lsn`.
-fn other_has_more(tl: &Timeline, safekeepers: &[String], current: &str, lsn: Lsn) -> Option<(String, Lsn)> {
-    safekeepers.iter().filter(|a| a.as_str() != current).find_map(|addr| match open_stream(tl, addr, lsn) {
+fn other_has_more(tl: &Timeline, sources: &WalSources, current: &str, lsn: Lsn) -> Option<(String, Lsn)> {
+    let others = sources.safekeepers.iter().filter(|a| a.as_str() != current);
+    others.into_iter().find_map(|addr| match open_stream(tl, addr, &sources.token, lsn) {
         Ok(s) if s.commit > lsn => Some((addr.clone(), s.commit)),
         _ => None,
     })
@@ -469,7 +475,7 @@ fn stream_wal(
     decoder: Option<WalDecoder>,
     open: OpenStream,
     current: &str,
-    safekeepers: &[String],
+    sources: &WalSources,
     status: &Mutex<ReceiverStatus>,
     stop: &AtomicBool,
 ) -> Result<(), StreamError> {
@@ -490,7 +496,7 @@ fn stream_wal(
         if last != progress.0 {
             progress = (last, Instant::now());
         } else if progress.1.elapsed() >= PROBE_AFTER {
-            if let Some((addr, commit)) = other_has_more(tl, safekeepers, current, last) {
+            if let Some((addr, commit)) = other_has_more(tl, sources, current, last) {
                 return Err(LinkError::Behind { other: addr, commit, current: current.to_string() }.into());
             }
             progress.1 = Instant::now();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use strata_formats::wal::encode::{encode_record, WalBuilder};
 use strata_formats::{Lsn, PgVersion};
-use strata_pageserver::walreceiver::WalReceiver;
+use strata_pageserver::walreceiver::{WalReceiver, WalSources};
 use strata_protocol::framed::FrameReader;
 use strata_protocol::safekeeper::history::{TermHistory, TermLsn};
 use strata_protocol::safekeeper::{codec, ConsumerMessage, StreamMessage, StreamStart, TimelineIdentity, WalData};
@@ -155,7 +155,11 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
     // Both have committed `first` when the receiver starts: it takes the first.
     let silent = fake_safekeeper(identity.clone(), bytes.clone(), first, stop.clone());
     let other = fake_safekeeper(identity, bytes, first, stop.clone());
-    let receiver = WalReceiver::spawn(tl.clone(), vec![silent.addr.clone(), other.addr.clone()]).unwrap();
+    let receiver = WalReceiver::spawn(
+        tl.clone(),
+        WalSources { safekeepers: vec![silent.addr.clone(), other.addr.clone()], token: None },
+    )
+    .unwrap();
 
     let wait = |what: &str, check: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(60);

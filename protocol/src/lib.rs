@@ -7,5 +7,7 @@ pub mod ids;
 pub mod lazy_manifest;
 pub mod pageserver;
 pub mod safekeeper;
+pub mod token;
 
 pub use ids::{NodeId, TenantId, TimelineId};
+pub use token::Token;

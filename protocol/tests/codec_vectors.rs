@@ -5,14 +5,14 @@
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::codec::{
     decode_acceptor, decode_consumer, decode_proposer, decode_stream, encode_acceptor, encode_consumer,
-    encode_proposer, encode_stream, split_frame,
+    encode_proposer, encode_stream, split_frame, CodecError,
 };
 use strata_protocol::safekeeper::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, ErrorCode, ErrorMessage, Member,
     Membership, ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, TermHistory,
     TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
 };
-use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_protocol::{NodeId, TenantId, TimelineId, Token};
 
 fn history(entries: &[(u64, u64)]) -> TermHistory {
     TermHistory(entries.iter().map(|&(term, lsn)| TermLsn { term, lsn: Lsn(lsn) }).collect())
@@ -70,7 +70,7 @@ fn member(id: u64, address: &str) -> Member {
 fn proposer_greeting() {
     proposer(
         ProposerMessage::Greeting(ProposerGreeting {
-            protocol_version: 2,
+            protocol_version: 3,
             proposer_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             timeline: TimelineIdentity {
                 tenant_id: TenantId([0x11; 16]),
@@ -80,12 +80,26 @@ fn proposer_greeting() {
                 wal_segment_size: 16 << 20,
             },
             membership: Membership::default(),
+            token: Some(Token::new("tok".into())),
         }),
+        "53000000 01 03000000 000102030405060708090a0b0c0d0e0f
+         11111111111111111111111111111111 22222222222222222222222222222222
+         0807060504030201 0f000000 00000001
+         00000000 0000 00 03000000 746f6b",
+    );
+}
+
+#[test]
+fn a_version_2_greeting_is_reported_as_an_unsupported_version() {
+    // The version 2 layout had no token: it reads short, and the version says why.
+    let v2 = unhex(
         "4c000000 01 02000000 000102030405060708090a0b0c0d0e0f
          11111111111111111111111111111111 22222222222222222222222222222222
          0807060504030201 0f000000 00000001
          00000000 0000 00",
     );
+    let err = decode_proposer(&v2[4..]).unwrap_err();
+    assert!(matches!(err, CodecError::UnsupportedVersion { version: 2, .. }), "{err:?}");
 }
 
 #[test]
@@ -179,18 +193,35 @@ fn acceptor_error() {
 
 #[test]
 fn start_streaming() {
-    consumer(
+    let start = |protocol_version, token: Option<&str>| {
         ConsumerMessage::Start(StartStreaming {
-            protocol_version: 2,
+            protocol_version,
             tenant_id: TenantId([0x11; 16]),
             timeline_id: TimelineId([0x22; 16]),
             start_lsn: Lsn(0x1000),
             stop_lsn: Lsn::INVALID,
             include_uncommitted: false,
             consumer_id: "ps-1".into(),
-        }),
+            token: token.map(|t| Token::new(t.into())),
+        })
+    };
+    consumer(
+        start(3, Some("tok")),
+        "45000000 10 03000000 11111111111111111111111111111111 22222222222222222222222222222222
+         0010000000000000 0000000000000000 00 04000000 70732d31 03000000 746f6b",
+    );
+    // Versions 1 and 2 have no token field; safekeepers still serve them (a
+    // safekeeper that checks tokens refuses them as carrying none).
+    consumer(
+        start(2, None),
         "3e000000 10 02000000 11111111111111111111111111111111 22222222222222222222222222222222
          0010000000000000 0000000000000000 00 04000000 70732d31",
+    );
+    // An empty token of version 3 is none.
+    consumer(
+        start(3, None),
+        "42000000 10 03000000 11111111111111111111111111111111 22222222222222222222222222222222
+         0010000000000000 0000000000000000 00 04000000 70732d31 00000000",
     );
 }
 

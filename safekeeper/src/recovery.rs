@@ -29,7 +29,7 @@ use strata_formats::Lsn;
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec::{self, CodecError};
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, TermHistory, PROTOCOL_VERSION};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantId, TimelineId, Token};
 use strata_remote_storage::wal::fetch_segment;
 use strata_remote_storage::RemoteStorage;
 use strata_service::backoff::Backoff;
@@ -161,6 +161,7 @@ impl PeerStream {
         start: Lsn,
         me: String,
         idle: Duration,
+        token: Option<Token>,
     ) -> Result<PeerStream, RecoveryError> {
         let mut s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
             .await
@@ -176,6 +177,7 @@ impl PeerStream {
                 stop_lsn: Lsn::INVALID,
                 include_uncommitted: false,
                 consumer_id: me,
+                token,
             }),
             &mut out,
         );
@@ -206,7 +208,8 @@ async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, peer: &Peer) ->
         .map_or(Lsn(0), |(_, p)| p.removed_before);
     let offloaded = shared.remote.as_ref().filter(|_| peer_from > mine.flush_lsn);
     let stream_from = if offloaded.is_some() { peer_from } else { mine.flush_lsn };
-    let mut stream = PeerStream::open(address, timeline, stream_from, me, shared.config.idle_timeout).await?;
+    let mut stream =
+        PeerStream::open(address, timeline, stream_from, me, shared.config.idle_timeout, shared.token.clone()).await?;
     let (until, history): (Lsn, TermHistory) = match stream.next(CONNECT_TIMEOUT).await? {
         StreamMessage::Start(start) => {
             if start.timeline != timeline.identity {

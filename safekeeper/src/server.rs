@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use std::sync::atomic::Ordering;
 
 use strata_protocol::framed;
+use strata_protocol::{TenantId, Token};
+use strata_service::auth::Access;
 use strata_service::Listener;
 use tracing::{info, warn};
 
@@ -82,15 +84,25 @@ async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Re
         Some(0x10..=0x1F) => First::Consumer(codec::decode_consumer(frame)),
         _ => First::Unknown,
     };
+    // A token is checked before anything else is looked at, and before the
+    // connection holds an established place.
     match first {
         First::Proposer(msg) => {
-            if matches!(msg, Ok(ProposerMessage::Greeting(_))) {
+            if let Ok(ProposerMessage::Greeting(g)) = &msg {
+                if let Err(refusal) = check_token(&shared, "proposer", &g.token, g.timeline.tenant_id) {
+                    codec::encode_acceptor(&AcceptorMessage::Error(refusal), conn.out());
+                    return conn.flush(SEND_TIMEOUT).await;
+                }
                 slot.established();
             }
             proposer(conn, msg, shared).await
         }
         First::Consumer(msg) => {
-            if matches!(msg, Ok(ConsumerMessage::Start(_))) {
+            if let Ok(ConsumerMessage::Start(s)) = &msg {
+                if let Err(refusal) = check_token(&shared, "stream", &s.token, s.tenant_id) {
+                    codec::encode_stream(&StreamMessage::Error(refusal), conn.out());
+                    return conn.flush(SEND_TIMEOUT).await;
+                }
                 slot.established();
             }
             let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
@@ -104,6 +116,24 @@ async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Re
             conn.flush(SEND_TIMEOUT).await
         }
     }
+}
+
+/// Whether `token` allows a greeting or stream request about `tenant`
+/// (always, without a verifier); a refusal is counted under `interface`.
+fn check_token(
+    shared: &Shared,
+    interface: &'static str,
+    token: &Option<Token>,
+    tenant: TenantId,
+) -> Result<(), ErrorMessage> {
+    let Some(verifier) = &shared.verifier else { return Ok(()) };
+    let verdict = verifier.verify(strata_protocol::token::wire(token)).and_then(|c| c.permits(Access::Tenant(tenant)));
+    verdict.map_err(|refusal| {
+        shared.metrics.refusal_metrics().count(interface, &refusal);
+        warn!(%tenant, reason = refusal.reason(), "refused a {interface} connection");
+        let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };
+        ErrorMessage { code, message: refusal.to_string() }
+    })
 }
 
 /// Sends an error to a proposer and ends the connection.
@@ -202,11 +232,15 @@ async fn consumer(
         Ok(_) => {
             return stream_error(&mut w, ErrorCode::Protocol, "the first message must be a stream request".into()).await
         }
+        Err(e @ codec::CodecError::UnsupportedVersion { .. }) => {
+            return stream_error(&mut w, ErrorCode::Version, e.to_string()).await
+        }
         Err(e) => return stream_error(&mut w, ErrorCode::Protocol, e.to_string()).await,
     };
-    // The consumer messages are the same in versions 1 and 2 (only the
-    // proposer greetings changed), so consumers of either are served.
-    if !(1..=PROTOCOL_VERSION).contains(&start.protocol_version) {
+    // Stream requests of versions 1 and 2 differ from 3 only in carrying no
+    // token (only the proposer greetings changed otherwise), so consumers of
+    // each are served; a safekeeper that checks tokens has refused them above.
+    if !(codec::OLDEST_CONSUMER_VERSION..=PROTOCOL_VERSION).contains(&start.protocol_version) {
         let msg = format!("protocol version {} is not supported", start.protocol_version);
         return stream_error(&mut w, ErrorCode::Version, msg).await;
     }

@@ -22,7 +22,7 @@ pub struct Shared {
     /// Where WAL is offloaded to and recovered from, if anywhere.
     pub remote: Option<strata_remote_storage::RemoteStorage>,
     /// This safekeeper's own token, sent to its peers (never logged).
-    pub token: Option<strata_service::auth::Secret>,
+    pub token: Option<strata_service::auth::Token>,
     /// Checks callers' tokens; none: every caller is accepted.
     pub verifier: Option<std::sync::Arc<strata_service::auth::Verifier>>,
 }

@@ -50,9 +50,15 @@ async fn start_with(dir: &std::path::Path, extra: &str) -> Running {
 }
 
 async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_as(addr, method, path, body, None).await
+}
+
+/// An HTTP call carrying `token`, if any.
+async fn http_as(addr: SocketAddr, method: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).await.unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
@@ -106,6 +112,7 @@ async fn consumer(addr: SocketAddr, stop_lsn: Lsn, name: &str) -> Client {
             stop_lsn,
             include_uncommitted: false,
             consumer_id: name.into(),
+            token: None,
         }),
         &mut out,
     );
@@ -129,6 +136,7 @@ fn greeting(system_id: u64) -> ProposerMessage {
         proposer_id: [9; 16],
         timeline: identity(system_id),
         membership: Default::default(),
+        token: None,
     })
 }
 
@@ -181,6 +189,7 @@ async fn proposer_consumer_restart_and_bad_input() {
             proposer_id: [1; 16],
             timeline: g,
             membership: Default::default(),
+            token: None,
         }))
         .await;
     match unknown.reply().await {
@@ -504,4 +513,127 @@ async fn membership_generations_fence_stale_proposers() {
     sk.stop.send(()).unwrap();
     sk.task.await.unwrap().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// With `[auth]`, a greeting or stream request must carry a token that
+/// allows the timeline's tenant. It is checked before the timeline is
+/// looked up; a refusal says why (Unauthorized or Forbidden), closes the
+/// connection, changes nothing and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
+    use strata_service::auth::{Claims, Scope, Signer};
+    let keys = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../service/tests/data/auth");
+    let signer = Signer::load(&keys.join("private.pem")).unwrap();
+    let mint = |scope, tenant| signer.sign(&Claims::new(scope, tenant, None));
+    let (ours, theirs) = (TenantId([5; 16]), TenantId([7; 16]));
+    let management = mint(Scope::Management, None);
+    let service = mint(Scope::Service, None);
+    let tenant = mint(Scope::Tenant, Some(ours));
+    let other_tenant = mint(Scope::Tenant, Some(theirs));
+    let expired = signer.sign(&Claims { scope: Scope::Tenant, tenant_id: Some(ours), iat: 1, exp: Some(2) });
+    let foreign_key = {
+        let (private, _) = strata_service::auth::generate_key_pair();
+        Signer::from_pem(private.as_bytes(), "a key of another cluster").unwrap().sign(&Claims::new(
+            Scope::Service,
+            None,
+            None,
+        ))
+    };
+
+    let dir = std::env::temp_dir().join(format!("strata-sk-auth-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk =
+        start_with(&dir, &format!("[auth]\npublic_key = {:?}\n", keys.join("public.pem").display().to_string())).await;
+    let tl = format!("/v1/tenant/{ours}/timeline/{}", TimelineId([6; 16]));
+    let body = format!(r#"{{"system_id": 77, "pg_version": 15, "wal_segment_size": {SEG}, "start_lsn": "{START}"}}"#);
+    assert_eq!(http_as(sk.http, "POST", &tl, &body, Some(&management)).await.0, 201);
+
+    // A greeting that would raise the membership generation if it were heard.
+    let proposer_greeting = |token: Option<&str>| {
+        let mut g = greeting(77);
+        if let ProposerMessage::Greeting(g) = &mut g {
+            g.membership = Membership {
+                generation: 1,
+                members: vec![Member { id: strata_protocol::NodeId(1), address: "a:1".into() }],
+                new_members: None,
+            };
+            g.token = token.map(|t| strata_protocol::Token::new(t.into()));
+        }
+        g
+    };
+    let refused = [
+        (None, ErrorCode::Unauthorized, "no token"),
+        (Some("not.a.token"), ErrorCode::Unauthorized, "malformed"),
+        (Some(foreign_key.as_str()), ErrorCode::Unauthorized, "signature"),
+        (Some(expired.as_str()), ErrorCode::Unauthorized, "expired"),
+        (Some(other_tenant.as_str()), ErrorCode::Forbidden, "another tenant"),
+    ];
+    for (token, code, what) in refused {
+        let mut p = Client::connect(sk.addr).await;
+        p.send(&proposer_greeting(token)).await;
+        match p.reply().await {
+            AcceptorMessage::Error(e) => assert_eq!(e.code, code, "greeting with {what}: {}", e.message),
+            other => panic!("greeting with {what}: {other:?}"),
+        }
+        assert!(p.frame().await.is_none(), "the connection closes after a refusal");
+
+        let mut c = Client::connect(sk.addr).await;
+        let mut out = Vec::new();
+        codec::encode_consumer(
+            &ConsumerMessage::Start(StartStreaming {
+                protocol_version: PROTOCOL_VERSION,
+                tenant_id: ours,
+                timeline_id: TimelineId([6; 16]),
+                start_lsn: START,
+                stop_lsn: Lsn::INVALID,
+                include_uncommitted: false,
+                consumer_id: "auth-test".into(),
+                token: token.map(|t| strata_protocol::Token::new(t.into())),
+            }),
+            &mut out,
+        );
+        c.send_raw(&out).await;
+        match codec::decode_stream(&c.frame().await.expect("an answer")).unwrap() {
+            StreamMessage::Error(e) => assert_eq!(e.code, code, "stream request with {what}: {}", e.message),
+            other => panic!("stream request with {what}: {other:?}"),
+        }
+    }
+    // Checked before the lookup: an unknown timeline without a token is
+    // refused as unauthenticated, not reported as missing.
+    let mut unknown = Client::connect(sk.addr).await;
+    let mut g = proposer_greeting(None);
+    if let ProposerMessage::Greeting(g) = &mut g {
+        g.timeline.tenant_id = TenantId([0xEE; 16]);
+    }
+    unknown.send(&g).await;
+    assert!(matches!(
+        unknown.reply().await,
+        AcceptorMessage::Error(ErrorMessage { code: ErrorCode::Unauthorized, .. })
+    ));
+
+    // Nothing changed: the refused greetings did not raise the generation.
+    let (code, status) = http_as(sk.http, "GET", &tl, "", Some(&tenant)).await;
+    assert_eq!(code, 200, "{status}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["membership"]["generation"], 0, "{status}");
+    assert_eq!(status["term"], 0, "{status}");
+
+    // The tenant's own token and a service token are heard.
+    for token in [&tenant, &service] {
+        let mut p = Client::connect(sk.addr).await;
+        p.send(&proposer_greeting(Some(token))).await;
+        assert!(matches!(p.reply().await, AcceptorMessage::Greeting(_)));
+    }
+    let (_, metrics) = http_as(sk.http, "GET", "/metrics", "", Some(&service)).await;
+    for (interface, reason, n) in [
+        ("proposer", "no_token", 2),
+        ("proposer", "other_tenant", 1),
+        ("stream", "expired", 1),
+        ("stream", "bad_signature", 1),
+    ] {
+        let line = format!(r#"auth_refusals_total{{interface="{interface}",reason="{reason}"}} {n}"#);
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
+    sk.stop.send(()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -277,6 +277,7 @@ impl Sim {
             proposer_id: [p as u8 + 1; 16],
             timeline: self.identity.clone(),
             membership: on_the_wire(m),
+            token: None,
         });
         let node = self.nodes[i].as_mut()?;
         let reply = match node.handle(&msg) {

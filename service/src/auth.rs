@@ -158,32 +158,7 @@ impl Refusal {
     }
 }
 
-/// A token held in memory. It shows as `Secret(..)` in logs and debug
-/// output: tokens are never logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(token: String) -> Secret {
-        Secret(token)
-    }
-
-    /// The token itself, to send.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The value of an `Authorization` header carrying it.
-    pub fn bearer(&self) -> String {
-        format!("Bearer {}", self.0)
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
+pub use strata_protocol::Token;
 
 /// A key file that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -311,7 +286,7 @@ impl AuthConfig {
     }
 
     /// This process's own token, if it has one.
-    pub fn token(&self) -> Result<Option<Secret>, KeyError> {
+    pub fn token(&self) -> Result<Option<Token>, KeyError> {
         self.token_file.as_deref().map(read_token).transpose()
     }
 }
@@ -324,14 +299,14 @@ pub fn bearer_token(value: &str) -> Option<&str> {
 
 /// The token in the file at `path` (one token, surrounding white space
 /// ignored); the error never shows the file's contents.
-pub fn read_token(path: &Path) -> Result<Secret, KeyError> {
+pub fn read_token(path: &Path) -> Result<Token, KeyError> {
     let bad = |message: &str| KeyError::Token { path: path.to_path_buf(), message: message.into() };
     let text = String::from_utf8(read(path)?).map_err(|_| bad("not UTF-8"))?;
     let token = text.trim();
     if token.is_empty() || token.len() > MAX_TOKEN_LEN || token.chars().any(char::is_whitespace) {
         return Err(bad("does not hold one token"));
     }
-    Ok(Secret(token.to_string()))
+    Ok(Token(token.to_string()))
 }
 
 /// Writes `contents` durably to a file readable by its owner only.

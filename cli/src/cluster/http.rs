@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use strata_service::auth::Secret;
+use strata_service::auth::Token;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -37,11 +37,17 @@ impl Reply {
 
 /// The token every request of this process carries. A CLI process works
 /// on one cluster, so it is set once, when the workdir is opened.
-static TOKEN: OnceLock<Secret> = OnceLock::new();
+static TOKEN: OnceLock<Token> = OnceLock::new();
 
 /// Sends `token` with every later request (the first call wins).
-pub fn use_token(token: Secret) {
+pub fn use_token(token: Token) {
     let _ = TOKEN.set(token);
+}
+
+/// The token this process sends, for calls that are not HTTP (the
+/// safekeeper protocol).
+pub fn token() -> Option<Token> {
+    TOKEN.get().cloned()
 }
 
 fn authorized<B>(request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {

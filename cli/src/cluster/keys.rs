@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use strata_protocol::TenantId;
-use strata_service::auth::{self, AuthConfig, Claims, Scope, Secret, Signer};
+use strata_service::auth::{self, AuthConfig, Claims, Scope, Signer, Token};
 
 use super::error::{Error, Result};
 
@@ -66,7 +66,7 @@ pub fn signer(root: &Path) -> Result<Option<Signer>> {
 pub fn use_management_token(root: &Path) -> Result<()> {
     if let Some(signer) = signer(root)? {
         let token = signer.sign(&Claims::new(Scope::Management, None, Some(CLI_TOKEN_TTL)));
-        super::http::use_token(Secret::new(token));
+        super::http::use_token(Token::new(token));
     }
     Ok(())
 }

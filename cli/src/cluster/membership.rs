@@ -313,7 +313,8 @@ impl Change<'_> {
             wal_segment_size: s.wal_segment_size,
         };
         let addresses = joint.all().into_iter().map(|m| m.address).collect();
-        let cfg = strata_compute::proposer::ProposerConfig::new(addresses, identity);
+        let mut cfg = strata_compute::proposer::ProposerConfig::new(addresses, identity);
+        cfg.token = super::http::token();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -77,7 +77,7 @@ pub struct AgentConfig {
     /// (`docs/security.md`); none: every caller is accepted.
     pub auth_public_key: Option<PathBuf>,
     /// The tenant token sent to the pageserver.
-    pub token: Option<strata_service::auth::Secret>,
+    pub token: Option<strata_service::auth::Token>,
 }
 
 impl AgentConfig {

@@ -10,7 +10,7 @@ use strata_formats::Lsn;
 use strata_protocol::api::pageserver::LeaseRequest;
 use strata_protocol::api::ErrorBody;
 use strata_protocol::{TenantId, TimelineId};
-use strata_service::auth::Secret;
+use strata_service::auth::Token;
 
 /// Bound on a JSON request (connect, send, receive the whole answer).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,7 +57,7 @@ pub struct PageserverClient {
     base: String,
     json: ureq::Agent,
     stream: ureq::Agent,
-    token: Option<Secret>,
+    token: Option<Token>,
 }
 
 impl PageserverClient {
@@ -81,14 +81,14 @@ impl PageserverClient {
     }
 
     /// The same, sending `token` with every request.
-    pub fn with_token(mut self, token: Option<Secret>) -> PageserverClient {
+    pub fn with_token(mut self, token: Option<Token>) -> PageserverClient {
         self.token = token;
         self
     }
 
     /// The `Authorization` header's value, if there is a token.
     fn authorization(&self) -> Option<String> {
-        self.token.as_ref().map(Secret::bearer)
+        self.token.as_ref().map(Token::bearer)
     }
 
     fn timeline_url(&self, tenant: TenantId, timeline: TimelineId) -> String {

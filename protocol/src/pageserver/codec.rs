@@ -32,6 +32,7 @@ use super::{
 };
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{TenantId, TimelineId};
+use crate::token::Token;
 
 /// Size of the length prefix of a frame.
 pub const LENGTH_SIZE: usize = frame::LENGTH_SIZE;
@@ -159,7 +160,7 @@ pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
             f.u32(h.protocol_version).bytes(&h.tenant_id.0).bytes(&h.timeline_id.0);
             // Version 1 has no token field; later ones always have one.
             if h.protocol_version >= 2 {
-                f.string(h.token.as_deref().unwrap_or(""));
+                f.string(crate::token::wire(&h.token));
             }
             f.finish()
         }
@@ -317,7 +318,7 @@ pub fn decode_client(frame: &[u8]) -> Result<ClientMessage, DecodeError> {
             let protocol_version = r.u32("protocol_version")?;
             let tenant_id = TenantId(r.id16("tenant_id")?);
             let timeline_id = TimelineId(r.id16("timeline_id")?);
-            let token = if protocol_version >= 2 { Some(r.string("token")?).filter(|t| !t.is_empty()) } else { None };
+            let token = if protocol_version >= 2 { Token::from_wire(r.string("token")?) } else { None };
             Ok(ClientMessage::Hello(Hello { protocol_version, tenant_id, timeline_id, token }))
         })
         .map_err(|e| match peek_version(frame) {
@@ -469,7 +470,7 @@ mod tests {
                     protocol_version: 2,
                     tenant_id: TenantId([0x11; 16]),
                     timeline_id: TimelineId([0x22; 16]),
-                    token: Some("tok".into()),
+                    token: Some(Token("tok".into())),
                 }),
                 "2c000000 01 02000000 11111111111111111111111111111111 22222222222222222222222222222222 \
                  03000000 746f6b",
@@ -816,7 +817,7 @@ mod tests {
         assert_eq!(decode_client(&empty[LENGTH_SIZE..]), Ok(want(2)));
         // The token never shows in debug output.
         let debug = format!("{:?}", client_vectors()[0].0);
-        assert!(!debug.contains("tok\"") && debug.contains("token: Some(\"..\")"), "{debug}");
+        assert!(!debug.contains("tok\"") && debug.contains("token: Some(Token(..))"), "{debug}");
     }
 
     #[test]

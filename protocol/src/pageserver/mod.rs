@@ -11,6 +11,7 @@ use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 
 use crate::ids::{TenantId, TimelineId};
+use crate::token::Token;
 
 /// Protocol version spoken by this build.
 pub const PAGE_PROTOCOL_VERSION: u32 = 2;
@@ -71,26 +72,14 @@ impl fmt::Display for SlruKind {
 
 /// First message of a connection: which timeline all its requests are
 /// about, and (version 2) the token that allows them.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
     pub protocol_version: u32,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
     /// A token signed by the cluster's key (`docs/security.md`); none in
     /// version 1, or sent empty.
-    pub token: Option<String>,
-}
-
-impl fmt::Debug for Hello {
-    // Tokens are never logged.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hello")
-            .field("protocol_version", &self.protocol_version)
-            .field("tenant_id", &self.tenant_id)
-            .field("timeline_id", &self.timeline_id)
-            .field("token", &self.token.as_ref().map(|_| ".."))
-            .finish()
-    }
+    pub token: Option<Token>,
 }
 
 /// A request about the connection's timeline, as of `lsn` (`Lsn::INVALID`:

@@ -35,6 +35,7 @@ use super::{
 };
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{NodeId, TenantId, TimelineId};
+use crate::token::Token;
 
 /// Size of the length prefix of a frame.
 pub const LENGTH_SIZE: usize = frame::LENGTH_SIZE;
@@ -45,6 +46,9 @@ pub const MAX_WAL_CHUNK: usize = 16 << 20;
 pub const MAX_FRAME_SIZE: usize = MAX_WAL_CHUNK + (64 << 10);
 /// Largest string (error message, consumer id), in bytes.
 pub const MAX_STRING_LEN: usize = 4096;
+/// The oldest version of stream requests still decoded and served
+/// (versions 1 and 2 differ from 3 only in carrying no token).
+pub const OLDEST_CONSUMER_VERSION: u32 = 1;
 /// Largest number of entries in a term history.
 pub const MAX_HISTORY_ENTRIES: usize = 10_000;
 
@@ -196,6 +200,7 @@ pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
             .id(&g.proposer_id)
             .identity(&g.timeline)
             .membership(&g.membership)
+            .string(crate::token::wire(&g.token))
             .finish(),
         ProposerMessage::VoteRequest(v) => begin_frame(out, tag::VOTE_REQUEST).u64(v.term).finish(),
         ProposerMessage::Elected(e) => begin_frame(out, tag::PROPOSER_ELECTED)
@@ -244,15 +249,21 @@ pub fn encode_acceptor(msg: &AcceptorMessage, out: &mut Vec<u8>) {
 /// Appends the frame of a consumer message to `out` (see [`encode_proposer`]).
 pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
     match msg {
-        ConsumerMessage::Start(s) => begin_frame(out, tag::START_STREAMING)
-            .u32(s.protocol_version)
-            .id(&s.tenant_id.0)
-            .id(&s.timeline_id.0)
-            .lsn(s.start_lsn)
-            .lsn(s.stop_lsn)
-            .bool(s.include_uncommitted)
-            .string(&s.consumer_id)
-            .finish(),
+        ConsumerMessage::Start(s) => {
+            let mut f = begin_frame(out, tag::START_STREAMING);
+            f.u32(s.protocol_version)
+                .id(&s.tenant_id.0)
+                .id(&s.timeline_id.0)
+                .lsn(s.start_lsn)
+                .lsn(s.stop_lsn)
+                .bool(s.include_uncommitted)
+                .string(&s.consumer_id);
+            // Versions 1 and 2 have no token field; later ones always have one.
+            if s.protocol_version >= 3 {
+                f.string(crate::token::wire(&s.token));
+            }
+            f.finish()
+        }
         ConsumerMessage::Feedback(f) => {
             begin_frame(out, tag::CONSUMER_FEEDBACK).lsn(f.applied_lsn).lsn(f.remote_consistent_lsn).finish()
         }
@@ -381,6 +392,8 @@ fn error_code(code: u16) -> Option<ErrorCode> {
         8 => ErrorCode::Overloaded,
         9 => ErrorCode::WalRemoved,
         10 => ErrorCode::MembershipChanged,
+        11 => ErrorCode::Unauthorized,
+        12 => ErrorCode::Forbidden,
         _ => return None,
     })
 }
@@ -404,10 +417,12 @@ fn read<'a, T>(
 }
 
 /// A greeting or stream request that does not decode is reported as a
-/// version problem when it announces a version other than ours.
-fn version_aware(frame: &[u8], e: CodecError) -> CodecError {
+/// version problem when it announces a version outside `oldest..=PROTOCOL_VERSION`.
+fn version_aware(frame: &[u8], e: CodecError, oldest: u32) -> CodecError {
     match peek_version(frame) {
-        Some(version) if version != PROTOCOL_VERSION => CodecError::UnsupportedVersion { version, detail: Box::new(e) },
+        Some(version) if !(oldest..=PROTOCOL_VERSION).contains(&version) => {
+            CodecError::UnsupportedVersion { version, detail: Box::new(e) }
+        }
         _ => e,
     }
 }
@@ -421,9 +436,10 @@ pub fn decode_proposer(frame: &[u8]) -> Result<ProposerMessage, CodecError> {
                 proposer_id: r.id16("proposer_id")?,
                 timeline: r.identity()?,
                 membership: r.membership()?,
+                token: Token::from_wire(r.string("token")?),
             }))
         })
-        .map_err(|e| version_aware(frame, e)),
+        .map_err(|e| version_aware(frame, e, PROTOCOL_VERSION)),
         tag::VOTE_REQUEST => {
             read(frame, "VoteRequest", |r| Ok(ProposerMessage::VoteRequest(VoteRequest { term: r.u64("term")? })))
         }
@@ -485,17 +501,20 @@ pub fn decode_acceptor(frame: &[u8]) -> Result<AcceptorMessage, CodecError> {
 pub fn decode_consumer(frame: &[u8]) -> Result<ConsumerMessage, CodecError> {
     match frame_tag(frame)? {
         tag::START_STREAMING => read(frame, "StartStreaming", |r| {
+            let protocol_version = r.u32("protocol_version")?;
             Ok(ConsumerMessage::Start(StartStreaming {
-                protocol_version: r.u32("protocol_version")?,
+                protocol_version,
                 tenant_id: TenantId(r.id16("tenant_id")?),
                 timeline_id: TimelineId(r.id16("timeline_id")?),
                 start_lsn: r.lsn("start_lsn")?,
                 stop_lsn: r.lsn("stop_lsn")?,
                 include_uncommitted: r.bool("include_uncommitted")?,
                 consumer_id: r.string("consumer_id")?,
+                // Versions 1 and 2 have no token field.
+                token: if protocol_version >= 3 { Token::from_wire(r.string("token")?) } else { None },
             }))
         })
-        .map_err(|e| version_aware(frame, e)),
+        .map_err(|e| version_aware(frame, e, OLDEST_CONSUMER_VERSION)),
         tag::CONSUMER_FEEDBACK => read(frame, "ConsumerFeedback", |r| {
             let applied_lsn = r.lsn("applied_lsn")?;
             let remote_consistent_lsn = r.lsn("remote_consistent_lsn")?;
@@ -621,6 +640,7 @@ mod tests {
                 proposer_id: [0x5C; 16],
                 timeline: identity(),
                 membership: Membership::default(),
+                token: Some(Token::new("eyJ0.eyJ0.c2ln".into())),
             })),
             Any::P(ProposerMessage::VoteRequest(VoteRequest { term: 0xDEAD_BEEF_0000_0007 })),
             Any::P(ProposerMessage::Elected(ProposerElected {
@@ -695,6 +715,7 @@ mod tests {
                 stop_lsn: Lsn(0x0300_0000),
                 include_uncommitted: true,
                 consumer_id: "pageserver-7".into(),
+                token: None,
             })),
             Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
                 applied_lsn: Lsn(0x0250_0000),
@@ -930,8 +951,10 @@ mod tests {
         assert!(decode_stream(&frame).is_ok(), "WalRemoved");
         let frame = [tag::ACCEPTOR_ERROR, 10, 0, 0, 0, 0, 0];
         assert!(decode_acceptor(&frame).is_ok(), "MembershipChanged");
-        let frame = [tag::STREAM_ERROR, 11, 0, 0, 0, 0, 0];
-        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 11, .. })));
+        let frame = [tag::STREAM_ERROR, 12, 0, 0, 0, 0, 0];
+        assert!(decode_stream(&frame).is_ok(), "Forbidden");
+        let frame = [tag::STREAM_ERROR, 13, 0, 0, 0, 0, 0];
+        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 13, .. })));
         let frame = [tag::STREAM_ERROR, 0, 0, 0, 0, 0, 0];
         assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 0, .. })));
 
@@ -998,8 +1021,14 @@ mod tests {
         out.push(0);
         assert!(matches!(decode_proposer(&out[LENGTH_SIZE..]), Err(CodecError::TrailingBytes { count: 1, .. })));
         // Stream requests likewise.
-        let frame = [tag::START_STREAMING, 3, 0, 0, 0, 9];
-        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 3, .. })));
+        let frame = [tag::START_STREAMING, 4, 0, 0, 0, 9];
+        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 4, .. })));
+        // Damaged stream requests of the older versions consumers may still
+        // speak are plain decoding errors.
+        for version in 1..PROTOCOL_VERSION as u8 {
+            let frame = [tag::START_STREAMING, version, 0, 0, 0, 9];
+            assert!(matches!(decode_consumer(&frame), Err(CodecError::Truncated { .. })), "version {version}");
+        }
         assert_eq!(peek_version(&[tag::VOTE_REQUEST, 1, 0, 0, 0]), None);
     }
 
@@ -1075,6 +1104,7 @@ mod tests {
                     proposer_id: self.bytes(16).try_into().unwrap(),
                     timeline: self.identity(),
                     membership: self.membership(),
+                    token: Token::from_wire(self.string()),
                 })),
                 1 => Any::P(ProposerMessage::VoteRequest(VoteRequest { term: self.next_u64() })),
                 2 => Any::P(ProposerMessage::Elected(ProposerElected {
@@ -1111,15 +1141,20 @@ mod tests {
                     consumer_applied_lsn: self.lsn(),
                 })),
                 7 => Any::A(AcceptorMessage::Error(self.error())),
-                8 => Any::C(ConsumerMessage::Start(StartStreaming {
-                    protocol_version: self.below(3) as u32,
-                    tenant_id: TenantId(self.bytes(16).try_into().unwrap()),
-                    timeline_id: TimelineId(self.bytes(16).try_into().unwrap()),
-                    start_lsn: self.lsn(),
-                    stop_lsn: self.lsn(),
-                    include_uncommitted: self.below(2) == 0,
-                    consumer_id: self.string(),
-                })),
+                8 => {
+                    let protocol_version = self.below(5) as u32;
+                    Any::C(ConsumerMessage::Start(StartStreaming {
+                        protocol_version,
+                        tenant_id: TenantId(self.bytes(16).try_into().unwrap()),
+                        timeline_id: TimelineId(self.bytes(16).try_into().unwrap()),
+                        start_lsn: self.lsn(),
+                        stop_lsn: self.lsn(),
+                        include_uncommitted: self.below(2) == 0,
+                        consumer_id: self.string(),
+                        // Only version 3 and later carry a token.
+                        token: if protocol_version >= 3 { Token::from_wire(self.string()) } else { None },
+                    }))
+                }
                 9 => Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
                     applied_lsn: self.lsn(),
                     remote_consistent_lsn: self.lsn(),

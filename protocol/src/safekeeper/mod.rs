@@ -1,4 +1,4 @@
-//! The safekeeper protocol (version 1): how a proposer (the compute's WAL
+//! The safekeeper protocol (version 3): how a proposer (the compute's WAL
 //! sender) gets elected by a quorum of acceptors (safekeepers) and streams
 //! WAL to them, and how consumers (pageservers, recovering peers) stream WAL
 //! from a safekeeper. Specified in `docs/safekeeper-protocol.md`; the byte
@@ -14,9 +14,11 @@ pub use history::{TermHistory, TermLsn};
 use strata_formats::Lsn;
 
 use crate::ids::{NodeId, TenantId, TimelineId};
+use crate::token::Token;
 
-/// Protocol version spoken by this build (2: greetings carry the membership configuration).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Protocol version spoken by this build (2: greetings carry the membership
+/// configuration; 3: greetings and stream requests carry a token).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 pub use membership::{Member, Membership};
 
@@ -44,6 +46,9 @@ pub struct ProposerGreeting {
     pub timeline: TimelineIdentity,
     /// The configuration the proposer knows (the highest generation it saw).
     pub membership: Membership,
+    /// The token that allows proposing for the timeline's tenant (version 3;
+    /// none when sent empty).
+    pub token: Option<Token>,
 }
 
 /// The proposer asks for the acceptor's vote in `term`.
@@ -174,6 +179,10 @@ pub enum ErrorCode {
     /// The acceptor's membership configuration is of another generation
     /// than the connection's: the proposer reconnects with the newer one.
     MembershipChanged = 10,
+    /// No token, or one that is malformed, badly signed or expired.
+    Unauthorized = 11,
+    /// A valid token that does not allow this (another tenant, too narrow a scope).
+    Forbidden = 12,
 }
 
 /// First message of a consumer connection (pageserver, peer recovery,
@@ -190,6 +199,9 @@ pub struct StartStreaming {
     pub include_uncommitted: bool,
     /// Who is asking (for status).
     pub consumer_id: String,
+    /// The token that allows reading the tenant's WAL (version 3; none in
+    /// older versions or when sent empty).
+    pub token: Option<Token>,
 }
 
 /// Periodic report from a consumer.

@@ -116,7 +116,7 @@ fn key_files_and_token_files_load_and_bad_ones_say_which() {
     let config = AuthConfig { public_key: dir.join("public.pem"), token_file: Some(dir.join("token")) };
     let secret = config.token().unwrap().unwrap();
     assert_eq!(secret.expose(), token);
-    assert_eq!(format!("{secret:?}"), "Secret(..)");
+    assert_eq!(format!("{secret:?}"), "Token(..)");
     assert_eq!(config.verifier().unwrap().verify(&token).unwrap().scope, Scope::Service);
     // The wrong kind of key in each place, and missing files.
     let err = Verifier::load(&dir.join("private.pem")).err().unwrap().to_string();
