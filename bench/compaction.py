@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "test_runner"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.strata import auth_headers, http_json, http_text, parse_lsn  # noqa: E402
+from fixtures.strata import http_json, http_text, parse_lsn, urlopen  # noqa: E402
 from getpage import client_env, pagebench  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -77,7 +77,7 @@ def cold_warm(tl_url: str, spc: int, db: int, rel: int, n: int) -> tuple[list[fl
     def read(block: int) -> float:
         t0 = time.monotonic()
         url = f"{tl_url}/page?rel={spc}/{db}/{rel}&block={block}"
-        with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers(url)), timeout=120) as r:
+        with urlopen(url, timeout=120) as r:
             assert r.status == 200 and len(r.read()) == 8192
         return (time.monotonic() - t0) * 1000
     for _ in range(n):
@@ -135,7 +135,7 @@ def main() -> int:
                 fresh_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
             target = ["--pageserver", f"127.0.0.1:{ps['ports']['pg']}", "--tenant-id", tenant,
                       "--timeline-id", timeline, "--rel", f"{spc}/{db}/{rel}",
-                      "--token-file", str(cluster.token_file())]
+                      "--token-file", str(cluster.token_file()), *cluster.tls_args()]
             # The fresh database: loaded, compacted and imaged.
             while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < fresh_lsn:
                 time.sleep(0.05)

@@ -145,7 +145,7 @@ def main() -> int:
             results["data"] = data
             target = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
                       "--timeline-id", data["timeline_id"], "--rel", data["rel"],
-                      "--token-file", str(cluster.token_file())]
+                      "--token-file", str(cluster.token_file()), *cluster.tls_args()]
             # One short unmeasured pass: connections, page cache, layer files opened.
             pagebench(strata_bin, target, 1, 16, min(args.seconds, 3))
             for connections, depth in configs:

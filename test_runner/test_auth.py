@@ -12,21 +12,19 @@ import os
 import subprocess
 import time
 import urllib.error
-import urllib.request
 
 from fixtures import page_protocol as pp
 from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint
-from fixtures.strata import http_json
+from fixtures.strata import http_json, urlopen
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 
 
 def call(url: str, token: str | None, method: str = "GET") -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    req = urllib.request.Request(url, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urlopen(url, method, headers=headers, token=False) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()

@@ -45,7 +45,6 @@ import struct
 import threading
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +52,7 @@ from fixtures.checks import history_rows, parse_pgbench
 from fixtures.cluster import LocalCluster
 from fixtures.endpoint import Endpoint
 from fixtures.processes import pid_alive
-from fixtures.strata import auth_headers
+from fixtures.strata import urlopen
 from fixtures.wait import wait_until
 
 NOFILE = 1024                # RLIMIT_NOFILE (soft = hard) of every Strata process
@@ -76,13 +75,8 @@ EMFILE_TEXT = "Too many open files"
 # tcpi_state (the first byte of struct tcp_info) by name, as the kernel numbers them
 TCP_STATES = {1: "established", 2: "syn_sent", 7: "close", 8: "close_wait"}
 
-# No proxy from the environment: everything is on 127.0.0.1.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def http_get(port: int, path: str, timeout: float) -> bytes:
-    url = f"http://127.0.0.1:{port}{path}"
-    with _OPENER.open(urllib.request.Request(url, headers=auth_headers(url)), timeout=timeout) as r:
+    with urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
         return r.read()
 
 

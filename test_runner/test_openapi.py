@@ -24,7 +24,6 @@ import json
 import re
 import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +33,7 @@ import pytest
 import yaml
 
 from fixtures.pageserver_api import wait_for_pageserver_lsn
-from fixtures.strata import auth_headers, parse_lsn
+from fixtures.strata import parse_lsn, urlopen
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS = {
@@ -293,10 +292,8 @@ def raw_request(url: str, method: str, body: bytes | None = None,
                 timeout: float = 30) -> tuple[int, str, bytes]:
     """One request: (status, content type, body bytes). A body is sent as JSON."""
     headers = {"Content-Type": "application/json"} if body is not None else {}
-    headers.update(auth_headers(url))
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urlopen(url, method, body, headers, timeout) as r:
             return r.status, r.headers.get("Content-Type", ""), r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.headers.get("Content-Type", ""), e.read()

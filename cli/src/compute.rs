@@ -11,6 +11,7 @@ use strata_protocol::safekeeper::TimelineIdentity;
 use strata_protocol::{TenantId, TimelineId, Token};
 use strata_service::auth::http::{guard, HttpAuth, Need, RefusalMetrics};
 use strata_service::auth::{read_token, Verifier};
+use strata_service::tls::{ClientTls, ServerTls};
 
 /// Default bound on how far WAL consumers may lag before commits wait.
 const DEFAULT_MAX_CONSUMER_LAG_MB: u64 = 1024;
@@ -22,7 +23,7 @@ pub enum ComputeCommand {
     /// basebackup, configure and start PostgreSQL, and be its WAL proposer.
     /// Once running, a failure leads to a fresh start after a backoff.
     /// SIGTERM or SIGINT stops it gracefully.
-    Start(StartArgs),
+    Start(Box<StartArgs>),
     /// Elect a proposer among the safekeepers, bring a quorum to the end of the
     /// timeline's WAL and commit it; print that LSN.
     SyncSafekeepers {
@@ -144,6 +145,15 @@ pub struct StartArgs {
     /// a token signed by it (`docs/security.md`).
     #[arg(long, value_name = "PEM")]
     auth_public_key: Option<std::path::PathBuf>,
+    /// The cluster CA's certificate: the pageserver is reached over TLS and
+    /// must present a certificate it issued.
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// This host's certificate and key: the status server speaks TLS.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -173,7 +183,7 @@ pub fn run(cmd: ComputeCommand) -> i32 {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
     let result = runtime.block_on(async move {
         match cmd {
-            ComputeCommand::Start(args) => start(args).await,
+            ComputeCommand::Start(args) => start(*args).await,
             other => run_proposer_role(other).await.map_err(|e| e.to_string()),
         }
     });
@@ -286,6 +296,11 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.lazy_fetch_retry = Duration::from_secs(args.lazy_fetch_retry_secs);
     cfg.token = token;
     cfg.auth_public_key = args.auth_public_key;
+    cfg.tls_client = args.tls_ca.as_deref().map(ClientTls::load).transpose().map_err(|e| e.to_string())?;
+    cfg.tls_server = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls::load(cert, key).map_err(|e| e.to_string())?),
+        _ => None,
+    };
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_service::auth::{read_token, Token};
+use strata_service::tls::ClientTls;
 
 use clap::Args;
 use fastrand::Rng;
@@ -62,6 +63,10 @@ pub struct PagebenchArgs {
     /// tenant`), for a pageserver that checks them (`docs/security.md`).
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// The cluster CA's certificate, for a page service that speaks TLS
+    /// (`docs/security.md`).
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<std::path::PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -134,6 +139,7 @@ struct Target {
     rels: Vec<(u64, RelFileNode)>,
     total_blocks: u64,
     token: Option<Token>,
+    tls: Option<ClientTls>,
 }
 
 impl Target {
@@ -163,8 +169,13 @@ impl WorkerStats {
     }
 }
 
-fn client_config(depth: u32, token: &Option<Token>) -> PageClientConfig {
-    PageClientConfig { max_in_flight: depth as usize, token: token.clone(), ..PageClientConfig::default() }
+fn client_config(depth: u32, token: &Option<Token>, tls: &Option<ClientTls>) -> PageClientConfig {
+    PageClientConfig {
+        max_in_flight: depth as usize,
+        token: token.clone(),
+        tls: tls.clone(),
+        ..PageClientConfig::default()
+    }
 }
 
 async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
@@ -179,6 +190,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
             rels: vec![(0, rel)],
             total_blocks: u64::from(LOOPBACK_BLOCKS),
             token: None,
+            tls: None,
         }
     } else {
         prepare(args).await?
@@ -191,7 +203,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
         let t = Arc::clone(&target);
         let depth = args.depth;
         connecting.push(tokio::spawn(async move {
-            PageClient::connect(&t.addr, t.tenant_id, t.timeline_id, client_config(depth, &t.token)).await
+            PageClient::connect(&t.addr, t.tenant_id, t.timeline_id, client_config(depth, &t.token, &t.tls)).await
         }));
     }
     let mut clients = Vec::new();
@@ -250,8 +262,10 @@ async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
         return Err("at least one --rel is required".into());
     }
     let token = args.token_file.as_deref().map(read_token).transpose().map_err(|e| e.to_string())?;
-    let mut client =
-        PageClient::connect(addr, tenant_id, timeline_id, client_config(1, &token)).await.map_err(|e| e.to_string())?;
+    let tls = args.tls_ca.as_deref().map(ClientTls::load).transpose().map_err(|e| e.to_string())?;
+    let mut client = PageClient::connect(addr, tenant_id, timeline_id, client_config(1, &token, &tls))
+        .await
+        .map_err(|e| e.to_string())?;
     let mut rels = Vec::new();
     let mut total_blocks = 0u64;
     for &rel in &args.rels {
@@ -269,7 +283,7 @@ async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
     if total_blocks == 0 {
         return Err("no block to read: every relation is empty".into());
     }
-    Ok(Target { addr: addr.clone(), tenant_id, timeline_id, lsn: args.lsn, rels, total_blocks, token })
+    Ok(Target { addr: addr.clone(), tenant_id, timeline_id, lsn: args.lsn, rels, total_blocks, token, tls })
 }
 
 /// One connection's load: keeps `depth` random GetPage requests in flight
@@ -285,7 +299,7 @@ async fn worker(target: Arc<Target>, client: PageClient, depth: usize, deadline:
                 &target.addr,
                 target.tenant_id,
                 target.timeline_id,
-                client_config(depth as u32, &target.token),
+                client_config(depth as u32, &target.token, &target.tls),
             )
             .await
             {
@@ -770,6 +784,7 @@ mod tests {
             rels: vec![(0, r(1)), (10, r(2)), (11, r(3))],
             total_blocks: 14,
             token: None,
+            tls: None,
         };
         assert_eq!(target.block(0), (r(1), 0));
         assert_eq!(target.block(9), (r(1), 9));

@@ -14,8 +14,8 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::Duration;
 
+use strata_service::tls::{ClientTls, Stream};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use strata_formats::types::{ForkNumber, RelFileNode};
@@ -40,6 +40,8 @@ pub struct PageClientConfig {
     pub max_in_flight: usize,
     /// The token sent in the hello (`docs/security.md`).
     pub token: Option<strata_service::auth::Token>,
+    /// TLS with the cluster's CA; none: plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for PageClientConfig {
@@ -49,6 +51,7 @@ impl Default for PageClientConfig {
             response_timeout: Duration::from_secs(60),
             max_in_flight: MAX_PIPELINE_DEPTH,
             token: None,
+            tls: None,
         }
     }
 }
@@ -89,7 +92,7 @@ pub enum PageClientError {
 #[derive(Debug)]
 pub struct PageClient {
     /// The connection, read as frames (the protocol crate's frame reader).
-    stream: FrameReader<TcpStream>,
+    stream: FrameReader<Stream>,
     config: PageClientConfig,
     last_record_lsn: Lsn,
     /// Requests sent or queued and not yet answered, oldest first.
@@ -111,12 +114,11 @@ impl PageClient {
     ) -> Result<PageClient, PageClientError> {
         let limit = config.connect_timeout;
         let deadline = Instant::now() + limit;
-        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(addr))
+        // With no delay (requests are small and latency-bound), and TLS if configured.
+        let stream = tokio::time::timeout_at(deadline, Stream::connect(addr, config.tls.as_ref()))
             .await
             .map_err(|_| PageClientError::Timeout { what: "connecting", after: limit })?
             .map_err(|source| PageClientError::Connect { addr: addr.to_string(), source })?;
-        // Requests are small and latency-bound: never hold one back.
-        stream.set_nodelay(true)?;
         let max_in_flight = config.max_in_flight.clamp(1, MAX_PIPELINE_DEPTH);
         let mut client = PageClient {
             stream: FrameReader::new(stream, codec::MAX_FRAME_SIZE),
@@ -383,7 +385,7 @@ impl PageClient {
 
     /// The next frame from the connection, by `deadline`.
     async fn next_frame<'a>(
-        stream: &'a mut FrameReader<TcpStream>,
+        stream: &'a mut FrameReader<Stream>,
         deadline: Instant,
         what: &'static str,
         limit: Duration,
@@ -519,6 +521,7 @@ mod tests {
             response_timeout: Duration::from_secs(5),
             max_in_flight: 16,
             token: None,
+            tls: None,
         }
     }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use strata_protocol::NodeId;
 use strata_service::config::{
-    check_duration, check_open_files, check_range, load_toml, seconds, ConfigError, ConfigLoadError,
+    check_duration, check_exposure, check_open_files, check_range, load_toml, seconds, ConfigError, ConfigLoadError,
+    Protection,
 };
 
 /// Everything a pageserver process needs; written by `strata init`.
@@ -28,6 +29,10 @@ pub struct PageserverConfig {
     /// accepted, which `strata init` never writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<strata_service::auth::AuthConfig>,
+    /// TLS on both listeners (`docs/security.md`); without it they must be
+    /// on loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<strata_service::tls::TlsConfig>,
     /// Where `initdb` of the installed PostgreSQL is (tenant bootstrap).
     #[serde(default = "default_pg_bin_dir")]
     pub pg_bin_dir: PathBuf,
@@ -210,6 +215,9 @@ impl PageserverConfig {
         if let Some(bad) = self.safekeepers.iter().find(|a| !a.contains(':')) {
             return Err(ConfigError { key: "safekeepers", message: format!("{bad:?} is not host:port") });
         }
+        let protection = Protection { tls: self.tls.is_some(), auth: self.auth.is_some() };
+        check_exposure("listen_pg", self.listen_pg, protection)?;
+        check_exposure("listen_http", self.listen_http, protection)?;
         Ok(())
     }
 

@@ -40,6 +40,8 @@ pub enum StartError {
     Load(#[from] tenants::LoadError),
     #[error("auth: {0}")]
     Auth(#[from] strata_service::auth::KeyError),
+    #[error("tls: {0}")]
+    Tls(#[from] strata_service::tls::TlsError),
     #[error("signals: {0}")]
     Signals(std::io::Error),
     #[error("a task failed: {0}")]
@@ -83,14 +85,17 @@ pub async fn serve(
     };
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let listener_metrics = metrics.listener_metrics();
-    let page = Listener::new("page", page, limits(config.max_connections), page_service::refusal, &listener_metrics);
+    let tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
+    let page = Listener::new("page", page, limits(config.max_connections), page_service::refusal, &listener_metrics)
+        .with_tls(tls.clone());
     let http = Listener::new(
         "http",
         http,
         limits(config.max_http_connections),
         strata_service::http::refusal,
         &listener_metrics,
-    );
+    )
+    .with_tls(tls);
     let remote = match (&config.remote_storage, &config.attachments) {
         (Some(cfg), Some(attachments)) => Some(
             remote::Remote::start(cfg, attachments.clone(), config.max_upload_lag_bytes, config.fsync, metrics.clone())

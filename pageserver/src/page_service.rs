@@ -19,8 +19,9 @@ use strata_protocol::pageserver::{
     PAGE_PROTOCOL_VERSION,
 };
 use strata_service::auth::{Access, Verifier};
+use strata_service::tls::Stream;
 use strata_service::Listener;
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::WriteHalf;
 use tracing::{debug, info};
 
 use crate::key::{Key, RelTag};
@@ -38,6 +39,8 @@ pub enum ConnectionError {
     Frame(#[from] FrameError),
     #[error("no hello within {0:?}")]
     Handshake(Duration),
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
     /// Refused with an error sent to the client.
     #[error("refused: {0}")]
     Refused(String),
@@ -59,7 +62,6 @@ pub async fn serve(listener: Listener, tenants: Arc<Tenants>, verifier: Option<A
             let (tenants, verifier) = (tenants.clone(), verifier.clone());
             async move {
                 let peer = conn.peer;
-                let _ = conn.stream.set_nodelay(true);
                 tenants.metrics.page_connections.inc();
                 if let Err(e) = connection(conn, &tenants, verifier.as_deref()).await {
                     debug!(%peer, "page service connection closed: {e}");
@@ -79,7 +81,7 @@ fn error_code(e: &ReadError) -> ErrorCode {
     }
 }
 
-async fn refuse(w: &mut OwnedWriteHalf, code: ErrorCode, message: String) -> Result<(), ConnectionError> {
+async fn refuse(w: &mut WriteHalf<Stream>, code: ErrorCode, message: String) -> Result<(), ConnectionError> {
     let mut out = Vec::new();
     codec::encode_server(&ServerMessage::Error { id: 0, code, message: message.clone() }, &mut out);
     framed::write_all(w, &out, WRITE_TIMEOUT).await?;
@@ -91,8 +93,8 @@ async fn connection(
     tenants: &Tenants,
     verifier: Option<&Verifier>,
 ) -> Result<(), ConnectionError> {
-    let strata_service::Connection { stream, slot, .. } = conn;
-    let (r, mut w) = stream.into_split();
+    let (stream, slot) = conn.secure().await.map_err(ConnectionError::Tls)?;
+    let (r, mut w) = tokio::io::split(stream);
     let mut frames = FrameReader::new(r, codec::MAX_FRAME_SIZE);
     let limit = tenants.conf.handshake_timeout;
     let hello = match tokio::time::timeout_at(slot.handshake_deadline(), frames.read_frame(limit)).await {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use strata_protocol::NodeId;
 use strata_service::config::{
-    check_duration, check_open_files, check_range, load_toml, retention_seconds, seconds, ConfigError, ConfigLoadError,
+    check_duration, check_exposure, check_open_files, check_range, load_toml, retention_seconds, seconds, ConfigError,
+    ConfigLoadError, Protection,
 };
 
 /// A peer safekeeper (for peer recovery and the choice of the offloader).
@@ -35,6 +36,11 @@ pub struct SafekeeperConfig {
     /// accepted, which `strata init` never writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<strata_service::auth::AuthConfig>,
+    /// TLS on the HTTP API (`docs/security.md`); without it the listeners
+    /// must be on loopback. The safekeeper protocol and the PostgreSQL-
+    /// protocol service have no TLS yet and must be on loopback anyway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<strata_service::tls::TlsConfig>,
     /// fsync WAL and control files. Turning it off loses acknowledged WAL on a power failure.
     #[serde(default = "default_true")]
     pub fsync: bool,
@@ -130,6 +136,12 @@ impl SafekeeperConfig {
         }
         if self.peers.iter().any(|p| p.id == self.id) {
             return Err(ConfigError { key: "peers", message: format!("lists this safekeeper's own id {}", self.id) });
+        }
+        let auth = self.auth.is_some();
+        check_exposure("listen", self.listen, Protection { tls: false, auth })?;
+        check_exposure("listen_http", self.listen_http, Protection { tls: self.tls.is_some(), auth })?;
+        if let Some(addr) = self.listen_pg {
+            check_exposure("listen_pg", addr, Protection { tls: false, auth })?;
         }
         Ok(())
     }

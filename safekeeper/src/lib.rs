@@ -42,6 +42,8 @@ pub enum StartError {
     Load(#[from] acceptor::StorageError),
     #[error("auth: {0}")]
     Auth(#[from] strata_service::auth::KeyError),
+    #[error("tls: {0}")]
+    Tls(#[from] strata_service::tls::TlsError),
     #[error("signals: {0}")]
     Signals(std::io::Error),
     #[error("remote storage: {0}")]
@@ -81,6 +83,10 @@ pub async fn serve(
     let metrics = metrics::Metrics::new();
     let listener_metrics = metrics.listener_metrics();
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
+    let (server_tls, client_tls) = match &config.tls {
+        Some(t) => (Some(t.server()?), Some(t.client()?)),
+        None => (None, None),
+    };
     let protocol =
         Listener::new("protocol", listener, limits(config.max_connections), server::refusal, &listener_metrics);
     let http = Listener::new(
@@ -89,7 +95,8 @@ pub async fn serve(
         limits(config.max_http_connections),
         strata_service::http::refusal,
         &listener_metrics,
-    );
+    )
+    .with_tls(server_tls);
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
     let remote = config.remote_storage.as_ref().map(strata_remote_storage::RemoteStorage::new).transpose()?;
@@ -104,6 +111,7 @@ pub async fn serve(
     let shared = Arc::new(shared::Shared {
         remote,
         token,
+        tls: client_tls,
         verifier,
         config,
         timelines,

@@ -153,7 +153,7 @@ async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>), ReplicationErr
 }
 
 async fn handle(conn: strata_service::Connection, shared: Arc<Shared>) -> Result<(), ReplicationError> {
-    let strata_service::Connection { stream: mut s, slot, .. } = conn;
+    let (mut s, slot) = conn.into_plain();
     let _ = s.set_nodelay(true);
     let limit = shared.config.handshake_timeout;
     // The startup and, with tokens, the password exchange: a client holds

@@ -72,7 +72,7 @@ enum First {
 }
 
 async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Result<(), ConnectionError> {
-    let strata_service::Connection { stream, slot, .. } = accepted;
+    let (stream, slot) = accepted.into_plain();
     let mut conn = Connection::new(stream);
     let limit = shared.config.handshake_timeout;
     let frame = match tokio::time::timeout_at(slot.handshake_deadline(), conn.read_frame(limit)).await {

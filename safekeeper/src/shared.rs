@@ -23,6 +23,8 @@ pub struct Shared {
     pub remote: Option<strata_remote_storage::RemoteStorage>,
     /// This safekeeper's own token, sent to its peers (never logged).
     pub token: Option<strata_service::auth::Token>,
+    /// Trust for calls to peers over TLS; none: they are plaintext.
+    pub tls: Option<strata_service::tls::ClientTls>,
     /// Checks callers' tokens; none: every caller is accepted.
     pub verifier: Option<std::sync::Arc<strata_service::auth::Verifier>>,
 }

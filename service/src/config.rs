@@ -31,6 +31,31 @@ pub fn load_toml<T: serde::de::DeserializeOwned>(
     Ok(config)
 }
 
+/// How a listener protects its links.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Protection {
+    pub tls: bool,
+    pub auth: bool,
+}
+
+/// Refuses a listener (config key `key`) beyond loopback without both TLS
+/// and tokens: on a network anyone could call it, or read what it sends.
+/// An unspecified address (`0.0.0.0`, `::`) is beyond loopback.
+pub fn check_exposure(key: &'static str, addr: std::net::SocketAddr, p: Protection) -> Result<(), ConfigError> {
+    if addr.ip().is_loopback() || (p.tls && p.auth) {
+        return Ok(());
+    }
+    let missing = match (p.tls, p.auth) {
+        (false, false) => "TLS and tokens",
+        (false, true) => "TLS",
+        _ => "tokens",
+    };
+    Err(ConfigError {
+        key,
+        message: format!("{addr} is beyond loopback, and this listener has no {missing} (`[tls]`, `[auth]`)"),
+    })
+}
+
 /// Checks that `value` (of config key `key`) lies in `min..=max`.
 pub fn check_range<T: PartialOrd + std::fmt::Display>(
     key: &'static str,
@@ -129,6 +154,31 @@ pub mod retention_seconds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listeners_beyond_loopback_need_tls_and_tokens() {
+        let both = Protection { tls: true, auth: true };
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        for a in ["127.0.0.1:1", "127.8.9.10:1", "[::1]:1"] {
+            for tls in [false, true] {
+                for auth in [false, true] {
+                    assert!(check_exposure("k", addr(a), Protection { tls, auth }).is_ok(), "{a}");
+                }
+            }
+        }
+        for a in ["0.0.0.0:1", "10.1.2.3:1", "[::]:1"] {
+            assert!(check_exposure("k", addr(a), both).is_ok(), "{a}");
+            for (p, missing) in [
+                (Protection { tls: false, auth: false }, "no TLS and tokens"),
+                (Protection { tls: false, auth: true }, "no TLS ("),
+                (Protection { tls: true, auth: false }, "no tokens"),
+            ] {
+                let e = check_exposure("listen_http", addr(a), p).unwrap_err();
+                assert_eq!(e.key, "listen_http");
+                assert!(e.message.contains("beyond loopback") && e.message.contains(missing), "{e}");
+            }
+        }
+    }
 
     #[test]
     fn checks_name_the_key() {

@@ -67,7 +67,12 @@ pub async fn serve(listener: Listener, router: Router, limits: HttpLimits) {
         .serve(move |conn| {
             let router = router.clone();
             async move {
-                let slot = Arc::new(conn.slot);
+                let peer = conn.peer;
+                let (stream, slot) = match conn.secure().await {
+                    Ok(secured) => secured,
+                    Err(e) => return debug!(%peer, "TLS handshake failed: {e}"),
+                };
+                let slot = Arc::new(slot);
                 let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let busy = slot.busy();
                     let mut router = router.clone();
@@ -79,9 +84,9 @@ pub async fn serve(listener: Listener, router: Router, limits: HttpLimits) {
                 });
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
-                let io = TokioIo::new(WriteDeadline::new(conn.stream, limits.write_timeout));
+                let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
                 if let Err(e) = builder.serve_connection(io, service).await {
-                    debug!(peer = %conn.peer, "HTTP connection ended: {e}");
+                    debug!(%peer, "HTTP connection ended: {e}");
                 }
             }
         })

@@ -1,8 +1,8 @@
 //! What every Strata service shares: listeners that bound and survive their
 //! clients, the HTTP server of the management APIs, the open-file budget,
 //! free ports for services configured before they bind, config helpers,
-//! files replaced atomically and durably, and the tokens that authorize
-//! every call.
+//! files replaced atomically and durably, the tokens that authorize
+//! every call, and TLS on the links between hosts.
 
 pub mod auth;
 pub mod backoff;
@@ -12,6 +12,7 @@ pub mod http;
 pub mod listener;
 pub mod metrics;
 pub mod ports;
+pub mod tls;
 
 pub use listener::{bind, BindError, Connection, Limits, Listener, Slot};
 pub use metrics::ListenerMetrics;

@@ -50,6 +50,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tracing::{debug, warn};
 
 use crate::metrics::{ListenerMetrics, OneListener};
+use crate::tls::{ServerTls, Stream};
 
 /// Limits of one listener (a section of each service's config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +92,8 @@ pub struct Listener {
     /// One permit per connection task (held until its socket is closed).
     sockets: Arc<Semaphore>,
     metrics: OneListener,
+    /// TLS for every connection, if this listener has it.
+    tls: Option<ServerTls>,
 }
 
 /// Why a listener could not be bound: names the config key and address.
@@ -124,11 +127,38 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// An accepted connection and its place in the listener's table; dropping
-/// the slot frees the place.
+/// the slot frees the place. Its stream is had through [`Connection::secure`]
+/// (or, on a listener without TLS, [`Connection::into_plain`]), so no server
+/// reads plaintext from a listener that has TLS.
 pub struct Connection {
-    pub stream: TcpStream,
+    stream: TcpStream,
     pub peer: SocketAddr,
     pub slot: Slot,
+    tls: Option<ServerTls>,
+}
+
+impl Connection {
+    /// The stream its protocol reads: after the TLS handshake when the
+    /// listener has TLS, which must end by the handshake deadline.
+    pub async fn secure(self) -> std::io::Result<(Stream, Slot)> {
+        let _ = self.stream.set_nodelay(true);
+        match &self.tls {
+            None => Ok((Stream::Plain(self.stream), self.slot)),
+            Some(tls) => match tokio::time::timeout_at(self.slot.handshake_deadline(), tls.accept(self.stream)).await {
+                Ok(stream) => Ok((stream?.into(), self.slot)),
+                Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no TLS handshake in time")),
+            },
+        }
+    }
+
+    /// The TCP stream of a listener without TLS.
+    ///
+    /// # Panics
+    /// If the listener has TLS: its server must call [`Connection::secure`].
+    pub fn into_plain(self) -> (TcpStream, Slot) {
+        assert!(self.tls.is_none(), "a listener with TLS is served by a server that reads plaintext");
+        (self.stream, self.slot)
+    }
 }
 
 impl Listener {
@@ -151,7 +181,14 @@ impl Listener {
             refusals: Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT)),
             sockets: Arc::new(Semaphore::new(limits.max_connections)),
             metrics,
+            tls: None,
         }
+    }
+
+    /// Serves every connection with TLS (when `tls` is some).
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Listener {
+        self.tls = tls;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -225,7 +262,7 @@ impl Listener {
                     // may not have the descriptors.
                     let socket = self.sockets.clone().acquire_owned().await.expect("the semaphore is never closed");
                     let id = slot.id;
-                    let task = handler(Connection { stream, peer, slot });
+                    let task = handler(Connection { stream, peer, slot, tls: self.tls.clone() });
                     let (name, table) = (self.name, self.table.clone());
                     tokio::spawn(async move {
                         let mut task = Box::pin(task);
@@ -258,7 +295,14 @@ impl Listener {
 
     /// Answers a refused connection with the protocol's error, on a bounded
     /// number of short tasks; closes it outright when those are all busy.
+    /// On a TLS listener the connection is closed at once: a plaintext
+    /// answer means nothing to a client in a handshake, and a handshake for
+    /// a connection that cannot be served is work a flood would choose.
     fn refuse(&self, mut stream: TcpStream, peer: SocketAddr) {
+        if self.tls.is_some() {
+            debug!(listener = self.name, %peer, "refused: too many connections (closed)");
+            return;
+        }
         let Ok(permit) = self.refusals.clone().try_acquire_owned() else {
             debug!(listener = self.name, %peer, "refused without an answer: too many refusals in flight");
             return;

@@ -95,7 +95,7 @@ impl Endpoint {
 
     /// The agent's `/v1/status` URL.
     fn status_url(&self) -> String {
-        format!("http://{HOST}:{}/v1/status", self.file.http_port)
+        format!("{}://{HOST}:{}/v1/status", super::http::scheme(), self.file.http_port)
     }
 
     /// What the agent and its WAL proposer report, if the agent answers.
@@ -343,6 +343,17 @@ pub fn start(
             super::keys::public_key(&wd.root).into(),
             "--token-file".into(),
             path.into(),
+        ]);
+    }
+    if super::certs::client(&wd.root)?.is_some() {
+        let host = super::certs::service_tls(&wd.root, HOST);
+        args.extend([
+            "--tls-ca".into(),
+            host.ca.into(),
+            "--tls-cert".into(),
+            host.cert.into(),
+            "--tls-key".into(),
+            host.key.into(),
         ]);
     }
     if let Some(lsn) = read_only_at {

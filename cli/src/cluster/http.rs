@@ -1,10 +1,12 @@
 //! A small JSON-over-HTTP client for the services' APIs, with timeouts,
-//! sending the CLI's management token when the cluster has one.
+//! sending the CLI's management token when the cluster has one, over TLS
+//! with the cluster's CA when it has one.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use strata_service::auth::Token;
+use strata_service::tls::ClientTls;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -57,8 +59,29 @@ fn authorized<B>(request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
     }
 }
 
+/// The TLS of every request of this process, set with the token.
+static TLS: OnceLock<ClientTls> = OnceLock::new();
+
+/// Speaks TLS with `tls`'s trust in every later request (the first call wins).
+pub fn use_tls(tls: ClientTls) {
+    let _ = TLS.set(tls);
+}
+
+/// The scheme of the services' URLs: `https` once TLS is in use.
+pub fn scheme() -> &'static str {
+    if TLS.get().is_some() {
+        "https"
+    } else {
+        "http"
+    }
+}
+
 fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder()
+    let mut config = ureq::Agent::config_builder();
+    if let Some(tls) = TLS.get() {
+        config = config.tls_config(tls.http());
+    }
+    config
         .timeout_global(Some(timeout))
         // Error statuses are answers the callers act on (404: create it, 409: exists).
         .http_status_as_error(false)

@@ -106,7 +106,8 @@ impl Service {
 
     /// Its HTTP API's base URL (every service has one).
     pub fn http_url(&self) -> String {
-        format!("http://{}", self.addr("http").unwrap_or_else(|| format!("{HOST}:0")))
+        let addr = self.addr("http").unwrap_or_else(|| format!("{HOST}:0"));
+        format!("{}://{addr}", super::http::scheme())
     }
 }
 
@@ -197,6 +198,9 @@ impl Workdir {
         // Absolute, so configs and pidfile markers do not depend on the caller's directory.
         let root = fs::canonicalize(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
         super::keys::use_management_token(&root)?;
+        if let Some(tls) = super::certs::client(&root)? {
+            super::http::use_tls(tls);
+        }
         Ok(Workdir { root, cluster })
     }
 
@@ -369,6 +373,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
                 "data_dir": root.join(&name).join("data"),
                 "peers": peers,
                 "auth": super::keys::service_auth(&root),
+                "tls": super::certs::service_tls(&root, HOST),
                 // Completed WAL segments go to the same object storage as the layers.
                 "remote_storage": { "type": "local", "path": root.join(REMOTE_STORAGE_DIR) },
             }),
@@ -397,6 +402,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
             "data_dir": root.join(&name).join("data"),
             "safekeepers": (0..n).map(|i| format!("{HOST}:{}", sk_port(i, 0))).collect::<Vec<_>>(),
             "auth": super::keys::service_auth(&root),
+            "tls": super::certs::service_tls(&root, HOST),
             "pg_bin_dir": args.pg_bin_dir,
             "pg_user": args.pg_user,
             "verify_redo": args.verify_redo,
@@ -437,6 +443,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
     }
     mkdir(&root.join("endpoints"))?;
     super::keys::create(&root)?;
+    super::certs::create(&root, &[HOST])?;
     for (rel, text) in &configs {
         let header = "# Written by `strata init`; ports and paths must match cluster.toml.\n";
         write_atomic(&root.join(rel), &format!("{header}{text}"))?;

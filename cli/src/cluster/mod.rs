@@ -11,6 +11,7 @@
 
 mod args;
 mod branch;
+mod certs;
 mod endpoint;
 mod error;
 mod http;

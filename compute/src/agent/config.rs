@@ -76,8 +76,12 @@ pub struct AgentConfig {
     /// The key callers of the status server must present tokens of
     /// (`docs/security.md`); none: every caller is accepted.
     pub auth_public_key: Option<PathBuf>,
-    /// The tenant token sent to the pageserver.
+    /// The tenant token sent to the pageserver and the safekeepers.
     pub token: Option<strata_service::auth::Token>,
+    /// TLS to the pageserver, with the cluster's CA; none: plaintext.
+    pub tls_client: Option<strata_service::tls::ClientTls>,
+    /// TLS on the status server; none: plaintext (loopback only).
+    pub tls_server: Option<strata_service::tls::ServerTls>,
 }
 
 impl AgentConfig {
@@ -121,6 +125,14 @@ impl AgentConfig {
             lazy_fetch_retry: crate::lazy::source::RETRY_FOR,
             auth_public_key: None,
             token: None,
+            tls_client: None,
+            tls_server: None,
         }
+    }
+
+    /// A client of the pageserver's HTTP API with this compute's token and TLS.
+    pub fn pageserver_client(&self) -> super::pageserver_api::PageserverClient {
+        super::pageserver_api::PageserverClient::new(&self.pageserver_http, self.tls_client.as_ref())
+            .with_token(self.token.clone())
     }
 }

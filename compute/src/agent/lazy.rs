@@ -149,7 +149,7 @@ impl LazyMounts {
             page_service.to_string(),
             cfg.tenant_id,
             cfg.timeline_id,
-            PageClientConfig { token: cfg.token.clone(), ..PageClientConfig::default() },
+            PageClientConfig { token: cfg.token.clone(), tls: cfg.tls_client.clone(), ..PageClientConfig::default() },
         )
         .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))?
         .retry_for(cfg.lazy_fetch_retry);
@@ -170,11 +170,7 @@ impl LazyMounts {
         if floating {
             cache.set_floor(lsn);
         }
-        let (weak, ps, ids) = (
-            Arc::downgrade(&cache),
-            PageserverClient::new(&cfg.pageserver_http).with_token(cfg.token.clone()),
-            (cfg.tenant_id, cfg.timeline_id),
-        );
+        let (weak, ps, ids) = (Arc::downgrade(&cache), cfg.pageserver_client(), (cfg.tenant_id, cfg.timeline_id));
         std::thread::Builder::new()
             .name("lazy-ingest-poll".into())
             .spawn(move || poll_ingested(weak, ps, ids, floating, stop))

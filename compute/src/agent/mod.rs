@@ -121,7 +121,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
     };
     let server = match cfg.http {
         Some(addr) => Some(
-            status::serve(addr, cfg.http_max_connections, status.clone(), verifier)
+            status::serve(addr, cfg.http_max_connections, status.clone(), verifier, cfg.tls_server.clone())
                 .await
                 .map_err(|e| fail("status server", format!("{addr}: {e}")))?,
         ),

@@ -11,6 +11,7 @@ use strata_protocol::api::pageserver::LeaseRequest;
 use strata_protocol::api::ErrorBody;
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::Token;
+use strata_service::tls::ClientTls;
 
 /// Bound on a JSON request (connect, send, receive the whole answer).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,15 +62,20 @@ pub struct PageserverClient {
 }
 
 impl PageserverClient {
-    /// A client of `address` (`host:port`, or a URL starting with `http://`).
-    pub fn new(address: &str) -> PageserverClient {
-        let base = if address.starts_with("http://") { address.to_string() } else { format!("http://{address}") };
-        let json = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(REQUEST_TIMEOUT))
-            .build()
-            .into();
-        let stream = ureq::Agent::config_builder()
+    /// A client of `address` (`host:port`, or a URL starting with
+    /// `http://` or `https://`); over TLS with `tls`'s trust when given.
+    pub fn new(address: &str, tls: Option<&ClientTls>) -> PageserverClient {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let base = if address.contains("://") { address.to_string() } else { format!("{scheme}://{address}") };
+        let config = || {
+            let c = ureq::Agent::config_builder();
+            match tls {
+                Some(tls) => c.tls_config(tls.http()),
+                None => c,
+            }
+        };
+        let json = config().http_status_as_error(false).timeout_global(Some(REQUEST_TIMEOUT)).build().into();
+        let stream = config()
             .http_status_as_error(false)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_send_request(Some(CONNECT_TIMEOUT))
@@ -258,20 +264,20 @@ mod tests {
 
     #[test]
     fn urls() {
-        let c = PageserverClient::new("127.0.0.1:9898");
+        let c = PageserverClient::new("127.0.0.1:9898", None);
         let (t, l) = (TenantId([0x11; 16]), TimelineId([0x22; 16]));
         assert_eq!(
             c.timeline_url(t, l),
             format!("http://127.0.0.1:9898/v1/tenant/{}/timeline/{}", "11".repeat(16), "22".repeat(16))
         );
-        assert_eq!(PageserverClient::new("http://ps:1/").base, "http://ps:1");
+        assert_eq!(PageserverClient::new("http://ps:1/", None).base, "http://ps:1");
     }
 
     #[tokio::test]
     async fn unreachable_is_retried_then_reported() {
         // A port that was free a moment ago: connections are refused.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let client = Arc::new(PageserverClient::new(&format!("127.0.0.1:{port}")));
+        let client = Arc::new(PageserverClient::new(&format!("127.0.0.1:{port}"), None));
         let started = Instant::now();
         let err = timeline_with_retry(&client, TenantId([1; 16]), TimelineId([2; 16]), Duration::from_millis(400))
             .await

@@ -139,9 +139,7 @@ impl Agent {
     ) -> RunEnd {
         let running_since = Instant::now();
         self.now_running(running_since, attempt);
-        let client = std::sync::Arc::new(
-            super::pageserver_api::PageserverClient::new(&self.cfg.pageserver_http).with_token(self.cfg.token.clone()),
-        );
+        let client = std::sync::Arc::new(self.cfg.pageserver_client());
         let mut renew = tokio::time::interval(LEASE_RENEWAL);
         renew.tick().await; // the lease was just taken
         loop {

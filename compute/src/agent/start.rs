@@ -91,7 +91,7 @@ impl Agent {
 
     /// Phases 1 to 6: PostgreSQL runs and accepts connections.
     async fn start(&self, stop: &mut watch::Receiver<bool>, attempt: Attempt) -> StartEnd {
-        let client = Arc::new(PageserverClient::new(&self.cfg.pageserver_http).with_token(self.cfg.token.clone()));
+        let client = Arc::new(self.cfg.pageserver_client());
         info!(
             tenant = %self.cfg.tenant_id, timeline = %self.cfg.timeline_id, pgdata = %self.pgdata.display(),
             port = self.cfg.pg_port, restart = attempt.is_restart(), "starting a compute"

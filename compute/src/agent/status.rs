@@ -261,6 +261,7 @@ pub async fn serve(
     max_connections: usize,
     handle: StatusHandle,
     auth: Option<Arc<Verifier>>,
+    tls: Option<strata_service::tls::ServerTls>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let auth = auth.map(|v| HttpAuth::new(v, handle.refusals.clone()));
     let listener = strata_service::listener::listen(addr)?;
@@ -269,7 +270,8 @@ pub async fn serve(
         handshake_timeout: std::time::Duration::from_secs(10),
     };
     let listener =
-        strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &handle.listeners);
+        strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &handle.listeners)
+            .with_tls(tls);
     Ok(tokio::spawn(strata_service::http::serve(listener, router(handle, auth.as_ref()), Default::default())))
 }
 

@@ -32,8 +32,14 @@ pub async fn run(shared: Arc<Shared>) {
 }
 
 async fn poll(shared: Arc<Shared>, peer: Peer) {
-    let url = format!("http://{}/v1/positions", peer.http.as_deref().expect("filtered on"));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+    // Peers are configured alike: TLS here means TLS there.
+    let scheme = if shared.tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}/v1/positions", peer.http.as_deref().expect("filtered on"));
+    let mut agent = ureq::Agent::config_builder();
+    if let Some(tls) = &shared.tls {
+        agent = agent.tls_config(tls.http());
+    }
+    let agent: ureq::Agent = agent
         .timeout_global(Some(TIMEOUT))
         .http_status_as_error(true)
         // Peers are addressed directly: a proxy from the environment must not be used.

@@ -1,0 +1,92 @@
+"""TLS on a running local cluster (docs/security.md, "TLS"): every listener
+that has it presents a certificate of the cluster's own CA naming its
+address, a client that trusts another CA refuses it, and a plaintext
+request gets no answer; and nothing of the cluster listens beyond loopback
+without both TLS and tokens."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+import subprocess
+
+import pytest
+
+from fixtures.endpoint import Endpoint
+from fixtures.strata import tls_context
+
+
+def handshake(port: int, context: ssl.SSLContext) -> dict:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            return s.getpeercert()
+
+
+def plaintext_answer(port: int) -> bytes:
+    """What a plaintext HTTP request gets back (until the server closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = b""
+        try:
+            while chunk := s.recv(4096):
+                out += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+        return out
+
+
+def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory):
+    c = cluster_factory()
+    other = cluster_factory(start=False)  # another cluster: another CA
+    ep = Endpoint(c, "main")
+    ep.start()
+    ours, theirs = tls_context(c.ca), tls_context(other.ca)
+    listeners = [(s["name"], role, port) for s in c.cluster_toml["services"] for role, port in s["ports"].items()
+                 if role == "http" or (s["name"] == "pageserver" and role == "pg")]
+    listeners.append(("agent", "http", ep.http_port))
+    assert len(listeners) == 6, listeners
+    for name, role, port in listeners:
+        cert = handshake(port, ours)
+        assert ("IP Address", "127.0.0.1") in cert["subjectAltName"], (name, role, cert)
+        assert dict(x[0] for x in cert["issuer"])["commonName"] == "Strata cluster CA", cert
+        with pytest.raises(ssl.SSLCertVerificationError):
+            handshake(port, theirs)
+        answer = plaintext_answer(port)
+        assert not answer.startswith(b"HTTP/"), (name, role, answer[:80])
+    # The cluster still works over its TLS links.
+    ep.sql("CREATE TABLE t AS SELECT generate_series(1, 1000) AS x")
+    assert ep.sql("SELECT count(*) FROM t") == [(1000,)]
+
+
+def test_nothing_listens_beyond_loopback_without_tls_and_tokens(cluster_factory):
+    """Every listening socket on a port of the cluster (its services, the
+    agent, the compute's PostgreSQL) binds loopback, unless its listener
+    has both TLS and tokens; and a service configured to listen beyond
+    loopback without them refuses to start, naming the key."""
+    c = cluster_factory()
+    ep = Endpoint(c, "main")
+    ep.start()
+    ports = {port for s in c.cluster_toml["services"] for port in s["ports"].values()}
+    ports.add(ep.http_port)
+    ports.add(int(ep.connstr.rsplit(":", 1)[1].split("/")[0]))
+    lines = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True).stdout.splitlines()
+    seen = set()
+    for line in lines:
+        local = line.split()[3]
+        host, port = local.rsplit(":", 1)
+        if int(port) in ports:
+            seen.add(int(port))
+            assert ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback, line
+    assert seen == ports, (sorted(ports), sorted(seen))
+
+    # A safekeeper told to listen on every address, without TLS on its
+    # protocol listener, does not start.
+    config = c.workdir / "sk1" / "safekeeper.toml"
+    text = config.read_text()
+    listen = next(l for l in text.splitlines() if l.startswith("listen ="))
+    exposed = config.with_name("exposed.toml")
+    exposed.write_text(text.replace(listen, 'listen = "0.0.0.0:1"'))
+    r = subprocess.run([str(c.strata_bin), "safekeeper", "--config", str(exposed)], capture_output=True, text=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "listen: 0.0.0.0:1 is beyond loopback" in r.stderr and "no TLS" in r.stderr, r.stderr
