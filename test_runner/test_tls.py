@@ -42,10 +42,11 @@ def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory):
     ep = Endpoint(c, "main")
     ep.start()
     ours, theirs = tls_context(c.ca), tls_context(other.ca)
+    # Every listener but the safekeepers' PostgreSQL-protocol service.
     listeners = [(s["name"], role, port) for s in c.cluster_toml["services"] for role, port in s["ports"].items()
-                 if role == "http" or (s["name"] == "pageserver" and role == "pg")]
+                 if not (s["name"].startswith("sk") and role == "pg")]
     listeners.append(("agent", "http", ep.http_port))
-    assert len(listeners) == 6, listeners
+    assert len(listeners) == 9, listeners
     for name, role, port in listeners:
         cert = handshake(port, ours)
         assert ("IP Address", "127.0.0.1") in cert["subjectAltName"], (name, role, cert)
@@ -80,13 +81,19 @@ def test_nothing_listens_beyond_loopback_without_tls_and_tokens(cluster_factory)
             assert ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback, line
     assert seen == ports, (sorted(ports), sorted(seen))
 
-    # A safekeeper told to listen on every address, without TLS on its
-    # protocol listener, does not start.
+    # A safekeeper told to listen on every address with its PostgreSQL-
+    # protocol service (which has no TLS) does not start; without `[auth]`,
+    # neither does one with its HTTP API there.
     config = c.workdir / "sk1" / "safekeeper.toml"
     text = config.read_text()
-    listen = next(l for l in text.splitlines() if l.startswith("listen ="))
     exposed = config.with_name("exposed.toml")
-    exposed.write_text(text.replace(listen, 'listen = "0.0.0.0:1"'))
-    r = subprocess.run([str(c.strata_bin), "safekeeper", "--config", str(exposed)], capture_output=True, text=True,
-                       timeout=30, stdin=subprocess.DEVNULL)
-    assert r.returncode != 0 and "listen: 0.0.0.0:1 is beyond loopback" in r.stderr and "no TLS" in r.stderr, r.stderr
+    for key, drop_auth, words in [("listen_pg", False, "no TLS"), ("listen_http", True, "no tokens")]:
+        line = next(l for l in text.splitlines() if l.startswith(f"{key} ="))
+        changed = text.replace(line, f'{key} = "0.0.0.0:1"')
+        if drop_auth:
+            changed = changed.split("[auth]")[0] + "[tls]" + changed.split("[tls]")[1]
+        exposed.write_text(changed)
+        r = subprocess.run([str(c.strata_bin), "safekeeper", "--config", str(exposed)], capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert r.returncode != 0 and f"{key}: 0.0.0.0:1 is beyond loopback" in r.stderr and words in r.stderr, \
+            (key, r.stderr)

@@ -145,10 +145,6 @@ pub struct StartArgs {
     /// a token signed by it (`docs/security.md`).
     #[arg(long, value_name = "PEM")]
     auth_public_key: Option<std::path::PathBuf>,
-    /// The cluster CA's certificate: the pageserver is reached over TLS and
-    /// must present a certificate it issued.
-    #[arg(long, value_name = "PEM")]
-    tls_ca: Option<std::path::PathBuf>,
     /// This host's certificate and key: the status server speaks TLS.
     #[arg(long, value_name = "PEM", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
@@ -169,12 +165,21 @@ pub struct TimelineArgs {
     /// safekeepers and the pageserver (`docs/security.md`).
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// The cluster CA's certificate: the safekeepers (and the pageserver)
+    /// are reached over TLS and must present certificates it issued.
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<std::path::PathBuf>,
 }
 
 impl TimelineArgs {
     /// The token of `--token-file`, if given.
     fn token(&self) -> Result<Option<Token>, String> {
         self.token_file.as_deref().map(read_token).transpose().map_err(|e| e.to_string())
+    }
+
+    /// The trust of `--tls-ca`, if given.
+    fn tls(&self) -> Result<Option<ClientTls>, String> {
+        self.tls_ca.as_deref().map(ClientTls::load).transpose().map_err(|e| e.to_string())
     }
 }
 
@@ -212,8 +217,10 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
                 wal_segment_size,
             };
             let token = timeline.token().map_err(proposer::ProposerError::Other)?;
+            let tls = timeline.tls().map_err(proposer::ProposerError::Other)?;
             let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
             cfg.token = token;
+            cfg.tls = tls;
             let end = proposer::sync_safekeepers(cfg).await?;
             println!("{end}");
             Ok::<(), proposer::ProposerError>(())
@@ -231,6 +238,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             auth_public_key,
         } => {
             let token = timeline.token().map_err(proposer::ProposerError::Other)?;
+            let tls = timeline.tls().map_err(proposer::ProposerError::Other)?;
             let auth = match auth_public_key {
                 Some(path) => Some(Arc::new(Verifier::load(&path).map_err(|e| ProposerError::Other(e.to_string()))?)),
                 None if http.is_some() => {
@@ -261,6 +269,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             }
             let mut cfg = ProposerConfig::new(timeline.safekeepers, identity);
             cfg.token = token;
+            cfg.tls = tls;
             cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
             cfg.max_consumer_lag_bytes = (max_consumer_lag_mb > 0).then_some(max_consumer_lag_mb << 20);
             proposer::on_own_thread(move || proposer::run(cfg, pg, Some(slot), status)).await
@@ -271,6 +280,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
 /// `strata compute start`: runs in the foreground until stopped.
 async fn start(args: StartArgs) -> Result<(), String> {
     let token = args.timeline.token()?;
+    let tls_client = args.timeline.tls()?;
     let mut cfg = agent::AgentConfig::new(
         args.pgdata,
         args.pg_port,
@@ -296,7 +306,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.lazy_fetch_retry = Duration::from_secs(args.lazy_fetch_retry_secs);
     cfg.token = token;
     cfg.auth_public_key = args.auth_public_key;
-    cfg.tls_client = args.tls_ca.as_deref().map(ClientTls::load).transpose().map_err(|e| e.to_string())?;
+    cfg.tls_client = tls_client;
     cfg.tls_server = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(ServerTls::load(cert, key).map_err(|e| e.to_string())?),
         _ => None,

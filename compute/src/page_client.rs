@@ -347,7 +347,13 @@ impl PageClient {
         what: &'static str,
         limit: Duration,
     ) -> Result<(), PageClientError> {
-        let result = match tokio::time::timeout_at(deadline, self.stream.get_mut().write_all(&self.out)).await {
+        let stream = self.stream.get_mut();
+        let write = async {
+            stream.write_all(&self.out).await?;
+            // TLS may hold written bytes back until flushed.
+            stream.flush().await
+        };
+        let result = match tokio::time::timeout_at(deadline, write).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(PageClientError::Io(e)),
             Err(_) => Err(PageClientError::Timeout { what, after: limit }),

@@ -29,7 +29,8 @@ use strata_protocol::safekeeper::{
 use strata_protocol::{NodeId, Token};
 
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
-use crate::safekeeper_link::{run_link, LinkEvent};
+use crate::safekeeper_link::{run_link, LinkEvent, Target};
+use strata_service::tls::ClientTls;
 
 /// How long a commit LSN waits for WAL to carry it to the safekeepers
 /// before it is sent on its own. Only the WAL's consumers (which read
@@ -55,6 +56,8 @@ pub struct ProposerConfig {
     /// The token sent in every greeting and WAL request (a tenant or
     /// service token; never logged).
     pub token: Option<Token>,
+    /// TLS to the safekeepers, with the cluster's CA; none: plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 impl ProposerConfig {
@@ -68,6 +71,7 @@ impl ProposerConfig {
             max_in_flight_bytes: 16 << 20,
             max_consumer_lag_bytes: None,
             token: None,
+            tls: None,
         }
     }
 }
@@ -242,7 +246,7 @@ impl Core {
             let (tx, rx) = mpsc::channel(256);
             self.link_tasks.push(tokio::spawn(run_link(
                 i,
-                address.clone(),
+                Target { address: address.clone(), tls: self.cfg.tls.clone() },
                 greeting.clone(),
                 ev_tx.clone(),
                 rx,
@@ -701,17 +705,9 @@ async fn elect_and_sync(mut core: Core) -> Result<Core, ProposerError> {
     if min_start < epoch.start_lsn {
         let donor = core.votes[epoch.donor].0;
         let address = core.links[donor].address.clone();
-        let (_, wal) = crate::wal_fetch::fetch_wal(
-            &address,
-            core.cfg.timeline.tenant_id,
-            core.cfg.timeline.timeline_id,
-            min_start,
-            epoch.start_lsn,
-            core.cfg.timeout,
-            &core.cfg.token,
-        )
-        .await
-        .map_err(ProposerError::Other)?;
+        let (_, wal) = crate::wal_fetch::fetch_wal(&address, &core.cfg, min_start, epoch.start_lsn)
+            .await
+            .map_err(ProposerError::Other)?;
         buffer.bytes.extend(wal);
         buffer.complete_end = epoch.start_lsn;
     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use strata_service::tls::{ClientTls, Stream};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -47,10 +47,18 @@ const IDLE_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longest wait between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// Where a link connects: a safekeeper's protocol address, over TLS with
+/// the cluster's CA when given.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub address: String,
+    pub tls: Option<ClientTls>,
+}
+
 /// Runs a link forever (until the core drops its channels).
 pub async fn run_link(
     link: usize,
-    address: String,
+    target: Target,
     greeting: ProposerGreeting,
     events: mpsc::Sender<LinkEvent>,
     mut commands: mpsc::Receiver<(u64, LinkCommand)>,
@@ -60,7 +68,7 @@ pub async fn run_link(
     let mut backoff = Duration::from_millis(50);
     loop {
         session += 1;
-        let result = session_loop(link, session, &address, &greeting, &events, &mut commands, timeout).await;
+        let result = session_loop(link, session, &target, &greeting, &events, &mut commands, timeout).await;
         let reason = match result {
             Ok(()) => return, // the core is gone
             Err(e) => e,
@@ -68,7 +76,7 @@ pub async fn run_link(
         if events.send(LinkEvent::Disconnected { link, session, reason: reason.clone() }).await.is_err() {
             return;
         }
-        warn!(safekeeper = %address, "connection lost: {reason}; retrying in {backoff:?}");
+        warn!(safekeeper = %target.address, "connection lost: {reason}; retrying in {backoff:?}");
         // Drop commands meant for the dead session.
         while commands.try_recv().is_ok() {}
         tokio::time::sleep(backoff).await;
@@ -82,18 +90,18 @@ pub async fn run_link(
 async fn session_loop(
     link: usize,
     session: u64,
-    address: &str,
+    target: &Target,
     greeting: &ProposerGreeting,
     events: &mpsc::Sender<LinkEvent>,
     commands: &mut mpsc::Receiver<(u64, LinkCommand)>,
     timeout: Duration,
 ) -> Result<(), String> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+    let address = target.address.as_str();
+    let stream = tokio::time::timeout(timeout, Stream::connect(address, target.tls.as_ref()))
         .await
         .map_err(|_| format!("connecting timed out after {timeout:?}"))?
         .map_err(|e| format!("connecting: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let (r, mut w) = stream.into_split();
+    let (r, mut w) = tokio::io::split(stream);
     let mut frames = FrameReader::new(r, codec::MAX_FRAME_SIZE);
     let mut out = Vec::new();
     codec::encode_proposer(&ProposerMessage::Greeting(greeting.clone()), &mut out);

@@ -1,31 +1,28 @@
 //! Fetching WAL from one safekeeper over the consumer protocol — used by the
 //! proposer to get the donor's WAL that lagging acceptors lack.
 
-use std::time::Duration;
+use strata_service::tls::Stream;
 
-use tokio::net::TcpStream;
-
+use crate::proposer::ProposerConfig;
 use strata_formats::Lsn;
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, StreamStart, PROTOCOL_VERSION};
-use strata_protocol::{TenantId, TimelineId, Token};
 
-/// Reads `[from, to)` of a timeline's WAL (including uncommitted WAL) from `address`.
+/// Reads `[from, to)` of the proposer's timeline's WAL (including
+/// uncommitted WAL) from `address`, with the proposer's timeout, token and TLS.
 pub async fn fetch_wal(
     address: &str,
-    tenant_id: TenantId,
-    timeline_id: TimelineId,
+    cfg: &ProposerConfig,
     from: Lsn,
     to: Lsn,
-    timeout: Duration,
-    token: &Option<Token>,
 ) -> Result<(StreamStart, Vec<u8>), String> {
+    let (timeout, tls) = (cfg.timeout, cfg.tls.as_ref());
     let len = to.0.checked_sub(from.0).ok_or("empty range")? as usize;
     if len > 1 << 30 {
         return Err(format!("{len} bytes of WAL to fetch; more than the proposer buffers (1 GiB)"));
     }
-    let mut s = tokio::time::timeout(timeout, TcpStream::connect(address))
+    let mut s = tokio::time::timeout(timeout, Stream::connect(address, tls))
         .await
         .map_err(|_| format!("{address}: connect timed out"))?
         .map_err(|e| format!("{address}: {e}"))?;
@@ -33,13 +30,13 @@ pub async fn fetch_wal(
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {
             protocol_version: PROTOCOL_VERSION,
-            tenant_id,
-            timeline_id,
+            tenant_id: cfg.timeline.tenant_id,
+            timeline_id: cfg.timeline.timeline_id,
             start_lsn: from,
             stop_lsn: to,
             include_uncommitted: true,
             consumer_id: "proposer-recovery".into(),
-            token: token.clone(),
+            token: cfg.token.clone(),
         }),
         &mut out,
     );

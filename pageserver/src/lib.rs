@@ -86,6 +86,8 @@ pub async fn serve(
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let listener_metrics = metrics.listener_metrics();
     let tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
+    // TLS to the safekeepers, with the same CA.
+    let client_tls = config.tls.as_ref().map(|t| t.client()).transpose()?;
     let page = Listener::new("page", page, limits(config.max_connections), page_service::refusal, &listener_metrics)
         .with_tls(tls.clone());
     let http = Listener::new(
@@ -116,7 +118,7 @@ pub async fn serve(
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
-        move || tenants::Tenants::load(conf, resources, remote, token)
+        move || tenants::Tenants::load(conf, resources, remote, token, client_tls)
     })
     .await
     .map_err(|e| StartError::Task(e.to_string()))??;

@@ -183,6 +183,7 @@ impl Tenants {
         resources: TimelineResources,
         remote: Option<Arc<Remote>>,
         token: Option<Token>,
+        tls: Option<strata_service::tls::ClientTls>,
     ) -> Result<Arc<Tenants>, LoadError> {
         let mut generations = HashMap::new();
         if let Some(r) = &remote {
@@ -193,7 +194,7 @@ impl Tenants {
             })?;
             generations = a.tenants.iter().map(|(t, at)| (*t, at.generation)).collect();
         }
-        let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), token };
+        let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), token, tls };
         let tenants = Arc::new(Tenants {
             conf,
             wal_sources,

@@ -30,6 +30,7 @@ use strata_protocol::safekeeper::{
 };
 use strata_protocol::Token;
 use strata_service::panic_message;
+use strata_service::tls::{BlockingStream, ClientTls};
 use tracing::{info, warn};
 
 use crate::ingest::{IngestError, WalIngest};
@@ -70,12 +71,14 @@ pub struct SpawnError {
     pub source: std::io::Error,
 }
 
-/// Where a timeline's WAL comes from: the safekeepers' addresses, and the
-/// token that lets this pageserver read from them (never logged).
+/// Where a timeline's WAL comes from: the safekeepers' addresses, the
+/// token that lets this pageserver read from them (never logged), and TLS
+/// with the cluster's CA (none: plaintext).
 #[derive(Clone, Debug, Default)]
 pub struct WalSources {
     pub safekeepers: Vec<String>,
     pub token: Option<Token>,
+    pub tls: Option<ClientTls>,
 }
 
 /// Handle to a running receiver.
@@ -287,7 +290,7 @@ fn connect_best(
     let mut best: Option<(String, OpenStream, Lsn)> = None;
     let mut failures = Vec::new();
     for addr in &sources.safekeepers {
-        match open_stream(tl, addr, &sources.token, start) {
+        match open_stream(tl, addr, sources, start) {
             Ok(s) => {
                 let commit = s.commit;
                 if best.as_ref().is_none_or(|b| commit > b.2) {
@@ -308,16 +311,21 @@ fn connect_best(
 /// An open stream: its frames (the socket, with bytes of the next frames
 /// already read with the first message) and the safekeeper's commit LSN.
 struct OpenStream {
-    frames: FrameReader<TcpStream>,
+    frames: FrameReader<BlockingStream>,
     commit: Lsn,
 }
 
-fn open_stream(tl: &Timeline, addr: &str, token: &Option<Token>, start: Lsn) -> Result<OpenStream, LinkError> {
+fn open_stream(tl: &Timeline, addr: &str, sources: &WalSources, start: Lsn) -> Result<OpenStream, LinkError> {
     let sockaddr = addr.to_socket_addrs()?.next().ok_or(LinkError::NoAddress)?;
-    let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)?;
-    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
-    stream.set_write_timeout(Some(READ_TIMEOUT))?;
-    stream.set_nodelay(true)?;
+    let tcp = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)?;
+    // The TLS handshake runs under these timeouts too, with the first write.
+    tcp.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    tcp.set_write_timeout(Some(READ_TIMEOUT))?;
+    tcp.set_nodelay(true)?;
+    let mut stream = match &sources.tls {
+        Some(tls) => tls.connect_blocking(strata_service::tls::host_of(addr), tcp)?,
+        None => BlockingStream::Plain(tcp),
+    };
     let mut out = Vec::new();
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {
@@ -328,11 +336,12 @@ fn open_stream(tl: &Timeline, addr: &str, token: &Option<Token>, start: Lsn) -> 
             stop_lsn: Lsn::INVALID,
             include_uncommitted: false,
             consumer_id: format!("pageserver/{}", tl.timeline_id),
-            token: token.clone(),
+            token: sources.token.clone(),
         }),
         &mut out,
     );
     stream.write_all(&out)?;
+    stream.flush()?;
     let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
     match read_message(&mut frames)? {
         StreamMessage::Start(s) => {
@@ -340,7 +349,7 @@ fn open_stream(tl: &Timeline, addr: &str, token: &Option<Token>, start: Lsn) -> 
             if s.timeline.system_id != meta.system_id {
                 return Err(LinkError::SystemId { got: s.timeline.system_id, want: meta.system_id });
             }
-            frames.get_ref().set_read_timeout(Some(POLL))?;
+            frames.get_ref().tcp().set_read_timeout(Some(POLL))?;
             Ok(OpenStream { frames, commit: s.commit_lsn })
         }
         StreamMessage::Error(e) => Err(refusal(e.code, e.message)),
@@ -445,13 +454,13 @@ fn read_offloaded(
 
 /// Reads one stream message (bounded by the socket's read timeout, the
 /// connection's first one).
-fn read_message(frames: &mut FrameReader<TcpStream>) -> Result<StreamMessage, LinkError> {
+fn read_message(frames: &mut FrameReader<BlockingStream>) -> Result<StreamMessage, LinkError> {
     poll_message(frames)?.ok_or(LinkError::NoAnswer(CONNECT_TIMEOUT))
 }
 
 /// The next stream message, or `None` if none came within the socket's read
 /// timeout (what was read of a message stays buffered for the next call).
-fn poll_message(frames: &mut FrameReader<TcpStream>) -> Result<Option<StreamMessage>, LinkError> {
+fn poll_message(frames: &mut FrameReader<BlockingStream>) -> Result<Option<StreamMessage>, LinkError> {
     match frames.read_frame_blocking() {
         Ok(frame) => Ok(Some(codec::decode_stream(frame)?)),
         Err(FrameError::Timeout(_)) => Ok(None),
@@ -462,7 +471,7 @@ fn poll_message(frames: &mut FrameReader<TcpStream>) -> Result<Option<StreamMess
 /// Whether a safekeeper other than `current` has committed WAL beyond `lsn`.
 fn other_has_more(tl: &Timeline, sources: &WalSources, current: &str, lsn: Lsn) -> Option<(String, Lsn)> {
     let others = sources.safekeepers.iter().filter(|a| a.as_str() != current);
-    others.into_iter().find_map(|addr| match open_stream(tl, addr, &sources.token, lsn) {
+    others.into_iter().find_map(|addr| match open_stream(tl, addr, sources, lsn) {
         Ok(s) if s.commit > lsn => Some((addr.clone(), s.commit)),
         _ => None,
     })
@@ -507,7 +516,7 @@ fn stream_wal(
             let remote_consistent_lsn = tl.remote_consistent_lsn().unwrap_or(Lsn::INVALID);
             let feedback = ConsumerFeedback { applied_lsn, remote_consistent_lsn };
             codec::encode_consumer(&ConsumerMessage::Feedback(feedback), &mut out);
-            frames.get_mut().write_all(&out).map_err(LinkError::from)?;
+            frames.get_mut().write_all(&out).and_then(|()| frames.get_mut().flush()).map_err(LinkError::from)?;
             last_feedback = Instant::now();
         }
         if tl.should_freeze(MAX_LAYER_AGE) {

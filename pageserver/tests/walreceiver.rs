@@ -157,7 +157,7 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
     let other = fake_safekeeper(identity, bytes, first, stop.clone());
     let receiver = WalReceiver::spawn(
         tl.clone(),
-        WalSources { safekeepers: vec![silent.addr.clone(), other.addr.clone()], token: None },
+        WalSources { safekeepers: vec![silent.addr.clone(), other.addr.clone()], token: None, tls: None },
     )
     .unwrap();
 

@@ -180,9 +180,14 @@ impl<R> FrameReader<R> {
     }
 }
 
-/// Writes all of `bytes`, waiting at most `timeout` for the peer to take them.
+/// Writes all of `bytes` and flushes them (a TLS stream may hold written
+/// bytes back until flushed), waiting at most `timeout` for the peer to take them.
 pub async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8], timeout: Duration) -> Result<(), FrameError> {
-    tokio::time::timeout(timeout, w.write_all(bytes)).await.map_err(|_| FrameError::WriteTimeout(timeout))??;
+    let write = async {
+        w.write_all(bytes).await?;
+        w.flush().await
+    };
+    tokio::time::timeout(timeout, write).await.map_err(|_| FrameError::WriteTimeout(timeout))??;
     Ok(())
 }
 
@@ -208,7 +213,7 @@ pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
             }
             std::io::IoSlice::advance_slices(&mut rest, n);
         }
-        Ok(())
+        w.flush().await
     };
     tokio::time::timeout(timeout, write).await.map_err(|_| FrameError::WriteTimeout(timeout))??;
     Ok(())

@@ -36,9 +36,10 @@ pub struct SafekeeperConfig {
     /// accepted, which `strata init` never writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<strata_service::auth::AuthConfig>,
-    /// TLS on the HTTP API (`docs/security.md`); without it the listeners
-    /// must be on loopback. The safekeeper protocol and the PostgreSQL-
-    /// protocol service have no TLS yet and must be on loopback anyway.
+    /// TLS on the safekeeper protocol and the HTTP API, and to peers
+    /// (`docs/security.md`); without it the listeners must be on loopback.
+    /// The PostgreSQL-protocol service has no TLS yet and must be on
+    /// loopback anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<strata_service::tls::TlsConfig>,
     /// fsync WAL and control files. Turning it off loses acknowledged WAL on a power failure.
@@ -138,7 +139,7 @@ impl SafekeeperConfig {
             return Err(ConfigError { key: "peers", message: format!("lists this safekeeper's own id {}", self.id) });
         }
         let auth = self.auth.is_some();
-        check_exposure("listen", self.listen, Protection { tls: false, auth })?;
+        check_exposure("listen", self.listen, Protection { tls: self.tls.is_some(), auth })?;
         check_exposure("listen_http", self.listen_http, Protection { tls: self.tls.is_some(), auth })?;
         if let Some(addr) = self.listen_pg {
             check_exposure("listen_pg", addr, Protection { tls: false, auth })?;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use strata_service::tls::Stream;
+use tokio::io::{ReadHalf, WriteHalf};
 
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec::{self, CodecError};
@@ -19,6 +19,8 @@ pub enum ConnectionError {
     Codec(#[from] CodecError),
     #[error("no greeting within {0:?}")]
     Handshake(Duration),
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
     #[error("reading WAL: {0}")]
     Wal(#[from] std::io::Error),
 }
@@ -31,19 +33,20 @@ impl ConnectionError {
 }
 
 /// Reader of frames of this protocol.
-pub type Frames = FrameReader<OwnedReadHalf>;
+pub type Frames = FrameReader<ReadHalf<Stream>>;
+/// The writing half of a connection.
+pub type Writer = WriteHalf<Stream>;
 
 /// Buffered reader and writer of frames.
 pub struct Connection {
     reader: Frames,
-    writer: OwnedWriteHalf,
+    writer: Writer,
     out: Vec<u8>,
 }
 
 impl Connection {
-    pub fn new(stream: TcpStream) -> Connection {
-        let _ = stream.set_nodelay(true);
-        let (r, w) = stream.into_split();
+    pub fn new(stream: Stream) -> Connection {
+        let (r, w) = tokio::io::split(stream);
         Connection { reader: FrameReader::new(r, codec::MAX_FRAME_SIZE), writer: w, out: Vec::with_capacity(1 << 12) }
     }
 
@@ -74,7 +77,7 @@ impl Connection {
 
     /// Splits into the reader of frames and the writer (consumers read
     /// feedback while WAL is sent).
-    pub fn into_split(self) -> (Frames, OwnedWriteHalf) {
+    pub fn into_split(self) -> (Frames, Writer) {
         (self.reader, self.writer)
     }
 }

@@ -88,7 +88,8 @@ pub async fn serve(
         None => (None, None),
     };
     let protocol =
-        Listener::new("protocol", listener, limits(config.max_connections), server::refusal, &listener_metrics);
+        Listener::new("protocol", listener, limits(config.max_connections), server::refusal, &listener_metrics)
+            .with_tls(server_tls.clone());
     let http = Listener::new(
         "http",
         http,

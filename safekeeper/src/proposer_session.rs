@@ -10,7 +10,6 @@
 //! compute, and the connection limit bounds the rest.
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
@@ -18,6 +17,7 @@ use tracing::{info, warn};
 use strata_protocol::framed::{FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{AcceptorMessage, ErrorCode, ErrorMessage, ProposerMessage};
+use strata_service::tls::BlockingStream;
 
 use crate::acceptor::AcceptorError;
 use crate::connection::ConnectionError;
@@ -27,10 +27,10 @@ use crate::timeline::{AcceptorCallError, Timeline};
 /// Most appends written before one flush (bounds the latency of the first).
 pub const MAX_APPENDS_PER_FLUSH: usize = 256;
 
-/// The blocking connection: frames in, encoded replies out.
+/// The blocking connection: frames in, encoded replies out (through the
+/// same stream: a TLS connection cannot be split).
 struct Session {
-    frames: FrameReader<TcpStream>,
-    writer: TcpStream,
+    frames: FrameReader<BlockingStream>,
     out: Vec<u8>,
     idle_timeout: Duration,
     send_timeout: Duration,
@@ -47,7 +47,7 @@ impl Session {
     }
 
     fn send(&mut self) -> Result<(), ConnectionError> {
-        let result = self.writer.write_all(&self.out);
+        let result = self.frames.get_mut().write_all(&self.out).and_then(|()| self.frames.get_mut().flush());
         self.out.clear();
         result.map_err(|e| match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
@@ -68,7 +68,7 @@ impl Session {
 /// bytes read past its greeting) until it goes away or must be refused.
 /// Blocks the calling thread: run it on a thread of its own.
 pub fn serve(
-    stream: TcpStream,
+    stream: BlockingStream,
     buffered: Vec<u8>,
     shared: &Shared,
     timeline: &Timeline,
@@ -76,14 +76,13 @@ pub fn serve(
     send_timeout: Duration,
 ) -> Result<(), ConnectionError> {
     let io = |e: std::io::Error| ConnectionError::Frame(FrameError::Io(e));
-    stream.set_nonblocking(false).map_err(io)?;
-    stream.set_read_timeout(Some(shared.config.idle_timeout)).map_err(io)?;
-    stream.set_write_timeout(Some(send_timeout)).map_err(io)?;
-    let reader = stream.try_clone().map_err(io)?;
-    let _registration = timeline.register_proposer(stream.try_clone().map_err(io)?);
+    let tcp = stream.tcp();
+    tcp.set_nonblocking(false).map_err(io)?;
+    tcp.set_read_timeout(Some(shared.config.idle_timeout)).map_err(io)?;
+    tcp.set_write_timeout(Some(send_timeout)).map_err(io)?;
+    let _registration = timeline.register_proposer(tcp.try_clone().map_err(io)?);
     let mut session = Session {
-        frames: FrameReader::with_buffered(reader, buffered, codec::MAX_FRAME_SIZE),
-        writer: stream,
+        frames: FrameReader::with_buffered(stream, buffered, codec::MAX_FRAME_SIZE),
         out: Vec::with_capacity(1 << 12),
         idle_timeout: shared.config.idle_timeout,
         send_timeout,

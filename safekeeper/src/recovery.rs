@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::net::TcpStream;
+use strata_service::tls::{ClientTls, Stream};
 use tracing::{info, warn};
 
 use strata_formats::Lsn;
@@ -150,7 +150,7 @@ async fn worker(shared: Arc<Shared>, peer: Peer, in_recovery: Arc<InRecovery>) {
 
 /// A stream of the peer's committed WAL of one timeline.
 struct PeerStream {
-    frames: FrameReader<TcpStream>,
+    frames: FrameReader<Stream>,
     idle_timeout: Duration,
 }
 
@@ -162,8 +162,9 @@ impl PeerStream {
         me: String,
         idle: Duration,
         token: Option<Token>,
+        tls: Option<&ClientTls>,
     ) -> Result<PeerStream, RecoveryError> {
-        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, Stream::connect(address, tls))
             .await
             .map_err(|_| RecoveryError::Connect(format!("no connection within {CONNECT_TIMEOUT:?}")))?
             .map_err(|e| RecoveryError::Connect(e.to_string()))?;
@@ -208,8 +209,16 @@ async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, peer: &Peer) ->
         .map_or(Lsn(0), |(_, p)| p.removed_before);
     let offloaded = shared.remote.as_ref().filter(|_| peer_from > mine.flush_lsn);
     let stream_from = if offloaded.is_some() { peer_from } else { mine.flush_lsn };
-    let mut stream =
-        PeerStream::open(address, timeline, stream_from, me, shared.config.idle_timeout, shared.token.clone()).await?;
+    let mut stream = PeerStream::open(
+        address,
+        timeline,
+        stream_from,
+        me,
+        shared.config.idle_timeout,
+        shared.token.clone(),
+        shared.tls.as_ref(),
+    )
+    .await?;
     let (until, history): (Lsn, TermHistory) = match stream.next(CONNECT_TIMEOUT).await? {
         StreamMessage::Start(start) => {
             if start.timeline != timeline.identity {

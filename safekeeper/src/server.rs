@@ -20,7 +20,7 @@ use strata_protocol::safekeeper::{
 };
 
 use crate::acceptor::AcceptorError;
-use crate::connection::{Connection, ConnectionError, Frames};
+use crate::connection::{Connection, ConnectionError, Frames, Writer};
 use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, ConsumerStatus, Timeline};
 use crate::wal_reader::{WalReader, RECENT_WAL_BYTES};
@@ -72,7 +72,7 @@ enum First {
 }
 
 async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Result<(), ConnectionError> {
-    let (stream, slot) = accepted.into_plain();
+    let (stream, slot) = accepted.secure().await.map_err(ConnectionError::Tls)?;
     let mut conn = Connection::new(stream);
     let limit = shared.config.handshake_timeout;
     let frame = match tokio::time::timeout_at(slot.handshake_deadline(), conn.read_frame(limit)).await {
@@ -190,11 +190,9 @@ async fn proposer_loop(
     let io = |e: std::io::Error| ConnectionError::Frame(framed::FrameError::Io(e));
     let (frames, writer) = conn.into_split();
     let (reader, buffered) = frames.into_parts();
-    let stream = reader
-        .reunite(writer)
-        .map_err(|_| io(std::io::Error::other("the halves of one connection did not reunite")))?
-        .into_std()
-        .map_err(io)?;
+    // The session runs on a thread of its own with blocking I/O, in TLS
+    // too: the connection's TLS state goes with it.
+    let stream = strata_service::tls::BlockingStream::from_async(reader.unsplit(writer)).map_err(io)?;
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let (shared, timeline) = (shared.clone(), timeline.clone());
     let span = tracing::Span::current();
@@ -210,11 +208,7 @@ async fn proposer_loop(
     done_rx.await.unwrap_or_else(|_| Err(io(std::io::Error::other("the proposer's thread panicked"))))
 }
 
-async fn stream_error(
-    w: &mut tokio::net::tcp::OwnedWriteHalf,
-    code: ErrorCode,
-    message: String,
-) -> Result<(), ConnectionError> {
+async fn stream_error(w: &mut Writer, code: ErrorCode, message: String) -> Result<(), ConnectionError> {
     let mut out = Vec::new();
     codec::encode_stream(&StreamMessage::Error(ErrorMessage { code, message }), &mut out);
     Ok(framed::write_all(w, &out, SEND_TIMEOUT).await?)
@@ -280,7 +274,7 @@ async fn consumer(
 
 async fn consumer_loop(
     reader: &mut Frames,
-    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    w: &mut Writer,
     shared: &Shared,
     timeline: &Arc<Timeline>,
     start: &StartStreaming,

@@ -146,14 +146,11 @@ impl ClientTls {
         tokio_rustls::TlsConnector::from(self.config.clone()).connect(server_name(host)?, tcp).await
     }
 
-    /// A blocking client connection on `tcp` (the handshake runs with the first read or write).
-    pub fn connect_blocking(
-        &self,
-        host: &str,
-        tcp: std::net::TcpStream,
-    ) -> io::Result<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
+    /// A blocking client connection on `tcp` (the handshake runs with the
+    /// first read or write, under the socket's timeouts).
+    pub fn connect_blocking(&self, host: &str, tcp: std::net::TcpStream) -> io::Result<BlockingStream> {
         let conn = rustls::ClientConnection::new(self.config.clone(), server_name(host)?).map_err(io::Error::other)?;
-        Ok(rustls::StreamOwned::new(conn, tcp))
+        Ok(BlockingStream::TlsClient(Box::new(rustls::StreamOwned::new(conn, tcp))))
     }
 
     /// The same trust for an HTTP client (`ureq`).
@@ -284,6 +281,76 @@ impl AsyncWrite for Stream {
         match self {
             Stream::Plain(s) => s.is_write_vectored(),
             Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// A blocking connection, in plaintext or TLS (either side), for the
+/// threads that serve proposers and receive WAL. Timeouts are the socket's.
+pub enum BlockingStream {
+    Plain(std::net::TcpStream),
+    TlsClient(Box<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>>),
+    TlsServer(Box<rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>>),
+}
+
+impl BlockingStream {
+    /// The TCP connection underneath (timeouts, shutdown).
+    pub fn tcp(&self) -> &std::net::TcpStream {
+        match self {
+            BlockingStream::Plain(s) => s,
+            BlockingStream::TlsClient(s) => &s.sock,
+            BlockingStream::TlsServer(s) => &s.sock,
+        }
+    }
+
+    /// A blocking stream of an async one, with the TLS state it had (the
+    /// handshake done, any bytes decrypted but not yet read kept).
+    pub fn from_async(stream: Stream) -> io::Result<BlockingStream> {
+        let blocking = |tcp: TcpStream| -> io::Result<std::net::TcpStream> {
+            let tcp = tcp.into_std()?;
+            tcp.set_nonblocking(false)?;
+            Ok(tcp)
+        };
+        Ok(match stream {
+            Stream::Plain(tcp) => BlockingStream::Plain(blocking(tcp)?),
+            Stream::Tls(tls) => match *tls {
+                tokio_rustls::TlsStream::Client(s) => {
+                    let (tcp, conn) = s.into_inner();
+                    BlockingStream::TlsClient(Box::new(rustls::StreamOwned::new(conn, blocking(tcp)?)))
+                }
+                tokio_rustls::TlsStream::Server(s) => {
+                    let (tcp, conn) = s.into_inner();
+                    BlockingStream::TlsServer(Box::new(rustls::StreamOwned::new(conn, blocking(tcp)?)))
+                }
+            },
+        })
+    }
+}
+
+impl io::Read for BlockingStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            BlockingStream::Plain(s) => s.read(buf),
+            BlockingStream::TlsClient(s) => s.read(buf),
+            BlockingStream::TlsServer(s) => s.read(buf),
+        }
+    }
+}
+
+impl io::Write for BlockingStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            BlockingStream::Plain(s) => s.write(buf),
+            BlockingStream::TlsClient(s) => s.write(buf),
+            BlockingStream::TlsServer(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            BlockingStream::Plain(s) => s.flush(),
+            BlockingStream::TlsClient(s) => s.flush(),
+            BlockingStream::TlsServer(s) => s.flush(),
         }
     }
 }

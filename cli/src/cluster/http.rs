@@ -67,6 +67,11 @@ pub fn use_tls(tls: ClientTls) {
     let _ = TLS.set(tls);
 }
 
+/// The TLS in use, for calls that are not HTTP (the safekeeper protocol).
+pub fn tls() -> Option<ClientTls> {
+    TLS.get().cloned()
+}
+
 /// The scheme of the services' URLs: `https` once TLS is in use.
 pub fn scheme() -> &'static str {
     if TLS.get().is_some() {

@@ -315,6 +315,7 @@ impl Change<'_> {
         let addresses = joint.all().into_iter().map(|m| m.address).collect();
         let mut cfg = strata_compute::proposer::ProposerConfig::new(addresses, identity);
         cfg.token = super::http::token();
+        cfg.tls = super::http::tls();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

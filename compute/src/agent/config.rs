@@ -78,7 +78,7 @@ pub struct AgentConfig {
     pub auth_public_key: Option<PathBuf>,
     /// The tenant token sent to the pageserver and the safekeepers.
     pub token: Option<strata_service::auth::Token>,
-    /// TLS to the pageserver, with the cluster's CA; none: plaintext.
+    /// TLS to the pageserver and the safekeepers, with the cluster's CA; none: plaintext.
     pub tls_client: Option<strata_service::tls::ClientTls>,
     /// TLS on the status server; none: plaintext (loopback only).
     pub tls_server: Option<strata_service::tls::ServerTls>,

@@ -129,6 +129,7 @@ impl Agent {
         let mut proposer_cfg = ProposerConfig::new(self.cfg.safekeepers.clone(), identity);
         proposer_cfg.max_consumer_lag_bytes = self.cfg.max_consumer_lag_bytes;
         proposer_cfg.token = self.cfg.token.clone();
+        proposer_cfg.tls = self.cfg.tls_client.clone();
         let lsn = match self.cfg.read_only_at {
             // A read-only compute writes no WAL: no election, its point is given.
             Some(lsn) => {

@@ -61,6 +61,7 @@ async fn a_certificate_of_the_cluster_ca_is_trusted_and_others_are_not() {
         let tcp = std::net::TcpStream::connect(addr).unwrap();
         let mut b = blocking.connect_blocking("127.0.0.1", tcp).unwrap();
         b.write_all(b"1234").unwrap();
+        b.flush().unwrap();
         let mut buf = [0u8; 4];
         b.read_exact(&mut buf).unwrap();
         buf
