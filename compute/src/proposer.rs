@@ -705,9 +705,16 @@ async fn elect_and_sync(mut core: Core) -> Result<Core, ProposerError> {
     if min_start < epoch.start_lsn {
         let donor = core.votes[epoch.donor].0;
         let address = core.links[donor].address.clone();
-        let (_, wal) = crate::wal_fetch::fetch_wal(&address, &core.cfg, min_start, epoch.start_lsn)
-            .await
-            .map_err(ProposerError::Other)?;
+        let donor = crate::wal_fetch::Donor {
+            address: &address,
+            tenant_id: core.cfg.timeline.tenant_id,
+            timeline_id: core.cfg.timeline.timeline_id,
+            timeout: core.cfg.timeout,
+            token: &core.cfg.token,
+            tls: core.cfg.tls.as_ref(),
+        };
+        let (_, wal) =
+            crate::wal_fetch::fetch_wal(&donor, min_start, epoch.start_lsn).await.map_err(ProposerError::Other)?;
         buffer.bytes.extend(wal);
         buffer.complete_end = epoch.start_lsn;
     }

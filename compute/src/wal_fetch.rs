@@ -1,23 +1,29 @@
 //! Fetching WAL from one safekeeper over the consumer protocol — used by the
 //! proposer to get the donor's WAL that lagging acceptors lack.
 
-use strata_service::tls::Stream;
+use std::time::Duration;
 
-use crate::proposer::ProposerConfig;
 use strata_formats::Lsn;
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, StreamStart, PROTOCOL_VERSION};
+use strata_protocol::{TenantId, TimelineId, Token};
+use strata_service::tls::{ClientTls, Stream};
 
-/// Reads `[from, to)` of the proposer's timeline's WAL (including
-/// uncommitted WAL) from `address`, with the proposer's timeout, token and TLS.
-pub async fn fetch_wal(
-    address: &str,
-    cfg: &ProposerConfig,
-    from: Lsn,
-    to: Lsn,
-) -> Result<(StreamStart, Vec<u8>), String> {
-    let (timeout, tls) = (cfg.timeout, cfg.tls.as_ref());
+/// A safekeeper to read a timeline's WAL from, and how to reach it.
+pub struct Donor<'a> {
+    pub address: &'a str,
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    /// Bound on every network wait.
+    pub timeout: Duration,
+    pub token: &'a Option<Token>,
+    pub tls: Option<&'a ClientTls>,
+}
+
+/// Reads `[from, to)` of the donor's timeline's WAL (including uncommitted WAL).
+pub async fn fetch_wal(donor: &Donor<'_>, from: Lsn, to: Lsn) -> Result<(StreamStart, Vec<u8>), String> {
+    let (address, timeout, tls) = (donor.address, donor.timeout, donor.tls);
     let len = to.0.checked_sub(from.0).ok_or("empty range")? as usize;
     if len > 1 << 30 {
         return Err(format!("{len} bytes of WAL to fetch; more than the proposer buffers (1 GiB)"));
@@ -30,13 +36,13 @@ pub async fn fetch_wal(
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {
             protocol_version: PROTOCOL_VERSION,
-            tenant_id: cfg.timeline.tenant_id,
-            timeline_id: cfg.timeline.timeline_id,
+            tenant_id: donor.tenant_id,
+            timeline_id: donor.timeline_id,
             start_lsn: from,
             stop_lsn: to,
             include_uncommitted: true,
             consumer_id: "proposer-recovery".into(),
-            token: cfg.token.clone(),
+            token: donor.token.clone(),
         }),
         &mut out,
     );

@@ -52,6 +52,11 @@ pub struct InitArgs {
     /// the pageserver checks its native redo against them (slower; for tests).
     #[arg(long)]
     pub verify_redo: bool,
+    /// No TLS and no tokens anywhere: only to measure what they cost
+    /// (`bench/security_cost.py`). Such a cluster stays on loopback: its
+    /// services refuse any other address without TLS and tokens.
+    #[arg(long)]
+    pub insecure_loopback: bool,
 }
 
 /// `strata status`: human or JSON output.

@@ -352,6 +352,8 @@ pub fn init(args: &InitArgs) -> Result<()> {
 
     let mut services = Vec::new();
     let mut configs: Vec<(PathBuf, String)> = Vec::new();
+    // Tokens and TLS, unless the cluster is made to measure their cost.
+    let secure = !args.insecure_loopback;
     for i in 0..n {
         let name = format!("sk{}", i + 1);
         let peers: Vec<_> = (0..n)
@@ -372,8 +374,8 @@ pub fn init(args: &InitArgs) -> Result<()> {
                 "listen_pg": format!("{HOST}:{}", sk_port(i, 2)),
                 "data_dir": root.join(&name).join("data"),
                 "peers": peers,
-                "auth": super::keys::service_auth(&root),
-                "tls": super::certs::service_tls(&root, HOST),
+                "auth": secure.then(|| super::keys::service_auth(&root)),
+                "tls": secure.then(|| super::certs::service_tls(&root, HOST)),
                 // Completed WAL segments go to the same object storage as the layers.
                 "remote_storage": { "type": "local", "path": root.join(REMOTE_STORAGE_DIR) },
             }),
@@ -401,8 +403,8 @@ pub fn init(args: &InitArgs) -> Result<()> {
             "listen_http": format!("{HOST}:{ps_http}"),
             "data_dir": root.join(&name).join("data"),
             "safekeepers": (0..n).map(|i| format!("{HOST}:{}", sk_port(i, 0))).collect::<Vec<_>>(),
-            "auth": super::keys::service_auth(&root),
-            "tls": super::certs::service_tls(&root, HOST),
+            "auth": secure.then(|| super::keys::service_auth(&root)),
+            "tls": secure.then(|| super::certs::service_tls(&root, HOST)),
             "pg_bin_dir": args.pg_bin_dir,
             "pg_user": args.pg_user,
             "verify_redo": args.verify_redo,
@@ -442,8 +444,10 @@ pub fn init(args: &InitArgs) -> Result<()> {
         mkdir(&root.join(&s.name).join("data"))?;
     }
     mkdir(&root.join("endpoints"))?;
-    super::keys::create(&root)?;
-    super::certs::create(&root, &[HOST])?;
+    if secure {
+        super::keys::create(&root)?;
+        super::certs::create(&root, &[HOST])?;
+    }
     for (rel, text) in &configs {
         let header = "# Written by `strata init`; ports and paths must match cluster.toml.\n";
         write_atomic(&root.join(rel), &format!("{header}{text}"))?;
@@ -473,6 +477,7 @@ mod tests {
             pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
             pg_user: "postgres".into(),
             verify_redo: false,
+            insecure_loopback: false,
         }
     }
 
@@ -508,9 +513,35 @@ mod tests {
         assert_eq!(psc.listen_http.port(), ps.ports["http"]);
         assert_eq!(psc.data_dir, wd.root.join("pageserver/data"));
         assert_eq!(psc.id.0, 4);
+        // Tokens and TLS, with the secrets readable by their owner only.
+        let (auth, tls) = (psc.auth.expect("[auth]"), psc.tls.expect("[tls]"));
+        assert_eq!(sk2.tls.as_ref(), Some(&tls));
+        use std::os::unix::fs::PermissionsExt;
+        for secret in [tls.key.clone(), dir.join("tls/ca.key"), auth.token_file.unwrap(), dir.join("auth/private.pem")]
+        {
+            let mode = fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", secret.display());
+        }
+        strata_service::tls::ServerTls::load(&tls.cert, &tls.key).unwrap();
+        strata_service::tls::ClientTls::load(&tls.ca).unwrap();
 
         assert!(matches!(init(&init_args(&dir, 3)), Err(Error::Failed(_))), "a second init must be refused");
         assert!(matches!(init(&init_args(&tempdir("zero"), 0)), Err(Error::Usage(_))));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_insecure_cluster_has_neither_tokens_nor_tls() {
+        let dir = tempdir("insecure");
+        init(&InitArgs { insecure_loopback: true, ..init_args(&dir, 3) }).unwrap();
+        let wd = Workdir::open(&dir).unwrap();
+        let ps = wd.service("pageserver").unwrap();
+        let psc = strata_pageserver::config::PageserverConfig::load(&wd.config_path(ps)).unwrap();
+        assert_eq!((psc.auth, psc.tls), (None, None));
+        let sk1 =
+            strata_safekeeper::config::SafekeeperConfig::load(&wd.config_path(wd.service("sk1").unwrap())).unwrap();
+        assert_eq!((sk1.auth, sk1.tls), (None, None));
+        assert!(!dir.join("auth").exists() && !dir.join("tls").exists());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""What TLS and tokens cost, in one run: two local clusters made through
+the CLI, side by side on this machine, the same data loaded into both:
+
+- secure:   `strata init` as users run it: tokens on every call, TLS with
+            the cluster's CA on every link that has it
+- insecure: `strata init --insecure-loopback`: no tokens, no TLS
+
+Measured, alternating between the two clusters run by run (medians of
+--runs runs):
+
+- GetPage p50: `strata pagebench`, 1 connection, depth 1, random blocks of
+  pgbench_accounts (loaded with pgbench -i, the endpoint stopped and the
+  pageserver checkpointed, so reads go to layer files);
+- pgbench RW (TPC-B-like) at 8 clients against an endpoint of each cluster.
+
+Ratios secure / insecure: tps (target >= 0.95) and GetPage p50 latency
+(target <= 1.05).
+
+Usage: .venv/bin/python bench/security_cost.py [--scale 10] [--seconds 30] [--getpage-seconds 10] [--runs 3] [--quick]
+Writes bench/results/security_cost.json and .txt (security_cost_quick.* with --quick).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test_runner"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from fixtures.cluster import LocalCluster  # noqa: E402
+from getpage import client_env, pagebench, prepare  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+MODES = {"secure": [], "insecure": ["--insecure-loopback"]}
+
+
+def pgbench_rw(connstr: str, clients: int, seconds: int) -> float:
+    """tps of one pgbench TPC-B-like run (no vacuum: the tables are shared by runs)."""
+    res = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-c", str(clients), "-j", "2", "-T", str(seconds)],
+                         env=client_env(connstr), capture_output=True, text=True, timeout=seconds * 3 + 300,
+                         stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    m = re.search(r"^tps = ([\d.]+)", res.stdout, re.M)
+    if m is None:
+        raise RuntimeError(f"no tps in pgbench's output:\n{res.stdout[-2000:]}")
+    return float(m.group(1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--seconds", type=int, default=30, help="length of each pgbench run")
+    ap.add_argument("--getpage-seconds", type=float, default=10, help="length of each pagebench run")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs of 3 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.scale, args.seconds, args.getpage_seconds, args.runs = 2, 3, 3, 2
+    strata_bin = REPO / "target" / "release" / "strata"
+    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
+    clusters: dict[str, LocalCluster] = {}
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # PostgreSQL runs as another user
+        try:
+            targets, connstrs = {}, {}
+            for mode, flags in MODES.items():
+                (base / mode).mkdir()
+                c = clusters[mode] = LocalCluster(strata_bin, base / mode, PG_BIN)
+                c.init(*flags)
+                c.start()
+                data = prepare(c, args.scale)
+                auth = ["--token-file", str(c.token_file())] if c.token else []
+                targets[mode] = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
+                                 "--timeline-id", data["timeline_id"], "--rel", data["rel"], *auth, *c.tls_args()]
+                pagebench(strata_bin, targets[mode], 1, 1, min(args.getpage_seconds, 3))  # warm
+            getpage: dict[str, list[dict]] = {m: [] for m in MODES}
+            for _ in range(args.runs):
+                for mode in MODES:
+                    getpage[mode].append(pagebench(strata_bin, targets[mode], 1, 1, args.getpage_seconds))
+            for mode, c in clusters.items():
+                connstrs[mode] = c.endpoint_start("main")
+                pgbench_rw(connstrs[mode], args.clients, min(args.seconds, 5))  # warm
+            tps: dict[str, list[float]] = {m: [] for m in MODES}
+            for _ in range(args.runs):
+                for mode in MODES:
+                    tps[mode].append(pgbench_rw(connstrs[mode], args.clients, args.seconds))
+        finally:
+            for c in clusters.values():
+                if (c.workdir / "cluster.toml").exists():
+                    if c.run("stop", check=False, timeout=600).returncode != 0:
+                        c.run("stop", "--immediate", check=False, timeout=600)
+
+    p50 = {m: statistics.median(r["latency_us"]["p50"] for r in getpage[m]) for m in MODES}
+    tps_median = {m: statistics.median(tps[m]) for m in MODES}
+    results.update({
+        "getpage_runs": getpage, "tps_runs": tps, "getpage_p50_us": p50, "tps": tps_median,
+        "getpage_p50_ratio": p50["secure"] / p50["insecure"],
+        "tps_ratio": tps_median["secure"] / tps_median["insecure"],
+        "errors": sum(r["errors"] for m in MODES for r in getpage[m]),
+    })
+    lines = [
+        f"scale {args.scale}; medians of {args.runs} runs, the two clusters alternating;"
+        f" {os.cpu_count()} CPUs, load {results['loadavg_before']:.2f} before",
+        "",
+        f"{'':<28}{'secure':>12}{'insecure':>12}{'ratio':>8}",
+        f"{'GetPage p50 (1 conn, depth 1)':<28}{p50['secure']:>10.0f}us{p50['insecure']:>10.0f}us"
+        f"{results['getpage_p50_ratio']:>8.3f}",
+        f"{f'pgbench RW, {args.clients} clients, tps':<28}{tps_median['secure']:>12.0f}{tps_median['insecure']:>12.0f}"
+        f"{results['tps_ratio']:>8.3f}",
+        "",
+        "secure: tokens and TLS (strata init); insecure: strata init --insecure-loopback;"
+        " targets: GetPage p50 ratio <= 1.05, tps ratio >= 0.95",
+        "tps runs: " + "; ".join(f"{m} {', '.join(f'{t:.0f}' for t in tps[m])}" for m in MODES),
+    ]
+    if results["errors"]:
+        lines.append(f"ERRORS: {results['errors']} failed GetPage requests")
+    text = "\n".join(lines)
+    out_dir = REPO / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    stem = "security_cost_quick" if args.quick else "security_cost"
+    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    (out_dir / f"{stem}.txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
