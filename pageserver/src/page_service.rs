@@ -117,10 +117,8 @@ async fn connection(
         return refuse(&mut w, ErrorCode::Version, msg).await;
     }
     if let Some(verifier) = verifier {
-        let verdict = verifier
-            .verify(strata_protocol::token::wire(&hello.token))
-            .and_then(|claims| claims.permits(Access::Tenant(hello.tenant_id)));
-        if let Err(refusal) = verdict {
+        let token = strata_protocol::token::wire(&hello.token);
+        if let Err(refusal) = verifier.check(token, Access::Tenant(hello.tenant_id)) {
             tenants.metrics.refusal_metrics().count("page", &refusal);
             let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };
             return refuse(&mut w, code, refusal.to_string()).await;

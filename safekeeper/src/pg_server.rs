@@ -239,7 +239,7 @@ async fn authenticate(
     }
     let password = std::str::from_utf8(body.strip_suffix(&[0]).unwrap_or(&body)).unwrap_or("");
     let need = tenant.map_or(Access::Service, Access::Tenant);
-    match verifier.verify(password).and_then(|claims| claims.permits(need)) {
+    match verifier.check(password, need) {
         Ok(()) => Ok(()),
         Err(refusal) => {
             shared.metrics.refusal_metrics().count("pg", &refusal);

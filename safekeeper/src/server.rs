@@ -127,8 +127,7 @@ fn check_token(
     tenant: TenantId,
 ) -> Result<(), ErrorMessage> {
     let Some(verifier) = &shared.verifier else { return Ok(()) };
-    let verdict = verifier.verify(strata_protocol::token::wire(token)).and_then(|c| c.permits(Access::Tenant(tenant)));
-    verdict.map_err(|refusal| {
+    verifier.check(strata_protocol::token::wire(token), Access::Tenant(tenant)).map_err(|refusal| {
         shared.metrics.refusal_metrics().count(interface, &refusal);
         warn!(%tenant, reason = refusal.reason(), "refused a {interface} connection");
         let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };

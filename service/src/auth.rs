@@ -206,6 +206,11 @@ impl Verifier {
         Verifier::from_pem(&read(path)?, &path.display().to_string())
     }
 
+    /// Whether `token` is valid and allows `need`; the refusal if not.
+    pub fn check(&self, token: &str, need: Access) -> Result<(), Refusal> {
+        self.verify(token).and_then(|claims| claims.permits(need))
+    }
+
     /// The claims of `token` if this cluster signed it and it has not expired.
     pub fn verify(&self, token: &str) -> Result<Claims, Refusal> {
         if token.is_empty() {

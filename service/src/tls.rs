@@ -105,11 +105,6 @@ impl ServerTls {
     pub async fn accept(&self, tcp: TcpStream) -> io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
         tokio_rustls::TlsAcceptor::from(self.config.clone()).accept(tcp).await
     }
-
-    /// The rustls configuration (for blocking connections).
-    pub fn config(&self) -> Arc<rustls::ServerConfig> {
-        self.config.clone()
-    }
 }
 
 /// The client side of TLS: trusts the cluster CA only.

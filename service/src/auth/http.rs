@@ -86,23 +86,20 @@ pub fn guard<S: Clone + Send + Sync + 'static>(routes: Router<S>, auth: Option<&
 async fn check(State((auth, need)): State<(HttpAuth, Need)>, req: Request, next: Next) -> Response {
     let (mut parts, body) = req.into_parts();
     let access = match need {
-        Need::Management => Ok(Access::Management),
-        Need::Service => Ok(Access::Service),
+        Need::Management => Access::Management,
+        Need::Service => Access::Service,
         Need::Tenant => match RawPathParams::from_request_parts(&mut parts, &()).await {
             Ok(params) => match params.iter().find(|(k, _)| *k == TENANT_PARAM).map(|(_, v)| v.parse::<TenantId>()) {
-                Some(Ok(t)) => Ok(Access::Tenant(t)),
+                Some(Ok(t)) => Access::Tenant(t),
                 // Not a tenant id: only a scope that may see every tenant
                 // gets as far as the handler's own 400.
-                _ => Err(()),
+                _ => Access::Service,
             },
-            Err(_) => Err(()),
+            Err(_) => Access::Service,
         },
     };
     let token = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
-    let verdict = auth.verifier.verify(token.unwrap_or("")).and_then(|claims| match access {
-        Ok(a) => claims.permits(a),
-        Err(()) => claims.permits(Access::Service),
-    });
+    let verdict = auth.verifier.check(token.unwrap_or(""), access);
     match verdict {
         Ok(()) => next.run(Request::from_parts(parts, body)).await,
         Err(refusal) => {
