@@ -61,11 +61,23 @@ impl Identity {
 }
 
 /// Whether `pid` exists and is not a zombie (a dead child nobody reaped yet).
+///
+/// Every thread counts: a thread-group leader turns zombie before its other
+/// threads have finished exiting, and those still hold the process's files
+/// (its listening sockets among them) until they are gone.
 pub fn alive(pid: i32) -> bool {
     if pid <= 0 {
         return false;
     }
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    match fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks.flatten().any(|task| running(&task.path().join("stat"))),
+        Err(_) => running(Path::new(&format!("/proc/{pid}/stat"))),
+    }
+}
+
+/// Whether the task whose `stat` file this is exists and is not a zombie.
+fn running(stat: &Path) -> bool {
+    let Ok(stat) = fs::read_to_string(stat) else { return false };
     // `pid (comm) S …`: the state follows the last ')' since comm may hold anything.
     match stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) {
         Some(state) => state != "Z" && state != "X",
