@@ -4,6 +4,7 @@ binary against a temporary workdir."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -274,10 +275,16 @@ def test_stop_is_idempotent(cluster):
 def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
     out = cluster.run("endpoint", "start", "ep1").stdout
     connstr = out.strip().splitlines()[-1]
-    m = re.fullmatch(r"postgresql://postgres@127\.0\.0\.1:(\d+)/postgres", connstr)
+    # The endpoint's password, and TLS verified against the cluster's CA.
+    m = re.fullmatch(r"postgresql://postgres:([A-Za-z0-9]{32})@127\.0\.0\.1:(\d+)/postgres"
+                     r"\?sslmode=verify-full&sslrootcert=(\S+)", connstr)
     assert m, out
-    port = int(m.group(1))
+    password, port = m.group(1), int(m.group(2))
+    assert m.group(3) == str(cluster.workdir / "tls" / "ca.pem")
     assert port not in all_ports(cluster)
+    password_file = cluster.workdir / "endpoints" / "ep1" / "password"
+    assert password_file.read_text().strip() == password
+    assert password_file.stat().st_mode & 0o777 == 0o600
 
     psql = subprocess.run([str(pg_bin_dir / "psql"), "-X", "-A", "-t", "-c", "SELECT 1", connstr],
                           capture_output=True, text=True, timeout=60)
@@ -286,10 +293,25 @@ def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
     with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
+        # Over TLS 1.3; the role's password is a SCRAM verifier; the
+        # agent's WAL proposer (a replication connection over TCP) logged in.
+        assert conn.execute("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == \
+            (True, "TLSv1.3")
+        assert conn.execute("SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid "
+                            "WHERE rolname = 'postgres'").fetchone() == (True,)
+        assert conn.execute("SELECT count(*) FROM pg_stat_replication WHERE client_addr = '127.0.0.1' "
+                            "AND state = 'streaming'").fetchone() == (1,)
+    # A wrong password and none are refused.
+    for bad in (connstr.replace(password, "x" * 32), connstr.replace(f":{password}@", "@")):
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(bad, connect_timeout=30, password="" if f":{password}@" not in bad else None)
 
     listed = cluster.run("endpoint", "list").stdout
     assert re.search(r"^NAME\s+BRANCH\s+PORT\s+STATE\s+RESTARTS\s+LAST CAUSE\s+CONNECTION$", listed, re.M), listed
-    assert re.search(rf"^ep1\s+main\s+{port}\s+running\s+0\s+-\s+{re.escape(connstr)}$", listed, re.M), listed
+    # Listed without the password.
+    plain = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    assert re.search(rf"^ep1\s+main\s+{port}\s+running\s+0\s+-\s+{re.escape(plain)}$", listed, re.M), listed
+    assert password not in listed and password not in json.dumps(cluster.status())
     [ep] = cluster.status()["endpoints"]
     assert (ep["name"], ep["kind"], ep["branch"], ep["state"]) == ("ep1", "compute", "main", "running")
     assert ep["ports"]["pg"] == port and pid_alive(ep["pid"]) and pid_alive(ep["supervisor_pid"])

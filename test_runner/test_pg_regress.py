@@ -51,6 +51,8 @@ MAY_DIFFER = {
     "port", "unix_socket_directories", "data_directory", "config_file", "hba_file", "ident_file",
     "synchronous_standby_names", "wal_consistency_checking", "wal_compression", "wal_keep_size",
     "restart_after_crash",
+    # A compute's PostgreSQL serves TLS with its host's certificate.
+    "ssl", "ssl_cert_file", "ssl_key_file", "ssl_min_protocol_version",
 }
 
 
@@ -60,9 +62,9 @@ def settings(conninfo: dict) -> dict[str, str]:
         return dict(conn.execute("SELECT name, setting FROM pg_settings").fetchall())
 
 
-def run_suite(name, suite, tmp_path, pg_bin_dir, *, host, port, user) -> RegressRun:
+def run_suite(name, suite, tmp_path, pg_bin_dir, *, host, port, user, password=None) -> RegressRun:
     run = run_pg_regress(name, suite, tmp_path / f"out-{name}", pg_bin_dir, host=host, port=port, user=user,
-                         timeout=RUN_TIMEOUT)
+                         timeout=RUN_TIMEOUT, password=password)
     print(f"\n{run.summary()}")
     assert run.statuses, (f"{name}: pg_regress ran no test (exit code {run.returncode})\n"
                           f"stdout:\n{run.stdout[-4000:]}\nstderr:\n{run.stderr[-4000:]}")
@@ -173,7 +175,8 @@ def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
     lazy_conninfo = ep.conninfo(DATABASE)
     lazy_settings = settings(lazy_conninfo)
     lazy = run_suite("lazy", suite, tmp_path, pg_bin_dir, host=str(lazy_conninfo["host"]),
-                     port=int(lazy_conninfo["port"]), user=str(lazy_conninfo["user"]))
+                     port=int(lazy_conninfo["port"]), user=str(lazy_conninfo["user"]),
+                     password=lazy_conninfo["password"])
     agent = ep.agent_status()
     print(f"lazy compute's file system: {agent['lazy']}")
 

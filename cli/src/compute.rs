@@ -145,7 +145,13 @@ pub struct StartArgs {
     /// a token signed by it (`docs/security.md`).
     #[arg(long, value_name = "PEM")]
     auth_public_key: Option<std::path::PathBuf>,
-    /// This host's certificate and key: the status server speaks TLS.
+    /// The file (mode 0600) with the password TCP clients and the agent
+    /// log in with as the role `postgres` (SCRAM-SHA-256); a primary sets
+    /// it on the role at every start if it is not already the role's.
+    #[arg(long, value_name = "FILE")]
+    password_file: std::path::PathBuf,
+    /// This host's certificate and key: the status server and PostgreSQL
+    /// speak TLS with them.
     #[arg(long, value_name = "PEM", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
@@ -253,7 +259,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
                 user: pg_user,
                 password: std::env::var("PGPASSWORD").ok(),
                 application_name,
-                connect_timeout: Duration::from_secs(10),
+                ..ReplicationConfig::new("", 0, "")
             };
             let identity = identity_from_postgres(&pg, &timeline).await?;
             let (status, status_rx) = tokio::sync::watch::channel(proposer::ProposerStatus::default());
@@ -288,6 +294,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
         args.timeline.tenant_id,
         args.timeline.timeline_id,
         args.pageserver_http,
+        args.password_file,
     );
     cfg.http = args.http;
     cfg.http_max_connections = usize::from(args.http_max_connections);
@@ -311,6 +318,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
         (Some(cert), Some(key)) => Some(ServerTls::load(cert, key).map_err(|e| e.to_string())?),
         _ => None,
     };
+    cfg.pg_tls_files = args.tls_cert.zip(args.tls_key);
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

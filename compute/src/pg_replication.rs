@@ -9,6 +9,11 @@
 //! mode: the server streams WAL in CopyData messages and the client answers
 //! with standby status updates, also in CopyData.
 //!
+//! Messages are encoded and decoded by `postgres-protocol` (which also does
+//! SCRAM-SHA-256 and MD5); this module adds the replication-only messages
+//! that crate does not know (CopyBothResponse, the walsender's CopyData
+//! payloads) and the connection's state machine.
+//!
 //! Everything received is untrusted: lengths are bounded before anything is
 //! allocated, and malformed messages are errors, never panics. Reads go
 //! through an internal buffer from which whole messages are parsed, which
@@ -22,7 +27,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use md5::{Digest, Md5};
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::backend::{self, ErrorFields, Message};
+use postgres_protocol::message::frontend;
 use strata_formats::Lsn;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
@@ -32,9 +41,6 @@ use tracing::debug;
 /// field included). WAL arrives in chunks of at most 128 KiB; the rest are
 /// small.
 pub const MAX_MESSAGE_LEN: usize = 64 << 20;
-
-/// Protocol version 3.0, as sent in the StartupMessage.
-const PROTOCOL_VERSION: i32 = 3 << 16;
 
 /// How much room is made in the read buffer at least before each read.
 const READ_CHUNK: usize = 16 << 10;
@@ -63,6 +69,9 @@ pub struct ReplicationConfig {
     /// Bounds connecting (including authentication) and every query. Zero
     /// means no limit, as in libpq.
     pub connect_timeout: Duration,
+    /// A walsender (`replication=true`, the default); `false` opens a normal
+    /// session for the agent's own SQL, such as setting the role's password.
+    pub replication: bool,
 }
 
 impl ReplicationConfig {
@@ -75,6 +84,7 @@ impl ReplicationConfig {
             password: None,
             application_name: "strata_compute".into(),
             connect_timeout: Duration::from_secs(10),
+            replication: true,
         }
     }
 
@@ -101,6 +111,7 @@ impl fmt::Debug for ReplicationConfig {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("application_name", &self.application_name)
             .field("connect_timeout", &self.connect_timeout)
+            .field("replication", &self.replication)
             .finish()
     }
 }
@@ -215,91 +226,110 @@ impl ReplicationConnection {
             Transport::Tcp(s)
         };
         let mut conn = Conn::new(stream);
-
-        let mut startup = Vec::with_capacity(128);
-        startup.extend_from_slice(&[0; 4]);
-        startup.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
-        for (key, value) in
-            [("user", cfg.user.as_str()), ("replication", "true"), ("application_name", &cfg.application_name)]
-        {
-            put_cstr(&mut startup, key.as_bytes());
-            put_cstr(&mut startup, value.as_bytes());
-        }
-        startup.push(0);
-        let len =
-            i32::try_from(startup.len()).map_err(|_| PgError::InvalidArgument("startup packet too long".into()))?;
-        startup[..4].copy_from_slice(&len.to_be_bytes());
-        conn.wbuf.extend_from_slice(&startup);
+        let replication = if cfg.replication { "true" } else { "false" };
+        let database = if cfg.replication { "replication" } else { "postgres" };
+        let parameters = [
+            ("user", cfg.user.as_str()),
+            ("database", database),
+            ("replication", replication),
+            ("application_name", &cfg.application_name),
+        ];
+        frontend::startup_message(parameters, &mut conn.wbuf).map_err(|e| PgError::InvalidArgument(e.to_string()))?;
         conn.flush().await?;
 
         let mut parameters = HashMap::new();
         let mut backend_pid = None;
         let mut authenticated = false;
+        let mut scram: Option<ScramSha256> = None;
+        let mut server_proven = false;
         loop {
-            let Some((tag, body)) = conn.next_frame().await? else {
+            let Some(msg) = conn.next_message().await? else {
                 return Err(eof("during authentication"));
             };
-            if skip_async_message(tag, body, &mut parameters) {
-                continue;
-            }
-            match tag {
-                b'R' => {
-                    let mut b = Body::new(body, "Authentication");
-                    let reply: Vec<u8> = match b.i32()? {
-                        0 => {
-                            authenticated = true;
-                            continue;
-                        }
-                        3 => {
-                            let password = password_for(cfg, "cleartext password")?;
-                            let mut r = Vec::with_capacity(password.len() + 1);
-                            put_cstr(&mut r, password.as_bytes());
-                            r
-                        }
-                        5 => {
-                            let salt: [u8; 4] = b.array()?;
-                            let password = password_for(cfg, "MD5")?;
-                            let mut r = md5_password(&cfg.user, password, salt).into_bytes();
-                            r.push(0);
-                            r
-                        }
-                        10 => {
-                            let mut mechanisms = Vec::new();
-                            while let Ok(m) = b.cstr() {
-                                if m.is_empty() {
-                                    break;
-                                }
-                                mechanisms.push(String::from_utf8_lossy(m).into_owned());
-                            }
-                            return Err(PgError::Auth(format!(
-                                "the server requires SASL authentication (mechanisms: {}); \
-                                 SCRAM-SHA-256 is not supported yet",
-                                mechanisms.join(", ")
-                            )));
-                        }
-                        2 => return Err(unsupported_auth("Kerberos V5")),
-                        6 => return Err(unsupported_auth("SCM credentials")),
-                        7 => return Err(unsupported_auth("GSSAPI")),
-                        9 => return Err(unsupported_auth("SSPI")),
-                        other => {
-                            return Err(PgError::Protocol(format!("unexpected authentication request {other}")));
-                        }
-                    };
-                    conn.queue(b'p', &reply)?;
+            let msg = match msg {
+                Frame::Pg(msg) => msg,
+                // Only sent for a newer minor version or unknown `_pq_.`
+                // options, neither of which is requested.
+                Frame::NegotiateProtocolVersion => {
+                    debug!("server sent NegotiateProtocolVersion");
+                    continue;
+                }
+                Frame::CopyBothResponse => return Err(unexpected(b'W', "during connection startup")),
+            };
+            let msg = match skip_async_message(msg, &mut parameters) {
+                Some(msg) => msg,
+                None => continue,
+            };
+            let encode = |r: io::Result<()>| r.map_err(|e| PgError::InvalidArgument(e.to_string()));
+            match msg {
+                Message::AuthenticationOk => {
+                    // A server that started SCRAM must also prove that it
+                    // knows the password before the session counts.
+                    if scram.is_some() && !server_proven {
+                        return Err(PgError::Auth(
+                            "the server ended SCRAM without proving it knows the password".into(),
+                        ));
+                    }
+                    authenticated = true;
+                }
+                Message::AuthenticationCleartextPassword => {
+                    let password = password_for(cfg, "cleartext password")?;
+                    encode(frontend::password_message(password.as_bytes(), &mut conn.wbuf))?;
                     conn.flush().await?;
                 }
-                b'E' => return Err(parse_error_response(body)),
-                b'K' => {
-                    let mut b = Body::new(body, "BackendKeyData");
-                    backend_pid = Some(b.i32()?);
+                Message::AuthenticationMd5Password(body) => {
+                    let password = password_for(cfg, "MD5")?;
+                    let hash = postgres_protocol::authentication::md5_hash(
+                        cfg.user.as_bytes(),
+                        password.as_bytes(),
+                        body.salt(),
+                    );
+                    encode(frontend::password_message(hash.as_bytes(), &mut conn.wbuf))?;
+                    conn.flush().await?;
                 }
-                b'v' => {
-                    // NegotiateProtocolVersion: only sent for a newer minor
-                    // version or unknown `_pq_.` options, neither of which is requested.
-                    debug!("server sent NegotiateProtocolVersion");
+                Message::AuthenticationSasl(body) => {
+                    let mut mechanisms = Vec::new();
+                    let mut it = body.mechanisms();
+                    while let Some(m) = it.next().map_err(protocol)? {
+                        mechanisms.push(m.to_string());
+                    }
+                    if !mechanisms.iter().any(|m| m == SCRAM_SHA_256) {
+                        return Err(PgError::Auth(format!(
+                            "the server offers SASL mechanisms {} but not {SCRAM_SHA_256}",
+                            mechanisms.join(", ")
+                        )));
+                    }
+                    let password = password_for(cfg, SCRAM_SHA_256)?;
+                    // Channel binding is not used: the server's identity is
+                    // established by TLS when the link leaves the host.
+                    let s = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+                    encode(frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut conn.wbuf))?;
+                    scram = Some(s);
+                    conn.flush().await?;
                 }
-                b'Z' if authenticated => break,
-                other => return Err(unexpected(other, "during connection startup")),
+                Message::AuthenticationSaslContinue(body) => {
+                    let s = scram.as_mut().ok_or_else(|| protocol_msg("SASL continue before SASL start"))?;
+                    s.update(body.data()).map_err(|e| PgError::Auth(format!("SCRAM: {e}")))?;
+                    encode(frontend::sasl_response(s.message(), &mut conn.wbuf))?;
+                    conn.flush().await?;
+                }
+                Message::AuthenticationSaslFinal(body) => {
+                    let s = scram.as_mut().ok_or_else(|| protocol_msg("SASL final before SASL start"))?;
+                    // Verifies the server's signature: a server that does not
+                    // know the password cannot complete the exchange.
+                    s.finish(body.data()).map_err(|e| PgError::Auth(format!("SCRAM: the server's proof: {e}")))?;
+                    server_proven = true;
+                }
+                Message::AuthenticationKerberosV5 => return Err(unsupported_auth("Kerberos V5")),
+                Message::AuthenticationScmCredential => return Err(unsupported_auth("SCM credentials")),
+                Message::AuthenticationGss | Message::AuthenticationGssContinue(_) => {
+                    return Err(unsupported_auth("GSSAPI"))
+                }
+                Message::AuthenticationSspi => return Err(unsupported_auth("SSPI")),
+                Message::ErrorResponse(body) => return Err(parse_error_response(body.fields())),
+                Message::BackendKeyData(body) => backend_pid = Some(body.process_id()),
+                Message::ReadyForQuery(_) if authenticated => break,
+                other => return Err(unexpected_message(&other, "during connection startup")),
             }
         }
         debug!(server = %cfg.describe(), ?backend_pid, "replication connection established");
@@ -399,31 +429,33 @@ impl ReplicationConnection {
         self.begin_query(command).await?;
         let mut error = None;
         loop {
-            let Some((tag, body)) = self.conn.next_frame().await? else {
+            let Some(frame) = self.conn.next_message().await? else {
                 return Err(eof("waiting for CopyBothResponse"));
             };
-            if skip_async_message(tag, body, &mut self.parameters) {
-                continue;
-            }
-            match tag {
-                b'W' => {
-                    let mut b = Body::new(body, "CopyBothResponse");
-                    let format = b.u8()?;
-                    debug!(format, "START_REPLICATION: streaming");
+            let msg = match frame {
+                Frame::CopyBothResponse => {
+                    debug!("START_REPLICATION: streaming");
                     return Ok(false);
                 }
-                b'E' => {
-                    error.get_or_insert(parse_error_response(body));
+                Frame::NegotiateProtocolVersion => return Err(unexpected(b'v', "in response to START_REPLICATION")),
+                Frame::Pg(msg) => msg,
+            };
+            let Some(msg) = skip_async_message(msg, &mut self.parameters) else { continue };
+            match msg {
+                Message::ErrorResponse(body) => {
+                    error.get_or_insert(parse_error_response(body.fields()));
                 }
-                b'T' | b'D' | b'C' => debug!(tag = %char::from(tag), "START_REPLICATION answered without COPY mode"),
-                b'Z' => {
+                Message::RowDescription(_) | Message::DataRow(_) | Message::CommandComplete(_) => {
+                    debug!("START_REPLICATION answered without COPY mode")
+                }
+                Message::ReadyForQuery(_) => {
                     self.in_query = false;
                     return match error {
                         Some(e) => Err(e),
                         None => Ok(true),
                     };
                 }
-                other => return Err(unexpected(other, "in response to START_REPLICATION")),
+                other => return Err(unexpected_message(&other, "in response to START_REPLICATION")),
             }
         }
     }
@@ -443,30 +475,27 @@ impl ReplicationConnection {
         let mut result = QueryResult { columns: Vec::new(), rows: Vec::new() };
         let mut error = None;
         loop {
-            let Some((tag, body)) = self.conn.next_frame().await? else {
+            let Some(frame) = self.conn.next_message().await? else {
                 return Err(eof("waiting for a query result"));
             };
-            if skip_async_message(tag, body, &mut self.parameters) {
-                continue;
-            }
-            match tag {
-                b'T' => result.columns = parse_row_description(body)?,
-                b'D' => result.rows.push(parse_data_row(body)?),
-                b'C' => {
-                    debug!(tag = %String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(body)), "command complete")
+            let Frame::Pg(msg) = frame else { return Err(unexpected(frame.tag(), "in a query result")) };
+            let Some(msg) = skip_async_message(msg, &mut self.parameters) else { continue };
+            match msg {
+                Message::RowDescription(body) => result.columns = parse_row_description(&body)?,
+                Message::DataRow(body) => result.rows.push(parse_data_row(&body)?),
+                Message::CommandComplete(body) => debug!(tag = body.tag().unwrap_or("?"), "command complete"),
+                Message::EmptyQueryResponse => {}
+                Message::ErrorResponse(body) => {
+                    error.get_or_insert(parse_error_response(body.fields()));
                 }
-                b'I' => {}
-                b'E' => {
-                    error.get_or_insert(parse_error_response(body));
-                }
-                b'Z' => {
+                Message::ReadyForQuery(_) => {
                     self.in_query = false;
                     return match error {
                         Some(e) => Err(e),
                         None => Ok(result),
                     };
                 }
-                other => return Err(unexpected(other, "in a query result")),
+                other => return Err(unexpected_message(&other, "in a query result")),
             }
         }
     }
@@ -479,18 +508,18 @@ impl ReplicationConnection {
         check_no_nul("query", sql)?;
         self.conn.flush().await?;
         while self.in_query {
-            let Some((tag, _)) = self.conn.next_frame().await? else {
+            let Some(frame) = self.conn.next_message().await? else {
                 return Err(eof("skipping an abandoned query's result"));
             };
-            match tag {
-                b'Z' => self.in_query = false,
-                b'W' | b'G' | b'H' => return Err(unexpected(tag, "in an abandoned query's result")),
+            match frame {
+                Frame::Pg(Message::ReadyForQuery(_)) => self.in_query = false,
+                Frame::Pg(Message::CopyInResponse(_) | Message::CopyOutResponse(_)) | Frame::CopyBothResponse => {
+                    return Err(unexpected(frame.tag(), "in an abandoned query's result"))
+                }
                 _ => {}
             }
         }
-        let mut body = Vec::with_capacity(sql.len() + 1);
-        put_cstr(&mut body, sql.as_bytes());
-        self.conn.queue(b'Q', &body)?;
+        frontend::query(sql, &mut self.conn.wbuf).map_err(|e| PgError::InvalidArgument(e.to_string()))?;
         self.in_query = true;
         self.conn.flush().await
     }
@@ -524,30 +553,29 @@ impl ReplicationStream {
             return Ok(ReplicationEvent::End);
         }
         loop {
-            let Some((tag, body)) = self.conn.next_frame().await? else {
+            let Some(frame) = self.conn.next_message().await? else {
                 self.ended = true;
                 return Ok(ReplicationEvent::End);
             };
-            if skip_async_message(tag, body, &mut self.parameters) {
-                continue;
-            }
-            return match tag {
-                b'd' => parse_copy_data(body),
+            let Frame::Pg(msg) = frame else { return Err(unexpected(frame.tag(), "in the replication stream")) };
+            let Some(msg) = skip_async_message(msg, &mut self.parameters) else { continue };
+            return match msg {
+                Message::CopyData(body) => parse_copy_data(body.data()),
                 // CopyDone ends a historic timeline. At shutdown, once the
                 // standby confirmed flushing everything, the walsender sends
                 // CommandComplete ("COPY 0") without CopyDone and exits.
                 // ReadyForQuery: copy mode is over (after an error).
-                b'c' | b'C' | b'Z' => {
+                Message::CopyDone | Message::CommandComplete(_) | Message::ReadyForQuery(_) => {
                     self.ended = true;
                     Ok(ReplicationEvent::End)
                 }
                 // An error ends copy mode; ReadyForQuery or a closed
                 // connection follows (FATAL).
-                b'E' => {
+                Message::ErrorResponse(body) => {
                     self.ended = true;
-                    Err(parse_error_response(body))
+                    Err(parse_error_response(body.fields()))
                 }
-                other => Err(unexpected(other, "in the replication stream")),
+                other => Err(unexpected_message(&other, "in the replication stream")),
             };
         }
     }
@@ -574,7 +602,9 @@ impl ReplicationStream {
         let timeout = self.timeout;
         with_timeout(timeout, || "sending a standby status update".to_string(), async {
             self.conn.flush().await?;
-            self.conn.queue(b'd', &body)?;
+            frontend::CopyData::new(&body[..])
+                .map(|data| data.write(&mut self.conn.wbuf))
+                .map_err(|e| PgError::InvalidArgument(e.to_string()))?;
             self.conn.flush().await
         })
         .await
@@ -584,17 +614,6 @@ impl ReplicationStream {
     pub fn parameter(&self, name: &str) -> Option<&str> {
         self.parameters.get(name).map(String::as_str)
     }
-}
-
-/// The MD5 password response: `"md5" + hex(md5(hex(md5(password + user)) + salt))`.
-fn md5_password(user: &str, password: &str, salt: [u8; 4]) -> String {
-    let inner = hex(&Md5::new().chain_update(password).chain_update(user).finalize());
-    let outer = hex(&Md5::new().chain_update(inner).chain_update(salt).finalize());
-    format!("md5{outer}")
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn password_for<'a>(cfg: &'a ReplicationConfig, method: &str) -> Result<&'a str, PgError> {
@@ -625,9 +644,54 @@ fn check_slot_name(name: &str) -> Result<(), PgError> {
     Ok(())
 }
 
-fn put_cstr(buf: &mut Vec<u8>, s: &[u8]) {
-    buf.extend_from_slice(s);
-    buf.push(0);
+fn protocol(e: io::Error) -> PgError {
+    PgError::Protocol(e.to_string())
+}
+
+fn protocol_msg(what: &str) -> PgError {
+    PgError::Protocol(what.to_string())
+}
+
+/// The type byte of a decoded message.
+fn message_tag(msg: &Message) -> u8 {
+    match msg {
+        Message::AuthenticationCleartextPassword
+        | Message::AuthenticationGss
+        | Message::AuthenticationKerberosV5
+        | Message::AuthenticationMd5Password(_)
+        | Message::AuthenticationOk
+        | Message::AuthenticationScmCredential
+        | Message::AuthenticationSspi
+        | Message::AuthenticationGssContinue(_)
+        | Message::AuthenticationSasl(_)
+        | Message::AuthenticationSaslContinue(_)
+        | Message::AuthenticationSaslFinal(_) => b'R',
+        Message::BackendKeyData(_) => b'K',
+        Message::BindComplete => b'2',
+        Message::CloseComplete => b'3',
+        Message::CommandComplete(_) => b'C',
+        Message::CopyData(_) => b'd',
+        Message::CopyDone => b'c',
+        Message::CopyInResponse(_) => b'G',
+        Message::CopyOutResponse(_) => b'H',
+        Message::DataRow(_) => b'D',
+        Message::EmptyQueryResponse => b'I',
+        Message::ErrorResponse(_) => b'E',
+        Message::NoData => b'n',
+        Message::NoticeResponse(_) => b'N',
+        Message::NotificationResponse(_) => b'A',
+        Message::ParameterDescription(_) => b't',
+        Message::ParameterStatus(_) => b'S',
+        Message::ParseComplete => b'1',
+        Message::PortalSuspended => b's',
+        Message::ReadyForQuery(_) => b'Z',
+        Message::RowDescription(_) => b'T',
+        _ => b'?',
+    }
+}
+
+fn unexpected_message(msg: &Message, when: &str) -> PgError {
+    unexpected(message_tag(msg), when)
 }
 
 fn eof(when: &str) -> PgError {
@@ -661,48 +725,42 @@ async fn with_timeout<T>(
 }
 
 /// Handles messages the server may send at any time (NoticeResponse,
-/// ParameterStatus, NotificationResponse); returns whether `tag` was one.
-fn skip_async_message(tag: u8, body: &[u8], parameters: &mut HashMap<String, String>) -> bool {
-    match tag {
-        b'N' => {
-            let fields = parse_fields(body);
+/// ParameterStatus, NotificationResponse): `None` if `msg` was one.
+fn skip_async_message(msg: Message, parameters: &mut HashMap<String, String>) -> Option<Message> {
+    match msg {
+        Message::NoticeResponse(body) => {
+            let fields = error_fields(body.fields());
             debug!(
                 severity = fields.get(&b'S').map(String::as_str).unwrap_or(""),
                 message = fields.get(&b'M').map(String::as_str).unwrap_or(""),
                 "server notice"
             );
-            true
+            None
         }
-        b'S' => {
-            let mut b = Body::new(body, "ParameterStatus");
-            if let (Ok(name), Ok(value)) = (b.cstr(), b.cstr()) {
-                let (name, value) = (String::from_utf8_lossy(name), String::from_utf8_lossy(value));
+        Message::ParameterStatus(body) => {
+            if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
                 debug!(%name, %value, "server parameter");
-                parameters.insert(name.into_owned(), value.into_owned());
+                parameters.insert(name.to_string(), value.to_string());
             }
-            true
+            None
         }
-        b'A' => true,
-        _ => false,
+        Message::NotificationResponse(_) => None,
+        other => Some(other),
     }
 }
 
-/// The fields of an ErrorResponse or NoticeResponse, by field type.
-fn parse_fields(body: &[u8]) -> HashMap<u8, String> {
+/// The fields of an ErrorResponse or NoticeResponse, by field type; a
+/// malformed rest is ignored (the fields before it are kept).
+fn error_fields(mut it: ErrorFields<'_>) -> HashMap<u8, String> {
     let mut fields = HashMap::new();
-    let mut b = Body::new(body, "ErrorResponse");
-    while let Ok(kind) = b.u8() {
-        if kind == 0 {
-            break;
-        }
-        let Ok(value) = b.cstr() else { break };
-        fields.insert(kind, String::from_utf8_lossy(value).into_owned());
+    while let Ok(Some(field)) = it.next() {
+        fields.insert(field.type_(), String::from_utf8_lossy(field.value_bytes()).into_owned());
     }
     fields
 }
 
-fn parse_error_response(body: &[u8]) -> PgError {
-    let mut fields = parse_fields(body);
+fn parse_error_response(it: ErrorFields<'_>) -> PgError {
+    let mut fields = error_fields(it);
     if let Some(detail) = fields.get(&b'D') {
         debug!(%detail, "server error detail");
     }
@@ -715,35 +773,13 @@ fn parse_error_response(body: &[u8]) -> PgError {
     }
 }
 
-fn parse_row_description(body: &[u8]) -> Result<Vec<String>, PgError> {
-    let mut b = Body::new(body, "RowDescription");
-    let count = b.i16()?;
-    let count = usize::try_from(count).map_err(|_| PgError::Protocol(format!("RowDescription with {count} fields")))?;
-    // Each field takes at least 19 bytes, so `count` is bounded by the message length.
-    let mut columns = Vec::with_capacity(count.min(body.len() / 19));
-    for _ in 0..count {
-        let name = String::from_utf8_lossy(b.cstr()?).into_owned();
-        b.take(18)?; // table oid, column number, type oid, type size, type modifier, format
-        columns.push(name);
-    }
-    Ok(columns)
+fn parse_row_description(body: &backend::RowDescriptionBody) -> Result<Vec<String>, PgError> {
+    body.fields().map(|f| Ok(f.name().to_string())).collect().map_err(protocol)
 }
 
-fn parse_data_row(body: &[u8]) -> Result<Vec<Option<String>>, PgError> {
-    let mut b = Body::new(body, "DataRow");
-    let count = b.i16()?;
-    let count = usize::try_from(count).map_err(|_| PgError::Protocol(format!("DataRow with {count} columns")))?;
-    let mut row = Vec::with_capacity(count.min(body.len() / 4));
-    for _ in 0..count {
-        let len = b.i32()?;
-        if len == -1 {
-            row.push(None);
-            continue;
-        }
-        let len = usize::try_from(len).map_err(|_| PgError::Protocol(format!("DataRow value of length {len}")))?;
-        row.push(Some(String::from_utf8_lossy(b.take(len)?).into_owned()));
-    }
-    Ok(row)
+fn parse_data_row(body: &backend::DataRowBody) -> Result<Vec<Option<String>>, PgError> {
+    let buf = body.buffer();
+    body.ranges().map(|r| Ok(r.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()))).collect().map_err(protocol)
 }
 
 fn parse_copy_data(body: &[u8]) -> Result<ReplicationEvent, PgError> {
@@ -799,26 +835,8 @@ impl<'a> Body<'a> {
         Ok(self.array::<1>()?[0])
     }
 
-    fn i16(&mut self) -> Result<i16, PgError> {
-        Ok(i16::from_be_bytes(self.array()?))
-    }
-
-    fn i32(&mut self) -> Result<i32, PgError> {
-        Ok(i32::from_be_bytes(self.array()?))
-    }
-
     fn u64(&mut self) -> Result<u64, PgError> {
         Ok(u64::from_be_bytes(self.array()?))
-    }
-
-    /// A NUL-terminated string, without the NUL.
-    fn cstr(&mut self) -> Result<&'a [u8], PgError> {
-        let Some(end) = self.buf.iter().position(|&c| c == 0) else {
-            return Err(PgError::Protocol(format!("unterminated string in {} message", self.what)));
-        };
-        let s = &self.buf[..end];
-        self.buf = &self.buf[end + 1..];
-        Ok(s)
     }
 
     fn rest(&mut self) -> &'a [u8] {
@@ -826,29 +844,46 @@ impl<'a> Body<'a> {
     }
 }
 
+/// What arrives from the server: a message `postgres-protocol` decodes,
+/// or one of the two it does not know.
+enum Frame {
+    Pg(Message),
+    /// 'W': the walsender entered COPY BOTH mode.
+    CopyBothResponse,
+    /// 'v': the server speaks an older minor version of the protocol.
+    NegotiateProtocolVersion,
+}
+
+impl Frame {
+    /// The message's type byte, for errors.
+    fn tag(&self) -> u8 {
+        match self {
+            Frame::CopyBothResponse => b'W',
+            Frame::NegotiateProtocolVersion => b'v',
+            Frame::Pg(msg) => message_tag(msg),
+        }
+    }
+}
+
 /// The socket with read and write buffers.
 struct Conn {
     stream: Transport,
-    /// Received bytes; `rbuf[rpos..]` is not consumed yet.
-    rbuf: Vec<u8>,
-    rpos: usize,
-    /// Size of the message last returned by `next_frame`, consumed on the next call.
-    returned: usize,
+    /// Received bytes not consumed yet.
+    rbuf: BytesMut,
     /// Bytes to send; `wbuf[wpos..]` is not sent yet.
-    wbuf: Vec<u8>,
+    wbuf: BytesMut,
     wpos: usize,
 }
 
 impl Conn {
     fn new(stream: Transport) -> Conn {
-        Conn { stream, rbuf: Vec::with_capacity(READ_CHUNK), rpos: 0, returned: 0, wbuf: Vec::new(), wpos: 0 }
+        Conn { stream, rbuf: BytesMut::with_capacity(READ_CHUNK), wbuf: BytesMut::new(), wpos: 0 }
     }
 
     /// Size (type byte included) of the message at the head of the buffer, if
     /// its header has arrived; an error if its length is out of bounds.
     fn head_size(&self) -> Result<Option<usize>, PgError> {
-        let avail = &self.rbuf[self.rpos..];
-        let [tag, a, b, c, d, ..] = *avail else { return Ok(None) };
+        let [tag, a, b, c, d, ..] = *self.rbuf else { return Ok(None) };
         let len = i32::from_be_bytes([a, b, c, d]);
         match usize::try_from(len) {
             Ok(len) if (4..=MAX_MESSAGE_LEN).contains(&len) => Ok(Some(1 + len)),
@@ -856,30 +891,33 @@ impl Conn {
         }
     }
 
-    /// The next message as type and body, or `None` if the server closed the
-    /// connection between messages. The body stays valid until the next call.
+    /// The next message, or `None` if the server closed the connection
+    /// between messages.
     ///
-    /// Cancel-safe: the only await is a read into the buffer, and a message is
-    /// consumed only when the next call starts.
-    async fn next_frame(&mut self) -> Result<Option<(u8, &[u8])>, PgError> {
-        self.rpos += std::mem::take(&mut self.returned);
+    /// Cancel-safe: the only await is a read into the buffer, and a message
+    /// leaves the buffer only once it is whole and returned.
+    async fn next_message(&mut self) -> Result<Option<Frame>, PgError> {
         loop {
             let head = self.head_size()?;
-            let avail = self.rbuf.len() - self.rpos;
-            if let Some(size) = head.filter(|&size| size <= avail) {
-                self.returned = size;
-                let msg = &self.rbuf[self.rpos..self.rpos + size];
-                return Ok(Some((msg[0], &msg[5..])));
-            }
-            // Move the partial message to the front and make room for the rest.
-            if self.rpos > 0 {
-                self.rbuf.drain(..self.rpos);
-                self.rpos = 0;
-                if self.rbuf.capacity() > SHRINK_ABOVE && self.rbuf.len() < READ_CHUNK {
-                    self.rbuf.shrink_to(READ_CHUNK);
+            if let Some(size) = head.filter(|&size| size <= self.rbuf.len()) {
+                let tag = self.rbuf[0];
+                if tag == b'W' || tag == b'v' {
+                    let _ = self.rbuf.split_to(size);
+                    return Ok(Some(if tag == b'W' {
+                        Frame::CopyBothResponse
+                    } else {
+                        Frame::NegotiateProtocolVersion
+                    }));
                 }
+                let msg = Message::parse(&mut self.rbuf).map_err(protocol)?;
+                // The whole message is buffered, so the parser consumed it.
+                let msg = msg.ok_or_else(|| protocol_msg("a whole message did not parse"))?;
+                if self.rbuf.is_empty() && self.rbuf.capacity() > SHRINK_ABOVE {
+                    self.rbuf = BytesMut::with_capacity(READ_CHUNK);
+                }
+                return Ok(Some(Frame::Pg(msg)));
             }
-            let missing = head.unwrap_or(5) - avail;
+            let missing = head.unwrap_or(5) - self.rbuf.len();
             self.rbuf.reserve(missing.max(READ_CHUNK));
             if self.stream.read_buf(&mut self.rbuf).await? == 0 {
                 if self.rbuf.is_empty() {
@@ -890,21 +928,7 @@ impl Conn {
         }
     }
 
-    /// Queues a message for `flush`.
-    fn queue(&mut self, tag: u8, body: &[u8]) -> Result<(), PgError> {
-        let len = i32::try_from(body.len() + 4)
-            .map_err(|_| PgError::InvalidArgument(format!("message of {} bytes is too long", body.len())))?;
-        if self.wpos == self.wbuf.len() {
-            self.wbuf.clear();
-            self.wpos = 0;
-        }
-        self.wbuf.push(tag);
-        self.wbuf.extend_from_slice(&len.to_be_bytes());
-        self.wbuf.extend_from_slice(body);
-        Ok(())
-    }
-
-    /// Sends everything queued. If cancelled, the rest stays queued.
+    /// Sends everything queued in `wbuf`. If cancelled, the rest stays queued.
     async fn flush(&mut self) -> Result<(), PgError> {
         while self.wpos < self.wbuf.len() {
             let n = self.stream.write(&self.wbuf[self.wpos..]).await?;
@@ -961,14 +985,20 @@ impl AsyncWrite for Transport {
 mod tests {
     use super::*;
 
-    #[test]
-    fn md5_response_matches_postgres() {
-        // pg_authid stores "md5" + md5(password + user); for password
-        // "secret" and user "md5user" that is md5("secretmd5user").
-        let inner = hex(&Md5::digest(b"secretmd5user"));
-        let expected = format!("md5{}", hex(&Md5::digest(format!("{inner}abcd").as_bytes())));
-        assert_eq!(md5_password("md5user", "secret", *b"abcd"), expected);
-        assert_eq!(md5_password("md5user", "secret", *b"abcd").len(), 35);
+    /// The message `tag` with `body`, as `postgres-protocol` decodes it.
+    fn decode(tag: u8, body: &[u8]) -> io::Result<Option<Message>> {
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&[tag]);
+        buf.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        buf.extend_from_slice(body);
+        Message::parse(&mut buf)
+    }
+
+    fn error_of(body: &[u8]) -> Option<PgError> {
+        match decode(b'E', body) {
+            Ok(Some(Message::ErrorResponse(e))) => Some(parse_error_response(e.fields())),
+            _ => None,
+        }
     }
 
     #[test]
@@ -976,19 +1006,23 @@ mod tests {
         let mut body = Vec::new();
         for (k, v) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "28000"), (b'M', "role \"x\" does not exist")] {
             body.push(k);
-            put_cstr(&mut body, v.as_bytes());
+            body.extend_from_slice(v.as_bytes());
+            body.push(0);
         }
         body.push(0);
-        match parse_error_response(&body) {
-            PgError::Server { severity, code, message } => {
+        match error_of(&body) {
+            Some(PgError::Server { severity, code, message }) => {
                 assert_eq!((severity.as_str(), code.as_str()), ("FATAL", "28000"));
                 assert_eq!(message, "role \"x\" does not exist");
             }
             other => panic!("unexpected {other:?}"),
         }
-        // Truncated or garbage error bodies still give an error, not a panic.
+        // Truncated or garbage error bodies still give an error (or are
+        // refused by the decoder), never a panic.
         for garbage in [&b""[..], b"S", b"SFATAL", b"\xff\xfe", b"C28000\0M"] {
-            assert!(matches!(parse_error_response(garbage), PgError::Server { .. }));
+            if let Some(e) = error_of(garbage) {
+                assert!(matches!(e, PgError::Server { .. }));
+            }
         }
     }
 
@@ -1029,15 +1063,27 @@ mod tests {
 
     #[test]
     fn row_parsing_is_bounded() {
+        let row = |body: &[u8]| match decode(b'D', body) {
+            Ok(Some(Message::DataRow(r))) => parse_data_row(&r),
+            Ok(_) => panic!("not a row"),
+            Err(e) => Err(protocol(e)),
+        };
+        let description = |body: &[u8]| match decode(b'T', body) {
+            Ok(Some(Message::RowDescription(r))) => parse_row_description(&r),
+            Ok(_) => panic!("not a description"),
+            Err(e) => Err(protocol(e)),
+        };
         // Claims 32767 columns in a tiny message.
-        assert!(parse_row_description(&[0x7f, 0xff, b'a', 0]).is_err());
-        assert!(parse_data_row(&[0x7f, 0xff, 0, 0, 0, 1]).is_err());
-        assert!(parse_data_row(&[0xff, 0xff]).is_err());
-        assert!(parse_data_row(&[0, 1, 0x7f, 0xff, 0xff, 0xff]).is_err());
-        assert_eq!(
-            parse_data_row(&[0, 2, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, b'7']).unwrap(),
-            vec![None, Some("7".into())]
-        );
+        assert!(description(&[0x7f, 0xff, b'a', 0]).is_err());
+        assert!(row(&[0x7f, 0xff, 0, 0, 0, 1]).is_err());
+        assert!(row(&[0, 1, 0x7f, 0xff, 0xff, 0xff]).is_err());
+        assert_eq!(row(&[0, 2, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, b'7']).unwrap(), vec![None, Some("7".into())]);
+    }
+
+    #[test]
+    fn copy_both_and_negotiation_are_framed_here() {
+        // postgres-protocol does not know these two; the connection frames them itself.
+        assert!(decode(b'W', &[0, 0, 0]).is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -169,7 +169,20 @@ async fn get_text(url: String) -> String {
     blocking(move || ureq::get(&url).call().unwrap().into_body().read_to_string().unwrap()).await
 }
 
-/// Runs SQL over TCP as the `postgres` role; the unaligned output.
+/// The password the tests' computes are given (file mode 0600).
+const PASSWORD: &str = "agent-test-password";
+
+/// A password file for an agent config under `dir`.
+fn password_file(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("password");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path).unwrap();
+    std::io::Write::write_all(&mut f, PASSWORD.as_bytes()).unwrap();
+    path
+}
+
+/// Runs SQL over TCP as the `postgres` role (with SCRAM); the unaligned output.
 async fn psql(port: u16, sql: &str) -> String {
     let sql = sql.to_string();
     blocking(move || {
@@ -177,6 +190,7 @@ async fn psql(port: u16, sql: &str) -> String {
             .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
             .args(["-p", &port.to_string(), "-U", "postgres", "-d", "postgres", "-c", &sql])
             .env("PGCONNECT_TIMEOUT", "10")
+            .env("PGPASSWORD", PASSWORD)
             .env("PGOPTIONS", "-c statement_timeout=30s"));
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     })
@@ -271,8 +285,15 @@ async fn compute_life_cycle() {
     let pgdata = base.join("compute").join("pgdata");
     let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let port = free_port();
-    let mut cfg =
-        AgentConfig::new(pgdata.clone(), port, safekeepers.addresses.clone(), tenant, timeline, pageserver.to_string());
+    let mut cfg = AgentConfig::new(
+        pgdata.clone(),
+        port,
+        safekeepers.addresses.clone(),
+        tenant,
+        timeline,
+        pageserver.to_string(),
+        password_file(&base),
+    );
     cfg.http = Some(http);
     cfg.pg_bin_dir = pg_bin();
     cfg.shared_buffers = "32MB".into();
@@ -372,6 +393,7 @@ fn config_without_safekeepers(base: &Path, pageserver: String) -> AgentConfig {
         TenantId::generate(),
         TimelineId::generate(),
         pageserver,
+        password_file(base),
     );
     cfg.failed_linger = Duration::ZERO;
     cfg

@@ -7,7 +7,6 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use md5::Digest;
 use strata_compute::pg_replication::{
     PgError, ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream,
 };
@@ -100,7 +99,7 @@ impl PgServer {
             user: user.into(),
             password: None,
             application_name: application_name.into(),
-            connect_timeout: Duration::from_secs(10),
+            ..ReplicationConfig::new("", 0, "")
         }
     }
 
@@ -414,12 +413,19 @@ async fn auth_and_errors(pg: &PgServer) {
     let (_, code, _) = server_error(ReplicationConnection::connect(&with_password("pwuser", Some("pw"))).await);
     assert_eq!(code, "28P01");
 
-    // SCRAM is not supported yet.
-    let err = ReplicationConnection::connect(&with_password("scramuser", Some("scramsecret"))).await.unwrap_err();
-    match &err {
-        PgError::Auth(msg) => assert!(msg.contains("SCRAM-SHA-256") && msg.contains("not supported"), "{msg}"),
-        other => panic!("{other:?}"),
-    }
+    // SCRAM-SHA-256: the right password, a wrong one, none.
+    let mut conn = ReplicationConnection::connect(&with_password("scramuser", Some("scramsecret"))).await.unwrap();
+    assert_eq!(conn.identify_system().await.unwrap().system_id, pg.system_id());
+    drop(conn);
+    let (_, code, _) = server_error(ReplicationConnection::connect(&with_password("scramuser", Some("wrong"))).await);
+    assert_eq!(code, "28P01");
+    let err = ReplicationConnection::connect(&with_password("scramuser", None)).await.unwrap_err();
+    assert!(matches!(err, PgError::Auth(_)), "{err:?}");
+
+    // A normal session (not a walsender) runs SQL.
+    let normal = ReplicationConfig { replication: false, ..pg.config("postgres", "x") };
+    let mut conn = ReplicationConnection::connect(&normal).await.unwrap();
+    assert_eq!(conn.simple_query("SELECT 6 * 7").await.unwrap(), vec![vec![Some("42".to_string())]]);
 
     // A role without REPLICATION may not start a walsender.
     let (_, code, message) = server_error(ReplicationConnection::connect(&pg.config("norepl", "x")).await);
@@ -504,37 +510,54 @@ fn xlog_data(start: u64, data: &[u8]) -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn startup_packet_and_md5() {
+async fn startup_packet() {
     let cfg = fake_server(|mut sock| async move {
         let startup = read_startup(&mut sock).await;
         assert_eq!(&startup[..4], &196608i32.to_be_bytes());
         let params: Vec<&[u8]> = startup[4..].split(|&b| b == 0).collect();
         assert_eq!(
             params,
-            vec![&b"user"[..], b"someone", b"replication", b"true", b"application_name", b"strata_compute", b"", b""]
+            vec![
+                &b"user"[..],
+                b"someone",
+                b"database",
+                b"replication",
+                b"replication",
+                b"true",
+                b"application_name",
+                b"strata_compute",
+                b"",
+                b""
+            ]
         );
-        let mut req = 5i32.to_be_bytes().to_vec();
-        req.extend_from_slice(b"salt");
-        sock.write_all(&message(b'R', &req)).await.unwrap();
-        let (tag, body) = read_message(&mut sock).await;
-        assert_eq!(tag, b'p');
-        // "md5" + md5(hex(md5("pw" + "someone")) + "salt").
-        let mut outer_input = md5_hex(b"pwsomeone").into_bytes();
-        outer_input.extend_from_slice(b"salt");
-        let expected = format!("md5{}\0", md5_hex(&outer_input));
-        assert_eq!(String::from_utf8(body).unwrap(), expected);
         sock.write_all(&handshake_ok()).await.unwrap();
         let _ = read_message(&mut sock).await;
     })
     .await;
-    let cfg = ReplicationConfig { password: Some("pw".into()), ..cfg };
     let conn = timeout(TEST_TIMEOUT, ReplicationConnection::connect(&cfg)).await.unwrap().unwrap();
     assert_eq!(conn.parameter("server_version"), Some("15.0"));
     assert_eq!(conn.backend_pid(), Some(42));
 }
 
-fn md5_hex(input: &[u8]) -> String {
-    md5::Md5::digest(input).iter().map(|b| format!("{b:02x}")).collect()
+/// A server that asks for SCRAM and then claims success without proving
+/// that it knows the password is refused.
+#[tokio::test]
+async fn scram_without_the_server_proof_is_refused() {
+    let cfg = fake_server(|mut sock| async move {
+        read_startup(&mut sock).await;
+        let mut req = 10i32.to_be_bytes().to_vec();
+        req.extend_from_slice(b"SCRAM-SHA-256\0\0");
+        sock.write_all(&message(b'R', &req)).await.unwrap();
+        let (tag, body) = read_message(&mut sock).await;
+        assert_eq!(tag, b'p');
+        assert!(body.starts_with(b"SCRAM-SHA-256\0"), "{body:?}");
+        sock.write_all(&handshake_ok()).await.unwrap();
+        let _ = read_message(&mut sock).await;
+    })
+    .await;
+    let cfg = ReplicationConfig { password: Some("pw".into()), ..cfg };
+    let err = timeout(TEST_TIMEOUT, ReplicationConnection::connect(&cfg)).await.unwrap().unwrap_err();
+    assert!(matches!(&err, PgError::Auth(m) if m.contains("without proving")), "{err:?}");
 }
 
 #[tokio::test]

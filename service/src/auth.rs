@@ -266,6 +266,25 @@ impl Signer {
     }
 }
 
+/// A new random password: 32 letters and digits (190 bits), from the
+/// system's random source; safe in a URI and a libpq connection string.
+pub fn generate_password() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let random = rustls::crypto::aws_lc_rs::default_provider().secure_random;
+    let mut out = String::with_capacity(32);
+    let mut buf = [0u8; 64];
+    while out.len() < 32 {
+        random.fill(&mut buf).expect("the system's random source works");
+        // Bytes below 248 (4 × 62) map to the alphabet without bias.
+        for b in buf.iter().filter(|&&b| b < 248) {
+            if out.len() < 32 {
+                out.push(char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]));
+            }
+        }
+    }
+    out
+}
+
 /// A new Ed25519 key pair: (private key as PKCS#8 PEM, public key as PEM).
 pub fn generate_key_pair() -> (String, String) {
     let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("the system's random source works");

@@ -34,6 +34,8 @@ const TAIL_LINES: usize = 30;
 const ENDPOINT_FILE: &str = "endpoint.toml";
 /// The agent's tenant token (mode 0600), beside `endpoint.toml`.
 const AGENT_TOKEN_FILE: &str = "agent.token";
+/// The password clients log in with (mode 0600), beside `endpoint.toml`.
+const PASSWORD_FILE: &str = "password";
 
 /// `endpoints/<name>/endpoint.toml`: what a restart reuses.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -88,9 +90,30 @@ impl Endpoint {
         Supervised::new(format!("endpoint {}", self.file.name), self.identity(), self.log(), STOP_GRACE)
     }
 
-    /// libpq connection string of its PostgreSQL.
+    /// libpq connection string of its PostgreSQL, without the password.
     pub fn connstr(&self) -> String {
-        format!("postgresql://postgres@{HOST}:{}/postgres", self.file.pg_port)
+        self.connstr_with(None, None)
+    }
+
+    /// The connection string a client uses: with the password, and with
+    /// `ca` (the cluster's CA) TLS that verifies the server's certificate.
+    pub fn connstr_with(&self, password: Option<&str>, ca: Option<&std::path::Path>) -> String {
+        let login = match password {
+            // Generated passwords are letters and digits: nothing to escape.
+            Some(p) => format!("postgres:{p}"),
+            None => "postgres".into(),
+        };
+        let mut s = format!("postgresql://{login}@{HOST}:{}/postgres", self.file.pg_port);
+        if let Some(ca) = ca {
+            s.push_str("?sslmode=verify-full&sslrootcert=");
+            s.push_str(&uri_escape(&ca.to_string_lossy()));
+        }
+        s
+    }
+
+    /// The file with the password clients log in with.
+    pub fn password_file(&self) -> PathBuf {
+        self.dir.join(PASSWORD_FILE)
     }
 
     /// The agent's `/v1/status` URL.
@@ -108,6 +131,47 @@ impl Endpoint {
     pub fn agent_view(&self) -> Option<AgentStatus> {
         self.compute_status().map(|s| s.agent)
     }
+}
+
+/// `text` with every byte outside RFC 3986's unreserved set and `/`
+/// percent-encoded, for a path in a connection URI's query.
+fn uri_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The endpoint's password, made at its first start: a new random one, or
+/// for a read-only endpoint the one of its branch's primary endpoint, the
+/// password its role most likely has at the LSN it reads (a primary sets
+/// its password on the role; a read-only compute cannot).
+fn ensure_password(wd: &Workdir, ep: &Endpoint) -> Result<String> {
+    let read = |path: &std::path::Path| {
+        fs::read_to_string(path).ok().and_then(|t| t.lines().next().map(str::to_string)).filter(|p| !p.is_empty())
+    };
+    let path = ep.password_file();
+    if let Some(password) = read(&path) {
+        return Ok(password);
+    }
+    let primary = || {
+        let others = load_all(wd).ok()?;
+        others
+            .iter()
+            .filter(|o| o.file.branch == ep.file.branch && o.file.read_only_at.is_none() && o.file.name != ep.file.name)
+            .find_map(|o| read(&o.password_file()))
+    };
+    let password = match ep.file.read_only_at {
+        Some(_) => primary().unwrap_or_else(strata_service::auth::generate_password),
+        None => strata_service::auth::generate_password(),
+    };
+    strata_service::auth::write_secret(&path, &password).map_err(|e| Error::Failed(e.to_string()))?;
+    Ok(password)
 }
 
 /// The LSN of `--at`: an LSN as given, or the branch's point at a time
@@ -305,6 +369,7 @@ pub fn start(
         &ep.file,
     )?;
 
+    let password = ensure_password(wd, &ep)?;
     let c = &wd.cluster;
     let ps = c.pageserver();
     let mut args: Vec<OsString> = vec![
@@ -328,6 +393,8 @@ pub fn start(
         c.pg_bin_dir.clone().into(),
         "--pg-user".into(),
         c.pg_user.clone().into(),
+        "--password-file".into(),
+        ep.password_file().into(),
     ];
     if c.verify_redo {
         args.push("--verify-redo".into());
@@ -427,7 +494,8 @@ pub fn start(
         log.display()
     );
     // Last line: scripts take the connection string from here.
-    println!("{}", ep.connstr());
+    let ca = super::certs::client(&wd.root)?.map(|_| super::certs::ca_cert(&wd.root));
+    println!("{}", ep.connstr_with(Some(&password), ca.as_deref()));
     Ok(())
 }
 
@@ -567,6 +635,10 @@ mod tests {
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);
         let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f };
         assert_eq!(ep.connstr(), "postgresql://postgres@127.0.0.1:5432/postgres");
+        assert_eq!(
+            ep.connstr_with(Some("pw9"), Some(std::path::Path::new("/w x/tls/ca.pem"))),
+            "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w%20x/tls/ca.pem"
+        );
         assert_eq!(ep.identity().marker, PathBuf::from("/w/endpoints/e/pgdata"));
     }
 }

@@ -82,6 +82,13 @@ pub struct AgentConfig {
     pub tls_client: Option<strata_service::tls::ClientTls>,
     /// TLS on the status server; none: plaintext (loopback only).
     pub tls_server: Option<strata_service::tls::ServerTls>,
+    /// This host's certificate and key files: PostgreSQL serves TLS with
+    /// copies of them in its data directory; none: PostgreSQL has no TLS.
+    pub pg_tls_files: Option<(PathBuf, PathBuf)>,
+    /// The file (mode 0600) with the password clients log in with as
+    /// `pg_role` over TCP (SCRAM-SHA-256); read at every start, so a new
+    /// password takes effect with the next one (`docs/security.md`).
+    pub password_file: PathBuf,
 }
 
 impl AgentConfig {
@@ -93,6 +100,7 @@ impl AgentConfig {
         tenant_id: TenantId,
         timeline_id: TimelineId,
         pageserver_http: String,
+        password_file: PathBuf,
     ) -> AgentConfig {
         AgentConfig {
             pgdata,
@@ -127,6 +135,8 @@ impl AgentConfig {
             token: None,
             tls_client: None,
             tls_server: None,
+            pg_tls_files: None,
+            password_file,
         }
     }
 

@@ -23,7 +23,14 @@ pub struct PgSettings {
     pub application_name: String,
     /// A read-only compute: a hot standby with no WAL source.
     pub read_only: bool,
+    /// This host's certificate and key files: copied into the data
+    /// directory, and PostgreSQL serves TLS with them.
+    pub tls_files: Option<(PathBuf, PathBuf)>,
 }
+
+/// The names of the certificate and key in the data directory.
+const SERVER_CERT: &str = "server.crt";
+const SERVER_KEY: &str = "server.key";
 
 /// A setting that cannot be written.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +122,22 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
     );
     set("", "shared_buffers", quote(&s.shared_buffers));
     set(
+        "Passwords are stored as SCRAM verifiers; TCP clients log in with SCRAM-SHA-256.",
+        "password_encryption",
+        quote("scram-sha-256"),
+    );
+    if s.tls_files.is_some() {
+        set(
+            "TLS with this host's certificate from the cluster's CA (libpq's default\n\
+             sslmode=prefer uses it; sslmode=verify-full checks it).",
+            "ssl",
+            "on".into(),
+        );
+        set("", "ssl_cert_file", quote(SERVER_CERT));
+        set("", "ssl_key_file", quote(SERVER_KEY));
+        set("As every other Strata link.", "ssl_min_protocol_version", quote("TLSv1.3"));
+    }
+    set(
         "The agent's WAL proposer is the one synchronous standby: a commit returns\n\
          only once a quorum of safekeepers has the WAL.",
         "synchronous_standby_names",
@@ -187,15 +210,18 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
     Ok(out)
 }
 
-/// The text of `pg_hba.conf`: trust for every local and loopback connection,
-/// normal and replication (PostgreSQL listens on nothing else).
+/// The text of `pg_hba.conf`: SCRAM-SHA-256 for every TCP connection,
+/// normal and replication; trust on the Unix socket, whose directory only
+/// PostgreSQL's user (and root) can enter (mode 0700: the data directory or
+/// a private one, see [`prepare_socket_dir`]).
 pub fn pg_hba_conf() -> String {
     "# Written by the Strata compute agent at every start; edits are lost.\n\
+     # The socket's directory is private to PostgreSQL's user.\n\
      # TYPE  DATABASE     USER  ADDRESS       METHOD\n\
      local   all          all                 trust\n\
      local   replication  all                 trust\n\
-     host    all          all   127.0.0.1/32  trust\n\
-     host    replication  all   127.0.0.1/32  trust\n"
+     host    all          all   127.0.0.1/32  scram-sha-256\n\
+     host    replication  all   127.0.0.1/32  scram-sha-256\n"
         .to_string()
 }
 
@@ -263,6 +289,23 @@ pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
         "# Emptied by the Strata compute agent at every start; ALTER SYSTEM settings do not persist.\n",
     )?;
     write(pgdata.join("pg_hba.conf"), &pg_hba_conf())?;
+    for name in [SERVER_CERT, SERVER_KEY] {
+        let path = pgdata.join(name);
+        if path.exists() {
+            std::fs::remove_file(&path).map_err(|source| ConfigError::Io { path, source })?;
+        }
+    }
+    if let Some((cert, key)) = &s.tls_files {
+        // PostgreSQL refuses a key others may read; `set_ownership` later
+        // gives both to its user with mode 0600.
+        for (from, name) in [(cert, SERVER_CERT), (key, SERVER_KEY)] {
+            let to = pgdata.join(name);
+            std::fs::copy(from, &to).map_err(|source| ConfigError::Io { path: from.clone(), source })?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+                .map_err(|source| ConfigError::Io { path: to.clone(), source })?;
+        }
+    }
     // A standby with neither primary_conninfo nor restore_command replays
     // nothing after the basebackup's checkpoint: it stays at that LSN, and
     // PostgreSQL itself refuses every write.
@@ -291,6 +334,7 @@ mod tests {
             verify_redo: false,
             application_name: "strata_proposer".into(),
             read_only: false,
+            tls_files: None,
         }
     }
 
@@ -377,14 +421,28 @@ mod tests {
     }
 
     #[test]
-    fn hba_trusts_local_and_loopback_only() {
+    fn hba_trusts_the_socket_only_and_tcp_needs_scram() {
         let hba = pg_hba_conf();
         let rules: Vec<Vec<&str>> =
             hba.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(rules.len(), 4);
-        assert!(rules.iter().all(|r| r.last() == Some(&"trust")));
-        assert!(rules.iter().filter(|r| r[0] == "host").all(|r| r[3] == "127.0.0.1/32"));
-        assert!(rules.iter().any(|r| r[0] == "host" && r[1] == "replication"));
+        assert!(rules.iter().filter(|r| r[0] == "local").all(|r| r.last() == Some(&"trust")));
+        let host: Vec<_> = rules.iter().filter(|r| r[0] == "host").collect();
+        assert_eq!(host.len(), 2);
+        assert!(host.iter().all(|r| r[3] == "127.0.0.1/32" && r[4] == "scram-sha-256"));
+        assert!(host.iter().any(|r| r[1] == "replication"));
+    }
+
+    #[test]
+    fn tls_only_with_certificate_files() {
+        let plain = postgresql_conf(&settings()).unwrap();
+        assert!(!plain.contains("\nssl = on"), "{plain}");
+        assert!(plain.contains("password_encryption = 'scram-sha-256'"));
+        let files = Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")));
+        let tls = postgresql_conf(&PgSettings { tls_files: files, ..settings() }).unwrap();
+        for line in ["ssl = on", "ssl_cert_file = 'server.crt'", "ssl_key_file = 'server.key'"] {
+            assert!(tls.lines().any(|l| l == line), "{line} in {tls}");
+        }
     }
 
     #[test]
@@ -419,8 +477,20 @@ mod tests {
         write_config(&dir, &settings()).unwrap();
         assert!(std::fs::read_to_string(dir.join("postgresql.conf")).unwrap().contains("port = 55432"));
         assert!(!std::fs::read_to_string(dir.join("postgresql.auto.conf")).unwrap().contains("work_mem"));
-        assert!(std::fs::read_to_string(dir.join("pg_hba.conf")).unwrap().contains("trust"));
+        assert!(std::fs::read_to_string(dir.join("pg_hba.conf")).unwrap().contains("scram-sha-256"));
         assert!(dir.join("pg_ident.conf").exists());
+        assert!(!dir.join(SERVER_KEY).exists());
+        // With TLS: the files copied, the key private.
+        std::fs::write(dir.join("c.pem"), "cert").unwrap();
+        std::fs::write(dir.join("k.pem"), "key").unwrap();
+        let files = Some((dir.join("c.pem"), dir.join("k.pem")));
+        write_config(&dir, &PgSettings { tls_files: files, ..settings() }).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join(SERVER_KEY)).unwrap(), "key");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(dir.join(SERVER_KEY)).unwrap().permissions().mode() & 0o777, 0o600);
+        // Without again: a copy of before is not left behind.
+        write_config(&dir, &settings()).unwrap();
+        assert!(!dir.join(SERVER_KEY).exists() && !dir.join(SERVER_CERT).exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

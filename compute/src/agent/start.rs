@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::TimelineIdentity;
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::pageserver_api::{self, PageserverClient};
 use super::postgres::{self, OsUser, Postgres};
@@ -20,7 +20,7 @@ use super::{
     basebackup, check_timeline, fail, leftover, pgconf, stop_requested, unless_stopped, Agent, AgentError, Attempt,
     RunEnd, PG_VERSION,
 };
-use crate::pg_replication::ReplicationConfig;
+use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
 use strata_protocol::api::pageserver::TimelineState;
 
@@ -60,16 +60,64 @@ impl Agent {
         }
     }
 
-    /// The replication connection to the local server.
-    fn replication_config(&self) -> ReplicationConfig {
+    /// The replication connection to the local server: over TCP with
+    /// SCRAM, as every client's.
+    fn replication_config(&self, password: &str) -> ReplicationConfig {
         ReplicationConfig {
-            host: "127.0.0.1".into(),
-            port: self.cfg.pg_port,
-            user: self.cfg.pg_role.clone(),
-            password: None,
+            password: Some(password.to_string()),
             application_name: self.cfg.application_name.clone(),
-            connect_timeout: Duration::from_secs(10),
+            ..ReplicationConfig::new("127.0.0.1", self.cfg.pg_port, self.cfg.pg_role.clone())
         }
+    }
+
+    /// A connection through the Unix socket (trusted: its directory is
+    /// private to PostgreSQL's user), for the agent's own work before the
+    /// role's password is known to be set.
+    fn socket_config(&self, replication: bool) -> ReplicationConfig {
+        let dir = pgconf::socket_dir(&self.pgdata, self.cfg.pg_port);
+        ReplicationConfig {
+            application_name: "strata_agent".into(),
+            replication,
+            ..ReplicationConfig::new(dir.to_string_lossy(), self.cfg.pg_port, self.cfg.pg_role.clone())
+        }
+    }
+
+    /// Makes the role's password the endpoint's: logs in with it over TCP
+    /// and, if that is refused on a primary, sets it through the socket.
+    /// The verifier is WAL-logged like any catalog change, so the password
+    /// belongs to the branch from then on; a read-only compute cannot
+    /// change it and only warns (`docs/security.md`, "Computes").
+    async fn ensure_password(&self, password: &str) -> Result<(), AgentError> {
+        let repl = self.replication_config(password);
+        let refused = match ReplicationConnection::connect(&repl).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code() == Some(SQLSTATE_INVALID_PASSWORD) => e,
+            Err(e) => return Err(fail("password", format!("logging in as {}: {e}", self.cfg.pg_role))),
+        };
+        if self.cfg.read_only_at.is_some() {
+            warn!(
+                role = %self.cfg.pg_role,
+                "the role's password at this LSN is not this endpoint's ({refused}); a read-only compute cannot set it"
+            );
+            return Ok(());
+        }
+        let role = &self.cfg.pg_role;
+        if role.contains('"') {
+            return Err(fail("password", format!("role name {role:?} contains a double quote")));
+        }
+        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        // Local durability is enough and must not wait: the WAL proposer,
+        // the synchronous standby, logs in with this very password.
+        let sql = format!("SET synchronous_commit = local; ALTER ROLE \"{role}\" PASSWORD '{verifier}'");
+        let mut conn = ReplicationConnection::connect(&self.socket_config(false))
+            .await
+            .map_err(|e| fail("password", format!("connecting through the socket: {e}")))?;
+        conn.simple_query(&sql).await.map_err(|e| fail("password", format!("setting {role}'s password: {e}")))?;
+        ReplicationConnection::connect(&repl)
+            .await
+            .map_err(|e| fail("password", format!("logging in as {role} after setting its password: {e}")))?;
+        info!(%role, "the role's password set to this endpoint's");
+        Ok(())
     }
 
     /// Starts the compute and runs it until a stop or a failure.
@@ -200,6 +248,7 @@ impl Agent {
 
         // 5. Configuration, and the directory handed to PostgreSQL's user.
         let t = Instant::now();
+        let password = step!(read_password(&self.cfg.password_file).map_err(|e| fail("configuration", e)));
         let user = step!(postgres::server_user(&self.cfg.pg_user).map_err(|e| fail("configuration", e)));
         step!(self.configure(user.as_ref()).await);
         let seconds = t.elapsed().as_secs_f64();
@@ -221,8 +270,7 @@ impl Agent {
         let mut pg = step!(Postgres::spawn(&self.cfg.pg_bin_dir, &self.pgdata, &log, user.as_ref())
             .map_err(|e| fail("starting PostgreSQL", e)));
         info!(pid = pg.pid(), log = %log.display(), "PostgreSQL started");
-        let repl = self.replication_config();
-        match unless_stopped(stop, pg.wait_ready(&repl, self.cfg.start_timeout)).await {
+        match unless_stopped(stop, pg.wait_ready(&self.socket_config(true), self.cfg.start_timeout)).await {
             None => {
                 info!("stop requested while PostgreSQL was starting");
                 return StartEnd::Stopped(
@@ -235,6 +283,11 @@ impl Agent {
             }
             Some(Ok(())) => {}
         }
+        if let Err(e) = self.ensure_password(&password).await {
+            let _ = pg.stop_everything().await;
+            return StartEnd::Failed(e);
+        }
+        let repl = self.replication_config(&password);
         let seconds = t.elapsed().as_secs_f64();
         self.record(|t| t.postgres_start_seconds = seconds);
         info!(seconds, "PostgreSQL accepts connections");
@@ -327,6 +380,7 @@ impl Agent {
             verify_redo: self.cfg.verify_redo,
             application_name: self.cfg.application_name.clone(),
             read_only: self.cfg.read_only_at.is_some(),
+            tls_files: self.cfg.pg_tls_files.clone(),
         };
         let pgdata = self.pgdata.clone();
         let owner = user.map(|u| (u.uid, u.gid));
@@ -339,4 +393,24 @@ impl Agent {
         .map_err(|e| fail("configuration", format!("task: {e}")))?
         .map_err(|e| fail("configuration", e))
     }
+}
+
+/// SQLSTATE `invalid_password`: the role has another password, or none.
+const SQLSTATE_INVALID_PASSWORD: &str = "28P01";
+
+/// The endpoint's password: the file's first line, which must not be empty
+/// and may not be readable by others (it is a secret like a token).
+fn read_password(path: &std::path::Path) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
+    let what = || format!("password file {}", path.display());
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", what()))?;
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!("{}: mode {:o} lets others read it; it must be 0600", what(), meta.mode() & 0o777));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", what()))?;
+    let password = text.lines().next().unwrap_or("").to_string();
+    if password.is_empty() || password.contains('\0') {
+        return Err(format!("{}: empty, or a NUL byte in the password", what()));
+    }
+    Ok(password)
 }

@@ -225,3 +225,11 @@ fn committed_token_vectors_verify_and_are_reproduced_exactly() {
         assert_eq!(signer.sign(&claims), token);
     }
 }
+
+#[test]
+fn passwords_are_long_random_and_plain() {
+    let a = generate_password();
+    assert_eq!(a.len(), 32);
+    assert!(a.bytes().all(|c| c.is_ascii_alphanumeric()), "{a}");
+    assert_ne!(a, generate_password());
+}
