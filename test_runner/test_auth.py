@@ -132,7 +132,7 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
         if token is not None:
             env["PGPASSWORD"] = token
         conn = (f"host=127.0.0.1 port={sk_pg} user=strata dbname=replication replication=true "
-                f"options='-c strata.timeline={tenant}/{tl_id}'")
+                f"sslmode=verify-full sslrootcert={c.ca} options='-c strata.timeline={tenant}/{tl_id}'")
         return subprocess.run([str(pg_bin_dir / "psql"), "-X", "-w", "-At", "-d", conn, "-c", "IDENTIFY_SYSTEM"],
                               env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     for token, words in [(None, "no password supplied"), ("garbage", "malformed"),

@@ -1,16 +1,19 @@
 """TLS on a running local cluster (docs/security.md, "TLS"): every listener
 that has it presents a certificate of the cluster's own CA naming its
 address, a client that trusts another CA refuses it, and a plaintext
-request gets no answer; and nothing of the cluster listens beyond loopback
+request gets no answer (the compute's PostgreSQL too, through libpq);
+and nothing of the cluster listens beyond loopback
 without both TLS and tokens."""
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import ssl
 import subprocess
 
+import psycopg
 import pytest
 
 from fixtures.endpoint import Endpoint
@@ -36,7 +39,7 @@ def plaintext_answer(port: int) -> bytes:
         return out
 
 
-def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory):
+def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory, pg_bin_dir):
     c = cluster_factory()
     other = cluster_factory(start=False)  # another cluster: another CA
     ep = Endpoint(c, "main")
@@ -58,6 +61,34 @@ def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory):
     # The cluster still works over its TLS links.
     ep.sql("CREATE TABLE t AS SELECT generate_series(1, 1000) AS x")
     assert ep.sql("SELECT count(*) FROM t") == [(1000,)]
+    # The compute's PostgreSQL: TLS with the same certificate (libpq checks
+    # it: sslmode=verify-full), refused against another cluster's CA.
+    assert ep.sql("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()") == [(True,)]
+    info = ep.conninfo()
+    assert (info["sslmode"], info["sslrootcert"]) == ("verify-full", str(c.ca))
+    with pytest.raises(psycopg.OperationalError, match="SSL error|certificate verify failed"):
+        psycopg.connect(**dict(info, sslrootcert=str(other.ca)), connect_timeout=30)
+
+    # The safekeepers' PostgreSQL-protocol service negotiates TLS in its
+    # protocol (SSLRequest) and takes no client without it.
+    tenant, timeline = c.cluster_toml["tenant_id"], c.timeline_id()
+    for s in c.cluster_toml["services"]:
+        if not s["name"].startswith("sk"):
+            continue
+
+        def identify(sslmode: str, ca=c.ca, port=s["ports"]["pg"]) -> subprocess.CompletedProcess:
+            conn = (f"host=127.0.0.1 port={port} user=strata dbname=replication replication=true "
+                    f"sslmode={sslmode} sslrootcert={ca} options='-c strata.timeline={tenant}/{timeline}'")
+            env = {"PATH": os.environ.get("PATH", ""), "PGCONNECT_TIMEOUT": "10", "PGPASSWORD": c.token}
+            return subprocess.run([str(pg_bin_dir / "psql"), "-X", "-w", "-At", "-d", conn, "-c",
+                                   "IDENTIFY_SYSTEM"], env=env, capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL)
+        r = identify("verify-full")
+        assert r.returncode == 0 and r.stdout.strip(), (s["name"], r.stderr)
+        r = identify("disable")
+        assert r.returncode != 0 and "requires TLS" in r.stderr, (s["name"], r.stderr)
+        r = identify("verify-full", ca=other.ca)
+        assert r.returncode != 0 and "SSL error" in r.stderr, (s["name"], r.stderr)
 
 
 def test_nothing_listens_beyond_loopback_without_tls_and_tokens(cluster_factory):
@@ -70,7 +101,7 @@ def test_nothing_listens_beyond_loopback_without_tls_and_tokens(cluster_factory)
     ep.start()
     ports = {port for s in c.cluster_toml["services"] for port in s["ports"].values()}
     ports.add(ep.http_port)
-    ports.add(int(ep.connstr.rsplit(":", 1)[1].split("/")[0]))
+    ports.add(int(ep.conninfo()["port"]))
     lines = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True).stdout.splitlines()
     seen = set()
     for line in lines:
@@ -82,16 +113,19 @@ def test_nothing_listens_beyond_loopback_without_tls_and_tokens(cluster_factory)
     assert seen == ports, (sorted(ports), sorted(seen))
 
     # A safekeeper told to listen on every address with its PostgreSQL-
-    # protocol service (which has no TLS) does not start; without `[auth]`,
-    # neither does one with its HTTP API there.
+    # protocol service does not start without `[tls]`; with its HTTP API
+    # there, not without `[auth]`.
     config = c.workdir / "sk1" / "safekeeper.toml"
     text = config.read_text()
+    assert text.index("[auth]") < text.index("[tls]"), text
     exposed = config.with_name("exposed.toml")
-    for key, drop_auth, words in [("listen_pg", False, "no TLS"), ("listen_http", True, "no tokens")]:
+    for key, drop, words in [("listen_pg", "tls", "no TLS"), ("listen_http", "auth", "no tokens")]:
         line = next(l for l in text.splitlines() if l.startswith(f"{key} ="))
         changed = text.replace(line, f'{key} = "0.0.0.0:1"')
-        if drop_auth:
+        if drop == "auth":
             changed = changed.split("[auth]")[0] + "[tls]" + changed.split("[tls]")[1]
+        else:
+            changed = changed.split("[tls]")[0]
         exposed.write_text(changed)
         r = subprocess.run([str(c.strata_bin), "safekeeper", "--config", str(exposed)], capture_output=True,
                            text=True, timeout=30, stdin=subprocess.DEVNULL)

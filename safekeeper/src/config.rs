@@ -142,7 +142,7 @@ impl SafekeeperConfig {
         check_exposure("listen", self.listen, Protection { tls: self.tls.is_some(), auth })?;
         check_exposure("listen_http", self.listen_http, Protection { tls: self.tls.is_some(), auth })?;
         if let Some(addr) = self.listen_pg {
-            check_exposure("listen_pg", addr, Protection { tls: false, auth })?;
+            check_exposure("listen_pg", addr, Protection { tls: self.tls.is_some(), auth })?;
         }
         Ok(())
     }

@@ -97,7 +97,9 @@ pub async fn serve(
         strata_service::http::refusal,
         &listener_metrics,
     )
-    .with_tls(server_tls);
+    .with_tls(server_tls.clone());
+    // TLS on the replication service is negotiated in its protocol
+    // (SSLRequest), after the listener has handed the connection over.
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
     let remote = config.remote_storage.as_ref().map(strata_remote_storage::RemoteStorage::new).transpose()?;
@@ -128,7 +130,7 @@ pub async fn serve(
     tasks.spawn(offload::run(shared.clone()));
     tasks.spawn(removal::run(shared.clone()));
     if let Some(pg) = pg {
-        tasks.spawn(pg_server::serve(pg, shared.clone()));
+        tasks.spawn(pg_server::serve(pg, shared.clone(), server_tls));
     }
     tasks.spawn(strata_service::http::serve(http, http::router(shared.clone(), auth.as_ref()), Default::default()));
     shutdown.await;

@@ -12,12 +12,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tracing::{info, warn};
 
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::{Access, Verifier};
+use strata_service::tls::{ServerTls, Stream};
 use strata_service::Listener;
 
 use strata_formats::wal::strip::ConsistencyStripper;
@@ -56,14 +56,18 @@ pub fn refusal(_first_bytes: &[u8]) -> Vec<u8> {
     error_response("53300", "too many connections to this safekeeper's replication port")
 }
 
-/// Accepts replication clients forever.
-pub async fn serve(listener: Listener, shared: Arc<Shared>) {
+/// Accepts replication clients forever. With `tls`, a client must ask for
+/// TLS (SSLRequest, as libpq's `sslmode=prefer` and stricter do) before
+/// its startup; without, SSLRequest is declined.
+pub async fn serve(listener: Listener, shared: Arc<Shared>, tls: Option<ServerTls>) {
+    let tls = Arc::new(tls);
     listener
         .serve(move |conn| {
             let shared = shared.clone();
+            let tls = tls.clone();
             async move {
                 let peer = conn.peer;
-                if let Err(e) = handle(conn, shared).await {
+                if let Err(e) = handle(conn, shared, tls.as_ref().as_ref()).await {
                     warn!(%peer, "replication client: {e}");
                 }
             }
@@ -131,7 +135,7 @@ fn row_result(columns: &[(&str, u32)], values: &[Option<String>], tag: &str) -> 
     out
 }
 
-async fn read_exact_bounded(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, ReplicationError> {
+async fn read_exact_bounded(s: &mut Stream, n: usize) -> Result<Vec<u8>, ReplicationError> {
     if n > MAX_MESSAGE {
         return Err(ReplicationError::Protocol(format!("message of {n} bytes is too large")));
     }
@@ -143,7 +147,7 @@ async fn read_exact_bounded(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, Repl
 }
 
 /// Reads a typed message: (type, body).
-async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>), ReplicationError> {
+async fn read_message(s: &mut Stream) -> Result<(u8, Vec<u8>), ReplicationError> {
     let head = read_exact_bounded(s, 5).await?;
     let len = i32::from_be_bytes(head[1..5].try_into().expect("4 bytes"));
     if len < 4 {
@@ -152,19 +156,24 @@ async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>), ReplicationErr
     Ok((head[0], read_exact_bounded(s, len as usize - 4).await?))
 }
 
-async fn handle(conn: strata_service::Connection, shared: Arc<Shared>) -> Result<(), ReplicationError> {
-    let (mut s, slot) = conn.into_plain();
-    let _ = s.set_nodelay(true);
+async fn handle(
+    conn: strata_service::Connection,
+    shared: Arc<Shared>,
+    tls: Option<&ServerTls>,
+) -> Result<(), ReplicationError> {
+    let (tcp, slot) = conn.into_plain();
+    let _ = tcp.set_nodelay(true);
     let limit = shared.config.handshake_timeout;
-    // The startup and, with tokens, the password exchange: a client holds
-    // an established (not displaceable) place only once it has proven itself.
-    let params = tokio::time::timeout_at(slot.handshake_deadline(), async {
-        let params = startup(&mut s).await?;
+    // The TLS negotiation, the startup and, with tokens, the password
+    // exchange: a client holds an established (not displaceable) place
+    // only once it has proven itself.
+    let (s, params) = tokio::time::timeout_at(slot.handshake_deadline(), async {
+        let (mut s, params) = startup(Stream::Plain(tcp), tls).await?;
         if let Some(verifier) = &shared.verifier {
             let tenant = timeline_ids(&params).map(|(t, _)| t);
             authenticate(&mut s, &shared, verifier, tenant).await?;
         }
-        Ok::<_, ReplicationError>(params)
+        Ok::<_, ReplicationError>((s, params))
     })
     .await
     .map_err(|_| ReplicationError::Handshake(limit))??;
@@ -190,17 +199,42 @@ fn timeline_ids(params: &std::collections::HashMap<String, String>) -> Option<(T
     Some((t.parse().ok()?, l.parse().ok()?))
 }
 
-/// The startup packet's parameters, after refusing SSL/GSS encryption requests.
-async fn startup(s: &mut TcpStream) -> Result<std::collections::HashMap<String, String>, ReplicationError> {
+/// SSLRequest and GSSENCRequest: the codes of their 8-byte packets.
+const SSL_REQUEST: i32 = 80_877_103;
+const GSSENC_REQUEST: i32 = 80_877_104;
+
+/// The startup packet's parameters, on the stream they came over: TLS
+/// when the client asked for it and `tls` is given (then required);
+/// GSS encryption is declined.
+async fn startup(
+    mut s: Stream,
+    tls: Option<&ServerTls>,
+) -> Result<(Stream, std::collections::HashMap<String, String>), ReplicationError> {
     loop {
-        let len = i32::from_be_bytes(read_exact_bounded(s, 4).await?.try_into().expect("4 bytes"));
+        let len = i32::from_be_bytes(read_exact_bounded(&mut s, 4).await?.try_into().expect("4 bytes"));
         if !(8..=10_000).contains(&len) {
             return Err(ReplicationError::Protocol(format!("invalid startup length {len}")));
         }
-        let body = read_exact_bounded(s, len as usize - 4).await?;
+        let body = read_exact_bounded(&mut s, len as usize - 4).await?;
         let code = i32::from_be_bytes(body[0..4].try_into().expect("4 bytes"));
         match code {
-            80_877_103 | 80_877_104 => send(s, b"N").await?,
+            SSL_REQUEST => match (s, tls) {
+                (Stream::Plain(mut tcp), Some(tls)) => {
+                    send(&mut tcp, b"S").await?;
+                    s = tls.accept(tcp).await?.into();
+                }
+                (other, _) => {
+                    // No TLS here, or a second request inside TLS.
+                    s = other;
+                    send(&mut s, b"N").await?;
+                }
+            },
+            GSSENC_REQUEST => send(&mut s, b"N").await?,
+            196_608 if tls.is_some() && matches!(s, Stream::Plain(_)) => {
+                let msg = "this service requires TLS: connect with sslmode=require or stricter";
+                let _ = send(&mut s, &error_response("28000", msg)).await;
+                return Err(ReplicationError::Refused(msg.into()));
+            }
             196_608 => {
                 let mut params = std::collections::HashMap::new();
                 let mut parts = body[4..].split(|b| *b == 0);
@@ -210,10 +244,10 @@ async fn startup(s: &mut TcpStream) -> Result<std::collections::HashMap<String, 
                     }
                     params.insert(String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned());
                 }
-                return Ok(params);
+                return Ok((s, params));
             }
             other => {
-                let _ = send(s, &error_response("08P01", &format!("unsupported protocol {other}"))).await;
+                let _ = send(&mut s, &error_response("08P01", &format!("unsupported protocol {other}"))).await;
                 return Err(ReplicationError::Refused(format!("unsupported protocol code {other}")));
             }
         }
@@ -224,12 +258,13 @@ async fn startup(s: &mut TcpStream) -> Result<std::collections::HashMap<String, 
 /// service or management token when the startup named no valid timeline,
 /// so that others learn nothing of what is held here).
 async fn authenticate(
-    s: &mut TcpStream,
+    s: &mut Stream,
     shared: &Shared,
     verifier: &Verifier,
     tenant: Option<TenantId>,
 ) -> Result<(), ReplicationError> {
-    // AuthenticationCleartextPassword: the link is loopback or (later) TLS.
+    // AuthenticationCleartextPassword: the link is TLS, or loopback (a
+    // listener beyond loopback needs TLS, `config.rs`).
     send(s, &message(b'R', &3i32.to_be_bytes())).await?;
     let (tag, body) = read_message(s).await?;
     if tag != b'p' {
@@ -252,7 +287,7 @@ async fn authenticate(
 }
 
 async fn session(
-    mut s: TcpStream,
+    mut s: Stream,
     shared: Arc<Shared>,
     params: std::collections::HashMap<String, String>,
 ) -> Result<(), ReplicationError> {
@@ -341,7 +376,7 @@ async fn session(
 }
 
 /// The client ended the copy (CopyDone): end ours and the command.
-async fn end_copy(w: &mut tokio::net::tcp::OwnedWriteHalf) -> Result<(), ReplicationError> {
+async fn end_copy(w: &mut WriteHalf<Stream>) -> Result<(), ReplicationError> {
     let mut end = message(b'c', &[]);
     end.extend(message(b'C', b"START_STREAMING\0"));
     end.extend(ready());
@@ -350,7 +385,7 @@ async fn end_copy(w: &mut tokio::net::tcp::OwnedWriteHalf) -> Result<(), Replica
 
 /// `START_REPLICATION [SLOT name] [PHYSICAL] X/X [TIMELINE n]`.
 async fn stream(
-    mut s: TcpStream,
+    mut s: Stream,
     shared: &Shared,
     timeline: &Arc<Timeline>,
     query: &str,
@@ -372,7 +407,7 @@ async fn stream(
     send(&mut s, &message(b'W', &body)).await?;
     let segment_size = u64::from(timeline.identity.wal_segment_size);
     let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
-    let (mut r, mut w) = s.into_split();
+    let (mut r, mut w) = tokio::io::split(s);
     // Client messages: status updates are dropped; CopyDone ends the stream.
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
     let reader = tokio::spawn(async move {
