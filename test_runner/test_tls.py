@@ -11,6 +11,7 @@ import ipaddress
 import os
 import socket
 import ssl
+import struct
 import subprocess
 
 import psycopg
@@ -131,3 +132,37 @@ def test_nothing_listens_beyond_loopback_without_tls_and_tokens(cluster_factory)
                            text=True, timeout=30, stdin=subprocess.DEVNULL)
         assert r.returncode != 0 and f"{key}: 0.0.0.0:1 is beyond loopback" in r.stderr and words in r.stderr, \
             (key, r.stderr)
+
+
+def test_the_replication_service_takes_nothing_sent_before_its_tls_handshake(cluster_factory, pg_bin_dir):
+    """Bytes pipelined after an SSLRequest (before the handshake) would be
+    read as if they came over TLS: the service closes instead of answering
+    `S`. Garbage instead of a startup closes the connection too, and the
+    service goes on serving."""
+    c = cluster_factory()
+    port = next(s["ports"]["pg"] for s in c.cluster_toml["services"] if s["name"] == "sk1")
+    ssl_request = struct.pack("!ii", 8, 80877103)
+
+    def answer(data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(data)
+            try:
+                return s.recv(4096)
+            except ConnectionResetError:
+                return b""
+    assert answer(ssl_request) == b"S"
+    assert answer(ssl_request + b"Q\0\0\0\x0bSELECT 1\0") == b""
+    for garbage in (b"\xff" * 64, struct.pack("!i", 7) + b"abc", struct.pack("!ii", 8, 196608),
+                    struct.pack("!ii", 1 << 30, 196608), os.urandom(300)):
+        assert not answer(garbage).startswith(b"S"), garbage
+    # A plaintext startup is refused with an error, naming TLS.
+    startup = struct.pack("!i", 196608) + b"user\0x\0\0"
+    refused = answer(struct.pack("!i", len(startup) + 4) + startup)
+    assert refused[:1] == b"E" and b"requires TLS" in refused, refused
+    # And a real client is still served.
+    conn = (f"host=127.0.0.1 port={port} user=strata dbname=replication replication=true sslmode=verify-full "
+            f"sslrootcert={c.ca} options='-c strata.timeline={c.cluster_toml['tenant_id']}/{c.timeline_id()}'")
+    r = subprocess.run([str(pg_bin_dir / "psql"), "-X", "-w", "-At", "-d", conn, "-c", "IDENTIFY_SYSTEM"],
+                       env={"PATH": os.environ.get("PATH", ""), "PGPASSWORD": c.token}, capture_output=True,
+                       text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr

@@ -7,6 +7,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use pgwire::messages::copy::{CopyBothResponse, CopyData, CopyDone};
+use pgwire::messages::data::{DataRow, FieldDescription, RowDescription};
+use pgwire::messages::response::{CommandComplete, ErrorResponse, NoticeResponse, ReadyForQuery, TransactionStatus};
+use pgwire::messages::startup::{Authentication, BackendKeyData, ParameterStatus, SecretKey};
 use strata_compute::pg_replication::{
     PgError, ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream,
 };
@@ -483,21 +487,47 @@ async fn read_message(sock: &mut TcpStream) -> (u8, Vec<u8>) {
     (tag, body)
 }
 
-fn message(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![tag];
-    m.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
-    m.extend_from_slice(body);
-    m
+/// The bytes of backend messages, encoded by `pgwire`.
+fn encode(messages: &[&dyn Encode]) -> Vec<u8> {
+    let mut out = bytes::BytesMut::new();
+    for m in messages {
+        m.put(&mut out);
+    }
+    out.to_vec()
+}
+
+/// A backend message that `encode` can write.
+trait Encode: Sync {
+    fn put(&self, out: &mut bytes::BytesMut);
+}
+
+impl<M: pgwire::messages::Message + Sync> Encode for M {
+    fn put(&self, out: &mut bytes::BytesMut) {
+        self.encode(out).expect("a well-formed message encodes");
+    }
+}
+
+fn ready() -> ReadyForQuery {
+    ReadyForQuery::new(TransactionStatus::Idle)
 }
 
 /// AuthenticationOk, a ParameterStatus, a notice, BackendKeyData and ReadyForQuery.
 fn handshake_ok() -> Vec<u8> {
-    let mut out = message(b'R', &0i32.to_be_bytes());
-    out.extend(message(b'S', b"server_version\x0015.0\x00"));
-    out.extend(message(b'N', b"SNOTICE\x00C00000\x00Mhello\x00\x00"));
-    out.extend(message(b'K', &[0, 0, 0, 42, 0, 0, 0, 7]));
-    out.extend(message(b'Z', b"I"));
-    out
+    encode(&[
+        &Authentication::Ok,
+        &ParameterStatus::new("server_version".into(), "15.0".into()),
+        &NoticeResponse::new(vec![(b'S', "NOTICE".into()), (b'C', "00000".into()), (b'M', "hello".into())]),
+        &BackendKeyData::new(42, SecretKey::I32(7)),
+        &ready(),
+    ])
+}
+
+fn copy_data(payload: Vec<u8>) -> Vec<u8> {
+    encode(&[&CopyData::new(payload.into())])
+}
+
+fn copy_both() -> Vec<u8> {
+    encode(&[&CopyBothResponse::new(0, 0, Vec::new())])
 }
 
 fn xlog_data(start: u64, data: &[u8]) -> Vec<u8> {
@@ -506,7 +536,7 @@ fn xlog_data(start: u64, data: &[u8]) -> Vec<u8> {
     body.extend_from_slice(&(start + data.len() as u64).to_be_bytes());
     body.extend_from_slice(&0i64.to_be_bytes());
     body.extend_from_slice(data);
-    message(b'd', &body)
+    copy_data(body)
 }
 
 #[tokio::test]
@@ -545,9 +575,7 @@ async fn startup_packet() {
 async fn scram_without_the_server_proof_is_refused() {
     let cfg = fake_server(|mut sock| async move {
         read_startup(&mut sock).await;
-        let mut req = 10i32.to_be_bytes().to_vec();
-        req.extend_from_slice(b"SCRAM-SHA-256\0\0");
-        sock.write_all(&message(b'R', &req)).await.unwrap();
+        sock.write_all(&encode(&[&Authentication::SASL(vec!["SCRAM-SHA-256".into()])])).await.unwrap();
         let (tag, body) = read_message(&mut sock).await;
         assert_eq!(tag, b'p');
         assert!(body.starts_with(b"SCRAM-SHA-256\0"), "{body:?}");
@@ -590,7 +618,7 @@ async fn garbage_never_panics() {
         }
         // Sometimes a plausible prefix, so that parsing gets further.
         if round % 2 == 0 {
-            let mut prefixed = message(b'R', &0i32.to_be_bytes());
+            let mut prefixed = encode(&[&Authentication::Ok]);
             let tag = [b'E', b'S', b'K', b'N', b'R', b'Z'][round % 6];
             prefixed.push(tag);
             prefixed.extend_from_slice(&((bytes.len() as i32) + 4).to_be_bytes());
@@ -638,12 +666,15 @@ async fn abandoned_query_is_skipped() {
             if answer == "slow" {
                 sleep(Duration::from_millis(600)).await;
             }
-            let mut out = message(b'T', b"\0\x01x\0\0\0\0\0\0\0\0\0\0\x19\xff\xff\xff\xff\xff\xff\0\0");
-            let mut row = vec![0, 1, 0, 0, 0, answer.len() as u8];
+            let mut row = bytes::BytesMut::new();
+            row.extend_from_slice(&(answer.len() as i32).to_be_bytes());
             row.extend_from_slice(answer.as_bytes());
-            out.extend(message(b'D', &row));
-            out.extend(message(b'C', b"SHOW\0"));
-            out.extend(message(b'Z', b"I"));
+            let out = encode(&[
+                &RowDescription::new(vec![FieldDescription::new("x".into(), 0, 0, 25, -1, -1, 0)]),
+                &DataRow::new(row, 1),
+                &CommandComplete::new("SHOW".into()),
+                &ready(),
+            ]);
             sock.write_all(&out).await.unwrap();
         }
         let _ = read_message(&mut sock).await;
@@ -668,7 +699,7 @@ async fn stream_next_is_cancel_safe() {
         let (tag, body) = read_message(&mut sock).await;
         assert_eq!(tag, b'Q');
         assert_eq!(body, b"START_REPLICATION SLOT \"s1\" PHYSICAL 1/2000000 TIMELINE 3\0");
-        sock.write_all(&message(b'W', &[0, 0, 0])).await.unwrap();
+        sock.write_all(&copy_both()).await.unwrap();
         let mut all = Vec::new();
         let mut pos = 0x1_0200_0000u64;
         for (i, chunk) in chunks.iter().enumerate() {
@@ -679,11 +710,11 @@ async fn stream_next_is_cancel_safe() {
                 k.extend_from_slice(&pos.to_be_bytes());
                 k.extend_from_slice(&0i64.to_be_bytes());
                 k.push(1);
-                all.extend(message(b'd', &k));
-                all.extend(message(b'S', b"in_hot_standby\0off\0"));
+                all.extend(copy_data(k));
+                all.extend(encode(&[&ParameterStatus::new("in_hot_standby".into(), "off".into())]));
             }
         }
-        all.extend(message(b'c', b""));
+        all.extend(encode(&[&CopyDone::new()]));
         // Dribble the stream in small pieces.
         for piece in all.chunks(7) {
             sock.write_all(piece).await.unwrap();
@@ -740,7 +771,12 @@ async fn stream_next_is_cancel_safe() {
 
 #[tokio::test]
 async fn stream_error_and_eof() {
-    let error = message(b'E', b"SFATAL\0VFATAL\0C58P01\0Mrequested WAL segment has already been removed\0\0");
+    let error = encode(&[&ErrorResponse::new(vec![
+        (b'S', "FATAL".into()),
+        (b'V', "FATAL".into()),
+        (b'C', "58P01".into()),
+        (b'M', "requested WAL segment has already been removed".into()),
+    ])]);
     let half = xlog_data(0x100_0003, b"defgh")[..10].to_vec();
     // What follows one XLogData message before the server closes the connection.
     for (tail, what) in [(error, "error"), (Vec::new(), "clean close"), (half, "close mid-message")] {
@@ -748,7 +784,7 @@ async fn stream_error_and_eof() {
             read_startup(&mut sock).await;
             sock.write_all(&handshake_ok()).await.unwrap();
             read_message(&mut sock).await;
-            let mut out = message(b'W', &[0, 0, 0]);
+            let mut out = copy_both();
             out.extend(xlog_data(0x100_0000, b"abc"));
             out.extend(tail);
             sock.write_all(&out).await.unwrap();

@@ -8,11 +8,23 @@
 //! `XLR_CHECK_CONSISTENCY` in what is sent. A safekeeper that checks
 //! tokens asks for a cleartext password and takes a token as it
 //! (`PGPASSWORD`), before it looks the timeline up (`docs/security.md`).
+//!
+//! Messages are decoded and encoded by `pgwire` (its message codec only,
+//! not its server framework); the walsender's CopyData payloads (`w`, `k`)
+//! are built here.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
+use std::collections::BTreeMap;
+
+use bytes::BytesMut;
+use pgwire::messages::copy::{CopyBothResponse, CopyData, CopyDone};
+use pgwire::messages::data::{DataRow, FieldDescription, RowDescription};
+use pgwire::messages::response::{CommandComplete, ErrorResponse, ReadyForQuery, SslResponse, TransactionStatus};
+use pgwire::messages::startup::{Authentication, BackendKeyData, ParameterStatus, SecretKey};
+use pgwire::messages::{DecodeContext, Message, PgWireFrontendMessage, ProtocolVersion, SslNegotiationMetaMessage};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tracing::{info, warn};
 
 use strata_protocol::{TenantId, TimelineId};
@@ -81,43 +93,40 @@ async fn send<W: AsyncWriteExt + Unpin>(w: &mut W, bytes: &[u8]) -> Result<(), R
     Ok(())
 }
 
-fn message(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(body.len() + 5);
-    m.push(tag);
-    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    m.extend_from_slice(body);
-    m
+/// Appends `msg` encoded to `out`. Our own messages are small and well
+/// formed; an encoding failure is a bug, reported as a protocol error.
+fn put(out: &mut BytesMut, msg: &impl Message) -> Result<(), ReplicationError> {
+    msg.encode(out).map_err(|e| ReplicationError::Protocol(format!("encoding a reply: {e}")))
 }
 
+/// An ErrorResponse with `code` (SQLSTATE) and `text`.
+fn error_message(code: &str, text: &str) -> ErrorResponse {
+    let fields = [(b'S', "ERROR"), (b'V', "ERROR"), (b'C', code), (b'M', text)];
+    ErrorResponse::new(fields.iter().map(|(k, v)| (*k, v.to_string())).collect())
+}
+
+/// The bytes of [`error_message`].
 fn error_response(code: &str, text: &str) -> Vec<u8> {
-    let mut b = Vec::new();
-    for (field, value) in [(b'S', "ERROR"), (b'V', "ERROR"), (b'C', code), (b'M', text)] {
-        b.push(field);
-        b.extend_from_slice(value.as_bytes());
-        b.push(0);
+    let mut out = BytesMut::new();
+    match put(&mut out, &error_message(code, text)) {
+        Ok(()) => out.to_vec(),
+        Err(_) => Vec::new(),
     }
-    b.push(0);
-    message(b'E', &b)
 }
 
-fn ready() -> Vec<u8> {
-    message(b'Z', b"I")
-}
-
-/// One-row result with text columns.
-fn row_result(columns: &[(&str, u32)], values: &[Option<String>], tag: &str) -> Vec<u8> {
-    let mut desc = (columns.len() as i16).to_be_bytes().to_vec();
-    for (name, type_oid) in columns {
-        desc.extend_from_slice(name.as_bytes());
-        desc.push(0);
-        desc.extend_from_slice(&0i32.to_be_bytes());
-        desc.extend_from_slice(&0i16.to_be_bytes());
-        desc.extend_from_slice(&type_oid.to_be_bytes());
-        desc.extend_from_slice(&(-1i16).to_be_bytes());
-        desc.extend_from_slice(&(-1i32).to_be_bytes());
-        desc.extend_from_slice(&0i16.to_be_bytes());
-    }
-    let mut row = (values.len() as i16).to_be_bytes().to_vec();
+/// A one-row result with text columns, its CommandComplete and ReadyForQuery.
+fn row_result(
+    out: &mut BytesMut,
+    columns: &[(&str, u32)],
+    values: &[Option<String>],
+    tag: &str,
+) -> Result<(), ReplicationError> {
+    let fields = columns
+        .iter()
+        .map(|(name, type_oid)| FieldDescription::new(name.to_string(), 0, 0, *type_oid, -1, -1, 0))
+        .collect();
+    put(out, &RowDescription::new(fields))?;
+    let mut row = BytesMut::new();
     for v in values {
         match v {
             Some(s) => {
@@ -127,33 +136,50 @@ fn row_result(columns: &[(&str, u32)], values: &[Option<String>], tag: &str) -> 
             None => row.extend_from_slice(&(-1i32).to_be_bytes()),
         }
     }
-    let mut out = message(b'T', &desc);
-    out.extend(message(b'D', &row));
-    let mut t = tag.as_bytes().to_vec();
-    t.push(0);
-    out.extend(message(b'C', &t));
-    out
+    put(out, &DataRow::new(row, values.len() as i16))?;
+    put(out, &CommandComplete::new(tag.to_string()))?;
+    put(out, &ReadyForQuery::new(TransactionStatus::Idle))
 }
 
-async fn read_exact_bounded(s: &mut Stream, n: usize) -> Result<Vec<u8>, ReplicationError> {
-    if n > MAX_MESSAGE {
-        return Err(ReplicationError::Protocol(format!("message of {n} bytes is too large")));
-    }
-    let mut b = vec![0u8; n];
-    tokio::time::timeout(IO_TIMEOUT, s.read_exact(&mut b))
-        .await
-        .map_err(|_| ReplicationError::Timeout("reading"))??;
-    Ok(b)
+/// Frontend messages read from a stream's read side, decoded by pgwire.
+struct Reader<R> {
+    r: R,
+    buf: BytesMut,
+    ctx: DecodeContext,
 }
 
-/// Reads a typed message: (type, body).
-async fn read_message(s: &mut Stream) -> Result<(u8, Vec<u8>), ReplicationError> {
-    let head = read_exact_bounded(s, 5).await?;
-    let len = i32::from_be_bytes(head[1..5].try_into().expect("4 bytes"));
-    if len < 4 {
-        return Err(ReplicationError::Protocol(format!("invalid message length {len}")));
+impl<R: AsyncRead + Unpin> Reader<R> {
+    fn new(r: R, ctx: DecodeContext) -> Reader<R> {
+        Reader { r, buf: BytesMut::with_capacity(8 << 10), ctx }
     }
-    Ok((head[0], read_exact_bounded(s, len as usize - 4).await?))
+
+    /// The next message; every wait for bytes is bounded by `IO_TIMEOUT`,
+    /// and no message may be larger than `MAX_MESSAGE`.
+    async fn next(&mut self) -> Result<PgWireFrontendMessage, ReplicationError> {
+        loop {
+            if let Some(msg) = PgWireFrontendMessage::decode(&mut self.buf, &self.ctx)
+                .map_err(|e| ReplicationError::Protocol(e.to_string()))?
+            {
+                return Ok(msg);
+            }
+            if self.buf.len() > MAX_MESSAGE {
+                return Err(ReplicationError::Protocol(format!("a message larger than {MAX_MESSAGE} bytes")));
+            }
+            self.buf.reserve(8 << 10);
+            let n = tokio::time::timeout(IO_TIMEOUT, self.r.read_buf(&mut self.buf))
+                .await
+                .map_err(|_| ReplicationError::Timeout("reading"))??;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+        }
+    }
+}
+
+/// A connection after its startup: messages in, bytes out.
+struct Session {
+    reader: Reader<ReadHalf<Stream>>,
+    w: WriteHalf<Stream>,
 }
 
 async fn handle(
@@ -167,23 +193,23 @@ async fn handle(
     // The TLS negotiation, the startup and, with tokens, the password
     // exchange: a client holds an established (not displaceable) place
     // only once it has proven itself.
-    let (s, params) = tokio::time::timeout_at(slot.handshake_deadline(), async {
-        let (mut s, params) = startup(Stream::Plain(tcp), tls).await?;
+    let (conn, params) = tokio::time::timeout_at(slot.handshake_deadline(), async {
+        let (mut conn, params) = startup(tcp, tls).await?;
         if let Some(verifier) = &shared.verifier {
             let tenant = timeline_ids(&params).map(|(t, _)| t);
-            authenticate(&mut s, &shared, verifier, tenant).await?;
+            authenticate(&mut conn, &shared, verifier, tenant).await?;
         }
-        Ok::<_, ReplicationError>((s, params))
+        Ok::<_, ReplicationError>((conn, params))
     })
     .await
     .map_err(|_| ReplicationError::Handshake(limit))??;
     slot.established();
-    session(s, shared, params).await
+    session(conn, shared, params).await
 }
 
 /// The timeline named by `-c strata.timeline=<tenant>/<timeline>` (or the
 /// database name), as given.
-fn timeline_name(params: &std::collections::HashMap<String, String>) -> String {
+fn timeline_name(params: &BTreeMap<String, String>) -> String {
     let options = params.get("options").cloned().unwrap_or_default();
     options
         .split_whitespace()
@@ -193,114 +219,140 @@ fn timeline_name(params: &std::collections::HashMap<String, String>) -> String {
 }
 
 /// The ids of [`timeline_name`], if it is a pair of ids.
-fn timeline_ids(params: &std::collections::HashMap<String, String>) -> Option<(TenantId, TimelineId)> {
+fn timeline_ids(params: &BTreeMap<String, String>) -> Option<(TenantId, TimelineId)> {
     let name = timeline_name(params);
     let (t, l) = name.split_once('/')?;
     Some((t.parse().ok()?, l.parse().ok()?))
 }
 
-/// SSLRequest and GSSENCRequest: the codes of their 8-byte packets.
-const SSL_REQUEST: i32 = 80_877_103;
-const GSSENC_REQUEST: i32 = 80_877_104;
-
 /// The startup packet's parameters, on the stream they came over: TLS
 /// when the client asked for it and `tls` is given (then required);
 /// GSS encryption is declined.
 async fn startup(
-    mut s: Stream,
+    tcp: tokio::net::TcpStream,
     tls: Option<&ServerTls>,
-) -> Result<(Stream, std::collections::HashMap<String, String>), ReplicationError> {
-    loop {
-        let len = i32::from_be_bytes(read_exact_bounded(&mut s, 4).await?.try_into().expect("4 bytes"));
-        if !(8..=10_000).contains(&len) {
-            return Err(ReplicationError::Protocol(format!("invalid startup length {len}")));
-        }
-        let body = read_exact_bounded(&mut s, len as usize - 4).await?;
-        let code = i32::from_be_bytes(body[0..4].try_into().expect("4 bytes"));
-        match code {
-            SSL_REQUEST => match (s, tls) {
-                (Stream::Plain(mut tcp), Some(tls)) => {
-                    send(&mut tcp, b"S").await?;
-                    s = tls.accept(tcp).await?.into();
+) -> Result<(Session, BTreeMap<String, String>), ReplicationError> {
+    // Before any encryption: SSLRequest, GSSENCRequest or the startup.
+    let mut plain = Reader::new(tcp, DecodeContext::new(ProtocolVersion::PROTOCOL3_0));
+    let stream = loop {
+        match plain.next().await? {
+            PgWireFrontendMessage::SslNegotiation(SslNegotiationMetaMessage::PostgresSsl(_)) => {
+                let Some(tls) = tls else {
+                    send(&mut plain.r, &[SslResponse::BYTE_REFUSE]).await?;
+                    continue;
+                };
+                // Bytes sent before the handshake would be taken as if
+                // they had come over TLS: refuse them.
+                if !plain.buf.is_empty() {
+                    return Err(ReplicationError::Protocol("data after SSLRequest before the handshake".into()));
                 }
-                (other, _) => {
-                    // No TLS here, or a second request inside TLS.
-                    s = other;
-                    send(&mut s, b"N").await?;
-                }
-            },
-            GSSENC_REQUEST => send(&mut s, b"N").await?,
-            196_608 if tls.is_some() && matches!(s, Stream::Plain(_)) => {
+                send(&mut plain.r, &[SslResponse::BYTE_ACCEPT]).await?;
+                break Stream::from(tls.accept(plain.r).await?);
+            }
+            PgWireFrontendMessage::SslNegotiation(SslNegotiationMetaMessage::PostgresGss(_)) => {
+                send(&mut plain.r, &[SslResponse::BYTE_REFUSE]).await?;
+            }
+            PgWireFrontendMessage::SslNegotiation(_) if tls.is_some() => {
                 let msg = "this service requires TLS: connect with sslmode=require or stricter";
-                let _ = send(&mut s, &error_response("28000", msg)).await;
+                let _ = send(&mut plain.r, &error_response("28000", msg)).await;
                 return Err(ReplicationError::Refused(msg.into()));
             }
-            196_608 => {
-                let mut params = std::collections::HashMap::new();
-                let mut parts = body[4..].split(|b| *b == 0);
-                while let (Some(k), Some(v)) = (parts.next(), parts.next()) {
-                    if k.is_empty() {
-                        break;
-                    }
-                    params.insert(String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned());
-                }
-                return Ok((s, params));
+            PgWireFrontendMessage::SslNegotiation(_) => {
+                // A startup (or a cancel request) follows, in plaintext.
+                let mut ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
+                ctx.awaiting_frontend_ssl = false;
+                plain.ctx = ctx;
+                let buf = std::mem::take(&mut plain.buf);
+                let (r, w) = tokio::io::split(Stream::Plain(plain.r));
+                let mut reader = Reader::new(r, plain.ctx);
+                reader.buf = buf;
+                return finish_startup(Session { reader, w }).await;
             }
-            other => {
-                let _ = send(&mut s, &error_response("08P01", &format!("unsupported protocol {other}"))).await;
-                return Err(ReplicationError::Refused(format!("unsupported protocol code {other}")));
-            }
+            other => return Err(unexpected(&other, "before the startup")),
         }
+    };
+    let mut ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
+    ctx.awaiting_frontend_ssl = false;
+    let (r, w) = tokio::io::split(stream);
+    finish_startup(Session { reader: Reader::new(r, ctx), w }).await
+}
+
+/// Reads the startup message of a session whose encryption is settled.
+async fn finish_startup(mut conn: Session) -> Result<(Session, BTreeMap<String, String>), ReplicationError> {
+    match conn.reader.next().await? {
+        PgWireFrontendMessage::Startup(startup) if startup.protocol_number_major == 3 => {
+            conn.reader.ctx.awaiting_frontend_startup = false;
+            Ok((conn, startup.parameters))
+        }
+        PgWireFrontendMessage::Startup(startup) => {
+            let version = format!("{}.{}", startup.protocol_number_major, startup.protocol_number_minor);
+            let _ = send(&mut conn.w, &error_response("08P01", &format!("unsupported protocol {version}"))).await;
+            Err(ReplicationError::Refused(format!("unsupported protocol {version}")))
+        }
+        PgWireFrontendMessage::CancelRequest(_) => Err(ReplicationError::Refused("a cancel request".into())),
+        other => Err(unexpected(&other, "as the startup")),
     }
+}
+
+fn unexpected(msg: &PgWireFrontendMessage, when: &str) -> ReplicationError {
+    let name = format!("{msg:?}");
+    let name = name.split(['(', ' ', '{']).next().unwrap_or("?").to_string();
+    ReplicationError::Protocol(format!("unexpected {name} {when}"))
 }
 
 /// Asks for a password and checks it as a token that allows `tenant` (a
 /// service or management token when the startup named no valid timeline,
 /// so that others learn nothing of what is held here).
 async fn authenticate(
-    s: &mut Stream,
+    conn: &mut Session,
     shared: &Shared,
     verifier: &Verifier,
     tenant: Option<TenantId>,
 ) -> Result<(), ReplicationError> {
     // AuthenticationCleartextPassword: the link is TLS, or loopback (a
     // listener beyond loopback needs TLS, `config.rs`).
-    send(s, &message(b'R', &3i32.to_be_bytes())).await?;
-    let (tag, body) = read_message(s).await?;
-    if tag != b'p' {
-        let msg = format!("expected a password message, got {:?}", tag as char);
-        let _ = send(s, &error_response("08P01", &msg)).await;
-        return Err(ReplicationError::Protocol(msg));
-    }
-    let password = std::str::from_utf8(body.strip_suffix(&[0]).unwrap_or(&body)).unwrap_or("");
+    let mut out = BytesMut::new();
+    put(&mut out, &Authentication::CleartextPassword)?;
+    send(&mut conn.w, &out).await?;
+    let password = match conn.reader.next().await? {
+        PgWireFrontendMessage::PasswordMessageFamily(p) => {
+            p.into_password().map_err(|e| ReplicationError::Protocol(e.to_string()))?.password
+        }
+        other => {
+            let e = unexpected(&other, "instead of a password");
+            let _ = send(&mut conn.w, &error_response("08P01", &e.to_string())).await;
+            return Err(e);
+        }
+    };
     let need = tenant.map_or(Access::Service, Access::Tenant);
-    match verifier.check(password, need) {
+    match verifier.check(&password, need) {
         Ok(()) => Ok(()),
         Err(refusal) => {
             shared.metrics.refusal_metrics().count("pg", &refusal);
             // 28P01 invalid_password; 28000 invalid_authorization_specification.
             let code = if refusal.unauthenticated() { "28P01" } else { "28000" };
-            let _ = send(s, &error_response(code, &refusal.to_string())).await;
+            let _ = send(&mut conn.w, &error_response(code, &refusal.to_string())).await;
             Err(ReplicationError::Refused(refusal.to_string()))
         }
     }
 }
 
 async fn session(
-    mut s: Stream,
+    mut conn: Session,
     shared: Arc<Shared>,
-    params: std::collections::HashMap<String, String>,
+    params: BTreeMap<String, String>,
 ) -> Result<(), ReplicationError> {
     let database = timeline_name(&params);
     let timeline = timeline_ids(&params).and_then(|(t, l)| shared.timelines.get(t, l));
     let Some(timeline) = timeline else {
         let msg = format!("choose a timeline held here with options '-c strata.timeline=<tenant_id>/<timeline_id>' (got {database:?})");
-        let _ = send(&mut s, &error_response("3D000", &msg)).await;
+        let _ = send(&mut conn.w, &error_response("3D000", &msg)).await;
         return Err(ReplicationError::Refused(msg));
     };
     let strip = params.get("options").is_some_and(|o| o.contains("strata.strip_consistency=on"))
         || shared.config.strip_consistency_for_replication;
-    let mut out = message(b'R', &0i32.to_be_bytes());
+    let mut out = BytesMut::new();
+    put(&mut out, &Authentication::Ok)?;
     for (k, v) in [
         ("server_version", "15.0"),
         ("server_encoding", "UTF8"),
@@ -309,83 +361,77 @@ async fn session(
         ("integer_datetimes", "on"),
         ("standard_conforming_strings", "on"),
     ] {
-        let mut b = k.as_bytes().to_vec();
-        b.push(0);
-        b.extend_from_slice(v.as_bytes());
-        b.push(0);
-        out.extend(message(b'S', &b));
+        put(&mut out, &ParameterStatus::new(k.to_string(), v.to_string()))?;
     }
-    let mut key = 1i32.to_be_bytes().to_vec();
-    key.extend_from_slice(&2i32.to_be_bytes());
-    out.extend(message(b'K', &key));
-    out.extend(ready());
-    send(&mut s, &out).await?;
+    put(&mut out, &BackendKeyData::new(1, SecretKey::I32(2)))?;
+    put(&mut out, &ReadyForQuery::new(TransactionStatus::Idle))?;
+    send(&mut conn.w, &out).await?;
 
     loop {
-        let (tag, body) = read_message(&mut s).await?;
-        match tag {
-            b'X' => return Ok(()),
-            b'Q' => {
-                let query = String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(&body))
-                    .trim()
-                    .trim_end_matches(';')
-                    .to_string();
-                let upper = query.to_ascii_uppercase();
-                let positions = timeline.positions();
-                let reply = if upper == "IDENTIFY_SYSTEM" {
-                    let mut r = row_result(
-                        &[("systemid", 25), ("timeline", 23), ("xlogpos", 25), ("dbname", 25)],
-                        &[
-                            Some(timeline.identity.system_id.to_string()),
-                            Some("1".into()),
-                            Some(positions.commit_lsn.to_string()),
-                            None,
-                        ],
-                        "IDENTIFY_SYSTEM",
-                    );
-                    r.extend(ready());
-                    r
-                } else if upper == "SHOW WAL_SEGMENT_SIZE" {
-                    let mut r = row_result(
-                        &[("wal_segment_size", 25)],
-                        &[Some(format!("{}MB", timeline.identity.wal_segment_size >> 20))],
-                        "SHOW",
-                    );
-                    r.extend(ready());
-                    r
-                } else if upper == "SHOW DATA_DIRECTORY_MODE" {
-                    let mut r = row_result(&[("data_directory_mode", 25)], &[Some("0700".into())], "SHOW");
-                    r.extend(ready());
-                    r
-                } else if upper.starts_with("START_REPLICATION") {
-                    return stream(s, &shared, &timeline, &query, strip).await;
-                } else {
-                    let mut r = error_response("0A000", &format!("not supported by a Strata safekeeper: {query}"));
-                    r.extend(ready());
-                    r
-                };
-                send(&mut s, &reply).await?;
-            }
+        let query = match conn.reader.next().await? {
+            PgWireFrontendMessage::Terminate(_) => return Ok(()),
+            PgWireFrontendMessage::Query(q) => q.query.trim().trim_end_matches(';').to_string(),
             other => {
-                let _ =
-                    send(&mut s, &error_response("08P01", &format!("unexpected message type {}", other as char))).await;
-                return Err(ReplicationError::Protocol(format!("unexpected message {other}")));
+                let mut out = BytesMut::new();
+                put(&mut out, &error_message("08P01", &unexpected(&other, "in a session").to_string()))?;
+                put(&mut out, &ReadyForQuery::new(TransactionStatus::Idle))?;
+                let _ = send(&mut conn.w, &out).await;
+                continue;
             }
+        };
+        let upper = query.to_ascii_uppercase();
+        let positions = timeline.positions();
+        let mut out = BytesMut::new();
+        if upper == "IDENTIFY_SYSTEM" {
+            row_result(
+                &mut out,
+                &[("systemid", 25), ("timeline", 23), ("xlogpos", 25), ("dbname", 25)],
+                &[
+                    Some(timeline.identity.system_id.to_string()),
+                    Some("1".into()),
+                    Some(positions.commit_lsn.to_string()),
+                    None,
+                ],
+                "IDENTIFY_SYSTEM",
+            )?;
+        } else if upper == "SHOW WAL_SEGMENT_SIZE" {
+            row_result(
+                &mut out,
+                &[("wal_segment_size", 25)],
+                &[Some(format!("{}MB", timeline.identity.wal_segment_size >> 20))],
+                "SHOW",
+            )?;
+        } else if upper == "SHOW DATA_DIRECTORY_MODE" {
+            row_result(&mut out, &[("data_directory_mode", 25)], &[Some("0700".into())], "SHOW")?;
+        } else if upper.starts_with("START_REPLICATION") {
+            return stream(conn, &shared, &timeline, &query, strip).await;
+        } else {
+            put(&mut out, &error_message("0A000", &format!("not supported by a Strata safekeeper: {query}")))?;
+            put(&mut out, &ReadyForQuery::new(TransactionStatus::Idle))?;
         }
+        send(&mut conn.w, &out).await?;
     }
 }
 
 /// The client ended the copy (CopyDone): end ours and the command.
 async fn end_copy(w: &mut WriteHalf<Stream>) -> Result<(), ReplicationError> {
-    let mut end = message(b'c', &[]);
-    end.extend(message(b'C', b"START_STREAMING\0"));
-    end.extend(ready());
-    send(w, &end).await
+    let mut out = BytesMut::new();
+    put(&mut out, &CopyDone::new())?;
+    put(&mut out, &CommandComplete::new("START_STREAMING".into()))?;
+    put(&mut out, &ReadyForQuery::new(TransactionStatus::Idle))?;
+    send(w, &out).await
+}
+
+/// A CopyData message carrying a walsender payload (`w` or `k`).
+fn copy_data(payload: Vec<u8>) -> Result<BytesMut, ReplicationError> {
+    let mut out = BytesMut::with_capacity(payload.len() + 5);
+    put(&mut out, &CopyData::new(payload.into()))?;
+    Ok(out)
 }
 
 /// `START_REPLICATION [SLOT name] [PHYSICAL] X/X [TIMELINE n]`.
 async fn stream(
-    mut s: Stream,
+    conn: Session,
     shared: &Shared,
     timeline: &Arc<Timeline>,
     query: &str,
@@ -396,37 +442,33 @@ async fn stream(
     let Some(start) = start.filter(|l| *l >= timeline.start_lsn && *l <= positions.commit_lsn) else {
         let msg =
             format!("start position must lie in the committed WAL, {} to {}", timeline.start_lsn, positions.commit_lsn);
-        let mut r = error_response("58P01", &msg);
-        r.extend(ready());
-        let _ = send(&mut s, &r).await;
+        let Session { mut w, .. } = conn;
+        let mut out = BytesMut::new();
+        put(&mut out, &error_message("58P01", &msg))?;
+        put(&mut out, &ReadyForQuery::new(TransactionStatus::Idle))?;
+        let _ = send(&mut w, &out).await;
         return Err(ReplicationError::Refused(msg));
     };
     info!(timeline = %timeline.identity.timeline_id, %start, strip, "replication client streaming");
-    let mut body = vec![0u8];
-    body.extend_from_slice(&0i16.to_be_bytes());
-    send(&mut s, &message(b'W', &body)).await?;
+    let Session { mut reader, mut w } = conn;
+    let mut out = BytesMut::new();
+    put(&mut out, &CopyBothResponse::new(0, 0, Vec::new()))?;
+    send(&mut w, &out).await?;
     let segment_size = u64::from(timeline.identity.wal_segment_size);
     let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
-    let (mut r, mut w) = tokio::io::split(s);
-    // Client messages: status updates are dropped; CopyDone ends the stream.
+    // Client messages: status updates are dropped; CopyDone ends the
+    // stream. A client quiet for longer than `IO_TIMEOUT` is fine: the
+    // reader then only stops listening, the WAL keeps flowing.
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
     let reader = tokio::spawn(async move {
         loop {
-            let mut head = [0u8; 5];
-            if r.read_exact(&mut head).await.is_err() {
-                return;
-            }
-            let len = i32::from_be_bytes(head[1..5].try_into().expect("4 bytes"));
-            if !(4..=MAX_MESSAGE as i32).contains(&len) {
-                return;
-            }
-            let mut body = vec![0u8; len as usize - 4];
-            if r.read_exact(&mut body).await.is_err() {
-                return;
-            }
-            if head[0] == b'c' || head[0] == b'X' {
-                let _ = done_tx.send(());
-                return;
+            match reader.next().await {
+                Ok(PgWireFrontendMessage::CopyDone(_) | PgWireFrontendMessage::Terminate(_)) => {
+                    let _ = done_tx.send(());
+                    return;
+                }
+                Ok(_) | Err(ReplicationError::Timeout(_)) => {}
+                Err(_) => return,
             }
         }
     });
@@ -460,7 +502,7 @@ async fn stream(
                     m.extend_from_slice(&strata_formats::time::pg_now().to_be_bytes());
                     m.extend_from_slice(&data);
                     out_lsn = Lsn(out_lsn.0 + data.len() as u64);
-                    send(&mut w, &message(b'd', &m)).await?;
+                    send(&mut w, &copy_data(m)?).await?;
                 }
                 continue;
             }
@@ -477,7 +519,7 @@ async fn stream(
                     m.extend_from_slice(&out_lsn.0.to_be_bytes());
                     m.extend_from_slice(&strata_formats::time::pg_now().to_be_bytes());
                     m.push(0);
-                    send(&mut w, &message(b'd', &m)).await?;
+                    send(&mut w, &copy_data(m)?).await?;
                 }
             }
         }
