@@ -31,7 +31,6 @@ medians and ratios.
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
+from getpage import client_env  # noqa: E402
 from fixtures.pg import PgCluster  # noqa: E402
 from fixtures.strata import http_json, parse_lsn  # noqa: E402
 
@@ -90,10 +90,7 @@ def strata_scale(strata_bin: Path, base: Path, scale: int, runs: int) -> dict:
         timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
         tl_url = f"http://127.0.0.1:{ps['ports']['http']}/v1/tenant/{ct['tenant_id']}/timeline/{timeline}"
         connstr = cluster.endpoint_start("main")
-        m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
-               "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4),
-               "LC_ALL": "C"}
+        env = client_env(connstr)
         subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
                        capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
         cluster.endpoint_stop("main")

@@ -35,11 +35,13 @@ import time
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
+from fixtures.pg import libpq_env  # noqa: E402
 from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -64,11 +66,8 @@ def pagebench(strata_bin: Path, extra: list[str], connections: int, depth: int, 
 
 def client_env(connstr: str) -> dict:
     """The environment of PostgreSQL's client programs (pgbench, psql) for
-    an endpoint's connection string, and nothing of the caller's PG*."""
-    m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
-            "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4),
-            "LC_ALL": "C"}
+    an endpoint's connection string (password and TLS included)."""
+    return libpq_env(conninfo_to_dict(connstr))
 
 
 def prepare(cluster: LocalCluster, scale: int) -> dict:

@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
+from getpage import client_env  # noqa: E402
 from fixtures.pg import PgCluster  # noqa: E402
 from fixtures.strata import drop_os_caches, http_json, parse_lsn  # noqa: E402
 
@@ -94,12 +95,6 @@ def stock_scan(c: PgCluster) -> tuple[float, bool]:
         c.stop("fast")
 
 
-def endpoint_env(connstr: str) -> dict:
-    m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
-            "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3), "PGDATABASE": m.group(4), "LC_ALL": "C"}
-
-
 def wait_ingested(cluster: LocalCluster, tl_url: str) -> None:
     """Waits until the pageserver has ingested what the safekeepers hold of
     the timeline `tl_url` names."""
@@ -136,8 +131,8 @@ def pgbench_rounds(cluster: LocalCluster, tl_url: str, slices: int, seconds: int
     cluster.run("branch", "create", "twin", timeout=120)
     twin = next(b["timeline_id"] for b in cluster.cluster_toml["branches"] if b["name"] == "twin")
     twin_url = tl_url.rsplit("/", 1)[0] + "/" + twin
-    envs = {"eager": endpoint_env(cluster.endpoint_start("main", "main", "--eager")),
-            "lazy": endpoint_env(cluster.endpoint_start("twin", "twin", "--lazy"))}
+    envs = {"eager": client_env(cluster.endpoint_start("main", "main", "--eager")),
+            "lazy": client_env(cluster.endpoint_start("twin", "twin", "--lazy"))}
     common = ["-c", str(clients), "-j", str(min(clients, 2))]
     tps: dict = {f"{m}_{n}": [] for m in ("eager", "lazy") for n in ("rw", "ro")}
     try:
@@ -178,7 +173,7 @@ def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs
         ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
         timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
         tl_url = f"http://127.0.0.1:{ps['ports']['http']}/v1/tenant/{ct['tenant_id']}/timeline/{timeline}"
-        env = endpoint_env(cluster.endpoint_start("main", "main", "--eager"))
+        env = client_env(cluster.endpoint_start("main", "main", "--eager"))
         subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
                        capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
         psql(env, "VACUUM ANALYZE")

@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
 from fixtures.cluster import LocalCluster  # noqa: E402
+from getpage import client_env  # noqa: E402
 from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -86,10 +87,7 @@ class Target:
         self.http = f"http://127.0.0.1:{ps['ports']['http']}"
         self.tenant = ct["tenant_id"]
         self.timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
-        m = re.match(r"postgresql://([^@]+)@([^:/]+):(\d+)/(\w+)", connstr)
-        self.pg_env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")},
-                       "PGUSER": m.group(1), "PGHOST": m.group(2), "PGPORT": m.group(3),
-                       "PGDATABASE": m.group(4), "PGCONNECT_TIMEOUT": "30", "LC_ALL": "C"}
+        self.pg_env = client_env(connstr)
 
     def timeline_status(self) -> dict:
         code, body = http_json("GET", f"{self.http}/v1/tenant/{self.tenant}/timeline/{self.timeline}", timeout=5)
