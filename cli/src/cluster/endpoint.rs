@@ -92,23 +92,26 @@ impl Endpoint {
 
     /// libpq connection string of its PostgreSQL, without the password.
     pub fn connstr(&self) -> String {
-        self.connstr_with(None, None)
+        format!("postgresql://postgres@{HOST}:{}/postgres", self.file.pg_port)
     }
 
-    /// The connection string a client uses: with the password, and with
-    /// `ca` (the cluster's CA) TLS that verifies the server's certificate.
-    pub fn connstr_with(&self, password: Option<&str>, ca: Option<&std::path::Path>) -> String {
-        let login = match password {
-            // Generated passwords are letters and digits: nothing to escape.
-            Some(p) => format!("postgres:{p}"),
-            None => "postgres".into(),
-        };
-        let mut s = format!("postgresql://{login}@{HOST}:{}/postgres", self.file.pg_port);
-        if let Some(ca) = ca {
-            s.push_str("?sslmode=verify-full&sslrootcert=");
-            s.push_str(&uri_escape(&ca.to_string_lossy()));
-        }
-        s
+    /// The connection string a client on this host uses: with the
+    /// password, without TLS. Loopback traffic never leaves the kernel, and
+    /// TLS on it costs PostgreSQL about an eighth of its pgbench throughput
+    /// (`docs/security.md`, "Computes").
+    pub fn local_connstr(&self, password: &str) -> String {
+        // Generated passwords are letters and digits: nothing to escape.
+        format!("postgresql://postgres:{password}@{HOST}:{}/postgres?sslmode=disable", self.file.pg_port)
+    }
+
+    /// The connection string over TLS, verified against `ca` (the
+    /// cluster's CA): what a client on another host uses.
+    pub fn tls_connstr(&self, password: &str, ca: &std::path::Path) -> String {
+        format!(
+            "postgresql://postgres:{password}@{HOST}:{}/postgres?sslmode=verify-full&sslrootcert={}",
+            self.file.pg_port,
+            uri_escape(&ca.to_string_lossy())
+        )
     }
 
     /// The file with the password clients log in with.
@@ -493,9 +496,11 @@ pub fn start(
         child.id(),
         log.display()
     );
+    if super::certs::client(&wd.root)?.is_some() {
+        println!("over TLS: {}", ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root)));
+    }
     // Last line: scripts take the connection string from here.
-    let ca = super::certs::client(&wd.root)?.map(|_| super::certs::ca_cert(&wd.root));
-    println!("{}", ep.connstr_with(Some(&password), ca.as_deref()));
+    println!("{}", ep.local_connstr(&password));
     Ok(())
 }
 
@@ -635,8 +640,9 @@ mod tests {
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);
         let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f };
         assert_eq!(ep.connstr(), "postgresql://postgres@127.0.0.1:5432/postgres");
+        assert_eq!(ep.local_connstr("pw9"), "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=disable");
         assert_eq!(
-            ep.connstr_with(Some("pw9"), Some(std::path::Path::new("/w x/tls/ca.pem"))),
+            ep.tls_connstr("pw9", std::path::Path::new("/w x/tls/ca.pem")),
             "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w%20x/tls/ca.pem"
         );
         assert_eq!(ep.identity().marker, PathBuf::from("/w/endpoints/e/pgdata"));
