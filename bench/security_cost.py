@@ -6,12 +6,15 @@ the CLI, side by side on this machine, the same data loaded into both:
             the cluster's CA on every link that has it
 - insecure: `strata init --insecure-loopback`: no tokens, no TLS
 
-Measured, alternating between the two clusters run by run (medians of
---runs runs):
+Measured, alternating run by run (medians of --runs runs):
 
 - GetPage p50: `strata pagebench`, 1 connection, depth 1, random blocks of
   pgbench_accounts (loaded with pgbench -i, the endpoint stopped and the
-  pageserver checkpointed, so reads go to layer files);
+  pageserver checkpointed, so reads go to layer files). Both modes read
+  the secure cluster's data: between runs it is restarted with its
+  services' [auth] and [tls] removed or put back (and the workdir's keys
+  and CA moved aside), since a GetPage's cost depends far more on the
+  pageserver's layer layout, which two clusters do not share, than on TLS;
 - pgbench RW (TPC-B-like) at 8 clients against an endpoint of each cluster.
 
 Ratios secure / insecure: tps (target >= 0.95) and GetPage p50 latency
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,43 @@ from getpage import client_env, pagebench, prepare  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 MODES = {"secure": [], "insecure": ["--insecure-loopback"]}
+
+
+def strip_tables(text: str, names: tuple[str, ...]) -> str:
+    """A TOML text without the tables `[name]` of `names` (each up to the
+    next table header)."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        header = line.strip()
+        if header.startswith("["):
+            skipping = header.strip("[]") in names
+        if not skipping:
+            out.append(line)
+    return "".join(out)
+
+
+def set_security(c: LocalCluster, on: bool) -> None:
+    """Restarts cluster `c` on the same data with its services' [auth] and
+    [tls] on or off. Off, the workdir's `tls/` and `auth/` (the CA the CLI
+    trusts, the key it signs with) are moved aside, so the CLI speaks
+    plaintext without tokens, as to a `--insecure-loopback` cluster."""
+    c.run("stop", timeout=600)
+    # Restarted either way, so that each mode is measured after a restart.
+    if (c.workdir / "tls").exists() == on:
+        c.start()
+        return
+    for svc in c.cluster_toml["services"]:
+        conf = c.workdir / svc["config"]
+        saved = conf.with_name(conf.name + ".secure")
+        if on:
+            saved.replace(conf)
+        else:
+            shutil.copyfile(conf, saved)
+            conf.write_text(strip_tables(conf.read_text(), ("auth", "tls")))
+    for d in ("tls", "auth"):
+        live, aside = c.workdir / d, c.workdir / f"{d}.off"
+        (aside.rename(live) if on else live.rename(aside))
+    c.start()
 
 
 def pgbench_rw(connstr: str, clients: int, seconds: int) -> float:
@@ -80,14 +121,23 @@ def main() -> int:
                 c.init(*flags)
                 c.start()
                 data = prepare(c, args.scale)
-                auth = ["--token-file", str(c.token_file())] if c.token else []
-                targets[mode] = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
-                                 "--timeline-id", data["timeline_id"], "--rel", data["rel"], *auth, *c.tls_args()]
-                pagebench(strata_bin, targets[mode], 1, 1, min(args.getpage_seconds, 3))  # warm
+                if mode == "secure":
+                    plain = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
+                             "--timeline-id", data["timeline_id"], "--rel", data["rel"]]
+                    targets = {"secure": [*plain, "--token-file", str(c.token_file()), *c.tls_args()],
+                               "insecure": plain}
+            # GetPage: both modes on the secure cluster's data.
+            secure = clusters["secure"]
             getpage: dict[str, list[dict]] = {m: [] for m in MODES}
-            for _ in range(args.runs):
-                for mode in MODES:
-                    getpage[mode].append(pagebench(strata_bin, targets[mode], 1, 1, args.getpage_seconds))
+            try:
+                for _ in range(args.runs):
+                    for mode in MODES:
+                        set_security(secure, mode == "secure")
+                        pagebench(strata_bin, targets[mode], 1, 1, min(args.getpage_seconds, 3))  # warm
+                        getpage[mode].append(pagebench(strata_bin, targets[mode], 1, 1, args.getpage_seconds))
+            finally:
+                if not (secure.workdir / "tls").exists():
+                    set_security(secure, True)
             for mode, c in clusters.items():
                 connstrs[mode] = c.endpoint_start("main")
                 pgbench_rw(connstrs[mode], args.clients, min(args.seconds, 5))  # warm
@@ -110,7 +160,8 @@ def main() -> int:
         "errors": sum(r["errors"] for m in MODES for r in getpage[m]),
     })
     lines = [
-        f"scale {args.scale}; medians of {args.runs} runs, the two clusters alternating;"
+        f"scale {args.scale}; medians of {args.runs} runs, alternating (GetPage: one cluster's data, its"
+        " services restarted with and without [auth] and [tls]; pgbench: two clusters);"
         f" {os.cpu_count()} CPUs, load {results['loadavg_before']:.2f} before",
         "",
         f"{'':<28}{'secure':>12}{'insecure':>12}{'ratio':>8}",
