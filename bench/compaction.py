@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from report import write_results  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
 from fixtures.strata import http_json, http_text, parse_lsn, urlopen  # noqa: E402
 from getpage import client_env, pagebench  # noqa: E402
@@ -255,12 +256,7 @@ def main() -> int:
         f" {len(cw['cold_ms'])}: {cw['cold_p50_ms']:.1f} ms vs {cw['warm_p50_ms']:.2f} ms ({cw['cold_vs_warm']:.0f}x)",
     ]
     text = "\n".join(lines)
-    out_dir = REPO / "bench" / "results"
-    stem = args.name or ("compaction_quick" if args.quick else "compaction")
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    (out_dir / f"{stem}.txt").write_text(text + "\n")
-    print(text)
+    write_results(args.name or ("compaction_quick" if args.quick else "compaction"), results, text)
     return 0
 
 

@@ -29,7 +29,6 @@ medians and ratios.
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
+from report import write_results  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
 from getpage import client_env  # noqa: E402
 from fixtures.pg import PgCluster  # noqa: E402
@@ -228,12 +228,8 @@ def main() -> int:
         "local MB: the endpoint's data directory (and, lazy, its backing directory) right after the first query.",
     ]
     text = "\n".join(lines)
-    out_dir = REPO / "bench" / "results"
-    stem_suffix = "_quick" if args.quick else ""  # a smoke run keeps the real figures
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"compute_start{stem_suffix}.json").write_text(json.dumps(results, indent=2))
-    (out_dir / f"compute_start{stem_suffix}.txt").write_text(text + "\n")
-    print(text)
+    # A smoke run keeps the real figures.
+    write_results("compute_start_quick" if args.quick else "compute_start", results, text)
     return 0
 
 

@@ -40,6 +40,7 @@ from psycopg.conninfo import conninfo_to_dict
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
+from report import write_results  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
 from fixtures.pg import libpq_env  # noqa: E402
 from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
@@ -191,12 +192,8 @@ def main() -> int:
     if errors:
         lines.append(f"ERRORS: {errors} failed requests")
     text = "\n".join(lines)
-    out_dir = REPO / "bench" / "results"
-    stem_suffix = "_quick" if args.quick else ""  # a smoke run keeps the real figures
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"getpage{stem_suffix}.json").write_text(json.dumps(results, indent=2))
-    (out_dir / f"getpage{stem_suffix}.txt").write_text(text + "\n")
-    print(text)
+    # A smoke run keeps the real figures.
+    write_results("getpage_quick" if args.quick else "getpage", results, text)
     return 0
 
 

@@ -46,6 +46,7 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
+from report import write_results  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
 from getpage import client_env  # noqa: E402
 from fixtures.pg import PgCluster  # noqa: E402
@@ -280,12 +281,8 @@ def main() -> int:
             f"lazy file system after pgbench: {json.dumps(t.get('lazy_status'))}",
         ]
     text = "\n".join(lines)
-    out_dir = REPO / "bench" / "results"
     stem = "lazy_compute_quick" if args.quick else "lazy_compute_scan" if args.scan_only else "lazy_compute"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    (out_dir / f"{stem}.txt").write_text(text + "\n")
-    print(text)
+    write_results(stem, results, text)
     return 0
 
 

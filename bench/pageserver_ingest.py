@@ -48,6 +48,7 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 
+from report import write_results  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
 from getpage import client_env  # noqa: E402
 from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
@@ -427,12 +428,8 @@ def main() -> int:
         f" / decode + restore images: {med['catchup_vs_decode_and_restore']:.3f}",
     ]
     summary = "\n".join(lines)
-    out_dir = REPO / "bench" / "results"
-    stem_suffix = "_quick" if args.quick else ""  # a smoke run keeps the real figures
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"pageserver_ingest{stem_suffix}.json").write_text(json.dumps(results, indent=2))
-    (out_dir / f"pageserver_ingest{stem_suffix}.txt").write_text(summary + "\n")
-    print(summary)
+    # A smoke run keeps the real figures.
+    write_results("pageserver_ingest_quick" if args.quick else "pageserver_ingest", results, summary)
     return 0
 
 

@@ -25,7 +25,6 @@ Writes bench/results/security_cost.json and .txt (security_cost_quick.* with --q
 """
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from report import write_results  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
 from getpage import client_env, pagebench, prepare  # noqa: E402
 
@@ -177,12 +177,7 @@ def main() -> int:
     if results["errors"]:
         lines.append(f"ERRORS: {results['errors']} failed GetPage requests")
     text = "\n".join(lines)
-    out_dir = REPO / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    stem = "security_cost_quick" if args.quick else "security_cost"
-    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    (out_dir / f"{stem}.txt").write_text(text + "\n")
-    print(text)
+    write_results("security_cost_quick" if args.quick else "security_cost", results, text)
     return 0
 
 

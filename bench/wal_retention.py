@@ -21,7 +21,6 @@ Writes bench/results/wal_retention.json and .txt (wal_retention_quick.* with --q
 """
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -38,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "test_runner"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from report import write_results  # noqa: E402
 from fixtures.checks import assert_pgbench_invariants, pgbench_state  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
 from fixtures.pg import PgCluster  # noqa: E402
@@ -248,12 +248,7 @@ def main() -> int:
         f" offloaded WAL: {s0['pg_waldump_total']}",
     ]
     text = "\n".join(lines)
-    out_dir = REPO / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    stem = "wal_retention_quick" if args.quick else "wal_retention"
-    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2, default=str))
-    (out_dir / f"{stem}.txt").write_text(text + "\n")
-    print(text)
+    write_results("wal_retention_quick" if args.quick else "wal_retention", results, text)
     return 0
 
 
