@@ -234,7 +234,8 @@ async fn startup(
 ) -> Result<(Session, BTreeMap<String, String>), ReplicationError> {
     // Before any encryption: SSLRequest, GSSENCRequest or the startup.
     let mut plain = Reader::new(tcp, DecodeContext::new(ProtocolVersion::PROTOCOL3_0));
-    let stream = loop {
+    // The settled stream and what was read of it beyond the negotiation.
+    let (stream, read_ahead) = loop {
         match plain.next().await? {
             PgWireFrontendMessage::SslNegotiation(SslNegotiationMetaMessage::PostgresSsl(_)) => {
                 let Some(tls) = tls else {
@@ -247,7 +248,7 @@ async fn startup(
                     return Err(ReplicationError::Protocol("data after SSLRequest before the handshake".into()));
                 }
                 send(&mut plain.r, &[SslResponse::BYTE_ACCEPT]).await?;
-                break Stream::from(tls.accept(plain.r).await?);
+                break (Stream::from(tls.accept(plain.r).await?), BytesMut::new());
             }
             PgWireFrontendMessage::SslNegotiation(SslNegotiationMetaMessage::PostgresGss(_)) => {
                 send(&mut plain.r, &[SslResponse::BYTE_REFUSE]).await?;
@@ -257,24 +258,17 @@ async fn startup(
                 let _ = send(&mut plain.r, &error_response("28000", msg)).await;
                 return Err(ReplicationError::Refused(msg.into()));
             }
-            PgWireFrontendMessage::SslNegotiation(_) => {
-                // A startup (or a cancel request) follows, in plaintext.
-                let mut ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
-                ctx.awaiting_frontend_ssl = false;
-                plain.ctx = ctx;
-                let buf = std::mem::take(&mut plain.buf);
-                let (r, w) = tokio::io::split(Stream::Plain(plain.r));
-                let mut reader = Reader::new(r, plain.ctx);
-                reader.buf = buf;
-                return finish_startup(Session { reader, w }).await;
-            }
+            // A startup (or a cancel request) follows, in plaintext.
+            PgWireFrontendMessage::SslNegotiation(_) => break (Stream::Plain(plain.r), plain.buf),
             other => return Err(unexpected(&other, "before the startup")),
         }
     };
     let mut ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
     ctx.awaiting_frontend_ssl = false;
     let (r, w) = tokio::io::split(stream);
-    finish_startup(Session { reader: Reader::new(r, ctx), w }).await
+    let mut reader = Reader::new(r, ctx);
+    reader.buf = read_ahead;
+    finish_startup(Session { reader, w }).await
 }
 
 /// Reads the startup message of a session whose encryption is settled.
