@@ -414,3 +414,33 @@ fn read_password(path: &std::path::Path) -> Result<String, String> {
     }
     Ok(password)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_password_file_must_be_private_and_hold_a_password() {
+        let dir = std::env::temp_dir().join(format!("strata-password-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("password");
+        let write = |text: &str, mode: u32| {
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("s3cret\nignored\n", 0o600);
+        assert_eq!(read_password(&path).unwrap(), "s3cret");
+        write("s3cret\n", 0o644);
+        let err = read_password(&path).unwrap_err();
+        assert!(err.contains("lets others read it") && !err.contains("s3cret"), "{err}");
+        for bad in ["", "\n", "a\0b"] {
+            write(bad, 0o600);
+            let err = read_password(&path).unwrap_err();
+            assert!(err.contains("empty, or a NUL byte"), "{bad:?}: {err}");
+        }
+        let err = read_password(&dir.join("missing")).unwrap_err();
+        assert!(err.contains("missing"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
