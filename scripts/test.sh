@@ -29,6 +29,8 @@ if [ "$fuzz_seconds" -gt 0 ]; then
 fi
 
 echo "== pytest"
+# The clusters of the tests need room; a full disk shows as timeouts.
+df -h . "${TMPDIR:-/tmp}"
 workers="${STRATA_TEST_WORKERS:-2}"
 if [ "$workers" -gt 1 ]; then
     .venv/bin/pytest test_runner -n "$workers" "$@"

@@ -526,8 +526,10 @@ mod tests {
         strata_service::tls::ClientTls::load(&tls.ca).unwrap();
 
         assert!(matches!(init(&init_args(&dir, 3)), Err(Error::Failed(_))), "a second init must be refused");
-        assert!(matches!(init(&init_args(&tempdir("zero"), 0)), Err(Error::Usage(_))));
+        let zero = tempdir("zero");
+        assert!(matches!(init(&init_args(&zero, 0)), Err(Error::Usage(_))));
         fs::remove_dir_all(&dir).unwrap();
+        fs::remove_dir_all(&zero).unwrap();
     }
 
     #[test]
