@@ -78,9 +78,13 @@ pub struct StartArgs {
     /// PostgreSQL's data directory; emptied and restored at every start.
     #[arg(long)]
     pgdata: std::path::PathBuf,
-    /// PostgreSQL's TCP port (on 127.0.0.1).
+    /// PostgreSQL's TCP port (on 127.0.0.1, and on --pg-host-address).
     #[arg(long)]
     pg_port: u16,
+    /// The host's address: PostgreSQL listens there too, for clients of
+    /// other hosts, over TLS only (needs --tls-cert).
+    #[arg(long, value_name = "IP", requires = "tls_cert")]
+    pg_host_address: Option<std::net::IpAddr>,
     #[command(flatten)]
     timeline: TimelineArgs,
     /// The pageserver's HTTP API (host:port).
@@ -319,6 +323,7 @@ async fn start(args: StartArgs) -> Result<(), String> {
         _ => None,
     };
     cfg.pg_tls_files = args.tls_cert.zip(args.tls_key);
+    cfg.pg_host_address = args.pg_host_address;
     let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
     agent::run(cfg, stop).await.map_err(|e| e.to_string())
 }

@@ -85,6 +85,8 @@ pub struct AgentConfig {
     /// This host's certificate and key files: PostgreSQL serves TLS with
     /// copies of them in its data directory; none: PostgreSQL has no TLS.
     pub pg_tls_files: Option<(PathBuf, PathBuf)>,
+    /// The host's address PostgreSQL listens on besides loopback (TLS only).
+    pub pg_host_address: Option<std::net::IpAddr>,
     /// The file (mode 0600) with the password clients log in with as
     /// `pg_role` over TCP (SCRAM-SHA-256); read at every start, so a new
     /// password takes effect with the next one (`docs/security.md`).
@@ -136,6 +138,7 @@ impl AgentConfig {
             tls_client: None,
             tls_server: None,
             pg_tls_files: None,
+            pg_host_address: None,
             password_file,
         }
     }

@@ -11,8 +11,11 @@ const MAX_SOCKET_PATH: usize = 107;
 /// Inputs of the generated configuration.
 #[derive(Clone, Debug)]
 pub struct PgSettings {
-    /// TCP port on 127.0.0.1, also the socket's name suffix.
+    /// TCP port on 127.0.0.1 (and `host_address`), also the socket's name suffix.
     pub port: u16,
+    /// The host's address clients of other hosts connect to, besides
+    /// loopback: TLS only (`hostssl`), so it needs `tls_files`.
+    pub host_address: Option<std::net::IpAddr>,
     /// Directory of the Unix socket (absolute): see [`socket_dir`].
     pub socket_dir: PathBuf,
     /// `shared_buffers`, in PostgreSQL's size syntax (`128MB`).
@@ -65,6 +68,14 @@ fn validate(s: &PgSettings) -> Result<(), ConfigError> {
     if s.port == 0 {
         return Err(ConfigError::Invalid("port 0".into()));
     }
+    if let Some(addr) = s.host_address {
+        if s.tls_files.is_none() {
+            return Err(ConfigError::Invalid(format!("listening on {addr} needs TLS: no certificate given")));
+        }
+        if addr.is_unspecified() || addr.is_multicast() {
+            return Err(ConfigError::Invalid(format!("{addr} is not a host's address")));
+        }
+    }
     if !s.socket_dir.is_absolute() {
         return Err(ConfigError::Invalid(format!("socket directory {} is not absolute", s.socket_dir.display())));
     }
@@ -111,7 +122,15 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
         }
         let _ = writeln!(out, "{name} = {value}");
     };
-    set("Clients connect over TCP on the loopback interface only.", "listen_addresses", quote("127.0.0.1"));
+    let listen = match s.host_address {
+        Some(addr) if !addr.is_loopback() => format!("127.0.0.1,{addr}"),
+        _ => "127.0.0.1".to_string(),
+    };
+    set(
+        "Clients connect over TCP on loopback and, with TLS only, on the host's address.",
+        "listen_addresses",
+        quote(&listen),
+    );
     set("", "port", s.port.to_string());
     set(
         "The socket lives in the data directory (PostgreSQL's user can write there,\n\
@@ -213,16 +232,21 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
 /// The text of `pg_hba.conf`: SCRAM-SHA-256 for every TCP connection,
 /// normal and replication; trust on the Unix socket, whose directory only
 /// PostgreSQL's user (and root) can enter (mode 0700: the data directory or
-/// a private one, see [`prepare_socket_dir`]).
-pub fn pg_hba_conf() -> String {
-    "# Written by the Strata compute agent at every start; edits are lost.\n\
+/// a private one, see [`prepare_socket_dir`]). With `beyond_loopback`,
+/// clients of other hosts too, over TLS only (`hostssl`), never replication.
+pub fn pg_hba_conf(beyond_loopback: bool) -> String {
+    let mut hba = "# Written by the Strata compute agent at every start; edits are lost.\n\
      # The socket's directory is private to PostgreSQL's user.\n\
      # TYPE  DATABASE     USER  ADDRESS       METHOD\n\
      local   all          all                 trust\n\
      local   replication  all                 trust\n\
      host    all          all   127.0.0.1/32  scram-sha-256\n\
      host    replication  all   127.0.0.1/32  scram-sha-256\n"
-        .to_string()
+        .to_string();
+    if beyond_loopback {
+        hba.push_str("hostssl all          all   all           scram-sha-256\n");
+    }
+    hba
 }
 
 fn write(path: PathBuf, text: &str) -> Result<(), ConfigError> {
@@ -288,7 +312,7 @@ pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
         pgdata.join("postgresql.auto.conf"),
         "# Emptied by the Strata compute agent at every start; ALTER SYSTEM settings do not persist.\n",
     )?;
-    write(pgdata.join("pg_hba.conf"), &pg_hba_conf())?;
+    write(pgdata.join("pg_hba.conf"), &pg_hba_conf(s.host_address.is_some_and(|a| !a.is_loopback())))?;
     for name in [SERVER_CERT, SERVER_KEY] {
         let path = pgdata.join(name);
         if path.exists() {
@@ -329,6 +353,7 @@ mod tests {
     fn settings() -> PgSettings {
         PgSettings {
             port: 55432,
+            host_address: None,
             socket_dir: PathBuf::from("/srv/compute/pgdata"),
             shared_buffers: "128MB".into(),
             verify_redo: false,
@@ -422,7 +447,7 @@ mod tests {
 
     #[test]
     fn hba_trusts_the_socket_only_and_tcp_needs_scram() {
-        let hba = pg_hba_conf();
+        let hba = pg_hba_conf(false);
         let rules: Vec<Vec<&str>> =
             hba.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(rules.len(), 4);
@@ -431,6 +456,24 @@ mod tests {
         assert_eq!(host.len(), 2);
         assert!(host.iter().all(|r| r[3] == "127.0.0.1/32" && r[4] == "scram-sha-256"));
         assert!(host.iter().any(|r| r[1] == "replication"));
+    }
+
+    #[test]
+    fn other_hosts_reach_postgres_over_tls_only() {
+        let addr: std::net::IpAddr = "10.77.0.15".parse().unwrap();
+        let without_tls = PgSettings { host_address: Some(addr), ..settings() };
+        assert!(matches!(postgresql_conf(&without_tls), Err(ConfigError::Invalid(e)) if e.contains("needs TLS")));
+        let files = Some((PathBuf::from("/c/h.pem"), PathBuf::from("/c/h.key")));
+        let conf = postgresql_conf(&PgSettings { host_address: Some(addr), tls_files: files, ..settings() }).unwrap();
+        assert!(conf.contains("listen_addresses = '127.0.0.1,10.77.0.15'"), "{conf}");
+        let hba = pg_hba_conf(true);
+        let beyond: Vec<&str> = hba.lines().filter(|l| !l.starts_with('#') && !l.contains("127.0.0.1/32")).collect();
+        // Beyond loopback: TLS and SCRAM, normal sessions only.
+        assert_eq!(
+            beyond.iter().filter(|l| !l.starts_with("local")).collect::<Vec<_>>(),
+            vec![&"hostssl all          all   all           scram-sha-256"]
+        );
+        assert!(!pg_hba_conf(false).contains("hostssl"));
     }
 
     #[test]

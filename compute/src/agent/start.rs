@@ -375,6 +375,7 @@ impl Agent {
     async fn configure(&self, user: Option<&OsUser>) -> Result<(), AgentError> {
         let settings = pgconf::PgSettings {
             port: self.cfg.pg_port,
+            host_address: self.cfg.pg_host_address,
             socket_dir: pgconf::socket_dir(&self.pgdata, self.cfg.pg_port),
             shared_buffers: self.cfg.shared_buffers.clone(),
             verify_redo: self.cfg.verify_redo,
