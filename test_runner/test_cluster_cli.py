@@ -33,7 +33,11 @@ def states(status: dict) -> dict[str, str]:
 def test_init_writes_every_config(cluster_factory):
     c = cluster_factory(start=False)
     ct = c.cluster_toml
-    assert ct["format_version"] == 1
+    assert ct["format_version"] == 2
+    # The one-host case of a cluster across hosts: every service on loopback.
+    [host] = ct["hosts"]
+    assert (host["name"], host["address"], host["computes"]) == ("local", "127.0.0.1", True), host
+    assert {s["host"] for s in ct["services"]} == {"local"}
     assert HEX32.match(ct["tenant_id"])
     assert [b["name"] for b in ct["branches"]] == ["main"]
     assert HEX32.match(ct["branches"][0]["timeline_id"])

@@ -41,8 +41,11 @@ enum Command {
     Pagebench(pagebench::PagebenchArgs),
     /// Create a local cluster: configs with free ports, 3 safekeepers, a pageserver, a tenant with a `main` branch.
     Init(cluster::InitArgs),
-    /// Start every service of the local cluster that is not running.
+    /// Start every service of the cluster that is not running.
     Start(cluster::WorkdirArgs),
+    /// Run this host's part of a cluster of several hosts: its services,
+    /// and the API through which the CLI of any host manages them.
+    Node(cluster::NodeArgs),
     /// Stop the local cluster's endpoints and services.
     Stop(cluster::WorkdirArgs),
     /// Every service and timeline of the local cluster.
@@ -149,6 +152,7 @@ fn main() {
         Command::Branch(cmd) => cluster::branch(cmd),
         Command::Auth(cmd) => cluster::auth(cmd),
         Command::Supervise(args) => supervise::run(args),
+        Command::Node(args) => cluster::node(args),
     };
     std::process::exit(code);
 }

@@ -39,9 +39,14 @@ impl WorkdirArgs {
 pub struct InitArgs {
     #[command(flatten)]
     pub workdir: WorkdirArgs,
-    /// Number of safekeepers (a commit needs a majority of them).
-    #[arg(long, default_value_t = 3)]
-    pub safekeepers: usize,
+    /// Number of safekeepers (a commit needs a majority of them; default 3),
+    /// for a cluster on this machine.
+    #[arg(long, conflicts_with = "hosts")]
+    pub safekeepers: Option<usize>,
+    /// A cluster across machines: the hosts, what each runs and the object
+    /// storage, in a TOML file (`docs/deployment.md`).
+    #[arg(long, value_name = "FILE")]
+    pub hosts: Option<PathBuf>,
     /// Where the installed PostgreSQL 15 server binaries are.
     #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
     pub pg_bin_dir: PathBuf,
@@ -85,6 +90,11 @@ pub enum EndpointCommand {
         /// time (every transaction committed by then); writes are refused.
         #[arg(long, value_name = "LSN|TIMESTAMP")]
         at: Option<String>,
+        /// The host to run on (default: where it ran before, else this
+        /// machine's host if it runs computes, else the first that does). A
+        /// stopped endpoint given another host moves there.
+        #[arg(long)]
+        host: Option<String>,
         #[command(flatten)]
         agent: AgentArgs,
         #[command(flatten)]
@@ -104,7 +114,7 @@ pub enum EndpointCommand {
 }
 
 /// `strata endpoint start`: options handed to the compute agent for this run.
-#[derive(Args, Clone, Debug, Default)]
+#[derive(Args, Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct AgentArgs {
     /// This many restarts of PostgreSQL within --crash-loop-window-secs are
     /// reported as a crash loop (default 5).

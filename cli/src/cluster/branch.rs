@@ -12,7 +12,7 @@ use strata_protocol::api::safekeeper;
 use strata_protocol::TimelineId;
 
 use super::error::{failed, Error, Result};
-use super::layout::{read_toml, write_toml, Branch, ClusterFile, Kind, Workdir, CLUSTER_FILE, MAIN_BRANCH};
+use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Kind, Workdir, CLUSTER_FILE, MAIN_BRANCH};
 use super::{endpoint, http, services};
 
 /// A branch at an LSN waits up to 30 s on the pageserver for it to be ingested.
@@ -40,16 +40,15 @@ fn check_name(name: &str) -> Result<()> {
 /// after a commit would otherwise begin before it.
 fn newest_commit(wd: &Workdir, branch: &Branch) -> Result<Option<Lsn>> {
     let (tenant, timeline) = (wd.cluster.tenant_id, branch.timeline_id);
-    let from_safekeepers =
-        wd.cluster.of_kind(Kind::Safekeeper).filter(|s| services::running(wd, s).is_some()).filter_map(|s| {
-            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
-            let r = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200)?;
-            r.json::<safekeeper::TimelineStatus>().ok().map(|t| t.commit_lsn)
-        });
-    let from_proposers = endpoint::load_all(wd)?
+    let from_safekeepers = wd.cluster.of_kind(Kind::Safekeeper).filter(|s| services::is_up(wd, s)).filter_map(|s| {
+        let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
+        let r = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200)?;
+        r.json::<safekeeper::TimelineStatus>().ok().map(|t| t.commit_lsn)
+    });
+    let from_proposers = endpoint::inventory(wd)?
         .into_iter()
-        .filter(|ep| ep.file.branch == branch.name)
-        .filter_map(|ep| ep.compute_status())
+        .filter(|r| r.file.branch == branch.name && r.state != "stopped")
+        .filter_map(|r| endpoint::compute_status_of(wd, r.file))
         .map(|s| s.proposer.commit_lsn)
         .filter(|lsn| *lsn != Lsn::INVALID);
     Ok(from_safekeepers.chain(from_proposers).max())
@@ -67,7 +66,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         return failed(format!("no branch named {parent_name:?} (branches: {})", known.join(", ")));
     };
     let ps = wd.cluster.pageserver();
-    if services::running(wd, ps).is_none() {
+    if !services::is_up(wd, ps) {
         return failed(format!("{} is not running (start it with `strata start`)", ps.name));
     }
     let timeline_id = TimelineId::generate();
@@ -112,7 +111,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         parent: Some(parent_name.to_string()),
         ancestor_lsn: Some(start),
     });
-    write_toml(&path, "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    save_cluster(&wd.root, &mut cluster)?;
     // Its WAL timeline on every running safekeeper (the others get it at `strata start`).
     services::ensure_timelines(&Workdir::open(&wd.root)?)?;
     println!("branch {name}: timeline {timeline_id}, from {parent_name} at {start}");
@@ -135,25 +134,24 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
     if !children.is_empty() {
         return failed(format!("branch {name} has branches ({}); delete them first", children.join(", ")));
     }
-    let on: Vec<endpoint::Endpoint> = endpoint::load_all(wd)?.into_iter().filter(|e| e.file.branch == name).collect();
+    let on: Vec<endpoint::EndpointRecord> =
+        endpoint::inventory(wd)?.into_iter().filter(|e| e.file.branch == name).collect();
     for ep in &on {
-        let liveness = ep.supervised().liveness();
-        if let Some(pid) = liveness.pid().or(liveness.supervisor()) {
-            if !force {
-                return failed(format!(
-                    "endpoint {} (pid {pid}) runs on branch {name}; stop it first or use --force",
-                    ep.file.name
-                ));
-            }
+        if ep.state != "stopped" && !force {
+            return failed(format!(
+                "endpoint {} (pid {}) runs on branch {name}; stop it first or use --force",
+                ep.file.name,
+                ep.pid.unwrap_or(0)
+            ));
         }
     }
     let services: Vec<_> = wd.cluster.services.iter().collect();
-    if let Some(s) = services.iter().find(|s| services::running(wd, s).is_none()) {
+    if let Some(s) = services.iter().find(|s| !services::is_up(wd, s)) {
         return failed(format!("{} is not running: every service deletes the branch's data (start it first)", s.name));
     }
     for ep in &on {
         endpoint::stop(wd, &ep.file.name, false)?;
-        std::fs::remove_dir_all(&ep.dir).map_err(|e| Error::Failed(format!("{}: {e}", ep.dir.display())))?;
+        endpoint::remove(wd, &ep.file)?;
         println!("endpoint {}: removed", ep.file.name);
     }
     let tenant = wd.cluster.tenant_id;
@@ -185,13 +183,13 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
     let path = wd.root.join(CLUSTER_FILE);
     let mut cluster: ClusterFile = read_toml(&path)?;
     cluster.branches.retain(|x| x.name != name);
-    write_toml(&path, "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    save_cluster(&wd.root, &mut cluster)?;
     println!("branch {name}: deleted (timeline {})", b.timeline_id);
     Ok(())
 }
 
 /// One branch as `branch list` shows it.
-fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::Endpoint]) -> BranchInfo {
+fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::EndpointRecord]) -> BranchInfo {
     let ps = wd.cluster.pageserver();
     let url =
         format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), wd.cluster.tenant_id, b.timeline_id);
@@ -212,14 +210,14 @@ fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::Endpoint]) -> Branc
 
 /// `strata branch list [--json]`: the tree of branches.
 pub fn list(wd: &Workdir, as_json: bool) -> Result<()> {
-    let endpoints = endpoint::load_all(wd)?;
+    let endpoints = endpoint::inventory(wd)?;
     let mut rows = Vec::new();
     // Depth-first from `main`, children in creation order.
     fn walk(
         wd: &Workdir,
         name: &str,
         depth: usize,
-        endpoints: &[endpoint::Endpoint],
+        endpoints: &[endpoint::EndpointRecord],
         rows: &mut Vec<(usize, BranchInfo)>,
     ) {
         let Some(b) = wd.cluster.branch(name) else { return };

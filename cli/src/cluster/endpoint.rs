@@ -14,10 +14,10 @@ use strata_service::auth::{Claims, Scope};
 
 use super::args::AgentArgs;
 use super::error::{failed, Error, Result};
-use super::layout::{self, Kind, Workdir, HOST, MAIN_BRANCH};
+use super::layout::{self, Kind, Workdir, LOCAL_HOST, LOOPBACK, MAIN_BRANCH};
 use super::process::{self, Identity};
 use super::supervisor::{Liveness, Supervised};
-use super::{http, services};
+use super::{hosts, http, services};
 use strata_service::ports;
 
 /// Longest an agent may take from spawn to a running PostgreSQL (it may
@@ -42,11 +42,14 @@ const PASSWORD_FILE: &str = "password";
 #[serde(deny_unknown_fields)]
 pub struct EndpointFile {
     pub name: String,
+    /// The host it runs on (`cluster.toml`).
+    #[serde(default = "local_host")]
+    pub host: String,
     /// The branch (name in `cluster.toml`) it runs on.
     pub branch: String,
-    /// PostgreSQL's port on 127.0.0.1.
+    /// PostgreSQL's port, on 127.0.0.1 and on its host's address.
     pub pg_port: u16,
-    /// The agent's HTTP API port on 127.0.0.1.
+    /// The agent's HTTP API port on its host's address.
     pub http_port: u16,
     /// A read-only compute pinned to this LSN of its branch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,11 +65,17 @@ pub struct EndpointFile {
     pub fetch_retry_secs: Option<u64>,
 }
 
+fn local_host() -> String {
+    LOCAL_HOST.into()
+}
+
 /// An endpoint with its directory.
 #[derive(Clone, Debug)]
 pub struct Endpoint {
     pub dir: PathBuf,
     pub file: EndpointFile,
+    /// Its host's address.
+    pub address: std::net::IpAddr,
 }
 
 impl Endpoint {
@@ -90,9 +99,14 @@ impl Endpoint {
         Supervised::new(format!("endpoint {}", self.file.name), self.identity(), self.log(), STOP_GRACE)
     }
 
+    /// `address:port`, bracketed for IPv6.
+    fn at(&self, port: u16) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.address, port)
+    }
+
     /// libpq connection string of its PostgreSQL, without the password.
     pub fn connstr(&self) -> String {
-        format!("postgresql://postgres@{HOST}:{}/postgres", self.file.pg_port)
+        format!("postgresql://postgres@{}/postgres", self.at(self.file.pg_port))
     }
 
     /// The connection string a client on this host uses: with the
@@ -101,15 +115,16 @@ impl Endpoint {
     /// (`docs/security.md`, "Computes").
     pub fn local_connstr(&self, password: &str) -> String {
         // Generated passwords are letters and digits: nothing to escape.
-        format!("postgresql://postgres:{password}@{HOST}:{}/postgres?sslmode=disable", self.file.pg_port)
+        let local = std::net::SocketAddr::new(LOOPBACK, self.file.pg_port);
+        format!("postgresql://postgres:{password}@{local}/postgres?sslmode=disable")
     }
 
     /// The connection string over TLS, verified against `ca` (the
     /// cluster's CA): what a client on another host uses.
     pub fn tls_connstr(&self, password: &str, ca: &std::path::Path) -> String {
         format!(
-            "postgresql://postgres:{password}@{HOST}:{}/postgres?sslmode=verify-full&sslrootcert={}",
-            self.file.pg_port,
+            "postgresql://postgres:{password}@{}/postgres?sslmode=verify-full&sslrootcert={}",
+            self.at(self.file.pg_port),
             uri_escape(&ca.to_string_lossy())
         )
     }
@@ -121,7 +136,7 @@ impl Endpoint {
 
     /// The agent's `/v1/status` URL.
     fn status_url(&self) -> String {
-        format!("{}://{HOST}:{}/v1/status", super::http::scheme(), self.file.http_port)
+        format!("{}://{}/v1/status", super::http::scheme(), self.at(self.file.http_port))
     }
 
     /// What the agent and its WAL proposer report, if the agent answers.
@@ -220,7 +235,10 @@ fn load(wd: &Workdir, name: &str) -> Result<Option<Endpoint>> {
         return Ok(None);
     }
     let file: EndpointFile = layout::read_toml(&path)?;
-    Ok(Some(Endpoint { dir, file }))
+    let Some(host) = wd.cluster.host(&file.host) else {
+        return failed(format!("{}: no host named {:?} in the cluster", path.display(), file.host));
+    };
+    Ok(Some(Endpoint { dir, address: host.address, file }))
 }
 
 /// Every endpoint, by name.
@@ -274,8 +292,106 @@ fn choose_ports(wd: &Workdir, name: &str, port: Option<u16>, old: Option<&Endpoi
     Ok((pg_port, http_port))
 }
 
-/// `strata endpoint start`: spawns the agent under its supervisor and
-/// waits until PostgreSQL runs; the last line printed is the connection string.
+/// An endpoint as a host reports it: its settings and whether it runs.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct EndpointRecord {
+    pub file: EndpointFile,
+    /// `running`, `restarting` or `stopped` (its agent, by its supervisor).
+    pub state: String,
+    /// The agent's pid, or its supervisor's while it restarts it.
+    pub pid: Option<i32>,
+}
+
+/// The endpoints of this machine's workdir, with their state.
+pub fn records(wd: &Workdir) -> Result<Vec<EndpointRecord>> {
+    Ok(load_all(wd)?
+        .into_iter()
+        .map(|ep| {
+            let liveness = ep.supervised().liveness();
+            EndpointRecord {
+                state: liveness.name().into(),
+                pid: liveness.pid().or(liveness.supervisor()),
+                file: ep.file,
+            }
+        })
+        .collect())
+}
+
+/// Every endpoint of the cluster, from every host: those of this
+/// machine's hosts from the workdir, the others from their hosts' nodes.
+pub fn inventory(wd: &Workdir) -> Result<Vec<EndpointRecord>> {
+    let mut all: Vec<EndpointRecord> =
+        records(wd)?.into_iter().filter(|r| wd.cluster.host(&r.file.host).is_some_and(hosts::is_local)).collect();
+    for host in wd.cluster.hosts.iter().filter(|h| h.computes && !hosts::is_local(h)) {
+        let theirs: Vec<EndpointRecord> = hosts::call(host, "GET", "/v1/endpoints", None::<&()>, http::QUICK * 2)?;
+        all.extend(theirs.into_iter().filter(|r| r.file.host == host.name));
+    }
+    all.sort_by(|a, b| a.file.name.cmp(&b.file.name));
+    Ok(all)
+}
+
+/// What an endpoint's agent and WAL proposer report, wherever it runs, if
+/// the agent answers.
+pub fn compute_status_of(wd: &Workdir, file: EndpointFile) -> Option<ComputeStatus> {
+    let address = wd.cluster.host(&file.host)?.address;
+    Endpoint { dir: wd.endpoint_dir(&file.name), file, address }.compute_status()
+}
+
+/// Removes a stopped endpoint's directory on its host (its branch goes).
+pub fn remove(wd: &Workdir, file: &EndpointFile) -> Result<()> {
+    let host = hosts::host(wd, &file.host)?;
+    if hosts::is_local(host) {
+        forget(wd, &file.name).map(drop)
+    } else {
+        let req = hosts::EndpointRequest { name: file.name.clone(), immediate: false };
+        hosts::call::<Forgotten>(host, "POST", "/v1/endpoints/forget", Some(&req), hosts::NODE_CALL).map(drop)
+    }
+}
+
+/// What the host of an endpoint needs to start it: the CLI resolved the
+/// branch and the read-only point from the cluster's state.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct LaunchRequest {
+    pub name: String,
+    pub host: String,
+    pub branch: String,
+    pub timeline_id: strata_protocol::TimelineId,
+    pub read_only_at: Option<strata_formats::Lsn>,
+    /// `--port`, or the port it had on the host it moves from.
+    pub port: Option<u16>,
+    pub agent: AgentArgs,
+    /// The settings and password it had on the host it moves from.
+    pub moved: Option<Forgotten>,
+    /// The agent's own token (this tenant's data only), minted by the CLI,
+    /// so that a compute host needs no signing key; none without tokens.
+    pub agent_token: Option<String>,
+}
+
+/// An endpoint removed from a host to move to another: its settings and
+/// password go with it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Forgotten {
+    pub file: EndpointFile,
+    pub password: Option<String>,
+}
+
+/// Removes a stopped endpoint from this machine (it moves to another
+/// host): its directory goes, its settings and password are returned.
+pub fn forget(wd: &Workdir, name: &str) -> Result<Forgotten> {
+    let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };
+    if ep.supervised().liveness() != Liveness::Stopped {
+        return failed(format!("endpoint {name} runs; stop it before it moves"));
+    }
+    stop_orphan_postgres(&ep, true)?;
+    let password = fs::read_to_string(ep.password_file()).ok().and_then(|t| t.lines().next().map(str::to_string));
+    fs::remove_dir_all(&ep.dir).map_err(|e| Error::Failed(format!("{}: {e}", ep.dir.display())))?;
+    Ok(Forgotten { file: ep.file, password })
+}
+
+/// `strata endpoint start`: decides the branch, the point and the host,
+/// then starts it there (here, or through that host's node); the last line
+/// printed is the connection string.
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     wd: &Workdir,
     name: &str,
@@ -283,9 +399,11 @@ pub fn start(
     port: Option<u16>,
     agent: &AgentArgs,
     at: Option<&str>,
+    host: Option<&str>,
 ) -> Result<()> {
-    let old = load(wd, name)?;
-    let branch_name = match (branch, &old) {
+    let all = inventory(wd)?;
+    let old = all.iter().find(|r| r.file.name == name);
+    let branch_name = match (branch, old) {
         (Some(b), Some(o)) if b != o.file.branch => {
             return failed(format!(
                 "endpoint {name} runs on branch {}, not {b} (use a new endpoint name for another branch)",
@@ -300,7 +418,105 @@ pub fn start(
         let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
         return failed(format!("no branch named {branch_name:?} (branches: {})", known.join(", ")));
     };
+    let target = match host.or(old.map(|o| o.file.host.as_str())) {
+        Some(h) => hosts::host(wd, h)?,
+        None => default_host(wd)?,
+    };
+    if !target.computes {
+        return Err(Error::Usage(format!("host {} does not run computes (cluster.toml)", target.name)));
+    }
+    let moving = old.filter(|o| o.file.host != target.name);
+    if let Some(o) = moving {
+        if o.state != "stopped" {
+            return failed(format!(
+                "endpoint {name} runs on host {}; stop it (`strata endpoint stop {name}`) before it moves to {}",
+                o.file.host, target.name
+            ));
+        }
+    }
+    // Read-only at a point given now, or as it was before.
+    let read_only_at = match at {
+        Some(at) => Some(resolve_point(wd, &branch, at)?),
+        None => old.and_then(|o| o.file.read_only_at),
+    };
+    // One writer per timeline: a second PostgreSQL would fork its WAL. (Its
+    // host checks again under its lock, for endpoints of that host.)
+    if read_only_at.is_none() {
+        for other in &all {
+            if other.file.name != name
+                && other.file.read_only_at.is_none()
+                && other.file.branch == branch_name
+                && other.state != "stopped"
+            {
+                return failed(format!(
+                    "endpoint {} (pid {}) already runs on branch {branch_name}; one writer per branch",
+                    other.file.name,
+                    other.pid.unwrap_or(0)
+                ));
+            }
+        }
+    }
+    check_storage_runs(wd)?;
+    let moved = match moving {
+        Some(o) => {
+            let from = hosts::host(wd, &o.file.host)?;
+            let forgotten = if hosts::is_local(from) {
+                forget(wd, name)?
+            } else {
+                let req = hosts::EndpointRequest { name: name.into(), immediate: false };
+                hosts::call(from, "POST", "/v1/endpoints/forget", Some(&req), hosts::NODE_CALL)?
+            };
+            println!("endpoint {name}: moves from host {} to host {}", o.file.host, target.name);
+            Some(forgotten)
+        }
+        None => None,
+    };
+    let req = LaunchRequest {
+        name: name.into(),
+        host: target.name.clone(),
+        branch: branch_name,
+        timeline_id: branch.timeline_id,
+        read_only_at,
+        port: port.or(moved.as_ref().map(|m| m.file.pg_port)),
+        agent: agent.clone(),
+        moved,
+        agent_token: super::keys::signer(&wd.root)?
+            .map(|signer| signer.sign(&Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None))),
+    };
+    let lines = if hosts::is_local(target) {
+        launch(wd, &req)?
+    } else {
+        // Its copy of the state (safekeepers, pageserver) must be ours.
+        hosts::send(wd, target)?;
+        hosts::call::<hosts::Lines>(target, "POST", "/v1/endpoints/start", Some(&req), hosts::NODE_CALL)?.lines
+    };
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Where a new endpoint goes without `--host`: this machine's host if it
+/// runs computes, else the first host that does.
+fn default_host(wd: &Workdir) -> Result<&layout::Host> {
+    if let Some(h) = hosts::this_host(wd)?.filter(|h| h.computes) {
+        return Ok(h);
+    }
+    wd.cluster.hosts.iter().find(|h| h.computes).ok_or_else(|| Error::Failed("no host runs computes".into()))
+}
+
+/// Starts an endpoint on this machine: spawns the agent under its
+/// supervisor and waits until PostgreSQL runs; returns what to print, the
+/// connection string last.
+pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
+    let name = req.name.as_str();
+    check_name(name)?;
+    let host = hosts::host(wd, &req.host)?.clone();
+    let old = load(wd, name)?;
     if let Some(o) = &old {
+        if o.file.branch != req.branch {
+            return failed(format!("endpoint {name} runs on branch {}, not {}", o.file.branch, req.branch));
+        }
         match o.supervised().liveness() {
             Liveness::Running { pid, supervisor: Some(_) } => {
                 return failed(format!("endpoint {name} is already running (pid {pid}): {}", o.connstr()))
@@ -320,12 +536,10 @@ pub fn start(
             Liveness::Stopped => {}
         }
     }
-    // Read-only at a point given now, or as it was before.
-    let read_only_at = match at {
-        Some(at) => Some(resolve_point(wd, &branch, at)?),
-        None => old.as_ref().and_then(|o| o.file.read_only_at),
-    };
-    // One writer per timeline: a second PostgreSQL would fork its WAL.
+    let branch_name = req.branch.clone();
+    let read_only_at = req.read_only_at;
+    let agent = &req.agent;
+    // One writer per timeline, among this host's endpoints, under the lock.
     for other in load_all(wd)? {
         if read_only_at.is_some() || other.file.read_only_at.is_some() {
             continue;
@@ -340,23 +554,27 @@ pub fn start(
             }
         }
     }
-    check_storage_runs(wd)?;
     // A PostgreSQL whose agent was killed still holds the port and pgdata.
     if let Some(o) = &old {
         stop_orphan_postgres(o, false)?;
     }
+    // Settings of earlier starts: here, or on the host it moved from.
+    let before = old.as_ref().map(|o| &o.file).or(req.moved.as_ref().map(|m| &m.file));
 
     // Lazy unless asked otherwise, now or at an earlier start of the endpoint.
-    let lazy = agent.lazy || (!agent.eager && old.as_ref().is_none_or(|o| o.file.lazy));
-    let cache_mb = agent.cache_mb.or(old.as_ref().and_then(|o| o.file.cache_mb));
-    let fetch_retry_secs = agent.fetch_retry_secs.or(old.as_ref().and_then(|o| o.file.fetch_retry_secs));
+    let lazy = agent.lazy || (!agent.eager && before.is_none_or(|o| o.lazy));
+    let cache_mb = agent.cache_mb.or(before.and_then(|o| o.cache_mb));
+    let fetch_retry_secs = agent.fetch_retry_secs.or(before.and_then(|o| o.fetch_retry_secs));
+    let port = req.port;
     let (pg_port, http_port) = choose_ports(wd, name, port, old.as_ref().map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
     let ep = Endpoint {
         dir,
+        address: host.address,
         file: EndpointFile {
             name: name.into(),
+            host: host.name.clone(),
             branch: branch_name.clone(),
             pg_port,
             http_port,
@@ -372,6 +590,12 @@ pub fn start(
         &ep.file,
     )?;
 
+    if let Some(password) = req.moved.as_ref().and_then(|m| m.password.as_deref()) {
+        if !ep.password_file().exists() {
+            strata_service::auth::write_secret(&ep.password_file(), password)
+                .map_err(|e| Error::Failed(e.to_string()))?;
+        }
+    }
     let password = ensure_password(wd, &ep)?;
     let c = &wd.cluster;
     let ps = c.pageserver();
@@ -387,11 +611,11 @@ pub fn start(
         "--tenant-id".into(),
         c.tenant_id.to_string().into(),
         "--timeline-id".into(),
-        branch.timeline_id.to_string().into(),
+        req.timeline_id.to_string().into(),
         "--pageserver-http".into(),
         ps.addr("http").unwrap_or_default().into(),
         "--http".into(),
-        format!("{HOST}:{http_port}").into(),
+        std::net::SocketAddr::new(ep.address, http_port).to_string().into(),
         "--pg-bin-dir".into(),
         c.pg_bin_dir.clone().into(),
         "--pg-user".into(),
@@ -402,12 +626,10 @@ pub fn start(
     if c.verify_redo {
         args.push("--verify-redo".into());
     }
-    if let Some(signer) = super::keys::signer(&wd.root)? {
-        // The agent's own token: this tenant's data only. Rewritten at every
-        // start, so a new key takes effect with the next one.
-        let token = signer.sign(&Claims::new(Scope::Tenant, Some(c.tenant_id), None));
+    if let Some(token) = &req.agent_token {
+        // Rewritten at every start, so a new key takes effect with the next one.
         let path = ep.dir.join(AGENT_TOKEN_FILE);
-        strata_service::auth::write_secret(&path, &token).map_err(|e| Error::Failed(e.to_string()))?;
+        strata_service::auth::write_secret(&path, token).map_err(|e| Error::Failed(e.to_string()))?;
         args.extend([
             "--auth-public-key".into(),
             super::keys::public_key(&wd.root).into(),
@@ -416,15 +638,19 @@ pub fn start(
         ]);
     }
     if super::certs::client(&wd.root)?.is_some() {
-        let host = super::certs::service_tls(&wd.root, HOST);
+        let files = super::certs::service_tls(&wd.root, &ep.address.to_string());
         args.extend([
             "--tls-ca".into(),
-            host.ca.into(),
+            files.ca.into(),
             "--tls-cert".into(),
-            host.cert.into(),
+            files.cert.into(),
             "--tls-key".into(),
-            host.key.into(),
+            files.key.into(),
         ]);
+        if !host.is_loopback() {
+            // Clients of other hosts reach PostgreSQL at the host's address, over TLS.
+            args.extend(["--pg-host-address".into(), host.address.to_string().into()]);
+        }
     }
     if let Some(lsn) = read_only_at {
         args.extend(["--read-only-at".into(), lsn.to_string().into()]);
@@ -490,18 +716,19 @@ pub fn start(
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    println!(
-        "endpoint {name}: running on branch {branch_name} (timeline {}), agent pid {pid}, supervisor pid {}, log {}",
-        branch.timeline_id,
+    let mut lines = vec![format!(
+        "endpoint {name}: running on branch {branch_name} (timeline {}) on host {}, agent pid {pid}, supervisor pid {}, log {}",
+        req.timeline_id,
+        host.name,
         child.id(),
         log.display()
-    );
+    )];
     if super::certs::client(&wd.root)?.is_some() {
-        println!("over TLS: {}", ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root)));
+        lines.push(format!("over TLS: {}", ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root))));
     }
     // Last line: scripts take the connection string from here.
-    println!("{}", ep.local_connstr(&password));
-    Ok(())
+    lines.push(ep.local_connstr(&password));
+    Ok(lines)
 }
 
 /// A compute needs the pageserver (its basebackup) and a majority of the
@@ -509,11 +736,11 @@ pub fn start(
 fn check_storage_runs(wd: &Workdir) -> Result<()> {
     let how = format!("start it with `strata start --workdir {}`", wd.root.display());
     let ps = wd.cluster.pageserver();
-    if services::running(wd, ps).is_none() {
+    if !services::is_up(wd, ps) {
         return failed(format!("{} is not running; {how}", ps.name));
     }
     let sks: Vec<_> = wd.cluster.of_kind(Kind::Safekeeper).collect();
-    let up = sks.iter().filter(|s| services::running(wd, s).is_some()).count();
+    let up = sks.iter().filter(|s| services::is_up(wd, s)).count();
     if up * 2 <= sks.len() {
         return failed(format!("only {up} of {} safekeepers run, a majority is needed; {how}", sks.len()));
     }
@@ -577,29 +804,76 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
 
 /// `strata endpoint stop`: SIGTERM to the supervisor, which passes it to
 /// the agent (it stops PostgreSQL and flushes the WAL) and kills it after
-/// the grace period. Idempotent.
+/// the grace period; on the endpoint's host, here or through its node.
+/// Idempotent.
 pub fn stop(wd: &Workdir, name: &str, immediate: bool) -> Result<()> {
-    let Some(ep) = load(wd, name)? else {
-        let known: Vec<String> = load_all(wd)?.into_iter().map(|e| e.file.name).collect();
+    let all = inventory(wd)?;
+    let Some(record) = all.iter().find(|r| r.file.name == name) else {
+        let known: Vec<&str> = all.iter().map(|r| r.file.name.as_str()).collect();
         return failed(format!(
             "no endpoint named {name:?} (endpoints: {})",
             if known.is_empty() { "none".into() } else { known.join(", ") }
         ));
     };
+    let host = hosts::host(wd, &record.file.host)?;
+    let lines = if hosts::is_local(host) {
+        vec![stop_local(wd, name, immediate)?]
+    } else {
+        let req = hosts::EndpointRequest { name: name.into(), immediate };
+        hosts::call::<hosts::Lines>(host, "POST", "/v1/endpoints/stop", Some(&req), hosts::NODE_CALL)?.lines
+    };
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Stops an endpoint of this machine; returns what to print.
+pub fn stop_local(wd: &Workdir, name: &str, immediate: bool) -> Result<String> {
+    let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };
     stop_endpoint(&ep, immediate)
 }
 
-fn stop_endpoint(ep: &Endpoint, immediate: bool) -> Result<()> {
+fn stop_endpoint(ep: &Endpoint, immediate: bool) -> Result<String> {
     let outcome = ep.supervised().stop(immediate)?;
-    println!("endpoint {}: {}", ep.file.name, services::stop_message(outcome, immediate, STOP_GRACE));
-    stop_orphan_postgres(ep, immediate)
+    let line = format!("endpoint {}: {}", ep.file.name, services::stop_message(outcome, immediate, STOP_GRACE));
+    stop_orphan_postgres(ep, immediate)?;
+    Ok(line)
 }
 
-/// Stops every endpoint (the first step of `strata stop`).
+/// Stops every endpoint of this machine (the first step of `strata stop`
+/// and of a node's).
 pub fn stop_all(wd: &Workdir, immediate: bool) -> Result<()> {
     let mut errors = Vec::new();
     for ep in load_all(wd)? {
-        if let Err(e) = stop_endpoint(&ep, immediate) {
+        match stop_endpoint(&ep, immediate) {
+            Ok(line) => println!("{line}"),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        failed(errors.join("; "))
+    }
+}
+
+/// Stops every endpoint of the cluster: this machine's, then each other
+/// host's through its node. Keeps going past a failure and reports all.
+pub fn stop_everywhere(wd: &Workdir, immediate: bool) -> Result<()> {
+    let mut errors: Vec<String> = stop_all(wd, immediate).err().map(|e| e.to_string()).into_iter().collect();
+    for host in wd.cluster.hosts.iter().filter(|h| h.computes && !hosts::is_local(h)) {
+        let result = hosts::call::<Vec<EndpointRecord>>(host, "GET", "/v1/endpoints", None::<&()>, http::QUICK * 2)
+            .and_then(|records| {
+                for r in records.iter().filter(|r| r.file.host == host.name && r.state != "stopped") {
+                    let req = hosts::EndpointRequest { name: r.file.name.clone(), immediate };
+                    let out: hosts::Lines =
+                        hosts::call(host, "POST", "/v1/endpoints/stop", Some(&req), hosts::NODE_CALL)?;
+                    out.lines.iter().for_each(|l| println!("{l}"));
+                }
+                Ok(())
+            });
+        if let Err(e) = result {
             errors.push(e.to_string());
         }
     }
@@ -628,6 +902,7 @@ mod tests {
     fn endpoint_file_roundtrips() {
         let f = EndpointFile {
             name: "e".into(),
+            host: LOCAL_HOST.into(),
             branch: "main".into(),
             pg_port: 5432,
             http_port: 8080,
@@ -638,7 +913,7 @@ mod tests {
         };
         let text = toml::to_string(&f).unwrap();
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);
-        let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f };
+        let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f, address: LOOPBACK };
         assert_eq!(ep.connstr(), "postgresql://postgres@127.0.0.1:5432/postgres");
         assert_eq!(ep.local_connstr("pw9"), "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=disable");
         assert_eq!(

@@ -16,13 +16,18 @@ use strata_service::ports;
 
 /// Name of the cluster description inside the workdir.
 pub const CLUSTER_FILE: &str = "cluster.toml";
-/// Version of the `cluster.toml` format written by this binary.
-pub const FORMAT_VERSION: u32 = 1;
-/// Every service and endpoint listens on this address only.
-pub const HOST: &str = "127.0.0.1";
+/// Version of the `cluster.toml` format written by this binary (version 1,
+/// from before hosts, is read as one host on loopback).
+pub const FORMAT_VERSION: u32 = 2;
+/// The one host of a cluster made without `--hosts`.
+pub const LOCAL_HOST: &str = "local";
+/// The address of that host.
+pub const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 /// The branch every new cluster has.
 pub const MAIN_BRANCH: &str = "main";
 
+/// The comment at the top of `cluster.toml`.
+pub const CLUSTER_HEADER: &str = "# Strata cluster (docs/local-cluster.md, docs/deployment.md).\n";
 /// The pageserver's object storage (local backend) inside the workdir.
 pub const REMOTE_STORAGE_DIR: &str = "remote_storage";
 /// The attachment file beside the pageserver's config.
@@ -36,6 +41,10 @@ const LOCK_WAIT: Duration = Duration::from_secs(300);
 #[serde(deny_unknown_fields)]
 pub struct ClusterFile {
     pub format_version: u32,
+    /// Counts the changes of this file and of the services' configs: the
+    /// hosts' copies converge on the highest (`docs/deployment.md`).
+    #[serde(default)]
+    pub revision: u64,
     /// The tenant (one PostgreSQL cluster) every branch belongs to.
     pub tenant_id: TenantId,
     /// PostgreSQL 15 server binaries, for the pageserver's initdb and the computes.
@@ -45,6 +54,12 @@ pub struct ClusterFile {
     /// Computes log images of every change and the pageserver checks native redo against them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub verify_redo: bool,
+    /// The machines the cluster runs on (`docs/deployment.md`).
+    #[serde(default = "local_hosts")]
+    pub hosts: Vec<Host>,
+    /// The object storage of the pageserver and the safekeepers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
     pub branches: Vec<Branch>,
     pub services: Vec<Service>,
     /// The generation of the tenant's current attachment to the
@@ -52,6 +67,39 @@ pub struct ClusterFile {
     /// pageserver (`docs/local-cluster.md`, "Generations").
     #[serde(default)]
     pub generation: u32,
+}
+
+/// A machine of the cluster.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    pub name: String,
+    /// Where its services listen and where the others reach them.
+    pub address: std::net::IpAddr,
+    /// Its data centre (or zone): hosts of one site share failures.
+    pub site: String,
+    /// The port of its `strata node` API (0: none).
+    #[serde(default)]
+    pub node_port: u16,
+    /// Endpoints may run here.
+    #[serde(default)]
+    pub computes: bool,
+}
+
+impl Host {
+    /// Whether only this machine can reach it.
+    pub fn is_loopback(&self) -> bool {
+        self.address.is_loopback()
+    }
+}
+
+/// The hosts of a `cluster.toml` from before hosts: everything on loopback.
+fn local_hosts() -> Vec<Host> {
+    vec![Host { name: LOCAL_HOST.into(), address: LOOPBACK, site: LOCAL_HOST.into(), node_port: 0, computes: true }]
+}
+
+fn local_host_name() -> String {
+    LOCAL_HOST.into()
 }
 
 /// A branch: a named timeline of the tenant.
@@ -92,21 +140,32 @@ impl Kind {
 pub struct Service {
     pub name: String,
     pub kind: Kind,
+    /// The host it runs on.
+    #[serde(default = "local_host_name")]
+    pub host: String,
     /// Its config file, relative to the workdir.
     pub config: PathBuf,
-    /// Its ports on 127.0.0.1 by role: `listen`, `http`, `pg`.
+    /// Its ports on its host's address by role: `listen`, `http`, `pg`.
     pub ports: BTreeMap<String, u16>,
+    /// Its host's address, filled in on load.
+    #[serde(skip, default = "unresolved")]
+    pub address: std::net::IpAddr,
+}
+
+fn unresolved() -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
 }
 
 impl Service {
-    /// `127.0.0.1:<port>` of one of its roles.
+    /// `<host address>:<port>` of one of its roles.
     pub fn addr(&self, role: &str) -> Option<String> {
-        self.ports.get(role).map(|p| format!("{HOST}:{p}"))
+        debug_assert!(!self.address.is_unspecified(), "{}: host not resolved", self.name);
+        self.ports.get(role).map(|p| std::net::SocketAddr::new(self.address, *p).to_string())
     }
 
     /// Its HTTP API's base URL (every service has one).
     pub fn http_url(&self) -> String {
-        let addr = self.addr("http").unwrap_or_else(|| format!("{HOST}:0"));
+        let addr = self.addr("http").unwrap_or_else(|| std::net::SocketAddr::new(self.address, 0).to_string());
         format!("{}://{addr}", super::http::scheme())
     }
 }
@@ -137,10 +196,33 @@ impl ClusterFile {
         self.services.iter().flat_map(|s| s.ports.values().copied()).collect()
     }
 
-    /// Whether the file describes a cluster this binary can run.
-    fn check(&self) -> std::result::Result<(), String> {
-        if self.format_version != FORMAT_VERSION {
+    /// A host by name.
+    pub fn host(&self, name: &str) -> Option<&Host> {
+        self.hosts.iter().find(|h| h.name == name)
+    }
+
+    /// Whether the file describes a cluster this binary can run; fills in
+    /// each service's address from its host.
+    fn check(&mut self) -> std::result::Result<(), String> {
+        if !(1..=FORMAT_VERSION).contains(&self.format_version) {
             return Err(format!("format_version {} is not supported (expected {FORMAT_VERSION})", self.format_version));
+        }
+        if self.hosts.is_empty() {
+            return Err("no hosts".into());
+        }
+        let mut hosts: Vec<&str> = self.hosts.iter().map(|h| h.name.as_str()).collect();
+        hosts.sort_unstable();
+        if hosts.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two hosts have the same name".into());
+        }
+        if let Some(h) = self.hosts.iter().find(|h| h.address.is_unspecified() || h.address.is_multicast()) {
+            return Err(format!("host {}: {} is not an address others can reach", h.name, h.address));
+        }
+        let addresses: BTreeMap<String, std::net::IpAddr> =
+            self.hosts.iter().map(|h| (h.name.clone(), h.address)).collect();
+        for s in &mut self.services {
+            s.address =
+                *addresses.get(&s.host).ok_or_else(|| format!("service {}: no host named {:?}", s.name, s.host))?;
         }
         if self.of_kind(Kind::Pageserver).count() != 1 {
             return Err("expected exactly one pageserver".into());
@@ -192,7 +274,7 @@ impl Workdir {
             }
             Err(e) => return failed(format!("{}: {e}", file.display())),
         };
-        let cluster: ClusterFile =
+        let mut cluster: ClusterFile =
             toml::from_str(&text).map_err(|e| Error::Failed(format!("{}: {e}", file.display())))?;
         cluster.check().map_err(|e| Error::Failed(format!("{}: {e}", file.display())))?;
         // Absolute, so configs and pidfile markers do not depend on the caller's directory.
@@ -283,7 +365,9 @@ impl Workdir {
         let mut cluster: ClusterFile = read_toml(&path)?;
         cluster.generation =
             cluster.generation.checked_add(1).ok_or_else(|| Error::Failed("generation overflow".into()))?;
-        write_toml(&path, "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+        // Not a new revision: the generation is the pageserver host's own
+        // (copies keep the highest one they saw, see `hosts::adopt`).
+        write_toml(&path, CLUSTER_HEADER, &cluster)?;
         let ps = self.cluster.pageserver();
         let conf: strata_pageserver::config::PageserverConfig = read_toml(&self.config_path(ps))?;
         if let Some(file) = conf.attachments {
@@ -299,6 +383,14 @@ impl Workdir {
         }
         Ok(cluster.generation)
     }
+}
+
+/// Writes `cluster.toml` as a new revision: every change of the cluster's
+/// state goes through here, so the hosts' copies can tell the newest.
+pub fn save_cluster(root: &Path, cluster: &mut ClusterFile) -> Result<()> {
+    cluster.revision += 1;
+    cluster.format_version = FORMAT_VERSION;
+    write_toml(&root.join(CLUSTER_FILE), CLUSTER_HEADER, cluster)
 }
 
 /// Reads a TOML file into `T`, naming the file in the error.
@@ -330,12 +422,99 @@ fn service_config<T: DeserializeOwned>(fields: serde_json::Value, what: &str) ->
     serde_json::from_value(fields).map_err(|e| Error::Failed(format!("building the {what} config: {e}")))
 }
 
+/// `--hosts FILE` of `strata init`: the machines and what each runs.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostsSpec {
+    pub hosts: Vec<HostSpec>,
+    /// Object storage every host reaches (default: `remote_storage/` in the
+    /// workdir, which then must be one shared directory on every host).
+    #[serde(default)]
+    pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
+}
+
+/// One host of `--hosts`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    pub name: String,
+    pub address: std::net::IpAddr,
+    #[serde(default = "local_host_name")]
+    pub site: String,
+    /// `safekeeper` (once per safekeeper), `pageserver`, `compute`.
+    pub run: Vec<String>,
+}
+
+impl HostsSpec {
+    /// The one-host cluster of `strata init` without `--hosts`.
+    fn local(safekeepers: usize) -> HostsSpec {
+        let mut run = vec!["safekeeper".to_string(); safekeepers];
+        run.extend(["pageserver".to_string(), "compute".to_string()]);
+        HostsSpec {
+            hosts: vec![HostSpec { name: LOCAL_HOST.into(), address: LOOPBACK, site: LOCAL_HOST.into(), run }],
+            remote_storage: None,
+        }
+    }
+
+    /// What each host runs: `(host index, kind)` of every service, the
+    /// safekeepers first in the order given.
+    fn services(&self) -> std::result::Result<Vec<(usize, Kind)>, String> {
+        let mut sks = Vec::new();
+        let mut ps = Vec::new();
+        for (i, h) in self.hosts.iter().enumerate() {
+            for role in &h.run {
+                match role.as_str() {
+                    "safekeeper" => sks.push((i, Kind::Safekeeper)),
+                    "pageserver" => ps.push((i, Kind::Pageserver)),
+                    "compute" => {}
+                    other => {
+                        return Err(format!(
+                            "host {}: cannot run {other:?} (safekeeper, pageserver or compute)",
+                            h.name
+                        ))
+                    }
+                }
+            }
+        }
+        if !(1..=9).contains(&sks.len()) {
+            return Err(format!("{} safekeepers: a cluster has between 1 and 9", sks.len()));
+        }
+        if ps.len() != 1 {
+            return Err(format!("{} pageservers: a cluster has exactly one", ps.len()));
+        }
+        if !self.hosts.iter().any(|h| h.run.iter().any(|r| r == "compute")) {
+            return Err("no host runs computes (add \"compute\" to a host's `run`)".into());
+        }
+        sks.extend(ps);
+        Ok(sks)
+    }
+}
+
 /// `strata init`: chooses ports and ids and writes `cluster.toml` and every
 /// service's config; refuses an already initialised workdir.
 pub fn init(args: &InitArgs) -> Result<()> {
-    let n = args.safekeepers;
-    if !(1..=9).contains(&n) {
-        return Err(Error::Usage(format!("--safekeepers must be between 1 and 9, not {n}")));
+    let spec = match (&args.hosts, args.safekeepers) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage("--safekeepers applies without --hosts (the hosts file places them)".into()))
+        }
+        (Some(path), None) => read_toml::<HostsSpec>(path)?,
+        (None, n) => {
+            let n = n.unwrap_or(3);
+            if !(1..=9).contains(&n) {
+                return Err(Error::Usage(format!("--safekeepers must be between 1 and 9, not {n}")));
+            }
+            HostsSpec::local(n)
+        }
+    };
+    let placement = spec.services().map_err(Error::Usage)?;
+    let secure = !args.insecure_loopback;
+    if !secure {
+        if let Some(h) = spec.hosts.iter().find(|h| !h.address.is_loopback()) {
+            return Err(Error::Usage(format!(
+                "--insecure-loopback: host {} is at {}, not on loopback; beyond loopback every link needs TLS and tokens",
+                h.name, h.address
+            )));
+        }
     }
     let dir = &args.workdir.workdir;
     let file = dir.join(CLUSTER_FILE);
@@ -344,40 +523,60 @@ pub fn init(args: &InitArgs) -> Result<()> {
     }
     mkdir(dir)?;
     let root = fs::canonicalize(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
+    let remote_storage = spec
+        .remote_storage
+        .clone()
+        .unwrap_or_else(|| strata_remote_storage::RemoteStorageConfig::Local { path: root.join(REMOTE_STORAGE_DIR) });
 
-    // Three ports per safekeeper and two for the pageserver, bound at once so they differ.
-    let ports = ports::allocate(3 * n + 2, &[]).map_err(|e| Error::Failed(format!("finding free ports: {e}")))?;
+    // Three ports per safekeeper, two for the pageserver and one per host's
+    // node API, bound at once so they differ.
+    let n = placement.iter().filter(|(_, k)| *k == Kind::Safekeeper).count();
+    let ports = ports::allocate(3 * n + 2 + spec.hosts.len(), &[])
+        .map_err(|e| Error::Failed(format!("finding free ports: {e}")))?;
+    let hosts: Vec<Host> = spec
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Host {
+            name: h.name.clone(),
+            address: h.address,
+            site: h.site.clone(),
+            node_port: ports[3 * n + 2 + i],
+            computes: h.run.iter().any(|r| r == "compute"),
+        })
+        .collect();
     let sk_port = |i: usize, role: usize| ports[3 * i + role];
     let (ps_pg, ps_http) = (ports[3 * n], ports[3 * n + 1]);
+    let at = |host: usize, port: u16| std::net::SocketAddr::new(hosts[host].address, port).to_string();
+    let host_tls = |host: usize| secure.then(|| super::certs::service_tls(&root, &hosts[host].address.to_string()));
+    let sk_hosts: Vec<usize> = placement.iter().filter(|(_, k)| *k == Kind::Safekeeper).map(|(h, _)| *h).collect();
 
     let mut services = Vec::new();
     let mut configs: Vec<(PathBuf, String)> = Vec::new();
-    // Tokens and TLS, unless the cluster is made to measure their cost.
-    let secure = !args.insecure_loopback;
-    for i in 0..n {
+    for (i, &host) in sk_hosts.iter().enumerate() {
         let name = format!("sk{}", i + 1);
         let peers: Vec<_> = (0..n)
             .filter(|&j| j != i)
             .map(|j| {
                 serde_json::json!({
                     "id": j + 1,
-                    "address": format!("{HOST}:{}", sk_port(j, 0)),
-                    "http": format!("{HOST}:{}", sk_port(j, 1)),
+                    "address": at(sk_hosts[j], sk_port(j, 0)),
+                    "http": at(sk_hosts[j], sk_port(j, 1)),
                 })
             })
             .collect();
         let config: strata_safekeeper::config::SafekeeperConfig = service_config(
             serde_json::json!({
                 "id": i + 1,
-                "listen": format!("{HOST}:{}", sk_port(i, 0)),
-                "listen_http": format!("{HOST}:{}", sk_port(i, 1)),
-                "listen_pg": format!("{HOST}:{}", sk_port(i, 2)),
+                "listen": at(host, sk_port(i, 0)),
+                "listen_http": at(host, sk_port(i, 1)),
+                "listen_pg": at(host, sk_port(i, 2)),
                 "data_dir": root.join(&name).join("data"),
                 "peers": peers,
                 "auth": secure.then(|| super::keys::service_auth(&root)),
-                "tls": secure.then(|| super::certs::service_tls(&root, HOST)),
+                "tls": host_tls(host),
                 // Completed WAL segments go to the same object storage as the layers.
-                "remote_storage": { "type": "local", "path": root.join(REMOTE_STORAGE_DIR) },
+                "remote_storage": remote_storage,
             }),
             "safekeeper",
         )?;
@@ -386,30 +585,32 @@ pub fn init(args: &InitArgs) -> Result<()> {
         services.push(Service {
             name,
             kind: Kind::Safekeeper,
+            host: hosts[host].name.clone(),
             config: rel,
             ports: BTreeMap::from([
                 ("listen".to_string(), sk_port(i, 0)),
                 ("http".to_string(), sk_port(i, 1)),
                 ("pg".to_string(), sk_port(i, 2)),
             ]),
+            address: hosts[host].address,
         });
     }
+    let ps_host = placement.iter().find(|(_, k)| *k == Kind::Pageserver).map(|(h, _)| *h).expect("checked");
     let name = "pageserver".to_string();
     let config: strata_pageserver::config::PageserverConfig = service_config(
         serde_json::json!({
             // Node ids are unique within the deployment: the safekeepers have 1..=n.
             "id": n + 1,
-            "listen_pg": format!("{HOST}:{ps_pg}"),
-            "listen_http": format!("{HOST}:{ps_http}"),
+            "listen_pg": at(ps_host, ps_pg),
+            "listen_http": at(ps_host, ps_http),
             "data_dir": root.join(&name).join("data"),
-            "safekeepers": (0..n).map(|i| format!("{HOST}:{}", sk_port(i, 0))).collect::<Vec<_>>(),
+            "safekeepers": (0..n).map(|i| at(sk_hosts[i], sk_port(i, 0))).collect::<Vec<_>>(),
             "auth": secure.then(|| super::keys::service_auth(&root)),
-            "tls": secure.then(|| super::certs::service_tls(&root, HOST)),
+            "tls": host_tls(ps_host),
             "pg_bin_dir": args.pg_bin_dir,
             "pg_user": args.pg_user,
             "verify_redo": args.verify_redo,
-            // Object storage in a local directory: nothing else to set up.
-            "remote_storage": { "type": "local", "path": root.join(REMOTE_STORAGE_DIR) },
+            "remote_storage": remote_storage,
             "attachments": root.join(&name).join(ATTACHMENTS_FILE),
         }),
         "pageserver",
@@ -419,16 +620,21 @@ pub fn init(args: &InitArgs) -> Result<()> {
     services.push(Service {
         name,
         kind: Kind::Pageserver,
+        host: hosts[ps_host].name.clone(),
         config: rel,
         ports: BTreeMap::from([("pg".to_string(), ps_pg), ("http".to_string(), ps_http)]),
+        address: hosts[ps_host].address,
     });
 
-    let cluster = ClusterFile {
+    let mut cluster = ClusterFile {
         format_version: FORMAT_VERSION,
+        revision: 0,
         tenant_id: TenantId::generate(),
         pg_bin_dir: args.pg_bin_dir.clone(),
         pg_user: args.pg_user.clone(),
         verify_redo: args.verify_redo,
+        hosts,
+        remote_storage: Some(remote_storage),
         branches: vec![Branch {
             name: MAIN_BRANCH.into(),
             timeline_id: TimelineId::generate(),
@@ -438,7 +644,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
         services,
         generation: 0,
     };
-    cluster.check().map_err(Error::Failed)?;
+    cluster.check().map_err(Error::Usage)?;
 
     for s in &cluster.services {
         mkdir(&root.join(&s.name).join("data"))?;
@@ -446,22 +652,32 @@ pub fn init(args: &InitArgs) -> Result<()> {
     mkdir(&root.join("endpoints"))?;
     if secure {
         super::keys::create(&root)?;
-        super::certs::create(&root, &[HOST])?;
+        let mut addresses: Vec<String> = cluster.hosts.iter().map(|h| h.address.to_string()).collect();
+        addresses.dedup();
+        super::certs::create(&root, &addresses.iter().map(String::as_str).collect::<Vec<_>>())?;
     }
     for (rel, text) in &configs {
         let header = "# Written by `strata init`; ports and paths must match cluster.toml.\n";
         write_atomic(&root.join(rel), &format!("{header}{text}"))?;
     }
     // cluster.toml last: its presence means the workdir is complete.
-    write_toml(&root.join(CLUSTER_FILE), "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    save_cluster(&root, &mut cluster)?;
 
     println!("initialised a cluster in {}", root.display());
     println!("tenant {}, branch {MAIN_BRANCH} = timeline {}", cluster.tenant_id, cluster.branches[0].timeline_id);
     for s in &cluster.services {
         let ports: Vec<String> = s.ports.iter().map(|(r, p)| format!("{r}={p}")).collect();
-        println!("{:<12} {:<11} {}", s.name, s.kind.as_str(), ports.join(" "));
+        println!("{:<12} {:<11} {:<15} {}", s.name, s.kind.as_str(), s.address, ports.join(" "));
     }
-    println!("start it with `strata start --workdir {}`", dir.display());
+    if cluster.hosts.len() == 1 {
+        println!("start it with `strata start --workdir {}`", dir.display());
+    } else {
+        println!(
+            "copy {} to the same path on every host and run `strata node --workdir {} --host NAME` on each (docs/deployment.md)",
+            root.display(),
+            root.display()
+        );
+    }
     Ok(())
 }
 
@@ -473,7 +689,8 @@ mod tests {
     fn init_args(dir: &Path, n: usize) -> InitArgs {
         InitArgs {
             workdir: WorkdirArgs { workdir: dir.to_path_buf(), only: vec![], immediate: false },
-            safekeepers: n,
+            safekeepers: Some(n),
+            hosts: None,
             pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
             pg_user: "postgres".into(),
             verify_redo: false,
@@ -552,8 +769,10 @@ mod tests {
         let dir = tempdir("rt");
         init(&init_args(&dir, 1)).unwrap();
         let text = fs::read_to_string(dir.join(CLUSTER_FILE)).unwrap();
-        let parsed: ClusterFile = toml::from_str(&text).unwrap();
+        let mut parsed: ClusterFile = toml::from_str(&text).unwrap();
+        parsed.check().unwrap();
         assert_eq!(parsed, Workdir::open(&dir).unwrap().cluster);
+        assert!(parsed.services.iter().all(|s| s.address == LOOPBACK && s.host == LOCAL_HOST));
         let mut broken = parsed.clone();
         broken.services.retain(|s| s.kind != Kind::Pageserver);
         assert!(broken.check().is_err());
@@ -561,6 +780,129 @@ mod tests {
         dup.services[1].name = dup.services[0].name.clone();
         assert!(dup.check().is_err());
         assert!(Workdir::open(&dir.join("nowhere")).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn hosts_file(dir: &Path, text: &str) -> PathBuf {
+        let path = dir.join("hosts.toml");
+        fs::write(&path, text).unwrap();
+        path
+    }
+
+    const SIX_HOSTS: &str = r#"
+[[hosts]]
+name = "sk-a"
+address = "10.9.0.11"
+site = "dc1"
+run = ["safekeeper"]
+[[hosts]]
+name = "sk-b"
+address = "10.9.0.12"
+site = "dc1"
+run = ["safekeeper"]
+[[hosts]]
+name = "sk-c"
+address = "10.9.0.13"
+site = "dc2"
+run = ["safekeeper"]
+[[hosts]]
+name = "ps"
+address = "10.9.0.14"
+site = "dc1"
+run = ["pageserver", "compute"]
+[[hosts]]
+name = "cp"
+address = "10.9.0.15"
+site = "dc2"
+run = ["compute"]
+"#;
+
+    #[test]
+    fn init_places_services_on_their_hosts() {
+        let dir = tempdir("hosts");
+        let spec = hosts_file(&dir, SIX_HOSTS);
+        let wd_dir = dir.join("w");
+        init(&InitArgs { hosts: Some(spec), safekeepers: None, ..init_args(&wd_dir, 3) }).unwrap();
+        let wd = Workdir::open(&wd_dir).unwrap();
+        let placed: Vec<(&str, &str)> =
+            wd.cluster.services.iter().map(|s| (s.name.as_str(), s.host.as_str())).collect();
+        assert_eq!(placed, [("sk1", "sk-a"), ("sk2", "sk-b"), ("sk3", "sk-c"), ("pageserver", "ps")]);
+        let computes: Vec<&str> = wd.cluster.hosts.iter().filter(|h| h.computes).map(|h| h.name.as_str()).collect();
+        assert_eq!(computes, ["ps", "cp"]);
+        assert_eq!(wd.cluster.hosts[2].site, "dc2");
+        // Every address is the host's, in every config; each host has its certificate.
+        let sk3 =
+            strata_safekeeper::config::SafekeeperConfig::load(&wd.config_path(wd.service("sk3").unwrap())).unwrap();
+        assert_eq!(sk3.listen.ip().to_string(), "10.9.0.13");
+        assert_eq!(sk3.peers[0].address, wd.service("sk1").unwrap().addr("listen").unwrap());
+        assert!(sk3.peers[0].address.starts_with("10.9.0.11:"));
+        let ps = strata_pageserver::config::PageserverConfig::load(&wd.config_path(wd.service("pageserver").unwrap()))
+            .unwrap();
+        assert_eq!(ps.listen_pg.ip().to_string(), "10.9.0.14");
+        assert_eq!(ps.safekeepers, wd.cluster.safekeeper_addrs());
+        assert_eq!(ps.tls.as_ref().unwrap().cert, wd_dir.canonicalize().unwrap().join("tls/10.9.0.14.pem"));
+        for h in &wd.cluster.hosts {
+            assert!(wd_dir.join(format!("tls/{}.pem", h.address)).exists(), "{}", h.name);
+            assert_ne!(h.node_port, 0);
+        }
+        assert_eq!(wd.cluster.revision, 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_hosts_file_that_cannot_make_a_cluster_is_refused() {
+        let dir = tempdir("badhosts");
+        let refused = |text: &str, needle: &str| {
+            let spec = hosts_file(&dir, text);
+            let wd_dir = dir.join("w");
+            match init(&InitArgs { hosts: Some(spec), safekeepers: None, ..init_args(&wd_dir, 3) }) {
+                Err(Error::Usage(e)) | Err(Error::Failed(e)) => assert!(e.contains(needle), "{e} (wanted {needle})"),
+                Ok(()) => panic!("accepted: {text}"),
+            }
+            assert!(!wd_dir.join(CLUSTER_FILE).exists());
+        };
+        let one = |name: &str, addr: &str, run: &str| {
+            format!("[[hosts]]\nname = \"{name}\"\naddress = \"{addr}\"\nrun = [{run}]\n")
+        };
+        refused(&(one("a", "10.0.0.1", "\"safekeeper\", \"compute\"")), "pageservers");
+        refused(
+            &(one("a", "10.0.0.1", "\"safekeeper\", \"pageserver\"")
+                + &one("b", "10.0.0.2", "\"pageserver\", \"compute\"")),
+            "2 pageservers",
+        );
+        refused(&(one("a", "10.0.0.1", "\"safekeeper\", \"pageserver\"")), "no host runs computes");
+        refused(&(one("a", "10.0.0.1", "\"safekeeper\", \"pageserver\", \"bouncer\"")), "bouncer");
+        refused(&(one("a", "10.0.0.1", "\"pageserver\", \"compute\"")), "0 safekeepers");
+        refused(
+            &(one("a", "10.0.0.1", "\"safekeeper\"") + &one("a", "10.0.0.2", "\"pageserver\", \"compute\"")),
+            "same name",
+        );
+        refused(&(one("a", "0.0.0.0", "\"safekeeper\", \"pageserver\", \"compute\"")), "not an address");
+        refused("[[hosts]]\nname = \"a\"\naddress = \"nowhere\"\nrun = []\n", "address");
+        // Without TLS and tokens, only loopback.
+        let spec = hosts_file(&dir, SIX_HOSTS);
+        let insecure =
+            InitArgs { hosts: Some(spec), safekeepers: None, insecure_loopback: true, ..init_args(&dir.join("w"), 3) };
+        assert!(matches!(init(&insecure), Err(Error::Usage(e)) if e.contains("not on loopback")));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_cluster_file_from_before_hosts_is_one_host_on_loopback() {
+        let dir = tempdir("v1");
+        init(&init_args(&dir, 1)).unwrap();
+        let text = fs::read_to_string(dir.join(CLUSTER_FILE)).unwrap();
+        let mut v1: toml::Table = toml::from_str(&text).unwrap();
+        v1.insert("format_version".into(), 1.into());
+        v1.remove("hosts");
+        v1.remove("revision");
+        for s in v1["services"].as_array_mut().unwrap() {
+            s.as_table_mut().unwrap().remove("host");
+        }
+        fs::write(dir.join(CLUSTER_FILE), toml::to_string(&v1).unwrap()).unwrap();
+        let wd = Workdir::open(&dir).unwrap();
+        assert_eq!(wd.cluster.hosts, local_hosts());
+        assert!(wd.cluster.services.iter().all(|s| s.address == LOOPBACK));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -18,7 +18,7 @@ use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_safekeeper::config::{Peer, SafekeeperConfig};
 
 use super::error::{failed, Error, Result};
-use super::layout::{read_toml, write_toml, Kind, Service, Workdir, CLUSTER_FILE, HOST};
+use super::layout::{read_toml, save_cluster, write_toml, Kind, Service, Workdir};
 use super::{http, services};
 use strata_service::ports;
 
@@ -346,7 +346,7 @@ pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
         None => add_safekeeper(wd, &old_service, new)?,
     };
     let new_service = wd.service(new).expect("added").clone();
-    services::start_one(&wd, &new_service)?;
+    services::start_anywhere(&wd, &new_service)?;
 
     let node = |s: &Service| -> Result<Node> {
         let c: SafekeeperConfig = read_toml(&wd.config_path(s))?;
@@ -371,10 +371,10 @@ pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
 
     // The old safekeeper leaves the cluster: stopped if it runs, its
     // directory kept, its place in every config taken by the new one.
-    services::stop_one(&wd, &old_service, false)?;
+    services::stop_anywhere(&wd, &old_service, false)?;
     let mut cluster = wd.cluster.clone();
     cluster.services.retain(|s| s.name != old);
-    write_toml(&wd.root.join(CLUSTER_FILE), "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    save_cluster(&wd.root, &mut cluster)?;
     let wd = Workdir::open(&wd.root)?;
     rewrite_configs(&wd)?;
     println!(
@@ -396,12 +396,15 @@ fn add_safekeeper(wd: &Workdir, like: &Service, name: &str) -> Result<Workdir> {
     let service = Service {
         name: name.to_string(),
         kind: Kind::Safekeeper,
+        // On the host of the one it replaces, which keeps the sites' balance.
+        host: like.host.clone(),
         config: PathBuf::from(name).join("safekeeper.toml"),
         ports: BTreeMap::from([("listen".into(), p[0]), ("http".into(), p[1]), ("pg".into(), p[2])]),
+        address: like.address,
     };
     let mut config: SafekeeperConfig = read_toml(&wd.config_path(like))?;
     config.id = id;
-    let addr = |port: u16| format!("{HOST}:{port}").parse().expect("an address");
+    let addr = |port: u16| std::net::SocketAddr::new(like.address, port);
     config.listen = addr(p[0]);
     config.listen_http = addr(p[1]);
     config.listen_pg = Some(addr(p[2]));
@@ -412,7 +415,7 @@ fn add_safekeeper(wd: &Workdir, like: &Service, name: &str) -> Result<Workdir> {
     cluster.services.push(service.clone());
     let header = "# Written by `strata safekeeper replace`; ports and paths must match cluster.toml.\n";
     write_toml(&wd.root.join(&service.config), header, &config)?;
-    write_toml(&wd.root.join(CLUSTER_FILE), "# Strata local cluster (docs/local-cluster.md).\n", &cluster)?;
+    save_cluster(&wd.root, &mut cluster)?;
     println!("{name}: added as safekeeper {id} (listen {})", config.listen);
     let wd = Workdir::open(&wd.root)?;
     rewrite_configs(&wd)?;

@@ -14,10 +14,12 @@ mod branch;
 mod certs;
 mod endpoint;
 mod error;
+mod hosts;
 mod http;
 mod keys;
 mod layout;
 mod membership;
+mod node;
 mod process;
 mod services;
 mod status;
@@ -26,6 +28,13 @@ mod timeline;
 
 pub use args::{AuthCommand, BranchCommand, EndpointCommand, InitArgs, StatusArgs, TimelineCommand, WorkdirArgs};
 use error::{Error, Result};
+pub use node::{run as node, NodeArgs};
+
+/// Opens the workdir of a command, with the newest state any host has
+/// (`hosts::refresh`; nothing to compare on a cluster of this machine only).
+fn open(dir: &std::path::Path) -> Result<layout::Workdir> {
+    hosts::refresh(layout::Workdir::open(dir)?)
+}
 
 /// Runs a command body and turns its outcome into an exit code, printing
 /// the error as `strata <command>: <message>`.
@@ -54,7 +63,7 @@ pub fn start(args: WorkdirArgs) -> i32 {
         if args.immediate {
             return Err(Error::Usage("--immediate applies to stopping, not `start`".into()));
         }
-        let wd = layout::Workdir::open(&args.workdir)?;
+        let wd = open(&args.workdir)?;
         let _lock = wd.lock()?;
         services::start(&wd, &args.only)
     })();
@@ -64,11 +73,11 @@ pub fn start(args: WorkdirArgs) -> i32 {
 /// `strata stop`: stops the endpoints, then the pageserver, then the safekeepers.
 pub fn stop(args: WorkdirArgs) -> i32 {
     let result = (|| {
-        let wd = layout::Workdir::open(&args.workdir)?;
+        let wd = open(&args.workdir)?;
         let _lock = wd.lock()?;
         // The endpoints first (unless `--only`): their agents' last WAL must
         // reach the safekeepers. Keeps going past a failure and reports all.
-        let endpoints = if args.only.is_empty() { endpoint::stop_all(&wd, args.immediate) } else { Ok(()) };
+        let endpoints = if args.only.is_empty() { endpoint::stop_everywhere(&wd, args.immediate) } else { Ok(()) };
         let services = services::stop(&wd, &args.only, args.immediate);
         match (endpoints, services) {
             (Ok(()), result) | (result, Ok(())) => result,
@@ -82,7 +91,7 @@ pub fn stop(args: WorkdirArgs) -> i32 {
 pub fn status(args: StatusArgs) -> i32 {
     let result = (|| {
         args.workdir.plain("status")?;
-        let wd = layout::Workdir::open(&args.workdir.workdir)?;
+        let wd = open(&args.workdir.workdir)?;
         status::print(&wd, args.json)
     })();
     exit_code("status", result)
@@ -94,7 +103,7 @@ pub fn timeline(cmd: TimelineCommand) -> i32 {
         TimelineCommand::Checkpoint { branch, workdir } => {
             let result = (|| {
                 workdir.plain("timeline checkpoint")?;
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 timeline::checkpoint(&wd, branch.as_deref())
             })();
             exit_code("timeline checkpoint", result)
@@ -108,25 +117,29 @@ pub fn branch(cmd: BranchCommand) -> i32 {
         BranchCommand::Create { name, from, at, at_time, workdir } => {
             let result = (|| {
                 workdir.plain("branch create")?;
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 let _lock = wd.lock()?;
-                branch::create(&wd, &name, from.as_deref(), at.as_deref(), at_time.as_deref())
+                branch::create(&wd, &name, from.as_deref(), at.as_deref(), at_time.as_deref())?;
+                hosts::publish(&layout::Workdir::open(&wd.root)?);
+                Ok(())
             })();
             exit_code("branch create", result)
         }
         BranchCommand::Delete { name, force, workdir } => {
             let result = (|| {
                 workdir.plain("branch delete")?;
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 let _lock = wd.lock()?;
-                branch::delete(&wd, &name, force)
+                branch::delete(&wd, &name, force)?;
+                hosts::publish(&layout::Workdir::open(&wd.root)?);
+                Ok(())
             })();
             exit_code("branch delete", result)
         }
         BranchCommand::List { json, workdir } => {
             let result = (|| {
                 workdir.plain("branch list")?;
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 branch::list(&wd, json)
             })();
             exit_code("branch list", result)
@@ -140,7 +153,7 @@ pub fn auth(cmd: AuthCommand) -> i32 {
         AuthCommand::Token { scope, tenant, ttl_secs, workdir } => {
             let result = (|| {
                 workdir.plain("auth token")?;
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 let tenant = match scope {
                     strata_service::auth::Scope::Tenant => Some(tenant.unwrap_or(wd.cluster.tenant_id)),
                     _ => tenant,
@@ -158,9 +171,12 @@ pub fn auth(cmd: AuthCommand) -> i32 {
 pub fn replace_safekeeper(old: &str, new: &str, workdir: WorkdirArgs) -> i32 {
     let result = (|| {
         workdir.plain("safekeeper replace")?;
-        let wd = layout::Workdir::open(&workdir.workdir)?;
+        let wd = open(&workdir.workdir)?;
         let _lock = wd.lock()?;
-        membership::replace(&wd, old, new)
+        let result = membership::replace(&wd, old, new);
+        // What changed reaches the other hosts even if the replacement stopped midway.
+        hosts::publish(&layout::Workdir::open(&wd.root)?);
+        result
     })();
     exit_code("safekeeper replace", result)
 }
@@ -168,13 +184,13 @@ pub fn replace_safekeeper(old: &str, new: &str, workdir: WorkdirArgs) -> i32 {
 /// `strata endpoint start|stop|list`.
 pub fn endpoint(cmd: EndpointCommand) -> i32 {
     match cmd {
-        EndpointCommand::Start { name, branch, port, at, agent, workdir } => {
+        EndpointCommand::Start { name, branch, port, at, host, agent, workdir } => {
             let result = (|| {
                 workdir.plain("endpoint start")?;
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
                 let _lock = wd.lock()?;
-                endpoint::start(&wd, &name, branch.as_deref(), port, &agent, at.as_deref())
+                endpoint::start(&wd, &name, branch.as_deref(), port, &agent, at.as_deref(), host.as_deref())
             })();
             exit_code("endpoint start", result)
         }
@@ -183,7 +199,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                 if !workdir.only.is_empty() {
                     return Err(Error::Usage("--only applies to services, not `endpoint stop`".into()));
                 }
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
                 let _lock = wd.lock()?;
                 endpoint::stop(&wd, &name, workdir.immediate)
@@ -193,7 +209,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
         EndpointCommand::List { workdir } => {
             let result = (|| {
                 workdir.plain("endpoint list")?;
-                let wd = layout::Workdir::open(&workdir.workdir)?;
+                let wd = open(&workdir.workdir)?;
                 status::list_endpoints(&wd)
             })();
             exit_code("endpoint list", result)

@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
 use super::error::{failed, Error, Result};
-use super::http;
+use super::{hosts, http};
 use strata_protocol::api::pageserver::{CreateTenantRequest, TimelineState, TimelineStatus};
 use strata_protocol::api::safekeeper::CreateTimelineRequest;
 
@@ -33,9 +33,57 @@ pub fn supervised(wd: &Workdir, s: &Service) -> Supervised {
     Supervised::new(s.name.clone(), identity(wd, s), wd.log_path(&s.name), STOP_GRACE)
 }
 
-/// The pid of a running service, if it runs.
+/// The pid of a running service of this machine, if it runs.
 pub fn running(wd: &Workdir, s: &Service) -> Option<i32> {
     identity(wd, s).running()
+}
+
+/// Starts one service on its host: here, or through its host's node.
+pub fn start_anywhere(wd: &Workdir, s: &Service) -> Result<()> {
+    if is_local(wd, s) {
+        start_one(wd, s)
+    } else {
+        on_node(wd, s, "start", false)
+    }
+}
+
+/// Stops one service on its host: here, or through its host's node.
+pub fn stop_anywhere(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
+    if is_local(wd, s) {
+        stop_one(wd, s, immediate)
+    } else {
+        on_node(wd, s, "stop", immediate)
+    }
+}
+
+/// Whether the service's host is this machine.
+pub fn is_local(wd: &Workdir, s: &Service) -> bool {
+    wd.cluster.host(&s.host).is_some_and(hosts::is_local)
+}
+
+/// Whether a service runs: by its pidfile on this machine, else by its
+/// status API answering.
+pub fn is_up(wd: &Workdir, s: &Service) -> bool {
+    if is_local(wd, s) {
+        return running(wd, s).is_some();
+    }
+    matches!(http::get(&format!("{}/v1/status", s.http_url()), http::QUICK), Ok(r) if r.status == 200)
+}
+
+/// Starts or stops one service on its host (another machine) through that host's node.
+fn on_node(wd: &Workdir, s: &Service, action: &str, immediate: bool) -> Result<()> {
+    let host = hosts::host(wd, &s.host)?;
+    if action == "start" {
+        // It starts with the config of this machine's copy of the state.
+        hosts::send(wd, host)?;
+    }
+    let req = hosts::ServicesRequest { names: vec![s.name.clone()], immediate };
+    let out: hosts::Lines = hosts::call(host, "POST", &format!("/v1/services/{action}"), Some(&req), hosts::NODE_CALL)?;
+    if action == "start" {
+        println!("{}: running on host {}", s.name, host.name);
+    }
+    out.lines.iter().for_each(|l| println!("{l} (host {})", host.name));
+    Ok(())
 }
 
 /// The services named by `--only` (all if empty): safekeepers first, then
@@ -57,10 +105,10 @@ fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<&'a Service>> {
 /// if the pageserver runs, makes sure the tenant and timelines exist.
 pub fn start(wd: &Workdir, only: &[String]) -> Result<()> {
     for s in select(wd, only)? {
-        start_one(wd, s)?;
+        start_anywhere(wd, s)?;
     }
     let ps = wd.cluster.pageserver();
-    if running(wd, ps).is_some() {
+    if is_up(wd, ps) {
         ensure_timelines(wd)
     } else {
         println!("{}: not running, so the tenant was not checked", ps.name);
@@ -187,7 +235,7 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
         };
         let mut on = Vec::new();
         for sk in c.of_kind(Kind::Safekeeper) {
-            if running(wd, sk).is_none() {
+            if !is_up(wd, sk) {
                 // Created when `strata start` starts it again.
                 on.push(format!("{} (not running)", sk.name));
                 continue;
@@ -221,7 +269,8 @@ pub fn stop(wd: &Workdir, only: &[String], immediate: bool) -> Result<()> {
     // The pageserver first: it would otherwise log lost safekeeper connections.
     selected.reverse();
     for s in selected {
-        if let Err(e) = stop_one(wd, s, immediate) {
+        let result = stop_anywhere(wd, s, immediate);
+        if let Err(e) = result {
             errors.push(e.to_string());
         }
     }
@@ -233,9 +282,14 @@ pub fn stop(wd: &Workdir, only: &[String], immediate: bool) -> Result<()> {
 }
 
 pub fn stop_one(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
-    let outcome = supervised(wd, s).stop(immediate)?;
-    println!("{}: {}", s.name, stop_message(outcome, immediate, STOP_GRACE));
+    println!("{}: {}", s.name, stop_quietly(wd, s, immediate)?);
     Ok(())
+}
+
+/// Stops a service of this machine; returns how it went (`stopped (pid N)`, …).
+pub fn stop_quietly(wd: &Workdir, s: &Service, immediate: bool) -> Result<String> {
+    let outcome = supervised(wd, s).stop(immediate)?;
+    Ok(stop_message(outcome, immediate, STOP_GRACE))
 }
 
 /// `stopped (pid N)`, `killed (pid N)`, `not running`, ….

@@ -9,7 +9,7 @@ use super::endpoint::{self, Endpoint};
 use super::error::Result;
 use super::layout::{Kind, Workdir};
 use super::supervisor::Liveness;
-use super::{http, services};
+use super::{hosts, http, services};
 
 /// Longest cause shown in a table cell.
 const SHORT_CHARS: usize = 80;
@@ -57,30 +57,59 @@ pub fn endpoint_restarts(ep: &Endpoint) -> EndpointRestarts {
 }
 
 /// `strata endpoint list`: name, branch, port, state, restarts, the last
-/// cause of a restart, and the connection string.
+/// cause of a restart, and the connection string; with the host too when
+/// the cluster has several.
 pub fn list_endpoints(wd: &Workdir) -> Result<()> {
-    let endpoints = endpoint::load_all(wd)?;
-    if endpoints.is_empty() {
+    let many = wd.cluster.hosts.len() > 1;
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    let row = |host: &str, mut cells: Vec<String>| {
+        if many {
+            cells.insert(1, host.to_string());
+        }
+        cells
+    };
+    for ep in endpoint::load_all(wd)? {
+        if !wd.cluster.host(&ep.file.host).is_some_and(hosts::is_local) {
+            continue;
+        }
+        let r = endpoint_restarts(&ep);
+        let cells = vec![
+            ep.file.name.clone(),
+            ep.file.branch.clone(),
+            ep.file.pg_port.to_string(),
+            endpoint_state_text(&ep),
+            r.total.to_string(),
+            short(r.last_cause.as_deref().unwrap_or("-")),
+            ep.connstr(),
+        ];
+        rows.push((ep.file.name.clone(), row(&ep.file.host, cells)));
+    }
+    for host in wd.cluster.hosts.iter().filter(|h| h.computes && !hosts::is_local(h)) {
+        let part: HostStatus = hosts::call(host, "GET", "/v1/status", None::<&()>, http::QUICK * 2)?;
+        for e in part.endpoints {
+            let cells = vec![
+                e.name.clone(),
+                e.branch.clone(),
+                e.ports.get("pg").map_or("-".into(), |p| p.to_string()),
+                endpoint_state(&e),
+                e.restarts.to_string(),
+                short(&or_dash(e.last_cause.as_ref())),
+                e.connstr.clone(),
+            ];
+            rows.push((e.name.clone(), row(&host.name, cells)));
+        }
+    }
+    if rows.is_empty() {
         println!("no endpoints (create one with `strata endpoint start NAME --workdir {}`)", wd.root.display());
         return Ok(());
     }
-    let rows = endpoints
-        .iter()
-        .map(|ep| {
-            let r = endpoint_restarts(ep);
-            vec![
-                ep.file.name.clone(),
-                ep.file.branch.clone(),
-                ep.file.pg_port.to_string(),
-                endpoint_state_text(ep),
-                r.total.to_string(),
-                short(r.last_cause.as_deref().unwrap_or("-")),
-                ep.connstr(),
-            ]
-        })
-        .collect();
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut header = vec!["NAME", "BRANCH", "PORT", "STATE", "RESTARTS", "LAST CAUSE", "CONNECTION"];
+    if many {
+        header.insert(1, "HOST");
+    }
     // The connection string last: scripts take the last field.
-    print!("{}", table(&["NAME", "BRANCH", "PORT", "STATE", "RESTARTS", "LAST CAUSE", "CONNECTION"], rows));
+    print!("{}", table(&header, rows.into_iter().map(|(_, r)| r).collect()));
     Ok(())
 }
 
@@ -100,17 +129,27 @@ fn storage_of(wd: &Workdir, s: &super::layout::Service) -> (Option<std::path::Pa
     }
 }
 
-/// The whole status (the `--json` output).
-pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
+/// What one host's node reports: its services and endpoints.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct HostStatus {
+    pub host: String,
+    pub services: Vec<ServiceStatus>,
+    pub endpoints: Vec<EndpointStatus>,
+}
+
+/// The services and endpoints of `host`, as this machine sees them (its
+/// pidfiles, supervisors and agents).
+pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
     let c = &wd.cluster;
     let mut services = Vec::new();
-    for s in &c.services {
+    for s in c.services.iter().filter(|s| s.host == host) {
         let sv = services::supervised(wd, s);
         let liveness = sv.liveness();
         let r = sv.restarts();
         let (data_dir, remote_storage) = storage_of(wd, s);
         services.push(ServiceStatus {
             name: s.name.clone(),
+            host: s.host.clone(),
             kind: s.kind.as_str().to_string(),
             pid: liveness.pid(),
             supervisor_pid: liveness.supervisor(),
@@ -129,7 +168,7 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
     }
 
     let mut endpoints = Vec::new();
-    for ep in endpoint::load_all(wd)? {
+    for ep in endpoint::load_all(wd)?.into_iter().filter(|ep| ep.file.host == host) {
         let sv = ep.supervised();
         let liveness = sv.liveness();
         let supervisor = sv.restarts();
@@ -137,6 +176,7 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
         let restarts = combine(&supervisor, agent.as_ref().map(|a| &a.restart));
         endpoints.push(EndpointStatus {
             name: ep.file.name.clone(),
+            host: ep.file.host.clone(),
             kind: "compute".into(),
             pid: liveness.pid(),
             supervisor_pid: liveness.supervisor(),
@@ -162,11 +202,60 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
             log: ep.log(),
         });
     }
+    Ok(HostStatus { host: host.to_string(), services, endpoints })
+}
+
+/// A service whose host's node does not answer: its state is unknown.
+fn unreachable(wd: &Workdir, s: &super::layout::Service) -> ServiceStatus {
+    ServiceStatus {
+        name: s.name.clone(),
+        host: s.host.clone(),
+        kind: s.kind.as_str().to_string(),
+        pid: None,
+        supervisor_pid: None,
+        supervised: false,
+        ports: s.ports.clone(),
+        state: "unknown (its host's node does not answer)".into(),
+        restarts: 0,
+        last_exit: None,
+        last_exit_at: None,
+        crash_loop: false,
+        config: wd.config_path(s),
+        log: wd.log_path(&s.name),
+        data_dir: None,
+        remote_storage: None,
+    }
+}
+
+/// The whole status (the `--json` output): each host's part from this
+/// machine or from the host's node, then the timelines from the services.
+pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
+    let c = &wd.cluster;
+    let mut services = Vec::new();
+    let mut endpoints = Vec::new();
+    for host in &c.hosts {
+        let part = if hosts::is_local(host) {
+            Some(host_part(wd, &host.name)?)
+        } else {
+            hosts::call::<HostStatus>(host, "GET", "/v1/status", None::<&()>, http::QUICK * 2).ok()
+        };
+        match part {
+            Some(p) => {
+                services.extend(p.services);
+                endpoints.extend(p.endpoints);
+            }
+            None => services.extend(c.services.iter().filter(|s| s.host == host.name).map(|s| unreachable(wd, s))),
+        }
+    }
+    // cluster.toml's order, whatever the hosts' order.
+    services.sort_by_key(|st| c.services.iter().position(|s| s.name == st.name));
+    endpoints.sort_by(|a, b| a.name.cmp(&b.name));
+    let up = |name: &str| services.iter().any(|s| s.name == name && s.state == "running");
 
     // One status query per running safekeeper covers every timeline.
     let mut sk_status: Vec<(String, Option<SafekeeperStatus>)> = Vec::new();
     for s in c.of_kind(Kind::Safekeeper) {
-        if services::running(wd, s).is_some() {
+        if up(&s.name) {
             let body = http::get(&format!("{}/v1/status", s.http_url()), http::QUICK)
                 .ok()
                 .filter(|r| r.status == 200)
@@ -175,7 +264,7 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
         }
     }
     let ps = c.pageserver();
-    let ps_running = services::running(wd, ps).is_some();
+    let ps_running = up(&ps.name);
     let mut timelines = Vec::new();
     for b in &c.branches {
         let (tenant, timeline) = (c.tenant_id, b.timeline_id);
@@ -209,6 +298,20 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
     }
 
     Ok(ClusterStatus { workdir: wd.root.clone(), tenant_id: c.tenant_id, services, endpoints, timelines })
+}
+
+/// An endpoint's state as its status tells it: `running`, `stopped`,
+/// `running (<agent state>)` while the agent is not running PostgreSQL, …
+fn endpoint_state(e: &EndpointStatus) -> String {
+    let mut state = match (e.compute_state, e.orphan_postgres_pid) {
+        (Some(c), _) if c != AgentState::Running => format!("{} ({})", e.state, c.name()),
+        (_, Some(pid)) => format!("{} (PostgreSQL pid {pid} left running)", e.state),
+        _ => e.state.clone(),
+    };
+    if e.crash_loop {
+        state.push_str(" (crash loop)");
+    }
+    state
 }
 
 /// `running`, `restarting`, `stopped`, or `running (<agent state>)` while
@@ -309,18 +412,10 @@ fn render(st: &ClusterStatus) -> String {
             .endpoints
             .iter()
             .map(|e| {
-                let mut state = match (e.compute_state, e.orphan_postgres_pid) {
-                    (Some(c), _) if c != AgentState::Running => format!("{} ({})", e.state, c.name()),
-                    (_, Some(pid)) => format!("{} (PostgreSQL pid {pid} left running)", e.state),
-                    _ => e.state.clone(),
-                };
-                if e.crash_loop {
-                    state.push_str(" (crash loop)");
-                }
                 vec![
                     e.name.clone(),
                     e.branch.clone(),
-                    state,
+                    endpoint_state(e),
                     or_dash(e.pid),
                     e.restarts.to_string(),
                     ports(&e.ports),
@@ -457,6 +552,7 @@ mod tests {
     #[test]
     fn renders_stopped_cluster() {
         let service = |name: &str, state: &str, port: u16, restarts: u64, last_exit: Option<&str>| ServiceStatus {
+            host: "local".into(),
             name: name.into(),
             kind: "safekeeper".into(),
             pid: None,

@@ -26,6 +26,9 @@ pub struct ClusterStatus {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ServiceStatus {
     pub name: String,
+    /// The host it runs on.
+    #[serde(default)]
+    pub host: String,
     /// `safekeeper` or `pageserver`.
     pub kind: String,
     pub pid: Option<i32>,
@@ -52,6 +55,9 @@ pub struct ServiceStatus {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct EndpointStatus {
     pub name: String,
+    /// The host it runs on.
+    #[serde(default)]
+    pub host: String,
     /// Always `compute`.
     pub kind: String,
     pub pid: Option<i32>,

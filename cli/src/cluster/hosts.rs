@@ -1,0 +1,302 @@
+//! Where things run: whether a host of the cluster is this machine, and
+//! calls to another host's `strata node` (`docs/deployment.md`).
+//!
+//! A service or endpoint on a host of this machine is started and stopped
+//! here, as processes of this binary; one on another host through that
+//! host's node, which runs the same code there. The one-host cluster of
+//! `strata init` is simply the case where every host is this machine.
+
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::error::{failed, Error, Result};
+use super::http;
+use super::layout::{Host, Workdir};
+
+/// `STRATA_HOST`: names this machine's host, when its addresses do not tell.
+pub const HOST_ENV: &str = "STRATA_HOST";
+
+/// Whether `address` belongs to this machine: it can be bound here.
+fn is_own_address(address: IpAddr) -> bool {
+    address.is_loopback() || TcpListener::bind(SocketAddr::new(address, 0)).is_ok()
+}
+
+/// Whether `host` is this machine. `STRATA_HOST` decides when set;
+/// otherwise a host is this machine when its address is one of its own.
+pub fn is_local(host: &Host) -> bool {
+    match std::env::var(HOST_ENV) {
+        Ok(name) if !name.is_empty() => name == host.name,
+        _ => is_own_address(host.address),
+    }
+}
+
+/// The host named `name`, or a usage error naming the hosts there are.
+pub fn host<'a>(wd: &'a Workdir, name: &str) -> Result<&'a Host> {
+    wd.cluster.host(name).ok_or_else(|| {
+        let known: Vec<&str> = wd.cluster.hosts.iter().map(|h| h.name.as_str()).collect();
+        Error::Usage(format!("no host named {name:?} (hosts: {})", known.join(", ")))
+    })
+}
+
+/// This machine's host: `STRATA_HOST`, else the one host whose address is
+/// this machine's (none if no host or several are).
+pub fn this_host(wd: &Workdir) -> Result<Option<&Host>> {
+    if let Ok(name) = std::env::var(HOST_ENV) {
+        if !name.is_empty() {
+            return host(wd, &name).map(Some).map_err(|e| Error::Usage(format!("{HOST_ENV}: {e}")));
+        }
+    }
+    let mine: Vec<&Host> = wd.cluster.hosts.iter().filter(|h| is_own_address(h.address)).collect();
+    Ok(if mine.len() == 1 { Some(mine[0]) } else { None })
+}
+
+/// The base URL of a host's node API.
+pub fn node_url(host: &Host) -> Result<String> {
+    if host.node_port == 0 {
+        return failed(format!("host {}: cluster.toml gives it no node_port", host.name));
+    }
+    Ok(format!("{}://{}", http::scheme(), SocketAddr::new(host.address, host.node_port)))
+}
+
+/// `POST /v1/services/start` and `/stop` of the node API: services of its host by name.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct ServicesRequest {
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub immediate: bool,
+}
+
+/// `POST /v1/endpoints/stop` and `/forget` of the node API.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct EndpointRequest {
+    pub name: String,
+    #[serde(default)]
+    pub immediate: bool,
+}
+
+/// What a node's command printed, for the caller to print.
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+pub struct Lines {
+    pub lines: Vec<String>,
+}
+
+/// How long a node gets for one call: an endpoint's start waits for its
+/// PostgreSQL (two minutes at most) and a service's stop for its exit.
+pub const NODE_CALL: Duration = Duration::from_secs(180);
+
+/// Calls `method path` on `host`'s node with a JSON body; the answer's
+/// body as `T`, or an error naming the host and what its node said.
+pub fn call<T: DeserializeOwned>(
+    host: &Host,
+    method: &str,
+    path: &str,
+    body: Option<&impl Serialize>,
+    timeout: Duration,
+) -> Result<T> {
+    let url = format!("{}{path}", node_url(host)?);
+    let reply = match (method, body) {
+        ("GET", _) => http::get(&url, timeout),
+        ("POST", Some(b)) => http::post(&url, b, timeout),
+        ("POST", None) => http::post(&url, &serde_json::Value::Null, timeout),
+        _ => unreachable!("node calls are GET or POST"),
+    }
+    .map_err(|e| {
+        Error::Failed(format!(
+            "host {}: its node does not answer ({e}); is `strata node --host {}` running there?",
+            host.name, host.name
+        ))
+    })?;
+    if !(200..300).contains(&reply.status) {
+        return failed(format!("host {}: {}", host.name, reply.error_text()));
+    }
+    reply.json().map_err(|e| Error::Failed(format!("host {}: {path}: {e}", host.name)))
+}
+
+/// The files of the cluster's state: `cluster.toml` and every service's
+/// config, by path relative to the workdir, at one revision.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct Spec {
+    pub revision: u64,
+    pub files: std::collections::BTreeMap<std::path::PathBuf, String>,
+}
+
+/// This machine's copy of the cluster's state.
+pub fn spec(wd: &Workdir) -> Result<Spec> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut read = |rel: &std::path::Path| -> Result<()> {
+        let path = wd.root.join(rel);
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
+        files.insert(rel.to_path_buf(), text);
+        Ok(())
+    };
+    read(std::path::Path::new(super::layout::CLUSTER_FILE))?;
+    for s in &wd.cluster.services {
+        read(&s.config)?;
+    }
+    Ok(Spec { revision: wd.cluster.revision, files })
+}
+
+/// Takes `spec` as this machine's copy if it is newer: the services'
+/// configs first, `cluster.toml` last, keeping the higher generation of
+/// the two (the pageserver host's node issues them without a new
+/// revision). Returns whether it was taken. Called with the lock held.
+pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
+    if spec.revision <= wd.cluster.revision {
+        return Ok(false);
+    }
+    let cluster_rel = std::path::Path::new(super::layout::CLUSTER_FILE);
+    let Some(text) = spec.files.get(cluster_rel) else {
+        return failed(format!("revision {}: no {}", spec.revision, cluster_rel.display()));
+    };
+    let mut cluster: super::layout::ClusterFile =
+        toml::from_str(text).map_err(|e| Error::Failed(format!("revision {}: cluster.toml: {e}", spec.revision)))?;
+    if cluster.tenant_id != wd.cluster.tenant_id {
+        return failed(format!(
+            "revision {} is of another cluster (tenant {}, not {})",
+            spec.revision, cluster.tenant_id, wd.cluster.tenant_id
+        ));
+    }
+    cluster.generation = cluster.generation.max(wd.cluster.generation);
+    for (rel, text) in &spec.files {
+        // Only files inside the workdir, named as cluster.toml names them.
+        let known = rel == cluster_rel || cluster.services.iter().any(|s| &s.config == rel);
+        if !known || rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+            return failed(format!(
+                "revision {}: {} is not a file of the cluster's state",
+                spec.revision,
+                rel.display()
+            ));
+        }
+        if rel != cluster_rel {
+            let path = wd.root.join(rel);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
+            }
+            super::layout::write_atomic(&path, text)?;
+        }
+    }
+    super::layout::write_toml(&wd.root.join(cluster_rel), super::layout::CLUSTER_HEADER, &cluster)?;
+    Ok(true)
+}
+
+/// How long a host's node gets to answer while the state is compared: a
+/// host cut off must not hold every command up for long.
+const SYNC_CALL: Duration = Duration::from_secs(2);
+
+/// Brings this machine's copy of the cluster's state up to the newest
+/// revision any other host's node has; a host that does not answer is
+/// skipped. Returns the workdir as it is now.
+pub fn refresh(wd: Workdir) -> Result<Workdir> {
+    if wd.cluster.hosts.iter().all(is_local) {
+        return Ok(wd);
+    }
+    let mut newest: Option<Spec> = None;
+    for host in wd.cluster.hosts.iter().filter(|h| !is_local(h) && h.node_port != 0) {
+        if let Ok(theirs) = call::<Spec>(host, "GET", "/v1/spec", None::<&()>, SYNC_CALL) {
+            if theirs.revision > newest.as_ref().map_or(wd.cluster.revision, |n| n.revision) {
+                newest = Some(theirs);
+            }
+        }
+    }
+    let Some(newest) = newest else { return Ok(wd) };
+    let adopted = {
+        let _lock = wd.lock()?;
+        adopt(&wd, &newest)?
+    };
+    if adopted {
+        eprintln!("took revision {} of the cluster's state from another host", newest.revision);
+    }
+    Workdir::open(&wd.root)
+}
+
+/// Hands this machine's state to one host's node (before a call that
+/// depends on it, such as an endpoint's start there).
+pub fn send(wd: &Workdir, host: &Host) -> Result<()> {
+    let spec = spec(wd)?;
+    // The node takes it under its lock, which it holds while it starts a
+    // service (half a minute at most).
+    call::<serde_json::Value>(host, "POST", "/v1/spec", Some(&spec), SEND_CALL).map(drop)
+}
+
+/// How long a node gets to take the state before a start there.
+const SEND_CALL: Duration = Duration::from_secs(45);
+
+/// Hands this machine's state to every other host's node after a change;
+/// a host that does not take it now takes it at its next command or from
+/// the next change (each command compares first, see [`refresh`]).
+pub fn publish(wd: &Workdir) {
+    if wd.cluster.hosts.iter().all(is_local) {
+        return;
+    }
+    let spec = match spec(wd) {
+        Ok(s) => s,
+        Err(e) => return eprintln!("the cluster's state was not sent to the other hosts: {e}"),
+    };
+    for host in wd.cluster.hosts.iter().filter(|h| !is_local(h) && h.node_port != 0) {
+        if let Err(e) = call::<serde_json::Value>(host, "POST", "/v1/spec", Some(&spec), SYNC_CALL) {
+            eprintln!("revision {} of the cluster's state not sent to host {}: {e}", spec.revision, host.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::args::InitArgs;
+    use crate::cluster::WorkdirArgs;
+    use std::path::PathBuf;
+
+    fn cluster(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("strata-hosts-{tag}-{}", strata_protocol::TimelineId::generate()));
+        super::super::layout::init(&InitArgs {
+            workdir: WorkdirArgs { workdir: d.clone(), only: vec![], immediate: false },
+            safekeepers: Some(1),
+            hosts: None,
+            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
+            pg_user: "postgres".into(),
+            verify_redo: false,
+            insecure_loopback: true,
+        })
+        .unwrap();
+        d
+    }
+
+    #[test]
+    fn the_newest_revision_is_taken_whole_and_the_highest_generation_kept() {
+        let (a, b) = (cluster("a"), cluster("b"));
+        let wd_a = Workdir::open(&a).unwrap();
+        // b's state becomes a's cluster at a later revision, with a branch more.
+        let mut newer = spec(&wd_a).unwrap();
+        newer.revision = 5;
+        let text = newer.files.get_mut(std::path::Path::new("cluster.toml")).unwrap();
+        *text = text.replace("revision = 1", "revision = 5")
+            + "\n[[branches]]\nname = \"dev\"\ntimeline_id = \"00112233445566778899aabbccddeeff\"\n";
+        let sk1 = PathBuf::from("sk1/safekeeper.toml");
+        newer.files.insert(sk1.clone(), "# changed\n".to_string() + &newer.files[&sk1]);
+
+        // Another cluster's state is refused.
+        assert!(adopt(&Workdir::open(&b).unwrap(), &newer).is_err());
+        // A file outside the state is refused, and nothing is written.
+        let mut outside = spec(&wd_a).unwrap();
+        outside.revision = 9;
+        outside.files.insert(PathBuf::from("../escape"), "x".into());
+        assert!(adopt(&wd_a, &outside).is_err());
+        assert!(!a.parent().unwrap().join("escape").exists());
+
+        // The pageserver host issued generation 3 meanwhile.
+        let mut here = Workdir::open(&a).unwrap();
+        here.cluster.generation = 3;
+        assert!(adopt(&here, &newer).unwrap());
+        let now = Workdir::open(&a).unwrap();
+        assert_eq!((now.cluster.revision, now.cluster.generation), (5, 3));
+        assert!(now.cluster.branch("dev").is_some());
+        assert!(std::fs::read_to_string(a.join(&sk1)).unwrap().starts_with("# changed"));
+        // Not again, nor an older one.
+        assert!(!adopt(&now, &newer).unwrap());
+        std::fs::remove_dir_all(&a).unwrap();
+        std::fs::remove_dir_all(&b).unwrap();
+    }
+}
