@@ -1,0 +1,321 @@
+"""A cluster across hosts (`docs/deployment.md`): six hosts made of network
+namespaces (three safekeeper hosts in two sites, a pageserver host, two
+compute hosts), each with its own copy of the workdir and its `strata
+node`; the test process is the operator's machine, on none of them.
+
+- pgbench and acknowledged writers over TLS keep every acknowledged commit
+  while one safekeeper host loses power (kill -9 of all its processes,
+  then its node starts again, as systemd would start it), another is cut
+  off the network, and the pageserver host loses power;
+- an endpoint moves to another host with its password and its data;
+- every service listens on its host's address (or loopback), with TLS;
+- commands work from any host, through the other hosts' nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+import tomllib
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from fixtures import netns
+from fixtures.checks import assert_pgbench_invariants, pgbench_state
+from fixtures.cluster import LocalCluster
+from fixtures.load import AckedWriters, PgbenchLoop
+from fixtures.pg import PgClient, make_traversable, temp_root
+from fixtures.wait import wait_until
+
+# name, what it runs, site
+HOSTS = [
+    ("sk-a", "safekeeper", "dc1"),
+    ("sk-b", "safekeeper", "dc1"),
+    ("sk-c", "safekeeper", "dc2"),
+    ("ps", "pageserver", "dc1"),
+    ("cp1", "compute", "dc1"),
+    ("cp2", "compute", "dc2"),
+]
+SCALE = 2
+# Hosts without the signing keys: their nodes work with the services' token.
+NO_CLI = ("ps", "sk-b")
+
+
+class Remote(PgClient):
+    """A compute as a client on another machine reaches it: the connection
+    string `endpoint start` prints as "over TLS"."""
+
+    def __init__(self, connstr: str, cluster: "Hosted"):
+        self.info = conninfo_to_dict(connstr)
+        self.hosted = cluster
+
+    def conninfo(self, dbname: str = "postgres") -> dict:
+        return {**self.info, "dbname": dbname}
+
+    def failure_context(self) -> str:
+        return self.hosted.logs()
+
+
+class Hosted:
+    """The cluster: `strata` commands from the operator's machine, and each
+    host's node."""
+
+    def __init__(self, cluster: LocalCluster, hosts: netns.Hosts, strata_bin):
+        self.cluster = cluster
+        self.hosts = hosts
+        self.strata_bin = str(strata_bin)
+        self.nodes: dict = {}
+
+    def start_node(self, name: str) -> None:
+        log = self.hosts.hosts[name].disk.parent / f"{name}-node.log"
+        self.nodes[name] = self.hosts.popen(
+            name, [self.strata_bin, "node", "--workdir", str(self.cluster.workdir), "--host", name], log)
+
+    def on(self, name: str, *args: str) -> str:
+        """`strata ARGS` run on host `name`, with that host's workdir."""
+        return self.hosts.run(name, [self.strata_bin, *args, "--workdir", str(self.cluster.workdir)]).stdout
+
+    def status(self) -> dict:
+        return self.cluster.status()
+
+    def services_running(self) -> bool:
+        st = self.status()
+        return all(s["state"] == "running" for s in st["services"])
+
+    def endpoint(self, name: str, host: str) -> Remote:
+        out = self.cluster.run("endpoint", "start", name, "--host", host, timeout=300).stdout
+        tls = next(line for line in out.splitlines() if line.startswith("over TLS: "))
+        return Remote(tls.removeprefix("over TLS: "), self)
+
+    def logs(self) -> str:
+        parts = []
+        for h in self.hosts.hosts.values():
+            for log in sorted(h.disk.glob("*/*.log")) + sorted(h.disk.glob("endpoints/*/compute.log")) + \
+                    sorted(h.disk.parent.glob(f"{h.name}-node.log")):
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                parts.append(f"--- {h.name}: {log.name} ---\n" + "\n".join(tail))
+        return "\n" + "\n".join(parts)
+
+
+@pytest.fixture
+def hosted(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
+    reason = netns.available()
+    if reason:
+        pytest.skip(reason)
+    traverse_root = temp_root(tmp_path_factory)
+    workdir = tmp_path / "cluster"
+    workdir.mkdir()
+    make_traversable(workdir, traverse_root)
+    hosts = netns.Hosts([h[0] for h in HOSTS], tmp_path / "hosts", workdir)
+    tag = hosts.tag
+    h = None
+    try:
+        spec = tmp_path / "hosts.toml"
+        spec.write_text("".join(
+            f'[[hosts]]\nname = "{name}"\naddress = "{hosts.hosts[name].address}"\nsite = "{site}"\nrun = ["{run}"]\n\n'
+            for name, run, site in HOSTS))
+        cluster = LocalCluster(strata_bin, workdir, pg_bin_dir)
+        cluster.run("init", "--hosts", str(spec), "--pg-bin-dir", str(pg_bin_dir))
+        # Every host gets its copy of the workdir, as `docs/deployment.md` says.
+        for host in hosts.hosts.values():
+            shutil.copytree(workdir, host.disk, symlinks=True, dirs_exist_ok=True)
+            make_traversable(host.disk, traverse_root)
+            if host.name in NO_CLI:
+                # Hosts where no one runs the CLI need neither signing key.
+                (host.disk / "auth" / "private.pem").unlink()
+                (host.disk / "tls" / "ca.key").unlink()
+        h = Hosted(cluster, hosts, strata_bin)
+        for name, _, _ in HOSTS:
+            h.start_node(name)
+        wait_until("every host's node to start its services", h.services_running, 90, interval=0.5,
+                   details=lambda: [(s["name"], s["state"]) for s in h.status()["services"]])
+        # Creates the tenant on the pageserver host and its timeline on every safekeeper host.
+        cluster.start()
+        yield h
+    finally:
+        try:
+            if h is not None:
+                h.cluster.run("stop", check=False, timeout=300)
+        finally:
+            hosts.cleanup()
+            left = netns.leftovers(tag)
+            assert not left, f"left behind: {left}"
+
+
+def listeners(hosts: netns.Hosts, name: str) -> list[str]:
+    """The local addresses of every listening TCP socket of host `name`."""
+    out = netns.sh("ip", "netns", "exec", hosts.hosts[name].netns, "ss", "-Hltn").stdout
+    return [line.split()[3] for line in out.splitlines()]
+
+
+def test_every_service_listens_on_its_hosts_address(hosted):
+    hosts = hosted.hosts
+    st = hosted.status()
+    by_host = {s["name"]: s["host"] for s in st["services"]}
+    assert by_host == {"sk1": "sk-a", "sk2": "sk-b", "sk3": "sk-c", "pageserver": "ps"}, by_host
+    for name, _, _ in HOSTS:
+        address = hosts.hosts[name].address
+        bound = listeners(hosts, name)
+        assert bound, f"nothing listens on {name}"
+        for local in bound:
+            ip = local.rsplit(":", 1)[0]
+            assert ip in (address, "127.0.0.1"), f"{name}: a socket on {local} (host address {address})"
+    # Every listener beyond loopback speaks TLS and wants a token.
+    ps = next(s for s in hosted.cluster.cluster_toml["services"] if s["name"] == "pageserver")
+    import ssl
+    import urllib.request
+    ctx = ssl.create_default_context(cafile=str(hosted.cluster.workdir / "tls" / "ca.pem"))
+    url = f"https://{hosts.hosts['ps'].address}:{ps['ports']['http']}/v1/status"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, context=ctx, timeout=10)
+    assert refused.value.code == 401
+    node = next(x for x in hosted.cluster.cluster_toml["hosts"] if x["name"] == "ps")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"https://{hosts.hosts['ps'].address}:{node['node_port']}/v1/status", context=ctx,
+                               timeout=10)
+    assert refused.value.code == 401
+
+
+def test_pgbench_keeps_every_acknowledged_commit_when_hosts_fail(hosted):
+    hosts = hosted.hosts
+    ep = hosted.endpoint("ep", "cp1")
+    assert ep.info["host"] == hosts.hosts["cp1"].address and ep.info["sslmode"] == "verify-full"
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    writers = AckedWriters(ep, threads=2).start()
+    bench = PgbenchLoop(ep, clients=2).start()
+    try:
+        def acked_more(than: int, timeout: float = 60) -> int:
+            return wait_until(f"more than {than} acknowledged commits", lambda: writers.count() > than + 20 and
+                              writers.count(), timeout, interval=0.2,
+                              details=lambda: (writers.errors[-3:], hosted.logs()))
+
+        n = acked_more(0)
+        # A safekeeper host loses power: two of three safekeepers still make commits durable.
+        killed = hosts.kill9("sk-b")
+        assert killed >= 3, f"the node, a supervisor and a safekeeper ran on sk-b: {killed}"
+        n = acked_more(n)
+        # It comes back (systemd starts its node again, the node its safekeeper).
+        hosted.start_node("sk-b")
+        wait_until("sk2 to run again", lambda: next(s for s in hosted.status()["services"]
+                                                   if s["name"] == "sk2")["state"] == "running", 60, interval=0.5)
+        n = acked_more(n)
+
+        # Another safekeeper host is cut off the network, then joins again.
+        hosts.link("sk-c", up=False)
+        try:
+            n = acked_more(n)
+            st = hosted.status()
+            assert next(s for s in st["services"] if s["name"] == "sk3")["state"].startswith("unknown"), st
+        finally:
+            hosts.link("sk-c", up=True)
+        n = acked_more(n)
+
+        # The pageserver host loses power and comes back: commits go on
+        # meanwhile (the safekeepers hold them), reads wait for it.
+        hosts.kill9("ps")
+        n = acked_more(n)
+        hosted.start_node("ps")
+        wait_until("the pageserver to run again", lambda: next(
+            s for s in hosted.status()["services"] if s["name"] == "pageserver")["state"] == "running", 90,
+            interval=0.5)
+        acked_more(n)
+    finally:
+        bench.stop()
+        writers.stop()
+
+    acked = writers.acked_ids()
+    stored = {row[0] for row in ep.sql("SELECT id FROM acked")}
+    lost = acked - stored
+    assert not lost, f"{len(lost)} acknowledged commits lost, e.g. {sorted(lost)[:10]}"
+    assert len(acked) > 100, len(acked)
+    print(f"\n{len(acked)} acknowledged commits kept, {len(writers.in_doubt)} in doubt, "
+          f"pgbench restarted {bench.restarts()} times")
+    with ep.connect() as conn:
+        assert_pgbench_invariants(pgbench_state(conn), SCALE)
+    # Every safekeeper holds the WAL again, up to the same commit.
+    def caught_up():
+        [t] = hosted.status()["timelines"]
+        commits = {s["name"]: s["commit_lsn"] for s in t["safekeepers"]}
+        return len(commits) == 3 and len(set(commits.values())) == 1 and None not in commits.values() and commits
+    wait_until("every safekeeper to hold the same commit LSN", caught_up, 60, interval=0.5)
+
+
+def test_an_endpoint_moves_to_another_host_and_commands_work_from_any_host(hosted):
+    hosts = hosted.hosts
+    ep = hosted.endpoint("ep", "cp1")
+    ep.sql("CREATE TABLE moved (id int PRIMARY KEY, note text)")
+    ep.sql("INSERT INTO moved SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
+    password = ep.info["password"]
+    # The endpoint lives on cp1's disk only.
+    assert (hosts.hosts["cp1"].disk / "endpoints" / "ep" / "endpoint.toml").exists()
+    assert not (hosted.cluster.workdir / "endpoints" / "ep").exists()
+
+    # From the compute host itself, and from a safekeeper host: the same cluster.
+    listed = hosted.on("sk-a", "endpoint", "list")
+    assert re.search(r"^ep\s+cp1\s+main\s+\d+\s+running\s", listed, re.M), listed
+    st = json.loads(hosted.on("cp2", "status", "--json"))
+    assert {s["name"]: s["state"] for s in st["services"]} == dict.fromkeys(["sk1", "sk2", "sk3", "pageserver"],
+                                                                           "running"), st
+    assert [(e["name"], e["host"], e["state"]) for e in st["endpoints"]] == [("ep", "cp1", "running")]
+
+    # Stopped on cp1 (from cp1), started on cp2 (from the operator's machine).
+    assert "stopped" in hosted.on("cp1", "endpoint", "stop", "ep")
+    refused = hosted.cluster.run("endpoint", "start", "ep", "--host", "sk-a", check=False)
+    assert refused.returncode == 2 and "does not run computes" in refused.stderr, refused.stderr
+    out = hosted.cluster.run("endpoint", "start", "ep", "--host", "cp2", timeout=300).stdout
+    assert "moves from host cp1 to host cp2" in out, out
+    tls = next(line for line in out.splitlines() if line.startswith("over TLS: "))
+    moved = Remote(tls.removeprefix("over TLS: "), hosted)
+    assert moved.info["host"] == hosts.hosts["cp2"].address
+    assert moved.info["password"] == password, "the password moves with the endpoint"
+    assert moved.sql("SELECT count(*), max(note) FROM moved") == [(1000, "row 999")]
+    moved.sql("INSERT INTO moved VALUES (1001, 'on cp2')")
+    assert not (hosts.hosts["cp1"].disk / "endpoints" / "ep").exists(), "cp1 keeps nothing of it"
+    listed = hosted.cluster.run("endpoint", "list").stdout
+    assert re.search(r"^ep\s+cp2\s+main\s+\d+\s+running\s", listed, re.M), listed
+    # The old address no longer answers.
+    with pytest.raises(Exception):
+        ep.sql("SELECT 1")
+
+    # A branch made on the operator's machine reaches every host's copy of
+    # the cluster's state; an endpoint on it starts from a compute host's
+    # own CLI, on that host.
+    hosted.cluster.run("branch", "create", "dev")
+    assert re.search(r"^(└ )?dev\s", hosted.on("sk-c", "branch", "list"), re.M)
+    out = hosted.on("cp2", "endpoint", "start", "dev-ep", "--branch", "dev")
+    assert "on branch dev" in out and "on host cp2" in out, out
+    dev = Remote(next(line for line in out.splitlines() if line.startswith("over TLS: ")).removeprefix("over TLS: "),
+                 hosted)
+    assert dev.sql("SELECT count(*) FROM moved") == [(1001,)]
+    revisions = {name: tomllib.loads((h.disk / "cluster.toml").read_text())["revision"]
+                 for name, h in hosts.hosts.items()}
+    assert len(set(revisions.values())) == 1, f"every host has the same revision: {revisions}"
+
+
+def test_a_safekeeper_is_replaced_on_its_host_and_every_host_learns_it(hosted):
+    hosts = hosted.hosts
+    ep = hosted.endpoint("ep", "cp1")
+    ep.sql("CREATE TABLE kept (id int PRIMARY KEY)")
+    ep.sql("INSERT INTO kept SELECT generate_series(1, 100)")
+    out = hosted.cluster.run("safekeeper", "replace", "sk3", "sk4", timeout=300).stdout
+    assert "sk3 replaced by sk4" in out, out
+    ep.sql("INSERT INTO kept SELECT generate_series(101, 200)")
+    st = hosted.status()
+    assert {s["name"]: (s["host"], s["state"]) for s in st["services"]} == {
+        "sk1": ("sk-a", "running"), "sk2": ("sk-b", "running"), "sk4": ("sk-c", "running"),
+        "pageserver": ("ps", "running")}, st["services"]
+    # sk4 runs on sk-c's disk; the pageserver host's copy names it (from its next start).
+    assert (hosts.hosts["sk-c"].disk / "sk4" / "safekeeper.toml").exists()
+    ps_conf = tomllib.loads((hosts.hosts["ps"].disk / "pageserver" / "pageserver.toml").read_text())
+    sk4 = next(s for s in hosted.cluster.cluster_toml["services"] if s["name"] == "sk4")
+    assert f"{hosts.hosts['sk-c'].address}:{sk4['ports']['listen']}" in ps_conf["safekeepers"], ps_conf
+    revisions = {name: tomllib.loads((h.disk / "cluster.toml").read_text())["revision"]
+                 for name, h in hosts.hosts.items()}
+    assert len(set(revisions.values())) == 1, f"every host has the same revision: {revisions}"
+    # The compute commits through the new set after a restart too.
+    hosted.cluster.run("endpoint", "stop", "ep", timeout=300)
+    again = hosted.endpoint("ep", "cp1")
+    assert again.sql("SELECT count(*) FROM kept") == [(200,)]
