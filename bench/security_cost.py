@@ -15,7 +15,11 @@ Measured, alternating run by run (medians of --runs runs):
   services' [auth] and [tls] removed or put back (and the workdir's keys
   and CA moved aside), since a GetPage's cost depends far more on the
   pageserver's layer layout, which two clusters do not share, than on TLS;
-- pgbench RW (TPC-B-like) at 8 clients against an endpoint of each cluster.
+- pgbench RW (TPC-B-like) at 8 clients against an endpoint of each cluster;
+- what TLS alone costs a round trip on this machine: `strata pagebench
+  --loopback-baseline` (an in-process server answering every GetPage with
+  a fixed page) with and without `--loopback-tls`, alternating with the
+  others.
 
 Ratios secure / insecure: tps (target >= 0.95) and GetPage p50 latency
 (target <= 1.05).
@@ -129,12 +133,15 @@ def main() -> int:
             # GetPage: both modes on the secure cluster's data.
             secure = clusters["secure"]
             getpage: dict[str, list[dict]] = {m: [] for m in MODES}
+            loopback: dict[str, list[dict]] = {m: [] for m in MODES}
             try:
                 for _ in range(args.runs):
                     for mode in MODES:
                         set_security(secure, mode == "secure")
                         pagebench(strata_bin, targets[mode], 1, 1, min(args.getpage_seconds, 3))  # warm
                         getpage[mode].append(pagebench(strata_bin, targets[mode], 1, 1, args.getpage_seconds))
+                        flags = ["--loopback-baseline", *(["--loopback-tls"] if mode == "secure" else [])]
+                        loopback[mode].append(pagebench(strata_bin, flags, 1, 1, args.getpage_seconds))
             finally:
                 if not (secure.workdir / "tls").exists():
                     set_security(secure, True)
@@ -152,10 +159,13 @@ def main() -> int:
                         c.run("stop", "--immediate", check=False, timeout=600)
 
     p50 = {m: statistics.median(r["latency_us"]["p50"] for r in getpage[m]) for m in MODES}
+    loop_p50 = {m: statistics.median(r["latency_us"]["p50"] for r in loopback[m]) for m in MODES}
     tps_median = {m: statistics.median(tps[m]) for m in MODES}
     results.update({
         "getpage_runs": getpage, "tps_runs": tps, "getpage_p50_us": p50, "tps": tps_median,
         "getpage_p50_ratio": p50["secure"] / p50["insecure"],
+        "loopback_runs": loopback, "loopback_p50_us": loop_p50,
+        "loopback_p50_ratio": loop_p50["secure"] / loop_p50["insecure"],
         "tps_ratio": tps_median["secure"] / tps_median["insecure"],
         "errors": sum(r["errors"] for m in MODES for r in getpage[m]),
     })
@@ -169,6 +179,8 @@ def main() -> int:
         f"{results['getpage_p50_ratio']:>8.3f}",
         f"{f'pgbench RW, {args.clients} clients, tps':<28}{tps_median['secure']:>12.0f}{tps_median['insecure']:>12.0f}"
         f"{results['tps_ratio']:>8.3f}",
+        f"{'loopback round trip p50':<28}{loop_p50['secure']:>10.1f}us{loop_p50['insecure']:>10.1f}us"
+        f"{results['loopback_p50_ratio']:>8.3f}   (TLS alone: in-process server, fixed page)",
         "",
         "secure: tokens and TLS (strata init); insecure: strata init --insecure-loopback;"
         " targets: GetPage p50 ratio <= 1.05, tps ratio >= 0.95",

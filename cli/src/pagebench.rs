@@ -20,7 +20,7 @@ use strata_service::tls::ClientTls;
 use clap::Args;
 use fastrand::Rng;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use strata_compute::page_client::{PageClient, PageClientConfig, PageClientError};
@@ -74,6 +74,10 @@ pub struct PagebenchArgs {
     /// pageserver: the ideal limit of a GetPage round trip here.
     #[arg(long)]
     loopback_baseline: bool,
+    /// The loopback baseline over TLS (a throwaway CA and certificate, the
+    /// page service's TLS settings): what TLS alone costs a round trip here.
+    #[arg(long, requires = "loopback_baseline")]
+    loopback_tls: bool,
 }
 
 /// `SPC/DB/REL`, three unsigned 32-bit numbers.
@@ -180,7 +184,19 @@ fn client_config(depth: u32, token: &Option<Token>, tls: &Option<ClientTls>) -> 
 
 async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
     let target = if args.loopback_baseline {
-        let addr = start_loopback_server().await.map_err(|e| format!("starting the loopback server: {e}"))?;
+        let (server_tls, client_tls) = if args.loopback_tls {
+            let (ca, ca_key) = strata_service::tls::generate_ca().map_err(|e| e.to_string())?;
+            let (cert, key) =
+                strata_service::tls::issue(&ca_key, &["127.0.0.1".to_string()]).map_err(|e| e.to_string())?;
+            let what = std::path::Path::new("(loopback baseline)");
+            let server = strata_service::tls::ServerTls::from_pem(cert.as_bytes(), key.as_bytes(), what)
+                .map_err(|e| e.to_string())?;
+            (Some(server), Some(ClientTls::from_pem(ca.as_bytes(), what).map_err(|e| e.to_string())?))
+        } else {
+            (None, None)
+        };
+        let addr =
+            start_loopback_server(server_tls).await.map_err(|e| format!("starting the loopback server: {e}"))?;
         let rel = RelFileNode { spc: 1663, db: 1, rel: 1 };
         Target {
             addr: addr.to_string(),
@@ -190,7 +206,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
             rels: vec![(0, rel)],
             total_blocks: u64::from(LOOPBACK_BLOCKS),
             token: None,
-            tls: None,
+            tls: client_tls,
         }
     } else {
         prepare(args).await?
@@ -355,13 +371,25 @@ async fn load(
 // The loopback baseline
 // ---------------------------------------------------------------------------
 
-/// Starts the loopback server on an ephemeral port of 127.0.0.1.
-async fn start_loopback_server() -> std::io::Result<SocketAddr> {
+/// Starts the loopback server on an ephemeral port of 127.0.0.1, over TLS
+/// with `tls`.
+async fn start_loopback_server(tls: Option<strata_service::tls::ServerTls>) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(loopback_connection(stream));
+            let _ = stream.set_nodelay(true);
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                match tls {
+                    None => loopback_connection(strata_service::tls::Stream::Plain(stream)).await,
+                    Some(tls) => {
+                        if let Ok(s) = tls.accept(stream).await {
+                            loopback_connection(strata_service::tls::Stream::Tls(Box::new(s.into()))).await
+                        }
+                    }
+                }
+            });
         }
     });
     Ok(addr)
@@ -371,8 +399,7 @@ async fn start_loopback_server() -> std::io::Result<SocketAddr> {
 /// GetPage-sized frame a page frame carrying the request's id; anything else
 /// closes the connection. All answers to one read go out in one write, as a
 /// batching server would send them.
-async fn loopback_connection(stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
+async fn loopback_connection(stream: strata_service::tls::Stream) {
     let mut page_frame = Vec::new();
     codec::encode_page(1, &[0x5A; PAGE_SIZE], &mut page_frame);
     let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
@@ -802,6 +829,11 @@ mod tests {
         let report = runtime.block_on(bench(&args)).unwrap();
         assert!(report.requests > 100, "{}", report.text());
         assert_eq!(report.errors, 0);
+        // Over TLS too: the same answers through a handshake with a throwaway CA.
+        let tls = parse(&["--loopback-baseline", "--loopback-tls", "--duration", "0.3"]).unwrap();
+        let over_tls = runtime.block_on(bench(&tls)).unwrap();
+        assert!(over_tls.requests > 100 && over_tls.errors == 0, "{}", over_tls.text());
+        assert!(parse(&["--loopback-tls", "--duration", "1"]).is_err(), "--loopback-tls needs --loopback-baseline");
         assert!(report.histogram.percentile(0.5) > 0);
         let json = report.json();
         assert_eq!(json["mode"], "loopback");
