@@ -195,8 +195,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
         } else {
             (None, None)
         };
-        let addr =
-            start_loopback_server(server_tls).await.map_err(|e| format!("starting the loopback server: {e}"))?;
+        let addr = start_loopback_server(server_tls).await.map_err(|e| format!("starting the loopback server: {e}"))?;
         let rel = RelFileNode { spc: 1663, db: 1, rel: 1 };
         Target {
             addr: addr.to_string(),
