@@ -146,11 +146,14 @@ struct Reader<R> {
     r: R,
     buf: BytesMut,
     ctx: DecodeContext,
+    /// Before the startup: its messages have no tag, a length first, and
+    /// at least 8 bytes (length and code).
+    untagged: bool,
 }
 
 impl<R: AsyncRead + Unpin> Reader<R> {
     fn new(r: R, ctx: DecodeContext) -> Reader<R> {
-        Reader { r, buf: BytesMut::with_capacity(8 << 10), ctx }
+        Reader { r, buf: BytesMut::with_capacity(8 << 10), ctx, untagged: false }
     }
 
     /// The next message; every wait for bytes is bounded by `IO_TIMEOUT`,
@@ -164,6 +167,14 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             }
             if self.buf.len() > MAX_MESSAGE {
                 return Err(ReplicationError::Protocol(format!("a message larger than {MAX_MESSAGE} bytes")));
+            }
+            // A length too short for any startup message would otherwise
+            // keep the connection waiting for bytes that complete nothing.
+            if self.untagged && self.buf.len() >= 4 {
+                let len = i32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+                if len < 8 {
+                    return Err(ReplicationError::Protocol(format!("a startup message of length {len}")));
+                }
             }
             self.buf.reserve(8 << 10);
             let n = tokio::time::timeout(IO_TIMEOUT, self.r.read_buf(&mut self.buf))
@@ -234,6 +245,7 @@ async fn startup(
 ) -> Result<(Session, BTreeMap<String, String>), ReplicationError> {
     // Before any encryption: SSLRequest, GSSENCRequest or the startup.
     let mut plain = Reader::new(tcp, DecodeContext::new(ProtocolVersion::PROTOCOL3_0));
+    plain.untagged = true;
     // The settled stream and what was read of it beyond the negotiation.
     let (stream, read_ahead) = loop {
         match plain.next().await? {
