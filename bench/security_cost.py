@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
-"""What TLS and tokens cost, in one run: two local clusters made through
-the CLI, side by side on this machine, the same data loaded into both:
+"""What TLS and tokens cost, in one run, on one local cluster made through
+the CLI, restarted between runs in each of two modes:
 
-- secure:   `strata init` as users run it: tokens on every call, TLS with
-            the cluster's CA on every link that has it
-- insecure: `strata init --insecure-loopback`: no tokens, no TLS
+- secure:   as `strata init` makes it and users run it: tokens on every
+            call, TLS with the cluster's CA on every link that has it
+- insecure: the same cluster with its services' [auth] and [tls] removed
+            (and the workdir's keys and CA moved aside), which is what
+            `strata init --insecure-loopback` makes: no tokens, no TLS
 
-Measured, alternating run by run (medians of --runs runs):
+One cluster, not two: a GetPage's cost depends far more on the
+pageserver's layer layout, which two clusters do not share, than on TLS,
+and two clusters loaded alike gave pgbench ratios a few percent apart for
+the same build. Measured, the modes alternating run by run (medians of
+--runs runs):
 
 - GetPage p50: `strata pagebench`, 1 connection, depth 1, random blocks of
   pgbench_accounts (loaded with pgbench -i, the endpoint stopped and the
-  pageserver checkpointed, so reads go to layer files). Both modes read
-  the secure cluster's data: between runs it is restarted with its
-  services' [auth] and [tls] removed or put back (and the workdir's keys
-  and CA moved aside), since a GetPage's cost depends far more on the
-  pageserver's layer layout, which two clusters do not share, than on TLS;
-- pgbench RW (TPC-B-like) at 8 clients against an endpoint of each cluster;
+  pageserver checkpointed, so reads go to layer files);
 - what TLS alone costs a round trip on this machine: `strata pagebench
   --loopback-baseline` (an in-process server answering every GetPage with
-  a fixed page) with and without `--loopback-tls`, alternating with the
-  others.
+  a fixed page) with and without `--loopback-tls`;
+- pgbench RW (TPC-B-like) at 8 clients against a new endpoint of the
+  cluster, its tables and indexes prewarmed (pg_prewarm) so that the run
+  measures the write path rather than a lazy compute's first reads.
 
 Ratios secure / insecure: tps (target >= 0.95) and GetPage p50 latency
 (target <= 1.05).
@@ -87,6 +90,16 @@ def set_security(c: LocalCluster, on: bool) -> None:
     c.start()
 
 
+def prewarm(connstr: str) -> None:
+    """Reads every page of the pgbench tables and indexes into the new
+    compute's cache, so that each run measures the write path, not the
+    first reads of a lazy compute."""
+    sql = ("CREATE EXTENSION IF NOT EXISTS pg_prewarm; SELECT sum(pg_prewarm(c.oid)) FROM pg_class c"
+           " WHERE c.relname LIKE 'pgbench%' AND c.relkind IN ('r', 'i')")
+    subprocess.run([str(PG_BIN / "psql"), "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql], env=client_env(connstr),
+                   check=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+
+
 def pgbench_rw(connstr: str, clients: int, seconds: int) -> float:
     """tps of one pgbench TPC-B-like run (no vacuum: the tables are shared by runs)."""
     res = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-c", str(clients), "-j", "2", "-T", str(seconds)],
@@ -113,51 +126,40 @@ def main() -> int:
         args.scale, args.seconds, args.getpage_seconds, args.runs = 2, 3, 3, 2
     strata_bin = REPO / "target" / "release" / "strata"
     results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
-    clusters: dict[str, LocalCluster] = {}
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         base = Path(tmp)
         base.chmod(0o755)  # PostgreSQL runs as another user
+        c = LocalCluster(strata_bin, base / "cluster", PG_BIN)
         try:
-            targets, connstrs = {}, {}
-            for mode, flags in MODES.items():
-                (base / mode).mkdir()
-                c = clusters[mode] = LocalCluster(strata_bin, base / mode, PG_BIN)
-                c.init(*flags)
-                c.start()
-                data = prepare(c, args.scale)
-                if mode == "secure":
-                    plain = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
-                             "--timeline-id", data["timeline_id"], "--rel", data["rel"]]
-                    targets = {"secure": [*plain, "--token-file", str(c.token_file()), *c.tls_args()],
-                               "insecure": plain}
-            # GetPage: both modes on the secure cluster's data.
-            secure = clusters["secure"]
+            c.init()
+            c.start()
+            data = prepare(c, args.scale)
+            plain = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
+                     "--timeline-id", data["timeline_id"], "--rel", data["rel"]]
+            targets = {"secure": [*plain, "--token-file", str(c.token_file()), *c.tls_args()], "insecure": plain}
             getpage: dict[str, list[dict]] = {m: [] for m in MODES}
             loopback: dict[str, list[dict]] = {m: [] for m in MODES}
+            tps: dict[str, list[float]] = {m: [] for m in MODES}
             try:
                 for _ in range(args.runs):
                     for mode in MODES:
-                        set_security(secure, mode == "secure")
+                        set_security(c, mode == "secure")
                         pagebench(strata_bin, targets[mode], 1, 1, min(args.getpage_seconds, 3))  # warm
                         getpage[mode].append(pagebench(strata_bin, targets[mode], 1, 1, args.getpage_seconds))
                         flags = ["--loopback-baseline", *(["--loopback-tls"] if mode == "secure" else [])]
                         loopback[mode].append(pagebench(strata_bin, flags, 1, 1, args.getpage_seconds))
+                        connstr = c.endpoint_start("main")
+                        prewarm(connstr)
+                        pgbench_rw(connstr, args.clients, min(args.seconds, 5))  # warm
+                        tps[mode].append(pgbench_rw(connstr, args.clients, args.seconds))
+                        c.endpoint_stop("main")
             finally:
-                if not (secure.workdir / "tls").exists():
-                    set_security(secure, True)
-            for mode, c in clusters.items():
-                connstrs[mode] = c.endpoint_start("main")
-                pgbench_rw(connstrs[mode], args.clients, min(args.seconds, 5))  # warm
-            tps: dict[str, list[float]] = {m: [] for m in MODES}
-            for _ in range(args.runs):
-                for mode in MODES:
-                    tps[mode].append(pgbench_rw(connstrs[mode], args.clients, args.seconds))
+                if not (c.workdir / "tls").exists():
+                    set_security(c, True)
         finally:
-            for c in clusters.values():
-                if (c.workdir / "cluster.toml").exists():
-                    if c.run("stop", check=False, timeout=600).returncode != 0:
-                        c.run("stop", "--immediate", check=False, timeout=600)
-
+            if (c.workdir / "cluster.toml").exists():
+                if c.run("stop", check=False, timeout=600).returncode != 0:
+                    c.run("stop", "--immediate", check=False, timeout=600)
     p50 = {m: statistics.median(r["latency_us"]["p50"] for r in getpage[m]) for m in MODES}
     loop_p50 = {m: statistics.median(r["latency_us"]["p50"] for r in loopback[m]) for m in MODES}
     tps_median = {m: statistics.median(tps[m]) for m in MODES}
@@ -171,7 +173,7 @@ def main() -> int:
     })
     lines = [
         f"scale {args.scale}; medians of {args.runs} runs, alternating (GetPage: one cluster's data, its"
-        " services restarted with and without [auth] and [tls]; pgbench: two clusters);"
+        " services restarted with and without [auth] and [tls]; pgbench: a new endpoint of that cluster, prewarmed);"
         f" {os.cpu_count()} CPUs, load {results['loadavg_before']:.2f} before",
         "",
         f"{'':<28}{'secure':>12}{'insecure':>12}{'ratio':>8}",
