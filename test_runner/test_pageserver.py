@@ -12,7 +12,9 @@ cluster (`strata init` / `start` / `endpoint start`):
   of the page service protocol get the errors the protocol specifies, and
   the server keeps serving;
 - GetPage over the page service (pipelined) returns the same bytes as the
-  HTTP `/page` API.
+  HTTP `/page` API;
+- the last checkpoint record at an LSN is the one PostgreSQL's pg_control
+  names.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from fixtures.endpoint import current_lsn, start_endpoint
 from fixtures.page_compare import (Comparison, ForkFile, catalog, checkpoint_compute, compare_data_dir, compare_fork,
                                    mismatch_report, quiet_compute, read_fork, relation_forks, wait_quiet)
 from fixtures.page_mask import PAGE_SIZE, masked
-from fixtures.pageserver_api import DEFAULT_SPC, FORK_NUMBER, PageserverApi, error_message
+from fixtures.pageserver_api import DEFAULT_SPC, FORK_NUMBER, PageserverApi, error_message, wait_for_pageserver_lsn
 from fixtures.processes import pid_alive
 from fixtures.strata import format_lsn, parse_lsn
 from fixtures.wait import wait_until
@@ -710,3 +712,48 @@ def test_getpage_pipelined_matches_http(cluster):
     latest = http_pages(None)
     with pp.connect(ps.pg_address, ps.tenant, ps.timeline) as cl:
         check_pipelined(cl, 0, latest)
+
+
+def test_checkpoint_records_are_found_where_postgres_wrote_them(cluster):
+    """The pageserver names the last checkpoint record at or before an LSN
+    (where a hot standby starts, docs/replicas.md): exactly the record and
+    redo point PostgreSQL's own pg_control names after a CHECKPOINT; an LSN
+    before the record's end gives an earlier one (or none); a branch made
+    after it inherits it; a malformed LSN is a 400."""
+    ep = start_endpoint(cluster)
+    path = cluster.timeline_path()
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE cpr_t (i int)")
+        conn.execute("INSERT INTO cpr_t SELECT generate_series(1, 5000)")
+        conn.execute("CHECKPOINT")
+        cp, redo = (parse_lsn(v) for v in conn.execute(
+            "SELECT checkpoint_lsn::text, redo_lsn::text FROM pg_control_checkpoint()").fetchone())
+        conn.execute("INSERT INTO cpr_t VALUES (0)")
+        end = current_lsn(conn)
+    assert redo < cp < end
+    wait_for_pageserver_lsn(cluster, end)
+
+    code, body = cluster.http("pageserver", "GET", f"{path}/checkpoint_record")
+    assert code == 200, body
+    assert (parse_lsn(body["lsn"]), parse_lsn(body["redo"])) == (cp, redo), (body, format_lsn(cp), format_lsn(redo))
+    assert body["shutdown"] is False and body["pg_timeline"] == 1, body
+    record_end = parse_lsn(body["end_lsn"])
+    assert cp < record_end <= end, body
+
+    # Visible from the record's end on, not before.
+    code, at_end = cluster.http("pageserver", "GET", f"{path}/checkpoint_record?lsn={format_lsn(record_end)}")
+    assert code == 200 and at_end == body, at_end
+    code, before = cluster.http("pageserver", "GET", f"{path}/checkpoint_record?lsn={format_lsn(cp)}")
+    assert code in (200, 404), before
+    if code == 200:
+        assert parse_lsn(before["end_lsn"]) <= cp and parse_lsn(before["lsn"]) < cp, before
+    else:
+        assert "no checkpoint record" in before["error"], before
+
+    # A branch made after the record inherits it from its parent.
+    cluster.run("branch", "create", "cpr_branch", "--from", "main")
+    code, branched = cluster.http("pageserver", "GET", f"{cluster.timeline_path('cpr_branch')}/checkpoint_record")
+    assert code == 200 and parse_lsn(branched["lsn"]) == cp, branched
+
+    code, bad = cluster.http("pageserver", "GET", f"{path}/checkpoint_record?lsn=nonsense")
+    assert code == 400, bad

@@ -1,6 +1,7 @@
 //! Entry point for the fuzz target (`fuzz/`): every decoder of untrusted
 //! bytes in the pageserver — layer files, value groups, stored values, native records,
-//! directory values, layer file names, timeline metadata and remote indexes.
+//! directory values, checkpoint records, layer file names, timeline metadata and
+//! remote indexes.
 
 use std::path::Path;
 
@@ -44,6 +45,7 @@ pub fn fuzz_one(data: &[u8]) {
             let _ = dirs::decode_pairs(rest);
             let _ = dirs::decode_rels(rest);
             let _ = dirs::decode_u32s(rest);
+            let _ = crate::checkpoint_record::CheckpointRecord::decode(rest);
             if let Ok(g) = crate::layer::group::Group::decode(rest.to_vec()) {
                 for slot in 0..=255 {
                     let _ = g.get(slot);

@@ -20,9 +20,9 @@ use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::http::{guard, HttpAuth, Need};
 
 use strata_protocol::api::pageserver::{
-    BasebackupQuery, CheckpointQuery, CheckpointResponse, CreateBranchRequest, CreateTenantRequest,
-    DeleteTimelineResponse, EvictResponse, LeaseRequest, LeaseResponse, LsnResponse, PageQuery, PageserverStatus,
-    StatusQuery, TimeQuery,
+    BasebackupQuery, CheckpointQuery, CheckpointRecordQuery, CheckpointRecordResponse, CheckpointResponse,
+    CreateBranchRequest, CreateTenantRequest, DeleteTimelineResponse, EvictResponse, LeaseRequest, LeaseResponse,
+    LsnResponse, PageQuery, PageserverStatus, StatusQuery, TimeQuery,
 };
 use strata_protocol::api::ErrorBody;
 
@@ -69,6 +69,7 @@ pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
     let tenant = Router::new()
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint_record", get(checkpoint_record))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lease", post(lease))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_by_time", get(lsn_by_time))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page));
@@ -273,6 +274,40 @@ async fn lsn_by_time(
         ),
         Ok(Err(e)) => read_error(e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("time lookup failed: {e}")),
+    }
+}
+
+/// `GET .../checkpoint_record?lsn=…`: the last checkpoint record that ends
+/// at or before `lsn` (default: the last record ingested); 404 when ingest
+/// has seen none by then.
+async fn checkpoint_record(
+    State(tenants): State<Arc<Tenants>>,
+    TimelinePath(entry): TimelinePath,
+    query: Result<Query<CheckpointRecordQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = query else {
+        return error(StatusCode::BAD_REQUEST, "the only query parameter is lsn=X/Y".into());
+    };
+    let lsn = match entry.tl.wait_lsn(q.lsn.unwrap_or(Lsn::INVALID), tenants.conf.wait_lsn_timeout).await {
+        Ok(l) => l,
+        Err(e) => return read_error(e),
+    };
+    let tl = entry.tl.clone();
+    match tokio::task::spawn_blocking(move || tl.checkpoint_record_at(lsn)).await {
+        Ok(Ok(Some(r))) => Json(CheckpointRecordResponse {
+            lsn: r.lsn,
+            end_lsn: r.end_lsn,
+            redo: r.checkpoint.redo,
+            shutdown: r.shutdown,
+            pg_timeline: r.checkpoint.this_timeline,
+        })
+        .into_response(),
+        Ok(Ok(None)) => error(
+            StatusCode::NOT_FOUND,
+            format!("timeline {} has no checkpoint record ingested at or before {lsn}", entry.tl.timeline_id),
+        ),
+        Ok(Err(e)) => read_error(e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("checkpoint record lookup failed: {e}")),
     }
 }
 

@@ -38,6 +38,7 @@ use strata_formats::Lsn;
 use strata_protocol::pageserver::SlruKind;
 use strata_redo::{NativeRecord, HEAPBLOCKS_PER_VM_PAGE};
 
+use crate::checkpoint_record::CheckpointRecord;
 use crate::dirs;
 use crate::key::{Key, RelTag};
 use crate::layer::map::RecordLsns;
@@ -301,6 +302,11 @@ impl WalIngest {
         }
         if let Some(p) = &parsed {
             self.apply_parsed(rec, p)?;
+        }
+        if let Some(ParsedRecord::Xlog(records::xlog::XlogRecord::Checkpoint { shutdown, checkpoint })) = &parsed {
+            let at =
+                CheckpointRecord { lsn: rec.lsn, end_lsn: rec.end_lsn, shutdown: *shutdown, checkpoint: *checkpoint };
+            self.put(Key::checkpoint_record(), Value::Image(Bytes::copy_from_slice(&at.encode())));
         }
         let before = self.checkpoint.checkpoint;
         self.checkpoint.apply(rec, parsed.as_ref());

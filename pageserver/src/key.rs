@@ -48,6 +48,7 @@ pub const KIND_TWOPHASE_FILE: u8 = 0x31;
 pub const KIND_CHECKPOINT: u8 = 0x40;
 pub const KIND_CONTROL: u8 = 0x41;
 pub const KIND_COMMIT_TIME: u8 = 0x42;
+pub const KIND_CHECKPOINT_RECORD: u8 = 0x43;
 
 /// Block number field of a relation-size key.
 const REL_SIZE_BLOCK: u32 = u32::MAX;
@@ -123,6 +124,10 @@ impl Key {
     /// The commit time of the last commit at or before an LSN (sparse: see ingest).
     pub const fn commit_time() -> Key {
         Key::simple(KIND_COMMIT_TIME)
+    }
+    /// The last checkpoint record (`crate::checkpoint_record`).
+    pub const fn checkpoint_record() -> Key {
+        Key::simple(KIND_CHECKPOINT_RECORD)
     }
 
     /// The relation fork and block of a relation block key.
@@ -227,6 +232,8 @@ mod tests {
             Key::rel_dir(1663, 5),
             Key::slru_page(SlruKind::Clog, 3),
             Key::checkpoint(),
+            Key::commit_time(),
+            Key::checkpoint_record(),
         ];
         for w in keys.windows(2) {
             assert!(w[0] < w[1]);

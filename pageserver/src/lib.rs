@@ -4,6 +4,7 @@
 
 pub mod background;
 pub mod basebackup;
+pub mod checkpoint_record;
 pub mod config;
 pub mod dirs;
 pub mod eviction;

@@ -31,6 +31,7 @@ pub use strata_protocol::api::pageserver::{Broken, BrokenKind, CompactionOutcome
 
 use strata_service::durable::{replace_file, sync_dir};
 
+use crate::checkpoint_record::CheckpointRecord;
 use crate::dirs;
 use crate::key::{Key, RelTag};
 use crate::layer::files::FileCache;
@@ -1224,6 +1225,14 @@ impl Timeline {
     pub fn checkpoint_at(&self, lsn: Lsn) -> Result<CheckPoint, ReadError> {
         let b = self.get(&Key::checkpoint(), lsn)?.ok_or_else(|| self.decode_err("checkpoint", lsn, "missing"))?;
         CheckPoint::decode(&b).map_err(|e| self.decode_err("checkpoint", lsn, e))
+    }
+
+    /// The last checkpoint record that ends at or before `lsn`, if ingest saw one.
+    pub fn checkpoint_record_at(&self, lsn: Lsn) -> Result<Option<CheckpointRecord>, ReadError> {
+        match self.get(&Key::checkpoint_record(), lsn)? {
+            Some(b) => CheckpointRecord::decode(&b).map(Some).map_err(|e| self.decode_err("checkpoint record", lsn, e)),
+            None => Ok(None),
+        }
     }
 
     /// The commit time recorded at or before `lsn` (µs since 2000-01-01), if any.

@@ -362,6 +362,29 @@ pub struct EvictResponse {
     pub evicted_bytes: u64,
 }
 
+/// `GET …/checkpoint_record?lsn=…`: the last checkpoint record at or before an LSN.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRecordQuery {
+    /// Default: the last record ingested.
+    pub lsn: Option<Lsn>,
+}
+
+/// Where a checkpoint record lies in the WAL, and its redo point: where a
+/// hot standby starts (`docs/replicas.md`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CheckpointRecordResponse {
+    /// The record's first byte.
+    pub lsn: Lsn,
+    /// Where the next record may start.
+    pub end_lsn: Lsn,
+    /// Its redo point, where replay from it begins.
+    pub redo: Lsn,
+    pub shutdown: bool,
+    /// PostgreSQL's timeline (`ThisTimeLineID`) in the record.
+    pub pg_timeline: u32,
+}
+
 /// `GET …/page`: one page, for debugging and tests.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
