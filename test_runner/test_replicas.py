@@ -1,24 +1,31 @@
 """Read replicas (docs/replicas.md): stock PostgreSQL hot standbys of a
 branch that stream its WAL from the safekeepers.
 
-So far the ground they stand on: a stock standby made from a base backup of
-a writer (without its WAL) streams the branch from a safekeeper's
-replication service, over TLS with a tenant token, follows the writer's
-commits, and moves to another safekeeper when its own is stopped.
+So far the ground they stand on:
+- a stock standby made from a base backup of a writer (without its WAL)
+  streams the branch from a safekeeper's replication service, over TLS
+  with a tenant token, follows the writer's commits, and moves to another
+  safekeeper when its own is stopped;
+- the pageserver's standby basebackup (the data at a checkpoint record's
+  redo point, a backup_label naming the record) starts a stock standby
+  that reaches consistency, takes queries and ends up equal to the writer.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import io
 import shutil
+import tarfile
 
 import psycopg
 import pytest
 
 from fixtures.endpoint import current_lsn, start_endpoint
+from fixtures.pageserver_api import PageserverApi, wait_for_pageserver_lsn
 from fixtures.pg import SERVER_USER, PgCluster
-from fixtures.strata import parse_lsn
+from fixtures.strata import SEGMENT, format_lsn, parse_lsn
 from fixtures.wait import wait_until
 
 
@@ -32,6 +39,89 @@ def _give_to_server_user(path) -> None:
             os.chown(name, pw.pw_uid, pw.pw_gid)
 
 
+def _safekeepers_conninfo(cluster, ca, application_name: str) -> str:
+    """primary_conninfo naming every safekeeper's replication service in
+    turn (libpq's list of hosts), over TLS with a tenant token."""
+    ct = cluster.cluster_toml
+    sks = [s for s in ct["services"] if s["kind"] == "safekeeper"]
+    token = cluster.token_file("tenant").read_text().strip()
+    return (f"host={','.join('127.0.0.1' for _ in sks)} port={','.join(str(s['ports']['pg']) for s in sks)} "
+            f"user=postgres password={token} sslmode=verify-full sslrootcert={ca} "
+            f"application_name={application_name} "
+            f"options='-c strata.timeline={ct['tenant_id']}/{cluster.timeline_id()}'")
+
+
+TABLES_DIGEST = ("SELECT string_agg(t || ':' || n || ':' || d, ',' ORDER BY t) FROM ("
+                 " SELECT 'a' AS t, count(*) AS n, md5(string_agg(g::text || v, ',' ORDER BY g)) AS d FROM rep_a"
+                 " UNION ALL"
+                 " SELECT 'b', count(*), md5(string_agg(g::text, ',' ORDER BY g)) FROM rep_b) x")
+
+
+def test_a_standby_starts_from_the_pageservers_standby_basebackup(cluster, pg_bin_dir, tmp_path):
+    ep = start_endpoint(cluster)
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE rep_a AS SELECT g, md5(g::text) AS v FROM generate_series(1, 20000) g")
+        conn.execute("CHECKPOINT")
+        cp = [parse_lsn(v) for v in conn.execute(
+            "SELECT checkpoint_lsn::text, redo_lsn::text FROM pg_control_checkpoint()").fetchone()]
+        # After the checkpoint: replay brings these.
+        conn.execute("UPDATE rep_a SET v = 'changed' WHERE g % 7 = 0")
+        conn.execute("CREATE TABLE rep_b AS SELECT g FROM generate_series(1, 3000) g")
+        end = current_lsn(conn)
+    wait_for_pageserver_lsn(cluster, end)
+
+    ps = PageserverApi(cluster)
+    try:
+        code, body = ps.request("GET", ps.tl_path() + "/basebackup?standby=true&full=true", timeout=120)
+    finally:
+        ps.close()
+    assert code == 200, body[:500]
+    standby = PgCluster(pg_bin_dir, tmp_path / "standby", traverse_root=tmp_path)
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        tar.extractall(standby.pgdata, filter="data")
+    label = files["backup_label"].decode()
+    assert f"CHECKPOINT LOCATION: {format_lsn(cp[0])}\n" in label, label
+    assert label.startswith(f"START WAL LOCATION: {format_lsn(cp[1])} (file "), label
+    assert "BACKUP FROM: standby\n" in label, label
+    # Its WAL comes from the safekeepers. Only when the redo point lies in
+    # the segment where the timeline begins does the tar carry that
+    # segment's page headers before the beginning (and nothing after it).
+    wal = [n for n in files if n.startswith("pg_wal/")]
+    begin = parse_lsn(cluster.timeline_status("pageserver")["start_lsn"])
+    assert len(wal) <= 1, wal
+    if wal:
+        assert begin // SEGMENT == cp[1] // SEGMENT and wal[0] == f"pg_wal/{1:08X}{0:08X}{begin // SEGMENT:08X}", wal
+        data = files[wal[0]]
+        assert data[:2] == b"\x10\xd1" and not any(data[begin % SEGMENT:]), "only headers before the beginning"
+
+    ca = standby.base_dir / "ca.pem"
+    shutil.copyfile(cluster.ca, ca)
+    (standby.pgdata / "standby.signal").write_text("")
+    (standby.pgdata / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+    standby._include_settings()
+    _give_to_server_user(standby.base_dir)
+    standby.pgdata.chmod(0o700)
+    standby.start({"primary_conninfo": _safekeepers_conninfo(cluster, ca, "replica2"), "hot_standby": "on",
+                   "ssl": "off"})
+    log = standby.log_text()
+    assert f"starting backup recovery with redo LSN {format_lsn(cp[1])}, checkpoint LSN {format_lsn(cp[0])}" in log, log
+
+    def replayed(lsn: int):
+        return parse_lsn(standby.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0]) >= lsn or None
+
+    wait_until("the standby to replay the writer's WAL", lambda: replayed(end), timeout=60)
+    assert standby.sql(TABLES_DIGEST) == ep.sql(TABLES_DIGEST)
+    # And it follows.
+    with ep.connect() as conn:
+        conn.execute("DELETE FROM rep_a WHERE g > 15000")
+        conn.execute("INSERT INTO rep_b SELECT generate_series(3001, 4000)")
+        end = current_lsn(conn)
+    wait_until("the standby to replay the writer's later WAL", lambda: replayed(end), timeout=60)
+    assert standby.sql(TABLES_DIGEST) == ep.sql(TABLES_DIGEST)
+    assert standby.sql("SELECT count(*) FROM rep_a")[0][0] == 15000
+
+
 def test_a_stock_standby_streams_the_branch_from_the_safekeepers(cluster, pg_bin_dir, tmp_path):
     ep = start_endpoint(cluster)
     with ep.connect() as conn:
@@ -43,14 +133,10 @@ def test_a_stock_standby_streams_the_branch_from_the_safekeepers(cluster, pg_bin
 
     # Every safekeeper, in turn (libpq's list of hosts): the walreceiver
     # moves on when the one it streams from goes away.
-    ct = cluster.cluster_toml
-    sks = [s for s in ct["services"] if s["kind"] == "safekeeper"]
+    sks = [s for s in cluster.cluster_toml["services"] if s["kind"] == "safekeeper"]
     ca = standby.base_dir / "ca.pem"
     shutil.copyfile(cluster.ca, ca)
-    token = cluster.token_file("tenant").read_text().strip()
-    conninfo = (f"host={','.join('127.0.0.1' for _ in sks)} port={','.join(str(s['ports']['pg']) for s in sks)} "
-                f"user=postgres password={token} sslmode=verify-full sslrootcert={ca} "
-                f"application_name=replica1 options='-c strata.timeline={ct['tenant_id']}/{cluster.timeline_id()}'")
+    conninfo = _safekeepers_conninfo(cluster, ca, "replica1")
     (standby.pgdata / "standby.signal").write_text("")
     standby._include_settings()
     _give_to_server_user(standby.base_dir)

@@ -8,8 +8,8 @@ use strata_formats::fuzz::decode_wal;
 use strata_formats::v15::control::{ControlFile, DbState};
 use strata_formats::v15::records::xlog::{CheckPoint, XlogRecord};
 use strata_formats::v15::records::{self, ParsedRecord};
-use strata_formats::v15::startup::shutdown_checkpoint_at;
-use strata_formats::wal::encode::{encode_record, WalBuilder};
+use strata_formats::v15::startup::{shutdown_checkpoint_at, standby_start};
+use strata_formats::wal::encode::{encode_record, headers_before, WalBuilder};
 use strata_formats::wal::page::{PageHeader, LONG_HEADER_SIZE, SHORT_HEADER_SIZE, XLP_FIRST_IS_CONTRECORD};
 use strata_formats::wal::record::ImageCompression;
 use strata_formats::wal::{DecodedRecord, StartPosition, WalDecodeError, WalDecoder};
@@ -301,4 +301,52 @@ fn stripping_the_consistency_flag_keeps_valid_wal() {
             assert_eq!(a.raw[24..], b.raw[24..], "only the header changes");
         }
     }
+}
+
+#[test]
+fn a_standby_start_names_the_checkpoint_record_and_its_redo_point() {
+    let control = template();
+    let mut checkpoint: CheckPoint = control.checkpoint_copy;
+    // A redo point in the segment before the record's (an online checkpoint
+    // that took a while).
+    checkpoint.redo = Lsn(0x1_0000_0000 + 0x00FF_FF28);
+    let (at, end) = (Lsn(0x1_0000_0000 + 0x0100_0060), Lsn(0x1_0000_0000 + 0x0100_00D8));
+    let s = standby_start(&control, at, end, &checkpoint, "2026-11-28 14:08:35 UTC");
+    assert_eq!(
+        s.backup_label,
+        "START WAL LOCATION: 1/FFFF28 (file 000000010000000100000000)\nCHECKPOINT LOCATION: 1/1000060\n\
+         BACKUP METHOD: streamed\nBACKUP FROM: standby\nSTART TIME: 2026-11-28 14:08:35 UTC\n\
+         LABEL: strata replica\nSTART TIMELINE: 1\n"
+    );
+    let c = ControlFile::decode(&s.control_file).unwrap();
+    // "BACKUP FROM: standby" needs a control file in recovery; its minimum
+    // recovery point is where the backup (and so consistency) ends.
+    assert_eq!(c.state, DbState::InArchiveRecovery);
+    assert_eq!((c.checkpoint, c.checkpoint_copy), (at, checkpoint));
+    assert_eq!((c.min_recovery_point, c.min_recovery_point_tli), (end, 1));
+    assert_eq!((c.backup_start_point, c.backup_end_point, c.backup_end_required), (Lsn::INVALID, Lsn::INVALID, false));
+    assert_eq!(c.system_identifier, control.system_identifier);
+}
+
+#[test]
+fn headers_before_a_mid_segment_start_are_what_a_reader_checks() {
+    let control = template();
+    let start = Lsn(0x0300_0000 + 3 * 8192 + 200);
+    let (name, seg) = headers_before(PgVersion::V15, control.system_identifier, 1, SEG, start);
+    assert_eq!(name, "000000010000000000000003");
+    assert_eq!(seg.len() as u64, SEG);
+    let first = PageHeader::decode(&seg).expect("the segment's long header");
+    assert_eq!(first.page_address, Lsn(0x0300_0000));
+    assert!(first
+        .long
+        .as_ref()
+        .is_some_and(|l| l.system_id == control.system_identifier && u64::from(l.segment_size) == SEG));
+    let page = PageHeader::decode(&seg[3 * 8192..]).expect("the header of the start's page");
+    assert_eq!(
+        (page.page_address, page.timeline, page.info & XLP_FIRST_IS_CONTRECORD),
+        (Lsn(0x0300_0000 + 3 * 8192), 1, 0)
+    );
+    // Nothing else: the pages between, and the start's page after its header.
+    assert!(seg[8192..3 * 8192].iter().all(|&b| b == 0));
+    assert!(seg[3 * 8192 + SHORT_HEADER_SIZE..].iter().all(|&b| b == 0));
 }

@@ -4,7 +4,9 @@
 //! at the LSN, unlogged relations' init forks also as their main forks, and
 //! every relation's data ([`RelationData::All`]), none of it, or a manifest
 //! of the relation forks a lazy compute reads from the pageserver
-//! ([`RelationData::Manifest`], `docs/lazy-compute.md`).
+//! ([`RelationData::Manifest`], `docs/lazy-compute.md`). For a hot standby
+//! the data is at a checkpoint record's redo point, with a `backup_label`
+//! naming the record instead of a generated checkpoint (`docs/replicas.md`).
 //!
 //! The free space map is left out: it is a hint that is not WAL-logged, and
 //! PostgreSQL treats a missing one as empty and rebuilds it.
@@ -15,12 +17,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
-use strata_formats::v15::startup::shutdown_checkpoint_at;
+use strata_formats::v15::startup::{shutdown_checkpoint_at, standby_start};
 use strata_formats::version::BLCKSZ;
+use strata_formats::wal::encode::headers_before;
 use strata_formats::Lsn;
 use strata_protocol::lazy_manifest::{Manifest, ManifestEntry, ManifestFork, MANIFEST_NAME};
 use strata_protocol::pageserver::SlruKind;
 
+use crate::checkpoint_record::CheckpointRecord;
 use crate::import::{GLOBALTABLESPACE_OID, RELSEG_BLOCKS};
 use crate::ingest::SLRU_PAGES_PER_SEGMENT;
 use crate::key::{Key, RelTag};
@@ -71,16 +75,26 @@ pub enum RelationData {
 
 /// Writes the basebackup of `tl` at `lsn` to `out`: the end of the last
 /// ingested record for a compute that writes, any ingested LSN for a
-/// read-only one (whose shutdown checkpoint names no previous record).
+/// read-only one (whose shutdown checkpoint names no previous record), or
+/// the redo point of `standby`'s checkpoint record for a hot standby.
 pub fn write_basebackup<W: Write>(
     tl: &Timeline,
     lsn: Lsn,
     relations: RelationData,
+    standby: Option<&CheckpointRecord>,
     out: W,
 ) -> Result<(), BasebackupError> {
     let lsns = tl.record_lsns();
     if lsn > lsns.last {
         return Err(BasebackupError::Lsn(format!("the WAL is ingested up to {}; {lsn} is beyond it", lsns.last)));
+    }
+    if let Some(r) = standby {
+        if lsn != r.checkpoint.redo || r.end_lsn > lsns.last {
+            return Err(BasebackupError::Lsn(format!(
+                "a standby starts at the redo point {} of the checkpoint record at {} (ingested to {}), not at {lsn}",
+                r.checkpoint.redo, r.lsn, lsns.last
+            )));
+        }
     }
     let prev = if lsn == lsns.last { lsns.prev } else { Lsn::INVALID };
     let mtime = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -169,8 +183,35 @@ pub fn write_basebackup<W: Write>(
         }
     }
 
-    // pg_control and the WAL segment with a shutdown checkpoint at `lsn`.
     let template = tl.control_template()?;
+    if let Some(r) = standby {
+        // No WAL: the standby streams it from the redo point on.
+        let time = chrono::DateTime::from_timestamp(r.checkpoint.time, 0).unwrap_or_default();
+        let start = standby_start(
+            &template,
+            r.lsn,
+            r.end_lsn,
+            &r.checkpoint,
+            &time.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        );
+        tar.small("global/pg_control", &start.control_file)?;
+        tar.small("backup_label", start.backup_label.as_bytes())?;
+        // A timeline that begins inside a segment has no bytes before its
+        // start: PostgreSQL reads the segment's first page header whenever
+        // it opens it, and the header of the page it starts on. The
+        // walreceiver then writes what it streams into this file.
+        let (begin, segment_size) = (tl.metadata().start_lsn, u64::from(template.wal_segment_size));
+        if begin.0 / segment_size == r.checkpoint.redo.0 / segment_size && !begin.0.is_multiple_of(segment_size) {
+            let version = strata_formats::PgVersion::V15;
+            let tli = r.checkpoint.this_timeline;
+            let (name, bytes) = headers_before(version, template.system_identifier, tli, segment_size, begin);
+            tar.small(&format!("pg_wal/{name}"), &bytes)?;
+        }
+        tar.tar.into_inner()?.flush()?;
+        tl.metrics.basebackups.inc();
+        return Ok(());
+    }
+    // pg_control and the WAL segment with a shutdown checkpoint at `lsn`.
     let checkpoint = tl.checkpoint_at(lsn)?;
     let now = mtime as i64;
     let generated = shutdown_checkpoint_at(&template, &checkpoint, lsn, prev, now);

@@ -407,8 +407,27 @@ async fn basebackup(
         Ok(l) => l,
         Err(e) => return read_error(e),
     };
+    // A standby starts from a checkpoint record at or before `lsn`, with the
+    // data at its redo point.
+    let (lsn, standby) = if q.standby {
+        let tl = entry.tl.clone();
+        match tokio::task::spawn_blocking(move || tl.checkpoint_record_at(lsn)).await {
+            Ok(Ok(Some(r))) => (r.checkpoint.redo, Some(r)),
+            Ok(Ok(None)) => {
+                let msg = format!(
+                    "timeline {} has no checkpoint record at or before {lsn} to start a standby from",
+                    entry.tl.timeline_id
+                );
+                return error(StatusCode::NOT_FOUND, msg);
+            }
+            Ok(Err(e)) => return read_error(e),
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("checkpoint record lookup failed: {e}")),
+        }
+    } else {
+        (lsn, None)
+    };
     let last = entry.tl.record_lsns().last;
-    if lsn != last && !q.read_only {
+    if lsn != last && !q.read_only && !q.standby {
         return error(
             StatusCode::BAD_REQUEST,
             format!("a basebackup is made at the end of the ingested WAL ({last}); {lsn} is not it (read_only=true for another LSN)"),
@@ -430,10 +449,12 @@ async fn basebackup(
     let tl = entry.tl.clone();
     tokio::task::spawn_blocking(move || {
         let mut w = ChannelWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK) };
-        if let Err(e) = crate::basebackup::write_basebackup(&tl, lsn, relations, &mut w).and_then(|()| {
-            use std::io::Write;
-            w.flush().map_err(Into::into)
-        }) {
+        if let Err(e) =
+            crate::basebackup::write_basebackup(&tl, lsn, relations, standby.as_ref(), &mut w).and_then(|()| {
+                use std::io::Write;
+                w.flush().map_err(Into::into)
+            })
+        {
             tracing::error!(timeline = %tl.timeline_id, %lsn, "basebackup failed: {e}");
             let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
         }

@@ -443,7 +443,15 @@ async fn stream(
     query: &str,
     strip: bool,
 ) -> Result<(), ReplicationError> {
-    let start: Option<Lsn> = query.split_whitespace().find_map(|w| w.parse().ok());
+    let requested: Option<Lsn> = query.split_whitespace().find_map(|w| w.parse().ok());
+    // PostgreSQL's walreceiver asks for the start of the segment that holds
+    // where it starts. A timeline that begins inside a segment has nothing
+    // before its start there, so such a stream begins at the start (the
+    // data's position travels in every message).
+    let segment_size = u64::from(timeline.identity.wal_segment_size);
+    let first_segment = Lsn(timeline.start_lsn.0 - timeline.start_lsn.0 % segment_size);
+    let start =
+        requested.map(|l| if (first_segment..timeline.start_lsn).contains(&l) { timeline.start_lsn } else { l });
     let positions = timeline.positions();
     let Some(start) = start.filter(|l| *l >= timeline.start_lsn && *l <= positions.commit_lsn) else {
         let msg =
@@ -460,7 +468,6 @@ async fn stream(
     let mut out = BytesMut::new();
     put(&mut out, &CopyBothResponse::new(0, 0, Vec::new()))?;
     send(&mut w, &out).await?;
-    let segment_size = u64::from(timeline.identity.wal_segment_size);
     let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
     // Client messages: status updates are dropped; CopyDone ends the
     // stream. A client quiet for longer than `IO_TIMEOUT` is fine: the

@@ -49,6 +49,24 @@ pub struct WalBuilder {
     segments: BTreeMap<u64, Vec<u8>>,
 }
 
+/// The page headers a reader checks before the first byte of a WAL that
+/// begins at `start`, inside a segment whose earlier bytes it does not
+/// have: the segment's long header (read whenever a segment is opened) and
+/// the header of `start`'s page. Zeros elsewhere; full size, with its file
+/// name. A hot standby of a timeline that begins mid-segment needs it
+/// (`docs/replicas.md`).
+pub fn headers_before(
+    version: PgVersion,
+    system_id: u64,
+    timeline: u32,
+    segment_size: u64,
+    start: Lsn,
+) -> (String, Vec<u8>) {
+    let mut b = WalBuilder::new(version, system_id, timeline, segment_size, start, Lsn::INVALID);
+    b.ensure_page_header(Lsn(start.0 - start.0 % XLOG_BLCKSZ as u64));
+    b.into_segments().pop().expect("the segment of start")
+}
+
 impl WalBuilder {
     /// A builder whose first record will start at `start` (moved past a page
     /// header if it falls on a page boundary); `prev` is the record before it.

@@ -298,6 +298,11 @@ pub struct BasebackupQuery {
     /// compute reads (`docs/lazy-compute.md`).
     #[serde(default)]
     pub lazy: bool,
+    /// For a hot standby: the data at the redo point of the last checkpoint
+    /// record at or before `lsn`, a `backup_label` naming that record and a
+    /// `pg_control` in archive recovery (`docs/replicas.md`).
+    #[serde(default)]
+    pub standby: bool,
 }
 
 /// `POST …/lease`: keep `lsn` readable for a while.
