@@ -383,6 +383,7 @@ def test_live_cluster_answers_as_documented(cluster, specs):
     connstr = cluster.endpoint_start("ep")
     with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
         conn.execute("CREATE TABLE t (id int)")
+        conn.execute("CHECKPOINT")  # a checkpoint record for `checkpoint_record`
         before_commit = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
         conn.execute("INSERT INTO t VALUES (1)")
         commit_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
@@ -409,6 +410,15 @@ def test_live_cluster_answers_as_documented(cluster, specs):
     c.call(ps, "get", tl + "/basebackup", query={"lsn": "0/8"}, expect={404}, **ids)  # before the start
     c.call(ps, "get", tl + "/basebackup", query={"full": "maybe"}, expect={400}, **ids)
     c.call(ps, "get", tl + "/basebackup", expect={404}, tenant=tenant, timeline=missing)
+    st, tar = c.call(ps, "get", tl + "/basebackup", query={"standby": "true"}, expect={200}, **ids)
+    if st == 200 and b"backup_label" not in tar:
+        c.problems.append("basebackup standby=true: no backup_label")
+
+    _, record = c.call(ps, "get", tl + "/checkpoint_record", expect={200}, **ids)
+    if isinstance(record, dict) and "lsn" in record and parse_lsn(record["lsn"]) >= before_commit:
+        c.problems.append(f"checkpoint_record: {record['lsn']}, not before the last commit")
+    c.call(ps, "get", tl + "/checkpoint_record", query={"lsn": "not-an-lsn"}, expect={400}, **ids)
+    c.call(ps, "get", tl + "/checkpoint_record", expect={404}, tenant=tenant, timeline=missing)
 
     # After every commit stamped at or before now: past the INSERT's commit.
     just_now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
