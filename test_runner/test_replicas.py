@@ -13,8 +13,6 @@ So far the ground they stand on:
 
 from __future__ import annotations
 
-import os
-import pwd
 import io
 import shutil
 import tarfile
@@ -24,19 +22,9 @@ import pytest
 
 from fixtures.endpoint import current_lsn, start_endpoint
 from fixtures.pageserver_api import PageserverApi, wait_for_pageserver_lsn
-from fixtures.pg import SERVER_USER, PgCluster
+from fixtures.pg import PgCluster
 from fixtures.strata import SEGMENT, format_lsn, parse_lsn
 from fixtures.wait import wait_until
-
-
-def _give_to_server_user(path) -> None:
-    """pg_basebackup ran as this user; the standby runs as the server user."""
-    if os.geteuid() != 0:
-        return
-    pw = pwd.getpwnam(SERVER_USER)
-    for root, dirs, files in os.walk(path):
-        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-            os.chown(name, pw.pw_uid, pw.pw_gid)
 
 
 def _safekeepers_conninfo(cluster, ca, application_name: str) -> str:
@@ -99,9 +87,7 @@ def test_a_standby_starts_from_the_pageservers_standby_basebackup(cluster, pg_bi
     shutil.copyfile(cluster.ca, ca)
     (standby.pgdata / "standby.signal").write_text("")
     (standby.pgdata / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
-    standby._include_settings()
-    _give_to_server_user(standby.base_dir)
-    standby.pgdata.chmod(0o700)
+    standby.take_copied_data_dir()
     standby.start({"primary_conninfo": _safekeepers_conninfo(cluster, ca, "replica2"), "hot_standby": "on",
                    "ssl": "off"})
     log = standby.log_text()
@@ -138,8 +124,7 @@ def test_a_stock_standby_streams_the_branch_from_the_safekeepers(cluster, pg_bin
     shutil.copyfile(cluster.ca, ca)
     conninfo = _safekeepers_conninfo(cluster, ca, "replica1")
     (standby.pgdata / "standby.signal").write_text("")
-    standby._include_settings()
-    _give_to_server_user(standby.base_dir)
+    standby.take_copied_data_dir()
     standby.start({"primary_conninfo": conninfo, "hot_standby": "on", "hot_standby_feedback": "on", "ssl": "off",
                    "synchronous_standby_names": ""})
 

@@ -26,6 +26,7 @@ use strata_protocol::api::pageserver::{
 };
 use strata_protocol::api::ErrorBody;
 
+use crate::checkpoint_record::CheckpointRecord;
 use crate::key::RelTag;
 use crate::tenants::{BranchError, CreateError, DeleteError, Tenants, TimelineEntry};
 use crate::timeline::ReadError;
@@ -292,9 +293,8 @@ async fn checkpoint_record(
         Ok(l) => l,
         Err(e) => return read_error(e),
     };
-    let tl = entry.tl.clone();
-    match tokio::task::spawn_blocking(move || tl.checkpoint_record_at(lsn)).await {
-        Ok(Ok(Some(r))) => Json(CheckpointRecordResponse {
+    match last_checkpoint_record(&entry, lsn).await {
+        Ok(r) => Json(CheckpointRecordResponse {
             lsn: r.lsn,
             end_lsn: r.end_lsn,
             redo: r.checkpoint.redo,
@@ -302,12 +302,22 @@ async fn checkpoint_record(
             pg_timeline: r.checkpoint.this_timeline,
         })
         .into_response(),
-        Ok(Ok(None)) => error(
+        Err(response) => response,
+    }
+}
+
+/// The last checkpoint record ending at or before `lsn`, or the error to
+/// answer with (404 when ingest has seen none by then).
+async fn last_checkpoint_record(entry: &TimelineEntry, lsn: Lsn) -> Result<CheckpointRecord, Response> {
+    let tl = entry.tl.clone();
+    match tokio::task::spawn_blocking(move || tl.checkpoint_record_at(lsn)).await {
+        Ok(Ok(Some(r))) => Ok(r),
+        Ok(Ok(None)) => Err(error(
             StatusCode::NOT_FOUND,
             format!("timeline {} has no checkpoint record ingested at or before {lsn}", entry.tl.timeline_id),
-        ),
-        Ok(Err(e)) => read_error(e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("checkpoint record lookup failed: {e}")),
+        )),
+        Ok(Err(e)) => Err(read_error(e)),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, format!("checkpoint record lookup failed: {e}"))),
     }
 }
 
@@ -410,18 +420,9 @@ async fn basebackup(
     // A standby starts from a checkpoint record at or before `lsn`, with the
     // data at its redo point.
     let (lsn, standby) = if q.standby {
-        let tl = entry.tl.clone();
-        match tokio::task::spawn_blocking(move || tl.checkpoint_record_at(lsn)).await {
-            Ok(Ok(Some(r))) => (r.checkpoint.redo, Some(r)),
-            Ok(Ok(None)) => {
-                let msg = format!(
-                    "timeline {} has no checkpoint record at or before {lsn} to start a standby from",
-                    entry.tl.timeline_id
-                );
-                return error(StatusCode::NOT_FOUND, msg);
-            }
-            Ok(Err(e)) => return read_error(e),
-            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("checkpoint record lookup failed: {e}")),
+        match last_checkpoint_record(&entry, lsn).await {
+            Ok(r) => (r.checkpoint.redo, Some(r)),
+            Err(response) => return response,
         }
     } else {
         (lsn, None)

@@ -4,8 +4,7 @@
 //! checkpoint record already in the WAL ([`standby_start`]).
 
 use crate::lsn::Lsn;
-use crate::v15::control::ControlFile;
-use crate::v15::control::DbState;
+use crate::v15::control::{ControlFile, DbState};
 use crate::v15::records::xlog::CheckPoint;
 use crate::v15::rmgr::{RM_XLOG_ID, XLOG_CHECKPOINT_SHUTDOWN};
 use crate::version::PgVersion;
