@@ -20,7 +20,7 @@ import tarfile
 import psycopg
 import pytest
 
-from fixtures.endpoint import current_lsn, start_endpoint
+from fixtures.endpoint import Endpoint, current_lsn, start_endpoint
 from fixtures.pageserver_api import PageserverApi, wait_for_pageserver_lsn
 from fixtures.pg import PgCluster
 from fixtures.strata import SEGMENT, format_lsn, parse_lsn
@@ -154,3 +154,46 @@ def test_a_stock_standby_streams_the_branch_from_the_safekeepers(cluster, pg_bin
     with standby.connect() as conn, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
         conn.execute("INSERT INTO before_backup VALUES (0)")
     cluster.start("--only", sks[0]["name"])
+
+
+def _replay_lsn(replica) -> int:
+    return parse_lsn(replica.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0])
+
+
+def test_a_replica_endpoint_follows_its_writer(cluster):
+    """`strata endpoint start R --replica-of EP`: a lazy hot standby that
+    starts from the writer's fresh checkpoint, streams from the
+    safekeepers, reads its relation files through the pageserver, reports
+    its lag and leases its read floor."""
+    ep = start_endpoint(cluster)
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE rep_a AS SELECT g, md5(g::text) AS v FROM generate_series(1, 20000) g")
+        conn.execute("CREATE TABLE rep_b AS SELECT g FROM generate_series(1, 3000) g")
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep")
+    assert replica.sql("SELECT pg_is_in_recovery()")[0][0] is True
+    with ep.connect() as conn:
+        end = current_lsn(conn)
+    wait_until("the replica to replay the writer's WAL", lambda: _replay_lsn(replica) >= end or None, timeout=60)
+    assert replica.sql(TABLES_DIGEST) == ep.sql(TABLES_DIGEST)
+    with ep.connect() as conn:
+        conn.execute("UPDATE rep_a SET v = 'changed' WHERE g % 7 = 0")
+        conn.execute("DELETE FROM rep_a WHERE g > 15000")
+        conn.execute("INSERT INTO rep_b SELECT generate_series(3001, 4000)")
+        end = current_lsn(conn)
+    wait_until("the replica to replay later WAL", lambda: _replay_lsn(replica) >= end or None, timeout=60)
+    assert replica.sql(TABLES_DIGEST) == ep.sql(TABLES_DIGEST)
+    with replica.connect() as conn, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        conn.execute("INSERT INTO rep_b VALUES (0)")
+
+    status = replica.agent_status()
+    assert status["lazy"]["blocks_fetched"] > 0, status
+    r = status["replica"]
+    assert parse_lsn(r["redo_lsn"]) <= parse_lsn(r["checkpoint_lsn"]) <= end
+    wait_until("the replica's status to catch up",
+               lambda: replica.agent_status()["replica"]["lag_bytes"] == 0 or None, timeout=30)
+    r = replica.agent_status()["replica"]
+    assert parse_lsn(r["replay_lsn"]) >= end and r["lag_seconds"] == 0, r
+    assert parse_lsn(r["read_floor"]) <= parse_lsn(r["replay_lsn"]), r
+    metrics = replica.agent_metrics()
+    assert "strata_compute_replica_lag_bytes 0" in metrics, metrics

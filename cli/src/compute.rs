@@ -131,6 +131,27 @@ pub struct StartArgs {
     /// a lease on the LSN.
     #[arg(long, value_name = "LSN")]
     read_only_at: Option<strata_formats::Lsn>,
+    /// A replica named NAME: a hot standby of the branch streaming its WAL
+    /// from the safekeepers' replication services (`docs/replicas.md`).
+    #[arg(long, value_name = "NAME", conflicts_with = "read_only_at", requires = "safekeeper_replication")]
+    replica: Option<String>,
+    /// The safekeepers' replication services (host:port, comma-separated).
+    #[arg(long, value_name = "HOST:PORT", value_delimiter = ',')]
+    safekeeper_replication: Vec<String>,
+    /// A replica starts from a checkpoint record at or after this LSN (the
+    /// writer's, just made): the pageserver is waited for until it has it.
+    #[arg(long, value_name = "LSN", requires = "replica")]
+    replica_after: Option<strata_formats::Lsn>,
+    /// A replica's oldest snapshot holds back the writer's cleanup.
+    #[arg(long, requires = "replica")]
+    hot_standby_feedback: bool,
+    /// A replica lagging more than this many MiB of WAL is restarted at the
+    /// newest WAL (0: no bound).
+    #[arg(long, default_value_t = 1024)]
+    max_replica_lag_mb: u64,
+    /// ... or more than this many seconds (0: no bound).
+    #[arg(long, default_value_t = 900)]
+    max_replica_lag_secs: u64,
     /// A lazy compute: PostgreSQL's relation files served through FUSE,
     /// their blocks fetched from the pageserver's page service at this
     /// address as they are read (`docs/lazy-compute.md`).
@@ -312,6 +333,15 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.restart.crash_loop_window = Duration::from_secs(args.crash_loop_window_secs);
     cfg.restart.max_delay = Duration::from_secs(args.restart_max_delay_secs);
     cfg.read_only_at = args.read_only_at;
+    cfg.replica = args.replica.map(|name| agent::ReplicaConfig {
+        name,
+        replication: args.safekeeper_replication,
+        after: args.replica_after,
+        ca_file: args.timeline.tls_ca.clone(),
+        hot_standby_feedback: args.hot_standby_feedback,
+        max_lag_bytes: args.max_replica_lag_mb << 20,
+        max_lag: Duration::from_secs(args.max_replica_lag_secs),
+    });
     cfg.lazy_page_service = args.lazy_page_service;
     cfg.lazy_cache_bytes = args.lazy_cache_mb << 20;
     cfg.lazy_fetch_retry = Duration::from_secs(args.lazy_fetch_retry_secs);

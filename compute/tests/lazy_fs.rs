@@ -101,7 +101,7 @@ fn setup_with_cache(
     let stats = Arc::new(LazyStats::default());
     let hooks = LazyHooks::new(Mount::Base, backing, entries, S, None, source, stats.clone(), cache).unwrap();
     // A read-write compute's hooks (the floor stays 0 unless a test sets it).
-    let hooks = hooks.floating();
+    let hooks = hooks.with_floor(strata_compute::lazy::fs::ReadFloor::Ingested);
     let session = mount(&mnt, hooks).unwrap();
     (Mounted::new(dir, mnt, session), stats)
 }

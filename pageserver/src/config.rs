@@ -109,6 +109,10 @@ pub struct PageserverConfig {
     /// is slowed (the applied LSN reported stops at the uploaded one).
     #[serde(default = "default_max_upload_lag_bytes")]
     pub max_upload_lag_bytes: u64,
+    /// A replica's lease more than this many bytes behind the ingested WAL
+    /// is refused, and its agent restarts it at the newest WAL (0: no bound).
+    #[serde(default = "default_max_replica_lag_bytes")]
+    pub max_replica_lag_bytes: u64,
 }
 
 fn default_pg_bin_dir() -> PathBuf {
@@ -166,6 +170,9 @@ fn default_gc_period() -> Duration {
     Duration::from_secs(60)
 }
 fn default_max_upload_lag_bytes() -> u64 {
+    1 << 30
+}
+fn default_max_replica_lag_bytes() -> u64 {
     1 << 30
 }
 

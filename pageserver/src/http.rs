@@ -232,9 +232,11 @@ async fn delete_timeline(State(tenants): State<Arc<Tenants>>, TimelinePath(entry
     }
 }
 
-/// `POST .../lease {"lsn"}`: keeps `lsn` readable (GC stays below it) for
-/// [`crate::timeline::LEASE_TTL`]; a read-only compute renews it.
+/// `POST .../lease {"lsn", "holder"?}`: keeps `lsn` readable (GC stays
+/// below it) for [`crate::timeline::LEASE_TTL`]; a read-only compute
+/// renews it, a replica moves its named lease along with its replay.
 async fn lease(
+    State(tenants): State<Arc<Tenants>>,
     TimelinePath(entry): TimelinePath,
     body: Result<Json<LeaseRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
@@ -242,7 +244,8 @@ async fn lease(
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    match entry.tl.lease(req.lsn) {
+    let max_lag = Some(tenants.conf.max_replica_lag_bytes).filter(|m| *m > 0);
+    match entry.tl.lease(req.lsn, req.holder.as_deref(), max_lag) {
         Ok(ttl) => Json(LeaseResponse { lsn: req.lsn, valid_for_seconds: ttl.as_secs() }).into_response(),
         Err(ReadError::NotFound(m)) => error(StatusCode::UNPROCESSABLE_ENTITY, m),
         Err(e) => read_error(e),

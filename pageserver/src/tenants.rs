@@ -796,7 +796,12 @@ impl TimelineEntry {
             disk_consistent_lsn: meta.disk_consistent_lsn,
             gc_cutoff_lsn: meta.gc_cutoff_lsn,
             retain_lsns: meta.retain_lsns,
-            leases: self.tl.leases().into_iter().map(|(lsn, seconds_left)| Lease { lsn, seconds_left }).collect(),
+            leases: self
+                .tl
+                .leases()
+                .into_iter()
+                .map(|(lsn, seconds_left, holder)| Lease { lsn, seconds_left, holder })
+                .collect(),
             wal_source: receiver.safekeeper,
             safekeeper_commit_lsn: receiver.safekeeper_commit_lsn,
             wal_source_error: receiver.last_error,

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 mod compaction;
 mod gc;
+pub mod leases;
 mod metadata;
 
 pub use compaction::{CompactionError, Throttle};
@@ -197,14 +198,14 @@ pub struct Timeline {
     /// find here are read there, at the branch point at most.
     ancestor_lsn: Option<Lsn>,
     ancestor: RwLock<Option<Arc<Timeline>>>,
-    /// LSNs read-only computes read at, with when each lease ends. GC
+    /// LSNs read-only computes and replicas read at, with when each
+    /// lease ends (`timeline::leases`). GC
     /// computes and announces its cutoff under this lock, so a lease is
     /// either seen by GC or refused as below the cutoff.
-    leases: Mutex<std::collections::BTreeMap<Lsn, Instant>>,
+    leases: Mutex<leases::Leases>,
 }
 
-/// How long a lease keeps its LSN readable without a renewal.
-pub const LEASE_TTL: Duration = Duration::from_secs(600);
+pub use leases::LEASE_TTL;
 
 /// Name of a timeline's metadata file.
 pub const METADATA_FILE: &str = "metadata.json";
@@ -319,7 +320,7 @@ impl Timeline {
             remote: std::sync::OnceLock::new(),
             ancestor_lsn,
             ancestor: RwLock::new(None),
-            leases: Mutex::new(std::collections::BTreeMap::new()),
+            leases: Mutex::new(leases::Leases::default()),
         })
     }
 
@@ -501,17 +502,29 @@ impl Timeline {
         Ok(())
     }
 
-    /// Leases `lsn` for [`LEASE_TTL`] (or renews it): GC keeps it readable
-    /// until then. Refused below the GC cutoff, before a branch's start,
-    /// beyond the ingested WAL.
-    pub fn lease(&self, lsn: Lsn) -> Result<Duration, ReadError> {
+    /// Leases `lsn` for [`LEASE_TTL`] (or renews it), for `holder` if
+    /// named (its earlier lease is replaced): GC keeps it readable until
+    /// then. Refused below the GC cutoff, before a branch's start, beyond
+    /// the ingested WAL; a named lease also more than `max_lag` bytes
+    /// behind the ingested WAL (a replica that lags that far is restarted
+    /// at the newest WAL rather than hold GC back).
+    pub fn lease(&self, lsn: Lsn, holder: Option<&str>, max_lag: Option<u64>) -> Result<Duration, ReadError> {
         self.check_broken()?;
         self.check_readable_point(lsn)?;
+        if let (Some(name), Some(max)) = (holder, max_lag) {
+            let last = self.record_lsns().last;
+            if last.0.saturating_sub(lsn.0) > max {
+                return Err(ReadError::NotFound(format!(
+                    "lease of {name} at {lsn}: {} bytes behind the WAL ingested ({last}), more than max_replica_lag_bytes {max}",
+                    last.0 - lsn.0
+                )));
+            }
+        }
         let mut leases = self.leases.lock();
         self.check_gc_cutoff(lsn)?;
-        let until = Instant::now() + LEASE_TTL;
-        let e = leases.entry(lsn).or_insert(until);
-        *e = (*e).max(until);
+        leases
+            .grant(lsn, holder, Instant::now() + LEASE_TTL)
+            .map_err(|e| ReadError::NotFound(format!("timeline {}: {e}", self.timeline_id)))?;
         Ok(LEASE_TTL)
     }
 
@@ -535,12 +548,10 @@ impl Timeline {
         self.check_gc_cutoff(lsn)
     }
 
-    /// The live leases, lowest LSN first, with the seconds each has left.
-    pub fn leases(&self) -> Vec<(Lsn, u64)> {
-        let now = Instant::now();
-        let mut leases = self.leases.lock();
-        leases.retain(|_, until| *until > now);
-        leases.iter().map(|(l, until)| (*l, until.duration_since(now).as_secs())).collect()
+    /// The live leases, lowest LSN first, with the seconds each has left
+    /// and its holder if named.
+    pub fn leases(&self) -> Vec<(Lsn, u64, Option<String>)> {
+        self.leases.lock().live(Instant::now())
     }
 
     /// Keeps `lsn` readable whatever GC does (a branch point): in the

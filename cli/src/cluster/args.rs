@@ -90,6 +90,16 @@ pub enum EndpointCommand {
         /// time (every transaction committed by then); writes are refused.
         #[arg(long, value_name = "LSN|TIMESTAMP")]
         at: Option<String>,
+        /// A replica of this endpoint's branch: a hot standby streaming the
+        /// branch's WAL from the safekeepers, its relation files served
+        /// lazily (`docs/replicas.md`). Kept for later starts.
+        #[arg(long, value_name = "ENDPOINT", conflicts_with = "at")]
+        replica_of: Option<String>,
+        /// A replica's queries hold back the writer's cleanup of the rows
+        /// they may still see (PostgreSQL's hot_standby_feedback); kept for
+        /// later starts.
+        #[arg(long)]
+        hot_standby_feedback: bool,
         /// The host to run on (default: where it ran before, else this
         /// machine's host if it runs computes, else the first that does). A
         /// stopped endpoint given another host moves there.

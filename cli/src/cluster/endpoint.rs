@@ -28,6 +28,8 @@ const START_WAIT: Duration = Duration::from_secs(120);
 const STOP_GRACE: Duration = Duration::from_secs(60);
 /// Longest a PostgreSQL left behind by a dead agent gets to shut down.
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
+/// Longest a writer may take to make the checkpoint a new replica starts from.
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(150);
 /// Log lines shown when an endpoint fails to start.
 const TAIL_LINES: usize = 30;
 /// File name of an endpoint's settings inside its directory.
@@ -54,6 +56,12 @@ pub struct EndpointFile {
     /// A read-only compute pinned to this LSN of its branch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_at: Option<strata_formats::Lsn>,
+    /// A replica (`docs/replicas.md`), made of this endpoint's branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_of: Option<String>,
+    /// A replica's `hot_standby_feedback`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hot_standby_feedback: bool,
     /// A lazy compute (`docs/lazy-compute.md`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lazy: bool,
@@ -67,6 +75,13 @@ pub struct EndpointFile {
 
 fn local_host() -> String {
     LOCAL_HOST.into()
+}
+
+impl EndpointFile {
+    /// The branch's writer: neither read-only nor a replica.
+    pub fn is_writer(&self) -> bool {
+        self.read_only_at.is_none() && self.replica_of.is_none()
+    }
 }
 
 /// An endpoint with its directory.
@@ -166,9 +181,9 @@ fn uri_escape(text: &str) -> String {
 }
 
 /// The endpoint's password, made at its first start: a new random one, or
-/// for a read-only endpoint the one of its branch's primary endpoint, the
-/// password its role most likely has at the LSN it reads (a primary sets
-/// its password on the role; a read-only compute cannot).
+/// for a read-only endpoint or a replica the one of its branch's primary
+/// endpoint, the password its role most likely has at the LSN it reads (a
+/// primary sets its password on the role; a standby cannot).
 fn ensure_password(wd: &Workdir, ep: &Endpoint) -> Result<String> {
     let read = |path: &std::path::Path| {
         fs::read_to_string(path).ok().and_then(|t| t.lines().next().map(str::to_string)).filter(|p| !p.is_empty())
@@ -181,12 +196,13 @@ fn ensure_password(wd: &Workdir, ep: &Endpoint) -> Result<String> {
         let others = load_all(wd).ok()?;
         others
             .iter()
-            .filter(|o| o.file.branch == ep.file.branch && o.file.read_only_at.is_none() && o.file.name != ep.file.name)
+            .filter(|o| o.file.branch == ep.file.branch && o.file.is_writer() && o.file.name != ep.file.name)
             .find_map(|o| read(&o.password_file()))
     };
-    let password = match ep.file.read_only_at {
-        Some(_) => primary().unwrap_or_else(strata_service::auth::generate_password),
-        None => strata_service::auth::generate_password(),
+    let password = if ep.file.is_writer() {
+        strata_service::auth::generate_password()
+    } else {
+        primary().unwrap_or_else(strata_service::auth::generate_password)
     };
     strata_service::auth::write_secret(&path, &password).map_err(|e| Error::Failed(e.to_string()))?;
     Ok(password)
@@ -357,6 +373,9 @@ pub struct LaunchRequest {
     pub branch: String,
     pub timeline_id: strata_protocol::TimelineId,
     pub read_only_at: Option<strata_formats::Lsn>,
+    /// A replica: how it starts.
+    #[serde(default)]
+    pub replica: Option<ReplicaLaunch>,
     /// `--port`, or the port it had on the host it moves from.
     pub port: Option<u16>,
     pub agent: AgentArgs,
@@ -365,6 +384,30 @@ pub struct LaunchRequest {
     /// The agent's own token (this tenant's data only), minted by the CLI,
     /// so that a compute host needs no signing key; none without tokens.
     pub agent_token: Option<String>,
+}
+
+/// How a replica starts (`docs/replicas.md`, "Where a replica starts").
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ReplicaLaunch {
+    /// The endpoint it was made a replica of.
+    pub of: String,
+    /// The checkpoint the branch's writer just made, if it runs: the
+    /// replica starts from it or a later one.
+    pub after: Option<strata_formats::Lsn>,
+    pub hot_standby_feedback: bool,
+}
+
+/// What `strata endpoint start` was asked besides the name.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StartOptions<'a> {
+    pub branch: Option<&'a str>,
+    pub port: Option<u16>,
+    /// `--at`: a read-only endpoint at this point.
+    pub at: Option<&'a str>,
+    /// `--replica-of`.
+    pub replica_of: Option<&'a str>,
+    pub hot_standby_feedback: bool,
+    pub host: Option<&'a str>,
 }
 
 /// An endpoint removed from a host to move to another: its settings and
@@ -391,18 +434,39 @@ pub fn forget(wd: &Workdir, name: &str) -> Result<Forgotten> {
 /// `strata endpoint start`: decides the branch, the point and the host,
 /// then starts it there (here, or through that host's node); the last line
 /// printed is the connection string.
-#[allow(clippy::too_many_arguments)]
-pub fn start(
-    wd: &Workdir,
-    name: &str,
-    branch: Option<&str>,
-    port: Option<u16>,
-    agent: &AgentArgs,
-    at: Option<&str>,
-    host: Option<&str>,
-) -> Result<()> {
+pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs) -> Result<()> {
+    let StartOptions { branch, port, at, host, .. } = *how;
     let all = inventory(wd)?;
     let old = all.iter().find(|r| r.file.name == name);
+    // A replica of a writer now, or as it was before.
+    let replica_of = how.replica_of.map(str::to_string).or(old.and_then(|o| o.file.replica_of.clone()));
+    if let (Some(_), Some(o)) = (&replica_of, old) {
+        if o.file.replica_of.is_none() {
+            return failed(format!("endpoint {name} is not a replica (use a new endpoint name for one)"));
+        }
+    }
+    if replica_of.is_some() && (at.is_some() || old.is_some_and(|o| o.file.read_only_at.is_some())) {
+        return Err(Error::Usage("a replica follows its branch: --at does not apply".into()));
+    }
+    let writer_branch = match &replica_of {
+        Some(of) => {
+            let Some(w) = all.iter().find(|r| &r.file.name == of) else {
+                return failed(format!("--replica-of {of}: no endpoint named {of:?}"));
+            };
+            if !w.file.is_writer() {
+                return failed(format!("--replica-of {of}: {of} is not its branch's writer"));
+            }
+            Some(w.file.branch.clone())
+        }
+        None => None,
+    };
+    let branch = match (branch, &writer_branch) {
+        (Some(b), Some(wb)) if b != wb => {
+            return failed(format!("a replica of {} runs on its branch {wb}, not {b}", replica_of.unwrap_or_default()))
+        }
+        (None, Some(wb)) => Some(wb.as_str()),
+        (b, _) => b,
+    };
     let branch_name = match (branch, old) {
         (Some(b), Some(o)) if b != o.file.branch => {
             return failed(format!(
@@ -441,10 +505,10 @@ pub fn start(
     };
     // One writer per timeline: a second PostgreSQL would fork its WAL. (Its
     // host checks again under its lock, for endpoints of that host.)
-    if read_only_at.is_none() {
+    if read_only_at.is_none() && replica_of.is_none() {
         for other in &all {
             if other.file.name != name
-                && other.file.read_only_at.is_none()
+                && other.file.is_writer()
                 && other.file.branch == branch_name
                 && other.state != "stopped"
             {
@@ -457,6 +521,22 @@ pub fn start(
         }
     }
     check_storage_runs(wd)?;
+    // A replica starts from a fresh checkpoint of the running writer, if any.
+    let replica = replica_of.map(|of| {
+        let writer = all.iter().find(|o| o.file.branch == branch_name && o.file.is_writer() && o.state == "running");
+        let after = writer.and_then(|w| match writer_checkpoint(wd, &w.file) {
+            Ok(lsn) => Some(lsn),
+            Err(e) => {
+                println!(
+                    "endpoint {name}: no fresh checkpoint from writer {} ({e}); starting from the last one",
+                    w.file.name
+                );
+                None
+            }
+        });
+        let feedback = how.hot_standby_feedback || old.is_some_and(|o| o.file.hot_standby_feedback);
+        ReplicaLaunch { of, after, hot_standby_feedback: feedback }
+    });
     let moved = match moving {
         Some(o) => {
             let from = hosts::host(wd, &o.file.host)?;
@@ -477,6 +557,7 @@ pub fn start(
         branch: branch_name,
         timeline_id: branch.timeline_id,
         read_only_at,
+        replica,
         port: port.or(moved.as_ref().map(|m| m.file.pg_port)),
         agent: agent.clone(),
         moved,
@@ -494,6 +575,20 @@ pub fn start(
         println!("{line}");
     }
     Ok(())
+}
+
+/// Asks a running writer's agent for a checkpoint; the checkpoint record's LSN.
+fn writer_checkpoint(wd: &Workdir, writer: &EndpointFile) -> Result<strata_formats::Lsn> {
+    let host = hosts::host(wd, &writer.host)?;
+    let at = std::net::SocketAddr::new(host.address, writer.http_port);
+    let url = format!("{}://{at}/v1/checkpoint", super::http::scheme());
+    let r = http::post(&url, &serde_json::json!({}), CHECKPOINT_WAIT).map_err(Error::Failed)?;
+    if r.status != 200 {
+        return failed(format!("HTTP {}: {}", r.status, r.error_text()));
+    }
+    r.json::<strata_protocol::api::compute::CheckpointResponse>()
+        .map(|c| c.checkpoint_lsn)
+        .map_err(|e| Error::Failed(format!("{url}: {e}")))
 }
 
 /// Where a new endpoint goes without `--host`: this machine's host if it
@@ -541,7 +636,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     let agent = &req.agent;
     // One writer per timeline, among this host's endpoints, under the lock.
     for other in load_all(wd)? {
-        if read_only_at.is_some() || other.file.read_only_at.is_some() {
+        if read_only_at.is_some() || req.replica.is_some() || !other.file.is_writer() {
             continue;
         }
         if other.file.name != name && other.file.branch == branch_name {
@@ -579,6 +674,8 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
             pg_port,
             http_port,
             read_only_at,
+            replica_of: req.replica.as_ref().map(|r| r.of.clone()),
+            hot_standby_feedback: req.replica.as_ref().is_some_and(|r| r.hot_standby_feedback),
             lazy,
             cache_mb,
             fetch_retry_secs,
@@ -654,6 +751,16 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     }
     if let Some(lsn) = read_only_at {
         args.extend(["--read-only-at".into(), lsn.to_string().into()]);
+    }
+    if let Some(replica) = &req.replica {
+        let replication: Vec<String> = c.of_kind(Kind::Safekeeper).filter_map(|s| s.addr("pg")).collect();
+        args.extend(["--replica".into(), name.into(), "--safekeeper-replication".into(), replication.join(",").into()]);
+        if let Some(lsn) = replica.after {
+            args.extend(["--replica-after".into(), lsn.to_string().into()]);
+        }
+        if replica.hot_standby_feedback {
+            args.push("--hot-standby-feedback".into());
+        }
     }
     if lazy {
         args.extend(["--lazy-page-service".into(), ps.addr("pg").unwrap_or_default().into()]);
@@ -907,6 +1014,8 @@ mod tests {
             pg_port: 5432,
             http_port: 8080,
             read_only_at: None,
+            replica_of: None,
+            hot_standby_feedback: false,
             lazy: false,
             cache_mb: None,
             fetch_retry_secs: Some(3),

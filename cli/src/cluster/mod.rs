@@ -184,13 +184,21 @@ pub fn replace_safekeeper(old: &str, new: &str, workdir: WorkdirArgs) -> i32 {
 /// `strata endpoint start|stop|list`.
 pub fn endpoint(cmd: EndpointCommand) -> i32 {
     match cmd {
-        EndpointCommand::Start { name, branch, port, at, host, agent, workdir } => {
+        EndpointCommand::Start { name, branch, port, at, replica_of, hot_standby_feedback, host, agent, workdir } => {
             let result = (|| {
                 workdir.plain("endpoint start")?;
                 let wd = open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
                 let _lock = wd.lock()?;
-                endpoint::start(&wd, &name, branch.as_deref(), port, &agent, at.as_deref(), host.as_deref())
+                let how = endpoint::StartOptions {
+                    branch: branch.as_deref(),
+                    port,
+                    at: at.as_deref(),
+                    replica_of: replica_of.as_deref(),
+                    hot_standby_feedback,
+                    host: host.as_deref(),
+                };
+                endpoint::start(&wd, &name, &how, &agent)
             })();
             exit_code("endpoint start", result)
         }

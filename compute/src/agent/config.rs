@@ -63,6 +63,9 @@ pub struct AgentConfig {
     /// source, `docs/branches.md`): no safekeepers, no proposer; the agent
     /// holds a lease on the LSN.
     pub read_only_at: Option<strata_formats::Lsn>,
+    /// A replica: a hot standby of the branch that streams its WAL from
+    /// the safekeepers (`docs/replicas.md`); no proposer, no election.
+    pub replica: Option<ReplicaConfig>,
     /// A lazy compute (`docs/lazy-compute.md`): relation files served
     /// through FUSE from the page service at this address (`host:port`)
     /// instead of restored.
@@ -91,6 +94,32 @@ pub struct AgentConfig {
     /// `pg_role` over TCP (SCRAM-SHA-256); read at every start, so a new
     /// password takes effect with the next one (`docs/security.md`).
     pub password_file: PathBuf,
+}
+
+/// What a replica needs besides a compute's settings.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// Its name (the endpoint's): the pageserver's lease of its read floor
+    /// is held under it.
+    pub name: String,
+    /// The safekeepers' replication services (`host:port`), tried in turn
+    /// by PostgreSQL's walreceiver.
+    pub replication: Vec<String>,
+    /// Start from a checkpoint record at or after this LSN (the one the
+    /// writer was just asked to make): the pageserver is waited for until
+    /// it has ingested it. None: the last checkpoint record ingested.
+    pub after: Option<strata_formats::Lsn>,
+    /// The cluster CA's certificate: the walreceiver checks the
+    /// safekeepers' certificates against it (a copy in the data directory).
+    pub ca_file: Option<PathBuf>,
+    /// `hot_standby_feedback`: the replica's oldest snapshot holds back
+    /// the writer's cleanup (`docs/replicas.md`, "Lag").
+    pub hot_standby_feedback: bool,
+    /// A replica whose replay falls further behind the branch's WAL than
+    /// this is restarted at the newest WAL (its lease would hold GC back).
+    pub max_lag_bytes: u64,
+    /// The same in time: the oldest WAL it has not replayed is older than this.
+    pub max_lag: Duration,
 }
 
 impl AgentConfig {
@@ -130,6 +159,7 @@ impl AgentConfig {
             failed_linger: Duration::from_secs(1),
             restart: RestartPolicy::default(),
             read_only_at: None,
+            replica: None,
             lazy_page_service: None,
             lazy_cache_bytes: 1 << 30,
             lazy_fetch_retry: crate::lazy::source::RETRY_FOR,

@@ -17,7 +17,7 @@ use super::config::AgentConfig;
 use super::error::{fail, AgentError};
 use super::pageserver_api::PageserverClient;
 use crate::lazy::cache::Cache;
-use crate::lazy::fs::{mount, LazyHooks, LazyStats, Mount};
+use crate::lazy::fs::{mount, LazyHooks, LazyStats, Mount, ReadFloor};
 use crate::lazy::source::PageServiceSource;
 use crate::page_client::PageClientConfig;
 
@@ -38,19 +38,21 @@ pub struct LazyMounts {
     sessions: Mutex<Vec<(fuser::BackgroundSession, PathBuf)>>,
     /// Stops the current run's ingest poller.
     poller_stop: Mutex<Option<Arc<AtomicBool>>>,
+    /// The current run's cache, for a replica's agent to move its floor.
+    cache: Mutex<Weak<Cache>>,
     stats: Arc<LazyStats>,
 }
 
 /// Tells `cache` the pageserver's ingested LSN every [`INGEST_POLL`] until
-/// `stop` is set or the cache is gone, and with `floating` (a read-write
-/// compute) moves the read floor there too, so that its reads stay above
-/// the GC cutoff however long it runs. Failures only delay evictions of
-/// written blocks and the floor.
+/// `stop` is set or the cache is gone, and for a writer
+/// ([`ReadFloor::Ingested`]) moves the read floor there too, so that its
+/// reads stay above the GC cutoff however long it runs. Failures only
+/// delay evictions of written blocks and the floor.
 fn poll_ingested(
     cache: Weak<Cache>,
     pageserver: PageserverClient,
     cfg: (strata_protocol::TenantId, strata_protocol::TimelineId),
-    floating: bool,
+    floor: ReadFloor,
     stop: Arc<AtomicBool>,
 ) {
     let mut warned = false;
@@ -59,7 +61,7 @@ fn poll_ingested(
         match pageserver.timeline(cfg.0, cfg.1) {
             Ok(info) => {
                 cache.set_ingested(info.last_record_lsn);
-                if floating {
+                if floor == ReadFloor::Ingested {
                     cache.set_floor(info.last_record_lsn);
                 }
                 warned = false;
@@ -100,6 +102,20 @@ impl LazyMounts {
     /// Counters of the file system, over every run.
     pub fn stats(&self) -> &Arc<LazyStats> {
         &self.stats
+    }
+
+    /// A replica's read floor follows its replay: max(start, min(`replay`,
+    /// ingested)), never above `replay` (`docs/replicas.md`, rule 1).
+    /// Returns the floor, or `None` without a mounted cache.
+    pub fn follow_replay(&self, replay: Lsn) -> Option<Lsn> {
+        let cache = self.cache.lock().upgrade()?;
+        cache.set_floor(replay.min(cache.ingested()));
+        Some(cache.floor())
+    }
+
+    /// The pageserver's ingested LSN as the cache last learnt it, if mounted.
+    pub fn ingested(&self) -> Option<Lsn> {
+        self.cache.lock().upgrade().map(|c| c.ingested())
     }
 
     /// Unmounts this run's mounts, and detaches any other mount left on
@@ -166,20 +182,24 @@ impl LazyMounts {
         if let Some(old) = self.poller_stop.lock().replace(stop.clone()) {
             old.store(true, Ordering::Relaxed);
         }
-        let floating = cfg.read_only_at.is_none();
-        if floating {
+        let floor = match (cfg.read_only_at, &cfg.replica) {
+            (Some(_), _) => ReadFloor::Fixed,
+            (None, Some(_)) => ReadFloor::Replay,
+            (None, None) => ReadFloor::Ingested,
+        };
+        if floor != ReadFloor::Fixed {
             cache.set_floor(lsn);
         }
+        *self.cache.lock() = Arc::downgrade(&cache);
         let (weak, ps, ids) = (Arc::downgrade(&cache), cfg.pageserver_client(), (cfg.tenant_id, cfg.timeline_id));
         std::thread::Builder::new()
             .name("lazy-ingest-poll".into())
-            .spawn(move || poll_ingested(weak, ps, ids, floating, stop))
+            .spawn(move || poll_ingested(weak, ps, ids, floor, stop))
             .map_err(|e| fail("lazy mount", format!("starting the ingest poller: {e}")))?;
-        let prepared =
-            tokio::task::spawn_blocking(move || prepare(&pgdata, lsn, owner, source, stats, cache, floating))
-                .await
-                .map_err(|e| fail("lazy mount", format!("task: {e}")))?
-                .map_err(|e| fail("lazy mount", e))?;
+        let prepared = tokio::task::spawn_blocking(move || prepare(&pgdata, lsn, owner, source, stats, cache, floor))
+            .await
+            .map_err(|e| fail("lazy mount", format!("task: {e}")))?
+            .map_err(|e| fail("lazy mount", e))?;
         let mut sessions = self.sessions.lock();
         let mut files = 0;
         for (hooks, mountpoint) in prepared {
@@ -201,7 +221,7 @@ fn prepare(
     source: Arc<PageServiceSource>,
     stats: Arc<LazyStats>,
     cache: Arc<Cache>,
-    floating: bool,
+    floor: ReadFloor,
 ) -> Result<Vec<(LazyHooks, PathBuf)>, String> {
     let manifest_path = pgdata.join(MANIFEST_NAME);
     let bytes = std::fs::read(&manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
@@ -228,7 +248,7 @@ fn prepare(
         let hooks =
             LazyHooks::new(which, to.clone(), &manifest.entries, lsn, owner, source, stats.clone(), cache.clone())
                 .map_err(|e| format!("backing files in {}: {e}", to.display()))?;
-        out.push((if floating { hooks.floating() } else { hooks }, from));
+        out.push((hooks.with_floor(floor), from));
     }
     Ok(out)
 }

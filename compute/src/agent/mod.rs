@@ -25,6 +25,7 @@ pub mod leftover;
 pub mod pageserver_api;
 pub mod pgconf;
 pub mod postgres;
+mod replica;
 pub mod restart;
 mod running;
 mod start;
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-pub use config::AgentConfig;
+pub use config::{AgentConfig, ReplicaConfig};
 use error::fail;
 pub use error::AgentError;
 
@@ -108,11 +109,22 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             timings: StartTimings::default(),
             restart: RestartStatus::default(),
             lazy: None,
+            replica: None,
         },
         proposer_rx,
     );
     let lazy = lazy::LazyMounts::default();
     let status = if cfg.lazy_page_service.is_some() { status.with_lazy(lazy.stats().clone()) } else { status };
+    let status = if cfg.read_only_at.is_none() && cfg.replica.is_none() {
+        let dir = pgconf::socket_dir(&pgdata, cfg.pg_port);
+        status.with_sql(crate::pg_replication::ReplicationConfig {
+            application_name: "strata_agent".into(),
+            replication: false,
+            ..crate::pg_replication::ReplicationConfig::new(dir.to_string_lossy(), cfg.pg_port, cfg.pg_role.clone())
+        })
+    } else {
+        status
+    };
     let verifier = match &cfg.auth_public_key {
         Some(path) => Some(std::sync::Arc::new(
             strata_service::auth::Verifier::load(path).map_err(|e| fail("auth", e.to_string()))?,

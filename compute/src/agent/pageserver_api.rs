@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_formats::Lsn;
-use strata_protocol::api::pageserver::LeaseRequest;
+use strata_protocol::api::pageserver::{CheckpointRecordResponse, LeaseRequest};
 use strata_protocol::api::ErrorBody;
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::Token;
@@ -103,31 +103,55 @@ impl PageserverClient {
 
     /// `GET /v1/tenant/{tenant}/timeline/{timeline}`.
     pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<TimelineStatus, ApiError> {
-        let url = self.timeline_url(tenant, timeline);
-        let mut request = self.json.get(&url);
+        self.get_json(&self.timeline_url(tenant, timeline), "timeline description")
+    }
+
+    /// `GET …/checkpoint_record?lsn=`: the last checkpoint record that ends
+    /// at or before `lsn`, where a standby can start (`docs/replicas.md`).
+    pub fn checkpoint_record(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        lsn: Lsn,
+    ) -> Result<CheckpointRecordResponse, ApiError> {
+        let url = format!("{}/checkpoint_record?lsn={}", self.timeline_url(tenant, timeline), lsn_query(lsn));
+        self.get_json(&url, "checkpoint record")
+    }
+
+    /// A GET answered with JSON (`what` names it in errors).
+    fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str, what: &str) -> Result<T, ApiError> {
+        let mut request = self.json.get(url);
         if let Some(auth) = self.authorization() {
             request = request.header("Authorization", auth);
         }
-        let response = request.call().map_err(|e| transport_error(&url, e))?;
+        let response = request.call().map_err(|e| transport_error(url, e))?;
         let status = response.status().as_u16();
         let text = response
             .into_body()
             .with_config()
             .limit(MAX_JSON_BYTES)
             .read_to_string()
-            .map_err(|e| transport_error(&url, e))?;
+            .map_err(|e| transport_error(url, e))?;
         if status != 200 {
-            return Err(ApiError::Status { url, status, message: error_message(&text) });
+            return Err(ApiError::Status { url: url.to_string(), status, message: error_message(&text) });
         }
         serde_json::from_str(&text)
-            .map_err(|e| ApiError::Invalid { url, message: format!("unexpected timeline description: {e}") })
+            .map_err(|e| ApiError::Invalid { url: url.to_string(), message: format!("unexpected {what}: {e}") })
     }
 
     /// `POST …/lease`: keeps `lsn` readable for a while (a read-only
     /// compute renews it every minute, `docs/branches.md`).
-    pub fn lease(&self, tenant: TenantId, timeline: TimelineId, lsn: Lsn) -> Result<(), ApiError> {
+    /// A replica names itself (`holder`): its lease moves with it.
+    pub fn lease(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        lsn: Lsn,
+        holder: Option<&str>,
+    ) -> Result<(), ApiError> {
         let url = format!("{}/lease", self.timeline_url(tenant, timeline));
-        let body = serde_json::to_string(&LeaseRequest { lsn }).expect("a lease request serializes");
+        let body = serde_json::to_string(&LeaseRequest { lsn, holder: holder.map(str::to_string) })
+            .expect("a lease request serializes");
         let mut request = self.json.post(&url).content_type("application/json");
         if let Some(auth) = self.authorization() {
             request = request.header("Authorization", auth);
@@ -149,15 +173,19 @@ impl PageserverClient {
         tenant: TenantId,
         timeline: TimelineId,
         lsn: Lsn,
-        read_only: bool,
+        kind: BasebackupKind,
         lazy: bool,
     ) -> Result<impl Read + Send + 'static, ApiError> {
-        let lsn_text = lsn.to_string().replace('/', "%2F");
         let url = format!(
-            "{}/basebackup?lsn={lsn_text}&{}{}",
+            "{}/basebackup?lsn={}&{}{}",
             self.timeline_url(tenant, timeline),
+            lsn_query(lsn),
             if lazy { "lazy=true" } else { "full=true" },
-            if read_only { "&read_only=true" } else { "" }
+            match kind {
+                BasebackupKind::Writer => "",
+                BasebackupKind::ReadOnly => "&read_only=true",
+                BasebackupKind::Standby => "&standby=true",
+            }
         );
         let mut request = self.stream.get(&url);
         if let Some(auth) = self.authorization() {
@@ -171,6 +199,23 @@ impl PageserverClient {
         }
         Ok(response.into_body().into_reader())
     }
+}
+
+/// Which basebackup a compute starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BasebackupKind {
+    /// A writer's, at the end of the ingested WAL.
+    Writer,
+    /// A read-only compute's, at any LSN.
+    ReadOnly,
+    /// A replica's: at the redo point of the last checkpoint record at or
+    /// before the LSN, starting archive recovery (`docs/replicas.md`).
+    Standby,
+}
+
+/// An LSN as a query parameter (`/` escaped).
+fn lsn_query(lsn: Lsn) -> String {
+    lsn.to_string().replace('/', "%2F")
 }
 
 fn transport_error(url: &str, e: ureq::Error) -> ApiError {

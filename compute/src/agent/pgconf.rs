@@ -26,9 +26,112 @@ pub struct PgSettings {
     pub application_name: String,
     /// A read-only compute: a hot standby with no WAL source.
     pub read_only: bool,
+    /// A replica: a hot standby streaming from the safekeepers.
+    pub standby: Option<StandbySettings>,
     /// This host's certificate and key files: copied into the data
     /// directory, and PostgreSQL serves TLS with them.
     pub tls_files: Option<(PathBuf, PathBuf)>,
+}
+
+/// How a replica's walreceiver reaches the safekeepers (`docs/replicas.md`).
+#[derive(Clone, Debug)]
+pub struct StandbySettings {
+    /// The safekeepers' replication services, `host:port`, tried in turn.
+    pub replication: Vec<String>,
+    /// The role it logs in as.
+    pub user: String,
+    /// The tenant token it logs in with (the password of the safekeepers'
+    /// replication service); kept in a password file, not in the settings.
+    pub token: Option<String>,
+    /// The cluster CA: TLS with the safekeepers' certificates verified.
+    pub ca_file: Option<PathBuf>,
+    /// `tenant_id/timeline_id`: which timeline the safekeepers stream.
+    pub timeline: String,
+    /// `hot_standby_feedback`.
+    pub feedback: bool,
+}
+
+/// The replica's password file and CA copy in the data directory.
+const REPLICATION_PASSFILE: &str = "strata_replication.pgpass";
+const REPLICATION_CA: &str = "strata_ca.pem";
+/// A file that is never there: the walreceiver presents no client certificate.
+const NO_CLIENT_CERT: &str = "strata_no_client_certificate";
+
+impl StandbySettings {
+    /// `primary_conninfo`: every safekeeper in libpq's list of hosts. The
+    /// stream's records lose their consistency-check flags on the way
+    /// (`strata.strip_consistency`): the writer logs them for the
+    /// pageserver, and a stock standby would otherwise redo every such
+    /// record twice to compare.
+    pub fn conninfo(&self, pgdata: &Path) -> Result<String, ConfigError> {
+        let mut hosts = Vec::new();
+        let mut ports = Vec::new();
+        for addr in &self.replication {
+            let sa: std::net::SocketAddr = addr
+                .parse()
+                .map_err(|_| ConfigError::Invalid(format!("replication service {addr:?}: expected ip:port")))?;
+            hosts.push(sa.ip().to_string());
+            ports.push(sa.port().to_string());
+        }
+        if hosts.is_empty() {
+            return Err(ConfigError::Invalid("a replica needs the safekeepers' replication services".into()));
+        }
+        let plain = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-/.".contains(&b));
+        if !plain(&self.user) || !plain(&self.timeline) {
+            return Err(ConfigError::Invalid(format!("role {:?} or timeline {:?}", self.user, self.timeline)));
+        }
+        let path = |name: &str| {
+            let p = pgdata.join(name);
+            let text = p.to_string_lossy().into_owned();
+            if text.contains(['\'', '\\', ' ', '\n']) {
+                Err(ConfigError::Invalid(format!(
+                    "data directory path {} has a quote, space or newline",
+                    pgdata.display()
+                )))
+            } else {
+                Ok(text)
+            }
+        };
+        let mut out = format!("host={} port={} user={}", hosts.join(","), ports.join(","), self.user);
+        if self.token.is_some() {
+            out.push_str(&format!(" passfile={}", path(REPLICATION_PASSFILE)?));
+        }
+        match &self.ca_file {
+            // No client certificate: named explicitly, libpq would look in
+            // the home directory of the agent's user, which PostgreSQL's
+            // user may not enter (and that is an error, not "none").
+            Some(_) => out.push_str(&format!(
+                " sslmode=verify-full sslrootcert={} sslcert={} sslkey={}",
+                path(REPLICATION_CA)?,
+                path(NO_CLIENT_CERT)?,
+                path(NO_CLIENT_CERT)?
+            )),
+            None => out.push_str(" sslmode=disable"),
+        }
+        out.push_str(&format!(
+            " application_name=strata_replica options='-c strata.timeline={} -c strata.strip_consistency=on'",
+            self.timeline
+        ));
+        Ok(out)
+    }
+
+    /// Writes the password file (mode 0600, as libpq demands) and the CA copy.
+    fn write_files(&self, pgdata: &Path) -> Result<(), ConfigError> {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(token) = &self.token {
+            // pgpass fields escape `:` and `\`.
+            let escaped = token.replace('\\', "\\\\").replace(':', "\\:");
+            let path = pgdata.join(REPLICATION_PASSFILE);
+            write(path.clone(), &format!("*:*:*:*:{escaped}\n"))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|source| ConfigError::Io { path, source })?;
+        }
+        if let Some(ca) = &self.ca_file {
+            let to = pgdata.join(REPLICATION_CA);
+            std::fs::copy(ca, &to).map_err(|source| ConfigError::Io { path: ca.clone(), source })?;
+        }
+        Ok(())
+    }
 }
 
 /// The names of the certificate and key in the data directory.
@@ -113,7 +216,7 @@ fn validate(s: &PgSettings) -> Result<(), ConfigError> {
 }
 
 /// The text of `postgresql.conf`.
-pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
+pub fn postgresql_conf(s: &PgSettings, pgdata: &Path) -> Result<String, ConfigError> {
     validate(s)?;
     let mut out = String::from("# Written by the Strata compute agent at every start; edits are lost.\n\n");
     let mut set = |comment: &str, name: &str, value: String| {
@@ -226,6 +329,21 @@ pub fn postgresql_conf(s: &PgSettings) -> Result<String, ConfigError> {
         "logging_collector",
         "off".into(),
     );
+    if let Some(standby) = &s.standby {
+        set(
+            "A replica: a hot standby of the branch, streaming its committed WAL from\n\
+             the safekeepers (docs/replicas.md).",
+            "primary_conninfo",
+            quote(&standby.conninfo(pgdata)?),
+        );
+        set("", "hot_standby", "on".into());
+        set("", "hot_standby_feedback", if standby.feedback { "on" } else { "off" }.into());
+        set(
+            "Replay position reported often: the agent's read floor and lag follow it.",
+            "wal_receiver_status_interval",
+            quote("1s"),
+        );
+    }
     Ok(out)
 }
 
@@ -306,7 +424,7 @@ pub fn prepare_socket_dir(dir: &Path, pgdata: &Path, owner: Option<(u32, u32)>) 
 /// `pg_hba.conf` replaced, `postgresql.auto.conf` emptied, an empty
 /// `pg_ident.conf` if there is none.
 pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
-    let conf = postgresql_conf(s)?;
+    let conf = postgresql_conf(s, pgdata)?;
     write(pgdata.join("postgresql.conf"), &conf)?;
     write(
         pgdata.join("postgresql.auto.conf"),
@@ -334,7 +452,10 @@ pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
     // nothing after the basebackup's checkpoint: it stays at that LSN, and
     // PostgreSQL itself refuses every write.
     let signal = pgdata.join("standby.signal");
-    if s.read_only {
+    if let Some(standby) = &s.standby {
+        standby.write_files(pgdata)?;
+    }
+    if s.read_only || s.standby.is_some() {
         write(signal, "")?;
     } else if signal.exists() {
         std::fs::remove_file(&signal).map_err(|e| ConfigError::Io { path: signal.clone(), source: e })?;
@@ -350,6 +471,8 @@ pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
 
+    const PGDATA: &str = "/srv/compute/pgdata";
+
     fn settings() -> PgSettings {
         PgSettings {
             port: 55432,
@@ -359,6 +482,7 @@ mod tests {
             verify_redo: false,
             application_name: "strata_proposer".into(),
             read_only: false,
+            standby: None,
             tls_files: None,
         }
     }
@@ -376,7 +500,7 @@ mod tests {
 
     #[test]
     fn generates_the_settings() {
-        let conf = postgresql_conf(&settings()).unwrap();
+        let conf = postgresql_conf(&settings(), Path::new(PGDATA)).unwrap();
         let map = settings_of(&conf);
         let get = |name: &str| map.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         assert_eq!(get("port"), Some("55432"));
@@ -424,7 +548,7 @@ mod tests {
         assert_eq!(quote(r"a\b"), r"'a\\b'");
         let mut s = settings();
         s.socket_dir = PathBuf::from("/srv/o'neil/pgdata");
-        let conf = postgresql_conf(&s).unwrap();
+        let conf = postgresql_conf(&s, Path::new(PGDATA)).unwrap();
         assert!(conf.contains("unix_socket_directories = '/srv/o''neil/pgdata'"), "{conf}");
     }
 
@@ -441,7 +565,7 @@ mod tests {
             PgSettings { port: 0, ..settings() },
         ];
         for s in bad {
-            assert!(matches!(postgresql_conf(&s), Err(ConfigError::Invalid(_))), "{s:?}");
+            assert!(matches!(postgresql_conf(&s, Path::new(PGDATA)), Err(ConfigError::Invalid(_))), "{s:?}");
         }
     }
 
@@ -462,9 +586,15 @@ mod tests {
     fn other_hosts_reach_postgres_over_tls_only() {
         let addr: std::net::IpAddr = "10.77.0.15".parse().unwrap();
         let without_tls = PgSettings { host_address: Some(addr), ..settings() };
-        assert!(matches!(postgresql_conf(&without_tls), Err(ConfigError::Invalid(e)) if e.contains("needs TLS")));
+        assert!(
+            matches!(postgresql_conf(&without_tls, Path::new(PGDATA)), Err(ConfigError::Invalid(e)) if e.contains("needs TLS"))
+        );
         let files = Some((PathBuf::from("/c/h.pem"), PathBuf::from("/c/h.key")));
-        let conf = postgresql_conf(&PgSettings { host_address: Some(addr), tls_files: files, ..settings() }).unwrap();
+        let conf = postgresql_conf(
+            &PgSettings { host_address: Some(addr), tls_files: files, ..settings() },
+            Path::new(PGDATA),
+        )
+        .unwrap();
         assert!(conf.contains("listen_addresses = '127.0.0.1,10.77.0.15'"), "{conf}");
         let hba = pg_hba_conf(true);
         let beyond: Vec<&str> = hba.lines().filter(|l| !l.starts_with('#') && !l.contains("127.0.0.1/32")).collect();
@@ -478,11 +608,11 @@ mod tests {
 
     #[test]
     fn tls_only_with_certificate_files() {
-        let plain = postgresql_conf(&settings()).unwrap();
+        let plain = postgresql_conf(&settings(), Path::new(PGDATA)).unwrap();
         assert!(!plain.contains("\nssl = on"), "{plain}");
         assert!(plain.contains("password_encryption = 'scram-sha-256'"));
         let files = Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")));
-        let tls = postgresql_conf(&PgSettings { tls_files: files, ..settings() }).unwrap();
+        let tls = postgresql_conf(&PgSettings { tls_files: files, ..settings() }, Path::new(PGDATA)).unwrap();
         for line in ["ssl = on", "ssl_cert_file = 'server.crt'", "ssl_key_file = 'server.key'"] {
             assert!(tls.lines().any(|l| l == line), "{line} in {tls}");
         }
@@ -497,7 +627,7 @@ mod tests {
         assert_ne!(dir, deep);
         assert_eq!(dir, socket_dir(&deep, 5432), "stable across restarts");
         assert_ne!(dir, socket_dir(&deep.join("other"), 5432));
-        assert!(postgresql_conf(&PgSettings { socket_dir: dir.clone(), ..settings() }).is_ok());
+        assert!(postgresql_conf(&PgSettings { socket_dir: dir.clone(), ..settings() }, Path::new(PGDATA)).is_ok());
 
         prepare_socket_dir(&dir, &deep, None).unwrap();
         prepare_socket_dir(&dir, &deep, None).unwrap();

@@ -50,6 +50,9 @@ impl Agent {
         if let Some(lsn) = self.cfg.read_only_at {
             return self.run_read_only(stop, started.pg, lsn, attempt).await;
         }
+        if self.cfg.replica.is_some() {
+            return self.run_replica(stop, started.pg, attempt).await;
+        }
         let Started { mut pg, proposer_cfg, repl } = started;
         let (proposer_stop_tx, proposer_stop_rx) = watch::channel(false);
         let mut proposer_status = proposer_tx.subscribe();
@@ -144,35 +147,12 @@ impl Agent {
         renew.tick().await; // the lease was just taken
         loop {
             tokio::select! {
-                exit = pg.wait() => {
-                    let (error, cause) = match exit {
-                        Ok(status) => (
-                            fail("running", format!("PostgreSQL stopped unexpectedly: {}", pg.unexpected_exit(status))),
-                            pg.exit_cause(status),
-                        ),
-                        Err(e) => {
-                            let message = format!("PostgreSQL stopped unexpectedly: {e}");
-                            (fail("running", &message), message)
-                        }
-                    };
-                    let _ = pg.stop_everything().await;
-                    return RunEnd::Failed { error, cause, running_since: Some(running_since) };
-                }
-                dead = self.lazy.died() => {
-                    let why = format!("the lazy file system's mount of {} is no longer served", dead.display());
-                    warn!("{why}; stopping PostgreSQL");
-                    let _ = pg.stop_everything().await;
-                    return RunEnd::Failed { error: fail("running", &why), cause: why, running_since: Some(running_since) };
-                }
-                _ = stop_requested(stop) => {
-                    self.status.set_state(AgentState::Stopping);
-                    info!(pid = pg.pid(), "stopping the read-only PostgreSQL");
-                    let stopped = pg.stop(self.cfg.stop_timeout).await.map(|_| ()).map_err(|e| fail("stopping", e));
-                    return RunEnd::Stopped(stopped);
-                }
+                exit = pg.wait() => return self.standby_exited(&mut pg, exit, running_since).await,
+                dead = self.lazy.died() => return self.standby_mount_died(&mut pg, &dead, running_since).await,
+                _ = stop_requested(stop) => return self.stop_standby(&mut pg).await,
                 _ = renew.tick() => {
                     let (c, tenant, timeline) = (client.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
-                    match tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn)).await {
+                    match tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn, None)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => warn!(%lsn, "renewing the lease: {e}"),
                         Err(e) => warn!(%lsn, "renewing the lease: {e}"),
@@ -182,8 +162,49 @@ impl Agent {
         }
     }
 
+    /// A standby's PostgreSQL (read-only or replica) exited on its own.
+    pub(super) async fn standby_exited(
+        &self,
+        pg: &mut Postgres,
+        exit: Result<std::process::ExitStatus, super::postgres::PostgresError>,
+        running_since: Instant,
+    ) -> RunEnd {
+        let (error, cause) = match exit {
+            Ok(status) => (
+                fail("running", format!("PostgreSQL stopped unexpectedly: {}", pg.unexpected_exit(status))),
+                pg.exit_cause(status),
+            ),
+            Err(e) => {
+                let message = format!("PostgreSQL stopped unexpectedly: {e}");
+                (fail("running", &message), message)
+            }
+        };
+        let _ = pg.stop_everything().await;
+        RunEnd::Failed { error, cause, running_since: Some(running_since) }
+    }
+
+    /// A standby's mount stopped being served: PostgreSQL goes, to start afresh.
+    pub(super) async fn standby_mount_died(
+        &self,
+        pg: &mut Postgres,
+        dead: &std::path::Path,
+        running_since: Instant,
+    ) -> RunEnd {
+        let why = format!("the lazy file system's mount of {} is no longer served", dead.display());
+        warn!("{why}; stopping PostgreSQL");
+        let _ = pg.stop_everything().await;
+        RunEnd::Failed { error: fail("running", &why), cause: why, running_since: Some(running_since) }
+    }
+
+    /// A requested stop of a standby: PostgreSQL's fast shutdown (it writes no WAL).
+    pub(super) async fn stop_standby(&self, pg: &mut Postgres) -> RunEnd {
+        self.status.set_state(AgentState::Stopping);
+        info!(pid = pg.pid(), "stopping the standby PostgreSQL");
+        RunEnd::Stopped(pg.stop(self.cfg.stop_timeout).await.map(|_| ()).map_err(|e| fail("stopping", e)))
+    }
+
     /// PostgreSQL streams its WAL to the proposer: commits can complete.
-    fn now_running(&self, proposer_started: Instant, attempt: Attempt) {
+    pub(super) fn now_running(&self, proposer_started: Instant, attempt: Attempt) {
         let seconds = proposer_started.elapsed().as_secs_f64();
         let total = attempt.began.elapsed().as_secs_f64();
         let downtime = attempt.down_since.map(|t| t.elapsed().as_secs_f64());

@@ -12,7 +12,7 @@ use strata_protocol::safekeeper::TimelineIdentity;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::pageserver_api::{self, PageserverClient};
+use super::pageserver_api::{self, BasebackupKind, PageserverClient};
 use super::postgres::{self, OsUser, Postgres};
 use super::running::Started;
 use super::status::{AgentState, StartTimings};
@@ -22,7 +22,8 @@ use super::{
 };
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
-use strata_protocol::api::pageserver::TimelineState;
+use strata_protocol::api::compute::ReplicaStatus;
+use strata_protocol::api::pageserver::{CheckpointRecordResponse, TimelineState};
 
 /// How a start ended before PostgreSQL ran with its proposer.
 enum StartEnd {
@@ -73,7 +74,7 @@ impl Agent {
     /// A connection through the Unix socket (trusted: its directory is
     /// private to PostgreSQL's user), for the agent's own work before the
     /// role's password is known to be set.
-    fn socket_config(&self, replication: bool) -> ReplicationConfig {
+    pub(super) fn socket_config(&self, replication: bool) -> ReplicationConfig {
         let dir = pgconf::socket_dir(&self.pgdata, self.cfg.pg_port);
         ReplicationConfig {
             application_name: "strata_agent".into(),
@@ -94,10 +95,10 @@ impl Agent {
             Err(e) if e.code() == Some(SQLSTATE_INVALID_PASSWORD) => e,
             Err(e) => return Err(fail("password", format!("logging in as {}: {e}", self.cfg.pg_role))),
         };
-        if self.cfg.read_only_at.is_some() {
+        if self.cfg.read_only_at.is_some() || self.cfg.replica.is_some() {
             warn!(
                 role = %self.cfg.pg_role,
-                "the role's password at this LSN is not this endpoint's ({refused}); a read-only compute cannot set it"
+                "the role's password in the branch is not this endpoint's ({refused}); a standby cannot set it"
             );
             return Ok(());
         }
@@ -178,14 +179,44 @@ impl Agent {
         proposer_cfg.max_consumer_lag_bytes = self.cfg.max_consumer_lag_bytes;
         proposer_cfg.token = self.cfg.token.clone();
         proposer_cfg.tls = self.cfg.tls_client.clone();
-        let lsn = match self.cfg.read_only_at {
+        // A replica's basebackup is asked for at its checkpoint record's end
+        // and holds the data at the record's redo point, `lsn`.
+        let mut basebackup_at = None;
+        let lsn = match (self.cfg.read_only_at, &self.cfg.replica) {
             // A read-only compute writes no WAL: no election, its point is given.
-            Some(lsn) => {
+            (Some(lsn), _) => {
                 self.status.update(|s| s.start_lsn = Some(lsn));
                 info!(%lsn, "read-only at a fixed LSN: the safekeepers are not involved");
                 lsn
             }
-            None => {
+            // A replica writes no WAL either: it starts from a checkpoint record.
+            (None, Some(replica)) => {
+                let Some(record) = unless_stopped(stop, self.replica_start_point(&client, replica.after)).await else {
+                    return stopped_early();
+                };
+                let record = step!(record);
+                let seconds = t.elapsed().as_secs_f64();
+                self.status.update(|s| {
+                    s.start_lsn = Some(record.redo);
+                    s.timings.sync_seconds = seconds;
+                });
+                let lag_restarts = self.status.agent().replica.map_or(0, |r| r.lag_restarts);
+                self.status.update(|s| {
+                    s.replica = Some(ReplicaStatus {
+                        checkpoint_lsn: record.lsn,
+                        redo_lsn: record.redo,
+                        lag_restarts,
+                        ..ReplicaStatus::default()
+                    })
+                });
+                info!(
+                    seconds, checkpoint = %record.lsn, redo = %record.redo, shutdown = record.shutdown,
+                    "a replica starts from this checkpoint record"
+                );
+                basebackup_at = Some(record.end_lsn);
+                record.redo
+            }
+            (None, None) => {
                 let sync =
                     tokio::time::timeout(self.cfg.sync_timeout, proposer::sync_safekeepers(proposer_cfg.clone()));
                 let Some(lsn) = unless_stopped(stop, sync).await else {
@@ -215,11 +246,13 @@ impl Agent {
         let seconds = t.elapsed().as_secs_f64();
         self.record(|t| t.wait_seconds = seconds);
         info!(seconds, %lsn, "the pageserver has the WAL up to the start LSN");
-        if self.cfg.read_only_at.is_some() {
-            // Held before the basebackup reads at it, renewed while running.
+        if self.cfg.read_only_at.is_some() || self.cfg.replica.is_some() {
+            // Held before the basebackup reads at it, renewed (a replica's
+            // moved) while running.
             let c = client.clone();
             let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
-            let leased = tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn)).await;
+            let holder = self.cfg.replica.as_ref().map(|r| r.name.clone());
+            let leased = tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn, holder.as_deref())).await;
             step!(leased
                 .map_err(|e| e.to_string())
                 .and_then(|r| r.map_err(|e| e.to_string()))
@@ -229,7 +262,7 @@ impl Agent {
         // 4. The data directory from the basebackup.
         self.enter(attempt, AgentState::Restoring);
         let t = Instant::now();
-        let Some(stats) = step!(self.restore(stop, &client, lsn).await) else {
+        let Some(stats) = step!(self.restore(stop, &client, lsn, basebackup_at).await) else {
             return stopped_early();
         };
         let seconds = t.elapsed().as_secs_f64();
@@ -294,6 +327,27 @@ impl Agent {
         StartEnd::Started(Box::new(Started { pg, proposer_cfg, repl }))
     }
 
+    /// Where a replica starts: the last checkpoint record the pageserver has
+    /// ingested, after waiting for it to ingest `after` (the writer's fresh
+    /// checkpoint) if given (`docs/replicas.md`, "Where a replica starts").
+    async fn replica_start_point(
+        &self,
+        client: &Arc<PageserverClient>,
+        after: Option<Lsn>,
+    ) -> Result<CheckpointRecordResponse, AgentError> {
+        if let Some(after) = after {
+            self.wait_for_pageserver(client, after).await?;
+        }
+        let (c, tenant, timeline) = (client.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
+        let record = tokio::task::spawn_blocking(move || {
+            let last = c.timeline(tenant, timeline)?.last_record_lsn;
+            c.checkpoint_record(tenant, timeline, last)
+        })
+        .await
+        .map_err(|e| fail("replica start", format!("request task: {e}")))?;
+        record.map_err(|e| fail("replica start", format!("{}: its last checkpoint record: {e}", self.timeline_name())))
+    }
+
     /// Polls the pageserver until it has ingested the WAL up to `lsn`.
     async fn wait_for_pageserver(&self, client: &Arc<PageserverClient>, lsn: Lsn) -> Result<(), AgentError> {
         let deadline = Instant::now() + self.cfg.wait_timeout;
@@ -331,13 +385,16 @@ impl Agent {
     }
 
     /// Stops a PostgreSQL an earlier agent left running here, empties the
-    /// data directory and unpacks the basebackup at `lsn` into it, streaming.
-    /// `None` if a stop was requested meanwhile.
+    /// data directory and unpacks the basebackup at `lsn` into it, streaming
+    /// (a replica's standby basebackup is asked for at `standby_at`, the end
+    /// of the checkpoint record whose redo point is `lsn`). `None` if a stop
+    /// was requested meanwhile.
     async fn restore(
         &self,
         stop: &mut watch::Receiver<bool>,
         client: &Arc<PageserverClient>,
         lsn: Lsn,
+        standby_at: Option<Lsn>,
     ) -> Result<Option<basebackup::UnpackStats>, AgentError> {
         if let Some(pid) = leftover::find(&self.pgdata) {
             leftover::stop(&self.pgdata, pid).await.map_err(|e| fail("basebackup", e))?;
@@ -348,11 +405,15 @@ impl Agent {
         let cancel = Arc::new(AtomicBool::new(false));
         let (c, pgdata, flag) = (client.clone(), self.pgdata.clone(), cancel.clone());
         let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
-        let read_only = self.cfg.read_only_at.is_some();
+        let (kind, at) = match (standby_at, self.cfg.read_only_at) {
+            (Some(at), _) => (BasebackupKind::Standby, at),
+            (None, Some(_)) => (BasebackupKind::ReadOnly, lsn),
+            (None, None) => (BasebackupKind::Writer, lsn),
+        };
         let lazy = self.cfg.lazy_page_service.is_some();
         let mut task = tokio::task::spawn_blocking(move || -> Result<basebackup::UnpackStats, String> {
             basebackup::prepare_dir(&pgdata).map_err(|e| e.to_string())?;
-            let reader = c.basebackup(tenant, timeline, lsn, read_only, lazy).map_err(|e| e.to_string())?;
+            let reader = c.basebackup(tenant, timeline, at, kind, lazy).map_err(|e| e.to_string())?;
             let stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
             basebackup::finish(&pgdata, PG_VERSION).map_err(|e| e.to_string())?;
             Ok(stats)
@@ -381,6 +442,14 @@ impl Agent {
             verify_redo: self.cfg.verify_redo,
             application_name: self.cfg.application_name.clone(),
             read_only: self.cfg.read_only_at.is_some(),
+            standby: self.cfg.replica.as_ref().map(|r| pgconf::StandbySettings {
+                replication: r.replication.clone(),
+                user: self.cfg.pg_role.clone(),
+                token: self.cfg.token.as_ref().map(|t| t.0.clone()),
+                ca_file: r.ca_file.clone(),
+                timeline: format!("{}/{}", self.cfg.tenant_id, self.cfg.timeline_id),
+                feedback: r.hot_standby_feedback,
+            }),
             tls_files: self.cfg.pg_tls_files.clone(),
         };
         let pgdata = self.pgdata.clone();

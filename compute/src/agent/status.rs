@@ -35,6 +35,8 @@ pub struct StatusHandle {
     /// Until when the recent restarts are a crash loop; `crash_loop` is
     /// derived from it when the status is read.
     crash_loop_until: Arc<Mutex<Option<Instant>>>,
+    /// A writer's session through its socket, for `POST /v1/checkpoint`.
+    sql: Option<crate::pg_replication::ReplicationConfig>,
 }
 
 impl StatusHandle {
@@ -47,7 +49,15 @@ impl StatusHandle {
             refusals: RefusalMetrics::default(),
             lazy: None,
             crash_loop_until: Arc::default(),
+            sql: None,
         }
+    }
+
+    /// The same handle, able to ask a writer's PostgreSQL for a checkpoint
+    /// (where a new replica starts) over this session.
+    pub fn with_sql(mut self, sql: crate::pg_replication::ReplicationConfig) -> StatusHandle {
+        self.sql = Some(sql);
+        self
     }
 
     /// The same handle, reporting a lazy compute's file system counters.
@@ -223,16 +233,85 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
                 ConstGauge::new(lazy.cache_budget_blocks as i64),
             );
         }
+        if let Some(replica) = &agent.replica {
+            r.register(
+                "replica_lag_bytes",
+                "A replica: bytes of the branch's WAL it has not replayed yet",
+                ConstGauge::new(replica.lag_bytes as i64),
+            );
+            r.register(
+                "replica_lag_seconds",
+                "A replica: how long the oldest WAL it has not replayed has been known to it",
+                ConstGauge::new(replica.lag_seconds),
+            );
+            r.register(
+                "replica_replay_lsn",
+                "A replica: PostgreSQL's replay position (bytes)",
+                ConstGauge::new(replica.replay_lsn.map_or(0, |l| l.0 as i64)),
+            );
+            r.register(
+                "replica_lag_restarts",
+                "A replica: restarts because it lagged beyond the bound",
+                ConstCounter::new(replica.lag_restarts),
+            );
+        }
     }
     register_proposer_metrics(&mut registry, proposer);
     strata_service::metrics::render(&registry)
 }
 
-/// `/v1/status` and `/metrics`; with `auth`, for services and management.
+/// Bound on a checkpoint asked for over HTTP: PostgreSQL's spread
+/// checkpoint is not used (`CHECKPOINT` is immediate), but a large one
+/// writes every dirty buffer.
+const CHECKPOINT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `POST /v1/checkpoint`: a writer runs `CHECKPOINT`, and answers where the
+/// checkpoint record is: a new replica starts from it (`docs/replicas.md`).
+async fn checkpoint(handle: StatusHandle) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let refuse = |code: StatusCode, message: String| {
+        (code, axum::Json(strata_protocol::api::ErrorBody { error: message })).into_response()
+    };
+    let Some(sql) = handle.sql.clone() else {
+        return refuse(StatusCode::CONFLICT, "only a writer makes checkpoints".into());
+    };
+    if handle.agent().state != AgentState::Running {
+        return refuse(StatusCode::CONFLICT, format!("the compute is {}", handle.agent().state.name()));
+    }
+    let run = async {
+        let mut conn = crate::pg_replication::ReplicationConnection::connect(&sql).await.map_err(|e| e.to_string())?;
+        conn.simple_query("CHECKPOINT").await.map_err(|e| e.to_string())?;
+        let rows = conn
+            .simple_query("SELECT checkpoint_lsn::text, redo_lsn::text FROM pg_control_checkpoint()")
+            .await
+            .map_err(|e| e.to_string())?;
+        let lsn = |i: usize| -> Result<strata_formats::Lsn, String> {
+            let text = rows.first().and_then(|r| r.get(i).cloned().flatten()).ok_or("no checkpoint reported")?;
+            text.parse().map_err(|_| format!("not an LSN: {text:?}"))
+        };
+        Ok::<_, String>(strata_protocol::api::compute::CheckpointResponse {
+            checkpoint_lsn: lsn(0)?,
+            redo_lsn: lsn(1)?,
+        })
+    };
+    match tokio::time::timeout(CHECKPOINT_TIMEOUT, run).await {
+        Ok(Ok(answer)) => axum::Json(answer).into_response(),
+        Ok(Err(e)) => refuse(StatusCode::SERVICE_UNAVAILABLE, format!("CHECKPOINT: {e}")),
+        Err(_) => {
+            refuse(StatusCode::SERVICE_UNAVAILABLE, format!("CHECKPOINT: not done within {CHECKPOINT_TIMEOUT:?}"))
+        }
+    }
+}
+
+/// `/v1/status`, `/metrics` and `POST /v1/checkpoint`; with `auth`, for
+/// services and management.
 pub fn router(handle: StatusHandle, auth: Option<&HttpAuth>) -> axum::Router {
-    use axum::routing::get;
+    use axum::routing::{get, post};
     let json = handle.clone();
+    let for_checkpoint = handle.clone();
     let routes = axum::Router::new()
+        .route("/v1/checkpoint", post(move || checkpoint(for_checkpoint.clone())))
         .route(
             "/v1/status",
             get(move || {
@@ -294,6 +373,7 @@ mod tests {
             timings: StartTimings { sync_seconds: 0.25, basebackup_bytes: 4096, ..Default::default() },
             restart: RestartStatus::default(),
             lazy: None,
+            replica: None,
         }
     }
 

@@ -291,9 +291,23 @@ pub struct LazyHooks {
     source: Arc<dyn PageSource>,
     stats: Arc<LazyStats>,
     cache: Arc<Cache>,
-    /// A read-write compute: blocks may be read at the read floor when it
-    /// is past their rules' LSN (a read-only one reads at its pinned LSN).
-    floating: bool,
+    /// Whether blocks may be read at the cache's read floor when it is
+    /// past their rules' LSN, and who moves it.
+    floor: ReadFloor,
+}
+
+/// Who moves a mount's read floor (`docs/lazy-compute.md`, rule 1;
+/// `docs/replicas.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFloor {
+    /// None: a read-only compute reads at its pinned LSN.
+    Fixed,
+    /// A writer's: the pageserver's ingested LSN, and its latest LSN when
+    /// a read falls below the GC cutoff.
+    Ingested,
+    /// A replica's: set by the agent, never above the replay position;
+    /// a read below the GC cutoff fails (it would read past replay).
+    Replay,
 }
 
 /// The backing file's path (relative to the mount) of segment `segment` of
@@ -379,13 +393,13 @@ impl LazyHooks {
             source,
             stats,
             cache,
-            floating: false,
+            floor: ReadFloor::Fixed,
         })
     }
 
-    /// Lets reads go to the read floor (a read-write compute; see `get`).
-    pub fn floating(mut self) -> LazyHooks {
-        self.floating = true;
+    /// Lets reads go to the read floor, moved as `floor` says (see `get`).
+    pub fn with_floor(mut self, floor: ReadFloor) -> LazyHooks {
+        self.floor = floor;
         self
     }
 
@@ -441,10 +455,10 @@ impl LazyHooks {
 
     /// The pages of `wanted` (file blocks by the LSN their rules name)
     /// from the page source, checked, each group with the LSN it was read
-    /// at: the rules' LSN or, for a read-write compute, the read floor if
-    /// later (`docs/lazy-compute.md`, rule 1). A read refused as below the
-    /// GC cutoff moves the floor to the pageserver's latest LSN and is
-    /// tried once more. The file's lock need not be held.
+    /// at: the rules' LSN or, unless the floor is fixed, the read floor if
+    /// later (`docs/lazy-compute.md`, rule 1). A writer's read refused as
+    /// below the GC cutoff moves the floor to the pageserver's latest LSN
+    /// and is tried once more. The file's lock need not be held.
     fn get(
         &self,
         node: &Node,
@@ -454,9 +468,10 @@ impl LazyHooks {
         let mut out = Vec::new();
         for (lsn, blocks) in wanted {
             let fork_blocks: Vec<u32> = blocks.iter().map(|b| first_block + b).collect();
-            let mut at = if self.floating { (*lsn).max(self.cache.floor()) } else { *lsn };
+            let floating = self.floor != ReadFloor::Fixed;
+            let mut at = if floating { (*lsn).max(self.cache.floor()) } else { *lsn };
             let mut result = self.source.get_pages(rel, fork, &fork_blocks, at);
-            if let (Err(FetchError::BelowGcCutoff(e)), true) = (&result, self.floating) {
+            if let (Err(FetchError::BelowGcCutoff(e)), ReadFloor::Ingested) = (&result, self.floor) {
                 match self.source.latest_lsn() {
                     Ok(latest) => {
                         warn!(file = %node, %at, %latest, "reading at the pageserver's latest LSN: {e}");

@@ -109,11 +109,8 @@ impl Timeline {
         // new cutoff is announced below.
         let leases = self.leases.lock();
         let retain_lsns = self.metadata().retain_lsns;
-        let now_instant = std::time::Instant::now();
-        for (lsn, until) in leases.iter() {
-            if *until > now_instant {
-                cutoff = cutoff.min(*lsn);
-            }
+        if let Some(oldest) = leases.oldest(std::time::Instant::now()) {
+            cutoff = cutoff.min(oldest);
         }
         // Never lower than a cutoff already announced: reads below it were
         // refused. (No commit old enough and no horizon yet: 0/0, nothing to do.)

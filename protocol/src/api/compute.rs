@@ -130,6 +130,41 @@ pub struct AgentStatus {
     pub restart: RestartStatus,
     /// A lazy compute's file system (`docs/lazy-compute.md`); null when eager.
     pub lazy: Option<LazyStatus>,
+    /// A replica's replay and lag (`docs/replicas.md`); null otherwise.
+    #[serde(default)]
+    pub replica: Option<ReplicaStatus>,
+}
+
+/// `POST /v1/checkpoint` on a writer's agent: where the checkpoint it just
+/// made is in the WAL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CheckpointResponse {
+    pub checkpoint_lsn: Lsn,
+    pub redo_lsn: Lsn,
+}
+
+/// Where a replica started and how far behind the branch it is.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReplicaStatus {
+    /// The checkpoint record it started from, and that record's redo point.
+    pub checkpoint_lsn: Lsn,
+    pub redo_lsn: Lsn,
+    /// Where PostgreSQL's replay is (`pg_last_wal_replay_lsn()`), once it answers.
+    pub replay_lsn: Option<Lsn>,
+    /// The end of the branch's WAL as far as the replica knows: what its
+    /// walreceiver received or was told of, or the pageserver ingested.
+    pub wal_end_lsn: Option<Lsn>,
+    /// Blocks it has not read since its start are read at this LSN.
+    pub read_floor: Option<Lsn>,
+    /// The LSN its pageserver lease keeps readable.
+    pub leased_lsn: Option<Lsn>,
+    /// `wal_end_lsn - replay_lsn`.
+    pub lag_bytes: u64,
+    /// How long the oldest WAL not replayed yet has been known to it (0
+    /// when replay is at the end).
+    pub lag_seconds: f64,
+    /// Restarts because it lagged beyond the bound (`max_replica_lag`).
+    pub lag_restarts: u64,
 }
 
 /// What a lazy compute's file system did, over every run of PostgreSQL.

@@ -148,6 +148,9 @@ impl std::fmt::Display for TimelineState {
 pub struct Lease {
     pub lsn: Lsn,
     pub seconds_left: u64,
+    /// Who holds it, for a named lease (a replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 /// Why a timeline is broken.
@@ -310,6 +313,10 @@ pub struct BasebackupQuery {
 #[serde(deny_unknown_fields)]
 pub struct LeaseRequest {
     pub lsn: Lsn,
+    /// A replica's name: its lease replaces its last one, and is refused
+    /// once it lags more than the pageserver's `max_replica_lag_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 /// The answer to a lease.
