@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from fixtures.endpoint import Endpoint, current_lsn, start_endpoint
+from fixtures.load import AckedWriters
 from fixtures.pageserver_api import PageserverApi, wait_for_pageserver_lsn
 from fixtures.pg import PgCluster
 from fixtures.strata import SEGMENT, format_lsn, parse_lsn
@@ -197,3 +198,47 @@ def test_a_replica_endpoint_follows_its_writer(cluster):
     assert parse_lsn(r["read_floor"]) <= parse_lsn(r["replay_lsn"]), r
     metrics = replica.agent_metrics()
     assert "strata_compute_replica_lag_bytes 0" in metrics, metrics
+
+
+def test_promotion_under_load_keeps_every_acknowledged_commit_and_fences_the_writer(cluster):
+    """`strata endpoint promote`: the replica starts again as the branch's
+    writer in a new safekeeper term. Every commit the old writer
+    acknowledged is there; the old writer's next commit is refused by the
+    safekeepers, its agent stops it for good, and its supervisor does not
+    start it again."""
+    ep = start_endpoint(cluster)
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep")
+    writers = AckedWriters(ep, threads=3, backoff=(0.01, 0.1)).start()
+    try:
+        wait_until("commits on the writer", lambda: writers.count() > 100 or None, timeout=60,
+                   details=lambda: writers.errors[-3:])
+        out = cluster.run("endpoint", "promote", "r1").stdout
+        assert "promoted to the writer of branch main" in out, out
+    finally:
+        writers.stop()
+    acked = writers.acked_ids()
+    assert len(acked) > 100
+    assert replica.sql("SELECT pg_is_in_recovery()")[0][0] is False
+    rows = {r[0] for r in replica.sql("SELECT id FROM acked")}
+    lost = acked - rows
+    assert not lost, f"{len(lost)} acknowledged commits lost: {sorted(lost)[:10]}"
+    # Whatever the new writer has beyond the acknowledged ones was in doubt.
+    assert rows - acked <= writers.in_doubt | writers.attempted
+    replica.sql("INSERT INTO acked (id, writer) VALUES (-1, -1)")
+    assert replica.sql("SELECT count(*) FROM acked WHERE id = -1")[0][0] == 1
+
+    # The old writer was fenced by the term (it was committing when the new
+    # writer was elected) and its supervisor did not start it again.
+    log = (ep.dir / "compute.log").read_text(errors="replace")
+    assert "another writer took the branch over" in log, log[-3000:]
+    wait_until("the old writer to be stopped", lambda: next(
+        e for e in cluster.status()["endpoints"] if e["name"] == "ep")["state"] == "stopped" or None, timeout=30)
+    endpoints = {e["name"]: e for e in cluster.status()["endpoints"]}
+    assert endpoints["r1"]["state"] == "running", endpoints
+    # It cannot come back while the promoted one writes.
+    with pytest.raises(Exception, match="one writer per branch"):
+        ep.start()
+    # The new writer keeps every commit across a restart.
+    replica.restart()
+    assert {r[0] for r in replica.sql("SELECT id FROM acked")} >= acked | {-1}

@@ -217,9 +217,13 @@ impl TimelineArgs {
 pub fn run(cmd: ComputeCommand) -> i32 {
     crate::logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
-    let result = runtime.block_on(async move {
+    let mut fenced = false;
+    let result = runtime.block_on(async {
         match cmd {
-            ComputeCommand::Start(args) => start(*args).await,
+            ComputeCommand::Start(args) => start(*args).await.map_err(|e| {
+                fenced = e.is_fenced();
+                e.to_string()
+            }),
             other => run_proposer_role(other).await.map_err(|e| e.to_string()),
         }
     });
@@ -230,7 +234,11 @@ pub fn run(cmd: ComputeCommand) -> i32 {
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("strata compute: {e}");
-            1
+            if fenced {
+                agent::exit::FENCED
+            } else {
+                1
+            }
         }
     }
 }
@@ -309,9 +317,10 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
 }
 
 /// `strata compute start`: runs in the foreground until stopped.
-async fn start(args: StartArgs) -> Result<(), String> {
-    let token = args.timeline.token()?;
-    let tls_client = args.timeline.tls()?;
+async fn start(args: StartArgs) -> Result<(), agent::AgentError> {
+    let config = |e: String| agent::AgentError { phase: "configuration", message: e };
+    let token = args.timeline.token().map_err(config)?;
+    let tls_client = args.timeline.tls().map_err(config)?;
     let mut cfg = agent::AgentConfig::new(
         args.pgdata,
         args.pg_port,
@@ -349,13 +358,13 @@ async fn start(args: StartArgs) -> Result<(), String> {
     cfg.auth_public_key = args.auth_public_key;
     cfg.tls_client = tls_client;
     cfg.tls_server = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(ServerTls::load(cert, key).map_err(|e| e.to_string())?),
+        (Some(cert), Some(key)) => Some(ServerTls::load(cert, key).map_err(|e| config(e.to_string()))?),
         _ => None,
     };
     cfg.pg_tls_files = args.tls_cert.zip(args.tls_key);
     cfg.pg_host_address = args.pg_host_address;
-    let stop = agent::stop_on_signals().map_err(|e| format!("installing signal handlers: {e}"))?;
-    agent::run(cfg, stop).await.map_err(|e| e.to_string())
+    let stop = agent::stop_on_signals().map_err(|e| config(format!("installing signal handlers: {e}")))?;
+    agent::run(cfg, stop).await
 }
 
 /// `/v1/status` (JSON) and `/metrics` (Prometheus text) of the proposer;

@@ -189,6 +189,14 @@ impl Supervisor {
                         status = child.wait() => {
                             remove_pidfile_of(&self.args.pidfile, pid);
                             match status {
+                                // A writer another took the branch from: starting
+                                // it again would take the branch back.
+                                Ok(status) if status.code() == Some(exit::FENCED) => {
+                                    warn!("supervisor: {name} was fenced by another writer; not starting it again");
+                                    self.state.last_exit = Some("fenced by another writer".into());
+                                    self.state.last_exit_at = Some(unix_now());
+                                    return self.finish(None);
+                                }
                                 Ok(status) => exit::describe(status),
                                 Err(e) => format!("lost track of it: {e}"),
                             }

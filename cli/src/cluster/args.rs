@@ -110,6 +110,13 @@ pub enum EndpointCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+    /// Make a replica its branch's writer: it starts again as the writer
+    /// on its host and port; the old writer, if still running, is fenced.
+    Promote {
+        name: String,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
     /// Stop a compute: PostgreSQL shuts down and its WAL reaches the safekeepers.
     Stop {
         name: String,

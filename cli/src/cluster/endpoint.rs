@@ -376,6 +376,9 @@ pub struct LaunchRequest {
     /// A replica: how it starts.
     #[serde(default)]
     pub replica: Option<ReplicaLaunch>,
+    /// A promotion: started as a writer while another may still run.
+    #[serde(default)]
+    pub promote: bool,
     /// `--port`, or the port it had on the host it moves from.
     pub port: Option<u16>,
     pub agent: AgentArgs,
@@ -408,6 +411,9 @@ pub struct StartOptions<'a> {
     pub replica_of: Option<&'a str>,
     pub hot_standby_feedback: bool,
     pub host: Option<&'a str>,
+    /// `strata endpoint promote`: the replica starts again as its branch's
+    /// writer; the writer still recorded as running is fenced.
+    pub promote: bool,
 }
 
 /// An endpoint removed from a host to move to another: its settings and
@@ -438,8 +444,11 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
     let StartOptions { branch, port, at, host, .. } = *how;
     let all = inventory(wd)?;
     let old = all.iter().find(|r| r.file.name == name);
-    // A replica of a writer now, or as it was before.
-    let replica_of = how.replica_of.map(str::to_string).or(old.and_then(|o| o.file.replica_of.clone()));
+    // A replica of a writer now, or as it was before (not once promoted).
+    let replica_of = match how.promote {
+        true => None,
+        false => how.replica_of.map(str::to_string).or(old.and_then(|o| o.file.replica_of.clone())),
+    };
     if let (Some(_), Some(o)) = (&replica_of, old) {
         if o.file.replica_of.is_none() {
             return failed(format!("endpoint {name} is not a replica (use a new endpoint name for one)"));
@@ -504,8 +513,9 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         None => old.and_then(|o| o.file.read_only_at),
     };
     // One writer per timeline: a second PostgreSQL would fork its WAL. (Its
-    // host checks again under its lock, for endpoints of that host.)
-    if read_only_at.is_none() && replica_of.is_none() {
+    // host checks again under its lock, for endpoints of that host.) A
+    // promotion fences the writer instead: its WAL can no longer commit.
+    if read_only_at.is_none() && replica_of.is_none() && !how.promote {
         for other in &all {
             if other.file.name != name
                 && other.file.is_writer()
@@ -558,6 +568,7 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         timeline_id: branch.timeline_id,
         read_only_at,
         replica,
+        promote: how.promote,
         port: port.or(moved.as_ref().map(|m| m.file.pg_port)),
         agent: agent.clone(),
         moved,
@@ -573,6 +584,43 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
     };
     for line in lines {
         println!("{line}");
+    }
+    Ok(())
+}
+
+/// `strata endpoint promote`: the replica `name` becomes its branch's
+/// writer (`docs/replicas.md`, "Promotion"). Its standby stops at once
+/// (nothing of it needs saving) and the endpoint starts again, on the same
+/// host and port, as a writer: a new safekeeper term, at the end of the
+/// committed WAL. A writer still running is fenced by that term; it is
+/// then stopped, if it can be reached.
+pub fn promote(wd: &Workdir, name: &str) -> Result<()> {
+    let t = Instant::now();
+    let all = inventory(wd)?;
+    let Some(record) = all.iter().find(|r| r.file.name == name) else {
+        return failed(format!("no endpoint named {name:?}"));
+    };
+    if record.file.replica_of.is_none() {
+        return failed(format!("endpoint {name} is not a replica"));
+    }
+    let writers: Vec<EndpointRecord> = all
+        .iter()
+        .filter(|o| o.file.branch == record.file.branch && o.file.is_writer() && o.state != "stopped")
+        .cloned()
+        .collect();
+    stop(wd, name, true)?;
+    let how = StartOptions { promote: true, ..StartOptions::default() };
+    start(wd, name, &how, &AgentArgs::default())?;
+    println!(
+        "endpoint {name}: promoted to the writer of branch {} in {:.2} s",
+        record.file.branch,
+        t.elapsed().as_secs_f64()
+    );
+    // The old writer can no longer commit; stop what is left of it.
+    for w in writers {
+        if let Err(e) = stop(wd, &w.file.name, true) {
+            println!("endpoint {}: fenced, but not stopped: {e}", w.file.name);
+        }
     }
     Ok(())
 }
@@ -636,7 +684,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     let agent = &req.agent;
     // One writer per timeline, among this host's endpoints, under the lock.
     for other in load_all(wd)? {
-        if read_only_at.is_some() || req.replica.is_some() || !other.file.is_writer() {
+        if read_only_at.is_some() || req.replica.is_some() || req.promote || !other.file.is_writer() {
             continue;
         }
         if other.file.name != name && other.file.branch == branch_name {

@@ -197,10 +197,21 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                     replica_of: replica_of.as_deref(),
                     hot_standby_feedback,
                     host: host.as_deref(),
+                    promote: false,
                 };
                 endpoint::start(&wd, &name, &how, &agent)
             })();
             exit_code("endpoint start", result)
+        }
+        EndpointCommand::Promote { name, workdir } => {
+            let result = (|| {
+                workdir.plain("endpoint promote")?;
+                let wd = open(&workdir.workdir)?;
+                endpoint::check_name(&name)?;
+                let _lock = wd.lock()?;
+                endpoint::promote(&wd, &name)
+            })();
+            exit_code("endpoint promote", result)
         }
         EndpointCommand::Stop { name, workdir } => {
             let result = (|| {

@@ -12,3 +12,14 @@ pub struct AgentError {
 pub(super) fn fail(phase: &'static str, message: impl std::fmt::Display) -> AgentError {
     AgentError { phase, message: message.to_string() }
 }
+
+/// The phase of a writer whose branch another writer took over (a higher
+/// safekeeper term): it must not start again.
+pub const FENCED: &str = "fenced";
+
+impl AgentError {
+    /// Whether another writer took the branch over.
+    pub fn is_fenced(&self) -> bool {
+        self.phase == FENCED
+    }
+}

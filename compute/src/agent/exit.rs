@@ -3,6 +3,11 @@
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
+/// The agent's exit code when another writer took its branch over: its
+/// supervisor then stops instead of starting it again, which would take
+/// the branch back (`docs/replicas.md`, "Promotion").
+pub const FENCED: i32 = 78;
+
 /// The conventional name of a signal (`SIGKILL`), or `SIG<n>`.
 pub fn signal_name(signal: i32) -> String {
     let name = match signal {

@@ -202,6 +202,8 @@ enum RunEnd {
     /// runs any more. `cause` is one line for the status; `running_since`
     /// is when it reached `running`, if it did.
     Failed { error: AgentError, cause: String, running_since: Option<Instant> },
+    /// Another writer took the branch over: nothing runs, nothing restarts.
+    Fenced(AgentError),
 }
 
 /// One start of PostgreSQL: the first, or a restart after a failure.
@@ -246,6 +248,7 @@ impl Agent {
             proposer_tx.send_replace(ProposerStatus::default());
             let (error, cause, running_since) = match self.start_and_run(stop, &proposer_tx, attempt).await {
                 RunEnd::Stopped(result) => return result,
+                RunEnd::Fenced(error) => return Err(error),
                 // Before the first `running`, a failure is the agent's answer
                 // (an unknown or broken timeline must be reported at once).
                 RunEnd::Failed { error, running_since: None, .. } if !attempt.is_restart() => return Err(error),

@@ -95,6 +95,19 @@ impl Agent {
                     (fail("running", &message), message)
                 }
             },
+            Watch::ProposerEnded(Err(proposer::ProposerError::Superseded { ours, seen })) => {
+                // Another writer was elected: this one's WAL can no longer
+                // commit, and starting again would take the branch back.
+                drop(proposer);
+                let why = format!(
+                    "another writer took the branch over (safekeeper term {seen}, ours {ours}); stopping for good"
+                );
+                warn!("{why}");
+                if let Err(e) = pg.stop_everything().await {
+                    warn!("stopping PostgreSQL: {e}");
+                }
+                return RunEnd::Fenced(fail(super::error::FENCED, why));
+            }
             Watch::ProposerEnded(r) => {
                 let why = match r {
                     Err(e) => format!("the WAL proposer failed: {e}"),

@@ -131,6 +131,7 @@ impl Agent {
         match self.start(stop, attempt).await {
             StartEnd::Started(started) => self.run_started(stop, *started, proposer_tx.clone(), attempt).await,
             StartEnd::Stopped(result) => RunEnd::Stopped(result),
+            StartEnd::Failed(error) if error.is_fenced() => RunEnd::Fenced(error),
             StartEnd::Failed(error) => {
                 let cause = format!("the start failed: {error}");
                 RunEnd::Failed { error, cause, running_since: None }
