@@ -198,6 +198,15 @@ def test_a_replica_endpoint_follows_its_writer(cluster):
     assert parse_lsn(r["read_floor"]) <= parse_lsn(r["replay_lsn"]), r
     metrics = replica.agent_metrics()
     assert "strata_compute_replica_lag_bytes 0" in metrics, metrics
+    # `strata status` shows each endpoint's role and a replica's lag.
+    endpoints = {e["name"]: e for e in cluster.status()["endpoints"]}
+    assert endpoints["ep"]["role"] == "writer" and endpoints["ep"]["replica"] is None
+    assert endpoints["r1"]["role"] == "replica" and endpoints["r1"]["replica"]["lag_bytes"] == 0, endpoints["r1"]
+    text = cluster.run("status").stdout
+    assert "replica, lag 0 B 0.00 s" in text, text
+    # The pageserver holds its read floor under its name.
+    leases = cluster.timeline_status("pageserver")["leases"]
+    assert any(le.get("holder") == "r1" for le in leases), leases
 
 
 def test_promotion_under_load_keeps_every_acknowledged_commit_and_fences_the_writer(cluster):

@@ -200,9 +200,29 @@ pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
             orphan_postgres_pid: endpoint::orphan_postgres(&ep),
             connstr: ep.connstr(),
             log: ep.log(),
+            role: role(&ep.file).into(),
+            replica: agent.as_ref().and_then(|a| a.replica.clone()),
         });
     }
     Ok(HostStatus { host: host.to_string(), services, endpoints })
+}
+
+/// What an endpoint is to its branch.
+fn role(file: &endpoint::EndpointFile) -> &'static str {
+    match (file.read_only_at, &file.replica_of) {
+        (Some(_), _) => "read-only",
+        (None, Some(_)) => "replica",
+        (None, None) => "writer",
+    }
+}
+
+/// The role column: a replica's with its lag.
+fn role_text(e: &EndpointStatus) -> String {
+    match &e.replica {
+        Some(r) => format!("replica, lag {} B {:.2} s", r.lag_bytes, r.lag_seconds),
+        None if e.role.is_empty() => "-".into(),
+        None => e.role.clone(),
+    }
 }
 
 /// A service whose host's node does not answer: its state is unknown.
@@ -415,6 +435,7 @@ fn render(st: &ClusterStatus) -> String {
                 vec![
                     e.name.clone(),
                     e.branch.clone(),
+                    role_text(e),
                     endpoint_state(e),
                     or_dash(e.pid),
                     e.restarts.to_string(),
@@ -425,7 +446,7 @@ fn render(st: &ClusterStatus) -> String {
             })
             .collect();
         out.push_str(&table(
-            &["ENDPOINT", "BRANCH", "STATE", "PID", "RESTARTS", "PORTS", "LAST CAUSE", "CONNECTION"],
+            &["ENDPOINT", "BRANCH", "ROLE", "STATE", "PID", "RESTARTS", "PORTS", "LAST CAUSE", "CONNECTION"],
             rows,
         ));
     }

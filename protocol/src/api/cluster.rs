@@ -88,6 +88,12 @@ pub struct EndpointStatus {
     pub orphan_postgres_pid: Option<i32>,
     pub connstr: String,
     pub log: PathBuf,
+    /// `writer`, `read-only` or `replica`.
+    #[serde(default)]
+    pub role: String,
+    /// A replica's replay and lag, while its agent answers.
+    #[serde(default)]
+    pub replica: Option<crate::api::compute::ReplicaStatus>,
 }
 
 /// A branch's timeline as the pageserver and each running safekeeper see it.
