@@ -16,12 +16,13 @@ from __future__ import annotations
 import io
 import shutil
 import tarfile
+import time
 
 import psycopg
 import pytest
 
 from fixtures.endpoint import Endpoint, current_lsn, start_endpoint
-from fixtures.load import AckedWriters
+from fixtures.load import AckedWriters, PgbenchLoop
 from fixtures.pageserver_api import PageserverApi, wait_for_pageserver_lsn
 from fixtures.pg import PgCluster
 from fixtures.strata import SEGMENT, format_lsn, parse_lsn
@@ -251,3 +252,75 @@ def test_promotion_under_load_keeps_every_acknowledged_commit_and_fences_the_wri
     # The new writer keeps every commit across a restart.
     replica.restart()
     assert {r[0] for r in replica.sql("SELECT id FROM acked")} >= acked | {-1}
+
+
+PGBENCH_SUMS = ("SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM pgbench_branches),"
+                " (SELECT sum(tbalance) FROM pgbench_tellers), (SELECT coalesce(sum(delta), 0) FROM pgbench_history),"
+                " (SELECT coalesce(max(id), 0) FROM acked), (SELECT count(*) FROM acked)")
+
+
+def _check_snapshot(replica) -> int:
+    """One consistent snapshot of the replica: pgbench's balances agree
+    across its tables, and the acked rows, committed one after another by a
+    single writer, are a prefix of its sequence (never a gap). Returns how
+    many acked rows it saw."""
+    with replica.connect() as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        a, b, t, h, top, n = conn.execute(PGBENCH_SUMS).fetchone()
+        conn.execute("COMMIT")
+    assert a == b == t == h, f"pgbench invariants broken on the replica: {a} {b} {t} {h}"
+    assert top == n, f"rows out of commit order on the replica: {n} rows, highest id {top}"
+    return n
+
+
+def test_a_replica_under_load_sees_consistent_snapshots_across_failures(cluster):
+    """pgbench RW on the writer, one writer committing a sequence; the
+    replica's snapshots, taken at random moments, always satisfy pgbench's
+    invariants and see the sequence in commit order, across a writer
+    restart, a safekeeper kill -9 and a pageserver kill -9. Its reads of
+    blocks it has not fetched wait out the pageserver's restart."""
+    import random
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    ep.sql("CREATE EXTENSION amcheck")
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep")
+    rng = random.Random(30)
+    seen = 0
+
+    def snapshots(k: int) -> None:
+        nonlocal seen
+        for _ in range(k):
+            time.sleep(rng.uniform(0.05, 0.6))
+            n = _check_snapshot(replica)
+            assert n >= seen, f"the replica went back in time: {n} acked rows after {seen}"
+            seen = n
+
+    seq = AckedWriters(ep, threads=1, backoff=(0.01, 0.2)).start()
+    bench = PgbenchLoop(ep, clients=4).start()
+    try:
+        snapshots(8)
+        # The writer restarts: the replica streams from the safekeepers, not from it.
+        ep.restart()
+        snapshots(5)
+        # A safekeeper dies: the replica's walreceiver moves to another.
+        sk = cluster.safekeeper_names()[0]
+        old = cluster.kill9(sk)
+        snapshots(5)
+        cluster.wait_restarted(sk, old)
+        # The pageserver dies: reads of blocks not fetched yet wait for it.
+        old = cluster.kill9("pageserver")
+        snapshots(5)
+        cluster.wait_restarted("pageserver", old)
+        snapshots(5)
+    finally:
+        bench.stop()
+        seq.stop()
+    with ep.connect() as conn:
+        end = current_lsn(conn)
+    wait_until("the replica to replay everything", lambda: _replay_lsn(replica) >= end or None, timeout=120)
+    n = _check_snapshot(replica)
+    assert n >= len(seq.acked_ids()), "every acknowledged row is on the replica"
+    assert replica.sql(PGBENCH_SUMS) == ep.sql(PGBENCH_SUMS)
+    assert replica.agent_status()["lazy"]["fetch_errors"] == 0
+    replica.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=300)
