@@ -324,3 +324,62 @@ def test_a_replica_under_load_sees_consistent_snapshots_across_failures(cluster)
     assert replica.sql(PGBENCH_SUMS) == ep.sql(PGBENCH_SUMS)
     assert replica.agent_status()["lazy"]["fetch_errors"] == 0
     replica.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=300)
+
+
+def test_a_replica_lagging_beyond_the_bound_restarts_at_the_newest_wal(cluster):
+    """A replica whose replay stops (paused here) falls behind; past the
+    lag bound its agent restarts it from the newest checkpoint, and its
+    named lease moves there, so it no longer holds GC back."""
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE lagging (g int, pad text)")
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep", "--max-replica-lag-mb", "1")
+    start = parse_lsn(replica.agent_status()["replica"]["redo_lsn"])
+    replica.sql("SELECT pg_wal_replay_pause()")
+    with ep.connect() as conn:
+        conn.execute("INSERT INTO lagging SELECT g, repeat('x', 500) FROM generate_series(1, 8000) g")
+        conn.execute("CHECKPOINT")
+        conn.execute("INSERT INTO lagging SELECT g, 'after' FROM generate_series(1, 10) g")
+        end = current_lsn(conn)
+    assert end - start > 2 << 20
+
+    def restarted():
+        s = replica.agent_status(timeout=2)
+        return s if s["state"] == "running" and s["replica"]["lag_restarts"] >= 1 else None
+
+    s = wait_until("the lagging replica to be restarted", restarted, timeout=90)
+    assert "lagging" in s["last_restart_cause"], s
+    assert parse_lsn(s["replica"]["redo_lsn"]) > start + (2 << 20), s["replica"]
+    wait_until("the restarted replica to replay the writer's WAL", lambda: _replay_lsn(replica) >= end or None,
+               timeout=60)
+    assert replica.sql("SELECT count(*) FROM lagging")[0][0] == 8010
+    # Its lease moved with it: nothing holds GC at the old start.
+    leases = [le for le in cluster.timeline_status("pageserver")["leases"] if le.get("holder") == "r1"]
+    assert len(leases) == 1 and parse_lsn(leases[0]["lsn"]) > start + (2 << 20), leases
+    assert "strata_compute_replica_lag_restarts_total 1" in replica.agent_metrics()
+
+
+def test_a_replica_of_a_branch_made_at_a_past_time(cluster):
+    """A branch made at an earlier time of main (its timeline begins inside
+    a WAL segment), its writer, and a replica of it: the replica has the
+    branch's rows, not main's later ones, and follows the branch."""
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE t AS SELECT g FROM generate_series(1, 1000) g")
+    time.sleep(1.1)
+    point = ep.sql("SELECT now()::text")[0][0]
+    time.sleep(1.1)
+    ep.sql("INSERT INTO t SELECT generate_series(1001, 5000)")
+    cluster.run("branch", "create", "past", "--from", "main", "--at-time", point, timeout=120)
+    writer = Endpoint(cluster, "past-ep", branch="past")
+    writer.start()
+    assert writer.sql("SELECT count(*) FROM t")[0][0] == 1000
+    writer.sql("INSERT INTO t SELECT generate_series(-99, 0)")
+    replica = Endpoint(cluster, "past-r", branch="past")
+    replica.start("--replica-of", "past-ep")
+    with writer.connect() as conn:
+        conn.execute("DELETE FROM t WHERE g > 900")
+        end = current_lsn(conn)
+    wait_until("the branch's replica to replay its writer's WAL", lambda: _replay_lsn(replica) >= end or None,
+               timeout=60)
+    assert replica.sql("SELECT count(*), min(g), max(g) FROM t") == [(1000, -99, 900)]
+    assert ep.sql("SELECT count(*) FROM t")[0][0] == 5000

@@ -158,6 +158,10 @@ pub struct AgentArgs {
     /// starts).
     #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub fetch_retry_secs: Option<u64>,
+    /// A replica lagging more than this many MiB of WAL behind its branch is
+    /// restarted at the newest WAL (default 1024; 0: no bound).
+    #[arg(long, help_heading = "compute agent options", value_name = "MIB")]
+    pub max_replica_lag_mb: Option<u64>,
     /// PostgreSQL's shared_buffers for this run (default 128MB).
     #[arg(long, help_heading = "compute agent options", value_name = "SIZE")]
     pub shared_buffers: Option<String>,

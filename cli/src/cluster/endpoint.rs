@@ -809,6 +809,9 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         if replica.hot_standby_feedback {
             args.push("--hot-standby-feedback".into());
         }
+        if let Some(mb) = agent.max_replica_lag_mb {
+            args.extend(["--max-replica-lag-mb".into(), mb.to_string().into()]);
+        }
     }
     if lazy {
         args.extend(["--lazy-page-service".into(), ps.addr("pg").unwrap_or_default().into()]);
