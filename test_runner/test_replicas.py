@@ -14,9 +14,11 @@ So far the ground they stand on:
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tarfile
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -383,3 +385,54 @@ def test_a_replica_of_a_branch_made_at_a_past_time(cluster):
                timeout=60)
     assert replica.sql("SELECT count(*), min(g), max(g) FROM t") == [(1000, -99, 900)]
     assert ep.sql("SELECT count(*) FROM t")[0][0] == 5000
+
+
+def test_a_replica_behind_what_the_safekeepers_keep_gets_the_offloaded_wal(cluster):
+    """A replica frozen (SIGSTOP) while the writer writes several segments,
+    the pageserver uploads them and the safekeepers offload and remove
+    them: once it runs again, the safekeepers stream it the removed WAL
+    back from object storage, and it catches up with every row."""
+    import signal
+
+    from fixtures.strata import SEGMENT
+    from fixtures.workload import bulk_write
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE marks (g int)")
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep")
+    with ep.connect() as conn:
+        start = current_lsn(conn)
+    # Every process of its PostgreSQL (each works in the data directory).
+    postgres = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.readlink(proc / "cwd") == str(replica.pgdata.resolve()):
+                postgres.append(int(proc.name))
+        except OSError:
+            pass
+    assert len(postgres) >= 3, postgres
+    for p in postgres:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        bulk_write(ep, start + 5 * SEGMENT, after_each=lambda c: c.execute("INSERT INTO marks VALUES (1)"))
+        with ep.connect() as conn:
+            conn.execute("SELECT pg_switch_wal()")
+            conn.execute("INSERT INTO marks VALUES (2)")
+            end = current_lsn(conn)
+        cluster.run("timeline", "checkpoint", timeout=600)
+        gone = (start // SEGMENT + 2) * SEGMENT
+
+        def removed_everywhere():
+            st = {n: parse_lsn(cluster.timeline_status(n)["removal"]["removed_before"])
+                  for n in cluster.safekeeper_names()}
+            return st if min(st.values()) >= gone else None
+
+        wait_until("the safekeepers to remove the WAL the replica has not read", removed_everywhere, timeout=180)
+    finally:
+        for p in postgres:
+            os.kill(p, signal.SIGCONT)
+    wait_until("the replica to replay the removed WAL and the rest", lambda: _replay_lsn(replica) >= end or None,
+               timeout=180)
+    assert replica.sql("SELECT count(*) FROM marks") == ep.sql("SELECT count(*) FROM marks")
+    logs = "".join(cluster.log(n) for n in cluster.safekeeper_names())
+    assert "a replication client reads WAL offloaded to object storage" in logs

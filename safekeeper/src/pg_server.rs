@@ -435,6 +435,45 @@ fn copy_data(payload: Vec<u8>) -> Result<BytesMut, ReplicationError> {
     Ok(out)
 }
 
+/// The offloaded segment a stream last read from object storage: a replica
+/// that lags behind what this safekeeper keeps reads a whole segment from
+/// there, one at a time (bounded: one segment per stream).
+#[derive(Default)]
+struct OffloadedSegment {
+    segment: Option<(u64, Vec<u8>)>,
+}
+
+impl OffloadedSegment {
+    /// Reads WAL at `from` into `buf`, up to the end of its segment, from
+    /// the segment offloaded to object storage; how many bytes it read.
+    async fn read(&mut self, shared: &Shared, timeline: &Timeline, from: Lsn, buf: &mut [u8]) -> Result<usize, String> {
+        let Some(remote) = shared.remote.as_ref() else {
+            return Err("no object storage to read it back from".into());
+        };
+        let size = u64::from(timeline.identity.wal_segment_size);
+        let segno = from.0 / size;
+        if self.segment.as_ref().is_none_or(|(s, _)| *s != segno) {
+            let (tenant, id) = (timeline.identity.tenant_id, timeline.identity.timeline_id);
+            let fetched = strata_remote_storage::wal::fetch_segment(remote, tenant, id, segno, size)
+                .await
+                .map_err(|e| format!("reading segment {segno} back from object storage: {e}"))?;
+            let Some((_, bytes)) = fetched else {
+                return Err(format!("segment {segno} is not in object storage either"));
+            };
+            if bytes.len() as u64 != size {
+                return Err(format!("segment {segno} in object storage has {} bytes, not {size}", bytes.len()));
+            }
+            info!(timeline = %id, segno, "a replication client reads WAL offloaded to object storage");
+            self.segment = Some((segno, bytes));
+        }
+        let bytes = &self.segment.as_ref().expect("fetched above").1;
+        let offset = (from.0 % size) as usize;
+        let n = buf.len().min(bytes.len() - offset);
+        buf[..n].copy_from_slice(&bytes[offset..offset + n]);
+        Ok(n)
+    }
+}
+
 /// `START_REPLICATION [SLOT name] [PHYSICAL] X/X [TIMELINE n]`.
 async fn stream(
     conn: Session,
@@ -491,6 +530,7 @@ async fn stream(
     let mut buf = vec![0u8; shared.config.max_send_bytes];
     // Only committed WAL is sent: the segment being read stays open.
     let mut wal = WalReader::new(&timeline.dir, segment_size, true);
+    let mut offloaded = OffloadedSegment::default();
     let result: Result<(), ReplicationError> = async {
         loop {
             match done_rx.try_recv() {
@@ -500,9 +540,18 @@ async fn stream(
             }
             let commit = watch.borrow_and_update().commit_lsn;
             if sent < commit {
-                let n = ((commit.0 - sent.0) as usize).min(buf.len());
-                tokio::task::block_in_place(|| wal.read(sent, &mut buf[..n]))
-                    .map_err(|e| ReplicationError::Wal(e.to_string()))?;
+                let mut n = ((commit.0 - sent.0) as usize).min(buf.len());
+                let read = tokio::task::block_in_place(|| wal.read(sent, &mut buf[..n]));
+                if let Err(e) = read {
+                    // Removed here once offloaded: a lagging replica's WAL comes back from object storage.
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        return Err(ReplicationError::Wal(e.to_string()));
+                    }
+                    n = offloaded
+                        .read(shared, timeline, sent, &mut buf[..n])
+                        .await
+                        .map_err(|why| ReplicationError::Wal(format!("{e}; {why}")))?;
+                }
                 sent = Lsn(sent.0 + n as u64);
                 let data = match stripper.as_mut() {
                     Some(st) => st.push(&buf[..n]).map_err(|e| ReplicationError::Wal(e.to_string()))?,
