@@ -436,3 +436,52 @@ def test_a_replica_behind_what_the_safekeepers_keep_gets_the_offloaded_wal(clust
     assert replica.sql("SELECT count(*) FROM marks") == ep.sql("SELECT count(*) FROM marks")
     logs = "".join(cluster.log(n) for n in cluster.safekeeper_names())
     assert "a replication client reads WAL offloaded to object storage" in logs
+
+
+def test_hot_standby_feedback_reaches_the_writer_through_the_safekeepers(cluster):
+    """A replica started with --hot-standby-feedback: its oldest snapshot
+    travels replica -> safekeeper -> the writer's proposer -> the writer's
+    slot, so the writer's VACUUM keeps the rows a replica query still
+    reads, and the query is not cancelled. Once the query ends, the hold
+    moves on."""
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE held AS SELECT g FROM generate_series(1, 10000) g")
+    # Writes that leave nothing to clean up (temporary tables would: their
+    # catalog rows, pruned before the feedback arrives, conflict with the
+    # replica's snapshot as on any stock standby).
+    ep.sql("CREATE TABLE nudge (x int)")
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep", "--hot-standby-feedback")
+    slot_xmin = "SELECT xmin::text FROM pg_replication_slots WHERE slot_name = 'strata_proposer'"
+
+    with replica.connect() as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        assert conn.execute("SELECT count(*) FROM held").fetchone()[0] == 10000
+        snapshot_xmin = int(conn.execute("SELECT txid_snapshot_xmin(txid_current_snapshot())").fetchone()[0])
+
+        def held_back():
+            ep.sql("INSERT INTO nudge VALUES (1)")  # WAL: an append carries the feedback along
+            x = ep.sql(slot_xmin)[0][0]
+            return int(x) if x is not None else None
+
+        xmin = wait_until("the writer's slot to hold the replica's snapshot", held_back, timeout=60)
+        assert xmin <= snapshot_xmin & 0xFFFFFFFF, (xmin, snapshot_xmin)
+        with ep.connect() as w:
+            w.execute("DELETE FROM held")
+            notices = []
+            w.add_notice_handler(lambda d: notices.append(d.message_primary))
+            w.execute("VACUUM (VERBOSE) held")
+            end = current_lsn(w)
+        assert any("10000 are dead but not yet removable" in n for n in notices), notices
+        wait_until("the replica to replay the vacuum", lambda: _replay_lsn(replica) >= end or None, timeout=60)
+        # The rows the snapshot sees were kept: no conflict, no cancellation.
+        assert conn.execute("SELECT count(*) FROM held").fetchone()[0] == 10000
+        conn.execute("COMMIT")
+    assert replica.sql("SELECT count(*) FROM held")[0][0] == 0
+
+    def released():
+        ep.sql("INSERT INTO nudge VALUES (1)")
+        x = ep.sql(slot_xmin)[0][0]
+        return x is None or int(x) > xmin or None
+
+    wait_until("the hold to move on once the query ended", released, timeout=60)

@@ -610,6 +610,28 @@ impl ReplicationStream {
         .await
     }
 
+    /// Hot standby feedback ('h'): the oldest xmin and catalog xmin of the
+    /// standbys behind this client, as full transaction ids (epoch in the
+    /// high half); 0 for none, which releases the slot's xmin.
+    pub async fn send_hot_standby_feedback(&mut self, xmin: u64, catalog_xmin: u64) -> Result<(), PgError> {
+        let mut body = [0u8; 25];
+        body[0] = b'h';
+        body[1..9].copy_from_slice(&strata_formats::time::pg_now().to_be_bytes());
+        body[9..13].copy_from_slice(&(xmin as u32).to_be_bytes());
+        body[13..17].copy_from_slice(&((xmin >> 32) as u32).to_be_bytes());
+        body[17..21].copy_from_slice(&(catalog_xmin as u32).to_be_bytes());
+        body[21..25].copy_from_slice(&((catalog_xmin >> 32) as u32).to_be_bytes());
+        let timeout = self.timeout;
+        with_timeout(timeout, || "sending hot standby feedback".to_string(), async {
+            self.conn.flush().await?;
+            frontend::CopyData::new(&body[..])
+                .map(|data| data.write(&mut self.conn.wbuf))
+                .map_err(|e| PgError::InvalidArgument(e.to_string()))?;
+            self.conn.flush().await
+        })
+        .await
+    }
+
     /// A run-time parameter the server reported.
     pub fn parameter(&self, name: &str) -> Option<&str> {
         self.parameters.get(name).map(String::as_str)

@@ -23,8 +23,8 @@ use strata_protocol::safekeeper::election::{
     advance_commit, elect, next_term, quorum, quorum_lsn, start_streaming_at, Epoch,
 };
 use strata_protocol::safekeeper::{
-    AcceptorMessage, AppendRequest, ErrorCode, Membership, ProposerElected, ProposerGreeting, ProposerMessage, Term,
-    TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
+    AcceptorMessage, AppendRequest, ErrorCode, Membership, ProposerElected, ProposerGreeting, ProposerMessage,
+    StandbyFeedback, Term, TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
 };
 use strata_protocol::{NodeId, Token};
 
@@ -125,6 +125,8 @@ struct Link {
     consumer_applied: Lsn,
     /// The commit LSN last sent to it.
     commit_sent: Lsn,
+    /// The oldest snapshots of the replicas streaming from it.
+    feedback: StandbyFeedback,
 }
 
 /// WAL from `start`, record-complete up to `complete_end`.
@@ -263,6 +265,7 @@ impl Core {
                 last_request: Instant::now(),
                 consumer_applied: Lsn::INVALID,
                 commit_sent: Lsn::INVALID,
+                feedback: StandbyFeedback::default(),
             });
         }
     }
@@ -376,6 +379,8 @@ impl Core {
             LinkEvent::Disconnected { link, session, .. } => {
                 if self.links[link].session == session {
                     self.links[link].phase = LinkPhase::Down;
+                    // Its replicas' snapshots count again once it reconnects and says so.
+                    self.links[link].feedback = StandbyFeedback::default();
                 }
             }
             LinkEvent::Message { link, session, msg } => {
@@ -397,6 +402,15 @@ impl Core {
 
     /// Asks again for the position of links that were too far behind to be
     /// streamed to (they catch up from their peers meanwhile).
+    /// The oldest snapshot of any replica, as the safekeepers report them
+    /// (each id on its own; 0: none), for the writer's slot.
+    fn standby_feedback(&self) -> StandbyFeedback {
+        let min = |f: fn(&StandbyFeedback) -> u64| {
+            self.links.iter().map(|l| f(&l.feedback)).filter(|x| *x != 0).min().unwrap_or(0)
+        };
+        StandbyFeedback { xmin: min(|f| f.xmin), catalog_xmin: min(|f| f.catalog_xmin) }
+    }
+
     fn retry_lagging(&mut self) {
         if self.epoch.is_none() {
             return;
@@ -485,6 +499,7 @@ impl Core {
                 }
                 warn!(safekeeper = %self.links[link].address, "error: {:?}: {}", e.code, e.message);
             }
+            AcceptorMessage::StandbyFeedback(f) => self.links[link].feedback = f,
             AcceptorMessage::Greeting(_) => {}
         }
         Ok(())
@@ -875,6 +890,7 @@ async fn run_inner(
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut reported = Lsn::INVALID;
     let mut last_report = Instant::now();
+    let mut feedback_reported = StandbyFeedback::default();
     loop {
         let buffer_full = core.buffer.as_ref().is_some_and(|b| b.bytes.len() >= core.cfg.max_buffer_bytes);
         let commit_due = core.commit_update_deadline();
@@ -947,6 +963,18 @@ async fn run_inner(
             }
             reported = ack;
             last_report = Instant::now();
+        }
+        // The replicas' oldest snapshots hold the writer's slot back
+        // (hot_standby_feedback through the safekeepers).
+        let feedback = core.standby_feedback();
+        if feedback != feedback_reported {
+            if let Err(e) = stream.send_hot_standby_feedback(feedback.xmin, feedback.catalog_xmin).await {
+                return match stopping(&shutdown) {
+                    Some(drain_timeout) => drain(core, drain_timeout).await,
+                    None => Err(pg_err(e)),
+                };
+            }
+            feedback_reported = feedback;
         }
         core.publish();
     }

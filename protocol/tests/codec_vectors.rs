@@ -9,8 +9,8 @@ use strata_protocol::safekeeper::codec::{
 };
 use strata_protocol::safekeeper::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, ErrorCode, ErrorMessage, Member,
-    Membership, ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, TermHistory,
-    TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
+    Membership, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
+    TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
 };
 use strata_protocol::{NodeId, TenantId, TimelineId, Token};
 
@@ -70,7 +70,7 @@ fn member(id: u64, address: &str) -> Member {
 fn proposer_greeting() {
     proposer(
         ProposerMessage::Greeting(ProposerGreeting {
-            protocol_version: 3,
+            protocol_version: 4,
             proposer_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             timeline: TimelineIdentity {
                 tenant_id: TenantId([0x11; 16]),
@@ -82,10 +82,18 @@ fn proposer_greeting() {
             membership: Membership::default(),
             token: Some(Token::new("tok".into())),
         }),
-        "53000000 01 03000000 000102030405060708090a0b0c0d0e0f
+        "53000000 01 04000000 000102030405060708090a0b0c0d0e0f
          11111111111111111111111111111111 22222222222222222222222222222222
          0807060504030201 0f000000 00000001
          00000000 0000 00 03000000 746f6b",
+    );
+}
+
+#[test]
+fn standby_feedback() {
+    acceptor(
+        AcceptorMessage::StandbyFeedback(StandbyFeedback { xmin: (2 << 32) | 731, catalog_xmin: 0 }),
+        "11000000 84 db02000002000000 0000000000000000",
     );
 }
 

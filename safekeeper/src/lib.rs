@@ -20,6 +20,7 @@ pub mod recovery;
 pub mod removal;
 pub mod server;
 pub mod shared;
+pub mod standby_feedback;
 pub mod timeline;
 pub mod timelines;
 pub mod wal_reader;

@@ -508,16 +508,24 @@ async fn stream(
     put(&mut out, &CopyBothResponse::new(0, 0, Vec::new()))?;
     send(&mut w, &out).await?;
     let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
-    // Client messages: status updates are dropped; CopyDone ends the
-    // stream. A client quiet for longer than `IO_TIMEOUT` is fine: the
-    // reader then only stops listening, the WAL keeps flowing.
+    // Client messages: hot standby feedback goes to the timeline's
+    // registry (for the writer's proposer), status updates are dropped;
+    // CopyDone ends the stream. A client quiet for longer than `IO_TIMEOUT`
+    // is fine: the reader then only stops listening, the WAL keeps flowing.
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+    let tl = timeline.clone();
     let reader = tokio::spawn(async move {
+        let feedback = tl.standby_feedback.slot();
         loop {
             match reader.next().await {
                 Ok(PgWireFrontendMessage::CopyDone(_) | PgWireFrontendMessage::Terminate(_)) => {
                     let _ = done_tx.send(());
                     return;
+                }
+                Ok(PgWireFrontendMessage::CopyData(d)) if d.data.first() == Some(&b'h') => {
+                    if let Some(f) = crate::standby_feedback::parse_hot_standby_feedback(&d.data[1..]) {
+                        feedback.set(f);
+                    }
                 }
                 Ok(_) | Err(ReplicationError::Timeout(_)) => {}
                 Err(_) => return,

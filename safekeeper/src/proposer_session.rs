@@ -93,6 +93,7 @@ pub fn serve(
     // and learn the new configuration, so no vote or append of a stale
     // configuration is ever taken (docs/safekeeper-membership.md).
     let mut session_generation = 0u32;
+    let mut feedback_sent = strata_protocol::safekeeper::StandbyFeedback::default();
     let same_generation = |acceptor: &crate::timeline::TimelineAcceptor, session: u32| {
         let current = acceptor.membership().generation;
         if current == session {
@@ -146,6 +147,12 @@ pub fn serve(
                     shared.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
                     shared.metrics.appends_per_flush.observe(n as f64);
                     codec::encode_acceptor(&ack, &mut session.out);
+                    // The replicas' feedback rides along when it changed.
+                    let feedback = timeline.standby_feedback.oldest();
+                    if feedback != feedback_sent {
+                        codec::encode_acceptor(&AcceptorMessage::StandbyFeedback(feedback), &mut session.out);
+                        feedback_sent = feedback;
+                    }
                     session.send()?;
                 }
                 Err(e) => {

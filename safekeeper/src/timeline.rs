@@ -79,6 +79,8 @@ pub struct Timeline {
     next_proposer: std::sync::atomic::AtomicU64,
     /// When a proposer last wrote WAL here (peer recovery waits for none).
     last_append: Mutex<Option<Instant>>,
+    /// The replicas' `hot_standby_feedback`, for the proposer.
+    pub standby_feedback: crate::standby_feedback::FeedbackRegistry,
 }
 
 /// Holds a proposer connection's place in its timeline's list.
@@ -189,6 +191,7 @@ impl Timeline {
             proposers: Mutex::new(Vec::new()),
             next_proposer: std::sync::atomic::AtomicU64::new(0),
             last_append: Mutex::new(None),
+            standby_feedback: Default::default(),
         }))
     }
 

@@ -30,8 +30,8 @@ use super::history::HistoryError;
 use super::membership::{Member, Membership, MAX_MEMBERS};
 use super::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
-    ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StartStreaming, StreamMessage, StreamStart,
-    TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
+    ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
+    StreamStart, TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
 };
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{NodeId, TenantId, TimelineId};
@@ -63,6 +63,7 @@ pub mod tag {
     pub const ACCEPTOR_GREETING: u8 = 0x81;
     pub const VOTE_RESPONSE: u8 = 0x82;
     pub const APPEND_RESPONSE: u8 = 0x83;
+    pub const STANDBY_FEEDBACK: u8 = 0x84;
     pub const ACCEPTOR_ERROR: u8 = 0x8F;
 
     pub const START_STREAMING: u8 = 0x10;
@@ -242,6 +243,9 @@ pub fn encode_acceptor(msg: &AcceptorMessage, out: &mut Vec<u8>) {
             .lsn(a.commit_lsn)
             .lsn(a.consumer_applied_lsn)
             .finish(),
+        AcceptorMessage::StandbyFeedback(f) => {
+            begin_frame(out, tag::STANDBY_FEEDBACK).u64(f.xmin).u64(f.catalog_xmin).finish()
+        }
         AcceptorMessage::Error(e) => begin_frame(out, tag::ACCEPTOR_ERROR).error(e).finish(),
     }
 }
@@ -492,6 +496,12 @@ pub fn decode_acceptor(frame: &[u8]) -> Result<AcceptorMessage, CodecError> {
                 consumer_applied_lsn: r.lsn("consumer_applied_lsn")?,
             }))
         }),
+        tag::STANDBY_FEEDBACK => read(frame, "StandbyFeedback", |r| {
+            Ok(AcceptorMessage::StandbyFeedback(StandbyFeedback {
+                xmin: r.u64("xmin")?,
+                catalog_xmin: r.u64("catalog_xmin")?,
+            }))
+        }),
         tag::ACCEPTOR_ERROR => read(frame, "AcceptorError", |r| Ok(AcceptorMessage::Error(r.error()?))),
         tag => Err(CodecError::UnknownTag { direction: "acceptor", tag }),
     }
@@ -736,6 +746,7 @@ mod tests {
             })),
             Any::S(StreamMessage::Keepalive { commit_lsn: Lsn(77), flush_lsn: Lsn(78) }),
             Any::S(StreamMessage::Error(ErrorMessage { code: ErrorCode::NotFound, message: String::new() })),
+            Any::A(AcceptorMessage::StandbyFeedback(StandbyFeedback { xmin: (1 << 32) | 731, catalog_xmin: 0 })),
         ]
     }
 
@@ -805,6 +816,17 @@ mod tests {
     }
 
     #[test]
+    fn standby_feedback_vector() {
+        let f = StandbyFeedback { xmin: 0x0000_0002_0000_02DB, catalog_xmin: 0x0000_0002_0000_0100 };
+        let bytes = Any::A(AcceptorMessage::StandbyFeedback(f)).encode();
+        // Little-endian, as every field: the frame's length, the tag, xmin, catalog_xmin.
+        let mut expect = vec![17, 0, 0, 0, 0x84];
+        expect.extend_from_slice(&[0xDB, 2, 0, 0, 2, 0, 0, 0, 0, 1, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(bytes, expect);
+        assert_eq!(decode_acceptor(&bytes[LENGTH_SIZE..]).unwrap(), AcceptorMessage::StandbyFeedback(f));
+    }
+
+    #[test]
     fn truncation_error_names_message_and_field() {
         let bytes = Any::A(AcceptorMessage::AppendResponse(AppendResponse {
             term: 1,
@@ -844,7 +866,7 @@ mod tests {
             if !(0x01..=0x04).contains(&tag) {
                 assert_eq!(decode_proposer(&frame), Err(CodecError::UnknownTag { direction: "proposer", tag }));
             }
-            if !(0x81..=0x83).contains(&tag) && tag != 0x8F {
+            if !(0x81..=0x84).contains(&tag) && tag != 0x8F {
                 assert_eq!(decode_acceptor(&frame), Err(CodecError::UnknownTag { direction: "acceptor", tag }));
             }
             if !(0x10..=0x11).contains(&tag) {
@@ -1021,8 +1043,8 @@ mod tests {
         out.push(0);
         assert!(matches!(decode_proposer(&out[LENGTH_SIZE..]), Err(CodecError::TrailingBytes { count: 1, .. })));
         // Stream requests likewise.
-        let frame = [tag::START_STREAMING, 4, 0, 0, 0, 9];
-        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 4, .. })));
+        let frame = [tag::START_STREAMING, 5, 0, 0, 0, 9];
+        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 5, .. })));
         // Damaged stream requests of the older versions consumers may still
         // speak are plain decoding errors.
         for version in 1..PROTOCOL_VERSION as u8 {
@@ -1098,7 +1120,7 @@ mod tests {
         }
 
         fn message(&mut self) -> Any {
-            match self.below(14) {
+            match self.below(15) {
                 0 => Any::P(ProposerMessage::Greeting(ProposerGreeting {
                     protocol_version: self.below(3) as u32,
                     proposer_id: self.bytes(16).try_into().unwrap(),
@@ -1173,6 +1195,10 @@ mod tests {
                     wal: self.wal(),
                 })),
                 12 => Any::S(StreamMessage::Keepalive { commit_lsn: self.lsn(), flush_lsn: self.lsn() }),
+                13 => Any::A(AcceptorMessage::StandbyFeedback(StandbyFeedback {
+                    xmin: self.next_u64(),
+                    catalog_xmin: self.next_u64(),
+                })),
                 _ => Any::S(StreamMessage::Error(self.error())),
             }
         }

@@ -17,8 +17,9 @@ use crate::ids::{NodeId, TenantId, TimelineId};
 use crate::token::Token;
 
 /// Protocol version spoken by this build (2: greetings carry the membership
-/// configuration; 3: greetings and stream requests carry a token).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// configuration; 3: greetings and stream requests carry a token; 4:
+/// acceptors send StandbyFeedback).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 pub use membership::{Member, Membership};
 
@@ -137,12 +138,23 @@ pub struct AppendResponse {
     pub consumer_applied_lsn: Lsn,
 }
 
+/// The oldest snapshots the replicas streaming from an acceptor hold
+/// (`hot_standby_feedback`), for the writer to keep what they may see.
+/// Transaction ids are full 64-bit ids (epoch in the high half); 0: none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StandbyFeedback {
+    pub xmin: u64,
+    pub catalog_xmin: u64,
+}
+
 /// Messages an acceptor sends to a proposer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcceptorMessage {
     Greeting(AcceptorGreeting),
     VoteResponse(VoteResponse),
     AppendResponse(AppendResponse),
+    /// Sent after an AppendResponse when the replicas' feedback changed.
+    StandbyFeedback(StandbyFeedback),
     /// Sent before the acceptor closes a connection it refuses.
     Error(ErrorMessage),
 }
