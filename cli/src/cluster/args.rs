@@ -75,6 +75,8 @@ pub struct StatusArgs {
 }
 
 /// `strata endpoint …`: computes (PostgreSQL + agent) of the local cluster.
+// Parsed once per run: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum EndpointCommand {
     /// Start a compute (PostgreSQL + agent) on a branch; prints its connection string last.
