@@ -85,8 +85,8 @@ class Hosted:
         st = self.status()
         return all(s["state"] == "running" for s in st["services"])
 
-    def endpoint(self, name: str, host: str) -> Remote:
-        out = self.cluster.run("endpoint", "start", name, "--host", host, timeout=300).stdout
+    def endpoint(self, name: str, host: str, *extra: str) -> Remote:
+        out = self.cluster.run("endpoint", "start", name, "--host", host, *extra, timeout=300).stdout
         tls = next(line for line in out.splitlines() if line.startswith("over TLS: "))
         return Remote(tls.removeprefix("over TLS: "), self)
 
@@ -319,3 +319,29 @@ def test_a_safekeeper_is_replaced_on_its_host_and_every_host_learns_it(hosted):
     hosted.cluster.run("endpoint", "stop", "ep", timeout=300)
     again = hosted.endpoint("ep", "cp1")
     assert again.sql("SELECT count(*) FROM kept") == [(200,)]
+
+
+def test_a_replica_on_another_host_follows_and_is_promoted(hosted):
+    """A replica on cp2 of a writer on cp1: the CLI asks the writer's agent
+    on cp1 for a checkpoint, the replica streams from the safekeepers' hosts
+    over TLS and reads from the pageserver's host; promoted, it is the
+    writer, and the writer on cp1 is fenced and stopped."""
+    ep = hosted.endpoint("ep", "cp1")
+    ep.sql("CREATE TABLE far (g int)")
+    ep.sql("INSERT INTO far SELECT generate_series(1, 5000)")
+    replica = hosted.endpoint("r1", "cp2", "--replica-of", "ep")
+    assert replica.info["host"] == hosted.hosts.hosts["cp2"].address
+    ep.sql("INSERT INTO far SELECT generate_series(5001, 6000)")
+    end = ep.sql("SELECT pg_current_wal_lsn()::text")[0][0]
+    wait_until("the replica on cp2 to replay the writer's WAL", lambda: replica.sql(
+        f"SELECT pg_last_wal_replay_lsn() >= '{end}'::pg_lsn")[0][0] or None, 60, details=hosted.logs)
+    assert replica.sql("SELECT count(*), sum(g) FROM far") == ep.sql("SELECT count(*), sum(g) FROM far")
+    st = {e["name"]: e for e in hosted.status()["endpoints"]}
+    assert st["r1"]["role"] == "replica" and st["r1"]["host"] == "cp2" and st["r1"]["replica"] is not None, st
+
+    out = hosted.cluster.run("endpoint", "promote", "r1", timeout=300).stdout
+    assert "promoted to the writer of branch main" in out, out
+    replica.sql("INSERT INTO far VALUES (-1)")
+    assert replica.sql("SELECT count(*) FROM far")[0][0] == 6001
+    st = {e["name"]: e for e in hosted.status()["endpoints"]}
+    assert st["ep"]["state"] == "stopped" and st["r1"]["role"] == "writer", st

@@ -485,3 +485,85 @@ def test_hot_standby_feedback_reaches_the_writer_through_the_safekeepers(cluster
         return x is None or int(x) > xmin or None
 
     wait_until("the hold to move on once the query ended", released, timeout=60)
+
+
+def _table_digests(client) -> dict:
+    """Every user table's row count and a digest of its rows in order."""
+    tables = [r[0] for r in client.sql(
+        "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.relkind = 'r' AND n.nspname = 'public' ORDER BY 1")]
+    out = {}
+    for t in tables:
+        out[t] = client.sql(f"SELECT count(*), md5(coalesce(string_agg(x::text, ',' ORDER BY x::text), ''))"
+                            f" FROM {t} x")[0]
+    return out
+
+
+def test_a_replica_equals_a_stock_standby_fed_the_same_wal(cluster, pg_bin_dir, tmp_path):
+    """A seeded random workload on the writer; its WAL streams from the
+    safekeepers to a lazy replica and to a stock standby on local disk.
+    At random moments the writer pauses, both replay to the same LSN, and
+    every table is equal on the two; the replica reads its blocks at the
+    read floor meanwhile (docs/replicas.md, rules). Then pg_amcheck finds
+    nothing on the replica."""
+    import random
+    rng = random.Random(3030)
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE EXTENSION amcheck")
+    ep.sql("CREATE TABLE t0 (id int PRIMARY KEY, v text, n int)")
+    ep.sql("INSERT INTO t0 SELECT g, md5(g::text), g % 17 FROM generate_series(1, 40000) g")
+    standby = PgCluster(pg_bin_dir, tmp_path / "standby", traverse_root=tmp_path)
+    ep.run(["pg_basebackup", "-D", str(standby.pgdata), "-X", "none", "-c", "fast", "--no-sync"], timeout=300)
+    ca = standby.base_dir / "ca.pem"
+    shutil.copyfile(cluster.ca, ca)
+    (standby.pgdata / "standby.signal").write_text("")
+    standby.take_copied_data_dir()
+    standby.start({"primary_conninfo": _safekeepers_conninfo(cluster, ca, "stock_standby"), "hot_standby": "on",
+                   "ssl": "off", "synchronous_standby_names": ""})
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep", "--cache-mb", "1")  # a small cache: blocks are dropped and read back
+
+    tables = ["t0"]
+    statements = 0
+    for round_ in range(6):
+        with ep.connect() as conn:
+            for _ in range(rng.randint(20, 60)):
+                t = rng.choice(tables)
+                k = rng.randint(1, 25000)
+                op = rng.random()
+                if op < 0.3:
+                    conn.execute(f"UPDATE {t} SET v = md5(v), n = n + 1 WHERE id BETWEEN %s AND %s", (k, k + 300))
+                elif op < 0.5:
+                    conn.execute(f"INSERT INTO {t} SELECT g, 'i' || g, 0 FROM generate_series(%s::int, %s::int) g"
+                                 " ON CONFLICT (id) DO UPDATE SET n = excluded.n", (k, k + 500))
+                elif op < 0.65:
+                    conn.execute(f"DELETE FROM {t} WHERE id BETWEEN %s AND %s", (k, k + 200))
+                elif op < 0.72:
+                    conn.execute(f"VACUUM {t}")
+                elif op < 0.77:
+                    conn.execute(f"UPDATE {t} SET n = n + 1 WHERE n %% 5 = %s", (k % 5,))  # HOT updates
+                elif op < 0.81 and len(tables) < 5:
+                    name = f"t{len(tables)}"
+                    conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text, n int)")
+                    conn.execute(f"INSERT INTO {name} SELECT g, md5(g::text), 0 FROM generate_series(1, %s::int) g",
+                                 (rng.randint(100, 20000),))
+                    tables.append(name)
+                elif op < 0.84:
+                    conn.execute(f"CREATE INDEX IF NOT EXISTS {t}_n ON {t} (n)")
+                elif op < 0.86 and t != "t0":
+                    conn.execute(f"TRUNCATE {t}")
+                else:
+                    conn.execute(f"SELECT count(*) FROM {t}")  # reads only
+                statements += 1
+                # Reads on the replica while replay moves under it.
+                if rng.random() < 0.2:
+                    replica.sql(f"SELECT count(*), sum(n) FROM {rng.choice(tables[:1])}")
+            end = current_lsn(conn)
+        wait_until("the replica to replay the round", lambda: _replay_lsn(replica) >= end or None, timeout=120)
+        wait_until("the stock standby to replay the round", lambda: parse_lsn(
+            standby.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0]) >= end or None, timeout=120)
+        ours, stock = _table_digests(replica), _table_digests(standby)
+        assert ours == stock, f"round {round_}: the replica differs from the stock standby: {ours} != {stock}"
+    assert statements > 100
+    assert replica.agent_status()["lazy"]["cache_evictions"] > 0, "the small cache dropped blocks"
+    replica.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=300)

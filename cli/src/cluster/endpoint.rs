@@ -384,6 +384,10 @@ pub struct LaunchRequest {
     pub agent: AgentArgs,
     /// The settings and password it had on the host it moves from.
     pub moved: Option<Forgotten>,
+    /// For a replica or a read-only endpoint: the branch's writer's
+    /// password, its clients' password too (used at its first start).
+    #[serde(default)]
+    pub writer_password: Option<String>,
     /// The agent's own token (this tenant's data only), minted by the CLI,
     /// so that a compute host needs no signing key; none without tokens.
     pub agent_token: Option<String>,
@@ -414,6 +418,32 @@ pub struct StartOptions<'a> {
     /// `strata endpoint promote`: the replica starts again as its branch's
     /// writer; the writer still recorded as running is fenced.
     pub promote: bool,
+}
+
+/// An endpoint's client password (the node API's answer).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Password {
+    pub password: Option<String>,
+}
+
+/// The password of endpoint `name` of this machine, if it has one yet.
+pub fn password_of(wd: &Workdir, name: &str) -> Result<Password> {
+    let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };
+    let password = fs::read_to_string(ep.password_file()).ok().and_then(|t| t.lines().next().map(str::to_string));
+    Ok(Password { password: password.filter(|p| !p.is_empty()) })
+}
+
+/// The password of the branch's writer, wherever it runs: a replica or a
+/// read-only endpoint logs its clients in with it (the role's password
+/// is the writer's, replayed from its WAL).
+fn writer_password(wd: &Workdir, all: &[EndpointRecord], branch: &str, name: &str) -> Option<String> {
+    let writer = all.iter().find(|o| o.file.branch == branch && o.file.is_writer() && o.file.name != name)?;
+    let host = hosts::host(wd, &writer.file.host).ok()?;
+    if hosts::is_local(host) {
+        return password_of(wd, &writer.file.name).ok()?.password;
+    }
+    let req = hosts::EndpointRequest { name: writer.file.name.clone(), immediate: false };
+    hosts::call::<Password>(host, "POST", "/v1/endpoints/password", Some(&req), hosts::NODE_CALL).ok()?.password
 }
 
 /// An endpoint removed from a host to move to another: its settings and
@@ -531,6 +561,11 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         }
     }
     check_storage_runs(wd)?;
+    let writer_password = if replica_of.is_some() || read_only_at.is_some() {
+        writer_password(wd, &all, &branch_name, name)
+    } else {
+        None
+    };
     // A replica starts from a fresh checkpoint of the running writer, if any.
     let replica = replica_of.map(|of| {
         let writer = all.iter().find(|o| o.file.branch == branch_name && o.file.is_writer() && o.state == "running");
@@ -567,6 +602,7 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         branch: branch_name,
         timeline_id: branch.timeline_id,
         read_only_at,
+        writer_password,
         replica,
         promote: how.promote,
         port: port.or(moved.as_ref().map(|m| m.file.pg_port)),
@@ -735,7 +771,8 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         &ep.file,
     )?;
 
-    if let Some(password) = req.moved.as_ref().and_then(|m| m.password.as_deref()) {
+    let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
+    if let Some(password) = given {
         if !ep.password_file().exists() {
             strata_service::auth::write_secret(&ep.password_file(), password)
                 .map_err(|e| Error::Failed(e.to_string()))?;

@@ -191,6 +191,10 @@ async fn forget_endpoint(State(node): State<Node>, Json(req): Json<EndpointReque
     node.blocking(true, move |_, wd| endpoint::forget(wd, &req.name)).await
 }
 
+async fn endpoint_password(State(node): State<Node>, Json(req): Json<EndpointRequest>) -> Answer<endpoint::Password> {
+    node.blocking(false, move |_, wd| endpoint::password_of(wd, &req.name)).await
+}
+
 async fn get_spec(State(node): State<Node>) -> Answer<hosts::Spec> {
     node.blocking(false, |_, wd| hosts::spec(wd)).await
 }
@@ -224,6 +228,7 @@ fn router(node: Node, auth: Option<&HttpAuth>) -> Router {
         .route("/v1/endpoints/start", post(start_endpoint))
         .route("/v1/endpoints/stop", post(stop_endpoint))
         .route("/v1/endpoints/forget", post(forget_endpoint))
+        .route("/v1/endpoints/password", post(endpoint_password))
         .route("/v1/spec", get(get_spec).post(put_spec))
         .with_state(node);
     guard(routes, auth, Need::Management)
