@@ -328,16 +328,34 @@ def test_a_replica_under_load_sees_consistent_snapshots_across_failures(cluster)
     replica.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=300)
 
 
-def test_a_replica_lagging_beyond_the_bound_restarts_at_the_newest_wal(cluster):
-    """A replica whose replay stops (paused here) falls behind; past the
-    lag bound its agent restarts it from the newest checkpoint, and its
-    named lease moves there, so it no longer holds GC back."""
+def test_a_replica_lagging_beyond_the_bound_restarts_at_the_newest_wal(cluster_factory):
+    """A replica whose replay stops (paused here) holds GC at its read
+    floor while it is within the lag bound. Past the bound its agent
+    restarts it from the newest checkpoint, its named lease moves there,
+    and GC moves on."""
+    cluster = cluster_factory(start=False)
+    cluster.configure("pageserver", {"pitr_interval": 1.0, "gc_horizon": 0, "gc_period": 3600.0})
+    cluster.start()
+    gc_path = cluster.timeline_path() + "/checkpoint?compact=true&gc=true"
+
+    def gc_cutoff() -> int:
+        code, st = cluster.http("pageserver", "POST", gc_path)
+        assert code == 200, st
+        return parse_lsn(st["gc"]["cutoff"])
+
     ep = start_endpoint(cluster)
     ep.sql("CREATE TABLE lagging (g int, pad text)")
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep", "--max-replica-lag-mb", "1")
     start = parse_lsn(replica.agent_status()["replica"]["redo_lsn"])
     replica.sql("SELECT pg_wal_replay_pause()")
+    # Within the bound: GC stays at or below the replica's lease.
+    ep.sql("INSERT INTO lagging SELECT g, 'early' FROM generate_series(1, 500) g")
+    time.sleep(1.5)
+    ep.sql("INSERT INTO lagging VALUES (0, 'a commit after the window')")
+    held = [parse_lsn(le["lsn"]) for le in cluster.timeline_status("pageserver")["leases"] if le.get("holder") == "r1"]
+    assert len(held) == 1 and start <= held[0], held
+    assert gc_cutoff() <= held[0]
     with ep.connect() as conn:
         conn.execute("INSERT INTO lagging SELECT g, repeat('x', 500) FROM generate_series(1, 8000) g")
         conn.execute("CHECKPOINT")
@@ -347,17 +365,21 @@ def test_a_replica_lagging_beyond_the_bound_restarts_at_the_newest_wal(cluster):
 
     def restarted():
         s = replica.agent_status(timeout=2)
-        return s if s["state"] == "running" and s["replica"]["lag_restarts"] >= 1 else None
+        again = s["state"] == "running" and s["replica"] and parse_lsn(s["replica"]["redo_lsn"]) > start
+        return s if again and s["replica"]["lag_restarts"] >= 1 else None
 
     s = wait_until("the lagging replica to be restarted", restarted, timeout=90)
     assert "lagging" in s["last_restart_cause"], s
     assert parse_lsn(s["replica"]["redo_lsn"]) > start + (2 << 20), s["replica"]
     wait_until("the restarted replica to replay the writer's WAL", lambda: _replay_lsn(replica) >= end or None,
                timeout=60)
-    assert replica.sql("SELECT count(*) FROM lagging")[0][0] == 8010
-    # Its lease moved with it: nothing holds GC at the old start.
+    assert replica.sql("SELECT count(*) FROM lagging")[0][0] == 8511
+    # Its lease moved with it: nothing holds GC at the old start, and GC moves on.
     leases = [le for le in cluster.timeline_status("pageserver")["leases"] if le.get("holder") == "r1"]
     assert len(leases) == 1 and parse_lsn(leases[0]["lsn"]) > start + (2 << 20), leases
+    time.sleep(1.5)
+    ep.sql("INSERT INTO lagging VALUES (0, 'a commit after the window')")
+    assert gc_cutoff() > held[0] + (2 << 20)
     assert "strata_compute_replica_lag_restarts_total 1" in replica.agent_metrics()
 
 
