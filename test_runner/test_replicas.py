@@ -176,10 +176,14 @@ def test_a_replica_endpoint_follows_its_writer(cluster):
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep")
     assert replica.sql("SELECT pg_is_in_recovery()")[0][0] is True
+    second = Endpoint(cluster, "r2")  # several per branch
+    second.start("--replica-of", "ep")
     with ep.connect() as conn:
         end = current_lsn(conn)
-    wait_until("the replica to replay the writer's WAL", lambda: _replay_lsn(replica) >= end or None, timeout=60)
-    assert replica.sql(TABLES_DIGEST) == ep.sql(TABLES_DIGEST)
+    for r in (replica, second):
+        wait_until("the replicas to replay the writer's WAL", lambda: _replay_lsn(r) >= end or None, timeout=60)
+        assert r.sql(TABLES_DIGEST) == ep.sql(TABLES_DIGEST)
+    second.stop()
     with ep.connect() as conn:
         conn.execute("UPDATE rep_a SET v = 'changed' WHERE g % 7 = 0")
         conn.execute("DELETE FROM rep_a WHERE g > 15000")
@@ -219,15 +223,18 @@ def test_promotion_under_load_keeps_every_acknowledged_commit_and_fences_the_wri
     safekeepers, its agent stops it for good, and its supervisor does not
     start it again."""
     ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", "1", "-q"], timeout=300)
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep")
     writers = AckedWriters(ep, threads=3, backoff=(0.01, 0.1)).start()
+    bench = PgbenchLoop(ep, clients=2).start()
     try:
         wait_until("commits on the writer", lambda: writers.count() > 100 or None, timeout=60,
                    details=lambda: writers.errors[-3:])
         out = cluster.run("endpoint", "promote", "r1").stdout
         assert "promoted to the writer of branch main" in out, out
     finally:
+        bench.stop()
         writers.stop()
     acked = writers.acked_ids()
     assert len(acked) > 100
@@ -237,6 +244,9 @@ def test_promotion_under_load_keeps_every_acknowledged_commit_and_fences_the_wri
     assert not lost, f"{len(lost)} acknowledged commits lost: {sorted(lost)[:10]}"
     # Whatever the new writer has beyond the acknowledged ones was in doubt.
     assert rows - acked <= writers.in_doubt | writers.attempted
+    sums = replica.sql("SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance)"
+                       " FROM pgbench_branches), (SELECT sum(delta) FROM pgbench_history)")[0]
+    assert sums[0] == sums[1] == sums[2], f"pgbench invariants on the promoted writer: {sums}"
     replica.sql("INSERT INTO acked (id, writer) VALUES (-1, -1)")
     assert replica.sql("SELECT count(*) FROM acked WHERE id = -1")[0][0] == 1
 

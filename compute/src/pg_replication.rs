@@ -599,10 +599,15 @@ impl ReplicationStream {
         body[17..25].copy_from_slice(&apply.0.to_be_bytes());
         body[25..33].copy_from_slice(&strata_formats::time::pg_now().to_be_bytes());
         body[33] = u8::from(reply_requested);
+        self.send_copy_data(&body, "a standby status update").await
+    }
+
+    /// One CopyData message to the server, after whatever is still queued.
+    async fn send_copy_data(&mut self, body: &[u8], what: &str) -> Result<(), PgError> {
         let timeout = self.timeout;
-        with_timeout(timeout, || "sending a standby status update".to_string(), async {
+        with_timeout(timeout, || format!("sending {what}"), async {
             self.conn.flush().await?;
-            frontend::CopyData::new(&body[..])
+            frontend::CopyData::new(body)
                 .map(|data| data.write(&mut self.conn.wbuf))
                 .map_err(|e| PgError::InvalidArgument(e.to_string()))?;
             self.conn.flush().await
@@ -621,15 +626,7 @@ impl ReplicationStream {
         body[13..17].copy_from_slice(&((xmin >> 32) as u32).to_be_bytes());
         body[17..21].copy_from_slice(&(catalog_xmin as u32).to_be_bytes());
         body[21..25].copy_from_slice(&((catalog_xmin >> 32) as u32).to_be_bytes());
-        let timeout = self.timeout;
-        with_timeout(timeout, || "sending hot standby feedback".to_string(), async {
-            self.conn.flush().await?;
-            frontend::CopyData::new(&body[..])
-                .map(|data| data.write(&mut self.conn.wbuf))
-                .map_err(|e| PgError::InvalidArgument(e.to_string()))?;
-            self.conn.flush().await
-        })
-        .await
+        self.send_copy_data(&body, "hot standby feedback").await
     }
 
     /// A run-time parameter the server reported.

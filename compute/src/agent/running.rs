@@ -37,6 +37,23 @@ enum Watch {
     MountDied(std::path::PathBuf),
 }
 
+/// The error and the one-line cause of PostgreSQL's unexpected exit.
+fn unexpected_exit(
+    pg: &Postgres,
+    exit: Result<std::process::ExitStatus, super::postgres::PostgresError>,
+) -> (AgentError, String) {
+    match exit {
+        Ok(status) => (
+            fail("running", format!("PostgreSQL stopped unexpectedly: {}", pg.unexpected_exit(status))),
+            pg.exit_cause(status),
+        ),
+        Err(e) => {
+            let message = format!("PostgreSQL stopped unexpectedly: {e}");
+            (fail("running", &message), message)
+        }
+    }
+}
+
 impl Agent {
     /// Runs the proposer next to the started server until a stop is
     /// requested (then stops both in order) or either fails.
@@ -85,16 +102,7 @@ impl Agent {
             Watch::StopRequested => {
                 return RunEnd::Stopped(self.stop_gracefully(&mut pg, &mut proposer, &proposer_stop_tx).await)
             }
-            Watch::PostgresExited(exit) => match exit {
-                Ok(status) => (
-                    fail("running", format!("PostgreSQL stopped unexpectedly: {}", pg.unexpected_exit(status))),
-                    pg.exit_cause(status),
-                ),
-                Err(e) => {
-                    let message = format!("PostgreSQL stopped unexpectedly: {e}");
-                    (fail("running", &message), message)
-                }
-            },
+            Watch::PostgresExited(exit) => unexpected_exit(&pg, exit),
             Watch::ProposerEnded(Err(proposer::ProposerError::Superseded { ours, seen })) => {
                 // Another writer was elected: this one's WAL can no longer
                 // commit, and starting again would take the branch back.
@@ -182,16 +190,7 @@ impl Agent {
         exit: Result<std::process::ExitStatus, super::postgres::PostgresError>,
         running_since: Instant,
     ) -> RunEnd {
-        let (error, cause) = match exit {
-            Ok(status) => (
-                fail("running", format!("PostgreSQL stopped unexpectedly: {}", pg.unexpected_exit(status))),
-                pg.exit_cause(status),
-            ),
-            Err(e) => {
-                let message = format!("PostgreSQL stopped unexpectedly: {e}");
-                (fail("running", &message), message)
-            }
-        };
+        let (error, cause) = unexpected_exit(pg, exit);
         let _ = pg.stop_everything().await;
         RunEnd::Failed { error, cause, running_since: Some(running_since) }
     }
