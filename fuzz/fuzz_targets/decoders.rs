@@ -3,8 +3,8 @@
 //! safekeeper protocol frames and the page service protocol frames
 //! (`strata-protocol`), and the pageserver's layer files, stored values
 //! and metadata (`strata-pageserver`), native redo of heap and btree
-//! records (`strata-redo`), the safekeepers' offloaded segment metadata
-//! and peer positions (`strata-safekeeper`), a lazy basebackup's
+//! records (`strata-redo`), the safekeepers' offloaded segment metadata,
+//! peer positions and replicas' hot standby feedback (`strata-safekeeper`), a lazy basebackup's
 //! manifest (`strata-protocol`), and tokens (`strata-service`).
 #![no_main]
 
@@ -16,8 +16,9 @@ const PAGE_SERVICE: u8 = 4;
 const PAGESERVER: [u8; 2] = [5, 6];
 /// First byte of inputs for native redo: heap, heap2 and btree records on a page.
 const NATIVE_REDO: u8 = 7;
-/// First byte of inputs for the safekeepers' decoders of object storage
-/// and peer answers: offloaded segment metadata, peer positions.
+/// First byte of inputs for the safekeepers' decoders of object storage,
+/// peer answers and replicas: offloaded segment metadata, peer positions,
+/// hot standby feedback.
 const SAFEKEEPER: u8 = 8;
 /// First byte of inputs for a lazy basebackup's manifest.
 const LAZY_MANIFEST: u8 = 9;
@@ -40,6 +41,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if let Some((&SAFEKEEPER, bytes)) = data.split_first() {
         let _ = strata_remote_storage::wal::SegmentMeta::decode(bytes);
         let _ = serde_json::from_slice::<Vec<strata_safekeeper::peers::TimelinePositions>>(bytes);
+        let _ = strata_safekeeper::standby_feedback::parse_hot_standby_feedback(bytes);
     }
     if let Some((&LAZY_MANIFEST, bytes)) = data.split_first() {
         use strata_protocol::lazy_manifest::Manifest;
