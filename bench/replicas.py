@@ -79,17 +79,17 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def start_replica(c: LocalCluster, name: str, of: str) -> tuple[str, float, float]:
+def start_replica(c: LocalCluster, name: str, of: str) -> tuple[str, float, dict]:
     """Starts replica `name` of `of`; its connection string, the wall time
-    until it answered a query, and the agent's own start total."""
+    until it answered a query, and the agent's timings of its start."""
     t0 = time.monotonic()
     out = c.run("endpoint", "start", name, "--replica-of", of, timeout=300).stdout
     connstr = out.strip().splitlines()[-1]
     with psycopg.connect(connstr, autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
     wall = time.monotonic() - t0
-    total = Endpoint(c, name).agent_status()["timings"]["total_seconds"]
-    return connstr, wall, total
+    timings = Endpoint(c, name).agent_status()["timings"]
+    return connstr, wall, timings
 
 
 def lag_probe(writer: str, replica: str, stop: threading.Event, samples: list[float]) -> None:
@@ -120,6 +120,7 @@ def main() -> int:
     results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
     starts, agent_starts, lag_runs, ro = [], [], [], {"replica": [], "writer": []}
     starts_loaded: list[float] = []
+    loaded_timings: list[dict] = []
     promotions = []
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         base = Path(tmp)
@@ -136,9 +137,9 @@ def main() -> int:
             psql(writer, PREWARM)
             for run in range(args.runs):
                 name = f"r{run}"
-                replica, wall, total = start_replica(c, name, writer_name)
+                replica, wall, timings = start_replica(c, name, writer_name)
                 starts.append(wall)
-                agent_starts.append(total)
+                agent_starts.append(timings["total_seconds"])
                 # Replay lag under pgbench RW on the writer.
                 samples: list[float] = []
                 stop = threading.Event()
@@ -160,8 +161,9 @@ def main() -> int:
                                            str(max(10, args.seconds // 2))], env=client_env(writer),
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(3)
-                _, wall, total = start_replica(c, f"{name}-loaded", writer_name)
+                _, wall, timings = start_replica(c, f"{name}-loaded", writer_name)
                 starts_loaded.append(wall)
+                loaded_timings.append(timings)
                 c.run("endpoint", "stop", f"{name}-loaded", timeout=300)
                 loaded.wait(timeout=600)
                 # Promotion: the replica becomes the writer of the next run.
@@ -178,7 +180,8 @@ def main() -> int:
                     c.run("stop", "--immediate", check=False, timeout=600)
     med = statistics.median
     results.update({
-        "start_seconds": starts, "agent_start_seconds": agent_starts, "start_under_load_seconds": starts_loaded, "lag_runs": lag_runs, "read_only_tps": ro,
+        "start_seconds": starts, "agent_start_seconds": agent_starts, "start_under_load_seconds": starts_loaded,
+        "start_under_load_agent_timings": loaded_timings, "lag_runs": lag_runs, "read_only_tps": ro,
         "promotion_seconds": promotions,
         "lag_median_ms": med(r["median_ms"] for r in lag_runs), "lag_p99_ms": med(r["p99_ms"] for r in lag_runs),
         "lag_max_ms": max(r["max_ms"] for r in lag_runs),
@@ -189,7 +192,10 @@ def main() -> int:
         f" {args.clients} clients; {os.cpu_count()} CPUs, load {results['loadavg_before']:.2f} before",
         "",
         f"start to first query (median)      {med(starts):8.3f} s   (agent {med(agent_starts):.3f} s)   target < 1 s",
-        f"start, writer under pgbench RW     {med(starts_loaded):8.3f} s",
+        f"start, writer under pgbench RW     {med(starts_loaded):8.3f} s   (agent"
+        f" {med(t['total_seconds'] for t in loaded_timings):.3f} s, of which waiting for the checkpoint's ingest"
+        f" {med(t['sync_seconds'] for t in loaded_timings):.3f} s, PostgreSQL to consistency"
+        f" {med(t['postgres_start_seconds'] for t in loaded_timings):.3f} s)",
         f"replay lag under pgbench RW        median {results['lag_median_ms']:.1f} ms, p99 {results['lag_p99_ms']:.1f} ms,"
         f" max {results['lag_max_ms']:.1f} ms   targets < 50 ms, max < 1000 ms",
         "  (writer RW tps during: " + ", ".join(f"{r['tps_rw']:.0f}" for r in lag_runs)

@@ -599,3 +599,24 @@ def test_a_replica_equals_a_stock_standby_fed_the_same_wal(cluster, pg_bin_dir, 
     assert statements > 100
     assert replica.agent_status()["lazy"]["cache_evictions"] > 0, "the small cache dropped blocks"
     replica.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=300)
+
+
+def test_a_replica_starts_while_its_writer_is_down_and_follows_the_next_writer(cluster):
+    """No writer runs: a replica starts from the last checkpoint record in
+    the WAL (the writer's shutdown checkpoint), and follows a writer that
+    starts later."""
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE t AS SELECT g FROM generate_series(1, 3000) g")
+    ep.stop()
+    replica = Endpoint(cluster, "r1")
+    out = replica.start("--replica-of", "ep")
+    assert out
+    r = replica.agent_status()["replica"]
+    assert parse_lsn(r["redo_lsn"]) == parse_lsn(r["checkpoint_lsn"]), r  # a shutdown checkpoint
+    assert replica.sql("SELECT count(*) FROM t")[0][0] == 3000
+    ep.start()
+    with ep.connect() as conn:
+        conn.execute("INSERT INTO t SELECT generate_series(3001, 4000)")
+        end = current_lsn(conn)
+    wait_until("the replica to follow the new writer", lambda: _replay_lsn(replica) >= end or None, timeout=60)
+    assert replica.sql("SELECT count(*) FROM t")[0][0] == 4000

@@ -28,6 +28,8 @@ const START_WAIT: Duration = Duration::from_secs(120);
 const STOP_GRACE: Duration = Duration::from_secs(60);
 /// Longest a PostgreSQL left behind by a dead agent gets to shut down.
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
+/// How often a starting agent is asked whether PostgreSQL runs yet.
+const START_POLL: Duration = Duration::from_millis(50);
 /// Longest a writer may take to make the checkpoint a new replica starts from.
 const CHECKPOINT_WAIT: Duration = Duration::from_secs(150);
 /// Log lines shown when an endpoint fails to start.
@@ -909,7 +911,8 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
                 format!("not running after {}s (last state: {last_state}); stopped it", START_WAIT.as_secs()),
             );
         }
-        std::thread::sleep(Duration::from_millis(200));
+        // Often: a start takes well under a second, and the caller waits on this.
+        std::thread::sleep(START_POLL);
     };
     let mut lines = vec![format!(
         "endpoint {name}: running on branch {branch_name} (timeline {}) on host {}, agent pid {pid}, supervisor pid {}, log {}",

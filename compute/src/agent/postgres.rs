@@ -287,7 +287,7 @@ impl Postgres {
                 });
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
+            pause = (pause * 2).min(Duration::from_millis(50));
         }
     }
 
