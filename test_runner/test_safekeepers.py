@@ -251,6 +251,13 @@ def test_backpressure_holds_commits_while_consumers_lag(throttled_wal_service):
         consumer.report(applied)
         time.sleep(1)
         pg.sql("CREATE TABLE bp(a int, b text)")
+        # The proposer learns the consumer's position from sk1's answers; a
+        # quorum of the two others may commit before sk1 answers, unthrottled.
+        def learned() -> bool:
+            consumer.drain()
+            return parse_lsn(svc.proposer_status()["consumer_applied_lsn"]) >= applied
+
+        wait_until("the proposer to learn the consumer's position", learned, timeout=20, interval=0.1, retry=())
         # Far more than 1 MiB of WAL while the consumer stays put: commits stall.
         t, result = insert_in_background(pg, "INSERT INTO bp SELECT g, repeat('x', 500) FROM generate_series(1, 20000) g")
         def throttled() -> bool:
