@@ -151,6 +151,12 @@ impl Endpoint {
         self.dir.join(PASSWORD_FILE)
     }
 
+    /// The password clients log in with (the file's first line), once made.
+    pub fn password(&self) -> Option<String> {
+        let text = fs::read_to_string(self.password_file()).ok()?;
+        text.lines().next().filter(|p| !p.is_empty()).map(str::to_string)
+    }
+
     /// The agent's `/v1/status` URL.
     fn status_url(&self) -> String {
         format!("{}://{}/v1/status", super::http::scheme(), self.at(self.file.http_port))
@@ -182,31 +188,16 @@ fn uri_escape(text: &str) -> String {
     out
 }
 
-/// The endpoint's password, made at its first start: a new random one, or
-/// for a read-only endpoint or a replica the one of its branch's primary
-/// endpoint, the password its role most likely has at the LSN it reads (a
-/// primary sets its password on the role; a standby cannot).
-fn ensure_password(wd: &Workdir, ep: &Endpoint) -> Result<String> {
-    let read = |path: &std::path::Path| {
-        fs::read_to_string(path).ok().and_then(|t| t.lines().next().map(str::to_string)).filter(|p| !p.is_empty())
-    };
-    let path = ep.password_file();
-    if let Some(password) = read(&path) {
+/// The endpoint's password, made at its first start: the one the launch
+/// brought (its own from the host it moved from, or for a read-only
+/// endpoint or a replica its branch's writer's: the password the role has
+/// in the branch, which a standby cannot set), else a new random one.
+fn ensure_password(ep: &Endpoint, given: Option<&str>) -> Result<String> {
+    if let Some(password) = ep.password() {
         return Ok(password);
     }
-    let primary = || {
-        let others = load_all(wd).ok()?;
-        others
-            .iter()
-            .filter(|o| o.file.branch == ep.file.branch && o.file.is_writer() && o.file.name != ep.file.name)
-            .find_map(|o| read(&o.password_file()))
-    };
-    let password = if ep.file.is_writer() {
-        strata_service::auth::generate_password()
-    } else {
-        primary().unwrap_or_else(strata_service::auth::generate_password)
-    };
-    strata_service::auth::write_secret(&path, &password).map_err(|e| Error::Failed(e.to_string()))?;
+    let password = given.map(str::to_string).unwrap_or_else(strata_service::auth::generate_password);
+    strata_service::auth::write_secret(&ep.password_file(), &password).map_err(|e| Error::Failed(e.to_string()))?;
     Ok(password)
 }
 
@@ -431,8 +422,7 @@ pub struct Password {
 /// The password of endpoint `name` of this machine, if it has one yet.
 pub fn password_of(wd: &Workdir, name: &str) -> Result<Password> {
     let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };
-    let password = fs::read_to_string(ep.password_file()).ok().and_then(|t| t.lines().next().map(str::to_string));
-    Ok(Password { password: password.filter(|p| !p.is_empty()) })
+    Ok(Password { password: ep.password() })
 }
 
 /// The password of the branch's writer, wherever it runs: a replica or a
@@ -464,7 +454,7 @@ pub fn forget(wd: &Workdir, name: &str) -> Result<Forgotten> {
         return failed(format!("endpoint {name} runs; stop it before it moves"));
     }
     stop_orphan_postgres(&ep, true)?;
-    let password = fs::read_to_string(ep.password_file()).ok().and_then(|t| t.lines().next().map(str::to_string));
+    let password = ep.password();
     fs::remove_dir_all(&ep.dir).map_err(|e| Error::Failed(format!("{}: {e}", ep.dir.display())))?;
     Ok(Forgotten { file: ep.file, password })
 }
@@ -774,13 +764,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     )?;
 
     let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
-    if let Some(password) = given {
-        if !ep.password_file().exists() {
-            strata_service::auth::write_secret(&ep.password_file(), password)
-                .map_err(|e| Error::Failed(e.to_string()))?;
-        }
-    }
-    let password = ensure_password(wd, &ep)?;
+    let password = ensure_password(&ep, given)?;
     let c = &wd.cluster;
     let ps = c.pageserver();
     let mut args: Vec<OsString> = vec![

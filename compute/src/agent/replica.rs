@@ -16,6 +16,7 @@ use super::pageserver_api::ApiError;
 use super::postgres::Postgres;
 use super::{fail, stop_requested, Agent, Attempt, RunEnd};
 use crate::pg_replication::ReplicationConnection;
+use strata_protocol::api::compute::ReplicaStatus;
 
 /// How often the replay position is asked for: the read floor and the lag
 /// follow it this closely.
@@ -109,11 +110,7 @@ impl Agent {
         let start = self.status.agent().replica.map(|r| r.redo_lsn).unwrap_or_default();
         // The start's lease was just taken at the redo point.
         let mut leased = (start, Instant::now());
-        self.status.update(|s| {
-            if let Some(r) = s.replica.as_mut() {
-                r.leased_lsn = lazy.then_some(start);
-            }
-        });
+        self.update_replica(|r| r.leased_lsn = lazy.then_some(start));
         let mut conn: Option<ReplicationConnection> = None;
         let mut ends = EndTimes::default();
         let mut warned = false;
@@ -146,14 +143,12 @@ impl Agent {
             ends.note(now, end);
             let lag_bytes = end.0.saturating_sub(positions.replay.0);
             let lag_seconds = ends.lag_seconds(now, positions.replay);
-            self.status.update(|s| {
-                if let Some(r) = s.replica.as_mut() {
-                    r.replay_lsn = Some(positions.replay);
-                    r.wal_end_lsn = Some(end);
-                    r.read_floor = floor;
-                    r.lag_bytes = lag_bytes;
-                    r.lag_seconds = lag_seconds;
-                }
+            self.update_replica(|r| {
+                r.replay_lsn = Some(positions.replay);
+                r.wal_end_lsn = Some(end);
+                r.read_floor = floor;
+                r.lag_bytes = lag_bytes;
+                r.lag_seconds = lag_seconds;
             });
             let mut lagging = lag_bound_crossed(lag_bytes, lag_seconds, replica.max_lag_bytes, replica.max_lag);
             // The floor's lease moves with it (an eager replica reads nothing
@@ -165,11 +160,7 @@ impl Agent {
                     match self.lease_floor(&client, target, &replica.name).await {
                         Ok(()) => {
                             leased = (target, Instant::now());
-                            self.status.update(|s| {
-                                if let Some(r) = s.replica.as_mut() {
-                                    r.leased_lsn = Some(target);
-                                }
-                            });
+                            self.update_replica(|r| r.leased_lsn = Some(target));
                         }
                         // The pageserver's own bound: this replica holds GC back too long.
                         Err(ApiError::Status { status: 422, message, .. }) if message.contains("max_replica_lag") => {
@@ -181,11 +172,7 @@ impl Agent {
             }
             if let Some(why) = lagging {
                 warn!("{why}: restarting the replica at the newest WAL");
-                self.status.update(|s| {
-                    if let Some(r) = s.replica.as_mut() {
-                        r.lag_restarts += 1;
-                    }
-                });
+                self.update_replica(|r| r.lag_restarts += 1);
                 drop(conn);
                 let _ = pg.stop_everything().await;
                 return RunEnd::Failed {
@@ -195,6 +182,15 @@ impl Agent {
                 };
             }
         }
+    }
+
+    /// Changes the replica's part of the status (set by the start).
+    fn update_replica(&self, f: impl FnOnce(&mut ReplicaStatus)) {
+        self.status.update(|s| {
+            if let Some(r) = s.replica.as_mut() {
+                f(r);
+            }
+        });
     }
 
     /// Asks PostgreSQL where its replay is, over the agent's own connection

@@ -200,15 +200,14 @@ impl Agent {
                 self.status.update(|s| {
                     s.start_lsn = Some(record.redo);
                     s.timings.sync_seconds = seconds;
-                });
-                let lag_restarts = self.status.agent().replica.map_or(0, |r| r.lag_restarts);
-                self.status.update(|s| {
+                    // Lag restarts count over every run.
+                    let lag_restarts = s.replica.as_ref().map_or(0, |r| r.lag_restarts);
                     s.replica = Some(ReplicaStatus {
                         checkpoint_lsn: record.lsn,
                         redo_lsn: record.redo,
                         lag_restarts,
                         ..ReplicaStatus::default()
-                    })
+                    });
                 });
                 info!(
                     seconds, checkpoint = %record.lsn, redo = %record.redo, shutdown = record.shutdown,
