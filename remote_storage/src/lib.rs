@@ -9,6 +9,10 @@
 //! relative to the configured prefix; a local directory holds them as files
 //! under the same relative paths.
 
+// The tests name the crate as its users do (shared checks, `src/cas_checks.rs`).
+extern crate self as strata_remote_storage;
+
+pub mod cas;
 pub mod config;
 mod local_copy;
 pub mod wal;
@@ -270,6 +274,8 @@ impl RemoteStorage {
             self.retrying("listing", prefix, || self.store.list(Some(&path)).try_collect()).await?;
         let mut out: Vec<ObjectInfo> = metas
             .into_iter()
+            // A local directory's bookkeeping of conditional writes (`cas`).
+            .filter(|m| self.local.is_none() || !m.location.as_ref().contains('#'))
             .map(|m| ObjectInfo {
                 key: m.location.as_ref().get(strip..).unwrap_or("").to_string(),
                 size: m.size,

@@ -159,3 +159,17 @@ async fn s3_objects_round_trip_and_survive_a_server_restart() {
     drop(_minio);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[path = "../src/cas_checks.rs"]
+mod cas_checks;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3_conditional_writes_swap_objects() {
+    let dir = std::env::temp_dir().join(format!("strata-minio-cas-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let minio = Minio::start(dir.clone(), strata_test_support::free_port());
+    let storage = RemoteStorage::new(&minio.config()).unwrap();
+    cas_checks::check_compare_and_swap(&storage).await;
+    drop(minio);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
