@@ -477,6 +477,10 @@ def test_live_cluster_answers_as_documented(cluster, specs):
     c.call(ps, "post", tl + "/checkpoint", expect={404}, tenant=tenant, timeline=missing)
     c.call(ps, "post", tl + "/evict", expect={404}, tenant=tenant, timeline=missing)
     c.call(ps, "post", tl + "/evict", expect={400}, tenant="not-an-id", timeline=timeline)
+    loc = "/v1/tenant/{tenant}/location"
+    c.call(ps, "put", loc, json_body={"mode": "attached"}, expect={400}, tenant=tenant)  # no generation
+    c.call(ps, "put", loc, json_body={"mode": "elsewhere"}, expect={400}, tenant=tenant)
+    c.call(ps, "put", loc, json_body={"mode": "secondary"}, expect={400}, tenant="not-an-id")
 
     # ---- safekeepers
     for sk in SAFEKEEPERS:

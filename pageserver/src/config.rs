@@ -101,6 +101,19 @@ pub struct PageserverConfig {
     /// generation (required with `remote_storage`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachments: Option<PathBuf>,
+    /// A storage controller places tenants here (`docs/storage-controller.md`):
+    /// it sets each location through the API, this pageserver records them
+    /// in `attachments`, and generations are checked against the
+    /// controller's state object in `remote_storage`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub controller: bool,
+    /// A secondary location's budget of warm layer bytes per tenant.
+    #[serde(default = "default_secondary_cache_bytes")]
+    pub secondary_cache_bytes: u64,
+    /// How often an attached location publishes its heatmap, and a
+    /// secondary reads it.
+    #[serde(default = "default_heatmap_period", with = "seconds")]
+    pub heatmap_period: std::time::Duration,
     /// Local bytes of layer files above which uploaded layers read longest
     /// ago are evicted (0: no limit). Needs `remote_storage`.
     #[serde(default)]
@@ -115,6 +128,12 @@ pub struct PageserverConfig {
     pub max_replica_lag_bytes: u64,
 }
 
+fn default_secondary_cache_bytes() -> u64 {
+    8 << 30
+}
+fn default_heatmap_period() -> Duration {
+    Duration::from_secs(5)
+}
 fn default_pg_bin_dir() -> PathBuf {
     PathBuf::from("/usr/lib/postgresql/15/bin")
 }
@@ -200,6 +219,7 @@ impl PageserverConfig {
         check_range("l0_backpressure_threshold", self.l0_backpressure_threshold, self.compaction_threshold, 10_000)?;
         check_duration("compaction_period", self.compaction_period)?;
         check_duration("gc_period", self.gc_period)?;
+        check_duration("heatmap_period", self.heatmap_period)?;
         if self.remote_storage.is_some() && self.attachments.is_none() {
             return Err(ConfigError {
                 key: "attachments",

@@ -53,6 +53,8 @@ pub fn fuzz_one(data: &[u8]) {
             }
             let _ = crate::remote::index::RemoteIndex::decode(rest);
             let _ = crate::remote::attachments::Attachments::decode(rest);
+            let _ = crate::secondary::Heatmap::decode(rest);
+            let _ = strata_protocol::api::controller::ControllerState::decode(rest);
             if let Ok(text) = std::str::from_utf8(rest) {
                 let _ = text.parse::<LayerName>();
                 let _ = text.parse::<Key>();

@@ -11,7 +11,7 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
@@ -22,13 +22,13 @@ use strata_service::auth::http::{guard, HttpAuth, Need};
 use strata_protocol::api::pageserver::{
     BasebackupQuery, CheckpointQuery, CheckpointRecordQuery, CheckpointRecordResponse, CheckpointResponse,
     CreateBranchRequest, CreateTenantRequest, DeleteTimelineResponse, EvictResponse, LeaseRequest, LeaseResponse,
-    LsnResponse, PageQuery, PageserverStatus, StatusQuery, TimeQuery,
+    LocationRequest, LsnResponse, PageQuery, PageserverStatus, StatusQuery, TimeQuery,
 };
 use strata_protocol::api::ErrorBody;
 
 use crate::checkpoint_record::CheckpointRecord;
 use crate::key::RelTag;
-use crate::tenants::{BranchError, CreateError, DeleteError, Tenants, TimelineEntry};
+use crate::tenants::{BranchError, CreateError, DeleteError, LocationError, Tenants, TimelineEntry};
 use crate::timeline::ReadError;
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -65,7 +65,8 @@ pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
         .route("/v1/tenant/{tenant}/timeline", post(create_branch))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", delete(delete_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict));
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict))
+        .route("/v1/tenant/{tenant}/location", put(set_location));
     // What a compute of the tenant reads.
     let tenant = Router::new()
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
@@ -92,8 +93,36 @@ async fn status(State(tenants): State<Arc<Tenants>>) -> Response {
         data_dir: tenants.conf.data_dir.clone(),
         remote_storage: tenants.remote.as_ref().map(|r| r.describe().to_string()),
         timelines,
+        locations: tenants.locations(),
     })
     .into_response()
+}
+
+/// `PUT /v1/tenant/{tenant}/location`: the storage controller places the
+/// tenant here (attached under a generation, secondary, or detached).
+async fn set_location(
+    State(tenants): State<Arc<Tenants>>,
+    Path(tenant): Path<TenantId>,
+    body: Result<Json<LocationRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let t2 = tenants.clone();
+    match tokio::task::spawn_blocking(move || t2.set_location(tenant, req.mode, req.generation)).await {
+        Ok(Ok(status)) => Json(status).into_response(),
+        Ok(Err(e)) => {
+            let code = match &e {
+                LocationError::NoGeneration(_) => StatusCode::BAD_REQUEST,
+                LocationError::Older { .. } => StatusCode::CONFLICT,
+                LocationError::NoRemote => StatusCode::PRECONDITION_FAILED,
+                LocationError::Failed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(code, e.to_string())
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("location task failed: {e}")),
+    }
 }
 
 async fn create_tenant(

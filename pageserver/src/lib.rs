@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod page_service;
 pub mod rebuilt_pages;
 pub mod remote;
+pub mod secondary;
 pub mod tenants;
 pub mod timeline;
 pub mod user;
@@ -101,8 +102,15 @@ pub async fn serve(
     .with_tls(tls);
     let remote = match (&config.remote_storage, &config.attachments) {
         (Some(cfg), Some(attachments)) => Some(
-            remote::Remote::start(cfg, attachments.clone(), config.max_upload_lag_bytes, config.fsync, metrics.clone())
-                .map_err(|e| StartError::Task(format!("remote storage: {e}")))?,
+            remote::Remote::start(
+                cfg,
+                attachments.clone(),
+                config.controller,
+                config.max_upload_lag_bytes,
+                config.fsync,
+                metrics.clone(),
+            )
+            .map_err(|e| StartError::Task(format!("remote storage: {e}")))?,
         ),
         _ => None,
     };
@@ -143,6 +151,19 @@ pub async fn serve(
             }
         }
     });
+    if conf.controller {
+        // Heatmaps for the secondaries of the tenants attached here.
+        let tenants = tenants.clone();
+        let period = conf.heatmap_period;
+        tasks.spawn(async move {
+            let published = Arc::new(parking_lot::Mutex::new(std::collections::HashMap::new()));
+            loop {
+                tokio::time::sleep(period).await;
+                let (t, p) = (tenants.clone(), published.clone());
+                let _ = tokio::task::spawn_blocking(move || secondary::publish_heatmaps(&t, &mut p.lock())).await;
+            }
+        });
+    }
     shutdown.await;
     tasks.abort_all();
     tokio::task::spawn_blocking(move || compactor.stop()).await.map_err(|e| StartError::Task(e.to_string()))?;

@@ -126,6 +126,10 @@ async fn connection(
     }
     slot.established();
     let Some(entry) = tenants.get(hello.tenant_id, hello.timeline_id) else {
+        if tenants.conf.controller && !tenants.is_attached(hello.tenant_id) {
+            let msg = format!("tenant {} is not attached to this pageserver", hello.tenant_id);
+            return refuse(&mut w, ErrorCode::NotAttached, msg).await;
+        }
         let msg = format!("timeline {}/{} not found on this pageserver", hello.tenant_id, hello.timeline_id);
         return refuse(&mut w, ErrorCode::NotFound, msg).await;
     };

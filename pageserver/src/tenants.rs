@@ -19,6 +19,9 @@ use strata_protocol::{TenantId, TimelineId, Token};
 use strata_service::backoff::Backoff;
 use tracing::{error, info, warn};
 
+mod locations;
+pub use locations::LocationError;
+
 use crate::config::PageserverConfig;
 use crate::import::{self, ImportError};
 use crate::metrics::Metrics;
@@ -160,6 +163,8 @@ pub struct Tenants {
     /// The generation of each tenant attached here, read at start (and at
     /// bootstrap): the one this pageserver's objects carry.
     generations: Mutex<HashMap<TenantId, u32>>,
+    /// The tenants kept warm here for another pageserver.
+    pub secondaries: crate::secondary::Secondaries,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), Arc<TimelineEntry>>>,
     creating: Mutex<()>,
     /// When each broken timeline is re-read next, and its backoff.
@@ -186,13 +191,20 @@ impl Tenants {
         tls: Option<strata_service::tls::ClientTls>,
     ) -> Result<Arc<Tenants>, LoadError> {
         let mut generations = HashMap::new();
+        let mut secondaries = Vec::new();
         if let Some(r) = &remote {
             let a = Attachments::load(r.attachments_path()).map_err(|e| LoadError {
                 op: "reading",
                 path: r.attachments_path().to_path_buf(),
                 source: std::io::Error::other(e),
             })?;
-            generations = a.tenants.iter().map(|(t, at)| (*t, at.generation)).collect();
+            generations = a.tenants.keys().filter_map(|t| a.generation(*t).map(|g| (*t, g))).collect();
+            secondaries = a
+                .tenants
+                .iter()
+                .filter(|(_, at)| at.mode == crate::remote::attachments::LocationMode::Secondary)
+                .map(|(t, _)| *t)
+                .collect();
         }
         let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), token, tls };
         let tenants = Arc::new(Tenants {
@@ -202,6 +214,7 @@ impl Tenants {
             resources,
             remote,
             generations: Mutex::new(generations),
+            secondaries: Default::default(),
             timelines: RwLock::new(BTreeMap::new()),
             creating: Mutex::new(()),
             reloads: Mutex::new(HashMap::new()),
@@ -216,6 +229,12 @@ impl Tenants {
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))? {
             let t = t.map_err(err("listing", &root))?;
             let Ok(tenant_id) = t.file_name().to_string_lossy().parse::<TenantId>() else { continue };
+            if tenants.conf.controller && !tenants.is_attached(tenant_id) {
+                // Not attached here (a secondary, or moved away while this
+                // pageserver was down): an attach replaces what is left.
+                info!(%tenant_id, "not attached here: its local timelines are not loaded");
+                continue;
+            }
             let tl_root = t.path().join("timelines");
             let entries = match std::fs::read_dir(&tl_root) {
                 Ok(e) => e,
@@ -317,6 +336,9 @@ impl Tenants {
             }
         }
         tenants.attach_in_order(loaded);
+        for t in secondaries {
+            tenants.secondaries.start(&tenants, t);
+        }
         // Markers whose directory is gone (a failed creation cleaned up halfway).
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))?.flatten() {
             let Ok(entries) = std::fs::read_dir(t.path().join("timelines")) else { continue };
@@ -361,6 +383,19 @@ impl Tenants {
         rt: Arc<RemoteTimeline>,
         replace: bool,
     ) -> Result<Arc<Timeline>, StorageError> {
+        self.attach_from_remote_with(dir, rt, replace, &[])
+    }
+
+    /// [`Self::attach_from_remote`], moving `warm` files (a secondary's
+    /// downloads of layers the index lists: file, layer name) into the
+    /// timeline before it is loaded.
+    fn attach_from_remote_with(
+        &self,
+        dir: &Path,
+        rt: Arc<RemoteTimeline>,
+        replace: bool,
+        warm: &[(PathBuf, String)],
+    ) -> Result<Arc<Timeline>, StorageError> {
         let (tenant, timeline) = (rt.tenant_id, rt.timeline_id);
         let index = rt.index().ok_or_else(|| StorageError::Invalid {
             path: dir.to_path_buf(),
@@ -377,12 +412,22 @@ impl Tenants {
         let meta = crate::remote::metadata_from_index(tenant, timeline, &index);
         let text = serde_json::to_vec_pretty(&meta).expect("metadata serializes");
         replace_file(&dir.join(crate::timeline::METADATA_FILE), &text, self.conf.fsync)?;
+        let mut moved = 0;
+        for (from, name) in warm {
+            match std::fs::rename(from, dir.join(name)) {
+                Ok(()) => moved += 1,
+                Err(e) => warn!(%tenant, %timeline, file = %from.display(), "taking a warm layer: {e}"),
+            }
+        }
+        if moved > 0 && self.conf.fsync {
+            sync_dir(dir)?;
+        }
         std::fs::remove_file(&marker).map_err(StorageError::io("removing", &marker))?;
         if self.conf.fsync {
             sync_dir(&parent)?;
         }
         let tl = Timeline::load_with_remote(dir.to_path_buf(), &self.resources, Some(rt))?;
-        info!(%tenant, %timeline, disk_consistent_lsn = %tl.disk_consistent_lsn(), layers = index.layers.len(), generation = index.generation, "attached timeline from remote storage");
+        info!(%tenant, %timeline, disk_consistent_lsn = %tl.disk_consistent_lsn(), layers = index.layers.len(), warm = moved, generation = index.generation, "attached timeline from remote storage");
         Ok(tl)
     }
 
@@ -645,6 +690,14 @@ impl Tenants {
         let storage = |source| CreateError::Storage { tenant, timeline, source };
         // With object storage, a tenant is created only where it is attached.
         let generation = match &self.remote {
+            Some(remote) if self.conf.controller => {
+                // The controller attached the tenant here first.
+                let g = self.generations.lock().get(&tenant).copied().ok_or_else(|| CreateError::NotAttached {
+                    tenant,
+                    reason: "the storage controller has not attached it to this pageserver".into(),
+                })?;
+                Some((remote.clone(), g))
+            }
             Some(remote) => {
                 let g = remote.generation(tenant).map_err(|reason| CreateError::NotAttached { tenant, reason })?;
                 let Some(g) = g else {

@@ -206,20 +206,34 @@ fn remote_index_v1_vector() {
 }
 
 #[test]
-fn attachments_v1_vector() {
-    use strata_pageserver::remote::attachments::{Attachment, Attachments};
+fn attachments_v1_vector_is_still_read() {
+    use strata_pageserver::remote::attachments::Attachments;
     let tenant = "0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
-    let a = Attachments {
-        format_version: 1,
-        tenants: std::collections::BTreeMap::from([(tenant, Attachment { generation: 3 })]),
-    };
     let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/attachments-v1.json");
+    let expected = std::fs::read(&vector).unwrap();
+    assert_eq!(Attachments::decode(&expected).unwrap().generation(tenant), Some(3));
+}
+
+#[test]
+fn attachments_v2_vector() {
+    use strata_pageserver::remote::attachments::{Attachment, Attachments, LocationMode};
+    let tenant = "0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
+    let secondary = "1e2d3c4b5a6978877665544332211000".parse().unwrap();
+    let a = Attachments {
+        format_version: 2,
+        tenants: std::collections::BTreeMap::from([
+            (tenant, Attachment::attached(3)),
+            (secondary, Attachment { generation: 0, mode: LocationMode::Secondary }),
+        ]),
+    };
+    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/attachments-v2.json");
     if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
         std::fs::write(&vector, a.encode()).unwrap();
     }
     let expected = std::fs::read(&vector).unwrap();
-    assert_eq!(a.encode(), expected, "the attachment file is no longer written as format version 1 byte for byte");
-    assert_eq!(Attachments::decode(&expected).unwrap().generation(tenant), Some(3));
+    assert_eq!(a.encode(), expected, "the attachment file is no longer written as format version 2 byte for byte");
+    let back = Attachments::decode(&expected).unwrap();
+    assert_eq!((back.generation(tenant), back.generation(secondary)), (Some(3), None));
 }
 
 #[test]

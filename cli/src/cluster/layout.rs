@@ -375,7 +375,7 @@ impl Workdir {
                 format_version: strata_pageserver::remote::attachments::ATTACHMENTS_FORMAT_VERSION,
                 tenants: BTreeMap::from([(
                     cluster.tenant_id,
-                    strata_pageserver::remote::attachments::Attachment { generation: cluster.generation },
+                    strata_pageserver::remote::attachments::Attachment::attached(cluster.generation),
                 )]),
             };
             let text = String::from_utf8(attachments.encode()).expect("JSON is UTF-8");

@@ -1,10 +1,13 @@
-//! The attachment file: written by the control plane (the local cluster's
-//! `strata`, later a storage controller), read by the pageserver. It names,
-//! for each tenant, the generation of its current attachment
-//! (`docs/pageserver-storage.md`, "Attachments"). The pageserver reads it
-//! at start, to learn its own generation of each tenant, and again before
-//! every batch of remote deletions, to learn whether that generation is
-//! still the current one.
+//! The attachment file: what this pageserver holds of each tenant, and
+//! under which generation (`docs/pageserver-storage.md`, "Attachments").
+//!
+//! With a storage controller (`controller = true`) the pageserver writes
+//! it itself when the controller sets a location, and reads it at start to
+//! come back as it was; the controller's state object is then the
+//! authority on generations. Without one, the control plane writes it and
+//! it is the authority too: the pageserver reads it again before every
+//! batch of remote deletions, to learn whether its generation is still the
+//! current one.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,8 +15,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use strata_protocol::TenantId;
 
-/// The version this build reads and writes.
-pub const ATTACHMENTS_FORMAT_VERSION: u32 = 1;
+pub use strata_protocol::api::pageserver::LocationMode;
+
+/// The version this build writes (version 1, without modes, is read as
+/// every tenant attached).
+pub const ATTACHMENTS_FORMAT_VERSION: u32 = 2;
 /// Largest attachment file accepted.
 const MAX_BYTES: u64 = 16 << 20;
 
@@ -21,8 +27,22 @@ const MAX_BYTES: u64 = 16 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Attachment {
-    /// Issued by the control plane, higher for every new attachment.
+    /// Issued by the control plane, higher for every new attachment (0
+    /// for a location that is not attached).
     pub generation: u32,
+    #[serde(default = "attached")]
+    pub mode: LocationMode,
+}
+
+fn attached() -> LocationMode {
+    LocationMode::Attached
+}
+
+impl Attachment {
+    /// An attachment under `generation`.
+    pub fn attached(generation: u32) -> Attachment {
+        Attachment { generation, mode: LocationMode::Attached }
+    }
 }
 
 /// The whole file.
@@ -57,10 +77,10 @@ impl Attachments {
             return Err(format!("larger than {MAX_BYTES} bytes"));
         }
         let a: Attachments = serde_json::from_slice(bytes).map_err(|e| format!("not an attachment file: {e}"))?;
-        if a.format_version != ATTACHMENTS_FORMAT_VERSION {
+        if !(1..=ATTACHMENTS_FORMAT_VERSION).contains(&a.format_version) {
             return Err(format!("format version {}, this build reads {ATTACHMENTS_FORMAT_VERSION}", a.format_version));
         }
-        if let Some((t, _)) = a.tenants.iter().find(|(_, at)| at.generation == 0) {
+        if let Some((t, _)) = a.tenants.iter().find(|(_, at)| at.generation == 0 && at.mode == LocationMode::Attached) {
             return Err(format!("tenant {t}: generation 0 is not issued"));
         }
         Ok(a)
@@ -75,7 +95,7 @@ impl Attachments {
 
     /// The current generation of `tenant`, if it is attached.
     pub fn generation(&self, tenant: TenantId) -> Option<u32> {
-        self.tenants.get(&tenant).map(|a| a.generation)
+        self.tenants.get(&tenant).filter(|a| a.mode == LocationMode::Attached).map(|a| a.generation)
     }
 }
 
@@ -86,15 +106,21 @@ mod tests {
     #[test]
     fn round_trips_and_refuses_bad_files() {
         let t = "11111111111111111111111111111111".parse::<TenantId>().unwrap();
-        let a = Attachments { format_version: 1, tenants: BTreeMap::from([(t, Attachment { generation: 7 })]) };
+        let a = Attachments { format_version: 2, tenants: BTreeMap::from([(t, Attachment::attached(7))]) };
         let bytes = a.encode();
         assert_eq!(Attachments::decode(&bytes).unwrap(), a);
         assert_eq!(a.generation(t), Some(7));
         assert_eq!(a.generation("22222222222222222222222222222222".parse().unwrap()), None);
         let text = String::from_utf8(bytes).unwrap();
-        assert!(Attachments::decode(text.replace("\"format_version\": 1", "\"format_version\": 2").as_bytes())
+        assert!(Attachments::decode(text.replace("\"format_version\": 2", "\"format_version\": 3").as_bytes())
             .unwrap_err()
-            .contains("version 2"));
+            .contains("version 3"));
+        // Version 1 had no modes: every tenant it names is attached.
+        let v1 = format!("{{\"format_version\": 1, \"tenants\": {{\"{t}\": {{\"generation\": 3}}}}}}");
+        assert_eq!(Attachments::decode(v1.as_bytes()).unwrap().generation(t), Some(3));
+        // A secondary has no generation, and is not attached.
+        let sec = text.replace("\"attached\"", "\"secondary\"").replace(": 7", ": 0");
+        assert_eq!(Attachments::decode(sec.as_bytes()).unwrap().generation(t), None);
         assert!(Attachments::decode(text.replace(": 7", ": 0").as_bytes()).unwrap_err().contains("generation 0"));
         assert!(Attachments::decode(text.replace("generation", "gen").as_bytes()).is_err());
         assert!(Attachments::decode(b"{").is_err());

@@ -4,7 +4,6 @@
 //! one. A pageserver whose attachment is stale therefore never deletes
 //! what a newer attachment's index may list.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use strata_protocol::TenantId;
@@ -12,7 +11,6 @@ use strata_remote_storage::RemoteStorage;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::Attachments;
 use crate::metrics::Metrics;
 
 /// Most batches validated against one read of the attachment file.
@@ -31,7 +29,7 @@ pub struct DeletionBatch {
 pub(super) async fn run(
     mut rx: mpsc::Receiver<DeletionBatch>,
     storage: RemoteStorage,
-    attachments: PathBuf,
+    authority: super::Authority,
     metrics: Arc<Metrics>,
 ) {
     while let Some(first) = rx.recv().await {
@@ -42,26 +40,18 @@ pub(super) async fn run(
                 Err(_) => break,
             }
         }
-        let current = {
-            let path = attachments.clone();
-            tokio::task::spawn_blocking(move || Attachments::load(&path)).await
-        };
-        let current = match current {
-            Ok(Ok(a)) => a,
-            Ok(Err(e)) => {
+        let current = match authority.generations(&storage).await {
+            Ok(a) => a,
+            Err(e) => {
                 // Unknown: nothing is deleted (left behind is safe, deleted is not).
                 let n: usize = batches.iter().map(|b| b.keys.len()).sum();
-                warn!(objects = n, "cannot read the attachment file, so no deletion is validated: {e}");
+                warn!(objects = n, "cannot read {}, so no deletion is validated: {e}", authority.describe());
                 metrics.remote_deletions_refused.inc_by(n as u64);
-                continue;
-            }
-            Err(e) => {
-                warn!("reading the attachment file: {e}");
                 continue;
             }
         };
         for b in batches {
-            match current.generation(b.tenant) {
+            match current.get(&b.tenant).copied() {
                 Some(g) if g == b.generation => {
                     for key in &b.keys {
                         match storage.delete(key).await {
@@ -88,7 +78,7 @@ pub(super) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::remote::attachments::Attachment;
+    use crate::remote::attachments::{Attachment, Attachments};
     use bytes::Bytes;
     use strata_remote_storage::RemoteStorageConfig;
 
@@ -105,12 +95,17 @@ mod tests {
         let attachments = dir.join("attachments.json");
         let file = Attachments {
             format_version: 1,
-            tenants: std::collections::BTreeMap::from([(tenant, Attachment { generation: 2 })]),
+            tenants: std::collections::BTreeMap::from([(tenant, Attachment::attached(2))]),
         };
         std::fs::write(&attachments, file.encode()).unwrap();
         let metrics = Arc::new(Metrics::new());
         let (tx, rx) = mpsc::channel(8);
-        let queue = tokio::spawn(run(rx, storage.clone(), attachments, metrics.clone()));
+        let queue = tokio::spawn(run(
+            rx,
+            storage.clone(),
+            crate::remote::Authority::AttachmentFile(attachments),
+            metrics.clone(),
+        ));
         // Generation 1 is stale, the other tenant is not attached at all; generation 2 is current.
         let batch = |tenant, generation, keys: &[&str]| DeletionBatch {
             tenant,

@@ -12,6 +12,7 @@ mod deletion;
 pub mod index;
 mod timeline;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,12 +54,58 @@ impl Drop for OwnedRuntime {
 #[error("remote storage transfers stopped (the pageserver is shutting down)")]
 pub struct TransfersStopped;
 
+/// Where the current generation of each tenant is read: the truth that a
+/// pageserver checks its own generation against before it deletes objects
+/// (and before each round of uploads).
+#[derive(Clone, Debug)]
+pub enum Authority {
+    /// The attachment file, written by the control plane.
+    AttachmentFile(PathBuf),
+    /// The storage controller's state object, in the same object storage
+    /// (`docs/storage-controller.md`): read with every check, so a
+    /// pageserver cut off from the controller still learns it is stale.
+    Controller,
+}
+
+impl Authority {
+    /// Every tenant's current generation. An error means unknown: the
+    /// callers then neither delete nor stop.
+    pub async fn generations(&self, storage: &RemoteStorage) -> Result<BTreeMap<TenantId, u32>, String> {
+        match self {
+            Authority::AttachmentFile(path) => {
+                let path = path.clone();
+                let a = tokio::task::spawn_blocking(move || Attachments::load(&path))
+                    .await
+                    .map_err(|e| e.to_string())??;
+                Ok(a.tenants.keys().filter_map(|t| a.generation(*t).map(|g| (*t, g))).collect())
+            }
+            Authority::Controller => {
+                use strata_protocol::api::controller::{ControllerState, STATE_KEY};
+                let Some((bytes, _)) = storage.get_versioned(STATE_KEY).await.map_err(|e| e.to_string())? else {
+                    return Ok(BTreeMap::new());
+                };
+                let state = ControllerState::decode(&bytes).map_err(|e| format!("{STATE_KEY}: {e}"))?;
+                Ok(state.tenants.keys().filter_map(|t| state.generation(*t).map(|g| (*t, g))).collect())
+            }
+        }
+    }
+
+    /// What the errors and logs call it.
+    pub fn describe(&self) -> String {
+        match self {
+            Authority::AttachmentFile(p) => format!("the attachment file {}", p.display()),
+            Authority::Controller => "the storage controller's state".into(),
+        }
+    }
+}
+
 /// A pageserver's object storage.
 pub struct Remote {
     pub storage: RemoteStorage,
     runtime: OwnedRuntime,
     uploads: Arc<Semaphore>,
     attachments: PathBuf,
+    pub authority: Authority,
     deletions: mpsc::Sender<DeletionBatch>,
     pub metrics: Arc<Metrics>,
     /// Local layer bytes not yet uploaded at which ingest is slowed.
@@ -73,6 +120,7 @@ impl Remote {
     pub fn start(
         cfg: &RemoteStorageConfig,
         attachments: PathBuf,
+        controller: bool,
         max_upload_lag_bytes: u64,
         fsync: bool,
         metrics: Arc<Metrics>,
@@ -85,12 +133,14 @@ impl Remote {
             .build()
             .map_err(|e| format!("starting the remote storage runtime: {e}"))?;
         let (tx, rx) = mpsc::channel(DELETION_QUEUE);
-        runtime.spawn(deletion::run(rx, storage.clone(), attachments.clone(), metrics.clone()));
+        let authority = if controller { Authority::Controller } else { Authority::AttachmentFile(attachments.clone()) };
+        runtime.spawn(deletion::run(rx, storage.clone(), authority.clone(), metrics.clone()));
         Ok(Arc::new(Remote {
             storage,
             runtime: OwnedRuntime(Some(runtime)),
             uploads: Arc::new(Semaphore::new(MAX_UPLOADS_IN_FLIGHT)),
             attachments,
+            authority,
             deletions: tx,
             metrics,
             max_upload_lag_bytes,
@@ -108,7 +158,8 @@ impl Remote {
         &self.attachments
     }
 
-    /// The current generation of `tenant`, from the attachment file.
+    /// The generation of `tenant` that this pageserver was given, from
+    /// the attachment file.
     pub fn generation(&self, tenant: TenantId) -> Result<Option<u32>, String> {
         Ok(Attachments::load(&self.attachments)?.generation(tenant))
     }

@@ -335,25 +335,24 @@ impl RemoteTimeline {
         }
     }
 
-    /// Why this attachment may no longer upload, if so: the attachment file
+    /// Why this attachment may no longer upload, if so: the authority
     /// names another generation, or not the tenant at all. Uploads of a
     /// stale generation would be harmless (the new attachment never reads
-    /// them) but endless. An unreadable file says nothing: uploads go on.
+    /// them) but endless. An unreadable authority says nothing: uploads go on.
     async fn superseded_by(&self) -> Option<String> {
-        let remote = self.remote.clone();
-        let tenant = self.tenant_id;
-        let current = tokio::task::spawn_blocking(move || remote.generation(tenant)).await.ok()?;
+        let current = self.remote.authority.generations(&self.remote.storage).await;
         let ours = self.generation;
-        match current {
+        let source = self.remote.authority.describe();
+        match current.map(|c| c.get(&self.tenant_id).copied()) {
             Ok(Some(g)) if g == ours => None,
-            Ok(Some(g)) => Some(format!(
-                "generation {ours} is no longer current (the attachment file names generation {g}): uploads stopped"
-            )),
-            Ok(None) => Some(format!(
-                "the attachment file no longer lists the tenant (generation {ours} was ours): uploads stopped"
-            )),
+            Ok(Some(g)) => {
+                Some(format!("generation {ours} is no longer current ({source} names generation {g}): uploads stopped"))
+            }
+            Ok(None) => {
+                Some(format!("{source} no longer lists the tenant (generation {ours} was ours): uploads stopped"))
+            }
             Err(e) => {
-                warn!(tenant = %self.tenant_id, "reading the attachment file: {e}; uploading anyway");
+                warn!(tenant = %self.tenant_id, "reading {source}: {e}; uploading anyway");
                 None
             }
         }

@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod compute;
+pub mod controller;
 pub mod pageserver;
 pub mod safekeeper;
 

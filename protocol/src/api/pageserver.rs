@@ -18,6 +18,54 @@ pub struct PageserverStatus {
     /// Where layers are uploaded (a path or URL), if anywhere.
     pub remote_storage: Option<String>,
     pub timelines: Vec<TimelineStatus>,
+    /// What this pageserver holds of each tenant (`docs/storage-controller.md`).
+    #[serde(default)]
+    pub locations: Vec<LocationStatus>,
+}
+
+/// What a pageserver holds of a tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LocationMode {
+    /// Serves its pages, ingests its WAL and uploads under a generation.
+    Attached,
+    /// Keeps the layers the attached location reads warm, from object
+    /// storage, ready to be attached.
+    Secondary,
+    /// Nothing (its local files are removed).
+    Detached,
+}
+
+/// `PUT /v1/tenant/{tenant}/location`: what the storage controller wants
+/// this pageserver to hold of the tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocationRequest {
+    pub mode: LocationMode,
+    /// The generation of an attachment (required for `attached`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+}
+
+/// One tenant's location on a pageserver (in its status and in the answer
+/// to a location request).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LocationStatus {
+    pub tenant_id: TenantId,
+    pub mode: LocationMode,
+    /// Of an attached location.
+    pub generation: Option<u32>,
+    /// Layer files held locally for the tenant (attached or warm).
+    #[serde(default)]
+    pub local_layers: u64,
+    #[serde(default)]
+    pub local_layer_bytes: u64,
+    /// A secondary: when it last read the attached location's heatmap
+    /// (seconds ago), and what failed last.
+    #[serde(default)]
+    pub heatmap_age_seconds: Option<u64>,
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A timeline as `GET /v1/tenant/{tenant}/timeline/{timeline}` describes it

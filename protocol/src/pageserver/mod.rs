@@ -177,6 +177,9 @@ pub enum ErrorCode {
     /// A token whose scope or tenant does not allow this timeline; the
     /// server closes the connection.
     Forbidden = 9,
+    /// The tenant is not attached to this pageserver (a secondary, or
+    /// moved): ask the storage controller where it is, and retry there.
+    NotAttached = 10,
 }
 
 impl ErrorCode {
@@ -192,6 +195,7 @@ impl ErrorCode {
             7 => ErrorCode::Overloaded,
             8 => ErrorCode::Unauthorized,
             9 => ErrorCode::Forbidden,
+            10 => ErrorCode::NotAttached,
             _ => return None,
         })
     }
@@ -205,6 +209,7 @@ impl ErrorCode {
                 | ErrorCode::Overloaded
                 | ErrorCode::Unauthorized
                 | ErrorCode::Forbidden
+                | ErrorCode::NotAttached
         )
     }
 }
