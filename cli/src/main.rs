@@ -37,6 +37,13 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Run a storage controller: places tenants on the pageservers, keeps a
+    /// warm secondary, fails over (`docs/storage-controller.md`).
+    Controller {
+        /// The controller's TOML configuration.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// GetPage@LSN load against a pageserver: throughput and latency percentiles.
     Pagebench(pagebench::PagebenchArgs),
     /// Create a local cluster: configs with free ports, 3 safekeepers, a pageserver, a tenant with a `main` branch.
@@ -131,6 +138,25 @@ fn pageserver(config: &std::path::Path) -> i32 {
     }
 }
 
+fn controller(config: &std::path::Path) -> i32 {
+    logging::init();
+    let config = match strata_controller::config::ControllerConfig::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("strata controller: {e}");
+            return 2;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
+    match runtime.block_on(strata_controller::run(config)) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            1
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
@@ -142,6 +168,7 @@ fn main() {
         Command::Safekeeper(_) => unreachable!("clap requires --config without a subcommand"),
         Command::Compute(cmd) => compute::run(cmd),
         Command::Pageserver { config } => pageserver(&config),
+        Command::Controller { config } => controller(&config),
         Command::Pagebench(args) => pagebench::run(args),
         Command::Init(args) => cluster::init(args),
         Command::Start(args) => cluster::start(args),

@@ -1,0 +1,102 @@
+//! Calls to the pageservers' HTTP APIs (blocking `ureq` on the blocking
+//! pool): their status (the heartbeat) and location changes.
+
+use std::time::Duration;
+
+use strata_protocol::api::pageserver::{LocationRequest, LocationStatus, PageserverStatus};
+use strata_protocol::api::ErrorBody;
+use strata_protocol::TenantId;
+use strata_service::auth::Token;
+use strata_service::tls::ClientTls;
+
+/// Largest answer accepted (a status lists every timeline).
+const MAX_ANSWER: u64 = 16 << 20;
+/// Bound on a location change: an attach lists and reads every index.
+const LOCATION_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A client of every pageserver, with the controller's token and TLS.
+#[derive(Clone)]
+pub struct Client {
+    heartbeat: ureq::Agent,
+    location: ureq::Agent,
+    scheme: &'static str,
+    token: Option<Token>,
+}
+
+impl Client {
+    /// Heartbeats time out after `heartbeat_timeout`.
+    pub fn new(tls: Option<&ClientTls>, token: Option<Token>, heartbeat_timeout: Duration) -> Client {
+        let agent = |timeout: Duration| -> ureq::Agent {
+            let mut b = ureq::Agent::config_builder();
+            if let Some(tls) = tls {
+                b = b.tls_config(tls.http());
+            }
+            b.timeout_global(Some(timeout)).http_status_as_error(false).proxy(None).build().into()
+        };
+        Client {
+            heartbeat: agent(heartbeat_timeout),
+            location: agent(LOCATION_TIMEOUT),
+            scheme: if tls.is_some() { "https" } else { "http" },
+            token,
+        }
+    }
+
+    fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        url: String,
+        body: Option<String>,
+    ) -> Result<T, String> {
+        let auth = self.token.as_ref().map(|t| t.bearer());
+        let result = match (method, body) {
+            ("PUT", Some(b)) => {
+                let mut r = agent.put(&url).header("Content-Type", "application/json");
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.send(b)
+            }
+            _ => {
+                let mut r = agent.get(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.call()
+            }
+        };
+        let mut response = result.map_err(|e| format!("{url}: {e}"))?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_ANSWER)
+            .read_to_string()
+            .map_err(|e| format!("{url}: reading the answer: {e}"))?;
+        if status >= 300 {
+            let message = serde_json::from_str::<ErrorBody>(&text).map(|b| b.error).unwrap_or(text);
+            return Err(format!("{url}: HTTP {status}: {message}"));
+        }
+        serde_json::from_str(&text).map_err(|e| format!("{url}: malformed answer: {e}"))
+    }
+
+    /// `GET /v1/status` of the pageserver at `http` (`host:port`).
+    pub async fn status(&self, http: &str) -> Result<PageserverStatus, String> {
+        let (c, url) = (self.clone(), format!("{}://{http}/v1/status", self.scheme));
+        tokio::task::spawn_blocking(move || c.call(&c.heartbeat, "GET", url, None)).await.map_err(|e| e.to_string())?
+    }
+
+    /// `PUT /v1/tenant/{tenant}/location`.
+    pub async fn set_location(
+        &self,
+        http: &str,
+        tenant: TenantId,
+        req: LocationRequest,
+    ) -> Result<LocationStatus, String> {
+        let (c, url) = (self.clone(), format!("{}://{http}/v1/tenant/{tenant}/location", self.scheme));
+        let body = serde_json::to_string(&req).expect("a request always encodes");
+        tokio::task::spawn_blocking(move || c.call(&c.location, "PUT", url, Some(body)))
+            .await
+            .map_err(|e| e.to_string())?
+    }
+}

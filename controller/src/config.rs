@@ -1,0 +1,148 @@
+//! Storage controller configuration (`controller.toml`), written by `strata init`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use strata_protocol::TenantId;
+use strata_service::config::{
+    check_duration, check_exposure, check_range, load_toml, seconds, ConfigError, ConfigLoadError, Protection,
+};
+
+/// Everything a controller process needs.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Unique among the cluster's controllers: the leader's lease names it.
+    pub id: u64,
+    /// HTTP: status, where each tenant is attached, drain and fill, metrics.
+    pub listen_http: SocketAddr,
+    /// Where the state object and the leader's lease live (the cluster's
+    /// object storage, shared with the pageservers).
+    pub remote_storage: strata_remote_storage::RemoteStorageConfig,
+    /// The pageservers it places tenants on, in order of preference.
+    pub pageservers: Vec<PageserverRef>,
+    /// The tenants it places.
+    pub tenants: Vec<TenantId>,
+    /// Tokens: callers' tokens are checked, and this controller's own is
+    /// sent to the pageservers (`docs/security.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<strata_service::auth::AuthConfig>,
+    /// TLS on the listener, and to the pageservers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<strata_service::tls::TlsConfig>,
+    /// How often every pageserver is asked for its status.
+    #[serde(default = "default_heartbeat_interval", with = "seconds")]
+    pub heartbeat_interval: Duration,
+    /// A pageserver that has not answered for this long is offline: its
+    /// attached tenants move to their secondaries.
+    #[serde(default = "default_offline_after", with = "seconds")]
+    pub offline_after: Duration,
+    /// How long the leader's lease lasts without renewal; renewed four times within it.
+    #[serde(default = "default_lease_ttl", with = "seconds")]
+    pub lease_ttl: Duration,
+    /// Most connections on `listen_http` at once (computes long-poll it).
+    #[serde(default = "default_max_http_connections")]
+    pub max_http_connections: usize,
+}
+
+/// A pageserver the controller places tenants on.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageserverRef {
+    /// Its service name in the cluster.
+    pub name: String,
+    /// Its page service and HTTP API (`host:port`).
+    pub pg: String,
+    pub http: String,
+}
+
+fn default_heartbeat_interval() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_offline_after() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_lease_ttl() -> Duration {
+    Duration::from_secs(6)
+}
+fn default_max_http_connections() -> usize {
+    1024
+}
+
+impl ControllerConfig {
+    /// Reads and checks the file.
+    pub fn load(path: &std::path::Path) -> Result<ControllerConfig, ConfigLoadError> {
+        load_toml(path, ControllerConfig::validate)
+    }
+
+    /// Refuses values that would break the service, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_duration("heartbeat_interval", self.heartbeat_interval)?;
+        check_duration("offline_after", self.offline_after)?;
+        check_duration("lease_ttl", self.lease_ttl)?;
+        check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
+        if self.offline_after < self.heartbeat_interval * 2 {
+            return Err(ConfigError {
+                key: "offline_after",
+                message: "must be at least two heartbeat intervals (one lost answer is not a failure)".into(),
+            });
+        }
+        if self.pageservers.is_empty() {
+            return Err(ConfigError { key: "pageservers", message: "none: there is nowhere to place tenants".into() });
+        }
+        let mut names: Vec<&str> = self.pageservers.iter().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ConfigError { key: "pageservers", message: "two have the same name".into() });
+        }
+        check_exposure(
+            "listen_http",
+            self.listen_http,
+            Protection { tls: self.tls.is_some(), auth: self.auth.is_some() },
+        )
+    }
+
+    /// A pageserver by name.
+    pub fn pageserver(&self, name: &str) -> Option<&PageserverRef> {
+        self.pageservers.iter().find(|p| p.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+id = 1
+listen_http = "127.0.0.1:7000"
+tenants = ["0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f"]
+[remote_storage]
+type = "local"
+path = "/tmp/r"
+[[pageservers]]
+name = "pageserver"
+pg = "127.0.0.1:7001"
+http = "127.0.0.1:7002"
+"#;
+
+    #[test]
+    fn a_config_is_checked() {
+        let c: ControllerConfig = toml::from_str(OK).unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.heartbeat_interval, c.offline_after), (Duration::from_millis(500), Duration::from_secs(2)));
+        for (extra, key) in [
+            ("offline_after = 0.5\n", "offline_after"),
+            ("heartbeat_interval = 0\n", "heartbeat_interval"),
+            ("max_http_connections = 0\n", "max_http_connections"),
+        ] {
+            let c: ControllerConfig = toml::from_str(&format!("{extra}{OK}")).unwrap();
+            assert_eq!(c.validate().unwrap_err().key, key, "{extra}");
+        }
+        let two = format!("{OK}[[pageservers]]\nname = \"pageserver\"\npg = \"a:1\"\nhttp = \"a:2\"\n");
+        let c: ControllerConfig = toml::from_str(&two).unwrap();
+        assert!(c.validate().unwrap_err().message.contains("same name"));
+        let open: ControllerConfig = toml::from_str(&OK.replace("127.0.0.1:7000", "10.0.0.1:7000")).unwrap();
+        assert_eq!(open.validate().unwrap_err().key, "listen_http");
+        assert!(toml::from_str::<ControllerConfig>(&format!("bogus = 1\n{OK}")).is_err());
+    }
+}

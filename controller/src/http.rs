@@ -1,0 +1,94 @@
+//! The controller's HTTP API (`docs/openapi/controller.yaml`): its status,
+//! where a tenant is attached (long-polled by the compute agents), drain
+//! and fill of a pageserver, and metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use strata_protocol::api::controller::{PageserverPolicy, PolicyChanged};
+use strata_protocol::api::ErrorBody;
+use strata_protocol::TenantId;
+use strata_service::auth::http::{guard, HttpAuth, Need};
+
+use crate::service::{CallError, Controller};
+
+/// Longest a long poll waits for a newer state.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(ErrorBody { error: message })).into_response()
+}
+
+/// The routes; with `auth`, each needs the scope of its group.
+pub fn router(controller: Arc<Controller>, auth: Option<&HttpAuth>) -> Router {
+    let management =
+        Router::new().route("/v1/pageserver/{name}/drain", post(drain)).route("/v1/pageserver/{name}/fill", post(fill));
+    let tenant = Router::new().route("/v1/tenant/{tenant}/attachment", get(attachment));
+    let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
+    Router::new()
+        .merge(guard(management, auth, Need::Management))
+        .merge(guard(tenant, auth, Need::Tenant))
+        .merge(guard(service, auth, Need::Service))
+        .with_state(controller)
+}
+
+async fn status(State(c): State<Arc<Controller>>) -> Response {
+    Json(c.status()).into_response()
+}
+
+async fn metrics(State(c): State<Arc<Controller>>) -> Response {
+    ([("content-type", "text/plain; version=0.0.4")], c.metrics.render()).into_response()
+}
+
+/// `?after=VERSION&wait_seconds=S`: answer once the state is newer than
+/// `after` (at most `S`, up to 30 s, later).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttachmentQuery {
+    after: Option<u64>,
+    wait_seconds: Option<f64>,
+}
+
+async fn attachment(
+    State(c): State<Arc<Controller>>,
+    Path(tenant): Path<TenantId>,
+    query: Result<Query<AttachmentQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(Query(q)) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let wait = match q.wait_seconds {
+        Some(s) if !(0.0..=MAX_WAIT.as_secs_f64()).contains(&s) => {
+            return error(StatusCode::BAD_REQUEST, format!("wait_seconds must be between 0 and {}", MAX_WAIT.as_secs()))
+        }
+        Some(s) => Duration::from_secs_f64(s),
+        None => Duration::ZERO,
+    };
+    match c.attachment(tenant, q.after, wait).await {
+        Some(a) => Json(a).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("tenant {tenant} is not attached anywhere (yet)")),
+    }
+}
+
+async fn set_policy(c: Arc<Controller>, name: String, policy: PageserverPolicy) -> Response {
+    match c.set_policy(&name, policy).await {
+        Ok(()) => Json(PolicyChanged { pageserver: name, policy }).into_response(),
+        Err(e @ CallError::NotLeader(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e @ CallError::Unknown(_)) => error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ CallError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn drain(State(c): State<Arc<Controller>>, Path(name): Path<String>) -> Response {
+    set_policy(c, name, PageserverPolicy::Draining).await
+}
+
+async fn fill(State(c): State<Arc<Controller>>, Path(name): Path<String>) -> Response {
+    set_policy(c, name, PageserverPolicy::Active).await
+}

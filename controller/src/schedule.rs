@@ -1,0 +1,333 @@
+//! Placement decisions: from the state and what the heartbeats say, the
+//! next state (`docs/storage-controller.md`, "Decisions"). Pure functions,
+//! so every case is a unit test; the controller writes what they return
+//! by compare-and-swap and then makes the pageservers match it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use strata_protocol::api::controller::{ControllerState, Migration, PageserverPolicy, TenantPlacement};
+use strata_protocol::TenantId;
+
+/// Most secondaries a tenant keeps (a returning failed pageserver and a
+/// warm one elsewhere).
+pub const MAX_SECONDARIES: usize = 2;
+
+/// What the controller knows of the pageservers.
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    /// Every pageserver, in the configured order of preference.
+    pub order: Vec<String>,
+    /// Those that answer heartbeats.
+    pub online: BTreeSet<String>,
+}
+
+impl View {
+    fn policy(&self, state: &ControllerState, name: &str) -> PageserverPolicy {
+        state.pageservers.get(name).copied().unwrap_or(PageserverPolicy::Active)
+    }
+
+    /// Online and taking new placements.
+    fn usable(&self, state: &ControllerState, name: &str) -> bool {
+        self.online.contains(name) && self.policy(state, name) == PageserverPolicy::Active
+    }
+}
+
+/// Attached tenants per pageserver.
+fn attached_counts(state: &ControllerState) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for p in state.tenants.values() {
+        if let Some(a) = &p.attached {
+            *counts.entry(a.clone()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// The usable pageserver (not in `exclude`) with the fewest attached
+/// tenants, in the order of preference on ties.
+fn least_loaded(state: &ControllerState, view: &View, exclude: &[&str]) -> Option<String> {
+    let counts = attached_counts(state);
+    view.order
+        .iter()
+        .filter(|n| view.usable(state, n) && !exclude.contains(&n.as_str()))
+        .min_by_key(|n| counts.get(*n).copied().unwrap_or(0))
+        .cloned()
+}
+
+/// Places the tenants of `tenants` that the state does not know yet, each
+/// with generations above `first_generation` (what object storage already
+/// holds of it); they are attached by the next [`plan`].
+pub fn add_tenants(state: &mut ControllerState, tenants: &[(TenantId, u32)]) -> bool {
+    let mut changed = false;
+    for (t, g) in tenants {
+        if !state.tenants.contains_key(t) {
+            state.tenants.insert(*t, TenantPlacement { generation: *g, ..Default::default() });
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// The next state, if anything must change: failovers first, then
+/// cancelled and new migrations (drains), secondaries, and one rebalancing
+/// move at a time.
+pub fn plan(state: &ControllerState, view: &View) -> Option<ControllerState> {
+    let mut next = state.clone();
+    let tenants: Vec<TenantId> = next.tenants.keys().copied().collect();
+    for t in &tenants {
+        let p = next.tenants[t].clone();
+        let p = place(&next, view, p);
+        next.tenants.insert(*t, p);
+    }
+    rebalance(&mut next, view);
+    (next != *state).then_some(next)
+}
+
+/// One tenant's placement, decided.
+fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> TenantPlacement {
+    let attached_ok = p.attached.as_ref().is_some_and(|a| view.online.contains(a));
+    if !attached_ok {
+        // Failover (or the first placement). A migration's target is
+        // already attached under the current generation: it takes over as
+        // it is. Otherwise a secondary (warm) is attached under a new one.
+        if let Some(m) = p.migration.take().filter(|m| view.online.contains(&m.to)) {
+            let old = p.attached.replace(m.to.clone());
+            p.secondaries.retain(|s| *s != m.to);
+            if let Some(o) = old {
+                p.secondaries.insert(0, o);
+            }
+        } else {
+            let from_secondaries = p.secondaries.iter().find(|s| view.usable(state, s)).cloned();
+            let from_secondaries =
+                from_secondaries.or_else(|| p.secondaries.iter().find(|s| view.online.contains(*s)).cloned());
+            let target = from_secondaries
+                .or_else(|| least_loaded(state, view, &[]))
+                .or_else(|| view.order.iter().find(|n| view.online.contains(*n)).cloned());
+            if let Some(to) = target {
+                let old = p.attached.replace(to.clone());
+                p.generation += 1;
+                p.secondaries.retain(|s| *s != to);
+                if let Some(o) = old {
+                    p.secondaries.insert(0, o);
+                }
+            }
+        }
+    } else if let Some(m) = &p.migration {
+        if !view.online.contains(&m.to) {
+            // The target failed: the origin serves on, under a generation
+            // newer than the one the target had.
+            p.migration = None;
+            p.generation += 1;
+        }
+    } else {
+        let a = p.attached.clone().expect("attached_ok");
+        if view.policy(state, &a) == PageserverPolicy::Draining {
+            let to = p
+                .secondaries
+                .iter()
+                .find(|s| view.usable(state, s))
+                .cloned()
+                .or_else(|| least_loaded(state, view, &[a.as_str()]));
+            if let Some(to) = to {
+                p.migration = Some(Migration { to });
+                p.generation += 1;
+            }
+        }
+    }
+    // Secondaries: never the attached one or the migration's target; a
+    // draining one goes when another can take its place; one usable at least.
+    let target = p.migration.as_ref().map(|m| m.to.clone());
+    p.secondaries.retain(|s| Some(s) != p.attached.as_ref() && Some(s) != target.as_ref() && view.order.contains(s));
+    let mut seen = BTreeSet::new();
+    p.secondaries.retain(|s| seen.insert(s.clone()));
+    if !p.secondaries.iter().any(|s| view.usable(state, s)) {
+        let mut exclude: Vec<&str> = p.secondaries.iter().map(String::as_str).collect();
+        exclude.extend(p.attached.as_deref());
+        exclude.extend(target.as_deref());
+        if let Some(c) = view.order.iter().find(|n| view.usable(state, n) && !exclude.contains(&n.as_str())) {
+            p.secondaries.push(c.clone());
+        }
+    }
+    if p.secondaries.iter().any(|s| view.usable(state, s)) {
+        p.secondaries.retain(|s| view.policy(state, s) == PageserverPolicy::Active);
+    }
+    while p.secondaries.len() > MAX_SECONDARIES {
+        // The offline ones go first, then the last added.
+        match p.secondaries.iter().rposition(|s| !view.online.contains(s)) {
+            Some(i) => p.secondaries.remove(i),
+            None => p.secondaries.pop().expect("longer than the bound"),
+        };
+    }
+    p
+}
+
+/// When no move is under way and one usable pageserver has at least two
+/// attached tenants more than another, starts moving one of them.
+fn rebalance(state: &mut ControllerState, view: &View) {
+    if state.tenants.values().any(|p| p.migration.is_some() || p.attached.is_none()) {
+        return;
+    }
+    let counts = attached_counts(state);
+    let usable: Vec<&String> = view.order.iter().filter(|n| view.usable(state, n)).collect();
+    let count = |n: &str| counts.get(n).copied().unwrap_or(0);
+    let (Some(most), Some(least)) = (usable.iter().max_by_key(|n| count(n)), usable.iter().min_by_key(|n| count(n)))
+    else {
+        return;
+    };
+    if count(most) < count(least) + 2 {
+        return;
+    }
+    let (most, least) = ((*most).clone(), (*least).clone());
+    // Prefer a tenant whose secondary is already there (warm).
+    let pick = state
+        .tenants
+        .iter()
+        .filter(|(_, p)| p.attached.as_deref() == Some(most.as_str()))
+        .max_by_key(|(_, p)| p.secondaries.contains(&least))
+        .map(|(t, _)| *t);
+    if let Some(t) = pick {
+        let p = state.tenants.get_mut(&t).expect("picked from the map");
+        p.migration = Some(Migration { to: least });
+        p.generation += 1;
+    }
+}
+
+/// A migration whose target caught up: it becomes the attached location
+/// and the origin its secondary.
+pub fn complete_migration(state: &ControllerState, tenant: TenantId) -> Option<ControllerState> {
+    let mut next = state.clone();
+    let p = next.tenants.get_mut(&tenant)?;
+    let m = p.migration.take()?;
+    let origin = p.attached.replace(m.to.clone());
+    p.secondaries.retain(|s| *s != m.to);
+    if let Some(o) = origin {
+        p.secondaries.insert(0, o);
+    }
+    p.secondaries.truncate(MAX_SECONDARIES);
+    Some(next)
+}
+
+/// Changes the policy of a pageserver; `None` if it is already so.
+pub fn set_policy(state: &ControllerState, name: &str, policy: PageserverPolicy) -> Option<ControllerState> {
+    let mut next = state.clone();
+    match policy {
+        PageserverPolicy::Active => next.pageservers.remove(name),
+        p => next.pageservers.insert(name.to_string(), p),
+    };
+    (next != *state).then_some(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(online: &[&str]) -> View {
+        View {
+            order: ["ps1", "ps2", "ps3"].iter().map(|s| s.to_string()).collect(),
+            online: online.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn tenant(n: u8) -> TenantId {
+        TenantId([n; 16])
+    }
+
+    fn placement(state: &ControllerState, t: TenantId) -> (u32, Option<&str>, Vec<&str>, Option<&str>) {
+        let p = &state.tenants[&t];
+        (
+            p.generation,
+            p.attached.as_deref(),
+            p.secondaries.iter().map(String::as_str).collect(),
+            p.migration.as_ref().map(|m| m.to.as_str()),
+        )
+    }
+
+    /// Plans until nothing changes (as the controller does, round after round).
+    fn settle(mut state: ControllerState, view: &View) -> ControllerState {
+        for _ in 0..10 {
+            match plan(&state, view) {
+                Some(next) => state = next,
+                None => return state,
+            }
+        }
+        panic!("no fixed point: {state:?}");
+    }
+
+    #[test]
+    fn a_new_tenant_is_attached_above_every_generation_in_storage_with_a_secondary() {
+        let mut s = ControllerState::default();
+        assert!(add_tenants(&mut s, &[(tenant(1), 7)]));
+        assert!(!add_tenants(&mut s, &[(tenant(1), 9)]), "known tenants are kept");
+        let s = settle(s, &view(&["ps1", "ps2"]));
+        assert_eq!(placement(&s, tenant(1)), (8, Some("ps1"), vec!["ps2"], None));
+        // With no pageserver online nothing is decided.
+        let mut empty = ControllerState::default();
+        add_tenants(&mut empty, &[(tenant(1), 0)]);
+        assert!(plan(&empty, &view(&[])).is_none());
+    }
+
+    #[test]
+    fn a_failed_attached_pageserver_fails_over_to_its_secondary_under_a_new_generation() {
+        let mut s = ControllerState::default();
+        add_tenants(&mut s, &[(tenant(1), 0)]);
+        let s = settle(s, &view(&["ps1", "ps2"]));
+        let s = settle(s, &view(&["ps2"]));
+        // The failed one stays its secondary (it comes back warm).
+        assert_eq!(placement(&s, tenant(1)), (2, Some("ps2"), vec!["ps1"], None));
+        // It returns: nothing moves (one tenant is balanced either way).
+        assert!(plan(&s, &view(&["ps1", "ps2"])).is_none());
+        // With a third pageserver online, a usable secondary is added at once.
+        let s3 = settle(s.clone(), &view(&["ps2", "ps3"]));
+        assert_eq!(placement(&s3, tenant(1)), (2, Some("ps2"), vec!["ps1", "ps3"], None));
+        // Both down: nothing to attach to; the state waits.
+        assert!(plan(&s, &view(&[])).is_none());
+    }
+
+    #[test]
+    fn a_drain_moves_the_tenant_live_and_a_failed_target_cancels_the_move() {
+        let mut s = ControllerState::default();
+        add_tenants(&mut s, &[(tenant(1), 0)]);
+        let v = view(&["ps1", "ps2", "ps3"]);
+        let s = settle(s, &v);
+        assert_eq!(placement(&s, tenant(1)), (1, Some("ps1"), vec!["ps2"], None));
+        let s = set_policy(&s, "ps1", PageserverPolicy::Draining).unwrap();
+        assert!(set_policy(&s, "ps1", PageserverPolicy::Draining).is_none());
+        let moving = settle(s, &v);
+        // The target is attached under generation 2 while ps1 still serves.
+        assert_eq!(placement(&moving, tenant(1)), (2, Some("ps1"), vec!["ps3"], Some("ps2")));
+        let done = complete_migration(&moving, tenant(1)).unwrap();
+        let done = settle(done, &v);
+        // The drained pageserver keeps nothing once another can be the secondary.
+        assert_eq!(placement(&done, tenant(1)), (2, Some("ps2"), vec!["ps3"], None));
+        // The target fails during the move: the origin goes on under
+        // generation 3, and the drain starts again towards ps3 (generation 4).
+        let cancelled = plan(&moving, &view(&["ps1", "ps3"])).unwrap();
+        assert_eq!(placement(&cancelled, tenant(1)), (3, Some("ps1"), vec!["ps3"], None));
+        let again = settle(cancelled, &view(&["ps1", "ps3"]));
+        assert_eq!(placement(&again, tenant(1)), (4, Some("ps1"), vec![], Some("ps3")));
+        // The origin fails during the move: the target takes over as it is.
+        let taken = settle(moving, &view(&["ps2", "ps3"]));
+        assert_eq!(placement(&taken, tenant(1)), (2, Some("ps2"), vec!["ps3"], None));
+    }
+
+    #[test]
+    fn tenants_are_rebalanced_one_move_at_a_time() {
+        let mut s = ControllerState::default();
+        add_tenants(&mut s, &[(tenant(1), 0), (tenant(2), 0), (tenant(3), 0), (tenant(4), 0)]);
+        // Only ps1 is up at first: all four go there.
+        let s = settle(s, &view(&["ps1"]));
+        assert!(s.tenants.values().all(|p| p.attached.as_deref() == Some("ps1")));
+        // ps2 comes: one move starts; none other until it completes.
+        let v = view(&["ps1", "ps2"]);
+        let s = settle(s, &v);
+        let moving: Vec<TenantId> = s.tenants.iter().filter(|(_, p)| p.migration.is_some()).map(|(t, _)| *t).collect();
+        assert_eq!(moving.len(), 1);
+        let s = settle(complete_migration(&s, moving[0]).unwrap(), &v);
+        let s = settle(
+            complete_migration(&s, *s.tenants.iter().find(|(_, p)| p.migration.is_some()).unwrap().0).unwrap(),
+            &v,
+        );
+        let counts = attached_counts(&s);
+        assert_eq!((counts["ps1"], counts["ps2"]), (2, 2), "{s:?}");
+    }
+}
