@@ -14,19 +14,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import crc32c
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
+from fixtures.endpoint import start_endpoint
 from fixtures.minio import Minio
 from fixtures.page_compare import (assert_same_pages, catalog, checkpoint_compute, compare_data_dir, quiet_cluster,
-                                   wait_quiet)
+                                   quiet_compute, wait_quiet)
 from fixtures.pageserver_api import SMALL_LAYERS, PageserverApi, error_message
-from fixtures.ports import free_port
-from fixtures.processes import terminate
 from fixtures.strata import parse_lsn
 from fixtures.wait import wait_until
 
@@ -34,11 +32,15 @@ SCALE = 4
 
 
 def set_remote_storage(cluster, table: dict) -> None:
-    """Replaces the pageserver's `[remote_storage]` table (the last table of the file)."""
-    conf = cluster.workdir / "pageserver" / "pageserver.toml"
-    text = re.sub(r"\n\[remote_storage\]\n(.*\n?)*$", "\n", conf.read_text())
-    text += "\n[remote_storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
-    conf.write_text(text)
+    """Replaces the `[remote_storage]` table of the pageserver and of the
+    storage controller (whose state the pageserver checks generations
+    against lives in the same object storage)."""
+    new = "\n[remote_storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+    for name in ("pageserver", "controller"):
+        conf = cluster.service_config_path(name)
+        text = re.sub(r"\n\[remote_storage\]\n(?:(?!\[).*\n?)*", lambda _: new, conf.read_text(), count=1)
+        assert "[remote_storage]" in text, text
+        conf.write_text(text)
 
 
 def remote_cluster(cluster_factory, settings: dict, remote: dict | None = None):
@@ -110,7 +112,8 @@ def test_attach_from_object_storage_on_an_empty_disk(cluster_factory):
     print("\nafter the checkpoint:", {k: st[k] for k in ("local_layers", "local_layer_bytes")}, remote)
     assert remote["remote_layers"] == st["l0_layers"] + st["l1_layers"] + st["image_layers"], (remote, st)
     assert parse_lsn(st["remote_consistent_lsn"]) == parse_lsn(st["disk_consistent_lsn"]) >= lsn, st
-    assert remote["generation"] == 1 == cluster.cluster_toml["generation"]
+    # The storage controller attached the tenant under generation 1.
+    assert remote["generation"] == 1 == cluster.status()["timelines"][0]["generation"]
 
     # `strata status --json` names where the pageserver keeps its data.
     svc = next(s for s in cluster.status()["services"] if s["kind"] == "pageserver")
@@ -129,8 +132,7 @@ def test_attach_from_object_storage_on_an_empty_disk(cluster_factory):
     # The local disk is lost: the pageserver starts on an empty one.
     cluster.stop("--only", "pageserver")
     shutil.rmtree(ps.data_dir / "tenants")
-    out = cluster.start("--only", "pageserver")
-    assert "generation 2" in out, out
+    cluster.start("--only", "pageserver")
     ps.close()
     st = ps.status()
     assert st["state"] == "active" and parse_lsn(st["disk_consistent_lsn"]) >= lsn, st
@@ -142,10 +144,10 @@ def test_attach_from_object_storage_on_an_empty_disk(cluster_factory):
     assert downloaded > 0 and after["strata_pageserver_download_errors_total"] == 0, after
     assert before["strata_pageserver_layers_downloaded_total"] <= downloaded
 
-    # The new generation publishes its own index; the old one is removed.
-    wait_until("the index of generation 2", lambda: (objects / "index-00000002.json").exists(), timeout=60)
-    wait_until("the index of generation 1 gone", lambda: not (objects / "index-00000001.json").exists(), timeout=60)
-    check_index(objects / "index-00000002.json")
+    # The same attachment came back (its record is outside the data
+    # directory): the same generation goes on publishing the index.
+    assert ps.status()["remote"]["generation"] == 1
+    check_index(objects / "index-00000001.json")
 
     # And the compute writes on through it.
     ep.run(["pgbench", "-n", "-c", "2", "-T", "5"], timeout=300)
@@ -215,95 +217,81 @@ def test_kill9_during_uploads_never_publishes_a_partial_index(cluster_factory):
             bench.wait(timeout=30)
     assert bench.returncode == 0, f"pgbench failed:\n{stdout}\n{stderr}"
     print("\nlayers checked in the indexes after each kill -9:", checked)
-    assert cluster.cluster_toml["generation"] == 5
+    # A restart is the same attachment: the generation stays (only the
+    # storage controller issues new ones, when the tenant moves).
+    assert ps.status()["remote"]["generation"] == 1
     with ep.connect() as conn:
         assert_pgbench_invariants(pgbench_state(conn), SCALE)
     lsn = settle(cluster, ps, ep)
-    check_index(objects / "index-00000005.json")
+    check_index(objects / "index-00000001.json")
     snapshot_pages(ps, ep, lsn)
 
 
-def start_second_pageserver(cluster, generation: int, workdir: Path):
-    """A second pageserver for the cluster's tenant, on an empty disk, with
-    its own attachment file naming `generation`."""
-    conf = (cluster.workdir / "pageserver" / "pageserver.toml").read_text()
-    data = workdir / "data"
-    attachments = workdir / "attachments.json"
-    pg, http = free_port(), free_port()
-    conf = re.sub(r'^listen_pg = .*$', f'listen_pg = "127.0.0.1:{pg}"', conf, flags=re.M)
-    conf = re.sub(r'^listen_http = .*$', f'listen_http = "127.0.0.1:{http}"', conf, flags=re.M)
-    conf = re.sub(r'^data_dir = .*$', f'data_dir = "{data}"', conf, flags=re.M)
-    conf = re.sub(r'^attachments = .*$', f'attachments = "{attachments}"', conf, flags=re.M)
-    conf = re.sub(r'^id = .*$', 'id = 99', conf, flags=re.M)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "pageserver.toml").write_text(conf)
-    tenant = cluster.cluster_toml["tenant_id"]
-    attachments.write_text(json.dumps({"format_version": 1, "tenants": {tenant: {"generation": generation}}}))
-    log = open(workdir / "pageserver.log", "ab")
-    proc = subprocess.Popen([str(cluster.strata_bin), "pageserver", "--config", str(workdir / "pageserver.toml")],
-                            stdout=log, stderr=subprocess.STDOUT)
-    return proc, http
-
-
-def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory, tmp_path):
-    cluster, ps_a, ep = remote_cluster(cluster_factory, SMALL_LAYERS)
+def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory):
+    """Pageserver A stays attached under generation 1 while the tenant's
+    state names generation 2 at pageserver B: what a partition between A
+    and the storage controller leaves. The controllers are stopped, and the
+    decision is written into their state object as they would write it."""
+    cluster = cluster_factory(start=False, init_args=("--pageservers", "2"))
+    for name in ("pageserver", "pageserver2"):
+        cluster.configure(name, SMALL_LAYERS)
+    cluster.start()
+    ep = start_endpoint(cluster)
+    quiet_compute(ep)
+    ps_a = PageserverApi(cluster)
     ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
     settle(cluster, ps_a, ep)
-    objects = timeline_objects(cluster.workdir / "remote_storage", ps_a)
+    root = cluster.workdir / "remote_storage"
+    objects = timeline_objects(root, ps_a)
     tenant = ps_a.tenant
+    cluster.stop("--only", "controller")
 
-    # The control plane moves the tenant: generation 2 to pageserver B, and
-    # it tells A that its generation 1 is no longer current.
-    proc, http_b = start_second_pageserver(cluster, 2, tmp_path / "ps-b")
-    try:
-        (cluster.workdir / "pageserver" / "attachments.json").write_text(
-            json.dumps({"format_version": 1, "tenants": {tenant: {"generation": 2}}}))
-        ps_b = PageserverApi(cluster)
-        ps_b.http_port = http_b
+    # The decision: generation 2, at B; then B is told.
+    state_file = root / "controller" / "state.json"
+    state = json.loads(state_file.read_text())
+    placement = state["tenants"][tenant]
+    assert (placement["generation"], placement["attached"]) == (1, "pageserver"), placement
+    state["tenants"][tenant] = {"generation": 2, "attached": "pageserver2", "secondaries": ["pageserver"]}
+    state["version"] += 1
+    state_file.write_text(json.dumps(state))
+    code, body = cluster.http("pageserver2", "PUT", f"/v1/tenant/{tenant}/location",
+                              {"mode": "attached", "generation": 2}, timeout=120)
+    assert code == 200 and body["generation"] == 2, body
+    ps_b = PageserverApi(cluster, name="pageserver2")
+    wait_until("pageserver B active", lambda: ps_b.status()["state"] == "active", timeout=60)
+    wait_until("B's index", lambda: (objects / "index-00000002.json").exists(), timeout=60)
+    deleted_before = cluster.metrics("pageserver")["strata_pageserver_remote_deletions_total"]
+    gen1 = {p.name for p in objects.iterdir() if p.name.endswith("00000001") or p.name == "index-00000001.json"}
 
-        def b_active():
-            try:
-                st = ps_b.status()
-            except OSError:
-                return None
-            return st if st["state"] == "active" else None
+    # A, stale, goes on ingesting: more WAL and a forced compaction (its
+    # L0s are replaced). It reads the state before each upload round, so it
+    # uploads and deletes nothing more, and a checkpoint that waits for an
+    # upload says why none will come.
+    ep.run(["pgbench", "-n", "-c", "4", "-T", "8"], timeout=300)
+    code, body = ps_a.request("POST", ps_a.tl_path() + "/checkpoint?compact=true&upload_timeout=120", timeout=300)
+    body = body.decode()
+    assert code == 500 and "generation 1 is no longer current" in body and "names generation 2" in body, body
+    st_a = ps_a.status()["remote"]
+    assert "no longer current" in (st_a["upload_error"] or ""), st_a
+    print("\nstale pageserver A:", st_a["upload_error"], "; upload queue", st_a["upload_queue_layers"], "layers")
+    assert st_a["upload_queue_layers"] > 0, "A wrote layers it did not upload"
+    m = cluster.metrics("pageserver")
+    assert m["strata_pageserver_remote_deletions_total"] == deleted_before, "a stale generation deleted objects"
+    now_gen1 = {p.name for p in objects.iterdir() if p.name.endswith("00000001") or p.name == "index-00000001.json"}
+    assert now_gen1 <= gen1, f"the stale generation uploaded {sorted(now_gen1 - gen1)}"
+    check_index(objects / "index-00000002.json")
 
-        wait_until("pageserver B attached", b_active, timeout=60)
-        wait_until("B's index", lambda: (objects / "index-00000002.json").exists(), timeout=60)
-        deleted_before = cluster.metrics("pageserver")["strata_pageserver_remote_deletions_total"]
-        gen1 = {p.name for p in objects.iterdir() if p.name.endswith("00000001") or p.name == "index-00000001.json"}
-
-        # A, stale, goes on ingesting: more WAL and a forced compaction (its
-        # L0s are replaced). It reads the attachment file before each upload
-        # round, so it uploads and deletes nothing more, and a checkpoint
-        # that waits for an upload says why none will come.
-        ep.run(["pgbench", "-n", "-c", "4", "-T", "8"], timeout=300)
-        code, body = ps_a.request("POST", ps_a.tl_path() + "/checkpoint?compact=true&upload_timeout=120", timeout=300)
-        body = body.decode()
-        assert code == 500 and "generation 1 is no longer current" in body and "names generation 2" in body, body
-        st_a = ps_a.status()["remote"]
-        assert "no longer current" in (st_a["upload_error"] or ""), st_a
-        print("\nstale pageserver A:", st_a["upload_error"], "; upload queue", st_a["upload_queue_layers"], "layers")
-        assert st_a["upload_queue_layers"] > 0, "A wrote layers it did not upload"
-        m = cluster.metrics("pageserver")
-        assert m["strata_pageserver_remote_deletions_total"] == deleted_before, "a stale generation deleted objects"
-        now_gen1 = {p.name for p in objects.iterdir() if p.name.endswith("00000001") or p.name == "index-00000001.json"}
-        assert now_gen1 <= gen1, f"the stale generation uploaded {sorted(now_gen1 - gen1)}"
-        check_index(objects / "index-00000002.json")
-
-        # B serves the same pages as A at an LSN both have.
-        wait_quiet(ep)
-        lsn, _ = checkpoint_compute(ep, ps_a)
-        ps_b.wait_lsn(lsn)
-        cmp = snapshot_pages(ps_a, ep, lsn)
-        assert_same_pages(ps_b, cmp, lsn)
-        # B's own index lists only objects that exist, A's activity notwithstanding.
-        code, body = ps_b.request("POST", ps_b.tl_path() + "/checkpoint?compact=true&upload_timeout=120", timeout=300)
-        assert code == 200, body
-        check_index(objects / "index-00000002.json")
-        assert json.loads((objects / "index-00000002.json").read_text())["index"]["generation"] == 2
-    finally:
-        terminate(proc, 60)
+    # B serves the same pages as A at an LSN both have.
+    wait_quiet(ep)
+    lsn, _ = checkpoint_compute(ep, ps_a)
+    ps_b.wait_lsn(lsn)
+    cmp = snapshot_pages(ps_a, ep, lsn)
+    assert_same_pages(ps_b, cmp, lsn)
+    # B's own index lists only objects that exist, A's activity notwithstanding.
+    code, body = ps_b.request("POST", ps_b.tl_path() + "/checkpoint?compact=true&upload_timeout=120", timeout=300)
+    assert code == 200, body
+    check_index(objects / "index-00000002.json")
+    assert json.loads((objects / "index-00000002.json").read_text())["index"]["generation"] == 2
 
 
 def test_object_storage_killed_under_load(cluster_factory, tmp_path):

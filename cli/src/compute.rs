@@ -87,9 +87,14 @@ pub struct StartArgs {
     pg_host_address: Option<std::net::IpAddr>,
     #[command(flatten)]
     timeline: TimelineArgs,
-    /// The pageserver's HTTP API (host:port).
+    /// The pageserver's HTTP API (host:port) at start.
     #[arg(long)]
     pageserver_http: String,
+    /// The storage controllers' HTTP APIs (host:port, comma-separated):
+    /// the compute follows the tenant when they move it to another
+    /// pageserver (docs/storage-controller.md).
+    #[arg(long = "controller", value_delimiter = ',')]
+    controllers: Vec<String>,
     /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
     #[arg(long)]
     http: Option<std::net::SocketAddr>,
@@ -330,6 +335,7 @@ async fn start(args: StartArgs) -> Result<(), agent::AgentError> {
         args.pageserver_http,
         args.password_file,
     );
+    cfg.controllers = args.controllers;
     cfg.http = args.http;
     cfg.http_max_connections = usize::from(args.http_max_connections);
     cfg.pg_bin_dir = args.pg_bin_dir;

@@ -31,12 +31,9 @@ enum Command {
     /// Run a safekeeper: durable, replicated WAL for PostgreSQL timelines
     /// (`--config`); or change the local cluster's safekeepers.
     Safekeeper(SafekeeperArgs),
-    /// Run a pageserver: page versions from the WAL, GetPage@LSN, basebackups.
-    Pageserver {
-        /// The pageserver's TOML configuration.
-        #[arg(long)]
-        config: std::path::PathBuf,
-    },
+    /// Run a pageserver: page versions from the WAL, GetPage@LSN,
+    /// basebackups (`--config`); or drain or fill one of the local cluster's.
+    Pageserver(PageserverArgs),
     /// Run a storage controller: places tenants on the pageservers, keeps a
     /// warm secondary, fails over (`docs/storage-controller.md`).
     Controller {
@@ -95,6 +92,33 @@ enum SafekeeperCommand {
         old: String,
         /// The new service's name (e.g. `sk4`).
         new: String,
+        #[command(flatten)]
+        workdir: cluster::WorkdirArgs,
+    },
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct PageserverArgs {
+    /// The pageserver's TOML configuration.
+    #[arg(long, required = true)]
+    config: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    command: Option<PageserverCommand>,
+}
+
+#[derive(Subcommand)]
+enum PageserverCommand {
+    /// Move every tenant off pageserver NAME (live, while computes read)
+    /// and place nothing new there, for maintenance (docs/storage-controller.md).
+    Drain {
+        name: String,
+        #[command(flatten)]
+        workdir: cluster::WorkdirArgs,
+    },
+    /// Let pageserver NAME take tenants again after a drain.
+    Fill {
+        name: String,
         #[command(flatten)]
         workdir: cluster::WorkdirArgs,
     },
@@ -167,7 +191,14 @@ fn main() {
         Command::Safekeeper(SafekeeperArgs { config: Some(config), .. }) => safekeeper(&config),
         Command::Safekeeper(_) => unreachable!("clap requires --config without a subcommand"),
         Command::Compute(cmd) => compute::run(cmd),
-        Command::Pageserver { config } => pageserver(&config),
+        Command::Pageserver(PageserverArgs { command: Some(PageserverCommand::Drain { name, workdir }), .. }) => {
+            cluster::pageserver_policy(&workdir, &name, "drain")
+        }
+        Command::Pageserver(PageserverArgs { command: Some(PageserverCommand::Fill { name, workdir }), .. }) => {
+            cluster::pageserver_policy(&workdir, &name, "fill")
+        }
+        Command::Pageserver(PageserverArgs { config: Some(config), .. }) => pageserver(&config),
+        Command::Pageserver(PageserverArgs { config: None, command: None }) => unreachable!("clap requires one"),
         Command::Controller { config } => controller(&config),
         Command::Pagebench(args) => pagebench::run(args),
         Command::Init(args) => cluster::init(args),

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod dedicated;
 pub mod lazy;
 pub mod page_client;
+pub mod pageserver_target;
 pub mod pg_replication;
 pub mod proposer;
 pub mod safekeeper_link;

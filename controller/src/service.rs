@@ -27,6 +27,9 @@ use crate::store::{LeaderLease, Store, StoreError};
 const FOLLOWER_REFRESH: Duration = Duration::from_secs(1);
 /// Bound on writing the state when a write conflicts again and again.
 const WRITE_ATTEMPTS: usize = 5;
+/// Pauses before a failed location call is sent again.
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// While this controller leads.
 struct Lead {
@@ -71,6 +74,8 @@ pub struct Controller {
     version: watch::Sender<u64>,
     /// Location calls under way, so a slow attach is not sent twice.
     in_flight: Mutex<BTreeSet<(String, TenantId)>>,
+    /// Location calls that failed, and when to try again (growing pauses).
+    retry_at: Mutex<BTreeMap<(String, TenantId), (Instant, strata_service::backoff::Backoff)>>,
     wake: Notify,
     /// When the heartbeats started: before a whole offline period has
     /// passed, nothing is known to be offline.
@@ -101,6 +106,7 @@ impl Controller {
             inner: Mutex::new(Inner::default()),
             version: watch::Sender::new(0),
             in_flight: Mutex::new(BTreeSet::new()),
+            retry_at: Mutex::new(BTreeMap::new()),
             wake: Notify::new(),
             started: Instant::now(),
         })
@@ -483,7 +489,11 @@ impl Controller {
                     }
                     (_, None) => false,
                 };
-                if matches || !self.in_flight.lock().insert((ps.name.clone(), *t)) {
+                let key = (ps.name.clone(), *t);
+                if matches || self.retry_at.lock().get(&key).is_some_and(|(at, _)| Instant::now() < *at) {
+                    continue;
+                }
+                if !self.in_flight.lock().insert(key) {
                     continue;
                 }
                 self.metrics.location_calls.inc();
@@ -493,9 +503,11 @@ impl Controller {
                 tokio::spawn(async move {
                     let r = client.set_location(&http, tenant, want).await;
                     if let Some(me) = me.upgrade() {
-                        me.in_flight.lock().remove(&(name.clone(), tenant));
+                        let key = (name.clone(), tenant);
+                        me.in_flight.lock().remove(&key);
                         match r {
                             Ok(status) => {
+                                me.retry_at.lock().remove(&key);
                                 // Seen at once, without waiting for the next heartbeat.
                                 let mut inner = me.inner.lock();
                                 if let Some(s) = inner.health.get_mut(&name).and_then(|h| h.status.as_mut()) {
@@ -508,6 +520,12 @@ impl Controller {
                                 me.wake.notify_one();
                             }
                             Err(e) => {
+                                let mut retry = me.retry_at.lock();
+                                let (at, backoff) = retry.entry(key).or_insert_with(|| {
+                                    (Instant::now(), strata_service::backoff::Backoff::new(RETRY_MIN, RETRY_MAX))
+                                });
+                                *at = Instant::now() + backoff.next_delay();
+                                drop(retry);
                                 me.metrics.location_errors.inc();
                                 me.note_error(format!("pageserver {name}: tenant {tenant}: {e}"));
                             }

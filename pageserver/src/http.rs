@@ -41,6 +41,7 @@ fn read_error(e: ReadError) -> Response {
         ReadError::LsnTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         ReadError::BelowGcCutoff { .. } => StatusCode::GONE,
         ReadError::Layer(_) | ReadError::Corrupt { .. } | ReadError::Broken { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        ReadError::NotAttached { .. } => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, e.to_string())
 }
@@ -65,8 +66,7 @@ pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
         .route("/v1/tenant/{tenant}/timeline", post(create_branch))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", delete(delete_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict))
-        .route("/v1/tenant/{tenant}/location", put(set_location));
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict", post(evict));
     // What a compute of the tenant reads.
     let tenant = Router::new()
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
@@ -75,7 +75,11 @@ pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lease", post(lease))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_by_time", get(lsn_by_time))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page));
-    let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
+    // The storage controller calls with the services' token.
+    let service = Router::new()
+        .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/v1/tenant/{tenant}/location", put(set_location));
     Router::new()
         .merge(guard(management, auth, Need::Management))
         .merge(guard(tenant, auth, Need::Tenant))

@@ -78,6 +78,7 @@ fn error_code(e: &ReadError) -> ErrorCode {
         ReadError::NotFound(_) | ReadError::BelowGcCutoff { .. } => ErrorCode::NotFound,
         ReadError::LsnTimeout { .. } => ErrorCode::LsnTimeout,
         ReadError::Layer(_) | ReadError::Corrupt { .. } | ReadError::Broken { .. } => ErrorCode::Corrupt,
+        ReadError::NotAttached { .. } => ErrorCode::NotAttached,
     }
 }
 

@@ -149,6 +149,9 @@ pub enum ReadError {
     Broken { timeline: TimelineId, reason: String },
     #[error("timeline {timeline}: {lsn} is below the GC cutoff {cutoff} (versions older than the cutoff may be gone; see pitr_interval and gc_horizon)")]
     BelowGcCutoff { timeline: TimelineId, lsn: Lsn, cutoff: Lsn },
+    /// The tenant moved to another pageserver (`docs/storage-controller.md`).
+    #[error("timeline {timeline}: its tenant is no longer attached to this pageserver")]
+    NotAttached { timeline: TimelineId },
 }
 
 pub struct Timeline {
@@ -162,6 +165,9 @@ pub struct Timeline {
     layers: RwLock<LayerMap>,
     lsns: tokio::sync::watch::Sender<RecordLsns>,
     broken: Mutex<Option<Broken>>,
+    /// Set when the tenant leaves this pageserver: reads (and waits for
+    /// LSNs that will never be ingested here) end at once.
+    detached: std::sync::atomic::AtomicBool,
     /// Signalled when a frozen layer has been flushed.
     flushed: Condvar,
     flush_wait: Mutex<()>,
@@ -303,6 +309,7 @@ impl Timeline {
             lsns: tokio::sync::watch::Sender::new(lsns),
             meta: Mutex::new(meta),
             broken: Mutex::new(None),
+            detached: std::sync::atomic::AtomicBool::new(false),
             flushed: Condvar::new(),
             flush_wait: Mutex::new(()),
             flush_lock: Mutex::new(()),
@@ -689,7 +696,23 @@ impl Timeline {
         self.broken.lock().as_ref().map(|b| b.reason.clone())
     }
 
+    /// Takes the timeline out of service (its tenant moved elsewhere):
+    /// every read, and every wait for an LSN, ends with `NotAttached`.
+    pub fn detach(&self) {
+        self.detached.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the waits for LSNs, which look at the flag.
+        self.lsns.send_modify(|_| {});
+    }
+
+    /// Whether [`Self::detach`] was called.
+    pub fn is_detached(&self) -> bool {
+        self.detached.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn check_broken(&self) -> Result<(), ReadError> {
+        if self.is_detached() {
+            return Err(ReadError::NotAttached { timeline: self.timeline_id });
+        }
         match self.broken_reason() {
             Some(reason) => Err(ReadError::Broken { timeline: self.timeline_id, reason }),
             None => Ok(()),
@@ -763,7 +786,10 @@ impl Timeline {
             )));
         }
         let mut rx = self.lsns.subscribe();
-        let reached = tokio::time::timeout(timeout, rx.wait_for(|l| l.last >= lsn)).await.is_ok_and(|r| r.is_ok());
+        let reached = tokio::time::timeout(timeout, rx.wait_for(|l| l.last >= lsn || self.is_detached()))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        self.check_broken()?;
         match reached {
             true => Ok(lsn),
             false => Err(ReadError::LsnTimeout {

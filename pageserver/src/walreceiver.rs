@@ -202,6 +202,10 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
         }
         match result {
             Ok(()) => {}
+            // The tenant left this pageserver while a record was ingested: nothing is wrong with it.
+            Err(StreamError::Ingest(_)) if tl.is_detached() => {
+                info!(timeline = %tl.timeline_id, "the tenant left this pageserver; ingest stopped");
+            }
             Err(e @ (StreamError::Ingest(_) | StreamError::Decode(_))) => {
                 tl.set_broken(BrokenKind::Ingest, e.to_string());
             }

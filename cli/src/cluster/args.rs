@@ -43,6 +43,10 @@ pub struct InitArgs {
     /// for a cluster on this machine.
     #[arg(long, conflicts_with = "hosts")]
     pub safekeepers: Option<usize>,
+    /// Number of pageservers (default 1): with two or more, each tenant has
+    /// a warm secondary and fails over (`docs/storage-controller.md`).
+    #[arg(long, conflicts_with = "hosts")]
+    pub pageservers: Option<usize>,
     /// A cluster across machines: the hosts, what each runs and the object
     /// storage, in a TOML file (`docs/deployment.md`).
     #[arg(long, value_name = "FILE")]

@@ -65,7 +65,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
         return failed(format!("no branch named {parent_name:?} (branches: {})", known.join(", ")));
     };
-    let ps = wd.cluster.pageserver();
+    let ps = super::controller::attached(wd)?;
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running (start it with `strata start`)", ps.name));
     }
@@ -155,7 +155,7 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
         println!("endpoint {}: removed", ep.file.name);
     }
     let tenant = wd.cluster.tenant_id;
-    let ps = wd.cluster.pageserver();
+    let ps = super::controller::attached(wd)?;
     let url = format!("{}/v1/tenant/{tenant}/timeline/{}", ps.http_url(), b.timeline_id);
     let r = http::delete(&url, CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 200 && r.status != 404 {
@@ -190,11 +190,11 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
 
 /// One branch as `branch list` shows it.
 fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::EndpointRecord]) -> BranchInfo {
-    let ps = wd.cluster.pageserver();
-    let url =
-        format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), wd.cluster.tenant_id, b.timeline_id);
-    let status = http::get(&url, http::QUICK)
-        .ok()
+    let status = super::controller::attached_now(wd)
+        .map(|ps| {
+            format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), wd.cluster.tenant_id, b.timeline_id)
+        })
+        .and_then(|url| http::get(&url, http::QUICK).ok())
         .filter(|r| r.status == 200)
         .and_then(|r| r.json::<pageserver::TimelineStatus>().ok());
     BranchInfo {

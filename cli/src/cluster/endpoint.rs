@@ -208,7 +208,7 @@ fn resolve_point(wd: &Workdir, branch: &layout::Branch, at: &str) -> Result<stra
         return Ok(lsn);
     }
     let time = super::args::parse_time(at, "--at")?;
-    let ps = wd.cluster.pageserver();
+    let ps = super::controller::attached(wd)?;
     let url = format!(
         "{}/v1/tenant/{}/timeline/{}/lsn_by_time?time={}",
         ps.http_url(),
@@ -766,7 +766,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
     let password = ensure_password(&ep, given)?;
     let c = &wd.cluster;
-    let ps = c.pageserver();
+    let ps = super::controller::attached(wd)?;
     let mut args: Vec<OsString> = vec![
         "compute".into(),
         "start".into(),
@@ -782,6 +782,8 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         req.timeline_id.to_string().into(),
         "--pageserver-http".into(),
         ps.addr("http").unwrap_or_default().into(),
+        "--controller".into(),
+        c.of_kind(Kind::Controller).filter_map(|s| s.addr("http")).collect::<Vec<_>>().join(",").into(),
         "--http".into(),
         std::net::SocketAddr::new(ep.address, http_port).to_string().into(),
         "--pg-bin-dir".into(),
@@ -917,7 +919,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
 /// safekeepers (its commits); say so now rather than time out later.
 fn check_storage_runs(wd: &Workdir) -> Result<()> {
     let how = format!("start it with `strata start --workdir {}`", wd.root.display());
-    let ps = wd.cluster.pageserver();
+    let ps = super::controller::attached(wd)?;
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running; {how}", ps.name));
     }

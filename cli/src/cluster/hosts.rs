@@ -254,6 +254,7 @@ mod tests {
         super::super::layout::init(&InitArgs {
             workdir: WorkdirArgs { workdir: d.clone(), only: vec![], immediate: false },
             safekeepers: Some(1),
+            pageservers: None,
             hosts: None,
             pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
             pg_user: "postgres".into(),

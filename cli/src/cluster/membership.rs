@@ -441,10 +441,11 @@ fn rewrite_configs(wd: &Workdir) -> Result<()> {
             .collect();
         write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
     }
-    let ps = wd.cluster.pageserver();
-    let path = wd.config_path(ps);
-    let mut c: strata_pageserver::config::PageserverConfig = read_toml(&path)?;
-    c.safekeepers = wd.cluster.safekeeper_addrs();
-    write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
+    for ps in wd.cluster.of_kind(Kind::Pageserver) {
+        let path = wd.config_path(ps);
+        let mut c: strata_pageserver::config::PageserverConfig = read_toml(&path)?;
+        c.safekeepers = wd.cluster.safekeeper_addrs();
+        write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
+    }
     Ok(())
 }

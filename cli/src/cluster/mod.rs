@@ -12,6 +12,7 @@
 mod args;
 mod branch;
 mod certs;
+mod controller;
 mod endpoint;
 mod error;
 mod hosts;
@@ -179,6 +180,16 @@ pub fn replace_safekeeper(old: &str, new: &str, workdir: WorkdirArgs) -> i32 {
         result
     })();
     exit_code("safekeeper replace", result)
+}
+
+/// `strata pageserver drain|fill NAME`.
+pub fn pageserver_policy(workdir: &WorkdirArgs, name: &str, action: &str) -> i32 {
+    let result = (|| {
+        workdir.plain(&format!("pageserver {action}"))?;
+        let wd = open(&workdir.workdir)?;
+        controller::set_policy(&wd, name, action)
+    })();
+    exit_code(&format!("pageserver {action}"), result)
 }
 
 /// `strata endpoint start|stop|list`.

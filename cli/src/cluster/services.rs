@@ -1,6 +1,6 @@
-//! Starting and stopping the safekeepers and the pageserver (each under
-//! its supervisor), and making sure the tenant and its timelines exist on
-//! all of them.
+//! Starting and stopping the safekeepers, the pageservers and the storage
+//! controllers (each under its supervisor), and making sure the tenant and
+//! its timelines exist on the attached pageserver and the safekeepers.
 
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
@@ -98,6 +98,7 @@ fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<&'a Service>> {
     let wanted = |s: &&Service| only.is_empty() || only.contains(&s.name);
     let mut selected: Vec<&Service> = wd.cluster.of_kind(Kind::Safekeeper).filter(wanted).collect();
     selected.extend(wd.cluster.of_kind(Kind::Pageserver).filter(wanted));
+    selected.extend(wd.cluster.of_kind(Kind::Controller).filter(wanted));
     Ok(selected)
 }
 
@@ -107,11 +108,12 @@ pub fn start(wd: &Workdir, only: &[String]) -> Result<()> {
     for s in select(wd, only)? {
         start_anywhere(wd, s)?;
     }
-    let ps = wd.cluster.pageserver();
-    if is_up(wd, ps) {
+    let pageservers = wd.cluster.of_kind(Kind::Pageserver).any(|s| is_up(wd, s));
+    let controllers = wd.cluster.of_kind(Kind::Controller).any(|s| is_up(wd, s));
+    if pageservers && controllers {
         ensure_timelines(wd)
     } else {
-        println!("{}: not running, so the tenant was not checked", ps.name);
+        println!("no pageserver or no storage controller runs, so the tenant was not checked");
         Ok(())
     }
 }
@@ -146,11 +148,6 @@ pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
     let config = wd.config_path(s);
     if !config.is_file() {
         return failed(format!("{}: config {} is missing", s.name, config.display()));
-    }
-    if s.kind == Kind::Pageserver {
-        // Every start is a new attachment of the tenant, with a new generation.
-        let g = wd.attach_next_generation()?;
-        println!("{}: attaching tenant {} with generation {g}", s.name, wd.cluster.tenant_id);
     }
     let exe = std::env::current_exe().map_err(|e| Error::Failed(format!("finding the strata binary: {e}")))?;
     let log = wd.log_path(&s.name);
@@ -190,7 +187,7 @@ pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
 /// safekeeper, with the identity the pageserver reports. Idempotent.
 pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
     let c = &wd.cluster;
-    let ps = c.pageserver();
+    let ps = super::controller::attached(wd)?;
     let tenant = c.tenant_id;
     for branch in &c.branches {
         let timeline = branch.timeline_id;

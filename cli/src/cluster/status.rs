@@ -126,6 +126,10 @@ fn storage_of(wd: &Workdir, s: &super::layout::Service) -> (Option<std::path::Pa
             Ok(c) => (Some(c.data_dir), c.remote_storage.map(|r| r.describe())),
             Err(_) => (None, None),
         },
+        Kind::Controller => match strata_controller::config::ControllerConfig::load(&path) {
+            Ok(c) => (None, Some(c.remote_storage.describe())),
+            Err(_) => (None, None),
+        },
     }
 }
 
@@ -283,12 +287,15 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
             sk_status.push((s.name.clone(), body));
         }
     }
-    let ps = c.pageserver();
-    let ps_running = up(&ps.name);
+    // Where the tenant is: the controller's state (every branch is where the tenant is).
+    let placement =
+        super::controller::status(wd).and_then(|s| s.state).and_then(|s| s.tenants.get(&c.tenant_id).cloned());
+    let ps = placement.as_ref().and_then(|p| p.attached.as_deref()).and_then(|n| wd.service(n));
+    let ps_running = ps.is_some_and(|ps| up(&ps.name));
     let mut timelines = Vec::new();
     for b in &c.branches {
         let (tenant, timeline) = (c.tenant_id, b.timeline_id);
-        let pageserver = if ps_running {
+        let pageserver = if let Some(ps) = ps.filter(|_| ps_running) {
             let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
             http::get(&url, http::QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok())
         } else {
@@ -313,6 +320,9 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
             tenant_id: tenant,
             timeline_id: timeline,
             pageserver,
+            attached: placement.as_ref().and_then(|p| p.attached.clone()),
+            generation: placement.as_ref().map(|p| p.generation).filter(|g| *g > 0),
+            secondaries: placement.as_ref().map(|p| p.secondaries.clone()).unwrap_or_default(),
             safekeepers,
         });
     }
@@ -456,21 +466,30 @@ fn render(st: &ClusterStatus) -> String {
     let mut rows = Vec::new();
     for t in &st.timelines {
         let head = |source: &str| vec![t.branch.clone(), t.timeline_id.to_string(), source.to_string()];
-        let mut row = head("pageserver");
+        let mut row = head(t.attached.as_deref().unwrap_or("pageserver"));
+        let placement = match (&t.attached, t.generation) {
+            (Some(_), Some(g)) if t.secondaries.is_empty() => format!("generation={g} secondaries=- "),
+            (Some(_), Some(g)) => format!("generation={g} secondaries={} ", t.secondaries.join(",")),
+            _ => String::new(),
+        };
         match &t.pageserver {
+            None if t.attached.is_none() => {
+                row.extend(["-".into(), "(not attached: no storage controller answered)".into()])
+            }
             None => row.extend(["-".into(), if ps_running { "(no answer)" } else { "(not running)" }.into()]),
             Some(ps) => {
                 row.push(ps.state.to_string());
-                let mut lsns = format!(
-                    "last_record={} disk_consistent={} gc_cutoff={} layers(L0/L1/image)={}/{}/{} {:.1} MB",
-                    ps.last_record_lsn,
-                    ps.disk_consistent_lsn,
-                    ps.gc_cutoff_lsn,
-                    ps.l0_layers,
-                    ps.l1_layers,
-                    ps.image_layers,
-                    megabytes(ps.layer_bytes)
-                );
+                let mut lsns = placement
+                    + &format!(
+                        "last_record={} disk_consistent={} gc_cutoff={} layers(L0/L1/image)={}/{}/{} {:.1} MB",
+                        ps.last_record_lsn,
+                        ps.disk_consistent_lsn,
+                        ps.gc_cutoff_lsn,
+                        ps.l0_layers,
+                        ps.l1_layers,
+                        ps.image_layers,
+                        megabytes(ps.layer_bytes)
+                    );
                 if let Some(remote) = &ps.remote {
                     lsns.push_str(&format!(
                         " local={} {:.1} MB remote={} {:.1} MB remote_consistent={} upload_queue={} {:.1} MB",
@@ -603,6 +622,9 @@ mod tests {
                 tenant_id: TenantId([1; 16]),
                 timeline_id: TimelineId([2; 16]),
                 pageserver: None,
+                attached: None,
+                generation: None,
+                secondaries: vec![],
                 safekeepers: vec![SafekeeperPosition {
                     name: "sk1".into(),
                     flush_lsn: Some(Lsn(0x10)),
@@ -619,6 +641,6 @@ mod tests {
         );
         assert!(out.contains("flush=0/10 commit=0/8"), "{out}");
         assert!(out.contains("no endpoints"), "{out}");
-        assert!(out.contains("pageserver  -      (not running)"), "{out}");
+        assert!(out.contains("pageserver  -      (not attached: no storage controller answered)"), "{out}");
     }
 }

@@ -21,7 +21,7 @@ pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
         let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
         return failed(format!("no branch named {name:?} (branches: {})", known.join(", ")));
     };
-    let ps = wd.cluster.pageserver();
+    let ps = super::controller::attached(wd)?;
     let url = format!(
         "{}/v1/tenant/{}/timeline/{}/checkpoint?compact=true&upload_timeout={}",
         ps.http_url(),

@@ -19,8 +19,14 @@ pub struct AgentConfig {
     pub safekeepers: Vec<String>,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
-    /// The pageserver's HTTP API (host:port).
+    /// The pageserver's HTTP API (host:port) at start.
     pub pageserver_http: String,
+    /// Where the pageserver is now: the one given at start until a
+    /// storage controller says otherwise.
+    pub pageserver: crate::pageserver_target::PageserverTarget,
+    /// The storage controllers' HTTP APIs (`host:port`): asked where the
+    /// tenant is attached, and followed when it moves.
+    pub controllers: Vec<String>,
     /// Where to serve `/v1/status` and `/metrics`.
     pub http: Option<SocketAddr>,
     /// Most connections to the status server at once.
@@ -139,6 +145,8 @@ impl AgentConfig {
             safekeepers,
             tenant_id,
             timeline_id,
+            pageserver: crate::pageserver_target::PageserverTarget::new(pageserver_http.clone(), None),
+            controllers: Vec::new(),
             pageserver_http,
             http: None,
             http_max_connections: 32,
@@ -177,5 +185,6 @@ impl AgentConfig {
     pub fn pageserver_client(&self) -> super::pageserver_api::PageserverClient {
         super::pageserver_api::PageserverClient::new(&self.pageserver_http, self.tls_client.as_ref())
             .with_token(self.token.clone())
+            .following(self.pageserver.clone())
     }
 }

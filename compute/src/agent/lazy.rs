@@ -168,7 +168,8 @@ impl LazyMounts {
             PageClientConfig { token: cfg.token.clone(), tls: cfg.tls_client.clone(), ..PageClientConfig::default() },
         )
         .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))?
-        .retry_for(cfg.lazy_fetch_retry);
+        .retry_for(cfg.lazy_fetch_retry)
+        .following(cfg.pageserver.clone());
         let source = Arc::new(source);
         let pgdata = pgdata.to_path_buf();
         let stats = self.stats.clone();

@@ -110,6 +110,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             restart: RestartStatus::default(),
             lazy: None,
             replica: None,
+            pageserver: None,
         },
         proposer_rx,
     );
@@ -139,8 +140,29 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         ),
         None => None,
     };
+    cfg.pageserver.set_pg(cfg.lazy_page_service.clone());
+    let in_use = |t: &crate::pageserver_target::Target| strata_protocol::api::compute::PageserverInUse {
+        name: t.name.clone(),
+        http: t.http.clone(),
+        pg: t.pg.clone(),
+        generation: t.generation,
+        switches: t.switches,
+    };
+    status.update(|s| s.pageserver = Some(in_use(&cfg.pageserver.get())));
+    let watcher = tokio::spawn(crate::pageserver_target::watch_attachment(
+        cfg.pageserver.clone(),
+        cfg.controllers.clone(),
+        cfg.tenant_id,
+        cfg.tls_client.clone(),
+        cfg.token.clone(),
+        {
+            let status = status.clone();
+            move |t| status.update(|s| s.pageserver = Some(in_use(t)))
+        },
+    ));
     let agent = Agent { cfg, pgdata, status: status.clone(), lazy };
     let result = agent.run(&mut stop, proposer_tx).await;
+    watcher.abort();
     // PostgreSQL is stopped by now: its files can go.
     agent.lazy.unmount(&agent.pgdata);
     if let Err(e) = &result {

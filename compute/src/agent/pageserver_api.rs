@@ -59,6 +59,9 @@ pub struct PageserverClient {
     json: ureq::Agent,
     stream: ureq::Agent,
     token: Option<Token>,
+    /// Where the pageserver is now, read before every request (a
+    /// failover moves it); `base` until then.
+    target: Option<(crate::pageserver_target::PageserverTarget, &'static str)>,
 }
 
 impl PageserverClient {
@@ -83,7 +86,22 @@ impl PageserverClient {
             .timeout_per_read(Some(READ_TIMEOUT))
             .build()
             .into();
-        PageserverClient { base: base.trim_end_matches('/').to_string(), json, stream, token: None }
+        PageserverClient { base: base.trim_end_matches('/').to_string(), json, stream, token: None, target: None }
+    }
+
+    /// The same, sending every request to where `target` says the pageserver is.
+    pub fn following(mut self, target: crate::pageserver_target::PageserverTarget) -> PageserverClient {
+        let scheme = if self.base.starts_with("https://") { "https" } else { "http" };
+        self.target = Some((target, scheme));
+        self
+    }
+
+    /// The base URL now.
+    fn base(&self) -> String {
+        match &self.target {
+            Some((t, scheme)) => format!("{scheme}://{}", t.http()),
+            None => self.base.clone(),
+        }
     }
 
     /// The same, sending `token` with every request.
@@ -98,7 +116,7 @@ impl PageserverClient {
     }
 
     fn timeline_url(&self, tenant: TenantId, timeline: TimelineId) -> String {
-        format!("{}/v1/tenant/{tenant}/timeline/{timeline}", self.base)
+        format!("{}/v1/tenant/{tenant}/timeline/{timeline}", self.base())
     }
 
     /// `GET /v1/tenant/{tenant}/timeline/{timeline}`.
@@ -257,9 +275,9 @@ pub async fn timeline_with_retry(
     let mut backoff = FIRST_BACKOFF;
     loop {
         let c = client.clone();
-        let result = tokio::task::spawn_blocking(move || c.timeline(tenant, timeline)).await.unwrap_or_else(|e| {
-            Err(ApiError::Invalid { url: client.base.clone(), message: format!("request task: {e}") })
-        });
+        let result = tokio::task::spawn_blocking(move || c.timeline(tenant, timeline))
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Invalid { url: client.base(), message: format!("request task: {e}") }));
         match result {
             Err(e) if e.is_transient() && Instant::now() + backoff < deadline => {
                 tracing::debug!("pageserver not answering yet: {e}");

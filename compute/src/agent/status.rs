@@ -233,6 +233,13 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
                 ConstGauge::new(lazy.cache_budget_blocks as i64),
             );
         }
+        if let Some(ps) = &agent.pageserver {
+            r.register(
+                "pageserver_switches",
+                "Times the compute switched to another pageserver (failovers and moves)",
+                ConstCounter::new(ps.switches),
+            );
+        }
         if let Some(replica) = &agent.replica {
             r.register(
                 "replica_lag_bytes",
@@ -374,6 +381,7 @@ mod tests {
             restart: RestartStatus::default(),
             lazy: None,
             replica: None,
+            pageserver: None,
         }
     }
 

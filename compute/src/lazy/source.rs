@@ -29,9 +29,11 @@ pub struct PageServiceSource {
     /// How long a fetch keeps trying ([`RETRY_FOR`] by default).
     retry_for: std::time::Duration,
     runtime: tokio::runtime::Runtime,
+    /// Where the pageserver is now (a failover moves it); `addr` without.
+    target: Option<crate::pageserver_target::PageserverTarget>,
     /// Each `None` until connected, and after a failure (the next call
-    /// on it reconnects).
-    clients: Vec<Mutex<Option<PageClient>>>,
+    /// on it reconnects); with the address it is connected to.
+    clients: Vec<Mutex<Option<(PageClient, String)>>>,
 }
 
 /// Connections per source: as many as the file system has threads.
@@ -49,7 +51,19 @@ impl PageServiceSource {
         // once: each drives its own future, one of them the I/O driver.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
         let clients = (0..CONNECTIONS).map(|_| Mutex::new(None)).collect();
-        Ok(PageServiceSource { addr, tenant, timeline, config, retry_for: RETRY_FOR, runtime, clients })
+        Ok(PageServiceSource { addr, tenant, timeline, config, retry_for: RETRY_FOR, runtime, target: None, clients })
+    }
+
+    /// Connects to where `target` says the page service is: connections
+    /// to an address it no longer names are replaced before their next use.
+    pub fn following(mut self, target: crate::pageserver_target::PageserverTarget) -> PageServiceSource {
+        self.target = Some(target);
+        self
+    }
+
+    /// The page service's address now.
+    fn current_addr(&self) -> String {
+        self.target.as_ref().and_then(|t| t.pg()).unwrap_or_else(|| self.addr.clone())
     }
 
     /// Fetches keep trying for `retry_for` while the pageserver cannot be
@@ -86,6 +100,8 @@ impl PageServiceSource {
                             Failure::Final(FetchError::BelowGcCutoff(text))
                         }
                         ErrorCode::Overloaded => Failure::Busy(text),
+                        // Moved (a failover or a move under way): ask where it is now.
+                        ErrorCode::NotAttached => Failure::Transport(PageClientError::Refused { code, message }),
                         _ => Failure::Final(FetchError::Other(text)),
                     });
                 }
@@ -111,11 +127,12 @@ enum Failure {
 impl PageSource for PageServiceSource {
     fn latest_lsn(&self) -> Result<Lsn, String> {
         // A fresh connection's hello says how far the timeline is ingested.
+        let addr = self.current_addr();
         self.runtime.block_on(async {
-            PageClient::connect(&self.addr, self.tenant, self.timeline, self.config.clone())
+            PageClient::connect(&addr, self.tenant, self.timeline, self.config.clone())
                 .await
                 .map(|c| c.last_record_lsn())
-                .map_err(|e| format!("page service {}: {e}", self.addr))
+                .map_err(|e| format!("page service {addr}: {e}"))
         })
     }
 
@@ -153,20 +170,28 @@ impl PageServiceSource {
                 self.clients[n as usize % self.clients.len()].lock()
             }
         };
+        let addr = self.current_addr();
+        if slot.as_ref().is_some_and(|(_, a)| *a != addr) {
+            // The tenant moved: this connection is to where it was.
+            *slot = None;
+        }
         self.runtime.block_on(async {
             if slot.is_none() {
-                let c = PageClient::connect(&self.addr, self.tenant, self.timeline, self.config.clone())
-                    .await
-                    .map_err(|e| match e {
-                        // The timeline itself refused: no retry changes that.
-                        PageClientError::Refused { code, message } if code != ErrorCode::Overloaded => Failure::Final(
-                            FetchError::Other(format!("page service {}: {code:?}: {message}", self.addr)),
-                        ),
-                        e => Failure::Transport(e),
+                let c =
+                    PageClient::connect(&addr, self.tenant, self.timeline, self.config.clone()).await.map_err(|e| {
+                        match e {
+                            // Not attached there (any more): the next try asks where it is now.
+                            PageClientError::Refused { code: ErrorCode::NotAttached, .. } => Failure::Transport(e),
+                            // The timeline itself refused: no retry changes that.
+                            PageClientError::Refused { code, message } if code != ErrorCode::Overloaded => {
+                                Failure::Final(FetchError::Other(format!("page service {addr}: {code:?}: {message}")))
+                            }
+                            e => Failure::Transport(e),
+                        }
                     })?;
-                *slot = Some(c);
+                *slot = Some((c, addr.clone()));
             }
-            let client = slot.as_mut().expect("connected above");
+            let (client, _) = slot.as_mut().expect("connected above");
             let result = Self::fetch(client, rel, fork, blocks, lsn).await;
             if result.is_err() || client.in_flight() > 0 {
                 // Its place in the response stream is unknown: a new one next time.

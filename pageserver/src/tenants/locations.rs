@@ -184,6 +184,7 @@ impl Tenants {
     fn stop_timelines(&self, tenant: TenantId, keep: bool) {
         let entries: Vec<_> = self.all().into_iter().filter(|e| e.tl.tenant_id == tenant).collect();
         for e in &entries {
+            e.tl.detach();
             if let Some(r) = e.handle.lock().take() {
                 r.shutdown();
             }

@@ -102,8 +102,18 @@ pub struct BranchStatus {
     pub branch: String,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
-    /// The pageserver's answer (none when it is not running or did not answer).
+    /// The attached pageserver's answer (none when it is not running or did not answer).
     pub pageserver: Option<TimelineStatus>,
+    /// The pageserver the branch is attached to, as the storage controller
+    /// says (every branch of the tenant is on the same one).
+    #[serde(default)]
+    pub attached: Option<String>,
+    /// The generation of that attachment.
+    #[serde(default)]
+    pub generation: Option<u32>,
+    /// The pageservers that keep it warm.
+    #[serde(default)]
+    pub secondaries: Vec<String>,
     pub safekeepers: Vec<SafekeeperPosition>,
 }
 

@@ -133,6 +133,21 @@ pub struct AgentStatus {
     /// A replica's replay and lag (`docs/replicas.md`); null otherwise.
     #[serde(default)]
     pub replica: Option<ReplicaStatus>,
+    /// The pageserver it reads from now (`docs/storage-controller.md`).
+    #[serde(default)]
+    pub pageserver: Option<PageserverInUse>,
+}
+
+/// The pageserver a compute reads from, and how often it moved.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PageserverInUse {
+    /// Its name, once a storage controller named it.
+    pub name: Option<String>,
+    pub http: String,
+    pub pg: Option<String>,
+    pub generation: Option<u32>,
+    /// Times the compute switched to another pageserver.
+    pub switches: u64,
 }
 
 /// `POST /v1/checkpoint` on a writer's agent: where the checkpoint it just

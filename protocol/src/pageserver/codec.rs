@@ -763,7 +763,8 @@ mod tests {
         assert!(error(7, b"").is_ok(), "Overloaded");
         assert!(error(8, b"").is_ok(), "Unauthorized");
         assert!(error(9, b"").is_ok(), "Forbidden");
-        assert!(matches!(error(10, b""), Err(DecodeError::UnknownErrorCode { code: 10, .. })));
+        assert!(error(10, b"").is_ok(), "NotAttached");
+        assert!(matches!(error(11, b""), Err(DecodeError::UnknownErrorCode { code: 11, .. })));
         // A hostile length fails before anything is allocated.
         let frame = [tag::ERROR, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0xFF, 0xFF, 0xFF, 0xFF];
         assert!(matches!(decode_server(&frame), Err(DecodeError::StringTooLong { .. })));
@@ -778,6 +779,7 @@ mod tests {
             assert_eq!(code as u16, n);
             assert_eq!(code.closes_connection(), n <= 2);
         }
+        assert!(ErrorCode::NotAttached.closes_connection(), "the client asks where the tenant went");
     }
 
     #[test]

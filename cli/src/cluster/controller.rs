@@ -1,0 +1,140 @@
+//! What the CLI asks the storage controllers (`docs/storage-controller.md`):
+//! which pageserver serves the tenant, and drains and fills.
+
+use std::time::{Duration, Instant};
+
+use strata_protocol::api::controller::{AttachmentInfo, ControllerStatus};
+use strata_protocol::api::pageserver::{LocationMode, PageserverStatus};
+
+use super::error::{failed, Error, Result};
+use super::http;
+use super::layout::{Kind, Service, Workdir};
+
+/// How long a command waits for the tenant to be attached (a starting
+/// cluster, a failover under way).
+pub const ATTACH_WAIT: Duration = Duration::from_secs(60);
+
+/// The controllers, the leader (as any of them knows it) first.
+fn controllers(wd: &Workdir) -> Vec<&Service> {
+    wd.cluster.of_kind(Kind::Controller).collect()
+}
+
+/// Where the tenant is attached: asked of each controller in turn (a
+/// follower answers from its copy of the state), waiting up to `wait` for
+/// one that knows.
+pub fn attachment(wd: &Workdir, wait: Duration) -> Result<(&Service, AttachmentInfo)> {
+    let tenant = wd.cluster.tenant_id;
+    let deadline = Instant::now() + wait;
+    let mut last = String::from("no controller answered");
+    loop {
+        for c in controllers(wd) {
+            let url = format!("{}/v1/tenant/{tenant}/attachment", c.http_url());
+            match http::get(&url, http::QUICK) {
+                Ok(r) if r.status == 200 => {
+                    let info: AttachmentInfo = r.json().map_err(|e| Error::Failed(format!("{}: {e}", c.name)))?;
+                    let Some(ps) = wd.service(&info.pageserver).filter(|s| s.kind == Kind::Pageserver) else {
+                        return failed(format!(
+                            "{}: names pageserver {:?}, which the cluster has not",
+                            c.name, info.pageserver
+                        ));
+                    };
+                    return Ok((ps, info));
+                }
+                Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
+                Err(e) => last = format!("{}: {e}", c.name),
+            }
+        }
+        if Instant::now() >= deadline {
+            return failed(format!("no controller says where tenant {tenant} is attached ({last})"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The pageserver that serves the tenant now, once it has attached it
+/// (the controller records a placement before it tells the pageserver). A
+/// pageserver that does not answer is returned at once: the callers say
+/// it is not running.
+pub fn attached(wd: &Workdir) -> Result<&Service> {
+    let (ps, info) = attachment(wd, ATTACH_WAIT)?;
+    let deadline = Instant::now() + ATTACH_WAIT;
+    let tenant = wd.cluster.tenant_id;
+    loop {
+        let status = match http::get(&format!("{}/v1/status", ps.http_url()), http::QUICK) {
+            Ok(r) if r.status == 200 => {
+                r.json::<PageserverStatus>().map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?
+            }
+            _ => return Ok(ps),
+        };
+        let ready = status.locations.iter().any(|l| {
+            l.tenant_id == tenant && l.mode == LocationMode::Attached && l.generation >= Some(info.generation)
+        });
+        if ready {
+            return Ok(ps);
+        }
+        if Instant::now() >= deadline {
+            return failed(format!(
+                "{}: tenant {tenant} is placed there (generation {}) but not attached after {}s",
+                ps.name,
+                info.generation,
+                ATTACH_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pageserver that serves the tenant, if a controller says so at once
+/// (for status pages, which must not wait).
+pub fn attached_now(wd: &Workdir) -> Option<&Service> {
+    attachment(wd, Duration::ZERO).ok().map(|(s, _)| s)
+}
+
+/// The status of the first controller that answers, leaders first.
+pub fn status(wd: &Workdir) -> Option<ControllerStatus> {
+    let all: Vec<ControllerStatus> = controllers(wd)
+        .iter()
+        .filter_map(|c| http::get(&format!("{}/v1/status", c.http_url()), http::QUICK).ok())
+        .filter(|r| r.status == 200)
+        .filter_map(|r| r.json::<ControllerStatus>().ok())
+        .collect();
+    let leader = all.iter().position(|s| s.leader);
+    leader.map(|i| all[i].clone()).or_else(|| all.into_iter().max_by_key(|s| s.state.as_ref().map(|x| x.version)))
+}
+
+/// `strata pageserver drain|fill NAME`: asks the leading controller.
+pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<()> {
+    match wd.service(name) {
+        Some(s) if s.kind == Kind::Pageserver => {}
+        _ => {
+            let known: Vec<&str> = wd.cluster.of_kind(Kind::Pageserver).map(|s| s.name.as_str()).collect();
+            return Err(Error::Usage(format!("no pageserver named {name:?} (pageservers: {})", known.join(", "))));
+        }
+    }
+    let deadline = Instant::now() + ATTACH_WAIT;
+    loop {
+        let mut last = String::new();
+        for c in controllers(wd) {
+            let url = format!("{}/v1/pageserver/{name}/{action}", c.http_url());
+            match http::post(&url, &serde_json::json!({}), http::QUICK) {
+                Ok(r) if r.status == 200 => {
+                    println!(
+                        "{name}: {}",
+                        if action == "drain" {
+                            "draining: its tenants move to other pageservers"
+                        } else {
+                            "active: it takes tenants again"
+                        }
+                    );
+                    return Ok(());
+                }
+                Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
+                Err(e) => last = format!("{}: {e}", c.name),
+            }
+        }
+        if Instant::now() >= deadline {
+            return failed(format!("no controller took the {action} of {name} ({last})"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,191 @@
+//! Where the pageserver that serves this compute's tenant is now
+//! (`docs/storage-controller.md`, "Computes"): every client of the
+//! pageserver reads it before it connects, and the attachment watcher
+//! changes it when the storage controller moves the tenant, so a failover
+//! re-points the compute without restarting PostgreSQL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use strata_protocol::api::controller::AttachmentInfo;
+use strata_protocol::TenantId;
+use strata_service::auth::Token;
+use strata_service::tls::ClientTls;
+use tracing::{info, warn};
+
+/// The pageserver's addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Its name, once a controller named it.
+    pub name: Option<String>,
+    /// Its page service (`host:port`).
+    pub pg: Option<String>,
+    /// Its HTTP API (`host:port`).
+    pub http: String,
+    pub generation: Option<u32>,
+    /// The controller's state version it comes from (0: from the command line).
+    pub version: u64,
+    /// Times it changed.
+    pub switches: u64,
+}
+
+/// The shared, changing target.
+#[derive(Clone, Debug)]
+pub struct PageserverTarget(Arc<RwLock<Target>>);
+
+impl PageserverTarget {
+    /// The pageserver given at start.
+    pub fn new(http: String, pg: Option<String>) -> PageserverTarget {
+        PageserverTarget(Arc::new(RwLock::new(Target {
+            name: None,
+            pg,
+            http,
+            generation: None,
+            version: 0,
+            switches: 0,
+        })))
+    }
+
+    pub fn get(&self) -> Target {
+        self.0.read().clone()
+    }
+
+    pub fn http(&self) -> String {
+        self.0.read().http.clone()
+    }
+
+    pub fn pg(&self) -> Option<String> {
+        self.0.read().pg.clone()
+    }
+
+    /// Sets the page service address (a lazy compute's, given at start).
+    pub fn set_pg(&self, pg: Option<String>) {
+        self.0.write().pg = pg;
+    }
+
+    /// Takes a controller's answer; true if the pageserver changed.
+    pub fn update(&self, info: &AttachmentInfo) -> bool {
+        let mut t = self.0.write();
+        if info.version < t.version {
+            return false;
+        }
+        let moved = t.http != info.http || t.pg.as_deref().is_some_and(|pg| pg != info.pg);
+        t.version = info.version;
+        t.generation = Some(info.generation);
+        t.name = Some(info.pageserver.clone());
+        if moved {
+            t.http = info.http.clone();
+            if t.pg.is_some() {
+                t.pg = Some(info.pg.clone());
+            }
+            t.switches += 1;
+        }
+        moved
+    }
+}
+
+/// Longest a long poll of a controller waits (it answers at once when the state changes).
+const LONG_POLL: Duration = Duration::from_secs(25);
+/// Pause before the next controller after one did not answer.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Follows the tenant's attachment: long-polls the controllers (any of
+/// them answers) and updates `target`; runs until the task is dropped.
+pub async fn watch_attachment(
+    target: PageserverTarget,
+    controllers: Vec<String>,
+    tenant: TenantId,
+    tls: Option<ClientTls>,
+    token: Option<Token>,
+    on_change: impl Fn(&Target) + Send + 'static,
+) {
+    if controllers.is_empty() {
+        return;
+    }
+    let agent: ureq::Agent = {
+        let mut b = ureq::Agent::config_builder();
+        if let Some(tls) = &tls {
+            b = b.tls_config(tls.http());
+        }
+        b.timeout_global(Some(LONG_POLL + Duration::from_secs(5)))
+            .http_status_as_error(false)
+            .proxy(None)
+            .build()
+            .into()
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut i = 0usize;
+    loop {
+        let known = target.get().version;
+        let controller = &controllers[i % controllers.len()];
+        // The first ask answers at once; later ones wait for a newer state.
+        let wait = if known == 0 { 0 } else { LONG_POLL.as_secs() };
+        let url = format!("{scheme}://{controller}/v1/tenant/{tenant}/attachment?after={known}&wait_seconds={wait}");
+        let (a, u, auth) = (agent.clone(), url.clone(), token.as_ref().map(Token::bearer));
+        let answer = tokio::task::spawn_blocking(move || -> Result<AttachmentInfo, String> {
+            let mut r = a.get(&u);
+            if let Some(auth) = &auth {
+                r = r.header("Authorization", auth);
+            }
+            let mut resp = r.call().map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().with_config().limit(1 << 20).read_to_string().map_err(|e| e.to_string())?;
+            if status != 200 {
+                return Err(format!("HTTP {status}: {text}"));
+            }
+            serde_json::from_str(&text).map_err(|e| format!("malformed answer: {e}"))
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        match answer {
+            Ok(info) => {
+                let before = target.get();
+                if target.update(&info) {
+                    info!(from = %before.http, to = %info.http, pageserver = %info.pageserver, generation = info.generation, "the tenant moved: pageserver connections switch");
+                }
+                let now = target.get();
+                if now != before {
+                    on_change(&now);
+                }
+            }
+            Err(e) => {
+                warn!(%url, "asking a storage controller where the tenant is: {e}");
+                i += 1;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(version: u64, http: &str) -> AttachmentInfo {
+        AttachmentInfo {
+            tenant_id: TenantId([1; 16]),
+            version,
+            generation: version as u32,
+            pageserver: format!("ps-{http}"),
+            pg: format!("{http}-pg"),
+            http: http.into(),
+        }
+    }
+
+    #[test]
+    fn a_newer_attachment_elsewhere_switches_and_an_older_one_is_ignored() {
+        let t = PageserverTarget::new("a".into(), Some("a-pg".into()));
+        assert!(!t.update(&info(1, "a")), "the same pageserver");
+        assert_eq!(t.get().version, 1);
+        assert!(t.update(&info(3, "b")));
+        assert_eq!((t.http(), t.pg(), t.get().switches), ("b".to_string(), Some("b-pg".to_string()), 1));
+        assert!(!t.update(&info(2, "a")), "older than what is known");
+        assert_eq!(t.http(), "b");
+        // Without a page service (not lazy) only the HTTP API is followed.
+        let t = PageserverTarget::new("a".into(), None);
+        assert!(t.update(&info(1, "b")));
+        assert_eq!(t.pg(), None);
+    }
+}
