@@ -56,7 +56,9 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
     ports = {s["name"]: s["ports"]["http"] for s in ct["services"]}
     ports["agent"] = ep.http_port
     prefixes = {**{n: "strata_safekeeper" for n in SAFEKEEPERS}, "pageserver": "strata_pageserver",
-                "agent": "strata_compute"}
+                "controller": "strata_controller", "agent": "strata_compute"}
+    # The tenant route of each listener: a timeline's status, a controller's attachment.
+    tenant_paths = {"controller": f"/v1/tenant/{tenant}/attachment"}
     # (listener, path) of a service-scope route and, where there is one, a tenant route.
     for name, port in ports.items():
         base = f"http://127.0.0.1:{port}"
@@ -71,8 +73,9 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
         assert call(f"{base}/v1/status", service)[0] == 200, name
         assert call(f"{base}/v1/status", management)[0] == 200, name
         if name != "agent":
-            assert call(f"{base}{tl}", tenant_token)[0] == 200, name
-            code, body = call(f"{base}{tl}", other_tenant)
+            path = tenant_paths.get(name, tl)
+            assert call(f"{base}{path}", tenant_token)[0] == 200, name
+            code, body = call(f"{base}{path}", other_tenant)
             assert code == 403 and "another tenant" in body, (name, code, body)
         after = refusals(call(f"{base}/metrics", service)[1], prefixes[name])
         assert after - before == len(bad) + (0 if name == "agent" else 1), (name, before, after)
@@ -84,6 +87,10 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
         assert call(f"{ps}{tl}", token, "DELETE")[0] == 403
         assert call(f"{ps}/v1/tenant/{tenant}/timeline", token, "POST")[0] == 403
         assert call(f"{ps}/v1/tenant", token, "POST")[0] == 403
+    ctl = f"http://127.0.0.1:{ports['controller']}"
+    for token in [service, tenant_token]:
+        assert call(f"{ctl}/v1/pageserver/pageserver/drain", token, "POST")[0] == 403
+    assert http_json("GET", f"{ctl}/v1/status")[1]["state"]["pageservers"] == {}
     for name in SAFEKEEPERS:
         sk = f"http://127.0.0.1:{ports[name]}"
         assert call(f"{sk}{tl}", tenant_token, "DELETE")[0] == 403

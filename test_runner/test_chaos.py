@@ -37,7 +37,7 @@ SCALE = 1
 WRITERS = 3
 STEADY = 3.0  # seconds of steady load before each kill
 COMPUTE_VICTIMS = ("backend", "postmaster", "agent")
-SERVICE_VICTIMS = ("sk2", "pageserver")
+SERVICE_VICTIMS = ("sk2", "pageserver", "controller")
 
 
 def fmt(seconds: float | None) -> str:
@@ -171,7 +171,7 @@ def test_kill9_each_component_under_load(cluster):
     st = cluster.status()
     restarts = {s["name"]: (s["state"], s["restarts"], s["crash_loop"]) for s in st["services"]}
     assert restarts == {"sk1": ("running", 0, False), "sk2": ("running", 1, False), "sk3": ("running", 0, False),
-                        "pageserver": ("running", 1, False)}, restarts
+                        "pageserver": ("running", 1, False), "controller": ("running", 1, False)}, restarts
     print(f"\nSUMMARY (test took {time.monotonic() - t_begin:.1f} s)")
     for r in results:
         if "down" in r:

@@ -17,7 +17,7 @@ from fixtures.cluster import StrataCommandFailed
 from fixtures.processes import kill_and_wait, pid_alive
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
-SERVICES = SAFEKEEPERS + ["pageserver"]
+SERVICES = SAFEKEEPERS + ["pageserver", "controller"]
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 LSN = re.compile(r"^[0-9A-F]+/[0-9A-F]+$")
 
@@ -42,10 +42,11 @@ def test_init_writes_every_config(cluster_factory):
     assert [b["name"] for b in ct["branches"]] == ["main"]
     assert HEX32.match(ct["branches"][0]["timeline_id"])
     assert [(s["name"], s["kind"]) for s in ct["services"]] == [
-        ("sk1", "safekeeper"), ("sk2", "safekeeper"), ("sk3", "safekeeper"), ("pageserver", "pageserver")]
+        ("sk1", "safekeeper"), ("sk2", "safekeeper"), ("sk3", "safekeeper"), ("pageserver", "pageserver"),
+        ("controller", "controller")]
 
     ports = all_ports(c)
-    assert len(ports) == 3 * 3 + 2 and len(set(ports)) == len(ports), ports
+    assert len(ports) == 3 * 3 + 2 + 1 and len(set(ports)) == len(ports), ports
 
     by_name = {s["name"]: s for s in ct["services"]}
     for i, name in enumerate(SAFEKEEPERS, start=1):
@@ -66,6 +67,12 @@ def test_init_writes_every_config(cluster_factory):
     assert ps["listen_pg"] == f"127.0.0.1:{by_name['pageserver']['ports']['pg']}"
     assert ps["data_dir"] == str(c.workdir.resolve() / "pageserver" / "data")
     assert ps["id"] not in (1, 2, 3)
+    # The storage controller places the tenant on the pageserver.
+    assert ps["controller"] is True
+    ctl = c.service_config("controller")
+    assert ctl["tenants"] == [ct["tenant_id"]]
+    assert ctl["pageservers"] == [{"name": "pageserver", "pg": ps["listen_pg"], "http": ps["listen_http"]}]
+    assert ctl["listen_http"] == f"127.0.0.1:{by_name['controller']['ports']['http']}"
 
     # A second init is refused and changes nothing.
     before = (c.workdir / "cluster.toml").read_text()
@@ -100,7 +107,7 @@ def test_usage_and_missing_workdir_errors(cluster_factory, tmp_path):
 def test_init_safekeeper_count(cluster_factory):
     c = cluster_factory(start=False, init_args=("--safekeepers", "1"))
     names = [s["name"] for s in c.cluster_toml["services"]]
-    assert names == ["sk1", "pageserver"]
+    assert names == ["sk1", "pageserver", "controller"]
     assert c.service_config("sk1").get("peers", []) == []
     assert c.run("init", check=False).returncode == 1  # already initialised
 
@@ -113,7 +120,8 @@ def test_safekeepers_only_start_and_restart(cluster_factory):
     for name in SAFEKEEPERS:
         assert f"{name}: started" in out
     st = c.status()
-    assert states(st) == {"sk1": "running", "sk2": "running", "sk3": "running", "pageserver": "stopped"}
+    assert states(st) == {"sk1": "running", "sk2": "running", "sk3": "running", "pageserver": "stopped",
+                          "controller": "stopped"}
     pids = {s["name"]: s["pid"] for s in st["services"]}
     assert all(pid_alive(pids[n]) for n in SAFEKEEPERS)
     assert all(s["supervised"] and pid_alive(s["supervisor_pid"]) for s in st["services"] if s["name"] in SAFEKEEPERS)
@@ -138,7 +146,7 @@ def test_start_and_status(cluster):
     assert states(st) == {n: "running" for n in SERVICES}
     for s in st["services"]:
         assert pid_alive(s["pid"]), s
-        assert s["kind"] == ("pageserver" if s["name"] == "pageserver" else "safekeeper")
+        assert s["kind"] == {"pageserver": "pageserver", "controller": "controller"}.get(s["name"], "safekeeper")
         assert s["ports"] == next(x["ports"] for x in cluster.cluster_toml["services"] if x["name"] == s["name"])
     assert st["endpoints"] == []
 
@@ -186,7 +194,8 @@ def test_kill9_safekeeper_with_supervisor_then_start_restarts_only_it(cluster):
     before = {s["name"]: s["pid"] for s in cluster.status()["services"]}
     cluster.kill9("sk2", supervisor=True)
     st = cluster.status()
-    assert states(st) == {"sk1": "running", "sk2": "stopped", "sk3": "running", "pageserver": "running"}
+    assert states(st) == {"sk1": "running", "sk2": "stopped", "sk3": "running", "pageserver": "running",
+                          "controller": "running"}
 
     out = cluster.start()
     assert "sk2: started" in out, out

@@ -155,7 +155,7 @@ def test_every_service_listens_on_its_hosts_address(hosted):
     hosts = hosted.hosts
     st = hosted.status()
     by_host = {s["name"]: s["host"] for s in st["services"]}
-    assert by_host == {"sk1": "sk-a", "sk2": "sk-b", "sk3": "sk-c", "pageserver": "ps"}, by_host
+    assert by_host == {"sk1": "sk-a", "sk2": "sk-b", "sk3": "sk-c", "pageserver": "ps", "controller": "ps"}, by_host
     for name, _, _ in HOSTS:
         address = hosts.hosts[name].address
         bound = listeners(hosts, name)
@@ -257,8 +257,8 @@ def test_an_endpoint_moves_to_another_host_and_commands_work_from_any_host(hoste
     listed = hosted.on("sk-a", "endpoint", "list")
     assert re.search(r"^ep\s+cp1\s+main\s+\d+\s+running\s", listed, re.M), listed
     st = json.loads(hosted.on("cp2", "status", "--json"))
-    assert {s["name"]: s["state"] for s in st["services"]} == dict.fromkeys(["sk1", "sk2", "sk3", "pageserver"],
-                                                                           "running"), st
+    assert {s["name"]: s["state"] for s in st["services"]} == dict.fromkeys(
+        ["sk1", "sk2", "sk3", "pageserver", "controller"], "running"), st
     assert [(e["name"], e["host"], e["state"]) for e in st["endpoints"]] == [("ep", "cp1", "running")]
 
     # Stopped on cp1 (from cp1), started on cp2 (from the operator's machine).
@@ -306,7 +306,7 @@ def test_a_safekeeper_is_replaced_on_its_host_and_every_host_learns_it(hosted):
     st = hosted.status()
     assert {s["name"]: (s["host"], s["state"]) for s in st["services"]} == {
         "sk1": ("sk-a", "running"), "sk2": ("sk-b", "running"), "sk4": ("sk-c", "running"),
-        "pageserver": ("ps", "running")}, st["services"]
+        "pageserver": ("ps", "running"), "controller": ("ps", "running")}, st["services"]
     # sk4 runs on sk-c's disk; the pageserver host's copy names it (from its next start).
     assert (hosts.hosts["sk-c"].disk / "sk4" / "safekeeper.toml").exists()
     ps_conf = tomllib.loads((hosts.hosts["ps"].disk / "pageserver" / "pageserver.toml").read_text())

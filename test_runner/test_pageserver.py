@@ -543,13 +543,18 @@ def test_bad_requests(cluster_factory):
     assert code == 504 and format_lsn(future) in error_message(body), (code, body)
     assert 1.5 <= waited < 25, waited  # the configured 2 s, not the default 30 s
 
-    # Page service: unknown timeline or tenant, unsupported version.
-    for tenant, timeline in [(ps.tenant, other), (other, ps.timeline)]:
-        with pp.PageClient(ps.pg_address) as cl:
-            r = cl.hello(tenant, timeline)
-            assert isinstance(r, pp.Error) and r.id == 0 and r.code == pp.ERR_NOT_FOUND, r
-            assert timeline in r.message and tenant in r.message, r
-            assert cl.closed_by_server()
+    # Page service: an unknown timeline, a tenant not attached here (the
+    # client asks the storage controller where it is), an unsupported version.
+    with pp.PageClient(ps.pg_address) as cl:
+        r = cl.hello(ps.tenant, other)
+        assert isinstance(r, pp.Error) and r.id == 0 and r.code == pp.ERR_NOT_FOUND, r
+        assert other in r.message and ps.tenant in r.message, r
+        assert cl.closed_by_server()
+    with pp.PageClient(ps.pg_address) as cl:
+        r = cl.hello(other, ps.timeline)
+        assert isinstance(r, pp.Error) and r.id == 0 and r.code == pp.ERR_NOT_ATTACHED, r
+        assert other in r.message and "not attached" in r.message, r
+        assert cl.closed_by_server()
     with pp.PageClient(ps.pg_address) as cl:
         r = cl.hello(ps.tenant, ps.timeline, version=3)
         assert isinstance(r, pp.Error) and r.id == 0 and r.code == pp.ERR_VERSION and "3" in r.message, r

@@ -244,7 +244,7 @@ def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory):
     root = cluster.workdir / "remote_storage"
     objects = timeline_objects(root, ps_a)
     tenant = ps_a.tenant
-    cluster.stop("--only", "controller")
+    cluster.stop("--only", "controller,controller2")
 
     # The decision: generation 2, at B; then B is told.
     state_file = root / "controller" / "state.json"

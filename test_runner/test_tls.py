@@ -50,7 +50,8 @@ def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory, pg
     listeners = [(s["name"], role, port) for s in c.cluster_toml["services"] for role, port in s["ports"].items()
                  if not (s["name"].startswith("sk") and role == "pg")]
     listeners.append(("agent", "http", ep.http_port))
-    assert len(listeners) == 9, listeners
+    # Three safekeepers (protocol, HTTP), the pageserver (page, HTTP), the controller, the agent.
+    assert len(listeners) == 10, listeners
     for name, role, port in listeners:
         cert = handshake(port, ours)
         assert ("IP Address", "127.0.0.1") in cert["subjectAltName"], (name, role, cert)

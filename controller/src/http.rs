@@ -56,9 +56,13 @@ struct AttachmentQuery {
 
 async fn attachment(
     State(c): State<Arc<Controller>>,
-    Path(tenant): Path<TenantId>,
+    Path(tenant): Path<String>,
     query: Result<Query<AttachmentQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    let tenant: TenantId = match tenant.parse() {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
+    };
     let q = match query {
         Ok(Query(q)) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),

@@ -106,9 +106,13 @@ async fn status(State(tenants): State<Arc<Tenants>>) -> Response {
 /// tenant here (attached under a generation, secondary, or detached).
 async fn set_location(
     State(tenants): State<Arc<Tenants>>,
-    Path(tenant): Path<TenantId>,
+    Path(tenant): Path<String>,
     body: Result<Json<LocationRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
+    let tenant: TenantId = match tenant.parse() {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
+    };
     let req = match body {
         Ok(Json(b)) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),

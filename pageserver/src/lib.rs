@@ -160,7 +160,7 @@ pub async fn serve(
             loop {
                 tokio::time::sleep(period).await;
                 let (t, p) = (tenants.clone(), published.clone());
-                let _ = tokio::task::spawn_blocking(move || secondary::publish_heatmaps(&t, &mut p.lock())).await;
+                let _ = tokio::task::spawn_blocking(move || t.publish_heatmaps(&mut p.lock())).await;
             }
         });
     }

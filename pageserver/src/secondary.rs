@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use strata_protocol::api::pageserver::{LocationMode, LocationStatus};
@@ -26,7 +25,7 @@ use strata_remote_storage::RemoteStorage;
 use tracing::{info, warn};
 
 use crate::remote::index::{layer_key, IndexLayer, RemoteIndex};
-use crate::tenants::Tenants;
+use crate::remote::Remote;
 
 /// The heatmap format this build reads and writes.
 pub const HEATMAP_FORMAT_VERSION: u32 = 1;
@@ -131,54 +130,6 @@ pub fn clear_warm(tenant_dir: &Path) {
     }
 }
 
-/// The heatmap of an attached tenant as it is now.
-pub fn current_heatmap(tenants: &Tenants, tenant: TenantId, generation: u32) -> Heatmap {
-    let mut timelines = Vec::new();
-    for e in tenants.all().iter().filter(|e| e.tl.tenant_id == tenant) {
-        let Some(index) = e.tl.remote().and_then(|r| r.index()) else { continue };
-        let uploaded: HashMap<&str, &IndexLayer> = index.layers.iter().map(|l| (l.name.as_str(), l)).collect();
-        let mut hot: Vec<(u64, IndexLayer)> =
-            e.tl.historic()
-                .iter()
-                .filter(|l| l.is_resident())
-                .filter_map(|l| uploaded.get(l.name.to_string().as_str()).map(|u| (l.last_read_ms(), (*u).clone())))
-                .collect();
-        // Most recently read first; ties in name order, so an idle
-        // tenant's heatmap does not change.
-        hot.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.name.cmp(&b.1.name)));
-        timelines
-            .push(HeatmapTimeline { timeline_id: e.tl.timeline_id, layers: hot.into_iter().map(|(_, l)| l).collect() });
-    }
-    timelines.sort_by_key(|t| t.timeline_id);
-    Heatmap { format_version: HEATMAP_FORMAT_VERSION, generation, timelines }
-}
-
-/// Publishes the heatmap of every attached tenant whose set of hot layers
-/// changed since the last one (the order within it changes with every read).
-pub fn publish_heatmaps(tenants: &Arc<Tenants>, published: &mut HashMap<TenantId, BTreeSet<(TimelineId, String)>>) {
-    let Some(remote) = tenants.remote.clone() else { return };
-    for l in tenants.locations().into_iter().filter(|l| l.mode == LocationMode::Attached) {
-        let Some(generation) = l.generation else { continue };
-        let heatmap = current_heatmap(tenants, l.tenant_id, generation);
-        let set: BTreeSet<(TimelineId, String)> =
-            heatmap.timelines.iter().flat_map(|t| t.layers.iter().map(|x| (t.timeline_id, x.name.clone()))).collect();
-        if published.get(&l.tenant_id) == Some(&set) {
-            continue;
-        }
-        let key = heatmap_key(l.tenant_id);
-        let storage = remote.storage.clone();
-        let bytes = Bytes::from(heatmap.encode());
-        match remote.block_on(async move { storage.put(&key, bytes).await }) {
-            Ok(Ok(())) => {
-                published.insert(l.tenant_id, set);
-            }
-            Ok(Err(e)) => warn!(tenant = %l.tenant_id, "publishing the heatmap: {e}"),
-            Err(e) => warn!(tenant = %l.tenant_id, "publishing the heatmap: {e}"),
-        }
-    }
-    published.retain(|t, _| tenants.is_attached(*t));
-}
-
 /// What a secondary's downloader reports.
 #[derive(Default)]
 struct WarmStatus {
@@ -212,9 +163,10 @@ struct WarmContext {
 }
 
 impl Secondaries {
-    /// Starts keeping `tenant` warm (nothing if it already is).
-    pub fn start(&self, tenants: &Arc<Tenants>, tenant: TenantId) {
-        let Some(remote) = tenants.remote.clone() else { return };
+    /// Starts keeping `tenant` (whose directory is `tenant_dir`) warm,
+    /// within `budget` bytes, reading its heatmap every `period`; nothing
+    /// if it already is.
+    pub fn start(&self, remote: &Arc<Remote>, tenant: TenantId, tenant_dir: PathBuf, budget: u64, period: Duration) {
         let mut warmers = self.warmers.lock();
         if warmers.contains_key(&tenant) {
             return;
@@ -225,13 +177,7 @@ impl Secondaries {
             status: Mutex::new(WarmStatus::default()),
         });
         warmers.insert(tenant, w.clone());
-        let cx = WarmContext {
-            storage: remote.storage.clone(),
-            tenant,
-            tenant_dir: tenants.tenant_dir(tenant),
-            budget: tenants.conf.secondary_cache_bytes,
-            period: tenants.conf.heatmap_period,
-        };
+        let cx = WarmContext { storage: remote.storage.clone(), tenant, tenant_dir, budget, period };
         remote.spawn(async move { warm_loop(w, cx).await });
     }
 

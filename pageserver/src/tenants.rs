@@ -19,6 +19,7 @@ use strata_protocol::{TenantId, TimelineId, Token};
 use strata_service::backoff::Backoff;
 use tracing::{error, info, warn};
 
+mod heatmaps;
 mod locations;
 pub use locations::LocationError;
 
@@ -337,7 +338,7 @@ impl Tenants {
         }
         tenants.attach_in_order(loaded);
         for t in secondaries {
-            tenants.secondaries.start(&tenants, t);
+            tenants.start_secondary(t);
         }
         // Markers whose directory is gone (a failed creation cleaned up halfway).
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))?.flatten() {

@@ -224,9 +224,3 @@ fn local_put(file: &Path, bytes: &[u8], expected: Option<&str>) -> LocalResult<O
     durable(file, bytes)?;
     Ok(Some(ObjectVersion(next.to_string())))
 }
-
-/// The counter file of a local object (for the tests' crash simulation).
-#[cfg(test)]
-pub(crate) fn sidecar_for_tests(file: &Path) -> PathBuf {
-    sidecar(file, "version")
-}

@@ -9,9 +9,6 @@
 //! relative to the configured prefix; a local directory holds them as files
 //! under the same relative paths.
 
-// The tests name the crate as its users do (shared checks, `src/cas_checks.rs`).
-extern crate self as strata_remote_storage;
-
 pub mod cas;
 pub mod config;
 mod local_copy;

@@ -178,36 +178,3 @@ fn an_s3_config_builds_a_client_without_connecting() {
     assert_eq!(storage.describe(), "s3://strata/pageserver at http://127.0.0.1:1");
     assert_eq!(storage.prefix, "pageserver");
 }
-
-#[path = "cas_checks.rs"]
-mod cas_checks;
-use cas_checks::check_compare_and_swap;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_local_directory_swaps_objects_conditionally() {
-    let dir = temp_dir("cas");
-    let storage = local(&dir.join("store"));
-    check_compare_and_swap(&storage).await;
-    // The bookkeeping files are not objects.
-    let listed = storage.list("controller").await.unwrap();
-    assert_eq!(
-        listed.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(),
-        vec!["controller/counter", "controller/leader.json", "controller/state.json"]
-    );
-    // A crash after the counter was replaced and before the object was:
-    // a writer that read the old counter is refused, and readers see the
-    // old bytes with the new counter.
-    let (_, v) = storage.get_versioned("controller/state.json").await.unwrap().unwrap();
-    let file = dir.join("store/controller/state.json");
-    std::fs::write(super::cas::sidecar_for_tests(&file), b"99").unwrap();
-    let err = storage.put_if("controller/state.json", Bytes::from_static(b"three"), Some(&v)).await.unwrap_err();
-    assert!(matches!(err, super::cas::CasError::Conflict { .. }), "{err}");
-    let (bytes, v99) = storage.get_versioned("controller/state.json").await.unwrap().unwrap();
-    assert_eq!((bytes.as_ref(), v99.0.as_str()), (&b"two"[..], "99"));
-    storage.put_if("controller/state.json", Bytes::from_static(b"three"), Some(&v99)).await.unwrap();
-    // A damaged counter is an error that names it, never a silent overwrite.
-    std::fs::write(super::cas::sidecar_for_tests(&file), b"garbage").unwrap();
-    let err = storage.get_versioned("controller/state.json").await.unwrap_err().to_string();
-    assert!(err.contains("state.json#version") && err.contains("not a version counter"), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
-}

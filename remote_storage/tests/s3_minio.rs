@@ -160,7 +160,6 @@ async fn s3_objects_round_trip_and_survive_a_server_restart() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[path = "../src/cas_checks.rs"]
 mod cas_checks;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -919,6 +919,14 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
 /// safekeepers (its commits); say so now rather than time out later.
 fn check_storage_runs(wd: &Workdir) -> Result<()> {
     let how = format!("start it with `strata start --workdir {}`", wd.root.display());
+    if let Some(ps) = wd.cluster.of_kind(Kind::Pageserver).find(|s| !services::is_up(wd, s)) {
+        if !wd.cluster.of_kind(Kind::Pageserver).any(|s| services::is_up(wd, s)) {
+            return failed(format!("{} is not running; {how}", ps.name));
+        }
+    }
+    if !wd.cluster.of_kind(Kind::Controller).any(|s| services::is_up(wd, s)) {
+        return failed(format!("no storage controller is running; {how}"));
+    }
     let ps = super::controller::attached(wd)?;
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running; {how}", ps.name));

@@ -104,13 +104,18 @@ impl Node {
     }
 
     /// Starts every wanted service whose supervisor is gone (at the node's
-    /// start: all of them); safekeepers before the pageserver.
+    /// start: all of them); safekeepers, then pageservers, then the storage
+    /// controller (which asks the pageservers for their status first thing).
     fn keep_running(&self) -> Result<()> {
         let wd = self.workdir()?;
         let _lock = wd.lock()?;
         let wanted = self.wanted.lock().expect("not poisoned").clone();
         let mut mine: Vec<&Service> = wd.cluster.services.iter().filter(|s| wanted.contains(&s.name)).collect();
-        mine.sort_by_key(|s| s.kind == Kind::Pageserver);
+        mine.sort_by_key(|s| match s.kind {
+            Kind::Safekeeper => 0,
+            Kind::Pageserver => 1,
+            Kind::Controller => 2,
+        });
         for s in mine {
             if let Liveness::Running { supervisor: Some(_), .. } | Liveness::Restarting { .. } =
                 services::supervised(&wd, s).liveness()

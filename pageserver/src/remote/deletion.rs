@@ -29,7 +29,7 @@ pub struct DeletionBatch {
 pub(super) async fn run(
     mut rx: mpsc::Receiver<DeletionBatch>,
     storage: RemoteStorage,
-    authority: super::Authority,
+    authority: super::authority::Authority,
     metrics: Arc<Metrics>,
 ) {
     while let Some(first) = rx.recv().await {

@@ -77,6 +77,14 @@ impl Tenants {
         out
     }
 
+    /// Starts keeping `tenant` warm here.
+    pub(crate) fn start_secondary(&self, tenant: TenantId) {
+        if let Some(remote) = &self.remote {
+            let (budget, period) = (self.conf.secondary_cache_bytes, self.conf.heatmap_period);
+            self.secondaries.start(remote, tenant, self.tenant_dir(tenant), budget, period);
+        }
+    }
+
     /// Whether `tenant` is attached here (pages can be asked for).
     pub fn is_attached(&self, tenant: TenantId) -> bool {
         self.generations.lock().contains_key(&tenant)
@@ -116,7 +124,7 @@ impl Tenants {
                     self.stop_timelines(tenant, true);
                     self.generations.lock().remove(&tenant);
                 }
-                self.secondaries.start(self, tenant);
+                self.start_secondary(tenant);
             }
             LocationMode::Detached => {
                 self.secondaries.stop(tenant);

@@ -1,5 +1,5 @@
 //! The behaviour every backend's conditional writes must have: shared by
-//! the unit tests (a local directory) and the S3 test against MinIO.
+//! the local-directory test and the S3 test against MinIO.
 
 use bytes::Bytes;
 use strata_remote_storage::cas::{CasError, ObjectVersion};

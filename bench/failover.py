@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Pageserver failover (docs/storage-controller.md), measured as a user runs
+it: a local cluster made through the CLI with two pageservers (a storage
+controller beside each), one endpoint, pgbench RW at --clients clients.
+
+Each run starts the endpoint again (its relation files are lazy, so
+pgbench's reads go to the pageserver), runs pgbench, and after 5 s kills
+the attached pageserver and its supervisor with SIGKILL. Meanwhile:
+
+- a probe reads one random block of pgbench_accounts every 20 ms; the
+  **read outage** is the longest any probe read took among those in flight
+  at or after the kill (how long reads waited for the new pageserver);
+- a writer commits numbered rows, one at a time; every acknowledged row is
+  checked afterwards;
+- the time until `strata status` names the other pageserver is recorded.
+
+pgbench must report 0 failed transactions. The killed pageserver is
+started again (it becomes the secondary) and the next run kills the one
+attached then. Two clusters: **warm** (the secondary downloads the hot
+layers, the default) and **cold** (`secondary_cache_bytes = 0`: every layer
+is downloaded on demand after the failover).
+
+Target: reads served again within 5 s (median of --runs), no failed transaction.
+
+Usage: .venv/bin/python bench/failover.py [--scale 10] [--clients 8] [--runs 5] [--quick]
+Writes bench/results/failover.json and .txt (failover_quick.* with --quick).
+"""
+
+import argparse
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test_runner"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from report import write_results  # noqa: E402
+from fixtures.cluster import LocalCluster  # noqa: E402
+from getpage import client_env  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class Probe(threading.Thread):
+    def __init__(self, connstr: str):
+        super().__init__(daemon=True)
+        self.connstr = connstr
+        self.reads: list[tuple[float, float]] = []  # (start, end)
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.connstr, autocommit=True) as conn:
+            blocks = conn.execute("SELECT pg_relation_size('pgbench_accounts') / 8192").fetchone()[0]
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    conn.execute(f"SELECT count(*) FROM pgbench_accounts WHERE ctid = '({random.randrange(blocks)},1)'")
+                except Exception as e:  # noqa: BLE001 - reported
+                    self.errors.append(str(e))
+                    return
+                self.reads.append((t0, time.monotonic()))
+                self.stop.wait(0.02)
+
+    def outage(self, killed: float) -> float:
+        """The longest wait of a read in flight at or after `killed`."""
+        return max((end - max(start, killed) for start, end in self.reads if end >= killed), default=0.0)
+
+
+class Writer(threading.Thread):
+    def __init__(self, connstr: str):
+        super().__init__(daemon=True)
+        self.connstr = connstr
+        self.acked: list[int] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        with psycopg.connect(self.connstr, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS acked (id bigint PRIMARY KEY)")
+            n = conn.execute("SELECT coalesce(max(id), 0) FROM acked").fetchone()[0]
+            while not self.stop.is_set():
+                try:
+                    conn.execute("INSERT INTO acked VALUES (%s)", (n + 1,))
+                except Exception as e:  # noqa: BLE001 - reported
+                    self.errors.append(str(e))
+                    return
+                n += 1
+                self.acked.append(n)
+
+
+def attached(c: LocalCluster) -> str | None:
+    return c.status()["timelines"][0]["attached"]
+
+
+def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool) -> list[dict]:
+    c = LocalCluster(strata_bin, base / name, PG_BIN)
+    runs = []
+    try:
+        c.init("--pageservers", "2")
+        if cold:
+            for ps in ("pageserver", "pageserver2"):
+                c.configure(ps, {"secondary_cache_bytes": 0})
+        c.start()
+        out = c.run("endpoint", "start", "ep", timeout=300).stdout
+        connstr = out.strip().splitlines()[-1]
+        subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=client_env(connstr),
+                       check=True, capture_output=True, timeout=3600)
+        c.run("timeline", "checkpoint", timeout=600)
+        for run in range(args.runs):
+            # The secondary has read the newest heatmap (published every 5 s).
+            time.sleep(12)
+            c.run("endpoint", "stop", "ep", timeout=300)
+            c.run("endpoint", "start", "ep", timeout=300)
+            victim = attached(c)
+            probe, writer = Probe(connstr), Writer(connstr)
+            probe.start()
+            writer.start()
+            bench = subprocess.Popen([str(PG_BIN / "pgbench"), "-n", "-c", str(args.clients), "-j", "2", "-T",
+                                      str(args.seconds)], env=client_env(connstr), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            time.sleep(5)
+            killed = time.monotonic()
+            c.kill9(victim, supervisor=True)
+            placed = None
+            while time.monotonic() - killed < 60:
+                if attached(c) not in (None, victim):
+                    placed = time.monotonic() - killed
+                    break
+                time.sleep(0.05)
+            out, err = bench.communicate(timeout=600)
+            probe.stop.set()
+            writer.stop.set()
+            probe.join(120)
+            writer.join(120)
+            failed = re.search(r"number of failed transactions: (\d+)", out)
+            tps = re.search(r"tps = ([0-9.]+)", out)
+            with psycopg.connect(connstr, autocommit=True) as conn:
+                present = {r[0] for r in conn.execute("SELECT id FROM acked").fetchall()}
+            lost = len(set(writer.acked) - present)
+            runs.append({
+                "victim": victim, "placed_seconds": placed, "read_outage_seconds": probe.outage(killed),
+                "pgbench_exit": bench.returncode, "failed_transactions": int(failed.group(1)) if failed else None,
+                "tps": float(tps.group(1)) if tps else None, "acked": len(writer.acked), "lost": lost,
+                "probe_errors": probe.errors[:3], "writer_errors": writer.errors[:3], "pgbench_stderr": err[-500:],
+            })
+            print(name, runs[-1], flush=True)
+            c.start()  # the killed one comes back as the secondary
+    finally:
+        if (c.workdir / "cluster.toml").exists():
+            if c.run("stop", check=False, timeout=600).returncode != 0:
+                c.run("stop", "--immediate", check=False, timeout=600)
+    return runs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--seconds", type=int, default=20, help="length of each pgbench run")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs of 12 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.scale, args.seconds, args.runs = 2, 12, 2
+    strata_bin = REPO / "target" / "release" / "strata"
+    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # PostgreSQL runs as another user
+        for name, cold in (("warm", False), ("cold", True)):
+            results[name] = one_cluster(strata_bin, base, name, args, cold)
+    med = statistics.median
+    lines = [f"pageserver failover under pgbench RW, scale {args.scale}, {args.clients} clients, "
+             f"{args.runs} runs per mode, {os.cpu_count()} CPUs"]
+    ok = True
+    for name in ("warm", "cold"):
+        runs = results[name]
+        outages = [r["read_outage_seconds"] for r in runs]
+        placed = [r["placed_seconds"] for r in runs if r["placed_seconds"] is not None]
+        failed = sum(r["failed_transactions"] or 0 for r in runs)
+        lost = sum(r["lost"] for r in runs)
+        bad = [r for r in runs if r["pgbench_exit"] != 0 or r["failed_transactions"] != 0 or r["probe_errors"]]
+        ok &= not bad and lost == 0
+        results[f"{name}_summary"] = {"read_outage_median": med(outages), "read_outage_max": max(outages),
+                                      "placed_median": med(placed) if placed else None,
+                                      "failed_transactions": failed, "lost_commits": lost}
+        lines.append(f"  {name}: reads served again after median {med(outages):.2f} s (max {max(outages):.2f} s); "
+                     f"placed elsewhere after median {med(placed) if placed else float('nan'):.2f} s; "
+                     f"failed transactions {failed}; acknowledged commits lost {lost}")
+    lines.append(f"  target: reads within 5 s (median), 0 failed transactions: {'met' if ok else 'NOT met'}")
+    write_results("failover_quick" if args.quick else "failover", results, "\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Pageservers that fail over (docs/storage-controller.md): two pageservers
+and a storage controller beside each. The tenant is attached to one, kept
+warm on the other; when the attached one dies the controller attaches the
+secondary under a new generation and the computes follow, without
+restarting PostgreSQL and without a failed transaction.
+
+Every test starts the compute again after loading data, so that its
+relation files are lazy: pgbench's reads keep going to the pageserver
+across the failover."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+from fixtures.endpoint import Endpoint, start_endpoint
+from fixtures.load import AckedWriters
+from fixtures.wait import wait_until
+
+SCALE = 5
+
+
+def placement(cluster) -> tuple[str | None, int | None, list[str]]:
+    """(attached pageserver, generation, secondaries) of the tenant, as `strata status --json` shows it."""
+    t = cluster.status()["timelines"][0]
+    return t["attached"], t["generation"], t["secondaries"]
+
+
+def locations(cluster, name: str) -> dict:
+    code, body = cluster.http(name, "GET", "/v1/status")
+    assert code == 200, body
+    return {loc["tenant_id"]: loc for loc in body["locations"]}
+
+
+def controller_leader(cluster) -> str:
+    def leader():
+        for s in cluster.cluster_toml["services"]:
+            if s["kind"] == "controller" and cluster.answers(s["name"]):
+                code, body = cluster.http(s["name"], "GET", "/v1/status")
+                if code == 200 and body["leader"]:
+                    return s["name"]
+        return None
+    return wait_until("a leading controller", leader, timeout=60)
+
+
+def two_pageservers(cluster_factory):
+    """A cluster with two pageservers; an endpoint with pgbench's tables,
+    started again so that its relation files are lazy; the secondary warm."""
+    cluster = cluster_factory(init_args=("--pageservers", "2"))
+    ep = start_endpoint(cluster)
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    ep.sql("CREATE EXTENSION amcheck")
+    cluster.run("timeline", "checkpoint")
+    attached, generation, secondaries = placement(cluster)
+    assert (attached, generation, secondaries) == ("pageserver", 1, ["pageserver2"])
+    tenant = cluster.cluster_toml["tenant_id"]
+    wait_until("the secondary warm", lambda: locations(cluster, "pageserver2")[tenant]["local_layers"] > 0
+               or None, timeout=60)
+    ep.restart()
+    return cluster, ep, tenant
+
+
+class Pgbench:
+    """One pgbench run in the background; `result()` checks it ended well."""
+
+    def __init__(self, ep: Endpoint, seconds: int, clients: int = 4):
+        self.proc = ep.popen(["pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "-P", "1"])
+
+    def result(self, timeout: float = 300) -> str:
+        out, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, f"pgbench failed:\n{out}\n{err}"
+        failed = re.search(r"number of failed transactions: (\d+)", out)
+        assert failed and failed.group(1) == "0", out
+        return out + err
+
+
+class Probe:
+    """Reads one random block of pgbench_accounts every 20 ms (a fresh
+    block is likely not yet fetched by the lazy compute): the longest
+    read is how long reads waited for the pageserver."""
+
+    def __init__(self, ep: Endpoint):
+        self.ep = ep
+        self.longest = 0.0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import random
+        with self.ep.connect() as conn:
+            blocks = conn.execute("SELECT pg_relation_size('pgbench_accounts') / 8192").fetchone()[0]
+            while not self._stop.is_set():
+                t = time.monotonic()
+                try:
+                    conn.execute(f"SELECT count(*) FROM pgbench_accounts WHERE ctid = '({random.randrange(blocks)},1)'")
+                except Exception as e:  # noqa: BLE001 - recorded and asserted on
+                    self.errors.append(str(e))
+                    return
+                self.longest = max(self.longest, time.monotonic() - t)
+                self._stop.wait(0.02)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        assert not self.errors, self.errors
+        return self.longest
+
+
+def check_after(ep: Endpoint, writers: AckedWriters) -> None:
+    acked = writers.acked_ids()
+    rows = {r[0] for r in ep.sql("SELECT id FROM acked")}
+    lost = acked - rows
+    assert not lost, f"{len(lost)} acknowledged commits lost: {sorted(lost)[:10]}"
+    a, b, t, h = ep.sql("SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM "
+                        "pgbench_branches), (SELECT sum(tbalance) FROM pgbench_tellers), "
+                        "(SELECT coalesce(sum(delta), 0) FROM pgbench_history)")[0]
+    assert a == b == t == h, f"pgbench invariants: {a} {b} {t} {h}"
+    ep.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=600)
+
+
+def test_kill9_of_the_attached_pageserver_under_pgbench(cluster_factory):
+    cluster, ep, tenant = two_pageservers(cluster_factory)
+    writers = AckedWriters(ep, threads=2, backoff=(0.01, 0.1)).start()
+    bench = Pgbench(ep, seconds=30)
+    probe = Probe(ep)
+    try:
+        time.sleep(6)
+        killed = time.monotonic()
+        cluster.kill9("pageserver", supervisor=True)
+        moved = wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None,
+                           timeout=60)
+        assert moved
+        detected = time.monotonic() - killed
+        out = bench.result()
+    finally:
+        longest = probe.stop()
+        writers.stop()
+    print(f"\nfailover: placed on pageserver2 {detected:.2f} s after the kill; longest probe read {longest:.2f} s")
+    attached, generation, secondaries = placement(cluster)
+    assert (attached, generation, secondaries) == ("pageserver2", 2, ["pageserver"])
+    assert "failed transactions: 0" in out
+    # The compute followed the tenant (PostgreSQL was not restarted).
+    st = ep.agent_status()
+    assert st["pageserver"]["name"] == "pageserver2" and st["pageserver"]["switches"] >= 1, st["pageserver"]
+    assert st["restarts"] == 0, st
+    check_after(ep, writers)
+
+    # The failed pageserver returns: it is demoted to a secondary, and its
+    # old generation never uploads again.
+    cluster.start()
+    wait_until("pageserver a secondary", lambda: locations(cluster, "pageserver").get(tenant, {}).get("mode")
+               == "secondary" or None, timeout=60)
+    assert placement(cluster) == ("pageserver2", 2, ["pageserver"])
+    ep.run(["pgbench", "-n", "-c", "2", "-T", "3"], timeout=120)
+    check_after(ep, writers)
+
+
+def test_the_leading_controller_killed_during_a_failover(cluster_factory):
+    """The attached pageserver and the leading controller die at once:
+    the other controller takes the lease over and finishes the failover,
+    within the compute's retry window."""
+    cluster, ep, tenant = two_pageservers(cluster_factory)
+    leader = controller_leader(cluster)
+    writers = AckedWriters(ep, threads=2, backoff=(0.01, 0.1)).start()
+    bench = Pgbench(ep, seconds=30)
+    try:
+        time.sleep(4)
+        cluster.kill9("pageserver", supervisor=True)
+        cluster.kill9(leader, supervisor=True)
+        wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None, timeout=60)
+        bench.result()
+    finally:
+        writers.stop()
+    other = controller_leader(cluster)
+    assert other != leader
+    assert placement(cluster)[:2] == ("pageserver2", 2)
+    check_after(ep, writers)
+
+
+def test_drain_under_load_and_fill(cluster_factory):
+    cluster, ep, tenant = two_pageservers(cluster_factory)
+    writers = AckedWriters(ep, threads=2, backoff=(0.01, 0.1)).start()
+    bench = Pgbench(ep, seconds=20)
+    try:
+        time.sleep(4)
+        out = cluster.run("pageserver", "drain", "pageserver").stdout
+        assert "draining" in out, out
+        wait_until("the tenant moved to pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None,
+                   timeout=60)
+        bench.result()
+    finally:
+        writers.stop()
+    # A live move: a new generation at the target, the origin its secondary.
+    assert placement(cluster) == ("pageserver2", 2, ["pageserver"])
+    wait_until("pageserver a secondary", lambda: locations(cluster, "pageserver")[tenant]["mode"] == "secondary"
+               or None, timeout=60)
+    check_after(ep, writers)
+    code, body = cluster.http("controller", "GET", "/v1/status")
+    assert body["state"]["pageservers"] == {"pageserver": "draining"}, body["state"]
+    cluster.run("pageserver", "fill", "pageserver")
+    code, body = cluster.http("controller", "GET", "/v1/status")
+    assert body["state"]["pageservers"] == {}, body["state"]
+    # An unknown pageserver is refused.
+    r = cluster.run("pageserver", "drain", "nope", check=False)
+    assert r.returncode != 0 and "no pageserver named" in r.stderr, r.stderr
+
+
+def test_a_branch_and_its_children_fail_over_together(cluster_factory):
+    cluster, ep, tenant = two_pageservers(cluster_factory)
+    cluster.run("branch", "create", "child")
+    child = Endpoint(cluster, "c1", "child")
+    child.start()
+    child.run(["pgbench", "-n", "-c", "1", "-T", "2"], timeout=120)
+    child.restart()
+    benches = [Pgbench(ep, seconds=20, clients=2), Pgbench(child, seconds=20, clients=2)]
+    time.sleep(4)
+    cluster.kill9("pageserver", supervisor=True)
+    wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None, timeout=60)
+    for b in benches:
+        b.result()
+    branches = {t["branch"]: t for t in cluster.status()["timelines"]}
+    assert {b: (t["attached"], t["generation"]) for b, t in branches.items()} == {
+        "main": ("pageserver2", 2), "child": ("pageserver2", 2)}
+    for t in branches.values():
+        assert t["pageserver"] and t["pageserver"]["state"] == "active", t
+    assert child.sql("SELECT count(*) FROM pgbench_branches")[0][0] == SCALE
