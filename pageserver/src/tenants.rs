@@ -166,6 +166,10 @@ pub struct Tenants {
     generations: Mutex<HashMap<TenantId, u32>>,
     /// The tenants kept warm here for another pageserver.
     pub secondaries: crate::secondary::Secondaries,
+    /// Tenants whose attachment is under way: their timelines are not all
+    /// loaded yet, so they count as not attached (a compute asking now
+    /// retries, rather than hear that a timeline does not exist).
+    attaching: Mutex<std::collections::HashSet<TenantId>>,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), Arc<TimelineEntry>>>,
     creating: Mutex<()>,
     /// When each broken timeline is re-read next, and its backoff.
@@ -216,6 +220,7 @@ impl Tenants {
             remote,
             generations: Mutex::new(generations),
             secondaries: Default::default(),
+            attaching: Mutex::new(std::collections::HashSet::new()),
             timelines: RwLock::new(BTreeMap::new()),
             creating: Mutex::new(()),
             reloads: Mutex::new(HashMap::new()),

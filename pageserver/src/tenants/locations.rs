@@ -51,7 +51,14 @@ impl Tenants {
 
     /// What this pageserver holds of each tenant.
     pub fn locations(&self) -> Vec<LocationStatus> {
-        let attached: BTreeMap<TenantId, u32> = self.generations.lock().iter().map(|(t, g)| (*t, *g)).collect();
+        let attaching = self.attaching.lock().clone();
+        let attached: BTreeMap<TenantId, u32> = self
+            .generations
+            .lock()
+            .iter()
+            .filter(|(t, _)| !attaching.contains(*t))
+            .map(|(t, g)| (*t, *g))
+            .collect();
         let mut out: Vec<LocationStatus> = attached
             .iter()
             .map(|(t, g)| {
@@ -85,9 +92,9 @@ impl Tenants {
         }
     }
 
-    /// Whether `tenant` is attached here (pages can be asked for).
+    /// Whether `tenant` is attached here, every timeline loaded (pages can be asked for).
     pub fn is_attached(&self, tenant: TenantId) -> bool {
-        self.generations.lock().contains_key(&tenant)
+        self.generations.lock().contains_key(&tenant) && !self.attaching.lock().contains(&tenant)
     }
 
     /// Sets the location of `tenant` (blocking: an attach reads every
@@ -113,8 +120,11 @@ impl Tenants {
                         if current.is_some() {
                             self.stop_timelines(tenant, false);
                         }
+                        self.attaching.lock().insert(tenant);
                         self.generations.lock().insert(tenant, g);
-                        self.attach_tenant(&remote, tenant, g)?;
+                        let attached = self.attach_tenant(&remote, tenant, g);
+                        self.attaching.lock().remove(&tenant);
+                        attached?;
                     }
                 }
             }
