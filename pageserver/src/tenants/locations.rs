@@ -52,13 +52,8 @@ impl Tenants {
     /// What this pageserver holds of each tenant.
     pub fn locations(&self) -> Vec<LocationStatus> {
         let attaching = self.attaching.lock().clone();
-        let attached: BTreeMap<TenantId, u32> = self
-            .generations
-            .lock()
-            .iter()
-            .filter(|(t, _)| !attaching.contains(*t))
-            .map(|(t, g)| (*t, *g))
-            .collect();
+        let attached: BTreeMap<TenantId, u32> =
+            self.generations.lock().iter().filter(|(t, _)| !attaching.contains(*t)).map(|(t, g)| (*t, *g)).collect();
         let mut out: Vec<LocationStatus> = attached
             .iter()
             .map(|(t, g)| {
