@@ -124,61 +124,42 @@ enum PageserverCommand {
     },
 }
 
-fn safekeeper(config: &std::path::Path) -> i32 {
+/// Runs a service process until it stops: its config loaded by `load`
+/// (exit code 2 if refused), then `run` on a multi-thread runtime (1 if it fails).
+fn run_service<C, E1: std::fmt::Display, E2: std::fmt::Display, F: std::future::Future<Output = Result<(), E2>>>(
+    what: &str,
+    config: &std::path::Path,
+    load: impl FnOnce(&std::path::Path) -> Result<C, E1>,
+    run: impl FnOnce(C) -> F,
+) -> i32 {
     logging::init();
-    let config = match strata_safekeeper::config::SafekeeperConfig::load(config) {
+    let config = match load(config) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("strata safekeeper: {e}");
+            eprintln!("strata {what}: {e}");
             return 2;
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
-    match runtime.block_on(strata_safekeeper::run(config)) {
+    match runtime.block_on(run(config)) {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!("{e}");
             1
         }
     }
+}
+
+fn safekeeper(config: &std::path::Path) -> i32 {
+    run_service("safekeeper", config, strata_safekeeper::config::SafekeeperConfig::load, strata_safekeeper::run)
 }
 
 fn pageserver(config: &std::path::Path) -> i32 {
-    logging::init();
-    let config = match strata_pageserver::config::PageserverConfig::load(config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("strata pageserver: {e}");
-            return 2;
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
-    match runtime.block_on(strata_pageserver::run(config)) {
-        Ok(()) => 0,
-        Err(e) => {
-            tracing::error!("{e}");
-            1
-        }
-    }
+    run_service("pageserver", config, strata_pageserver::config::PageserverConfig::load, strata_pageserver::run)
 }
 
 fn controller(config: &std::path::Path) -> i32 {
-    logging::init();
-    let config = match strata_controller::config::ControllerConfig::load(config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("strata controller: {e}");
-            return 2;
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime starts");
-    match runtime.block_on(strata_controller::run(config)) {
-        Ok(()) => 0,
-        Err(e) => {
-            tracing::error!("{e}");
-            1
-        }
-    }
+    run_service("controller", config, strata_controller::config::ControllerConfig::load, strata_controller::run)
 }
 
 fn main() {
