@@ -434,6 +434,8 @@ impl Controller {
             self.write(next.clone(), version.as_ref(), term).await?;
         }
         let (state, version) = self.current_state().await?;
+        // Goals of moves that ended otherwise (a failover, a cancellation).
+        self.inner.lock().catch_up.retain(|t, _| state.tenants.get(t).is_some_and(|p| p.migration.is_some()));
         self.apply(&state);
         // Moves whose target caught up.
         for t in state.tenants.iter().filter(|(_, p)| p.migration.is_some()).map(|(t, _)| *t).collect::<Vec<_>>() {
