@@ -14,6 +14,7 @@ import re
 import threading
 import time
 
+from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.load import AckedWriters
 from fixtures.wait import wait_until
@@ -156,6 +157,28 @@ def test_kill9_of_the_attached_pageserver_under_pgbench(cluster_factory):
     assert placement(cluster) == ("pageserver2", 2, ["pageserver"])
     ep.run(["pgbench", "-n", "-c", "2", "-T", "3"], timeout=120)
     check_after(ep, writers)
+    check_fenced(cluster, tenant, stale=1, current=2)
+
+
+def check_fenced(cluster, tenant: str, stale: int, current: int) -> None:
+    """Every safekeeper has seen generation `current` stream the timeline
+    and refuses a stream request of generation `stale`; a consumer that is
+    not a pageserver (generation 0) is still served."""
+    timeline = cluster.status()["timelines"][0]["timeline_id"]
+    token = cluster.token_file("service").read_text().strip()
+    for sk in cluster.safekeeper_names():
+        code, st = cluster.http(sk, "GET", f"/v1/tenant/{tenant}/timeline/{timeline}")
+        assert code == 200, st
+        assert st["pageserver_generation"] == current, st
+        hi, lo = st["flush_lsn"].split("/")
+        flush = (int(hi, 16) << 32) | int(lo, 16)
+        svc = next(s for s in cluster.cluster_toml["services"] if s["name"] == sk)
+        address = f"127.0.0.1:{svc['ports']['listen']}"
+        answer = skp.exchange(address, skp.start_streaming_frame(tenant, timeline, flush, token, generation=stale))
+        assert answer.code == skp.ERR_STALE_GENERATION, (sk, answer)
+        assert f"generation {current}" in answer.message, answer
+        answer = skp.exchange(address, skp.start_streaming_frame(tenant, timeline, flush, token, generation=0))
+        assert answer.tag == skp.TAG_STREAM_START, (sk, answer)
 
 
 def test_the_leading_controller_killed_during_a_failover(cluster_factory):
@@ -198,6 +221,7 @@ def test_drain_under_load_and_fill(cluster_factory):
     wait_until("pageserver a secondary", lambda: locations(cluster, "pageserver")[tenant]["mode"] == "secondary"
                or None, timeout=60)
     check_after(ep, writers)
+    check_fenced(cluster, tenant, stale=1, current=2)
     code, body = cluster.http("controller", "GET", "/v1/status")
     assert body["state"]["pageservers"] == {"pageserver": "draining"}, body["state"]
     cluster.run("pageserver", "fill", "pageserver")

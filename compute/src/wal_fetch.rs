@@ -43,6 +43,8 @@ pub async fn fetch_wal(donor: &Donor<'_>, from: Lsn, to: Lsn) -> Result<(StreamS
             include_uncommitted: true,
             consumer_id: "proposer-recovery".into(),
             token: donor.token.clone(),
+            // Not a pageserver: never fenced.
+            generation: 0,
         }),
         &mut out,
     );

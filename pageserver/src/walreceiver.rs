@@ -341,6 +341,9 @@ fn open_stream(tl: &Timeline, addr: &str, sources: &WalSources, start: Lsn) -> R
             include_uncommitted: false,
             consumer_id: format!("pageserver/{}", tl.timeline_id),
             token: sources.token.clone(),
+            // Safekeepers stop feeding a generation once a newer one has
+            // streamed: a pageserver fenced by the controller is starved too.
+            generation: tl.remote().map_or(0, |r| r.generation),
         }),
         &mut out,
     );

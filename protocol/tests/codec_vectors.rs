@@ -70,7 +70,7 @@ fn member(id: u64, address: &str) -> Member {
 fn proposer_greeting() {
     proposer(
         ProposerMessage::Greeting(ProposerGreeting {
-            protocol_version: 4,
+            protocol_version: 5,
             proposer_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             timeline: TimelineIdentity {
                 tenant_id: TenantId([0x11; 16]),
@@ -82,7 +82,7 @@ fn proposer_greeting() {
             membership: Membership::default(),
             token: Some(Token::new("tok".into())),
         }),
-        "53000000 01 04000000 000102030405060708090a0b0c0d0e0f
+        "53000000 01 05000000 000102030405060708090a0b0c0d0e0f
          11111111111111111111111111111111 22222222222222222222222222222222
          0807060504030201 0f000000 00000001
          00000000 0000 00 03000000 746f6b",
@@ -211,8 +211,15 @@ fn start_streaming() {
             include_uncommitted: false,
             consumer_id: "ps-1".into(),
             token: token.map(|t| Token::new(t.into())),
+            generation: if protocol_version >= 5 { 7 } else { 0 },
         })
     };
+    // Version 5 ends with the attachment generation.
+    consumer(
+        start(5, Some("tok")),
+        "49000000 10 05000000 11111111111111111111111111111111 22222222222222222222222222222222
+         0010000000000000 0000000000000000 00 04000000 70732d31 03000000 746f6b 07000000",
+    );
     consumer(
         start(3, Some("tok")),
         "45000000 10 03000000 11111111111111111111111111111111 22222222222222222222222222222222

@@ -42,6 +42,11 @@ pub struct PersistentState {
     /// election under its joint configuration).
     #[serde(default)]
     pub elected_generation: u32,
+    /// The newest attachment generation a pageserver has streamed this
+    /// timeline under; consumers of older generations are refused (kept
+    /// here so that a restart does not let a fenced pageserver back in).
+    #[serde(default)]
+    pub pageserver_generation: u32,
 }
 
 /// `TimelineIdentity` in a serializable form.
@@ -92,6 +97,7 @@ impl PersistentState {
             flush_lsn_hint: timeline_start_lsn,
             membership: Membership::default(),
             elected_generation: 0,
+            pageserver_generation: 0,
         }
     }
 }
@@ -222,6 +228,7 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         debug_assert!(next.commit_lsn >= now.commit_lsn, "the commit LSN goes back");
         debug_assert!(next.truncate_lsn >= now.truncate_lsn, "the truncate LSN goes back");
         debug_assert!(next.membership.generation >= now.membership.generation, "the generation goes back");
+        debug_assert!(next.pageserver_generation >= now.pageserver_generation, "the pageserver generation goes back");
         debug_assert!(next.term_history.last_term() <= next.term, "a history past the term");
         debug_assert_eq!(next.identity, now.identity, "a timeline's identity never changes");
         self.control.persist(&next)?;
@@ -522,6 +529,17 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         self.elected_term = None;
         self.check_positions();
         Ok(())
+    }
+
+    /// Records that a pageserver streams under attachment generation `g`
+    /// (durably, if it is the newest yet); returns the newest.
+    pub fn note_pageserver_generation(&mut self, g: u32) -> Result<u32, AcceptorError> {
+        if g > self.state.pageserver_generation {
+            let mut next = self.state.clone();
+            next.pageserver_generation = g;
+            self.persist_state(next)?;
+        }
+        Ok(self.state.pageserver_generation)
     }
 
     /// Writes the control file with the current positions (called

@@ -48,6 +48,11 @@ pub struct SafekeeperConfig {
     /// Longest silence on a proposer or consumer connection before it is closed.
     #[serde(default = "default_idle_timeout", with = "seconds")]
     pub idle_timeout: Duration,
+    /// How long a pageserver of a superseded attachment generation is still
+    /// fed once a newer one has streamed (long enough for a live move to
+    /// switch the computes; see `fence`).
+    #[serde(default = "default_stale_stream_grace", with = "seconds")]
+    pub stale_stream_grace: Duration,
     /// Most WAL sent to a consumer in one message.
     #[serde(default = "default_max_send")]
     pub max_send_bytes: usize,
@@ -84,6 +89,9 @@ fn default_true() -> bool {
 }
 fn default_idle_timeout() -> Duration {
     Duration::from_secs(60)
+}
+fn default_stale_stream_grace() -> Duration {
+    Duration::from_secs(10)
 }
 fn default_max_send() -> usize {
     1 << 20
@@ -122,6 +130,7 @@ impl SafekeeperConfig {
         check_range("max_send_bytes", self.max_send_bytes, 1, 16 << 20)?;
         check_duration("idle_timeout", self.idle_timeout)?;
         check_duration("handshake_timeout", self.handshake_timeout)?;
+        check_duration("stale_stream_grace", self.stale_stream_grace)?;
         check_duration("partial_offload_after", self.partial_offload_after)?;
         check_duration("wal_archive_retention", self.wal_archive_retention)?;
         check_range("max_connections", self.max_connections, 1, 100_000)?;

@@ -14,6 +14,8 @@ strata_service::declare_metrics! {
         appends_per_flush: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 12)) => "Append requests covered by one flush",
         proposer_connections: Gauge => "Open proposer connections",
         consumer_connections: Gauge => "Open WAL consumer connections",
+        stale_consumers_refused: Counter => "Stream requests refused because a pageserver of a newer attachment generation has streamed the timeline",
+        stale_streams_ended: Counter => "Streams of a superseded attachment generation ended after the grace period",
         sent_bytes: Counter => "WAL bytes sent to consumers",
         protocol_errors: Counter => "Connections closed for protocol violations",
         storage_errors: Counter => "Requests failed by storage errors",

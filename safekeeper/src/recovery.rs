@@ -179,6 +179,8 @@ impl PeerStream {
                 include_uncommitted: false,
                 consumer_id: me,
                 token,
+                // A peer, not a pageserver: never fenced.
+                generation: 0,
             }),
             &mut out,
         );

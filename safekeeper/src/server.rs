@@ -21,6 +21,7 @@ use strata_protocol::safekeeper::{
 
 use crate::acceptor::AcceptorError;
 use crate::connection::{Connection, ConnectionError, Frames, Writer};
+use crate::fence::StreamFence;
 use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, ConsumerStatus, Timeline};
 use crate::wal_reader::{WalReader, RECENT_WAL_BYTES};
@@ -255,6 +256,15 @@ async fn consumer(
             format!("start {} lies in WAL this safekeeper removed; it holds the WAL from {held_from}", start.start_lsn);
         return stream_error(&mut w, ErrorCode::WalRemoved, msg).await;
     }
+    let fence = match timeline.admit_consumer(start.generation) {
+        Ok(Ok(fence)) => fence,
+        Ok(Err(stale)) => {
+            shared.metrics.stale_consumers_refused.inc();
+            warn!(consumer = %start.consumer_id, "{stale}; refused");
+            return stream_error(&mut w, ErrorCode::StaleGeneration, stale.to_string()).await;
+        }
+        Err(e) => return stream_error(&mut w, ErrorCode::Storage, e.to_string()).await,
+    };
     shared.metrics.consumer_connections.inc();
     timeline.consumers.lock().insert(
         id,
@@ -263,12 +273,22 @@ async fn consumer(
             sent_lsn: start.start_lsn,
             applied_lsn: Lsn::INVALID,
             remote_consistent_lsn: Lsn::INVALID,
+            generation: start.generation,
+            fenced: false,
         },
     );
-    let result = consumer_loop(&mut reader, &mut w, &shared, &timeline, &start, id).await;
+    let result = consumer_loop(&mut reader, &mut w, &shared, &timeline, &start, id, fence).await;
     timeline.consumers.lock().remove(&id);
     shared.metrics.consumer_connections.dec();
     result
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_deadline(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn consumer_loop(
@@ -278,6 +298,7 @@ async fn consumer_loop(
     timeline: &Arc<Timeline>,
     start: &StartStreaming,
     id: u64,
+    mut fence: StreamFence,
 ) -> Result<(), ConnectionError> {
     let mut positions = timeline.subscribe();
     let mut out = Vec::new();
@@ -300,7 +321,21 @@ async fn consumer_loop(
     // timer restarted on every wake-up never fired while a consumer sent
     // feedback every second, and the consumer, hearing nothing, reconnected).
     let mut last_sent = Instant::now();
+    let grace = shared.config.stale_stream_grace;
     loop {
+        let deadline = fence.deadline(grace);
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            shared.metrics.stale_streams_ended.inc();
+            let msg = format!(
+                "attachment generation {} of timeline {}/{} is stale: a pageserver has streamed it under generation {}",
+                fence.generation(),
+                start.tenant_id,
+                start.timeline_id,
+                timeline.fence.newest()
+            );
+            warn!(consumer = %start.consumer_id, "{msg}; stream ended");
+            return stream_error(w, ErrorCode::StaleGeneration, msg).await;
+        }
         if !out.is_empty() {
             framed::write_all(w, &out, SEND_TIMEOUT).await?;
             out.clear();
@@ -353,7 +388,11 @@ async fn consumer_loop(
                             c.applied_lsn = f.applied_lsn;
                             c.remote_consistent_lsn = f.remote_consistent_lsn;
                         }
-                        timeline.remote_consistent.note(f.remote_consistent_lsn);
+                        // A fenced pageserver's uploads may never become
+                        // visible: WAL removal must not trust them.
+                        if !fence.is_fenced() {
+                            timeline.remote_consistent.note(f.remote_consistent_lsn);
+                        }
                     }
                     Ok(ConsumerMessage::Start(_)) => {
                         return stream_error(w, ErrorCode::Protocol, "stream already started".into()).await;
@@ -361,6 +400,14 @@ async fn consumer_loop(
                     Err(e) => return stream_error(w, ErrorCode::Protocol, e.to_string()).await,
                 }
             }
+            () = fence.superseded() => {
+                if let Some(c) = timeline.consumers.lock().get_mut(&id) {
+                    c.fenced = true;
+                }
+                info!(consumer = %start.consumer_id, generation = fence.generation(), newest = timeline.fence.newest(),
+                    grace = ?grace, "a newer attachment generation streams this timeline; this stream ends after the grace");
+            }
+            () = sleep_until_deadline(deadline) => {}
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(last_sent + KEEPALIVE)) => {
                 if last_feedback.elapsed() > shared.config.idle_timeout {
                     return Err(framed::FrameError::Timeout(shared.config.idle_timeout).into());

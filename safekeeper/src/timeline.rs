@@ -81,6 +81,8 @@ pub struct Timeline {
     last_append: Mutex<Option<Instant>>,
     /// The replicas' `hot_standby_feedback`, for the proposer.
     pub standby_feedback: crate::standby_feedback::FeedbackRegistry,
+    /// The newest pageserver generation (see `fence`).
+    pub fence: crate::fence::Fence,
 }
 
 /// Holds a proposer connection's place in its timeline's list.
@@ -172,6 +174,7 @@ impl Timeline {
         let removal =
             crate::removal::RemovalState { removed_before: acceptor.wal().removed_before(), ..Default::default() };
         let positions = Self::positions_of(&acceptor);
+        let fence = crate::fence::Fence::new(acceptor.state().pageserver_generation);
         Ok(Arc::new(Timeline {
             identity,
             dir,
@@ -192,6 +195,7 @@ impl Timeline {
             next_proposer: std::sync::atomic::AtomicU64::new(0),
             last_append: Mutex::new(None),
             standby_feedback: Default::default(),
+            fence,
         }))
     }
 
@@ -395,6 +399,24 @@ impl Timeline {
         self.acceptor.lock().held_history()
     }
 
+    /// Admits a WAL consumer of attachment generation `generation` (0: not
+    /// a pageserver, always admitted). A newer generation is durable before
+    /// it is admitted, so that a restart still refuses the older ones.
+    pub fn admit_consumer(
+        &self,
+        generation: u32,
+    ) -> Result<Result<crate::fence::StreamFence, crate::fence::Stale>, AcceptorCallError> {
+        if generation != 0 {
+            let newest = self.with_acceptor(|a| a.note_pageserver_generation(generation))?;
+            self.fence.raise(newest);
+            if generation < newest {
+                let (tenant, timeline) = (self.identity.tenant_id, self.identity.timeline_id);
+                return Ok(Err(crate::fence::Stale { tenant, timeline, generation, newest }));
+            }
+        }
+        Ok(Ok(crate::fence::StreamFence::new(&self.fence, generation)))
+    }
+
     /// Writes the control file (at shutdown); not for a failed timeline.
     pub fn persist(&self) -> Result<(), AcceptorCallError> {
         self.with_acceptor(|a| a.persist())
@@ -429,6 +451,7 @@ impl Timeline {
             offload: self.offload.lock().status(),
             removal: self.removal.lock().status(),
             remote_consistent_lsn: self.remote_consistent.get(),
+            pageserver_generation: state.pageserver_generation,
             last_error: self.last_failure.lock().as_ref().map(|f| f.reason.clone()),
             failure,
             peers: None,

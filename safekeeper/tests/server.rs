@@ -113,6 +113,7 @@ async fn consumer(addr: SocketAddr, stop_lsn: Lsn, name: &str) -> Client {
             include_uncommitted: false,
             consumer_id: name.into(),
             token: None,
+            generation: 0,
         }),
         &mut out,
     );
@@ -589,6 +590,7 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
                 include_uncommitted: false,
                 consumer_id: "auth-test".into(),
                 token: token.map(|t| strata_protocol::Token::new(t.into())),
+                generation: 0,
             }),
             &mut out,
         );
@@ -635,5 +637,141 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
         assert!(metrics.contains(&line), "{line} in\n{metrics}");
     }
     sk.stop.send(()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A consumer of attachment generation `generation` (a pageserver's).
+async fn pageserver_consumer(addr: SocketAddr, generation: u32) -> Client {
+    let mut c = Client::connect(addr).await;
+    let mut out = Vec::new();
+    codec::encode_consumer(
+        &ConsumerMessage::Start(StartStreaming {
+            protocol_version: PROTOCOL_VERSION,
+            tenant_id: TenantId([5; 16]),
+            timeline_id: TimelineId([6; 16]),
+            start_lsn: START,
+            stop_lsn: Lsn::INVALID,
+            include_uncommitted: false,
+            consumer_id: format!("pageserver-gen{generation}"),
+            token: None,
+            generation,
+        }),
+        &mut out,
+    );
+    c.send_raw(&out).await;
+    c
+}
+
+async fn feedback(c: &mut Client, remote_consistent_lsn: Lsn) {
+    let mut out = Vec::new();
+    let f = ConsumerFeedback { applied_lsn: START, remote_consistent_lsn };
+    codec::encode_consumer(&ConsumerMessage::Feedback(f), &mut out);
+    c.send_raw(&out).await;
+}
+
+async fn timeline_status(sk: &Running, tl: &str) -> serde_json::Value {
+    let (code, body) = http(sk.http, "GET", tl, "").await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Polls the timeline's status until `pred` holds (10 s at most).
+async fn status_until(sk: &Running, tl: &str, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = timeline_status(sk, tl).await;
+        if pred(&s) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The first answer to a stream request: its error code, or None for StreamStart.
+async fn stream_answer(c: &mut Client) -> Option<ErrorCode> {
+    match codec::decode_stream(&c.frame().await.expect("an answer")).unwrap() {
+        StreamMessage::Start(_) => None,
+        StreamMessage::Error(e) => Some(e.code),
+        other => panic!("{other:?} as the first answer"),
+    }
+}
+
+/// A pageserver of a superseded attachment generation is refused, its
+/// running stream ends after the grace, its feedback stops counting at once,
+/// and a restart of the safekeeper remembers the newest generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_pageserver_generations_are_fenced() {
+    let dir = std::env::temp_dir().join(format!("strata-sk-fence-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start_with(&dir, "stale_stream_grace = 1").await;
+    let tl = create_timeline(&sk).await;
+
+    let mut old = pageserver_consumer(sk.addr, 3).await;
+    assert_eq!(stream_answer(&mut old).await, None);
+    feedback(&mut old, Lsn(START.0 + 100)).await;
+    status_until(&sk, &tl, "generation 3's feedback counts", |s| {
+        s["remote_consistent_lsn"] == Lsn(START.0 + 100).to_string()
+    })
+    .await;
+    assert_eq!(timeline_status(&sk, &tl).await["pageserver_generation"], 3);
+
+    // The new generation is admitted; the old stream is fenced at once.
+    let mut new = pageserver_consumer(sk.addr, 4).await;
+    assert_eq!(stream_answer(&mut new).await, None);
+    status_until(&sk, &tl, "generation 3 is marked fenced", |s| {
+        s["consumers"].as_array().unwrap().iter().any(|c| c["generation"] == 3 && c["fenced"] == true)
+    })
+    .await;
+    assert_eq!(timeline_status(&sk, &tl).await["pageserver_generation"], 4);
+    // Its feedback no longer moves what WAL removal trusts.
+    feedback(&mut old, Lsn(START.0 + 5000)).await;
+    status_until(&sk, &tl, "generation 3's feedback arrived", |s| {
+        s["consumers"].as_array().unwrap().iter().any(|c| c["remote_consistent_lsn"] == Lsn(START.0 + 5000).to_string())
+    })
+    .await;
+    assert_eq!(timeline_status(&sk, &tl).await["remote_consistent_lsn"], Lsn(START.0 + 100).to_string());
+
+    // A new request of the old generation is refused; generation 0 (not a
+    // pageserver) and the new generation are served.
+    let mut again = pageserver_consumer(sk.addr, 3).await;
+    assert_eq!(stream_answer(&mut again).await, Some(ErrorCode::StaleGeneration));
+    assert!(again.frame().await.is_none(), "the connection closes after the refusal");
+    let mut tool = pageserver_consumer(sk.addr, 0).await;
+    assert_eq!(stream_answer(&mut tool).await, None);
+
+    // The running old stream ends after the grace (1 s), with the reason.
+    let started = std::time::Instant::now();
+    let ended = loop {
+        let Some(frame) = old.frame().await else { panic!("closed without saying why") };
+        match codec::decode_stream(&frame).unwrap() {
+            StreamMessage::Error(e) => break e,
+            StreamMessage::Keepalive { .. } | StreamMessage::Wal(_) => {}
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(ended.code, ErrorCode::StaleGeneration, "{}", ended.message);
+    assert!(ended.message.contains("generation 4"), "{}", ended.message);
+    assert!(started.elapsed() < Duration::from_secs(5), "ended after {:?}", started.elapsed());
+    // The newer generation still streams: its feedback counts.
+    feedback(&mut new, Lsn(START.0 + 200)).await;
+    status_until(&sk, &tl, "generation 4's feedback counts", |s| {
+        s["remote_consistent_lsn"] == Lsn(START.0 + 200).to_string()
+    })
+    .await;
+    drop((new, tool));
+
+    // A restart remembers generation 4.
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    let sk = start_with(&dir, "stale_stream_grace = 1").await;
+    assert_eq!(timeline_status(&sk, &tl).await["pageserver_generation"], 4);
+    let mut after = pageserver_consumer(sk.addr, 3).await;
+    assert_eq!(stream_answer(&mut after).await, Some(ErrorCode::StaleGeneration));
+    let mut newer = pageserver_consumer(sk.addr, 5).await;
+    assert_eq!(stream_answer(&mut newer).await, None);
+    drop(newer);
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

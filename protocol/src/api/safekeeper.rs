@@ -69,6 +69,10 @@ pub struct TimelineStatus {
     pub removal: RemovalStatus,
     /// The highest `remote_consistent_lsn` a pageserver reported.
     pub remote_consistent_lsn: Lsn,
+    /// The newest attachment generation a pageserver streamed under;
+    /// older generations are fenced.
+    #[serde(default)]
+    pub pageserver_generation: u32,
     /// The latest failure, current or recovered from.
     pub last_error: Option<String>,
     /// Why the timeline stopped accepting, while it does.
@@ -104,6 +108,13 @@ pub struct ConsumerStatus {
     pub applied_lsn: Lsn,
     /// What the consumer has in object storage (0: nothing, or no object storage).
     pub remote_consistent_lsn: Lsn,
+    /// The consumer's attachment generation (0: not a pageserver).
+    #[serde(default)]
+    pub generation: u32,
+    /// The consumer's generation has been superseded: its feedback is
+    /// ignored and its stream ends after the grace period.
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 /// Why a timeline stopped accepting.

@@ -266,6 +266,10 @@ pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
             if s.protocol_version >= 3 {
                 f.string(crate::token::wire(&s.token));
             }
+            // Version 5 adds the attachment generation.
+            if s.protocol_version >= 5 {
+                f.u32(s.generation);
+            }
             f.finish()
         }
         ConsumerMessage::Feedback(f) => {
@@ -398,6 +402,7 @@ fn error_code(code: u16) -> Option<ErrorCode> {
         10 => ErrorCode::MembershipChanged,
         11 => ErrorCode::Unauthorized,
         12 => ErrorCode::Forbidden,
+        13 => ErrorCode::StaleGeneration,
         _ => return None,
     })
 }
@@ -522,6 +527,7 @@ pub fn decode_consumer(frame: &[u8]) -> Result<ConsumerMessage, CodecError> {
                 consumer_id: r.string("consumer_id")?,
                 // Versions 1 and 2 have no token field.
                 token: if protocol_version >= 3 { Token::from_wire(r.string("token")?) } else { None },
+                generation: if protocol_version >= 5 { r.u32("generation")? } else { 0 },
             }))
         })
         .map_err(|e| version_aware(frame, e, OLDEST_CONSUMER_VERSION)),
@@ -726,6 +732,7 @@ mod tests {
                 include_uncommitted: true,
                 consumer_id: "pageserver-7".into(),
                 token: None,
+                generation: 4,
             })),
             Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
                 applied_lsn: Lsn(0x0250_0000),
@@ -976,7 +983,9 @@ mod tests {
         let frame = [tag::STREAM_ERROR, 12, 0, 0, 0, 0, 0];
         assert!(decode_stream(&frame).is_ok(), "Forbidden");
         let frame = [tag::STREAM_ERROR, 13, 0, 0, 0, 0, 0];
-        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 13, .. })));
+        assert!(decode_stream(&frame).is_ok(), "StaleGeneration");
+        let frame = [tag::STREAM_ERROR, 14, 0, 0, 0, 0, 0];
+        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 14, .. })));
         let frame = [tag::STREAM_ERROR, 0, 0, 0, 0, 0, 0];
         assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 0, .. })));
 
@@ -1043,8 +1052,8 @@ mod tests {
         out.push(0);
         assert!(matches!(decode_proposer(&out[LENGTH_SIZE..]), Err(CodecError::TrailingBytes { count: 1, .. })));
         // Stream requests likewise.
-        let frame = [tag::START_STREAMING, 5, 0, 0, 0, 9];
-        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 5, .. })));
+        let frame = [tag::START_STREAMING, 6, 0, 0, 0, 9];
+        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 6, .. })));
         // Damaged stream requests of the older versions consumers may still
         // speak are plain decoding errors.
         for version in 1..PROTOCOL_VERSION as u8 {
@@ -1099,7 +1108,7 @@ mod tests {
             }
         }
         fn error(&mut self) -> ErrorMessage {
-            ErrorMessage { code: error_code(1 + self.below(7) as u16).unwrap(), message: self.string() }
+            ErrorMessage { code: error_code(1 + self.below(13) as u16).unwrap(), message: self.string() }
         }
         fn membership(&mut self) -> Membership {
             if self.below(3) == 0 {
@@ -1164,7 +1173,7 @@ mod tests {
                 })),
                 7 => Any::A(AcceptorMessage::Error(self.error())),
                 8 => {
-                    let protocol_version = self.below(5) as u32;
+                    let protocol_version = self.below(6) as u32;
                     Any::C(ConsumerMessage::Start(StartStreaming {
                         protocol_version,
                         tenant_id: TenantId(self.bytes(16).try_into().unwrap()),
@@ -1175,6 +1184,7 @@ mod tests {
                         consumer_id: self.string(),
                         // Only version 3 and later carry a token.
                         token: if protocol_version >= 3 { Token::from_wire(self.string()) } else { None },
+                        generation: if protocol_version >= 5 { self.next_u64() as u32 } else { 0 },
                     }))
                 }
                 9 => Any::C(ConsumerMessage::Feedback(ConsumerFeedback {

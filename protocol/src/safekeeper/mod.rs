@@ -1,4 +1,4 @@
-//! The safekeeper protocol (version 3): how a proposer (the compute's WAL
+//! The safekeeper protocol (version 5): how a proposer (the compute's WAL
 //! sender) gets elected by a quorum of acceptors (safekeepers) and streams
 //! WAL to them, and how consumers (pageservers, recovering peers) stream WAL
 //! from a safekeeper. Specified in `docs/safekeeper-protocol.md`; the byte
@@ -18,8 +18,9 @@ use crate::token::Token;
 
 /// Protocol version spoken by this build (2: greetings carry the membership
 /// configuration; 3: greetings and stream requests carry a token; 4:
-/// acceptors send StandbyFeedback).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// acceptors send StandbyFeedback; 5: stream requests carry the
+/// consumer's attachment generation).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 pub use membership::{Member, Membership};
 
@@ -195,6 +196,9 @@ pub enum ErrorCode {
     Unauthorized = 11,
     /// A valid token that does not allow this (another tenant, too narrow a scope).
     Forbidden = 12,
+    /// The consumer's attachment generation is older than one this
+    /// safekeeper has streamed to: the consumer is a fenced pageserver.
+    StaleGeneration = 13,
 }
 
 /// First message of a consumer connection (pageserver, peer recovery,
@@ -214,6 +218,12 @@ pub struct StartStreaming {
     /// The token that allows reading the tenant's WAL (version 3; none in
     /// older versions or when sent empty).
     pub token: Option<Token>,
+    /// The generation under which the consumer (a pageserver) holds the
+    /// tenant attached (version 5); 0 for consumers that are not attached
+    /// pageservers (peer recovery, tools) and in older versions. A
+    /// safekeeper stops feeding generations older than the newest it has
+    /// seen for the timeline.
+    pub generation: u32,
 }
 
 /// Periodic report from a consumer.
