@@ -17,6 +17,7 @@ import time
 from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.load import AckedWriters
+from fixtures.minio import Minio
 from fixtures.wait import wait_until
 
 SCALE = 5
@@ -45,10 +46,14 @@ def controller_leader(cluster) -> str:
     return wait_until("a leading controller", leader, timeout=60)
 
 
-def two_pageservers(cluster_factory):
-    """A cluster with two pageservers; an endpoint with pgbench's tables,
-    started again so that its relation files are lazy; the secondary warm."""
-    cluster = cluster_factory(init_args=("--pageservers", "2"))
+def two_pageservers(cluster_factory, remote: dict | None = None):
+    """A cluster with two pageservers (with `remote` as their object storage,
+    else the local directory); an endpoint with pgbench's tables, started
+    again so that its relation files are lazy; the secondary warm."""
+    cluster = cluster_factory(init_args=("--pageservers", "2"), start=False)
+    if remote is not None:
+        cluster.set_remote_storage(remote)
+    cluster.start()
     ep = start_endpoint(cluster)
     ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
     ep.sql("CREATE EXTENSION amcheck")
@@ -201,6 +206,53 @@ def test_the_leading_controller_killed_during_a_failover(cluster_factory):
     assert other != leader
     assert placement(cluster)[:2] == ("pageserver2", 2)
     check_after(ep, writers)
+
+
+def test_object_storage_down_during_a_failover(cluster_factory, tmp_path):
+    """MinIO as the object store, killed, then the attached pageserver: the
+    controller cannot write its state, so nothing moves; commits go on
+    through the safekeepers. When MinIO returns the failover completes and
+    no acknowledged commit is lost."""
+    minio = Minio(tmp_path / "minio")
+    minio.start()
+    try:
+        cluster, ep, tenant = two_pageservers(cluster_factory, remote=minio.remote_storage("strata"))
+        writers = AckedWriters(ep, threads=2, backoff=(0.05, 0.5)).start()
+        try:
+            time.sleep(2)
+            minio.kill()
+            cluster.kill9("pageserver", supervisor=True)
+            acked_at_kill = len(writers.acked_ids())
+            # Well past the offline period (2 s) and the lease (6 s): no
+            # controller can write the new placement, so none is made.
+            time.sleep(10)
+            assert placement(cluster)[:2] == ("pageserver", 1)
+            acked_while_down = len(writers.acked_ids()) - acked_at_kill
+            # Commits need no object storage and no pageserver: the pages
+            # they touch are in the compute.
+            assert acked_while_down > 0
+            minio.start()
+            wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None,
+                       timeout=120)
+            wait_until("pageserver2 attached", lambda: locations(cluster, "pageserver2")[tenant]["mode"]
+                       == "attached" or None, timeout=60)
+            # Commits after the failover, through the new attachment.
+            acked_after = len(writers.acked_ids())
+            wait_until("commits after the failover", lambda: len(writers.acked_ids()) > acked_after + 20 or None,
+                       timeout=120)
+        finally:
+            writers.stop()
+        print(f"\nobject storage down: {acked_while_down} commits acknowledged while it was down")
+        assert placement(cluster) == ("pageserver2", 2, ["pageserver"])
+        ep.run(["pgbench", "-n", "-c", "2", "-T", "3"], timeout=120)
+        check_after(ep, writers)
+        # The failed pageserver returns as a secondary; the safekeepers fence it.
+        cluster.start()
+        wait_until("pageserver a secondary", lambda: locations(cluster, "pageserver").get(tenant, {}).get("mode")
+                   == "secondary" or None, timeout=60)
+        check_fenced(cluster, tenant, stale=1, current=2)
+    finally:
+        minio.kill()
 
 
 def test_drain_under_load_and_fill(cluster_factory):

@@ -12,7 +12,6 @@ Pages are compared with the compute's own data files at its checkpoint
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 from pathlib import Path
@@ -31,22 +30,10 @@ from fixtures.wait import wait_until
 SCALE = 4
 
 
-def set_remote_storage(cluster, table: dict) -> None:
-    """Replaces the `[remote_storage]` table of the pageserver and of the
-    storage controller (whose state the pageserver checks generations
-    against lives in the same object storage)."""
-    new = "\n[remote_storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
-    for name in ("pageserver", "controller"):
-        conf = cluster.service_config_path(name)
-        text = re.sub(r"\n\[remote_storage\]\n(?:(?!\[).*\n?)*", lambda _: new, conf.read_text(), count=1)
-        assert "[remote_storage]" in text, text
-        conf.write_text(text)
-
-
 def remote_cluster(cluster_factory, settings: dict, remote: dict | None = None):
     """`quiet_cluster` with `remote` as the pageserver's object storage (else
     the local directory `strata init` set up)."""
-    prepare = None if remote is None else (lambda cluster: set_remote_storage(cluster, remote))
+    prepare = None if remote is None else (lambda cluster: cluster.set_remote_storage(remote))
     return quiet_cluster(cluster_factory, settings, prepare)
 
 
