@@ -9,11 +9,14 @@ node`; the test process is the operator's machine, on none of them.
   off the network, and the pageserver host loses power;
 - an endpoint moves to another host with its password and its data;
 - every service listens on its host's address (or loopback), with TLS;
-- commands work from any host, through the other hosts' nodes.
+- commands work from any host, through the other hosts' nodes;
+- with two pageserver hosts and MinIO on the operator's machine, the
+  attached pageserver's host cut off fails over, and returns demoted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -27,7 +30,9 @@ from fixtures import netns
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
 from fixtures.cluster import LocalCluster
 from fixtures.load import AckedWriters, PgbenchLoop
+from fixtures.minio import Minio
 from fixtures.pg import PgClient, make_traversable, temp_root
+from fixtures.strata import http_json
 from fixtures.wait import wait_until
 
 # name, what it runs, site
@@ -85,6 +90,13 @@ class Hosted:
         st = self.status()
         return all(s["state"] == "running" for s in st["services"])
 
+    def http(self, name: str, method: str, path: str) -> tuple[int, dict]:
+        """One request to service `name`'s HTTP API at its host's address."""
+        svc = next(s for s in self.cluster.cluster_toml["services"] if s["name"] == name)
+        self.cluster.register_port(svc["ports"]["http"])
+        address = self.hosts.hosts[svc["host"]].address
+        return http_json(method, f"http://{address}:{svc['ports']['http']}{path}")
+
     def endpoint(self, name: str, host: str, *extra: str) -> Remote:
         out = self.cluster.run("endpoint", "start", name, "--host", host, *extra, timeout=300).stdout
         tls = next(line for line in out.splitlines() if line.startswith("over TLS: "))
@@ -100,8 +112,11 @@ class Hosted:
         return "\n" + "\n".join(parts)
 
 
-@pytest.fixture
-def hosted(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
+@contextlib.contextmanager
+def hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory, layout=HOSTS, remote=None):
+    """A started cluster on the hosts of `layout` (name, what it runs,
+    site); `remote(gateway)` gives the spec's `[remote_storage]` table for
+    an object store on the operator's machine (the bridge's address)."""
     reason = netns.available()
     if reason:
         pytest.skip(reason)
@@ -109,14 +124,17 @@ def hosted(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
     workdir = tmp_path / "cluster"
     workdir.mkdir()
     make_traversable(workdir, traverse_root)
-    hosts = netns.Hosts([h[0] for h in HOSTS], tmp_path / "hosts", workdir)
+    hosts = netns.Hosts([h[0] for h in layout], tmp_path / "hosts", workdir)
     tag = hosts.tag
     h = None
     try:
         spec = tmp_path / "hosts.toml"
-        spec.write_text("".join(
+        text = "".join(
             f'[[hosts]]\nname = "{name}"\naddress = "{hosts.hosts[name].address}"\nsite = "{site}"\nrun = ["{run}"]\n\n'
-            for name, run, site in HOSTS))
+            for name, run, site in layout)
+        if remote is not None:
+            text += "[remote_storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in remote(hosts.gateway).items())
+        spec.write_text(text)
         cluster = LocalCluster(strata_bin, workdir, pg_bin_dir)
         cluster.run("init", "--hosts", str(spec), "--pg-bin-dir", str(pg_bin_dir))
         # Every host gets its copy of the workdir, as `docs/deployment.md` says.
@@ -128,7 +146,7 @@ def hosted(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
                 (host.disk / "auth" / "private.pem").unlink()
                 (host.disk / "tls" / "ca.key").unlink()
         h = Hosted(cluster, hosts, strata_bin)
-        for name, _, _ in HOSTS:
+        for name, _, _ in layout:
             h.start_node(name)
         wait_until("every host's node to start its services", h.services_running, 90, interval=0.5,
                    details=lambda: [(s["name"], s["state"]) for s in h.status()["services"]])
@@ -143,6 +161,12 @@ def hosted(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
             hosts.cleanup()
             left = netns.leftovers(tag)
             assert not left, f"left behind: {left}"
+
+
+@pytest.fixture
+def hosted(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
+    with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory) as h:
+        yield h
 
 
 def listeners(hosts: netns.Hosts, name: str) -> list[str]:
@@ -345,3 +369,94 @@ def test_a_replica_on_another_host_follows_and_is_promoted(hosted):
     assert replica.sql("SELECT count(*) FROM far")[0][0] == 6001
     st = {e["name"]: e for e in hosted.status()["endpoints"]}
     assert st["ep"]["state"] == "stopped" and st["r1"]["role"] == "writer", st
+
+
+# Two pageserver hosts (a storage controller beside each), object storage
+# on the operator's machine.
+FAILOVER_HOSTS = [
+    ("sk-a", "safekeeper", "dc1"),
+    ("sk-b", "safekeeper", "dc1"),
+    ("sk-c", "safekeeper", "dc1"),
+    ("ps1", "pageserver", "dc1"),
+    ("ps2", "pageserver", "dc1"),
+    ("cp1", "compute", "dc1"),
+]
+
+
+def test_the_attached_pageservers_host_cut_off_fails_over_and_returns_demoted(strata_bin, pg_bin_dir, tmp_path,
+                                                                                tmp_path_factory):
+    """The host of the attached pageserver (and of a controller) is cut off
+    the network under load: the other host's controller attaches the
+    secondary under a new generation and the compute follows. When the host
+    joins again, its pageserver, which never heard of the failover, is made a
+    secondary; the safekeepers refuse its old generation; nothing it did
+    meanwhile damaged what the new generation serves."""
+    minio = Minio(tmp_path / "minio")
+    try:
+        with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory, FAILOVER_HOSTS,
+                            remote=lambda gateway: (minio.start(host=gateway), minio.remote_storage("strata"))[1]) \
+                as hosted:
+            hosts = hosted.hosts
+            placement = lambda: (lambda t: (t["attached"], t["generation"], t["secondaries"]))(  # noqa: E731
+                hosted.status()["timelines"][0])
+            assert placement() == ("pageserver", 1, ["pageserver2"])
+            tenant = hosted.cluster.cluster_toml["tenant_id"]
+
+            def mode(ps: str):
+                code, body = hosted.http(ps, "GET", "/v1/status")
+                assert code == 200, body
+                return next((loc["mode"] for loc in body["locations"] if loc["tenant_id"] == tenant), None)
+
+            ep = hosted.endpoint("ep", "cp1")
+            ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+            ep.sql("CREATE EXTENSION amcheck")
+            hosted.cluster.run("timeline", "checkpoint", timeout=300)
+            writers = AckedWriters(ep, threads=2, backoff=(0.05, 0.5)).start()
+            try:
+                def acked_more(than: int, timeout: float = 90) -> int:
+                    return wait_until(f"more than {than} acknowledged commits", lambda: writers.count() > than + 20
+                                      and writers.count(), timeout, interval=0.2,
+                                      details=lambda: (writers.errors[-3:], hosted.logs()))
+
+                n = acked_more(0)
+                hosts.link("ps1", up=False)
+                try:
+                    wait_until("the tenant on pageserver2", lambda: placement()[0] == "pageserver2" or None,
+                               timeout=120, interval=0.5)
+                    n = acked_more(n)
+                    # Reads through the new attachment: a whole scan, not
+                    # only the pages the compute holds.
+                    assert ep.sql("SELECT count(*) FROM pgbench_accounts") == [(SCALE * 100000,)]
+                    # The cut-off host still believes it holds the tenant.
+                    time.sleep(5)
+                finally:
+                    hosts.link("ps1", up=True)
+                wait_until("pageserver on ps1 a secondary", lambda: mode("pageserver") == "secondary" or None,
+                           timeout=120, interval=0.5)
+                acked_more(n)
+            finally:
+                writers.stop()
+            assert placement() == ("pageserver2", 2, ["pageserver"])
+            assert mode("pageserver2") == "attached"
+
+            acked = writers.acked_ids()
+            stored = {row[0] for row in ep.sql("SELECT id FROM acked")}
+            assert not acked - stored, f"{len(acked - stored)} acknowledged commits lost"
+            with ep.connect() as conn:
+                assert_pgbench_invariants(pgbench_state(conn), SCALE)
+            # Every safekeeper fences generation 1.
+            timeline = hosted.status()["timelines"][0]["timeline_id"]
+            for sk in ("sk1", "sk2", "sk3"):
+                code, st = hosted.http(sk, "GET", f"/v1/tenant/{tenant}/timeline/{timeline}")
+                assert code == 200 and st["pageserver_generation"] == 2, st
+            # Nothing the old generation did damaged the new one: a compute
+            # started afresh reads every page from pageserver2.
+            hosted.cluster.run("endpoint", "stop", "ep", timeout=120)
+            ep = hosted.endpoint("ep", "cp1")
+            ep.bin_dir = pg_bin_dir  # pg_amcheck is a server package's program
+            ep.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=600)
+            with ep.connect() as conn:
+                assert_pgbench_invariants(pgbench_state(conn), SCALE)
+            print(f"\n{len(acked)} acknowledged commits kept across the cut-off pageserver host")
+    finally:
+        minio.kill()
