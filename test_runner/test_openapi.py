@@ -1,12 +1,13 @@
 """The OpenAPI descriptions of the management HTTP APIs
-(`docs/openapi/pageserver.yaml`, `docs/openapi/safekeeper.yaml`) are kept
-honest three ways:
+(`docs/openapi/pageserver.yaml`, `docs/openapi/safekeeper.yaml`,
+`docs/openapi/controller.yaml`) are kept honest three ways:
 
 - each is a structurally valid OpenAPI 3.0 document (version string, info,
   paths, responses on every operation, path parameters declared, every
   `$ref` resolving);
 - the routes the services' routers declare (`.route(...)` in
-  `pageserver/src/http.rs` and `safekeeper/src/http.rs`) are exactly the
+  `pageserver/src/http.rs`, `safekeeper/src/http.rs` and
+  `controller/src/http.rs`) are exactly the
   documented paths and methods;
 - a live local cluster answers every documented operation with a status
   code the description lists for it, with a body that has the documented
@@ -39,10 +40,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS = {
     "pageserver": REPO_ROOT / "docs" / "openapi" / "pageserver.yaml",
     "safekeeper": REPO_ROOT / "docs" / "openapi" / "safekeeper.yaml",
+    "controller": REPO_ROOT / "docs" / "openapi" / "controller.yaml",
 }
 ROUTERS = {
     "pageserver": REPO_ROOT / "pageserver" / "src" / "http.rs",
     "safekeeper": REPO_ROOT / "safekeeper" / "src" / "http.rs",
+    "controller": REPO_ROOT / "controller" / "src" / "http.rs",
 }
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -316,7 +319,7 @@ class Checker:
         that the status is documented for the operation and expected by the
         test, and the body against the documented content. Returns (status,
         parsed JSON or raw bytes)."""
-        name = "pageserver" if service == "pageserver" else "safekeeper"
+        name = service if service in ("pageserver", "controller") else "safekeeper"
         spec = self.specs[name]
         path = template.format(**params)
         if query:
@@ -369,8 +372,8 @@ class Checker:
 
 
 def test_live_cluster_answers_as_documented(cluster, specs):
-    """Every documented operation of the pageserver and of each safekeeper,
-    against a running local cluster."""
+    """Every documented operation of the pageserver, of each safekeeper and
+    of the storage controller, against a running local cluster."""
     c = Checker(cluster, specs)
     tenant = cluster.cluster_toml["tenant_id"]
     timeline = cluster.timeline_id()
@@ -525,6 +528,32 @@ def test_live_cluster_answers_as_documented(cluster, specs):
                expect={400}, **ids)
         c.call(sk, "put", tl + "/membership", json_body={"generation": 1, "members": [{"id": 1, "address": "a:1"}]},
                expect={404}, tenant=tenant, timeline=missing)
+
+    # ---- the storage controller
+    ctl = "controller"
+    _, cst = c.call(ctl, "get", "/v1/status", expect={200})
+    if isinstance(cst, dict) and not (cst.get("leader") and (cst.get("state") or {}).get("tenants", {}).get(tenant)):
+        c.problems.append(f"the controller does not lead or does not place tenant {tenant}: {cst}")
+    att = "/v1/tenant/{tenant}/attachment"
+    _, where = c.call(ctl, "get", att, expect={200}, tenant=tenant)
+    if isinstance(where, dict) and where.get("pageserver") != "pageserver":
+        c.problems.append(f"the attachment names {where.get('pageserver')!r}, not the only pageserver")
+    version = where.get("version", 0) if isinstance(where, dict) else 0
+    # Nothing newer comes: the poll answers with the same state after its wait.
+    _, again = c.call(ctl, "get", att, query={"after": version, "wait_seconds": 0.2}, expect={200}, tenant=tenant)
+    if isinstance(again, dict) and again.get("version") != version:
+        c.problems.append(f"the state changed during the test: {version} -> {again.get('version')}")
+    c.call(ctl, "get", att, query={"wait_seconds": 99}, expect={400}, tenant=tenant)
+    c.call(ctl, "get", att, query={"bogus": 1}, expect={400}, tenant=tenant)
+    c.call(ctl, "get", att, expect={400}, tenant="not-an-id")
+    c.call(ctl, "get", att, expect={404}, tenant=missing)
+    # Fill of an active pageserver changes nothing; an unknown one is refused.
+    c.call(ctl, "post", "/v1/pageserver/{name}/fill", expect={200}, name="pageserver")
+    c.call(ctl, "post", "/v1/pageserver/{name}/fill", expect={404}, name="nope")
+    c.call(ctl, "post", "/v1/pageserver/{name}/drain", expect={404}, name="nope")
+    st, text = c.call(ctl, "get", "/metrics", expect={200})
+    if st == 200 and b"# TYPE" not in text:
+        c.problems.append("controller /metrics: no `# TYPE` line")
 
     # Nothing was changed by the refused requests.
     _, after = c.call(ps, "get", tl, expect={200}, **ids)
