@@ -107,7 +107,8 @@ pub struct PageserverConfig {
     /// controller's state object in `remote_storage`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub controller: bool,
-    /// A secondary location's budget of warm layer bytes per tenant.
+    /// Warm layer bytes the secondary locations of this pageserver hold
+    /// together (split equally among its secondary tenants).
     #[serde(default = "default_secondary_cache_bytes")]
     pub secondary_cache_bytes: u64,
     /// How often an attached location publishes its heatmap, and a

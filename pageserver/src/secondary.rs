@@ -4,16 +4,17 @@
 //! uploaded layers it holds locally, most recently read first
 //! (`tenants/<tenant>/heatmap-v1.json`, format in
 //! `docs/pageserver-storage.md`). A secondary location reads it every
-//! `heatmap_period` and downloads those layers, in that order, until the
-//! tenant's `secondary_cache_bytes`, into
-//! `<tenant>/secondary/<timeline>/<layer>-<generation>`; files the heatmap
-//! no longer lists go. When the secondary is attached, the warm files that
+//! `heatmap_period` and downloads those layers, in that order, into
+//! `<tenant>/secondary/<timeline>/<layer>-<generation>`, until its share of
+//! `secondary_cache_bytes` (the pageserver's budget, split equally among its
+//! secondary tenants); files the heatmap no longer lists, or the share no
+//! longer holds, go. When the secondary is attached, the warm files that
 //! the index lists under the same generation are moved into the timelines
 //! instead of being downloaded by the first reads.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -151,6 +152,8 @@ struct Warmer {
 #[derive(Default)]
 pub struct Secondaries {
     warmers: Mutex<HashMap<TenantId, Arc<Warmer>>>,
+    /// How many warmers share the budget.
+    sharing: Arc<AtomicUsize>,
 }
 
 /// What a warmer needs of the pageserver.
@@ -158,18 +161,40 @@ struct WarmContext {
     storage: RemoteStorage,
     tenant: TenantId,
     tenant_dir: PathBuf,
+    /// The pageserver's budget, shared by `sharing` warmers.
     budget: u64,
+    sharing: Arc<AtomicUsize>,
     period: Duration,
+}
+
+impl WarmContext {
+    /// This tenant's share of the budget now: the shares of all secondary
+    /// tenants add up to at most the budget.
+    fn share(&self) -> u64 {
+        self.budget / self.sharing.load(Ordering::SeqCst).max(1) as u64
+    }
 }
 
 impl Secondaries {
     /// Starts keeping `tenant` (whose directory is `tenant_dir`) warm,
-    /// within `budget` bytes, reading its heatmap every `period`; nothing
-    /// if it already is.
+    /// within its share of `budget` bytes, reading its heatmap every
+    /// `period`; nothing if it already is.
     pub fn start(&self, remote: &Arc<Remote>, tenant: TenantId, tenant_dir: PathBuf, budget: u64, period: Duration) {
+        let Some((w, cx)) = self.add(remote.storage.clone(), tenant, tenant_dir, budget, period) else { return };
+        remote.spawn(async move { warm_loop(w, cx).await });
+    }
+
+    fn add(
+        &self,
+        storage: RemoteStorage,
+        tenant: TenantId,
+        tenant_dir: PathBuf,
+        budget: u64,
+        period: Duration,
+    ) -> Option<(Arc<Warmer>, WarmContext)> {
         let mut warmers = self.warmers.lock();
         if warmers.contains_key(&tenant) {
-            return;
+            return None;
         }
         let w = Arc::new(Warmer {
             stop: AtomicBool::new(false),
@@ -177,14 +202,20 @@ impl Secondaries {
             status: Mutex::new(WarmStatus::default()),
         });
         warmers.insert(tenant, w.clone());
-        let cx = WarmContext { storage: remote.storage.clone(), tenant, tenant_dir, budget, period };
-        remote.spawn(async move { warm_loop(w, cx).await });
+        self.sharing.store(warmers.len(), Ordering::SeqCst);
+        let sharing = self.sharing.clone();
+        Some((w, WarmContext { storage, tenant, tenant_dir, budget, sharing, period }))
     }
 
     /// Stops keeping `tenant` warm and waits for a download under way
     /// (called from a blocking thread).
     pub fn stop(&self, tenant: TenantId) {
-        let w = self.warmers.lock().remove(&tenant);
+        let w = {
+            let mut warmers = self.warmers.lock();
+            let w = warmers.remove(&tenant);
+            self.sharing.store(warmers.len(), Ordering::SeqCst);
+            w
+        };
         if let Some(w) = w {
             w.stop.store(true, Ordering::SeqCst);
             drop(w.round.blocking_lock());
@@ -230,8 +261,9 @@ async fn warm_loop(w: Arc<Warmer>, cx: WarmContext) {
 }
 
 /// One round: read the heatmap, download what is missing within the
-/// budget, remove what is no longer wanted.
+/// tenant's share of the budget, remove what is no longer wanted.
 async fn warm_round(w: &Warmer, cx: &WarmContext) -> Result<(), String> {
+    let share = cx.share();
     let key = heatmap_key(cx.tenant);
     let heatmap = match cx.storage.get(&key).await {
         Ok(b) => Heatmap::decode(&b).map_err(|e| format!("{key}: {e}"))?,
@@ -246,7 +278,7 @@ async fn warm_round(w: &Warmer, cx: &WarmContext) -> Result<(), String> {
     'fill: for i in 0..longest {
         for t in &heatmap.timelines {
             if let Some(l) = t.layers.get(i) {
-                if total + l.size > cx.budget {
+                if total + l.size > share {
                     break 'fill;
                 }
                 total += l.size;
@@ -268,34 +300,25 @@ async fn warm_round(w: &Warmer, cx: &WarmContext) -> Result<(), String> {
         std::fs::create_dir_all(path.parent().expect("under the warm dir"))
             .map_err(|e| format!("creating {}: {e}", path.display()))?;
         let object = layer_key(cx.tenant, *timeline, &l.name, l.generation);
-        match cx.storage.download_file(&object, &path).await {
-            Ok(_) => {}
+        let got = match cx.storage.download_file(&object, &path).await {
+            Ok(got) => got,
             // Deleted since the heatmap was written (compaction, GC): the next one will not list it.
             Err(strata_remote_storage::RemoteError::NotFound { .. }) => continue,
             Err(e) => return Err(e.to_string()),
-        }
-        let check = {
-            let path = path.clone();
-            tokio::task::spawn_blocking(move || std::fs::read(&path).map(|b| (b.len() as u64, crc32c::crc32c(&b))))
-                .await
-                .map_err(|e| e.to_string())?
         };
-        match check {
-            Ok((size, crc)) if size == l.size && crc == l.crc32c => {
-                layers += 1;
-                bytes += size;
-                downloaded += 1;
-            }
-            other => {
-                let _ = std::fs::remove_file(&path);
-                return Err(format!(
-                    "{object}: downloaded {other:?}, the heatmap says {} bytes, CRC {:08x}",
-                    l.size, l.crc32c
-                ));
-            }
+        if got.size != l.size || got.crc32c != l.crc32c {
+            let _ = std::fs::remove_file(&path);
+            return Err(format!(
+                "{object}: downloaded {} bytes with CRC {:08x}, the heatmap says {} bytes, CRC {:08x}",
+                got.size, got.crc32c, l.size, l.crc32c
+            ));
         }
+        layers += 1;
+        bytes += got.size;
+        downloaded += 1;
     }
-    // What the heatmap no longer lists (or the budget no longer holds).
+    debug_assert!(bytes <= share, "{bytes} warm bytes over the share {share}");
+    // What the heatmap no longer lists (or the share no longer holds).
     let keep: BTreeSet<PathBuf> =
         wanted.iter().map(|(t, l)| warm_path(&cx.tenant_dir, *t, &l.name, l.generation)).collect();
     let mut removed = 0;
@@ -379,6 +402,84 @@ mod tests {
         assert_eq!(taken, vec![(warm_path(&tenant_dir, t, &l1, 3), l1.clone())]);
         clear_warm(&tenant_dir);
         assert!(!tenant_dir.join(WARM_DIR).exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Warm bytes on disk under a tenant's directory.
+    fn warm_bytes(tenant_dir: &Path) -> (usize, u64) {
+        let mut out = (0, 0);
+        for t in std::fs::read_dir(tenant_dir.join(WARM_DIR)).into_iter().flatten().flatten() {
+            for f in std::fs::read_dir(t.path()).into_iter().flatten().flatten() {
+                out.0 += 1;
+                out.1 += f.metadata().unwrap().len();
+            }
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn secondaries_share_the_budget_hottest_layers_first_and_bad_downloads_are_refused() {
+        use bytes::Bytes;
+        use strata_remote_storage::RemoteStorageConfig;
+        let root = strata_test_support::scratch_dir("secondary-budget");
+        let storage = RemoteStorage::new(&RemoteStorageConfig::Local { path: root.join("store") }).unwrap();
+        let secondaries = Secondaries::default();
+        let (t1, t2, tl) = (TenantId::generate(), TenantId::generate(), TimelineId::generate());
+        // Five layers of 100 kB per tenant, the hottest first.
+        for tenant in [t1, t2] {
+            let mut layers = Vec::new();
+            for i in 0..5u64 {
+                let bytes = vec![i as u8 + 1; 100_000];
+                let l = IndexLayer {
+                    name: name(i + 1, i + 2),
+                    size: 100_000,
+                    crc32c: crc32c::crc32c(&bytes),
+                    generation: 3,
+                };
+                storage.put(&layer_key(tenant, tl, &l.name, 3), Bytes::from(bytes)).await.unwrap();
+                layers.push(l);
+            }
+            let heatmap = Heatmap {
+                format_version: HEATMAP_FORMAT_VERSION,
+                generation: 3,
+                timelines: vec![HeatmapTimeline { timeline_id: tl, layers }],
+            };
+            storage.put(&heatmap_key(tenant), Bytes::from(heatmap.encode())).await.unwrap();
+        }
+        let budget = 450_000;
+        let add = |tenant: TenantId| {
+            let dir = root.join(tenant.to_string());
+            secondaries.add(storage.clone(), tenant, dir, budget, Duration::from_secs(1)).unwrap()
+        };
+        // Alone, the tenant takes the whole budget: its four hottest layers.
+        let (w1, cx1) = add(t1);
+        warm_round(&w1, &cx1).await.unwrap();
+        assert_eq!(warm_bytes(&cx1.tenant_dir), (4, 400_000));
+        for i in 0..4u64 {
+            assert!(warm_path(&cx1.tenant_dir, tl, &name(i + 1, i + 2), 3).exists(), "layer {i} is among the hottest");
+        }
+        // A second secondary tenant: each keeps half, the first gives back
+        // its coldest layers at its next round.
+        let (w2, cx2) = add(t2);
+        assert_eq!((cx1.share(), cx2.share()), (225_000, 225_000));
+        warm_round(&w2, &cx2).await.unwrap();
+        warm_round(&w1, &cx1).await.unwrap();
+        let (a, b) = (warm_bytes(&cx1.tenant_dir), warm_bytes(&cx2.tenant_dir));
+        assert_eq!((a, b), ((2, 200_000), (2, 200_000)));
+        assert!(a.1 + b.1 <= budget);
+        assert_eq!(w1.status.lock().bytes, 200_000);
+        // Once the second one stops, the first grows back.
+        tokio::task::block_in_place(|| secondaries.stop(t2));
+        warm_round(&w1, &cx1).await.unwrap();
+        assert_eq!(warm_bytes(&cx1.tenant_dir), (4, 400_000));
+
+        // An object that is not what the heatmap says is refused and not kept.
+        let hot = name(1, 2);
+        clear_warm(&cx1.tenant_dir);
+        storage.put(&layer_key(t1, tl, &hot, 3), Bytes::from(vec![9u8; 100_000])).await.unwrap();
+        let err = warm_round(&w1, &cx1).await.unwrap_err();
+        assert!(err.contains("CRC"), "{err}");
+        assert!(!warm_path(&cx1.tenant_dir, tl, &hot, 3).exists());
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -69,6 +69,13 @@ pub struct Uploaded {
     pub crc32c: u32,
 }
 
+/// What [`RemoteStorage::download_file`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Downloaded {
+    pub size: u64,
+    pub crc32c: u32,
+}
+
 /// A connection to one object store, under one prefix.
 #[derive(Clone, Debug)]
 pub struct RemoteStorage {
@@ -237,29 +244,60 @@ impl RemoteStorage {
         self.retrying("downloading", key, || async { self.store.get(&path).await?.bytes().await }).await
     }
 
-    /// Downloads the object `key` to `local`: written to a temporary file
-    /// next to it, synced, then renamed, so `local` is whole or absent.
-    pub async fn download_file(&self, key: &str, local: &Path) -> Result<u64, RemoteError> {
-        let bytes = self.get(key).await?;
-        let size = bytes.len() as u64;
+    /// Downloads the object `key` to `local`, streamed: written chunk by
+    /// chunk (the object's size does not bound the memory taken) to a
+    /// temporary file next to it, synced, then renamed, so `local` is whole
+    /// or absent. Returns the size and CRC-32C of what was written. A stream
+    /// that breaks off starts over, within the storage's attempts.
+    pub async fn download_file(&self, key: &str, local: &Path) -> Result<Downloaded, RemoteError> {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let path = self.path("downloading", key)?;
         let tmp = PathBuf::from(format!("{}.download", local.display()));
-        let (tmp2, local2) = (tmp.clone(), local.to_path_buf());
-        let written = tokio::task::spawn_blocking(move || -> Result<(), (&'static str, PathBuf, std::io::Error)> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp2).map_err(|e| ("creating", tmp2.clone(), e))?;
-            f.write_all(&bytes).map_err(|e| ("writing", tmp2.clone(), e))?;
-            f.sync_all().map_err(|e| ("syncing", tmp2.clone(), e))?;
-            std::fs::rename(&tmp2, &local2).map_err(|e| ("renaming", tmp2.clone(), e))?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| RemoteError::Local {
-            op: "writing",
-            path: tmp.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        written.map_err(|(op, path, source)| RemoteError::Local { op, path, source })?;
-        Ok(size)
+        let local_err = |op: &'static str, source: std::io::Error| RemoteError::Local { op, path: tmp.clone(), source };
+        let mut backoff = Backoff::new(self.backoff.0, self.backoff.1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let got = self.retrying("downloading", key, || self.store.get(&path)).await?;
+            let file = tokio::fs::File::create(&tmp).await.map_err(|e| local_err("creating", e))?;
+            // Chunks are small (kilobytes): written a MiB at a time.
+            let mut file = tokio::io::BufWriter::with_capacity(1 << 20, file);
+            let mut stream = got.into_stream();
+            let (mut size, mut crc) = (0u64, 0u32);
+            let broken = loop {
+                match tokio::time::timeout(self.timeout, stream.next()).await {
+                    Ok(Some(Ok(chunk))) => {
+                        crc = crc32c::crc32c_append(crc, &chunk);
+                        size += chunk.len() as u64;
+                        file.write_all(&chunk).await.map_err(|e| local_err("writing", e))?;
+                    }
+                    Ok(Some(Err(e))) => break Some(e.to_string()),
+                    Ok(None) => break None,
+                    Err(_) => break Some(format!("no data within {:?}", self.timeout)),
+                }
+            };
+            let Some(message) = broken else {
+                file.flush().await.map_err(|e| local_err("writing", e))?;
+                file.get_ref().sync_all().await.map_err(|e| local_err("syncing", e))?;
+                drop(file);
+                tokio::fs::rename(&tmp, local).await.map_err(|e| local_err("renaming", e))?;
+                return Ok(Downloaded { size, crc32c: crc });
+            };
+            drop(file);
+            if attempt >= self.attempts {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(RemoteError::Failed {
+                    op: "downloading",
+                    key: key.to_string(),
+                    attempts: attempt,
+                    message,
+                });
+            }
+            let delay = backoff.next_delay();
+            warn!(storage = %self.describe, key, attempt, ?delay, "download broke off: {message}; starting over");
+            tokio::time::sleep(delay).await;
+        }
     }
 
     /// Every object whose name starts with `prefix` (a directory-like

@@ -34,7 +34,10 @@ async fn a_local_directory_stores_lists_downloads_and_deletes_objects() {
     assert!(storage.list("tenants/t").await.unwrap().is_empty());
 
     let file = dir.join("downloaded");
-    assert_eq!(storage.download_file(key, &file).await.unwrap(), 11);
+    assert_eq!(
+        storage.download_file(key, &file).await.unwrap(),
+        Downloaded { size: 11, crc32c: crc32c::crc32c(b"layer bytes") }
+    );
     assert_eq!(std::fs::read(&file).unwrap(), b"layer bytes");
     assert!(!PathBuf::from(format!("{}.download", file.display())).exists());
     // And back up from a file.

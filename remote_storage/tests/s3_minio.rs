@@ -124,7 +124,9 @@ async fn s3_objects_round_trip_and_survive_a_server_restart() {
         ]
     );
     let file = dir.join("downloaded");
-    assert_eq!(storage.download_file("tenants/t/timelines/l/layer-00000001", &file).await.unwrap(), 3_000_000);
+    let got = storage.download_file("tenants/t/timelines/l/layer-00000001", &file).await.unwrap();
+    assert_eq!(got.size, 3_000_000);
+    assert_eq!(got.crc32c, crc32c::crc32c(&std::fs::read(&file).unwrap()));
     assert_eq!(std::fs::read(&file).unwrap(), layer);
     let err = storage.get("tenants/t/timelines/l/nothing").await.unwrap_err();
     assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
