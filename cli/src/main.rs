@@ -41,6 +41,13 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Run a link proxy: a TCP relay that puts a latency (and partitions)
+    /// between sites, for tests and benchmarks (`docs/sites.md`).
+    LinkProxy {
+        /// The link proxy's TOML configuration.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// GetPage@LSN load against a pageserver: throughput and latency percentiles.
     Pagebench(pagebench::PagebenchArgs),
     /// Create a local cluster: configs with free ports, 3 safekeepers, a pageserver, a tenant with a `main` branch.
@@ -181,6 +188,9 @@ fn main() {
         Command::Pageserver(PageserverArgs { config: Some(config), .. }) => pageserver(&config),
         Command::Pageserver(PageserverArgs { config: None, command: None }) => unreachable!("clap requires one"),
         Command::Controller { config } => controller(&config),
+        Command::LinkProxy { config } => {
+            run_service("link-proxy", &config, strata_link_proxy::config::LinkProxyConfig::load, strata_link_proxy::run)
+        }
         Command::Pagebench(args) => pagebench::run(args),
         Command::Init(args) => cluster::init(args),
         Command::Start(args) => cluster::start(args),

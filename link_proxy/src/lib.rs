@@ -1,0 +1,87 @@
+//! The link proxy (`docs/sites.md`): a TCP relay that holds every chunk for
+//! a route's one-way delay before passing it on, so that tests and
+//! benchmarks can put a known latency (and partitions) between the sites of
+//! a cluster where `tc netem` is not available. It relays bytes and never
+//! looks at them: TLS between the services passes through.
+
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod relay;
+pub mod route;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use strata_service::auth::http::HttpAuth;
+use strata_service::listener::{bind, BindError, Limits, Listener};
+
+/// Why the link proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Bind(#[from] strata_service::listener::BindError),
+    #[error("config: {0}")]
+    Config(#[from] strata_service::config::ConfigError),
+    #[error("auth: {0}")]
+    Auth(#[from] strata_service::auth::KeyError),
+    #[error("tls: {0}")]
+    Tls(#[from] strata_service::tls::TlsError),
+    #[error("signals: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Runs the link proxy until SIGTERM/SIGINT.
+pub async fn run(config: config::LinkProxyConfig) -> Result<(), StartError> {
+    let shutdown = strata_service::shutdown_signal().map_err(StartError::Signals)?;
+    let (proxy, tasks) = start(config).await?;
+    shutdown.await;
+    drop(proxy);
+    drop(tasks);
+    tracing::info!("link proxy stopped");
+    Ok(())
+}
+
+/// Binds every listener and starts serving; the tasks stop when the set is dropped.
+pub async fn start(
+    config: config::LinkProxyConfig,
+) -> Result<(Arc<http::Proxy>, tokio::task::JoinSet<()>), StartError> {
+    config.validate()?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let bounds = route::Bounds {
+        max_connections: config.max_connections,
+        max_in_flight_bytes: config.max_in_flight_bytes,
+        connect_timeout: config.connect_timeout,
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut routes = BTreeMap::new();
+    for r in &config.routes {
+        let listener = bind("routes.listen", r.listen).await?;
+        let listen =
+            listener.local_addr().map_err(|source| BindError { key: "routes.listen", addr: r.listen, source })?;
+        let state = route::RouteState::new(r, listen, metrics.clone());
+        tracing::info!(route = %r.name, listen = %r.listen, target = %r.target, delay_ms = r.delay_ms,
+            jitter_ms = r.jitter_ms, "relaying");
+        tasks.spawn(route::serve(listener, state.clone(), bounds));
+        routes.insert(r.name.clone(), state);
+    }
+    let http = bind("listen_http", config.listen_http).await?;
+    let http_addr =
+        http.local_addr().map_err(|source| BindError { key: "listen_http", addr: config.listen_http, source })?;
+    let tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
+    let auth = match &config.auth {
+        Some(a) => Some(HttpAuth::new(Arc::new(a.verifier()?), metrics.refusal_metrics())),
+        None => None,
+    };
+    let listener = Listener::new(
+        "http",
+        http,
+        Limits { max_connections: 64, handshake_timeout: std::time::Duration::from_secs(10) },
+        strata_service::http::refusal,
+        &metrics.listener_metrics(),
+    )
+    .with_tls(tls);
+    let proxy = Arc::new(http::Proxy { routes, metrics, http: http_addr });
+    tasks.spawn(strata_service::http::serve(listener, http::router(proxy.clone(), auth.as_ref()), Default::default()));
+    Ok((proxy, tasks))
+}

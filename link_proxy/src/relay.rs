@@ -1,0 +1,133 @@
+//! One direction of a relayed connection: what is read is held for the
+//! route's delay, then written on, in order, with at most
+//! `max_in_flight_bytes` held at once. While the route is cut nothing moves
+//! either way (a partition is silence, not an error).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::config::Delay;
+use crate::metrics::Metrics;
+
+/// What every connection of a route shares: the delay, whether the link is
+/// cut, and what crossed it.
+pub struct Link {
+    delay: Mutex<Delay>,
+    /// True while cut: nothing moves and new connections wait.
+    cut: watch::Sender<bool>,
+    delivered_bytes: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl Link {
+    pub fn new(delay: Delay, metrics: Arc<Metrics>) -> Link {
+        Link { delay: Mutex::new(delay), cut: watch::channel(false).0, delivered_bytes: AtomicU64::new(0), metrics }
+    }
+
+    /// The delay now (it may change while connections are open).
+    pub fn delay(&self) -> Delay {
+        *self.delay.lock()
+    }
+
+    pub fn set_delay(&self, d: Delay) {
+        *self.delay.lock() = d;
+    }
+
+    pub fn is_cut(&self) -> bool {
+        *self.cut.borrow()
+    }
+
+    /// Cuts the link (true) or heals it (false).
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+
+    /// Returns once the link is not cut.
+    pub async fn wait_while_cut(&self) {
+        let mut rx = self.cut.subscribe();
+        // The sender lives as long as the link: an error cannot happen.
+        let _ = rx.wait_for(|cut| !*cut).await;
+    }
+
+    /// Bytes delivered, both directions.
+    pub fn delivered_bytes(&self) -> u64 {
+        self.delivered_bytes.load(Ordering::Relaxed)
+    }
+
+    fn delivered(&self, n: usize) {
+        self.delivered_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.metrics.relayed_bytes.inc_by(n as u64);
+    }
+}
+
+/// Largest chunk read at once.
+const CHUNK: usize = 64 << 10;
+/// Chunks queued at once (the byte budget binds first for chunks of 1 KiB and more).
+const QUEUE: usize = 1024;
+
+/// Relays `from` to `to` until `from` ends (then shuts `to` down) or either
+/// fails; returns the bytes delivered.
+pub async fn pump<R, W>(mut from: R, mut to: W, route: Arc<Link>, max_in_flight: usize) -> std::io::Result<u64>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    debug_assert!(max_in_flight > 0);
+    let budget = Arc::new(Semaphore::new(max_in_flight));
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(QUEUE);
+    let chunk = CHUNK.min(max_in_flight);
+    let reader = {
+        let (route, budget) = (route.clone(), budget.clone());
+        async move {
+            let mut buf = vec![0u8; chunk];
+            // Chunks leave in the order they came: no earlier than the one before.
+            let mut last = Instant::now();
+            loop {
+                route.wait_while_cut().await;
+                // Room for a whole chunk first: a full budget stops the reading.
+                let permit = budget.acquire_many(chunk as u32).await.expect("the budget is never closed");
+                permit.forget();
+                let n = from.read(&mut buf).await?;
+                budget.add_permits(chunk - n);
+                if n == 0 {
+                    return Ok::<(), std::io::Error>(());
+                }
+                let at = (Instant::now() + route.delay().sample()).max(last);
+                last = at;
+                if tx.send((at, buf[..n].to_vec())).await.is_err() {
+                    // The writer failed; its error is the one reported.
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let writer = async {
+        let mut delivered = 0u64;
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+            route.wait_while_cut().await;
+            to.write_all(&bytes).await?;
+            delivered += bytes.len() as u64;
+            route.delivered(bytes.len());
+            budget.add_permits(bytes.len());
+        }
+        to.shutdown().await?;
+        Ok::<u64, std::io::Error>(delivered)
+    };
+    let (mut reader, mut writer) = (std::pin::pin!(reader), std::pin::pin!(writer));
+    tokio::select! {
+        // The sender is done: what is held is still delivered.
+        read = &mut reader => {
+            read?;
+            writer.await
+        }
+        // Only by failing (it ends normally after the reader): the reader
+        // may wait on a sender that has nothing more to say.
+        delivered = &mut writer => delivered,
+    }
+}
