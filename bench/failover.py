@@ -20,10 +20,19 @@ attached then. Two clusters: **warm** (the secondary downloads the hot
 layers, the default) and **cold** (`secondary_cache_bytes = 0`: every layer
 is downloaded on demand after the failover).
 
+With `--store minio` the object storage is MinIO behind a link proxy
+(`strata link-proxy`, `docs/sites.md`) that holds every byte for
+`--store-latency-ms` each way and at most 1 MiB in flight per direction
+(about 100 MB/s at 10 ms): object storage across a network, where a cold
+secondary pays for its downloads. The default is the workdir's local
+directory.
+
 Target: reads served again within 5 s (median of --runs), no failed transaction.
 
 Usage: .venv/bin/python bench/failover.py [--scale 10] [--clients 8] [--runs 5] [--quick]
-Writes bench/results/failover.json and .txt (failover_quick.* with --quick).
+                                          [--store local|minio] [--store-latency-ms 10]
+Writes bench/results/failover.json and .txt (failover_quick.* with --quick,
+failover_minio.* with --store minio).
 """
 
 import argparse
@@ -46,6 +55,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from report import write_results  # noqa: E402
 from fixtures.cluster import LocalCluster  # noqa: E402
+from fixtures.minio import Minio  # noqa: E402
+from fixtures.ports import free_port  # noqa: E402
 from getpage import client_env  # noqa: E402
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -104,7 +115,59 @@ def attached(c: LocalCluster) -> str | None:
     return c.status()["timelines"][0]["attached"]
 
 
-def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool) -> list[dict]:
+class SlowStore:
+    """MinIO behind a link proxy: object storage `latency_ms` away each way."""
+
+    def __init__(self, strata_bin: Path, base: Path, latency_ms: float):
+        self.minio = Minio(base / "minio")
+        self.minio.start()
+        self.port, http = free_port(), free_port()
+        conf = base / "link-proxy.toml"
+        conf.write_text(f'listen_http = "127.0.0.1:{http}"\nmax_in_flight_bytes = {1 << 20}\n'
+                        f'[[routes]]\nname = "store"\nlisten = "127.0.0.1:{self.port}"\n'
+                        f'target = "127.0.0.1:{self.minio.port}"\ndelay_ms = {latency_ms}\n')
+        self.log = open(base / "link-proxy.log", "ab")
+        self.proxy = subprocess.Popen([str(strata_bin), "link-proxy", "--config", str(conf)], stdout=self.log,
+                                      stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                import urllib.request
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v1/status", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or self.proxy.poll() is not None:
+                    raise RuntimeError("the link proxy did not start; see link-proxy.log")
+                time.sleep(0.1)
+
+    def remote_storage(self, prefix: str) -> dict:
+        table = self.minio.remote_storage(prefix)
+        return {**table, "endpoint": f"http://127.0.0.1:{self.port}"}
+
+    def close(self) -> None:
+        self.proxy.kill()
+        self.proxy.wait(timeout=30)
+        self.log.close()
+        self.minio.kill()
+
+
+def wait_warm(c: LocalCluster, secondary: str, timeout: float = 300) -> int:
+    """Until the secondary's warm bytes stop growing for 6 s (a heatmap is
+    published every 5 s); returns them."""
+    last, since, deadline = -1, time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, body = c.http(secondary, "GET", "/v1/status")
+        now = sum(loc.get("local_layer_bytes") or 0 for loc in body.get("locations", [])
+                  if loc.get("mode") == "secondary") if code == 200 else -1
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 6:
+            return now
+        time.sleep(0.5)
+    return last
+
+
+def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool, store: SlowStore | None) -> list[dict]:
     c = LocalCluster(strata_bin, base / name, PG_BIN)
     runs = []
     try:
@@ -112,6 +175,8 @@ def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool) -> li
         if cold:
             for ps in ("pageserver", "pageserver2"):
                 c.configure(ps, {"secondary_cache_bytes": 0})
+        if store is not None:
+            c.set_remote_storage(store.remote_storage(name))
         c.start()
         out = c.run("endpoint", "start", "ep", timeout=300).stdout
         connstr = out.strip().splitlines()[-1]
@@ -119,11 +184,13 @@ def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool) -> li
                        check=True, capture_output=True, timeout=3600)
         c.run("timeline", "checkpoint", timeout=600)
         for run in range(args.runs):
-            # The secondary has read the newest heatmap (published every 5 s).
-            time.sleep(12)
+            victim = attached(c)
+            # The secondary has read the newest heatmap (published every 5 s)
+            # and downloaded what it lists.
+            time.sleep(6)
+            warm = wait_warm(c, "pageserver2" if victim == "pageserver" else "pageserver")
             c.run("endpoint", "stop", "ep", timeout=300)
             c.run("endpoint", "start", "ep", timeout=300)
-            victim = attached(c)
             probe, writer = Probe(connstr), Writer(connstr)
             probe.start()
             writer.start()
@@ -150,7 +217,7 @@ def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool) -> li
                 present = {r[0] for r in conn.execute("SELECT id FROM acked").fetchall()}
             lost = len(set(writer.acked) - present)
             runs.append({
-                "victim": victim, "placed_seconds": placed, "read_outage_seconds": probe.outage(killed),
+                "victim": victim, "secondary_warm_bytes": warm, "placed_seconds": placed, "read_outage_seconds": probe.outage(killed),
                 "pgbench_exit": bench.returncode, "failed_transactions": int(failed.group(1)) if failed else None,
                 "tps": float(tps.group(1)) if tps else None, "acked": len(writer.acked), "lost": lost,
                 "probe_errors": probe.errors[:3], "writer_errors": writer.errors[:3], "pgbench_stderr": err[-500:],
@@ -171,6 +238,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 2 runs of 12 s")
+    ap.add_argument("--store", choices=("local", "minio"), default="local",
+                    help="object storage: the workdir's directory, or MinIO behind a link proxy")
+    ap.add_argument("--store-latency-ms", type=float, default=10.0, help="one-way delay to MinIO (--store minio)")
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs = 2, 12, 2
@@ -179,11 +249,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         base = Path(tmp)
         base.chmod(0o755)  # PostgreSQL runs as another user
-        for name, cold in (("warm", False), ("cold", True)):
-            results[name] = one_cluster(strata_bin, base, name, args, cold)
+        store = SlowStore(strata_bin, base, args.store_latency_ms) if args.store == "minio" else None
+        try:
+            for name, cold in (("warm", False), ("cold", True)):
+                results[name] = one_cluster(strata_bin, base, name, args, cold, store)
+        finally:
+            if store is not None:
+                store.close()
     med = statistics.median
+    where = ("the workdir's directory" if args.store == "local" else
+             f"MinIO {args.store_latency_ms:g} ms away each way (link proxy)")
     lines = [f"pageserver failover under pgbench RW, scale {args.scale}, {args.clients} clients, "
-             f"{args.runs} runs per mode, {os.cpu_count()} CPUs"]
+             f"{args.runs} runs per mode, {os.cpu_count()} CPUs, object storage: {where}"]
     ok = True
     for name in ("warm", "cold"):
         runs = results[name]
@@ -200,7 +277,8 @@ def main() -> int:
                      f"placed elsewhere after median {med(placed) if placed else float('nan'):.2f} s; "
                      f"failed transactions {failed}; acknowledged commits lost {lost}")
     lines.append(f"  target: reads within 5 s (median), 0 failed transactions: {'met' if ok else 'NOT met'}")
-    write_results("failover_quick" if args.quick else "failover", results, "\n".join(lines))
+    stem = "failover" + ("_minio" if args.store == "minio" else "") + ("_quick" if args.quick else "")
+    write_results(stem, results, "\n".join(lines))
     return 0 if ok else 1
 
 
