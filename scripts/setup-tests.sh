@@ -38,5 +38,22 @@ fi
 
 ./scripts/pg-regress-setup.sh | tail -n 1
 
+# Build output outlives a clone: `target` (and the fuzzer's) is a link into
+# a cache directory, so a CI run on a clean clone reuses what the previous
+# run built (a fresh machine builds everything once). The cache is readable
+# by everyone: PostgreSQL, running as its own user, executes `strata` as its
+# restore command. STRATA_BUILD_CACHE names another directory; "none", or an
+# existing `target`, keeps the build inside the clone.
+cache="${STRATA_BUILD_CACHE:-/var/cache/strata/build}"
+if [ "$cache" != none ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
+    for dir in target fuzz/target; do
+        if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then
+            mkdir -p "$cache/$dir"
+            chmod 755 "$cache" "$cache/$dir"
+            ln -s "$cache/$dir" "$dir"
+        fi
+    done
+fi
+
 cargo build --profile checked --locked 2>&1 | tail -n 3
 echo "setup-tests: done (binary: target/checked/strata)"
