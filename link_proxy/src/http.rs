@@ -60,18 +60,18 @@ async fn metrics(State(p): State<Arc<Proxy>>) -> Response {
     ([("content-type", "text/plain; version=0.0.4")], p.metrics.render()).into_response()
 }
 
-/// The route `name` (`*`: every route), or a 404 answer.
-fn routes(p: &Proxy, name: &str) -> Result<Vec<Arc<RouteState>>, Response> {
-    if name == "*" {
-        return Ok(p.routes.values().cloned().collect());
-    }
-    p.routes
-        .get(name)
-        .map(|r| vec![r.clone()])
-        .ok_or_else(|| error(StatusCode::NOT_FOUND, format!("no route {name:?}")))
-}
-
-fn answer(routes: &[Arc<RouteState>]) -> Response {
+/// Applies `f` to the route `name` (`*`: every route) and answers with
+/// their status, or 404 if there is no such route.
+fn act(p: &Proxy, name: &str, f: impl Fn(&RouteState)) -> Response {
+    let routes: Vec<Arc<RouteState>> = if name == "*" {
+        p.routes.values().cloned().collect()
+    } else {
+        match p.routes.get(name) {
+            Some(r) => vec![r.clone()],
+            None => return error(StatusCode::NOT_FOUND, format!("no route {name:?}")),
+        }
+    };
+    routes.iter().for_each(|r| f(r));
     Json(Status { routes: routes.iter().map(|r| r.status()).collect() }).into_response()
 }
 
@@ -87,41 +87,17 @@ async fn set_delay(
     if let Err(e) = delay.validate() {
         return error(StatusCode::BAD_REQUEST, e.to_string());
     }
-    match routes(&p, &name) {
-        Ok(rs) => {
-            rs.iter().for_each(|r| r.set_delay(delay));
-            answer(&rs)
-        }
-        Err(e) => e,
-    }
+    act(&p, &name, |r| r.set_delay(delay))
 }
 
 async fn cut(State(p): State<Arc<Proxy>>, Path(name): Path<String>) -> Response {
-    match routes(&p, &name) {
-        Ok(rs) => {
-            rs.iter().for_each(|r| r.set_cut(true));
-            answer(&rs)
-        }
-        Err(e) => e,
-    }
+    act(&p, &name, |r| r.set_cut(true))
 }
 
 async fn heal(State(p): State<Arc<Proxy>>, Path(name): Path<String>) -> Response {
-    match routes(&p, &name) {
-        Ok(rs) => {
-            rs.iter().for_each(|r| r.set_cut(false));
-            answer(&rs)
-        }
-        Err(e) => e,
-    }
+    act(&p, &name, |r| r.set_cut(false))
 }
 
 async fn reset(State(p): State<Arc<Proxy>>, Path(name): Path<String>) -> Response {
-    match routes(&p, &name) {
-        Ok(rs) => {
-            rs.iter().for_each(|r| r.reset());
-            answer(&rs)
-        }
-        Err(e) => e,
-    }
+    act(&p, &name, |r| r.reset())
 }
