@@ -407,8 +407,14 @@ impl Timeline {
         generation: u32,
     ) -> Result<Result<crate::fence::StreamFence, crate::fence::Stale>, AcceptorCallError> {
         if generation != 0 {
-            let newest = self.with_acceptor(|a| a.note_pageserver_generation(generation))?;
-            self.fence.raise(newest);
+            // Only a newer generation needs the acceptor (to be made
+            // durable): a reconnect of the current one streams even from a
+            // timeline that has stopped accepting WAL.
+            if generation > self.fence.newest() {
+                let newest = self.with_acceptor(|a| a.note_pageserver_generation(generation))?;
+                self.fence.raise(newest);
+            }
+            let newest = self.fence.newest();
             if generation < newest {
                 let (tenant, timeline) = (self.identity.tenant_id, self.identity.timeline_id);
                 return Ok(Err(crate::fence::Stale { tenant, timeline, generation, newest }));
