@@ -180,6 +180,8 @@ def test_every_service_listens_on_its_hosts_address(hosted):
     st = hosted.status()
     by_host = {s["name"]: s["host"] for s in st["services"]}
     assert by_host == {"sk1": "sk-a", "sk2": "sk-b", "sk3": "sk-c", "pageserver": "ps", "controller": "ps"}, by_host
+    by_site = {s["name"]: s["site"] for s in st["services"]}
+    assert by_site == {"sk1": "dc1", "sk2": "dc1", "sk3": "dc2", "pageserver": "dc1", "controller": "dc1"}, by_site
     for name, _, _ in HOSTS:
         address = hosts.hosts[name].address
         bound = listeners(hosts, name)
@@ -283,7 +285,7 @@ def test_an_endpoint_moves_to_another_host_and_commands_work_from_any_host(hoste
     st = json.loads(hosted.on("cp2", "status", "--json"))
     assert {s["name"]: s["state"] for s in st["services"]} == dict.fromkeys(
         ["sk1", "sk2", "sk3", "pageserver", "controller"], "running"), st
-    assert [(e["name"], e["host"], e["state"]) for e in st["endpoints"]] == [("ep", "cp1", "running")]
+    assert [(e["name"], e["host"], e["site"], e["state"]) for e in st["endpoints"]] == [("ep", "cp1", "dc1", "running")]
 
     # Stopped on cp1 (from cp1), started on cp2 (from the operator's machine).
     assert "stopped" in hosted.on("cp1", "endpoint", "stop", "ep")

@@ -154,6 +154,7 @@ pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
         services.push(ServiceStatus {
             name: s.name.clone(),
             host: s.host.clone(),
+            site: site_of(wd, &s.host),
             kind: s.kind.as_str().to_string(),
             pid: liveness.pid(),
             supervisor_pid: liveness.supervisor(),
@@ -181,6 +182,7 @@ pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
         endpoints.push(EndpointStatus {
             name: ep.file.name.clone(),
             host: ep.file.host.clone(),
+            site: site_of(wd, &ep.file.host),
             kind: "compute".into(),
             pid: liveness.pid(),
             supervisor_pid: liveness.supervisor(),
@@ -211,6 +213,11 @@ pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
     Ok(HostStatus { host: host.to_string(), services, endpoints })
 }
 
+/// The site of host `host` (empty for a host the cluster does not name).
+fn site_of(wd: &Workdir, host: &str) -> String {
+    wd.cluster.host(host).map(|h| h.site.clone()).unwrap_or_default()
+}
+
 /// What an endpoint is to its branch.
 fn role(file: &endpoint::EndpointFile) -> &'static str {
     match (file.read_only_at, &file.replica_of) {
@@ -234,6 +241,7 @@ fn unreachable(wd: &Workdir, s: &super::layout::Service) -> ServiceStatus {
     ServiceStatus {
         name: s.name.clone(),
         host: s.host.clone(),
+        site: site_of(wd, &s.host),
         kind: s.kind.as_str().to_string(),
         pid: None,
         supervisor_pid: None,
@@ -593,6 +601,7 @@ mod tests {
     fn renders_stopped_cluster() {
         let service = |name: &str, state: &str, port: u16, restarts: u64, last_exit: Option<&str>| ServiceStatus {
             host: "local".into(),
+            site: "local".into(),
             name: name.into(),
             kind: "safekeeper".into(),
             pid: None,

@@ -29,6 +29,9 @@ pub struct ServiceStatus {
     /// The host it runs on.
     #[serde(default)]
     pub host: String,
+    /// The site (data centre) of that host (`docs/sites.md`).
+    #[serde(default)]
+    pub site: String,
     /// `safekeeper` or `pageserver`.
     pub kind: String,
     pub pid: Option<i32>,
@@ -58,6 +61,9 @@ pub struct EndpointStatus {
     /// The host it runs on.
     #[serde(default)]
     pub host: String,
+    /// The site (data centre) of that host.
+    #[serde(default)]
+    pub site: String,
     /// Always `compute`.
     pub kind: String,
     pub pid: Option<i32>,
