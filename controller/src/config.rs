@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use strata_protocol::TenantId;
 use strata_service::config::{
-    check_duration, check_exposure, check_range, load_toml, seconds, ConfigError, ConfigLoadError, Protection,
+    check_duration, check_exposure, check_range, check_unique_names, load_toml, seconds, ConfigError, ConfigLoadError,
+    Protection,
 };
 
 /// Everything a controller process needs.
@@ -90,11 +91,7 @@ impl ControllerConfig {
         if self.pageservers.is_empty() {
             return Err(ConfigError { key: "pageservers", message: "none: there is nowhere to place tenants".into() });
         }
-        let mut names: Vec<&str> = self.pageservers.iter().map(|p| p.name.as_str()).collect();
-        names.sort_unstable();
-        if names.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ConfigError { key: "pageservers", message: "two have the same name".into() });
-        }
+        check_unique_names("pageservers", self.pageservers.iter().map(|p| p.name.as_str()))?;
         check_exposure(
             "listen_http",
             self.listen_http,

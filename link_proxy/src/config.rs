@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use strata_service::config::{
-    check_exposure, check_range, load_toml, seconds, ConfigError, ConfigLoadError, Protection,
+    check_duration, check_exposure, check_range, check_unique_names, load_toml, seconds, ConfigError, ConfigLoadError,
+    Protection,
 };
 
 /// Everything a link proxy process needs.
@@ -113,14 +114,8 @@ impl LinkProxyConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_range("max_in_flight_bytes", self.max_in_flight_bytes, 1 << 10, 1 << 30)?;
         check_range("max_connections", self.max_connections, 1, 100_000)?;
-        if self.connect_timeout.is_zero() {
-            return Err(ConfigError { key: "connect_timeout", message: "must be more than 0 seconds".into() });
-        }
-        let mut names: Vec<&str> = self.routes.iter().map(|r| r.name.as_str()).collect();
-        names.sort_unstable();
-        if names.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ConfigError { key: "routes", message: "two have the same name".into() });
-        }
+        check_duration("connect_timeout", self.connect_timeout)?;
+        check_unique_names("routes", self.routes.iter().map(|r| r.name.as_str()))?;
         for r in &self.routes {
             r.delay().validate()?;
             if r.name.is_empty() || !r.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {

@@ -101,6 +101,12 @@ impl Client {
 /// A consumer that has asked to stream the test timeline from `START` to
 /// `stop_lsn` (`Lsn::INVALID`: on and on).
 async fn consumer(addr: SocketAddr, stop_lsn: Lsn, name: &str) -> Client {
+    stream_request(addr, stop_lsn, name, 0).await
+}
+
+/// A consumer of attachment generation `generation` (0: not a pageserver)
+/// that has asked to stream the test timeline from `START` to `stop_lsn`.
+async fn stream_request(addr: SocketAddr, stop_lsn: Lsn, name: &str, generation: u32) -> Client {
     let mut c = Client::connect(addr).await;
     let mut out = Vec::new();
     codec::encode_consumer(
@@ -113,7 +119,7 @@ async fn consumer(addr: SocketAddr, stop_lsn: Lsn, name: &str) -> Client {
             include_uncommitted: false,
             consumer_id: name.into(),
             token: None,
-            generation: 0,
+            generation,
         }),
         &mut out,
     );
@@ -640,26 +646,9 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A consumer of attachment generation `generation` (a pageserver's).
+/// A consumer of attachment generation `generation` (a pageserver's), on and on.
 async fn pageserver_consumer(addr: SocketAddr, generation: u32) -> Client {
-    let mut c = Client::connect(addr).await;
-    let mut out = Vec::new();
-    codec::encode_consumer(
-        &ConsumerMessage::Start(StartStreaming {
-            protocol_version: PROTOCOL_VERSION,
-            tenant_id: TenantId([5; 16]),
-            timeline_id: TimelineId([6; 16]),
-            start_lsn: START,
-            stop_lsn: Lsn::INVALID,
-            include_uncommitted: false,
-            consumer_id: format!("pageserver-gen{generation}"),
-            token: None,
-            generation,
-        }),
-        &mut out,
-    );
-    c.send_raw(&out).await;
-    c
+    stream_request(addr, Lsn::INVALID, &format!("pageserver-gen{generation}"), generation).await
 }
 
 async fn feedback(c: &mut Client, remote_consistent_lsn: Lsn) {

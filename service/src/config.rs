@@ -77,6 +77,16 @@ pub fn check_duration(key: &'static str, value: std::time::Duration) -> Result<(
     Ok(())
 }
 
+/// Refuses a list (config key `key`) in which two entries have the same name.
+pub fn check_unique_names<'a>(key: &'static str, names: impl Iterator<Item = &'a str>) -> Result<(), ConfigError> {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err(ConfigError { key, message: "two have the same name".into() });
+    }
+    Ok(())
+}
+
 /// Raises this process's soft limit on open files to its hard limit and
 /// returns the result: the services size their connection limits and file
 /// caches to fit in it.
