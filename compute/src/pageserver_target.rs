@@ -32,19 +32,25 @@ pub struct Target {
 
 /// The shared, changing target.
 #[derive(Clone, Debug)]
-pub struct PageserverTarget(Arc<RwLock<Target>>);
+pub struct PageserverTarget(Arc<RwLock<Target>>, Arc<RwLock<Vec<(String, String)>>>);
 
 impl PageserverTarget {
     /// The pageserver given at start.
     pub fn new(http: String, pg: Option<String>) -> PageserverTarget {
-        PageserverTarget(Arc::new(RwLock::new(Target {
-            name: None,
-            pg,
-            http,
-            generation: None,
-            version: 0,
-            switches: 0,
-        })))
+        PageserverTarget(
+            Arc::new(RwLock::new(Target { name: None, pg, http, generation: None, version: 0, switches: 0 })),
+            Arc::default(),
+        )
+    }
+
+    /// Addresses a controller may give and how this compute reaches them
+    /// instead (a route to another site, `docs/sites.md`).
+    pub fn set_address_map(&self, map: Vec<(String, String)>) {
+        *self.1.write() = map;
+    }
+
+    fn mapped(&self, address: &str) -> String {
+        self.1.read().iter().find(|(from, _)| from == address).map_or_else(|| address.to_string(), |(_, to)| to.clone())
     }
 
     pub fn get(&self) -> Target {
@@ -66,18 +72,19 @@ impl PageserverTarget {
 
     /// Takes a controller's answer; true if the pageserver changed.
     pub fn update(&self, info: &AttachmentInfo) -> bool {
+        let (http, pg) = (self.mapped(&info.http), self.mapped(&info.pg));
         let mut t = self.0.write();
         if info.version < t.version {
             return false;
         }
-        let moved = t.http != info.http || t.pg.as_deref().is_some_and(|pg| pg != info.pg);
+        let moved = t.http != http || t.pg.as_deref().is_some_and(|p| *p != pg);
         t.version = info.version;
         t.generation = Some(info.generation);
         t.name = Some(info.pageserver.clone());
         if moved {
-            t.http = info.http.clone();
+            t.http = http;
             if t.pg.is_some() {
-                t.pg = Some(info.pg.clone());
+                t.pg = Some(pg);
             }
             t.switches += 1;
         }

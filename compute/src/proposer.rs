@@ -23,8 +23,8 @@ use strata_protocol::safekeeper::election::{
     advance_commit, elect, next_term, quorum, quorum_lsn, start_streaming_at, Epoch,
 };
 use strata_protocol::safekeeper::{
-    AcceptorMessage, AppendRequest, ErrorCode, Membership, ProposerElected, ProposerGreeting, ProposerMessage,
-    StandbyFeedback, Term, TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
+    AcceptorMessage, AppendRequest, ErrorCode, Membership, OnAsyncLag, ProposerElected, ProposerGreeting,
+    ProposerMessage, StandbyFeedback, Term, TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
 };
 use strata_protocol::{NodeId, Token};
 
@@ -58,6 +58,10 @@ pub struct ProposerConfig {
     pub token: Option<Token>,
     /// TLS to the safekeepers, with the cluster's CA; none: plaintext.
     pub tls: Option<ClientTls>,
+    /// Where this compute reaches a safekeeper, by node id, when that is
+    /// not the address in the membership configuration (a route to
+    /// another site, `docs/sites.md`).
+    pub routes: Vec<(NodeId, String)>,
 }
 
 impl ProposerConfig {
@@ -72,6 +76,7 @@ impl ProposerConfig {
             max_consumer_lag_bytes: None,
             token: None,
             tls: None,
+            routes: Vec::new(),
         }
     }
 }
@@ -183,6 +188,8 @@ struct Core {
     throttled_since: Option<Instant>,
     /// Set once PostgreSQL streams its WAL to this proposer.
     streaming: bool,
+    /// Asynchronous links dropped for lagging past `max_async_lag`.
+    async_dropped: u64,
     /// The link tasks, aborted with the core: a dropped proposer keeps no
     /// safekeeper connection (or reconnection attempt) behind.
     link_tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -220,6 +227,7 @@ impl Core {
             throttled: Duration::ZERO,
             throttled_since: None,
             streaming: false,
+            async_dropped: 0,
             link_tasks: Vec::new(),
         };
         let configured = core.cfg.safekeepers.iter().map(|a| (None, a.clone())).collect();
@@ -280,6 +288,12 @@ impl Core {
         self.membership.has_quorum(&ids)
     }
 
+    /// Whether a link is an asynchronous member: a member that no rule of
+    /// the configuration counts (`local-quorum`, outside the home site).
+    fn is_async(&self, link: usize) -> bool {
+        self.membership.generation > 0 && self.links[link].id.is_some_and(|id| !self.membership.is_voter(id))
+    }
+
     /// The highest LSN a quorum has flushed in this term.
     fn quorum_flush(&self) -> Lsn {
         if self.membership.generation == 0 {
@@ -296,7 +310,11 @@ impl Core {
     /// again, streaming goes on from where each member's WAL ends.
     fn adopt(&mut self, m: Membership) -> Result<(), ProposerError> {
         m.validate().map_err(|e| ProposerError::Other(format!("a safekeeper's membership configuration: {e}")))?;
-        let members: Vec<(Option<NodeId>, String)> = m.all().into_iter().map(|x| (Some(x.id), x.address)).collect();
+        let route = |id: NodeId, address: String| {
+            self.cfg.routes.iter().find(|(r, _)| *r == id).map_or(address, |(_, a)| a.clone())
+        };
+        let members: Vec<(Option<NodeId>, String)> =
+            m.all().into_iter().map(|x| (Some(x.id), route(x.id, x.address))).collect();
         info!(
             from = self.membership.generation,
             to = m.generation,
@@ -330,6 +348,7 @@ impl Core {
     }
 
     fn publish(&self) {
+        let received = self.buffer.as_ref().map_or(Lsn::INVALID, |b| b.complete_end);
         let connected = self.links.iter().filter(|l| l.phase != LinkPhase::Down).count();
         let throttled = self.throttled + self.throttled_since.map_or(Duration::ZERO, |t| t.elapsed());
         self.status.send_replace(ProposerStatus {
@@ -344,6 +363,19 @@ impl Core {
             streaming: self.streaming,
             membership_generation: self.membership.generation,
             elections: self.elections,
+            placement: self.membership.target().1.policy().to_string(),
+            async_safekeepers: (0..self.links.len())
+                .filter(|&i| self.is_async(i))
+                .map(|i| {
+                    let l = &self.links[i];
+                    strata_protocol::api::compute::AsyncSafekeeper {
+                        address: l.address.clone(),
+                        lag_bytes: l.flush.map(|f| received.0.saturating_sub(f.0)),
+                        streaming: matches!(l.phase, LinkPhase::Streaming { .. }),
+                    }
+                })
+                .collect(),
+            async_dropped: self.async_dropped,
         });
     }
 
@@ -509,8 +541,14 @@ impl Core {
         // Elected only by a quorum of the configuration, each vote granted in this term.
         debug_assert!(self.epoch.is_none(), "one election per term");
         debug_assert!(self.is_quorum(&self.votes.iter().map(|(l, _)| *l).collect::<Vec<_>>()));
-        let votes: Vec<VoteResponse> = self.votes.iter().map(|(_, v)| v.clone()).collect();
-        let epoch = elect(self.term, &votes).ok_or_else(|| ProposerError::Other("no votes".into()))?;
+        // The voters decide the epoch; asynchronous members' votes come
+        // last and only tell where their WAL continues.
+        let mut votes = std::mem::take(&mut self.votes);
+        votes.sort_by_key(|(l, _)| self.is_async(*l));
+        self.votes = votes;
+        let voting: Vec<VoteResponse> =
+            self.votes.iter().filter(|(l, _)| !self.is_async(*l)).map(|(_, v)| v.clone()).collect();
+        let epoch = elect(self.term, &voting).ok_or_else(|| ProposerError::Other("no votes".into()))?;
         debug_assert!(epoch.term == self.term && epoch.history.last_term() == self.term);
         info!(term = self.term, epoch_start = %epoch.start_lsn, donor = %self.links[self.votes[epoch.donor].0].address, generation = self.membership.generation, "elected");
         self.epoch = Some(epoch);
@@ -586,6 +624,18 @@ impl Core {
             Some(max) if applied != Lsn::INVALID => self.commit_lsn.min(Lsn(applied.0.saturating_add(max))),
             _ => self.commit_lsn,
         };
+        let ack = match self.membership.async_rule() {
+            // Commits wait while an asynchronous member is further behind
+            // than the bound (one never heard from counts from the epoch start).
+            Some((max_lag, OnAsyncLag::Throttle)) => {
+                let base = self.epoch.as_ref().map_or(Lsn::INVALID, |e| e.start_lsn);
+                (0..self.links.len())
+                    .filter(|&i| self.is_async(i))
+                    .map(|i| Lsn(self.links[i].flush.unwrap_or(base).0.saturating_add(max_lag)))
+                    .fold(ack, Lsn::min)
+            }
+            _ => ack,
+        };
         let ack = ack.max(self.acknowledged_lsn);
         // PostgreSQL is told flushed only what a quorum holds, and never less than before.
         debug_assert!(ack <= self.commit_lsn && ack >= self.acknowledged_lsn);
@@ -620,6 +670,29 @@ impl Core {
     /// under load the next append carries it, and the safekeepers are spared
     /// a message (and the proposer an answer) per commit.
     fn pump(&mut self) {
+        let Some(buffer) = &self.buffer else { return };
+        let complete = buffer.complete_end;
+        if let Some((max_lag, OnAsyncLag::FallBehind)) = self.membership.async_rule() {
+            // Past the bound (and never beyond what the buffer may hold), an
+            // asynchronous member stops being streamed to: the home site
+            // never waits for it, and it catches up from its peers; its
+            // position is asked again every few seconds.
+            let bound = max_lag.min(self.cfg.max_buffer_bytes as u64 / 2);
+            let behind: Vec<usize> = (0..self.links.len())
+                .filter(|&i| self.is_async(i))
+                .filter(|&i| match self.links[i].phase {
+                    LinkPhase::Streaming { next } => {
+                        complete.0.saturating_sub(self.links[i].flush.unwrap_or(next).0) > bound
+                    }
+                    _ => false,
+                })
+                .collect();
+            for i in behind {
+                warn!(safekeeper = %self.links[i].address, max_async_lag = bound, "an asynchronous safekeeper fell behind; it catches up from its peers");
+                self.async_dropped += 1;
+                self.request_position(i);
+            }
+        }
         let Some(buffer) = &self.buffer else { return };
         let complete = buffer.complete_end;
         let mut sends = Vec::new();
@@ -712,7 +785,9 @@ async fn elect_and_sync(mut core: Core) -> Result<Core, ProposerError> {
     let epoch = core.epoch.clone().expect("elected");
     // Where each voter must start, and the WAL they lack from the donor.
     let mut min_start = epoch.start_lsn;
-    for (_, v) in &core.votes {
+    // Asynchronous members far behind catch up from their peers rather
+    // than through this buffer.
+    for (_, v) in core.votes.iter().filter(|(l, _)| !core.is_async(*l)) {
         let s = start_streaming_at(&epoch, &v.term_history, v.flush_lsn, epoch.timeline_start_lsn);
         min_start = min_start.min(s);
     }

@@ -9,8 +9,8 @@ use strata_protocol::safekeeper::codec::{
 };
 use strata_protocol::safekeeper::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, ErrorCode, ErrorMessage, Member,
-    Membership, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
-    TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
+    Membership, OnAsyncLag, Placement, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback,
+    StartStreaming, StreamMessage, TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
 };
 use strata_protocol::{NodeId, TenantId, TimelineId, Token};
 
@@ -63,14 +63,14 @@ fn stream(msg: StreamMessage, vector: &str) {
 }
 
 fn member(id: u64, address: &str) -> Member {
-    Member { id: NodeId(id), address: address.into() }
+    Member::new(NodeId(id), address)
 }
 
 #[test]
 fn proposer_greeting() {
     proposer(
         ProposerMessage::Greeting(ProposerGreeting {
-            protocol_version: 5,
+            protocol_version: 6,
             proposer_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             timeline: TimelineIdentity {
                 tenant_id: TenantId([0x11; 16]),
@@ -82,10 +82,10 @@ fn proposer_greeting() {
             membership: Membership::default(),
             token: Some(Token::new("tok".into())),
         }),
-        "53000000 01 05000000 000102030405060708090a0b0c0d0e0f
+        "55000000 01 06000000 000102030405060708090a0b0c0d0e0f
          11111111111111111111111111111111 22222222222222222222222222222222
          0807060504030201 0f000000 00000001
-         00000000 0000 00 03000000 746f6b",
+         00000000 0000 00 00 00 03000000 746f6b",
     );
 }
 
@@ -154,11 +154,40 @@ fn acceptor_greeting() {
                 generation: 3,
                 members: vec![member(1, "a:1"), member(2, "b:2")],
                 new_members: Some(vec![member(1, "a:1"), member(4, "d:4")]),
+                ..Default::default()
             },
         }),
-        "5a000000 81 02000000 0700000000000000 0400000000000000
-         03000000 0200 0100000000000000 03000000 613a31 0200000000000000 03000000 623a32
-         01 0200 0100000000000000 03000000 613a31 0400000000000000 03000000 643a34",
+        "6c000000 81 02000000 0700000000000000 0400000000000000
+         03000000 0200 0100000000000000 03000000 613a31 00000000 0200000000000000 03000000 623a32 00000000
+         01 0200 0100000000000000 03000000 613a31 00000000 0400000000000000 03000000 643a34 00000000
+         00 00",
+    );
+}
+
+#[test]
+fn acceptor_greeting_with_sites_and_a_placement_change() {
+    let sited = |id, address, site: &str| Member { site: Some(site.into()), ..member(id, address) };
+    acceptor(
+        AcceptorMessage::Greeting(AcceptorGreeting {
+            protocol_version: 6,
+            node_id: NodeId(7),
+            term: 4,
+            membership: Membership {
+                generation: 4,
+                members: vec![sited(1, "a:1", "dc1"), sited(2, "b:2", "dc2")],
+                new_members: None,
+                placement: Placement::Stretched,
+                new_placement: Some(Placement::LocalQuorum {
+                    home: "dc2".into(),
+                    max_async_lag: 0x10_0000,
+                    on_async_lag: OnAsyncLag::Throttle,
+                }),
+            },
+        }),
+        "5b000000 81 06000000 0700000000000000 0400000000000000
+         04000000 0200 0100000000000000 03000000 613a31 03000000 646331
+         0200000000000000 03000000 623a32 03000000 646332
+         00 02 01 01 03000000 646332 0000100000000000 01",
     );
 }
 

@@ -561,8 +561,8 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
         if let ProposerMessage::Greeting(g) = &mut g {
             g.membership = Membership {
                 generation: 1,
-                members: vec![Member { id: strata_protocol::NodeId(1), address: "a:1".into() }],
-                new_members: None,
+                members: vec![Member::new(strata_protocol::NodeId(1), "a:1")],
+                ..Default::default()
             };
             g.token = token.map(|t| strata_protocol::Token::new(t.into()));
         }

@@ -15,6 +15,11 @@
 //! - after a final election with every acceptor up (under the newest
 //!   configuration, without the replaced acceptor), the elected WAL begins
 //!   with all committed WAL.
+//!
+//! With sites, the acceptors sit in two sites (0 and 1 in `dc1`, 2 in
+//! `dc2`, a replacement in its predecessor's) and changes also move the
+//! placement (`docs/sites.md`) between `majority`, `local-quorum` at home
+//! in either site and `stretched`, through the same joint configuration.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,8 +27,8 @@ use strata_formats::Lsn;
 use strata_protocol::safekeeper::election::Epoch;
 use strata_protocol::safekeeper::election::{advance_commit, elect, next_term, start_streaming_at};
 use strata_protocol::safekeeper::{
-    AcceptorMessage, AppendRequest, Member, Membership, ProposerElected, ProposerGreeting, ProposerMessage, Term,
-    TermHistory, TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
+    AcceptorMessage, AppendRequest, Member, Membership, Placement, ProposerElected, ProposerGreeting, ProposerMessage,
+    Term, TermHistory, TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
 };
 use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_safekeeper::acceptor::{Acceptor, AcceptorError, PersistentState, WalStore};
@@ -43,7 +48,17 @@ const CATCH_UP_SLACK: u64 = 64;
 type Node = Acceptor<MemoryWal, MemoryControl>;
 
 fn member(i: usize) -> Member {
-    Member { id: NodeId(i as u64), address: format!("sk{i}:5454") }
+    Member::new(NodeId(i as u64), format!("sk{i}:5454"))
+}
+
+/// The placements a change with sites moves between.
+fn placements() -> [Placement; 4] {
+    let local = |home: &str| Placement::LocalQuorum {
+        home: home.into(),
+        max_async_lag: 1 << 20,
+        on_async_lag: strata_protocol::safekeeper::OnAsyncLag::FallBehind,
+    };
+    [Placement::Majority, local("dc1"), local("dc2"), Placement::Stretched]
 }
 
 fn node_index(m: &Member) -> usize {
@@ -129,7 +144,8 @@ enum Phase {
 }
 
 struct Change {
-    new: usize,
+    /// The acceptor that replaces one (none: the placement changes alone).
+    new: Option<usize>,
     joint: Membership,
     target: Membership,
     phase: Phase,
@@ -146,6 +162,8 @@ struct Options {
     protocol_checks_only: bool,
     /// Acceptors no proposer streams to recover committed WAL from peers.
     peer_recovery: bool,
+    /// Acceptors in two sites; half the changes move the placement.
+    sites: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -165,6 +183,10 @@ struct Stats {
     lagging_joins: u64,
     /// WAL recovered from a peer.
     recoveries: u64,
+    /// Changes of the placement alone.
+    placement_changes: u64,
+    /// Commit advances under a placement other than majority.
+    placed_commits: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -178,6 +200,8 @@ impl std::ops::AddAssign for Stats {
         self.changes_completed += o.changes_completed;
         self.lagging_joins += o.lagging_joins;
         self.recoveries += o.recoveries;
+        self.placement_changes += o.placement_changes;
+        self.placed_commits += o.placed_commits;
     }
 }
 
@@ -204,6 +228,8 @@ struct Sim {
     plan: Option<u32>,
     changes_left: u32,
     change: Option<Change>,
+    /// Each acceptor's site (with `Options::sites`).
+    sites: Vec<Option<String>>,
     steps: u32,
     stats: Stats,
     options: Options,
@@ -219,7 +245,14 @@ impl Sim {
             wal_segment_size: 16 << 20,
         };
         let nodes = (0..N).map(|i| Some(Self::empty_node(&identity, i))).collect();
-        let config = Membership { generation: 0, members: (0..N).map(member).collect(), new_members: None };
+        let sites: Vec<Option<String>> =
+            (0..N).map(|i| options.sites.then(|| if i == 2 { "dc2" } else { "dc1" }.to_string())).collect();
+        let config = Membership {
+            generation: 0,
+            members: (0..N).map(|i| Member { site: sites[i].clone(), ..member(i) }).collect(),
+            new_members: None,
+            ..Default::default()
+        };
         Sim {
             rng: Rng::with_seed(seed),
             identity,
@@ -234,6 +267,7 @@ impl Sim {
             plan: None,
             changes_left: 0,
             change: None,
+            sites,
             steps: 0,
             stats: Stats::default(),
             options,
@@ -349,7 +383,11 @@ impl Sim {
         if !config.has_quorum(&voters) {
             return;
         }
-        let responses: Vec<VoteResponse> = votes.iter().map(|(_, v)| v.clone()).collect();
+        // As the compute's proposer does: the voters of the placement
+        // choose the epoch; asynchronous members' votes come last.
+        let is_voter = |i: usize| config.generation == 0 || config.is_voter(NodeId(i as u64));
+        votes.sort_by_key(|(i, _)| !is_voter(*i));
+        let responses: Vec<VoteResponse> = votes.iter().filter(|(i, _)| is_voter(*i)).map(|(_, v)| v.clone()).collect();
         let epoch = elect(term, &responses).expect("a quorum of votes");
         assert!(!self.term_wal.contains_key(&term), "two proposers elected in term {term}");
         // Fetch the donor's WAL (as a recovery stream would).
@@ -511,6 +549,9 @@ impl Sim {
                 if bytes.len() > self.committed.len() {
                     self.committed = bytes;
                     self.stats.commits += 1;
+                    if proposer.membership.rules().any(|(_, p)| !p.is_majority()) {
+                        self.stats.placed_commits += 1;
+                    }
                 }
             }
         }
@@ -553,15 +594,53 @@ impl Sim {
     }
 
     /// Starts replacing a member: OLD's disk is gone for good, NEW is an
-    /// empty acceptor with the timeline created.
+    /// empty acceptor with the timeline created. With sites, half the
+    /// changes instead move the placement of the same members.
     fn start_change(&mut self, mode: ChangeMode) {
         let members: Vec<usize> = self.config.members.iter().map(node_index).collect();
+        let g = self.config.generation;
+        let current = self.config.target().1;
+        // A member whose loss leaves the others no quorum under the rule in
+        // force (the only one of a local-quorum's home site) cannot be
+        // replaced this way: that takes a site failover.
+        let replaceable: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&old| {
+                let rest: Vec<NodeId> = members.iter().filter(|&&i| i != old).map(|&i| NodeId(i as u64)).collect();
+                Membership::of(1, self.config.members.clone(), current.clone()).has_quorum(&rest)
+            })
+            .collect();
+        // (A direct change with sites always moves the placement: the test
+        // of it must fail for the placement, not for a replacement.)
+        let direct = mode == ChangeMode::Direct;
+        if self.options.sites && (direct || replaceable.is_empty() || self.rng.chance(50)) {
+            let others: Vec<Placement> = placements().into_iter().filter(|p| *p != current).collect();
+            let placement = others[self.rng.below(others.len() as u64) as usize].clone();
+            let joint = Membership {
+                generation: g + 1,
+                members: self.config.members.clone(),
+                new_members: None,
+                placement: current,
+                new_placement: Some(placement.clone()),
+            };
+            let target = Membership::of(
+                if mode == ChangeMode::Direct { g + 1 } else { g + 2 },
+                self.config.members.clone(),
+                placement,
+            );
+            self.changes_left -= 1;
+            self.stats.changes_started += 1;
+            self.stats.placement_changes += 1;
+            self.change = Some(Change { new: None, joint, target, phase: Phase::CatchUp });
+            return;
+        }
         let flush = |i: usize| self.nodes[i].as_ref().map_or(START, |n| n.flush_lsn());
         // Often the member holding the most WAL: the one whose loss hurts.
         let old = if self.rng.chance(50) {
-            members.iter().copied().max_by_key(|&i| flush(i)).unwrap()
+            replaceable.iter().copied().max_by_key(|&i| flush(i)).unwrap()
         } else {
-            members[self.rng.below(members.len() as u64) as usize]
+            replaceable[self.rng.below(replaceable.len() as u64) as usize]
         };
         self.nodes[old] = None;
         for p in self.proposers.iter_mut().flatten() {
@@ -569,19 +648,25 @@ impl Sim {
         }
         let new = self.nodes.len();
         self.nodes.push(Some(Self::empty_node(&self.identity, new)));
-        let new_set: Vec<Member> =
-            members.iter().copied().filter(|&i| i != old).chain(std::iter::once(new)).map(member).collect();
-        let g = self.config.generation;
-        let joint =
-            Membership { generation: g + 1, members: self.config.members.clone(), new_members: Some(new_set.clone()) };
-        let target = Membership {
-            generation: if mode == ChangeMode::Direct { g + 1 } else { g + 2 },
-            members: new_set,
-            new_members: None,
+        self.sites.push(self.sites[old].clone());
+        let new_set: Vec<Member> = members
+            .iter()
+            .copied()
+            .filter(|&i| i != old)
+            .chain(std::iter::once(new))
+            .map(|i| Member { site: self.sites[i].clone(), ..member(i) })
+            .collect();
+        let joint = Membership {
+            generation: g + 1,
+            members: self.config.members.clone(),
+            new_members: Some(new_set.clone()),
+            placement: current.clone(),
+            new_placement: None,
         };
+        let target = Membership::of(if mode == ChangeMode::Direct { g + 1 } else { g + 2 }, new_set, current);
         self.changes_left -= 1;
         self.stats.changes_started += 1;
-        self.change = Some(Change { new, joint, target, phase: Phase::CatchUp });
+        self.change = Some(Change { new: Some(new), joint, target, phase: Phase::CatchUp });
     }
 
     /// Acceptor `i` appends committed WAL from `peer` (peer recovery): up
@@ -658,8 +743,8 @@ impl Sim {
         let Some(mut change) = self.change.take() else { return };
         match &mut change.phase {
             Phase::CatchUp => {
-                if mode != ChangeMode::Direct || self.rng.chance(50) {
-                    self.catch_up(change.new);
+                if let Some(new) = change.new.filter(|_| mode != ChangeMode::Direct || self.rng.chance(50)) {
+                    self.catch_up(new);
                 }
                 // Step 2: NEW close to the members' commit LSN, so the joint
                 // phase is short. Sometimes the operator goes on earlier:
@@ -672,7 +757,7 @@ impl Sim {
                     .map(|n| n.state().commit_lsn)
                     .max()
                     .unwrap_or(START);
-                let new_flush = self.nodes[change.new].as_ref().unwrap().flush_lsn();
+                let new_flush = change.new.map_or(commit, |new| self.nodes[new].as_ref().unwrap().flush_lsn());
                 let close = new_flush.0 + CATCH_UP_SLACK >= commit.0;
                 if mode == ChangeMode::Direct {
                     change.phase = Phase::Final;
@@ -693,8 +778,7 @@ impl Sim {
                         installed.entry(i).or_insert(flush);
                     }
                 }
-                let old_set =
-                    Membership { generation: joint.generation, members: joint.members.clone(), new_members: None };
+                let old_set = Membership::of(joint.generation, joint.members.clone(), joint.placement.clone());
                 let holders: Vec<NodeId> = installed.keys().map(|&i| NodeId(i as u64)).collect();
                 if old_set.has_quorum(&holders) {
                     // Every commit of the old generation is on one of these
@@ -726,8 +810,8 @@ impl Sim {
                             }
                         }
                         // ... and NEW has flushed it.
-                        let new_flush = self.nodes[change.new].as_ref().unwrap().flush_lsn();
-                        target.is_some_and(|t| new_flush >= t)
+                        let new_flush = change.new.map(|new| self.nodes[new].as_ref().unwrap().flush_lsn());
+                        target.is_some_and(|t| new_flush.is_none_or(|f| f >= t))
                     }
                     ChangeMode::Joint(Settled::ElectedUnderJoint) => {
                         // That proposer's voters included a majority of the
@@ -850,7 +934,8 @@ impl Sim {
                 .filter(|(i, g, _, _)| *g <= config.generation && config.is_member(NodeId(*i as u64)))
                 .collect();
             for (i, _, rank, complete) in &eligible {
-                if *complete {
+                // An asynchronous member is never a donor.
+                if *complete || (config.generation > 0 && !config.is_voter(NodeId(*i as u64))) {
                     continue;
                 }
                 let voters: Vec<NodeId> =
@@ -1009,6 +1094,35 @@ fn replacing_a_member_when_the_joint_generation_has_elected_is_safe() {
 #[test]
 fn replacing_a_member_when_the_acceptors_report_a_joint_election_is_safe() {
     replacing_members(Settled::ReportedElection);
+}
+
+/// Sites: the placement moves between majority, local-quorum at home in
+/// either site and stretched (and members are replaced) while proposers
+/// compete and acceptors crash.
+#[test]
+fn changing_the_placement_through_a_joint_configuration_is_safe() {
+    let options = Options {
+        change: Some(ChangeMode::Joint(Settled::ReportedElection)),
+        peer_recovery: true,
+        sites: true,
+        ..Options::default()
+    };
+    let stats = run(1..=1500, options);
+    println!("{stats:?}");
+    let (done, started) = (stats.changes_completed, stats.changes_started);
+    assert!(done * 100 > started * 90, "only {done} of {started} changes completed");
+    assert!(stats.placement_changes > 800, "only {} placement changes", stats.placement_changes);
+    assert!(stats.placed_commits > 2500, "only {} commits under a placement", stats.placed_commits);
+    assert!(stats.joint_elections > 2000, "only {} elections under a joint configuration", stats.joint_elections);
+    assert!(stats.fenced > 2000, "only {} proposers fenced by a newer generation", stats.fenced);
+}
+
+#[test]
+fn changing_the_placement_without_the_joint_phase_loses_commits() {
+    let direct = Options { change: Some(ChangeMode::Direct), peer_recovery: true, sites: true, ..Options::default() };
+    let protocol_only = Options { protocol_checks_only: true, ..direct };
+    let caught = std::panic::catch_unwind(|| run(1..=3000, protocol_only)).is_err();
+    assert!(caught, "the proposers must really break safety when a placement change skips the joint configuration");
 }
 
 #[test]

@@ -61,6 +61,19 @@ pub struct InitArgs {
     /// the pageserver checks its native redo against them (slower; for tests).
     #[arg(long)]
     pub verify_redo: bool,
+    /// A cluster on this machine in this many sites (data centres), `dc1`
+    /// to `dcN`, joined through a link proxy that adds `--site-latency-ms`
+    /// (`docs/sites.md`): the safekeepers spread with the most in `dc1`,
+    /// `--pageservers` pageservers in each site.
+    #[arg(long, conflicts_with = "hosts", value_name = "N")]
+    pub sites: Option<usize>,
+    /// The round trip between two sites, in milliseconds (with `--sites`).
+    #[arg(long, requires = "sites", value_name = "MS")]
+    pub site_latency_ms: Option<f64>,
+    /// The WAL placement of `main` (with `--sites`; default local-quorum,
+    /// home `dc1`).
+    #[arg(long, requires = "sites", value_parser = ["majority", "local-quorum", "stretched"])]
+    pub placement: Option<String>,
     /// No TLS and no tokens anywhere: only to measure what they cost
     /// (`bench/security_cost.py`). Such a cluster stays on loopback: its
     /// services refuse any other address without TLS and tokens.
@@ -235,6 +248,29 @@ pub enum BranchCommand {
         /// Stop the endpoints running on it.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Set a branch's WAL placement (`docs/sites.md`): `majority`,
+    /// `local-quorum` (a quorum in the home site, the other sites
+    /// asynchronous) or `stretched` (every commit on safekeepers of two
+    /// sites). Runs a membership change on every safekeeper.
+    Placement {
+        name: String,
+        #[arg(value_parser = ["majority", "local-quorum", "stretched"])]
+        policy: String,
+        /// local-quorum: the site whose safekeepers make the quorum
+        /// (default: the site with the most safekeepers).
+        #[arg(long, value_name = "SITE")]
+        home: Option<String>,
+        /// local-quorum: bytes an asynchronous safekeeper may fall behind
+        /// (default 128 MiB).
+        #[arg(long, value_name = "BYTES")]
+        max_async_lag: Option<u64>,
+        /// local-quorum: past the bound, `fall-behind` (default: the
+        /// member catches up later) or `throttle` (commits wait).
+        #[arg(long, value_parser = ["fall-behind", "throttle"])]
+        on_async_lag: Option<String>,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },

@@ -767,6 +767,8 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     let password = ensure_password(&ep, given)?;
     let c = &wd.cluster;
     let ps = super::controller::attached(wd)?;
+    // Everything of another site is reached through the link proxy's routes.
+    let site = host.site.as_str();
     let mut args: Vec<OsString> = vec![
         "compute".into(),
         "start".into(),
@@ -775,15 +777,15 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         "--pg-port".into(),
         pg_port.to_string().into(),
         "--safekeepers".into(),
-        c.safekeeper_addrs().join(",").into(),
+        c.safekeeper_addrs_from(site).join(",").into(),
         "--tenant-id".into(),
         c.tenant_id.to_string().into(),
         "--timeline-id".into(),
         req.timeline_id.to_string().into(),
         "--pageserver-http".into(),
-        ps.addr("http").unwrap_or_default().into(),
+        c.addr_from(site, ps, "http").unwrap_or_default().into(),
         "--controller".into(),
-        c.of_kind(Kind::Controller).filter_map(|s| s.addr("http")).collect::<Vec<_>>().join(",").into(),
+        c.of_kind(Kind::Controller).filter_map(|s| c.addr_from(site, s, "http")).collect::<Vec<_>>().join(",").into(),
         "--http".into(),
         std::net::SocketAddr::new(ep.address, http_port).to_string().into(),
         "--pg-bin-dir".into(),
@@ -795,6 +797,23 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     ];
     if c.verify_redo {
         args.push("--verify-redo".into());
+    }
+    if !c.routes.is_empty() {
+        let mut routes = Vec::new();
+        for sk in c.of_kind(Kind::Safekeeper) {
+            let routed = c.addr_from(site, sk, "listen").unwrap_or_default();
+            if Some(&routed) != sk.addr("listen").as_ref() {
+                let id = layout::read_toml::<strata_safekeeper::config::SafekeeperConfig>(&wd.config_path(sk))?.id;
+                routes.push(format!("{id}={routed}"));
+            }
+        }
+        if !routes.is_empty() {
+            args.extend(["--safekeeper-route".into(), routes.join(",").into()]);
+        }
+        let map: Vec<String> = c.address_map_from(site).into_iter().map(|(a, b)| format!("{a}={b}")).collect();
+        if !map.is_empty() {
+            args.extend(["--address-map".into(), map.join(",").into()]);
+        }
     }
     if let Some(token) = &req.agent_token {
         // Rewritten at every start, so a new key takes effect with the next one.
@@ -826,7 +845,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         args.extend(["--read-only-at".into(), lsn.to_string().into()]);
     }
     if let Some(replica) = &req.replica {
-        let replication: Vec<String> = c.of_kind(Kind::Safekeeper).filter_map(|s| s.addr("pg")).collect();
+        let replication: Vec<String> = c.of_kind(Kind::Safekeeper).filter_map(|s| c.addr_from(site, s, "pg")).collect();
         args.extend(["--replica".into(), name.into(), "--safekeeper-replication".into(), replication.join(",").into()]);
         if let Some(lsn) = replica.after {
             args.extend(["--replica-after".into(), lsn.to_string().into()]);
@@ -839,7 +858,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         }
     }
     if lazy {
-        args.extend(["--lazy-page-service".into(), ps.addr("pg").unwrap_or_default().into()]);
+        args.extend(["--lazy-page-service".into(), c.addr_from(site, ps, "pg").unwrap_or_default().into()]);
         if let Some(mb) = cache_mb {
             args.extend(["--lazy-cache-mb".into(), mb.to_string().into()]);
         }

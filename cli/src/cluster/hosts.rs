@@ -260,6 +260,9 @@ mod tests {
             pg_user: "postgres".into(),
             verify_redo: false,
             insecure_loopback: true,
+            sites: None,
+            site_latency_ms: None,
+            placement: None,
         })
         .unwrap();
         d

@@ -63,6 +63,11 @@ pub struct ClusterFile {
     pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
     pub branches: Vec<Branch>,
     pub services: Vec<Service>,
+    /// The link proxy's routes between the sites of a local cluster
+    /// (`docs/sites.md`): who in which site reaches which service's port
+    /// through it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<Route>,
     /// The generation the CLI issued last, before the storage controller
     /// issued them (read so that old files load; the controller issues
     /// generations above every one in object storage).
@@ -103,6 +108,24 @@ fn local_host_name() -> String {
     LOCAL_HOST.into()
 }
 
+/// One route of the link proxy: services and computes of `site` reach
+/// `service`'s `role` port at the proxy's address and `port`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub site: String,
+    pub service: String,
+    pub role: String,
+    pub port: u16,
+}
+
+impl Route {
+    /// Its name in the link proxy's config and API.
+    pub fn name(&self) -> String {
+        format!("{}-{}-{}", self.site, self.service, self.role)
+    }
+}
+
 /// A branch: a named timeline of the tenant.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,6 +138,10 @@ pub struct Branch {
     pub parent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ancestor_lsn: Option<strata_formats::Lsn>,
+    /// Its WAL placement (`docs/sites.md`); `strata start` brings the
+    /// safekeepers' configuration to it. None: a majority of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<strata_protocol::safekeeper::Placement>,
 }
 
 /// What a service is; decides its subcommand and config format.
@@ -124,6 +151,9 @@ pub enum Kind {
     Safekeeper,
     Pageserver,
     Controller,
+    /// The relay that puts latency between the sites of a local cluster.
+    #[serde(rename = "link-proxy")]
+    LinkProxy,
 }
 
 impl Kind {
@@ -133,6 +163,7 @@ impl Kind {
             Kind::Safekeeper => "safekeeper",
             Kind::Pageserver => "pageserver",
             Kind::Controller => "controller",
+            Kind::LinkProxy => "link-proxy",
         }
     }
 }
@@ -179,9 +210,58 @@ impl ClusterFile {
         self.services.iter().filter(move |s| s.kind == kind)
     }
 
-    /// Every safekeeper's protocol address, in order.
-    pub fn safekeeper_addrs(&self) -> Vec<String> {
-        self.of_kind(Kind::Safekeeper).filter_map(|s| s.addr("listen")).collect()
+    /// A service's site (its host's).
+    pub fn site_of<'a>(&'a self, s: &'a Service) -> &'a str {
+        self.host(&s.host).map_or(s.host.as_str(), |h| h.site.as_str())
+    }
+
+    /// The address of one of `s`'s ports as seen from `site`: through the
+    /// link proxy when a route leads there, else its own.
+    pub fn addr_from(&self, site: &str, s: &Service, role: &str) -> Option<String> {
+        let route = self.routes.iter().find(|r| r.site == site && r.service == s.name && r.role == role);
+        match (route, self.of_kind(Kind::LinkProxy).next()) {
+            (Some(r), Some(proxy)) => Some(std::net::SocketAddr::new(proxy.address, r.port).to_string()),
+            _ => s.addr(role),
+        }
+    }
+
+    /// Every safekeeper's protocol address as seen from `site`, those of
+    /// `site` first (ties in choosing a WAL source go to them).
+    pub fn safekeeper_addrs_from(&self, site: &str) -> Vec<String> {
+        let mut sks: Vec<&Service> = self.of_kind(Kind::Safekeeper).collect();
+        sks.sort_by_key(|s| self.site_of(s) != site);
+        sks.into_iter().filter_map(|s| self.addr_from(site, s, "listen")).collect()
+    }
+
+    /// Each direct address of another site's service and the route `site`
+    /// reaches it by (for addresses learnt at run time, e.g. from a
+    /// storage controller).
+    pub fn address_map_from(&self, site: &str) -> Vec<(String, String)> {
+        let mut map = Vec::new();
+        for s in &self.services {
+            for role in s.ports.keys() {
+                if let (Some(direct), Some(routed)) = (s.addr(role), self.addr_from(site, s, role)) {
+                    if direct != routed {
+                        map.push((direct, routed));
+                    }
+                }
+            }
+        }
+        map
+    }
+
+    /// The site of each host with safekeepers and how many run there, in
+    /// the order of the safekeepers.
+    pub fn safekeeper_sites(&self) -> Vec<(String, usize)> {
+        let mut sites: Vec<(String, usize)> = Vec::new();
+        for s in self.of_kind(Kind::Safekeeper) {
+            let site = self.host(&s.host).map_or_else(|| s.host.clone(), |h| h.site.clone());
+            match sites.iter_mut().find(|(x, _)| *x == site) {
+                Some((_, n)) => *n += 1,
+                None => sites.push((site, 1)),
+            }
+        }
+        sites
     }
 
     /// A branch by name.
@@ -240,7 +320,7 @@ impl ClusterFile {
             let roles: &[&str] = match s.kind {
                 Kind::Safekeeper => &["listen", "http"],
                 Kind::Pageserver => &["pg", "http"],
-                Kind::Controller => &["http"],
+                Kind::Controller | Kind::LinkProxy => &["http"],
             };
             if let Some(r) = roles.iter().find(|r| !s.ports.contains_key(**r)) {
                 return Err(format!("service {} has no `{r}` port", s.name));
@@ -430,6 +510,29 @@ impl HostsSpec {
         }
     }
 
+    /// The cluster of `strata init --sites K`: one loopback host per site
+    /// (`dc1`…), the safekeepers spread with the remainder in the first
+    /// sites, `pageservers` in each site, computes everywhere.
+    fn sites(k: usize, safekeepers: usize, pageservers: usize) -> std::result::Result<HostsSpec, String> {
+        if !(2..=4).contains(&k) {
+            return Err(format!("--sites must be between 2 and 4, not {k}"));
+        }
+        if pageservers * k > 9 {
+            return Err(format!("{pageservers} pageservers in each of {k} sites: a cluster has at most 9"));
+        }
+        let hosts = (0..k)
+            .map(|i| {
+                let count = safekeepers / k + usize::from(i < safekeepers % k);
+                let mut run = vec!["safekeeper".to_string(); count];
+                run.extend(std::iter::repeat_n("pageserver".to_string(), pageservers));
+                run.push("compute".to_string());
+                let name = format!("dc{}", i + 1);
+                HostSpec { name: name.clone(), address: LOOPBACK, site: name, run }
+            })
+            .collect();
+        Ok(HostsSpec { hosts, remote_storage: None })
+    }
+
     /// What each host runs: `(host index, kind)` of every service, the
     /// safekeepers first in the order given.
     fn services(&self) -> std::result::Result<Vec<(usize, Kind)>, String> {
@@ -464,6 +567,24 @@ impl HostsSpec {
     }
 }
 
+/// The name of the `i`th pageserver (from 0).
+fn ps_service_name(i: usize) -> String {
+    if i == 0 {
+        "pageserver".to_string()
+    } else {
+        format!("pageserver{}", i + 1)
+    }
+}
+
+/// The name of the storage controller beside the `i`th pageserver.
+fn controller_name(i: usize) -> String {
+    if i == 0 {
+        "controller".to_string()
+    } else {
+        format!("controller{}", i + 1)
+    }
+}
+
 /// `strata init`: chooses ports and ids and writes `cluster.toml` and every
 /// service's config; refuses an already initialised workdir.
 pub fn init(args: &InitArgs) -> Result<()> {
@@ -483,10 +604,37 @@ pub fn init(args: &InitArgs) -> Result<()> {
             if !(1..=9).contains(&p) {
                 return Err(Error::Usage(format!("--pageservers must be between 1 and 9, not {p}")));
             }
-            HostsSpec::local(n, p)
+            match args.sites {
+                Some(k) => HostsSpec::sites(k, n, p).map_err(Error::Usage)?,
+                None => HostsSpec::local(n, p),
+            }
         }
     };
+    let latency_ms = args.site_latency_ms.unwrap_or(0.0);
+    if !(0.0..=10_000.0).contains(&latency_ms) {
+        return Err(Error::Usage(format!("--site-latency-ms must be between 0 and 10000, not {latency_ms}")));
+    }
     let placement = spec.services().map_err(Error::Usage)?;
+    let main_placement = match (args.sites, args.placement.as_deref()) {
+        (None, _) | (Some(_), Some("majority")) => None,
+        (Some(_), Some("stretched")) => Some(strata_protocol::safekeeper::Placement::Stretched),
+        (Some(_), _) => Some(strata_protocol::safekeeper::Placement::LocalQuorum {
+            home: spec.hosts[0].site.clone(),
+            max_async_lag: strata_protocol::safekeeper::membership::DEFAULT_MAX_ASYNC_LAG,
+            on_async_lag: Default::default(),
+        }),
+    };
+    if main_placement == Some(strata_protocol::safekeeper::Placement::Stretched) {
+        let mut sites: Vec<&str> = placement
+            .iter()
+            .filter(|(_, k)| *k == Kind::Safekeeper)
+            .map(|(h, _)| spec.hosts[*h].site.as_str())
+            .collect();
+        sites.dedup();
+        if sites.len() < 2 {
+            return Err(Error::Usage("--placement stretched needs safekeepers in two sites".into()));
+        }
+    }
     let secure = !args.insecure_loopback;
     if !secure {
         if let Some(h) = spec.hosts.iter().find(|h| !h.address.is_loopback()) {
@@ -514,8 +662,45 @@ pub fn init(args: &InitArgs) -> Result<()> {
     let n = placement.iter().filter(|(_, k)| *k == Kind::Safekeeper).count();
     let np = placement.iter().filter(|(_, k)| *k == Kind::Pageserver).count();
     let first_node_port = 3 * n + 3 * np;
-    let ports = ports::allocate(first_node_port + spec.hosts.len(), &[])
-        .map_err(|e| Error::Failed(format!("finding free ports: {e}")))?;
+    // With sites: the link proxy's HTTP port, then a route from every site
+    // to every port of every service in another site.
+    let mut sites: Vec<&str> = spec.hosts.iter().map(|h| h.site.as_str()).collect();
+    sites.dedup();
+    let proxy_port = first_node_port + spec.hosts.len();
+    let mut wanted_routes: Vec<(String, String, &'static str)> = Vec::new();
+    if args.sites.is_some() {
+        let ps_count = |upto: usize| placement[..upto].iter().filter(|(_, k)| *k == Kind::Pageserver).count();
+        for (i, (host, kind)) in placement.iter().enumerate() {
+            let (name, roles): (String, &[&'static str]) = match kind {
+                Kind::Safekeeper => (format!("sk{}", i + 1), &["listen", "http", "pg"]),
+                _ => (ps_service_name(ps_count(i)), &["pg", "http"]),
+            };
+            let mut names = vec![(name, roles)];
+            if *kind == Kind::Pageserver {
+                names.push((controller_name(ps_count(i)), &["http"]));
+            }
+            for site in sites.iter().filter(|s| **s != spec.hosts[*host].site) {
+                for (name, roles) in &names {
+                    wanted_routes.extend(roles.iter().map(|r| (site.to_string(), name.clone(), *r)));
+                }
+            }
+        }
+    }
+    let extra = if args.sites.is_some() { 1 + wanted_routes.len() } else { 0 };
+    let ports =
+        ports::allocate(proxy_port + extra, &[]).map_err(|e| Error::Failed(format!("finding free ports: {e}")))?;
+    let routes: Vec<Route> = wanted_routes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (site, service, role))| Route { site, service, role: role.into(), port: ports[proxy_port + 1 + i] })
+        .collect();
+    // The proxy runs on the first host; a route is reached at its address.
+    let via = |from: usize, service: &str, role: &str, direct: String| -> String {
+        routes
+            .iter()
+            .find(|r| r.site == spec.hosts[from].site && r.service == service && r.role == role)
+            .map_or(direct, |r| std::net::SocketAddr::new(spec.hosts[0].address, r.port).to_string())
+    };
     let hosts: Vec<Host> = spec
         .hosts
         .iter()
@@ -540,10 +725,11 @@ pub fn init(args: &InitArgs) -> Result<()> {
         let peers: Vec<_> = (0..n)
             .filter(|&j| j != i)
             .map(|j| {
+                let peer = format!("sk{}", j + 1);
                 serde_json::json!({
                     "id": j + 1,
-                    "address": at(sk_hosts[j], sk_port(j, 0)),
-                    "http": at(sk_hosts[j], sk_port(j, 1)),
+                    "address": via(host, &peer, "listen", at(sk_hosts[j], sk_port(j, 0))),
+                    "http": via(host, &peer, "http", at(sk_hosts[j], sk_port(j, 1))),
                 })
             })
             .collect();
@@ -578,11 +764,18 @@ pub fn init(args: &InitArgs) -> Result<()> {
         });
     }
     let ps_hosts: Vec<usize> = placement.iter().filter(|(_, k)| *k == Kind::Pageserver).map(|(h, _)| *h).collect();
-    let ps_name = |i: usize| if i == 0 { "pageserver".to_string() } else { format!("pageserver{}", i + 1) };
+    let ps_name = ps_service_name;
     let ps_port = |i: usize, role: usize| ports[3 * n + 2 * i + role];
     let mut ps_refs = Vec::new();
     for (i, &host) in ps_hosts.iter().enumerate() {
         let name = ps_name(i);
+        // Its own site's safekeepers first: ties in choosing a WAL source go to them.
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&j| hosts[sk_hosts[j]].site != hosts[host].site);
+        let wal_sources: Vec<String> = order
+            .into_iter()
+            .map(|j| via(host, &format!("sk{}", j + 1), "listen", at(sk_hosts[j], sk_port(j, 0))))
+            .collect();
         let config: strata_pageserver::config::PageserverConfig = service_config(
             serde_json::json!({
                 // Node ids are unique within the deployment: the safekeepers have 1..=n.
@@ -590,7 +783,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
                 "listen_pg": at(host, ps_port(i, 0)),
                 "listen_http": at(host, ps_port(i, 1)),
                 "data_dir": root.join(&name).join("data"),
-                "safekeepers": (0..n).map(|i| at(sk_hosts[i], sk_port(i, 0))).collect::<Vec<_>>(),
+                "safekeepers": wal_sources,
                 "auth": secure.then(|| super::keys::service_auth(&root)),
                 "tls": host_tls(host),
                 "pg_bin_dir": args.pg_bin_dir,
@@ -623,7 +816,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
     // A storage controller beside each pageserver: one leads, the others
     // take over when it dies (`docs/storage-controller.md`).
     for (i, &host) in ps_hosts.iter().enumerate() {
-        let name = if i == 0 { "controller".to_string() } else { format!("controller{}", i + 1) };
+        let name = controller_name(i);
         let port = ports[3 * n + 2 * np + i];
         let config: strata_controller::config::ControllerConfig = service_config(
             serde_json::json!({
@@ -649,6 +842,47 @@ pub fn init(args: &InitArgs) -> Result<()> {
         });
     }
 
+    if args.sites.is_some() {
+        let name = "link-proxy".to_string();
+        let port = ports[proxy_port];
+        let config = strata_link_proxy::config::LinkProxyConfig {
+            listen_http: std::net::SocketAddr::new(hosts[0].address, port),
+            routes: routes
+                .iter()
+                .map(|r| {
+                    let target = services.iter().find(|s| s.name == r.service).expect("routes name services");
+                    strata_link_proxy::config::RouteConfig {
+                        name: r.name(),
+                        listen: std::net::SocketAddr::new(hosts[0].address, r.port),
+                        target: std::net::SocketAddr::new(target.address, target.ports[&r.role]).to_string(),
+                        // The round trip, half each way.
+                        delay_ms: latency_ms / 2.0,
+                        jitter_ms: 0.0,
+                    }
+                })
+                .collect(),
+            auth: secure.then(|| super::keys::service_auth(&root)),
+            tls: host_tls(0),
+            ..service_config(
+                serde_json::json!({"listen_http": std::net::SocketAddr::new(hosts[0].address, port), "routes": []}),
+                "link proxy",
+            )?
+        };
+        let rel = PathBuf::from(&name).join("link-proxy.toml");
+        configs.push((rel.clone(), toml::to_string(&config).map_err(|e| Error::Failed(format!("{name}: {e}")))?));
+        services.insert(
+            0,
+            Service {
+                name,
+                kind: Kind::LinkProxy,
+                host: hosts[0].name.clone(),
+                config: rel,
+                ports: BTreeMap::from([("http".to_string(), port)]),
+                address: hosts[0].address,
+            },
+        );
+    }
+
     let mut cluster = ClusterFile {
         format_version: FORMAT_VERSION,
         revision: 0,
@@ -663,8 +897,10 @@ pub fn init(args: &InitArgs) -> Result<()> {
             timeline_id: TimelineId::generate(),
             parent: None,
             ancestor_lsn: None,
+            placement: main_placement,
         }],
         services,
+        routes,
         generation: 0,
     };
     cluster.check().map_err(Error::Usage)?;
@@ -692,7 +928,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
         let ports: Vec<String> = s.ports.iter().map(|(r, p)| format!("{r}={p}")).collect();
         println!("{:<12} {:<11} {:<15} {}", s.name, s.kind.as_str(), s.address, ports.join(" "));
     }
-    if cluster.hosts.len() == 1 {
+    if cluster.hosts.iter().all(Host::is_loopback) {
         println!("start it with `strata start --workdir {}`", dir.display());
     } else {
         println!(
@@ -719,6 +955,9 @@ mod tests {
             pg_user: "postgres".into(),
             verify_redo: false,
             insecure_loopback: false,
+            sites: None,
+            site_latency_ms: None,
+            placement: None,
         }
     }
 
@@ -751,7 +990,7 @@ mod tests {
 
         let ps = wd.service("pageserver").unwrap();
         let psc = strata_pageserver::config::PageserverConfig::load(&wd.config_path(ps)).unwrap();
-        assert_eq!(psc.safekeepers, wd.cluster.safekeeper_addrs());
+        assert_eq!(psc.safekeepers, wd.cluster.safekeeper_addrs_from(LOCAL_HOST));
         assert_eq!(psc.listen_http.port(), ps.ports["http"]);
         assert_eq!(psc.data_dir, wd.root.join("pageserver/data"));
         assert_eq!(psc.id.0, 4);
@@ -907,7 +1146,7 @@ run = ["compute"]
         let ps = strata_pageserver::config::PageserverConfig::load(&wd.config_path(wd.service("pageserver").unwrap()))
             .unwrap();
         assert_eq!(ps.listen_pg.ip().to_string(), "10.9.0.14");
-        assert_eq!(ps.safekeepers, wd.cluster.safekeeper_addrs());
+        assert_eq!(ps.safekeepers, wd.cluster.safekeeper_addrs_from("dc1"));
         assert_eq!(ps.tls.as_ref().unwrap().cert, wd_dir.canonicalize().unwrap().join("tls/10.9.0.14.pem"));
         for h in &wd.cluster.hosts {
             assert!(wd_dir.join(format!("tls/{}.pem", h.address)).exists(), "{}", h.name);
@@ -970,6 +1209,86 @@ run = ["compute"]
         let wd = Workdir::open(&dir).unwrap();
         assert_eq!(wd.cluster.hosts, local_hosts());
         assert!(wd.cluster.services.iter().all(|s| s.address == LOOPBACK));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn init_with_sites_routes_every_link_between_sites_through_the_proxy() {
+        let dir = tempdir("sites");
+        let args = InitArgs { sites: Some(2), site_latency_ms: Some(6.0), ..init_args(&dir, 3) };
+        init(&args).unwrap();
+        let wd = Workdir::open(&dir).unwrap();
+        let c = &wd.cluster;
+        let placed: Vec<(&str, &str)> = c.services.iter().map(|s| (s.name.as_str(), c.site_of(s))).collect();
+        assert_eq!(
+            placed,
+            [
+                ("link-proxy", "dc1"),
+                ("sk1", "dc1"),
+                ("sk2", "dc1"),
+                ("sk3", "dc2"),
+                ("pageserver", "dc1"),
+                ("pageserver2", "dc2"),
+                ("controller", "dc1"),
+                ("controller2", "dc2"),
+            ]
+        );
+        assert_eq!(
+            c.branches[0].placement,
+            Some(strata_protocol::safekeeper::Placement::LocalQuorum {
+                home: "dc1".into(),
+                max_async_lag: strata_protocol::safekeeper::membership::DEFAULT_MAX_ASYNC_LAG,
+                on_async_lag: Default::default(),
+            })
+        );
+        // dc1 reaches every port of dc2's services through a route and its
+        // own directly; likewise dc2.
+        let proxy =
+            strata_link_proxy::config::LinkProxyConfig::load(&wd.config_path(wd.service("link-proxy").unwrap()))
+                .unwrap();
+        assert_eq!(proxy.routes.len(), c.routes.len());
+        // sk3: 3 ports, pageserver2: 2, controller2: 1; and the same of dc1 (sk1, sk2, pageserver, controller) from dc2.
+        assert_eq!(c.routes.len(), 6 + 3 + 3 + 2 + 1);
+        for r in &proxy.routes {
+            assert_eq!(r.delay_ms, 3.0, "half the round trip each way");
+            let route = c.routes.iter().find(|x| x.name() == r.name).unwrap();
+            let target = wd.service(&route.service).unwrap();
+            assert_eq!(r.target, target.addr(&route.role).unwrap());
+            assert_ne!(c.site_of(target), route.site);
+        }
+        let sk3 = wd.service("sk3").unwrap();
+        let sk1 = wd.service("sk1").unwrap();
+        let routed = c.addr_from("dc1", sk3, "listen").unwrap();
+        assert_ne!(routed, sk3.addr("listen").unwrap());
+        assert_eq!(c.addr_from("dc2", sk3, "listen"), sk3.addr("listen"));
+        // The configs use the routes: sk3's peers, each pageserver's WAL
+        // sources (its own site's first).
+        let sk3c = strata_safekeeper::config::SafekeeperConfig::load(&wd.config_path(sk3)).unwrap();
+        assert_eq!(sk3c.peers[0].address, c.addr_from("dc2", sk1, "listen").unwrap());
+        assert_ne!(sk3c.peers[0].address, sk1.addr("listen").unwrap());
+        let ps2 =
+            strata_pageserver::config::PageserverConfig::load(&wd.config_path(wd.service("pageserver2").unwrap()))
+                .unwrap();
+        assert_eq!(ps2.safekeepers[0], sk3.addr("listen").unwrap());
+        assert_eq!(ps2.safekeepers[1], c.addr_from("dc2", sk1, "listen").unwrap());
+        let ps1 = strata_pageserver::config::PageserverConfig::load(&wd.config_path(wd.service("pageserver").unwrap()))
+            .unwrap();
+        assert_eq!(ps1.safekeepers[2], routed);
+        assert_eq!(c.address_map_from("dc2").len(), 6 + 3);
+        // Ports stay distinct, routes included.
+        let mut ports = c.ports();
+        ports.extend(c.routes.iter().map(|r| r.port));
+        let count = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), count);
+        // Refused: one site, too many, stretched with every safekeeper in dc1.
+        for (sites, n, placement) in [(1, 3, None), (5, 3, None), (2, 1, Some("stretched"))] {
+            let d = tempdir("badsites");
+            let args = InitArgs { sites: Some(sites), placement: placement.map(str::to_string), ..init_args(&d, n) };
+            assert!(matches!(init(&args), Err(Error::Usage(_))), "{sites} sites, {n} safekeepers, {placement:?}");
+            fs::remove_dir_all(&d).unwrap();
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,19 +1,19 @@
-//! `strata safekeeper replace OLD NEW`: replaces a safekeeper of the local
-//! cluster (typically one whose disk is gone) by a new, empty one while
-//! writes go on. Every timeline goes through the membership change of
-//! `docs/safekeeper-membership.md`: the new safekeeper catches up first,
-//! then a joint configuration (a majority of both sets for every election
-//! and commit), then the new set alone. A change interrupted half-way is
-//! resumed by running the command again: the generations say where it
-//! stopped.
+//! Membership changes of the safekeepers (`docs/safekeeper-membership.md`):
+//! `strata safekeeper replace OLD NEW` replaces a safekeeper (typically one
+//! whose disk is gone) by a new, empty one while writes go on, and `strata
+//! branch placement` changes a branch's WAL placement (`docs/sites.md`).
+//! Every timeline goes through the same steps: a new safekeeper catches up
+//! first, then a joint configuration (a quorum of both the old and the new
+//! rule for every election and commit), then the new rule alone. A change
+//! interrupted half-way is resumed by running the command again: the
+//! generations say where it stopped.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use strata_protocol::api::safekeeper::{CreateTimelineRequest, TimelineStatus};
-use strata_protocol::safekeeper::election::quorum;
-use strata_protocol::safekeeper::{Member, Membership, TimelineIdentity};
+use strata_protocol::safekeeper::{Member, Membership, Placement, TimelineIdentity};
 use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_safekeeper::config::{Peer, SafekeeperConfig};
 
@@ -33,19 +33,22 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// One safekeeper as the change sees it.
 #[derive(Clone, Debug)]
-struct Node {
+pub(super) struct Node {
     name: String,
     member: Member,
     /// Base URL of its HTTP API.
     http: String,
 }
 
-/// The change of one timeline from `old` to `new` (the same minus OLD plus NEW).
-struct Change<'a> {
-    tenant: TenantId,
-    timeline: TimelineId,
-    old: &'a [Node],
-    new: &'a [Node],
+/// The change of one timeline from `old` to `new` (the same minus OLD
+/// plus NEW, or the same set), and to `placement` (none: the placement
+/// stays).
+pub(super) struct Change<'a> {
+    pub tenant: TenantId,
+    pub timeline: TimelineId,
+    pub old: &'a [Node],
+    pub new: &'a [Node],
+    pub placement: Option<Placement>,
 }
 
 fn tl_url(n: &Node, t: TenantId, l: TimelineId) -> String {
@@ -77,9 +80,11 @@ impl Change<'_> {
     }
 
     /// Installs `m` on every reachable node of `on`; succeeds once a
-    /// majority of `need` holds it (or a later generation refused it —
-    /// then someone else moved on, and that is an error).
-    fn install(&self, m: &Membership, on: &[&Node], need: &[Node]) -> Result<()> {
+    /// quorum of `need` holds it (or a later generation refused it — then
+    /// someone else moved on, and that is an error). A quorum of the
+    /// configuration being left is what keeps its proposers from being
+    /// elected or committing any more.
+    fn install(&self, m: &Membership, on: &[&Node], need: &Membership) -> Result<()> {
         let body = serde_json::to_value(m).expect("a membership serializes");
         let mut holding = Vec::new();
         let mut problems = Vec::new();
@@ -91,13 +96,14 @@ impl Change<'_> {
                 Err(e) => problems.push(format!("{}: {e}", n.name)),
             }
         }
-        let acked = need.iter().filter(|n| holding.contains(&n.member.id)).count();
-        if acked < quorum(need.len()) {
+        if !need.has_quorum(&holding) {
             return failed(format!(
-                "timeline {}: generation {} reached {acked} of {} safekeepers that must hold it, a majority is needed: {}",
+                "timeline {}: generation {} reached safekeepers {:?}, not a quorum of {:?} ({}): {}",
                 self.timeline,
                 m.generation,
-                need.len(),
+                holding.iter().map(|id| id.0).collect::<Vec<_>>(),
+                need.all().iter().map(|m| m.id.0).collect::<Vec<_>>(),
+                need.placement.policy(),
                 problems.join("; ")
             ));
         }
@@ -120,7 +126,7 @@ impl Change<'_> {
         best.ok_or_else(|| Error::Failed(format!("timeline {}: no safekeeper answered", self.timeline)))
     }
 
-    fn run(&self, new_node: &Node) -> Result<()> {
+    pub fn run(&self) -> Result<()> {
         let members = |set: &[Node]| set.iter().map(|n| n.member.clone()).collect::<Vec<_>>();
         let same = |a: &[Member], b: &[Node]| {
             let mut x: Vec<u64> = a.iter().map(|m| m.id.0).collect();
@@ -132,18 +138,29 @@ impl Change<'_> {
         let everyone = self.everyone();
         let mut current = self.current()?;
         if current.generation == 0 {
-            // The configured set becomes generation 1, so that the new
+            let fresh = self.old.iter().all(|n| self.state(n).is_ok_and(|s| s.term_history.0.is_empty()));
+            if fresh && self.new.iter().all(|n| self.old.iter().any(|o| o.member.id == n.member.id)) {
+                // No proposer was ever elected: nothing is committed, and the
+                // target configuration can be the first one.
+                let first = Membership::of(1, members(self.new), self.placement.clone().unwrap_or(Placement::Majority));
+                let configured = Membership::of(1, members(self.old), Placement::Majority);
+                self.install(&first, &everyone, &configured)?;
+                println!("  generation 1: {} (no WAL was written yet)", first.placement.policy());
+                return Ok(());
+            }
+            // The configured set becomes generation 1, so that a new
             // safekeeper can be told it is not a member yet.
-            let first = Membership { generation: 1, members: members(self.old), new_members: None };
-            self.install(&first, &everyone[..self.old.len()], self.old)?;
+            let first = Membership::of(1, members(self.old), Placement::Majority);
+            self.install(&first, &everyone[..self.old.len()], &first)?;
             println!("  generation 1: the current safekeepers");
             current = first;
         }
-        if current.new_members.is_none() && same(&current.members, self.new) {
-            println!("  already done (generation {})", current.generation);
+        let placement = self.placement.clone().unwrap_or_else(|| current.target().1);
+        if !current.is_joint() && same(&current.members, self.new) && current.placement == placement {
+            println!("  already done (generation {}, {})", current.generation, placement.policy());
             return Ok(());
         }
-        if current.new_members.is_none() {
+        if !current.is_joint() {
             if !same(&current.members, self.old) {
                 return failed(format!(
                     "timeline {}: generation {} has members {:?}, not the cluster's safekeepers",
@@ -152,29 +169,36 @@ impl Change<'_> {
                     current.members.iter().map(|m| m.id.0).collect::<Vec<_>>()
                 ));
             }
-            self.create_on_new(new_node, &current)?;
-            self.catch_up(new_node)?;
+            for n in self.new.iter().filter(|n| !current.is_member(n.member.id)) {
+                self.create_on_new(n, &current)?;
+                self.catch_up(n)?;
+            }
             let joint = Membership {
                 generation: current.generation + 1,
-                members: members(self.old),
-                new_members: Some(members(self.new)),
+                members: current.members.clone(),
+                new_members: (!same(&current.members, self.new)).then(|| members(self.new)),
+                placement: current.placement.clone(),
+                new_placement: (current.placement != placement).then(|| placement.clone()),
             };
-            self.install(&joint, &everyone, self.old)?;
+            self.install(&joint, &everyone, &current)?;
             println!(
-                "  generation {}: joint (a majority of both sets for every election and commit)",
+                "  generation {}: joint (a quorum of the old and of the new rule for every election and commit)",
                 joint.generation
             );
             current = joint;
-        } else if !current.new_members.as_deref().is_some_and(|n| same(n, self.new)) {
-            return failed(format!(
-                "timeline {}: a change to another set is under way (generation {})",
-                self.timeline, current.generation
-            ));
+        } else {
+            let (set, target) = current.target();
+            if !same(&set, self.new) || target != placement {
+                return failed(format!(
+                    "timeline {}: a change to another configuration is under way (generation {})",
+                    self.timeline, current.generation
+                ));
+            }
         }
-        self.joint_committed(&current)?;
-        let last = Membership { generation: current.generation + 1, members: members(self.new), new_members: None };
-        self.install(&last, &everyone, self.new)?;
-        println!("  generation {}: the new set", last.generation);
+        let last = Membership::of(current.generation + 1, members(self.new), placement);
+        self.joint_committed(&current, &last)?;
+        self.install(&last, &everyone, &last)?;
+        println!("  generation {}: {} of the new set", last.generation, last.placement.policy());
         Ok(())
     }
 
@@ -209,7 +233,11 @@ impl Change<'_> {
                 r.error_text()
             ));
         }
-        self.install(current, &[new_node], std::slice::from_ref(new_node))
+        self.install(
+            current,
+            &[new_node],
+            &Membership::of(current.generation, vec![new_node.member.clone()], Placement::Majority),
+        )
     }
 
     /// Waits until the new safekeeper holds what the members had committed
@@ -250,17 +278,17 @@ impl Change<'_> {
     }
 
     /// Waits until a proposer of the joint generation was elected and a
-    /// majority of the new set holds its epoch start: then everything ever
-    /// committed is on a majority of the new set (that proposer's voters
-    /// included a majority of the old set, so its epoch start holds all
-    /// that was committed before; what it commits is on majorities of
+    /// quorum of the new rule (`last`) holds its epoch start: then
+    /// everything ever committed is on such a quorum (that proposer's
+    /// voters included a quorum of the old rule, so its epoch start holds
+    /// all that was committed before; what it commits is committed under
     /// both). A running compute is re-elected within a second; without
     /// one, this command elects a proposer itself.
-    fn joint_committed(&self, joint: &Membership) -> Result<()> {
+    fn joint_committed(&self, joint: &Membership, last: &Membership) -> Result<()> {
         let started = Instant::now();
         let mut elected_here = false;
         loop {
-            let holding = self
+            let holding: Vec<NodeId> = self
                 .new
                 .iter()
                 .filter(|n| {
@@ -272,9 +300,10 @@ impl Change<'_> {
                             && s.term_history.0.last().map(|l| l.term) == Some(s.elected_term)
                     })
                 })
-                .count();
-            if holding >= quorum(self.new.len()) {
-                println!("  a majority of the new set holds the joint epoch ({:.1}s)", started.elapsed().as_secs_f64());
+                .map(|n| n.member.id)
+                .collect();
+            if last.has_quorum(&holding) {
+                println!("  a quorum of the new rule holds the joint epoch ({:.1}s)", started.elapsed().as_secs_f64());
                 return Ok(());
             }
             if !elected_here && started.elapsed() > PROPOSER_WAIT {
@@ -350,11 +379,7 @@ pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
 
     let node = |s: &Service| -> Result<Node> {
         let c: SafekeeperConfig = read_toml(&wd.config_path(s))?;
-        Ok(Node {
-            name: s.name.clone(),
-            member: Member { id: c.id, address: s.addr("listen").expect("checked on load") },
-            http: s.http_url(),
-        })
+        Ok(node_of(&wd, s, c.id))
     };
     let old_set: Vec<Node> =
         wd.cluster.of_kind(Kind::Safekeeper).filter(|s| s.name != new).map(node).collect::<Result<_>>()?;
@@ -364,9 +389,14 @@ pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
 
     for branch in &wd.cluster.branches {
         println!("branch {} (timeline {}):", branch.name, branch.timeline_id);
-        let change =
-            Change { tenant: wd.cluster.tenant_id, timeline: branch.timeline_id, old: &old_set, new: &new_set };
-        change.run(&new_node)?;
+        let change = Change {
+            tenant: wd.cluster.tenant_id,
+            timeline: branch.timeline_id,
+            old: &old_set,
+            new: &new_set,
+            placement: None,
+        };
+        change.run()?;
     }
 
     // The old safekeeper leaves the cluster: stopped if it runs, its
@@ -381,6 +411,28 @@ pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
         "{old} replaced by {new}; the pageserver and the other safekeepers use the new list from their next start ({old}'s directory is kept)"
     );
     Ok(())
+}
+
+/// A safekeeper as a member: its protocol address (as the operator's
+/// machine reaches it) and its host's site.
+fn node_of(wd: &Workdir, s: &Service, id: NodeId) -> Node {
+    let site = wd.cluster.host(&s.host).map(|h| h.site.clone());
+    Node {
+        name: s.name.clone(),
+        member: Member { id, address: s.addr("listen").expect("checked on load"), site },
+        http: s.http_url(),
+    }
+}
+
+/// Every safekeeper of the cluster as a member.
+pub(super) fn nodes(wd: &Workdir) -> Result<Vec<Node>> {
+    wd.cluster
+        .of_kind(Kind::Safekeeper)
+        .map(|s| {
+            let c: SafekeeperConfig = read_toml(&wd.config_path(s))?;
+            Ok(node_of(wd, s, c.id))
+        })
+        .collect()
 }
 
 /// Adds the new safekeeper to `cluster.toml` with fresh ports and the next
@@ -434,17 +486,23 @@ fn rewrite_configs(wd: &Workdir) -> Result<()> {
     for s in &sks {
         let path = wd.config_path(s);
         let mut c: SafekeeperConfig = read_toml(&path)?;
+        // Peers of another site through the link proxy (`docs/sites.md`).
+        let site = wd.cluster.site_of(s);
         c.peers = sks
             .iter()
             .filter(|p| p.name != s.name)
-            .map(|p| Peer { id: ids[&p.name], address: p.addr("listen").expect("checked"), http: p.addr("http") })
+            .map(|p| Peer {
+                id: ids[&p.name],
+                address: wd.cluster.addr_from(site, p, "listen").expect("checked"),
+                http: wd.cluster.addr_from(site, p, "http"),
+            })
             .collect();
         write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
     }
     for ps in wd.cluster.of_kind(Kind::Pageserver) {
         let path = wd.config_path(ps);
         let mut c: strata_pageserver::config::PageserverConfig = read_toml(&path)?;
-        c.safekeepers = wd.cluster.safekeeper_addrs();
+        c.safekeepers = wd.cluster.safekeeper_addrs_from(wd.cluster.site_of(ps));
         write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
     }
     Ok(())

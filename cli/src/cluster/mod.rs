@@ -137,6 +137,19 @@ pub fn branch(cmd: BranchCommand) -> i32 {
             })();
             exit_code("branch delete", result)
         }
+        BranchCommand::Placement { name, policy, home, max_async_lag, on_async_lag, workdir } => {
+            let result = (|| {
+                workdir.plain("branch placement")?;
+                let wd = open(&workdir.workdir)?;
+                let _lock = wd.lock()?;
+                let placement =
+                    branch::placement_of(&wd, &policy, home.as_deref(), max_async_lag, on_async_lag.as_deref())?;
+                branch::set_placement(&wd, &name, placement)?;
+                hosts::publish(&layout::Workdir::open(&wd.root)?);
+                Ok(())
+            })();
+            exit_code("branch placement", result)
+        }
         BranchCommand::List { json, workdir } => {
             let result = (|| {
                 workdir.plain("branch list")?;

@@ -112,9 +112,10 @@ impl Node {
         let wanted = self.wanted.lock().expect("not poisoned").clone();
         let mut mine: Vec<&Service> = wd.cluster.services.iter().filter(|s| wanted.contains(&s.name)).collect();
         mine.sort_by_key(|s| match s.kind {
-            Kind::Safekeeper => 0,
-            Kind::Pageserver => 1,
-            Kind::Controller => 2,
+            Kind::LinkProxy => 0,
+            Kind::Safekeeper => 1,
+            Kind::Pageserver => 2,
+            Kind::Controller => 3,
         });
         for s in mine {
             if let Liveness::Running { supervisor: Some(_), .. } | Liveness::Restarting { .. } =

@@ -86,8 +86,9 @@ fn on_node(wd: &Workdir, s: &Service, action: &str, immediate: bool) -> Result<(
     Ok(())
 }
 
-/// The services named by `--only` (all if empty): safekeepers first, then
-/// the pageserver, since the pageserver streams WAL from the safekeepers.
+/// The services named by `--only` (all if empty): the link proxy, the
+/// safekeepers, then the pageservers (they stream WAL from the
+/// safekeepers), then the storage controllers.
 fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<&'a Service>> {
     for name in only {
         if wd.service(name).is_none() {
@@ -96,7 +97,9 @@ fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<&'a Service>> {
         }
     }
     let wanted = |s: &&Service| only.is_empty() || only.contains(&s.name);
-    let mut selected: Vec<&Service> = wd.cluster.of_kind(Kind::Safekeeper).filter(wanted).collect();
+    // The link proxy first: the others reach another site through it.
+    let mut selected: Vec<&Service> = wd.cluster.of_kind(Kind::LinkProxy).filter(wanted).collect();
+    selected.extend(wd.cluster.of_kind(Kind::Safekeeper).filter(wanted));
     selected.extend(wd.cluster.of_kind(Kind::Pageserver).filter(wanted));
     selected.extend(wd.cluster.of_kind(Kind::Controller).filter(wanted));
     Ok(selected)
@@ -253,6 +256,13 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
             }
         }
         println!("branch {}: timeline {timeline} on {}, {}", branch.name, ps.name, on.join(", "));
+        if branch.placement.is_some() {
+            if c.of_kind(Kind::Safekeeper).all(|sk| is_up(wd, sk)) {
+                super::branch::apply_placement(wd, &branch.name)?;
+            } else {
+                println!("branch {}: its placement is applied once every safekeeper runs", branch.name);
+            }
+        }
     }
     Ok(())
 }

@@ -27,6 +27,9 @@ pub struct AgentConfig {
     /// The storage controllers' HTTP APIs (`host:port`): asked where the
     /// tenant is attached, and followed when it moves.
     pub controllers: Vec<String>,
+    /// Safekeepers this compute reaches at another address than their
+    /// membership configuration gives (routes to another site).
+    pub safekeeper_routes: Vec<(strata_protocol::NodeId, String)>,
     /// Where to serve `/v1/status` and `/metrics`.
     pub http: Option<SocketAddr>,
     /// Most connections to the status server at once.
@@ -147,6 +150,7 @@ impl AgentConfig {
             timeline_id,
             pageserver: crate::pageserver_target::PageserverTarget::new(pageserver_http.clone(), None),
             controllers: Vec::new(),
+            safekeeper_routes: Vec::new(),
             pageserver_http,
             http: None,
             http_max_connections: 32,

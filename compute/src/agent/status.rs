@@ -100,7 +100,7 @@ impl StatusHandle {
 
     /// The proposer's latest status.
     pub fn proposer(&self) -> ProposerStatus {
-        *self.proposer.borrow()
+        self.proposer.borrow().clone()
     }
 
     /// The `/v1/status` document.

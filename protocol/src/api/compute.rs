@@ -201,7 +201,7 @@ pub struct LazyStatus {
 }
 
 /// Progress reported to the caller (status, metrics).
-#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProposerStatus {
     pub term: Term,
     pub epoch_start: Lsn,
@@ -219,4 +219,24 @@ pub struct ProposerStatus {
     pub membership_generation: u32,
     /// Elections won since the start (more than one: re-elected after membership changes).
     pub elections: u32,
+    /// The WAL placement in force (`majority`, `local-quorum`, `stretched`).
+    #[serde(default)]
+    pub placement: String,
+    /// Asynchronous safekeepers (`local-quorum`) and how far each is behind
+    /// the WAL received, in bytes (none: not heard from in this term).
+    #[serde(default)]
+    pub async_safekeepers: Vec<AsyncSafekeeper>,
+    /// Times an asynchronous safekeeper was dropped for lagging past
+    /// `max_async_lag` (`on_async_lag = "fall-behind"`).
+    #[serde(default)]
+    pub async_dropped: u64,
+}
+
+/// An asynchronous safekeeper as the proposer sees it.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AsyncSafekeeper {
+    pub address: String,
+    pub lag_bytes: Option<u64>,
+    /// Being streamed to (false: dropped until it catches up from its peers).
+    pub streaming: bool,
 }

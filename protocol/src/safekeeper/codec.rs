@@ -27,7 +27,14 @@ use strata_formats::types::Truncated;
 use strata_formats::Lsn;
 
 use super::history::HistoryError;
-use super::membership::{Member, Membership, MAX_MEMBERS};
+use super::membership::{Member, Membership, OnAsyncLag, Placement, MAX_MEMBERS};
+
+/// The wire codes of placements (`docs/safekeeper-protocol.md`).
+mod placement_kind {
+    pub const MAJORITY: u8 = 0;
+    pub const LOCAL_QUORUM: u8 = 1;
+    pub const STRETCHED: u8 = 2;
+}
 use super::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
     ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
@@ -171,14 +178,30 @@ impl FrameWriter<'_> {
         assert!(set.len() <= MAX_MEMBERS, "a set of {} members exceeds the protocol limit of {MAX_MEMBERS}", set.len());
         self.u16(set.len() as u16);
         for m in set {
-            self.u64(m.id.0).string(&m.address);
+            self.u64(m.id.0).string(&m.address).string(m.site.as_deref().unwrap_or(""));
         }
         self
+    }
+    fn placement(&mut self, p: &Placement) -> &mut Self {
+        match p {
+            Placement::Majority => self.u8(placement_kind::MAJORITY),
+            Placement::LocalQuorum { home, max_async_lag, on_async_lag } => {
+                self.u8(placement_kind::LOCAL_QUORUM).string(home).u64(*max_async_lag).u8(match on_async_lag {
+                    OnAsyncLag::FallBehind => 0,
+                    OnAsyncLag::Throttle => 1,
+                })
+            }
+            Placement::Stretched => self.u8(placement_kind::STRETCHED),
+        }
     }
     fn membership(&mut self, m: &Membership) -> &mut Self {
         self.u32(m.generation).members(&m.members).bool(m.new_members.is_some());
         if let Some(new) = &m.new_members {
             self.members(new);
+        }
+        self.placement(&m.placement).bool(m.new_placement.is_some());
+        if let Some(p) = &m.new_placement {
+            self.placement(p);
         }
         self
     }
@@ -352,15 +375,38 @@ impl Fields<'_, CodecError> {
         let mut set = Vec::with_capacity(count);
         for _ in 0..count {
             let id = NodeId(self.u64(field)?);
-            set.push(Member { id, address: self.string(field)? });
+            let address = self.string(field)?;
+            let site = Some(self.string(field)?).filter(|s| !s.is_empty());
+            set.push(Member { id, address, site });
         }
         Ok(set)
+    }
+    fn placement(&mut self, field: &'static str) -> Result<Placement, CodecError> {
+        let message = self.message;
+        let invalid = |detail: String| CodecError::InvalidMembership { message, detail };
+        Ok(match self.u8(field)? {
+            placement_kind::MAJORITY => Placement::Majority,
+            placement_kind::LOCAL_QUORUM => {
+                let home = self.string(field)?;
+                let max_async_lag = self.u64(field)?;
+                let on_async_lag = match self.u8(field)? {
+                    0 => OnAsyncLag::FallBehind,
+                    1 => OnAsyncLag::Throttle,
+                    other => return Err(invalid(format!("unknown on_async_lag {other}"))),
+                };
+                Placement::LocalQuorum { home, max_async_lag, on_async_lag }
+            }
+            placement_kind::STRETCHED => Placement::Stretched,
+            other => return Err(invalid(format!("unknown placement {other}"))),
+        })
     }
     fn membership(&mut self) -> Result<Membership, CodecError> {
         let generation = self.u32("generation")?;
         let members = self.members("members")?;
         let new_members = if self.bool("joint")? { Some(self.members("new_members")?) } else { None };
-        let m = Membership { generation, members, new_members };
+        let placement = self.placement("placement")?;
+        let new_placement = if self.bool("joint_placement")? { Some(self.placement("new_placement")?) } else { None };
+        let m = Membership { generation, members, new_members, placement, new_placement };
         m.validate().map_err(|detail| CodecError::InvalidMembership { message: self.message, detail })?;
         Ok(m)
     }
@@ -686,15 +732,16 @@ mod tests {
                 membership: Membership {
                     generation: 7,
                     members: vec![
-                        Member { id: NodeId(1), address: "sk1:5454".into() },
-                        Member { id: NodeId(2), address: "sk2:5454".into() },
-                        Member { id: NodeId(3), address: "sk3:5454".into() },
+                        Member::new(NodeId(1), "sk1:5454"),
+                        Member::new(NodeId(2), "sk2:5454"),
+                        Member::new(NodeId(3), "sk3:5454"),
                     ],
                     new_members: Some(vec![
-                        Member { id: NodeId(1), address: "sk1:5454".into() },
-                        Member { id: NodeId(2), address: "sk2:5454".into() },
-                        Member { id: NodeId(4), address: "sk4:5454".into() },
+                        Member::new(NodeId(1), "sk1:5454"),
+                        Member::new(NodeId(2), "sk2:5454"),
+                        Member::new(NodeId(4), "sk4:5454"),
                     ]),
+                    ..Default::default()
                 },
             })),
             Any::A(AcceptorMessage::VoteResponse(VoteResponse {
@@ -754,6 +801,27 @@ mod tests {
             Any::S(StreamMessage::Keepalive { commit_lsn: Lsn(77), flush_lsn: Lsn(78) }),
             Any::S(StreamMessage::Error(ErrorMessage { code: ErrorCode::NotFound, message: String::new() })),
             Any::A(AcceptorMessage::StandbyFeedback(StandbyFeedback { xmin: (1 << 32) | 731, catalog_xmin: 0 })),
+            Any::A(AcceptorMessage::Greeting(AcceptorGreeting {
+                protocol_version: PROTOCOL_VERSION,
+                node_id: NodeId(2),
+                term: 9,
+                membership: Membership {
+                    generation: 8,
+                    members: [(1, "dc1"), (2, "dc1"), (3, "dc2")]
+                        .map(|(i, site)| Member {
+                            site: Some(site.into()),
+                            ..Member::new(NodeId(i), format!("sk{i}:1"))
+                        })
+                        .to_vec(),
+                    new_members: None,
+                    placement: Placement::Stretched,
+                    new_placement: Some(Placement::LocalQuorum {
+                        home: "dc2".into(),
+                        max_async_lag: 1 << 30,
+                        on_async_lag: OnAsyncLag::Throttle,
+                    }),
+                },
+            })),
         ]
     }
 
@@ -1052,8 +1120,8 @@ mod tests {
         out.push(0);
         assert!(matches!(decode_proposer(&out[LENGTH_SIZE..]), Err(CodecError::TrailingBytes { count: 1, .. })));
         // Stream requests likewise.
-        let frame = [tag::START_STREAMING, 6, 0, 0, 0, 9];
-        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 6, .. })));
+        let frame = [tag::START_STREAMING, 7, 0, 0, 0, 9];
+        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 7, .. })));
         // Damaged stream requests of the older versions consumers may still
         // speak are plain decoding errors.
         for version in 1..PROTOCOL_VERSION as u8 {
@@ -1114,13 +1182,30 @@ mod tests {
             if self.below(3) == 0 {
                 return Membership::default();
             }
+            let sited = self.below(2) == 0;
             let set = |first: u64, n: u64| -> Vec<Member> {
-                (0..n).map(|i| Member { id: NodeId(first + i), address: format!("sk{i}:1") }).collect()
+                (0..n)
+                    .map(|i| Member {
+                        site: sited.then(|| format!("dc{}", i % 2 + 1)),
+                        ..Member::new(NodeId(first + i), format!("sk{i}:1"))
+                    })
+                    .collect()
             };
-            let members = set(1, 1 + self.below(5));
-            let n = 1 + self.below(5);
+            let members = set(1, 2 + self.below(4));
+            let n = 2 + self.below(4);
             let new_members = (self.below(2) == 0).then(|| set(3, n));
-            Membership { generation: 1 + self.below(100) as u32, members, new_members }
+            let placement = |r: &mut Self| match (sited, r.below(3)) {
+                (true, 1) => Placement::LocalQuorum {
+                    home: "dc1".into(),
+                    max_async_lag: 1 + r.below(1 << 40),
+                    on_async_lag: if r.below(2) == 0 { OnAsyncLag::FallBehind } else { OnAsyncLag::Throttle },
+                },
+                (true, 2) => Placement::Stretched,
+                _ => Placement::Majority,
+            };
+            let first = placement(self);
+            let new_placement = (self.below(3) == 0).then(|| placement(self));
+            Membership { generation: 1 + self.below(100) as u32, members, new_members, placement: first, new_placement }
         }
 
         fn wal(&mut self) -> Vec<u8> {

@@ -1,4 +1,4 @@
-//! The safekeeper protocol (version 5): how a proposer (the compute's WAL
+//! The safekeeper protocol (version 6): how a proposer (the compute's WAL
 //! sender) gets elected by a quorum of acceptors (safekeepers) and streams
 //! WAL to them, and how consumers (pageservers, recovering peers) stream WAL
 //! from a safekeeper. Specified in `docs/safekeeper-protocol.md`; the byte
@@ -19,10 +19,11 @@ use crate::token::Token;
 /// Protocol version spoken by this build (2: greetings carry the membership
 /// configuration; 3: greetings and stream requests carry a token; 4:
 /// acceptors send StandbyFeedback; 5: stream requests carry the
-/// consumer's attachment generation).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// consumer's attachment generation; 6: membership configurations carry
+/// each member's site and the placement).
+pub const PROTOCOL_VERSION: u32 = 6;
 
-pub use membership::{Member, Membership};
+pub use membership::{Member, Membership, OnAsyncLag, Placement};
 
 /// An election term. Terms only grow; each has at most one proposer.
 pub type Term = u64;
