@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from fixtures.endpoint import start_endpoint
+from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.load import AckedWriters
 from fixtures.strata import parse_lsn
 from fixtures.wait import wait_until
@@ -203,3 +203,54 @@ def test_fall_behind_drops_a_lagging_async_safekeeper_which_catches_up_from_its_
     wait_until("dc2's safekeeper to catch up", lambda: sk_flush(cluster, "sk3") >= target, timeout=120)
     assert took < 30, f"the load took {took:.1f} s"
     assert ep.sql("SELECT count(*) FROM filler")[0][0] == 40000
+
+
+def test_computes_in_dc2_reach_dc1_through_the_proxy_and_a_replica_rides_out_a_cut(cluster_factory):
+    """A writer of another branch and a replica of `main`, both on dc2's
+    host: everything of dc1 they use is reached through a route. While
+    the link is cut the replica answers from what it holds; once healed it
+    catches up with the writer in dc1, which kept committing."""
+    cluster = sites_cluster(cluster_factory)
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    ep.sql("INSERT INTO t SELECT g, 'before' FROM generate_series(1, 1000) g")
+    cluster.run("branch", "create", "b2")
+    w2 = Endpoint(cluster, "w2", branch="b2")
+    w2.start("--host", "dc2")
+    w2.sql("INSERT INTO t SELECT g, 'dc2' FROM generate_series(1001, 1100) g")
+    assert w2.sql("SELECT count(*) FROM t")[0][0] == 1100
+    p2 = proposer(w2)
+    # dc2's writer reaches sk1 and sk2 (dc1) through routes, sk3 directly;
+    # sk1 and sk2 are its asynchronous members (the branch's home is dc1,
+    # as main's), so its commits need dc1's quorum.
+    routes = {r["port"] for r in cluster.cluster_toml["routes"]}
+    assert p2["connected_safekeepers"] == 3, p2
+    assert p2["placement"] == "local-quorum", p2
+    status = {e["name"]: e for e in cluster.status()["endpoints"]}
+    assert status["w2"]["site"] == "dc2" and status["ep"]["site"] == "dc1", status
+
+    replica = start_endpoint(cluster, "r2", "--replica-of", "ep", "--host", "dc2")
+    assert replica.sql("SELECT count(*) FROM t")[0][0] == 1000
+    code, proxy = cluster.http("link-proxy", "GET", "/v1/status")
+    used = {r["name"] for r in proxy["routes"] if r["accepted"] > 0}
+    assert {"dc2-sk1-listen", "dc2-pageserver-pg"} <= used, used
+    assert all(r["port"] in routes for r in cluster.cluster_toml["routes"])
+
+    # A session and a statement prepared before the cut: a new session or
+    # a new plan would read catalog pages the replica does not hold, from
+    # dc1's pageserver, and fail once its reads time out (until each site
+    # has its own pageserver, docs/sites.md step 4).
+    with replica.connect() as session:
+        session.execute("PREPARE before AS SELECT count(*) FROM t WHERE v = 'before'")
+        assert session.execute("EXECUTE before").fetchone()[0] == 1000
+        cut(cluster)
+        try:
+            ep.sql("INSERT INTO t SELECT g, 'during' FROM generate_series(2001, 2100) g")
+            # The replica still answers from what it holds.
+            t = time.monotonic()
+            assert session.execute("EXECUTE before").fetchone()[0] == 1000
+            assert time.monotonic() - t < 5
+        finally:
+            cut(cluster, heal=True)
+    wait_until("the replica to catch up after the cut",
+               lambda: replica.sql("SELECT count(*) FROM t WHERE v = 'during'")[0][0] == 100, timeout=60)

@@ -21,7 +21,9 @@ mod keys;
 mod layout;
 mod membership;
 mod node;
+mod placement;
 mod process;
+mod reconfigure;
 mod services;
 mod status;
 mod supervisor;
@@ -142,9 +144,9 @@ pub fn branch(cmd: BranchCommand) -> i32 {
                 workdir.plain("branch placement")?;
                 let wd = open(&workdir.workdir)?;
                 let _lock = wd.lock()?;
-                let placement =
-                    branch::placement_of(&wd, &policy, home.as_deref(), max_async_lag, on_async_lag.as_deref())?;
-                branch::set_placement(&wd, &name, placement)?;
+                let wanted =
+                    placement::placement_of(&wd, &policy, home.as_deref(), max_async_lag, on_async_lag.as_deref())?;
+                placement::set_placement(&wd, &name, wanted)?;
                 hosts::publish(&layout::Workdir::open(&wd.root)?);
                 Ok(())
             })();

@@ -258,7 +258,7 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
         println!("branch {}: timeline {timeline} on {}, {}", branch.name, ps.name, on.join(", "));
         if branch.placement.is_some() {
             if c.of_kind(Kind::Safekeeper).all(|sk| is_up(wd, sk)) {
-                super::branch::apply_placement(wd, &branch.name)?;
+                super::placement::apply_placement(wd, &branch.name)?;
             } else {
                 println!("branch {}: its placement is applied once every safekeeper runs", branch.name);
             }

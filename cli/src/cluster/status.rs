@@ -324,6 +324,15 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
                 }
             })
             .collect();
+        // The placement of the newest configuration any safekeeper holds.
+        let wal_placement = sk_status
+            .iter()
+            .filter_map(|(_, body)| body.as_ref())
+            .flat_map(|b| b.timelines.iter().filter(|t| t.tenant_id == tenant && t.timeline_id == timeline))
+            .max_by_key(|t| t.membership.generation)
+            .map(|t| t.membership.target().1)
+            .unwrap_or_default();
+        let wanted = b.placement.clone().unwrap_or_default();
         timelines.push(BranchStatus {
             branch: b.name.clone(),
             tenant_id: tenant,
@@ -332,6 +341,8 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
             attached: placement.as_ref().and_then(|p| p.attached.clone()),
             generation: placement.as_ref().map(|p| p.generation).filter(|g| *g > 0),
             secondaries: placement.as_ref().map(|p| p.secondaries.clone()).unwrap_or_default(),
+            placement_wanted: (wanted != wal_placement).then_some(wanted),
+            placement: wal_placement,
             safekeepers,
         });
     }
@@ -518,6 +529,19 @@ fn render(st: &ClusterStatus) -> String {
             }
         }
         rows.push(row);
+        if !t.placement.is_majority() || t.placement_wanted.is_some() {
+            let mut row = head("placement");
+            row.push("-".into());
+            let mut text = super::placement::describe_placement(&t.placement);
+            if let Some(w) = &t.placement_wanted {
+                text.push_str(&format!(
+                    " (wanted: {}, applied once every safekeeper runs)",
+                    super::placement::describe_placement(w)
+                ));
+            }
+            row.push(text);
+            rows.push(row);
+        }
         for sk in &t.safekeepers {
             let mut row = head(&sk.name);
             match (sk.flush_lsn, sk.commit_lsn) {
@@ -635,6 +659,8 @@ mod tests {
                 attached: None,
                 generation: None,
                 secondaries: vec![],
+                placement: strata_protocol::safekeeper::Placement::Stretched,
+                placement_wanted: Some(strata_protocol::safekeeper::Placement::Majority),
                 safekeepers: vec![SafekeeperPosition {
                     name: "sk1".into(),
                     flush_lsn: Some(Lsn(0x10)),
@@ -651,6 +677,7 @@ mod tests {
         );
         assert!(out.contains("flush=0/10 commit=0/8"), "{out}");
         assert!(out.contains("no endpoints"), "{out}");
+        assert!(out.contains("stretched (wanted: majority, applied once every safekeeper runs)"), "{out}");
         assert!(out.contains("pageserver  -      (not attached: no storage controller answered)"), "{out}");
     }
 }

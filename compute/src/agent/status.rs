@@ -131,6 +131,16 @@ pub fn register_proposer_metrics(registry: &mut Registry, s: &ProposerStatus) {
         "Time acknowledgements were held back by backpressure",
         ConstCounter::new(s.throttled_seconds),
     );
+    r.register(
+        "async_lag_bytes",
+        "Largest lag of an asynchronous safekeeper behind the WAL received (local-quorum)",
+        ConstGauge::new(s.async_safekeepers.iter().filter_map(|a| a.lag_bytes).max().unwrap_or(0) as i64),
+    );
+    r.register(
+        "async_dropped",
+        "Times an asynchronous safekeeper was dropped for lagging past max_async_lag",
+        ConstCounter::new(s.async_dropped),
+    );
 }
 
 /// The proposer's metrics in Prometheus text format.

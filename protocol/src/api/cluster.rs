@@ -120,6 +120,14 @@ pub struct BranchStatus {
     /// The pageservers that keep it warm.
     #[serde(default)]
     pub secondaries: Vec<String>,
+    /// Its WAL placement as the safekeepers hold it (the configuration of
+    /// the highest generation; while a change is joint, where it goes).
+    #[serde(default)]
+    pub placement: crate::safekeeper::Placement,
+    /// The placement `cluster.toml` asks for, when it differs (a change
+    /// not yet applied: a safekeeper was down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_wanted: Option<crate::safekeeper::Placement>,
     pub safekeepers: Vec<SafekeeperPosition>,
 }
 

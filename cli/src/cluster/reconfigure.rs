@@ -1,0 +1,380 @@
+//! A membership change of one timeline (`docs/safekeeper-membership.md`):
+//! from a set of safekeepers under a placement to another set (one member
+//! replaced, or the same set) under another placement (or the same),
+//! through a joint configuration: a new safekeeper catches up first, then
+//! the joint configuration (a quorum of both the old and the new rule for
+//! every election and commit), then the new rule alone. A change
+//! interrupted half-way is resumed by running it again: the generations
+//! say where it stopped. Used by `strata safekeeper replace` and `strata
+//! branch placement`.
+
+use std::time::{Duration, Instant};
+
+use strata_protocol::api::safekeeper::{CreateTimelineRequest, TimelineStatus};
+use strata_protocol::safekeeper::{Member, Membership, Placement, TimelineIdentity};
+use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_safekeeper::config::SafekeeperConfig;
+
+use super::error::{failed, Error, Result};
+use super::http;
+use super::layout::{read_toml, Kind, Service, Workdir};
+
+/// How long the new safekeeper may take to catch up with the members.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(900);
+/// How long a running compute has to be elected under the joint
+/// configuration before this command elects a proposer itself.
+const PROPOSER_WAIT: Duration = Duration::from_secs(15);
+/// Bound on the wait for the joint configuration to be committed.
+const JOINT_TIMEOUT: Duration = Duration::from_secs(120);
+const POLL: Duration = Duration::from_millis(200);
+
+/// One safekeeper as the change sees it.
+#[derive(Clone, Debug)]
+pub(super) struct Node {
+    pub name: String,
+    pub member: Member,
+    /// Base URL of its HTTP API.
+    pub http: String,
+}
+
+/// The change of one timeline from `old` to `new` (the same minus OLD
+/// plus NEW, or the same set), and to `placement` (none: the placement
+/// stays).
+pub(super) struct Change<'a> {
+    pub tenant: TenantId,
+    pub timeline: TimelineId,
+    pub old: &'a [Node],
+    pub new: &'a [Node],
+    pub placement: Option<Placement>,
+}
+
+fn tl_url(n: &Node, t: TenantId, l: TimelineId) -> String {
+    format!("{}/v1/tenant/{t}/timeline/{l}", n.http)
+}
+
+impl Change<'_> {
+    /// Every safekeeper of either set, once.
+    fn everyone(&self) -> Vec<&Node> {
+        let mut all: Vec<&Node> = self.old.iter().collect();
+        all.extend(self.new.iter().filter(|n| !self.old.iter().any(|o| o.member.id == n.member.id)));
+        all
+    }
+
+    fn state(&self, n: &Node) -> std::result::Result<TimelineStatus, String> {
+        let r = http::get(&tl_url(n, self.tenant, self.timeline), http::QUICK)?;
+        if r.status != 200 {
+            return Err(format!("HTTP {}: {}", r.status, r.error_text()));
+        }
+        r.json().map_err(|e| format!("its timeline status: {e}"))
+    }
+
+    fn membership(&self, n: &Node) -> std::result::Result<Membership, String> {
+        let r = http::get(&format!("{}/membership", tl_url(n, self.tenant, self.timeline)), http::QUICK)?;
+        if r.status != 200 {
+            return Err(format!("HTTP {}: {}", r.status, r.error_text()));
+        }
+        r.json().map_err(|e| format!("its membership: {e}"))
+    }
+
+    /// Installs `m` on every reachable node of `on`; succeeds once a
+    /// quorum of `need` holds it (or a later generation refused it — then
+    /// someone else moved on, and that is an error). A quorum of the
+    /// configuration being left is what keeps its proposers from being
+    /// elected or committing any more.
+    fn install(&self, m: &Membership, on: &[&Node], need: &Membership) -> Result<()> {
+        let body = serde_json::to_value(m).expect("a membership serializes");
+        let mut holding = Vec::new();
+        let mut problems = Vec::new();
+        for n in on {
+            let url = format!("{}/membership", tl_url(n, self.tenant, self.timeline));
+            match http::put(&url, &body, http::QUICK) {
+                Ok(r) if r.status == 200 => holding.push(n.member.id),
+                Ok(r) => problems.push(format!("{}: HTTP {}: {}", n.name, r.status, r.error_text())),
+                Err(e) => problems.push(format!("{}: {e}", n.name)),
+            }
+        }
+        if !need.has_quorum(&holding) {
+            return failed(format!(
+                "timeline {}: generation {} reached safekeepers {:?}, not a quorum of {:?} ({}): {}",
+                self.timeline,
+                m.generation,
+                holding.iter().map(|id| id.0).collect::<Vec<_>>(),
+                need.all().iter().map(|m| m.id.0).collect::<Vec<_>>(),
+                need.placement.policy(),
+                problems.join("; ")
+            ));
+        }
+        for p in problems {
+            println!("  (not reached: {p})");
+        }
+        Ok(())
+    }
+
+    /// The highest-generation configuration any reachable node holds.
+    fn current(&self) -> Result<Membership> {
+        let mut best: Option<Membership> = None;
+        for n in self.everyone() {
+            if let Ok(m) = self.membership(n) {
+                if best.as_ref().is_none_or(|b| m.generation > b.generation) {
+                    best = Some(m);
+                }
+            }
+        }
+        best.ok_or_else(|| Error::Failed(format!("timeline {}: no safekeeper answered", self.timeline)))
+    }
+
+    pub fn run(&self) -> Result<()> {
+        let members = |set: &[Node]| set.iter().map(|n| n.member.clone()).collect::<Vec<_>>();
+        let same = |a: &[Member], b: &[Node]| {
+            let mut x: Vec<u64> = a.iter().map(|m| m.id.0).collect();
+            let mut y: Vec<u64> = b.iter().map(|n| n.member.id.0).collect();
+            x.sort_unstable();
+            y.sort_unstable();
+            x == y
+        };
+        let everyone = self.everyone();
+        let mut current = self.current()?;
+        if current.generation == 0 {
+            let fresh = self.old.iter().all(|n| self.state(n).is_ok_and(|s| s.term_history.0.is_empty()));
+            if fresh && self.new.iter().all(|n| self.old.iter().any(|o| o.member.id == n.member.id)) {
+                // No proposer was ever elected: nothing is committed, and the
+                // target configuration can be the first one.
+                let first = Membership::of(1, members(self.new), self.placement.clone().unwrap_or(Placement::Majority));
+                let configured = Membership::of(1, members(self.old), Placement::Majority);
+                self.install(&first, &everyone, &configured)?;
+                println!("  generation 1: {} (no WAL was written yet)", first.placement.policy());
+                return Ok(());
+            }
+            // The configured set becomes generation 1, so that a new
+            // safekeeper can be told it is not a member yet.
+            let first = Membership::of(1, members(self.old), Placement::Majority);
+            self.install(&first, &everyone[..self.old.len()], &first)?;
+            println!("  generation 1: the current safekeepers");
+            current = first;
+        }
+        let placement = self.placement.clone().unwrap_or_else(|| current.target().1);
+        if !current.is_joint() && same(&current.members, self.new) && current.placement == placement {
+            println!("  already done (generation {}, {})", current.generation, placement.policy());
+            return Ok(());
+        }
+        if !current.is_joint() {
+            if !same(&current.members, self.old) {
+                return failed(format!(
+                    "timeline {}: generation {} has members {:?}, not the cluster's safekeepers",
+                    self.timeline,
+                    current.generation,
+                    current.members.iter().map(|m| m.id.0).collect::<Vec<_>>()
+                ));
+            }
+            for n in self.new.iter().filter(|n| !current.is_member(n.member.id)) {
+                self.create_on_new(n, &current)?;
+                self.catch_up(n)?;
+            }
+            let joint = Membership {
+                generation: current.generation + 1,
+                members: current.members.clone(),
+                new_members: (!same(&current.members, self.new)).then(|| members(self.new)),
+                placement: current.placement.clone(),
+                new_placement: (current.placement != placement).then(|| placement.clone()),
+            };
+            self.install(&joint, &everyone, &current)?;
+            println!(
+                "  generation {}: joint (a quorum of the old and of the new rule for every election and commit)",
+                joint.generation
+            );
+            current = joint;
+        } else {
+            let (set, target) = current.target();
+            if !same(&set, self.new) || target != placement {
+                return failed(format!(
+                    "timeline {}: a change to another configuration is under way (generation {})",
+                    self.timeline, current.generation
+                ));
+            }
+        }
+        let last = Membership::of(current.generation + 1, members(self.new), placement);
+        self.joint_committed(&current, &last)?;
+        self.install(&last, &everyone, &last)?;
+        println!("  generation {}: {} of the new set", last.generation, last.placement.policy());
+        Ok(())
+    }
+
+    /// Creates the timeline on the new safekeeper with a member's identity
+    /// and tells it the current configuration (it is no member: it neither
+    /// votes nor accepts WAL from proposers, but recovers from its peers).
+    fn create_on_new(&self, new_node: &Node, current: &Membership) -> Result<()> {
+        let mut source = None;
+        for n in self.old.iter().filter(|n| n.member.id != new_node.member.id) {
+            if let Ok(s) = self.state(n) {
+                source = Some(s);
+                break;
+            }
+        }
+        let Some(s) = source else {
+            return failed(format!("timeline {}: no member answered", self.timeline));
+        };
+        let body = CreateTimelineRequest {
+            system_id: s.system_id,
+            pg_version: s.pg_version,
+            wal_segment_size: s.wal_segment_size,
+            start_lsn: s.timeline_start_lsn,
+        };
+        let r = http::post(&tl_url(new_node, self.tenant, self.timeline), &body, http::QUICK)
+            .map_err(|e| Error::Failed(format!("{}: {e}", new_node.name)))?;
+        if r.status != 200 && r.status != 201 {
+            return failed(format!(
+                "{}: creating timeline {}: HTTP {}: {}",
+                new_node.name,
+                self.timeline,
+                r.status,
+                r.error_text()
+            ));
+        }
+        self.install(
+            current,
+            &[new_node],
+            &Membership::of(current.generation, vec![new_node.member.clone()], Placement::Majority),
+        )
+    }
+
+    /// Waits until the new safekeeper holds what the members had committed
+    /// when the wait began (from its peers and object storage), so the
+    /// joint phase, in which it counts, is short.
+    fn catch_up(&self, new_node: &Node) -> Result<()> {
+        let target = self
+            .old
+            .iter()
+            .filter_map(|n| self.state(n).ok())
+            .map(|s| s.commit_lsn)
+            .max()
+            .ok_or_else(|| Error::Failed(format!("timeline {}: no member answered", self.timeline)))?;
+        println!("  {} catching up to {target}", new_node.name);
+        let t = Instant::now();
+        let mut told = Instant::now();
+        loop {
+            match self.state(new_node) {
+                Ok(s) if s.flush_lsn >= target => {
+                    println!("  {} caught up ({} in {:.1}s)", new_node.name, s.flush_lsn, t.elapsed().as_secs_f64());
+                    return Ok(());
+                }
+                Ok(s) if told.elapsed() > Duration::from_secs(10) => {
+                    println!("  {} at {} of {target}", new_node.name, s.flush_lsn);
+                    told = Instant::now();
+                }
+                _ => {}
+            }
+            if t.elapsed() > CATCH_UP_TIMEOUT {
+                return failed(format!(
+                    "{} did not catch up to {target} within {}s (see its log)",
+                    new_node.name,
+                    CATCH_UP_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Waits until a proposer of the joint generation was elected and a
+    /// quorum of the new rule (`last`) holds its epoch start: then
+    /// everything ever committed is on such a quorum (that proposer's
+    /// voters included a quorum of the old rule, so its epoch start holds
+    /// all that was committed before; what it commits is committed under
+    /// both). A running compute is re-elected within a second; without
+    /// one, this command elects a proposer itself.
+    fn joint_committed(&self, joint: &Membership, last: &Membership) -> Result<()> {
+        let started = Instant::now();
+        let mut elected_here = false;
+        loop {
+            let holding: Vec<NodeId> = self
+                .new
+                .iter()
+                .filter(|n| {
+                    // The status lists the history up to the flush LSN: the
+                    // elected term is last once the epoch start is flushed.
+                    self.state(n).is_ok_and(|s| {
+                        s.elected_generation >= joint.generation
+                            && s.term_history.0.last().is_some_and(|last| s.flush_lsn >= last.lsn)
+                            && s.term_history.0.last().map(|l| l.term) == Some(s.elected_term)
+                    })
+                })
+                .map(|n| n.member.id)
+                .collect();
+            if last.has_quorum(&holding) {
+                println!("  a quorum of the new rule holds the joint epoch ({:.1}s)", started.elapsed().as_secs_f64());
+                return Ok(());
+            }
+            if !elected_here && started.elapsed() > PROPOSER_WAIT {
+                println!(
+                    "  no compute was elected under generation {}; electing a proposer to commit it",
+                    joint.generation
+                );
+                self.sync(joint)?;
+                elected_here = true;
+            }
+            if started.elapsed() > JOINT_TIMEOUT {
+                return failed(format!(
+                    "timeline {}: generation {} was not committed within {}s",
+                    self.timeline,
+                    joint.generation,
+                    JOINT_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Runs an election under `joint` and commits its epoch start (what
+    /// `strata compute sync-safekeepers` does).
+    fn sync(&self, joint: &Membership) -> Result<()> {
+        let s = self
+            .old
+            .iter()
+            .find_map(|n| self.state(n).ok())
+            .ok_or_else(|| Error::Failed(format!("timeline {}: no member answered", self.timeline)))?;
+        let identity = TimelineIdentity {
+            tenant_id: self.tenant,
+            timeline_id: self.timeline,
+            system_id: s.system_id,
+            pg_version: s.pg_version,
+            wal_segment_size: s.wal_segment_size,
+        };
+        let addresses = joint.all().into_iter().map(|m| m.address).collect();
+        let mut cfg = strata_compute::proposer::ProposerConfig::new(addresses, identity);
+        cfg.token = super::http::token();
+        cfg.tls = super::http::tls();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Failed(format!("a runtime: {e}")))?;
+        let end = runtime
+            .block_on(async {
+                tokio::time::timeout(JOINT_TIMEOUT, strata_compute::proposer::sync_safekeepers(cfg)).await
+            })
+            .map_err(|_| Error::Failed("the election under the joint configuration timed out".into()))?
+            .map_err(|e| Error::Failed(format!("the election under the joint configuration: {e}")))?;
+        println!("  elected and committed up to {end}");
+        Ok(())
+    }
+}
+
+/// A safekeeper as a member: its protocol address (as the operator's
+/// machine reaches it) and its host's site.
+pub(super) fn node_of(wd: &Workdir, s: &Service, id: NodeId) -> Node {
+    let site = wd.cluster.host(&s.host).map(|h| h.site.clone());
+    Node {
+        name: s.name.clone(),
+        member: Member { id, address: s.addr("listen").expect("checked on load"), site },
+        http: s.http_url(),
+    }
+}
+
+/// Every safekeeper of the cluster as a member.
+pub(super) fn nodes(wd: &Workdir) -> Result<Vec<Node>> {
+    wd.cluster
+        .of_kind(Kind::Safekeeper)
+        .map(|s| {
+            let c: SafekeeperConfig = read_toml(&wd.config_path(s))?;
+            Ok(node_of(wd, s, c.id))
+        })
+        .collect()
+}
