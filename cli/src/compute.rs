@@ -95,13 +95,9 @@ pub struct StartArgs {
     /// pageserver (docs/storage-controller.md).
     #[arg(long = "controller", value_delimiter = ',')]
     controllers: Vec<String>,
-    /// Where this compute reaches a safekeeper by node id, when not at the
-    /// address its membership configuration gives (`ID=HOST:PORT`,
-    /// comma-separated; a route to another site, docs/sites.md).
-    #[arg(long = "safekeeper-route", value_delimiter = ',', value_parser = parse_safekeeper_route)]
-    safekeeper_routes: Vec<(strata_protocol::NodeId, String)>,
-    /// Addresses a storage controller gives and how this compute reaches
-    /// them instead (`FROM=TO`, comma-separated).
+    /// Addresses the safekeepers' membership configuration or a storage
+    /// controller gives, and where this compute reaches them instead
+    /// (`FROM=TO`, comma-separated; routes to another site, docs/sites.md).
     #[arg(long = "address-map", value_delimiter = ',', value_parser = parse_address_pair)]
     address_map: Vec<(String, String)>,
     /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
@@ -331,16 +327,6 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
 }
 
 /// `strata compute start`: runs in the foreground until stopped.
-/// `ID=HOST:PORT` of `--safekeeper-route`.
-fn parse_safekeeper_route(text: &str) -> Result<(strata_protocol::NodeId, String), String> {
-    let (id, address) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected ID=HOST:PORT"))?;
-    let id: u64 = id.parse().map_err(|_| format!("{text:?}: {id:?} is not a node id"))?;
-    if address.is_empty() {
-        return Err(format!("{text:?}: no address"));
-    }
-    Ok((strata_protocol::NodeId(id), address.to_string()))
-}
-
 /// `FROM=TO` of `--address-map`.
 fn parse_address_pair(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
@@ -363,8 +349,8 @@ async fn start(args: StartArgs) -> Result<(), agent::AgentError> {
         args.password_file,
     );
     cfg.controllers = args.controllers;
-    cfg.safekeeper_routes = args.safekeeper_routes;
-    cfg.pageserver.set_address_map(args.address_map);
+    cfg.pageserver.set_address_map(args.address_map.clone());
+    cfg.address_map = args.address_map;
     cfg.http = args.http;
     cfg.http_max_connections = usize::from(args.http_max_connections);
     cfg.pg_bin_dir = args.pg_bin_dir;

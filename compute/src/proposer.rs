@@ -58,10 +58,9 @@ pub struct ProposerConfig {
     pub token: Option<Token>,
     /// TLS to the safekeepers, with the cluster's CA; none: plaintext.
     pub tls: Option<ClientTls>,
-    /// Where this compute reaches a safekeeper, by node id, when that is
-    /// not the address in the membership configuration (a route to
-    /// another site, `docs/sites.md`).
-    pub routes: Vec<(NodeId, String)>,
+    /// Addresses in the membership configuration and where this compute
+    /// reaches them instead (a route to another site, `docs/sites.md`).
+    pub address_map: Vec<(String, String)>,
 }
 
 impl ProposerConfig {
@@ -76,7 +75,7 @@ impl ProposerConfig {
             max_consumer_lag_bytes: None,
             token: None,
             tls: None,
-            routes: Vec::new(),
+            address_map: Vec::new(),
         }
     }
 }
@@ -310,11 +309,11 @@ impl Core {
     /// again, streaming goes on from where each member's WAL ends.
     fn adopt(&mut self, m: Membership) -> Result<(), ProposerError> {
         m.validate().map_err(|e| ProposerError::Other(format!("a safekeeper's membership configuration: {e}")))?;
-        let route = |id: NodeId, address: String| {
-            self.cfg.routes.iter().find(|(r, _)| *r == id).map_or(address, |(_, a)| a.clone())
+        let route = |address: String| {
+            self.cfg.address_map.iter().find(|(from, _)| *from == address).map_or(address, |(_, to)| to.clone())
         };
         let members: Vec<(Option<NodeId>, String)> =
-            m.all().into_iter().map(|x| (Some(x.id), route(x.id, x.address))).collect();
+            m.all().into_iter().map(|x| (Some(x.id), route(x.address))).collect();
         info!(
             from = self.membership.generation,
             to = m.generation,
@@ -664,37 +663,38 @@ impl Core {
         self.commit_waiting_since.map(|since| since + self.commit_update_delay)
     }
 
+    /// Under `local-quorum` with `on_async_lag = "fall-behind"`: an
+    /// asynchronous member more than `max_async_lag` behind `complete` (and
+    /// never more than half the buffer) stops being streamed to: the home
+    /// site never waits for it, and it catches up from its peers; its
+    /// position is asked again every few seconds.
+    fn drop_lagging_async(&mut self, complete: Lsn) {
+        let Some((max_lag, OnAsyncLag::FallBehind)) = self.membership.async_rule() else { return };
+        let bound = max_lag.min(self.cfg.max_buffer_bytes as u64 / 2);
+        let behind: Vec<usize> = (0..self.links.len())
+            .filter(|&i| self.is_async(i))
+            .filter(|&i| match self.links[i].phase {
+                LinkPhase::Streaming { next } => {
+                    complete.0.saturating_sub(self.links[i].flush.unwrap_or(next).0) > bound
+                }
+                _ => false,
+            })
+            .collect();
+        for i in behind {
+            warn!(safekeeper = %self.links[i].address, max_async_lag = bound, "an asynchronous safekeeper fell behind; it catches up from its peers");
+            self.async_dropped += 1;
+            self.request_position(i);
+        }
+    }
+
     /// Sends each streaming link what it lacks, within its in-flight bound;
     /// every append carries the commit LSN. A link with no WAL to send gets
     /// the commit LSN on its own once it has waited `commit_update_delay`:
     /// under load the next append carries it, and the safekeepers are spared
     /// a message (and the proposer an answer) per commit.
     fn pump(&mut self) {
-        let Some(buffer) = &self.buffer else { return };
-        let complete = buffer.complete_end;
-        if let Some((max_lag, OnAsyncLag::FallBehind)) = self.membership.async_rule() {
-            // Past the bound (and never beyond what the buffer may hold), an
-            // asynchronous member stops being streamed to: the home site
-            // never waits for it, and it catches up from its peers; its
-            // position is asked again every few seconds.
-            let bound = max_lag.min(self.cfg.max_buffer_bytes as u64 / 2);
-            let behind: Vec<usize> = (0..self.links.len())
-                .filter(|&i| self.is_async(i))
-                .filter(|&i| match self.links[i].phase {
-                    LinkPhase::Streaming { next } => {
-                        complete.0.saturating_sub(self.links[i].flush.unwrap_or(next).0) > bound
-                    }
-                    _ => false,
-                })
-                .collect();
-            for i in behind {
-                warn!(safekeeper = %self.links[i].address, max_async_lag = bound, "an asynchronous safekeeper fell behind; it catches up from its peers");
-                self.async_dropped += 1;
-                self.request_position(i);
-            }
-        }
-        let Some(buffer) = &self.buffer else { return };
-        let complete = buffer.complete_end;
+        let Some(complete) = self.buffer.as_ref().map(|b| b.complete_end) else { return };
+        self.drop_lagging_async(complete);
         let mut sends = Vec::new();
         let mut waiting = false;
         let commit_only_due = self.commit_update_deadline().is_some_and(|due| Instant::now() >= due);

@@ -798,22 +798,11 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     if c.verify_redo {
         args.push("--verify-redo".into());
     }
-    if !c.routes.is_empty() {
-        let mut routes = Vec::new();
-        for sk in c.of_kind(Kind::Safekeeper) {
-            let routed = c.addr_from(site, sk, "listen").unwrap_or_default();
-            if Some(&routed) != sk.addr("listen").as_ref() {
-                let id = layout::read_toml::<strata_safekeeper::config::SafekeeperConfig>(&wd.config_path(sk))?.id;
-                routes.push(format!("{id}={routed}"));
-            }
-        }
-        if !routes.is_empty() {
-            args.extend(["--safekeeper-route".into(), routes.join(",").into()]);
-        }
-        let map: Vec<String> = c.address_map_from(site).into_iter().map(|(a, b)| format!("{a}={b}")).collect();
-        if !map.is_empty() {
-            args.extend(["--address-map".into(), map.join(",").into()]);
-        }
+    // The safekeepers' membership configuration and the storage
+    // controllers name services at their own addresses.
+    let map: Vec<String> = c.address_map_from(site).into_iter().map(|(a, b)| format!("{a}={b}")).collect();
+    if !map.is_empty() {
+        args.extend(["--address-map".into(), map.join(",").into()]);
     }
     if let Some(token) = &req.agent_token {
         // Rewritten at every start, so a new key takes effect with the next one.

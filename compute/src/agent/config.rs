@@ -27,9 +27,10 @@ pub struct AgentConfig {
     /// The storage controllers' HTTP APIs (`host:port`): asked where the
     /// tenant is attached, and followed when it moves.
     pub controllers: Vec<String>,
-    /// Safekeepers this compute reaches at another address than their
-    /// membership configuration gives (routes to another site).
-    pub safekeeper_routes: Vec<(strata_protocol::NodeId, String)>,
+    /// Addresses the safekeepers' membership configuration or a storage
+    /// controller gives, and where this compute reaches them instead
+    /// (routes to another site, `docs/sites.md`).
+    pub address_map: Vec<(String, String)>,
     /// Where to serve `/v1/status` and `/metrics`.
     pub http: Option<SocketAddr>,
     /// Most connections to the status server at once.
@@ -150,7 +151,7 @@ impl AgentConfig {
             timeline_id,
             pageserver: crate::pageserver_target::PageserverTarget::new(pageserver_http.clone(), None),
             controllers: Vec::new(),
-            safekeeper_routes: Vec::new(),
+            address_map: Vec::new(),
             pageserver_http,
             http: None,
             http_max_connections: 32,

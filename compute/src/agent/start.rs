@@ -180,7 +180,7 @@ impl Agent {
         proposer_cfg.max_consumer_lag_bytes = self.cfg.max_consumer_lag_bytes;
         proposer_cfg.token = self.cfg.token.clone();
         proposer_cfg.tls = self.cfg.tls_client.clone();
-        proposer_cfg.routes = self.cfg.safekeeper_routes.clone();
+        proposer_cfg.address_map = self.cfg.address_map.clone();
         // A replica's basebackup is asked for at its checkpoint record's end
         // and holds the data at the record's redo point, `lsn`.
         let mut basebackup_at = None;
