@@ -22,8 +22,7 @@ LATENCY_MS = 4
 
 
 def sites_cluster(cluster_factory, *extra: str):
-    cluster = cluster_factory(init_args=("--sites", "2", "--site-latency-ms", str(LATENCY_MS), *extra))
-    return cluster
+    return cluster_factory(init_args=("--sites", "2", "--site-latency-ms", str(LATENCY_MS), *extra))
 
 
 def membership(cluster, sk: str, branch: str = "main") -> dict:
@@ -44,6 +43,10 @@ def proposer(ep) -> dict:
 
 def sk_flush(cluster, sk: str) -> int:
     return parse_lsn(cluster.timeline_status(sk)["flush_lsn"])
+
+
+def wait_commits_resume(writers: AckedWriters, since: float) -> None:
+    wait_until("commits to resume", lambda: len(writers.acked_between(since, time.monotonic())) > 20, timeout=60)
 
 
 def check_all_acked_present(ep, writers: AckedWriters) -> None:
@@ -143,7 +146,7 @@ def test_a_partition_under_stretched_stalls_and_resumes_without_loss(cluster_fac
         held = sk_flush(cluster, "sk3")
         cut(cluster, heal=True)
         t2 = time.monotonic()
-        wait_until("commits to resume", lambda: len(writers.acked_between(t2, time.monotonic())) > 20, timeout=60)
+        wait_commits_resume(writers, t2)
     finally:
         writers.stop()
     assert not stalled, f"{len(stalled)} commits acknowledged without dc2 under stretched"
@@ -172,7 +175,7 @@ def test_throttle_holds_commits_at_max_async_lag(cluster_factory):
         quiet = writers.longest_pause(t0, t1)
         cut(cluster, heal=True)
         t2 = time.monotonic()
-        wait_until("commits to resume", lambda: len(writers.acked_between(t2, time.monotonic())) > 20, timeout=60)
+        wait_commits_resume(writers, t2)
     finally:
         writers.stop()
     assert quiet > 1.5, f"commits never waited (longest pause {quiet:.2f} s)"

@@ -1005,6 +1005,32 @@ mod tests {
     }
 
     #[test]
+    fn placements_that_are_unknown_or_unsatisfiable_are_rejected() {
+        // The last sample: members in dc1 and dc2, stretched moving to
+        // local-quorum at home in dc2 with `throttle` (its last byte).
+        let frame = samples().last().unwrap().encode()[LENGTH_SIZE..].to_vec();
+        assert!(decode_acceptor(&frame).is_ok());
+        let invalid = |bytes: &[u8], needle: &str| match decode_acceptor(bytes) {
+            Err(CodecError::InvalidMembership { detail, .. }) => assert!(detail.contains(needle), "{detail}"),
+            other => panic!("accepted or another error: {other:?}"),
+        };
+        let mut bad = frame.clone();
+        *bad.last_mut().unwrap() = 2;
+        invalid(&bad, "on_async_lag");
+        // The new placement's kind: before the home (4 + 3 bytes), the lag (8) and the action (1).
+        let mut bad = frame.clone();
+        let at = bad.len() - 17;
+        assert_eq!(bad[at], 1, "local-quorum's kind");
+        bad[at] = 9;
+        invalid(&bad, "unknown placement");
+        // Both members in dc1: stretched cannot be satisfied.
+        let mut bad = frame.clone();
+        let dc2 = bad.windows(3).position(|w| w == b"dc2").unwrap();
+        bad[dc2 + 2] = b'1';
+        invalid(&bad, "stretched");
+    }
+
+    #[test]
     fn invalid_bools_are_rejected() {
         let vote = samples()[6].encode();
         // Tag, then the u64 term: vote_given is at frame offset 9.
