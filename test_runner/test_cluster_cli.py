@@ -71,7 +71,8 @@ def test_init_writes_every_config(cluster_factory):
     assert ps["controller"] is True
     ctl = c.service_config("controller")
     assert ctl["tenants"] == [ct["tenant_id"]]
-    assert ctl["pageservers"] == [{"name": "pageserver", "pg": ps["listen_pg"], "http": ps["listen_http"]}]
+    assert ctl["pageservers"] == [{"name": "pageserver", "pg": ps["listen_pg"], "http": ps["listen_http"],
+                                   "site": "local"}]
     assert ctl["listen_http"] == f"127.0.0.1:{by_name['controller']['ports']['http']}"
 
     # A second init is refused and changes nothing.

@@ -208,11 +208,18 @@ def test_fall_behind_drops_a_lagging_async_safekeeper_which_catches_up_from_its_
     assert ep.sql("SELECT count(*) FROM filler")[0][0] == 40000
 
 
-def test_computes_in_dc2_reach_dc1_through_the_proxy_and_a_replica_rides_out_a_cut(cluster_factory):
-    """A writer of another branch and a replica of `main`, both on dc2's
-    host: everything of dc1 they use is reached through a route. While
-    the link is cut the replica answers from what it holds; once healed it
-    catches up with the writer in dc1, which kept committing."""
+def pageserver_in_use(ep) -> dict:
+    return ep.agent_status()["pageserver"]
+
+
+def test_computes_in_dc2_read_their_own_sites_pageserver_and_a_replica_rides_out_a_cut(cluster_factory):
+    """A writer of another branch and replicas of `main` on dc2's host.
+    dc2's pageserver is `main`'s reader there: it ingests from sk3 alone
+    (the WAL crosses the link once) and serves dc2's replicas. While the
+    link is cut the replica answers everything up to what dc2 holds, new
+    sessions and plans included; once healed it catches up with the writer
+    in dc1, which kept committing. A replica told `--site dc1` reads dc1's
+    pageserver through a route instead."""
     cluster = sites_cluster(cluster_factory)
     ep = start_endpoint(cluster)
     ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -225,35 +232,112 @@ def test_computes_in_dc2_reach_dc1_through_the_proxy_and_a_replica_rides_out_a_c
     p2 = proposer(w2)
     # dc2's writer reaches sk1 and sk2 (dc1) through routes, sk3 directly;
     # sk1 and sk2 are its asynchronous members (the branch's home is dc1,
-    # as main's), so its commits need dc1's quorum.
-    routes = {r["port"] for r in cluster.cluster_toml["routes"]}
+    # as main's), so its commits need dc1's quorum. A writer reads the
+    # attached pageserver, in dc1.
     assert p2["connected_safekeepers"] == 3, p2
     assert p2["placement"] == "local-quorum", p2
+    assert pageserver_in_use(w2)["name"] == "pageserver" and not pageserver_in_use(w2)["reader"]
     status = {e["name"]: e for e in cluster.status()["endpoints"]}
     assert status["w2"]["site"] == "dc2" and status["ep"]["site"] == "dc1", status
 
-    replica = start_endpoint(cluster, "r2", "--replica-of", "ep", "--host", "dc2")
-    assert replica.sql("SELECT count(*) FROM t")[0][0] == 1000
-    code, proxy = cluster.http("link-proxy", "GET", "/v1/status")
-    used = {r["name"] for r in proxy["routes"] if r["accepted"] > 0}
-    assert {"dc2-sk1-listen", "dc2-pageserver-pg"} <= used, used
-    assert all(r["port"] in routes for r in cluster.cluster_toml["routes"])
+    # The controller made dc2's pageserver the tenant's reader in dc2.
+    code, ps2 = cluster.http("pageserver2", "GET", "/v1/status")
+    assert code == 200, ps2
+    assert [loc["mode"] for loc in ps2["locations"]] == ["reader"], ps2["locations"]
+    sk3 = next(s for s in cluster.cluster_toml["services"] if s["name"] == "sk3")
+    sk3_addr = f"127.0.0.1:{sk3['ports']['listen']}"
 
-    # A session and a statement prepared before the cut: a new session or
-    # a new plan would read catalog pages the replica does not hold, from
-    # dc1's pageserver, and fail once its reads time out (until each site
-    # has its own pageserver, docs/sites.md step 4).
+    wait_until("dc2's pageserver to stream main from sk3",
+               lambda: cluster.timeline_status("pageserver2")["wal_source"] == sk3_addr, timeout=30)
+
+    replica = start_endpoint(cluster, "r2", "--replica-of", "ep", "--site", "dc2")
+    assert status_of(cluster, "r2")["host"] == "dc2"
+    assert replica.sql("SELECT count(*) FROM t")[0][0] == 1000
+    used = pageserver_in_use(replica)
+    assert used["name"] == "pageserver2" and used["reader"], used
+
+    # A replica in dc2 told to read dc1's pageserver goes through a route.
+    far = start_endpoint(cluster, "r1", "--replica-of", "ep", "--host", "dc2", "--site", "dc1")
+    assert far.sql("SELECT count(*) FROM t")[0][0] == 1000
+    assert pageserver_in_use(far)["name"] == "pageserver" and not pageserver_in_use(far)["reader"]
+    code, proxy = cluster.http("link-proxy", "GET", "/v1/status")
+    assert any(r["accepted"] > 0 for r in proxy["routes"] if r["name"] == "dc2-pageserver-pg"), proxy
+    far.stop()
+    w2.stop()
+    pages_routed = routed_bytes(cluster, "dc2-pageserver-pg")
+
     with replica.connect() as session:
         session.execute("PREPARE before AS SELECT count(*) FROM t WHERE v = 'before'")
         assert session.execute("EXECUTE before").fetchone()[0] == 1000
         cut(cluster)
         try:
             ep.sql("INSERT INTO t SELECT g, 'during' FROM generate_series(2001, 2100) g")
-            # The replica still answers from what it holds.
+            # The replica answers from what dc2 holds: the session from
+            # before, and new sessions and plans, whose pages come from
+            # dc2's own pageserver.
             t = time.monotonic()
             assert session.execute("EXECUTE before").fetchone()[0] == 1000
             assert time.monotonic() - t < 5
+            assert replica.sql("SELECT count(*), max(id) FROM t WHERE v <> 'during'")[0] == (1000, 1000)
+            assert replica.sql("SELECT v FROM t WHERE id = 500")[0][0] == "before"
+            assert replica.sql("SELECT count(*) FROM pg_class WHERE relname = 't'")[0][0] == 1
         finally:
             cut(cluster, heal=True)
     wait_until("the replica to catch up after the cut",
                lambda: replica.sql("SELECT count(*) FROM t WHERE v = 'during'")[0][0] == 100, timeout=60)
+    # Its pages never crossed the link: the route to dc1's page service
+    # carried nothing since the other computes of dc2 stopped.
+    assert routed_bytes(cluster, "dc2-pageserver-pg") == pages_routed
+    # The reader's WAL came from sk3 alone, which got it once from dc1.
+    assert cluster.timeline_status("pageserver2")["wal_source"] in (sk3_addr, None)
+
+
+def status_of(cluster, name: str) -> dict:
+    return {e["name"]: e for e in cluster.status()["endpoints"]}[name]
+
+
+def routed_bytes(cluster, route: str) -> int:
+    code, proxy = cluster.http("link-proxy", "GET", "/v1/status")
+    assert code == 200, proxy
+    return sum(r["delivered_bytes"] for r in proxy["routes"] if r["name"] == route)
+
+
+def test_a_reader_down_while_dc1_compacts_comes_back_from_the_newest_index(cluster_factory):
+    """dc2's pageserver dies while dc1's compacts and deletes the layers
+    it had replaced. The replica in dc2 reads dc1's pageserver meanwhile
+    (through the route), the reader comes back from the newest index and
+    ingests from sk3 again, and the replica returns to it, reading what
+    the writer wrote."""
+    cluster = sites_cluster(cluster_factory)
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE t AS SELECT g AS id, repeat('x', 200) AS v FROM generate_series(1, 100000) g")
+    replica = start_endpoint(cluster, "r2", "--replica-of", "ep", "--site", "dc2")
+    assert replica.sql("SELECT count(*) FROM t")[0][0] == 100000
+    assert pageserver_in_use(replica)["reader"]
+
+    cluster.kill9("pageserver2", supervisor=True)
+    wait_until("the replica to read dc1's pageserver while dc2's is down",
+               lambda: pageserver_in_use(replica)["name"] == "pageserver", timeout=60)
+    deleted = cluster.metrics("pageserver").get("strata_pageserver_remote_deletions_total", 0)
+    ep.sql("UPDATE t SET v = 'updated' WHERE id % 10 = 0")
+    code, body = cluster.http(
+        "pageserver", "POST", cluster.timeline_path() + "/checkpoint?compact=true&upload_timeout=60", timeout=90)
+    assert code == 200, body
+    wait_until("dc1's pageserver to delete the layers compaction replaced",
+               lambda: cluster.metrics("pageserver").get("strata_pageserver_remote_deletions_total", 0) > deleted,
+               timeout=30)
+    assert replica.sql("SELECT count(*) FROM t WHERE v = 'updated'")[0][0] == 10000
+
+    cluster.run("start")
+    wait_until("the replica back on dc2's reader",
+               lambda: pageserver_in_use(replica)["name"] == "pageserver2" and pageserver_in_use(replica)["reader"],
+               timeout=60)
+    ep.sql("UPDATE t SET v = 'again' WHERE id % 10 = 1")
+    wait_until("the replica to replay the second update",
+               lambda: replica.sql("SELECT count(*) FROM t WHERE v = 'again'")[0][0] == 10000, timeout=60)
+    assert replica.sql("SELECT count(*), sum(id), count(*) FILTER (WHERE v = 'updated') FROM t") == \
+        ep.sql("SELECT count(*), sum(id), count(*) FILTER (WHERE v = 'updated') FROM t")
+    sk3 = next(s for s in cluster.cluster_toml["services"] if s["name"] == "sk3")
+    wait_until("dc2's reader to stream from sk3",
+               lambda: cluster.timeline_status("pageserver2")["wal_source"] == f"127.0.0.1:{sk3['ports']['listen']}",
+               timeout=30)

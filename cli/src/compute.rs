@@ -95,6 +95,10 @@ pub struct StartArgs {
     /// pageserver (docs/storage-controller.md).
     #[arg(long = "controller", value_delimiter = ',')]
     controllers: Vec<String>,
+    /// A replica's site: it reads the site's own pageserver (its reader)
+    /// when the controllers have one there (docs/sites.md).
+    #[arg(long)]
+    pageserver_site: Option<String>,
     /// Addresses the safekeepers' membership configuration or a storage
     /// controller gives, and where this compute reaches them instead
     /// (`FROM=TO`, comma-separated; routes to another site, docs/sites.md).
@@ -349,6 +353,7 @@ async fn start(args: StartArgs) -> Result<(), agent::AgentError> {
         args.password_file,
     );
     cfg.controllers = args.controllers;
+    cfg.pageserver_site = args.pageserver_site;
     cfg.pageserver.set_address_map(args.address_map.clone());
     cfg.address_map = args.address_map;
     cfg.http = args.http;

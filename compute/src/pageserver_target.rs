@@ -28,6 +28,8 @@ pub struct Target {
     pub version: u64,
     /// Times it changed.
     pub switches: u64,
+    /// A site's reader (a replica asked for its site's pageserver).
+    pub reader: bool,
 }
 
 /// The shared, changing target.
@@ -38,7 +40,15 @@ impl PageserverTarget {
     /// The pageserver given at start.
     pub fn new(http: String, pg: Option<String>) -> PageserverTarget {
         PageserverTarget(
-            Arc::new(RwLock::new(Target { name: None, pg, http, generation: None, version: 0, switches: 0 })),
+            Arc::new(RwLock::new(Target {
+                name: None,
+                pg,
+                http,
+                generation: None,
+                version: 0,
+                switches: 0,
+                reader: false,
+            })),
             Arc::default(),
         )
     }
@@ -81,6 +91,7 @@ impl PageserverTarget {
         t.version = info.version;
         t.generation = Some(info.generation);
         t.name = Some(info.pageserver.clone());
+        t.reader = info.reader;
         if moved {
             t.http = http;
             if t.pg.is_some() {
@@ -96,12 +107,20 @@ impl PageserverTarget {
 const LONG_POLL: Duration = Duration::from_secs(25);
 /// Pause before the next controller after one did not answer.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// While a compute that asked for its site's reader is served by the
+/// attached pageserver instead (the reader is loading, or down), how often
+/// it asks again: a reader becoming ready changes no state version.
+const READER_RETRY: Duration = Duration::from_secs(2);
 
 /// Follows the tenant's attachment: long-polls the controllers (any of
 /// them answers) and updates `target`; runs until the task is dropped.
+/// With `site`, the controllers answer that site's reader when it has
+/// one (a replica, `docs/sites.md`).
+#[allow(clippy::too_many_arguments)]
 pub async fn watch_attachment(
     target: PageserverTarget,
     controllers: Vec<String>,
+    site: Option<String>,
     tenant: TenantId,
     tls: Option<ClientTls>,
     token: Option<Token>,
@@ -123,12 +142,22 @@ pub async fn watch_attachment(
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut i = 0usize;
+    let site_query = site.as_ref().map(|s| format!("&site={s}")).unwrap_or_default();
     loop {
-        let known = target.get().version;
+        let now = target.get();
+        let known = now.version;
         let controller = &controllers[i % controllers.len()];
-        // The first ask answers at once; later ones wait for a newer state.
-        let wait = if known == 0 { 0 } else { LONG_POLL.as_secs() };
-        let url = format!("{scheme}://{controller}/v1/tenant/{tenant}/attachment?after={known}&wait_seconds={wait}");
+        // The first ask answers at once; later ones wait for a newer state,
+        // except while the site's reader is awaited.
+        let awaiting_reader = site.is_some() && known != 0 && !now.reader;
+        if awaiting_reader {
+            tokio::time::sleep(READER_RETRY).await;
+        }
+        let wait = if known == 0 || awaiting_reader { 0 } else { LONG_POLL.as_secs() };
+        let after = if awaiting_reader { known.saturating_sub(1) } else { known };
+        let url = format!(
+            "{scheme}://{controller}/v1/tenant/{tenant}/attachment?after={after}&wait_seconds={wait}{site_query}"
+        );
         let (a, u, auth) = (agent.clone(), url.clone(), token.as_ref().map(Token::bearer));
         let answer = tokio::task::spawn_blocking(move || -> Result<AttachmentInfo, String> {
             let mut r = a.get(&u);
@@ -178,6 +207,7 @@ mod tests {
             pageserver: format!("ps-{http}"),
             pg: format!("{http}-pg"),
             http: http.into(),
+            reader: false,
         }
     }
 

@@ -55,6 +55,10 @@ pub struct PageserverRef {
     /// Its page service and HTTP API (`host:port`).
     pub pg: String,
     pub http: String,
+    /// Its site (`docs/sites.md`): each other site's pageserver reads for
+    /// that site's replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 fn default_heartbeat_interval() -> Duration {

@@ -52,6 +52,8 @@ async fn metrics(State(c): State<Arc<Controller>>) -> Response {
 struct AttachmentQuery {
     after: Option<u64>,
     wait_seconds: Option<f64>,
+    /// The asking compute's site: its reader is answered if it has one.
+    site: Option<String>,
 }
 
 async fn attachment(
@@ -74,7 +76,7 @@ async fn attachment(
         Some(s) => Duration::from_secs_f64(s),
         None => Duration::ZERO,
     };
-    match c.attachment(tenant, q.after, wait).await {
+    match c.attachment(tenant, q.after, wait, q.site.as_deref()).await {
         Some(a) => Json(a).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("tenant {tenant} is not attached anywhere (yet)")),
     }

@@ -19,6 +19,8 @@ pub struct View {
     pub order: Vec<String>,
     /// Those that answer heartbeats.
     pub online: BTreeSet<String>,
+    /// The site of each pageserver that has one (`docs/sites.md`).
+    pub sites: BTreeMap<String, String>,
 }
 
 impl View {
@@ -97,7 +99,15 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
                 p.secondaries.insert(0, o);
             }
         } else {
-            let from_secondaries = p.secondaries.iter().find(|s| view.usable(state, s)).cloned();
+            // A secondary of the failed pageserver's own site first: its
+            // computes stay near their pages.
+            let old_site = p.attached.as_ref().and_then(|a| view.sites.get(a));
+            let from_secondaries = p
+                .secondaries
+                .iter()
+                .filter(|s| view.usable(state, s))
+                .min_by_key(|s| view.sites.get(*s) != old_site)
+                .cloned();
             let from_secondaries =
                 from_secondaries.or_else(|| p.secondaries.iter().find(|s| view.online.contains(*s)).cloned());
             let target = from_secondaries
@@ -148,10 +158,31 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
             p.secondaries.push(c.clone());
         }
     }
+    // A secondary in every other site: it reads for that site's replicas.
+    let home = p.attached.as_ref().and_then(|a| view.sites.get(a)).cloned();
+    let other_sites: BTreeSet<&String> = view.sites.values().filter(|s| Some(*s) != home.as_ref()).collect();
+    if home.is_some() {
+        for site in &other_sites {
+            let in_site = |n: &String| view.sites.get(n) == Some(*site);
+            if p.secondaries.iter().any(|s| in_site(s) && view.usable(state, s)) {
+                continue;
+            }
+            let pick = view.order.iter().find(|n| {
+                in_site(n)
+                    && view.usable(state, n)
+                    && Some(*n) != p.attached.as_ref()
+                    && Some(*n) != target.as_ref()
+                    && !p.secondaries.contains(n)
+            });
+            if let Some(c) = pick {
+                p.secondaries.push(c.clone());
+            }
+        }
+    }
     if p.secondaries.iter().any(|s| view.usable(state, s)) {
         p.secondaries.retain(|s| view.policy(state, s) == PageserverPolicy::Active);
     }
-    while p.secondaries.len() > MAX_SECONDARIES {
+    while p.secondaries.len() > MAX_SECONDARIES + other_sites.len() {
         // The offline ones go first, then the last added.
         match p.secondaries.iter().rposition(|s| !view.online.contains(s)) {
             Some(i) => p.secondaries.remove(i),
@@ -159,6 +190,24 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
         };
     }
     p
+}
+
+/// The reader of each other site (`docs/sites.md`, "A pageserver per
+/// site"): the first secondary in each site that is not the attached
+/// pageserver's. Without sites, none.
+pub fn site_readers(p: &TenantPlacement, view: &View) -> BTreeMap<String, String> {
+    let mut readers = BTreeMap::new();
+    let Some(home) = p.attached.as_ref().and_then(|a| view.sites.get(a)) else { return readers };
+    let target = p.migration.as_ref().map(|m| &m.to);
+    let mut candidates: Vec<&String> = p.secondaries.iter().filter(|s| Some(*s) != target).collect();
+    // Stable: in the order of the secondaries, those that answer first.
+    candidates.sort_by_key(|s| !view.online.contains(*s));
+    for s in candidates {
+        if let Some(site) = view.sites.get(s).filter(|site| *site != home) {
+            readers.entry(site.clone()).or_insert_with(|| s.clone());
+        }
+    }
+    readers
 }
 
 /// When no move is under way and one usable pageserver has at least two
@@ -225,7 +274,49 @@ mod tests {
         View {
             order: ["ps1", "ps2", "ps3"].iter().map(|s| s.to_string()).collect(),
             online: online.iter().map(|s| s.to_string()).collect(),
+            sites: BTreeMap::new(),
         }
+    }
+
+    /// ps1 and ps2 in dc1, ps3 and ps4 in dc2.
+    fn sites_view(online: &[&str]) -> View {
+        let names = ["ps1", "ps2", "ps3", "ps4"];
+        View {
+            order: names.iter().map(|s| s.to_string()).collect(),
+            online: online.iter().map(|s| s.to_string()).collect(),
+            sites: names.iter().map(|n| (n.to_string(), if *n < "ps3" { "dc1" } else { "dc2" }.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn every_other_site_gets_a_reader_and_failover_stays_in_the_site() {
+        let t = tenant(1);
+        let mut s = ControllerState::default();
+        add_tenants(&mut s, &[(t, 0)]);
+        let all = sites_view(&["ps1", "ps2", "ps3", "ps4"]);
+        let s = settle(s, &all);
+        // Attached in dc1, a secondary beside it and one in dc2, which reads for dc2.
+        assert_eq!(placement(&s, t), (1, Some("ps1"), vec!["ps2", "ps3"], None));
+        let readers = site_readers(&s.tenants[&t], &all);
+        assert_eq!(readers, BTreeMap::from([("dc2".to_string(), "ps3".to_string())]));
+        // ps1 fails: ps2, in the same site, takes over (not the reader in dc2).
+        let no_ps1 = sites_view(&["ps2", "ps3", "ps4"]);
+        let s = settle(s, &no_ps1);
+        assert_eq!(placement(&s, t).1, Some("ps2"));
+        assert_eq!(site_readers(&s.tenants[&t], &no_ps1)["dc2"], "ps3");
+        // The reader fails: another pageserver of dc2 reads for it.
+        let no_ps3 = sites_view(&["ps2", "ps4"]);
+        let s = settle(s, &no_ps3);
+        assert_eq!(site_readers(&s.tenants[&t], &no_ps3)["dc2"], "ps4");
+        assert!(s.tenants[&t].secondaries.len() <= MAX_SECONDARIES + 1);
+        // All of dc1 is gone: dc2 attaches, and dc1 has no usable pageserver to read for it.
+        let dc2_only = sites_view(&["ps3", "ps4"]);
+        let s = settle(s, &dc2_only);
+        let attached = placement(&s, t).1.unwrap().to_string();
+        assert_eq!(dc2_only.sites[&attached], "dc2");
+        assert!(site_readers(&s.tenants[&t], &dc2_only).values().all(|r| !dc2_only.online.contains(r)));
+        // Without sites there are no readers.
+        assert!(site_readers(&s.tenants[&t], &view(&["ps3"])).is_empty());
     }
 
     fn tenant(n: u8) -> TenantId {

@@ -411,8 +411,7 @@ impl Controller {
         schedule::add_tenants(&mut next, &new);
         // Before a whole offline period of heartbeats nothing is known to be down.
         if self.started.elapsed() >= self.conf.offline_after {
-            let view =
-                View { order: self.conf.pageservers.iter().map(|p| p.name.clone()).collect(), online: self.online() };
+            let view = self.view();
             if let Some(planned) = schedule::plan(&next, &view) {
                 for (t, p) in &planned.tenants {
                     let before = next.tenants.get(t);
@@ -452,9 +451,23 @@ impl Controller {
         Ok(())
     }
 
+    /// The pageservers, those online, and their sites.
+    fn view(&self) -> View {
+        View {
+            order: self.conf.pageservers.iter().map(|p| p.name.clone()).collect(),
+            online: self.online(),
+            sites: self.conf.pageservers.iter().filter_map(|p| Some((p.name.clone(), p.site.clone()?))).collect(),
+        }
+    }
+
     /// What a pageserver should hold of a tenant; `None`: leave it as it is
-    /// (the origin of a move serves on under its old generation).
-    fn desired(p: &strata_protocol::api::controller::TenantPlacement, ps: &str) -> Option<LocationRequest> {
+    /// (the origin of a move serves on under its old generation). `readers`
+    /// are the tenant's site readers (site, pageserver).
+    fn desired(
+        p: &strata_protocol::api::controller::TenantPlacement,
+        ps: &str,
+        readers: &BTreeMap<String, String>,
+    ) -> Option<LocationRequest> {
         let attached = |g| Some(LocationRequest { mode: LocationMode::Attached, generation: Some(g) });
         if p.migration.as_ref().is_some_and(|m| m.to == ps) {
             return attached(p.generation);
@@ -462,13 +475,20 @@ impl Controller {
         if p.attached.as_deref() == Some(ps) {
             return if p.migration.is_some() { None } else { attached(p.generation) };
         }
-        let mode = if p.secondaries.iter().any(|s| s == ps) { LocationMode::Secondary } else { LocationMode::Detached };
+        let mode = if readers.values().any(|r| r == ps) {
+            LocationMode::Reader
+        } else if p.secondaries.iter().any(|s| s == ps) {
+            LocationMode::Secondary
+        } else {
+            LocationMode::Detached
+        };
         Some(LocationRequest { mode, generation: None })
     }
 
     /// Sends each online pageserver the location changes it needs.
     fn apply(&self, state: &ControllerState) {
-        let online = self.online();
+        let view = self.view();
+        let online = view.online.clone();
         let observed: BTreeMap<String, Vec<strata_protocol::api::pageserver::LocationStatus>> = {
             let inner = self.inner.lock();
             inner
@@ -478,11 +498,12 @@ impl Controller {
                 .collect()
         };
         for (t, p) in &state.tenants {
+            let readers = schedule::site_readers(p, &view);
             for ps in &self.conf.pageservers {
                 if !online.contains(&ps.name) {
                     continue;
                 }
-                let Some(want) = Self::desired(p, &ps.name) else { continue };
+                let Some(want) = Self::desired(p, &ps.name, &readers) else { continue };
                 let have = observed.get(&ps.name).and_then(|ls| ls.iter().find(|l| l.tenant_id == *t));
                 let matches = match (want.mode, have) {
                     (LocationMode::Detached, None) => true,
@@ -575,16 +596,34 @@ impl Controller {
     // ---- what the API serves
 
     /// Where `tenant` is served, once the state is newer than `after` (or
-    /// `wait` has passed).
-    pub async fn attachment(&self, tenant: TenantId, after: Option<u64>, wait: Duration) -> Option<AttachmentInfo> {
+    /// `wait` has passed). With `site`: that site's reader if it has one,
+    /// online and loaded (`reader: true`), else the attached pageserver.
+    pub async fn attachment(
+        &self,
+        tenant: TenantId,
+        after: Option<u64>,
+        wait: Duration,
+        site: Option<&str>,
+    ) -> Option<AttachmentInfo> {
         let mut rx = self.version.subscribe();
         if let Some(after) = after {
             let _ = tokio::time::timeout(wait, rx.wait_for(|v| *v > after)).await;
         }
+        // Before the lock: the view takes it too.
+        let view = site.map(|_| self.view());
         let inner = self.inner.lock();
         let (state, _) = inner.state.as_ref()?;
         let p = state.tenants.get(&tenant)?;
-        let name = p.attached.as_ref()?;
+        let attached = p.attached.as_ref()?;
+        let reader = site.zip(view.as_ref()).and_then(|(site, view)| {
+            let name = schedule::site_readers(p, view).remove(site)?;
+            let loaded =
+                inner.health.get(&name).and_then(|h| h.status.as_ref()).is_some_and(|s| {
+                    s.locations.iter().any(|l| l.tenant_id == tenant && l.mode == LocationMode::Reader)
+                });
+            loaded.then_some(name)
+        });
+        let name = reader.as_ref().unwrap_or(attached);
         let ps = self.conf.pageserver(name)?;
         Some(AttachmentInfo {
             tenant_id: tenant,
@@ -593,6 +632,7 @@ impl Controller {
             pageserver: name.clone(),
             pg: ps.pg.clone(),
             http: ps.http.clone(),
+            reader: reader.is_some(),
         })
     }
 

@@ -14,7 +14,12 @@ fn config(id: u64, storage: &std::path::Path, tenant: TenantId) -> ControllerCon
         listen_http: format!("127.0.0.1:{}", 7000 + id).parse().unwrap(),
         remote_storage: RemoteStorageConfig::Local { path: storage.to_path_buf() },
         // Nothing answers there: no pageserver is ever online.
-        pageservers: vec![PageserverRef { name: "ps1".into(), pg: "127.0.0.1:1".into(), http: "127.0.0.1:1".into() }],
+        pageservers: vec![PageserverRef {
+            name: "ps1".into(),
+            pg: "127.0.0.1:1".into(),
+            http: "127.0.0.1:1".into(),
+            site: None,
+        }],
         tenants: vec![tenant],
         auth: None,
         tls: None,

@@ -24,6 +24,12 @@ pub struct PageserverConfig {
     /// Safekeeper protocol addresses (`host:port`) to stream WAL from.
     #[serde(default)]
     pub safekeepers: Vec<String>,
+    /// How many of `safekeepers`, from the first, are in this pageserver's
+    /// own site (`docs/sites.md`): WAL streams from them while one answers
+    /// and is not far behind, so it crosses the link between sites once.
+    /// 0: no site preference.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub site_safekeepers: usize,
     /// Tokens: the key that callers' tokens must be signed with, and this
     /// pageserver's own (`docs/security.md`). Without it every call is
     /// accepted, which `strata init` never writes.
@@ -147,6 +153,10 @@ fn default_checkpoint_distance() -> u64 {
 fn default_wait_lsn_timeout() -> Duration {
     Duration::from_secs(30)
 }
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 fn default_true() -> bool {
     true
 }
@@ -238,6 +248,16 @@ impl PageserverConfig {
             return Err(ConfigError {
                 key: "listen_http",
                 message: format!("{} is also `listen_pg`", self.listen_http),
+            });
+        }
+        if self.site_safekeepers > self.safekeepers.len() {
+            return Err(ConfigError {
+                key: "site_safekeepers",
+                message: format!(
+                    "{} is more than the {} safekeepers listed",
+                    self.site_safekeepers,
+                    self.safekeepers.len()
+                ),
             });
         }
         if let Some(bad) = self.safekeepers.iter().find(|a| !a.contains(':')) {

@@ -33,7 +33,8 @@ pub fn evict_to_limit(tenants: &Tenants, limit: u64) -> EvictionOutcome {
                 continue;
             }
             total += layer.file_size;
-            if remote.as_ref().is_some_and(|r| r.is_in_index(&layer.name.to_string())) {
+            // A reader keeps what it has: the attached pageserver may delete it from object storage.
+            if remote.as_ref().is_some_and(|r| !r.is_reader() && r.is_in_index(&layer.name.to_string())) {
                 candidates.push((layer.last_read_ms(), layer.clone()));
             }
         }

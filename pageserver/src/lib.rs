@@ -52,6 +52,8 @@ pub enum StartError {
 
 /// How often broken timelines are considered for re-reading.
 const RELOAD_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+/// How often reader locations look for new timelines and download layers.
+const READER_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Runs the pageserver until SIGTERM/SIGINT.
 pub async fn run(config: config::PageserverConfig) -> Result<(), StartError> {
@@ -151,6 +153,17 @@ pub async fn serve(
             }
         }
     });
+    if conf.controller {
+        // Reader locations: new timelines, and layers downloaded ahead of reads.
+        let tenants = tenants.clone();
+        tasks.spawn(async move {
+            loop {
+                tokio::time::sleep(READER_REFRESH_INTERVAL).await;
+                let t = tenants.clone();
+                let _ = tokio::task::spawn_blocking(move || t.refresh_readers()).await;
+            }
+        });
+    }
     if conf.controller {
         // Heatmaps for the secondaries of the tenants attached here.
         let tenants = tenants.clone();

@@ -59,6 +59,7 @@ strata_service::declare_metrics! {
         local_layer_bytes: Gauge => "Bytes of layer files on local disk, all timelines",
         remote_deletions: Counter => "Objects deleted from remote storage through the deletion queue",
         remote_deletions_refused: Counter => "Queued deletions dropped because their generation is no longer current",
+        reader_reloads: Counter => "Reader locations loaded again: a layer they had not downloaded was gone from the newest index",
         upload_backpressure_timelines: Gauge => "Timelines whose ingest is slowed because uploads lag more than max_upload_lag_bytes",
     }
 }

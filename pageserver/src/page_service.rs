@@ -82,6 +82,20 @@ fn error_code(e: &ReadError) -> ErrorCode {
     }
 }
 
+/// [`error_code`] for a read of `tl`. A reader whose layer read failed
+/// (the attached pageserver deleted a layer it had not downloaded yet) is
+/// loaded again at its next refresh; meanwhile the compute is told the
+/// tenant moved, so it retries instead of failing (`docs/sites.md`).
+fn read_error_code(tl: &crate::timeline::Timeline, e: &ReadError) -> ErrorCode {
+    match (e, tl.remote()) {
+        (ReadError::Layer(_), Some(r)) if r.is_reader() => {
+            r.want_reload();
+            ErrorCode::NotAttached
+        }
+        _ => error_code(e),
+    }
+}
+
 async fn refuse(w: &mut WriteHalf<Stream>, code: ErrorCode, message: String) -> Result<(), ConnectionError> {
     let mut out = Vec::new();
     codec::encode_server(&ServerMessage::Error { id: 0, code, message: message.clone() }, &mut out);
@@ -127,7 +141,7 @@ async fn connection(
     }
     slot.established();
     let Some(entry) = tenants.get(hello.tenant_id, hello.timeline_id) else {
-        if tenants.conf.controller && !tenants.is_attached(hello.tenant_id) {
+        if tenants.conf.controller && !tenants.serves(hello.tenant_id) {
             let msg = format!("tenant {} is not attached to this pageserver", hello.tenant_id);
             return refuse(&mut w, ErrorCode::NotAttached, msg).await;
         }
@@ -183,7 +197,8 @@ async fn connection(
         let mut lsns: HashMap<Lsn, Result<Lsn, (ErrorCode, String)>> = HashMap::new();
         for r in &requests {
             if let std::collections::hash_map::Entry::Vacant(slot) = lsns.entry(r.lsn()) {
-                let resolved = tl.wait_lsn(r.lsn(), wait_timeout).await.map_err(|e| (error_code(&e), e.to_string()));
+                let resolved =
+                    tl.wait_lsn(r.lsn(), wait_timeout).await.map_err(|e| (read_error_code(&tl, &e), e.to_string()));
                 slot.insert(resolved);
             }
         }
@@ -285,7 +300,7 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                     let tag = RelTag { rel, fork };
                     let size = sizes
                         .entry(tag)
-                        .or_insert_with(|| tl.rel_size(tag, lsn).map_err(|e| (error_code(&e), e.to_string())));
+                        .or_insert_with(|| tl.rel_size(tag, lsn).map_err(|e| (read_error_code(tl, &e), e.to_string())));
                     match size {
                         Ok(Some(n)) if block < *n => {
                             keys.push(Key::rel_block(tag, block));
@@ -316,9 +331,11 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                             message: format!("a page of {} bytes", page.len()),
                         }),
                         Ok(None) => Answer::Page { id, page: Bytes::from_static(&ZERO_PAGE) },
-                        Err(e) => {
-                            Answer::Other(ServerMessage::Error { id, code: error_code(&e), message: e.to_string() })
-                        }
+                        Err(e) => Answer::Other(ServerMessage::Error {
+                            id,
+                            code: read_error_code(tl, &e),
+                            message: e.to_string(),
+                        }),
                     });
                 }
             }
@@ -363,5 +380,5 @@ fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Resolved) -> ServerMessage 
             }
         })
     })();
-    result.unwrap_or_else(|e| ServerMessage::Error { id, code: error_code(&e), message: e.to_string() })
+    result.unwrap_or_else(|e| ServerMessage::Error { id, code: read_error_code(tl, &e), message: e.to_string() })
 }

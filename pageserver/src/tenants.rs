@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 
 mod heatmaps;
 mod locations;
+mod readers;
 pub use locations::LocationError;
 
 use crate::config::PageserverConfig;
@@ -170,6 +171,9 @@ pub struct Tenants {
     /// loaded yet, so they count as not attached (a compute asking now
     /// retries, rather than hear that a timeline does not exist).
     attaching: Mutex<std::collections::HashSet<TenantId>>,
+    /// Tenants held here as a site's reader, every timeline loaded
+    /// (`docs/sites.md`, "A pageserver per site").
+    readers: Mutex<std::collections::HashSet<TenantId>>,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), Arc<TimelineEntry>>>,
     creating: Mutex<()>,
     /// When each broken timeline is re-read next, and its backoff.
@@ -197,6 +201,7 @@ impl Tenants {
     ) -> Result<Arc<Tenants>, LoadError> {
         let mut generations = HashMap::new();
         let mut secondaries = Vec::new();
+        let mut readers = Vec::new();
         if let Some(r) = &remote {
             let a = Attachments::load(r.attachments_path()).map_err(|e| LoadError {
                 op: "reading",
@@ -210,8 +215,14 @@ impl Tenants {
                 .filter(|(_, at)| at.mode == crate::remote::attachments::LocationMode::Secondary)
                 .map(|(t, _)| *t)
                 .collect();
+            readers = a
+                .tenants
+                .iter()
+                .filter(|(_, at)| at.mode == crate::remote::attachments::LocationMode::Reader)
+                .map(|(t, _)| *t)
+                .collect();
         }
-        let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), token, tls };
+        let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), site: conf.site_safekeepers, token, tls };
         let tenants = Arc::new(Tenants {
             conf,
             wal_sources,
@@ -221,6 +232,7 @@ impl Tenants {
             generations: Mutex::new(generations),
             secondaries: Default::default(),
             attaching: Mutex::new(std::collections::HashSet::new()),
+            readers: Mutex::new(std::collections::HashSet::new()),
             timelines: RwLock::new(BTreeMap::new()),
             creating: Mutex::new(()),
             reloads: Mutex::new(HashMap::new()),
@@ -344,6 +356,15 @@ impl Tenants {
         tenants.attach_in_order(loaded);
         for t in secondaries {
             tenants.start_secondary(t);
+        }
+        // A reader comes back from object storage: what it ingested itself
+        // was never uploaded, and the WAL is still there to ingest again.
+        if let Some(remote) = tenants.remote.clone() {
+            for t in readers {
+                if let Err(e) = tenants.attach_reader(&remote, t) {
+                    error!(tenant = %t, "loading the reader location: {e}");
+                }
+            }
         }
         // Markers whose directory is gone (a failed creation cleaned up halfway).
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))?.flatten() {
@@ -820,7 +841,7 @@ impl Tenants {
         let deadline = Instant::now() + SHUTDOWN_UPLOAD_WAIT;
         for entry in self.all() {
             let Some(r) = entry.tl.remote() else { continue };
-            if entry.tl.broken_reason().is_none() {
+            if entry.tl.broken_reason().is_none() && !r.is_reader() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if let Err(e) = entry.tl.wait_uploaded(left) {
                     warn!(timeline = %entry.tl.timeline_id, "not everything is uploaded at shutdown: {e}");

@@ -625,7 +625,7 @@ impl Timeline {
     /// benchmarks: the next reads download what they need); returns the
     /// layers and bytes evicted.
     pub fn evict_all(&self) -> Result<(usize, u64), LayerError> {
-        let Some(r) = self.remote.get() else { return Ok((0, 0)) };
+        let Some(r) = self.remote.get().filter(|r| !r.is_reader()) else { return Ok((0, 0)) };
         let mut done = (0, 0);
         for l in self.historic().iter() {
             if l.is_resident() && r.is_in_index(&l.name.to_string()) && l.evict()? {

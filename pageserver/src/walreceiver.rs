@@ -49,6 +49,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// ask the others whether they have committed more (the current one may lag:
 /// a quorum does not need it).
 const PROBE_AFTER: Duration = Duration::from_secs(2);
+/// How long the current safekeeper may still deliver what another one was
+/// found to have committed, before the receiver switches: a commit that
+/// arrives just as the probe looks reaches both at about the same time.
+const BEHIND_GRACE: Duration = Duration::from_secs(1);
 /// An in-memory layer older than this is frozen even if small, so that
 /// `disk_consistent_lsn` (and re-ingest after a crash) stays close behind.
 const MAX_LAYER_AGE: Duration = Duration::from_secs(30);
@@ -77,6 +81,9 @@ pub struct SpawnError {
 #[derive(Clone, Debug, Default)]
 pub struct WalSources {
     pub safekeepers: Vec<String>,
+    /// How many of `safekeepers`, from the first, are in this pageserver's
+    /// site (0: no preference).
+    pub site: usize,
     pub token: Option<Token>,
     pub tls: Option<ClientTls>,
 }
@@ -164,6 +171,9 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
     // A decoder fed up to a segment's end from object storage: the next
     // stream starts there, and a record cut by the segment end goes on.
     let mut carried: Option<WalDecoder> = None;
+    // A safekeeper found lagging behind another: not chosen again while
+    // another answers (an own-site preference would otherwise return to it).
+    let mut lagging: Option<String> = None;
     while !stop.load(Ordering::SeqCst) {
         if tl.broken_reason().is_some() {
             std::thread::sleep(Duration::from_millis(500));
@@ -180,7 +190,7 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
         }
         let ingest = ingest.as_mut().expect("set above");
         let start = carried.as_ref().map_or_else(|| tl.record_lsns().last, WalDecoder::input_lsn);
-        let result = match connect_best(&tl, &sources, &status, start) {
+        let result = match connect_best(&tl, &sources, &status, start, lagging.as_deref()) {
             Ok((addr, stream, commit)) => {
                 info!(timeline = %tl.timeline_id, safekeeper = %addr, %start, %commit, "streaming WAL");
                 backoff = Duration::from_millis(100);
@@ -217,6 +227,12 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
             }
             Err(StreamError::Connection(e)) => {
                 warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
+                match &e {
+                    // Passed over until an own-site one is found caught up.
+                    LinkError::Behind { current, .. } => lagging = Some(current.clone()),
+                    LinkError::SiteCaughtUp(_) => lagging = None,
+                    _ => {}
+                }
                 let mut s = status.lock();
                 s.last_error = Some(e.to_string());
                 s.safekeeper = None;
@@ -276,6 +292,8 @@ pub enum LinkError {
     Gap { got: Lsn, expected: Lsn },
     #[error("{other} has committed up to {commit}, beyond {current}; switching")]
     Behind { other: String, commit: Lsn, current: String },
+    #[error("{0}, of this pageserver's site, has caught up; switching back to it")]
+    SiteCaughtUp(String),
     #[error("no safekeeper streams from {start}: {}", list_failures(.failures))]
     NoSource { start: Lsn, failures: Vec<(String, LinkError)> },
 }
@@ -284,26 +302,56 @@ fn list_failures(failures: &[(String, LinkError)]) -> String {
     failures.iter().map(|(addr, e)| format!("{addr}: {e}")).collect::<Vec<_>>().join("; ")
 }
 
-/// Opens a stream on every safekeeper and keeps the one with the highest commit LSN.
+impl WalSources {
+    /// Whether `addr` is in this pageserver's site (every source is
+    /// without a site preference).
+    fn is_local(&self, addr: &str) -> bool {
+        self.site == 0 || self.safekeepers.iter().take(self.site).any(|a| a == addr)
+    }
+}
+
+/// How far behind another site's safekeeper an own-site one may be and
+/// still be streamed from: WAL crosses the link between sites once (to the
+/// own site's safekeepers), not twice.
+const SITE_SLACK: u64 = 16 << 20;
+/// While streaming from another site, how often an own-site safekeeper is
+/// asked whether it has caught up.
+const SITE_RETURN_PROBE: Duration = Duration::from_secs(5);
+
+/// Opens a stream on every safekeeper and keeps the one with the highest
+/// commit LSN; an own-site one within [`SITE_SLACK`] of it is kept instead.
+/// `lagging` is taken only if no other answers.
 fn connect_best(
     tl: &Timeline,
     sources: &WalSources,
     status: &Mutex<ReceiverStatus>,
     start: Lsn,
+    lagging: Option<&str>,
 ) -> Result<(String, OpenStream, Lsn), StreamError> {
+    // (address, stream, commit LSN) of the best of each kind.
     let mut best: Option<(String, OpenStream, Lsn)> = None;
+    let mut best_local: Option<(String, OpenStream, Lsn)> = None;
     let mut failures = Vec::new();
+    let mut passed_over = None;
     for addr in &sources.safekeepers {
         match open_stream(tl, addr, sources, start) {
+            Ok(s) if Some(addr.as_str()) == lagging => passed_over = Some((addr.clone(), s.commit, s)),
             Ok(s) => {
                 let commit = s.commit;
-                if best.as_ref().is_none_or(|b| commit > b.2) {
-                    best = Some((addr.clone(), s, commit));
+                let slot = if sources.is_local(addr) { &mut best_local } else { &mut best };
+                if slot.as_ref().is_none_or(|b| commit > b.2) {
+                    *slot = Some((addr.clone(), s, commit));
                 }
             }
             Err(e) => failures.push((addr.clone(), e)),
         }
     }
+    let best = match (best_local, best) {
+        (Some(l), Some(r)) if l.2 .0.saturating_add(SITE_SLACK) >= r.2 .0 => Some(l),
+        (Some(l), None) => Some(l),
+        (_, r) => r,
+    };
+    let best = best.or_else(|| passed_over.map(|(a, c, s)| (a, s, c)));
     let best = best.ok_or(LinkError::NoSource { start, failures })?;
     tl.metrics.walreceiver_connects.inc();
     let mut s = status.lock();
@@ -484,6 +532,16 @@ fn other_has_more(tl: &Timeline, sources: &WalSources, current: &str, lsn: Lsn) 
     })
 }
 
+/// An own-site safekeeper that has committed at least to `lsn`, if any
+/// (the stream from another site ends, and the next one starts there).
+fn own_site_caught_up(tl: &Timeline, sources: &WalSources, lsn: Lsn) -> Option<String> {
+    let own = sources.safekeepers.iter().take(sources.site);
+    own.into_iter().find_map(|addr| match open_stream(tl, addr, sources, lsn) {
+        Ok(s) if s.commit >= lsn => Some(addr.clone()),
+        _ => None,
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 fn stream_wal(
     tl: &Timeline,
@@ -502,6 +560,10 @@ fn stream_wal(
     // When ingest last advanced: a stream that stops advancing may come from
     // a safekeeper the quorum left behind.
     let mut progress = (tl.record_lsns().last, Instant::now());
+    let mut last_site_probe = Instant::now();
+    // Another safekeeper that had committed more when the current one had
+    // sent nothing for a while, and since when.
+    let mut behind: Option<(String, Lsn, Instant)> = None;
     while !stop.load(Ordering::SeqCst) {
         if let Some(reason) = tl.broken_reason() {
             // Nothing more goes into a broken timeline: it cannot be read or
@@ -511,16 +573,32 @@ fn stream_wal(
         let last = tl.record_lsns().last;
         if last != progress.0 {
             progress = (last, Instant::now());
-        } else if progress.1.elapsed() >= PROBE_AFTER {
-            if let Some((addr, commit)) = other_has_more(tl, sources, current, last) {
-                return Err(LinkError::Behind { other: addr, commit, current: current.to_string() }.into());
+            behind = None;
+        } else if let Some((addr, commit, since)) = &behind {
+            // Still nothing after the grace: the current one lags.
+            if since.elapsed() >= BEHIND_GRACE {
+                return Err(
+                    LinkError::Behind { other: addr.clone(), commit: *commit, current: current.to_string() }.into()
+                );
             }
+        } else if progress.1.elapsed() >= PROBE_AFTER {
+            behind = other_has_more(tl, sources, current, last).map(|(a, c)| (a, c, Instant::now()));
             progress.1 = Instant::now();
+        }
+        if !sources.is_local(current) && last_site_probe.elapsed() >= SITE_RETURN_PROBE {
+            last_site_probe = Instant::now();
+            if let Some(addr) = own_site_caught_up(tl, sources, last) {
+                return Err(LinkError::SiteCaughtUp(addr).into());
+            }
         }
         if last_feedback.elapsed() >= FEEDBACK_INTERVAL {
             let mut out = Vec::new();
-            let applied_lsn = tl.feedback_lsn();
-            let remote_consistent_lsn = tl.remote_consistent_lsn().unwrap_or(Lsn::INVALID);
+            // A reader (`docs/sites.md`) reports nothing: its ingest must not
+            // hold back the writer, and its index is not its own.
+            let reader = tl.remote().is_some_and(|r| r.is_reader());
+            let applied_lsn = if reader { Lsn::INVALID } else { tl.feedback_lsn() };
+            let remote_consistent_lsn =
+                if reader { Lsn::INVALID } else { tl.remote_consistent_lsn().unwrap_or(Lsn::INVALID) };
             let feedback = ConsumerFeedback { applied_lsn, remote_consistent_lsn };
             codec::encode_consumer(&ConsumerMessage::Feedback(feedback), &mut out);
             frames.get_mut().write_all(&out).and_then(|()| frames.get_mut().flush()).map_err(LinkError::from)?;

@@ -157,7 +157,7 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
     let other = fake_safekeeper(identity, bytes, first, stop.clone());
     let receiver = WalReceiver::spawn(
         tl.clone(),
-        WalSources { safekeepers: vec![silent.addr.clone(), other.addr.clone()], token: None, tls: None },
+        WalSources { safekeepers: vec![silent.addr.clone(), other.addr.clone()], site: 0, token: None, tls: None },
     )
     .unwrap();
 
@@ -180,6 +180,51 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
     assert!(fed >= 2, "the silent safekeeper got {fed} feedback messages");
     // Asked at the start, then by the probe that found the other one ahead.
     assert!(other.starts.load(Ordering::SeqCst) >= 3, "{} starts on the other", other.starts.load(Ordering::SeqCst));
+
+    stop.store(true, Ordering::SeqCst);
+    receiver.shutdown();
+    let _ = std::fs::remove_dir_all(&tl.dir);
+}
+
+#[test]
+fn an_own_site_safekeeper_is_preferred_left_when_it_lags_and_returned_to_once_caught_up() {
+    let (tl, _, control) = common::imported_timeline("walreceiver-site", START);
+    let (tenant_id, timeline_id, system_id) = (tl.tenant_id, tl.timeline_id, control.system_identifier);
+    tl.checkpoint().unwrap();
+
+    let (bytes, ends) = wal(system_id, 40);
+    let (first, more) = (ends[19], ends[39]);
+    let bytes = Arc::new(bytes);
+    let identity = TimelineIdentity { tenant_id, timeline_id, system_id, pg_version: 15, wal_segment_size: SEG as u32 };
+    let stop = Arc::new(AtomicBool::new(false));
+    // The other site's safekeeper has committed more from the start, but
+    // within the slack: the own site's one is streamed from.
+    let own = fake_safekeeper(identity.clone(), bytes.clone(), first, stop.clone());
+    let far = fake_safekeeper(identity, bytes, more, stop.clone());
+    let receiver = WalReceiver::spawn(
+        tl.clone(),
+        WalSources { safekeepers: vec![own.addr.clone(), far.addr.clone()], site: 1, token: None, tls: None },
+    )
+    .unwrap();
+    let wait = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !check() {
+            assert!(Instant::now() < deadline, "{what}: not within 60 s; at {}", tl.record_lsns().last);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("the own site's WAL ingested", &|| tl.record_lsns().last == first);
+    assert_eq!(receiver.status.lock().safekeeper.as_deref(), Some(own.addr.as_str()));
+    // It stays behind: the receiver leaves it for the other site (and does
+    // not come straight back to it for being in its own site).
+    wait("the other site's WAL ingested", &|| tl.record_lsns().last == more);
+    assert_eq!(receiver.status.lock().safekeeper.as_deref(), Some(far.addr.as_str()));
+    // Once the own site's safekeeper has caught up, the receiver returns.
+    own.commit.store(more.0, Ordering::SeqCst);
+    wait("the stream back on the own site", &|| {
+        receiver.status.lock().safekeeper.as_deref() == Some(own.addr.as_str())
+    });
+    assert_eq!(tl.record_lsns().last, more);
 
     stop.store(true, Ordering::SeqCst);
     receiver.shutdown();

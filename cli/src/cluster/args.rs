@@ -124,6 +124,11 @@ pub enum EndpointCommand {
         /// stopped endpoint given another host moves there.
         #[arg(long)]
         host: Option<String>,
+        /// The site (`docs/sites.md`): without `--host`, it runs on a host
+        /// of that site; a replica reads that site's pageserver (default: its
+        /// host's site). Kept for later starts.
+        #[arg(long)]
+        site: Option<String>,
         #[command(flatten)]
         agent: AgentArgs,
         #[command(flatten)]

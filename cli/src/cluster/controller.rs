@@ -23,12 +23,25 @@ fn controllers(wd: &Workdir) -> Vec<&Service> {
 /// follower answers from its copy of the state), waiting up to `wait` for
 /// one that knows.
 pub fn attachment(wd: &Workdir, wait: Duration) -> Result<(&Service, AttachmentInfo)> {
+    attachment_for(wd, wait, None)
+}
+
+/// The reader of `site` (`docs/sites.md`), if the controllers have one
+/// there, online and loaded; otherwise replicas read the attached pageserver.
+pub fn site_reader<'a>(wd: &'a Workdir, site: &str) -> Option<&'a Service> {
+    let (ps, info) = attachment_for(wd, Duration::ZERO, Some(site)).ok()?;
+    info.reader.then_some(ps)
+}
+
+/// [`attachment`], or with `site` that site's reader if it has one.
+fn attachment_for<'a>(wd: &'a Workdir, wait: Duration, site: Option<&str>) -> Result<(&'a Service, AttachmentInfo)> {
     let tenant = wd.cluster.tenant_id;
     let deadline = Instant::now() + wait;
     let mut last = String::from("no controller answered");
+    let query = site.map(|s| format!("?site={s}")).unwrap_or_default();
     loop {
         for c in controllers(wd) {
-            let url = format!("{}/v1/tenant/{tenant}/attachment", c.http_url());
+            let url = format!("{}/v1/tenant/{tenant}/attachment{query}", c.http_url());
             match http::get(&url, http::QUICK) {
                 Ok(r) if r.status == 200 => {
                     let info: AttachmentInfo = r.json().map_err(|e| Error::Failed(format!("{}: {e}", c.name)))?;

@@ -61,6 +61,9 @@ pub struct EndpointFile {
     /// A replica (`docs/replicas.md`), made of this endpoint's branch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_of: Option<String>,
+    /// A replica's site: it reads that site's pageserver (`docs/sites.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_site: Option<String>,
     /// A replica's `hot_standby_feedback`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hot_standby_feedback: bool,
@@ -395,6 +398,10 @@ pub struct ReplicaLaunch {
     /// replica starts from it or a later one.
     pub after: Option<strata_formats::Lsn>,
     pub hot_standby_feedback: bool,
+    /// The site whose pageserver it reads (its own site's reader, when the
+    /// controllers have one there).
+    #[serde(default)]
+    pub site: Option<String>,
 }
 
 /// What `strata endpoint start` was asked besides the name.
@@ -408,6 +415,8 @@ pub struct StartOptions<'a> {
     pub replica_of: Option<&'a str>,
     pub hot_standby_feedback: bool,
     pub host: Option<&'a str>,
+    /// `--site`: a host of that site; a replica reads its pageserver.
+    pub site: Option<&'a str>,
     /// `strata endpoint promote`: the replica starts again as its branch's
     /// writer; the writer still recorded as running is fenced.
     pub promote: bool,
@@ -513,9 +522,22 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
         return failed(format!("no branch named {branch_name:?} (branches: {})", known.join(", ")));
     };
+    if let Some(site) = how.site {
+        if !wd.cluster.hosts.iter().any(|h| h.site == site) {
+            let sites: std::collections::BTreeSet<&str> = wd.cluster.hosts.iter().map(|h| h.site.as_str()).collect();
+            return Err(Error::Usage(format!(
+                "--site {site}: no host of the cluster is in that site (sites: {})",
+                sites.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    let in_site = how.site.and_then(|s| wd.cluster.hosts.iter().find(|h| h.site == s && h.computes));
     let target = match host.or(old.map(|o| o.file.host.as_str())) {
         Some(h) => hosts::host(wd, h)?,
-        None => default_host(wd)?,
+        None => match in_site {
+            Some(h) => h,
+            None => default_host(wd)?,
+        },
     };
     if !target.computes {
         return Err(Error::Usage(format!("host {} does not run computes (cluster.toml)", target.name)));
@@ -572,7 +594,8 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
             }
         });
         let feedback = how.hot_standby_feedback || old.is_some_and(|o| o.file.hot_standby_feedback);
-        ReplicaLaunch { of, after, hot_standby_feedback: feedback }
+        let site = how.site.map(str::to_string).or_else(|| old.and_then(|o| o.file.read_site.clone()));
+        ReplicaLaunch { of, after, hot_standby_feedback: feedback, site: site.or_else(|| Some(target.site.clone())) }
     });
     let moved = match moving {
         Some(o) => {
@@ -751,6 +774,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
             http_port,
             read_only_at,
             replica_of: req.replica.as_ref().map(|r| r.of.clone()),
+            read_site: req.replica.as_ref().and_then(|r| r.site.clone()),
             hot_standby_feedback: req.replica.as_ref().is_some_and(|r| r.hot_standby_feedback),
             lazy,
             cache_mb,
@@ -766,7 +790,12 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
     let password = ensure_password(&ep, given)?;
     let c = &wd.cluster;
-    let ps = super::controller::attached(wd)?;
+    // A replica reads its site's reader when there is one (`docs/sites.md`).
+    let read_site = req.replica.as_ref().and_then(|r| r.site.as_deref());
+    let ps = match read_site.and_then(|s| super::controller::site_reader(wd, s)) {
+        Some(reader) => reader,
+        None => super::controller::attached(wd)?,
+    };
     // Everything of another site is reached through the link proxy's routes.
     let site = host.site.as_str();
     let mut args: Vec<OsString> = vec![
@@ -797,6 +826,9 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     ];
     if c.verify_redo {
         args.push("--verify-redo".into());
+    }
+    if let Some(s) = read_site {
+        args.extend(["--pageserver-site".into(), s.into()]);
     }
     // The safekeepers' membership configuration and the storage
     // controllers name services at their own addresses.
@@ -1108,6 +1140,7 @@ mod tests {
             http_port: 8080,
             read_only_at: None,
             replica_of: None,
+            read_site: None,
             hot_standby_feedback: false,
             lazy: false,
             cache_mb: None,

@@ -225,6 +225,18 @@ impl ClusterFile {
         }
     }
 
+    /// How many safekeepers `site` has, for a pageserver's
+    /// `site_safekeepers` (0 when every safekeeper is there: no preference).
+    pub fn site_safekeepers(&self, site: &str) -> usize {
+        let all: Vec<&Service> = self.of_kind(Kind::Safekeeper).collect();
+        let own = all.iter().filter(|s| self.site_of(s) == site).count();
+        if own == all.len() {
+            0
+        } else {
+            own
+        }
+    }
+
     /// Every safekeeper's protocol address as seen from `site`, those of
     /// `site` first (ties in choosing a WAL source go to them).
     pub fn safekeeper_addrs_from(&self, site: &str) -> Vec<String> {
@@ -772,6 +784,9 @@ pub fn init(args: &InitArgs) -> Result<()> {
         // Its own site's safekeepers first: ties in choosing a WAL source go to them.
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&j| hosts[sk_hosts[j]].site != hosts[host].site);
+        let own_site = order.iter().filter(|&&j| hosts[sk_hosts[j]].site == hosts[host].site).count();
+        // With every safekeeper in its site, there is no preference to state.
+        let site_safekeepers = if own_site == n { 0 } else { own_site };
         let wal_sources: Vec<String> = order
             .into_iter()
             .map(|j| via(host, &format!("sk{}", j + 1), "listen", at(sk_hosts[j], sk_port(j, 0))))
@@ -784,6 +799,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
                 "listen_http": at(host, ps_port(i, 1)),
                 "data_dir": root.join(&name).join("data"),
                 "safekeepers": wal_sources,
+                "site_safekeepers": site_safekeepers,
                 "auth": secure.then(|| super::keys::service_auth(&root)),
                 "tls": host_tls(host),
                 "pg_bin_dir": args.pg_bin_dir,
@@ -802,6 +818,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
             "name": name,
             "pg": at(host, ps_port(i, 0)),
             "http": at(host, ps_port(i, 1)),
+            "site": hosts[host].site,
         }));
         services.push(Service {
             name,
@@ -1274,6 +1291,14 @@ run = ["compute"]
         let ps1 = strata_pageserver::config::PageserverConfig::load(&wd.config_path(wd.service("pageserver").unwrap()))
             .unwrap();
         assert_eq!(ps1.safekeepers[2], routed);
+        // Each streams from its own site's safekeepers while they keep up.
+        assert_eq!((ps1.site_safekeepers, ps2.site_safekeepers), (2, 1));
+        assert_eq!((c.site_safekeepers("dc1"), c.site_safekeepers("dc2")), (2, 1));
+        // The controllers know each pageserver's site (a reader per other site).
+        let ctl = strata_controller::config::ControllerConfig::load(&wd.config_path(wd.service("controller").unwrap()))
+            .unwrap();
+        let sites: Vec<Option<&str>> = ctl.pageservers.iter().map(|p| p.site.as_deref()).collect();
+        assert_eq!(sites, [Some("dc1"), Some("dc2")]);
         assert_eq!(c.address_map_from("dc2").len(), 6 + 3);
         // Ports stay distinct, routes included.
         let mut ports = c.ports();

@@ -210,7 +210,18 @@ pub fn pageserver_policy(workdir: &WorkdirArgs, name: &str, action: &str) -> i32
 /// `strata endpoint start|stop|list`.
 pub fn endpoint(cmd: EndpointCommand) -> i32 {
     match cmd {
-        EndpointCommand::Start { name, branch, port, at, replica_of, hot_standby_feedback, host, agent, workdir } => {
+        EndpointCommand::Start {
+            name,
+            branch,
+            port,
+            at,
+            replica_of,
+            hot_standby_feedback,
+            host,
+            site,
+            agent,
+            workdir,
+        } => {
             let result = (|| {
                 workdir.plain("endpoint start")?;
                 let wd = open(&workdir.workdir)?;
@@ -223,6 +234,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                     replica_of: replica_of.as_deref(),
                     hot_standby_feedback,
                     host: host.as_deref(),
+                    site: site.as_deref(),
                     promote: false,
                 };
                 endpoint::start(&wd, &name, &how, &agent)

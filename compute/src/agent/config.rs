@@ -27,6 +27,9 @@ pub struct AgentConfig {
     /// The storage controllers' HTTP APIs (`host:port`): asked where the
     /// tenant is attached, and followed when it moves.
     pub controllers: Vec<String>,
+    /// A replica's site: the controllers answer that site's reader when it
+    /// has one (`docs/sites.md`, "A pageserver per site").
+    pub pageserver_site: Option<String>,
     /// Addresses the safekeepers' membership configuration or a storage
     /// controller gives, and where this compute reaches them instead
     /// (routes to another site, `docs/sites.md`).
@@ -151,6 +154,7 @@ impl AgentConfig {
             timeline_id,
             pageserver: crate::pageserver_target::PageserverTarget::new(pageserver_http.clone(), None),
             controllers: Vec::new(),
+            pageserver_site: None,
             address_map: Vec::new(),
             pageserver_http,
             http: None,

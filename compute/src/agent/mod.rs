@@ -147,11 +147,13 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         pg: t.pg.clone(),
         generation: t.generation,
         switches: t.switches,
+        reader: t.reader,
     };
     status.update(|s| s.pageserver = Some(in_use(&cfg.pageserver.get())));
     let watcher = tokio::spawn(crate::pageserver_target::watch_attachment(
         cfg.pageserver.clone(),
         cfg.controllers.clone(),
+        cfg.pageserver_site.clone(),
         cfg.tenant_id,
         cfg.tls_client.clone(),
         cfg.token.clone(),

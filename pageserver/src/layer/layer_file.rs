@@ -834,6 +834,12 @@ impl LayerFile {
         self.last_read.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Downloads the file if it is not local (a reader location fetches
+    /// every layer ahead of its reads, `docs/sites.md`).
+    pub fn make_resident(&self) -> Result<(), LayerError> {
+        self.loaded().map(drop)
+    }
+
     /// The readable layer, downloading its file first if it is not local.
     fn loaded(&self) -> Result<Arc<Loaded>, LayerError> {
         self.last_read.store(now_ms(), std::sync::atomic::Ordering::Relaxed);

@@ -121,6 +121,11 @@ mod tests {
         // A secondary has no generation, and is not attached.
         let sec = text.replace("\"attached\"", "\"secondary\"").replace(": 7", ": 0");
         assert_eq!(Attachments::decode(sec.as_bytes()).unwrap().generation(t), None);
+        // Nor has a reader (a site's, docs/sites.md).
+        let reader = text.replace("\"attached\"", "\"reader\"").replace(": 7", ": 0");
+        let back = Attachments::decode(reader.as_bytes()).unwrap();
+        assert_eq!((back.generation(t), back.tenants[&t].mode), (None, LocationMode::Reader));
+        assert!(Attachments::decode(text.replace("\"attached\"", "\"elsewhere\"").as_bytes()).is_err());
         assert!(Attachments::decode(text.replace(": 7", ": 0").as_bytes()).unwrap_err().contains("generation 0"));
         assert!(Attachments::decode(text.replace("generation", "gen").as_bytes()).is_err());
         assert!(Attachments::decode(b"{").is_err());

@@ -103,6 +103,12 @@ pub struct RemoteTimeline {
     round: tokio::sync::Mutex<()>,
     /// Set once a newer generation owns the tenant (see `SyncState::superseded`).
     superseded: Arc<AtomicBool>,
+    /// A reader's client (`docs/sites.md`): it reads the index and
+    /// downloads layers, and never uploads or deletes anything.
+    reader: bool,
+    /// A reader's read failed on a layer (gone from object storage, most
+    /// likely): the tenant is loaded again at the next refresh.
+    reload_wanted: AtomicBool,
 }
 
 impl RemoteTimeline {
@@ -113,6 +119,30 @@ impl RemoteTimeline {
         generation: u32,
         dir: PathBuf,
         found: Option<FoundIndex>,
+    ) -> Arc<RemoteTimeline> {
+        Self::build(remote, tenant_id, timeline_id, generation, dir, found, false)
+    }
+
+    /// The client of a reader location: generation 0 (its WAL streams are
+    /// never fenced and fence nothing), no upload loop.
+    pub fn reader(
+        remote: Arc<Remote>,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        dir: PathBuf,
+        found: Option<FoundIndex>,
+    ) -> Arc<RemoteTimeline> {
+        Self::build(remote, tenant_id, timeline_id, 0, dir, found, true)
+    }
+
+    fn build(
+        remote: Arc<Remote>,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        generation: u32,
+        dir: PathBuf,
+        found: Option<FoundIndex>,
+        reader: bool,
     ) -> Arc<RemoteTimeline> {
         let mut state = SyncState::default();
         let mut consistent = Lsn::INVALID;
@@ -135,7 +165,24 @@ impl RemoteTimeline {
             stopped: AtomicBool::new(false),
             round: tokio::sync::Mutex::new(()),
             superseded: Arc::new(AtomicBool::new(false)),
+            reader,
+            reload_wanted: AtomicBool::new(false),
         })
+    }
+
+    /// Whether this is a reader's client (nothing is ever uploaded).
+    pub fn is_reader(&self) -> bool {
+        self.reader
+    }
+
+    /// Asks for the reader to be loaded again (a layer read failed).
+    pub fn want_reload(&self) {
+        self.reload_wanted.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a reload was asked for.
+    pub fn reload_wanted(&self) -> bool {
+        self.reload_wanted.load(Ordering::SeqCst)
     }
 
     /// The newest index of the timeline at or below `generation`, if any.
@@ -192,6 +239,9 @@ impl RemoteTimeline {
     /// Starts the upload loop of a timeline (replacing any earlier loop);
     /// `source` tells the loop what the timeline holds now.
     pub fn start(self: &Arc<Self>, source: impl Fn() -> UploadSource + Send + Sync + 'static) {
+        if self.reader {
+            return;
+        }
         let id = self.loop_id.fetch_add(1, Ordering::SeqCst) + 1;
         let me = self.clone();
         self.remote.spawn(async move { me.run(source, id).await });
@@ -237,6 +287,12 @@ impl RemoteTimeline {
 
     /// Waits until the remote index covers `lsn`.
     pub fn wait_uploaded(&self, lsn: Lsn, timeout: Duration) -> Result<(), String> {
+        if self.reader {
+            return Err(format!(
+                "a reader location uploads nothing (the index it read covers {})",
+                self.remote_consistent_lsn()
+            ));
+        }
         let mut rx = self.consistent.subscribe();
         self.wake();
         let superseded = self.superseded.clone();

@@ -74,6 +74,7 @@ impl Tenants {
                 }
             })
             .collect();
+        out.extend(self.reader_statuses());
         out.extend(self.secondaries.statuses());
         out.sort_by_key(|l| l.tenant_id);
         out
@@ -112,6 +113,7 @@ impl Tenants {
                     _ => {
                         self.record(tenant, Attachment::attached(g))?;
                         self.secondaries.stop(tenant);
+                        self.stop_reader(tenant);
                         if current.is_some() {
                             self.stop_timelines(tenant, false);
                         }
@@ -125,14 +127,27 @@ impl Tenants {
             }
             LocationMode::Secondary => {
                 self.record(tenant, Attachment { generation: 0, mode: LocationMode::Secondary })?;
+                self.stop_reader(tenant);
                 if current.is_some() {
                     self.stop_timelines(tenant, true);
                     self.generations.lock().remove(&tenant);
                 }
                 self.start_secondary(tenant);
             }
+            LocationMode::Reader => {
+                self.record(tenant, Attachment { generation: 0, mode: LocationMode::Reader })?;
+                self.secondaries.stop(tenant);
+                if current.is_some() {
+                    self.stop_timelines(tenant, true);
+                    self.generations.lock().remove(&tenant);
+                }
+                if !self.is_reader(tenant) {
+                    self.attach_reader(&remote, tenant)?;
+                }
+            }
             LocationMode::Detached => {
                 self.secondaries.stop(tenant);
+                self.stop_reader(tenant);
                 if current.is_some() {
                     self.stop_timelines(tenant, false);
                     self.generations.lock().remove(&tenant);
@@ -164,7 +179,7 @@ impl Tenants {
     }
 
     /// Records the location of `tenant` in the attachment file, durably.
-    fn record(&self, tenant: TenantId, at: Attachment) -> Result<(), LocationError> {
+    pub(super) fn record(&self, tenant: TenantId, at: Attachment) -> Result<(), LocationError> {
         self.rewrite_attachments(tenant, |tenants| {
             tenants.insert(tenant, at);
         })
@@ -194,7 +209,7 @@ impl Tenants {
     /// Stops every timeline of `tenant` and takes them out of service: WAL
     /// receivers, then uploads (a round under way finishes). With `keep`,
     /// the uploaded layer files become the secondary's warm cache.
-    fn stop_timelines(&self, tenant: TenantId, keep: bool) {
+    pub(super) fn stop_timelines(&self, tenant: TenantId, keep: bool) {
         let entries: Vec<_> = self.all().into_iter().filter(|e| e.tl.tenant_id == tenant).collect();
         for e in &entries {
             e.tl.detach();
@@ -223,6 +238,14 @@ impl Tenants {
             if let Err(e) = remove_timeline_dir(&dir) {
                 warn!(%tenant, "{e}");
             }
+        }
+    }
+
+    /// Ends a reader location of `tenant`, if there is one: its downloaded
+    /// layers stay as the warm cache (an attach or a secondary takes them).
+    fn stop_reader(&self, tenant: TenantId) {
+        if self.readers.lock().remove(&tenant) {
+            self.stop_timelines(tenant, true);
         }
     }
 

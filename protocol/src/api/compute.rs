@@ -148,6 +148,9 @@ pub struct PageserverInUse {
     pub generation: Option<u32>,
     /// Times the compute switched to another pageserver.
     pub switches: u64,
+    /// It is its site's reader, not the attached pageserver (`docs/sites.md`).
+    #[serde(default)]
+    pub reader: bool,
 }
 
 /// `POST /v1/checkpoint` on a writer's agent: where the checkpoint it just

@@ -114,6 +114,10 @@ pub struct AttachmentInfo {
     pub pageserver: String,
     pub pg: String,
     pub http: String,
+    /// The answer names a site's reader (asked with `site=`), not the
+    /// attached pageserver: it serves replicas, not writers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reader: bool,
 }
 
 /// `GET /v1/status` of a controller.

@@ -32,6 +32,12 @@ pub enum LocationMode {
     /// Keeps the layers the attached location reads warm, from object
     /// storage, ready to be attached.
     Secondary,
+    /// Serves reads to the computes of its own site: it loads the tenant
+    /// from object storage and ingests the WAL from its own site's
+    /// safekeepers, but never uploads, deletes or fences
+    /// (`docs/sites.md`, "A pageserver per site"). It is a secondary too:
+    /// attached after a failover, it takes what it downloaded.
+    Reader,
     /// Nothing (its local files are removed).
     Detached,
 }
