@@ -17,8 +17,12 @@ pageserver:
 
 Each round runs pgbench -S (select-only, random accounts) at each client
 count against each replica in turn, the others idle; the link's latency is
-changed at run time through the proxy's HTTP API. Medians of --runs
-rounds per (latency, clients, replica), and the ratio dc2-own / dc2-far.
+changed at run time through the proxy's HTTP API. Every run starts with
+the kernel's page cache dropped (`/proc/sys/vm/drop_caches`, as root), so
+that what a replica's own cache does not hold comes from a pageserver
+(otherwise the files the lazy file system served stay in the page cache
+and later runs read no pageserver at all). Medians of --runs rounds per
+(latency, clients, replica), and the ratio dc2-own / dc2-far.
 
 Usage: .venv/bin/python bench/site_reads.py [--scale 10] [--seconds 10] [--runs 3]
            [--clients 1,8] [--latencies 3,10] [--cache-mb 8] [--quick]
@@ -60,6 +64,16 @@ def pgbench(connstr: str, args: list[str], timeout: float) -> float:
     if not m:
         raise RuntimeError(f"no tps in pgbench's output:\n{res.stdout[-2000:]}")
     return float(m.group(1))
+
+
+def drop_page_cache() -> bool:
+    """Drops the kernel's clean page cache; False when not allowed."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
 
 
 def main() -> int:
@@ -107,9 +121,10 @@ def main() -> int:
                     for clients in args.clients:
                         for name, connstr in replicas.items():
                             run = ["-S", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(args.seconds)]
+                            cold = drop_page_cache()
                             tps = pgbench(connstr, run, timeout=args.seconds * 4 + 300)
                             results["runs"].append({"latency_ms": latency, "clients": clients, "replica": name,
-                                                    "round": rnd, "tps": tps})
+                                                    "round": rnd, "tps": tps, "page_cache_dropped": cold})
                             print(f"{latency:>4} ms {clients:>3} clients {name:<10} {tps:>9.0f} tps", flush=True)
         finally:
             if (c.workdir / "cluster.toml").exists():
@@ -121,8 +136,10 @@ def main() -> int:
         return statistics.median(r["tps"] for r in results["runs"]
                                  if (r["latency_ms"], r["clients"], r["replica"]) == (latency, clients, replica))
 
+    cold = all(r["page_cache_dropped"] for r in results["runs"])
     lines = [f"pgbench -S on replicas, scale {args.scale}, cache {args.cache_mb} MiB, {args.seconds} s per run,"
-             f" medians of {args.runs} rounds ({os.cpu_count()} CPUs)", "",
+             f" medians of {args.runs} rounds ({os.cpu_count()} CPUs);"
+             f" page cache {'dropped before every run' if cold else 'NOT dropped (not root): later runs are warm'}", "",
              f"{'RTT':>5} {'clients':>7} " + " ".join(f"{n:>10}" for n in REPLICAS) + f" {'own/far':>8}"]
     summary = {}
     for latency in args.latencies:

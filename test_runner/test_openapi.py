@@ -528,6 +528,9 @@ def test_live_cluster_answers_as_documented(cluster, specs):
                expect={400}, **ids)
         c.call(sk, "put", tl + "/membership", json_body={"generation": 1, "members": [{"id": 1, "address": "a:1"}]},
                expect={404}, tenant=tenant, timeline=missing)
+        # Sealing is for good: only refusals here.
+        c.call(sk, "post", tl + "/seal", expect={404}, tenant=tenant, timeline=missing)
+        c.call(sk, "post", tl + "/seal", expect={400}, tenant=tenant, timeline="not-an-id")
 
     # ---- the storage controller
     ctl = "controller"
@@ -551,6 +554,7 @@ def test_live_cluster_answers_as_documented(cluster, specs):
     c.call(ctl, "post", "/v1/pageserver/{name}/fill", expect={200}, name="pageserver")
     c.call(ctl, "post", "/v1/pageserver/{name}/fill", expect={404}, name="nope")
     c.call(ctl, "post", "/v1/pageserver/{name}/drain", expect={404}, name="nope")
+    c.call(ctl, "post", "/v1/pageserver/{name}/lost", expect={404}, name="nope")
     st, text = c.call(ctl, "get", "/metrics", expect={200})
     if st == 200 and b"# TYPE" not in text:
         c.problems.append("controller /metrics: no `# TYPE` line")

@@ -11,7 +11,10 @@ the asynchronous safekeeper is `max_async_lag` behind."""
 
 from __future__ import annotations
 
+import re
 import time
+
+import psycopg
 
 from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.load import AckedWriters
@@ -341,3 +344,121 @@ def test_a_reader_down_while_dc1_compacts_comes_back_from_the_newest_index(clust
     wait_until("dc2's reader to stream from sk3",
                lambda: cluster.timeline_status("pageserver2")["wal_source"] == f"127.0.0.1:{sk3['ports']['listen']}",
                timeout=30)
+
+
+def report_line(out: str, branch: str = "main") -> str:
+    """The loss report's line of a branch in `site promote|rejoin`'s output."""
+    lines = [ln for ln in out.splitlines() if ln.startswith(f"branch {branch}: ") and
+             ("lost" in ln or "nothing lost" in ln)]
+    assert lines, out
+    return lines[-1]
+
+
+def lost_range(line: str) -> tuple[int, int, int, int | None]:
+    """(F, C, bytes, transactions) of a report line `lost [F, C): N bytes, T transactions …`."""
+    m = re.search(r"lost \[([0-9A-F]+/[0-9A-F]+), ([0-9A-F]+/[0-9A-F]+)\): (\d+) bytes, (?:(\d+) transactions)?", line)
+    assert m, line
+    return parse_lsn(m[1]), parse_lsn(m[2]), int(m[3]), int(m[4]) if m[4] else None
+
+
+def test_promoting_dc2_under_local_quorum_reports_dc1s_tail_and_fences_its_writer(cluster_factory):
+    """The link is cut and dc1's writer goes on committing (local-quorum):
+    a tail dc2 never receives. `strata site promote dc2` (the operator
+    still reaches dc1's safekeepers): dc1's writer is fenced at once, the
+    branch goes on in dc2 from where its WAL ends, and the report names
+    the lost range with its transactions, exactly the acknowledged commits
+    dc2's writer does not have. The divergent branch keeps them, readable;
+    after the heal `strata site rejoin dc1` brings dc1's safekeepers in as
+    asynchronous members of the new home."""
+    cluster = sites_cluster(cluster_factory)
+    ep = start_endpoint(cluster)
+    writers = AckedWriters(ep, threads=2).start()
+    wait_until("commits", lambda: writers.count() > 50, timeout=60)
+    cut(cluster)
+    cut_at = time.monotonic()
+    wait_until("commits past the cut", lambda: len(writers.acked_between(cut_at + 0.5, time.monotonic())) > 50,
+               timeout=60)
+    started = time.monotonic()
+    out = cluster.run("site", "promote", "dc2").stdout
+    print(out)
+    time.sleep(2)
+    # dc1's writer is fenced: nothing it acknowledged after the seal (its
+    # commits wait for ever; it is killed to end them).
+    assert not writers.acked_between(started + 5, time.monotonic()), "dc1's writer committed after the seal"
+    ep.kill9_compute()
+    writers.stop()
+    f, c, nbytes, txns = lost_range(report_line(out))
+    assert c > f and nbytes == c - f and txns is not None, out
+    connstr = out.strip().splitlines()[-1]
+    assert connstr.startswith("postgres"), out
+    with psycopg.connect(connstr, autocommit=True) as conn:
+        on_dc2 = {r[0] for r in conn.execute(f"SELECT id FROM {writers.table}")}
+        conn.execute(f"INSERT INTO {writers.table} (id, writer) VALUES (-1, -1)")  # the new writer commits
+    acked = writers.acked_ids()
+    missing = acked - on_dc2
+    assert missing, "the cut left no tail in dc1"
+    # Every acknowledged commit dc2 lacks is in the reported range: one transaction each.
+    assert len(missing) <= txns, (len(missing), txns)
+    assert not (on_dc2 - acked - writers.in_doubt), "dc2 has commits nobody attempted"
+    # The branches: main goes on in a new timeline, dc1's history is kept.
+    branches = {b["name"]: b for b in cluster.cluster_toml["branches"]}
+    divergent = f"main-divergent-{f:X}"
+    assert branches[divergent]["divergent"]["continued_as"] == "main"
+    assert branches["main"]["parent"] == divergent
+    status = {e["name"]: e for e in cluster.status()["endpoints"]}
+    assert status["ep"]["branch"] == divergent and status["main-dc2"]["site"] == "dc2", status
+    code, sk1 = cluster.http("sk1", "GET", cluster.timeline_path(divergent))
+    assert code == 200 and sk1["sealed"], sk1
+
+    cut(cluster, heal=True)
+    out = cluster.run("site", "rejoin", "dc1").stdout
+    assert lost_range(report_line(out))[:2] == (f, c), out
+    # The divergent branch reads as dc1 had it: every acknowledged commit
+    # (dc2's pageserver ingests its tail from dc1's sealed safekeepers).
+    reader = Endpoint(cluster, "old", branch=divergent)
+    reader.start("--at", f"{c >> 32:X}/{c & 0xFFFFFFFF:X}")
+    on_dc1 = {r[0] for r in reader.sql(f"SELECT id FROM {writers.table}")}
+    assert acked <= on_dc1, f"{len(acked - on_dc1)} acknowledged commits missing from the divergent branch"
+    assert not (on_dc1 - acked - writers.in_doubt)
+    # dc1's safekeepers hold main's new timeline and catch up as asynchronous members.
+    with psycopg.connect(connstr, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {writers.table} (id, writer) VALUES (-2, -1)")
+        end = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+    wait_until("dc1's safekeepers to catch up on main",
+               lambda: min(sk_flush(cluster, "sk1"), sk_flush(cluster, "sk2")) >= end, timeout=60)
+    assert membership(cluster, "sk1")["placement"]["home"] == "dc2"
+
+
+def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_factory):
+    """Under `stretched` every acknowledged commit is on dc2's safekeeper.
+    dc1 is cut off, then dies whole (every service and the writer, kill
+    -9); `strata site promote dc2` reports nothing lost and dc2's writer
+    has every acknowledged commit. dc1 comes back: `strata site rejoin dc1`
+    confirms nothing was lost, and the old writer, started again on its
+    (divergent) branch, is refused: its timeline is sealed."""
+    cluster = sites_cluster(cluster_factory, "--placement", "stretched")
+    ep = start_endpoint(cluster)
+    writers = AckedWriters(ep, threads=2).start()
+    wait_until("commits", lambda: writers.count() > 50, timeout=60)
+    cut(cluster)
+    time.sleep(1)
+    for name in ("sk1", "sk2", "pageserver", "controller"):
+        cluster.kill9(name, supervisor=True)
+    ep.kill9_compute()
+    writers.stop()
+    out = cluster.run("site", "promote", "dc2", timeout=300).stdout
+    assert "nothing lost: under stretched" in report_line(out), out
+    connstr = out.strip().splitlines()[-1]
+    with psycopg.connect(connstr, autocommit=True) as conn:
+        on_dc2 = {r[0] for r in conn.execute(f"SELECT id FROM {writers.table}")}
+    lost = writers.acked_ids() - on_dc2
+    assert not lost, f"{len(lost)} acknowledged commits lost under stretched"
+
+    cut(cluster, heal=True)
+    cluster.run("start")
+    out = cluster.run("site", "rejoin", "dc1").stdout
+    assert "nothing lost" in report_line(out), out
+    # The old writer, on its sealed timeline, cannot commit.
+    res = cluster.run("endpoint", "start", "ep", check=False, timeout=180)
+    assert res.returncode != 0, res.stdout
+    assert "sealed" in (res.stdout + res.stderr).lower(), res.stdout + res.stderr

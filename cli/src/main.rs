@@ -67,6 +67,9 @@ enum Command {
     /// Branches of the local cluster: a new database at any point of another, in milliseconds.
     #[command(subcommand)]
     Branch(cluster::BranchCommand),
+    /// Site failover: promote a site when the other is gone, and rejoin it (docs/sites.md).
+    #[command(subcommand)]
+    Site(cluster::SiteCommand),
     /// Timelines of the local cluster's branches: checkpoint.
     #[command(subcommand)]
     Timeline(cluster::TimelineCommand),
@@ -198,6 +201,7 @@ fn main() {
         Command::Status(args) => cluster::status(args),
         Command::Endpoint(cmd) => cluster::endpoint(cmd),
         Command::Timeline(cmd) => cluster::timeline(cmd),
+        Command::Site(cmd) => cluster::site(cmd),
         Command::Branch(cmd) => cluster::branch(cmd),
         Command::Auth(cmd) => cluster::auth(cmd),
         Command::Supervise(args) => supervise::run(args),

@@ -525,7 +525,9 @@ impl Core {
                 if e.code == ErrorCode::TermSuperseded {
                     return Err(ProposerError::Superseded { ours: self.term, seen: self.term + 1 });
                 }
-                if matches!(e.code, ErrorCode::Mismatch | ErrorCode::NotFound | ErrorCode::Version) {
+                // Sealed: a site failover forked the branch; this writer is fenced for good.
+                if matches!(e.code, ErrorCode::Mismatch | ErrorCode::NotFound | ErrorCode::Version | ErrorCode::Sealed)
+                {
                     return Err(ProposerError::Refused(self.links[link].address.clone(), e.message));
                 }
                 warn!(safekeeper = %self.links[link].address, "error: {:?}: {}", e.code, e.message);

@@ -26,8 +26,10 @@ fn error(status: StatusCode, message: String) -> Response {
 
 /// The routes; with `auth`, each needs the scope of its group.
 pub fn router(controller: Arc<Controller>, auth: Option<&HttpAuth>) -> Router {
-    let management =
-        Router::new().route("/v1/pageserver/{name}/drain", post(drain)).route("/v1/pageserver/{name}/fill", post(fill));
+    let management = Router::new()
+        .route("/v1/pageserver/{name}/drain", post(drain))
+        .route("/v1/pageserver/{name}/fill", post(fill))
+        .route("/v1/pageserver/{name}/lost", post(lost));
     let tenant = Router::new().route("/v1/tenant/{tenant}/attachment", get(attachment));
     let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
     Router::new()
@@ -93,6 +95,10 @@ async fn set_policy(c: Arc<Controller>, name: String, policy: PageserverPolicy) 
 
 async fn drain(State(c): State<Arc<Controller>>, Path(name): Path<String>) -> Response {
     set_policy(c, name, PageserverPolicy::Draining).await
+}
+
+async fn lost(State(c): State<Arc<Controller>>, Path(name): Path<String>) -> Response {
+    set_policy(c, name, PageserverPolicy::Lost).await
 }
 
 async fn fill(State(c): State<Arc<Controller>>, Path(name): Path<String>) -> Response {

@@ -291,13 +291,17 @@ impl Controller {
         }
     }
 
-    /// The pageservers that answered within the offline period.
+    /// The pageservers that answered within the offline period, but for
+    /// those the state calls lost (their site was given up).
     fn online(&self) -> BTreeSet<String> {
         let inner = self.inner.lock();
+        let lost = |n: &String| {
+            inner.state.as_ref().is_some_and(|(s, _)| s.pageservers.get(n) == Some(&PageserverPolicy::Lost))
+        };
         inner
             .health
             .iter()
-            .filter(|(_, h)| h.last_ok.is_some_and(|t| t.elapsed() <= self.conf.offline_after))
+            .filter(|(n, h)| h.last_ok.is_some_and(|t| t.elapsed() <= self.conf.offline_after) && !lost(n))
             .map(|(n, _)| n.clone())
             .collect()
     }

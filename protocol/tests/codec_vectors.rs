@@ -70,7 +70,7 @@ fn member(id: u64, address: &str) -> Member {
 fn proposer_greeting() {
     proposer(
         ProposerMessage::Greeting(ProposerGreeting {
-            protocol_version: 6,
+            protocol_version: 7,
             proposer_id: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             timeline: TimelineIdentity {
                 tenant_id: TenantId([0x11; 16]),
@@ -82,7 +82,7 @@ fn proposer_greeting() {
             membership: Membership::default(),
             token: Some(Token::new("tok".into())),
         }),
-        "55000000 01 06000000 000102030405060708090a0b0c0d0e0f
+        "55000000 01 07000000 000102030405060708090a0b0c0d0e0f
          11111111111111111111111111111111 22222222222222222222222222222222
          0807060504030201 0f000000 00000001
          00000000 0000 00 00 00 03000000 746f6b",
@@ -169,7 +169,7 @@ fn acceptor_greeting_with_sites_and_a_placement_change() {
     let sited = |id, address, site: &str| Member { site: Some(site.into()), ..member(id, address) };
     acceptor(
         AcceptorMessage::Greeting(AcceptorGreeting {
-            protocol_version: 6,
+            protocol_version: 7,
             node_id: NodeId(7),
             term: 4,
             membership: Membership {
@@ -184,7 +184,7 @@ fn acceptor_greeting_with_sites_and_a_placement_change() {
                 }),
             },
         }),
-        "5b000000 81 06000000 0700000000000000 0400000000000000
+        "5b000000 81 07000000 0700000000000000 0400000000000000
          04000000 0200 0100000000000000 03000000 613a31 03000000 646331
          0200000000000000 03000000 623a32 03000000 646332
          00 02 01 01 03000000 646332 0000100000000000 01",

@@ -47,6 +47,14 @@ pub struct PersistentState {
     /// here so that a restart does not let a fenced pageserver back in).
     #[serde(default)]
     pub pageserver_generation: u32,
+    /// Sealed by a site failover (`docs/sites.md`): no proposer is ever
+    /// accepted again, and the WAL held is final (consumers still read it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sealed: bool,
+    /// The commit LSN when it was sealed: what its writer had had
+    /// acknowledged (the seal commits the rest of the flushed WAL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_before_seal: Option<Lsn>,
 }
 
 /// `TimelineIdentity` in a serializable form.
@@ -98,6 +106,8 @@ impl PersistentState {
             membership: Membership::default(),
             elected_generation: 0,
             pageserver_generation: 0,
+            sealed: false,
+            commit_before_seal: None,
         }
     }
 }
@@ -169,6 +179,8 @@ pub enum AcceptorError {
     MembershipChanged { session: u32, current: u32 },
     #[error("this safekeeper is no member of the timeline's configuration (generation {generation})")]
     NotMember { generation: u32 },
+    #[error("the timeline is sealed (a site failover forked it): it accepts no writer")]
+    Sealed,
 }
 
 impl AcceptorError {
@@ -181,6 +193,7 @@ impl AcceptorError {
             AcceptorError::Protocol(_) => ErrorCode::Protocol,
             AcceptorError::Storage(_) => ErrorCode::Storage,
             AcceptorError::MembershipChanged { .. } | AcceptorError::NotMember { .. } => ErrorCode::MembershipChanged,
+            AcceptorError::Sealed => ErrorCode::Sealed,
         };
         AcceptorMessage::Error(ErrorMessage { code, message: self.to_string() })
     }
@@ -229,6 +242,7 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         debug_assert!(next.truncate_lsn >= now.truncate_lsn, "the truncate LSN goes back");
         debug_assert!(next.membership.generation >= now.membership.generation, "the generation goes back");
         debug_assert!(next.pageserver_generation >= now.pageserver_generation, "the pageserver generation goes back");
+        debug_assert!(next.sealed || !now.sealed, "a seal is never undone");
         debug_assert!(next.term_history.last_term() <= next.term, "a history past the term");
         debug_assert_eq!(next.identity, now.identity, "a timeline's identity never changes");
         self.control.persist(&next)?;
@@ -271,6 +285,10 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
     /// batches them and calls `flush` (group commit), which produces the
     /// acknowledgement.
     pub fn handle(&mut self, msg: &ProposerMessage) -> Result<Option<AcceptorMessage>, AcceptorError> {
+        // Also for a session that began before the seal: nothing more is accepted.
+        if self.state.sealed {
+            return Err(AcceptorError::Sealed);
+        }
         if !matches!(msg, ProposerMessage::Greeting(_)) {
             self.check_member()?;
         }
@@ -494,6 +512,10 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         bytes: &[u8],
         peer_commit_lsn: Lsn,
     ) -> Result<(), AcceptorError> {
+        // A sealed timeline's WAL is final: another site's is another history.
+        if self.state.sealed {
+            return Err(AcceptorError::Sealed);
+        }
         let end = Lsn(at.0 + bytes.len() as u64);
         if at != self.wal.write_lsn() || at != self.wal.flush_lsn() {
             return Err(AcceptorError::Protocol(format!(
@@ -527,6 +549,25 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
         next.flush_lsn_hint = end;
         self.persist_state(next)?;
         self.elected_term = None;
+        self.check_positions();
+        Ok(())
+    }
+
+    /// Seals the timeline, durably: from now on every proposer message and
+    /// peer recovery is refused, and the flushed WAL is final and committed
+    /// (what an election among the safekeepers that have it would commit;
+    /// no new term is written, so the WAL stays one proposer's history).
+    /// Idempotent.
+    pub fn seal(&mut self) -> Result<(), AcceptorError> {
+        if !self.state.sealed {
+            let mut next = self.state.clone();
+            next.sealed = true;
+            next.commit_before_seal = Some(next.commit_lsn);
+            next.commit_lsn = next.commit_lsn.max(self.wal.flush_lsn());
+            self.persist_state(next)?;
+            self.announced_commit_lsn = self.announced_commit_lsn.max(self.state.commit_lsn);
+            self.elected_term = None;
+        }
         self.check_positions();
         Ok(())
     }

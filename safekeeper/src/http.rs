@@ -43,7 +43,8 @@ fn error(status: StatusCode, message: String) -> Response {
 pub fn router(shared: Arc<Shared>, auth: Option<&HttpAuth>) -> Router {
     let management = Router::new()
         .route("/v1/tenant/{tenant}/timeline/{timeline}", post(create_timeline).delete(delete_timeline))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", put(set_membership));
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", put(set_membership))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/seal", post(seal_timeline));
     let tenant = Router::new()
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(timeline_status))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/membership", get(get_membership));
@@ -88,6 +89,7 @@ async fn positions(State(shared): State<Arc<Shared>>) -> Response {
                 offloaded_lsn: t.offload.lock().offloaded_lsn,
                 remote_consistent_lsn: t.remote_consistent.get(),
                 removed_before: t.removal.lock().removed_before,
+                sealed: t.is_sealed(),
             }
         })
         .collect();
@@ -188,6 +190,17 @@ async fn get_membership(State(shared): State<Arc<Shared>>, TimelineIds(t, l): Ti
     match tokio::task::block_in_place(|| tl.with_acceptor(|a| Ok(a.membership().clone()))) {
         Ok(m) => Json(m).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Seals a timeline (site failover, `docs/sites.md`); answers with its status.
+async fn seal_timeline(State(shared): State<Arc<Shared>>, TimelineIds(t, l): TimelineIds) -> Response {
+    let Some(tl) = shared.timelines.get(t, l) else {
+        return error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"));
+    };
+    match tokio::task::block_in_place(|| tl.seal()) {
+        Ok(_) => Json(tl.status()).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("sealing {t}/{l}: {e}")),
     }
 }
 

@@ -429,6 +429,28 @@ impl Timeline {
     }
 
     /// JSON status for the HTTP API.
+    /// Seals the timeline (`docs/sites.md`, "Site failover"): durably, then
+    /// every proposer connection is closed (each would be refused at its
+    /// next message anyway). Returns whether it was sealed now.
+    pub fn seal(&self) -> Result<bool, AcceptorCallError> {
+        let sealed_now = self.with_acceptor(|a| {
+            let was = a.state().sealed;
+            a.seal()?;
+            Ok(!was)
+        })?;
+        if sealed_now {
+            let closed = self.disconnect_proposers();
+            tracing::info!(tenant = %self.identity.tenant_id, timeline = %self.identity.timeline_id, closed,
+                "timeline sealed: it accepts no writer any more");
+        }
+        Ok(sealed_now)
+    }
+
+    /// Whether the timeline is sealed.
+    pub fn is_sealed(&self) -> bool {
+        self.acceptor.lock().state().sealed
+    }
+
     pub fn status(&self) -> TimelineStatus {
         let (state, write_lsn) = {
             let a = self.acceptor.lock();
@@ -458,6 +480,8 @@ impl Timeline {
             removal: self.removal.lock().status(),
             remote_consistent_lsn: self.remote_consistent.get(),
             pageserver_generation: state.pageserver_generation,
+            sealed: state.sealed,
+            commit_before_seal: state.commit_before_seal,
             last_error: self.last_failure.lock().as_ref().map(|f| f.reason.clone()),
             failure,
             peers: None,

@@ -764,3 +764,88 @@ async fn stale_pageserver_generations_are_fenced() {
     sk.task.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A sealed timeline (site failover, docs/sites.md) refuses its proposer
+/// for good, with `Sealed`: the established session at its next message,
+/// a new one at its greeting, also after a restart. Its flushed WAL, none
+/// of it committed before, is committed by the seal and streamed to
+/// consumers whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_timeline_takes_no_writer_and_its_wal_is_final() {
+    let dir = std::env::temp_dir().join(format!("strata-sk-seal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start(&dir).await;
+    let tl = create_timeline(&sk).await;
+    let mut p = greeted(sk.addr).await;
+    p.send(&ProposerMessage::VoteRequest(VoteRequest { term: 1 })).await;
+    assert!(matches!(p.reply().await, AcceptorMessage::VoteResponse(VoteResponse { vote_given: true, .. })));
+    p.send(&ProposerMessage::Elected(ProposerElected {
+        term: 1,
+        start_streaming_at: START,
+        term_history: TermHistory(vec![TermLsn { term: 1, lsn: START }]),
+        timeline_start_lsn: START,
+    }))
+    .await;
+    assert!(matches!(p.reply().await, AcceptorMessage::AppendResponse(_)));
+    // WAL flushed, none of it committed yet (the commit LSN stays at START).
+    let (wal, end) = wal_bytes(50);
+    p.send(&ProposerMessage::Append(AppendRequest {
+        term: 1,
+        begin_lsn: START,
+        commit_lsn: START,
+        truncate_lsn: START,
+        wal: wal.clone(),
+    }))
+    .await;
+    loop {
+        if let AcceptorMessage::AppendResponse(r) = p.reply().await {
+            if r.flush_lsn == end {
+                break;
+            }
+        }
+    }
+    let status = timeline_status(&sk, &tl).await;
+    assert_eq!(
+        (status["commit_lsn"].as_str(), status["sealed"].as_bool()),
+        (Some(START.to_string().as_str()), Some(false))
+    );
+
+    let (code, body) = http(sk.http, "POST", &format!("{tl}/seal"), "").await;
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["sealed"], true, "{body}");
+    assert_eq!(status["commit_lsn"], end.to_string(), "the flushed WAL is committed by the seal");
+    assert_eq!(http(sk.http, "POST", &format!("{tl}/seal"), "").await.0, 200, "sealing again is a no-op");
+    // The established session is closed; a new one is refused at its greeting.
+    assert!(p.frame().await.is_none(), "the writer's connection is closed by the seal");
+    let refused = |m: AcceptorMessage| match m {
+        AcceptorMessage::Error(e) => assert_eq!(e.code, ErrorCode::Sealed, "{e:?}"),
+        other => panic!("{other:?}"),
+    };
+    let mut again = Client::connect(sk.addr).await;
+    again.send(&greeting(77)).await;
+    refused(again.reply().await);
+    // Consumers still get every byte.
+    let mut c = consumer(sk.addr, end, "after-seal").await;
+    let mut streamed = Vec::new();
+    while let Some(frame) = c.frame().await {
+        match codec::decode_stream(&frame).unwrap() {
+            StreamMessage::Wal(w) => streamed.extend(w.wal),
+            StreamMessage::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    }
+    assert_eq!(streamed, wal, "the sealed WAL streams whole");
+
+    // After a restart it is still sealed.
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    let sk = start(&dir).await;
+    assert_eq!(timeline_status(&sk, &tl).await["sealed"], true);
+    let mut later = Client::connect(sk.addr).await;
+    later.send(&greeting(77)).await;
+    refused(later.reply().await);
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

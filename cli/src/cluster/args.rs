@@ -205,6 +205,31 @@ pub enum TimelineCommand {
     },
 }
 
+/// `strata site …`: site failover (`docs/sites.md`, "Site failover").
+#[derive(Subcommand, Debug)]
+pub enum SiteCommand {
+    /// The operator's word that every other site is gone: each branch's
+    /// timeline is sealed, the branch goes on from where this site's WAL
+    /// ends (at home here), the old timeline is kept as the branch
+    /// `<branch>-divergent-<LSN>`, and the writer starts here; prints what
+    /// was lost (LSN range, bytes, transactions) and the writer's
+    /// connection string last.
+    Promote {
+        site: String,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// A site given up by `promote` is back (its services started): its
+    /// safekeepers are sealed and rejoin as asynchronous members, its
+    /// pageservers take tenants again, and the loss report is completed
+    /// from its WAL.
+    Rejoin {
+        site: String,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
 /// `strata auth …`: the cluster's tokens (`docs/security.md`).
 #[derive(Subcommand, Debug)]
 pub enum AuthCommand {

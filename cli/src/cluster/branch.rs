@@ -112,6 +112,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         ancestor_lsn: Some(start),
         // A branch's WAL is placed as its parent's.
         placement: parent.placement.clone(),
+        divergent: None,
     });
     save_cluster(&wd.root, &mut cluster)?;
     // Its WAL timeline on every running safekeeper (the others get it at `strata start`).

@@ -133,10 +133,10 @@ pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<()> {
                 Ok(r) if r.status == 200 => {
                     println!(
                         "{name}: {}",
-                        if action == "drain" {
-                            "draining: its tenants move to other pageservers"
-                        } else {
-                            "active: it takes tenants again"
+                        match action {
+                            "drain" => "draining: its tenants move to other pageservers",
+                            "lost" => "lost with its site: its tenants fail over to other pageservers",
+                            _ => "active: it takes tenants again",
                         }
                     );
                     return Ok(());

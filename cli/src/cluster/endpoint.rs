@@ -422,6 +422,18 @@ pub struct StartOptions<'a> {
     pub promote: bool,
 }
 
+/// Records endpoint `name` of this machine on `branch`: a site failover
+/// left its timeline behind as a divergent branch (`docs/sites.md`).
+pub fn rebranch(wd: &Workdir, name: &str, branch: &str) -> Result<()> {
+    let Some(mut ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} on this machine")) };
+    ep.file.branch = branch.to_string();
+    layout::write_toml(
+        &ep.dir.join(ENDPOINT_FILE),
+        "# Written by `strata endpoint start`; reused by restarts.\n",
+        &ep.file,
+    )
+}
+
 /// An endpoint's client password (the node API's answer).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Password {
@@ -556,6 +568,12 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         Some(at) => Some(resolve_point(wd, &branch, at)?),
         None => old.and_then(|o| o.file.read_only_at),
     };
+    if branch.divergent.is_some() && read_only_at.is_none() && replica_of.is_none() {
+        return failed(format!(
+            "branch {branch_name} is the history a site failover left behind (its timeline is sealed): it takes no \
+             writer; read it with --at LSN"
+        ));
+    }
     // One writer per timeline: a second PostgreSQL would fork its WAL. (Its
     // host checks again under its lock, for endpoints of that host.) A
     // promotion fences the writer instead: its WAL can no longer commit.
@@ -574,7 +592,7 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
             }
         }
     }
-    check_storage_runs(wd)?;
+    check_storage_runs(wd, branch.placement.as_ref())?;
     let writer_password = if replica_of.is_some() || read_only_at.is_some() {
         writer_password(wd, &all, &branch_name, name)
     } else {
@@ -957,7 +975,11 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
 
 /// A compute needs the pageserver (its basebackup) and a majority of the
 /// safekeepers (its commits); say so now rather than time out later.
-fn check_storage_runs(wd: &Workdir) -> Result<()> {
+/// The branch's WAL can be committed: enough of its safekeepers run for
+/// its placement (a majority of its home site's under `local-quorum`,
+/// which after a site failover is all that runs), a storage controller
+/// and the attached pageserver.
+fn check_storage_runs(wd: &Workdir, placement: Option<&strata_protocol::safekeeper::Placement>) -> Result<()> {
     let how = format!("start it with `strata start --workdir {}`", wd.root.display());
     if let Some(ps) = wd.cluster.of_kind(Kind::Pageserver).find(|s| !services::is_up(wd, s)) {
         if !wd.cluster.of_kind(Kind::Pageserver).any(|s| services::is_up(wd, s)) {
@@ -971,10 +993,24 @@ fn check_storage_runs(wd: &Workdir) -> Result<()> {
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running; {how}", ps.name));
     }
-    let sks: Vec<_> = wd.cluster.of_kind(Kind::Safekeeper).collect();
-    let up = sks.iter().filter(|s| services::is_up(wd, s)).count();
-    if up * 2 <= sks.len() {
-        return failed(format!("only {up} of {} safekeepers run, a majority is needed; {how}", sks.len()));
+    let nodes = super::reconfigure::nodes(wd)?;
+    let up: Vec<strata_protocol::NodeId> = nodes
+        .iter()
+        .filter(|n| wd.service(&n.name).is_some_and(|s| services::is_up(wd, s)))
+        .map(|n| n.member.id)
+        .collect();
+    let rule = strata_protocol::safekeeper::Membership::of(
+        1,
+        nodes.iter().map(|n| n.member.clone()).collect(),
+        placement.cloned().unwrap_or_default(),
+    );
+    if !rule.has_quorum(&up) {
+        return failed(format!(
+            "only {} of {} safekeepers run, not a quorum for the branch's placement ({}); {how}",
+            up.len(),
+            nodes.len(),
+            rule.placement.policy()
+        ));
     }
     Ok(())
 }

@@ -142,6 +142,25 @@ pub struct Branch {
     /// safekeepers' configuration to it. None: a majority of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<strata_protocol::safekeeper::Placement>,
+    /// A site's history that a site failover left behind (`docs/sites.md`,
+    /// "Site failover"): its timeline is sealed, read-only for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub divergent: Option<Divergence>,
+}
+
+/// Where a divergent branch's history parted from the branch that went on.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Divergence {
+    /// The site that was given up (`strata site promote` of another).
+    pub site: String,
+    /// The branch that went on in the promoted site, from `fork_lsn`.
+    pub continued_as: String,
+    /// Where the promoted site's WAL ended: the branch that went on starts
+    /// here; this branch's WAL past it is the lost site's alone.
+    pub fork_lsn: strata_formats::Lsn,
+    /// What the lost site had acknowledged, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged_lsn: Option<strata_formats::Lsn>,
 }
 
 /// What a service is; decides its subcommand and config format.
@@ -915,6 +934,7 @@ pub fn init(args: &InitArgs) -> Result<()> {
             parent: None,
             ancestor_lsn: None,
             placement: main_placement,
+            divergent: None,
         }],
         services,
         routes,

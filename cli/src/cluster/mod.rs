@@ -25,11 +25,14 @@ mod placement;
 mod process;
 mod reconfigure;
 mod services;
+mod site;
 mod status;
 mod supervisor;
 mod timeline;
 
-pub use args::{AuthCommand, BranchCommand, EndpointCommand, InitArgs, StatusArgs, TimelineCommand, WorkdirArgs};
+pub use args::{
+    AuthCommand, BranchCommand, EndpointCommand, InitArgs, SiteCommand, StatusArgs, TimelineCommand, WorkdirArgs,
+};
 use error::{Error, Result};
 pub use node::{run as node, NodeArgs};
 
@@ -112,6 +115,26 @@ pub fn timeline(cmd: TimelineCommand) -> i32 {
             exit_code("timeline checkpoint", result)
         }
     }
+}
+
+/// `strata site promote|rejoin`.
+pub fn site(cmd: SiteCommand) -> i32 {
+    let (what, site_name, workdir) = match &cmd {
+        SiteCommand::Promote { site, workdir } => ("site promote", site.clone(), workdir.clone()),
+        SiteCommand::Rejoin { site, workdir } => ("site rejoin", site.clone(), workdir.clone()),
+    };
+    let result = (|| {
+        workdir.plain(what)?;
+        let wd = open(&workdir.workdir)?;
+        let _lock = wd.lock()?;
+        match cmd {
+            SiteCommand::Promote { .. } => site::promote(&wd, &site_name)?,
+            SiteCommand::Rejoin { .. } => site::rejoin(&wd, &site_name)?,
+        }
+        hosts::publish(&layout::Workdir::open(&wd.root)?);
+        Ok(())
+    })();
+    exit_code(what, result)
 }
 
 /// `strata branch create|delete|list`.

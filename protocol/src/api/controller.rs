@@ -101,6 +101,10 @@ pub enum PageserverPolicy {
     Active,
     /// Everything moves off it (maintenance); it takes nothing new.
     Draining,
+    /// Gone with its site (`strata site promote`, `docs/sites.md`): taken
+    /// as offline whatever its heartbeats say, so its tenants fail over at
+    /// once; nothing is placed there until it is made active again.
+    Lost,
 }
 
 /// `GET /v1/tenant/{tenant}/attachment`: where a tenant's pages are served.

@@ -73,6 +73,13 @@ pub struct TimelineStatus {
     /// older generations are fenced.
     #[serde(default)]
     pub pageserver_generation: u32,
+    /// Sealed by a site failover: it accepts no writer (`docs/sites.md`).
+    #[serde(default)]
+    pub sealed: bool,
+    /// A sealed timeline's commit LSN before the seal: what its writer
+    /// had had acknowledged (the seal commits the rest of the WAL held).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_before_seal: Option<Lsn>,
     /// The latest failure, current or recovered from.
     pub last_error: Option<String>,
     /// Why the timeline stopped accepting, while it does.
@@ -177,6 +184,9 @@ pub struct TimelinePositions {
     /// Where its local WAL begins (it removed what lies before).
     #[serde(default)]
     pub removed_before: Lsn,
+    /// Sealed: a peer that holds the timeline seals it too.
+    #[serde(default)]
+    pub sealed: bool,
 }
 
 /// `POST /v1/tenant/{tenant}/timeline/{timeline}`: create a timeline.

@@ -449,6 +449,7 @@ fn error_code(code: u16) -> Option<ErrorCode> {
         11 => ErrorCode::Unauthorized,
         12 => ErrorCode::Forbidden,
         13 => ErrorCode::StaleGeneration,
+        14 => ErrorCode::Sealed,
         _ => return None,
     })
 }
@@ -1078,8 +1079,13 @@ mod tests {
         assert!(decode_stream(&frame).is_ok(), "Forbidden");
         let frame = [tag::STREAM_ERROR, 13, 0, 0, 0, 0, 0];
         assert!(decode_stream(&frame).is_ok(), "StaleGeneration");
-        let frame = [tag::STREAM_ERROR, 14, 0, 0, 0, 0, 0];
-        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 14, .. })));
+        let frame = [tag::ACCEPTOR_ERROR, 14, 0, 0, 0, 0, 0];
+        assert!(
+            matches!(decode_acceptor(&frame), Ok(AcceptorMessage::Error(ErrorMessage { code: ErrorCode::Sealed, .. }))),
+            "Sealed"
+        );
+        let frame = [tag::STREAM_ERROR, 15, 0, 0, 0, 0, 0];
+        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 15, .. })));
         let frame = [tag::STREAM_ERROR, 0, 0, 0, 0, 0, 0];
         assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 0, .. })));
 
@@ -1146,8 +1152,11 @@ mod tests {
         out.push(0);
         assert!(matches!(decode_proposer(&out[LENGTH_SIZE..]), Err(CodecError::TrailingBytes { count: 1, .. })));
         // Stream requests likewise.
-        let frame = [tag::START_STREAMING, 7, 0, 0, 0, 9];
-        assert!(matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version: 7, .. })));
+        let next = PROTOCOL_VERSION as u8 + 1;
+        let frame = [tag::START_STREAMING, next, 0, 0, 0, 9];
+        assert!(
+            matches!(decode_consumer(&frame), Err(CodecError::UnsupportedVersion { version, .. }) if version == u32::from(next))
+        );
         // Damaged stream requests of the older versions consumers may still
         // speak are plain decoding errors.
         for version in 1..PROTOCOL_VERSION as u8 {

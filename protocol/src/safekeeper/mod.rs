@@ -1,4 +1,4 @@
-//! The safekeeper protocol (version 6): how a proposer (the compute's WAL
+//! The safekeeper protocol (version 7): how a proposer (the compute's WAL
 //! sender) gets elected by a quorum of acceptors (safekeepers) and streams
 //! WAL to them, and how consumers (pageservers, recovering peers) stream WAL
 //! from a safekeeper. Specified in `docs/safekeeper-protocol.md`; the byte
@@ -21,7 +21,7 @@ use crate::token::Token;
 /// acceptors send StandbyFeedback; 5: stream requests carry the
 /// consumer's attachment generation; 6: membership configurations carry
 /// each member's site and the placement).
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 pub use membership::{Member, Membership, OnAsyncLag, Placement};
 
@@ -200,6 +200,9 @@ pub enum ErrorCode {
     /// The consumer's attachment generation is older than one this
     /// safekeeper has streamed to: the consumer is a fenced pageserver.
     StaleGeneration = 13,
+    /// The timeline was sealed by a site failover (`docs/sites.md`): it
+    /// accepts no proposer, ever; its history goes on in another timeline.
+    Sealed = 14,
 }
 
 /// First message of a consumer connection (pageserver, peer recovery,

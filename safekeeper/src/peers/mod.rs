@@ -22,6 +22,26 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest answer read (about 200 bytes per timeline).
 const MAX_ANSWER: u64 = 64 << 20;
 
+/// Seals here every timeline a peer reports sealed (`docs/sites.md`): a
+/// site that comes back after a failover stops taking its old writer's WAL
+/// as soon as it hears from the other site, before any operator acts.
+fn adopt_seals(shared: &Shared, peer: strata_protocol::NodeId, positions: &[TimelinePositions]) {
+    for p in positions.iter().filter(|p| p.sealed) {
+        let Some(tl) = shared.timelines.get(p.tenant_id, p.timeline_id) else { continue };
+        if tl.is_sealed() {
+            continue;
+        }
+        match tokio::task::block_in_place(|| tl.seal()) {
+            Ok(_) => {
+                tracing::info!(%peer, tenant = %p.tenant_id, timeline = %p.timeline_id, "sealed as peer {peer} reports")
+            }
+            Err(e) => {
+                tracing::warn!(%peer, tenant = %p.tenant_id, timeline = %p.timeline_id, "sealing as a peer reports: {e}")
+            }
+        }
+    }
+}
+
 /// Polls every peer that has an HTTP address, forever.
 pub async fn run(shared: Arc<Shared>) {
     let mut tasks = tokio::task::JoinSet::new();
@@ -60,6 +80,7 @@ async fn poll(shared: Arc<Shared>, peer: Peer) {
         })
         .await;
         if let Ok(Ok(positions)) = &answer {
+            adopt_seals(&shared, peer.id, positions);
             shared.peers.record(peer.id, positions.clone());
         }
         shared.peers.note_asked(peer.id);

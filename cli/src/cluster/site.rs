@@ -1,0 +1,553 @@
+//! `strata site promote SITE` and `strata site rejoin SITE`
+//! (`docs/sites.md`, "Site failover"): the operator's word that the other
+//! site is gone, and its return.
+//!
+//! Promote, for every branch: its timeline is sealed on the promoted
+//! site's safekeepers (they refuse every writer from then on, and their
+//! WAL is final and committed: it ends at the fork LSN F) and on every
+//! other safekeeper that still answers; the other sites' pageservers are
+//! marked lost, so the storage controller attaches the tenant in the
+//! promoted site; the branch goes on in a new timeline branched at F, at
+//! home in the promoted site; the sealed timeline becomes the branch
+//! `<branch>-divergent-<F>`, where endpoints that ran on the branch are
+//! recorded. Nothing is rewound: the lost site's tail past F stays in the
+//! sealed timeline. Then the writer starts in the promoted site.
+//!
+//! Rejoin: the returning site's safekeepers are sealed too (peers that
+//! heard of the seal already did it), get the new timelines, and the loss
+//! report is completed from their WAL: the transactions they had
+//! committed past F.
+
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use strata_formats::version::PgVersion;
+use strata_formats::wal::reader::{StartPosition, WalDecoder};
+use strata_formats::Lsn;
+use strata_protocol::api::pageserver::{self, CreateBranchRequest};
+use strata_protocol::api::safekeeper::TimelineStatus;
+use strata_protocol::framed::FrameReader;
+use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::{
+    ConsumerMessage, OnAsyncLag, Placement, StartStreaming, StreamMessage, PROTOCOL_VERSION,
+};
+use strata_protocol::{TenantId, TimelineId};
+use strata_service::auth::{Claims, Scope};
+
+use super::error::{failed, Error, Result};
+use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Divergence, Kind, Service, Workdir, CLUSTER_FILE};
+use super::{controller, endpoint, http, services};
+
+/// How long the CLI waits for the tenant to be attached in the promoted site.
+const ATTACH_WAIT: Duration = Duration::from_secs(120);
+/// Bound on reading the lost site's tail from one safekeeper.
+const READ_TAIL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What one branch lost in a promotion.
+struct Loss {
+    branch: String,
+    divergent: String,
+    fork_lsn: Lsn,
+    /// What the lost site had acknowledged: the highest commit LSN its
+    /// safekeepers had before the seal; `None`: none of them answered.
+    acknowledged: Option<Lsn>,
+    /// The end of the WAL they held (past `acknowledged` it may or may not
+    /// have been acknowledged: its acknowledgement was in flight).
+    held: Option<Lsn>,
+    /// The commit LSN the promoted site's safekeepers were last sent: what
+    /// the lost site had acknowledged at least.
+    told: Lsn,
+    /// Commit records in [F, acknowledged) and in [acknowledged, held),
+    /// if that WAL was read.
+    transactions: Option<(u64, u64)>,
+    /// The timeline was `stretched`: every commit acknowledged was on a
+    /// safekeeper of the promoted site too, so nothing can be lost.
+    stretched: bool,
+}
+
+impl Loss {
+    fn print(&self, lost_site: &str) {
+        let (f, b, d) = (self.fork_lsn, &self.branch, &self.divergent);
+        let in_doubt = |from: Lsn| match (self.held, self.transactions) {
+            (Some(h), Some((_, n))) if h > from => {
+                format!("; {lost_site} also held [{from}, {h}) whose acknowledgement was in flight ({n} transactions)")
+            }
+            (Some(h), None) if h > from => {
+                format!("; {lost_site} also held [{from}, {h}) whose acknowledgement was in flight")
+            }
+            _ => String::new(),
+        };
+        match self.acknowledged {
+            Some(c) if c <= f => {
+                println!("branch {b}: nothing lost: {lost_site} had acknowledged up to {c}, held here up to {f}{}; {lost_site}'s history is branch {d}", in_doubt(f))
+            }
+            Some(c) => println!(
+                "branch {b}: lost [{f}, {c}): {} bytes, {} acknowledged by {lost_site} and never received here{}; \
+                 kept in branch {d}",
+                c.0 - f.0,
+                match self.transactions {
+                    Some((n, _)) => format!("{n} transactions"),
+                    None => "transactions unknown (its WAL could not be read)".into(),
+                },
+                in_doubt(c)
+            ),
+            None if self.stretched => println!(
+                "branch {b}: nothing lost: under stretched every commit {lost_site} acknowledged is on this site \
+                 (held here up to {f}); {lost_site}'s history is branch {d}"
+            ),
+            None if self.told <= f => println!(
+                "branch {b}: {lost_site}'s safekeepers did not answer; it had acknowledged at least {} (held here up \
+                 to {f}): the rest is known when it returns (`strata site rejoin {lost_site}`); its history is \
+                 branch {d}",
+                self.told
+            ),
+            None => println!(
+                "branch {b}: lost at least [{f}, {}): {} bytes; {lost_site}'s safekeepers did not answer, the rest \
+                 is known when it returns (`strata site rejoin {lost_site}`); kept in branch {d}",
+                self.told,
+                self.told.0 - f.0
+            ),
+        }
+    }
+}
+
+/// What the lost site's safekeepers that answer held of a sealed
+/// timeline: (acknowledged, held, the safekeeper holding the most).
+fn lost_side<'a>(sealed: &[(&'a Service, TimelineStatus)]) -> (Option<Lsn>, Option<Lsn>, Option<&'a Service>) {
+    let acknowledged = sealed.iter().map(|(_, s)| s.commit_before_seal.unwrap_or(s.commit_lsn)).max();
+    let best = sealed.iter().max_by_key(|(_, s)| s.flush_lsn);
+    (acknowledged, best.map(|(_, s)| s.flush_lsn), best.map(|(sk, _)| *sk))
+}
+
+/// The transactions of [fork, acknowledged) and [acknowledged, held), read
+/// from `sk` (`None` when not read: a message says why).
+fn tail_transactions(
+    wd: &Workdir,
+    branch: &str,
+    sk: Option<&Service>,
+    timeline: TimelineId,
+    fork: Lsn,
+    acknowledged: Option<Lsn>,
+    held: Option<Lsn>,
+) -> Option<(u64, u64)> {
+    let (Some(sk), Some(c), Some(h)) = (sk, acknowledged, held) else { return None };
+    if h <= fork {
+        return Some((0, 0));
+    }
+    match count_commits(wd, sk, timeline, fork, c.max(fork), h) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            println!("branch {branch}: reading [{fork}, {h}) from {}: {e}", sk.name);
+            None
+        }
+    }
+}
+
+fn tl_url(sk: &Service, tenant: TenantId, timeline: TimelineId) -> String {
+    format!("{}/v1/tenant/{tenant}/timeline/{timeline}", sk.http_url())
+}
+
+/// A safekeeper's status of a timeline, if it answers.
+fn sk_status(sk: &Service, tenant: TenantId, timeline: TimelineId) -> Option<TimelineStatus> {
+    let r = http::get(&tl_url(sk, tenant, timeline), http::QUICK).ok().filter(|r| r.status == 200)?;
+    r.json().ok()
+}
+
+/// Seals a timeline on a safekeeper; its status after.
+fn seal(sk: &Service, tenant: TenantId, timeline: TimelineId) -> std::result::Result<TimelineStatus, String> {
+    let r = http::post(&format!("{}/seal", tl_url(sk, tenant, timeline)), &serde_json::json!({}), http::QUICK)?;
+    if r.status != 200 {
+        return Err(format!("HTTP {}: {}", r.status, r.error_text()));
+    }
+    r.json().map_err(|e| format!("its status: {e}"))
+}
+
+/// The divergent branch's name: the branch and the fork LSN in hex.
+fn divergent_name(branch: &str, fork: Lsn) -> String {
+    format!("{branch}-divergent-{:X}", fork.0)
+}
+
+/// `strata site promote SITE`.
+pub fn promote(wd: &Workdir, site: &str) -> Result<()> {
+    let c = &wd.cluster;
+    let tenant = c.tenant_id;
+    let here: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) == site).collect();
+    let elsewhere: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) != site).collect();
+    if here.is_empty() {
+        return Err(Error::Usage(format!("site {site} has no safekeeper: it cannot take over")));
+    }
+    if !c.of_kind(Kind::Pageserver).any(|p| c.site_of(p) == site) {
+        return Err(Error::Usage(format!("site {site} has no pageserver: it cannot take over")));
+    }
+    let lost_sites: Vec<String> = {
+        let mut v: Vec<String> = elsewhere.iter().map(|s| c.site_of(s).to_string()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let lost_site = lost_sites.join(", ");
+    // The branches that go on here: every one not already left behind.
+    let branches: Vec<Branch> = c.branches.iter().filter(|b| b.divergent.is_none()).cloned().collect();
+
+    // 1. Seal: the promoted site's safekeepers first (their WAL ends at F),
+    //    then every other one that answers (its writer is fenced at once).
+    let mut losses = Vec::new();
+    for b in &branches {
+        let t1 = b.timeline_id;
+        let before_here: Vec<TimelineStatus> = here.iter().filter_map(|s| sk_status(s, tenant, t1)).collect();
+        if before_here.is_empty() {
+            return failed(format!("branch {}: no safekeeper of {site} answers for timeline {t1}", b.name));
+        }
+        if before_here.iter().any(|s| s.sealed) && b.divergent.is_none() {
+            println!("branch {}: timeline {t1} was sealed already (a promotion interrupted?); going on", b.name);
+        }
+        let told = before_here.iter().map(|s| s.commit_lsn).max().unwrap_or(Lsn::INVALID);
+        // `stretched` over two sites puts this site's safekeepers in every
+        // commit quorum: nothing acknowledged can be missing here.
+        let stretched = before_here.iter().all(|s| {
+            let m = &s.membership;
+            let mut sites: Vec<Option<String>> = m.all().into_iter().map(|x| x.site).collect();
+            sites.sort();
+            sites.dedup();
+            m.generation > 0 && sites.len() == 2 && m.rules().all(|(_, p)| matches!(p, Placement::Stretched))
+        });
+        let mut fork = Lsn::INVALID;
+        for sk in &here {
+            match seal(sk, tenant, t1) {
+                Ok(s) => fork = fork.max(s.commit_lsn),
+                Err(e) => println!("branch {}: {} not sealed ({e}); it is sealed when it returns", b.name, sk.name),
+            }
+        }
+        if fork == Lsn::INVALID {
+            return failed(format!("branch {}: no safekeeper of {site} could be sealed", b.name));
+        }
+        let mut sealed_elsewhere = Vec::new();
+        for sk in &elsewhere {
+            if let Ok(s) = seal(sk, tenant, t1) {
+                println!(
+                    "branch {}: {} (of {}) sealed at {}: its writer is fenced",
+                    b.name,
+                    sk.name,
+                    c.site_of(sk),
+                    s.flush_lsn
+                );
+                sealed_elsewhere.push((*sk, s));
+            }
+        }
+        let (acknowledged, held, source) = lost_side(&sealed_elsewhere);
+        let transactions = tail_transactions(wd, &b.name, source, t1, fork, acknowledged, held);
+        losses.push(Loss {
+            branch: b.name.clone(),
+            divergent: divergent_name(&b.name, fork),
+            fork_lsn: fork,
+            acknowledged,
+            held,
+            told,
+            transactions,
+            stretched,
+        });
+    }
+
+    // 2. The lost sites' pageservers: the controller attaches the tenant here.
+    for ps in c.of_kind(Kind::Pageserver).filter(|p| c.site_of(p) != site) {
+        controller::set_policy(wd, &ps.name, "lost")?;
+    }
+    let deadline = Instant::now() + ATTACH_WAIT;
+    let ps = loop {
+        let ps = controller::attached(wd)?;
+        if c.site_of(ps) == site {
+            break ps;
+        }
+        if Instant::now() >= deadline {
+            return failed(format!("the tenant is still attached to {} after {}s", ps.name, ATTACH_WAIT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("{}: the tenant is attached in {site}", ps.name);
+
+    // 3. Fork each branch at F; the sealed timeline becomes the divergent branch.
+    let path = wd.root.join(CLUSTER_FILE);
+    let mut cluster: ClusterFile = read_toml(&path)?;
+    for loss in &losses {
+        let old = cluster.branch(&loss.branch).cloned().expect("listed above");
+        let t2 = TimelineId::generate();
+        let body = CreateBranchRequest {
+            timeline_id: Some(t2),
+            ancestor_timeline_id: old.timeline_id,
+            ancestor_lsn: Some(loss.fork_lsn),
+            ancestor_time: None,
+        };
+        let url = format!("{}/v1/tenant/{tenant}/timeline", ps.http_url());
+        let r = http::post(&url, &body, Duration::from_secs(120))
+            .map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+        if r.status != 201 {
+            return failed(format!(
+                "branch {}: forking at {}: HTTP {}: {}",
+                loss.branch,
+                loss.fork_lsn,
+                r.status,
+                r.error_text()
+            ));
+        }
+        let start = r
+            .json::<pageserver::TimelineStatus>()
+            .map_err(|e| Error::Failed(format!("{}: the new timeline: {e}", ps.name)))?
+            .start_lsn;
+        let home = match &old.placement {
+            Some(Placement::LocalQuorum { max_async_lag, on_async_lag, .. }) => {
+                Placement::LocalQuorum { home: site.into(), max_async_lag: *max_async_lag, on_async_lag: *on_async_lag }
+            }
+            // One site cannot satisfy `stretched`; `strata branch placement` restores it once the other is back.
+            _ => Placement::LocalQuorum {
+                home: site.into(),
+                max_async_lag: strata_protocol::safekeeper::membership::DEFAULT_MAX_ASYNC_LAG,
+                on_async_lag: OnAsyncLag::default(),
+            },
+        };
+        for b in cluster.branches.iter_mut() {
+            if b.parent.as_deref() == Some(loss.branch.as_str()) {
+                // Branched from the old history: their parent is the divergent branch.
+                b.parent = Some(loss.divergent.clone());
+            }
+        }
+        let entry = cluster.branches.iter_mut().find(|b| b.name == loss.branch).expect("listed above");
+        *entry = Branch {
+            name: loss.divergent.clone(),
+            timeline_id: old.timeline_id,
+            parent: old.parent.clone(),
+            ancestor_lsn: old.ancestor_lsn,
+            placement: old.placement.clone(),
+            divergent: Some(Divergence {
+                site: lost_site.clone(),
+                continued_as: loss.branch.clone(),
+                fork_lsn: loss.fork_lsn,
+                acknowledged_lsn: loss.acknowledged,
+            }),
+        };
+        cluster.branches.push(Branch {
+            name: loss.branch.clone(),
+            timeline_id: t2,
+            parent: Some(loss.divergent.clone()),
+            ancestor_lsn: Some(start),
+            placement: Some(home),
+            divergent: None,
+        });
+        println!(
+            "branch {}: goes on in timeline {t2} from {start} (at home in {site}); its old timeline {} is branch {}",
+            loss.branch, old.timeline_id, loss.divergent
+        );
+    }
+    save_cluster(&wd.root, &mut cluster)?;
+    let wd = Workdir::open(&wd.root)?;
+
+    // 4. Endpoints of the old timelines are recorded on the divergent branches.
+    let records = endpoint::inventory(&wd)?;
+    for loss in &losses {
+        for r in records.iter().filter(|r| r.file.branch == loss.branch) {
+            match endpoint::rebranch(&wd, &r.file.name, &loss.divergent) {
+                Ok(()) => println!("endpoint {}: now on branch {} ({})", r.file.name, loss.divergent, r.state),
+                Err(e) => println!("endpoint {}: still recorded on {} ({e})", r.file.name, loss.branch),
+            }
+        }
+    }
+
+    // 5. The new timelines on the safekeepers that run, under their first
+    //    configuration (at home here): the others get both when they return.
+    services::ensure_timelines(&wd)?;
+    for loss in &losses {
+        first_configuration(&wd, &loss.branch)?;
+    }
+
+    // 6. The report, then the writer: its connection string comes last.
+    for loss in &losses {
+        loss.print(&lost_site);
+    }
+    let writer_host = wd.cluster.hosts.iter().find(|h| h.site == site && h.computes).map(|h| h.name.clone());
+    let had_writer: Vec<&Loss> =
+        losses.iter().filter(|l| records.iter().any(|r| r.file.branch == l.branch && r.file.is_writer())).collect();
+    match (writer_host, had_writer.last()) {
+        (Some(host), Some(last)) => {
+            for l in &had_writer {
+                let name = format!("{}-{site}", l.branch);
+                let how = endpoint::StartOptions {
+                    branch: Some(l.branch.as_str()),
+                    host: Some(host.as_str()),
+                    ..Default::default()
+                };
+                println!("endpoint {name}: the writer of branch {} in {site}", l.branch);
+                endpoint::start(&wd, &name, &how, &Default::default())?;
+                if std::ptr::eq(*l, *last) {
+                    break;
+                }
+            }
+        }
+        (None, Some(_)) => println!("site {site} has no host that runs computes: start the writer elsewhere"),
+        (_, None) => {}
+    }
+    Ok(())
+}
+
+/// Installs the first membership configuration of a branch's new timeline
+/// (its placement over every safekeeper) on the safekeepers that answer.
+fn first_configuration(wd: &Workdir, branch: &str) -> Result<()> {
+    let b = wd.cluster.branch(branch).ok_or_else(|| Error::Failed(format!("no branch named {branch:?}")))?;
+    let nodes = super::reconfigure::nodes(wd)?;
+    let change = super::reconfigure::Change {
+        tenant: wd.cluster.tenant_id,
+        timeline: b.timeline_id,
+        old: &nodes,
+        new: &nodes,
+        placement: b.placement.clone(),
+    };
+    change.first_on_reachable()
+}
+
+/// `strata site rejoin SITE`.
+pub fn rejoin(wd: &Workdir, site: &str) -> Result<()> {
+    let c = &wd.cluster;
+    let tenant = c.tenant_id;
+    let returning: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) == site).collect();
+    if returning.is_empty() && !c.of_kind(Kind::Pageserver).any(|p| c.site_of(p) == site) {
+        return Err(Error::Usage(format!("site {site} has no safekeeper or pageserver")));
+    }
+    let down: Vec<&str> = returning.iter().filter(|s| !services::is_up(wd, s)).map(|s| s.name.as_str()).collect();
+    if !down.is_empty() {
+        return failed(format!("{} of {site} not running: start them first (`strata start`)", down.join(", ")));
+    }
+    let path = wd.root.join(CLUSTER_FILE);
+    let mut cluster: ClusterFile = read_toml(&path)?;
+    let divergent: Vec<Branch> = cluster
+        .branches
+        .iter()
+        .filter(|b| b.divergent.as_ref().is_some_and(|d| d.site.split(", ").any(|s| s == site)))
+        .cloned()
+        .collect();
+    for d in &divergent {
+        let div = d.divergent.clone().expect("filtered");
+        let t1 = d.timeline_id;
+        let mut sealed = Vec::new();
+        for sk in &returning {
+            let after = seal(sk, tenant, t1).map_err(|e| Error::Failed(format!("{}: sealing {t1}: {e}", sk.name)))?;
+            sealed.push((*sk, after));
+        }
+        let (ack_here, held, source) = lost_side(&sealed);
+        let acknowledged = ack_here.max(div.acknowledged_lsn);
+        let transactions = tail_transactions(wd, &d.name, source, t1, div.fork_lsn, acknowledged, held);
+        if let Some(b) = cluster.branches.iter_mut().find(|b| b.name == d.name) {
+            if let Some(x) = b.divergent.as_mut() {
+                x.acknowledged_lsn = acknowledged;
+            }
+        }
+        let loss = Loss {
+            branch: div.continued_as.clone(),
+            divergent: d.name.clone(),
+            fork_lsn: div.fork_lsn,
+            acknowledged,
+            held,
+            told: div.fork_lsn,
+            transactions,
+            stretched: false,
+        };
+        loss.print(site);
+    }
+    save_cluster(&wd.root, &mut cluster)?;
+    let wd = Workdir::open(&wd.root)?;
+    // The branches that went on: their timelines on the returning
+    // safekeepers, under the configuration the others hold (the returning
+    // ones are asynchronous members and catch up from their peers).
+    services::ensure_timelines(&wd)?;
+    for b in wd.cluster.branches.iter().filter(|b| b.divergent.is_none()) {
+        first_configuration(&wd, &b.name)?;
+    }
+    for ps in wd.cluster.of_kind(Kind::Pageserver).filter(|p| wd.cluster.site_of(p) == site) {
+        controller::set_policy(&wd, &ps.name, "fill")?;
+    }
+    for d in &divergent {
+        println!(
+            "branch {}: {site}'s history, read-only (e.g. `strata endpoint start NAME --branch {} --at {}`)",
+            d.name,
+            d.name,
+            d.divergent
+                .as_ref()
+                .and_then(|x| x.acknowledged_lsn)
+                .unwrap_or(d.divergent.as_ref().expect("filtered").fork_lsn)
+        );
+    }
+    Ok(())
+}
+
+/// Commit records of `timeline`'s WAL in [from, split) and in [split,
+/// to), read from `sk`'s stream (the same protocol a pageserver uses).
+fn count_commits(
+    wd: &Workdir,
+    sk: &Service,
+    timeline: TimelineId,
+    from: Lsn,
+    split: Lsn,
+    to: Lsn,
+) -> std::result::Result<(u64, u64), String> {
+    use strata_formats::v15::records::xact::{XLOG_XACT_COMMIT, XLOG_XACT_COMMIT_PREPARED, XLOG_XACT_OPMASK};
+    use strata_formats::v15::rmgr::RM_XACT_ID;
+    let tenant = wd.cluster.tenant_id;
+    let status = sk_status(sk, tenant, timeline).ok_or("no status")?;
+    let addr = sk.addr("listen").ok_or("no protocol address")?;
+    let sockaddr = addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("address does not resolve")?;
+    let tcp = TcpStream::connect_timeout(&sockaddr, http::QUICK).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let mut stream = match super::certs::client(&wd.root).map_err(|e| e.to_string())? {
+        Some(tls) => tls.connect_blocking(strata_service::tls::host_of(&addr), tcp).map_err(|e| e.to_string())?,
+        None => strata_service::tls::BlockingStream::Plain(tcp),
+    };
+    let token = super::keys::signer(&wd.root)
+        .map_err(|e| e.to_string())?
+        .map(|s| strata_protocol::Token::new(s.sign(&Claims::new(Scope::Tenant, Some(tenant), None))));
+    let mut out = Vec::new();
+    codec::encode_consumer(
+        &ConsumerMessage::Start(StartStreaming {
+            protocol_version: PROTOCOL_VERSION,
+            tenant_id: tenant,
+            timeline_id: timeline,
+            start_lsn: from,
+            stop_lsn: to,
+            include_uncommitted: false,
+            consumer_id: "strata site rejoin".into(),
+            token,
+            generation: 0,
+        }),
+        &mut out,
+    );
+    stream.write_all(&out).and_then(|()| stream.flush()).map_err(|e| e.to_string())?;
+    let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
+    let mut decoder =
+        WalDecoder::new(PgVersion::V15, from, u64::from(status.wal_segment_size), StartPosition::RecordBoundary);
+    decoder.set_system_id(status.system_id);
+    let (mut before, mut after, mut at) = (0u64, 0u64, from);
+    let deadline = Instant::now() + READ_TAIL_TIMEOUT;
+    while at < to {
+        if Instant::now() >= deadline {
+            return Err(format!("the WAL reached {at}, not {to}, within {}s", READ_TAIL_TIMEOUT.as_secs()));
+        }
+        let frame = frames.read_frame_blocking().map_err(|e| e.to_string())?;
+        match codec::decode_stream(frame).map_err(|e| e.to_string())? {
+            StreamMessage::Wal(w) => {
+                at = Lsn(w.begin_lsn.0 + w.wal.len() as u64);
+                decoder.feed(&w.wal);
+                while let Some(r) = decoder.next_record().map_err(|e| e.to_string())? {
+                    let op = r.header.info & XLOG_XACT_OPMASK;
+                    if r.header.rmgr == RM_XACT_ID && (op == XLOG_XACT_COMMIT || op == XLOG_XACT_COMMIT_PREPARED) {
+                        // Acknowledged once the commit LSN passed the record's end.
+                        if r.end_lsn <= split {
+                            before += 1;
+                        } else if r.lsn < to {
+                            after += 1;
+                        }
+                    }
+                }
+            }
+            StreamMessage::Error(e) => return Err(format!("{:?}: {}", e.code, e.message)),
+            StreamMessage::Start(_) | StreamMessage::Keepalive { .. } => {}
+        }
+    }
+    Ok((before, after))
+}
