@@ -456,6 +456,11 @@ def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_fa
 
     cut(cluster, heal=True)
     cluster.run("start")
+    # dc1's safekeepers seal the old timeline as soon as they hear from sk3.
+    divergent = next(b["name"] for b in cluster.cluster_toml["branches"] if b.get("divergent"))
+    for sk in ("sk1", "sk2"):
+        wait_until(f"{sk} to adopt the seal from its peer",
+                   lambda sk=sk: cluster.timeline_status(sk, divergent)["sealed"], timeout=30)
     out = cluster.run("site", "rejoin", "dc1").stdout
     assert "nothing lost" in report_line(out), out
     # The old writer, on its sealed timeline, cannot commit.
