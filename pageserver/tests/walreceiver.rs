@@ -141,16 +141,37 @@ fn serve(
     let _ = frames.get_mut().read(&mut [0u8; 1]);
 }
 
-#[test]
-fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
-    let (tl, _, control) = common::imported_timeline("walreceiver", START);
+/// A checkpointed timeline and the WAL two fake safekeepers serve over it.
+struct Setup {
+    tl: Arc<strata_pageserver::timeline::Timeline>,
+    identity: TimelineIdentity,
+    bytes: Arc<Vec<u8>>,
+    /// The ends of the 20th and the 40th (last) record.
+    first: Lsn,
+    more: Lsn,
+}
+
+fn setup(name: &str) -> Setup {
+    let (tl, _, control) = common::imported_timeline(name, START);
     let (tenant_id, timeline_id, system_id) = (tl.tenant_id, tl.timeline_id, control.system_identifier);
     tl.checkpoint().unwrap();
-
     let (bytes, ends) = wal(system_id, 40);
-    let (first, more) = (ends[19], ends[39]);
-    let bytes = Arc::new(bytes);
     let identity = TimelineIdentity { tenant_id, timeline_id, system_id, pg_version: 15, wal_segment_size: SEG as u32 };
+    Setup { tl, identity, bytes: Arc::new(bytes), first: ends[19], more: ends[39] }
+}
+
+/// Waits up to 60 s for `check`, naming `what` and where ingest is if it does not come.
+fn wait_for(tl: &strata_pageserver::timeline::Timeline, what: &str, check: &dyn Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not within 60 s; at {}", tl.record_lsns().last);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
+    let Setup { tl, identity, bytes, first, more } = setup("walreceiver");
     let stop = Arc::new(AtomicBool::new(false));
     // Both have committed `first` when the receiver starts: it takes the first.
     let silent = fake_safekeeper(identity.clone(), bytes.clone(), first, stop.clone());
@@ -161,13 +182,7 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
     )
     .unwrap();
 
-    let wait = |what: &str, check: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !check() {
-            assert!(Instant::now() < deadline, "{what}: not within 60 s; at {}", tl.record_lsns().last);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let wait = |what: &str, check: &dyn Fn() -> bool| wait_for(&tl, what, check);
     wait("the first WAL ingested", &|| tl.record_lsns().last == first);
     assert_eq!(receiver.status.lock().safekeeper.as_deref(), Some(silent.addr.as_str()));
     // The other safekeeper commits more; the one streamed from says nothing.
@@ -188,14 +203,7 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
 
 #[test]
 fn an_own_site_safekeeper_is_preferred_left_when_it_lags_and_returned_to_once_caught_up() {
-    let (tl, _, control) = common::imported_timeline("walreceiver-site", START);
-    let (tenant_id, timeline_id, system_id) = (tl.tenant_id, tl.timeline_id, control.system_identifier);
-    tl.checkpoint().unwrap();
-
-    let (bytes, ends) = wal(system_id, 40);
-    let (first, more) = (ends[19], ends[39]);
-    let bytes = Arc::new(bytes);
-    let identity = TimelineIdentity { tenant_id, timeline_id, system_id, pg_version: 15, wal_segment_size: SEG as u32 };
+    let Setup { tl, identity, bytes, first, more } = setup("walreceiver-site");
     let stop = Arc::new(AtomicBool::new(false));
     // The other site's safekeeper has committed more from the start, but
     // within the slack: the own site's one is streamed from.
@@ -206,13 +214,7 @@ fn an_own_site_safekeeper_is_preferred_left_when_it_lags_and_returned_to_once_ca
         WalSources { safekeepers: vec![own.addr.clone(), far.addr.clone()], site: 1, token: None, tls: None },
     )
     .unwrap();
-    let wait = |what: &str, check: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !check() {
-            assert!(Instant::now() < deadline, "{what}: not within 60 s; at {}", tl.record_lsns().last);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let wait = |what: &str, check: &dyn Fn() -> bool| wait_for(&tl, what, check);
     wait("the own site's WAL ingested", &|| tl.record_lsns().last == first);
     assert_eq!(receiver.status.lock().safekeeper.as_deref(), Some(own.addr.as_str()));
     // It stays behind: the receiver leaves it for the other site (and does

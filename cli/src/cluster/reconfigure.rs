@@ -130,56 +130,35 @@ impl Change<'_> {
     /// configuration the others hold by running this again (a node already
     /// holding a generation is left as it is).
     pub fn first_on_reachable(&self) -> Result<()> {
-        let members = self.new.iter().map(|n| n.member.clone()).collect::<Vec<_>>();
-        let everyone = self.everyone();
-        let reachable: Vec<&Node> = everyone.iter().copied().filter(|n| self.membership(n).is_ok()).collect();
-        let current = self.current()?;
-        let target = if current.generation == 0 {
-            if reachable.iter().any(|n| self.state(n).is_ok_and(|s| !s.term_history.0.is_empty())) {
+        // Each node's configuration, read once (those that answer).
+        let held: Vec<(&Node, Membership)> =
+            self.everyone().into_iter().filter_map(|n| self.membership(n).ok().map(|m| (n, m))).collect();
+        let Some(newest) = held.iter().map(|(_, m)| m).max_by_key(|m| m.generation).cloned() else {
+            return failed(format!("timeline {}: no safekeeper answered", self.timeline));
+        };
+        let target = if newest.generation == 0 {
+            if held.iter().any(|(n, _)| self.state(n).is_ok_and(|s| !s.term_history.0.is_empty())) {
                 return failed(format!("timeline {}: a proposer was elected before any configuration", self.timeline));
             }
+            let members = self.new.iter().map(|n| n.member.clone()).collect();
             Membership::of(1, members, self.placement.clone().unwrap_or(Placement::Majority))
         } else {
-            current
+            newest
         };
-        let lacking: Vec<&Node> = reachable
-            .iter()
-            .copied()
-            .filter(|n| self.membership(n).is_ok_and(|m| m.generation < target.generation))
-            .collect();
-        let holding: Vec<strata_protocol::NodeId> = reachable
-            .iter()
-            .filter(|n| self.membership(n).is_ok_and(|m| m.generation >= target.generation))
-            .map(|n| n.member.id)
-            .collect();
+        let lacking: Vec<&str> =
+            held.iter().filter(|(_, m)| m.generation < target.generation).map(|(n, _)| n.name.as_str()).collect();
         if lacking.is_empty() {
             return Ok(());
         }
-        let body = serde_json::to_value(&target).expect("a membership serializes");
-        let mut now_holding = holding;
-        for n in &lacking {
-            let url = format!("{}/membership", tl_url(n, self.tenant, self.timeline));
-            match http::put(&url, &body, http::QUICK) {
-                Ok(r) if r.status == 200 => now_holding.push(n.member.id),
-                Ok(r) => println!("  (not installed on {}: HTTP {}: {})", n.name, r.status, r.error_text()),
-                Err(e) => println!("  (not installed on {}: {e})", n.name),
-            }
-        }
-        if !target.has_quorum(&now_holding) {
-            return failed(format!(
-                "timeline {}: generation {} is held by {:?}, not a quorum ({})",
-                self.timeline,
-                target.generation,
-                now_holding.iter().map(|id| id.0).collect::<Vec<_>>(),
-                target.placement.policy()
-            ));
-        }
+        // Installing the configuration a node holds already changes nothing there.
+        let reachable: Vec<&Node> = held.iter().map(|(n, _)| *n).collect();
+        self.install(&target, &reachable, &target)?;
         println!(
             "  timeline {}: generation {} ({}) on {}",
             self.timeline,
             target.generation,
             target.placement.policy(),
-            lacking.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ")
+            lacking.join(", ")
         );
         Ok(())
     }

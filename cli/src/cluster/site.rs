@@ -366,8 +366,9 @@ pub fn promote(wd: &Workdir, site: &str) -> Result<()> {
     let writer_host = wd.cluster.hosts.iter().find(|h| h.site == site && h.computes).map(|h| h.name.clone());
     let had_writer: Vec<&Loss> =
         losses.iter().filter(|l| records.iter().any(|r| r.file.branch == l.branch && r.file.is_writer())).collect();
-    match (writer_host, had_writer.last()) {
-        (Some(host), Some(last)) => {
+    match writer_host {
+        // Each writer prints its connection string last; the last one's ends the output.
+        Some(host) => {
             for l in &had_writer {
                 let name = format!("{}-{site}", l.branch);
                 let how = endpoint::StartOptions {
@@ -377,13 +378,12 @@ pub fn promote(wd: &Workdir, site: &str) -> Result<()> {
                 };
                 println!("endpoint {name}: the writer of branch {} in {site}", l.branch);
                 endpoint::start(&wd, &name, &how, &Default::default())?;
-                if std::ptr::eq(*l, *last) {
-                    break;
-                }
             }
         }
-        (None, Some(_)) => println!("site {site} has no host that runs computes: start the writer elsewhere"),
-        (_, None) => {}
+        None if !had_writer.is_empty() => {
+            println!("site {site} has no host that runs computes: start the writer elsewhere")
+        }
+        None => {}
     }
     Ok(())
 }
