@@ -17,51 +17,35 @@ Goal (docs/branches.md): creation under 100 ms at every size. Medians of
 whole database before it starts; lazy computes are the next step), which
 the first-query column shows.
 
-Usage: .venv/bin/python bench/branch.py [--sizes-mb 100,1024,5120] [--runs 3] [--quick]
+Usage: .venv/bin/python -m bench.branch [--sizes-mb 100,1024,5120] [--runs 3] [--quick]
 Writes bench/results/branch.json and .txt (branch_quick.* with --quick).
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.harness import (PG_BIN, RESULTS, bench_dir, client_env, first_query, local_cluster, pgbench_init,
+                           result_stem, stock_cluster, stock_postgres, strata_to_measure, write_json)
+from test_runner.fixtures.strata import http_json
 
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.strata import http_json  # noqa: E402
-from getpage import client_env  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 MB_PER_SCALE = 15  # pgbench's data per unit of scale, about
 
 
 def scale_for(mb: int) -> int:
+    """The pgbench scale that makes about `mb` MB of data."""
     return max(1, round(mb / MB_PER_SCALE))
 
 
-def first_query(connstr: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with psycopg.connect(connstr, autocommit=True, connect_timeout=5) as conn:
-                conn.execute("SELECT count(*) FROM pgbench_branches").fetchone()
-                return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+def connect(connstr: str):
+    """A connection for `first_query`, each attempt given 5 s."""
+    return lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=5)
 
 
 def db_bytes(connstr: str, db: str = "postgres") -> int:
@@ -70,11 +54,8 @@ def db_bytes(connstr: str, db: str = "postgres") -> int:
 
 
 def run_strata(strata_bin: Path, base: Path, sizes: list[int], runs: int) -> dict:
-    cluster = LocalCluster(strata_bin, base / "cluster", PG_BIN)
-    cluster.init()
-    cluster.start()
     out = {}
-    try:
+    with local_cluster(strata_bin, base / "cluster") as cluster:
         connstr = cluster.endpoint_start("main")
         env = client_env(connstr)
         tenant = cluster.cluster_toml["tenant_id"]
@@ -82,8 +63,7 @@ def run_strata(strata_bin: Path, base: Path, sizes: list[int], runs: int) -> dic
         ps_url = cluster.http_url("pageserver", f"/v1/tenant/{tenant}/timeline")
         n = 0
         for mb in sizes:
-            subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale_for(mb))], env=env, check=True,
-                           capture_output=True, timeout=7200)
+            pgbench_init(env, scale_for(mb), timeout=7200)
             size = db_bytes(connstr)
             api, cli, start = [], [], []
             for _ in range(runs):
@@ -104,7 +84,7 @@ def run_strata(strata_bin: Path, base: Path, sizes: list[int], runs: int) -> dic
                 cli.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 ep_conn = cluster.endpoint_start(f"ep{n}", name)
-                first_query(ep_conn)
+                first_query(connect(ep_conn), timeout=600)
                 start.append(time.perf_counter() - t)
                 cluster.endpoint_stop(f"ep{n}")
                 cluster.run("branch", "delete", name, timeout=600)
@@ -113,24 +93,18 @@ def run_strata(strata_bin: Path, base: Path, sizes: list[int], runs: int) -> dic
             print(f"strata {mb} MB ({size >> 20} MiB): create {statistics.median(api) * 1e3:.1f} ms (API), "
                   f"{statistics.median(cli) * 1e3:.0f} ms (CLI); compute to first query "
                   f"{statistics.median(start):.2f} s", flush=True)
-    finally:
-        cluster.stop()
     return out
 
 
 def run_stock(base: Path, sizes: list[int], runs: int) -> dict:
-    c = PgCluster(PG_BIN, base / "stock", traverse_root=base)
     out = {}
-    try:
-        c.initdb()
-        c.start({"shared_buffers": "128MB", "fsync": "on"})
+    with stock_postgres(base, "stock", {"shared_buffers": "128MB", "fsync": "on"}) as c:
         c.sql("CREATE DATABASE bench")
         env = c.client_env("bench")
         info = c.conninfo()
         n = 0
         for mb in sizes:
-            subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale_for(mb)), "bench"], env=env,
-                           check=True, capture_output=True, timeout=7200)
+            pgbench_init(env, scale_for(mb), timeout=7200)
             size = c.sql("SELECT pg_database_size('bench')")[0][0]
             template, backup, backup_start = [], [], []
             for _ in range(runs):
@@ -140,14 +114,14 @@ def run_stock(base: Path, sizes: list[int], runs: int) -> dict:
                 template.append(time.perf_counter() - t)
                 c.sql(f"DROP DATABASE copy{n}")
                 # A new server's copy: pg_basebackup, then the copy started and queried.
-                copy = PgCluster(PG_BIN, base / f"copy{n}", traverse_root=base)
+                copy = stock_cluster(base, f"copy{n}")
                 t = time.perf_counter()
                 copy._run_server_tool([str(PG_BIN / "pg_basebackup"), "-D", str(copy.pgdata), "-h", str(c.socket_dir),
                                        "-p", str(c.port), "-U", info["user"], "-c", "fast", "-X", "stream"],
                                       timeout=7200)
                 backup.append(time.perf_counter() - t)
                 copy.start()
-                first_query(" ".join(f"{k}={v}" for k, v in copy.conninfo("bench").items()))
+                first_query(connect(" ".join(f"{k}={v}" for k, v in copy.conninfo("bench").items())), timeout=600)
                 backup_start.append(time.perf_counter() - t)
                 copy.stop()
                 copy.cleanup()
@@ -157,9 +131,6 @@ def run_stock(base: Path, sizes: list[int], runs: int) -> dict:
             print(f"stock  {mb} MB ({size >> 20} MiB): CREATE DATABASE TEMPLATE "
                   f"{statistics.median(template) * 1e3:.0f} ms; pg_basebackup {statistics.median(backup):.2f} s, "
                   f"to a first query {statistics.median(backup_start):.2f} s", flush=True)
-    finally:
-        c.stop()
-        c.cleanup()
     return out
 
 
@@ -168,13 +139,11 @@ def main() -> int:
     ap.add_argument("--sizes-mb", default="100,1024,5120")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="20 and 100 MB, 2 runs")
-    ap.add_argument("--strata-bin", type=Path, default=Path(os.environ.get("STRATA_BIN", REPO / "target/release/strata")))
+    ap.add_argument("--strata-bin", type=Path, default=strata_to_measure())
     args = ap.parse_args()
     sizes = [20, 100] if args.quick else [int(s) for s in args.sizes_mb.split(",")]
     runs = 2 if args.quick else args.runs
-    with tempfile.TemporaryDirectory(prefix="strata-bench-branch-") as tmp:
-        base = Path(tmp)
-        os.chmod(base, 0o755)
+    with bench_dir("strata-bench-branch-") as base:
         strata = run_strata(args.strata_bin, base / "s", sizes, runs)
         stock = run_stock(base / "p", sizes, runs)
     lines = ["size      create (API)  create (CLI)  CREATE DATABASE TEMPLATE  ratio  compute->query  pg_basebackup->query"]
@@ -187,12 +156,9 @@ def main() -> int:
                      f"  {statistics.median(p['pg_basebackup_to_first_query_s']):>18.2f} s")
     text = "\n".join(lines)
     print("\n" + text)
-    name = "branch_quick" if args.quick else "branch"
-    results = REPO / "bench" / "results"
-    results.mkdir(exist_ok=True)
-    (results / f"{name}.json").write_text(json.dumps({"sizes_mb": sizes, "runs": runs, "strata": strata,
-                                                      "stock": stock}, indent=2))
-    (results / f"{name}.txt").write_text(text + "\n")
+    name = result_stem("branch", args.quick)
+    write_json(RESULTS / f"{name}.json", {"sizes_mb": sizes, "runs": runs, "strata": strata, "stock": stock})
+    (RESULTS / f"{name}.txt").write_text(text + "\n")
     return 0
 
 

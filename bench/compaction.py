@@ -22,33 +22,27 @@ CLI's cluster (every service on):
                downloaded from object storage on demand) vs the next page of
                the same layer (warm), over HTTP: medians of --runs x 5 reads
 
-Usage: .venv/bin/python bench/compaction.py [--scale 10] [--seconds 60] [--runs 3] [--quick] [--name STEM]
+Usage: .venv/bin/python -m bench.compaction [--scale 10] [--seconds 60] [--runs 3] [--quick] [--name STEM]
 Writes bench/results/compaction.json and .txt (compaction_quick.* with --quick).
 """
 
 import argparse
 import json
-import os
+import random
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.harness import (bench_dir, client_env, cluster_credentials, dir_bytes, local_cluster, machine_state,
+                           page_service, pagebench, pagebench_target, pageserver_metric, pgbench, pgbench_init,
+                           parse_tps, result_stem, run_timeout, strata_to_measure, timeline_url, wait_ingested,
+                           wait_pageserver_lsn, write_results)
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.strata import http_json, http_text, parse_lsn, urlopen
 
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.strata import http_json, http_text, parse_lsn, urlopen  # noqa: E402
-from getpage import client_env, pagebench  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SETTINGS = {
     "checkpoint_distance": 8 << 20,
     "compaction_threshold": 1000,
@@ -59,20 +53,18 @@ SETTINGS = {
 }
 
 
-def metric(text: str, name: str) -> float:
-    m = re.search(rf"^strata_pageserver_{name} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else float("nan")
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def hold_compaction_back(cluster: LocalCluster) -> None:
+    """Writes SETTINGS into the pageserver's configuration before it starts."""
+    conf = cluster.workdir / "pageserver" / "pageserver.toml"
+    text = conf.read_text()
+    for key, value in SETTINGS.items():
+        text = re.sub(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", text, flags=re.M)
+    conf.write_text(text)
 
 
 def cold_warm(tl_url: str, spc: int, db: int, rel: int, n: int) -> tuple[list[float], list[float]]:
     """Milliseconds of one page read right after evicting every layer
     (downloaded on demand), and of the next block read after it (warm)."""
-    import random
-    import urllib.request
     cold, warm = [], []
 
     def read(block: int) -> float:
@@ -101,120 +93,96 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs, args.getpage_seconds = 2, 10, 2, 2
-    # STRATA_BIN lets a long run keep its own copy of the binary while the tree is rebuilt.
-    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
-    results: dict = {"config": vars(args), "settings": SETTINGS, "cpus": os.cpu_count(),
-                     "loadavg_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
-        (base / "cluster").mkdir()
-        cluster = LocalCluster(strata_bin, base / "cluster", PG_BIN)
-        try:
-            cluster.init()
-            conf = cluster.workdir / "pageserver" / "pageserver.toml"
-            text = conf.read_text()
-            for key, value in SETTINGS.items():
-                text = re.sub(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", text, flags=re.M)
-            conf.write_text(text)
-            cluster.start()
-            ct = cluster.cluster_toml
-            ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
-            tenant = ct["tenant_id"]
-            timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
-            http = f"http://127.0.0.1:{ps['ports']['http']}"
-            tl_url = f"{http}/v1/tenant/{tenant}/timeline/{timeline}"
-            connstr = cluster.endpoint_start("main")
-            env = client_env(connstr)
-            subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=env, check=True,
-                           capture_output=True, timeout=3600, stdin=subprocess.DEVNULL)
-            with psycopg.connect(connstr, autocommit=True) as conn:
-                spc, db, rel = conn.execute(
-                    "SELECT (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default'),"
-                    " (SELECT oid FROM pg_database WHERE datname = current_database()),"
-                    " pg_relation_filenode('pgbench_accounts')").fetchone()
-                fresh_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-            target = ["--pageserver", f"127.0.0.1:{ps['ports']['pg']}", "--tenant-id", tenant,
-                      "--timeline-id", timeline, "--rel", f"{spc}/{db}/{rel}",
-                      "--token-file", str(cluster.token_file()), *cluster.tls_args()]
-            # The fresh database: loaded, compacted and imaged.
-            while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < fresh_lsn:
-                time.sleep(0.05)
-            # Every measurement runs with nothing being uploaded (uploads of
-            # the files just written would compete with the reads).
-            code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true&upload_timeout=3600", timeout=7200)
-            assert code == 200, st
-            pagebench(strata_bin, target, 1, 1, 1)
-            fresh = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
-            wal0 = metric(http_text(f"{http}/metrics"), "wal_bytes_ingested_total")
-            t0 = time.monotonic()
-            run = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-c", "8", "-j", "2", "-T", str(int(args.seconds))],
-                                 env=env, check=True, capture_output=True, text=True,
-                                 timeout=args.seconds * 3 + 300, stdin=subprocess.DEVNULL)
-            pgbench_s = time.monotonic() - t0
-            tps = float(re.search(r"tps = ([\d.]+)", run.stdout).group(1))
-            with psycopg.connect(connstr, autocommit=True) as conn:
-                conn.execute("CHECKPOINT")
-            pgdata = cluster.workdir / "endpoints" / "main" / "pgdata"
-            pg_bytes = dir_bytes(pgdata / "base") + dir_bytes(pgdata / "global")
-            cluster.endpoint_stop("main")
-            end = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
-            while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
-                time.sleep(0.05)
-            wal = metric(http_text(f"{http}/metrics"), "wal_bytes_ingested_total") - wal0
-            code, st = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=3600", timeout=7200)
-            assert code == 200, st
-            results["workload"] = {"pgbench_seconds": pgbench_s, "tps": tps, "wal_mb": wal / 1e6,
-                                   "ingest_mb_per_s": wal / 1e6 / pgbench_s, "pg_data_bytes": pg_bytes}
-            results["uncompacted"] = {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers", "layer_bytes")}
-            pagebench(strata_bin, target, 1, 1, 1)  # warm: files opened, page cache
-            before = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
+    strata = strata_to_measure()
+    results: dict = {"config": vars(args), "settings": SETTINGS, **machine_state()}
+    with bench_dir() as base, local_cluster(strata, base / "cluster", prepare=hold_compaction_back) as cluster:
+        tenant, timeline = cluster.cluster_toml["tenant_id"], cluster.timeline_id()
+        metrics_url = cluster.http_url("pageserver", "/metrics")
+        tl_url = timeline_url(cluster)
+        connstr = cluster.endpoint_start("main")
+        env = client_env(connstr)
+        pgbench_init(env, args.scale)
+        with psycopg.connect(connstr, autocommit=True) as conn:
+            spc, db, rel = conn.execute(
+                "SELECT (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default'),"
+                " (SELECT oid FROM pg_database WHERE datname = current_database()),"
+                " pg_relation_filenode('pgbench_accounts')").fetchone()
+            fresh_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        target = [*pagebench_target({"pageserver": page_service(cluster), "tenant_id": tenant,
+                                     "timeline_id": timeline, "rel": f"{spc}/{db}/{rel}"}),
+                  *cluster_credentials(cluster)]
+        # The fresh database: loaded, compacted and imaged.
+        wait_pageserver_lsn(tl_url, fresh_lsn, timeout=3600)
+        # Every measurement runs with nothing being uploaded (uploads of
+        # the files just written would compete with the reads).
+        code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true&upload_timeout=3600", timeout=7200)
+        assert code == 200, st
+        pagebench(strata, target, 1, 1, 1)
+        fresh = [pagebench(strata, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
+        wal0 = pageserver_metric(http_text(metrics_url), "wal_bytes_ingested_total")
+        t0 = time.monotonic()
+        out = pgbench(env, "-n", "-c", "8", "-j", "2", "-T", str(int(args.seconds)),
+                      timeout=run_timeout(args.seconds))
+        pgbench_s = time.monotonic() - t0
+        tps = parse_tps(out)
+        with psycopg.connect(connstr, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        pgdata = cluster.workdir / "endpoints" / "main" / "pgdata"
+        pg_bytes = dir_bytes(pgdata / "base") + dir_bytes(pgdata / "global")
+        cluster.endpoint_stop("main")
+        wait_ingested(cluster, tl_url, timeout=3600)
+        wal = pageserver_metric(http_text(metrics_url), "wal_bytes_ingested_total") - wal0
+        code, st = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=3600", timeout=7200)
+        assert code == 200, st
+        results["workload"] = {"pgbench_seconds": pgbench_s, "tps": tps, "wal_mb": wal / 1e6,
+                               "ingest_mb_per_s": wal / 1e6 / pgbench_s, "pg_data_bytes": pg_bytes}
+        results["uncompacted"] = {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers", "layer_bytes")}
+        pagebench(strata, target, 1, 1, 1)  # warm: files opened, page cache
+        before = [pagebench(strata, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
 
-            m0 = http_text(f"{http}/metrics")
-            t0 = time.monotonic()
-            code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true", timeout=3600)
-            compact_s = time.monotonic() - t0
-            assert code == 200, st
-            m1 = http_text(f"{http}/metrics")
-            read = metric(m1, "compaction_bytes_read_total") - metric(m0, "compaction_bytes_read_total")
-            images = metric(m1, "image_bytes_written_total") - metric(m0, "image_bytes_written_total")
-            results["compaction"] = {"seconds": compact_s, "l0_bytes_read": read, "image_bytes_written": images,
-                                     "input_mb_per_s": read / 1e6 / compact_s,
-                                     "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers",
-                                                                   "layer_bytes")}}
-            code, _ = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=3600", timeout=7200)
-            assert code == 200
-            pagebench(strata_bin, target, 1, 1, 1)
-            after = [pagebench(strata_bin, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
+        m0 = http_text(metrics_url)
+        t0 = time.monotonic()
+        code, st = http_json("POST", f"{tl_url}/checkpoint?compact=true", timeout=3600)
+        compact_s = time.monotonic() - t0
+        assert code == 200, st
+        m1 = http_text(metrics_url)
+        read = (pageserver_metric(m1, "compaction_bytes_read_total")
+                - pageserver_metric(m0, "compaction_bytes_read_total"))
+        images = (pageserver_metric(m1, "image_bytes_written_total")
+                  - pageserver_metric(m0, "image_bytes_written_total"))
+        results["compaction"] = {"seconds": compact_s, "l0_bytes_read": read, "image_bytes_written": images,
+                                 "input_mb_per_s": read / 1e6 / compact_s,
+                                 "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers",
+                                                               "layer_bytes")}}
+        code, _ = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=3600", timeout=7200)
+        assert code == 200
+        pagebench(strata, target, 1, 1, 1)
+        after = [pagebench(strata, target, 1, 1, args.getpage_seconds) for _ in range(args.runs)]
 
-            code, st = http_json("POST", f"{tl_url}/checkpoint?gc=true", timeout=3600)
-            assert code == 200, st
-            results["gc"] = {"outcome": st["gc"], "layer_bytes": st["layer_bytes"],
-                             "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers")}}
-            # Object storage: everything uploaded, then the stored bytes.
-            code, st = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=600", timeout=900)
-            assert code == 200, st
-            deadline = time.monotonic() + 600
-            while True:
-                st = http_json("GET", tl_url)[1]
-                r = st["remote"]
-                if r["upload_queue_layers"] == 0 and r["remote_layers"] == (
-                        st["l0_layers"] + st["l1_layers"] + st["image_layers"]):
-                    break
-                assert time.monotonic() < deadline, st
-                time.sleep(0.2)
-            time.sleep(2)  # the deletion queue runs after the index
-            # The pageserver's objects only: the safekeepers' offloaded WAL
-            # (`wal/`, the archive of the whole run) is another matter.
-            results["remote"] = {"object_bytes": dir_bytes(cluster.workdir / "remote_storage" / "tenants"),
-                                 "wal_archive_bytes": dir_bytes(cluster.workdir / "remote_storage" / "wal"),
-                                 "index_layer_bytes": r["remote_bytes"], "layers": r["remote_layers"]}
-            cold, warm = cold_warm(tl_url, spc, db, rel, args.runs * 5)
-            results["cold_getpage"] = {"cold_ms": cold, "warm_ms": warm}
-        finally:
-            if (cluster.workdir / "cluster.toml").exists():
-                if cluster.run("stop", check=False, timeout=600).returncode != 0:
-                    cluster.run("stop", "--immediate", check=False, timeout=600)
+        code, st = http_json("POST", f"{tl_url}/checkpoint?gc=true", timeout=3600)
+        assert code == 200, st
+        results["gc"] = {"outcome": st["gc"], "layer_bytes": st["layer_bytes"],
+                         "layers": {k: st[k] for k in ("l0_layers", "l1_layers", "image_layers")}}
+        # Object storage: everything uploaded, then the stored bytes.
+        code, st = http_json("POST", f"{tl_url}/checkpoint?upload_timeout=600", timeout=900)
+        assert code == 200, st
+        deadline = time.monotonic() + 600
+        while True:
+            st = http_json("GET", tl_url)[1]
+            r = st["remote"]
+            if r["upload_queue_layers"] == 0 and r["remote_layers"] == (
+                    st["l0_layers"] + st["l1_layers"] + st["image_layers"]):
+                break
+            assert time.monotonic() < deadline, st
+            time.sleep(0.2)
+        time.sleep(2)  # the deletion queue runs after the index
+        # The pageserver's objects only: the safekeepers' offloaded WAL
+        # (`wal/`, the archive of the whole run) is another matter.
+        results["remote"] = {"object_bytes": dir_bytes(cluster.workdir / "remote_storage" / "tenants"),
+                             "wal_archive_bytes": dir_bytes(cluster.workdir / "remote_storage" / "wal"),
+                             "index_layer_bytes": r["remote_bytes"], "layers": r["remote_layers"]}
+        cold, warm = cold_warm(tl_url, spc, db, rel, args.runs * 5)
+        results["cold_getpage"] = {"cold_ms": cold, "warm_ms": warm}
 
     def med(runs, q):
         return statistics.median(r["latency_us"][q] for r in runs)
@@ -256,7 +224,7 @@ def main() -> int:
         f" {len(cw['cold_ms'])}: {cw['cold_p50_ms']:.1f} ms vs {cw['warm_p50_ms']:.2f} ms ({cw['cold_vs_warm']:.0f}x)",
     ]
     text = "\n".join(lines)
-    write_results(args.name or ("compaction_quick" if args.quick else "compaction"), results, text)
+    write_results(args.name or result_stem("compaction", args.quick), results, text)
     return 0
 
 

@@ -23,52 +23,33 @@ medians, and the ratio strata/stock. Eager start grows with the database
 that a lazy start (pages fetched on demand) must beat: about a second,
 whatever the size.
 
-Usage: .venv/bin/python bench/compute_start.py [--scales 1,10,30] [--runs 5] [--quick]
+Usage: .venv/bin/python -m bench.compute_start [--scales 1,10,30] [--runs 5] [--quick]
 Writes bench/results/compute_start.json and .txt (compute_start_quick.* with --quick) and prints
 medians and ratios.
 """
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
+from bench.harness import (FIRST_QUERY, bench_dir, client_env, first_query, local_cluster, machine_state,
+                           pgbench_init, result_stem, stock_cluster, strata_to_measure, timeline_url, wait_ingested,
+                           write_results)
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.endpoint import Endpoint
+from test_runner.fixtures.strata import http_json
 
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from getpage import client_env  # noqa: E402
-from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.strata import http_json, parse_lsn  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-FIRST_QUERY = "SELECT count(*) FROM pgbench_branches"
 PHASES = ["timeline_lookup_seconds", "sync_seconds", "wait_seconds", "basebackup_seconds", "config_seconds",
           "mount_seconds", "postgres_start_seconds", "proposer_start_seconds", "total_seconds"]
 
 
-def first_query(connect, timeout: float = 60) -> None:
-    """Connects and runs FIRST_QUERY, retrying until it succeeds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with connect() as conn:
-                conn.execute(FIRST_QUERY).fetchone()
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
 def du(path: Path) -> int:
+    """Apparent bytes under `path` (`du -sb`)."""
     return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
 
 
@@ -80,25 +61,12 @@ def du_local(path: Path) -> int:
 
 def strata_scale(strata_bin: Path, base: Path, scale: int, runs: int) -> dict:
     """Both modes on one cluster loaded once: {"eager": ..., "lazy": ...}."""
-    cluster = LocalCluster(strata_bin, base / f"strata-s{scale}", PG_BIN)
-    cluster.workdir.mkdir()
-    try:
-        cluster.init()
-        cluster.start()
-        ct = cluster.cluster_toml
-        ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
-        timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
-        tl_url = f"http://127.0.0.1:{ps['ports']['http']}/v1/tenant/{ct['tenant_id']}/timeline/{timeline}"
+    with local_cluster(strata_bin, base / f"strata-s{scale}") as cluster:
+        tl_url = timeline_url(cluster)
         connstr = cluster.endpoint_start("main")
-        env = client_env(connstr)
-        subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
-                       capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
+        pgbench_init(client_env(connstr), scale, timeout=1800)
         cluster.endpoint_stop("main")
         return {mode: strata_mode(cluster, tl_url, mode, runs) for mode in ("eager", "lazy")}
-    finally:
-        if (cluster.workdir / "cluster.toml").exists():
-            if cluster.run("stop", check=False, timeout=600).returncode != 0:
-                cluster.run("stop", "--immediate", check=False, timeout=600)
 
 
 def strata_mode(cluster: LocalCluster, tl_url: str, mode: str, runs: int) -> dict:
@@ -108,12 +76,7 @@ def strata_mode(cluster: LocalCluster, tl_url: str, mode: str, runs: int) -> dic
     for i in range(runs):
         # Start from a quiet cluster: the pageserver holds all the WAL and,
         # the first time, has written it to layer files.
-        end = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
-        deadline = time.monotonic() + 300
-        while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the pageserver did not ingest the endpoint's WAL")
-            time.sleep(0.05)
+        wait_ingested(cluster, tl_url)
         if i == 0 and first:
             code, body = http_json("POST", f"{tl_url}/checkpoint", timeout=300)
             assert code == 200, body
@@ -122,10 +85,7 @@ def strata_mode(cluster: LocalCluster, tl_url: str, mode: str, runs: int) -> dic
         t_cmd = time.monotonic()
         first_query(lambda: psycopg.connect(connstr, autocommit=True, connect_timeout=10))
         t1 = time.monotonic()
-        endpoint = next(e for e in cluster.status()["endpoints"] if e["name"] == "main")
-        cluster.register_port(endpoint["ports"]["http"])
-        code, agent = http_json("GET", f"http://127.0.0.1:{endpoint['ports']['http']}/v1/status")
-        assert code == 200, agent
+        agent = Endpoint(cluster, "main").agent_status()
         with psycopg.connect(connstr, autocommit=True) as conn:
             db_bytes = conn.execute("SELECT sum(pg_database_size(oid)) FROM pg_database").fetchone()[0]
         pgdata = cluster.workdir / "endpoints" / "main" / "pgdata"
@@ -147,11 +107,11 @@ def strata_mode(cluster: LocalCluster, tl_url: str, mode: str, runs: int) -> dic
 
 
 def stock_scale(base: Path, scale: int, runs: int) -> dict:
-    c = PgCluster(PG_BIN, base / f"stock-s{scale}", traverse_root=base)
+    c = stock_cluster(base, f"stock-s{scale}")
     try:
         c.initdb()
         c.start({"max_wal_size": "2GB"})
-        c.run(["pgbench", "-i", "-q", "-s", str(scale)], timeout=1800)
+        pgbench_init(c.client_env(), scale, timeout=1800)
         c.sql("CHECKPOINT")
         db_bytes = int(c.sql("SELECT sum(pg_database_size(oid)) FROM pg_database")[0][0])
         c.stop("fast")
@@ -176,15 +136,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scales, args.runs = [1, 3], 2
-    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
-                     "first_query": FIRST_QUERY, "scales": []}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
+    strata = strata_to_measure()
+    results: dict = {"config": vars(args), **machine_state(), "first_query": FIRST_QUERY, "scales": []}
+    with bench_dir() as base:
         for scale in args.scales:
             stock = stock_scale(base, scale, args.runs)
-            modes = strata_scale(strata_bin, base, scale, args.runs)
+            modes = strata_scale(strata, base, scale, args.runs)
             results["scales"].append({"scale": scale, "stock": stock, "strata": modes["eager"], "lazy": modes["lazy"],
                                       "ratio": modes["eager"]["seconds"] / stock["seconds"],
                                       "lazy_ratio": modes["lazy"]["seconds"] / stock["seconds"]})
@@ -229,7 +186,7 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     # A smoke run keeps the real figures.
-    write_results("compute_start_quick" if args.quick else "compute_start", results, text)
+    write_results(result_stem("compute_start", args.quick), results, text)
     return 0
 
 

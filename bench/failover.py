@@ -29,8 +29,8 @@ directory.
 
 Target: reads served again within 5 s (median of --runs), no failed transaction.
 
-Usage: .venv/bin/python bench/failover.py [--scale 10] [--clients 8] [--runs 5] [--quick]
-                                          [--store local|minio] [--store-latency-ms 10]
+Usage: .venv/bin/python -m bench.failover [--scale 10] [--clients 8] [--runs 5] [--quick]
+                                           [--store local|minio] [--store-latency-ms 10]
 Writes bench/results/failover.json and .txt (failover_quick.* with --quick,
 failover_minio.* with --store minio).
 """
@@ -40,29 +40,24 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
-
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.minio import Minio  # noqa: E402
-from fixtures.ports import free_port  # noqa: E402
-from getpage import client_env  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+from bench.harness import (RELEASE_STRATA, LinkProxy, bench_dir, client_env, last_line, local_cluster,
+                           machine_state, pgbench_init, pgbench_process, result_stem, write_results)
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.minio import Minio
+from test_runner.fixtures.ports import free_port
 
 
 class Probe(threading.Thread):
+    """Reads one random block of pgbench_accounts every 20 ms, keeping when
+    each read started and ended."""
+
     def __init__(self, connstr: str):
         super().__init__(daemon=True)
         self.connstr = connstr
@@ -89,6 +84,8 @@ class Probe(threading.Thread):
 
 
 class Writer(threading.Thread):
+    """Commits numbered rows one at a time, keeping the acknowledged ones."""
+
     def __init__(self, connstr: str):
         super().__init__(daemon=True)
         self.connstr = connstr
@@ -112,6 +109,7 @@ class Writer(threading.Thread):
 
 
 def attached(c: LocalCluster) -> str | None:
+    """The pageserver the timeline is attached to, as `strata status` says."""
     return c.status()["timelines"][0]["attached"]
 
 
@@ -121,33 +119,18 @@ class SlowStore:
     def __init__(self, strata_bin: Path, base: Path, latency_ms: float):
         self.minio = Minio(base / "minio")
         self.minio.start()
-        self.port, http = free_port(), free_port()
-        conf = base / "link-proxy.toml"
-        conf.write_text(f'listen_http = "127.0.0.1:{http}"\nmax_in_flight_bytes = {1 << 20}\n'
-                        f'[[routes]]\nname = "store"\nlisten = "127.0.0.1:{self.port}"\n'
-                        f'target = "127.0.0.1:{self.minio.port}"\ndelay_ms = {latency_ms}\n')
-        self.log = open(base / "link-proxy.log", "ab")
-        self.proxy = subprocess.Popen([str(strata_bin), "link-proxy", "--config", str(conf)], stdout=self.log,
-                                      stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                import urllib.request
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v1/status", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.proxy.poll() is not None:
-                    raise RuntimeError("the link proxy did not start; see link-proxy.log")
-                time.sleep(0.1)
+        self.port = free_port()
+        self.proxy = LinkProxy(strata_bin, base,
+                               f'max_in_flight_bytes = {1 << 20}\n'
+                               f'[[routes]]\nname = "store"\nlisten = "127.0.0.1:{self.port}"\n'
+                               f'target = "127.0.0.1:{self.minio.port}"\ndelay_ms = {latency_ms}\n')
 
     def remote_storage(self, prefix: str) -> dict:
         table = self.minio.remote_storage(prefix)
         return {**table, "endpoint": f"http://127.0.0.1:{self.port}"}
 
     def close(self) -> None:
-        self.proxy.kill()
-        self.proxy.wait(timeout=30)
-        self.log.close()
+        self.proxy.stop()
         self.minio.kill()
 
 
@@ -168,20 +151,20 @@ def wait_warm(c: LocalCluster, secondary: str, timeout: float = 300) -> int:
 
 
 def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool, store: SlowStore | None) -> list[dict]:
-    c = LocalCluster(strata_bin, base / name, PG_BIN)
-    runs = []
-    try:
-        c.init("--pageservers", "2")
+    """--runs failovers on one cluster of two pageservers: warm secondaries,
+    or `cold` ones that keep no layers; object storage in `store` if given."""
+
+    def prepare(c: LocalCluster) -> None:
         if cold:
             for ps in ("pageserver", "pageserver2"):
                 c.configure(ps, {"secondary_cache_bytes": 0})
         if store is not None:
             c.set_remote_storage(store.remote_storage(name))
-        c.start()
-        out = c.run("endpoint", "start", "ep", timeout=300).stdout
-        connstr = out.strip().splitlines()[-1]
-        subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=client_env(connstr),
-                       check=True, capture_output=True, timeout=3600)
+
+    runs = []
+    with local_cluster(strata_bin, base / name, "--pageservers", "2", prepare=prepare) as c:
+        connstr = last_line(c.run("endpoint", "start", "ep", timeout=300).stdout)
+        pgbench_init(client_env(connstr), args.scale)
         c.run("timeline", "checkpoint", timeout=600)
         for run in range(args.runs):
             victim = attached(c)
@@ -194,9 +177,8 @@ def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool, store
             probe, writer = Probe(connstr), Writer(connstr)
             probe.start()
             writer.start()
-            bench = subprocess.Popen([str(PG_BIN / "pgbench"), "-n", "-c", str(args.clients), "-j", "2", "-T",
-                                      str(args.seconds)], env=client_env(connstr), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+            bench = pgbench_process(client_env(connstr), "-n", "-c", str(args.clients), "-j", "2", "-T",
+                                    str(args.seconds))
             time.sleep(5)
             killed = time.monotonic()
             c.kill9(victim, supervisor=True)
@@ -224,10 +206,6 @@ def one_cluster(strata_bin: Path, base: Path, name: str, args, cold: bool, store
             })
             print(name, runs[-1], flush=True)
             c.start()  # the killed one comes back as the secondary
-    finally:
-        if (c.workdir / "cluster.toml").exists():
-            if c.run("stop", check=False, timeout=600).returncode != 0:
-                c.run("stop", "--immediate", check=False, timeout=600)
     return runs
 
 
@@ -244,11 +222,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs = 2, 12, 2
-    strata_bin = REPO / "target" / "release" / "strata"
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
+    strata_bin = RELEASE_STRATA
+    results: dict = {"config": vars(args), **machine_state()}
+    with bench_dir() as base:
         store = SlowStore(strata_bin, base, args.store_latency_ms) if args.store == "minio" else None
         try:
             for name, cold in (("warm", False), ("cold", True)):
@@ -277,7 +253,7 @@ def main() -> int:
                      f"placed elsewhere after median {med(placed) if placed else float('nan'):.2f} s; "
                      f"failed transactions {failed}; acknowledged commits lost {lost}")
     lines.append(f"  target: reads within 5 s (median), 0 failed transactions: {'met' if ok else 'NOT met'}")
-    stem = "failover" + ("_minio" if args.store == "minio" else "") + ("_quick" if args.quick else "")
+    stem = result_stem("failover" + ("_minio" if args.store == "minio" else ""), args.quick)
     write_results(stem, results, "\n".join(lines))
     return 0 if ok else 1
 

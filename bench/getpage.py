@@ -18,95 +18,31 @@ runs --runs times for --seconds, Strata and loopback alternating; medians
 of the runs. Ratios strata/loopback: throughput (1.0 is the limit) and p50
 latency (1.0 is the limit, higher is slower).
 
-Usage: .venv/bin/python bench/getpage.py [--scale 10] [--seconds 10] [--runs 3] [--connections 1,8] [--depths 1,16] [--quick]
+Usage: .venv/bin/python -m bench.getpage [--scale 10] [--seconds 10] [--runs 3] [--connections 1,8]
+           [--depths 1,16] [--quick]
 Writes bench/results/getpage.json and .txt (getpage_quick.* with --quick) and prints
 medians and ratios.
 """
 
 import argparse
-import json
-import os
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.pg import libpq_env  # noqa: E402
-from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+from bench.harness import (RELEASE_STRATA, bench_dir, cluster_credentials, load_getpage_table, local_cluster,
+                           machine_state, pagebench, pagebench_target, pageserver_metric, result_stem,
+                           write_results)
+from test_runner.fixtures.strata import http_text
 
 
 def getpage_counters(text: str) -> dict[str, float]:
-    out = {}
-    for name in ("getpage_requests", "getpage_batches", "request_errors"):
-        m = re.search(rf"^strata_pageserver_{name}_total (\S+)$", text, re.M)
-        out[name] = float(m.group(1)) if m else float("nan")
-    return out
-
-
-def pagebench(strata_bin: Path, extra: list[str], connections: int, depth: int, seconds: float) -> dict:
-    cmd = [str(strata_bin), "pagebench", *extra, "--connections", str(connections), "--depth", str(depth),
-           "--duration", str(seconds), "--json"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 3 + 120, stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout)
-
-
-def client_env(connstr: str) -> dict:
-    """The environment of PostgreSQL's client programs (pgbench, psql) for
-    an endpoint's connection string (password and TLS included)."""
-    return libpq_env(conninfo_to_dict(connstr))
-
-
-def prepare(cluster: LocalCluster, scale: int) -> dict:
-    """Loads pgbench data through an endpoint, stops it, waits for the
-    pageserver to hold all of its WAL and checkpoints it; returns what
-    pagebench needs."""
-    ct = cluster.cluster_toml
-    ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
-    tenant = ct["tenant_id"]
-    timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
-    http = f"http://127.0.0.1:{ps['ports']['http']}"
-    tl_url = f"{http}/v1/tenant/{tenant}/timeline/{timeline}"
-    connstr = cluster.endpoint_start("main")
-    env = client_env(connstr)
-    subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
-                   capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
-    with psycopg.connect(connstr, autocommit=True) as conn:
-        spc, db, rel, blocks = conn.execute(
-            "SELECT CASE c.reltablespace WHEN 0 THEN (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default')"
-            " ELSE c.reltablespace END, (SELECT oid FROM pg_database WHERE datname = current_database()),"
-            " pg_relation_filenode(c.oid), pg_relation_size(c.oid) / 8192"
-            " FROM pg_class c WHERE c.relname = 'pgbench_accounts'").fetchone()
-    cluster.endpoint_stop("main")
-    # Everything the safekeepers hold, ingested, then written to layer files.
-    end = max(parse_lsn(sk["commit_lsn"]) for sk in cluster.status()["timelines"][0]["safekeepers"])
-    deadline = time.monotonic() + 300
-    while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the pageserver did not ingest the endpoint's WAL")
-        time.sleep(0.05)
-    code, status = http_json("POST", f"{tl_url}/checkpoint", timeout=300)
-    assert code == 200, status
-    return {"pageserver": f"127.0.0.1:{ps['ports']['pg']}", "metrics_url": f"{http}/metrics",
-            "tenant_id": tenant, "timeline_id": timeline, "rel": f"{spc}/{db}/{rel}", "blocks": blocks,
-            "table_mb": blocks * 8192 / 1e6, "timeline_after_checkpoint": status}
+    """The pageserver's GetPage counters, to tell how many pages each
+    batched lookup served."""
+    return {name: pageserver_metric(text, f"{name}_total")
+            for name in ("getpage_requests", "getpage_batches", "request_errors")}
 
 
 def summary(runs: list[dict]) -> dict:
+    """Medians of pagebench runs of one configuration."""
     return {
         "requests_per_s": statistics.median(r["requests_per_s"] for r in runs),
         "mb_per_s": statistics.median(r["mb_per_s"] for r in runs),
@@ -129,46 +65,32 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs = 2, 2, 2
-    strata_bin = REPO / "target" / "release" / "strata"
+    strata_bin = RELEASE_STRATA
     configs = [(c, d) for d in args.depths for c in args.connections]
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
-                     "configurations": []}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
-        cluster = LocalCluster(strata_bin, base / "cluster", PG_BIN)
-        (base / "cluster").mkdir()
-        try:
-            cluster.init()
-            cluster.start()
-            data = prepare(cluster, args.scale)
-            results["data"] = data
-            target = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
-                      "--timeline-id", data["timeline_id"], "--rel", data["rel"],
-                      "--token-file", str(cluster.token_file()), *cluster.tls_args()]
-            # One short unmeasured pass: connections, page cache, layer files opened.
-            pagebench(strata_bin, target, 1, 16, min(args.seconds, 3))
-            for connections, depth in configs:
-                strata_runs, loop_runs = [], []
-                before = getpage_counters(http_text(data["metrics_url"]))
-                for _ in range(args.runs):
-                    strata_runs.append(pagebench(strata_bin, target, connections, depth, args.seconds))
-                    loop_runs.append(pagebench(strata_bin, ["--loopback-baseline"], connections, depth, args.seconds))
-                after = getpage_counters(http_text(data["metrics_url"]))
-                batches = after["getpage_batches"] - before["getpage_batches"]
-                row = {"connections": connections, "depth": depth, "strata": summary(strata_runs),
-                       "loopback": summary(loop_runs),
-                       "pages_per_batch": (after["getpage_requests"] - before["getpage_requests"]) / batches
-                       if batches else float("nan"),
-                       "strata_runs": strata_runs, "loopback_runs": loop_runs}
-                row["throughput_ratio"] = row["strata"]["requests_per_s"] / row["loopback"]["requests_per_s"]
-                row["p50_ratio"] = row["strata"]["p50_us"] / row["loopback"]["p50_us"]
-                row["p99_ratio"] = row["strata"]["p99_us"] / row["loopback"]["p99_us"]
-                results["configurations"].append(row)
-        finally:
-            if (cluster.workdir / "cluster.toml").exists():
-                if cluster.run("stop", check=False, timeout=600).returncode != 0:
-                    cluster.run("stop", "--immediate", check=False, timeout=600)
+    results: dict = {"config": vars(args), **machine_state(), "configurations": []}
+    with bench_dir() as base, local_cluster(strata_bin, base / "cluster") as cluster:
+        data = load_getpage_table(cluster, args.scale)
+        results["data"] = data
+        target = [*pagebench_target(data), *cluster_credentials(cluster)]
+        # One short unmeasured pass: connections, page cache, layer files opened.
+        pagebench(strata_bin, target, 1, 16, min(args.seconds, 3))
+        for connections, depth in configs:
+            strata_runs, loop_runs = [], []
+            before = getpage_counters(http_text(data["metrics_url"]))
+            for _ in range(args.runs):
+                strata_runs.append(pagebench(strata_bin, target, connections, depth, args.seconds))
+                loop_runs.append(pagebench(strata_bin, ["--loopback-baseline"], connections, depth, args.seconds))
+            after = getpage_counters(http_text(data["metrics_url"]))
+            batches = after["getpage_batches"] - before["getpage_batches"]
+            row = {"connections": connections, "depth": depth, "strata": summary(strata_runs),
+                   "loopback": summary(loop_runs),
+                   "pages_per_batch": (after["getpage_requests"] - before["getpage_requests"]) / batches
+                   if batches else float("nan"),
+                   "strata_runs": strata_runs, "loopback_runs": loop_runs}
+            row["throughput_ratio"] = row["strata"]["requests_per_s"] / row["loopback"]["requests_per_s"]
+            row["p50_ratio"] = row["strata"]["p50_us"] / row["loopback"]["p50_us"]
+            row["p99_ratio"] = row["strata"]["p99_us"] / row["loopback"]["p99_us"]
+            results["configurations"].append(row)
 
     data = results["data"]
     lines = [
@@ -193,7 +115,7 @@ def main() -> int:
         lines.append(f"ERRORS: {errors} failed requests")
     text = "\n".join(lines)
     # A smoke run keeps the real figures.
-    write_results("getpage_quick" if args.quick else "getpage", results, text)
+    write_results(result_stem("getpage", args.quick), results, text)
     return 0
 
 

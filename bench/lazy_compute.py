@@ -25,38 +25,34 @@ of the medians and, less at the mercy of the machine's noise, the median of
 each round's ratio (a round: one scan or pgbench run of each kind, in turn
 first).
 
-Usage: .venv/bin/python bench/lazy_compute.py [--scale 20] [--runs 5] [--slices 10] [--slice-seconds 5] [--quick] [--scan-only]
+Usage: .venv/bin/python -m bench.lazy_compute [--scale 20] [--runs 5] [--slices 10] [--slice-seconds 5]
+           [--quick] [--scan-only]
 Writes bench/results/lazy_compute.json and .txt (lazy_compute_quick.* with --quick,
 lazy_compute_scan.* with --scan-only: the cold scans alone).
 """
 
 import argparse
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
+from bench.harness import (bench_dir, client_env, local_cluster, machine_state, pgbench_init, pgbench_tps, psql,
+                           result_stem, run_timeout, stock_cluster, strata_to_measure, timeline_url, wait_ingested,
+                           write_results)
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.endpoint import Endpoint
+from test_runner.fixtures.pg import PgCluster
+from test_runner.fixtures.strata import drop_os_caches, http_json
 
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from getpage import client_env  # noqa: E402
-from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.strata import drop_os_caches, http_json, parse_lsn  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SCAN = "SELECT count(*) FROM pgbench_accounts WHERE filler IS NOT NULL"  # a heap scan (count(*) alone scans the index)
 
 
 def timed_scan(connect) -> float:
+    """Seconds of one SCAN on a new connection."""
     with connect() as conn:
         t0 = time.monotonic()
         n = conn.execute(SCAN).fetchone()[0]
@@ -65,20 +61,17 @@ def timed_scan(connect) -> float:
     return elapsed
 
 
-def pgbench_tps(env: dict, args: list[str], seconds: int) -> float:
-    out = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-T", str(seconds), *args], env=env, check=True,
-                         capture_output=True, text=True, timeout=seconds * 4 + 120, stdin=subprocess.DEVNULL).stdout
-    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-    assert m, out
-    return float(m.group(1))
+def timed_tps(env: dict, args: list[str], seconds: int) -> float:
+    """tps of one pgbench run of `seconds`."""
+    return pgbench_tps(env, "-n", "-T", str(seconds), *args, timeout=run_timeout(seconds))
 
 
 def stock_prepare(base: Path, scale: int) -> tuple[PgCluster, int]:
     """A stopped stock cluster of the pgbench database, and the database's size."""
-    c = PgCluster(PG_BIN, base / "stock", traverse_root=base)
+    c = stock_cluster(base, "stock")
     c.initdb()
     c.start({"max_wal_size": "2GB"})
-    c.run(["pgbench", "-i", "-q", "-s", str(scale)], timeout=1800)
+    pgbench_init(c.client_env(), scale, timeout=1800)
     c.sql("VACUUM ANALYZE")
     c.sql("CHECKPOINT")
     db_bytes = int(c.sql("SELECT pg_database_size(current_database())")[0][0])
@@ -96,29 +89,9 @@ def stock_scan(c: PgCluster) -> tuple[float, bool]:
         c.stop("fast")
 
 
-def wait_ingested(cluster: LocalCluster, tl_url: str) -> None:
-    """Waits until the pageserver has ingested what the safekeepers hold of
-    the timeline `tl_url` names."""
-    timeline = next(t for t in cluster.status()["timelines"] if tl_url.endswith(f"/timeline/{t['timeline_id']}"))
-    end = max(parse_lsn(sk["commit_lsn"]) for sk in timeline["safekeepers"])
-    deadline = time.monotonic() + 300
-    while parse_lsn(http_json("GET", tl_url)[1]["last_record_lsn"]) < end:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the pageserver did not ingest the endpoint's WAL")
-        time.sleep(0.05)
-
-
 def agent_lazy(cluster: LocalCluster, name: str = "main") -> dict | None:
-    ep = next(e for e in cluster.status()["endpoints"] if e["name"] == name)
-    cluster.register_port(ep["ports"]["http"])
-    code, body = http_json("GET", f"http://127.0.0.1:{ep['ports']['http']}/v1/status")
-    assert code == 200, body
-    return body.get("lazy")
-
-
-def psql(env: dict, sql: str, timeout: float = 600) -> str:
-    return subprocess.run([str(PG_BIN / "psql"), "-qAtc", sql], env=env, check=True, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL).stdout.strip()
+    """The lazy file system's counters in the endpoint's agent status."""
+    return Endpoint(cluster, name).agent_status().get("lazy")
 
 
 PREWARM = ("SELECT sum(pg_prewarm(oid, 'read')) FROM pg_class"
@@ -130,8 +103,7 @@ def pgbench_rounds(cluster: LocalCluster, tl_url: str, slices: int, seconds: int
     of it, both up at once, in alternating runs (module docstring)."""
     wait_ingested(cluster, tl_url)
     cluster.run("branch", "create", "twin", timeout=120)
-    twin = next(b["timeline_id"] for b in cluster.cluster_toml["branches"] if b["name"] == "twin")
-    twin_url = tl_url.rsplit("/", 1)[0] + "/" + twin
+    twin_url = timeline_url(cluster, "twin")
     envs = {"eager": client_env(cluster.endpoint_start("main", "main", "--eager")),
             "lazy": client_env(cluster.endpoint_start("twin", "twin", "--lazy"))}
     common = ["-c", str(clients), "-j", str(min(clients, 2))]
@@ -139,7 +111,7 @@ def pgbench_rounds(cluster: LocalCluster, tl_url: str, slices: int, seconds: int
     try:
         # The cache filling: the first run after the start, nothing read yet.
         for mode in ("eager", "lazy"):
-            tps[f"{mode}_first_rw"] = pgbench_tps(envs[mode], common, seconds)
+            tps[f"{mode}_first_rw"] = timed_tps(envs[mode], common, seconds)
         for mode, env in envs.items():
             psql(env, "CREATE EXTENSION IF NOT EXISTS pg_prewarm")
             t0 = time.monotonic()
@@ -152,10 +124,10 @@ def pgbench_rounds(cluster: LocalCluster, tl_url: str, slices: int, seconds: int
                 for url in (tl_url, twin_url):
                     wait_ingested(cluster, url)
             for mode in ("eager", "lazy"):
-                pgbench_tps(envs[mode], [*common, *extra], seconds)  # warm-up, not counted
+                timed_tps(envs[mode], [*common, *extra], seconds)  # warm-up, not counted
             for r in range(slices):
                 for mode in ("eager", "lazy") if r % 2 == 0 else ("lazy", "eager"):
-                    tps[f"{mode}_{name}"].append(pgbench_tps(envs[mode], [*common, *extra], seconds))
+                    tps[f"{mode}_{name}"].append(timed_tps(envs[mode], [*common, *extra], seconds))
         tps["lazy_status"] = agent_lazy(cluster, "twin")
     finally:
         cluster.endpoint_stop("main")
@@ -165,18 +137,12 @@ def pgbench_rounds(cluster: LocalCluster, tl_url: str, slices: int, seconds: int
 
 def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs: int, slices: int,
                 slice_seconds: int, clients: int, pgbench: bool = True) -> dict:
-    cluster = LocalCluster(strata_bin, base / "strata", PG_BIN)
-    cluster.workdir.mkdir()
-    try:
-        cluster.init()
-        cluster.start()
-        ct = cluster.cluster_toml
-        ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
-        timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
-        tl_url = f"http://127.0.0.1:{ps['ports']['http']}/v1/tenant/{ct['tenant_id']}/timeline/{timeline}"
+    """The cold scans, in rounds with the stock ones, and (`pgbench`) the
+    pgbench rounds, on one cluster loaded like `stock`."""
+    with local_cluster(strata_bin, base / "strata") as cluster:
+        tl_url = timeline_url(cluster)
         env = client_env(cluster.endpoint_start("main", "main", "--eager"))
-        subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
-                       capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
+        pgbench_init(env, scale, timeout=1800)
         psql(env, "VACUUM ANALYZE")
         cluster.endpoint_stop("main")
         wait_ingested(cluster, tl_url)
@@ -208,10 +174,6 @@ def strata_runs(strata_bin: Path, base: Path, stock: PgCluster, scale: int, runs
         return {"scan_seconds": statistics.median(scans), "scans": scans, "blocks_fetched": fetched,
                 "stock_scan_seconds": statistics.median(stock_scans), "stock_scans": stock_scans,
                 "os_cache_dropped": cold, "tps": tps}
-    finally:
-        if (cluster.workdir / "cluster.toml").exists():
-            if cluster.run("stop", check=False, timeout=600).returncode != 0:
-                cluster.run("stop", "--immediate", check=False, timeout=600)
 
 
 def main() -> int:
@@ -226,15 +188,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.runs, args.slices, args.slice_seconds = 2, 2, 2, 3
-    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
+    results: dict = {"config": vars(args), **machine_state()}
+    with bench_dir() as base:
         stock, db_bytes = stock_prepare(base, args.scale)
         try:
-            z = strata_runs(strata_bin, base, stock, args.scale, args.runs, args.slices, args.slice_seconds,
-                            args.clients, pgbench=not args.scan_only)
+            z = strata_runs(strata_to_measure(), base, stock, args.scale, args.runs, args.slices,
+                            args.slice_seconds, args.clients, pgbench=not args.scan_only)
         finally:
             stock.cleanup()
     results["strata"] = z
@@ -281,7 +240,7 @@ def main() -> int:
             f"lazy file system after pgbench: {json.dumps(t.get('lazy_status'))}",
         ]
     text = "\n".join(lines)
-    stem = "lazy_compute_quick" if args.quick else "lazy_compute_scan" if args.scan_only else "lazy_compute"
+    stem = "lazy_compute_scan" if args.scan_only and not args.quick else result_stem("lazy_compute", args.quick)
     write_results(stem, results, text)
     return 0
 

@@ -14,7 +14,7 @@
             copy of WAL between processes and into the page cache);
 - cores:    the CPUs every process shares.
 
-Usage: .venv/bin/python bench/machine_limits.py [--runs 5] [--dir DIR]
+Usage: .venv/bin/python -m bench.machine_limits [--runs 5] [--dir DIR]
 Writes bench/results/machine_limits.json and prints a summary.
 """
 
@@ -28,11 +28,13 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness import RESULTS, nearest_rank, write_json
+
 MB = 1 << 20
 
 
 def disk_mb_per_s(directory: Path, total: int = 1 << 30) -> float:
+    """Sequential 1 MiB writes of `total` bytes, then one fsync: MB/s."""
     block = os.urandom(MB)
     path = directory / "disk-test"
     t0 = time.monotonic()
@@ -49,6 +51,7 @@ def disk_mb_per_s(directory: Path, total: int = 1 << 30) -> float:
 
 
 def fsync_latencies_us(directory: Path, count: int = 500) -> list[float]:
+    """Microseconds of each of `count` 8 KiB writes in place, each followed by fdatasync."""
     path = directory / "fsync-test"
     block = os.urandom(8192)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -68,6 +71,7 @@ def fsync_latencies_us(directory: Path, count: int = 500) -> list[float]:
 
 
 def loopback_rtts_us(count: int = 20000) -> list[float]:
+    """Microseconds of each of `count` 64-byte TCP round trips to an echo thread on 127.0.0.1."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -102,17 +106,13 @@ def loopback_rtts_us(count: int = 20000) -> list[float]:
 
 
 def memcpy_gb_per_s(size: int = 64 * MB, rounds: int = 20) -> float:
+    """One core copying a `size` buffer `rounds` times: GB/s."""
     src = bytearray(os.urandom(size))
     dst = bytearray(size)
     t0 = time.perf_counter()
     for _ in range(rounds):
         dst[:] = src
     return size * rounds / (time.perf_counter() - t0) / 1e9
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def main() -> int:
@@ -130,16 +130,14 @@ def main() -> int:
         "cores": os.cpu_count(),
         "disk_mb_per_s": round(statistics.median(disk), 1),
         "fsync_us_p50": round(statistics.median(statistics.median(f) for f in fsyncs), 1),
-        "fsync_us_p99": round(statistics.median(pct(f, 0.99) for f in fsyncs), 1),
+        "fsync_us_p99": round(statistics.median(nearest_rank(f, 0.99) for f in fsyncs), 1),
         "loopback_rtt_us_p50": round(statistics.median(statistics.median(r) for r in rtts), 1),
-        "loopback_rtt_us_p99": round(statistics.median(pct(r, 0.99) for r in rtts), 1),
+        "loopback_rtt_us_p99": round(statistics.median(nearest_rank(r, 0.99) for r in rtts), 1),
         "memcpy_gb_per_s": round(statistics.median(copies), 2),
         "runs": {"disk_mb_per_s": [round(x, 1) for x in disk], "memcpy_gb_per_s": [round(x, 2) for x in copies]},
         "loadavg": os.getloadavg()[0],
     }
-    out = REPO / "bench" / "results" / "machine_limits.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(RESULTS / "machine_limits.json", result)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
     return 0
 

@@ -52,7 +52,7 @@ same full-page-write state. Runs of the four configurations alternate (the
 order rotating from run to run), so drift in the machine's load hits all of
 them; medians of --runs runs.
 
-Usage: .venv/bin/python bench/native_redo.py [--scale 10] [--seconds 20] [--runs 3] [--clients 1,8,32]
+Usage: .venv/bin/python -m bench.native_redo [--scale 10] [--seconds 20] [--runs 3] [--clients 1,8,32]
            [--transactions 10000] [--insert-batch 100] [--insert-transactions 300] [--insert-prefill 100000]
            [--hot-updates 2000] [--getpage-requests 5000] [--out FILE] [--quick]
 Writes FILE (default bench/results/native_redo.json, native_redo_quick.json with --quick) and the
@@ -62,25 +62,20 @@ printed summary next to it (.txt).
 import argparse
 import contextlib
 import json
-import os
 import re
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
+from bench.harness import (REPO, RELEASE_STRATA, RESULTS, any2_postgres, bench_dir, local_cluster, machine_state,
+                           median_or_nan, page_service, percentile, pgbench, result_stem, stock_postgres,
+                           write_json)
+from test_runner.fixtures import page_protocol
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.endpoint import Endpoint
+from test_runner.fixtures.strata import SEGMENT_NAME, format_lsn, parse_lsn, segment_number
 
-from fixtures import page_protocol  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.endpoint import Endpoint  # noqa: E402
-from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.strata import format_lsn, parse_lsn  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 MB = 1e6
 GB = 1e9
 
@@ -131,23 +126,8 @@ INSERT_ROWS = ("INSERT INTO bench_insert (k, s, f) SELECT (random() * 2e9 - 1e9)
                " random() FROM generate_series(1, {n})")
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between the closest ranks; q in [0, 100]."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    pos = (len(v) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def median(values) -> float:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else float("nan")
-
-
 def ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0."""
     return a / b if b else float("nan")
 
 
@@ -161,10 +141,8 @@ class Target:
         self.db = db
         self.cluster = cluster
         if cluster is not None:
-            ct = cluster.cluster_toml
-            ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
-            self.page_service = f"127.0.0.1:{ps['ports']['pg']}"
-            self.tenant = ct["tenant_id"]
+            self.page_service = page_service(cluster)
+            self.tenant = cluster.cluster_toml["tenant_id"]
             self.timeline = cluster.timeline_id()
 
     @property
@@ -178,7 +156,7 @@ class Target:
         return parse_lsn(self.scalar("SELECT pg_current_wal_insert_lsn()::text"))
 
     def pgbench(self, *args: str, timeout: float) -> str:
-        return self.db.run(["pgbench", *args], timeout=timeout).stdout
+        return pgbench(self.db.client_env(), *args, timeout=timeout)
 
     # ---- Strata only
 
@@ -223,54 +201,22 @@ class Target:
 
 @contextlib.contextmanager
 def stock_config(base: Path):
-    c = PgCluster(PG_BIN, base / "stock", traverse_root=base)
-    try:
-        c.initdb()
-        c.start(STOCK_SETTINGS)
+    with stock_postgres(base, "stock", STOCK_SETTINGS) as c:
         yield Target("stock", c)
-        c.stop("fast")
-    finally:
-        c.cleanup()
 
 
 @contextlib.contextmanager
 def any2_config(base: Path):
-    primary = PgCluster(PG_BIN, base / "any2-primary", traverse_root=base)
-    standbys = [PgCluster(PG_BIN, base / f"any2-standby{i}", traverse_root=base) for i in (1, 2)]
-    try:
-        primary.initdb()
-        primary.start({**STOCK_SETTINGS, "synchronous_standby_names": "ANY 2 (s1, s2)"})
-        for i, s in enumerate(standbys, start=1):
-            s.basebackup_from(primary, application_name=f"s{i}")
-            s.start(STANDBY_SETTINGS)
-        deadline = time.monotonic() + 120
-        while primary.sql("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'quorum'")[0][0] < 2:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the two standbys did not become synchronous (quorum) standbys")
-            time.sleep(0.2)
+    with any2_postgres(base, STOCK_SETTINGS, STANDBY_SETTINGS, prefix="any2-") as (primary, *_):
         yield Target("any2", primary)
-        for c in (primary, *standbys):
-            c.stop("fast")
-    finally:
-        for c in (primary, *standbys):
-            c.cleanup()
 
 
 @contextlib.contextmanager
 def strata_config(strata_bin: Path, base: Path, name: str, verify_redo: bool):
-    cluster = LocalCluster(strata_bin, base / name, PG_BIN)
-    cluster.workdir.mkdir()
-    try:
-        cluster.init(*(["--verify-redo"] if verify_redo else []))
-        cluster.start()
+    with local_cluster(strata_bin, base / name, *(["--verify-redo"] if verify_redo else [])) as cluster:
         endpoint = Endpoint(cluster, "main")
         endpoint.start()
         yield Target(name, endpoint, cluster)
-        cluster.stop()  # the endpoint, then the pageserver, then the safekeepers
-    finally:
-        if (cluster.workdir / "cluster.toml").exists():
-            if cluster.run("stop", check=False, timeout=600).returncode != 0:
-                cluster.run("stop", "--immediate", check=False, timeout=600)
 
 
 # ---------------------------------------------------------------------------
@@ -358,16 +304,16 @@ def rounds(targets: dict[str, Target], names: tuple[str, ...], runs: int, label:
 
 
 def summarize_runs(runs: list[dict]) -> dict:
-    out = {"transactions": median(r["transactions"] for r in runs),
-           "tps": median(r["tps"] for r in runs),
-           "latency_ms": median(r["latency_ms"] for r in runs),
-           "wal_bytes_per_tx": median(r["wal_bytes_per_tx"] for r in runs),
+    out = {"transactions": median_or_nan(r["transactions"] for r in runs),
+           "tps": median_or_nan(r["tps"] for r in runs),
+           "latency_ms": median_or_nan(r["latency_ms"] for r in runs),
+           "wal_bytes_per_tx": median_or_nan(r["wal_bytes_per_tx"] for r in runs),
            "tps_runs": [r["tps"] for r in runs]}
     if "rows_per_tx" in runs[0]:
         out["wal_bytes_per_row"] = out["wal_bytes_per_tx"] / runs[0]["rows_per_tx"]
         out["rows_per_s"] = out["tps"] * runs[0]["rows_per_tx"]
     if "ingest" in runs[0]:
-        out["ingest"] = {k: median(r["ingest"][k] for r in runs)
+        out["ingest"] = {k: median_or_nan(r["ingest"][k] for r in runs)
                          for k in runs[0]["ingest"] if k != "totals"}
     return out
 
@@ -386,11 +332,8 @@ def phase_totals(before: dict, after: dict) -> dict:
 def wal_files(pgdata: Path, start: int, end: int, segment_size: int) -> list[Path]:
     """The compute's own WAL segment files that hold [start, end]."""
     first, last = start // segment_size, end // segment_size
-    per_id = 0x100000000 // segment_size
-    files = {}
-    for p in (pgdata / "pg_wal").iterdir():
-        if re.fullmatch(r"[0-9A-F]{24}", p.name):
-            files[int(p.name[8:16], 16) * per_id + int(p.name[16:], 16)] = p
+    files = {segment_number(p.name, segment_size): p for p in (pgdata / "pg_wal").iterdir()
+             if SEGMENT_NAME.match(p.name)}
     missing = [n for n in range(first, last + 1) if n not in files]
     if missing:
         raise RuntimeError(f"WAL segments {missing} are not in {pgdata / 'pg_wal'}")
@@ -520,8 +463,8 @@ def getpage(t: Target, strata_bin: Path, args) -> dict:
                          for name, v in lat.items()})
     for name, p in pages.items():
         p["lsn"] = format_lsn(p["lsn"])
-        p["p50_us"] = median(r[name]["p50_us"] for r in runs)
-        p["p99_us"] = median(r[name]["p99_us"] for r in runs)
+        p["p50_us"] = median_or_nan(r[name]["p50_us"] for r in runs)
+        p["p99_us"] = median_or_nan(r[name]["p99_us"] for r in runs)
         p["p50_ratio"] = ratio(p["p50_us"], pages["imaged"]["p50_us"]) if name != "imaged" else 1.0
         p["p99_ratio"] = ratio(p["p99_us"], pages["imaged"]["p99_us"]) if name != "imaged" else 1.0
         # The client's own time cancels out of the difference: the cost of the redo.
@@ -661,18 +604,15 @@ def main() -> int:
         args.scale, args.seconds, args.runs, args.clients = 2, 5, 1, [1, 8]
         args.transactions, args.insert_transactions = 2000, 200
         args.insert_prefill, args.hot_updates, args.getpage_requests = 10_000, 300, 1000
-    out_path = args.out or REPO / "bench" / "results" / f"native_redo{'_quick' if args.quick else ''}.json"
-    strata_bin = REPO / "target" / "release" / "strata"
+    out_path = args.out or RESULTS / f"{result_stem('native_redo', args.quick)}.json"
+    strata_bin = RELEASE_STRATA
     results: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                     "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
-                     "stock_settings": STOCK_SETTINGS, "configurations": {n: {} for n in CONFIGS}}
+                     **machine_state(), "stock_settings": STOCK_SETTINGS, "configurations": {n: {} for n in CONFIGS}}
     cfg = results["configurations"]
     # Every run: workload -> [clients ->] configuration -> runs.
     runs: dict = {"pgbench": {}, "pgbench_equal": {}}
 
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
+    with bench_dir() as base:
         script = base / "insert.sql"
         script.write_text(INSERT_ROWS.format(n=args.insert_batch) + ";\n")
         script.chmod(0o644)
@@ -726,8 +666,7 @@ def main() -> int:
         results[w] = {n: summarize_runs(rs) for n, rs in runs[w].items()}
     results["runs"] = runs
     text = report(results, args)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(results, indent=2))
+    write_json(out_path, results)
     out_path.with_suffix(".txt").write_text(text + "\n")
     print(text)
     print(f"\nresults: {out_path}")

@@ -24,74 +24,48 @@ pageserver's last_record_lsn reached it (interpolated between samples).
 The pageserver's counters restart from zero with the process; rates are
 taken from differences.
 
-Usage: .venv/bin/python bench/pageserver_ingest.py [--scale 10] [--clients 8] [--seconds 30] [--runs 3]
+Usage: .venv/bin/python -m bench.pageserver_ingest [--scale 10] [--clients 8] [--seconds 30] [--runs 3]
            [--catchup-runs 3] [--backlog-seconds 30] [--interval 0.5] [--quick]
 Writes bench/results/pageserver_ingest.json and .txt (pageserver_ingest_quick.* with --quick) and prints
 medians and ratios.
 """
 
 import argparse
-import json
-import os
-import re
-import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
-from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
+from bench.harness import (RELEASE_STRATA, bench_dir, client_env, local_cluster, machine_state, median_at,
+                           pageserver_metric, parse_tps, percentile, pgbench, pgbench_process, result_stem,
+                           run_timeout, timeline_url, wal_bench, write_results)
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.strata import SEGMENT_NAME, http_json, http_text, parse_lsn, segment_number
 
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from getpage import client_env  # noqa: E402
-from fixtures.strata import http_json, http_text, parse_lsn  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 MB = 1e6
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between the closest ranks; q in [0, 100]."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    pos = (len(v) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def counters(text: str) -> dict[str, float]:
     """The pageserver's ingest counters from its Prometheus text."""
-    out = {}
-    for name in ("wal_bytes_ingested", "records_ingested"):
-        m = re.search(rf"^strata_pageserver_{name}_total (\S+)$", text, re.M)
-        out[name] = float(m.group(1)) if m else float("nan")
-    return out
+    return {name: pageserver_metric(text, f"{name}_total") for name in ("wal_bytes_ingested", "records_ingested")}
 
 
 class Target:
     """The cluster's pageserver, timeline and endpoint, as the benchmark reads them."""
 
     def __init__(self, cluster: LocalCluster, connstr: str):
-        ct = cluster.cluster_toml
-        ps = next(s for s in ct["services"] if s["kind"] == "pageserver")
         self.cluster = cluster
         self.connstr = connstr
-        self.http = f"http://127.0.0.1:{ps['ports']['http']}"
-        self.tenant = ct["tenant_id"]
-        self.timeline = next(b["timeline_id"] for b in ct["branches"] if b["name"] == "main")
+        self.tl_url = timeline_url(cluster)
+        self.metrics_url = cluster.http_url("pageserver", "/metrics")
+        self.tenant = cluster.cluster_toml["tenant_id"]
+        self.timeline = cluster.timeline_id()
         self.pg_env = client_env(connstr)
 
     def timeline_status(self) -> dict:
-        code, body = http_json("GET", f"{self.http}/v1/tenant/{self.tenant}/timeline/{self.timeline}", timeout=5)
+        code, body = http_json("GET", self.tl_url, timeout=5)
         assert code == 200, body
         return body
 
@@ -99,18 +73,14 @@ class Target:
         return parse_lsn(self.timeline_status()["last_record_lsn"])
 
     def metrics(self) -> dict[str, float]:
-        return counters(http_text(f"{self.http}/metrics", timeout=5))
+        return counters(http_text(self.metrics_url, timeout=5))
 
     def compute_lsn(self) -> int:
         with psycopg.connect(self.connstr, autocommit=True) as conn:
             return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
 
     def pgbench(self, *args: str, timeout: float) -> str:
-        res = subprocess.run([str(PG_BIN / "pgbench"), *args], env=self.pg_env, capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL)
-        if res.returncode != 0:
-            raise RuntimeError(f"pgbench {' '.join(args)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-        return res.stdout
+        return pgbench(self.pg_env, *args, timeout=timeout)
 
     def wait_caught_up(self, timeout: float = 300) -> float:
         """Waits until the pageserver has ingested everything the compute wrote; returns the seconds waited."""
@@ -226,12 +196,12 @@ def pgbench_run(target: Target, sampler: Sampler, args) -> dict:
     target.wait_caught_up()
     t0 = time.monotonic()
     out = target.pgbench("-n", "-c", str(args.clients), "-j", str(min(args.clients, 2)), "-T", str(args.seconds),
-                         timeout=args.seconds * 4 + 120)
+                         timeout=run_timeout(args.seconds))
     t1 = time.monotonic()
     target.wait_caught_up()
     time.sleep(args.interval * 2)  # samples after the end, for the lag of the last ones
     r = summarize_window(sampler, t0, t1)
-    r["tps"] = float(re.search(r"tps = ([0-9.]+)", out).group(1))
+    r["tps"] = parse_tps(out)
     r["ingested_vs_written"] = r["ingested_mb_per_s"] / r["written_mb_per_s"]
     return r
 
@@ -242,15 +212,13 @@ def catchup_run(target: Target, args) -> dict:
     cluster = target.cluster
     target.wait_caught_up()
     start_lsn = target.pageserver_lsn()
-    bench = subprocess.Popen([str(PG_BIN / "pgbench"), "-n", "-c", str(args.clients), "-j",
-                              str(min(args.clients, 2)), "-T", str(args.backlog_seconds)],
-                             env=target.pg_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
+    bench = pgbench_process(target.pg_env, "-n", "-c", str(args.clients), "-j", str(min(args.clients, 2)),
+                            "-T", str(args.backlog_seconds))
     try:
         time.sleep(2)
         cluster.stop("--only", "pageserver")
         stopped_lsn = parse_lsn(cluster.status()["timelines"][0]["safekeepers"][0]["commit_lsn"])
-        out, err = bench.communicate(timeout=args.backlog_seconds * 4 + 120)
+        out, err = bench.communicate(timeout=run_timeout(args.backlog_seconds))
     finally:
         if bench.poll() is None:
             bench.kill()
@@ -299,7 +267,7 @@ def catchup_run(target: Target, args) -> dict:
         "ingested_records_per_s": (c1["records_ingested"] - c0["records_ingested"]) / ingest_s,
         "records": c1["records_ingested"],
         "start_lsn": f"{start_lsn >> 32:X}/{start_lsn & 0xFFFFFFFF:X}",
-        "tps": float(re.search(r"tps = ([0-9.]+)", out).group(1)),
+        "tps": parse_tps(out),
     }
 
 
@@ -308,23 +276,12 @@ def decode_bench(cluster: LocalCluster, target: Target, runs: int) -> dict:
     from its second one on (the first starts with zeros before the timeline's
     start LSN)."""
     d = cluster.workdir / "sk1" / "data" / target.tenant / target.timeline
-    segments = sorted(p for p in d.iterdir() if re.fullmatch(r"[0-9A-F]{24}", p.name))
+    segments = sorted(p for p in d.iterdir() if SEGMENT_NAME.match(p.name))
     end = target.compute_lsn()
     seg_size = target.timeline_status()["wal_segment_size"]
     last_complete = end // seg_size  # segments below this number are complete
-    files = [p for p in segments[1:] if int(p.name[8:16], 16) * (0x100000000 // seg_size) + int(p.name[16:], 16)
-             < last_complete]
-    out = subprocess.run([str(cluster.strata_bin), "wal", "bench", "--runs", str(runs), *map(str, files)],
-                         capture_output=True, text=True, check=True, timeout=3600)
-    return json.loads(out.stdout)
-
-
-def median_of(runs: list[dict], *path: str) -> float:
-    def get(r):
-        for p in path:
-            r = r[p]
-        return r
-    return statistics.median(get(r) for r in runs)
+    files = [p for p in segments[1:] if segment_number(p.name, seg_size) < last_complete]
+    return wal_bench(cluster.strata_bin, files, runs)
 
 
 def main() -> int:
@@ -340,52 +297,39 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs, args.catchup_runs, args.backlog_seconds = 2, 5, 2, 1, 6
-    strata_bin = REPO / "target" / "release" / "strata"
-    results: dict = {"config": {k: v for k, v in vars(args).items()}, "cpus": os.cpu_count(),
-                     "loadavg_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
-        cluster = LocalCluster(strata_bin, base / "cluster", PG_BIN)
-        (base / "cluster").mkdir()
-        try:
-            cluster.init()
-            cluster.start()
-            target = Target(cluster, cluster.endpoint_start("main"))
-            with Sampler(target, args.interval) as sampler:
-                t0 = time.monotonic()
-                target.pgbench("-i", "-q", "-s", str(args.scale), timeout=1800)
-                t1 = time.monotonic()
-                target.wait_caught_up()
-                time.sleep(args.interval * 2)
-                results["init"] = summarize_window(sampler, t0, t1)
-                results["init"]["ingested_vs_written"] = (results["init"]["ingested_mb_per_s"]
-                                                          / results["init"]["written_mb_per_s"])
-                results["runs"] = [pgbench_run(target, sampler, args) for _ in range(args.runs)]
-            results["catchup_runs"] = [catchup_run(target, args) for _ in range(args.catchup_runs)]
-            results["decode"] = decode_bench(cluster, target, runs=3 if args.quick else 5)
-        finally:
-            if (cluster.workdir / "cluster.toml").exists():
-                if cluster.run("stop", check=False, timeout=600).returncode != 0:
-                    cluster.run("stop", "--immediate", check=False, timeout=600)
+    results: dict = {"config": vars(args), **machine_state()}
+    with bench_dir() as base, local_cluster(RELEASE_STRATA, base / "cluster") as cluster:
+        target = Target(cluster, cluster.endpoint_start("main"))
+        with Sampler(target, args.interval) as sampler:
+            t0 = time.monotonic()
+            target.pgbench("-i", "-q", "-s", str(args.scale), timeout=1800)
+            t1 = time.monotonic()
+            target.wait_caught_up()
+            time.sleep(args.interval * 2)
+            results["init"] = summarize_window(sampler, t0, t1)
+            results["init"]["ingested_vs_written"] = (results["init"]["ingested_mb_per_s"]
+                                                      / results["init"]["written_mb_per_s"])
+            results["runs"] = [pgbench_run(target, sampler, args) for _ in range(args.runs)]
+        results["catchup_runs"] = [catchup_run(target, args) for _ in range(args.catchup_runs)]
+        results["decode"] = decode_bench(cluster, target, runs=3 if args.quick else 5)
 
     runs, catchups, dec = results["runs"], results["catchup_runs"], results["decode"]
     med = {
-        "written_mb_per_s": median_of(runs, "written_mb_per_s"),
-        "ingested_mb_per_s": median_of(runs, "ingested_mb_per_s"),
-        "ingested_records_per_s": median_of(runs, "ingested_records_per_s"),
-        "ingested_vs_written": median_of(runs, "ingested_vs_written"),
-        "tps": median_of(runs, "tps"),
-        "lag_bytes": {q: median_of(runs, "lag_bytes", q) for q in ("p50", "p99", "max")},
-        "lag_seconds": {q: median_of(runs, "lag_seconds", q) for q in ("p50", "p99", "max")},
-        "catchup_backlog_mb": median_of(catchups, "backlog_mb"),
-        "catchup_ingest_s": median_of(catchups, "ingest_s"),
-        "catchup_restart_to_caught_up_s": median_of(catchups, "restart_to_caught_up_s"),
-        "catchup_mb_per_s": median_of(catchups, "ingested_mb_per_s"),
-        "catchup_records_per_s": median_of(catchups, "ingested_records_per_s"),
-        "catchup_pageserver_start_s": median_of(catchups, "pageserver_start_s"),
-        "catchup_first_wal_s": median_of(catchups, "first_wal_s"),
-        "catchup_flowing_mb_per_s": median_of(catchups, "flowing_mb_per_s"),
+        "written_mb_per_s": median_at(runs, "written_mb_per_s"),
+        "ingested_mb_per_s": median_at(runs, "ingested_mb_per_s"),
+        "ingested_records_per_s": median_at(runs, "ingested_records_per_s"),
+        "ingested_vs_written": median_at(runs, "ingested_vs_written"),
+        "tps": median_at(runs, "tps"),
+        "lag_bytes": {q: median_at(runs, "lag_bytes", q) for q in ("p50", "p99", "max")},
+        "lag_seconds": {q: median_at(runs, "lag_seconds", q) for q in ("p50", "p99", "max")},
+        "catchup_backlog_mb": median_at(catchups, "backlog_mb"),
+        "catchup_ingest_s": median_at(catchups, "ingest_s"),
+        "catchup_restart_to_caught_up_s": median_at(catchups, "restart_to_caught_up_s"),
+        "catchup_mb_per_s": median_at(catchups, "ingested_mb_per_s"),
+        "catchup_records_per_s": median_at(catchups, "ingested_records_per_s"),
+        "catchup_pageserver_start_s": median_at(catchups, "pageserver_start_s"),
+        "catchup_first_wal_s": median_at(catchups, "first_wal_s"),
+        "catchup_flowing_mb_per_s": median_at(catchups, "flowing_mb_per_s"),
         "decode_mb_per_s": dec["decode_mb_per_s"],
         "decode_and_restore_images_mb_per_s": dec["decode_and_restore_images_mb_per_s"],
         "decode_records_per_s": dec["decode_records_per_s"],
@@ -429,7 +373,7 @@ def main() -> int:
     ]
     summary = "\n".join(lines)
     # A smoke run keeps the real figures.
-    write_results("pageserver_ingest_quick" if args.quick else "pageserver_ingest", results, summary)
+    write_results(result_stem("pageserver_ingest", args.quick), results, summary)
     return 0
 
 

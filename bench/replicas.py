@@ -20,71 +20,37 @@ with `strata endpoint start NAME --replica-of EP`.
 Targets on this machine: lag median < 50 ms and max < 1 s; replica -S
 >= 0.9x the writer's; start < 1 s; promotion < 2 s.
 
-Usage: .venv/bin/python bench/replicas.py [--scale 10] [--seconds 30] [--clients 8] [--runs 3] [--quick]
+Usage: .venv/bin/python -m bench.replicas [--scale 10] [--seconds 30] [--clients 8] [--runs 3] [--quick]
 Writes bench/results/replicas.json and .txt (replicas_quick.* with --quick).
 """
 
 import argparse
 import os
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
-
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from getpage import client_env  # noqa: E402
-from fixtures.endpoint import Endpoint  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-PREWARM = ("SELECT sum(pg_prewarm(c.oid)) FROM pg_class c"
-           " WHERE c.relname LIKE 'pgbench%' AND c.relkind IN ('r', 'i')")
-
-
-def lsn(text: str) -> int:
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+from bench.harness import (PGBENCH_PREWARM, RELEASE_STRATA, bench_dir, client_env, last_line, local_cluster,
+                           machine_state, nearest_rank, pgbench_init, pgbench_process, pgbench_tps, psql,
+                           result_stem, write_results)
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.endpoint import Endpoint
+from test_runner.fixtures.strata import parse_lsn
 
 
 def pgbench(connstr: str, args: list[str]) -> float:
-    """tps of one pgbench run."""
-    res = subprocess.run([str(PG_BIN / "pgbench"), "-n", *args], env=client_env(connstr), capture_output=True,
-                         text=True, timeout=3600, stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    m = re.search(r"tps = ([0-9.]+)", res.stdout)
-    if not m:
-        raise RuntimeError(f"no tps in pgbench's output:\n{res.stdout[-2000:]}")
-    return float(m.group(1))
-
-
-def psql(connstr: str, sql: str) -> str:
-    return subprocess.run([str(PG_BIN / "psql"), "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql],
-                          env=client_env(connstr), check=True, capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL).stdout.strip()
-
-
-def percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    """tps of one pgbench run (no vacuum: the tables are shared by runs)."""
+    return pgbench_tps(client_env(connstr), "-n", *args, timeout=3600)
 
 
 def start_replica(c: LocalCluster, name: str, of: str) -> tuple[str, float, dict]:
     """Starts replica `name` of `of`; its connection string, the wall time
     until it answered a query, and the agent's timings of its start."""
     t0 = time.monotonic()
-    out = c.run("endpoint", "start", name, "--replica-of", of, timeout=300).stdout
-    connstr = out.strip().splitlines()[-1]
+    connstr = last_line(c.run("endpoint", "start", name, "--replica-of", of, timeout=300).stdout)
     with psycopg.connect(connstr, autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
     wall = time.monotonic() - t0
@@ -98,8 +64,8 @@ def lag_probe(writer: str, replica: str, stop: threading.Event, samples: list[fl
     with psycopg.connect(writer, autocommit=True) as w, psycopg.connect(replica, autocommit=True) as r:
         while not stop.is_set():
             t0 = time.monotonic()
-            target = lsn(w.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-            while lsn(r.execute("SELECT pg_last_wal_replay_lsn()::text").fetchone()[0]) < target:
+            target = parse_lsn(w.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            while parse_lsn(r.execute("SELECT pg_last_wal_replay_lsn()::text").fetchone()[0]) < target:
                 if time.monotonic() - t0 > 60:
                     raise RuntimeError("the replica did not replay within 60 s")
                 time.sleep(0.002)
@@ -116,68 +82,55 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs = 2, 5, 2
-    strata_bin = REPO / "target" / "release" / "strata"
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
+    results: dict = {"config": vars(args), **machine_state()}
     starts, agent_starts, lag_runs, ro = [], [], [], {"replica": [], "writer": []}
     starts_loaded: list[float] = []
     loaded_timings: list[dict] = []
     promotions = []
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
-        c = LocalCluster(strata_bin, base / "cluster", PG_BIN)
-        try:
-            c.init()
-            c.start()
-            writer_name = "w0"
-            writer = c.endpoint_start(writer_name)
-            subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=client_env(writer),
-                           check=True, capture_output=True, timeout=3600)
-            psql(writer, "CREATE EXTENSION pg_prewarm")
-            psql(writer, PREWARM)
-            for run in range(args.runs):
-                name = f"r{run}"
-                replica, wall, timings = start_replica(c, name, writer_name)
-                starts.append(wall)
-                agent_starts.append(timings["total_seconds"])
-                # Replay lag under pgbench RW on the writer.
-                samples: list[float] = []
-                stop = threading.Event()
-                probe = threading.Thread(target=lag_probe, args=(writer, replica, stop, samples), daemon=True)
-                probe.start()
-                tps_rw = pgbench(writer, ["-c", str(args.clients), "-j", "2", "-T", str(args.seconds)])
-                stop.set()
-                probe.join(120)
-                lag_runs.append({"tps_rw": tps_rw, "samples": len(samples), "median_ms": statistics.median(samples) * 1e3,
-                                 "p99_ms": percentile(samples, 0.99) * 1e3, "max_ms": max(samples) * 1e3})
-                # Read-only throughput, replica then writer, each prewarmed.
-                psql(replica, PREWARM)
-                for who, connstr in (("replica", replica), ("writer", writer)):
-                    pgbench(connstr, ["-S", "-c", str(args.clients), "-j", "2", "-T", "3"])  # warm
-                    ro[who].append(pgbench(connstr, ["-S", "-c", str(args.clients), "-j", "2", "-T", str(args.seconds)]))
-                # Start while the writer is under pgbench RW (its checkpoint
-                # then writes what the load dirtied).
-                loaded = subprocess.Popen([str(PG_BIN / "pgbench"), "-n", "-c", str(args.clients), "-j", "2", "-T",
-                                           str(max(10, args.seconds // 2))], env=client_env(writer),
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                time.sleep(3)
-                _, wall, timings = start_replica(c, f"{name}-loaded", writer_name)
-                starts_loaded.append(wall)
-                loaded_timings.append(timings)
-                c.run("endpoint", "stop", f"{name}-loaded", timeout=300)
-                loaded.wait(timeout=600)
-                # Promotion: the replica becomes the writer of the next run.
-                t0 = time.monotonic()
-                c.run("endpoint", "promote", name, timeout=300)
-                with psycopg.connect(replica, autocommit=True) as conn:
-                    conn.execute("INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 0, now())")
-                promotions.append(time.monotonic() - t0)
-                writer_name, writer = name, replica
-                psql(writer, PREWARM)
-        finally:
-            if (c.workdir / "cluster.toml").exists():
-                if c.run("stop", check=False, timeout=600).returncode != 0:
-                    c.run("stop", "--immediate", check=False, timeout=600)
+    with bench_dir() as base, local_cluster(RELEASE_STRATA, base / "cluster") as c:
+        writer_name = "w0"
+        writer = c.endpoint_start(writer_name)
+        pgbench_init(client_env(writer), args.scale)
+        psql(client_env(writer), "CREATE EXTENSION pg_prewarm")
+        psql(client_env(writer), PGBENCH_PREWARM)
+        for run in range(args.runs):
+            name = f"r{run}"
+            replica, wall, timings = start_replica(c, name, writer_name)
+            starts.append(wall)
+            agent_starts.append(timings["total_seconds"])
+            # Replay lag under pgbench RW on the writer.
+            samples: list[float] = []
+            stop = threading.Event()
+            probe = threading.Thread(target=lag_probe, args=(writer, replica, stop, samples), daemon=True)
+            probe.start()
+            tps_rw = pgbench(writer, ["-c", str(args.clients), "-j", "2", "-T", str(args.seconds)])
+            stop.set()
+            probe.join(120)
+            lag_runs.append({"tps_rw": tps_rw, "samples": len(samples), "median_ms": statistics.median(samples) * 1e3,
+                             "p99_ms": nearest_rank(samples, 0.99) * 1e3, "max_ms": max(samples) * 1e3})
+            # Read-only throughput, replica then writer, each prewarmed.
+            psql(client_env(replica), PGBENCH_PREWARM)
+            for who, connstr in (("replica", replica), ("writer", writer)):
+                pgbench(connstr, ["-S", "-c", str(args.clients), "-j", "2", "-T", "3"])  # warm
+                ro[who].append(pgbench(connstr, ["-S", "-c", str(args.clients), "-j", "2", "-T", str(args.seconds)]))
+            # Start while the writer is under pgbench RW (its checkpoint
+            # then writes what the load dirtied).
+            loaded = pgbench_process(client_env(writer), "-n", "-c", str(args.clients), "-j", "2", "-T",
+                                     str(max(10, args.seconds // 2)), output=False)
+            time.sleep(3)
+            _, wall, timings = start_replica(c, f"{name}-loaded", writer_name)
+            starts_loaded.append(wall)
+            loaded_timings.append(timings)
+            c.run("endpoint", "stop", f"{name}-loaded", timeout=300)
+            loaded.wait(timeout=600)
+            # Promotion: the replica becomes the writer of the next run.
+            t0 = time.monotonic()
+            c.run("endpoint", "promote", name, timeout=300)
+            with psycopg.connect(replica, autocommit=True) as conn:
+                conn.execute("INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 0, now())")
+            promotions.append(time.monotonic() - t0)
+            writer_name, writer = name, replica
+            psql(client_env(writer), PGBENCH_PREWARM)
     med = statistics.median
     results.update({
         "start_seconds": starts, "agent_start_seconds": agent_starts, "start_under_load_seconds": starts_loaded,
@@ -209,7 +162,7 @@ def main() -> int:
         + ", ".join(f"{t:.0f}" for t in ro["writer"]),
     ]
     text = "\n".join(lines)
-    write_results("replicas_quick" if args.quick else "replicas", results, text)
+    write_results(result_stem("replicas", args.quick), results, text)
     return 0
 
 

@@ -5,7 +5,7 @@ system with dd: `oflag=dsync` (a sync per write, same block size: the
 fair comparison) and `conv=fdatasync` (one sync at the end: the ceiling).
 Segment sizes 16 and 128 MiB. Medians of --runs.
 
-Usage: .venv/bin/python bench/safekeeper_append.py [--total-mb 256] [--runs 3] [--dir DIR]
+Usage: .venv/bin/python -m bench.safekeeper_append [--total-mb 256] [--runs 3] [--dir DIR]
 """
 
 import argparse
@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness import REPO, RESULTS, write_json
+
 SIZES = [(8 << 10, "8 KiB"), (128 << 10, "128 KiB"), (1 << 20, "1 MiB")]
 
 
@@ -59,9 +60,7 @@ def main() -> int:
                 runs.append(json.loads(out)["mb_per_s"])
             row[f"strata_seg{seg}_mb_s"] = statistics.median(runs)
         results.append(row)
-    out_dir = REPO / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "safekeeper_append.json").write_text(json.dumps(results, indent=2))
+    write_json(RESULTS / "safekeeper_append.json", results)
     print(f"{'append':>8} {'dd dsync':>9} {'dd fdatasync':>13} {'strata 16M':>11} {'strata 128M':>12}"
           f" {'vs dsync':>9} {'vs fdatasync':>13} {'128M/16M':>9}")
     for r in results:

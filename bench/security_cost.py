@@ -27,29 +27,21 @@ the same build. Measured, the modes alternating run by run (medians of
 Ratios secure / insecure: tps (target >= 0.95) and GetPage p50 latency
 (target <= 1.05).
 
-Usage: .venv/bin/python bench/security_cost.py [--scale 10] [--seconds 30] [--getpage-seconds 10] [--runs 3] [--quick]
+Usage: .venv/bin/python -m bench.security_cost [--scale 10] [--seconds 30] [--getpage-seconds 10] [--runs 3] [--quick]
 Writes bench/results/security_cost.json and .txt (security_cost_quick.* with --quick).
 """
 
 import argparse
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.harness import (PGBENCH_PREWARM, RELEASE_STRATA, bench_dir, client_env, cluster_credentials,
+                           load_getpage_table, local_cluster, machine_state, pagebench, pagebench_target,
+                           pgbench_tps, psql, result_stem, run_timeout, write_results)
+from test_runner.fixtures.cluster import LocalCluster
 
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from getpage import client_env, pagebench, prepare  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 MODES = {"secure": [], "insecure": ["--insecure-loopback"]}
 
 
@@ -94,23 +86,13 @@ def prewarm(connstr: str) -> None:
     """Reads every page of the pgbench tables and indexes into the new
     compute's cache, so that each run measures the write path, not the
     first reads of a lazy compute."""
-    sql = ("CREATE EXTENSION IF NOT EXISTS pg_prewarm; SELECT sum(pg_prewarm(c.oid)) FROM pg_class c"
-           " WHERE c.relname LIKE 'pgbench%' AND c.relkind IN ('r', 'i')")
-    subprocess.run([str(PG_BIN / "psql"), "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql], env=client_env(connstr),
-                   check=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+    psql(client_env(connstr), f"CREATE EXTENSION IF NOT EXISTS pg_prewarm; {PGBENCH_PREWARM}")
 
 
 def pgbench_rw(connstr: str, clients: int, seconds: int) -> float:
     """tps of one pgbench TPC-B-like run (no vacuum: the tables are shared by runs)."""
-    res = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-c", str(clients), "-j", "2", "-T", str(seconds)],
-                         env=client_env(connstr), capture_output=True, text=True, timeout=seconds * 3 + 300,
-                         stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    m = re.search(r"^tps = ([\d.]+)", res.stdout, re.M)
-    if m is None:
-        raise RuntimeError(f"no tps in pgbench's output:\n{res.stdout[-2000:]}")
-    return float(m.group(1))
+    return pgbench_tps(client_env(connstr), "-n", "-c", str(clients), "-j", "2", "-T", str(seconds),
+                       timeout=run_timeout(seconds))
 
 
 def main() -> int:
@@ -124,42 +106,31 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.getpage_seconds, args.runs = 2, 3, 3, 2
-    strata_bin = REPO / "target" / "release" / "strata"
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
-        c = LocalCluster(strata_bin, base / "cluster", PG_BIN)
+    strata_bin = RELEASE_STRATA
+    results: dict = {"config": vars(args), **machine_state()}
+    with bench_dir() as base, local_cluster(strata_bin, base / "cluster") as c:
+        data = load_getpage_table(c, args.scale)
+        plain = pagebench_target(data)
+        targets = {"secure": [*plain, *cluster_credentials(c)], "insecure": plain}
+        getpage: dict[str, list[dict]] = {m: [] for m in MODES}
+        loopback: dict[str, list[dict]] = {m: [] for m in MODES}
+        tps: dict[str, list[float]] = {m: [] for m in MODES}
         try:
-            c.init()
-            c.start()
-            data = prepare(c, args.scale)
-            plain = ["--pageserver", data["pageserver"], "--tenant-id", data["tenant_id"],
-                     "--timeline-id", data["timeline_id"], "--rel", data["rel"]]
-            targets = {"secure": [*plain, "--token-file", str(c.token_file()), *c.tls_args()], "insecure": plain}
-            getpage: dict[str, list[dict]] = {m: [] for m in MODES}
-            loopback: dict[str, list[dict]] = {m: [] for m in MODES}
-            tps: dict[str, list[float]] = {m: [] for m in MODES}
-            try:
-                for _ in range(args.runs):
-                    for mode in MODES:
-                        set_security(c, mode == "secure")
-                        pagebench(strata_bin, targets[mode], 1, 1, min(args.getpage_seconds, 3))  # warm
-                        getpage[mode].append(pagebench(strata_bin, targets[mode], 1, 1, args.getpage_seconds))
-                        flags = ["--loopback-baseline", *(["--loopback-tls"] if mode == "secure" else [])]
-                        loopback[mode].append(pagebench(strata_bin, flags, 1, 1, args.getpage_seconds))
-                        connstr = c.endpoint_start("main")
-                        prewarm(connstr)
-                        pgbench_rw(connstr, args.clients, min(args.seconds, 5))  # warm
-                        tps[mode].append(pgbench_rw(connstr, args.clients, args.seconds))
-                        c.endpoint_stop("main")
-            finally:
-                if not (c.workdir / "tls").exists():
-                    set_security(c, True)
+            for _ in range(args.runs):
+                for mode in MODES:
+                    set_security(c, mode == "secure")
+                    pagebench(strata_bin, targets[mode], 1, 1, min(args.getpage_seconds, 3))  # warm
+                    getpage[mode].append(pagebench(strata_bin, targets[mode], 1, 1, args.getpage_seconds))
+                    flags = ["--loopback-baseline", *(["--loopback-tls"] if mode == "secure" else [])]
+                    loopback[mode].append(pagebench(strata_bin, flags, 1, 1, args.getpage_seconds))
+                    connstr = c.endpoint_start("main")
+                    prewarm(connstr)
+                    pgbench_rw(connstr, args.clients, min(args.seconds, 5))  # warm
+                    tps[mode].append(pgbench_rw(connstr, args.clients, args.seconds))
+                    c.endpoint_stop("main")
         finally:
-            if (c.workdir / "cluster.toml").exists():
-                if c.run("stop", check=False, timeout=600).returncode != 0:
-                    c.run("stop", "--immediate", check=False, timeout=600)
+            if not (c.workdir / "tls").exists():
+                set_security(c, True)
     p50 = {m: statistics.median(r["latency_us"]["p50"] for r in getpage[m]) for m in MODES}
     loop_p50 = {m: statistics.median(r["latency_us"]["p50"] for r in loopback[m]) for m in MODES}
     tps_median = {m: statistics.median(tps[m]) for m in MODES}
@@ -191,7 +162,7 @@ def main() -> int:
     if results["errors"]:
         lines.append(f"ERRORS: {results['errors']} failed GetPage requests")
     text = "\n".join(lines)
-    write_results("security_cost_quick" if args.quick else "security_cost", results, text)
+    write_results(result_stem("security_cost", args.quick), results, text)
     return 0
 
 

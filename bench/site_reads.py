@@ -24,56 +24,23 @@ that what a replica's own cache does not hold comes from a pageserver
 and later runs read no pageserver at all). Medians of --runs rounds per
 (latency, clients, replica), and the ratio dc2-own / dc2-far.
 
-Usage: .venv/bin/python bench/site_reads.py [--scale 10] [--seconds 10] [--runs 3]
+Usage: .venv/bin/python -m bench.site_reads [--scale 10] [--seconds 10] [--runs 3]
            [--clients 1,8] [--latencies 3,10] [--cache-mb 8] [--quick]
 Writes bench/results/site_reads.json and .txt (site_reads_quick.* with --quick).
 """
 
 import argparse
 import os
-import re
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.harness import (RELEASE_STRATA, bench_dir, client_env, last_line, local_cluster, machine_state,
+                           median_where, pgbench_init, pgbench_tps, psql, result_stem, run_timeout, write_results)
+from test_runner.fixtures.endpoint import Endpoint
+from test_runner.fixtures.strata import drop_os_caches
+from test_runner.fixtures.wait import wait_until
 
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.endpoint import Endpoint  # noqa: E402
-from fixtures.wait import wait_until  # noqa: E402
-from getpage import client_env  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # name: (host, site it reads)
 REPLICAS = {"dc1-local": ("dc1", "dc1"), "dc2-own": ("dc2", "dc2"), "dc2-far": ("dc2", "dc1")}
-
-
-def pgbench(connstr: str, args: list[str], timeout: float) -> float:
-    """tps of one pgbench run."""
-    res = subprocess.run([str(PG_BIN / "pgbench"), "-n", *args], env=client_env(connstr), capture_output=True,
-                         text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    m = re.search(r"tps = ([0-9.]+)", res.stdout)
-    if not m:
-        raise RuntimeError(f"no tps in pgbench's output:\n{res.stdout[-2000:]}")
-    return float(m.group(1))
-
-
-def drop_page_cache() -> bool:
-    """Drops the kernel's clean page cache; False when not allowed."""
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-        return True
-    except OSError:
-        return False
 
 
 def main() -> int:
@@ -88,53 +55,39 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs, args.clients, args.latencies = 2, 3, 1, [4], [3.0]
-    strata_bin = REPO / "target" / "release" / "strata"
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
-                     "runs": []}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
-        c = LocalCluster(strata_bin, base / "cluster", PG_BIN)
-        try:
-            c.init("--sites", "2", "--site-latency-ms", str(args.latencies[0]))
-            c.start()
-            writer = c.endpoint_start("w")
-            subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(args.scale)], env=client_env(writer),
-                           check=True, capture_output=True, timeout=3600)
-            subprocess.run([str(PG_BIN / "psql"), "-XAtq", "-c", "CHECKPOINT"], env=client_env(writer), check=True,
-                           capture_output=True, timeout=600)
-            replicas = {}
-            for name, (host, site) in REPLICAS.items():
-                out = c.run("endpoint", "start", name, "--replica-of", "w", "--host", host, "--site", site,
-                            "--cache-mb", str(args.cache_mb), "--shared-buffers", f"{args.cache_mb}MB",
-                            timeout=300).stdout
-                replicas[name] = out.strip().splitlines()[-1]
-                used = wait_until(f"{name} to read the pageserver of {site}",
-                                  lambda n=name, s=site: (lambda p: p if (p["reader"] == (s == "dc2")) else None)(
-                                      Endpoint(c, n).agent_status()["pageserver"]), timeout=120)
-                results.setdefault("pageservers", {})[name] = used
-                print(f"{name}: on {host}, reads {used['name']} (reader: {used['reader']})", flush=True)
-            for latency in args.latencies:
-                code, body = c.http("link-proxy", "PUT", "/v1/route/*", {"delay_ms": latency / 2})
-                assert code == 200, body
-                for rnd in range(args.runs):
-                    for clients in args.clients:
-                        for name, connstr in replicas.items():
-                            run = ["-S", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(args.seconds)]
-                            cold = drop_page_cache()
-                            tps = pgbench(connstr, run, timeout=args.seconds * 4 + 300)
-                            results["runs"].append({"latency_ms": latency, "clients": clients, "replica": name,
-                                                    "round": rnd, "tps": tps, "page_cache_dropped": cold})
-                            print(f"{latency:>4} ms {clients:>3} clients {name:<10} {tps:>9.0f} tps", flush=True)
-        finally:
-            if (c.workdir / "cluster.toml").exists():
-                if c.run("stop", check=False, timeout=600).returncode != 0:
-                    c.run("stop", "--immediate", check=False, timeout=600)
+    results: dict = {"config": vars(args), **machine_state(), "runs": []}
+    sites = ["--sites", "2", "--site-latency-ms", str(args.latencies[0])]
+    with bench_dir() as base, local_cluster(RELEASE_STRATA, base / "cluster", *sites) as c:
+        writer = c.endpoint_start("w")
+        pgbench_init(client_env(writer), args.scale)
+        psql(client_env(writer), "CHECKPOINT")
+        replicas = {}
+        for name, (host, site) in REPLICAS.items():
+            out = c.run("endpoint", "start", name, "--replica-of", "w", "--host", host, "--site", site,
+                        "--cache-mb", str(args.cache_mb), "--shared-buffers", f"{args.cache_mb}MB",
+                        timeout=300).stdout
+            replicas[name] = last_line(out)
+            used = wait_until(f"{name} to read the pageserver of {site}",
+                              lambda n=name, s=site: (lambda p: p if (p["reader"] == (s == "dc2")) else None)(
+                                  Endpoint(c, n).agent_status()["pageserver"]), timeout=120)
+            results.setdefault("pageservers", {})[name] = used
+            print(f"{name}: on {host}, reads {used['name']} (reader: {used['reader']})", flush=True)
+        for latency in args.latencies:
+            code, body = c.http("link-proxy", "PUT", "/v1/route/*", {"delay_ms": latency / 2})
+            assert code == 200, body
+            for rnd in range(args.runs):
+                for clients in args.clients:
+                    for name, connstr in replicas.items():
+                        run = ["-n", "-S", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(args.seconds)]
+                        cold = drop_os_caches(1)
+                        tps = pgbench_tps(client_env(connstr), *run, timeout=run_timeout(args.seconds))
+                        results["runs"].append({"latency_ms": latency, "clients": clients, "replica": name,
+                                                "round": rnd, "tps": tps, "page_cache_dropped": cold})
+                        print(f"{latency:>4} ms {clients:>3} clients {name:<10} {tps:>9.0f} tps", flush=True)
     results["loadavg_after"] = os.getloadavg()[0]
 
     def median(latency, clients, replica):
-        return statistics.median(r["tps"] for r in results["runs"]
-                                 if (r["latency_ms"], r["clients"], r["replica"]) == (latency, clients, replica))
+        return median_where(results["runs"], "tps", latency_ms=latency, clients=clients, replica=replica)
 
     cold = all(r["page_cache_dropped"] for r in results["runs"])
     lines = [f"pgbench -S on replicas, scale {args.scale}, cache {args.cache_mb} MiB, {args.seconds} s per run,"
@@ -151,7 +104,7 @@ def main() -> int:
                          + f" {ratio:>8.2f}")
     lines += ["", "tps; dc2-own reads dc2's own pageserver, dc2-far reads dc1's across the link"]
     results["medians"] = summary
-    write_results("site_reads_quick" if args.quick else "site_reads", results, "\n".join(lines))
+    write_results(result_stem("site_reads", args.quick), results, "\n".join(lines))
     return 0
 
 

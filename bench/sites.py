@@ -23,66 +23,44 @@ HTTP APIs. Medians of --runs rounds per (latency, clients, system).
 
 Goals: local-quorum >= 0.9 x one-site; stretched >= 1.0 x stock-sync.
 
-Usage: .venv/bin/python bench/sites.py [--scale 10] [--seconds 10] [--runs 3]
+Usage: .venv/bin/python -m bench.sites [--scale 10] [--seconds 10] [--runs 3]
            [--clients 1,8,32] [--latencies 3,10] [--quick]
 Writes bench/results/sites.json and .txt (sites_quick.* with --quick).
 """
 
 import argparse
 import os
-import re
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.harness import (RELEASE_STRATA, LinkProxy, bench_dir, client_env, machine_state, median_where,
+                           new_cluster, parse_latency_ms, parse_tps, pgbench, pgbench_init, result_stem, run_timeout,
+                           start_cluster, stock_cluster, stop_cluster, write_results)
+from test_runner.fixtures.ports import free_port
+from test_runner.fixtures.wait import wait_until
 
-from report import write_results  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.ports import free_port  # noqa: E402
-from fixtures.strata import http_json  # noqa: E402
-from fixtures.wait import wait_until  # noqa: E402
-from getpage import client_env  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SYSTEMS = ("one-site", "local-quorum", "stretched", "stock-sync")
 STOCK_SETTINGS = {"shared_buffers": "128MB", "max_wal_size": "2GB", "checkpoint_timeout": "30min", "fsync": "on"}
 
 
-def pgbench(env: dict, clients: int, seconds: int) -> tuple[float, float]:
-    res = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-T", str(seconds), "-c", str(clients),
-                          "-j", str(min(clients, 2))], env=env, capture_output=True, text=True,
-                         timeout=seconds * 4 + 120)
-    if res.returncode != 0:
-        raise RuntimeError(f"pgbench failed: {res.stderr[-2000:]}")
-    tps = float(re.search(r"tps = ([0-9.]+)", res.stdout).group(1))
-    latency = float(re.search(r"latency average = ([0-9.]+) ms", res.stdout).group(1))
-    return tps, latency
-
-
-def pgbench_init(env: dict, scale: int) -> None:
-    subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(scale)], env=env, check=True,
-                   capture_output=True, timeout=3600)
+def rw_run(env: dict, clients: int, seconds: int) -> tuple[float, float]:
+    """tps and average latency (ms) of one pgbench RW run."""
+    out = pgbench(env, "-n", "-T", str(seconds), "-c", str(clients), "-j", str(min(clients, 2)),
+                  timeout=run_timeout(seconds))
+    return parse_tps(out), parse_latency_ms(out)
 
 
 class StrataSystem:
     """A local cluster (with sites or without) and its writer endpoint."""
 
     def __init__(self, strata_bin: Path, workdir: Path, init_args: list[str]):
-        self.cluster = LocalCluster(strata_bin, workdir, PG_BIN)
+        self.cluster = new_cluster(strata_bin, workdir)
         self.init_args = init_args
         self.env: dict = {}
 
     def start(self, scale: int) -> None:
-        self.cluster.init(*self.init_args)
-        self.cluster.start()
+        start_cluster(self.cluster, *self.init_args)
         connstr = self.cluster.endpoint_start("w")
         self.env = client_env(connstr)
         pgbench_init(self.env, scale)
@@ -93,7 +71,7 @@ class StrataSystem:
             assert code == 200, body
 
     def stop(self) -> None:
-        self.cluster.run("stop", check=False, timeout=600)
+        stop_cluster(self.cluster)
 
 
 class StockSync:
@@ -102,25 +80,18 @@ class StockSync:
     def __init__(self, strata_bin: Path, base: Path):
         self.strata_bin = strata_bin
         self.base = base
-        self.primary = PgCluster(PG_BIN, base / "primary", traverse_root=base)
-        self.standby = PgCluster(PG_BIN, base / "standby", traverse_root=base)
-        self.proxy: subprocess.Popen | None = None
-        self.proxy_http = free_port()
+        self.primary = stock_cluster(base, "primary")
+        self.standby = stock_cluster(base, "standby")
+        self.proxy: LinkProxy | None = None
         self.env: dict = {}
 
     def start(self, scale: int) -> None:
         route_port = free_port()
-        config = self.base / "link-proxy.toml"
-        config.write_text(
-            f'listen_http = "127.0.0.1:{self.proxy_http}"\n'
-            "[[routes]]\n"
-            'name = "replication"\n'
-            f'listen = "127.0.0.1:{route_port}"\n'
-            f'target = "127.0.0.1:{self.primary.port}"\n')
-        self.proxy = subprocess.Popen([str(self.strata_bin), "link-proxy", "--config", str(config)],
-                                      stdout=subprocess.DEVNULL, stderr=open(self.base / "link-proxy.log", "w"))
-        wait_until("the link proxy", lambda: http_json("GET", f"http://127.0.0.1:{self.proxy_http}/v1/status")[0]
-                   == 200, timeout=30, retry=(OSError,))
+        self.proxy = LinkProxy(self.strata_bin, self.base,
+                               "[[routes]]\n"
+                               'name = "replication"\n'
+                               f'listen = "127.0.0.1:{route_port}"\n'
+                               f'target = "127.0.0.1:{self.primary.port}"\n')
         self.primary.initdb()
         self.primary.start({**STOCK_SETTINGS, "listen_addresses": "127.0.0.1", "wal_level": "replica",
                             "max_wal_senders": 4, "synchronous_commit": "on",
@@ -134,14 +105,12 @@ class StockSync:
         wait_until("the standby to be synchronous",
                    lambda: self.primary.sql("SELECT sync_state FROM pg_stat_replication") == [("sync",)],
                    timeout=60)
-        self.env = {**os.environ, "PGHOST": str(self.primary.socket_dir), "PGPORT": str(self.primary.port),
-                    "PGUSER": "postgres", "PGDATABASE": "postgres"}
+        self.env = self.primary.client_env()
         pgbench_init(self.env, scale)
         self.primary.sql("CHECKPOINT")
 
     def set_latency(self, ms: float) -> None:
-        code, body = http_json("PUT", f"http://127.0.0.1:{self.proxy_http}/v1/route/*", {"delay_ms": ms / 2})
-        assert code == 200, body
+        self.proxy.set_delay(ms / 2)
 
     def stop(self) -> None:
         for c in (self.standby, self.primary):
@@ -150,8 +119,7 @@ class StockSync:
             except Exception as e:  # noqa: BLE001 - the other one is still cleaned up
                 print(f"cleanup: {e}", file=sys.stderr)
         if self.proxy is not None:
-            self.proxy.send_signal(signal.SIGTERM)
-            self.proxy.wait(timeout=30)
+            self.proxy.stop()
 
 
 def main() -> int:
@@ -165,12 +133,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs, args.clients, args.latencies = 2, 3, 1, [4], [3.0]
-    strata_bin = REPO / "target" / "release" / "strata"
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
-                     "runs": []}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
+    strata_bin = RELEASE_STRATA
+    results: dict = {"config": vars(args), **machine_state(), "runs": []}
+    with bench_dir() as base:
         first = args.latencies[0]
         sites = ["--sites", "2", "--site-latency-ms", str(first)]
         systems = {
@@ -190,7 +155,7 @@ def main() -> int:
                 for rnd in range(args.runs):
                     for clients in args.clients:
                         for name, system in systems.items():
-                            tps, lat = pgbench(system.env, clients, args.seconds)
+                            tps, lat = rw_run(system.env, clients, args.seconds)
                             results["runs"].append({"latency_ms": latency, "clients": clients, "system": name,
                                                     "round": rnd, "tps": tps, "latency_avg_ms": lat})
                             print(f"{latency:>4} ms {clients:>3} clients {name:<13} {tps:>8.0f} tps "
@@ -200,9 +165,8 @@ def main() -> int:
                 system.stop()
     results["loadavg_after"] = os.getloadavg()[0]
 
-    def median(latency, clients, system, key="tps"):
-        return statistics.median(r[key] for r in results["runs"]
-                                 if (r["latency_ms"], r["clients"], r["system"]) == (latency, clients, system))
+    def median(latency, clients, system):
+        return median_where(results["runs"], "tps", latency_ms=latency, clients=clients, system=system)
 
     lines = [f"pgbench RW, scale {args.scale}, {args.seconds} s per run, medians of {args.runs} rounds "
              f"({os.cpu_count()} CPUs)", "",
@@ -218,7 +182,7 @@ def main() -> int:
                          + f" {lq:>12.2f} {st:>10.2f}")
     lines += ["", "tps; goals: local-quorum >= 0.9 x one-site, stretched >= 1.0 x stock-sync"]
     results["medians"] = summary
-    write_results("sites_quick" if args.quick else "sites", results, "\n".join(lines))
+    write_results(result_stem("sites", args.quick), results, "\n".join(lines))
     return 0
 
 

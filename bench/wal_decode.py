@@ -8,32 +8,29 @@ two WAL flavours: plain (no images beyond full_page_writes) and with
 wal_consistency_checking='all' + lz4 (every block change carries an image,
 as Strata's computes write it for rmgrs without native redo).
 
-Usage: .venv/bin/python bench/wal_decode.py [--scale 10] [--transactions 20000] [--runs 5]
+Usage: .venv/bin/python -m bench.wal_decode [--scale 10] [--transactions 20000] [--runs 5]
 Writes bench/results/wal_decode.json and prints a summary.
 """
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-
-from fixtures.pg import PgCluster  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+from bench.harness import (RELEASE_STRATA, RESULTS, bench_dir, pgbench, pgbench_init, stock_cluster, wal_bench,
+                           write_json)
+from test_runner.fixtures.pg import PgCluster
 
 
-def generate_wal(base: Path, settings: dict, scale: int, transactions: int) -> PgCluster:
-    cluster = PgCluster(PG_BIN, base, traverse_root=base.parent)
+def generate_wal(base: Path, name: str, settings: dict, scale: int, transactions: int) -> PgCluster:
+    """A stopped stock cluster whose pg_wal holds pgbench's WAL (the load and
+    a read-write run) written with `settings`."""
+    cluster = stock_cluster(base, name)
     cluster.initdb()
     cluster.start({"max_wal_size": "4GB", "wal_keep_size": "4GB", "checkpoint_timeout": "1h",
                    "fsync": "off", **settings})
-    cluster.run(["pgbench", "-i", "-q", "-s", str(scale)], timeout=1200)
-    cluster.run(["pgbench", "-n", "-c", "4", "-j", "2", "-t", str(transactions // 4)], timeout=1200)
+    env = cluster.client_env()
+    pgbench_init(env, scale, timeout=1200)
+    pgbench(env, "-n", "-c", "4", "-j", "2", "-t", str(transactions // 4), timeout=1200)
     cluster.stop("fast")
     return cluster
 
@@ -44,24 +41,19 @@ def main() -> int:
     ap.add_argument("--transactions", type=int, default=20000)
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    strata = REPO / "target" / "release" / "strata"
     results = {}
     flavours = {
         "plain": {},
         "consistency_all_lz4": {"wal_consistency_checking": "all", "wal_compression": "lz4"},
     }
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+    with bench_dir() as base:
         for name, settings in flavours.items():
-            cluster = generate_wal(Path(tmp) / name, settings, args.scale, args.transactions)
+            cluster = generate_wal(base, name, settings, args.scale, args.transactions)
             try:
-                out = subprocess.run([str(strata), "wal", "bench", "--runs", str(args.runs), str(cluster.waldir)],
-                                     capture_output=True, text=True, check=True, timeout=3600)
+                results[name] = wal_bench(RELEASE_STRATA, [cluster.waldir], args.runs)
             finally:
                 cluster.cleanup()
-            results[name] = json.loads(out.stdout)
-    out_dir = REPO / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "wal_decode.json").write_text(json.dumps(results, indent=2))
+    write_json(RESULTS / "wal_decode.json", results)
     print(f"{'WAL':<22}{'MB':>8}{'records':>10}{'decode MB/s':>13}{'rec/s':>12}"
           f"{'+images MB/s':>14}{'copy MB/s':>11}{'read MB/s':>11}{'decode/copy':>13}{'decode/read':>13}")
     for name, r in results.items():

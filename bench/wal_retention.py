@@ -16,35 +16,27 @@ peak pg_wal of stock PostgreSQL (a stock server keeps up to max_wal_size
 between checkpoints; a safekeeper keeps what is not yet offloaded, below
 the pageserver's remote_consistent_lsn or held by the control file).
 
-Usage: .venv/bin/python bench/wal_retention.py [--gib 3] [--runs 1] [--quick]
+Usage: .venv/bin/python -m bench.wal_retention [--gib 3] [--runs 1] [--quick]
 Writes bench/results/wal_retention.json and .txt (wal_retention_quick.* with --quick).
 """
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.harness import (PG_BIN, bench_dir, client_env, dir_bytes, local_cluster, machine_state, pgbench_init,
+                           pgbench_process, result_stem, stock_postgres, strata_to_measure, write_results)
+from test_runner.fixtures.checks import assert_pgbench_invariants, pgbench_state
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.strata import http_json, parse_lsn
 
-from report import write_results  # noqa: E402
-from fixtures.checks import assert_pgbench_invariants, pgbench_state  # noqa: E402
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.strata import http_json, parse_lsn  # noqa: E402
-from getpage import client_env  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SAFEKEEPERS = ("sk1", "sk2", "sk3")
 SCALE = 4
 BULK = "CREATE TABLE bulk AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 100000) g"
@@ -53,11 +45,8 @@ SEGMENT = 16 << 20
 
 
 def segment_bytes(d: Path) -> int:
+    """Bytes of the WAL segment files in `d`."""
     return sum(f.stat().st_size for f in d.iterdir() if len(f.name) == SEGMENT_NAME_LEN) if d.exists() else 0
-
-
-def dir_bytes(d: Path) -> int:
-    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
 
 
 class Sampler:
@@ -89,12 +78,10 @@ class Sampler:
 
 def load(connstr: str, env: dict, gib: float) -> dict:
     """pgbench -c 4 beside bulk writes until `gib` GiB of WAL are written."""
-    subprocess.run([str(PG_BIN / "pgbench"), "-i", "-q", "-s", str(SCALE)], env=env, check=True,
-                   capture_output=True, timeout=3600, stdin=subprocess.DEVNULL)
+    pgbench_init(env, SCALE)
     with psycopg.connect(connstr, autocommit=True) as conn:
         start = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-        bench = subprocess.Popen([str(PG_BIN / "pgbench"), "-n", "-c", "4", "-j", "2", "-T", "86400"], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        bench = pgbench_process(env, "-n", "-c", "4", "-j", "2", "-T", "86400", output=False)
         t0 = time.monotonic()
         try:
             while True:
@@ -111,14 +98,17 @@ def load(connstr: str, env: dict, gib: float) -> dict:
     return {"start_lsn": start, "end_lsn": end, "wal_bytes": end - start, "seconds": seconds}
 
 
-def run_strata(strata_bin: Path, base: Path, gib: float) -> dict:
-    cluster = LocalCluster(strata_bin, base / "cluster", PG_BIN)
-    cluster.init()
-    # Small in-memory layers: the pageserver uploads, and so reports, often.
+def small_layers(cluster: LocalCluster) -> None:
+    """Small in-memory layers: the pageserver uploads, and so reports, often."""
     conf = cluster.workdir / "pageserver" / "pageserver.toml"
     conf.write_text(re.sub(r"^checkpoint_distance = .*$", "checkpoint_distance = 8388608", conf.read_text(), flags=re.M))
-    cluster.start()
-    try:
+
+
+def run_strata(strata_bin: Path, base: Path, gib: float) -> dict:
+    """The workload on a local cluster: peak local WAL of each safekeeper,
+    what they hold after the upload, commits kept across a restart, and
+    pg_waldump of the offloaded WAL."""
+    with local_cluster(strata_bin, base / "cluster", prepare=small_layers) as cluster:
         connstr = cluster.endpoint_start("main")
         env = client_env(connstr)
         ct = cluster.cluster_toml
@@ -186,22 +176,16 @@ def run_strata(strata_bin: Path, base: Path, gib: float) -> dict:
                 "removal_after_upload": removal_after,
                 "offloaded_wal_bytes": dir_bytes(wal_dir), "offloaded_lsn": offloaded_end,
                 "pg_waldump_total": total, "acknowledged_commits_kept": True}
-    finally:
-        cluster.stop()
 
 
 def run_stock(base: Path, gib: float) -> dict:
-    c = PgCluster(PG_BIN, base / "stock", traverse_root=base)
-    try:
-        c.initdb()
-        c.start({"shared_buffers": "128MB", "max_wal_size": "1GB", "fsync": "on"})
+    """The workload on stock PostgreSQL: the peak size of pg_wal."""
+    with stock_postgres(base, "stock", {"shared_buffers": "128MB", "max_wal_size": "1GB", "fsync": "on"}) as c:
         info = c.conninfo()
         connstr = " ".join(f"{k}={v}" for k, v in info.items())
         with Sampler(lambda: {"pg_wal": segment_bytes(c.pgdata / "pg_wal")}) as s:
             w = load(connstr, c.client_env(), gib)
         return {**w, "peak_pg_wal": s.peaks.get("pg_wal", 0)}
-    finally:
-        c.cleanup()
 
 
 def main() -> int:
@@ -212,18 +196,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.gib, args.runs = 0.3, 1
-    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
-                     "strata": [], "stock": []}
+    results: dict = {"config": vars(args), **machine_state(), "strata": [], "stock": []}
     for _ in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-            base = Path(tmp)
-            base.chmod(0o755)  # PostgreSQL runs as another user
+        with bench_dir() as base:
             results["stock"].append(run_stock(base, args.gib))
-        with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-            base = Path(tmp)
-            base.chmod(0o755)
-            results["strata"].append(run_strata(strata_bin, base, args.gib))
+        with bench_dir() as base:
+            results["strata"].append(run_strata(strata_to_measure(), base, args.gib))
 
     med = statistics.median
     peak_sk = med(max(r["peak_local_wal"].values()) for r in results["strata"])
@@ -248,7 +226,7 @@ def main() -> int:
         f" offloaded WAL: {s0['pg_waldump_total']}",
     ]
     text = "\n".join(lines)
-    write_results("wal_retention_quick" if args.quick else "wal_retention", results, text)
+    write_results(result_stem("wal_retention", args.quick), results, text)
     return 0
 
 

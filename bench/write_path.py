@@ -40,32 +40,27 @@ are also counted by what they do (`pageserver.ingest`, `.flush`,
 figure again once the services have worked off what the workload left
 (`cpu_settled`: the last flush, compaction, uploads).
 
-Usage: .venv/bin/python bench/write_path.py [--runs 3] [--seconds 20] [--only load,insert,restore,pgbench,catchup]
+Usage: .venv/bin/python -m bench.write_path [--runs 3] [--seconds 20] [--only load,insert,restore,pgbench,catchup]
            [--quick]
 Writes bench/results/write_path.json and .txt (write_path_quick.* with --quick).
 """
 
 import argparse
-import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "test_runner"))
+from bench.harness import (PG_BIN, RESULTS, any2_clusters, bench_dir, cleanup, machine_state, new_cluster,
+                           pgbench_init, pgbench_tps, result_stem, run_timeout, start_any2, start_cluster,
+                           stock_cluster, stop_cluster, strata_to_measure, wal_bench, write_json)
+from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.endpoint import Endpoint
+from test_runner.fixtures.strata import SEGMENT_NAME, parse_lsn, segment_number
 
-from fixtures.cluster import LocalCluster  # noqa: E402
-from fixtures.endpoint import Endpoint  # noqa: E402
-from fixtures.pg import PgCluster  # noqa: E402
-from fixtures.strata import parse_lsn  # noqa: E402
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 MB = 1 << 20
 TICK = os.sysconf("SC_CLK_TCK")
 # What the compute sets that weighs on the WAL, for stock too.
@@ -101,6 +96,7 @@ def proc_cpu(pid: int, children: bool = False) -> float:
 
 
 def child_pids(pid: int) -> list[int]:
+    """The live children of `pid`."""
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except FileNotFoundError:
@@ -172,6 +168,7 @@ class Processes:
 
 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds of each role between two samples."""
     return {k: round(after[k] - before.get(k, 0.0), 2) for k in after}
 
 
@@ -182,7 +179,7 @@ class Stock:
 
     def __init__(self, base: Path, name: str, extra: dict | None = None):
         self.dir = base / name
-        self.pg = PgCluster(PG_BIN, self.dir, traverse_root=base)
+        self.pg = stock_cluster(base, name)
         self.pg.initdb()
         self.pg.start({**STOCK, **(extra or {})})
 
@@ -206,12 +203,8 @@ class Strata:
 
     def __init__(self, strata_bin: Path, base: Path, name: str, *endpoint_args: str,
                  pageserver: dict | None = None):
-        self.cluster = LocalCluster(strata_bin, base / name, PG_BIN)
-        self.cluster.workdir.mkdir()
-        self.cluster.init()
-        if pageserver:
-            self.cluster.configure("pageserver", pageserver)
-        self.cluster.start()
+        self.cluster = new_cluster(strata_bin, base / name)
+        start_cluster(self.cluster, prepare=(lambda c: c.configure("pageserver", pageserver)) if pageserver else None)
         self.ep = Endpoint(self.cluster, "main")
         self.ep.start(*endpoint_args)
 
@@ -227,8 +220,7 @@ class Strata:
         return self.ep.logs()[-6000:]
 
     def close(self) -> None:
-        if self.cluster.run("stop", check=False, timeout=600).returncode != 0:
-            self.cluster.run("stop", "--immediate", check=False, timeout=600)
+        stop_cluster(self.cluster)
         shutil.rmtree(self.cluster.workdir, ignore_errors=True)
 
 
@@ -280,6 +272,8 @@ def storage(target: "Strata", before: dict[str, float], lsn_start: int) -> dict:
 
 
 def run(env: dict, *cmd: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    """Runs PostgreSQL's client program cmd[0] with the rest as its arguments;
+    fails with the end of its output."""
     r = subprocess.run([str(PG_BIN / cmd[0]), *cmd[1:]], env=env, capture_output=True, text=True,
                        timeout=timeout, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
@@ -288,6 +282,7 @@ def run(env: dict, *cmd: str, timeout: float = 3600) -> subprocess.CompletedProc
 
 
 def wal_lsn(env: dict) -> int:
+    """The server's current WAL position."""
     return parse_lsn(run(env, "psql", "-XAtc", "SELECT pg_current_wal_lsn()").stdout.strip())
 
 
@@ -314,14 +309,17 @@ def timed(target, fn) -> dict:
 # ------------------------------------------------------------ workloads
 
 def load(env: dict, scale: int) -> None:
-    run(env, "pgbench", "-i", "-q", "-s", str(scale))
+    """The bulk load: pgbench's tables at `scale`."""
+    pgbench_init(env, scale)
 
 
 def insert(env: dict, rows: int) -> None:
+    """The bulk insert: INSERT ... SELECT of `rows` rows, then an index."""
     run(env, "psql", "-X", "-v", "ON_ERROR_STOP=1", "-qc", INSERT.format(rows=rows))
 
 
 def restore(env: dict, dump: Path) -> None:
+    """pg_restore -j 2 of `dump` into a new database."""
     run(env, "createdb", "restored")
     run(env, "pg_restore", "-j", "2", "-d", "restored", str(dump))
 
@@ -341,19 +339,20 @@ def make_dump(base: Path, scale: int) -> tuple[Path, int]:
         src.close()
 
 
-def pgbench_tps(env: dict, clients: int, seconds: int) -> float:
-    out = run(env, "pgbench", "-n", "-T", str(seconds), "-c", str(clients), "-j", str(min(clients, 2)),
-              timeout=seconds * 4 + 300).stdout
-    return float(re.search(r"tps = ([0-9.]+)", out).group(1))
+def rw_tps(env: dict, clients: int, seconds: int) -> float:
+    """tps of one pgbench RW run."""
+    return pgbench_tps(env, "-n", "-T", str(seconds), "-c", str(clients), "-j", str(min(clients, 2)),
+                       timeout=run_timeout(seconds))
 
 
 def pgbench_all(target, clients: list[int], seconds: int) -> dict:
+    """pgbench's tables at scale 10, then one timed RW run per client count."""
     env = target.env()
     load(env, 10)
     run(env, "psql", "-Xqc", "CHECKPOINT")
     out = {}
     for c in clients:
-        out[c] = timed(target, lambda e, c=c: out.__setitem__(f"tps_{c}", pgbench_tps(e, c, seconds)))
+        out[c] = timed(target, lambda e, c=c: out.__setitem__(f"tps_{c}", rw_tps(e, c, seconds)))
         out[c]["tps"] = out.pop(f"tps_{c}")
     return out
 
@@ -362,14 +361,9 @@ class Any2:
     """Stock with two synchronous standbys (ANY 2), all fsync=on."""
 
     def __init__(self, base: Path):
-        self.primary = PgCluster(PG_BIN, base / "primary", traverse_root=base)
-        self.standbys = [PgCluster(PG_BIN, base / f"standby{i}", traverse_root=base) for i in (1, 2)]
-        self.primary.initdb()
-        self.primary.start({**STOCK, "wal_level": "replica", "max_wal_senders": 10,
-                            "synchronous_standby_names": "ANY 2 (s1, s2)"})
-        for i, s in enumerate(self.standbys, 1):
-            s.basebackup_from(self.primary, application_name=f"s{i}")
-            s.start({**STOCK, "hot_standby": "on"})
+        self.primary, *self.standbys = any2_clusters(base)
+        start_any2([self.primary, *self.standbys], {**STOCK, "wal_level": "replica", "max_wal_senders": 10},
+                   {**STOCK, "hot_standby": "on"})
 
     def env(self) -> dict:
         return self.primary.client_env()
@@ -387,8 +381,8 @@ class Any2:
         return Both(primary)
 
     def close(self) -> None:
+        cleanup((*self.standbys, self.primary))
         for c in (*self.standbys, self.primary):
-            c.cleanup()
             shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
@@ -444,19 +438,18 @@ def decode_bench(cluster: LocalCluster, start: int, end: int) -> dict | None:
     ct = cluster.cluster_toml
     d = cluster.workdir / "sk1" / "data" / ct["tenant_id"] / cluster.timeline_id()
     seg = 16 * MB
-    files = [p for p in sorted(d.iterdir()) if re.fullmatch(r"[0-9A-F]{24}", p.name)
-             and start // seg < int(p.name[8:16], 16) * (0x100000000 // seg) + int(p.name[16:], 16) < end // seg]
+    files = [p for p in sorted(d.iterdir()) if SEGMENT_NAME.match(p.name)
+             and start // seg < segment_number(p.name, seg) < end // seg]
     if not files:
         return None
-    out = subprocess.run([str(cluster.strata_bin), "wal", "bench", "--runs", "3", *map(str, files)],
-                         capture_output=True, text=True, check=True, timeout=3600)
-    report = json.loads(out.stdout)
+    report = wal_bench(cluster.strata_bin, files, 3)
     return {k: round(report[k], 1) for k in ("decode_mb_per_s", "decode_and_restore_images_mb_per_s")}
 
 
 # ----------------------------------------------------------------- main
 
 def median(values: list[float]) -> float:
+    """The median, rounded as the report shows it."""
     return round(statistics.median(values), 3)
 
 
@@ -482,13 +475,11 @@ def main() -> int:
         args.runs, args.seconds = 1, 5
         scale, rows, dump_scale, catchup_scale, clients = 2, 100_000, 2, 2, [1, 8]
     only = set(args.only.split(","))
-    strata_bin = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
+    strata = strata_to_measure()
     results: dict = {"config": {**vars(args), "scale": scale, "rows": rows, "dump_scale": dump_scale},
-                     "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0]}
+                     **machine_state()}
     lines = []
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)  # PostgreSQL runs as another user
+    with bench_dir() as base:
         dump = None
         if "restore" in only:
             dump, dump_bytes = make_dump(base, dump_scale)
@@ -503,7 +494,7 @@ def main() -> int:
                 # Alternating which goes first: the shared machine drifts.
                 for kind in ("stock", "strata") if r % 2 == 0 else ("strata", "stock"):
                     t = Stock(base, f"{name}-{kind}-{r}") if kind == "stock" else Strata(
-                        strata_bin, base, f"{name}-{kind}-{r}", pageserver=GC_NOW)
+                        strata, base, f"{name}-{kind}-{r}", pageserver=GC_NOW)
                     try:
                         before = t.cluster.metrics("pageserver") if kind == "strata" else {}
                         per[kind].append(timed(t, fn))
@@ -541,7 +532,7 @@ def main() -> int:
             for r in range(args.runs):
                 for kind in per:
                     t = (Stock(base, f"pgb-stock-{r}") if kind == "stock" else
-                         Strata(strata_bin, base, f"pgb-strata-{r}") if kind == "strata" else Any2(base / f"any2-{r}"))
+                         Strata(strata, base, f"pgb-strata-{r}") if kind == "strata" else Any2(base / f"any2-{r}"))
                     try:
                         per[kind].append(pgbench_all(t, clients, args.seconds))
                     finally:
@@ -556,7 +547,7 @@ def main() -> int:
                              f"strata/any2 {tps['strata'] / tps['sync_any2']:.2f}")
             save(results, lines, args.quick)
         if "catchup" in only:
-            runs = [catchup(strata_bin, base, f"catchup-{r}", catchup_scale) for r in range(args.runs)]
+            runs = [catchup(strata, base, f"catchup-{r}", catchup_scale) for r in range(args.runs)]
             results["catchup"] = {"runs": runs, **{k: median([r[k] for r in runs]) for k in (
                 "ingest_mb_per_s", "pageserver_mb_per_cpu_s", "pageserver_cpu_vs_postgres",
                 "safekeepers_cpu_vs_postgres")}}
@@ -575,11 +566,9 @@ def main() -> int:
 
 def save(results: dict, lines: list[str], quick: bool) -> None:
     """Writes what is measured so far (a long run keeps its figures if it stops)."""
-    out_dir = REPO / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    stem = "write_path_quick" if quick else "write_path"
-    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2, default=str))
-    (out_dir / f"{stem}.txt").write_text("\n".join(lines) + "\n")
+    stem = result_stem("write_path", quick)
+    write_json(RESULTS / f"{stem}.json", results)
+    (RESULTS / f"{stem}.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
