@@ -23,7 +23,7 @@ need_cargo() {
         export PATH="$HOME/.cargo/bin:$PATH"
     fi
     if ! command -v cargo >/dev/null 2>&1; then
-        echo "setup: a Rust toolchain (1.87 or newer, e.g. from rustup) is required" >&2
+        echo "setup: a Rust toolchain (1.88 or newer, e.g. from rustup) is required" >&2
         exit 1
     fi
 }

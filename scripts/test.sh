@@ -32,8 +32,10 @@ echo "== pytest"
 # The clusters of the tests need room; a full disk shows as timeouts.
 df -h . "${TMPDIR:-/tmp}"
 workers="${STRATA_TEST_WORKERS:-2}"
+# Every run lists its slowest tests (docs/testing.md keeps the last list).
+durations=(--durations=25 --durations-min=5)
 if [ "$workers" -gt 1 ]; then
-    .venv/bin/pytest test_runner -n "$workers" "$@"
+    .venv/bin/pytest test_runner -n "$workers" "${durations[@]}" "$@"
 else
-    .venv/bin/pytest test_runner "$@"
+    .venv/bin/pytest test_runner "${durations[@]}" "$@"
 fi

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use super::error::{Error, Result};
+use strata_control_plane::options::{AgentOptions, InitOptions};
+use strata_control_plane::{Error, Result};
 
 /// Options every cluster command takes.
 #[derive(Args, Clone, Debug)]
@@ -79,6 +80,37 @@ pub struct InitArgs {
     /// services refuse any other address without TLS and tokens.
     #[arg(long)]
     pub insecure_loopback: bool,
+}
+
+impl InitArgs {
+    /// What the control plane's `init` is asked to build.
+    pub fn options(&self) -> InitOptions {
+        InitOptions {
+            workdir: self.workdir.workdir.clone(),
+            safekeepers: self.safekeepers,
+            pageservers: self.pageservers,
+            hosts: self.hosts.clone(),
+            pg_bin_dir: self.pg_bin_dir.clone(),
+            pg_user: self.pg_user.clone(),
+            verify_redo: self.verify_redo,
+            sites: self.sites,
+            site_latency_ms: self.site_latency_ms,
+            placement: self.placement.clone(),
+            insecure_loopback: self.insecure_loopback,
+        }
+    }
+}
+
+/// `strata node`: what it runs.
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// The cluster's directory on this host (a copy of the one `strata
+    /// init` wrote, at the same path on every host).
+    #[arg(long, default_value = ".strata")]
+    pub workdir: PathBuf,
+    /// The host this is (default: the host whose address is this machine's).
+    #[arg(long)]
+    pub host: Option<String>,
 }
 
 /// `strata status`: human or JSON output.
@@ -155,7 +187,7 @@ pub enum EndpointCommand {
 }
 
 /// `strata endpoint start`: options handed to the compute agent for this run.
-#[derive(Args, Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct AgentArgs {
     /// This many restarts of PostgreSQL within --crash-loop-window-secs are
     /// reported as a crash loop (default 5).
@@ -189,6 +221,34 @@ pub struct AgentArgs {
     /// PostgreSQL's shared_buffers for this run (default 128MB).
     #[arg(long, help_heading = "compute agent options", value_name = "SIZE")]
     pub shared_buffers: Option<String>,
+}
+
+impl AgentArgs {
+    /// The agent's options as the control plane takes them. Every field is
+    /// named, so that an option added to one side and not the other fails
+    /// to compile.
+    pub fn options(&self) -> AgentOptions {
+        let AgentArgs {
+            crash_loop_restarts,
+            crash_loop_window_secs,
+            lazy,
+            eager,
+            cache_mb,
+            fetch_retry_secs,
+            max_replica_lag_mb,
+            shared_buffers,
+        } = self.clone();
+        AgentOptions {
+            crash_loop_restarts,
+            crash_loop_window_secs,
+            lazy,
+            eager,
+            cache_mb,
+            fetch_retry_secs,
+            max_replica_lag_mb,
+            shared_buffers,
+        }
+    }
 }
 
 /// `strata timeline …`.
@@ -312,37 +372,4 @@ pub enum BranchCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
-}
-
-/// An RFC 3339 timestamp from what a user types: RFC 3339 itself, or
-/// PostgreSQL's text form (`2026-11-24 14:03:05.123456+00`, as `now()`
-/// prints it).
-pub fn parse_time(text: &str, option: &str) -> Result<String> {
-    let t = text.trim();
-    let parsed = chrono::DateTime::parse_from_rfc3339(t)
-        .or_else(|_| chrono::DateTime::parse_from_str(t, "%Y-%m-%d %H:%M:%S%.f%#z"))
-        .map_err(|_| {
-            Error::Usage(format!(
-                "{option} {text:?}: expected a timestamp with a time zone, e.g. 2026-11-24T14:03:05Z or 2026-11-24 14:03:05.123+00"
-            ))
-        })?;
-    Ok(parsed.to_rfc3339_opts(chrono::SecondsFormat::Micros, false))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse_time_(t: &str) -> Result<String> {
-        parse_time(t, "--at-time")
-    }
-
-    #[test]
-    fn times_in_rfc3339_and_postgres_form() {
-        assert_eq!(parse_time_("2026-11-24T14:03:05Z").unwrap(), "2026-11-24T14:03:05.000000+00:00");
-        assert_eq!(parse_time_("2026-11-24 14:03:05.123456+00").unwrap(), "2026-11-24T14:03:05.123456+00:00");
-        assert_eq!(parse_time_("2026-11-24 16:03:05.5+02:00").unwrap(), "2026-11-24T16:03:05.500000+02:00");
-        assert!(matches!(parse_time_("2026-11-24 14:03:05"), Err(Error::Usage(_))), "a time zone is required");
-        assert!(matches!(parse_time_("yesterday"), Err(Error::Usage(_))));
-    }
 }

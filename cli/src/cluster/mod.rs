@@ -1,46 +1,19 @@
-//! The local cluster: `strata init`, `start`, `stop`, `status`, `endpoint`.
-//!
-//! A cluster lives in one directory (the *workdir*): `cluster.toml` names
-//! every service with its ports and config, each service has a directory
-//! with its config, data, log and pidfiles, and each endpoint (a compute:
-//! stock PostgreSQL plus its agent) has one under `endpoints/`. Services are
-//! detached processes of this same binary, each run by its own supervisor
-//! (`strata supervise`) that restarts it when it exits; liveness is decided
-//! from the pidfiles, so any command can be run at any time. See
-//! `docs/local-cluster.md`.
+//! The cluster commands (`strata init`, `start`, `stop`, `status`,
+//! `endpoint`, `branch`, `site`, `safekeeper replace`, `pageserver
+//! drain`, `node`): each parses its command line, calls the control
+//! plane's operation (`strata-control-plane`) and turns the outcome into an
+//! exit code, printing an error as `strata <command>: <message>`.
 
 mod args;
-mod branch;
-mod certs;
-mod controller;
-mod endpoint;
-mod error;
-mod hosts;
-mod http;
-mod keys;
-mod layout;
-mod membership;
-mod node;
-mod placement;
-mod process;
-mod reconfigure;
-mod services;
-mod site;
-mod status;
-mod supervisor;
-mod timeline;
 
 pub use args::{
-    AuthCommand, BranchCommand, EndpointCommand, InitArgs, SiteCommand, StatusArgs, TimelineCommand, WorkdirArgs,
+    AuthCommand, BranchCommand, EndpointCommand, InitArgs, NodeArgs, SiteCommand, StatusArgs, TimelineCommand,
+    WorkdirArgs,
 };
-use error::{Error, Result};
-pub use node::{run as node, NodeArgs};
-
-/// Opens the workdir of a command, with the newest state any host has
-/// (`hosts::refresh`; nothing to compare on a cluster of this machine only).
-fn open(dir: &std::path::Path) -> Result<layout::Workdir> {
-    hosts::refresh(layout::Workdir::open(dir)?)
-}
+use strata_control_plane::{
+    branch, controller, endpoint, hosts, init, keys, layout, membership, open, placement, services, site, status,
+    timeline, Error, Result,
+};
 
 /// Runs a command body and turns its outcome into an exit code, printing
 /// the error as `strata <command>: <message>`.
@@ -59,7 +32,34 @@ fn exit_code(command: &str, result: Result<()>) -> i32 {
 
 /// `strata init`: writes the workdir of a new cluster (nothing is started).
 pub fn init(args: InitArgs) -> i32 {
-    exit_code("init", args.workdir.plain("init").and_then(|()| layout::init(&args)))
+    let result = args.workdir.plain("init").and_then(|()| init::init(&args.options()));
+    exit_code("init", result.map(|done| print_initialised(&done)))
+}
+
+/// What `strata init` made: the tenant, every service with its ports, and
+/// how to start it.
+fn print_initialised(done: &init::Initialised) {
+    let cluster = &done.cluster;
+    println!("initialised a cluster in {}", done.root.display());
+    println!(
+        "tenant {}, branch {} = timeline {}",
+        cluster.tenant_id,
+        layout::MAIN_BRANCH,
+        cluster.branches[0].timeline_id
+    );
+    for s in &cluster.services {
+        let ports: Vec<String> = s.ports.iter().map(|(r, p)| format!("{r}={p}")).collect();
+        println!("{:<12} {:<11} {:<15} {}", s.name, s.kind.as_str(), s.address, ports.join(" "));
+    }
+    if done.is_local() {
+        println!("start it with `strata start --workdir {}`", done.workdir.display());
+    } else {
+        println!(
+            "copy {} to the same path on every host and run `strata node --workdir {} --host NAME` on each (docs/deployment.md)",
+            done.root.display(),
+            done.root.display()
+        );
+    }
 }
 
 /// `strata start`: starts every service that is not running, then makes
@@ -260,7 +260,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                     site: site.as_deref(),
                     promote: false,
                 };
-                endpoint::start(&wd, &name, &how, &agent)
+                endpoint::start(&wd, &name, &how, &agent.options())
             })();
             exit_code("endpoint start", result)
         }
@@ -293,6 +293,19 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                 status::list_endpoints(&wd)
             })();
             exit_code("endpoint list", result)
+        }
+    }
+}
+
+/// `strata node`: serves until SIGTERM or SIGINT.
+pub fn node(args: NodeArgs) -> i32 {
+    crate::logging::init();
+    let options = strata_control_plane::node::NodeOptions { workdir: args.workdir, host: args.host };
+    match strata_control_plane::node::serve(options) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("strata node: {e}");
+            1
         }
     }
 }

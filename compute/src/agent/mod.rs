@@ -18,6 +18,7 @@
 
 pub mod basebackup;
 mod config;
+pub mod config_file;
 mod error;
 pub mod exit;
 pub mod lazy;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use strata_formats::Lsn;
 use strata_protocol::api::pageserver::{CheckpointRecordResponse, LeaseRequest};
-use strata_protocol::api::ErrorBody;
 use strata_protocol::{TenantId, TimelineId};
+use strata_service::api_client::{self, ApiClient};
 use strata_service::auth::Token;
 use strata_service::tls::ClientTls;
 
@@ -27,36 +27,14 @@ const MAX_JSON_BYTES: u64 = 1 << 20;
 /// The pageserver's description of a timeline.
 pub use strata_protocol::api::pageserver::TimelineStatus;
 
-/// Why a request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    /// No answer (connection refused, timed out, reset): worth retrying.
-    #[error("{url}: {message}")]
-    Unreachable { url: String, message: String },
-    /// An HTTP error status, with the `error` message of its JSON body.
-    #[error("{url}: HTTP {status}: {message}")]
-    Status { url: String, status: u16, message: String },
-    /// An answer that is not what the API promises.
-    #[error("{url}: {message}")]
-    Invalid { url: String, message: String },
-}
-
-impl ApiError {
-    /// Whether the pageserver may answer if asked again (down, starting, overloaded).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            ApiError::Unreachable { .. } => true,
-            ApiError::Status { status, .. } => *status == 503,
-            ApiError::Invalid { .. } => false,
-        }
-    }
-}
+/// Why a request failed (the services' one client's error).
+pub use strata_service::api_client::ApiError;
 
 /// The pageserver's HTTP endpoint.
 #[derive(Clone, Debug)]
 pub struct PageserverClient {
     base: String,
-    json: ureq::Agent,
+    json: ApiClient,
     stream: ureq::Agent,
     token: Option<Token>,
     /// Where the pageserver is now, read before every request (a
@@ -77,7 +55,7 @@ impl PageserverClient {
                 None => c,
             }
         };
-        let json = config().http_status_as_error(false).timeout_global(Some(REQUEST_TIMEOUT)).build().into();
+        let json = ApiClient::new(tls, None, REQUEST_TIMEOUT).with_max_answer(MAX_JSON_BYTES);
         let stream = config()
             .http_status_as_error(false)
             .timeout_connect(Some(CONNECT_TIMEOUT))
@@ -106,6 +84,7 @@ impl PageserverClient {
 
     /// The same, sending `token` with every request.
     pub fn with_token(mut self, token: Option<Token>) -> PageserverClient {
+        self.json = self.json.with_token(token.clone());
         self.token = token;
         self
     }
@@ -138,23 +117,12 @@ impl PageserverClient {
 
     /// A GET answered with JSON (`what` names it in errors).
     fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str, what: &str) -> Result<T, ApiError> {
-        let mut request = self.json.get(url);
-        if let Some(auth) = self.authorization() {
-            request = request.header("Authorization", auth);
-        }
-        let response = request.call().map_err(|e| transport_error(url, e))?;
-        let status = response.status().as_u16();
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_JSON_BYTES)
-            .read_to_string()
-            .map_err(|e| transport_error(url, e))?;
-        if status != 200 {
-            return Err(ApiError::Status { url: url.to_string(), status, message: error_message(&text) });
-        }
-        serde_json::from_str(&text)
-            .map_err(|e| ApiError::Invalid { url: url.to_string(), message: format!("unexpected {what}: {e}") })
+        self.json.get(url).map_err(|e| match e {
+            ApiError::Invalid { url, message } => {
+                ApiError::Invalid { url, message: format!("unexpected {what}: {message}") }
+            }
+            other => other,
+        })
     }
 
     /// `POST …/lease`: keeps `lsn` readable for a while (a read-only
@@ -168,17 +136,11 @@ impl PageserverClient {
         holder: Option<&str>,
     ) -> Result<(), ApiError> {
         let url = format!("{}/lease", self.timeline_url(tenant, timeline));
-        let body = serde_json::to_string(&LeaseRequest { lsn, holder: holder.map(str::to_string) })
-            .expect("a lease request serializes");
-        let mut request = self.json.post(&url).content_type("application/json");
-        if let Some(auth) = self.authorization() {
-            request = request.header("Authorization", auth);
-        }
-        let response = request.send(body).map_err(|e| transport_error(&url, e))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            let text = response.into_body().with_config().limit(MAX_JSON_BYTES).read_to_string().unwrap_or_default();
-            return Err(ApiError::Status { url, status, message: error_message(&text) });
+        let body = LeaseRequest { lsn, holder: holder.map(str::to_string) };
+        let reply = self.json.send("POST", &url, Some(&body))?;
+        if reply.status != 200 {
+            let message = reply.error_message();
+            return Err(ApiError::Status { url, status: reply.status, message });
         }
         Ok(())
     }
@@ -213,7 +175,7 @@ impl PageserverClient {
         let status = response.status().as_u16();
         if status != 200 {
             let text = response.into_body().with_config().limit(MAX_JSON_BYTES).read_to_string().unwrap_or_default();
-            return Err(ApiError::Status { url, status, message: error_message(&text) });
+            return Err(ApiError::Status { url, status, message: api_client::error_message(&text) });
         }
         Ok(response.into_body().into_reader())
     }
@@ -238,25 +200,6 @@ fn lsn_query(lsn: Lsn) -> String {
 
 fn transport_error(url: &str, e: ureq::Error) -> ApiError {
     ApiError::Unreachable { url: url.to_string(), message: e.to_string() }
-}
-
-/// The `error` field of a JSON error body, else the body itself (shortened).
-fn error_message(body: &str) -> String {
-    match serde_json::from_str::<ErrorBody>(body) {
-        Ok(e) => e.error,
-        Err(_) => {
-            let trimmed = body.trim();
-            let mut end = trimmed.len().min(500);
-            while !trimmed.is_char_boundary(end) {
-                end -= 1;
-            }
-            if trimmed.is_empty() {
-                "(no body)".into()
-            } else {
-                trimmed[..end].to_string()
-            }
-        }
-    }
 }
 
 /// First pause between retries; it doubles up to [`MAX_BACKOFF`].
@@ -315,14 +258,6 @@ mod tests {
         let info: TimelineStatus = serde_json::from_str(&broken).unwrap();
         assert_eq!(info.error.as_deref(), Some("layer file missing"));
         assert!(serde_json::from_str::<TimelineStatus>(r#"{"system_id": 1}"#).is_err());
-    }
-
-    #[test]
-    fn error_messages() {
-        assert_eq!(error_message(r#"{"error": "timeline not found"}"#), "timeline not found");
-        assert_eq!(error_message("plain text\n"), "plain text");
-        assert_eq!(error_message(""), "(no body)");
-        assert_eq!(error_message(&"é".repeat(400)).len(), 500);
     }
 
     #[test]

@@ -245,14 +245,13 @@ pub fn publish(wd: &Workdir) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::args::InitArgs;
-    use crate::cluster::WorkdirArgs;
+    use crate::options::InitOptions;
     use std::path::PathBuf;
 
     fn cluster(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("strata-hosts-{tag}-{}", strata_protocol::TimelineId::generate()));
-        super::super::layout::init(&InitArgs {
-            workdir: WorkdirArgs { workdir: d.clone(), only: vec![], immediate: false },
+        crate::init::init(&InitOptions {
+            workdir: d.clone(),
             safekeepers: Some(1),
             pageservers: None,
             hosts: None,

@@ -2,19 +2,19 @@
 //! agent, under its supervisor) on a branch, each in `endpoints/<name>/`
 //! with its remembered ports.
 
-use std::ffi::OsString;
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile};
 use strata_compute::agent::postgres;
 use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
 use strata_protocol::api::pageserver::LsnResponse;
 use strata_service::auth::{Claims, Scope};
 
-use super::args::AgentArgs;
 use super::error::{failed, Error, Result};
 use super::layout::{self, Kind, Workdir, LOCAL_HOST, LOOPBACK, MAIN_BRANCH};
+use super::options::AgentOptions;
 use super::process::{self, Identity};
 use super::supervisor::{Liveness, Supervised};
 use super::{hosts, http, services};
@@ -36,6 +36,8 @@ const CHECKPOINT_WAIT: Duration = Duration::from_secs(150);
 const TAIL_LINES: usize = 30;
 /// File name of an endpoint's settings inside its directory.
 const ENDPOINT_FILE: &str = "endpoint.toml";
+/// The agent's configuration (`strata_compute::agent::config_file`), beside `endpoint.toml`.
+const AGENT_CONFIG_FILE: &str = "agent.toml";
 /// The agent's tenant token (mode 0600), beside `endpoint.toml`.
 const AGENT_TOKEN_FILE: &str = "agent.token";
 /// The password clients log in with (mode 0600), beside `endpoint.toml`.
@@ -109,9 +111,15 @@ impl Endpoint {
         self.dir.join("compute.log")
     }
 
-    /// How the agent process is recognised: `strata compute … <pgdata> …`.
+    /// The agent's configuration file, rewritten at every start.
+    pub fn agent_config(&self) -> PathBuf {
+        self.dir.join(AGENT_CONFIG_FILE)
+    }
+
+    /// How the agent process is recognised: `strata compute start --config
+    /// <its agent.toml>`.
     pub fn identity(&self) -> Identity {
-        Identity { subcommand: "compute", marker: self.pgdata(), pidfile: self.dir.join("compute.pid") }
+        Identity { subcommand: "compute", marker: self.agent_config(), pidfile: self.dir.join("compute.pid") }
     }
 
     /// The agent with its supervisor.
@@ -210,7 +218,7 @@ fn resolve_point(wd: &Workdir, branch: &layout::Branch, at: &str) -> Result<stra
     if let Ok(lsn) = at.parse::<strata_formats::Lsn>() {
         return Ok(lsn);
     }
-    let time = super::args::parse_time(at, "--at")?;
+    let time = super::options::parse_time(at, "--at")?;
     let ps = super::controller::attached(wd)?;
     let url = format!(
         "{}/v1/tenant/{}/timeline/{}/lsn_by_time?time={}",
@@ -377,7 +385,7 @@ pub struct LaunchRequest {
     pub promote: bool,
     /// `--port`, or the port it had on the host it moves from.
     pub port: Option<u16>,
-    pub agent: AgentArgs,
+    pub agent: AgentOptions,
     /// The settings and password it had on the host it moves from.
     pub moved: Option<Forgotten>,
     /// For a replica or a read-only endpoint: the branch's writer's
@@ -483,11 +491,70 @@ pub fn forget(wd: &Workdir, name: &str) -> Result<Forgotten> {
 /// `strata endpoint start`: decides the branch, the point and the host,
 /// then starts it there (here, or through that host's node); the last line
 /// printed is the connection string.
-pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs) -> Result<()> {
-    let StartOptions { branch, port, at, host, .. } = *how;
+pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentOptions) -> Result<()> {
     let all = inventory(wd)?;
     let old = all.iter().find(|r| r.file.name == name);
-    // A replica of a writer now, or as it was before (not once promoted).
+    let replica_of = replica_source(name, how, old)?;
+    let (branch_name, branch) = branch_of(wd, name, how.branch, &all, old, replica_of.as_deref())?;
+    let target = target_host(wd, how, old)?;
+    let moving = old.filter(|o| o.file.host != target.name);
+    if let Some(o) = moving {
+        if o.state != "stopped" {
+            return failed(format!(
+                "endpoint {name} runs on host {}; stop it (`strata endpoint stop {name}`) before it moves to {}",
+                o.file.host, target.name
+            ));
+        }
+    }
+    // Read-only at a point given now, or as it was before.
+    let read_only_at = match how.at {
+        Some(at) => Some(resolve_point(wd, &branch, at)?),
+        None => old.and_then(|o| o.file.read_only_at),
+    };
+    if read_only_at.is_none() && replica_of.is_none() {
+        check_writer_may_start(name, &branch, &all, how.promote)?;
+    }
+    check_storage_runs(wd, branch.placement.as_ref())?;
+    let writer_password = match replica_of.is_some() || read_only_at.is_some() {
+        true => writer_password(wd, &all, &branch_name, name),
+        false => None,
+    };
+    let replica = replica_of.map(|of| replica_launch(wd, name, of, &branch_name, how, &all, old, target));
+    let moved = match moving {
+        Some(o) => Some(move_away(wd, name, &o.file.host, &target.name)?),
+        None => None,
+    };
+    let req = LaunchRequest {
+        name: name.into(),
+        host: target.name.clone(),
+        branch: branch_name,
+        timeline_id: branch.timeline_id,
+        read_only_at,
+        writer_password,
+        replica,
+        promote: how.promote,
+        port: how.port.or(moved.as_ref().map(|m| m.file.pg_port)),
+        agent: agent.clone(),
+        moved,
+        agent_token: super::keys::signer(&wd.root)?
+            .map(|signer| signer.sign(&Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None))),
+    };
+    let lines = if hosts::is_local(target) {
+        launch(wd, &req)?
+    } else {
+        // Its copy of the state (safekeepers, pageserver) must be ours.
+        hosts::send(wd, target)?;
+        hosts::call::<hosts::Lines>(target, "POST", "/v1/endpoints/start", Some(&req), hosts::NODE_CALL)?.lines
+    };
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// The writer a replica follows: asked for now, or as it was before (not
+/// once promoted). An endpoint is a replica from its first start or never.
+fn replica_source(name: &str, how: &StartOptions<'_>, old: Option<&EndpointRecord>) -> Result<Option<String>> {
     let replica_of = match how.promote {
         true => None,
         false => how.replica_of.map(str::to_string).or(old.and_then(|o| o.file.replica_of.clone())),
@@ -497,26 +564,39 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
             return failed(format!("endpoint {name} is not a replica (use a new endpoint name for one)"));
         }
     }
-    if replica_of.is_some() && (at.is_some() || old.is_some_and(|o| o.file.read_only_at.is_some())) {
+    if replica_of.is_some() && (how.at.is_some() || old.is_some_and(|o| o.file.read_only_at.is_some())) {
         return Err(Error::Usage("a replica follows its branch: --at does not apply".into()));
     }
-    let writer_branch = match &replica_of {
+    Ok(replica_of)
+}
+
+/// The branch an endpoint runs on: its writer's for a replica, the one it
+/// ran on before, else the one asked for, else `main`.
+fn branch_of(
+    wd: &Workdir,
+    name: &str,
+    asked: Option<&str>,
+    all: &[EndpointRecord],
+    old: Option<&EndpointRecord>,
+    replica_of: Option<&str>,
+) -> Result<(String, layout::Branch)> {
+    let writer_branch = match replica_of {
         Some(of) => {
-            let Some(w) = all.iter().find(|r| &r.file.name == of) else {
+            let Some(w) = all.iter().find(|r| r.file.name == of) else {
                 return failed(format!("--replica-of {of}: no endpoint named {of:?}"));
             };
             if !w.file.is_writer() {
                 return failed(format!("--replica-of {of}: {of} is not its branch's writer"));
             }
-            Some(w.file.branch.clone())
+            Some(w.file.branch.as_str())
         }
         None => None,
     };
-    let branch = match (branch, &writer_branch) {
+    let branch = match (asked, writer_branch) {
         (Some(b), Some(wb)) if b != wb => {
             return failed(format!("a replica of {} runs on its branch {wb}, not {b}", replica_of.unwrap_or_default()))
         }
-        (None, Some(wb)) => Some(wb.as_str()),
+        (None, Some(wb)) => Some(wb),
         (b, _) => b,
     };
     let branch_name = match (branch, old) {
@@ -534,6 +614,12 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
         return failed(format!("no branch named {branch_name:?} (branches: {})", known.join(", ")));
     };
+    Ok((branch_name, branch))
+}
+
+/// The host an endpoint runs on: `--host`, else where it ran before, else
+/// a host of `--site`, else the default; it must run computes.
+fn target_host<'a>(wd: &'a Workdir, how: &StartOptions<'_>, old: Option<&EndpointRecord>) -> Result<&'a layout::Host> {
     if let Some(site) = how.site {
         if !wd.cluster.hosts.iter().any(|h| h.site == site) {
             let sites: std::collections::BTreeSet<&str> = wd.cluster.hosts.iter().map(|h| h.site.as_str()).collect();
@@ -544,7 +630,7 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
         }
     }
     let in_site = how.site.and_then(|s| wd.cluster.hosts.iter().find(|h| h.site == s && h.computes));
-    let target = match host.or(old.map(|o| o.file.host.as_str())) {
+    let target = match how.host.or(old.map(|o| o.file.host.as_str())) {
         Some(h) => hosts::host(wd, h)?,
         None => match in_site {
             Some(h) => h,
@@ -554,107 +640,82 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentArgs
     if !target.computes {
         return Err(Error::Usage(format!("host {} does not run computes (cluster.toml)", target.name)));
     }
-    let moving = old.filter(|o| o.file.host != target.name);
-    if let Some(o) = moving {
-        if o.state != "stopped" {
-            return failed(format!(
-                "endpoint {name} runs on host {}; stop it (`strata endpoint stop {name}`) before it moves to {}",
-                o.file.host, target.name
-            ));
-        }
-    }
-    // Read-only at a point given now, or as it was before.
-    let read_only_at = match at {
-        Some(at) => Some(resolve_point(wd, &branch, at)?),
-        None => old.and_then(|o| o.file.read_only_at),
-    };
-    if branch.divergent.is_some() && read_only_at.is_none() && replica_of.is_none() {
+    Ok(target)
+}
+
+/// A writer may start on `branch`: not a divergent one, and no other writer
+/// runs there (a second PostgreSQL would fork its WAL; its host checks
+/// again under its lock). A promotion fences the writer instead: its WAL
+/// can no longer commit.
+fn check_writer_may_start(name: &str, branch: &layout::Branch, all: &[EndpointRecord], promote: bool) -> Result<()> {
+    if branch.divergent.is_some() {
         return failed(format!(
-            "branch {branch_name} is the history a site failover left behind (its timeline is sealed): it takes no \
-             writer; read it with --at LSN"
+            "branch {} is the history a site failover left behind (its timeline is sealed): it takes no \
+             writer; read it with --at LSN",
+            branch.name
         ));
     }
-    // One writer per timeline: a second PostgreSQL would fork its WAL. (Its
-    // host checks again under its lock, for endpoints of that host.) A
-    // promotion fences the writer instead: its WAL can no longer commit.
-    if read_only_at.is_none() && replica_of.is_none() && !how.promote {
-        for other in &all {
-            if other.file.name != name
-                && other.file.is_writer()
-                && other.file.branch == branch_name
-                && other.state != "stopped"
-            {
-                return failed(format!(
-                    "endpoint {} (pid {}) already runs on branch {branch_name}; one writer per branch",
-                    other.file.name,
-                    other.pid.unwrap_or(0)
-                ));
-            }
-        }
+    if promote {
+        return Ok(());
     }
-    check_storage_runs(wd, branch.placement.as_ref())?;
-    let writer_password = if replica_of.is_some() || read_only_at.is_some() {
-        writer_password(wd, &all, &branch_name, name)
-    } else {
-        None
-    };
-    // A replica starts from a fresh checkpoint of the running writer, if any.
-    let replica = replica_of.map(|of| {
-        let writer = all.iter().find(|o| o.file.branch == branch_name && o.file.is_writer() && o.state == "running");
-        let after = writer.and_then(|w| match writer_checkpoint(wd, &w.file) {
-            Ok(lsn) => Some(lsn),
-            Err(e) => {
-                println!(
-                    "endpoint {name}: no fresh checkpoint from writer {} ({e}); starting from the last one",
-                    w.file.name
-                );
-                None
-            }
-        });
-        let feedback = how.hot_standby_feedback || old.is_some_and(|o| o.file.hot_standby_feedback);
-        let site = how.site.map(str::to_string).or_else(|| old.and_then(|o| o.file.read_site.clone()));
-        ReplicaLaunch { of, after, hot_standby_feedback: feedback, site: site.or_else(|| Some(target.site.clone())) }
+    let running = all.iter().find(|other| {
+        other.file.name != name
+            && other.file.is_writer()
+            && other.file.branch == branch.name
+            && other.state != "stopped"
     });
-    let moved = match moving {
-        Some(o) => {
-            let from = hosts::host(wd, &o.file.host)?;
-            let forgotten = if hosts::is_local(from) {
-                forget(wd, name)?
-            } else {
-                let req = hosts::EndpointRequest { name: name.into(), immediate: false };
-                hosts::call(from, "POST", "/v1/endpoints/forget", Some(&req), hosts::NODE_CALL)?
-            };
-            println!("endpoint {name}: moves from host {} to host {}", o.file.host, target.name);
-            Some(forgotten)
-        }
-        None => None,
-    };
-    let req = LaunchRequest {
-        name: name.into(),
-        host: target.name.clone(),
-        branch: branch_name,
-        timeline_id: branch.timeline_id,
-        read_only_at,
-        writer_password,
-        replica,
-        promote: how.promote,
-        port: port.or(moved.as_ref().map(|m| m.file.pg_port)),
-        agent: agent.clone(),
-        moved,
-        agent_token: super::keys::signer(&wd.root)?
-            .map(|signer| signer.sign(&Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None))),
-    };
-    let lines = if hosts::is_local(target) {
-        launch(wd, &req)?
-    } else {
-        // Its copy of the state (safekeepers, pageserver) must be ours.
-        hosts::send(wd, target)?;
-        hosts::call::<hosts::Lines>(target, "POST", "/v1/endpoints/start", Some(&req), hosts::NODE_CALL)?.lines
-    };
-    for line in lines {
-        println!("{line}");
+    match running {
+        Some(other) => failed(format!(
+            "endpoint {} (pid {}) already runs on branch {}; one writer per branch",
+            other.file.name,
+            other.pid.unwrap_or(0),
+            branch.name
+        )),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// How a replica starts: from a fresh checkpoint of its branch's running
+/// writer, if any, reading the pageserver of its site.
+#[allow(clippy::too_many_arguments)]
+fn replica_launch(
+    wd: &Workdir,
+    name: &str,
+    of: String,
+    branch: &str,
+    how: &StartOptions<'_>,
+    all: &[EndpointRecord],
+    old: Option<&EndpointRecord>,
+    target: &layout::Host,
+) -> ReplicaLaunch {
+    let writer = all.iter().find(|o| o.file.branch == branch && o.file.is_writer() && o.state == "running");
+    let after = writer.and_then(|w| match writer_checkpoint(wd, &w.file) {
+        Ok(lsn) => Some(lsn),
+        Err(e) => {
+            println!(
+                "endpoint {name}: no fresh checkpoint from writer {} ({e}); starting from the last one",
+                w.file.name
+            );
+            None
+        }
+    });
+    let feedback = how.hot_standby_feedback || old.is_some_and(|o| o.file.hot_standby_feedback);
+    let site = how.site.map(str::to_string).or_else(|| old.and_then(|o| o.file.read_site.clone()));
+    ReplicaLaunch { of, after, hot_standby_feedback: feedback, site: site.or_else(|| Some(target.site.clone())) }
+}
+
+/// Removes a stopped endpoint from the host it ran on, to start on `to`:
+/// its settings and password.
+fn move_away(wd: &Workdir, name: &str, from: &str, to: &str) -> Result<Forgotten> {
+    let from_host = hosts::host(wd, from)?;
+    let forgotten = if hosts::is_local(from_host) {
+        forget(wd, name)?
+    } else {
+        let req = hosts::EndpointRequest { name: name.into(), immediate: false };
+        hosts::call(from_host, "POST", "/v1/endpoints/forget", Some(&req), hosts::NODE_CALL)?
+    };
+    println!("endpoint {name}: moves from host {from} to host {to}");
+    Ok(forgotten)
 }
 
 /// `strata endpoint promote`: the replica `name` becomes its branch's
@@ -679,7 +740,7 @@ pub fn promote(wd: &Workdir, name: &str) -> Result<()> {
         .collect();
     stop(wd, name, true)?;
     let how = StartOptions { promote: true, ..StartOptions::default() };
-    start(wd, name, &how, &AgentArgs::default())?;
+    start(wd, name, &how, &AgentOptions::default())?;
     println!(
         "endpoint {name}: promoted to the writer of branch {} in {:.2} s",
         record.file.branch,
@@ -717,68 +778,100 @@ fn default_host(wd: &Workdir) -> Result<&layout::Host> {
     wd.cluster.hosts.iter().find(|h| h.computes).ok_or_else(|| Error::Failed("no host runs computes".into()))
 }
 
-/// Starts an endpoint on this machine: spawns the agent under its
-/// supervisor and waits until PostgreSQL runs; returns what to print, the
-/// connection string last.
+/// Starts an endpoint on this machine: writes its agent's configuration,
+/// spawns the agent under its supervisor and waits until PostgreSQL runs;
+/// returns what to print, the connection string last.
 pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     let name = req.name.as_str();
     check_name(name)?;
     let host = hosts::host(wd, &req.host)?.clone();
     let old = load(wd, name)?;
+    let mut lines = Vec::new();
     if let Some(o) = &old {
-        if o.file.branch != req.branch {
-            return failed(format!("endpoint {name} runs on branch {}, not {}", o.file.branch, req.branch));
-        }
-        match o.supervised().liveness() {
-            Liveness::Running { pid, supervisor: Some(_) } => {
-                return failed(format!("endpoint {name} is already running (pid {pid}): {}", o.connstr()))
-            }
-            Liveness::Restarting { supervisor } => {
-                return failed(format!(
-                    "endpoint {name} is already running: its supervisor (pid {supervisor}) is restarting its agent"
-                ))
-            }
-            Liveness::Running { pid, supervisor: None } => {
-                // Never two agents on one data directory: stop it, start anew.
-                println!(
-                    "endpoint {name}: its agent (pid {pid}) runs without its supervisor; restarting it under a new one"
-                );
-                o.supervised().stop_unsupervised()?;
-            }
-            Liveness::Stopped => {}
-        }
+        check_relaunch(o, req, &mut lines)?;
     }
-    let branch_name = req.branch.clone();
-    let read_only_at = req.read_only_at;
-    let agent = &req.agent;
-    // One writer per timeline, among this host's endpoints, under the lock.
-    for other in load_all(wd)? {
-        if read_only_at.is_some() || req.replica.is_some() || req.promote || !other.file.is_writer() {
-            continue;
-        }
-        if other.file.name != name && other.file.branch == branch_name {
-            let liveness = other.supervised().liveness();
-            if let Some(pid) = liveness.pid().or(liveness.supervisor()) {
-                return failed(format!(
-                    "endpoint {} (pid {pid}) already runs on branch {branch_name}; one writer per branch",
-                    other.file.name
-                ));
-            }
-        }
-    }
+    check_one_writer_here(wd, req)?;
     // A PostgreSQL whose agent was killed still holds the port and pgdata.
     if let Some(o) = &old {
         stop_orphan_postgres(o, false)?;
     }
-    // Settings of earlier starts: here, or on the host it moved from.
-    let before = old.as_ref().map(|o| &o.file).or(req.moved.as_ref().map(|m| &m.file));
+    let ep = record(wd, req, &host, old.as_ref())?;
+    let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
+    let password = ensure_password(&ep, given)?;
+    let config = agent_file(wd, &ep, req, &host)?;
+    layout::write_atomic(
+        &ep.agent_config(),
+        &format!("# Written by `strata endpoint start` at every start.\n{}", config.to_toml()),
+    )?;
+    let (pid, supervisor) = spawn_agent(wd, &ep)?;
+    lines.push(format!(
+        "endpoint {name}: running on branch {} (timeline {}) on host {}, agent pid {pid}, supervisor pid {supervisor}, log {}",
+        req.branch,
+        req.timeline_id,
+        host.name,
+        ep.log().display()
+    ));
+    if super::certs::client(&wd.root)?.is_some() {
+        lines.push(format!("over TLS: {}", ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root))));
+    }
+    // Last line: scripts take the connection string from here.
+    lines.push(ep.local_connstr(&password));
+    Ok(lines)
+}
 
+/// An endpoint recorded here may start again: same branch, not running
+/// (an agent without its supervisor is stopped, to start anew under one).
+fn check_relaunch(o: &Endpoint, req: &LaunchRequest, lines: &mut Vec<String>) -> Result<()> {
+    let name = &req.name;
+    if o.file.branch != req.branch {
+        return failed(format!("endpoint {name} runs on branch {}, not {}", o.file.branch, req.branch));
+    }
+    match o.supervised().liveness() {
+        Liveness::Running { pid, supervisor: Some(_) } => {
+            failed(format!("endpoint {name} is already running (pid {pid}): {}", o.connstr()))
+        }
+        Liveness::Restarting { supervisor } => failed(format!(
+            "endpoint {name} is already running: its supervisor (pid {supervisor}) is restarting its agent"
+        )),
+        Liveness::Running { pid, supervisor: None } => {
+            // Never two agents on one data directory: stop it, start anew.
+            lines.push(format!(
+                "endpoint {name}: its agent (pid {pid}) runs without its supervisor; restarting it under a new one"
+            ));
+            o.supervised().stop_unsupervised().map(|_| ())
+        }
+        Liveness::Stopped => Ok(()),
+    }
+}
+
+/// One writer per timeline, among this host's endpoints, under the lock.
+fn check_one_writer_here(wd: &Workdir, req: &LaunchRequest) -> Result<()> {
+    if req.read_only_at.is_some() || req.replica.is_some() || req.promote {
+        return Ok(());
+    }
+    for other in load_all(wd)? {
+        if other.file.is_writer() && other.file.name != req.name && other.file.branch == req.branch {
+            let liveness = other.supervised().liveness();
+            if let Some(pid) = liveness.pid().or(liveness.supervisor()) {
+                return failed(format!(
+                    "endpoint {} (pid {pid}) already runs on branch {}; one writer per branch",
+                    other.file.name, req.branch
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes `endpoint.toml` for this start: the settings of earlier starts
+/// (here, or on the host it moved from) unless the request changes them.
+fn record(wd: &Workdir, req: &LaunchRequest, host: &layout::Host, old: Option<&Endpoint>) -> Result<Endpoint> {
+    let name = req.name.as_str();
+    let agent = &req.agent;
+    let before = old.map(|o| &o.file).or(req.moved.as_ref().map(|m| &m.file));
     // Lazy unless asked otherwise, now or at an earlier start of the endpoint.
     let lazy = agent.lazy || (!agent.eager && before.is_none_or(|o| o.lazy));
-    let cache_mb = agent.cache_mb.or(before.and_then(|o| o.cache_mb));
-    let fetch_retry_secs = agent.fetch_retry_secs.or(before.and_then(|o| o.fetch_retry_secs));
-    let port = req.port;
-    let (pg_port, http_port) = choose_ports(wd, name, port, old.as_ref().map(|o| &o.file))?;
+    let (pg_port, http_port) = choose_ports(wd, name, req.port, old.map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
     let ep = Endpoint {
@@ -787,16 +880,16 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         file: EndpointFile {
             name: name.into(),
             host: host.name.clone(),
-            branch: branch_name.clone(),
+            branch: req.branch.clone(),
             pg_port,
             http_port,
-            read_only_at,
+            read_only_at: req.read_only_at,
             replica_of: req.replica.as_ref().map(|r| r.of.clone()),
             read_site: req.replica.as_ref().and_then(|r| r.site.clone()),
             hot_standby_feedback: req.replica.as_ref().is_some_and(|r| r.hot_standby_feedback),
             lazy,
-            cache_mb,
-            fetch_retry_secs,
+            cache_mb: agent.cache_mb.or(before.and_then(|o| o.cache_mb)),
+            fetch_retry_secs: agent.fetch_retry_secs.or(before.and_then(|o| o.fetch_retry_secs)),
         },
     };
     layout::write_toml(
@@ -804,134 +897,100 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         "# Written by `strata endpoint start`; reused by restarts.\n",
         &ep.file,
     )?;
+    Ok(ep)
+}
 
-    let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
-    let password = ensure_password(&ep, given)?;
+/// The agent's configuration for this start. Everything of another site
+/// is reached through the link proxy's routes; a replica reads its site's
+/// reader when there is one (`docs/sites.md`).
+fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::Host) -> Result<AgentFile> {
     let c = &wd.cluster;
-    // A replica reads its site's reader when there is one (`docs/sites.md`).
+    let site = host.site.as_str();
     let read_site = req.replica.as_ref().and_then(|r| r.site.as_deref());
     let ps = match read_site.and_then(|s| super::controller::site_reader(wd, s)) {
         Some(reader) => reader,
         None => super::controller::attached(wd)?,
     };
-    // Everything of another site is reached through the link proxy's routes.
-    let site = host.site.as_str();
-    let mut args: Vec<OsString> = vec![
-        "compute".into(),
-        "start".into(),
-        "--pgdata".into(),
-        ep.pgdata().into(),
-        "--pg-port".into(),
-        pg_port.to_string().into(),
-        "--safekeepers".into(),
-        c.safekeeper_addrs_from(site).join(",").into(),
-        "--tenant-id".into(),
-        c.tenant_id.to_string().into(),
-        "--timeline-id".into(),
-        req.timeline_id.to_string().into(),
-        "--pageserver-http".into(),
-        c.addr_from(site, ps, "http").unwrap_or_default().into(),
-        "--controller".into(),
-        c.of_kind(Kind::Controller).filter_map(|s| c.addr_from(site, s, "http")).collect::<Vec<_>>().join(",").into(),
-        "--http".into(),
-        std::net::SocketAddr::new(ep.address, http_port).to_string().into(),
-        "--pg-bin-dir".into(),
-        c.pg_bin_dir.clone().into(),
-        "--pg-user".into(),
-        c.pg_user.clone().into(),
-        "--password-file".into(),
-        ep.password_file().into(),
-    ];
-    if c.verify_redo {
-        args.push("--verify-redo".into());
-    }
-    if let Some(s) = read_site {
-        args.extend(["--pageserver-site".into(), s.into()]);
-    }
+    let mut f = AgentFile::new(
+        ep.pgdata(),
+        ep.file.pg_port,
+        c.safekeeper_addrs_from(site),
+        (c.tenant_id, req.timeline_id),
+        c.addr_from(site, ps, "http").unwrap_or_default(),
+        ep.password_file(),
+    );
+    f.controllers = c.of_kind(Kind::Controller).filter_map(|s| c.addr_from(site, s, "http")).collect();
+    f.http = Some(std::net::SocketAddr::new(ep.address, ep.file.http_port));
+    f.pg_bin_dir = c.pg_bin_dir.clone();
+    f.pg_user = c.pg_user.clone();
+    f.verify_redo = c.verify_redo;
+    f.pageserver_site = read_site.map(str::to_string);
     // The safekeepers' membership configuration and the storage
     // controllers name services at their own addresses.
-    let map: Vec<String> = c.address_map_from(site).into_iter().map(|(a, b)| format!("{a}={b}")).collect();
-    if !map.is_empty() {
-        args.extend(["--address-map".into(), map.join(",").into()]);
-    }
+    f.address_map = c.address_map_from(site).into_iter().collect();
+    f.read_only_at = req.read_only_at;
     if let Some(token) = &req.agent_token {
         // Rewritten at every start, so a new key takes effect with the next one.
         let path = ep.dir.join(AGENT_TOKEN_FILE);
         strata_service::auth::write_secret(&path, token).map_err(|e| Error::Failed(e.to_string()))?;
-        args.extend([
-            "--auth-public-key".into(),
-            super::keys::public_key(&wd.root).into(),
-            "--token-file".into(),
-            path.into(),
-        ]);
+        f.auth_public_key = Some(super::keys::public_key(&wd.root));
+        f.token_file = Some(path);
     }
     if super::certs::client(&wd.root)?.is_some() {
         let files = super::certs::service_tls(&wd.root, &ep.address.to_string());
-        args.extend([
-            "--tls-ca".into(),
-            files.ca.into(),
-            "--tls-cert".into(),
-            files.cert.into(),
-            "--tls-key".into(),
-            files.key.into(),
-        ]);
+        (f.tls_ca, f.tls_cert, f.tls_key) = (Some(files.ca), Some(files.cert), Some(files.key));
         if !host.is_loopback() {
             // Clients of other hosts reach PostgreSQL at the host's address, over TLS.
-            args.extend(["--pg-host-address".into(), host.address.to_string().into()]);
+            f.pg_host_address = Some(host.address);
         }
     }
-    if let Some(lsn) = read_only_at {
-        args.extend(["--read-only-at".into(), lsn.to_string().into()]);
-    }
-    if let Some(replica) = &req.replica {
-        let replication: Vec<String> = c.of_kind(Kind::Safekeeper).filter_map(|s| c.addr_from(site, s, "pg")).collect();
-        args.extend(["--replica".into(), name.into(), "--safekeeper-replication".into(), replication.join(",").into()]);
-        if let Some(lsn) = replica.after {
-            args.extend(["--replica-after".into(), lsn.to_string().into()]);
-        }
-        if replica.hot_standby_feedback {
-            args.push("--hot-standby-feedback".into());
-        }
-        if let Some(mb) = agent.max_replica_lag_mb {
-            args.extend(["--max-replica-lag-mb".into(), mb.to_string().into()]);
-        }
-    }
-    if lazy {
-        args.extend(["--lazy-page-service".into(), c.addr_from(site, ps, "pg").unwrap_or_default().into()]);
-        if let Some(mb) = cache_mb {
-            args.extend(["--lazy-cache-mb".into(), mb.to_string().into()]);
-        }
-        if let Some(secs) = fetch_retry_secs {
-            args.extend(["--lazy-fetch-retry-secs".into(), secs.to_string().into()]);
-        }
+    let agent = &req.agent;
+    f.replica = req.replica.as_ref().map(|replica| {
+        let replication = c.of_kind(Kind::Safekeeper).filter_map(|s| c.addr_from(site, s, "pg")).collect();
+        let mut r = ReplicaFile::new(req.name.clone(), replication);
+        r.after = replica.after;
+        r.hot_standby_feedback = replica.hot_standby_feedback;
+        r.max_lag_mb = agent.max_replica_lag_mb.unwrap_or(r.max_lag_mb);
+        r
+    });
+    if ep.file.lazy {
+        let mut lazy = LazyFile::new(c.addr_from(site, ps, "pg").unwrap_or_default());
+        lazy.cache_mb = ep.file.cache_mb.unwrap_or(lazy.cache_mb);
+        lazy.fetch_retry_secs = ep.file.fetch_retry_secs.unwrap_or(lazy.fetch_retry_secs);
+        f.lazy = Some(lazy);
     }
     if let Some(size) = &agent.shared_buffers {
-        args.extend(["--shared-buffers".into(), size.into()]);
+        f.shared_buffers = size.clone();
     }
-    if let Some(n) = agent.crash_loop_restarts {
-        args.extend(["--crash-loop-restarts".into(), n.to_string().into()]);
-    }
-    if let Some(secs) = agent.crash_loop_window_secs {
-        args.extend(["--crash-loop-window-secs".into(), secs.to_string().into()]);
-    }
-    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    f.crash_loop_restarts = agent.crash_loop_restarts.unwrap_or(f.crash_loop_restarts);
+    f.crash_loop_window_secs = agent.crash_loop_window_secs.unwrap_or(f.crash_loop_window_secs);
+    f.check().map_err(|e| Error::Failed(format!("endpoint {}: the agent's configuration: {e}", req.name)))?;
+    Ok(f)
+}
+
+/// Spawns the agent under its supervisor and waits until its PostgreSQL
+/// runs; the agent's and the supervisor's pids. A failed start leaves
+/// nothing running: the agent (which stops its PostgreSQL), its
+/// supervisor, and a PostgreSQL it could not stop.
+fn spawn_agent(wd: &Workdir, ep: &Endpoint) -> Result<(i32, u32)> {
+    let name = &ep.file.name;
     let exe = std::env::current_exe().map_err(|e| Error::Failed(format!("finding the strata binary: {e}")))?;
+    let config = ep.agent_config();
+    let args: Vec<&std::ffi::OsStr> =
+        vec!["compute".as_ref(), "start".as_ref(), "--config".as_ref(), config.as_os_str()];
     let log = ep.log();
     let from = process::log_len(&log);
     let sv = ep.supervised();
     let mut child = sv.spawn(&exe, &args, &wd.root)?;
-
-    // A failed start leaves nothing running: the agent (which stops its
-    // PostgreSQL), its supervisor, and a PostgreSQL it could not stop.
     let abort = |child: &mut std::process::Child, why: String| {
         let _ = sv.stop(false);
-        let _ = stop_orphan_postgres(&ep, true);
+        let _ = stop_orphan_postgres(ep, true);
         let _ = child.try_wait();
         failed(format!("endpoint {name}: {why}\n{}", process::log_tail(&log, from, TAIL_LINES)))
     };
     let deadline = Instant::now() + START_WAIT;
     let mut last_state = String::from("(no answer)");
-    let pid = loop {
+    loop {
         if let Some(why) = sv.start_failure(&mut child) {
             return abort(&mut child, format!("the compute agent {why} in state {last_state}"));
         }
@@ -939,7 +998,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
             match view.state {
                 AgentState::Running => {
                     if let Some(pid) = sv.service.running() {
-                        break pid;
+                        return Ok((pid, child.id()));
                     }
                 }
                 AgentState::Failed => {
@@ -957,20 +1016,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
         }
         // Often: a start takes well under a second, and the caller waits on this.
         std::thread::sleep(START_POLL);
-    };
-    let mut lines = vec![format!(
-        "endpoint {name}: running on branch {branch_name} (timeline {}) on host {}, agent pid {pid}, supervisor pid {}, log {}",
-        req.timeline_id,
-        host.name,
-        child.id(),
-        log.display()
-    )];
-    if super::certs::client(&wd.root)?.is_some() {
-        lines.push(format!("over TLS: {}", ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root))));
     }
-    // Last line: scripts take the connection string from here.
-    lines.push(ep.local_connstr(&password));
-    Ok(lines)
 }
 
 /// A compute needs the pageserver (its basebackup) and a majority of the
@@ -1191,6 +1237,6 @@ mod tests {
             ep.tls_connstr("pw9", std::path::Path::new("/w x/tls/ca.pem")),
             "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w%20x/tls/ca.pem"
         );
-        assert_eq!(ep.identity().marker, PathBuf::from("/w/endpoints/e/pgdata"));
+        assert_eq!(ep.identity().marker, PathBuf::from("/w/endpoints/e/agent.toml"));
     }
 }

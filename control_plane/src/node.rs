@@ -17,7 +17,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use clap::Args;
 use prometheus_client::registry::Registry;
 use strata_protocol::api::ErrorBody;
 use strata_service::auth::http::{guard, HttpAuth, Need, RefusalMetrics};
@@ -37,14 +36,12 @@ const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 const MAX_CONNECTIONS: usize = 16;
 
 /// `strata node`: what it runs.
-#[derive(Args, Debug)]
-pub struct NodeArgs {
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
     /// The cluster's directory on this host (a copy of the one `strata
     /// init` wrote, at the same path on every host).
-    #[arg(long, default_value = ".strata")]
     pub workdir: PathBuf,
     /// The host this is (default: the host whose address is this machine's).
-    #[arg(long)]
     pub host: Option<String>,
 }
 
@@ -240,19 +237,18 @@ fn router(node: Node, auth: Option<&HttpAuth>) -> Router {
     guard(routes, auth, Need::Management)
 }
 
-/// `strata node`: runs until SIGTERM or SIGINT.
-pub fn run(args: NodeArgs) -> i32 {
-    crate::logging::init();
-    match serve(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("strata node: {e}");
-            1
-        }
-    }
+/// What the node serves with: its state, where it listens, its TLS and
+/// the verifier of callers' tokens.
+struct Prepared {
+    node: Node,
+    addr: SocketAddr,
+    tls: Option<strata_service::tls::ServerTls>,
+    verifier: Option<Arc<Verifier>>,
 }
 
-fn serve(args: NodeArgs) -> Result<()> {
+/// Finds this host in the workdir and loads its TLS and keys; refuses to
+/// serve beyond loopback without them.
+fn prepare(args: &NodeOptions) -> Result<Prepared> {
     // The node runs for months: it calls its services with the services'
     // token, which does not expire, not the CLI's management token of an
     // hour (set first: the first token set is the process's).
@@ -297,8 +293,12 @@ fn serve(args: NodeArgs) -> Result<()> {
             wd.cluster.services.iter().filter(|s| s.host == host.name).map(|s| s.name.clone()).collect(),
         )),
     };
-    drop(wd);
+    Ok(Prepared { node, addr, tls, verifier })
+}
 
+/// `strata node`: serves until SIGTERM or SIGINT.
+pub fn serve(args: NodeOptions) -> Result<()> {
+    let Prepared { node, addr, tls, verifier } = prepare(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Why a cluster command failed; decides the exit code.
 #[derive(Debug)]
-pub(crate) enum Error {
+pub enum Error {
     /// The command line asks for something impossible (exit code 2).
     Usage(String),
     /// The command was fine but did not succeed (exit code 1).
@@ -20,7 +20,7 @@ impl fmt::Display for Error {
 }
 
 /// Result of the cluster commands' internals.
-pub(crate) type Result<T> = std::result::Result<T, Error>;
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// Shorthand for a failure message.
 pub(crate) fn failed<T>(message: impl Into<String>) -> Result<T> {

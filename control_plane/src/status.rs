@@ -433,9 +433,18 @@ fn megabytes(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
 
-/// Renders the collected status for people.
+/// Renders the collected status for people: services, endpoints, timelines.
 fn render(st: &ClusterStatus) -> String {
     let mut out = format!("cluster {}  tenant {}\n\n", st.workdir.display(), st.tenant_id);
+    out.push_str(&render_services(st));
+    out.push('\n');
+    out.push_str(&render_endpoints(st));
+    out.push('\n');
+    out.push_str(&render_timelines(st));
+    out
+}
+
+fn render_services(st: &ClusterStatus) -> String {
     let rows = st
         .services
         .iter()
@@ -452,86 +461,50 @@ fn render(st: &ClusterStatus) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(&["NAME", "KIND", "STATE", "PID", "RESTARTS", "PORTS", "LAST EXIT"], rows));
+    table(&["NAME", "KIND", "STATE", "PID", "RESTARTS", "PORTS", "LAST EXIT"], rows)
+}
 
-    out.push('\n');
+fn render_endpoints(st: &ClusterStatus) -> String {
     if st.endpoints.is_empty() {
-        out.push_str("no endpoints\n");
-    } else {
-        let rows = st
-            .endpoints
-            .iter()
-            .map(|e| {
-                vec![
-                    e.name.clone(),
-                    e.branch.clone(),
-                    role_text(e),
-                    endpoint_state(e),
-                    or_dash(e.pid),
-                    e.restarts.to_string(),
-                    ports(&e.ports),
-                    short(&or_dash(e.last_cause.as_ref())),
-                    e.connstr.clone(),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &["ENDPOINT", "BRANCH", "ROLE", "STATE", "PID", "RESTARTS", "PORTS", "LAST CAUSE", "CONNECTION"],
-            rows,
-        ));
+        return "no endpoints\n".into();
     }
+    let rows = st
+        .endpoints
+        .iter()
+        .map(|e| {
+            vec![
+                e.name.clone(),
+                e.branch.clone(),
+                role_text(e),
+                endpoint_state(e),
+                or_dash(e.pid),
+                e.restarts.to_string(),
+                ports(&e.ports),
+                short(&or_dash(e.last_cause.as_ref())),
+                e.connstr.clone(),
+            ]
+        })
+        .collect();
+    table(&["ENDPOINT", "BRANCH", "ROLE", "STATE", "PID", "RESTARTS", "PORTS", "LAST CAUSE", "CONNECTION"], rows)
+}
 
-    out.push('\n');
+/// Each timeline: its pageserver's view, its placement when not a
+/// majority, and each safekeeper's positions.
+fn render_timelines(st: &ClusterStatus) -> String {
     let ps_running = st.services.iter().any(|s| s.kind == Kind::Pageserver.as_str() && s.state == "running");
     let mut rows = Vec::new();
     for t in &st.timelines {
         let head = |source: &str| vec![t.branch.clone(), t.timeline_id.to_string(), source.to_string()];
         let mut row = head(t.attached.as_deref().unwrap_or("pageserver"));
-        let placement = match (&t.attached, t.generation) {
-            (Some(_), Some(g)) if t.secondaries.is_empty() => format!("generation={g} secondaries=- "),
-            (Some(_), Some(g)) => format!("generation={g} secondaries={} ", t.secondaries.join(",")),
-            _ => String::new(),
-        };
         match &t.pageserver {
             None if t.attached.is_none() => {
                 row.extend(["-".into(), "(not attached: no storage controller answered)".into()])
             }
             None => row.extend(["-".into(), if ps_running { "(no answer)" } else { "(not running)" }.into()]),
-            Some(ps) => {
-                row.push(ps.state.to_string());
-                let mut lsns = placement
-                    + &format!(
-                        "last_record={} disk_consistent={} gc_cutoff={} layers(L0/L1/image)={}/{}/{} {:.1} MB",
-                        ps.last_record_lsn,
-                        ps.disk_consistent_lsn,
-                        ps.gc_cutoff_lsn,
-                        ps.l0_layers,
-                        ps.l1_layers,
-                        ps.image_layers,
-                        megabytes(ps.layer_bytes)
-                    );
-                if let Some(remote) = &ps.remote {
-                    lsns.push_str(&format!(
-                        " local={} {:.1} MB remote={} {:.1} MB remote_consistent={} upload_queue={} {:.1} MB",
-                        ps.local_layers,
-                        megabytes(ps.local_layer_bytes),
-                        remote.remote_layers,
-                        megabytes(remote.remote_bytes),
-                        remote.remote_consistent_lsn,
-                        remote.upload_queue_layers,
-                        megabytes(remote.upload_lag_bytes),
-                    ));
-                    if let Some(e) = &remote.upload_error {
-                        lsns.push_str(&format!(" upload_error={}", short(e)));
-                    }
-                }
-                row.push(lsns);
-            }
+            Some(ps) => row.extend([ps.state.to_string(), pageserver_lsns(t, ps)]),
         }
         rows.push(row);
         if !t.placement.is_majority() || t.placement_wanted.is_some() {
-            let mut row = head("placement");
-            row.push("-".into());
             let mut text = super::placement::describe_placement(&t.placement);
             if let Some(w) = &t.placement_wanted {
                 text.push_str(&format!(
@@ -539,28 +512,62 @@ fn render(st: &ClusterStatus) -> String {
                     super::placement::describe_placement(w)
                 ));
             }
-            row.push(text);
-            rows.push(row);
+            rows.push([head("placement"), vec!["-".into(), text]].concat());
         }
         for sk in &t.safekeepers {
             let mut row = head(&sk.name);
             match (sk.flush_lsn, sk.commit_lsn) {
                 (Some(flush), Some(commit)) => {
-                    row.push("-".into());
                     let mut lsns = format!("flush={flush} commit={commit}");
                     // Shown once the timeline's membership has changed (docs/safekeeper-membership.md).
                     if let Some(g) = sk.membership_generation.filter(|g| *g > 0) {
                         lsns.push_str(&format!(" membership_generation={g}"));
                     }
-                    row.push(lsns);
+                    row.extend(["-".into(), lsns]);
                 }
                 _ => row.extend(["-".into(), "(no such timeline)".into()]),
             }
             rows.push(row);
         }
     }
-    out.push_str(&table(&["BRANCH", "TIMELINE", "SOURCE", "STATE", "LSNS"], rows));
-    out
+    table(&["BRANCH", "TIMELINE", "SOURCE", "STATE", "LSNS"], rows)
+}
+
+/// The pageserver's LSNs and layers of a timeline (with its placement
+/// when a storage controller placed it), and object storage's.
+fn pageserver_lsns(t: &BranchStatus, ps: &strata_protocol::api::pageserver::TimelineStatus) -> String {
+    let placement = match (&t.attached, t.generation) {
+        (Some(_), Some(g)) if t.secondaries.is_empty() => format!("generation={g} secondaries=- "),
+        (Some(_), Some(g)) => format!("generation={g} secondaries={} ", t.secondaries.join(",")),
+        _ => String::new(),
+    };
+    let mut lsns = placement
+        + &format!(
+            "last_record={} disk_consistent={} gc_cutoff={} layers(L0/L1/image)={}/{}/{} {:.1} MB",
+            ps.last_record_lsn,
+            ps.disk_consistent_lsn,
+            ps.gc_cutoff_lsn,
+            ps.l0_layers,
+            ps.l1_layers,
+            ps.image_layers,
+            megabytes(ps.layer_bytes)
+        );
+    if let Some(remote) = &ps.remote {
+        lsns.push_str(&format!(
+            " local={} {:.1} MB remote={} {:.1} MB remote_consistent={} upload_queue={} {:.1} MB",
+            ps.local_layers,
+            megabytes(ps.local_layer_bytes),
+            remote.remote_layers,
+            megabytes(remote.remote_bytes),
+            remote.remote_consistent_lsn,
+            remote.upload_queue_layers,
+            megabytes(remote.upload_lag_bytes),
+        ));
+        if let Some(e) = &remote.upload_error {
+            lsns.push_str(&format!(" upload_error={}", short(e)));
+        }
+    }
+    lsns
 }
 
 /// `strata status [--json]`.

@@ -86,7 +86,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
             }
             body.ancestor_lsn = Some(lsn);
         }
-        (None, Some(t)) => body.ancestor_time = Some(super::args::parse_time(t, "--at-time")?),
+        (None, Some(t)) => body.ancestor_time = Some(super::options::parse_time(t, "--at-time")?),
         // The parent's newest commit: what its safekeepers hold committed
         // (the pageserver waits until it has ingested it).
         (None, None) => {

@@ -1,7 +1,7 @@
-//! A service of the local cluster under its supervisor (`strata supervise`,
-//! see `crate::supervise`): spawning the pair, telling whether the service
-//! runs, is being restarted or is stopped, reading the supervisor's state,
-//! and stopping both so that nothing is left behind.
+//! A service of the local cluster under its supervisor (`strata
+//! supervise`): spawning the pair, telling whether the service runs, is
+//! being restarted or is stopped, reading the supervisor's state, and
+//! stopping both so that nothing is left behind.
 //!
 //! The service's pidfile always holds the service's own pid (the
 //! supervisor rewrites it at every restart); `<name>.supervisor.pid` holds
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::error::{Error, Result};
 use super::process::{self, Identity, Stopped};
-use crate::supervise::{unix_now, SupervisorState};
+use crate::supervisor_state::{unix_now, SupervisorState};
 
 /// How much longer than the service's grace period the supervisor gets to
 /// stop it (it SIGKILLs the service after the grace period and waits for it).

@@ -168,162 +168,160 @@ fn divergent_name(branch: &str, fork: Lsn) -> String {
     format!("{branch}-divergent-{:X}", fork.0)
 }
 
+/// The sites of a promotion: the promoted one's safekeepers, the others'.
+struct Sides<'a> {
+    site: &'a str,
+    here: Vec<&'a Service>,
+    elsewhere: Vec<&'a Service>,
+    /// The lost sites' names, for the report.
+    lost: String,
+}
+
+impl<'a> Sides<'a> {
+    /// Refuses a site that cannot take over: it needs a safekeeper and a pageserver.
+    fn of(c: &'a ClusterFile, site: &'a str) -> Result<Sides<'a>> {
+        let here: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) == site).collect();
+        let elsewhere: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) != site).collect();
+        if here.is_empty() {
+            return Err(Error::Usage(format!("site {site} has no safekeeper: it cannot take over")));
+        }
+        if !c.of_kind(Kind::Pageserver).any(|p| c.site_of(p) == site) {
+            return Err(Error::Usage(format!("site {site} has no pageserver: it cannot take over")));
+        }
+        let mut lost: Vec<String> = elsewhere.iter().map(|s| c.site_of(s).to_string()).collect();
+        lost.sort();
+        lost.dedup();
+        Ok(Sides { site, here, elsewhere, lost: lost.join(", ") })
+    }
+}
+
 /// `strata site promote SITE`.
 pub fn promote(wd: &Workdir, site: &str) -> Result<()> {
-    let c = &wd.cluster;
-    let tenant = c.tenant_id;
-    let here: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) == site).collect();
-    let elsewhere: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) != site).collect();
-    if here.is_empty() {
-        return Err(Error::Usage(format!("site {site} has no safekeeper: it cannot take over")));
-    }
-    if !c.of_kind(Kind::Pageserver).any(|p| c.site_of(p) == site) {
-        return Err(Error::Usage(format!("site {site} has no pageserver: it cannot take over")));
-    }
-    let lost_sites: Vec<String> = {
-        let mut v: Vec<String> = elsewhere.iter().map(|s| c.site_of(s).to_string()).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let lost_site = lost_sites.join(", ");
+    let sides = Sides::of(&wd.cluster, site)?;
     // The branches that go on here: every one not already left behind.
-    let branches: Vec<Branch> = c.branches.iter().filter(|b| b.divergent.is_none()).cloned().collect();
-
+    let branches: Vec<&Branch> = wd.cluster.branches.iter().filter(|b| b.divergent.is_none()).collect();
     // 1. Seal: the promoted site's safekeepers first (their WAL ends at F),
     //    then every other one that answers (its writer is fenced at once).
-    let mut losses = Vec::new();
-    for b in &branches {
-        let t1 = b.timeline_id;
-        let before_here: Vec<TimelineStatus> = here.iter().filter_map(|s| sk_status(s, tenant, t1)).collect();
-        if before_here.is_empty() {
-            return failed(format!("branch {}: no safekeeper of {site} answers for timeline {t1}", b.name));
-        }
-        if before_here.iter().any(|s| s.sealed) && b.divergent.is_none() {
-            println!("branch {}: timeline {t1} was sealed already (a promotion interrupted?); going on", b.name);
-        }
-        let told = before_here.iter().map(|s| s.commit_lsn).max().unwrap_or(Lsn::INVALID);
-        // `stretched` over two sites puts this site's safekeepers in every
-        // commit quorum: nothing acknowledged can be missing here.
-        let stretched = before_here.iter().all(|s| {
-            let m = &s.membership;
-            let mut sites: Vec<Option<String>> = m.all().into_iter().map(|x| x.site).collect();
-            sites.sort();
-            sites.dedup();
-            m.generation > 0 && sites.len() == 2 && m.rules().all(|(_, p)| matches!(p, Placement::Stretched))
-        });
-        let mut fork = Lsn::INVALID;
-        for sk in &here {
-            match seal(sk, tenant, t1) {
-                Ok(s) => fork = fork.max(s.commit_lsn),
-                Err(e) => println!("branch {}: {} not sealed ({e}); it is sealed when it returns", b.name, sk.name),
-            }
-        }
-        if fork == Lsn::INVALID {
-            return failed(format!("branch {}: no safekeeper of {site} could be sealed", b.name));
-        }
-        let mut sealed_elsewhere = Vec::new();
-        for sk in &elsewhere {
-            if let Ok(s) = seal(sk, tenant, t1) {
-                println!(
-                    "branch {}: {} (of {}) sealed at {}: its writer is fenced",
-                    b.name,
-                    sk.name,
-                    c.site_of(sk),
-                    s.flush_lsn
-                );
-                sealed_elsewhere.push((*sk, s));
-            }
-        }
-        let (acknowledged, held, source) = lost_side(&sealed_elsewhere);
-        let transactions = tail_transactions(wd, &b.name, source, t1, fork, acknowledged, held);
-        losses.push(Loss {
-            branch: b.name.clone(),
-            divergent: divergent_name(&b.name, fork),
-            fork_lsn: fork,
-            acknowledged,
-            held,
-            told,
-            transactions,
-            stretched,
-        });
-    }
-
+    let losses = branches.iter().map(|b| seal_branch(wd, &sides, b)).collect::<Result<Vec<Loss>>>()?;
     // 2. The lost sites' pageservers: the controller attaches the tenant here.
+    let ps = attach_in(wd, site)?;
+    // 3. Fork each branch at F; the sealed timeline becomes the divergent branch.
+    fork_branches(wd, ps, &sides, &losses)?;
+    let wd = Workdir::open(&wd.root)?;
+    // 4. Endpoints of the old timelines are recorded on the divergent branches.
+    let records = rebranch_endpoints(&wd, &losses)?;
+    // 5. The new timelines on the safekeepers that run, under their first
+    //    configuration (at home here): the others get both when they return.
+    services::ensure_timelines(&wd)?;
+    for loss in &losses {
+        first_configuration(&wd, &loss.branch)?;
+    }
+    // 6. The report, then the writer: its connection string comes last.
+    for loss in &losses {
+        loss.print(&sides.lost);
+    }
+    start_writers(&wd, site, &losses, &records)
+}
+
+/// Seals a branch's timeline, here first; what the lost side held of it.
+fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch) -> Result<Loss> {
+    let (c, site, tenant, t1) = (&wd.cluster, sides.site, wd.cluster.tenant_id, b.timeline_id);
+    let before_here: Vec<TimelineStatus> = sides.here.iter().filter_map(|s| sk_status(s, tenant, t1)).collect();
+    if before_here.is_empty() {
+        return failed(format!("branch {}: no safekeeper of {site} answers for timeline {t1}", b.name));
+    }
+    if before_here.iter().any(|s| s.sealed) {
+        println!("branch {}: timeline {t1} was sealed already (a promotion interrupted?); going on", b.name);
+    }
+    let told = before_here.iter().map(|s| s.commit_lsn).max().unwrap_or(Lsn::INVALID);
+    // `stretched` over two sites puts this site's safekeepers in every
+    // commit quorum: nothing acknowledged can be missing here.
+    let stretched = before_here.iter().all(|s| {
+        let m = &s.membership;
+        let mut sites: Vec<Option<String>> = m.all().into_iter().map(|x| x.site).collect();
+        sites.sort();
+        sites.dedup();
+        m.generation > 0 && sites.len() == 2 && m.rules().all(|(_, p)| matches!(p, Placement::Stretched))
+    });
+    let mut fork = Lsn::INVALID;
+    for sk in &sides.here {
+        match seal(sk, tenant, t1) {
+            Ok(s) => fork = fork.max(s.commit_lsn),
+            Err(e) => println!("branch {}: {} not sealed ({e}); it is sealed when it returns", b.name, sk.name),
+        }
+    }
+    if fork == Lsn::INVALID {
+        return failed(format!("branch {}: no safekeeper of {site} could be sealed", b.name));
+    }
+    let mut sealed_elsewhere = Vec::new();
+    for sk in &sides.elsewhere {
+        if let Ok(s) = seal(sk, tenant, t1) {
+            let (name, from) = (&sk.name, c.site_of(sk));
+            println!("branch {}: {name} (of {from}) sealed at {}: its writer is fenced", b.name, s.flush_lsn);
+            sealed_elsewhere.push((*sk, s));
+        }
+    }
+    let (acknowledged, held, source) = lost_side(&sealed_elsewhere);
+    let transactions = tail_transactions(wd, &b.name, source, t1, fork, acknowledged, held);
+    Ok(Loss {
+        branch: b.name.clone(),
+        divergent: divergent_name(&b.name, fork),
+        fork_lsn: fork,
+        acknowledged,
+        held,
+        told,
+        transactions,
+        stretched,
+    })
+}
+
+/// Marks every other site's pageserver lost and waits until the storage
+/// controller has attached the tenant in `site`; that pageserver.
+fn attach_in<'a>(wd: &'a Workdir, site: &str) -> Result<&'a Service> {
+    let c = &wd.cluster;
     for ps in c.of_kind(Kind::Pageserver).filter(|p| c.site_of(p) != site) {
         controller::set_policy(wd, &ps.name, "lost")?;
     }
     let deadline = Instant::now() + ATTACH_WAIT;
-    let ps = loop {
+    loop {
         let ps = controller::attached(wd)?;
         if c.site_of(ps) == site {
-            break ps;
+            println!("{}: the tenant is attached in {site}", ps.name);
+            return Ok(ps);
         }
         if Instant::now() >= deadline {
             return failed(format!("the tenant is still attached to {} after {}s", ps.name, ATTACH_WAIT.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(200));
-    };
-    println!("{}: the tenant is attached in {site}", ps.name);
+    }
+}
 
-    // 3. Fork each branch at F; the sealed timeline becomes the divergent branch.
-    let path = wd.root.join(CLUSTER_FILE);
-    let mut cluster: ClusterFile = read_toml(&path)?;
-    for loss in &losses {
-        let old = cluster.branch(&loss.branch).cloned().expect("listed above");
+/// Forks each lost branch at its F on pageserver `ps` and records the
+/// change in `cluster.toml`: the branch goes on in the new timeline, at
+/// home in the promoted site; the sealed one is its divergent branch.
+fn fork_branches(wd: &Workdir, ps: &Service, sides: &Sides<'_>, losses: &[Loss]) -> Result<()> {
+    let mut cluster: ClusterFile = read_toml(&wd.root.join(CLUSTER_FILE))?;
+    for loss in losses {
+        let old = cluster.branch(&loss.branch).cloned().expect("every loss is of a branch");
         let t2 = TimelineId::generate();
-        let body = CreateBranchRequest {
-            timeline_id: Some(t2),
-            ancestor_timeline_id: old.timeline_id,
-            ancestor_lsn: Some(loss.fork_lsn),
-            ancestor_time: None,
-        };
-        let url = format!("{}/v1/tenant/{tenant}/timeline", ps.http_url());
-        let r = http::post(&url, &body, Duration::from_secs(120))
-            .map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
-        if r.status != 201 {
-            return failed(format!(
-                "branch {}: forking at {}: HTTP {}: {}",
-                loss.branch,
-                loss.fork_lsn,
-                r.status,
-                r.error_text()
-            ));
-        }
-        let start = r
-            .json::<pageserver::TimelineStatus>()
-            .map_err(|e| Error::Failed(format!("{}: the new timeline: {e}", ps.name)))?
-            .start_lsn;
-        let home = match &old.placement {
-            Some(Placement::LocalQuorum { max_async_lag, on_async_lag, .. }) => {
-                Placement::LocalQuorum { home: site.into(), max_async_lag: *max_async_lag, on_async_lag: *on_async_lag }
-            }
-            // One site cannot satisfy `stretched`; `strata branch placement` restores it once the other is back.
-            _ => Placement::LocalQuorum {
-                home: site.into(),
-                max_async_lag: strata_protocol::safekeeper::membership::DEFAULT_MAX_ASYNC_LAG,
-                on_async_lag: OnAsyncLag::default(),
-            },
-        };
+        let start = fork_timeline(wd.cluster.tenant_id, ps, old.timeline_id, t2, loss)?;
+        let home = home_placement(old.placement.as_ref(), sides.site);
         for b in cluster.branches.iter_mut() {
             if b.parent.as_deref() == Some(loss.branch.as_str()) {
                 // Branched from the old history: their parent is the divergent branch.
                 b.parent = Some(loss.divergent.clone());
             }
         }
-        let entry = cluster.branches.iter_mut().find(|b| b.name == loss.branch).expect("listed above");
+        let entry = cluster.branches.iter_mut().find(|b| b.name == loss.branch).expect("every loss is of a branch");
         *entry = Branch {
             name: loss.divergent.clone(),
-            timeline_id: old.timeline_id,
-            parent: old.parent.clone(),
-            ancestor_lsn: old.ancestor_lsn,
-            placement: old.placement.clone(),
             divergent: Some(Divergence {
-                site: lost_site.clone(),
+                site: sides.lost.clone(),
                 continued_as: loss.branch.clone(),
                 fork_lsn: loss.fork_lsn,
                 acknowledged_lsn: loss.acknowledged,
             }),
+            ..old.clone()
         };
         cluster.branches.push(Branch {
             name: loss.branch.clone(),
@@ -334,56 +332,85 @@ pub fn promote(wd: &Workdir, site: &str) -> Result<()> {
             divergent: None,
         });
         println!(
-            "branch {}: goes on in timeline {t2} from {start} (at home in {site}); its old timeline {} is branch {}",
-            loss.branch, old.timeline_id, loss.divergent
+            "branch {}: goes on in timeline {t2} from {start} (at home in {}); its old timeline {} is branch {}",
+            loss.branch, sides.site, old.timeline_id, loss.divergent
         );
     }
-    save_cluster(&wd.root, &mut cluster)?;
-    let wd = Workdir::open(&wd.root)?;
+    save_cluster(&wd.root, &mut cluster)
+}
 
-    // 4. Endpoints of the old timelines are recorded on the divergent branches.
-    let records = endpoint::inventory(&wd)?;
-    for loss in &losses {
+/// Creates timeline `t2` branched from `t1` at the loss's fork LSN; its start LSN.
+fn fork_timeline(tenant: TenantId, ps: &Service, t1: TimelineId, t2: TimelineId, loss: &Loss) -> Result<Lsn> {
+    let body = CreateBranchRequest {
+        timeline_id: Some(t2),
+        ancestor_timeline_id: t1,
+        ancestor_lsn: Some(loss.fork_lsn),
+        ancestor_time: None,
+    };
+    let url = format!("{}/v1/tenant/{tenant}/timeline", ps.http_url());
+    let r =
+        http::post(&url, &body, Duration::from_secs(120)).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    if r.status != 201 {
+        let (b, f) = (&loss.branch, loss.fork_lsn);
+        return failed(format!("branch {b}: forking at {f}: HTTP {}: {}", r.status, r.error_text()));
+    }
+    let status = r
+        .json::<pageserver::TimelineStatus>()
+        .map_err(|e| Error::Failed(format!("{}: the new timeline: {e}", ps.name)))?;
+    Ok(status.start_lsn)
+}
+
+/// The placement of a branch going on in `site`: local-quorum at home
+/// there, keeping the old bound on asynchronous members if it had one.
+fn home_placement(old: Option<&Placement>, site: &str) -> Placement {
+    match old {
+        Some(Placement::LocalQuorum { max_async_lag, on_async_lag, .. }) => {
+            Placement::LocalQuorum { home: site.into(), max_async_lag: *max_async_lag, on_async_lag: *on_async_lag }
+        }
+        // One site cannot satisfy `stretched`; `strata branch placement` restores it once the other is back.
+        _ => Placement::LocalQuorum {
+            home: site.into(),
+            max_async_lag: strata_protocol::safekeeper::membership::DEFAULT_MAX_ASYNC_LAG,
+            on_async_lag: OnAsyncLag::default(),
+        },
+    }
+}
+
+/// Records the endpoints of each lost branch on its divergent branch; the
+/// endpoints as they were before.
+fn rebranch_endpoints(wd: &Workdir, losses: &[Loss]) -> Result<Vec<endpoint::EndpointRecord>> {
+    let records = endpoint::inventory(wd)?;
+    for loss in losses {
         for r in records.iter().filter(|r| r.file.branch == loss.branch) {
-            match endpoint::rebranch(&wd, &r.file.name, &loss.divergent) {
+            match endpoint::rebranch(wd, &r.file.name, &loss.divergent) {
                 Ok(()) => println!("endpoint {}: now on branch {} ({})", r.file.name, loss.divergent, r.state),
                 Err(e) => println!("endpoint {}: still recorded on {} ({e})", r.file.name, loss.branch),
             }
         }
     }
+    Ok(records)
+}
 
-    // 5. The new timelines on the safekeepers that run, under their first
-    //    configuration (at home here): the others get both when they return.
-    services::ensure_timelines(&wd)?;
-    for loss in &losses {
-        first_configuration(&wd, &loss.branch)?;
-    }
-
-    // 6. The report, then the writer: its connection string comes last.
-    for loss in &losses {
-        loss.print(&lost_site);
-    }
-    let writer_host = wd.cluster.hosts.iter().find(|h| h.site == site && h.computes).map(|h| h.name.clone());
+/// Starts `<branch>-<site>` in `site` for each branch that had a writer;
+/// each prints its connection string last, the last one's ends the output.
+fn start_writers(wd: &Workdir, site: &str, losses: &[Loss], records: &[endpoint::EndpointRecord]) -> Result<()> {
     let had_writer: Vec<&Loss> =
         losses.iter().filter(|l| records.iter().any(|r| r.file.branch == l.branch && r.file.is_writer())).collect();
-    match writer_host {
-        // Each writer prints its connection string last; the last one's ends the output.
-        Some(host) => {
-            for l in &had_writer {
-                let name = format!("{}-{site}", l.branch);
-                let how = endpoint::StartOptions {
-                    branch: Some(l.branch.as_str()),
-                    host: Some(host.as_str()),
-                    ..Default::default()
-                };
-                println!("endpoint {name}: the writer of branch {} in {site}", l.branch);
-                endpoint::start(&wd, &name, &how, &Default::default())?;
-            }
+    let Some(host) = wd.cluster.hosts.iter().find(|h| h.site == site && h.computes) else {
+        if !had_writer.is_empty() {
+            println!("site {site} has no host that runs computes: start the writer elsewhere");
         }
-        None if !had_writer.is_empty() => {
-            println!("site {site} has no host that runs computes: start the writer elsewhere")
-        }
-        None => {}
+        return Ok(());
+    };
+    for l in had_writer {
+        let name = format!("{}-{site}", l.branch);
+        let how = endpoint::StartOptions {
+            branch: Some(l.branch.as_str()),
+            host: Some(host.name.as_str()),
+            ..Default::default()
+        };
+        println!("endpoint {name}: the writer of branch {} in {site}", l.branch);
+        endpoint::start(wd, &name, &how, &Default::default())?;
     }
     Ok(())
 }
