@@ -14,7 +14,9 @@
   `docs/architecture.md`, `formats/`, `bench/wal_decode.py`) exists.
   Paths under a top-level directory that `.gitignore` names (`target/`,
   `.venv/`, `.strata/`) are made by the build or at run time, not part of
-  the repository, and are not checked.
+  the repository, and are not checked. A Python module run with `-m`
+  from the repository root (`python -m bench.sites`) names its file
+  (`bench/sites.py`).
 
 The parser is checked as well, on a known snippet and by a floor on what
 it finds in the README, so that a README it no longer understands fails
@@ -133,6 +135,10 @@ def _ignored_roots(repo: Path) -> set[str]:
     return roots
 
 
+# `python -m bench.sites`: a module run from the repository root is its file.
+PYTHON_MODULE = re.compile(r"(?:^|\s)-m\s+([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)")
+
+
 def _paths_in(text: str, with_extension_only: bool) -> list[str]:
     found = []
     for tok in text.split():
@@ -146,7 +152,7 @@ def _paths_in(text: str, with_extension_only: bool) -> list[str]:
         if with_extension_only and not re.search(r"\.[a-z]{1,5}$", tok):
             continue
         found.append(tok)
-    return found
+    return found + [m.group(1).replace(".", "/") + ".py" for m in PYTHON_MODULE.finditer(text)]
 
 
 def parse_readme(text: str, ignored_roots: set[str] = frozenset()) -> tuple[list[tuple[str, ...]], list[str]]:
@@ -199,7 +205,7 @@ strata pagebench --pageserver H:P --rel SPC/DB/REL
 
 ```sh
 "$strata" compute sync-safekeepers --tenant-id T | tail -1   # strata wal bogus
-./scripts/setup.sh && .venv/bin/python bench/wal_decode.py
+./scripts/setup.sh && .venv/bin/python -m bench.wal_decode
 ```
 """
     commands, paths = parse_readme(snippet, {".strata", ".venv", "target"})
