@@ -3,8 +3,10 @@ others (`tools/module_graph.py`): each crate's modules form a tree that can
 be read, tested and moved one module at a time.
 
 The checker is shown to find circles in small crates written here (a
-sibling pair, a parent and child through a re-export, a longer loop), so a
-clean result on the workspace means something.
+sibling pair, a parent and child through a re-export, a longer loop, and
+loops that close through re-exports: a private module behind its
+directory's `mod.rs`, a glob of re-exports, a re-exported name its module
+writes), so a clean result on the workspace means something.
 """
 
 from __future__ import annotations
@@ -73,3 +75,67 @@ def test_finds_circles(tmp_path):
     reports = tool.check([loop3])
     assert len(reports) == 1 and "circle of 3 modules" in reports[0], reports
     assert tool.check([tree]) == []
+
+
+def test_follows_reexports_to_where_items_live(tmp_path):
+    """A loop that closes through a re-export is a loop. The shape the
+    safekeeper had: a task module keeps its per-item state in a private
+    `state.rs` that its `mod.rs` re-exports; the item holding that state is
+    reached from the task through a registry and a hub. Nothing outside
+    `task` can name `task::state`, so the item depends on `task`."""
+    tool = load_tool()
+    behind_mod_rs = write_crate(tmp_path / "behind_mod_rs", {
+        "lib.rs": "mod hub;\nmod registry;\nmod item;\nmod task;\n",
+        "hub.rs": "use crate::registry::Registry;\npub struct Hub { pub registry: Registry }\n",
+        "registry.rs": "use crate::item::Item;\npub struct Registry(pub Vec<Item>);\n",
+        "item.rs": "pub struct Item { pub work: crate::task::WorkState }\n",
+        "task/mod.rs": "use crate::hub::Hub;\nmod state;\npub use state::WorkState;\n"
+                       "pub fn run(hub: &Hub) { for item in &hub.registry.0 { let _ = &item.work; } }\n",
+        "task/state.rs": "pub struct WorkState { pub(super) rounds: u64 }\n",
+    })
+    # Modules that name each other's items through a glob of re-exports.
+    prelude = write_crate(tmp_path / "prelude", {
+        "lib.rs": "mod a;\nmod b;\nmod prelude;\n",
+        "prelude.rs": "pub use crate::a::A;\npub use crate::b::B;\n",
+        "a.rs": "use crate::prelude::*;\npub struct A;\npub fn f(_: B) {}\n",
+        "b.rs": "use crate::prelude::*;\npub struct B;\npub fn g(_: A) {}\n",
+    })
+    # A parent that re-exports a child's item and writes it itself.
+    written = write_crate(tmp_path / "written", {
+        "lib.rs": "pub mod msg;\n",
+        "msg/mod.rs": "mod history;\npub use history::History;\npub type Term = u64;\n"
+                      "pub struct Greeting { pub history: History }\n",
+        "msg/history.rs": "use super::Term;\npub struct History(pub Vec<Term>);\n",
+    })
+    # Inside the directory, a sibling reaches the private module's item
+    # through the parent's re-export: the edge goes to where it lives, and
+    # the parent that uses both is no circle.
+    inside = write_crate(tmp_path / "inside", {
+        "lib.rs": "mod agent;\npub use agent::start;\n",
+        "agent/mod.rs": "mod config;\nmod pgconf;\npub use config::AgentConfig;\n"
+                        "pub fn start(c: &AgentConfig) { pgconf::write(c); }\n",
+        "agent/config.rs": "pub struct AgentConfig;\n",
+        "agent/pgconf.rs": "use super::AgentConfig;\npub fn write(_: &AgentConfig) {}\n",
+    })
+    reports = tool.check([behind_mod_rs])
+    assert len(reports) == 1 and "crate::hub, crate::item, crate::registry, crate::task" in reports[0], reports
+    assert "crate::item -> crate::task  (" in reports[0], reports
+    reports = tool.check([prelude])
+    assert len(reports) == 1 and "crate::a, crate::b" in reports[0], reports
+    reports = tool.check([written])
+    assert len(reports) == 1 and "crate::msg, crate::msg::history" in reports[0], reports
+    assert tool.check([inside]) == []
+
+
+def test_a_url_in_a_string_hides_no_use(tmp_path):
+    """`//` inside a string literal is no comment: a URL does not blank the
+    code that follows it, up to the next quote."""
+    tool = load_tool()
+    url = write_crate(tmp_path / "url", {
+        "lib.rs": "mod a;\nmod b;\n",
+        "a.rs": "pub const URL: &str = \"http://x\";\npub struct A;\n"
+                "pub fn f() { crate::b::g(); let _ = \"y\"; }\n",
+        "b.rs": "pub fn g() {}\nfn h(_: crate::a::A) {}\n",
+    })
+    reports = tool.check([url])
+    assert len(reports) == 1 and "crate::a, crate::b" in reports[0], reports

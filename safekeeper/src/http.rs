@@ -86,9 +86,9 @@ async fn positions(State(shared): State<Arc<Shared>>) -> Response {
                 timeline_id: t.identity.timeline_id,
                 flush_lsn: p.flush_lsn,
                 commit_lsn: p.commit_lsn,
-                offloaded_lsn: t.offload.lock().offloaded_lsn,
-                remote_consistent_lsn: t.remote_consistent.get(),
-                removed_before: t.removal.lock().removed_before,
+                offloaded_lsn: t.progress.offloaded_lsn(),
+                remote_consistent_lsn: t.progress.remote_consistent_lsn(),
+                removed_before: t.progress.removed_before(),
                 sealed: t.is_sealed(),
             }
         })

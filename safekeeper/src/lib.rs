@@ -11,11 +11,13 @@ pub mod control_file;
 pub mod fence;
 pub mod healing;
 pub mod http;
+pub mod manager;
 pub mod memory;
 pub mod metrics;
 pub mod offload;
 pub mod peers;
 pub mod pg_server;
+pub mod progress;
 pub mod proposer_session;
 pub mod recovery;
 pub mod removal;
@@ -79,10 +81,11 @@ pub async fn serve(
     if !config.fsync {
         tracing::warn!("fsync is OFF: acknowledged WAL can be lost on a power failure");
     }
-    let timelines =
-        tokio::task::block_in_place(|| timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync))?;
+    let timelines = Arc::new(tokio::task::block_in_place(|| {
+        timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync)
+    })?);
     tracing::info!(id = %config.id, listen = %config.listen, http = %config.listen_http, "safekeeper started");
-    let metrics = metrics::Metrics::new();
+    let metrics = Arc::new(metrics::Metrics::new());
     let listener_metrics = metrics.listener_metrics();
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let (server_tls, client_tls) = match &config.tls {
@@ -113,6 +116,22 @@ pub async fn serve(
         }
     };
     let auth = verifier.clone().map(|v| HttpAuth::new(v, metrics.refusal_metrics()));
+    let views = Arc::new(peers::PeerViews::default());
+    // The background tasks whose results `Shared` holds get only what they need.
+    let polling = peers::Polling {
+        peers: config.peers.clone(),
+        views: views.clone(),
+        timelines: timelines.clone(),
+        tls: client_tls.clone(),
+        token: token.clone(),
+    };
+    let work = manager::Work {
+        offloader: remote.as_ref().map(|r| offload::Offloader::new(r, &config, views.clone(), metrics.clone())),
+        remover: removal::Remover::new(&config, remote.is_some(), views.clone(), metrics.clone()),
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(peers::run(polling));
+    tasks.spawn(manager::run(timelines.clone(), work));
     let shared = Arc::new(shared::Shared {
         remote,
         token,
@@ -122,15 +141,11 @@ pub async fn serve(
         timelines,
         metrics,
         next_connection_id: AtomicU64::new(1),
-        peers: Default::default(),
+        peers: views,
     });
-    let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(server::serve(protocol, shared.clone()));
     tasks.spawn(recovery::run(shared.clone()));
     tasks.spawn(healing::run(shared.clone()));
-    tasks.spawn(peers::run(shared.clone()));
-    tasks.spawn(offload::run(shared.clone()));
-    tasks.spawn(removal::run(shared.clone()));
     if let Some(pg) = pg {
         tasks.spawn(pg_server::serve(pg, shared.clone(), server_tls));
     }

@@ -250,7 +250,7 @@ async fn consumer(
         );
         return stream_error(&mut w, ErrorCode::NotFound, msg).await;
     }
-    let held_from = timeline.removal.lock().removed_before;
+    let held_from = timeline.progress.removed_before();
     if start.start_lsn < held_from {
         let msg =
             format!("start {} lies in WAL this safekeeper removed; it holds the WAL from {held_from}", start.start_lsn);
@@ -391,7 +391,7 @@ async fn consumer_loop(
                         // A fenced pageserver's uploads may never become
                         // visible: WAL removal must not trust them.
                         if !fence.is_fenced() {
-                            timeline.remote_consistent.note(f.remote_consistent_lsn);
+                            timeline.progress.note_remote_consistent(f.remote_consistent_lsn);
                         }
                     }
                     Ok(ConsumerMessage::Start(_)) => {

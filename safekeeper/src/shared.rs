@@ -1,9 +1,12 @@
-//! What every task and connection of a safekeeper shares: its
+//! What the connections and tasks of a safekeeper share: its
 //! configuration, timelines, metrics, what it knows of its peers and its
 //! object storage. It sits below the modules that use it, so that none of
-//! them depends on another only to reach this.
+//! them depends on another only to reach this, and above what it holds: the
+//! tasks whose results it holds (the peers' poller, each timeline's
+//! `manager`) are given their inputs instead, so that none of them needs it.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use crate::config::SafekeeperConfig;
 use crate::metrics::Metrics;
@@ -13,12 +16,12 @@ use crate::timelines::Timelines;
 /// Shared state of all connections.
 pub struct Shared {
     pub config: SafekeeperConfig,
-    pub timelines: Timelines,
-    pub metrics: Metrics,
+    pub timelines: Arc<Timelines>,
+    pub metrics: Arc<Metrics>,
     /// Numbers consumer connections (their key in a timeline's consumer list).
     pub next_connection_id: AtomicU64,
     /// The peers' positions, as they last answered.
-    pub peers: PeerViews,
+    pub peers: Arc<PeerViews>,
     /// Where WAL is offloaded to and recovered from, if anywhere.
     pub remote: Option<strata_remote_storage::RemoteStorage>,
     /// This safekeeper's own token, sent to its peers (never logged).
@@ -26,5 +29,5 @@ pub struct Shared {
     /// Trust for calls to peers over TLS; none: they are plaintext.
     pub tls: Option<strata_service::tls::ClientTls>,
     /// Checks callers' tokens; none: every caller is accepted.
-    pub verifier: Option<std::sync::Arc<strata_service::auth::Verifier>>,
+    pub verifier: Option<Arc<strata_service::auth::Verifier>>,
 }

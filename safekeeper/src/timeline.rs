@@ -67,12 +67,9 @@ pub struct Timeline {
     positions: tokio::sync::watch::Sender<Positions>,
     pub consumers: Mutex<HashMap<u64, ConsumerStatus>>,
     last_persist: Mutex<Instant>,
-    /// What of the WAL is in object storage (see `offload`).
-    pub offload: Mutex<crate::offload::OffloadState>,
-    /// The highest `remote_consistent_lsn` a consumer reported.
-    pub remote_consistent: crate::removal::RemoteConsistent,
-    /// Where the WAL held begins and why (see `removal`).
-    pub removal: Mutex<crate::removal::RemovalState>,
+    /// What is offloaded, where the WAL held begins, and what the
+    /// pageserver holds in object storage (see `progress`).
+    pub progress: crate::progress::Progress,
     /// Open proposer connections, closed when the membership changes so
     /// their proposers learn the new configuration at once.
     proposers: Mutex<Vec<(u64, std::net::TcpStream)>>,
@@ -171,8 +168,7 @@ impl Timeline {
         let identity = state.identity.to_identity();
         let start_lsn = state.timeline_start_lsn;
         let acceptor = Self::open_acceptor(&dir, node_id, state, control, no_sync, None)?;
-        let removal =
-            crate::removal::RemovalState { removed_before: acceptor.wal().removed_before(), ..Default::default() };
+        let progress = crate::progress::Progress::new(acceptor.wal().removed_before());
         let positions = Self::positions_of(&acceptor);
         let fence = crate::fence::Fence::new(acceptor.state().pageserver_generation);
         Ok(Arc::new(Timeline {
@@ -188,9 +184,7 @@ impl Timeline {
             positions: tokio::sync::watch::channel(positions).0,
             consumers: Mutex::new(HashMap::new()),
             last_persist: Mutex::new(Instant::now()),
-            offload: Mutex::new(Default::default()),
-            remote_consistent: Default::default(),
-            removal: Mutex::new(removal),
+            progress,
             proposers: Mutex::new(Vec::new()),
             next_proposer: std::sync::atomic::AtomicU64::new(0),
             last_append: Mutex::new(None),
@@ -428,7 +422,6 @@ impl Timeline {
         self.with_acceptor(|a| a.persist())
     }
 
-    /// JSON status for the HTTP API.
     /// Seals the timeline (`docs/sites.md`, "Site failover"): durably, then
     /// every proposer connection is closed (each would be refused at its
     /// next message anyway). Returns whether it was sealed now.
@@ -451,6 +444,7 @@ impl Timeline {
         self.acceptor.lock().state().sealed
     }
 
+    /// JSON status for the HTTP API.
     pub fn status(&self) -> TimelineStatus {
         let (state, write_lsn) = {
             let a = self.acceptor.lock();
@@ -476,9 +470,9 @@ impl Timeline {
             commit_lsn: p.commit_lsn,
             truncate_lsn: state.truncate_lsn,
             consumers: self.consumers.lock().values().cloned().collect(),
-            offload: self.offload.lock().status(),
-            removal: self.removal.lock().status(),
-            remote_consistent_lsn: self.remote_consistent.get(),
+            offload: self.progress.offload(),
+            removal: self.progress.removal(),
+            remote_consistent_lsn: self.progress.remote_consistent_lsn(),
             pageserver_generation: state.pageserver_generation,
             sealed: state.sealed,
             commit_before_seal: state.commit_before_seal,

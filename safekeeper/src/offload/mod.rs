@@ -33,197 +33,273 @@
 //! an older index needs them only within the retention).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use strata_formats::wal::segment::SegmentName;
 use strata_formats::Lsn;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_remote_storage::wal::{
     meta_key, partial_key, partial_meta_key, segment_key, timeline_prefix, SegmentMeta, FORMAT_VERSION, PG_TIMELINE,
 };
 use strata_remote_storage::RemoteStorage;
 use tracing::{info, warn};
 
-use crate::shared::Shared;
+use crate::config::{Peer, SafekeeperConfig};
+use crate::metrics::Metrics;
+use crate::peers::{PeerViews, LIVE_FOR};
 use crate::timeline::Timeline;
 use crate::wal_store::segment_path;
 
 mod state;
-pub use state::OffloadState;
+use state::OffloadState;
 
-/// How often every timeline is looked at.
+/// How often a timeline is looked at.
 const TICK: Duration = Duration::from_secs(1);
-/// Most segments one timeline offloads per tick (others get their turn).
+/// Most segments one timeline offloads per tick.
 const SEGMENTS_PER_TICK: usize = 8;
 /// Longest one upload attempt may take (16 MiB even over a slow link).
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the offloader looks for archived segments past their retention.
 const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 
-/// Offloads the WAL of every timeline, forever (returns at once without object storage).
-pub async fn run(shared: Arc<Shared>) {
-    let Some(storage) = &shared.remote else { return };
-    // One attempt per tick: the tick is the retry, and errors show at once.
-    let storage = storage.clone().with_retries(UPLOAD_TIMEOUT, 1, Duration::from_millis(100), Duration::from_secs(1));
-    info!(storage = %storage.describe(), "offloading completed WAL segments");
-    loop {
-        tokio::time::sleep(TICK).await;
-        // Until every peer answered or stayed silent long enough, a live one
-        // with a lower id looks dead, and this one would offload what that one does.
-        if !shared.peers.settled(&shared.config.peers) {
-            continue;
+/// What the offload of every timeline shares: the object storage, this
+/// safekeeper's place among its peers, and the configured limits. Each
+/// timeline's manager runs [`Offloader::run`] for its timeline.
+pub struct Offloader {
+    storage: RemoteStorage,
+    me: NodeId,
+    /// The configured peers, whose views must settle before anything is offloaded.
+    peers: Vec<Peer>,
+    views: Arc<PeerViews>,
+    partial_offload_after: Duration,
+    wal_archive_retention: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Offloader {
+    /// An offloader to `storage` for the safekeeper `config` describes.
+    pub fn new(
+        storage: &RemoteStorage,
+        config: &SafekeeperConfig,
+        views: Arc<PeerViews>,
+        metrics: Arc<Metrics>,
+    ) -> Offloader {
+        // One attempt per tick: the tick is the retry, and errors show at once.
+        let storage =
+            storage.clone().with_retries(UPLOAD_TIMEOUT, 1, Duration::from_millis(100), Duration::from_secs(1));
+        info!(storage = %storage.describe(), "offloading completed WAL segments");
+        Offloader {
+            storage,
+            me: config.id,
+            peers: config.peers.clone(),
+            views,
+            partial_offload_after: config.partial_offload_after,
+            wal_archive_retention: config.wal_archive_retention,
+            metrics,
         }
-        for tl in shared.timelines.all() {
-            if tl.failure().is_some() {
+    }
+
+    /// Offloads one timeline's WAL, forever. What it remembers between
+    /// rounds is its own; its status is published in the timeline's progress.
+    pub async fn run(&self, tl: &Arc<Timeline>) {
+        let mut state = OffloadState::default();
+        loop {
+            tokio::time::sleep(TICK).await;
+            // Until every peer answered or stayed silent long enough, a live one
+            // with a lower id looks dead, and this one would offload what that one does.
+            if !self.views.settled(&self.peers) || tl.failure().is_some() {
                 continue;
             }
-            let result = offload_timeline(&shared, &storage, &tl).await;
-            let mut state = tl.offload.lock();
-            match result {
+            match self.offload_timeline(tl, &mut state).await {
                 Ok(()) => state.last_error = None,
                 Err(e) => {
-                    shared.metrics.offload_errors.inc();
+                    self.metrics.offload_errors.inc();
                     if state.last_error.as_ref() != Some(&e) {
                         warn!(tenant = %tl.identity.tenant_id, timeline = %tl.identity.timeline_id, "offloading WAL: {e}");
                     }
                     state.last_error = Some(e);
                 }
             }
+            tl.progress.set_offload(state.status());
         }
     }
-}
 
-/// Offloads what this safekeeper is to offload of one timeline now.
-async fn offload_timeline(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Timeline>) -> Result<(), String> {
-    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    let segment_size = u64::from(tl.identity.wal_segment_size);
-    let first = tl.start_lsn.0 / segment_size;
-    let seen = *tl.offload.lock().first_seen.get_or_insert_with(std::time::Instant::now);
-    if seen.elapsed() < crate::peers::LIVE_FOR {
-        return Ok(());
-    }
-    if !tl.offload.lock().listed {
-        let done = offloaded_in_storage(storage, tenant, timeline, first, segment_size).await?;
-        let mut state = tl.offload.lock();
-        state.offloaded_lsn = state.offloaded_lsn.max(done);
-        state.listed = true;
-    }
-    let me = shared.config.id;
-    // The peers' view changes once a second: taken once per tick.
-    let peers = shared.peers.live(tenant, timeline);
-    let mut offloaded = tl.offload.lock().offloaded_lsn;
-    // What a live peer offloaded is in object storage (it uploaded it or saw it there).
-    for (_, p) in &peers {
-        if p.offloaded_lsn > offloaded && p.offloaded_lsn.0.is_multiple_of(segment_size) {
-            offloaded = p.offloaded_lsn;
+    /// Offloads what this safekeeper is to offload of one timeline now.
+    async fn offload_timeline(&self, tl: &Arc<Timeline>, state: &mut OffloadState) -> Result<(), String> {
+        let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+        let segment_size = u64::from(tl.identity.wal_segment_size);
+        let first = tl.start_lsn.0 / segment_size;
+        let seen = *state.first_seen.get_or_insert_with(Instant::now);
+        if seen.elapsed() < LIVE_FOR {
+            return Ok(());
         }
-    }
-    let offloader = peers.iter().map(|(id, _)| *id).chain([me]).min_by_key(|id| id.0).expect("this one at least");
-    {
-        let mut state = tl.offload.lock();
+        if !state.listed {
+            let done = offloaded_in_storage(&self.storage, tenant, timeline, first, segment_size).await?;
+            state.offloaded_lsn = state.offloaded_lsn.max(done);
+            state.listed = true;
+        }
+        // The peers' view changes once a second: taken once per tick.
+        let peers = self.views.live(tenant, timeline);
+        let mut offloaded = state.offloaded_lsn;
+        // What a live peer offloaded is in object storage (it uploaded it or saw it there).
+        for (_, p) in &peers {
+            if p.offloaded_lsn > offloaded && p.offloaded_lsn.0.is_multiple_of(segment_size) {
+                offloaded = p.offloaded_lsn;
+            }
+        }
+        let offloader =
+            peers.iter().map(|(id, _)| *id).chain([self.me]).min_by_key(|id| id.0).expect("this one at least");
         state.offloaded_lsn = offloaded;
         state.offloader = Some(offloader);
+        // Removal and the peers go by the offloaded LSN: shown as soon as it moves.
+        tl.progress.set_offload(state.status());
+        if offloader != self.me {
+            return Ok(());
+        }
+        for _ in 0..SEGMENTS_PER_TICK {
+            let segno = (offloaded.0 / segment_size).max(first);
+            let end = Lsn((segno + 1) * segment_size);
+            let mine = tl.positions();
+            if mine.flush_lsn < end || mine.commit_lsn < end {
+                break;
+            }
+            self.upload_segment(tl, segno, segment_size).await?;
+            offloaded = end;
+            state.offloaded_lsn = end;
+            tl.progress.set_offload(state.status());
+        }
+        self.offload_partial(tl, state, offloaded).await?;
+        let every = EXPIRE_EVERY.min(self.wal_archive_retention);
+        if state.expired_at.is_none_or(|t| t.elapsed() >= every) {
+            self.expire_archive(tl).await?;
+            state.expired_at = Some(Instant::now());
+        }
+        Ok(())
     }
-    if offloader != me {
-        return Ok(());
+
+    /// Deletes archived segments older than the retention that the pageserver
+    /// no longer needs (metadata first: a segment without metadata is not
+    /// offloaded to any reader).
+    async fn expire_archive(&self, tl: &Arc<Timeline>) -> Result<(), String> {
+        let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+        let segment_size = u64::from(tl.identity.wal_segment_size);
+        let needed_from = tl.progress.remote_consistent_lsn();
+        if needed_from == Lsn(0) {
+            return Ok(()); // unknown since the start: keep everything
+        }
+        let now = std::time::SystemTime::now();
+        let objects = self.storage.list(&timeline_prefix(tenant, timeline)).await.map_err(|e| e.to_string())?;
+        let mut expired = 0;
+        for o in &objects {
+            let Some(name) = o.key.rsplit('/').next().and_then(|n| n.strip_suffix(".json")) else { continue };
+            let Some(segment) = SegmentName::parse(name, segment_size).filter(|s| s.timeline == PG_TIMELINE) else {
+                continue;
+            };
+            let end = (segment.segment_number + 1) * segment_size;
+            let old = now.duration_since(o.last_modified).unwrap_or_default() >= self.wal_archive_retention;
+            if end > needed_from.0 || !old {
+                continue;
+            }
+            for key in [
+                meta_key(tenant, timeline, segment.segment_number, segment_size),
+                segment_key(tenant, timeline, segment.segment_number, segment_size),
+            ] {
+                self.storage.delete(&key).await.map_err(|e| e.to_string())?;
+            }
+            expired += 1;
+        }
+        if expired > 0 {
+            self.metrics.archived_segments_expired.inc_by(expired);
+            info!(%tenant, %timeline, segments = expired, remote_consistent = %needed_from,
+                  retention_s = self.wal_archive_retention.as_secs(), "deleted archived WAL past its retention");
+        }
+        Ok(())
     }
-    for _ in 0..SEGMENTS_PER_TICK {
-        let segno = (offloaded.0 / segment_size).max(first);
-        let end = Lsn((segno + 1) * segment_size);
+
+    /// Offloads the committed part of the segment being written once it has
+    /// waited `partial_offload_after` beyond what object storage holds.
+    async fn offload_partial(
+        &self,
+        tl: &Arc<Timeline>,
+        state: &mut OffloadState,
+        offloaded: Lsn,
+    ) -> Result<(), String> {
+        let segment_size = u64::from(tl.identity.wal_segment_size);
+        let segno = (offloaded.0 / segment_size).max(tl.start_lsn.0 / segment_size);
+        let seg_start = Lsn(segno * segment_size);
         let mine = tl.positions();
-        if mine.flush_lsn < end || mine.commit_lsn < end {
-            break;
+        let committed = mine.commit_lsn.min(mine.flush_lsn);
+        let covered = state.partial_lsn.max(seg_start).max(tl.start_lsn);
+        // Whole segments are the loop above's business (or wait for commit).
+        if committed <= covered || committed.0 >= seg_start.0 + segment_size {
+            state.uncovered_since = None;
+            return Ok(());
         }
-        upload_segment(shared, storage, tl, segno, segment_size).await?;
-        offloaded = end;
-        tl.offload.lock().offloaded_lsn = end;
-    }
-    offload_partial(shared, storage, tl, offloaded).await?;
-    let every = EXPIRE_EVERY.min(shared.config.wal_archive_retention);
-    let due = tl.offload.lock().expired_at.is_none_or(|t| t.elapsed() >= every);
-    if due {
-        expire_archive(shared, storage, tl).await?;
-        tl.offload.lock().expired_at = Some(std::time::Instant::now());
-    }
-    Ok(())
-}
-
-/// Deletes archived segments older than the retention that the pageserver
-/// no longer needs (metadata first: a segment without metadata is not
-/// offloaded to any reader).
-async fn expire_archive(shared: &Shared, storage: &RemoteStorage, tl: &Arc<Timeline>) -> Result<(), String> {
-    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    let segment_size = u64::from(tl.identity.wal_segment_size);
-    let needed_from = tl.remote_consistent.get();
-    if needed_from == Lsn(0) {
-        return Ok(()); // unknown since the start: keep everything
-    }
-    let now = std::time::SystemTime::now();
-    let objects = storage.list(&timeline_prefix(tenant, timeline)).await.map_err(|e| e.to_string())?;
-    let mut expired = 0;
-    for o in &objects {
-        let Some(name) = o.key.rsplit('/').next().and_then(|n| n.strip_suffix(".json")) else { continue };
-        let Some(segment) = SegmentName::parse(name, segment_size).filter(|s| s.timeline == PG_TIMELINE) else {
-            continue;
-        };
-        let end = (segment.segment_number + 1) * segment_size;
-        let old = now.duration_since(o.last_modified).unwrap_or_default() >= shared.config.wal_archive_retention;
-        if end > needed_from.0 || !old {
-            continue;
+        let since = *state.uncovered_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < self.partial_offload_after {
+            return Ok(());
         }
-        for key in [
-            meta_key(tenant, timeline, segment.segment_number, segment_size),
-            segment_key(tenant, timeline, segment.segment_number, segment_size),
-        ] {
-            storage.delete(&key).await.map_err(|e| e.to_string())?;
-        }
-        expired += 1;
-    }
-    if expired > 0 {
-        shared.metrics.archived_segments_expired.inc_by(expired);
-        info!(%tenant, %timeline, segments = expired, remote_consistent = %needed_from,
-              retention_s = shared.config.wal_archive_retention.as_secs(), "deleted archived WAL past its retention");
-    }
-    Ok(())
-}
-
-/// Offloads the committed part of the segment being written once it has
-/// waited `partial_offload_after` beyond what object storage holds.
-async fn offload_partial(
-    shared: &Shared,
-    storage: &RemoteStorage,
-    tl: &Arc<Timeline>,
-    offloaded: Lsn,
-) -> Result<(), String> {
-    let segment_size = u64::from(tl.identity.wal_segment_size);
-    let segno = (offloaded.0 / segment_size).max(tl.start_lsn.0 / segment_size);
-    let seg_start = Lsn(segno * segment_size);
-    let mine = tl.positions();
-    let committed = mine.commit_lsn.min(mine.flush_lsn);
-    let covered = {
-        let state = tl.offload.lock();
-        state.partial_lsn.max(seg_start).max(tl.start_lsn)
-    };
-    // Whole segments are the loop above's business (or wait for commit).
-    if committed <= covered || committed.0 >= seg_start.0 + segment_size {
-        tl.offload.lock().uncovered_since = None;
-        return Ok(());
-    }
-    let since = *tl.offload.lock().uncovered_since.get_or_insert_with(std::time::Instant::now);
-    if since.elapsed() < shared.config.partial_offload_after {
-        return Ok(());
-    }
-    put_segment(shared, storage, tl, segno, committed).await?;
-    {
-        let mut state = tl.offload.lock();
+        self.put_segment(tl, segno, committed).await?;
         state.partial_lsn = committed;
         state.uncovered_since = None;
+        tl.progress.set_offload(state.status());
+        self.metrics.partial_segments_offloaded.inc();
+        let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+        info!(%tenant, %timeline, segment = segno, end = %committed, "offloaded a partial WAL segment");
+        Ok(())
     }
-    shared.metrics.partial_segments_offloaded.inc();
-    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    info!(%tenant, %timeline, segment = segno, end = %committed, "offloaded a partial WAL segment");
-    Ok(())
+
+    /// Uploads segment `segno` up to `end` (all of it, or the committed prefix
+    /// of a segment being written: a partial segment), then its metadata.
+    async fn put_segment(&self, tl: &Arc<Timeline>, segno: u64, end: Lsn) -> Result<(), String> {
+        let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+        let segment_size = u64::from(tl.identity.wal_segment_size);
+        let start = Lsn(segno * segment_size);
+        debug_assert!(start < end && end.0 <= start.0 + segment_size, "{end} is not in segment {segno}");
+        let partial = end.0 < start.0 + segment_size;
+        let bytes = read_segment(tl, segno, segment_size, end.0 - start.0).await?;
+        let meta = SegmentMeta {
+            format_version: FORMAT_VERSION,
+            segment_size,
+            start_lsn: start,
+            end_lsn: end,
+            crc32c: crc32c::crc32c(&bytes),
+            wal_start_lsn: (tl.start_lsn > start && tl.start_lsn < end).then_some(tl.start_lsn),
+            uploaded_by: self.me,
+            partial,
+        };
+        let (key, mkey) = if partial {
+            (
+                partial_key(tenant, timeline, segno, segment_size),
+                partial_meta_key(tenant, timeline, segno, segment_size),
+            )
+        } else {
+            (segment_key(tenant, timeline, segno, segment_size), meta_key(tenant, timeline, segno, segment_size))
+        };
+        self.storage.put(&key, Bytes::from(bytes)).await.map_err(|e| e.to_string())?;
+        self.storage.put(&mkey, Bytes::from(meta.encode())).await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Uploads segment `segno`, then its metadata.
+    async fn upload_segment(&self, tl: &Arc<Timeline>, segno: u64, segment_size: u64) -> Result<(), String> {
+        let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
+        let end = Lsn((segno + 1) * segment_size);
+        self.put_segment(tl, segno, end).await?;
+        // The whole segment replaces a partial one (this or another offloader's):
+        // metadata first, so no reader finds metadata without its object.
+        for key in [
+            partial_meta_key(tenant, timeline, segno, segment_size),
+            partial_key(tenant, timeline, segno, segment_size),
+        ] {
+            self.storage.delete(&key).await.map_err(|e| e.to_string())?;
+        }
+        self.metrics.segments_offloaded.inc();
+        self.metrics.offload_bytes.inc_by(segment_size);
+        info!(%tenant, %timeline, segment = segno, %end, "offloaded a WAL segment");
+        Ok(())
+    }
 }
 
 /// The first `len` bytes of segment `segno` as offloaded (with page
@@ -246,65 +322,6 @@ async fn read_segment(tl: &Arc<Timeline>, segno: u64, segment_size: u64, len: u6
     fill_headers_before_start(&mut bytes, tl, segno, segment_size)?;
     bytes.truncate(len as usize);
     Ok(bytes)
-}
-
-/// Uploads segment `segno` up to `end` (all of it, or the committed prefix
-/// of a segment being written: a partial segment), then its metadata.
-async fn put_segment(
-    shared: &Shared,
-    storage: &RemoteStorage,
-    tl: &Arc<Timeline>,
-    segno: u64,
-    end: Lsn,
-) -> Result<(), String> {
-    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    let segment_size = u64::from(tl.identity.wal_segment_size);
-    let start = Lsn(segno * segment_size);
-    debug_assert!(start < end && end.0 <= start.0 + segment_size, "{end} is not in segment {segno}");
-    let partial = end.0 < start.0 + segment_size;
-    let bytes = read_segment(tl, segno, segment_size, end.0 - start.0).await?;
-    let meta = SegmentMeta {
-        format_version: FORMAT_VERSION,
-        segment_size,
-        start_lsn: start,
-        end_lsn: end,
-        crc32c: crc32c::crc32c(&bytes),
-        wal_start_lsn: (tl.start_lsn > start && tl.start_lsn < end).then_some(tl.start_lsn),
-        uploaded_by: shared.config.id,
-        partial,
-    };
-    let (key, mkey) = if partial {
-        (partial_key(tenant, timeline, segno, segment_size), partial_meta_key(tenant, timeline, segno, segment_size))
-    } else {
-        (segment_key(tenant, timeline, segno, segment_size), meta_key(tenant, timeline, segno, segment_size))
-    };
-    storage.put(&key, Bytes::from(bytes)).await.map_err(|e| e.to_string())?;
-    storage.put(&mkey, Bytes::from(meta.encode())).await.map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-/// Uploads segment `segno`, then its metadata.
-async fn upload_segment(
-    shared: &Shared,
-    storage: &RemoteStorage,
-    tl: &Arc<Timeline>,
-    segno: u64,
-    segment_size: u64,
-) -> Result<(), String> {
-    let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
-    let end = Lsn((segno + 1) * segment_size);
-    put_segment(shared, storage, tl, segno, end).await?;
-    // The whole segment replaces a partial one (this or another offloader's):
-    // metadata first, so no reader finds metadata without its object.
-    for key in
-        [partial_meta_key(tenant, timeline, segno, segment_size), partial_key(tenant, timeline, segno, segment_size)]
-    {
-        storage.delete(&key).await.map_err(|e| e.to_string())?;
-    }
-    shared.metrics.segments_offloaded.inc();
-    shared.metrics.offload_bytes.inc_by(segment_size);
-    info!(%tenant, %timeline, segment = segno, %end, "offloaded a WAL segment");
-    Ok(())
 }
 
 /// The first segment of a timeline that starts inside it holds nothing

@@ -1,22 +1,24 @@
-//! What this safekeeper knows of one timeline's offload: kept in the
-//! timeline, changed by the offload task, shown in the status.
+//! What the offload of one timeline remembers between its rounds: owned by
+//! that timeline's offload loop (see `manager`), which publishes the part
+//! the status shows in the timeline's progress.
 
 use strata_formats::Lsn;
 use strata_protocol::api::safekeeper::OffloadStatus;
 use strata_protocol::NodeId;
 
-/// A timeline's offload, as this safekeeper knows it (for the status).
+/// A timeline's offload, as this safekeeper knows it.
 #[derive(Clone, Debug, Default)]
 pub struct OffloadState {
     /// End of the unbroken run of offloaded segments from the timeline's
     /// first one (0 until object storage was listed).
-    pub offloaded_lsn: Lsn,
+    pub(super) offloaded_lsn: Lsn,
     /// Who offloads the timeline, as seen from here (none until this
     /// safekeeper has looked at it with its peers' views settled).
-    pub offloader: Option<NodeId>,
+    pub(super) offloader: Option<NodeId>,
     /// End of the partial segment this safekeeper last offloaded (0: none).
-    pub partial_lsn: Lsn,
-    pub last_error: Option<String>,
+    pub(super) partial_lsn: Lsn,
+    /// The last round's error, if it failed.
+    pub(super) last_error: Option<String>,
     /// Since when committed WAL beyond what object storage holds has waited.
     pub(super) uncovered_since: Option<std::time::Instant>,
     /// When archived segments were last checked against their retention.

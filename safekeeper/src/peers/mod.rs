@@ -3,17 +3,36 @@
 //! (`GET /v1/positions`). A peer that answered within [`LIVE_FOR`] is live;
 //! the choice of the offloader (`offload`) is made among live members only,
 //! so when the offloader dies another takes over after at most that long.
+//!
+//! The poller is given what it needs ([`Polling`]) rather than the
+//! safekeeper's shared state, which holds the views it fills.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_service::auth::Token;
+use strata_service::tls::ClientTls;
 use tracing::debug;
 
 use crate::config::Peer;
-use crate::shared::Shared;
+use crate::timelines::Timelines;
 
 mod views;
 pub use views::{PeerViews, TimelinePositions, LIVE_FOR};
+
+/// What polling the peers needs.
+pub struct Polling {
+    /// The other safekeepers; those with an HTTP address are polled.
+    pub peers: Vec<Peer>,
+    /// Where their answers are kept.
+    pub views: Arc<PeerViews>,
+    /// This safekeeper's timelines: one a peer reports sealed is sealed here.
+    pub timelines: Arc<Timelines>,
+    /// Trust for peers over TLS; none: they are plaintext.
+    pub tls: Option<ClientTls>,
+    /// This safekeeper's own token, sent to its peers (never logged).
+    pub token: Option<Token>,
+}
 
 /// How often each peer is asked.
 const POLL: Duration = Duration::from_secs(1);
@@ -25,9 +44,9 @@ const MAX_ANSWER: u64 = 64 << 20;
 /// Seals here every timeline a peer reports sealed (`docs/sites.md`): a
 /// site that comes back after a failover stops taking its old writer's WAL
 /// as soon as it hears from the other site, before any operator acts.
-fn adopt_seals(shared: &Shared, peer: strata_protocol::NodeId, positions: &[TimelinePositions]) {
+fn adopt_seals(timelines: &Timelines, peer: strata_protocol::NodeId, positions: &[TimelinePositions]) {
     for p in positions.iter().filter(|p| p.sealed) {
-        let Some(tl) = shared.timelines.get(p.tenant_id, p.timeline_id) else { continue };
+        let Some(tl) = timelines.get(p.tenant_id, p.timeline_id) else { continue };
         if tl.is_sealed() {
             continue;
         }
@@ -43,20 +62,21 @@ fn adopt_seals(shared: &Shared, peer: strata_protocol::NodeId, positions: &[Time
 }
 
 /// Polls every peer that has an HTTP address, forever.
-pub async fn run(shared: Arc<Shared>) {
+pub async fn run(polling: Polling) {
+    let polling = Arc::new(polling);
     let mut tasks = tokio::task::JoinSet::new();
-    for peer in shared.config.peers.iter().filter(|p| p.http.is_some()).cloned() {
-        tasks.spawn(poll(shared.clone(), peer));
+    for peer in polling.peers.iter().filter(|p| p.http.is_some()).cloned() {
+        tasks.spawn(poll(polling.clone(), peer));
     }
     while tasks.join_next().await.is_some() {}
 }
 
-async fn poll(shared: Arc<Shared>, peer: Peer) {
+async fn poll(polling: Arc<Polling>, peer: Peer) {
     // Peers are configured alike: TLS here means TLS there.
-    let scheme = if shared.tls.is_some() { "https" } else { "http" };
+    let scheme = if polling.tls.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{}/v1/positions", peer.http.as_deref().expect("filtered on"));
     let mut agent = ureq::Agent::config_builder();
-    if let Some(tls) = &shared.tls {
+    if let Some(tls) = &polling.tls {
         agent = agent.tls_config(tls.http());
     }
     let agent: ureq::Agent = agent
@@ -68,7 +88,7 @@ async fn poll(shared: Arc<Shared>, peer: Peer) {
         .into();
     loop {
         tokio::time::sleep(POLL).await;
-        let (agent, url2, token) = (agent.clone(), url.clone(), shared.token.clone());
+        let (agent, url2, token) = (agent.clone(), url.clone(), polling.token.clone());
         let answer = tokio::task::spawn_blocking(move || -> Result<Vec<TimelinePositions>, String> {
             let mut request = agent.get(&url2);
             if let Some(token) = &token {
@@ -80,10 +100,10 @@ async fn poll(shared: Arc<Shared>, peer: Peer) {
         })
         .await;
         if let Ok(Ok(positions)) = &answer {
-            adopt_seals(&shared, peer.id, positions);
-            shared.peers.record(peer.id, positions.clone());
+            adopt_seals(&polling.timelines, peer.id, positions);
+            polling.views.record(peer.id, positions.clone());
         }
-        shared.peers.note_asked(peer.id);
+        polling.views.note_asked(peer.id);
         match answer {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => debug!(peer = %peer.id, %url, "asking a peer for its positions: {e}"),
