@@ -122,7 +122,7 @@ def flip(path: Path, offset: int, n: int = 4) -> None:
         f.write(bytes(b ^ 0xFF for b in old))
 
 
-# Layer file format (pageserver/src/layer/layer_file.rs, version 2; docs/pageserver-storage.md).
+# Layer file format (pageserver/src/layer/layer_file/format.rs, version 2; docs/pageserver-storage.md).
 KEY_SIZE = 18
 LAYER_HEADER_SIZE = 8 + 4 + 4 + 2 * KEY_SIZE + 8 + 8 + 4
 LAYER_FOOTER_SIZE = 8 + 8 + 4 + 4 + 8

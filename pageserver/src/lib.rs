@@ -14,6 +14,7 @@ pub mod import;
 pub mod ingest;
 pub mod key;
 pub mod layer;
+mod metadata;
 pub mod metrics;
 pub mod page_service;
 pub mod rebuilt_pages;

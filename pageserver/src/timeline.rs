@@ -23,11 +23,10 @@ use tracing::{info, warn};
 mod compaction;
 mod gc;
 pub mod leases;
-mod metadata;
 
+pub use crate::metadata::{TimelineMetadata, METADATA_VERSION};
 pub use compaction::{CompactionError, Throttle};
 pub use gc::GcPolicy;
-pub use metadata::{TimelineMetadata, METADATA_VERSION};
 pub use strata_protocol::api::pageserver::{Broken, BrokenKind, CompactionOutcome, GcOutcome, RedoCheck};
 
 use strata_service::durable::{replace_file, sync_dir};

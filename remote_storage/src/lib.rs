@@ -12,6 +12,7 @@
 pub mod cas;
 pub mod config;
 mod local_copy;
+mod transfer;
 pub mod wal;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use tracing::warn;
 
 pub use config::RemoteStorageConfig;
 use strata_service::backoff::Backoff;
+pub use transfer::{Downloaded, Uploaded};
 
 /// Longest wait for one attempt of one operation.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -59,21 +61,6 @@ pub struct ObjectInfo {
     pub key: String,
     pub size: u64,
     pub last_modified: std::time::SystemTime,
-}
-
-/// A file uploaded by [`RemoteStorage::upload_file`]: its size and the
-/// CRC-32C of its bytes (computed while they are copied, not read again).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Uploaded {
-    pub size: u64,
-    pub crc32c: u32,
-}
-
-/// What [`RemoteStorage::download_file`] wrote.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Downloaded {
-    pub size: u64,
-    pub crc32c: u32,
 }
 
 /// A connection to one object store, under one prefix.

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use strata_service::durable::parent_of;
 
-use crate::Uploaded;
+use crate::transfer::Uploaded;
 
 /// What failed, on which file.
 pub(crate) type CopyError = (&'static str, PathBuf, std::io::Error);

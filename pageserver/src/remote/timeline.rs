@@ -31,7 +31,7 @@ use super::{DeletionBatch, Remote};
 use crate::layer::layer_file::{Fetch, LayerName};
 pub use strata_protocol::api::pageserver::UploadStatus;
 
-use crate::timeline::TimelineMetadata;
+use crate::metadata::{TimelineMetadata, METADATA_VERSION};
 
 /// The loop looks at the metadata at least this often without being woken.
 const SYNC_PERIOD: Duration = Duration::from_secs(10);
@@ -614,7 +614,7 @@ pub fn delete_timeline_objects(remote: &Arc<Remote>, tenant: TenantId, timeline:
 /// The metadata of a timeline attached from `index` alone.
 pub fn metadata_from_index(tenant: TenantId, timeline: TimelineId, index: &RemoteIndex) -> TimelineMetadata {
     TimelineMetadata {
-        format_version: crate::timeline::METADATA_VERSION,
+        format_version: METADATA_VERSION,
         tenant_id: tenant,
         timeline_id: timeline,
         ancestor_timeline_id: index.ancestor_timeline_id,

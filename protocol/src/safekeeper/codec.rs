@@ -26,8 +26,16 @@
 use strata_formats::types::Truncated;
 use strata_formats::Lsn;
 
-use super::history::HistoryError;
+use super::history::{HistoryError, TermHistory, TermLsn};
 use super::membership::{Member, Membership, OnAsyncLag, Placement, MAX_MEMBERS};
+use super::messages::{
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
+    ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
+    StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
+};
+use crate::frame::{self, FieldError, Fields, FrameWriter};
+use crate::ids::{NodeId, TenantId, TimelineId};
+use crate::token::Token;
 
 /// The wire codes of placements (`docs/safekeeper-protocol.md`).
 mod placement_kind {
@@ -35,14 +43,6 @@ mod placement_kind {
     pub const LOCAL_QUORUM: u8 = 1;
     pub const STRETCHED: u8 = 2;
 }
-use super::{
-    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
-    ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
-    StreamStart, TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
-};
-use crate::frame::{self, FieldError, Fields, FrameWriter};
-use crate::ids::{NodeId, TenantId, TimelineId};
-use crate::token::Token;
 
 /// Size of the length prefix of a frame.
 pub const LENGTH_SIZE: usize = frame::LENGTH_SIZE;

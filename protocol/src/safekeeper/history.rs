@@ -3,7 +3,7 @@
 
 use strata_formats::Lsn;
 
-use super::Term;
+use super::term::Term;
 
 /// Term `term` wrote WAL from `lsn` until the next entry's `lsn`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -11,7 +11,7 @@
 
 use strata_formats::Lsn;
 
-use super::election::{quorum, quorum_lsn};
+use super::quorum::{quorum, quorum_lsn};
 use crate::ids::NodeId;
 
 /// Most members in one set.

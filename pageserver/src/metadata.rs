@@ -1,5 +1,7 @@
 //! What a timeline persists besides its layer files: `metadata.json`
-//! (format in `docs/pageserver-storage.md`), which the remote index carries too.
+//! (format in `docs/pageserver-storage.md`), which the remote index carries
+//! too. A format of its own, so that the timeline and its remote side both
+//! use it without either depending on the other.
 
 use strata_formats::Lsn;
 use strata_protocol::{TenantId, TimelineId};
