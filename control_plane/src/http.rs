@@ -92,22 +92,66 @@ fn reply(result: Result<api_client::Reply, ApiError>) -> Result<Reply, String> {
     Ok(Reply { status: answer.status, body })
 }
 
+/// Where this thread's calls go instead of the network: fakes of the
+/// services, so that the operations run in unit tests without processes
+/// (`crate::fakes`).
+pub trait Transport {
+    /// One call, as `send` would make it: a JSON reply, or an error when
+    /// no answer came.
+    fn call(&self, method: &str, url: &str, body: Option<serde_json::Value>) -> Result<Reply, String>;
+
+    /// Whether the service whose API is at `base` runs, where the control
+    /// plane would look at its process (on this machine); `None`: look.
+    fn runs(&self, base: &str) -> Option<bool>;
+}
+
+thread_local! {
+    static TRANSPORT: std::cell::RefCell<Option<std::rc::Rc<dyn Transport>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's calls going to `transport`.
+pub fn with_transport<R>(transport: std::rc::Rc<dyn Transport>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<std::rc::Rc<dyn Transport>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            TRANSPORT.with(|t| *t.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(TRANSPORT.with(|t| t.borrow_mut().replace(transport)));
+    f()
+}
+
+/// Whether this thread's transport says the service at `base` runs
+/// (`None` without a transport: the caller looks at the process).
+pub fn transport_says_running(base: &str) -> Option<bool> {
+    TRANSPORT.with(|t| t.borrow().as_ref().and_then(|t| t.runs(base)))
+}
+
+/// One call: to this thread's transport if it has one, else over the network.
+fn send<B: Serialize + ?Sized>(method: &str, url: &str, body: Option<&B>, timeout: Duration) -> Result<Reply, String> {
+    if let Some(t) = TRANSPORT.with(|t| t.borrow().clone()) {
+        let body = body.map(|b| serde_json::to_value(b).expect("a request serializes"));
+        return t.call(method, url, body);
+    }
+    reply(client(timeout).send(method, url, body))
+}
+
 /// `GET url`; an error only if no answer came (connection refused, timeout).
 pub fn get(url: &str, timeout: Duration) -> Result<Reply, String> {
-    reply(client(timeout).send::<()>("GET", url, None))
+    send::<()>("GET", url, None, timeout)
 }
 
 /// `POST url` with a JSON body; an error only if no answer came.
 pub fn post(url: &str, body: &impl Serialize, timeout: Duration) -> Result<Reply, String> {
-    reply(client(timeout).send("POST", url, Some(body)))
+    send("POST", url, Some(body), timeout)
 }
 
 /// `DELETE url`; an error only if no answer came.
 pub fn delete(url: &str, timeout: Duration) -> Result<Reply, String> {
-    reply(client(timeout).send::<()>("DELETE", url, None))
+    send::<()>("DELETE", url, None, timeout)
 }
 
 /// `PUT url` with a JSON body; an error only if no answer came.
 pub fn put(url: &str, body: &impl Serialize, timeout: Duration) -> Result<Reply, String> {
-    reply(client(timeout).send("PUT", url, Some(body)))
+    send("PUT", url, Some(body), timeout)
 }

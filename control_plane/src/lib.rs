@@ -19,6 +19,8 @@ pub mod certs;
 pub mod controller;
 pub mod endpoint;
 pub mod error;
+#[cfg(test)]
+mod fakes;
 pub mod hosts;
 pub mod http;
 pub mod init;

@@ -418,3 +418,119 @@ pub(super) fn nodes(wd: &Workdir) -> Result<Vec<Node>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use strata_formats::Lsn;
+
+    use super::*;
+    use crate::fakes::{FakeServices, FakeTimeline};
+    use crate::http::with_transport;
+
+    /// Safekeeper `id` of the fakes: its API and protocol on one port.
+    fn node(id: u64) -> Node {
+        let port = 7000 + id;
+        Node {
+            name: format!("sk{id}"),
+            member: Member { id: NodeId(id), address: format!("127.0.0.1:{port}"), site: None },
+            http: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Three safekeepers holding a timeline a writer has written, and a
+    /// fourth, empty one; a compute runs (it is elected again under each
+    /// new generation).
+    fn cluster() -> (Rc<FakeServices>, TenantId, TimelineId, Vec<Node>) {
+        let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
+        let fake = Rc::new(FakeServices { tenant: Some(tenant), compute_running: true, ..Default::default() });
+        let nodes: Vec<Node> = (1..=4).map(node).collect();
+        for (i, n) in nodes.iter().enumerate() {
+            fake.safekeeper(&n.http, |s| {
+                if i < 3 {
+                    s.timelines.insert(timeline, FakeTimeline::written(Lsn(0x0200_0000)));
+                }
+            });
+        }
+        (fake, tenant, timeline, nodes)
+    }
+
+    fn ids(m: &Membership) -> Vec<u64> {
+        m.members.iter().map(|m| m.id.0).collect()
+    }
+
+    fn replace_3_by_4(fake: &Rc<FakeServices>, tenant: TenantId, timeline: TimelineId, nodes: &[Node]) -> Result<()> {
+        let (old, new) = (nodes[..3].to_vec(), vec![nodes[0].clone(), nodes[1].clone(), nodes[3].clone()]);
+        let change = Change { tenant, timeline, old: &old, new: &new, placement: None };
+        with_transport(fake.clone(), || change.run())
+    }
+
+    #[test]
+    fn a_member_is_replaced_through_a_joint_configuration() {
+        let (fake, tenant, timeline, nodes) = cluster();
+        replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap();
+        for n in [&nodes[0], &nodes[1], &nodes[3]] {
+            let m = fake.membership(&n.http, timeline).unwrap();
+            assert_eq!((m.generation, ids(&m), m.is_joint()), (3, vec![1, 2, 4], false), "{}", n.name);
+        }
+        // The joint configuration came first, on every node, before the last one.
+        let puts: Vec<String> = fake.calls.borrow().iter().filter(|c| c.starts_with("PUT")).cloned().collect();
+        assert!(puts.len() >= 3 + 4 + 4, "{puts:?}");
+        // Run again: nothing to do.
+        let before = fake.calls.borrow().len();
+        replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap();
+        assert!(
+            fake.calls.borrow()[before..].iter().all(|c| !c.starts_with("PUT")),
+            "a finished change changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_dead_member_is_replaced_by_the_others() {
+        let (fake, tenant, timeline, nodes) = cluster();
+        fake.safekeeper(&nodes[2].http, |s| s.down = true);
+        replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap();
+        assert_eq!(
+            fake.membership(&nodes[3].http, timeline).map(|m| (m.generation, ids(&m))),
+            Some((3, vec![1, 2, 4]))
+        );
+        assert_eq!(fake.membership(&nodes[2].http, timeline).unwrap().generation, 0, "the dead one was never reached");
+    }
+
+    #[test]
+    fn an_unreachable_new_member_stops_the_change_before_the_joint_configuration() {
+        let (fake, tenant, timeline, nodes) = cluster();
+        fake.safekeeper(&nodes[3].http, |s| s.down = true);
+        let e = replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap_err();
+        assert!(e.to_string().contains("sk4"), "{e}");
+        for n in &nodes[..3] {
+            let m = fake.membership(&n.http, timeline).unwrap();
+            assert_eq!((m.generation, ids(&m)), (1, vec![1, 2, 3]), "only the current set was recorded on {}", n.name);
+        }
+    }
+
+    #[test]
+    fn a_joint_configuration_without_a_quorum_of_the_old_fails_and_resumes_later() {
+        let (fake, tenant, timeline, nodes) = cluster();
+        // Two of the old members refuse generation 2 on: the joint
+        // configuration cannot reach a quorum of the old rule.
+        for n in &nodes[..2] {
+            fake.safekeeper(&n.http, |s| s.refuse_membership = Some((2, 503)));
+        }
+        let e = replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap_err();
+        assert!(e.to_string().contains("not a quorum"), "{e}");
+        let generations: Vec<u32> =
+            nodes.iter().filter_map(|n| fake.membership(&n.http, timeline)).map(|m| m.generation).collect();
+        assert!(generations.iter().all(|g| *g <= 2), "the last configuration went nowhere: {generations:?}");
+        // The old rule still rules: a quorum of {1, 2, 3} holds generation 1.
+        assert_eq!(fake.membership(&nodes[0].http, timeline).unwrap().generation, 1);
+        // Once they accept again, running the change again completes it.
+        for n in &nodes[..2] {
+            fake.safekeeper(&n.http, |s| s.refuse_membership = None);
+        }
+        replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap();
+        let m = fake.membership(&nodes[0].http, timeline).unwrap();
+        assert_eq!((m.generation, ids(&m), m.is_joint()), (3, vec![1, 2, 4], false));
+    }
+}

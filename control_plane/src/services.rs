@@ -64,6 +64,9 @@ pub fn is_local(wd: &Workdir, s: &Service) -> bool {
 /// Whether a service runs: by its pidfile on this machine, else by its
 /// status API answering.
 pub fn is_up(wd: &Workdir, s: &Service) -> bool {
+    if let Some(up) = http::transport_says_running(&s.http_url()) {
+        return up;
+    }
     if is_local(wd, s) {
         return running(wd, s).is_some();
     }

@@ -578,3 +578,130 @@ fn count_commits(
     }
     Ok((before, after))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::fakes::{self, FakeServices};
+    use crate::http::with_transport;
+    use crate::options::InitOptions;
+
+    /// Two sites on this machine (sk1, sk2 and a pageserver in dc1; sk3
+    /// and a pageserver in dc2), `main` under local-quorum at home in dc1,
+    /// every service a fake.
+    fn two_sites(tag: &str) -> (Workdir, Rc<FakeServices>) {
+        let dir = std::env::temp_dir().join(format!("strata-site-{tag}-{}", TimelineId::generate()));
+        crate::init::init(&InitOptions {
+            workdir: dir.clone(),
+            safekeepers: Some(3),
+            pageservers: None,
+            hosts: None,
+            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
+            pg_user: "postgres".into(),
+            verify_redo: false,
+            sites: Some(2),
+            site_latency_ms: None,
+            placement: None,
+            insecure_loopback: true,
+        })
+        .unwrap();
+        let wd = Workdir::open(&dir).unwrap();
+        let fake = fakes::of_workdir(&wd, Lsn(0x0300_0000));
+        (wd, fake)
+    }
+
+    fn base(wd: &Workdir, name: &str) -> String {
+        wd.service(name).unwrap().http_url()
+    }
+
+    fn cluster_text(wd: &Workdir) -> String {
+        std::fs::read_to_string(wd.root.join(CLUSTER_FILE)).unwrap()
+    }
+
+    fn promote_dc2(wd: &Workdir, fake: &Rc<FakeServices>) -> Result<()> {
+        with_transport(fake.clone(), || promote(wd, "dc2"))
+    }
+
+    #[test]
+    fn promote_when_the_other_site_is_gone_forks_each_branch_where_this_site_ends() {
+        let (wd, fake) = two_sites("gone");
+        let main = wd.cluster.branch("main").unwrap().clone();
+        for name in ["sk1", "sk2", "pageserver"] {
+            fake.safekeeper(&base(&wd, name), |s| s.down = true);
+            fake.pageserver(&base(&wd, name), |p| p.down = true);
+        }
+        promote_dc2(&wd, &fake).unwrap();
+
+        let after = Workdir::open(&wd.root).unwrap();
+        let divergent = format!("main-divergent-{:X}", 0x0300_0000);
+        let old = after.cluster.branch(&divergent).expect("the old timeline is kept as a branch");
+        assert_eq!(old.timeline_id, main.timeline_id);
+        let d = old.divergent.as_ref().unwrap();
+        assert_eq!((d.site.as_str(), d.continued_as.as_str(), d.fork_lsn), ("dc1", "main", Lsn(0x0300_0000)));
+        let new = after.cluster.branch("main").unwrap();
+        assert_ne!(new.timeline_id, main.timeline_id);
+        assert_eq!((new.parent.as_deref(), new.ancestor_lsn), (Some(divergent.as_str()), Some(Lsn(0x0300_0000))));
+        assert!(matches!(&new.placement, Some(Placement::LocalQuorum { home, .. }) if home == "dc2"));
+        // Sealed where it was reached; the new timeline configured on sk3 (its home's quorum).
+        let sk3 = base(&wd, "sk3");
+        let sealed = fake.safekeepers.borrow()[&sk3].timelines[&main.timeline_id].sealed;
+        assert!(sealed, "dc2's safekeeper sealed the old timeline");
+        let m = fake.membership(&sk3, new.timeline_id).expect("the new timeline is on sk3");
+        assert_eq!((m.generation, m.members.len()), (1, 3));
+        assert_eq!(fake.controllers.borrow().attached, "pageserver2", "the tenant is attached in dc2");
+    }
+
+    #[test]
+    fn promote_changes_nothing_when_this_site_cannot_answer_or_be_sealed() {
+        let (wd, fake) = two_sites("unsealed");
+        let before = cluster_text(&wd);
+        let sk3 = base(&wd, "sk3");
+        fake.safekeeper(&sk3, |s| s.down = true);
+        let e = promote_dc2(&wd, &fake).unwrap_err();
+        assert!(e.to_string().contains("no safekeeper of dc2 answers"), "{e}");
+        assert!(
+            fake.calls.borrow().iter().all(|c| !c.ends_with("/seal") && !c.contains("/lost")),
+            "nothing was sealed and no pageserver declared lost: {:?}",
+            fake.calls.borrow()
+        );
+
+        fake.safekeeper(&sk3, |s| {
+            s.down = false;
+            s.refuse_seal = Some(500);
+        });
+        let e = promote_dc2(&wd, &fake).unwrap_err();
+        assert!(e.to_string().contains("no safekeeper of dc2 could be sealed"), "{e}");
+        assert!(fake.calls.borrow().iter().all(|c| !c.contains("/lost")), "no pageserver declared lost");
+        assert_eq!(cluster_text(&wd), before, "cluster.toml is as it was");
+        assert_eq!(fake.controllers.borrow().attached, "pageserver");
+    }
+
+    #[test]
+    fn a_fork_the_pageserver_refuses_leaves_the_cluster_file_and_promote_resumes() {
+        let (wd, fake) = two_sites("fork");
+        let before = cluster_text(&wd);
+        for name in ["sk1", "sk2"] {
+            fake.safekeeper(&base(&wd, name), |s| s.down = true);
+        }
+        let ps2 = base(&wd, "pageserver2");
+        fake.pageserver(&ps2, |p| p.refuse_branch = Some(500));
+        let e = promote_dc2(&wd, &fake).unwrap_err();
+        assert!(e.to_string().contains("forking at"), "{e}");
+        assert_eq!(cluster_text(&wd), before, "no branch was recorded");
+        // Run again once the pageserver takes it: the seal is found and kept.
+        fake.pageserver(&ps2, |p| p.refuse_branch = None);
+        promote_dc2(&wd, &fake).unwrap();
+        let after = Workdir::open(&wd.root).unwrap();
+        assert!(after.cluster.branch(&format!("main-divergent-{:X}", 0x0300_0000)).is_some());
+        assert_eq!(after.cluster.branches.iter().filter(|b| b.divergent.is_none()).count(), 1);
+    }
+
+    #[test]
+    fn a_site_without_safekeepers_or_pageservers_cannot_take_over() {
+        let (wd, _fake) = two_sites("usage");
+        let e = promote(&wd, "dc3").unwrap_err();
+        assert!(matches!(e, Error::Usage(_)) && e.to_string().contains("no safekeeper"), "{e}");
+    }
+}
