@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 use strata_protocol::api::ErrorBody;
 use strata_service::auth::http::{guard, HttpAuth, Need, RefusalMetrics};
 use strata_service::auth::Verifier;
+use strata_service::start::{http_listener, serve_http, stop_signal, Security};
 use tracing::{error, info, warn};
 
 use super::endpoint::{self, EndpointRecord, LaunchRequest};
@@ -308,19 +309,13 @@ pub fn serve(args: NodeOptions) -> Result<()> {
         let mut registry = Registry::with_prefix("strata_node");
         let listeners = strata_service::ListenerMetrics::register(&mut registry);
         let refusals = RefusalMetrics::register(&mut registry);
-        let auth = verifier.map(|v| HttpAuth::new(v, refusals));
+        let security = Security { server_tls: tls, verifier, ..Default::default() };
+        let auth = security.http_auth(refusals);
+        let stop = stop_signal().map_err(|e| Error::Failed(e.to_string()))?;
         let listener =
             strata_service::listener::listen(addr).map_err(|e| Error::Failed(format!("binding {addr}: {e}")))?;
-        let limits =
-            strata_service::Limits { max_connections: MAX_CONNECTIONS, handshake_timeout: Duration::from_secs(10) };
-        let listener =
-            strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &listeners)
-                .with_tls(tls);
-        let server = tokio::spawn(strata_service::http::serve(
-            listener,
-            router(node.clone(), auth.as_ref()),
-            Default::default(),
-        ));
+        let listener = http_listener(listener, MAX_CONNECTIONS, Duration::from_secs(10), &listeners, &security);
+        let server = tokio::spawn(serve_http(listener, router(node.clone(), auth.as_ref())));
         info!(host = %node.host, %addr, "node API listening");
 
         let watcher = node.clone();
@@ -336,13 +331,7 @@ pub fn serve(args: NodeOptions) -> Result<()> {
                 }
             }
         });
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Failed(e.to_string()))?;
-        let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::Failed(e.to_string()))?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
+        stop.await;
         info!(host = %node.host, "stopping the host's endpoints and services");
         STOPPING.store(true, std::sync::atomic::Ordering::Release);
         let _ = watch.await;

@@ -13,27 +13,15 @@ pub mod route;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use strata_service::auth::http::HttpAuth;
-use strata_service::listener::{bind, BindError, Limits, Listener};
+use strata_service::listener::{bind, BindError};
+use strata_service::start::{http_listener, serve_http, stop_signal, Security};
 
-/// Why the link proxy could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("{0}")]
-    Bind(#[from] strata_service::listener::BindError),
-    #[error("config: {0}")]
-    Config(#[from] strata_service::config::ConfigError),
-    #[error("auth: {0}")]
-    Auth(#[from] strata_service::auth::KeyError),
-    #[error("tls: {0}")]
-    Tls(#[from] strata_service::tls::TlsError),
-    #[error("signals: {0}")]
-    Signals(std::io::Error),
-}
+/// Why the link proxy could not start (every service's start-up error).
+pub use strata_service::start::StartError;
 
 /// Runs the link proxy until SIGTERM/SIGINT.
 pub async fn run(config: config::LinkProxyConfig) -> Result<(), StartError> {
-    let shutdown = strata_service::shutdown_signal().map_err(StartError::Signals)?;
+    let shutdown = stop_signal()?;
     let (proxy, tasks) = start(config).await?;
     shutdown.await;
     drop(proxy);
@@ -68,20 +56,10 @@ pub async fn start(
     let http = bind("listen_http", config.listen_http).await?;
     let http_addr =
         http.local_addr().map_err(|source| BindError { key: "listen_http", addr: config.listen_http, source })?;
-    let tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
-    let auth = match &config.auth {
-        Some(a) => Some(HttpAuth::new(Arc::new(a.verifier()?), metrics.refusal_metrics())),
-        None => None,
-    };
-    let listener = Listener::new(
-        "http",
-        http,
-        Limits { max_connections: 64, handshake_timeout: std::time::Duration::from_secs(10) },
-        strata_service::http::refusal,
-        &metrics.listener_metrics(),
-    )
-    .with_tls(tls);
+    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
+    let auth = security.http_auth(metrics.refusal_metrics());
+    let listener = http_listener(http, 64, std::time::Duration::from_secs(10), &metrics.listener_metrics(), &security);
     let proxy = Arc::new(http::Proxy { routes, metrics, http: http_addr });
-    tasks.spawn(strata_service::http::serve(listener, http::router(proxy.clone(), auth.as_ref()), Default::default()));
+    tasks.spawn(serve_http(listener, http::router(proxy.clone(), auth.as_ref())));
     Ok((proxy, tasks))
 }

@@ -29,27 +29,12 @@ pub mod walreceiver;
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_service::auth::http::HttpAuth;
-use strata_service::{bind, BindError, Limits, Listener};
+use strata_service::start::{bind, http_listener, serve_http, stop_signal, Security, StartError as ServiceStartError};
+use strata_service::{Limits, Listener};
 
-/// Why the pageserver could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Bind(#[from] BindError),
-    #[error("config: {0}")]
-    Config(#[from] strata_service::config::ConfigError),
-    #[error("loading tenants: {0}")]
-    Load(#[from] tenants::LoadError),
-    #[error("auth: {0}")]
-    Auth(#[from] strata_service::auth::KeyError),
-    #[error("tls: {0}")]
-    Tls(#[from] strata_service::tls::TlsError),
-    #[error("signals: {0}")]
-    Signals(std::io::Error),
-    #[error("a task failed: {0}")]
-    Task(String),
-}
+/// Why the pageserver could not start (every service's start-up error;
+/// its own steps are `Service` errors).
+pub type StartError = ServiceStartError;
 
 /// How often broken timelines are considered for re-reading.
 const RELOAD_CHECK_INTERVAL: Duration = Duration::from_millis(500);
@@ -62,7 +47,7 @@ pub async fn run(config: config::PageserverConfig) -> Result<(), StartError> {
     config.check_open_files(open_files)?;
     let page = bind("listen_pg", config.listen_pg).await?;
     let http = bind("listen_http", config.listen_http).await?;
-    let shutdown = strata_service::shutdown_signal().map_err(StartError::Signals)?;
+    let shutdown = stop_signal()?;
     serve(config, page, http, shutdown).await
 }
 
@@ -90,19 +75,12 @@ pub async fn serve(
     };
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let listener_metrics = metrics.listener_metrics();
-    let tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
+    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
     // TLS to the safekeepers, with the same CA.
-    let client_tls = config.tls.as_ref().map(|t| t.client()).transpose()?;
+    let client_tls = security.client_tls.clone();
     let page = Listener::new("page", page, limits(config.max_connections), page_service::refusal, &listener_metrics)
-        .with_tls(tls.clone());
-    let http = Listener::new(
-        "http",
-        http,
-        limits(config.max_http_connections),
-        strata_service::http::refusal,
-        &listener_metrics,
-    )
-    .with_tls(tls);
+        .with_tls(security.server_tls.clone());
+    let http = http_listener(http, config.max_http_connections, config.handshake_timeout, &listener_metrics, &security);
     let remote = match (&config.remote_storage, &config.attachments) {
         (Some(cfg), Some(attachments)) => Some(
             remote::Remote::start(
@@ -113,33 +91,28 @@ pub async fn serve(
                 config.fsync,
                 metrics.clone(),
             )
-            .map_err(|e| StartError::Task(format!("remote storage: {e}")))?,
+            .map_err(|e| StartError::service("remote storage", e))?,
         ),
         _ => None,
     };
-    let verifier = match &config.auth {
-        Some(a) => Some(Arc::new(a.verifier()?)),
-        None => {
-            tracing::warn!("authentication is OFF: every caller is accepted");
-            None
-        }
-    };
-    let auth = verifier.clone().map(|v| HttpAuth::new(v, metrics.refusal_metrics()));
+    let verifier = security.verifier.clone();
+    let auth = security.http_auth(metrics.refusal_metrics());
     // The token this pageserver shows the safekeepers when it streams WAL.
-    let token = config.auth.as_ref().map(|a| a.token()).transpose()?.flatten();
+    let token = security.token.clone();
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
         move || tenants::Tenants::load(conf, resources, remote, token, client_tls)
     })
     .await
-    .map_err(|e| StartError::Task(e.to_string()))??;
-    let compactor = background::Compactor::spawn(tenants.clone())
-        .map_err(|e| StartError::Task(format!("starting the compactor: {e}")))?;
+    .map_err(|e| StartError::service("loading tenants", e))?
+    .map_err(|e| StartError::service("loading tenants", e))?;
+    let compactor =
+        background::Compactor::spawn(tenants.clone()).map_err(|e| StartError::service("starting the compactor", e))?;
     tracing::info!(id = %conf.id, page_service = %conf.listen_pg, http = %conf.listen_http, "pageserver started");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(page_service::serve(page, tenants.clone(), verifier));
-    tasks.spawn(strata_service::http::serve(http, http::router(tenants.clone(), auth.as_ref()), Default::default()));
+    tasks.spawn(serve_http(http, http::router(tenants.clone(), auth.as_ref())));
     tasks.spawn({
         let tenants = tenants.clone();
         async move {
@@ -180,8 +153,12 @@ pub async fn serve(
     }
     shutdown.await;
     tasks.abort_all();
-    tokio::task::spawn_blocking(move || compactor.stop()).await.map_err(|e| StartError::Task(e.to_string()))?;
-    tokio::task::spawn_blocking(move || tenants.shutdown()).await.map_err(|e| StartError::Task(e.to_string()))?;
+    tokio::task::spawn_blocking(move || compactor.stop())
+        .await
+        .map_err(|e| StartError::service("stopping the compactor", e))?;
+    tokio::task::spawn_blocking(move || tenants.shutdown())
+        .await
+        .map_err(|e| StartError::service("shutting down", e))?;
     tracing::info!("pageserver stopped");
     Ok(())
 }

@@ -32,27 +32,12 @@ pub mod wal_store;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use strata_service::auth::http::HttpAuth;
-use strata_service::{bind, BindError, Limits, Listener};
+use strata_service::start::{bind, http_listener, serve_http, stop_signal, Security, StartError as ServiceStartError};
+use strata_service::{Limits, Listener};
 
-/// Why the safekeeper could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Bind(#[from] BindError),
-    #[error("config: {0}")]
-    Config(#[from] strata_service::config::ConfigError),
-    #[error("loading timelines: {0}")]
-    Load(#[from] acceptor::StorageError),
-    #[error("auth: {0}")]
-    Auth(#[from] strata_service::auth::KeyError),
-    #[error("tls: {0}")]
-    Tls(#[from] strata_service::tls::TlsError),
-    #[error("signals: {0}")]
-    Signals(std::io::Error),
-    #[error("remote storage: {0}")]
-    RemoteStorage(#[from] strata_remote_storage::RemoteError),
-}
+/// Why the safekeeper could not start or stopped with an error (every
+/// service's start-up error; its own steps are `Service` errors).
+pub type StartError = ServiceStartError;
 
 /// Runs a safekeeper until SIGTERM or SIGINT, then writes every control file.
 pub async fn run(config: config::SafekeeperConfig) -> Result<(), StartError> {
@@ -64,7 +49,7 @@ pub async fn run(config: config::SafekeeperConfig) -> Result<(), StartError> {
         Some(addr) => Some(bind("listen_pg", addr).await?),
         None => None,
     };
-    let shutdown = strata_service::shutdown_signal().map_err(StartError::Signals)?;
+    let shutdown = stop_signal()?;
     serve(config, listener, http, pg, shutdown).await
 }
 
@@ -81,41 +66,32 @@ pub async fn serve(
     if !config.fsync {
         tracing::warn!("fsync is OFF: acknowledged WAL can be lost on a power failure");
     }
-    let timelines = Arc::new(tokio::task::block_in_place(|| {
-        timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync)
-    })?);
+    let timelines = Arc::new(
+        tokio::task::block_in_place(|| timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync))
+            .map_err(|e| StartError::service("loading timelines", e))?,
+    );
     tracing::info!(id = %config.id, listen = %config.listen, http = %config.listen_http, "safekeeper started");
     let metrics = Arc::new(metrics::Metrics::new());
     let listener_metrics = metrics.listener_metrics();
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
-    let (server_tls, client_tls) = match &config.tls {
-        Some(t) => (Some(t.server()?), Some(t.client()?)),
-        None => (None, None),
-    };
+    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
+    let (server_tls, client_tls) = (security.server_tls.clone(), security.client_tls.clone());
     let protocol =
         Listener::new("protocol", listener, limits(config.max_connections), server::refusal, &listener_metrics)
             .with_tls(server_tls.clone());
-    let http = Listener::new(
-        "http",
-        http,
-        limits(config.max_http_connections),
-        strata_service::http::refusal,
-        &listener_metrics,
-    )
-    .with_tls(server_tls.clone());
+    let http = http_listener(http, config.max_http_connections, config.handshake_timeout, &listener_metrics, &security);
     // TLS on the replication service is negotiated in its protocol
     // (SSLRequest), after the listener has handed the connection over.
     let pg =
         pg.map(|l| Listener::new("pg", l, limits(config.max_pg_connections), pg_server::refusal, &listener_metrics));
-    let remote = config.remote_storage.as_ref().map(strata_remote_storage::RemoteStorage::new).transpose()?;
-    let (verifier, token) = match &config.auth {
-        Some(a) => (Some(Arc::new(a.verifier()?)), a.token()?),
-        None => {
-            tracing::warn!("authentication is OFF: every caller is accepted");
-            (None, None)
-        }
-    };
-    let auth = verifier.clone().map(|v| HttpAuth::new(v, metrics.refusal_metrics()));
+    let remote = config
+        .remote_storage
+        .as_ref()
+        .map(strata_remote_storage::RemoteStorage::new)
+        .transpose()
+        .map_err(|e| StartError::service("remote storage", e))?;
+    let (verifier, token) = (security.verifier.clone(), security.token.clone());
+    let auth = security.http_auth(metrics.refusal_metrics());
     let views = Arc::new(peers::PeerViews::default());
     // The background tasks whose results `Shared` holds get only what they need.
     let polling = peers::Polling {
@@ -149,7 +125,7 @@ pub async fn serve(
     if let Some(pg) = pg {
         tasks.spawn(pg_server::serve(pg, shared.clone(), server_tls));
     }
-    tasks.spawn(strata_service::http::serve(http, http::router(shared.clone(), auth.as_ref()), Default::default()));
+    tasks.spawn(serve_http(http, http::router(shared.clone(), auth.as_ref())));
     shutdown.await;
     tasks.abort_all();
     for tl in shared.timelines.all() {

@@ -13,6 +13,7 @@ pub mod http;
 pub mod listener;
 pub mod metrics;
 pub mod ports;
+pub mod start;
 pub mod tls;
 
 pub use listener::{bind, BindError, Connection, Limits, Listener, Slot};

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_service::api_client::ApiClient;
 use strata_service::auth::Token;
 use strata_service::tls::ClientTls;
 use tracing::debug;
@@ -73,30 +74,13 @@ pub async fn run(polling: Polling) {
 
 async fn poll(polling: Arc<Polling>, peer: Peer) {
     // Peers are configured alike: TLS here means TLS there.
-    let scheme = if polling.tls.is_some() { "https" } else { "http" };
-    let url = format!("{scheme}://{}/v1/positions", peer.http.as_deref().expect("filtered on"));
-    let mut agent = ureq::Agent::config_builder();
-    if let Some(tls) = &polling.tls {
-        agent = agent.tls_config(tls.http());
-    }
-    let agent: ureq::Agent = agent
-        .timeout_global(Some(TIMEOUT))
-        .http_status_as_error(true)
-        // Peers are addressed directly: a proxy from the environment must not be used.
-        .proxy(None)
-        .build()
-        .into();
+    let client = ApiClient::new(polling.tls.as_ref(), polling.token.clone(), TIMEOUT).with_max_answer(MAX_ANSWER);
+    let url = client.url(peer.http.as_deref().expect("filtered on"), "/v1/positions");
     loop {
         tokio::time::sleep(POLL).await;
-        let (agent, url2, token) = (agent.clone(), url.clone(), polling.token.clone());
+        let (client, url2) = (client.clone(), url.clone());
         let answer = tokio::task::spawn_blocking(move || -> Result<Vec<TimelinePositions>, String> {
-            let mut request = agent.get(&url2);
-            if let Some(token) = &token {
-                request = request.header("Authorization", token.bearer());
-            }
-            let mut r = request.call().map_err(|e| e.to_string())?;
-            let text = r.body_mut().with_config().limit(MAX_ANSWER).read_to_string().map_err(|e| e.to_string())?;
-            serde_json::from_str(&text).map_err(|e| format!("malformed answer: {e}"))
+            client.get(&url2).map_err(|e| e.to_string())
         })
         .await;
         if let Ok(Ok(positions)) = &answer {
