@@ -88,6 +88,8 @@ pub struct FakeSafekeeper {
     pub refuse_membership: Option<(u32, u16)>,
     /// Refuses to seal with this status.
     pub refuse_seal: Option<u16>,
+    /// Answers a seal with the timeline as it was, unsealed (a broken peer).
+    pub ignore_seal: bool,
 }
 
 /// A fake pageserver: the timelines it has, and its faults.
@@ -265,6 +267,9 @@ impl FakeServices {
                     ("POST", ["seal"]) => {
                         if let Some(status) = sk.refuse_seal {
                             return refused(status, "refused by the test");
+                        }
+                        if sk.ignore_seal {
+                            return answer(200, serde_json::to_value(t.status(tenant, timeline)).unwrap());
                         }
                         if !t.sealed {
                             t.sealed = true;

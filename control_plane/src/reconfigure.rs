@@ -164,6 +164,7 @@ impl Change<'_> {
     }
 
     pub fn run(&self) -> Result<()> {
+        debug_assert!(!self.old.is_empty() && !self.new.is_empty(), "a change needs both sets");
         let members = |set: &[Node]| set.iter().map(|n| n.member.clone()).collect::<Vec<_>>();
         let same = |a: &[Member], b: &[Node]| {
             let mut x: Vec<u64> = a.iter().map(|m| m.id.0).collect();
@@ -217,6 +218,7 @@ impl Change<'_> {
                 placement: current.placement.clone(),
                 new_placement: (current.placement != placement).then(|| placement.clone()),
             };
+            debug_assert!(joint.is_joint() && joint.generation == current.generation + 1);
             self.install(&joint, &everyone, &current)?;
             println!(
                 "  generation {}: joint (a quorum of the old and of the new rule for every election and commit)",
@@ -232,7 +234,12 @@ impl Change<'_> {
                 ));
             }
         }
+        // The one rule that keeps a change safe: the last configuration
+        // only ever follows a joint one (a quorum of the old rule saw the
+        // joint generation, so no proposer of the old can still commit).
+        debug_assert!(current.is_joint(), "generation {} is not joint", current.generation);
         let last = Membership::of(current.generation + 1, members(self.new), placement);
+        debug_assert!(!last.is_joint() && last.generation > current.generation);
         self.joint_committed(&current, &last)?;
         self.install(&last, &everyone, &last)?;
         println!("  generation {}: {} of the new set", last.generation, last.placement.policy());

@@ -246,6 +246,13 @@ fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch) -> Result<Loss> {
     let mut fork = Lsn::INVALID;
     for sk in &sides.here {
         match seal(sk, tenant, t1) {
+            // A sealed timeline's WAL is final and committed: F is where it ends.
+            Ok(s) if !s.sealed || s.commit_lsn != s.flush_lsn => {
+                return failed(format!(
+                    "branch {}: {} answered the seal with an unsealed timeline (commit {}, flush {})",
+                    b.name, sk.name, s.commit_lsn, s.flush_lsn
+                ))
+            }
             Ok(s) => fork = fork.max(s.commit_lsn),
             Err(e) => println!("branch {}: {} not sealed ({e}); it is sealed when it returns", b.name, sk.name),
         }
@@ -336,6 +343,13 @@ fn fork_branches(wd: &Workdir, ps: &Service, sides: &Sides<'_>, losses: &[Loss])
             loss.branch, sides.site, old.timeline_id, loss.divergent
         );
     }
+    // Each lost branch now goes on under its name and is kept as its
+    // divergent branch; nothing else changed names.
+    debug_assert!(losses.iter().all(|l| {
+        let new = cluster.branch(&l.branch).is_some_and(|b| b.parent.as_deref() == Some(l.divergent.as_str()));
+        new && cluster.branch(&l.divergent).is_some_and(|b| b.divergent.is_some())
+    }));
+    cluster.check().map_err(Error::Failed)?;
     save_cluster(&wd.root, &mut cluster)
 }
 
@@ -676,6 +690,19 @@ mod tests {
         assert!(fake.calls.borrow().iter().all(|c| !c.contains("/lost")), "no pageserver declared lost");
         assert_eq!(cluster_text(&wd), before, "cluster.toml is as it was");
         assert_eq!(fake.controllers.borrow().attached, "pageserver");
+    }
+
+    #[test]
+    fn a_seal_answered_with_an_unsealed_timeline_is_an_error() {
+        let (wd, fake) = two_sites("lying");
+        let before = cluster_text(&wd);
+        fake.safekeeper(&base(&wd, "sk3"), |s| {
+            s.ignore_seal = true;
+            s.timelines.values_mut().for_each(|t| t.commit_lsn = Lsn(0x0200_0000));
+        });
+        let e = promote_dc2(&wd, &fake).unwrap_err();
+        assert!(e.to_string().contains("answered the seal with an unsealed timeline"), "{e}");
+        assert_eq!(cluster_text(&wd), before);
     }
 
     #[test]
