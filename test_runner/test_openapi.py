@@ -1,20 +1,33 @@
-"""The OpenAPI descriptions of the management HTTP APIs
-(`docs/openapi/pageserver.yaml`, `docs/openapi/safekeeper.yaml`,
-`docs/openapi/controller.yaml`) are kept honest three ways:
+"""The OpenAPI descriptions of the HTTP APIs (`docs/openapi/`: the
+pageserver, the safekeeper, the storage controller, the compute agent
+(with the standalone WAL proposer's part of it), the node of a host
+(`strata node`) and the link proxy) are kept honest three ways:
 
 - each is a structurally valid OpenAPI 3.0 document (version string, info,
   paths, responses on every operation, path parameters declared, every
   `$ref` resolving);
 - the routes the services' routers declare (`.route(...)` in
-  `pageserver/src/http.rs`, `safekeeper/src/http.rs` and
-  `controller/src/http.rs`) are exactly the
-  documented paths and methods;
+  `pageserver/src/http.rs`, `safekeeper/src/http.rs`,
+  `controller/src/http.rs`, `compute/src/agent/status.rs` (tag `agent`),
+  `cli/src/compute.rs` (tag `proposer`), `control_plane/src/node.rs` and
+  `link_proxy/src/http.rs`) are exactly the documented paths and methods
+  (of the operations with the router's tag, where the document's tags say
+  which process serves what); the reading of routers is tried on a known
+  snippet as well, so that one written another way fails the test;
 - a live local cluster answers every documented operation with a status
   code the description lists for it, with a body that has the documented
   media type and, for JSON, the documented required fields and types.
   Every GET is called with real ids; every other operation only with
   requests it must refuse (or that change nothing, such as creating a
-  safekeeper timeline again with its own identity).
+  safekeeper timeline again with its own identity, or healing a route
+  that is not cut). The compute agent is the cluster's endpoint's (its
+  checkpoint is the one the test needs anyway) and a read-only
+  endpoint's; the node is a `strata node` started for the cluster's one
+  host, on loopback; the link proxy is a `strata link-proxy` with one
+  route, started with the cluster's keys and certificate as `strata init
+  --sites` would configure it. The standalone proposer's server is
+  checked against its router only: its `/v1/status` answer is the
+  agent's `proposer` member, which is checked live.
 
 Needs PyYAML (`requirements.txt`).
 """
@@ -32,20 +45,28 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 
+from fixtures.endpoint import Endpoint
 from fixtures.pageserver_api import wait_for_pageserver_lsn
-from fixtures.strata import parse_lsn, urlopen
+from fixtures.ports import free_port
+from fixtures.strata import Process, format_lsn, parse_lsn, urlopen
+from fixtures.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SPECS = {
-    "pageserver": REPO_ROOT / "docs" / "openapi" / "pageserver.yaml",
-    "safekeeper": REPO_ROOT / "docs" / "openapi" / "safekeeper.yaml",
-    "controller": REPO_ROOT / "docs" / "openapi" / "controller.yaml",
-}
+SPECS = {name: REPO_ROOT / "docs" / "openapi" / f"{name}.yaml"
+         for name in ("pageserver", "safekeeper", "controller", "compute", "node", "link-proxy")}
+# Each API's routers: (source, the tag of the operations it serves; None: all).
 ROUTERS = {
-    "pageserver": REPO_ROOT / "pageserver" / "src" / "http.rs",
-    "safekeeper": REPO_ROOT / "safekeeper" / "src" / "http.rs",
-    "controller": REPO_ROOT / "controller" / "src" / "http.rs",
+    "pageserver": [(REPO_ROOT / "pageserver" / "src" / "http.rs", None)],
+    "safekeeper": [(REPO_ROOT / "safekeeper" / "src" / "http.rs", None)],
+    "controller": [(REPO_ROOT / "controller" / "src" / "http.rs", None)],
+    # The agent's status server, and the standalone proposer's (`strata
+    # compute proposer --http`), which serves part of the same API.
+    "compute": [(REPO_ROOT / "compute" / "src" / "agent" / "status.rs", "agent"),
+                (REPO_ROOT / "cli" / "src" / "compute.rs", "proposer")],
+    "node": [(REPO_ROOT / "control_plane" / "src" / "node.rs", None)],
+    "link-proxy": [(REPO_ROOT / "link_proxy" / "src" / "http.rs", None)],
 }
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -205,37 +226,117 @@ def test_spec_is_structurally_valid_openapi_3(name):
 
 # ------------------------------------------------------------ code vs. docs
 
-ROUTE_CALL = re.compile(
-    r"\.route\(\s*\"(?P<path>[^\"]+)\"\s*,\s*"
-    r"(?P<chain>[a-z_]+\(\s*\w+\s*\)(?:\s*\.\s*[a-z_]+\(\s*\w+\s*\))*)\s*,?\s*\)")
+# A Rust string literal; one, or a line comment.
+RUST_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
+RUST_STRING_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\])*"|//[^\n]*')
+ROUTE_START = re.compile(r'\.route\(\s*"(?P<path>[^"]+)"\s*,')
+METHOD_CALL = re.compile(r"\s*(?P<method>[a-z_]+)\s*\(")
+AFTER_CALL = re.compile(r"\s*(?:(?P<chain>\.)|,?\s*(?P<end>\)))")
 
 
-def code_routes(name: str) -> set[tuple[str, str]]:
-    """(path, method) of every `.route(...)` of a service's router."""
-    source = ROUTERS[name].read_text()
+def closing_paren(code: str, i: int) -> int:
+    """Where the `)` is that closes the `(` at `i`, string literals skipped."""
+    depth = 0
+    while i < len(code):
+        if code[i] == '"':
+            i = RUST_STRING.match(code, i).end()
+            continue
+        if code[i] == "(":
+            depth += 1
+        elif code[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise AssertionError(f"unbalanced parentheses from {code[:i][-60:]!r}")
+
+
+def routes_in(source: str, where: str) -> set[tuple[str, str]]:
+    """(path, method) of every `.route(PATH, METHOD(HANDLER).METHOD(HANDLER)...)`
+    of Rust source, comments left out; a handler is a function of the
+    source or a closure. Anything else fails, so that a router written
+    another way is not taken for one with fewer routes."""
+    code = RUST_STRING_OR_COMMENT.sub(lambda m: m[0] if m[0].startswith('"') else " " * len(m[0]), source)
+    assert not re.search(r"\.nest(?:_service)?\(", code), f"{where}: nested routers are not understood"
     found = set()
-    matches = list(ROUTE_CALL.finditer(source))
-    assert len(matches) == source.count(".route("), \
-        f"{ROUTERS[name]}: {source.count('.route(')} .route( calls but {len(matches)} understood; update ROUTE_CALL"
-    for m in matches:
-        for method, handler in re.findall(r"([a-z_]+)\(\s*(\w+)\s*\)", m["chain"]):
-            assert method in AXUM_METHODS, f"{ROUTERS[name]}: unexpected method router {method}() on {m['path']}"
-            assert re.search(rf"\bfn {handler}\b", source), f"{ROUTERS[name]}: no handler fn {handler}"
-            found.add((m["path"], method))
-    assert found, f"no routes found in {ROUTERS[name]}"
+    for call in re.finditer(r"\.route\(", code):
+        route = ROUTE_START.match(code, call.start())
+        assert route, f"{where}: a .route( without a literal path: {code[call.start():call.start() + 80]!r}"
+        path, i = route["path"], route.end()
+        while True:
+            m = METHOD_CALL.match(code, i)
+            assert m, f"{where}: {path}: not a method router: {code[i:i + 80]!r}"
+            close = closing_paren(code, m.end() - 1)
+            method, handler = m["method"], code[m.end():close].strip()
+            assert method in AXUM_METHODS, f"{where}: unexpected method router {method}() on {path}"
+            if re.fullmatch(r"\w+", handler):
+                assert re.search(rf"\bfn {handler}\b", code), f"{where}: no handler fn {handler}"
+            else:
+                assert re.match(r"(?:move\s*)?\|", handler), \
+                    f"{where}: {method}() on {path} is given neither a handler fn nor a closure: {handler[:60]!r}"
+            found.add((path, method))
+            after = AFTER_CALL.match(code, close + 1)
+            assert after, f"{where}: {path}: what follows {method}() is not understood: {code[close:close + 60]!r}"
+            if after["end"]:
+                break
+            i = after.end()
+    assert found, f"no routes found in {where}"
     return found
+
+
+def code_routes(source: Path) -> set[tuple[str, str]]:
+    """(path, method) of every `.route(...)` of a router's source file."""
+    return routes_in(source.read_text(), str(source.relative_to(REPO_ROOT)))
+
+
+ROUTER_SNIPPET = r"""
+// .route("/commented/out", get(nothing))
+fn router(state: State) -> Router {
+    let counter = state.counter.clone();
+    Router::new()
+        .route("/v1/item/{id}", get(read_item).put(write_item))
+        .route(
+            "/v1/count",
+            post(move || {
+                let text = format!("{} (a parenthesis, a \") and // in a string", counter.get());
+                async move { text }
+            }),
+        )
+        .route("/metrics", get(metrics)).with_state(state)
+}
+async fn read_item() {}
+async fn write_item() {}
+async fn metrics() {}
+"""
+
+
+def test_routes_are_read_in_every_form_the_routers_use():
+    assert routes_in(ROUTER_SNIPPET, "snippet") == {
+        ("/v1/item/{id}", "get"), ("/v1/item/{id}", "put"), ("/v1/count", "post"), ("/metrics", "get")}
+    for broken, error in [(ROUTER_SNIPPET.replace("fn metrics", "fn other"), "no handler fn metrics"),
+                          (ROUTER_SNIPPET.replace("get(metrics)", "any(metrics)"), "unexpected method router any"),
+                          (ROUTER_SNIPPET.replace('"/metrics", ', "METRICS, "), "without a literal path"),
+                          (ROUTER_SNIPPET + "fn v2() -> Router { Router::new().nest(\"/v2\", router()) }",
+                           "nested routers")]:
+        with pytest.raises(AssertionError, match=re.escape(error)):
+            routes_in(broken, "snippet")
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_documented_routes_are_the_routes_of_the_code(name):
     spec = load_spec(name)
-    documented = {(path, method) for path, method, _, _ in operations(spec)}
-    in_code = code_routes(name)
     fmt = lambda s: "\n".join(f"  {m.upper()} {p}" for p, m in sorted(s))  # noqa: E731
-    assert not in_code - documented, f"routed in {ROUTERS[name].name} but not in {SPECS[name].name}:\n" \
-                                     f"{fmt(in_code - documented)}"
-    assert not documented - in_code, f"in {SPECS[name].name} but not routed in {ROUTERS[name].name}:\n" \
-                                     f"{fmt(documented - in_code)}"
+    served = set()
+    for source, tag in ROUTERS[name]:
+        documented = {(path, method) for path, method, op, _ in operations(spec)
+                      if tag is None or tag in op.get("tags", [])}
+        in_code = code_routes(source)
+        doc = SPECS[name].name + (f" (tag {tag})" if tag else "")
+        assert not in_code - documented, f"routed in {source.name} but not in {doc}:\n{fmt(in_code - documented)}"
+        assert not documented - in_code, f"in {doc} but not routed in {source.name}:\n{fmt(documented - in_code)}"
+        served |= in_code
+    unserved = {(path, method) for path, method, _, _ in operations(spec)} - served
+    assert not unserved, f"in {SPECS[name].name} but served by none of its routers:\n{fmt(unserved)}"
 
 
 # ------------------------------------------------------- answers vs. schemas
@@ -253,13 +354,21 @@ JSON_TYPES = {
 def validate(spec: dict, schema, value, where: str) -> list[str]:
     """What in `value` disagrees with `schema` (the subset of OpenAPI 3.0
     schemas the descriptions use: type, nullable, required, properties,
-    additionalProperties, items, enum, pattern, minimum/maximum, allOf)."""
+    additionalProperties, items, enum, pattern, minimum/maximum, allOf,
+    oneOf)."""
     schema = deref(spec, schema)
     if value is None:
         return [] if schema.get("nullable") else [f"{where}: null where the schema does not allow it"]
     errors = []
     for sub in schema.get("allOf", []):
         errors += validate(spec, sub, value, where)
+    if "oneOf" in schema:
+        misfits = [validate(spec, sub, value, where) for sub in schema["oneOf"]]
+        fits = misfits.count([])
+        if fits == 0:
+            errors.append(f"{where}: fits none of the schemas of oneOf: " + "; ".join(m[0] for m in misfits))
+        elif fits > 1:
+            errors.append(f"{where}: fits {fits} of the schemas of oneOf, not one")
     kind = schema.get("type")
     if kind is not None:
         if not JSON_TYPES[kind](value):
@@ -292,9 +401,11 @@ def validate(spec: dict, schema, value, where: str) -> list[str]:
 
 
 def raw_request(url: str, method: str, body: bytes | None = None,
-                timeout: float = 30) -> tuple[int, str, bytes]:
-    """One request: (status, content type, body bytes). A body is sent as JSON."""
-    headers = {"Content-Type": "application/json"} if body is not None else {}
+                timeout: float = 30, headers: dict | None = None) -> tuple[int, str, bytes]:
+    """One request: (status, content type, body bytes). A body is sent as
+    JSON unless `headers` are given."""
+    if headers is None:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
     try:
         with urlopen(url, method, body, headers, timeout) as r:
             return r.status, r.headers.get("Content-Type", ""), r.read()
@@ -312,6 +423,19 @@ class Checker:
         self.problems: list[str] = []
         # (spec name, path template, method) -> status codes answered.
         self.answered: dict[tuple[str, str, str], set[int]] = {}
+        # Servers that are not services of cluster.toml: name -> (spec name, base URL).
+        self.servers: dict[str, tuple[str, str]] = {}
+
+    def add_server(self, name: str, spec: str, port: int) -> None:
+        """`name` serves the API of `spec` on `port` of 127.0.0.1 (with the
+        cluster's token and, when it has one, its CA)."""
+        self.cluster.register_port(port)
+        self.servers[name] = (spec, f"http://127.0.0.1:{port}")
+
+    def url(self, service: str, path: str) -> str:
+        if service in self.servers:
+            return self.servers[service][1] + path
+        return self.cluster.http_url(service, path)
 
     def call(self, service: str, method: str, template: str, *, query: dict | None = None,
              json_body=None, raw_body: bytes | None = None, expect: set[int], **params):
@@ -319,13 +443,16 @@ class Checker:
         that the status is documented for the operation and expected by the
         test, and the body against the documented content. Returns (status,
         parsed JSON or raw bytes)."""
-        name = service if service in ("pageserver", "controller") else "safekeeper"
+        if service in self.servers:
+            name = self.servers[service][0]
+        else:
+            name = service if service in ("pageserver", "controller") else "safekeeper"
         spec = self.specs[name]
         path = template.format(**params)
         if query:
             path += "?" + urllib.parse.urlencode(query)
         body = raw_body if raw_body is not None else (json.dumps(json_body).encode() if json_body is not None else None)
-        status, ctype, data = raw_request(self.cluster.http_url(service, path), method.upper(), body)
+        status, ctype, data = raw_request(self.url(service, path), method.upper(), body)
         at = f"{service}: {method.upper()} {path}"
         self.answered.setdefault((name, template, method), set()).add(status)
 
@@ -371,10 +498,167 @@ class Checker:
         return out
 
 
-def test_live_cluster_answers_as_documented(cluster, specs):
-    """Every documented operation of the pageserver, of each safekeeper and
-    of the storage controller, against a running local cluster."""
+def wait_answering(port: int, proc: Process, what: str) -> None:
+    """Until `GET /v1/status` on `port` answers 200; fails at once if `proc` exits."""
+    wait_until(f"{what} answers", lambda: raw_request(f"http://127.0.0.1:{port}/v1/status", "GET", timeout=5)[0] == 200,
+               timeout=30, stop_if=lambda: None if proc.running() else f"{what} exited:\n{proc.log_text()[-2000:]}")
+
+
+@pytest.fixture
+def node(cluster, tmp_path) -> int:
+    """`strata node` of the cluster's one host (`local`, on loopback), with
+    the cluster's TLS and keys as every node has them; its port. It finds
+    the host's services running and leaves them be. Killed at teardown: on
+    SIGTERM a node stops its host's endpoints and services, which is the
+    cluster fixture's to do."""
+    [host] = cluster.cluster_toml["hosts"]
+    port = host["node_port"]
+    cluster.register_port(port)
+    proc = Process([str(cluster.strata_bin), "node", "--workdir", str(cluster.workdir), "--host", host["name"]],
+                   tmp_path / "node.log")
+    proc.start()
+    try:
+        wait_answering(port, proc, "strata node")
+        yield port
+    finally:
+        proc.kill9()
+
+
+@pytest.fixture
+def link_proxy(cluster, tmp_path) -> int:
+    """`strata link-proxy` with one route, `to-pageserver` (to the
+    pageserver's page service), secured as `strata init --sites` secures
+    one: the cluster's public key, this host's certificate (the
+    pageserver's `[auth]` and `[tls]`); its HTTP port."""
+    ps = cluster.service_config("pageserver")
+    port = free_port()
+    lines = [f'listen_http = "127.0.0.1:{port}"', "[[routes]]", 'name = "to-pageserver"', 'listen = "127.0.0.1:0"',
+             f"target = {json.dumps(ps['listen_pg'])}"]
+    if "auth" in ps:
+        lines += ["[auth]", f"public_key = {json.dumps(ps['auth']['public_key'])}"]
+    if "tls" in ps:
+        lines += ["[tls]"] + [f"{key} = {json.dumps(ps['tls'][key])}" for key in ("ca", "cert", "key")]
+    config = tmp_path / "link-proxy.toml"
+    config.write_text("\n".join(lines) + "\n")
+    cluster.register_port(port)
+    proc = Process([str(cluster.strata_bin), "link-proxy", "--config", str(config)], tmp_path / "link-proxy.log")
+    proc.start()
+    try:
+        wait_answering(port, proc, "strata link-proxy")
+        yield port
+    finally:
+        proc.stop()
+
+
+def check_agent(c: Checker, tenant: str, timeline: str) -> None:
+    """The writer's compute agent ("ep"): its status and metrics."""
+    _, agent = c.call("ep", "get", "/v1/status", expect={200})
+    if isinstance(agent, dict):
+        c.problems += [f"ep: GET /v1/status: the agent's answer is no ComputeStatus: {e}" for e in
+                       validate(c.specs["compute"], {"$ref": "#/components/schemas/ComputeStatus"}, agent, "body")]
+        if [agent.get("state"), agent.get("tenant_id"), agent.get("timeline_id")] != ["running", tenant, timeline]:
+            c.problems.append(f"ep: not running on the branch: {agent}")
+        if not (agent.get("proposer") or {}).get("streaming"):
+            c.problems.append(f"ep: its proposer does not stream: {agent.get('proposer')}")
+    st, text = c.call("ep", "get", "/metrics", expect={200})
+    if st == 200 and not (b'strata_compute_state{state="running"} 1' in text and b"strata_proposer_term" in text):
+        c.problems.append("ep /metrics: no running state or no proposer term")
+
+
+def check_node(c: Checker, connstr: str, ep_port: int, timeline: str) -> None:
+    """The host's node: reads, and only requests it must refuse or that
+    change nothing; its services and endpoints run on as before."""
+    nd = "node"
+    _, host = c.call(nd, "get", "/v1/status", expect={200})
+    if isinstance(host, dict):
+        services = {s.get("name"): s.get("state") for s in host.get("services", [])}
+        computes = {e.get("name"): e.get("compute_state") for e in host.get("endpoints", [])}
+        if services != {s["name"]: "running" for s in c.cluster.cluster_toml["services"]} or \
+                computes != {"ep": "running"}:
+            c.problems.append(f"the node does not report every service and ep running: {services}, {computes}")
+    _, records = c.call(nd, "get", "/v1/endpoints", expect={200})
+    if isinstance(records, list) and [r.get("file", {}).get("http_port") for r in records
+                                      if r.get("file", {}).get("name") == "ep"] != [ep_port]:
+        c.problems.append(f"the node's endpoints do not have ep at its port {ep_port}: {records}")
+    _, state = c.call(nd, "get", "/v1/spec", expect={200})
+    revision = c.cluster.cluster_toml["revision"]
+    if isinstance(state, dict) and (state.get("revision") != revision or "cluster.toml" not in state.get("files", {})):
+        c.problems.append(f"the node's state is not revision {revision} with cluster.toml: {str(state)[:300]}")
+    # The host's own revision again changes nothing; a newer one must carry cluster.toml.
+    if isinstance(state, dict):
+        _, taken = c.call(nd, "post", "/v1/spec", json_body=state, expect={200})
+        if isinstance(taken, dict) and taken != {"revision": revision, "taken": False}:
+            c.problems.append(f"the node took its own revision again: {taken}")
+    c.call(nd, "post", "/v1/spec", json_body={"revision": revision + 1, "files": {}}, expect={500})
+    # A service that runs, started again, stays as it is; unknown ones are refused.
+    c.call(nd, "post", "/v1/services/start", json_body={"names": ["sk1"]}, expect={200})
+    c.call(nd, "post", "/v1/services/start", json_body={"names": ["nope"]}, expect={400})
+    c.call(nd, "post", "/v1/services/stop", json_body={"names": ["nope"]}, expect={400})
+    launch = {"name": "ep", "host": c.cluster.cluster_toml["hosts"][0]["name"], "branch": "main",
+              "timeline_id": timeline, "agent": {"lazy": False, "eager": False}}
+    c.call(nd, "post", "/v1/endpoints/start", json_body={**launch, "host": "elsewhere"}, expect={400})
+    c.call(nd, "post", "/v1/endpoints/start", json_body={**launch, "name": "not a name"}, expect={400})
+    c.call(nd, "post", "/v1/endpoints/start", json_body=launch, expect={500})  # it runs already
+    c.call(nd, "post", "/v1/endpoints/stop", json_body={"name": "nope"}, expect={500})
+    c.call(nd, "post", "/v1/endpoints/forget", json_body={"name": "ep"}, expect={500})  # it runs
+    c.call(nd, "post", "/v1/endpoints/forget", json_body={"name": "nope"}, expect={500})
+    _, password = c.call(nd, "post", "/v1/endpoints/password", json_body={"name": "ep"}, expect={200})
+    if isinstance(password, dict) and password.get("password") != conninfo_to_dict(connstr).get("password"):
+        c.problems.append("the node's password of ep is not the one of its connection string")
+    c.call(nd, "post", "/v1/endpoints/password", json_body={"name": "nope"}, expect={500})
+    # Bodies the node cannot read are refused before any operation, in plain text.
+    for body, headers, code in [(b"{", {"Content-Type": "application/json"}, 400),
+                                (b'{"names": "sk1"}', {"Content-Type": "application/json"}, 422),
+                                (b'{"names": []}', {"Content-Type": "text/plain"}, 415)]:
+        st, ctype, data = raw_request(c.url(nd, "/v1/services/start"), "POST", body, headers=headers)
+        if st != code or not ctype.startswith("text/plain"):
+            c.problems.append(f"node: {body!r} as {headers}: {st} {ctype!r}, not {code} in plain text: {data[:200]!r}")
+    _, host_after = c.call(nd, "get", "/v1/status", expect={200})
+    if isinstance(host, dict) and isinstance(host_after, dict):
+        before, now = ({(x.get("name"), x.get("pid")) for x in h.get("services", []) + h.get("endpoints", [])}
+                       for h in (host, host_after))
+        if now != before:
+            c.problems.append(f"the node's services or endpoints changed: {before} -> {now}")
+
+
+def check_link_proxy(c: Checker) -> None:
+    """The link proxy: reads, and only requests it must refuse or that
+    change nothing; its routes are as before."""
+    lp = "link-proxy"
+    route = "/v1/route/{name}"
+    _, routes = c.call(lp, "get", "/v1/status", expect={200})
+    if isinstance(routes, dict) and [(r.get("name"), r.get("target")) for r in routes.get("routes", [])] != \
+            [("to-pageserver", c.cluster.service_config("pageserver")["listen_pg"])]:
+        c.problems.append(f"the link proxy does not have its one route: {routes}")
+    st, text = c.call(lp, "get", "/metrics", expect={200})
+    if st == 200 and b"# TYPE" not in text:
+        c.problems.append("link proxy /metrics: no `# TYPE` line")
+    # Its own delay again, healing a route that is not cut and resetting one
+    # without connections change nothing; the rest is refused.
+    c.call(lp, "put", route, json_body={"delay_ms": 0, "jitter_ms": 0}, expect={200}, name="to-pageserver")
+    c.call(lp, "put", route, json_body={"delay_ms": -1}, expect={400}, name="to-pageserver")
+    c.call(lp, "put", route, json_body={"delay_ms": 0, "bogus": 1}, expect={400}, name="to-pageserver")
+    c.call(lp, "put", route, raw_body=b"{", expect={400}, name="to-pageserver")
+    c.call(lp, "put", route, json_body={"delay_ms": 0}, expect={404}, name="nope")
+    c.call(lp, "post", route + "/cut", expect={404}, name="nope")
+    c.call(lp, "post", route + "/heal", expect={200}, name="to-pageserver")
+    c.call(lp, "post", route + "/heal", expect={200}, name="*")
+    c.call(lp, "post", route + "/heal", expect={404}, name="nope")
+    c.call(lp, "post", route + "/reset", expect={200}, name="to-pageserver")
+    c.call(lp, "post", route + "/reset", expect={404}, name="nope")
+    _, routes_after = c.call(lp, "get", "/v1/status", expect={200})
+    if routes_after != routes:
+        c.problems.append(f"the link proxy's routes changed: {routes} -> {routes_after}")
+
+
+def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
+    """Every documented operation of the pageserver, of each safekeeper, of
+    the storage controller, of a writer's and a read-only compute's agent,
+    of the host's node and of a link proxy, against a running local
+    cluster."""
     c = Checker(cluster, specs)
+    c.add_server("node", "node", node)
+    c.add_server("link-proxy", "link-proxy", link_proxy)
     tenant = cluster.cluster_toml["tenant_id"]
     timeline = cluster.timeline_id()
     missing = uuid.uuid4().hex  # a timeline (or tenant) no service holds
@@ -384,9 +668,12 @@ def test_live_cluster_answers_as_documented(cluster, specs):
     # A commit, so that the timelines have WAL of a compute: a term history,
     # consumers, and a commit time to find by `lsn_by_time`.
     connstr = cluster.endpoint_start("ep")
+    ep_port = Endpoint(cluster, "ep").http_port
+    c.add_server("ep", "compute", ep_port)
     with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
         conn.execute("CREATE TABLE t (id int)")
-        conn.execute("CHECKPOINT")  # a checkpoint record for `checkpoint_record`
+        # A checkpoint record for `checkpoint_record`, made by the writer's agent.
+        _, made = c.call("ep", "post", "/v1/checkpoint", expect={200})
         before_commit = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
         conn.execute("INSERT INTO t VALUES (1)")
         commit_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
@@ -420,6 +707,9 @@ def test_live_cluster_answers_as_documented(cluster, specs):
     _, record = c.call(ps, "get", tl + "/checkpoint_record", expect={200}, **ids)
     if isinstance(record, dict) and "lsn" in record and parse_lsn(record["lsn"]) >= before_commit:
         c.problems.append(f"checkpoint_record: {record['lsn']}, not before the last commit")
+    if isinstance(record, dict) and isinstance(made, dict) and \
+            [record.get("lsn"), record.get("redo")] != [made.get("checkpoint_lsn"), made.get("redo_lsn")]:
+        c.problems.append(f"checkpoint_record: {record}, not the checkpoint the agent made: {made}")
     c.call(ps, "get", tl + "/checkpoint_record", query={"lsn": "not-an-lsn"}, expect={400}, **ids)
     c.call(ps, "get", tl + "/checkpoint_record", expect={404}, tenant=tenant, timeline=missing)
 
@@ -559,6 +849,10 @@ def test_live_cluster_answers_as_documented(cluster, specs):
     if st == 200 and b"# TYPE" not in text:
         c.problems.append("controller /metrics: no `# TYPE` line")
 
+    check_agent(c, tenant, timeline)
+    check_node(c, connstr, ep_port, timeline)
+    check_link_proxy(c)
+
     # Nothing was changed by the refused requests.
     _, after = c.call(ps, "get", tl, expect={200}, **ids)
     if isinstance(after, dict) and after.get("retain_lsns") != status.get("retain_lsns"):
@@ -569,6 +863,15 @@ def test_live_cluster_answers_as_documented(cluster, specs):
         _, positions = c.call(sk, "get", "/v1/positions", expect={200})
         if isinstance(positions, list) and any(p.get("timeline_id") == missing for p in positions):
             c.problems.append(f"{sk} now holds timeline {missing}")
+
+    # A read-only compute (it leases its LSN, so only after the check above)
+    # makes no checkpoints.
+    cluster.endpoint_start("ro", "main", "--at", format_lsn(commit_lsn))
+    c.add_server("ro", "compute", Endpoint(cluster, "ro").http_port)
+    _, ro = c.call("ro", "get", "/v1/status", expect={200})
+    if isinstance(ro, dict) and ro.get("start_lsn") != format_lsn(commit_lsn):
+        c.problems.append(f"ro: not started at {format_lsn(commit_lsn)}: {ro.get('start_lsn')}")
+    c.call("ro", "post", "/v1/checkpoint", expect={409})
 
     problems = c.problems + c.unexercised()
     assert not problems, "\n".join(problems)
