@@ -1,5 +1,6 @@
-//! Calls to the pageservers' HTTP APIs (blocking `ureq` on the blocking
-//! pool): their status (the heartbeat) and location changes.
+//! Calls to the pageservers: their status (the heartbeat) and location
+//! changes, behind [`Pageservers`] so that a simulation can answer them;
+//! [`Client`] makes them over HTTP (blocking `ureq` on the blocking pool).
 
 use std::time::Duration;
 
@@ -9,10 +10,27 @@ use strata_protocol::TenantId;
 use strata_service::auth::Token;
 use strata_service::tls::ClientTls;
 
+use crate::tasks::BoxFuture;
+
 /// Largest answer accepted (a status lists every timeline).
 const MAX_ANSWER: u64 = 16 << 20;
 /// Bound on a location change: an attach lists and reads every index.
 const LOCATION_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the controller asks of the pageservers, each named by its HTTP
+/// address (`host:port`). Every call ends within a bound: a pageserver that
+/// does not answer is an error after a timeout, not a wait.
+pub trait Pageservers: Send + Sync {
+    /// `GET /v1/status`: the heartbeat.
+    fn status<'a>(&'a self, http: &'a str) -> BoxFuture<'a, Result<PageserverStatus, String>>;
+    /// `PUT /v1/tenant/{tenant}/location`.
+    fn set_location<'a>(
+        &'a self,
+        http: &'a str,
+        tenant: TenantId,
+        req: LocationRequest,
+    ) -> BoxFuture<'a, Result<LocationStatus, String>>;
+}
 
 /// A client of every pageserver, with the controller's token and TLS.
 #[derive(Clone)]
@@ -79,24 +97,30 @@ impl Client {
         }
         serde_json::from_str(&text).map_err(|e| format!("{url}: malformed answer: {e}"))
     }
+}
 
-    /// `GET /v1/status` of the pageserver at `http` (`host:port`).
-    pub async fn status(&self, http: &str) -> Result<PageserverStatus, String> {
+impl Pageservers for Client {
+    fn status<'a>(&'a self, http: &'a str) -> BoxFuture<'a, Result<PageserverStatus, String>> {
         let (c, url) = (self.clone(), format!("{}://{http}/v1/status", self.scheme));
-        tokio::task::spawn_blocking(move || c.call(&c.heartbeat, "GET", url, None)).await.map_err(|e| e.to_string())?
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || c.call(&c.heartbeat, "GET", url, None))
+                .await
+                .map_err(|e| e.to_string())?
+        })
     }
 
-    /// `PUT /v1/tenant/{tenant}/location`.
-    pub async fn set_location(
-        &self,
-        http: &str,
+    fn set_location<'a>(
+        &'a self,
+        http: &'a str,
         tenant: TenantId,
         req: LocationRequest,
-    ) -> Result<LocationStatus, String> {
+    ) -> BoxFuture<'a, Result<LocationStatus, String>> {
         let (c, url) = (self.clone(), format!("{}://{http}/v1/tenant/{tenant}/location", self.scheme));
         let body = serde_json::to_string(&req).expect("a request always encodes");
-        tokio::task::spawn_blocking(move || c.call(&c.location, "PUT", url, Some(body)))
-            .await
-            .map_err(|e| e.to_string())?
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || c.call(&c.location, "PUT", url, Some(body)))
+                .await
+                .map_err(|e| e.to_string())?
+        })
     }
 }

@@ -5,14 +5,21 @@
 //! rebalancing, and tells the computes where their pages are. Its state is
 //! one object in object storage, written by compare-and-swap; several
 //! controllers run, and the holder of a lease object leads.
+//!
+//! Time, storage, pageserver calls and randomness come in through
+//! [`env::Env`]: the process gives it the real ones, the simulation
+//! (`tests/simulation.rs`) fakes driven by one seed.
 
 pub mod client;
 pub mod config;
+pub mod env;
 pub mod http;
 pub mod metrics;
+pub mod retry;
 pub mod schedule;
 pub mod service;
 pub mod store;
+pub mod tasks;
 
 use std::sync::Arc;
 
@@ -68,7 +75,7 @@ pub async fn run(config: config::ControllerConfig) -> Result<(), StartError> {
     )
     .with_tls(tls);
     tracing::info!(id = config.id, http = %config.listen_http, storage = %store.describe(), "storage controller started");
-    let controller = service::Controller::new(config, store, client, metrics);
+    let controller = service::Controller::new(config, env::Env::production(store, client), metrics);
     let router = http::router(controller.clone(), auth.as_ref());
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(strata_service::http::serve(listener, router, Default::default()));

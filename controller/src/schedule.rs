@@ -56,6 +56,10 @@ fn least_loaded(state: &ControllerState, view: &View, exclude: &[&str]) -> Optio
         .cloned()
 }
 
+/// A decision rule: the next state from the state and the view, if
+/// anything must change ([`plan`]).
+pub type Planner = fn(&ControllerState, &View) -> Option<ControllerState>;
+
 /// Places the tenants of `tenants` that the state does not know yet, each
 /// with generations above `first_generation` (what object storage already
 /// holds of it); they are attached by the next [`plan`].
@@ -82,7 +86,36 @@ pub fn plan(state: &ControllerState, view: &View) -> Option<ControllerState> {
         next.tenants.insert(*t, p);
     }
     rebalance(&mut next, view);
+    debug_assert!(
+        state.tenants.iter().all(|(t, before)| keeps_the_rules(before, &next.tenants[t])),
+        "a decision broke a placement rule: {state:?} -> {next:?}"
+    );
     (next != *state).then_some(next)
+}
+
+/// The pageserver a placement's generation belongs to: a move's target
+/// (attached under it while the origin serves on), else the attached one.
+fn generation_owner(p: &TenantPlacement) -> Option<&String> {
+    p.migration.as_ref().map(|m| &m.to).or(p.attached.as_ref())
+}
+
+/// What every decision keeps of one tenant: its generation never goes
+/// back, and stays with the pageserver it was issued to (another one gets
+/// a new generation); an attachment is never dropped; the attached
+/// pageserver is neither a secondary nor a move's target. (A move that
+/// rebalancing starts may list its target as a secondary until the next
+/// round; being the target takes precedence.)
+fn keeps_the_rules(before: &TenantPlacement, after: &TenantPlacement) -> bool {
+    let same_owner = after.generation != before.generation
+        || generation_owner(before).is_none()
+        || generation_owner(before) == generation_owner(after);
+    let roles_apart = after.attached.as_ref().is_none_or(|a| !after.secondaries.contains(a))
+        && after.migration.as_ref().is_none_or(|m| Some(&m.to) != after.attached.as_ref());
+    after.generation >= before.generation
+        && same_owner
+        && (before.attached.is_none() || after.attached.is_some())
+        && (after.attached.is_none() || after.generation > 0)
+        && roles_apart
 }
 
 /// One tenant's placement, decided.
@@ -92,7 +125,7 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
         // Failover (or the first placement). A migration's target is
         // already attached under the current generation: it takes over as
         // it is. Otherwise a secondary (warm) is attached under a new one.
-        if let Some(m) = p.migration.take().filter(|m| view.online.contains(&m.to)) {
+        if let Some(m) = p.migration.take_if(|m| view.online.contains(&m.to)) {
             let old = p.attached.replace(m.to.clone());
             p.secondaries.retain(|s| *s != m.to);
             if let Some(o) = old {
@@ -113,7 +146,12 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
             let target = from_secondaries
                 .or_else(|| least_loaded(state, view, &[]))
                 .or_else(|| view.order.iter().find(|n| view.online.contains(*n)).cloned());
+            // With nowhere to go, a move whose target is down too stays as
+            // it is: its generation was issued to the target, so the origin
+            // must never be told it (the move ends with the next failover,
+            // under a new generation).
             if let Some(to) = target {
+                p.migration = None;
                 let old = p.attached.replace(to.clone());
                 p.generation += 1;
                 p.secondaries.retain(|s| *s != to);
@@ -253,6 +291,7 @@ pub fn complete_migration(state: &ControllerState, tenant: TenantId) -> Option<C
         p.secondaries.insert(0, o);
     }
     p.secondaries.truncate(MAX_SECONDARIES);
+    debug_assert!(keeps_the_rules(&state.tenants[&tenant], &next.tenants[&tenant]));
     Some(next)
 }
 
@@ -397,8 +436,18 @@ mod tests {
         let again = settle(cancelled, &view(&["ps1", "ps3"]));
         assert_eq!(placement(&again, tenant(1)), (4, Some("ps1"), vec![], Some("ps3")));
         // The origin fails during the move: the target takes over as it is.
-        let taken = settle(moving, &view(&["ps2", "ps3"]));
+        let taken = settle(moving.clone(), &view(&["ps2", "ps3"]));
         assert_eq!(placement(&taken, tenant(1)), (2, Some("ps2"), vec!["ps3"], None));
+        // Origin and target both fail with nowhere to go: the move stays, so
+        // generation 2 (the target's) is never sent to the origin when it
+        // returns first; the origin then serves on under generation 3.
+        assert!(plan(&moving, &view(&[])).is_none());
+        let origin_back = plan(&moving, &view(&["ps1"])).unwrap();
+        assert_eq!(placement(&origin_back, tenant(1)).0, 3);
+        assert_eq!(placement(&origin_back, tenant(1)).1, Some("ps1"));
+        // A secondary online instead: it is attached under a new generation, the move ended.
+        let failed_over = plan(&moving, &view(&["ps3"])).unwrap();
+        assert_eq!(placement(&failed_over, tenant(1)), (3, Some("ps3"), vec!["ps1"], None));
     }
 
     #[test]

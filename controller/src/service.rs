@@ -2,6 +2,11 @@
 //! rounds in which the leader decides (`schedule`), writes the state by
 //! compare-and-swap, and makes the pageservers match it
 //! (`docs/storage-controller.md`).
+//!
+//! Each of the three loops is a round and a wait: [`Controller::lease_round`],
+//! [`Controller::heartbeat_round`] and [`Controller::decision_round`] can be
+//! called one at a time (a simulation does). Time, storage, pageservers and
+//! tasks come from the [`Env`] it is made with.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -14,14 +19,18 @@ use strata_protocol::api::controller::{
 use strata_protocol::api::pageserver::{LocationMode, LocationRequest, PageserverStatus};
 use strata_protocol::TenantId;
 use strata_remote_storage::cas::ObjectVersion;
+use strata_service::clock::{self, Clock};
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use crate::client::Client;
+use crate::client::Pageservers;
 use crate::config::ControllerConfig;
+use crate::env::Env;
 use crate::metrics::Metrics;
-use crate::schedule::{self, View};
+use crate::retry::Retries;
+use crate::schedule::{self, Planner, View};
 use crate::store::{LeaderLease, Store, StoreError};
+use crate::tasks::{each_as_ready, BoxFuture, Spawn};
 
 /// How often a follower reads the state (computes may ask any controller).
 const FOLLOWER_REFRESH: Duration = Duration::from_secs(1);
@@ -56,7 +65,12 @@ struct Inner {
     /// it has not changed for a whole lease.
     lease_seen: Option<(ObjectVersion, Instant)>,
     leader_http: Option<String>,
+    /// When a follower last read the state (`None`: never).
+    refreshed: Option<Instant>,
     state: Option<(ControllerState, Option<ObjectVersion>)>,
+    /// When `state` was last read from storage or written there: it is
+    /// read again after `lease_ttl` (see [`Controller::current_state`]).
+    state_confirmed: Option<Instant>,
     health: BTreeMap<String, Health>,
     /// LSNs a migration's target must reach, per tenant and timeline.
     catch_up: BTreeMap<TenantId, BTreeMap<String, strata_formats::Lsn>>,
@@ -66,8 +80,11 @@ struct Inner {
 /// One controller process.
 pub struct Controller {
     pub conf: ControllerConfig,
+    clock: Arc<dyn Clock>,
     store: Store,
-    client: Client,
+    pageservers: Arc<dyn Pageservers>,
+    spawn: Arc<dyn Spawn>,
+    planner: Planner,
     pub metrics: Arc<Metrics>,
     inner: Mutex<Inner>,
     /// The version of the state this controller knows (computes wait on it).
@@ -75,7 +92,7 @@ pub struct Controller {
     /// Location calls under way, so a slow attach is not sent twice.
     in_flight: Mutex<BTreeSet<(String, TenantId)>>,
     /// Location calls that failed, and when to try again (growing pauses).
-    retry_at: Mutex<BTreeMap<(String, TenantId), (Instant, strata_service::backoff::Backoff)>>,
+    retries: Mutex<Retries<(String, TenantId)>>,
     wake: Notify,
     /// When the heartbeats started: before a whole offline period has
     /// passed, nothing is known to be offline.
@@ -96,19 +113,25 @@ pub enum CallError {
 }
 
 impl Controller {
-    pub fn new(conf: ControllerConfig, store: Store, client: Client, metrics: Arc<Metrics>) -> Arc<Controller> {
+    /// A controller of `conf` on `env`; nothing runs until [`Controller::run`]
+    /// (or a round) is called.
+    pub fn new(conf: ControllerConfig, env: Env, metrics: Arc<Metrics>) -> Arc<Controller> {
+        let started = env.clock.now();
         Arc::new_cyclic(|me| Controller {
             me: me.clone(),
             conf,
-            store,
-            client,
+            clock: env.clock,
+            store: env.store,
+            pageservers: env.pageservers,
+            spawn: env.spawn,
+            planner: env.planner,
             metrics,
             inner: Mutex::new(Inner::default()),
             version: watch::Sender::new(0),
             in_flight: Mutex::new(BTreeSet::new()),
-            retry_at: Mutex::new(BTreeMap::new()),
+            retries: Mutex::new(Retries::new(RETRY_MIN, RETRY_MAX, env.seed)),
             wake: Notify::new(),
-            started: Instant::now(),
+            started,
         })
     }
 
@@ -121,30 +144,33 @@ impl Controller {
     /// The term this controller leads under, while it does.
     pub fn leading(&self) -> Option<u64> {
         let inner = self.inner.lock();
-        inner.lead.as_ref().filter(|l| Instant::now() < l.until).map(|l| l.term)
+        let now = self.clock.now();
+        inner.lead.as_ref().filter(|l| now < l.until).map(|l| l.term)
     }
 
-    /// Runs the lease, heartbeat and decision loops until the process ends.
+    /// Runs the lease, heartbeat and decision loops until the process ends
+    /// (or the future is dropped, which stops all three).
     pub async fn run(self: Arc<Self>) {
-        let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(self.clone().lease_loop());
-        tasks.spawn(self.clone().heartbeat_loop());
-        tasks.spawn(self.clone().decision_loop());
-        while tasks.join_next().await.is_some() {}
+        let loops: Vec<BoxFuture<'_, ()>> =
+            vec![Box::pin(self.lease_loop()), Box::pin(self.heartbeat_loop()), Box::pin(self.decision_loop())];
+        each_as_ready(loops, |()| {}).await;
     }
 
     // ---- the leader's lease
 
-    async fn lease_loop(self: Arc<Self>) {
+    async fn lease_loop(&self) {
         let period = self.conf.lease_ttl / 4;
         loop {
             self.lease_round().await;
-            tokio::time::sleep(period).await;
+            self.clock.sleep(period).await;
         }
     }
 
-    async fn lease_round(&self) {
-        let started = Instant::now();
+    /// One round of the lease: renew it while leading, take it once it was
+    /// not renewed for a whole `lease_ttl` (by this controller's clock), or
+    /// note who leads.
+    pub async fn lease_round(&self) {
+        let started = self.clock.now();
         let me = self.conf.id;
         let http = self.conf.listen_http.to_string();
         let read = match self.store.read_lease().await {
@@ -184,9 +210,9 @@ impl Controller {
                     inner.leader_http = Some(l.http.clone());
                     let v = version.clone().expect("present with a lease");
                     match &inner.lease_seen {
-                        Some((seen, at)) if *seen == v => at.elapsed() >= self.conf.lease_ttl,
+                        Some((seen, at)) if *seen == v => self.clock.since(*at) >= self.conf.lease_ttl,
                         _ => {
-                            inner.lease_seen = Some((v, Instant::now()));
+                            inner.lease_seen = Some((v, self.clock.now()));
                             false
                         }
                     }
@@ -203,14 +229,19 @@ impl Controller {
                 LeaderLease { holder: me, http, term: l.term + 1, renewals: 0 }
             }
         };
+        // A takeover's term is above every term seen; a renewal keeps ours.
+        debug_assert!(next.term > current.as_ref().map_or(0, |l| l.term) || (next.renewals > 0 && mine));
         match self.store.write_lease(&next, version.as_ref()).await {
             Ok(v) => {
                 let mut inner = self.inner.lock();
+                // Counted from before the write was sent: the others' clocks
+                // start no earlier than when it landed.
                 let until = started + self.conf.lease_ttl * 3 / 4;
                 let took = inner.lead.as_ref().is_none_or(|l| l.term != next.term);
+                debug_assert!(next.term >= inner.term, "a lease under term {} below {}", next.term, inner.term);
                 inner.lead = Some(Lead { term: next.term, until, renewals: next.renewals });
                 inner.term = next.term;
-                inner.lease_seen = Some((v, Instant::now()));
+                inner.lease_seen = Some((v, self.clock.now()));
                 inner.leader_http = Some(next.http.clone());
                 drop(inner);
                 if took {
@@ -239,7 +270,8 @@ impl Controller {
     /// Stops leading once the lease may have been taken over.
     fn check_lead_expiry(&self) {
         let mut inner = self.inner.lock();
-        if inner.lead.as_ref().is_some_and(|l| Instant::now() >= l.until) {
+        let now = self.clock.now();
+        if inner.lead.as_ref().is_some_and(|l| now >= l.until) {
             inner.lead = None;
             self.metrics.leader.set(0);
             warn!("could not renew the leader's lease in time; no longer leading");
@@ -248,52 +280,61 @@ impl Controller {
 
     // ---- heartbeats
 
-    async fn heartbeat_loop(self: Arc<Self>) {
+    async fn heartbeat_loop(&self) {
         loop {
-            let started = Instant::now();
-            let mut calls = tokio::task::JoinSet::new();
-            for p in self.conf.pageservers.clone() {
-                let c = self.client.clone();
-                calls.spawn(async move {
-                    let r = c.status(&p.http).await;
-                    (p.name, r)
-                });
-            }
-            while let Some(Ok((name, r))) = calls.join_next().await {
-                let mut inner = self.inner.lock();
-                let h = inner.health.entry(name.clone()).or_default();
-                match r {
-                    Ok(s) => {
-                        let was_offline = h.last_ok.is_none_or(|t| t.elapsed() > self.conf.offline_after);
-                        h.last_ok = Some(Instant::now());
-                        h.status = Some(s);
-                        if was_offline {
-                            info!(pageserver = %name, "online");
-                            self.wake.notify_one();
-                        }
-                    }
-                    Err(e) => {
-                        self.metrics.heartbeat_failures.inc();
-                        tracing::debug!(pageserver = %name, "heartbeat: {e}");
-                        if h.last_ok.is_some_and(|t| t.elapsed() > self.conf.offline_after) {
-                            h.status = None;
-                        }
-                    }
-                }
-            }
-            let online = self.online().len();
-            self.metrics.pageservers_online.set(online as i64);
-            if let Some(wait) = self.conf.heartbeat_interval.checked_sub(started.elapsed()) {
-                tokio::time::sleep(wait).await;
+            let started = self.clock.now();
+            self.heartbeat_round().await;
+            if let Some(wait) = self.conf.heartbeat_interval.checked_sub(self.clock.since(started)) {
+                self.clock.sleep(wait).await;
             }
             // A pageserver that just passed its offline period is decided on now.
             self.wake.notify_one();
         }
     }
 
+    /// One round of heartbeats: every pageserver is asked for its status at
+    /// once, and each answer (or failure) is recorded as it comes.
+    pub async fn heartbeat_round(&self) {
+        let calls: Vec<_> = self
+            .conf
+            .pageservers
+            .iter()
+            .map(|p| async move { (p.name.as_str(), self.pageservers.status(&p.http).await) })
+            .collect();
+        each_as_ready(calls, |(name, r)| self.heard(name, r)).await;
+        let online = self.online().len();
+        self.metrics.pageservers_online.set(online as i64);
+    }
+
+    /// Records one heartbeat's answer.
+    fn heard(&self, name: &str, r: Result<PageserverStatus, String>) {
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        let h = inner.health.entry(name.to_string()).or_default();
+        match r {
+            Ok(s) => {
+                let was_offline = h.last_ok.is_none_or(|t| now.saturating_duration_since(t) > self.conf.offline_after);
+                h.last_ok = Some(now);
+                h.status = Some(s);
+                if was_offline {
+                    info!(pageserver = %name, "online");
+                    self.wake.notify_one();
+                }
+            }
+            Err(e) => {
+                self.metrics.heartbeat_failures.inc();
+                tracing::debug!(pageserver = %name, "heartbeat: {e}");
+                if h.last_ok.is_some_and(|t| now.saturating_duration_since(t) > self.conf.offline_after) {
+                    h.status = None;
+                }
+            }
+        }
+    }
+
     /// The pageservers that answered within the offline period, but for
     /// those the state calls lost (their site was given up).
     fn online(&self) -> BTreeSet<String> {
+        let now = self.clock.now();
         let inner = self.inner.lock();
         let lost = |n: &String| {
             inner.state.as_ref().is_some_and(|(s, _)| s.pageservers.get(n) == Some(&PageserverPolicy::Lost))
@@ -301,59 +342,99 @@ impl Controller {
         inner
             .health
             .iter()
-            .filter(|(n, h)| h.last_ok.is_some_and(|t| t.elapsed() <= self.conf.offline_after) && !lost(n))
+            .filter(|(n, h)| {
+                h.last_ok.is_some_and(|t| now.saturating_duration_since(t) <= self.conf.offline_after) && !lost(n)
+            })
             .map(|(n, _)| n.clone())
             .collect()
     }
 
     // ---- decisions
 
-    async fn decision_loop(self: Arc<Self>) {
-        let mut last_refresh = Instant::now() - FOLLOWER_REFRESH;
+    async fn decision_loop(&self) {
         loop {
-            match self.leading() {
-                Some(term) => {
-                    if let Err(e) = self.decide(term).await {
-                        self.note_error(e);
-                    }
-                }
-                None if last_refresh.elapsed() >= FOLLOWER_REFRESH => {
-                    last_refresh = Instant::now();
-                    match self.store.read_state().await {
-                        Ok(Some((s, v))) => self.remember(s, Some(v)),
-                        Ok(None) => {}
-                        Err(e) => {
-                            self.metrics.storage_errors.inc();
-                            self.note_error(format!("reading the state: {e}"));
-                        }
-                    }
-                }
-                None => {}
-            }
-            let _ = tokio::time::timeout(self.conf.heartbeat_interval, self.wake.notified()).await;
+            self.decision_round().await;
+            let _ = clock::timeout(&*self.clock, self.conf.heartbeat_interval, self.wake.notified()).await;
         }
     }
 
-    fn remember(&self, state: ControllerState, version: Option<ObjectVersion>) {
-        let v = state.version;
-        self.inner.lock().state = Some((state, version));
-        self.version.send_if_modified(|known| {
-            let newer = v != *known;
-            *known = v;
-            newer
-        });
-    }
-
-    /// The state as last read or written; read if unknown.
-    async fn current_state(&self) -> Result<(ControllerState, Option<ObjectVersion>), String> {
-        if let Some(s) = self.inner.lock().state.clone() {
-            return Ok(s);
+    /// One decision round: the leader decides, writes the state and sends
+    /// the locations (`decide`); a follower reads the state once a second
+    /// (computes may ask any controller).
+    pub async fn decision_round(&self) {
+        if let Some(term) = self.leading() {
+            if let Err(e) = self.decide(term).await {
+                self.note_error(e);
+            }
+            return;
+        }
+        let now = self.clock.now();
+        {
+            let mut inner = self.inner.lock();
+            if inner.refreshed.is_some_and(|t| now.saturating_duration_since(t) < FOLLOWER_REFRESH) {
+                return;
+            }
+            inner.refreshed = Some(now);
         }
         match self.store.read_state().await {
             Ok(Some((s, v))) => {
-                self.remember(s.clone(), Some(v.clone()));
-                Ok((s, Some(v)))
+                self.remember(s, Some(v));
             }
+            Ok(None) => {}
+            Err(e) => {
+                self.metrics.storage_errors.inc();
+                self.note_error(format!("reading the state: {e}"));
+            }
+        }
+    }
+
+    /// Keeps `state` as the one this controller knows, unless it knows a
+    /// newer one: a read that was under way while this controller wrote
+    /// (a follower's refresh answering after it took over) may answer with
+    /// an older state, and a leader that kept it would decide on it, find
+    /// nothing to change, and never write (so never learn otherwise).
+    /// Returns the state kept.
+    fn remember(
+        &self,
+        state: ControllerState,
+        version: Option<ObjectVersion>,
+    ) -> (ControllerState, Option<ObjectVersion>) {
+        let v = state.version;
+        let now = self.clock.now();
+        let kept = {
+            let mut inner = self.inner.lock();
+            match &inner.state {
+                Some((known, _)) if known.version > v => return inner.state.clone().expect("matched"),
+                _ => {
+                    inner.state = Some((state, version));
+                    inner.state_confirmed = Some(now);
+                    inner.state.clone().expect("just set")
+                }
+            }
+        };
+        // Computes wait for a version above the one they know: it only grows.
+        self.version.send_if_modified(|known| {
+            let newer = v > *known;
+            *known = (*known).max(v);
+            newer
+        });
+        kept
+    }
+
+    /// The state as last read or written; read if unknown, or if it was
+    /// neither read nor written for a whole `lease_ttl`. A write whose
+    /// answer was lost may land later than its caller gave up, and a leader
+    /// with nothing to change would never write again to find out.
+    async fn current_state(&self) -> Result<(ControllerState, Option<ObjectVersion>), String> {
+        {
+            let inner = self.inner.lock();
+            let fresh = inner.state_confirmed.is_some_and(|t| self.clock.since(t) < self.conf.lease_ttl);
+            if let (Some(s), true) = (&inner.state, fresh) {
+                return Ok(s.clone());
+            }
+        }
+        match self.store.read_state().await {
+            Ok(Some((s, v))) => Ok(self.remember(s, Some(v))),
             Ok(None) => Ok((ControllerState { format_version: STATE_FORMAT_VERSION, ..Default::default() }, None)),
             Err(e) => {
                 self.metrics.storage_errors.inc();
@@ -372,6 +453,7 @@ impl Controller {
         if self.leading() != Some(term) {
             return Err("no longer leading; the state is not written".into());
         }
+        debug_assert!(next.leader_term <= term, "a state of term {} written under {term}", next.leader_term);
         next.leader_term = term;
         next.version += 1;
         match self.store.write_state(&next, expected).await {
@@ -387,7 +469,9 @@ impl Controller {
                 Err(format!("writing the state: {e}; reading it again"))
             }
             Err(e) => {
+                // It may have landed (only the answer was lost): read it again.
                 self.metrics.storage_errors.inc();
+                self.inner.lock().state = None;
                 Err(format!("writing the state: {e}"))
             }
         }
@@ -396,14 +480,7 @@ impl Controller {
     /// One round of the leader: decide, write, apply.
     async fn decide(&self, term: u64) -> Result<(), String> {
         let (state, version) = self.current_state().await?;
-        if state.leader_term > term {
-            // A newer leader wrote: this one was replaced.
-            let mut inner = self.inner.lock();
-            inner.lead = None;
-            inner.state = None;
-            self.metrics.leader.set(0);
-            return Err(format!("the state was written by term {}, newer than ours ({term})", state.leader_term));
-        }
+        self.check_term(&state, term)?;
         let mut next = state.clone();
         let unknown: Vec<TenantId> =
             self.conf.tenants.iter().filter(|t| !state.tenants.contains_key(t)).copied().collect();
@@ -414,9 +491,9 @@ impl Controller {
         }
         schedule::add_tenants(&mut next, &new);
         // Before a whole offline period of heartbeats nothing is known to be down.
-        if self.started.elapsed() >= self.conf.offline_after {
+        if self.clock.since(self.started) >= self.conf.offline_after {
             let view = self.view();
-            if let Some(planned) = schedule::plan(&next, &view) {
+            if let Some(planned) = (self.planner)(&next, &view) {
                 for (t, p) in &planned.tenants {
                     let before = next.tenants.get(t);
                     if before.and_then(|b| b.attached.as_ref()) != p.attached.as_ref() && p.migration.is_none() {
@@ -433,10 +510,15 @@ impl Controller {
                 next = planned;
             }
         }
+        debug_assert!(
+            keeps_generations(&state, &next),
+            "a decision lost a tenant or a generation: {state:?} -> {next:?}"
+        );
         if next != state || state.leader_term != term {
             self.write(next.clone(), version.as_ref(), term).await?;
         }
         let (state, version) = self.current_state().await?;
+        self.check_term(&state, term)?;
         // Goals of moves that ended otherwise (a failover, a cancellation).
         self.inner.lock().catch_up.retain(|t, _| state.tenants.get(t).is_some_and(|p| p.migration.is_some()));
         self.apply(&state);
@@ -444,6 +526,7 @@ impl Controller {
         for t in state.tenants.iter().filter(|(_, p)| p.migration.is_some()).map(|(t, _)| *t).collect::<Vec<_>>() {
             if self.caught_up(&state, t) {
                 if let Some(done) = schedule::complete_migration(&state, t) {
+                    debug_assert!(keeps_generations(&state, &done));
                     self.write(done, version.as_ref(), term).await?;
                     self.inner.lock().catch_up.remove(&t);
                     self.metrics.migrations_completed.inc();
@@ -453,6 +536,18 @@ impl Controller {
             }
         }
         Ok(())
+    }
+
+    /// Steps down if a newer leader wrote `state`: this one was replaced.
+    fn check_term(&self, state: &ControllerState, term: u64) -> Result<(), String> {
+        if state.leader_term <= term {
+            return Ok(());
+        }
+        let mut inner = self.inner.lock();
+        inner.lead = None;
+        inner.state = None;
+        self.metrics.leader.set(0);
+        Err(format!("the state was written by term {}, newer than ours ({term})", state.leader_term))
     }
 
     /// The pageservers, those online, and their sites.
@@ -517,7 +612,7 @@ impl Controller {
                     (_, None) => false,
                 };
                 let key = (ps.name.clone(), *t);
-                if matches || self.retry_at.lock().get(&key).is_some_and(|(at, _)| Instant::now() < *at) {
+                if matches || self.retries.lock().waiting(&key, self.clock.now()) {
                     continue;
                 }
                 if !self.in_flight.lock().insert(key) {
@@ -525,16 +620,17 @@ impl Controller {
                 }
                 self.metrics.location_calls.inc();
                 info!(pageserver = %ps.name, tenant = %t, mode = ?want.mode, generation = ?want.generation, "setting a location");
-                let (client, http, name, tenant) = (self.client.clone(), ps.http.clone(), ps.name.clone(), *t);
+                let (pageservers, http, name, tenant) =
+                    (self.pageservers.clone(), ps.http.clone(), ps.name.clone(), *t);
                 let me = self.me.clone();
-                tokio::spawn(async move {
-                    let r = client.set_location(&http, tenant, want).await;
+                self.spawn.spawn(Box::pin(async move {
+                    let r = pageservers.set_location(&http, tenant, want).await;
                     if let Some(me) = me.upgrade() {
                         let key = (name.clone(), tenant);
                         me.in_flight.lock().remove(&key);
                         match r {
                             Ok(status) => {
-                                me.retry_at.lock().remove(&key);
+                                me.retries.lock().succeeded(&key);
                                 // Seen at once, without waiting for the next heartbeat.
                                 let mut inner = me.inner.lock();
                                 if let Some(s) = inner.health.get_mut(&name).and_then(|h| h.status.as_mut()) {
@@ -547,18 +643,13 @@ impl Controller {
                                 me.wake.notify_one();
                             }
                             Err(e) => {
-                                let mut retry = me.retry_at.lock();
-                                let (at, backoff) = retry.entry(key).or_insert_with(|| {
-                                    (Instant::now(), strata_service::backoff::Backoff::new(RETRY_MIN, RETRY_MAX))
-                                });
-                                *at = Instant::now() + backoff.next_delay();
-                                drop(retry);
+                                me.retries.lock().failed(key, me.clock.now());
                                 me.metrics.location_errors.inc();
                                 me.note_error(format!("pageserver {name}: tenant {tenant}: {e}"));
                             }
                         }
                     }
-                });
+                }));
             }
         }
     }
@@ -611,7 +702,7 @@ impl Controller {
     ) -> Option<AttachmentInfo> {
         let mut rx = self.version.subscribe();
         if let Some(after) = after {
-            let _ = tokio::time::timeout(wait, rx.wait_for(|v| *v > after)).await;
+            let _ = clock::timeout(&*self.clock, wait, rx.wait_for(|v| *v > after)).await;
         }
         // Before the lock: the view takes it too.
         let view = site.map(|_| self.view());
@@ -642,6 +733,7 @@ impl Controller {
 
     pub fn status(&self) -> ControllerStatus {
         let leader = self.leading().is_some();
+        let now = self.clock.now();
         let inner = self.inner.lock();
         let state = inner.state.as_ref().map(|(s, _)| s.clone());
         let pageservers = self
@@ -650,10 +742,10 @@ impl Controller {
             .iter()
             .map(|p| {
                 let h = inner.health.get(&p.name);
-                let last = h.and_then(|h| h.last_ok);
+                let last = h.and_then(|h| h.last_ok).map(|t| now.saturating_duration_since(t));
                 PageserverHealth {
                     name: p.name.clone(),
-                    availability: if last.is_some_and(|t| t.elapsed() <= self.conf.offline_after) {
+                    availability: if last.is_some_and(|ago| ago <= self.conf.offline_after) {
                         "online".into()
                     } else {
                         "offline".into()
@@ -662,7 +754,7 @@ impl Controller {
                         .as_ref()
                         .and_then(|s| s.pageservers.get(&p.name).copied())
                         .unwrap_or(PageserverPolicy::Active),
-                    last_answer_seconds: last.map(|t| t.elapsed().as_secs_f64()),
+                    last_answer_seconds: last.map(|ago| ago.as_secs_f64()),
                 }
             })
             .collect();
@@ -688,6 +780,7 @@ impl Controller {
                 return Err(CallError::NotLeader(self.inner.lock().leader_http.clone()));
             };
             let (state, version) = self.current_state().await.map_err(CallError::Store)?;
+            self.check_term(&state, term).map_err(CallError::Store)?;
             let Some(next) = schedule::set_policy(&state, name, policy) else { return Ok(()) };
             match self.write(next, version.as_ref(), term).await {
                 Ok(()) => {
@@ -700,4 +793,14 @@ impl Controller {
         }
         Err(CallError::Store(format!("the state kept changing; {name} was not set to {policy:?}")))
     }
+}
+
+/// Whether `next` keeps what must never be lost from `state`: every tenant,
+/// a generation never lower, and an attachment once there is one.
+fn keeps_generations(state: &ControllerState, next: &ControllerState) -> bool {
+    state.tenants.iter().all(|(t, p)| {
+        next.tenants
+            .get(t)
+            .is_some_and(|n| n.generation >= p.generation && (p.attached.is_none() || n.attached.is_some()))
+    })
 }

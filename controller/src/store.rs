@@ -1,7 +1,10 @@
 //! The controller's two objects in object storage, both written by
 //! compare-and-swap (`strata_remote_storage::cas`): the state
 //! (`controller/state.json`) and the leader's lease (`controller/leader.json`).
+//! The storage itself is behind [`Objects`], so that a simulation can put a
+//! fake one (failing, slow) under the same encoding.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,6 +12,8 @@ use strata_protocol::api::controller::{ControllerState, LEADER_KEY, STATE_KEY};
 use strata_protocol::TenantId;
 use strata_remote_storage::cas::{CasError, ObjectVersion};
 use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
+
+use crate::tasks::BoxFuture;
 
 /// Bound on one attempt of one operation: a controller whose storage
 /// hangs must still notice that its lease ran out.
@@ -29,10 +34,55 @@ pub struct LeaderLease {
     pub renewals: u64,
 }
 
+/// Object storage as the controller uses it: versioned reads, conditional
+/// writes and listings. [`RemoteStorage`] in the process. Every call ends
+/// within a bound (a hung storage is an error, not a wait).
+pub trait Objects: Send + Sync {
+    /// Where it is (for status pages).
+    fn describe(&self) -> String;
+    /// The object `key` and its version; `None` if it does not exist.
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<(Bytes, ObjectVersion)>, StoreError>>;
+    /// Writes `key` if it is still at `expected` (`None`: does not exist yet).
+    fn put_if<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Bytes,
+        expected: Option<&'a ObjectVersion>,
+    ) -> BoxFuture<'a, Result<ObjectVersion, StoreError>>;
+    /// The names of the objects under `prefix`.
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+}
+
+impl Objects for RemoteStorage {
+    fn describe(&self) -> String {
+        RemoteStorage::describe(self).to_string()
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<(Bytes, ObjectVersion)>, StoreError>> {
+        Box::pin(async move { self.get_versioned(key).await.map_err(|e| StoreError::Failed(e.to_string())) })
+    }
+
+    fn put_if<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Bytes,
+        expected: Option<&'a ObjectVersion>,
+    ) -> BoxFuture<'a, Result<ObjectVersion, StoreError>> {
+        Box::pin(async move { Ok(RemoteStorage::put_if(self, key, bytes, expected).await?) })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let objects = RemoteStorage::list(self, prefix).await.map_err(|e| StoreError::Failed(e.to_string()))?;
+            Ok(objects.into_iter().map(|o| o.key).collect())
+        })
+    }
+}
+
 /// Both objects.
 #[derive(Clone)]
 pub struct Store {
-    storage: RemoteStorage,
+    objects: Arc<dyn Objects>,
 }
 
 /// Why the store could not be read or written.
@@ -54,6 +104,7 @@ impl From<CasError> for StoreError {
 }
 
 impl Store {
+    /// The configured object storage, each call bounded (two attempts of 2 s).
     pub fn open(cfg: &RemoteStorageConfig) -> Result<Store, String> {
         let storage = RemoteStorage::new(cfg).map_err(|e| e.to_string())?.with_retries(
             ATTEMPT_TIMEOUT,
@@ -61,36 +112,40 @@ impl Store {
             Duration::from_millis(50),
             Duration::from_millis(200),
         );
-        Ok(Store { storage })
+        Ok(Store::new(Arc::new(storage)))
+    }
+
+    /// The objects in `objects`.
+    pub fn new(objects: Arc<dyn Objects>) -> Store {
+        Store { objects }
     }
 
     /// The object storage (for status pages).
-    pub fn describe(&self) -> &str {
-        self.storage.describe()
+    pub fn describe(&self) -> String {
+        self.objects.describe()
     }
 
+    /// `controller/state.json` and its version; `None` before the first write.
     pub async fn read_state(&self) -> Result<Option<(ControllerState, ObjectVersion)>, StoreError> {
-        let Some((bytes, v)) =
-            self.storage.get_versioned(STATE_KEY).await.map_err(|e| StoreError::Failed(e.to_string()))?
-        else {
+        let Some((bytes, v)) = self.objects.get(STATE_KEY).await? else {
             return Ok(None);
         };
         let s = ControllerState::decode(&bytes).map_err(|e| StoreError::Failed(format!("{STATE_KEY}: {e}")))?;
         Ok(Some((s, v)))
     }
 
+    /// Writes the state if it is still at `expected` (`None`: not written yet).
     pub async fn write_state(
         &self,
         state: &ControllerState,
         expected: Option<&ObjectVersion>,
     ) -> Result<ObjectVersion, StoreError> {
-        Ok(self.storage.put_if(STATE_KEY, Bytes::from(state.encode()), expected).await?)
+        self.objects.put_if(STATE_KEY, Bytes::from(state.encode()), expected).await
     }
 
+    /// `controller/leader.json` and its version; `None` before anyone led.
     pub async fn read_lease(&self) -> Result<Option<(LeaderLease, ObjectVersion)>, StoreError> {
-        let Some((bytes, v)) =
-            self.storage.get_versioned(LEADER_KEY).await.map_err(|e| StoreError::Failed(e.to_string()))?
-        else {
+        let Some((bytes, v)) = self.objects.get(LEADER_KEY).await? else {
             return Ok(None);
         };
         let l: LeaderLease =
@@ -98,13 +153,14 @@ impl Store {
         Ok(Some((l, v)))
     }
 
+    /// Writes the lease if it is still at `expected` (`None`: not written yet).
     pub async fn write_lease(
         &self,
         lease: &LeaderLease,
         expected: Option<&ObjectVersion>,
     ) -> Result<ObjectVersion, StoreError> {
         let bytes = serde_json::to_vec(lease).expect("a lease always encodes");
-        Ok(self.storage.put_if(LEADER_KEY, Bytes::from(bytes), expected).await?)
+        self.objects.put_if(LEADER_KEY, Bytes::from(bytes), expected).await
     }
 
     /// The highest generation any object of `tenant` carries (layer and
@@ -112,9 +168,8 @@ impl Store {
     /// places for the first time gets generations above the ones issued
     /// before there was a controller.
     pub async fn max_generation(&self, tenant: TenantId) -> Result<u32, StoreError> {
-        let objects =
-            self.storage.list(&format!("tenants/{tenant}")).await.map_err(|e| StoreError::Failed(e.to_string()))?;
-        Ok(objects.iter().filter_map(|o| generation_of(&o.key)).max().unwrap_or(0))
+        let keys = self.objects.list(&format!("tenants/{tenant}")).await?;
+        Ok(keys.iter().filter_map(|k| generation_of(k)).max().unwrap_or(0))
     }
 }
 

@@ -1,12 +1,14 @@
 //! Several controllers on one object storage: one leads, and another takes
 //! over when it dies; the state names the term that wrote it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use strata_controller::config::{ControllerConfig, PageserverRef};
+use strata_controller::env::Env;
 use strata_controller::service::Controller;
 use strata_protocol::TenantId;
 use strata_remote_storage::RemoteStorageConfig;
+use strata_service::clock::{Clock, SystemClock};
 
 fn config(id: u64, storage: &std::path::Path, tenant: TenantId) -> ControllerConfig {
     ControllerConfig {
@@ -33,16 +35,16 @@ fn config(id: u64, storage: &std::path::Path, tenant: TenantId) -> ControllerCon
 fn start(conf: ControllerConfig) -> (std::sync::Arc<Controller>, tokio::task::JoinHandle<()>) {
     let store = strata_controller::store::Store::open(&conf.remote_storage).unwrap();
     let client = strata_controller::client::Client::new(None, None, Duration::from_millis(200));
-    let c = Controller::new(conf, store, client, Default::default());
+    let c = Controller::new(conf, Env::production(store, client), Default::default());
     let task = tokio::spawn(c.clone().run());
     (c, task)
 }
 
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = SystemClock.now() + Duration::from_secs(20);
     while !f() {
-        assert!(Instant::now() < deadline, "{what} did not happen within 20 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(SystemClock.now() < deadline, "{what} did not happen within 20 s");
+        SystemClock.sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -64,11 +66,11 @@ async fn one_controller_leads_and_another_takes_over_when_it_dies() {
     assert!(!controllers[other].0.status().leader);
 
     // The leader dies: exactly one other takes over under a higher term, and writes the state with it.
-    let died = Instant::now();
+    let died = SystemClock.now();
     controllers[first].1.abort();
     let alive: Vec<_> = controllers.iter().enumerate().filter(|(i, _)| *i != first).map(|(_, c)| c).collect();
     wait_for("a new leader", || alive.iter().filter(|(c, _)| c.leading().is_some()).count() == 1).await;
-    let took = died.elapsed();
+    let took = SystemClock.since(died);
     let new = alive.iter().find(|(c, _)| c.leading().is_some()).unwrap();
     let new_term = new.0.leading().unwrap();
     assert!(new_term > term, "{new_term} > {term}");

@@ -7,6 +7,7 @@
 pub mod api_client;
 pub mod auth;
 pub mod backoff;
+pub mod clock;
 pub mod config;
 pub mod durable;
 pub mod http;
