@@ -1,12 +1,13 @@
 //! Calls to the pageservers: their status (the heartbeat) and location
 //! changes, behind [`Pageservers`] so that a simulation can answer them;
-//! [`Client`] makes them over HTTP (blocking `ureq` on the blocking pool).
+//! [`Client`] makes them over HTTP (the services' one API client, on the
+//! blocking pool).
 
 use std::time::Duration;
 
 use strata_protocol::api::pageserver::{LocationRequest, LocationStatus, PageserverStatus};
-use strata_protocol::api::ErrorBody;
 use strata_protocol::TenantId;
+use strata_service::api_client::ApiClient;
 use strata_service::auth::Token;
 use strata_service::tls::ClientTls;
 
@@ -32,78 +33,27 @@ pub trait Pageservers: Send + Sync {
     ) -> BoxFuture<'a, Result<LocationStatus, String>>;
 }
 
-/// A client of every pageserver, with the controller's token and TLS.
+/// A client of every pageserver, with the controller's token and TLS: the
+/// services' one API client, with a timeout per kind of call.
 #[derive(Clone)]
 pub struct Client {
-    heartbeat: ureq::Agent,
-    location: ureq::Agent,
-    scheme: &'static str,
-    token: Option<Token>,
+    heartbeat: ApiClient,
+    location: ApiClient,
 }
 
 impl Client {
     /// Heartbeats time out after `heartbeat_timeout`.
     pub fn new(tls: Option<&ClientTls>, token: Option<Token>, heartbeat_timeout: Duration) -> Client {
-        let agent = |timeout: Duration| -> ureq::Agent {
-            let mut b = ureq::Agent::config_builder();
-            if let Some(tls) = tls {
-                b = b.tls_config(tls.http());
-            }
-            b.timeout_global(Some(timeout)).http_status_as_error(false).proxy(None).build().into()
-        };
-        Client {
-            heartbeat: agent(heartbeat_timeout),
-            location: agent(LOCATION_TIMEOUT),
-            scheme: if tls.is_some() { "https" } else { "http" },
-            token,
-        }
-    }
-
-    fn call<T: serde::de::DeserializeOwned>(
-        &self,
-        agent: &ureq::Agent,
-        method: &str,
-        url: String,
-        body: Option<String>,
-    ) -> Result<T, String> {
-        let auth = self.token.as_ref().map(|t| t.bearer());
-        let result = match (method, body) {
-            ("PUT", Some(b)) => {
-                let mut r = agent.put(&url).header("Content-Type", "application/json");
-                if let Some(a) = &auth {
-                    r = r.header("Authorization", a);
-                }
-                r.send(b)
-            }
-            _ => {
-                let mut r = agent.get(&url);
-                if let Some(a) = &auth {
-                    r = r.header("Authorization", a);
-                }
-                r.call()
-            }
-        };
-        let mut response = result.map_err(|e| format!("{url}: {e}"))?;
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .with_config()
-            .limit(MAX_ANSWER)
-            .read_to_string()
-            .map_err(|e| format!("{url}: reading the answer: {e}"))?;
-        if status >= 300 {
-            let message = serde_json::from_str::<ErrorBody>(&text).map(|b| b.error).unwrap_or(text);
-            return Err(format!("{url}: HTTP {status}: {message}"));
-        }
-        serde_json::from_str(&text).map_err(|e| format!("{url}: malformed answer: {e}"))
+        let client = |timeout| ApiClient::new(tls, token.clone(), timeout).with_max_answer(MAX_ANSWER);
+        Client { heartbeat: client(heartbeat_timeout), location: client(LOCATION_TIMEOUT) }
     }
 }
 
 impl Pageservers for Client {
     fn status<'a>(&'a self, http: &'a str) -> BoxFuture<'a, Result<PageserverStatus, String>> {
-        let (c, url) = (self.clone(), format!("{}://{http}/v1/status", self.scheme));
+        let (c, url) = (self.heartbeat.clone(), self.heartbeat.url(http, "/v1/status"));
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || c.call(&c.heartbeat, "GET", url, None))
+            tokio::task::spawn_blocking(move || c.get(&url).map_err(|e| e.to_string()))
                 .await
                 .map_err(|e| e.to_string())?
         })
@@ -115,10 +65,9 @@ impl Pageservers for Client {
         tenant: TenantId,
         req: LocationRequest,
     ) -> BoxFuture<'a, Result<LocationStatus, String>> {
-        let (c, url) = (self.clone(), format!("{}://{http}/v1/tenant/{tenant}/location", self.scheme));
-        let body = serde_json::to_string(&req).expect("a request always encodes");
+        let (c, url) = (self.location.clone(), self.location.url(http, &format!("/v1/tenant/{tenant}/location")));
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || c.call(&c.location, "PUT", url, Some(body)))
+            tokio::task::spawn_blocking(move || c.put(&url, &req).map_err(|e| e.to_string()))
                 .await
                 .map_err(|e| e.to_string())?
         })

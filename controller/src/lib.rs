@@ -23,62 +23,32 @@ pub mod tasks;
 
 use std::sync::Arc;
 
-use strata_service::auth::http::HttpAuth;
-use strata_service::listener::{bind, Limits, Listener};
+use strata_service::start::{bind, http_listener, serve_http, stop_signal, Security};
 
-/// Why the controller could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("{0}")]
-    Bind(#[from] strata_service::listener::BindError),
-    #[error("config: {0}")]
-    Config(#[from] strata_service::config::ConfigError),
-    #[error("auth: {0}")]
-    Auth(#[from] strata_service::auth::KeyError),
-    #[error("tls: {0}")]
-    Tls(#[from] strata_service::tls::TlsError),
-    #[error("signals: {0}")]
-    Signals(std::io::Error),
-    #[error("object storage: {0}")]
-    Storage(String),
-}
+/// Why the controller could not start (every service's start-up error).
+pub use strata_service::start::StartError;
 
 /// Runs the controller until SIGTERM/SIGINT.
 pub async fn run(config: config::ControllerConfig) -> Result<(), StartError> {
     config.validate()?;
     let http = bind("listen_http", config.listen_http).await?;
-    let shutdown = strata_service::shutdown_signal().map_err(StartError::Signals)?;
+    let shutdown = stop_signal()?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
-    let client_tls = config.tls.as_ref().map(|t| t.client()).transpose()?;
-    let verifier = match &config.auth {
-        Some(a) => Some(Arc::new(a.verifier()?)),
-        None => {
-            tracing::warn!("authentication is OFF: every caller is accepted");
-            None
-        }
-    };
-    let auth = verifier.map(|v| HttpAuth::new(v, metrics.refusal_metrics()));
-    let token = config.auth.as_ref().map(|a| a.token()).transpose()?.flatten();
-    let store = store::Store::open(&config.remote_storage).map_err(StartError::Storage)?;
+    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
+    let auth = security.http_auth(metrics.refusal_metrics());
+    let store = store::Store::open(&config.remote_storage).map_err(|e| StartError::service("object storage", e))?;
     let client = client::Client::new(
-        client_tls.as_ref(),
-        token,
+        security.client_tls.as_ref(),
+        security.token.clone(),
         config.heartbeat_interval.max(std::time::Duration::from_secs(1)),
     );
-    let listener = Listener::new(
-        "http",
-        http,
-        Limits { max_connections: config.max_http_connections, handshake_timeout: std::time::Duration::from_secs(10) },
-        strata_service::http::refusal,
-        &metrics.listener_metrics(),
-    )
-    .with_tls(tls);
+    let handshake = std::time::Duration::from_secs(10);
+    let listener = http_listener(http, config.max_http_connections, handshake, &metrics.listener_metrics(), &security);
     tracing::info!(id = config.id, http = %config.listen_http, storage = %store.describe(), "storage controller started");
     let controller = service::Controller::new(config, env::Env::production(store, client), metrics);
     let router = http::router(controller.clone(), auth.as_ref());
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(strata_service::http::serve(listener, router, Default::default()));
+    tasks.spawn(serve_http(listener, router));
     tasks.spawn(controller.run());
     shutdown.await;
     tasks.abort_all();
