@@ -799,10 +799,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
     let password = ensure_password(&ep, given)?;
     let config = agent_file(wd, &ep, req, &host)?;
-    layout::write_atomic(
-        &ep.agent_config(),
-        &format!("# Written by `strata endpoint start` at every start.\n{}", config.to_toml()),
-    )?;
+    write_agent_config(&ep, &config)?;
     let (pid, supervisor) = spawn_agent(wd, &ep)?;
     lines.push(format!(
         "endpoint {name}: running on branch {} (timeline {}) on host {}, agent pid {pid}, supervisor pid {supervisor}, log {}",
@@ -817,6 +814,16 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
     // Last line: scripts take the connection string from here.
     lines.push(ep.local_connstr(&password));
     Ok(lines)
+}
+
+/// Writes the agent's `agent.toml`, readable by its owner only: it names
+/// where the endpoint's token, password and keys are (never the secrets
+/// themselves), which nobody else needs to know.
+fn write_agent_config(ep: &Endpoint, config: &AgentFile) -> Result<()> {
+    let text = format!("# Written by `strata endpoint start` at every start.\n{}", config.to_toml());
+    let path = ep.agent_config();
+    strata_service::durable::replace_file_with_mode(&path, text.as_bytes(), true, 0o600)
+        .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
 }
 
 /// An endpoint recorded here may start again: same branch, not running
@@ -1238,5 +1245,42 @@ mod tests {
             "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w%20x/tls/ca.pem"
         );
         assert_eq!(ep.identity().marker, PathBuf::from("/w/endpoints/e/agent.toml"));
+    }
+
+    #[test]
+    fn the_agent_config_is_its_owners_alone_and_loads_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("strata-agent-config-{}", strata_protocol::TimelineId::generate()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = EndpointFile {
+            name: "e".into(),
+            host: LOCAL_HOST.into(),
+            branch: "main".into(),
+            pg_port: 5432,
+            http_port: 8080,
+            read_only_at: None,
+            replica_of: None,
+            read_site: None,
+            hot_standby_feedback: false,
+            lazy: true,
+            cache_mb: None,
+            fetch_retry_secs: None,
+        };
+        let ep = Endpoint { dir: dir.clone(), file, address: LOOPBACK };
+        let ids = (strata_protocol::TenantId::generate(), strata_protocol::TimelineId::generate());
+        let mut config = AgentFile::new(
+            ep.pgdata(),
+            5432,
+            vec!["127.0.0.1:1".into()],
+            ids,
+            "127.0.0.1:2".into(),
+            ep.password_file(),
+        );
+        config.lazy = Some(LazyFile::new("127.0.0.1:3".into()));
+        write_agent_config(&ep, &config).unwrap();
+        let mode = fs::metadata(ep.agent_config()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "agent.toml is readable by others: {mode:o}");
+        assert_eq!(AgentFile::load(&ep.agent_config()).unwrap(), config);
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
