@@ -1219,9 +1219,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn endpoint_file_roundtrips() {
-        let f = EndpointFile {
+    /// Endpoint `e` on `main`, lazy or not.
+    fn endpoint_file(lazy: bool) -> EndpointFile {
+        EndpointFile {
             name: "e".into(),
             host: LOCAL_HOST.into(),
             branch: "main".into(),
@@ -1231,10 +1231,15 @@ mod tests {
             replica_of: None,
             read_site: None,
             hot_standby_feedback: false,
-            lazy: false,
+            lazy,
             cache_mb: None,
             fetch_retry_secs: Some(3),
-        };
+        }
+    }
+
+    #[test]
+    fn endpoint_file_roundtrips() {
+        let f = endpoint_file(false);
         let text = toml::to_string(&f).unwrap();
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);
         let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f, address: LOOPBACK };
@@ -1252,20 +1257,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("strata-agent-config-{}", strata_protocol::TimelineId::generate()));
         fs::create_dir_all(&dir).unwrap();
-        let file = EndpointFile {
-            name: "e".into(),
-            host: LOCAL_HOST.into(),
-            branch: "main".into(),
-            pg_port: 5432,
-            http_port: 8080,
-            read_only_at: None,
-            replica_of: None,
-            read_site: None,
-            hot_standby_feedback: false,
-            lazy: true,
-            cache_mb: None,
-            fetch_retry_secs: None,
-        };
+        let file = endpoint_file(true);
         let ep = Endpoint { dir: dir.clone(), file, address: LOOPBACK };
         let ids = (strata_protocol::TenantId::generate(), strata_protocol::TimelineId::generate());
         let mut config = AgentFile::new(
