@@ -58,10 +58,11 @@ struct Problem {
 /// Verifies the WAL in `files`; the report and whether every check passed.
 pub fn verify_redo(
     files: &[PathBuf],
+    start: Option<Lsn>,
     max_reported: usize,
     dump_dir: Option<&Path>,
 ) -> anyhow::Result<(bool, serde_json::Value)> {
-    let mut reader = SegmentReader::open(files, None)?;
+    let mut reader = SegmentReader::open(files, start)?;
     let mut pages: HashMap<BlockKey, Page> = HashMap::new();
     let mut counts: BTreeMap<String, KindCounts> = BTreeMap::new();
     let mut problems = Vec::new();
@@ -169,6 +170,18 @@ pub fn verify_redo(
             }
         }
         apply_side_effects(&rec, &mut pages)?;
+    }
+    // No record at all is never a pass: the first file holds nothing where
+    // reading began (a compute's first segment starts at its start LSN).
+    if records == 0 {
+        anyhow::bail!(
+            "no WAL record found from {} on; give --start LSN where the WAL begins",
+            match (start, files.first()) {
+                (Some(lsn), _) => lsn.to_string(),
+                (None, Some(first)) => format!("the start of {}", first.display()),
+                (None, None) => "no file".to_string(),
+            }
+        );
     }
     let failed = problem_count > 0;
     let report = serde_json::json!({

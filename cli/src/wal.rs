@@ -55,6 +55,10 @@ pub enum WalCommand {
         /// Write the pages of each reported problem here (before, expected, got).
         #[arg(long)]
         dump_dir: Option<PathBuf>,
+        /// Start at this record LSN instead of the first record in the first
+        /// file (a compute's first segment holds nothing before its start LSN).
+        #[arg(long)]
+        start: Option<Lsn>,
         /// Segment files in order, or a directory such as pg_wal.
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -111,8 +115,8 @@ pub fn run(cmd: WalCommand) -> i32 {
                 println!("{}", serde_json::to_string_pretty(&report)?);
                 Ok(if ok { 0 } else { 1 })
             }),
-        WalCommand::VerifyRedo { max_reported, dump_dir, files } => expand(&files)
-            .and_then(|files| crate::verify_redo::verify_redo(&files, max_reported, dump_dir.as_deref()))
+        WalCommand::VerifyRedo { max_reported, dump_dir, start, files } => expand(&files)
+            .and_then(|files| crate::verify_redo::verify_redo(&files, start, max_reported, dump_dir.as_deref()))
             .and_then(|(ok, report)| {
                 println!("{}", serde_json::to_string_pretty(&report)?);
                 Ok(if ok { 0 } else { 1 })
