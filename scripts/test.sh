@@ -6,8 +6,8 @@
 # lazy compute among them). Everything runs the `checked` build: release
 # optimizations with debug assertions and overflow checks.
 # Environment: STRATA_FUZZ_SECONDS (default 60; 0 skips the fuzz run),
-# STRATA_TEST_WORKERS (pytest processes side by side, default 2; 1 runs the
-# tests one after another, in order).
+# STRATA_TEST_WORKERS (pytest processes side by side, default 3; 1 runs the
+# tests one after another).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup-tests.sh
@@ -31,11 +31,15 @@ fi
 echo "== pytest"
 # The clusters of the tests need room; a full disk shows as timeouts.
 df -h . "${TMPDIR:-/tmp}"
-workers="${STRATA_TEST_WORKERS:-2}"
-# Every run lists its slowest tests (docs/testing.md keeps the last list).
+# Three workers on two cores: most tests spend part of their time waiting
+# on their cluster (docs/testing.md, "Time").
+workers="${STRATA_TEST_WORKERS:-3}"
+# Every run lists its slowest tests (docs/testing.md keeps the last list)
+# and records every test's time, so that the next run starts the longest
+# first (test_runner/fixtures/order.py); an idle worker steals queued tests.
 durations=(--durations=25 --durations-min=5)
 if [ "$workers" -gt 1 ]; then
-    .venv/bin/pytest test_runner -n "$workers" "${durations[@]}" "$@"
+    .venv/bin/pytest test_runner -n "$workers" --dist worksteal "${durations[@]}" "$@"
 else
     .venv/bin/pytest test_runner "${durations[@]}" "$@"
 fi

@@ -20,6 +20,7 @@ REPO_ROOT = TEST_RUNNER_DIR.parent
 if str(TEST_RUNNER_DIR) not in sys.path:
     sys.path.insert(0, str(TEST_RUNNER_DIR))
 
+from fixtures import order  # noqa: E402
 from fixtures.pg import PgCluster, temp_root  # noqa: E402
 from fixtures.ports import confine_to_share  # noqa: E402
 
@@ -33,6 +34,16 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
 pytest_plugins = ["fixtures.cluster"]
 
 PG_MAJOR = 15
+
+
+def pytest_configure(config):
+    # Each run records its tests' times; the next starts the longest first
+    # (fixtures/order.py).
+    order.configure(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    order.reorder(config, items)
 
 
 def pytest_unconfigure(config):

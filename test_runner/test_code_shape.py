@@ -51,3 +51,53 @@ def test_no_control_plane_function_is_over_100_lines(tmp_path):
     (tmp_path / "long.rs").write_text("fn long() {\n" + "    step();\n" * 100 + "}\n")
     out = subprocess.run([sys.executable, str(TOOL), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "long" in out.stdout
+
+
+# Crates without a limits module, and why.
+NO_LIMITS = {
+    "redo": "no queue, buffer, cache, timeout or retry: its size checks are PostgreSQL's page layout",
+    "test_support": "test helpers only",
+}
+CONST_CHECK = "const _: () = assert!("
+
+
+def workspace_crates() -> list[str]:
+    import tomllib
+    return tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["members"]
+
+
+def test_every_crates_limits_live_in_one_module_with_compile_time_checks():
+    """Each crate's bounds (queues, buffers, caches, timeouts, retries) are
+    in its `src/limits.rs`, declared by the crate and with `const`
+    assertions of how they relate; the crates without one say why
+    (NO_LIMITS). Clippy's clock lint is on where time drives decisions."""
+    crates = workspace_crates()
+    assert len(crates) >= 14, crates
+    missing, unchecked, undeclared = [], [], []
+    for crate in crates:
+        name = Path(crate).name
+        limits = REPO / crate / "src" / "limits.rs"
+        if name in NO_LIMITS:
+            assert not limits.exists(), f"{crate} has a limits module: take it out of NO_LIMITS"
+            continue
+        if not limits.exists():
+            missing.append(crate)
+            continue
+        if CONST_CHECK not in limits.read_text():
+            unchecked.append(crate)
+        roots = [REPO / crate / "src" / f for f in ("lib.rs", "main.rs") if (REPO / crate / "src" / f).exists()]
+        if not any("mod limits;" in r.read_text() for r in roots):
+            undeclared.append(crate)
+    assert not missing, f"crates without src/limits.rs: {missing}"
+    assert not unchecked, f"limits modules without a compile-time check: {unchecked}"
+    assert not undeclared, f"limits modules not declared by their crate: {undeclared}"
+
+
+def test_the_crates_that_decide_by_time_read_it_from_a_clock():
+    """`Instant::now` and `SystemTime::now` are disallowed (clippy.toml)
+    in the crates whose decisions depend on time: the controller, the
+    pageserver, the safekeeper and the compute (docs/testing.md)."""
+    for crate in ("controller", "pageserver", "safekeeper", "compute"):
+        conf = (REPO / crate / "clippy.toml").read_text()
+        for method in ("std::time::Instant::now", "std::time::SystemTime::now"):
+            assert f'path = "{method}"' in conf, f"{crate}/clippy.toml does not disallow {method}"

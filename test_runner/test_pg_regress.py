@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from fixtures.endpoint import Endpoint
 from fixtures.pg import temp_root
+import fixtures.pg_regress as pg_regress_module
 from fixtures.pg_regress import (DATABASE, SETUP_SCRIPT, RegressRun, SuiteMissing, copy_suite,
-                                 create_regression_database, find_suite, ignored_tests, run_pg_regress,
-                                 schedule_tests)
+                                 create_regression_database, find_suite, ignored_tests, keep_stock_run,
+                                 load_stock_run, run_pg_regress, schedule_tests, stock_cache_key)
 
 # One run of the whole parallel schedule, on either side.
 RUN_TIMEOUT = 3600
@@ -153,16 +155,25 @@ def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
     ignored = ignored_tests(suite / "parallel_schedule")
     assert len(scheduled) > 200 and "tablespace" in scheduled, scheduled
 
-    # Stock PostgreSQL 15 on local disk.
-    pg_cluster.initdb()
-    pg_cluster.start(STOCK_SETTINGS)
-    create_regression_database(pg_cluster.connect)
-    # Over TCP, as a compute's clients connect.
-    stock_conninfo = dict(pg_cluster.conninfo(DATABASE), host="127.0.0.1")
-    stock_settings = settings(stock_conninfo)
-    stock = run_suite("stock", suite, tmp_path, pg_bin_dir, host=stock_conninfo["host"],
-                      port=pg_cluster.port, user=stock_conninfo["user"])
-    pg_cluster.stop()
+    # Stock PostgreSQL 15 on local disk; a clean run of the same server,
+    # suite, settings and code is kept and stands in for running it again
+    # (STRATA_REGRESS_STOCK_CACHE=none runs it every time).
+    key = stock_cache_key(pg_bin_dir, suite_cache, STOCK_SETTINGS, Path(__file__), Path(pg_regress_module.__file__))
+    kept = load_stock_run(key)
+    if kept is not None:
+        stock, stock_settings = kept
+        print(f"\nstock run kept from an earlier run of the same server and suite ({key}): {stock.summary()}")
+    else:
+        pg_cluster.initdb()
+        pg_cluster.start(STOCK_SETTINGS)
+        create_regression_database(pg_cluster.connect)
+        # Over TCP, as a compute's clients connect.
+        stock_conninfo = dict(pg_cluster.conninfo(DATABASE), host="127.0.0.1")
+        stock_settings = settings(stock_conninfo)
+        stock = run_suite("stock", suite, tmp_path, pg_bin_dir, host=stock_conninfo["host"],
+                          port=pg_cluster.port, user=stock_conninfo["user"])
+        pg_cluster.stop()
+        # Kept only once the lazy run is known to match it (below).
 
     # A lazy endpoint (the default) of a local cluster.
     cluster = cluster_factory()
@@ -190,6 +201,8 @@ def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
     problems = compare(stock, lazy, scheduled, ignored)
     assert not problems, (f"{stock.summary()}\n{lazy.summary()}\n\n" + "\n".join(problems)
                           + f"\n\n{ep.logs()}\n(the suite is prepared by {SETUP_SCRIPT})")
+    if kept is None and keep_stock_run(key, stock, stock_settings, ignored):
+        print(f"stock run kept as {key}")
 
     # One PostgreSQL served the whole run on its FUSE-served files: no
     # restart of the compute, no failed fetch.
@@ -209,3 +222,38 @@ def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
     if both:
         warnings.warn(f"PostgreSQL's regression suite fails on stock PostgreSQL too, in the same way: "
                       f"{', '.join(both)} (see the runs' regression.diffs)")
+
+
+def test_only_a_clean_stock_run_is_kept_and_any_change_gives_another_key(tmp_path, monkeypatch):
+    """The kept stock run (above): a run with a failed test, or one that
+    pg_regress ended with an error, is never kept; a kept one reads back
+    whole; the key changes with the server binary, a file of the suite and
+    the settings."""
+    monkeypatch.setenv("STRATA_REGRESS_STOCK_CACHE", str(tmp_path / "kept"))
+    bin_dir, suite = tmp_path / "bin", tmp_path / "suite"
+    (suite / "sql").mkdir(parents=True)
+    bin_dir.mkdir()
+    (bin_dir / "postgres").write_bytes(b"server 1")
+    (suite / "sql" / "a.sql").write_text("SELECT 1;")
+    (suite / "parallel_schedule").write_text("test: a b\n")
+    key = stock_cache_key(bin_dir, suite, {"fsync": False})
+
+    def run(statuses, returncode=0):
+        return RegressRun(name="stock", outputdir=tmp_path, returncode=returncode, stdout="out", stderr="",
+                          seconds=1.0, statuses=statuses)
+
+    assert not keep_stock_run(key, run({"a": "ok", "b": "FAILED"}, 1), {}, ignored=set())
+    assert not keep_stock_run(key, run({"a": "ok", "b": "ok"}, 2), {}, ignored=set())
+    assert load_stock_run(key) is None
+    assert keep_stock_run(key, run({"a": "ok", "b": "failed (ignored)"}), {"port": "1"}, ignored={"b"})
+    kept, settings_seen = load_stock_run(key)
+    assert kept.statuses == {"a": "ok", "b": "failed (ignored)"} and settings_seen == {"port": "1"}
+
+    (suite / "sql" / "a.sql").write_text("SELECT 2;")
+    changed_suite = stock_cache_key(bin_dir, suite, {"fsync": False})
+    (bin_dir / "postgres").write_bytes(b"server 2")
+    changed_server = stock_cache_key(bin_dir, suite, {"fsync": False})
+    changed_settings = stock_cache_key(bin_dir, suite, {"fsync": True})
+    assert len({key, changed_suite, changed_server, changed_settings}) == 4
+    monkeypatch.setenv("STRATA_REGRESS_STOCK_CACHE", "none")
+    assert load_stock_run(key) is None

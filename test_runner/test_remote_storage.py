@@ -185,11 +185,11 @@ def test_kill9_during_uploads_never_publishes_a_partial_index(cluster_factory):
     cluster, ps, ep = remote_cluster(cluster_factory, SMALL_LAYERS)
     ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
     objects = timeline_objects(cluster.workdir / "remote_storage", ps)
-    bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "25"])
+    bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "20"])
     checked = []
     try:
         for i in range(4):
-            time.sleep(2 + i)
+            time.sleep(1.5 + i)
             # The supervisor too: nothing writes while the objects are checked.
             cluster.kill9("pageserver", supervisor=True)
             indexes = sorted(objects.glob("index-*.json"))
@@ -303,7 +303,7 @@ def test_object_storage_killed_under_load(cluster_factory, tmp_path):
         st = ps.status()
         svc = next(s for s in cluster.status()["services"] if s["kind"] == "pageserver")
         assert svc["remote_storage"] == f"s3://strata-test/strata at {minio.endpoint}", svc
-        bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "30"])
+        bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "25"])
         seen = {}
         try:
             time.sleep(3)

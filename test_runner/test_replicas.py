@@ -371,6 +371,11 @@ def test_a_replica_lagging_beyond_the_bound_restarts_at_the_newest_wal(cluster_f
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep", "--max-replica-lag-mb", "1")
     start = parse_lsn(replica.agent_status()["replica"]["redo_lsn"])
+    # Paused once it has replayed what the writer wrote so far: the lag
+    # then grows only with what the test writes next.
+    written = ep.wal_lsn()
+    wait_until("the replica to replay the writer's first WAL", lambda: _replay_lsn(replica) >= written or None,
+               timeout=60)
     replica.sql("SELECT pg_wal_replay_pause()")
     # Within the bound: GC stays at or below the replica's lease.
     ep.sql("INSERT INTO lagging SELECT g, 'early' FROM generate_series(1, 500) g")

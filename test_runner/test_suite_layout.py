@@ -72,3 +72,36 @@ def test_every_file_says_what_it_is():
     files = sorted(TEST_RUNNER.glob("*.py")) + sorted(FIXTURES.glob("*.py"))
     missing = [str(p.relative_to(TEST_RUNNER)) for p in files if ast.get_docstring(ast.parse(p.read_text())) is None]
     assert not missing, f"files without a docstring: {missing}"
+
+
+class _Item:
+    def __init__(self, nodeid: str):
+        self.nodeid = nodeid
+
+
+def test_the_longest_known_tests_run_first_and_the_record_ages_out(tmp_path):
+    """fixtures/order.py: known tests longest first, unknown ones at the
+    guess in their collection order; the record keeps this run's times,
+    ages the others and drops them after KEEP_RUNS runs; a broken file
+    is no record."""
+    from fixtures import order
+
+    known = {"a": {"seconds": 1.0, "age": 0}, "b": {"seconds": 300.0, "age": 3},
+             "gone": {"seconds": 50.0, "age": order.KEEP_RUNS - 1}}
+    items = [_Item(n) for n in ("a", "new1", "b", "new2")]
+    assert [i.nodeid for i in order.longest_first(items, known)] == ["b", "new1", "new2", "a"]
+    # Dealt to three workers, each contiguous third starts with its longest.
+    assert order.dealt(list(range(7)), 3) == [0, 3, 6, 1, 4, 2, 5]
+    assert order.dealt([1, 2], 1) == [1, 2]
+
+    merged = order.merge(known, {"a": 2.5, "new1": 9.0})
+    assert merged == {"a": {"seconds": 2.5, "age": 0}, "new1": {"seconds": 9.0, "age": 0},
+                      "b": {"seconds": 300.0, "age": 4}}
+    path = tmp_path / "cache" / "durations.json"
+    order.save(path, merged)
+    assert order.load(path) == merged
+    path.write_text("{not json")
+    assert order.load(path) == {}
+    path.write_text('{"tests": {"x": {"seconds": "slow"}, "y": {"seconds": 2}}}')
+    assert order.load(path) == {"y": {"seconds": 2}}
+    assert order.load(None) == {}
