@@ -108,11 +108,11 @@ COUNTERS = ("wal_bytes_ingested", "records_ingested", "redo_records_stored", "re
 
 # Records of one page, and their bytes, the pageserver keeps for redo before
 # it stores the page as an image instead (MAX_REDO_CHAIN and MAX_CHAIN_BYTES in
-# pageserver/src/ingest.rs): used to follow the length of a page's chain
+# pageserver/src/limits.rs): used to follow the length of a page's chain
 # through the WAL.
-_INGEST = (REPO / "pageserver" / "src" / "ingest.rs").read_text()
-MAX_REDO_CHAIN = int(re.search(r"pub const MAX_REDO_CHAIN: u32 = (\d+);", _INGEST).group(1))
-MAX_CHAIN_BYTES = int(re.search(r"pub const MAX_CHAIN_BYTES: usize = (\d+);", _INGEST).group(1))
+_LIMITS = (REPO / "pageserver" / "src" / "limits.rs").read_text()
+MAX_REDO_CHAIN = int(re.search(r"pub const MAX_REDO_CHAIN: u32 = (\d+);", _LIMITS).group(1))
+MAX_CHAIN_BYTES = int(re.search(r"pub const MAX_CHAIN_BYTES: usize = (\d+);", _LIMITS).group(1))
 
 # The insert workload's table: three btree indexes, two of them on random
 # keys; no autovacuum, so that its WAL is that of the inserts alone.

@@ -1,7 +1,6 @@
 //! `strata compute …`: the compute agent's roles.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use strata_compute::agent;
@@ -13,8 +12,7 @@ use strata_service::auth::http::{guard, HttpAuth, Need, RefusalMetrics};
 use strata_service::auth::{read_token, Verifier};
 use strata_service::tls::ClientTls;
 
-/// Default bound on how far WAL consumers may lag before commits wait.
-const DEFAULT_MAX_CONSUMER_LAG_MB: u64 = 1024;
+use crate::limits;
 
 #[derive(Subcommand)]
 pub enum ComputeCommand {
@@ -56,12 +54,12 @@ pub enum ComputeCommand {
         slot: String,
         /// WAL kept in memory for safekeepers that have not acknowledged it;
         /// one further behind recovers from its peers.
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = limits::DEFAULT_MAX_BUFFER_MB)]
         max_buffer_mb: usize,
         /// Hold commits back while WAL consumers lag more than this many MiB
         /// (0: never). The pageserver reports a lag while L0 layers wait for
         /// compaction, so this bounds them too.
-        #[arg(long, default_value_t = DEFAULT_MAX_CONSUMER_LAG_MB)]
+        #[arg(long, default_value_t = limits::DEFAULT_MAX_CONSUMER_LAG_MB)]
         max_consumer_lag_mb: u64,
         /// Serve status (/v1/status) and Prometheus metrics (/metrics) here.
         #[arg(long)]
@@ -126,7 +124,7 @@ pub fn run(cmd: ComputeCommand) -> i32 {
         }
     });
     // Blocking tasks still reading a stalled stream must not hold up the exit.
-    runtime.shutdown_timeout(Duration::from_secs(1));
+    runtime.shutdown_timeout(limits::RUNTIME_SHUTDOWN_TIMEOUT);
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -197,7 +195,10 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             if let Some(addr) = http {
                 let listener = strata_service::listener::listen(addr)
                     .map_err(|e| proposer::ProposerError::Other(format!("{addr}: {e}")))?;
-                let limits = strata_service::Limits { max_connections: 32, handshake_timeout: Duration::from_secs(10) };
+                let limits = strata_service::Limits {
+                    max_connections: limits::STATUS_MAX_CONNECTIONS,
+                    handshake_timeout: limits::STATUS_HANDSHAKE_TIMEOUT,
+                };
                 let metrics = strata_service::ListenerMetrics::default();
                 let listener =
                     strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &metrics);

@@ -2,6 +2,7 @@
 
 mod cluster;
 mod compute;
+mod limits;
 mod logging;
 mod pagebench;
 mod pgdata;

@@ -321,7 +321,7 @@ async fn worker(target: Arc<Target>, client: PageClient, depth: usize, deadline:
                 Ok(c) => c,
                 Err(e) => {
                     stats.error(1, || format!("reconnecting: {e}"));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(crate::limits::PAGEBENCH_RECONNECT_PAUSE).await;
                     continue;
                 }
             },
@@ -404,7 +404,7 @@ async fn loopback_connection(stream: strata_service::tls::Stream) {
     let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
     let mut out: Vec<u8> = Vec::new();
     loop {
-        let Ok(first) = frames.read_frame(Duration::from_secs(600)).await else { return };
+        let Ok(first) = frames.read_frame(crate::limits::LOOPBACK_IDLE_TIMEOUT).await else { return };
         if !loopback_answer(first, &page_frame, &mut out) {
             return;
         }

@@ -24,9 +24,6 @@ use strata_service::durable::replace_file;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing::{error, info, warn};
 
-/// After SIGKILL, how long the service's process group gets to disappear.
-const KILL_WAIT: Duration = Duration::from_secs(10);
-
 /// `strata supervise …`.
 #[derive(Args, Debug)]
 pub struct SuperviseArgs {
@@ -43,7 +40,7 @@ pub struct SuperviseArgs {
     #[arg(long)]
     state: PathBuf,
     /// On SIGTERM: how long the service gets to exit before it is killed.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = crate::limits::DEFAULT_GRACE_SECS)]
     grace_secs: u64,
     /// The service's command line (after `--`).
     #[arg(last = true, required = true, num_args = 1..)]
@@ -239,8 +236,8 @@ impl Supervisor {
         warn!("supervisor: {name} did not stop within {} s; killing its process group", grace.as_secs());
         signal_pid(-(pid as i32), libc::SIGKILL);
         signal_pid(pid as i32, libc::SIGKILL);
-        if tokio::time::timeout(KILL_WAIT, child.wait()).await.is_err() {
-            error!("supervisor: {name} (pid {pid}) survived SIGKILL for {} s", KILL_WAIT.as_secs());
+        if tokio::time::timeout(crate::limits::KILL_WAIT, child.wait()).await.is_err() {
+            error!("supervisor: {name} (pid {pid}) survived SIGKILL for {} s", crate::limits::KILL_WAIT.as_secs());
         }
         "killed"
     }

@@ -5,8 +5,10 @@
 //! pageserver, configures and starts the server, and stops it in order.
 
 pub mod agent;
+pub mod clock;
 pub mod dedicated;
 pub mod lazy;
+pub mod limits;
 pub mod page_client;
 pub mod pageserver_target;
 pub mod pg_replication;

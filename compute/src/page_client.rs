@@ -14,9 +14,13 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::Duration;
 
+use std::time::Instant;
 use strata_service::tls::{ClientTls, Stream};
+
+use strata_service::clock::timeout;
 use tokio::io::AsyncWriteExt;
-use tokio::time::Instant;
+
+use crate::clock::SharedClock;
 
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
@@ -42,16 +46,19 @@ pub struct PageClientConfig {
     pub token: Option<strata_service::auth::Token>,
     /// TLS with the cluster's CA; none: plaintext.
     pub tls: Option<ClientTls>,
+    /// What the timeouts are measured on.
+    pub clock: SharedClock,
 }
 
 impl Default for PageClientConfig {
     fn default() -> PageClientConfig {
         PageClientConfig {
-            connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(60),
+            connect_timeout: crate::limits::PAGE_CONNECT_TIMEOUT,
+            response_timeout: crate::limits::PAGE_RESPONSE_TIMEOUT,
             max_in_flight: MAX_PIPELINE_DEPTH,
             token: None,
             tls: None,
+            clock: SharedClock::default(),
         }
     }
 }
@@ -113,9 +120,9 @@ impl PageClient {
         config: PageClientConfig,
     ) -> Result<PageClient, PageClientError> {
         let limit = config.connect_timeout;
-        let deadline = Instant::now() + limit;
+        let deadline = config.clock.now() + limit;
         // With no delay (requests are small and latency-bound), and TLS if configured.
-        let stream = tokio::time::timeout_at(deadline, Stream::connect(addr, config.tls.as_ref()))
+        let stream = timeout(&*config.clock, limit, Stream::connect(addr, config.tls.as_ref()))
             .await
             .map_err(|_| PageClientError::Timeout { what: "connecting", after: limit })?
             .map_err(|source| PageClientError::Connect { addr: addr.to_string(), source })?;
@@ -207,7 +214,7 @@ impl PageClient {
             return Ok(());
         }
         let limit = self.config.response_timeout;
-        self.write_out(Instant::now() + limit, "sending requests", limit).await
+        self.write_out(self.config.clock.now() + limit, "sending requests", limit).await
     }
 
     /// The response to the oldest request in flight (after writing out any
@@ -216,7 +223,7 @@ impl PageClient {
     /// the whole connection or breaks the protocol.
     pub async fn recv(&mut self) -> Result<ServerMessage, PageClientError> {
         let limit = self.before_recv().await?;
-        let msg = self.read_message(Instant::now() + limit, "waiting for a response", limit).await?;
+        let msg = self.read_message(self.config.clock.now() + limit, "waiting for a response", limit).await?;
         self.accept(msg)
     }
 
@@ -226,8 +233,11 @@ impl PageClient {
     /// per page. Any other answer is returned as `recv` returns it.
     pub async fn recv_page_into(&mut self, pages: &mut Vec<u8>) -> Result<Option<ServerMessage>, PageClientError> {
         let limit = self.before_recv().await?;
+        let deadline = self.config.clock.now() + limit;
         let got =
-            match Self::next_frame(&mut self.stream, Instant::now() + limit, "waiting for a response", limit).await {
+            match Self::next_frame(&mut self.stream, &self.config.clock, deadline, "waiting for a response", limit)
+                .await
+            {
                 Ok(frame) => page_or_message(frame, &mut self.in_flight, pages),
                 Err(e) => Err(e),
             };
@@ -347,13 +357,14 @@ impl PageClient {
         what: &'static str,
         limit: Duration,
     ) -> Result<(), PageClientError> {
+        let clock = self.config.clock.clone();
         let stream = self.stream.get_mut();
         let write = async {
             stream.write_all(&self.out).await?;
             // TLS may hold written bytes back until flushed.
             stream.flush().await
         };
-        let result = match tokio::time::timeout_at(deadline, write).await {
+        let result = match timeout(&*clock, until(&*clock, deadline), write).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(PageClientError::Io(e)),
             Err(_) => Err(PageClientError::Timeout { what, after: limit }),
@@ -385,18 +396,19 @@ impl PageClient {
         what: &'static str,
         limit: Duration,
     ) -> Result<ServerMessage, PageClientError> {
-        let frame = Self::next_frame(&mut self.stream, deadline, what, limit).await?;
+        let frame = Self::next_frame(&mut self.stream, &self.config.clock, deadline, what, limit).await?;
         Ok(codec::decode_server(frame)?)
     }
 
-    /// The next frame from the connection, by `deadline`.
+    /// The next frame from the connection, by `deadline` on `clock`.
     async fn next_frame<'a>(
         stream: &'a mut FrameReader<Stream>,
+        clock: &SharedClock,
         deadline: Instant,
         what: &'static str,
         limit: Duration,
     ) -> Result<&'a [u8], PageClientError> {
-        let frame = tokio::time::timeout_at(deadline, stream.read_frame(limit))
+        let frame = timeout(&**clock, until(&**clock, deadline), stream.read_frame(limit))
             .await
             .map_err(|_| PageClientError::Timeout { what, after: limit })?;
         match frame {
@@ -409,6 +421,11 @@ impl PageClient {
             Err(e @ FrameError::WriteTimeout(_)) => Err(PageClientError::Protocol(e.to_string())),
         }
     }
+}
+
+/// How long until `deadline` on `clock` (zero once it has passed).
+fn until(clock: &dyn strata_service::clock::Clock, deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(clock.now())
 }
 
 /// A `Page` frame answering the oldest request in flight: the page is
@@ -528,6 +545,7 @@ mod tests {
             max_in_flight: 16,
             token: None,
             tls: None,
+            clock: SharedClock::default(),
         }
     }
 

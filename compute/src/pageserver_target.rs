@@ -103,15 +103,6 @@ impl PageserverTarget {
     }
 }
 
-/// Longest a long poll of a controller waits (it answers at once when the state changes).
-const LONG_POLL: Duration = Duration::from_secs(25);
-/// Pause before the next controller after one did not answer.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
-/// While a compute that asked for its site's reader is served by the
-/// attached pageserver instead (the reader is loading, or down), how often
-/// it asks again: a reader becoming ready changes no state version.
-const READER_RETRY: Duration = Duration::from_secs(2);
-
 /// Follows the tenant's attachment: long-polls the controllers (any of
 /// them answers) and updates `target`; runs until the task is dropped.
 /// With `site`, the controllers answer that site's reader when it has
@@ -134,7 +125,7 @@ pub async fn watch_attachment(
         if let Some(tls) = &tls {
             b = b.tls_config(tls.http());
         }
-        b.timeout_global(Some(LONG_POLL + Duration::from_secs(5)))
+        b.timeout_global(Some(crate::limits::CONTROLLER_LONG_POLL + Duration::from_secs(5)))
             .http_status_as_error(false)
             .proxy(None)
             .build()
@@ -151,9 +142,9 @@ pub async fn watch_attachment(
         // except while the site's reader is awaited.
         let awaiting_reader = site.is_some() && known != 0 && !now.reader;
         if awaiting_reader {
-            tokio::time::sleep(READER_RETRY).await;
+            tokio::time::sleep(crate::limits::READER_RETRY).await;
         }
-        let wait = if known == 0 || awaiting_reader { 0 } else { LONG_POLL.as_secs() };
+        let wait = if known == 0 || awaiting_reader { 0 } else { crate::limits::CONTROLLER_LONG_POLL.as_secs() };
         let after = if awaiting_reader { known.saturating_sub(1) } else { known };
         let url = format!(
             "{scheme}://{controller}/v1/tenant/{tenant}/attachment?after={after}&wait_seconds={wait}{site_query}"
@@ -189,7 +180,7 @@ pub async fn watch_attachment(
             Err(e) => {
                 warn!(%url, "asking a storage controller where the tenant is: {e}");
                 i += 1;
-                tokio::time::sleep(RETRY_PAUSE).await;
+                tokio::time::sleep(crate::limits::CONTROLLER_RETRY_PAUSE).await;
             }
         }
     }

@@ -27,6 +27,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::limits::MAX_SLOT_NAME_LEN;
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
@@ -36,20 +37,6 @@ use strata_formats::Lsn;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tracing::debug;
-
-/// Largest message accepted from the server (type byte excluded, length
-/// field included). WAL arrives in chunks of at most 128 KiB; the rest are
-/// small.
-pub const MAX_MESSAGE_LEN: usize = 64 << 20;
-
-/// How much room is made in the read buffer at least before each read.
-const READ_CHUNK: usize = 16 << 10;
-
-/// Read buffer capacity above which an emptied buffer is shrunk again.
-const SHRINK_ABOVE: usize = 1 << 20;
-
-/// Longest replication slot name (`NAMEDATALEN - 1`).
-const MAX_SLOT_NAME_LEN: usize = 63;
 
 /// SQLSTATE `duplicate_object`, returned for a slot that already exists.
 pub const SQLSTATE_DUPLICATE_OBJECT: &str = "42710";
@@ -896,7 +883,7 @@ struct Conn {
 
 impl Conn {
     fn new(stream: Transport) -> Conn {
-        Conn { stream, rbuf: BytesMut::with_capacity(READ_CHUNK), wbuf: BytesMut::new(), wpos: 0 }
+        Conn { stream, rbuf: BytesMut::with_capacity(crate::limits::READ_CHUNK), wbuf: BytesMut::new(), wpos: 0 }
     }
 
     /// Size (type byte included) of the message at the head of the buffer, if
@@ -905,7 +892,7 @@ impl Conn {
         let [tag, a, b, c, d, ..] = *self.rbuf else { return Ok(None) };
         let len = i32::from_be_bytes([a, b, c, d]);
         match usize::try_from(len) {
-            Ok(len) if (4..=MAX_MESSAGE_LEN).contains(&len) => Ok(Some(1 + len)),
+            Ok(len) if (4..=crate::limits::MAX_MESSAGE_LEN).contains(&len) => Ok(Some(1 + len)),
             _ => Err(PgError::Protocol(format!("message type {} has invalid length {len}", describe_tag(tag)))),
         }
     }
@@ -931,13 +918,13 @@ impl Conn {
                 let msg = Message::parse(&mut self.rbuf).map_err(protocol)?;
                 // The whole message is buffered, so the parser consumed it.
                 let msg = msg.ok_or_else(|| protocol_msg("a whole message did not parse"))?;
-                if self.rbuf.is_empty() && self.rbuf.capacity() > SHRINK_ABOVE {
-                    self.rbuf = BytesMut::with_capacity(READ_CHUNK);
+                if self.rbuf.is_empty() && self.rbuf.capacity() > crate::limits::SHRINK_ABOVE {
+                    self.rbuf = BytesMut::with_capacity(crate::limits::READ_CHUNK);
                 }
                 return Ok(Some(Frame::Pg(msg)));
             }
             let missing = head.unwrap_or(5) - self.rbuf.len();
-            self.rbuf.reserve(missing.max(READ_CHUNK));
+            self.rbuf.reserve(missing.max(crate::limits::READ_CHUNK));
             if self.stream.read_buf(&mut self.rbuf).await? == 0 {
                 if self.rbuf.is_empty() {
                     return Ok(None);

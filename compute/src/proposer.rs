@@ -11,6 +11,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use strata_service::clock::{timeout, Clock, Sleep};
+
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -28,14 +30,14 @@ use strata_protocol::safekeeper::{
 };
 use strata_protocol::{NodeId, Token};
 
+use crate::clock::SharedClock;
+use crate::limits::{
+    LAGGING_CHECK_INTERVAL, LAST_COMMIT_DELIVERY, LINK_COMMANDS_CAPACITY, LINK_EVENTS_CAPACITY, POSITION_RETRY,
+    QUORUM_WAIT, STATUS_REPORT_INTERVAL,
+};
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
 use crate::safekeeper_link::{run_link, LinkEvent, Target};
 use strata_service::tls::ClientTls;
-
-/// How long a commit LSN waits for WAL to carry it to the safekeepers
-/// before it is sent on its own. Only the WAL's consumers (which read
-/// committed WAL) wait for it; PostgreSQL's commits do not.
-const COMMIT_UPDATE_DELAY: Duration = Duration::from_millis(2);
 
 /// What the proposer needs.
 #[derive(Clone, Debug)]
@@ -61,6 +63,9 @@ pub struct ProposerConfig {
     /// Addresses in the membership configuration and where this compute
     /// reaches them instead (a route to another site, `docs/sites.md`).
     pub address_map: Vec<(String, String)>,
+    /// Where every decision by time reads it: election and catch-up
+    /// deadlines, reconnection backoff, position retries, status reports.
+    pub clock: SharedClock,
 }
 
 impl ProposerConfig {
@@ -68,14 +73,15 @@ impl ProposerConfig {
         ProposerConfig {
             safekeepers,
             timeline,
-            timeout: Duration::from_secs(10),
-            max_buffer_bytes: 256 << 20,
-            max_append_bytes: 128 << 10,
-            max_in_flight_bytes: 16 << 20,
+            timeout: crate::limits::PROPOSER_TIMEOUT,
+            max_buffer_bytes: crate::limits::PROPOSER_MAX_BUFFER_BYTES,
+            max_append_bytes: crate::limits::PROPOSER_MAX_APPEND_BYTES,
+            max_in_flight_bytes: crate::limits::PROPOSER_MAX_IN_FLIGHT_BYTES,
             max_consumer_lag_bytes: None,
             token: None,
             tls: None,
             address_map: Vec::new(),
+            clock: SharedClock::default(),
         }
     }
 }
@@ -177,7 +183,7 @@ struct Core {
     /// The commit LSN every streaming link was sent.
     commit_sent: Lsn,
     /// How long a commit LSN that no WAL carries waits before it is sent on
-    /// its own ([`COMMIT_UPDATE_DELAY`] while streaming, zero otherwise).
+    /// its own ([`crate::limits::COMMIT_UPDATE_DELAY`] while streaming, zero otherwise).
     commit_update_delay: Duration,
     /// Since when some link lacks the commit LSN and has no WAL to carry it.
     commit_waiting_since: Option<Instant>,
@@ -241,7 +247,7 @@ impl Core {
         for task in self.link_tasks.drain(..) {
             task.abort();
         }
-        let (ev_tx, ev_rx) = mpsc::channel(1024);
+        let (ev_tx, ev_rx) = mpsc::channel(LINK_EVENTS_CAPACITY);
         self.events = ev_rx;
         let greeting = ProposerGreeting {
             protocol_version: PROTOCOL_VERSION,
@@ -252,7 +258,7 @@ impl Core {
         };
         self.links = Vec::with_capacity(safekeepers.len());
         for (i, (id, address)) in safekeepers.into_iter().enumerate() {
-            let (tx, rx) = mpsc::channel(256);
+            let (tx, rx) = mpsc::channel(LINK_COMMANDS_CAPACITY);
             self.link_tasks.push(tokio::spawn(run_link(
                 i,
                 Target { address: address.clone(), tls: self.cfg.tls.clone() },
@@ -260,6 +266,7 @@ impl Core {
                 ev_tx.clone(),
                 rx,
                 self.cfg.timeout,
+                self.cfg.clock.clone(),
             )));
             self.links.push(Link {
                 address,
@@ -269,7 +276,7 @@ impl Core {
                 term_seen: 0,
                 flush: None,
                 commands: tx,
-                last_request: Instant::now(),
+                last_request: self.cfg.clock.now(),
                 consumer_applied: Lsn::INVALID,
                 commit_sent: Lsn::INVALID,
                 feedback: StandbyFeedback::default(),
@@ -349,7 +356,7 @@ impl Core {
     fn publish(&self) {
         let received = self.buffer.as_ref().map_or(Lsn::INVALID, |b| b.complete_end);
         let connected = self.links.iter().filter(|l| l.phase != LinkPhase::Down).count();
-        let throttled = self.throttled + self.throttled_since.map_or(Duration::ZERO, |t| t.elapsed());
+        let throttled = self.throttled + self.throttled_since.map_or(Duration::ZERO, |t| self.cfg.clock.since(t));
         self.status.send_replace(ProposerStatus {
             term: self.term,
             epoch_start: self.epoch.as_ref().map_or(Lsn::INVALID, |e| e.start_lsn),
@@ -427,7 +434,7 @@ impl Core {
 
     fn request_position(&mut self, link: usize) {
         self.links[link].phase = LinkPhase::VoteSent;
-        self.links[link].last_request = Instant::now();
+        self.links[link].last_request = self.cfg.clock.now();
         self.send(link, ProposerMessage::VoteRequest(VoteRequest { term: self.term }));
     }
 
@@ -448,7 +455,7 @@ impl Core {
         }
         for i in 0..self.links.len() {
             let l = &self.links[i];
-            if l.phase == LinkPhase::VoteSent && l.last_request.elapsed() > Duration::from_secs(2) {
+            if l.phase == LinkPhase::VoteSent && self.cfg.clock.since(l.last_request) > POSITION_RETRY {
                 self.request_position(i);
             }
         }
@@ -641,9 +648,9 @@ impl Core {
         // PostgreSQL is told flushed only what a quorum holds, and never less than before.
         debug_assert!(ack <= self.commit_lsn && ack >= self.acknowledged_lsn);
         match (ack < self.commit_lsn, self.throttled_since) {
-            (true, None) => self.throttled_since = Some(Instant::now()),
+            (true, None) => self.throttled_since = Some(self.cfg.clock.now()),
             (false, Some(since)) => {
-                self.throttled += since.elapsed();
+                self.throttled += self.cfg.clock.since(since);
                 self.throttled_since = None;
             }
             _ => {}
@@ -699,7 +706,8 @@ impl Core {
         self.drop_lagging_async(complete);
         let mut sends = Vec::new();
         let mut waiting = false;
-        let commit_only_due = self.commit_update_deadline().is_some_and(|due| Instant::now() >= due);
+        let now = self.cfg.clock.now();
+        let commit_only_due = self.commit_update_deadline().is_some_and(|due| now >= due);
         for (i, l) in self.links.iter().enumerate() {
             let LinkPhase::Streaming { next } = l.phase else { continue };
             let flushed = l.flush.unwrap_or(next);
@@ -723,7 +731,7 @@ impl Core {
         }
         self.commit_waiting_since = match (waiting, self.commit_waiting_since) {
             (false, _) => None,
-            (true, None) => Some(Instant::now()),
+            (true, None) => Some(now),
             (true, since) => since,
         };
         // Held by every acceptor: unknown while one has not answered since
@@ -773,12 +781,18 @@ impl Core {
     }
 }
 
+/// How long until `deadline` on `clock` (zero once it has passed).
+fn until(clock: &dyn Clock, deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(clock.now())
+}
+
 /// Runs the election and brings a quorum to the epoch start: the first part
 /// of both modes. Returns the core with a buffer ending at the epoch start.
 async fn elect_and_sync(mut core: Core) -> Result<Core, ProposerError> {
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let clock = core.cfg.clock.clone();
+    let deadline = clock.now() + QUORUM_WAIT;
     while core.epoch.is_none() {
-        let ev = tokio::time::timeout_at(deadline.into(), core.events.recv())
+        let ev = timeout(&*clock, until(&*clock, deadline), core.events.recv())
             .await
             .map_err(|_| ProposerError::Other("no quorum of safekeepers answered".into()))?
             .ok_or_else(|| ProposerError::Other("links stopped".into()))?;
@@ -804,6 +818,7 @@ async fn elect_and_sync(mut core: Core) -> Result<Core, ProposerError> {
             timeout: core.cfg.timeout,
             token: &core.cfg.token,
             tls: core.cfg.tls.as_ref(),
+            clock: &*core.cfg.clock,
         };
         let (_, wal) =
             crate::wal_fetch::fetch_wal(&donor, min_start, epoch.start_lsn).await.map_err(ProposerError::Other)?;
@@ -826,7 +841,8 @@ pub async fn sync_safekeepers(cfg: ProposerConfig) -> Result<Lsn, ProposerError>
     let (status, _) = tokio::sync::watch::channel(ProposerStatus::default());
     let mut core = elect_and_sync(Core::start(cfg, status)).await?;
     let end = core.epoch.as_ref().expect("elected").start_lsn;
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let clock = core.cfg.clock.clone();
+    let deadline = clock.now() + QUORUM_WAIT;
     // Done when a quorum has acknowledged a commit LSN of `end`.
     loop {
         core.pump();
@@ -834,10 +850,10 @@ pub async fn sync_safekeepers(cfg: ProposerConfig) -> Result<Lsn, ProposerError>
             (0..core.links.len()).filter(|&i| core.links[i].flush.is_some_and(|f| f >= end)).collect();
         if core.epoch.is_some() && core.is_quorum(&acked) && core.commit_lsn >= end && core.commit_sent >= end {
             // One more round so acceptors persist the commit LSN.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            clock.sleep(LAST_COMMIT_DELIVERY).await;
             return Ok(end);
         }
-        let ev = tokio::time::timeout_at(deadline.into(), core.events.recv())
+        let ev = timeout(&*clock, until(&*clock, deadline), core.events.recv())
             .await
             .map_err(|_| ProposerError::Other("safekeepers did not catch up".into()))?
             .ok_or_else(|| ProposerError::Other("links stopped".into()))?;
@@ -962,15 +978,21 @@ async fn run_inner(
         }
     };
     core.streaming = true;
-    core.commit_update_delay = COMMIT_UPDATE_DELAY;
+    core.commit_update_delay = crate::limits::COMMIT_UPDATE_DELAY;
     core.publish();
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let clock = core.cfg.clock.clone();
+    let mut tick = clock.sleep(LAGGING_CHECK_INTERVAL);
+    // The wait for a commit LSN to be due, kept while its deadline stays.
+    let mut commit_wait: Option<(Instant, Sleep)> = None;
     let mut reported = Lsn::INVALID;
-    let mut last_report = Instant::now();
+    let mut last_report = clock.now();
     let mut feedback_reported = StandbyFeedback::default();
     loop {
         let buffer_full = core.buffer.as_ref().is_some_and(|b| b.bytes.len() >= core.cfg.max_buffer_bytes);
         let commit_due = core.commit_update_deadline();
+        if commit_wait.as_ref().map(|(at, _)| *at) != commit_due {
+            commit_wait = commit_due.map(|at| (at, clock.sleep(until(&*clock, at))));
+        }
         tokio::select! {
             ev = core.events.recv() => {
                 let ev = ev.ok_or_else(|| ProposerError::Other("links stopped".into()))?;
@@ -1025,12 +1047,17 @@ async fn run_inner(
                     }
                 }
             }
-            _ = tick.tick() => core.retry_lagging(),
-            _ = tokio::time::sleep_until(commit_due.unwrap_or_else(Instant::now).into()), if commit_due.is_some() => {}
+            _ = &mut tick => {
+                tick = clock.sleep(LAGGING_CHECK_INTERVAL);
+                core.retry_lagging();
+            }
+            _ = async { commit_wait.as_mut().expect("checked").1.as_mut().await }, if commit_wait.is_some() => {
+                commit_wait = None;
+            }
         }
         core.pump();
         let ack = core.acknowledgeable();
-        if ack > reported || last_report.elapsed() > Duration::from_secs(1) {
+        if ack > reported || clock.since(last_report) > STATUS_REPORT_INTERVAL {
             // What a quorum holds is what PostgreSQL may consider flushed.
             if let Err(e) = stream.send_status(ack, ack, ack, false).await {
                 return match stopping(&shutdown) {
@@ -1039,7 +1066,7 @@ async fn run_inner(
                 };
             }
             reported = ack;
-            last_report = Instant::now();
+            last_report = clock.now();
         }
         // The replicas' oldest snapshots hold the writer's slot back
         // (hot_standby_feedback through the safekeepers).
@@ -1059,8 +1086,8 @@ async fn run_inner(
 
 /// After PostgreSQL's stream ended at shutdown: keeps the safekeepers going
 /// until a quorum holds every complete record received (and was sent that
-/// commit LSN), at most `timeout`. Returns the commit LSN.
-async fn drain(mut core: Core, timeout: Duration) -> Result<Lsn, ProposerError> {
+/// commit LSN), at most `limit`. Returns the commit LSN.
+async fn drain(mut core: Core, limit: Duration) -> Result<Lsn, ProposerError> {
     core.streaming = false;
     core.commit_update_delay = Duration::ZERO;
     let (target, received) = core.buffer.as_ref().map_or((Lsn::INVALID, Lsn::INVALID), |b| (b.complete_end, b.end()));
@@ -1068,25 +1095,118 @@ async fn drain(mut core: Core, timeout: Duration) -> Result<Lsn, ProposerError> 
         warn!(%target, %received, "the replication stream ended inside a record; its start is not sent");
     }
     info!(%target, "PostgreSQL's replication stream ended at shutdown; waiting for the safekeepers");
-    let deadline = Instant::now() + timeout;
+    let clock = core.cfg.clock.clone();
+    let deadline = clock.now() + limit;
     loop {
         core.pump();
         core.publish();
         if core.commit_lsn >= target && core.commit_sent >= target {
             // Give the links a moment to deliver the last commit LSN.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            clock.sleep(LAST_COMMIT_DELIVERY).await;
             info!(commit_lsn = %core.commit_lsn, "all WAL received is on a quorum of safekeepers");
             return Ok(core.commit_lsn);
         }
-        let ev = tokio::time::timeout_at(deadline.into(), core.events.recv())
+        let ev = timeout(&*clock, until(&*clock, deadline), core.events.recv())
             .await
             .map_err(|_| {
                 ProposerError::Other(format!(
-                    "safekeepers did not confirm the WAL up to {target} within {timeout:?} (commit LSN {})",
+                    "safekeepers did not confirm the WAL up to {target} within {limit:?} (commit LSN {})",
                     core.commit_lsn
                 ))
             })?
             .ok_or_else(|| ProposerError::Other("links stopped".into()))?;
         core.on_event(ev)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_protocol::{TenantId, TimelineId};
+    use strata_service::clock::ManualClock;
+
+    /// Waits (in real time: connection attempts are real I/O) until `ready`.
+    async fn settle(ready: impl Fn() -> bool) {
+        for _ in 0..10_000 {
+            if ready() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("never settled");
+    }
+
+    #[tokio::test]
+    async fn the_election_gives_up_only_once_the_clock_passes_the_quorum_wait() {
+        // Nobody listens there: every link fails and backs off on the clock.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let identity = TimelineIdentity {
+            tenant_id: TenantId([1; 16]),
+            timeline_id: TimelineId([2; 16]),
+            system_id: 1,
+            pg_version: 15,
+            wal_segment_size: 16 << 20,
+        };
+        let clock = ManualClock::new();
+        let mut cfg = ProposerConfig::new(vec![format!("127.0.0.1:{port}"); 3], identity);
+        cfg.clock = SharedClock::new(clock.clone());
+        let sync = tokio::spawn(sync_safekeepers(cfg));
+        // Three links backing off and the election's wait for a quorum.
+        settle(|| clock.sleeping() == 4).await;
+        clock.advance(QUORUM_WAIT - Duration::from_millis(1));
+        settle(|| clock.sleeping() == 4).await;
+        assert!(!sync.is_finished(), "gave up before the quorum wait ended");
+        clock.advance(Duration::from_millis(1));
+        let err = tokio::time::timeout(Duration::from_secs(10), sync).await.expect("gave up").unwrap().unwrap_err();
+        assert!(err.to_string().contains("no quorum of safekeepers answered"), "{err}");
+    }
+
+    #[test]
+    fn a_link_is_asked_for_its_position_again_only_after_the_retry_interval() {
+        let clock = ManualClock::new();
+        let identity = TimelineIdentity {
+            tenant_id: TenantId([1; 16]),
+            timeline_id: TimelineId([2; 16]),
+            system_id: 1,
+            pg_version: 15,
+            wal_segment_size: 16 << 20,
+        };
+        let mut cfg = ProposerConfig::new(Vec::new(), identity);
+        cfg.clock = SharedClock::new(clock.clone());
+        let (status, _) = tokio::sync::watch::channel(ProposerStatus::default());
+        // No safekeepers configured: no link task; the test adds its link itself.
+        let mut core = Core::start(cfg, status);
+        let (commands, mut sent) = mpsc::channel(16);
+        core.links.push(Link {
+            address: "sk".into(),
+            id: None,
+            session: 1,
+            phase: LinkPhase::Greeted,
+            term_seen: 0,
+            flush: None,
+            commands,
+            last_request: clock.now(),
+            consumer_applied: Lsn::INVALID,
+            commit_sent: Lsn::INVALID,
+            feedback: StandbyFeedback::default(),
+        });
+        core.term = 3;
+        core.epoch = Some(Epoch {
+            term: 3,
+            start_lsn: Lsn(0x100),
+            timeline_start_lsn: Lsn(0x100),
+            history: Default::default(),
+            donor: 0,
+        });
+        core.request_position(0);
+        assert!(matches!(sent.try_recv(), Ok((1, ProposerMessage::VoteRequest(_)))));
+        clock.advance(POSITION_RETRY);
+        core.retry_lagging();
+        assert!(sent.try_recv().is_err(), "not before the interval has passed");
+        clock.advance(Duration::from_millis(1));
+        core.retry_lagging();
+        assert!(matches!(sent.try_recv(), Ok((1, ProposerMessage::VoteRequest(VoteRequest { term: 3 })))));
+        core.retry_lagging();
+        assert!(sent.try_recv().is_err(), "asked once per interval");
     }
 }

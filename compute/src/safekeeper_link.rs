@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
+use strata_service::clock::timeout;
 use strata_service::tls::{ClientTls, Stream};
+
+use crate::clock::SharedClock;
+use crate::limits::{LINK_FIRST_BACKOFF, LINK_MAX_WRITE_BATCH, LINK_RECONNECT_MIN_BACKOFF};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -40,13 +44,6 @@ pub enum LinkEvent {
 /// Commands from the core for the current session of a link.
 pub type LinkCommand = ProposerMessage;
 
-/// Longest silence from a connected safekeeper before the link gives up
-/// on it (beyond the safekeepers' default idle timeout of 60 s).
-const IDLE_READ_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Longest wait between reconnection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
 /// Where a link connects: a safekeeper's protocol address, over TLS with
 /// the cluster's CA when given.
 #[derive(Clone, Debug)]
@@ -55,20 +52,22 @@ pub struct Target {
     pub tls: Option<ClientTls>,
 }
 
-/// Runs a link forever (until the core drops its channels).
+/// Runs a link forever (until the core drops its channels). Its waits
+/// between reconnections, and for a connection, are measured on `clock`.
 pub async fn run_link(
     link: usize,
     target: Target,
     greeting: ProposerGreeting,
     events: mpsc::Sender<LinkEvent>,
     mut commands: mpsc::Receiver<(u64, LinkCommand)>,
-    timeout: Duration,
+    limit: Duration,
+    clock: SharedClock,
 ) {
     let mut session = 0u64;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = LINK_FIRST_BACKOFF;
     loop {
         session += 1;
-        let result = session_loop(link, session, &target, &greeting, &events, &mut commands, timeout).await;
+        let result = session_loop((link, session), &target, &greeting, &events, &mut commands, limit, &clock).await;
         let reason = match result {
             Ok(()) => return, // the core is gone
             Err(e) => e,
@@ -79,35 +78,36 @@ pub async fn run_link(
         warn!(safekeeper = %target.address, "connection lost: {reason}; retrying in {backoff:?}");
         // Drop commands meant for the dead session.
         while commands.try_recv().is_ok() {}
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        clock.sleep(backoff).await;
+        backoff = (backoff * 2).min(crate::limits::LINK_MAX_BACKOFF);
         if session > 1 {
-            backoff = backoff.max(Duration::from_millis(100));
+            backoff = backoff.max(LINK_RECONNECT_MIN_BACKOFF);
         }
     }
 }
 
+/// One session of link `link`: connects, greets and forwards until it fails.
 async fn session_loop(
-    link: usize,
-    session: u64,
+    (link, session): (usize, u64),
     target: &Target,
     greeting: &ProposerGreeting,
     events: &mpsc::Sender<LinkEvent>,
     commands: &mut mpsc::Receiver<(u64, LinkCommand)>,
-    timeout: Duration,
+    limit: Duration,
+    clock: &SharedClock,
 ) -> Result<(), String> {
     let address = target.address.as_str();
-    let stream = tokio::time::timeout(timeout, Stream::connect(address, target.tls.as_ref()))
+    let stream = timeout(&**clock, limit, Stream::connect(address, target.tls.as_ref()))
         .await
-        .map_err(|_| format!("connecting timed out after {timeout:?}"))?
+        .map_err(|_| format!("connecting timed out after {limit:?}"))?
         .map_err(|e| format!("connecting: {e}"))?;
     let (r, mut w) = tokio::io::split(stream);
     let mut frames = FrameReader::new(r, codec::MAX_FRAME_SIZE);
     let mut out = Vec::new();
     codec::encode_proposer(&ProposerMessage::Greeting(greeting.clone()), &mut out);
-    framed::write_all(&mut w, &out, timeout).await.map_err(|e| format!("sending greeting: {e}"))?;
+    framed::write_all(&mut w, &out, limit).await.map_err(|e| format!("sending greeting: {e}"))?;
     // The greeting answer.
-    let first = match frames.read_frame(timeout).await {
+    let first = match frames.read_frame(limit).await {
         Ok(frame) => codec::decode_acceptor(frame).map_err(|e| e.to_string())?,
         Err(FrameError::Timeout(_)) => return Err("no greeting answer".into()),
         Err(e) => return Err(format!("during greeting: {e}")),
@@ -139,17 +139,17 @@ async fn session_loop(
                     if s == session {
                         codec::encode_proposer(&more, &mut out);
                     }
-                    if out.len() > 4 << 20 {
+                    if out.len() > LINK_MAX_WRITE_BATCH {
                         break;
                     }
                 }
-                framed::write_all(&mut w, &out, timeout).await.map_err(|e| format!("sending: {e}"))?;
+                framed::write_all(&mut w, &out, limit).await.map_err(|e| format!("sending: {e}"))?;
             }
             // A quiet PostgreSQL sends nothing for long stretches, and a
             // safekeeper answers only appends: silence alone is not a
             // failure until it outlasts the safekeeper's own idle timeout
-            // (which closes the connection). Writes have `timeout`.
-            frame = frames.read_frame(IDLE_READ_TIMEOUT) => {
+            // (which closes the connection). Writes have `limit`.
+            frame = frames.read_frame(crate::limits::IDLE_READ_TIMEOUT) => {
                 let msg = match frame {
                     Ok(frame) => codec::decode_acceptor(frame).map_err(|e| e.to_string())?,
                     Err(FrameError::Closed) => return Err("closed by safekeeper".into()),
@@ -164,5 +164,92 @@ async fn session_loop(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_protocol::safekeeper::{Membership, TimelineIdentity, PROTOCOL_VERSION};
+    use strata_protocol::{TenantId, TimelineId};
+    use strata_service::clock::{Clock, ManualClock};
+    use tokio::io::AsyncReadExt;
+
+    fn greeting() -> ProposerGreeting {
+        ProposerGreeting {
+            protocol_version: PROTOCOL_VERSION,
+            proposer_id: [7; 16],
+            timeline: TimelineIdentity {
+                tenant_id: TenantId([1; 16]),
+                timeline_id: TimelineId([2; 16]),
+                system_id: 1,
+                pg_version: 15,
+                wal_segment_size: 16 << 20,
+            },
+            membership: Membership::default(),
+            token: None,
+        }
+    }
+
+    /// Accepts one connection, reads the greeting and hangs up.
+    async fn accept_and_drop(listener: &tokio::net::TcpListener) {
+        let (mut socket, _) = listener.accept().await.expect("a connection");
+        let mut buf = [0u8; 1];
+        socket.read_exact(&mut buf).await.expect("the greeting");
+    }
+
+    /// Whether the link connects again within a moment of real time (its
+    /// connection attempts are real I/O; only its waits are on the clock).
+    async fn reconnects(listener: &tokio::net::TcpListener) -> bool {
+        let waited = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+        waited.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_lost_link_reconnects_only_after_its_backoff_on_the_clock() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = Target { address: listener.local_addr().unwrap().to_string(), tls: None };
+        let clock = ManualClock::new();
+        let (events_tx, mut events) = mpsc::channel(16);
+        let (_commands_tx, commands) = mpsc::channel(16);
+        let link = tokio::spawn(run_link(
+            0,
+            target,
+            greeting(),
+            events_tx,
+            commands,
+            Duration::from_secs(10),
+            SharedClock::new(clock.clone()),
+        ));
+
+        accept_and_drop(&listener).await;
+        let ev = events.recv().await.unwrap();
+        assert!(matches!(ev, LinkEvent::Disconnected { session: 1, .. }), "{ev:?}");
+        // Waiting out its first backoff on the manual clock, which has not moved.
+        let lost_at = clock.now();
+        while clock.next_deadline() != Some(lost_at + LINK_FIRST_BACKOFF) {
+            tokio::task::yield_now().await;
+        }
+        assert!(!reconnects(&listener).await, "no attempt before the backoff");
+        clock.advance(LINK_FIRST_BACKOFF - Duration::from_millis(1));
+        assert!(!reconnects(&listener).await, "no attempt a millisecond before the backoff ends");
+        clock.advance(Duration::from_millis(1));
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 1];
+        socket.read_exact(&mut buf).await.unwrap();
+        drop(socket);
+
+        // The second loss waits twice as long.
+        let ev = events.recv().await.unwrap();
+        assert!(matches!(ev, LinkEvent::Disconnected { session: 2, .. }), "{ev:?}");
+        let lost_at = clock.now();
+        while clock.next_deadline() != Some(lost_at + LINK_FIRST_BACKOFF * 2) {
+            tokio::task::yield_now().await;
+        }
+        clock.advance(LINK_FIRST_BACKOFF);
+        assert!(!reconnects(&listener).await, "the backoff doubled");
+        clock.advance(LINK_FIRST_BACKOFF);
+        accept_and_drop(&listener).await;
+        link.abort();
     }
 }

@@ -4,10 +4,13 @@
 use std::time::Duration;
 
 use strata_formats::Lsn;
+
+use crate::limits::MAX_WAL_FETCH_BYTES;
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, StreamStart, PROTOCOL_VERSION};
 use strata_protocol::{TenantId, TimelineId, Token};
+use strata_service::clock::{timeout, Clock};
 use strata_service::tls::{ClientTls, Stream};
 
 /// A safekeeper to read a timeline's WAL from, and how to reach it.
@@ -19,16 +22,20 @@ pub struct Donor<'a> {
     pub timeout: Duration,
     pub token: &'a Option<Token>,
     pub tls: Option<&'a ClientTls>,
+    /// What the connection's timeout is measured on.
+    pub clock: &'a dyn Clock,
 }
 
 /// Reads `[from, to)` of the donor's timeline's WAL (including uncommitted WAL).
 pub async fn fetch_wal(donor: &Donor<'_>, from: Lsn, to: Lsn) -> Result<(StreamStart, Vec<u8>), String> {
-    let (address, timeout, tls) = (donor.address, donor.timeout, donor.tls);
+    let (address, limit, tls) = (donor.address, donor.timeout, donor.tls);
     let len = to.0.checked_sub(from.0).ok_or("empty range")? as usize;
-    if len > 1 << 30 {
-        return Err(format!("{len} bytes of WAL to fetch; more than the proposer buffers (1 GiB)"));
+    if len > MAX_WAL_FETCH_BYTES {
+        return Err(format!(
+            "{len} bytes of WAL to fetch; more than the proposer buffers ({MAX_WAL_FETCH_BYTES} bytes)"
+        ));
     }
-    let mut s = tokio::time::timeout(timeout, Stream::connect(address, tls))
+    let mut s = timeout(donor.clock, limit, Stream::connect(address, tls))
         .await
         .map_err(|_| format!("{address}: connect timed out"))?
         .map_err(|e| format!("{address}: {e}"))?;
@@ -48,13 +55,13 @@ pub async fn fetch_wal(donor: &Donor<'_>, from: Lsn, to: Lsn) -> Result<(StreamS
         }),
         &mut out,
     );
-    framed::write_all(&mut s, &out, timeout).await.map_err(|e| format!("{address}: {e}"))?;
+    framed::write_all(&mut s, &out, limit).await.map_err(|e| format!("{address}: {e}"))?;
     let mut frames = FrameReader::new(s, codec::MAX_FRAME_SIZE);
     let mut wal = Vec::with_capacity(len);
     let mut start = None;
     while wal.len() < len {
-        let frame = frames.read_frame(timeout).await.map_err(|e| match e {
-            FrameError::Timeout(_) => format!("{address}: no WAL for {timeout:?}"),
+        let frame = frames.read_frame(limit).await.map_err(|e| match e {
+            FrameError::Timeout(_) => format!("{address}: no WAL for {limit:?}"),
             FrameError::Closed => format!("{address}: closed after {} of {len} bytes", wal.len()),
             e => format!("{address}: {e}"),
         })?;

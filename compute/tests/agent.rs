@@ -10,13 +10,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use strata_compute::agent::{self, AgentConfig};
 use strata_formats::v15::control::{ControlFile, DbState};
 use strata_formats::Lsn;
 use strata_protocol::api::pageserver::{TimelineState, TimelineStatus};
 use strata_protocol::{TenantId, TimelineId};
+use strata_service::clock::{Clock, SystemClock};
 use strata_test_support::{as_root, blocking, free_port, pg_bin, pg_command, run, scratch_dir};
 use tokio::sync::{oneshot, watch};
 
@@ -213,7 +214,7 @@ async fn wait_running(
     http: SocketAddr,
     task: &tokio::task::JoinHandle<Result<(), agent::AgentError>>,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = SystemClock.now() + Duration::from_secs(120);
     loop {
         assert!(!task.is_finished(), "the agent stopped before running");
         let url = format!("http://{http}/v1/status");
@@ -227,7 +228,7 @@ async fn wait_running(
                 _ => {}
             }
         }
-        assert!(Instant::now() < deadline, "the agent did not reach running");
+        assert!(SystemClock.now() < deadline, "the agent did not reach running");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -435,10 +436,10 @@ async fn a_stop_while_waiting_for_the_pageserver_ends_cleanly() {
     let task = tokio::spawn(agent::run(cfg, stop_rx));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!task.is_finished());
-    let t = Instant::now();
+    let t = SystemClock.now();
     stop_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops promptly").unwrap().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(SystemClock.since(t) < Duration::from_secs(5));
     let _ = std::fs::remove_dir_all(&base);
 }
 
@@ -469,7 +470,7 @@ async fn a_dropped_proposer_keeps_no_safekeeper_connection() {
     }
     sync.abort();
     assert!(sync.await.unwrap_err().is_cancelled());
-    let t = Instant::now();
+    let t = SystemClock.now();
     for mut socket in accepted {
         let mut buf = vec![0u8; 4096];
         loop {
@@ -482,7 +483,7 @@ async fn a_dropped_proposer_keeps_no_safekeeper_connection() {
             }
         }
     }
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(SystemClock.since(t) < Duration::from_secs(3), "{:?}", SystemClock.since(t));
     // And it does not come back.
     assert!(tokio::time::timeout(Duration::from_millis(500), listener.accept()).await.is_err());
 }

@@ -23,6 +23,7 @@ use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 use strata_fusefs::testing::Mounted;
 use strata_protocol::lazy_manifest::{ManifestEntry, ManifestFork};
+use strata_service::clock::{Clock, SystemClock};
 
 const S: Lsn = Lsn(0x300_0000);
 const B: usize = 8192;
@@ -267,9 +268,9 @@ fn a_file_cut_while_its_blocks_are_fetched_stays_cut() {
             g.read_at(&mut buf, 40 * B as u64).map(|n| (n, buf))
         })
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = SystemClock.now() + std::time::Duration::from_secs(10);
     while source.held.load(Ordering::SeqCst) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the read never reached the page source");
+        assert!(SystemClock.now() < deadline, "the read never reached the page source");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     // ...while the file is cut to 10 blocks (the kernel may hold the cut
@@ -304,9 +305,9 @@ fn allocated(path: &std::path::Path) -> u64 {
 /// Waits (a little: the cache's thread finishes a pass that concurrent
 /// requests left over budget) for a backing file to hold at most `blocks`.
 fn within_budget(path: &std::path::Path, blocks: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = SystemClock.now() + std::time::Duration::from_secs(10);
     while allocated(path) > blocks * B as u64 {
-        assert!(std::time::Instant::now() < deadline, "{} bytes held, budget {blocks} blocks", allocated(path));
+        assert!(SystemClock.now() < deadline, "{} bytes held, budget {blocks} blocks", allocated(path));
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
@@ -417,9 +418,9 @@ fn a_cache_smaller_than_the_file_drops_blocks_and_reads_them_back_at_their_versi
     // reads have taken it round (they were just read: a second chance
     // first); the backing file then has holes where they were.
     cache.set_ingested(Lsn(S.0 + 0x1000));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = SystemClock.now() + std::time::Duration::from_secs(20);
     while first_data(&backing) < 4 * B as u64 {
-        assert!(std::time::Instant::now() < deadline, "the written blocks were never dropped");
+        assert!(SystemClock.now() < deadline, "the written blocks were never dropped");
         drop_kernel_cache(&f);
         for b in 4..64u32 {
             f.read_exact_at(&mut buf, u64::from(b) * B as u64).unwrap();

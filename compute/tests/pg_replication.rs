@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgwire::messages::copy::{CopyBothResponse, CopyData, CopyDone};
 use pgwire::messages::data::{DataRow, FieldDescription, RowDescription};
@@ -17,6 +17,7 @@ use strata_compute::pg_replication::{
 use strata_formats::v15::rmgr::{RM_HEAP_ID, RM_XLOG_ID, XLOG_CHECKPOINT_SHUTDOWN};
 use strata_formats::wal::{StartPosition, WalDecoder};
 use strata_formats::{Lsn, PgVersion};
+use strata_service::clock::{Clock, SystemClock};
 use strata_test_support::{as_root, blocking, free_port, pg_bin, pg_command, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -216,7 +217,7 @@ async fn streams_wal(pg: std::sync::Arc<PgServer>) {
     assert!(rx.heap_inserts >= 1000, "{rx:?}");
 
     stream.send_status(end, end, end, false).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = SystemClock.now() + Duration::from_secs(10);
     loop {
         let pg2 = pg.clone();
         let row = blocking(move || {
@@ -227,7 +228,7 @@ async fn streams_wal(pg: std::sync::Arc<PgServer>) {
             assert_eq!(row.parse::<Lsn>().unwrap(), end);
             break;
         }
-        assert!(Instant::now() < deadline, "pg_stat_replication shows flush_lsn {row:?}");
+        assert!(SystemClock.now() < deadline, "pg_stat_replication shows flush_lsn {row:?}");
         sleep(Duration::from_millis(50)).await;
     }
     // The physical slot follows the reported flush position.
@@ -254,13 +255,15 @@ async fn streams_wal(pg: std::sync::Arc<PgServer>) {
 
     // Resume through the slot where the last stream stopped (once the old
     // walsender has released the slot).
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = SystemClock.now() + Duration::from_secs(10);
     let mut stream = loop {
         let conn = ReplicationConnection::connect(&cfg).await.unwrap();
         match conn.start_physical(Some("strata_test"), rx.end, id.timeline).await {
             Ok(stream) => break stream,
             // "replication slot ... is active for PID ..."
-            Err(e) if e.code() == Some("55006") && Instant::now() < deadline => sleep(Duration::from_millis(50)).await,
+            Err(e) if e.code() == Some("55006") && SystemClock.now() < deadline => {
+                sleep(Duration::from_millis(50)).await
+            }
             Err(e) => panic!("{e:?}"),
         }
     };
@@ -644,10 +647,10 @@ async fn connect_timeout_and_refused() {
         connect_timeout: Duration::from_millis(200),
         ..ReplicationConfig::new("127.0.0.1", port, "someone")
     };
-    let started = Instant::now();
+    let started = SystemClock.now();
     let err = ReplicationConnection::connect(&cfg).await.unwrap_err();
     assert!(matches!(err, PgError::Timeout(_)), "{err:?}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(SystemClock.since(started) < Duration::from_secs(5));
     drop(listener);
 
     let cfg = ReplicationConfig::new("127.0.0.1", free_port(), "someone");

@@ -3,8 +3,6 @@
 //! another: metadata on the pageserver, a new WAL timeline on the
 //! safekeepers, a line in `cluster.toml`.
 
-use std::time::Duration;
-
 use strata_formats::Lsn;
 use strata_protocol::api::cluster::BranchInfo;
 use strata_protocol::api::pageserver::{self, CreateBranchRequest};
@@ -14,9 +12,7 @@ use strata_protocol::TimelineId;
 use super::error::{failed, Error, Result};
 use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Kind, Workdir, CLUSTER_FILE, MAIN_BRANCH};
 use super::{endpoint, http, services};
-
-/// A branch at an LSN waits up to 30 s on the pageserver for it to be ingested.
-const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+use crate::limits::{BRANCH_CREATE_TIMEOUT, QUICK};
 
 /// Branch names go into `cluster.toml` and command lines: keep them plain.
 fn check_name(name: &str) -> Result<()> {
@@ -42,7 +38,7 @@ fn newest_commit(wd: &Workdir, branch: &Branch) -> Result<Option<Lsn>> {
     let (tenant, timeline) = (wd.cluster.tenant_id, branch.timeline_id);
     let from_safekeepers = wd.cluster.of_kind(Kind::Safekeeper).filter(|s| services::is_up(wd, s)).filter_map(|s| {
         let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
-        let r = http::get(&url, http::QUICK).ok().filter(|r| r.status == 200)?;
+        let r = http::get(&url, QUICK).ok().filter(|r| r.status == 200)?;
         r.json::<safekeeper::TimelineStatus>().ok().map(|t| t.commit_lsn)
     });
     let from_proposers = endpoint::inventory(wd)?
@@ -94,7 +90,7 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
         }
     }
     let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), wd.cluster.tenant_id);
-    let r = http::post(&url, &body, CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    let r = http::post(&url, &body, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 201 {
         return failed(format!("branch {name}: {} (HTTP {})", r.error_text(), r.status));
     }
@@ -160,7 +156,7 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
     let tenant = wd.cluster.tenant_id;
     let ps = super::controller::attached(wd)?;
     let url = format!("{}/v1/tenant/{tenant}/timeline/{}", ps.http_url(), b.timeline_id);
-    let r = http::delete(&url, CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 200 && r.status != 404 {
         return failed(format!(
             "{}: deleting timeline {}: {} (HTTP {})",
@@ -172,7 +168,7 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
     }
     for sk in wd.cluster.of_kind(Kind::Safekeeper) {
         let url = format!("{}/v1/tenant/{tenant}/timeline/{}", sk.http_url(), b.timeline_id);
-        let r = http::delete(&url, CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
+        let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
         if r.status != 200 && r.status != 404 {
             return failed(format!(
                 "{}: deleting timeline {}: {} (HTTP {})",
@@ -197,7 +193,7 @@ fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::EndpointRecord]) ->
         .map(|ps| {
             format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), wd.cluster.tenant_id, b.timeline_id)
         })
-        .and_then(|url| http::get(&url, http::QUICK).ok())
+        .and_then(|url| http::get(&url, QUICK).ok())
         .filter(|r| r.status == 200)
         .and_then(|r| r.json::<pageserver::TimelineStatus>().ok());
     BranchInfo {

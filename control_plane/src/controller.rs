@@ -9,10 +9,7 @@ use strata_protocol::api::pageserver::{LocationMode, PageserverStatus};
 use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{Kind, Service, Workdir};
-
-/// How long a command waits for the tenant to be attached (a starting
-/// cluster, a failover under way).
-pub const ATTACH_WAIT: Duration = Duration::from_secs(60);
+use crate::limits::{ATTACH_POLL, ATTACH_WAIT, CONTROLLER_ACTION_POLL, LOCATE_POLL, QUICK};
 
 /// The controllers, the leader (as any of them knows it) first.
 fn controllers(wd: &Workdir) -> Vec<&Service> {
@@ -42,7 +39,7 @@ fn attachment_for<'a>(wd: &'a Workdir, wait: Duration, site: Option<&str>) -> Re
     loop {
         for c in controllers(wd) {
             let url = format!("{}/v1/tenant/{tenant}/attachment{query}", c.http_url());
-            match http::get(&url, http::QUICK) {
+            match http::get(&url, QUICK) {
                 Ok(r) if r.status == 200 => {
                     let info: AttachmentInfo = r.json().map_err(|e| Error::Failed(format!("{}: {e}", c.name)))?;
                     let Some(ps) = wd.service(&info.pageserver).filter(|s| s.kind == Kind::Pageserver) else {
@@ -60,7 +57,7 @@ fn attachment_for<'a>(wd: &'a Workdir, wait: Duration, site: Option<&str>) -> Re
         if Instant::now() >= deadline {
             return failed(format!("no controller says where tenant {tenant} is attached ({last})"));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(LOCATE_POLL);
     }
 }
 
@@ -73,7 +70,7 @@ pub fn attached(wd: &Workdir) -> Result<&Service> {
     let deadline = Instant::now() + ATTACH_WAIT;
     let tenant = wd.cluster.tenant_id;
     loop {
-        let status = match http::get(&format!("{}/v1/status", ps.http_url()), http::QUICK) {
+        let status = match http::get(&format!("{}/v1/status", ps.http_url()), QUICK) {
             Ok(r) if r.status == 200 => {
                 r.json::<PageserverStatus>().map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?
             }
@@ -93,7 +90,7 @@ pub fn attached(wd: &Workdir) -> Result<&Service> {
                 ATTACH_WAIT.as_secs()
             ));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(ATTACH_POLL);
     }
 }
 
@@ -107,7 +104,7 @@ pub fn attached_now(wd: &Workdir) -> Option<&Service> {
 pub fn status(wd: &Workdir) -> Option<ControllerStatus> {
     let all: Vec<ControllerStatus> = controllers(wd)
         .iter()
-        .filter_map(|c| http::get(&format!("{}/v1/status", c.http_url()), http::QUICK).ok())
+        .filter_map(|c| http::get(&format!("{}/v1/status", c.http_url()), QUICK).ok())
         .filter(|r| r.status == 200)
         .filter_map(|r| r.json::<ControllerStatus>().ok())
         .collect();
@@ -129,7 +126,7 @@ pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<()> {
         let mut last = String::new();
         for c in controllers(wd) {
             let url = format!("{}/v1/pageserver/{name}/{action}", c.http_url());
-            match http::post(&url, &serde_json::json!({}), http::QUICK) {
+            match http::post(&url, &serde_json::json!({}), QUICK) {
                 Ok(r) if r.status == 200 => {
                     println!(
                         "{name}: {}",
@@ -148,6 +145,6 @@ pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<()> {
         if Instant::now() >= deadline {
             return failed(format!("no controller took the {action} of {name} ({last})"));
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(CONTROLLER_ACTION_POLL);
     }
 }

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile};
 use strata_compute::agent::postgres;
@@ -18,22 +18,12 @@ use super::options::AgentOptions;
 use super::process::{self, Identity};
 use super::supervisor::{Liveness, Supervised};
 use super::{hosts, http, services};
+use crate::limits::{
+    CHECKPOINT_WAIT, ENDPOINT_START_WAIT, ENDPOINT_STOP_GRACE, ENDPOINT_TAIL_LINES, KILL_WAIT, NODE_CALL, ORPHAN_GRACE,
+    QUICK, START_POLL,
+};
 use strata_service::ports;
 
-/// Longest an agent may take from spawn to a running PostgreSQL (it may
-/// sync the safekeepers, wait for the pageserver and restore a basebackup).
-const START_WAIT: Duration = Duration::from_secs(120);
-/// Longest an agent may take to stop: PostgreSQL shuts down and its last
-/// WAL reaches the safekeepers.
-const STOP_GRACE: Duration = Duration::from_secs(60);
-/// Longest a PostgreSQL left behind by a dead agent gets to shut down.
-const ORPHAN_GRACE: Duration = Duration::from_secs(30);
-/// How often a starting agent is asked whether PostgreSQL runs yet.
-const START_POLL: Duration = Duration::from_millis(50);
-/// Longest a writer may take to make the checkpoint a new replica starts from.
-const CHECKPOINT_WAIT: Duration = Duration::from_secs(150);
-/// Log lines shown when an endpoint fails to start.
-const TAIL_LINES: usize = 30;
 /// File name of an endpoint's settings inside its directory.
 const ENDPOINT_FILE: &str = "endpoint.toml";
 /// The agent's configuration (`strata_compute::agent::config_file`), beside `endpoint.toml`.
@@ -124,7 +114,7 @@ impl Endpoint {
 
     /// The agent with its supervisor.
     pub fn supervised(&self) -> Supervised {
-        Supervised::new(format!("endpoint {}", self.file.name), self.identity(), self.log(), STOP_GRACE)
+        Supervised::new(format!("endpoint {}", self.file.name), self.identity(), self.log(), ENDPOINT_STOP_GRACE)
     }
 
     /// `address:port`, bracketed for IPv6.
@@ -175,7 +165,7 @@ impl Endpoint {
 
     /// What the agent and its WAL proposer report, if the agent answers.
     pub fn compute_status(&self) -> Option<ComputeStatus> {
-        let r = http::get(&self.status_url(), http::QUICK).ok().filter(|r| r.status == 200)?;
+        let r = http::get(&self.status_url(), QUICK).ok().filter(|r| r.status == 200)?;
         r.json::<ComputeStatus>().ok()
     }
 
@@ -227,7 +217,7 @@ fn resolve_point(wd: &Workdir, branch: &layout::Branch, at: &str) -> Result<stra
         branch.timeline_id,
         time.replace('+', "%2B")
     );
-    let r = http::get(&url, http::QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    let r = http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 200 {
         return failed(format!("--at {at}: {} (HTTP {})", r.error_text(), r.status));
     }
@@ -343,7 +333,7 @@ pub fn inventory(wd: &Workdir) -> Result<Vec<EndpointRecord>> {
     let mut all: Vec<EndpointRecord> =
         records(wd)?.into_iter().filter(|r| wd.cluster.host(&r.file.host).is_some_and(hosts::is_local)).collect();
     for host in wd.cluster.hosts.iter().filter(|h| h.computes && !hosts::is_local(h)) {
-        let theirs: Vec<EndpointRecord> = hosts::call(host, "GET", "/v1/endpoints", None::<&()>, http::QUICK * 2)?;
+        let theirs: Vec<EndpointRecord> = hosts::call(host, "GET", "/v1/endpoints", None::<&()>, QUICK * 2)?;
         all.extend(theirs.into_iter().filter(|r| r.file.host == host.name));
     }
     all.sort_by(|a, b| a.file.name.cmp(&b.file.name));
@@ -364,7 +354,7 @@ pub fn remove(wd: &Workdir, file: &EndpointFile) -> Result<()> {
         forget(wd, &file.name).map(drop)
     } else {
         let req = hosts::EndpointRequest { name: file.name.clone(), immediate: false };
-        hosts::call::<Forgotten>(host, "POST", "/v1/endpoints/forget", Some(&req), hosts::NODE_CALL).map(drop)
+        hosts::call::<Forgotten>(host, "POST", "/v1/endpoints/forget", Some(&req), NODE_CALL).map(drop)
     }
 }
 
@@ -464,7 +454,7 @@ fn writer_password(wd: &Workdir, all: &[EndpointRecord], branch: &str, name: &st
         return password_of(wd, &writer.file.name).ok()?.password;
     }
     let req = hosts::EndpointRequest { name: writer.file.name.clone(), immediate: false };
-    hosts::call::<Password>(host, "POST", "/v1/endpoints/password", Some(&req), hosts::NODE_CALL).ok()?.password
+    hosts::call::<Password>(host, "POST", "/v1/endpoints/password", Some(&req), NODE_CALL).ok()?.password
 }
 
 /// An endpoint removed from a host to move to another: its settings and
@@ -544,7 +534,7 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentOpti
     } else {
         // Its copy of the state (safekeepers, pageserver) must be ours.
         hosts::send(wd, target)?;
-        hosts::call::<hosts::Lines>(target, "POST", "/v1/endpoints/start", Some(&req), hosts::NODE_CALL)?.lines
+        hosts::call::<hosts::Lines>(target, "POST", "/v1/endpoints/start", Some(&req), NODE_CALL)?.lines
     };
     for line in lines {
         println!("{line}");
@@ -712,7 +702,7 @@ fn move_away(wd: &Workdir, name: &str, from: &str, to: &str) -> Result<Forgotten
         forget(wd, name)?
     } else {
         let req = hosts::EndpointRequest { name: name.into(), immediate: false };
-        hosts::call(from_host, "POST", "/v1/endpoints/forget", Some(&req), hosts::NODE_CALL)?
+        hosts::call(from_host, "POST", "/v1/endpoints/forget", Some(&req), NODE_CALL)?
     };
     println!("endpoint {name}: moves from host {from} to host {to}");
     Ok(forgotten)
@@ -993,9 +983,9 @@ fn spawn_agent(wd: &Workdir, ep: &Endpoint) -> Result<(i32, u32)> {
         let _ = sv.stop(false);
         let _ = stop_orphan_postgres(ep, true);
         let _ = child.try_wait();
-        failed(format!("endpoint {name}: {why}\n{}", process::log_tail(&log, from, TAIL_LINES)))
+        failed(format!("endpoint {name}: {why}\n{}", process::log_tail(&log, from, ENDPOINT_TAIL_LINES)))
     };
-    let deadline = Instant::now() + START_WAIT;
+    let deadline = Instant::now() + ENDPOINT_START_WAIT;
     let mut last_state = String::from("(no answer)");
     loop {
         if let Some(why) = sv.start_failure(&mut child) {
@@ -1018,7 +1008,7 @@ fn spawn_agent(wd: &Workdir, ep: &Endpoint) -> Result<(i32, u32)> {
         if Instant::now() > deadline {
             return abort(
                 &mut child,
-                format!("not running after {}s (last state: {last_state}); stopped it", START_WAIT.as_secs()),
+                format!("not running after {}s (last state: {last_state}); stopped it", ENDPOINT_START_WAIT.as_secs()),
             );
         }
         // Often: a start takes well under a second, and the caller waits on this.
@@ -1090,7 +1080,7 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
         process::send(pid, if immediate { libc::SIGKILL } else { libc::SIGINT });
         if !process::wait_gone(is_postgres, ORPHAN_GRACE) {
             process::kill_group(pid);
-            if !process::wait_gone(is_postgres, Duration::from_secs(10)) {
+            if !process::wait_gone(is_postgres, KILL_WAIT) {
                 return failed(format!("endpoint {}: PostgreSQL (pid {pid}) does not die", ep.file.name));
             }
         }
@@ -1104,7 +1094,7 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
     for pid in postgres::processes_in(&pgdata) {
         process::send(pid, libc::SIGKILL);
     }
-    if !process::wait_gone(left, Duration::from_secs(10)) {
+    if !process::wait_gone(left, KILL_WAIT) {
         return failed(format!("endpoint {}: postgres processes in {} do not die", ep.file.name, pgdata.display()));
     }
     // A lazy compute's mounts outlive an agent that was killed.
@@ -1141,7 +1131,7 @@ pub fn stop(wd: &Workdir, name: &str, immediate: bool) -> Result<()> {
         vec![stop_local(wd, name, immediate)?]
     } else {
         let req = hosts::EndpointRequest { name: name.into(), immediate };
-        hosts::call::<hosts::Lines>(host, "POST", "/v1/endpoints/stop", Some(&req), hosts::NODE_CALL)?.lines
+        hosts::call::<hosts::Lines>(host, "POST", "/v1/endpoints/stop", Some(&req), NODE_CALL)?.lines
     };
     for line in lines {
         println!("{line}");
@@ -1157,7 +1147,8 @@ pub fn stop_local(wd: &Workdir, name: &str, immediate: bool) -> Result<String> {
 
 fn stop_endpoint(ep: &Endpoint, immediate: bool) -> Result<String> {
     let outcome = ep.supervised().stop(immediate)?;
-    let line = format!("endpoint {}: {}", ep.file.name, services::stop_message(outcome, immediate, STOP_GRACE));
+    let line =
+        format!("endpoint {}: {}", ep.file.name, services::stop_message(outcome, immediate, ENDPOINT_STOP_GRACE));
     stop_orphan_postgres(ep, immediate)?;
     Ok(line)
 }
@@ -1184,16 +1175,16 @@ pub fn stop_all(wd: &Workdir, immediate: bool) -> Result<()> {
 pub fn stop_everywhere(wd: &Workdir, immediate: bool) -> Result<()> {
     let mut errors: Vec<String> = stop_all(wd, immediate).err().map(|e| e.to_string()).into_iter().collect();
     for host in wd.cluster.hosts.iter().filter(|h| h.computes && !hosts::is_local(h)) {
-        let result = hosts::call::<Vec<EndpointRecord>>(host, "GET", "/v1/endpoints", None::<&()>, http::QUICK * 2)
-            .and_then(|records| {
+        let result = hosts::call::<Vec<EndpointRecord>>(host, "GET", "/v1/endpoints", None::<&()>, QUICK * 2).and_then(
+            |records| {
                 for r in records.iter().filter(|r| r.file.host == host.name && r.state != "stopped") {
                     let req = hosts::EndpointRequest { name: r.file.name.clone(), immediate };
-                    let out: hosts::Lines =
-                        hosts::call(host, "POST", "/v1/endpoints/stop", Some(&req), hosts::NODE_CALL)?;
+                    let out: hosts::Lines = hosts::call(host, "POST", "/v1/endpoints/stop", Some(&req), NODE_CALL)?;
                     out.lines.iter().for_each(|l| println!("{l}"));
                 }
                 Ok(())
-            });
+            },
+        );
         if let Err(e) = result {
             errors.push(e.to_string());
         }

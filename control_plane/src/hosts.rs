@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{Host, Workdir};
+use crate::limits::{SEND_CALL, SYNC_CALL};
 
 /// `STRATA_HOST`: names this machine's host, when its addresses do not tell.
 pub const HOST_ENV: &str = "STRATA_HOST";
@@ -82,10 +83,6 @@ pub struct EndpointRequest {
 pub struct Lines {
     pub lines: Vec<String>,
 }
-
-/// How long a node gets for one call: an endpoint's start waits for its
-/// PostgreSQL (two minutes at most) and a service's stop for its exit.
-pub const NODE_CALL: Duration = Duration::from_secs(180);
 
 /// Calls `method path` on `host`'s node with a JSON body; the answer's
 /// body as `T`, or an error naming the host and what its node said.
@@ -182,10 +179,6 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
     Ok(true)
 }
 
-/// How long a host's node gets to answer while the state is compared: a
-/// host cut off must not hold every command up for long.
-const SYNC_CALL: Duration = Duration::from_secs(2);
-
 /// Brings this machine's copy of the cluster's state up to the newest
 /// revision any other host's node has; a host that does not answer is
 /// skipped. Returns the workdir as it is now.
@@ -220,9 +213,6 @@ pub fn send(wd: &Workdir, host: &Host) -> Result<()> {
     // service (half a minute at most).
     call::<serde_json::Value>(host, "POST", "/v1/spec", Some(&spec), SEND_CALL).map(drop)
 }
-
-/// How long a node gets to take the state before a start there.
-const SEND_CALL: Duration = Duration::from_secs(45);
 
 /// Hands this machine's state to every other host's node after a change;
 /// a host that does not take it now takes it at its next command or from

@@ -14,9 +14,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use strata_protocol::api::ErrorBody;
 
-/// Timeout of a status query: services answer these at once or are unwell.
-pub const QUICK: Duration = Duration::from_secs(3);
-
 /// An HTTP answer: status code and body (JSON, or the raw text as a JSON string).
 #[derive(Debug)]
 pub struct Reply {

@@ -24,13 +24,9 @@ use super::layout::{
     FORMAT_VERSION, LOCAL_HOST, LOOPBACK, MAIN_BRANCH, REMOTE_STORAGE_DIR,
 };
 use super::options::InitOptions;
+use crate::limits::{MAX_SERVICES_OF_A_KIND, MAX_SITE_LATENCY_MS};
 use strata_service::auth::AuthConfig;
 use strata_service::tls::TlsConfig;
-
-/// The most safekeepers, and the most pageservers, a cluster has.
-const MAX_SERVICES_OF_A_KIND: usize = 9;
-/// The longest round trip `--site-latency-ms` accepts.
-const MAX_SITE_LATENCY_MS: f64 = 10_000.0;
 
 /// What `init` made: the workdir (as named and as resolved) and its
 /// cluster file, for the caller to report.

@@ -15,11 +15,10 @@ use strata_protocol::TenantId;
 use strata_service::auth::{self, AuthConfig, Claims, Scope, Signer, Token};
 
 use super::error::{Error, Result};
+use crate::limits::CLI_TOKEN_TTL;
 
 /// The key store's directory, relative to the workdir.
 pub const AUTH_DIR: &str = "auth";
-/// How long the CLI's own management token lives: longer than any command.
-const CLI_TOKEN_TTL: Duration = Duration::from_secs(3600);
 
 pub fn private_key(root: &Path) -> PathBuf {
     root.join(AUTH_DIR).join("private.pem")

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 use strata_protocol::{TenantId, TimelineId};
 
 use super::error::{failed, Error, Result};
+use crate::limits::{LOCK_POLL, LOCK_WAIT};
 
 /// Name of the cluster description inside the workdir.
 pub const CLUSTER_FILE: &str = "cluster.toml";
@@ -31,9 +32,6 @@ pub const REMOTE_STORAGE_DIR: &str = "remote_storage";
 /// The attachment file beside each pageserver's config: what the storage
 /// controller placed there.
 pub const ATTACHMENTS_FILE: &str = "attachments.json";
-
-/// How long a mutating command waits for another one to finish.
-const LOCK_WAIT: Duration = Duration::from_secs(300);
 
 /// `cluster.toml`: what `strata init` decided; read by every other command.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -426,7 +424,7 @@ impl Workdir {
                 eprintln!("waiting for another strata command on {} to finish", self.root.display());
                 told = true;
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(LOCK_POLL);
         }
     }
 

@@ -26,6 +26,7 @@ pub mod http;
 pub mod init;
 pub mod keys;
 pub mod layout;
+pub mod limits;
 pub mod membership;
 pub mod node;
 pub mod options;

@@ -11,7 +11,6 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -30,11 +29,7 @@ use super::hosts::{EndpointRequest, Lines, ServicesRequest};
 use super::layout::{Kind, Service, Workdir};
 use super::supervisor::Liveness;
 use super::{hosts, services, status};
-
-/// How often the node looks for a service whose supervisor is gone.
-const WATCH_INTERVAL: Duration = Duration::from_secs(5);
-/// Most connections to the node API at once.
-const MAX_CONNECTIONS: usize = 16;
+use crate::limits::{NODE_HANDSHAKE_TIMEOUT, NODE_MAX_CONNECTIONS, WATCH_INTERVAL};
 
 /// `strata node`: what it runs.
 #[derive(Clone, Debug)]
@@ -314,7 +309,7 @@ pub fn serve(args: NodeOptions) -> Result<()> {
         let stop = stop_signal().map_err(|e| Error::Failed(e.to_string()))?;
         let listener =
             strata_service::listener::listen(addr).map_err(|e| Error::Failed(format!("binding {addr}: {e}")))?;
-        let listener = http_listener(listener, MAX_CONNECTIONS, Duration::from_secs(10), &listeners, &security);
+        let listener = http_listener(listener, NODE_MAX_CONNECTIONS, NODE_HANDSHAKE_TIMEOUT, &listeners, &security);
         let server = tokio::spawn(serve_http(listener, router(node.clone(), auth.as_ref())));
         info!(host = %node.host, %addr, "node API listening");
 

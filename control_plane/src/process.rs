@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::error::{Error, Result};
 use super::layout;
+use crate::limits::{KILL_WAIT, POLL};
 
 /// How to recognise a process of ours: its subcommand and a unique argument.
 #[derive(Clone, Debug)]
@@ -26,11 +27,6 @@ pub struct Identity {
     /// Where its pid is kept.
     pub pidfile: PathBuf,
 }
-
-/// How long a killed process gets to disappear.
-const KILL_WAIT: Duration = Duration::from_secs(10);
-/// Polling interval of every wait here.
-pub const POLL: Duration = Duration::from_millis(100);
 
 impl Identity {
     /// The pid from the pidfile, if that process is still ours and alive.

@@ -8,7 +8,7 @@
 //! say where it stopped. Used by `strata safekeeper replace` and `strata
 //! branch placement`.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use strata_protocol::api::safekeeper::{CreateTimelineRequest, TimelineStatus};
 use strata_protocol::safekeeper::{Member, Membership, Placement, TimelineIdentity};
@@ -18,15 +18,9 @@ use strata_safekeeper::config::SafekeeperConfig;
 use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{read_toml, Kind, Service, Workdir};
-
-/// How long the new safekeeper may take to catch up with the members.
-const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(900);
-/// How long a running compute has to be elected under the joint
-/// configuration before this command elects a proposer itself.
-const PROPOSER_WAIT: Duration = Duration::from_secs(15);
-/// Bound on the wait for the joint configuration to be committed.
-const JOINT_TIMEOUT: Duration = Duration::from_secs(120);
-const POLL: Duration = Duration::from_millis(200);
+use crate::limits::{
+    CATCH_UP_REPORT_INTERVAL, CATCH_UP_TIMEOUT, JOINT_TIMEOUT, PROPOSER_WAIT, QUICK, RECONFIGURE_POLL,
+};
 
 /// One safekeeper as the change sees it.
 #[derive(Clone, Debug)]
@@ -61,7 +55,7 @@ impl Change<'_> {
     }
 
     fn state(&self, n: &Node) -> std::result::Result<TimelineStatus, String> {
-        let r = http::get(&tl_url(n, self.tenant, self.timeline), http::QUICK)?;
+        let r = http::get(&tl_url(n, self.tenant, self.timeline), QUICK)?;
         if r.status != 200 {
             return Err(format!("HTTP {}: {}", r.status, r.error_text()));
         }
@@ -69,7 +63,7 @@ impl Change<'_> {
     }
 
     fn membership(&self, n: &Node) -> std::result::Result<Membership, String> {
-        let r = http::get(&format!("{}/membership", tl_url(n, self.tenant, self.timeline)), http::QUICK)?;
+        let r = http::get(&format!("{}/membership", tl_url(n, self.tenant, self.timeline)), QUICK)?;
         if r.status != 200 {
             return Err(format!("HTTP {}: {}", r.status, r.error_text()));
         }
@@ -87,7 +81,7 @@ impl Change<'_> {
         let mut problems = Vec::new();
         for n in on {
             let url = format!("{}/membership", tl_url(n, self.tenant, self.timeline));
-            match http::put(&url, &body, http::QUICK) {
+            match http::put(&url, &body, QUICK) {
                 Ok(r) if r.status == 200 => holding.push(n.member.id),
                 Ok(r) => problems.push(format!("{}: HTTP {}: {}", n.name, r.status, r.error_text())),
                 Err(e) => problems.push(format!("{}: {e}", n.name)),
@@ -266,7 +260,7 @@ impl Change<'_> {
             wal_segment_size: s.wal_segment_size,
             start_lsn: s.timeline_start_lsn,
         };
-        let r = http::post(&tl_url(new_node, self.tenant, self.timeline), &body, http::QUICK)
+        let r = http::post(&tl_url(new_node, self.tenant, self.timeline), &body, QUICK)
             .map_err(|e| Error::Failed(format!("{}: {e}", new_node.name)))?;
         if r.status != 200 && r.status != 201 {
             return failed(format!(
@@ -304,7 +298,7 @@ impl Change<'_> {
                     println!("  {} caught up ({} in {:.1}s)", new_node.name, s.flush_lsn, t.elapsed().as_secs_f64());
                     return Ok(());
                 }
-                Ok(s) if told.elapsed() > Duration::from_secs(10) => {
+                Ok(s) if told.elapsed() > CATCH_UP_REPORT_INTERVAL => {
                     println!("  {} at {} of {target}", new_node.name, s.flush_lsn);
                     told = Instant::now();
                 }
@@ -317,7 +311,7 @@ impl Change<'_> {
                     CATCH_UP_TIMEOUT.as_secs()
                 ));
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(RECONFIGURE_POLL);
         }
     }
 
@@ -366,7 +360,7 @@ impl Change<'_> {
                     JOINT_TIMEOUT.as_secs()
                 ));
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(RECONFIGURE_POLL);
         }
     }
 

@@ -13,15 +13,10 @@ use strata_protocol::api::safekeeper::CreateTimelineRequest;
 use super::layout::{Kind, Service, Workdir, MAIN_BRANCH};
 use super::process::{self, Identity, Stopped};
 use super::supervisor::{Liveness, StopOutcome, Supervised};
-
-/// Longest a service may take to answer `GET /v1/status` after being spawned.
-const START_WAIT: Duration = Duration::from_secs(30);
-/// Longest a service may take to exit after SIGTERM before it is killed.
-const STOP_GRACE: Duration = Duration::from_secs(30);
-/// Tenant creation runs initdb and imports it into the pageserver.
-const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(180);
-/// Log lines shown when a service fails to start.
-const TAIL_LINES: usize = 20;
+use crate::limits::{
+    BOOTSTRAP_TIMEOUT, NODE_CALL, POLL, QUICK, SERVICE_START_PROBE, SERVICE_START_WAIT, SERVICE_STOP_GRACE,
+    SERVICE_TAIL_LINES,
+};
 
 /// How a service's process is recognised (see `process`).
 pub fn identity(wd: &Workdir, s: &Service) -> Identity {
@@ -30,7 +25,7 @@ pub fn identity(wd: &Workdir, s: &Service) -> Identity {
 
 /// The service with its supervisor.
 pub fn supervised(wd: &Workdir, s: &Service) -> Supervised {
-    Supervised::new(s.name.clone(), identity(wd, s), wd.log_path(&s.name), STOP_GRACE)
+    Supervised::new(s.name.clone(), identity(wd, s), wd.log_path(&s.name), SERVICE_STOP_GRACE)
 }
 
 /// The pid of a running service of this machine, if it runs.
@@ -70,7 +65,7 @@ pub fn is_up(wd: &Workdir, s: &Service) -> bool {
     if is_local(wd, s) {
         return running(wd, s).is_some();
     }
-    matches!(http::get(&format!("{}/v1/status", s.http_url()), http::QUICK), Ok(r) if r.status == 200)
+    matches!(http::get(&format!("{}/v1/status", s.http_url()), QUICK), Ok(r) if r.status == 200)
 }
 
 /// Starts or stops one service on its host (another machine) through that host's node.
@@ -81,7 +76,7 @@ fn on_node(wd: &Workdir, s: &Service, action: &str, immediate: bool) -> Result<(
         hosts::send(wd, host)?;
     }
     let req = hosts::ServicesRequest { names: vec![s.name.clone()], immediate };
-    let out: hosts::Lines = hosts::call(host, "POST", &format!("/v1/services/{action}"), Some(&req), hosts::NODE_CALL)?;
+    let out: hosts::Lines = hosts::call(host, "POST", &format!("/v1/services/{action}"), Some(&req), NODE_CALL)?;
     if action == "start" {
         println!("{}: running on host {}", s.name, host.name);
     }
@@ -162,11 +157,11 @@ pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
     let mut child = sv.spawn(&exe, &args, &wd.root)?;
 
     let url = format!("{}/v1/status", s.http_url());
-    let deadline = Instant::now() + START_WAIT;
+    let deadline = Instant::now() + SERVICE_START_WAIT;
     let abort = |child: &mut std::process::Child, why: String| {
         let _ = sv.stop(true);
         let _ = child.try_wait();
-        failed(format!("{}: {why}\n{}", s.name, process::log_tail(&log, from, TAIL_LINES)))
+        failed(format!("{}: {why}\n{}", s.name, process::log_tail(&log, from, SERVICE_TAIL_LINES)))
     };
     let pid = loop {
         if let Some(why) = sv.start_failure(&mut child) {
@@ -174,15 +169,18 @@ pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
         }
         // Ours must still run after the answer, and never have exited: another
         // process could hold the port if ours failed to bind it.
-        if matches!(http::get(&url, Duration::from_secs(1)), Ok(r) if r.status == 200) {
+        if matches!(http::get(&url, SERVICE_START_PROBE), Ok(r) if r.status == 200) {
             if let (Some(pid), None) = (sv.service.running(), sv.start_failure(&mut child)) {
                 break pid;
             }
         }
         if Instant::now() > deadline {
-            return abort(&mut child, format!("{url} did not answer within {}s; killed it", START_WAIT.as_secs()));
+            return abort(
+                &mut child,
+                format!("{url} did not answer within {}s; killed it", SERVICE_START_WAIT.as_secs()),
+            );
         }
-        std::thread::sleep(process::POLL);
+        std::thread::sleep(POLL);
     };
     println!("{}: started (pid {pid}, supervisor pid {}, log {})", s.name, child.id(), log.display());
     Ok(())
@@ -198,7 +196,7 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
     for branch in &c.branches {
         let timeline = branch.timeline_id;
         let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
-        let get = || http::get(&url, http::QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)));
+        let get = || http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)));
         let mut reply = get()?;
         if reply.status == 404 && branch.name == MAIN_BRANCH {
             println!("{}: creating tenant {tenant} (initdb and import; this takes a while)", ps.name);
@@ -244,7 +242,7 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
                 continue;
             }
             let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", sk.http_url());
-            let r = http::post(&url, &create, http::QUICK).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
+            let r = http::post(&url, &create, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
             match r.status {
                 201 => on.push(format!("{} (created)", sk.name)),
                 200 => on.push(sk.name.clone()),
@@ -299,7 +297,7 @@ pub fn stop_one(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
 /// Stops a service of this machine; returns how it went (`stopped (pid N)`, …).
 pub fn stop_quietly(wd: &Workdir, s: &Service, immediate: bool) -> Result<String> {
     let outcome = supervised(wd, s).stop(immediate)?;
-    Ok(stop_message(outcome, immediate, STOP_GRACE))
+    Ok(stop_message(outcome, immediate, SERVICE_STOP_GRACE))
 }
 
 /// `stopped (pid N)`, `killed (pid N)`, `not running`, ….

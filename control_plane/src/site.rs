@@ -20,7 +20,7 @@
 
 use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use strata_formats::version::PgVersion;
 use strata_formats::wal::reader::{StartPosition, WalDecoder};
@@ -38,11 +38,9 @@ use strata_service::auth::{Claims, Scope};
 use super::error::{failed, Error, Result};
 use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Divergence, Kind, Service, Workdir, CLUSTER_FILE};
 use super::{controller, endpoint, http, services};
-
-/// How long the CLI waits for the tenant to be attached in the promoted site.
-const ATTACH_WAIT: Duration = Duration::from_secs(120);
-/// Bound on reading the lost site's tail from one safekeeper.
-const READ_TAIL_TIMEOUT: Duration = Duration::from_secs(60);
+use crate::limits::{
+    LOSS_BRANCH_TIMEOUT, QUICK, READ_TAIL_READ_TIMEOUT, READ_TAIL_TIMEOUT, SITE_ATTACH_POLL, SITE_ATTACH_WAIT,
+};
 
 /// What one branch lost in a promotion.
 struct Loss {
@@ -150,13 +148,13 @@ fn tl_url(sk: &Service, tenant: TenantId, timeline: TimelineId) -> String {
 
 /// A safekeeper's status of a timeline, if it answers.
 fn sk_status(sk: &Service, tenant: TenantId, timeline: TimelineId) -> Option<TimelineStatus> {
-    let r = http::get(&tl_url(sk, tenant, timeline), http::QUICK).ok().filter(|r| r.status == 200)?;
+    let r = http::get(&tl_url(sk, tenant, timeline), QUICK).ok().filter(|r| r.status == 200)?;
     r.json().ok()
 }
 
 /// Seals a timeline on a safekeeper; its status after.
 fn seal(sk: &Service, tenant: TenantId, timeline: TimelineId) -> std::result::Result<TimelineStatus, String> {
-    let r = http::post(&format!("{}/seal", tl_url(sk, tenant, timeline)), &serde_json::json!({}), http::QUICK)?;
+    let r = http::post(&format!("{}/seal", tl_url(sk, tenant, timeline)), &serde_json::json!({}), QUICK)?;
     if r.status != 200 {
         return Err(format!("HTTP {}: {}", r.status, r.error_text()));
     }
@@ -289,7 +287,7 @@ fn attach_in<'a>(wd: &'a Workdir, site: &str) -> Result<&'a Service> {
     for ps in c.of_kind(Kind::Pageserver).filter(|p| c.site_of(p) != site) {
         controller::set_policy(wd, &ps.name, "lost")?;
     }
-    let deadline = Instant::now() + ATTACH_WAIT;
+    let deadline = Instant::now() + SITE_ATTACH_WAIT;
     loop {
         let ps = controller::attached(wd)?;
         if c.site_of(ps) == site {
@@ -297,9 +295,13 @@ fn attach_in<'a>(wd: &'a Workdir, site: &str) -> Result<&'a Service> {
             return Ok(ps);
         }
         if Instant::now() >= deadline {
-            return failed(format!("the tenant is still attached to {} after {}s", ps.name, ATTACH_WAIT.as_secs()));
+            return failed(format!(
+                "the tenant is still attached to {} after {}s",
+                ps.name,
+                SITE_ATTACH_WAIT.as_secs()
+            ));
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(SITE_ATTACH_POLL);
     }
 }
 
@@ -362,8 +364,7 @@ fn fork_timeline(tenant: TenantId, ps: &Service, t1: TimelineId, t2: TimelineId,
         ancestor_time: None,
     };
     let url = format!("{}/v1/tenant/{tenant}/timeline", ps.http_url());
-    let r =
-        http::post(&url, &body, Duration::from_secs(120)).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+    let r = http::post(&url, &body, LOSS_BRANCH_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 201 {
         let (b, f) = (&loss.branch, loss.fork_lsn);
         return failed(format!("branch {b}: forking at {f}: HTTP {}: {}", r.status, r.error_text()));
@@ -534,8 +535,8 @@ fn count_commits(
     let status = sk_status(sk, tenant, timeline).ok_or("no status")?;
     let addr = sk.addr("listen").ok_or("no protocol address")?;
     let sockaddr = addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("address does not resolve")?;
-    let tcp = TcpStream::connect_timeout(&sockaddr, http::QUICK).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect_timeout(&sockaddr, QUICK).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(READ_TAIL_READ_TIMEOUT)).map_err(|e| e.to_string())?;
     let mut stream = match super::certs::client(&wd.root).map_err(|e| e.to_string())? {
         Some(tls) => tls.connect_blocking(strata_service::tls::host_of(&addr), tcp).map_err(|e| e.to_string())?,
         None => strata_service::tls::BlockingStream::Plain(tcp),

@@ -10,9 +10,7 @@ use super::error::Result;
 use super::layout::{Kind, Workdir};
 use super::supervisor::Liveness;
 use super::{hosts, http, services};
-
-/// Longest cause shown in a table cell.
-const SHORT_CHARS: usize = 80;
+use crate::limits::{QUICK, SHORT_CHARS};
 
 /// An endpoint's restarts: the supervisor's of the agent plus the agent's
 /// of PostgreSQL, and the most recent cause of either.
@@ -85,7 +83,7 @@ pub fn list_endpoints(wd: &Workdir) -> Result<()> {
         rows.push((ep.file.name.clone(), row(&ep.file.host, cells)));
     }
     for host in wd.cluster.hosts.iter().filter(|h| h.computes && !hosts::is_local(h)) {
-        let part: HostStatus = hosts::call(host, "GET", "/v1/status", None::<&()>, http::QUICK * 2)?;
+        let part: HostStatus = hosts::call(host, "GET", "/v1/status", None::<&()>, QUICK * 2)?;
         for e in part.endpoints {
             let cells = vec![
                 e.name.clone(),
@@ -270,7 +268,7 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
         let part = if hosts::is_local(host) {
             Some(host_part(wd, &host.name)?)
         } else {
-            hosts::call::<HostStatus>(host, "GET", "/v1/status", None::<&()>, http::QUICK * 2).ok()
+            hosts::call::<HostStatus>(host, "GET", "/v1/status", None::<&()>, QUICK * 2).ok()
         };
         match part {
             Some(p) => {
@@ -289,7 +287,7 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
     let mut sk_status: Vec<(String, Option<SafekeeperStatus>)> = Vec::new();
     for s in c.of_kind(Kind::Safekeeper) {
         if up(&s.name) {
-            let body = http::get(&format!("{}/v1/status", s.http_url()), http::QUICK)
+            let body = http::get(&format!("{}/v1/status", s.http_url()), QUICK)
                 .ok()
                 .filter(|r| r.status == 200)
                 .and_then(|r| r.json().ok());
@@ -306,7 +304,7 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
         let (tenant, timeline) = (c.tenant_id, b.timeline_id);
         let pageserver = if let Some(ps) = ps.filter(|_| ps_running) {
             let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
-            http::get(&url, http::QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok())
+            http::get(&url, QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok())
         } else {
             None
         };

@@ -16,13 +16,8 @@ use std::time::Duration;
 
 use super::error::{Error, Result};
 use super::process::{self, Identity, Stopped};
+use crate::limits::{LEFTOVER_GRACE, SUPERVISOR_MARGIN};
 use crate::supervisor_state::{unix_now, SupervisorState};
-
-/// How much longer than the service's grace period the supervisor gets to
-/// stop it (it SIGKILLs the service after the grace period and waits for it).
-const SUPERVISOR_MARGIN: Duration = Duration::from_secs(15);
-/// Grace period of a service still running after its supervisor stopped.
-const LEFTOVER_GRACE: Duration = Duration::from_secs(10);
 
 /// A supervised service: the service process and its supervisor.
 #[derive(Clone, Debug)]

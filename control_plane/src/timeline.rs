@@ -1,16 +1,11 @@
 //! `strata timeline …`: operations on a branch's timeline in the pageserver.
 
-use std::time::Duration;
-
 use strata_protocol::api::pageserver::CheckpointResponse;
 
 use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{Workdir, MAIN_BRANCH};
-
-/// Longest a checkpoint may take: it writes every layer due, which for a
-/// large database is minutes of I/O.
-const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(1800);
+use crate::limits::CHECKPOINT_TIMEOUT;
 
 /// Flushes what the pageserver ingested of `branch`, compacts every L0,
 /// writes images, waits until object storage has all of it (when the

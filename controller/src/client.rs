@@ -11,12 +11,8 @@ use strata_service::api_client::ApiClient;
 use strata_service::auth::Token;
 use strata_service::tls::ClientTls;
 
+use crate::limits::{LOCATION_TIMEOUT, MAX_ANSWER};
 use crate::tasks::BoxFuture;
-
-/// Largest answer accepted (a status lists every timeline).
-const MAX_ANSWER: u64 = 16 << 20;
-/// Bound on a location change: an attach lists and reads every index.
-const LOCATION_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the controller asks of the pageservers, each named by its HTTP
 /// address (`host:port`). Every call ends within a bound: a pageserver that

@@ -9,6 +9,8 @@ use strata_service::config::{
     Protection,
 };
 
+use crate::limits;
+
 /// Everything a controller process needs.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,16 +64,16 @@ pub struct PageserverRef {
 }
 
 fn default_heartbeat_interval() -> Duration {
-    Duration::from_millis(500)
+    limits::DEFAULT_HEARTBEAT_INTERVAL
 }
 fn default_offline_after() -> Duration {
-    Duration::from_secs(2)
+    limits::DEFAULT_OFFLINE_AFTER
 }
 fn default_lease_ttl() -> Duration {
-    Duration::from_secs(6)
+    limits::DEFAULT_LEASE_TTL
 }
 fn default_max_http_connections() -> usize {
-    1024
+    limits::DEFAULT_MAX_HTTP_CONNECTIONS
 }
 
 impl ControllerConfig {
@@ -85,7 +87,7 @@ impl ControllerConfig {
         check_duration("heartbeat_interval", self.heartbeat_interval)?;
         check_duration("offline_after", self.offline_after)?;
         check_duration("lease_ttl", self.lease_ttl)?;
-        check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
+        check_range("max_http_connections", self.max_http_connections, 1, limits::MAX_HTTP_CONNECTIONS)?;
         if self.offline_after < self.heartbeat_interval * 2 {
             return Err(ConfigError {
                 key: "offline_after",

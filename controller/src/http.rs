@@ -15,10 +15,8 @@ use strata_protocol::api::ErrorBody;
 use strata_protocol::TenantId;
 use strata_service::auth::http::{guard, HttpAuth, Need};
 
+use crate::limits::MAX_WAIT;
 use crate::service::{CallError, Controller};
-
-/// Longest a long poll waits for a newer state.
-pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
 fn error(status: StatusCode, message: String) -> Response {
     (status, Json(ErrorBody { error: message })).into_response()

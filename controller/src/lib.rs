@@ -14,6 +14,7 @@ pub mod client;
 pub mod config;
 pub mod env;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod retry;
 pub mod schedule;
@@ -40,10 +41,15 @@ pub async fn run(config: config::ControllerConfig) -> Result<(), StartError> {
     let client = client::Client::new(
         security.client_tls.as_ref(),
         security.token.clone(),
-        config.heartbeat_interval.max(std::time::Duration::from_secs(1)),
+        config.heartbeat_interval.max(limits::MIN_HEARTBEAT_TIMEOUT),
     );
-    let handshake = std::time::Duration::from_secs(10);
-    let listener = http_listener(http, config.max_http_connections, handshake, &metrics.listener_metrics(), &security);
+    let listener = http_listener(
+        http,
+        config.max_http_connections,
+        limits::HTTP_HANDSHAKE_TIMEOUT,
+        &metrics.listener_metrics(),
+        &security,
+    );
     tracing::info!(id = config.id, http = %config.listen_http, storage = %store.describe(), "storage controller started");
     let controller = service::Controller::new(config, env::Env::production(store, client), metrics);
     let router = http::router(controller.clone(), auth.as_ref());

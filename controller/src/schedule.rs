@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use strata_protocol::api::controller::{ControllerState, Migration, PageserverPolicy, TenantPlacement};
 use strata_protocol::TenantId;
 
-/// Most secondaries a tenant keeps (a returning failed pageserver and a
-/// warm one elsewhere).
-pub const MAX_SECONDARIES: usize = 2;
+use crate::limits::MAX_SECONDARIES;
 
 /// What the controller knows of the pageservers.
 #[derive(Clone, Debug, Default)]

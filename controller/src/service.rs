@@ -26,19 +26,12 @@ use tracing::{info, warn};
 use crate::client::Pageservers;
 use crate::config::ControllerConfig;
 use crate::env::Env;
+use crate::limits::{FOLLOWER_REFRESH, LEASE_RENEWALS_PER_TTL, RETRY_MAX, RETRY_MIN, WRITE_ATTEMPTS};
 use crate::metrics::Metrics;
 use crate::retry::Retries;
 use crate::schedule::{self, Planner, View};
 use crate::store::{LeaderLease, Store, StoreError};
 use crate::tasks::{each_as_ready, BoxFuture, Spawn};
-
-/// How often a follower reads the state (computes may ask any controller).
-const FOLLOWER_REFRESH: Duration = Duration::from_secs(1);
-/// Bound on writing the state when a write conflicts again and again.
-const WRITE_ATTEMPTS: usize = 5;
-/// Pauses before a failed location call is sent again.
-const RETRY_MIN: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// While this controller leads.
 struct Lead {
@@ -159,7 +152,7 @@ impl Controller {
     // ---- the leader's lease
 
     async fn lease_loop(&self) {
-        let period = self.conf.lease_ttl / 4;
+        let period = self.conf.lease_ttl / LEASE_RENEWALS_PER_TTL;
         loop {
             self.lease_round().await;
             self.clock.sleep(period).await;
@@ -349,6 +342,19 @@ impl Controller {
             .collect()
     }
 
+    /// Whether the view of the pageservers can be planned on: before a
+    /// whole offline period of heartbeats, a pageserver not heard from yet
+    /// is not known to be down, unless every pageserver has answered (then
+    /// nothing is unknown, and waiting would only delay a new cluster's
+    /// first placement).
+    fn view_complete(&self) -> bool {
+        if self.clock.since(self.started) >= self.conf.offline_after {
+            return true;
+        }
+        let inner = self.inner.lock();
+        self.conf.pageservers.iter().all(|p| inner.health.get(&p.name).is_some_and(|h| h.last_ok.is_some()))
+    }
+
     // ---- decisions
 
     async fn decision_loop(&self) {
@@ -490,8 +496,7 @@ impl Controller {
             new.push((t, g));
         }
         schedule::add_tenants(&mut next, &new);
-        // Before a whole offline period of heartbeats nothing is known to be down.
-        if self.clock.since(self.started) >= self.conf.offline_after {
+        if self.view_complete() {
             let view = self.view();
             if let Some(planned) = (self.planner)(&next, &view) {
                 for (t, p) in &planned.tenants {

@@ -5,7 +5,6 @@
 //! fake one (failing, slow) under the same encoding.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use strata_protocol::api::controller::{ControllerState, LEADER_KEY, STATE_KEY};
@@ -13,12 +12,8 @@ use strata_protocol::TenantId;
 use strata_remote_storage::cas::{CasError, ObjectVersion};
 use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
 
+use crate::limits::{STORE_ATTEMPTS, STORE_ATTEMPT_TIMEOUT, STORE_RETRY_MAX, STORE_RETRY_MIN};
 use crate::tasks::BoxFuture;
-
-/// Bound on one attempt of one operation: a controller whose storage
-/// hangs must still notice that its lease ran out.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
-const ATTEMPTS: u32 = 2;
 
 /// `controller/leader.json`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -107,10 +102,10 @@ impl Store {
     /// The configured object storage, each call bounded (two attempts of 2 s).
     pub fn open(cfg: &RemoteStorageConfig) -> Result<Store, String> {
         let storage = RemoteStorage::new(cfg).map_err(|e| e.to_string())?.with_retries(
-            ATTEMPT_TIMEOUT,
-            ATTEMPTS,
-            Duration::from_millis(50),
-            Duration::from_millis(200),
+            STORE_ATTEMPT_TIMEOUT,
+            STORE_ATTEMPTS,
+            STORE_RETRY_MIN,
+            STORE_RETRY_MAX,
         );
         Ok(Store::new(Arc::new(storage)))
     }

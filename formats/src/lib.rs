@@ -5,6 +5,7 @@
 //! randomized tests).
 
 pub mod fuzz;
+pub mod limits;
 pub mod lsn;
 pub mod page;
 pub mod time;

@@ -4,6 +4,7 @@
 //! change a few operations, through [`Hooks`].
 
 pub mod inodes;
+pub mod limits;
 mod open_files;
 mod passthrough;
 pub mod sys;

@@ -107,7 +107,7 @@ pub(crate) struct OpenFiles {
 impl OpenFiles {
     /// At most `max` open (`None`: no bound, nothing is ever closed).
     pub(crate) fn new(max: Option<usize>) -> OpenFiles {
-        OpenFiles { max: max.map(|m| m.max(1)), ring: Mutex::new(VecDeque::new()) }
+        OpenFiles { max: max.map(|m| m.max(crate::limits::MIN_OPEN_FILES)), ring: Mutex::new(VecDeque::new()) }
     }
 
     pub(crate) fn bounded(&self) -> bool {
@@ -120,8 +120,8 @@ impl OpenFiles {
         let Some(max) = self.max else { return };
         let mut ring = self.ring.lock();
         ring.push_back(fh);
-        // Two rounds at most: the first may only clear marks.
-        let mut steps = 2 * ring.len();
+        // The first round may only clear marks.
+        let mut steps = crate::limits::HAND_ROUNDS * ring.len();
         while ring.len() > max && steps > 0 {
             steps -= 1;
             let Some(next) = ring.pop_front() else { break };

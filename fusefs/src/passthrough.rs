@@ -37,11 +37,6 @@ use crate::sys;
 /// Our inode numbers are never reused, so generations are not needed.
 const GENERATION: Generation = Generation(0);
 
-/// The directory entry number given to a file the hooks serve but have not
-/// created yet ([`Hooks::pending_entries`]); our own numbers count up from 1
-/// and never get here.
-const PENDING_INO: u64 = 1 << 62;
-
 /// An open file or directory of the backing directory.
 struct Handle {
     /// The inode it was opened through (for attributes of unlinked files).
@@ -590,7 +585,7 @@ impl<H: Hooks> Passthrough<H> {
         for name in pending.into_iter().filter(|n| !seen.contains(n)) {
             // Not in the backing directory yet, so no inode of its own: a
             // number of the range ours never reach.
-            let ino = PENDING_INO | (out.len() as u64);
+            let ino = crate::limits::PENDING_INO | (out.len() as u64);
             out.push(Listed { ino, kind: FileType::RegularFile, name });
         }
         Ok(out)

@@ -9,6 +9,8 @@ use strata_service::config::{
     Protection,
 };
 
+use crate::limits::{self, MAX_DELAY_MS};
+
 /// Everything a link proxy process needs.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,9 +81,6 @@ impl Delay {
     }
 }
 
-/// Longest one-way delay accepted (a minute: anything more is a mistake).
-pub const MAX_DELAY_MS: f64 = 60_000.0;
-
 impl Delay {
     /// Refuses negative, non-finite or absurd values.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -95,13 +94,13 @@ impl Delay {
 }
 
 fn default_max_in_flight_bytes() -> usize {
-    1 << 20
+    limits::DEFAULT_MAX_IN_FLIGHT_BYTES
 }
 fn default_max_connections() -> usize {
-    1024
+    limits::DEFAULT_MAX_CONNECTIONS
 }
 fn default_connect_timeout() -> Duration {
-    Duration::from_secs(5)
+    limits::DEFAULT_CONNECT_TIMEOUT
 }
 
 impl LinkProxyConfig {
@@ -112,8 +111,13 @@ impl LinkProxyConfig {
 
     /// Refuses values that would break the service, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_range("max_in_flight_bytes", self.max_in_flight_bytes, 1 << 10, 1 << 30)?;
-        check_range("max_connections", self.max_connections, 1, 100_000)?;
+        check_range(
+            "max_in_flight_bytes",
+            self.max_in_flight_bytes,
+            limits::MIN_IN_FLIGHT_BYTES,
+            limits::MAX_IN_FLIGHT_BYTES,
+        )?;
+        check_range("max_connections", self.max_connections, 1, limits::MAX_CONNECTIONS)?;
         check_duration("connect_timeout", self.connect_timeout)?;
         check_unique_names("routes", self.routes.iter().map(|r| r.name.as_str()))?;
         for r in &self.routes {

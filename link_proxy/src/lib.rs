@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod relay;
 pub mod route;
@@ -58,7 +59,13 @@ pub async fn start(
         http.local_addr().map_err(|source| BindError { key: "listen_http", addr: config.listen_http, source })?;
     let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
     let auth = security.http_auth(metrics.refusal_metrics());
-    let listener = http_listener(http, 64, std::time::Duration::from_secs(10), &metrics.listener_metrics(), &security);
+    let listener = http_listener(
+        http,
+        limits::HTTP_MAX_CONNECTIONS,
+        limits::HTTP_HANDSHAKE_TIMEOUT,
+        &metrics.listener_metrics(),
+        &security,
+    );
     let proxy = Arc::new(http::Proxy { routes, metrics, http: http_addr });
     tasks.spawn(serve_http(listener, http::router(proxy.clone(), auth.as_ref())));
     Ok((proxy, tasks))

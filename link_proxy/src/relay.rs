@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::Delay;
+use crate::limits::{RELAY_CHUNK, RELAY_QUEUE};
 use crate::metrics::Metrics;
 
 /// What every connection of a route shares: the delay, whether the link is
@@ -65,11 +66,6 @@ impl Link {
     }
 }
 
-/// Largest chunk read at once.
-const CHUNK: usize = 64 << 10;
-/// Chunks queued at once (the byte budget binds first for chunks of 1 KiB and more).
-const QUEUE: usize = 1024;
-
 /// Relays `from` to `to` until `from` ends (then shuts `to` down) or either
 /// fails; returns the bytes delivered.
 pub async fn pump<R, W>(mut from: R, mut to: W, route: Arc<Link>, max_in_flight: usize) -> std::io::Result<u64>
@@ -79,8 +75,8 @@ where
 {
     debug_assert!(max_in_flight > 0);
     let budget = Arc::new(Semaphore::new(max_in_flight));
-    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(QUEUE);
-    let chunk = CHUNK.min(max_in_flight);
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(RELAY_QUEUE);
+    let chunk = RELAY_CHUNK.min(max_in_flight);
     let reader = {
         let (route, budget) = (route.clone(), budget.clone());
         async move {

@@ -106,7 +106,7 @@ pub async fn serve(listener: TcpListener, route: Arc<RouteState>, bounds: Bounds
             Err(e) => {
                 // Out of descriptors and the like: wait rather than spin.
                 warn!(route = %route.name, "accepting: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(crate::limits::ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };

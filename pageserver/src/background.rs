@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::{error, warn};
 
@@ -14,8 +14,6 @@ use crate::tenants::Tenants;
 use std::collections::HashMap;
 
 use strata_protocol::{TenantId, TimelineId};
-
-use strata_formats::time::pg_now;
 
 use crate::timeline::{CompactionError, Throttle, Timeline};
 
@@ -48,10 +46,11 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
     let period = tenants.conf.compaction_period;
     let rate = tenants.conf.compaction_max_bytes_per_second;
     let gc_policy = tenants.conf.gc_policy();
+    let clock = &*tenants.resources.clock;
     let mut last_gc: HashMap<(TenantId, TimelineId), Instant> = HashMap::new();
-    let launched = Instant::now();
+    let launched = clock.now();
     while !stop.load(Ordering::SeqCst) {
-        let started = Instant::now();
+        let started = clock.now();
         let (mut l0, mut l1, mut image, mut pressed) = (0, 0, 0, 0);
         let (mut lag_layers, mut lag_bytes, mut upload_pressed) = (0, 0, 0);
         for entry in tenants.all() {
@@ -62,15 +61,17 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             if tl.is_broken() {
                 continue;
             }
-            let compacted =
-                guarded(tenants, tl, "compaction", || tl.compact(false, &mut Throttle::new(rate), stop).map(drop));
+            let compacted = guarded(tenants, tl, "compaction", || {
+                tl.compact(false, &mut Throttle::new(rate, tenants.resources.clock.clone()), stop).map(drop)
+            });
             let key = (tl.tenant_id, tl.timeline_id);
             // Leases granted before a restart are not known here: they are
             // renewed within a minute, and until one TTL has passed GC waits.
-            let leases_known = launched.elapsed() >= crate::timeline::LEASE_TTL;
-            if compacted && leases_known && last_gc.get(&key).is_none_or(|t| t.elapsed() >= tenants.conf.gc_period) {
-                last_gc.insert(key, Instant::now());
-                let _ = guarded(tenants, tl, "GC", || tl.gc(&gc_policy, pg_now()).map(drop));
+            let leases_known = clock.since(launched) >= crate::limits::LEASE_TTL;
+            let gc_due = last_gc.get(&key).is_none_or(|t| clock.since(*t) >= tenants.conf.gc_period);
+            if compacted && leases_known && gc_due {
+                last_gc.insert(key, clock.now());
+                let _ = guarded(tenants, tl, "GC", || tl.gc(&gc_policy, crate::clock::pg_now(clock)).map(drop));
             }
             let (_, counts) = tl.layer_count();
             l0 += counts.l0;
@@ -91,10 +92,10 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
         tenants.metrics.l1_layers.set(l1 as i64);
         tenants.metrics.image_layers.set(image as i64);
         tenants.metrics.backpressure_timelines.set(pressed as i64);
-        let mut rest = period.saturating_sub(started.elapsed());
+        let mut rest = period.saturating_sub(clock.since(started));
         while !rest.is_zero() && !stop.load(Ordering::SeqCst) {
-            let step = rest.min(Duration::from_millis(100));
-            std::thread::sleep(step);
+            let step = rest.min(crate::limits::COMPACTOR_STOP_POLL);
+            crate::clock::sleep_blocking(clock, step);
             rest -= step;
         }
     }

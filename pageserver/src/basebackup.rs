@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
@@ -47,8 +47,7 @@ const EMPTY_DIRS: &[&str] = &[
     "pg_tblspc",
     "pg_wal/archive_status",
 ];
-/// Pages fetched per lookup while streaming relation data.
-const READ_BATCH: usize = 64;
+use crate::limits::BASEBACKUP_READ_BATCH as READ_BATCH;
 
 /// Why a basebackup could not be produced.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +96,7 @@ pub fn write_basebackup<W: Write>(
         }
     }
     let prev = if lsn == lsns.last { lsns.prev } else { Lsn::INVALID };
-    let mtime = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mtime = tl.clock().system_now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut tar = TarOut { tar: tar::Builder::new(out), mtime };
     tar.small("PG_VERSION", b"15\n")?;
     tar.small("postgresql.conf", b"# written by the compute agent\n")?;

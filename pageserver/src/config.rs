@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use strata_protocol::NodeId;
+
+use crate::limits;
 use strata_service::config::{
     check_duration, check_exposure, check_open_files, check_range, load_toml, seconds, ConfigError, ConfigLoadError,
     Protection,
@@ -136,10 +138,10 @@ pub struct PageserverConfig {
 }
 
 fn default_secondary_cache_bytes() -> u64 {
-    8 << 30
+    limits::DEFAULT_SECONDARY_CACHE_BYTES
 }
 fn default_heatmap_period() -> Duration {
-    Duration::from_secs(5)
+    limits::DEFAULT_HEATMAP_PERIOD
 }
 fn default_pg_bin_dir() -> PathBuf {
     PathBuf::from("/usr/lib/postgresql/15/bin")
@@ -148,10 +150,10 @@ fn default_pg_user() -> String {
     "postgres".into()
 }
 fn default_checkpoint_distance() -> u64 {
-    64 << 20
+    limits::DEFAULT_CHECKPOINT_DISTANCE
 }
 fn default_wait_lsn_timeout() -> Duration {
-    Duration::from_secs(30)
+    limits::DEFAULT_WAIT_LSN_TIMEOUT
 }
 fn is_zero(n: &usize) -> bool {
     *n == 0
@@ -161,54 +163,53 @@ fn default_true() -> bool {
     true
 }
 fn default_max_connections() -> usize {
-    256
+    limits::DEFAULT_MAX_CONNECTIONS
 }
 fn default_max_http_connections() -> usize {
-    64
+    limits::DEFAULT_MAX_HTTP_CONNECTIONS
 }
 fn default_handshake_timeout() -> Duration {
-    Duration::from_secs(10)
+    limits::DEFAULT_HANDSHAKE_TIMEOUT
 }
 fn default_max_open_layer_files() -> usize {
-    256
+    limits::DEFAULT_MAX_OPEN_LAYER_FILES
 }
 fn default_compaction_threshold() -> usize {
-    10
+    limits::DEFAULT_COMPACTION_THRESHOLD
 }
 fn default_compaction_target_size() -> u64 {
-    128 << 20
+    limits::DEFAULT_COMPACTION_TARGET_SIZE
 }
 fn default_image_creation_threshold() -> usize {
-    3
+    limits::DEFAULT_IMAGE_CREATION_THRESHOLD
 }
 fn default_l0_backpressure_threshold() -> usize {
-    30
+    limits::DEFAULT_L0_BACKPRESSURE_THRESHOLD
 }
 fn default_compaction_max_bytes_per_second() -> u64 {
-    256 << 20
+    limits::DEFAULT_COMPACTION_MAX_BYTES_PER_SECOND
 }
 fn default_compaction_period() -> Duration {
-    Duration::from_secs(1)
+    limits::DEFAULT_COMPACTION_PERIOD
 }
 fn default_pitr_interval() -> Duration {
-    Duration::from_secs(7 * 24 * 3600)
+    limits::DEFAULT_PITR_INTERVAL
 }
 fn default_gc_horizon() -> u64 {
-    64 << 20
+    limits::DEFAULT_GC_HORIZON
 }
 fn default_gc_period() -> Duration {
-    Duration::from_secs(60)
+    limits::DEFAULT_GC_PERIOD
 }
 fn default_max_upload_lag_bytes() -> u64 {
-    1 << 30
+    limits::DEFAULT_MAX_UPLOAD_LAG_BYTES
 }
 fn default_max_replica_lag_bytes() -> u64 {
-    1 << 30
+    limits::DEFAULT_MAX_REPLICA_LAG_BYTES
 }
 
-/// Descriptors kept for everything but client connections and layer
-/// files: WAL receiver sockets, metadata writes, flushes, initdb, logs.
-pub const RESERVED_FILES: usize = 192;
+/// Descriptors kept for everything but client connections and layer files.
+pub use crate::limits::RESERVED_FILES;
 
 impl PageserverConfig {
     /// Reads and checks a TOML config file.
@@ -218,16 +219,23 @@ impl PageserverConfig {
 
     /// Refuses values that would break the service, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_range("checkpoint_distance", self.checkpoint_distance, 1 << 20, 1 << 30)?;
+        let (min, max) = limits::CHECKPOINT_DISTANCE_RANGE;
+        check_range("checkpoint_distance", self.checkpoint_distance, min, max)?;
         check_duration("wait_lsn_timeout", self.wait_lsn_timeout)?;
         check_duration("handshake_timeout", self.handshake_timeout)?;
-        check_range("max_connections", self.max_connections, 1, 100_000)?;
-        check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
-        check_range("max_open_layer_files", self.max_open_layer_files, 16, 1_000_000)?;
-        check_range("compaction_threshold", self.compaction_threshold, 2, 1000)?;
-        check_range("compaction_target_size", self.compaction_target_size, 64 << 10, 16 << 30)?;
-        check_range("image_creation_threshold", self.image_creation_threshold, 1, 1000)?;
-        check_range("l0_backpressure_threshold", self.l0_backpressure_threshold, self.compaction_threshold, 10_000)?;
+        let (min, max) = limits::CONNECTIONS_RANGE;
+        check_range("max_connections", self.max_connections, min, max)?;
+        check_range("max_http_connections", self.max_http_connections, min, max)?;
+        let (min, max) = limits::OPEN_LAYER_FILES_RANGE;
+        check_range("max_open_layer_files", self.max_open_layer_files, min, max)?;
+        let (min, max) = limits::COMPACTION_THRESHOLD_RANGE;
+        check_range("compaction_threshold", self.compaction_threshold, min, max)?;
+        let (min, max) = limits::COMPACTION_TARGET_SIZE_RANGE;
+        check_range("compaction_target_size", self.compaction_target_size, min, max)?;
+        let (min, max) = limits::IMAGE_CREATION_THRESHOLD_RANGE;
+        check_range("image_creation_threshold", self.image_creation_threshold, min, max)?;
+        let max = limits::MAX_L0_BACKPRESSURE_THRESHOLD;
+        check_range("l0_backpressure_threshold", self.l0_backpressure_threshold, self.compaction_threshold, max)?;
         check_duration("compaction_period", self.compaction_period)?;
         check_duration("gc_period", self.gc_period)?;
         check_duration("heatmap_period", self.heatmap_period)?;
@@ -243,7 +251,7 @@ impl PageserverConfig {
                 message: "needs `remote_storage`: an evicted layer is downloaded from there".into(),
             });
         }
-        check_range("max_upload_lag_bytes", self.max_upload_lag_bytes, 1 << 20, u64::MAX)?;
+        check_range("max_upload_lag_bytes", self.max_upload_lag_bytes, limits::MIN_UPLOAD_LAG_BYTES, u64::MAX)?;
         if self.listen_pg == self.listen_http && self.listen_pg.port() != 0 {
             return Err(ConfigError {
                 key: "listen_http",

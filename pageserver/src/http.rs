@@ -151,8 +151,7 @@ async fn create_tenant(
     }
 }
 
-/// How long a branch at an LSN waits for the parent to ingest it.
-const BRANCH_LSN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+use crate::limits::BRANCH_LSN_WAIT;
 
 /// The status of a failed branch creation, from its kind.
 fn branch_status(e: &BranchError) -> StatusCode {
@@ -225,7 +224,7 @@ async fn create_branch(
                 Ok(t) => t,
                 Err(e) => return error(StatusCode::BAD_REQUEST, e),
             };
-            if time > strata_formats::time::pg_now() {
+            if time > crate::clock::pg_now(&**parent.tl.clock()) {
                 return error(StatusCode::UNPROCESSABLE_ENTITY, format!("{text} is in the future"));
             }
             let tl = parent.tl.clone();
@@ -303,7 +302,7 @@ async fn lsn_by_time(
         Ok(t) => t,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    if time > strata_formats::time::pg_now() {
+    if time > crate::clock::pg_now(&**entry.tl.clock()) {
         return error(StatusCode::UNPROCESSABLE_ENTITY, format!("{} is in the future", q.time));
     }
     let tl = entry.tl.clone();
@@ -425,7 +424,7 @@ struct ChannelWriter {
     buf: Vec<u8>,
 }
 
-const CHUNK: usize = 256 * 1024;
+use crate::limits::BASEBACKUP_CHUNK as CHUNK;
 
 impl std::io::Write for ChannelWriter {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
@@ -522,13 +521,13 @@ async fn checkpoint(
         let compaction = match q.compact {
             true => {
                 let never = std::sync::atomic::AtomicBool::new(false);
-                let mut throttle = crate::timeline::Throttle::new(0);
+                let mut throttle = crate::timeline::Throttle::unlimited();
                 Some(tl.compact(true, &mut throttle, &never).map_err(|e| e.to_string())?)
             }
             false => None,
         };
         let gc = match q.gc {
-            true => Some(tl.gc(&gc_policy, strata_formats::time::pg_now()).map_err(|e| e.to_string())?),
+            true => Some(tl.gc(&gc_policy, crate::clock::pg_now(&**tl.clock())).map_err(|e| e.to_string())?),
             false => None,
         };
         let uploaded_lsn = match q.upload_timeout {

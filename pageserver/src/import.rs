@@ -27,8 +27,7 @@ use crate::value::Value;
 /// Tablespace OIDs of `global/` and `base/`.
 pub const GLOBALTABLESPACE_OID: Oid = 1664;
 pub const DEFAULTTABLESPACE_OID: Oid = 1663;
-/// Versions committed per batch while importing (bounds memory).
-const BATCH: usize = 1024;
+use crate::limits::IMPORT_BATCH as BATCH;
 
 /// Why a tenant could not be bootstrapped.
 #[derive(Debug, thiserror::Error)]

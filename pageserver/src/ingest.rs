@@ -48,23 +48,9 @@ use crate::value::{RelDirChange, Value, WalRedo};
 /// Pages per SLRU segment file.
 pub const SLRU_PAGES_PER_SEGMENT: u32 = 32;
 
-/// Most WAL records a read of a page redoes: the next record of that page
-/// is redone at ingest and stored as an image.
-pub const MAX_REDO_CHAIN: u32 = 128;
-/// Most bytes of records stored for a page since its last image: the record
-/// that would pass it is redone at ingest and stored as an image instead.
-/// Two pages: an image then costs at most half of what the records it
-/// replaces cost, and a page filled row by row (a bulk insert: one record
-/// per row) is stored as its records alone (`docs/pageserver.md`, "Chains
-/// stay short").
-pub const MAX_CHAIN_BYTES: usize = 16384;
-/// Pages whose chain length ingest tracks; beyond this the counts start over
-/// (chains may then reach twice the limit, never more).
-pub const MAX_TRACKED_CHAINS: usize = 100_000;
-/// Versions of ingested records held back before they are made visible
-/// together (a network message's worth usually): one lock and one
-/// wake-up of LSN waiters per batch instead of per record.
-pub const MAX_PENDING_VERSIONS: usize = 4096;
+/// How long chains of stored records grow, and how many versions wait to
+/// be made visible (`crate::limits`).
+pub use crate::limits::{MAX_CHAIN_BYTES, MAX_PENDING_VERSIONS, MAX_REDO_CHAIN, MAX_TRACKED_CHAINS};
 
 /// The records stored for a page since its last image: how many, and their bytes.
 #[derive(Clone, Copy, Debug, Default)]

@@ -5,6 +5,7 @@
 pub mod background;
 pub mod basebackup;
 pub mod checkpoint_record;
+pub mod clock;
 pub mod config;
 pub mod dirs;
 pub mod eviction;
@@ -14,6 +15,7 @@ pub mod import;
 pub mod ingest;
 pub mod key;
 pub mod layer;
+pub mod limits;
 mod metadata;
 pub mod metrics;
 pub mod page_service;
@@ -27,7 +29,6 @@ pub mod value;
 pub mod walreceiver;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use strata_service::start::{bind, http_listener, serve_http, stop_signal, Security, StartError as ServiceStartError};
 use strata_service::{Limits, Listener};
@@ -35,11 +36,6 @@ use strata_service::{Limits, Listener};
 /// Why the pageserver could not start (every service's start-up error;
 /// its own steps are `Service` errors).
 pub type StartError = ServiceStartError;
-
-/// How often broken timelines are considered for re-reading.
-const RELOAD_CHECK_INTERVAL: Duration = Duration::from_millis(500);
-/// How often reader locations look for new timelines and download layers.
-const READER_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Runs the pageserver until SIGTERM/SIGINT.
 pub async fn run(config: config::PageserverConfig) -> Result<(), StartError> {
@@ -60,6 +56,18 @@ pub async fn serve(
     http: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
+    serve_with_clock(config, page, http, shutdown, clock::system()).await
+}
+
+/// [`serve`] on the time of `clock`: every lease, timeout, retry and
+/// background period of the pageserver is timed by it.
+pub async fn serve_with_clock(
+    config: config::PageserverConfig,
+    page: tokio::net::TcpListener,
+    http: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+    clock: Arc<dyn clock::Clock>,
+) -> Result<(), StartError> {
     config.validate()?;
     if !config.fsync {
         tracing::warn!("fsync is OFF: layer files may be lost on a power failure");
@@ -69,9 +77,10 @@ pub async fn serve(
         fsync: config.fsync,
         checkpoint_distance: config.checkpoint_distance,
         metrics: metrics.clone(),
-        files: layer::files::FileCache::new(config.max_open_layer_files, metrics.layer_files()),
+        files: layer::files::FileCache::new(config.max_open_layer_files, metrics.layer_files(), clock.clone()),
         verify_redo: config.verify_redo,
         policy: config.layer_policy(),
+        clock: clock.clone(),
     };
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let listener_metrics = metrics.listener_metrics();
@@ -90,6 +99,7 @@ pub async fn serve(
                 config.max_upload_lag_bytes,
                 config.fsync,
                 metrics.clone(),
+                clock.clone(),
             )
             .map_err(|e| StartError::service("remote storage", e))?,
         ),
@@ -114,10 +124,10 @@ pub async fn serve(
     tasks.spawn(page_service::serve(page, tenants.clone(), verifier));
     tasks.spawn(serve_http(http, http::router(tenants.clone(), auth.as_ref())));
     tasks.spawn({
-        let tenants = tenants.clone();
+        let (tenants, clock) = (tenants.clone(), clock.clone());
         async move {
             loop {
-                tokio::time::sleep(RELOAD_CHECK_INTERVAL).await;
+                clock.sleep(limits::RELOAD_CHECK_INTERVAL).await;
                 let t = tenants.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     t.metrics.timelines_broken.set(t.all().iter().filter(|e| e.tl.broken().is_some()).count() as i64);
@@ -129,10 +139,10 @@ pub async fn serve(
     });
     if conf.controller {
         // Reader locations: new timelines, and layers downloaded ahead of reads.
-        let tenants = tenants.clone();
+        let (tenants, clock) = (tenants.clone(), clock.clone());
         tasks.spawn(async move {
             loop {
-                tokio::time::sleep(READER_REFRESH_INTERVAL).await;
+                clock.sleep(limits::READER_REFRESH_INTERVAL).await;
                 let t = tenants.clone();
                 let _ = tokio::task::spawn_blocking(move || t.refresh_readers()).await;
             }
@@ -140,12 +150,12 @@ pub async fn serve(
     }
     if conf.controller {
         // Heatmaps for the secondaries of the tenants attached here.
-        let tenants = tenants.clone();
+        let (tenants, clock) = (tenants.clone(), clock.clone());
         let period = conf.heatmap_period;
         tasks.spawn(async move {
             let published = Arc::new(parking_lot::Mutex::new(std::collections::HashMap::new()));
             loop {
-                tokio::time::sleep(period).await;
+                clock.sleep(period).await;
                 let (t, p) = (tenants.clone(), published.clone());
                 let _ = tokio::task::spawn_blocking(move || t.publish_heatmaps(&mut p.lock())).await;
             }

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use strata_formats::version::BLCKSZ;
 use strata_formats::Lsn;
@@ -28,9 +28,7 @@ use crate::key::{Key, RelTag};
 use crate::tenants::Tenants;
 use crate::timeline::{ReadError, Timeline};
 
-/// An idle connection is closed after this long.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+use crate::limits::{PAGE_IDLE_TIMEOUT as IDLE_TIMEOUT, PAGE_WRITE_TIMEOUT as WRITE_TIMEOUT};
 
 /// Why a page service connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -192,7 +190,8 @@ async fn connection(
             let e = protocol_error.expect("either a request or an error");
             return refuse(&mut w, ErrorCode::Protocol, e).await;
         }
-        let started = Instant::now();
+        let clock = &*tenants.resources.clock;
+        let started = clock.now();
         // Resolve and wait for every LSN first (async), then read (blocking).
         let mut lsns: HashMap<Lsn, Result<Lsn, (ErrorCode, String)>> = HashMap::new();
         for r in &requests {
@@ -235,7 +234,7 @@ async fn connection(
         }
         parts.push(&out[from..]);
         framed::write_all_vectored(&mut w, &parts, WRITE_TIMEOUT).await?;
-        let per_request = started.elapsed().as_secs_f64();
+        let per_request = clock.since(started).as_secs_f64();
         for _ in &responses {
             tl.metrics.request_seconds.observe(per_request);
         }

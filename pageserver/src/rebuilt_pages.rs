@@ -19,8 +19,8 @@ use strata_formats::Lsn;
 
 use crate::key::Key;
 
-/// Rebuilt pages kept per timeline (8 KiB each: 8 MiB).
-pub const DEFAULT_CAPACITY: usize = 1024;
+/// Rebuilt pages kept per timeline.
+pub use crate::limits::REBUILT_PAGES as DEFAULT_CAPACITY;
 
 /// A bounded map from a key to its page as of the newest version applied.
 pub struct RebuiltPages {

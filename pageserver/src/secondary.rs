@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use strata_protocol::api::pageserver::{LocationMode, LocationStatus};
 use strata_protocol::{TenantId, TimelineId};
 use strata_remote_storage::RemoteStorage;
+use strata_service::clock::Clock;
 use tracing::{info, warn};
 
 use crate::remote::index::{layer_key, IndexLayer, RemoteIndex};
@@ -30,8 +31,7 @@ use crate::remote::Remote;
 
 /// The heatmap format this build reads and writes.
 pub const HEATMAP_FORMAT_VERSION: u32 = 1;
-/// Largest heatmap accepted.
-const MAX_HEATMAP_BYTES: usize = 64 << 20;
+use crate::limits::MAX_HEATMAP_BYTES;
 /// The warm cache's directory inside a tenant's directory.
 const WARM_DIR: &str = "secondary";
 
@@ -159,6 +159,7 @@ pub struct Secondaries {
 /// What a warmer needs of the pageserver.
 struct WarmContext {
     storage: RemoteStorage,
+    clock: Arc<dyn Clock>,
     tenant: TenantId,
     tenant_dir: PathBuf,
     /// The pageserver's budget, shared by `sharing` warmers.
@@ -180,13 +181,17 @@ impl Secondaries {
     /// within its share of `budget` bytes, reading its heatmap every
     /// `period`; nothing if it already is.
     pub fn start(&self, remote: &Arc<Remote>, tenant: TenantId, tenant_dir: PathBuf, budget: u64, period: Duration) {
-        let Some((w, cx)) = self.add(remote.storage.clone(), tenant, tenant_dir, budget, period) else { return };
+        let Some((w, cx)) = self.add(remote.storage.clone(), remote.clock.clone(), tenant, tenant_dir, budget, period)
+        else {
+            return;
+        };
         remote.spawn(async move { warm_loop(w, cx).await });
     }
 
     fn add(
         &self,
         storage: RemoteStorage,
+        clock: Arc<dyn Clock>,
         tenant: TenantId,
         tenant_dir: PathBuf,
         budget: u64,
@@ -204,7 +209,7 @@ impl Secondaries {
         warmers.insert(tenant, w.clone());
         self.sharing.store(warmers.len(), Ordering::SeqCst);
         let sharing = self.sharing.clone();
-        Some((w, WarmContext { storage, tenant, tenant_dir, budget, sharing, period }))
+        Some((w, WarmContext { storage, clock, tenant, tenant_dir, budget, sharing, period }))
     }
 
     /// Stops keeping `tenant` warm and waits for a download under way
@@ -222,8 +227,8 @@ impl Secondaries {
         }
     }
 
-    /// Every secondary location.
-    pub fn statuses(&self) -> Vec<LocationStatus> {
+    /// Every secondary location (the heatmaps' ages on `clock`).
+    pub fn statuses(&self, clock: &dyn Clock) -> Vec<LocationStatus> {
         self.warmers
             .lock()
             .iter()
@@ -235,7 +240,7 @@ impl Secondaries {
                     generation: None,
                     local_layers: s.layers,
                     local_layer_bytes: s.bytes,
-                    heatmap_age_seconds: s.last_heatmap.map(|i| i.elapsed().as_secs()),
+                    heatmap_age_seconds: s.last_heatmap.map(|i| clock.since(i).as_secs()),
                     error: s.error.clone(),
                 }
             })
@@ -256,7 +261,7 @@ async fn warm_loop(w: Arc<Warmer>, cx: WarmContext) {
             warn!(tenant = %cx.tenant, "keeping the secondary warm: {e}");
             w.status.lock().error = Some(e);
         }
-        tokio::time::sleep(cx.period).await;
+        cx.clock.sleep(cx.period).await;
     }
 }
 
@@ -333,7 +338,7 @@ async fn warm_round(w: &Warmer, cx: &WarmContext) -> Result<(), String> {
         info!(tenant = %cx.tenant, downloaded, removed, layers, bytes, "secondary warmed");
     }
     let mut s = w.status.lock();
-    *s = WarmStatus { last_heatmap: Some(Instant::now()), error: None, layers, bytes };
+    *s = WarmStatus { last_heatmap: Some(cx.clock.now()), error: None, layers, bytes };
     Ok(())
 }
 
@@ -449,7 +454,9 @@ mod tests {
         let budget = 450_000;
         let add = |tenant: TenantId| {
             let dir = root.join(tenant.to_string());
-            secondaries.add(storage.clone(), tenant, dir, budget, Duration::from_secs(1)).unwrap()
+            secondaries
+                .add(storage.clone(), crate::clock::system(), tenant, dir, budget, Duration::from_secs(1))
+                .unwrap()
         };
         // Alone, the tenant takes the whole budget: its four hottest layers.
         let (w1, cx1) = add(t1);

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use strata_protocol::{TenantId, TimelineId, Token};
@@ -37,11 +37,7 @@ use strata_formats::Lsn;
 
 /// Suffix of a creation marker (`<timeline>.creating`).
 const CREATING_SUFFIX: &str = ".creating";
-/// Broken timelines whose cause may pass are re-read from disk this often at first.
-const RELOAD_MIN_DELAY: Duration = Duration::from_secs(1);
-const RELOAD_MAX_DELAY: Duration = Duration::from_secs(60);
-/// Longest a shutdown waits for the last uploads.
-const SHUTDOWN_UPLOAD_WAIT: Duration = Duration::from_secs(10);
+use crate::limits::{RELOAD_MAX_DELAY, RELOAD_MIN_DELAY, SHUTDOWN_UPLOAD_WAIT};
 
 /// `disk_consistent_lsn` of a timeline directory's metadata, if readable.
 fn local_disk_consistent_lsn(dir: &Path) -> Option<Lsn> {
@@ -772,7 +768,7 @@ impl Tenants {
     /// (a failed fsync, a panic), each with its own growing delay between
     /// attempts. Called periodically.
     pub fn reload_broken(&self) {
-        let now = Instant::now();
+        let now = self.resources.clock.now();
         for entry in self.all() {
             let key = (entry.tl.tenant_id, entry.tl.timeline_id);
             let Some(broken) = entry.tl.broken().filter(|b| b.kind.reloads()) else {
@@ -838,11 +834,12 @@ impl Tenants {
                 }
             }
         }
-        let deadline = Instant::now() + SHUTDOWN_UPLOAD_WAIT;
+        let clock = &self.resources.clock;
+        let deadline = clock.now() + SHUTDOWN_UPLOAD_WAIT;
         for entry in self.all() {
             let Some(r) = entry.tl.remote() else { continue };
             if entry.tl.broken_reason().is_none() && !r.is_reader() {
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = deadline.saturating_duration_since(clock.now());
                 if let Err(e) = entry.tl.wait_uploaded(left) {
                     warn!(timeline = %entry.tl.timeline_id, "not everything is uploaded at shutdown: {e}");
                 }

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use strata_service::clock::Clock;
+
 use bytes::Bytes;
 
 use crate::rebuilt_pages::RebuiltPages;
@@ -43,9 +45,6 @@ use crate::metrics::Metrics;
 use crate::remote::{RemoteTimeline, UploadSource};
 use crate::value::Value;
 
-/// Frozen layers allowed to wait for their flush before ingest waits too.
-const MAX_FROZEN: usize = 2;
-
 /// What every timeline of a pageserver shares.
 #[derive(Clone)]
 pub struct TimelineResources {
@@ -61,6 +60,8 @@ pub struct TimelineResources {
     pub verify_redo: bool,
     /// When to compact and create images.
     pub policy: LayerPolicy,
+    /// Where every timeline, and what works on it, reads the time.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// When a timeline's layers are compacted and imaged (`docs/bottomless-pageserver.md`).
@@ -79,10 +80,10 @@ pub struct LayerPolicy {
 impl Default for LayerPolicy {
     fn default() -> LayerPolicy {
         LayerPolicy {
-            compaction_threshold: 10,
-            compaction_target_size: 128 << 20,
-            image_creation_threshold: 3,
-            l0_backpressure_threshold: 30,
+            compaction_threshold: crate::limits::DEFAULT_COMPACTION_THRESHOLD,
+            compaction_target_size: crate::limits::DEFAULT_COMPACTION_TARGET_SIZE,
+            image_creation_threshold: crate::limits::DEFAULT_IMAGE_CREATION_THRESHOLD,
+            l0_backpressure_threshold: crate::limits::DEFAULT_L0_BACKPRESSURE_THRESHOLD,
         }
     }
 }
@@ -181,6 +182,7 @@ pub struct Timeline {
     /// `gc_cutoff_lsn` of the metadata, for the read path.
     gc_cutoff: std::sync::atomic::AtomicU64,
     policy: LayerPolicy,
+    clock: Arc<dyn Clock>,
     opened_at: Mutex<Instant>,
     /// Size of each relation fork (`None`: it does not exist) and the LSN
     /// from which that holds until a newer change: ingest records every
@@ -237,10 +239,6 @@ pub fn create_dir_durable(dir: &Path, fsync: bool) -> Result<(), StorageError> {
         }
     }
     Ok(())
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 impl Timeline {
@@ -316,10 +314,11 @@ impl Timeline {
             compaction_lock: Mutex::new(()),
             gc_cutoff: std::sync::atomic::AtomicU64::new(gc_cutoff.0),
             policy: res.policy,
-            opened_at: Mutex::new(Instant::now()),
+            clock: res.clock.clone(),
+            opened_at: Mutex::new(res.clock.now()),
             rel_size_cache: RwLock::new(std::collections::HashMap::new()),
             checksums: std::sync::OnceLock::new(),
-            rebuilt: RebuiltPages::new(crate::rebuilt_pages::DEFAULT_CAPACITY),
+            rebuilt: RebuiltPages::new(crate::limits::REBUILT_PAGES),
             verify_redo: res.verify_redo,
             redo_check: Mutex::new(RedoCheck::default()),
             metrics: res.metrics.clone(),
@@ -528,8 +527,9 @@ impl Timeline {
         }
         let mut leases = self.leases.lock();
         self.check_gc_cutoff(lsn)?;
+        let now = self.clock.now();
         leases
-            .grant(lsn, holder, Instant::now() + LEASE_TTL)
+            .grant(lsn, holder, now, now + LEASE_TTL)
             .map_err(|e| ReadError::NotFound(format!("timeline {}: {e}", self.timeline_id)))?;
         Ok(LEASE_TTL)
     }
@@ -557,7 +557,7 @@ impl Timeline {
     /// The live leases, lowest LSN first, with the seconds each has left
     /// and its holder if named.
     pub fn leases(&self) -> Vec<(Lsn, u64, Option<String>)> {
-        self.leases.lock().live(Instant::now())
+        self.leases.lock().live(self.clock.now())
     }
 
     /// Keeps `lsn` readable whatever GC does (a branch point): in the
@@ -588,6 +588,11 @@ impl Timeline {
             return Ok(());
         }
         self.install_layers_with(Vec::new(), &[], |m| m.retain_lsns.retain(|l| *l != lsn)).map(|_| ())
+    }
+
+    /// Where this timeline reads the time.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// The timeline's object storage client, if the pageserver has object storage.
@@ -672,7 +677,8 @@ impl Timeline {
             return;
         }
         warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, ?kind, %reason, "timeline is broken");
-        *broken = Some(Broken { kind, reason, since: unix_now(), reload_attempts: 0, last_reload_error: None });
+        let since = self.clock.system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        *broken = Some(Broken { kind, reason, since, reload_attempts: 0, last_reload_error: None });
     }
 
     /// Records a failed attempt to re-read this broken timeline from disk.
@@ -785,9 +791,8 @@ impl Timeline {
             )));
         }
         let mut rx = self.lsns.subscribe();
-        let reached = tokio::time::timeout(timeout, rx.wait_for(|l| l.last >= lsn || self.is_detached()))
-            .await
-            .is_ok_and(|r| r.is_ok());
+        let waiting = rx.wait_for(|l| l.last >= lsn || self.is_detached());
+        let reached = strata_service::clock::timeout(&*self.clock, timeout, waiting).await.is_ok_and(|r| r.is_ok());
         self.check_broken()?;
         match reached {
             true => Ok(lsn),
@@ -818,7 +823,8 @@ impl Timeline {
     pub fn should_freeze(&self, max_age: Duration) -> bool {
         let open = self.layers.read().open.clone();
         let bytes = open.bytes() as u64;
-        bytes >= self.checkpoint_distance || (bytes > 0 && self.opened_at.lock().elapsed() >= max_age)
+        let opened_at = *self.opened_at.lock();
+        bytes >= self.checkpoint_distance || (bytes > 0 && self.clock.since(opened_at) >= max_age)
     }
 
     /// Freezes the open layer at the current record LSNs; waits while too
@@ -835,10 +841,11 @@ impl Timeline {
             old.freeze(Lsn(lsns.last.0 + 1));
             map.frozen.push((old, lsns));
         }
-        *self.opened_at.lock() = Instant::now();
+        *self.opened_at.lock() = self.clock.now();
         let mut guard = self.flush_wait.lock();
-        while self.layers.read().frozen.len() > MAX_FROZEN && self.broken_reason().is_none() {
-            self.flushed.wait_for(&mut guard, Duration::from_millis(200));
+        while self.layers.read().frozen.len() > crate::limits::MAX_FROZEN && self.broken_reason().is_none() {
+            // Woken by each flush; the timeout only notices a timeline that broke.
+            self.flushed.wait_for(&mut guard, crate::limits::FROZEN_WAIT_POLL);
         }
     }
 
@@ -869,7 +876,7 @@ impl Timeline {
     }
 
     fn flush_one(&self, layer: &Arc<InMemoryLayer>, lsns: RecordLsns) -> Result<(), StorageError> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let delta = match layer.key_range() {
             Some(_) => {
                 // An L0: every key (compaction sorts them into key ranges).
@@ -915,7 +922,7 @@ impl Timeline {
         self.metrics.layers_flushed.inc();
         info!(
             tenant = %self.tenant_id, timeline = %self.timeline_id, disk_consistent_lsn = %lsns.last,
-            versions = delta.as_ref().map_or(0, |d| d.len()), elapsed_ms = started.elapsed().as_millis() as u64,
+            versions = delta.as_ref().map_or(0, |d| d.len()), elapsed_ms = self.clock.since(started).as_millis() as u64,
             "flushed a layer"
         );
         Ok(())

@@ -36,26 +36,11 @@ use tracing::{info, warn};
 use crate::ingest::{IngestError, WalIngest};
 use crate::timeline::{BrokenKind, Timeline};
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Safekeepers send a keepalive every few seconds; silence longer than this is a dead link.
-const READ_TIMEOUT: Duration = Duration::from_secs(15);
-/// Longest one read of a stream waits: the loop around it sends feedback,
-/// probes the other safekeepers and checks for silence and shutdown on its
-/// own clock, also while the safekeeper sends nothing.
-const POLL: Duration = Duration::from_millis(200);
-const FEEDBACK_INTERVAL: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// After this long with nothing more to ingest from the current safekeeper,
-/// ask the others whether they have committed more (the current one may lag:
-/// a quorum does not need it).
-const PROBE_AFTER: Duration = Duration::from_secs(2);
-/// How long the current safekeeper may still deliver what another one was
-/// found to have committed, before the receiver switches: a commit that
-/// arrives just as the probe looks reaches both at about the same time.
-const BEHIND_GRACE: Duration = Duration::from_secs(1);
-/// An in-memory layer older than this is frozen even if small, so that
-/// `disk_consistent_lsn` (and re-ingest after a crash) stays close behind.
-const MAX_LAYER_AGE: Duration = Duration::from_secs(30);
+use crate::limits::{
+    BROKEN_RECEIVER_POLL, FLUSH_POLL, MAX_LAYER_AGE, SITE_RETURN_PROBE, SITE_SLACK, WAL_BEHIND_GRACE as BEHIND_GRACE,
+    WAL_CONNECT_TIMEOUT as CONNECT_TIMEOUT, WAL_FEEDBACK_INTERVAL as FEEDBACK_INTERVAL, WAL_MAX_BACKOFF as MAX_BACKOFF,
+    WAL_MIN_BACKOFF as MIN_BACKOFF, WAL_POLL as POLL, WAL_PROBE_AFTER as PROBE_AFTER, WAL_READ_TIMEOUT as READ_TIMEOUT,
+};
 
 /// What the status API shows about a timeline's WAL source.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -161,12 +146,13 @@ fn flush_loop(tl: Arc<Timeline>, stop: Arc<AtomicBool>) {
         if stopping {
             return;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        crate::clock::sleep_blocking(&**tl.clock(), FLUSH_POLL);
     }
 }
 
 fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<ReceiverStatus>>, stop: Arc<AtomicBool>) {
-    let mut backoff = Duration::from_millis(100);
+    let clock = tl.clock().clone();
+    let mut backoff = MIN_BACKOFF;
     let mut ingest = None;
     // A decoder fed up to a segment's end from object storage: the next
     // stream starts there, and a record cut by the segment end goes on.
@@ -176,7 +162,7 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
     let mut lagging: Option<String> = None;
     while !stop.load(Ordering::SeqCst) {
         if tl.broken_reason().is_some() {
-            std::thread::sleep(Duration::from_millis(500));
+            crate::clock::sleep_blocking(&*clock, BROKEN_RECEIVER_POLL);
             continue;
         }
         if ingest.is_none() {
@@ -193,7 +179,7 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
         let result = match connect_best(&tl, &sources, &status, start, lagging.as_deref()) {
             Ok((addr, stream, commit)) => {
                 info!(timeline = %tl.timeline_id, safekeeper = %addr, %start, %commit, "streaming WAL");
-                backoff = Duration::from_millis(100);
+                backoff = MIN_BACKOFF;
                 status.lock().last_error = None;
                 stream_wal(&tl, ingest, carried.take(), stream, &addr, &sources, &status, &stop)
             }
@@ -201,7 +187,7 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
                 if failures.iter().any(|(_, e)| matches!(e, LinkError::WalRemoved(_))) =>
             {
                 read_offloaded(&tl, ingest, &mut carried, &status, start).inspect(|()| {
-                    backoff = Duration::from_millis(100);
+                    backoff = MIN_BACKOFF;
                 })
             }
             Err(e) => Err(e),
@@ -237,13 +223,18 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
                 s.last_error = Some(e.to_string());
                 s.safekeeper = None;
                 drop(s);
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                crate::clock::sleep_blocking(&*clock, backoff);
+                backoff = next_backoff(backoff);
             }
         }
     }
     // Freeze what was ingested so the flusher makes it durable before exit.
     tl.freeze();
+}
+
+/// The wait before the next reconnection, after one of `backoff` failed.
+fn next_backoff(backoff: Duration) -> Duration {
+    (backoff * 2).min(MAX_BACKOFF)
 }
 
 /// Why streaming stopped.
@@ -309,14 +300,6 @@ impl WalSources {
         self.site == 0 || self.safekeepers.iter().take(self.site).any(|a| a == addr)
     }
 }
-
-/// How far behind another site's safekeeper an own-site one may be and
-/// still be streamed from: WAL crosses the link between sites once (to the
-/// own site's safekeepers), not twice.
-const SITE_SLACK: u64 = 16 << 20;
-/// While streaming from another site, how often an own-site safekeeper is
-/// asked whether it has caught up.
-const SITE_RETURN_PROBE: Duration = Duration::from_secs(5);
 
 /// Opens a stream on every safekeeper and keeps the one with the highest
 /// commit LSN; an own-site one within [`SITE_SLACK`] of it is kept instead.
@@ -555,12 +538,15 @@ fn stream_wal(
 ) -> Result<(), StreamError> {
     let mut decoder = decoder.unwrap_or_else(|| new_decoder(tl));
     let OpenStream { mut frames, .. } = open;
-    let mut last_feedback = Instant::now() - FEEDBACK_INTERVAL;
-    let mut last_heard = Instant::now();
+    let clock = &**tl.clock();
+    let started = clock.now();
+    // Feedback goes out at once.
+    let mut last_feedback: Option<Instant> = None;
+    let mut last_heard = started;
     // When ingest last advanced: a stream that stops advancing may come from
     // a safekeeper the quorum left behind.
-    let mut progress = (tl.record_lsns().last, Instant::now());
-    let mut last_site_probe = Instant::now();
+    let mut progress = (tl.record_lsns().last, started);
+    let mut last_site_probe = started;
     // Another safekeeper that had committed more when the current one had
     // sent nothing for a while, and since when.
     let mut behind: Option<(String, Lsn, Instant)> = None;
@@ -572,26 +558,26 @@ fn stream_wal(
         }
         let last = tl.record_lsns().last;
         if last != progress.0 {
-            progress = (last, Instant::now());
+            progress = (last, clock.now());
             behind = None;
         } else if let Some((addr, commit, since)) = &behind {
             // Still nothing after the grace: the current one lags.
-            if since.elapsed() >= BEHIND_GRACE {
+            if clock.since(*since) >= BEHIND_GRACE {
                 return Err(
                     LinkError::Behind { other: addr.clone(), commit: *commit, current: current.to_string() }.into()
                 );
             }
-        } else if progress.1.elapsed() >= PROBE_AFTER {
-            behind = other_has_more(tl, sources, current, last).map(|(a, c)| (a, c, Instant::now()));
-            progress.1 = Instant::now();
+        } else if clock.since(progress.1) >= PROBE_AFTER {
+            behind = other_has_more(tl, sources, current, last).map(|(a, c)| (a, c, clock.now()));
+            progress.1 = clock.now();
         }
-        if !sources.is_local(current) && last_site_probe.elapsed() >= SITE_RETURN_PROBE {
-            last_site_probe = Instant::now();
+        if !sources.is_local(current) && clock.since(last_site_probe) >= SITE_RETURN_PROBE {
+            last_site_probe = clock.now();
             if let Some(addr) = own_site_caught_up(tl, sources, last) {
                 return Err(LinkError::SiteCaughtUp(addr).into());
             }
         }
-        if last_feedback.elapsed() >= FEEDBACK_INTERVAL {
+        if last_feedback.is_none_or(|at| clock.since(at) >= FEEDBACK_INTERVAL) {
             let mut out = Vec::new();
             // A reader (`docs/sites.md`) reports nothing: its ingest must not
             // hold back the writer, and its index is not its own.
@@ -602,18 +588,18 @@ fn stream_wal(
             let feedback = ConsumerFeedback { applied_lsn, remote_consistent_lsn };
             codec::encode_consumer(&ConsumerMessage::Feedback(feedback), &mut out);
             frames.get_mut().write_all(&out).and_then(|()| frames.get_mut().flush()).map_err(LinkError::from)?;
-            last_feedback = Instant::now();
+            last_feedback = Some(clock.now());
         }
         if tl.should_freeze(MAX_LAYER_AGE) {
             tl.freeze();
         }
         let Some(message) = poll_message(&mut frames)? else {
-            if last_heard.elapsed() >= READ_TIMEOUT {
+            if clock.since(last_heard) >= READ_TIMEOUT {
                 return Err(LinkError::Silent(READ_TIMEOUT).into());
             }
             continue;
         };
-        last_heard = Instant::now();
+        last_heard = clock.now();
         match message {
             StreamMessage::Wal(w) => {
                 if w.begin_lsn != decoder.input_lsn() {
@@ -630,4 +616,19 @@ fn stream_wal(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnections_back_off_from_the_shortest_wait_to_the_longest() {
+        let mut waits = vec![MIN_BACKOFF];
+        while *waits.last().unwrap() < MAX_BACKOFF {
+            waits.push(next_backoff(*waits.last().unwrap()));
+        }
+        assert_eq!(waits.len(), 7, "{waits:?}");
+        assert_eq!(next_backoff(MAX_BACKOFF), MAX_BACKOFF, "and stays there");
+    }
 }

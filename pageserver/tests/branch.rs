@@ -11,9 +11,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use strata_formats::time::pg_now;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
+use strata_pageserver::clock::pg_now;
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::layer::layer_file::LayerKind;
@@ -28,7 +28,10 @@ const KEYS: u32 = 24;
 const PER_ROUND: u64 = 40;
 
 fn resources() -> TimelineResources {
-    let mut res = common::resources(Arc::new(Metrics::new()), FileCache::new(16, Default::default()));
+    let mut res = common::resources(
+        Arc::new(Metrics::new()),
+        FileCache::new(16, Default::default(), strata_pageserver::clock::system()),
+    );
     res.policy = LayerPolicy {
         compaction_threshold: 3,
         compaction_target_size: 64 << 10,
@@ -90,7 +93,7 @@ fn a_branch_reads_its_parent_up_to_the_branch_point_and_its_own_writes_after() {
     let never = AtomicBool::new(false);
     let parent = Timeline::create(dir.join("parent"), common::metadata(lsn(0), 42), &res).unwrap();
     write(&parent, 0..4, 0, |_| true);
-    parent.compact(true, &mut Throttle::new(0), &never).unwrap();
+    parent.compact(true, &mut Throttle::unlimited(), &never).unwrap();
     let point = 3 * PER_ROUND + 7;
     let at_point = read_all(&parent, point);
     assert!(at_point.values().all(|v| v.is_some()), "every key has a value at the branch point");
@@ -138,7 +141,7 @@ fn a_branch_reads_its_parent_up_to_the_branch_point_and_its_own_writes_after() {
     // parent's keys too (a key only the parent wrote must not vanish).
     write(&child, 13..16, 0xABCD, |b| b % 2 == 0 && b < 8);
     let before = read_all(&child, 16 * PER_ROUND);
-    let outcome = child.compact(true, &mut Throttle::new(0), &never).unwrap();
+    let outcome = child.compact(true, &mut Throttle::unlimited(), &never).unwrap();
     assert!(outcome.images_written >= 1, "{outcome:?}");
     assert_eq!(read_all(&child, 16 * PER_ROUND), before, "images changed a read of the child");
     assert_eq!(read_all(&child, point), at_point);
@@ -185,7 +188,7 @@ fn gc_past_a_branch_point_keeps_only_what_a_read_there_visits() {
     for r in 0..12 {
         write(&parent, r..r + 1, 0, |_| true);
         if r % 2 == 1 {
-            parent.compact(true, &mut Throttle::new(0), &never).unwrap();
+            parent.compact(true, &mut Throttle::unlimited(), &never).unwrap();
         }
     }
     let point = 5 * PER_ROUND + 7;
@@ -201,7 +204,7 @@ fn gc_past_a_branch_point_keeps_only_what_a_read_there_visits() {
     // No history kept: the cutoff goes to the newest durable LSN, far past
     // the branch point, which stays readable.
     let none = GcPolicy { pitr_interval: std::time::Duration::ZERO, gc_horizon: 0 };
-    let outcome = parent.gc(&none, pg_now()).unwrap();
+    let outcome = parent.gc(&none, pg_now(&**parent.clock())).unwrap();
     assert!(outcome.cutoff > lsn(point + 3 * PER_ROUND), "{outcome:?}");
     assert_eq!(outcome.retained_points, vec![lsn(point)]);
     assert!(outcome.layers_removed > 0, "{outcome:?}");
@@ -236,7 +239,7 @@ fn gc_past_a_branch_point_keeps_only_what_a_read_there_visits() {
     // The branch deleted: the point is let go, and the next GC takes its layers.
     drop(child);
     parent.release_lsn(lsn(point), 0).unwrap();
-    let again = parent.gc(&none, pg_now()).unwrap();
+    let again = parent.gc(&none, pg_now(&**parent.clock())).unwrap();
     assert!(again.retained_points.is_empty() && again.layers_removed > 0, "{again:?}");
     let e = parent.get(&Key::rel_block(TAG, 1), lsn(point)).unwrap_err();
     assert!(e.to_string().contains("GC cutoff"), "{e}");

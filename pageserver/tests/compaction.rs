@@ -27,7 +27,10 @@ const KEYS: u32 = 40;
 const PER_ROUND: u64 = 60;
 
 fn resources() -> TimelineResources {
-    let mut res = common::resources(Arc::new(Metrics::new()), FileCache::new(16, Default::default()));
+    let mut res = common::resources(
+        Arc::new(Metrics::new()),
+        FileCache::new(16, Default::default(), strata_pageserver::clock::system()),
+    );
     res.policy = LayerPolicy {
         compaction_threshold: 4,
         // Small files, so that a run has several and reads cross them.
@@ -95,7 +98,7 @@ fn compaction_and_images_keep_every_read_the_same() {
     assert_eq!(tl.layer_count().1.l0, 6);
 
     // Six L0s (threshold 4) become one run of L1s; no image yet (one run, threshold 2).
-    let outcome = tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+    let outcome = tl.compact(false, &mut Throttle::unlimited(), &never).unwrap();
     assert_eq!(outcome.l0_compacted, 6, "{outcome:?}");
     assert!(outcome.l1_written >= 2, "files are cut at the target size: {outcome:?}");
     assert_eq!(outcome.images_written, 0);
@@ -109,11 +112,11 @@ fn compaction_and_images_keep_every_read_the_same() {
 
     // Below the threshold nothing happens.
     write_rounds(&tl, 6..9);
-    assert_eq!(tl.compact(false, &mut Throttle::new(0), &never).unwrap(), Default::default());
+    assert_eq!(tl.compact(false, &mut Throttle::unlimited(), &never).unwrap(), Default::default());
     // The fourth L0 starts a second compaction, and the second run above no image, an image.
     write_rounds(&tl, 9..10);
     let before = reads(&tl, 10 * PER_ROUND);
-    let outcome = tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+    let outcome = tl.compact(false, &mut Throttle::unlimited(), &never).unwrap();
     assert_eq!(outcome.l0_compacted, 4, "{outcome:?}");
     assert!(outcome.images_written >= 1, "{outcome:?}");
     assert_eq!(outcome.image_lsn, Some(lsn(10 * PER_ROUND)), "images at the end of the newest L1 run");
@@ -169,14 +172,14 @@ fn l0s_past_the_threshold_hold_back_the_reported_lsn() {
     let oldest = tl.historic().l0()[0].name.lsn_start;
     assert_eq!(tl.feedback_lsn(), oldest, "the applied LSN reported stops at the oldest L0");
     let never = AtomicBool::new(false);
-    tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+    tl.compact(false, &mut Throttle::unlimited(), &never).unwrap();
     assert!(!tl.backpressure());
     assert_eq!(tl.feedback_lsn(), tl.disk_consistent_lsn());
     // A compaction stopped by shutdown leaves no file behind and changes nothing.
     write_rounds(&tl, 8..12);
     let files = layer_files_on_disk(&dir);
     let stop = AtomicBool::new(true);
-    assert!(tl.compact(false, &mut Throttle::new(0), &stop).is_err());
+    assert!(tl.compact(false, &mut Throttle::unlimited(), &stop).is_err());
     assert_eq!(layer_files_on_disk(&dir), files);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -198,7 +201,7 @@ fn gc_removes_what_the_newest_image_below_the_cutoff_covers() {
             vec![(Key::commit_time(), at, Value::Image(Bytes::copy_from_slice(&commit(i).to_le_bytes())))],
             RecordLsns { last: at, prev: lsn(i) },
         );
-        tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+        tl.compact(false, &mut Throttle::unlimited(), &never).unwrap();
     }
     tl.checkpoint().unwrap();
     let end = 12 * PER_ROUND;
@@ -262,7 +265,7 @@ fn gc_removes_what_the_newest_image_below_the_cutoff_covers() {
 fn long_history_keeps_layers_files_and_read_cost_bounded() {
     let dir = common::test_dir("long-history");
     let metrics = Arc::new(Metrics::new());
-    let files = FileCache::new(32, metrics.layer_files());
+    let files = FileCache::new(32, metrics.layer_files(), strata_pageserver::clock::system());
     let mut res = common::resources(metrics.clone(), files.clone());
     res.policy = resources().policy;
     let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
@@ -279,7 +282,7 @@ fn long_history_keeps_layers_files_and_read_cost_bounded() {
         let (mut layers, mut bytes, mut visited, mut open) = (0usize, 0u64, 0f64, 0usize);
         for r in half * 250..(half + 1) * 250 {
             write_rounds(&tl, r..r + 1);
-            tl.compact(false, &mut Throttle::new(0), &never).unwrap();
+            tl.compact(false, &mut Throttle::unlimited(), &never).unwrap();
             tl.gc(&policy, 0).unwrap();
             let counts = tl.layer_count().1;
             layers = layers.max(counts.l0 + counts.l1 + counts.image);

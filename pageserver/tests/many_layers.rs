@@ -67,7 +67,7 @@ fn twenty_thousand_layers_under_a_1024_file_limit() {
     std::fs::write(dir.join("metadata.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
 
     let metrics = Arc::new(Metrics::new());
-    let files = FileCache::new(128, metrics.layer_files());
+    let files = FileCache::new(128, metrics.layer_files(), strata_pageserver::clock::system());
     let res = common::resources(metrics.clone(), files);
     let before = open_fds();
     let tl = Timeline::load(dir.clone(), &res).unwrap();

@@ -403,7 +403,8 @@ fn a_relation_directory_costs_its_changes_not_a_copy_per_relation() {
     let dir = common::test_dir_path("native-redo-rel-dir");
     drop(ingest);
     drop(tl);
-    let res = common::resources(metrics.clone(), FileCache::new(16, Default::default()));
+    let res =
+        common::resources(metrics.clone(), FileCache::new(16, Default::default(), strata_pageserver::clock::system()));
     let tl = Timeline::load(dir.clone(), &res).unwrap();
     let (_, reads_before) = common::layers_visited(&metrics);
     assert_eq!(tl.db_size(REL.spc, REL.db, lsn).unwrap(), 0);

@@ -29,7 +29,10 @@ fn page(fill: u8) -> Value {
 }
 
 fn resources() -> TimelineResources {
-    common::resources(Arc::new(Metrics::new()), FileCache::new(16, Default::default()))
+    common::resources(
+        Arc::new(Metrics::new()),
+        FileCache::new(16, Default::default(), strata_pageserver::clock::system()),
+    )
 }
 
 const TAG: RelTag = RelTag { rel: RelFileNode { spc: 1663, db: 5, rel: 16384 }, fork: ForkNumber::VisibilityMap };
@@ -171,7 +174,8 @@ fn reads_count_the_layers_they_visit() {
     let _ = std::fs::remove_dir_all(&dir);
     let metrics = Arc::new(Metrics::new());
     let start = Lsn(0x100_0000);
-    let res = common::resources(metrics.clone(), FileCache::new(16, Default::default()));
+    let res =
+        common::resources(metrics.clone(), FileCache::new(16, Default::default(), strata_pageserver::clock::system()));
     let tl = Timeline::create(dir.clone(), meta(start), &res).unwrap();
     let k = Key::rel_block(TAG, 0);
     let lsn = |i: u64| Lsn(start.0 + 0x100 * i);

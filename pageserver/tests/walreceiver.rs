@@ -161,6 +161,8 @@ fn setup(name: &str) -> Setup {
 }
 
 /// Waits up to 60 s for `check`, naming `what` and where ingest is if it does not come.
+// Real time: the receiver runs on real sockets and threads here.
+#[allow(clippy::disallowed_methods)]
 fn wait_for(tl: &strata_pageserver::timeline::Timeline, what: &str, check: &dyn Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !check() {

@@ -13,9 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::frame::{self, BadLength, LENGTH_SIZE};
-
-/// Bytes asked of the stream per read.
-const READ_CHUNK: usize = 64 * 1024;
+use crate::limits::{MAX_IOVECS, READ_CHUNK};
 
 /// Why no frame could be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -190,9 +188,6 @@ pub async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8], timeout: 
     tokio::time::timeout(timeout, write).await.map_err(|_| FrameError::WriteTimeout(timeout))??;
     Ok(())
 }
-
-/// Most buffers one vectored write is given (Linux takes at most 1024).
-const MAX_IOVECS: usize = 1024;
 
 /// Writes all of `parts` one after another, as vectored writes, so that
 /// bytes lying in many places reach the socket without being gathered into

@@ -18,12 +18,12 @@ use std::fmt::Write as _;
 
 use strata_formats::Lsn;
 
+use crate::limits::MAX_MANIFEST_BYTES;
+
 /// The member name of the manifest in a lazy basebackup's tar stream.
 pub const MANIFEST_NAME: &str = "strata.lazy.manifest";
 /// The version this code writes and reads.
 pub const MANIFEST_VERSION: u32 = 1;
-/// Largest manifest accepted (about a million relation forks).
-pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
 
 const HEADER: &str = "strata lazy manifest ";
 

@@ -5,6 +5,7 @@ mod frame;
 pub mod framed;
 pub mod ids;
 pub mod lazy_manifest;
+pub mod limits;
 pub mod pageserver;
 pub mod safekeeper;
 pub mod token;

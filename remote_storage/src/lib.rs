@@ -11,6 +11,7 @@
 
 pub mod cas;
 pub mod config;
+pub mod limits;
 mod local_copy;
 mod transfer;
 pub mod wal;
@@ -26,15 +27,9 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tracing::warn;
 
 pub use config::RemoteStorageConfig;
+use limits::{DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, DEFAULT_TIMEOUT};
 use strata_service::backoff::Backoff;
 pub use transfer::{Downloaded, Uploaded};
-
-/// Longest wait for one attempt of one operation.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-/// Attempts of an operation before its error is returned.
-pub const DEFAULT_ATTEMPTS: u32 = 5;
-/// Backoff between attempts: from 100 ms, doubling, up to 30 s, jittered.
-pub const DEFAULT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(30));
 
 /// Why a remote operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -249,7 +244,7 @@ impl RemoteStorage {
             let got = self.retrying("downloading", key, || self.store.get(&path)).await?;
             let file = tokio::fs::File::create(&tmp).await.map_err(|e| local_err("creating", e))?;
             // Chunks are small (kilobytes): written a MiB at a time.
-            let mut file = tokio::io::BufWriter::with_capacity(1 << 20, file);
+            let mut file = tokio::io::BufWriter::with_capacity(crate::limits::DOWNLOAD_WRITE_BUFFER, file);
             let mut stream = got.into_stream();
             let (mut size, mut crc) = (0u64, 0u32);
             let broken = loop {

@@ -21,16 +21,11 @@ use std::path::{Path, PathBuf};
 
 use strata_service::durable::parent_of;
 
+use crate::limits::{COPY_CHUNK, STALE_STAGING};
 use crate::transfer::Uploaded;
 
 /// What failed, on which file.
 pub(crate) type CopyError = (&'static str, PathBuf, std::io::Error);
-
-const CHUNK: usize = 1 << 20;
-
-/// Age after which a staging file is taken to be left by a dead upload (a
-/// live one writes to its file at least every chunk).
-pub(crate) const STALE_STAGING: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Copies `src` to the object file `dest`; the object is whole or absent.
 pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
@@ -48,7 +43,7 @@ pub(crate) fn put(bytes: &[u8], dest: &Path) -> Result<Uploaded, CopyError> {
 fn write_object(mut input: impl Read, src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
     let (mut output, staging, others) = reserve_staging(dest)?;
     let copied = (|| {
-        let mut buf = vec![0u8; CHUNK];
+        let mut buf = vec![0u8; COPY_CHUNK];
         let (mut size, mut crc) = (0u64, 0u32);
         loop {
             let n = match input.read(&mut buf) {

@@ -95,7 +95,7 @@ async fn a_file_uploaded_into_a_local_directory_is_copied_whole_with_its_crc_and
     assert_eq!(listed.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), vec![key]);
     // Once nothing has written to them for long enough, the next upload of
     // the name removes them; a fresh one stays.
-    let old = std::time::SystemTime::now() - local_copy::STALE_STAGING - Duration::from_secs(1);
+    let old = std::time::SystemTime::now() - crate::limits::STALE_STAGING - Duration::from_secs(1);
     std::fs::File::options().write(true).open(staging(1)).unwrap().set_modified(old).unwrap();
     std::fs::write(staging(2), b"live").unwrap();
     std::fs::write(&file, b"third").unwrap();

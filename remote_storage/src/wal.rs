@@ -144,9 +144,11 @@ pub async fn fetch_partial_segment(
             partial_key(tenant, timeline, segno, segment_size),
         );
         match fetch_checked(storage, keys, segno, segment_size, true).await {
-            Err(FetchError::Damaged { .. } | FetchError::Remote(RemoteError::NotFound { .. })) if attempts < 3 => {
+            Err(FetchError::Damaged { .. } | FetchError::Remote(RemoteError::NotFound { .. }))
+                if attempts < crate::limits::PARTIAL_FETCH_RETRIES =>
+            {
                 attempts += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                tokio::time::sleep(crate::limits::PARTIAL_FETCH_RETRY_WAIT).await;
             }
             Err(FetchError::Remote(RemoteError::NotFound { .. })) => return Ok(None),
             other => return other,

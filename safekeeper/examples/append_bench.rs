@@ -3,7 +3,7 @@
 //! append (no batching), for `--total-mb`. Prints one JSON line.
 //! Driven by `bench/safekeeper_append.py`, which measures the disk alongside.
 
-use std::time::Instant;
+use strata_service::clock::{Clock, SystemClock};
 
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::{
@@ -52,7 +52,7 @@ fn main() {
         .expect("elected");
     let payload: Vec<u8> = (0..append).map(|i| (i * 7 + 3) as u8).collect();
     let mut at = start;
-    let began = Instant::now();
+    let began = SystemClock.now();
     let mut written = 0u64;
     while written < total {
         let req = AppendRequest { term: 1, begin_lsn: at, commit_lsn: at, truncate_lsn: start, wal: payload.clone() };
@@ -61,7 +61,7 @@ fn main() {
         acceptor.flush().expect("flush");
         written += append as u64;
     }
-    let secs = began.elapsed().as_secs_f64();
+    let secs = SystemClock.since(began).as_secs_f64();
     println!(
         "{{\"append_size\": {append}, \"segment_size\": {segment}, \"bytes\": {written}, \"seconds\": {secs:.4}, \"mb_per_s\": {:.1}, \"appends_per_s\": {:.0}}}",
         written as f64 / 1e6 / secs,

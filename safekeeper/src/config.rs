@@ -10,6 +10,8 @@ use strata_service::config::{
     ConfigLoadError, Protection,
 };
 
+use crate::limits;
+
 /// A peer safekeeper (for peer recovery and the choice of the offloader).
 pub use strata_protocol::api::safekeeper::Peer;
 
@@ -88,36 +90,32 @@ fn default_true() -> bool {
     true
 }
 fn default_idle_timeout() -> Duration {
-    Duration::from_secs(60)
+    limits::DEFAULT_IDLE_TIMEOUT
 }
 fn default_stale_stream_grace() -> Duration {
-    Duration::from_secs(10)
+    limits::DEFAULT_STALE_STREAM_GRACE
 }
 fn default_max_send() -> usize {
-    1 << 20
+    limits::DEFAULT_MAX_SEND_BYTES
 }
 fn default_max_connections() -> usize {
-    256
+    limits::DEFAULT_MAX_CONNECTIONS
 }
 fn default_max_http_connections() -> usize {
-    64
+    limits::DEFAULT_MAX_HTTP_CONNECTIONS
 }
 fn default_max_pg_connections() -> usize {
-    32
+    limits::DEFAULT_MAX_PG_CONNECTIONS
 }
 fn default_handshake_timeout() -> Duration {
-    Duration::from_secs(10)
+    limits::DEFAULT_HANDSHAKE_TIMEOUT
 }
 fn default_partial_offload_after() -> Duration {
-    Duration::from_secs(60)
+    limits::DEFAULT_PARTIAL_OFFLOAD_AFTER
 }
 fn default_wal_archive_retention() -> Duration {
-    Duration::from_secs(7 * 24 * 3600)
+    limits::DEFAULT_WAL_ARCHIVE_RETENTION
 }
-
-/// Descriptors kept for everything but client connections: WAL segments
-/// and control files, peer and recovery connections, logs.
-pub const RESERVED_FILES: usize = 256;
 
 impl SafekeeperConfig {
     /// Reads and checks a TOML config file.
@@ -127,15 +125,15 @@ impl SafekeeperConfig {
 
     /// Refuses values that would break the service, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_range("max_send_bytes", self.max_send_bytes, 1, 16 << 20)?;
+        check_range("max_send_bytes", self.max_send_bytes, 1, limits::MAX_SEND_BYTES_LIMIT)?;
         check_duration("idle_timeout", self.idle_timeout)?;
         check_duration("handshake_timeout", self.handshake_timeout)?;
         check_duration("stale_stream_grace", self.stale_stream_grace)?;
         check_duration("partial_offload_after", self.partial_offload_after)?;
         check_duration("wal_archive_retention", self.wal_archive_retention)?;
-        check_range("max_connections", self.max_connections, 1, 100_000)?;
-        check_range("max_http_connections", self.max_http_connections, 1, 100_000)?;
-        check_range("max_pg_connections", self.max_pg_connections, 1, 100_000)?;
+        check_range("max_connections", self.max_connections, 1, limits::MAX_CONNECTIONS_LIMIT)?;
+        check_range("max_http_connections", self.max_http_connections, 1, limits::MAX_CONNECTIONS_LIMIT)?;
+        check_range("max_pg_connections", self.max_pg_connections, 1, limits::MAX_CONNECTIONS_LIMIT)?;
         let listeners = [("listen", self.listen), ("listen_http", self.listen_http)];
         for (i, (key, addr)) in listeners.iter().chain(self.listen_pg.map(|a| ("listen_pg", a)).iter()).enumerate() {
             for (other, other_addr) in listeners.iter().take(i) {
@@ -166,7 +164,7 @@ impl SafekeeperConfig {
             uses.push(("max_pg_connections", self.max_pg_connections));
         }
         let listeners = uses.len() * strata_service::listener::DESCRIPTORS_BEYOND_LIMIT;
-        check_open_files(&uses, RESERVED_FILES + listeners, limit)
+        check_open_files(&uses, limits::RESERVED_FILES + listeners, limit)
     }
 }
 

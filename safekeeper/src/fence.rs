@@ -10,19 +10,23 @@
 //! have switched, which takes about a second. After a failover the stale
 //! pageserver is cut off a grace period after the new one connects.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use strata_service::clock::Clock;
 use tokio::sync::watch;
 
 /// Newest pageserver generation of one timeline, for the running streams.
 pub struct Fence {
     newest: watch::Sender<u32>,
+    /// When a stream learns it is fenced, its grace starts on this clock.
+    clock: Arc<dyn Clock>,
 }
 
 impl Fence {
-    /// A fence at `newest` (from the control file).
-    pub fn new(newest: u32) -> Fence {
-        Fence { newest: watch::channel(newest).0 }
+    /// A fence at `newest` (from the control file), timing graces on `clock`.
+    pub fn new(newest: u32, clock: Arc<dyn Clock>) -> Fence {
+        Fence { newest: watch::channel(newest).0, clock }
     }
 
     /// The newest generation seen.
@@ -57,7 +61,7 @@ impl StreamFence {
     /// fenced), admitted while `fence` was at most `generation`.
     pub fn new(fence: &Fence, generation: u32) -> StreamFence {
         let rx = (generation != 0).then(|| fence.newest.subscribe());
-        StreamFence { generation, rx, stale_since: None }
+        StreamFence { generation, rx, stale_since: None, clock: fence.clock.clone() }
     }
 }
 
@@ -67,6 +71,7 @@ pub struct StreamFence {
     /// `None` for consumers that are not pageservers.
     rx: Option<watch::Receiver<u32>>,
     stale_since: Option<Instant>,
+    clock: Arc<dyn Clock>,
 }
 
 impl StreamFence {
@@ -85,6 +90,11 @@ impl StreamFence {
         self.stale_since.map(|t| t + grace)
     }
 
+    /// Whether the stream was fenced at least `grace` ago (and must end now).
+    pub fn expired(&self, grace: Duration) -> bool {
+        self.deadline(grace).is_some_and(|d| d <= self.clock.now())
+    }
+
     /// Waits until a newer generation appears (forever for consumers that
     /// are not pageservers, or once fenced), then notes it.
     pub async fn superseded(&mut self) {
@@ -95,7 +105,7 @@ impl StreamFence {
                     // The timeline is gone: its stream ends otherwise.
                     return std::future::pending().await;
                 }
-                self.stale_since = Some(Instant::now());
+                self.stale_since = Some(self.clock.now());
             }
             _ => std::future::pending().await,
         }
@@ -105,31 +115,60 @@ impl StreamFence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    use strata_service::clock::ManualClock;
 
-    #[tokio::test]
-    async fn a_stream_learns_of_a_newer_generation_once() {
-        let fence = Fence::new(3);
-        let mut s = StreamFence { generation: 3, rx: Some(fence.newest.subscribe()), stale_since: None };
-        fence.raise(2);
-        fence.raise(3);
-        let waited = tokio::time::timeout(Duration::from_millis(50), s.superseded()).await;
-        assert!(waited.is_err(), "an older or equal generation does not fence");
-        assert!(!s.is_fenced());
-        fence.raise(4);
-        s.superseded().await;
-        assert!(s.is_fenced());
-        assert_eq!(fence.newest(), 4);
-        let grace = Duration::from_secs(5);
-        assert!(s.deadline(grace).unwrap() > Instant::now());
-        // Once fenced it waits for nothing more (the deadline governs).
-        assert!(tokio::time::timeout(Duration::from_millis(20), s.superseded()).await.is_err());
+    /// Polls `f` once: whether it completed (none of these futures needs a runtime).
+    fn ready(f: impl Future<Output = ()>) -> bool {
+        let mut f = std::pin::pin!(f);
+        f.as_mut().poll(&mut Context::from_waker(Waker::noop())) == Poll::Ready(())
     }
 
-    #[tokio::test]
-    async fn consumers_that_are_not_pageservers_are_never_fenced() {
-        let mut s = StreamFence { generation: 0, rx: None, stale_since: None };
-        assert!(tokio::time::timeout(Duration::from_millis(20), s.superseded()).await.is_err());
+    #[test]
+    fn a_stream_learns_of_a_newer_generation_once() {
+        let fence = Fence::new(3, Arc::new(ManualClock::new()));
+        let mut s = StreamFence::new(&fence, 3);
+        fence.raise(2);
+        fence.raise(3);
+        assert!(!ready(s.superseded()), "an older or equal generation does not fence");
+        assert!(!s.is_fenced());
+        fence.raise(4);
+        assert!(ready(s.superseded()));
+        assert!(s.is_fenced());
+        assert_eq!(fence.newest(), 4);
+        // Once fenced it waits for nothing more (the deadline governs).
+        assert!(!ready(s.superseded()));
+    }
+
+    #[test]
+    fn a_fenced_stream_expires_a_grace_after_it_learned_of_the_newer_generation() {
+        let clock = ManualClock::new();
+        let fence = Fence::new(3, Arc::new(clock.clone()));
+        let mut s = StreamFence::new(&fence, 3);
+        let grace = Duration::from_secs(5);
+        // Time before it is fenced does not count towards the grace.
+        clock.advance(Duration::from_secs(100));
+        assert!(!s.expired(grace));
+        fence.raise(4);
+        assert!(ready(s.superseded()));
+        assert_eq!(s.deadline(grace), Some(clock.now() + grace));
+        clock.advance(grace - Duration::from_millis(1));
+        assert!(!s.expired(grace), "still within the grace");
+        clock.advance(Duration::from_millis(1));
+        assert!(s.expired(grace), "the grace is over");
+    }
+
+    #[test]
+    fn consumers_that_are_not_pageservers_are_never_fenced() {
+        let clock = ManualClock::new();
+        let fence = Fence::new(3, Arc::new(clock.clone()));
+        let mut s = StreamFence::new(&fence, 0);
+        fence.raise(9);
+        assert!(!ready(s.superseded()));
+        clock.advance(Duration::from_secs(3600));
         assert!(!s.is_fenced());
         assert_eq!(s.deadline(Duration::ZERO), None);
+        assert!(!s.expired(Duration::ZERO));
     }
 }

@@ -8,18 +8,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::backoff::Backoff;
 
+use crate::limits::{HEALING_CHECK_INTERVAL, HEALING_MAX_DELAY, HEALING_MIN_DELAY, STABLE_AFTER};
 use crate::shared::Shared;
-
-const CHECK_INTERVAL: Duration = Duration::from_millis(500);
-const MIN_DELAY: Duration = Duration::from_secs(1);
-const MAX_DELAY: Duration = Duration::from_secs(60);
-/// A timeline active this long after a reload starts over with the shortest delay.
-const STABLE_AFTER: Duration = Duration::from_secs(60);
 
 /// What is known of one timeline that failed recently.
 struct Episode {
@@ -33,14 +28,15 @@ struct Episode {
 /// Reloads failed timelines, forever.
 pub async fn run(shared: Arc<Shared>) {
     let mut episodes: HashMap<(TenantId, TimelineId), Episode> = HashMap::new();
+    let clock = &*shared.clock;
     loop {
-        tokio::time::sleep(CHECK_INTERVAL).await;
-        let now = Instant::now();
+        clock.sleep(HEALING_CHECK_INTERVAL).await;
+        let now = clock.now();
         let mut failed = 0;
         for tl in shared.timelines.all() {
             let key = (tl.identity.tenant_id, tl.identity.timeline_id);
             if tl.failure().is_none() {
-                if episodes.get(&key).is_some_and(|e| e.recovered_at.is_some_and(|t| t.elapsed() >= STABLE_AFTER)) {
+                if episodes.get(&key).is_some_and(|e| e.recovered_at.is_some_and(|t| clock.since(t) >= STABLE_AFTER)) {
                     episodes.remove(&key);
                 }
                 continue;
@@ -50,7 +46,7 @@ pub async fn run(shared: Arc<Shared>) {
             let episode = episodes.entry(key).or_insert_with(|| Episode {
                 failures: 0,
                 next_try: now,
-                backoff: Backoff::new(MIN_DELAY, MAX_DELAY),
+                backoff: Backoff::new(HEALING_MIN_DELAY, HEALING_MAX_DELAY),
                 recovered_at: None,
             });
             if episode.failures != count {
@@ -68,12 +64,12 @@ pub async fn run(shared: Arc<Shared>) {
                 Ok(()) => {
                     shared.metrics.timeline_reloads.inc();
                     failed -= 1;
-                    episode.recovered_at = Some(Instant::now());
+                    episode.recovered_at = Some(clock.now());
                 }
                 Err(e) => {
                     let delay = episode.backoff.next_delay();
                     tracing::warn!(timeline = %tl.identity.timeline_id, "re-reading the timeline from disk failed: {e}; next try in {delay:?}");
-                    episode.next_try = Instant::now() + delay;
+                    episode.next_try = clock.now() + delay;
                 }
             }
         }

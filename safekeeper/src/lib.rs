@@ -11,6 +11,7 @@ pub mod control_file;
 pub mod fence;
 pub mod healing;
 pub mod http;
+pub mod limits;
 pub mod manager;
 pub mod memory;
 pub mod metrics;
@@ -32,6 +33,7 @@ pub mod wal_store;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use strata_service::clock::{Clock, SystemClock};
 use strata_service::start::{bind, http_listener, serve_http, stop_signal, Security, StartError as ServiceStartError};
 use strata_service::{Limits, Listener};
 
@@ -63,12 +65,16 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
     config.validate()?;
+    // The one place the real time enters: every decision by time reads it from here.
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     if !config.fsync {
         tracing::warn!("fsync is OFF: acknowledged WAL can be lost on a power failure");
     }
     let timelines = Arc::new(
-        tokio::task::block_in_place(|| timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync))
-            .map_err(|e| StartError::service("loading timelines", e))?,
+        tokio::task::block_in_place(|| {
+            timelines::Timelines::load(config.id, config.data_dir.clone(), !config.fsync, clock.clone())
+        })
+        .map_err(|e| StartError::service("loading timelines", e))?,
     );
     tracing::info!(id = %config.id, listen = %config.listen, http = %config.listen_http, "safekeeper started");
     let metrics = Arc::new(metrics::Metrics::new());
@@ -92,7 +98,7 @@ pub async fn serve(
         .map_err(|e| StartError::service("remote storage", e))?;
     let (verifier, token) = (security.verifier.clone(), security.token.clone());
     let auth = security.http_auth(metrics.refusal_metrics());
-    let views = Arc::new(peers::PeerViews::default());
+    let views = Arc::new(peers::PeerViews::new(clock.clone()));
     // The background tasks whose results `Shared` holds get only what they need.
     let polling = peers::Polling {
         peers: config.peers.clone(),
@@ -100,10 +106,14 @@ pub async fn serve(
         timelines: timelines.clone(),
         tls: client_tls.clone(),
         token: token.clone(),
+        clock: clock.clone(),
     };
     let work = manager::Work {
-        offloader: remote.as_ref().map(|r| offload::Offloader::new(r, &config, views.clone(), metrics.clone())),
-        remover: removal::Remover::new(&config, remote.is_some(), views.clone(), metrics.clone()),
+        offloader: remote
+            .as_ref()
+            .map(|r| offload::Offloader::new(r, &config, views.clone(), metrics.clone(), clock.clone())),
+        remover: removal::Remover::new(&config, remote.is_some(), views.clone(), metrics.clone(), clock.clone()),
+        clock: clock.clone(),
     };
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(peers::run(polling));
@@ -118,6 +128,7 @@ pub async fn serve(
         metrics,
         next_connection_id: AtomicU64::new(1),
         peers: views,
+        clock,
     });
     tasks.spawn(server::serve(protocol, shared.clone()));
     tasks.spawn(recovery::run(shared.clone()));

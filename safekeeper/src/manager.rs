@@ -14,20 +14,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use strata_protocol::{TenantId, TimelineId};
+use strata_service::clock::Clock;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::error;
 
+use crate::limits::SUPERVISE_EVERY;
 use crate::offload::Offloader;
 use crate::removal::Remover;
 use crate::timeline::Timeline;
 use crate::timelines::Timelines;
-
-/// How often the registry is compared with the managers running: a new
-/// timeline's manager starts within this, a deleted one's stops within it.
-const SUPERVISE_EVERY: Duration = Duration::from_millis(500);
 
 /// The background work every timeline's manager does.
 pub struct Work {
@@ -35,6 +32,8 @@ pub struct Work {
     pub offloader: Option<Offloader>,
     /// Removes WAL nobody needs from this disk.
     pub remover: Remover,
+    /// Times the supervisor's rounds.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// A running manager: the timeline it manages and how to stop it.
@@ -79,7 +78,7 @@ pub async fn run(timelines: Arc<Timelines>, work: Work) {
                 Running { timeline: tl, task }
             });
         }
-        tokio::time::sleep(SUPERVISE_EVERY).await;
+        work.clock.sleep(SUPERVISE_EVERY).await;
     }
 }
 
@@ -101,15 +100,18 @@ mod tests {
     use crate::config::SafekeeperConfig;
     use crate::metrics::Metrics;
     use crate::peers::PeerViews;
+    use std::time::Duration;
     use strata_formats::Lsn;
     use strata_protocol::safekeeper::TimelineIdentity;
+    use strata_service::clock::SystemClock;
 
-    /// Waits up to 10 s for `done`.
+    /// Waits up to 10 s of real time for `done` (the tasks run on the real clock).
     async fn wait_for(what: &str, done: impl Fn() -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let clock = SystemClock;
+        let start = clock.now();
         while !done() {
-            assert!(tokio::time::Instant::now() < deadline, "waited 10 s for {what}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(clock.since(start) < Duration::from_secs(10), "waited 10 s for {what}");
+            clock.sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -124,10 +126,12 @@ mod tests {
             dir.display().to_string()
         ))
         .unwrap();
-        let timelines = Arc::new(Timelines::load(config.id, dir.clone(), true).unwrap());
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let timelines = Arc::new(Timelines::load(config.id, dir.clone(), true, clock.clone()).unwrap());
         let metrics = Arc::new(Metrics::new());
-        let remover = Remover::new(&config, false, Arc::new(PeerViews::default()), metrics.clone());
-        let supervisor = tokio::spawn(run(timelines.clone(), Work { offloader: None, remover }));
+        let views = Arc::new(PeerViews::new(clock.clone()));
+        let remover = Remover::new(&config, false, views, metrics.clone(), clock.clone());
+        let supervisor = tokio::spawn(run(timelines.clone(), Work { offloader: None, remover, clock }));
 
         let segment_size = 1 << 20;
         let identity = TimelineIdentity {

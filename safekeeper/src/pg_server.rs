@@ -35,22 +35,17 @@ use strata_service::Listener;
 use strata_formats::wal::strip::ConsistencyStripper;
 use strata_formats::{Lsn, PgVersion};
 
+use crate::limits::{PG_IO_TIMEOUT, PG_KEEPALIVE, PG_MAX_MESSAGE, PG_READ_CHUNK};
 use crate::shared::Shared;
 use crate::timeline::Timeline;
 use crate::wal_reader::WalReader;
-
-/// Largest message accepted from a client.
-const MAX_MESSAGE: usize = 1 << 20;
-const KEEPALIVE: Duration = Duration::from_secs(10);
-/// Longest a client may take to send a message it started, or to take what we send.
-const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a replication connection ended.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicationError {
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
-    #[error("{0}: nothing for {IO_TIMEOUT:?}")]
+    #[error("{0}: nothing for {PG_IO_TIMEOUT:?}")]
     Timeout(&'static str),
     #[error("no startup packet within {0:?}")]
     Handshake(Duration),
@@ -87,9 +82,11 @@ pub async fn serve(listener: Listener, shared: Arc<Shared>, tls: Option<ServerTl
         .await
 }
 
-/// Writes `bytes`, waiting at most `IO_TIMEOUT` for the client to take them.
+/// Writes `bytes`, waiting at most `PG_IO_TIMEOUT` for the client to take them.
 async fn send<W: AsyncWriteExt + Unpin>(w: &mut W, bytes: &[u8]) -> Result<(), ReplicationError> {
-    tokio::time::timeout(IO_TIMEOUT, w.write_all(bytes)).await.map_err(|_| ReplicationError::Timeout("sending"))??;
+    tokio::time::timeout(PG_IO_TIMEOUT, w.write_all(bytes))
+        .await
+        .map_err(|_| ReplicationError::Timeout("sending"))??;
     Ok(())
 }
 
@@ -153,11 +150,11 @@ struct Reader<R> {
 
 impl<R: AsyncRead + Unpin> Reader<R> {
     fn new(r: R, ctx: DecodeContext) -> Reader<R> {
-        Reader { r, buf: BytesMut::with_capacity(8 << 10), ctx, untagged: false }
+        Reader { r, buf: BytesMut::with_capacity(PG_READ_CHUNK), ctx, untagged: false }
     }
 
-    /// The next message; every wait for bytes is bounded by `IO_TIMEOUT`,
-    /// and no message may be larger than `MAX_MESSAGE`.
+    /// The next message; every wait for bytes is bounded by `PG_IO_TIMEOUT`,
+    /// and no message may be larger than `PG_MAX_MESSAGE`.
     async fn next(&mut self) -> Result<PgWireFrontendMessage, ReplicationError> {
         loop {
             if let Some(msg) = PgWireFrontendMessage::decode(&mut self.buf, &self.ctx)
@@ -165,8 +162,8 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             {
                 return Ok(msg);
             }
-            if self.buf.len() > MAX_MESSAGE {
-                return Err(ReplicationError::Protocol(format!("a message larger than {MAX_MESSAGE} bytes")));
+            if self.buf.len() > PG_MAX_MESSAGE {
+                return Err(ReplicationError::Protocol(format!("a message larger than {PG_MAX_MESSAGE} bytes")));
             }
             // A length too short for any startup message would otherwise
             // keep the connection waiting for bytes that complete nothing.
@@ -176,8 +173,8 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     return Err(ReplicationError::Protocol(format!("a startup message of length {len}")));
                 }
             }
-            self.buf.reserve(8 << 10);
-            let n = tokio::time::timeout(IO_TIMEOUT, self.r.read_buf(&mut self.buf))
+            self.buf.reserve(PG_READ_CHUNK);
+            let n = tokio::time::timeout(PG_IO_TIMEOUT, self.r.read_buf(&mut self.buf))
                 .await
                 .map_err(|_| ReplicationError::Timeout("reading"))??;
             if n == 0 {
@@ -510,7 +507,7 @@ async fn stream(
     let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
     // Client messages: hot standby feedback goes to the timeline's
     // registry (for the writer's proposer), status updates are dropped;
-    // CopyDone ends the stream. A client quiet for longer than `IO_TIMEOUT`
+    // CopyDone ends the stream. A client quiet for longer than `PG_IO_TIMEOUT`
     // is fine: the reader then only stops listening, the WAL keeps flowing.
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
     let tl = timeline.clone();
@@ -569,7 +566,7 @@ async fn stream(
                     let mut m = vec![b'w'];
                     m.extend_from_slice(&out_lsn.0.to_be_bytes());
                     m.extend_from_slice(&commit.0.to_be_bytes());
-                    m.extend_from_slice(&strata_formats::time::pg_now().to_be_bytes());
+                    m.extend_from_slice(&strata_formats::time::from_system_time(shared.clock.system_now()).to_be_bytes());
                     m.extend_from_slice(&data);
                     out_lsn = Lsn(out_lsn.0 + data.len() as u64);
                     send(&mut w, &copy_data(m)?).await?;
@@ -584,10 +581,10 @@ async fn stream(
                     };
                 }
                 changed = watch.changed() => { if changed.is_err() { return Ok(()); } }
-                _ = tokio::time::sleep(KEEPALIVE) => {
+                () = shared.clock.sleep(PG_KEEPALIVE) => {
                     let mut m = vec![b'k'];
                     m.extend_from_slice(&out_lsn.0.to_be_bytes());
-                    m.extend_from_slice(&strata_formats::time::pg_now().to_be_bytes());
+                    m.extend_from_slice(&strata_formats::time::from_system_time(shared.clock.system_now()).to_be_bytes());
                     m.push(0);
                     send(&mut w, &copy_data(m)?).await?;
                 }

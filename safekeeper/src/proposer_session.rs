@@ -10,7 +10,7 @@
 //! compute, and the connection limit bounds the rest.
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::{info, warn};
 
@@ -21,11 +21,9 @@ use strata_service::tls::BlockingStream;
 
 use crate::acceptor::AcceptorError;
 use crate::connection::ConnectionError;
+use crate::limits::MAX_APPENDS_PER_FLUSH;
 use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, Timeline};
-
-/// Most appends written before one flush (bounds the latency of the first).
-pub const MAX_APPENDS_PER_FLUSH: usize = 256;
 
 /// The blocking connection: frames in, encoded replies out (through the
 /// same stream: a TLS connection cannot be split).
@@ -124,7 +122,7 @@ pub fn serve(
                     Err(e) => return session.refuse(shared, &protocol_error(e.to_string())),
                 }
             }
-            let started = Instant::now();
+            let started = shared.clock.now();
             let n = batch.len();
             let outcome = timeline.with_acceptor(|acceptor| {
                 same_generation(acceptor, session_generation)?;
@@ -144,7 +142,7 @@ pub fn serve(
                         r.consumer_applied_lsn = timeline.consumer_applied_lsn();
                     }
                     shared.metrics.flushes.inc();
-                    shared.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
+                    shared.metrics.flush_seconds.observe(shared.clock.since(started).as_secs_f64());
                     shared.metrics.appends_per_flush.observe(n as f64);
                     codec::encode_acceptor(&ack, &mut session.out);
                     // The replicas' feedback rides along when it changed.

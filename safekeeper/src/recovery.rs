@@ -22,37 +22,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use strata_service::tls::{ClientTls, Stream};
+use strata_service::tls::Stream;
 use tracing::{info, warn};
 
 use strata_formats::Lsn;
 use strata_protocol::framed::{self, FrameError, FrameReader};
 use strata_protocol::safekeeper::codec::{self, CodecError};
 use strata_protocol::safekeeper::{ConsumerMessage, StartStreaming, StreamMessage, TermHistory, PROTOCOL_VERSION};
-use strata_protocol::{TenantId, TimelineId, Token};
+use strata_protocol::{TenantId, TimelineId};
 use strata_remote_storage::wal::fetch_segment;
 use strata_remote_storage::RemoteStorage;
 use strata_service::backoff::Backoff;
+use strata_service::clock;
 
 use crate::config::Peer;
+use crate::limits::{
+    NO_PROPOSER_AFTER, RECOVERY_CHECK_INTERVAL, RECOVERY_CONNECT_TIMEOUT, RECOVERY_FLUSH_BYTES, RECOVERY_MAX_BACKOFF,
+    RECOVERY_MIN_BACKOFF, RECOVERY_THRESHOLD_BYTES,
+};
 use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, Timeline};
-
-/// How far behind a peer's commit LSN a timeline must be before recovery
-/// starts; below it the proposer's own stream catches the safekeeper up.
-pub const RECOVERY_THRESHOLD_BYTES: u64 = 8 << 20;
-/// A timeline no proposer has written to for this long is recovered
-/// however little it lacks: no proposer is catching it up (it is not a
-/// member yet, or it was too far behind the proposer's buffer).
-pub const NO_PROPOSER_AFTER: Duration = Duration::from_secs(5);
-/// How often each worker checks the timelines.
-const CHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// Bytes written per flush during recovery.
-const FLUSH_EVERY: usize = 16 << 20;
-/// Bound on connecting to a peer and on its first answer.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const MIN_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Why a recovery attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -115,9 +104,9 @@ pub async fn run(shared: Arc<Shared>) {
 
 /// Checks every timeline against `peer`, recovering those far behind it.
 async fn worker(shared: Arc<Shared>, peer: Peer, in_recovery: Arc<InRecovery>) {
-    let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
+    let mut backoff = Backoff::new(RECOVERY_MIN_BACKOFF, RECOVERY_MAX_BACKOFF);
     loop {
-        tokio::time::sleep(CHECK_INTERVAL).await;
+        shared.clock.sleep(RECOVERY_CHECK_INTERVAL).await;
         let mut failed = false;
         for timeline in shared.timelines.all() {
             if timeline.failure().is_some() {
@@ -141,7 +130,7 @@ async fn worker(shared: Arc<Shared>, peer: Peer, in_recovery: Arc<InRecovery>) {
             }
         }
         if failed {
-            tokio::time::sleep(backoff.next_delay()).await;
+            shared.clock.sleep(backoff.next_delay()).await;
         } else {
             backoff.reset();
         }
@@ -160,13 +149,12 @@ impl PeerStream {
         timeline: &Timeline,
         start: Lsn,
         me: String,
-        idle: Duration,
-        token: Option<Token>,
-        tls: Option<&ClientTls>,
+        shared: &Shared,
     ) -> Result<PeerStream, RecoveryError> {
-        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, Stream::connect(address, tls))
+        let connect = Stream::connect(address, shared.tls.as_ref());
+        let mut s = clock::timeout(&*shared.clock, RECOVERY_CONNECT_TIMEOUT, connect)
             .await
-            .map_err(|_| RecoveryError::Connect(format!("no connection within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|_| RecoveryError::Connect(format!("no connection within {RECOVERY_CONNECT_TIMEOUT:?}")))?
             .map_err(|e| RecoveryError::Connect(e.to_string()))?;
         let mut out = Vec::new();
         codec::encode_consumer(
@@ -178,14 +166,14 @@ impl PeerStream {
                 stop_lsn: Lsn::INVALID,
                 include_uncommitted: false,
                 consumer_id: me,
-                token,
+                token: shared.token.clone(),
                 // A peer, not a pageserver: never fenced.
                 generation: 0,
             }),
             &mut out,
         );
-        framed::write_all(&mut s, &out, CONNECT_TIMEOUT).await?;
-        Ok(PeerStream { frames: FrameReader::new(s, codec::MAX_FRAME_SIZE), idle_timeout: idle })
+        framed::write_all(&mut s, &out, RECOVERY_CONNECT_TIMEOUT).await?;
+        Ok(PeerStream { frames: FrameReader::new(s, codec::MAX_FRAME_SIZE), idle_timeout: shared.config.idle_timeout })
     }
 
     async fn next(&mut self, timeout: Duration) -> Result<StreamMessage, RecoveryError> {
@@ -211,17 +199,8 @@ async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, peer: &Peer) ->
         .map_or(Lsn(0), |(_, p)| p.removed_before);
     let offloaded = shared.remote.as_ref().filter(|_| peer_from > mine.flush_lsn);
     let stream_from = if offloaded.is_some() { peer_from } else { mine.flush_lsn };
-    let mut stream = PeerStream::open(
-        address,
-        timeline,
-        stream_from,
-        me,
-        shared.config.idle_timeout,
-        shared.token.clone(),
-        shared.tls.as_ref(),
-    )
-    .await?;
-    let (until, history): (Lsn, TermHistory) = match stream.next(CONNECT_TIMEOUT).await? {
+    let mut stream = PeerStream::open(address, timeline, stream_from, me, shared).await?;
+    let (until, history): (Lsn, TermHistory) = match stream.next(RECOVERY_CONNECT_TIMEOUT).await? {
         StreamMessage::Start(start) => {
             if start.timeline != timeline.identity {
                 return Err(RecoveryError::Protocol("the peer's timeline identity differs".into()));
@@ -250,7 +229,7 @@ async fn recover_from(shared: &Shared, timeline: &Arc<Timeline>, peer: &Peer) ->
     let mut pending_start = stream_from;
     loop {
         let done = pending_start.0 + pending.len() as u64 >= until.0;
-        if pending.len() >= FLUSH_EVERY || (done && !pending.is_empty()) {
+        if pending.len() >= RECOVERY_FLUSH_BYTES || (done && !pending.is_empty()) {
             let bytes = std::mem::take(&mut pending);
             let at = pending_start;
             tokio::task::block_in_place(|| timeline.with_acceptor(|a| a.recovery_append(&history, at, &bytes, until)))?;
@@ -322,7 +301,8 @@ mod tests {
             pg_version: 15,
             wal_segment_size: 1 << 20,
         };
-        let tl = Timeline::create(&dir, strata_protocol::NodeId(1), &identity, Lsn(1 << 20), true).unwrap();
+        let clock = Arc::new(strata_service::clock::ManualClock::new());
+        let tl = Timeline::create(&dir, strata_protocol::NodeId(1), &identity, Lsn(1 << 20), true, clock).unwrap();
         let set = InRecovery::default();
         let first = set.claim(&tl).expect("free");
         assert!(set.claim(&tl).is_none(), "claimed already");

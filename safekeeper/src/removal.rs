@@ -20,20 +20,18 @@
 //! back.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 use strata_formats::Lsn;
 use strata_protocol::api::safekeeper::RemovalStatus;
+use strata_service::clock::Clock;
 use tracing::{info, warn};
 
 use crate::config::SafekeeperConfig;
+use crate::limits::REMOVAL_TICK;
 use crate::metrics::Metrics;
 use crate::peers::PeerViews;
 use crate::timeline::Timeline;
-
-/// How often a timeline is looked at.
-const TICK: Duration = Duration::from_secs(1);
 
 /// What the removal of every timeline shares: which inputs bound the
 /// horizon, the peers' views and the metrics. Each timeline's manager runs
@@ -46,14 +44,22 @@ pub struct Remover {
     keeps_for_peers: bool,
     views: Arc<PeerViews>,
     metrics: Arc<Metrics>,
+    /// Times the rounds.
+    clock: Arc<dyn Clock>,
 }
 
 impl Remover {
     /// The removal of the safekeeper `config` describes; `offloads`: it has object storage.
-    pub fn new(config: &SafekeeperConfig, offloads: bool, views: Arc<PeerViews>, metrics: Arc<Metrics>) -> Remover {
+    pub fn new(
+        config: &SafekeeperConfig,
+        offloads: bool,
+        views: Arc<PeerViews>,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Remover {
         // A peer learns where this one's WAL begins over HTTP, and only then recovers from object storage.
         let peers_recover = config.peers.iter().filter(|p| p.id != config.id).all(|p| p.http.is_some());
-        Remover { offloads, keeps_for_peers: !offloads || !peers_recover, views, metrics }
+        Remover { offloads, keeps_for_peers: !offloads || !peers_recover, views, metrics, clock }
     }
 
     /// Removes what one timeline no longer needs, forever. Its segments'
@@ -63,7 +69,7 @@ impl Remover {
         let mut share = GaugeShare { gauge: self.metrics.local_wal_bytes.clone(), value: 0 };
         let mut segments_removed = 0;
         loop {
-            tokio::time::sleep(TICK).await;
+            self.clock.sleep(REMOVAL_TICK).await;
             if tl.failure().is_some() {
                 share.set(0);
                 continue;

@@ -2,13 +2,14 @@
 //! WAL appends with group commit) and consumer connections (WAL streaming).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use std::sync::atomic::Ordering;
 
 use strata_protocol::framed;
 use strata_protocol::{TenantId, Token};
 use strata_service::auth::Access;
+use strata_service::clock::Clock;
 use strata_service::Listener;
 use tracing::{info, warn};
 
@@ -22,14 +23,10 @@ use strata_protocol::safekeeper::{
 use crate::acceptor::AcceptorError;
 use crate::connection::{Connection, ConnectionError, Frames, Writer};
 use crate::fence::StreamFence;
+use crate::limits::{CONSUMER_KEEPALIVE, RECENT_WAL_BYTES, SEND_TIMEOUT};
 use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, ConsumerStatus, Timeline};
-use crate::wal_reader::{WalReader, RECENT_WAL_BYTES};
-
-/// Time allowed for a peer to take what we send.
-const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-/// Keepalive interval for idle consumer streams.
-const KEEPALIVE: Duration = Duration::from_secs(5);
+use crate::wal_reader::WalReader;
 
 /// The answer to a connection refused because the listener is full: an
 /// error of the kind its first frame expects (consumer or proposer).
@@ -283,10 +280,10 @@ async fn consumer(
     result
 }
 
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until_deadline(deadline: Option<Instant>) {
+/// Sleeps on `clock` until `deadline`, or forever without one.
+async fn sleep_until_deadline(clock: &dyn Clock, deadline: Option<Instant>) {
     match deadline {
-        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        Some(d) => clock.sleep(d.saturating_duration_since(clock.now())).await,
         None => std::future::pending().await,
     }
 }
@@ -315,16 +312,17 @@ async fn consumer_loop(
     let mut sent = start.start_lsn;
     let mut buf = vec![0u8; shared.config.max_send_bytes];
     let mut wal = WalReader::new(&timeline.dir, segment_size, !start.include_uncommitted);
-    let mut last_feedback = Instant::now();
-    // When the stream last carried anything: a keepalive is due KEEPALIVE
+    let clock = &*shared.clock;
+    let mut last_feedback = clock.now();
+    // When the stream last carried anything: a keepalive is due CONSUMER_KEEPALIVE
     // after it, however often the consumer's feedback wakes this loop (a
     // timer restarted on every wake-up never fired while a consumer sent
     // feedback every second, and the consumer, hearing nothing, reconnected).
-    let mut last_sent = Instant::now();
+    let mut last_sent = clock.now();
     let grace = shared.config.stale_stream_grace;
     loop {
         let deadline = fence.deadline(grace);
-        if deadline.is_some_and(|d| d <= Instant::now()) {
+        if fence.expired(grace) {
             shared.metrics.stale_streams_ended.inc();
             let msg = format!(
                 "attachment generation {} of timeline {}/{} is stale: a pageserver has streamed it under generation {}",
@@ -339,7 +337,7 @@ async fn consumer_loop(
         if !out.is_empty() {
             framed::write_all(w, &out, SEND_TIMEOUT).await?;
             out.clear();
-            last_sent = Instant::now();
+            last_sent = clock.now();
         }
         let now = *positions.borrow_and_update();
         let mut limit = if start.include_uncommitted { now.flush_lsn } else { now.commit_lsn };
@@ -383,7 +381,7 @@ async fn consumer_loop(
             frame = reader.read_frame(shared.config.idle_timeout) => {
                 match codec::decode_consumer(frame?) {
                     Ok(ConsumerMessage::Feedback(f)) => {
-                        last_feedback = Instant::now();
+                        last_feedback = clock.now();
                         if let Some(c) = timeline.consumers.lock().get_mut(&id) {
                             c.applied_lsn = f.applied_lsn;
                             c.remote_consistent_lsn = f.remote_consistent_lsn;
@@ -407,9 +405,9 @@ async fn consumer_loop(
                 info!(consumer = %start.consumer_id, generation = fence.generation(), newest = timeline.fence.newest(),
                     grace = ?grace, "a newer attachment generation streams this timeline; this stream ends after the grace");
             }
-            () = sleep_until_deadline(deadline) => {}
-            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(last_sent + KEEPALIVE)) => {
-                if last_feedback.elapsed() > shared.config.idle_timeout {
+            () = sleep_until_deadline(clock, deadline) => {}
+            () = sleep_until_deadline(clock, Some(last_sent + CONSUMER_KEEPALIVE)) => {
+                if clock.since(last_feedback) > shared.config.idle_timeout {
                     return Err(framed::FrameError::Timeout(shared.config.idle_timeout).into());
                 }
                 codec::encode_stream(&StreamMessage::Keepalive { commit_lsn: now.commit_lsn, flush_lsn: now.flush_lsn }, &mut out);

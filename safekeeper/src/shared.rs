@@ -1,5 +1,5 @@
 //! What the connections and tasks of a safekeeper share: its
-//! configuration, timelines, metrics, what it knows of its peers and its
+//! configuration, clock, timelines, metrics, what it knows of its peers and its
 //! object storage. It sits below the modules that use it, so that none of
 //! them depends on another only to reach this, and above what it holds: the
 //! tasks whose results it holds (the peers' poller, each timeline's
@@ -7,6 +7,8 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+
+use strata_service::clock::Clock;
 
 use crate::config::SafekeeperConfig;
 use crate::metrics::Metrics;
@@ -30,4 +32,6 @@ pub struct Shared {
     pub tls: Option<strata_service::tls::ClientTls>,
     /// Checks callers' tokens; none: every caller is accepted.
     pub verifier: Option<Arc<strata_service::auth::Verifier>>,
+    /// Where every timeout, keepalive, retry and measured duration reads the time.
+    pub clock: Arc<dyn Clock>,
 }

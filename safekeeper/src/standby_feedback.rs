@@ -4,20 +4,21 @@
 //! snapshots may still see (`docs/replicas.md`, "Lag").
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use strata_protocol::safekeeper::StandbyFeedback;
+use strata_service::clock::Clock;
 
-/// A replica's feedback that was not renewed for this long no longer
-/// counts (PostgreSQL sends it at every status interval, 1 s on replicas).
-pub const FEEDBACK_TTL: Duration = Duration::from_secs(60);
+use crate::limits::FEEDBACK_TTL;
 
 /// The latest feedback of each replication connection.
-#[derive(Debug, Default)]
 pub struct FeedbackRegistry {
     entries: Mutex<HashMap<u64, (StandbyFeedback, Instant)>>,
     next: std::sync::atomic::AtomicU64,
+    /// When feedback arrived and how old it is now ([`FEEDBACK_TTL`]).
+    clock: Arc<dyn Clock>,
 }
 
 /// A replication connection's place in the registry; its feedback goes
@@ -35,7 +36,7 @@ impl FeedbackSlot<'_> {
         if feedback == StandbyFeedback::default() {
             entries.remove(&self.id);
         } else {
-            entries.insert(self.id, (feedback, Instant::now()));
+            entries.insert(self.id, (feedback, self.registry.clock.now()));
         }
     }
 }
@@ -47,6 +48,11 @@ impl Drop for FeedbackSlot<'_> {
 }
 
 impl FeedbackRegistry {
+    /// An empty registry, ageing feedback on `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> FeedbackRegistry {
+        FeedbackRegistry { entries: Mutex::default(), next: Default::default(), clock }
+    }
+
     /// A slot for a new replication connection.
     pub fn slot(&self) -> FeedbackSlot<'_> {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -55,10 +61,7 @@ impl FeedbackRegistry {
 
     /// The oldest of the live feedback, each id on its own (0: none).
     pub fn oldest(&self) -> StandbyFeedback {
-        self.oldest_at(Instant::now())
-    }
-
-    fn oldest_at(&self, now: Instant) -> StandbyFeedback {
+        let now = self.clock.now();
         let mut entries = self.entries.lock();
         entries.retain(|_, (_, at)| now.saturating_duration_since(*at) < FEEDBACK_TTL);
         let min = |f: fn(&StandbyFeedback) -> u64| entries.values().map(|(e, _)| f(e)).filter(|x| *x != 0).min();
@@ -82,9 +85,13 @@ pub fn parse_hot_standby_feedback(payload: &[u8]) -> Option<StandbyFeedback> {
 mod tests {
     use super::*;
 
+    use std::time::Duration;
+    use strata_service::clock::ManualClock;
+
     #[test]
     fn the_oldest_live_feedback_of_open_connections() {
-        let r = FeedbackRegistry::default();
+        let clock = ManualClock::new();
+        let r = FeedbackRegistry::new(Arc::new(clock.clone()));
         assert_eq!(r.oldest(), StandbyFeedback::default());
         let a = r.slot();
         let b = r.slot();
@@ -96,8 +103,25 @@ mod tests {
         // Zeros: the replica stopped asking.
         a.set(StandbyFeedback::default());
         assert_eq!(r.oldest(), StandbyFeedback::default());
+    }
+
+    #[test]
+    fn feedback_not_renewed_within_its_ttl_stops_counting() {
+        let clock = ManualClock::new();
+        let r = FeedbackRegistry::new(Arc::new(clock.clone()));
+        let (a, b) = (r.slot(), r.slot());
         a.set(StandbyFeedback { xmin: 5, catalog_xmin: 0 });
-        assert_eq!(r.oldest_at(Instant::now() + FEEDBACK_TTL), StandbyFeedback::default());
+        clock.advance(FEEDBACK_TTL / 2);
+        b.set(StandbyFeedback { xmin: 9, catalog_xmin: 0 });
+        clock.advance(FEEDBACK_TTL / 2 - Duration::from_millis(1));
+        assert_eq!(r.oldest().xmin, 5, "both are live");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(r.oldest().xmin, 9, "a's expired; b's is younger");
+        // Renewed: it counts again.
+        a.set(StandbyFeedback { xmin: 6, catalog_xmin: 0 });
+        assert_eq!(r.oldest().xmin, 6);
+        clock.advance(FEEDBACK_TTL);
+        assert_eq!(r.oldest(), StandbyFeedback::default(), "nothing renewed");
     }
 
     #[test]

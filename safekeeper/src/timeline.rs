@@ -16,12 +16,13 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::{Term, TermHistory, TimelineIdentity};
 use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_service::clock::Clock;
 use strata_service::panic_message;
 
 use crate::acceptor::{Acceptor, AcceptorError, PersistentState, StorageError, WalStore as _};
@@ -80,6 +81,8 @@ pub struct Timeline {
     pub standby_feedback: crate::standby_feedback::FeedbackRegistry,
     /// The newest pageserver generation (see `fence`).
     pub fence: crate::fence::Fence,
+    /// Times the control file's rewrites, failures and appends.
+    clock: Arc<dyn Clock>,
 }
 
 /// Holds a proposer connection's place in its timeline's list.
@@ -99,10 +102,6 @@ pub fn timeline_dir(data_dir: &Path, tenant: TenantId, timeline: TimelineId) -> 
     data_dir.join(tenant.to_string()).join(timeline.to_string())
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 impl Timeline {
     /// Creates a new timeline whose WAL starts at `start_lsn`. The directory
     /// and its entry in the parents are durable before the control file is
@@ -113,6 +112,7 @@ impl Timeline {
         identity: &TimelineIdentity,
         start_lsn: Lsn,
         no_sync: bool,
+        clock: Arc<dyn Clock>,
     ) -> Result<Arc<Timeline>, StorageError> {
         let dir = timeline_dir(data_dir, identity.tenant_id, identity.timeline_id);
         std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating", &dir, &e))?;
@@ -128,14 +128,19 @@ impl Timeline {
         }
         let state = PersistentState::new(identity, start_lsn);
         crate::acceptor::ControlStore::persist(&mut control, &state)?;
-        Self::open(dir, node_id, state, control, no_sync)
+        Self::open(dir, node_id, state, control, no_sync, clock)
     }
 
     /// Loads a timeline from its directory.
-    pub fn load(dir: &Path, node_id: NodeId, no_sync: bool) -> Result<Arc<Timeline>, StorageError> {
+    pub fn load(
+        dir: &Path,
+        node_id: NodeId,
+        no_sync: bool,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Timeline>, StorageError> {
         let control = ControlFile::new(dir, no_sync);
         let state = control.load()?.ok_or_else(|| StorageError::other("loading", dir, "no control file"))?;
-        Self::open(dir.to_path_buf(), node_id, state, control, no_sync)
+        Self::open(dir.to_path_buf(), node_id, state, control, no_sync, clock)
     }
 
     fn open_acceptor(
@@ -164,13 +169,14 @@ impl Timeline {
         state: PersistentState,
         control: ControlFile,
         no_sync: bool,
+        clock: Arc<dyn Clock>,
     ) -> Result<Arc<Timeline>, StorageError> {
         let identity = state.identity.to_identity();
         let start_lsn = state.timeline_start_lsn;
         let acceptor = Self::open_acceptor(&dir, node_id, state, control, no_sync, None)?;
         let progress = crate::progress::Progress::new(acceptor.wal().removed_before());
         let positions = Self::positions_of(&acceptor);
-        let fence = crate::fence::Fence::new(acceptor.state().pageserver_generation);
+        let fence = crate::fence::Fence::new(acceptor.state().pageserver_generation, clock.clone());
         Ok(Arc::new(Timeline {
             identity,
             dir,
@@ -183,13 +189,14 @@ impl Timeline {
             failures: std::sync::atomic::AtomicU64::new(0),
             positions: tokio::sync::watch::channel(positions).0,
             consumers: Mutex::new(HashMap::new()),
-            last_persist: Mutex::new(Instant::now()),
+            last_persist: Mutex::new(clock.now()),
             progress,
             proposers: Mutex::new(Vec::new()),
             next_proposer: std::sync::atomic::AtomicU64::new(0),
             last_append: Mutex::new(None),
-            standby_feedback: Default::default(),
+            standby_feedback: crate::standby_feedback::FeedbackRegistry::new(clock.clone()),
             fence,
+            clock,
         }))
     }
 
@@ -229,7 +236,8 @@ impl Timeline {
             tenant = %self.identity.tenant_id, timeline = %self.identity.timeline_id, %durable_flush_lsn,
             "timeline stops accepting: {reason}"
         );
-        let f = Failure { reason, since: unix_now(), durable_flush_lsn, reload_attempts: 0, last_reload_error: None };
+        let since = self.clock.system_now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let f = Failure { reason, since, durable_flush_lsn, reload_attempts: 0, last_reload_error: None };
         *self.last_failure.lock() = Some(f.clone());
         *failure = Some(f);
         self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -255,16 +263,16 @@ impl Timeline {
 
     /// Records that a proposer wrote WAL now.
     pub fn note_append(&self) {
-        *self.last_append.lock() = Some(Instant::now());
+        *self.last_append.lock() = Some(self.clock.now());
     }
 
     /// How long since a proposer last wrote WAL here (`None`: never since start).
     pub fn since_last_append(&self) -> Option<std::time::Duration> {
-        self.last_append.lock().map(|t| t.elapsed())
+        self.last_append.lock().map(|t| self.clock.since(t))
     }
 
     /// Runs `f` on the acceptor, then publishes the new positions and, at
-    /// most once a second, rewrites the control file (so restarts scan
+    /// most once per [`crate::limits::PERSIST_EVERY`], rewrites the control file (so restarts scan
     /// little WAL). A storage error returned by `f`, or a panic in it,
     /// fails the timeline (and the panic becomes an error here).
     pub fn with_acceptor<R>(
@@ -298,8 +306,8 @@ impl Timeline {
         let now = Self::positions_of(&acceptor);
         self.publish(now);
         let mut last = self.last_persist.lock();
-        if last.elapsed().as_secs() >= 1 {
-            *last = Instant::now();
+        if self.clock.since(*last) >= crate::limits::PERSIST_EVERY {
+            *last = self.clock.now();
             if let Err(e) = acceptor.persist() {
                 // What the call did is durable (and may be acknowledged);
                 // later calls are refused.
@@ -499,6 +507,10 @@ mod tests {
     use super::*;
     use strata_protocol::safekeeper::{ProposerElected, ProposerMessage, VoteRequest};
 
+    fn clock() -> Arc<dyn Clock> {
+        Arc::new(strata_service::clock::ManualClock::new())
+    }
+
     fn identity() -> TimelineIdentity {
         TimelineIdentity {
             tenant_id: TenantId([1; 16]),
@@ -513,7 +525,7 @@ mod tests {
     fn a_panic_fails_only_the_timeline_and_a_reload_recovers_it() {
         let dir = std::env::temp_dir().join(format!("strata-sk-timeline-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let tl = Timeline::create(&dir, NodeId(1), &identity(), Lsn(2 << 20), false).unwrap();
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), Lsn(2 << 20), false, clock()).unwrap();
         let vote = ProposerMessage::VoteRequest(VoteRequest { term: 3 });
         tl.with_acceptor(|a| a.handle(&vote)).unwrap();
         let err = tl.with_acceptor(|_| -> Result<(), AcceptorError> { panic!("injected") }).unwrap_err();
@@ -531,7 +543,7 @@ mod tests {
         // Another timeline in the same process is untouched.
         let mut other_id = identity();
         other_id.timeline_id = TimelineId([3; 16]);
-        let other = Timeline::create(&dir, NodeId(1), &other_id, Lsn(2 << 20), false).unwrap();
+        let other = Timeline::create(&dir, NodeId(1), &other_id, Lsn(2 << 20), false, clock()).unwrap();
         other.with_acceptor(|a| a.handle(&vote)).unwrap();
         // The reload re-reads the control file: the vote in term 3 survived.
         tl.reload().unwrap();
@@ -558,7 +570,7 @@ mod tests {
         use std::time::Duration;
         let dir = std::env::temp_dir().join(format!("strata-sk-timeline-waiting-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let tl = Timeline::create(&dir, NodeId(1), &identity(), Lsn(2 << 20), false).unwrap();
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), Lsn(2 << 20), false, clock()).unwrap();
         let storage_error = || AcceptorError::Storage(StorageError::other("syncing", Path::new("x"), "injected"));
 
         // A holds the acceptor and fails the timeline once B waits for it.
@@ -620,7 +632,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("strata-sk-timeline-reload-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let start = Lsn(2 << 20);
-        let tl = Timeline::create(&dir, NodeId(1), &identity(), start, false).unwrap();
+        let tl = Timeline::create(&dir, NodeId(1), &identity(), start, false, clock()).unwrap();
         tl.with_acceptor(|_| -> Result<(), AcceptorError> { panic!("injected") }).unwrap_err();
         let blocker = strata_service::durable::temp_path(&tl.dir.join(crate::control_file::CONTROL_FILE_NAME));
         std::fs::create_dir(&blocker).unwrap();

@@ -11,6 +11,7 @@ use strata_protocol::safekeeper::TimelineIdentity;
 use strata_protocol::{NodeId, TenantId, TimelineId};
 
 use strata_protocol::api::safekeeper::Unloadable;
+use strata_service::clock::Clock;
 
 use crate::acceptor::StorageError;
 use crate::timeline::Timeline;
@@ -34,6 +35,8 @@ pub struct Timelines {
     pub node_id: NodeId,
     pub data_dir: PathBuf,
     pub no_sync: bool,
+    /// The time every timeline reads (given to each when it is loaded or created).
+    pub clock: Arc<dyn Clock>,
     map: Mutex<HashMap<(TenantId, TimelineId), Arc<Timeline>>>,
     /// Timelines found on disk that could not be loaded, with the reason:
     /// never served, never overwritten, shown in the status.
@@ -44,7 +47,12 @@ impl Timelines {
     /// Loads every timeline found under `data_dir/<tenant>/<timeline>/`. A
     /// timeline that does not load is reported (and left on disk as it is);
     /// the others are served.
-    pub fn load(node_id: NodeId, data_dir: PathBuf, no_sync: bool) -> Result<Timelines, StorageError> {
+    pub fn load(
+        node_id: NodeId,
+        data_dir: PathBuf,
+        no_sync: bool,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Timelines, StorageError> {
         std::fs::create_dir_all(&data_dir).map_err(|e| StorageError::io("creating", &data_dir, &e))?;
         let mut map = HashMap::new();
         let mut unloadable = BTreeMap::new();
@@ -66,7 +74,7 @@ impl Timelines {
                 let Some(timeline_id) = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse().ok()) else {
                     continue;
                 };
-                match Timeline::load(&dir, node_id, no_sync) {
+                match Timeline::load(&dir, node_id, no_sync, clock.clone()) {
                     Ok(tl) => {
                         tracing::info!(%tenant_id, %timeline_id, flush_lsn = %tl.positions().flush_lsn, "loaded timeline");
                         map.insert((tenant_id, timeline_id), tl);
@@ -78,7 +86,7 @@ impl Timelines {
                 }
             }
         }
-        Ok(Timelines { node_id, data_dir, no_sync, map: Mutex::new(map), unloadable: Mutex::new(unloadable) })
+        Ok(Timelines { node_id, data_dir, no_sync, clock, map: Mutex::new(map), unloadable: Mutex::new(unloadable) })
     }
 
     pub fn get(&self, tenant: TenantId, timeline: TimelineId) -> Option<Arc<Timeline>> {
@@ -136,7 +144,7 @@ impl Timelines {
         if let Some(why) = self.unloadable.lock().get(&key) {
             return Err(CreateError::Unloadable(identity.tenant_id, identity.timeline_id, why.clone()));
         }
-        let tl = Timeline::create(&self.data_dir, self.node_id, identity, start_lsn, self.no_sync)?;
+        let tl = Timeline::create(&self.data_dir, self.node_id, identity, start_lsn, self.no_sync, self.clock.clone())?;
         map.insert(key, tl.clone());
         Ok((tl, true))
     }

@@ -10,11 +10,6 @@ use strata_formats::Lsn;
 
 use crate::wal_store::segment_path;
 
-/// WAL within this many bytes of the flush LSN was written moments ago and
-/// is read in place (from the page cache); older WAL may have to come from
-/// the disk, and is read off the async worker.
-pub const RECENT_WAL_BYTES: u64 = 1 << 20;
-
 /// Reads one timeline's WAL. A reader of committed WAL keeps the segment it
 /// read last open: a consumer that keeps up reads the same segment a few
 /// kilobytes at a time. Committed WAL is never truncated, so a segment

@@ -26,8 +26,6 @@ use strata_service::durable::sync_dir;
 
 /// PostgreSQL timeline id used in segment names.
 const PG_TIMELINE: u32 = 1;
-/// Open segment files kept at once.
-const MAX_OPEN_SEGMENTS: usize = 4;
 
 /// Segment files of one timeline in one directory.
 pub struct SegmentStore {
@@ -181,7 +179,7 @@ impl SegmentStore {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(io_err("opening", &path, e)),
             };
-            if self.open.len() >= MAX_OPEN_SEGMENTS {
+            if self.open.len() >= crate::limits::MAX_OPEN_SEGMENTS {
                 // Close the oldest clean segment.
                 let victim = self.open.keys().copied().find(|s| !self.dirty.contains(s));
                 if let Some(v) = victim {

@@ -16,6 +16,8 @@ use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::*;
 use strata_protocol::{TenantId, TimelineId};
 use strata_safekeeper::config::SafekeeperConfig;
+// The server runs on the real clock, so these tests time it on the real clock too.
+use strata_service::clock::{Clock, SystemClock};
 
 const SEG: u64 = 1 << 20;
 const START: Lsn = Lsn(SEG * 2);
@@ -348,9 +350,9 @@ async fn an_idle_stream_keeps_alive_while_its_consumer_sends_feedback() {
     let sk = start(&dir).await;
     create_timeline(&sk).await;
     let mut c = consumer(sk.addr, Lsn::INVALID, "keepalive").await;
-    let started = std::time::Instant::now();
+    let started = SystemClock.now();
     let mut keepalives = 0;
-    while started.elapsed() < Duration::from_secs(12) {
+    while SystemClock.since(started) < Duration::from_secs(12) {
         let mut feedback = Vec::new();
         let f = ConsumerFeedback { applied_lsn: START, remote_consistent_lsn: START };
         codec::encode_consumer(&ConsumerMessage::Feedback(f), &mut feedback);
@@ -419,12 +421,12 @@ async fn connection_floods_displace_each_other_and_established_connections_stay(
     // Idle connections are closed after the handshake timeout (1 s).
     drop(established);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let started = std::time::Instant::now();
+    let started = SystemClock.now();
     let mut lone = TcpStream::connect(sk.addr).await.unwrap();
     let mut byte = [0u8; 1];
     let n = tokio::time::timeout(Duration::from_secs(5), lone.read(&mut byte)).await.expect("closed in time");
     assert!(matches!(n, Ok(0) | Err(_)), "closed: {n:?}");
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(SystemClock.since(started) < Duration::from_secs(3));
     let (code, metrics) = http(sk.http, "GET", "/metrics", "").await;
     assert_eq!(code, 200);
     for name in ["connections_displaced_total", "connections_refused_total", "connections_open"] {
@@ -666,13 +668,13 @@ async fn timeline_status(sk: &Running, tl: &str) -> serde_json::Value {
 
 /// Polls the timeline's status until `pred` holds (10 s at most).
 async fn status_until(sk: &Running, tl: &str, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = SystemClock.now() + Duration::from_secs(10);
     loop {
         let s = timeline_status(sk, tl).await;
         if pred(&s) {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "{what}: {s}");
+        assert!(SystemClock.now() < deadline, "{what}: {s}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -730,7 +732,7 @@ async fn stale_pageserver_generations_are_fenced() {
     assert_eq!(stream_answer(&mut tool).await, None);
 
     // The running old stream ends after the grace (1 s), with the reason.
-    let started = std::time::Instant::now();
+    let started = SystemClock.now();
     let ended = loop {
         let Some(frame) = old.frame().await else { panic!("closed without saying why") };
         match codec::decode_stream(&frame).unwrap() {
@@ -741,7 +743,7 @@ async fn stale_pageserver_generations_are_fenced() {
     };
     assert_eq!(ended.code, ErrorCode::StaleGeneration, "{}", ended.message);
     assert!(ended.message.contains("generation 4"), "{}", ended.message);
-    assert!(started.elapsed() < Duration::from_secs(5), "ended after {:?}", started.elapsed());
+    assert!(SystemClock.since(started) < Duration::from_secs(5), "ended after {:?}", SystemClock.since(started));
     // The newer generation still streams: its feedback counts.
     feedback(&mut new, Lsn(START.0 + 200)).await;
     status_until(&sk, &tl, "generation 4's feedback counts", |s| {

@@ -15,12 +15,8 @@ use serde::Serialize;
 use strata_protocol::api::ErrorBody;
 
 use crate::auth::Token;
+use crate::limits::{DEFAULT_MAX_ANSWER, MAX_ERROR_TEXT};
 use crate::tls::ClientTls;
-
-/// Largest answer read by default (a status may list every timeline).
-pub const DEFAULT_MAX_ANSWER: u64 = 16 << 20;
-/// The longest part of an unexpected error body kept in a message.
-const MAX_ERROR_TEXT: usize = 500;
 
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -22,13 +22,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use strata_protocol::TenantId;
 
-/// Seconds an expired token is still accepted, for clocks that differ
-/// between hosts (NTP keeps them within milliseconds).
-pub const LEEWAY_SECS: u64 = 10;
-
-/// Longest token accepted; anything longer is refused before it is parsed.
-/// Ours are about 250 bytes.
-pub const MAX_TOKEN_LEN: usize = 2048;
+use crate::limits::{LEEWAY_SECS, MAX_TOKEN_LEN};
 
 /// What a token lets its holder do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

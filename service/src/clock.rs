@@ -30,9 +30,39 @@ pub trait Clock: Send + Sync + 'static {
     /// Waits until [`Clock::now`] has advanced by `duration`.
     fn sleep(&self, duration: Duration) -> Sleep;
 
+    /// Blocks the calling thread until [`Clock::now`] has advanced by
+    /// `duration`: for threads of a service's own, outside any runtime.
+    fn sleep_blocking(&self, duration: Duration) {
+        block_on(self.sleep(duration));
+    }
+
     /// How long ago `earlier` was (zero if it is not in the past).
     fn since(&self, earlier: Instant) -> Duration {
         self.now().saturating_duration_since(earlier)
+    }
+}
+
+/// Polls `future` on this thread, parked between wake-ups: a
+/// [`ManualClock`]'s sleeps need no runtime, and this may be called from
+/// any thread (an async test's too), unlike a runtime's `block_on`.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// Wakes a thread parked in [`block_on`].
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
     }
 }
 
@@ -66,6 +96,10 @@ mod real {
     pub(super) fn system() -> std::time::SystemTime {
         std::time::SystemTime::now()
     }
+
+    pub(super) fn sleep(duration: std::time::Duration) {
+        std::thread::sleep(duration);
+    }
 }
 
 /// The real time: std's clocks, and tokio's timers for sleeping (so
@@ -84,6 +118,10 @@ impl Clock for SystemClock {
 
     fn sleep(&self, duration: Duration) -> Sleep {
         Box::pin(tokio::time::sleep(duration))
+    }
+
+    fn sleep_blocking(&self, duration: Duration) {
+        real::sleep(duration);
     }
 }
 
@@ -277,6 +315,26 @@ mod tests {
         assert_eq!(poll_once(waiting.as_mut()), Poll::Ready(Err(Elapsed)));
         let mut ready = Box::pin(timeout(&clock, Duration::ZERO, async { 7 }));
         assert_eq!(poll_once(ready.as_mut()), Poll::Ready(Ok(7)));
+    }
+
+    #[test]
+    fn a_blocking_sleep_on_a_manual_clock_ends_when_the_clock_passes_it() {
+        let clock = ManualClock::new();
+        let sleeper = {
+            let clock = clock.clone();
+            std::thread::spawn(move || clock.sleep_blocking(Duration::from_secs(3600)))
+        };
+        while clock.sleeping() == 0 {
+            std::thread::yield_now();
+        }
+        clock.advance(Duration::from_secs(3599));
+        assert_eq!(clock.sleeping(), 1, "not due yet");
+        clock.advance(Duration::from_secs(1));
+        sleeper.join().expect("the sleeper ends");
+        assert_eq!(clock.sleeping(), 0);
+        let start = SystemClock.now();
+        SystemClock.sleep_blocking(Duration::from_millis(5));
+        assert!(SystemClock.since(start) >= Duration::from_millis(5), "outside any runtime too");
     }
 
     #[tokio::test]

@@ -130,14 +130,16 @@ pub fn check_open_files(uses: &[(&'static str, usize)], reserve: usize, limit: u
 pub mod seconds {
     use std::time::Duration;
 
+    use crate::limits::MAX_CONFIG_SECONDS as MAX;
+
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let v = <f64 as serde::Deserialize>::deserialize(d)?;
-        if !(0.0..=86_400.0).contains(&v) {
-            return Err(serde::de::Error::custom("must be between 0 and 86400 seconds"));
+        if !(0.0..=MAX).contains(&v) {
+            return Err(serde::de::Error::custom(format!("must be between 0 and {MAX} seconds")));
         }
         Ok(Duration::from_secs_f64(v))
     }
@@ -149,8 +151,7 @@ pub mod retention_seconds {
 
     pub use super::seconds::serialize;
 
-    /// Ten years of seconds.
-    const MAX: f64 = 10.0 * 366.0 * 86_400.0;
+    use crate::limits::MAX_RETENTION_SECONDS as MAX;
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let v = <f64 as serde::Deserialize>::deserialize(d)?;

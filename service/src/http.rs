@@ -27,6 +27,7 @@ use http_body::Frame;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tracing::debug;
 
+use crate::limits;
 use crate::listener::{BusyGuard, Listener};
 
 /// Bounds of an HTTP listener besides its connection limit.
@@ -41,10 +42,10 @@ pub struct HttpLimits {
 impl Default for HttpLimits {
     fn default() -> HttpLimits {
         HttpLimits {
-            header_timeout: Duration::from_secs(10),
-            write_timeout: Duration::from_secs(30),
-            body_timeout: Duration::from_secs(30),
-            max_body_bytes: 1 << 20,
+            header_timeout: limits::HTTP_HEADER_TIMEOUT,
+            write_timeout: limits::HTTP_WRITE_TIMEOUT,
+            body_timeout: limits::HTTP_BODY_TIMEOUT,
+            max_body_bytes: limits::HTTP_MAX_BODY_BYTES,
         }
     }
 }

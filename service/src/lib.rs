@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod durable;
 pub mod http;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod ports;

@@ -49,6 +49,9 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{oneshot, Semaphore};
 use tracing::{debug, warn};
 
+use crate::limits::{
+    ERROR_LOG_INTERVAL, LISTEN_BACKLOG, MAX_ACCEPT_PAUSE, MAX_REFUSALS_IN_FLIGHT, MIN_ACCEPT_PAUSE, REFUSAL_WAIT,
+};
 use crate::metrics::{ListenerMetrics, OneListener};
 use crate::tls::{ServerTls, Stream};
 
@@ -66,20 +69,7 @@ pub struct Limits {
 /// closing — its protocol's "too many connections" error.
 pub type Refusal = fn(first_bytes: &[u8]) -> Vec<u8>;
 
-/// Refusals answered at once, each on its own short-lived task; beyond this
-/// a refused connection is closed without an answer.
-pub const MAX_REFUSALS_IN_FLIGHT: usize = 16;
-/// Descriptors a listener may hold beyond its `max_connections`: the
-/// connection being admitted and those being refused. Services count them
-/// in their open-file budget.
-pub const DESCRIPTORS_BEYOND_LIMIT: usize = 1 + MAX_REFUSALS_IN_FLIGHT;
-/// How long a refused client gets to send its first bytes, and to take the answer.
-const REFUSAL_WAIT: Duration = Duration::from_millis(300);
-/// Pauses after accept errors that are not about one connection.
-const MIN_ACCEPT_PAUSE: Duration = Duration::from_millis(10);
-const MAX_ACCEPT_PAUSE: Duration = Duration::from_secs(1);
-/// Accept errors are logged at most this often (each is counted in metrics).
-const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(1);
+pub use crate::limits::DESCRIPTORS_BEYOND_LIMIT;
 
 /// A bound TCP listener with a connection table.
 pub struct Listener {
@@ -105,12 +95,6 @@ pub struct BindError {
     #[source]
     pub source: std::io::Error,
 }
-
-/// Connections the kernel queues for a listener until it accepts them
-/// (the kernel caps it at `net.core.somaxconn`, 4096 by default). Tokio's
-/// and the standard library's `bind` ask for 128, which a flood of idle
-/// connections fills at once; see the module documentation.
-pub const LISTEN_BACKLOG: u32 = 4096;
 
 /// Binds `addr` (the value of config key `key`), naming both in the error.
 pub async fn bind(key: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {

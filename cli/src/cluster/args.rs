@@ -207,7 +207,7 @@ pub struct AgentArgs {
     pub eager: bool,
     /// A lazy compute's local file cache in MiB (default 1024; kept for
     /// later starts).
-    #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    #[arg(long, help_heading = "compute agent options", value_parser = clap::value_parser!(u64).range(1..=crate::limits::MAX_CACHE_MB))]
     pub cache_mb: Option<u64>,
     /// How long a lazy compute's read waits for an unreachable pageserver
     /// before that query fails, in seconds (default 20; kept for later

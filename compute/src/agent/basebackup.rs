@@ -41,12 +41,6 @@ const STANDARD_DIRS: &[&str] = &[
 /// Files of a running server that must not come from a backup.
 const STALE_FILES: &[&str] = &["postmaster.pid", "postmaster.opts"];
 
-/// Most bytes read after the end-of-archive marker.
-const TRAILER_LIMIT: u64 = 1 << 20;
-
-/// Copy buffer for file contents.
-const COPY_BUFFER: usize = 256 << 10;
-
 /// What unpacking did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnpackStats {
@@ -142,7 +136,7 @@ impl<R: Read> Read for Counting<R> {
 pub fn unpack(reader: impl Read, pgdata: &Path, cancel: &AtomicBool) -> Result<UnpackStats, RestoreError> {
     let mut archive = tar::Archive::new(Counting { inner: reader, bytes: 0 });
     let mut stats = UnpackStats::default();
-    let mut buffer = vec![0u8; COPY_BUFFER];
+    let mut buffer = vec![0u8; crate::limits::COPY_BUFFER];
     let entries = archive.entries().map_err(io_err("reading the basebackup archive"))?;
     for entry in entries {
         if cancel.load(Ordering::Relaxed) {
@@ -181,7 +175,7 @@ pub fn unpack(reader: impl Read, pgdata: &Path, cancel: &AtomicBool) -> Result<U
     // Read the end-of-archive padding too, so that the byte count covers
     // the whole stream (bounded: padding is a few blocks).
     let mut rest = archive.into_inner();
-    io::copy(&mut (&mut rest).take(TRAILER_LIMIT), &mut io::sink())
+    io::copy(&mut (&mut rest).take(crate::limits::TRAILER_LIMIT), &mut io::sink())
         .map_err(io_err("reading the end of the basebackup archive"))?;
     stats.bytes = rest.bytes;
     Ok(stats)

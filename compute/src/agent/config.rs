@@ -107,6 +107,9 @@ pub struct AgentConfig {
     /// `pg_role` over TCP (SCRAM-SHA-256); read at every start, so a new
     /// password takes effect with the next one (`docs/security.md`).
     pub password_file: PathBuf,
+    /// Where the agent reads the time: its phases' durations, deadlines,
+    /// restart backoff and crash loops, and the proposer's decisions.
+    pub clock: crate::clock::SharedClock,
 }
 
 /// What a replica needs besides a compute's settings.
@@ -179,7 +182,7 @@ impl AgentConfig {
             replica: None,
             lazy_page_service: None,
             lazy_cache_bytes: 1 << 30,
-            lazy_fetch_retry: crate::lazy::source::RETRY_FOR,
+            lazy_fetch_retry: crate::limits::LAZY_FETCH_RETRY_FOR,
             auth_public_key: None,
             token: None,
             tls_client: None,
@@ -187,6 +190,7 @@ impl AgentConfig {
             pg_tls_files: None,
             pg_host_address: None,
             password_file,
+            clock: crate::clock::SharedClock::default(),
         }
     }
 

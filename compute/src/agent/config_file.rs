@@ -19,11 +19,7 @@ use strata_service::auth::read_token;
 use strata_service::tls::{ClientTls, ServerTls};
 
 use super::config::{AgentConfig, ReplicaConfig};
-
-/// The largest lazy cache, in MiB (1 PiB: a typo, not a disk).
-const MAX_LAZY_CACHE_MB: u64 = 1 << 30;
-/// The longest a lazy read may keep retrying an unreachable pageserver.
-const MAX_LAZY_FETCH_RETRY_SECS: u64 = 3600;
+use crate::limits::{MAX_LAZY_CACHE_MB, MAX_LAZY_FETCH_RETRY_SECS};
 
 /// `agent.toml`: what one compute runs and where it finds everything.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -212,13 +208,13 @@ fn default_max_replica_lag_mb() -> u64 {
     1024
 }
 fn default_max_replica_lag_secs() -> u64 {
-    900
+    crate::limits::DEFAULT_MAX_REPLICA_LAG_SECS
 }
 fn default_lazy_cache_mb() -> u64 {
     1024
 }
 fn default_lazy_fetch_retry_secs() -> u64 {
-    20
+    crate::limits::LAZY_FETCH_RETRY_FOR.as_secs()
 }
 
 impl AgentFile {

@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use strata_formats::Lsn;
@@ -24,13 +23,6 @@ use crate::page_client::PageClientConfig;
 /// The directories a lazy compute serves, and their names under the data directory.
 const MOUNTS: [(Mount, &str); 2] = [(Mount::Base, "base"), (Mount::Global, "global")];
 
-/// How often the cache learns how far the pageserver has ingested (written
-/// blocks wait for that before they may be dropped).
-const INGEST_POLL: Duration = Duration::from_millis(500);
-
-/// How often the agent checks that the mounts' daemons still serve.
-const MOUNT_WATCH: Duration = Duration::from_secs(1);
-
 /// The mounts of the current run, if any.
 #[derive(Default)]
 pub struct LazyMounts {
@@ -43,7 +35,7 @@ pub struct LazyMounts {
     stats: Arc<LazyStats>,
 }
 
-/// Tells `cache` the pageserver's ingested LSN every [`INGEST_POLL`] until
+/// Tells `cache` the pageserver's ingested LSN every [`crate::limits::INGEST_POLL`] until
 /// `stop` is set or the cache is gone, and for a writer
 /// ([`ReadFloor::Ingested`]) moves the read floor there too, so that its
 /// reads stay above the GC cutoff however long it runs. Failures only
@@ -73,7 +65,7 @@ fn poll_ingested(
             Err(_) => {}
         }
         drop(cache);
-        std::thread::sleep(INGEST_POLL);
+        std::thread::sleep(crate::limits::INGEST_POLL);
     }
 }
 
@@ -143,7 +135,7 @@ impl LazyMounts {
     /// Resolves once a mount of this run is dead (never, without mounts).
     pub async fn died(&self) -> PathBuf {
         loop {
-            tokio::time::sleep(MOUNT_WATCH).await;
+            tokio::time::sleep(crate::limits::MOUNT_WATCH).await;
             if let Some(path) = self.dead_mount() {
                 return path;
             }

@@ -5,14 +5,13 @@
 //! shutdown, then SIGKILL to whatever of it still runs in the directory.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use strata_service::clock::Clock;
 
 use tracing::{info, warn};
 
 use super::postgres;
-
-/// Bound on each step of stopping a leftover server.
-const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The pid of a PostgreSQL serving `pgdata`: `postmaster.pid` names a live
 /// `postgres` process whose data directory (the pidfile's second line, and
@@ -45,42 +44,43 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 
 /// Stops the leftover server `pid` of `pgdata`: SIGQUIT (immediate
 /// shutdown), SIGKILL if it is still there after a few seconds, then
-/// SIGKILL to any of its processes still in the directory.
-pub async fn stop(pgdata: &Path, pid: i32) -> Result<(), String> {
+/// SIGKILL to any of its processes still in the directory; each step is
+/// bounded on `clock`.
+pub async fn stop(pgdata: &Path, pid: i32, clock: &dyn Clock) -> Result<(), String> {
     warn!(pid, pgdata = %pgdata.display(), "a PostgreSQL left by an earlier agent runs in the data directory; stopping it");
-    let started = Instant::now();
+    let started = clock.now();
     // SAFETY: kill has no memory effects.
     unsafe {
         libc::kill(pid, libc::SIGQUIT);
     }
-    if !gone(pid, STEP_TIMEOUT).await {
+    if !gone(pid, crate::limits::LEFTOVER_STEP_TIMEOUT, clock).await {
         warn!(pid, "PostgreSQL ignored the immediate shutdown; killing it");
         // SAFETY: as above.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
         }
-        if !gone(pid, STEP_TIMEOUT).await {
+        if !gone(pid, crate::limits::LEFTOVER_STEP_TIMEOUT, clock).await {
             return Err(format!("PostgreSQL (pid {pid}) left in {} does not die", pgdata.display()));
         }
     }
-    if !postgres::kill_processes_in(pgdata, STEP_TIMEOUT).await {
+    if !postgres::kill_processes_in(pgdata, crate::limits::LEFTOVER_STEP_TIMEOUT, clock).await {
         return Err(format!("processes of the PostgreSQL left in {} do not die", pgdata.display()));
     }
-    info!(pid, seconds = started.elapsed().as_secs_f64(), "stopped the leftover PostgreSQL");
+    info!(pid, seconds = clock.since(started).as_secs_f64(), "stopped the leftover PostgreSQL");
     Ok(())
 }
 
 /// Waits until `pid` is no longer a live postgres process, at most `timeout`.
-async fn gone(pid: i32, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
+async fn gone(pid: i32, timeout: Duration, clock: &dyn Clock) -> bool {
+    let deadline = clock.now() + timeout;
     loop {
         if !postgres::is_live_postgres(pid) {
             return true;
         }
-        if Instant::now() >= deadline {
+        if clock.now() >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        clock.sleep(crate::limits::PROCESS_EXIT_POLL).await;
     }
 }
 
@@ -147,8 +147,9 @@ mod tests {
         let mut backend = spawn_in(&exe, &dir);
         let pid = server.id() as i32;
         std::fs::write(dir.join("postmaster.pid"), format!("{pid}\n{}\n", dir.display())).unwrap();
-        let wait_live = std::time::Instant::now();
-        while !postgres::is_live_postgres(pid) && wait_live.elapsed() < Duration::from_secs(5) {
+        let clock = strata_service::clock::SystemClock;
+        let wait_live = clock.now();
+        while !postgres::is_live_postgres(pid) && clock.since(wait_live) < Duration::from_secs(5) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(find(&dir), Some(pid));
@@ -159,7 +160,7 @@ mod tests {
         expected.sort();
         assert_eq!(all, expected);
 
-        stop(&dir, pid).await.unwrap();
+        stop(&dir, pid, &clock).await.unwrap();
         assert_eq!(postgres::processes_in(&dir), Vec::<i32>::new());
         assert_eq!(find(&dir), None);
         // SIGQUIT ended the server, SIGKILL the other one.

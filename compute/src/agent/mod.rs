@@ -36,6 +36,8 @@ pub mod trash;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use strata_service::clock::Clock;
+
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
@@ -114,7 +116,8 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             pageserver: None,
         },
         proposer_rx,
-    );
+    )
+    .with_clock(cfg.clock.clone());
     let lazy = lazy::LazyMounts::default();
     let status = if cfg.lazy_page_service.is_some() { status.with_lazy(lazy.stats().clone()) } else { status };
     let status = if cfg.read_only_at.is_none() && cfg.replica.is_none() {
@@ -174,7 +177,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             s.error = Some(e.to_string());
         });
         if server.is_some() {
-            tokio::time::sleep(agent.cfg.failed_linger).await;
+            agent.cfg.clock.sleep(agent.cfg.failed_linger).await;
         }
     }
     if let Some(server) = server {
@@ -214,9 +217,9 @@ fn check_timeline(info: &TimelineStatus) -> Result<(), String> {
     Ok(())
 }
 
-/// Unix time in whole seconds.
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+/// Unix time on `clock`, in whole seconds.
+fn unix_now(clock: &dyn Clock) -> u64 {
+    clock.system_now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// How one start-and-run of the compute ended.
@@ -268,7 +271,8 @@ impl Agent {
         proposer_tx: watch::Sender<ProposerStatus>,
     ) -> Result<(), AgentError> {
         let mut tracker = RestartTracker::new(self.cfg.restart);
-        let mut attempt = Attempt { began: Instant::now(), down_since: None };
+        let clock = &self.cfg.clock;
+        let mut attempt = Attempt { began: clock.now(), down_since: None };
         loop {
             proposer_tx.send_replace(ProposerStatus::default());
             let (error, cause, running_since) = match self.start_and_run(stop, &proposer_tx, attempt).await {
@@ -279,7 +283,7 @@ impl Agent {
                 RunEnd::Failed { error, running_since: None, .. } if !attempt.is_restart() => return Err(error),
                 RunEnd::Failed { error, cause, running_since } => (error, cause, running_since),
             };
-            let now = Instant::now();
+            let now = clock.now();
             let uptime = running_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
             // Down since this failure, or since the failure a failed restart tried to recover from.
             let down_since = match (running_since, attempt.down_since) {
@@ -295,7 +299,7 @@ impl Agent {
                 s.error = Some(error.to_string());
                 s.restart.restarts = restarts;
                 s.restart.last_restart_cause = Some(cause.clone());
-                s.restart.last_restart_at = Some(unix_now());
+                s.restart.last_restart_at = Some(unix_now(&**clock));
             });
             self.status.set_crash_loop_until(crash_loop_until);
             warn!(restarts, delay_ms = delay.as_millis() as u64, "{cause}; starting PostgreSQL afresh");
@@ -309,11 +313,11 @@ impl Agent {
                     p.max_delay
                 );
             }
-            if unless_stopped(stop, tokio::time::sleep(delay)).await.is_none() {
+            if unless_stopped(stop, clock.sleep(delay)).await.is_none() {
                 info!("stop requested while waiting to restart PostgreSQL");
                 return Ok(());
             }
-            attempt = Attempt { began: Instant::now(), down_since: Some(down_since) };
+            attempt = Attempt { began: clock.now(), down_since: Some(down_since) };
         }
     }
 }

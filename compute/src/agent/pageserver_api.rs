@@ -4,25 +4,15 @@
 
 use std::io::Read;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use strata_formats::Lsn;
 use strata_protocol::api::pageserver::{CheckpointRecordResponse, LeaseRequest};
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::api_client::{self, ApiClient};
 use strata_service::auth::Token;
+use strata_service::clock::Clock;
 use strata_service::tls::ClientTls;
-
-/// Bound on a JSON request (connect, send, receive the whole answer).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on connecting for a basebackup.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound on the pageserver preparing a basebackup (until the headers arrive).
-const BASEBACKUP_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Bound on each read of the basebackup stream: a stalled transfer fails.
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest JSON answer accepted.
-const MAX_JSON_BYTES: u64 = 1 << 20;
 
 /// The pageserver's description of a timeline.
 pub use strata_protocol::api::pageserver::TimelineStatus;
@@ -55,13 +45,14 @@ impl PageserverClient {
                 None => c,
             }
         };
-        let json = ApiClient::new(tls, None, REQUEST_TIMEOUT).with_max_answer(MAX_JSON_BYTES);
+        let json = ApiClient::new(tls, None, crate::limits::PAGESERVER_REQUEST_TIMEOUT)
+            .with_max_answer(crate::limits::MAX_JSON_BYTES);
         let stream = config()
             .http_status_as_error(false)
-            .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_send_request(Some(CONNECT_TIMEOUT))
-            .timeout_recv_response(Some(BASEBACKUP_RESPONSE_TIMEOUT))
-            .timeout_per_read(Some(READ_TIMEOUT))
+            .timeout_connect(Some(crate::limits::PAGESERVER_CONNECT_TIMEOUT))
+            .timeout_send_request(Some(crate::limits::PAGESERVER_CONNECT_TIMEOUT))
+            .timeout_recv_response(Some(crate::limits::BASEBACKUP_RESPONSE_TIMEOUT))
+            .timeout_per_read(Some(crate::limits::BASEBACKUP_READ_TIMEOUT))
             .build()
             .into();
         PageserverClient { base: base.trim_end_matches('/').to_string(), json, stream, token: None, target: None }
@@ -174,7 +165,12 @@ impl PageserverClient {
         let response = request.call().map_err(|e| transport_error(&url, e))?;
         let status = response.status().as_u16();
         if status != 200 {
-            let text = response.into_body().with_config().limit(MAX_JSON_BYTES).read_to_string().unwrap_or_default();
+            let text = response
+                .into_body()
+                .with_config()
+                .limit(crate::limits::MAX_JSON_BYTES)
+                .read_to_string()
+                .unwrap_or_default();
             return Err(ApiError::Status { url, status, message: api_client::error_message(&text) });
         }
         Ok(response.into_body().into_reader())
@@ -202,30 +198,27 @@ fn transport_error(url: &str, e: ureq::Error) -> ApiError {
     ApiError::Unreachable { url: url.to_string(), message: e.to_string() }
 }
 
-/// First pause between retries; it doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
-
 /// Asks for the timeline until the pageserver answers, retrying transient
-/// failures with backoff for at most `patience`.
+/// failures with backoff for at most `patience` of `clock`'s time.
 pub async fn timeline_with_retry(
     client: &Arc<PageserverClient>,
     tenant: TenantId,
     timeline: TimelineId,
     patience: Duration,
+    clock: &dyn Clock,
 ) -> Result<TimelineStatus, ApiError> {
-    let deadline = Instant::now() + patience;
-    let mut backoff = FIRST_BACKOFF;
+    let deadline = clock.now() + patience;
+    let mut backoff = crate::limits::PAGESERVER_FIRST_BACKOFF;
     loop {
         let c = client.clone();
         let result = tokio::task::spawn_blocking(move || c.timeline(tenant, timeline))
             .await
             .unwrap_or_else(|e| Err(ApiError::Invalid { url: client.base(), message: format!("request task: {e}") }));
         match result {
-            Err(e) if e.is_transient() && Instant::now() + backoff < deadline => {
+            Err(e) if e.is_transient() && clock.now() + backoff < deadline => {
                 tracing::debug!("pageserver not answering yet: {e}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                clock.sleep(backoff).await;
+                backoff = (backoff * 2).min(crate::limits::PAGESERVER_MAX_BACKOFF);
             }
             other => return other,
         }
@@ -276,12 +269,14 @@ mod tests {
         // A port that was free a moment ago: connections are refused.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let client = Arc::new(PageserverClient::new(&format!("127.0.0.1:{port}"), None));
-        let started = Instant::now();
-        let err = timeline_with_retry(&client, TenantId([1; 16]), TimelineId([2; 16]), Duration::from_millis(400))
-            .await
-            .unwrap_err();
+        let clock = strata_service::clock::SystemClock;
+        let started = clock.now();
+        let patience = Duration::from_millis(400);
+        let err =
+            timeline_with_retry(&client, TenantId([1; 16]), TimelineId([2; 16]), patience, &clock).await.unwrap_err();
         assert!(err.is_transient(), "{err}");
-        assert!(started.elapsed() >= Duration::from_millis(150), "{:?}", started.elapsed());
-        assert!(started.elapsed() < Duration::from_secs(5));
+        let took = clock.since(started);
+        assert!(took >= Duration::from_millis(150), "{took:?}");
+        assert!(took < Duration::from_secs(5));
     }
 }

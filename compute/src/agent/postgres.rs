@@ -7,21 +7,17 @@ use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use strata_service::clock::{timeout, Clock};
+
+use crate::clock::SharedClock;
+use crate::limits::{IMMEDIATE_STOP_TIMEOUT, PROCESS_EXIT_POLL};
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
 
-/// Bytes of the log shown with an error.
-const LOG_TAIL_BYTES: u64 = 4096;
-/// Bytes of the log searched for the reason of an exit.
-const LOG_REASON_BYTES: u64 = 64 << 10;
-/// Longest reason quoted from the log.
-const MAX_REASON_CHARS: usize = 300;
 /// What the postmaster logs when a child crashed, or when it panics itself.
 const CRASH_MARKERS: &[&str] =
     &["was terminated by signal", "was terminated by exception", "exited with exit code", "PANIC:"];
-/// Bound on waiting for the server to exit after an immediate shutdown.
-const IMMEDIATE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An operating-system user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,9 +84,9 @@ pub fn log_tail(path: &Path) -> String {
     let read = || -> std::io::Result<String> {
         let mut f = std::fs::File::open(path)?;
         let len = f.metadata()?.len();
-        f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)))?;
+        f.seek(SeekFrom::Start(len.saturating_sub(crate::limits::LOG_TAIL_BYTES)))?;
         let mut bytes = Vec::new();
-        f.take(LOG_TAIL_BYTES).read_to_end(&mut bytes)?;
+        f.take(crate::limits::LOG_TAIL_BYTES).read_to_end(&mut bytes)?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     };
     read().unwrap_or_else(|e| format!("({}: {e})", path.display()))
@@ -101,15 +97,15 @@ pub fn log_tail(path: &Path) -> String {
 pub fn crash_reason(path: &Path, from: u64) -> Option<String> {
     let mut f = std::fs::File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
-    let start = from.max(len.saturating_sub(LOG_REASON_BYTES));
+    let start = from.max(len.saturating_sub(crate::limits::LOG_REASON_BYTES));
     f.seek(SeekFrom::Start(start)).ok()?;
     let mut bytes = Vec::new();
-    f.take(LOG_REASON_BYTES).read_to_end(&mut bytes).ok()?;
+    f.take(crate::limits::LOG_REASON_BYTES).read_to_end(&mut bytes).ok()?;
     let text = String::from_utf8_lossy(&bytes);
     let line = text.lines().rev().find(|l| CRASH_MARKERS.iter().any(|m| l.contains(m)))?;
     // `2024-01-01 00:00:00.000 UTC [42] LOG:  server process …`: keep the message.
     let message = ["LOG:  ", "PANIC:  "].iter().find_map(|p| line.split_once(p).map(|(_, m)| m)).unwrap_or(line).trim();
-    Some(message.chars().take(MAX_REASON_CHARS).collect())
+    Some(message.chars().take(crate::limits::MAX_REASON_CHARS).collect())
 }
 
 /// Fails if `postmaster.pid` in `pgdata` names a live process: a server is
@@ -177,11 +173,11 @@ pub fn processes_in(pgdata: &Path) -> Vec<i32> {
 }
 
 /// SIGKILL to every process of [`processes_in`] `pgdata`, until none is
-/// left (at most `timeout`). True if none is left. Only for a data
+/// left (at most `timeout` of `clock`'s time). True if none is left. Only for a data
 /// directory whose server has died or is being killed: a server started
 /// there meanwhile would be killed too.
-pub async fn kill_processes_in(pgdata: &Path, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
+pub async fn kill_processes_in(pgdata: &Path, timeout: Duration, clock: &dyn Clock) -> bool {
+    let deadline = clock.now() + timeout;
     loop {
         let pids = processes_in(pgdata);
         if pids.is_empty() {
@@ -193,10 +189,10 @@ pub async fn kill_processes_in(pgdata: &Path, timeout: Duration) -> bool {
                 libc::kill(pid, libc::SIGKILL);
             }
         }
-        if Instant::now() >= deadline {
+        if clock.now() >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        clock.sleep(PROCESS_EXIT_POLL).await;
     }
 }
 
@@ -210,13 +206,22 @@ pub struct Postgres {
     /// Length of the log when this server was started: what follows is its own.
     log_start: u64,
     exited: Option<ExitStatus>,
+    /// What its waits and timeouts are measured on.
+    clock: SharedClock,
 }
 
 impl Postgres {
     /// Starts `{bin_dir}/postgres -D {pgdata}` as `user` (if given), in its
     /// own process group (a terminal's Ctrl-C reaches only the agent, which
-    /// stops the server in order), output appended to `log`.
-    pub fn spawn(bin_dir: &Path, pgdata: &Path, log: &Path, user: Option<&OsUser>) -> Result<Postgres, PostgresError> {
+    /// stops the server in order), output appended to `log`; its waits are
+    /// timed on `clock`.
+    pub fn spawn(
+        bin_dir: &Path,
+        pgdata: &Path,
+        log: &Path,
+        user: Option<&OsUser>,
+        clock: SharedClock,
+    ) -> Result<Postgres, PostgresError> {
         let io = |context: String| move |source| PostgresError::Io { context, source };
         let file = OpenOptions::new()
             .create(true)
@@ -245,7 +250,15 @@ impl Postgres {
             context: "starting PostgreSQL".into(),
             source: std::io::Error::other("the child exited at once"),
         })?;
-        Ok(Postgres { child, pid, pgdata: pgdata.to_path_buf(), log: log.to_path_buf(), log_start, exited: None })
+        Ok(Postgres {
+            child,
+            pid,
+            pgdata: pgdata.to_path_buf(),
+            log: log.to_path_buf(),
+            log_start,
+            exited: None,
+            clock,
+        })
     }
 
     /// The postmaster's process id.
@@ -265,8 +278,9 @@ impl Postgres {
     /// Polls until a replication connection as `conn` succeeds (the server
     /// accepts connections and is out of startup), at most `timeout`.
     pub async fn wait_ready(&mut self, conn: &ReplicationConfig, timeout: Duration) -> Result<(), PostgresError> {
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_millis(10);
+        let clock = self.clock.clone();
+        let deadline = clock.now() + timeout;
+        let mut pause = crate::limits::READY_FIRST_PAUSE;
         loop {
             if let Some(status) = self.try_wait()? {
                 return Err(self.exited_error(status));
@@ -278,7 +292,7 @@ impl Postgres {
                 },
                 Err(e) => e.to_string(),
             };
-            if Instant::now() + pause > deadline {
+            if clock.now() + pause > deadline {
                 return Err(PostgresError::NotReady {
                     timeout,
                     last,
@@ -286,8 +300,8 @@ impl Postgres {
                     tail: log_tail(&self.log),
                 });
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(50));
+            clock.sleep(pause).await;
+            pause = (pause * 2).min(crate::limits::READY_MAX_PAUSE);
         }
     }
 
@@ -345,13 +359,14 @@ impl Postgres {
 
     /// Stops the server: fast shutdown (SIGINT), then after `timeout` an
     /// immediate one (SIGQUIT), then SIGKILL. Returns its exit status.
-    pub async fn stop(&mut self, timeout: Duration) -> Result<ExitStatus, PostgresError> {
+    pub async fn stop(&mut self, limit: Duration) -> Result<ExitStatus, PostgresError> {
         self.signal(libc::SIGINT);
-        if let Ok(status) = tokio::time::timeout(timeout, self.wait()).await {
+        let clock = self.clock.clone();
+        if let Ok(status) = timeout(&*clock, limit, self.wait()).await {
             return status;
         }
         self.stop_immediately().await?;
-        Err(PostgresError::NotStopped(timeout))
+        Err(PostgresError::NotStopped(limit))
     }
 
     /// Ends the server and everything it started: an immediate shutdown if
@@ -363,7 +378,7 @@ impl Postgres {
             Some(status) => status,
             None => self.stop_immediately().await?,
         };
-        if !kill_processes_in(&self.pgdata, IMMEDIATE_STOP_TIMEOUT).await {
+        if !kill_processes_in(&self.pgdata, IMMEDIATE_STOP_TIMEOUT, &*self.clock).await {
             return Err(PostgresError::Io {
                 context: format!("killing the processes left by PostgreSQL in {}", self.pgdata.display()),
                 source: std::io::Error::other(format!("still running after {IMMEDIATE_STOP_TIMEOUT:?}")),
@@ -376,11 +391,12 @@ impl Postgres {
     pub async fn stop_immediately(&mut self) -> Result<ExitStatus, PostgresError> {
         tracing::warn!(pid = self.pid, "stopping PostgreSQL immediately");
         self.signal(libc::SIGQUIT);
-        if let Ok(status) = tokio::time::timeout(IMMEDIATE_STOP_TIMEOUT, self.wait()).await {
+        let clock = self.clock.clone();
+        if let Ok(status) = timeout(&*clock, IMMEDIATE_STOP_TIMEOUT, self.wait()).await {
             return status;
         }
         self.signal(libc::SIGKILL);
-        tokio::time::timeout(IMMEDIATE_STOP_TIMEOUT, self.wait())
+        timeout(&*clock, IMMEDIATE_STOP_TIMEOUT, self.wait())
             .await
             .map_err(|_| PostgresError::NotStopped(IMMEDIATE_STOP_TIMEOUT * 2))?
     }
@@ -408,7 +424,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("strata-logtail-{}", std::process::id()));
         std::fs::write(&path, format!("{}\nTHE END\n", "x".repeat(10_000))).unwrap();
         let tail = log_tail(&path);
-        assert!(tail.len() <= LOG_TAIL_BYTES as usize && tail.ends_with("THE END\n"));
+        assert!(tail.len() <= crate::limits::LOG_TAIL_BYTES as usize && tail.ends_with("THE END\n"));
         std::fs::remove_file(&path).unwrap();
         assert!(log_tail(&path).contains("No such file"));
     }
@@ -430,7 +446,7 @@ mod tests {
             Some("server process (PID 12) was terminated by signal 9: Killed")
         );
         std::fs::write(&path, format!("{old}PANIC:  could not write {}\n", "x".repeat(1000))).unwrap();
-        assert_eq!(crash_reason(&path, from).unwrap().chars().count(), MAX_REASON_CHARS);
+        assert_eq!(crash_reason(&path, from).unwrap().chars().count(), crate::limits::MAX_REASON_CHARS);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(crash_reason(&path, 0), None);
     }

@@ -8,6 +8,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use strata_service::clock::timeout;
+
 use strata_formats::Lsn;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -15,21 +17,9 @@ use tracing::{info, warn};
 use super::pageserver_api::ApiError;
 use super::postgres::Postgres;
 use super::{fail, stop_requested, Agent, Attempt, RunEnd};
+use crate::limits::REPLICA_QUERY_TIMEOUT;
 use crate::pg_replication::ReplicationConnection;
 use strata_protocol::api::compute::ReplicaStatus;
-
-/// How often the replay position is asked for: the read floor and the lag
-/// follow it this closely.
-const POLL: Duration = Duration::from_millis(200);
-/// Bound on one poll's query.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
-/// A moved floor is leased at most this often...
-const LEASE_MOVE: Duration = Duration::from_secs(5);
-/// ...and the lease renewed at least this often (it lasts ten minutes).
-const LEASE_RENEW: Duration = Duration::from_secs(60);
-/// WAL ends remembered for the lag in seconds: at one per poll, longer
-/// than the time bound's default.
-const MAX_END_SAMPLES: usize = 8192;
 
 /// The replay position and what the walreceiver knows of the WAL's end.
 const REPLAY_QUERY: &str = "SELECT pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text, \
@@ -46,7 +36,7 @@ impl EndTimes {
     /// The WAL's end was `end` at `now`.
     pub fn note(&mut self, now: Instant, end: Lsn) {
         if self.samples.back().is_none_or(|(_, last)| end > *last) {
-            if self.samples.len() == MAX_END_SAMPLES {
+            if self.samples.len() == crate::limits::MAX_END_SAMPLES {
                 self.samples.pop_front();
             }
             self.samples.push_back((now, end));
@@ -103,25 +93,26 @@ impl Agent {
         attempt: Attempt,
     ) -> RunEnd {
         let replica = self.cfg.replica.clone().expect("run_replica runs replicas");
-        let running_since = Instant::now();
+        let clock = &self.cfg.clock;
+        let running_since = clock.now();
         self.now_running(running_since, attempt);
         let client = Arc::new(self.cfg.pageserver_client());
         let lazy = self.cfg.lazy_page_service.is_some();
         let start = self.status.agent().replica.map(|r| r.redo_lsn).unwrap_or_default();
         // The start's lease was just taken at the redo point.
-        let mut leased = (start, Instant::now());
+        let mut leased = (start, clock.now());
         self.update_replica(|r| r.leased_lsn = lazy.then_some(start));
         let mut conn: Option<ReplicationConnection> = None;
         let mut ends = EndTimes::default();
         let mut warned = false;
-        let mut poll = tokio::time::interval(POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A poll that overran delays the next rather than bunching them.
+        let mut poll = clock.sleep(Duration::ZERO);
         loop {
             tokio::select! {
                 exit = pg.wait() => return self.standby_exited(&mut pg, exit, running_since).await,
                 dead = self.lazy.died() => return self.standby_mount_died(&mut pg, &dead, running_since).await,
                 _ = stop_requested(stop) => return self.stop_standby(&mut pg).await,
-                _ = poll.tick() => {}
+                _ = &mut poll => poll = clock.sleep(crate::limits::REPLICA_POLL),
             }
             let positions = match self.ask_positions(&mut conn).await {
                 Ok(p) => {
@@ -137,7 +128,7 @@ impl Agent {
                     continue;
                 }
             };
-            let now = Instant::now();
+            let now = clock.now();
             let floor = if lazy { self.lazy.follow_replay(positions.replay) } else { None };
             let end = positions.end.into_iter().chain(self.lazy.ingested()).max().unwrap_or(positions.replay);
             ends.note(now, end);
@@ -155,11 +146,13 @@ impl Agent {
             // from the pageserver once started).
             if let (Some(floor), None) = (floor, &lagging) {
                 let target = Lsn(floor.0 & !7);
-                let due = leased.1.elapsed() >= LEASE_RENEW || (target > leased.0 && leased.1.elapsed() >= LEASE_MOVE);
+                let age = clock.since(leased.1);
+                let due = age >= crate::limits::REPLICA_LEASE_RENEW
+                    || (target > leased.0 && age >= crate::limits::REPLICA_LEASE_MOVE);
                 if due {
                     match self.lease_floor(&client, target, &replica.name).await {
                         Ok(()) => {
-                            leased = (target, Instant::now());
+                            leased = (target, clock.now());
                             self.update_replica(|r| r.leased_lsn = Some(target));
                         }
                         // The pageserver's own bound: this replica holds GC back too long.
@@ -205,7 +198,9 @@ impl Agent {
             let rows = c.simple_query(REPLAY_QUERY).await.map_err(|e| e.to_string())?;
             parse_positions(rows.first().ok_or("no row")?)
         };
-        tokio::time::timeout(QUERY_TIMEOUT, ask).await.map_err(|_| format!("no answer within {QUERY_TIMEOUT:?}"))?
+        timeout(&*self.cfg.clock, REPLICA_QUERY_TIMEOUT, ask)
+            .await
+            .map_err(|_| format!("no answer within {REPLICA_QUERY_TIMEOUT:?}"))?
     }
 
     /// Leases `lsn` under the replica's name (replacing its last lease).
@@ -229,10 +224,11 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_service::clock::Clock;
 
     #[test]
     fn lag_in_seconds_is_the_age_of_the_oldest_unreplayed_wal() {
-        let t0 = Instant::now();
+        let t0 = strata_service::clock::ManualClock::new().now();
         let mut e = EndTimes::default();
         assert_eq!(e.lag_seconds(t0, Lsn(0)), 0.0);
         e.note(t0, Lsn(100));
@@ -244,10 +240,10 @@ mod tests {
         assert_eq!(e.lag_seconds(at, Lsn(100)), 1.0);
         assert_eq!(e.lag_seconds(at, Lsn(300)), 0.0);
         // Bounded.
-        for i in 0..(MAX_END_SAMPLES as u64 + 10) {
+        for i in 0..(crate::limits::MAX_END_SAMPLES as u64 + 10) {
             e.note(at, Lsn(400 + i));
         }
-        assert_eq!(e.samples.len(), MAX_END_SAMPLES);
+        assert_eq!(e.samples.len(), crate::limits::MAX_END_SAMPLES);
     }
 
     #[test]

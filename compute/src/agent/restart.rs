@@ -5,7 +5,6 @@
 //! local cluster's supervisor for whole services.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 /// How restarts are paced, and how many make a crash loop.
@@ -126,17 +125,16 @@ impl RestartTracker {
     }
 }
 
-/// A jitter value in `[0, 1)` from the standard library's randomly keyed
-/// hasher (no generator to seed, different in every process and call).
+/// A jitter value in `[0, 1)`: spreads the restarts of computes that failed
+/// together.
 pub fn random_jitter() -> f64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+    strata_service::backoff::random_fraction()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_service::clock::Clock;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -187,7 +185,7 @@ mod tests {
         let policy =
             RestartPolicy { crash_loop_restarts: 3, crash_loop_window: Duration::from_secs(60), ..Default::default() };
         let mut t = RestartTracker::new(policy);
-        let t0 = Instant::now();
+        let t0 = strata_service::clock::ManualClock::new().now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         t.restarting(at(0));
         t.restarting(at(10));

@@ -2,7 +2,9 @@
 //! both until a stop is requested (then stopping them in order) or either
 //! fails (then stopping what is left, for the agent to start afresh).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use strata_service::clock::timeout;
 
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -12,13 +14,6 @@ use super::status::AgentState;
 use super::{fail, stop_requested, Agent, AgentError, Attempt, RunEnd};
 use crate::pg_replication::ReplicationConfig;
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
-
-/// How long a failed proposer waits for PostgreSQL's own exit, which is
-/// then the cause to report (a crashed backend ends the replication stream
-/// a moment before the postmaster exits).
-const EXIT_ATTRIBUTION_WAIT: Duration = Duration::from_secs(1);
-/// How often a read-only compute renews its lease (it lasts ten minutes).
-const LEASE_RENEWAL: Duration = Duration::from_secs(60);
 
 /// What a start hands over to the run.
 pub(super) struct Started {
@@ -77,8 +72,9 @@ impl Agent {
         let mut proposer = Box::pin(proposer::on_own_thread(move || {
             proposer::run_until_shutdown(proposer_cfg, repl, slot, proposer_tx, proposer_stop_rx, stop_timeout)
         }));
-        let t = Instant::now();
-        let streaming_deadline = tokio::time::Instant::now() + self.cfg.start_timeout;
+        let clock = &self.cfg.clock;
+        let t = clock.now();
+        let mut streaming_deadline = clock.sleep(self.cfg.start_timeout);
         let mut running_since = None;
         let ended = loop {
             tokio::select! {
@@ -88,11 +84,11 @@ impl Agent {
                 _ = stop_requested(stop) => break Watch::StopRequested,
                 changed = proposer_status.changed(), if running_since.is_none() => {
                     if changed.is_ok() && proposer_status.borrow_and_update().streaming {
-                        running_since = Some(Instant::now());
+                        running_since = Some(clock.now());
                         self.now_running(t, attempt);
                     }
                 }
-                _ = tokio::time::sleep_until(streaming_deadline), if running_since.is_none() => {
+                _ = &mut streaming_deadline, if running_since.is_none() => {
                     break Watch::NotStreaming;
                 }
             }
@@ -122,7 +118,7 @@ impl Agent {
                     Ok(_) => "the WAL proposer stopped unexpectedly".to_string(),
                 };
                 // The root cause is PostgreSQL's exit if it follows at once.
-                match tokio::time::timeout(EXIT_ATTRIBUTION_WAIT, pg.wait()).await {
+                match timeout(&**clock, crate::limits::EXIT_ATTRIBUTION_WAIT, pg.wait()).await {
                     Ok(Ok(status)) => (fail("running", format!("{why}; {}", pg.unexpected_exit(status))), {
                         format!("{}; {why}", pg.exit_cause(status))
                     }),
@@ -161,17 +157,19 @@ impl Agent {
         lsn: strata_formats::Lsn,
         attempt: Attempt,
     ) -> RunEnd {
-        let running_since = Instant::now();
+        let clock = &self.cfg.clock;
+        let running_since = clock.now();
         self.now_running(running_since, attempt);
         let client = std::sync::Arc::new(self.cfg.pageserver_client());
-        let mut renew = tokio::time::interval(LEASE_RENEWAL);
-        renew.tick().await; // the lease was just taken
+        // The lease was just taken: the first renewal is one period away.
+        let mut renew = clock.sleep(crate::limits::READ_ONLY_LEASE_RENEWAL);
         loop {
             tokio::select! {
                 exit = pg.wait() => return self.standby_exited(&mut pg, exit, running_since).await,
                 dead = self.lazy.died() => return self.standby_mount_died(&mut pg, &dead, running_since).await,
                 _ = stop_requested(stop) => return self.stop_standby(&mut pg).await,
-                _ = renew.tick() => {
+                _ = &mut renew => {
+                    renew = clock.sleep(crate::limits::READ_ONLY_LEASE_RENEWAL);
                     let (c, tenant, timeline) = (client.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
                     match tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn, None)).await {
                         Ok(Ok(())) => {}
@@ -217,9 +215,10 @@ impl Agent {
 
     /// PostgreSQL streams its WAL to the proposer: commits can complete.
     pub(super) fn now_running(&self, proposer_started: Instant, attempt: Attempt) {
-        let seconds = proposer_started.elapsed().as_secs_f64();
-        let total = attempt.began.elapsed().as_secs_f64();
-        let downtime = attempt.down_since.map(|t| t.elapsed().as_secs_f64());
+        let clock = &self.cfg.clock;
+        let seconds = clock.since(proposer_started).as_secs_f64();
+        let total = clock.since(attempt.began).as_secs_f64();
+        let downtime = attempt.down_since.map(|t| clock.since(t).as_secs_f64());
         self.status.update(|s| {
             s.state = AgentState::Running;
             s.error = None;
@@ -260,17 +259,18 @@ impl Agent {
     ) -> Result<(), AgentError> {
         self.status.set_state(AgentState::Stopping);
         info!(pid = pg.pid(), "stopping: fast shutdown of PostgreSQL");
-        let t = Instant::now();
+        let clock = &self.cfg.clock;
+        let t = clock.now();
         let _ = proposer_stop_tx.send(true);
         pg.signal(libc::SIGINT);
-        let deadline = tokio::time::Instant::now() + self.cfg.stop_timeout;
+        let mut deadline = clock.sleep(self.cfg.stop_timeout);
         let mut pg_exit = None;
         let mut proposer_end = None;
         while pg_exit.is_none() || proposer_end.is_none() {
             tokio::select! {
                 exit = pg.wait(), if pg_exit.is_none() => pg_exit = Some(exit),
                 end = &mut *proposer, if proposer_end.is_none() => proposer_end = Some(end),
-                _ = tokio::time::sleep_until(deadline) => break,
+                _ = &mut deadline => break,
             }
         }
         let pg_result = match pg_exit {
@@ -294,7 +294,7 @@ impl Agent {
         };
         match (pg_result, proposer_result) {
             (Ok(()), Ok(())) => {
-                info!(seconds = t.elapsed().as_secs_f64(), "stopped");
+                info!(seconds = clock.since(t).as_secs_f64(), "stopped");
                 Ok(())
             }
             (Err(a), Ok(())) | (Ok(()), Err(a)) => Err(fail("stopping", a)),

@@ -5,7 +5,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+use strata_service::clock::timeout;
 
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::TimelineIdentity;
@@ -150,12 +151,18 @@ impl Agent {
         self.enter(attempt, AgentState::Syncing);
 
         // 1. The timeline, as the pageserver knows it.
-        let t = Instant::now();
+        let t = self.cfg.clock.now();
         let patience =
             if attempt.is_restart() { self.cfg.restart_pageserver_patience } else { self.cfg.pageserver_patience };
         let Some(info) = unless_stopped(
             stop,
-            pageserver_api::timeline_with_retry(&client, self.cfg.tenant_id, self.cfg.timeline_id, patience),
+            pageserver_api::timeline_with_retry(
+                &client,
+                self.cfg.tenant_id,
+                self.cfg.timeline_id,
+                patience,
+                &*self.cfg.clock,
+            ),
         )
         .await
         else {
@@ -163,12 +170,12 @@ impl Agent {
         };
         let info = step!(info.map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name()))));
         step!(check_timeline(&info).map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name()))));
-        let seconds = t.elapsed().as_secs_f64();
+        let seconds = self.cfg.clock.since(t).as_secs_f64();
         self.record(|t| t.timeline_lookup_seconds = seconds);
         info!(seconds, system_id = info.system_id, last_record_lsn = %info.last_record_lsn, "timeline found");
 
         // 2. The end of the timeline's WAL, committed on a quorum (a new term).
-        let t = Instant::now();
+        let t = self.cfg.clock.now();
         let identity = TimelineIdentity {
             tenant_id: self.cfg.tenant_id,
             timeline_id: self.cfg.timeline_id,
@@ -181,6 +188,7 @@ impl Agent {
         proposer_cfg.token = self.cfg.token.clone();
         proposer_cfg.tls = self.cfg.tls_client.clone();
         proposer_cfg.address_map = self.cfg.address_map.clone();
+        proposer_cfg.clock = self.cfg.clock.clone();
         // A replica's basebackup is asked for at its checkpoint record's end
         // and holds the data at the record's redo point, `lsn`.
         let mut basebackup_at = None;
@@ -197,7 +205,7 @@ impl Agent {
                     return stopped_early();
                 };
                 let record = step!(record);
-                let seconds = t.elapsed().as_secs_f64();
+                let seconds = self.cfg.clock.since(t).as_secs_f64();
                 self.status.update(|s| {
                     s.start_lsn = Some(record.redo);
                     s.timings.sync_seconds = seconds;
@@ -219,7 +227,7 @@ impl Agent {
             }
             (None, None) => {
                 let sync =
-                    tokio::time::timeout(self.cfg.sync_timeout, proposer::sync_safekeepers(proposer_cfg.clone()));
+                    timeout(&*self.cfg.clock, self.cfg.sync_timeout, proposer::sync_safekeepers(proposer_cfg.clone()));
                 let Some(lsn) = unless_stopped(stop, sync).await else {
                     return stopped_early();
                 };
@@ -227,7 +235,7 @@ impl Agent {
                     .map_err(|_| format!("no quorum of safekeepers was synced within {:?}", self.cfg.sync_timeout))
                     .and_then(|r| r.map_err(|e| e.to_string()))
                     .map_err(|e| fail("sync-safekeepers", format!("{}: {e}", self.timeline_name()))));
-                let seconds = t.elapsed().as_secs_f64();
+                let seconds = self.cfg.clock.since(t).as_secs_f64();
                 self.status.update(|s| {
                     s.start_lsn = Some(lsn);
                     s.timings.sync_seconds = seconds;
@@ -239,12 +247,12 @@ impl Agent {
 
         // 3. The pageserver must have all of it.
         self.enter(attempt, AgentState::WaitingForPageserver);
-        let t = Instant::now();
+        let t = self.cfg.clock.now();
         let Some(waited) = unless_stopped(stop, self.wait_for_pageserver(&client, lsn)).await else {
             return stopped_early();
         };
         step!(waited);
-        let seconds = t.elapsed().as_secs_f64();
+        let seconds = self.cfg.clock.since(t).as_secs_f64();
         self.record(|t| t.wait_seconds = seconds);
         info!(seconds, %lsn, "the pageserver has the WAL up to the start LSN");
         if self.cfg.read_only_at.is_some() || self.cfg.replica.is_some() {
@@ -262,11 +270,11 @@ impl Agent {
 
         // 4. The data directory from the basebackup.
         self.enter(attempt, AgentState::Restoring);
-        let t = Instant::now();
+        let t = self.cfg.clock.now();
         let Some(stats) = step!(self.restore(stop, &client, lsn, basebackup_at).await) else {
             return stopped_early();
         };
-        let seconds = t.elapsed().as_secs_f64();
+        let seconds = self.cfg.clock.since(t).as_secs_f64();
         self.record(|t| {
             t.basebackup_seconds = seconds;
             t.basebackup_bytes = stats.bytes;
@@ -281,28 +289,29 @@ impl Agent {
         );
 
         // 5. Configuration, and the directory handed to PostgreSQL's user.
-        let t = Instant::now();
+        let t = self.cfg.clock.now();
         let password = step!(read_password(&self.cfg.password_file).map_err(|e| fail("configuration", e)));
         let user = step!(postgres::server_user(&self.cfg.pg_user).map_err(|e| fail("configuration", e)));
         step!(self.configure(user.as_ref()).await);
-        let seconds = t.elapsed().as_secs_f64();
+        let seconds = self.cfg.clock.since(t).as_secs_f64();
         self.record(|t| t.config_seconds = seconds);
         info!(seconds, "configuration written");
         if let Some(addr) = &self.cfg.lazy_page_service {
-            let t = Instant::now();
+            let t = self.cfg.clock.now();
             let owner = user.as_ref().map(|u| (u.uid, u.gid));
             let files = step!(self.lazy.mount(&self.pgdata, addr, &self.cfg, lsn, owner).await);
-            let seconds = t.elapsed().as_secs_f64();
+            let seconds = self.cfg.clock.since(t).as_secs_f64();
             self.record(|t| t.mount_seconds = seconds);
             info!(seconds, files, "relation files mounted (lazy)");
         }
 
         // 6. PostgreSQL.
         self.enter(attempt, AgentState::Starting);
-        let t = Instant::now();
+        let t = self.cfg.clock.now();
         let log = postgres::log_path(&self.pgdata);
-        let mut pg = step!(Postgres::spawn(&self.cfg.pg_bin_dir, &self.pgdata, &log, user.as_ref())
-            .map_err(|e| fail("starting PostgreSQL", e)));
+        let mut pg =
+            step!(Postgres::spawn(&self.cfg.pg_bin_dir, &self.pgdata, &log, user.as_ref(), self.cfg.clock.clone())
+                .map_err(|e| fail("starting PostgreSQL", e)));
         info!(pid = pg.pid(), log = %log.display(), "PostgreSQL started");
         match unless_stopped(stop, pg.wait_ready(&self.socket_config(true), self.cfg.start_timeout)).await {
             None => {
@@ -322,7 +331,7 @@ impl Agent {
             return StartEnd::Failed(e);
         }
         let repl = self.replication_config(&password);
-        let seconds = t.elapsed().as_secs_f64();
+        let seconds = self.cfg.clock.since(t).as_secs_f64();
         self.record(|t| t.postgres_start_seconds = seconds);
         info!(seconds, "PostgreSQL accepts connections");
         StartEnd::Started(Box::new(Started { pg, proposer_cfg, repl }))
@@ -351,8 +360,9 @@ impl Agent {
 
     /// Polls the pageserver until it has ingested the WAL up to `lsn`.
     async fn wait_for_pageserver(&self, client: &Arc<PageserverClient>, lsn: Lsn) -> Result<(), AgentError> {
-        let deadline = Instant::now() + self.cfg.wait_timeout;
-        let mut pause = Duration::from_millis(10);
+        let clock = &self.cfg.clock;
+        let deadline = clock.now() + self.cfg.wait_timeout;
+        let mut pause = crate::limits::INGEST_WAIT_FIRST_PAUSE;
         loop {
             let c = client.clone();
             let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
@@ -370,7 +380,7 @@ impl Agent {
                 Err(e) if e.is_transient() => e.to_string(),
                 Err(e) => return Err(fail("waiting for the pageserver", format!("{}: {e}", self.timeline_name()))),
             };
-            if Instant::now() + pause > deadline {
+            if clock.now() + pause > deadline {
                 return Err(fail(
                     "waiting for the pageserver",
                     format!(
@@ -380,8 +390,8 @@ impl Agent {
                     ),
                 ));
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(250));
+            clock.sleep(pause).await;
+            pause = (pause * 2).min(crate::limits::INGEST_WAIT_MAX_PAUSE);
         }
     }
 
@@ -398,7 +408,7 @@ impl Agent {
         standby_at: Option<Lsn>,
     ) -> Result<Option<basebackup::UnpackStats>, AgentError> {
         if let Some(pid) = leftover::find(&self.pgdata) {
-            leftover::stop(&self.pgdata, pid).await.map_err(|e| fail("basebackup", e))?;
+            leftover::stop(&self.pgdata, pid, &*self.cfg.clock).await.map_err(|e| fail("basebackup", e))?;
         }
         postgres::check_not_running(&self.pgdata).map_err(|e| fail("basebackup", e))?;
         // A lazy compute's mounts of the previous run (or a dead agent's).

@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::clock::SharedClock;
+
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -19,6 +21,7 @@ pub use strata_protocol::api::compute::{
     AgentState, AgentStatus, ComputeStatus, LazyStatus, RestartStatus, StartTimings,
 };
 
+use crate::limits::CHECKPOINT_TIMEOUT;
 use crate::proposer::ProposerStatus;
 
 /// Shared handle on the agent's status; cheap to clone.
@@ -37,6 +40,8 @@ pub struct StatusHandle {
     crash_loop_until: Arc<Mutex<Option<Instant>>>,
     /// A writer's session through its socket, for `POST /v1/checkpoint`.
     sql: Option<crate::pg_replication::ReplicationConfig>,
+    /// What `crash_loop_until` is compared with.
+    clock: SharedClock,
 }
 
 impl StatusHandle {
@@ -50,7 +55,14 @@ impl StatusHandle {
             lazy: None,
             crash_loop_until: Arc::default(),
             sql: None,
+            clock: SharedClock::default(),
         }
+    }
+
+    /// The same handle, reading the time from `clock`.
+    pub fn with_clock(mut self, clock: SharedClock) -> StatusHandle {
+        self.clock = clock;
+        self
     }
 
     /// The same handle, able to ask a writer's PostgreSQL for a checkpoint
@@ -86,7 +98,8 @@ impl StatusHandle {
     pub fn agent(&self) -> AgentStatus {
         let mut copy = self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let until = *self.crash_loop_until.lock().unwrap_or_else(|e| e.into_inner());
-        copy.restart.crash_loop = until.is_some_and(|until| Instant::now() < until);
+        let now = self.clock.now();
+        copy.restart.crash_loop = until.is_some_and(|until| now < until);
         copy.lazy = self.lazy.as_ref().map(|l| LazyStatus {
             blocks_fetched: l.blocks_fetched.load(std::sync::atomic::Ordering::Relaxed),
             blocks_streamed: l.blocks_streamed.load(std::sync::atomic::Ordering::Relaxed),
@@ -277,11 +290,6 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
     strata_service::metrics::render(&registry)
 }
 
-/// Bound on a checkpoint asked for over HTTP: PostgreSQL's spread
-/// checkpoint is not used (`CHECKPOINT` is immediate), but a large one
-/// writes every dirty buffer.
-const CHECKPOINT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
-
 /// `POST /v1/checkpoint`: a writer runs `CHECKPOINT`, and answers where the
 /// checkpoint record is: a new replica starts from it (`docs/replicas.md`).
 async fn checkpoint(handle: StatusHandle) -> axum::response::Response {
@@ -312,7 +320,7 @@ async fn checkpoint(handle: StatusHandle) -> axum::response::Response {
             redo_lsn: lsn(1)?,
         })
     };
-    match tokio::time::timeout(CHECKPOINT_TIMEOUT, run).await {
+    match strata_service::clock::timeout(&*handle.clock, CHECKPOINT_TIMEOUT, run).await {
         Ok(Ok(answer)) => axum::Json(answer).into_response(),
         Ok(Err(e)) => refuse(StatusCode::SERVICE_UNAVAILABLE, format!("CHECKPOINT: {e}")),
         Err(_) => {
@@ -363,7 +371,7 @@ pub async fn serve(
     let listener = strata_service::listener::listen(addr)?;
     let limits = strata_service::Limits {
         max_connections: max_connections.max(1),
-        handshake_timeout: std::time::Duration::from_secs(10),
+        handshake_timeout: crate::limits::STATUS_HANDSHAKE_TIMEOUT,
     };
     let listener =
         strata_service::Listener::new("http", listener, limits, strata_service::http::refusal, &handle.listeners)
@@ -376,6 +384,7 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
     use strata_formats::Lsn;
+    use strata_service::clock::Clock;
 
     fn status() -> AgentStatus {
         AgentStatus {
@@ -450,8 +459,9 @@ mod tests {
     #[test]
     fn restarts_and_crash_loops() {
         let (_tx, rx) = watch::channel(ProposerStatus::default());
-        let handle = StatusHandle::new(status(), rx);
-        let now = Instant::now();
+        let clock = strata_service::clock::ManualClock::new();
+        let handle = StatusHandle::new(status(), rx).with_clock(SharedClock::new(clock.clone()));
+        let now = clock.now();
         handle.update(|s| {
             s.state = AgentState::Restarting;
             s.restart = RestartStatus {
@@ -481,6 +491,19 @@ mod tests {
         assert_eq!(handle.to_json()["crash_loop"], false);
         let text = render_metrics(&handle.agent(), &ProposerStatus::default());
         assert!(text.contains("strata_compute_crash_loop 0"), "{text}");
+    }
+
+    #[test]
+    fn a_crash_loop_ends_when_the_clock_leaves_its_window() {
+        let (_tx, rx) = watch::channel(ProposerStatus::default());
+        let clock = strata_service::clock::ManualClock::new();
+        let handle = StatusHandle::new(status(), rx).with_clock(SharedClock::new(clock.clone()));
+        handle.set_crash_loop_until(Some(clock.now() + std::time::Duration::from_secs(60)));
+        assert!(handle.agent().restart.crash_loop);
+        clock.advance(std::time::Duration::from_millis(59_999));
+        assert!(handle.agent().restart.crash_loop, "still within the window");
+        clock.advance(std::time::Duration::from_millis(1));
+        assert!(!handle.agent().restart.crash_loop, "the window has passed");
     }
 
     #[test]

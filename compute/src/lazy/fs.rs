@@ -25,16 +25,12 @@ use tracing::{debug, error, warn};
 
 use super::cache::{Cache, Evictable};
 use super::rules::{Eviction, ForkKind, SegmentRules, Source, SEGMENT_BLOCKS};
+use crate::limits::READ_AHEAD_KB;
 
 /// PostgreSQL's default and global tablespaces.
 const DEFAULT_SPC: u32 = 1663;
 const GLOBAL_SPC: u32 = 1664;
 const BLOCK: u64 = BLCKSZ as u64;
-/// How long the kernel caches attributes and names of a mount. Only the
-/// mount changes its backing directory, so any length is safe; a long one
-/// keeps PostgreSQL's many `lseek(SEEK_END)` calls (relation sizes) off
-/// the daemon.
-const KERNEL_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Which directory of the data directory a mount serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,11 +89,6 @@ pub struct LazyStats {
     /// The cache's counters.
     pub cache: Arc<super::cache::CacheStats>,
 }
-
-/// Prefetch windows (blocks): the first after a sequential read is
-/// detected, doubling up to the largest.
-const PREFETCH_MIN: u32 = 16;
-const PREFETCH_MAX: u32 = 32;
 
 /// One relation segment file the manifest lists.
 struct RemoteFile {
@@ -188,9 +179,9 @@ impl RemoteFile {
     /// `max`: the largest window (a quarter of the cache, so that what is
     /// fetched ahead is still there when it is read).
     fn readahead(&mut self, blocks: &std::ops::Range<u32>, max: u32) -> std::ops::Range<u32> {
-        let near = blocks.start <= self.next && blocks.start.saturating_add(PREFETCH_MAX) >= self.next;
+        let near = blocks.start <= self.next && blocks.start.saturating_add(crate::limits::PREFETCH_MAX) >= self.next;
         if near && blocks.start > 0 && max > 0 {
-            self.window = (self.window * 2).clamp(PREFETCH_MIN.min(max), max);
+            self.window = (self.window * 2).clamp(crate::limits::PREFETCH_MIN.min(max), max);
             self.next = self.next.max(blocks.end);
         } else {
             self.window = 0;
@@ -201,7 +192,7 @@ impl RemoteFile {
         // fetching beyond it would only make part of the kernel's next read
         // local already, and that read could no longer be answered straight
         // from the pages fetched for it.
-        if blocks.len() >= PREFETCH_MAX as usize {
+        if blocks.len() >= crate::limits::PREFETCH_MAX as usize {
             return blocks.end..blocks.end;
         }
         let ahead = blocks.end..blocks.end.saturating_add(self.window).min(self.rules.size());
@@ -223,7 +214,7 @@ impl RemoteFile {
     }
 
     /// Whether the cache keeps `blocks`, just fetched for a read of
-    /// exactly them that is as large as [`PREFETCH_MAX`]: the kernel's
+    /// exactly them that is as large as [`crate::limits::PREFETCH_MAX`]: the kernel's
     /// read-ahead of a sequential scan. Its blocks are kept only if one of
     /// them was fetched that way before (the kernel's page cache let it go
     /// and the scan came back for it), so one pass over a large table does
@@ -736,9 +727,9 @@ pub fn mount(mountpoint: &Path, hooks: LazyHooks) -> std::io::Result<fuser::Back
     // database of many relations takes more descriptors than this process
     // may have. Half the limit for them, half for everything else.
     let limit = strata_service::config::raise_open_file_limit();
-    let max_open = usize::try_from(limit / 2).unwrap_or(usize::MAX).max(64);
+    let max_open = usize::try_from(limit / 2).unwrap_or(usize::MAX).max(crate::limits::LAZY_MIN_OPEN_FILES);
     let fs = strata_fusefs::Passthrough::new(hooks.backing.clone(), hooks)
-        .exclusive(KERNEL_CACHE_TTL)
+        .exclusive(crate::limits::KERNEL_CACHE_TTL)
         .writeback_cache()
         .max_open_files(max_open);
     let mut config = fuser::Config::default();
@@ -749,25 +740,13 @@ pub fn mount(mountpoint: &Path, hooks: LazyHooks) -> std::io::Result<fuser::Back
     }
     // Several threads: a read waiting on the pageserver does not hold up
     // the others (each file has its own lock).
-    config.n_threads = Some(4);
+    config.n_threads = Some(crate::limits::LAZY_FS_THREADS);
     let session = fuser::Session::new(fs, mountpoint, &config)?.spawn()?;
     if let Err(e) = set_read_ahead(mountpoint) {
         debug!(mount = %mountpoint.display(), "keeping the kernel's read-ahead: {e}");
     }
     Ok(session)
 }
-
-/// How far the kernel reads ahead of sequential reads on a mount. Its
-/// default for FUSE, 128 KiB, makes a cold sequential scan one round trip
-/// per 16 blocks; a megabyte measured a sixth faster. The kernel sends a
-/// read-ahead window as reads of at most a megabyte (FUSE's largest), so
-/// four megabytes keep about four of them in flight, which the mount's
-/// threads serve at once over the source's connections, the pageserver
-/// and this daemon working side by side instead of in turn (a cold scan a
-/// ninth faster than with one megabyte while fetched pages were all
-/// stored, about the same since large scans are not). Eight measured the
-/// same as four, sixteen slower.
-const READ_AHEAD_KB: u32 = 4096;
 
 /// Sets the mount's read-ahead through its backing device info in sysfs
 /// (root only; elsewhere the default stays).
@@ -811,11 +790,11 @@ impl Hooks for LazyHooks {
                 error!(file = %node, block = b, "reading a block whose last write failed");
                 return Err(Errno::EIO);
             }
-            let max = u32::try_from(self.cache.budget() / 4).unwrap_or(u32::MAX).min(PREFETCH_MAX);
+            let max = u32::try_from(self.cache.budget() / 4).unwrap_or(u32::MAX).min(crate::limits::PREFETCH_MAX);
             let ahead = rf.readahead(&blocks, max);
             let aligned =
                 offset == u64::from(blocks.start) * BLOCK && u64::from(size) == u64::from(blocks.len() as u32) * BLOCK;
-            let bulk = aligned && blocks.len() >= PREFETCH_MAX as usize;
+            let bulk = aligned && blocks.len() >= crate::limits::PREFETCH_MAX as usize;
             let (mut rf, fetched) = self.make_local(node, &entry, rf, blocks.clone(), ahead, bulk, &mut admitted)?;
             for b in blocks.clone() {
                 rf.rules.touch(b);

@@ -14,19 +14,13 @@ use strata_protocol::{TenantId, TimelineId};
 use super::fs::{FetchError, PageSource};
 use crate::page_client::{PageClient, PageClientConfig, PageClientError};
 
-/// How long a fetch keeps trying by default while the pageserver cannot be
-/// reached (a restart under its supervisor takes seconds): the query waits
-/// instead of failing. Past this, or on any other failure, the read is an
-/// I/O error.
-pub const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(20);
-
 /// The page service of one timeline.
 pub struct PageServiceSource {
     addr: String,
     tenant: TenantId,
     timeline: TimelineId,
     config: PageClientConfig,
-    /// How long a fetch keeps trying ([`RETRY_FOR`] by default).
+    /// How long a fetch keeps trying ([`crate::limits::LAZY_FETCH_RETRY_FOR`] by default).
     retry_for: std::time::Duration,
     runtime: tokio::runtime::Runtime,
     /// Where the pageserver is now (a failover moves it); `addr` without.
@@ -35,9 +29,6 @@ pub struct PageServiceSource {
     /// on it reconnects); with the address it is connected to.
     clients: Vec<Mutex<Option<(PageClient, String)>>>,
 }
-
-/// Connections per source: as many as the file system has threads.
-pub const CONNECTIONS: usize = 4;
 
 impl PageServiceSource {
     /// A source for `tenant`/`timeline` at the page service `addr` (`host:port`).
@@ -50,8 +41,17 @@ impl PageServiceSource {
         // A current-thread runtime may be entered from several threads at
         // once: each drives its own future, one of them the I/O driver.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
-        let clients = (0..CONNECTIONS).map(|_| Mutex::new(None)).collect();
-        Ok(PageServiceSource { addr, tenant, timeline, config, retry_for: RETRY_FOR, runtime, target: None, clients })
+        let clients = (0..crate::limits::PAGE_SOURCE_CONNECTIONS).map(|_| Mutex::new(None)).collect();
+        Ok(PageServiceSource {
+            addr,
+            tenant,
+            timeline,
+            config,
+            retry_for: crate::limits::LAZY_FETCH_RETRY_FOR,
+            runtime,
+            target: None,
+            clients,
+        })
     }
 
     /// Connects to where `target` says the page service is: connections
@@ -137,8 +137,10 @@ impl PageSource for PageServiceSource {
     }
 
     fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
-        let deadline = std::time::Instant::now() + self.retry_for;
-        let mut pause = std::time::Duration::from_millis(50);
+        // Blocking: the deadline is read from the clock, the pauses slept on this thread.
+        let clock = &self.config.clock;
+        let deadline = clock.now() + self.retry_for;
+        let mut pause = crate::limits::LAZY_FETCH_FIRST_PAUSE;
         loop {
             let error = match self.attempt(rel, fork, blocks, lsn) {
                 Ok(pages) => return Ok(pages),
@@ -146,11 +148,11 @@ impl PageSource for PageServiceSource {
                 Err(Failure::Transport(e)) => e.to_string(),
                 Err(Failure::Busy(e)) => e,
             };
-            if std::time::Instant::now() + pause > deadline {
+            if clock.now() + pause > deadline {
                 return Err(FetchError::Other(format!("{error} (still failing after {:?})", self.retry_for)));
             }
             std::thread::sleep(pause);
-            pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            pause = (pause * 2).min(crate::limits::LAZY_FETCH_MAX_PAUSE);
         }
     }
 }

@@ -7,6 +7,7 @@
 //! complete, CRC-checked records. Memory is bounded by the largest record plus
 //! the unconsumed input.
 
+use crate::limits::{MAX_LSN, MAX_RECORD_SIZE, RECORD_PREALLOC};
 use crate::lsn::Lsn;
 use crate::v15::rmgr::{RM_XLOG_ID, XLOG_SWITCH};
 use crate::version::{PgVersion, MAXALIGN, XLOG_BLCKSZ};
@@ -14,10 +15,7 @@ use crate::wal::page::{
     header_size_at, PageHeader, LONG_HEADER_SIZE, SHORT_HEADER_SIZE, XLP_ALL_FLAGS, XLP_FIRST_IS_CONTRECORD,
     XLP_FIRST_IS_OVERWRITE_CONTRECORD, XLP_LONG_HEADER,
 };
-use crate::wal::record::{record_crc, DecodedRecord, RecordHeader, MAX_RECORD_SIZE, RECORD_HEADER_SIZE};
-
-/// Highest LSN the decoder works at (PostgreSQL would need exabytes of WAL to get here).
-pub const MAX_LSN: Lsn = Lsn(u64::MAX - (1 << 40));
+use crate::wal::record::{record_crc, DecodedRecord, RecordHeader, RECORD_HEADER_SIZE};
 
 /// Why decoding stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -232,7 +230,7 @@ impl WalDecoder {
                 }
                 self.partial = Some(Partial {
                     start,
-                    bytes: Vec::with_capacity((total as usize).min(1 << 16)),
+                    bytes: Vec::with_capacity((total as usize).min(RECORD_PREALLOC)),
                     total_length: Some(total),
                 });
             }

@@ -45,9 +45,6 @@ pub const BKPIMAGE_COMPRESS_LZ4: u8 = 0x08;
 pub const BKPIMAGE_COMPRESS_ZSTD: u8 = 0x10;
 const BKPIMAGE_COMPRESSED_MASK: u8 = BKPIMAGE_COMPRESS_PGLZ | BKPIMAGE_COMPRESS_LZ4 | BKPIMAGE_COMPRESS_ZSTD;
 
-/// Largest record the decoder accepts (PostgreSQL's allocation limit, 1 GiB - 1).
-pub const MAX_RECORD_SIZE: u32 = 0x3fff_ffff;
-
 /// The fixed record header (`XLogRecord`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordHeader {

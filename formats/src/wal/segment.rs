@@ -140,7 +140,7 @@ impl SegmentReader {
             segment_size,
             decoder: WalDecoder::new(version, decoder_start, segment_size, mode),
             current: None,
-            buf: vec![0u8; 1 << 20],
+            buf: vec![0u8; crate::limits::SEGMENT_READ_CHUNK],
             done: false,
         };
         if start.is_some() {

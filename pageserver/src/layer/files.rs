@@ -18,10 +18,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use strata_service::clock::Clock;
 
 /// The descriptor cache.
 pub struct FileCache {
     capacity: usize,
+    /// The pageserver's clock: when layers read through the cache were
+    /// last read (which layers are evicted first, and are hot).
+    clock: Arc<dyn Clock>,
     next_id: AtomicU64,
     inner: Mutex<Inner>,
     metrics: CacheMetrics,
@@ -52,9 +56,21 @@ pub struct CachedFile {
 }
 
 impl FileCache {
-    pub fn new(capacity: usize, metrics: CacheMetrics) -> Arc<FileCache> {
+    /// A cache of at most `capacity` open files, for layers read on `clock`'s time.
+    pub fn new(capacity: usize, metrics: CacheMetrics, clock: Arc<dyn Clock>) -> Arc<FileCache> {
         assert!(capacity > 0, "checked with the config");
-        Arc::new(FileCache { capacity, next_id: AtomicU64::new(1), inner: Mutex::new(Inner::default()), metrics })
+        Arc::new(FileCache {
+            capacity,
+            clock,
+            next_id: AtomicU64::new(1),
+            inner: Mutex::new(Inner::default()),
+            metrics,
+        })
+    }
+
+    /// The clock of the layers read through this cache.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// A file whose reads go through the cache (nothing is opened yet).
@@ -157,7 +173,7 @@ mod tests {
     fn keeps_at_most_capacity_files_open() {
         let dir = std::env::temp_dir().join(format!("strata-filecache-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cache = FileCache::new(8, CacheMetrics::default());
+        let cache = FileCache::new(8, CacheMetrics::default(), crate::clock::system());
         let files: Vec<CachedFile> = (0..200)
             .map(|i| {
                 let p = dir.join(format!("f{i}"));

@@ -20,8 +20,7 @@ pub use strata_protocol::api::pageserver::LocationMode;
 /// The version this build writes (version 1, without modes, is read as
 /// every tenant attached).
 pub const ATTACHMENTS_FORMAT_VERSION: u32 = 2;
-/// Largest attachment file accepted.
-const MAX_BYTES: u64 = 16 << 20;
+use crate::limits::MAX_ATTACHMENTS_BYTES as MAX_BYTES;
 
 /// One tenant's attachment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,8 +13,7 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 
-/// Most batches validated against one read of the attachment file.
-const BATCHES_PER_CHECK: usize = 64;
+use crate::limits::DELETION_BATCHES_PER_CHECK as BATCHES_PER_CHECK;
 
 /// Objects that one generation of a tenant decided to delete, after an
 /// index that no longer lists them was uploaded.

@@ -17,8 +17,8 @@ use crate::layer::layer_file::LayerName;
 /// The version this build writes and reads.
 pub const INDEX_FORMAT_VERSION: u32 = 1;
 
-/// Largest index accepted (about a million layers).
-pub const MAX_INDEX_BYTES: usize = 256 << 20;
+/// Largest index accepted.
+pub use crate::limits::MAX_INDEX_BYTES;
 
 /// One layer file in remote storage.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use strata_protocol::TenantId;
 use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
+use strata_service::clock::Clock;
 use tokio::sync::{mpsc, Semaphore};
 
 pub use attachments::Attachments;
@@ -32,11 +33,8 @@ pub use timeline::{
 use crate::metrics::Metrics;
 
 /// Layer uploads in flight at once, per pageserver.
-pub const MAX_UPLOADS_IN_FLIGHT: usize = 4;
-/// Deletion batches that may wait; the upload loop waits when it is full.
-const DELETION_QUEUE: usize = 256;
-/// Threads of the transfer runtime.
-const TRANSFER_THREADS: usize = 2;
+pub use crate::limits::MAX_UPLOADS_IN_FLIGHT;
+use crate::limits::{DELETION_QUEUE, TRANSFER_THREADS};
 
 /// A runtime shut down without waiting when dropped (it may be dropped on
 /// any thread, even one of another runtime).
@@ -68,6 +66,8 @@ pub struct Remote {
     pub max_upload_lag_bytes: u64,
     /// fsync downloaded files.
     pub fsync: bool,
+    /// Times the upload loops' periods and retries, and the warmers'.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Remote {
@@ -80,6 +80,7 @@ impl Remote {
         max_upload_lag_bytes: u64,
         fsync: bool,
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
     ) -> Result<Arc<Remote>, String> {
         let storage = RemoteStorage::new(cfg).map_err(|e| e.to_string())?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -101,6 +102,7 @@ impl Remote {
             metrics,
             max_upload_lag_bytes,
             fsync,
+            clock,
         }))
     }
 

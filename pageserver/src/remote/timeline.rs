@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -33,11 +33,7 @@ pub use strata_protocol::api::pageserver::UploadStatus;
 
 use crate::metadata::{TimelineMetadata, METADATA_VERSION};
 
-/// The loop looks at the metadata at least this often without being woken.
-const SYNC_PERIOD: Duration = Duration::from_secs(10);
-/// Backoff between failed rounds: from 100 ms, doubling, up to 30 s, forever.
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(30);
+use crate::limits::{UPLOAD_RETRY_MAX as RETRY_MAX, UPLOAD_RETRY_MIN as RETRY_MIN, UPLOAD_SYNC_PERIOD as SYNC_PERIOD};
 
 #[derive(Default)]
 struct SyncState {
@@ -296,11 +292,12 @@ impl RemoteTimeline {
         let mut rx = self.consistent.subscribe();
         self.wake();
         let superseded = self.superseded.clone();
+        let clock = self.remote.clock.clone();
         let reached = self
             .remote
             .block_on(async move {
                 let done = |l: &Lsn| *l >= lsn || superseded.load(Ordering::SeqCst);
-                tokio::time::timeout(timeout, rx.wait_for(done)).await.is_ok()
+                strata_service::clock::timeout(&*clock, timeout, rx.wait_for(done)).await.is_ok()
             })
             .map_err(|e| e.to_string())?;
         // Taken in a statement of its own: a guard in the `if let` would be
@@ -342,8 +339,9 @@ impl RemoteTimeline {
 
     async fn run(self: Arc<Self>, source: impl Fn() -> UploadSource, id: u64) {
         let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+        let clock = self.remote.clock.clone();
         loop {
-            let _ = tokio::time::timeout(SYNC_PERIOD, self.wake.notified()).await;
+            let _ = strata_service::clock::timeout(&*clock, SYNC_PERIOD, self.wake.notified()).await;
             // Checked under the round's lock: once `stop_and_wait` has taken
             // it, no round starts.
             let round = self.round.lock().await;
@@ -376,7 +374,7 @@ impl RemoteTimeline {
                 }
                 Err(SyncError::Replaced(name)) => {
                     tracing::debug!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{name} was replaced; taking the new layer list");
-                    tokio::time::sleep(RETRY_MIN).await;
+                    clock.sleep(RETRY_MIN).await;
                     self.wake();
                 }
                 Err(e) => {
@@ -384,7 +382,7 @@ impl RemoteTimeline {
                     let delay = backoff.next_delay();
                     warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, ?delay, "uploading: {e}; retrying");
                     self.state.lock().last_error = Some(e.to_string());
-                    tokio::time::sleep(delay).await;
+                    clock.sleep(delay).await;
                     self.wake();
                 }
             }
@@ -528,7 +526,7 @@ impl Fetch for RemoteTimeline {
         }
         let key = layer_key(self.tenant_id, self.timeline_id, &entry.name, entry.generation);
         let storage = self.remote.storage.clone();
-        let started = Instant::now();
+        let started = self.remote.clock.now();
         let k = key.clone();
         let got = self.remote.block_on(async move { storage.get(&k).await }).map_err(|e| e.to_string())?;
         let bytes = got.map_err(|e| {
@@ -563,7 +561,7 @@ impl Fetch for RemoteTimeline {
         self.remote.metrics.download_bytes.inc_by(entry.size);
         info!(
             tenant = %self.tenant_id, timeline = %self.timeline_id, layer = %name_s, bytes = entry.size,
-            elapsed_ms = started.elapsed().as_millis() as u64, "downloaded a layer on demand"
+            elapsed_ms = self.remote.clock.since(started).as_millis() as u64, "downloaded a layer on demand"
         );
         Ok(())
     }

@@ -75,7 +75,7 @@ impl Tenants {
             })
             .collect();
         out.extend(self.reader_statuses());
-        out.extend(self.secondaries.statuses());
+        out.extend(self.secondaries.statuses(&*self.resources.clock));
         out.sort_by_key(|l| l.tenant_id);
         out
     }

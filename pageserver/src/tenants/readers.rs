@@ -33,9 +33,7 @@ use crate::remote::{Remote, RemoteTimeline};
 use crate::secondary;
 use crate::timeline::Timeline;
 
-/// Most layers one refresh round downloads per tenant: a large tenant is
-/// made resident over several rounds, and deletions are noticed between.
-const DOWNLOADS_PER_ROUND: usize = 64;
+use crate::limits::DOWNLOADS_PER_ROUND;
 
 impl Tenants {
     /// Whether `tenant` is held here as a loaded reader.

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use strata_service::clock::Clock;
+
 use strata_formats::Lsn;
 use tracing::{debug, info};
 
@@ -28,10 +30,7 @@ use crate::layer::LayerError;
 use crate::value::Value;
 use strata_protocol::api::pageserver::CompactionOutcome;
 
-/// Most L0 deltas one compaction merges (bounds its duration; the rest wait for the next).
-const MAX_L0_PER_COMPACTION: usize = 64;
-/// Keys reconstructed per batch when writing images.
-const IMAGE_BATCH: usize = 256;
+use crate::limits::{IMAGE_BATCH, MAX_L0_PER_COMPACTION, THROTTLE_CHECK_BYTES, THROTTLE_SLACK};
 
 /// Why a compaction or image creation did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -49,33 +48,39 @@ pub enum CompactionError {
 /// Limits the bytes compaction and image creation read per second, so
 /// that they leave the disk to ingest and reads.
 pub struct Throttle {
-    bytes_per_second: u64,
-    started: Instant,
+    /// The rate, and the clock it is measured and waited on (`None`: no limit).
+    limit: Option<(u64, Arc<dyn Clock>)>,
+    started: Option<Instant>,
     consumed: u64,
 }
 
 impl Throttle {
-    /// `0` means no limit.
-    pub fn new(bytes_per_second: u64) -> Throttle {
-        Throttle { bytes_per_second, started: Instant::now(), consumed: 0 }
+    /// At most `bytes_per_second` (`0` means no limit) of `clock`'s time.
+    pub fn new(bytes_per_second: u64, clock: Arc<dyn Clock>) -> Throttle {
+        let limit = (bytes_per_second > 0).then_some((bytes_per_second, clock));
+        Throttle { limit, started: None, consumed: 0 }
+    }
+
+    /// No limit (operators' requests, tests).
+    pub fn unlimited() -> Throttle {
+        Throttle { limit: None, started: None, consumed: 0 }
     }
 
     /// Accounts for `bytes` and sleeps while ahead of the rate. The clock
-    /// is read once per 64 KiB, not per value (a clock read cost more
-    /// than a small value's copy).
+    /// is read once per [`THROTTLE_CHECK_BYTES`], not per value (a clock
+    /// read costs more than a small value's copy).
     fn consume(&mut self, bytes: u64) {
-        if self.bytes_per_second == 0 {
-            return;
-        }
+        let Some((bytes_per_second, clock)) = &self.limit else { return };
+        let started = *self.started.get_or_insert_with(|| clock.now());
         let before = self.consumed;
         self.consumed += bytes;
-        if before >> 16 == self.consumed >> 16 {
+        if before / THROTTLE_CHECK_BYTES == self.consumed / THROTTLE_CHECK_BYTES {
             return;
         }
-        let due = Duration::from_secs_f64(self.consumed as f64 / self.bytes_per_second as f64);
-        let elapsed = self.started.elapsed();
-        if due > elapsed + Duration::from_millis(10) {
-            std::thread::sleep(due - elapsed);
+        let due = Duration::from_secs_f64(self.consumed as f64 / *bytes_per_second as f64);
+        let elapsed = clock.since(started);
+        if due > elapsed + THROTTLE_SLACK {
+            crate::clock::sleep_blocking(&**clock, due - elapsed);
         }
     }
 }
@@ -243,7 +248,7 @@ impl Timeline {
         if l0.len() < threshold || l0.is_empty() {
             return Ok(());
         }
-        let started = Instant::now();
+        let started = self.clock.now();
         let inputs: Vec<Arc<LayerFile>> = l0.into_iter().take(MAX_L0_PER_COMPACTION).collect();
         debug_assert!(inputs.windows(2).all(|w| w[0].name.lsn_end <= w[1].name.lsn_start), "L0s are disjoint");
         let lsn_start = inputs[0].name.lsn_start;
@@ -272,7 +277,7 @@ impl Timeline {
         outcome.bytes_written += bytes_written;
         info!(
             tenant = %self.tenant_id, timeline = %self.timeline_id, l0 = inputs.len(), l1 = added.len(),
-            %lsn_start, %lsn_end, bytes_read, bytes_written, elapsed_ms = started.elapsed().as_millis() as u64,
+            %lsn_start, %lsn_end, bytes_read, bytes_written, elapsed_ms = self.clock.since(started).as_millis() as u64,
             "compacted L0 deltas"
         );
         Ok(())
@@ -302,7 +307,7 @@ impl Timeline {
         // At the end of the newest L1 run: every L0 lies above it, so no
         // delta will ever straddle the image (compaction merges only L0s).
         let lsn = Lsn(top.0 - 1);
-        let started = Instant::now();
+        let started = self.clock.now();
         // The keys that may have a value at `lsn` (a branch's parent's too).
         let Some(sources) = self.key_sources(lsn)? else {
             debug!(tenant = %self.tenant_id, timeline = %self.timeline_id, "images wait for the parent's flush");
@@ -349,7 +354,7 @@ impl Timeline {
         outcome.image_lsn = Some(lsn);
         info!(
             tenant = %self.tenant_id, timeline = %self.timeline_id, %lsn, files = added.len(), bytes,
-            l1_runs = runs.len(), elapsed_ms = started.elapsed().as_millis() as u64, "created image layers"
+            l1_runs = runs.len(), elapsed_ms = self.clock.since(started).as_millis() as u64, "created image layers"
         );
         Ok(())
     }

@@ -109,7 +109,7 @@ impl Timeline {
         // new cutoff is announced below.
         let leases = self.leases.lock();
         let retain_lsns = self.metadata().retain_lsns;
-        if let Some(oldest) = leases.oldest(std::time::Instant::now()) {
+        if let Some(oldest) = leases.oldest(self.clock.now()) {
             cutoff = cutoff.min(oldest);
         }
         // Never lower than a cutoff already announced: reads below it were

@@ -5,19 +5,11 @@
 //! (`docs/replicas.md`, "Storage keeps what replicas read").
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use strata_formats::Lsn;
 
-/// How long a lease lasts unless renewed.
-pub const LEASE_TTL: Duration = Duration::from_secs(600);
-
-/// Most named holders per timeline: each is a replica, and a name that is
-/// not renewed goes after [`LEASE_TTL`].
-pub const MAX_HOLDERS: usize = 1024;
-
-/// Longest holder name accepted.
-pub const MAX_HOLDER_LEN: usize = 128;
+pub use crate::limits::{LEASE_TTL, MAX_HOLDERS, MAX_HOLDER_LEN};
 
 /// The leases of one timeline.
 #[derive(Debug, Default)]
@@ -37,8 +29,9 @@ pub enum LeaseRefused {
 
 impl Leases {
     /// Leases `lsn` until `until` (or renews it), for `holder` if named:
-    /// its earlier lease, at whatever LSN, is replaced.
-    pub fn grant(&mut self, lsn: Lsn, holder: Option<&str>, until: Instant) -> Result<(), LeaseRefused> {
+    /// its earlier lease, at whatever LSN, is replaced. `now` decides which
+    /// named leases have ended and make room for a new holder.
+    pub fn grant(&mut self, lsn: Lsn, holder: Option<&str>, now: Instant, until: Instant) -> Result<(), LeaseRefused> {
         match holder {
             None => {
                 let e = self.anonymous.entry(lsn).or_insert(until);
@@ -52,7 +45,7 @@ impl Leases {
                     return Err(LeaseRefused::BadName);
                 }
                 if !self.held.contains_key(name) {
-                    self.prune(Instant::now());
+                    self.prune(now);
                     if self.held.len() >= MAX_HOLDERS {
                         return Err(LeaseRefused::Full);
                     }
@@ -94,16 +87,19 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use strata_service::clock::{Clock, ManualClock};
 
     #[test]
     fn a_named_lease_moves_and_an_anonymous_one_stays() {
-        let now = Instant::now();
+        let clock = ManualClock::new();
+        let now = clock.now();
         let mut l = Leases::default();
-        l.grant(Lsn(100), None, now + LEASE_TTL).unwrap();
-        l.grant(Lsn(50), Some("ep-replica"), now + LEASE_TTL).unwrap();
+        l.grant(Lsn(100), None, now, now + LEASE_TTL).unwrap();
+        l.grant(Lsn(50), Some("ep-replica"), now, now + LEASE_TTL).unwrap();
         assert_eq!(l.oldest(now), Some(Lsn(50)));
         // The replica moves on: its old LSN is released at once.
-        l.grant(Lsn(200), Some("ep-replica"), now + LEASE_TTL).unwrap();
+        l.grant(Lsn(200), Some("ep-replica"), now, now + LEASE_TTL).unwrap();
         assert_eq!(l.oldest(now), Some(Lsn(100)));
         let live = l.live(now);
         assert_eq!(live.len(), 2);
@@ -114,19 +110,40 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_holds_until_the_clock_passes_its_end() {
+        let clock = ManualClock::new();
+        let mut l = Leases::default();
+        l.grant(Lsn(64), None, clock.now(), clock.now() + LEASE_TTL).unwrap();
+        clock.advance(LEASE_TTL / 2);
+        // Renewed halfway: the lease now ends one TTL from here.
+        l.grant(Lsn(64), None, clock.now(), clock.now() + LEASE_TTL).unwrap();
+        clock.advance(LEASE_TTL - Duration::from_millis(1));
+        assert_eq!(l.oldest(clock.now()), Some(Lsn(64)), "a millisecond before its end");
+        assert_eq!(l.live(clock.now()), vec![(Lsn(64), 0, None)]);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(l.oldest(clock.now()), None, "at its end");
+        assert!(l.live(clock.now()).is_empty());
+    }
+
+    #[test]
     fn holders_are_bounded_and_named_plainly() {
-        let now = Instant::now();
+        let clock = ManualClock::new();
+        let now = clock.now();
         let mut l = Leases::default();
         for bad in ["", "a b", "x\n", &"n".repeat(MAX_HOLDER_LEN + 1)] {
-            assert_eq!(l.grant(Lsn(8), Some(bad), now + LEASE_TTL), Err(LeaseRefused::BadName), "{bad:?}");
+            assert_eq!(l.grant(Lsn(8), Some(bad), now, now + LEASE_TTL), Err(LeaseRefused::BadName), "{bad:?}");
         }
         for i in 0..MAX_HOLDERS {
-            l.grant(Lsn(8), Some(&format!("r{i}")), now + LEASE_TTL).unwrap();
+            l.grant(Lsn(8), Some(&format!("r{i}")), now, now + LEASE_TTL).unwrap();
         }
-        assert_eq!(l.grant(Lsn(8), Some("one-more"), now + LEASE_TTL), Err(LeaseRefused::Full));
+        assert_eq!(l.grant(Lsn(8), Some("one-more"), now, now + LEASE_TTL), Err(LeaseRefused::Full));
         // A known holder renews; an ended one makes room.
-        l.grant(Lsn(16), Some("r0"), now + LEASE_TTL).unwrap();
-        l.grant(Lsn(16), Some("r1"), now).unwrap();
-        l.grant(Lsn(8), Some("one-more"), now + LEASE_TTL).unwrap();
+        l.grant(Lsn(16), Some("r0"), now, now + LEASE_TTL).unwrap();
+        l.grant(Lsn(16), Some("r1"), now, now).unwrap();
+        l.grant(Lsn(8), Some("one-more"), now, now + LEASE_TTL).unwrap();
+        // Full again until the clock ends the others' leases.
+        assert_eq!(l.grant(Lsn(8), Some("late"), now, now + LEASE_TTL), Err(LeaseRefused::Full));
+        clock.advance(LEASE_TTL);
+        l.grant(Lsn(8), Some("late"), clock.now(), clock.now() + LEASE_TTL).unwrap();
     }
 }

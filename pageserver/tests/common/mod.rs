@@ -48,6 +48,7 @@ pub fn resources(metrics: Arc<Metrics>, files: Arc<FileCache>) -> TimelineResour
         files,
         verify_redo: false,
         policy: Default::default(),
+        clock: strata_pageserver::clock::system(),
     }
 }
 
@@ -83,7 +84,7 @@ pub fn test_dir_path(name: &str) -> PathBuf {
 pub fn imported_timeline(name: &str, start: Lsn) -> (Arc<Timeline>, Arc<Metrics>, ControlFile) {
     let control = ControlFile::decode(CONTROL).unwrap();
     let metrics = Arc::new(Metrics::new());
-    let res = resources(metrics.clone(), FileCache::new(16, Default::default()));
+    let res = resources(metrics.clone(), FileCache::new(16, Default::default(), strata_pageserver::clock::system()));
     let tl = Timeline::create(test_dir(name), metadata(start, control.system_identifier), &res).unwrap();
     tl.commit_record(
         vec![

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::limits::MAX_STATE_BYTES;
 use crate::TenantId;
 
 /// Where the state object lives, relative to the storage's prefix.
@@ -15,8 +16,6 @@ pub const STATE_KEY: &str = "controller/state.json";
 pub const LEADER_KEY: &str = "controller/leader.json";
 /// The state object's format version this build reads and writes.
 pub const STATE_FORMAT_VERSION: u32 = 1;
-/// Largest state object accepted.
-pub const MAX_STATE_BYTES: usize = 16 << 20;
 
 /// `controller/state.json`: every tenant's placement.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -36,16 +36,19 @@ use crate::token::Token;
 
 /// Size of the length prefix of a frame.
 pub const LENGTH_SIZE: usize = frame::LENGTH_SIZE;
-/// Largest value of a frame's length field (tag and payload). The largest
-/// message of version 1, a full SLRU segment, needs 262 153; the rest is room
-/// for later versions without letting a peer make us buffer much.
-pub const MAX_FRAME_SIZE: usize = 1 << 20;
-/// Largest error message, in bytes.
-pub const MAX_STRING_LEN: usize = 4096;
+/// Largest value of a frame's length field (see [`crate::limits`]).
+pub use crate::limits::PAGESERVER_MAX_FRAME_SIZE as MAX_FRAME_SIZE;
+use crate::limits::PAGESERVER_MAX_STRING_LEN as MAX_STRING_LEN;
 /// Length field of every `GetPage` frame (tag and payload).
 pub const GET_PAGE_LEN: usize = 37;
 /// Length field of every `Page` frame (tag, id and page).
 pub const PAGE_LEN: usize = 1 + 8 + PAGE_SIZE;
+
+// The largest answers (a page; a whole SLRU segment after its tag and id)
+// fit a frame.
+const _: () = assert!(PAGE_LEN <= MAX_FRAME_SIZE && 1 + 8 + MAX_SEGMENT_SIZE <= MAX_FRAME_SIZE);
+// A full pipeline of the largest request fits easily in socket buffers.
+const _: () = assert!(crate::limits::MAX_PIPELINE_DEPTH * (LENGTH_SIZE + GET_PAGE_LEN) < 8192);
 
 /// Message tags: `0x01` the greeting, `0x10..=0x1F` requests; the high bit is
 /// set on messages sent by the pageserver. `0x00` is never used.
@@ -434,7 +437,6 @@ pub fn fuzz_decode(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pageserver::MAX_PIPELINE_DEPTH;
     use strata_formats::Lsn;
     use strata_test_support::rng::{seeded, RngExt};
 
@@ -574,8 +576,6 @@ mod tests {
         }
         let full = server_bytes(&ServerMessage::Segment { id: 1, data: vec![0; MAX_SEGMENT_SIZE] });
         assert!(full.len() - LENGTH_SIZE <= MAX_FRAME_SIZE);
-        // A full pipeline of the largest request fits easily in socket buffers.
-        const { assert!(MAX_PIPELINE_DEPTH * (LENGTH_SIZE + GET_PAGE_LEN) < 8192) };
     }
 
     /// One message of every variant, with non-trivial field values.

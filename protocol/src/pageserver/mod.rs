@@ -27,10 +27,8 @@ pub const SLRU_PAGES_PER_SEGMENT: usize = 32;
 /// Largest SLRU segment carried by [`ServerMessage::Segment`], in bytes.
 pub const MAX_SEGMENT_SIZE: usize = SLRU_PAGES_PER_SEGMENT * PAGE_SIZE;
 
-/// Most requests a client may have sent and not yet seen answered on one
-/// connection. Keeping under it guarantees that neither side can block
-/// forever writing to a peer that is itself blocked writing (see the spec).
-pub const MAX_PIPELINE_DEPTH: usize = 128;
+/// Most requests in flight on one connection (see [`crate::limits`]).
+pub use crate::limits::MAX_PIPELINE_DEPTH;
 
 /// The SLRUs a compute may ask for, whole segment by segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

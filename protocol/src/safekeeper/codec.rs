@@ -27,7 +27,7 @@ use strata_formats::types::Truncated;
 use strata_formats::Lsn;
 
 use super::history::{HistoryError, TermHistory, TermLsn};
-use super::membership::{Member, Membership, OnAsyncLag, Placement, MAX_MEMBERS};
+use super::membership::{Member, Membership, OnAsyncLag, Placement};
 use super::messages::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
     ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
@@ -46,18 +46,12 @@ mod placement_kind {
 
 /// Size of the length prefix of a frame.
 pub const LENGTH_SIZE: usize = frame::LENGTH_SIZE;
-/// Largest WAL chunk carried by one `Append` or `Wal` message.
-pub const MAX_WAL_CHUNK: usize = 16 << 20;
-/// Largest value of a frame's length field (tag and payload): a maximal WAL
-/// chunk plus room for the fixed fields.
-pub const MAX_FRAME_SIZE: usize = MAX_WAL_CHUNK + (64 << 10);
-/// Largest string (error message, consumer id), in bytes.
-pub const MAX_STRING_LEN: usize = 4096;
+/// Largest value of a frame's length field (see [`crate::limits`]).
+pub use crate::limits::SAFEKEEPER_MAX_FRAME_SIZE as MAX_FRAME_SIZE;
+use crate::limits::{MAX_HISTORY_ENTRIES, MAX_MEMBERS, SAFEKEEPER_MAX_STRING_LEN as MAX_STRING_LEN};
 /// The oldest version of stream requests still decoded and served
 /// (versions 1 and 2 differ from 3 only in carrying no token).
 pub const OLDEST_CONSUMER_VERSION: u32 = 1;
-/// Largest number of entries in a term history.
-pub const MAX_HISTORY_ENTRIES: usize = 10_000;
 
 /// Message tags. The high bit is set on messages sent by a safekeeper;
 /// `0x00..=0x0F` are proposer messages, `0x10..=0x1F` consumer messages.
@@ -641,6 +635,7 @@ pub fn fuzz_decode(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::MAX_WAL_CHUNK;
     use strata_test_support::rng::{seeded, Rng, RngExt};
 
     fn history(entries: &[(u64, u64)]) -> TermHistory {

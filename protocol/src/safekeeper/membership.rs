@@ -14,12 +14,9 @@ use strata_formats::Lsn;
 use super::quorum::{quorum, quorum_lsn};
 use crate::ids::NodeId;
 
-/// Most members in one set.
-pub const MAX_MEMBERS: usize = 16;
-/// Longest site name.
-pub const MAX_SITE_LEN: usize = 64;
 /// `max_async_lag` of a `local-quorum` placement unless told otherwise.
-pub const DEFAULT_MAX_ASYNC_LAG: u64 = 128 << 20;
+pub use crate::limits::DEFAULT_MAX_ASYNC_LAG;
+use crate::limits::{MAX_MEMBERS, MAX_SITE_LEN};
 
 /// One safekeeper of a configuration.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

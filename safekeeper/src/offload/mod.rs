@@ -8,7 +8,7 @@
 //! (this one and the peers that answered lately, see `peers`), the one with
 //! the lowest node id. It uploads each segment once it holds it whole and
 //! knows it committed. When it dies, the others stop seeing it within
-//! `peers::LIVE_FOR` and the next one takes over. (Choosing by positions
+//! `limits::LIVE_FOR` and the next one takes over. (Choosing by positions
 //! as well would make the choice flap: peers' positions are up to a second
 //! old while the WAL moves on.) Committed WAL is the same on every safekeeper, and a
 //! segment's object name is fixed, so two members that briefly both think
@@ -33,7 +33,7 @@
 //! an older index needs them only within the retention).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use strata_formats::wal::segment::SegmentName;
@@ -43,25 +43,21 @@ use strata_remote_storage::wal::{
     meta_key, partial_key, partial_meta_key, segment_key, timeline_prefix, SegmentMeta, FORMAT_VERSION, PG_TIMELINE,
 };
 use strata_remote_storage::RemoteStorage;
+use strata_service::clock::Clock;
 use tracing::{info, warn};
 
 use crate::config::{Peer, SafekeeperConfig};
+use crate::limits::{
+    EXPIRE_EVERY, LIVE_FOR, OFFLOAD_SEGMENTS_PER_TICK, OFFLOAD_TICK, UPLOAD_ATTEMPTS, UPLOAD_RETRY_DELAYS,
+    UPLOAD_TIMEOUT,
+};
 use crate::metrics::Metrics;
-use crate::peers::{PeerViews, LIVE_FOR};
+use crate::peers::PeerViews;
 use crate::timeline::Timeline;
 use crate::wal_store::segment_path;
 
 mod state;
 use state::OffloadState;
-
-/// How often a timeline is looked at.
-const TICK: Duration = Duration::from_secs(1);
-/// Most segments one timeline offloads per tick.
-const SEGMENTS_PER_TICK: usize = 8;
-/// Longest one upload attempt may take (16 MiB even over a slow link).
-const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
-/// How often the offloader looks for archived segments past their retention.
-const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 
 /// What the offload of every timeline shares: the object storage, this
 /// safekeeper's place among its peers, and the configured limits. Each
@@ -75,6 +71,8 @@ pub struct Offloader {
     partial_offload_after: Duration,
     wal_archive_retention: Duration,
     metrics: Arc<Metrics>,
+    /// Times the rounds, the waits before offloading and the archive's age.
+    clock: Arc<dyn Clock>,
 }
 
 impl Offloader {
@@ -84,10 +82,10 @@ impl Offloader {
         config: &SafekeeperConfig,
         views: Arc<PeerViews>,
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
     ) -> Offloader {
-        // One attempt per tick: the tick is the retry, and errors show at once.
-        let storage =
-            storage.clone().with_retries(UPLOAD_TIMEOUT, 1, Duration::from_millis(100), Duration::from_secs(1));
+        let (min_delay, max_delay) = UPLOAD_RETRY_DELAYS;
+        let storage = storage.clone().with_retries(UPLOAD_TIMEOUT, UPLOAD_ATTEMPTS, min_delay, max_delay);
         info!(storage = %storage.describe(), "offloading completed WAL segments");
         Offloader {
             storage,
@@ -97,6 +95,7 @@ impl Offloader {
             partial_offload_after: config.partial_offload_after,
             wal_archive_retention: config.wal_archive_retention,
             metrics,
+            clock,
         }
     }
 
@@ -105,7 +104,7 @@ impl Offloader {
     pub async fn run(&self, tl: &Arc<Timeline>) {
         let mut state = OffloadState::default();
         loop {
-            tokio::time::sleep(TICK).await;
+            self.clock.sleep(OFFLOAD_TICK).await;
             // Until every peer answered or stayed silent long enough, a live one
             // with a lower id looks dead, and this one would offload what that one does.
             if !self.views.settled(&self.peers) || tl.failure().is_some() {
@@ -130,8 +129,8 @@ impl Offloader {
         let (tenant, timeline) = (tl.identity.tenant_id, tl.identity.timeline_id);
         let segment_size = u64::from(tl.identity.wal_segment_size);
         let first = tl.start_lsn.0 / segment_size;
-        let seen = *state.first_seen.get_or_insert_with(Instant::now);
-        if seen.elapsed() < LIVE_FOR {
+        let seen = *state.first_seen.get_or_insert_with(|| self.clock.now());
+        if self.clock.since(seen) < LIVE_FOR {
             return Ok(());
         }
         if !state.listed {
@@ -157,7 +156,7 @@ impl Offloader {
         if offloader != self.me {
             return Ok(());
         }
-        for _ in 0..SEGMENTS_PER_TICK {
+        for _ in 0..OFFLOAD_SEGMENTS_PER_TICK {
             let segno = (offloaded.0 / segment_size).max(first);
             let end = Lsn((segno + 1) * segment_size);
             let mine = tl.positions();
@@ -171,9 +170,9 @@ impl Offloader {
         }
         self.offload_partial(tl, state, offloaded).await?;
         let every = EXPIRE_EVERY.min(self.wal_archive_retention);
-        if state.expired_at.is_none_or(|t| t.elapsed() >= every) {
+        if state.expired_at.is_none_or(|t| self.clock.since(t) >= every) {
             self.expire_archive(tl).await?;
-            state.expired_at = Some(Instant::now());
+            state.expired_at = Some(self.clock.now());
         }
         Ok(())
     }
@@ -188,7 +187,7 @@ impl Offloader {
         if needed_from == Lsn(0) {
             return Ok(()); // unknown since the start: keep everything
         }
-        let now = std::time::SystemTime::now();
+        let now = self.clock.system_now();
         let objects = self.storage.list(&timeline_prefix(tenant, timeline)).await.map_err(|e| e.to_string())?;
         let mut expired = 0;
         for o in &objects {
@@ -236,8 +235,8 @@ impl Offloader {
             state.uncovered_since = None;
             return Ok(());
         }
-        let since = *state.uncovered_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < self.partial_offload_after {
+        let since = *state.uncovered_since.get_or_insert_with(|| self.clock.now());
+        if self.clock.since(since) < self.partial_offload_after {
             return Ok(());
         }
         self.put_segment(tl, segno, committed).await?;

@@ -1,6 +1,7 @@
 //! What this safekeeper knows of its peers: each peer with an HTTP address
 //! is polled every second for the positions of its timelines
-//! (`GET /v1/positions`). A peer that answered within [`LIVE_FOR`] is live;
+//! (`GET /v1/positions`). A peer that answered within
+//! [`LIVE_FOR`](crate::limits::LIVE_FOR) is live;
 //! the choice of the offloader (`offload`) is made among live members only,
 //! so when the offloader dies another takes over after at most that long.
 //!
@@ -8,18 +9,19 @@
 //! safekeeper's shared state, which holds the views it fills.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use strata_service::api_client::ApiClient;
 use strata_service::auth::Token;
+use strata_service::clock::Clock;
 use strata_service::tls::ClientTls;
 use tracing::debug;
 
 use crate::config::Peer;
+use crate::limits::{PEER_MAX_ANSWER, PEER_POLL, PEER_TIMEOUT};
 use crate::timelines::Timelines;
 
 mod views;
-pub use views::{PeerViews, TimelinePositions, LIVE_FOR};
+pub use views::{PeerViews, TimelinePositions};
 
 /// What polling the peers needs.
 pub struct Polling {
@@ -33,14 +35,9 @@ pub struct Polling {
     pub tls: Option<ClientTls>,
     /// This safekeeper's own token, sent to its peers (never logged).
     pub token: Option<Token>,
+    /// Times the polls.
+    pub clock: Arc<dyn Clock>,
 }
-
-/// How often each peer is asked.
-const POLL: Duration = Duration::from_secs(1);
-/// Longest wait for one answer.
-const TIMEOUT: Duration = Duration::from_secs(3);
-/// Largest answer read (about 200 bytes per timeline).
-const MAX_ANSWER: u64 = 64 << 20;
 
 /// Seals here every timeline a peer reports sealed (`docs/sites.md`): a
 /// site that comes back after a failover stops taking its old writer's WAL
@@ -74,10 +71,11 @@ pub async fn run(polling: Polling) {
 
 async fn poll(polling: Arc<Polling>, peer: Peer) {
     // Peers are configured alike: TLS here means TLS there.
-    let client = ApiClient::new(polling.tls.as_ref(), polling.token.clone(), TIMEOUT).with_max_answer(MAX_ANSWER);
+    let client =
+        ApiClient::new(polling.tls.as_ref(), polling.token.clone(), PEER_TIMEOUT).with_max_answer(PEER_MAX_ANSWER);
     let url = client.url(peer.http.as_deref().expect("filtered on"), "/v1/positions");
     loop {
-        tokio::time::sleep(POLL).await;
+        polling.clock.sleep(PEER_POLL).await;
         let (client, url2) = (client.clone(), url.clone());
         let answer = tokio::task::spawn_blocking(move || -> Result<Vec<TimelinePositions>, String> {
             client.get(&url2).map_err(|e| e.to_string())

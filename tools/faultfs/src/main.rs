@@ -7,12 +7,12 @@
 
 mod faults;
 mod hooks;
+mod limits;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 use fuser::{Config, MountOption, Session, SessionACL};
@@ -108,7 +108,7 @@ fn run(args: Args) -> Result<(), String> {
     ));
 
     loop {
-        if let Some(sig) = signals.wait(Duration::from_millis(200)) {
+        if let Some(sig) = signals.wait(limits::SIGNAL_POLL) {
             log(format_args!("signal {sig}: unmounting {}", paths.mount.display()));
             break;
         }

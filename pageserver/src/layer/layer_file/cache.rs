@@ -14,11 +14,7 @@ use crate::layer::group::Group;
 /// A decoded part of a loaded layer file: (loaded id, position, the part).
 type Recent<T> = (u64, usize, Arc<T>);
 
-/// Groups each thread keeps decompressed.
-const RECENT_GROUPS: usize = 8;
-
-/// Index blocks each thread keeps decoded (128 entries each).
-const RECENT_INDEX_BLOCKS: usize = 16;
+use crate::limits::{RECENT_GROUPS, RECENT_INDEX_BLOCKS};
 
 thread_local! {
     /// The value groups this thread decompressed last, newest first:

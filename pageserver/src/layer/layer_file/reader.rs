@@ -203,7 +203,7 @@ mod tests {
             versions.push((key(n), Lsn(0x200), page(n as u8)));
         }
         let path = write(&dir, &versions);
-        let files = FileCache::new(4, Default::default());
+        let files = FileCache::new(4, Default::default(), crate::clock::system());
         let layer = LayerFile::open(&path, &files).unwrap();
         assert_eq!(layer.len(), versions.len() as u64);
         assert_eq!(path.file_name().unwrap().to_str().unwrap().parse::<LayerName>().unwrap(), layer.name);
@@ -267,7 +267,7 @@ mod tests {
         }
         let path = w.finish(false).unwrap();
         assert_eq!(path.file_name().unwrap().to_str().unwrap().parse::<LayerName>().unwrap(), name);
-        let files = FileCache::new(4, Default::default());
+        let files = FileCache::new(4, Default::default(), crate::clock::system());
         let layer = LayerFile::open(&path, &files).unwrap();
         assert_eq!(layer.name.kind, LayerKind::Image);
         for n in [0u32, 1, 254, 255, 256, 511, 998, 999] {
@@ -348,7 +348,7 @@ mod tests {
         let size = std::fs::metadata(&path).unwrap().len() as usize;
         assert!(size * 10 < single * 8, "grouped {size} bytes against {single} page by page");
 
-        let files = FileCache::new(4, Default::default());
+        let files = FileCache::new(4, Default::default(), crate::clock::system());
         let layer = LayerFile::open(&path, &files).unwrap();
         for i in [0u32, 1, 6, 7, 8, 15, 16, 17, 307, 500, 999] {
             let mut out = Versions::default();

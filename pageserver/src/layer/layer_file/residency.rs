@@ -49,8 +49,11 @@ pub struct LayerFile {
     removed: std::sync::atomic::AtomicBool,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+/// Milliseconds since the Unix epoch on the clock of `files` (0 for a
+/// layer held in memory, which is never evicted).
+fn now_ms(files: Option<&Arc<FileCache>>) -> u64 {
+    let Some(f) = files else { return 0 };
+    f.clock().system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl LayerFile {
@@ -89,6 +92,7 @@ impl LayerFile {
         loaded: Option<Loaded>,
         files: Option<Arc<FileCache>>,
     ) -> LayerFile {
+        let last_read = now_ms(files.as_ref());
         LayerFile {
             name,
             path: path.to_path_buf(),
@@ -97,7 +101,7 @@ impl LayerFile {
             residency: parking_lot::Mutex::new(()),
             files,
             remote: std::sync::OnceLock::new(),
-            last_read: std::sync::atomic::AtomicU64::new(now_ms()),
+            last_read: std::sync::atomic::AtomicU64::new(last_read),
             removed: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -133,7 +137,7 @@ impl LayerFile {
 
     /// The readable layer, downloading its file first if it is not local.
     pub(super) fn loaded(&self) -> Result<Arc<Loaded>, LayerError> {
-        self.last_read.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+        self.last_read.store(now_ms(self.files.as_ref()), std::sync::atomic::Ordering::Relaxed);
         if let Some(l) = &*self.loaded.lock() {
             return Ok(l.clone());
         }

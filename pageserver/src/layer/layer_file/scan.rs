@@ -55,8 +55,7 @@ pub struct Scan<'a> {
     window: (u64, Vec<u8>),
 }
 
-/// Bytes a [`Scan`] reads at a time (more when one value is larger).
-const SCAN_READ_AHEAD: u64 = 256 << 10;
+use crate::limits::SCAN_READ_AHEAD;
 
 impl Scan<'_> {
     fn new(layer: &LayerFile, values: bool) -> Scan<'_> {
@@ -173,7 +172,7 @@ mod tests {
             versions.push((key(n), Lsn(0x200 + n as u64), v));
         }
         let path = write(&dir, &versions);
-        let files = FileCache::new(4, Default::default());
+        let files = FileCache::new(4, Default::default(), crate::clock::system());
         let layer = LayerFile::open(&path, &files).unwrap();
         let scanned: Vec<_> = layer.scan().map(|v| v.unwrap()).collect();
         assert_eq!(scanned.len(), versions.len());

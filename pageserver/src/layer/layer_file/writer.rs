@@ -331,7 +331,7 @@ mod tests {
             }
         }
         let path = write(&dir, &versions);
-        let files = FileCache::new(4, Default::default());
+        let files = FileCache::new(4, Default::default(), crate::clock::system());
         let layer = LayerFile::open(&path, &files).unwrap();
         let encoded: usize = versions
             .iter()
