@@ -47,8 +47,9 @@ from pathlib import Path
 
 import psycopg
 
-from bench.harness import (RELEASE_STRATA, LinkProxy, bench_dir, client_env, last_line, local_cluster,
-                           machine_state, pgbench_init, pgbench_process, result_stem, write_results)
+from bench.harness import (LinkProxy, bench_dir, client_env, last_line, local_cluster,
+                           machine_state, pgbench_init, pgbench_process, result_stem, strata_to_measure,
+                           write_results)
 from test_runner.fixtures.cluster import LocalCluster
 from test_runner.fixtures.minio import Minio
 from test_runner.fixtures.ports import free_port
@@ -222,7 +223,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs = 2, 12, 2
-    strata_bin = RELEASE_STRATA
+    strata_bin = strata_to_measure()
     results: dict = {"config": vars(args), **machine_state()}
     with bench_dir() as base:
         store = SlowStore(strata_bin, base, args.store_latency_ms) if args.store == "minio" else None

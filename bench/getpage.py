@@ -28,7 +28,7 @@ import argparse
 import statistics
 import sys
 
-from bench.harness import (RELEASE_STRATA, bench_dir, cluster_credentials, load_getpage_table, local_cluster,
+from bench.harness import (strata_to_measure, bench_dir, cluster_credentials, load_getpage_table, local_cluster,
                            machine_state, pagebench, pagebench_target, pageserver_metric, result_stem,
                            write_results)
 from test_runner.fixtures.strata import http_text
@@ -65,7 +65,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs = 2, 2, 2
-    strata_bin = RELEASE_STRATA
+    strata_bin = strata_to_measure()
     configs = [(c, d) for d in args.depths for c in args.connections]
     results: dict = {"config": vars(args), **machine_state(), "configurations": []}
     with bench_dir() as base, local_cluster(strata_bin, base / "cluster") as cluster:

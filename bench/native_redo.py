@@ -68,7 +68,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import (REPO, RELEASE_STRATA, RESULTS, any2_postgres, bench_dir, local_cluster, machine_state,
+from bench.harness import (REPO, strata_to_measure, RESULTS, any2_postgres, bench_dir, local_cluster, machine_state,
                            median_or_nan, page_service, percentile, pgbench, result_stem, stock_postgres,
                            write_json)
 from test_runner.fixtures import page_protocol
@@ -605,7 +605,7 @@ def main() -> int:
         args.transactions, args.insert_transactions = 2000, 200
         args.insert_prefill, args.hot_updates, args.getpage_requests = 10_000, 300, 1000
     out_path = args.out or RESULTS / f"{result_stem('native_redo', args.quick)}.json"
-    strata_bin = RELEASE_STRATA
+    strata_bin = strata_to_measure()
     results: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                      **machine_state(), "stock_settings": STOCK_SETTINGS, "configurations": {n: {} for n in CONFIGS}}
     cfg = results["configurations"]

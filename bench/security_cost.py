@@ -37,7 +37,7 @@ import shutil
 import statistics
 import sys
 
-from bench.harness import (PGBENCH_PREWARM, RELEASE_STRATA, bench_dir, client_env, cluster_credentials,
+from bench.harness import (PGBENCH_PREWARM, strata_to_measure, bench_dir, client_env, cluster_credentials,
                            load_getpage_table, local_cluster, machine_state, pagebench, pagebench_target,
                            pgbench_tps, psql, result_stem, run_timeout, write_results)
 from test_runner.fixtures.cluster import LocalCluster
@@ -106,7 +106,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.getpage_seconds, args.runs = 2, 3, 3, 2
-    strata_bin = RELEASE_STRATA
+    strata_bin = strata_to_measure()
     results: dict = {"config": vars(args), **machine_state()}
     with bench_dir() as base, local_cluster(strata_bin, base / "cluster") as c:
         data = load_getpage_table(c, args.scale)

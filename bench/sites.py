@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import (RELEASE_STRATA, LinkProxy, bench_dir, client_env, machine_state, median_where,
+from bench.harness import (strata_to_measure, LinkProxy, bench_dir, client_env, machine_state, median_where,
                            new_cluster, parse_latency_ms, parse_tps, pgbench, pgbench_init, result_stem, run_timeout,
                            start_cluster, stock_cluster, stop_cluster, write_results)
 from test_runner.fixtures.ports import free_port
@@ -133,7 +133,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.scale, args.seconds, args.runs, args.clients, args.latencies = 2, 3, 1, [4], [3.0]
-    strata_bin = RELEASE_STRATA
+    strata_bin = strata_to_measure()
     results: dict = {"config": vars(args), **machine_state(), "runs": []}
     with bench_dir() as base:
         first = args.latencies[0]
