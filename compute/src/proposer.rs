@@ -1136,17 +1136,22 @@ mod tests {
         panic!("never settled");
     }
 
-    #[tokio::test]
-    async fn the_election_gives_up_only_once_the_clock_passes_the_quorum_wait() {
-        // Nobody listens there: every link fails and backs off on the clock.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let identity = TimelineIdentity {
+    /// The timeline of the clock tests (nothing checks its values).
+    fn test_identity() -> TimelineIdentity {
+        TimelineIdentity {
             tenant_id: TenantId([1; 16]),
             timeline_id: TimelineId([2; 16]),
             system_id: 1,
             pg_version: 15,
             wal_segment_size: 16 << 20,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn the_election_gives_up_only_once_the_clock_passes_the_quorum_wait() {
+        // Nobody listens there: every link fails and backs off on the clock.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let identity = test_identity();
         let clock = ManualClock::new();
         let mut cfg = ProposerConfig::new(vec![format!("127.0.0.1:{port}"); 3], identity);
         cfg.clock = SharedClock::new(clock.clone());
@@ -1164,13 +1169,7 @@ mod tests {
     #[test]
     fn a_link_is_asked_for_its_position_again_only_after_the_retry_interval() {
         let clock = ManualClock::new();
-        let identity = TimelineIdentity {
-            tenant_id: TenantId([1; 16]),
-            timeline_id: TimelineId([2; 16]),
-            system_id: 1,
-            pg_version: 15,
-            wal_segment_size: 16 << 20,
-        };
+        let identity = test_identity();
         let mut cfg = ProposerConfig::new(Vec::new(), identity);
         cfg.clock = SharedClock::new(clock.clone());
         let (status, _) = tokio::sync::watch::channel(ProposerStatus::default());

@@ -95,7 +95,7 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
         let mut rest = period.saturating_sub(clock.since(started));
         while !rest.is_zero() && !stop.load(Ordering::SeqCst) {
             let step = rest.min(crate::limits::COMPACTOR_STOP_POLL);
-            crate::clock::sleep_blocking(clock, step);
+            clock.sleep_blocking(step);
             rest -= step;
         }
     }

@@ -146,7 +146,7 @@ fn flush_loop(tl: Arc<Timeline>, stop: Arc<AtomicBool>) {
         if stopping {
             return;
         }
-        crate::clock::sleep_blocking(&**tl.clock(), FLUSH_POLL);
+        tl.clock().sleep_blocking(FLUSH_POLL);
     }
 }
 
@@ -162,7 +162,7 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
     let mut lagging: Option<String> = None;
     while !stop.load(Ordering::SeqCst) {
         if tl.broken_reason().is_some() {
-            crate::clock::sleep_blocking(&*clock, BROKEN_RECEIVER_POLL);
+            clock.sleep_blocking(BROKEN_RECEIVER_POLL);
             continue;
         }
         if ingest.is_none() {
@@ -223,7 +223,7 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
                 s.last_error = Some(e.to_string());
                 s.safekeeper = None;
                 drop(s);
-                crate::clock::sleep_blocking(&*clock, backoff);
+                clock.sleep_blocking(backoff);
                 backoff = next_backoff(backoff);
             }
         }

@@ -80,7 +80,7 @@ impl Throttle {
         let due = Duration::from_secs_f64(self.consumed as f64 / *bytes_per_second as f64);
         let elapsed = clock.since(started);
         if due > elapsed + THROTTLE_SLACK {
-            crate::clock::sleep_blocking(&**clock, due - elapsed);
+            clock.sleep_blocking(due - elapsed);
         }
     }
 }
