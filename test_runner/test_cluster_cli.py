@@ -401,3 +401,21 @@ def test_endpoint_needs_the_storage(cluster_factory):
     assert r.returncode == 1
     assert "pageserver is not running" in r.stderr
     assert "no endpoints" in c.run("endpoint", "list").stdout
+
+
+def test_a_closed_stdout_ends_a_command_quietly(strata_bin, pg_bin_dir, tmp_path):
+    """A reader that went away (`strata init | head -0`) ends the command
+    as SIGPIPE would in a shell, with 141 and nothing on stderr, never with
+    a panic about a broken pipe."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    for args in (["init", "--pg-bin-dir", str(pg_bin_dir)], ["status"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            res = subprocess.run([str(strata_bin), *args, "--workdir", str(workdir)], stdout=write_end,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, timeout=60)
+        finally:
+            os.close(write_end)
+        assert (res.returncode, res.stderr) == (141, ""), (args, res)
+    assert (workdir / "cluster.toml").is_file(), "init did its work before it printed"

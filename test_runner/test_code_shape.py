@@ -6,6 +6,7 @@ on the crate means something."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,42 @@ def test_no_control_plane_function_is_over_100_lines(tmp_path):
     (tmp_path / "long.rs").write_text("fn long() {\n" + "    step();\n" * 100 + "}\n")
     out = subprocess.run([sys.executable, str(TOOL), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "long" in out.stdout
+
+
+# `println!`, `print!`, `eprintln!` or `eprint!` called (comments and
+# strings are blanked first: naming one in a doc comment is no call).
+PRINT_CALL = re.compile(r"(?<![A-Za-z0-9_])(e?print(?:ln)?)\s*!\s*[(\[{]")
+
+
+def print_calls(tool, text: str) -> list[tuple[int, str]]:
+    """(line, macro) of every printing macro called in a Rust source."""
+    code = tool.blank(text)
+    return [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in PRINT_CALL.finditer(code)]
+
+
+def test_the_control_plane_prints_nothing():
+    """The control plane's operations say what they did through their
+    results and progress events (`report::Event`); only the CLI prints,
+    through its own helper that survives a closed stdout, and `strata node`
+    answers with the same lines. The checker is shown to find each macro
+    and to skip comments and strings."""
+    tool = load_tool()
+    sample = (
+        "fn f() {\n"
+        "    println!(\"a\");\n"
+        "    print!(\"b\");\n"
+        "    eprintln! (\"c\");\n"
+        "    eprint!{\"d\"};\n"
+        "    // println!(\"in a comment\");\n"
+        "    let s = \"println!(in a string)\";\n"
+        "    let x = my_println!(1); sprint!(2);\n"
+        "}\n")
+    assert print_calls(tool, sample) == [(2, "println"), (3, "print"), (4, "eprintln"), (5, "eprint")]
+    crate = REPO / "control_plane" / "src"
+    files = sorted(crate.rglob("*.rs"))
+    assert len(files) > 10, f"the control plane's sources are not at {crate}"
+    found = [f"{f.relative_to(REPO)}:{line} {name}!" for f in files for line, name in print_calls(tool, f.read_text())]
+    assert not found, "the control plane prints; report an event or return an outcome instead:\n" + "\n".join(found)
 
 
 # Crates without a limits module, and why.

@@ -1,5 +1,6 @@
 //! `strata compute …`: the compute agent's roles.
 
+use crate::out::{errln, outln};
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
@@ -123,13 +124,14 @@ pub fn run(cmd: ComputeCommand) -> i32 {
             other => run_proposer_role(other).await.map_err(|e| e.to_string()),
         }
     });
-    // Blocking tasks still reading a stalled stream must not hold up the exit.
+    // Blocking calls still waiting for an answer (the storage controller's
+    // long poll) must not hold up the exit: the agent's work is done.
     runtime.shutdown_timeout(limits::RUNTIME_SHUTDOWN_TIMEOUT);
     match result {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!("{e}");
-            eprintln!("strata compute: {e}");
+            errln!("strata compute: {e}");
             if fenced {
                 agent::exit::FENCED
             } else {
@@ -157,7 +159,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             cfg.token = token;
             cfg.tls = tls;
             let end = proposer::sync_safekeepers(cfg).await?;
-            println!("{end}");
+            outln!("{end}");
             Ok::<(), proposer::ProposerError>(())
         }
         ComputeCommand::Proposer {

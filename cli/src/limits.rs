@@ -24,8 +24,12 @@ pub const DEFAULT_MAX_CONSUMER_LAG_MB: u64 = 1024;
 pub const STATUS_MAX_CONNECTIONS: usize = 32;
 /// Longest a new status connection may take to complete its TLS greeting.
 pub const STATUS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long blocking tasks still reading a stalled stream may hold up the exit.
-pub const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the agent's exit waits for its runtime's threads. Its work is
+/// done by then (PostgreSQL stopped, its WAL on the safekeepers) and its
+/// tasks drop within milliseconds; what outlives them are blocking calls
+/// whose answers nobody awaits, such as the storage controller's long
+/// poll, which would otherwise hold every endpoint stop up this long.
+pub const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_millis(20);
 /// Largest local file cache of a lazy compute that may be asked for (MiB).
 pub const MAX_CACHE_MB: u64 = 1 << 30;
 

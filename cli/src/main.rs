@@ -4,6 +4,7 @@ mod cluster;
 mod compute;
 mod limits;
 mod logging;
+mod out;
 mod pagebench;
 mod pgdata;
 mod supervise;
@@ -147,7 +148,7 @@ fn run_service<C, E1: std::fmt::Display, E2: std::fmt::Display, F: std::future::
     let config = match load(config) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("strata {what}: {e}");
+            out::errln!("strata {what}: {e}");
             return 2;
         }
     };
@@ -208,5 +209,6 @@ fn main() {
         Command::Supervise(args) => supervise::run(args),
         Command::Node(args) => cluster::node(args),
     };
-    std::process::exit(code);
+    // 141 if the output's reader went away meanwhile (see `out`).
+    std::process::exit(out::exit_status(code));
 }

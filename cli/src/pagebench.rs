@@ -9,6 +9,7 @@
 //! and the loopback network can do on this machine, to judge the
 //! pageserver's numbers against.
 
+use crate::out::{errln, outln};
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -102,16 +103,16 @@ pub fn run(args: PagebenchArgs) -> i32 {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("strata pagebench: cannot start the async runtime: {e}");
+            errln!("strata pagebench: cannot start the async runtime: {e}");
             return 1;
         }
     };
     match runtime.block_on(bench(&args)) {
         Ok(report) => {
             if args.json {
-                println!("{}", report.json());
+                outln!("{}", report.json());
             } else {
-                print!("{}", report.text());
+                crate::out::print(format_args!("{}", report.text()));
             }
             if report.errors == 0 && report.requests > 0 {
                 0
@@ -120,7 +121,7 @@ pub fn run(args: PagebenchArgs) -> i32 {
             }
         }
         Err(e) => {
-            eprintln!("strata pagebench: {e}");
+            errln!("strata pagebench: {e}");
             1
         }
     }
@@ -251,7 +252,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
     }
     let elapsed = start.elapsed();
     if let Some(e) = &total.first_error {
-        eprintln!("strata pagebench: {} errors; the first: {e}", total.errors);
+        errln!("strata pagebench: {} errors; the first: {e}", total.errors);
     }
     Ok(Report {
         loopback: args.loopback_baseline,
@@ -289,7 +290,7 @@ async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
             .await
             .map_err(|e| format!("size of relation {rel}: {e}"))?;
         if blocks == 0 {
-            eprintln!("strata pagebench: relation {rel} is empty at {}; skipping it", lsn_text(args.lsn));
+            errln!("strata pagebench: relation {rel} is empty at {}; skipping it", lsn_text(args.lsn));
             continue;
         }
         rels.push((total_blocks, rel));

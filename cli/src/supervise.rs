@@ -11,6 +11,7 @@
 //! is still there, removes the pidfiles and exits. If the supervisor itself
 //! is killed, the service keeps running on its own.
 
+use crate::out::errln;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -61,7 +62,7 @@ pub fn run(args: SuperviseArgs) -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("strata supervise: starting a runtime: {e}");
+            errln!("strata supervise: starting a runtime: {e}");
             return 1;
         }
     };

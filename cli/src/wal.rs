@@ -1,6 +1,7 @@
 //! `strata wal …`: decode WAL segment files like pg_waldump, and measure
 //! decoding speed.
 
+use crate::out::{errln, outln};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -112,18 +113,18 @@ pub fn run(cmd: WalCommand) -> i32 {
         WalCommand::Bench { runs, files } => bench(runs, &files),
         WalCommand::VerifyImages { pgdata, max_reported } => crate::verify_images::verify_images(&pgdata, max_reported)
             .and_then(|(ok, report)| {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?);
                 Ok(if ok { 0 } else { 1 })
             }),
         WalCommand::VerifyRedo { max_reported, dump_dir, start, files } => expand(&files)
             .and_then(|files| crate::verify_redo::verify_redo(&files, start, max_reported, dump_dir.as_deref()))
             .and_then(|(ok, report)| {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?);
                 Ok(if ok { 0 } else { 1 })
             }),
         WalCommand::ResetToEnd { pgdata, fresh_wal } => {
             crate::pgdata::reset_to_end(&pgdata, fresh_wal).and_then(|report| {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?);
                 Ok(0)
             })
         }
@@ -131,7 +132,7 @@ pub fn run(cmd: WalCommand) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("strata wal: error: {e:#}");
+            errln!("strata wal: error: {e:#}");
             2
         }
     }
@@ -311,7 +312,7 @@ fn dump(json: bool, start: Option<Lsn>, files: &[PathBuf]) -> anyhow::Result<i32
                 writeln!(out, "{}", serde_json::json!({"end_of_wal": reader.end_lsn(), "records": count}))?;
             }
             out.flush()?;
-            eprintln!("strata wal dump: {count} records, end of WAL at {}", reader.end_lsn());
+            errln!("strata wal dump: {count} records, end of WAL at {}", reader.end_lsn());
             Ok(0)
         }
         Some((lsn, message)) => {
@@ -319,7 +320,7 @@ fn dump(json: bool, start: Option<Lsn>, files: &[PathBuf]) -> anyhow::Result<i32
                 writeln!(out, "{}", serde_json::json!({"error": message, "lsn": lsn, "records": count}))?;
             }
             out.flush()?;
-            eprintln!("strata wal dump: error: {message}");
+            errln!("strata wal dump: error: {message}");
             Ok(1)
         }
     }
@@ -411,6 +412,6 @@ fn bench(runs: usize, files: &[PathBuf]) -> anyhow::Result<i32> {
         "decode_vs_copy": (mb / decode) / (copy_mb / copy),
         "decode_and_restore_vs_copy": (mb / restore) / (copy_mb / copy),
     });
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    outln!("{}", serde_json::to_string_pretty(&report)?);
     Ok(0)
 }

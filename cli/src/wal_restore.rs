@@ -15,6 +15,7 @@
 //! PostgreSQL treats like a shell error and stops recovery at once, instead
 //! of ending it early and losing the WAL it could not fetch.
 
+use crate::out::errln;
 use std::path::Path;
 
 use anyhow::{anyhow, Context};
@@ -47,11 +48,11 @@ pub fn run(r: Restore<'_>) -> i32 {
     match restore(&r) {
         Ok(true) => 0,
         Ok(false) => {
-            eprintln!("strata wal restore: {} is not in object storage", r.name);
+            errln!("strata wal restore: {} is not in object storage", r.name);
             1
         }
         Err(e) => {
-            eprintln!("strata wal restore: {}: {e:#}", r.name);
+            errln!("strata wal restore: {}: {e:#}", r.name);
             127
         }
     }

@@ -11,6 +11,7 @@ use strata_protocol::TimelineId;
 
 use super::error::{failed, Error, Result};
 use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Kind, Workdir, CLUSTER_FILE, MAIN_BRANCH};
+use super::report::{EndpointEvent, Progress};
 use super::{endpoint, http, services};
 use crate::limits::{BRANCH_CREATE_TIMEOUT, QUICK};
 
@@ -50,8 +51,41 @@ fn newest_commit(wd: &Workdir, branch: &Branch) -> Result<Option<Lsn>> {
     Ok(from_safekeepers.chain(from_proposers).max())
 }
 
-/// `strata branch create NAME [--from PARENT] [--at LSN | --at-time TS]`.
-pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at_time: Option<&str>) -> Result<()> {
+/// A branch `strata branch create` made: `branch dev: timeline T, from main at L`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BranchCreated {
+    pub name: String,
+    pub timeline: TimelineId,
+    pub parent: String,
+    /// Where it begins in its parent.
+    pub start: Lsn,
+}
+
+impl std::fmt::Display for BranchCreated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let BranchCreated { name, timeline, parent, start } = self;
+        write!(f, "branch {name}: timeline {timeline}, from {parent} at {start}")
+    }
+}
+
+/// Where a new branch begins: `--at LSN`, `--at-time TS` or neither (the
+/// parent's newest commit).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BranchPoint<'a> {
+    pub at: Option<&'a str>,
+    pub at_time: Option<&'a str>,
+}
+
+/// `strata branch create NAME [--from PARENT] [--at LSN | --at-time TS]`;
+/// reports the new timeline's creation on the safekeepers.
+pub fn create(
+    wd: &Workdir,
+    name: &str,
+    from: Option<&str>,
+    point: BranchPoint<'_>,
+    progress: &mut dyn Progress,
+) -> Result<BranchCreated> {
+    let BranchPoint { at, at_time } = point;
     check_name(name)?;
     if wd.cluster.branch(name).is_some() {
         return failed(format!("a branch named {name:?} exists"));
@@ -112,16 +146,29 @@ pub fn create(wd: &Workdir, name: &str, from: Option<&str>, at: Option<&str>, at
     });
     save_cluster(&wd.root, &mut cluster)?;
     // Its WAL timeline on every running safekeeper (the others get it at `strata start`).
-    services::ensure_timelines(&Workdir::open(&wd.root)?)?;
-    println!("branch {name}: timeline {timeline_id}, from {parent_name} at {start}");
-    Ok(())
+    services::ensure_timelines(&Workdir::open(&wd.root)?, progress)?;
+    Ok(BranchCreated { name: name.into(), timeline: timeline_id, parent: parent_name.into(), start })
+}
+
+/// A branch `strata branch delete` deleted: `branch dev: deleted (timeline T)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BranchDeleted {
+    pub name: String,
+    pub timeline: TimelineId,
+}
+
+impl std::fmt::Display for BranchDeleted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "branch {}: deleted (timeline {})", self.name, self.timeline)
+    }
 }
 
 /// `strata branch delete NAME [--force]`: refused while a branch depends
 /// on it, and while an endpoint runs on it unless `--force` (which stops
 /// it). The branch's timeline goes from the pageserver and every
-/// safekeeper (all must run), its endpoints' directories with it.
-pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
+/// safekeeper (all must run), its endpoints' directories with it; reports
+/// the endpoints stopped and removed.
+pub fn delete(wd: &Workdir, name: &str, force: bool, progress: &mut dyn Progress) -> Result<BranchDeleted> {
     let Some(b) = wd.cluster.branch(name).cloned() else {
         return failed(format!("no branch named {name:?}"));
     };
@@ -149,9 +196,9 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
         return failed(format!("{} is not running: every service deletes the branch's data (start it first)", s.name));
     }
     for ep in &on {
-        endpoint::stop(wd, &ep.file.name, false)?;
-        endpoint::remove(wd, &ep.file)?;
-        println!("endpoint {}: removed", ep.file.name);
+        endpoint::stop(wd, &ep.file.name, false, progress)?;
+        endpoint::remove(wd, &ep.file, progress)?;
+        progress.tell(EndpointEvent::Removed { endpoint: ep.file.name.clone() });
     }
     let tenant = wd.cluster.tenant_id;
     let ps = super::controller::attached(wd)?;
@@ -183,8 +230,7 @@ pub fn delete(wd: &Workdir, name: &str, force: bool) -> Result<()> {
     let mut cluster: ClusterFile = read_toml(&path)?;
     cluster.branches.retain(|x| x.name != name);
     save_cluster(&wd.root, &mut cluster)?;
-    println!("branch {name}: deleted (timeline {})", b.timeline_id);
-    Ok(())
+    Ok(BranchDeleted { name: name.into(), timeline: b.timeline_id })
 }
 
 /// One branch as `branch list` shows it.
@@ -207,8 +253,45 @@ fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::EndpointRecord]) ->
     }
 }
 
+/// `strata branch list`: the tree of branches, depth-first from `main`,
+/// each with its depth; a table (`Display`) or JSON.
+#[derive(Clone, Debug)]
+pub struct BranchList {
+    pub rows: Vec<(usize, BranchInfo)>,
+}
+
+impl BranchList {
+    /// The branches as a JSON array, in the tree's order.
+    pub fn to_json(&self) -> String {
+        let all: Vec<&BranchInfo> = self.rows.iter().map(|(_, v)| v).collect();
+        serde_json::to_string_pretty(&all).expect("the branches serialize")
+    }
+}
+
+impl std::fmt::Display for BranchList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+        writeln!(f, "{:<28} {:<32} {:<12} {:<12} {:>12}  ENDPOINTS", "BRANCH", "TIMELINE", "PARENT", "AT", "SIZE")?;
+        for (depth, v) in &self.rows {
+            let name = if *depth == 0 { v.name.clone() } else { format!("{}└ {}", "  ".repeat(depth - 1), v.name) };
+            let size = v.logical_size.map_or("-".to_string(), human_bytes);
+            writeln!(
+                f,
+                "{:<28} {:<32} {:<12} {:<12} {:>12}  {}",
+                name,
+                v.timeline_id,
+                or_dash(v.parent.clone()),
+                or_dash(v.ancestor_lsn.map(|l| l.to_string())),
+                size,
+                if v.endpoints.is_empty() { "-".to_string() } else { v.endpoints.join(",") }
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// `strata branch list [--json]`: the tree of branches.
-pub fn list(wd: &Workdir, as_json: bool) -> Result<()> {
+pub fn list(wd: &Workdir) -> Result<BranchList> {
     let endpoints = endpoint::inventory(wd)?;
     let mut rows = Vec::new();
     // Depth-first from `main`, children in creation order.
@@ -226,27 +309,7 @@ pub fn list(wd: &Workdir, as_json: bool) -> Result<()> {
         }
     }
     walk(wd, MAIN_BRANCH, 0, &endpoints, &mut rows);
-    if as_json {
-        let all: Vec<BranchInfo> = rows.into_iter().map(|(_, v)| v).collect();
-        println!("{}", serde_json::to_string_pretty(&all).expect("the branches serialize"));
-        return Ok(());
-    }
-    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
-    println!("{:<28} {:<32} {:<12} {:<12} {:>12}  ENDPOINTS", "BRANCH", "TIMELINE", "PARENT", "AT", "SIZE");
-    for (depth, v) in rows {
-        let name = if depth == 0 { v.name.clone() } else { format!("{}└ {}", "  ".repeat(depth - 1), v.name) };
-        let size = v.logical_size.map_or("-".to_string(), human_bytes);
-        println!(
-            "{:<28} {:<32} {:<12} {:<12} {:>12}  {}",
-            name,
-            v.timeline_id,
-            or_dash(v.parent),
-            or_dash(v.ancestor_lsn.map(|l| l.to_string())),
-            size,
-            if v.endpoints.is_empty() { "-".to_string() } else { v.endpoints.join(",") }
-        );
-    }
-    Ok(())
+    Ok(BranchList { rows })
 }
 
 fn human_bytes(n: u64) -> String {

@@ -9,6 +9,8 @@ use strata_protocol::api::pageserver::{LocationMode, PageserverStatus};
 use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{Kind, Service, Workdir};
+use super::process::Poll;
+use super::report::PolicyChanged;
 use crate::limits::{ATTACH_POLL, ATTACH_WAIT, CONTROLLER_ACTION_POLL, LOCATE_POLL, QUICK};
 
 /// The controllers, the leader (as any of them knows it) first.
@@ -36,6 +38,8 @@ fn attachment_for<'a>(wd: &'a Workdir, wait: Duration, site: Option<&str>) -> Re
     let deadline = Instant::now() + wait;
     let mut last = String::from("no controller answered");
     let query = site.map(|s| format!("?site={s}")).unwrap_or_default();
+    // A starting cluster's controller places the tenant within milliseconds.
+    let mut poll = Poll::every(LOCATE_POLL);
     loop {
         for c in controllers(wd) {
             let url = format!("{}/v1/tenant/{tenant}/attachment{query}", c.http_url());
@@ -57,7 +61,7 @@ fn attachment_for<'a>(wd: &'a Workdir, wait: Duration, site: Option<&str>) -> Re
         if Instant::now() >= deadline {
             return failed(format!("no controller says where tenant {tenant} is attached ({last})"));
         }
-        std::thread::sleep(LOCATE_POLL);
+        poll.pause();
     }
 }
 
@@ -69,6 +73,7 @@ pub fn attached(wd: &Workdir) -> Result<&Service> {
     let (ps, info) = attachment(wd, ATTACH_WAIT)?;
     let deadline = Instant::now() + ATTACH_WAIT;
     let tenant = wd.cluster.tenant_id;
+    let mut poll = Poll::every(ATTACH_POLL);
     loop {
         let status = match http::get(&format!("{}/v1/status", ps.http_url()), QUICK) {
             Ok(r) if r.status == 200 => {
@@ -90,7 +95,7 @@ pub fn attached(wd: &Workdir) -> Result<&Service> {
                 ATTACH_WAIT.as_secs()
             ));
         }
-        std::thread::sleep(ATTACH_POLL);
+        poll.pause();
     }
 }
 
@@ -112,8 +117,9 @@ pub fn status(wd: &Workdir) -> Option<ControllerStatus> {
     leader.map(|i| all[i].clone()).or_else(|| all.into_iter().max_by_key(|s| s.state.as_ref().map(|x| x.version)))
 }
 
-/// `strata pageserver drain|fill NAME`: asks the leading controller.
-pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<()> {
+/// `strata pageserver drain|fill NAME` (and `lost`, in a site failover):
+/// asks the leading controller; what it took.
+pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<PolicyChanged> {
     match wd.service(name) {
         Some(s) if s.kind == Kind::Pageserver => {}
         _ => {
@@ -128,15 +134,7 @@ pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<()> {
             let url = format!("{}/v1/pageserver/{name}/{action}", c.http_url());
             match http::post(&url, &serde_json::json!({}), QUICK) {
                 Ok(r) if r.status == 200 => {
-                    println!(
-                        "{name}: {}",
-                        match action {
-                            "drain" => "draining: its tenants move to other pageservers",
-                            "lost" => "lost with its site: its tenants fail over to other pageservers",
-                            _ => "active: it takes tenants again",
-                        }
-                    );
-                    return Ok(());
+                    return Ok(PolicyChanged { pageserver: name.into(), action: action.into() });
                 }
                 Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
                 Err(e) => last = format!("{}: {e}", c.name),

@@ -16,11 +16,12 @@ use super::error::{failed, Error, Result};
 use super::layout::{self, Kind, Workdir, LOCAL_HOST, LOOPBACK, MAIN_BRANCH};
 use super::options::AgentOptions;
 use super::process::{self, Identity};
+use super::report::{EndpointEvent, Event, Notice, Progress, StopReport};
 use super::supervisor::{Liveness, Supervised};
 use super::{hosts, http, services};
 use crate::limits::{
-    CHECKPOINT_WAIT, ENDPOINT_START_WAIT, ENDPOINT_STOP_GRACE, ENDPOINT_TAIL_LINES, KILL_WAIT, NODE_CALL, ORPHAN_GRACE,
-    QUICK, START_POLL,
+    CHECKPOINT_WAIT, ENDPOINT_START_WAIT, ENDPOINT_STOPS_AT_ONCE, ENDPOINT_STOP_GRACE, ENDPOINT_TAIL_LINES, KILL_WAIT,
+    NODE_CALL, ORPHAN_GRACE, QUICK, START_POLL,
 };
 use strata_service::ports;
 
@@ -348,10 +349,10 @@ pub fn compute_status_of(wd: &Workdir, file: EndpointFile) -> Option<ComputeStat
 }
 
 /// Removes a stopped endpoint's directory on its host (its branch goes).
-pub fn remove(wd: &Workdir, file: &EndpointFile) -> Result<()> {
+pub fn remove(wd: &Workdir, file: &EndpointFile, progress: &mut dyn Progress) -> Result<()> {
     let host = hosts::host(wd, &file.host)?;
     if hosts::is_local(host) {
-        forget(wd, &file.name).map(drop)
+        forget(wd, &file.name, progress).map(drop)
     } else {
         let req = hosts::EndpointRequest { name: file.name.clone(), immediate: false };
         hosts::call::<Forgotten>(host, "POST", "/v1/endpoints/forget", Some(&req), NODE_CALL).map(drop)
@@ -467,12 +468,12 @@ pub struct Forgotten {
 
 /// Removes a stopped endpoint from this machine (it moves to another
 /// host): its directory goes, its settings and password are returned.
-pub fn forget(wd: &Workdir, name: &str) -> Result<Forgotten> {
+pub fn forget(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<Forgotten> {
     let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };
     if ep.supervised().liveness() != Liveness::Stopped {
         return failed(format!("endpoint {name} runs; stop it before it moves"));
     }
-    stop_orphan_postgres(&ep, true)?;
+    stop_orphan_postgres(&ep, true, progress)?;
     let password = ep.password();
     fs::remove_dir_all(&ep.dir).map_err(|e| Error::Failed(format!("{}: {e}", ep.dir.display())))?;
     Ok(Forgotten { file: ep.file, password })
@@ -480,8 +481,14 @@ pub fn forget(wd: &Workdir, name: &str) -> Result<Forgotten> {
 
 /// `strata endpoint start`: decides the branch, the point and the host,
 /// then starts it there (here, or through that host's node); the last line
-/// printed is the connection string.
-pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentOptions) -> Result<()> {
+/// reported is the connection string.
+pub fn start(
+    wd: &Workdir,
+    name: &str,
+    how: &StartOptions<'_>,
+    agent: &AgentOptions,
+    progress: &mut dyn Progress,
+) -> Result<()> {
     let all = inventory(wd)?;
     let old = all.iter().find(|r| r.file.name == name);
     let replica_of = replica_source(name, how, old)?;
@@ -509,9 +516,9 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentOpti
         true => writer_password(wd, &all, &branch_name, name),
         false => None,
     };
-    let replica = replica_of.map(|of| replica_launch(wd, name, of, &branch_name, how, &all, old, target));
+    let replica = replica_of.map(|of| replica_launch(wd, name, of, &branch_name, how, &all, old, target, progress));
     let moved = match moving {
-        Some(o) => Some(move_away(wd, name, &o.file.host, &target.name)?),
+        Some(o) => Some(move_away(wd, name, &o.file.host, &target.name, progress)?),
         None => None,
     };
     let req = LaunchRequest {
@@ -529,15 +536,14 @@ pub fn start(wd: &Workdir, name: &str, how: &StartOptions<'_>, agent: &AgentOpti
         agent_token: super::keys::signer(&wd.root)?
             .map(|signer| signer.sign(&Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None))),
     };
-    let lines = if hosts::is_local(target) {
-        launch(wd, &req)?
-    } else {
-        // Its copy of the state (safekeepers, pageserver) must be ours.
-        hosts::send(wd, target)?;
-        hosts::call::<hosts::Lines>(target, "POST", "/v1/endpoints/start", Some(&req), NODE_CALL)?.lines
-    };
+    if hosts::is_local(target) {
+        return launch(wd, &req, progress);
+    }
+    // Its copy of the state (safekeepers, pageserver) must be ours.
+    hosts::send(wd, target)?;
+    let lines = hosts::call::<hosts::Lines>(target, "POST", "/v1/endpoints/start", Some(&req), NODE_CALL)?.lines;
     for line in lines {
-        println!("{line}");
+        progress.report(Event::Relayed { line, host: None });
     }
     Ok(())
 }
@@ -677,15 +683,14 @@ fn replica_launch(
     all: &[EndpointRecord],
     old: Option<&EndpointRecord>,
     target: &layout::Host,
+    progress: &mut dyn Progress,
 ) -> ReplicaLaunch {
     let writer = all.iter().find(|o| o.file.branch == branch && o.file.is_writer() && o.state == "running");
     let after = writer.and_then(|w| match writer_checkpoint(wd, &w.file) {
         Ok(lsn) => Some(lsn),
         Err(e) => {
-            println!(
-                "endpoint {name}: no fresh checkpoint from writer {} ({e}); starting from the last one",
-                w.file.name
-            );
+            let (endpoint, writer, error) = (name.to_string(), w.file.name.clone(), e.to_string());
+            progress.tell(EndpointEvent::NoFreshCheckpoint { endpoint, writer, error });
             None
         }
     });
@@ -696,15 +701,15 @@ fn replica_launch(
 
 /// Removes a stopped endpoint from the host it ran on, to start on `to`:
 /// its settings and password.
-fn move_away(wd: &Workdir, name: &str, from: &str, to: &str) -> Result<Forgotten> {
+fn move_away(wd: &Workdir, name: &str, from: &str, to: &str, progress: &mut dyn Progress) -> Result<Forgotten> {
     let from_host = hosts::host(wd, from)?;
     let forgotten = if hosts::is_local(from_host) {
-        forget(wd, name)?
+        forget(wd, name, progress)?
     } else {
         let req = hosts::EndpointRequest { name: name.into(), immediate: false };
         hosts::call(from_host, "POST", "/v1/endpoints/forget", Some(&req), NODE_CALL)?
     };
-    println!("endpoint {name}: moves from host {from} to host {to}");
+    progress.tell(EndpointEvent::Moves { endpoint: name.into(), from: from.into(), to: to.into() });
     Ok(forgotten)
 }
 
@@ -714,7 +719,7 @@ fn move_away(wd: &Workdir, name: &str, from: &str, to: &str) -> Result<Forgotten
 /// host and port, as a writer: a new safekeeper term, at the end of the
 /// committed WAL. A writer still running is fenced by that term; it is
 /// then stopped, if it can be reached.
-pub fn promote(wd: &Workdir, name: &str) -> Result<()> {
+pub fn promote(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<()> {
     let t = Instant::now();
     let all = inventory(wd)?;
     let Some(record) = all.iter().find(|r| r.file.name == name) else {
@@ -728,18 +733,15 @@ pub fn promote(wd: &Workdir, name: &str) -> Result<()> {
         .filter(|o| o.file.branch == record.file.branch && o.file.is_writer() && o.state != "stopped")
         .cloned()
         .collect();
-    stop(wd, name, true)?;
+    stop(wd, name, true, progress)?;
     let how = StartOptions { promote: true, ..StartOptions::default() };
-    start(wd, name, &how, &AgentOptions::default())?;
-    println!(
-        "endpoint {name}: promoted to the writer of branch {} in {:.2} s",
-        record.file.branch,
-        t.elapsed().as_secs_f64()
-    );
+    start(wd, name, &how, &AgentOptions::default(), progress)?;
+    let (endpoint, branch, seconds) = (name.to_string(), record.file.branch.clone(), t.elapsed().as_secs_f64());
+    progress.tell(EndpointEvent::Promoted { endpoint, branch, seconds });
     // The old writer can no longer commit; stop what is left of it.
     for w in writers {
-        if let Err(e) = stop(wd, &w.file.name, true) {
-            println!("endpoint {}: fenced, but not stopped: {e}", w.file.name);
+        if let Err(e) = stop(wd, &w.file.name, true, progress) {
+            progress.tell(EndpointEvent::FencedNotStopped { endpoint: w.file.name, error: e.to_string() });
         }
     }
     Ok(())
@@ -770,40 +772,41 @@ fn default_host(wd: &Workdir) -> Result<&layout::Host> {
 
 /// Starts an endpoint on this machine: writes its agent's configuration,
 /// spawns the agent under its supervisor and waits until PostgreSQL runs;
-/// returns what to print, the connection string last.
-pub fn launch(wd: &Workdir, req: &LaunchRequest) -> Result<Vec<String>> {
+/// reports where it runs, the connection string last.
+pub fn launch(wd: &Workdir, req: &LaunchRequest, progress: &mut dyn Progress) -> Result<()> {
     let name = req.name.as_str();
     check_name(name)?;
     let host = hosts::host(wd, &req.host)?.clone();
     let old = load(wd, name)?;
-    let mut lines = Vec::new();
     if let Some(o) = &old {
-        check_relaunch(o, req, &mut lines)?;
+        check_relaunch(o, req, progress)?;
     }
     check_one_writer_here(wd, req)?;
     // A PostgreSQL whose agent was killed still holds the port and pgdata.
     if let Some(o) = &old {
-        stop_orphan_postgres(o, false)?;
+        stop_orphan_postgres(o, false, progress)?;
     }
     let ep = record(wd, req, &host, old.as_ref())?;
     let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
     let password = ensure_password(&ep, given)?;
     let config = agent_file(wd, &ep, req, &host)?;
     write_agent_config(&ep, &config)?;
-    let (pid, supervisor) = spawn_agent(wd, &ep)?;
-    lines.push(format!(
-        "endpoint {name}: running on branch {} (timeline {}) on host {}, agent pid {pid}, supervisor pid {supervisor}, log {}",
-        req.branch,
-        req.timeline_id,
-        host.name,
-        ep.log().display()
-    ));
+    let (pid, supervisor) = spawn_agent(wd, &ep, progress)?;
+    progress.tell(EndpointEvent::Running {
+        endpoint: name.into(),
+        branch: req.branch.clone(),
+        timeline: req.timeline_id,
+        host: host.name.clone(),
+        pid,
+        supervisor,
+        log: ep.log(),
+    });
     if super::certs::client(&wd.root)?.is_some() {
-        lines.push(format!("over TLS: {}", ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root))));
+        progress.tell(EndpointEvent::OverTls(ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root))));
     }
     // Last line: scripts take the connection string from here.
-    lines.push(ep.local_connstr(&password));
-    Ok(lines)
+    progress.tell(EndpointEvent::Connstr(ep.local_connstr(&password)));
+    Ok(())
 }
 
 /// Writes the agent's `agent.toml`, readable by its owner only: it names
@@ -818,7 +821,7 @@ fn write_agent_config(ep: &Endpoint, config: &AgentFile) -> Result<()> {
 
 /// An endpoint recorded here may start again: same branch, not running
 /// (an agent without its supervisor is stopped, to start anew under one).
-fn check_relaunch(o: &Endpoint, req: &LaunchRequest, lines: &mut Vec<String>) -> Result<()> {
+fn check_relaunch(o: &Endpoint, req: &LaunchRequest, progress: &mut dyn Progress) -> Result<()> {
     let name = &req.name;
     if o.file.branch != req.branch {
         return failed(format!("endpoint {name} runs on branch {}, not {}", o.file.branch, req.branch));
@@ -832,9 +835,7 @@ fn check_relaunch(o: &Endpoint, req: &LaunchRequest, lines: &mut Vec<String>) ->
         )),
         Liveness::Running { pid, supervisor: None } => {
             // Never two agents on one data directory: stop it, start anew.
-            lines.push(format!(
-                "endpoint {name}: its agent (pid {pid}) runs without its supervisor; restarting it under a new one"
-            ));
+            progress.tell(EndpointEvent::Unsupervised { endpoint: name.clone(), pid });
             o.supervised().stop_unsupervised().map(|_| ())
         }
         Liveness::Stopped => Ok(()),
@@ -969,7 +970,7 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
 /// runs; the agent's and the supervisor's pids. A failed start leaves
 /// nothing running: the agent (which stops its PostgreSQL), its
 /// supervisor, and a PostgreSQL it could not stop.
-fn spawn_agent(wd: &Workdir, ep: &Endpoint) -> Result<(i32, u32)> {
+fn spawn_agent(wd: &Workdir, ep: &Endpoint, progress: &mut dyn Progress) -> Result<(i32, u32)> {
     let name = &ep.file.name;
     let exe = std::env::current_exe().map_err(|e| Error::Failed(format!("finding the strata binary: {e}")))?;
     let config = ep.agent_config();
@@ -979,9 +980,9 @@ fn spawn_agent(wd: &Workdir, ep: &Endpoint) -> Result<(i32, u32)> {
     let from = process::log_len(&log);
     let sv = ep.supervised();
     let mut child = sv.spawn(&exe, &args, &wd.root)?;
-    let abort = |child: &mut std::process::Child, why: String| {
+    let mut abort = |child: &mut std::process::Child, why: String| {
         let _ = sv.stop(false);
-        let _ = stop_orphan_postgres(ep, true);
+        let _ = stop_orphan_postgres(ep, true, progress);
         let _ = child.try_wait();
         failed(format!("endpoint {name}: {why}\n{}", process::log_tail(&log, from, ENDPOINT_TAIL_LINES)))
     };
@@ -1073,7 +1074,7 @@ pub fn orphan_postgres(ep: &Endpoint) -> Option<i32> {
 /// any postgres process still running in the data directory (the
 /// postmaster's children each lead their own session, so they are found by
 /// their working directory).
-fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
+fn stop_orphan_postgres(ep: &Endpoint, immediate: bool, progress: &mut dyn Progress) -> Result<()> {
     if let Some(pid) = orphan_postgres(ep) {
         let is_postgres = || process::alive(pid) && process::comm(pid).as_deref() == Some("postgres");
         // SIGINT: fast shutdown.
@@ -1084,7 +1085,7 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
                 return failed(format!("endpoint {}: PostgreSQL (pid {pid}) does not die", ep.file.name));
             }
         }
-        println!("endpoint {}: stopped PostgreSQL (pid {pid}) left running by its agent", ep.file.name);
+        progress.tell(EndpointEvent::OrphanStopped { endpoint: ep.file.name.clone(), pid });
     }
     if ep.supervised().liveness() != Liveness::Stopped {
         return Ok(());
@@ -1107,7 +1108,10 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
         match std::fs::remove_dir_all(&sockets) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => eprintln!("endpoint {}: removing socket directory {}: {e}", ep.file.name, sockets.display()),
+            Err(e) => {
+                let (endpoint, error) = (ep.file.name.clone(), e.to_string());
+                progress.tell(Notice::SocketDirLeft { endpoint, dir: sockets, error });
+            }
         }
     }
     Ok(())
@@ -1117,7 +1121,7 @@ fn stop_orphan_postgres(ep: &Endpoint, immediate: bool) -> Result<()> {
 /// the agent (it stops PostgreSQL and flushes the WAL) and kills it after
 /// the grace period; on the endpoint's host, here or through its node.
 /// Idempotent.
-pub fn stop(wd: &Workdir, name: &str, immediate: bool) -> Result<()> {
+pub fn stop(wd: &Workdir, name: &str, immediate: bool, progress: &mut dyn Progress) -> Result<()> {
     let all = inventory(wd)?;
     let Some(record) = all.iter().find(|r| r.file.name == name) else {
         let known: Vec<&str> = all.iter().map(|r| r.file.name.as_str()).collect();
@@ -1127,40 +1131,57 @@ pub fn stop(wd: &Workdir, name: &str, immediate: bool) -> Result<()> {
         ));
     };
     let host = hosts::host(wd, &record.file.host)?;
-    let lines = if hosts::is_local(host) {
-        vec![stop_local(wd, name, immediate)?]
-    } else {
-        let req = hosts::EndpointRequest { name: name.into(), immediate };
-        hosts::call::<hosts::Lines>(host, "POST", "/v1/endpoints/stop", Some(&req), NODE_CALL)?.lines
-    };
-    for line in lines {
-        println!("{line}");
+    if hosts::is_local(host) {
+        let stopped = stop_local(wd, name, immediate, progress)?;
+        progress.tell(stopped);
+        return Ok(());
+    }
+    let req = hosts::EndpointRequest { name: name.into(), immediate };
+    for line in hosts::call::<hosts::Lines>(host, "POST", "/v1/endpoints/stop", Some(&req), NODE_CALL)?.lines {
+        progress.report(Event::Relayed { line, host: None });
     }
     Ok(())
 }
 
-/// Stops an endpoint of this machine; returns what to print.
-pub fn stop_local(wd: &Workdir, name: &str, immediate: bool) -> Result<String> {
+/// Stops an endpoint of this machine; how it went.
+pub fn stop_local(wd: &Workdir, name: &str, immediate: bool, progress: &mut dyn Progress) -> Result<StopReport> {
     let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };
-    stop_endpoint(&ep, immediate)
+    stop_endpoint(&ep, immediate, progress)
 }
 
-fn stop_endpoint(ep: &Endpoint, immediate: bool) -> Result<String> {
+/// Stops the agent and its supervisor, then whatever PostgreSQL they left.
+fn stop_endpoint(ep: &Endpoint, immediate: bool, progress: &mut dyn Progress) -> Result<StopReport> {
     let outcome = ep.supervised().stop(immediate)?;
-    let line =
-        format!("endpoint {}: {}", ep.file.name, services::stop_message(outcome, immediate, ENDPOINT_STOP_GRACE));
-    stop_orphan_postgres(ep, immediate)?;
-    Ok(line)
+    stop_orphan_postgres(ep, immediate, progress)?;
+    Ok(StopReport { label: format!("endpoint {}", ep.file.name), outcome, immediate, grace: ENDPOINT_STOP_GRACE })
 }
 
 /// Stops every endpoint of this machine (the first step of `strata stop`
-/// and of a node's).
-pub fn stop_all(wd: &Workdir, immediate: bool) -> Result<()> {
+/// and of a node's), several at once; reports them by name, keeps going
+/// past a failure and reports them all.
+pub fn stop_all(wd: &Workdir, immediate: bool, progress: &mut dyn Progress) -> Result<()> {
+    let all = load_all(wd)?;
     let mut errors = Vec::new();
-    for ep in load_all(wd)? {
-        match stop_endpoint(&ep, immediate) {
-            Ok(line) => println!("{line}"),
-            Err(e) => errors.push(e.to_string()),
+    for batch in all.chunks(ENDPOINT_STOPS_AT_ONCE) {
+        let outcomes: Vec<(Vec<Event>, Result<StopReport>)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = batch
+                .iter()
+                .map(|ep| {
+                    scope.spawn(move || {
+                        let mut events = Vec::new();
+                        let stopped = stop_endpoint(ep, immediate, &mut events);
+                        (events, stopped)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("an endpoint's stop does not panic")).collect()
+        });
+        for (events, stopped) in outcomes {
+            events.into_iter().for_each(|e| progress.report(e));
+            match stopped {
+                Ok(report) => progress.tell(report),
+                Err(e) => errors.push(e.to_string()),
+            }
         }
     }
     if errors.is_empty() {
@@ -1172,15 +1193,15 @@ pub fn stop_all(wd: &Workdir, immediate: bool) -> Result<()> {
 
 /// Stops every endpoint of the cluster: this machine's, then each other
 /// host's through its node. Keeps going past a failure and reports all.
-pub fn stop_everywhere(wd: &Workdir, immediate: bool) -> Result<()> {
-    let mut errors: Vec<String> = stop_all(wd, immediate).err().map(|e| e.to_string()).into_iter().collect();
+pub fn stop_everywhere(wd: &Workdir, immediate: bool, progress: &mut dyn Progress) -> Result<()> {
+    let mut errors: Vec<String> = stop_all(wd, immediate, progress).err().map(|e| e.to_string()).into_iter().collect();
     for host in wd.cluster.hosts.iter().filter(|h| h.computes && !hosts::is_local(h)) {
         let result = hosts::call::<Vec<EndpointRecord>>(host, "GET", "/v1/endpoints", None::<&()>, QUICK * 2).and_then(
             |records| {
                 for r in records.iter().filter(|r| r.file.host == host.name && r.state != "stopped") {
                     let req = hosts::EndpointRequest { name: r.file.name.clone(), immediate };
                     let out: hosts::Lines = hosts::call(host, "POST", "/v1/endpoints/stop", Some(&req), NODE_CALL)?;
-                    out.lines.iter().for_each(|l| println!("{l}"));
+                    out.lines.into_iter().for_each(|line| progress.report(Event::Relayed { line, host: None }));
                 }
                 Ok(())
             },

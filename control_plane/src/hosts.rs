@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{Host, Workdir};
+use super::report::{Notice, Progress};
 use crate::limits::{SEND_CALL, SYNC_CALL};
 
 /// `STRATA_HOST`: names this machine's host, when its addresses do not tell.
@@ -182,7 +183,7 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
 /// Brings this machine's copy of the cluster's state up to the newest
 /// revision any other host's node has; a host that does not answer is
 /// skipped. Returns the workdir as it is now.
-pub fn refresh(wd: Workdir) -> Result<Workdir> {
+pub fn refresh(wd: Workdir, progress: &mut dyn Progress) -> Result<Workdir> {
     if wd.cluster.hosts.iter().all(is_local) {
         return Ok(wd);
     }
@@ -196,11 +197,11 @@ pub fn refresh(wd: Workdir) -> Result<Workdir> {
     }
     let Some(newest) = newest else { return Ok(wd) };
     let adopted = {
-        let _lock = wd.lock()?;
+        let _lock = wd.lock(|| progress.tell(Notice::WaitingForLock { root: wd.root.clone() }))?;
         adopt(&wd, &newest)?
     };
     if adopted {
-        eprintln!("took revision {} of the cluster's state from another host", newest.revision);
+        progress.tell(Notice::RevisionTaken { revision: newest.revision });
     }
     Workdir::open(&wd.root)
 }
@@ -217,17 +218,18 @@ pub fn send(wd: &Workdir, host: &Host) -> Result<()> {
 /// Hands this machine's state to every other host's node after a change;
 /// a host that does not take it now takes it at its next command or from
 /// the next change (each command compares first, see [`refresh`]).
-pub fn publish(wd: &Workdir) {
+pub fn publish(wd: &Workdir, progress: &mut dyn Progress) {
     if wd.cluster.hosts.iter().all(is_local) {
         return;
     }
     let spec = match spec(wd) {
         Ok(s) => s,
-        Err(e) => return eprintln!("the cluster's state was not sent to the other hosts: {e}"),
+        Err(e) => return progress.tell(Notice::StateNotSent { error: e.to_string() }),
     };
     for host in wd.cluster.hosts.iter().filter(|h| !is_local(h) && h.node_port != 0) {
         if let Err(e) = call::<serde_json::Value>(host, "POST", "/v1/spec", Some(&spec), SYNC_CALL) {
-            eprintln!("revision {} of the cluster's state not sent to host {}: {e}", spec.revision, host.name);
+            let (revision, host, error) = (spec.revision, host.name.clone(), e.to_string());
+            progress.tell(Notice::RevisionNotSent { revision, host, error });
         }
     }
 }

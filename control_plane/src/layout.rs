@@ -397,8 +397,9 @@ impl Workdir {
 
     /// Takes the workdir's command lock, waiting (bounded) for another
     /// `start`/`stop`/`endpoint` command to finish, so that two commands
-    /// never spawn the same service or two writers on one branch.
-    pub fn lock(&self) -> Result<Lock> {
+    /// never spawn the same service or two writers on one branch. Calls
+    /// `waiting` once if it has to wait, so the caller can say why it does.
+    pub fn lock(&self, waiting: impl FnOnce()) -> Result<Lock> {
         let path = self.root.join("cluster.lock");
         let file = fs::OpenOptions::new()
             .create(true)
@@ -407,7 +408,7 @@ impl Workdir {
             .open(&path)
             .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
         let deadline = Instant::now() + LOCK_WAIT;
-        let mut told = false;
+        let mut waiting = Some(waiting);
         loop {
             // SAFETY: flock on a file descriptor we own; no memory is involved.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
@@ -420,9 +421,8 @@ impl Workdir {
             if Instant::now() > deadline {
                 return failed(format!("{}: another strata command still holds the lock", path.display()));
             }
-            if !told {
-                eprintln!("waiting for another strata command on {} to finish", self.root.display());
-                told = true;
+            if let Some(tell) = waiting.take() {
+                tell();
             }
             std::thread::sleep(LOCK_POLL);
         }

@@ -33,6 +33,7 @@ pub mod options;
 pub mod placement;
 pub mod process;
 pub mod reconfigure;
+pub mod report;
 pub mod services;
 pub mod site;
 pub mod status;
@@ -45,6 +46,6 @@ pub use layout::Workdir;
 
 /// Opens the workdir of an operation, with the newest state any host has
 /// (`hosts::refresh`; nothing to compare on a cluster of this machine only).
-pub fn open(dir: &std::path::Path) -> Result<Workdir> {
-    hosts::refresh(Workdir::open(dir)?)
+pub fn open(dir: &std::path::Path, progress: &mut dyn report::Progress) -> Result<Workdir> {
+    hosts::refresh(Workdir::open(dir)?, progress)
 }

@@ -13,8 +13,14 @@ use std::time::Duration;
 
 /// How long a killed process gets to disappear.
 pub const KILL_WAIT: Duration = Duration::from_secs(10);
-/// Polling interval of every wait for a process or a service.
+/// Polling interval of every wait for a process or a service, after its
+/// first [`FAST_POLL_SPAN`].
 pub const POLL: Duration = Duration::from_millis(100);
+/// Polling interval of the first moments of such a wait: a service answers
+/// and stops within tens of milliseconds, and every command waits on it.
+pub const FAST_POLL: Duration = Duration::from_millis(10);
+/// How long a wait polls every [`FAST_POLL`] before it polls every [`POLL`].
+pub const FAST_POLL_SPAN: Duration = Duration::from_secs(2);
 /// How much longer than the service's grace period the supervisor gets to
 /// stop it (it SIGKILLs the service after the grace period and waits for it).
 pub const SUPERVISOR_MARGIN: Duration = Duration::from_secs(15);
@@ -55,6 +61,9 @@ pub const START_POLL: Duration = Duration::from_millis(50);
 pub const CHECKPOINT_WAIT: Duration = Duration::from_secs(150);
 /// Log lines shown when an endpoint fails to start.
 pub const ENDPOINT_TAIL_LINES: usize = 30;
+/// Endpoints `strata stop` stops at once, each on a thread of its own (a
+/// stop mostly waits for PostgreSQL's shutdown).
+pub const ENDPOINT_STOPS_AT_ONCE: usize = 16;
 
 // ---- service calls
 
@@ -135,6 +144,7 @@ pub const SHORT_CHARS: usize = 80;
 
 // Polls are shorter than the waits they poll for.
 const _: () = assert!(POLL.as_millis() < KILL_WAIT.as_millis());
+const _: () = assert!(FAST_POLL.as_millis() < POLL.as_millis() && FAST_POLL_SPAN.as_millis() < KILL_WAIT.as_millis());
 const _: () = assert!(POLL.as_millis() < SERVICE_START_WAIT.as_millis());
 const _: () = assert!(START_POLL.as_millis() < ENDPOINT_START_WAIT.as_millis());
 const _: () =
@@ -167,5 +177,7 @@ const _: () = assert!(
     LOCK_WAIT.as_millis() + CATCH_UP_TIMEOUT.as_millis() + JOINT_TIMEOUT.as_millis() < CLI_TOKEN_TTL.as_millis()
 );
 const _: () = assert!(LOCK_WAIT.as_millis() + BOOTSTRAP_TIMEOUT.as_millis() < CLI_TOKEN_TTL.as_millis());
+// Endpoints are stopped at least one at a time.
+const _: () = assert!(ENDPOINT_STOPS_AT_ONCE >= 1);
 // A shortened cause keeps at least its ellipsis and one character.
 const _: () = assert!(SHORT_CHARS >= 2);

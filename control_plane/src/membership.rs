@@ -13,25 +13,26 @@ use strata_safekeeper::config::{Peer, SafekeeperConfig};
 use super::error::{Error, Result};
 use super::layout::{read_toml, save_cluster, write_toml, Kind, Service, Workdir};
 use super::reconfigure::{node_of, Change, Node};
+use super::report::{Progress, ReplaceEvent};
 use super::services;
 use strata_service::ports;
 
 /// `strata safekeeper replace OLD NEW`.
-pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
+pub fn replace(wd: &Workdir, old: &str, new: &str, progress: &mut dyn Progress) -> Result<()> {
     super::endpoint::check_name(new)?;
     let Some(old_service) = wd.service(old).filter(|s| s.kind == Kind::Safekeeper).cloned() else {
         return Err(Error::Usage(format!("no safekeeper named {old:?}")));
     };
     let wd = match wd.service(new) {
         Some(s) if s.kind == Kind::Safekeeper => {
-            println!("{new}: exists; resuming the replacement of {old}");
+            progress.tell(ReplaceEvent::Resuming { old: old.into(), new: new.into() });
             Workdir::open(&wd.root)?
         }
         Some(_) => return Err(Error::Usage(format!("{new:?} names another service"))),
-        None => add_safekeeper(wd, &old_service, new)?,
+        None => add_safekeeper(wd, &old_service, new, progress)?,
     };
     let new_service = wd.service(new).expect("added").clone();
-    services::start_anywhere(&wd, &new_service)?;
+    services::start_anywhere(&wd, &new_service, progress)?;
 
     let node = |s: &Service| -> Result<Node> {
         let c: SafekeeperConfig = read_toml(&wd.config_path(s))?;
@@ -44,7 +45,7 @@ pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
         old_set.iter().filter(|n| n.name != old).cloned().chain(std::iter::once(new_node.clone())).collect();
 
     for branch in &wd.cluster.branches {
-        println!("branch {} (timeline {}):", branch.name, branch.timeline_id);
+        progress.tell(ReplaceEvent::Timeline { branch: branch.name.clone(), timeline: branch.timeline_id });
         let change = Change {
             tenant: wd.cluster.tenant_id,
             timeline: branch.timeline_id,
@@ -52,26 +53,24 @@ pub fn replace(wd: &Workdir, old: &str, new: &str) -> Result<()> {
             new: &new_set,
             placement: None,
         };
-        change.run()?;
+        change.run(progress)?;
     }
 
     // The old safekeeper leaves the cluster: stopped if it runs, its
     // directory kept, its place in every config taken by the new one.
-    services::stop_anywhere(&wd, &old_service, false)?;
+    services::stop_anywhere(&wd, &old_service, false, progress)?;
     let mut cluster = wd.cluster.clone();
     cluster.services.retain(|s| s.name != old);
     save_cluster(&wd.root, &mut cluster)?;
     let wd = Workdir::open(&wd.root)?;
     rewrite_configs(&wd)?;
-    println!(
-        "{old} replaced by {new}; the pageserver and the other safekeepers use the new list from their next start ({old}'s directory is kept)"
-    );
+    progress.tell(ReplaceEvent::Replaced { old: old.into(), new: new.into() });
     Ok(())
 }
 
 /// Adds the new safekeeper to `cluster.toml` with fresh ports and the next
 /// free node id, its config a copy of `like`'s with its own addresses.
-fn add_safekeeper(wd: &Workdir, like: &Service, name: &str) -> Result<Workdir> {
+fn add_safekeeper(wd: &Workdir, like: &Service, name: &str, progress: &mut dyn Progress) -> Result<Workdir> {
     let mut highest = 0u64;
     for s in &wd.cluster.services {
         let v: toml::Value = read_toml(&wd.config_path(s))?;
@@ -102,7 +101,7 @@ fn add_safekeeper(wd: &Workdir, like: &Service, name: &str) -> Result<Workdir> {
     let header = "# Written by `strata safekeeper replace`; ports and paths must match cluster.toml.\n";
     write_toml(&wd.root.join(&service.config), header, &config)?;
     save_cluster(&wd.root, &mut cluster)?;
-    println!("{name}: added as safekeeper {id} (listen {})", config.listen);
+    progress.tell(ReplaceEvent::Added { name: name.into(), id, listen: config.listen });
     let wd = Workdir::open(&wd.root)?;
     rewrite_configs(&wd)?;
     Ok(wd)

@@ -26,7 +26,8 @@ use tracing::{error, info, warn};
 use super::endpoint::{self, EndpointRecord, LaunchRequest};
 use super::error::{Error, Result};
 use super::hosts::{EndpointRequest, Lines, ServicesRequest};
-use super::layout::{Kind, Service, Workdir};
+use super::layout::{Service, Workdir};
+use super::report::{self, Event};
 use super::supervisor::Liveness;
 use super::{hosts, services, status};
 use crate::limits::{NODE_HANDSHAKE_TIMEOUT, NODE_MAX_CONNECTIONS, WATCH_INTERVAL};
@@ -51,6 +52,23 @@ struct Node {
 }
 
 type Answer<T> = std::result::Result<Json<T>, (StatusCode, Json<ErrorBody>)>;
+
+/// What an operation of the node reported: to its log, since nobody waits
+/// on its output (warnings as warnings).
+fn log_events(events: Vec<Event>) {
+    for e in events {
+        if e.is_notice() {
+            warn!("{e}");
+        } else {
+            info!("{e}");
+        }
+    }
+}
+
+/// The lines of the node's answer; warnings go to its log.
+fn answer_lines(events: Vec<Event>) -> Lines {
+    Lines { lines: report::lines(events, |e| warn!("{e}")) }
+}
 
 fn refused(e: Error) -> (StatusCode, Json<ErrorBody>) {
     let status = match e {
@@ -88,7 +106,7 @@ impl Node {
         let node = self.clone();
         let out = tokio::task::spawn_blocking(move || {
             let wd = node.workdir()?;
-            let _lock = if lock { Some(wd.lock()?) } else { None };
+            let _lock = if lock { Some(wd.lock(|| info!("waiting for another command's lock"))?) } else { None };
             f(&node, &wd)
         })
         .await
@@ -97,27 +115,29 @@ impl Node {
     }
 
     /// Starts every wanted service whose supervisor is gone (at the node's
-    /// start: all of them); safekeepers, then pageservers, then the storage
-    /// controller (which asks the pageservers for their status first thing).
+    /// start: all of them), kind by kind as `strata start` does, all of a
+    /// kind at once.
     fn keep_running(&self) -> Result<()> {
         let wd = self.workdir()?;
-        let _lock = wd.lock()?;
+        let _lock = wd.lock(|| info!("waiting for another command's lock"))?;
         let wanted = self.wanted.lock().expect("not poisoned").clone();
-        let mut mine: Vec<&Service> = wd.cluster.services.iter().filter(|s| wanted.contains(&s.name)).collect();
-        mine.sort_by_key(|s| match s.kind {
-            Kind::LinkProxy => 0,
-            Kind::Safekeeper => 1,
-            Kind::Pageserver => 2,
-            Kind::Controller => 3,
-        });
-        for s in mine {
-            if let Liveness::Running { supervisor: Some(_), .. } | Liveness::Restarting { .. } =
-                services::supervised(&wd, s).liveness()
-            {
-                continue;
-            }
-            if let Err(e) = services::start_one(&wd, s) {
-                error!(service = %s.name, "starting it: {e}");
+        let gone: Vec<&Service> = wd
+            .cluster
+            .services
+            .iter()
+            .filter(|s| wanted.contains(&s.name))
+            .filter(|s| {
+                let liveness = services::supervised(&wd, s).liveness();
+                !matches!(liveness, Liveness::Running { supervisor: Some(_), .. } | Liveness::Restarting { .. })
+            })
+            .collect();
+        for group in services::by_kind(gone) {
+            let outcomes = services::at_once(&wd, &group, true, |s, events| services::start_one(&wd, s, events));
+            for (s, (events, result)) in group.iter().zip(outcomes) {
+                log_events(events);
+                if let Err(e) = result {
+                    error!(service = %s.name, "starting it: {e}");
+                }
             }
         }
         Ok(())
@@ -126,11 +146,13 @@ impl Node {
     /// Stops the host's endpoints, then its services (pageserver first).
     fn stop_all(&self) -> Result<()> {
         let wd = self.workdir()?;
-        let _lock = wd.lock()?;
-        let endpoints = endpoint::stop_all(&wd, false);
+        let _lock = wd.lock(|| info!("waiting for another command's lock"))?;
+        let mut events = Vec::new();
+        let endpoints = endpoint::stop_all(&wd, false, &mut events);
         let names: Vec<String> =
             wd.cluster.services.iter().filter(|s| s.host == self.host).map(|s| s.name.clone()).collect();
-        let services = services::stop(&wd, &names, false);
+        let services = services::stop(&wd, &names, false, &mut events);
+        log_events(events);
         endpoints.and(services)
     }
 }
@@ -141,8 +163,12 @@ async fn host_status(State(node): State<Node>) -> Answer<status::HostStatus> {
 
 async fn start_services(State(node): State<Node>, Json(req): Json<ServicesRequest>) -> Answer<Lines> {
     node.blocking(true, move |node, wd| {
+        // What the start did goes to the node's log: the caller says where it runs.
         for s in node.own(wd, &req.names)? {
-            services::start_one(wd, s)?;
+            let mut events = Vec::new();
+            let started = services::start_one(wd, s, &mut events);
+            log_events(events);
+            started?;
             node.wanted.lock().expect("not poisoned").insert(s.name.clone());
         }
         Ok(Lines::default())
@@ -158,7 +184,7 @@ async fn stop_services(State(node): State<Node>, Json(req): Json<ServicesRequest
         }
         let mut lines = Vec::new();
         for s in own {
-            lines.push(format!("{}: {}", s.name, services::stop_quietly(wd, s, req.immediate)?));
+            lines.push(services::stop_local(wd, s, req.immediate)?.to_string());
         }
         Ok(Lines { lines })
     })
@@ -174,20 +200,31 @@ async fn start_endpoint(State(node): State<Node>, Json(req): Json<LaunchRequest>
         if req.host != node.host {
             return Err(Error::Usage(format!("endpoint {} is for host {}, this is {}", req.name, req.host, node.host)));
         }
-        endpoint::launch(wd, &req).map(|lines| Lines { lines })
+        let mut events = Vec::new();
+        endpoint::launch(wd, &req, &mut events)?;
+        Ok(answer_lines(events))
     })
     .await
 }
 
 async fn stop_endpoint(State(node): State<Node>, Json(req): Json<EndpointRequest>) -> Answer<Lines> {
     node.blocking(true, move |_, wd| {
-        endpoint::stop_local(wd, &req.name, req.immediate).map(|line| Lines { lines: vec![line] })
+        let mut events = Vec::new();
+        let stopped = endpoint::stop_local(wd, &req.name, req.immediate, &mut events)?;
+        events.push(stopped.into());
+        Ok(answer_lines(events))
     })
     .await
 }
 
 async fn forget_endpoint(State(node): State<Node>, Json(req): Json<EndpointRequest>) -> Answer<endpoint::Forgotten> {
-    node.blocking(true, move |_, wd| endpoint::forget(wd, &req.name)).await
+    node.blocking(true, move |_, wd| {
+        let mut events = Vec::new();
+        let forgotten = endpoint::forget(wd, &req.name, &mut events);
+        log_events(events);
+        forgotten
+    })
+    .await
 }
 
 async fn endpoint_password(State(node): State<Node>, Json(req): Json<EndpointRequest>) -> Answer<endpoint::Password> {

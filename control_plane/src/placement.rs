@@ -6,6 +6,7 @@ use strata_protocol::safekeeper::{OnAsyncLag, Placement};
 
 use super::error::{failed, Error, Result};
 use super::layout::{read_toml, save_cluster, ClusterFile, Workdir, CLUSTER_FILE};
+use super::report::{BranchEvent, Progress};
 
 /// The placement `strata branch placement` asks for, checked against the
 /// cluster's sites.
@@ -60,7 +61,7 @@ pub fn placement_of(
 /// `cluster.toml`, then moves every safekeeper's configuration of the
 /// branch's timeline to it (a membership change; every safekeeper that
 /// must take part has to run).
-pub fn set_placement(wd: &Workdir, name: &str, placement: Placement) -> Result<()> {
+pub fn set_placement(wd: &Workdir, name: &str, placement: Placement, progress: &mut dyn Progress) -> Result<()> {
     let Some(branch) = wd.cluster.branch(name).cloned() else {
         let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
         return failed(format!("no branch named {name:?} (branches: {})", known.join(", ")));
@@ -71,13 +72,13 @@ pub fn set_placement(wd: &Workdir, name: &str, placement: Placement) -> Result<(
         b.placement = (!placement.is_majority()).then(|| placement.clone());
     }
     save_cluster(&wd.root, &mut cluster)?;
-    println!("branch {name} (timeline {}): placement {}", branch.timeline_id, describe_placement(&placement));
-    apply_placement(&Workdir::open(&wd.root)?, &branch.name)
+    progress.tell(BranchEvent::PlacementSet { branch: name.into(), timeline: branch.timeline_id, placement });
+    apply_placement(&Workdir::open(&wd.root)?, &branch.name, progress)
 }
 
 /// Brings the safekeepers' configuration of a branch's timeline to the
 /// placement `cluster.toml` gives it.
-pub fn apply_placement(wd: &Workdir, name: &str) -> Result<()> {
+pub fn apply_placement(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<()> {
     let branch = wd.cluster.branch(name).ok_or_else(|| Error::Failed(format!("no branch named {name:?}")))?;
     let nodes = super::reconfigure::nodes(wd)?;
     let change = super::reconfigure::Change {
@@ -87,18 +88,5 @@ pub fn apply_placement(wd: &Workdir, name: &str) -> Result<()> {
         new: &nodes,
         placement: Some(branch.placement.clone().unwrap_or_default()),
     };
-    change.run()
-}
-
-/// A placement in words, as the commands print it.
-pub fn describe_placement(p: &Placement) -> String {
-    match p {
-        Placement::LocalQuorum { home, max_async_lag, on_async_lag } => {
-            format!(
-                "local-quorum (home {home}, max_async_lag {max_async_lag} bytes, on_async_lag {})",
-                on_async_lag.as_str()
-            )
-        }
-        other => other.policy().to_string(),
-    }
+    change.run(progress)
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::error::{Error, Result};
 use super::layout;
-use crate::limits::{KILL_WAIT, POLL};
+use crate::limits::{FAST_POLL, FAST_POLL_SPAN, KILL_WAIT, POLL};
 
 /// How to recognise a process of ours: its subcommand and a unique argument.
 #[derive(Clone, Debug)]
@@ -179,6 +179,7 @@ pub fn send(pid: i32, sig: libc::c_int) {
 /// Polls until `alive()` is false, at most `limit`; true if it went away.
 pub fn wait_gone(alive: impl Fn() -> bool, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
+    let mut poll = Poll::new();
     loop {
         if !alive() {
             return true;
@@ -186,7 +187,39 @@ pub fn wait_gone(alive: impl Fn() -> bool, limit: Duration) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(POLL);
+        poll.pause();
+    }
+}
+
+/// The pauses of a wait for a process or a service: every [`FAST_POLL`]
+/// at first, since most such waits end within a few hundred milliseconds
+/// and a command waits on each (a check is a few reads of `/proc` or one
+/// local request), then every [`POLL`] (or the wait's own interval).
+pub struct Poll {
+    began: Instant,
+    then: Duration,
+}
+
+impl Poll {
+    pub fn new() -> Poll {
+        Poll::every(POLL)
+    }
+
+    /// Fast at first, then every `then`.
+    pub fn every(then: Duration) -> Poll {
+        Poll { began: Instant::now(), then }
+    }
+
+    /// Sleeps until the next check is due.
+    pub fn pause(&mut self) {
+        let fast = self.began.elapsed() < FAST_POLL_SPAN;
+        std::thread::sleep(if fast { FAST_POLL.min(self.then) } else { self.then });
+    }
+}
+
+impl Default for Poll {
+    fn default() -> Poll {
+        Poll::new()
     }
 }
 

@@ -18,6 +18,7 @@ use strata_safekeeper::config::SafekeeperConfig;
 use super::error::{failed, Error, Result};
 use super::http;
 use super::layout::{read_toml, Kind, Service, Workdir};
+use super::report::{ChangeEvent, Progress};
 use crate::limits::{
     CATCH_UP_REPORT_INTERVAL, CATCH_UP_TIMEOUT, JOINT_TIMEOUT, PROPOSER_WAIT, QUICK, RECONFIGURE_POLL,
 };
@@ -75,7 +76,7 @@ impl Change<'_> {
     /// someone else moved on, and that is an error). A quorum of the
     /// configuration being left is what keeps its proposers from being
     /// elected or committing any more.
-    fn install(&self, m: &Membership, on: &[&Node], need: &Membership) -> Result<()> {
+    fn install(&self, m: &Membership, on: &[&Node], need: &Membership, progress: &mut dyn Progress) -> Result<()> {
         let body = serde_json::to_value(m).expect("a membership serializes");
         let mut holding = Vec::new();
         let mut problems = Vec::new();
@@ -99,7 +100,7 @@ impl Change<'_> {
             ));
         }
         for p in problems {
-            println!("  (not reached: {p})");
+            progress.tell(ChangeEvent::NotReached(p));
         }
         Ok(())
     }
@@ -123,7 +124,7 @@ impl Change<'_> {
     /// while the other site is gone. Nodes that return later get the
     /// configuration the others hold by running this again (a node already
     /// holding a generation is left as it is).
-    pub fn first_on_reachable(&self) -> Result<()> {
+    pub fn first_on_reachable(&self, progress: &mut dyn Progress) -> Result<()> {
         // Each node's configuration, read once (those that answer).
         let held: Vec<(&Node, Membership)> =
             self.everyone().into_iter().filter_map(|n| self.membership(n).ok().map(|m| (n, m))).collect();
@@ -146,18 +147,18 @@ impl Change<'_> {
         }
         // Installing the configuration a node holds already changes nothing there.
         let reachable: Vec<&Node> = held.iter().map(|(n, _)| *n).collect();
-        self.install(&target, &reachable, &target)?;
-        println!(
-            "  timeline {}: generation {} ({}) on {}",
-            self.timeline,
-            target.generation,
-            target.placement.policy(),
-            lacking.join(", ")
-        );
+        self.install(&target, &reachable, &target, progress)?;
+        progress.tell(ChangeEvent::GenerationOn {
+            timeline: self.timeline,
+            generation: target.generation,
+            policy: target.placement.policy().to_string(),
+            on: lacking.iter().map(|n| n.to_string()).collect(),
+        });
         Ok(())
     }
 
-    pub fn run(&self) -> Result<()> {
+    /// Runs the change (or resumes it where an earlier run stopped).
+    pub fn run(&self, progress: &mut dyn Progress) -> Result<()> {
         debug_assert!(!self.old.is_empty() && !self.new.is_empty(), "a change needs both sets");
         let members = |set: &[Node]| set.iter().map(|n| n.member.clone()).collect::<Vec<_>>();
         let same = |a: &[Member], b: &[Node]| {
@@ -176,20 +177,21 @@ impl Change<'_> {
                 // target configuration can be the first one.
                 let first = Membership::of(1, members(self.new), self.placement.clone().unwrap_or(Placement::Majority));
                 let configured = Membership::of(1, members(self.old), Placement::Majority);
-                self.install(&first, &everyone, &configured)?;
-                println!("  generation 1: {} (no WAL was written yet)", first.placement.policy());
+                self.install(&first, &everyone, &configured, progress)?;
+                progress.tell(ChangeEvent::FirstWithoutWal { policy: first.placement.policy().into() });
                 return Ok(());
             }
             // The configured set becomes generation 1, so that a new
             // safekeeper can be told it is not a member yet.
             let first = Membership::of(1, members(self.old), Placement::Majority);
-            self.install(&first, &everyone[..self.old.len()], &first)?;
-            println!("  generation 1: the current safekeepers");
+            self.install(&first, &everyone[..self.old.len()], &first, progress)?;
+            progress.tell(ChangeEvent::FirstIsCurrent);
             current = first;
         }
         let placement = self.placement.clone().unwrap_or_else(|| current.target().1);
         if !current.is_joint() && same(&current.members, self.new) && current.placement == placement {
-            println!("  already done (generation {}, {})", current.generation, placement.policy());
+            progress
+                .tell(ChangeEvent::AlreadyDone { generation: current.generation, policy: placement.policy().into() });
             return Ok(());
         }
         if !current.is_joint() {
@@ -202,8 +204,8 @@ impl Change<'_> {
                 ));
             }
             for n in self.new.iter().filter(|n| !current.is_member(n.member.id)) {
-                self.create_on_new(n, &current)?;
-                self.catch_up(n)?;
+                self.create_on_new(n, &current, progress)?;
+                self.catch_up(n, progress)?;
             }
             let joint = Membership {
                 generation: current.generation + 1,
@@ -213,11 +215,8 @@ impl Change<'_> {
                 new_placement: (current.placement != placement).then(|| placement.clone()),
             };
             debug_assert!(joint.is_joint() && joint.generation == current.generation + 1);
-            self.install(&joint, &everyone, &current)?;
-            println!(
-                "  generation {}: joint (a quorum of the old and of the new rule for every election and commit)",
-                joint.generation
-            );
+            self.install(&joint, &everyone, &current, progress)?;
+            progress.tell(ChangeEvent::Joint { generation: joint.generation });
             current = joint;
         } else {
             let (set, target) = current.target();
@@ -234,16 +233,16 @@ impl Change<'_> {
         debug_assert!(current.is_joint(), "generation {} is not joint", current.generation);
         let last = Membership::of(current.generation + 1, members(self.new), placement);
         debug_assert!(!last.is_joint() && last.generation > current.generation);
-        self.joint_committed(&current, &last)?;
-        self.install(&last, &everyone, &last)?;
-        println!("  generation {}: {} of the new set", last.generation, last.placement.policy());
+        self.joint_committed(&current, &last, progress)?;
+        self.install(&last, &everyone, &last, progress)?;
+        progress.tell(ChangeEvent::Last { generation: last.generation, policy: last.placement.policy().into() });
         Ok(())
     }
 
     /// Creates the timeline on the new safekeeper with a member's identity
     /// and tells it the current configuration (it is no member: it neither
     /// votes nor accepts WAL from proposers, but recovers from its peers).
-    fn create_on_new(&self, new_node: &Node, current: &Membership) -> Result<()> {
+    fn create_on_new(&self, new_node: &Node, current: &Membership, progress: &mut dyn Progress) -> Result<()> {
         let mut source = None;
         for n in self.old.iter().filter(|n| n.member.id != new_node.member.id) {
             if let Ok(s) = self.state(n) {
@@ -275,13 +274,14 @@ impl Change<'_> {
             current,
             &[new_node],
             &Membership::of(current.generation, vec![new_node.member.clone()], Placement::Majority),
+            progress,
         )
     }
 
     /// Waits until the new safekeeper holds what the members had committed
     /// when the wait began (from its peers and object storage), so the
     /// joint phase, in which it counts, is short.
-    fn catch_up(&self, new_node: &Node) -> Result<()> {
+    fn catch_up(&self, new_node: &Node, progress: &mut dyn Progress) -> Result<()> {
         let target = self
             .old
             .iter()
@@ -289,17 +289,22 @@ impl Change<'_> {
             .map(|s| s.commit_lsn)
             .max()
             .ok_or_else(|| Error::Failed(format!("timeline {}: no member answered", self.timeline)))?;
-        println!("  {} catching up to {target}", new_node.name);
+        progress.tell(ChangeEvent::CatchingUp { safekeeper: new_node.name.clone(), target });
         let t = Instant::now();
         let mut told = Instant::now();
         loop {
             match self.state(new_node) {
                 Ok(s) if s.flush_lsn >= target => {
-                    println!("  {} caught up ({} in {:.1}s)", new_node.name, s.flush_lsn, t.elapsed().as_secs_f64());
+                    let (safekeeper, seconds) = (new_node.name.clone(), t.elapsed().as_secs_f64());
+                    progress.tell(ChangeEvent::CaughtUp { safekeeper, lsn: s.flush_lsn, seconds });
                     return Ok(());
                 }
                 Ok(s) if told.elapsed() > CATCH_UP_REPORT_INTERVAL => {
-                    println!("  {} at {} of {target}", new_node.name, s.flush_lsn);
+                    progress.tell(ChangeEvent::CatchUpAt {
+                        safekeeper: new_node.name.clone(),
+                        lsn: s.flush_lsn,
+                        target,
+                    });
                     told = Instant::now();
                 }
                 _ => {}
@@ -322,7 +327,7 @@ impl Change<'_> {
     /// all that was committed before; what it commits is committed under
     /// both). A running compute is re-elected within a second; without
     /// one, this command elects a proposer itself.
-    fn joint_committed(&self, joint: &Membership, last: &Membership) -> Result<()> {
+    fn joint_committed(&self, joint: &Membership, last: &Membership, progress: &mut dyn Progress) -> Result<()> {
         let started = Instant::now();
         let mut elected_here = false;
         loop {
@@ -341,15 +346,12 @@ impl Change<'_> {
                 .map(|n| n.member.id)
                 .collect();
             if last.has_quorum(&holding) {
-                println!("  a quorum of the new rule holds the joint epoch ({:.1}s)", started.elapsed().as_secs_f64());
+                progress.tell(ChangeEvent::JointHeld { seconds: started.elapsed().as_secs_f64() });
                 return Ok(());
             }
             if !elected_here && started.elapsed() > PROPOSER_WAIT {
-                println!(
-                    "  no compute was elected under generation {}; electing a proposer to commit it",
-                    joint.generation
-                );
-                self.sync(joint)?;
+                progress.tell(ChangeEvent::Electing { generation: joint.generation });
+                self.sync(joint, progress)?;
                 elected_here = true;
             }
             if started.elapsed() > JOINT_TIMEOUT {
@@ -366,7 +368,7 @@ impl Change<'_> {
 
     /// Runs an election under `joint` and commits its epoch start (what
     /// `strata compute sync-safekeepers` does).
-    fn sync(&self, joint: &Membership) -> Result<()> {
+    fn sync(&self, joint: &Membership, progress: &mut dyn Progress) -> Result<()> {
         let s = self
             .old
             .iter()
@@ -393,7 +395,7 @@ impl Change<'_> {
             })
             .map_err(|_| Error::Failed("the election under the joint configuration timed out".into()))?
             .map_err(|e| Error::Failed(format!("the election under the joint configuration: {e}")))?;
-        println!("  elected and committed up to {end}");
+        progress.tell(ChangeEvent::Elected { end });
         Ok(())
     }
 }
@@ -429,6 +431,7 @@ mod tests {
     use super::*;
     use crate::fakes::{FakeServices, FakeTimeline};
     use crate::http::with_transport;
+    use crate::report::Event;
 
     /// Safekeeper `id` of the fakes: its API and protocol on one port.
     fn node(id: u64) -> Node {
@@ -462,9 +465,37 @@ mod tests {
     }
 
     fn replace_3_by_4(fake: &Rc<FakeServices>, tenant: TenantId, timeline: TimelineId, nodes: &[Node]) -> Result<()> {
+        replace_3_by_4_telling(fake, tenant, timeline, nodes, &mut Vec::new())
+    }
+
+    fn replace_3_by_4_telling(
+        fake: &Rc<FakeServices>,
+        tenant: TenantId,
+        timeline: TimelineId,
+        nodes: &[Node],
+        events: &mut Vec<Event>,
+    ) -> Result<()> {
         let (old, new) = (nodes[..3].to_vec(), vec![nodes[0].clone(), nodes[1].clone(), nodes[3].clone()]);
         let change = Change { tenant, timeline, old: &old, new: &new, placement: None };
-        with_transport(fake.clone(), || change.run())
+        with_transport(fake.clone(), || change.run(events))
+    }
+
+    /// The events as the steps they are, without their numbers.
+    fn steps(events: &[Event]) -> Vec<&'static str> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Change(ChangeEvent::NotReached(_)) => "not reached",
+                Event::Change(ChangeEvent::FirstIsCurrent) => "first is current",
+                Event::Change(ChangeEvent::CatchingUp { .. }) => "catching up",
+                Event::Change(ChangeEvent::CaughtUp { .. }) => "caught up",
+                Event::Change(ChangeEvent::Joint { .. }) => "joint",
+                Event::Change(ChangeEvent::JointHeld { .. }) => "joint held",
+                Event::Change(ChangeEvent::Last { .. }) => "last",
+                Event::Change(ChangeEvent::AlreadyDone { .. }) => "already done",
+                other => panic!("unexpected event {other:?}"),
+            })
+            .collect()
     }
 
     #[test]
@@ -491,7 +522,31 @@ mod tests {
     fn a_dead_member_is_replaced_by_the_others() {
         let (fake, tenant, timeline, nodes) = cluster();
         fake.safekeeper(&nodes[2].http, |s| s.down = true);
-        replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap();
+        let mut events = Vec::new();
+        replace_3_by_4_telling(&fake, tenant, timeline, &nodes, &mut events).unwrap();
+        // Every step is told as it happens; the dead member each time it is not reached.
+        assert_eq!(
+            steps(&events),
+            [
+                "not reached",
+                "first is current",
+                "catching up",
+                "caught up",
+                "not reached",
+                "joint",
+                "joint held",
+                "not reached",
+                "last"
+            ]
+        );
+        let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
+        assert!(lines[0].starts_with("  (not reached: sk3: "), "{lines:?}");
+        assert_eq!(lines[1], "  generation 1: the current safekeepers");
+        assert_eq!(lines[2], "  sk4 catching up to 0/2000000");
+        assert_eq!(lines.last().unwrap(), "  generation 3: majority of the new set");
+        let mut again = Vec::new();
+        replace_3_by_4_telling(&fake, tenant, timeline, &nodes, &mut again).unwrap();
+        assert_eq!(again.last().map(|e| e.to_string()).as_deref(), Some("  already done (generation 3, majority)"));
         assert_eq!(
             fake.membership(&nodes[3].http, timeline).map(|m| (m.generation, ids(&m))),
             Some((3, vec![1, 2, 4]))
@@ -503,8 +558,11 @@ mod tests {
     fn an_unreachable_new_member_stops_the_change_before_the_joint_configuration() {
         let (fake, tenant, timeline, nodes) = cluster();
         fake.safekeeper(&nodes[3].http, |s| s.down = true);
-        let e = replace_3_by_4(&fake, tenant, timeline, &nodes).unwrap_err();
+        let mut events = Vec::new();
+        let e = replace_3_by_4_telling(&fake, tenant, timeline, &nodes, &mut events).unwrap_err();
         assert!(e.to_string().contains("sk4"), "{e}");
+        // What was done before the failure was told; nothing after it.
+        assert_eq!(steps(&events), ["first is current"]);
         for n in &nodes[..3] {
             let m = fake.membership(&n.http, timeline).unwrap();
             assert_eq!((m.generation, ids(&m)), (1, vec![1, 2, 3]), "only the current set was recorded on {}", n.name);

@@ -3,7 +3,7 @@
 //! its timelines exist on the attached pageserver and the safekeepers.
 
 use std::ffi::OsStr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::error::{failed, Error, Result};
 use super::{hosts, http};
@@ -11,10 +11,11 @@ use strata_protocol::api::pageserver::{CreateTenantRequest, TimelineState, Timel
 use strata_protocol::api::safekeeper::CreateTimelineRequest;
 
 use super::layout::{Kind, Service, Workdir, MAIN_BRANCH};
-use super::process::{self, Identity, Stopped};
-use super::supervisor::{Liveness, StopOutcome, Supervised};
+use super::process::{self, Identity, Poll};
+use super::report::{Event, Held, Progress, ServiceEvent, StopReport};
+use super::supervisor::{Liveness, Supervised};
 use crate::limits::{
-    BOOTSTRAP_TIMEOUT, NODE_CALL, POLL, QUICK, SERVICE_START_PROBE, SERVICE_START_WAIT, SERVICE_STOP_GRACE,
+    BOOTSTRAP_TIMEOUT, NODE_CALL, QUICK, SERVICE_START_PROBE, SERVICE_START_WAIT, SERVICE_STOP_GRACE,
     SERVICE_TAIL_LINES,
 };
 
@@ -34,20 +35,21 @@ pub fn running(wd: &Workdir, s: &Service) -> Option<i32> {
 }
 
 /// Starts one service on its host: here, or through its host's node.
-pub fn start_anywhere(wd: &Workdir, s: &Service) -> Result<()> {
+pub fn start_anywhere(wd: &Workdir, s: &Service, progress: &mut dyn Progress) -> Result<()> {
     if is_local(wd, s) {
-        start_one(wd, s)
+        start_one(wd, s, progress)
     } else {
-        on_node(wd, s, "start", false)
+        on_node(wd, s, "start", false, progress)
     }
 }
 
 /// Stops one service on its host: here, or through its host's node.
-pub fn stop_anywhere(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
+pub fn stop_anywhere(wd: &Workdir, s: &Service, immediate: bool, progress: &mut dyn Progress) -> Result<()> {
     if is_local(wd, s) {
-        stop_one(wd, s, immediate)
+        progress.tell(stop_local(wd, s, immediate)?);
+        Ok(())
     } else {
-        on_node(wd, s, "stop", immediate)
+        on_node(wd, s, "stop", immediate, progress)
     }
 }
 
@@ -69,7 +71,7 @@ pub fn is_up(wd: &Workdir, s: &Service) -> bool {
 }
 
 /// Starts or stops one service on its host (another machine) through that host's node.
-fn on_node(wd: &Workdir, s: &Service, action: &str, immediate: bool) -> Result<()> {
+fn on_node(wd: &Workdir, s: &Service, action: &str, immediate: bool, progress: &mut dyn Progress) -> Result<()> {
     let host = hosts::host(wd, &s.host)?;
     if action == "start" {
         // It starts with the config of this machine's copy of the state.
@@ -78,16 +80,23 @@ fn on_node(wd: &Workdir, s: &Service, action: &str, immediate: bool) -> Result<(
     let req = hosts::ServicesRequest { names: vec![s.name.clone()], immediate };
     let out: hosts::Lines = hosts::call(host, "POST", &format!("/v1/services/{action}"), Some(&req), NODE_CALL)?;
     if action == "start" {
-        println!("{}: running on host {}", s.name, host.name);
+        progress.tell(ServiceEvent::RunningOnHost { service: s.name.clone(), host: host.name.clone() });
     }
-    out.lines.iter().for_each(|l| println!("{l} (host {})", host.name));
+    for line in out.lines {
+        progress.report(Event::Relayed { line, host: Some(host.name.clone()) });
+    }
     Ok(())
 }
 
-/// The services named by `--only` (all if empty): the link proxy, the
-/// safekeepers, then the pageservers (they stream WAL from the
-/// safekeepers), then the storage controllers.
-fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<&'a Service>> {
+/// The order services start in, kind by kind: the link proxy (the others
+/// reach another site through it), the safekeepers, the pageservers (they
+/// stream WAL from the safekeepers), then the storage controllers (they
+/// ask the pageservers for their status first thing). Stops go backwards.
+pub const START_ORDER: [Kind; 4] = [Kind::LinkProxy, Kind::Safekeeper, Kind::Pageserver, Kind::Controller];
+
+/// The services named by `--only` (all if empty), kind by kind in
+/// [`START_ORDER`], each kind in the order of `cluster.toml`.
+fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<Vec<&'a Service>>> {
     for name in only {
         if wd.service(name).is_none() {
             let known: Vec<&str> = wd.cluster.services.iter().map(|s| s.name.as_str()).collect();
@@ -95,27 +104,101 @@ fn select<'a>(wd: &'a Workdir, only: &[String]) -> Result<Vec<&'a Service>> {
         }
     }
     let wanted = |s: &&Service| only.is_empty() || only.contains(&s.name);
-    // The link proxy first: the others reach another site through it.
-    let mut selected: Vec<&Service> = wd.cluster.of_kind(Kind::LinkProxy).filter(wanted).collect();
-    selected.extend(wd.cluster.of_kind(Kind::Safekeeper).filter(wanted));
-    selected.extend(wd.cluster.of_kind(Kind::Pageserver).filter(wanted));
-    selected.extend(wd.cluster.of_kind(Kind::Controller).filter(wanted));
-    Ok(selected)
+    Ok(by_kind(wd.cluster.services.iter().filter(wanted).collect()))
 }
 
-/// `strata start`: starts the selected services that are not running, then,
-/// if the pageserver runs, makes sure the tenant and timelines exist.
-pub fn start(wd: &Workdir, only: &[String]) -> Result<()> {
-    for s in select(wd, only)? {
-        start_anywhere(wd, s)?;
+/// `services` in groups of one kind, in [`START_ORDER`] (empty groups left out).
+pub fn by_kind(services: Vec<&Service>) -> Vec<Vec<&Service>> {
+    START_ORDER
+        .iter()
+        .map(|kind| services.iter().copied().filter(|s| s.kind == *kind).collect::<Vec<_>>())
+        .filter(|group| !group.is_empty())
+        .collect()
+}
+
+/// `strata start`: starts the selected services that are not running, all
+/// of a kind at once, then, if the pageserver runs, makes sure the tenant
+/// and timelines exist. Reports each service's lines in the order of
+/// `cluster.toml`; the first kind with a failure is the last started.
+pub fn start(wd: &Workdir, only: &[String], progress: &mut dyn Progress) -> Result<()> {
+    for group in select(wd, only)? {
+        let results = at_once(wd, &group, false, |s, events| start_anywhere(wd, s, events));
+        joined(report_all(results, progress), "\n")?;
     }
     let pageservers = wd.cluster.of_kind(Kind::Pageserver).any(|s| is_up(wd, s));
     let controllers = wd.cluster.of_kind(Kind::Controller).any(|s| is_up(wd, s));
     if pageservers && controllers {
-        ensure_timelines(wd)
+        ensure_timelines(wd, progress)
     } else {
-        println!("no pageserver or no storage controller runs, so the tenant was not checked");
+        progress.tell(ServiceEvent::TenantNotChecked);
         Ok(())
+    }
+}
+
+/// What one service's start or stop reported, and how it ended.
+pub type Outcome = (Vec<Event>, Result<()>);
+
+/// Runs `f` for every service at once: each service of this machine on a
+/// thread of its own, those of another host one after the other on a
+/// thread per host (its node does one command at a time), the rest of
+/// them skipped after a failure unless `past_failures`. The outcomes of
+/// those run, in the order of `services`.
+pub fn at_once<F>(wd: &Workdir, services: &[&Service], past_failures: bool, f: F) -> Vec<Outcome>
+where
+    F: Fn(&Service, &mut Vec<Event>) -> Result<()> + Sync,
+{
+    // Each group: indexes into `services`, run in their order.
+    let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    for (i, s) in services.iter().enumerate() {
+        let remote = (!is_local(wd, s)).then_some(s.host.as_str());
+        match groups.iter_mut().find(|(host, _)| remote.is_some() && *host == remote) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((remote, vec![i])),
+        }
+    }
+    let run_group = |members: &[usize]| -> Vec<(usize, Outcome)> {
+        let mut done = Vec::new();
+        for &i in members {
+            let mut events = Vec::new();
+            let result = f(services[i], &mut events);
+            let failed = result.is_err();
+            done.push((i, (events, result)));
+            if failed && !past_failures {
+                break;
+            }
+        }
+        done
+    };
+    let mut outcomes: Vec<(usize, Outcome)> = if groups.len() == 1 {
+        run_group(&groups[0].1)
+    } else {
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = groups.iter().map(|(_, members)| scope.spawn(|| run_group(members))).collect();
+            threads.into_iter().flat_map(|t| t.join().expect("a service's start or stop does not panic")).collect()
+        })
+    };
+    outcomes.sort_by_key(|(i, _)| *i);
+    outcomes.into_iter().map(|(_, o)| o).collect()
+}
+
+/// Reports every outcome's events in order; the failures.
+pub fn report_all(outcomes: Vec<Outcome>, progress: &mut dyn Progress) -> Vec<Error> {
+    let mut errors = Vec::new();
+    for (events, result) in outcomes {
+        events.into_iter().for_each(|e| progress.report(e));
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+/// No error, one error as it is, or several as one failure (joined by `separator`).
+pub fn joined(mut errors: Vec<Error>, separator: &str) -> Result<()> {
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        _ => failed(errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(separator)),
     }
 }
 
@@ -123,25 +206,26 @@ pub fn start(wd: &Workdir, only: &[String]) -> Result<()> {
 /// supervisor is restarting it), and waits until its HTTP API answers. A
 /// service that runs without its supervisor (the supervisor was killed) is
 /// stopped and started again under a new one: never two copies.
-pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
+pub fn start_one(wd: &Workdir, s: &Service, progress: &mut dyn Progress) -> Result<()> {
     let sv = supervised(wd, s);
+    let service = s.name.clone();
     match sv.liveness() {
         Liveness::Running { pid, supervisor: Some(_) } => {
-            println!("{}: already running (pid {pid})", s.name);
+            progress.tell(ServiceEvent::AlreadyRunning { service, pid });
             return Ok(());
         }
         Liveness::Restarting { supervisor } => {
             let r = sv.restarts();
-            println!(
-                "{}: restarting (its supervisor, pid {supervisor}, starts it again; restarts {}, last exit: {})",
-                s.name,
-                r.restarts,
-                r.last_exit.as_deref().unwrap_or("-")
-            );
+            progress.tell(ServiceEvent::Restarting {
+                service,
+                supervisor,
+                restarts: r.restarts,
+                last_exit: r.last_exit,
+            });
             return Ok(());
         }
         Liveness::Running { pid, supervisor: None } => {
-            println!("{}: runs without its supervisor (pid {pid}); restarting it under a new one", s.name);
+            progress.tell(ServiceEvent::Unsupervised { service, pid });
             sv.stop_unsupervised()?;
         }
         Liveness::Stopped => {}
@@ -158,6 +242,7 @@ pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
 
     let url = format!("{}/v1/status", s.http_url());
     let deadline = Instant::now() + SERVICE_START_WAIT;
+    let mut poll = Poll::new();
     let abort = |child: &mut std::process::Child, why: String| {
         let _ = sv.stop(true);
         let _ = child.try_wait();
@@ -180,16 +265,16 @@ pub fn start_one(wd: &Workdir, s: &Service) -> Result<()> {
                 format!("{url} did not answer within {}s; killed it", SERVICE_START_WAIT.as_secs()),
             );
         }
-        std::thread::sleep(POLL);
+        poll.pause();
     };
-    println!("{}: started (pid {pid}, supervisor pid {}, log {})", s.name, child.id(), log.display());
+    progress.tell(ServiceEvent::Started { service: s.name.clone(), pid, supervisor: child.id(), log });
     Ok(())
 }
 
 /// Makes sure every branch's timeline exists on the pageserver (creating
 /// the tenant with its `main` timeline if needed) and on every running
 /// safekeeper, with the identity the pageserver reports. Idempotent.
-pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
+pub fn ensure_timelines(wd: &Workdir, progress: &mut dyn Progress) -> Result<()> {
     let c = &wd.cluster;
     let ps = super::controller::attached(wd)?;
     let tenant = c.tenant_id;
@@ -199,7 +284,7 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
         let get = || http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)));
         let mut reply = get()?;
         if reply.status == 404 && branch.name == MAIN_BRANCH {
-            println!("{}: creating tenant {tenant} (initdb and import; this takes a while)", ps.name);
+            progress.tell(ServiceEvent::CreatingTenant { pageserver: ps.name.clone(), tenant });
             let create_url = format!("{}/v1/tenant", ps.http_url());
             let body = CreateTenantRequest { tenant_id: Some(tenant), timeline_id: Some(timeline) };
             let created = http::post(&create_url, &body, BOOTSTRAP_TIMEOUT)
@@ -238,14 +323,14 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
         for sk in c.of_kind(Kind::Safekeeper) {
             if !is_up(wd, sk) {
                 // Created when `strata start` starts it again.
-                on.push(format!("{} (not running)", sk.name));
+                on.push((sk.name.clone(), Held::NotRunning));
                 continue;
             }
             let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", sk.http_url());
             let r = http::post(&url, &create, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
             match r.status {
-                201 => on.push(format!("{} (created)", sk.name)),
-                200 => on.push(sk.name.clone()),
+                201 => on.push((sk.name.clone(), Held::Created)),
+                200 => on.push((sk.name.clone(), Held::Existing)),
                 409 => {
                     return failed(format!(
                         "{}: holds timeline {timeline} with another identity than the pageserver's: {}",
@@ -256,12 +341,17 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
                 s => return failed(format!("{}: creating timeline {timeline}: HTTP {s}: {}", sk.name, r.error_text())),
             }
         }
-        println!("branch {}: timeline {timeline} on {}, {}", branch.name, ps.name, on.join(", "));
+        progress.tell(ServiceEvent::TimelineOn {
+            branch: branch.name.clone(),
+            timeline,
+            pageserver: ps.name.clone(),
+            safekeepers: on,
+        });
         if branch.placement.is_some() {
             if c.of_kind(Kind::Safekeeper).all(|sk| is_up(wd, sk)) {
-                super::placement::apply_placement(wd, &branch.name)?;
+                super::placement::apply_placement(wd, &branch.name, progress)?;
             } else {
-                println!("branch {}: its placement is applied once every safekeeper runs", branch.name);
+                progress.tell(ServiceEvent::PlacementLater { branch: branch.name.clone() });
             }
         }
     }
@@ -269,47 +359,116 @@ pub fn ensure_timelines(wd: &Workdir) -> Result<()> {
 }
 
 /// `strata stop` of the services (the endpoints are stopped before):
-/// the pageserver, then the safekeepers; keeps going past a failure and
-/// reports them all.
-pub fn stop(wd: &Workdir, only: &[String], immediate: bool) -> Result<()> {
+/// kind by kind against [`START_ORDER`], all of a kind at once; keeps
+/// going past a failure and reports them all.
+pub fn stop(wd: &Workdir, only: &[String], immediate: bool, progress: &mut dyn Progress) -> Result<()> {
     let mut errors = Vec::new();
-    let mut selected = select(wd, only)?;
-    // The pageserver first: it would otherwise log lost safekeeper connections.
-    selected.reverse();
-    for s in selected {
-        let result = stop_anywhere(wd, s, immediate);
-        if let Err(e) = result {
-            errors.push(e.to_string());
-        }
+    // The pageserver before the safekeepers: it would otherwise log lost
+    // safekeeper connections. Within a kind too, the lines go backwards.
+    for mut group in select(wd, only)?.into_iter().rev() {
+        group.reverse();
+        let results = at_once(wd, &group, true, |s, events| stop_anywhere(wd, s, immediate, events));
+        errors.extend(report_all(results, progress));
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        failed(errors.join("; "))
-    }
+    joined(errors, "; ")
 }
 
-pub fn stop_one(wd: &Workdir, s: &Service, immediate: bool) -> Result<()> {
-    println!("{}: {}", s.name, stop_quietly(wd, s, immediate)?);
-    Ok(())
-}
-
-/// Stops a service of this machine; returns how it went (`stopped (pid N)`, …).
-pub fn stop_quietly(wd: &Workdir, s: &Service, immediate: bool) -> Result<String> {
+/// Stops a service of this machine; how it went (`sk1: stopped (pid N)`, …).
+pub fn stop_local(wd: &Workdir, s: &Service, immediate: bool) -> Result<StopReport> {
     let outcome = supervised(wd, s).stop(immediate)?;
-    Ok(stop_message(outcome, immediate, SERVICE_STOP_GRACE))
+    Ok(StopReport { label: s.name.clone(), outcome, immediate, grace: SERVICE_STOP_GRACE })
 }
 
-/// `stopped (pid N)`, `killed (pid N)`, `not running`, ….
-pub fn stop_message(outcome: StopOutcome, immediate: bool, grace: Duration) -> String {
-    let StopOutcome::Stopped { pid, how } = outcome else { return "not running".into() };
-    let pid = match pid {
-        Some(pid) => format!("pid {pid}"),
-        None => "it was waiting to be restarted".into(),
-    };
-    match how {
-        Stopped::Clean => format!("stopped ({pid})"),
-        Stopped::Killed if immediate => format!("killed ({pid})"),
-        Stopped::Killed => format!("killed ({pid}) after not stopping within {}s", grace.as_secs()),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Host;
+
+    fn started(name: &str) -> Event {
+        ServiceEvent::AlreadyRunning { service: name.into(), pid: 1 }.into()
+    }
+
+    #[test]
+    fn every_outcome_is_told_in_order_and_every_failure_kept() {
+        let outcomes: Vec<Outcome> = vec![
+            (vec![started("sk1")], Ok(())),
+            (vec![started("sk2")], Err(Error::Failed("sk2: did not answer".into()))),
+            (vec![started("sk3")], Err(Error::Failed("sk3: did not answer".into()))),
+        ];
+        let mut told = Vec::new();
+        let errors = report_all(outcomes, &mut told);
+        assert_eq!(told, [started("sk1"), started("sk2"), started("sk3")]);
+        let e = joined(errors, "; ").unwrap_err();
+        assert_eq!(e.to_string(), "sk2: did not answer; sk3: did not answer");
+        // One error is kept as it is: a usage error stays one.
+        assert!(matches!(joined(vec![Error::Usage("bad".into())], "; "), Err(Error::Usage(_))));
+        assert!(joined(Vec::new(), "; ").is_ok());
+    }
+
+    /// sk1 on this machine, sk2 and sk3 on host `far` (an address no
+    /// machine has), as the workdir is read, not as written.
+    fn two_hosts() -> Workdir {
+        let dir = std::env::temp_dir().join(format!("strata-at-once-{}", strata_protocol::TimelineId::generate()));
+        crate::init::init(&crate::options::InitOptions {
+            workdir: dir.clone(),
+            safekeepers: Some(3),
+            pageservers: None,
+            hosts: None,
+            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
+            pg_user: "postgres".into(),
+            verify_redo: false,
+            insecure_loopback: true,
+            sites: None,
+            site_latency_ms: None,
+            placement: None,
+        })
+        .unwrap();
+        let mut wd = Workdir::open(&dir).unwrap();
+        let far = "192.0.2.1".parse().unwrap();
+        wd.cluster.hosts.push(Host {
+            name: "far".into(),
+            address: far,
+            site: "far".into(),
+            node_port: 0,
+            computes: false,
+        });
+        for s in wd.cluster.services.iter_mut().filter(|s| s.name == "sk2" || s.name == "sk3") {
+            s.host = "far".into();
+        }
+        wd
+    }
+
+    #[test]
+    fn each_local_service_runs_apart_and_another_hosts_one_after_the_other() {
+        let wd = two_hosts();
+        let sks: Vec<&Service> = wd.cluster.of_kind(Kind::Safekeeper).collect();
+        assert_eq!(sks.iter().map(|s| s.host.as_str()).collect::<Vec<_>>(), ["local", "far", "far"]);
+        let threads = std::sync::Mutex::new(Vec::new());
+        let run = |past_failures: bool| {
+            threads.lock().unwrap().clear();
+            at_once(&wd, &sks, past_failures, |s, events| {
+                threads.lock().unwrap().push((s.name.clone(), std::thread::current().id()));
+                events.push(started(&s.name));
+                if s.name == "sk2" {
+                    return failed("sk2: its node does not answer");
+                }
+                Ok(())
+            })
+        };
+        // The far host's sk3 waits for its sk2, which fails: it is not asked.
+        let outcomes = run(false);
+        let told: Vec<&Event> = outcomes.iter().flat_map(|(events, _)| events).collect();
+        assert_eq!(told, [&started("sk1"), &started("sk2")]);
+        assert!(outcomes[0].1.is_ok() && outcomes[1].1.is_err());
+        // A stop goes past it, on the same thread; sk1 ran on another.
+        let outcomes = run(true);
+        assert_eq!(outcomes.iter().map(|(e, _)| e[0].clone()).collect::<Vec<_>>(), ["sk1", "sk2", "sk3"].map(started));
+        let ran = threads.lock().unwrap().clone();
+        let thread_of = |name: &str| ran.iter().find(|(n, _)| n == name).map(|(_, t)| *t).unwrap();
+        assert_eq!(thread_of("sk2"), thread_of("sk3"));
+        assert_ne!(thread_of("sk1"), thread_of("sk2"));
+        let far: Vec<&str> = ran.iter().filter(|(n, _)| n != "sk1").map(|(n, _)| n.as_str()).collect();
+        assert_eq!(far, ["sk2", "sk3"], "in their order");
+        std::fs::remove_dir_all(&wd.root).unwrap();
     }
 }

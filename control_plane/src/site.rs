@@ -37,78 +37,11 @@ use strata_service::auth::{Claims, Scope};
 
 use super::error::{failed, Error, Result};
 use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Divergence, Kind, Service, Workdir, CLUSTER_FILE};
+use super::report::{Loss, Progress, SiteEvent};
 use super::{controller, endpoint, http, services};
 use crate::limits::{
     LOSS_BRANCH_TIMEOUT, QUICK, READ_TAIL_READ_TIMEOUT, READ_TAIL_TIMEOUT, SITE_ATTACH_POLL, SITE_ATTACH_WAIT,
 };
-
-/// What one branch lost in a promotion.
-struct Loss {
-    branch: String,
-    divergent: String,
-    fork_lsn: Lsn,
-    /// What the lost site had acknowledged: the highest commit LSN its
-    /// safekeepers had before the seal; `None`: none of them answered.
-    acknowledged: Option<Lsn>,
-    /// The end of the WAL they held (past `acknowledged` it may or may not
-    /// have been acknowledged: its acknowledgement was in flight).
-    held: Option<Lsn>,
-    /// The commit LSN the promoted site's safekeepers were last sent: what
-    /// the lost site had acknowledged at least.
-    told: Lsn,
-    /// Commit records in [F, acknowledged) and in [acknowledged, held),
-    /// if that WAL was read.
-    transactions: Option<(u64, u64)>,
-    /// The timeline was `stretched`: every commit acknowledged was on a
-    /// safekeeper of the promoted site too, so nothing can be lost.
-    stretched: bool,
-}
-
-impl Loss {
-    fn print(&self, lost_site: &str) {
-        let (f, b, d) = (self.fork_lsn, &self.branch, &self.divergent);
-        let in_doubt = |from: Lsn| match (self.held, self.transactions) {
-            (Some(h), Some((_, n))) if h > from => {
-                format!("; {lost_site} also held [{from}, {h}) whose acknowledgement was in flight ({n} transactions)")
-            }
-            (Some(h), None) if h > from => {
-                format!("; {lost_site} also held [{from}, {h}) whose acknowledgement was in flight")
-            }
-            _ => String::new(),
-        };
-        match self.acknowledged {
-            Some(c) if c <= f => {
-                println!("branch {b}: nothing lost: {lost_site} had acknowledged up to {c}, held here up to {f}{}; {lost_site}'s history is branch {d}", in_doubt(f))
-            }
-            Some(c) => println!(
-                "branch {b}: lost [{f}, {c}): {} bytes, {} acknowledged by {lost_site} and never received here{}; \
-                 kept in branch {d}",
-                c.0 - f.0,
-                match self.transactions {
-                    Some((n, _)) => format!("{n} transactions"),
-                    None => "transactions unknown (its WAL could not be read)".into(),
-                },
-                in_doubt(c)
-            ),
-            None if self.stretched => println!(
-                "branch {b}: nothing lost: under stretched every commit {lost_site} acknowledged is on this site \
-                 (held here up to {f}); {lost_site}'s history is branch {d}"
-            ),
-            None if self.told <= f => println!(
-                "branch {b}: {lost_site}'s safekeepers did not answer; it had acknowledged at least {} (held here up \
-                 to {f}): the rest is known when it returns (`strata site rejoin {lost_site}`); its history is \
-                 branch {d}",
-                self.told
-            ),
-            None => println!(
-                "branch {b}: lost at least [{f}, {}): {} bytes; {lost_site}'s safekeepers did not answer, the rest \
-                 is known when it returns (`strata site rejoin {lost_site}`); kept in branch {d}",
-                self.told,
-                self.told.0 - f.0
-            ),
-        }
-    }
-}
 
 /// What the lost site's safekeepers that answer held of a sealed
 /// timeline: (acknowledged, held, the safekeeper holding the most).
@@ -118,25 +51,30 @@ fn lost_side<'a>(sealed: &[(&'a Service, TimelineStatus)]) -> (Option<Lsn>, Opti
     (acknowledged, best.map(|(_, s)| s.flush_lsn), best.map(|(sk, _)| *sk))
 }
 
-/// The transactions of [fork, acknowledged) and [acknowledged, held), read
-/// from `sk` (`None` when not read: a message says why).
-fn tail_transactions(
-    wd: &Workdir,
-    branch: &str,
-    sk: Option<&Service>,
+/// What the lost side held of a branch's sealed timeline past the fork:
+/// up to where its safekeepers acknowledged and held WAL, and the one
+/// holding the most.
+struct Tail<'a> {
     timeline: TimelineId,
     fork: Lsn,
     acknowledged: Option<Lsn>,
     held: Option<Lsn>,
-) -> Option<(u64, u64)> {
-    let (Some(sk), Some(c), Some(h)) = (sk, acknowledged, held) else { return None };
+    source: Option<&'a Service>,
+}
+
+/// The transactions of [fork, acknowledged) and [acknowledged, held), read
+/// from the tail's source (`None` when not read: an event says why).
+fn tail_transactions(wd: &Workdir, branch: &str, tail: &Tail<'_>, progress: &mut dyn Progress) -> Option<(u64, u64)> {
+    let (Some(sk), Some(c), Some(h)) = (tail.source, tail.acknowledged, tail.held) else { return None };
+    let fork = tail.fork;
     if h <= fork {
         return Some((0, 0));
     }
-    match count_commits(wd, sk, timeline, fork, c.max(fork), h) {
+    match count_commits(wd, sk, tail.timeline, fork, c.max(fork), h) {
         Ok(n) => Some(n),
-        Err(e) => {
-            println!("branch {branch}: reading [{fork}, {h}) from {}: {e}", sk.name);
+        Err(error) => {
+            let (branch, safekeeper) = (branch.to_string(), sk.name.clone());
+            progress.tell(SiteEvent::TailUnread { branch, from: fork, to: h, safekeeper, error });
             None
         }
     }
@@ -194,42 +132,42 @@ impl<'a> Sides<'a> {
 }
 
 /// `strata site promote SITE`.
-pub fn promote(wd: &Workdir, site: &str) -> Result<()> {
+pub fn promote(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()> {
     let sides = Sides::of(&wd.cluster, site)?;
     // The branches that go on here: every one not already left behind.
     let branches: Vec<&Branch> = wd.cluster.branches.iter().filter(|b| b.divergent.is_none()).collect();
     // 1. Seal: the promoted site's safekeepers first (their WAL ends at F),
     //    then every other one that answers (its writer is fenced at once).
-    let losses = branches.iter().map(|b| seal_branch(wd, &sides, b)).collect::<Result<Vec<Loss>>>()?;
+    let losses = branches.iter().map(|b| seal_branch(wd, &sides, b, progress)).collect::<Result<Vec<Loss>>>()?;
     // 2. The lost sites' pageservers: the controller attaches the tenant here.
-    let ps = attach_in(wd, site)?;
+    let ps = attach_in(wd, site, progress)?;
     // 3. Fork each branch at F; the sealed timeline becomes the divergent branch.
-    fork_branches(wd, ps, &sides, &losses)?;
+    fork_branches(wd, ps, &sides, &losses, progress)?;
     let wd = Workdir::open(&wd.root)?;
     // 4. Endpoints of the old timelines are recorded on the divergent branches.
-    let records = rebranch_endpoints(&wd, &losses)?;
+    let records = rebranch_endpoints(&wd, &losses, progress)?;
     // 5. The new timelines on the safekeepers that run, under their first
     //    configuration (at home here): the others get both when they return.
-    services::ensure_timelines(&wd)?;
+    services::ensure_timelines(&wd, progress)?;
     for loss in &losses {
-        first_configuration(&wd, &loss.branch)?;
+        first_configuration(&wd, &loss.branch, progress)?;
     }
     // 6. The report, then the writer: its connection string comes last.
     for loss in &losses {
-        loss.print(&sides.lost);
+        progress.tell(SiteEvent::Loss { loss: loss.clone(), lost_site: sides.lost.clone() });
     }
-    start_writers(&wd, site, &losses, &records)
+    start_writers(&wd, site, &losses, &records, progress)
 }
 
 /// Seals a branch's timeline, here first; what the lost side held of it.
-fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch) -> Result<Loss> {
+fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch, progress: &mut dyn Progress) -> Result<Loss> {
     let (c, site, tenant, t1) = (&wd.cluster, sides.site, wd.cluster.tenant_id, b.timeline_id);
     let before_here: Vec<TimelineStatus> = sides.here.iter().filter_map(|s| sk_status(s, tenant, t1)).collect();
     if before_here.is_empty() {
         return failed(format!("branch {}: no safekeeper of {site} answers for timeline {t1}", b.name));
     }
     if before_here.iter().any(|s| s.sealed) {
-        println!("branch {}: timeline {t1} was sealed already (a promotion interrupted?); going on", b.name);
+        progress.tell(SiteEvent::AlreadySealed { branch: b.name.clone(), timeline: t1 });
     }
     let told = before_here.iter().map(|s| s.commit_lsn).max().unwrap_or(Lsn::INVALID);
     // `stretched` over two sites puts this site's safekeepers in every
@@ -252,7 +190,9 @@ fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch) -> Result<Loss> {
                 ))
             }
             Ok(s) => fork = fork.max(s.commit_lsn),
-            Err(e) => println!("branch {}: {} not sealed ({e}); it is sealed when it returns", b.name, sk.name),
+            Err(error) => {
+                progress.tell(SiteEvent::NotSealed { branch: b.name.clone(), safekeeper: sk.name.clone(), error })
+            }
         }
     }
     if fork == Lsn::INVALID {
@@ -261,13 +201,14 @@ fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch) -> Result<Loss> {
     let mut sealed_elsewhere = Vec::new();
     for sk in &sides.elsewhere {
         if let Ok(s) = seal(sk, tenant, t1) {
-            let (name, from) = (&sk.name, c.site_of(sk));
-            println!("branch {}: {name} (of {from}) sealed at {}: its writer is fenced", b.name, s.flush_lsn);
+            let (branch, safekeeper, site) = (b.name.clone(), sk.name.clone(), c.site_of(sk).to_string());
+            progress.tell(SiteEvent::SealedElsewhere { branch, safekeeper, site, at: s.flush_lsn });
             sealed_elsewhere.push((*sk, s));
         }
     }
     let (acknowledged, held, source) = lost_side(&sealed_elsewhere);
-    let transactions = tail_transactions(wd, &b.name, source, t1, fork, acknowledged, held);
+    let tail = Tail { timeline: t1, fork, acknowledged, held, source };
+    let transactions = tail_transactions(wd, &b.name, &tail, progress);
     Ok(Loss {
         branch: b.name.clone(),
         divergent: divergent_name(&b.name, fork),
@@ -282,16 +223,16 @@ fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch) -> Result<Loss> {
 
 /// Marks every other site's pageserver lost and waits until the storage
 /// controller has attached the tenant in `site`; that pageserver.
-fn attach_in<'a>(wd: &'a Workdir, site: &str) -> Result<&'a Service> {
+fn attach_in<'a>(wd: &'a Workdir, site: &str, progress: &mut dyn Progress) -> Result<&'a Service> {
     let c = &wd.cluster;
     for ps in c.of_kind(Kind::Pageserver).filter(|p| c.site_of(p) != site) {
-        controller::set_policy(wd, &ps.name, "lost")?;
+        progress.tell(controller::set_policy(wd, &ps.name, "lost")?);
     }
     let deadline = Instant::now() + SITE_ATTACH_WAIT;
     loop {
         let ps = controller::attached(wd)?;
         if c.site_of(ps) == site {
-            println!("{}: the tenant is attached in {site}", ps.name);
+            progress.tell(SiteEvent::AttachedIn { pageserver: ps.name.clone(), site: site.to_string() });
             return Ok(ps);
         }
         if Instant::now() >= deadline {
@@ -308,7 +249,13 @@ fn attach_in<'a>(wd: &'a Workdir, site: &str) -> Result<&'a Service> {
 /// Forks each lost branch at its F on pageserver `ps` and records the
 /// change in `cluster.toml`: the branch goes on in the new timeline, at
 /// home in the promoted site; the sealed one is its divergent branch.
-fn fork_branches(wd: &Workdir, ps: &Service, sides: &Sides<'_>, losses: &[Loss]) -> Result<()> {
+fn fork_branches(
+    wd: &Workdir,
+    ps: &Service,
+    sides: &Sides<'_>,
+    losses: &[Loss],
+    progress: &mut dyn Progress,
+) -> Result<()> {
     let mut cluster: ClusterFile = read_toml(&wd.root.join(CLUSTER_FILE))?;
     for loss in losses {
         let old = cluster.branch(&loss.branch).cloned().expect("every loss is of a branch");
@@ -340,10 +287,14 @@ fn fork_branches(wd: &Workdir, ps: &Service, sides: &Sides<'_>, losses: &[Loss])
             placement: Some(home),
             divergent: None,
         });
-        println!(
-            "branch {}: goes on in timeline {t2} from {start} (at home in {}); its old timeline {} is branch {}",
-            loss.branch, sides.site, old.timeline_id, loss.divergent
-        );
+        progress.tell(SiteEvent::GoesOn {
+            branch: loss.branch.clone(),
+            timeline: t2,
+            start,
+            site: sides.site.to_string(),
+            old: old.timeline_id,
+            divergent: loss.divergent.clone(),
+        });
     }
     // Each lost branch now goes on under its name and is kept as its
     // divergent branch; nothing else changed names.
@@ -393,14 +344,19 @@ fn home_placement(old: Option<&Placement>, site: &str) -> Placement {
 
 /// Records the endpoints of each lost branch on its divergent branch; the
 /// endpoints as they were before.
-fn rebranch_endpoints(wd: &Workdir, losses: &[Loss]) -> Result<Vec<endpoint::EndpointRecord>> {
+fn rebranch_endpoints(
+    wd: &Workdir,
+    losses: &[Loss],
+    progress: &mut dyn Progress,
+) -> Result<Vec<endpoint::EndpointRecord>> {
     let records = endpoint::inventory(wd)?;
     for loss in losses {
         for r in records.iter().filter(|r| r.file.branch == loss.branch) {
-            match endpoint::rebranch(wd, &r.file.name, &loss.divergent) {
-                Ok(()) => println!("endpoint {}: now on branch {} ({})", r.file.name, loss.divergent, r.state),
-                Err(e) => println!("endpoint {}: still recorded on {} ({e})", r.file.name, loss.branch),
-            }
+            let endpoint = r.file.name.clone();
+            progress.tell(match endpoint::rebranch(wd, &r.file.name, &loss.divergent) {
+                Ok(()) => SiteEvent::Rebranched { endpoint, branch: loss.divergent.clone(), state: r.state.clone() },
+                Err(e) => SiteEvent::NotRebranched { endpoint, branch: loss.branch.clone(), error: e.to_string() },
+            });
         }
     }
     Ok(records)
@@ -408,12 +364,18 @@ fn rebranch_endpoints(wd: &Workdir, losses: &[Loss]) -> Result<Vec<endpoint::End
 
 /// Starts `<branch>-<site>` in `site` for each branch that had a writer;
 /// each prints its connection string last, the last one's ends the output.
-fn start_writers(wd: &Workdir, site: &str, losses: &[Loss], records: &[endpoint::EndpointRecord]) -> Result<()> {
+fn start_writers(
+    wd: &Workdir,
+    site: &str,
+    losses: &[Loss],
+    records: &[endpoint::EndpointRecord],
+    progress: &mut dyn Progress,
+) -> Result<()> {
     let had_writer: Vec<&Loss> =
         losses.iter().filter(|l| records.iter().any(|r| r.file.branch == l.branch && r.file.is_writer())).collect();
     let Some(host) = wd.cluster.hosts.iter().find(|h| h.site == site && h.computes) else {
         if !had_writer.is_empty() {
-            println!("site {site} has no host that runs computes: start the writer elsewhere");
+            progress.tell(SiteEvent::NoComputeHost { site: site.to_string() });
         }
         return Ok(());
     };
@@ -424,15 +386,16 @@ fn start_writers(wd: &Workdir, site: &str, losses: &[Loss], records: &[endpoint:
             host: Some(host.name.as_str()),
             ..Default::default()
         };
-        println!("endpoint {name}: the writer of branch {} in {site}", l.branch);
-        endpoint::start(wd, &name, &how, &Default::default())?;
+        let (branch, site) = (l.branch.clone(), site.to_string());
+        progress.tell(SiteEvent::Writer { endpoint: name.clone(), branch, site });
+        endpoint::start(wd, &name, &how, &Default::default(), progress)?;
     }
     Ok(())
 }
 
 /// Installs the first membership configuration of a branch's new timeline
 /// (its placement over every safekeeper) on the safekeepers that answer.
-fn first_configuration(wd: &Workdir, branch: &str) -> Result<()> {
+fn first_configuration(wd: &Workdir, branch: &str, progress: &mut dyn Progress) -> Result<()> {
     let b = wd.cluster.branch(branch).ok_or_else(|| Error::Failed(format!("no branch named {branch:?}")))?;
     let nodes = super::reconfigure::nodes(wd)?;
     let change = super::reconfigure::Change {
@@ -442,11 +405,11 @@ fn first_configuration(wd: &Workdir, branch: &str) -> Result<()> {
         new: &nodes,
         placement: b.placement.clone(),
     };
-    change.first_on_reachable()
+    change.first_on_reachable(progress)
 }
 
 /// `strata site rejoin SITE`.
-pub fn rejoin(wd: &Workdir, site: &str) -> Result<()> {
+pub fn rejoin(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()> {
     let c = &wd.cluster;
     let tenant = c.tenant_id;
     let returning: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) == site).collect();
@@ -475,7 +438,8 @@ pub fn rejoin(wd: &Workdir, site: &str) -> Result<()> {
         }
         let (ack_here, held, source) = lost_side(&sealed);
         let acknowledged = ack_here.max(div.acknowledged_lsn);
-        let transactions = tail_transactions(wd, &d.name, source, t1, div.fork_lsn, acknowledged, held);
+        let tail = Tail { timeline: t1, fork: div.fork_lsn, acknowledged, held, source };
+        let transactions = tail_transactions(wd, &d.name, &tail, progress);
         if let Some(b) = cluster.branches.iter_mut().find(|b| b.name == d.name) {
             if let Some(x) = b.divergent.as_mut() {
                 x.acknowledged_lsn = acknowledged;
@@ -491,30 +455,24 @@ pub fn rejoin(wd: &Workdir, site: &str) -> Result<()> {
             transactions,
             stretched: false,
         };
-        loss.print(site);
+        progress.tell(SiteEvent::Loss { loss, lost_site: site.to_string() });
     }
     save_cluster(&wd.root, &mut cluster)?;
     let wd = Workdir::open(&wd.root)?;
     // The branches that went on: their timelines on the returning
     // safekeepers, under the configuration the others hold (the returning
     // ones are asynchronous members and catch up from their peers).
-    services::ensure_timelines(&wd)?;
+    services::ensure_timelines(&wd, progress)?;
     for b in wd.cluster.branches.iter().filter(|b| b.divergent.is_none()) {
-        first_configuration(&wd, &b.name)?;
+        first_configuration(&wd, &b.name, progress)?;
     }
     for ps in wd.cluster.of_kind(Kind::Pageserver).filter(|p| wd.cluster.site_of(p) == site) {
-        controller::set_policy(&wd, &ps.name, "fill")?;
+        progress.tell(controller::set_policy(&wd, &ps.name, "fill")?);
     }
     for d in &divergent {
-        println!(
-            "branch {}: {site}'s history, read-only (e.g. `strata endpoint start NAME --branch {} --at {}`)",
-            d.name,
-            d.name,
-            d.divergent
-                .as_ref()
-                .and_then(|x| x.acknowledged_lsn)
-                .unwrap_or(d.divergent.as_ref().expect("filtered").fork_lsn)
-        );
+        let div = d.divergent.as_ref().expect("filtered");
+        let at = div.acknowledged_lsn.unwrap_or(div.fork_lsn);
+        progress.tell(SiteEvent::History { branch: d.name.clone(), site: site.to_string(), at });
     }
     Ok(())
 }
@@ -602,6 +560,7 @@ mod tests {
     use crate::fakes::{self, FakeServices};
     use crate::http::with_transport;
     use crate::options::InitOptions;
+    use crate::report::Event;
 
     /// Two sites on this machine (sk1, sk2 and a pageserver in dc1; sk3
     /// and a pageserver in dc2), `main` under local-quorum at home in dc1,
@@ -636,7 +595,16 @@ mod tests {
     }
 
     fn promote_dc2(wd: &Workdir, fake: &Rc<FakeServices>) -> Result<()> {
-        with_transport(fake.clone(), || promote(wd, "dc2"))
+        promote_dc2_telling(wd, fake, &mut Vec::new())
+    }
+
+    fn promote_dc2_telling(wd: &Workdir, fake: &Rc<FakeServices>, events: &mut Vec<Event>) -> Result<()> {
+        with_transport(fake.clone(), || promote(wd, "dc2", events))
+    }
+
+    /// The events' lines, in order.
+    fn lines(events: &[Event]) -> Vec<String> {
+        events.iter().map(|e| e.to_string()).collect()
     }
 
     #[test]
@@ -647,10 +615,20 @@ mod tests {
             fake.safekeeper(&base(&wd, name), |s| s.down = true);
             fake.pageserver(&base(&wd, name), |p| p.down = true);
         }
-        promote_dc2(&wd, &fake).unwrap();
+        let mut events = Vec::new();
+        promote_dc2_telling(&wd, &fake, &mut events).unwrap();
 
         let after = Workdir::open(&wd.root).unwrap();
         let divergent = format!("main-divergent-{:X}", 0x0300_0000);
+        // Told as it went: the lost pageserver, the attachment, the fork, then the report.
+        let told = lines(&events);
+        let at = |prefix: &str| told.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{told:?}"));
+        let (lost, attached) = (at("pageserver: lost with its site"), at("pageserver2: the tenant is attached in dc2"));
+        let (goes_on, report) =
+            (at("branch main: goes on in timeline"), at("branch main: dc1's safekeepers did not answer"));
+        assert!(lost < attached && attached < goes_on && goes_on < report, "{told:?}");
+        assert!(told[report].ends_with(&format!("its history is branch {divergent}")), "{}", told[report]);
+        assert!(events.iter().all(|e| !e.is_notice()), "{told:?}");
         let old = after.cluster.branch(&divergent).expect("the old timeline is kept as a branch");
         assert_eq!(old.timeline_id, main.timeline_id);
         let d = old.divergent.as_ref().unwrap();
@@ -715,9 +693,14 @@ mod tests {
         }
         let ps2 = base(&wd, "pageserver2");
         fake.pageserver(&ps2, |p| p.refuse_branch = Some(500));
-        let e = promote_dc2(&wd, &fake).unwrap_err();
+        let mut events = Vec::new();
+        let e = promote_dc2_telling(&wd, &fake, &mut events).unwrap_err();
         assert!(e.to_string().contains("forking at"), "{e}");
         assert_eq!(cluster_text(&wd), before, "no branch was recorded");
+        // The steps done before the refusal were told, no fork and no report.
+        let told = lines(&events);
+        assert!(told.iter().any(|l| l == "pageserver2: the tenant is attached in dc2"), "{told:?}");
+        assert!(told.iter().all(|l| !l.contains("goes on in timeline") && !l.contains("history is")), "{told:?}");
         // Run again once the pageserver takes it: the seal is found and kept.
         fake.pageserver(&ps2, |p| p.refuse_branch = None);
         promote_dc2(&wd, &fake).unwrap();
@@ -729,7 +712,7 @@ mod tests {
     #[test]
     fn a_site_without_safekeepers_or_pageservers_cannot_take_over() {
         let (wd, _fake) = two_sites("usage");
-        let e = promote(&wd, "dc3").unwrap_err();
+        let e = promote(&wd, "dc3", &mut Vec::new()).unwrap_err();
         assert!(matches!(e, Error::Usage(_)) && e.to_string().contains("no safekeeper"), "{e}");
     }
 }

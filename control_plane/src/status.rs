@@ -54,10 +54,28 @@ pub fn endpoint_restarts(ep: &Endpoint) -> EndpointRestarts {
     combine(&sv.restarts(), agent.as_ref().map(|a| &a.restart))
 }
 
+/// `strata endpoint list`: a table, or how to make the first endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndpointList {
+    Table(String),
+    None { root: std::path::PathBuf },
+}
+
+impl std::fmt::Display for EndpointList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndpointList::Table(table) => f.write_str(table),
+            EndpointList::None { root } => {
+                writeln!(f, "no endpoints (create one with `strata endpoint start NAME --workdir {}`)", root.display())
+            }
+        }
+    }
+}
+
 /// `strata endpoint list`: name, branch, port, state, restarts, the last
 /// cause of a restart, and the connection string; with the host too when
 /// the cluster has several.
-pub fn list_endpoints(wd: &Workdir) -> Result<()> {
+pub fn list_endpoints(wd: &Workdir) -> Result<EndpointList> {
     let many = wd.cluster.hosts.len() > 1;
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     let row = |host: &str, mut cells: Vec<String>| {
@@ -98,8 +116,7 @@ pub fn list_endpoints(wd: &Workdir) -> Result<()> {
         }
     }
     if rows.is_empty() {
-        println!("no endpoints (create one with `strata endpoint start NAME --workdir {}`)", wd.root.display());
-        return Ok(());
+        return Ok(EndpointList::None { root: wd.root.clone() });
     }
     rows.sort_by(|a, b| a.0.cmp(&b.0));
     let mut header = vec!["NAME", "BRANCH", "PORT", "STATE", "RESTARTS", "LAST CAUSE", "CONNECTION"];
@@ -107,8 +124,7 @@ pub fn list_endpoints(wd: &Workdir) -> Result<()> {
         header.insert(1, "HOST");
     }
     // The connection string last: scripts take the last field.
-    print!("{}", table(&header, rows.into_iter().map(|(_, r)| r).collect()));
-    Ok(())
+    Ok(EndpointList::Table(table(&header, rows.into_iter().map(|(_, r)| r).collect())))
 }
 
 /// A service's local data directory and its object storage (a path for
@@ -503,11 +519,11 @@ fn render_timelines(st: &ClusterStatus) -> String {
         }
         rows.push(row);
         if !t.placement.is_majority() || t.placement_wanted.is_some() {
-            let mut text = super::placement::describe_placement(&t.placement);
+            let mut text = super::report::describe_placement(&t.placement);
             if let Some(w) = &t.placement_wanted {
                 text.push_str(&format!(
                     " (wanted: {}, applied once every safekeeper runs)",
-                    super::placement::describe_placement(w)
+                    super::report::describe_placement(w)
                 ));
             }
             rows.push([head("placement"), vec!["-".into(), text]].concat());
@@ -568,15 +584,10 @@ fn pageserver_lsns(t: &BranchStatus, ps: &strata_protocol::api::pageserver::Time
     lsns
 }
 
-/// `strata status [--json]`.
-pub fn print(wd: &Workdir, json: bool) -> Result<()> {
+/// `strata status [--json]`: what it prints (JSON ends with a newline too).
+pub fn report(wd: &Workdir, json: bool) -> Result<String> {
     let st = collect(wd)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&st).expect("the status serializes"));
-    } else {
-        print!("{}", render(&st));
-    }
-    Ok(())
+    Ok(if json { serde_json::to_string_pretty(&st).expect("the status serializes") + "\n" } else { render(&st) })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `strata timeline …`: operations on a branch's timeline in the pageserver.
 
+use strata_formats::Lsn;
 use strata_protocol::api::pageserver::CheckpointResponse;
 
 use super::error::{failed, Error, Result};
@@ -9,8 +10,8 @@ use crate::limits::CHECKPOINT_TIMEOUT;
 
 /// Flushes what the pageserver ingested of `branch`, compacts every L0,
 /// writes images, waits until object storage has all of it (when the
-/// pageserver has object storage), and prints the LSN that is now durable.
-pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
+/// pageserver has object storage); the LSN that is now durable.
+pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<Lsn> {
     let name = branch.unwrap_or(MAIN_BRANCH);
     let Some(b) = wd.cluster.branch(name) else {
         let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
@@ -36,6 +37,5 @@ pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<()> {
     let Some(lsn) = done.uploaded_lsn else {
         return failed(format!("checkpoint of branch {name}: no uploaded_lsn in {}", reply.body));
     };
-    println!("{lsn}");
-    Ok(())
+    Ok(lsn)
 }

@@ -1,8 +1,9 @@
 //! The cluster commands (`strata init`, `start`, `stop`, `status`,
 //! `endpoint`, `branch`, `site`, `safekeeper replace`, `pageserver
 //! drain`, `node`): each parses its command line, calls the control
-//! plane's operation (`strata-control-plane`) and turns the outcome into an
-//! exit code, printing an error as `strata <command>: <message>`.
+//! plane's operation (`strata-control-plane`), prints what it reports as
+//! it happens and what it returns, and turns the outcome into an exit
+//! code, printing an error as `strata <command>: <message>`.
 
 mod args;
 
@@ -10,10 +11,13 @@ pub use args::{
     AuthCommand, BranchCommand, EndpointCommand, InitArgs, NodeArgs, SiteCommand, StatusArgs, TimelineCommand,
     WorkdirArgs,
 };
+use strata_control_plane::report::{Notice, Progress};
 use strata_control_plane::{
-    branch, controller, endpoint, hosts, init, keys, layout, membership, open, placement, services, site, status,
-    timeline, Error, Result,
+    branch, controller, endpoint, hosts, init, keys, layout, membership, placement, services, site, status, timeline,
+    Error, Result,
 };
+
+use crate::out::{errln, outln, Printer};
 
 /// Runs a command body and turns its outcome into an exit code, printing
 /// the error as `strata <command>: <message>`.
@@ -21,13 +25,29 @@ fn exit_code(command: &str, result: Result<()>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("strata {command}: {e}");
+            errln!("strata {command}: {e}");
             match e {
                 Error::Usage(_) => 2,
                 Error::Failed(_) => 1,
             }
         }
     }
+}
+
+/// Opens the workdir with the newest state of any host (saying so if it took one).
+fn open(dir: &std::path::Path) -> Result<layout::Workdir> {
+    strata_control_plane::open(dir, &mut Printer)
+}
+
+/// Takes the workdir's lock, saying so when it has to wait for another command.
+fn lock(wd: &layout::Workdir) -> Result<layout::Lock> {
+    wd.lock(|| Printer.report(Notice::WaitingForLock { root: wd.root.clone() }.into()))
+}
+
+/// Hands the changed state to the other hosts (what failed is a warning).
+fn publish(wd: &layout::Workdir) -> Result<()> {
+    hosts::publish(&layout::Workdir::open(&wd.root)?, &mut Printer);
+    Ok(())
 }
 
 /// `strata init`: writes the workdir of a new cluster (nothing is started).
@@ -40,8 +60,8 @@ pub fn init(args: InitArgs) -> i32 {
 /// how to start it.
 fn print_initialised(done: &init::Initialised) {
     let cluster = &done.cluster;
-    println!("initialised a cluster in {}", done.root.display());
-    println!(
+    outln!("initialised a cluster in {}", done.root.display());
+    outln!(
         "tenant {}, branch {} = timeline {}",
         cluster.tenant_id,
         layout::MAIN_BRANCH,
@@ -49,12 +69,12 @@ fn print_initialised(done: &init::Initialised) {
     );
     for s in &cluster.services {
         let ports: Vec<String> = s.ports.iter().map(|(r, p)| format!("{r}={p}")).collect();
-        println!("{:<12} {:<11} {:<15} {}", s.name, s.kind.as_str(), s.address, ports.join(" "));
+        outln!("{:<12} {:<11} {:<15} {}", s.name, s.kind.as_str(), s.address, ports.join(" "));
     }
     if done.is_local() {
-        println!("start it with `strata start --workdir {}`", done.workdir.display());
+        outln!("start it with `strata start --workdir {}`", done.workdir.display());
     } else {
-        println!(
+        outln!(
             "copy {} to the same path on every host and run `strata node --workdir {} --host NAME` on each (docs/deployment.md)",
             done.root.display(),
             done.root.display()
@@ -70,8 +90,8 @@ pub fn start(args: WorkdirArgs) -> i32 {
             return Err(Error::Usage("--immediate applies to stopping, not `start`".into()));
         }
         let wd = open(&args.workdir)?;
-        let _lock = wd.lock()?;
-        services::start(&wd, &args.only)
+        let _lock = lock(&wd)?;
+        services::start(&wd, &args.only, &mut Printer)
     })();
     exit_code("start", result)
 }
@@ -80,11 +100,14 @@ pub fn start(args: WorkdirArgs) -> i32 {
 pub fn stop(args: WorkdirArgs) -> i32 {
     let result = (|| {
         let wd = open(&args.workdir)?;
-        let _lock = wd.lock()?;
+        let _lock = lock(&wd)?;
         // The endpoints first (unless `--only`): their agents' last WAL must
         // reach the safekeepers. Keeps going past a failure and reports all.
-        let endpoints = if args.only.is_empty() { endpoint::stop_everywhere(&wd, args.immediate) } else { Ok(()) };
-        let services = services::stop(&wd, &args.only, args.immediate);
+        let endpoints = match args.only.is_empty() {
+            true => endpoint::stop_everywhere(&wd, args.immediate, &mut Printer),
+            false => Ok(()),
+        };
+        let services = services::stop(&wd, &args.only, args.immediate, &mut Printer);
         match (endpoints, services) {
             (Ok(()), result) | (result, Ok(())) => result,
             (Err(a), Err(b)) => Err(Error::Failed(format!("{a}; {b}"))),
@@ -98,7 +121,8 @@ pub fn status(args: StatusArgs) -> i32 {
     let result = (|| {
         args.workdir.plain("status")?;
         let wd = open(&args.workdir.workdir)?;
-        status::print(&wd, args.json)
+        crate::out::print(format_args!("{}", status::report(&wd, args.json)?));
+        Ok(())
     })();
     exit_code("status", result)
 }
@@ -110,7 +134,8 @@ pub fn timeline(cmd: TimelineCommand) -> i32 {
             let result = (|| {
                 workdir.plain("timeline checkpoint")?;
                 let wd = open(&workdir.workdir)?;
-                timeline::checkpoint(&wd, branch.as_deref())
+                outln!("{}", timeline::checkpoint(&wd, branch.as_deref())?);
+                Ok(())
             })();
             exit_code("timeline checkpoint", result)
         }
@@ -126,13 +151,12 @@ pub fn site(cmd: SiteCommand) -> i32 {
     let result = (|| {
         workdir.plain(what)?;
         let wd = open(&workdir.workdir)?;
-        let _lock = wd.lock()?;
+        let _lock = lock(&wd)?;
         match cmd {
-            SiteCommand::Promote { .. } => site::promote(&wd, &site_name)?,
-            SiteCommand::Rejoin { .. } => site::rejoin(&wd, &site_name)?,
+            SiteCommand::Promote { .. } => site::promote(&wd, &site_name, &mut Printer)?,
+            SiteCommand::Rejoin { .. } => site::rejoin(&wd, &site_name, &mut Printer)?,
         }
-        hosts::publish(&layout::Workdir::open(&wd.root)?);
-        Ok(())
+        publish(&wd)
     })();
     exit_code(what, result)
 }
@@ -144,10 +168,10 @@ pub fn branch(cmd: BranchCommand) -> i32 {
             let result = (|| {
                 workdir.plain("branch create")?;
                 let wd = open(&workdir.workdir)?;
-                let _lock = wd.lock()?;
-                branch::create(&wd, &name, from.as_deref(), at.as_deref(), at_time.as_deref())?;
-                hosts::publish(&layout::Workdir::open(&wd.root)?);
-                Ok(())
+                let _lock = lock(&wd)?;
+                let point = branch::BranchPoint { at: at.as_deref(), at_time: at_time.as_deref() };
+                outln!("{}", branch::create(&wd, &name, from.as_deref(), point, &mut Printer)?);
+                publish(&wd)
             })();
             exit_code("branch create", result)
         }
@@ -155,10 +179,9 @@ pub fn branch(cmd: BranchCommand) -> i32 {
             let result = (|| {
                 workdir.plain("branch delete")?;
                 let wd = open(&workdir.workdir)?;
-                let _lock = wd.lock()?;
-                branch::delete(&wd, &name, force)?;
-                hosts::publish(&layout::Workdir::open(&wd.root)?);
-                Ok(())
+                let _lock = lock(&wd)?;
+                outln!("{}", branch::delete(&wd, &name, force, &mut Printer)?);
+                publish(&wd)
             })();
             exit_code("branch delete", result)
         }
@@ -166,12 +189,11 @@ pub fn branch(cmd: BranchCommand) -> i32 {
             let result = (|| {
                 workdir.plain("branch placement")?;
                 let wd = open(&workdir.workdir)?;
-                let _lock = wd.lock()?;
+                let _lock = lock(&wd)?;
                 let wanted =
                     placement::placement_of(&wd, &policy, home.as_deref(), max_async_lag, on_async_lag.as_deref())?;
-                placement::set_placement(&wd, &name, wanted)?;
-                hosts::publish(&layout::Workdir::open(&wd.root)?);
-                Ok(())
+                placement::set_placement(&wd, &name, wanted, &mut Printer)?;
+                publish(&wd)
             })();
             exit_code("branch placement", result)
         }
@@ -179,7 +201,12 @@ pub fn branch(cmd: BranchCommand) -> i32 {
             let result = (|| {
                 workdir.plain("branch list")?;
                 let wd = open(&workdir.workdir)?;
-                branch::list(&wd, json)
+                let list = branch::list(&wd)?;
+                match json {
+                    true => outln!("{}", list.to_json()),
+                    false => crate::out::print(format_args!("{list}")),
+                }
+                Ok(())
             })();
             exit_code("branch list", result)
         }
@@ -198,7 +225,7 @@ pub fn auth(cmd: AuthCommand) -> i32 {
                     _ => tenant,
                 };
                 let ttl = (ttl_secs > 0).then(|| std::time::Duration::from_secs(ttl_secs));
-                println!("{}", keys::mint(&wd.root, scope, tenant, ttl)?);
+                outln!("{}", keys::mint(&wd.root, scope, tenant, ttl)?);
                 Ok(())
             })();
             exit_code("auth token", result)
@@ -211,10 +238,10 @@ pub fn replace_safekeeper(old: &str, new: &str, workdir: WorkdirArgs) -> i32 {
     let result = (|| {
         workdir.plain("safekeeper replace")?;
         let wd = open(&workdir.workdir)?;
-        let _lock = wd.lock()?;
-        let result = membership::replace(&wd, old, new);
+        let _lock = lock(&wd)?;
+        let result = membership::replace(&wd, old, new, &mut Printer);
         // What changed reaches the other hosts even if the replacement stopped midway.
-        hosts::publish(&layout::Workdir::open(&wd.root)?);
+        publish(&wd)?;
         result
     })();
     exit_code("safekeeper replace", result)
@@ -225,7 +252,8 @@ pub fn pageserver_policy(workdir: &WorkdirArgs, name: &str, action: &str) -> i32
     let result = (|| {
         workdir.plain(&format!("pageserver {action}"))?;
         let wd = open(&workdir.workdir)?;
-        controller::set_policy(&wd, name, action)
+        outln!("{}", controller::set_policy(&wd, name, action)?);
+        Ok(())
     })();
     exit_code(&format!("pageserver {action}"), result)
 }
@@ -249,7 +277,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                 workdir.plain("endpoint start")?;
                 let wd = open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
-                let _lock = wd.lock()?;
+                let _lock = lock(&wd)?;
                 let how = endpoint::StartOptions {
                     branch: branch.as_deref(),
                     port,
@@ -260,7 +288,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                     site: site.as_deref(),
                     promote: false,
                 };
-                endpoint::start(&wd, &name, &how, &agent.options())
+                endpoint::start(&wd, &name, &how, &agent.options(), &mut Printer)
             })();
             exit_code("endpoint start", result)
         }
@@ -269,8 +297,8 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                 workdir.plain("endpoint promote")?;
                 let wd = open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
-                let _lock = wd.lock()?;
-                endpoint::promote(&wd, &name)
+                let _lock = lock(&wd)?;
+                endpoint::promote(&wd, &name, &mut Printer)
             })();
             exit_code("endpoint promote", result)
         }
@@ -281,8 +309,8 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                 }
                 let wd = open(&workdir.workdir)?;
                 endpoint::check_name(&name)?;
-                let _lock = wd.lock()?;
-                endpoint::stop(&wd, &name, workdir.immediate)
+                let _lock = lock(&wd)?;
+                endpoint::stop(&wd, &name, workdir.immediate, &mut Printer)
             })();
             exit_code("endpoint stop", result)
         }
@@ -290,7 +318,8 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
             let result = (|| {
                 workdir.plain("endpoint list")?;
                 let wd = open(&workdir.workdir)?;
-                status::list_endpoints(&wd)
+                crate::out::print(format_args!("{}", status::list_endpoints(&wd)?));
+                Ok(())
             })();
             exit_code("endpoint list", result)
         }
@@ -304,7 +333,7 @@ pub fn node(args: NodeArgs) -> i32 {
     match strata_control_plane::node::serve(options) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("strata node: {e}");
+            errln!("strata node: {e}");
             1
         }
     }
