@@ -44,6 +44,11 @@ pub struct PageserverConfig {
     /// Where `initdb` of the installed PostgreSQL is (tenant bootstrap).
     #[serde(default = "default_pg_bin_dir")]
     pub pg_bin_dir: PathBuf,
+    /// Where the kept output of `initdb` that new tenants are imported from
+    /// lives (`pageserver/src/initdb_template.rs`); default
+    /// `<data_dir>/initdb-template`. Pageservers of one machine may share one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb_template_dir: Option<PathBuf>,
     /// Unprivileged user that runs `initdb` when the pageserver runs as root.
     #[serde(default = "default_pg_user")]
     pub pg_user: String,

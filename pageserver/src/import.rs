@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,7 +15,6 @@ use strata_protocol::pageserver::SlruKind;
 use strata_protocol::{TenantId, TimelineId};
 use tracing::info;
 
-use crate::config::PageserverConfig;
 use crate::dirs;
 use crate::ingest::SLRU_PAGES_PER_SEGMENT;
 use crate::key::{Key, RelTag};
@@ -58,27 +56,6 @@ fn invalid(path: &Path, reason: String) -> ImportError {
     ImportError::Invalid { path: path.to_path_buf(), reason }
 }
 
-/// Runs `initdb` into `dir` as the configured unprivileged user when running as root.
-pub fn run_initdb(conf: &PageserverConfig, dir: &Path) -> Result<(), ImportError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
-    }
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let initdb = conf.pg_bin_dir.join("initdb");
-    let mut cmd = Command::new(&initdb);
-    cmd.arg("-D").arg(dir).args(["-U", "postgres", "--encoding=UTF8", "--locale=C", "--no-instructions", "--no-sync"]);
-    crate::user::run_as(&mut cmd, dir, &conf.pg_user)?;
-    let out = cmd.output().map_err(|source| ImportError::Spawn { program: initdb.clone(), source })?;
-    if !out.status.success() {
-        return Err(ImportError::Initdb {
-            program: initdb,
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
-}
-
 /// What an import found.
 pub struct Imported {
     pub system_id: u64,
@@ -89,17 +66,25 @@ pub struct Imported {
 }
 
 /// Creates timeline `timeline_id` of `tenant_id` in `dir` from the cleanly
-/// shut-down data directory `pgdata`.
+/// shut-down data directory `pgdata`. With `new_identity` (a data
+/// directory shared by many tenants, `initdb_template`), the timeline gets a
+/// system identifier and mock authentication nonce of its own.
 pub fn import_datadir(
     pgdata: &Path,
     dir: PathBuf,
     tenant_id: TenantId,
     timeline_id: TimelineId,
     res: &TimelineResources,
+    new_identity: bool,
 ) -> Result<(Arc<Timeline>, Imported), ImportError> {
     let control_path = pgdata.join("global/pg_control");
-    let control_bytes = std::fs::read(&control_path).map_err(|e| io(&control_path, e))?;
-    let control = ControlFile::decode(&control_bytes).map_err(|e| invalid(&control_path, e.to_string()))?;
+    let mut control_bytes = std::fs::read(&control_path).map_err(|e| io(&control_path, e))?;
+    let mut control = ControlFile::decode(&control_bytes).map_err(|e| invalid(&control_path, e.to_string()))?;
+    if new_identity {
+        let now = res.clock.system_now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        fresh_identity(&mut control, now.as_secs());
+        control_bytes = control.encode();
+    }
     let segment_size = u64::from(control.wal_segment_size);
     // The end of the checkpoint record is where new WAL goes.
     let segments = list_segments(&pgdata.join("pg_wal")).map_err(|e| io(&pgdata.join("pg_wal"), e))?;
@@ -244,6 +229,27 @@ pub fn import_datadir(
             checkpoint_lsn: control.checkpoint,
         },
     ))
+}
+
+/// A new tenant's `pg_control`: the template's with a system identifier and
+/// mock authentication nonce of its own.
+pub fn fresh_identity(control: &mut ControlFile, now_secs: u64) {
+    // PostgreSQL's own choice is seconds in the high half and microseconds
+    // and a pid below; random bits below serve uniqueness better.
+    control.system_identifier = (now_secs << 32) | (random_u64() & 0xffff_ffff);
+    let mut nonce = [0u8; 32];
+    fill_random(&mut nonce);
+    control.set_mock_authentication_nonce(nonce);
+}
+
+fn fill_random(out: &mut [u8]) {
+    getrandom::fill(out).expect("the OS random source works");
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    fill_random(&mut b);
+    u64::from_le_bytes(b)
 }
 
 /// Blocks per 1 GiB relation segment file.

@@ -13,6 +13,7 @@ pub mod fuzz;
 pub mod http;
 pub mod import;
 pub mod ingest;
+pub mod initdb_template;
 pub mod key;
 pub mod layer;
 pub mod limits;

@@ -194,6 +194,12 @@ pub const OPEN_LAYER_FILES_RANGE: (usize, usize) = (16, 1_000_000);
 /// Descriptors kept for everything but client connections and layer
 /// files: WAL receiver sockets, metadata writes, flushes, initdb, logs.
 pub const RESERVED_FILES: usize = 192;
+/// initdb templates kept in one directory (one per PostgreSQL install
+/// seen; older installs' go first).
+pub const INITDB_TEMPLATES_KEPT: usize = 3;
+/// Age after which an unfinished template build is taken as abandoned (a
+/// build takes seconds).
+pub const INITDB_TEMPLATE_TMP_AGE: Duration = Duration::from_secs(3600);
 /// L0 deltas that start a compaction.
 pub const DEFAULT_COMPACTION_THRESHOLD: usize = 10;
 /// Accepted `compaction_threshold`.
@@ -307,3 +313,5 @@ const _: () = assert!(MIN_UPLOAD_LAG_BYTES <= DEFAULT_MAX_UPLOAD_LAG_BYTES);
 const _: () = assert!(!DEFAULT_WAIT_LSN_TIMEOUT.is_zero() && !DEFAULT_HANDSHAKE_TIMEOUT.is_zero());
 const _: () = assert!(!DEFAULT_COMPACTION_PERIOD.is_zero() && !DEFAULT_GC_PERIOD.is_zero());
 const _: () = assert!(!DEFAULT_HEATMAP_PERIOD.is_zero());
+// The template in use is always kept.
+const _: () = assert!(INITDB_TEMPLATES_KEPT >= 1);

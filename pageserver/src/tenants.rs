@@ -172,6 +172,8 @@ pub struct Tenants {
     readers: Mutex<std::collections::HashSet<TenantId>>,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), Arc<TimelineEntry>>>,
     creating: Mutex<()>,
+    /// The kept `initdb` output new tenants are imported from.
+    initdb: crate::initdb_template::InitdbTemplates,
     /// When each broken timeline is re-read next, and its backoff.
     reloads: Mutex<HashMap<(TenantId, TimelineId), (Instant, Backoff)>>,
 }
@@ -220,7 +222,7 @@ impl Tenants {
         }
         let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), site: conf.site_safekeepers, token, tls };
         let tenants = Arc::new(Tenants {
-            conf,
+            conf: conf.clone(),
             wal_sources,
             metrics: resources.metrics.clone(),
             resources,
@@ -231,6 +233,9 @@ impl Tenants {
             readers: Mutex::new(std::collections::HashSet::new()),
             timelines: RwLock::new(BTreeMap::new()),
             creating: Mutex::new(()),
+            initdb: crate::initdb_template::InitdbTemplates::new(
+                conf.initdb_template_dir.clone().unwrap_or_else(|| conf.data_dir.join("initdb-template")),
+            ),
             reloads: Mutex::new(HashMap::new()),
         });
         let root = tenants.conf.data_dir.join("tenants");
@@ -702,7 +707,9 @@ impl Tenants {
         self.timelines.read().values().cloned().collect()
     }
 
-    /// Creates a tenant with its first timeline from a fresh `initdb` (blocking; seconds).
+    /// Creates a tenant with its first timeline from the kept `initdb`
+    /// output (blocking; a fraction of a second, seconds when `initdb` runs
+    /// first).
     pub fn bootstrap(&self, tenant: TenantId, timeline: TimelineId) -> Result<Arc<TimelineEntry>, CreateError> {
         let _one_at_a_time = self.creating.lock();
         let dir = self.timeline_dir(tenant, timeline);
@@ -738,10 +745,10 @@ impl Tenants {
         let parent = dir.parent().expect("under timelines/").to_path_buf();
         crate::timeline::create_dir_durable(&parent, self.conf.fsync).map_err(storage)?;
         replace_file(&marker, b"", self.conf.fsync).map_err(|e| storage(e.into()))?;
-        let pgdata = self.conf.data_dir.join("tmp").join(format!("initdb-{timeline}"));
-        let result = import::run_initdb(&self.conf, &pgdata)
-            .and_then(|()| import::import_datadir(&pgdata, dir.clone(), tenant, timeline, &self.resources));
-        let _ = std::fs::remove_dir_all(&pgdata);
+        let result = self
+            .initdb
+            .pgdata(&self.conf, self.resources.clock.system_now())
+            .and_then(|pgdata| import::import_datadir(&pgdata, dir.clone(), tenant, timeline, &self.resources, true));
         match result {
             Ok((tl, imported)) => {
                 // Complete: the marker goes, durably, before the timeline is served.

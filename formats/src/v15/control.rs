@@ -17,6 +17,9 @@ pub const PG_CONTROL_FILE_SIZE: usize = 8192;
 /// Size of the struct.
 pub const CONTROL_DATA_SIZE: usize = 296;
 const CRC_OFFSET: usize = 288;
+/// Length of `mock_authentication_nonce`, the last field before the CRC.
+pub const MOCK_AUTH_NONCE_LEN: usize = 32;
+const MOCK_AUTH_NONCE_OFFSET: usize = CRC_OFFSET - MOCK_AUTH_NONCE_LEN;
 
 /// `DBState`: how the cluster was last left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -178,6 +181,17 @@ impl ControlFile {
         let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
         out[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
         out
+    }
+
+    /// The random value PostgreSQL derives fake SCRAM salts from for roles
+    /// that do not exist (so that a client cannot tell them apart).
+    pub fn mock_authentication_nonce(&self) -> [u8; MOCK_AUTH_NONCE_LEN] {
+        self.raw[MOCK_AUTH_NONCE_OFFSET..CRC_OFFSET].try_into().unwrap()
+    }
+
+    /// Replaces the mock authentication nonce (each cluster has its own).
+    pub fn set_mock_authentication_nonce(&mut self, nonce: [u8; MOCK_AUTH_NONCE_LEN]) {
+        self.raw[MOCK_AUTH_NONCE_OFFSET..CRC_OFFSET].copy_from_slice(&nonce);
     }
 
     /// Points the file at a shutdown checkpoint record at `lsn`: a server
