@@ -55,5 +55,8 @@ if [ "$cache" != none ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
     done
 fi
 
+# A clone's files are all new to cargo: give the unchanged ones the age of
+# the cache's build (scripts/source-times.sh; test.sh records it).
+./scripts/source-times.sh restore
 cargo build --profile checked --locked 2>&1 | tail -n 3
 echo "setup-tests: done (binary: target/checked/strata)"

@@ -22,6 +22,10 @@ from fixtures.pageserver_api import SMALL_LAYERS, PageserverApi, error_message
 from fixtures.strata import format_lsn, parse_lsn
 
 SCALE = 4
+# pgbench runs in rounds of PGBENCH_ROUND seconds until compaction has
+# shown itself, for at most PGBENCH_SECONDS.
+PGBENCH_ROUND = 3
+PGBENCH_SECONDS = 27
 
 
 def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
@@ -45,15 +49,30 @@ def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
             seen["samples"] += 1
             time.sleep(0.2)
 
+    def shown(m: dict, compactions_before: float) -> bool:
+        """Whether the load has shown what is asserted below, with two
+        compactions while pgbench ran."""
+        return (m["strata_pageserver_compactions_total"] >= compactions_before + 2
+                and m["strata_pageserver_image_layers_created_total"] >= 1
+                and seen["samples"] > 10 and seen["images"] >= 1)
+
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        ep.run(["pgbench", "-n", "-c", "4", "-T", "25"], timeout=300)
+        # pgbench in rounds, until the compactor has shown what is asserted.
+        compactions_before = cluster.metrics("pageserver")["strata_pageserver_compactions_total"]
+        ran = 0
+        while ran < PGBENCH_SECONDS:
+            ep.run(["pgbench", "-n", "-c", "4", "-T", str(PGBENCH_ROUND)], timeout=300)
+            ran += PGBENCH_ROUND
+            if shown(cluster.metrics("pageserver"), compactions_before):
+                break
     finally:
         stop.set()
         watcher.join()
     metrics = cluster.metrics("pageserver")
-    print("\nlayers while pgbench ran:", seen, {k: v for k, v in metrics.items() if "compaction" in k or "image" in k})
+    print(f"\npgbench ran {ran} s")
+    print("layers while pgbench ran:", seen, {k: v for k, v in metrics.items() if "compaction" in k or "image" in k})
     assert metrics["strata_pageserver_compactions_total"] >= 2, metrics
     assert metrics["strata_pageserver_image_layers_created_total"] >= 1, metrics
     assert metrics["strata_pageserver_compaction_errors_total"] == 0

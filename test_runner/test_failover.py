@@ -17,10 +17,15 @@ import time
 from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.load import AckedWriters
-from fixtures.minio import Minio
+from fixtures.minio import minio  # noqa: F401 - a fixture
 from fixtures.wait import wait_until
 
 SCALE = 5
+# pgbench transactions committed before a fault is injected: the load runs.
+COMMITS_BEFORE_FAULT = 100
+# Seconds between the heatmaps an attached pageserver publishes and its
+# secondary reads (the default is 5).
+HEATMAP_PERIOD = 1
 
 
 def placement(cluster) -> tuple[str | None, int | None, list[str]]:
@@ -51,6 +56,9 @@ def two_pageservers(cluster_factory, remote: dict | None = None):
     else the local directory); an endpoint with pgbench's tables, started
     again so that its relation files are lazy; the secondary warm."""
     cluster = cluster_factory(init_args=("--pageservers", "2"), start=False)
+    for name in ("pageserver", "pageserver2"):
+        # The secondary learns which layers to warm within a second.
+        cluster.configure(name, {"heatmap_period": HEATMAP_PERIOD})
     if remote is not None:
         cluster.set_remote_storage(remote)
     cluster.start()
@@ -68,10 +76,20 @@ def two_pageservers(cluster_factory, remote: dict | None = None):
 
 
 class Pgbench:
-    """One pgbench run in the background; `result()` checks it ended well."""
+    """One pgbench run in the background; `result()` checks it ended well,
+    `wait_committing()` waits until it commits."""
 
     def __init__(self, ep: Endpoint, seconds: int, clients: int = 4):
+        self.ep = ep
+        self.history = ep.sql("SELECT count(*) FROM pgbench_history")[0][0]
         self.proc = ep.popen(["pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "-P", "1"])
+
+    def wait_committing(self, commits: int = COMMITS_BEFORE_FAULT, timeout: float = 60) -> None:
+        """Until pgbench has committed `commits` transactions (rows of
+        pgbench_history) since it started: the load runs."""
+        wait_until(f"pgbench to commit {commits} transactions", lambda: self.proc.poll() is None and self.ep.sql(
+            "SELECT count(*) FROM pgbench_history")[0][0] >= self.history + commits, timeout, interval=0.2,
+            stop_if=lambda: self.proc.poll() is not None and f"pgbench exited: {self.proc.communicate()}")
 
     def result(self, timeout: float = 300) -> str:
         out, err = self.proc.communicate(timeout=timeout)
@@ -130,10 +148,10 @@ def check_after(ep: Endpoint, writers: AckedWriters) -> None:
 def test_kill9_of_the_attached_pageserver_under_pgbench(cluster_factory):
     cluster, ep, tenant = two_pageservers(cluster_factory)
     writers = AckedWriters(ep, threads=2, backoff=(0.01, 0.1)).start()
-    bench = Pgbench(ep, seconds=30)
+    bench = Pgbench(ep, seconds=15)
     probe = Probe(ep)
     try:
-        time.sleep(6)
+        bench.wait_committing()
         killed = time.monotonic()
         cluster.kill9("pageserver", supervisor=True)
         moved = wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None,
@@ -193,9 +211,9 @@ def test_the_leading_controller_killed_during_a_failover(cluster_factory):
     cluster, ep, tenant = two_pageservers(cluster_factory)
     leader = controller_leader(cluster)
     writers = AckedWriters(ep, threads=2, backoff=(0.01, 0.1)).start()
-    bench = Pgbench(ep, seconds=30)
+    bench = Pgbench(ep, seconds=20)
     try:
-        time.sleep(4)
+        bench.wait_committing()
         cluster.kill9("pageserver", supervisor=True)
         cluster.kill9(leader, supervisor=True)
         wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None, timeout=60)
@@ -208,59 +226,56 @@ def test_the_leading_controller_killed_during_a_failover(cluster_factory):
     check_after(ep, writers)
 
 
-def test_object_storage_down_during_a_failover(cluster_factory, tmp_path):
+def test_object_storage_down_during_a_failover(minio, cluster_factory):
     """MinIO as the object store, killed, then the attached pageserver: the
     controller cannot write its state, so nothing moves; commits go on
     through the safekeepers. When MinIO returns the failover completes and
-    no acknowledged commit is lost."""
-    minio = Minio(tmp_path / "minio")
+    no acknowledged commit is lost. (MinIO outlives the cluster at
+    teardown: the `minio` fixture comes first.)"""
     minio.start()
+    cluster, ep, tenant = two_pageservers(cluster_factory, remote=minio.remote_storage("strata"))
+    writers = AckedWriters(ep, threads=2, backoff=(0.05, 0.5)).start()
     try:
-        cluster, ep, tenant = two_pageservers(cluster_factory, remote=minio.remote_storage("strata"))
-        writers = AckedWriters(ep, threads=2, backoff=(0.05, 0.5)).start()
-        try:
-            time.sleep(2)
-            minio.kill()
-            cluster.kill9("pageserver", supervisor=True)
-            acked_at_kill = len(writers.acked_ids())
-            # Well past the offline period (2 s) and the lease (6 s): no
-            # controller can write the new placement, so none is made.
-            time.sleep(10)
-            assert placement(cluster)[:2] == ("pageserver", 1)
-            acked_while_down = len(writers.acked_ids()) - acked_at_kill
-            # Commits need no object storage and no pageserver: the pages
-            # they touch are in the compute.
-            assert acked_while_down > 0
-            minio.start()
-            wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None,
-                       timeout=120)
-            wait_until("pageserver2 attached", lambda: locations(cluster, "pageserver2")[tenant]["mode"]
-                       == "attached" or None, timeout=60)
-            # Commits after the failover, through the new attachment.
-            acked_after = len(writers.acked_ids())
-            wait_until("commits after the failover", lambda: len(writers.acked_ids()) > acked_after + 20 or None,
-                       timeout=120)
-        finally:
-            writers.stop()
-        print(f"\nobject storage down: {acked_while_down} commits acknowledged while it was down")
-        assert placement(cluster) == ("pageserver2", 2, ["pageserver"])
-        ep.run(["pgbench", "-n", "-c", "2", "-T", "3"], timeout=120)
-        check_after(ep, writers)
-        # The failed pageserver returns as a secondary; the safekeepers fence it.
-        cluster.start()
-        wait_until("pageserver a secondary", lambda: locations(cluster, "pageserver").get(tenant, {}).get("mode")
-                   == "secondary" or None, timeout=60)
-        check_fenced(cluster, tenant, stale=1, current=2)
-    finally:
+        wait_until("the writers to commit", lambda: writers.count() > 20, timeout=60, interval=0.05)
         minio.kill()
+        cluster.kill9("pageserver", supervisor=True)
+        acked_at_kill = len(writers.acked_ids())
+        # Well past the offline period (2 s) and the lease (6 s): no
+        # controller can write the new placement, so none is made.
+        time.sleep(10)
+        assert placement(cluster)[:2] == ("pageserver", 1)
+        acked_while_down = len(writers.acked_ids()) - acked_at_kill
+        # Commits need no object storage and no pageserver: the pages
+        # they touch are in the compute.
+        assert acked_while_down > 0
+        minio.start()
+        wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None,
+                   timeout=120)
+        wait_until("pageserver2 attached", lambda: locations(cluster, "pageserver2")[tenant]["mode"]
+                   == "attached" or None, timeout=60)
+        # Commits after the failover, through the new attachment.
+        acked_after = len(writers.acked_ids())
+        wait_until("commits after the failover", lambda: len(writers.acked_ids()) > acked_after + 20 or None,
+                   timeout=120)
+    finally:
+        writers.stop()
+    print(f"\nobject storage down: {acked_while_down} commits acknowledged while it was down")
+    assert placement(cluster) == ("pageserver2", 2, ["pageserver"])
+    ep.run(["pgbench", "-n", "-c", "2", "-T", "3"], timeout=120)
+    check_after(ep, writers)
+    # The failed pageserver returns as a secondary; the safekeepers fence it.
+    cluster.start()
+    wait_until("pageserver a secondary", lambda: locations(cluster, "pageserver").get(tenant, {}).get("mode")
+               == "secondary" or None, timeout=60)
+    check_fenced(cluster, tenant, stale=1, current=2)
 
 
 def test_drain_under_load_and_fill(cluster_factory):
     cluster, ep, tenant = two_pageservers(cluster_factory)
     writers = AckedWriters(ep, threads=2, backoff=(0.01, 0.1)).start()
-    bench = Pgbench(ep, seconds=20)
+    bench = Pgbench(ep, seconds=15)
     try:
-        time.sleep(4)
+        bench.wait_committing()
         out = cluster.run("pageserver", "drain", "pageserver").stdout
         assert "draining" in out, out
         wait_until("the tenant moved to pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None,
@@ -274,10 +289,12 @@ def test_drain_under_load_and_fill(cluster_factory):
                or None, timeout=60)
     check_after(ep, writers)
     check_fenced(cluster, tenant, stale=1, current=2)
-    code, body = cluster.http("controller", "GET", "/v1/status")
+    # The leader's state (the controllers start together: either may lead).
+    leader = controller_leader(cluster)
+    code, body = cluster.http(leader, "GET", "/v1/status")
     assert body["state"]["pageservers"] == {"pageserver": "draining"}, body["state"]
     cluster.run("pageserver", "fill", "pageserver")
-    code, body = cluster.http("controller", "GET", "/v1/status")
+    code, body = cluster.http(leader, "GET", "/v1/status")
     assert body["state"]["pageservers"] == {}, body["state"]
     # An unknown pageserver is refused.
     r = cluster.run("pageserver", "drain", "nope", check=False)
@@ -291,8 +308,9 @@ def test_a_branch_and_its_children_fail_over_together(cluster_factory):
     child.start()
     child.run(["pgbench", "-n", "-c", "1", "-T", "2"], timeout=120)
     child.restart()
-    benches = [Pgbench(ep, seconds=20, clients=2), Pgbench(child, seconds=20, clients=2)]
-    time.sleep(4)
+    benches = [Pgbench(ep, seconds=15, clients=2), Pgbench(child, seconds=15, clients=2)]
+    for b in benches:
+        b.wait_committing()
     cluster.kill9("pageserver", supervisor=True)
     wait_until("the tenant on pageserver2", lambda: placement(cluster)[0] == "pageserver2" or None, timeout=60)
     for b in benches:

@@ -235,7 +235,9 @@ def test_pages_equal_compute_data_files(cluster, strata_bin):
 
     t0 = time.monotonic()
     images = last_wal_images(strata_bin, ep.pgdata / "pg_wal", start, l2)
-    cmp = compare_data_dir(ps, ep, rels, l2, keep=True, explain=wal_hole_explanation(images))
+    # Over the HTTP `/page` API, one request per page (compared with the
+    # page service below).
+    cmp = compare_data_dir(ps, ep, rels, l2, keep=True, explain=wal_hole_explanation(images), via="http")
     compare_s = time.monotonic() - t0
     lsn_after = ep.wal_lsn()
     report = {**cmp.summary(), "equal_blocks_with_a_different_pd_lsn": cmp.lsn_differs,

@@ -20,7 +20,7 @@ import crc32c
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
 from fixtures.endpoint import start_endpoint
-from fixtures.minio import Minio
+from fixtures.minio import minio  # noqa: F401 - a fixture
 from fixtures.page_compare import (assert_same_pages, catalog, checkpoint_compute, compare_data_dir, quiet_cluster,
                                    quiet_compute, wait_quiet)
 from fixtures.pageserver_api import SMALL_LAYERS, PageserverApi, error_message
@@ -289,69 +289,66 @@ def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory):
     assert json.loads((objects / "index-00000002.json").read_text())["index"]["generation"] == 2
 
 
-def test_object_storage_killed_under_load(cluster_factory, tmp_path):
+def test_object_storage_killed_under_load(minio, cluster_factory):
     """MinIO as the object store, killed while pgbench writes: ingest goes
     on locally, the status and metrics show the upload lag and the error,
     and once MinIO is back everything is uploaded; a pageserver on an empty
-    disk then serves every page from it."""
-    minio = Minio(tmp_path / "minio")
+    disk then serves every page from it. (MinIO outlives the cluster at
+    teardown: the `minio` fixture comes first.)"""
     minio.start()
+    cluster, ps, ep = remote_cluster(cluster_factory, {**SMALL_LAYERS, "max_upload_lag_bytes": 2 << 20},
+                                     remote=minio.remote_storage("strata"))
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    st = ps.status()
+    svc = next(s for s in cluster.status()["services"] if s["kind"] == "pageserver")
+    assert svc["remote_storage"] == f"s3://strata-test/strata at {minio.endpoint}", svc
+    bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "25"])
+    seen = {}
     try:
-        cluster, ps, ep = remote_cluster(cluster_factory, {**SMALL_LAYERS, "max_upload_lag_bytes": 2 << 20},
-                                         remote=minio.remote_storage("strata"))
-        ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
-        st = ps.status()
-        svc = next(s for s in cluster.status()["services"] if s["kind"] == "pageserver")
-        assert svc["remote_storage"] == f"s3://strata-test/strata at {minio.endpoint}", svc
-        bench = ep.popen(["pgbench", "-n", "-c", "4", "-T", "25"])
-        seen = {}
-        try:
-            time.sleep(3)
-            minio.kill()
-            t0 = time.monotonic()
-            ingest_before = parse_lsn(ps.status()["last_record_lsn"])
-
-            def lagging():
-                s = ps.status()
-                r = s["remote"]
-                return s if r["upload_lag_bytes"] > 0 and r["upload_error"] and s["upload_backpressure"] else None
-
-            down = wait_until("the upload lag shows", lagging, timeout=60)
-            seen = {"lag": down["remote"]["upload_lag_bytes"], "error": down["remote"]["upload_error"][:120],
-                    "seconds": round(time.monotonic() - t0, 1)}
-            time.sleep(max(0.0, 10 - (time.monotonic() - t0)))
-            assert bench.poll() is None, "pgbench ended while object storage was down"
-            st = ps.status()
-            m = cluster.metrics("pageserver")
-            assert m["strata_pageserver_upload_errors_total"] > 0, m
-            assert parse_lsn(st["last_record_lsn"]) > ingest_before, "ingest stopped while object storage was down"
-            # A checkpoint that waits for its upload gives up after its
-            # timeout with the upload error, and leaves the uploads going
-            # (a wait that timed out once deadlocked them for good).
-            t1 = time.monotonic()
-            code, raw = ps.request("POST", ps.tl_path() + "/checkpoint?upload_timeout=2", timeout=60)
-            assert code == 500 and "last upload error" in error_message(raw), (code, raw)
-            assert time.monotonic() - t1 < 30, "the checkpoint did not give up in time"
-            minio.start()
-            stdout, stderr = bench.communicate(timeout=180)
-        finally:
-            if bench.poll() is None:
-                bench.kill()
-                bench.wait(timeout=30)
-        assert bench.returncode == 0, f"pgbench failed:\n{stdout}\n{stderr}"
-        print("\nwhile MinIO was down:", seen)
-        with ep.connect() as conn:
-            assert_pgbench_invariants(pgbench_state(conn), SCALE)
-        lsn = settle(cluster, ps, ep)
-        st = caught_up(ps)
-        assert st["remote"]["upload_error"] is None, st["remote"]
-        cmp = snapshot_pages(ps, ep, lsn)
-        # Nothing was lost: a pageserver with no local files serves it all from MinIO.
-        cluster.stop("--only", "pageserver")
-        shutil.rmtree(ps.data_dir / "tenants")
-        cluster.start("--only", "pageserver")
-        ps.close()
-        assert_same_pages(ps, cmp, lsn)
-        assert cluster.metrics("pageserver")["strata_pageserver_layers_downloaded_total"] > 0
-    finally:
+        time.sleep(3)
         minio.kill()
+        t0 = time.monotonic()
+        ingest_before = parse_lsn(ps.status()["last_record_lsn"])
+
+        def lagging():
+            s = ps.status()
+            r = s["remote"]
+            return s if r["upload_lag_bytes"] > 0 and r["upload_error"] and s["upload_backpressure"] else None
+
+        down = wait_until("the upload lag shows", lagging, timeout=60)
+        seen = {"lag": down["remote"]["upload_lag_bytes"], "error": down["remote"]["upload_error"][:120],
+                "seconds": round(time.monotonic() - t0, 1)}
+        time.sleep(max(0.0, 10 - (time.monotonic() - t0)))
+        assert bench.poll() is None, "pgbench ended while object storage was down"
+        st = ps.status()
+        m = cluster.metrics("pageserver")
+        assert m["strata_pageserver_upload_errors_total"] > 0, m
+        assert parse_lsn(st["last_record_lsn"]) > ingest_before, "ingest stopped while object storage was down"
+        # A checkpoint that waits for its upload gives up after its
+        # timeout with the upload error, and leaves the uploads going
+        # (a wait that timed out once deadlocked them for good).
+        t1 = time.monotonic()
+        code, raw = ps.request("POST", ps.tl_path() + "/checkpoint?upload_timeout=2", timeout=60)
+        assert code == 500 and "last upload error" in error_message(raw), (code, raw)
+        assert time.monotonic() - t1 < 30, "the checkpoint did not give up in time"
+        minio.start()
+        stdout, stderr = bench.communicate(timeout=180)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=30)
+    assert bench.returncode == 0, f"pgbench failed:\n{stdout}\n{stderr}"
+    print("\nwhile MinIO was down:", seen)
+    with ep.connect() as conn:
+        assert_pgbench_invariants(pgbench_state(conn), SCALE)
+    lsn = settle(cluster, ps, ep)
+    st = caught_up(ps)
+    assert st["remote"]["upload_error"] is None, st["remote"]
+    cmp = snapshot_pages(ps, ep, lsn)
+    # Nothing was lost: a pageserver with no local files serves it all from MinIO.
+    cluster.stop("--only", "pageserver")
+    shutil.rmtree(ps.data_dir / "tenants")
+    cluster.start("--only", "pageserver")
+    ps.close()
+    assert_same_pages(ps, cmp, lsn)
+    assert cluster.metrics("pageserver")["strata_pageserver_layers_downloaded_total"] > 0

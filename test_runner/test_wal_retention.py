@@ -402,14 +402,15 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
 
 
 def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
-    """Offloaded segments older than wal_archive_retention (here 2 s) go
+    """Offloaded segments older than wal_archive_retention (here 1 s) go
     from object storage once the pageserver's remote_consistent_lsn is past
     them, and not before: while the pageserver is down, the segments
     written meanwhile stay. A restarted safekeeper finds where the
     archive's unbroken run ends from its oldest segment and uploads
     nothing again."""
     cluster = cluster_factory(start=False)
-    cluster.configure_safekeepers({"wal_archive_retention": 2})
+    retention = 1  # seconds
+    cluster.configure_safekeepers({"wal_archive_retention": retention})
     cluster.configure("pageserver", {"checkpoint_distance": 8 << 20})
     cluster.start()
     ep = start_endpoint(cluster)
@@ -452,7 +453,7 @@ def test_the_wal_archive_is_bounded_by_its_retention(cluster_factory):
         bulk_write(ep, current_lsn(conn) + 3 * SEGMENT)
     end = switch_segment(ep) // SEGMENT * SEGMENT
     wait_until("offloaded", lambda: offloaded_lsns(cluster, ("sk1",))["sk1"] >= end, timeout=120)
-    time.sleep(6)  # three retentions
+    time.sleep(3 * retention)  # three retentions
     segs = archived()
     print(f"\nremote_consistent_lsn {format_lsn(consistent)}; with the pageserver down the archive holds {segs}")
     assert segs == list(range(segs[0], end // SEGMENT)) and segs[0] <= consistent // SEGMENT, segs
