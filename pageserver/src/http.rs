@@ -374,10 +374,27 @@ impl FromRequestParts<Arc<Tenants>> for TimelinePath {
         let bad = |e: strata_protocol::ids::IdParseError| error(StatusCode::BAD_REQUEST, e.to_string());
         let t: TenantId = tenant.parse().map_err(bad)?;
         let l: TimelineId = timeline.parse().map_err(bad)?;
-        let entry =
-            tenants.get(t, l).ok_or_else(|| error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found")))?;
+        let entry = tenants.get(t, l).ok_or_else(|| missing_timeline(tenants, t, l))?;
         Ok(TimelinePath(entry))
     }
+}
+
+/// The answer for a timeline this pageserver does not have: 404, unless
+/// it may yet have it. A reader follows the tenant's indexes in object
+/// storage, so a timeline made since its last refresh (a new tenant's
+/// first one, a new branch) appears a few seconds later, and a tenant
+/// still attaching has not loaded all of its timelines: 503 then, which a
+/// compute asks again after.
+fn missing_timeline(tenants: &Tenants, t: TenantId, l: TimelineId) -> Response {
+    if tenants.is_reader(t) || tenants.is_attaching(t) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "timeline {t}/{l} is not loaded here yet (this pageserver is still loading the tenant's timelines)"
+            ),
+        );
+    }
+    error(StatusCode::NOT_FOUND, format!("timeline {t}/{l} not found"))
 }
 
 async fn timeline_status(

@@ -93,6 +93,11 @@ impl Tenants {
         self.generations.lock().contains_key(&tenant) && !self.attaching.lock().contains(&tenant)
     }
 
+    /// Whether `tenant` is being attached here (its timelines still loading).
+    pub fn is_attaching(&self, tenant: TenantId) -> bool {
+        self.attaching.lock().contains(&tenant)
+    }
+
     /// Sets the location of `tenant` (blocking: an attach reads every
     /// index and may move many files).
     pub fn set_location(
