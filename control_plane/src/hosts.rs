@@ -242,20 +242,7 @@ mod tests {
 
     fn cluster(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("strata-hosts-{tag}-{}", strata_protocol::TimelineId::generate()));
-        crate::init::init(&InitOptions {
-            workdir: d.clone(),
-            safekeepers: Some(1),
-            pageservers: None,
-            hosts: None,
-            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
-            pg_user: "postgres".into(),
-            verify_redo: false,
-            insecure_loopback: true,
-            sites: None,
-            site_latency_ms: None,
-            placement: None,
-        })
-        .unwrap();
+        crate::init::init(&InitOptions { insecure_loopback: true, ..InitOptions::for_test(&d, 1) }).unwrap();
         d
     }
 

@@ -617,22 +617,6 @@ mod tests {
     use super::*;
     use crate::layout::*;
 
-    fn init_args(dir: &Path, n: usize) -> InitOptions {
-        InitOptions {
-            workdir: dir.to_path_buf(),
-            safekeepers: Some(n),
-            pageservers: None,
-            hosts: None,
-            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
-            pg_user: "postgres".into(),
-            verify_redo: false,
-            insecure_loopback: false,
-            sites: None,
-            site_latency_ms: None,
-            placement: None,
-        }
-    }
-
     fn tempdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("strata-layout-{tag}-{}", TimelineId::generate()));
         fs::create_dir_all(&d).unwrap();
@@ -642,7 +626,7 @@ mod tests {
     #[test]
     fn init_writes_loadable_configs_with_distinct_ports() {
         let dir = tempdir("init");
-        init(&init_args(&dir, 3)).unwrap();
+        init(&InitOptions::for_test(&dir, 3)).unwrap();
         let wd = Workdir::open(&dir).unwrap();
         // Three safekeepers, a pageserver and its storage controller.
         assert_eq!(wd.cluster.services.len(), 5);
@@ -673,7 +657,7 @@ mod tests {
         assert_eq!(cc.pageservers[0].http, ps.addr("http").unwrap());
         // Several pageservers: a controller beside each, every port distinct.
         let dir2 = tempdir("init2");
-        init(&InitOptions { pageservers: Some(3), ..init_args(&dir2, 3) }).unwrap();
+        init(&InitOptions { pageservers: Some(3), ..InitOptions::for_test(&dir2, 3) }).unwrap();
         let wd2 = Workdir::open(&dir2).unwrap();
         let names: Vec<&str> = wd2.cluster.services.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
@@ -718,9 +702,12 @@ mod tests {
         strata_service::tls::ServerTls::load(&tls.cert, &tls.key).unwrap();
         strata_service::tls::ClientTls::load(&tls.ca).unwrap();
 
-        assert!(matches!(init(&init_args(&dir, 3)), Err(Error::Failed(_))), "a second init must be refused");
+        assert!(
+            matches!(init(&InitOptions::for_test(&dir, 3)), Err(Error::Failed(_))),
+            "a second init must be refused"
+        );
         let zero = tempdir("zero");
-        assert!(matches!(init(&init_args(&zero, 0)), Err(Error::Usage(_))));
+        assert!(matches!(init(&InitOptions::for_test(&zero, 0)), Err(Error::Usage(_))));
         fs::remove_dir_all(&dir).unwrap();
         fs::remove_dir_all(&zero).unwrap();
     }
@@ -728,7 +715,7 @@ mod tests {
     #[test]
     fn an_insecure_cluster_has_neither_tokens_nor_tls() {
         let dir = tempdir("insecure");
-        init(&InitOptions { insecure_loopback: true, ..init_args(&dir, 3) }).unwrap();
+        init(&InitOptions { insecure_loopback: true, ..InitOptions::for_test(&dir, 3) }).unwrap();
         let wd = Workdir::open(&dir).unwrap();
         let ps = wd.service("pageserver").unwrap();
         let psc = strata_pageserver::config::PageserverConfig::load(&wd.config_path(ps)).unwrap();
@@ -743,7 +730,7 @@ mod tests {
     #[test]
     fn cluster_file_roundtrips_and_is_checked() {
         let dir = tempdir("rt");
-        init(&init_args(&dir, 1)).unwrap();
+        init(&InitOptions::for_test(&dir, 1)).unwrap();
         let text = fs::read_to_string(dir.join(CLUSTER_FILE)).unwrap();
         let mut parsed: ClusterFile = toml::from_str(&text).unwrap();
         parsed.check().unwrap();
@@ -798,7 +785,7 @@ run = ["compute"]
         let dir = tempdir("hosts");
         let spec = hosts_file(&dir, SIX_HOSTS);
         let wd_dir = dir.join("w");
-        init(&InitOptions { hosts: Some(spec), safekeepers: None, ..init_args(&wd_dir, 3) }).unwrap();
+        init(&InitOptions { hosts: Some(spec), safekeepers: None, ..InitOptions::for_test(&wd_dir, 3) }).unwrap();
         let wd = Workdir::open(&wd_dir).unwrap();
         let placed: Vec<(&str, &str)> =
             wd.cluster.services.iter().map(|s| (s.name.as_str(), s.host.as_str())).collect();
@@ -834,7 +821,7 @@ run = ["compute"]
         let refused = |text: &str, needle: &str| {
             let spec = hosts_file(&dir, text);
             let wd_dir = dir.join("w");
-            match init(&InitOptions { hosts: Some(spec), safekeepers: None, ..init_args(&wd_dir, 3) }) {
+            match init(&InitOptions { hosts: Some(spec), safekeepers: None, ..InitOptions::for_test(&wd_dir, 3) }) {
                 Err(Error::Usage(e)) | Err(Error::Failed(e)) => assert!(e.contains(needle), "{e} (wanted {needle})"),
                 Ok(_) => panic!("accepted: {text}"),
             }
@@ -863,7 +850,7 @@ run = ["compute"]
             hosts: Some(spec),
             safekeepers: None,
             insecure_loopback: true,
-            ..init_args(&dir.join("w"), 3)
+            ..InitOptions::for_test(&dir.join("w"), 3)
         };
         assert!(matches!(init(&insecure), Err(Error::Usage(e)) if e.contains("not on loopback")));
         fs::remove_dir_all(&dir).unwrap();
@@ -872,7 +859,7 @@ run = ["compute"]
     #[test]
     fn a_cluster_file_from_before_hosts_is_one_host_on_loopback() {
         let dir = tempdir("v1");
-        init(&init_args(&dir, 1)).unwrap();
+        init(&InitOptions::for_test(&dir, 1)).unwrap();
         let text = fs::read_to_string(dir.join(CLUSTER_FILE)).unwrap();
         let mut v1: toml::Table = toml::from_str(&text).unwrap();
         v1.insert("format_version".into(), 1.into());
@@ -891,7 +878,7 @@ run = ["compute"]
     #[test]
     fn init_with_sites_routes_every_link_between_sites_through_the_proxy() {
         let dir = tempdir("sites");
-        let args = InitOptions { sites: Some(2), site_latency_ms: Some(6.0), ..init_args(&dir, 3) };
+        let args = InitOptions { sites: Some(2), site_latency_ms: Some(6.0), ..InitOptions::for_test(&dir, 3) };
         init(&args).unwrap();
         let wd = Workdir::open(&dir).unwrap();
         let c = &wd.cluster;
@@ -969,7 +956,11 @@ run = ["compute"]
         // Refused: one site, too many, stretched with every safekeeper in dc1.
         for (sites, n, placement) in [(1, 3, None), (5, 3, None), (2, 1, Some("stretched"))] {
             let d = tempdir("badsites");
-            let args = InitOptions { sites: Some(sites), placement: placement.map(str::to_string), ..init_args(&d, n) };
+            let args = InitOptions {
+                sites: Some(sites),
+                placement: placement.map(str::to_string),
+                ..InitOptions::for_test(&d, n)
+            };
             assert!(matches!(init(&args), Err(Error::Usage(_))), "{sites} sites, {n} safekeepers, {placement:?}");
             fs::remove_dir_all(&d).unwrap();
         }

@@ -71,6 +71,27 @@ pub fn parse_time(text: &str, option: &str) -> Result<String> {
 }
 
 #[cfg(test)]
+impl InitOptions {
+    /// A cluster of `safekeepers` safekeepers on this machine with every
+    /// other option at its default (the unit tests' starting point).
+    pub(crate) fn for_test(workdir: &std::path::Path, safekeepers: usize) -> InitOptions {
+        InitOptions {
+            workdir: workdir.to_path_buf(),
+            safekeepers: Some(safekeepers),
+            pageservers: None,
+            hosts: None,
+            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
+            pg_user: "postgres".into(),
+            verify_redo: false,
+            insecure_loopback: false,
+            sites: None,
+            site_latency_ms: None,
+            placement: None,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -410,17 +410,8 @@ mod tests {
     fn two_hosts() -> Workdir {
         let dir = std::env::temp_dir().join(format!("strata-at-once-{}", strata_protocol::TimelineId::generate()));
         crate::init::init(&crate::options::InitOptions {
-            workdir: dir.clone(),
-            safekeepers: Some(3),
-            pageservers: None,
-            hosts: None,
-            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
-            pg_user: "postgres".into(),
-            verify_redo: false,
             insecure_loopback: true,
-            sites: None,
-            site_latency_ms: None,
-            placement: None,
+            ..crate::options::InitOptions::for_test(&dir, 3)
         })
         .unwrap();
         let mut wd = Workdir::open(&dir).unwrap();

@@ -567,20 +567,8 @@ mod tests {
     /// every service a fake.
     fn two_sites(tag: &str) -> (Workdir, Rc<FakeServices>) {
         let dir = std::env::temp_dir().join(format!("strata-site-{tag}-{}", TimelineId::generate()));
-        crate::init::init(&InitOptions {
-            workdir: dir.clone(),
-            safekeepers: Some(3),
-            pageservers: None,
-            hosts: None,
-            pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
-            pg_user: "postgres".into(),
-            verify_redo: false,
-            sites: Some(2),
-            site_latency_ms: None,
-            placement: None,
-            insecure_loopback: true,
-        })
-        .unwrap();
+        crate::init::init(&InitOptions { sites: Some(2), insecure_loopback: true, ..InitOptions::for_test(&dir, 3) })
+            .unwrap();
         let wd = Workdir::open(&dir).unwrap();
         let fake = fakes::of_workdir(&wd, Lsn(0x0300_0000));
         (wd, fake)
