@@ -10,7 +10,46 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
  -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
 # An explicit --target keeps the instrumentation flags away from build scripts.
 host="$(rustc -vV | sed -n 's/^host: //p')"
-cargo build --release --quiet --target "$host" --bin decoders
+decoders="./target/$host/release/decoders"
+
+# Copies the clone's files (tracked, and new ones not ignored) into $2,
+# rewriting only those whose content differs and removing those gone, so
+# that an unchanged file keeps the time of its last build there.
+sync_sources() {
+    local src="$1" dest="$2" f
+    mkdir -p "$dest"
+    (cd "$src" && git ls-files -z --cached --others --exclude-standard) >"$dest.files"
+    while IFS= read -r -d '' f; do
+        [ -f "$src/$f" ] || continue
+        if ! cmp -s "$src/$f" "$dest/$f"; then
+            mkdir -p "$(dirname "$dest/$f")"
+            cp "$src/$f" "$dest/$f"
+        fi
+    done <"$dest.files"
+    comm -13 <(tr '\0' '\n' <"$dest.files" | sort) <(cd "$dest" && find . -type f | sed 's|^\./||' | sort) |
+        while IFS= read -r f; do rm -f "$dest/$f"; done
+}
+
+# This is a workspace of its own, and cargo names the crates it takes from
+# outside it (the whole project) by their absolute path: built from each
+# clone where it lies, a shared build cache would hold one build per clone
+# path, and scripts/source-times.sh, which dates the clone's files by what
+# the cache was last built from, could pass off another path's older build
+# as fresh. So with a shared cache (fuzz/target a link into it, see
+# scripts/setup-tests.sh) the build runs from one fixed copy of the
+# sources beside the cache, which keeps real times of its own.
+if [ -L target ]; then
+    cache_target="$(readlink -f target)"
+    src_copy="$(dirname "$cache_target")/src"
+    exec 9>"$src_copy.lock"
+    flock 9
+    sync_sources "$(cd .. && pwd -P)" "$src_copy"
+    ln -sfn "$cache_target" "$src_copy/fuzz/target"
+    (cd "$src_copy/fuzz" && cargo build --release --quiet --target "$host" --bin decoders)
+    decoders="$cache_target/$host/release/decoders"
+else
+    cargo build --release --quiet --target "$host" --bin decoders
+fi
 mkdir -p corpus/decoders artifacts
 # Seeds: each WAL vector behind every selector byte.
 for f in ../formats/tests/data/wal/*.wal ../formats/tests/data/pg_control_v15; do
@@ -51,5 +90,5 @@ done
 [ -f corpus/decoders/seed-claims-tenant ] || printf '\x0a{"scope":"tenant","tenant_id":"0123456789abcdef0123456789abcdef","iat":1,"exp":4000000000}' > corpus/decoders/seed-claims-tenant
 [ -f corpus/decoders/seed-claims-service ] || printf '\x0a{"scope":"service","iat":1}' > corpus/decoders/seed-claims-service
 [ -f corpus/decoders/seed-token ] || printf '\x0aeyJ0eXAiOiJKV1QiLCJhbGciOiJFZERTQSJ9.eyJzY29wZSI6Im1hbmFnZW1lbnQiLCJpYXQiOjF9.AAAA' > corpus/decoders/seed-token
-./target/"$host"/release/decoders corpus/decoders -max_total_time="$seconds" -max_len=65536 \
+"$decoders" corpus/decoders -max_total_time="$seconds" -max_len=65536 \
     -artifact_prefix=artifacts/ -print_final_stats=1 2>&1 | tail -n 12

@@ -3,8 +3,10 @@
 # `target` into it). Cargo decides whether a crate of the workspace is
 # fresh by comparing its sources' modification times with its last build,
 # and every file of a fresh clone is new: without this, each CI run builds
-# every crate of the workspace again (four times: the checked build, the
-# test build, clippy's and the fuzzer's), even those no commit touched.
+# every crate of the workspace again (three times: the checked build, the
+# test build and clippy's), even those no commit touched. The fuzzer's
+# build does not go by these times: it builds from a copy of its own
+# (fuzz/run.sh says why).
 #
 #   source-times.sh restore   before building: every tracked file whose
 #                             content is what the cache was last built
@@ -30,8 +32,7 @@ target="$(readlink -f target 2>/dev/null || true)"
 # keeps its own times.
 [ -n "$target" ] && [ "$target" != "$(pwd -P)/target" ] || exit 0
 note="$target/../source-times"
-mapfile -t fingerprints < <(find "$target" "$(readlink -f fuzz/target 2>/dev/null || echo "$target")" \
-    -maxdepth 3 -name .fingerprint -type d 2>/dev/null)
+mapfile -t fingerprints < <(find "$target" -maxdepth 3 -name .fingerprint -type d 2>/dev/null)
 
 # Tracked files whose working copy is what the index says, as "hash<TAB>path".
 clean_files() {
