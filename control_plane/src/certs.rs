@@ -6,6 +6,9 @@
 //! - `<host>.pem`, `<host>.key` (0600): each host's certificate, naming its
 //!   address (and `localhost` for a loopback host), and its key.
 //!
+//! A compute gets a certificate of its own at every start
+//! ([`issue_compute`]), never a host's.
+//!
 //! See `docs/security.md`, "TLS".
 
 use std::path::{Path, PathBuf};
@@ -56,16 +59,62 @@ pub fn create(root: &Path, hosts: &[&str]) -> Result<()> {
 /// Issues (again) the certificate of `host`: its address, and `localhost`
 /// too for a loopback address.
 pub fn issue(root: &Path, host: &str) -> Result<()> {
-    let ca_key =
-        std::fs::read_to_string(ca_key(root)).map_err(|e| Error::Failed(format!("{host}: the CA key: {e}")))?;
-    let mut names = vec![host.to_string()];
-    if host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) {
-        names.push("localhost".into());
-    }
-    let (cert, key) = tls::issue(&ca_key, &names).map_err(failed)?;
+    let (cert, key) = issue_for(root, host).map_err(|e| Error::Failed(format!("{host}: {e}")))?;
     let (cert_path, key_path) = host_files(root, host);
     strata_service::auth::write_secret(&key_path, &key).map_err(failed)?;
     strata_service::durable::replace_file(&cert_path, cert.as_bytes(), true).map_err(failed)
+}
+
+/// A new certificate and key (PEM) naming `address`, and `localhost` too
+/// for a loopback address, signed by the CA at `root`.
+fn issue_for(root: &Path, address: &str) -> Result<(String, String)> {
+    let mut names = vec![address.to_string()];
+    if address.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) {
+        names.push("localhost".into());
+    }
+    issue_names(root, &names)
+}
+
+fn issue_names(root: &Path, names: &[String]) -> Result<(String, String)> {
+    let ca_key = std::fs::read_to_string(ca_key(root)).map_err(|e| Error::Failed(format!("the CA key: {e}")))?;
+    tls::issue(&ca_key, names).map_err(failed)
+}
+
+/// A compute's own certificate and key, issued for one start of one
+/// endpoint. A compute's PostgreSQL keeps its key in its data directory,
+/// which its superuser reads (`pg_read_file('server.key')`): that key must
+/// be worth nothing beyond that endpoint, so it is never a host's, which
+/// the host's services present (`docs/security.md`, "Computes").
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub struct ComputeCert {
+    /// The certificate (PEM), naming the endpoint's address.
+    pub cert: String,
+    /// Its private key (PEM).
+    pub key: String,
+}
+
+impl std::fmt::Debug for ComputeCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ComputeCert(..)")
+    }
+}
+
+/// A new certificate for an endpoint on the host at `address`, if the
+/// cluster at `root` has a CA (none: it speaks plaintext on loopback). It
+/// names loopback too, on every host: the connection string of a client on
+/// the compute's own host verifies it there.
+pub fn issue_compute(root: &Path, endpoint: &str, address: std::net::IpAddr) -> Result<Option<ComputeCert>> {
+    if !ca_cert(root).exists() {
+        return Ok(None);
+    }
+    let mut names = vec![address.to_string()];
+    for name in ["127.0.0.1", "localhost"] {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.into());
+        }
+    }
+    let (cert, key) = issue_names(root, &names).map_err(|e| Error::Failed(format!("endpoint {endpoint}: {e}")))?;
+    Ok(Some(ComputeCert { cert, key }))
 }
 
 /// The trust of the cluster at `root`, if it has a CA (clusters made

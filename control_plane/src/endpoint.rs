@@ -3,7 +3,7 @@
 //! with its remembered ports.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile};
@@ -33,6 +33,9 @@ const AGENT_CONFIG_FILE: &str = "agent.toml";
 const AGENT_TOKEN_FILE: &str = "agent.token";
 /// The password clients log in with (mode 0600), beside `endpoint.toml`.
 const PASSWORD_FILE: &str = "password";
+/// The compute's own certificate and key (mode 0600), beside `endpoint.toml`.
+const COMPUTE_CERT_FILE: &str = "tls.pem";
+const COMPUTE_KEY_FILE: &str = "tls.key";
 
 /// `endpoints/<name>/endpoint.toml`: what a restart reuses.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -128,14 +131,21 @@ impl Endpoint {
         format!("postgresql://postgres@{}/postgres", self.at(self.file.pg_port))
     }
 
-    /// The connection string a client on this host uses: with the
-    /// password, without TLS. Loopback traffic never leaves the kernel, and
-    /// TLS on it costs PostgreSQL about an eighth of its pgbench throughput
-    /// (`docs/security.md`, "Computes").
-    pub fn local_connstr(&self, password: &str) -> String {
+    /// The connection string a client on this host uses: loopback, with
+    /// the password, and over TLS verified against `ca` (the cluster's CA)
+    /// when the cluster has one. TLS costs a little even on loopback, but
+    /// without it a local process that takes the port while the compute
+    /// restarts would be the server (`docs/security.md`, "Computes").
+    pub fn local_connstr(&self, password: &str, ca: Option<&std::path::Path>) -> String {
         // Generated passwords are letters and digits: nothing to escape.
         let local = std::net::SocketAddr::new(LOOPBACK, self.file.pg_port);
-        format!("postgresql://postgres:{password}@{local}/postgres?sslmode=disable")
+        match ca {
+            Some(ca) => format!(
+                "postgresql://postgres:{password}@{local}/postgres?sslmode=verify-full&sslrootcert={}",
+                uri_escape(&ca.to_string_lossy())
+            ),
+            None => format!("postgresql://postgres:{password}@{local}/postgres?sslmode=disable"),
+        }
     }
 
     /// The connection string over TLS, verified against `ca` (the
@@ -386,6 +396,10 @@ pub struct LaunchRequest {
     /// The agent's own token (this tenant's data only), minted by the CLI,
     /// so that a compute host needs no signing key; none without tokens.
     pub agent_token: Option<String>,
+    /// The compute's own certificate, issued by the CLI for this start, so
+    /// that a compute host needs no CA key; none without TLS.
+    #[serde(default)]
+    pub compute_tls: Option<super::certs::ComputeCert>,
 }
 
 /// How a replica starts (`docs/replicas.md`, "Where a replica starts").
@@ -535,6 +549,7 @@ pub fn start(
         moved,
         agent_token: super::keys::signer(&wd.root)?
             .map(|signer| signer.sign(&Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None))),
+        compute_tls: super::certs::issue_compute(&wd.root, name, target.address)?,
     };
     if hosts::is_local(target) {
         return launch(wd, &req, progress);
@@ -801,11 +816,12 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest, progress: &mut dyn Progress) ->
         supervisor,
         log: ep.log(),
     });
-    if super::certs::client(&wd.root)?.is_some() {
-        progress.tell(EndpointEvent::OverTls(ep.tls_connstr(&password, &super::certs::ca_cert(&wd.root))));
+    let ca = super::certs::client(&wd.root)?.map(|_| super::certs::ca_cert(&wd.root));
+    if let (Some(ca), false) = (&ca, host.is_loopback()) {
+        progress.tell(EndpointEvent::OverTls(ep.tls_connstr(&password, ca)));
     }
     // Last line: scripts take the connection string from here.
-    progress.tell(EndpointEvent::Connstr(ep.local_connstr(&password)));
+    progress.tell(EndpointEvent::Connstr(ep.local_connstr(&password, ca.as_deref())));
     Ok(())
 }
 
@@ -935,8 +951,22 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
         f.token_file = Some(path);
     }
     if super::certs::client(&wd.root)?.is_some() {
-        let files = super::certs::service_tls(&wd.root, &ep.address.to_string());
-        (f.tls_ca, f.tls_cert, f.tls_key) = (Some(files.ca), Some(files.cert), Some(files.key));
+        // Never the host's certificate: its key ends up in PostgreSQL's
+        // data directory (see `ComputeCert`).
+        let Some(own) = &req.compute_tls else {
+            return failed(format!(
+                "endpoint {}: the request brings no certificate for the compute (a CLI older than this host's node \
+                 sent it); start it with a CLI of this version",
+                req.name
+            ));
+        };
+        let (cert, key) = (ep.dir.join(COMPUTE_CERT_FILE), ep.dir.join(COMPUTE_KEY_FILE));
+        let write = |path: &Path, pem: &str| {
+            strata_service::auth::write_secret(path, pem).map_err(|e| Error::Failed(format!("endpoint {}: {e}", req.name)))
+        };
+        write(&key, &own.key)?;
+        write(&cert, &own.cert)?;
+        (f.tls_ca, f.tls_cert, f.tls_key) = (Some(super::certs::ca_cert(&wd.root)), Some(cert), Some(key));
         if !host.is_loopback() {
             // Clients of other hosts reach PostgreSQL at the host's address, over TLS.
             f.pg_host_address = Some(host.address);
@@ -1256,7 +1286,11 @@ mod tests {
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);
         let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f, address: LOOPBACK };
         assert_eq!(ep.connstr(), "postgresql://postgres@127.0.0.1:5432/postgres");
-        assert_eq!(ep.local_connstr("pw9"), "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=disable");
+        assert_eq!(ep.local_connstr("pw9", None), "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=disable");
+        assert_eq!(
+            ep.local_connstr("pw9", Some(std::path::Path::new("/w/tls/ca.pem"))),
+            "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w/tls/ca.pem"
+        );
         assert_eq!(
             ep.tls_connstr("pw9", std::path::Path::new("/w x/tls/ca.pem")),
             "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w%20x/tls/ca.pem"
