@@ -158,6 +158,11 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
         ));
     }
     cluster.generation = cluster.generation.max(wd.cluster.generation);
+    // What this host runs, as root or as PostgreSQL's user, comes from
+    // this host's own copy, never from a spec: a management token must not
+    // be able to name a program that a root process starts.
+    cluster.pg_bin_dir = wd.cluster.pg_bin_dir.clone();
+    cluster.pg_user = wd.cluster.pg_user.clone();
     for (rel, text) in &spec.files {
         // Only files inside the workdir, named as cluster.toml names them.
         let known = rel == cluster_rel || cluster.services.iter().any(|s| &s.config == rel);
@@ -173,11 +178,34 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
             }
-            super::layout::write_atomic(&path, text)?;
+            let text = with_local_programs(text, &cluster)
+                .map_err(|e| Error::Failed(format!("revision {}: {}: {e}", spec.revision, rel.display())))?;
+            super::layout::write_atomic(&path, &text)?;
         }
     }
     super::layout::write_toml(&wd.root.join(cluster_rel), super::layout::CLUSTER_HEADER, &cluster)?;
     Ok(true)
+}
+
+/// A service's config (TOML) with the programs it runs (`pg_bin_dir`) and
+/// the user it runs them as (`pg_user`) set to this host's, where it names
+/// them; unchanged, comments included, when they already are.
+fn with_local_programs(text: &str, local: &super::layout::ClusterFile) -> std::result::Result<String, String> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let bin_dir = local.pg_bin_dir.to_str().ok_or("this host's pg_bin_dir is not UTF-8")?;
+    let mut changed = false;
+    for (key, value) in [("pg_bin_dir", bin_dir), ("pg_user", local.pg_user.as_str())] {
+        if let Some(v) = table.get_mut(key) {
+            if v.as_str() != Some(value) {
+                *v = toml::Value::String(value.to_string());
+                changed = true;
+            }
+        }
+    }
+    match changed {
+        false => Ok(text.to_string()),
+        true => toml::to_string(&table).map_err(|e| e.to_string()),
+    }
 }
 
 /// Brings this machine's copy of the cluster's state up to the newest
@@ -237,6 +265,7 @@ pub fn publish(wd: &Workdir, progress: &mut dyn Progress) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Kind;
     use crate::options::InitOptions;
     use std::path::PathBuf;
 
@@ -280,5 +309,38 @@ mod tests {
         assert!(!adopt(&now, &newer).unwrap());
         std::fs::remove_dir_all(&a).unwrap();
         std::fs::remove_dir_all(&b).unwrap();
+    }
+
+    #[test]
+    fn a_spec_never_names_the_programs_a_host_runs() {
+        let a = cluster("programs");
+        let wd = Workdir::open(&a).unwrap();
+        let (bin_dir, user) = (wd.cluster.pg_bin_dir.clone(), wd.cluster.pg_user.clone());
+        let ps = wd.cluster.services.iter().find(|s| s.kind == Kind::Pageserver).unwrap().config.clone();
+        assert!(spec(&wd).unwrap().files[&ps].contains("pg_bin_dir"), "the pageserver's config names its programs");
+        // A newer spec points every program at another directory and user.
+        let mut evil = spec(&wd).unwrap();
+        evil.revision = 7;
+        for (rel, text) in evil.files.iter_mut() {
+            let mut table: toml::Table = toml::from_str(text).unwrap();
+            for (key, value) in [("pg_bin_dir", "/tmp/not-postgres"), ("pg_user", "root")] {
+                // Named where the config names programs, even if it left the user to its default.
+                if table.contains_key(key) || rel == &ps {
+                    table.insert(key.into(), toml::Value::String(value.into()));
+                }
+            }
+            if rel == std::path::Path::new("cluster.toml") {
+                table.insert("revision".into(), toml::Value::Integer(7));
+            }
+            *text = toml::to_string(&table).unwrap();
+        }
+        assert!(adopt(&wd, &evil).unwrap());
+        let now = Workdir::open(&a).unwrap();
+        assert_eq!(now.cluster.revision, 7);
+        assert_eq!((&now.cluster.pg_bin_dir, &now.cluster.pg_user), (&bin_dir, &user));
+        let config: toml::Table = toml::from_str(&std::fs::read_to_string(a.join(&ps)).unwrap()).unwrap();
+        assert_eq!(config["pg_bin_dir"].as_str(), bin_dir.to_str());
+        assert_eq!(config["pg_user"].as_str(), Some(user.as_str()));
+        std::fs::remove_dir_all(&a).unwrap();
     }
 }
