@@ -65,6 +65,12 @@ pub struct PageserverConfig {
     /// Most page service connections at once.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Most page service connections one tenant (the tenant its hello
+    /// names) may hold at once, so that one tenant cannot take every place
+    /// of `max_connections`; at most `max_connections`. Unset: a quarter of
+    /// `max_connections`, at least 4 ([`PageserverConfig::connections_per_tenant`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_tenant: Option<usize>,
     /// Most connections on `listen_http` at once.
     #[serde(default = "default_max_http_connections")]
     pub max_http_connections: usize,
@@ -231,6 +237,18 @@ impl PageserverConfig {
         let (min, max) = limits::CONNECTIONS_RANGE;
         check_range("max_connections", self.max_connections, min, max)?;
         check_range("max_http_connections", self.max_http_connections, min, max)?;
+        if let Some(per_tenant) = self.max_connections_per_tenant {
+            check_range("max_connections_per_tenant", per_tenant, min, max)?;
+            if per_tenant > self.max_connections {
+                return Err(ConfigError {
+                    key: "max_connections_per_tenant",
+                    message: format!(
+                        "{per_tenant} is more than `max_connections` ({}): a tenant can never hold more than all",
+                        self.max_connections
+                    ),
+                });
+            }
+        }
         let (min, max) = limits::OPEN_LAYER_FILES_RANGE;
         check_range("max_open_layer_files", self.max_open_layer_files, min, max)?;
         let (min, max) = limits::COMPACTION_THRESHOLD_RANGE;
@@ -280,6 +298,12 @@ impl PageserverConfig {
         check_exposure("listen_pg", self.listen_pg, protection)?;
         check_exposure("listen_http", self.listen_http, protection)?;
         Ok(())
+    }
+
+    /// The page service connections one tenant may hold at once:
+    /// `max_connections_per_tenant`, or by default a share of `max_connections`.
+    pub fn connections_per_tenant(&self) -> usize {
+        self.max_connections_per_tenant.unwrap_or_else(|| limits::default_connections_per_tenant(self.max_connections))
     }
 
     /// When timelines compact and create images.
@@ -353,5 +377,44 @@ mod tests {
         }
         let c: PageserverConfig = toml::from_str(&ok.replace("9898", "6400")).unwrap();
         assert_eq!(c.validate().unwrap_err().key, "listen_http");
+    }
+
+    fn with(extra: &str) -> PageserverConfig {
+        let ok = "id = 1\nlisten_pg = \"127.0.0.1:6400\"\nlisten_http = \"127.0.0.1:9898\"\n\
+                  data_dir = \"/tmp/ps\"\n";
+        toml::from_str(&format!("{ok}{extra}\n")).unwrap()
+    }
+
+    #[test]
+    fn connections_per_tenant_default_to_a_share_and_stay_within_max_connections() {
+        // Unset: a quarter of max_connections, at least 4, at most all of them.
+        for (max, per_tenant) in [(256, 64), (100, 25), (16, 4), (8, 4), (4, 4), (3, 3), (1, 1)] {
+            let c = with(&format!("max_connections = {max}"));
+            c.validate().unwrap();
+            assert_eq!(c.connections_per_tenant(), per_tenant, "max_connections = {max}");
+        }
+        assert_eq!(with("").connections_per_tenant(), limits::DEFAULT_MAX_CONNECTIONS_PER_TENANT);
+        // Left out of a written config when unset.
+        assert!(!toml::to_string(&with("")).unwrap().contains("max_connections_per_tenant"));
+
+        let c = with("max_connections = 10\nmax_connections_per_tenant = 10");
+        c.validate().unwrap();
+        assert_eq!(c.connections_per_tenant(), 10);
+        let c = with("max_connections_per_tenant = 1");
+        c.validate().unwrap();
+        assert_eq!(c.connections_per_tenant(), 1);
+        assert!(toml::to_string(&c).unwrap().contains("max_connections_per_tenant = 1"));
+
+        for extra in [
+            "max_connections_per_tenant = 0",
+            "max_connections = 10\nmax_connections_per_tenant = 11",
+            "max_connections_per_tenant = 257",
+            "max_connections = 100000\nmax_connections_per_tenant = 100001",
+        ] {
+            let err = with(extra).validate().unwrap_err();
+            assert_eq!(err.key, "max_connections_per_tenant", "{extra}");
+        }
+        let err = with("max_connections = 10\nmax_connections_per_tenant = 11").validate().unwrap_err();
+        assert!(err.message.contains("max_connections") && err.message.contains("11"), "{}", err.message);
     }
 }

@@ -185,6 +185,15 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 pub const DEFAULT_MAX_HTTP_CONNECTIONS: usize = 64;
 /// Accepted `max_connections` and `max_http_connections`.
 pub const CONNECTIONS_RANGE: (usize, usize) = (1, 100_000);
+/// Unless configured, one tenant may hold this fraction (1/N) of the page
+/// service's `max_connections`: four tenants at their limit still leave
+/// room for a fifth.
+pub const TENANT_SHARE_OF_CONNECTIONS: usize = 4;
+/// ... but at least this many (a lazy compute alone opens several), unless
+/// `max_connections` itself is smaller.
+pub const MIN_DEFAULT_CONNECTIONS_PER_TENANT: usize = 4;
+/// The default `max_connections_per_tenant` for the default `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS_PER_TENANT: usize = default_connections_per_tenant(DEFAULT_MAX_CONNECTIONS);
 /// Longest a new connection may take to send its hello.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most layer files open at once.
@@ -315,3 +324,29 @@ const _: () = assert!(!DEFAULT_COMPACTION_PERIOD.is_zero() && !DEFAULT_GC_PERIOD
 const _: () = assert!(!DEFAULT_HEATMAP_PERIOD.is_zero());
 // The template in use is always kept.
 const _: () = assert!(INITDB_TEMPLATES_KEPT >= 1);
+// The default share of a tenant is a real limit that still admits a tenant's
+// usual clients, and one the configuration accepts.
+const _: () = assert!(TENANT_SHARE_OF_CONNECTIONS >= 2 && MIN_DEFAULT_CONNECTIONS_PER_TENANT >= 1);
+const _: () = assert!(
+    CONNECTIONS_RANGE.0 <= DEFAULT_MAX_CONNECTIONS_PER_TENANT
+        && MIN_DEFAULT_CONNECTIONS_PER_TENANT <= DEFAULT_MAX_CONNECTIONS_PER_TENANT
+        && DEFAULT_MAX_CONNECTIONS_PER_TENANT < DEFAULT_MAX_CONNECTIONS
+);
+const _: () = assert!(default_connections_per_tenant(CONNECTIONS_RANGE.0) >= CONNECTIONS_RANGE.0);
+
+/// The page service connections one tenant may hold when
+/// `max_connections_per_tenant` is not configured: a share of
+/// `max_connections`, at least a few, never more than `max_connections`.
+pub const fn default_connections_per_tenant(max_connections: usize) -> usize {
+    let share = max_connections / TENANT_SHARE_OF_CONNECTIONS;
+    let floor = if MIN_DEFAULT_CONNECTIONS_PER_TENANT < max_connections {
+        MIN_DEFAULT_CONNECTIONS_PER_TENANT
+    } else {
+        max_connections
+    };
+    if share > floor {
+        share
+    } else {
+        floor
+    }
+}

@@ -1,6 +1,8 @@
 //! Prometheus metrics of the pageserver.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
@@ -20,6 +22,9 @@ strata_service::declare_metrics! {
         request_seconds: Histogram = Histogram::new(exponential_buckets(0.00001, 2.0, 20)) => "Page service request latency",
         request_errors: Counter => "Page service requests answered with an error",
         page_connections: Gauge => "Open page service connections",
+        page_connections_refused: Family<PageRefusal, Counter> => "Page service connections refused after their hello was accepted, by reason (tenant_limit: the hello's tenant already held max_connections_per_tenant)",
+        page_tenants_connected: Gauge => "Tenants with at least one open page service connection",
+        page_tenants_at_limit: Gauge => "Tenants holding max_connections_per_tenant page service connections (their next one is refused)",
         basebackups: Counter => "Basebackups served",
         walreceiver_connects: Counter => "Connections made to safekeepers",
         wal_segments_from_object_storage: Counter => "WAL segments read from object storage because the safekeepers had removed them",
@@ -62,6 +67,18 @@ strata_service::declare_metrics! {
         reader_reloads: Counter => "Reader locations loaded again: a layer they had not downloaded was gone from the newest index",
         upload_backpressure_timelines: Gauge => "Timelines whose ingest is slowed because uploads lag more than max_upload_lag_bytes",
     }
+}
+
+/// Why a page service connection was refused after its hello. A fixed set
+/// of reasons: never a tenant or any other value a client chooses.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PageRefusal {
+    pub reason: &'static str,
+}
+
+impl PageRefusal {
+    /// The hello's tenant already held `max_connections_per_tenant` connections.
+    pub const TENANT_LIMIT: PageRefusal = PageRefusal { reason: "tenant_limit" };
 }
 
 impl Metrics {

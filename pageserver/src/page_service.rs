@@ -4,8 +4,13 @@
 //! Requests that arrive together are answered together: consecutive
 //! GetPage requests at one LSN become one lookup that visits the layer map
 //! once, and all responses go out in one write.
+//!
+//! Each tenant may hold at most `max_connections_per_tenant` connections
+//! ([`TenantConnections`]); the listener's `max_connections` bounds them all.
 
 use bytes::Bytes;
+use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +23,7 @@ use strata_protocol::pageserver::{
     ClientMessage, ErrorCode, PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_MIN_VERSION,
     PAGE_PROTOCOL_VERSION,
 };
+use strata_protocol::TenantId;
 use strata_service::auth::{Access, Verifier};
 use strata_service::tls::Stream;
 use strata_service::Listener;
@@ -25,6 +31,7 @@ use tokio::io::WriteHalf;
 use tracing::{debug, info};
 
 use crate::key::{Key, RelTag};
+use crate::metrics::{Metrics, PageRefusal};
 use crate::tenants::Tenants;
 use crate::timeline::{ReadError, Timeline};
 
@@ -52,16 +59,132 @@ pub fn refusal(_first_bytes: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The open page service connections of each tenant, each tenant's at most
+/// `limit`, so that one tenant's clients cannot take every place of the
+/// listener from the others.
+///
+/// A tenant has an entry only while it holds a connection (a
+/// [`TenantConnection`]): the map never has more entries than the listener
+/// has connections, whatever tenants come and go.
+pub struct TenantConnections {
+    limit: usize,
+    state: Mutex<TenantCounts>,
+    /// Tenants with an entry.
+    connected: Gauge,
+    /// Tenants at `limit`.
+    at_limit: Gauge,
+}
+
+#[derive(Default)]
+struct TenantCounts {
+    /// Open connections by tenant; never 0 (the entry goes with the last one).
+    open: HashMap<TenantId, usize>,
+    /// Entries at the limit.
+    at_limit: usize,
+}
+
+/// A tenant already holds as many page service connections as it may.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "too many connections for tenant {tenant}: it already has {limit} open on this pageserver \
+     (max_connections_per_tenant); retry later"
+)]
+pub struct TenantAtLimit {
+    pub tenant: TenantId,
+    pub limit: usize,
+}
+
+/// One connection's place among its tenant's, given back when dropped.
+#[must_use = "the place is given back when this is dropped"]
+pub struct TenantConnection {
+    owner: Arc<TenantConnections>,
+    tenant: TenantId,
+}
+
+impl TenantConnections {
+    /// At most `limit` connections per tenant (at least 1), reported in
+    /// `connected` and `at_limit` (tenants with a connection, tenants at the limit).
+    pub fn new(limit: usize, connected: Gauge, at_limit: Gauge) -> TenantConnections {
+        TenantConnections { limit: limit.max(1), state: Mutex::default(), connected, at_limit }
+    }
+
+    /// The limits and gauges of the pageserver's configuration and metrics.
+    pub fn for_pageserver(conf: &crate::config::PageserverConfig, metrics: &Metrics) -> TenantConnections {
+        TenantConnections::new(
+            conf.connections_per_tenant(),
+            metrics.page_tenants_connected.clone(),
+            metrics.page_tenants_at_limit.clone(),
+        )
+    }
+
+    /// A place for one more connection of `tenant`, unless it holds its limit.
+    pub fn open(self: &Arc<Self>, tenant: TenantId) -> Result<TenantConnection, TenantAtLimit> {
+        let mut state = self.state.lock();
+        let n = state.open.get(&tenant).copied().unwrap_or(0);
+        if n >= self.limit {
+            return Err(TenantAtLimit { tenant, limit: self.limit });
+        }
+        state.open.insert(tenant, n + 1);
+        if n + 1 == self.limit {
+            state.at_limit += 1;
+        }
+        self.report(&state);
+        Ok(TenantConnection { owner: self.clone(), tenant })
+    }
+
+    /// How many connections `tenant` holds.
+    pub fn open_of(&self, tenant: TenantId) -> usize {
+        self.state.lock().open.get(&tenant).copied().unwrap_or(0)
+    }
+
+    /// How many tenants hold a connection (the map's entries).
+    pub fn tenants(&self) -> usize {
+        self.state.lock().open.len()
+    }
+
+    fn close(&self, tenant: TenantId) {
+        let mut state = self.state.lock();
+        let Some(&n) = state.open.get(&tenant) else {
+            debug_assert!(false, "a place of tenant {tenant} given back twice");
+            return;
+        };
+        if n == self.limit {
+            state.at_limit -= 1;
+        }
+        if n == 1 {
+            state.open.remove(&tenant);
+        } else {
+            state.open.insert(tenant, n - 1);
+        }
+        self.report(&state);
+    }
+
+    fn report(&self, state: &TenantCounts) {
+        self.connected.set(state.open.len() as i64);
+        self.at_limit.set(state.at_limit as i64);
+    }
+}
+
+impl Drop for TenantConnection {
+    fn drop(&mut self) {
+        self.owner.close(self.tenant);
+    }
+}
+
 /// Serves page service connections on `listener` forever; with a
-/// verifier, each hello must carry a token that allows its tenant.
+/// verifier, each hello must carry a token that allows its tenant, and
+/// each tenant holds at most `max_connections_per_tenant` connections.
 pub async fn serve(listener: Listener, tenants: Arc<Tenants>, verifier: Option<Arc<Verifier>>) {
+    let per_tenant = Arc::new(TenantConnections::for_pageserver(&tenants.conf, &tenants.metrics));
+    // Shown at 0 before the first refusal.
+    tenants.metrics.page_connections_refused.get_or_create(&PageRefusal::TENANT_LIMIT).inc_by(0);
     listener
         .serve(move |conn| {
-            let (tenants, verifier) = (tenants.clone(), verifier.clone());
+            let (tenants, verifier, per_tenant) = (tenants.clone(), verifier.clone(), per_tenant.clone());
             async move {
                 let peer = conn.peer;
                 tenants.metrics.page_connections.inc();
-                if let Err(e) = connection(conn, &tenants, verifier.as_deref()).await {
+                if let Err(e) = connection(conn, &tenants, verifier.as_deref(), &per_tenant).await {
                     debug!(%peer, "page service connection closed: {e}");
                 }
                 tenants.metrics.page_connections.dec();
@@ -105,6 +228,7 @@ async fn connection(
     conn: strata_service::Connection,
     tenants: &Tenants,
     verifier: Option<&Verifier>,
+    per_tenant: &Arc<TenantConnections>,
 ) -> Result<(), ConnectionError> {
     let (stream, slot) = conn.secure().await.map_err(ConnectionError::Tls)?;
     let (r, mut w) = tokio::io::split(stream);
@@ -137,6 +261,17 @@ async fn connection(
             return refuse(&mut w, code, refusal.to_string()).await;
         }
     }
+    // Only a hello whose token allows the tenant takes one of its places (a
+    // forged hello cannot use up another tenant's), and the place is held
+    // until the connection closes. `Overloaded`, as when the listener is
+    // full: clients already retry it later, and the message says whose limit.
+    let _place = match per_tenant.open(hello.tenant_id) {
+        Ok(place) => place,
+        Err(e) => {
+            tenants.metrics.page_connections_refused.get_or_create(&PageRefusal::TENANT_LIMIT).inc();
+            return refuse(&mut w, ErrorCode::Overloaded, e.to_string()).await;
+        }
+    };
     slot.established();
     let Some(entry) = tenants.get(hello.tenant_id, hello.timeline_id) else {
         if tenants.conf.controller && !tenants.serves(hello.tenant_id) {
@@ -380,4 +515,84 @@ fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Resolved) -> ServerMessage 
         })
     })();
     result.unwrap_or_else(|e| ServerMessage::Error { id, code: read_error_code(tl, &e), message: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(limit: usize) -> (Arc<TenantConnections>, Gauge, Gauge) {
+        let (connected, at_limit) = (Gauge::default(), Gauge::default());
+        (Arc::new(TenantConnections::new(limit, connected.clone(), at_limit.clone())), connected, at_limit)
+    }
+
+    #[test]
+    fn each_tenant_holds_at_most_its_limit_until_a_connection_closes() {
+        let (places, connected, at_limit) = limiter(2);
+        let (a, b) = (TenantId([1; 16]), TenantId([2; 16]));
+        let a1 = places.open(a).unwrap();
+        let a2 = places.open(a).unwrap();
+        assert_eq!((places.open_of(a), connected.get(), at_limit.get()), (2, 1, 1));
+        let refused = places.open(a).err().expect("a third connection of a is refused");
+        assert_eq!(refused, TenantAtLimit { tenant: a, limit: 2 });
+        let text = refused.to_string();
+        assert!(text.contains("too many connections for tenant") && text.contains(&a.to_string()), "{text}");
+        // A refusal takes no place.
+        assert_eq!(places.open_of(a), 2);
+        // Another tenant is not held back by a's.
+        let b1 = places.open(b).unwrap();
+        assert_eq!((places.tenants(), connected.get(), at_limit.get()), (2, 2, 1));
+        drop(a1);
+        assert_eq!((places.open_of(a), at_limit.get()), (1, 0));
+        let a3 = places.open(a).unwrap();
+        assert_eq!((places.open_of(a), at_limit.get()), (2, 1));
+        drop((a2, a3, b1));
+        assert_eq!((places.tenants(), connected.get(), at_limit.get()), (0, 0, 0));
+    }
+
+    #[test]
+    fn tenants_that_left_leave_no_entry() {
+        let (places, connected, _) = limiter(3);
+        for i in 0..1000u32 {
+            let mut id = [0; 16];
+            id[..4].copy_from_slice(&i.to_le_bytes());
+            let tenant = TenantId(id);
+            let held: Vec<_> = (0..3).map(|_| places.open(tenant).unwrap()).collect();
+            assert!(places.open(tenant).is_err());
+            assert_eq!(places.tenants(), 1);
+            drop(held);
+            assert_eq!((places.tenants(), places.open_of(tenant)), (0, 0));
+        }
+        assert_eq!(connected.get(), 0);
+    }
+
+    #[test]
+    fn places_are_given_back_from_any_thread() {
+        let (places, connected, at_limit) = limiter(4);
+        let tenant = TenantId([7; 16]);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        if let Ok(place) = places.open(tenant) {
+                            assert!(places.open_of(tenant) <= 4);
+                            drop(place);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!((places.tenants(), connected.get(), at_limit.get()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_limit_of_zero_still_admits_one() {
+        let (places, _, at_limit) = limiter(0);
+        let tenant = TenantId([3; 16]);
+        let only = places.open(tenant).unwrap();
+        assert_eq!(at_limit.get(), 1);
+        assert!(places.open(tenant).is_err());
+        drop(only);
+        assert!(places.open(tenant).is_ok());
+    }
 }

@@ -167,7 +167,9 @@ pub enum ErrorCode {
     Corrupt = 5,
     /// Anything else.
     Internal = 6,
-    /// Too many connections: refused before the hello was read; retry later.
+    /// Too many connections: to the pageserver (refused before the hello
+    /// was read), or of the hello's tenant (after its token was checked);
+    /// the server closes the connection; retry later.
     Overloaded = 7,
     /// No token, or one that is malformed, not signed by the cluster's key
     /// or expired; the server closes the connection.
