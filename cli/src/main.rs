@@ -136,14 +136,16 @@ enum PageserverCommand {
     },
 }
 
-/// Runs a service process until it stops: its config loaded by `load`
-/// (exit code 2 if refused), then `run` on a multi-thread runtime (1 if it fails).
+/// Runs a service process until it stops: its files private to its user
+/// from the start, its config loaded by `load` (exit code 2 if refused),
+/// then `run` on a multi-thread runtime (1 if it fails).
 fn run_service<C, E1: std::fmt::Display, E2: std::fmt::Display, F: std::future::Future<Output = Result<(), E2>>>(
     what: &str,
     config: &std::path::Path,
     load: impl FnOnce(&std::path::Path) -> Result<C, E1>,
     run: impl FnOnce(C) -> F,
 ) -> i32 {
+    strata_service::start::private_umask();
     logging::init();
     let config = match load(config) {
         Ok(c) => c,

@@ -76,7 +76,10 @@ fn issue_for(root: &Path, address: &str) -> Result<(String, String)> {
 }
 
 fn issue_names(root: &Path, names: &[String]) -> Result<(String, String)> {
-    let ca_key = std::fs::read_to_string(ca_key(root)).map_err(|e| Error::Failed(format!("the CA key: {e}")))?;
+    let path = ca_key(root);
+    // Refused when others may read it, as the services refuse their keys.
+    let pem = strata_service::auth::read_private(&path).map_err(|e| Error::Failed(format!("the CA key: {e}")))?;
+    let ca_key = String::from_utf8(pem).map_err(|_| Error::Failed(format!("{}: not UTF-8", path.display())))?;
     tls::issue(&ca_key, names).map_err(failed)
 }
 

@@ -176,7 +176,8 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
         if rel != cluster_rel {
             let path = wd.root.join(rel);
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
+                // A service's directory: its data, config and log are its own.
+                super::layout::create_private_dir(dir)?;
             }
             let text = with_local_programs(text, &cluster)
                 .map_err(|e| Error::Failed(format!("revision {}: {}: {e}", spec.revision, rel.display())))?;

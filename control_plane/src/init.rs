@@ -20,8 +20,8 @@ use strata_service::ports;
 
 use super::error::{failed, Error, Result};
 use super::layout::{
-    save_cluster, write_atomic, Branch, ClusterFile, Host, Kind, Route, Service, ATTACHMENTS_FILE, CLUSTER_FILE,
-    FORMAT_VERSION, LOCAL_HOST, LOOPBACK, MAIN_BRANCH, REMOTE_STORAGE_DIR,
+    create_private_dir, save_cluster, write_atomic, Branch, ClusterFile, Host, Kind, Route, Service, ATTACHMENTS_FILE,
+    CLUSTER_FILE, FORMAT_VERSION, INITDB_TEMPLATE_DIR, LOCAL_HOST, LOOPBACK, MAIN_BRANCH, REMOTE_STORAGE_DIR,
 };
 use super::options::InitOptions;
 use crate::limits::{MAX_SERVICES_OF_A_KIND, MAX_SITE_LATENCY_MS};
@@ -484,6 +484,9 @@ impl Plan {
                     "verify_redo": args.verify_redo,
                     "remote_storage": self.remote_storage,
                     "attachments": self.root.join(&name).join(ATTACHMENTS_FILE),
+                    // Not the default inside `data_dir`: that is private, and
+                    // initdb runs as `pg_user` when the pageserver runs as root.
+                    "initdb_template_dir": self.root.join(INITDB_TEMPLATE_DIR),
                     // The storage controller places the tenant.
                     "controller": true,
                 }),
@@ -587,7 +590,10 @@ fn routes_between_sites(spec: &HostsSpec, placement: &[(usize, Kind)]) -> Vec<(S
 
 /// Writes the workdir: data directories, keys and certificates (unless
 /// insecure), every config, and `cluster.toml` last: its presence means the
-/// workdir is complete.
+/// workdir is complete. A service's directory and the key stores are
+/// private to their owner (docs/security.md, "Files and their modes");
+/// `endpoints/` stays traversable, for PostgreSQL reaches its data
+/// directory inside as `pg_user`.
 fn write_workdir(
     root: &Path,
     mut cluster: ClusterFile,
@@ -595,10 +601,12 @@ fn write_workdir(
     secure: bool,
 ) -> Result<ClusterFile> {
     for s in &cluster.services {
-        mkdir(&root.join(&s.name).join("data"))?;
+        create_private_dir(&root.join(&s.name).join("data"))?;
     }
     mkdir(&root.join("endpoints"))?;
     if secure {
+        create_private_dir(&root.join(super::keys::AUTH_DIR))?;
+        create_private_dir(&root.join(super::certs::TLS_DIR))?;
         super::keys::create(root)?;
         let mut addresses: Vec<String> = cluster.hosts.iter().map(|h| h.address.to_string()).collect();
         addresses.dedup();
@@ -701,6 +709,15 @@ mod tests {
         }
         strata_service::tls::ServerTls::load(&tls.cert, &tls.key).unwrap();
         strata_service::tls::ClientTls::load(&tls.ca).unwrap();
+        // Services' directories and the key stores are their owner's alone;
+        // initdb's output is kept outside them.
+        let mode = |p: PathBuf| fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        for s in &wd.cluster.services {
+            assert_eq!(mode(dir.join(&s.name)), 0o700, "{}", s.name);
+            assert_eq!(mode(dir.join(&s.name).join("data")), 0o700, "{}", s.name);
+        }
+        assert_eq!((mode(dir.join("auth")), mode(dir.join("tls"))), (0o700, 0o700));
+        assert_eq!(psc.initdb_template_dir, Some(wd.root.join(INITDB_TEMPLATE_DIR)));
 
         assert!(
             matches!(init(&InitOptions::for_test(&dir, 3)), Err(Error::Failed(_))),

@@ -58,7 +58,9 @@ pub fn signer(root: &Path) -> Result<Option<Signer>> {
     if !path.exists() {
         return Ok(None);
     }
-    Signer::load(&path).map(Some).map_err(|e| Error::Failed(e.to_string()))
+    // Refused when others may read it, as the services refuse their keys.
+    let pem = auth::read_private(&path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
+    Signer::from_pem(&pem, &path.display().to_string()).map(Some).map_err(|e| Error::Failed(e.to_string()))
 }
 
 /// Makes every HTTP call of this process carry a fresh management token.

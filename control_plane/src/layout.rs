@@ -32,6 +32,9 @@ pub const REMOTE_STORAGE_DIR: &str = "remote_storage";
 /// The attachment file beside each pageserver's config: what the storage
 /// controller placed there.
 pub const ATTACHMENTS_FILE: &str = "attachments.json";
+/// The pageservers' kept initdb output inside the workdir: outside their
+/// private directories, since initdb runs as `pg_user` and must reach it.
+pub const INITDB_TEMPLATE_DIR: &str = "initdb-template";
 
 /// `cluster.toml`: what `strata init` decided; read by every other command.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -476,6 +479,18 @@ pub fn save_cluster(root: &Path, cluster: &mut ClusterFile) -> Result<()> {
 pub fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let text = fs::read_to_string(path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
     toml::from_str(&text).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
+}
+
+/// Creates the directory `path` and its missing parents, each private to
+/// its owner (0700): a service's directory holds its data (WAL, layers),
+/// its config and its log; `auth/` and `tls/` hold keys.
+pub fn create_private_dir(path: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
 }
 
 /// Replaces a file atomically and durably, so a crash never leaves a

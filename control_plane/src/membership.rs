@@ -94,8 +94,7 @@ fn add_safekeeper(wd: &Workdir, like: &Service, name: &str, progress: &mut dyn P
     config.listen_http = addr(p[1]);
     config.listen_pg = Some(addr(p[2]));
     config.data_dir = wd.root.join(name).join("data");
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| Error::Failed(format!("{}: {e}", config.data_dir.display())))?;
+    super::layout::create_private_dir(&config.data_dir)?;
     let mut cluster = wd.cluster.clone();
     cluster.services.push(service.clone());
     let header = "# Written by `strata safekeeper replace`; ports and paths must match cluster.toml.\n";

@@ -77,6 +77,7 @@ impl InitdbTemplates {
         let tmp = self.root.join(format!("tmp-{}-{:016x}", std::process::id(), random_u64()));
         let result = (|| {
             std::fs::create_dir(&tmp).map_err(|e| io(&tmp, e))?;
+            traversable(&tmp)?;
             run_initdb(conf, &tmp.join(PGDATA))?;
             if conf.fsync {
                 // Once renamed, the template is trusted as it is: its files
@@ -174,12 +175,20 @@ fn matches_descriptor(dir: &Path, descriptor: &str) -> bool {
 }
 
 fn create_root(root: &Path) -> Result<(), ImportError> {
-    use std::os::unix::fs::DirBuilderExt;
     if root.is_dir() {
         return Ok(());
     }
-    // Traversable (initdb runs as the PostgreSQL user), not listable.
-    std::fs::DirBuilder::new().recursive(true).mode(0o711).create(root).map_err(|e| io(root, e))
+    std::fs::DirBuilder::new().recursive(true).create(root).map_err(|e| io(root, e))?;
+    traversable(root)
+}
+
+/// Makes `dir` traversable by all, listable by its owner only: initdb runs
+/// as the PostgreSQL user inside. Set after creation, since the service's
+/// umask (`strata_service::start::private_umask`) takes the bits off any
+/// mode asked for at creation.
+fn traversable(dir: &Path) -> Result<(), ImportError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(|e| io(dir, e))
 }
 
 /// fsyncs every file and directory under `dir`.
@@ -323,6 +332,12 @@ mod tests {
             std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(left.len(), 1, "{left:?}");
         assert!(left[0].starts_with("pg-"), "{left:?}");
+        // initdb's user reaches the data directory whatever the umask; no
+        // other user lists the directories on the way.
+        for d in [root.clone(), root.join(&left[0])] {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o711, "{}", d.display());
+        }
         // Found again without running initdb.
         std::fs::remove_file(conf.pg_bin_dir.join("initdb")).unwrap();
         std::fs::write(conf.pg_bin_dir.join("initdb"), "").unwrap();

@@ -76,16 +76,20 @@ pub struct RemoteStorage {
 
 impl RemoteStorage {
     /// Opens the storage `cfg` describes; a local directory is created if
-    /// missing. Nothing is read or written yet.
+    /// missing (mode 0700). Nothing is read or written yet.
     pub fn new(cfg: &RemoteStorageConfig) -> Result<RemoteStorage, RemoteError> {
         let mut local = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match cfg {
             RemoteStorageConfig::Local { path } => {
-                std::fs::create_dir_all(path).map_err(|source| RemoteError::Local {
-                    op: "creating",
-                    path: path.clone(),
-                    source,
-                })?;
+                use std::os::unix::fs::DirBuilderExt;
+                // Its objects are the tenants' data: the store is its owner's
+                // alone, whoever creates it first (not only a service, whose
+                // umask keeps it private anyway).
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(path)
+                    .map_err(|source| RemoteError::Local { op: "creating", path: path.clone(), source })?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(path)
                     .map_err(|e| RemoteError::Config(format!("{}: {e}", path.display())))?;
                 // Writes go to a temporary file that is renamed: no reader

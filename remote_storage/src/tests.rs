@@ -181,3 +181,14 @@ fn an_s3_config_builds_a_client_without_connecting() {
     assert_eq!(storage.describe(), "s3://strata/pageserver at http://127.0.0.1:1");
     assert_eq!(storage.prefix, "pageserver");
 }
+
+#[test]
+fn a_new_local_directory_is_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("private");
+    let store = dir.join("a/store");
+    local(&store);
+    for d in [&store, &dir.join("a")] {
+        assert_eq!(std::fs::metadata(d).unwrap().permissions().mode() & 0o777, 0o700, "{}", d.display());
+    }
+}

@@ -173,6 +173,37 @@ fn read(path: &Path) -> Result<Vec<u8>, KeyError> {
     std::fs::read(path).map_err(|source| KeyError::Io { path: path.to_path_buf(), source })
 }
 
+/// A secret's file that its group or others may access: what it holds can
+/// no longer be trusted to be secret.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "mode {mode:04o} gives group or others access to a key or token; it must be private to its owner: chmod 600 {}",
+    path.display()
+)]
+pub struct Exposed {
+    /// The file.
+    pub path: PathBuf,
+    /// Its permission bits.
+    pub mode: u32,
+}
+
+/// The contents of a file holding a secret (a token, a private key); like
+/// PostgreSQL with its server key, refused (an [`Exposed`] inside the
+/// error) when group or others have any access to it. The mode checked is
+/// that of the file opened, so a name swapped meanwhile cannot slip by.
+pub fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let mut file = std::fs::File::open(path)?;
+    let mode = file.metadata()?.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(std::io::Error::other(Exposed { path: path.to_path_buf(), mode }));
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Checks tokens against the cluster's public key.
 pub struct Verifier {
     key: DecodingKey,
@@ -292,7 +323,7 @@ pub struct AuthConfig {
     /// The cluster's public key (PEM): tokens signed by it are accepted.
     pub public_key: PathBuf,
     /// A file holding this process's own token, sent when it calls other
-    /// services (mode 0600; never logged).
+    /// services (private to its owner, else refused; never logged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
 }
@@ -316,10 +347,12 @@ pub fn bearer_token(value: &str) -> Option<&str> {
 }
 
 /// The token in the file at `path` (one token, surrounding white space
-/// ignored); the error never shows the file's contents.
+/// ignored; the file private to its owner, see [`read_private`]); the
+/// error never shows the file's contents.
 pub fn read_token(path: &Path) -> Result<Token, KeyError> {
     let bad = |message: &str| KeyError::Token { path: path.to_path_buf(), message: message.into() };
-    let text = String::from_utf8(read(path)?).map_err(|_| bad("not UTF-8"))?;
+    let bytes = read_private(path).map_err(|source| KeyError::Io { path: path.to_path_buf(), source })?;
+    let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8"))?;
     let token = text.trim();
     if token.is_empty() || token.len() > MAX_TOKEN_LEN || token.chars().any(char::is_whitespace) {
         return Err(bad("does not hold one token"));

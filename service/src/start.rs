@@ -3,7 +3,8 @@
 //! serve — the signals that stop them, the security of their config (TLS
 //! on their listeners and to their peers, the verifier of callers' tokens,
 //! the token they show), their HTTP listener with its bound and its
-//! refusals — and the error that says why a start failed.
+//! refusals — and the error that says why a start failed; and the umask
+//! that keeps what they write to their own user.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +17,20 @@ use crate::auth::{AuthConfig, KeyError, Token, Verifier};
 use crate::listener::BindError;
 use crate::tls::{ClientTls, ServerTls, TlsConfig, TlsError};
 use crate::{Limits, Listener, ListenerMetrics};
+
+/// Makes every file and directory this process creates from now on
+/// private to its user (umask 0o077: files 0600, directories 0700): WAL
+/// segments, layers, control and metadata files, a local object store's
+/// objects hold the tenants' data, which no other local user may read.
+///
+/// Called first by each service role, before any thread starts (the mask
+/// is the whole process's). Not by the CLI, `strata node` or the compute
+/// agent: they create what PostgreSQL, running as another user, must
+/// reach (an endpoint's directory); the services they start set their own.
+pub fn private_umask() {
+    // SAFETY: umask only replaces the process's file mode creation mask.
+    unsafe { libc::umask(0o077) };
+}
 
 /// Why a service could not start (or stopped with an error).
 #[derive(Debug, thiserror::Error)]

@@ -30,7 +30,7 @@ pub struct TlsConfig {
     pub ca: PathBuf,
     /// This host's certificate (PEM), issued by the CA.
     pub cert: PathBuf,
-    /// Its private key (PKCS#8 PEM, mode 0600).
+    /// Its private key (PKCS#8 PEM), private to its owner (else refused).
     pub key: PathBuf,
 }
 
@@ -97,8 +97,12 @@ impl ServerTls {
         Ok(ServerTls { config: Arc::new(config) })
     }
 
+    /// From a certificate file and a key file; the key must be private to
+    /// its owner ([`crate::auth::read_private`]).
     pub fn load(cert: &Path, key: &Path) -> Result<ServerTls, TlsError> {
-        ServerTls::from_pem(&read(cert)?, &read(key)?, cert)
+        let key_pem =
+            crate::auth::read_private(key).map_err(|source| TlsError::Read { path: key.to_path_buf(), source })?;
+        ServerTls::from_pem(&read(cert)?, &key_pem, cert)
     }
 
     /// Completes the server side of a handshake on `tcp`.

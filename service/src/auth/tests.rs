@@ -233,3 +233,43 @@ fn passwords_are_long_random_and_plain() {
     assert!(a.bytes().all(|c| c.is_ascii_alphanumeric()), "{a}");
     assert_ne!(a, generate_password());
 }
+
+/// `path` with `text`, its permission bits set to `mode` whatever the umask.
+fn file_with_mode(path: &std::path::Path, text: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn a_token_file_others_can_read_is_refused_naming_it_and_its_mode() {
+    let dir = std::env::temp_dir().join(format!("strata-auth-modes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (signer, _) = keys();
+    let token = signer.sign(&Claims::new(Scope::Service, None, None));
+    let path = dir.join("service.token");
+    for mode in [0o600, 0o400] {
+        file_with_mode(&path, &token, mode);
+        assert_eq!(read_token(&path).unwrap().expose(), token, "mode {mode:o}");
+    }
+    for mode in [0o644, 0o640, 0o604, 0o620, 0o601] {
+        file_with_mode(&path, &token, mode);
+        let err = read_token(&path).unwrap_err();
+        let KeyError::Io { source, .. } = &err else { panic!("{err}") };
+        let exposed = source.get_ref().and_then(|e| e.downcast_ref::<Exposed>()).expect("an Exposed");
+        assert_eq!((exposed.path.as_path(), exposed.mode), (path.as_path(), mode));
+        let text = err.to_string();
+        let name = path.display().to_string();
+        assert!(text.starts_with(&format!("{name}: mode 0{mode:o} ")), "{text}");
+        assert!(text.ends_with(&format!("chmod 600 {name}")), "{text}");
+        assert!(!text.contains(&token), "{text}");
+        // Through a service's config too.
+        let config = AuthConfig { public_key: dir.join("public.pem"), token_file: Some(path.clone()) };
+        assert!(config.token().unwrap_err().to_string().contains("chmod 600"));
+    }
+    // A missing file is the system's error, not a refusal of its mode.
+    let err = read_private(&dir.join("missing")).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

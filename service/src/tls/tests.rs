@@ -124,3 +124,27 @@ fn hosts_of_addresses() {
     assert_eq!(host_of("db.example"), "db.example");
     assert_eq!(server_name("[::1]").unwrap(), ServerName::try_from("::1").unwrap());
 }
+
+#[test]
+fn a_key_file_others_can_read_is_refused_and_a_private_one_loads() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("strata-tls-modes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (_, ca_key) = generate_ca().unwrap();
+    let (cert, key) = issue(&ca_key, &names(&["127.0.0.1"])).unwrap();
+    let (cert_path, key_path) = (dir.join("host.pem"), dir.join("host.key"));
+    std::fs::write(&cert_path, &cert).unwrap();
+    std::fs::write(&key_path, &key).unwrap();
+    // The certificate is public: readable by all is fine.
+    std::fs::set_permissions(&cert_path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = ServerTls::load(&cert_path, &key_path).expect_err("refused");
+    let text = err.to_string();
+    let name = key_path.display().to_string();
+    assert!(text.starts_with(&format!("{name}: mode 0644 ")) && text.ends_with(&format!("chmod 600 {name}")), "{text}");
+    assert!(!text.contains("PRIVATE KEY"), "{text}");
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    ServerTls::load(&cert_path, &key_path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
