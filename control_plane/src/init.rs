@@ -400,6 +400,11 @@ impl Plan {
         self.secure.then(|| super::keys::service_auth(&self.root))
     }
 
+    /// A controller's: its own token, which may place tenants.
+    fn controller_auth(&self) -> Option<AuthConfig> {
+        self.secure.then(|| super::keys::controller_auth(&self.root))
+    }
+
     fn service(&self, name: String, kind: Kind, host: usize, file: &str, ports: &[(&str, u16)]) -> Service {
         Service {
             config: PathBuf::from(&name).join(file),
@@ -516,7 +521,7 @@ impl Plan {
                     "remote_storage": self.remote_storage,
                     "pageservers": pageservers,
                     "tenants": [tenant_id],
-                    "auth": self.auth(),
+                    "auth": self.controller_auth(),
                     "tls": self.host_tls(host),
                 }),
                 "controller",

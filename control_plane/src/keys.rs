@@ -4,7 +4,9 @@
 //!   CLI reads it, to mint its own management token per command, each
 //!   endpoint's tenant token and `strata auth token`'s;
 //! - `public.pem`: what every service checks tokens against;
-//! - `service.token` (0600): the services' own token, for calls between them.
+//! - `service.token` (0600): the services' own token, for calls between them;
+//! - `controller.token` (0600): the storage controllers' token, which may
+//!   also place tenants on pageservers (the services' may not).
 //!
 //! See `docs/security.md`.
 
@@ -32,9 +34,18 @@ pub fn service_token(root: &Path) -> PathBuf {
     root.join(AUTH_DIR).join("service.token")
 }
 
+pub fn controller_token(root: &Path) -> PathBuf {
+    root.join(AUTH_DIR).join("controller.token")
+}
+
 /// What a service's config says about tokens.
 pub fn service_auth(root: &Path) -> AuthConfig {
     AuthConfig { public_key: public_key(root), token_file: Some(service_token(root)) }
+}
+
+/// What a storage controller's config says about tokens.
+pub fn controller_auth(root: &Path) -> AuthConfig {
+    AuthConfig { public_key: public_key(root), token_file: Some(controller_token(root)) }
 }
 
 /// Writes a new key pair and the services' token under `root`.
@@ -46,8 +57,11 @@ pub fn create(root: &Path) -> Result<()> {
     strata_service::durable::replace_file(&public_key(root), public.as_bytes(), true)
         .map_err(|e| Error::Failed(e.to_string()))?;
     let signer = Signer::from_pem(private.as_bytes(), "the new key").map_err(|e| Error::Failed(e.to_string()))?;
-    let token = signer.sign(&Claims::new(Scope::Service, None, None));
-    auth::write_secret(&service_token(root), &token).map_err(|e| Error::Failed(e.to_string()))
+    for (scope, path) in [(Scope::Service, service_token(root)), (Scope::Controller, controller_token(root))] {
+        let token = signer.sign(&Claims::new(scope, None, None));
+        auth::write_secret(&path, &token).map_err(|e| Error::Failed(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// The signer of the cluster at `root`, if it has a key store (clusters
@@ -77,7 +91,7 @@ pub fn use_management_token(root: &Path) -> Result<()> {
 pub fn mint(root: &Path, scope: Scope, tenant: Option<TenantId>, ttl: Option<Duration>) -> Result<String> {
     match (scope, tenant) {
         (Scope::Tenant, None) => return Err(Error::Usage("a tenant token needs --tenant".into())),
-        (Scope::Management | Scope::Service, Some(_)) => {
+        (Scope::Management | Scope::Controller | Scope::Service, Some(_)) => {
             return Err(Error::Usage(format!("a {scope} token is for every tenant: drop --tenant")))
         }
         _ => {}

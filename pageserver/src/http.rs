@@ -75,13 +75,13 @@ pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lease", post(lease))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_by_time", get(lsn_by_time))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page));
-    // The storage controller calls with the services' token.
-    let service = Router::new()
-        .route("/v1/status", get(status))
-        .route("/metrics", get(metrics))
-        .route("/v1/tenant/{tenant}/location", put(set_location));
+    // The storage controller places tenants with its own token; the
+    // services' token, on every host, may not.
+    let placement = Router::new().route("/v1/tenant/{tenant}/location", put(set_location));
+    let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
     Router::new()
         .merge(guard(management, auth, Need::Management))
+        .merge(guard(placement, auth, Need::Placement))
         .merge(guard(tenant, auth, Need::Tenant))
         .merge(guard(service, auth, Need::Service))
         .with_state(tenants)

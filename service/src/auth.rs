@@ -29,6 +29,9 @@ use crate::limits::{LEEWAY_SECS, MAX_TOKEN_LEN};
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     Management,
+    /// The storage controllers: what a service may do, and placing tenants
+    /// on pageservers (attach, detach, secondary).
+    Controller,
     Service,
     Tenant,
 }
@@ -37,6 +40,7 @@ impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Scope::Management => "management",
+            Scope::Controller => "controller",
             Scope::Service => "service",
             Scope::Tenant => "tenant",
         })
@@ -48,9 +52,10 @@ impl std::str::FromStr for Scope {
     fn from_str(s: &str) -> Result<Scope, String> {
         match s {
             "management" => Ok(Scope::Management),
+            "controller" => Ok(Scope::Controller),
             "service" => Ok(Scope::Service),
             "tenant" => Ok(Scope::Tenant),
-            _ => Err(format!("{s:?} is not a scope (management, service, tenant)")),
+            _ => Err(format!("{s:?} is not a scope (management, controller, service, tenant)")),
         }
     }
 }
@@ -81,6 +86,7 @@ impl Claims {
     pub fn permits(&self, need: Access) -> Result<(), Refusal> {
         match (self.scope, need) {
             (Scope::Management, _) => Ok(()),
+            (Scope::Controller, Access::Placement | Access::Service | Access::Tenant(_)) => Ok(()),
             (Scope::Service, Access::Service | Access::Tenant(_)) => Ok(()),
             (Scope::Tenant, Access::Tenant(t)) if self.tenant_id == Some(t) => Ok(()),
             (Scope::Tenant, Access::Tenant(_)) => Err(Refusal::OtherTenant),
@@ -98,7 +104,9 @@ fn now() -> u64 {
 pub enum Access {
     /// Management only.
     Management,
-    /// A service (or management).
+    /// Placing a tenant on a pageserver: a controller (or management).
+    Placement,
+    /// A service (or a controller, or management).
     Service,
     /// This tenant's data: its own tenant token, a service, or management.
     Tenant(TenantId),
@@ -109,6 +117,7 @@ impl Access {
     pub fn scope(self) -> Scope {
         match self {
             Access::Management => Scope::Management,
+            Access::Placement => Scope::Controller,
             Access::Service => Scope::Service,
             Access::Tenant(_) => Scope::Tenant,
         }
@@ -254,7 +263,7 @@ impl Verifier {
             .claims;
         match (claims.scope, claims.tenant_id) {
             (Scope::Tenant, None) => Err(Refusal::Malformed("a tenant token without a tenant_id".into())),
-            (Scope::Management | Scope::Service, Some(_)) => {
+            (Scope::Management | Scope::Controller | Scope::Service, Some(_)) => {
                 Err(Refusal::Malformed(format!("a {} token with a tenant_id", claims.scope)))
             }
             _ => Ok(claims),

@@ -25,6 +25,8 @@ pub const TENANT_PARAM: &str = "tenant";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Need {
     Management,
+    /// Placing tenants: a controller's token (or management).
+    Placement,
     Service,
     /// The tenant named by the route's `{tenant}` parameter.
     Tenant,
@@ -87,6 +89,7 @@ async fn check(State((auth, need)): State<(HttpAuth, Need)>, req: Request, next:
     let (mut parts, body) = req.into_parts();
     let access = match need {
         Need::Management => Access::Management,
+        Need::Placement => Access::Placement,
         Need::Service => Access::Service,
         Need::Tenant => match RawPathParams::from_request_parts(&mut parts, &()).await {
             Ok(params) => match params.iter().find(|(k, _)| *k == TENANT_PARAM).map(|(_, v)| v.parse::<TenantId>()) {

@@ -25,6 +25,7 @@ fn tokens_verify_with_their_claims_and_scopes_allow_what_they_should() {
     let (signer, verifier) = keys();
     for claims in [
         Claims::new(Scope::Management, None, None),
+        Claims::new(Scope::Controller, None, None),
         Claims::new(Scope::Service, None, None),
         Claims::new(Scope::Tenant, Some(T1), Some(Duration::from_secs(3600))),
     ] {
@@ -44,6 +45,19 @@ fn tokens_verify_with_their_claims_and_scopes_allow_what_they_should() {
         service.permits(Access::Management),
         Err(Refusal::Scope { have: Scope::Service, need: Scope::Management })
     );
+    // Placing tenants: a controller or management, not a service or a tenant.
+    let controller = Claims::new(Scope::Controller, None, None);
+    for need in [Access::Placement, Access::Service, Access::Tenant(T2)] {
+        assert_eq!(controller.permits(need), Ok(()), "{need:?}");
+    }
+    assert_eq!(
+        controller.permits(Access::Management),
+        Err(Refusal::Scope { have: Scope::Controller, need: Scope::Management })
+    );
+    assert_eq!(management.permits(Access::Placement), Ok(()));
+    for (have, claims) in [(Scope::Service, &service), (Scope::Tenant, &tenant)] {
+        assert_eq!(claims.permits(Access::Placement), Err(Refusal::Scope { have, need: Scope::Controller }));
+    }
     assert_eq!(tenant.permits(Access::Tenant(T1)), Ok(()));
     assert_eq!(tenant.permits(Access::Tenant(T2)), Err(Refusal::OtherTenant));
     assert_eq!(tenant.permits(Access::Service), Err(Refusal::Scope { have: Scope::Tenant, need: Scope::Service }));
