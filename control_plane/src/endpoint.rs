@@ -962,7 +962,8 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
         };
         let (cert, key) = (ep.dir.join(COMPUTE_CERT_FILE), ep.dir.join(COMPUTE_KEY_FILE));
         let write = |path: &Path, pem: &str| {
-            strata_service::auth::write_secret(path, pem).map_err(|e| Error::Failed(format!("endpoint {}: {e}", req.name)))
+            strata_service::auth::write_secret(path, pem)
+                .map_err(|e| Error::Failed(format!("endpoint {}: {e}", req.name)))
         };
         write(&key, &own.key)?;
         write(&cert, &own.cert)?;
