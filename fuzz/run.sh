@@ -88,6 +88,7 @@ done
 [ -f corpus/decoders/seed-metadata ] || { printf "\\x05" > corpus/decoders/seed-metadata; cat ../pageserver/tests/data/metadata-v1.json >> corpus/decoders/seed-metadata; }
 # Token seeds (selector 10): claims of each scope, and a token's shape.
 [ -f corpus/decoders/seed-claims-tenant ] || printf '\x0a{"scope":"tenant","tenant_id":"0123456789abcdef0123456789abcdef","iat":1,"exp":4000000000}' > corpus/decoders/seed-claims-tenant
+[ -f corpus/decoders/seed-claims-timeline ] || printf '\x0a{"scope":"tenant","tenant_id":"0123456789abcdef0123456789abcdef","timeline_id":"00112233445566778899aabbccddeeff","read_only":true,"iat":1}' > corpus/decoders/seed-claims-timeline
 [ -f corpus/decoders/seed-claims-service ] || printf '\x0a{"scope":"service","iat":1}' > corpus/decoders/seed-claims-service
 [ -f corpus/decoders/seed-token ] || printf '\x0aeyJ0eXAiOiJKV1QiLCJhbGciOiJFZERTQSJ9.eyJzY29wZSI6Im1hbmFnZW1lbnQiLCJpYXQiOjF9.AAAA' > corpus/decoders/seed-token
 "$decoders" corpus/decoders -max_total_time="$seconds" -max_len=65536 \

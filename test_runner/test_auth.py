@@ -17,6 +17,7 @@ from fixtures import page_protocol as pp
 from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint
 from fixtures.strata import http_json, urlopen
+from fixtures.wait import wait_until
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 
@@ -186,13 +187,17 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
             assert token == "" or token not in answer.message
     unknown = skp.exchange(sk_proto, skp.greeting_frame("cd" * 16, timeline, status["system_id"], ""))
     assert unknown.code == skp.ERR_UNAUTHORIZED, unknown
-    for token in [tenant_token, service]:
+    for token in [tenant_token, management]:
         answer = skp.exchange(sk_proto, skp.greeting_frame(tenant, timeline, status["system_id"], token))
         assert answer.tag == skp.TAG_ACCEPTOR_GREETING, answer
+    for token in [tenant_token, service]:
         answer = skp.exchange(sk_proto, skp.start_streaming_frame(tenant, timeline, flush, token))
         assert answer.tag == skp.TAG_STREAM_START, answer
+    # The services read WAL but never propose it.
+    answer = skp.exchange(sk_proto, skp.greeting_frame(tenant, timeline, status["system_id"], service))
+    assert answer.code == skp.ERR_FORBIDDEN and "needs tenant scope" in answer.message, answer
     after = refusals(call(f"http://127.0.0.1:{ports['sk1']}/metrics", service)[1], "strata_safekeeper")
-    assert after - before == 2 * len(refused) + 1, (before, after)
+    assert after - before == 2 * len(refused) + 2, (before, after)
     # The compute still commits through the safekeepers.
     ep.sql("INSERT INTO t VALUES (2)")
     assert ep.sql("SELECT count(*) FROM t") == [(2,)]
@@ -202,3 +207,77 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
     code, body = call(f"{ps}/v1/status", expiring)
     assert code == 401 and "expired" in body, (code, body)
     assert call(f"{ps}/v1/status", management)[0] == 200
+
+
+def claims_of(token: str) -> dict:
+    import base64
+    import json
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_tokens_bound_to_a_timeline_and_read_only(cluster):
+    """A writer's token names its timeline and may propose on it; a
+    replica's may only read; neither reaches another timeline of the
+    tenant (docs/security.md, "Scopes")."""
+    c = cluster
+    ep = Endpoint(c, "main")
+    ep.start()
+    ep.sql("CREATE TABLE t AS SELECT 1 AS x")
+    c.run("branch", "create", "dev")
+    tenant, main, dev = c.cluster_toml["tenant_id"], c.timeline_id("main"), c.timeline_id("dev")
+    mint = lambda *extra: c.run("auth", "token", "--scope", "tenant", *extra).stdout.strip()  # noqa: E731
+    writer, reader = mint("--timeline", main), mint("--timeline", main, "--read-only")
+    assert claims_of(writer)["timeline_id"] == main and "read_only" not in claims_of(writer)
+    assert claims_of(reader)["read_only"] is True
+    # What the CLI gives the endpoint's agent: its branch, and it writes.
+    agent = claims_of((ep.dir / "agent.token").read_text().strip())
+    assert (agent["scope"], agent["tenant_id"], agent["timeline_id"]) == ("tenant", tenant, main), agent
+    assert not agent.get("read_only"), agent
+    services = {s["name"]: s for s in c.cluster_toml["services"]}
+
+    # The page service and the HTTP API: their timeline, not another.
+    page = f"127.0.0.1:{services['pageserver']['ports']['pg']}"
+    for tl_id, token, code in [(main, writer, None), (main, reader, None), (dev, writer, pp.ERR_FORBIDDEN),
+                               (dev, reader, pp.ERR_FORBIDDEN)]:
+        with pp.PageClient(page) as cl:
+            answer = cl.hello(tenant, tl_id, version=2, token=token)
+            if code is None:
+                assert isinstance(answer, pp.HelloOk), answer
+            else:
+                assert isinstance(answer, pp.Error) and answer.code == code, answer
+                assert "another timeline" in answer.message, answer
+    ps = f"http://127.0.0.1:{services['pageserver']['ports']['http']}"
+    assert call(f"{ps}/v1/tenant/{tenant}/timeline/{main}", reader)[0] == 200
+    code, body = call(f"{ps}/v1/tenant/{tenant}/timeline/{dev}", writer)
+    assert code == 403 and "another timeline" in body, (code, body)
+    ctl = f"http://127.0.0.1:{services['controller']['ports']['http']}"
+    assert call(f"{ctl}/v1/tenant/{tenant}/attachment", reader)[0] == 200, "where the tenant is"
+
+    # The safekeepers: a reader streams but never proposes; a writer
+    # proposes on its timeline only.
+    sk_proto = f"127.0.0.1:{services['sk1']['ports']['listen']}"
+    sk_status = http_json("GET", c.http_url("sk1", f"/v1/tenant/{tenant}/timeline/{main}"))[1]
+    sysid = sk_status["system_id"]
+    hi, lo = sk_status["flush_lsn"].split("/")
+    flush = (int(hi, 16) << 32) | int(lo, 16)
+    answer = skp.exchange(sk_proto, skp.greeting_frame(tenant, main, sysid, reader))
+    assert answer.code == skp.ERR_FORBIDDEN and "read-only" in answer.message, answer
+    answer = skp.exchange(sk_proto, skp.greeting_frame(tenant, dev, sysid, writer))
+    assert answer.code == skp.ERR_FORBIDDEN and "another timeline" in answer.message, answer
+    assert skp.exchange(sk_proto, skp.greeting_frame(tenant, main, sysid, writer)).tag == skp.TAG_ACCEPTOR_GREETING
+    assert skp.exchange(sk_proto, skp.start_streaming_frame(tenant, main, flush, reader)).tag == skp.TAG_STREAM_START
+    answer = skp.exchange(sk_proto, skp.start_streaming_frame(tenant, dev, flush, reader))
+    assert answer.code == skp.ERR_FORBIDDEN, answer
+
+    # A replica's agent gets a read-only token of its writer's branch, and
+    # still streams and serves.
+    replica = Endpoint(c, "r1")
+    replica.start("--replica-of", "main")
+    got = claims_of((replica.dir / "agent.token").read_text().strip())
+    assert (got["timeline_id"], got.get("read_only")) == (main, True), got
+    ep.sql("INSERT INTO t VALUES (2)")
+    wait_until("the replica replays the insert", lambda: replica.sql("SELECT count(*) FROM t") == [(2,)], timeout=60)
+    # The writer still commits.
+    ep.sql("INSERT INTO t VALUES (3)")
+    assert ep.sql("SELECT count(*) FROM t") == [(3,)]

@@ -535,6 +535,7 @@ pub fn start(
         Some(o) => Some(move_away(wd, name, &o.file.host, &target.name, progress)?),
         None => None,
     };
+    let reads_only = replica.is_some() || read_only_at.is_some();
     let req = LaunchRequest {
         name: name.into(),
         host: target.name.clone(),
@@ -547,8 +548,12 @@ pub fn start(
         port: how.port.or(moved.as_ref().map(|m| m.file.pg_port)),
         agent: agent.clone(),
         moved,
-        agent_token: super::keys::signer(&wd.root)?
-            .map(|signer| signer.sign(&Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None))),
+        agent_token: super::keys::signer(&wd.root)?.map(|signer| {
+            // Its own branch only; a replica or a read-only endpoint may not
+            // propose WAL (`docs/security.md`, "Scopes").
+            let claims = Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None).for_timeline(branch.timeline_id);
+            signer.sign(&if reads_only { claims.reading_only() } else { claims })
+        }),
         compute_tls: super::certs::issue_compute(&wd.root, name, target.address)?,
     };
     if hosts::is_local(target) {

@@ -86,18 +86,47 @@ pub fn use_management_token(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A token of `scope` (`tenant` needs its tenant) valid for `ttl`
-/// (forever if none).
-pub fn mint(root: &Path, scope: Scope, tenant: Option<TenantId>, ttl: Option<Duration>) -> Result<String> {
+/// How far a tenant token reaches within its tenant.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Bound {
+    /// One timeline only; none: every timeline of the tenant.
+    pub timeline: Option<strata_protocol::TimelineId>,
+    /// Reading only: no proposing of WAL.
+    pub read_only: bool,
+}
+
+/// A token of `scope` (`tenant` needs its tenant, and only it may be
+/// bound) valid for `ttl` (forever if none).
+pub fn mint(
+    root: &Path,
+    scope: Scope,
+    tenant: Option<TenantId>,
+    bound: Bound,
+    ttl: Option<Duration>,
+) -> Result<String> {
     match (scope, tenant) {
         (Scope::Tenant, None) => return Err(Error::Usage("a tenant token needs --tenant".into())),
         (Scope::Management | Scope::Controller | Scope::Service, Some(_)) => {
             return Err(Error::Usage(format!("a {scope} token is for every tenant: drop --tenant")))
+        }
+        (Scope::Management | Scope::Controller | Scope::Service, None)
+            if bound.timeline.is_some() || bound.read_only =>
+        {
+            return Err(Error::Usage(format!(
+                "only a tenant token is bound to a timeline or read-only, not a {scope} token"
+            )))
         }
         _ => {}
     }
     let signer = signer(root)?.ok_or_else(|| {
         Error::Failed(format!("{}: no key store: this cluster does not use tokens", root.join(AUTH_DIR).display()))
     })?;
-    Ok(signer.sign(&Claims::new(scope, tenant, ttl)))
+    let mut claims = Claims::new(scope, tenant, ttl);
+    if let Some(timeline) = bound.timeline {
+        claims = claims.for_timeline(timeline);
+    }
+    if bound.read_only {
+        claims = claims.reading_only();
+    }
+    Ok(signer.sign(&claims))
 }

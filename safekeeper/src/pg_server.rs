@@ -204,8 +204,8 @@ async fn handle(
     let (conn, params) = tokio::time::timeout_at(slot.handshake_deadline(), async {
         let (mut conn, params) = startup(tcp, tls).await?;
         if let Some(verifier) = &shared.verifier {
-            let tenant = timeline_ids(&params).map(|(t, _)| t);
-            authenticate(&mut conn, &shared, verifier, tenant).await?;
+            let need = timeline_ids(&params).map_or(Access::Service, |(t, l)| Access::Timeline(t, l));
+            authenticate(&mut conn, &shared, verifier, need).await?;
         }
         Ok::<_, ReplicationError>((conn, params))
     })
@@ -303,14 +303,15 @@ fn unexpected(msg: &PgWireFrontendMessage, when: &str) -> ReplicationError {
     ReplicationError::Protocol(format!("unexpected {name} {when}"))
 }
 
-/// Asks for a password and checks it as a token that allows `tenant` (a
-/// service or management token when the startup named no valid timeline,
-/// so that others learn nothing of what is held here).
+/// Asks for a password and checks it as a token that allows `need`:
+/// reading the timeline the startup named (a service or management token
+/// when it named no valid one, so that others learn nothing of what is
+/// held here).
 async fn authenticate(
     conn: &mut Session,
     shared: &Shared,
     verifier: &Verifier,
-    tenant: Option<TenantId>,
+    need: Access,
 ) -> Result<(), ReplicationError> {
     // AuthenticationCleartextPassword: the link is TLS, or loopback (a
     // listener beyond loopback needs TLS, `config.rs`).
@@ -327,7 +328,6 @@ async fn authenticate(
             return Err(e);
         }
     };
-    let need = tenant.map_or(Access::Service, Access::Tenant);
     match verifier.check(&password, need) {
         Ok(()) => Ok(()),
         Err(refusal) => {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 use strata_protocol::framed;
-use strata_protocol::{TenantId, Token};
+use strata_protocol::Token;
 use strata_service::auth::Access;
 use strata_service::clock::Clock;
 use strata_service::Listener;
@@ -87,7 +87,8 @@ async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Re
     match first {
         First::Proposer(msg) => {
             if let Ok(ProposerMessage::Greeting(g)) = &msg {
-                if let Err(refusal) = check_token(&shared, "proposer", &g.token, g.timeline.tenant_id) {
+                let need = Access::Propose(g.timeline.tenant_id, g.timeline.timeline_id);
+                if let Err(refusal) = check_token(&shared, "proposer", &g.token, need) {
                     codec::encode_acceptor(&AcceptorMessage::Error(refusal), conn.out());
                     return conn.flush(SEND_TIMEOUT).await;
                 }
@@ -97,7 +98,9 @@ async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Re
         }
         First::Consumer(msg) => {
             if let Ok(ConsumerMessage::Start(s)) = &msg {
-                if let Err(refusal) = check_token(&shared, "stream", &s.token, s.tenant_id) {
+                if let Err(refusal) =
+                    check_token(&shared, "stream", &s.token, Access::Timeline(s.tenant_id, s.timeline_id))
+                {
                     codec::encode_stream(&StreamMessage::Error(refusal), conn.out());
                     return conn.flush(SEND_TIMEOUT).await;
                 }
@@ -116,18 +119,19 @@ async fn handle(accepted: strata_service::Connection, shared: Arc<Shared>) -> Re
     }
 }
 
-/// Whether `token` allows a greeting or stream request about `tenant`
-/// (always, without a verifier); a refusal is counted under `interface`.
+/// Whether `token` allows a greeting (proposing on its timeline) or a
+/// stream request (reading its timeline): `need` (always, without a
+/// verifier); a refusal is counted under `interface`.
 fn check_token(
     shared: &Shared,
     interface: &'static str,
     token: &Option<Token>,
-    tenant: TenantId,
+    need: Access,
 ) -> Result<(), ErrorMessage> {
     let Some(verifier) = &shared.verifier else { return Ok(()) };
-    verifier.check(strata_protocol::token::wire(token), Access::Tenant(tenant)).map_err(|refusal| {
+    verifier.check(strata_protocol::token::wire(token), need).map_err(|refusal| {
         shared.metrics.refusal_metrics().count(interface, &refusal);
-        warn!(%tenant, reason = refusal.reason(), "refused a {interface} connection");
+        warn!(?need, reason = refusal.reason(), "refused a {interface} connection");
         let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };
         ErrorMessage { code, message: refusal.to_string() }
     })

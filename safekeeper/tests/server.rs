@@ -539,7 +539,7 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
     let service = mint(Scope::Service, None);
     let tenant = mint(Scope::Tenant, Some(ours));
     let other_tenant = mint(Scope::Tenant, Some(theirs));
-    let expired = signer.sign(&Claims { scope: Scope::Tenant, tenant_id: Some(ours), iat: 1, exp: Some(2) });
+    let expired = signer.sign(&Claims { iat: 1, exp: Some(2), ..Claims::new(Scope::Tenant, Some(ours), None) });
     let foreign_key = {
         let (private, _) = strata_service::auth::generate_key_pair();
         Signer::from_pem(private.as_bytes(), "a key of another cluster").unwrap().sign(&Claims::new(

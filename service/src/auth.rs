@@ -20,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
-use strata_protocol::TenantId;
+use strata_protocol::{TenantId, TimelineId};
 
 use crate::limits::{LEEWAY_SECS, MAX_TOKEN_LEN};
 
@@ -67,6 +67,14 @@ pub struct Claims {
     /// The tenant of a `tenant` token (and only of one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<TenantId>,
+    /// The one timeline of its tenant a `tenant` token is for; none: all of
+    /// them (only of a `tenant` token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_id: Option<TimelineId>,
+    /// A `tenant` token that may read only (a replica's, a read-only
+    /// endpoint's): it may not propose WAL (only of a `tenant` token).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
     /// Issued at, seconds since the epoch.
     pub iat: u64,
     /// Expires at, seconds since the epoch; none for the services' own
@@ -79,18 +87,50 @@ impl Claims {
     /// Claims of `scope` issued now, valid for `ttl` (forever if none).
     pub fn new(scope: Scope, tenant_id: Option<TenantId>, ttl: Option<std::time::Duration>) -> Claims {
         let iat = now();
-        Claims { scope, tenant_id, iat, exp: ttl.map(|t| iat.saturating_add(t.as_secs().max(1))) }
+        let exp = ttl.map(|t| iat.saturating_add(t.as_secs().max(1)));
+        Claims { scope, tenant_id, timeline_id: None, read_only: false, iat, exp }
+    }
+
+    /// These claims for `timeline` of their tenant only.
+    pub fn for_timeline(self, timeline: TimelineId) -> Claims {
+        Claims { timeline_id: Some(timeline), ..self }
+    }
+
+    /// These claims without the right to propose WAL.
+    pub fn reading_only(self) -> Claims {
+        Claims { read_only: true, ..self }
     }
 
     /// Whether these claims allow `need`; the refusal if not.
     pub fn permits(&self, need: Access) -> Result<(), Refusal> {
         match (self.scope, need) {
             (Scope::Management, _) => Ok(()),
-            (Scope::Controller, Access::Placement | Access::Service | Access::Tenant(_)) => Ok(()),
-            (Scope::Service, Access::Service | Access::Tenant(_)) => Ok(()),
-            (Scope::Tenant, Access::Tenant(t)) if self.tenant_id == Some(t) => Ok(()),
-            (Scope::Tenant, Access::Tenant(_)) => Err(Refusal::OtherTenant),
+            (Scope::Controller, Access::Placement | Access::Service | Access::Tenant(_) | Access::Timeline(..)) => {
+                Ok(())
+            }
+            (Scope::Service, Access::Service | Access::Tenant(_) | Access::Timeline(..)) => Ok(()),
+            (Scope::Tenant, Access::Tenant(t) | Access::Timeline(t, _) | Access::Propose(t, _))
+                if self.tenant_id != Some(t) =>
+            {
+                Err(Refusal::OtherTenant)
+            }
+            (Scope::Tenant, Access::Tenant(_)) => Ok(()),
+            (Scope::Tenant, Access::Timeline(_, timeline)) => self.check_timeline(timeline),
+            (Scope::Tenant, Access::Propose(_, timeline)) => {
+                self.check_timeline(timeline)?;
+                match self.read_only {
+                    true => Err(Refusal::ReadOnly),
+                    false => Ok(()),
+                }
+            }
             (have, need) => Err(Refusal::Scope { have, need: need.scope() }),
+        }
+    }
+
+    fn check_timeline(&self, timeline: TimelineId) -> Result<(), Refusal> {
+        match self.timeline_id {
+            Some(mine) if mine != timeline => Err(Refusal::OtherTimeline),
+            _ => Ok(()),
         }
     }
 }
@@ -108,8 +148,17 @@ pub enum Access {
     Placement,
     /// A service (or a controller, or management).
     Service,
-    /// This tenant's data: its own tenant token, a service, or management.
+    /// What a tenant as a whole shows its computes (where it is attached):
+    /// a token of that tenant (of any of its timelines), a service, a
+    /// controller or management.
     Tenant(TenantId),
+    /// Reading one timeline (pages, basebackups, WAL): a token of its
+    /// tenant for every timeline or for this one, a service, a controller
+    /// or management.
+    Timeline(TenantId, TimelineId),
+    /// Proposing WAL on one timeline (a writer): a token of its tenant that
+    /// may write, for every timeline or for this one, or management.
+    Propose(TenantId, TimelineId),
 }
 
 impl Access {
@@ -119,13 +168,13 @@ impl Access {
             Access::Management => Scope::Management,
             Access::Placement => Scope::Controller,
             Access::Service => Scope::Service,
-            Access::Tenant(_) => Scope::Tenant,
+            Access::Tenant(_) | Access::Timeline(..) | Access::Propose(..) => Scope::Tenant,
         }
     }
 }
 
 /// Why a call was refused. The first four mean "who are you?" (HTTP 401),
-/// the last two "not you" (403).
+/// the others "not you" (403).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("no token: this interface needs a bearer token")]
@@ -140,12 +189,16 @@ pub enum Refusal {
     Scope { have: Scope, need: Scope },
     #[error("a token of another tenant")]
     OtherTenant,
+    #[error("a token of another timeline")]
+    OtherTimeline,
+    #[error("a read-only token cannot propose WAL")]
+    ReadOnly,
 }
 
 impl Refusal {
     /// Whether this is "who are you?" (401) rather than "not you" (403).
     pub fn unauthenticated(&self) -> bool {
-        !matches!(self, Refusal::Scope { .. } | Refusal::OtherTenant)
+        !matches!(self, Refusal::Scope { .. } | Refusal::OtherTenant | Refusal::OtherTimeline | Refusal::ReadOnly)
     }
 
     /// A short label for metrics.
@@ -157,6 +210,8 @@ impl Refusal {
             Refusal::Expired => "expired",
             Refusal::Scope { .. } => "scope",
             Refusal::OtherTenant => "other_tenant",
+            Refusal::OtherTimeline => "other_timeline",
+            Refusal::ReadOnly => "read_only",
         }
     }
 }
@@ -265,6 +320,11 @@ impl Verifier {
             (Scope::Tenant, None) => Err(Refusal::Malformed("a tenant token without a tenant_id".into())),
             (Scope::Management | Scope::Controller | Scope::Service, Some(_)) => {
                 Err(Refusal::Malformed(format!("a {} token with a tenant_id", claims.scope)))
+            }
+            (Scope::Management | Scope::Controller | Scope::Service, None)
+                if claims.timeline_id.is_some() || claims.read_only =>
+            {
+                Err(Refusal::Malformed(format!("a {} token bound to a timeline or read-only", claims.scope)))
             }
             _ => Ok(claims),
         }
@@ -398,7 +458,14 @@ pub fn fuzz_one(data: &[u8]) {
         if let Ok(claims) = verifier.verify(&token) {
             // What verifies is consistent with its scope.
             assert_eq!(claims.scope == Scope::Tenant, claims.tenant_id.is_some(), "{claims:?}");
+            assert!(claims.scope == Scope::Tenant || (claims.timeline_id.is_none() && !claims.read_only), "{claims:?}");
             let _ = claims.permits(Access::Management);
+            if let (Some(tenant), Some(timeline)) = (claims.tenant_id, claims.timeline_id) {
+                // A read-only token never proposes; a bound one never reads another timeline.
+                assert_eq!(claims.permits(Access::Propose(tenant, timeline)).is_ok(), !claims.read_only, "{claims:?}");
+                let other = TimelineId(timeline.0.map(|b| !b));
+                assert!(claims.permits(Access::Timeline(tenant, other)).is_err(), "{claims:?}");
+            }
         }
     }
 }

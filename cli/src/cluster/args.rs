@@ -297,12 +297,18 @@ pub enum AuthCommand {
     /// tools (management), a monitoring system (service) or one tenant's
     /// clients (tenant).
     Token {
-        /// management, service or tenant.
+        /// management, controller, service or tenant.
         #[arg(long)]
         scope: strata_service::auth::Scope,
         /// The tenant of a tenant token (default: the cluster's tenant).
         #[arg(long)]
         tenant: Option<strata_protocol::TenantId>,
+        /// A tenant token for this timeline of its tenant only.
+        #[arg(long)]
+        timeline: Option<strata_protocol::TimelineId>,
+        /// A tenant token that may read but not propose WAL.
+        #[arg(long)]
+        read_only: bool,
         /// Seconds until it expires (0: never).
         #[arg(long, default_value_t = 3600)]
         ttl_secs: u64,

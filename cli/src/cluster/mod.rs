@@ -216,7 +216,7 @@ pub fn branch(cmd: BranchCommand) -> i32 {
 /// `strata auth token`.
 pub fn auth(cmd: AuthCommand) -> i32 {
     match cmd {
-        AuthCommand::Token { scope, tenant, ttl_secs, workdir } => {
+        AuthCommand::Token { scope, tenant, timeline, read_only, ttl_secs, workdir } => {
             let result = (|| {
                 workdir.plain("auth token")?;
                 let wd = open(&workdir.workdir)?;
@@ -225,7 +225,8 @@ pub fn auth(cmd: AuthCommand) -> i32 {
                     _ => tenant,
                 };
                 let ttl = (ttl_secs > 0).then(|| std::time::Duration::from_secs(ttl_secs));
-                outln!("{}", keys::mint(&wd.root, scope, tenant, ttl)?);
+                let bound = keys::Bound { timeline, read_only };
+                outln!("{}", keys::mint(&wd.root, scope, tenant, bound, ttl)?);
                 Ok(())
             })();
             exit_code("auth token", result)

@@ -14,12 +14,15 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use strata_protocol::TenantId;
+use strata_protocol::{TenantId, TimelineId};
 
 use super::{bearer_token, Access, Refusal, Verifier};
 
 /// The path parameter that names the tenant of a tenant route.
 pub const TENANT_PARAM: &str = "tenant";
+/// The path parameter that names the timeline of a tenant route, if any:
+/// a token bound to another timeline is refused.
+pub const TIMELINE_PARAM: &str = "timeline";
 
 /// What a group of routes needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,12 +95,20 @@ async fn check(State((auth, need)): State<(HttpAuth, Need)>, req: Request, next:
         Need::Placement => Access::Placement,
         Need::Service => Access::Service,
         Need::Tenant => match RawPathParams::from_request_parts(&mut parts, &()).await {
-            Ok(params) => match params.iter().find(|(k, _)| *k == TENANT_PARAM).map(|(_, v)| v.parse::<TenantId>()) {
-                Some(Ok(t)) => Access::Tenant(t),
-                // Not a tenant id: only a scope that may see every tenant
-                // gets as far as the handler's own 400.
-                _ => Access::Service,
-            },
+            Ok(params) => {
+                let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+                match (param(TENANT_PARAM).map(|v| v.parse::<TenantId>()), param(TIMELINE_PARAM)) {
+                    (Some(Ok(t)), None) => Access::Tenant(t),
+                    (Some(Ok(t)), Some(l)) => match l.parse::<TimelineId>() {
+                        Ok(l) => Access::Timeline(t, l),
+                        // Not a timeline id: the tenant's to hear the handler's 400.
+                        Err(_) => Access::Tenant(t),
+                    },
+                    // Not a tenant id: only a scope that may see every tenant
+                    // gets as far as the handler's own 400.
+                    _ => Access::Service,
+                }
+            }
             Err(_) => Access::Service,
         },
     };

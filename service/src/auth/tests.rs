@@ -68,6 +68,46 @@ fn tokens_verify_with_their_claims_and_scopes_allow_what_they_should() {
 }
 
 #[test]
+fn a_token_bound_to_a_timeline_reads_only_it_and_a_read_only_one_never_proposes() {
+    let (signer, verifier) = keys();
+    let (l1, l2) = (TimelineId([1; 16]), TimelineId([2; 16]));
+    let writer = Claims::new(Scope::Tenant, Some(T1), None).for_timeline(l1);
+    let reader = Claims::new(Scope::Tenant, Some(T1), None).for_timeline(l1).reading_only();
+    let whole = Claims::new(Scope::Tenant, Some(T1), None);
+    for claims in [&writer, &reader] {
+        // Signed and verified with what binds them.
+        assert_eq!(&verifier.verify(&signer.sign(claims)).unwrap(), claims);
+        assert_eq!(claims.permits(Access::Timeline(T1, l1)), Ok(()));
+        assert_eq!(claims.permits(Access::Tenant(T1)), Ok(()), "where its tenant is attached");
+        assert_eq!(claims.permits(Access::Timeline(T1, l2)), Err(Refusal::OtherTimeline));
+        assert_eq!(claims.permits(Access::Propose(T1, l2)), Err(Refusal::OtherTimeline));
+        assert_eq!(claims.permits(Access::Timeline(T2, l1)), Err(Refusal::OtherTenant));
+    }
+    assert_eq!(writer.permits(Access::Propose(T1, l1)), Ok(()));
+    assert_eq!(reader.permits(Access::Propose(T1, l1)), Err(Refusal::ReadOnly));
+    assert!(!Refusal::ReadOnly.unauthenticated() && !Refusal::OtherTimeline.unauthenticated());
+    // A token for the whole tenant reads and proposes on any of its timelines.
+    for l in [l1, l2] {
+        assert_eq!(whole.permits(Access::Timeline(T1, l)), Ok(()));
+        assert_eq!(whole.permits(Access::Propose(T1, l)), Ok(()));
+    }
+    // The services read every timeline but propose on none; management does both.
+    let service = Claims::new(Scope::Service, None, None);
+    assert_eq!(service.permits(Access::Timeline(T2, l2)), Ok(()));
+    assert_eq!(
+        service.permits(Access::Propose(T1, l1)),
+        Err(Refusal::Scope { have: Scope::Service, need: Scope::Tenant })
+    );
+    assert_eq!(Claims::new(Scope::Management, None, None).permits(Access::Propose(T1, l1)), Ok(()));
+    // Only a tenant token may be bound: anything else is malformed.
+    for claims in [service.clone().for_timeline(l1), service.reading_only()] {
+        let token =
+            jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA), &claims, &signer.key);
+        assert!(matches!(verifier.verify(&token.unwrap()), Err(Refusal::Malformed(_))), "{claims:?}");
+    }
+}
+
+#[test]
 fn bad_tokens_are_refused_with_their_reason() {
     let (signer, verifier) = keys();
     let (other, _) = keys();
