@@ -628,8 +628,15 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
     assert_eq!(status["membership"]["generation"], 0, "{status}");
     assert_eq!(status["term"], 0, "{status}");
 
-    // The tenant's own token and a service token are heard.
-    for token in [&tenant, &service] {
+    // The services read WAL but never propose it.
+    let mut p = Client::connect(sk.addr).await;
+    p.send(&proposer_greeting(Some(&service))).await;
+    match p.reply().await {
+        AcceptorMessage::Error(e) => assert_eq!(e.code, ErrorCode::Forbidden, "{}", e.message),
+        other => panic!("a service token's greeting: {other:?}"),
+    }
+    // The tenant's own token and management are heard.
+    for token in [&tenant, &management] {
         let mut p = Client::connect(sk.addr).await;
         p.send(&proposer_greeting(Some(token))).await;
         assert!(matches!(p.reply().await, AcceptorMessage::Greeting(_)));
@@ -638,6 +645,7 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
     for (interface, reason, n) in [
         ("proposer", "no_token", 2),
         ("proposer", "other_tenant", 1),
+        ("proposer", "scope", 1),
         ("stream", "expired", 1),
         ("stream", "bad_signature", 1),
     ] {
