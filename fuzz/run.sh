@@ -90,6 +90,9 @@ done
 [ -f corpus/decoders/seed-claims-tenant ] || printf '\x0a{"scope":"tenant","tenant_id":"0123456789abcdef0123456789abcdef","iat":1,"exp":4000000000}' > corpus/decoders/seed-claims-tenant
 [ -f corpus/decoders/seed-claims-timeline ] || printf '\x0a{"scope":"tenant","tenant_id":"0123456789abcdef0123456789abcdef","timeline_id":"00112233445566778899aabbccddeeff","read_only":true,"iat":1}' > corpus/decoders/seed-claims-timeline
 [ -f corpus/decoders/seed-claims-service ] || printf '\x0a{"scope":"service","iat":1}' > corpus/decoders/seed-claims-service
+[ -f corpus/decoders/seed-deny-list ] || printf '\x0a{"version":1,"revoked":[{"jti":"00112233445566778899aabbccddeeff","until":1796000000},{"jti":"a-b_c"}]}' > corpus/decoders/seed-deny-list
+[ -f corpus/decoders/seed-key-file ] || { printf "\\x0a" > corpus/decoders/seed-key-file; cat ../service/tests/data/auth/public.pem >> corpus/decoders/seed-key-file; }
+[ -f corpus/decoders/seed-token-v3 ] || { printf "\\x0a" > corpus/decoders/seed-token-v3; cat ../service/tests/data/auth/replica-v3.token >> corpus/decoders/seed-token-v3; }
 [ -f corpus/decoders/seed-token ] || printf '\x0aeyJ0eXAiOiJKV1QiLCJhbGciOiJFZERTQSJ9.eyJzY29wZSI6Im1hbmFnZW1lbnQiLCJpYXQiOjF9.AAAA' > corpus/decoders/seed-token
 "$decoders" corpus/decoders -max_total_time="$seconds" -max_len=65536 \
     -artifact_prefix=artifacts/ -print_final_stats=1 2>&1 | tail -n 12

@@ -65,7 +65,7 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
         base = f"http://127.0.0.1:{port}"
         before = refusals(call(f"{base}/metrics", management)[1], prefixes[name])
         bad = [(None, 401, "no token"), ("not-a-token", 401, "malformed"), ("a.b.c", 401, "malformed"),
-               (foreign, 401, "not signed by this cluster"), (tenant_token, 403, "needs service scope")]
+               (foreign, 401, "no longer trusts (or never did)"), (tenant_token, 403, "needs service scope")]
         for token, status, words in bad:
             code, body = call(f"{base}/v1/status", token)
             assert code == status and words in body, (name, token and token[:12], code, body)
@@ -157,7 +157,7 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
         return subprocess.run([str(pg_bin_dir / "psql"), "-X", "-w", "-At", "-d", conn, "-c", "IDENTIFY_SYSTEM"],
                               env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     for token, words in [(None, "no password supplied"), ("garbage", "malformed"),
-                         (foreign, "not signed by this cluster"), (other_tenant, "another tenant")]:
+                         (foreign, "no longer trusts (or never did)"), (other_tenant, "another tenant")]:
         r = identify(token)
         assert r.returncode != 0 and words in r.stderr, (token and token[:12], r.returncode, r.stdout, r.stderr)
         assert token is None or token not in r.stderr
@@ -214,6 +214,11 @@ def claims_of(token: str) -> dict:
     import json
     payload = token.split(".")[1]
     return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def header_of(token: str) -> dict:
+    """A token's header (its first part)."""
+    return claims_of("." + token.split(".")[0])
 
 
 def test_tokens_bound_to_a_timeline_and_read_only(cluster):
@@ -281,3 +286,159 @@ def test_tokens_bound_to_a_timeline_and_read_only(cluster):
     # The writer still commits.
     ep.sql("INSERT INTO t VALUES (3)")
     assert ep.sql("SELECT count(*) FROM t") == [(3,)]
+
+
+def agent_token(ep: Endpoint) -> dict:
+    """What an endpoint's agent says of its token (`token` of its status)."""
+    status = ep.agent_status()
+    return status.get("agent", status).get("token") or {}
+
+
+def test_keys_rotate_and_tokens_are_revoked_without_a_restart(cluster):
+    """`strata auth rotate` trusts new keys everywhere, then signs with them
+    (the services' own tokens too, taken up without a restart; the agents
+    renew theirs at a controller), and `--retire` refuses the old keys'
+    tokens; `strata auth revoke` puts one token on the deny list every
+    service reads (docs/security.md, "Keys and their rotation")."""
+    c = cluster
+    ep = Endpoint(c, "main")
+    ep.start()
+    ep.sql("CREATE TABLE t AS SELECT 1 AS x")
+    replica = Endpoint(c, "r1")
+    replica.start("--replica-of", "main")
+    services = {s["name"]: s for s in c.cluster_toml["services"]}
+    ps = f"http://127.0.0.1:{services['pageserver']['ports']['http']}"
+    sk = f"http://127.0.0.1:{services['sk1']['ports']['http']}"
+    mint = lambda *extra: c.run("auth", "token", *extra).stdout.strip()  # noqa: E731
+    keys = lambda: [line.split() for line in c.run("auth", "keys").stdout.splitlines()]  # noqa: E731
+    pids = {name: c.pid(name) for name in ("pageserver", "sk1", "controller")}
+
+    listed = keys()
+    assert [(k, role) for k, _, role in listed] == [("cluster", "signs"), ("issuer", "signs")], listed
+    old_kid, old_issuer = listed[0][1], listed[1][1]
+    # The agents' tokens expire (an hour) and name the key that signed them.
+    agent = claims_of((ep.dir / "agent.token").read_text().strip())
+    assert agent["exp"] - agent["iat"] == 3600, agent
+    assert agent_token(ep)["kid"] == old_kid
+    old_management = mint("--scope", "management")
+    old_service_token = (c.workdir / "auth" / "service.token").read_text().strip()
+    assert call(f"{ps}/v1/status", old_management)[0] == 200
+
+    out = c.run("auth", "rotate").stdout
+    listed = keys()
+    new_kid, new_issuer = listed[0][1], listed[2][1]
+    assert [(k, role) for k, _, role in listed] == [("cluster", "signs"), ("cluster", "trusted"),
+                                                   ("issuer", "signs"), ("issuer", "trusted")], listed
+    assert (listed[1][1], listed[3][1]) == (old_kid, old_issuer)
+    assert new_kid in out and new_kid != old_kid
+    new_management = mint("--scope", "management")
+    assert claims_of(new_management)["jti"] != claims_of(old_management).get("jti")
+    assert header_of(new_management)["kid"] == new_kid
+    # Both keys' tokens are accepted during the overlap.
+    for token in (old_management, new_management):
+        assert call(f"{ps}/v1/status", token)[0] == 200
+        assert call(f"{sk}/v1/status", token)[0] == 200
+    # The services' own tokens are signed again with the new key.
+    new_service_token = (c.workdir / "auth" / "service.token").read_text().strip()
+    assert new_service_token != old_service_token
+    assert header_of(new_service_token)["kid"] == new_kid
+    # The agents renew theirs at a controller: signed by the new issuer key,
+    # the same claims and id, a new expiry; a replica's password file too.
+    for e in (ep, replica):
+        wait_until(f"{e.name}'s agent renews its token",
+                   lambda e=e: agent_token(e).get("kid") == new_issuer, timeout=60)
+        assert agent_token(e)["renewals"] >= 1 and agent_token(e)["last_error"] is None
+    renewed = (ep.dir / "agent.token").read_text().strip()
+    assert header_of(renewed)["kid"] == new_issuer
+    got = claims_of(renewed)
+    assert {k: got.get(k) for k in ("scope", "tenant_id", "timeline_id", "jti")} == \
+        {k: agent.get(k) for k in ("scope", "tenant_id", "timeline_id", "jti")}, (got, agent)
+    replica_token = (replica.dir / "agent.token").read_text().strip()
+    assert claims_of(replica_token)["read_only"] is True
+    assert (replica.pgdata / "strata_replication.pgpass").read_text().strip().endswith(replica_token)
+
+    c.run("auth", "rotate", "--retire")
+    assert [(k, kid) for k, kid, _ in keys()] == [("cluster", new_kid), ("issuer", new_issuer)]
+    wait_until("the old key's tokens are refused", lambda: call(f"{ps}/v1/status", old_management)[0] == 401)
+    code, body = call(f"{sk}/v1/status", old_management)
+    assert code == 401 and "no longer trusts" in body, (code, body)
+    code, body = call(f"{ps}/v1/status", old_service_token)
+    assert code == 401, (code, body)
+    assert call(f"{ps}/v1/status", new_management)[0] == 200
+    # The services, now with the new key's tokens, still talk to each other,
+    # and the computes with their renewed ones: WAL reaches the pageserver
+    # and the replica, and a restarted compute reads its pages.
+    ep.sql("INSERT INTO t VALUES (2)")
+    wait_until("the replica replays the insert", lambda: replica.sql("SELECT count(*) FROM t") == [(2,)], timeout=60)
+    ep.stop()
+    ep.start()
+    assert ep.sql("SELECT count(*) FROM t") == [(2,)]
+    assert {name: c.pid(name) for name in pids} == pids, "no service was restarted"
+
+    # Revocation: by the token itself, and by id; only that token.
+    revoked, kept = mint("--scope", "management"), mint("--scope", "management")
+    path = c.workdir / "revoke-me.token"
+    path.write_text(revoked)
+    path.chmod(0o600)
+    out = c.run("auth", "revoke", "--token-file", str(path)).stdout
+    assert claims_of(revoked)["jti"] in out
+    wait_until("the revoked token is refused", lambda: call(f"{ps}/v1/status", revoked)[0] == 401)
+    code, body = call(f"{sk}/v1/status", revoked)
+    assert code == 401 and "revoked" in body, (code, body)
+    assert call(f"{ps}/v1/status", kept)[0] == 200
+    by_id = mint("--scope", "tenant")
+    c.run("auth", "revoke", "--id", claims_of(by_id)["jti"])
+    tl = f"{ps}/v1/tenant/{c.cluster_toml['tenant_id']}/timeline/{c.timeline_id('main')}"
+    wait_until("the token revoked by id is refused", lambda: call(tl, by_id)[0] == 401)
+    metrics = call(f"{ps}/metrics", kept)[1]
+    for reason in ("unknown_key", "revoked"):
+        assert f'reason="{reason}"' in metrics, reason
+    # Bad input: an id no token has, a token file others may read.
+    assert c.run("auth", "revoke", "--id", "not an id", check=False).returncode == 2
+    path.chmod(0o644)
+    result = c.run("auth", "revoke", "--token-file", str(path), check=False)
+    assert result.returncode != 0 and "600" in result.stderr, result.stderr
+    # The endpoint still works after everything.
+    ep.sql("INSERT INTO t VALUES (3)")
+    assert ep.sql("SELECT count(*) FROM t") == [(3,)]
+
+
+def test_a_renewal_keeps_the_claims_and_an_issuer_mints_nothing_else(cluster):
+    """The controller renews a tenant token it is shown (same claims and id,
+    a new expiry, its issuer's key) and nothing else; what an issuer's key
+    could sign beyond that is refused by every service."""
+    c = cluster
+    services = {s["name"]: s for s in c.cluster_toml["services"]}
+    ctl = f"http://127.0.0.1:{services['controller']['ports']['http']}"
+    ps = f"http://127.0.0.1:{services['pageserver']['ports']['http']}"
+    tenant, main = c.cluster_toml["tenant_id"], c.timeline_id("main")
+    mint = lambda *extra: c.run("auth", "token", *extra).stdout.strip()  # noqa: E731
+    reader = mint("--scope", "tenant", "--timeline", main, "--read-only", "--ttl-secs", "600")
+    code, body = call(f"{ctl}/v1/tenant/{tenant}/token", reader, "POST")
+    assert code == 200, (code, body)
+    import json
+    renewed = json.loads(body)["token"]
+    before, after = claims_of(reader), claims_of(renewed)
+    for k in ("scope", "tenant_id", "timeline_id", "read_only", "jti"):
+        assert after[k] == before[k], k
+    assert after["exp"] - after["iat"] == 600 and after["iat"] >= before["iat"]
+    issuer_kid = [line.split()[1] for line in c.run("auth", "keys").stdout.splitlines() if line.startswith("issuer")][0]
+    assert header_of(renewed)["kid"] == issuer_kid
+    assert call(f"{ps}/v1/tenant/{tenant}/timeline/{main}", renewed)[0] == 200
+    # Another tenant's path, and tokens of other scopes: refused.
+    assert call(f"{ctl}/v1/tenant/{'ab' * 16}/token", reader, "POST")[0] == 403
+    for scope in ("management", "service", "controller"):
+        code, body = call(f"{ctl}/v1/tenant/{tenant}/token", mint("--scope", scope), "POST")
+        assert code == 403 and "only a token of tenant" in body, (scope, code, body)
+    assert call(f"{ctl}/v1/tenant/{tenant}/token", None, "POST")[0] == 401
+    # A renewed token revoked is refused with every renewal of it.
+    c.run("auth", "revoke", "--id", before["jti"])
+    wait_until("the renewal is revoked", lambda: call(f"{ps}/v1/status", renewed)[0] == 401)
+    # Each verifier reads the deny list again within a second or so.
+    wait_until("the controller renews it no more",
+               lambda: call(f"{ctl}/v1/tenant/{tenant}/token", reader, "POST")[0] == 401)
+    code, body = call(f"{ctl}/v1/tenant/{tenant}/token", reader, "POST")
+    assert "revoked" in body, (code, body)
+    # The issuer's private key is the controllers' alone.
+    mode = (c.workdir / "auth" / "issuer.pem").stat().st_mode & 0o777
+    assert mode == 0o600, oct(mode)

@@ -138,3 +138,27 @@ def test_the_crates_that_decide_by_time_read_it_from_a_clock():
         conf = (REPO / crate / "clippy.toml").read_text()
         for method in ("std::time::Instant::now", "std::time::SystemTime::now"):
             assert f'path = "{method}"' in conf, f"{crate}/clippy.toml does not disallow {method}"
+
+
+def test_no_rust_test_fixes_the_clones_path_when_compiled():
+    """A build cache serves clones at other paths, and cargo does not rebuild
+    a test only because the clone moved: a path taken with `env!` at compile
+    time may name a clone that is gone. Tests read cargo's variables when
+    they run (`strata_test_support::paths`); this scan keeps it so."""
+    pattern = re.compile(r'env!\(\s*"CARGO_(MANIFEST_DIR|MANIFEST_PATH|BIN_EXE_|TARGET_TMPDIR)')
+    allowed = {REPO / "test_support" / "src" / "paths.rs"}
+    offenders = []
+    sources = subprocess.run(
+        ["git", "ls-files", "*.rs"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert len(sources) > 100, "the scan found the workspace's Rust sources"
+    for name in sources:
+        path = REPO / name
+        if path in allowed:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{name}:{number}: {line.strip()}")
+    assert not offenders, "paths fixed at compile time:\n" + "\n".join(offenders)
+    # The scan would see one.
+    assert pattern.search('let p = env!("CARGO_BIN_EXE_strata-faultfs");')

@@ -20,7 +20,7 @@ from fixtures.pageserver_api import PageserverApi, wait_for_pageserver_lsn
 from fixtures.wait import wait_until
 
 # Who may read what: anyone a public key or a certificate, nobody else anything.
-PUBLIC = {"auth": re.compile(r"public\.pem"), "tls": re.compile(r".*\.pem")}
+PUBLIC = {"auth": re.compile(r"(issuer-)?public\.pem|revoked\.json"), "tls": re.compile(r".*\.pem")}
 WAL_SEGMENT = re.compile(r"[0-9A-F]{24}(\.partial)?")
 OTHER_USER = "nobody"
 

@@ -840,6 +840,9 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
     c.call(ctl, "get", att, query={"bogus": 1}, expect={400}, tenant=tenant)
     c.call(ctl, "get", att, expect={400}, tenant="not-an-id")
     c.call(ctl, "get", att, expect={404}, tenant=missing)
+    # Renewal renews a tenant's own token only: management's is refused.
+    c.call(ctl, "post", "/v1/tenant/{tenant}/token", expect={403}, tenant=tenant)
+    c.call(ctl, "post", "/v1/tenant/{tenant}/token", expect={400}, tenant="not-an-id")
     # Fill of an active pageserver changes nothing; an unknown one is refused.
     c.call(ctl, "post", "/v1/pageserver/{name}/fill", expect={200}, name="pageserver")
     c.call(ctl, "post", "/v1/pageserver/{name}/fill", expect={404}, name="nope")

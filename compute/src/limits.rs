@@ -88,6 +88,11 @@ pub const PAGE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 // Following the tenant's attachment (`crate::pageserver_target`).
 
 /// Longest a long poll of a controller waits (it answers at once when the state changes).
+/// How often the agent looks whether its token is due for renewal (a third
+/// of its life left, or a newer key trusted).
+pub const TOKEN_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a renewal call to one controller may take.
+pub const TOKEN_RENEW_TIMEOUT: Duration = Duration::from_secs(10);
 pub const CONTROLLER_LONG_POLL: Duration = Duration::from_secs(25);
 /// Pause before the next controller after one did not answer.
 pub const CONTROLLER_RETRY_PAUSE: Duration = Duration::from_millis(200);

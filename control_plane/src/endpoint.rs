@@ -550,8 +550,10 @@ pub fn start(
         moved,
         agent_token: super::keys::signer(&wd.root)?.map(|signer| {
             // Its own branch only; a replica or a read-only endpoint may not
-            // propose WAL (`docs/security.md`, "Scopes").
-            let claims = Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), None).for_timeline(branch.timeline_id);
+            // propose WAL (`docs/security.md`, "Scopes"). It expires when
+            // the controllers can renew it.
+            let ttl = super::keys::controllers_renew(wd).then_some(crate::limits::COMPUTE_TOKEN_TTL);
+            let claims = Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), ttl).for_timeline(branch.timeline_id);
             signer.sign(&if reads_only { claims.reading_only() } else { claims })
         }),
         compute_tls: super::certs::issue_compute(&wd.root, name, target.address)?,

@@ -121,6 +121,23 @@ pub struct Spec {
     pub files: std::collections::BTreeMap<std::path::PathBuf, String>,
 }
 
+/// The files of the cluster's trust a spec carries besides its state: the
+/// keys every service trusts, the deny list, and the tokens the services
+/// and controllers show each other (secret: written 0600), so that a key's
+/// rotation or a token's revocation reaches every host
+/// (`docs/security.md`).
+pub const TRUST_FILES: [(&str, bool); 6] = [
+    ("auth/public.pem", false),
+    ("auth/issuer-public.pem", false),
+    ("auth/revoked.json", false),
+    ("auth/service.token", true),
+    ("auth/controller.token", true),
+    ("auth/issuer.pem", true),
+];
+
+/// The controllers' own: only hosts that run a controller get them.
+const CONTROLLERS_ONLY: [&str; 2] = ["auth/controller.token", "auth/issuer.pem"];
+
 /// This machine's copy of the cluster's state.
 pub fn spec(wd: &Workdir) -> Result<Spec> {
     let mut files = std::collections::BTreeMap::new();
@@ -134,7 +151,26 @@ pub fn spec(wd: &Workdir) -> Result<Spec> {
     for s in &wd.cluster.services {
         read(&s.config)?;
     }
+    for (rel, _) in TRUST_FILES {
+        if wd.root.join(rel).exists() {
+            read(std::path::Path::new(rel))?;
+        }
+    }
     Ok(Spec { revision: wd.cluster.revision, files })
+}
+
+/// The state as `host` gets it: without the controllers' token and issuer
+/// key unless it runs a controller.
+pub fn spec_for(wd: &Workdir, host: &Host) -> Result<Spec> {
+    let mut spec = spec(wd)?;
+    let runs_controller =
+        wd.cluster.services.iter().any(|s| s.host == host.name && s.kind == super::layout::Kind::Controller);
+    if !runs_controller {
+        for rel in CONTROLLERS_ONLY {
+            spec.files.remove(std::path::Path::new(rel));
+        }
+    }
+    Ok(spec)
 }
 
 /// Takes `spec` as this machine's copy if it is newer: the services'
@@ -163,9 +199,18 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
     // be able to name a program that a root process starts.
     cluster.pg_bin_dir = wd.cluster.pg_bin_dir.clone();
     cluster.pg_user = wd.cluster.pg_user.clone();
+    // Every trust file is checked before anything is written.
     for (rel, text) in &spec.files {
-        // Only files inside the workdir, named as cluster.toml names them.
-        let known = rel == cluster_rel || cluster.services.iter().any(|s| &s.config == rel);
+        if let Some((_, secret)) = TRUST_FILES.iter().find(|(name, _)| std::path::Path::new(name) == rel) {
+            check_trust_file(rel, text, *secret)
+                .map_err(|e| Error::Failed(format!("revision {}: {}: {e}", spec.revision, rel.display())))?;
+        }
+    }
+    for (rel, text) in &spec.files {
+        // Only files inside the workdir, named as cluster.toml names them,
+        // and the trust files.
+        let trust = TRUST_FILES.iter().find(|(name, _)| std::path::Path::new(name) == rel);
+        let known = rel == cluster_rel || trust.is_some() || cluster.services.iter().any(|s| &s.config == rel);
         if !known || rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
             return failed(format!(
                 "revision {}: {} is not a file of the cluster's state",
@@ -173,7 +218,10 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
                 rel.display()
             ));
         }
-        if rel != cluster_rel {
+        if let Some((_, secret)) = trust {
+            write_trust_file(wd, rel, text, *secret)
+                .map_err(|e| Error::Failed(format!("revision {}: {}: {e}", spec.revision, rel.display())))?;
+        } else if rel != cluster_rel {
             let path = wd.root.join(rel);
             if let Some(dir) = path.parent() {
                 // A service's directory: its data, config and log are its own.
@@ -186,6 +234,40 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
     }
     super::layout::write_toml(&wd.root.join(cluster_rel), super::layout::CLUSTER_HEADER, &cluster)?;
     Ok(true)
+}
+
+/// Whether a trust file the spec carries is one its host's processes can
+/// use: a spec cannot leave a host with keys, a deny list or a token that
+/// its services would refuse to start on.
+fn check_trust_file(rel: &std::path::Path, text: &str, secret: bool) -> std::result::Result<(), String> {
+    use strata_service::auth;
+    match rel.file_name().and_then(|n| n.to_str()) {
+        Some(name @ ("public.pem" | auth::ISSUER_PUBLIC_FILE)) => {
+            auth::keys::parse(text.as_bytes(), name).map(drop).map_err(|e| e.to_string())
+        }
+        Some(auth::REVOKED_FILE) => auth::DenyList::parse(text.as_bytes()).map(drop),
+        Some("issuer.pem") => {
+            auth::keys::private_key_id(text.as_bytes(), "issuer.pem").map(drop).map_err(|e| e.to_string())
+        }
+        _ if secret && (text.trim().is_empty() || text.trim().chars().any(char::is_whitespace)) => {
+            Err("does not hold one token".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes a checked trust file: in the private `auth/`, a secret readable
+/// by its owner only.
+fn write_trust_file(wd: &Workdir, rel: &std::path::Path, text: &str, secret: bool) -> std::result::Result<(), String> {
+    let path = wd.root.join(rel);
+    if let Some(dir) = path.parent() {
+        super::layout::create_private_dir(dir).map_err(|e| e.to_string())?;
+    }
+    match secret {
+        true => strata_service::auth::write_secret(&path, text),
+        false => strata_service::durable::replace_file(&path, text.as_bytes(), true),
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// A service's config (TOML) with the programs it runs (`pg_bin_dir`) and
@@ -235,10 +317,25 @@ pub fn refresh(wd: Workdir, progress: &mut dyn Progress) -> Result<Workdir> {
     Workdir::open(&wd.root)
 }
 
+/// The other hosts whose node does not have this machine's revision of the
+/// state (or does not answer), by name.
+pub fn behind(wd: &Workdir) -> Vec<String> {
+    wd.cluster
+        .hosts
+        .iter()
+        .filter(|h| !is_local(h) && h.node_port != 0)
+        .filter(|h| {
+            call::<Spec>(h, "GET", "/v1/spec", None::<&()>, SYNC_CALL)
+                .map_or(true, |theirs| theirs.revision < wd.cluster.revision)
+        })
+        .map(|h| h.name.clone())
+        .collect()
+}
+
 /// Hands this machine's state to one host's node (before a call that
 /// depends on it, such as an endpoint's start there).
 pub fn send(wd: &Workdir, host: &Host) -> Result<()> {
-    let spec = spec(wd)?;
+    let spec = spec_for(wd, host)?;
     // The node takes it under its lock, which it holds while it starts a
     // service (half a minute at most).
     call::<serde_json::Value>(host, "POST", "/v1/spec", Some(&spec), SEND_CALL).map(drop)
@@ -251,11 +348,11 @@ pub fn publish(wd: &Workdir, progress: &mut dyn Progress) {
     if wd.cluster.hosts.iter().all(is_local) {
         return;
     }
-    let spec = match spec(wd) {
-        Ok(s) => s,
-        Err(e) => return progress.tell(Notice::StateNotSent { error: e.to_string() }),
-    };
     for host in wd.cluster.hosts.iter().filter(|h| !is_local(h) && h.node_port != 0) {
+        let spec = match spec_for(wd, host) {
+            Ok(s) => s,
+            Err(e) => return progress.tell(Notice::StateNotSent { error: e.to_string() }),
+        };
         if let Err(e) = call::<serde_json::Value>(host, "POST", "/v1/spec", Some(&spec), SYNC_CALL) {
             let (revision, host, error) = (spec.revision, host.name.clone(), e.to_string());
             progress.tell(Notice::RevisionNotSent { revision, host, error });
@@ -343,5 +440,67 @@ mod tests {
         assert_eq!(config["pg_bin_dir"].as_str(), bin_dir.to_str());
         assert_eq!(config["pg_user"].as_str(), Some(user.as_str()));
         std::fs::remove_dir_all(&a).unwrap();
+    }
+
+    #[test]
+    fn keys_the_deny_list_and_tokens_travel_with_the_state_to_the_hosts_they_belong_to() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("strata-hosts-trust-{}", strata_protocol::TimelineId::generate()));
+        crate::init::init(&InitOptions::for_test(&d, 1)).unwrap();
+        let wd = Workdir::open(&d).unwrap();
+        let full = spec(&wd).unwrap();
+        for (rel, _) in TRUST_FILES.iter().filter(|(rel, _)| !rel.ends_with("revoked.json")) {
+            assert!(full.files.contains_key(std::path::Path::new(rel)), "{rel}");
+        }
+        // The controllers' token and issuer key go to controllers' hosts only.
+        let here = wd.cluster.hosts[0].clone();
+        let elsewhere = Host { name: "elsewhere".into(), ..here.clone() };
+        for rel in CONTROLLERS_ONLY {
+            assert!(spec_for(&wd, &here).unwrap().files.contains_key(std::path::Path::new(rel)), "{rel}");
+            assert!(!spec_for(&wd, &elsewhere).unwrap().files.contains_key(std::path::Path::new(rel)), "{rel}");
+        }
+        // A newer state with a key more, a deny list and new tokens is taken,
+        // each file with its mode.
+        let newer = |revision: u64, edit: &dyn Fn(&mut Spec)| {
+            let mut s = spec(&Workdir::open(&d).unwrap()).unwrap();
+            let now = s.revision;
+            s.revision = revision;
+            let text = s.files.get_mut(std::path::Path::new("cluster.toml")).unwrap();
+            *text = text.replace(&format!("revision = {now}"), &format!("revision = {revision}"));
+            edit(&mut s);
+            s
+        };
+        let (_, extra_key) = strata_service::auth::generate_key_pair();
+        let deny = r#"{"version":1,"revoked":[{"jti":"abc"}]}"#;
+        let taken = newer(5, &|s| {
+            let public = s.files[std::path::Path::new("auth/public.pem")].clone();
+            s.files.insert("auth/public.pem".into(), format!("{extra_key}{public}"));
+            s.files.insert("auth/revoked.json".into(), deny.into());
+            s.files.insert("auth/service.token".into(), "a.b.c".into());
+        });
+        assert!(adopt(&wd, &taken).unwrap());
+        let mode = |rel: &str| std::fs::metadata(d.join(rel)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(std::fs::read_to_string(d.join("auth/revoked.json")).unwrap(), deny);
+        assert!(std::fs::read_to_string(d.join("auth/public.pem")).unwrap().starts_with(&extra_key));
+        assert_eq!(std::fs::read_to_string(d.join("auth/service.token")).unwrap(), "a.b.c");
+        assert_eq!(mode("auth/service.token"), 0o600);
+        assert_eq!(mode("auth/issuer.pem"), 0o600);
+        assert_eq!(mode("auth"), 0o700);
+        // What no service could read is refused, and nothing of it written.
+        for (rel, bad) in [
+            ("auth/public.pem", "not a key"),
+            ("auth/revoked.json", "{"),
+            ("auth/service.token", "two tokens"),
+            ("auth/issuer.pem", "-----BEGIN PRIVATE KEY-----\nnope\n-----END PRIVATE KEY-----\n"),
+        ] {
+            let wd = Workdir::open(&d).unwrap();
+            let before = std::fs::read_to_string(d.join(rel)).unwrap();
+            let spec = newer(wd.cluster.revision + 1, &|s| {
+                s.files.insert(rel.into(), bad.into());
+            });
+            assert!(adopt(&wd, &spec).is_err(), "{rel}");
+            assert_eq!(std::fs::read_to_string(d.join(rel)).unwrap(), before, "{rel}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

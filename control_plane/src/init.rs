@@ -522,6 +522,7 @@ impl Plan {
                     "pageservers": pageservers,
                     "tenants": [tenant_id],
                     "auth": self.controller_auth(),
+                    "issuer_key": self.secure.then(|| super::keys::issuer_key(&self.root)),
                     "tls": self.host_tls(host),
                 }),
                 "controller",

@@ -139,6 +139,9 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(300);
 pub const LOCK_POLL: Duration = Duration::from_millis(200);
 /// How long the CLI's own management token lives: longer than any command.
 pub const CLI_TOKEN_TTL: Duration = Duration::from_secs(3600);
+/// How long an endpoint's agent token lasts before its agent renews it at a
+/// controller (when every controller can: `docs/security.md`, "Renewal").
+pub const COMPUTE_TOKEN_TTL: Duration = Duration::from_secs(3600);
 /// Longest cause shown in a table cell.
 pub const SHORT_CHARS: usize = 80;
 

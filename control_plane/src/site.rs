@@ -499,9 +499,13 @@ fn count_commits(
         Some(tls) => tls.connect_blocking(strata_service::tls::host_of(&addr), tcp).map_err(|e| e.to_string())?,
         None => strata_service::tls::BlockingStream::Plain(tcp),
     };
-    let token = super::keys::signer(&wd.root)
-        .map_err(|e| e.to_string())?
-        .map(|s| strata_protocol::Token::new(s.sign(&Claims::new(Scope::Tenant, Some(tenant), None))));
+    let token = super::keys::signer(&wd.root).map_err(|e| e.to_string())?.map(|s| {
+        strata_protocol::Token::new(s.sign(&Claims::new(
+            Scope::Tenant,
+            Some(tenant),
+            Some(crate::limits::CLI_TOKEN_TTL),
+        )))
+    });
     let mut out = Vec::new();
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {

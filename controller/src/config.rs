@@ -30,6 +30,11 @@ pub struct ControllerConfig {
     /// sent to the pageservers (`docs/security.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<strata_service::auth::AuthConfig>,
+    /// The issuer's private key (PKCS#8 PEM, private to its owner), with
+    /// which it renews the computes' tokens; without it, it renews none.
+    /// Needs `auth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_key: Option<std::path::PathBuf>,
     /// TLS on the listener, and to the pageservers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<strata_service::tls::TlsConfig>,
@@ -98,6 +103,12 @@ impl ControllerConfig {
             return Err(ConfigError { key: "pageservers", message: "none: there is nowhere to place tenants".into() });
         }
         check_unique_names("pageservers", self.pageservers.iter().map(|p| p.name.as_str()))?;
+        if self.issuer_key.is_some() && self.auth.is_none() {
+            return Err(ConfigError {
+                key: "issuer_key",
+                message: "renewing tokens needs [auth]: without it no caller's token is checked".into(),
+            });
+        }
         check_exposure(
             "listen_http",
             self.listen_http,

@@ -1,6 +1,7 @@
 //! The controller's HTTP API (`docs/openapi/controller.yaml`): its status,
-//! where a tenant is attached (long-polled by the compute agents), drain
-//! and fill of a pageserver, and metrics.
+//! where a tenant is attached (long-polled by the compute agents), the
+//! renewal of the computes' tokens, drain and fill of a pageserver, and
+//! metrics.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,18 +24,33 @@ fn error(status: StatusCode, message: String) -> Response {
 }
 
 /// The routes; with `auth`, each needs the scope of its group.
-pub fn router(controller: Arc<Controller>, auth: Option<&HttpAuth>) -> Router {
+pub fn router(
+    controller: Arc<Controller>,
+    auth: Option<&HttpAuth>,
+    renewer: Option<Arc<crate::renew::Renewer>>,
+) -> Router {
     let management = Router::new()
         .route("/v1/pageserver/{name}/drain", post(drain))
         .route("/v1/pageserver/{name}/fill", post(fill))
         .route("/v1/pageserver/{name}/lost", post(lost));
     let tenant = Router::new().route("/v1/tenant/{tenant}/attachment", get(attachment));
     let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
+    let renewal = Router::new().route("/v1/tenant/{tenant}/token", post(renew_token)).with_state(renewer);
     Router::new()
         .merge(guard(management, auth, Need::Management))
         .merge(guard(tenant, auth, Need::Tenant))
         .merge(guard(service, auth, Need::Service))
         .with_state(controller)
+        .merge(guard(renewal, auth, Need::Tenant))
+}
+
+/// `POST /v1/tenant/{tenant}/token`: see [`crate::renew`].
+async fn renew_token(
+    renewer: State<Option<Arc<crate::renew::Renewer>>>,
+    tenant: Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    crate::renew::renew(renewer, tenant, headers).await
 }
 
 async fn status(State(c): State<Arc<Controller>>) -> Response {

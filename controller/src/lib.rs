@@ -16,6 +16,7 @@ pub mod env;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod renew;
 pub mod retry;
 pub mod schedule;
 pub mod service;
@@ -51,8 +52,15 @@ pub async fn run(config: config::ControllerConfig) -> Result<(), StartError> {
         &security,
     );
     tracing::info!(id = config.id, http = %config.listen_http, storage = %store.describe(), "storage controller started");
+    // Renewal needs the callers' tokens checked: only with auth.
+    let renewer = match (&config.issuer_key, &security.verifier) {
+        (Some(key), Some(verifier)) => {
+            Some(Arc::new(renew::Renewer { verifier: verifier.clone(), issuer_key: key.clone() }))
+        }
+        _ => None,
+    };
     let controller = service::Controller::new(config, env::Env::production(store, client), metrics);
-    let router = http::router(controller.clone(), auth.as_ref());
+    let router = http::router(controller.clone(), auth.as_ref(), renewer);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serve_http(listener, router));
     tasks.spawn(controller.run());

@@ -8,6 +8,13 @@
 
 use std::time::Duration;
 
+// ---- the computes' tokens
+
+/// How long a renewed compute token lasts when the one it renews never
+/// expired (those the CLI hands out last an hour, and so do their renewals).
+pub const RENEWED_TOKEN_TTL: Duration = Duration::from_secs(3600);
+const _: () = assert!(RENEWED_TOKEN_TTL.as_secs() <= strata_service::limits::MAX_ISSUED_TTL.as_secs());
+
 // ---- heartbeats and the lease (defaults of `controller.toml`)
 
 /// How often every pageserver is asked for its status, by default.

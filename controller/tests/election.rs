@@ -24,6 +24,7 @@ fn config(id: u64, storage: &std::path::Path, tenant: TenantId) -> ControllerCon
         }],
         tenants: vec![tenant],
         auth: None,
+        issuer_key: None,
         tls: None,
         heartbeat_interval: Duration::from_millis(100),
         offline_after: Duration::from_millis(300),

@@ -3,7 +3,6 @@
 //! must decode to an error or to valid records — never a panic or a hang.
 //! The coverage-guided fuzz targets in `fuzz/` drive the same entry point.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use strata_formats::fuzz::{decode_wal, fuzz_one};
@@ -11,7 +10,7 @@ use strata_formats::Lsn;
 use strata_test_support::rng::{seeded, Rng, RngExt};
 
 fn inputs() -> Vec<(Lsn, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/wal");
+    let dir = strata_test_support::paths::in_crate("tests/data/wal");
     let mut out: Vec<(Lsn, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())

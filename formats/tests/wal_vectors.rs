@@ -18,7 +18,7 @@ use strata_formats::{Lsn, PgVersion};
 const SEG: u64 = 16 << 20;
 
 fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+    strata_test_support::paths::in_crate("tests/data")
 }
 
 /// (compression name, start LSN, bytes) of each WAL vector.

@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn a_fresh_identity_changes_the_system_identifier_and_nonce_and_keeps_the_rest() {
         let bytes =
-            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../formats/tests/data/pg_control_v15")).unwrap();
+            std::fs::read(strata_test_support::paths::in_crate("../formats/tests/data/pg_control_v15")).unwrap();
         let template = strata_formats::v15::control::ControlFile::decode(&bytes).unwrap();
         let mut a = template.clone();
         let mut b = template.clone();

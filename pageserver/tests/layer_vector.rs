@@ -43,7 +43,7 @@ fn written(tag: &str, name: LayerName, versions: &[(Key, Lsn, Value)]) -> Vec<u8
 /// The committed vector `file`, (re)written from `bytes` when asked to,
 /// and compared byte for byte.
 fn vector(file: &str, bytes: &[u8]) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(file);
+    let path = strata_test_support::paths::in_crate("tests/data").join(file);
     if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
         std::fs::write(&path, bytes).unwrap();
     }
@@ -55,7 +55,7 @@ fn vector(file: &str, bytes: &[u8]) -> Vec<u8> {
 /// A committed layer vector written by an earlier build, checked to be of
 /// format `version`.
 fn committed_layer(file: &str, version: u32) -> Vec<u8> {
-    let bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(file)).unwrap();
+    let bytes = std::fs::read(strata_test_support::paths::in_crate("tests/data").join(file)).unwrap();
     assert_eq!(&bytes[8..12], &version.to_le_bytes(), "{file}: format version");
     bytes
 }
@@ -196,7 +196,7 @@ fn remote_index_v1_vector() {
             },
         ],
     };
-    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/index-v1.json");
+    let vector = strata_test_support::paths::in_crate("tests/data/index-v1.json");
     if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
         std::fs::write(&vector, index.encode()).unwrap();
     }
@@ -209,7 +209,7 @@ fn remote_index_v1_vector() {
 fn attachments_v1_vector_is_still_read() {
     use strata_pageserver::remote::attachments::Attachments;
     let tenant = "0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
-    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/attachments-v1.json");
+    let vector = strata_test_support::paths::in_crate("tests/data/attachments-v1.json");
     let expected = std::fs::read(&vector).unwrap();
     assert_eq!(Attachments::decode(&expected).unwrap().generation(tenant), Some(3));
 }
@@ -226,7 +226,7 @@ fn attachments_v2_vector() {
             (secondary, Attachment { generation: 0, mode: LocationMode::Secondary }),
         ]),
     };
-    let vector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/attachments-v2.json");
+    let vector = strata_test_support::paths::in_crate("tests/data/attachments-v2.json");
     if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
         std::fs::write(&vector, a.encode()).unwrap();
     }
@@ -238,7 +238,7 @@ fn attachments_v2_vector() {
 
 #[test]
 fn timeline_metadata_v1_vector() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/metadata-v1.json");
+    let path = strata_test_support::paths::in_crate("tests/data/metadata-v1.json");
     let meta: strata_pageserver::timeline::TimelineMetadata =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(meta.format_version, 1);

@@ -1,31 +1,63 @@
 //! Tokens as held and carried (`docs/security.md`).
 
 use std::fmt;
+use std::sync::{Arc, RwLock};
 
 /// A signed token that proves what its holder may do, held in memory or
 /// carried in a message. Its debug output hides it, so messages and
 /// configurations that hold one can be logged whole: tokens are never logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(pub String);
+///
+/// Clones share one value, which [`Token::replace`] changes for all of
+/// them: a process's own token, handed to each of its clients at start,
+/// is renewed or re-signed after a key rotation in one place.
+#[derive(Clone)]
+pub struct Token(Arc<RwLock<Arc<str>>>);
 
 impl Token {
     pub fn new(token: String) -> Token {
-        Token(token)
+        Token(Arc::new(RwLock::new(token.into())))
     }
 
     /// `None` for an empty string: the wire encodes "no token" as "".
     pub fn from_wire(s: String) -> Option<Token> {
-        (!s.is_empty()).then_some(Token(s))
+        (!s.is_empty()).then(|| Token::new(s))
     }
 
-    /// The token itself, to send.
-    pub fn expose(&self) -> &str {
-        &self.0
+    /// The token itself as it is now, to send.
+    pub fn expose(&self) -> Arc<str> {
+        self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// The value of an HTTP `Authorization` header carrying it.
     pub fn bearer(&self) -> String {
-        format!("Bearer {}", self.0)
+        format!("Bearer {}", self.expose())
+    }
+
+    /// Makes `token` the value of this token and of every clone of it.
+    pub fn replace(&self, token: String) {
+        *self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = token.into();
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Token) -> bool {
+        self.expose() == other.expose()
+    }
+}
+
+impl Eq for Token {}
+
+/// As a JSON string (in an answer that hands one out).
+impl serde::Serialize for Token {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.expose())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Token {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Token, D::Error> {
+        let text = String::deserialize(d)?;
+        Token::from_wire(text).ok_or_else(|| serde::de::Error::custom("an empty token"))
     }
 }
 
@@ -36,8 +68,8 @@ impl fmt::Debug for Token {
 }
 
 /// The wire form of an optional token: the empty string for none.
-pub fn wire(token: &Option<Token>) -> &str {
-    token.as_ref().map_or("", Token::expose)
+pub fn wire(token: &Option<Token>) -> Arc<str> {
+    token.as_ref().map_or_else(|| Arc::from(""), Token::expose)
 }
 
 #[cfg(test)]
@@ -46,13 +78,18 @@ mod tests {
 
     #[test]
     fn never_shows_in_debug_and_empty_is_none() {
-        let t = Token("secret-bits".into());
+        let t = Token::new("secret-bits".into());
         assert_eq!(format!("{t:?}"), "Token(..)");
         assert_eq!(format!("{:?}", Some(t.clone())), "Some(Token(..))");
         assert_eq!(Token::from_wire(String::new()), None);
-        assert_eq!(Token::from_wire("x".into()), Some(Token("x".into())));
-        assert_eq!(wire(&Some(t)), "secret-bits");
-        assert_eq!(wire(&None), "");
+        assert_eq!(Token::from_wire("x".into()), Some(Token::new("x".into())));
+        assert_eq!(&*wire(&Some(t.clone())), "secret-bits");
+        assert_eq!(&*wire(&None), "");
+        // A replaced value is every clone's.
+        let shared = t.clone();
+        t.replace("renewed".into());
+        assert_eq!(&*shared.expose(), "renewed");
+        assert_eq!(shared.bearer(), "Bearer renewed");
         assert_eq!(Token::new("a".into()).bearer(), "Bearer a");
     }
 }

@@ -531,7 +531,7 @@ async fn membership_generations_fence_stale_proposers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
     use strata_service::auth::{Claims, Scope, Signer};
-    let keys = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../service/tests/data/auth");
+    let keys = strata_test_support::paths::in_crate("../service/tests/data/auth");
     let signer = Signer::load(&keys.join("private.pem")).unwrap();
     let mint = |scope, tenant| signer.sign(&Claims::new(scope, tenant, None));
     let (ours, theirs) = (TenantId([5; 16]), TenantId([7; 16]));
@@ -647,7 +647,7 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
         ("proposer", "other_tenant", 1),
         ("proposer", "scope", 1),
         ("stream", "expired", 1),
-        ("stream", "bad_signature", 1),
+        ("stream", "unknown_key", 1),
     ] {
         let line = format!(r#"auth_refusals_total{{interface="{interface}",reason="{reason}"}} {n}"#);
         assert!(metrics.contains(&line), "{line} in\n{metrics}");

@@ -12,6 +12,8 @@
 //! `strata init` writes) can.
 
 pub mod http;
+pub mod keys;
+pub mod revoked;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -22,7 +24,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use strata_protocol::{TenantId, TimelineId};
 
-use crate::limits::{LEEWAY_SECS, MAX_TOKEN_LEN};
+pub use revoked::DenyList;
+
+use crate::limits::{AUTH_RELOAD_INTERVAL, LEEWAY_SECS, MAX_ISSUED_TTL, MAX_TOKEN_LEN, MAX_TRUST_FILE_BYTES};
 
 /// What a token lets its holder do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +85,10 @@ pub struct Claims {
     /// tokens, which live as long as the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exp: Option<u64>,
+    /// The token's id, random, by which it is revoked (none in tokens from
+    /// before ids, which only a key's rotation revokes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jti: Option<String>,
 }
 
 impl Claims {
@@ -88,7 +96,14 @@ impl Claims {
     pub fn new(scope: Scope, tenant_id: Option<TenantId>, ttl: Option<std::time::Duration>) -> Claims {
         let iat = now();
         let exp = ttl.map(|t| iat.saturating_add(t.as_secs().max(1)));
-        Claims { scope, tenant_id, timeline_id: None, read_only: false, iat, exp }
+        Claims { scope, tenant_id, timeline_id: None, read_only: false, iat, exp, jti: Some(new_token_id()) }
+    }
+
+    /// The same claims issued again now, for `ttl` (a renewal): the same
+    /// id, so that revoking a token revokes its renewals.
+    pub fn renewed(&self, ttl: std::time::Duration) -> Claims {
+        let iat = now();
+        Claims { iat, exp: Some(iat.saturating_add(ttl.as_secs().max(1))), ..self.clone() }
     }
 
     /// These claims for `timeline` of their tenant only.
@@ -135,7 +150,38 @@ impl Claims {
     }
 }
 
-fn now() -> u64 {
+/// When a token was issued, when it expires, and the key that signed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    pub kid: Option<String>,
+    pub iat: u64,
+    pub exp: Option<u64>,
+}
+
+/// A token's [`Lifetime`], read without checking its signature: for a
+/// holder to see when its own token is due for renewal (whoever it is shown
+/// to checks it). None for what is not a token.
+pub fn unverified_lifetime(token: &str) -> Option<Lifetime> {
+    if token.len() > MAX_TOKEN_LEN {
+        return None;
+    }
+    let header = jsonwebtoken::decode_header(token).ok()?;
+    let claims = jsonwebtoken::dangerous::insecure_decode::<Claims>(token).ok()?.claims;
+    Some(Lifetime { kid: header.kid, iat: claims.iat, exp: claims.exp })
+}
+
+/// A new token id: 16 random bytes in hex.
+pub fn new_token_id() -> String {
+    let mut bytes = [0u8; 16];
+    rustls::crypto::aws_lc_rs::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .expect("the system's random source works");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Seconds since the epoch now.
+pub fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
@@ -173,7 +219,7 @@ impl Access {
     }
 }
 
-/// Why a call was refused. The first four mean "who are you?" (HTTP 401),
+/// Why a call was refused. The first six mean "who are you?" (HTTP 401),
 /// the others "not you" (403).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -185,6 +231,10 @@ pub enum Refusal {
     BadSignature,
     #[error("an expired token")]
     Expired,
+    #[error("a token signed by a key this cluster no longer trusts (or never did)")]
+    UnknownKey,
+    #[error("a revoked token")]
+    Revoked,
     #[error("a {have} token cannot do this: it needs {need} scope")]
     Scope { have: Scope, need: Scope },
     #[error("a token of another tenant")]
@@ -208,6 +258,8 @@ impl Refusal {
             Refusal::Malformed(_) => "malformed",
             Refusal::BadSignature => "bad_signature",
             Refusal::Expired => "expired",
+            Refusal::UnknownKey => "unknown_key",
+            Refusal::Revoked => "revoked",
             Refusal::Scope { .. } => "scope",
             Refusal::OtherTenant => "other_tenant",
             Refusal::OtherTimeline => "other_timeline",
@@ -268,31 +320,215 @@ pub fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Checks tokens against the cluster's public key.
+/// Checks tokens against the keys the cluster trusts and its deny list.
+///
+/// Loaded from a key file, it reads that file again when it changes, and
+/// the issuers' keys and the deny list beside it ([`ISSUER_PUBLIC_FILE`],
+/// [`REVOKED_FILE`]): a key rotates and a token is revoked with no restart.
+/// It looks at most once per [`AUTH_RELOAD_INTERVAL`]; a file that changed
+/// into something unreadable is logged and the last good contents kept.
 pub struct Verifier {
-    key: DecodingKey,
+    trust: parking_lot::RwLock<Trust>,
+    files: Option<TrustFiles>,
     validation: Validation,
 }
 
+/// What a verifier trusts now.
+#[derive(Default)]
+struct Trust {
+    /// Keys that sign any token (the cluster's), newest first.
+    keys: Vec<keys::TrustedKey>,
+    /// Keys that sign only renewed tenant tokens (the controllers'), newest first.
+    issuers: Vec<keys::TrustedKey>,
+    revoked: DenyList,
+}
+
+/// The three files of a verifier's trust.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TrustFile {
+    Keys,
+    Issuers,
+    Revoked,
+}
+
+/// Where a verifier's trust comes from, and what it last saw there.
+struct TrustFiles {
+    key_file: PathBuf,
+    seen: parking_lot::Mutex<Seen>,
+}
+
+struct Seen {
+    checked: std::time::Instant,
+    stamps: [Option<FileStamp>; 3],
+}
+
+/// What tells a file changed without reading it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(FileStamp { modified: m.modified().ok(), len: m.len(), inode: m.ino() })
+}
+
+/// A trust file's contents, bounded.
+fn read_trust_file(path: &Path) -> Result<Vec<u8>, KeyError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|source| KeyError::Io { path: path.to_path_buf(), source })?;
+    let mut bytes = Vec::new();
+    file.take(MAX_TRUST_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| KeyError::Io { path: path.to_path_buf(), source })?;
+    if bytes.len() as u64 > MAX_TRUST_FILE_BYTES {
+        return Err(KeyError::Token {
+            path: path.to_path_buf(),
+            message: format!("over {MAX_TRUST_FILE_BYTES} bytes"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The deny list's file beside key file `public_key`.
+pub fn revoked_file(public_key: &Path) -> PathBuf {
+    public_key.with_file_name(REVOKED_FILE)
+}
+
+/// The issuers' keys' file beside key file `public_key`.
+pub fn issuer_public_file(public_key: &Path) -> PathBuf {
+    public_key.with_file_name(ISSUER_PUBLIC_FILE)
+}
+
+/// The name of the deny list's file, beside the key file.
+pub const REVOKED_FILE: &str = "revoked.json";
+
+/// The name of the file of the issuers' public keys, beside the key file:
+/// keys that sign only tenant tokens that expire within
+/// [`MAX_ISSUED_TTL`](crate::limits::MAX_ISSUED_TTL) (the controllers',
+/// which renew the computes' tokens).
+pub const ISSUER_PUBLIC_FILE: &str = "issuer-public.pem";
+
+impl TrustFiles {
+    fn path(&self, which: TrustFile) -> PathBuf {
+        match which {
+            TrustFile::Keys => self.key_file.clone(),
+            TrustFile::Issuers => issuer_public_file(&self.key_file),
+            TrustFile::Revoked => revoked_file(&self.key_file),
+        }
+    }
+
+    /// Reads one file into `trust`; an optional file that is not there is empty.
+    fn read(&self, which: TrustFile, trust: &mut Trust) -> Result<(), KeyError> {
+        let path = self.path(which);
+        if which != TrustFile::Keys && !path.exists() {
+            match which {
+                TrustFile::Issuers => trust.issuers.clear(),
+                _ => trust.revoked = DenyList::default(),
+            }
+            return Ok(());
+        }
+        let bytes = read_trust_file(&path)?;
+        let what = path.display().to_string();
+        match which {
+            TrustFile::Keys => trust.keys = keys::parse(&bytes, &what)?,
+            TrustFile::Issuers => trust.issuers = keys::parse(&bytes, &what)?,
+            TrustFile::Revoked => {
+                trust.revoked =
+                    DenyList::parse(&bytes).map_err(|message| KeyError::Token { path: path.clone(), message })?
+            }
+        }
+        Ok(())
+    }
+}
+
+const TRUST_FILES: [TrustFile; 3] = [TrustFile::Keys, TrustFile::Issuers, TrustFile::Revoked];
+
 impl Verifier {
-    /// From a public key in PEM (`-----BEGIN PUBLIC KEY-----`).
-    pub fn from_pem(pem: &[u8], what: &str) -> Result<Verifier, KeyError> {
-        let key = DecodingKey::from_ed_pem(pem).map_err(|e| KeyError::Format {
-            what: what.to_string(),
-            kind: "public",
-            message: e.to_string(),
-        })?;
+    fn with(trust: Trust, files: Option<TrustFiles>) -> Verifier {
         let mut validation = Validation::new(Algorithm::EdDSA);
         // `exp` is checked when present; services' own tokens have none.
         validation.required_spec_claims.clear();
         validation.validate_exp = true;
         validation.leeway = LEEWAY_SECS;
-        Ok(Verifier { key, validation })
+        Verifier { trust: parking_lot::RwLock::new(trust), files, validation }
     }
 
-    /// From a public key file.
+    /// From public keys in PEM (`-----BEGIN PUBLIC KEY-----`, one or more),
+    /// fixed: no file is watched, no issuer trusted and nothing revoked.
+    pub fn from_pem(pem: &[u8], what: &str) -> Result<Verifier, KeyError> {
+        Ok(Verifier::with(Trust { keys: keys::parse(pem, what)?, ..Trust::default() }, None))
+    }
+
+    /// From a key file and the issuers' keys and deny list beside it (if
+    /// there are), all read again when they change.
     pub fn load(path: &Path) -> Result<Verifier, KeyError> {
-        Verifier::from_pem(&read(path)?, &path.display().to_string())
+        let files = TrustFiles {
+            key_file: path.to_path_buf(),
+            seen: parking_lot::Mutex::new(Seen { checked: std::time::Instant::now(), stamps: [None; 3] }),
+        };
+        let mut trust = Trust::default();
+        {
+            let mut seen = files.seen.lock();
+            for (i, which) in TRUST_FILES.into_iter().enumerate() {
+                seen.stamps[i] = stamp(&files.path(which));
+                files.read(which, &mut trust)?;
+            }
+        }
+        Ok(Verifier::with(trust, Some(files)))
+    }
+
+    /// The ids of the keys trusted now, in the key file's order.
+    pub fn key_ids(&self) -> Vec<String> {
+        self.refresh();
+        self.trust.read().keys.iter().map(|k| k.kid.clone()).collect()
+    }
+
+    /// The ids of the issuers' keys trusted now, in their file's order.
+    pub fn issuer_key_ids(&self) -> Vec<String> {
+        self.refresh();
+        self.trust.read().issuers.iter().map(|k| k.kid.clone()).collect()
+    }
+
+    /// Whether `kid` is the newest key of its kind (the first of its file):
+    /// a token signed by another is renewed before its key is retired.
+    pub fn is_newest(&self, kid: &str) -> bool {
+        self.refresh();
+        let trust = self.trust.read();
+        [&trust.keys, &trust.issuers].iter().any(|keys| keys.first().is_some_and(|k| k.kid == kid))
+    }
+
+    /// Reads a trust file again if it changed since it last looked (at
+    /// most once per [`AUTH_RELOAD_INTERVAL`]).
+    fn refresh(&self) {
+        let Some(files) = &self.files else { return };
+        let Some(mut seen) = files.seen.try_lock() else { return };
+        if seen.checked.elapsed() < AUTH_RELOAD_INTERVAL {
+            return;
+        }
+        seen.checked = std::time::Instant::now();
+        for (i, which) in TRUST_FILES.into_iter().enumerate() {
+            let path = files.path(which);
+            let now = stamp(&path);
+            if now == seen.stamps[i] {
+                continue;
+            }
+            seen.stamps[i] = now;
+            let mut trust = self.trust.write();
+            match files.read(which, &mut trust) {
+                Ok(()) => tracing::info!(
+                    file = %path.display(),
+                    keys = ?trust.keys.iter().map(|k| k.kid.as_str()).collect::<Vec<_>>(),
+                    issuers = ?trust.issuers.iter().map(|k| k.kid.as_str()).collect::<Vec<_>>(),
+                    revoked = trust.revoked.len(),
+                    "trust read again"
+                ),
+                Err(e) => tracing::error!("{e}; what was read before stays"),
+            }
+        }
     }
 
     /// Whether `token` is valid and allows `need`; the refusal if not.
@@ -300,7 +536,8 @@ impl Verifier {
         self.verify(token).and_then(|claims| claims.permits(need))
     }
 
-    /// The claims of `token` if this cluster signed it and it has not expired.
+    /// The claims of `token` if a trusted key signed it, it has not expired
+    /// and it is not revoked.
     pub fn verify(&self, token: &str) -> Result<Claims, Refusal> {
         if token.is_empty() {
             return Err(Refusal::NoToken);
@@ -308,14 +545,48 @@ impl Verifier {
         if token.len() > MAX_TOKEN_LEN {
             return Err(Refusal::Malformed(format!("longer than {MAX_TOKEN_LEN} bytes")));
         }
-        let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
-            .map_err(|e| match e.kind() {
+        self.refresh();
+        let header = jsonwebtoken::decode_header(token).map_err(|e| Refusal::Malformed(e.to_string()))?;
+        if header.alg != Algorithm::EdDSA {
+            return Err(Refusal::Malformed("not an EdDSA token".into()));
+        }
+        let trust = self.trust.read();
+        let decode = |key: &DecodingKey| {
+            jsonwebtoken::decode::<Claims>(token, key, &self.validation).map(|d| d.claims).map_err(|e| match e.kind() {
                 ErrorKind::InvalidSignature => Refusal::BadSignature,
                 ErrorKind::ExpiredSignature => Refusal::Expired,
                 ErrorKind::InvalidAlgorithm => Refusal::Malformed("not an EdDSA token".into()),
                 _ => Refusal::Malformed(e.to_string()),
-            })?
-            .claims;
+            })
+        };
+        let claims = match &header.kid {
+            Some(kid) => match trust.keys.iter().find(|k| &k.kid == kid) {
+                Some(key) => decode(&key.key)?,
+                None => {
+                    let key = trust.issuers.iter().find(|k| &k.kid == kid).ok_or(Refusal::UnknownKey)?;
+                    let claims = decode(&key.key)?;
+                    check_issued(&claims)?;
+                    claims
+                }
+            },
+            // Tokens from before key ids: whichever of the cluster's keys
+            // signed it (an issuer's tokens always name their key).
+            None => {
+                let mut outcome = Err(Refusal::BadSignature);
+                for key in &trust.keys {
+                    outcome = decode(&key.key);
+                    if !matches!(outcome, Err(Refusal::BadSignature)) {
+                        break;
+                    }
+                }
+                outcome?
+            }
+        };
+        if let Some(jti) = &claims.jti {
+            if trust.revoked.contains(jti) {
+                return Err(Refusal::Revoked);
+            }
+        }
         match (claims.scope, claims.tenant_id) {
             (Scope::Tenant, None) => Err(Refusal::Malformed("a tenant token without a tenant_id".into())),
             (Scope::Management | Scope::Controller | Scope::Service, Some(_)) => {
@@ -331,9 +602,25 @@ impl Verifier {
     }
 }
 
-/// Mints tokens with the cluster's private key.
+/// What an issuer's key may sign: a renewed tenant token that expires
+/// within [`MAX_ISSUED_TTL`] of its issue. So a controller's host, which
+/// holds an issuer key, can never mint a management, controller or service
+/// token, nor one that never expires.
+fn check_issued(claims: &Claims) -> Result<(), Refusal> {
+    let lifetime = claims.exp.map(|exp| exp.saturating_sub(claims.iat));
+    match (claims.scope, lifetime) {
+        (Scope::Tenant, Some(secs)) if secs <= MAX_ISSUED_TTL.as_secs() => Ok(()),
+        _ => Err(Refusal::Malformed(format!(
+            "an issuer's key signs only tenant tokens that expire within {} s",
+            MAX_ISSUED_TTL.as_secs()
+        ))),
+    }
+}
+
+/// Mints tokens with the cluster's private key, each naming the key (`kid`).
 pub struct Signer {
     key: EncodingKey,
+    kid: String,
 }
 
 impl Signer {
@@ -344,7 +631,12 @@ impl Signer {
             kind: "private",
             message: e.to_string(),
         })?;
-        Ok(Signer { key })
+        Ok(Signer { key, kid: keys::private_key_id(pem, what)? })
+    }
+
+    /// The id of the key it signs with.
+    pub fn key_id(&self) -> &str {
+        &self.kid
     }
 
     /// From a private key file.
@@ -355,8 +647,8 @@ impl Signer {
     /// A signed token of `claims`.
     pub fn sign(&self, claims: &Claims) -> String {
         debug_assert_eq!(claims.scope == Scope::Tenant, claims.tenant_id.is_some(), "{claims:?}");
-        jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), claims, &self.key)
-            .expect("an Ed25519 key loaded from PEM signs any claims")
+        let header = Header { kid: Some(self.kid.clone()), ..Header::new(Algorithm::EdDSA) };
+        jsonwebtoken::encode(&header, claims, &self.key).expect("an Ed25519 key loaded from PEM signs any claims")
     }
 }
 
@@ -403,9 +695,10 @@ impl AuthConfig {
         Verifier::load(&self.public_key)
     }
 
-    /// This process's own token, if it has one.
+    /// This process's own token, if it has one, kept as its file is
+    /// (see [`load_token`]).
     pub fn token(&self) -> Result<Option<Token>, KeyError> {
-        self.token_file.as_deref().map(read_token).transpose()
+        self.token_file.as_deref().map(load_token).transpose()
     }
 }
 
@@ -426,7 +719,45 @@ pub fn read_token(path: &Path) -> Result<Token, KeyError> {
     if token.is_empty() || token.len() > MAX_TOKEN_LEN || token.chars().any(char::is_whitespace) {
         return Err(bad("does not hold one token"));
     }
-    Ok(Token(token.to_string()))
+    Ok(Token::new(token.to_string()))
+}
+
+/// The token in the file at `path`, which follows the file from then on:
+/// when the file changes (a key rotated, a token renewed), every clone of
+/// the token takes the new one.
+pub fn load_token(path: &Path) -> Result<Token, KeyError> {
+    // The file as it was before it was read: a change from then on is seen.
+    let seen = stamp(path);
+    let token = read_token(path)?;
+    watch(path.to_path_buf(), token.clone(), seen);
+    Ok(token)
+}
+
+/// Watches the token file at `path` from a thread of its own (one per
+/// file, for the life of the process), from what it was at `seen`, and
+/// puts what it holds into `token` when it changes; a file that turned
+/// unreadable is logged and the token kept.
+fn watch(path: PathBuf, token: Token, mut seen: Option<FileStamp>) {
+    let shown = path.display().to_string();
+    let spawned = std::thread::Builder::new().name("token-file".into()).spawn(move || loop {
+        std::thread::sleep(AUTH_RELOAD_INTERVAL);
+        let now = stamp(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match read_token(&path) {
+            Ok(new) if new != token => {
+                token.replace(new.expose().to_string());
+                tracing::info!(file = %path.display(), "own token read again");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!("{e}; the token read before is kept"),
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!(file = %shown, "no thread to watch the token file ({e}): it is read only once");
+    }
 }
 
 /// Writes `contents` durably to a file readable by its owner only.
@@ -435,8 +766,9 @@ pub fn write_secret(path: &Path, contents: &str) -> Result<(), crate::durable::F
 }
 
 /// Fuzz entry point: `data` as a token and as an `Authorization` header
-/// must be refused or accepted without a panic; and as claims (JSON),
-/// signed with a real key, must verify to exactly one outcome.
+/// must be refused or accepted without a panic, as a deny list or key file
+/// read or refused whole; and as claims (JSON), signed with a real key,
+/// must verify to exactly one outcome.
 pub fn fuzz_one(data: &[u8]) {
     use std::sync::OnceLock;
     static KEYS: OnceLock<(Signer, Verifier)> = OnceLock::new();
@@ -451,6 +783,15 @@ pub fn fuzz_one(data: &[u8]) {
     if let Ok(claims) = verifier.verify(&text) {
         panic!("an unsigned input verified: {claims:?}");
     }
+    // The other files a verifier reads, and a holder's look at its token.
+    if let Ok(list) = DenyList::parse(data) {
+        assert!(list.len() <= crate::limits::MAX_REVOKED);
+        assert_eq!(DenyList::parse(list.to_json().as_bytes()), Ok(list), "a deny list round-trips");
+    }
+    if let Ok(keys) = keys::parse(data, "fuzz") {
+        assert!(!keys.is_empty() && keys.len() <= crate::limits::MAX_TRUSTED_KEYS);
+    }
+    let _ = unverified_lifetime(&text);
     let _ = bearer_token(&text);
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
         let token =

@@ -57,6 +57,22 @@ pub const LEEWAY_SECS: u64 = 10;
 /// Longest token accepted; anything longer is refused before it is parsed.
 /// Ours are about 250 bytes.
 pub const MAX_TOKEN_LEN: usize = 2048;
+/// Most public keys trusted at once: the current one, the one being
+/// rotated out, and room for one staged ahead.
+pub const MAX_TRUSTED_KEYS: usize = 3;
+/// Longest token id (`jti`); ours are 32 hex digits.
+pub const MAX_JTI_LEN: usize = 64;
+/// Most tokens on the deny list; past it, rotating the key revokes every
+/// token at once (a full list is about 1 MB to read).
+pub const MAX_REVOKED: usize = 10_000;
+/// How often, at most, a verifier looks whether its key file or deny list
+/// changed (one `stat` of each), and a process whether its own token file did.
+pub const AUTH_RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest life of a token an issuer's key signs (a renewed compute token):
+/// a day, so that a controller's key, stolen, mints nothing lasting.
+pub const MAX_ISSUED_TTL: std::time::Duration = std::time::Duration::from_secs(86_400);
+/// Largest key file or deny list read.
+pub const MAX_TRUST_FILE_BYTES: u64 = 2 << 20;
 
 // ---- configured durations
 
@@ -87,3 +103,7 @@ const _: () = assert!(MAX_CONFIG_SECONDS <= MAX_RETENTION_SECONDS);
 const _: () = assert!(MAX_ERROR_TEXT as u64 <= DEFAULT_MAX_ANSWER);
 // Tokens travel in a header, which a request body's bound also covers.
 const _: () = assert!(MAX_TOKEN_LEN <= HTTP_MAX_BODY_BYTES);
+// A full deny list fits the bound on what is read of it (about 100 bytes an entry).
+const _: () = assert!((MAX_REVOKED as u64) * (MAX_JTI_LEN as u64 + 40) <= MAX_TRUST_FILE_BYTES);
+// Rotation needs the new key and the old one at once.
+const _: () = assert!(MAX_TRUSTED_KEYS >= 2);

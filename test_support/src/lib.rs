@@ -1,11 +1,13 @@
 //! What the Rust tests of every Strata crate share, so that no test file
 //! carries its own copy: a seeded random generator whose seed can be set to
 //! reproduce a failure, fresh scratch directories, commands that fail the
-//! test with their output, the PostgreSQL binaries, and free ports.
+//! test with their output, the PostgreSQL binaries, free ports, and the
+//! clone's paths as they are when the test runs.
 //!
 //! A dev-dependency only: nothing here reaches a binary users run.
 
 pub mod command;
+pub mod paths;
 pub mod rng;
 pub mod scratch;
 

@@ -315,6 +315,42 @@ pub enum AuthCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+    /// Rotate the signing key with overlap: a new key is trusted on every
+    /// host, then signs every new token (the services' and controllers' own
+    /// are signed again and taken up without a restart); the old one stays
+    /// trusted until `--retire`.
+    Rotate {
+        /// Finish the rotation: trust only the key that signs now, refusing
+        /// every token another key signed.
+        #[arg(long)]
+        retire: bool,
+        /// Retire even if some host has not taken the newest state.
+        #[arg(long, requires = "retire")]
+        force: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Revoke one token before it expires: its id goes on the deny list that
+    /// every service reads (`docs/security.md`).
+    Revoke {
+        /// The token's id (its `jti` claim).
+        #[arg(long, required_unless_present = "token_file", conflicts_with = "token_file")]
+        id: Option<String>,
+        /// When the token expires (seconds since the epoch), after which its
+        /// entry is dropped; without it, the entry stays until the key is retired.
+        #[arg(long, requires = "id")]
+        until: Option<u64>,
+        /// A file holding the token itself (its id and expiry are read from it).
+        #[arg(long)]
+        token_file: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// List the keys the cluster trusts, and which one signs.
+    Keys {
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
 }
 
 /// `strata branch …`: branches of the tenant (`docs/branches.md`).

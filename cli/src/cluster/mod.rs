@@ -231,7 +231,93 @@ pub fn auth(cmd: AuthCommand) -> i32 {
             })();
             exit_code("auth token", result)
         }
+        AuthCommand::Rotate { retire, force, workdir } => {
+            exit_code("auth rotate", workdir.plain("auth rotate").and_then(|()| rotate(&workdir, retire, force)))
+        }
+        AuthCommand::Revoke { id, until, token_file, workdir } => {
+            let result = workdir.plain("auth revoke").and_then(|()| {
+                let wd = open(&workdir.workdir)?;
+                let (jti, until) = match (id, token_file) {
+                    (Some(id), _) => (id, until),
+                    (None, Some(path)) => keys::token_id(&wd.root, &path)?,
+                    (None, None) => return Err(Error::Usage("--id or --token-file".into())),
+                };
+                let _lock = lock(&wd)?;
+                let listed = keys::revoke(&wd.root, &jti, until)?;
+                new_revision(&wd)?;
+                outln!("revoked token {jti} ({listed} on the deny list); every service refuses it within seconds");
+                Ok(())
+            });
+            exit_code("auth revoke", result)
+        }
+        AuthCommand::Keys { workdir } => {
+            let result = workdir.plain("auth keys").and_then(|()| {
+                let wd = open(&workdir.workdir)?;
+                let (cluster, issuers) = keys::trusted_key_ids(&wd.root)?;
+                for (kind, kids, private) in
+                    [("cluster", cluster, keys::private_key(&wd.root)), ("issuer", issuers, keys::issuer_key(&wd.root))]
+                {
+                    let signing = keys::key_id_of(&private)?;
+                    for kid in kids {
+                        let role = if Some(&kid) == signing.as_ref() { "signs" } else { "trusted" };
+                        outln!("{kind} {kid} {role}");
+                    }
+                }
+                Ok(())
+            });
+            exit_code("auth keys", result)
+        }
     }
+}
+
+/// Saves the cluster's state as a new revision and hands it to every host
+/// (a host that does not take it now takes it at its next command).
+fn new_revision(wd: &layout::Workdir) -> Result<()> {
+    let mut cluster = layout::Workdir::open(&wd.root)?.cluster;
+    layout::save_cluster(&wd.root, &mut cluster)?;
+    publish(wd)
+}
+
+/// `strata auth rotate [--retire]`: each step reaches every host before
+/// the next one depends on it.
+fn rotate(workdir: &WorkdirArgs, retire: bool, force: bool) -> Result<()> {
+    let wd = open(&workdir.workdir)?;
+    let _lock = lock(&wd)?;
+    if retire {
+        let behind = hosts::behind(&wd);
+        if !behind.is_empty() && !force {
+            return Err(Error::Failed(format!(
+                "hosts {} do not have the newest state (their services may still hold tokens of the old key): \
+                 start their nodes, or --force",
+                behind.join(", ")
+            )));
+        }
+        let old = keys::endpoints_on_old_keys(&wd)?;
+        if !old.is_empty() && !force {
+            return Err(Error::Failed(format!(
+                "the agents of endpoints {} still hold tokens of the old key (they renew them at the controllers \
+                 within seconds): try again shortly, or --force",
+                old.join(", ")
+            )));
+        }
+        let retired = keys::retire_old_keys(&wd.root)?;
+        new_revision(&wd)?;
+        match retired.is_empty() {
+            true => outln!("one key was trusted already; nothing to retire"),
+            false => outln!("retired {}: tokens it signed are refused from now on", retired.join(", ")),
+        }
+        return Ok(());
+    }
+    let kid = keys::stage_new_keys(&wd.root)?;
+    // Every host trusts the new key before any token it signed exists: the
+    // other hosts took the state; this host's services look at their key
+    // file at most a reload interval apart.
+    new_revision(&wd)?;
+    std::thread::sleep(2 * strata_service::limits::AUTH_RELOAD_INTERVAL);
+    keys::switch_to_new_keys(&wd.root)?;
+    new_revision(&wd)?;
+    outln!("key {kid} signs from now on; the old key stays trusted until `strata auth rotate --retire`");
+    Ok(())
 }
 
 /// `strata safekeeper replace OLD NEW`.

@@ -94,6 +94,9 @@ pub struct AgentConfig {
     pub auth_public_key: Option<PathBuf>,
     /// The tenant token sent to the pageserver and the safekeepers.
     pub token: Option<strata_service::auth::Token>,
+    /// The file it was read from, followed when it changes, where the agent
+    /// writes the token's renewals (`docs/security.md`, "Renewal").
+    pub token_file: Option<PathBuf>,
     /// TLS to the pageserver and the safekeepers, with the cluster's CA; none: plaintext.
     pub tls_client: Option<strata_service::tls::ClientTls>,
     /// TLS on the status server; none: plaintext (loopback only).
@@ -185,6 +188,7 @@ impl AgentConfig {
             lazy_fetch_retry: crate::limits::LAZY_FETCH_RETRY_FOR,
             auth_public_key: None,
             token: None,
+            token_file: None,
             tls_client: None,
             tls_server: None,
             pg_tls_files: None,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use strata_formats::Lsn;
 use strata_protocol::{TenantId, TimelineId};
-use strata_service::auth::read_token;
+use strata_service::auth::load_token;
 use strata_service::tls::{ClientTls, ServerTls};
 
 use super::config::{AgentConfig, ReplicaConfig};
@@ -318,7 +318,7 @@ impl AgentFile {
     /// The agent's configuration: the token and TLS files are read now.
     pub fn into_config(self) -> Result<AgentConfig, String> {
         self.check()?;
-        let token = self.token_file.as_deref().map(read_token).transpose().map_err(|e| e.to_string())?;
+        let token = self.token_file.as_deref().map(load_token).transpose().map_err(|e| e.to_string())?;
         let tls_client = self.tls_ca.as_deref().map(ClientTls::load).transpose().map_err(|e| e.to_string())?;
         let tls_server = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(ServerTls::load(cert, key).map_err(|e| e.to_string())?),
@@ -365,6 +365,7 @@ impl AgentFile {
             cfg.lazy_fetch_retry = Duration::from_secs(lazy.fetch_retry_secs);
         }
         cfg.token = token;
+        cfg.token_file = self.token_file;
         cfg.auth_public_key = self.auth_public_key;
         cfg.tls_client = tls_client;
         cfg.tls_server = tls_server;

@@ -26,6 +26,7 @@ pub mod leftover;
 pub mod pageserver_api;
 pub mod pgconf;
 pub mod postgres;
+mod renewal;
 mod replica;
 pub mod restart;
 mod running;
@@ -114,6 +115,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             lazy: None,
             replica: None,
             pageserver: None,
+            token: None,
         },
         proposer_rx,
     )
@@ -138,7 +140,7 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
     };
     let server = match cfg.http {
         Some(addr) => Some(
-            status::serve(addr, cfg.http_max_connections, status.clone(), verifier, cfg.tls_server.clone())
+            status::serve(addr, cfg.http_max_connections, status.clone(), verifier.clone(), cfg.tls_server.clone())
                 .await
                 .map_err(|e| fail("status server", format!("{addr}: {e}")))?,
         ),
@@ -166,9 +168,26 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
             move |t| status.update(|s| s.pageserver = Some(in_use(t)))
         },
     ));
+    let renewal = cfg.token.clone().map(|token| {
+        let renewal = renewal::Renewal {
+            token,
+            token_file: cfg.token_file.clone(),
+            controllers: cfg.controllers.clone(),
+            tenant: cfg.tenant_id,
+            tls: cfg.tls_client.clone(),
+            verifier: verifier.clone(),
+            replica_pgdata: cfg.replica.as_ref().map(|_| pgdata.clone()),
+            clock: cfg.clock.clone(),
+        };
+        let status = status.clone();
+        tokio::spawn(renewal.run(move |t| status.update(|s| s.token = Some(t))))
+    });
     let agent = Agent { cfg, pgdata, status: status.clone(), lazy };
     let result = agent.run(&mut stop, proposer_tx).await;
     watcher.abort();
+    if let Some(renewal) = renewal {
+        renewal.abort();
+    }
     // PostgreSQL is stopped by now: its files can go.
     agent.lazy.unmount(&agent.pgdata);
     if let Err(e) = &result {

@@ -134,6 +134,30 @@ impl StandbySettings {
     }
 }
 
+/// Puts `token` into a replica's password file, if it has one, keeping the
+/// file's owner (PostgreSQL's user) and mode: libpq reads it at the
+/// walreceiver's next connection. Replaced whole, so a connection never
+/// reads half a file.
+pub fn rewrite_replication_password(pgdata: &Path, token: &str) -> Result<(), ConfigError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let path = pgdata.join(REPLICATION_PASSFILE);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ConfigError::Io { path, source }
+    };
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let escaped = token.replace('\\', "\\\\").replace(':', "\\:");
+    let tmp = pgdata.join(format!("{REPLICATION_PASSFILE}.new"));
+    std::fs::write(&tmp, format!("*:*:*:*:{escaped}\n")).map_err(io(&tmp))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(io(&tmp))?;
+    std::os::unix::fs::lchown(&tmp, Some(meta.uid()), Some(meta.gid())).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))
+}
+
 /// The names of the certificate and key in the data directory.
 const SERVER_CERT: &str = "server.crt";
 const SERVER_KEY: &str = "server.key";

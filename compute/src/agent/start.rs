@@ -456,7 +456,7 @@ impl Agent {
             standby: self.cfg.replica.as_ref().map(|r| pgconf::StandbySettings {
                 replication: r.replication.clone(),
                 user: self.cfg.pg_role.clone(),
-                token: self.cfg.token.as_ref().map(|t| t.0.clone()),
+                token: self.cfg.token.as_ref().map(|t| t.expose().to_string()),
                 ca_file: r.ca_file.clone(),
                 timeline: format!("{}/{}", self.cfg.tenant_id, self.cfg.timeline_id),
                 feedback: r.hot_standby_feedback,

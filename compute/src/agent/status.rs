@@ -401,6 +401,7 @@ mod tests {
             lazy: None,
             replica: None,
             pageserver: None,
+            token: None,
         }
     }
 

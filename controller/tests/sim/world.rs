@@ -152,6 +152,7 @@ fn config(id: u64, names: &[(String, String)], sites: bool, tenants: &[TenantId]
             .collect(),
         tenants: tenants.to_vec(),
         auth: None,
+        issuer_key: None,
         tls: None,
         // The defaults of `controller.toml`: the timings the process runs with.
         heartbeat_interval: Duration::from_millis(500),

@@ -136,6 +136,23 @@ pub struct AgentStatus {
     /// The pageserver it reads from now (`docs/storage-controller.md`).
     #[serde(default)]
     pub pageserver: Option<PageserverInUse>,
+    /// The agent's own token: which key signed it, when it expires, its
+    /// renewals (`docs/security.md`, "Renewal"); null without one.
+    #[serde(default)]
+    pub token: Option<TokenStatus>,
+}
+
+/// What the agent's token is now (never the token itself).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenStatus {
+    /// The id of the key that signed it.
+    pub kid: Option<String>,
+    /// When it expires (seconds since 1970); null: never.
+    pub exp: Option<u64>,
+    /// Times it was renewed at a controller.
+    pub renewals: u64,
+    /// Why the last renewal failed, until one succeeds.
+    pub last_error: Option<String>,
 }
 
 /// The pageserver a compute reads from, and how often it moved.

@@ -157,3 +157,14 @@ pub struct PolicyChanged {
     pub pageserver: String,
     pub policy: PageserverPolicy,
 }
+
+/// `POST /v1/tenant/{tenant}/token`: the caller's own tenant token issued
+/// again with a new expiry (the same claims and id), signed by the
+/// controller's issuer key (`docs/security.md`, "Renewal").
+/// Its debug output hides the token, as [`crate::Token`]'s does.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RenewedToken {
+    pub token: crate::Token,
+    /// When it expires, seconds since 1970.
+    pub exp: u64,
+}

@@ -163,7 +163,7 @@ pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
             f.u32(h.protocol_version).bytes(&h.tenant_id.0).bytes(&h.timeline_id.0);
             // Version 1 has no token field; later ones always have one.
             if h.protocol_version >= 2 {
-                f.string(crate::token::wire(&h.token));
+                f.string(&crate::token::wire(&h.token));
             }
             f.finish()
         }
@@ -472,7 +472,7 @@ mod tests {
                     protocol_version: 2,
                     tenant_id: TenantId([0x11; 16]),
                     timeline_id: TimelineId([0x22; 16]),
-                    token: Some(Token("tok".into())),
+                    token: Some(Token::new("tok".into())),
                 }),
                 "2c000000 01 02000000 11111111111111111111111111111111 22222222222222222222222222222222 \
                  03000000 746f6b",

@@ -218,7 +218,7 @@ pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
             .id(&g.proposer_id)
             .identity(&g.timeline)
             .membership(&g.membership)
-            .string(crate::token::wire(&g.token))
+            .string(&crate::token::wire(&g.token))
             .finish(),
         ProposerMessage::VoteRequest(v) => begin_frame(out, tag::VOTE_REQUEST).u64(v.term).finish(),
         ProposerMessage::Elected(e) => begin_frame(out, tag::PROPOSER_ELECTED)
@@ -281,7 +281,7 @@ pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
                 .string(&s.consumer_id);
             // Versions 1 and 2 have no token field; later ones always have one.
             if s.protocol_version >= 3 {
-                f.string(crate::token::wire(&s.token));
+                f.string(&crate::token::wire(&s.token));
             }
             // Version 5 adds the attachment generation.
             if s.protocol_version >= 5 {

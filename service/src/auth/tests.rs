@@ -113,7 +113,8 @@ fn bad_tokens_are_refused_with_their_reason() {
     let (other, _) = keys();
     let claims = Claims::new(Scope::Management, None, None);
     assert_eq!(verifier.verify(""), Err(Refusal::NoToken));
-    assert_eq!(verifier.verify(&other.sign(&claims)), Err(Refusal::BadSignature));
+    // Another key's token names a key this verifier does not trust.
+    assert_eq!(verifier.verify(&other.sign(&claims)), Err(Refusal::UnknownKey));
     // A flipped character of the signature.
     let mut token = signer.sign(&claims).into_bytes();
     let last = token.len() - 2;
@@ -169,7 +170,7 @@ fn key_files_and_token_files_load_and_bad_ones_say_which() {
     write_secret(&dir.join("token"), &format!("{token}\n")).unwrap();
     let config = AuthConfig { public_key: dir.join("public.pem"), token_file: Some(dir.join("token")) };
     let secret = config.token().unwrap().unwrap();
-    assert_eq!(secret.expose(), token);
+    assert_eq!(&*secret.expose(), token);
     assert_eq!(format!("{secret:?}"), "Token(..)");
     assert_eq!(config.verifier().unwrap().verify(&token).unwrap().scope, Scope::Service);
     // The wrong kind of key in each place, and missing files.
@@ -257,27 +258,53 @@ async fn http_routes_answer_401_or_403_before_their_handler_runs() {
 }
 
 /// The committed vectors of `docs/security.md`: a key pair made for them
-/// (used nowhere else) and two tokens it signed. Ed25519 signatures are
+/// (used nowhere else) and tokens it signed. Ed25519 signatures are
 /// deterministic, so signing the same claims must give the same bytes.
+/// The first two are of format 1 (no key id, no token id), still accepted.
 #[test]
 fn committed_token_vectors_verify_and_are_reproduced_exactly() {
     let signer = Signer::from_pem(include_bytes!("../../tests/data/auth/private.pem"), "vector").unwrap();
     let verifier = Verifier::from_pem(include_bytes!("../../tests/data/auth/public.pem"), "vector").unwrap();
+    let tenant = "0123456789abcdef0123456789abcdef".parse::<TenantId>().unwrap();
     let cases = [
         (include_str!("../../tests/data/auth/management.token"), Scope::Management, None),
-        (
-            include_str!("../../tests/data/auth/tenant.token"),
-            Scope::Tenant,
-            Some("0123456789abcdef0123456789abcdef".parse::<TenantId>().unwrap()),
-        ),
+        (include_str!("../../tests/data/auth/tenant.token"), Scope::Tenant, Some(tenant)),
     ];
     for (text, scope, tenant_id) in cases {
         let token = text.trim();
+        assert_eq!(jsonwebtoken::decode_header(token).unwrap().kid, None);
         let claims = verifier.verify(token).unwrap();
-        assert_eq!((claims.scope, claims.tenant_id, claims.exp), (scope, tenant_id, None));
+        assert_eq!((claims.scope, claims.tenant_id, claims.exp, claims.jti.as_deref()), (scope, tenant_id, None, None));
         assert_eq!(claims.iat, 1_795_829_316);
-        assert_eq!(signer.sign(&claims), token);
+        let legacy = jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &signer.key).unwrap();
+        assert_eq!(legacy, token);
     }
+    // Format 3: the key id in the header, a token id, bound to a timeline, read-only.
+    let expected = Claims {
+        scope: Scope::Tenant,
+        tenant_id: Some(tenant),
+        timeline_id: Some("fedcba9876543210fedcba9876543210".parse().unwrap()),
+        read_only: true,
+        iat: 1_795_829_316,
+        exp: Some(1_795_832_916),
+        jti: Some("00112233445566778899aabbccddeeff".into()),
+    };
+    if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {
+        let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
+        std::fs::write(format!("{dir}/tests/data/auth/replica-v3.token"), signer.sign(&expected) + "\n").unwrap();
+        return;
+    }
+    let token = include_str!("../../tests/data/auth/replica-v3.token").trim();
+    assert_eq!(jsonwebtoken::decode_header(token).unwrap().kid.as_deref(), Some(signer.key_id()));
+    assert_eq!(signer.key_id(), verifier.key_ids()[0]);
+    let mut open = Validation::new(Algorithm::EdDSA);
+    open.validate_exp = false;
+    open.required_spec_claims.clear();
+    let key = DecodingKey::from_ed_pem(include_bytes!("../../tests/data/auth/public.pem")).unwrap();
+    assert_eq!(jsonwebtoken::decode::<Claims>(token, &key, &open).unwrap().claims, expected);
+    // Expired long ago, as a committed token should be.
+    assert_eq!(verifier.verify(token), Err(Refusal::Expired));
+    assert_eq!(signer.sign(&expected), token);
 }
 
 #[test]
@@ -305,7 +332,7 @@ fn a_token_file_others_can_read_is_refused_naming_it_and_its_mode() {
     let path = dir.join("service.token");
     for mode in [0o600, 0o400] {
         file_with_mode(&path, &token, mode);
-        assert_eq!(read_token(&path).unwrap().expose(), token, "mode {mode:o}");
+        assert_eq!(&*read_token(&path).unwrap().expose(), token, "mode {mode:o}");
     }
     for mode in [0o644, 0o640, 0o604, 0o620, 0o601] {
         file_with_mode(&path, &token, mode);
@@ -325,5 +352,189 @@ fn a_token_file_others_can_read_is_refused_naming_it_and_its_mode() {
     // A missing file is the system's error, not a refusal of its mode.
     let err = read_private(&dir.join("missing")).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Waits (polling, at most 10 s) until `done` holds; the verifiers and
+/// token watchers look at their files once a second.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn tokens_name_their_key_and_every_key_of_the_file_is_trusted() {
+    let (new_private, new_public) = generate_key_pair();
+    let (old_private, old_public) = generate_key_pair();
+    let (new, old) = (
+        Signer::from_pem(new_private.as_bytes(), "new").unwrap(),
+        Signer::from_pem(old_private.as_bytes(), "old").unwrap(),
+    );
+    let both = Verifier::from_pem(format!("{new_public}{old_public}").as_bytes(), "both").unwrap();
+    assert_eq!(both.key_ids(), vec![new.key_id().to_string(), old.key_id().to_string()]);
+    assert_eq!(new.key_id().len(), 16);
+    assert_eq!(keys::public_of(&new_private).unwrap(), new_public);
+    for signer in [&new, &old] {
+        let token = signer.sign(&Claims::new(Scope::Service, None, None));
+        assert_eq!(jsonwebtoken::decode_header(&token).unwrap().kid.as_deref(), Some(signer.key_id()));
+        assert_eq!(both.verify(&token).unwrap().scope, Scope::Service);
+    }
+    // Only the new key: the old one's tokens name a key no longer trusted.
+    let only_new = Verifier::from_pem(new_public.as_bytes(), "new").unwrap();
+    assert_eq!(only_new.verify(&old.sign(&Claims::new(Scope::Service, None, None))), Err(Refusal::UnknownKey));
+    // A token without a key id (from before them) is tried against each key.
+    let legacy =
+        jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &Claims::new(Scope::Service, None, None), &old.key)
+            .unwrap();
+    assert!(both.verify(&legacy).is_ok());
+    assert_eq!(only_new.verify(&legacy), Err(Refusal::BadSignature));
+    // A key id that names a trusted key but whose signature is another's.
+    let header = Header { kid: Some(new.key_id().to_string()), ..Header::new(Algorithm::EdDSA) };
+    let forged = jsonwebtoken::encode(&header, &Claims::new(Scope::Service, None, None), &old.key).unwrap();
+    assert_eq!(both.verify(&forged), Err(Refusal::BadSignature));
+    // Each token has an id of its own.
+    let (a, b) = (Claims::new(Scope::Service, None, None), Claims::new(Scope::Service, None, None));
+    assert_ne!(a.jti, b.jti);
+    assert!(revoked::check_jti(a.jti.as_deref().unwrap()).is_ok());
+    // Key files: not a key, a private key, the same key twice, too many keys.
+    for (bad, what) in [
+        ("nothing".to_string(), "no PEM"),
+        (new_private.clone(), "not an Ed25519 PUBLIC KEY"),
+        (format!("{new_public}{new_public}"), "twice"),
+        (new_public.repeat(crate::limits::MAX_TRUSTED_KEYS + 1), "at most"),
+    ] {
+        let err = Verifier::from_pem(bad.as_bytes(), "file").err().unwrap().to_string();
+        assert!(err.contains(what), "{err}");
+    }
+}
+
+#[test]
+fn a_verifier_follows_its_key_file_and_deny_list_without_a_restart() {
+    let dir = std::env::temp_dir().join(format!("strata-auth-follow-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a_private, a_public) = generate_key_pair();
+    let (b_private, b_public) = generate_key_pair();
+    let (a, b) =
+        (Signer::from_pem(a_private.as_bytes(), "a").unwrap(), Signer::from_pem(b_private.as_bytes(), "b").unwrap());
+    let key_file = dir.join("public.pem");
+    let write = |path: &std::path::Path, text: &str| crate::durable::replace_file(path, text.as_bytes(), true).unwrap();
+    write(&key_file, &a_public);
+    let verifier = Verifier::load(&key_file).unwrap();
+    let (a_token, b_token) =
+        (a.sign(&Claims::new(Scope::Service, None, None)), b.sign(&Claims::new(Scope::Service, None, None)));
+    assert!(verifier.verify(&a_token).is_ok());
+    assert_eq!(verifier.verify(&b_token), Err(Refusal::UnknownKey));
+    // Rotation: the new key first, the old one still trusted; then the old retired.
+    write(&key_file, &format!("{b_public}{a_public}"));
+    eventually("the new key is trusted", || verifier.verify(&b_token).is_ok());
+    assert!(verifier.verify(&a_token).is_ok());
+    write(&key_file, &b_public);
+    eventually("the old key is retired", || verifier.verify(&a_token) == Err(Refusal::UnknownKey));
+    // A key file that turned bad keeps the keys read before.
+    write(&key_file, "garbage");
+    std::thread::sleep(crate::limits::AUTH_RELOAD_INTERVAL * 2);
+    assert!(verifier.verify(&b_token).is_ok());
+    // Revocation by the token's id, and only of that token.
+    let other = b.sign(&Claims::new(Scope::Service, None, None));
+    let jti = verifier.verify(&b_token).unwrap().jti.unwrap();
+    let mut list = DenyList::default();
+    list.revoke(&jti, None, now()).unwrap();
+    let revoked_file = revoked_file(&key_file);
+    write(&revoked_file, &list.to_json());
+    eventually("the token is revoked", || verifier.verify(&b_token) == Err(Refusal::Revoked));
+    assert!(verifier.verify(&other).is_ok());
+    // A deny list that turned bad keeps the list read before.
+    write(&revoked_file, "{");
+    std::thread::sleep(crate::limits::AUTH_RELOAD_INTERVAL * 2);
+    assert_eq!(verifier.verify(&b_token), Err(Refusal::Revoked));
+    std::fs::remove_file(&revoked_file).unwrap();
+    eventually("no deny list: nothing revoked", || verifier.verify(&b_token).is_ok());
+    // A deny list that cannot be read refuses the start.
+    write(&key_file, &b_public);
+    write(&revoked_file, "{");
+    let err = Verifier::load(&key_file).err().unwrap().to_string();
+    assert!(err.contains("revoked.json"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_processs_own_token_follows_its_file() {
+    let dir = std::env::temp_dir().join(format!("strata-auth-own-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (signer, _) = keys();
+    let path = dir.join("service.token");
+    let first = signer.sign(&Claims::new(Scope::Service, None, None));
+    write_secret(&path, &first).unwrap();
+    let token = load_token(&path).unwrap();
+    let held_by_a_client = Some(token.clone());
+    let second = signer.sign(&Claims::new(Scope::Service, None, None));
+    write_secret(&path, &second).unwrap();
+    eventually("the new token is every clone's", || {
+        held_by_a_client.as_ref().map(|t| t.expose().to_string()) == Some(second.clone())
+    });
+    // A file that turned unreadable keeps the token.
+    std::fs::write(&path, "two tokens").unwrap();
+    std::thread::sleep(crate::limits::AUTH_RELOAD_INTERVAL * 2);
+    assert_eq!(&*token.expose(), second);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_issuers_key_signs_only_renewed_tenant_tokens_that_expire_soon() {
+    let dir = std::env::temp_dir().join(format!("strata-auth-issuer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cluster_private, cluster_public) = generate_key_pair();
+    let (issuer_private, issuer_public) = generate_key_pair();
+    let key_file = dir.join("public.pem");
+    std::fs::write(&key_file, &cluster_public).unwrap();
+    std::fs::write(issuer_public_file(&key_file), &issuer_public).unwrap();
+    let verifier = Verifier::load(&key_file).unwrap();
+    let (cluster, issuer) = (
+        Signer::from_pem(cluster_private.as_bytes(), "cluster").unwrap(),
+        Signer::from_pem(issuer_private.as_bytes(), "issuer").unwrap(),
+    );
+    assert_eq!(verifier.issuer_key_ids(), vec![issuer.key_id().to_string()]);
+    assert!(verifier.is_newest(issuer.key_id()) && verifier.is_newest(cluster.key_id()));
+    let agent = Claims::new(Scope::Tenant, Some(T1), Some(Duration::from_secs(3600)))
+        .for_timeline(TimelineId([3; 16]))
+        .reading_only();
+    let renewed = agent.renewed(Duration::from_secs(3600));
+    assert_eq!(
+        (renewed.jti.as_ref(), renewed.timeline_id, renewed.read_only),
+        (agent.jti.as_ref(), agent.timeline_id, true)
+    );
+    assert_eq!(verifier.verify(&issuer.sign(&renewed)).unwrap(), renewed);
+    // Anything else it signs is refused: other scopes, no expiry, a long life.
+    for claims in [
+        Claims::new(Scope::Management, None, Some(Duration::from_secs(60))),
+        Claims::new(Scope::Service, None, Some(Duration::from_secs(60))),
+        Claims::new(Scope::Controller, None, Some(Duration::from_secs(60))),
+        Claims::new(Scope::Tenant, Some(T1), None),
+        agent.renewed(crate::limits::MAX_ISSUED_TTL + Duration::from_secs(1)),
+    ] {
+        let refusal = verifier.verify(&issuer.sign(&claims)).unwrap_err();
+        assert!(matches!(&refusal, Refusal::Malformed(m) if m.contains("issuer")), "{claims:?}: {refusal:?}");
+        // The cluster's key signs them all.
+        assert!(verifier.verify(&cluster.sign(&claims)).is_ok(), "{claims:?}");
+    }
+    // Revoking a token revokes its renewals (they keep its id).
+    let mut list = DenyList::default();
+    list.revoke(agent.jti.as_deref().unwrap(), None, now()).unwrap();
+    crate::durable::replace_file(&revoked_file(&key_file), list.to_json().as_bytes(), true).unwrap();
+    eventually("the renewal is revoked with its token", || {
+        verifier.verify(&issuer.sign(&renewed)) == Err(Refusal::Revoked)
+    });
+    // Without the issuers' file, its tokens name a key no one trusts.
+    std::fs::remove_file(revoked_file(&key_file)).unwrap();
+    std::fs::remove_file(issuer_public_file(&key_file)).unwrap();
+    eventually("the issuer is no longer trusted", || {
+        verifier.verify(&issuer.sign(&renewed)) == Err(Refusal::UnknownKey)
+    });
     std::fs::remove_dir_all(&dir).unwrap();
 }

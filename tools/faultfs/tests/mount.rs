@@ -55,7 +55,7 @@ impl Daemon {
         let dir = dir.canonicalize().unwrap();
         let (backing, mount, control) = (dir.join("backing"), dir.join("mount"), dir.join("control"));
 
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata-faultfs"))
+        let mut child = Command::new(strata_test_support::paths::bin_exe("strata-faultfs"))
             .arg("--backing")
             .arg(&backing)
             .arg("--mount")
