@@ -442,3 +442,53 @@ def test_a_renewal_keeps_the_claims_and_an_issuer_mints_nothing_else(cluster):
     # The issuer's private key is the controllers' alone.
     mode = (c.workdir / "auth" / "issuer.pem").stat().st_mode & 0o777
     assert mode == 0o600, oct(mode)
+
+
+def test_the_audit_log_names_who_and_never_the_token(cluster):
+    """Every refusal and every call that changes something is a JSON line in
+    the service's audit log, with the verified token's scope, tenant and id,
+    never the token (docs/security.md, "Audit log")."""
+    import json
+    c = cluster
+    ep = Endpoint(c, "main")
+    ep.start()
+    ep.sql("CREATE TABLE t AS SELECT 1 AS x")
+    services = {s["name"]: s for s in c.cluster_toml["services"]}
+    ps = f"http://127.0.0.1:{services['pageserver']['ports']['http']}"
+    tenant, main = c.cluster_toml["tenant_id"], c.timeline_id("main")
+    mint = lambda *extra: c.run("auth", "token", *extra).stdout.strip()  # noqa: E731
+    management, tenant_token = mint("--scope", "management"), mint("--scope", "tenant")
+    assert call(f"{ps}/v1/tenant/{tenant}/location", tenant_token, "PUT")[0] == 403
+    assert call(f"{ps}/v1/status", None)[0] == 401
+    assert call(f"{ps}/v1/tenant/{tenant}/timeline/{main}/checkpoint", management, "POST")[0] == 200
+
+    def lines(name: str) -> list[dict]:
+        return [json.loads(line) for line in (c.workdir / name / "audit.jsonl").read_text().splitlines()]
+
+    got = lines("pageserver")
+    assert all({"ts", "service", "interface", "action", "outcome", "scope"} <= set(e) for e in got), got[:3]
+    assert all(e["service"] == "pageserver" for e in got)
+    tenant_jti, management_jti = claims_of(tenant_token)["jti"], claims_of(management)["jti"]
+    assert any(e["outcome"] == "refused" and e["reason"] == "scope" and e["scope"] == "tenant"
+               and e["tenant_id"] == tenant and e["jti"] == tenant_jti
+               and e["action"] == f"PUT /v1/tenant/{tenant}/location" for e in got), got
+    assert any(e["outcome"] == "refused" and e["reason"] == "no_token" and e["scope"] is None
+               and e["action"] == "GET /v1/status" for e in got), got
+    assert any(e["outcome"] == "allowed" and e["scope"] == "management" and e["jti"] == management_jti
+               and e["action"] == f"POST /v1/tenant/{tenant}/timeline/{main}/checkpoint" for e in got), got
+    # The controller placed the tenant with its own token; reads are not audited.
+    assert any(e["outcome"] == "allowed" and e["scope"] == "controller"
+               and e["action"] == f"PUT /v1/tenant/{tenant}/location" for e in got), got
+    assert not any(e["action"].startswith("GET ") and e["outcome"] == "allowed" for e in got), got
+    # The safekeepers: the compute's proposer, by its timeline-bound token.
+    sk = lines("sk1")
+    assert any(e["outcome"] == "allowed" and e["interface"] == "proposer" and e["scope"] == "tenant"
+               and e["action"] == f"proposer propose {tenant}/{main}" for e in sk), sk
+    # Never a token, and private to the services' user.
+    secrets = [management, tenant_token, (c.workdir / "auth" / "service.token").read_text().strip(),
+               (ep.dir / "agent.token").read_text().strip()]
+    for name in ("pageserver", "sk1", "controller"):
+        path = c.workdir / name / "audit.jsonl"
+        text = path.read_text()
+        assert not any(s in text for s in secrets), name
+        assert path.stat().st_mode & 0o777 == 0o600, name

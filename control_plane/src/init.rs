@@ -12,6 +12,9 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// Each service's audit log, in its directory (`docs/security.md`, "Audit log").
+pub const AUDIT_LOG: &str = "audit.jsonl";
+
 use serde::de::DeserializeOwned;
 use strata_protocol::safekeeper::Placement;
 use strata_protocol::{TenantId, TimelineId};
@@ -396,13 +399,16 @@ impl Plan {
         self.secure.then(|| super::certs::service_tls(&self.root, &self.hosts[host].address.to_string()))
     }
 
-    fn auth(&self) -> Option<AuthConfig> {
-        self.secure.then(|| super::keys::service_auth(&self.root))
+    /// Service `name`'s, with its audit log in its directory (`AUDIT_LOG`).
+    fn auth(&self, name: &str) -> Option<AuthConfig> {
+        let audit_log = Some(self.root.join(name).join(AUDIT_LOG));
+        self.secure.then(|| AuthConfig { audit_log, ..super::keys::service_auth(&self.root) })
     }
 
     /// A controller's: its own token, which may place tenants.
-    fn controller_auth(&self) -> Option<AuthConfig> {
-        self.secure.then(|| super::keys::controller_auth(&self.root))
+    fn controller_auth(&self, name: &str) -> Option<AuthConfig> {
+        let audit_log = Some(self.root.join(name).join(AUDIT_LOG));
+        self.secure.then(|| AuthConfig { audit_log, ..super::keys::controller_auth(&self.root) })
     }
 
     fn service(&self, name: String, kind: Kind, host: usize, file: &str, ports: &[(&str, u16)]) -> Service {
@@ -440,7 +446,7 @@ impl Plan {
                     "listen_pg": self.at(host, self.sk_port(i, 2)),
                     "data_dir": self.root.join(&name).join("data"),
                     "peers": peers,
-                    "auth": self.auth(),
+                    "auth": self.auth(&name),
                     "tls": self.host_tls(host),
                     // Completed WAL segments go to the same object storage as the layers.
                     "remote_storage": self.remote_storage,
@@ -482,7 +488,7 @@ impl Plan {
                     "data_dir": self.root.join(&name).join("data"),
                     "safekeepers": wal_sources,
                     "site_safekeepers": site_safekeepers,
-                    "auth": self.auth(),
+                    "auth": self.auth(&name),
                     "tls": self.host_tls(host),
                     "pg_bin_dir": args.pg_bin_dir,
                     "pg_user": args.pg_user,
@@ -521,7 +527,7 @@ impl Plan {
                     "remote_storage": self.remote_storage,
                     "pageservers": pageservers,
                     "tenants": [tenant_id],
-                    "auth": self.controller_auth(),
+                    "auth": self.controller_auth(&controller_name(i)),
                     "issuer_key": self.secure.then(|| super::keys::issuer_key(&self.root)),
                     "tls": self.host_tls(host),
                 }),
@@ -557,7 +563,7 @@ impl Plan {
         let config = strata_link_proxy::config::LinkProxyConfig {
             listen_http,
             routes,
-            auth: self.auth(),
+            auth: self.auth("link-proxy"),
             tls: self.host_tls(0),
             ..service_config(serde_json::json!({"listen_http": listen_http, "routes": []}), "link proxy")?
         };

@@ -54,12 +54,12 @@ pub fn controller_token(root: &Path) -> PathBuf {
 
 /// What a service's config says about tokens.
 pub fn service_auth(root: &Path) -> AuthConfig {
-    AuthConfig { public_key: public_key(root), token_file: Some(service_token(root)) }
+    AuthConfig { public_key: public_key(root), token_file: Some(service_token(root)), audit_log: None }
 }
 
 /// What a storage controller's config says about tokens.
 pub fn controller_auth(root: &Path) -> AuthConfig {
-    AuthConfig { public_key: public_key(root), token_file: Some(controller_token(root)) }
+    AuthConfig { public_key: public_key(root), token_file: Some(controller_token(root)), audit_log: None }
 }
 
 /// Writes a new key pair and the services' token under `root`.

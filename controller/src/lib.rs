@@ -36,7 +36,7 @@ pub async fn run(config: config::ControllerConfig) -> Result<(), StartError> {
     let http = bind("listen_http", config.listen_http).await?;
     let shutdown = stop_signal()?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
+    let security = Security::load("controller", config.tls.as_ref(), config.auth.as_ref())?;
     let auth = security.http_auth(metrics.refusal_metrics());
     let store = store::Store::open(&config.remote_storage).map_err(|e| StartError::service("object storage", e))?;
     let client = client::Client::new(

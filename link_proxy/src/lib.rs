@@ -57,7 +57,7 @@ pub async fn start(
     let http = bind("listen_http", config.listen_http).await?;
     let http_addr =
         http.local_addr().map_err(|source| BindError { key: "listen_http", addr: config.listen_http, source })?;
-    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
+    let security = Security::load("link-proxy", config.tls.as_ref(), config.auth.as_ref())?;
     let auth = security.http_auth(metrics.refusal_metrics());
     let listener = http_listener(
         http,

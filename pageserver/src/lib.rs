@@ -85,7 +85,7 @@ pub async fn serve_with_clock(
     };
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
     let listener_metrics = metrics.listener_metrics();
-    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
+    let security = Security::load("pageserver", config.tls.as_ref(), config.auth.as_ref())?;
     // TLS to the safekeepers, with the same CA.
     let client_tls = security.client_tls.clone();
     let page = Listener::new("page", page, limits(config.max_connections), page_service::refusal, &listener_metrics)

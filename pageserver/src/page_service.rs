@@ -255,7 +255,10 @@ async fn connection(
     }
     if let Some(verifier) = verifier {
         let token = strata_protocol::token::wire(&hello.token);
-        if let Err(refusal) = verifier.check(&token, Access::Timeline(hello.tenant_id, hello.timeline_id)) {
+        let action = format!("hello {}/{}", hello.tenant_id, hello.timeline_id);
+        if let Err(refusal) =
+            verifier.check_for("page", &action, &token, Access::Timeline(hello.tenant_id, hello.timeline_id))
+        {
             tenants.metrics.refusal_metrics().count("page", &refusal);
             let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };
             return refuse(&mut w, code, refusal.to_string()).await;

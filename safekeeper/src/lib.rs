@@ -80,7 +80,7 @@ pub async fn serve(
     let metrics = Arc::new(metrics::Metrics::new());
     let listener_metrics = metrics.listener_metrics();
     let limits = |max_connections| Limits { max_connections, handshake_timeout: config.handshake_timeout };
-    let security = Security::load(config.tls.as_ref(), config.auth.as_ref())?;
+    let security = Security::load("safekeeper", config.tls.as_ref(), config.auth.as_ref())?;
     let (server_tls, client_tls) = (security.server_tls.clone(), security.client_tls.clone());
     let protocol =
         Listener::new("protocol", listener, limits(config.max_connections), server::refusal, &listener_metrics)

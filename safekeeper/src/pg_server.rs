@@ -328,8 +328,8 @@ async fn authenticate(
             return Err(e);
         }
     };
-    match verifier.check(&password, need) {
-        Ok(()) => Ok(()),
+    match verifier.check_for("pg", &format!("start_replication {need}"), &password, need) {
+        Ok(_) => Ok(()),
         Err(refusal) => {
             shared.metrics.refusal_metrics().count("pg", &refusal);
             // 28P01 invalid_password; 28000 invalid_authorization_specification.

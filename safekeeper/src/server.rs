@@ -129,7 +129,8 @@ fn check_token(
     need: Access,
 ) -> Result<(), ErrorMessage> {
     let Some(verifier) = &shared.verifier else { return Ok(()) };
-    verifier.check(&strata_protocol::token::wire(token), need).map_err(|refusal| {
+    let action = format!("{interface} {need}");
+    verifier.check_for(interface, &action, &strata_protocol::token::wire(token), need).map(drop).map_err(|refusal| {
         shared.metrics.refusal_metrics().count(interface, &refusal);
         warn!(?need, reason = refusal.reason(), "refused a {interface} connection");
         let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };

@@ -207,6 +207,20 @@ pub enum Access {
     Propose(TenantId, TimelineId),
 }
 
+/// What was asked, as the audit log names it.
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Access::Management => f.write_str("management"),
+            Access::Placement => f.write_str("placement"),
+            Access::Service => f.write_str("service"),
+            Access::Tenant(t) => write!(f, "tenant {t}"),
+            Access::Timeline(t, l) => write!(f, "read {t}/{l}"),
+            Access::Propose(t, l) => write!(f, "propose {t}/{l}"),
+        }
+    }
+}
+
 impl Access {
     /// The narrowest scope that is allowed.
     pub fn scope(self) -> Scope {
@@ -531,6 +545,21 @@ impl Verifier {
         }
     }
 
+    /// [`Verifier::check`] on `interface` for `action` (what was asked, for
+    /// the audit log), giving the claims: a refusal goes to the audit log
+    /// with whoever the token says (if it verified), and so does a session
+    /// that proposes WAL.
+    pub fn check_for(&self, interface: &str, action: &str, token: &str, need: Access) -> Result<Claims, Refusal> {
+        let verified = self.verify(token);
+        let outcome = verified.clone().and_then(|claims| claims.permits(need).map(|()| claims));
+        match &outcome {
+            Err(refusal) => crate::audit::refused(interface, action, refusal, verified.as_ref().ok()),
+            Ok(claims) if matches!(need, Access::Propose(..)) => crate::audit::allowed(interface, action, Some(claims)),
+            Ok(_) => {}
+        }
+        outcome
+    }
+
     /// Whether `token` is valid and allows `need`; the refusal if not.
     pub fn check(&self, token: &str, need: Access) -> Result<(), Refusal> {
         self.verify(token).and_then(|claims| claims.permits(need))
@@ -687,6 +716,10 @@ pub struct AuthConfig {
     /// services (private to its owner, else refused; never logged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// The audit log's file (JSON lines: refusals and calls that change
+    /// something, see [`crate::audit`]); none: no audit log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<PathBuf>,
 }
 
 impl AuthConfig {

@@ -5,6 +5,7 @@
 //! every call, and TLS on the links between hosts.
 
 pub mod api_client;
+pub mod audit;
 pub mod auth;
 pub mod backoff;
 pub mod clock;

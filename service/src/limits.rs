@@ -71,6 +71,8 @@ pub const AUTH_RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_
 /// Longest life of a token an issuer's key signs (a renewed compute token):
 /// a day, so that a controller's key, stolen, mints nothing lasting.
 pub const MAX_ISSUED_TTL: std::time::Duration = std::time::Duration::from_secs(86_400);
+/// Largest audit log file; one older file is kept beside it.
+pub const MAX_AUDIT_FILE_BYTES: u64 = 16 << 20;
 /// Largest key file or deny list read.
 pub const MAX_TRUST_FILE_BYTES: u64 = 2 << 20;
 

@@ -71,12 +71,17 @@ pub struct Security {
 }
 
 impl Security {
-    /// Loads the certificates and keys the config names.
-    pub fn load(tls: Option<&TlsConfig>, auth: Option<&AuthConfig>) -> Result<Security, StartError> {
+    /// Loads the certificates and keys the config names, and opens the
+    /// audit log it names, as `service`'s.
+    pub fn load(service: &str, tls: Option<&TlsConfig>, auth: Option<&AuthConfig>) -> Result<Security, StartError> {
         let (server_tls, client_tls) = match tls {
             Some(t) => (Some(t.server()?), Some(t.client()?)),
             None => (None, None),
         };
+        if let Some(path) = auth.and_then(|a| a.audit_log.as_deref()) {
+            crate::audit::open(path, service)
+                .map_err(|e| StartError::service("audit log", format!("{}: {e}", path.display())))?;
+        }
         let (verifier, token) = match auth {
             Some(a) => (Some(Arc::new(a.verifier()?)), a.token()?),
             None => {

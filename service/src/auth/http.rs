@@ -113,9 +113,16 @@ async fn check(State((auth, need)): State<(HttpAuth, Need)>, req: Request, next:
         },
     };
     let token = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
-    let verdict = auth.verifier.check(token.unwrap_or(""), access);
+    let action = format!("{} {}", parts.method, parts.uri.path());
+    let verdict = auth.verifier.check_for("http", &action, token.unwrap_or(""), access);
     match verdict {
-        Ok(()) => next.run(Request::from_parts(parts, body)).await,
+        Ok(claims) => {
+            // What changes something is audited (reads are not).
+            if !matches!(parts.method, axum::http::Method::GET | axum::http::Method::HEAD) {
+                crate::audit::allowed("http", &action, Some(&claims));
+            }
+            next.run(Request::from_parts(parts, body)).await
+        }
         Err(refusal) => {
             auth.refusals.count("http", &refusal);
             refuse(&refusal)

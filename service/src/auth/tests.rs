@@ -168,7 +168,8 @@ fn key_files_and_token_files_load_and_bad_ones_say_which() {
     let signer = Signer::load(&dir.join("private.pem")).unwrap();
     let token = signer.sign(&Claims::new(Scope::Service, None, None));
     write_secret(&dir.join("token"), &format!("{token}\n")).unwrap();
-    let config = AuthConfig { public_key: dir.join("public.pem"), token_file: Some(dir.join("token")) };
+    let config =
+        AuthConfig { public_key: dir.join("public.pem"), token_file: Some(dir.join("token")), audit_log: None };
     let secret = config.token().unwrap().unwrap();
     assert_eq!(&*secret.expose(), token);
     assert_eq!(format!("{secret:?}"), "Token(..)");
@@ -346,7 +347,7 @@ fn a_token_file_others_can_read_is_refused_naming_it_and_its_mode() {
         assert!(text.ends_with(&format!("chmod 600 {name}")), "{text}");
         assert!(!text.contains(&token), "{text}");
         // Through a service's config too.
-        let config = AuthConfig { public_key: dir.join("public.pem"), token_file: Some(path.clone()) };
+        let config = AuthConfig { public_key: dir.join("public.pem"), token_file: Some(path.clone()), audit_log: None };
         assert!(config.token().unwrap_err().to_string().contains("chmod 600"));
     }
     // A missing file is the system's error, not a refusal of its mode.
