@@ -347,6 +347,55 @@ def test_a_safekeeper_is_replaced_on_its_host_and_every_host_learns_it(hosted):
     assert again.sql("SELECT count(*) FROM kept") == [(200,)]
 
 
+def _kids(text: str) -> int:
+    return text.count("-----BEGIN PUBLIC KEY-----")
+
+
+def _header_kid(token: str) -> str:
+    import base64
+    head = token.strip().split(".")[0]
+    return json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))["kid"]
+
+
+def test_keys_rotate_across_hosts_and_the_controllers_secrets_stay_theirs(hosted):
+    """`strata auth rotate` reaches every host through its node: each trusts
+    the new keys and takes the services' new token; only the controllers'
+    host gets their new token and issuer key; the compute on another host
+    renews its token at the controller; `--retire` then leaves every host
+    trusting the new keys alone, and writes go on (docs/security.md, "Keys
+    and their rotation")."""
+    hosts = hosted.hosts.hosts
+    ep = hosted.endpoint("ep", "cp1")
+    ep.sql("CREATE TABLE kept (id int PRIMARY KEY)")
+    ep.sql("INSERT INTO kept SELECT generate_series(1, 100)")
+    old_controller_token = (hosts["sk-a"].disk / "auth" / "controller.token").read_text()
+    hosted.cluster.run("auth", "rotate", timeout=300)
+    here = hosted.cluster.workdir / "auth"
+    for name, h in hosts.items():
+        auth = h.disk / "auth"
+        assert _kids((auth / "public.pem").read_text()) == 2, name
+        assert (auth / "service.token").read_text() == (here / "service.token").read_text(), name
+    # The controllers' token and issuer key: the new ones on the controllers'
+    # host only; the others keep what the operator copied (and may delete).
+    assert (hosts["ps"].disk / "auth" / "controller.token").read_text() == (here / "controller.token").read_text()
+    assert (hosts["ps"].disk / "auth" / "issuer.pem").read_text() == (here / "issuer.pem").read_text()
+    for name in ("sk-a", "cp1"):
+        assert (hosts[name].disk / "auth" / "controller.token").read_text() == old_controller_token, name
+    new_issuer = next(line.split()[1] for line in hosted.cluster.run("auth", "keys").stdout.splitlines()
+                      if line.startswith("issuer") and line.endswith("signs"))
+    agent_token = hosts["cp1"].disk / "endpoints" / "ep" / "agent.token"
+    wait_until("the compute on cp1 renews its token at the controller",
+               lambda: _header_kid(agent_token.read_text()) == new_issuer, 90, interval=1)
+    ep.sql("INSERT INTO kept SELECT generate_series(101, 200)")
+    hosted.cluster.run("auth", "rotate", "--retire", timeout=300)
+    for name, h in hosts.items():
+        assert _kids((h.disk / "auth" / "public.pem").read_text()) == 1, name
+    ep.sql("INSERT INTO kept SELECT generate_series(201, 300)")
+    hosted.cluster.run("endpoint", "stop", "ep", timeout=300)
+    again = hosted.endpoint("ep", "cp1")
+    assert again.sql("SELECT count(*) FROM kept") == [(300,)]
+
+
 def test_a_replica_on_another_host_follows_and_is_promoted(hosted):
     """A replica on cp2 of a writer on cp1: the CLI asks the writer's agent
     on cp1 for a checkpoint, the replica streams from the safekeepers' hosts

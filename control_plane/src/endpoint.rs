@@ -552,7 +552,7 @@ pub fn start(
             // Its own branch only; a replica or a read-only endpoint may not
             // propose WAL (`docs/security.md`, "Scopes"). It expires when
             // the controllers can renew it.
-            let ttl = super::keys::controllers_renew(wd).then_some(crate::limits::COMPUTE_TOKEN_TTL);
+            let ttl = controllers_renew(wd).then_some(crate::limits::COMPUTE_TOKEN_TTL);
             let claims = Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), ttl).for_timeline(branch.timeline_id);
             signer.sign(&if reads_only { claims.reading_only() } else { claims })
         }),
@@ -1253,6 +1253,38 @@ pub fn stop_everywhere(wd: &Workdir, immediate: bool, progress: &mut dyn Progres
     } else {
         failed(errors.join("; "))
     }
+}
+
+/// Whether every storage controller of the cluster renews the computes'
+/// tokens (its config names an issuer key): only then do the tokens handed
+/// to agents expire. Clusters made before renewal have none.
+pub fn controllers_renew(wd: &Workdir) -> bool {
+    let mut controllers = wd.cluster.services.iter().filter(|s| s.kind == super::layout::Kind::Controller).peekable();
+    controllers.peek().is_some()
+        && controllers.all(|s| {
+            strata_controller::config::ControllerConfig::load(&wd.config_path(s))
+                .is_ok_and(|c| c.issuer_key.is_some() && c.auth.is_some())
+        })
+}
+
+/// The running endpoints whose agent still holds a token that a key other
+/// than the signing ones signed (it renews it within seconds of a rotation,
+/// when its controllers answer), by name.
+pub fn endpoints_on_old_keys(wd: &Workdir) -> Result<Vec<String>> {
+    let signing = [
+        super::keys::key_id_of(&super::keys::private_key(&wd.root))?,
+        super::keys::key_id_of(&super::keys::issuer_key(&wd.root))?,
+    ];
+    let mut old = Vec::new();
+    for ep in load_all(wd)? {
+        let kid = ep.agent_view().and_then(|a| a.token).and_then(|t| t.kid);
+        if let Some(kid) = kid {
+            if !signing.iter().any(|s| s.as_deref() == Some(kid.as_str())) {
+                old.push(ep.file.name.clone());
+            }
+        }
+    }
+    Ok(old)
 }
 
 #[cfg(test)]

@@ -148,35 +148,6 @@ pub fn mint(
     Ok(signer.sign(&claims))
 }
 
-/// Whether every storage controller of the cluster renews the computes'
-/// tokens (its config names an issuer key): only then do the tokens handed
-/// to agents expire. Clusters made before renewal have none.
-pub fn controllers_renew(wd: &super::layout::Workdir) -> bool {
-    let mut controllers = wd.cluster.services.iter().filter(|s| s.kind == super::layout::Kind::Controller).peekable();
-    controllers.peek().is_some()
-        && controllers.all(|s| {
-            strata_controller::config::ControllerConfig::load(&wd.config_path(s))
-                .is_ok_and(|c| c.issuer_key.is_some() && c.auth.is_some())
-        })
-}
-
-/// The running endpoints whose agent still holds a token that a key other
-/// than the signing ones signed (it renews it within seconds of a rotation,
-/// when its controllers answer), by name.
-pub fn endpoints_on_old_keys(wd: &super::layout::Workdir) -> Result<Vec<String>> {
-    let signing = [key_id_of(&private_key(&wd.root))?, key_id_of(&issuer_key(&wd.root))?];
-    let mut old = Vec::new();
-    for ep in super::endpoint::load_all(wd)? {
-        let kid = ep.agent_view().and_then(|a| a.token).and_then(|t| t.kid);
-        if let Some(kid) = kid {
-            if !signing.iter().any(|s| s.as_deref() == Some(kid.as_str())) {
-                old.push(ep.file.name.clone());
-            }
-        }
-    }
-    Ok(old)
-}
-
 /// The deny list's file (`docs/security.md`, "Revoking a token").
 pub fn revoked_file(root: &Path) -> PathBuf {
     auth::revoked_file(&public_key(root))

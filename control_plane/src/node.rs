@@ -284,10 +284,11 @@ struct Prepared {
 fn prepare(args: &NodeOptions) -> Result<Prepared> {
     // The node runs for months: it calls its services with the services'
     // token, which does not expire, not the CLI's management token of an
-    // hour (set first: the first token set is the process's).
+    // hour (set first: the first token set is the process's). It follows
+    // the file: a key's rotation signs it again.
     let service_token = super::keys::service_token(&args.workdir);
     if service_token.exists() {
-        let token = strata_service::auth::read_token(&service_token).map_err(|e| Error::Failed(e.to_string()))?;
+        let token = strata_service::auth::load_token(&service_token).map_err(|e| Error::Failed(e.to_string()))?;
         super::http::use_token(token);
     }
     let wd = Workdir::open(&args.workdir)?;

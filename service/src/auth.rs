@@ -24,6 +24,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use strata_protocol::{TenantId, TimelineId};
 
+pub use keys::KeyError;
 pub use revoked::DenyList;
 
 use crate::limits::{AUTH_RELOAD_INTERVAL, LEEWAY_SECS, MAX_ISSUED_TTL, MAX_TOKEN_LEN, MAX_TRUST_FILE_BYTES};
@@ -207,6 +208,20 @@ pub enum Access {
     Propose(TenantId, TimelineId),
 }
 
+/// Who `claims` say the caller is, for the audit log; nobody for a token
+/// that did not verify.
+pub fn identity(claims: Option<&Claims>) -> crate::audit::Identity {
+    match claims {
+        None => crate::audit::Identity::default(),
+        Some(c) => crate::audit::Identity {
+            scope: Some(c.scope.to_string()),
+            tenant_id: c.tenant_id.map(|t| t.to_string()),
+            timeline_id: c.timeline_id.map(|t| t.to_string()),
+            jti: c.jti.clone(),
+        },
+    }
+}
+
 /// What was asked, as the audit log names it.
 impl fmt::Display for Access {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -283,21 +298,6 @@ impl Refusal {
 }
 
 pub use strata_protocol::Token;
-
-/// A key file that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum KeyError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{what}: not an Ed25519 {kind} key in PEM: {message}")]
-    Format { what: String, kind: &'static str, message: String },
-    #[error("{}: {message}", path.display())]
-    Token { path: PathBuf, message: String },
-}
 
 fn read(path: &Path) -> Result<Vec<u8>, KeyError> {
     std::fs::read(path).map_err(|source| KeyError::Io { path: path.to_path_buf(), source })
@@ -553,8 +553,12 @@ impl Verifier {
         let verified = self.verify(token);
         let outcome = verified.clone().and_then(|claims| claims.permits(need).map(|()| claims));
         match &outcome {
-            Err(refusal) => crate::audit::refused(interface, action, refusal, verified.as_ref().ok()),
-            Ok(claims) if matches!(need, Access::Propose(..)) => crate::audit::allowed(interface, action, Some(claims)),
+            Err(refusal) => {
+                crate::audit::refused(interface, action, refusal.reason(), identity(verified.as_ref().ok()))
+            }
+            Ok(claims) if matches!(need, Access::Propose(..)) => {
+                crate::audit::allowed(interface, action, identity(Some(claims)))
+            }
             Ok(_) => {}
         }
         outcome

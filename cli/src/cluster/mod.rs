@@ -292,7 +292,7 @@ fn rotate(workdir: &WorkdirArgs, retire: bool, force: bool) -> Result<()> {
                 behind.join(", ")
             )));
         }
-        let old = keys::endpoints_on_old_keys(&wd)?;
+        let old = endpoint::endpoints_on_old_keys(&wd)?;
         if !old.is_empty() && !force {
             return Err(Error::Failed(format!(
                 "the agents of endpoints {} still hold tokens of the old key (they renew them at the controllers \

@@ -119,7 +119,7 @@ async fn check(State((auth, need)): State<(HttpAuth, Need)>, req: Request, next:
         Ok(claims) => {
             // What changes something is audited (reads are not).
             if !matches!(parts.method, axum::http::Method::GET | axum::http::Method::HEAD) {
-                crate::audit::allowed("http", &action, Some(&claims));
+                crate::audit::allowed("http", &action, super::identity(Some(&claims)));
             }
             next.run(Request::from_parts(parts, body)).await
         }

@@ -5,10 +5,26 @@
 //! overlap (`strata auth rotate`): tokens signed by the new key and by the
 //! old one both verify until the old one is retired.
 
+use std::path::PathBuf;
+
 use jsonwebtoken::DecodingKey;
 
-use super::KeyError;
 use crate::limits::MAX_TRUSTED_KEYS;
+
+/// A key or token file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: not an Ed25519 {kind} key in PEM: {message}")]
+    Format { what: String, kind: &'static str, message: String },
+    #[error("{}: {message}", path.display())]
+    Token { path: PathBuf, message: String },
+}
 
 /// The DER prefix of an Ed25519 `SubjectPublicKeyInfo` (RFC 8410): the
 /// algorithm 1.3.101.112 and a 33-byte bit string (no unused bits) whose
