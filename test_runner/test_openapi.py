@@ -51,6 +51,7 @@ from fixtures.endpoint import Endpoint
 from fixtures.pageserver_api import wait_for_pageserver_lsn
 from fixtures.ports import free_port
 from fixtures.strata import Process, format_lsn, parse_lsn, urlopen
+from fixtures.routers import routes_in
 from fixtures.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -70,8 +71,6 @@ ROUTERS = {
 }
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-# axum's method routers, as they appear in `get(handler).post(other)`.
-AXUM_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 
 
 def load_spec(name: str) -> dict:
@@ -225,64 +224,6 @@ def test_spec_is_structurally_valid_openapi_3(name):
 
 
 # ------------------------------------------------------------ code vs. docs
-
-# A Rust string literal; one, or a line comment.
-RUST_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
-RUST_STRING_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\])*"|//[^\n]*')
-ROUTE_START = re.compile(r'\.route\(\s*"(?P<path>[^"]+)"\s*,')
-METHOD_CALL = re.compile(r"\s*(?P<method>[a-z_]+)\s*\(")
-AFTER_CALL = re.compile(r"\s*(?:(?P<chain>\.)|,?\s*(?P<end>\)))")
-
-
-def closing_paren(code: str, i: int) -> int:
-    """Where the `)` is that closes the `(` at `i`, string literals skipped."""
-    depth = 0
-    while i < len(code):
-        if code[i] == '"':
-            i = RUST_STRING.match(code, i).end()
-            continue
-        if code[i] == "(":
-            depth += 1
-        elif code[i] == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    raise AssertionError(f"unbalanced parentheses from {code[:i][-60:]!r}")
-
-
-def routes_in(source: str, where: str) -> set[tuple[str, str]]:
-    """(path, method) of every `.route(PATH, METHOD(HANDLER).METHOD(HANDLER)...)`
-    of Rust source, comments left out; a handler is a function of the
-    source or a closure. Anything else fails, so that a router written
-    another way is not taken for one with fewer routes."""
-    code = RUST_STRING_OR_COMMENT.sub(lambda m: m[0] if m[0].startswith('"') else " " * len(m[0]), source)
-    assert not re.search(r"\.nest(?:_service)?\(", code), f"{where}: nested routers are not understood"
-    found = set()
-    for call in re.finditer(r"\.route\(", code):
-        route = ROUTE_START.match(code, call.start())
-        assert route, f"{where}: a .route( without a literal path: {code[call.start():call.start() + 80]!r}"
-        path, i = route["path"], route.end()
-        while True:
-            m = METHOD_CALL.match(code, i)
-            assert m, f"{where}: {path}: not a method router: {code[i:i + 80]!r}"
-            close = closing_paren(code, m.end() - 1)
-            method, handler = m["method"], code[m.end():close].strip()
-            assert method in AXUM_METHODS, f"{where}: unexpected method router {method}() on {path}"
-            if re.fullmatch(r"\w+", handler):
-                assert re.search(rf"\bfn {handler}\b", code), f"{where}: no handler fn {handler}"
-            else:
-                assert re.match(r"(?:move\s*)?\|", handler), \
-                    f"{where}: {method}() on {path} is given neither a handler fn nor a closure: {handler[:60]!r}"
-            found.add((path, method))
-            after = AFTER_CALL.match(code, close + 1)
-            assert after, f"{where}: {path}: what follows {method}() is not understood: {code[close:close + 60]!r}"
-            if after["end"]:
-                break
-            i = after.end()
-    assert found, f"no routes found in {where}"
-    return found
-
 
 def code_routes(source: Path) -> set[tuple[str, str]]:
     """(path, method) of every `.route(...)` of a router's source file."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from test_openapi import REPO_ROOT, closing_paren, routes_in
+from fixtures.routers import closing_paren, routes_in
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Every HTTP router of the project, by the name the matrix gives it.
 ROUTERS = {
