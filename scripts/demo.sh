@@ -20,9 +20,9 @@ fi
 password="$(head -n 1 "$workdir/endpoints/main/password")"
 port="$(awk -F' *= *' '$1 == "pg_port" {print $2}' "$workdir/endpoints/main/endpoint.toml")"
 passfile="$workdir/demo.pgpass"
-(umask 077 && printf '127.0.0.1:%s:*:postgres:%s\n' "$port" "$password" >"$passfile")
+(umask 077 && printf '127.0.0.1:%s:*:app:%s\n' "$port" "$password" >"$passfile")
 export PGPASSFILE="$passfile"
-connstr="postgresql://postgres@127.0.0.1:$port/postgres?sslmode=verify-full&sslrootcert=$(cd "$workdir" && pwd)/tls/ca.pem"
+connstr="postgresql://app@127.0.0.1:$port/postgres?sslmode=verify-full&sslrootcert=$(cd "$workdir" && pwd)/tls/ca.pem"
 echo
 echo "== writing through the compute (commits wait for 2 of 3 safekeepers)"
 psql "$connstr" -v ON_ERROR_STOP=1 -q <<'SQL'

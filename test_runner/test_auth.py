@@ -17,6 +17,7 @@ from fixtures import page_protocol as pp
 from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint
 from fixtures.strata import http_json, urlopen
+from fixtures.tokens import claims_of, header_of
 from fixtures.wait import wait_until
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
@@ -207,18 +208,6 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
     code, body = call(f"{ps}/v1/status", expiring)
     assert code == 401 and "expired" in body, (code, body)
     assert call(f"{ps}/v1/status", management)[0] == 200
-
-
-def claims_of(token: str) -> dict:
-    import base64
-    import json
-    payload = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-
-
-def header_of(token: str) -> dict:
-    """A token's header (its first part)."""
-    return claims_of("." + token.split(".")[0])
 
 
 def test_tokens_bound_to_a_timeline_and_read_only(cluster):

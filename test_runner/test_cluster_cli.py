@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from fixtures.cluster import StrataCommandFailed
+from fixtures.endpoint import Endpoint
 from fixtures.processes import kill_and_wait, pid_alive
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
@@ -293,7 +294,7 @@ def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
     # against the cluster's CA, loopback included (on a loopback host it
     # is the only one).
     ca = cluster.workdir / "tls" / "ca.pem"
-    m = re.fullmatch(r"postgresql://postgres:([A-Za-z0-9]{32})@127\.0\.0\.1:(\d+)/postgres"
+    m = re.fullmatch(r"postgresql://app:([A-Za-z0-9]{32})@127\.0\.0\.1:(\d+)/postgres"
                      rf"\?sslmode=verify-full&sslrootcert={re.escape(str(ca))}", connstr)
     assert m, out
     assert "over TLS: " not in out, out
@@ -310,14 +311,23 @@ def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
     with psycopg.connect(connstr, autocommit=True, connect_timeout=30) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
-        # Over TLS 1.3; the role's password is a SCRAM verifier; the
-        # agent's WAL proposer (a replication connection over TCP) logged in.
+        # Over TLS 1.3, as the application role, which owns the database
+        # and is no superuser.
         assert conn.execute("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == \
             (True, "TLSv1.3")
-        assert conn.execute("SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid "
-                            "WHERE rolname = 'postgres'").fetchone() == (True,)
-        assert conn.execute("SELECT count(*) FROM pg_stat_replication WHERE client_addr = '127.0.0.1' "
-                            "AND state = 'streaming'").fetchone() == (1,)
+        assert conn.execute("SELECT current_user, rolsuper, pg_get_userbyid(datdba) FROM pg_roles, pg_database "
+                            "WHERE rolname = current_user AND datname = current_database()").fetchone() == \
+            ("app", False, "app")
+    # The role's password is a SCRAM verifier, the superuser has none, and
+    # the agent's WAL proposer streams through the Unix socket.
+    ep = Endpoint(cluster, "ep1")
+    ep.connstr = connstr
+    with ep.connect() as conn:
+        assert conn.execute("SELECT rolname, rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid "
+                            "WHERE rolname IN ('app', 'postgres') ORDER BY 1").fetchall() == \
+            [("app", True), ("postgres", None)]
+        assert conn.execute("SELECT count(*) FROM pg_stat_replication WHERE client_addr IS NULL "
+                            "AND application_name = 'strata_proposer' AND state = 'streaming'").fetchone() == (1,)
     # A wrong password and none are refused.
     for bad in (connstr.replace(password, "x" * 32), connstr.replace(f":{password}@", "@")):
         with pytest.raises(psycopg.OperationalError, match="password"):
@@ -326,7 +336,7 @@ def test_endpoint_start_stop_keeps_rows(cluster, pg_bin_dir):
     listed = cluster.run("endpoint", "list").stdout
     assert re.search(r"^NAME\s+BRANCH\s+PORT\s+STATE\s+RESTARTS\s+LAST CAUSE\s+CONNECTION$", listed, re.M), listed
     # Listed without the password.
-    plain = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    plain = f"postgresql://app@127.0.0.1:{port}/postgres"
     assert re.search(rf"^ep1\s+main\s+{port}\s+running\s+0\s+-\s+{re.escape(plain)}$", listed, re.M), listed
     assert password not in listed and password not in json.dumps(cluster.status())
     [ep] = cluster.status()["endpoints"]

@@ -50,7 +50,12 @@ def test_compute_key_is_the_endpoints_own(cluster):
     workdir = cluster.workdir
     own_key = (ep.dir / "tls.key").read_text()
     assert (ep.dir / "tls.key").stat().st_mode & 0o077 == 0
-    # What the superuser reads from SQL is the endpoint's key, no other.
+    # Applications, who log in as the application role, read no file at all.
+    with ep.app_connect() as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT pg_read_file('server.key')")
+    # What the superuser (the agent's, through the socket) reads from SQL
+    # is the endpoint's key, no other.
     from_sql = ep.sql("SELECT pg_read_file('server.key')")[0][0]
     assert from_sql == own_key
     secrets = service_secrets(workdir)
@@ -133,8 +138,8 @@ def test_printed_connection_string_refuses_a_server_on_its_port(cluster, tmp_pat
     ep = start_endpoint(cluster, "ep")
     connstr = ep.connstr
     assert "sslmode=verify-full" in connstr and f"sslrootcert={cluster.ca}" in connstr, connstr
-    port = int(ep.conninfo()["port"])
-    password = ep.conninfo()["password"]
+    port = int(ep.app_conninfo()["port"])
+    password = ep.app_conninfo()["password"]
     ep.stop()
     for what, tls in (("plaintext", None), ("another CA's certificate", self_signed(tmp_path))):
         impostor = Impostor(port, tls)
@@ -151,5 +156,6 @@ def test_printed_connection_string_refuses_a_server_on_its_port(cluster, tmp_pat
         assert password.encode() not in impostor.received
     # The endpoint, started again on its port, is accepted.
     ep.start()
-    assert int(ep.conninfo()["port"]) == port
-    assert ep.sql("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()") == [(True,)]
+    assert int(ep.app_conninfo()["port"]) == port
+    with ep.app_connect() as conn:
+        assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)

@@ -29,10 +29,12 @@ from psycopg.conninfo import conninfo_to_dict
 from fixtures import netns
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
 from fixtures.cluster import LocalCluster
+from fixtures.endpoint import superuser_conninfo
 from fixtures.load import AckedWriters, PgbenchLoop
 from fixtures.minio import Minio
-from fixtures.pg import PgClient, make_traversable, temp_root
+from fixtures.pg import PgClient, libpq_env, make_traversable, temp_root
 from fixtures.strata import http_json
+from fixtures.tokens import header_of
 from fixtures.wait import wait_until
 
 # name, what it runs, site
@@ -53,12 +55,23 @@ class Remote(PgClient):
     """A compute as a client on another machine reaches it: the connection
     string `endpoint start` prints as "over TLS"."""
 
-    def __init__(self, connstr: str, cluster: "Hosted"):
+    def __init__(self, connstr: str, cluster: "Hosted", host: str | None = None, name: str | None = None):
         self.info = conninfo_to_dict(connstr)
         self.hosted = cluster
+        self.host, self.name = host, name
 
     def conninfo(self, dbname: str = "postgres") -> dict:
         return {**self.info, "dbname": dbname}
+
+    def as_superuser(self, cmd: list[str], timeout: float = 600) -> str:
+        """`cmd` (psql, pg_amcheck) run on the compute's host as the
+        superuser through its Unix socket, the host operator's way in, for
+        what applications may not run; returns its output."""
+        assert self.host is not None and self.name is not None, "the endpoint's host is not known"
+        pgdata = self.hosted.hosts.hosts[self.host].disk / "endpoints" / self.name / "pgdata"
+        # postmaster.pid names the socket's directory as the host sees it.
+        env = libpq_env(superuser_conninfo(pgdata))
+        return self.hosted.hosts.run(self.host, cmd, env=env, timeout=timeout).stdout
 
     def failure_context(self) -> str:
         return self.hosted.logs()
@@ -100,7 +113,7 @@ class Hosted:
     def endpoint(self, name: str, host: str, *extra: str) -> Remote:
         out = self.cluster.run("endpoint", "start", name, "--host", host, *extra, timeout=300).stdout
         tls = next(line for line in out.splitlines() if line.startswith("over TLS: "))
-        return Remote(tls.removeprefix("over TLS: "), self)
+        return Remote(tls.removeprefix("over TLS: "), self, host, name)
 
     def logs(self) -> str:
         parts = []
@@ -351,12 +364,6 @@ def _kids(text: str) -> int:
     return text.count("-----BEGIN PUBLIC KEY-----")
 
 
-def _header_kid(token: str) -> str:
-    import base64
-    head = token.strip().split(".")[0]
-    return json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))["kid"]
-
-
 def test_keys_rotate_across_hosts_and_the_controllers_secrets_stay_theirs(hosted):
     """`strata auth rotate` reaches every host through its node: each trusts
     the new keys and takes the services' new token; only the controllers'
@@ -385,7 +392,7 @@ def test_keys_rotate_across_hosts_and_the_controllers_secrets_stay_theirs(hosted
                       if line.startswith("issuer") and line.endswith("signs"))
     agent_token = hosts["cp1"].disk / "endpoints" / "ep" / "agent.token"
     wait_until("the compute on cp1 renews its token at the controller",
-               lambda: _header_kid(agent_token.read_text()) == new_issuer, 90, interval=1)
+               lambda: header_of(agent_token.read_text())["kid"] == new_issuer, 90, interval=1)
     ep.sql("INSERT INTO kept SELECT generate_series(101, 200)")
     hosted.cluster.run("auth", "rotate", "--retire", timeout=300)
     for name, h in hosts.items():
@@ -460,7 +467,7 @@ def test_the_attached_pageservers_host_cut_off_fails_over_and_returns_demoted(st
 
             ep = hosted.endpoint("ep", "cp1")
             ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
-            ep.sql("CREATE EXTENSION amcheck")
+            ep.as_superuser([str(pg_bin_dir / "psql"), "-X", "-v", "ON_ERROR_STOP=1", "-c", "CREATE EXTENSION amcheck"])
             hosted.cluster.run("timeline", "checkpoint", timeout=300)
             writers = AckedWriters(ep, threads=2, backoff=(0.05, 0.5)).start()
             try:
@@ -504,8 +511,8 @@ def test_the_attached_pageservers_host_cut_off_fails_over_and_returns_demoted(st
             # started afresh reads every page from pageserver2.
             hosted.cluster.run("endpoint", "stop", "ep", timeout=120)
             ep = hosted.endpoint("ep", "cp1")
-            ep.bin_dir = pg_bin_dir  # pg_amcheck is a server package's program
-            ep.run(["pg_amcheck", "--heapallindexed", "-d", "postgres"], timeout=600)
+            # pg_amcheck is a server package's program, and the superuser's.
+            ep.as_superuser([str(pg_bin_dir / "pg_amcheck"), "--heapallindexed", "-d", "postgres"])
             with ep.connect() as conn:
                 assert_pgbench_invariants(pgbench_state(conn), SCALE)
             print(f"\n{len(acked)} acknowledged commits kept across the cut-off pageserver host")

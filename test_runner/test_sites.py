@@ -14,9 +14,8 @@ from __future__ import annotations
 import re
 import time
 
-import psycopg
 
-from fixtures.endpoint import Endpoint, start_endpoint
+from fixtures.endpoint import Endpoint, SocketSuperuser, start_endpoint
 from fixtures.load import AckedWriters
 from fixtures.strata import parse_lsn
 from fixtures.wait import wait_until
@@ -391,7 +390,9 @@ def test_promoting_dc2_under_local_quorum_reports_dc1s_tail_and_fences_its_write
     assert c > f and nbytes == c - f and txns is not None, out
     connstr = out.strip().splitlines()[-1]
     assert connstr.startswith("postgres"), out
-    with psycopg.connect(connstr, autocommit=True) as conn:
+    # The writers' table is the superuser's, as the fixtures made it.
+    dc2 = SocketSuperuser(cluster.workdir / "endpoints" / "main-dc2" / "pgdata")
+    with dc2.connect() as conn:
         on_dc2 = {r[0] for r in conn.execute(f"SELECT id FROM {writers.table}")}
         conn.execute(f"INSERT INTO {writers.table} (id, writer) VALUES (-1, -1)")  # the new writer commits
     acked = writers.acked_ids()
@@ -421,7 +422,7 @@ def test_promoting_dc2_under_local_quorum_reports_dc1s_tail_and_fences_its_write
     assert acked <= on_dc1, f"{len(acked - on_dc1)} acknowledged commits missing from the divergent branch"
     assert not (on_dc1 - acked - writers.in_doubt)
     # dc1's safekeepers hold main's new timeline and catch up as asynchronous members.
-    with psycopg.connect(connstr, autocommit=True) as conn:
+    with dc2.connect() as conn:
         conn.execute(f"INSERT INTO {writers.table} (id, writer) VALUES (-2, -1)")
         end = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
     wait_until("dc1's safekeepers to catch up on main",
@@ -448,8 +449,7 @@ def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_fa
     writers.stop()
     out = cluster.run("site", "promote", "dc2", timeout=300).stdout
     assert "nothing lost: under stretched" in report_line(out), out
-    connstr = out.strip().splitlines()[-1]
-    with psycopg.connect(connstr, autocommit=True) as conn:
+    with SocketSuperuser(cluster.workdir / "endpoints" / "main-dc2" / "pgdata").connect() as conn:
         on_dc2 = {r[0] for r in conn.execute(f"SELECT id FROM {writers.table}")}
     lost = writers.acked_ids() - on_dc2
     assert not lost, f"{len(lost)} acknowledged commits lost under stretched"

@@ -46,7 +46,7 @@ def scram_salt_of_unknown_role(ep) -> bytes:
     import ssl
     import struct
 
-    info = ep.conninfo()
+    info = ep.app_conninfo()
     raw = socket.create_connection((info.get("host", "127.0.0.1"), int(info["port"])), timeout=10)
     sock = raw
     if info.get("sslmode") not in (None, "disable"):

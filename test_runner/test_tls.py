@@ -66,7 +66,7 @@ def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory, pg
     # The compute's PostgreSQL: TLS with the same certificate (libpq checks
     # it: sslmode=verify-full, as the string `endpoint start` prints "over
     # TLS"), refused against another cluster's CA.
-    info = dict(ep.conninfo(), sslmode="verify-full", sslrootcert=str(c.ca))
+    info = dict(ep.app_conninfo(), sslmode="verify-full", sslrootcert=str(c.ca))
     with psycopg.connect(**info, connect_timeout=30) as conn:
         assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
     with pytest.raises(psycopg.OperationalError, match="SSL error|certificate verify failed"):

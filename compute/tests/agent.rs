@@ -183,13 +183,14 @@ fn password_file(dir: &Path) -> PathBuf {
     path
 }
 
-/// Runs SQL over TCP as the `postgres` role (with SCRAM); the unaligned output.
+/// Runs SQL over TCP as the application role (with SCRAM), as clients do;
+/// the unaligned output.
 async fn psql(port: u16, sql: &str) -> String {
     let sql = sql.to_string();
     blocking(move || {
         let out = run(Command::new(pg_bin().join("psql"))
             .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args(["-p", &port.to_string(), "-U", "postgres", "-d", "postgres", "-c", &sql])
+            .args(["-p", &port.to_string(), "-U", "app", "-d", "postgres", "-c", &sql])
             .env("PGCONNECT_TIMEOUT", "10")
             .env("PGPASSWORD", PASSWORD)
             .env("PGOPTIONS", "-c statement_timeout=30s"));

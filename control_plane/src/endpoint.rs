@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile};
 use strata_compute::agent::postgres;
+use strata_compute::agent::DEFAULT_APP_ROLE as APP_ROLE;
 use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
 use strata_protocol::api::pageserver::LsnResponse;
 use strata_service::auth::{Claims, Scope};
@@ -128,7 +129,7 @@ impl Endpoint {
 
     /// libpq connection string of its PostgreSQL, without the password.
     pub fn connstr(&self) -> String {
-        format!("postgresql://postgres@{}/postgres", self.at(self.file.pg_port))
+        format!("postgresql://{APP_ROLE}@{}/postgres", self.at(self.file.pg_port))
     }
 
     /// The connection string a client on this host uses: loopback, with
@@ -141,10 +142,10 @@ impl Endpoint {
         let local = std::net::SocketAddr::new(LOOPBACK, self.file.pg_port);
         match ca {
             Some(ca) => format!(
-                "postgresql://postgres:{password}@{local}/postgres?sslmode=verify-full&sslrootcert={}",
+                "postgresql://{APP_ROLE}:{password}@{local}/postgres?sslmode=verify-full&sslrootcert={}",
                 uri_escape(&ca.to_string_lossy())
             ),
-            None => format!("postgresql://postgres:{password}@{local}/postgres?sslmode=disable"),
+            None => format!("postgresql://{APP_ROLE}:{password}@{local}/postgres?sslmode=disable"),
         }
     }
 
@@ -152,7 +153,7 @@ impl Endpoint {
     /// cluster's CA): what a client on another host uses.
     pub fn tls_connstr(&self, password: &str, ca: &std::path::Path) -> String {
         format!(
-            "postgresql://postgres:{password}@{}/postgres?sslmode=verify-full&sslrootcert={}",
+            "postgresql://{APP_ROLE}:{password}@{}/postgres?sslmode=verify-full&sslrootcert={}",
             self.at(self.file.pg_port),
             uri_escape(&ca.to_string_lossy())
         )
@@ -1325,15 +1326,15 @@ mod tests {
         let text = toml::to_string(&f).unwrap();
         assert_eq!(toml::from_str::<EndpointFile>(&text).unwrap(), f);
         let ep = Endpoint { dir: "/w/endpoints/e".into(), file: f, address: LOOPBACK };
-        assert_eq!(ep.connstr(), "postgresql://postgres@127.0.0.1:5432/postgres");
-        assert_eq!(ep.local_connstr("pw9", None), "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=disable");
+        assert_eq!(ep.connstr(), "postgresql://app@127.0.0.1:5432/postgres");
+        assert_eq!(ep.local_connstr("pw9", None), "postgresql://app:pw9@127.0.0.1:5432/postgres?sslmode=disable");
         assert_eq!(
             ep.local_connstr("pw9", Some(std::path::Path::new("/w/tls/ca.pem"))),
-            "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w/tls/ca.pem"
+            "postgresql://app:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w/tls/ca.pem"
         );
         assert_eq!(
             ep.tls_connstr("pw9", std::path::Path::new("/w x/tls/ca.pem")),
-            "postgresql://postgres:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w%20x/tls/ca.pem"
+            "postgresql://app:pw9@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/w%20x/tls/ca.pem"
         );
         assert_eq!(ep.identity().marker, PathBuf::from("/w/endpoints/e/agent.toml"));
     }

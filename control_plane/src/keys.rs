@@ -181,26 +181,9 @@ fn trusted_pems(path: &Path) -> Result<Vec<String>> {
         return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
-    // Parsed first: only a valid key file is rewritten.
-    auth::keys::parse(text.as_bytes(), &path.display().to_string()).map_err(failed)?;
-    Ok(pem_blocks(&text))
-}
-
-/// The PEM blocks of `text`, each with its BEGIN and END lines.
-fn pem_blocks(text: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current = String::new();
-    for line in text.lines() {
-        if line.starts_with("-----BEGIN ") {
-            current.clear();
-        }
-        current.push_str(line);
-        current.push('\n');
-        if line.starts_with("-----END ") {
-            blocks.push(std::mem::take(&mut current));
-        }
-    }
-    blocks
+    // Only a valid key file is rewritten.
+    let keys = auth::keys::parse(text.as_bytes(), &path.display().to_string()).map_err(failed)?;
+    Ok(keys.into_iter().map(|k| k.pem).collect())
 }
 
 /// The ids of the cluster's keys and of the issuers' trusted now, newest first.

@@ -42,9 +42,13 @@ pub struct AgentConfig {
     pub pg_bin_dir: PathBuf,
     /// Operating-system user PostgreSQL runs as when the agent runs as root.
     pub pg_user: String,
-    /// Database role of the proposer's replication connection (and of the
-    /// readiness check): the cluster's bootstrap superuser.
+    /// Database role of the agent's connections through the Unix socket
+    /// (the proposer's, the readiness check's): the cluster's bootstrap
+    /// superuser, which never logs in over TCP.
     pub pg_role: String,
+    /// The role applications log in as over TCP with the endpoint's
+    /// password: it owns the database `postgres` and is no superuser.
+    pub app_role: String,
     /// `shared_buffers` (`128MB`).
     pub shared_buffers: String,
     /// Images of every change for every resource manager (`wal_consistency_checking = 'all'`).
@@ -115,6 +119,30 @@ pub struct AgentConfig {
     pub clock: crate::clock::SharedClock,
 }
 
+/// The bootstrap superuser of every branch (`initdb`'s, named after
+/// PostgreSQL's operating-system user).
+pub const SUPERUSER: &str = "postgres";
+
+/// The role applications log in as unless the endpoint names another.
+pub const DEFAULT_APP_ROLE: &str = "app";
+
+/// Refuses a role name that would need quoting: lower-case letters, digits
+/// and `_`, starting with a letter or `_`, at most 63 bytes (PostgreSQL's
+/// `NAMEDATALEN - 1`). The agent writes it into SQL and `pg_hba.conf`.
+pub fn check_role_name(name: &str) -> Result<(), String> {
+    let first_ok = name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let rest_ok = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !first_ok || !rest_ok || name.len() > 63 {
+        return Err(format!(
+            "{name:?} is not a role name the agent accepts (lower-case letters, digits and _, at most 63)"
+        ));
+    }
+    if name.starts_with("pg_") {
+        return Err(format!("{name:?}: names starting with pg_ are PostgreSQL's own roles"));
+    }
+    Ok(())
+}
+
 /// What a replica needs besides a compute's settings.
 #[derive(Clone, Debug)]
 pub struct ReplicaConfig {
@@ -167,7 +195,8 @@ impl AgentConfig {
             http_max_connections: 32,
             pg_bin_dir: PathBuf::from("/usr/lib/postgresql/15/bin"),
             pg_user: "postgres".into(),
-            pg_role: "postgres".into(),
+            pg_role: SUPERUSER.into(),
+            app_role: DEFAULT_APP_ROLE.into(),
             shared_buffers: "128MB".into(),
             verify_redo: false,
             application_name: "strata_proposer".into(),

@@ -70,6 +70,10 @@ pub struct AgentFile {
     /// Operating-system user PostgreSQL runs as when the agent runs as root.
     #[serde(default = "default_pg_user")]
     pub pg_user: String,
+    /// The role applications log in as over TCP: it owns the database
+    /// `postgres` and is no superuser (`docs/security.md`, "Roles").
+    #[serde(default = "default_app_role")]
+    pub app_role: String,
     /// PostgreSQL's shared_buffers.
     #[serde(default = "default_shared_buffers")]
     pub shared_buffers: String,
@@ -107,8 +111,8 @@ pub struct AgentFile {
     /// a token signed by it (`docs/security.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_public_key: Option<PathBuf>,
-    /// The file (mode 0600) with the password TCP clients and the agent log
-    /// in with as the role `postgres` (SCRAM-SHA-256).
+    /// The file (mode 0600) with the password TCP clients log in with as
+    /// `app_role` (SCRAM-SHA-256).
     pub password_file: PathBuf,
     /// This host's certificate and key: the status server and PostgreSQL
     /// speak TLS with them (both or neither).
@@ -186,6 +190,9 @@ fn default_pg_bin_dir() -> PathBuf {
 fn default_pg_user() -> String {
     "postgres".into()
 }
+fn default_app_role() -> String {
+    crate::agent::config::DEFAULT_APP_ROLE.into()
+}
 fn default_shared_buffers() -> String {
     "128MB".into()
 }
@@ -244,6 +251,7 @@ impl AgentFile {
             http_max_connections: default_http_max_connections(),
             pg_bin_dir: default_pg_bin_dir(),
             pg_user: default_pg_user(),
+            app_role: default_app_role(),
             shared_buffers: default_shared_buffers(),
             verify_redo: false,
             max_consumer_lag_mb: default_max_consumer_lag_mb(),
@@ -283,6 +291,10 @@ impl AgentFile {
     pub fn check(&self) -> Result<(), String> {
         if self.safekeepers.is_empty() && self.read_only_at.is_none() {
             return Err("safekeepers: at least one is needed (only a read-only compute has none)".into());
+        }
+        super::config::check_role_name(&self.app_role).map_err(|e| format!("app_role: {e}"))?;
+        if self.app_role == super::config::SUPERUSER {
+            return Err(format!("app_role: {:?} is the superuser, which stays with the agent", self.app_role));
         }
         if self.http_max_connections == 0 {
             return Err("http_max_connections must be at least 1".into());
@@ -342,6 +354,7 @@ impl AgentFile {
         cfg.http_max_connections = usize::from(self.http_max_connections);
         cfg.pg_bin_dir = self.pg_bin_dir;
         cfg.pg_user = self.pg_user;
+        cfg.app_role = self.app_role;
         cfg.shared_buffers = self.shared_buffers;
         cfg.verify_redo = self.verify_redo;
         cfg.max_consumer_lag_bytes = (self.max_consumer_lag_mb > 0).then_some(self.max_consumer_lag_mb << 20);
@@ -444,6 +457,13 @@ mod tests {
             "read_only_at does not apply",
         );
         refused_file(AgentFile { replica: replica(vec![]), ..minimal() }, "at least one");
+        // Role names go into SQL and pg_hba.conf unquoted: plain names only,
+        // and never the superuser or one of PostgreSQL's own.
+        for bad in ["", "App", "a b", "a\"b", "1app", "pg_monitor", &"a".repeat(64)] {
+            refused_file(AgentFile { app_role: bad.into(), ..minimal() }, "app_role");
+        }
+        refused_file(AgentFile { app_role: "postgres".into(), ..minimal() }, "stays with the agent");
+        assert!(AgentFile::parse(&AgentFile { app_role: "shop_owner2".into(), ..minimal() }.to_toml()).is_ok());
         // A read-only compute needs no safekeepers.
         assert!(AgentFile::parse(
             &AgentFile { safekeepers: vec![], read_only_at: Some(Lsn(1)), ..minimal() }.to_toml()

@@ -29,6 +29,7 @@ pub mod postgres;
 mod renewal;
 mod replica;
 pub mod restart;
+mod roles;
 mod running;
 mod start;
 pub mod status;
@@ -42,7 +43,7 @@ use strata_service::clock::Clock;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-pub use config::{AgentConfig, ReplicaConfig};
+pub use config::{check_role_name, AgentConfig, ReplicaConfig, DEFAULT_APP_ROLE, SUPERUSER};
 use error::fail;
 pub use error::AgentError;
 

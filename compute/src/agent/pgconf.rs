@@ -31,6 +31,8 @@ pub struct PgSettings {
     /// This host's certificate and key files: copied into the data
     /// directory, and PostgreSQL serves TLS with them.
     pub tls_files: Option<(PathBuf, PathBuf)>,
+    /// The bootstrap superuser: refused over TCP, the socket only.
+    pub superuser: String,
 }
 
 /// How a replica's walreceiver reaches the safekeepers (`docs/replicas.md`).
@@ -372,19 +374,25 @@ pub fn postgresql_conf(s: &PgSettings, pgdata: &Path) -> Result<String, ConfigEr
 }
 
 /// The text of `pg_hba.conf`: SCRAM-SHA-256 for every TCP connection,
-/// normal and replication; trust on the Unix socket, whose directory only
-/// PostgreSQL's user (and root) can enter (mode 0700: the data directory or
-/// a private one, see [`prepare_socket_dir`]). With `beyond_loopback`,
-/// clients of other hosts too, over TLS only (`hostssl`), never replication.
-pub fn pg_hba_conf(beyond_loopback: bool) -> String {
-    let mut hba = "# Written by the Strata compute agent at every start; edits are lost.\n\
-     # The socket's directory is private to PostgreSQL's user.\n\
-     # TYPE  DATABASE     USER  ADDRESS       METHOD\n\
-     local   all          all                 trust\n\
-     local   replication  all                 trust\n\
-     host    all          all   127.0.0.1/32  scram-sha-256\n\
-     host    replication  all   127.0.0.1/32  scram-sha-256\n"
-        .to_string();
+/// normal and replication, except the superuser's, which are refused: it
+/// logs in through the Unix socket only (trusted: its directory only
+/// PostgreSQL's user and root can enter, mode 0700, see
+/// [`prepare_socket_dir`]), so the endpoint's password never opens a
+/// superuser session. With `beyond_loopback`, clients of other hosts too,
+/// over TLS only (`hostssl`), never replication.
+pub fn pg_hba_conf(beyond_loopback: bool, superuser: &str) -> String {
+    // The first matching line decides: the refusals come before the rest.
+    let mut hba = format!(
+        "# Written by the Strata compute agent at every start; edits are lost.\n\
+         # The socket's directory is private to PostgreSQL's user.\n\
+         # TYPE  DATABASE     USER  ADDRESS       METHOD\n\
+         local   all          all                 trust\n\
+         local   replication  all                 trust\n\
+         host    all          {superuser}  all    reject\n\
+         host    replication  {superuser}  all    reject\n\
+         host    all          all   127.0.0.1/32  scram-sha-256\n\
+         host    replication  all   127.0.0.1/32  scram-sha-256\n"
+    );
     if beyond_loopback {
         hba.push_str("hostssl all          all   all           scram-sha-256\n");
     }
@@ -454,7 +462,8 @@ pub fn write_config(pgdata: &Path, s: &PgSettings) -> Result<(), ConfigError> {
         pgdata.join("postgresql.auto.conf"),
         "# Emptied by the Strata compute agent at every start; ALTER SYSTEM settings do not persist.\n",
     )?;
-    write(pgdata.join("pg_hba.conf"), &pg_hba_conf(s.host_address.is_some_and(|a| !a.is_loopback())))?;
+    let beyond_loopback = s.host_address.is_some_and(|a| !a.is_loopback());
+    write(pgdata.join("pg_hba.conf"), &pg_hba_conf(beyond_loopback, &s.superuser))?;
     for name in [SERVER_CERT, SERVER_KEY] {
         let path = pgdata.join(name);
         if path.exists() {
@@ -508,6 +517,7 @@ mod tests {
             read_only: false,
             standby: None,
             tls_files: None,
+            superuser: "postgres".into(),
         }
     }
 
@@ -595,14 +605,17 @@ mod tests {
 
     #[test]
     fn hba_trusts_the_socket_only_and_tcp_needs_scram() {
-        let hba = pg_hba_conf(false);
+        let hba = pg_hba_conf(false, "postgres");
         let rules: Vec<Vec<&str>> =
             hba.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
-        assert_eq!(rules.len(), 4);
+        assert_eq!(rules.len(), 6);
         assert!(rules.iter().filter(|r| r[0] == "local").all(|r| r.last() == Some(&"trust")));
         let host: Vec<_> = rules.iter().filter(|r| r[0] == "host").collect();
-        assert_eq!(host.len(), 2);
-        assert!(host.iter().all(|r| r[3] == "127.0.0.1/32" && r[4] == "scram-sha-256"));
+        assert_eq!(host.len(), 4);
+        // The superuser's refusals come first: PostgreSQL takes the first match.
+        assert_eq!(host[0], &vec!["host", "all", "postgres", "all", "reject"]);
+        assert_eq!(host[1], &vec!["host", "replication", "postgres", "all", "reject"]);
+        assert!(host[2..].iter().all(|r| r[2] == "all" && r[3] == "127.0.0.1/32" && r[4] == "scram-sha-256"));
         assert!(host.iter().any(|r| r[1] == "replication"));
     }
 
@@ -620,14 +633,17 @@ mod tests {
         )
         .unwrap();
         assert!(conf.contains("listen_addresses = '127.0.0.1,10.77.0.15'"), "{conf}");
-        let hba = pg_hba_conf(true);
-        let beyond: Vec<&str> = hba.lines().filter(|l| !l.starts_with('#') && !l.contains("127.0.0.1/32")).collect();
+        let hba = pg_hba_conf(true, "postgres");
+        let beyond: Vec<&str> = hba
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.contains("127.0.0.1/32") && !l.ends_with("reject"))
+            .collect();
         // Beyond loopback: TLS and SCRAM, normal sessions only.
         assert_eq!(
             beyond.iter().filter(|l| !l.starts_with("local")).collect::<Vec<_>>(),
             vec![&"hostssl all          all   all           scram-sha-256"]
         );
-        assert!(!pg_hba_conf(false).contains("hostssl"));
+        assert!(!pg_hba_conf(false, "postgres").contains("hostssl"));
     }
 
     #[test]

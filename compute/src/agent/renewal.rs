@@ -32,12 +32,6 @@ pub struct Renewal {
     pub clock: crate::clock::SharedClock,
 }
 
-/// A token's key id, `iat` and `exp`, read without checking it (it is the
-/// agent's own, checked by whoever it is shown to).
-pub fn lifetime(token: &str) -> Option<Lifetime> {
-    unverified_lifetime(token)
-}
-
 /// Whether a token of `life` is renewed at `now`: a third of its life or
 /// less is left, or its key is no longer the newest trusted.
 pub fn due(life: &Lifetime, now: u64, newest_key: bool) -> bool {
@@ -59,7 +53,7 @@ impl Renewal {
         let mut next = 0usize;
         loop {
             let current = self.token.expose();
-            let life = lifetime(&current);
+            let life = unverified_lifetime(&current);
             status.kid = life.as_ref().and_then(|l| l.kid.clone());
             status.exp = life.as_ref().and_then(|l| l.exp);
             let newest = match (&self.verifier, &status.kid) {
@@ -72,7 +66,7 @@ impl Renewal {
                     Ok(renewed) => {
                         status.renewals += 1;
                         status.last_error = None;
-                        let life = lifetime(&renewed.token.expose());
+                        let life = unverified_lifetime(&renewed.token.expose());
                         status.kid = life.as_ref().and_then(|l| l.kid.clone());
                         status.exp = Some(renewed.exp);
                         tracing::info!(exp = renewed.exp, kid = status.kid.as_deref().unwrap_or("-"), "token renewed");
@@ -140,7 +134,7 @@ mod tests {
         let signer = Signer::from_pem(generate_key_pair().0.as_bytes(), "test").unwrap();
         let mut claims = Claims::new(Scope::Tenant, Some(TenantId([1; 16])), None);
         (claims.iat, claims.exp) = (1000, Some(4000));
-        let life = lifetime(&signer.sign(&claims)).unwrap();
+        let life = unverified_lifetime(&signer.sign(&claims)).unwrap();
         assert_eq!(life, Lifetime { kid: Some(signer.key_id().to_string()), iat: 1000, exp: Some(4000) });
         assert!(!due(&life, 2000, true));
         assert!(!due(&life, 2999, true));
@@ -148,10 +142,10 @@ mod tests {
         assert!(due(&life, 5000, true));
         assert!(due(&life, 1000, false), "a rotation under way");
         claims.exp = None;
-        let forever = lifetime(&signer.sign(&claims)).unwrap();
+        let forever = unverified_lifetime(&signer.sign(&claims)).unwrap();
         assert!(!due(&forever, u64::MAX, true));
         for bad in ["", "x", "a.b", "a.b.c", &"a".repeat(5000)] {
-            assert_eq!(lifetime(bad), None, "{bad}");
+            assert_eq!(unverified_lifetime(bad), None, "{bad}");
         }
     }
 }

@@ -234,14 +234,14 @@ impl Agent {
                 total_seconds = total,
                 downtime_seconds = downtime,
                 "running again: postgresql://{}@127.0.0.1:{}/postgres",
-                self.cfg.pg_role,
+                self.cfg.app_role,
                 self.cfg.pg_port
             ),
             None => info!(
                 seconds,
                 total_seconds = total,
                 "running: postgresql://{}@127.0.0.1:{}/postgres",
-                self.cfg.pg_role,
+                self.cfg.app_role,
                 self.cfg.pg_port
             ),
         }

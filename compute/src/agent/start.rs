@@ -11,17 +11,17 @@ use strata_service::clock::timeout;
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::TimelineIdentity;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::pageserver_api::{self, BasebackupKind, PageserverClient};
 use super::postgres::{self, OsUser, Postgres};
 use super::running::Started;
 use super::status::{AgentState, StartTimings};
 use super::{
-    basebackup, check_timeline, fail, leftover, pgconf, stop_requested, unless_stopped, Agent, AgentError, Attempt,
-    RunEnd, PG_VERSION,
+    basebackup, check_timeline, fail, leftover, pgconf, roles, stop_requested, unless_stopped, Agent, AgentError,
+    Attempt, RunEnd, PG_VERSION,
 };
-use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
+use crate::pg_replication::ReplicationConfig;
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
 use strata_protocol::api::compute::ReplicaStatus;
 use strata_protocol::api::pageserver::{CheckpointRecordResponse, TimelineState};
@@ -62,19 +62,20 @@ impl Agent {
         }
     }
 
-    /// The replication connection to the local server: over TCP with
-    /// SCRAM, as every client's.
-    fn replication_config(&self, password: &str) -> ReplicationConfig {
+    /// The application role's login with the endpoint's password, over TCP
+    /// as every client's (SCRAM-SHA-256).
+    fn app_login_config(&self, password: &str) -> ReplicationConfig {
         ReplicationConfig {
             password: Some(password.to_string()),
-            application_name: self.cfg.application_name.clone(),
-            ..ReplicationConfig::new("127.0.0.1", self.cfg.pg_port, self.cfg.pg_role.clone())
+            application_name: "strata_agent".into(),
+            replication: false,
+            ..ReplicationConfig::new("127.0.0.1", self.cfg.pg_port, self.cfg.app_role.clone())
         }
     }
 
     /// A connection through the Unix socket (trusted: its directory is
-    /// private to PostgreSQL's user), for the agent's own work before the
-    /// role's password is known to be set.
+    /// private to PostgreSQL's user) as the superuser, which has no
+    /// password and cannot log in over TCP: the agent's own sessions.
     pub(super) fn socket_config(&self, replication: bool) -> ReplicationConfig {
         let dir = pgconf::socket_dir(&self.pgdata, self.cfg.pg_port);
         ReplicationConfig {
@@ -84,42 +85,10 @@ impl Agent {
         }
     }
 
-    /// Makes the role's password the endpoint's: logs in with it over TCP
-    /// and, if that is refused on a primary, sets it through the socket.
-    /// The verifier is WAL-logged like any catalog change, so the password
-    /// belongs to the branch from then on; a read-only compute cannot
-    /// change it and only warns (`docs/security.md`, "Computes").
-    async fn ensure_password(&self, password: &str) -> Result<(), AgentError> {
-        let repl = self.replication_config(password);
-        let refused = match ReplicationConnection::connect(&repl).await {
-            Ok(_) => return Ok(()),
-            Err(e) if e.code() == Some(SQLSTATE_INVALID_PASSWORD) => e,
-            Err(e) => return Err(fail("password", format!("logging in as {}: {e}", self.cfg.pg_role))),
-        };
-        if self.cfg.read_only_at.is_some() || self.cfg.replica.is_some() {
-            warn!(
-                role = %self.cfg.pg_role,
-                "the role's password in the branch is not this endpoint's ({refused}); a standby cannot set it"
-            );
-            return Ok(());
-        }
-        let role = &self.cfg.pg_role;
-        if role.contains('"') {
-            return Err(fail("password", format!("role name {role:?} contains a double quote")));
-        }
-        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
-        // Local durability is enough and must not wait: the WAL proposer,
-        // the synchronous standby, logs in with this very password.
-        let sql = format!("SET synchronous_commit = local; ALTER ROLE \"{role}\" PASSWORD '{verifier}'");
-        let mut conn = ReplicationConnection::connect(&self.socket_config(false))
-            .await
-            .map_err(|e| fail("password", format!("connecting through the socket: {e}")))?;
-        conn.simple_query(&sql).await.map_err(|e| fail("password", format!("setting {role}'s password: {e}")))?;
-        ReplicationConnection::connect(&repl)
-            .await
-            .map_err(|e| fail("password", format!("logging in as {role} after setting its password: {e}")))?;
-        info!(%role, "the role's password set to this endpoint's");
-        Ok(())
+    /// The WAL proposer's replication connection: through the socket, under
+    /// the application name `synchronous_standby_names` lists.
+    fn proposer_connection(&self) -> ReplicationConfig {
+        ReplicationConfig { application_name: self.cfg.application_name.clone(), ..self.socket_config(true) }
     }
 
     /// Starts the compute and runs it until a stop or a failure.
@@ -326,11 +295,15 @@ impl Agent {
             }
             Some(Ok(())) => {}
         }
-        if let Err(e) = self.ensure_password(&password).await {
+        let names = roles::Names { app: &self.cfg.app_role, superuser: &self.cfg.pg_role };
+        let standby = self.cfg.read_only_at.is_some() || self.cfg.replica.is_some();
+        let ensured =
+            roles::ensure(&self.app_login_config(&password), &self.socket_config(false), names, standby).await;
+        if let Err(e) = ensured {
             let _ = pg.stop_everything().await;
             return StartEnd::Failed(e);
         }
-        let repl = self.replication_config(&password);
+        let repl = self.proposer_connection();
         let seconds = self.cfg.clock.since(t).as_secs_f64();
         self.record(|t| t.postgres_start_seconds = seconds);
         info!(seconds, "PostgreSQL accepts connections");
@@ -462,6 +435,7 @@ impl Agent {
                 feedback: r.hot_standby_feedback,
             }),
             tls_files: self.cfg.pg_tls_files.clone(),
+            superuser: self.cfg.pg_role.clone(),
         };
         let pgdata = self.pgdata.clone();
         let owner = user.map(|u| (u.uid, u.gid));
@@ -475,9 +449,6 @@ impl Agent {
         .map_err(|e| fail("configuration", e))
     }
 }
-
-/// SQLSTATE `invalid_password`: the role has another password, or none.
-const SQLSTATE_INVALID_PASSWORD: &str = "28P01";
 
 /// The endpoint's password: the file's first line, which must not be empty
 /// and may not be readable by others (it is a secret like a token).

@@ -42,6 +42,8 @@ pub fn key_id(raw_public_key: &[u8]) -> String {
 pub struct TrustedKey {
     /// Its key id.
     pub kid: String,
+    /// Its PEM block (LF line endings), as a key file holds it.
+    pub pem: String,
     pub(super) key: DecodingKey,
 }
 
@@ -65,8 +67,10 @@ pub fn parse(pem_text: &[u8], what: &str) -> Result<Vec<TrustedKey>, KeyError> {
         if keys.iter().any(|k| k.kid == kid) {
             return Err(bad(format!("key {}: the same key twice (kid {kid})", i + 1)));
         }
-        let key = DecodingKey::from_ed_pem(pem::encode(block).as_bytes()).map_err(|e| bad(e.to_string()))?;
-        keys.push(TrustedKey { kid, key });
+        let lf = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+        let pem = pem::encode_config(block, lf);
+        let key = DecodingKey::from_ed_pem(pem.as_bytes()).map_err(|e| bad(e.to_string()))?;
+        keys.push(TrustedKey { kid, pem, key });
     }
     Ok(keys)
 }
