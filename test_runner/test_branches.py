@@ -440,14 +440,17 @@ def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(clus
 
     # The stock server: the base backup, replayed from the offloaded WAL to
     # exactly the point (every record that ends at or before it), promoted.
-    with ep.connect() as conn:
-        end = current_lsn(conn)
+    # The compute stops first: no WAL comes after, so every object the
+    # restore reads is uploaded before `wal_restore_command` lets
+    # PostgreSQL's user read the store's objects (those there now).
+    ep.stop()
 
-    def offloaded_past_the_end() -> bool:
-        st = cluster.timeline_status("sk1")["offload"]
-        return max(parse_lsn(st["offloaded_lsn"]), parse_lsn(st["partial_lsn"])) >= end
+    def offloaded_to_the_end() -> bool:
+        st = cluster.timeline_status("sk1")
+        off = st["offload"]
+        return max(parse_lsn(off["offloaded_lsn"]), parse_lsn(off["partial_lsn"])) >= parse_lsn(st["flush_lsn"])
 
-    wait_until("the WAL past the point offloaded", offloaded_past_the_end, timeout=120)
+    wait_until("the WAL offloaded to its end", offloaded_to_the_end, timeout=120)
     try:
         stock.recover_from_archive(cluster.wal_restore_command(), {
             "autovacuum": "off", "recovery_target_lsn": format_lsn(point), "recovery_target_inclusive": "off"},

@@ -128,7 +128,9 @@ def test_newer_proposer_takes_over(wal_service):
     time.sleep(2)
     assert result == {}, f"a commit was acknowledged after the takeover: {result}"
     statuses = wal_service.statuses()
-    assert all(s["term"] > old_term for s in statuses)
+    # The election needs a quorum: a safekeeper that answered late may
+    # still be in the old term (the next proposer brings it along).
+    assert sum(s["term"] > old_term for s in statuses) >= 2, statuses
     # Every safekeeper's WAL up to the new end is identical.
     flushes = [parse_lsn(s["flush_lsn"]) for s in statuses]
     assert sum(f >= end for f in flushes) >= 2
