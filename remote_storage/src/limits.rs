@@ -25,6 +25,12 @@ pub const STALE_STAGING: Duration = Duration::from_secs(600);
 /// MiB at a time.
 pub const DOWNLOAD_WRITE_BUFFER: usize = 1 << 20;
 
+/// How long a process uses the data keys of a tenant it read before
+/// reading them again (a rotation by another process is seen within it).
+pub const DATA_KEYS_REFRESH: Duration = Duration::from_secs(600);
+/// Tenants whose unwrapped data keys a storage keeps in memory.
+pub const MAX_CACHED_TENANTS: usize = 100_000;
+
 /// Extra reads of a partial segment whose metadata and bytes disagree (a
 /// newer round replaced one of them meanwhile) before it counts as damaged.
 pub const PARTIAL_FETCH_RETRIES: u32 = 3;
