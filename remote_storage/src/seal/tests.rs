@@ -90,8 +90,8 @@ fn every_flipped_byte_truncation_rename_or_wrong_key_is_refused() {
 /// the format (for any other implementation to check itself against).
 #[test]
 fn the_format_matches_its_test_vectors() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/sealed-v1.txt");
-    let text = std::fs::read_to_string(path).unwrap();
+    let path = strata_test_support::paths::in_crate("tests/data/sealed-v1.txt");
+    let text = std::fs::read_to_string(&path).unwrap();
     let hex = |s: &str| -> Vec<u8> {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     };
@@ -122,7 +122,7 @@ fn the_format_matches_its_test_vectors() {
         assert_eq!(opened.unwrap(), content);
         checked += 1;
     }
-    assert_eq!(checked, 3, "every vector of {path} checked");
+    assert_eq!(checked, 3, "every vector of {} checked", path.display());
 }
 
 #[test]
