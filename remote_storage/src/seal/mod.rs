@@ -9,9 +9,11 @@
 //! - [`names`]: which objects are a tenant's, and where its keys live.
 //! - `store`: reading, creating and rotating the data key objects.
 //! - `stream`: opening a download as it arrives.
+//! - [`fuzz`]: the fuzz entry point of these decoders.
 //! - `refusal`: refusals as remote errors.
 
 pub mod format;
+pub mod fuzz;
 pub mod keys;
 pub mod names;
 mod refusal;

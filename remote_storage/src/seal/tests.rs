@@ -358,3 +358,33 @@ async fn processes_creating_a_tenants_data_key_at_once_agree_on_one() {
     assert!(err.contains("storage.key") && err.contains("chmod 600"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_fuzz_entry_point_takes_vectors_and_garbage_without_a_panic() {
+    let text = std::fs::read_to_string(strata_test_support::paths::in_crate("tests/data/sealed-v1.txt")).unwrap();
+    let hex = |s: &str| -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    };
+    let mut inputs: Vec<Vec<u8>> = text.lines().filter_map(|l| l.strip_prefix("sealed = ")).map(hex).collect();
+    inputs.push(Vec::new());
+    inputs.push(format::MAGIC.to_vec());
+    inputs.push(
+        DataKeysObject::first(&ClusterKeys::parse(ClusterKeys::new_file_text().as_bytes(), "k").unwrap(), T1).encode(),
+    );
+    inputs.push(ClusterKeys::new_file_text().into_bytes());
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..200 {
+        let mut v = inputs[rng.usize(..inputs.len())].clone();
+        for _ in 0..rng.usize(0..4) {
+            if !v.is_empty() {
+                let i = rng.usize(..v.len());
+                v[i] = rng.u8(..);
+            }
+        }
+        v.truncate(rng.usize(0..=v.len()));
+        inputs.push(v);
+    }
+    for input in &inputs {
+        super::fuzz::fuzz_one(input);
+    }
+}
