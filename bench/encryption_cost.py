@@ -17,21 +17,27 @@ Measured in each run:
 - cold read from object storage: every layer evicted from the
   pageserver's disk (`POST …/evict`), then a full scan of pgbench_accounts
   from a new endpoint, so that every layer the scan needs is downloaded
-  (and opened) again.
+  (and opened) again; --scans times per cluster, the median kept.
 
 Ratios encrypted / unencrypted of the medians (target <= 1.03 for both).
-The bytes the store holds under `tenants/` and `wal/` are reported too.
+The bytes the store holds under `tenants/` and `wal/` are reported too,
+and, as the storage layer's own baseline, `strata storage bench`: a file
+uploaded to and downloaded from a local-directory store, sealed and plain
+(what sealing costs per byte, without PostgreSQL, WAL or layers).
 
-Usage: .venv/bin/python -m bench.encryption_cost [--scale 10] [--runs 3] [--quick]
+Usage: .venv/bin/python -m bench.encryption_cost [--scale 10] [--runs 3] [--scans 3] [--quick]
 Writes bench/results/encryption_cost.json and .txt (encryption_cost_quick.* with --quick).
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import subprocess
 
 import psycopg
 
@@ -47,8 +53,23 @@ def store_bytes(store: Path, tenant: str) -> int:
                if p.is_file() and "#" not in p.name)
 
 
-def one_run(strata: Path, workdir: Path, init_args: list[str], scale: int) -> dict:
-    """A new cluster: the bulk load and its upload, then a cold full scan."""
+def cold_scan(c, tl_url: str, rows: int) -> float:
+    """Seconds of a full scan of pgbench_accounts from a new endpoint, every
+    layer evicted first."""
+    code, evicted = http_json("POST", f"{tl_url}/evict", timeout=600)
+    assert code == 200, evicted
+    connstr = c.endpoint_start("main")
+    start = time.monotonic()
+    with psycopg.connect(connstr, autocommit=True) as conn:
+        got = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone()[0]
+    took = time.monotonic() - start
+    assert got == rows, got
+    c.endpoint_stop("main")
+    return took
+
+
+def one_run(strata: Path, workdir: Path, init_args: list[str], scale: int, scans: int) -> dict:
+    """A new cluster: the bulk load and its upload, then cold full scans."""
     with local_cluster(strata, workdir, *init_args) as c:
         tl_url = timeline_url(c)
         connstr = c.endpoint_start("main")
@@ -60,23 +81,15 @@ def one_run(strata: Path, workdir: Path, init_args: list[str], scale: int) -> di
         before_upload = time.monotonic()
         c.run("timeline", "checkpoint", timeout=1800)
         uploaded = time.monotonic()
-        code, evicted = http_json("POST", f"{tl_url}/evict", timeout=600)
-        assert code == 200, evicted
-        connstr = c.endpoint_start("main")
-        scan_start = time.monotonic()
-        with psycopg.connect(connstr, autocommit=True) as conn:
-            rows = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone()[0]
-        scanned = time.monotonic()
-        assert rows == scale * 100_000, rows
-        c.endpoint_stop("main")
+        scan_s = [cold_scan(c, tl_url, scale * 100_000) for _ in range(scans)]
         metrics = c.metrics("pageserver")
         store = Path(c.service_config("pageserver")["remote_storage"]["path"])
         return {
             "pgbench_init_s": loaded - started,
             "upload_s": uploaded - before_upload,
             "bulk_load_s": (loaded - started) + (uploaded - before_upload),
-            "cold_scan_s": scanned - scan_start,
-            "evicted": evicted,
+            "cold_scan_s": statistics.median(scan_s),
+            "cold_scan_runs_s": scan_s,
             "layers_downloaded": metrics.get("strata_pageserver_layers_downloaded_total"),
             "download_errors": metrics.get("strata_pageserver_download_errors_total"),
             "store_bytes": store_bytes(store, c.cluster_toml["tenant_id"]),
@@ -87,23 +100,30 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 1 run")
+    ap.add_argument("--scans", type=int, default=3, help="cold scans per cluster")
+    ap.add_argument("--storage-mb", type=int, default=256, help="file size of the storage layer's bench")
+    ap.add_argument("--quick", action="store_true", help="smoke run: scale 2, 1 run, 1 scan")
     args = ap.parse_args()
     if args.quick:
-        args.scale, args.runs = 2, 1
+        args.scale, args.runs, args.scans, args.storage_mb = 2, 1, 1, 16
     strata = strata_to_measure()
     results: dict = {"config": vars(args), "strata": str(strata), **machine_state()}
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     with bench_dir() as base:
         for i in range(args.runs):
             for mode, init_args in MODES.items():
-                runs[mode].append(one_run(strata, base / f"{mode}-{i}", init_args, args.scale))
+                runs[mode].append(one_run(strata, base / f"{mode}-{i}", init_args, args.scale, args.scans))
+        layer = subprocess.run([str(strata), "storage", "bench", "--dir", str(base / "storage-bench"),
+                                "--mb", str(args.storage_mb), "--runs", str(max(args.runs, 5))],
+                               capture_output=True, text=True, check=True, timeout=1800)
+        storage = json.loads(layer.stdout)
     figures = ("bulk_load_s", "pgbench_init_s", "upload_s", "cold_scan_s")
     median = {m: {f: statistics.median(r[f] for r in runs[m]) for f in figures} for m in MODES}
     spread = {m: {f: (min(r[f] for r in runs[m]), max(r[f] for r in runs[m])) for f in figures} for m in MODES}
     ratio = {f: median["encrypted"][f] / median["unencrypted"][f] for f in figures}
     store = {m: statistics.median(r["store_bytes"] for r in runs[m]) for m in MODES}
-    results.update({"runs": runs, "median": median, "range": spread, "ratio": ratio, "store_bytes": store})
+    results.update({"runs": runs, "median": median, "range": spread, "ratio": ratio, "store_bytes": store,
+                    "storage_layer": storage})
     lines = [
         f"scale {args.scale}; medians (min-max) of {args.runs} runs, a new cluster of each mode per run,"
         f" alternating; {os.cpu_count()} CPUs, load {results['loadavg_before']:.2f} before",
@@ -116,6 +136,10 @@ def main() -> int:
     lines += [
         f"{'store bytes (tenant)':<24}{store['encrypted']:>22.0f}{store['unencrypted']:>22.0f}"
         f"{store['encrypted'] / store['unencrypted']:>8.4f}",
+        "",
+        f"storage layer alone ({args.storage_mb} MiB file, local directory, medians of {storage['runs']}):"
+        + "".join(f" {op} sealed {storage['sealed'][op]['median_s']:.3f}s, plain {storage['plain'][op]['median_s']:.3f}s,"
+                  f" ratio {storage[op + '_ratio']:.3f};" for op in ("upload", "download")),
         "",
         "bulk load = pgbench -i + strata timeline checkpoint (every layer uploaded);"
         " cold scan = count(*) of pgbench_accounts from a new endpoint after every layer was evicted;"

@@ -8,6 +8,7 @@ mod out;
 mod pagebench;
 mod pgdata;
 mod storage;
+mod storage_bench;
 mod supervise;
 mod verify_images;
 mod verify_redo;

@@ -44,6 +44,20 @@ pub enum StorageCommand {
         #[arg(long)]
         tenant_id: TenantId,
     },
+    /// What sealing costs the storage layer: a file uploaded to and
+    /// downloaded from a local-directory store, sealed and plain,
+    /// alternating; medians and ratios as JSON.
+    Bench {
+        /// A scratch directory on the disk to measure.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Size of the file, in MiB.
+        #[arg(long, default_value_t = 256)]
+        mb: usize,
+        /// Timed runs of each mode (after one that warms up).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
 }
 
 /// What a service config holds about its object storage.
@@ -91,6 +105,10 @@ pub fn run(cmd: StorageCommand) -> i32 {
             StorageCommand::DeleteDataKeys { config, tenant_id } => {
                 open(&config, true)?.delete_data_keys(tenant_id).await?;
                 outln!("tenant {tenant_id}: data keys deleted");
+            }
+            StorageCommand::Bench { dir, mb, runs } => {
+                let report = crate::storage_bench::run(&crate::storage_bench::Bench { dir, mb, runs }).await?;
+                outln!("{}", serde_json::to_string_pretty(&report)?);
             }
         }
         Ok(())

@@ -16,10 +16,8 @@ use super::names::{data_keys_key, object_tenant, KEYS_PREFIX};
 use super::refusal::{about, refused};
 use super::{SealError, Sealing};
 use crate::cas::{CasError, ObjectVersion};
+use crate::limits::KEY_OBJECT_ATTEMPTS;
 use crate::{RemoteError, RemoteStorage};
-
-/// Attempts of a read-modify-write of a key object that others change too.
-const KEY_OBJECT_ATTEMPTS: u32 = 5;
 
 fn cas_error(e: CasError) -> RemoteError {
     match e {
