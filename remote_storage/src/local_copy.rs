@@ -54,10 +54,14 @@ fn write_object(
     let (mut output, staging, others) = reserve_staging(dest)?;
     let copied = (|| {
         let mut buf = vec![0u8; COPY_CHUNK];
-        // Sealed chunks waiting to be written (a chunk and its tag at most).
+        // Sealed bytes waiting to be written: written in whole multiples of
+        // the copy buffer, so that the writes stay aligned to pages as a
+        // plain copy's are (a header and tags would shift every one; the
+        // unaligned writes cost a plain copy's time again). A chunk and
+        // its tag at most.
         let mut sealed = Vec::new();
         if let Some(s) = &sealer {
-            output.write_all(s.header()).map_err(|e| ("writing", staging.clone(), e))?;
+            sealed.extend_from_slice(s.header());
         }
         let (mut size, mut crc) = (0u64, 0u32);
         loop {
@@ -71,8 +75,9 @@ fn write_object(
             match &mut sealer {
                 Some(s) => {
                     s.push(&buf[..n], &mut sealed);
-                    output.write_all(&sealed).map_err(|e| ("writing", staging.clone(), e))?;
-                    sealed.clear();
+                    let whole = sealed.len() / COPY_CHUNK * COPY_CHUNK;
+                    output.write_all(&sealed[..whole]).map_err(|e| ("writing", staging.clone(), e))?;
+                    sealed.drain(..whole);
                 }
                 None => output.write_all(&buf[..n]).map_err(|e| ("writing", staging.clone(), e))?,
             }

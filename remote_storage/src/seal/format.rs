@@ -156,6 +156,14 @@ impl ObjectSealer {
     /// Takes `data`, appending to `out` every chunk it completes.
     pub fn push(&mut self, mut data: &[u8], out: &mut Vec<u8>) {
         while !data.is_empty() {
+            if self.pending.is_empty() && data.len() >= self.chunk_size {
+                // A whole chunk of the caller's bytes: sealed where it is
+                // appended, not copied through `pending` first.
+                let (chunk, rest) = data.split_at(self.chunk_size);
+                self.seal_chunk(chunk, false, out);
+                data = rest;
+                continue;
+            }
             let take = (self.chunk_size - self.pending.len()).min(data.len());
             self.pending.extend_from_slice(&data[..take]);
             data = &data[take..];
@@ -171,9 +179,16 @@ impl ObjectSealer {
     }
 
     fn seal_pending(&mut self, last: bool, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(&self.pending);
+        let pending = std::mem::take(&mut self.pending);
+        self.seal_chunk(&pending, last, out);
+        self.pending = pending;
         self.pending.clear();
+    }
+
+    /// Appends chunk `self.index` (`content`, sealed) to `out`.
+    fn seal_chunk(&mut self, content: &[u8], last: bool, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(content);
         let aad = aad(&self.header, last, &self.name);
         let tag = self
             .key
