@@ -94,5 +94,15 @@ done
 [ -f corpus/decoders/seed-key-file ] || { printf "\\x0a" > corpus/decoders/seed-key-file; cat ../service/tests/data/auth/public.pem >> corpus/decoders/seed-key-file; }
 [ -f corpus/decoders/seed-token-v3 ] || { printf "\\x0a" > corpus/decoders/seed-token-v3; cat ../service/tests/data/auth/replica-v3.token >> corpus/decoders/seed-token-v3; }
 [ -f corpus/decoders/seed-token ] || printf '\x0aeyJ0eXAiOiJKV1QiLCJhbGciOiJFZERTQSJ9.eyJzY29wZSI6Im1hbmFnZW1lbnQiLCJpYXQiOjF9.AAAA' > corpus/decoders/seed-token
+# Encryption at rest seeds (selector 11): the sealed object vectors, a data
+# key object, a storage key file.
+seed_sealed() {
+    local out="corpus/decoders/seed-sealed-$1"
+    [ -f "$out" ] && return
+    seed_hex "seed-sealed-$1" "0b$(sed -n "s/^sealed = //p" ../remote_storage/tests/data/sealed-v1.txt | sed -n "$1p")"
+}
+for i in 1 2 3; do seed_sealed "$i"; done
+[ -f corpus/decoders/seed-data-keys ] || printf '\x0b{"format_version":1,"tenant":"00000000000000000000000000000000","keys":[{"id":1,"cluster_key":1,"nonce":"000000000000000000000000","wrapped":"%096d"}]}' 0 > corpus/decoders/seed-data-keys
+[ -f corpus/decoders/seed-storage-key ] || printf '\x0b# cluster storage keys\n2 %064d\n1 %064d\n' 2 1 > corpus/decoders/seed-storage-key
 "$decoders" corpus/decoders -max_total_time="$seconds" -max_len=65536 \
     -artifact_prefix=artifacts/ -print_final_stats=1 2>&1 | tail -n 12

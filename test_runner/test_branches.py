@@ -383,7 +383,10 @@ def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(clus
     restored from a base backup and replayed to exactly P (archive recovery
     from the offloaded WAL, recovery_target_lsn) equals the branch's page
     at P, under PostgreSQL's masking rules, and every fork's size agrees."""
-    cluster = cluster_factory(start=False)
+    # PostgreSQL runs its restore_command as its own user, who must not read
+    # the cluster's storage key: this archive is left unencrypted
+    # (docs/security.md, "Encryption at rest").
+    cluster = cluster_factory(start=False, init_args=("--no-encryption-at-rest",))
     cluster.configure_safekeepers({"partial_offload_after": 1})
     cluster.configure("pageserver", {"pitr_interval": 1.0, "gc_horizon": 0, "gc_period": 3600.0})
     cluster.start()

@@ -41,15 +41,16 @@ def timeline_objects(root: Path, ps: PageserverApi) -> Path:
     return root / "tenants" / ps.tenant / "timelines" / ps.timeline
 
 
-def check_index(index: Path) -> int:
+def check_index(cluster, index: Path) -> int:
     """Every layer `index` lists is in remote storage, whole: the size and
-    CRC-32C the index gives. Returns the number of layers."""
-    doc = json.loads(index.read_text())
+    CRC-32C the index gives (of the content: objects are sealed, encryption
+    at rest, and opened with the cluster's key). Returns the number of layers."""
+    doc = json.loads(cluster.object_content(index, "pageserver"))
     layers = doc["index"]["layers"]
     for layer in layers:
         obj = index.parent / f"{layer['name']}-{layer['generation']:08x}"
         assert obj.is_file(), f"{index.name} lists {obj.name}, which is not in remote storage"
-        data = obj.read_bytes()
+        data = cluster.object_content(obj, "pageserver")
         assert len(data) == layer["size"], f"{obj.name}: {len(data)} bytes, {index.name} says {layer['size']}"
         assert crc32c.crc32c(data) == layer["crc32c"], f"{obj.name}: CRC differs from {index.name}"
     return len(layers)
@@ -107,7 +108,7 @@ def test_attach_from_object_storage_on_an_empty_disk(cluster_factory):
     root = cluster.workdir / "remote_storage"
     assert Path(svc["data_dir"]) == ps.data_dir and Path(svc["remote_storage"]) == root, svc
     objects = timeline_objects(root, ps)
-    assert check_index(objects / "index-00000001.json") == remote["remote_layers"]
+    assert check_index(cluster, objects / "index-00000001.json") == remote["remote_layers"]
     cmp = snapshot_pages(ps, ep, lsn)
 
     # The safekeepers hear what object storage has.
@@ -134,7 +135,7 @@ def test_attach_from_object_storage_on_an_empty_disk(cluster_factory):
     # The same attachment came back (its record is outside the data
     # directory): the same generation goes on publishing the index.
     assert ps.status()["remote"]["generation"] == 1
-    check_index(objects / "index-00000001.json")
+    check_index(cluster, objects / "index-00000001.json")
 
     # And the compute writes on through it.
     ep.run(["pgbench", "-n", "-c", "2", "-T", "5"], timeout=300)
@@ -194,7 +195,7 @@ def test_kill9_during_uploads_never_publishes_a_partial_index(cluster_factory):
             cluster.kill9("pageserver", supervisor=True)
             indexes = sorted(objects.glob("index-*.json"))
             assert indexes, "no index"
-            checked.append(sum(check_index(ix) for ix in indexes))
+            checked.append(sum(check_index(cluster, ix) for ix in indexes))
             out = cluster.start()
             assert "pageserver: started" in out, out
         stdout, stderr = bench.communicate(timeout=180)
@@ -210,7 +211,7 @@ def test_kill9_during_uploads_never_publishes_a_partial_index(cluster_factory):
     with ep.connect() as conn:
         assert_pgbench_invariants(pgbench_state(conn), SCALE)
     lsn = settle(cluster, ps, ep)
-    check_index(objects / "index-00000001.json")
+    check_index(cluster, objects / "index-00000001.json")
     snapshot_pages(ps, ep, lsn)
 
 
@@ -266,7 +267,7 @@ def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory):
     assert m["strata_pageserver_remote_deletions_total"] == deleted_before, "a stale generation deleted objects"
     now_gen1 = {p.name for p in objects.iterdir() if p.name.endswith("00000001") or p.name == "index-00000001.json"}
     assert now_gen1 <= gen1, f"the stale generation uploaded {sorted(now_gen1 - gen1)}"
-    check_index(objects / "index-00000002.json")
+    check_index(cluster, objects / "index-00000002.json")
 
     # The safekeepers stop feeding A once B has streamed for their grace
     # (docs/safekeeper-protocol.md, "Fencing"): A falls behind for good.
@@ -285,8 +286,8 @@ def test_a_stale_generation_can_neither_publish_nor_delete(cluster_factory):
     # B's own index lists only objects that exist, A's activity notwithstanding.
     code, body = ps_b.request("POST", ps_b.tl_path() + "/checkpoint?compact=true&upload_timeout=120", timeout=300)
     assert code == 200, body
-    check_index(objects / "index-00000002.json")
-    assert json.loads((objects / "index-00000002.json").read_text())["index"]["generation"] == 2
+    check_index(cluster, objects / "index-00000002.json")
+    assert json.loads(cluster.object_content(objects / "index-00000002.json", "pageserver"))["index"]["generation"] == 2
 
 
 def test_object_storage_killed_under_load(minio, cluster_factory):

@@ -46,8 +46,8 @@ def check_offloaded(cluster, upto: int) -> dict[int, int]:
     assert (segnos[-1] + 1) * SEGMENT >= upto, (segnos, upto)
     uploaders = {}
     for segno, meta_path in zip(segnos, metas):
-        meta = json.loads(meta_path.read_text())
-        data = (root / meta_path.name.removesuffix(".json")).read_bytes()
+        meta = json.loads(cluster.object_content(meta_path))
+        data = cluster.object_content(root / meta_path.name.removesuffix(".json"))
         assert len(data) == SEGMENT == meta["segment_size"], meta_path.name
         assert crc32c.crc32c(data) == meta["crc32c"], f"{meta_path.name}: CRC mismatch"
         assert parse_lsn(meta["start_lsn"]) == segno * SEGMENT and meta["format_version"] == 1, meta
@@ -91,7 +91,7 @@ def test_completed_segments_are_offloaded_once_and_pg_waldump_reads_them(cluster
     copy.mkdir()
     for p in wal_dir(cluster).iterdir():
         if not p.name.endswith(".json"):
-            shutil.copy(p, copy / p.name)
+            (copy / p.name).write_bytes(cluster.object_content(p))
     # From the first page boundary after the timeline's start: the WAL
     # before the start is on no safekeeper (docs/safekeeper.md).
     start = (parse_lsn(cluster.timeline_status("sk1")["timeline_start_lsn"]) // 8192 + 1) * 8192
@@ -225,7 +225,10 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
     same pg_dumpall as the compute. The last segment is not complete: its
     committed part is in object storage as a partial segment within the
     configured time (here 1 s), and the restore reads it."""
-    cluster = cluster_factory(start=False)
+    # PostgreSQL runs its restore_command as its own user, who must not read
+    # the cluster's storage key: this archive is left unencrypted
+    # (docs/security.md, "Encryption at rest").
+    cluster = cluster_factory(start=False, init_args=("--no-encryption-at-rest",))
     cluster.configure_safekeepers({"partial_offload_after": 1})
     cluster.start()
     ep = start_endpoint(cluster)
@@ -250,8 +253,8 @@ def test_stock_postgres_restores_a_base_backup_with_the_offloaded_wal(cluster_fa
     st = wait_until("the WAL offloaded, the last segment partly", partial_covers, timeout=120)
     partial = wal_dir(cluster) / (sorted(p.name for p in wal_dir(cluster).iterdir()
                                          if p.name.endswith(".partial"))[-1])
-    meta = json.loads((partial.parent / (partial.name + ".json")).read_text())
-    data = partial.read_bytes()
+    meta = json.loads(cluster.object_content(partial.parent / (partial.name + ".json")))
+    data = cluster.object_content(partial)
     assert meta["partial"] is True and crc32c.crc32c(data) == meta["crc32c"], meta
     assert parse_lsn(meta["end_lsn"]) - parse_lsn(meta["start_lsn"]) == len(data) and \
         parse_lsn(meta["start_lsn"]) == end // SEGMENT * SEGMENT, meta
@@ -381,7 +384,7 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
         offloaded = wal_dir(cluster) / name
         segno = segment_number(name)
         if offloaded.exists() and behind // SEGMENT < segno < held["sk1"] // SEGMENT:
-            assert (sk3_dir / name).read_bytes() == offloaded.read_bytes(), f"sk3's {name} differs"
+            assert (sk3_dir / name).read_bytes() == cluster.object_content(offloaded), f"sk3's {name} differs"
             compared += 1
     assert compared >= 2, compared
     print("segments recovered from object storage:", recovered, "; compared byte for byte:", compared)
@@ -506,7 +509,8 @@ def test_wal_restore_tells_a_missing_segment_from_a_damaged_one(cluster, strata_
     data[SEGMENT // 2] ^= 0xFF
     obj.write_bytes(bytes(data))
     damaged = restore(name)
-    assert damaged.returncode == 127 and "CRC-32C" in damaged.stderr, damaged
+    # Sealed (encryption at rest): refused as not authentic, before any CRC.
+    assert damaged.returncode == 127 and "fails authentication" in damaged.stderr, damaged
     assert not (tmp_path / "restored").exists()
 
     # A config without object storage, or one that does not parse: exit 127.

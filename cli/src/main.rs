@@ -7,6 +7,8 @@ mod logging;
 mod out;
 mod pagebench;
 mod pgdata;
+mod storage;
+mod storage_bench;
 mod supervise;
 mod verify_images;
 mod verify_redo;
@@ -27,6 +29,10 @@ enum Command {
     /// Inspect PostgreSQL WAL: decode segment files, measure decoding speed.
     #[command(subcommand)]
     Wal(wal::WalCommand),
+    /// Object storage with the cluster's storage key: read an object, rotate
+    /// and wrap again the tenants' data keys.
+    #[command(subcommand)]
+    Storage(storage::StorageCommand),
     /// The compute agent next to a stock PostgreSQL: WAL proposer, safekeeper sync.
     #[command(subcommand)]
     Compute(compute::ComputeCommand),
@@ -180,6 +186,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Wal(cmd) => wal::run(cmd),
+        Command::Storage(cmd) => storage::run(cmd),
         Command::Safekeeper(SafekeeperArgs {
             command: Some(SafekeeperCommand::Replace { old, new, workdir }), ..
         }) => cluster::replace_safekeeper(&old, &new, workdir),

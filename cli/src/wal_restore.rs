@@ -26,10 +26,13 @@ use strata_protocol::{TenantId, TimelineId};
 use strata_remote_storage::wal::{fetch_partial_segment, fetch_segment, SegmentMeta};
 use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
 
-/// What a service config must hold for the restore: its object storage.
+/// What a service config must hold for the restore: its object storage,
+/// and the cluster's storage key when the WAL there is encrypted (so the
+/// restore runs where a safekeeper's or pageserver's config and key are).
 #[derive(serde::Deserialize)]
 struct StorageOnly {
     remote_storage: Option<RemoteStorageConfig>,
+    storage_key: Option<std::path::PathBuf>,
 }
 
 /// The arguments of `strata wal restore`.
@@ -67,8 +70,12 @@ fn restore(r: &Restore<'_>) -> anyhow::Result<bool> {
     }
     let text = std::fs::read_to_string(r.config).with_context(|| format!("reading {}", r.config.display()))?;
     let cfg: StorageOnly = toml::from_str(&text).with_context(|| format!("parsing {}", r.config.display()))?;
+    let key = cfg.storage_key;
     let cfg = cfg.remote_storage.ok_or_else(|| anyhow!("{} has no [remote_storage]", r.config.display()))?;
-    let storage = RemoteStorage::new(&cfg)?;
+    let mut storage = RemoteStorage::new(&cfg)?;
+    if let Some(key) = key {
+        storage = storage.with_storage_key(&key)?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().enable_io().build()?;
     let segno = segment.segment_number;
     let Some((meta, bytes)) = runtime.block_on(fetch(&storage, r, segno))? else { return Ok(false) };

@@ -126,17 +126,22 @@ pub struct Spec {
 /// and controllers show each other (secret: written 0600), so that a key's
 /// rotation or a token's revocation reaches every host
 /// (`docs/security.md`).
-pub const TRUST_FILES: [(&str, bool); 6] = [
+pub const TRUST_FILES: [(&str, bool); 7] = [
     ("auth/public.pem", false),
     ("auth/issuer-public.pem", false),
     ("auth/revoked.json", false),
     ("auth/service.token", true),
     ("auth/controller.token", true),
     ("auth/issuer.pem", true),
+    ("auth/storage.key", true),
 ];
 
 /// The controllers' own: only hosts that run a controller get them.
 const CONTROLLERS_ONLY: [&str; 2] = ["auth/controller.token", "auth/issuer.pem"];
+
+/// The storage services' own: the cluster storage key goes only to hosts
+/// that run a pageserver or a safekeeper (never to a compute-only host).
+const STORAGE_SERVICES_ONLY: [&str; 1] = ["auth/storage.key"];
 
 /// This machine's copy of the cluster's state.
 pub fn spec(wd: &Workdir) -> Result<Spec> {
@@ -160,15 +165,21 @@ pub fn spec(wd: &Workdir) -> Result<Spec> {
 }
 
 /// The state as `host` gets it: without the controllers' token and issuer
-/// key unless it runs a controller.
+/// key unless it runs a controller, without the storage key unless it runs
+/// a pageserver or a safekeeper.
 pub fn spec_for(wd: &Workdir, host: &Host) -> Result<Spec> {
+    use super::layout::Kind;
     let mut spec = spec(wd)?;
-    let runs_controller =
-        wd.cluster.services.iter().any(|s| s.host == host.name && s.kind == super::layout::Kind::Controller);
-    if !runs_controller {
-        for rel in CONTROLLERS_ONLY {
-            spec.files.remove(std::path::Path::new(rel));
-        }
+    let runs = |kinds: &[Kind]| wd.cluster.services.iter().any(|s| s.host == host.name && kinds.contains(&s.kind));
+    let mut withheld: Vec<&str> = Vec::new();
+    if !runs(&[Kind::Controller]) {
+        withheld.extend(CONTROLLERS_ONLY);
+    }
+    if !runs(&[Kind::Pageserver, Kind::Safekeeper]) {
+        withheld.extend(STORAGE_SERVICES_ONLY);
+    }
+    for rel in withheld {
+        spec.files.remove(std::path::Path::new(rel));
     }
     Ok(spec)
 }
@@ -248,6 +259,9 @@ fn check_trust_file(rel: &std::path::Path, text: &str, secret: bool) -> std::res
         Some(auth::REVOKED_FILE) => auth::DenyList::parse(text.as_bytes()).map(drop),
         Some("issuer.pem") => {
             auth::keys::private_key_id(text.as_bytes(), "issuer.pem").map(drop).map_err(|e| e.to_string())
+        }
+        Some(name @ "storage.key") => {
+            strata_remote_storage::seal::keys::ClusterKeys::parse(text.as_bytes(), name).map(drop)
         }
         _ if secret && (text.trim().is_empty() || text.trim().chars().any(char::is_whitespace)) => {
             Err("does not hold one token".into())
@@ -420,6 +434,9 @@ mod tests {
         let mut evil = spec(&wd).unwrap();
         evil.revision = 7;
         for (rel, text) in evil.files.iter_mut() {
+            if TRUST_FILES.iter().any(|(name, _)| std::path::Path::new(name) == rel) {
+                continue; // keys, not configs
+            }
             let mut table: toml::Table = toml::from_str(text).unwrap();
             for (key, value) in [("pg_bin_dir", "/tmp/not-postgres"), ("pg_user", "root")] {
                 // Named where the config names programs, even if it left the user to its default.
@@ -455,7 +472,7 @@ mod tests {
         // The controllers' token and issuer key go to controllers' hosts only.
         let here = wd.cluster.hosts[0].clone();
         let elsewhere = Host { name: "elsewhere".into(), ..here.clone() };
-        for rel in CONTROLLERS_ONLY {
+        for rel in CONTROLLERS_ONLY.iter().chain(&STORAGE_SERVICES_ONLY) {
             assert!(spec_for(&wd, &here).unwrap().files.contains_key(std::path::Path::new(rel)), "{rel}");
             assert!(!spec_for(&wd, &elsewhere).unwrap().files.contains_key(std::path::Path::new(rel)), "{rel}");
         }
@@ -492,6 +509,7 @@ mod tests {
             ("auth/revoked.json", "{"),
             ("auth/service.token", "two tokens"),
             ("auth/issuer.pem", "-----BEGIN PRIVATE KEY-----\nnope\n-----END PRIVATE KEY-----\n"),
+            ("auth/storage.key", "1 not-a-key"),
         ] {
             let wd = Workdir::open(&d).unwrap();
             let before = std::fs::read_to_string(d.join(rel)).unwrap();

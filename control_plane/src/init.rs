@@ -201,7 +201,8 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
     }
     mkdir(dir)?;
     let root = fs::canonicalize(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
-    let plan = Plan::new(&spec, placement, args.sites.is_some(), secure, root)?;
+    let mut plan = Plan::new(&spec, placement, args.sites.is_some(), secure, root)?;
+    plan.storage_key = (!args.no_encryption_at_rest).then(|| super::keys::storage_key(&plan.root));
 
     let tenant_id = TenantId::generate();
     let mut out = Written::default();
@@ -211,7 +212,7 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
     if args.sites.is_some() {
         plan.link_proxy(latency_ms, &mut out)?;
     }
-    let Plan { root, hosts, routes, remote_storage, .. } = plan;
+    let Plan { root, hosts, routes, remote_storage, storage_key, .. } = plan;
     let mut cluster = ClusterFile {
         format_version: FORMAT_VERSION,
         revision: 0,
@@ -234,7 +235,7 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
         generation: 0,
     };
     cluster.check().map_err(Error::Usage)?;
-    let cluster = write_workdir(&root, cluster, &out.configs, secure)?;
+    let cluster = write_workdir(&root, cluster, &out.configs, secure, storage_key.is_some())?;
     Ok(Initialised { workdir: dir.clone(), root, cluster })
 }
 
@@ -323,6 +324,8 @@ struct Plan {
     routes: Vec<Route>,
     secure: bool,
     remote_storage: RemoteStorageConfig,
+    /// The storage key file the pageservers and safekeepers encrypt with.
+    storage_key: Option<PathBuf>,
 }
 
 impl Plan {
@@ -362,7 +365,7 @@ impl Plan {
             .remote_storage
             .clone()
             .unwrap_or_else(|| RemoteStorageConfig::Local { path: root.join(REMOTE_STORAGE_DIR) });
-        Ok(Plan { root, hosts, sk_hosts, ps_hosts, ports, routes, secure, remote_storage })
+        Ok(Plan { root, hosts, sk_hosts, ps_hosts, ports, routes, secure, remote_storage, storage_key: None })
     }
 
     fn sk_port(&self, i: usize, role: usize) -> u16 {
@@ -450,6 +453,7 @@ impl Plan {
                     "tls": self.host_tls(host),
                     // Completed WAL segments go to the same object storage as the layers.
                     "remote_storage": self.remote_storage,
+                    "storage_key": self.storage_key,
                 }),
                 "safekeeper",
             )?;
@@ -494,6 +498,7 @@ impl Plan {
                     "pg_user": args.pg_user,
                     "verify_redo": args.verify_redo,
                     "remote_storage": self.remote_storage,
+                    "storage_key": self.storage_key,
                     "attachments": self.root.join(&name).join(ATTACHMENTS_FILE),
                     // Not the default inside `data_dir`: that is private, and
                     // initdb runs as `pg_user` when the pageserver runs as root.
@@ -611,6 +616,7 @@ fn write_workdir(
     mut cluster: ClusterFile,
     configs: &[(PathBuf, String)],
     secure: bool,
+    encrypted: bool,
 ) -> Result<ClusterFile> {
     for s in &cluster.services {
         create_private_dir(&root.join(&s.name).join("data"))?;
@@ -623,6 +629,10 @@ fn write_workdir(
         let mut addresses: Vec<String> = cluster.hosts.iter().map(|h| h.address.to_string()).collect();
         addresses.dedup();
         super::certs::create(root, &addresses.iter().map(String::as_str).collect::<Vec<_>>())?;
+    }
+    if encrypted {
+        create_private_dir(&root.join(super::keys::AUTH_DIR))?;
+        super::keys::create_storage_key(root)?;
     }
     for (rel, text) in configs {
         let header = "# Written by `strata init`; ports and paths must match cluster.toml.\n";
@@ -742,6 +752,30 @@ mod tests {
     }
 
     #[test]
+    fn a_new_cluster_encrypts_at_rest_unless_told_not_to() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempdir("encrypted");
+        init(&InitOptions::for_test(&dir, 1)).unwrap();
+        let wd = Workdir::open(&dir).unwrap();
+        let key = wd.root.join("auth/storage.key");
+        let psc = strata_pageserver::config::PageserverConfig::load(&wd.config_path(wd.service("pageserver").unwrap()));
+        let skc = strata_safekeeper::config::SafekeeperConfig::load(&wd.config_path(wd.service("sk1").unwrap()));
+        assert_eq!(psc.unwrap().storage_key.as_ref(), Some(&key));
+        assert_eq!(skc.unwrap().storage_key.as_ref(), Some(&key));
+        assert_eq!(fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(strata_remote_storage::seal::keys::ClusterKeys::load(&key).unwrap().ids(), vec![1]);
+        fs::remove_dir_all(&dir).unwrap();
+
+        let plain = tempdir("unencrypted");
+        init(&InitOptions { no_encryption_at_rest: true, ..InitOptions::for_test(&plain, 1) }).unwrap();
+        let wd = Workdir::open(&plain).unwrap();
+        let psc = strata_pageserver::config::PageserverConfig::load(&wd.config_path(wd.service("pageserver").unwrap()));
+        assert_eq!(psc.unwrap().storage_key, None);
+        assert!(!wd.root.join("auth/storage.key").exists());
+        fs::remove_dir_all(&plain).unwrap();
+    }
+
+    #[test]
     fn an_insecure_cluster_has_neither_tokens_nor_tls() {
         let dir = tempdir("insecure");
         init(&InitOptions { insecure_loopback: true, ..InitOptions::for_test(&dir, 3) }).unwrap();
@@ -752,7 +786,11 @@ mod tests {
         let sk1 =
             strata_safekeeper::config::SafekeeperConfig::load(&wd.config_path(wd.service("sk1").unwrap())).unwrap();
         assert_eq!((sk1.auth, sk1.tls), (None, None));
-        assert!(!dir.join("auth").exists() && !dir.join("tls").exists());
+        // The auth directory holds the storage key only: encryption at rest
+        // does not depend on TLS and tokens.
+        let auth: Vec<_> = fs::read_dir(dir.join("auth")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(auth, ["storage.key"]);
+        assert!(!dir.join("tls").exists());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -10,7 +10,10 @@
 //! - `issuer.pem` (0600) and `issuer-public.pem`: the key with which the
 //!   controllers renew the computes' tokens, which every verifier takes for
 //!   renewed tenant tokens only;
-//! - `revoked.json`: the deny list (`strata auth revoke`).
+//! - `revoked.json`: the deny list (`strata auth revoke`);
+//! - `storage.key` (0600): the cluster's storage keys, which wrap the
+//!   tenants' data keys (encryption at rest); only hosts that run a
+//!   pageserver or a safekeeper get it.
 //!
 //! See `docs/security.md`.
 
@@ -50,6 +53,17 @@ pub fn service_token(root: &Path) -> PathBuf {
 
 pub fn controller_token(root: &Path) -> PathBuf {
     root.join(AUTH_DIR).join("controller.token")
+}
+
+/// The cluster's storage key file.
+pub fn storage_key(root: &Path) -> PathBuf {
+    root.join(AUTH_DIR).join("storage.key")
+}
+
+/// Writes a new storage key file (one random key) under `root`.
+pub fn create_storage_key(root: &Path) -> Result<()> {
+    let text = strata_remote_storage::seal::keys::ClusterKeys::new_file_text();
+    auth::write_secret(&storage_key(root), &text).map_err(failed)
 }
 
 /// What a service's config says about tokens.

@@ -31,6 +31,8 @@ pub struct InitOptions {
     pub placement: Option<String>,
     /// No TLS and no tokens anywhere (loopback only, to measure their cost).
     pub insecure_loopback: bool,
+    /// Tenants' objects stored unencrypted (no storage key).
+    pub no_encryption_at_rest: bool,
 }
 
 /// `endpoint start`: options handed to the compute agent for this run
@@ -84,6 +86,7 @@ impl InitOptions {
             pg_user: "postgres".into(),
             verify_redo: false,
             insecure_loopback: false,
+            no_encryption_at_rest: false,
             sites: None,
             site_latency_ms: None,
             placement: None,

@@ -5,7 +5,8 @@
 //! and metadata (`strata-pageserver`), native redo of heap and btree
 //! records (`strata-redo`), the safekeepers' offloaded segment metadata,
 //! peer positions and replicas' hot standby feedback (`strata-safekeeper`), a lazy basebackup's
-//! manifest (`strata-protocol`), and tokens (`strata-service`).
+//! manifest (`strata-protocol`), tokens (`strata-service`), and sealed
+//! objects, data key objects and storage key files (`strata-remote-storage`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -25,6 +26,9 @@ const LAZY_MANIFEST: u8 = 9;
 /// First byte of inputs for the token checks: a token, an `Authorization`
 /// header, or claims signed and verified.
 const TOKEN: u8 = 10;
+/// First byte of inputs for encryption at rest: a sealed object, a data
+/// key object, a storage key file.
+const SEALED: u8 = 11;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -52,5 +56,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     if let Some((&TOKEN, bytes)) = data.split_first() {
         strata_service::auth::fuzz_one(bytes);
+    }
+    if let Some((&SEALED, bytes)) = data.split_first() {
+        strata_remote_storage::seal::fuzz::fuzz_one(bytes);
     }
 });

@@ -116,6 +116,11 @@ pub struct PageserverConfig {
     /// without it layers live on local disk only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
+    /// The cluster's storage key file (mode 0600): with it, tenants' objects
+    /// are encrypted in `remote_storage` and refused unless authentic
+    /// (`docs/security.md`, "Encryption at rest"). Needs `remote_storage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_key: Option<PathBuf>,
     /// The file in which the control plane names each attached tenant's
     /// generation (required with `remote_storage`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -266,6 +271,12 @@ impl PageserverConfig {
             return Err(ConfigError {
                 key: "attachments",
                 message: "is required with `remote_storage`: it names each tenant's generation".into(),
+            });
+        }
+        if self.remote_storage.is_none() && self.storage_key.is_some() {
+            return Err(ConfigError {
+                key: "storage_key",
+                message: "needs `remote_storage`: it encrypts the objects stored there".into(),
             });
         }
         if self.remote_storage.is_none() && self.local_cache_bytes != 0 {

@@ -94,7 +94,8 @@ pub async fn serve_with_clock(
     let remote = match (&config.remote_storage, &config.attachments) {
         (Some(cfg), Some(attachments)) => Some(
             remote::Remote::start(
-                cfg,
+                remote::open_storage(cfg, config.storage_key.as_deref())
+                    .map_err(|e| StartError::service("remote storage", e))?,
                 attachments.clone(),
                 config.controller,
                 config.max_upload_lag_bytes,

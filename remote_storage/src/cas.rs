@@ -58,6 +58,7 @@ fn sidecar(file: &Path, what: &str) -> PathBuf {
 impl RemoteStorage {
     /// The object `key` and its version; `None` if it does not exist.
     pub async fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, ObjectVersion)>, RemoteError> {
+        self.refuse_tenant_object("reading", key)?;
         let path = self.path("reading", key)?;
         if let Some(fs) = &self.local {
             let file = crate::local_path(fs, "reading", key, &path)?;
@@ -91,6 +92,7 @@ impl RemoteStorage {
         bytes: Bytes,
         expected: Option<&ObjectVersion>,
     ) -> Result<ObjectVersion, CasError> {
+        self.refuse_tenant_object("writing", key)?;
         let path = self.path("writing", key)?;
         let expected_text = expected.map_or_else(|| "none".to_string(), |v| v.0.clone());
         let conflict = || CasError::Conflict { key: key.to_string(), expected: expected_text.clone() };
@@ -133,6 +135,20 @@ impl RemoteStorage {
             // Refused on a retry: the first attempt may have been the write.
             Err(()) if attempts > 1 => self.version_of_own_write(key, &bytes).await?.ok_or_else(conflict),
             Err(()) => Err(conflict()),
+        }
+    }
+
+    /// Conditional writes store objects as they are: with encryption at
+    /// rest on, a tenant's object never goes through them.
+    fn refuse_tenant_object(&self, op: &'static str, key: &str) -> Result<(), RemoteError> {
+        match self.sealing_for(op, key)? {
+            None => Ok(()),
+            Some(_) => Err(RemoteError::Failed {
+                op,
+                key: key.to_string(),
+                attempts: 0,
+                message: "a tenant's object is sealed: conditional writes are for unsealed objects".into(),
+            }),
         }
     }
 

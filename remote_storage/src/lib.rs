@@ -8,11 +8,17 @@
 //! operation, the object and the number of attempts. Object names are
 //! relative to the configured prefix; a local directory holds them as files
 //! under the same relative paths.
+//!
+//! With a cluster storage key ([`RemoteStorage::with_storage_key`]), the
+//! objects of tenants are sealed before upload and authenticated on
+//! download ([`seal`]); sizes and CRC-32Cs returned by transfers are those
+//! of the content, listings give the stored (sealed) sizes.
 
 pub mod cas;
 pub mod config;
 pub mod limits;
 mod local_copy;
+pub mod seal;
 mod transfer;
 pub mod wal;
 
@@ -40,6 +46,10 @@ pub enum RemoteError {
     NotFound { op: &'static str, key: String },
     #[error("{op} {key}: {message} (after {attempts} attempts)")]
     Failed { op: &'static str, key: String, attempts: u32, message: String },
+    /// An object refused on download (not sealed, tampered, cut short,
+    /// moved from another name) or a key object that cannot be used.
+    #[error("{key}: refused: {message}")]
+    Refused { key: String, message: String },
     #[error("{op} {}: {source}", path.display())]
     Local {
         op: &'static str,
@@ -54,6 +64,7 @@ pub enum RemoteError {
 pub struct ObjectInfo {
     /// Relative to the storage's prefix.
     pub key: String,
+    /// Bytes stored: a sealed object's are more than its content's.
     pub size: u64,
     pub last_modified: std::time::SystemTime,
 }
@@ -72,6 +83,8 @@ pub struct RemoteStorage {
     attempts: u32,
     /// Shortest and longest wait between attempts.
     backoff: (Duration, Duration),
+    /// Encryption at rest of tenants' objects, when a storage key is set.
+    sealing: Option<Arc<seal::Sealing>>,
 }
 
 impl RemoteStorage {
@@ -129,6 +142,7 @@ impl RemoteStorage {
             timeout: DEFAULT_TIMEOUT,
             attempts: DEFAULT_ATTEMPTS,
             backoff: DEFAULT_BACKOFF,
+            sealing: None,
         })
     }
 
@@ -193,6 +207,12 @@ impl RemoteStorage {
 
     /// Writes `bytes` as the object `key`, replacing any object of that name.
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), RemoteError> {
+        let stored = self.seal_for(key, bytes).await?;
+        self.put_stored(key, stored).await
+    }
+
+    /// Writes `bytes` as they are.
+    async fn put_stored(&self, key: &str, bytes: Bytes) -> Result<(), RemoteError> {
         let path = self.path("uploading", key)?;
         if let Some(fs) = &self.local {
             // Our own staging (not `object_store`'s), whose leftovers the
@@ -205,14 +225,16 @@ impl RemoteStorage {
     }
 
     /// Uploads the file at `local` as the object `key`; returns its size and
-    /// CRC-32C. Into a local directory the file is copied in 1 MiB chunks
-    /// (staged, fsynced, renamed); to S3 it is read whole: its size bounds
-    /// the memory an upload takes.
+    /// CRC-32C (of the file, not of the sealed object). Into a local
+    /// directory the file is copied (and sealed) in 1 MiB chunks (staged,
+    /// fsynced, renamed); to S3 it is read whole: its size bounds the
+    /// memory an upload takes.
     pub async fn upload_file(&self, key: &str, local: &Path) -> Result<Uploaded, RemoteError> {
         if let Some(fs) = &self.local {
             let dest = local_path(fs, "uploading", key, &self.path("uploading", key)?)?;
+            let sealer = self.sealer_for(key).await?;
             let src = local.to_path_buf();
-            return local_write(src.clone(), move || local_copy::upload(&src, &dest)).await;
+            return local_write(src.clone(), move || local_copy::upload(&src, &dest, sealer)).await;
         }
         let bytes = tokio::fs::read(local).await.map_err(|source| RemoteError::Local {
             op: "reading",
@@ -220,21 +242,25 @@ impl RemoteStorage {
             source,
         })?;
         let uploaded = Uploaded { size: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes) };
-        self.put(key, Bytes::from(bytes)).await?;
+        let stored = self.seal_for(key, Bytes::from(bytes)).await?;
+        self.put_stored(key, stored).await?;
         Ok(uploaded)
     }
 
-    /// The whole object `key`.
+    /// The whole object `key` (opened and authenticated when sealed).
     pub async fn get(&self, key: &str) -> Result<Bytes, RemoteError> {
         let path = self.path("downloading", key)?;
-        self.retrying("downloading", key, || async { self.store.get(&path).await?.bytes().await }).await
+        let stored = self.retrying("downloading", key, || async { self.store.get(&path).await?.bytes().await }).await?;
+        self.open_for(key, stored).await
     }
 
     /// Downloads the object `key` to `local`, streamed: written chunk by
     /// chunk (the object's size does not bound the memory taken) to a
     /// temporary file next to it, synced, then renamed, so `local` is whole
     /// or absent. Returns the size and CRC-32C of what was written. A stream
-    /// that breaks off starts over, within the storage's attempts.
+    /// that breaks off starts over, within the storage's attempts. A sealed
+    /// object is opened chunk by chunk; one that fails authentication is
+    /// refused at once (not retried) and nothing is left at `local`.
     pub async fn download_file(&self, key: &str, local: &Path) -> Result<Downloaded, RemoteError> {
         use futures_util::StreamExt;
         use tokio::io::AsyncWriteExt;
@@ -251,12 +277,21 @@ impl RemoteStorage {
             let mut file = tokio::io::BufWriter::with_capacity(crate::limits::DOWNLOAD_WRITE_BUFFER, file);
             let mut stream = got.into_stream();
             let (mut size, mut crc) = (0u64, 0u32);
+            let mut incoming = self.incoming(key)?;
+            let mut plain = Vec::new();
             let broken = loop {
                 match tokio::time::timeout(self.timeout, stream.next()).await {
                     Ok(Some(Ok(chunk))) => {
-                        crc = crc32c::crc32c_append(crc, &chunk);
-                        size += chunk.len() as u64;
-                        file.write_all(&chunk).await.map_err(|e| local_err("writing", e))?;
+                        plain.clear();
+                        let opened = incoming.push(self, key, &chunk, &mut plain).await;
+                        if let Err(e) = opened {
+                            drop(file);
+                            let _ = tokio::fs::remove_file(&tmp).await;
+                            return Err(e);
+                        }
+                        crc = crc32c::crc32c_append(crc, &plain);
+                        size += plain.len() as u64;
+                        file.write_all(&plain).await.map_err(|e| local_err("writing", e))?;
                     }
                     Ok(Some(Err(e))) => break Some(e.to_string()),
                     Ok(None) => break None,
@@ -264,6 +299,15 @@ impl RemoteStorage {
                 }
             };
             let Some(message) = broken else {
+                plain.clear();
+                if let Err(e) = incoming.finish(key, &mut plain) {
+                    drop(file);
+                    let _ = tokio::fs::remove_file(&tmp).await;
+                    return Err(e);
+                }
+                crc = crc32c::crc32c_append(crc, &plain);
+                size += plain.len() as u64;
+                file.write_all(&plain).await.map_err(|e| local_err("writing", e))?;
                 file.flush().await.map_err(|e| local_err("writing", e))?;
                 file.get_ref().sync_all().await.map_err(|e| local_err("syncing", e))?;
                 drop(file);

@@ -25,6 +25,18 @@ pub const STALE_STAGING: Duration = Duration::from_secs(600);
 /// MiB at a time.
 pub const DOWNLOAD_WRITE_BUFFER: usize = 1 << 20;
 
+/// How long a process uses the data keys of a tenant it read before
+/// reading them again (a rotation by another process is seen within it).
+pub const DATA_KEYS_REFRESH: Duration = Duration::from_secs(600);
+/// Tenants whose unwrapped data keys a storage keeps in memory.
+pub const MAX_CACHED_TENANTS: usize = 100_000;
+/// Attempts of a read-modify-write of a data key object that others may
+/// change at the same time (a rotation, a rewrap).
+pub const KEY_OBJECT_ATTEMPTS: u32 = 5;
+// The bounds of what a sealed object, a key object or a key file may hold
+// (chunk size, keys per object, bytes) are part of their formats:
+// `seal::format` and `seal::keys` (docs/sealed-objects.md).
+
 /// Extra reads of a partial segment whose metadata and bytes disagree (a
 /// newer round replaced one of them meanwhile) before it counts as damaged.
 pub const PARTIAL_FETCH_RETRIES: u32 = 3;

@@ -7,7 +7,8 @@
 //! kernel's own `copy_file_range` does and still lets the CRC be computed
 //! on the way. The object appears the way `object_store` writes one: a
 //! staging file `NAME#N` (which its listings skip), fsynced, renamed over
-//! `NAME`, and the directory fsynced.
+//! `NAME`, and the directory fsynced. A tenant's file is sealed on the way
+//! (`seal`), a chunk at a time; the size and CRC returned are the file's.
 //!
 //! A process killed mid-upload leaves its staging file behind. The next
 //! upload of the same name (a layer or segment is uploaded again under its
@@ -22,28 +23,46 @@ use std::path::{Path, PathBuf};
 use strata_service::durable::parent_of;
 
 use crate::limits::{COPY_CHUNK, STALE_STAGING};
+use crate::seal::format::ObjectSealer;
 use crate::transfer::Uploaded;
 
 /// What failed, on which file.
 pub(crate) type CopyError = (&'static str, PathBuf, std::io::Error);
 
-/// Copies `src` to the object file `dest`; the object is whole or absent.
-pub(crate) fn upload(src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
+/// Copies `src` to the object file `dest`, sealed by `sealer` if given;
+/// the object is whole or absent.
+pub(crate) fn upload(src: &Path, dest: &Path, sealer: Option<ObjectSealer>) -> Result<Uploaded, CopyError> {
     let input = File::open(src).map_err(|e| ("reading", src.to_path_buf(), e))?;
-    write_object(input, src, dest)
+    write_object(input, src, dest, sealer)
 }
 
 /// Writes `bytes` as the object file `dest`, the same way as [`upload`]
-/// (so small objects leave no staging files behind either).
+/// (so small objects leave no staging files behind either). `bytes` are
+/// stored as they are (sealed already if need be).
 pub(crate) fn put(bytes: &[u8], dest: &Path) -> Result<Uploaded, CopyError> {
-    write_object(bytes, dest, dest)
+    write_object(bytes, dest, dest, None)
 }
 
-/// Streams `input` (read from `src`, named in errors) into `dest`.
-fn write_object(mut input: impl Read, src: &Path, dest: &Path) -> Result<Uploaded, CopyError> {
+/// Streams `input` (read from `src`, named in errors) into `dest`, through
+/// `sealer` if given.
+fn write_object(
+    mut input: impl Read,
+    src: &Path,
+    dest: &Path,
+    mut sealer: Option<ObjectSealer>,
+) -> Result<Uploaded, CopyError> {
     let (mut output, staging, others) = reserve_staging(dest)?;
     let copied = (|| {
         let mut buf = vec![0u8; COPY_CHUNK];
+        // Sealed bytes waiting to be written: written in whole multiples of
+        // the copy buffer, so that the writes stay aligned to pages as a
+        // plain copy's are (a header and tags would shift every one; the
+        // unaligned writes cost a plain copy's time again). A chunk and
+        // its tag at most.
+        let mut sealed = Vec::new();
+        if let Some(s) = &sealer {
+            sealed.extend_from_slice(s.header());
+        }
         let (mut size, mut crc) = (0u64, 0u32);
         loop {
             let n = match input.read(&mut buf) {
@@ -53,8 +72,20 @@ fn write_object(mut input: impl Read, src: &Path, dest: &Path) -> Result<Uploade
                 Err(e) => return Err(("reading", src.to_path_buf(), e)),
             };
             crc = crc32c::crc32c_append(crc, &buf[..n]);
-            output.write_all(&buf[..n]).map_err(|e| ("writing", staging.clone(), e))?;
+            match &mut sealer {
+                Some(s) => {
+                    s.push(&buf[..n], &mut sealed);
+                    let whole = sealed.len() / COPY_CHUNK * COPY_CHUNK;
+                    output.write_all(&sealed[..whole]).map_err(|e| ("writing", staging.clone(), e))?;
+                    sealed.drain(..whole);
+                }
+                None => output.write_all(&buf[..n]).map_err(|e| ("writing", staging.clone(), e))?,
+            }
             size += n as u64;
+        }
+        if let Some(s) = sealer.take() {
+            s.finish(&mut sealed);
+            output.write_all(&sealed).map_err(|e| ("writing", staging.clone(), e))?;
         }
         output.sync_all().map_err(|e| ("syncing", staging.clone(), e))?;
         drop(output);

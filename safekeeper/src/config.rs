@@ -73,6 +73,11 @@ pub struct SafekeeperConfig {
     /// Object storage that completed WAL segments are offloaded to (none: no offload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
+    /// The cluster's storage key file (mode 0600): with it, offloaded WAL is
+    /// encrypted and refused unless authentic (`docs/security.md`,
+    /// "Encryption at rest"). Needs `remote_storage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_key: Option<PathBuf>,
     /// Longest committed WAL stays on the safekeepers' disks only: the
     /// committed part of a segment not yet complete is then offloaded as a
     /// partial segment (a compute that stops leaves its last segment so).
@@ -141,6 +146,12 @@ impl SafekeeperConfig {
                     return Err(ConfigError { key, message: format!("{addr} is also `{other}`") });
                 }
             }
+        }
+        if self.remote_storage.is_none() && self.storage_key.is_some() {
+            return Err(ConfigError {
+                key: "storage_key",
+                message: "needs `remote_storage`: it encrypts the WAL offloaded there".into(),
+            });
         }
         if self.peers.iter().any(|p| p.id == self.id) {
             return Err(ConfigError { key: "peers", message: format!("lists this safekeeper's own id {}", self.id) });

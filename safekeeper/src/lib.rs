@@ -93,7 +93,13 @@ pub async fn serve(
     let remote = config
         .remote_storage
         .as_ref()
-        .map(strata_remote_storage::RemoteStorage::new)
+        .map(|cfg| {
+            let storage = strata_remote_storage::RemoteStorage::new(cfg)?;
+            match &config.storage_key {
+                Some(key) => storage.with_storage_key(key),
+                None => Ok(storage),
+            }
+        })
         .transpose()
         .map_err(|e| StartError::service("remote storage", e))?;
     let (verifier, token) = (security.verifier.clone(), security.token.clone());

@@ -80,6 +80,10 @@ pub struct InitArgs {
     /// services refuse any other address without TLS and tokens.
     #[arg(long)]
     pub insecure_loopback: bool,
+    /// Store tenants' objects unencrypted: no cluster storage key is made
+    /// (`docs/security.md`, "Encryption at rest"); to measure its cost.
+    #[arg(long)]
+    pub no_encryption_at_rest: bool,
 }
 
 impl InitArgs {
@@ -97,6 +101,7 @@ impl InitArgs {
             site_latency_ms: self.site_latency_ms,
             placement: self.placement.clone(),
             insecure_loopback: self.insecure_loopback,
+            no_encryption_at_rest: self.no_encryption_at_rest,
         }
     }
 }

@@ -70,11 +70,20 @@ pub struct Remote {
     pub clock: Arc<dyn Clock>,
 }
 
+/// The object storage of `cfg` (nothing is transferred yet), encrypting
+/// tenants' objects with the cluster key in `storage_key` if given.
+pub fn open_storage(cfg: &RemoteStorageConfig, storage_key: Option<&std::path::Path>) -> Result<RemoteStorage, String> {
+    let storage = RemoteStorage::new(cfg).map_err(|e| e.to_string())?;
+    match storage_key {
+        Some(key) => storage.with_storage_key(key).map_err(|e| e.to_string()),
+        None => Ok(storage),
+    }
+}
+
 impl Remote {
-    /// Connects to `cfg` (nothing is transferred yet) and starts the
-    /// transfer runtime and the deletion queue.
+    /// Starts the transfer runtime and the deletion queue over `storage`.
     pub fn start(
-        cfg: &RemoteStorageConfig,
+        storage: RemoteStorage,
         attachments: PathBuf,
         controller: bool,
         max_upload_lag_bytes: u64,
@@ -82,7 +91,6 @@ impl Remote {
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Remote>, String> {
-        let storage = RemoteStorage::new(cfg).map_err(|e| e.to_string())?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(TRANSFER_THREADS)
             .thread_name("remote-storage")
