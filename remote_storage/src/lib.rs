@@ -263,7 +263,6 @@ impl RemoteStorage {
     /// refused at once (not retried) and nothing is left at `local`.
     pub async fn download_file(&self, key: &str, local: &Path) -> Result<Downloaded, RemoteError> {
         use futures_util::StreamExt;
-        use tokio::io::AsyncWriteExt;
         let path = self.path("downloading", key)?;
         let tmp = PathBuf::from(format!("{}.download", local.display()));
         let local_err = |op: &'static str, source: std::io::Error| RemoteError::Local { op, path: tmp.clone(), source };
@@ -273,25 +272,18 @@ impl RemoteStorage {
             attempt += 1;
             let got = self.retrying("downloading", key, || self.store.get(&path)).await?;
             let file = tokio::fs::File::create(&tmp).await.map_err(|e| local_err("creating", e))?;
-            // Chunks are small (kilobytes): written a MiB at a time.
-            let mut file = tokio::io::BufWriter::with_capacity(crate::limits::DOWNLOAD_WRITE_BUFFER, file);
+            let mut file = PlainFile::new(file);
             let mut stream = got.into_stream();
-            let (mut size, mut crc) = (0u64, 0u32);
             let mut incoming = self.incoming(key)?;
             let mut plain = Vec::new();
             let broken = loop {
                 match tokio::time::timeout(self.timeout, stream.next()).await {
                     Ok(Some(Ok(chunk))) => {
                         plain.clear();
-                        let opened = incoming.push(self, key, &chunk, &mut plain).await;
-                        if let Err(e) = opened {
-                            drop(file);
-                            let _ = tokio::fs::remove_file(&tmp).await;
-                            return Err(e);
+                        if let Err(e) = incoming.push(self, key, &chunk, &mut plain).await {
+                            return discard(&tmp, e).await;
                         }
-                        crc = crc32c::crc32c_append(crc, &plain);
-                        size += plain.len() as u64;
-                        file.write_all(&plain).await.map_err(|e| local_err("writing", e))?;
+                        file.write(&plain).await.map_err(|e| local_err("writing", e))?;
                     }
                     Ok(Some(Err(e))) => break Some(e.to_string()),
                     Ok(None) => break None,
@@ -301,18 +293,12 @@ impl RemoteStorage {
             let Some(message) = broken else {
                 plain.clear();
                 if let Err(e) = incoming.finish(key, &mut plain) {
-                    drop(file);
-                    let _ = tokio::fs::remove_file(&tmp).await;
-                    return Err(e);
+                    return discard(&tmp, e).await;
                 }
-                crc = crc32c::crc32c_append(crc, &plain);
-                size += plain.len() as u64;
-                file.write_all(&plain).await.map_err(|e| local_err("writing", e))?;
-                file.flush().await.map_err(|e| local_err("writing", e))?;
-                file.get_ref().sync_all().await.map_err(|e| local_err("syncing", e))?;
-                drop(file);
+                file.write(&plain).await.map_err(|e| local_err("writing", e))?;
+                let downloaded = file.sync().await.map_err(|(op, e)| local_err(op, e))?;
                 tokio::fs::rename(&tmp, local).await.map_err(|e| local_err("renaming", e))?;
-                return Ok(Downloaded { size, crc32c: crc });
+                return Ok(downloaded);
             };
             drop(file);
             if attempt >= self.attempts {
@@ -359,6 +345,43 @@ impl RemoteStorage {
             other => other,
         }
     }
+}
+
+/// The file a download writes: the content, with its size and CRC-32C
+/// computed on the way.
+struct PlainFile {
+    /// Chunks are small (kilobytes): written a MiB at a time.
+    file: tokio::io::BufWriter<tokio::fs::File>,
+    done: Downloaded,
+}
+
+impl PlainFile {
+    fn new(file: tokio::fs::File) -> PlainFile {
+        let file = tokio::io::BufWriter::with_capacity(crate::limits::DOWNLOAD_WRITE_BUFFER, file);
+        PlainFile { file, done: Downloaded { size: 0, crc32c: 0 } }
+    }
+
+    async fn write(&mut self, plain: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.done.crc32c = crc32c::crc32c_append(self.done.crc32c, plain);
+        self.done.size += plain.len() as u64;
+        self.file.write_all(plain).await
+    }
+
+    /// Flushes and syncs the file; what was written. Fails with the step.
+    async fn sync(mut self) -> Result<Downloaded, (&'static str, std::io::Error)> {
+        use tokio::io::AsyncWriteExt;
+        self.file.flush().await.map_err(|e| ("writing", e))?;
+        self.file.get_ref().sync_all().await.map_err(|e| ("syncing", e))?;
+        Ok(self.done)
+    }
+}
+
+/// Removes a download's temporary file, whose content was refused, and
+/// returns the refusal.
+async fn discard<T>(tmp: &Path, refusal: RemoteError) -> Result<T, RemoteError> {
+    let _ = tokio::fs::remove_file(tmp).await;
+    Err(refusal)
 }
 
 /// Whether an error may go away by itself (network, server, timeouts).
