@@ -58,7 +58,7 @@ def run_strata(strata_bin: Path, base: Path, sizes: list[int], runs: int) -> dic
     with local_cluster(strata_bin, base / "cluster") as cluster:
         connstr = cluster.endpoint_start("main")
         env = client_env(connstr)
-        tenant = cluster.cluster_toml["tenant_id"]
+        tenant = cluster.tenant_id()
         main_tl = cluster.timeline_id()
         ps_url = cluster.http_url("pageserver", f"/v1/tenant/{tenant}/timeline")
         n = 0

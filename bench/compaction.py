@@ -96,7 +96,7 @@ def main() -> int:
     strata = strata_to_measure()
     results: dict = {"config": vars(args), "settings": SETTINGS, **machine_state()}
     with bench_dir() as base, local_cluster(strata, base / "cluster", prepare=hold_compaction_back) as cluster:
-        tenant, timeline = cluster.cluster_toml["tenant_id"], cluster.timeline_id()
+        tenant, timeline = cluster.tenant_id(), cluster.timeline_id()
         metrics_url = cluster.http_url("pageserver", "/metrics")
         tl_url = timeline_url(cluster)
         connstr = cluster.endpoint_start("main")

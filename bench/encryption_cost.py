@@ -92,7 +92,7 @@ def one_run(strata: Path, workdir: Path, init_args: list[str], scale: int, scans
             "cold_scan_runs_s": scan_s,
             "layers_downloaded": metrics.get("strata_pageserver_layers_downloaded_total"),
             "download_errors": metrics.get("strata_pageserver_download_errors_total"),
-            "store_bytes": store_bytes(store, c.cluster_toml["tenant_id"]),
+            "store_bytes": store_bytes(store, c.tenant_id()),
         }
 
 

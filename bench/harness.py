@@ -179,7 +179,7 @@ def load_getpage_table(cluster: LocalCluster, scale: int) -> dict:
     code, status = http_json("POST", f"{tl_url}/checkpoint", timeout=300)
     assert code == 200, status
     return {"pageserver": page_service(cluster), "metrics_url": cluster.http_url("pageserver", "/metrics"),
-            "tenant_id": cluster.cluster_toml["tenant_id"], "timeline_id": cluster.timeline_id(),
+            "tenant_id": cluster.tenant_id(), "timeline_id": cluster.timeline_id(),
             "rel": f"{spc}/{db}/{rel}", "blocks": blocks, "table_mb": blocks * 8192 / 1e6,
             "timeline_after_checkpoint": status}
 

@@ -142,7 +142,7 @@ class Target:
         self.cluster = cluster
         if cluster is not None:
             self.page_service = page_service(cluster)
-            self.tenant = cluster.cluster_toml["tenant_id"]
+            self.tenant = cluster.tenant_id()
             self.timeline = cluster.timeline_id()
 
     @property

@@ -60,7 +60,7 @@ class Target:
         self.connstr = connstr
         self.tl_url = timeline_url(cluster)
         self.metrics_url = cluster.http_url("pageserver", "/metrics")
-        self.tenant = cluster.cluster_toml["tenant_id"]
+        self.tenant = cluster.tenant_id()
         self.timeline = cluster.timeline_id()
         self.pg_env = client_env(connstr)
 

@@ -112,7 +112,7 @@ def run_strata(strata_bin: Path, base: Path, gib: float) -> dict:
         connstr = cluster.endpoint_start("main")
         env = client_env(connstr)
         ct = cluster.cluster_toml
-        tl_dirs = {n: cluster.data_dir(n) / ct["tenant_id"] / cluster.timeline_id() for n in SAFEKEEPERS}
+        tl_dirs = {n: cluster.data_dir(n) / cluster.tenant_id() / cluster.timeline_id() for n in SAFEKEEPERS}
         ps_path = cluster.timeline_path()
 
         def sample():
@@ -126,7 +126,7 @@ def run_strata(strata_bin: Path, base: Path, gib: float) -> dict:
             w = load(connstr, env, gib)
         with psycopg.connect(connstr, autocommit=True) as conn:
             before = pgbench_state(conn)
-        wal_dir = cluster.workdir / "remote_storage" / "wal" / ct["tenant_id"] / cluster.timeline_id()
+        wal_dir = cluster.workdir / "remote_storage" / "wal" / cluster.tenant_id() / cluster.timeline_id()
         cluster.run("timeline", "checkpoint", timeout=3600)
 
         def removal():

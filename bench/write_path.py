@@ -436,7 +436,7 @@ def catchup(strata_bin: Path, base: Path, name: str, scale: int) -> dict:
 def decode_bench(cluster: LocalCluster, start: int, end: int) -> dict | None:
     """`strata wal bench` over sk1's complete segments between two LSNs."""
     ct = cluster.cluster_toml
-    d = cluster.workdir / "sk1" / "data" / ct["tenant_id"] / cluster.timeline_id()
+    d = cluster.workdir / "sk1" / "data" / cluster.tenant_id() / cluster.timeline_id()
     seg = 16 * MB
     files = [p for p in sorted(d.iterdir()) if SEGMENT_NAME.match(p.name)
              and start // seg < segment_number(p.name, seg) < end // seg]

@@ -44,7 +44,7 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
     ep = Endpoint(c, "main")
     ep.start()
     ct = c.cluster_toml
-    tenant = ct["tenant_id"]
+    tenant = c.tenant_id()
     timeline = c.timeline_id("main")
     tl = f"/v1/tenant/{tenant}/timeline/{timeline}"
     mint = lambda cl, scope, *extra: cl.run("auth", "token", "--scope", scope, *extra).stdout.strip()  # noqa: E731
@@ -219,7 +219,7 @@ def test_tokens_bound_to_a_timeline_and_read_only(cluster):
     ep.start()
     ep.sql("CREATE TABLE t AS SELECT 1 AS x")
     c.run("branch", "create", "dev")
-    tenant, main, dev = c.cluster_toml["tenant_id"], c.timeline_id("main"), c.timeline_id("dev")
+    tenant, main, dev = c.tenant_id(), c.timeline_id("main"), c.timeline_id("dev")
     mint = lambda *extra: c.run("auth", "token", "--scope", "tenant", *extra).stdout.strip()  # noqa: E731
     writer, reader = mint("--timeline", main), mint("--timeline", main, "--read-only")
     assert claims_of(writer)["timeline_id"] == main and "read_only" not in claims_of(writer)
@@ -380,7 +380,7 @@ def test_keys_rotate_and_tokens_are_revoked_without_a_restart(cluster):
     assert call(f"{ps}/v1/status", kept)[0] == 200
     by_id = mint("--scope", "tenant")
     c.run("auth", "revoke", "--id", claims_of(by_id)["jti"])
-    tl = f"{ps}/v1/tenant/{c.cluster_toml['tenant_id']}/timeline/{c.timeline_id('main')}"
+    tl = f"{ps}/v1/tenant/{c.tenant_id()}/timeline/{c.timeline_id('main')}"
     wait_until("the token revoked by id is refused", lambda: call(tl, by_id)[0] == 401)
     metrics = call(f"{ps}/metrics", kept)[1]
     for reason in ("unknown_key", "revoked"):
@@ -403,7 +403,7 @@ def test_a_renewal_keeps_the_claims_and_an_issuer_mints_nothing_else(cluster):
     services = {s["name"]: s for s in c.cluster_toml["services"]}
     ctl = f"http://127.0.0.1:{services['controller']['ports']['http']}"
     ps = f"http://127.0.0.1:{services['pageserver']['ports']['http']}"
-    tenant, main = c.cluster_toml["tenant_id"], c.timeline_id("main")
+    tenant, main = c.tenant_id(), c.timeline_id("main")
     mint = lambda *extra: c.run("auth", "token", *extra).stdout.strip()  # noqa: E731
     reader = mint("--scope", "tenant", "--timeline", main, "--read-only", "--ttl-secs", "600")
     code, body = call(f"{ctl}/v1/tenant/{tenant}/token", reader, "POST")
@@ -447,7 +447,7 @@ def test_the_audit_log_names_who_and_never_the_token(cluster):
     ep.sql("CREATE TABLE t AS SELECT 1 AS x")
     services = {s["name"]: s for s in c.cluster_toml["services"]}
     ps = f"http://127.0.0.1:{services['pageserver']['ports']['http']}"
-    tenant, main = c.cluster_toml["tenant_id"], c.timeline_id("main")
+    tenant, main = c.tenant_id(), c.timeline_id("main")
     mint = lambda *extra: c.run("auth", "token", *extra).stdout.strip()  # noqa: E731
     management, tenant_token = mint("--scope", "management"), mint("--scope", "tenant")
     assert call(f"{ps}/v1/tenant/{tenant}/location", tenant_token, "PUT")[0] == 403

@@ -216,20 +216,20 @@ def test_deleting_branches(cluster):
     cluster.run("branch", "delete", "child", timeout=120)
     assert "stop it first or use --force" in refused("doomed")
     main_tl = cluster.timeline_id("main")
-    code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{cluster.cluster_toml['tenant_id']}/timeline/{main_tl}")
+    code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{cluster.tenant_id()}/timeline/{main_tl}")
     assert [parse_lsn(x) for x in st["retain_lsns"]] == [start], st
     cluster.run("branch", "delete", "doomed", "--force", timeout=120)
     assert on.postmaster_pid() is None
 
     assert set(branches(cluster)) == {"main"}
-    path = f"/v1/tenant/{cluster.cluster_toml['tenant_id']}/timeline/{timeline}"
+    path = f"/v1/tenant/{cluster.tenant_id()}/timeline/{timeline}"
     assert cluster.http("pageserver", "GET", path)[0] == 404
     for sk in ("sk1", "sk2", "sk3"):
         assert cluster.http(sk, "GET", path)[0] == 404
     remote = cluster.workdir / "remote_storage"
     assert not list(remote.glob(f"tenants/*/timelines/{timeline}/*")), "the branch's layers are still in object storage"
     assert not list(remote.glob(f"wal/*/{timeline}/*")), "the branch's WAL is still in object storage"
-    code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{cluster.cluster_toml['tenant_id']}/timeline/{main_tl}")
+    code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{cluster.tenant_id()}/timeline/{main_tl}")
     assert st["retain_lsns"] == [], st
     assert ids(ep) == list(range(1, 11))
 
@@ -260,7 +260,7 @@ def test_the_branch_tree_comes_back_from_object_storage_alone(cluster):
     cluster.stop("--only", "pageserver")
     shutil.rmtree(ps_data / "tenants")
     cluster.start("--only", "pageserver")
-    tenant = cluster.cluster_toml["tenant_id"]
+    tenant = cluster.tenant_id()
     for name, b in branches(cluster).items():
         code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{tenant}/timeline/{b['timeline_id']}")
         assert code == 200 and st["state"] == "active", st
@@ -289,7 +289,7 @@ def test_gc_keeps_branch_points_and_refuses_points_below_its_cutoff(cluster_fact
     with ep.connect() as conn:
         old = current_lsn(conn)
         old_time = conn.execute("SELECT clock_timestamp()::text").fetchone()[0]
-    tenant, main_tl = cluster.cluster_toml["tenant_id"], cluster.timeline_id()
+    tenant, main_tl = cluster.tenant_id(), cluster.timeline_id()
     # Images at the old rows: what GC removes below them is the history older than the window.
     code, st = cluster.http("pageserver", "POST", f"/v1/tenant/{tenant}/timeline/{main_tl}/checkpoint?compact=true")
     assert code == 200 and st["compaction"]["images_written"] > 0, st
@@ -358,7 +358,7 @@ def test_a_read_only_endpoint_at_a_point_of_a_branch(cluster):
     # The writer goes on.
     ep.sql("INSERT INTO t VALUES (201)")
     assert ids(ep) == list(range(1, 202))
-    tenant = cluster.cluster_toml["tenant_id"]
+    tenant = cluster.tenant_id()
     code, st = cluster.http("pageserver", "GET", f"/v1/tenant/{tenant}/timeline/{cluster.timeline_id()}")
     leases = [parse_lsn(x["lsn"]) for x in st["leases"]]
     assert lsn in leases and all(0 < x["seconds_left"] <= 600 for x in st["leases"]), st["leases"]
@@ -420,7 +420,7 @@ def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(clus
 
     # The parent goes on: new versions of what the point has, images above
     # the point, then GC past it with a 1 s window.
-    tenant, main_tl = cluster.cluster_toml["tenant_id"], cluster.timeline_id()
+    tenant, main_tl = cluster.tenant_id(), cluster.timeline_id()
     gc_path = f"/v1/tenant/{tenant}/timeline/{main_tl}/checkpoint?compact=true"
     for _ in range(2):
         ep.run(["pgbench", "-n", "-t", "200", "-c", "2"], timeout=300)

@@ -34,14 +34,17 @@ def states(status: dict) -> dict[str, str]:
 def test_init_writes_every_config(cluster_factory):
     c = cluster_factory(start=False)
     ct = c.cluster_toml
-    assert ct["format_version"] == 2
+    assert ct["format_version"] == 3
     # The one-host case of a cluster across hosts: every service on loopback.
     [host] = ct["hosts"]
     assert (host["name"], host["address"], host["computes"]) == ("local", "127.0.0.1", True), host
     assert {s["host"] for s in ct["services"]} == {"local"}
-    assert HEX32.match(ct["tenant_id"])
-    assert [b["name"] for b in ct["branches"]] == ["main"]
-    assert HEX32.match(ct["branches"][0]["timeline_id"])
+    # One tenant, `default`, with its `main` branch; the cluster has an id of its own.
+    [tenant] = ct["tenants"]
+    assert tenant["name"] == "default" and "state" not in tenant, tenant
+    assert HEX32.match(tenant["tenant_id"]) and HEX32.match(ct["cluster_id"])
+    assert [b["name"] for b in tenant["branches"]] == ["main"]
+    assert HEX32.match(tenant["branches"][0]["timeline_id"])
     assert [(s["name"], s["kind"]) for s in ct["services"]] == [
         ("sk1", "safekeeper"), ("sk2", "safekeeper"), ("sk3", "safekeeper"), ("pageserver", "pageserver"),
         ("controller", "controller")]
@@ -71,7 +74,7 @@ def test_init_writes_every_config(cluster_factory):
     # The storage controller places the tenant on the pageserver.
     assert ps["controller"] is True
     ctl = c.service_config("controller")
-    assert ctl["tenants"] == [ct["tenant_id"]]
+    assert ctl["tenants"] == [tenant["tenant_id"]]
     assert ctl["pageservers"] == [{"name": "pageserver", "pg": ps["listen_pg"], "http": ps["listen_http"],
                                    "site": "local"}]
     assert ctl["listen_http"] == f"127.0.0.1:{by_name['controller']['ports']['http']}"
@@ -154,7 +157,7 @@ def test_start_and_status(cluster):
 
     [tl] = st["timelines"]
     assert tl["branch"] == "main"
-    assert tl["tenant_id"] == cluster.cluster_toml["tenant_id"]
+    assert tl["tenant_id"] == cluster.tenant_id()
     assert tl["timeline_id"] == cluster.cluster_toml["branches"][0]["timeline_id"]
     ps = tl["pageserver"]
     assert ps is not None and ps["state"] == "active", ps
@@ -255,7 +258,7 @@ def test_two_clusters_side_by_side(cluster_factory):
     a = cluster_factory()
     b = cluster_factory()
     assert not set(all_ports(a)) & set(all_ports(b))
-    assert a.cluster_toml["tenant_id"] != b.cluster_toml["tenant_id"]
+    assert a.tenant_id() != b.tenant_id()
     assert set(states(a.status()).values()) == {"running"}
     assert set(states(b.status()).values()) == {"running"}
     a.stop()

@@ -53,7 +53,7 @@ def test_objects_are_sealed_and_a_flipped_byte_is_refused(cluster_factory):
     # The services' disks hold the marker in plaintext: the scan below would see it.
     local = files_under(ps.timeline_dir) + files_under(cluster.data_dir("sk1"))
     assert containing(local, MARKER.encode()), "the marker is on no service's disk: the check proves nothing"
-    tenant = cluster.cluster_toml["tenant_id"]
+    tenant = cluster.tenant_id()
     objects = files_under(store / "tenants" / tenant) + files_under(store / "wal" / tenant)
     layers = [p for p in objects if "/timelines/" in p.as_posix() and not p.name.startswith("index-")]
     indexes = [p for p in objects if p.name.startswith("index-")]

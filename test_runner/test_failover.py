@@ -68,7 +68,7 @@ def two_pageservers(cluster_factory, remote: dict | None = None):
     cluster.run("timeline", "checkpoint")
     attached, generation, secondaries = placement(cluster)
     assert (attached, generation, secondaries) == ("pageserver", 1, ["pageserver2"])
-    tenant = cluster.cluster_toml["tenant_id"]
+    tenant = cluster.tenant_id()
     wait_until("the secondary warm", lambda: locations(cluster, "pageserver2")[tenant]["local_layers"] > 0
                or None, timeout=60)
     ep.restart()

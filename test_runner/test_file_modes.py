@@ -84,7 +84,7 @@ def test_what_the_services_write_is_private_to_their_owner(cluster):
     finally:
         ps.close()
     workdir = cluster.workdir.resolve()
-    tenant = cluster.cluster_toml["tenant_id"]
+    tenant = cluster.tenant_id()
     remote = cluster.service_config("pageserver")["remote_storage"]
     store = Path(remote["path"]) if remote["type"] == "local" else None
     if store is not None:

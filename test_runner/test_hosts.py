@@ -458,7 +458,7 @@ def test_the_attached_pageservers_host_cut_off_fails_over_and_returns_demoted(st
             placement = lambda: (lambda t: (t["attached"], t["generation"], t["secondaries"]))(  # noqa: E731
                 hosted.status()["timelines"][0])
             assert placement() == ("pageserver", 1, ["pageserver2"])
-            tenant = hosted.cluster.cluster_toml["tenant_id"]
+            tenant = hosted.cluster.tenant_id()
 
             def mode(ps: str):
                 code, body = hosted.http(ps, "GET", "/v1/status")

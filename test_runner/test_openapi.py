@@ -600,7 +600,7 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
     c = Checker(cluster, specs)
     c.add_server("node", "node", node)
     c.add_server("link-proxy", "link-proxy", link_proxy)
-    tenant = cluster.cluster_toml["tenant_id"]
+    tenant = cluster.tenant_id()
     timeline = cluster.timeline_id()
     missing = uuid.uuid4().hex  # a timeline (or tenant) no service holds
     ids = {"tenant": tenant, "timeline": timeline}

@@ -78,7 +78,7 @@ def refused_for_limit(address: str, tenant: str, timeline: str, token: str) -> p
 
 def test_one_tenant_cannot_hold_every_page_service_connection(cluster_factory):
     c = cluster_factory(start=False)
-    t1, l1 = c.cluster_toml["tenant_id"], c.timeline_id("main")
+    t1, l1 = c.tenant_id(), c.timeline_id("main")
     t2, l2 = uuid.uuid4().hex, uuid.uuid4().hex
     c.configure("pageserver", {"max_connections_per_tenant": LIMIT})
     placed = c.service_config("controller")["tenants"]

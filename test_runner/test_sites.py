@@ -402,7 +402,7 @@ def test_promoting_dc2_under_local_quorum_reports_dc1s_tail_and_fences_its_write
     assert len(missing) <= txns, (len(missing), txns)
     assert not (on_dc2 - acked - writers.in_doubt), "dc2 has commits nobody attempted"
     # The branches: main goes on in a new timeline, dc1's history is kept.
-    branches = {b["name"]: b for b in cluster.cluster_toml["branches"]}
+    branches = {b["name"]: b for b in cluster.tenant()["branches"]}
     divergent = f"main-divergent-{f:X}"
     assert branches[divergent]["divergent"]["continued_as"] == "main"
     assert branches["main"]["parent"] == divergent
@@ -457,7 +457,7 @@ def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_fa
     cut(cluster, heal=True)
     cluster.run("start")
     # dc1's safekeepers seal the old timeline as soon as they hear from sk3.
-    divergent = next(b["name"] for b in cluster.cluster_toml["branches"] if b.get("divergent"))
+    divergent = next(b["name"] for b in cluster.tenant()["branches"] if b.get("divergent"))
     for sk in ("sk1", "sk2"):
         wait_until(f"{sk} to adopt the seal from its peer",
                    lambda sk=sk: cluster.timeline_status(sk, divergent)["sealed"], timeout=30)

@@ -74,7 +74,7 @@ def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory, pg
 
     # The safekeepers' PostgreSQL-protocol service negotiates TLS in its
     # protocol (SSLRequest) and takes no client without it.
-    tenant, timeline = c.cluster_toml["tenant_id"], c.timeline_id()
+    tenant, timeline = c.tenant_id(), c.timeline_id()
     for s in c.cluster_toml["services"]:
         if not s["name"].startswith("sk"):
             continue
@@ -171,7 +171,7 @@ def test_the_replication_service_takes_nothing_sent_before_its_tls_handshake(clu
     assert refused[:1] == b"E" and b"requires TLS" in refused, refused
     # And a real client is still served.
     conn = (f"host=127.0.0.1 port={port} user=strata dbname=replication replication=true sslmode=verify-full "
-            f"sslrootcert={c.ca} options='-c strata.timeline={c.cluster_toml['tenant_id']}/{c.timeline_id()}'")
+            f"sslrootcert={c.ca} options='-c strata.timeline={c.tenant_id()}/{c.timeline_id()}'")
     r = subprocess.run([str(pg_bin_dir / "psql"), "-X", "-w", "-At", "-d", conn, "-c", "IDENTIFY_SYSTEM"],
                        env={"PATH": os.environ.get("PATH", ""), "PGPASSWORD": c.token}, capture_output=True,
                        text=True, timeout=30, stdin=subprocess.DEVNULL)

@@ -33,7 +33,7 @@ SAFEKEEPERS = ("sk1", "sk2", "sk3")
 
 
 def wal_dir(cluster) -> Path:
-    return cluster.workdir / "remote_storage" / "wal" / cluster.cluster_toml["tenant_id"] / cluster.timeline_id()
+    return cluster.workdir / "remote_storage" / "wal" / cluster.tenant_id() / cluster.timeline_id()
 
 
 def check_offloaded(cluster, upto: int) -> dict[int, int]:
@@ -145,7 +145,7 @@ def test_another_safekeeper_takes_over_when_the_offloader_is_killed(cluster):
 
 
 def local_segments(cluster, name: str) -> list[str]:
-    d = cluster.data_dir(name) / cluster.cluster_toml["tenant_id"] / cluster.timeline_id()
+    d = cluster.data_dir(name) / cluster.tenant_id() / cluster.timeline_id()
     return sorted(p.name for p in d.iterdir() if len(p.name) == 24)
 
 
@@ -378,7 +378,7 @@ def test_a_safekeeper_far_behind_recovers_what_its_peers_removed_from_object_sto
     assert recovered >= 2, recovered
     assert "recovering WAL the peer removed from object storage" in cluster.log("sk3")
     # sk3's copy of what it recovered is the offloaded segment, byte for byte.
-    sk3_dir = cluster.data_dir("sk3") / cluster.cluster_toml["tenant_id"] / cluster.timeline_id()
+    sk3_dir = cluster.data_dir("sk3") / cluster.tenant_id() / cluster.timeline_id()
     compared = 0
     for name in local_segments(cluster, "sk3"):
         offloaded = wal_dir(cluster) / name
@@ -493,7 +493,7 @@ def test_wal_restore_tells_a_missing_segment_from_a_damaged_one(cluster, strata_
         out = tmp_path / "restored"
         out.unlink(missing_ok=True)
         return subprocess.run([str(strata_bin), "wal", "restore", "--config",
-                               str(config or cluster.service_config_path("sk1")), "--tenant-id", ct["tenant_id"],
+                               str(config or cluster.service_config_path("sk1")), "--tenant-id", cluster.tenant_id(),
                                "--timeline-id", cluster.timeline_id(), segment, str(out)],
                               capture_output=True, text=True, timeout=120)
 

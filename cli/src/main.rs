@@ -72,6 +72,9 @@ enum Command {
     /// Computes (PostgreSQL + agent) of the local cluster.
     #[command(subcommand)]
     Endpoint(cluster::EndpointCommand),
+    /// Tenants of the cluster: each a PostgreSQL cluster of its own, with its branches and endpoints.
+    #[command(subcommand)]
+    Tenant(cluster::TenantCommand),
     /// Branches of the local cluster: a new database at any point of another, in milliseconds.
     #[command(subcommand)]
     Branch(cluster::BranchCommand),
@@ -214,6 +217,7 @@ fn main() {
         Command::Timeline(cmd) => cluster::timeline(cmd),
         Command::Site(cmd) => cluster::site(cmd),
         Command::Branch(cmd) => cluster::branch(cmd),
+        Command::Tenant(cmd) => cluster::tenant(cmd),
         Command::Auth(cmd) => cluster::auth(cmd),
         Command::Supervise(args) => supervise::run(args),
         Command::Node(args) => cluster::node(args),

@@ -10,7 +10,7 @@ use strata_protocol::api::safekeeper;
 use strata_protocol::TimelineId;
 
 use super::error::{failed, Error, Result};
-use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Kind, Workdir, CLUSTER_FILE, MAIN_BRANCH};
+use super::layout::{update_cluster, Branch, Kind, Tenant, Workdir, MAIN_BRANCH};
 use super::report::{EndpointEvent, Progress};
 use super::{endpoint, http, services};
 use crate::limits::{BRANCH_CREATE_TIMEOUT, QUICK};
@@ -35,8 +35,8 @@ fn check_name(name: &str) -> Result<()> {
 /// and the safekeepers learn that LSN a moment later (with the next append,
 /// or after the proposer's commit update delay), so a branch made right
 /// after a commit would otherwise begin before it.
-fn newest_commit(wd: &Workdir, branch: &Branch) -> Result<Option<Lsn>> {
-    let (tenant, timeline) = (wd.cluster.tenant_id, branch.timeline_id);
+fn newest_commit(wd: &Workdir, t: &Tenant, branch: &Branch) -> Result<Option<Lsn>> {
+    let (tenant, timeline) = (t.tenant_id, branch.timeline_id);
     let from_safekeepers = wd.cluster.of_kind(Kind::Safekeeper).filter(|s| services::is_up(wd, s)).filter_map(|s| {
         let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
         let r = http::get(&url, QUICK).ok().filter(|r| r.status == 200)?;
@@ -44,7 +44,7 @@ fn newest_commit(wd: &Workdir, branch: &Branch) -> Result<Option<Lsn>> {
     });
     let from_proposers = endpoint::inventory(wd)?
         .into_iter()
-        .filter(|r| r.file.branch == branch.name && r.state != "stopped")
+        .filter(|r| r.file.tenant == t.name && r.file.branch == branch.name && r.state != "stopped")
         .filter_map(|r| endpoint::compute_status_of(wd, r.file))
         .map(|s| s.proposer.commit_lsn)
         .filter(|lsn| *lsn != Lsn::INVALID);
@@ -80,6 +80,7 @@ pub struct BranchPoint<'a> {
 /// reports the new timeline's creation on the safekeepers.
 pub fn create(
     wd: &Workdir,
+    tenant: &str,
     name: &str,
     from: Option<&str>,
     point: BranchPoint<'_>,
@@ -87,15 +88,15 @@ pub fn create(
 ) -> Result<BranchCreated> {
     let BranchPoint { at, at_time } = point;
     check_name(name)?;
-    if wd.cluster.branch(name).is_some() {
+    let t = wd.cluster.tenant_named(tenant)?;
+    if t.branch(name).is_some() {
         return failed(format!("a branch named {name:?} exists"));
     }
     let parent_name = from.unwrap_or(MAIN_BRANCH);
-    let Some(parent) = wd.cluster.branch(parent_name).cloned() else {
-        let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
-        return failed(format!("no branch named {parent_name:?} (branches: {})", known.join(", ")));
+    let Some(parent) = t.branch(parent_name).cloned() else {
+        return failed(format!("no branch named {parent_name:?} (branches: {})", t.branch_names()));
     };
-    let ps = super::controller::attached(wd)?;
+    let ps = super::controller::attached(wd, t.tenant_id)?;
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running (start it with `strata start`)", ps.name));
     }
@@ -111,7 +112,7 @@ pub fn create(
         (Some(lsn), None) => {
             let lsn: Lsn = lsn.parse().map_err(|e| Error::Usage(format!("--at {lsn:?}: {e}")))?;
             // Said at once rather than after the pageserver's wait for it.
-            if let Some(newest) = newest_commit(wd, &parent)?.filter(|n| lsn > *n) {
+            if let Some(newest) = newest_commit(wd, t, &parent)?.filter(|n| lsn > *n) {
                 return failed(format!("{lsn} is in the future: the newest commit of {parent_name} is {newest}"));
             }
             body.ancestor_lsn = Some(lsn);
@@ -120,10 +121,10 @@ pub fn create(
         // The parent's newest commit: what its safekeepers hold committed
         // (the pageserver waits until it has ingested it).
         (None, None) => {
-            body.ancestor_lsn = newest_commit(wd, &parent)?;
+            body.ancestor_lsn = newest_commit(wd, t, &parent)?;
         }
     }
-    let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), wd.cluster.tenant_id);
+    let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), t.tenant_id);
     let r = http::post(&url, &body, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 201 {
         return failed(format!("branch {name}: {} (HTTP {})", r.error_text(), r.status));
@@ -133,20 +134,22 @@ pub fn create(
         .map_err(|e| Error::Failed(format!("{}: the new timeline: {e}", ps.name)))?
         .start_lsn;
 
-    let path = wd.root.join(CLUSTER_FILE);
-    let mut cluster: ClusterFile = read_toml(&path)?;
-    cluster.branches.push(Branch {
-        name: name.to_string(),
-        timeline_id,
-        parent: Some(parent_name.to_string()),
-        ancestor_lsn: Some(start),
-        // A branch's WAL is placed as its parent's.
-        placement: parent.placement.clone(),
-        divergent: None,
-    });
-    save_cluster(&wd.root, &mut cluster)?;
+    update_cluster(&wd.root, |cluster| {
+        let t = cluster.tenant_mut(tenant).ok_or_else(|| Error::Failed(format!("tenant {tenant} was deleted")))?;
+        t.branches.push(Branch {
+            name: name.to_string(),
+            timeline_id,
+            parent: Some(parent_name.to_string()),
+            ancestor_lsn: Some(start),
+            // A branch's WAL is placed as its parent's.
+            placement: parent.placement.clone(),
+            divergent: None,
+        });
+        Ok(())
+    })?;
     // Its WAL timeline on every running safekeeper (the others get it at `strata start`).
-    services::ensure_timelines(&Workdir::open(&wd.root)?, progress)?;
+    let wd = Workdir::open(&wd.root)?;
+    services::ensure_tenant(&wd, wd.cluster.tenant_named(tenant)?, progress)?;
     Ok(BranchCreated { name: name.into(), timeline: timeline_id, parent: parent_name.into(), start })
 }
 
@@ -168,20 +171,27 @@ impl std::fmt::Display for BranchDeleted {
 /// it). The branch's timeline goes from the pageserver and every
 /// safekeeper (all must run), its endpoints' directories with it; reports
 /// the endpoints stopped and removed.
-pub fn delete(wd: &Workdir, name: &str, force: bool, progress: &mut dyn Progress) -> Result<BranchDeleted> {
-    let Some(b) = wd.cluster.branch(name).cloned() else {
+pub fn delete(
+    wd: &Workdir,
+    tenant: &str,
+    name: &str,
+    force: bool,
+    progress: &mut dyn Progress,
+) -> Result<BranchDeleted> {
+    let t = wd.cluster.tenant_named(tenant)?;
+    let Some(b) = t.branch(name).cloned() else {
         return failed(format!("no branch named {name:?}"));
     };
     if b.parent.is_none() {
         return failed(format!("{name} is the tenant's first branch; every other branch descends from it"));
     }
     let children: Vec<&str> =
-        wd.cluster.branches.iter().filter(|c| c.parent.as_deref() == Some(name)).map(|c| c.name.as_str()).collect();
+        t.branches.iter().filter(|c| c.parent.as_deref() == Some(name)).map(|c| c.name.as_str()).collect();
     if !children.is_empty() {
         return failed(format!("branch {name} has branches ({}); delete them first", children.join(", ")));
     }
     let on: Vec<endpoint::EndpointRecord> =
-        endpoint::inventory(wd)?.into_iter().filter(|e| e.file.branch == name).collect();
+        endpoint::inventory(wd)?.into_iter().filter(|e| e.file.tenant == tenant && e.file.branch == name).collect();
     for ep in &on {
         if ep.state != "stopped" && !force {
             return failed(format!(
@@ -200,9 +210,9 @@ pub fn delete(wd: &Workdir, name: &str, force: bool, progress: &mut dyn Progress
         endpoint::remove(wd, &ep.file, progress)?;
         progress.tell(EndpointEvent::Removed { endpoint: ep.file.name.clone() });
     }
-    let tenant = wd.cluster.tenant_id;
-    let ps = super::controller::attached(wd)?;
-    let url = format!("{}/v1/tenant/{tenant}/timeline/{}", ps.http_url(), b.timeline_id);
+    let tenant_id = t.tenant_id;
+    let ps = super::controller::attached(wd, tenant_id)?;
+    let url = format!("{}/v1/tenant/{tenant_id}/timeline/{}", ps.http_url(), b.timeline_id);
     let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 200 && r.status != 404 {
         return failed(format!(
@@ -214,7 +224,7 @@ pub fn delete(wd: &Workdir, name: &str, force: bool, progress: &mut dyn Progress
         ));
     }
     for sk in wd.cluster.of_kind(Kind::Safekeeper) {
-        let url = format!("{}/v1/tenant/{tenant}/timeline/{}", sk.http_url(), b.timeline_id);
+        let url = format!("{}/v1/tenant/{tenant_id}/timeline/{}", sk.http_url(), b.timeline_id);
         let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
         if r.status != 200 && r.status != 404 {
             return failed(format!(
@@ -226,19 +236,19 @@ pub fn delete(wd: &Workdir, name: &str, force: bool, progress: &mut dyn Progress
             ));
         }
     }
-    let path = wd.root.join(CLUSTER_FILE);
-    let mut cluster: ClusterFile = read_toml(&path)?;
-    cluster.branches.retain(|x| x.name != name);
-    save_cluster(&wd.root, &mut cluster)?;
+    update_cluster(&wd.root, |cluster| {
+        if let Some(t) = cluster.tenant_mut(tenant) {
+            t.branches.retain(|x| x.name != name);
+        }
+        Ok(())
+    })?;
     Ok(BranchDeleted { name: name.into(), timeline: b.timeline_id })
 }
 
 /// One branch as `branch list` shows it.
-fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::EndpointRecord]) -> BranchInfo {
-    let status = super::controller::attached_now(wd)
-        .map(|ps| {
-            format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), wd.cluster.tenant_id, b.timeline_id)
-        })
+fn describe(wd: &Workdir, t: &Tenant, b: &Branch, endpoints: &[endpoint::EndpointRecord]) -> BranchInfo {
+    let status = super::controller::attached_now(wd, t.tenant_id)
+        .map(|ps| format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), t.tenant_id, b.timeline_id))
         .and_then(|url| http::get(&url, QUICK).ok())
         .filter(|r| r.status == 200)
         .and_then(|r| r.json::<pageserver::TimelineStatus>().ok());
@@ -249,7 +259,11 @@ fn describe(wd: &Workdir, b: &Branch, endpoints: &[endpoint::EndpointRecord]) ->
         ancestor_lsn: b.ancestor_lsn,
         last_record_lsn: status.as_ref().map(|s| s.last_record_lsn),
         logical_size: status.as_ref().and_then(|s| s.logical_size),
-        endpoints: endpoints.iter().filter(|e| e.file.branch == b.name).map(|e| e.file.name.clone()).collect(),
+        endpoints: endpoints
+            .iter()
+            .filter(|e| e.file.tenant == t.name && e.file.branch == b.name)
+            .map(|e| e.file.name.clone())
+            .collect(),
     }
 }
 
@@ -291,24 +305,26 @@ impl std::fmt::Display for BranchList {
 }
 
 /// `strata branch list [--json]`: the tree of branches.
-pub fn list(wd: &Workdir) -> Result<BranchList> {
+pub fn list(wd: &Workdir, tenant: &str) -> Result<BranchList> {
+    let t = wd.cluster.tenant_named(tenant)?;
     let endpoints = endpoint::inventory(wd)?;
     let mut rows = Vec::new();
     // Depth-first from `main`, children in creation order.
     fn walk(
         wd: &Workdir,
+        t: &Tenant,
         name: &str,
         depth: usize,
         endpoints: &[endpoint::EndpointRecord],
         rows: &mut Vec<(usize, BranchInfo)>,
     ) {
-        let Some(b) = wd.cluster.branch(name) else { return };
-        rows.push((depth, describe(wd, b, endpoints)));
-        for child in wd.cluster.branches.iter().filter(|c| c.parent.as_deref() == Some(name)) {
-            walk(wd, &child.name, depth + 1, endpoints, rows);
+        let Some(b) = t.branch(name) else { return };
+        rows.push((depth, describe(wd, t, b, endpoints)));
+        for child in t.branches.iter().filter(|c| c.parent.as_deref() == Some(name)) {
+            walk(wd, t, &child.name, depth + 1, endpoints, rows);
         }
     }
-    walk(wd, MAIN_BRANCH, 0, &endpoints, &mut rows);
+    walk(wd, t, MAIN_BRANCH, 0, &endpoints, &mut rows);
     Ok(BranchList { rows })
 }
 

@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use strata_protocol::api::controller::{AttachmentInfo, ControllerStatus};
+use strata_protocol::api::controller::{AttachmentInfo, ControllerStatus, TenantDeleted};
 use strata_protocol::api::pageserver::{LocationMode, PageserverStatus};
+use strata_protocol::TenantId;
 
 use super::error::{failed, Error, Result};
 use super::http;
@@ -18,23 +19,27 @@ fn controllers(wd: &Workdir) -> Vec<&Service> {
     wd.cluster.of_kind(Kind::Controller).collect()
 }
 
-/// Where the tenant is attached: asked of each controller in turn (a
+/// Where `tenant` is attached: asked of each controller in turn (a
 /// follower answers from its copy of the state), waiting up to `wait` for
 /// one that knows.
-pub fn attachment(wd: &Workdir, wait: Duration) -> Result<(&Service, AttachmentInfo)> {
-    attachment_for(wd, wait, None)
+pub fn attachment(wd: &Workdir, tenant: TenantId, wait: Duration) -> Result<(&Service, AttachmentInfo)> {
+    attachment_for(wd, tenant, wait, None)
 }
 
 /// The reader of `site` (`docs/sites.md`), if the controllers have one
 /// there, online and loaded; otherwise replicas read the attached pageserver.
-pub fn site_reader<'a>(wd: &'a Workdir, site: &str) -> Option<&'a Service> {
-    let (ps, info) = attachment_for(wd, Duration::ZERO, Some(site)).ok()?;
+pub fn site_reader<'a>(wd: &'a Workdir, tenant: TenantId, site: &str) -> Option<&'a Service> {
+    let (ps, info) = attachment_for(wd, tenant, Duration::ZERO, Some(site)).ok()?;
     info.reader.then_some(ps)
 }
 
 /// [`attachment`], or with `site` that site's reader if it has one.
-fn attachment_for<'a>(wd: &'a Workdir, wait: Duration, site: Option<&str>) -> Result<(&'a Service, AttachmentInfo)> {
-    let tenant = wd.cluster.tenant_id;
+fn attachment_for<'a>(
+    wd: &'a Workdir,
+    tenant: TenantId,
+    wait: Duration,
+    site: Option<&str>,
+) -> Result<(&'a Service, AttachmentInfo)> {
     let deadline = Instant::now() + wait;
     let mut last = String::from("no controller answered");
     let query = site.map(|s| format!("?site={s}")).unwrap_or_default();
@@ -69,10 +74,9 @@ fn attachment_for<'a>(wd: &'a Workdir, wait: Duration, site: Option<&str>) -> Re
 /// (the controller records a placement before it tells the pageserver). A
 /// pageserver that does not answer is returned at once: the callers say
 /// it is not running.
-pub fn attached(wd: &Workdir) -> Result<&Service> {
-    let (ps, info) = attachment(wd, ATTACH_WAIT)?;
+pub fn attached(wd: &Workdir, tenant: TenantId) -> Result<&Service> {
+    let (ps, info) = attachment(wd, tenant, ATTACH_WAIT)?;
     let deadline = Instant::now() + ATTACH_WAIT;
-    let tenant = wd.cluster.tenant_id;
     let mut poll = Poll::every(ATTACH_POLL);
     loop {
         let status = match http::get(&format!("{}/v1/status", ps.http_url()), QUICK) {
@@ -101,8 +105,8 @@ pub fn attached(wd: &Workdir) -> Result<&Service> {
 
 /// The pageserver that serves the tenant, if a controller says so at once
 /// (for status pages, which must not wait).
-pub fn attached_now(wd: &Workdir) -> Option<&Service> {
-    attachment(wd, Duration::ZERO).ok().map(|(s, _)| s)
+pub fn attached_now(wd: &Workdir, tenant: TenantId) -> Option<&Service> {
+    attachment(wd, tenant, Duration::ZERO).ok().map(|(s, _)| s)
 }
 
 /// The status of the first controller that answers, leaders first.
@@ -115,6 +119,49 @@ pub fn status(wd: &Workdir) -> Option<ControllerStatus> {
         .collect();
     let leader = all.iter().position(|s| s.leader);
     leader.map(|i| all[i].clone()).or_else(|| all.into_iter().max_by_key(|s| s.state.as_ref().map(|x| x.version)))
+}
+
+/// Asks the controllers, until one (the leader) takes it or
+/// [`ATTACH_WAIT`] passes: the answer of the one that took it.
+fn to_leader(wd: &Workdir, what: &str, call: impl Fn(&Service) -> Result<http::Reply>) -> Result<http::Reply> {
+    let deadline = Instant::now() + ATTACH_WAIT;
+    loop {
+        let mut last = String::new();
+        for c in controllers(wd) {
+            match call(c) {
+                Ok(r) if (200..300).contains(&r.status) => return Ok(r),
+                Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
+                Err(e) => last = format!("{}: {e}", c.name),
+            }
+        }
+        if Instant::now() >= deadline {
+            return failed(format!("no controller took {what} ({last})"));
+        }
+        std::thread::sleep(CONTROLLER_ACTION_POLL);
+    }
+}
+
+/// Has the leading controller place `tenant` (idempotent): a new tenant
+/// is attached within a decision round.
+pub fn register(wd: &Workdir, tenant: TenantId) -> Result<()> {
+    let what = format!("the registration of tenant {tenant}");
+    to_leader(wd, &what, |c| {
+        let url = format!("{}/v1/tenant/{tenant}", c.http_url());
+        http::put(&url, &serde_json::json!({}), QUICK).map_err(|e| Error::Failed(e.to_string()))
+    })?;
+    Ok(())
+}
+
+/// Has the leading controller forget `tenant` (idempotent): its
+/// pageservers are told to detach it. Its answer: the pageservers that
+/// still hold a location of it, and those not online.
+pub fn forget(wd: &Workdir, tenant: TenantId) -> Result<TenantDeleted> {
+    let what = format!("the deletion of tenant {tenant}");
+    let reply = to_leader(wd, &what, |c| {
+        let url = format!("{}/v1/tenant/{tenant}", c.http_url());
+        http::delete(&url, QUICK).map_err(|e| Error::Failed(e.to_string()))
+    })?;
+    reply.json().map_err(|e| Error::Failed(format!("{what}: {e}")))
 }
 
 /// `strata pageserver drain|fill NAME` (and `lost`, in a site failover):

@@ -14,7 +14,7 @@ use strata_protocol::api::pageserver::LsnResponse;
 use strata_service::auth::{Claims, Scope};
 
 use super::error::{failed, Error, Result};
-use super::layout::{self, Kind, Workdir, LOCAL_HOST, LOOPBACK, MAIN_BRANCH};
+use super::layout::{self, Kind, Tenant, Workdir, LOCAL_HOST, LOOPBACK, MAIN_BRANCH};
 use super::options::AgentOptions;
 use super::process::{self, Identity};
 use super::report::{EndpointEvent, Event, Notice, Progress, StopReport};
@@ -43,10 +43,14 @@ const COMPUTE_KEY_FILE: &str = "tls.key";
 #[serde(deny_unknown_fields)]
 pub struct EndpointFile {
     pub name: String,
+    /// The tenant whose branch it runs on (endpoints from before tenants
+    /// are of the default one).
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     /// The host it runs on (`cluster.toml`).
     #[serde(default = "local_host")]
     pub host: String,
-    /// The branch (name in `cluster.toml`) it runs on.
+    /// The branch (name in the tenant's `cluster.toml` entry) it runs on.
     pub branch: String,
     /// PostgreSQL's port, on 127.0.0.1 and on its host's address.
     pub pg_port: u16,
@@ -77,6 +81,10 @@ pub struct EndpointFile {
 
 fn local_host() -> String {
     LOCAL_HOST.into()
+}
+
+fn default_tenant() -> String {
+    layout::DEFAULT_TENANT.into()
 }
 
 impl EndpointFile {
@@ -216,16 +224,16 @@ fn ensure_password(ep: &Endpoint, given: Option<&str>) -> Result<String> {
 
 /// The LSN of `--at`: an LSN as given, or the branch's point at a time
 /// (after every commit stamped by then), as the pageserver resolves it.
-fn resolve_point(wd: &Workdir, branch: &layout::Branch, at: &str) -> Result<strata_formats::Lsn> {
+fn resolve_point(wd: &Workdir, t: &Tenant, branch: &layout::Branch, at: &str) -> Result<strata_formats::Lsn> {
     if let Ok(lsn) = at.parse::<strata_formats::Lsn>() {
         return Ok(lsn);
     }
     let time = super::options::parse_time(at, "--at")?;
-    let ps = super::controller::attached(wd)?;
+    let ps = super::controller::attached(wd, t.tenant_id)?;
     let url = format!(
         "{}/v1/tenant/{}/timeline/{}/lsn_by_time?time={}",
         ps.http_url(),
-        wd.cluster.tenant_id,
+        t.tenant_id,
         branch.timeline_id,
         time.replace('+', "%2B")
     );
@@ -376,6 +384,9 @@ pub fn remove(wd: &Workdir, file: &EndpointFile, progress: &mut dyn Progress) ->
 pub struct LaunchRequest {
     pub name: String,
     pub host: String,
+    /// The tenant (name and id) of its branch.
+    pub tenant: String,
+    pub tenant_id: strata_protocol::TenantId,
     pub branch: String,
     pub timeline_id: strata_protocol::TimelineId,
     pub read_only_at: Option<strata_formats::Lsn>,
@@ -421,6 +432,8 @@ pub struct ReplicaLaunch {
 /// What `strata endpoint start` was asked besides the name.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StartOptions<'a> {
+    /// `--tenant` (default: the endpoint's, a replica's writer's, else the default tenant).
+    pub tenant: Option<&'a str>,
     pub branch: Option<&'a str>,
     pub port: Option<u16>,
     /// `--at`: a read-only endpoint at this point.
@@ -463,8 +476,8 @@ pub fn password_of(wd: &Workdir, name: &str) -> Result<Password> {
 /// The password of the branch's writer, wherever it runs: a replica or a
 /// read-only endpoint logs its clients in with it (the role's password
 /// is the writer's, replayed from its WAL).
-fn writer_password(wd: &Workdir, all: &[EndpointRecord], branch: &str, name: &str) -> Option<String> {
-    let writer = all.iter().find(|o| o.file.branch == branch && o.file.is_writer() && o.file.name != name)?;
+fn writer_password(wd: &Workdir, mine: &[EndpointRecord], branch: &str, name: &str) -> Option<String> {
+    let writer = mine.iter().find(|o| o.file.branch == branch && o.file.is_writer() && o.file.name != name)?;
     let host = hosts::host(wd, &writer.file.host).ok()?;
     if hosts::is_local(host) {
         return password_of(wd, &writer.file.name).ok()?.password;
@@ -505,9 +518,12 @@ pub fn start(
     progress: &mut dyn Progress,
 ) -> Result<()> {
     let all = inventory(wd)?;
+    let replica_of = replica_source(name, how, all.iter().find(|r| r.file.name == name))?;
+    let tenant = tenant_of(wd, name, how.tenant, &all, replica_of.as_deref())?;
+    // The tenant's endpoints: branch names mean something within a tenant only.
+    let all: Vec<EndpointRecord> = all.into_iter().filter(|r| r.file.tenant == tenant.name).collect();
     let old = all.iter().find(|r| r.file.name == name);
-    let replica_of = replica_source(name, how, old)?;
-    let (branch_name, branch) = branch_of(wd, name, how.branch, &all, old, replica_of.as_deref())?;
+    let (branch_name, branch) = branch_of(tenant, name, how.branch, &all, old, replica_of.as_deref())?;
     let target = target_host(wd, how, old)?;
     let moving = old.filter(|o| o.file.host != target.name);
     if let Some(o) = moving {
@@ -520,13 +536,13 @@ pub fn start(
     }
     // Read-only at a point given now, or as it was before.
     let read_only_at = match how.at {
-        Some(at) => Some(resolve_point(wd, &branch, at)?),
+        Some(at) => Some(resolve_point(wd, tenant, &branch, at)?),
         None => old.and_then(|o| o.file.read_only_at),
     };
     if read_only_at.is_none() && replica_of.is_none() {
         check_writer_may_start(name, &branch, &all, how.promote)?;
     }
-    check_storage_runs(wd, branch.placement.as_ref())?;
+    check_storage_runs(wd, tenant, branch.placement.as_ref())?;
     let writer_password = match replica_of.is_some() || read_only_at.is_some() {
         true => writer_password(wd, &all, &branch_name, name),
         false => None,
@@ -540,6 +556,8 @@ pub fn start(
     let req = LaunchRequest {
         name: name.into(),
         host: target.name.clone(),
+        tenant: tenant.name.clone(),
+        tenant_id: tenant.tenant_id,
         branch: branch_name,
         timeline_id: branch.timeline_id,
         read_only_at,
@@ -554,7 +572,7 @@ pub fn start(
             // propose WAL (`docs/security.md`, "Scopes"). It expires when
             // the controllers can renew it.
             let ttl = controllers_renew(wd).then_some(crate::limits::COMPUTE_TOKEN_TTL);
-            let claims = Claims::new(Scope::Tenant, Some(wd.cluster.tenant_id), ttl).for_timeline(branch.timeline_id);
+            let claims = Claims::new(Scope::Tenant, Some(tenant.tenant_id), ttl).for_timeline(branch.timeline_id);
             signer.sign(&if reads_only { claims.reading_only() } else { claims })
         }),
         compute_tls: super::certs::issue_compute(&wd.root, name, target.address)?,
@@ -589,10 +607,37 @@ fn replica_source(name: &str, how: &StartOptions<'_>, old: Option<&EndpointRecor
     Ok(replica_of)
 }
 
+/// The tenant an endpoint runs in: the one it ran in before, a replica's
+/// writer's, else the one asked for, else the default one; never another
+/// than it ran in.
+fn tenant_of<'a>(
+    wd: &'a Workdir,
+    name: &str,
+    asked: Option<&str>,
+    all: &[EndpointRecord],
+    replica_of: Option<&str>,
+) -> Result<&'a Tenant> {
+    let old = all.iter().find(|r| r.file.name == name).map(|r| r.file.tenant.as_str());
+    let writer = replica_of.and_then(|of| all.iter().find(|r| r.file.name == of)).map(|r| r.file.tenant.as_str());
+    let known = old.or(writer);
+    let tenant = match (asked, known) {
+        (Some(a), Some(k)) if a != k => {
+            let what = if old.is_some() { format!("endpoint {name}") } else { "its writer".to_string() };
+            return failed(format!("{what} runs in tenant {k}, not {a} (use a new endpoint name for another tenant)"));
+        }
+        (a, k) => a.or(k).unwrap_or(layout::DEFAULT_TENANT),
+    };
+    let t = wd.cluster.tenant_named(tenant)?;
+    if t.state != layout::TenantState::Active {
+        return failed(format!("tenant {tenant} is {}: it runs no endpoints", t.state.as_str()));
+    }
+    Ok(t)
+}
+
 /// The branch an endpoint runs on: its writer's for a replica, the one it
 /// ran on before, else the one asked for, else `main`.
 fn branch_of(
-    wd: &Workdir,
+    t: &Tenant,
     name: &str,
     asked: Option<&str>,
     all: &[EndpointRecord],
@@ -629,9 +674,10 @@ fn branch_of(
         (None, Some(o)) => o.file.branch.clone(),
         (None, None) => MAIN_BRANCH.to_string(),
     };
-    let Some(branch) = wd.cluster.branch(&branch_name).cloned() else {
-        let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
-        return failed(format!("no branch named {branch_name:?} (branches: {})", known.join(", ")));
+    let Some(branch) = t.branch(&branch_name).cloned() else {
+        return Err(
+            t.context(Error::Failed(format!("no branch named {branch_name:?} (branches: {})", t.branch_names())))
+        );
     };
     Ok((branch_name, branch))
 }
@@ -753,7 +799,8 @@ pub fn promote(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<
     }
     let writers: Vec<EndpointRecord> = all
         .iter()
-        .filter(|o| o.file.branch == record.file.branch && o.file.is_writer() && o.state != "stopped")
+        .filter(|o| o.file.tenant == record.file.tenant && o.file.branch == record.file.branch)
+        .filter(|o| o.file.is_writer() && o.state != "stopped")
         .cloned()
         .collect();
     stop(wd, name, true, progress)?;
@@ -847,8 +894,9 @@ fn write_agent_config(ep: &Endpoint, config: &AgentFile) -> Result<()> {
 /// (an agent without its supervisor is stopped, to start anew under one).
 fn check_relaunch(o: &Endpoint, req: &LaunchRequest, progress: &mut dyn Progress) -> Result<()> {
     let name = &req.name;
-    if o.file.branch != req.branch {
-        return failed(format!("endpoint {name} runs on branch {}, not {}", o.file.branch, req.branch));
+    if o.file.tenant != req.tenant || o.file.branch != req.branch {
+        let (was, now) = (format!("{}/{}", o.file.tenant, o.file.branch), format!("{}/{}", req.tenant, req.branch));
+        return failed(format!("endpoint {name} runs on branch {was}, not {now}"));
     }
     match o.supervised().liveness() {
         Liveness::Running { pid, supervisor: Some(_) } => {
@@ -872,7 +920,8 @@ fn check_one_writer_here(wd: &Workdir, req: &LaunchRequest) -> Result<()> {
         return Ok(());
     }
     for other in load_all(wd)? {
-        if other.file.is_writer() && other.file.name != req.name && other.file.branch == req.branch {
+        let same_branch = other.file.tenant == req.tenant && other.file.branch == req.branch;
+        if other.file.is_writer() && other.file.name != req.name && same_branch {
             let liveness = other.supervised().liveness();
             if let Some(pid) = liveness.pid().or(liveness.supervisor()) {
                 return failed(format!(
@@ -901,6 +950,7 @@ fn record(wd: &Workdir, req: &LaunchRequest, host: &layout::Host, old: Option<&E
         address: host.address,
         file: EndpointFile {
             name: name.into(),
+            tenant: req.tenant.clone(),
             host: host.name.clone(),
             branch: req.branch.clone(),
             pg_port,
@@ -929,15 +979,15 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
     let c = &wd.cluster;
     let site = host.site.as_str();
     let read_site = req.replica.as_ref().and_then(|r| r.site.as_deref());
-    let ps = match read_site.and_then(|s| super::controller::site_reader(wd, s)) {
+    let ps = match read_site.and_then(|s| super::controller::site_reader(wd, req.tenant_id, s)) {
         Some(reader) => reader,
-        None => super::controller::attached(wd)?,
+        None => super::controller::attached(wd, req.tenant_id)?,
     };
     let mut f = AgentFile::new(
         ep.pgdata(),
         ep.file.pg_port,
         c.safekeeper_addrs_from(site),
-        (c.tenant_id, req.timeline_id),
+        (req.tenant_id, req.timeline_id),
         c.addr_from(site, ps, "http").unwrap_or_default(),
         ep.password_file(),
     );
@@ -1062,7 +1112,11 @@ fn spawn_agent(wd: &Workdir, ep: &Endpoint, progress: &mut dyn Progress) -> Resu
 /// its placement (a majority of its home site's under `local-quorum`,
 /// which after a site failover is all that runs), a storage controller
 /// and the attached pageserver.
-fn check_storage_runs(wd: &Workdir, placement: Option<&strata_protocol::safekeeper::Placement>) -> Result<()> {
+fn check_storage_runs(
+    wd: &Workdir,
+    t: &Tenant,
+    placement: Option<&strata_protocol::safekeeper::Placement>,
+) -> Result<()> {
     let how = format!("start it with `strata start --workdir {}`", wd.root.display());
     if let Some(ps) = wd.cluster.of_kind(Kind::Pageserver).find(|s| !services::is_up(wd, s)) {
         if !wd.cluster.of_kind(Kind::Pageserver).any(|s| services::is_up(wd, s)) {
@@ -1072,7 +1126,7 @@ fn check_storage_runs(wd: &Workdir, placement: Option<&strata_protocol::safekeep
     if !wd.cluster.of_kind(Kind::Controller).any(|s| services::is_up(wd, s)) {
         return failed(format!("no storage controller is running; {how}"));
     }
-    let ps = super::controller::attached(wd)?;
+    let ps = super::controller::attached(wd, t.tenant_id)?;
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running; {how}", ps.name));
     }
@@ -1306,6 +1360,7 @@ mod tests {
     fn endpoint_file(lazy: bool) -> EndpointFile {
         EndpointFile {
             name: "e".into(),
+            tenant: layout::DEFAULT_TENANT.into(),
             host: LOCAL_HOST.into(),
             branch: "main".into(),
             pg_port: 5432,

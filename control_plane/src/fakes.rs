@@ -204,6 +204,8 @@ impl FakeServices {
                     }),
                 )
             }
+            // One tenant: registering it again changes nothing.
+            ("PUT", ["v1", "tenant", _]) => answer(200, serde_json::json!({})),
             ("POST", ["v1", "pageserver", name, "lost"]) => {
                 let name = name.to_string();
                 if !c.lost.contains(&name) {
@@ -399,17 +401,18 @@ fn split_url(url: &str) -> (String, String) {
 pub fn of_workdir(wd: &crate::layout::Workdir, lsn: Lsn) -> std::rc::Rc<FakeServices> {
     use crate::layout::Kind;
     let c = &wd.cluster;
-    let fake = FakeServices { tenant: Some(c.tenant_id), ..Default::default() };
+    let t = &c.tenants[0];
+    let fake = FakeServices { tenant: Some(t.tenant_id), ..Default::default() };
     for sk in c.of_kind(Kind::Safekeeper) {
         fake.safekeeper(&sk.http_url(), |s| {
-            for b in &c.branches {
+            for b in &t.branches {
                 s.timelines.insert(b.timeline_id, FakeTimeline::written(lsn));
             }
         });
     }
     for ps in c.of_kind(Kind::Pageserver) {
         fake.pageserver(&ps.http_url(), |p| {
-            for b in &c.branches {
+            for b in &t.branches {
                 p.timelines.insert(b.timeline_id, Lsn(0x0100_0000));
             }
         });

@@ -196,12 +196,12 @@ pub fn adopt(wd: &Workdir, spec: &Spec) -> Result<bool> {
     let Some(text) = spec.files.get(cluster_rel) else {
         return failed(format!("revision {}: no {}", spec.revision, cluster_rel.display()));
     };
-    let mut cluster: super::layout::ClusterFile =
-        toml::from_str(text).map_err(|e| Error::Failed(format!("revision {}: cluster.toml: {e}", spec.revision)))?;
-    if cluster.tenant_id != wd.cluster.tenant_id {
+    let mut cluster = super::layout::ClusterFile::parse(text)
+        .map_err(|e| Error::Failed(format!("revision {}: cluster.toml: {e}", spec.revision)))?;
+    if cluster.cluster_id != wd.cluster.cluster_id {
         return failed(format!(
-            "revision {} is of another cluster (tenant {}, not {})",
-            spec.revision, cluster.tenant_id, wd.cluster.tenant_id
+            "revision {} is of another cluster ({}, not {})",
+            spec.revision, cluster.cluster_id, wd.cluster.cluster_id
         ));
     }
     cluster.generation = cluster.generation.max(wd.cluster.generation);
@@ -396,7 +396,7 @@ mod tests {
         newer.revision = 5;
         let text = newer.files.get_mut(std::path::Path::new("cluster.toml")).unwrap();
         *text = text.replace("revision = 1", "revision = 5")
-            + "\n[[branches]]\nname = \"dev\"\ntimeline_id = \"00112233445566778899aabbccddeeff\"\n";
+            + "\n[[tenants.branches]]\nname = \"dev\"\ntimeline_id = \"00112233445566778899aabbccddeeff\"\n";
         let sk1 = PathBuf::from("sk1/safekeeper.toml");
         newer.files.insert(sk1.clone(), "# changed\n".to_string() + &newer.files[&sk1]);
 
@@ -415,7 +415,7 @@ mod tests {
         assert!(adopt(&here, &newer).unwrap());
         let now = Workdir::open(&a).unwrap();
         assert_eq!((now.cluster.revision, now.cluster.generation), (5, 3));
-        assert!(now.cluster.branch("dev").is_some());
+        assert!(now.cluster.tenants[0].branch("dev").is_some());
         assert!(std::fs::read_to_string(a.join(&sk1)).unwrap().starts_with("# changed"));
         // Not again, nor an older one.
         assert!(!adopt(&now, &newer).unwrap());

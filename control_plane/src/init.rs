@@ -23,8 +23,9 @@ use strata_service::ports;
 
 use super::error::{failed, Error, Result};
 use super::layout::{
-    create_private_dir, save_cluster, write_atomic, Branch, ClusterFile, Host, Kind, Route, Service, ATTACHMENTS_FILE,
-    CLUSTER_FILE, FORMAT_VERSION, INITDB_TEMPLATE_DIR, LOCAL_HOST, LOOPBACK, MAIN_BRANCH, REMOTE_STORAGE_DIR,
+    create_private_dir, save_cluster, write_atomic, Branch, ClusterFile, Host, Kind, Route, Service, Tenant,
+    TenantState, ATTACHMENTS_FILE, CLUSTER_FILE, DEFAULT_TENANT, FORMAT_VERSION, INITDB_TEMPLATE_DIR, LOCAL_HOST,
+    LOOPBACK, MAIN_BRANCH, REMOTE_STORAGE_DIR,
 };
 use super::options::InitOptions;
 use crate::limits::{MAX_SERVICES_OF_A_KIND, MAX_SITE_LATENCY_MS};
@@ -216,19 +217,24 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
     let mut cluster = ClusterFile {
         format_version: FORMAT_VERSION,
         revision: 0,
-        tenant_id,
+        cluster_id: TenantId::generate(),
         pg_bin_dir: args.pg_bin_dir.clone(),
         pg_user: args.pg_user.clone(),
         verify_redo: args.verify_redo,
         hosts,
         remote_storage: Some(remote_storage),
-        branches: vec![Branch {
-            name: MAIN_BRANCH.into(),
-            timeline_id: TimelineId::generate(),
-            parent: None,
-            ancestor_lsn: None,
-            placement: main_placement,
-            divergent: None,
+        tenants: vec![Tenant {
+            name: DEFAULT_TENANT.into(),
+            tenant_id,
+            state: TenantState::Active,
+            branches: vec![Branch {
+                name: MAIN_BRANCH.into(),
+                timeline_id: TimelineId::generate(),
+                parent: None,
+                ancestor_lsn: None,
+                placement: main_placement,
+                divergent: None,
+            }],
         }],
         services: out.services,
         routes,
@@ -683,7 +689,7 @@ mod tests {
         assert!(psc.controller, "the storage controller places the tenant");
         let cc = strata_controller::config::ControllerConfig::load(&wd.config_path(wd.service("controller").unwrap()))
             .unwrap();
-        assert_eq!(cc.tenants, vec![wd.cluster.tenant_id]);
+        assert_eq!(cc.tenants, vec![wd.cluster.tenants[0].tenant_id]);
         assert_eq!(cc.pageservers[0].http, ps.addr("http").unwrap());
         // Several pageservers: a controller beside each, every port distinct.
         let dir2 = tempdir("init2");
@@ -924,6 +930,33 @@ run = ["compute"]
     }
 
     #[test]
+    fn a_cluster_file_from_before_tenants_is_one_default_tenant() {
+        let dir = tempdir("v2");
+        init(&InitOptions::for_test(&dir, 1)).unwrap();
+        let now = Workdir::open(&dir).unwrap().cluster;
+        let text = fs::read_to_string(dir.join(CLUSTER_FILE)).unwrap();
+        let mut v2: toml::Table = toml::from_str(&text).unwrap();
+        v2.insert("format_version".into(), 2.into());
+        v2.remove("cluster_id");
+        let mut tenants = v2.remove("tenants").unwrap();
+        let t = tenants.as_array_mut().unwrap().remove(0);
+        v2.insert("tenant_id".into(), t["tenant_id"].clone());
+        v2.insert("branches".into(), t["branches"].clone());
+        fs::write(dir.join(CLUSTER_FILE), toml::to_string(&v2).unwrap()).unwrap();
+        let old = Workdir::open(&dir).unwrap().cluster;
+        assert_eq!(old.tenants, now.tenants);
+        assert_eq!(old.tenants[0].name, DEFAULT_TENANT);
+        // The cluster is named by its one tenant, as hosts' copies of it were.
+        assert_eq!(old.cluster_id, now.tenants[0].tenant_id);
+        // Written back in this version's format, the same cluster.
+        let mut again = old.clone();
+        save_cluster(&dir, &mut again).unwrap();
+        let reread = Workdir::open(&dir).unwrap().cluster;
+        assert_eq!((reread.format_version, &reread.tenants), (FORMAT_VERSION, &now.tenants));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_cluster_file_from_before_hosts_is_one_host_on_loopback() {
         let dir = tempdir("v1");
         init(&InitOptions::for_test(&dir, 1)).unwrap();
@@ -964,7 +997,7 @@ run = ["compute"]
             ]
         );
         assert_eq!(
-            c.branches[0].placement,
+            c.tenants[0].branches[0].placement,
             Some(strata_protocol::safekeeper::Placement::LocalQuorum {
                 home: "dc1".into(),
                 max_async_lag: strata_protocol::safekeeper::membership::DEFAULT_MAX_ASYNC_LAG,

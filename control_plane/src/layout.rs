@@ -16,8 +16,12 @@ use crate::limits::{LOCK_POLL, LOCK_WAIT};
 /// Name of the cluster description inside the workdir.
 pub const CLUSTER_FILE: &str = "cluster.toml";
 /// Version of the `cluster.toml` format written by this binary (version 1,
-/// from before hosts, is read as one host on loopback).
-pub const FORMAT_VERSION: u32 = 2;
+/// from before hosts, is read as one host on loopback; version 2, from
+/// before tenants, as one tenant named [`DEFAULT_TENANT`]).
+pub const FORMAT_VERSION: u32 = 3;
+/// The tenant every new cluster has, and the one a cluster from before
+/// tenants is read as; commands without `--tenant` use it.
+pub const DEFAULT_TENANT: &str = "default";
 /// The one host of a cluster made without `--hosts`.
 pub const LOCAL_HOST: &str = "local";
 /// The address of that host.
@@ -45,8 +49,9 @@ pub struct ClusterFile {
     /// hosts' copies converge on the highest (`docs/deployment.md`).
     #[serde(default)]
     pub revision: u64,
-    /// The tenant (one PostgreSQL cluster) every branch belongs to.
-    pub tenant_id: TenantId,
+    /// Names this cluster: hosts refuse a copy of another cluster's files.
+    /// For a cluster made before tenants, its one tenant's id.
+    pub cluster_id: TenantId,
     /// PostgreSQL 15 server binaries, for the pageserver's initdb and the computes.
     pub pg_bin_dir: PathBuf,
     /// Unprivileged user that runs initdb and PostgreSQL when Strata runs as root.
@@ -60,7 +65,9 @@ pub struct ClusterFile {
     /// The object storage of the pageserver and the safekeepers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_storage: Option<strata_remote_storage::RemoteStorageConfig>,
-    pub branches: Vec<Branch>,
+    /// Its tenants, each a PostgreSQL cluster of its own with its branches.
+    #[serde(default)]
+    pub tenants: Vec<Tenant>,
     pub services: Vec<Service>,
     /// The link proxy's routes between the sites of a local cluster
     /// (`docs/sites.md`): who in which site reaches which service's port
@@ -125,7 +132,79 @@ impl Route {
     }
 }
 
-/// A branch: a named timeline of the tenant.
+/// A tenant: one PostgreSQL cluster (one system identifier) with its branches.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    /// Unique in the cluster; a DNS label (endpoints' names are too).
+    pub name: String,
+    pub tenant_id: TenantId,
+    /// Where `strata tenant create` or `delete` got to, so that either
+    /// resumes after a crash; absent once created.
+    #[serde(default, skip_serializing_if = "TenantState::is_active")]
+    pub state: TenantState,
+    pub branches: Vec<Branch>,
+}
+
+impl Tenant {
+    /// A branch by name.
+    pub fn branch(&self, name: &str) -> Option<&Branch> {
+        self.branches.iter().find(|b| b.name == name)
+    }
+
+    /// How reports name one of its branches: `acme/dev`, or just `dev`
+    /// in the default tenant (as before there were tenants).
+    pub fn label(&self, branch: &str) -> String {
+        match self.name == DEFAULT_TENANT {
+            true => branch.to_string(),
+            false => format!("{}/{branch}", self.name),
+        }
+    }
+
+    /// `e` saying which tenant it is about (unless the default one).
+    pub fn context(&self, e: Error) -> Error {
+        match (self.name == DEFAULT_TENANT, e) {
+            (true, e) => e,
+            (false, Error::Usage(m)) => Error::Usage(format!("tenant {}: {m}", self.name)),
+            (false, e) => Error::Failed(format!("tenant {}: {e}", self.name)),
+        }
+    }
+
+    /// Its branches' names, for errors that list them.
+    pub fn branch_names(&self) -> String {
+        self.branches.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// A tenant's life cycle in `cluster.toml`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TenantState {
+    /// Recorded, but its storage may not all exist yet.
+    Creating,
+    #[default]
+    Active,
+    /// Being removed: its endpoints, placement, timelines and objects go,
+    /// then this entry.
+    Deleting,
+}
+
+impl TenantState {
+    fn is_active(&self) -> bool {
+        *self == TenantState::Active
+    }
+
+    /// How status pages show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TenantState::Creating => "creating",
+            TenantState::Active => "active",
+            TenantState::Deleting => "deleting",
+        }
+    }
+}
+
+/// A branch: a named timeline of a tenant.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Branch {
@@ -294,9 +373,50 @@ impl ClusterFile {
         sites
     }
 
-    /// A branch by name.
-    pub fn branch(&self, name: &str) -> Option<&Branch> {
-        self.branches.iter().find(|b| b.name == name)
+    /// A tenant by name.
+    pub fn tenant(&self, name: &str) -> Option<&Tenant> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+
+    /// A tenant by name, to change it.
+    pub fn tenant_mut(&mut self, name: &str) -> Option<&mut Tenant> {
+        self.tenants.iter_mut().find(|t| t.name == name)
+    }
+
+    /// A tenant by name, or an error that lists the tenants there are.
+    pub fn tenant_named(&self, name: &str) -> Result<&Tenant> {
+        self.tenant(name).ok_or_else(|| {
+            let known: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
+            Error::Usage(format!("no tenant named {name:?} (tenants: {})", known.join(", ")))
+        })
+    }
+
+    /// A tenant by id.
+    pub fn tenant_by_id(&self, id: TenantId) -> Option<&Tenant> {
+        self.tenants.iter().find(|t| t.tenant_id == id)
+    }
+
+    /// Every branch of every tenant, with its tenant.
+    pub fn all_branches(&self) -> impl Iterator<Item = (&Tenant, &Branch)> {
+        self.tenants.iter().flat_map(|t| t.branches.iter().map(move |b| (t, b)))
+    }
+
+    /// Parses `cluster.toml`, reading the formats of older versions as
+    /// this one (a cluster from before tenants has one, [`DEFAULT_TENANT`]).
+    pub fn parse(text: &str) -> std::result::Result<ClusterFile, String> {
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        let version = table.get("format_version").and_then(|v| v.as_integer()).unwrap_or(0);
+        if version < 3 && !table.contains_key("tenants") {
+            let id = table.remove("tenant_id").ok_or("no tenant_id (format version 2 has one)")?;
+            let branches = table.remove("branches").unwrap_or_else(|| toml::Value::Array(Vec::new()));
+            let mut tenant = toml::Table::new();
+            tenant.insert("name".into(), toml::Value::String(DEFAULT_TENANT.into()));
+            tenant.insert("tenant_id".into(), id.clone());
+            tenant.insert("branches".into(), branches);
+            table.insert("cluster_id".into(), id);
+            table.insert("tenants".into(), toml::Value::Array(vec![toml::Value::Table(tenant)]));
+        }
+        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| e.to_string())
     }
 
     /// Every port a service was given, so new endpoints stay clear of them.
@@ -331,6 +451,16 @@ impl ClusterFile {
         for s in &mut self.services {
             s.address =
                 *addresses.get(&s.host).ok_or_else(|| format!("service {}: no host named {:?}", s.name, s.host))?;
+        }
+        let mut tenants: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
+        tenants.sort_unstable();
+        if tenants.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two tenants have the same name".into());
+        }
+        let mut ids: Vec<TenantId> = self.tenants.iter().map(|t| t.tenant_id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two tenants have the same id".into());
         }
         if self.of_kind(Kind::Pageserver).count() == 0 {
             return Err("no pageserver".into());
@@ -386,8 +516,7 @@ impl Workdir {
             }
             Err(e) => return failed(format!("{}: {e}", file.display())),
         };
-        let mut cluster: ClusterFile =
-            toml::from_str(&text).map_err(|e| Error::Failed(format!("{}: {e}", file.display())))?;
+        let mut cluster = ClusterFile::parse(&text).map_err(|e| Error::Failed(format!("{}: {e}", file.display())))?;
         cluster.check().map_err(|e| Error::Failed(format!("{}: {e}", file.display())))?;
         // Absolute, so configs and pidfile markers do not depend on the caller's directory.
         let root = fs::canonicalize(dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
@@ -473,6 +602,17 @@ pub fn save_cluster(root: &Path, cluster: &mut ClusterFile) -> Result<()> {
     cluster.revision += 1;
     cluster.format_version = FORMAT_VERSION;
     write_toml(&root.join(CLUSTER_FILE), CLUSTER_HEADER, cluster)
+}
+
+/// Reads `cluster.toml` afresh, changes it with `change` and writes it as
+/// a new revision (nothing is written if `change` fails).
+pub fn update_cluster<T>(root: &Path, change: impl FnOnce(&mut ClusterFile) -> Result<T>) -> Result<T> {
+    let path = root.join(CLUSTER_FILE);
+    let text = fs::read_to_string(&path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
+    let mut cluster = ClusterFile::parse(&text).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
+    let out = change(&mut cluster)?;
+    save_cluster(root, &mut cluster)?;
+    Ok(out)
 }
 
 /// Reads a TOML file into `T`, naming the file in the error.

@@ -1,5 +1,5 @@
 //! The control plane of a Strata cluster: its state, its plans and the
-//! operations on it (`init`, `start`, `stop`, endpoints, branches, replica
+//! operations on it (`init`, `start`, `stop`, tenants, endpoints, branches, replica
 //! promote, site promote and rejoin, safekeeper replace, drain), as
 //! functions of the cluster's state and its services' clients. The `strata`
 //! CLI parses a command line and calls them; `strata node` serves the same
@@ -39,6 +39,7 @@ pub mod site;
 pub mod status;
 pub mod supervisor;
 pub mod supervisor_state;
+pub mod tenant;
 pub mod timeline;
 
 pub use error::{Error, Result};

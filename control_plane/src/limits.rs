@@ -80,6 +80,13 @@ pub const BRANCH_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a command waits for the tenant to be attached (a starting
 /// cluster, a failover under way).
 pub const ATTACH_WAIT: Duration = Duration::from_secs(60);
+/// How long `strata tenant delete` waits for every pageserver to detach
+/// the tenant (the controllers tell them within a decision round or two).
+pub const DETACH_WAIT: Duration = Duration::from_secs(60);
+/// How often it asks meanwhile.
+pub const DETACH_POLL: Duration = Duration::from_millis(200);
+/// A pageserver's deletion of a tenant's objects: one request per object.
+pub const TENANT_DELETE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Pause before the controllers are asked again where a tenant is attached.
 pub const LOCATE_POLL: Duration = Duration::from_millis(100);
 /// Pause before a pageserver is asked again whether the tenant is attached.
@@ -154,6 +161,7 @@ const _: () =
     assert!(LOCATE_POLL.as_millis() < ATTACH_WAIT.as_millis() && ATTACH_POLL.as_millis() < ATTACH_WAIT.as_millis());
 const _: () = assert!(CONTROLLER_ACTION_POLL.as_millis() < ATTACH_WAIT.as_millis());
 const _: () = assert!(SITE_ATTACH_POLL.as_millis() < SITE_ATTACH_WAIT.as_millis());
+const _: () = assert!(DETACH_POLL.as_millis() < DETACH_WAIT.as_millis());
 const _: () = assert!(RECONFIGURE_POLL.as_millis() < PROPOSER_WAIT.as_millis());
 const _: () = assert!(LOCK_POLL.as_millis() < LOCK_WAIT.as_millis());
 const _: () = assert!(CATCH_UP_REPORT_INTERVAL.as_millis() < CATCH_UP_TIMEOUT.as_millis());

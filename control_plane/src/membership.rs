@@ -44,15 +44,10 @@ pub fn replace(wd: &Workdir, old: &str, new: &str, progress: &mut dyn Progress) 
     let new_set: Vec<Node> =
         old_set.iter().filter(|n| n.name != old).cloned().chain(std::iter::once(new_node.clone())).collect();
 
-    for branch in &wd.cluster.branches {
-        progress.tell(ReplaceEvent::Timeline { branch: branch.name.clone(), timeline: branch.timeline_id });
-        let change = Change {
-            tenant: wd.cluster.tenant_id,
-            timeline: branch.timeline_id,
-            old: &old_set,
-            new: &new_set,
-            placement: None,
-        };
+    for (t, branch) in wd.cluster.all_branches() {
+        progress.tell(ReplaceEvent::Timeline { branch: t.label(&branch.name), timeline: branch.timeline_id });
+        let change =
+            Change { tenant: t.tenant_id, timeline: branch.timeline_id, old: &old_set, new: &new_set, placement: None };
         change.run(progress)?;
     }
 

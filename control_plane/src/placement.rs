@@ -5,7 +5,7 @@
 use strata_protocol::safekeeper::{OnAsyncLag, Placement};
 
 use super::error::{failed, Error, Result};
-use super::layout::{read_toml, save_cluster, ClusterFile, Workdir, CLUSTER_FILE};
+use super::layout::{update_cluster, Workdir};
 use super::report::{BranchEvent, Progress};
 
 /// The placement `strata branch placement` asks for, checked against the
@@ -61,28 +61,35 @@ pub fn placement_of(
 /// `cluster.toml`, then moves every safekeeper's configuration of the
 /// branch's timeline to it (a membership change; every safekeeper that
 /// must take part has to run).
-pub fn set_placement(wd: &Workdir, name: &str, placement: Placement, progress: &mut dyn Progress) -> Result<()> {
-    let Some(branch) = wd.cluster.branch(name).cloned() else {
-        let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
-        return failed(format!("no branch named {name:?} (branches: {})", known.join(", ")));
+pub fn set_placement(
+    wd: &Workdir,
+    tenant: &str,
+    name: &str,
+    placement: Placement,
+    progress: &mut dyn Progress,
+) -> Result<()> {
+    let t = wd.cluster.tenant_named(tenant)?;
+    let Some(branch) = t.branch(name).cloned() else {
+        return failed(format!("no branch named {name:?} (branches: {})", t.branch_names()));
     };
-    let path = wd.root.join(CLUSTER_FILE);
-    let mut cluster: ClusterFile = read_toml(&path)?;
-    if let Some(b) = cluster.branches.iter_mut().find(|b| b.name == name) {
-        b.placement = (!placement.is_majority()).then(|| placement.clone());
-    }
-    save_cluster(&wd.root, &mut cluster)?;
+    update_cluster(&wd.root, |cluster| {
+        if let Some(b) = cluster.tenant_mut(tenant).and_then(|t| t.branches.iter_mut().find(|b| b.name == name)) {
+            b.placement = (!placement.is_majority()).then(|| placement.clone());
+        }
+        Ok(())
+    })?;
     progress.tell(BranchEvent::PlacementSet { branch: name.into(), timeline: branch.timeline_id, placement });
-    apply_placement(&Workdir::open(&wd.root)?, &branch.name, progress)
+    apply_placement(&Workdir::open(&wd.root)?, tenant, &branch.name, progress)
 }
 
 /// Brings the safekeepers' configuration of a branch's timeline to the
 /// placement `cluster.toml` gives it.
-pub fn apply_placement(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<()> {
-    let branch = wd.cluster.branch(name).ok_or_else(|| Error::Failed(format!("no branch named {name:?}")))?;
+pub fn apply_placement(wd: &Workdir, tenant: &str, name: &str, progress: &mut dyn Progress) -> Result<()> {
+    let t = wd.cluster.tenant_named(tenant)?;
+    let branch = t.branch(name).ok_or_else(|| Error::Failed(format!("no branch named {name:?}")))?;
     let nodes = super::reconfigure::nodes(wd)?;
     let change = super::reconfigure::Change {
-        tenant: wd.cluster.tenant_id,
+        tenant: t.tenant_id,
         timeline: branch.timeline_id,
         old: &nodes,
         new: &nodes,

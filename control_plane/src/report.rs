@@ -43,6 +43,7 @@ pub enum Event {
     /// A service or an endpoint was asked to stop.
     Stopped(StopReport),
     Branch(BranchEvent),
+    Tenant(TenantEvent),
     Change(ChangeEvent),
     Replace(ReplaceEvent),
     Site(SiteEvent),
@@ -69,6 +70,7 @@ impl fmt::Display for Event {
             Event::Endpoint(e) => e.fmt(f),
             Event::Stopped(e) => e.fmt(f),
             Event::Branch(e) => e.fmt(f),
+            Event::Tenant(e) => e.fmt(f),
             Event::Change(e) => e.fmt(f),
             Event::Replace(e) => e.fmt(f),
             Event::Site(e) => e.fmt(f),
@@ -95,6 +97,7 @@ wraps!(
     EndpointEvent => Endpoint,
     StopReport => Stopped,
     BranchEvent => Branch,
+    TenantEvent => Tenant,
     ChangeEvent => Change,
     ReplaceEvent => Replace,
     SiteEvent => Site,
@@ -336,6 +339,31 @@ impl fmt::Display for BranchEvent {
     }
 }
 
+/// Tenants: the steps of their creation and deletion.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TenantEvent {
+    /// An interrupted run of the same command left the tenant in this state.
+    Resuming { tenant: String, what: &'static str },
+    /// Pageservers that still hold the tenant, told to detach it.
+    Detaching { tenant: String, pageservers: Vec<String> },
+    /// The tenant's timelines are gone from a safekeeper.
+    TimelinesDeleted { tenant: String, safekeeper: String },
+}
+
+impl fmt::Display for TenantEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenantEvent::Resuming { tenant, what } => write!(f, "tenant {tenant}: resuming its {what}"),
+            TenantEvent::Detaching { tenant, pageservers } => {
+                write!(f, "tenant {tenant}: waiting for {} to detach it", pageservers.join(", "))
+            }
+            TenantEvent::TimelinesDeleted { tenant, safekeeper } => {
+                write!(f, "tenant {tenant}: its timelines are deleted on {safekeeper}")
+            }
+        }
+    }
+}
+
 /// A placement in words, as the commands print it.
 pub fn describe_placement(p: &Placement) -> String {
     match p {
@@ -550,6 +578,11 @@ impl Loss {
 /// `strata site promote|rejoin`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SiteEvent {
+    /// The events that follow are of this tenant's branches (said for
+    /// every tenant but the default one).
+    Tenant {
+        tenant: String,
+    },
     Loss {
         loss: Loss,
         lost_site: String,
@@ -634,6 +667,7 @@ impl fmt::Display for SiteEvent {
             SiteEvent::SealedElsewhere { branch, safekeeper, site, at } => {
                 write!(f, "branch {branch}: {safekeeper} (of {site}) sealed at {at}: its writer is fenced")
             }
+            SiteEvent::Tenant { tenant } => write!(f, "tenant {tenant}:"),
             SiteEvent::AttachedIn { pageserver, site } => write!(f, "{pageserver}: the tenant is attached in {site}"),
             SiteEvent::GoesOn { branch, timeline, start, site, old, divergent } => write!(
                 f,

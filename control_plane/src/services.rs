@@ -10,7 +10,7 @@ use super::{hosts, http};
 use strata_protocol::api::pageserver::{CreateTenantRequest, TimelineState, TimelineStatus};
 use strata_protocol::api::safekeeper::CreateTimelineRequest;
 
-use super::layout::{Kind, Service, Workdir, MAIN_BRANCH};
+use super::layout::{Kind, Service, Tenant, TenantState, Workdir, MAIN_BRANCH};
 use super::process::{self, Identity, Poll};
 use super::report::{Event, Held, Progress, ServiceEvent, StopReport};
 use super::supervisor::{Liveness, Supervised};
@@ -271,14 +271,29 @@ pub fn start_one(wd: &Workdir, s: &Service, progress: &mut dyn Progress) -> Resu
     Ok(())
 }
 
-/// Makes sure every branch's timeline exists on the pageserver (creating
-/// the tenant with its `main` timeline if needed) and on every running
-/// safekeeper, with the identity the pageserver reports. Idempotent.
+/// [`ensure_tenant`] for every tenant that is not being deleted; goes on
+/// past a tenant that fails and reports them all.
 pub fn ensure_timelines(wd: &Workdir, progress: &mut dyn Progress) -> Result<()> {
+    let errors: Vec<Error> = wd
+        .cluster
+        .tenants
+        .iter()
+        .filter(|t| t.state != TenantState::Deleting)
+        .filter_map(|t| ensure_tenant(wd, t, progress).err().map(|e| t.context(e)))
+        .collect();
+    joined(errors, "; ")
+}
+
+/// Makes sure a tenant is placed by the storage controllers and every
+/// branch's timeline exists on the pageserver (creating the tenant with
+/// its `main` timeline if needed) and on every running safekeeper, with
+/// the identity the pageserver reports. Idempotent.
+pub fn ensure_tenant(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> Result<()> {
     let c = &wd.cluster;
-    let ps = super::controller::attached(wd)?;
-    let tenant = c.tenant_id;
-    for branch in &c.branches {
+    let tenant = t.tenant_id;
+    super::controller::register(wd, tenant)?;
+    let ps = super::controller::attached(wd, tenant)?;
+    for branch in &t.branches {
         let timeline = branch.timeline_id;
         let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
         let get = || http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)));
@@ -342,16 +357,16 @@ pub fn ensure_timelines(wd: &Workdir, progress: &mut dyn Progress) -> Result<()>
             }
         }
         progress.tell(ServiceEvent::TimelineOn {
-            branch: branch.name.clone(),
+            branch: t.label(&branch.name),
             timeline,
             pageserver: ps.name.clone(),
             safekeepers: on,
         });
         if branch.placement.is_some() {
             if c.of_kind(Kind::Safekeeper).all(|sk| is_up(wd, sk)) {
-                super::placement::apply_placement(wd, &branch.name, progress)?;
+                super::placement::apply_placement(wd, &t.name, &branch.name, progress)?;
             } else {
-                progress.tell(ServiceEvent::PlacementLater { branch: branch.name.clone() });
+                progress.tell(ServiceEvent::PlacementLater { branch: t.label(&branch.name) });
             }
         }
     }

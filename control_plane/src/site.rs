@@ -36,7 +36,9 @@ use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::{Claims, Scope};
 
 use super::error::{failed, Error, Result};
-use super::layout::{read_toml, save_cluster, Branch, ClusterFile, Divergence, Kind, Service, Workdir, CLUSTER_FILE};
+use super::layout::{
+    update_cluster, Branch, ClusterFile, Divergence, Kind, Service, Tenant, TenantState, Workdir, DEFAULT_TENANT,
+};
 use super::report::{Loss, Progress, SiteEvent};
 use super::{controller, endpoint, http, services};
 use crate::limits::{
@@ -64,13 +66,19 @@ struct Tail<'a> {
 
 /// The transactions of [fork, acknowledged) and [acknowledged, held), read
 /// from the tail's source (`None` when not read: an event says why).
-fn tail_transactions(wd: &Workdir, branch: &str, tail: &Tail<'_>, progress: &mut dyn Progress) -> Option<(u64, u64)> {
+fn tail_transactions(
+    wd: &Workdir,
+    tenant: TenantId,
+    branch: &str,
+    tail: &Tail<'_>,
+    progress: &mut dyn Progress,
+) -> Option<(u64, u64)> {
     let (Some(sk), Some(c), Some(h)) = (tail.source, tail.acknowledged, tail.held) else { return None };
     let fork = tail.fork;
     if h <= fork {
         return Some((0, 0));
     }
-    match count_commits(wd, sk, tail.timeline, fork, c.max(fork), h) {
+    match count_commits(wd, sk, (tenant, tail.timeline), fork, c.max(fork), h) {
         Ok(n) => Some(n),
         Err(error) => {
             let (branch, safekeeper) = (branch.to_string(), sk.name.clone());
@@ -131,37 +139,67 @@ impl<'a> Sides<'a> {
     }
 }
 
-/// `strata site promote SITE`.
+/// The tenants a site failover carries over (all but those being deleted).
+fn live_tenants(c: &ClusterFile) -> Vec<&Tenant> {
+    c.tenants.iter().filter(|t| t.state != TenantState::Deleting).collect()
+}
+
+/// Says which tenant the events that follow are of (but the default one).
+fn tell_tenant(t: &Tenant, progress: &mut dyn Progress) {
+    if t.name != DEFAULT_TENANT {
+        progress.tell(SiteEvent::Tenant { tenant: t.name.clone() });
+    }
+}
+
+/// `strata site promote SITE`: every tenant's branches.
 pub fn promote(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()> {
     let sides = Sides::of(&wd.cluster, site)?;
-    // The branches that go on here: every one not already left behind.
-    let branches: Vec<&Branch> = wd.cluster.branches.iter().filter(|b| b.divergent.is_none()).collect();
     // 1. Seal: the promoted site's safekeepers first (their WAL ends at F),
     //    then every other one that answers (its writer is fenced at once).
-    let losses = branches.iter().map(|b| seal_branch(wd, &sides, b, progress)).collect::<Result<Vec<Loss>>>()?;
-    // 2. The lost sites' pageservers: the controller attaches the tenant here.
-    let ps = attach_in(wd, site, progress)?;
-    // 3. Fork each branch at F; the sealed timeline becomes the divergent branch.
-    fork_branches(wd, ps, &sides, &losses, progress)?;
+    //    The branches that go on here: every one not already left behind.
+    let mut sealed: Vec<(String, Vec<Loss>)> = Vec::new();
+    for t in live_tenants(&wd.cluster) {
+        tell_tenant(t, progress);
+        let branches: Vec<&Branch> = t.branches.iter().filter(|b| b.divergent.is_none()).collect();
+        let losses = branches.iter().map(|b| seal_branch(wd, t, &sides, b, progress)).collect::<Result<Vec<Loss>>>()?;
+        sealed.push((t.name.clone(), losses));
+    }
+    // 2. The lost sites' pageservers: the controller attaches the tenants here.
+    mark_lost(wd, site, progress)?;
+    let mut writers = Vec::new();
+    for (name, losses) in sealed {
+        let wd = Workdir::open(&wd.root)?;
+        let t = wd.cluster.tenant_named(&name)?;
+        tell_tenant(t, progress);
+        let ps = attached_in(&wd, t, site, progress)?;
+        // 3. Fork each branch at F; the sealed timeline becomes the divergent branch.
+        fork_branches(&wd, t, ps, &sides, &losses, progress)?;
+        let wd = Workdir::open(&wd.root)?;
+        let t = wd.cluster.tenant_named(&name)?;
+        // 4. Endpoints of the old timelines are recorded on the divergent branches.
+        let records = rebranch_endpoints(&wd, t, &losses, progress)?;
+        // 5. The new timelines on the safekeepers that run, under their first
+        //    configuration (at home here): the others get both when they return.
+        services::ensure_tenant(&wd, t, progress)?;
+        for loss in &losses {
+            first_configuration(&wd, t, &loss.branch, progress)?;
+        }
+        // 6. The report, then the writers: their connection strings come last.
+        for loss in &losses {
+            progress.tell(SiteEvent::Loss { loss: loss.clone(), lost_site: sides.lost.clone() });
+        }
+        writers.push((name, losses, records));
+    }
     let wd = Workdir::open(&wd.root)?;
-    // 4. Endpoints of the old timelines are recorded on the divergent branches.
-    let records = rebranch_endpoints(&wd, &losses, progress)?;
-    // 5. The new timelines on the safekeepers that run, under their first
-    //    configuration (at home here): the others get both when they return.
-    services::ensure_timelines(&wd, progress)?;
-    for loss in &losses {
-        first_configuration(&wd, &loss.branch, progress)?;
+    for (name, losses, records) in writers {
+        start_writers(&wd, wd.cluster.tenant_named(&name)?, site, &losses, &records, progress)?;
     }
-    // 6. The report, then the writer: its connection string comes last.
-    for loss in &losses {
-        progress.tell(SiteEvent::Loss { loss: loss.clone(), lost_site: sides.lost.clone() });
-    }
-    start_writers(&wd, site, &losses, &records, progress)
+    Ok(())
 }
 
 /// Seals a branch's timeline, here first; what the lost side held of it.
-fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch, progress: &mut dyn Progress) -> Result<Loss> {
-    let (c, site, tenant, t1) = (&wd.cluster, sides.site, wd.cluster.tenant_id, b.timeline_id);
+fn seal_branch(wd: &Workdir, t: &Tenant, sides: &Sides<'_>, b: &Branch, progress: &mut dyn Progress) -> Result<Loss> {
+    let (c, site, tenant, t1) = (&wd.cluster, sides.site, t.tenant_id, b.timeline_id);
     let before_here: Vec<TimelineStatus> = sides.here.iter().filter_map(|s| sk_status(s, tenant, t1)).collect();
     if before_here.is_empty() {
         return failed(format!("branch {}: no safekeeper of {site} answers for timeline {t1}", b.name));
@@ -208,7 +246,7 @@ fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch, progress: &mut dyn P
     }
     let (acknowledged, held, source) = lost_side(&sealed_elsewhere);
     let tail = Tail { timeline: t1, fork, acknowledged, held, source };
-    let transactions = tail_transactions(wd, &b.name, &tail, progress);
+    let transactions = tail_transactions(wd, tenant, &b.name, &tail, progress);
     Ok(Loss {
         branch: b.name.clone(),
         divergent: divergent_name(&b.name, fork),
@@ -221,16 +259,22 @@ fn seal_branch(wd: &Workdir, sides: &Sides<'_>, b: &Branch, progress: &mut dyn P
     })
 }
 
-/// Marks every other site's pageserver lost and waits until the storage
-/// controller has attached the tenant in `site`; that pageserver.
-fn attach_in<'a>(wd: &'a Workdir, site: &str, progress: &mut dyn Progress) -> Result<&'a Service> {
+/// Marks every other site's pageserver lost: the storage controller
+/// attaches their tenants in `site`.
+fn mark_lost(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()> {
     let c = &wd.cluster;
     for ps in c.of_kind(Kind::Pageserver).filter(|p| c.site_of(p) != site) {
         progress.tell(controller::set_policy(wd, &ps.name, "lost")?);
     }
+    Ok(())
+}
+
+/// Waits until the storage controller has attached `t` in `site`; that pageserver.
+fn attached_in<'a>(wd: &'a Workdir, t: &Tenant, site: &str, progress: &mut dyn Progress) -> Result<&'a Service> {
+    let c = &wd.cluster;
     let deadline = Instant::now() + SITE_ATTACH_WAIT;
     loop {
-        let ps = controller::attached(wd)?;
+        let ps = controller::attached(wd, t.tenant_id)?;
         if c.site_of(ps) == site {
             progress.tell(SiteEvent::AttachedIn { pageserver: ps.name.clone(), site: site.to_string() });
             return Ok(ps);
@@ -251,16 +295,30 @@ fn attach_in<'a>(wd: &'a Workdir, site: &str, progress: &mut dyn Progress) -> Re
 /// home in the promoted site; the sealed one is its divergent branch.
 fn fork_branches(
     wd: &Workdir,
+    t: &Tenant,
     ps: &Service,
     sides: &Sides<'_>,
     losses: &[Loss],
     progress: &mut dyn Progress,
 ) -> Result<()> {
-    let mut cluster: ClusterFile = read_toml(&wd.root.join(CLUSTER_FILE))?;
+    update_cluster(&wd.root, |c| {
+        let cluster = c.tenant_mut(&t.name).ok_or_else(|| Error::Failed(format!("tenant {} was deleted", t.name)))?;
+        fork_in(cluster, ps, sides, losses, progress)
+    })
+}
+
+/// [`fork_branches`] of one tenant's `cluster.toml` entry.
+fn fork_in(
+    cluster: &mut Tenant,
+    ps: &Service,
+    sides: &Sides<'_>,
+    losses: &[Loss],
+    progress: &mut dyn Progress,
+) -> Result<()> {
     for loss in losses {
         let old = cluster.branch(&loss.branch).cloned().expect("every loss is of a branch");
         let t2 = TimelineId::generate();
-        let start = fork_timeline(wd.cluster.tenant_id, ps, old.timeline_id, t2, loss)?;
+        let start = fork_timeline(cluster.tenant_id, ps, old.timeline_id, t2, loss)?;
         let home = home_placement(old.placement.as_ref(), sides.site);
         for b in cluster.branches.iter_mut() {
             if b.parent.as_deref() == Some(loss.branch.as_str()) {
@@ -302,8 +360,7 @@ fn fork_branches(
         let new = cluster.branch(&l.branch).is_some_and(|b| b.parent.as_deref() == Some(l.divergent.as_str()));
         new && cluster.branch(&l.divergent).is_some_and(|b| b.divergent.is_some())
     }));
-    cluster.check().map_err(Error::Failed)?;
-    save_cluster(&wd.root, &mut cluster)
+    Ok(())
 }
 
 /// Creates timeline `t2` branched from `t1` at the loss's fork LSN; its start LSN.
@@ -346,10 +403,11 @@ fn home_placement(old: Option<&Placement>, site: &str) -> Placement {
 /// endpoints as they were before.
 fn rebranch_endpoints(
     wd: &Workdir,
+    t: &Tenant,
     losses: &[Loss],
     progress: &mut dyn Progress,
 ) -> Result<Vec<endpoint::EndpointRecord>> {
-    let records = endpoint::inventory(wd)?;
+    let records: Vec<_> = endpoint::inventory(wd)?.into_iter().filter(|r| r.file.tenant == t.name).collect();
     for loss in losses {
         for r in records.iter().filter(|r| r.file.branch == loss.branch) {
             let endpoint = r.file.name.clone();
@@ -362,10 +420,12 @@ fn rebranch_endpoints(
     Ok(records)
 }
 
-/// Starts `<branch>-<site>` in `site` for each branch that had a writer;
-/// each prints its connection string last, the last one's ends the output.
+/// Starts `<branch>-<site>` (`<tenant>-<branch>-<site>` but in the
+/// default tenant) in `site` for each branch that had a writer; each
+/// prints its connection string last, the last one's ends the output.
 fn start_writers(
     wd: &Workdir,
+    t: &Tenant,
     site: &str,
     losses: &[Loss],
     records: &[endpoint::EndpointRecord],
@@ -380,8 +440,12 @@ fn start_writers(
         return Ok(());
     };
     for l in had_writer {
-        let name = format!("{}-{site}", l.branch);
+        let name = match t.name == DEFAULT_TENANT {
+            true => format!("{}-{site}", l.branch),
+            false => format!("{}-{}-{site}", t.name, l.branch),
+        };
         let how = endpoint::StartOptions {
+            tenant: Some(t.name.as_str()),
             branch: Some(l.branch.as_str()),
             host: Some(host.name.as_str()),
             ..Default::default()
@@ -395,11 +459,11 @@ fn start_writers(
 
 /// Installs the first membership configuration of a branch's new timeline
 /// (its placement over every safekeeper) on the safekeepers that answer.
-fn first_configuration(wd: &Workdir, branch: &str, progress: &mut dyn Progress) -> Result<()> {
-    let b = wd.cluster.branch(branch).ok_or_else(|| Error::Failed(format!("no branch named {branch:?}")))?;
+fn first_configuration(wd: &Workdir, t: &Tenant, branch: &str, progress: &mut dyn Progress) -> Result<()> {
+    let b = t.branch(branch).ok_or_else(|| Error::Failed(format!("no branch named {branch:?}")))?;
     let nodes = super::reconfigure::nodes(wd)?;
     let change = super::reconfigure::Change {
-        tenant: wd.cluster.tenant_id,
+        tenant: t.tenant_id,
         timeline: b.timeline_id,
         old: &nodes,
         new: &nodes,
@@ -411,7 +475,6 @@ fn first_configuration(wd: &Workdir, branch: &str, progress: &mut dyn Progress) 
 /// `strata site rejoin SITE`.
 pub fn rejoin(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()> {
     let c = &wd.cluster;
-    let tenant = c.tenant_id;
     let returning: Vec<&Service> = c.of_kind(Kind::Safekeeper).filter(|s| c.site_of(s) == site).collect();
     if returning.is_empty() && !c.of_kind(Kind::Pageserver).any(|p| c.site_of(p) == site) {
         return Err(Error::Usage(format!("site {site} has no safekeeper or pageserver")));
@@ -420,8 +483,47 @@ pub fn rejoin(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<(
     if !down.is_empty() {
         return failed(format!("{} of {site} not running: start them first (`strata start`)", down.join(", ")));
     }
-    let path = wd.root.join(CLUSTER_FILE);
-    let mut cluster: ClusterFile = read_toml(&path)?;
+    let mut divergent: Vec<(String, Branch)> = Vec::new();
+    for t in live_tenants(c) {
+        tell_tenant(t, progress);
+        let ds = update_cluster(&wd.root, |cluster| {
+            let entry =
+                cluster.tenant_mut(&t.name).ok_or_else(|| Error::Failed(format!("tenant {} was deleted", t.name)))?;
+            rejoin_tenant(wd, entry, &returning, site, progress)
+        })?;
+        divergent.extend(ds.into_iter().map(|d| (t.name.clone(), d)));
+    }
+    let wd = Workdir::open(&wd.root)?;
+    // The branches that went on: their timelines on the returning
+    // safekeepers, under the configuration the others hold (the returning
+    // ones are asynchronous members and catch up from their peers).
+    services::ensure_timelines(&wd, progress)?;
+    for (t, b) in wd.cluster.all_branches().filter(|(t, b)| t.state != TenantState::Deleting && b.divergent.is_none()) {
+        first_configuration(&wd, t, &b.name, progress)?;
+    }
+    for ps in wd.cluster.of_kind(Kind::Pageserver).filter(|p| wd.cluster.site_of(p) == site) {
+        progress.tell(controller::set_policy(&wd, &ps.name, "fill")?);
+    }
+    for (t, d) in &divergent {
+        let div = d.divergent.as_ref().expect("filtered");
+        let at = div.acknowledged_lsn.unwrap_or(div.fork_lsn);
+        let branch = wd.cluster.tenant(t).map_or_else(|| d.name.clone(), |t| t.label(&d.name));
+        progress.tell(SiteEvent::History { branch, site: site.to_string(), at });
+    }
+    Ok(())
+}
+
+/// [`rejoin`] of one tenant: seals its divergent branches on the returning
+/// safekeepers, reports their loss and records what they acknowledged in
+/// `cluster`; those branches.
+fn rejoin_tenant(
+    wd: &Workdir,
+    cluster: &mut Tenant,
+    returning: &[&Service],
+    site: &str,
+    progress: &mut dyn Progress,
+) -> Result<Vec<Branch>> {
+    let tenant = cluster.tenant_id;
     let divergent: Vec<Branch> = cluster
         .branches
         .iter()
@@ -432,14 +534,14 @@ pub fn rejoin(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<(
         let div = d.divergent.clone().expect("filtered");
         let t1 = d.timeline_id;
         let mut sealed = Vec::new();
-        for sk in &returning {
+        for sk in returning {
             let after = seal(sk, tenant, t1).map_err(|e| Error::Failed(format!("{}: sealing {t1}: {e}", sk.name)))?;
             sealed.push((*sk, after));
         }
         let (ack_here, held, source) = lost_side(&sealed);
         let acknowledged = ack_here.max(div.acknowledged_lsn);
         let tail = Tail { timeline: t1, fork: div.fork_lsn, acknowledged, held, source };
-        let transactions = tail_transactions(wd, &d.name, &tail, progress);
+        let transactions = tail_transactions(wd, tenant, &d.name, &tail, progress);
         if let Some(b) = cluster.branches.iter_mut().find(|b| b.name == d.name) {
             if let Some(x) = b.divergent.as_mut() {
                 x.acknowledged_lsn = acknowledged;
@@ -457,24 +559,7 @@ pub fn rejoin(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<(
         };
         progress.tell(SiteEvent::Loss { loss, lost_site: site.to_string() });
     }
-    save_cluster(&wd.root, &mut cluster)?;
-    let wd = Workdir::open(&wd.root)?;
-    // The branches that went on: their timelines on the returning
-    // safekeepers, under the configuration the others hold (the returning
-    // ones are asynchronous members and catch up from their peers).
-    services::ensure_timelines(&wd, progress)?;
-    for b in wd.cluster.branches.iter().filter(|b| b.divergent.is_none()) {
-        first_configuration(&wd, &b.name, progress)?;
-    }
-    for ps in wd.cluster.of_kind(Kind::Pageserver).filter(|p| wd.cluster.site_of(p) == site) {
-        progress.tell(controller::set_policy(&wd, &ps.name, "fill")?);
-    }
-    for d in &divergent {
-        let div = d.divergent.as_ref().expect("filtered");
-        let at = div.acknowledged_lsn.unwrap_or(div.fork_lsn);
-        progress.tell(SiteEvent::History { branch: d.name.clone(), site: site.to_string(), at });
-    }
-    Ok(())
+    Ok(divergent)
 }
 
 /// Commit records of `timeline`'s WAL in [from, split) and in [split,
@@ -482,14 +567,13 @@ pub fn rejoin(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<(
 fn count_commits(
     wd: &Workdir,
     sk: &Service,
-    timeline: TimelineId,
+    (tenant, timeline): (TenantId, TimelineId),
     from: Lsn,
     split: Lsn,
     to: Lsn,
 ) -> std::result::Result<(u64, u64), String> {
     use strata_formats::v15::records::xact::{XLOG_XACT_COMMIT, XLOG_XACT_COMMIT_PREPARED, XLOG_XACT_OPMASK};
     use strata_formats::v15::rmgr::RM_XACT_ID;
-    let tenant = wd.cluster.tenant_id;
     let status = sk_status(sk, tenant, timeline).ok_or("no status")?;
     let addr = sk.addr("listen").ok_or("no protocol address")?;
     let sockaddr = addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("address does not resolve")?;
@@ -583,7 +667,7 @@ mod tests {
     }
 
     fn cluster_text(wd: &Workdir) -> String {
-        std::fs::read_to_string(wd.root.join(CLUSTER_FILE)).unwrap()
+        std::fs::read_to_string(wd.root.join(crate::layout::CLUSTER_FILE)).unwrap()
     }
 
     fn promote_dc2(wd: &Workdir, fake: &Rc<FakeServices>) -> Result<()> {
@@ -602,7 +686,7 @@ mod tests {
     #[test]
     fn promote_when_the_other_site_is_gone_forks_each_branch_where_this_site_ends() {
         let (wd, fake) = two_sites("gone");
-        let main = wd.cluster.branch("main").unwrap().clone();
+        let main = wd.cluster.tenants[0].branch("main").unwrap().clone();
         for name in ["sk1", "sk2", "pageserver"] {
             fake.safekeeper(&base(&wd, name), |s| s.down = true);
             fake.pageserver(&base(&wd, name), |p| p.down = true);
@@ -621,11 +705,11 @@ mod tests {
         assert!(lost < attached && attached < goes_on && goes_on < report, "{told:?}");
         assert!(told[report].ends_with(&format!("its history is branch {divergent}")), "{}", told[report]);
         assert!(events.iter().all(|e| !e.is_notice()), "{told:?}");
-        let old = after.cluster.branch(&divergent).expect("the old timeline is kept as a branch");
+        let old = after.cluster.tenants[0].branch(&divergent).expect("the old timeline is kept as a branch");
         assert_eq!(old.timeline_id, main.timeline_id);
         let d = old.divergent.as_ref().unwrap();
         assert_eq!((d.site.as_str(), d.continued_as.as_str(), d.fork_lsn), ("dc1", "main", Lsn(0x0300_0000)));
-        let new = after.cluster.branch("main").unwrap();
+        let new = after.cluster.tenants[0].branch("main").unwrap();
         assert_ne!(new.timeline_id, main.timeline_id);
         assert_eq!((new.parent.as_deref(), new.ancestor_lsn), (Some(divergent.as_str()), Some(Lsn(0x0300_0000))));
         assert!(matches!(&new.placement, Some(Placement::LocalQuorum { home, .. }) if home == "dc2"));
@@ -697,8 +781,8 @@ mod tests {
         fake.pageserver(&ps2, |p| p.refuse_branch = None);
         promote_dc2(&wd, &fake).unwrap();
         let after = Workdir::open(&wd.root).unwrap();
-        assert!(after.cluster.branch(&format!("main-divergent-{:X}", 0x0300_0000)).is_some());
-        assert_eq!(after.cluster.branches.iter().filter(|b| b.divergent.is_none()).count(), 1);
+        assert!(after.cluster.tenants[0].branch(&format!("main-divergent-{:X}", 0x0300_0000)).is_some());
+        assert_eq!(after.cluster.tenants[0].branches.iter().filter(|b| b.divergent.is_none()).count(), 1);
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! `strata status`: every service, endpoint and timeline, as a table or
 //! JSON. Works whatever runs: a stopped service is reported, not an error.
 
-use strata_protocol::api::cluster::{BranchStatus, ClusterStatus, EndpointStatus, SafekeeperPosition, ServiceStatus};
+use strata_protocol::api::cluster::{
+    BranchStatus, ClusterStatus, EndpointStatus, SafekeeperPosition, ServiceStatus, TenantStatus,
+};
 use strata_protocol::api::compute::{AgentState, RestartStatus};
+use strata_protocol::api::controller::TenantPlacement;
+use strata_protocol::api::pageserver::{PageserverStatus, TimelineStatus};
 use strata_protocol::api::safekeeper::SafekeeperStatus;
 
 use super::endpoint::{self, Endpoint};
 use super::error::Result;
-use super::layout::{Kind, Workdir};
+use super::layout::{Branch, Kind, Tenant, Workdir, DEFAULT_TENANT};
 use super::supervisor::Liveness;
 use super::{hosts, http, services};
 use crate::limits::{QUICK, SHORT_CHARS};
@@ -203,8 +207,9 @@ pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
             supervisor_pid: liveness.supervisor(),
             supervised: liveness.supervisor().is_some(),
             ports: [("pg".to_string(), ep.file.pg_port), ("http".to_string(), ep.file.http_port)].into(),
+            tenant: ep.file.tenant.clone(),
             branch: ep.file.branch.clone(),
-            timeline_id: c.branch(&ep.file.branch).map(|b| b.timeline_id),
+            timeline_id: c.tenant(&ep.file.tenant).and_then(|t| t.branch(&ep.file.branch)).map(|b| b.timeline_id),
             state: liveness.name().to_string(),
             compute_state: agent.as_ref().map(|a| a.state),
             compute_error: agent.as_ref().and_then(|a| a.error.clone()),
@@ -310,58 +315,117 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
             sk_status.push((s.name.clone(), body));
         }
     }
-    // Where the tenant is: the controller's state (every branch is where the tenant is).
-    let placement =
-        super::controller::status(wd).and_then(|s| s.state).and_then(|s| s.tenants.get(&c.tenant_id).cloned());
-    let ps = placement.as_ref().and_then(|p| p.attached.as_deref()).and_then(|n| wd.service(n));
-    let ps_running = ps.is_some_and(|ps| up(&ps.name));
+    let state = super::controller::status(wd).and_then(|s| s.state);
+    let ps_status: Vec<(String, PageserverStatus)> = c
+        .of_kind(Kind::Pageserver)
+        .filter(|ps| up(&ps.name))
+        .filter_map(|ps| {
+            let r = http::get(&format!("{}/v1/status", ps.http_url()), QUICK).ok().filter(|r| r.status == 200)?;
+            Some((ps.name.clone(), r.json().ok()?))
+        })
+        .collect();
     let mut timelines = Vec::new();
-    for b in &c.branches {
-        let (tenant, timeline) = (c.tenant_id, b.timeline_id);
-        let pageserver = if let Some(ps) = ps.filter(|_| ps_running) {
-            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
-            http::get(&url, QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok())
-        } else {
-            None
-        };
-        let safekeepers = sk_status
+    let mut tenants = Vec::new();
+    for t in &c.tenants {
+        // Where the tenant is: the controller's state (every branch is where the tenant is).
+        let placement = state.as_ref().and_then(|s| s.tenants.get(&t.tenant_id).cloned());
+        let attached = placement.as_ref().and_then(|p| p.attached.as_deref());
+        let on_ps = ps_status.iter().find(|(n, _)| Some(n.as_str()) == attached).map(|(_, st)| st);
+        let here: Vec<BranchStatus> = t
+            .branches
             .iter()
-            .map(|(name, body)| {
-                let tl = body
-                    .as_ref()
-                    .and_then(|b| b.timelines.iter().find(|t| t.tenant_id == tenant && t.timeline_id == timeline));
-                SafekeeperPosition {
-                    name: name.clone(),
-                    flush_lsn: tl.map(|t| t.flush_lsn),
-                    commit_lsn: tl.map(|t| t.commit_lsn),
-                    membership_generation: tl.map(|t| t.membership.generation),
-                }
-            })
+            .map(|b| branch_status(wd, t, b, placement.as_ref(), on_ps.is_some(), &sk_status))
             .collect();
-        // The placement of the newest configuration any safekeeper holds.
-        let wal_placement = sk_status
-            .iter()
-            .filter_map(|(_, body)| body.as_ref())
-            .flat_map(|b| b.timelines.iter().filter(|t| t.tenant_id == tenant && t.timeline_id == timeline))
-            .max_by_key(|t| t.membership.generation)
-            .map(|t| t.membership.target().1)
-            .unwrap_or_default();
-        let wanted = b.placement.clone().unwrap_or_default();
-        timelines.push(BranchStatus {
-            branch: b.name.clone(),
-            tenant_id: tenant,
-            timeline_id: timeline,
-            pageserver,
-            attached: placement.as_ref().and_then(|p| p.attached.clone()),
-            generation: placement.as_ref().map(|p| p.generation).filter(|g| *g > 0),
-            secondaries: placement.as_ref().map(|p| p.secondaries.clone()).unwrap_or_default(),
-            placement_wanted: (wanted != wal_placement).then_some(wanted),
-            placement: wal_placement,
-            safekeepers,
-        });
+        tenants.push(tenant_status(t, attached, on_ps, &here, &sk_status));
+        timelines.extend(here);
     }
+    Ok(ClusterStatus { workdir: wd.root.clone(), tenants, services, endpoints, timelines })
+}
 
-    Ok(ClusterStatus { workdir: wd.root.clone(), tenant_id: c.tenant_id, services, endpoints, timelines })
+/// A tenant's sizes from what its services reported.
+fn tenant_status(
+    t: &Tenant,
+    attached: Option<&str>,
+    ps: Option<&PageserverStatus>,
+    branches: &[BranchStatus],
+    sk_status: &[(String, Option<SafekeeperStatus>)],
+) -> TenantStatus {
+    let sum = |f: &dyn Fn(&TimelineStatus) -> Option<u64>| -> Option<u64> {
+        branches.iter().map(|b| b.pageserver.as_ref().and_then(f)).sum()
+    };
+    let wal_held = sk_status
+        .iter()
+        .filter_map(|(_, body)| body.as_ref())
+        .map(|b| b.timelines.iter().filter(|x| x.tenant_id == t.tenant_id).map(|x| x.removal.local_wal_bytes).sum())
+        .max();
+    TenantStatus {
+        name: t.name.clone(),
+        tenant_id: t.tenant_id,
+        state: t.state.as_str().into(),
+        attached: attached.map(str::to_string),
+        logical_bytes: sum(&|s| s.logical_size),
+        wal_held_bytes: wal_held,
+        local_layer_bytes: ps
+            .and_then(|p| p.locations.iter().find(|l| l.tenant_id == t.tenant_id))
+            .map(|l| l.local_layer_bytes),
+        remote_layer_bytes: sum(&|s| s.remote.as_ref().map(|r| r.remote_bytes)),
+    }
+}
+
+/// One branch as the attached pageserver and each running safekeeper see it.
+fn branch_status(
+    wd: &Workdir,
+    t: &Tenant,
+    b: &Branch,
+    placement: Option<&TenantPlacement>,
+    ps_running: bool,
+    sk_status: &[(String, Option<SafekeeperStatus>)],
+) -> BranchStatus {
+    let ps = placement.and_then(|p| p.attached.as_deref()).and_then(|n| wd.service(n));
+    let (tenant, timeline) = (t.tenant_id, b.timeline_id);
+    let pageserver = match ps.filter(|_| ps_running) {
+        Some(ps) => {
+            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}?logical_size=true", ps.http_url());
+            http::get(&url, QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok())
+        }
+        None => None,
+    };
+    let safekeepers = sk_status
+        .iter()
+        .map(|(name, body)| {
+            let tl = body
+                .as_ref()
+                .and_then(|b| b.timelines.iter().find(|t| t.tenant_id == tenant && t.timeline_id == timeline));
+            SafekeeperPosition {
+                name: name.clone(),
+                flush_lsn: tl.map(|t| t.flush_lsn),
+                commit_lsn: tl.map(|t| t.commit_lsn),
+                membership_generation: tl.map(|t| t.membership.generation),
+            }
+        })
+        .collect();
+    // The placement of the newest configuration any safekeeper holds.
+    let wal_placement = sk_status
+        .iter()
+        .filter_map(|(_, body)| body.as_ref())
+        .flat_map(|b| b.timelines.iter().filter(|t| t.tenant_id == tenant && t.timeline_id == timeline))
+        .max_by_key(|t| t.membership.generation)
+        .map(|t| t.membership.target().1)
+        .unwrap_or_default();
+    let wanted = b.placement.clone().unwrap_or_default();
+    BranchStatus {
+        branch: b.name.clone(),
+        tenant: t.name.clone(),
+        tenant_id: tenant,
+        timeline_id: timeline,
+        pageserver,
+        attached: placement.and_then(|p| p.attached.clone()),
+        generation: placement.map(|p| p.generation).filter(|g| *g > 0),
+        secondaries: placement.map(|p| p.secondaries.clone()).unwrap_or_default(),
+        placement_wanted: (wanted != wal_placement).then_some(wanted),
+        placement: wal_placement,
+        safekeepers,
+    }
 }
 
 /// An endpoint's state as its status tells it: `running`, `stopped`,
@@ -449,13 +513,36 @@ fn megabytes(bytes: u64) -> f64 {
 
 /// Renders the collected status for people: services, endpoints, timelines.
 fn render(st: &ClusterStatus) -> String {
-    let mut out = format!("cluster {}  tenant {}\n\n", st.workdir.display(), st.tenant_id);
+    let mut out = format!("cluster {}\n\n", st.workdir.display());
+    out.push_str(&render_tenants(st));
+    out.push('\n');
     out.push_str(&render_services(st));
     out.push('\n');
     out.push_str(&render_endpoints(st));
     out.push('\n');
     out.push_str(&render_timelines(st));
     out
+}
+
+fn render_tenants(st: &ClusterStatus) -> String {
+    let size = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |b| format!("{:.1} MB", megabytes(b)));
+    let rows = st
+        .tenants
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.tenant_id.to_string(),
+                t.state.clone(),
+                or_dash(t.attached.as_deref()),
+                size(t.logical_bytes),
+                size(t.wal_held_bytes),
+                size(t.local_layer_bytes),
+                size(t.remote_layer_bytes),
+            ]
+        })
+        .collect();
+    table(&["TENANT", "ID", "STATE", "ATTACHED", "LOGICAL", "WAL HELD", "LAYERS LOCAL", "LAYERS REMOTE"], rows)
 }
 
 fn render_services(st: &ClusterStatus) -> String {
@@ -488,7 +575,7 @@ fn render_endpoints(st: &ClusterStatus) -> String {
         .map(|e| {
             vec![
                 e.name.clone(),
-                e.branch.clone(),
+                branch_label(&e.tenant, &e.branch),
                 role_text(e),
                 endpoint_state(e),
                 or_dash(e.pid),
@@ -502,13 +589,22 @@ fn render_endpoints(st: &ClusterStatus) -> String {
     table(&["ENDPOINT", "BRANCH", "ROLE", "STATE", "PID", "RESTARTS", "PORTS", "LAST CAUSE", "CONNECTION"], rows)
 }
 
+/// `tenant/branch`, or `branch` in the default tenant.
+fn branch_label(tenant: &str, branch: &str) -> String {
+    match tenant {
+        "" | DEFAULT_TENANT => branch.to_string(),
+        tenant => format!("{tenant}/{branch}"),
+    }
+}
+
 /// Each timeline: its pageserver's view, its placement when not a
 /// majority, and each safekeeper's positions.
 fn render_timelines(st: &ClusterStatus) -> String {
     let ps_running = st.services.iter().any(|s| s.kind == Kind::Pageserver.as_str() && s.state == "running");
     let mut rows = Vec::new();
     for t in &st.timelines {
-        let head = |source: &str| vec![t.branch.clone(), t.timeline_id.to_string(), source.to_string()];
+        let branch = branch_label(&t.tenant, &t.branch);
+        let head = |source: &str| vec![branch.clone(), t.timeline_id.to_string(), source.to_string()];
         let mut row = head(t.attached.as_deref().unwrap_or("pageserver"));
         match &t.pageserver {
             None if t.attached.is_none() => {
@@ -661,7 +757,24 @@ mod tests {
         };
         let st = ClusterStatus {
             workdir: "/w".into(),
-            tenant_id: TenantId([1; 16]),
+            tenants: vec![
+                TenantStatus {
+                    name: "default".into(),
+                    tenant_id: TenantId([1; 16]),
+                    state: "active".into(),
+                    attached: Some("ps1".into()),
+                    logical_bytes: Some(30_000_000),
+                    wal_held_bytes: Some(16_777_216),
+                    local_layer_bytes: None,
+                    remote_layer_bytes: Some(1_000_000),
+                },
+                TenantStatus {
+                    name: "acme".into(),
+                    tenant_id: TenantId([3; 16]),
+                    state: "deleting".into(),
+                    ..Default::default()
+                },
+            ],
             services: vec![
                 service("sk1", "stopped", 1, 0, None),
                 service("sk2", "restarting", 2, 6, Some("signal 9: SIGKILL")),
@@ -669,6 +782,7 @@ mod tests {
             endpoints: vec![],
             timelines: vec![BranchStatus {
                 branch: "main".into(),
+                tenant: "acme".into(),
                 tenant_id: TenantId([1; 16]),
                 timeline_id: TimelineId([2; 16]),
                 pageserver: None,
@@ -692,6 +806,15 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("flush=0/10 commit=0/8"), "{out}");
+        // Each tenant with its sizes; a branch of a tenant but the default one is named with it.
+        assert!(out.contains("default  01010101010101010101010101010101  active    ps1       30.0 MB  16.8 MB   -             1.0 MB\n"), "{out}");
+        assert!(
+            out.contains(
+                "acme     03030303030303030303030303030303  deleting  -         -        -         -             -\n"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("acme/main  02020202020202020202020202020202  sk1"), "{out}");
         assert!(out.contains("no endpoints"), "{out}");
         assert!(out.contains("stretched (wanted: majority, applied once every safekeeper runs)"), "{out}");
         assert!(out.contains("pageserver  -      (not attached: no storage controller answered)"), "{out}");

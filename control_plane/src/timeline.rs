@@ -11,17 +11,17 @@ use crate::limits::CHECKPOINT_TIMEOUT;
 /// Flushes what the pageserver ingested of `branch`, compacts every L0,
 /// writes images, waits until object storage has all of it (when the
 /// pageserver has object storage); the LSN that is now durable.
-pub fn checkpoint(wd: &Workdir, branch: Option<&str>) -> Result<Lsn> {
+pub fn checkpoint(wd: &Workdir, tenant: &str, branch: Option<&str>) -> Result<Lsn> {
+    let tenant = wd.cluster.tenant_named(tenant)?;
     let name = branch.unwrap_or(MAIN_BRANCH);
-    let Some(b) = wd.cluster.branch(name) else {
-        let known: Vec<&str> = wd.cluster.branches.iter().map(|b| b.name.as_str()).collect();
-        return failed(format!("no branch named {name:?} (branches: {})", known.join(", ")));
+    let Some(b) = tenant.branch(name) else {
+        return failed(format!("no branch named {name:?} (branches: {})", tenant.branch_names()));
     };
-    let ps = super::controller::attached(wd)?;
+    let ps = super::controller::attached(wd, tenant.tenant_id)?;
     let url = format!(
         "{}/v1/tenant/{}/timeline/{}/checkpoint?compact=true&upload_timeout={}",
         ps.http_url(),
-        wd.cluster.tenant_id,
+        tenant.tenant_id,
         b.timeline_id,
         CHECKPOINT_TIMEOUT.as_secs() / 2
     );

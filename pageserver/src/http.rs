@@ -22,7 +22,7 @@ use strata_service::auth::http::{guard, HttpAuth, Need};
 use strata_protocol::api::pageserver::{
     BasebackupQuery, CheckpointQuery, CheckpointRecordQuery, CheckpointRecordResponse, CheckpointResponse,
     CreateBranchRequest, CreateTenantRequest, DeleteTimelineResponse, EvictResponse, LeaseRequest, LeaseResponse,
-    LocationRequest, LsnResponse, PageQuery, PageserverStatus, StatusQuery, TimeQuery,
+    LocationRequest, LsnResponse, PageQuery, PageserverStatus, StatusQuery, TenantObjectsDeleted, TimeQuery,
 };
 use strata_protocol::api::ErrorBody;
 
@@ -63,6 +63,7 @@ fn create_status(e: &CreateError) -> StatusCode {
 pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
     let management = Router::new()
         .route("/v1/tenant", post(create_tenant))
+        .route("/v1/tenant/{tenant}", delete(delete_tenant))
         .route("/v1/tenant/{tenant}/timeline", post(create_branch))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", delete(delete_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
@@ -100,6 +101,44 @@ async fn status(State(tenants): State<Arc<Tenants>>) -> Response {
         locations: tenants.locations(),
     })
     .into_response()
+}
+
+/// The object name prefixes of everything a tenant has in object storage.
+pub fn tenant_prefixes(tenant: TenantId) -> [String; 3] {
+    [format!("tenants/{tenant}/"), format!("wal/{tenant}/"), format!("keys/{tenant}/")]
+}
+
+/// `DELETE /v1/tenant/{tenant}`: deletes every object of a tenant from
+/// object storage (layers, indexes, heatmaps, offloaded WAL, data keys).
+/// Refused while the tenant has a location here: the storage controller
+/// detaches it from every pageserver first, so nothing uploads it again.
+async fn delete_tenant(State(tenants): State<Arc<Tenants>>, Path(tenant): Path<String>) -> Response {
+    let tenant: TenantId = match tenant.parse() {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
+    };
+    if let Some(l) = tenants.locations().into_iter().find(|l| l.tenant_id == tenant) {
+        let why = format!("tenant {tenant} is still located here ({:?}): detach it first", l.mode);
+        return error(StatusCode::CONFLICT, why);
+    }
+    let mut deleted = 0u64;
+    if let Some(remote) = &tenants.remote {
+        for prefix in tenant_prefixes(tenant) {
+            let listed = match remote.storage.list(&prefix).await {
+                Ok(l) => l,
+                Err(e) => {
+                    return error(StatusCode::SERVICE_UNAVAILABLE, format!("tenant {tenant}: listing {prefix}: {e}"))
+                }
+            };
+            for o in listed {
+                if let Err(e) = remote.storage.delete(&o.key).await {
+                    return error(StatusCode::SERVICE_UNAVAILABLE, format!("tenant {tenant}: deleting {}: {e}", o.key));
+                }
+                deleted += 1;
+            }
+        }
+    }
+    Json(TenantObjectsDeleted { tenant_id: tenant, objects_deleted: deleted }).into_response()
 }
 
 /// `PUT /v1/tenant/{tenant}/location`: the storage controller places the

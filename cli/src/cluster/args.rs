@@ -35,6 +35,50 @@ impl WorkdirArgs {
     }
 }
 
+/// `--tenant`: which tenant a branch, endpoint or timeline command is about.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TenantArg {
+    /// The tenant (default: `default`, the tenant every cluster is made with).
+    #[arg(long, value_name = "NAME")]
+    pub tenant: Option<String>,
+}
+
+impl TenantArg {
+    /// The tenant named, or the default one.
+    pub fn name(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(strata_control_plane::layout::DEFAULT_TENANT)
+    }
+}
+
+/// `strata tenant …`: the cluster's tenants, each a PostgreSQL cluster of its own.
+#[derive(Subcommand, Debug)]
+pub enum TenantCommand {
+    /// Create a tenant with its `main` branch (a new PostgreSQL cluster);
+    /// prints its id. Run again after an interruption, it finishes.
+    Create {
+        name: String,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Every tenant: id, state, branches, endpoints.
+    List {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Delete a tenant and everything of it: its endpoints, its timelines
+    /// on every safekeeper, its layers on every pageserver and every object
+    /// of it in object storage. Every service must run. Run again after an
+    /// interruption, it finishes.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+}
+
 /// `strata init`: what the new cluster looks like.
 #[derive(Args, Debug)]
 pub struct InitArgs {
@@ -167,6 +211,8 @@ pub enum EndpointCommand {
         #[arg(long)]
         site: Option<String>,
         #[command(flatten)]
+        tenant: TenantArg,
+        #[command(flatten)]
         agent: AgentArgs,
         #[command(flatten)]
         workdir: WorkdirArgs,
@@ -266,6 +312,8 @@ pub enum TimelineCommand {
         #[arg(long)]
         branch: Option<String>,
         #[command(flatten)]
+        tenant: TenantArg,
+        #[command(flatten)]
         workdir: WorkdirArgs,
     },
 }
@@ -305,9 +353,9 @@ pub enum AuthCommand {
         /// management, controller, service or tenant.
         #[arg(long)]
         scope: strata_service::auth::Scope,
-        /// The tenant of a tenant token (default: the cluster's tenant).
-        #[arg(long)]
-        tenant: Option<strata_protocol::TenantId>,
+        /// The tenant of a tenant token, by name or id (default: the default tenant).
+        #[arg(long, value_name = "NAME|ID")]
+        tenant: Option<String>,
         /// A tenant token for this timeline of its tenant only.
         #[arg(long)]
         timeline: Option<strata_protocol::TimelineId>,
@@ -376,6 +424,8 @@ pub enum BranchCommand {
         #[arg(long, value_name = "TIMESTAMP")]
         at_time: Option<String>,
         #[command(flatten)]
+        tenant: TenantArg,
+        #[command(flatten)]
         workdir: WorkdirArgs,
     },
     /// Delete a branch: refused while a branch depends on it, or while an
@@ -385,6 +435,8 @@ pub enum BranchCommand {
         /// Stop the endpoints running on it.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        tenant: TenantArg,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
@@ -409,6 +461,8 @@ pub enum BranchCommand {
         #[arg(long, value_parser = ["fall-behind", "throttle"])]
         on_async_lag: Option<String>,
         #[command(flatten)]
+        tenant: TenantArg,
+        #[command(flatten)]
         workdir: WorkdirArgs,
     },
     /// The tree of branches: timeline, parent, branch point, logical size, endpoints.
@@ -416,6 +470,8 @@ pub enum BranchCommand {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        tenant: TenantArg,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },

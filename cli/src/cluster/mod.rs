@@ -8,13 +8,13 @@
 mod args;
 
 pub use args::{
-    AuthCommand, BranchCommand, EndpointCommand, InitArgs, NodeArgs, SiteCommand, StatusArgs, TimelineCommand,
-    WorkdirArgs,
+    AuthCommand, BranchCommand, EndpointCommand, InitArgs, NodeArgs, SiteCommand, StatusArgs, TenantCommand,
+    TimelineCommand, WorkdirArgs,
 };
 use strata_control_plane::report::{Notice, Progress};
 use strata_control_plane::{
-    branch, controller, endpoint, hosts, init, keys, layout, membership, placement, services, site, status, timeline,
-    Error, Result,
+    branch, controller, endpoint, hosts, init, keys, layout, membership, placement, services, site, status, tenant,
+    timeline, Error, Result,
 };
 
 use crate::out::{errln, outln, Printer};
@@ -61,12 +61,10 @@ pub fn init(args: InitArgs) -> i32 {
 fn print_initialised(done: &init::Initialised) {
     let cluster = &done.cluster;
     outln!("initialised a cluster in {}", done.root.display());
-    outln!(
-        "tenant {}, branch {} = timeline {}",
-        cluster.tenant_id,
-        layout::MAIN_BRANCH,
-        cluster.branches[0].timeline_id
-    );
+    for t in &cluster.tenants {
+        let main = t.branch(layout::MAIN_BRANCH).map(|b| b.timeline_id).unwrap_or_default();
+        outln!("tenant {} = {}, branch {} = timeline {main}", t.name, t.tenant_id, layout::MAIN_BRANCH);
+    }
     for s in &cluster.services {
         let ports: Vec<String> = s.ports.iter().map(|(r, p)| format!("{r}={p}")).collect();
         outln!("{:<12} {:<11} {:<15} {}", s.name, s.kind.as_str(), s.address, ports.join(" "));
@@ -130,11 +128,11 @@ pub fn status(args: StatusArgs) -> i32 {
 /// `strata timeline checkpoint`.
 pub fn timeline(cmd: TimelineCommand) -> i32 {
     match cmd {
-        TimelineCommand::Checkpoint { branch, workdir } => {
+        TimelineCommand::Checkpoint { branch, tenant, workdir } => {
             let result = (|| {
                 workdir.plain("timeline checkpoint")?;
                 let wd = open(&workdir.workdir)?;
-                outln!("{}", timeline::checkpoint(&wd, branch.as_deref())?);
+                outln!("{}", timeline::checkpoint(&wd, tenant.name(), branch.as_deref())?);
                 Ok(())
             })();
             exit_code("timeline checkpoint", result)
@@ -164,44 +162,44 @@ pub fn site(cmd: SiteCommand) -> i32 {
 /// `strata branch create|delete|list`.
 pub fn branch(cmd: BranchCommand) -> i32 {
     match cmd {
-        BranchCommand::Create { name, from, at, at_time, workdir } => {
+        BranchCommand::Create { name, from, at, at_time, tenant, workdir } => {
             let result = (|| {
                 workdir.plain("branch create")?;
                 let wd = open(&workdir.workdir)?;
                 let _lock = lock(&wd)?;
                 let point = branch::BranchPoint { at: at.as_deref(), at_time: at_time.as_deref() };
-                outln!("{}", branch::create(&wd, &name, from.as_deref(), point, &mut Printer)?);
+                outln!("{}", branch::create(&wd, tenant.name(), &name, from.as_deref(), point, &mut Printer)?);
                 publish(&wd)
             })();
             exit_code("branch create", result)
         }
-        BranchCommand::Delete { name, force, workdir } => {
+        BranchCommand::Delete { name, force, tenant, workdir } => {
             let result = (|| {
                 workdir.plain("branch delete")?;
                 let wd = open(&workdir.workdir)?;
                 let _lock = lock(&wd)?;
-                outln!("{}", branch::delete(&wd, &name, force, &mut Printer)?);
+                outln!("{}", branch::delete(&wd, tenant.name(), &name, force, &mut Printer)?);
                 publish(&wd)
             })();
             exit_code("branch delete", result)
         }
-        BranchCommand::Placement { name, policy, home, max_async_lag, on_async_lag, workdir } => {
+        BranchCommand::Placement { name, policy, home, max_async_lag, on_async_lag, tenant, workdir } => {
             let result = (|| {
                 workdir.plain("branch placement")?;
                 let wd = open(&workdir.workdir)?;
                 let _lock = lock(&wd)?;
                 let wanted =
                     placement::placement_of(&wd, &policy, home.as_deref(), max_async_lag, on_async_lag.as_deref())?;
-                placement::set_placement(&wd, &name, wanted, &mut Printer)?;
+                placement::set_placement(&wd, tenant.name(), &name, wanted, &mut Printer)?;
                 publish(&wd)
             })();
             exit_code("branch placement", result)
         }
-        BranchCommand::List { json, workdir } => {
+        BranchCommand::List { json, tenant, workdir } => {
             let result = (|| {
                 workdir.plain("branch list")?;
                 let wd = open(&workdir.workdir)?;
-                let list = branch::list(&wd)?;
+                let list = branch::list(&wd, tenant.name())?;
                 match json {
                     true => outln!("{}", list.to_json()),
                     false => crate::out::print(format_args!("{list}")),
@@ -220,9 +218,12 @@ pub fn auth(cmd: AuthCommand) -> i32 {
             let result = (|| {
                 workdir.plain("auth token")?;
                 let wd = open(&workdir.workdir)?;
-                let tenant = match scope {
-                    strata_service::auth::Scope::Tenant => Some(tenant.unwrap_or(wd.cluster.tenant_id)),
-                    _ => tenant,
+                let tenant = match (scope, tenant) {
+                    (_, Some(t)) => Some(tenant_id_of(&wd, &t)?),
+                    (strata_service::auth::Scope::Tenant, None) => {
+                        Some(wd.cluster.tenant_named(layout::DEFAULT_TENANT)?.tenant_id)
+                    }
+                    (_, None) => None,
                 };
                 let ttl = (ttl_secs > 0).then(|| std::time::Duration::from_secs(ttl_secs));
                 let bound = keys::Bound { timeline, read_only };
@@ -266,6 +267,62 @@ pub fn auth(cmd: AuthCommand) -> i32 {
                 Ok(())
             });
             exit_code("auth keys", result)
+        }
+    }
+}
+
+/// A tenant's id from its name, or an id as given (a tenant the cluster
+/// does not know may still have a token made for it).
+fn tenant_id_of(wd: &layout::Workdir, given: &str) -> Result<strata_protocol::TenantId> {
+    match wd.cluster.tenant(given) {
+        Some(t) => Ok(t.tenant_id),
+        None => given.parse().map_err(|_| {
+            let known: Vec<&str> = wd.cluster.tenants.iter().map(|t| t.name.as_str()).collect();
+            Error::Usage(format!("--tenant {given}: neither a tenant's name ({}) nor an id", known.join(", ")))
+        }),
+    }
+}
+
+/// `strata tenant create|list|delete`.
+pub fn tenant(cmd: TenantCommand) -> i32 {
+    match cmd {
+        TenantCommand::Create { name, workdir } => {
+            let result = (|| {
+                workdir.plain("tenant create")?;
+                let wd = open(&workdir.workdir)?;
+                let _lock = lock(&wd)?;
+                let created = tenant::create(&wd, &name, &mut Printer);
+                // What was recorded reaches the other hosts even if the creation stopped midway.
+                publish(&wd)?;
+                outln!("{}", created?);
+                Ok(())
+            })();
+            exit_code("tenant create", result)
+        }
+        TenantCommand::List { json, workdir } => {
+            let result = (|| {
+                workdir.plain("tenant list")?;
+                let wd = open(&workdir.workdir)?;
+                let list = tenant::list(&wd)?;
+                match json {
+                    true => outln!("{}", list.to_json()),
+                    false => crate::out::print(format_args!("{list}")),
+                }
+                Ok(())
+            })();
+            exit_code("tenant list", result)
+        }
+        TenantCommand::Delete { name, workdir } => {
+            let result = (|| {
+                workdir.plain("tenant delete")?;
+                let wd = open(&workdir.workdir)?;
+                let _lock = lock(&wd)?;
+                let deleted = tenant::delete(&wd, &name, &mut Printer);
+                publish(&wd)?;
+                outln!("{}", deleted?);
+                Ok(())
+            })();
+            exit_code("tenant delete", result)
         }
     }
 }
@@ -350,6 +407,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
     match cmd {
         EndpointCommand::Start {
             name,
+            tenant,
             branch,
             port,
             at,
@@ -366,6 +424,7 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                 endpoint::check_name(&name)?;
                 let _lock = lock(&wd)?;
                 let how = endpoint::StartOptions {
+                    tenant: tenant.tenant.as_deref(),
                     branch: branch.as_deref(),
                     port,
                     at: at.as_deref(),

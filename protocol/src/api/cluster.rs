@@ -15,11 +15,33 @@ use crate::{TenantId, TimelineId};
 pub struct ClusterStatus {
     /// The cluster's directory.
     pub workdir: PathBuf,
-    pub tenant_id: TenantId,
+    /// Every tenant, with its sizes.
+    pub tenants: Vec<TenantStatus>,
     pub services: Vec<ServiceStatus>,
     pub endpoints: Vec<EndpointStatus>,
     /// One entry per branch.
     pub timelines: Vec<BranchStatus>,
+}
+
+/// A tenant and what it takes: sizes are absent when the service that
+/// knows them did not answer.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct TenantStatus {
+    pub name: String,
+    pub tenant_id: TenantId,
+    /// `active`, `creating` or `deleting` (a command that did not finish).
+    pub state: String,
+    /// The pageserver it is attached to, as the storage controller says.
+    pub attached: Option<String>,
+    /// The sum of its branches' logical sizes (what PostgreSQL's relations
+    /// take; branches share what they have in common, counted once each).
+    pub logical_bytes: Option<u64>,
+    /// The WAL its timelines hold on the safekeeper that holds the most.
+    pub wal_held_bytes: Option<u64>,
+    /// Its layer files on the attached pageserver's disk.
+    pub local_layer_bytes: Option<u64>,
+    /// Its layer files in object storage.
+    pub remote_layer_bytes: Option<u64>,
 }
 
 /// A safekeeper or pageserver process and its supervisor.
@@ -71,6 +93,9 @@ pub struct EndpointStatus {
     pub supervised: bool,
     /// `pg` and `http`.
     pub ports: BTreeMap<String, u16>,
+    /// The tenant of its branch.
+    #[serde(default)]
+    pub tenant: String,
     pub branch: String,
     pub timeline_id: Option<TimelineId>,
     /// The agent process: `running`, `restarting` or `stopped`.
@@ -106,6 +131,9 @@ pub struct EndpointStatus {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct BranchStatus {
     pub branch: String,
+    /// Its tenant's name.
+    #[serde(default)]
+    pub tenant: String,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
     /// The attached pageserver's answer (none when it is not running or did not answer).

@@ -338,6 +338,16 @@ pub struct DeleteTimelineResponse {
     pub deleted: TimelineId,
 }
 
+/// `DELETE /v1/tenant/{tenant}`: what was deleted of a tenant no
+/// pageserver holds any more.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TenantObjectsDeleted {
+    pub tenant_id: TenantId,
+    /// Objects deleted from object storage: layers, indexes, heatmaps,
+    /// offloaded WAL and data keys.
+    pub objects_deleted: u64,
+}
+
 /// `GET …/basebackup`: a tar of the data directory at an LSN.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
