@@ -107,7 +107,15 @@ impl Checker {
         if let Some(prev) = &inner.state {
             for (t, p) in &prev.tenants {
                 let Some(n) = next.tenants.get(t) else {
-                    bad.push(format!("tenant {t} dropped from the state"));
+                    // Only a deletion removes a tenant, and its tombstone keeps the generation.
+                    match next.deleted_tenants.get(t) {
+                        Some(d) if d.generation >= p.generation => {}
+                        Some(d) => bad.push(format!(
+                            "tenant {t}: deleted with generation {}, placed under {}",
+                            d.generation, p.generation
+                        )),
+                        None => bad.push(format!("tenant {t} dropped from the state without a tombstone")),
+                    }
                     continue;
                 };
                 if n.generation < p.generation {
@@ -115,6 +123,15 @@ impl Checker {
                 }
                 if p.attached.is_some() && n.attached.is_none() {
                     bad.push(format!("tenant {t}: attachment lost (was {:?})", p.attached));
+                }
+            }
+            // A tenant registered again starts above its tombstone.
+            for (t, d) in &prev.deleted_tenants {
+                if let Some(n) = next.tenants.get(t).filter(|n| n.generation < d.generation) {
+                    bad.push(format!(
+                        "tenant {t}: placed again under {}, deleted under {}",
+                        n.generation, d.generation
+                    ));
                 }
             }
         }
