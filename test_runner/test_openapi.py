@@ -781,6 +781,13 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
     c.call(ctl, "get", att, query={"bogus": 1}, expect={400}, tenant=tenant)
     c.call(ctl, "get", att, expect={400}, tenant="not-an-id")
     c.call(ctl, "get", att, expect={404}, tenant=missing)
+    # Registering the placed tenant again changes nothing (200, not 201);
+    # malformed ids are refused. (Deleting would change the state.)
+    _, registered = c.call(ctl, "put", "/v1/tenant/{tenant}", expect={200}, tenant=tenant)
+    if isinstance(registered, dict) and registered.get("tenant_id") != tenant:
+        c.problems.append(f"registering {tenant} again answered another tenant: {registered}")
+    c.call(ctl, "put", "/v1/tenant/{tenant}", expect={400}, tenant="not-an-id")
+    c.call(ctl, "delete", "/v1/tenant/{tenant}", expect={400}, tenant="not-an-id")
     # Renewal renews a tenant's own token only: management's is refused.
     c.call(ctl, "post", "/v1/tenant/{tenant}/token", expect={403}, tenant=tenant)
     c.call(ctl, "post", "/v1/tenant/{tenant}/token", expect={400}, tenant="not-an-id")

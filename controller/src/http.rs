@@ -1,7 +1,7 @@
 //! The controller's HTTP API (`docs/openapi/controller.yaml`): its status,
 //! where a tenant is attached (long-polled by the compute agents), the
-//! renewal of the computes' tokens, drain and fill of a pageserver, and
-//! metrics.
+//! renewal of the computes' tokens, registering and deleting tenants,
+//! drain and fill of a pageserver, and metrics.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use strata_protocol::api::controller::{PageserverPolicy, PolicyChanged};
 use strata_protocol::api::ErrorBody;
@@ -32,7 +32,8 @@ pub fn router(
     let management = Router::new()
         .route("/v1/pageserver/{name}/drain", post(drain))
         .route("/v1/pageserver/{name}/fill", post(fill))
-        .route("/v1/pageserver/{name}/lost", post(lost));
+        .route("/v1/pageserver/{name}/lost", post(lost))
+        .route("/v1/tenant/{tenant}", put(register_tenant).delete(delete_tenant));
     let tenant = Router::new().route("/v1/tenant/{tenant}/attachment", get(attachment));
     let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
     let renewal = Router::new().route("/v1/tenant/{tenant}/token", post(renew_token)).with_state(renewer);
@@ -77,9 +78,9 @@ async fn attachment(
     Path(tenant): Path<String>,
     query: Result<Query<AttachmentQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let tenant: TenantId = match tenant.parse() {
+    let tenant = match parse_tenant(&tenant) {
         Ok(t) => t,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
     let q = match query {
         Ok(Query(q)) => q,
@@ -93,17 +94,55 @@ async fn attachment(
         None => Duration::ZERO,
     };
     match c.attachment(tenant, q.after, wait, q.site.as_deref()).await {
-        Some(a) => Json(a).into_response(),
-        None => error(StatusCode::NOT_FOUND, format!("tenant {tenant} is not attached anywhere (yet)")),
+        Ok(a) => Json(a).into_response(),
+        Err(e) => error(StatusCode::NOT_FOUND, e.to_string()),
     }
+}
+
+/// The tenant id of a path, or why it is none (a 400).
+fn parse_tenant(tenant: &str) -> Result<TenantId, String> {
+    tenant.parse().map_err(|e| format!("{e}"))
+}
+
+/// The answer to a management call that failed: a follower's and a
+/// storage failure's are 503 (the caller asks the leader, or again).
+fn call_error(e: CallError) -> Response {
+    let status = match e {
+        CallError::NotLeader(_) | CallError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        CallError::Unknown(_) => StatusCode::NOT_FOUND,
+    };
+    error(status, e.to_string())
 }
 
 async fn set_policy(c: Arc<Controller>, name: String, policy: PageserverPolicy) -> Response {
     match c.set_policy(&name, policy).await {
         Ok(()) => Json(PolicyChanged { pageserver: name, policy }).into_response(),
-        Err(e @ CallError::NotLeader(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        Err(e @ CallError::Unknown(_)) => error(StatusCode::NOT_FOUND, e.to_string()),
-        Err(e @ CallError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => call_error(e),
+    }
+}
+
+/// `PUT /v1/tenant/{tenant}`: 201 when the tenant was new, 200 when known.
+async fn register_tenant(State(c): State<Arc<Controller>>, Path(tenant): Path<String>) -> Response {
+    let tenant = match parse_tenant(&tenant) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match c.register_tenant(tenant).await {
+        Ok((true, r)) => (StatusCode::CREATED, Json(r)).into_response(),
+        Ok((false, r)) => Json(r).into_response(),
+        Err(e) => call_error(e),
+    }
+}
+
+/// `DELETE /v1/tenant/{tenant}`: repeated until no pageserver holds it.
+async fn delete_tenant(State(c): State<Arc<Controller>>, Path(tenant): Path<String>) -> Response {
+    let tenant = match parse_tenant(&tenant) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match c.delete_tenant(tenant).await {
+        Ok(d) => Json(d).into_response(),
+        Err(e) => call_error(e),
     }
 }
 

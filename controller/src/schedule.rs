@@ -5,7 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use strata_protocol::api::controller::{ControllerState, Migration, PageserverPolicy, TenantPlacement};
+use strata_protocol::api::controller::{ControllerState, DeletedTenant, Migration, PageserverPolicy, TenantPlacement};
+use strata_protocol::limits::MAX_DELETED_TENANTS;
 use strata_protocol::TenantId;
 
 use crate::limits::MAX_SECONDARIES;
@@ -303,6 +304,45 @@ pub fn set_policy(state: &ControllerState, name: &str, policy: PageserverPolicy)
     (next != *state).then_some(next)
 }
 
+/// Registers `tenant` (`PUT /v1/tenant/{tenant}`): placed like a tenant of
+/// the config, with generations above `first_generation` and above its
+/// tombstone's, which goes (a tenant created again with the same id must
+/// be served). `None` if it is placed already.
+pub fn register_tenant(state: &ControllerState, tenant: TenantId, first_generation: u32) -> Option<ControllerState> {
+    if state.tenants.contains_key(&tenant) {
+        return None;
+    }
+    let mut next = state.clone();
+    let deleted = next.deleted_tenants.remove(&tenant).map_or(0, |d| d.generation);
+    add_tenants(&mut next, &[(tenant, first_generation.max(deleted))]);
+    Some(next)
+}
+
+/// Deletes `tenant` (`DELETE /v1/tenant/{tenant}`): its placement becomes
+/// a tombstone that keeps its generation. Beyond [`MAX_DELETED_TENANTS`]
+/// the oldest tombstones go, but never those of `pinned` (the config's
+/// tenants: without their tombstone the config would place them again).
+/// `None` if it is deleted already.
+pub fn delete_tenant(state: &ControllerState, tenant: TenantId, pinned: &[TenantId]) -> Option<ControllerState> {
+    if state.deleted_tenants.contains_key(&tenant) {
+        return None;
+    }
+    let mut next = state.clone();
+    let generation = next.tenants.remove(&tenant).map_or(0, |p| p.generation);
+    // The version this state is written with.
+    let version = state.version + 1;
+    next.deleted_tenants.insert(tenant, DeletedTenant { generation, version });
+    loop {
+        let droppable = next.deleted_tenants.iter().filter(|(t, _)| !pinned.contains(t));
+        if droppable.clone().count() <= MAX_DELETED_TENANTS {
+            break;
+        }
+        let oldest = droppable.min_by_key(|(t, d)| (d.version, **t)).map(|(t, _)| *t).expect("over the bound");
+        next.deleted_tenants.remove(&oldest);
+    }
+    Some(next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,6 +486,60 @@ mod tests {
         // A secondary online instead: it is attached under a new generation, the move ended.
         let failed_over = plan(&moving, &view(&["ps3"])).unwrap();
         assert_eq!(placement(&failed_over, tenant(1)), (3, Some("ps3"), vec!["ps1"], None));
+    }
+
+    #[test]
+    fn a_registered_tenant_is_placed_once_and_a_deleted_one_comes_back_above_its_tombstone() {
+        let v = view(&["ps1", "ps2"]);
+        let s = register_tenant(&ControllerState::default(), tenant(1), 4).unwrap();
+        let s = settle(s, &v);
+        assert_eq!(placement(&s, tenant(1)), (5, Some("ps1"), vec!["ps2"], None));
+        assert!(register_tenant(&s, tenant(1), 9).is_none(), "a placed tenant is kept as it is");
+        // Deleted: out of the placements, its generation kept in the tombstone.
+        let deleted = delete_tenant(&s, tenant(1), &[]).unwrap();
+        assert!(!deleted.tenants.contains_key(&tenant(1)));
+        assert_eq!(deleted.deleted_tenants[&tenant(1)], DeletedTenant { generation: 5, version: s.version + 1 });
+        assert!(delete_tenant(&deleted, tenant(1), &[]).is_none(), "deleting again changes nothing");
+        assert!(plan(&deleted, &v).is_none(), "a decision places no deleted tenant");
+        // Registered again, with nothing in storage: above the tombstone.
+        let again = register_tenant(&deleted, tenant(1), 0).unwrap();
+        assert!(again.deleted_tenants.is_empty());
+        assert_eq!(placement(&settle(again, &v), tenant(1)), (6, Some("ps1"), vec!["ps2"], None));
+        // Or above storage's generations when they are higher.
+        let again = register_tenant(&deleted, tenant(1), 11).unwrap();
+        assert_eq!(placement(&settle(again, &v), tenant(1)).0, 12);
+        // A tenant never placed can be deleted too.
+        let unknown = delete_tenant(&s, tenant(2), &[]).unwrap();
+        assert_eq!(unknown.deleted_tenants[&tenant(2)].generation, 0);
+        assert_eq!(unknown.tenants, s.tenants);
+    }
+
+    #[test]
+    fn tombstones_are_bounded_the_oldest_going_first_but_never_the_configs() {
+        let id = |n: usize| {
+            let mut bytes = [0xee; 16];
+            bytes[..8].copy_from_slice(&(n as u64).to_be_bytes());
+            TenantId(bytes)
+        };
+        let config_tenant = tenant(1);
+        let mut s = ControllerState::default();
+        add_tenants(&mut s, &[(config_tenant, 3)]);
+        // Each deletion as the controller writes it: the version goes up.
+        let delete = |s: &ControllerState, t| {
+            let mut next = delete_tenant(s, t, &[config_tenant]).unwrap();
+            next.version += 1;
+            next
+        };
+        s = delete(&s, config_tenant);
+        for n in 0..MAX_DELETED_TENANTS + 10 {
+            s = delete(&s, id(n));
+            assert!(s.deleted_tenants.len() <= MAX_DELETED_TENANTS + 1);
+        }
+        assert_eq!(s.deleted_tenants.len(), MAX_DELETED_TENANTS + 1);
+        // The ten oldest went; the config's tenant, older still, stayed.
+        assert!((0..10).all(|n| !s.deleted_tenants.contains_key(&id(n))));
+        assert!((10..MAX_DELETED_TENANTS + 10).all(|n| s.deleted_tenants.contains_key(&id(n))));
+        assert_eq!(s.deleted_tenants[&config_tenant].generation, 3);
     }
 
     #[test]

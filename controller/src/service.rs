@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_protocol::api::controller::{
-    AttachmentInfo, ControllerState, ControllerStatus, PageserverHealth, PageserverPolicy, STATE_FORMAT_VERSION,
+    AttachmentInfo, ControllerState, ControllerStatus, PageserverHealth, PageserverPolicy, TenantDeleted,
+    TenantRegistered, STATE_FORMAT_VERSION,
 };
-use strata_protocol::api::pageserver::{LocationMode, LocationRequest, PageserverStatus};
+use strata_protocol::api::pageserver::{LocationMode, LocationRequest, LocationStatus, PageserverStatus};
 use strata_protocol::TenantId;
 use strata_remote_storage::cas::ObjectVersion;
 use strata_service::clock::{self, Clock};
@@ -24,7 +25,7 @@ use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
 use crate::client::Pageservers;
-use crate::config::ControllerConfig;
+use crate::config::{ControllerConfig, PageserverRef};
 use crate::env::Env;
 use crate::limits::{FOLLOWER_REFRESH, LEASE_RENEWALS_PER_TTL, RETRY_MAX, RETRY_MIN, WRITE_ATTEMPTS};
 use crate::metrics::Metrics;
@@ -103,6 +104,15 @@ pub enum CallError {
     Unknown(String),
     #[error("{0}")]
     Store(String),
+}
+
+/// Why a tenant's attachment is not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum NoAttachment {
+    #[error("tenant {0} was deleted")]
+    Deleted(TenantId),
+    #[error("tenant {0} is not attached anywhere (yet)")]
+    NotAttached(TenantId),
 }
 
 impl Controller {
@@ -488,8 +498,14 @@ impl Controller {
         let (state, version) = self.current_state().await?;
         self.check_term(&state, term)?;
         let mut next = state.clone();
-        let unknown: Vec<TenantId> =
-            self.conf.tenants.iter().filter(|t| !state.tenants.contains_key(t)).copied().collect();
+        // The config's tenants are placed unless known or deleted since.
+        let unknown: Vec<TenantId> = self
+            .conf
+            .tenants
+            .iter()
+            .filter(|t| !state.tenants.contains_key(t) && !state.deleted_tenants.contains_key(t))
+            .copied()
+            .collect();
         let mut new = Vec::new();
         for t in unknown {
             let g = self.store.max_generation(t).await.map_err(|e| format!("tenant {t}: {e}"))?;
@@ -515,8 +531,9 @@ impl Controller {
                 next = planned;
             }
         }
+        // Only the API deletes tenants: a decision keeps every one.
         debug_assert!(
-            keeps_generations(&state, &next),
+            keeps_generations(&state, &next) && next.deleted_tenants == state.deleted_tenants,
             "a decision lost a tenant or a generation: {state:?} -> {next:?}"
         );
         if next != state || state.leader_term != term {
@@ -589,11 +606,12 @@ impl Controller {
         Some(LocationRequest { mode, generation: None })
     }
 
-    /// Sends each online pageserver the location changes it needs.
+    /// Sends each online pageserver the location changes it needs: those of
+    /// the placements, and a detach of every deleted tenant it still holds.
     fn apply(&self, state: &ControllerState) {
         let view = self.view();
         let online = view.online.clone();
-        let observed: BTreeMap<String, Vec<strata_protocol::api::pageserver::LocationStatus>> = {
+        let observed: BTreeMap<String, Vec<LocationStatus>> = {
             let inner = self.inner.lock();
             inner
                 .health
@@ -601,12 +619,10 @@ impl Controller {
                 .filter_map(|(n, h)| h.status.as_ref().map(|s| (n.clone(), s.locations.clone())))
                 .collect()
         };
+        let online_pageservers = || self.conf.pageservers.iter().filter(|ps| online.contains(&ps.name));
         for (t, p) in &state.tenants {
             let readers = schedule::site_readers(p, &view);
-            for ps in &self.conf.pageservers {
-                if !online.contains(&ps.name) {
-                    continue;
-                }
+            for ps in online_pageservers() {
                 let Some(want) = Self::desired(p, &ps.name, &readers) else { continue };
                 let have = observed.get(&ps.name).and_then(|ls| ls.iter().find(|l| l.tenant_id == *t));
                 let matches = match (want.mode, have) {
@@ -616,47 +632,64 @@ impl Controller {
                     }
                     (_, None) => false,
                 };
-                let key = (ps.name.clone(), *t);
-                if matches || self.retries.lock().waiting(&key, self.clock.now()) {
-                    continue;
+                if !matches {
+                    self.send_location(ps, *t, want);
                 }
-                if !self.in_flight.lock().insert(key) {
-                    continue;
-                }
-                self.metrics.location_calls.inc();
-                info!(pageserver = %ps.name, tenant = %t, mode = ?want.mode, generation = ?want.generation, "setting a location");
-                let (pageservers, http, name, tenant) =
-                    (self.pageservers.clone(), ps.http.clone(), ps.name.clone(), *t);
-                let me = self.me.clone();
-                self.spawn.spawn(Box::pin(async move {
-                    let r = pageservers.set_location(&http, tenant, want).await;
-                    if let Some(me) = me.upgrade() {
-                        let key = (name.clone(), tenant);
-                        me.in_flight.lock().remove(&key);
-                        match r {
-                            Ok(status) => {
-                                me.retries.lock().succeeded(&key);
-                                // Seen at once, without waiting for the next heartbeat.
-                                let mut inner = me.inner.lock();
-                                if let Some(s) = inner.health.get_mut(&name).and_then(|h| h.status.as_mut()) {
-                                    s.locations.retain(|l| l.tenant_id != tenant);
-                                    if status.mode != LocationMode::Detached {
-                                        s.locations.push(status);
-                                    }
-                                }
-                                drop(inner);
-                                me.wake.notify_one();
-                            }
-                            Err(e) => {
-                                me.retries.lock().failed(key, me.clock.now());
-                                me.metrics.location_errors.inc();
-                                me.note_error(format!("pageserver {name}: tenant {tenant}: {e}"));
-                            }
-                        }
-                    }
-                }));
             }
         }
+        // Deleted tenants: a detach removes the pageserver's local files.
+        for ps in online_pageservers() {
+            let held = observed.get(&ps.name).into_iter().flatten();
+            let deleted =
+                held.filter(|l| l.mode != LocationMode::Detached && state.deleted_tenants.contains_key(&l.tenant_id));
+            for t in deleted.map(|l| l.tenant_id).collect::<BTreeSet<_>>() {
+                self.send_location(ps, t, LocationRequest { mode: LocationMode::Detached, generation: None });
+            }
+        }
+    }
+
+    /// Sends `ps` the location `want` of `tenant` in a task of its own,
+    /// unless a call for the same is under way or waits to be retried. Its
+    /// answer updates what the heartbeats said of `ps` at once.
+    fn send_location(&self, ps: &PageserverRef, tenant: TenantId, want: LocationRequest) {
+        let key = (ps.name.clone(), tenant);
+        if self.retries.lock().waiting(&key, self.clock.now()) {
+            return;
+        }
+        if !self.in_flight.lock().insert(key) {
+            return;
+        }
+        self.metrics.location_calls.inc();
+        info!(pageserver = %ps.name, tenant = %tenant, mode = ?want.mode, generation = ?want.generation, "setting a location");
+        let (pageservers, http, name) = (self.pageservers.clone(), ps.http.clone(), ps.name.clone());
+        let me = self.me.clone();
+        self.spawn.spawn(Box::pin(async move {
+            let r = pageservers.set_location(&http, tenant, want).await;
+            if let Some(me) = me.upgrade() {
+                let key = (name.clone(), tenant);
+                me.in_flight.lock().remove(&key);
+                match r {
+                    Ok(status) => {
+                        me.retries.lock().succeeded(&key);
+                        // Seen at once, without waiting for the next heartbeat.
+                        let mut inner = me.inner.lock();
+                        if let Some(s) = inner.health.get_mut(&name).and_then(|h| h.status.as_mut()) {
+                            s.locations.retain(|l| l.tenant_id != tenant);
+                            if status.mode != LocationMode::Detached {
+                                s.locations.push(status);
+                            }
+                        }
+                        drop(inner);
+                        me.wake.notify_one();
+                    }
+                    Err(e) => {
+                        me.retries.lock().failed(key, me.clock.now());
+                        me.metrics.location_errors.inc();
+                        me.note_error(format!("pageserver {name}: tenant {tenant}: {e}"));
+                    }
+                }
+            }
+        }));
     }
 
     /// Whether a move's target has ingested every timeline as far as the
@@ -704,7 +737,7 @@ impl Controller {
         after: Option<u64>,
         wait: Duration,
         site: Option<&str>,
-    ) -> Option<AttachmentInfo> {
+    ) -> Result<AttachmentInfo, NoAttachment> {
         let mut rx = self.version.subscribe();
         if let Some(after) = after {
             let _ = clock::timeout(&*self.clock, wait, rx.wait_for(|v| *v > after)).await;
@@ -712,9 +745,13 @@ impl Controller {
         // Before the lock: the view takes it too.
         let view = site.map(|_| self.view());
         let inner = self.inner.lock();
-        let (state, _) = inner.state.as_ref()?;
-        let p = state.tenants.get(&tenant)?;
-        let attached = p.attached.as_ref()?;
+        let not_attached = || NoAttachment::NotAttached(tenant);
+        let (state, _) = inner.state.as_ref().ok_or_else(not_attached)?;
+        if state.deleted_tenants.contains_key(&tenant) {
+            return Err(NoAttachment::Deleted(tenant));
+        }
+        let p = state.tenants.get(&tenant).ok_or_else(not_attached)?;
+        let attached = p.attached.as_ref().ok_or_else(not_attached)?;
         let reader = site.zip(view.as_ref()).and_then(|(site, view)| {
             let name = schedule::site_readers(p, view).remove(site)?;
             let loaded =
@@ -724,8 +761,8 @@ impl Controller {
             loaded.then_some(name)
         });
         let name = reader.as_ref().unwrap_or(attached);
-        let ps = self.conf.pageserver(name)?;
-        Some(AttachmentInfo {
+        let ps = self.conf.pageserver(name).ok_or_else(not_attached)?;
+        Ok(AttachmentInfo {
             tenant_id: tenant,
             version: state.version,
             generation: p.generation,
@@ -781,11 +818,7 @@ impl Controller {
             return Err(CallError::Unknown(name.to_string()));
         }
         for _ in 0..WRITE_ATTEMPTS {
-            let Some(term) = self.leading() else {
-                return Err(CallError::NotLeader(self.inner.lock().leader_http.clone()));
-            };
-            let (state, version) = self.current_state().await.map_err(CallError::Store)?;
-            self.check_term(&state, term).map_err(CallError::Store)?;
+            let (state, version, term) = self.leader_state().await?;
             let Some(next) = schedule::set_policy(&state, name, policy) else { return Ok(()) };
             match self.write(next, version.as_ref(), term).await {
                 Ok(()) => {
@@ -798,14 +831,107 @@ impl Controller {
         }
         Err(CallError::Store(format!("the state kept changing; {name} was not set to {policy:?}")))
     }
+
+    /// Registers `tenant` (`PUT /v1/tenant/{tenant}`): adds it to the state,
+    /// above every generation its objects carry, and wakes the decisions so
+    /// it is placed at once. Whether it was new, and its generation.
+    pub async fn register_tenant(&self, tenant: TenantId) -> Result<(bool, TenantRegistered), CallError> {
+        let mut stored = None;
+        for _ in 0..WRITE_ATTEMPTS {
+            let (state, version, term) = self.leader_state().await?;
+            if let Some(p) = state.tenants.get(&tenant) {
+                return Ok((false, TenantRegistered { tenant_id: tenant, generation: p.generation }));
+            }
+            let first = match stored {
+                Some(g) => g,
+                None => {
+                    let g = self.store.max_generation(tenant).await.map_err(|e| {
+                        self.metrics.storage_errors.inc();
+                        CallError::Store(format!("tenant {tenant}: listing its objects: {e}"))
+                    })?;
+                    *stored.insert(g)
+                }
+            };
+            let next = schedule::register_tenant(&state, tenant, first).expect("not placed yet");
+            let generation = next.tenants[&tenant].generation;
+            match self.write(next, version.as_ref(), term).await {
+                Ok(()) => {
+                    info!(tenant = %tenant, generation, "tenant registered");
+                    self.wake.notify_one();
+                    return Ok((true, TenantRegistered { tenant_id: tenant, generation }));
+                }
+                Err(e) => warn!(tenant = %tenant, "registering: {e}"),
+            }
+        }
+        Err(CallError::Store(format!("tenant {tenant}: the state kept changing; it was not registered")))
+    }
+
+    /// Deletes `tenant` (`DELETE /v1/tenant/{tenant}`): its placement becomes
+    /// a tombstone, and the decisions tell its pageservers to detach it.
+    /// Again, it only answers where it is still located.
+    pub async fn delete_tenant(&self, tenant: TenantId) -> Result<TenantDeleted, CallError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let (state, version, term) = self.leader_state().await?;
+            let Some(next) = schedule::delete_tenant(&state, tenant, &self.conf.tenants) else {
+                return Ok(self.located(tenant));
+            };
+            debug_assert!(keeps_generations(&state, &next));
+            let generation = next.deleted_tenants[&tenant].generation;
+            match self.write(next, version.as_ref(), term).await {
+                Ok(()) => {
+                    info!(tenant = %tenant, generation, "tenant deleted");
+                    self.wake.notify_one();
+                    return Ok(self.located(tenant));
+                }
+                Err(e) => warn!(tenant = %tenant, "deleting: {e}"),
+            }
+        }
+        Err(CallError::Store(format!("tenant {tenant}: the state kept changing; it was not deleted")))
+    }
+
+    /// The state to change, while this controller leads, with its version
+    /// and the term to write it under.
+    async fn leader_state(&self) -> Result<(ControllerState, Option<ObjectVersion>, u64), CallError> {
+        let Some(term) = self.leading() else {
+            return Err(CallError::NotLeader(self.inner.lock().leader_http.clone()));
+        };
+        let (state, version) = self.current_state().await.map_err(CallError::Store)?;
+        self.check_term(&state, term).map_err(CallError::Store)?;
+        Ok((state, version, term))
+    }
+
+    /// Where a deleted tenant is still located, as the heartbeats and the
+    /// location calls under way say.
+    fn located(&self, tenant: TenantId) -> TenantDeleted {
+        let online = self.online();
+        let sending: BTreeSet<String> =
+            self.in_flight.lock().iter().filter(|(_, t)| *t == tenant).map(|(n, _)| n.clone()).collect();
+        let inner = self.inner.lock();
+        let holds = |name: &String| {
+            let status = inner.health.get(name).and_then(|h| h.status.as_ref());
+            status
+                .is_some_and(|s| s.locations.iter().any(|l| l.tenant_id == tenant && l.mode != LocationMode::Detached))
+        };
+        let (on, off): (Vec<&PageserverRef>, Vec<&PageserverRef>) =
+            self.conf.pageservers.iter().partition(|p| online.contains(&p.name));
+        TenantDeleted {
+            tenant_id: tenant,
+            still_located_on: on
+                .iter()
+                .filter(|p| holds(&p.name) || sending.contains(&p.name))
+                .map(|p| p.name.clone())
+                .collect(),
+            offline: off.iter().map(|p| p.name.clone()).collect(),
+        }
+    }
 }
 
-/// Whether `next` keeps what must never be lost from `state`: every tenant,
-/// a generation never lower, and an attachment once there is one.
+/// Whether `next` keeps what must never be lost from `state`: every tenant
+/// (but one deleted, whose tombstone keeps its generation), a generation
+/// never lower, and an attachment once there is one.
 fn keeps_generations(state: &ControllerState, next: &ControllerState) -> bool {
-    state.tenants.iter().all(|(t, p)| {
-        next.tenants
-            .get(t)
-            .is_some_and(|n| n.generation >= p.generation && (p.attached.is_none() || n.attached.is_some()))
+    state.tenants.iter().all(|(t, p)| match next.tenants.get(t) {
+        Some(n) => n.generation >= p.generation && (p.attached.is_none() || n.attached.is_some()),
+        None => next.deleted_tenants.get(t).is_some_and(|d| d.generation >= p.generation),
     })
 }

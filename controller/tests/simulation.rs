@@ -97,19 +97,25 @@ fn every_seed_keeps_the_invariants() {
     let sum = |f: fn(&Outcome) -> u64| outcomes.iter().map(f).sum::<u64>();
     eprintln!(
         "simulation: {} seeds in {took:.1?} ({simulated:.0?} simulated): {} state writes, {} lease writes, \
-         {} generations accepted, {} steps; longest healing {longest:.1?} (bound {:?})",
+         {} generations accepted, {} tenants deleted, {} registered again, {} steps; longest healing \
+         {longest:.1?} (bound {:?})",
         seeds.len(),
         sum(|o| o.counts.state_writes),
         sum(|o| o.counts.lease_writes),
         sum(|o| o.counts.generations_accepted),
+        sum(|o| o.counts.deletions),
+        sum(|o| o.counts.registrations_again),
         sum(|o| o.polls),
         world::HEAL_BOUND,
     );
     assert!(failed.is_empty(), "seeds that failed: {failed:?}");
-    // The runs did something: leaders were replaced, generations moved.
+    // The runs did something: leaders were replaced, generations moved,
+    // tenants were deleted and registered again.
     if seeds.len() >= 50 {
         assert!(outcomes.iter().any(|o| o.counts.highest_term >= 3), "no run replaced its leader twice");
         assert!(sum(|o| o.counts.generations_accepted) > seeds.len() as u64 * 2);
+        assert!(sum(|o| o.counts.deletions) >= seeds.len() as u64 / 4);
+        assert!(sum(|o| o.counts.registrations_again) >= seeds.len() as u64 / 50);
     }
 }
 

@@ -49,8 +49,29 @@ pub const MAX_IOVECS: usize = 1024;
 
 // Documents.
 
-/// Largest controller state object accepted.
+/// Largest controller state object accepted: room for
+/// [`STATE_SIZED_FOR_TENANTS`] placements and every tombstone, twice over
+/// (names of a dozen bytes, as clusters have, take half the room assumed).
 pub const MAX_STATE_BYTES: usize = 16 << 20;
+/// Tenants deleted through the controller's API whose tombstones the state
+/// keeps (besides those of its config's tenants), the oldest dropped
+/// first. A tombstone is needed until every pageserver that held the
+/// tenant has detached it: seconds, or as long as one is down. Every
+/// write of the state rewrites them all, so they are bounded: 4096 take
+/// about 600 KB. A pageserver down through more deletions than that comes
+/// back with the local files of tenants the state no longer names, which
+/// the controller leaves alone.
+pub const MAX_DELETED_TENANTS: usize = 4096;
+/// The number of placed tenants the state object's size is checked for.
+pub const STATE_SIZED_FOR_TENANTS: usize = 10_000;
+/// Bytes of one placement in the state object at most (as written, indented:
+/// a tenant id, a generation, the attached pageserver, a move and a few
+/// secondaries, each name up to 64 bytes); `state_size_is_bounded` in
+/// `api/controller.rs` measures it.
+pub const STATE_PLACEMENT_BYTES: usize = 768;
+/// Bytes of one tombstone in the state object at most (a tenant id, a
+/// generation, a version).
+pub const STATE_TOMBSTONE_BYTES: usize = 160;
 /// Largest lazy-basebackup manifest accepted (about a million relation forks).
 pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
 
@@ -81,3 +102,10 @@ const _: () = assert!(PAGESERVER_MAX_STRING_LEN + 64 <= PAGESERVER_MAX_FRAME_SIZ
 const _: () = assert!(4 + 1 + 8 + BLCKSZ <= READ_CHUNK);
 // Linux refuses a vectored write of more buffers than IOV_MAX (1024).
 const _: () = assert!(MAX_IOVECS >= 1 && MAX_IOVECS <= 1024);
+// The state object holds the tenants it is sized for and every tombstone,
+// with room to spare for the config's own tombstones and the pageservers'
+// policies.
+const _: () = assert!(
+    2 * (STATE_SIZED_FOR_TENANTS * STATE_PLACEMENT_BYTES + MAX_DELETED_TENANTS * STATE_TOMBSTONE_BYTES)
+        <= MAX_STATE_BYTES
+);

@@ -32,6 +32,8 @@ struct Inner {
     /// Counts, for the summary.
     state_writes: u64,
     lease_writes: u64,
+    deletions: u64,
+    registrations_again: u64,
 }
 
 /// What a run did, in numbers.
@@ -41,6 +43,9 @@ pub struct Counts {
     pub lease_writes: u64,
     pub generations_accepted: u64,
     pub highest_term: u64,
+    /// Tenants deleted, and deleted ones registered again.
+    pub deletions: u64,
+    pub registrations_again: u64,
 }
 
 /// The pageserver a placement's generation is for: a move's target, else the attached one.
@@ -65,6 +70,8 @@ impl Checker {
             lease_writes: inner.lease_writes,
             generations_accepted: inner.accepted.len() as u64,
             highest_term: inner.lease.as_ref().map_or(0, |l| l.term),
+            deletions: inner.deletions,
+            registrations_again: inner.registrations_again,
         }
     }
 
@@ -104,10 +111,19 @@ impl Checker {
         if next.leader_term < prev_term {
             bad.push(format!("state of term {} written after term {prev_term}", next.leader_term));
         }
+        let (mut deleted, mut again) = (0, 0);
         if let Some(prev) = &inner.state {
             for (t, p) in &prev.tenants {
                 let Some(n) = next.tenants.get(t) else {
-                    bad.push(format!("tenant {t} dropped from the state"));
+                    // Only a deletion removes a tenant, and its tombstone keeps the generation.
+                    match next.deleted_tenants.get(t) {
+                        Some(d) if d.generation >= p.generation => {}
+                        Some(d) => bad.push(format!(
+                            "tenant {t}: deleted with generation {}, placed under {}",
+                            d.generation, p.generation
+                        )),
+                        None => bad.push(format!("tenant {t} dropped from the state without a tombstone")),
+                    }
                     continue;
                 };
                 if n.generation < p.generation {
@@ -117,7 +133,21 @@ impl Checker {
                     bad.push(format!("tenant {t}: attachment lost (was {:?})", p.attached));
                 }
             }
+            // A tenant registered again starts above its tombstone.
+            for (t, d) in &prev.deleted_tenants {
+                let Some(n) = next.tenants.get(t) else { continue };
+                again += 1;
+                if n.generation < d.generation {
+                    bad.push(format!(
+                        "tenant {t}: placed again under {}, deleted under {}",
+                        n.generation, d.generation
+                    ));
+                }
+            }
+            deleted = next.deleted_tenants.keys().filter(|t| !prev.deleted_tenants.contains_key(t)).count() as u64;
         }
+        inner.deletions += deleted;
+        inner.registrations_again += again;
         for (t, p) in &next.tenants {
             if p.attached.is_some() && p.generation <= inner.preexisting.get(t).copied().unwrap_or(0) {
                 bad.push(format!(

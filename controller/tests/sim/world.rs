@@ -3,9 +3,11 @@
 //! drawn from the run's seed, and the checks. A run
 //! is a few cycles of chaos (pageservers die, hang and return; controllers
 //! die, stall and restart; storage fails and slows; operators drain, fill
-//! and give up pageservers) followed by healing (storage healthy, a
+//! and give up pageservers, and delete tenants and register them again)
+//! followed by healing (storage healthy, a
 //! controller running, at least one pageserver up), after which every
-//! tenant must be served again within a bound.
+//! tenant must be served again (and a deleted one held by no pageserver
+//! that is up) within a bound.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -356,8 +358,31 @@ impl World {
                 };
                 self.operator(name, policy);
             }
+            80..86 => {
+                let t = self.tenants[self.draw(0..self.tenants.len() as u64) as usize];
+                self.tenant_call(t);
+            }
             _ => {}
         }
+    }
+
+    /// An operator deletes `t`, or registers it again once the last state
+    /// written has it deleted, through one controller (which refuses it
+    /// unless it leads).
+    fn tenant_call(&mut self, t: TenantId) {
+        let i = self.draw(0..self.slots.len() as u64) as usize;
+        let Some((_, c)) = self.slots[i].running.clone() else { return };
+        let deleted = self.checker.state().is_some_and(|s| s.deleted_tenants.contains_key(&t));
+        self.exec.spawn(
+            OPERATOR,
+            Box::pin(async move {
+                if deleted {
+                    let _ = c.register_tenant(t).await;
+                } else {
+                    let _ = c.delete_tenant(t).await;
+                }
+            }),
+        );
     }
 
     /// An operator's call: sets a policy through one controller (which
@@ -433,8 +458,9 @@ impl World {
 
     /// Why some tenant is not served now: the state names no attached
     /// pageserver that is up and holds it under its generation (the
-    /// current one, or an older one while a move's target catches up), or
-    /// a controller (which computes ask) knows another state.
+    /// current one, or an older one while a move's target catches up), a
+    /// deleted one is still held by a pageserver that is up, or a
+    /// controller (which computes ask) knows another state.
     fn unserved(&self) -> Option<String> {
         let Some(state) = self.checker.state() else { return Some("no state written".into()) };
         for (_, c) in self.slots.iter().filter_map(|s| s.running.as_ref()) {
@@ -444,6 +470,16 @@ impl World {
             }
         }
         for t in &self.tenants {
+            if state.deleted_tenants.contains_key(t) {
+                // Deleted: no pageserver that is up holds it any more.
+                let holder = self.names.iter().find(|(_, http)| {
+                    self.pageservers.mode(http) == Mode::Up && self.pageservers.location(http, *t).is_some()
+                });
+                if let Some((name, http)) = holder {
+                    return Some(format!("tenant {t} deleted, {name} holds {:?}", self.pageservers.location(http, *t)));
+                }
+                continue;
+            }
             let Some(p) = state.tenants.get(t) else { return Some(format!("tenant {t} not in the state")) };
             let Some(a) = &p.attached else { return Some(format!("tenant {t} attached nowhere")) };
             let http = &self.names.iter().find(|(n, _)| n == a).expect("a configured pageserver").1;

@@ -31,6 +31,12 @@ pub struct ControllerState {
     /// Scheduling policy of each pageserver (by name) that is not active.
     #[serde(default)]
     pub pageservers: BTreeMap<String, PageserverPolicy>,
+    /// Tombstones of the tenants deleted through the API: the config's list
+    /// does not place them again, and pageservers that still hold one are
+    /// told to detach it. Never a tenant of `tenants`. Absent when empty,
+    /// so states without it read as before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deleted_tenants: BTreeMap<TenantId, DeletedTenant>,
 }
 
 impl ControllerState {
@@ -45,6 +51,9 @@ impl ControllerState {
             return Err(format!("format version {}, this build reads {STATE_FORMAT_VERSION}", s.format_version));
         }
         for (t, p) in &s.tenants {
+            if s.deleted_tenants.contains_key(t) {
+                return Err(format!("tenant {t}: both placed and deleted"));
+            }
             if p.generation == 0 && p.attached.is_some() {
                 return Err(format!("tenant {t}: attached under generation 0"));
             }
@@ -84,6 +93,17 @@ pub struct TenantPlacement {
     /// catches up while `attached` still serves the computes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<Migration>,
+}
+
+/// A deleted tenant's tombstone (`DELETE /v1/tenant/{tenant}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeletedTenant {
+    /// Its generation when it was deleted: registered again, it is placed
+    /// above it, so no generation is issued twice.
+    pub generation: u32,
+    /// The state version that recorded the deletion: the oldest tombstones
+    /// are dropped first.
+    pub version: u64,
 }
 
 /// A live move of a tenant to another pageserver (a drain or a rebalance).
@@ -158,6 +178,30 @@ pub struct PolicyChanged {
     pub policy: PageserverPolicy,
 }
 
+/// `PUT /v1/tenant/{tenant}`: the tenant is placed (201 when it was new,
+/// 200 when it was known already).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TenantRegistered {
+    pub tenant_id: TenantId,
+    /// Its generation in the state when answered; a new tenant's first
+    /// attachment is issued the next one.
+    pub generation: u32,
+}
+
+/// `DELETE /v1/tenant/{tenant}`: the tenant is deleted; the caller repeats
+/// the call until `still_located_on` is empty.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TenantDeleted {
+    pub tenant_id: TenantId,
+    /// Online pageservers that still hold a location of it (or are being
+    /// sent one): each is told to detach it, which removes its local files.
+    pub still_located_on: Vec<String>,
+    /// Pageservers not online (silent for the offline period, or lost):
+    /// whether they hold it is unknown; one that comes back is told to
+    /// detach it while its tombstone is kept.
+    pub offline: Vec<String>,
+}
+
 /// `POST /v1/tenant/{tenant}/token`: the caller's own tenant token issued
 /// again with a new expiry (the same claims and id), signed by the
 /// controller's issuer key (`docs/security.md`, "Renewal").
@@ -167,4 +211,72 @@ pub struct RenewedToken {
     pub token: crate::Token,
     /// When it expires, seconds since 1970.
     pub exp: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{MAX_DELETED_TENANTS, STATE_PLACEMENT_BYTES, STATE_SIZED_FOR_TENANTS, STATE_TOMBSTONE_BYTES};
+
+    fn tenant(n: usize) -> TenantId {
+        let mut id = [0xab; 16];
+        id[..8].copy_from_slice(&(n as u64).to_be_bytes());
+        TenantId(id)
+    }
+
+    /// A placement as large as the state's size is planned for: names of
+    /// 64 bytes, a move under way, and secondaries in three sites.
+    fn large_placement(n: usize) -> TenantPlacement {
+        let name = |i: usize| format!("{:-<64}", format!("pageserver{}", n * 7 + i));
+        TenantPlacement {
+            generation: u32::MAX,
+            attached: Some(name(0)),
+            secondaries: vec![name(1), name(2), name(3), name(4)],
+            migration: Some(Migration { to: name(5) }),
+        }
+    }
+
+    #[test]
+    fn state_size_is_bounded() {
+        // One entry of each kind, measured as written.
+        let empty = ControllerState { format_version: STATE_FORMAT_VERSION, ..Default::default() };
+        let base = empty.encode().len();
+        let mut one = empty.clone();
+        one.tenants.insert(tenant(1), large_placement(1));
+        let placement = one.encode().len() - base;
+        assert!(placement <= STATE_PLACEMENT_BYTES, "a placement takes {placement} bytes");
+        let mut one = empty.clone();
+        one.deleted_tenants.insert(tenant(1), DeletedTenant { generation: u32::MAX, version: u64::MAX });
+        let tombstone = one.encode().len() - base;
+        assert!(tombstone <= STATE_TOMBSTONE_BYTES, "a tombstone takes {tombstone} bytes");
+        // The whole: every planned tenant and every tombstone still decodes.
+        let mut full = empty;
+        for n in 0..STATE_SIZED_FOR_TENANTS {
+            full.tenants.insert(tenant(n), large_placement(n));
+        }
+        for n in 0..MAX_DELETED_TENANTS {
+            let t = tenant(STATE_SIZED_FOR_TENANTS + n);
+            full.deleted_tenants.insert(t, DeletedTenant { generation: u32::MAX, version: u64::MAX });
+        }
+        let bytes = full.encode();
+        assert!(bytes.len() * 2 <= MAX_STATE_BYTES, "{} bytes", bytes.len());
+        assert_eq!(ControllerState::decode(&bytes).unwrap(), full);
+    }
+
+    #[test]
+    fn tombstones_are_optional_and_never_of_a_placed_tenant() {
+        // A state written before tombstones existed reads as before, and one
+        // without tombstones is written as before.
+        let old = br#"{"format_version": 1, "version": 3, "leader_term": 2, "tenants": {}}"#;
+        let s = ControllerState::decode(old).unwrap();
+        assert!(s.deleted_tenants.is_empty());
+        assert!(!String::from_utf8(s.encode()).unwrap().contains("deleted_tenants"));
+        let mut both = s.clone();
+        both.tenants.insert(tenant(1), TenantPlacement::default());
+        both.deleted_tenants.insert(tenant(1), DeletedTenant::default());
+        let e = ControllerState::decode(&both.encode()).unwrap_err();
+        assert!(e.contains(&tenant(1).to_string()) && e.contains("deleted"), "{e}");
+        both.tenants.clear();
+        assert_eq!(ControllerState::decode(&both.encode()).unwrap(), both);
+    }
 }
