@@ -104,5 +104,9 @@ seed_sealed() {
 for i in 1 2 3; do seed_sealed "$i"; done
 [ -f corpus/decoders/seed-data-keys ] || printf '\x0b{"format_version":1,"tenant":"00000000000000000000000000000000","keys":[{"id":1,"cluster_key":1,"nonce":"000000000000000000000000","wrapped":"%096d"}]}' 0 > corpus/decoders/seed-data-keys
 [ -f corpus/decoders/seed-storage-key ] || printf '\x0b# cluster storage keys\n2 %064d\n1 %064d\n' 2 1 > corpus/decoders/seed-storage-key
+# SCRAM seeds (selector 12): a client's first and final messages, a verifier.
+[ -f corpus/decoders/seed-scram-first ] || printf '\x0cn,,n=,r=rOprNGfwEbeRWgbNEkqOc=biws,r=rOprNGfwEbeRWgbNEkqO%%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=' > corpus/decoders/seed-scram-first
+[ -f corpus/decoders/seed-scram-server ] || printf '\x0cr=clientnonceXYZ,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=' > corpus/decoders/seed-scram-server
+[ -f corpus/decoders/seed-scram-verifier ] || printf '\x0cSCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=' > corpus/decoders/seed-scram-verifier
 "$decoders" corpus/decoders -max_total_time="$seconds" -max_len=65536 \
     -artifact_prefix=artifacts/ -print_final_stats=1 2>&1 | tail -n 12

@@ -535,8 +535,9 @@ def check_node(c: Checker, connstr: str, ep_port: int, timeline: str) -> None:
     c.call(nd, "post", "/v1/services/start", json_body={"names": ["sk1"]}, expect={200})
     c.call(nd, "post", "/v1/services/start", json_body={"names": ["nope"]}, expect={400})
     c.call(nd, "post", "/v1/services/stop", json_body={"names": ["nope"]}, expect={400})
-    launch = {"name": "ep", "host": c.cluster.cluster_toml["hosts"][0]["name"], "branch": "main",
-              "timeline_id": timeline, "agent": {"lazy": False, "eager": False}}
+    launch = {"name": "ep", "host": c.cluster.cluster_toml["hosts"][0]["name"], "tenant": "default",
+              "tenant_id": c.cluster.tenant_id(), "branch": "main", "timeline_id": timeline,
+              "agent": {"lazy": False, "eager": False}}
     c.call(nd, "post", "/v1/endpoints/start", json_body={**launch, "host": "elsewhere"}, expect={400})
     c.call(nd, "post", "/v1/endpoints/start", json_body={**launch, "name": "not a name"}, expect={400})
     c.call(nd, "post", "/v1/endpoints/start", json_body=launch, expect={500})  # it runs already
@@ -683,6 +684,11 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
     if has_remote:
         # With object storage a tenant the attachment file does not name is refused before any work.
         c.call(ps, "post", "/v1/tenant", json_body={"tenant_id": missing}, expect={412})
+    # A tenant's objects: refused while it is located here; a tenant never
+    # placed has none (nothing of the cluster's changes).
+    c.call(ps, "delete", "/v1/tenant/{tenant}", expect={409} if has_remote else {200}, tenant=tenant)
+    c.call(ps, "delete", "/v1/tenant/{tenant}", expect={200}, tenant=missing)
+    c.call(ps, "delete", "/v1/tenant/{tenant}", expect={400}, tenant="not-an-id")
 
     branches = "/v1/tenant/{tenant}/timeline"
     c.call(ps, "post", branches, raw_body=b"not json", expect={400}, tenant=tenant)

@@ -6,7 +6,8 @@
 //! records (`strata-redo`), the safekeepers' offloaded segment metadata,
 //! peer positions and replicas' hot standby feedback (`strata-safekeeper`), a lazy basebackup's
 //! manifest (`strata-protocol`), tokens (`strata-service`), and sealed
-//! objects, data key objects and storage key files (`strata-remote-storage`).
+//! objects, data key objects and storage key files (`strata-remote-storage`),
+//! and the proxy's SCRAM messages and verifiers (`strata-proxy`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -29,6 +30,9 @@ const TOKEN: u8 = 10;
 /// First byte of inputs for encryption at rest: a sealed object, a data
 /// key object, a storage key file.
 const SEALED: u8 = 11;
+/// First byte of inputs for the proxy's SCRAM: a verifier, and the
+/// messages of both ends of an exchange.
+const SCRAM: u8 = 12;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -59,5 +63,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     if let Some((&SEALED, bytes)) = data.split_first() {
         strata_remote_storage::seal::fuzz::fuzz_one(bytes);
+    }
+    if let Some((&SCRAM, bytes)) = data.split_first() {
+        strata_proxy::scram::fuzz_messages(bytes);
     }
 });

@@ -55,6 +55,18 @@ fn sidecar(file: &Path, what: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Removes the sidecar files of a local object that was deleted (those
+/// of an object never written by compare-and-swap do not exist).
+pub(crate) fn remove_sidecars(file: &Path) -> std::io::Result<()> {
+    for what in ["version", "lock"] {
+        match std::fs::remove_file(sidecar(file, what)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 impl RemoteStorage {
     /// The object `key` and its version; `None` if it does not exist.
     pub async fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, ObjectVersion)>, RemoteError> {

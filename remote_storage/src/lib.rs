@@ -341,9 +341,16 @@ impl RemoteStorage {
     pub async fn delete(&self, key: &str) -> Result<(), RemoteError> {
         let path = self.path("deleting", key)?;
         match self.retrying("deleting", key, || self.store.delete(&path)).await {
-            Err(RemoteError::NotFound { .. }) => Ok(()),
-            other => other,
+            Err(RemoteError::NotFound { .. }) => {}
+            other => other?,
         }
+        // An object written by compare-and-swap in a local directory has
+        // its counter and lock files beside it: they go with it.
+        if let Some(fs) = &self.local {
+            let file = local_path(fs, "deleting", key, &path)?;
+            cas::remove_sidecars(&file).map_err(|source| RemoteError::Local { op: "deleting", path: file, source })?;
+        }
+        Ok(())
     }
 }
 

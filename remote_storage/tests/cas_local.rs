@@ -39,5 +39,16 @@ async fn a_local_directory_swaps_objects_conditionally() {
     std::fs::write(version_file(&file), b"garbage").unwrap();
     let err = storage.get_versioned("controller/state.json").await.unwrap_err().to_string();
     assert!(err.contains("state.json#version") && err.contains("not a version counter"), "{err}");
+    // A deleted object leaves nothing behind, its bookkeeping files included;
+    // written again, it starts afresh.
+    std::fs::write(version_file(&file), b"100").unwrap();
+    storage.delete("controller/state.json").await.unwrap();
+    let left: Vec<_> = std::fs::read_dir(dir.join("store/controller"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("state.json"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    storage.put_if("controller/state.json", Bytes::from_static(b"new"), None).await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,6 +2,7 @@
 //! start-up and created through the HTTP API.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -126,6 +127,16 @@ impl Timelines {
             strata_service::durable::sync_dir(dir.parent().expect("under the tenant's directory"))?;
         }
         std::fs::remove_dir_all(&gone).map_err(|e| StorageError::io("removing", &gone, &e))?;
+        // The tenant's directory goes with its last timeline. Under the map's
+        // lock: a creation of another timeline of the tenant makes the
+        // directory under it too, so it never finds the directory gone.
+        let tenant_dir = dir.parent().expect("under the tenant's directory");
+        let _creations_wait = self.map.lock();
+        match std::fs::remove_dir(tenant_dir) {
+            Ok(()) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {}
+            Err(e) => return Err(StorageError::io("removing", tenant_dir, &e)),
+        }
         tracing::info!(%tenant, %timeline, "deleted timeline");
         Ok(true)
     }
@@ -147,5 +158,44 @@ impl Timelines {
         let tl = Timeline::create(&self.data_dir, self.node_id, identity, start_lsn, self.no_sync, self.clock.clone())?;
         map.insert(key, tl.clone());
         Ok((tl, true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(tenant: u8, timeline: u8) -> TimelineIdentity {
+        TimelineIdentity {
+            tenant_id: TenantId([tenant; 16]),
+            timeline_id: TimelineId([timeline; 16]),
+            system_id: 7,
+            pg_version: 15,
+            wal_segment_size: 1 << 20,
+        }
+    }
+
+    /// A tenant's directory stays while it has a timeline and goes with its
+    /// last one; another tenant's is untouched.
+    #[test]
+    fn a_tenant_directory_goes_with_its_last_timeline() {
+        let dir = strata_test_support::scratch_dir("sk-timelines-delete");
+        let clock: Arc<dyn Clock> = Arc::new(strata_service::clock::SystemClock);
+        let timelines = Timelines::load(NodeId(1), dir.clone(), true, clock).unwrap();
+        for (t, l) in [(1, 1), (1, 2), (3, 1)] {
+            timelines.create(&identity(t, l), Lsn(1 << 20)).unwrap();
+        }
+        let tenant_dir = dir.join(TenantId([1; 16]).to_string());
+        assert!(timelines.delete(TenantId([1; 16]), TimelineId([1; 16])).unwrap());
+        assert!(tenant_dir.is_dir(), "its other timeline is still there");
+        assert!(timelines.delete(TenantId([1; 16]), TimelineId([2; 16])).unwrap());
+        assert!(!tenant_dir.exists());
+        assert!(dir.join(TenantId([3; 16]).to_string()).join(TimelineId([1; 16]).to_string()).is_dir());
+        // Gone already: nothing to delete, no error.
+        assert!(!timelines.delete(TenantId([1; 16]), TimelineId([2; 16])).unwrap());
+        // The tenant comes back with a new timeline.
+        timelines.create(&identity(1, 4), Lsn(1 << 20)).unwrap();
+        assert!(tenant_dir.is_dir());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
