@@ -640,5 +640,5 @@ async fn page(
 }
 
 async fn metrics(State(tenants): State<Arc<Tenants>>) -> Response {
-    ([("content-type", "text/plain; version=0.0.4")], tenants.metrics.render()).into_response()
+    ([("content-type", "text/plain; version=0.0.4")], tenants.render_metrics()).into_response()
 }

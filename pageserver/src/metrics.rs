@@ -6,6 +6,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
+use strata_protocol::api::pageserver::LocationMode;
+use strata_protocol::TenantId;
+
 use crate::layer::files::CacheMetrics;
 
 strata_service::declare_metrics! {
@@ -66,6 +69,9 @@ strata_service::declare_metrics! {
         remote_deletions_refused: Counter => "Queued deletions dropped because their generation is no longer current",
         reader_reloads: Counter => "Reader locations loaded again: a layer they had not downloaded was gone from the newest index",
         upload_backpressure_timelines: Gauge => "Timelines whose ingest is slowed because uploads lag more than max_upload_lag_bytes",
+        tenants: Family<TenantMode, Gauge> => "Tenants held here, by location mode (attached, secondary, reader)",
+        tenant_local_layer_bytes: Family<TenantLabel, Gauge> => "Bytes of a tenant's layer files on local disk (a secondary's: its warm cache)",
+        tenant_remote_layer_bytes: Family<TenantLabel, Gauge> => "Bytes of a tenant's layer files in object storage, as the indexes of its timelines loaded here list them",
     }
 }
 
@@ -81,7 +87,64 @@ impl PageRefusal {
     pub const TENANT_LIMIT: PageRefusal = PageRefusal { reason: "tenant_limit" };
 }
 
+/// The series of one tenant. Its id is not a value a client chooses (the
+/// tenant a page service hello names gets no series): only tenants this
+/// pageserver holds get one, and a tenant is only created or placed here
+/// through the management API, by the operator's control plane or the
+/// storage controller. These families are refilled from the live state at
+/// every scrape ([`Metrics::set_tenants`]), so their size is bounded by the
+/// tenants held here and a tenant that leaves takes its series with it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    /// The tenant id in hex.
+    pub tenant: String,
+}
+
+/// A location mode: a fixed set, one series each.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantMode {
+    /// `attached`, `secondary` or `reader`.
+    pub mode: &'static str,
+}
+
+/// The modes `tenants` counts; a detached tenant is held nowhere.
+const MODES: [(LocationMode, &str); 3] =
+    [(LocationMode::Attached, "attached"), (LocationMode::Secondary, "secondary"), (LocationMode::Reader, "reader")];
+
+/// What the metrics show of one tenant held here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantSizes {
+    pub tenant: TenantId,
+    /// How it is held here (never detached).
+    pub mode: LocationMode,
+    /// Its layer files on local disk.
+    pub local_layer_bytes: u64,
+    /// Its layers in object storage, as its loaded timelines' indexes list
+    /// them; none where it has no timeline with object storage here (a
+    /// secondary, or a pageserver without object storage).
+    pub remote_layer_bytes: Option<u64>,
+}
+
 impl Metrics {
+    /// Replaces every per-tenant series with those of `tenants`, the
+    /// tenants held here now. Cleared first: a tenant that is gone has no
+    /// series left, rather than its last values forever.
+    pub fn set_tenants(&self, tenants: &[TenantSizes]) {
+        self.tenant_local_layer_bytes.clear();
+        self.tenant_remote_layer_bytes.clear();
+        for t in tenants {
+            let label = TenantLabel { tenant: t.tenant.to_string() };
+            self.tenant_local_layer_bytes.get_or_create(&label).set(gauge_value(t.local_layer_bytes));
+            if let Some(bytes) = t.remote_layer_bytes {
+                self.tenant_remote_layer_bytes.get_or_create(&label).set(gauge_value(bytes));
+            }
+        }
+        for (mode, name) in MODES {
+            let n = tenants.iter().filter(|t| t.mode == mode).count();
+            self.tenants.get_or_create(&TenantMode { mode: name }).set(gauge_value(n as u64));
+        }
+    }
+
     /// The descriptor cache's counters (shared with these).
     pub fn layer_files(&self) -> CacheMetrics {
         CacheMetrics {
@@ -90,4 +153,9 @@ impl Metrics {
             evictions: self.layer_file_evictions.clone(),
         }
     }
+}
+
+/// A byte count as a gauge's value (an `i64`; no disk holds more).
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

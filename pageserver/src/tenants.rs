@@ -176,6 +176,8 @@ pub struct Tenants {
     initdb: crate::initdb_template::InitdbTemplates,
     /// When each broken timeline is re-read next, and its backoff.
     reloads: Mutex<HashMap<(TenantId, TimelineId), (Instant, Backoff)>>,
+    /// Held through a metrics scrape (`render_metrics`).
+    scrape: Mutex<()>,
 }
 
 fn marker_path(timeline_dir: &Path) -> PathBuf {
@@ -237,6 +239,7 @@ impl Tenants {
                 conf.initdb_template_dir.clone().unwrap_or_else(|| conf.data_dir.join("initdb-template")),
             ),
             reloads: Mutex::new(HashMap::new()),
+            scrape: Mutex::new(()),
         });
         let root = tenants.conf.data_dir.join("tenants");
         fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LoadError + 'a {

@@ -241,5 +241,5 @@ async fn set_membership(
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    ([("content-type", "text/plain; version=0.0.4")], shared.metrics.render()).into_response()
+    ([("content-type", "text/plain; version=0.0.4")], shared.render_metrics()).into_response()
 }

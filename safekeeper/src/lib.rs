@@ -135,6 +135,7 @@ pub async fn serve(
         next_connection_id: AtomicU64::new(1),
         peers: views,
         clock,
+        scrape: Default::default(),
     });
     tasks.spawn(server::serve(protocol, shared.clone()));
     tasks.spawn(recovery::run(shared.clone()));

@@ -1,8 +1,13 @@
 //! Prometheus metrics of the safekeeper.
 
+use std::collections::BTreeMap;
+
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use strata_protocol::TenantId;
 
 strata_service::declare_metrics! {
     /// Counters and histograms shared by all connections.
@@ -30,5 +35,33 @@ strata_service::declare_metrics! {
         offload_errors: Counter => "Failed rounds of WAL offload (retried a second later)",
         segments_removed: Counter => "Local WAL segments removed",
         local_wal_bytes: Gauge => "Bytes of WAL segments held on local disk",
+        tenant_wal_bytes: Family<TenantLabel, Gauge> => "Bytes of WAL segments held on local disk for a tenant's timelines, as their removal last counted them",
+    }
+}
+
+/// The series of one tenant. Its id is not a value a client chooses (the
+/// tenant a proposer's greeting or a stream request names gets no series):
+/// only tenants with a timeline here get one, and timelines are only
+/// created through the HTTP API, by the operator's control plane or the
+/// storage controller. The family is refilled from the timelines at every
+/// scrape ([`Metrics::set_tenant_wal_bytes`]), so its size is bounded by
+/// the tenants held here and a tenant whose timelines are deleted takes
+/// its series with it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    /// The tenant id in hex.
+    pub tenant: String,
+}
+
+impl Metrics {
+    /// Replaces every tenant's series with `bytes`, the WAL bytes of the
+    /// tenants held now. Cleared first: a tenant that is gone has no series
+    /// left, rather than its last value forever.
+    pub fn set_tenant_wal_bytes(&self, bytes: &BTreeMap<TenantId, u64>) {
+        self.tenant_wal_bytes.clear();
+        for (tenant, b) in bytes {
+            let value = i64::try_from(*b).unwrap_or(i64::MAX);
+            self.tenant_wal_bytes.get_or_create(&TenantLabel { tenant: tenant.to_string() }).set(value);
+        }
     }
 }

@@ -8,6 +8,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use strata_service::clock::Clock;
 
 use crate::config::SafekeeperConfig;
@@ -34,4 +35,17 @@ pub struct Shared {
     pub verifier: Option<Arc<strata_service::auth::Verifier>>,
     /// Where every timeout, keepalive, retry and measured duration reads the time.
     pub clock: Arc<dyn Clock>,
+    /// Held through a metrics scrape (`render_metrics`).
+    pub scrape: Mutex<()>,
+}
+
+impl Shared {
+    /// The metrics in Prometheus text format, with the per-tenant series of
+    /// the timelines held now. One scrape at a time: another one's refill
+    /// would otherwise empty the family under this one's render.
+    pub fn render_metrics(&self) -> String {
+        let _one_at_a_time = self.scrape.lock();
+        self.metrics.set_tenant_wal_bytes(&self.timelines.wal_bytes_by_tenant());
+        self.metrics.render()
+    }
 }

@@ -98,6 +98,17 @@ impl Timelines {
         self.map.lock().values().cloned().collect()
     }
 
+    /// The local WAL bytes of each tenant's timelines, as each timeline's
+    /// removal last counted them (what its status shows as
+    /// `removal.local_wal_bytes`): no directory is read.
+    pub fn wal_bytes_by_tenant(&self) -> BTreeMap<TenantId, u64> {
+        let mut out = BTreeMap::new();
+        for tl in self.all() {
+            *out.entry(tl.identity.tenant_id).or_insert(0) += tl.progress.removal().local_wal_bytes;
+        }
+        out
+    }
+
     /// Timelines on disk that could not be loaded, with why.
     pub fn unloadable(&self) -> Vec<Unloadable> {
         self.unloadable

@@ -859,3 +859,81 @@ async fn a_sealed_timeline_takes_no_writer_and_its_wal_is_final() {
     sk.task.await.unwrap().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The value of the tenant's series `name` in `metrics`, if it has one.
+fn tenant_series(metrics: &str, name: &str, tenant: TenantId) -> Option<u64> {
+    let prefix = format!("{name}{{tenant=\"{tenant}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+}
+
+/// What the timeline's status says its removal last counted on local disk.
+async fn local_wal_bytes(sk: &Running, tl: &str) -> u64 {
+    timeline_status(sk, tl).await["removal"]["local_wal_bytes"].as_u64().unwrap()
+}
+
+/// Each tenant's WAL on local disk is one series in the metrics: the sum
+/// of its timelines' `removal.local_wal_bytes`. It follows the timelines
+/// held, and goes with the tenant's last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenants_local_wal_is_a_series_until_its_timelines_are_gone() {
+    const NAME: &str = "strata_safekeeper_tenant_wal_bytes";
+    let dir = std::env::temp_dir().join(format!("strata-sk-tenant-wal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start(&dir).await;
+    let tenant = TenantId([5; 16]);
+    let tl = create_timeline(&sk).await;
+    let branch = format!("/v1/tenant/{tenant}/timeline/{}", TimelineId([7; 16]));
+    let body = format!(r#"{{"system_id": 77, "pg_version": 15, "wal_segment_size": {SEG}, "start_lsn": "{START}"}}"#);
+    assert_eq!(http(sk.http, "POST", &branch, &body).await.0, 201);
+
+    // More than a segment of WAL on the first timeline.
+    let mut p = greeted(sk.addr).await;
+    p.send(&ProposerMessage::VoteRequest(VoteRequest { term: 1 })).await;
+    assert!(matches!(p.reply().await, AcceptorMessage::VoteResponse(VoteResponse { vote_given: true, .. })));
+    p.send(&ProposerMessage::Elected(ProposerElected {
+        term: 1,
+        start_streaming_at: START,
+        term_history: TermHistory(vec![TermLsn { term: 1, lsn: START }]),
+        timeline_start_lsn: START,
+    }))
+    .await;
+    assert!(matches!(p.reply().await, AcceptorMessage::AppendResponse(_)));
+    let (wal, end) = wal_bytes(800);
+    assert!(end.0 - START.0 > SEG, "the WAL spans two segments");
+    let mut at = START;
+    for chunk in wal.chunks(10_000) {
+        let req = AppendRequest { term: 1, begin_lsn: at, commit_lsn: at, truncate_lsn: START, wal: chunk.to_vec() };
+        at = req.end_lsn();
+        p.send(&ProposerMessage::Append(req)).await;
+    }
+    loop {
+        if let AcceptorMessage::AppendResponse(r) = p.reply().await {
+            if r.flush_lsn == end {
+                break;
+            }
+        }
+    }
+    // Both timelines' removal has counted what they hold (the branch: its first segment).
+    status_until(&sk, &tl, "the removal counts two segments", |s| s["removal"]["local_wal_bytes"] == 2 * SEG).await;
+    status_until(&sk, &branch, "the removal counts the branch", |s| s["removal"]["local_wal_bytes"] == SEG).await;
+
+    let (code, metrics) = http(sk.http, "GET", "/metrics", "").await;
+    assert_eq!(code, 200);
+    let held = local_wal_bytes(&sk, &tl).await + local_wal_bytes(&sk, &branch).await;
+    assert_eq!(tenant_series(&metrics, NAME, tenant), Some(held), "{metrics}");
+    assert_eq!(held, 3 * SEG);
+
+    // One timeline deleted: the tenant holds the other's WAL.
+    drop(p);
+    assert_eq!(http(sk.http, "DELETE", &branch, "").await.0, 200);
+    let (_, metrics) = http(sk.http, "GET", "/metrics", "").await;
+    assert_eq!(tenant_series(&metrics, NAME, tenant), Some(local_wal_bytes(&sk, &tl).await), "{metrics}");
+    // The last one deleted: the tenant's series is gone.
+    assert_eq!(http(sk.http, "DELETE", &tl, "").await.0, 200);
+    let (_, metrics) = http(sk.http, "GET", "/metrics", "").await;
+    assert_eq!(tenant_series(&metrics, NAME, tenant), None, "{metrics}");
+    assert!(metrics.contains("# TYPE strata_safekeeper_tenant_wal_bytes gauge"), "{metrics}");
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -318,11 +318,17 @@ impl RemoteTimeline {
         }
     }
 
+    /// Bytes of the layers the newest index lists, as the status shows
+    /// them (`remote_bytes`): from the index held in memory, so cheap
+    /// enough for every metrics scrape (no listing of object storage).
+    pub fn remote_bytes(&self) -> u64 {
+        index_totals(self.state.lock().index.as_ref()).1
+    }
+
     /// The remote side now; `local` are the timeline's layer files (name, bytes).
     pub fn status(&self, local: &[(String, u64)]) -> UploadStatus {
         let state = self.state.lock();
-        let (remote_layers, remote_bytes) =
-            state.index.as_ref().map_or((0, 0), |i| (i.layers.len(), i.layers.iter().map(|l| l.size).sum()));
+        let (remote_layers, remote_bytes) = index_totals(state.index.as_ref());
         let pending: Vec<u64> =
             local.iter().filter(|(n, _)| !state.uploaded.contains_key(n)).map(|(_, b)| *b).collect();
         UploadStatus {
@@ -628,4 +634,9 @@ pub fn metadata_from_index(tenant: TenantId, timeline: TimelineId, index: &Remot
         gc_cutoff_lsn: index.gc_cutoff_lsn,
         retain_lsns: index.retain_lsns.clone(),
     }
+}
+
+/// The layers an index lists and their bytes (none without an index yet).
+fn index_totals(index: Option<&RemoteIndex>) -> (usize, u64) {
+    index.map_or((0, 0), |i| (i.layers.len(), i.layers.iter().map(|l| l.size).sum()))
 }

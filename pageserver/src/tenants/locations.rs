@@ -26,6 +26,7 @@ use strata_protocol::TenantId;
 use tracing::{info, warn};
 
 use super::Tenants;
+use crate::metrics::TenantSizes;
 use crate::remote::attachments::{Attachment, Attachments, ATTACHMENTS_FORMAT_VERSION};
 use crate::secondary;
 use crate::timeline::StorageError;
@@ -51,33 +52,95 @@ impl Tenants {
 
     /// What this pageserver holds of each tenant.
     pub fn locations(&self) -> Vec<LocationStatus> {
+        self.locations_with(&self.layer_totals())
+    }
+
+    /// [`Self::locations`], with the layer totals of the loaded timelines.
+    fn locations_with(&self, totals: &BTreeMap<TenantId, LayerTotals>) -> Vec<LocationStatus> {
         let attaching = self.attaching.lock().clone();
         let attached: BTreeMap<TenantId, u32> =
             self.generations.lock().iter().filter(|(t, _)| !attaching.contains(*t)).map(|(t, g)| (*t, *g)).collect();
         let mut out: Vec<LocationStatus> = attached
             .iter()
             .map(|(t, g)| {
-                let (mut layers, mut bytes) = (0u64, 0u64);
-                for e in self.all().iter().filter(|e| e.tl.tenant_id == *t) {
-                    let (n, b) = e.tl.resident_layers();
-                    layers += n as u64;
-                    bytes += b;
-                }
+                let local = totals.get(t).copied().unwrap_or_default();
                 LocationStatus {
                     tenant_id: *t,
                     mode: LocationMode::Attached,
                     generation: Some(*g),
-                    local_layers: layers,
-                    local_layer_bytes: bytes,
+                    local_layers: local.layers,
+                    local_layer_bytes: local.bytes,
                     heatmap_age_seconds: None,
                     error: None,
                 }
             })
             .collect();
-        out.extend(self.reader_statuses());
+        out.extend(self.reader_statuses(totals));
         out.extend(self.secondaries.statuses(&*self.resources.clock));
         out.sort_by_key(|l| l.tenant_id);
         out
+    }
+
+    /// Per tenant with timelines loaded here: its layer files on local
+    /// disk and its layers in object storage. One pass over the timelines.
+    pub(super) fn layer_totals(&self) -> BTreeMap<TenantId, LayerTotals> {
+        let mut out: BTreeMap<TenantId, LayerTotals> = BTreeMap::new();
+        for e in self.all() {
+            let t = out.entry(e.tl.tenant_id).or_default();
+            let (n, b) = e.tl.resident_layers();
+            t.layers += n as u64;
+            t.bytes += b;
+            if let Some(r) = e.tl.remote() {
+                *t.remote_bytes.get_or_insert(0) += r.remote_bytes();
+            }
+        }
+        out
+    }
+
+    /// Each tenant held here with its sizes, as the metrics show them: the
+    /// locations, and, where no storage controller places tenants, every
+    /// other tenant whose timelines are loaded (without object storage, or
+    /// outside the attachment file), which is served as an attached one is.
+    /// Under a controller every tenant held has a location, and timelines
+    /// without one belong to a location still changing (a reader loading):
+    /// like a tenant still attaching, it shows once the change is done.
+    pub fn tenant_sizes(&self) -> Vec<TenantSizes> {
+        let totals = self.layer_totals();
+        let mut out: Vec<TenantSizes> = self
+            .locations_with(&totals)
+            .into_iter()
+            .map(|l| TenantSizes {
+                tenant: l.tenant_id,
+                mode: l.mode,
+                local_layer_bytes: l.local_layer_bytes,
+                // A secondary holds no timeline: its remote layers are the attached location's.
+                remote_layer_bytes: totals.get(&l.tenant_id).and_then(|t| t.remote_bytes),
+            })
+            .collect();
+        if self.conf.controller {
+            return out;
+        }
+        let attaching = self.attaching.lock().clone();
+        for (t, total) in &totals {
+            if !attaching.contains(t) && !out.iter().any(|s| s.tenant == *t) {
+                out.push(TenantSizes {
+                    tenant: *t,
+                    mode: LocationMode::Attached,
+                    local_layer_bytes: total.bytes,
+                    remote_layer_bytes: total.remote_bytes,
+                });
+            }
+        }
+        out
+    }
+
+    /// The metrics in Prometheus text format, with the per-tenant series
+    /// of the tenants held now. One scrape at a time: another one's
+    /// refill would otherwise empty the families under this one's render.
+    pub fn render_metrics(&self) -> String {
+        let _one_at_a_time = self.scrape.lock();
+        self.metrics.set_tenants(&self.tenant_sizes());
+        self.metrics.render()
     }
 
     /// Starts keeping `tenant` warm here.
@@ -288,11 +351,176 @@ impl Tenants {
     }
 }
 
+/// What a tenant's loaded timelines hold, summed.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LayerTotals {
+    /// Layer files on local disk, and their bytes.
+    pub layers: u64,
+    pub bytes: u64,
+    /// Bytes their indexes list in object storage; none if no timeline
+    /// has object storage.
+    pub remote_bytes: Option<u64>,
+}
+
 /// Removes a stopped timeline's directory (a secondary keeps none).
 fn remove_timeline_dir(dir: &Path) -> Result<(), StorageError> {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(StorageError::Io { op: "removing", path: dir.to_path_buf(), source: e }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use strata_formats::v15::control::ControlFile;
+    use strata_formats::Lsn;
+    use strata_protocol::TimelineId;
+
+    use super::*;
+    use crate::config::PageserverConfig;
+    use crate::key::Key;
+    use crate::layer::files::FileCache;
+    use crate::layer::map::RecordLsns;
+    use crate::metrics::Metrics;
+    use crate::remote::{Remote, RemoteTimeline};
+    use crate::timeline::{Timeline, TimelineMetadata, TimelineResources};
+    use crate::value::Value;
+
+    /// A pageserver's tenants over object storage in `root` (a local directory).
+    fn tenants(root: &Path) -> Arc<Tenants> {
+        let conf: PageserverConfig = toml::from_str(&format!(
+            "id = 1\nlisten_pg = \"127.0.0.1:1\"\nlisten_http = \"127.0.0.1:2\"\ndata_dir = {:?}\nfsync = false\n\
+             attachments = {:?}\n[remote_storage]\ntype = 'local'\npath = {:?}\n",
+            root.join("data").display().to_string(),
+            root.join("attachments.json").display().to_string(),
+            root.join("remote").display().to_string(),
+        ))
+        .unwrap();
+        std::fs::create_dir_all(root.join("remote")).unwrap();
+        let clock = crate::clock::system();
+        let metrics = Arc::new(Metrics::new());
+        let resources = TimelineResources {
+            fsync: false,
+            checkpoint_distance: 1 << 20,
+            metrics: metrics.clone(),
+            files: FileCache::new(16, metrics.layer_files(), clock.clone()),
+            verify_redo: false,
+            policy: Default::default(),
+            clock: clock.clone(),
+        };
+        let storage = crate::remote::open_storage(conf.remote_storage.as_ref().unwrap(), None).unwrap();
+        let attachments = conf.attachments.clone().unwrap();
+        let remote =
+            Remote::start(storage, attachments, false, conf.max_upload_lag_bytes, false, metrics, clock).unwrap();
+        Tenants::load(Arc::new(conf), resources, Some(remote), None, None).unwrap()
+    }
+
+    /// A new timeline of `tenant` holding one layer file, attached here
+    /// (uploading under `generation`, if given).
+    fn timeline_with_a_layer(tenants: &Tenants, tenant: TenantId, generation: Option<u32>) -> Arc<Timeline> {
+        let timeline = TimelineId::generate();
+        let dir = tenants.timeline_dir(tenant, timeline);
+        std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+        let start = Lsn(0x100_0000);
+        // What an import leaves, pg_control and the checkpoint: ingest starts from them.
+        let control_bytes =
+            std::fs::read(strata_test_support::paths::in_crate("../formats/tests/data/pg_control_v15")).unwrap();
+        let control = ControlFile::decode(&control_bytes).unwrap();
+        let meta = TimelineMetadata {
+            format_version: crate::timeline::METADATA_VERSION,
+            tenant_id: tenant,
+            timeline_id: timeline,
+            ancestor_timeline_id: None,
+            ancestor_lsn: None,
+            pg_version: 15,
+            system_id: control.system_identifier,
+            wal_segment_size: 16 << 20,
+            start_lsn: start,
+            disk_consistent_lsn: Lsn::INVALID,
+            prev_record_lsn: Lsn::INVALID,
+            layers: Vec::new(),
+            removed_layers: Vec::new(),
+            gc_cutoff_lsn: Lsn::INVALID,
+            retain_lsns: Vec::new(),
+        };
+        let tl = Timeline::create(dir.clone(), meta, &tenants.resources).unwrap();
+        tl.commit_record(
+            vec![
+                (Key::control(), start, Value::Image(Bytes::from(control_bytes))),
+                (Key::checkpoint(), start, Value::Image(Bytes::copy_from_slice(&control.checkpoint_copy.encode()))),
+            ],
+            RecordLsns { last: start, prev: Lsn::INVALID },
+        );
+        tl.checkpoint().unwrap();
+        if let (Some(remote), Some(g)) = (&tenants.remote, generation) {
+            tl.set_remote(RemoteTimeline::new(remote.clone(), tenant, timeline, g, dir, None));
+        }
+        tenants.attach(tl.clone()).unwrap();
+        tl
+    }
+
+    /// The value of `name{label="value"}` in `text`, if it has that series.
+    fn series(text: &str, name: &str, label: &str, value: &str) -> Option<u64> {
+        let prefix = format!("{name}{{{label}=\"{value}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+    }
+
+    const LOCAL: &str = "strata_pageserver_tenant_local_layer_bytes";
+    const REMOTE: &str = "strata_pageserver_tenant_remote_layer_bytes";
+    const MODES: &str = "strata_pageserver_tenants";
+
+    #[test]
+    fn tenant_series_follow_the_tenants_held_and_match_their_status() {
+        let root = strata_test_support::scratch_dir("tenant-metrics");
+        let tenants = tenants(&root);
+        let (placed, unplaced) = (TenantId::generate(), TenantId::generate());
+        let (p, u) = (placed.to_string(), unplaced.to_string());
+        assert!(series(&tenants.render_metrics(), LOCAL, "tenant", &p).is_none());
+
+        tenants.set_location(placed, LocationMode::Attached, Some(1)).unwrap();
+        let timelines =
+            [timeline_with_a_layer(&tenants, placed, Some(1)), timeline_with_a_layer(&tenants, placed, Some(1))];
+        for tl in &timelines {
+            tl.wait_uploaded(Duration::from_secs(30)).unwrap();
+        }
+        // Outside the attachment file (as every tenant without object
+        // storage): counted as attached, with nothing in object storage.
+        timeline_with_a_layer(&tenants, unplaced, None);
+
+        let text = tenants.render_metrics();
+        let statuses: Vec<_> =
+            timelines.iter().map(|tl| tenants.get(placed, tl.timeline_id).unwrap().status()).collect();
+        let local: u64 = statuses.iter().map(|s| s.local_layer_bytes).sum();
+        let remote: u64 = statuses.iter().map(|s| s.remote.as_ref().unwrap().remote_bytes).sum();
+        assert!(local > 0 && remote > 0, "{statuses:?}");
+        assert_eq!(series(&text, LOCAL, "tenant", &p), Some(local), "{text}");
+        assert_eq!(series(&text, REMOTE, "tenant", &p), Some(remote), "{text}");
+        let location = tenants.locations().into_iter().find(|l| l.tenant_id == placed).unwrap();
+        assert_eq!(location.local_layer_bytes, local, "the locations and the metrics count alike");
+        assert!(series(&text, LOCAL, "tenant", &u).unwrap() > 0, "{text}");
+        assert_eq!(series(&text, REMOTE, "tenant", &u), None, "nothing of it is in object storage: {text}");
+        assert_eq!(series(&text, MODES, "mode", "attached"), Some(2), "{text}");
+        assert_eq!(series(&text, MODES, "mode", "secondary"), Some(0), "{text}");
+
+        // A secondary: its warm cache is local, its remote layers are the attached location's.
+        tenants.set_location(placed, LocationMode::Secondary, None).unwrap();
+        let text = tenants.render_metrics();
+        assert!(series(&text, LOCAL, "tenant", &p).is_some(), "{text}");
+        assert_eq!(series(&text, REMOTE, "tenant", &p), None, "{text}");
+        assert_eq!(series(&text, MODES, "mode", "secondary"), Some(1), "{text}");
+        assert_eq!(series(&text, MODES, "mode", "attached"), Some(1), "{text}");
+
+        // Detached: its series go; the other tenant's stay.
+        tenants.set_location(placed, LocationMode::Detached, None).unwrap();
+        let text = tenants.render_metrics();
+        assert!(!text.contains(&p), "{text}");
+        assert!(series(&text, LOCAL, "tenant", &u).is_some(), "{text}");
+        assert_eq!(series(&text, MODES, "mode", "secondary"), Some(0), "{text}");
+        tenants.shutdown();
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

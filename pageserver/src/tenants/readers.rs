@@ -20,14 +20,14 @@
 //! are told the tenant moved meanwhile, and retry). The same round picks up
 //! timelines created or deleted on the attached pageserver.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use strata_protocol::api::pageserver::{LocationMode, LocationStatus};
 use strata_protocol::{TenantId, TimelineId};
 use tracing::{info, warn};
 
-use super::locations::LocationError;
+use super::locations::{LayerTotals, LocationError};
 use super::Tenants;
 use crate::remote::{Remote, RemoteTimeline};
 use crate::secondary;
@@ -47,23 +47,18 @@ impl Tenants {
     }
 
     /// The reader locations, for the status.
-    pub(super) fn reader_statuses(&self) -> Vec<LocationStatus> {
+    pub(super) fn reader_statuses(&self, totals: &BTreeMap<TenantId, LayerTotals>) -> Vec<LocationStatus> {
         let readers: Vec<TenantId> = self.readers.lock().iter().copied().collect();
         readers
             .into_iter()
             .map(|t| {
-                let (mut layers, mut bytes) = (0u64, 0u64);
-                for e in self.all().iter().filter(|e| e.tl.tenant_id == t) {
-                    let (n, b) = e.tl.resident_layers();
-                    layers += n as u64;
-                    bytes += b;
-                }
+                let local = totals.get(&t).copied().unwrap_or_default();
                 LocationStatus {
                     tenant_id: t,
                     mode: LocationMode::Reader,
                     generation: None,
-                    local_layers: layers,
-                    local_layer_bytes: bytes,
+                    local_layers: local.layers,
+                    local_layer_bytes: local.bytes,
                     heatmap_age_seconds: None,
                     error: None,
                 }
