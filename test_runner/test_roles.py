@@ -81,6 +81,12 @@ def test_the_roles_are_put_back_at_every_start_and_a_replica_logs_in_with_the_br
         ep.sql(sql)
     ep.restart()
     assert ep.sql("SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = 'app'") == [(False, False)]
+    # The role's verifier is the endpoint's own, salt included: the one the
+    # proxy checks clients against (docs/proxy.md), private to its owner.
+    verifier = ep.dir / "password.scram"
+    assert verifier.stat().st_mode & 0o777 == 0o600
+    assert verifier.read_text().startswith("SCRAM-SHA-256$4096:")
+    assert ep.sql("SELECT rolpassword FROM pg_authid WHERE rolname = 'app'") == [(verifier.read_text().strip(),)]
     assert ep.sql("SELECT rolpassword IS NULL FROM pg_authid WHERE rolname = 'postgres'") == [(True,)]
     granted = {r[0] for r in ep.sql("SELECT pg_get_userbyid(roleid) FROM pg_auth_members "
                                     "WHERE member = 'app'::regrole")}
@@ -101,6 +107,7 @@ def test_the_roles_are_put_back_at_every_start_and_a_replica_logs_in_with_the_br
     # A replica logs in with the branch's roles: the application role with
     # the endpoint's password, the superuser not over TCP.
     replica = start_endpoint(cluster, "r1", "--replica-of", "ep")
+    assert (replica.dir / "password.scram").read_text() == verifier.read_text(), "the writer's, salt included"
     with replica.app_connect() as conn:
         assert conn.execute("SELECT current_user, pg_is_in_recovery(), count(*) FROM kept").fetchone() == \
             ("app", True, 10)

@@ -11,6 +11,7 @@ use strata_compute::agent::postgres;
 use strata_compute::agent::DEFAULT_APP_ROLE as APP_ROLE;
 use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
 use strata_protocol::api::pageserver::LsnResponse;
+use strata_proxy::scram::Verifier;
 use strata_service::auth::{Claims, Scope};
 
 use super::error::{failed, Error, Result};
@@ -34,6 +35,9 @@ const AGENT_CONFIG_FILE: &str = "agent.toml";
 const AGENT_TOKEN_FILE: &str = "agent.token";
 /// The password clients log in with (mode 0600), beside `endpoint.toml`.
 const PASSWORD_FILE: &str = "password";
+/// The SCRAM verifier of that password (mode 0600): the role's in the
+/// branch, and what the proxy checks clients against (`docs/proxy.md`).
+const VERIFIER_FILE: &str = "password.scram";
 /// The compute's own certificate and key (mode 0600), beside `endpoint.toml`.
 const COMPUTE_CERT_FILE: &str = "tls.pem";
 const COMPUTE_KEY_FILE: &str = "tls.key";
@@ -178,6 +182,17 @@ impl Endpoint {
         text.lines().next().filter(|p| !p.is_empty()).map(str::to_string)
     }
 
+    /// Its password's SCRAM verifier (`docs/proxy.md`).
+    pub fn verifier_file(&self) -> PathBuf {
+        self.dir.join(VERIFIER_FILE)
+    }
+
+    /// The verifier (the file's first line), once made.
+    pub fn verifier(&self) -> Option<String> {
+        let text = fs::read_to_string(self.verifier_file()).ok()?;
+        text.lines().next().filter(|p| !p.is_empty()).map(str::to_string)
+    }
+
     /// The agent's `/v1/status` URL.
     fn status_url(&self) -> String {
         format!("{}://{}/v1/status", super::http::scheme(), self.at(self.file.http_port))
@@ -220,6 +235,19 @@ fn ensure_password(ep: &Endpoint, given: Option<&str>) -> Result<String> {
     let password = given.map(str::to_string).unwrap_or_else(strata_service::auth::generate_password);
     strata_service::auth::write_secret(&ep.password_file(), &password).map_err(|e| Error::Failed(e.to_string()))?;
     Ok(password)
+}
+
+/// The verifier of the endpoint's password, made with it: the one the
+/// launch brought (the writer's: a standby's role is the writer's, with
+/// its salt; or its own from the host it moved from) if it is of this
+/// password, else one with a new salt. Kept while it is of the password.
+fn ensure_verifier(ep: &Endpoint, given: Option<&str>, password: &str) -> Result<()> {
+    let of_password = |text: &str| Verifier::parse(text).ok().filter(|v| v.is_of(password));
+    if ep.verifier().as_deref().and_then(of_password).is_some() {
+        return Ok(());
+    }
+    let v = given.and_then(of_password).unwrap_or_else(|| Verifier::generate(password));
+    strata_service::auth::write_secret(&ep.verifier_file(), &v.to_text()).map_err(|e| Error::Failed(e.to_string()))
 }
 
 /// The LSN of `--at`: an LSN as given, or the branch's point at a time
@@ -405,6 +433,9 @@ pub struct LaunchRequest {
     /// password, its clients' password too (used at its first start).
     #[serde(default)]
     pub writer_password: Option<String>,
+    /// Its SCRAM verifier (a standby's role is the writer's, salt included).
+    #[serde(default)]
+    pub writer_verifier: Option<String>,
     /// The agent's own token (this tenant's data only), minted by the CLI,
     /// so that a compute host needs no signing key; none without tokens.
     pub agent_token: Option<String>,
@@ -465,25 +496,28 @@ pub fn rebranch(wd: &Workdir, name: &str, branch: &str) -> Result<()> {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Password {
     pub password: Option<String>,
+    /// Its SCRAM verifier, once made.
+    #[serde(default)]
+    pub verifier: Option<String>,
 }
 
 /// The password of endpoint `name` of this machine, if it has one yet.
 pub fn password_of(wd: &Workdir, name: &str) -> Result<Password> {
     let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };
-    Ok(Password { password: ep.password() })
+    Ok(Password { password: ep.password(), verifier: ep.verifier() })
 }
 
 /// The password of the branch's writer, wherever it runs: a replica or a
 /// read-only endpoint logs its clients in with it (the role's password
 /// is the writer's, replayed from its WAL).
-fn writer_password(wd: &Workdir, mine: &[EndpointRecord], branch: &str, name: &str) -> Option<String> {
+fn writer_password(wd: &Workdir, mine: &[EndpointRecord], branch: &str, name: &str) -> Option<Password> {
     let writer = mine.iter().find(|o| o.file.branch == branch && o.file.is_writer() && o.file.name != name)?;
     let host = hosts::host(wd, &writer.file.host).ok()?;
     if hosts::is_local(host) {
-        return password_of(wd, &writer.file.name).ok()?.password;
+        return password_of(wd, &writer.file.name).ok();
     }
     let req = hosts::EndpointRequest { name: writer.file.name.clone(), immediate: false };
-    hosts::call::<Password>(host, "POST", "/v1/endpoints/password", Some(&req), NODE_CALL).ok()?.password
+    hosts::call::<Password>(host, "POST", "/v1/endpoints/password", Some(&req), NODE_CALL).ok()
 }
 
 /// An endpoint removed from a host to move to another: its settings and
@@ -492,6 +526,8 @@ fn writer_password(wd: &Workdir, mine: &[EndpointRecord], branch: &str, name: &s
 pub struct Forgotten {
     pub file: EndpointFile,
     pub password: Option<String>,
+    #[serde(default)]
+    pub verifier: Option<String>,
 }
 
 /// Removes a stopped endpoint from this machine (it moves to another
@@ -502,9 +538,9 @@ pub fn forget(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<F
         return failed(format!("endpoint {name} runs; stop it before it moves"));
     }
     stop_orphan_postgres(&ep, true, progress)?;
-    let password = ep.password();
+    let (password, verifier) = (ep.password(), ep.verifier());
     fs::remove_dir_all(&ep.dir).map_err(|e| Error::Failed(format!("{}: {e}", ep.dir.display())))?;
-    Ok(Forgotten { file: ep.file, password })
+    Ok(Forgotten { file: ep.file, password, verifier })
 }
 
 /// `strata endpoint start`: decides the branch, the point and the host,
@@ -543,10 +579,11 @@ pub fn start(
         check_writer_may_start(name, &branch, &all, how.promote)?;
     }
     check_storage_runs(wd, tenant, branch.placement.as_ref())?;
-    let writer_password = match replica_of.is_some() || read_only_at.is_some() {
+    let writer = match replica_of.is_some() || read_only_at.is_some() {
         true => writer_password(wd, &all, &branch_name, name),
         false => None,
     };
+    let (writer_password, writer_verifier) = writer.map_or((None, None), |w| (w.password, w.verifier));
     let replica = replica_of.map(|of| replica_launch(wd, name, of, &branch_name, how, &all, old, target, progress));
     let moved = match moving {
         Some(o) => Some(move_away(wd, name, &o.file.host, &target.name, progress)?),
@@ -562,6 +599,7 @@ pub fn start(
         timeline_id: branch.timeline_id,
         read_only_at,
         writer_password,
+        writer_verifier,
         replica,
         promote: how.promote,
         port: how.port.or(moved.as_ref().map(|m| m.file.pg_port)),
@@ -859,6 +897,8 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest, progress: &mut dyn Progress) ->
     let ep = record(wd, req, &host, old.as_ref())?;
     let given = req.moved.as_ref().and_then(|m| m.password.as_deref()).or(req.writer_password.as_deref());
     let password = ensure_password(&ep, given)?;
+    let given = req.moved.as_ref().and_then(|m| m.verifier.as_deref()).or(req.writer_verifier.as_deref());
+    ensure_verifier(&ep, given, &password)?;
     let config = agent_file(wd, &ep, req, &host)?;
     write_agent_config(&ep, &config)?;
     let (pid, supervisor) = spawn_agent(wd, &ep, progress)?;
@@ -991,6 +1031,7 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
         c.addr_from(site, ps, "http").unwrap_or_default(),
         ep.password_file(),
     );
+    f.password_verifier_file = Some(ep.verifier_file());
     f.controllers = c.of_kind(Kind::Controller).filter_map(|s| c.addr_from(site, s, "http")).collect();
     f.http = Some(std::net::SocketAddr::new(ep.address, ep.file.http_port));
     f.pg_bin_dir = c.pg_bin_dir.clone();

@@ -128,6 +128,20 @@ impl Verifier {
         }
     }
 
+    /// The verifier of `password` with a new random salt (16 bytes, as
+    /// PostgreSQL makes them) and [`ITERATIONS`].
+    pub fn generate(password: &str) -> Verifier {
+        let mut salt = [0u8; 16];
+        aws_lc_rs::rand::fill(&mut salt).expect("the system's random source works");
+        Verifier::from_password(password, &salt, ITERATIONS)
+    }
+
+    /// Whether `password` is the password behind this verifier.
+    pub fn is_of(&self, password: &str) -> bool {
+        let other = Verifier::from_password(password, &self.salt, self.iterations);
+        same(&other.stored_key, &self.stored_key)
+    }
+
     /// A verifier no password matches, the same for the same `seed`: an
     /// exchange for an endpoint that does not exist looks like any other
     /// and fails like a wrong password, so a client learns nothing of
@@ -429,6 +443,15 @@ mod tests {
         let (mut proxy, first) = ClientExchange::start("proxynonce");
         let (_, compute_first) = ServerExchange::start(&other, first.as_bytes(), "n2").unwrap();
         assert!(matches!(proxy.server_first(compute_first.as_bytes(), &key, &v), Err(ScramError::OtherVerifier(_))));
+    }
+
+    #[test]
+    fn generated_verifiers_have_their_own_salt_and_know_their_password() {
+        let (a, b) = (Verifier::generate("pw"), Verifier::generate("pw"));
+        assert_ne!(a.salt, b.salt);
+        assert!(a.is_of("pw") && b.is_of("pw") && !a.is_of("other"));
+        assert_eq!(a.salt.len(), 16);
+        assert_eq!(a.iterations, ITERATIONS);
     }
 
     #[test]

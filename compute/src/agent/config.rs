@@ -114,6 +114,9 @@ pub struct AgentConfig {
     /// `pg_role` over TCP (SCRAM-SHA-256); read at every start, so a new
     /// password takes effect with the next one (`docs/security.md`).
     pub password_file: PathBuf,
+    /// The file (mode 0600) with the role's SCRAM verifier of that password,
+    /// read with it; none: the agent makes one when the password does not log in.
+    pub password_verifier_file: Option<PathBuf>,
     /// Where the agent reads the time: its phases' durations, deadlines,
     /// restart backoff and crash loops, and the proposer's decisions.
     pub clock: crate::clock::SharedClock,
@@ -223,6 +226,7 @@ impl AgentConfig {
             pg_tls_files: None,
             pg_host_address: None,
             password_file,
+            password_verifier_file: None,
             clock: crate::clock::SharedClock::default(),
         }
     }

@@ -114,6 +114,10 @@ pub struct AgentFile {
     /// The file (mode 0600) with the password TCP clients log in with as
     /// `app_role` (SCRAM-SHA-256).
     pub password_file: PathBuf,
+    /// The file (mode 0600) with the SCRAM verifier of that password that
+    /// the role must have exactly (the proxy holds the same, `docs/proxy.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_verifier_file: Option<PathBuf>,
     /// This host's certificate and key: the status server and PostgreSQL
     /// speak TLS with them (both or neither).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -264,6 +268,7 @@ impl AgentFile {
             lazy: None,
             auth_public_key: None,
             password_file,
+            password_verifier_file: None,
             tls_cert: None,
             tls_key: None,
         }
@@ -355,6 +360,7 @@ impl AgentFile {
         cfg.pg_bin_dir = self.pg_bin_dir;
         cfg.pg_user = self.pg_user;
         cfg.app_role = self.app_role;
+        cfg.password_verifier_file = self.password_verifier_file;
         cfg.shared_buffers = self.shared_buffers;
         cfg.verify_redo = self.verify_redo;
         cfg.max_consumer_lag_bytes = (self.max_consumer_lag_mb > 0).then_some(self.max_consumer_lag_mb << 20);

@@ -30,6 +30,8 @@ pub struct RoleState {
     pub database_owner: Option<String>,
     /// The roles the application role is a member of (directly).
     pub member_of: Vec<String>,
+    /// The application role's password verifier as the catalog holds it.
+    pub app_verifier: Option<String>,
 }
 
 /// Predefined roles the application role is given: statistics, CHECKPOINT
@@ -114,19 +116,22 @@ pub fn changes(state: &RoleState, names: Names<'_>, verifier: Option<&str>) -> V
     out
 }
 
-/// The catalog query whose rows [`parse_state`] reads: one row per role
+/// The catalog query whose rows [`parse_state`] reads (its second column
+/// is text, not `name`: a verifier is longer than a name's 63 bytes): one row per role
 /// (`role`, name, six attributes, has a password), one for the database
 /// (`database`, owner) and one per role the application role is a member
 /// of (`member`, that role).
 pub fn state_query(names: Names<'_>) -> String {
     let (app, su) = (names.app, names.superuser);
     format!(
-        "SELECT 'role', rolname, rolsuper, rolcreaterole, rolreplication, rolbypassrls, rolcanlogin, \
+        "SELECT 'role', rolname::text, rolsuper, rolcreaterole, rolreplication, rolbypassrls, rolcanlogin, \
          rolcreatedb, rolpassword IS NOT NULL FROM pg_authid WHERE rolname IN ('{app}', '{su}') \
-         UNION ALL SELECT 'database', pg_get_userbyid(datdba), NULL, NULL, NULL, NULL, NULL, NULL, NULL \
+         UNION ALL SELECT 'database', pg_get_userbyid(datdba)::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL \
          FROM pg_database WHERE datname = 'postgres' \
-         UNION ALL SELECT 'member', pg_get_userbyid(m.roleid), NULL, NULL, NULL, NULL, NULL, NULL, NULL \
-         FROM pg_auth_members m JOIN pg_authid a ON a.oid = m.member WHERE a.rolname = '{app}'"
+         UNION ALL SELECT 'member', pg_get_userbyid(m.roleid)::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL \
+         FROM pg_auth_members m JOIN pg_authid a ON a.oid = m.member WHERE a.rolname = '{app}' \
+         UNION ALL SELECT 'verifier', rolpassword, NULL, NULL, NULL, NULL, NULL, NULL, NULL \
+         FROM pg_authid WHERE rolname = '{app}' AND rolpassword IS NOT NULL"
     )
 }
 
@@ -157,6 +162,7 @@ pub fn parse_state(rows: &[Vec<Option<String>>], names: Names<'_>) -> Result<Rol
             (Some("role"), Some(n)) if n == names.superuser => state.superuser_has_password = flag(row, 8)?,
             (Some("database"), Some(owner)) => state.database_owner = Some(owner.to_string()),
             (Some("member"), Some(role)) => state.member_of.push(role.to_string()),
+            (Some("verifier"), Some(v)) => state.app_verifier = Some(v.to_string()),
             _ => return Err(format!("unexpected row {row:?}")),
         }
     }
@@ -166,12 +172,16 @@ pub fn parse_state(rows: &[Vec<Option<String>>], names: Names<'_>) -> Result<Rol
 /// Makes the branch's roles what they must be (a primary) or checks the
 /// application role's login (a standby, which cannot change them and only
 /// warns). `tcp`: the application role's login with the endpoint's
-/// password; `socket`: the superuser's session through the Unix socket.
+/// password; `socket`: the superuser's session through the Unix socket;
+/// `wanted`: the endpoint's own SCRAM verifier of that password, which the
+/// role must have exactly (the proxy logs in with it, `docs/proxy.md`);
+/// without one, a verifier is made when the password does not log in.
 pub async fn ensure(
     tcp: &ReplicationConfig,
     socket: &ReplicationConfig,
     names: Names<'_>,
     standby: bool,
+    wanted: Option<&str>,
 ) -> Result<(), AgentError> {
     let password = tcp.password.as_deref().unwrap_or_default();
     let logs_in = match ReplicationConnection::connect(tcp).await {
@@ -194,7 +204,12 @@ pub async fn ensure(
     let rows =
         conn.simple_query(&state_query(names)).await.map_err(|e| fail("roles", format!("reading the roles: {e}")))?;
     let state = parse_state(&rows, names).map_err(|e| fail("roles", format!("reading the roles: {e}")))?;
-    let verifier = (!logs_in).then(|| postgres_protocol::password::scram_sha_256(password.as_bytes()));
+    let verifier = match wanted {
+        // The endpoint's own verifier (the proxy holds it too): set unless
+        // the catalog has exactly it.
+        Some(v) => (state.app_verifier.as_deref() != Some(v)).then(|| v.to_string()),
+        None => (!logs_in).then(|| postgres_protocol::password::scram_sha_256(password.as_bytes())),
+    };
     let statements = changes(&state, names, verifier.as_deref());
     if statements.is_empty() {
         return Ok(());
@@ -290,5 +305,8 @@ mod tests {
         rows.extend(GRANTED.map(|r| row(&["member", r])));
         let state = parse_state(&rows, NAMES).unwrap();
         assert!(changes(&state, NAMES, None).is_empty());
+        // The role's verifier as the catalog holds it.
+        let with = vec![row(&["verifier", "SCRAM-SHA-256$4096:x$y:z", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL"])];
+        assert_eq!(parse_state(&with, NAMES).unwrap().app_verifier.as_deref(), Some("SCRAM-SHA-256$4096:x$y:z"));
     }
 }

@@ -260,6 +260,10 @@ impl Agent {
         // 5. Configuration, and the directory handed to PostgreSQL's user.
         let t = self.cfg.clock.now();
         let password = step!(read_password(&self.cfg.password_file).map_err(|e| fail("configuration", e)));
+        let verifier = match &self.cfg.password_verifier_file {
+            Some(path) => Some(step!(read_verifier(path).map_err(|e| fail("configuration", e)))),
+            None => None,
+        };
         let user = step!(postgres::server_user(&self.cfg.pg_user).map_err(|e| fail("configuration", e)));
         step!(self.configure(user.as_ref()).await);
         let seconds = self.cfg.clock.since(t).as_secs_f64();
@@ -298,7 +302,8 @@ impl Agent {
         let names = roles::Names { app: &self.cfg.app_role, superuser: &self.cfg.pg_role };
         let standby = self.cfg.read_only_at.is_some() || self.cfg.replica.is_some();
         let ensured =
-            roles::ensure(&self.app_login_config(&password), &self.socket_config(false), names, standby).await;
+            roles::ensure(&self.app_login_config(&password), &self.socket_config(false), names, standby, verifier.as_deref())
+                .await;
         if let Err(e) = ensured {
             let _ = pg.stop_everything().await;
             return StartEnd::Failed(e);
@@ -467,10 +472,38 @@ fn read_password(path: &std::path::Path) -> Result<String, String> {
     Ok(password)
 }
 
+/// The role's SCRAM verifier (`SCRAM-SHA-256$…`), private like the
+/// password; only the characters of its format, since it goes into SQL.
+fn read_verifier(path: &std::path::Path) -> Result<String, String> {
+    let v = read_password(path).map_err(|e| e.replace("password file", "verifier file"))?;
+    let plain = v.chars().all(|c| c.is_ascii_alphanumeric() || "+/=$:-".contains(c));
+    if !v.starts_with("SCRAM-SHA-256$") || !plain {
+        return Err(format!("verifier file {}: not a SCRAM-SHA-256 verifier", path.display()));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_verifier_file_holds_a_verifier_and_nothing_that_breaks_sql() {
+        let dir = strata_test_support::scratch_dir("agent-verifier");
+        let path = dir.join("password.scram");
+        let write = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        write("SCRAM-SHA-256$4096:c2FsdA==$YWJj:ZGVm\n");
+        assert_eq!(read_verifier(&path).unwrap(), "SCRAM-SHA-256$4096:c2FsdA==$YWJj:ZGVm");
+        for bad in ["md5abc", "SCRAM-SHA-256$4096:x'; DROP TABLE t; --", ""] {
+            write(bad);
+            assert!(read_verifier(&path).is_err(), "{bad}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_password_file_must_be_private_and_hold_a_password() {
