@@ -272,15 +272,26 @@ pub fn start_one(wd: &Workdir, s: &Service, progress: &mut dyn Progress) -> Resu
 }
 
 /// [`ensure_tenant`] for every tenant that is not being deleted; goes on
-/// past a tenant that fails and reports them all.
+/// past a tenant that fails and reports them all. A tenant whose creation
+/// was interrupted (`creating`) is active once this is done for it.
 pub fn ensure_timelines(wd: &Workdir, progress: &mut dyn Progress) -> Result<()> {
-    let errors: Vec<Error> = wd
-        .cluster
-        .tenants
-        .iter()
-        .filter(|t| t.state != TenantState::Deleting)
-        .filter_map(|t| ensure_tenant(wd, t, progress).err().map(|e| t.context(e)))
-        .collect();
+    let mut errors = Vec::new();
+    let mut created = Vec::new();
+    for t in wd.cluster.tenants.iter().filter(|t| t.state != TenantState::Deleting) {
+        match ensure_tenant(wd, t, progress) {
+            Ok(()) if t.state == TenantState::Creating => created.push(t.name.clone()),
+            Ok(()) => {}
+            Err(e) => errors.push(t.context(e)),
+        }
+    }
+    if !created.is_empty() {
+        super::layout::update_cluster(&wd.root, |c| {
+            for t in c.tenants.iter_mut().filter(|t| created.contains(&t.name) && t.state == TenantState::Creating) {
+                t.state = TenantState::Active;
+            }
+            Ok(())
+        })?;
+    }
     joined(errors, "; ")
 }
 

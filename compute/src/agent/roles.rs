@@ -306,7 +306,17 @@ mod tests {
         let state = parse_state(&rows, NAMES).unwrap();
         assert!(changes(&state, NAMES, None).is_empty());
         // The role's verifier as the catalog holds it.
-        let with = vec![row(&["verifier", "SCRAM-SHA-256$4096:x$y:z", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL"])];
+        let with = vec![row(&[
+            "verifier",
+            "SCRAM-SHA-256$4096:x$y:z",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+        ])];
         assert_eq!(parse_state(&with, NAMES).unwrap().app_verifier.as_deref(), Some("SCRAM-SHA-256$4096:x$y:z"));
     }
 }

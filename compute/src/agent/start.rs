@@ -301,9 +301,14 @@ impl Agent {
         }
         let names = roles::Names { app: &self.cfg.app_role, superuser: &self.cfg.pg_role };
         let standby = self.cfg.read_only_at.is_some() || self.cfg.replica.is_some();
-        let ensured =
-            roles::ensure(&self.app_login_config(&password), &self.socket_config(false), names, standby, verifier.as_deref())
-                .await;
+        let ensured = roles::ensure(
+            &self.app_login_config(&password),
+            &self.socket_config(false),
+            names,
+            standby,
+            verifier.as_deref(),
+        )
+        .await;
         if let Err(e) = ensured {
             let _ = pg.stop_everything().await;
             return StartEnd::Failed(e);
