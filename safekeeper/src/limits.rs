@@ -45,6 +45,10 @@ pub const RESERVED_FILES: usize = 256;
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keepalive interval for idle consumer streams.
 pub const CONSUMER_KEEPALIVE: Duration = Duration::from_secs(5);
+/// Capacity a consumer stream's output buffer keeps between messages; a
+/// larger one (a chunk of catch-up WAL) is let go, so that an idle stream
+/// costs no more than its keepalives need.
+pub const IDLE_STREAM_BUFFER: usize = 64 << 10;
 /// Most appends written before one flush (bounds the latency of the first).
 pub const MAX_APPENDS_PER_FLUSH: usize = 256;
 /// WAL within this many bytes of the flush LSN was written moments ago and
@@ -149,6 +153,7 @@ const _: () = assert!(ms(PEER_POLL) + ms(PEER_TIMEOUT) < ms(LIVE_FOR) && 3 * ms(
 // A consumer hears a keepalive well before its idle timeout runs out, and so
 // does a replication client before its I/O timeout.
 const _: () = assert!(2 * ms(CONSUMER_KEEPALIVE) <= ms(DEFAULT_IDLE_TIMEOUT));
+const _: () = assert!(IDLE_STREAM_BUFFER < DEFAULT_MAX_SEND_BYTES);
 const _: () = assert!(2 * ms(PG_KEEPALIVE) <= ms(PG_IO_TIMEOUT));
 // The greeting is due before a connection could be closed for idling.
 const _: () = assert!(ms(DEFAULT_HANDSHAKE_TIMEOUT) <= ms(DEFAULT_IDLE_TIMEOUT));

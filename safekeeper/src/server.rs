@@ -23,7 +23,7 @@ use strata_protocol::safekeeper::{
 use crate::acceptor::AcceptorError;
 use crate::connection::{Connection, ConnectionError, Frames, Writer};
 use crate::fence::StreamFence;
-use crate::limits::{CONSUMER_KEEPALIVE, RECENT_WAL_BYTES, SEND_TIMEOUT};
+use crate::limits::{CONSUMER_KEEPALIVE, IDLE_STREAM_BUFFER, RECENT_WAL_BYTES, SEND_TIMEOUT};
 use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, ConsumerStatus, Timeline};
 use crate::wal_reader::WalReader;
@@ -315,7 +315,9 @@ async fn consumer_loop(
     codec::encode_stream(&StreamMessage::Start(hello), &mut out);
     let segment_size = u64::from(timeline.identity.wal_segment_size);
     let mut sent = start.start_lsn;
-    let mut buf = vec![0u8; shared.config.max_send_bytes];
+    // No buffer lives across chunks: each chunk is read into the message
+    // that carries it, so an idle stream holds no memory for its WAL.
+    let max_chunk = shared.config.max_send_bytes;
     let mut wal = WalReader::new(&timeline.dir, segment_size, !start.include_uncommitted);
     let clock = &*shared.clock;
     let mut last_feedback = clock.now();
@@ -344,6 +346,10 @@ async fn consumer_loop(
             out.clear();
             last_sent = clock.now();
         }
+        if out.capacity() > IDLE_STREAM_BUFFER {
+            // A chunk of catch-up: its capacity is not kept for keepalives.
+            out = Vec::new();
+        }
         let now = *positions.borrow_and_update();
         let mut limit = if start.include_uncommitted { now.flush_lsn } else { now.commit_lsn };
         if start.stop_lsn != Lsn::INVALID {
@@ -353,20 +359,20 @@ async fn consumer_loop(
             }
         }
         if sent < limit {
-            let n = ((limit.0 - sent.0) as usize).min(buf.len());
-            let chunk = &mut buf[..n];
+            let n = ((limit.0 - sent.0) as usize).min(max_chunk);
+            let mut chunk = vec![0u8; n];
             if now.flush_lsn.0 - sent.0 <= RECENT_WAL_BYTES {
                 // Just written: in the page cache, a copy of a few kilobytes.
-                wal.read(sent, chunk)?;
+                wal.read(sent, &mut chunk)?;
             } else {
-                tokio::task::block_in_place(|| wal.read(sent, chunk))?;
+                tokio::task::block_in_place(|| wal.read(sent, &mut chunk))?;
             }
             codec::encode_stream(
                 &StreamMessage::Wal(WalData {
                     begin_lsn: sent,
                     commit_lsn: now.commit_lsn,
                     flush_lsn: now.flush_lsn,
-                    wal: chunk.to_vec(),
+                    wal: chunk,
                 }),
                 &mut out,
             );
@@ -415,6 +421,9 @@ async fn consumer_loop(
                 if clock.since(last_feedback) > shared.config.idle_timeout {
                     return Err(framed::FrameError::Timeout(shared.config.idle_timeout).into());
                 }
+                // Nothing to send for a keepalive's time: idle, so its
+                // segment file is closed until there is WAL again.
+                wal.close();
                 codec::encode_stream(&StreamMessage::Keepalive { commit_lsn: now.commit_lsn, flush_lsn: now.flush_lsn }, &mut out);
             }
         }

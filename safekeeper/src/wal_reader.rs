@@ -51,6 +51,11 @@ impl WalReader {
         Ok(())
     }
 
+    /// Closes the segment kept open: an idle stream holds no file.
+    pub fn close(&mut self) {
+        self.open = None;
+    }
+
     fn segment(&mut self, segno: u64) -> std::io::Result<&File> {
         if self.open.as_ref().is_none_or(|(open, _)| *open != segno) {
             self.open = Some((segno, File::open(segment_path(&self.dir, segno, self.segment_size))?));
@@ -77,6 +82,11 @@ mod tests {
         let mut buf = vec![0u8; 1500];
         r.read(Lsn(1000), &mut buf).unwrap();
         let expect: Vec<u8> = (1000..2500u64).map(|p| ((p / size) * 7 + p % size) as u8).collect();
+        assert_eq!(buf, expect);
+        // Closed while idle, it opens the segment again at the next read.
+        r.close();
+        assert!(r.open.is_none());
+        r.read(Lsn(1000), &mut buf).unwrap();
         assert_eq!(buf, expect);
         // A missing segment is an error naming it; the next read works again.
         let missing = segment_path(&dir, 5, size);
