@@ -129,6 +129,11 @@ pub const UPLOAD_RETRY_DELAYS: (Duration, Duration) = (Duration::from_millis(100
 pub const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// How often the removal looks at a timeline.
 pub const REMOVAL_TICK: Duration = Duration::from_secs(1);
+/// A timeline's removal round whose inputs did not change is skipped, but
+/// never more than this many in a row: what the skipped rounds could not
+/// see (the truncate LSN a proposer moved on its own) is acted on within
+/// this many ticks.
+pub const REMOVAL_FULL_ROUND_EVERY: u32 = 60;
 
 // Healing of failed timelines (`healing`).
 
@@ -192,5 +197,6 @@ const _: () = assert!(ms(OFFLOAD_TICK) <= ms(EXPIRE_EVERY));
 // A timeline's offload is taken over by another member within a few ticks
 // of the staleness timeout.
 const _: () = assert!(ms(OFFLOAD_TICK) < ms(LIVE_FOR) && ms(REMOVAL_TICK) < ms(LIVE_FOR));
+const _: () = assert!(REMOVAL_FULL_ROUND_EVERY >= 1);
 // One tick's uploads are bounded.
 const _: () = assert!(OFFLOAD_SEGMENTS_PER_TICK >= 1 && MAX_APPENDS_PER_FLUSH >= 1 && MAX_OPEN_SEGMENTS >= 1);

@@ -28,7 +28,7 @@ use strata_service::clock::Clock;
 use tracing::{info, warn};
 
 use crate::config::SafekeeperConfig;
-use crate::limits::REMOVAL_TICK;
+use crate::limits::{REMOVAL_FULL_ROUND_EVERY, REMOVAL_TICK};
 use crate::metrics::Metrics;
 use crate::peers::PeerViews;
 use crate::timeline::Timeline;
@@ -68,19 +68,50 @@ impl Remover {
     pub async fn run(&self, tl: &Timeline) {
         let mut share = GaugeShare { gauge: self.metrics.local_wal_bytes.clone(), value: 0 };
         let mut segments_removed = 0;
+        // What the last round that succeeded saw, and rounds since it.
+        let mut done: Option<RoundInputs> = None;
+        let mut skipped = 0u32;
         loop {
             self.clock.sleep(REMOVAL_TICK).await;
             if tl.failure().is_some() {
                 share.set(0);
+                done = None;
                 continue;
             }
+            // An idle timeline's round would find what the last one found:
+            // skipped, since a round holds the acceptor's lock and so leaves
+            // the runtime's worker thread (a thread per idle timeline
+            // otherwise). Every REMOVAL_FULL_ROUND_EVERY rounds one runs anyway.
+            let inputs = self.inputs(tl);
+            if done.as_ref() == Some(&inputs) && skipped + 1 < REMOVAL_FULL_ROUND_EVERY {
+                skipped += 1;
+                continue;
+            }
+            skipped = 0;
             match tokio::task::block_in_place(|| self.remove(tl, &mut segments_removed)) {
-                Ok(bytes) => share.set(bytes),
+                Ok(bytes) => {
+                    share.set(bytes);
+                    done = Some(inputs);
+                }
                 Err(e) => {
                     share.set(0);
+                    done = None;
                     warn!(tenant = %tl.identity.tenant_id, timeline = %tl.identity.timeline_id, "removing WAL: {e}")
                 }
             }
+        }
+    }
+
+    /// What a round's outcome depends on that can be read without the
+    /// acceptor's lock: the published positions, the pageserver's and the
+    /// offload's progress, and the live peers' positions.
+    fn inputs(&self, tl: &Timeline) -> RoundInputs {
+        let p = tl.positions();
+        RoundInputs {
+            positions: (p.term, p.flush_lsn, p.commit_lsn),
+            remote_consistent: tl.progress.remote_consistent_lsn(),
+            offloaded: tl.progress.offloaded_lsn(),
+            peers: self.views.live(tl.identity.tenant_id, tl.identity.timeline_id),
         }
     }
 
@@ -143,6 +174,15 @@ impl Remover {
         });
         Ok(local)
     }
+}
+
+/// The inputs of a removal round (see [`Remover::inputs`]).
+#[derive(Debug, PartialEq)]
+struct RoundInputs {
+    positions: (strata_protocol::safekeeper::Term, Lsn, Lsn),
+    remote_consistent: Lsn,
+    offloaded: Lsn,
+    peers: Vec<(strata_protocol::NodeId, strata_protocol::api::safekeeper::TimelinePositions)>,
 }
 
 /// One timeline's part of a gauge that sums every timeline's: kept up to
