@@ -114,6 +114,10 @@ pub struct AgentConfig {
     /// `pg_role` over TCP (SCRAM-SHA-256); read at every start, so a new
     /// password takes effect with the next one (`docs/security.md`).
     pub password_file: PathBuf,
+    /// Scale to zero: with no client connected for this long, the compute
+    /// is stopped and the agent exits with `exit::SUSPENDED` (`suspend`);
+    /// none: never.
+    pub suspend_after: Option<Duration>,
     /// Where the agent reads the time: its phases' durations, deadlines,
     /// restart backoff and crash loops, and the proposer's decisions.
     pub clock: crate::clock::SharedClock,
@@ -223,6 +227,7 @@ impl AgentConfig {
             pg_tls_files: None,
             pg_host_address: None,
             password_file,
+            suspend_after: None,
             clock: crate::clock::SharedClock::default(),
         }
     }
