@@ -158,7 +158,7 @@ def test_start_and_status(cluster):
     [tl] = st["timelines"]
     assert tl["branch"] == "main"
     assert tl["tenant_id"] == cluster.tenant_id()
-    assert tl["timeline_id"] == cluster.cluster_toml["branches"][0]["timeline_id"]
+    assert tl["timeline_id"] == cluster.timeline_id()
     ps = tl["pageserver"]
     assert ps is not None and ps["state"] == "active", ps
     assert LSN.match(ps["last_record_lsn"]) and LSN.match(ps["start_lsn"])

@@ -41,7 +41,7 @@ def _safekeepers_conninfo(cluster, ca, application_name: str) -> str:
     return (f"host={','.join('127.0.0.1' for _ in sks)} port={','.join(str(s['ports']['pg']) for s in sks)} "
             f"user=postgres password={token} sslmode=verify-full sslrootcert={ca} "
             f"application_name={application_name} "
-            f"options='-c strata.timeline={ct['tenant_id']}/{cluster.timeline_id()}'")
+            f"options='-c strata.timeline={cluster.tenant_id()}/{cluster.timeline_id()}'")
 
 
 TABLES_DIGEST = ("SELECT string_agg(t || ':' || n || ':' || d, ',' ORDER BY t) FROM ("
