@@ -121,14 +121,16 @@ pub fn run(cmd: ComputeCommand) -> i32 {
                 fenced = e.is_fenced();
                 e.to_string()
             }),
-            other => run_proposer_role(other).await.map_err(|e| e.to_string()),
+            other => run_proposer_role(other).await.map(|()| agent::Ended::Stopped).map_err(|e| e.to_string()),
         }
     });
     // Blocking calls still waiting for an answer (the storage controller's
     // long poll) must not hold up the exit: the agent's work is done.
     runtime.shutdown_timeout(limits::RUNTIME_SHUTDOWN_TIMEOUT);
     match result {
-        Ok(()) => 0,
+        Ok(agent::Ended::Stopped) => 0,
+        // Its supervisor must not start it again: the next start wakes it.
+        Ok(agent::Ended::Suspended(_)) => agent::exit::SUSPENDED,
         Err(e) => {
             tracing::error!("{e}");
             errln!("strata compute: {e}");
@@ -217,8 +219,8 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
     }
 }
 
-/// `strata compute start`: runs in the foreground until stopped.
-async fn start(args: StartArgs) -> Result<(), agent::AgentError> {
+/// `strata compute start`: runs in the foreground until stopped or suspended.
+async fn start(args: StartArgs) -> Result<agent::Ended, agent::AgentError> {
     let config = |e: String| agent::AgentError { phase: "configuration", message: e };
     let cfg = agent::config_file::AgentFile::load(&args.config).and_then(|f| f.into_config()).map_err(config)?;
     let stop = agent::stop_on_signals().map_err(|e| config(format!("installing signal handlers: {e}")))?;

@@ -9,7 +9,9 @@
 //! service's log. On SIGTERM or SIGINT it forwards SIGTERM to the service,
 //! waits up to the grace period, SIGKILLs the service's process group if it
 //! is still there, removes the pidfiles and exits. If the supervisor itself
-//! is killed, the service keeps running on its own.
+//! is killed, the service keeps running on its own. A compute agent that
+//! exits with `FENCED` or `SUSPENDED` is not started again: the supervisor
+//! records why and exits.
 
 use crate::out::errln;
 use std::ffi::OsString;
@@ -18,8 +20,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use strata_compute::agent::exit;
 use strata_compute::agent::restart::{random_jitter, RestartPolicy, RestartTracker};
+use strata_compute::agent::{exit, suspend};
 use strata_control_plane::supervisor_state::{unix_now, SupervisorState};
 use strata_service::durable::replace_file;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -43,6 +45,11 @@ pub struct SuperviseArgs {
     /// On SIGTERM: how long the service gets to exit before it is killed.
     #[arg(long, default_value_t = crate::limits::DEFAULT_GRACE_SECS)]
     grace_secs: u64,
+    /// A compute agent's suspension marker (`strata_compute::agent::suspend`):
+    /// when the agent exits with `SUSPENDED`, the idle time it names goes
+    /// into the state's `last_exit`.
+    #[arg(long, value_name = "FILE")]
+    suspend_marker: Option<PathBuf>,
     /// The service's command line (after `--`).
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<OsString>,
@@ -146,15 +153,14 @@ impl Supervisor {
                         status = child.wait() => {
                             remove_pidfile_of(&self.args.pidfile, pid);
                             match status {
-                                // A writer another took the branch from: starting
-                                // it again would take the branch back.
-                                Ok(status) if status.code() == Some(exit::FENCED) => {
-                                    warn!("supervisor: {name} was fenced by another writer; not starting it again");
-                                    self.state.last_exit = Some("fenced by another writer".into());
-                                    self.state.last_exit_at = Some(unix_now());
-                                    return self.finish(None);
-                                }
-                                Ok(status) => exit::describe(status),
+                                Ok(status) => match self.final_exit(status) {
+                                    Some(last_exit) => {
+                                        self.state.last_exit = Some(last_exit);
+                                        self.state.last_exit_at = Some(unix_now());
+                                        return self.finish(None);
+                                    }
+                                    None => exit::describe(status),
+                                },
                                 Err(e) => format!("lost track of it: {e}"),
                             }
                         }
@@ -203,6 +209,31 @@ impl Supervisor {
                     return self.finish(None);
                 }
             }
+        }
+    }
+
+    /// An exit after which the service is not started again, and how the
+    /// state names it: a writer another took the branch from (starting it
+    /// again would take the branch back), or a compute that suspended
+    /// itself (the next `strata endpoint start` wakes it). Any other exit
+    /// (a kill -9 while suspending among them) is followed by a restart.
+    fn final_exit(&self, status: std::process::ExitStatus) -> Option<String> {
+        let name = &self.args.name;
+        match status.code() {
+            Some(exit::FENCED) => {
+                warn!("supervisor: {name} was fenced by another writer; not starting it again");
+                Some("fenced by another writer".into())
+            }
+            Some(exit::SUSPENDED) => {
+                let marker = self.args.suspend_marker.as_deref().and_then(suspend::read_marker);
+                let why = match marker {
+                    Some(m) => format!("suspended after {} s idle", m.idle_secs),
+                    None => "suspended".to_string(),
+                };
+                info!("supervisor: {name} {why}; not starting it again");
+                Some(why)
+            }
+            _ => None,
         }
     }
 

@@ -212,6 +212,15 @@ pub const REPLICA_LEASE_RENEW: Duration = Duration::from_secs(60);
 /// WAL ends remembered for a replica's lag in seconds: at one per poll,
 /// longer than the time bound's default.
 pub const MAX_END_SAMPLES: usize = 8192;
+/// How often an agent with `suspend_after_secs` counts its PostgreSQL's
+/// clients: a suspension comes at most this long after the idle period.
+pub const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Bound on one count of the clients (an answer that does not come counts
+/// as not idle).
+pub const IDLE_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest idle period `suspend_after_secs` accepts (30 days): longer
+/// would mean never, which is 0.
+pub const MAX_SUSPEND_AFTER_SECS: u64 = 30 * 24 * 3600;
 /// Bound on a checkpoint asked for over HTTP: PostgreSQL's spread
 /// checkpoint is not used (`CHECKPOINT` is immediate), but a large one
 /// writes every dirty buffer.
@@ -293,3 +302,8 @@ const _: () = assert!(shorter(REPLICA_POLL, REPLICA_LEASE_MOVE) && shorter(REPLI
 const _: () = assert!(at_most(REPLICA_QUERY_TIMEOUT, REPLICA_LEASE_MOVE));
 const _: () =
     assert!(REPLICA_POLL.as_millis() * MAX_END_SAMPLES as u128 >= DEFAULT_MAX_REPLICA_LAG_SECS as u128 * 1000);
+// A busy server may answer a count later than the next one is due without
+// it being given up (counts run one after another, never side by side);
+// the longest idle period is far from overflowing an Instant.
+const _: () = assert!(shorter(IDLE_POLL, IDLE_QUERY_TIMEOUT));
+const _: () = assert!(MAX_SUSPEND_AFTER_SECS <= u32::MAX as u64);

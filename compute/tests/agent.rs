@@ -213,7 +213,7 @@ fn control_file(pgdata: &Path) -> ControlFile {
 /// Polls the agent's status until `running`; panics on `failed` or if the task ended.
 async fn wait_running(
     http: SocketAddr,
-    task: &tokio::task::JoinHandle<Result<(), agent::AgentError>>,
+    task: &tokio::task::JoinHandle<Result<agent::Ended, agent::AgentError>>,
 ) -> serde_json::Value {
     let deadline = SystemClock.now() + Duration::from_secs(120);
     loop {
@@ -348,7 +348,8 @@ async fn compute_life_cycle() {
 
     // Graceful stop: the shutdown checkpoint reaches a quorum.
     stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(60), task).await.expect("stop timed out").unwrap().expect("clean stop");
+    let ended = tokio::time::timeout(Duration::from_secs(60), task).await.expect("stop timed out").unwrap();
+    assert_eq!(ended.expect("clean stop"), agent::Ended::Stopped);
     let stopped = control_file(&pgdata);
     assert_eq!(stopped.state, DbState::Shutdowned);
     let positions = safekeepers.positions(tenant, timeline).await;
@@ -377,10 +378,47 @@ async fn compute_life_cycle() {
     psql(port, "INSERT INTO t VALUES (5001, 'after restart')").await;
     assert_eq!(psql(port, "SELECT v FROM t WHERE id = 5001").await, "after restart");
     stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(60), task).await.expect("stop timed out").unwrap().expect("clean stop");
+    let ended = tokio::time::timeout(Duration::from_secs(60), task).await.expect("stop timed out").unwrap();
+    assert_eq!(ended.expect("clean stop"), agent::Ended::Stopped);
     let second = control_file(&pgdata);
     let positions = safekeepers.positions(tenant, timeline).await;
     assert!(positions.iter().filter(|(flush, _)| *flush > second.checkpoint).count() >= 2, "{positions:?}");
+
+    // Third start, with an idle period: without a client the agent stops
+    // PostgreSQL as a stop does and ends suspended, its marker beside the
+    // data directory; the next start removes the marker once running.
+    {
+        let mut s = fake.lock().unwrap();
+        s.tar = tar_of(&pgdata);
+        s.last_record_lsn = positions.iter().map(|(flush, _)| *flush).max().unwrap();
+    }
+    let marker = agent::suspend::marker_path(&pgdata);
+    let idle = AgentConfig { suspend_after: Some(Duration::from_secs(1)), ..cfg.clone() };
+    let (_stop_tx, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(agent::run(idle.clone(), stop_rx));
+    wait_running(http, &task).await;
+    let ended = tokio::time::timeout(Duration::from_secs(60), task).await.expect("no suspension").unwrap();
+    let agent::Ended::Suspended(m) = ended.expect("a clean suspension") else { panic!("not suspended") };
+    assert_eq!(m.phase, agent::suspend::Phase::Suspended);
+    assert!(m.idle_secs >= 1, "{m:?}");
+    assert_eq!(agent::suspend::read_marker(&marker), Some(m));
+    let suspended = control_file(&pgdata);
+    assert_eq!(suspended.state, DbState::Shutdowned);
+    let positions = safekeepers.positions(tenant, timeline).await;
+    assert!(positions.iter().filter(|(flush, _)| *flush > suspended.checkpoint).count() >= 2, "{positions:?}");
+    {
+        let mut s = fake.lock().unwrap();
+        s.tar = tar_of(&pgdata);
+        s.last_record_lsn = positions.iter().map(|(flush, _)| *flush).max().unwrap();
+    }
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(agent::run(cfg.clone(), stop_rx));
+    wait_running(http, &task).await;
+    assert!(!marker.exists(), "woken: the marker is gone");
+    assert_eq!(psql(port, "SELECT v FROM t WHERE id = 5001").await, "after restart");
+    stop_tx.send(true).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(60), task).await.expect("stop timed out").unwrap();
+    assert_eq!(ended.expect("clean stop"), agent::Ended::Stopped);
 
     safekeepers.stop().await;
     let _ = std::fs::remove_dir_all(&base);

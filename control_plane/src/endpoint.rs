@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile};
-use strata_compute::agent::postgres;
 use strata_compute::agent::DEFAULT_APP_ROLE as APP_ROLE;
+use strata_compute::agent::{postgres, suspend};
 use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
 use strata_protocol::api::pageserver::LsnResponse;
 use strata_proxy::scram::Verifier;
@@ -19,11 +19,11 @@ use super::layout::{self, Kind, Tenant, Workdir, LOCAL_HOST, LOOPBACK, MAIN_BRAN
 use super::options::AgentOptions;
 use super::process::{self, Identity};
 use super::report::{EndpointEvent, Event, Notice, Progress, StopReport};
-use super::supervisor::{Liveness, Supervised};
+use super::supervisor::{Liveness, StopOutcome, Supervised};
 use super::{hosts, http, services};
 use crate::limits::{
     CHECKPOINT_WAIT, ENDPOINT_START_WAIT, ENDPOINT_STOPS_AT_ONCE, ENDPOINT_STOP_GRACE, ENDPOINT_TAIL_LINES, KILL_WAIT,
-    NODE_CALL, ORPHAN_GRACE, QUICK, START_POLL,
+    NODE_CALL, ORPHAN_GRACE, QUICK, START_POLL, SUSPENSION_WAIT,
 };
 use strata_service::ports;
 
@@ -81,6 +81,10 @@ pub struct EndpointFile {
     /// A lazy compute's fetch retry window in seconds, when not the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fetch_retry_secs: Option<u64>,
+    /// Its idle period before it suspends, in seconds (0: never), when
+    /// given; otherwise the cluster's `default_suspend_after_secs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend_after_secs: Option<u64>,
 }
 
 fn local_host() -> String {
@@ -131,7 +135,29 @@ impl Endpoint {
 
     /// The agent with its supervisor.
     pub fn supervised(&self) -> Supervised {
-        Supervised::new(format!("endpoint {}", self.file.name), self.identity(), self.log(), ENDPOINT_STOP_GRACE)
+        let label = format!("endpoint {}", self.file.name);
+        Supervised {
+            suspend_marker: Some(self.suspend_marker()),
+            ..Supervised::new(label, self.identity(), self.log(), ENDPOINT_STOP_GRACE)
+        }
+    }
+
+    /// Where its agent keeps the marker of a suspension (`docs/compute.md`,
+    /// "Suspend"): `suspended`, beside the data directory.
+    pub fn suspend_marker(&self) -> PathBuf {
+        suspend::marker_path(&self.pgdata())
+    }
+
+    /// The marker of its last suspension, if it sleeps (or is on its way
+    /// to: a marker stays until the next start has PostgreSQL running).
+    pub fn suspension(&self) -> Option<suspend::Marker> {
+        suspend::read_marker(&self.suspend_marker())
+    }
+
+    /// Suspended: nothing of it runs and its marker is there (complete, or
+    /// left by a crash while suspending: either way the next start wakes it).
+    pub fn is_suspended(&self) -> bool {
+        self.supervised().liveness() == Liveness::Stopped && self.suspension().is_some()
     }
 
     /// `address:port`, bracketed for IPv6.
@@ -887,6 +913,7 @@ pub fn launch(wd: &Workdir, req: &LaunchRequest, progress: &mut dyn Progress) ->
     let host = hosts::host(wd, &req.host)?.clone();
     let old = load(wd, name)?;
     if let Some(o) = &old {
+        wait_for_suspension(o)?;
         check_relaunch(o, req, progress)?;
     }
     check_one_writer_here(wd, req)?;
@@ -928,6 +955,27 @@ fn write_agent_config(ep: &Endpoint, config: &AgentFile) -> Result<()> {
     let path = ep.agent_config();
     strata_service::durable::replace_file_with_mode(&path, text.as_bytes(), true, 0o600)
         .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
+}
+
+/// A suspension under way (the agent stopping after its idle period, its
+/// marker written) is waited for: a wake that comes just then starts the
+/// compute again instead of failing as already running. The marker goes
+/// once a new agent runs PostgreSQL, so a crash while suspending, after
+/// which the supervisor starts the agent again, ends the wait too.
+fn wait_for_suspension(o: &Endpoint) -> Result<()> {
+    let deadline = Instant::now() + SUSPENSION_WAIT;
+    while o.supervised().liveness() != Liveness::Stopped && o.suspension().is_some() {
+        if Instant::now() > deadline {
+            return failed(format!(
+                "endpoint {}: still suspending after {}s (see {})",
+                o.file.name,
+                SUSPENSION_WAIT.as_secs(),
+                o.log().display()
+            ));
+        }
+        std::thread::sleep(START_POLL);
+    }
+    Ok(())
 }
 
 /// An endpoint recorded here may start again: same branch, not running
@@ -1002,6 +1050,7 @@ fn record(wd: &Workdir, req: &LaunchRequest, host: &layout::Host, old: Option<&E
             lazy,
             cache_mb: agent.cache_mb.or(before.and_then(|o| o.cache_mb)),
             fetch_retry_secs: agent.fetch_retry_secs.or(before.and_then(|o| o.fetch_retry_secs)),
+            suspend_after_secs: agent.suspend_after_secs.or(before.and_then(|o| o.suspend_after_secs)),
         },
     };
     layout::write_toml(
@@ -1092,8 +1141,15 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
     }
     f.crash_loop_restarts = agent.crash_loop_restarts.unwrap_or(f.crash_loop_restarts);
     f.crash_loop_window_secs = agent.crash_loop_window_secs.unwrap_or(f.crash_loop_window_secs);
+    f.suspend_after_secs = suspend_after(ep.file.suspend_after_secs, c.default_suspend_after_secs);
     f.check().map_err(|e| Error::Failed(format!("endpoint {}: the agent's configuration: {e}", req.name)))?;
     Ok(f)
+}
+
+/// The agent's idle period: the endpoint's own (kept from the start that
+/// gave it), else the cluster's default; 0 is never.
+fn suspend_after(endpoint: Option<u64>, cluster: Option<u64>) -> Option<u64> {
+    endpoint.or(cluster).filter(|s| *s > 0)
 }
 
 /// Spawns the agent under its supervisor and waits until its PostgreSQL
@@ -1284,8 +1340,14 @@ pub fn stop_local(wd: &Workdir, name: &str, immediate: bool, progress: &mut dyn 
 }
 
 /// Stops the agent and its supervisor, then whatever PostgreSQL they left.
+/// A suspended endpoint is left suspended (its marker and its supervisor's
+/// last state stay, so that the next connection still wakes it); only a
+/// PostgreSQL that a crash while suspending left running is stopped.
 fn stop_endpoint(ep: &Endpoint, immediate: bool, progress: &mut dyn Progress) -> Result<StopReport> {
-    let outcome = ep.supervised().stop(immediate)?;
+    let outcome = match ep.is_suspended() {
+        true => StopOutcome::Suspended,
+        false => ep.supervised().stop(immediate)?,
+    };
     stop_orphan_postgres(ep, immediate, progress)?;
     Ok(StopReport { label: format!("endpoint {}", ep.file.name), outcome, immediate, grace: ENDPOINT_STOP_GRACE })
 }
@@ -1413,7 +1475,43 @@ mod tests {
             lazy,
             cache_mb: None,
             fetch_retry_secs: Some(3),
+            suspend_after_secs: Some(0),
         }
+    }
+
+    #[test]
+    fn the_endpoints_idle_period_wins_over_the_clusters() {
+        assert_eq!(suspend_after(None, None), None);
+        assert_eq!(suspend_after(None, Some(60)), Some(60));
+        assert_eq!(suspend_after(Some(5), Some(60)), Some(5));
+        // An endpoint told 0 never suspends, whatever the cluster's default.
+        assert_eq!(suspend_after(Some(0), Some(60)), None);
+    }
+
+    #[test]
+    fn a_suspended_endpoint_is_one_whose_marker_is_there_and_nothing_runs() {
+        let dir = std::env::temp_dir().join(format!("strata-suspended-{}", strata_protocol::TimelineId::generate()));
+        fs::create_dir_all(&dir).unwrap();
+        let ep = Endpoint { dir: dir.clone(), file: endpoint_file(true), address: LOOPBACK };
+        assert_eq!(ep.suspend_marker(), dir.join("suspended"));
+        assert!(!ep.is_suspended());
+        let m =
+            suspend::Marker { phase: suspend::Phase::Suspended, idle_secs: 2, decided_at: 1, suspended_at: Some(2) };
+        suspend::write_marker(&ep.suspend_marker(), &m).unwrap();
+        assert!(ep.is_suspended());
+        assert_eq!(crate::status::endpoint_state_text(&ep), "suspended");
+        assert_eq!(crate::status::endpoint_state_name(&ep, Liveness::Stopped), "suspended");
+        // While its agent still runs it is not (the agent is stopping, or
+        // was started again after a crash while suspending).
+        assert_eq!(crate::status::endpoint_state_name(&ep, Liveness::Running { pid: 1, supervisor: None }), "running");
+        // Stopping it leaves it suspended.
+        let mut events = Vec::new();
+        let report = stop_endpoint(&ep, false, &mut events).unwrap();
+        assert_eq!(report.outcome, StopOutcome::Suspended);
+        assert!(ep.is_suspended());
+        // The supervisor's path to the marker is handed to it.
+        assert_eq!(ep.supervised().suspend_marker, Some(ep.suspend_marker()));
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -221,6 +221,7 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
         pg_bin_dir: args.pg_bin_dir.clone(),
         pg_user: args.pg_user.clone(),
         verify_redo: args.verify_redo,
+        default_suspend_after_secs: args.suspend_after_secs.filter(|s| *s > 0),
         hosts,
         remote_storage: Some(remote_storage),
         tenants: vec![Tenant {
@@ -779,6 +780,22 @@ mod tests {
         assert_eq!(psc.unwrap().storage_key, None);
         assert!(!wd.root.join("auth/storage.key").exists());
         fs::remove_dir_all(&plain).unwrap();
+    }
+
+    #[test]
+    fn the_default_idle_period_is_kept_in_cluster_toml() {
+        let dir = tempdir("suspend-default");
+        init(&InitOptions { suspend_after_secs: Some(300), ..InitOptions::for_test(&dir, 1) }).unwrap();
+        assert_eq!(Workdir::open(&dir).unwrap().cluster.default_suspend_after_secs, Some(300));
+        let text = fs::read_to_string(dir.join(CLUSTER_FILE)).unwrap();
+        assert!(text.contains("default_suspend_after_secs = 300"), "{text}");
+        fs::remove_dir_all(&dir).unwrap();
+        // 0 is never, which is what no setting says.
+        let never = tempdir("suspend-never");
+        init(&InitOptions { suspend_after_secs: Some(0), ..InitOptions::for_test(&never, 1) }).unwrap();
+        assert_eq!(Workdir::open(&never).unwrap().cluster.default_suspend_after_secs, None);
+        assert!(!fs::read_to_string(never.join(CLUSTER_FILE)).unwrap().contains("default_suspend_after_secs"));
+        fs::remove_dir_all(&never).unwrap();
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub struct ClusterFile {
     /// Computes log images of every change and the pageserver checks native redo against them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub verify_redo: bool,
+    /// Scale to zero: an endpoint that does not set its own idle period
+    /// (`strata endpoint start --suspend-after`) suspends after this many
+    /// seconds without a client (`docs/compute.md`, "Suspend"); absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_suspend_after_secs: Option<u64>,
     /// The machines the cluster runs on (`docs/deployment.md`).
     #[serde(default = "local_hosts")]
     pub hosts: Vec<Host>,

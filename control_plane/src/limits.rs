@@ -53,6 +53,9 @@ pub const ENDPOINT_START_WAIT: Duration = Duration::from_secs(120);
 /// Longest an agent may take to stop: PostgreSQL shuts down and its last
 /// WAL reaches the safekeepers.
 pub const ENDPOINT_STOP_GRACE: Duration = Duration::from_secs(60);
+/// Longest a start waits for a suspension under way to end (it usually
+/// takes well under a second: a fast shutdown with nothing to write).
+pub const SUSPENSION_WAIT: Duration = Duration::from_secs(30);
 /// Longest a PostgreSQL left behind by a dead agent gets to shut down.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// How often a starting agent is asked whether PostgreSQL runs yet.
@@ -176,7 +179,8 @@ const _: () = assert!(PROPOSER_WAIT.as_millis() < JOINT_TIMEOUT.as_millis());
 const _: () = assert!(ATTACH_WAIT.as_millis() <= SITE_ATTACH_WAIT.as_millis());
 // A node call outlasts what the node waits for: an endpoint's start, and a
 // service's or an endpoint's stop by its supervisor.
-const _: () = assert!(ENDPOINT_START_WAIT.as_millis() < NODE_CALL.as_millis());
+const _: () = assert!(ENDPOINT_START_WAIT.as_millis() + SUSPENSION_WAIT.as_millis() < NODE_CALL.as_millis());
+const _: () = assert!(START_POLL.as_millis() < SUSPENSION_WAIT.as_millis());
 const _: () = assert!(SERVICE_STOP_GRACE.as_millis() + SUPERVISOR_MARGIN.as_millis() < NODE_CALL.as_millis());
 const _: () = assert!(ENDPOINT_STOP_GRACE.as_millis() + SUPERVISOR_MARGIN.as_millis() < NODE_CALL.as_millis());
 // Calls that must not hold a command up are shorter than the long ones.

@@ -33,6 +33,9 @@ pub struct InitOptions {
     pub insecure_loopback: bool,
     /// Tenants' objects stored unencrypted (no storage key).
     pub no_encryption_at_rest: bool,
+    /// The endpoints' default idle period before they suspend, in seconds
+    /// (`cluster.toml`'s `default_suspend_after_secs`); none or 0: never.
+    pub suspend_after_secs: Option<u64>,
 }
 
 /// `endpoint start`: options handed to the compute agent for this run
@@ -55,6 +58,10 @@ pub struct AgentOptions {
     pub max_replica_lag_mb: Option<u64>,
     /// PostgreSQL's shared_buffers for this run.
     pub shared_buffers: Option<String>,
+    /// Suspend after this many seconds without a client (0: never); kept
+    /// for the endpoint's later starts.
+    #[serde(default)]
+    pub suspend_after_secs: Option<u64>,
 }
 
 /// An RFC 3339 timestamp from what a user types: RFC 3339 itself, or
@@ -90,6 +97,7 @@ impl InitOptions {
             sites: None,
             site_latency_ms: None,
             placement: None,
+            suspend_after_secs: None,
         }
     }
 }

@@ -119,7 +119,11 @@ pub struct StopReport {
 impl StopReport {
     /// `stopped (pid N)`, `killed (pid N)`, `not running`, ….
     pub fn message(&self) -> String {
-        let StopOutcome::Stopped { pid, how } = self.outcome else { return "not running".into() };
+        let (pid, how) = match self.outcome {
+            StopOutcome::Stopped { pid, how } => (pid, how),
+            StopOutcome::NotRunning => return "not running".into(),
+            StopOutcome::Suspended => return "suspended; nothing to stop".into(),
+        };
         let pid = match pid {
             Some(pid) => format!("pid {pid}"),
             None => "it was waiting to be restarted".into(),
@@ -784,6 +788,7 @@ mod tests {
     fn a_stop_says_how_it_ended() {
         let killed = StopOutcome::Stopped { pid: Some(7), how: Stopped::Killed };
         assert_eq!(stop(StopOutcome::NotRunning, false), "sk1: not running");
+        assert_eq!(stop(StopOutcome::Suspended, false), "sk1: suspended; nothing to stop");
         assert_eq!(stop(StopOutcome::Stopped { pid: Some(7), how: Stopped::Clean }, false), "sk1: stopped (pid 7)");
         assert_eq!(stop(killed, true), "sk1: killed (pid 7)");
         assert_eq!(stop(killed, false), "sk1: killed (pid 7) after not stopping within 30s");

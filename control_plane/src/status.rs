@@ -12,7 +12,7 @@ use strata_protocol::api::safekeeper::SafekeeperStatus;
 use super::endpoint::{self, Endpoint};
 use super::error::Result;
 use super::layout::{Branch, Kind, Tenant, Workdir, DEFAULT_TENANT};
-use super::supervisor::Liveness;
+use super::supervisor::{Liveness, Restarts, Supervised};
 use super::{hosts, http, services};
 use crate::limits::{QUICK, SHORT_CHARS};
 
@@ -30,7 +30,7 @@ pub struct EndpointRestarts {
 }
 
 /// Combines the supervisor's and the agent's view of an endpoint's restarts.
-fn combine(supervisor: &super::supervisor::Restarts, agent: Option<&RestartStatus>) -> EndpointRestarts {
+fn combine(supervisor: &Restarts, agent: Option<&RestartStatus>) -> EndpointRestarts {
     let postgres = agent.map_or(0, |a| a.restarts);
     let agent_cause = agent.and_then(|a| Some((a.last_restart_at.unwrap_or(0), a.last_restart_cause.clone()?)));
     let supervisor_cause = supervisor
@@ -55,7 +55,22 @@ fn combine(supervisor: &super::supervisor::Restarts, agent: Option<&RestartStatu
 pub fn endpoint_restarts(ep: &Endpoint) -> EndpointRestarts {
     let sv = ep.supervised();
     let agent = sv.service.running().and_then(|_| ep.agent_view());
-    combine(&sv.restarts(), agent.as_ref().map(|a| &a.restart))
+    combine(&supervisor_view(ep, &sv, sv.liveness()), agent.as_ref().map(|a| &a.restart))
+}
+
+/// What the endpoint's supervisor reports; for a suspended endpoint, whose
+/// supervisor has exited, how it ended (`suspended after N s idle`) from the
+/// state file it left.
+fn supervisor_view(ep: &Endpoint, sv: &Supervised, liveness: Liveness) -> Restarts {
+    if endpoint_state_name(ep, liveness) != SUSPENDED {
+        return sv.restarts();
+    }
+    let last = sv.last_state();
+    Restarts {
+        last_exit: last.as_ref().and_then(|s| s.last_exit.clone()),
+        last_exit_at: last.as_ref().and_then(|s| s.last_exit_at),
+        ..Default::default()
+    }
 }
 
 /// `strata endpoint list`: a table, or how to make the first endpoint.
@@ -195,7 +210,7 @@ pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
     for ep in endpoint::load_all(wd)?.into_iter().filter(|ep| ep.file.host == host) {
         let sv = ep.supervised();
         let liveness = sv.liveness();
-        let supervisor = sv.restarts();
+        let supervisor = supervisor_view(&ep, &sv, liveness);
         let agent = liveness.pid().and_then(|_| ep.agent_view());
         let restarts = combine(&supervisor, agent.as_ref().map(|a| &a.restart));
         endpoints.push(EndpointStatus {
@@ -210,7 +225,7 @@ pub fn host_part(wd: &Workdir, host: &str) -> Result<HostStatus> {
             tenant: ep.file.tenant.clone(),
             branch: ep.file.branch.clone(),
             timeline_id: c.tenant(&ep.file.tenant).and_then(|t| t.branch(&ep.file.branch)).map(|b| b.timeline_id),
-            state: liveness.name().to_string(),
+            state: endpoint_state_name(&ep, liveness).to_string(),
             compute_state: agent.as_ref().map(|a| a.state),
             compute_error: agent.as_ref().and_then(|a| a.error.clone()),
             restarts: restarts.total,
@@ -442,16 +457,35 @@ fn endpoint_state(e: &EndpointStatus) -> String {
     state
 }
 
-/// `running`, `restarting`, `stopped`, or `running (<agent state>)` while
-/// the agent is not running PostgreSQL.
+/// An endpoint's state in `strata status --json` (`EndpointStatus.state`):
+/// its agent's liveness, except that an endpoint without a running agent
+/// whose suspension marker is there is `suspended`.
+pub fn endpoint_state_name(ep: &Endpoint, liveness: Liveness) -> &'static str {
+    match liveness {
+        Liveness::Stopped if ep.suspension().is_some() => SUSPENDED,
+        other => other.name(),
+    }
+}
+
+/// The state of a suspended endpoint.
+pub const SUSPENDED: &str = "suspended";
+
+/// `running`, `restarting`, `stopped`, `suspended`, `suspending` (its agent
+/// stopping after its idle period), or `running (<agent state>)` while the
+/// agent is not running PostgreSQL.
 pub fn endpoint_state_text(ep: &Endpoint) -> String {
-    match ep.supervised().liveness() {
-        Liveness::Stopped => match endpoint::orphan_postgres(ep) {
-            Some(pid) => format!("stopped (PostgreSQL pid {pid} left running)"),
-            None => "stopped".into(),
-        },
+    let liveness = ep.supervised().liveness();
+    match liveness {
+        Liveness::Stopped => {
+            let state = endpoint_state_name(ep, liveness);
+            match endpoint::orphan_postgres(ep) {
+                Some(pid) => format!("{state} (PostgreSQL pid {pid} left running)"),
+                None => state.into(),
+            }
+        }
         Liveness::Restarting { .. } => "restarting".into(),
         Liveness::Running { .. } => match ep.agent_view() {
+            Some(a) if a.state == AgentState::Stopping && ep.suspension().is_some() => "suspending".into(),
             Some(a) if a.state == AgentState::Running => "running".into(),
             Some(a) if a.restart.crash_loop => format!("running ({}, crash loop)", a.state.name()),
             Some(a) => format!("running ({})", a.state.name()),
@@ -709,7 +743,6 @@ mod tests {
 
     #[test]
     fn endpoint_restarts_add_up_and_take_the_latest_cause() {
-        use super::super::supervisor::Restarts;
         let sup = Restarts {
             restarts: 1,
             last_exit: Some("signal 9: SIGKILL".into()),

@@ -34,6 +34,9 @@ pub struct Supervised {
     pub log: PathBuf,
     /// How long the service gets to stop after SIGTERM.
     pub grace: Duration,
+    /// A compute agent's suspension marker, handed to the supervisor so
+    /// that its state names the idle time of a suspension.
+    pub suspend_marker: Option<PathBuf>,
 }
 
 /// Whether the service runs.
@@ -91,6 +94,9 @@ pub struct Restarts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopOutcome {
     NotRunning,
+    /// A suspended endpoint: nothing runs, and it stays suspended (the
+    /// next start wakes it).
+    Suspended,
     /// The service (pid) ended: cleanly, or killed.
     Stopped {
         pid: Option<i32>,
@@ -122,7 +128,7 @@ impl Supervised {
             pidfile: supervisor_pidfile(&service.pidfile),
         };
         let state_file = state_file(&service.pidfile);
-        Supervised { label: label.into(), service, supervisor, state_file, log, grace }
+        Supervised { label: label.into(), service, supervisor, state_file, log, grace, suspend_marker: None }
     }
 
     /// Whether the service runs, or its supervisor is restarting it.
@@ -138,6 +144,12 @@ impl Supervised {
     /// The running supervisor's state file.
     pub fn state(&self) -> Option<SupervisorState> {
         self.supervisor.running()?;
+        SupervisorState::load(&self.state_file)
+    }
+
+    /// The state file the last supervisor left, whether or not it runs (one
+    /// that stopped for good after a suspension wrote how it ended there).
+    pub fn last_state(&self) -> Option<SupervisorState> {
         SupervisorState::load(&self.state_file)
     }
 
@@ -171,9 +183,11 @@ impl Supervised {
             self.state_file.clone().into(),
             "--grace-secs".into(),
             self.grace.as_secs().to_string().into(),
-            "--".into(),
-            exe.into(),
         ];
+        if let Some(marker) = &self.suspend_marker {
+            args.extend(["--suspend-marker".into(), marker.clone().into()]);
+        }
+        args.extend(["--".into(), exe.into()]);
         args.extend(service_args.iter().map(|a| a.to_os_string()));
         let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
         let child = process::spawn(exe, &args, &self.log, cwd)?;

@@ -17,7 +17,9 @@ pub struct SupervisorState {
     pub child_pid: Option<u32>,
     /// Times the service was started again after it exited.
     pub restarts: u64,
-    /// How it ended last: `exit code N` or `signal N: NAME`.
+    /// How it ended last: `exit code N` or `signal N: NAME`; for a compute
+    /// agent the supervisor does not start again, `fenced by another
+    /// writer` or `suspended after N s idle`.
     pub last_exit: Option<String>,
     /// When (Unix seconds).
     pub last_exit_at: Option<u64>,

@@ -128,6 +128,11 @@ pub struct InitArgs {
     /// (`docs/security.md`, "Encryption at rest"); to measure its cost.
     #[arg(long)]
     pub no_encryption_at_rest: bool,
+    /// The endpoints' default idle period: an endpoint without a client for
+    /// this many seconds suspends itself (`docs/compute.md`, "Suspend"),
+    /// unless its own `--suspend-after` says otherwise (default: never).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=strata_compute::limits::MAX_SUSPEND_AFTER_SECS))]
+    pub suspend_after: Option<u64>,
 }
 
 impl InitArgs {
@@ -146,6 +151,7 @@ impl InitArgs {
             placement: self.placement.clone(),
             insecure_loopback: self.insecure_loopback,
             no_encryption_at_rest: self.no_encryption_at_rest,
+            suspend_after_secs: self.suspend_after,
         }
     }
 }
@@ -272,6 +278,12 @@ pub struct AgentArgs {
     /// PostgreSQL's shared_buffers for this run (default 128MB).
     #[arg(long, help_heading = "compute agent options", value_name = "SIZE")]
     pub shared_buffers: Option<String>,
+    /// Suspend after this many seconds without a client connection: the
+    /// compute stops cleanly and the next `endpoint start` wakes it (0:
+    /// never; default: the cluster's `default_suspend_after_secs`, else
+    /// never). Kept for later starts.
+    #[arg(long, help_heading = "compute agent options", value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=strata_compute::limits::MAX_SUSPEND_AFTER_SECS))]
+    pub suspend_after: Option<u64>,
 }
 
 impl AgentArgs {
@@ -288,6 +300,7 @@ impl AgentArgs {
             fetch_retry_secs,
             max_replica_lag_mb,
             shared_buffers,
+            suspend_after,
         } = self.clone();
         AgentOptions {
             crash_loop_restarts,
@@ -298,6 +311,7 @@ impl AgentArgs {
             fetch_retry_secs,
             max_replica_lag_mb,
             shared_buffers,
+            suspend_after_secs: suspend_after,
         }
     }
 }

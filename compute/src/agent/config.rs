@@ -117,6 +117,10 @@ pub struct AgentConfig {
     /// The file (mode 0600) with the role's SCRAM verifier of that password,
     /// read with it; none: the agent makes one when the password does not log in.
     pub password_verifier_file: Option<PathBuf>,
+    /// Scale to zero: with no client connected for this long, the compute
+    /// is stopped and the agent exits with `exit::SUSPENDED` (`suspend`);
+    /// none: never.
+    pub suspend_after: Option<Duration>,
     /// Where the agent reads the time: its phases' durations, deadlines,
     /// restart backoff and crash loops, and the proposer's decisions.
     pub clock: crate::clock::SharedClock,
@@ -227,6 +231,7 @@ impl AgentConfig {
             pg_host_address: None,
             password_file,
             password_verifier_file: None,
+            suspend_after: None,
             clock: crate::clock::SharedClock::default(),
         }
     }

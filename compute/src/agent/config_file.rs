@@ -19,7 +19,7 @@ use strata_service::auth::load_token;
 use strata_service::tls::{ClientTls, ServerTls};
 
 use super::config::{AgentConfig, ReplicaConfig};
-use crate::limits::{MAX_LAZY_CACHE_MB, MAX_LAZY_FETCH_RETRY_SECS};
+use crate::limits::{MAX_LAZY_CACHE_MB, MAX_LAZY_FETCH_RETRY_SECS, MAX_SUSPEND_AFTER_SECS};
 
 /// `agent.toml`: what one compute runs and where it finds everything.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -124,6 +124,11 @@ pub struct AgentFile {
     pub tls_cert: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
+    /// Scale to zero: with no client connected for this many seconds, the
+    /// compute stops and the agent exits with `exit::SUSPENDED` (`docs/compute.md`,
+    /// "Suspend"); absent or 0: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend_after_secs: Option<u64>,
 }
 
 /// `[replica]` of `agent.toml`.
@@ -271,6 +276,7 @@ impl AgentFile {
             password_verifier_file: None,
             tls_cert: None,
             tls_key: None,
+            suspend_after_secs: None,
         }
     }
 
@@ -317,6 +323,9 @@ impl AgentFile {
             if replica.safekeeper_replication.is_empty() {
                 return Err("replica.safekeeper_replication: at least one is needed".into());
             }
+        }
+        if let Some(secs) = self.suspend_after_secs.filter(|s| *s > MAX_SUSPEND_AFTER_SECS) {
+            return Err(format!("suspend_after_secs must be at most {MAX_SUSPEND_AFTER_SECS} (0: never), not {secs}"));
         }
         if let Some(lazy) = &self.lazy {
             if !(1..=MAX_LAZY_CACHE_MB).contains(&lazy.cache_mb) {
@@ -390,6 +399,7 @@ impl AgentFile {
         cfg.tls_server = tls_server;
         cfg.pg_tls_files = self.tls_cert.zip(self.tls_key);
         cfg.pg_host_address = self.pg_host_address;
+        cfg.suspend_after = self.suspend_after_secs.filter(|s| *s > 0).map(Duration::from_secs);
         Ok(cfg)
     }
 }
@@ -422,7 +432,12 @@ mod tests {
             max_lag_secs: 9,
         });
         file.address_map.insert("127.0.0.1:1".into(), "127.0.0.1:2".into());
+        file.suspend_after_secs = Some(300);
         assert_eq!(AgentFile::parse(&file.to_toml()).unwrap(), file);
+        assert_eq!(file.clone().into_config().unwrap().suspend_after, Some(Duration::from_secs(300)));
+        // 0 is never, as is no setting.
+        let never = AgentFile { suspend_after_secs: Some(0), ..minimal() };
+        assert_eq!(AgentFile::parse(&never.to_toml()).unwrap().into_config().unwrap().suspend_after, None);
 
         let text = format!(
             "pgdata = \"/p\"\npg_port = 1\nsafekeepers = [\"a:1\"]\ntenant_id = \"{}\"\ntimeline_id = \"{}\"\n\
@@ -433,7 +448,9 @@ mod tests {
         assert_eq!(parsed.shared_buffers, "128MB");
         assert_eq!(parsed.max_consumer_lag_mb, 1024);
         assert_eq!(parsed.lazy.as_ref().unwrap().cache_mb, 1024);
+        assert_eq!(parsed.suspend_after_secs, None);
         let cfg = parsed.into_config().unwrap();
+        assert_eq!(cfg.suspend_after, None);
         assert_eq!(cfg.lazy_page_service.as_deref(), Some("c:3"));
         assert_eq!(cfg.lazy_cache_bytes, 1 << 30);
         assert_eq!(cfg.restart.crash_loop_restarts, 5);
@@ -463,6 +480,10 @@ mod tests {
             "read_only_at does not apply",
         );
         refused_file(AgentFile { replica: replica(vec![]), ..minimal() }, "at least one");
+        refused_file(
+            AgentFile { suspend_after_secs: Some(MAX_SUSPEND_AFTER_SECS + 1), ..minimal() },
+            "suspend_after_secs must be at most",
+        );
         // Role names go into SQL and pg_hba.conf unquoted: plain names only,
         // and never the superuser or one of PostgreSQL's own.
         for bad in ["", "App", "a b", "a\"b", "1app", "pg_monitor", &"a".repeat(64)] {

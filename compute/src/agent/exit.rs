@@ -8,6 +8,12 @@ use std::process::ExitStatus;
 /// the branch back (`docs/replicas.md`, "Promotion").
 pub const FENCED: i32 = 78;
 
+/// The agent's exit code when it suspended the compute after its idle
+/// period (`docs/compute.md`, "Suspend"): PostgreSQL stopped cleanly and
+/// nothing of the compute is left; its supervisor then stops too, and the
+/// next `strata endpoint start` wakes it.
+pub const SUSPENDED: i32 = 79;
+
 /// The conventional name of a signal (`SIGKILL`), or `SIG<n>`.
 pub fn signal_name(signal: i32) -> String {
     let name = match signal {

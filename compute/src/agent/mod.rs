@@ -14,7 +14,9 @@
 //! Once the compute has been running, a failure of PostgreSQL or of the
 //! proposer leads to a fresh start (steps 1 to 6 again, on the same port)
 //! after a backoff ([`restart`]); before that, a failure ends the agent.
-//! Status and metrics are served over HTTP ([`status`]).
+//! Status and metrics are served over HTTP ([`status`]). With an idle
+//! period, a compute without clients for that long suspends itself
+//! ([`suspend`]).
 
 pub mod basebackup;
 mod config;
@@ -33,6 +35,7 @@ mod roles;
 mod running;
 mod start;
 pub mod status;
+pub mod suspend;
 pub mod trash;
 
 use std::path::{Path, PathBuf};
@@ -94,42 +97,29 @@ async fn unless_stopped<T>(stop: &mut watch::Receiver<bool>, fut: impl std::futu
     }
 }
 
+/// How the agent ended without an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// A stop was requested (SIGTERM, SIGINT): the compute stopped.
+    Stopped,
+    /// No client was connected for the idle period: the compute stopped
+    /// the same way and the marker says so (`suspend`).
+    Suspended(suspend::Marker),
+}
+
 /// Runs the compute until `stop` turns true (then stops it gracefully and
-/// returns `Ok`) or its first start fails. Failures after it ran are
-/// followed by fresh starts.
-pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
+/// returns `Ended::Stopped`), until it suspends after its idle period
+/// (`Ended::Suspended`), or until its first start fails. Failures after it
+/// ran are followed by fresh starts.
+pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended, AgentError> {
     let pgdata = absolute(&cfg.pgdata).map_err(|e| fail("configuration", e))?;
     cfg.restart.validate().map_err(|e| fail("configuration", e))?;
     let (proposer_tx, proposer_rx) = watch::channel(ProposerStatus::default());
-    let status = StatusHandle::new(
-        AgentStatus {
-            state: AgentState::Syncing,
-            pg_port: cfg.pg_port,
-            pgdata: pgdata.clone(),
-            pg_log: postgres::log_path(&pgdata),
-            tenant_id: cfg.tenant_id.to_string(),
-            timeline_id: cfg.timeline_id.to_string(),
-            start_lsn: None,
-            error: None,
-            timings: StartTimings::default(),
-            restart: RestartStatus::default(),
-            lazy: None,
-            replica: None,
-            pageserver: None,
-            token: None,
-        },
-        proposer_rx,
-    )
-    .with_clock(cfg.clock.clone());
+    let status = StatusHandle::new(initial_status(&cfg, &pgdata), proposer_rx).with_clock(cfg.clock.clone());
     let lazy = lazy::LazyMounts::default();
     let status = if cfg.lazy_page_service.is_some() { status.with_lazy(lazy.stats().clone()) } else { status };
     let status = if cfg.read_only_at.is_none() && cfg.replica.is_none() {
-        let dir = pgconf::socket_dir(&pgdata, cfg.pg_port);
-        status.with_sql(crate::pg_replication::ReplicationConfig {
-            application_name: "strata_agent".into(),
-            replication: false,
-            ..crate::pg_replication::ReplicationConfig::new(dir.to_string_lossy(), cfg.pg_port, cfg.pg_role.clone())
-        })
+        status.with_sql(socket_session(&pgdata, &cfg))
     } else {
         status
     };
@@ -183,14 +173,22 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         let status = status.clone();
         tokio::spawn(renewal.run(move |t| status.update(|s| s.token = Some(t))))
     });
-    let agent = Agent { cfg, pgdata, status: status.clone(), lazy };
-    let result = agent.run(&mut stop, proposer_tx).await;
+    let marker = suspend::marker_path(&pgdata);
+    let mut stops = Stops::new(stop, &cfg, &pgdata, &status, &marker);
+    let agent = Agent { cfg, pgdata, status: status.clone(), lazy, marker };
+    let result = agent.run(&mut stops.rx, proposer_tx).await;
+    let decided = stops.end();
     watcher.abort();
     if let Some(renewal) = renewal {
         renewal.abort();
     }
     // PostgreSQL is stopped by now: its files can go.
     agent.lazy.unmount(&agent.pgdata);
+    let result = match (result, decided) {
+        (Ok(()), Some(m)) => Ok(Ended::Suspended(suspend::complete(&agent.marker, m, &agent.cfg.clock))),
+        (Ok(()), None) => Ok(Ended::Stopped),
+        (Err(e), _) => Err(e),
+    };
     if let Err(e) = &result {
         status.update(|s| {
             s.state = AgentState::Failed;
@@ -204,6 +202,86 @@ pub async fn run(cfg: AgentConfig, mut stop: watch::Receiver<bool>) -> Result<()
         server.abort();
     }
     result
+}
+
+/// The status before anything started.
+fn initial_status(cfg: &AgentConfig, pgdata: &Path) -> AgentStatus {
+    AgentStatus {
+        state: AgentState::Syncing,
+        pg_port: cfg.pg_port,
+        pgdata: pgdata.to_path_buf(),
+        pg_log: postgres::log_path(pgdata),
+        tenant_id: cfg.tenant_id.to_string(),
+        timeline_id: cfg.timeline_id.to_string(),
+        start_lsn: None,
+        error: None,
+        timings: StartTimings::default(),
+        restart: RestartStatus::default(),
+        lazy: None,
+        replica: None,
+        pageserver: None,
+        token: None,
+    }
+}
+
+/// What ends a run besides a failure: a stop requested from outside, or
+/// the idle watch's decision to suspend (`suspend`), which stops the
+/// compute the same way.
+struct Stops {
+    /// What the agent obeys: true once either asks.
+    rx: watch::Receiver<bool>,
+    /// Forwarding the outside stop, and the idle watch if any.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    decided: suspend::Decided,
+}
+
+impl Stops {
+    fn new(
+        outside: watch::Receiver<bool>,
+        cfg: &AgentConfig,
+        pgdata: &Path,
+        status: &StatusHandle,
+        marker: &Path,
+    ) -> Stops {
+        let (tx, rx) = watch::channel(false);
+        let forward = tokio::spawn({
+            let (tx, mut outside) = (tx.clone(), outside);
+            async move {
+                stop_requested(&mut outside).await;
+                let _ = tx.send(true);
+            }
+        });
+        let decided = suspend::Decided::default();
+        let idle = cfg.suspend_after.map(|after| {
+            let watch = suspend::IdleWatch {
+                after,
+                status: status.clone(),
+                conn: socket_session(pgdata, cfg),
+                proposer: cfg.application_name.clone(),
+                marker: marker.to_path_buf(),
+                clock: cfg.clock.clone(),
+            };
+            tokio::spawn(watch.run(tx, decided.clone()))
+        });
+        Stops { rx, tasks: [forward].into_iter().chain(idle).collect(), decided }
+    }
+
+    /// Ends the tasks; the suspension that stopped the run, if one did.
+    fn end(self) -> Option<suspend::Marker> {
+        self.tasks.iter().for_each(|t| t.abort());
+        self.decided.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The agent's own session through PostgreSQL's Unix socket, as the
+/// superuser (`Agent::socket_config`, before there is an agent).
+fn socket_session(pgdata: &Path, cfg: &AgentConfig) -> crate::pg_replication::ReplicationConfig {
+    let dir = pgconf::socket_dir(pgdata, cfg.pg_port);
+    crate::pg_replication::ReplicationConfig {
+        application_name: "strata_agent".into(),
+        replication: false,
+        ..crate::pg_replication::ReplicationConfig::new(dir.to_string_lossy(), cfg.pg_port, cfg.pg_role.clone())
+    }
 }
 
 /// `path` made absolute against the current directory; not `/` itself.
@@ -276,6 +354,8 @@ struct Agent {
     status: StatusHandle,
     /// A lazy compute's mounts of `base/` and `global/`.
     lazy: lazy::LazyMounts,
+    /// The suspension marker beside the data directory (`suspend`).
+    marker: PathBuf,
 }
 
 impl Agent {

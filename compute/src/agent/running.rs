@@ -219,6 +219,13 @@ impl Agent {
         let seconds = clock.since(proposer_started).as_secs_f64();
         let total = clock.since(attempt.began).as_secs_f64();
         let downtime = attempt.down_since.map(|t| clock.since(t).as_secs_f64());
+        // Awake: a suspension's marker goes before `running` is told, so
+        // that whoever waited for `running` finds it gone.
+        match super::suspend::clear_marker(&self.marker) {
+            Ok(true) => info!("woken from a suspension: removed {}", self.marker.display()),
+            Ok(false) => {}
+            Err(e) => warn!("removing the suspension marker: {e}"),
+        }
         self.status.update(|s| {
             s.state = AgentState::Running;
             s.error = None;

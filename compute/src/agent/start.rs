@@ -77,12 +77,7 @@ impl Agent {
     /// private to PostgreSQL's user) as the superuser, which has no
     /// password and cannot log in over TCP: the agent's own sessions.
     pub(super) fn socket_config(&self, replication: bool) -> ReplicationConfig {
-        let dir = pgconf::socket_dir(&self.pgdata, self.cfg.pg_port);
-        ReplicationConfig {
-            application_name: "strata_agent".into(),
-            replication,
-            ..ReplicationConfig::new(dir.to_string_lossy(), self.cfg.pg_port, self.cfg.pg_role.clone())
-        }
+        ReplicationConfig { replication, ..super::socket_session(&self.pgdata, &self.cfg) }
     }
 
     /// The WAL proposer's replication connection: through the socket, under

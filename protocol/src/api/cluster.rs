@@ -98,7 +98,10 @@ pub struct EndpointStatus {
     pub tenant: String,
     pub branch: String,
     pub timeline_id: Option<TimelineId>,
-    /// The agent process: `running`, `restarting` or `stopped`.
+    /// The agent process: `running`, `restarting` or `stopped`; or
+    /// `suspended`: no agent runs and the endpoint sleeps after its idle
+    /// period (`docs/compute.md`, "Suspend"), or was on its way to when it
+    /// crashed; the next `strata endpoint start` wakes it.
     pub state: String,
     /// What the agent reports, while it answers.
     pub compute_state: Option<AgentState>,
