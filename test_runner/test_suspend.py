@@ -250,7 +250,9 @@ def test_a_crash_while_suspending_leaves_an_endpoint_that_wakes_with_its_data(cl
         # back at the next suspension, an idle period later).
         wait_until("the endpoint to run again", lambda: marker(ep) is None, timeout=60, interval=0.01,
                    details=ep.logs)
-        assert "woken from a suspension" in (ep.dir / "compute.log").read_text()
+        # Said once the marker is gone: the log line may follow a moment later.
+        wait_until("the agent to say it was woken",
+                   lambda: "woken from a suspension" in (ep.dir / "compute.log").read_text(), timeout=30)
         wait_suspended(ep)
         assert ep.status()["last_exit"].startswith("suspended after")
         assert_nothing_runs(ep, [])

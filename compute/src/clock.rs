@@ -46,3 +46,8 @@ impl fmt::Debug for SharedClock {
         f.write_str("SharedClock")
     }
 }
+
+/// Seconds since the Unix epoch by `clock`'s wall time (0 before it).
+pub fn unix_now(clock: &dyn Clock) -> u64 {
+    clock.system_now().duration_since(std::time::SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -400,8 +400,10 @@ fn branch_status(
     let (tenant, timeline) = (t.tenant_id, b.timeline_id);
     let pageserver = match ps.filter(|_| ps_running) {
         Some(ps) => {
-            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}?logical_size=true", ps.http_url());
-            http::get(&url, QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok())
+            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
+            let get = |url: &str| http::get(url, QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok());
+            // A timeline whose size cannot be read (broken, say) still has a status.
+            get(&format!("{url}?logical_size=true")).or_else(|| get(&url))
         }
         None => None,
     };

@@ -48,24 +48,7 @@ pub enum CasError {
     Remote(#[from] RemoteError),
 }
 
-/// Sidecar files of a local object.
-fn sidecar(file: &Path, what: &str) -> PathBuf {
-    let mut name = file.as_os_str().to_owned();
-    name.push(format!("#{what}"));
-    PathBuf::from(name)
-}
-
-/// Removes the sidecar files of a local object that was deleted (those
-/// of an object never written by compare-and-swap do not exist).
-pub(crate) fn remove_sidecars(file: &Path) -> std::io::Result<()> {
-    for what in ["version", "lock"] {
-        match std::fs::remove_file(sidecar(file, what)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-    }
-    Ok(())
-}
+use crate::sidecar::path as sidecar;
 
 impl RemoteStorage {
     /// The object `key` and its version; `None` if it does not exist.

@@ -19,6 +19,7 @@ pub mod config;
 pub mod limits;
 mod local_copy;
 pub mod seal;
+mod sidecar;
 mod transfer;
 pub mod wal;
 
@@ -348,7 +349,7 @@ impl RemoteStorage {
         // its counter and lock files beside it: they go with it.
         if let Some(fs) = &self.local {
             let file = local_path(fs, "deleting", key, &path)?;
-            cas::remove_sidecars(&file).map_err(|source| RemoteError::Local { op: "deleting", path: file, source })?;
+            sidecar::remove_all(&file).map_err(|source| RemoteError::Local { op: "deleting", path: file, source })?;
         }
         Ok(())
     }

@@ -39,9 +39,7 @@ pub mod suspend;
 pub mod trash;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
-
-use strata_service::clock::Clock;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tracing::{error, info, warn};
@@ -315,11 +313,6 @@ fn check_timeline(info: &TimelineStatus) -> Result<(), String> {
     Ok(())
 }
 
-/// Unix time on `clock`, in whole seconds.
-fn unix_now(clock: &dyn Clock) -> u64 {
-    clock.system_now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
 /// How one start-and-run of the compute ended.
 enum RunEnd {
     /// A stop was requested; the result of stopping.
@@ -399,7 +392,7 @@ impl Agent {
                 s.error = Some(error.to_string());
                 s.restart.restarts = restarts;
                 s.restart.last_restart_cause = Some(cause.clone());
-                s.restart.last_restart_at = Some(unix_now(&**clock));
+                s.restart.last_restart_at = Some(crate::clock::unix_now(&**clock));
             });
             self.status.set_crash_loop_until(crash_loop_until);
             warn!(restarts, delay_ms = delay.as_millis() as u64, "{cause}; starting PostgreSQL afresh");

@@ -203,7 +203,7 @@ impl IdleWatch {
             let marker = Marker {
                 phase: Phase::Suspending,
                 idle_secs: idle.as_secs(),
-                decided_at: super::unix_now(&*self.clock),
+                decided_at: crate::clock::unix_now(&*self.clock),
                 suspended_at: None,
             };
             if let Err(e) = write_marker(&self.marker, &marker) {
@@ -242,7 +242,7 @@ impl IdleWatch {
 /// the `suspending` marker left means the same to whoever wakes it.
 pub(super) fn complete(path: &Path, mut marker: Marker, clock: &SharedClock) -> Marker {
     marker.phase = Phase::Suspended;
-    marker.suspended_at = Some(super::unix_now(&**clock));
+    marker.suspended_at = Some(crate::clock::unix_now(&**clock));
     if let Err(e) = write_marker(path, &marker) {
         warn!("writing {}: {e}", path.display());
     }
