@@ -483,3 +483,39 @@ def test_a_database_of_more_relation_files_than_descriptors_starts_lazily(cluste
     ep.start()
     assert ep.sql(total) == [(tables * (tables + 1),)]
     ep.stop()
+
+
+def test_a_copy_of_the_mounts_in_another_mount_namespace_does_not_hang_the_stop(cluster):
+    """A mount namespace made while the compute runs, with private
+    propagation (a container, a service with a private /tmp, the hosts of
+    test_hosts.py), holds copies of the lazy mounts that the agent's unmount
+    does not reach, and so keeps their FUSE connections and daemon threads
+    alive: the agent waits for them a bounded time, says so, and stops; the
+    endpoint starts again with its rows."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        import pytest
+
+        pytest.skip("needs unshare (util-linux)")
+    ep = Endpoint(cluster, "lazy")
+    ep.start("--lazy")
+    ep.sql("CREATE TABLE t AS SELECT g AS id FROM generate_series(1, 1000) g")
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "300"])
+    try:
+        ns = Path(f"/proc/{holder.pid}/ns/mnt")
+        wait_until("the other mount namespace", lambda: os.readlink(ns) != os.readlink("/proc/self/ns/mnt"),
+                   timeout=10, interval=0.05)
+        copies = Path(f"/proc/{holder.pid}/mounts").read_text()
+        assert f"{ep.pgdata}/base " in copies, "the namespace holds a copy of the mount"
+        ep.stop()
+        log = (ep.dir / "compute.log").read_text()
+        assert "still serves" in log, "the copy kept the daemon serving after the unmount"
+        assert ep.lazy_mounts() == []
+    finally:
+        holder.kill()
+        holder.wait()
+    ep.start("--lazy")
+    assert ep.sql("SELECT count(*), sum(id) FROM t") == [(1000, 500500)]
+    ep.stop()

@@ -159,6 +159,11 @@ pub const DEFAULT_MAX_REPLICA_LAG_SECS: u64 = 900;
 pub const INGEST_POLL: Duration = Duration::from_millis(500);
 /// How often the agent checks that the mounts' daemons still serve.
 pub const MOUNT_WATCH: Duration = Duration::from_secs(1);
+/// How long an unmounted mount's daemon thread is waited for. Another
+/// mount namespace made while the mount existed (a container, a service
+/// with a private `/tmp`) holds a copy that keeps the FUSE connection, and
+/// so the thread, alive after the unmount here.
+pub const UNMOUNT_JOIN_WAIT: Duration = Duration::from_secs(5);
 /// Bound on each step of stopping a PostgreSQL an earlier agent left running.
 pub const LEFTOVER_STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a process expected to exit is looked at again.

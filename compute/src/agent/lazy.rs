@@ -69,6 +69,61 @@ fn poll_ingested(
     }
 }
 
+/// Unmounts one mount and waits, at most [`crate::limits::UNMOUNT_JOIN_WAIT`],
+/// for its daemon thread to end. The thread ends when the kernel ends the
+/// FUSE connection, which a copy of the mount in another mount namespace
+/// (made while it was mounted, with private propagation) keeps open after
+/// the unmount here: then the connection is aborted through `fusectl`
+/// where that is mounted, and otherwise left to end with this process
+/// (closing `/dev/fuse` ends it), so that stopping never hangs on it.
+fn unmount_and_join(session: fuser::BackgroundSession, path: &Path) {
+    let connection = fuse_connection_id(path);
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new().name("lazy-unmount".into()).spawn(move || {
+        let _ = tx.send(session.umount_and_join());
+    });
+    if let Err(e) = spawned {
+        warn!(path = %path.display(), "unmounting a lazy mount: no thread to wait on: {e}; detaching it");
+        return;
+    }
+    let wait = crate::limits::UNMOUNT_JOIN_WAIT;
+    match rx.recv_timeout(wait) {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => {
+            warn!(path = %path.display(), "unmounting a lazy mount: {e}; detaching it");
+            return;
+        }
+        Err(_) => {}
+    }
+    let aborted = connection.is_some_and(abort_fuse_connection);
+    warn!(
+        path = %path.display(),
+        aborted,
+        "a lazy mount's daemon still serves {wait:?} after the unmount (a copy of the mount lives in another \
+         mount namespace); {}",
+        if aborted { "its FUSE connection was aborted" } else { "it ends with this process" }
+    );
+    if aborted && rx.recv_timeout(wait).is_err() {
+        warn!(path = %path.display(), "the aborted lazy mount's daemon did not end either; left to this process's exit");
+    }
+}
+
+/// The kernel's number of the FUSE connection mounted at `path` (its
+/// device number, as `fusectl` names it), if `path` is such a mount.
+fn fuse_connection_id(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (major, minor) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+    // FUSE mounts have anonymous devices (major 0); the kernel's dev_t
+    // puts the major above 20 bits of minor.
+    (major == 0).then_some((major << 20) | minor)
+}
+
+/// Aborts FUSE connection `id` through `fusectl`; whether it could.
+fn abort_fuse_connection(id: u64) -> bool {
+    std::fs::write(format!("/sys/fs/fuse/connections/{id}/abort"), "1").is_ok()
+}
+
 /// Detaches any mount left on `base/` or `global/` of `pgdata` (an agent
 /// killed while serving leaves mounts that answer nothing but ENOTCONN).
 pub fn detach_left_behind(pgdata: &Path) {
@@ -117,10 +172,9 @@ impl LazyMounts {
         if let Some(stop) = self.poller_stop.lock().take() {
             stop.store(true, Ordering::Relaxed);
         }
-        for (session, _) in self.sessions.lock().drain(..) {
-            if let Err(e) = session.umount_and_join() {
-                warn!("unmounting a lazy mount: {e}; detaching it");
-            }
+        let sessions: Vec<_> = self.sessions.lock().drain(..).collect();
+        for (session, path) in sessions {
+            unmount_and_join(session, &path);
         }
         detach_left_behind(pgdata);
     }
