@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.harness import (RELEASE_STRATA, RESULTS, any2_postgres, bench_dir, parse_latency_ms, parse_tps, pgbench,
+from bench.harness import (strata_to_measure, RESULTS, any2_postgres, bench_dir, parse_latency_ms, parse_tps, pgbench,
                            pgbench_init, run_timeout, stock_cluster, stock_postgres, write_json)
 from test_runner.fixtures.pg import PgCluster
 from test_runner.fixtures.strata import WalService
@@ -75,7 +75,7 @@ def main() -> int:
     ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     args = ap.parse_args()
     with bench_dir() as base:
-        results = {"stock": stock(base, args), "strata": strata(RELEASE_STRATA, base, args),
+        results = {"stock": stock(base, args), "strata": strata(strata_to_measure(), base, args),
                    "sync_any2": sync_any2(base, args)}
     write_json(RESULTS / "pgbench_quorum.json", results)
     print(f"{'clients':>8} {'stock tps':>10} {'strata tps':>11} {'any2 tps':>9} {'strata/stock':>13} {'strata/any2':>12}"

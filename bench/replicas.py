@@ -33,7 +33,7 @@ import time
 
 import psycopg
 
-from bench.harness import (PGBENCH_PREWARM, RELEASE_STRATA, bench_dir, client_env, last_line, local_cluster,
+from bench.harness import (PGBENCH_PREWARM, strata_to_measure, bench_dir, client_env, last_line, local_cluster,
                            machine_state, nearest_rank, pgbench_init, pgbench_process, pgbench_tps, psql,
                            result_stem, write_results)
 from test_runner.fixtures.cluster import LocalCluster
@@ -87,7 +87,7 @@ def main() -> int:
     starts_loaded: list[float] = []
     loaded_timings: list[dict] = []
     promotions = []
-    with bench_dir() as base, local_cluster(RELEASE_STRATA, base / "cluster") as c:
+    with bench_dir() as base, local_cluster(strata_to_measure(), base / "cluster") as c:
         writer_name = "w0"
         writer = c.endpoint_start(writer_name)
         pgbench_init(client_env(writer), args.scale)

@@ -33,7 +33,7 @@ import argparse
 import os
 import sys
 
-from bench.harness import (RELEASE_STRATA, bench_dir, client_env, last_line, local_cluster, machine_state,
+from bench.harness import (strata_to_measure, bench_dir, client_env, last_line, local_cluster, machine_state,
                            median_where, pgbench_init, pgbench_tps, psql, result_stem, run_timeout, write_results)
 from test_runner.fixtures.endpoint import Endpoint
 from test_runner.fixtures.strata import drop_os_caches
@@ -57,7 +57,7 @@ def main() -> int:
         args.scale, args.seconds, args.runs, args.clients, args.latencies = 2, 3, 1, [4], [3.0]
     results: dict = {"config": vars(args), **machine_state(), "runs": []}
     sites = ["--sites", "2", "--site-latency-ms", str(args.latencies[0])]
-    with bench_dir() as base, local_cluster(RELEASE_STRATA, base / "cluster", *sites) as c:
+    with bench_dir() as base, local_cluster(strata_to_measure(), base / "cluster", *sites) as c:
         writer = c.endpoint_start("w")
         pgbench_init(client_env(writer), args.scale)
         psql(client_env(writer), "CHECKPOINT")

@@ -19,19 +19,23 @@ in one run:
 
 Goals (issue 46): at most 256 KiB of RSS and no thread per idle tenant in
 every service; tenant creation p50 under 1 s. Idle means: nothing ran on
-the tenant for --settle-secs after the last was made.
+the tenant for --settle-secs after the last was made, which is longer than
+the pageserver's `idle_after` (30 s), so that its timelines have gone idle
+(docs/pageserver.md, "Idle timelines").
 
-Usage: .venv/bin/python -m bench.tenants [--tenants 200] [--settle-secs 20] [--endpoints] [--quick]
+Usage: .venv/bin/python -m bench.tenants [--tenants 200] [--settle-secs 45] [--endpoints] [--quick]
 Writes bench/results/tenants.json and .txt (tenants_quick.* with --quick).
 """
 
 import argparse
+import re
 import statistics
 import time
 from pathlib import Path
 
 from bench.harness import (RESULTS, bench_dir, local_cluster, machine_state, nearest_rank, result_stem,
                            stock_cluster, strata_to_measure, write_results)
+from test_runner.fixtures.strata import http_text
 
 SERVICES = ("pageserver", "sk1", "sk2", "sk3", "controller")
 
@@ -56,6 +60,13 @@ def pss_kib(pid: int) -> int:
 
 def services_cost(cluster) -> dict:
     return {name: proc_cost(cluster.pid(name)) for name in SERVICES}
+
+
+def pageserver_timelines(cluster) -> dict:
+    """The pageserver's timelines by state (active, idle), from its metrics."""
+    text = http_text(cluster.http_url("pageserver", "/metrics"))
+    found = re.findall(r'^strata_pageserver_timelines\{state="(\w+)"\} (\S+)$', text, re.M)
+    return {state: int(float(v)) for state, v in found}
 
 
 def children(pid: int) -> list[int]:
@@ -87,6 +98,7 @@ def run_strata(strata_bin: Path, base: Path, n: int, settle: float, endpoints: b
                 cluster.run("endpoint", "stop", f"{name}-ep", timeout=300)
         time.sleep(settle)
         after = services_cost(cluster)
+        timelines = pageserver_timelines(cluster)
         per_tenant = {
             s: {k: (after[s][k] - before[s][k]) / n for k in ("rss_kib", "threads", "fds")} for s in SERVICES
         }
@@ -95,6 +107,7 @@ def run_strata(strata_bin: Path, base: Path, n: int, settle: float, endpoints: b
             "before": before,
             "after": after,
             "per_idle_tenant": per_tenant,
+            "pageserver_timelines": timelines,
             "create_seconds": creates,
             "create_p50_s": statistics.median(creates),
             "create_p90_s": nearest_rank(creates, 0.9),
@@ -127,6 +140,7 @@ def run_stock(base: Path) -> dict:
 def summary(r: dict) -> str:
     s, stock = r["strata"], r["stock"]
     lines = [f"{s['tenants']} tenants, each with a branch" + (" and a sleeping endpoint" if r["endpoints"] else ""),
+             f"pageserver timelines after: {s.get('pageserver_timelines')}",
              "per idle tenant (after - before) / N:",
              f"  {'service':<11} {'RSS KiB':>9} {'threads':>8} {'files':>6}"]
     for name, v in s["per_idle_tenant"].items():
@@ -147,11 +161,11 @@ def summary(r: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tenants", type=int, default=200)
-    p.add_argument("--settle-secs", type=float, default=20)
+    p.add_argument("--settle-secs", type=float, default=45)
     p.add_argument("--endpoints", action="store_true", help="an endpoint per tenant, started then stopped")
-    p.add_argument("--quick", action="store_true", help="20 tenants, 5 s to settle: a smoke run")
+    p.add_argument("--quick", action="store_true", help="20 tenants, 40 s to settle: a smoke run")
     args = p.parse_args()
-    n, settle = (20, 5.0) if args.quick else (args.tenants, args.settle_secs)
+    n, settle = (20, 40.0) if args.quick else (args.tenants, args.settle_secs)
     strata_bin = strata_to_measure()
     results = {"machine": machine_state(), "endpoints": args.endpoints, "results_dir": str(RESULTS)}
     with bench_dir() as base:

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.harness import (RELEASE_STRATA, RESULTS, bench_dir, pgbench, pgbench_init, stock_cluster, wal_bench,
+from bench.harness import (strata_to_measure, RESULTS, bench_dir, pgbench, pgbench_init, stock_cluster, wal_bench,
                            write_json)
 from test_runner.fixtures.pg import PgCluster
 
@@ -50,7 +50,7 @@ def main() -> int:
         for name, settings in flavours.items():
             cluster = generate_wal(base, name, settings, args.scale, args.transactions)
             try:
-                results[name] = wal_bench(RELEASE_STRATA, [cluster.waldir], args.runs)
+                results[name] = wal_bench(strata_to_measure(), [cluster.waldir], args.runs)
             finally:
                 cluster.cleanup()
     write_json(RESULTS / "wal_decode.json", results)

@@ -108,5 +108,18 @@ for i in 1 2 3; do seed_sealed "$i"; done
 [ -f corpus/decoders/seed-scram-first ] || printf '\x0cn,,n=,r=rOprNGfwEbeRWgbNEkqOc=biws,r=rOprNGfwEbeRWgbNEkqO%%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=' > corpus/decoders/seed-scram-first
 [ -f corpus/decoders/seed-scram-server ] || printf '\x0cr=clientnonceXYZ,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=' > corpus/decoders/seed-scram-server
 [ -f corpus/decoders/seed-scram-verifier ] || printf '\x0cSCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=' > corpus/decoders/seed-scram-verifier
+# The proxy's wire decoders share it: a startup packet's body, a cancel request.
+[ -f corpus/decoders/seed-pg-startup ] || printf '\x0c\x00\x03\x00\x00user\0app\0database\0postgres\0options\0endpoint=ep1\0\0' > corpus/decoders/seed-pg-startup
+[ -f corpus/decoders/seed-pg-cancel ] || printf '\x0c\x04\xd2\x16\x2e\x00\x00\x00\x07\x01\x02\x03\x04' > corpus/decoders/seed-pg-cancel
+# An import's tar stream (selector 13): a data directory's first files.
+if [ ! -f corpus/decoders/seed-import-tar ]; then
+    seed_dir="$(mktemp -d)"
+    mkdir -p "$seed_dir/global" "$seed_dir/base/1"
+    printf '15\n' > "$seed_dir/PG_VERSION"
+    head -c 1024 ../formats/tests/data/pg_control_v15 > "$seed_dir/global/pg_control"
+    printf 'x' > "$seed_dir/base/1/1259"
+    { printf '\x0d'; tar -cf - -C "$seed_dir" PG_VERSION global base; } > corpus/decoders/seed-import-tar
+    rm -rf "$seed_dir"
+fi
 "$decoders" corpus/decoders -max_total_time="$seconds" -max_len=65536 \
     -artifact_prefix=artifacts/ -print_final_stats=1 2>&1 | tail -n 12

@@ -3,6 +3,8 @@
 # packages of the main job, the Python virtual environment of the tests and
 # benchmarks, MinIO (the S3 server the tests start; built once from its Go
 # module), PostgreSQL's own regression suite (scripts/pg-regress-setup.sh),
+# the other PostgreSQL majors the tests run (scripts/postgres-build.sh: 18,
+# built from Debian's source package where the release does not ship it),
 # and the `checked` build the tests run: release optimizations with debug
 # assertions and overflow checks (docs/testing.md).
 set -euo pipefail
@@ -37,6 +39,16 @@ if [ ! -x "$STRATA_MINIO" ]; then
 fi
 
 ./scripts/pg-regress-setup.sh | tail -n 1
+# PostgreSQL 18 (docs/postgres-versions.md): a few minutes the first time.
+./scripts/postgres-build.sh 18 | tail -n 2
+
+# The PostgreSQL JDBC driver, for a Java client of the proxy
+# (test_runner/test_proxy.py): from Maven Central, once per clone.
+JDBC_VERSION=42.7.14
+need_packages openjdk-17-jdk-headless maven
+if [ ! -f ".jdbc/postgresql-$JDBC_VERSION.jar" ]; then
+    mvn -q -B dependency:copy "-Dartifact=org.postgresql:postgresql:$JDBC_VERSION" -DoutputDirectory=.jdbc
+fi
 
 # Build output outlives a clone: `target` (and the fuzzer's) is a link into
 # a cache directory, so a CI run on a clean clone reuses what the previous

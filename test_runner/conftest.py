@@ -53,39 +53,46 @@ def pytest_unconfigure(config):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _find_pg_bin_dir() -> Path:
-    """PostgreSQL server binaries: $PG_BIN_DIR, then `pg_config --bindir`
-    (of the expected major version), then the Debian/Ubuntu layout."""
+def _find_pg_bin_dir(major: int = PG_MAJOR) -> Path:
+    """PostgreSQL server binaries of `major`: $PG_BIN_DIR (15 only), then
+    `pg_config --bindir` (of that major), then the Debian/Ubuntu layout."""
     env = os.environ.get("PG_BIN_DIR")
-    if env:
+    if env and major == PG_MAJOR:
         return Path(env)
     candidates = []
-    for pg_config in (f"/usr/lib/postgresql/{PG_MAJOR}/bin/pg_config", "pg_config"):
+    for pg_config in (f"/usr/lib/postgresql/{major}/bin/pg_config", "pg_config"):
         try:
             out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             continue
         if out.returncode == 0:
             candidates.append(Path(out.stdout.strip()))
-    candidates.append(Path(f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
+    candidates.append(Path(f"/usr/lib/postgresql/{major}/bin"))
     for c in candidates:
         if (c / "initdb").exists() and (c / "pg_waldump").exists():
             return c
     return candidates[0]
 
 
-@pytest.fixture(scope="session")
-def pg_bin_dir() -> Path:
-    d = _find_pg_bin_dir()
+def pg_bin_dir_of(major: int) -> Path:
+    """The checked binaries of PostgreSQL `major`, or the test fails saying
+    how to install them (docs/postgres-versions.md)."""
+    d = _find_pg_bin_dir(major)
     missing = [p for p in ("initdb", "pg_ctl", "postgres", "pg_waldump") if not (d / p).exists()]
     if missing:
-        pytest.fail(f"PostgreSQL {PG_MAJOR} binaries not found in {d} (missing {', '.join(missing)}); "
-                    f"install postgresql-{PG_MAJOR} (scripts/setup.sh) or set PG_BIN_DIR")
+        how = "scripts/setup.sh" if major == PG_MAJOR else f"scripts/postgres-build.sh {major}"
+        pytest.fail(f"PostgreSQL {major} binaries not found in {d} (missing {', '.join(missing)}); "
+                    f"install postgresql-{major} ({how})")
     out = subprocess.run([str(d / "postgres"), "--version"], capture_output=True, text=True, timeout=30)
     version = out.stdout.strip()
-    if f"(PostgreSQL) {PG_MAJOR}." not in version:
-        pytest.fail(f"expected PostgreSQL {PG_MAJOR} in {d}, found: {version!r}")
+    if f"(PostgreSQL) {major}." not in version:
+        pytest.fail(f"expected PostgreSQL {major} in {d}, found: {version!r}")
     return d
+
+
+@pytest.fixture(scope="session")
+def pg_bin_dir() -> Path:
+    return pg_bin_dir_of(PG_MAJOR)
 
 
 @pytest.fixture(scope="session")
@@ -103,15 +110,16 @@ def strata_bin() -> Path:
 @pytest.fixture
 def pg_cluster_factory(pg_bin_dir, tmp_path, tmp_path_factory):
     """Creates PgCluster objects (not yet initialised) in fresh directories
-    under the test's tmp_path; every cluster is stopped at teardown, even on
-    failure."""
+    under the test's tmp_path, of PostgreSQL 15 or another major; every
+    cluster is stopped at teardown, even on failure."""
     clusters = []
     # The server user must be able to reach tmp_path from the pytest root.
     traverse_root = temp_root(tmp_path_factory)
 
-    def make(name: str = "pg") -> PgCluster:
+    def make(name: str = "pg", major: int = PG_MAJOR) -> PgCluster:
         base = tmp_path / f"{name}{len(clusters)}"
-        cluster = PgCluster(pg_bin_dir, base, traverse_root=traverse_root)
+        bin_dir = pg_bin_dir if major == PG_MAJOR else pg_bin_dir_of(major)
+        cluster = PgCluster(bin_dir, base, traverse_root=traverse_root)
         clusters.append(cluster)
         return cluster
 

@@ -58,7 +58,7 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
     ports = {s["name"]: s["ports"]["http"] for s in ct["services"]}
     ports["agent"] = ep.http_port
     prefixes = {**{n: "strata_safekeeper" for n in SAFEKEEPERS}, "pageserver": "strata_pageserver",
-                "controller": "strata_controller", "agent": "strata_compute"}
+                "controller": "strata_controller", "agent": "strata_compute", "proxy": "strata_proxy"}
     # The tenant route of each listener: a timeline's status, a controller's attachment.
     tenant_paths = {"controller": f"/v1/tenant/{tenant}/attachment"}
     # (listener, path) of a service-scope route and, where there is one, a tenant route.
@@ -74,13 +74,14 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
                 assert token not in body
         assert call(f"{base}/v1/status", service)[0] == 200, name
         assert call(f"{base}/v1/status", management)[0] == 200, name
-        if name != "agent":
+        # The agent and the proxy have no tenant route.
+        if name not in ("agent", "proxy"):
             path = tenant_paths.get(name, tl)
             assert call(f"{base}{path}", tenant_token)[0] == 200, name
             code, body = call(f"{base}{path}", other_tenant)
             assert code == 403 and "another tenant" in body, (name, code, body)
         after = refusals(call(f"{base}/metrics", service)[1], prefixes[name])
-        assert after - before == len(bad) + (0 if name == "agent" else 1), (name, before, after)
+        assert after - before == len(bad) + (0 if name in ("agent", "proxy") else 1), (name, before, after)
 
     # Management calls with lesser scopes are refused and change nothing.
     ps = f"http://127.0.0.1:{ports['pageserver']}"

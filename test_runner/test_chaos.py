@@ -171,7 +171,8 @@ def test_kill9_each_component_under_load(cluster):
     st = cluster.status()
     restarts = {s["name"]: (s["state"], s["restarts"], s["crash_loop"]) for s in st["services"]}
     assert restarts == {"sk1": ("running", 0, False), "sk2": ("running", 1, False), "sk3": ("running", 0, False),
-                        "pageserver": ("running", 1, False), "controller": ("running", 1, False)}, restarts
+                        "pageserver": ("running", 1, False), "controller": ("running", 1, False),
+                        "proxy": ("running", 0, False)}, restarts
     print(f"\nSUMMARY (test took {time.monotonic() - t_begin:.1f} s)")
     for r in results:
         if "down" in r:

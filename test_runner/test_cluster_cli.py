@@ -18,7 +18,7 @@ from fixtures.endpoint import Endpoint
 from fixtures.processes import kill_and_wait, pid_alive
 
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
-SERVICES = SAFEKEEPERS + ["pageserver", "controller"]
+SERVICES = SAFEKEEPERS + ["pageserver", "controller", "proxy"]
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 LSN = re.compile(r"^[0-9A-F]+/[0-9A-F]+$")
 
@@ -47,10 +47,11 @@ def test_init_writes_every_config(cluster_factory):
     assert HEX32.match(tenant["branches"][0]["timeline_id"])
     assert [(s["name"], s["kind"]) for s in ct["services"]] == [
         ("sk1", "safekeeper"), ("sk2", "safekeeper"), ("sk3", "safekeeper"), ("pageserver", "pageserver"),
-        ("controller", "controller")]
+        ("controller", "controller"), ("proxy", "proxy")]
 
     ports = all_ports(c)
-    assert len(ports) == 3 * 3 + 2 + 1 and len(set(ports)) == len(ports), ports
+    # Three per safekeeper, two for the pageserver, the controller's, the proxy's two.
+    assert len(ports) == 3 * 3 + 2 + 1 + 2 and len(set(ports)) == len(ports), ports
 
     by_name = {s["name"]: s for s in ct["services"]}
     for i, name in enumerate(SAFEKEEPERS, start=1):
@@ -112,7 +113,7 @@ def test_usage_and_missing_workdir_errors(cluster_factory, tmp_path):
 def test_init_safekeeper_count(cluster_factory):
     c = cluster_factory(start=False, init_args=("--safekeepers", "1"))
     names = [s["name"] for s in c.cluster_toml["services"]]
-    assert names == ["sk1", "pageserver", "controller"]
+    assert names == ["sk1", "pageserver", "controller", "proxy"]
     assert c.service_config("sk1").get("peers", []) == []
     assert c.run("init", check=False).returncode == 1  # already initialised
 
@@ -126,7 +127,7 @@ def test_safekeepers_only_start_and_restart(cluster_factory):
         assert f"{name}: started" in out
     st = c.status()
     assert states(st) == {"sk1": "running", "sk2": "running", "sk3": "running", "pageserver": "stopped",
-                          "controller": "stopped"}
+                          "controller": "stopped", "proxy": "stopped"}
     pids = {s["name"]: s["pid"] for s in st["services"]}
     assert all(pid_alive(pids[n]) for n in SAFEKEEPERS)
     assert all(s["supervised"] and pid_alive(s["supervisor_pid"]) for s in st["services"] if s["name"] in SAFEKEEPERS)
@@ -151,7 +152,8 @@ def test_start_and_status(cluster):
     assert states(st) == {n: "running" for n in SERVICES}
     for s in st["services"]:
         assert pid_alive(s["pid"]), s
-        assert s["kind"] == {"pageserver": "pageserver", "controller": "controller"}.get(s["name"], "safekeeper")
+        kinds = {"pageserver": "pageserver", "controller": "controller", "proxy": "proxy"}
+        assert s["kind"] == kinds.get(s["name"], "safekeeper")
         assert s["ports"] == next(x["ports"] for x in cluster.cluster_toml["services"] if x["name"] == s["name"])
     assert st["endpoints"] == []
 
@@ -200,7 +202,7 @@ def test_kill9_safekeeper_with_supervisor_then_start_restarts_only_it(cluster):
     cluster.kill9("sk2", supervisor=True)
     st = cluster.status()
     assert states(st) == {"sk1": "running", "sk2": "stopped", "sk3": "running", "pageserver": "running",
-                          "controller": "running"}
+                          "controller": "running", "proxy": "running"}
 
     out = cluster.start()
     assert "sk2: started" in out, out

@@ -448,7 +448,7 @@ def test_connection_flood(cluster_factory):
 
     # Every Strata process runs with 1024 open files, soft and hard.
     processes = {}
-    for name in SERVICES + ("controller",):
+    for name in SERVICES + ("controller", "proxy"):
         processes[name] = cluster.pid(name)
         processes[f"{name} supervisor"] = cluster.supervisor_pid(name)
     processes["agent"] = ep.agent_pid()

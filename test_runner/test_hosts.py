@@ -23,6 +23,7 @@ import shutil
 import time
 import tomllib
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
@@ -37,9 +38,9 @@ from fixtures.strata import http_json
 from fixtures.tokens import header_of
 from fixtures.wait import wait_until
 
-# name, what it runs, site
+# name, what it runs ("+" between roles), site
 HOSTS = [
-    ("sk-a", "safekeeper", "dc1"),
+    ("sk-a", "safekeeper+proxy", "dc1"),
     ("sk-b", "safekeeper", "dc1"),
     ("sk-c", "safekeeper", "dc2"),
     ("ps", "pageserver", "dc1"),
@@ -143,7 +144,8 @@ def hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory, layout=HO
     try:
         spec = tmp_path / "hosts.toml"
         text = "".join(
-            f'[[hosts]]\nname = "{name}"\naddress = "{hosts.hosts[name].address}"\nsite = "{site}"\nrun = ["{run}"]\n\n'
+            f'[[hosts]]\nname = "{name}"\naddress = "{hosts.hosts[name].address}"\nsite = "{site}"\n'
+            f'run = {json.dumps(run.split("+"))}\n\n'
             for name, run, site in layout)
         if remote is not None:
             text += "[remote_storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in remote(hosts.gateway).items())
@@ -192,9 +194,11 @@ def test_every_service_listens_on_its_hosts_address(hosted):
     hosts = hosted.hosts
     st = hosted.status()
     by_host = {s["name"]: s["host"] for s in st["services"]}
-    assert by_host == {"sk1": "sk-a", "sk2": "sk-b", "sk3": "sk-c", "pageserver": "ps", "controller": "ps"}, by_host
+    assert by_host == {"sk1": "sk-a", "sk2": "sk-b", "sk3": "sk-c", "pageserver": "ps", "controller": "ps",
+                       "proxy": "sk-a"}, by_host
     by_site = {s["name"]: s["site"] for s in st["services"]}
-    assert by_site == {"sk1": "dc1", "sk2": "dc1", "sk3": "dc2", "pageserver": "dc1", "controller": "dc1"}, by_site
+    assert by_site == {"sk1": "dc1", "sk2": "dc1", "sk3": "dc2", "pageserver": "dc1", "controller": "dc1",
+                       "proxy": "dc1"}, by_site
     for name, _, _ in HOSTS:
         address = hosts.hosts[name].address
         bound = listeners(hosts, name)
@@ -297,7 +301,7 @@ def test_an_endpoint_moves_to_another_host_and_commands_work_from_any_host(hoste
     assert re.search(r"^ep\s+cp1\s+main\s+\d+\s+running\s", listed, re.M), listed
     st = json.loads(hosted.on("cp2", "status", "--json"))
     assert {s["name"]: s["state"] for s in st["services"]} == dict.fromkeys(
-        ["sk1", "sk2", "sk3", "pageserver", "controller"], "running"), st
+        ["sk1", "sk2", "sk3", "pageserver", "controller", "proxy"], "running"), st
     assert [(e["name"], e["host"], e["site"], e["state"]) for e in st["endpoints"]] == [("ep", "cp1", "dc1", "running")]
 
     # Stopped on cp1 (from cp1), started on cp2 (from the operator's machine).
@@ -334,6 +338,41 @@ def test_an_endpoint_moves_to_another_host_and_commands_work_from_any_host(hoste
     assert len(set(revisions.values())) == 1, f"every host has the same revision: {revisions}"
 
 
+def test_a_proxy_on_one_host_wakes_and_reaches_computes_on_two_others(hosted):
+    """The proxy runs on sk-a (a host with the cluster's keys): endpoints
+    on cp1 and cp2 sleep, and clients on the operator's machine reach
+    each through the proxy's one address by `options`, which finds them
+    through the compute hosts' nodes, wakes them there and logs in over
+    TLS (docs/proxy.md)."""
+    hosts = hosted.hosts.hosts
+    svc = next(s for s in hosted.cluster.cluster_toml["services"] if s["kind"] == "proxy")
+    assert svc["host"] == "sk-a"
+    rows = {}
+    hosted.cluster.run("branch", "create", "dev")  # one writer per branch
+    for name, host, branch in (("e1", "cp1", "main"), ("e2", "cp2", "dev")):
+        ep = hosted.endpoint(name, host, "--branch", branch, "--suspend-after", "2")
+        ep.sql(f"CREATE TABLE kept AS SELECT '{name}' AS who, g FROM generate_series(1, 100) g")
+        rows[name] = (ep, ep.info["password"])
+
+    def asleep() -> bool:
+        st = {e["name"]: e["state"] for e in hosted.status()["endpoints"]}
+        return st.get("e1") == "suspended" and st.get("e2") == "suspended"
+
+    wait_until("both endpoints to suspend", asleep, 90, interval=0.5, details=hosted.logs)
+    for name, (ep, password) in rows.items():
+        info = {"host": hosts["sk-a"].address, "port": svc["ports"]["pg"], "user": "app", "password": password,
+                "dbname": "postgres", "sslmode": "verify-full", "sslrootcert": str(hosted.cluster.ca),
+                "options": f"endpoint={name}", "connect_timeout": 120}
+        with psycopg.connect(**info, autocommit=True) as conn:
+            assert conn.execute("SELECT who, count(*) FROM kept GROUP BY who").fetchall() == [(name, 100)]
+            # The session reached the compute over TCP and TLS.
+            assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
+            assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].split("/")[0] == \
+                hosts[ep.host].address
+    st = {e["name"]: (e["host"], e["state"]) for e in hosted.status()["endpoints"]}
+    assert st == {"e1": ("cp1", "running"), "e2": ("cp2", "running")}, st
+
+
 def test_a_safekeeper_is_replaced_on_its_host_and_every_host_learns_it(hosted):
     hosts = hosted.hosts
     ep = hosted.endpoint("ep", "cp1")
@@ -345,7 +384,7 @@ def test_a_safekeeper_is_replaced_on_its_host_and_every_host_learns_it(hosted):
     st = hosted.status()
     assert {s["name"]: (s["host"], s["state"]) for s in st["services"]} == {
         "sk1": ("sk-a", "running"), "sk2": ("sk-b", "running"), "sk4": ("sk-c", "running"),
-        "pageserver": ("ps", "running"), "controller": ("ps", "running")}, st["services"]
+        "pageserver": ("ps", "running"), "controller": ("ps", "running"), "proxy": ("sk-a", "running")}, st["services"]
     # sk4 runs on sk-c's disk; the pageserver host's copy names it (from its next start).
     assert (hosts.hosts["sk-c"].disk / "sk4" / "safekeeper.toml").exists()
     ps_conf = tomllib.loads((hosts.hosts["ps"].disk / "pageserver" / "pageserver.toml").read_text())

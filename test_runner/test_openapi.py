@@ -56,7 +56,7 @@ from fixtures.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS = {name: REPO_ROOT / "docs" / "openapi" / f"{name}.yaml"
-         for name in ("pageserver", "safekeeper", "controller", "compute", "node", "link-proxy")}
+         for name in ("pageserver", "safekeeper", "controller", "compute", "node", "link-proxy", "proxy")}
 # Each API's routers: (source, the tag of the operations it serves; None: all).
 ROUTERS = {
     "pageserver": [(REPO_ROOT / "pageserver" / "src" / "http.rs", None)],
@@ -68,6 +68,7 @@ ROUTERS = {
                 (REPO_ROOT / "cli" / "src" / "compute.rs", "proposer")],
     "node": [(REPO_ROOT / "control_plane" / "src" / "node.rs", None)],
     "link-proxy": [(REPO_ROOT / "link_proxy" / "src" / "http.rs", None)],
+    "proxy": [(REPO_ROOT / "proxy" / "src" / "http.rs", None)],
 }
 SAFEKEEPERS = ["sk1", "sk2", "sk3"]
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -548,6 +549,11 @@ def check_node(c: Checker, connstr: str, ep_port: int, timeline: str) -> None:
     if isinstance(password, dict) and password.get("password") != conninfo_to_dict(connstr).get("password"):
         c.problems.append("the node's password of ep is not the one of its connection string")
     c.call(nd, "post", "/v1/endpoints/password", json_body={"name": "nope"}, expect={500})
+    _, verifier = c.call(nd, "post", "/v1/endpoints/verifier", json_body={"name": "ep"}, expect={200})
+    if isinstance(verifier, dict) and (verifier.get("password") is not None or verifier.get("verifier") is None
+                                       or not password or verifier.get("verifier") != password.get("verifier")):
+        c.problems.append(f"the node's verifier of ep is not its verifier alone: {verifier}")
+    c.call(nd, "post", "/v1/endpoints/verifier", json_body={"name": "nope"}, expect={500})
     # Bodies the node cannot read are refused before any operation, in plain text.
     for body, headers, code in [(b"{", {"Content-Type": "application/json"}, 400),
                                 (b'{"names": "sk1"}', {"Content-Type": "application/json"}, 422),
@@ -591,6 +597,16 @@ def check_link_proxy(c: Checker) -> None:
     _, routes_after = c.call(lp, "get", "/v1/status", expect={200})
     if routes_after != routes:
         c.problems.append(f"the link proxy's routes changed: {routes} -> {routes_after}")
+
+
+def check_proxy(c: Checker) -> None:
+    """The proxy: its status and metrics."""
+    _, status = c.call("proxy", "get", "/v1/status", expect={200})
+    if isinstance(status, dict) and status.get("require_tls") is not True:
+        c.problems.append(f"the proxy of a cluster with TLS does not require it: {status}")
+    st, text = c.call("proxy", "get", "/metrics", expect={200})
+    if st == 200 and b"strata_proxy_sessions" not in text:
+        c.problems.append("proxy /metrics: no strata_proxy_sessions")
 
 
 def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
@@ -684,6 +700,12 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
     if has_remote:
         # With object storage a tenant the attachment file does not name is refused before any work.
         c.call(ps, "post", "/v1/tenant", json_body={"tenant_id": missing}, expect={412})
+    # An import: of a timeline that exists (refused before a byte is read),
+    # with a bad id, and of bytes that are no tar stream.
+    imp = tl + "/import"
+    c.call(ps, "put", imp, raw_body=b"x" * 1024, expect={409}, **ids)
+    c.call(ps, "put", imp, raw_body=b"x" * 1024, expect={400}, tenant="not-an-id", timeline=timeline)
+    c.call(ps, "put", imp, raw_body=b"not a tar stream" * 64, expect={422}, tenant=missing, timeline=timeline)
     # A tenant's objects: refused while it is located here; a tenant never
     # placed has none (nothing of the cluster's changes).
     c.call(ps, "delete", "/v1/tenant/{tenant}", expect={409} if has_remote else {200}, tenant=tenant)
@@ -809,6 +831,9 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
     check_agent(c, tenant, timeline)
     check_node(c, connstr, ep_port, timeline)
     check_link_proxy(c)
+    proxy = next(s for s in cluster.cluster_toml["services"] if s["kind"] == "proxy")
+    c.add_server("proxy", "proxy", proxy["ports"]["http"])
+    check_proxy(c)
 
     # Nothing was changed by the refused requests.
     _, after = c.call(ps, "get", tl, expect={200}, **ids)

@@ -24,6 +24,7 @@ ROUTERS = {
     "proposer": REPO_ROOT / "cli" / "src" / "compute.rs",
     "node": REPO_ROOT / "control_plane" / "src" / "node.rs",
     "link-proxy": REPO_ROOT / "link_proxy" / "src" / "http.rs",
+    "proxy": REPO_ROOT / "proxy" / "src" / "http.rs",
 }
 NEEDS = {"Management": "management", "Placement": "placement", "Service": "service", "Tenant": "tenant"}
 GROUP = re.compile(r"let\s+(?P<name>\w+)\s*=\s*(?:axum::)?Router::new\(\)")

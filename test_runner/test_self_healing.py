@@ -24,7 +24,7 @@ from fixtures.metrics import parse_metrics
 from fixtures.processes import pid_alive, postgres_processes
 from fixtures.wait import wait_until
 
-SERVICES = ("sk1", "sk2", "sk3", "pageserver", "controller")
+SERVICES = ("sk1", "sk2", "sk3", "pageserver", "controller", "proxy")
 ROWS = 1000
 
 
@@ -175,7 +175,7 @@ def test_safekeeper_and_pageserver_kill9_come_back(cluster):
     st = cluster.status()
     assert {s["name"]: s["state"] for s in st["services"]} == {n: "running" for n in SERVICES}
     assert {s["name"]: s["restarts"] for s in st["services"]} == {"sk1": 0, "sk2": 1, "sk3": 0, "pageserver": 1,
-                                                                          "controller": 0}
+                                                                          "controller": 0, "proxy": 0}
     human = cluster.run("status").stdout
     assert re.search(r"^sk2\s+safekeeper\s+running\s+\d+\s+1\s+.*signal 9: SIGKILL$", human, re.M), human
     # A new compute restores everything from the restarted pageserver.

@@ -62,7 +62,7 @@ def test_a_cluster_in_two_sites_places_wal_by_policy(cluster_factory):
     status = cluster.status()
     sites = {s["name"]: s["site"] for s in status["services"]}
     assert sites == {"link-proxy": "dc1", "sk1": "dc1", "sk2": "dc1", "sk3": "dc2", "pageserver": "dc1",
-                     "pageserver2": "dc2", "controller": "dc1", "controller2": "dc2"}, sites
+                     "pageserver2": "dc2", "controller": "dc1", "controller2": "dc2", "proxy": "dc1"}, sites
     # The default placement of a cluster with sites: local-quorum at home in
     # dc1, every member knowing every member's site, on every safekeeper.
     for sk in ("sk1", "sk2", "sk3"):

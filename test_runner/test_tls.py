@@ -46,12 +46,15 @@ def test_every_tls_listener_presents_the_cluster_certificate(cluster_factory, pg
     ep = Endpoint(c, "main")
     ep.start()
     ours, theirs = tls_context(c.ca), tls_context(other.ca)
-    # Every listener but the safekeepers' PostgreSQL-protocol service.
+    # Every listener but the PostgreSQL-protocol services, which negotiate
+    # TLS in their protocol: the safekeepers' (below) and the proxy's
+    # (test_proxy.py connects with verify-full).
     listeners = [(s["name"], role, port) for s in c.cluster_toml["services"] for role, port in s["ports"].items()
-                 if not (s["name"].startswith("sk") and role == "pg")]
+                 if not ((s["name"].startswith("sk") or s["kind"] == "proxy") and role == "pg")]
     listeners.append(("agent", "http", ep.http_port))
-    # Three safekeepers (protocol, HTTP), the pageserver (page, HTTP), the controller, the agent.
-    assert len(listeners) == 10, listeners
+    # Three safekeepers (protocol, HTTP), the pageserver (page, HTTP), the
+    # controller, the proxy's HTTP, the agent.
+    assert len(listeners) == 11, listeners
     for name, role, port in listeners:
         cert = handshake(port, ours)
         assert ("IP Address", "127.0.0.1") in cert["subjectAltName"], (name, role, cert)

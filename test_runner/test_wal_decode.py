@@ -1,8 +1,10 @@
-"""`strata wal dump` must decode real PostgreSQL 15 WAL exactly like pg_waldump.
+"""`strata wal dump` must decode real PostgreSQL WAL exactly like that
+major's own pg_waldump.
 
 For every combination of wal_consistency_checking (off / all) and
-wal_compression (off / pglz / lz4 / zstd), a fresh cluster runs a broad
-workload and is shut down cleanly; then the record streams of
+wal_compression (off / pglz / lz4 / zstd) on 15, and two of them on every
+other major the suite runs (fixtures/versions.py), a fresh cluster runs a
+broad workload and is shut down cleanly; then the record streams of
 ``pg_waldump -b`` and ``strata wal dump --json`` are compared record by
 record, including every block reference and full-page image.
 """
@@ -17,6 +19,7 @@ from dataclasses import asdict
 import pytest
 
 from fixtures.strata import parse_lsn
+from fixtures.versions import DEFAULT_MAJOR, MAJORS
 from fixtures.waldump import WalRecord, format_lsn, run_waldump
 from fixtures.workload import broad_settings, run_broad_workload
 
@@ -27,9 +30,14 @@ INDEX_RMGRS = ("Btree", "Hash", "Gin", "Gist", "SPGist", "BRIN")
 CHECKED_RMGRS = ("Heap2", "Heap", "Btree", "Hash", "Gin", "Gist", "Sequence", "SPGist", "BRIN", "Generic")
 
 CONFIGS = [
-    pytest.param(consistency, compression, id=f"checking_{consistency or 'off'}-compression_{compression}")
+    pytest.param(DEFAULT_MAJOR, consistency, compression,
+                 id=f"pg{DEFAULT_MAJOR}-checking_{consistency or 'off'}-compression_{compression}")
     for consistency in ("", "all")
     for compression in ("off", "pglz", "lz4", "zstd")
+] + [
+    pytest.param(major, consistency, compression, id=f"pg{major}-checking_{consistency or 'off'}-compression_{compression}")
+    for major in MAJORS if major != DEFAULT_MAJOR
+    for consistency, compression in (("", "off"), ("all", "zstd"))
 ]
 
 
@@ -145,6 +153,9 @@ def test_waldump_parser():
     assert end and parse_lsn(end["end"]) == 0x1F3A330
     assert END_RE.search("pg_waldump: error: error in WAL record at 0/1F3A2B8: invalid record length at "
                          "0/1F3A330: wanted 24, got 17") is None
+    end = END_RE.search("pg_waldump: error: error in WAL record at 0/2EFD860: invalid record length at "
+                        "0/2EFD8D8: expected at least 24, got 0")
+    assert end and parse_lsn(end["end"]) == 0x2EFD8D8
     page = END_AT_PAGE_RE.search("pg_waldump: error: error in WAL record at 0/3FFFF80: invalid magic number "
                                  "0000 in log segment 000000010000000000000003, offset 16769024")
     assert page and page["segment"] == "000000010000000000000003" and page["offset"] == "16769024"
@@ -157,9 +168,10 @@ def _relfilenode(cluster, dbname, query) -> str:
     return rel
 
 
-@pytest.mark.parametrize("consistency,compression", CONFIGS)
-def test_strata_wal_dump_matches_pg_waldump(pg_cluster, pg_bin_dir, strata_bin, consistency, compression):
-    cluster = pg_cluster
+@pytest.mark.parametrize("major,consistency,compression", CONFIGS)
+def test_strata_wal_dump_matches_pg_waldump(pg_cluster_factory, strata_bin, major, consistency, compression):
+    cluster = pg_cluster_factory(major=major)
+    pg_bin_dir = cluster.bin_dir
     cluster.initdb(["--data-checksums"])
     cluster.start(broad_settings(consistency, compression))
     # WAL written by initdb predates these settings.
@@ -221,10 +233,19 @@ def test_strata_wal_dump_matches_pg_waldump(pg_cluster, pg_bin_dir, strata_bin, 
     assert pg_records[0].lsn < workload_start < pg_records[-1].lsn
     assert any(r.rmgr == "CLOG" for r in pg_records)  # from initdb
     workload_records = [r for r in pg_records if r.lsn >= workload_start]
-    _check_coverage(workload_records, consistency, compression, toast_rel, lo_rel, unlogged_rel, unlogged_idx)
+    _check_coverage(major, workload_records, consistency, compression, toast_rel, lo_rel, unlogged_rel, unlogged_idx)
 
 
-def _check_coverage(records, consistency, compression, toast_rel, lo_rel, unlogged_rel, unlogged_idx):
+def _heap2_prune_kinds(major: int) -> list[tuple[str, str]]:
+    """17 merged heap2's prune, vacuum and freeze records into three kinds of
+    one record, and added XLOG's CHECKPOINT_REDO."""
+    if major >= 17:
+        return [("Heap2", "PRUNE_ON_ACCESS"), ("Heap2", "PRUNE_VACUUM_SCAN"), ("Heap2", "PRUNE_VACUUM_CLEANUP"),
+                ("XLOG", "CHECKPOINT_REDO")]
+    return [("Heap2", "FREEZE_PAGE"), ("Heap2", "PRUNE"), ("Heap2", "VACUUM")]
+
+
+def _check_coverage(major, records, consistency, compression, toast_rel, lo_rel, unlogged_rel, unlogged_idx):
     """The workload really produced the WAL this test is meant to exercise
     (``records``: those written since the server started with the test's
     settings)."""
@@ -240,8 +261,7 @@ def _check_coverage(records, consistency, compression, toast_rel, lo_rel, unlogg
         ("Transaction", "ASSIGNMENT"), ("Transaction", "ABORT"),
         ("MultiXact", "CREATE_ID"), ("MultiXact", "ZERO_MEM_PAGE"),
         ("Storage", "CREATE"), ("Storage", "TRUNCATE"),
-        ("Heap2", "VISIBLE"), ("Heap2", "FREEZE_PAGE"), ("Heap2", "PRUNE"), ("Heap2", "VACUUM"),
-        ("Heap2", "MULTI_INSERT+INIT"),
+        ("Heap2", "VISIBLE"), *_heap2_prune_kinds(major), ("Heap2", "MULTI_INSERT+INIT"),
         ("Heap", "INSERT"), ("Heap", "INSERT+INIT"), ("Heap", "UPDATE"), ("Heap", "HOT_UPDATE"),
         ("Heap", "DELETE"), ("Heap", "LOCK"), ("Heap", "INPLACE"),
         ("Sequence", "LOG"),

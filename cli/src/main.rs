@@ -56,6 +56,13 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Run the proxy: one PostgreSQL address for every endpoint of every
+    /// tenant; authenticates clients, wakes sleeping computes (`docs/proxy.md`).
+    Proxy {
+        /// The proxy's TOML configuration.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// GetPage@LSN load against a pageserver: throughput and latency percentiles.
     Pagebench(pagebench::PagebenchArgs),
     /// Create a local cluster: configs with free ports, 3 safekeepers, a pageserver, a tenant with a `main` branch.
@@ -146,8 +153,10 @@ enum PageserverCommand {
 }
 
 /// Runs a service process until it stops: its files private to its user
-/// from the start, its config loaded by `load` (exit code 2 if refused),
-/// then `run` on a multi-thread runtime (1 if it fails).
+/// and its allocator's thresholds fixed from the start (a long-running
+/// service must not keep what a burst once used), its config loaded by
+/// `load` (exit code 2 if refused), then `run` on a multi-thread runtime
+/// (1 if it fails).
 fn run_service<C, E1: std::fmt::Display, E2: std::fmt::Display, F: std::future::Future<Output = Result<(), E2>>>(
     what: &str,
     config: &std::path::Path,
@@ -155,7 +164,9 @@ fn run_service<C, E1: std::fmt::Display, E2: std::fmt::Display, F: std::future::
     run: impl FnOnce(C) -> F,
 ) -> i32 {
     strata_service::start::private_umask();
+    let fixed = strata_service::allocator::fix_thresholds();
     logging::init();
+    tracing::debug!(fixed, "the allocator's trim and mmap thresholds");
     let config = match load(config) {
         Ok(c) => c,
         Err(e) => {
@@ -185,6 +196,14 @@ fn controller(config: &std::path::Path) -> i32 {
     run_service("controller", config, strata_controller::config::ControllerConfig::load, strata_controller::run)
 }
 
+fn proxy(config: &std::path::Path) -> i32 {
+    run_service("proxy", config, strata_proxy::config::ProxyConfig::load, |c| async move {
+        let catalog = strata_control_plane::proxy::Catalog::new(c.workdir.clone());
+        catalog.check().map_err(|e| strata_proxy::StartError::service("proxy", e))?;
+        strata_proxy::run(c, std::sync::Arc::new(catalog)).await
+    })
+}
+
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
@@ -208,6 +227,7 @@ fn main() {
         Command::LinkProxy { config } => {
             run_service("link-proxy", &config, strata_link_proxy::config::LinkProxyConfig::load, strata_link_proxy::run)
         }
+        Command::Proxy { config } => proxy(&config),
         Command::Pagebench(args) => pagebench::run(args),
         Command::Init(args) => cluster::init(args),
         Command::Start(args) => cluster::start(args),

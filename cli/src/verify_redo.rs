@@ -76,7 +76,11 @@ pub fn verify_redo(
         first_lsn.get_or_insert(rec.lsn);
         last_lsn = rec.end_lsn;
         let native = strata_redo::supports(rec.rmgr(), rec.header.info);
-        let kind = format!("{}/{}", rmgr::name(rec.rmgr()), identify(rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN"));
+        let kind = format!(
+            "{}/{}",
+            rmgr::name(rec.rmgr()),
+            identify(rec.version, rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN")
+        );
         let native_rmgr = matches!(rec.rmgr(), rmgr::RM_HEAP_ID | rmgr::RM_HEAP2_ID | rmgr::RM_BTREE_ID);
         for b in &rec.blocks {
             let key = (b.rel, b.fork, b.block);

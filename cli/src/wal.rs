@@ -190,7 +190,7 @@ struct RecordJson {
 }
 
 fn info_name(record: &DecodedRecord) -> String {
-    match identify(record.rmgr(), record.header.info) {
+    match identify(record.version, record.rmgr(), record.header.info) {
         Some(name) => name.to_string(),
         None => format!("UNKNOWN ({:x})", record.header.info & 0xF0),
     }

@@ -114,7 +114,11 @@ fn strip(meta: &SegmentMeta, bytes: &[u8], next: Option<&[u8]>) -> anyhow::Resul
     let from = meta.wal_start_lsn.unwrap_or(meta.start_lsn);
     let skip = (from.0 - meta.start_lsn.0) as usize;
     let mut out = bytes[..skip].to_vec();
-    let mut stripper = ConsistencyStripper::new(PgVersion::V15, from, meta.segment_size);
+    // The segment's first page says which major wrote it.
+    let magic = u16::from_le_bytes([bytes[0], bytes[1]]);
+    let version = PgVersion::from_wal_page_magic(magic)
+        .with_context(|| format!("segment at {}: unknown WAL page magic {magic:04X}", meta.start_lsn))?;
+    let mut stripper = ConsistencyStripper::new(version, from, meta.segment_size);
     if meta.partial {
         // The committed prefix; the zeros after it are no WAL.
         let end = (meta.end_lsn.0 - meta.start_lsn.0) as usize;

@@ -948,6 +948,8 @@ async fn connect_and_elect(
         conn.create_physical_slot(slot).await.map_err(pg_err)?;
     }
     let segment_size = u64::from(cfg.timeline.wal_segment_size);
+    let version = PgVersion::from_major(cfg.timeline.pg_version)
+        .ok_or_else(|| ProposerError::Other(format!("PostgreSQL {} is not supported", cfg.timeline.pg_version)))?;
     let core = elect_and_sync(Core::start(cfg, status)).await?;
     let epoch = core.epoch.clone().expect("elected");
     if epoch.start_lsn > system.xlogpos {
@@ -956,7 +958,7 @@ async fn connect_and_elect(
     let start = epoch.start_lsn;
     let mode =
         if start == epoch.timeline_start_lsn { StartPosition::FindFirstRecord } else { StartPosition::RecordBoundary };
-    let decoder = WalDecoder::new(PgVersion::V15, start, segment_size, mode);
+    let decoder = WalDecoder::new(version, start, segment_size, mode);
     let stream = conn.start_physical(slot, start, system.timeline).await.map_err(pg_err)?;
     info!(%start, "streaming WAL from PostgreSQL");
     Ok((core, decoder, stream))

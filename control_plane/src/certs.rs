@@ -83,6 +83,29 @@ fn issue_names(root: &Path, names: &[String]) -> Result<(String, String)> {
     tls::issue(&ca_key, names).map_err(failed)
 }
 
+/// The proxy's certificate and key files (`tls.pem`, `tls.key`) in its
+/// service's directory: an operator may put a certificate of their own
+/// there (or name other files in `proxy.toml`).
+pub fn proxy_files(root: &Path, service: &str) -> (PathBuf, PathBuf) {
+    let dir = root.join(service);
+    (dir.join("tls.pem"), dir.join("tls.key"))
+}
+
+/// Issues the proxy's certificate: `*.<domain>` (a client names the
+/// endpoint as the first label), `<domain>`, its host's address, and
+/// loopback's names for a loopback host.
+pub fn issue_proxy(root: &Path, service: &str, domain: &str, address: std::net::IpAddr) -> Result<()> {
+    let mut names = vec![format!("*.{domain}"), domain.to_string(), address.to_string()];
+    if address.is_loopback() && domain != "localhost" {
+        names.push("localhost".into());
+    }
+    let (cert, key) = issue_names(root, &names).map_err(|e| Error::Failed(format!("the proxy: {e}")))?;
+    let (cert_path, key_path) = proxy_files(root, service);
+    std::fs::create_dir_all(root.join(service)).map_err(|e| Error::Failed(format!("{service}: {e}")))?;
+    strata_service::auth::write_secret(&key_path, &key).map_err(failed)?;
+    strata_service::durable::replace_file(&cert_path, cert.as_bytes(), true).map_err(failed)
+}
+
 /// A compute's own certificate and key, issued for one start of one
 /// endpoint. A compute's PostgreSQL keeps its key in its data directory,
 /// which its superuser reads (`pg_read_file('server.key')`): that key must

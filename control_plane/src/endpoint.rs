@@ -311,8 +311,8 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
-/// One endpoint, if it was ever started.
-fn load(wd: &Workdir, name: &str) -> Result<Option<Endpoint>> {
+/// One endpoint of this machine, if it was ever started here.
+pub fn load(wd: &Workdir, name: &str) -> Result<Option<Endpoint>> {
     let dir = wd.endpoint_dir(name);
     let path = dir.join(ENDPOINT_FILE);
     if !path.exists() {
@@ -384,6 +384,10 @@ pub struct EndpointRecord {
     pub state: String,
     /// The agent's pid, or its supervisor's while it restarts it.
     pub pid: Option<i32>,
+    /// Stopped by its suspension (or a crash while suspending or waking):
+    /// a client through the proxy wakes it.
+    #[serde(default)]
+    pub suspended: bool,
 }
 
 /// The endpoints of this machine's workdir, with their state.
@@ -393,6 +397,7 @@ pub fn records(wd: &Workdir) -> Result<Vec<EndpointRecord>> {
         .map(|ep| {
             let liveness = ep.supervised().liveness();
             EndpointRecord {
+                suspended: liveness == Liveness::Stopped && ep.suspension().is_some(),
                 state: liveness.name().into(),
                 pid: liveness.pid().or(liveness.supervisor()),
                 file: ep.file,
@@ -1083,7 +1088,7 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
     f.password_verifier_file = Some(ep.verifier_file());
     f.controllers = c.of_kind(Kind::Controller).filter_map(|s| c.addr_from(site, s, "http")).collect();
     f.http = Some(std::net::SocketAddr::new(ep.address, ep.file.http_port));
-    f.pg_bin_dir = c.pg_bin_dir.clone();
+    f.pg_bin_dir = c.pg_bin_dir_for(c.tenant_pg_version(req.tenant_id));
     f.pg_user = c.pg_user.clone();
     f.verify_redo = c.verify_redo;
     f.pageserver_site = read_site.map(str::to_string);

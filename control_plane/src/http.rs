@@ -152,3 +152,18 @@ pub fn delete(url: &str, timeout: Duration) -> Result<Reply, String> {
 pub fn put(url: &str, body: &impl Serialize, timeout: Duration) -> Result<Reply, String> {
     send("PUT", url, Some(body), timeout)
 }
+
+/// `PUT url` with the bytes `body` reads (`content_type`), streamed; an
+/// error only if no answer came. A thread's fake transport is called with
+/// no body.
+pub fn put_stream(
+    url: &str,
+    content_type: &str,
+    body: &mut dyn std::io::Read,
+    timeout: Duration,
+) -> Result<Reply, String> {
+    if let Some(t) = TRANSPORT.with(|t| t.borrow().clone()) {
+        return t.call("PUT", url, None);
+    }
+    reply(client(timeout).put_stream(url, content_type, body))
+}

@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 
 /// Each service's audit log, in its directory (`docs/security.md`, "Audit log").
 pub const AUDIT_LOG: &str = "audit.jsonl";
+/// The proxy's domain unless `--proxy-domain` says otherwise: names under
+/// `localhost` stay on this machine (RFC 6761).
+pub const DEFAULT_PROXY_DOMAIN: &str = "localhost";
 
 use serde::de::DeserializeOwned;
 use strata_protocol::safekeeper::Placement;
@@ -83,7 +86,8 @@ pub struct HostSpec {
     #[serde(default = "super::layout::local_host_name")]
     pub site: String,
     /// `safekeeper` (once per safekeeper), `pageserver` (once per
-    /// pageserver; a storage controller runs beside each), `compute`.
+    /// pageserver; a storage controller runs beside each), `compute`,
+    /// `proxy` (on one host, which must hold the cluster's keys).
     pub run: Vec<String>,
 }
 
@@ -92,7 +96,7 @@ impl HostsSpec {
     fn local(safekeepers: usize, pageservers: usize) -> HostsSpec {
         let mut run = vec!["safekeeper".to_string(); safekeepers];
         run.extend(std::iter::repeat_n("pageserver".to_string(), pageservers));
-        run.push("compute".to_string());
+        run.extend(["compute".to_string(), "proxy".to_string()]);
         HostsSpec {
             hosts: vec![HostSpec { name: LOCAL_HOST.into(), address: LOOPBACK, site: LOCAL_HOST.into(), run }],
             remote_storage: None,
@@ -115,6 +119,9 @@ impl HostsSpec {
                 let mut run = vec!["safekeeper".to_string(); count];
                 run.extend(std::iter::repeat_n("pageserver".to_string(), pageservers));
                 run.push("compute".to_string());
+                if i == 0 {
+                    run.push("proxy".to_string());
+                }
                 let name = format!("dc{}", i + 1);
                 HostSpec { name: name.clone(), address: LOOPBACK, site: name, run }
             })
@@ -132,15 +139,18 @@ impl HostsSpec {
                 match role.as_str() {
                     "safekeeper" => sks.push((i, Kind::Safekeeper)),
                     "pageserver" => ps.push((i, Kind::Pageserver)),
-                    "compute" => {}
+                    "compute" | "proxy" => {}
                     other => {
                         return Err(format!(
-                            "host {}: cannot run {other:?} (safekeeper, pageserver or compute)",
+                            "host {}: cannot run {other:?} (safekeeper, pageserver, compute or proxy)",
                             h.name
                         ))
                     }
                 }
             }
+        }
+        if self.proxy_host()?.is_some_and(|h| self.hosts[h].run.iter().filter(|r| *r == "proxy").count() > 1) {
+            return Err("a host runs one proxy".into());
         }
         if !(1..=9).contains(&sks.len()) {
             return Err(format!("{} safekeepers: a cluster has between 1 and 9", sks.len()));
@@ -153,6 +163,19 @@ impl HostsSpec {
         }
         sks.extend(ps);
         Ok(sks)
+    }
+}
+
+impl HostsSpec {
+    /// The host that runs the proxy, if one does (at most one).
+    fn proxy_host(&self) -> std::result::Result<Option<usize>, String> {
+        let hosts: Vec<usize> =
+            (0..self.hosts.len()).filter(|&i| self.hosts[i].run.iter().any(|r| r == "proxy")).collect();
+        match hosts.as_slice() {
+            [] => Ok(None),
+            [one] => Ok(Some(*one)),
+            _ => Err("more than one host runs a proxy (a cluster has one)".into()),
+        }
     }
 }
 
@@ -178,6 +201,8 @@ fn controller_name(i: usize) -> String {
 /// service's config; refuses an already initialised workdir.
 pub fn init(args: &InitOptions) -> Result<Initialised> {
     let spec = hosts_spec(args)?;
+    let pg_version = args.pg_version.unwrap_or(crate::layout::DEFAULT_PG_VERSION);
+    crate::tenant::check_pg_version(pg_version)?;
     let latency_ms = args.site_latency_ms.unwrap_or(0.0);
     if !(0.0..=MAX_SITE_LATENCY_MS).contains(&latency_ms) {
         return Err(Error::Usage(format!(
@@ -213,6 +238,10 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
     if args.sites.is_some() {
         plan.link_proxy(latency_ms, &mut out)?;
     }
+    let domain = args.proxy_domain.clone().unwrap_or_else(|| DEFAULT_PROXY_DOMAIN.into());
+    if let Some(host) = spec.proxy_host().map_err(Error::Usage)? {
+        plan.proxy(host, &domain, &mut out)?;
+    }
     let Plan { root, hosts, routes, remote_storage, storage_key, .. } = plan;
     let mut cluster = ClusterFile {
         format_version: FORMAT_VERSION,
@@ -228,6 +257,7 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
             name: DEFAULT_TENANT.into(),
             tenant_id,
             state: TenantState::Active,
+            pg_version,
             branches: vec![Branch {
                 name: MAIN_BRANCH.into(),
                 timeline_id: TimelineId::generate(),
@@ -243,6 +273,9 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
     };
     cluster.check().map_err(Error::Usage)?;
     let cluster = write_workdir(&root, cluster, &out.configs, secure, storage_key.is_some())?;
+    if let (true, Some(proxy)) = (secure, cluster.services.iter().find(|s| s.kind == Kind::Proxy)) {
+        super::certs::issue_proxy(&root, &proxy.name, &domain, proxy.address)?;
+    }
     Ok(Initialised { workdir: dir.clone(), root, cluster })
 }
 
@@ -485,9 +518,16 @@ impl Plan {
             // With every safekeeper in its site, there is no preference to state.
             let site_safekeepers = if own_site == n { 0 } else { own_site };
             let wal_sources: Vec<String> = order
-                .into_iter()
-                .map(|j| {
+                .iter()
+                .map(|&j| {
                     self.via(host, &format!("sk{}", j + 1), "listen", self.at(self.sk_hosts[j], self.sk_port(j, 0)))
+                })
+                .collect();
+            // Their positions wake the pageserver's idle timelines.
+            let positions: Vec<String> = order
+                .iter()
+                .map(|&j| {
+                    self.via(host, &format!("sk{}", j + 1), "http", self.at(self.sk_hosts[j], self.sk_port(j, 1)))
                 })
                 .collect();
             let config: strata_pageserver::config::PageserverConfig = service_config(
@@ -498,6 +538,7 @@ impl Plan {
                     "listen_http": self.at(host, self.ps_port(i, 1)),
                     "data_dir": self.root.join(&name).join("data"),
                     "safekeepers": wal_sources,
+                    "safekeepers_http": positions,
                     "site_safekeepers": site_safekeepers,
                     "auth": self.auth(&name),
                     "tls": self.host_tls(host),
@@ -550,6 +591,42 @@ impl Plan {
             out.add(service, &config)?;
         }
         Ok(())
+    }
+
+    /// The proxy (`docs/proxy.md`) on `host`: TLS with a certificate for
+    /// `*.<domain>` (issued once the CA exists) when the cluster is secure,
+    /// the cluster's CA to check the computes' certificates.
+    fn proxy(&self, host: usize, domain: &str, out: &mut Written) -> Result<()> {
+        let taken: Vec<u16> =
+            self.ports.iter().copied().chain(out.services.iter().flat_map(|s| s.ports.values().copied())).collect();
+        let ports = ports::allocate(2, &taken).map_err(|e| Error::Failed(format!("finding free ports: {e}")))?;
+        let address = self.hosts[host].address;
+        let name = "proxy";
+        let pg_tls = self.secure.then(|| {
+            let (cert, key) = super::certs::proxy_files(&self.root, name);
+            strata_proxy::config::PgTls { cert, key }
+        });
+        let config = strata_proxy::config::ProxyConfig {
+            listen_pg: std::net::SocketAddr::new(address, ports[0]),
+            listen_http: std::net::SocketAddr::new(address, ports[1]),
+            domain: domain.to_string(),
+            workdir: self.root.clone(),
+            require_tls: self.secure,
+            pg_tls,
+            auth: self.auth(name),
+            tls: self.host_tls(host),
+            ..service_config(
+                serde_json::json!({
+                    "listen_pg": "127.0.0.1:1", "listen_http": "127.0.0.1:1", "domain": domain, "workdir": "/"
+                }),
+                "proxy",
+            )?
+        };
+        config.validate().map_err(|e| Error::Usage(format!("the proxy: {e}")))?;
+        out.add(
+            self.service(name.into(), Kind::Proxy, host, "proxy.toml", &[("pg", ports[0]), ("http", ports[1])]),
+            &config,
+        )
     }
 
     /// The link proxy on the first host, a route for every link between
@@ -665,8 +742,10 @@ mod tests {
         let dir = tempdir("init");
         init(&InitOptions::for_test(&dir, 3)).unwrap();
         let wd = Workdir::open(&dir).unwrap();
-        // Three safekeepers, a pageserver and its storage controller.
-        assert_eq!(wd.cluster.services.len(), 5);
+        // Three safekeepers, a pageserver and its storage controller, the proxy.
+        assert_eq!(wd.cluster.services.len(), 6);
+        let px = strata_proxy::config::ProxyConfig::load(&wd.config_path(wd.service("proxy").unwrap())).unwrap();
+        assert!(px.domain == "localhost" && px.workdir == wd.root && px.pg_tls.unwrap().cert.exists());
         let mut ports = wd.cluster.ports();
         let count = ports.len();
         ports.sort_unstable();
@@ -684,6 +763,7 @@ mod tests {
         let ps = wd.service("pageserver").unwrap();
         let psc = strata_pageserver::config::PageserverConfig::load(&wd.config_path(ps)).unwrap();
         assert_eq!(psc.safekeepers, wd.cluster.safekeeper_addrs_from(LOCAL_HOST));
+        assert_eq!(psc.safekeepers_http, wd.cluster.safekeeper_addrs_from_role(LOCAL_HOST, "http"));
         assert_eq!(psc.listen_http.port(), ps.ports["http"]);
         assert_eq!(psc.data_dir, wd.root.join("pageserver/data"));
         assert_eq!(psc.id.0, 4);
@@ -708,7 +788,8 @@ mod tests {
                 "pageserver3",
                 "controller",
                 "controller2",
-                "controller3"
+                "controller3",
+                "proxy"
             ]
         );
         let mut ports = wd2.cluster.ports();
@@ -780,6 +861,29 @@ mod tests {
         assert_eq!(psc.unwrap().storage_key, None);
         assert!(!wd.root.join("auth/storage.key").exists());
         fs::remove_dir_all(&plain).unwrap();
+    }
+
+    #[test]
+    fn the_default_tenants_major_and_where_each_majors_programs_are() {
+        let dir = tempdir("pg-version");
+        init(&InitOptions { pg_version: Some(18), ..InitOptions::for_test(&dir, 1) }).unwrap();
+        let mut wd = Workdir::open(&dir).unwrap();
+        let tenant = wd.cluster.tenants[0].tenant_id;
+        assert_eq!(wd.cluster.tenant_pg_version(tenant), 18);
+        assert!(fs::read_to_string(dir.join(CLUSTER_FILE)).unwrap().contains("pg_version = 18"));
+        // Debian's layout: the sibling of 15's directory; elsewhere Debian's path.
+        assert_eq!(wd.cluster.pg_bin_dir_for(15), std::path::PathBuf::from("/usr/lib/postgresql/15/bin"));
+        assert_eq!(wd.cluster.pg_bin_dir_for(18), std::path::PathBuf::from("/usr/lib/postgresql/18/bin"));
+        wd.cluster.pg_bin_dir = "/opt/pg15/lib/postgresql/15/bin".into();
+        assert_eq!(wd.cluster.pg_bin_dir_for(17), std::path::PathBuf::from("/opt/pg15/lib/postgresql/17/bin"));
+        wd.cluster.pg_bin_dir = "/opt/postgres/bin".into();
+        assert_eq!(wd.cluster.pg_bin_dir_for(17), std::path::PathBuf::from("/usr/lib/postgresql/17/bin"));
+        fs::remove_dir_all(&dir).unwrap();
+        // 16 (and anything else) is refused before anything is written.
+        let refused = tempdir("pg-version-16");
+        assert!(init(&InitOptions { pg_version: Some(16), ..InitOptions::for_test(&refused, 1) }).is_err());
+        assert!(!refused.join(CLUSTER_FILE).exists());
+        let _ = fs::remove_dir_all(&refused);
     }
 
     #[test]
@@ -1011,6 +1115,7 @@ run = ["compute"]
                 ("pageserver2", "dc2"),
                 ("controller", "dc1"),
                 ("controller2", "dc2"),
+                ("proxy", "dc1"),
             ]
         );
         assert_eq!(

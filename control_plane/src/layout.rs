@@ -148,7 +148,22 @@ pub struct Tenant {
     /// resumes after a crash; absent once created.
     #[serde(default, skip_serializing_if = "TenantState::is_active")]
     pub state: TenantState,
+    /// Its PostgreSQL major, set at creation (15 when absent); every
+    /// branch has it (`docs/postgres-versions.md`).
+    #[serde(default = "default_pg_version", skip_serializing_if = "is_default_pg_version")]
+    pub pg_version: u32,
     pub branches: Vec<Branch>,
+}
+
+/// The major of tenants made before majors could be chosen.
+pub const DEFAULT_PG_VERSION: u32 = 15;
+
+fn default_pg_version() -> u32 {
+    DEFAULT_PG_VERSION
+}
+
+fn is_default_pg_version(v: &u32) -> bool {
+    *v == DEFAULT_PG_VERSION
 }
 
 impl Tenant {
@@ -256,6 +271,8 @@ pub enum Kind {
     /// The relay that puts latency between the sites of a local cluster.
     #[serde(rename = "link-proxy")]
     LinkProxy,
+    /// The PostgreSQL address of every endpoint (`docs/proxy.md`).
+    Proxy,
 }
 
 impl Kind {
@@ -266,6 +283,7 @@ impl Kind {
             Kind::Pageserver => "pageserver",
             Kind::Controller => "controller",
             Kind::LinkProxy => "link-proxy",
+            Kind::Proxy => "proxy",
         }
     }
 }
@@ -342,9 +360,15 @@ impl ClusterFile {
     /// Every safekeeper's protocol address as seen from `site`, those of
     /// `site` first (ties in choosing a WAL source go to them).
     pub fn safekeeper_addrs_from(&self, site: &str) -> Vec<String> {
+        self.safekeeper_addrs_from_role(site, "listen")
+    }
+
+    /// [`Self::safekeeper_addrs_from`] for another of their ports (`http`:
+    /// where a pageserver reads their positions), in the same order.
+    pub fn safekeeper_addrs_from_role(&self, site: &str, role: &str) -> Vec<String> {
         let mut sks: Vec<&Service> = self.of_kind(Kind::Safekeeper).collect();
         sks.sort_by_key(|s| self.site_of(s) != site);
-        sks.into_iter().filter_map(|s| self.addr_from(site, s, "listen")).collect()
+        sks.into_iter().filter_map(|s| self.addr_from(site, s, role)).collect()
     }
 
     /// Each direct address of another site's service and the route `site`
@@ -381,6 +405,26 @@ impl ClusterFile {
     /// A tenant by name.
     pub fn tenant(&self, name: &str) -> Option<&Tenant> {
         self.tenants.iter().find(|t| t.name == name)
+    }
+
+    /// The PostgreSQL major of the tenant with this id (15 if unknown).
+    pub fn tenant_pg_version(&self, tenant_id: TenantId) -> u32 {
+        self.tenants.iter().find(|t| t.tenant_id == tenant_id).map_or(DEFAULT_PG_VERSION, |t| t.pg_version)
+    }
+
+    /// Where PostgreSQL `major`'s programs are: `pg_bin_dir` for 15; for
+    /// another major its sibling in Debian's layout when `pg_bin_dir` is
+    /// `<root>/15/bin` (`<root>/<major>/bin`), else
+    /// `/usr/lib/postgresql/<major>/bin`.
+    pub fn pg_bin_dir_for(&self, major: u32) -> PathBuf {
+        if major == DEFAULT_PG_VERSION {
+            return self.pg_bin_dir.clone();
+        }
+        let root = self.pg_bin_dir.parent().filter(|d| d.ends_with("15")).and_then(|d| d.parent());
+        match root {
+            Some(root) => root.join(major.to_string()).join("bin"),
+            None => PathBuf::from(format!("/usr/lib/postgresql/{major}/bin")),
+        }
     }
 
     /// A tenant by name, to change it.
@@ -484,7 +528,7 @@ impl ClusterFile {
         for s in &self.services {
             let roles: &[&str] = match s.kind {
                 Kind::Safekeeper => &["listen", "http"],
-                Kind::Pageserver => &["pg", "http"],
+                Kind::Pageserver | Kind::Proxy => &["pg", "http"],
                 Kind::Controller | Kind::LinkProxy => &["http"],
             };
             if let Some(r) = roles.iter().find(|r| !s.ports.contains_key(**r)) {

@@ -38,6 +38,11 @@ pub const SERVICE_START_PROBE: Duration = Duration::from_secs(1);
 pub const SERVICE_STOP_GRACE: Duration = Duration::from_secs(30);
 /// Tenant creation runs initdb and imports it into the pageserver.
 pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(180);
+/// Bound on `tenant import`'s replay of a copy's WAL, and on its shutdown.
+pub const IMPORT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Bound on `tenant import`'s upload of a data directory and its import
+/// (the whole request).
+pub const IMPORT_UPLOAD_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
 /// Log lines shown when a service fails to start.
 pub const SERVICE_TAIL_LINES: usize = 20;
 /// The most safekeepers, and the most pageservers, a cluster has.

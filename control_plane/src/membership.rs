@@ -130,6 +130,7 @@ fn rewrite_configs(wd: &Workdir) -> Result<()> {
         let path = wd.config_path(ps);
         let mut c: strata_pageserver::config::PageserverConfig = read_toml(&path)?;
         c.safekeepers = wd.cluster.safekeeper_addrs_from(wd.cluster.site_of(ps));
+        c.safekeepers_http = wd.cluster.safekeeper_addrs_from_role(wd.cluster.site_of(ps), "http");
         c.site_safekeepers = wd.cluster.site_safekeepers(wd.cluster.site_of(ps));
         write_toml(&path, "# Ports and paths must match cluster.toml.\n", &c)?;
     }

@@ -231,6 +231,14 @@ async fn endpoint_password(State(node): State<Node>, Json(req): Json<EndpointReq
     node.blocking(false, move |_, wd| endpoint::password_of(wd, &req.name)).await
 }
 
+/// An endpoint's verifier without its password: what the proxy holds.
+async fn endpoint_verifier(State(node): State<Node>, Json(req): Json<EndpointRequest>) -> Answer<endpoint::Password> {
+    node.blocking(false, move |_, wd| {
+        endpoint::password_of(wd, &req.name).map(|p| endpoint::Password { password: None, verifier: p.verifier })
+    })
+    .await
+}
+
 async fn get_spec(State(node): State<Node>) -> Answer<hosts::Spec> {
     node.blocking(false, |_, wd| hosts::spec(wd)).await
 }
@@ -265,6 +273,7 @@ fn router(node: Node, auth: Option<&HttpAuth>) -> Router {
         .route("/v1/endpoints/stop", post(stop_endpoint))
         .route("/v1/endpoints/forget", post(forget_endpoint))
         .route("/v1/endpoints/password", post(endpoint_password))
+        .route("/v1/endpoints/verifier", post(endpoint_verifier))
         .route("/v1/spec", get(get_spec).post(put_spec))
         .with_state(node);
     guard(routes, auth, Need::Management)

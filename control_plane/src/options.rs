@@ -36,6 +36,12 @@ pub struct InitOptions {
     /// The endpoints' default idle period before they suspend, in seconds
     /// (`cluster.toml`'s `default_suspend_after_secs`); none or 0: never.
     pub suspend_after_secs: Option<u64>,
+    /// The proxy's domain: `<endpoint>.<domain>` names an endpoint
+    /// (`docs/proxy.md`); default `localhost`.
+    pub proxy_domain: Option<String>,
+    /// The default tenant's PostgreSQL major (15 when absent;
+    /// `docs/postgres-versions.md`).
+    pub pg_version: Option<u32>,
 }
 
 /// `endpoint start`: options handed to the compute agent for this run
@@ -91,6 +97,7 @@ impl InitOptions {
             hosts: None,
             pg_bin_dir: "/usr/lib/postgresql/15/bin".into(),
             pg_user: "postgres".into(),
+            pg_version: None,
             verify_redo: false,
             insecure_loopback: false,
             no_encryption_at_rest: false,
@@ -98,6 +105,7 @@ impl InitOptions {
             site_latency_ms: None,
             placement: None,
             suspend_after_secs: None,
+            proxy_domain: None,
         }
     }
 }

@@ -352,6 +352,8 @@ pub enum TenantEvent {
     Detaching { tenant: String, pageservers: Vec<String> },
     /// The tenant's timelines are gone from a safekeeper.
     TimelinesDeleted { tenant: String, safekeeper: String },
+    /// A step of `tenant import` begins.
+    Importing { step: String },
 }
 
 impl fmt::Display for TenantEvent {
@@ -364,6 +366,7 @@ impl fmt::Display for TenantEvent {
             TenantEvent::TimelinesDeleted { tenant, safekeeper } => {
                 write!(f, "tenant {tenant}: its timelines are deleted on {safekeeper}")
             }
+            TenantEvent::Importing { step } => write!(f, "import: {step}"),
         }
     }
 }

@@ -91,8 +91,9 @@ fn on_node(wd: &Workdir, s: &Service, action: &str, immediate: bool, progress: &
 /// The order services start in, kind by kind: the link proxy (the others
 /// reach another site through it), the safekeepers, the pageservers (they
 /// stream WAL from the safekeepers), then the storage controllers (they
-/// ask the pageservers for their status first thing). Stops go backwards.
-pub const START_ORDER: [Kind; 4] = [Kind::LinkProxy, Kind::Safekeeper, Kind::Pageserver, Kind::Controller];
+/// ask the pageservers for their status first thing), then the proxy (it
+/// wakes computes, which need all of them). Stops go backwards.
+pub const START_ORDER: [Kind; 5] = [Kind::LinkProxy, Kind::Safekeeper, Kind::Pageserver, Kind::Controller, Kind::Proxy];
 
 /// The services named by `--only` (all if empty), kind by kind in
 /// [`START_ORDER`], each kind in the order of `cluster.toml`.
@@ -312,7 +313,11 @@ pub fn ensure_tenant(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> R
         if reply.status == 404 && branch.name == MAIN_BRANCH {
             progress.tell(ServiceEvent::CreatingTenant { pageserver: ps.name.clone(), tenant });
             let create_url = format!("{}/v1/tenant", ps.http_url());
-            let body = CreateTenantRequest { tenant_id: Some(tenant), timeline_id: Some(timeline) };
+            let body = CreateTenantRequest {
+                tenant_id: Some(tenant),
+                timeline_id: Some(timeline),
+                pg_version: Some(t.pg_version),
+            };
             let created = http::post(&create_url, &body, BOOTSTRAP_TIMEOUT)
                 .map_err(|e| Error::Failed(format!("{}: creating the tenant: {e}", ps.name)))?;
             reply = match created.status {

@@ -607,8 +607,9 @@ fn count_commits(
     );
     stream.write_all(&out).and_then(|()| stream.flush()).map_err(|e| e.to_string())?;
     let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
-    let mut decoder =
-        WalDecoder::new(PgVersion::V15, from, u64::from(status.wal_segment_size), StartPosition::RecordBoundary);
+    let version = PgVersion::from_major(status.pg_version)
+        .ok_or_else(|| format!("the timeline is of PostgreSQL {}, which is not supported", status.pg_version))?;
+    let mut decoder = WalDecoder::new(version, from, u64::from(status.wal_segment_size), StartPosition::RecordBoundary);
     decoder.set_system_id(status.system_id);
     let (mut before, mut after, mut at) = (0u64, 0u64, from);
     let deadline = Instant::now() + READ_TAIL_TIMEOUT;

@@ -163,7 +163,7 @@ fn storage_of(wd: &Workdir, s: &super::layout::Service) -> (Option<std::path::Pa
             Ok(c) => (None, Some(c.remote_storage.describe())),
             Err(_) => (None, None),
         },
-        Kind::LinkProxy => (None, None),
+        Kind::LinkProxy | Kind::Proxy => (None, None),
     }
 }
 

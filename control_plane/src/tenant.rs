@@ -45,13 +45,50 @@ impl std::fmt::Display for TenantCreated {
     }
 }
 
+/// The majors a tenant can have (`docs/postgres-versions.md`): 16 has no
+/// build here to check Strata's formats against.
+pub const TENANT_PG_VERSIONS: [u32; 3] = [15, 17, 18];
+
+/// Refuses a major a tenant cannot have, by name.
+pub(crate) fn check_pg_version(v: u32) -> Result<()> {
+    if TENANT_PG_VERSIONS.contains(&v) {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!("PostgreSQL {v} is not a major a tenant can have: 15, 17 or 18")))
+    }
+}
+
 /// `strata tenant create NAME`: records the tenant (state `creating`),
 /// has the storage controllers place it, creates it on its pageserver
 /// (initdb from the kept template) and its `main` timeline on every
 /// running safekeeper, then marks it active. A tenant left `creating` by
 /// an interrupted run is finished.
-pub fn create(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<TenantCreated> {
+pub fn create(wd: &Workdir, name: &str, pg_version: u32, progress: &mut dyn Progress) -> Result<TenantCreated> {
+    create_with(wd, name, pg_version, progress, &mut |_, _, _| Ok(()))
+}
+
+/// What fills a new tenant's first timeline on its pageserver before the
+/// creation goes on (an import's upload); nothing: `initdb`'s output.
+pub type Fill<'a> = dyn FnMut(&Workdir, &Tenant, &mut dyn Progress) -> Result<()> + 'a;
+
+/// `create`, with `fill` run once the tenant is recorded and a storage
+/// controller runs, before it is created on its pageserver and safekeepers.
+pub fn create_with(
+    wd: &Workdir,
+    name: &str,
+    pg_version: u32,
+    progress: &mut dyn Progress,
+    fill: &mut Fill<'_>,
+) -> Result<TenantCreated> {
     check_name(name)?;
+    check_pg_version(pg_version)?;
+    if let Some(t) = wd.cluster.tenant(name).filter(|t| t.state == TenantState::Creating && t.pg_version != pg_version)
+    {
+        return failed(format!(
+            "tenant {name} is being created with PostgreSQL {}, not {pg_version}; finish that first",
+            t.pg_version
+        ));
+    }
     match wd.cluster.tenant(name).map(|t| t.state) {
         Some(TenantState::Active) => return failed(format!("a tenant named {name:?} exists")),
         Some(TenantState::Deleting) => {
@@ -70,6 +107,7 @@ pub fn create(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<T
                     name: name.into(),
                     tenant_id: TenantId::generate(),
                     state: TenantState::Creating,
+                    pg_version,
                     branches: vec![Branch {
                         name: MAIN_BRANCH.into(),
                         timeline_id: TimelineId::generate(),
@@ -89,6 +127,7 @@ pub fn create(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<T
     if !wd.cluster.of_kind(Kind::Controller).any(|s| services::is_up(&wd, s)) {
         return failed(format!("no storage controller is running: {how}"));
     }
+    fill(&wd, t, progress).map_err(|e| Error::Failed(format!("tenant {name}: {e}")))?;
     services::ensure_tenant(&wd, t, progress).map_err(|e| Error::Failed(format!("tenant {name}: {e}; {how}")))?;
     update_cluster(&wd.root, |c| {
         if let Some(t) = c.tenant_mut(name) {

@@ -20,7 +20,11 @@ pub struct DecodeSummary {
 /// every image and parsing every record; never panics.
 pub fn decode_wal(bytes: &[u8], start: Lsn, segment_size: u64, chunk: usize) -> DecodeSummary {
     let mut summary = DecodeSummary::default();
-    let mut decoder = WalDecoder::new(PgVersion::V15, start, segment_size, StartPosition::FindFirstRecord);
+    // The version whose magic the first page carries, as a reader of
+    // segments picks it.
+    let magic = bytes.get(0..2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let version = magic.and_then(PgVersion::from_wal_page_magic).unwrap_or(PgVersion::V15);
+    let mut decoder = WalDecoder::new(version, start, segment_size, StartPosition::FindFirstRecord);
     for piece in bytes.chunks(chunk.max(1)) {
         decoder.feed(piece);
         loop {
@@ -59,7 +63,10 @@ pub fn fuzz_one(data: &[u8]) {
         }
         // A single record's fragments, as if reassembled already.
         2 => {
-            if let Ok(record) = crate::wal::DecodedRecord::decode(Lsn(0x100_0000), Lsn(0x100_0000), rest.to_vec()) {
+            let version = PgVersion::ALL[usize::from(selector >> 2) % PgVersion::ALL.len()];
+            if let Ok(record) =
+                crate::wal::DecodedRecord::decode(version, Lsn(0x100_0000), Lsn(0x100_0000), rest.to_vec())
+            {
                 for block in &record.blocks {
                     let _ = record.block_image(block);
                 }

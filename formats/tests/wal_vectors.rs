@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use strata_formats::fuzz::decode_wal;
-use strata_formats::v15::control::{ControlFile, DbState};
+use strata_formats::v15::control::{ControlFile, ControlFileError, DbState};
 use strata_formats::v15::records::xlog::{CheckPoint, XlogRecord};
 use strata_formats::v15::records::{self, ParsedRecord};
 use strata_formats::v15::startup::{shutdown_checkpoint_at, standby_start};
@@ -165,10 +165,61 @@ fn pg_control_vector_roundtrips() {
     assert_eq!(control.wal_segment_size as u64, SEG);
     assert_eq!(control.block_size, 8192);
     assert_eq!(control.encode(), bytes, "re-encoding reproduces the file byte for byte");
+    assert_eq!(control.pg_version(), PgVersion::V15);
+    assert_eq!(control.default_char_signedness, None);
     let mut damaged = bytes.clone();
     damaged[50] ^= 1;
     assert!(ControlFile::decode(&damaged).is_err());
     assert!(ControlFile::decode(&bytes[..100]).is_err());
+}
+
+/// PostgreSQL 18's pg_control (initdb with its default data checksums, a
+/// table, a checkpoint and a clean shutdown); the values are pg_controldata's.
+#[test]
+fn pg_control_vector_of_18_roundtrips() {
+    let bytes = std::fs::read(data_dir().join("pg_control_v18")).unwrap();
+    let control = ControlFile::decode(&bytes).unwrap();
+    assert_eq!(control.pg_version(), PgVersion::V18);
+    assert_eq!((control.pg_control_version, control.catalog_version_no), (1800, 202506291));
+    assert_eq!(control.system_identifier, 7714995171193432060);
+    assert_eq!(control.state, DbState::Shutdowned);
+    assert_eq!(control.checkpoint, "0/1789300".parse().unwrap());
+    let cp = &control.checkpoint_copy;
+    assert_eq!(cp.redo, control.checkpoint);
+    assert_eq!((cp.next_full_xid, cp.next_oid, cp.oldest_xid, cp.oldest_xid_db), (753, 16387, 744, 1));
+    assert_eq!(cp.wal_level, 1, "the checkpoint's wal_level (17 on): replica");
+    assert_eq!(control.unlogged_lsn, Lsn(0x3E8));
+    assert_eq!(control.wal_level, 1);
+    assert_eq!(control.data_checksum_version, 1, "18's initdb turns checksums on");
+    assert_eq!(control.default_char_signedness, Some(true));
+    let nonce: Vec<u8> = (0..32)
+        .map(|i| {
+            u8::from_str_radix(
+                &"ee79c537bcd8187dfca5c0be5d3ff733f8d9d20915edeb3e595937b7b54bc783"[2 * i..2 * i + 2],
+                16,
+            )
+            .unwrap()
+        })
+        .collect();
+    assert_eq!(control.mock_authentication_nonce().to_vec(), nonce);
+    assert_eq!(control.encode(), bytes, "re-encoding reproduces the file byte for byte");
+
+    // A new nonce lands where 18 keeps it, and the CRC covers it.
+    let mut renonced = control.clone();
+    renonced.set_mock_authentication_nonce([7; 32]);
+    let again = ControlFile::decode(&renonced.encode()).unwrap();
+    assert_eq!(again.mock_authentication_nonce(), [7; 32]);
+    assert_eq!(again.default_char_signedness, Some(true));
+
+    // An unknown control version, and 18's control version with 15's catalog, are refused by name.
+    let mut other = bytes.clone();
+    other[8..12].copy_from_slice(&1600u32.to_le_bytes());
+    assert!(matches!(ControlFile::decode(&other), Err(ControlFileError::Version(1600))));
+    let mut mixed = bytes.clone();
+    mixed[12..16].copy_from_slice(&202209061u32.to_le_bytes());
+    let crc = crc32c::crc32c(&mixed[..292]);
+    mixed[292..296].copy_from_slice(&crc.to_le_bytes());
+    assert!(matches!(ControlFile::decode(&mixed), Err(ControlFileError::Catalog { control: 1800, .. })));
 }
 
 /// Builds `n` records of varying sizes with a small segment size so records

@@ -7,7 +7,8 @@
 //! peer positions and replicas' hot standby feedback (`strata-safekeeper`), a lazy basebackup's
 //! manifest (`strata-protocol`), tokens (`strata-service`), and sealed
 //! objects, data key objects and storage key files (`strata-remote-storage`),
-//! and the proxy's SCRAM messages and verifiers (`strata-proxy`).
+//! the proxy's SCRAM messages and verifiers (`strata-proxy`), and an
+//! import's tar stream (`strata-pageserver`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -33,6 +34,9 @@ const SEALED: u8 = 11;
 /// First byte of inputs for the proxy's SCRAM: a verifier, and the
 /// messages of both ends of an exchange.
 const SCRAM: u8 = 12;
+/// First byte of inputs for the tar stream of `tenant import`, unpacked
+/// into a scratch directory.
+const IMPORT_TAR: u8 = 13;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -66,5 +70,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     if let Some((&SCRAM, bytes)) = data.split_first() {
         strata_proxy::scram::fuzz_messages(bytes);
+        strata_proxy::wire::fuzz_messages(bytes);
+    }
+    if let Some((&IMPORT_TAR, bytes)) = data.split_first() {
+        strata_pageserver::fuzz::fuzz_import_tar(bytes);
     }
 });

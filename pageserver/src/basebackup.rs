@@ -98,7 +98,8 @@ pub fn write_basebackup<W: Write>(
     let prev = if lsn == lsns.last { lsns.prev } else { Lsn::INVALID };
     let mtime = tl.clock().system_now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut tar = TarOut { tar: tar::Builder::new(out), mtime };
-    tar.small("PG_VERSION", b"15\n")?;
+    let pg_version = format!("{}\n", tl.pg_version.major());
+    tar.small("PG_VERSION", pg_version.as_bytes())?;
     tar.small("postgresql.conf", b"# written by the compute agent\n")?;
     tar.small("postgresql.auto.conf", b"")?;
     tar.small("pg_ident.conf", b"")?;
@@ -117,7 +118,7 @@ pub fn write_basebackup<W: Write>(
         let prefix = if spc == GLOBALTABLESPACE_OID { "global".to_string() } else { format!("base/{db}") };
         if spc != GLOBALTABLESPACE_OID {
             tar.dir(&prefix)?;
-            tar.small(&format!("{prefix}/PG_VERSION"), b"15\n")?;
+            tar.small(&format!("{prefix}/PG_VERSION"), pg_version.as_bytes())?;
         }
         if let Some(map) = tl.get(&Key::relmap(spc, db), lsn)? {
             tar.small(&format!("{prefix}/pg_filenode.map"), &map)?;
@@ -201,7 +202,7 @@ pub fn write_basebackup<W: Write>(
         // walreceiver then writes what it streams into this file.
         let (begin, segment_size) = (tl.metadata().start_lsn, u64::from(template.wal_segment_size));
         if begin.0 / segment_size == r.checkpoint.redo.0 / segment_size && !begin.0.is_multiple_of(segment_size) {
-            let version = strata_formats::PgVersion::V15;
+            let version = tl.pg_version;
             let tli = r.checkpoint.this_timeline;
             let (name, bytes) = headers_before(version, template.system_identifier, tli, segment_size, begin);
             tar.small(&format!("pg_wal/{name}"), &bytes)?;

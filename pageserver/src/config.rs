@@ -26,6 +26,22 @@ pub struct PageserverConfig {
     /// Safekeeper protocol addresses (`host:port`) to stream WAL from.
     #[serde(default)]
     pub safekeepers: Vec<String>,
+    /// HTTP addresses (`host:port`) of the safekeepers: a watcher reads
+    /// their positions of every timeline at once (`GET /v1/positions`) to
+    /// wake idle timelines when one has WAL for them. Without them no
+    /// timeline goes idle.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub safekeepers_http: Vec<String>,
+    /// A timeline that receives no WAL for this long (seconds; 0: never)
+    /// makes everything it ingested durable and ends its WAL stream and its
+    /// threads until there is WAL for it or a read waits (`docs/pageserver.md`,
+    /// "Idle timelines").
+    #[serde(default = "default_idle_after", with = "seconds")]
+    pub idle_after: Duration,
+    /// How often the safekeepers' positions are read while a timeline
+    /// idles (seconds).
+    #[serde(default = "default_idle_poll_period", with = "seconds")]
+    pub idle_poll_period: Duration,
     /// How many of `safekeepers`, from the first, are in this pageserver's
     /// own site (`docs/sites.md`): WAL streams from them while one answers
     /// and is not far behind, so it crosses the link between sites once.
@@ -41,14 +57,22 @@ pub struct PageserverConfig {
     /// on loopback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<strata_service::tls::TlsConfig>,
-    /// Where `initdb` of the installed PostgreSQL is (tenant bootstrap).
+    /// Where `initdb` of the installed PostgreSQL 15 is (tenant bootstrap).
     #[serde(default = "default_pg_bin_dir")]
     pub pg_bin_dir: PathBuf,
+    /// Where other majors' programs are, by major; a major not listed is
+    /// looked for in `/usr/lib/postgresql/<major>/bin` (Debian's layout).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub pg_bin_dirs: std::collections::BTreeMap<u32, PathBuf>,
     /// Where the kept output of `initdb` that new tenants are imported from
     /// lives (`pageserver/src/initdb_template.rs`); default
     /// `<data_dir>/initdb-template`. Pageservers of one machine may share one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initdb_template_dir: Option<PathBuf>,
+    /// The most file data one `strata tenant import` may send
+    /// (`docs/import.md`); the import also needs that much free disk.
+    #[serde(default = "default_import_max_bytes")]
+    pub import_max_bytes: u64,
     /// Unprivileged user that runs `initdb` when the pageserver runs as root.
     #[serde(default = "default_pg_user")]
     pub pg_user: String,
@@ -168,6 +192,12 @@ fn default_pg_user() -> String {
 fn default_checkpoint_distance() -> u64 {
     limits::DEFAULT_CHECKPOINT_DISTANCE
 }
+fn default_idle_after() -> Duration {
+    limits::DEFAULT_IDLE_AFTER
+}
+fn default_idle_poll_period() -> Duration {
+    limits::DEFAULT_IDLE_POLL_PERIOD
+}
 fn default_wait_lsn_timeout() -> Duration {
     limits::DEFAULT_WAIT_LSN_TIMEOUT
 }
@@ -177,6 +207,9 @@ fn is_zero(n: &usize) -> bool {
 
 fn default_true() -> bool {
     true
+}
+fn default_import_max_bytes() -> u64 {
+    limits::DEFAULT_IMPORT_MAX_BYTES
 }
 fn default_max_connections() -> usize {
     limits::DEFAULT_MAX_CONNECTIONS
@@ -228,6 +261,15 @@ fn default_max_replica_lag_bytes() -> u64 {
 pub use crate::limits::RESERVED_FILES;
 
 impl PageserverConfig {
+    /// The directory of PostgreSQL `version`'s programs.
+    pub fn bin_dir(&self, version: strata_formats::PgVersion) -> PathBuf {
+        match (self.pg_bin_dirs.get(&version.major()), version) {
+            (Some(dir), _) => dir.clone(),
+            (None, strata_formats::PgVersion::V15) => self.pg_bin_dir.clone(),
+            (None, v) => PathBuf::from(format!("/usr/lib/postgresql/{}/bin", v.major())),
+        }
+    }
+
     /// Reads and checks a TOML config file.
     pub fn load(path: &std::path::Path) -> Result<PageserverConfig, ConfigLoadError> {
         load_toml(path, PageserverConfig::validate)
@@ -238,6 +280,16 @@ impl PageserverConfig {
         let (min, max) = limits::CHECKPOINT_DISTANCE_RANGE;
         check_range("checkpoint_distance", self.checkpoint_distance, min, max)?;
         check_duration("wait_lsn_timeout", self.wait_lsn_timeout)?;
+        if !self.idle_after.is_zero() && self.idle_after < limits::MIN_IDLE_AFTER {
+            return Err(ConfigError {
+                key: "idle_after",
+                message: format!(
+                    "must be 0 (never idle) or at least {:?}: the safekeepers are told what is durable first",
+                    limits::MIN_IDLE_AFTER
+                ),
+            });
+        }
+        check_duration("idle_poll_period", self.idle_poll_period)?;
         check_duration("handshake_timeout", self.handshake_timeout)?;
         let (min, max) = limits::CONNECTIONS_RANGE;
         check_range("max_connections", self.max_connections, min, max)?;
@@ -317,6 +369,13 @@ impl PageserverConfig {
         self.max_connections_per_tenant.unwrap_or_else(|| limits::default_connections_per_tenant(self.max_connections))
     }
 
+    /// How long a timeline receives no WAL before it goes idle; none when
+    /// timelines never do (`idle_after = 0`, or no `safekeepers_http` to
+    /// learn from when to wake them).
+    pub fn idle_after(&self) -> Option<std::time::Duration> {
+        (!self.idle_after.is_zero() && !self.safekeepers_http.is_empty()).then_some(self.idle_after)
+    }
+
     /// When timelines compact and create images.
     pub fn layer_policy(&self) -> crate::timeline::LayerPolicy {
         crate::timeline::LayerPolicy {
@@ -361,6 +420,12 @@ mod tests {
         assert_eq!(c.checkpoint_distance, 64 << 20);
         assert_eq!(c.pg_user, "postgres");
         assert!(c.fsync);
+        assert_eq!(c.idle_after, Duration::from_secs(30));
+        assert_eq!(c.idle_after(), None, "no safekeeper to learn from when to wake");
+        let c2: PageserverConfig =
+            toml::from_str(&format!("{ok}safekeepers_http = [\"127.0.0.1:7676\"]\nidle_after = 2\n")).unwrap();
+        assert_eq!(c2.idle_after(), Some(Duration::from_secs(2)));
+        c2.validate().unwrap();
         let p = c.layer_policy();
         assert_eq!((p.compaction_threshold, p.image_creation_threshold, p.l0_backpressure_threshold), (10, 3, 30));
         assert!(toml::from_str::<PageserverConfig>(&format!("bogus = 1\n{ok}")).is_err());
@@ -379,6 +444,8 @@ mod tests {
             ("image_creation_threshold = 0", "image_creation_threshold"),
             ("l0_backpressure_threshold = 5", "l0_backpressure_threshold"),
             ("compaction_period = 0", "compaction_period"),
+            ("idle_after = 0.5", "idle_after"),
+            ("idle_poll_period = 0", "idle_poll_period"),
             ("local_cache_bytes = 1000000", "local_cache_bytes"),
             ("max_upload_lag_bytes = 10", "max_upload_lag_bytes"),
             ("[remote_storage]\ntype = 'local'\npath = '/tmp/r'", "attachments"),

@@ -1,7 +1,7 @@
 //! Entry point for the fuzz target (`fuzz/`): every decoder of untrusted
 //! bytes in the pageserver — layer files, value groups, stored values, native records,
 //! directory values, checkpoint records, layer file names, timeline metadata and
-//! remote indexes.
+//! remote indexes; and an import's tar stream (`fuzz_import_tar`).
 
 use std::path::Path;
 
@@ -62,4 +62,17 @@ pub fn fuzz_one(data: &[u8]) {
             }
         }
     }
+}
+
+/// Unpacks `data` as an import's tar stream into a scratch directory
+/// (removed after); never panics, never writes outside it.
+pub fn fuzz_import_tar(data: &[u8]) {
+    let scratch = std::env::temp_dir().join(format!("strata-fuzz-import-{}", std::process::id()));
+    let dest = scratch.join("d");
+    let _ = std::fs::remove_dir_all(&scratch);
+    if std::fs::create_dir_all(&scratch).is_err() {
+        return;
+    }
+    let _ = crate::import_upload::unpack(data, &dest, 1 << 20);
+    let _ = std::fs::remove_dir_all(&scratch);
 }

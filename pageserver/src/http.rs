@@ -15,7 +15,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
-use strata_formats::Lsn;
+use strata_formats::{Lsn, PgVersion};
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::http::{guard, HttpAuth, Need};
 
@@ -52,6 +52,10 @@ fn create_status(e: &CreateError) -> StatusCode {
         CreateError::Exists(..) => StatusCode::CONFLICT,
         // The control plane must attach the tenant here first.
         CreateError::NotAttached { .. } => StatusCode::PRECONDITION_FAILED,
+        // What was sent cannot become a tenant (an import's data directory).
+        CreateError::Import { source, .. } if matches!(**source, crate::import::ImportError::Invalid { .. }) => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
         CreateError::Import { .. } | CreateError::Storage { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         // Out of threads: retrying later may work.
         CreateError::Receiver { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -64,6 +68,7 @@ pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
     let management = Router::new()
         .route("/v1/tenant", post(create_tenant))
         .route("/v1/tenant/{tenant}", delete(delete_tenant))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/import", put(import_tenant))
         .route("/v1/tenant/{tenant}/timeline", post(create_branch))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", delete(delete_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
@@ -180,14 +185,98 @@ async fn create_tenant(
         Ok(Json(b)) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
+    let major = req.pg_version.unwrap_or(15);
+    let version = match PgVersion::from_major(major) {
+        Some(v) if v != PgVersion::V16 => v,
+        _ => {
+            let message = format!(
+                "PostgreSQL {major} is not a major a tenant can have (15, 17 and 18; docs/postgres-versions.md)"
+            );
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    };
     let tenant = req.tenant_id.unwrap_or_else(TenantId::generate);
     let timeline = req.timeline_id.unwrap_or_else(TimelineId::generate);
     let t2 = tenants.clone();
-    match tokio::task::spawn_blocking(move || t2.bootstrap(tenant, timeline)).await {
+    match tokio::task::spawn_blocking(move || t2.bootstrap(tenant, timeline, version)).await {
         Ok(Ok(entry)) => (StatusCode::CREATED, Json(entry.status())).into_response(),
         Ok(Err(e)) => error(create_status(&e), e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("bootstrap task failed: {e}")),
     }
+}
+
+/// `PUT /v1/tenant/{tenant}/timeline/{timeline}/import`: a new tenant
+/// whose first timeline is the cleanly shut-down data directory sent as a
+/// tar stream (`docs/import.md`). The stream is unpacked as it arrives
+/// into a directory of its own under `<data_dir>/imports/`, imported, and
+/// removed.
+async fn import_tenant(
+    State(tenants): State<Arc<Tenants>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Body,
+) -> Response {
+    use crate::import_upload::{unpack, ChunkReader};
+    use crate::limits::IMPORT_IDLE_TIMEOUT;
+    let (tenant, timeline): (TenantId, TimelineId) = match (tenant.parse(), timeline.parse()) {
+        (Ok(t), Ok(l)) => (t, l),
+        (Err(e), _) | (_, Err(e)) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
+    };
+    if tenants.exists(tenant, timeline) {
+        return error(StatusCode::CONFLICT, CreateError::Exists(tenant, timeline).to_string());
+    }
+    let Ok(_permit) = tenants.importing.clone().try_acquire_owned() else {
+        let message = format!("{} imports are receiving already; try again later", crate::limits::IMPORTS_AT_ONCE);
+        return error(StatusCode::SERVICE_UNAVAILABLE, message);
+    };
+    let imports = tenants.conf.data_dir.join("imports");
+    let dest = imports.join(format!("{tenant}-{timeline}"));
+    // Left by an import this process did not finish (it crashed).
+    if dest.exists() {
+        if let Err(e) = std::fs::remove_dir_all(&dest) {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{}: {e}", dest.display()));
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(&imports) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{}: {e}", imports.display()));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let max = tenants.conf.import_max_bytes;
+    let to = dest.clone();
+    let unpacking = tokio::task::spawn_blocking(move || unpack(ChunkReader::new(rx), &to, max));
+    let mut stream = body.into_data_stream();
+    loop {
+        let next = std::future::poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut stream), cx));
+        let item = match strata_service::clock::timeout(&*tenants.resources.clock, IMPORT_IDLE_TIMEOUT, next).await {
+            Err(_) => Err(format!("no data for {IMPORT_IDLE_TIMEOUT:?}")),
+            Ok(None) => break,
+            Ok(Some(Ok(chunk))) => Ok(chunk),
+            Ok(Some(Err(e))) => Err(format!("receiving the data directory: {e}")),
+        };
+        let failed = item.is_err();
+        // The unpacker stopped (it failed, and says why below).
+        if tx.send(item).await.is_err() || failed {
+            break;
+        }
+    }
+    drop(tx);
+    let result = match unpacking.await {
+        Ok(Ok(unpacked)) => {
+            tracing::info!(%tenant, %timeline, files = unpacked.files, bytes = unpacked.bytes, "received a data directory to import");
+            let (t2, d2) = (tenants.clone(), dest.clone());
+            match tokio::task::spawn_blocking(move || t2.import(tenant, timeline, &d2)).await {
+                Ok(Ok(entry)) => (StatusCode::CREATED, Json(entry.status())).into_response(),
+                Ok(Err(e)) => error(create_status(&e), e.to_string()),
+                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("import task failed: {e}")),
+            }
+        }
+        Ok(Err(e)) => error(StatusCode::UNPROCESSABLE_ENTITY, format!("import of {tenant}/{timeline}: {e}")),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("unpacking task failed: {e}")),
+    };
+    let gone = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dest).map_err(|e| (dest, e))).await;
+    if let Ok(Err((dest, e))) = gone {
+        tracing::warn!("removing {}: {e}", dest.display());
+    }
+    result
 }
 
 use crate::limits::BRANCH_LSN_WAIT;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, Oid, RelFileNode};
 use strata_formats::v15::control::ControlFile;
-use strata_formats::version::BLCKSZ;
+use strata_formats::version::{PgVersion, BLCKSZ};
 use strata_formats::wal::segment::{list_segments, SegmentReader};
 use strata_formats::Lsn;
 use strata_protocol::pageserver::SlruKind;
@@ -104,7 +104,7 @@ pub fn import_datadir(
         timeline_id,
         ancestor_timeline_id: None,
         ancestor_lsn: None,
-        pg_version: 15,
+        pg_version: control.pg_version().major(),
         system_id: control.system_identifier,
         wal_segment_size: control.wal_segment_size,
         start_lsn: end_lsn,
@@ -229,6 +229,59 @@ pub fn import_datadir(
             checkpoint_lsn: control.checkpoint,
         },
     ))
+}
+
+/// Checks that `pgdata` is a data directory a tenant can be made of: a
+/// `pg_control` of a major a tenant can have, left by a clean shutdown of a
+/// primary (so that no WAL is needed to make its files consistent), of
+/// PostgreSQL's page and WAL block size, and without tablespaces. Returns
+/// its major.
+pub fn check_importable(pgdata: &Path) -> Result<PgVersion, ImportError> {
+    use strata_formats::v15::control::DbState;
+    let control_path = pgdata.join("global/pg_control");
+    let bytes = std::fs::read(&control_path).map_err(|e| io(&control_path, e))?;
+    let control = ControlFile::decode(&bytes).map_err(|e| invalid(&control_path, e.to_string()))?;
+    let version = control.pg_version();
+    if version == PgVersion::V16 {
+        return Err(invalid(
+            &control_path,
+            "PostgreSQL 16 is not a major a tenant can have (docs/postgres-versions.md)".into(),
+        ));
+    }
+    match control.state {
+        DbState::Shutdowned => {}
+        DbState::ShutdownedInRecovery => {
+            return Err(invalid(
+                &control_path,
+                "a standby's data directory (shut down in recovery): promote it, or start it once without \
+                 standby.signal, and shut it down cleanly"
+                    .into(),
+            ))
+        }
+        other => {
+            return Err(invalid(
+                &control_path,
+                format!("not shut down cleanly (state {other:?}): start PostgreSQL on it and stop it with pg_ctl stop"),
+            ))
+        }
+    }
+    if control.block_size as usize != BLCKSZ || control.wal_block_size as usize != BLCKSZ {
+        return Err(invalid(
+            &control_path,
+            format!(
+                "block size {} and WAL block size {}: only {BLCKSZ} is served",
+                control.block_size, control.wal_block_size
+            ),
+        ));
+    }
+    let tablespaces = pgdata.join("pg_tblspc");
+    if let Ok(mut entries) = std::fs::read_dir(&tablespaces) {
+        if let Some(entry) = entries.next() {
+            let name = entry.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default();
+            return Err(invalid(&tablespaces, format!("tablespace {name}: tablespaces are not imported")));
+        }
+    }
+    Ok(version)
 }
 
 /// A new tenant's `pg_control`: the template's with a system identifier and

@@ -219,7 +219,7 @@ impl WalIngest {
             return Err(IngestError {
                 lsn: rec.lsn,
                 rmgr: rmgr::name(rec.rmgr()).into_owned(),
-                kind: identify::identify(rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN").to_string(),
+                kind: identify::identify(rec.version, rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN").to_string(),
                 reason: Box::new(reason),
             });
         }
@@ -313,6 +313,16 @@ impl WalIngest {
                         .push((c.heap_block, c.bits));
                 }
                 for ((rel, vm_block), list) in per_page {
+                    // From 18.6 the record references the VM page it clears
+                    // bits on: that block reference (an image, or native
+                    // redo of the record) is its change, not a derived one.
+                    let referenced = rec
+                        .blocks
+                        .iter()
+                        .any(|b| b.rel == rel && b.fork == ForkNumber::VisibilityMap && b.block == vm_block);
+                    if referenced {
+                        continue;
+                    }
                     let tag = RelTag { rel, fork: ForkNumber::VisibilityMap };
                     // Bits can only be set on a VM page that exists; clearing
                     // beyond the fork changes nothing.
@@ -556,7 +566,7 @@ impl WalIngest {
             return Ok(());
         }
         let before = self.page_before(key)?;
-        let kind = identify::identify(rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN");
+        let kind = identify::identify(rec.version, rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN");
         let outcome = match strata_redo::verify::check_block(rec, block.id, &before, image) {
             Ok((_, None)) => None,
             Ok((_, Some(m))) => Some(m.to_string()),

@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
+use strata_formats::PgVersion;
 use tracing::{info, warn};
 
 use crate::config::PageserverConfig;
@@ -53,12 +54,13 @@ impl InitdbTemplates {
         &self.root
     }
 
-    /// The data directory of the template for `conf`'s install, built first
-    /// if there is none yet.
+    /// The data directory of the template for `conf`'s install of
+    /// PostgreSQL `version`, built first if there is none yet.
     /// `now` is the wall-clock time (the age of abandoned builds).
-    pub fn pgdata(&self, conf: &PageserverConfig, now: SystemTime) -> Result<PathBuf, ImportError> {
-        let descriptor = describe(conf)?;
-        let dir = self.root.join(format!("pg-{:08x}", crc32c::crc32c(descriptor.as_bytes())));
+    pub fn pgdata(&self, conf: &PageserverConfig, version: PgVersion, now: SystemTime) -> Result<PathBuf, ImportError> {
+        let bin_dir = conf.bin_dir(version);
+        let descriptor = describe(&bin_dir)?;
+        let dir = self.root.join(format!("{}{:08x}", family(version), crc32c::crc32c(descriptor.as_bytes())));
         if matches_descriptor(&dir, &descriptor) {
             return Ok(dir.join(PGDATA));
         }
@@ -66,19 +68,19 @@ impl InitdbTemplates {
         if matches_descriptor(&dir, &descriptor) {
             return Ok(dir.join(PGDATA));
         }
-        self.build(conf, &dir, &descriptor)?;
-        self.prune(&dir, now);
+        self.build(conf, &bin_dir, &dir, &descriptor)?;
+        self.prune(&dir, version, now);
         Ok(dir.join(PGDATA))
     }
 
     /// Runs `initdb` in a directory of its own and renames it to `dir`.
-    fn build(&self, conf: &PageserverConfig, dir: &Path, descriptor: &str) -> Result<(), ImportError> {
+    fn build(&self, conf: &PageserverConfig, bin_dir: &Path, dir: &Path, descriptor: &str) -> Result<(), ImportError> {
         create_root(&self.root)?;
         let tmp = self.root.join(format!("tmp-{}-{:016x}", std::process::id(), random_u64()));
         let result = (|| {
             std::fs::create_dir(&tmp).map_err(|e| io(&tmp, e))?;
             traversable(&tmp)?;
-            run_initdb(conf, &tmp.join(PGDATA))?;
+            run_initdb(conf, bin_dir, &tmp.join(PGDATA))?;
             if conf.fsync {
                 // Once renamed, the template is trusted as it is: its files
                 // must be on disk first.
@@ -105,9 +107,11 @@ impl InitdbTemplates {
         result
     }
 
-    /// Keeps the newest templates (older installs) and removes unfinished
+    /// Keeps the newest templates of `version` (older installs of the same
+    /// major go; other majors' are left alone) and removes unfinished
     /// builds old enough that no live build owns them.
-    fn prune(&self, keep: &Path, now: SystemTime) {
+    fn prune(&self, keep: &Path, version: PgVersion, now: SystemTime) {
+        let family = family(version);
         let Ok(entries) = std::fs::read_dir(&self.root) else { return };
         let mut templates = Vec::new();
         for entry in entries.flatten() {
@@ -120,7 +124,7 @@ impl InitdbTemplates {
                 if old {
                     remove(&path);
                 }
-            } else if name.starts_with("pg-") && path != keep {
+            } else if (name.starts_with(&family) || name.starts_with(LEGACY_FAMILY)) && path != keep {
                 templates.push((modified, path));
             }
         }
@@ -132,14 +136,24 @@ impl InitdbTemplates {
     }
 }
 
-/// Runs `initdb` into `dir` as the configured unprivileged user when
-/// running as root.
-fn run_initdb(conf: &PageserverConfig, dir: &Path) -> Result<(), ImportError> {
+/// The name prefix of one major's templates (`pg15-`, `pg18-`): a
+/// directory shared by pageservers of several majors keeps each one's.
+fn family(version: PgVersion) -> String {
+    format!("pg{}-", version.major())
+}
+
+/// The prefix templates had before they were named by major (pruned with
+/// any major's).
+const LEGACY_FAMILY: &str = "pg-";
+
+/// Runs `initdb` of `bin_dir` into `dir` as the configured unprivileged
+/// user when running as root.
+fn run_initdb(conf: &PageserverConfig, bin_dir: &Path, dir: &Path) -> Result<(), ImportError> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
     }
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let initdb = conf.pg_bin_dir.join("initdb");
+    let initdb = bin_dir.join("initdb");
     let mut cmd = Command::new(&initdb);
     cmd.arg("-D").arg(dir).args(INITDB_OPTIONS);
     user::run_as(&mut cmd, dir, &conf.pg_user)?;
@@ -156,10 +170,10 @@ fn run_initdb(conf: &PageserverConfig, dir: &Path) -> Result<(), ImportError> {
 
 /// What makes one template differ from another: the programs that write it
 /// (path, size, modification time) and the options.
-fn describe(conf: &PageserverConfig) -> Result<String, ImportError> {
+fn describe(bin_dir: &Path) -> Result<String, ImportError> {
     let mut out = String::from("strata initdb template 1\n");
     for program in ["initdb", "postgres"] {
-        let path = conf.pg_bin_dir.join(program);
+        let path = bin_dir.join(program);
         let meta = std::fs::metadata(&path).map_err(|e| io(&path, e))?;
         let mtime = meta.modified().ok().and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok());
         let mtime = mtime.map(|d| d.as_nanos()).unwrap_or(0);
@@ -260,11 +274,20 @@ mod tests {
         };
         let made = INITDB_TEMPLATES_KEPT + 2;
         for i in 0..made {
-            let dir = root.join(format!("pg-{i:08x}"));
+            let dir = root.join(format!("pg15-{i:08x}"));
             std::fs::create_dir_all(dir.join(PGDATA)).unwrap();
             // Oldest first.
             at(&dir, 1000 - i as u64);
         }
+        // Another major's template, older than all: not 15's to prune.
+        let other = root.join("pg18-00000000");
+        std::fs::create_dir_all(other.join(PGDATA)).unwrap();
+        at(&other, 5000);
+        // A template named before names carried the major: pruned as 15's
+        // oldest.
+        let legacy = root.join("pg-00000000");
+        std::fs::create_dir_all(legacy.join(PGDATA)).unwrap();
+        at(&legacy, 4000);
         let young_tmp = root.join("tmp-1-0");
         let old_tmp = root.join("tmp-2-0");
         std::fs::create_dir(&young_tmp).unwrap();
@@ -272,12 +295,12 @@ mod tests {
         at(&young_tmp, 1);
         at(&old_tmp, INITDB_TEMPLATE_TMP_AGE.as_secs() + 1);
         // The oldest is the one in use: it stays whatever its age.
-        templates.prune(&root.join("pg-00000000"), now);
+        templates.prune(&root.join("pg15-00000000"), PgVersion::V15, now);
         let mut left: Vec<String> =
             std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         left.sort();
-        let mut want = vec!["pg-00000000".to_string(), "tmp-1-0".to_string()];
-        want.extend((made - (INITDB_TEMPLATES_KEPT - 1)..made).map(|i| format!("pg-{i:08x}")));
+        let mut want = vec!["pg15-00000000".to_string(), "pg18-00000000".to_string(), "tmp-1-0".to_string()];
+        want.extend((made - (INITDB_TEMPLATES_KEPT - 1)..made).map(|i| format!("pg15-{i:08x}")));
         want.sort();
         assert_eq!(left, want);
         std::fs::remove_dir_all(&root).unwrap();
@@ -307,10 +330,10 @@ mod tests {
     fn another_install_has_another_descriptor() {
         let dir = tempdir();
         let conf = fake_install(&dir);
-        let before = describe(&conf).unwrap();
-        assert_eq!(describe(&conf).unwrap(), before);
+        let before = describe(&conf.pg_bin_dir).unwrap();
+        assert_eq!(describe(&conf.pg_bin_dir).unwrap(), before);
         std::fs::write(conf.pg_bin_dir.join("postgres"), "an upgraded postgres").unwrap();
-        assert_ne!(describe(&conf).unwrap(), before);
+        assert_ne!(describe(&conf.pg_bin_dir).unwrap(), before);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -322,8 +345,9 @@ mod tests {
         // Real time: the builds' directories are as old as they really are.
         let now = strata_service::clock::Clock::system_now(&strata_service::clock::SystemClock);
         let made: Vec<PathBuf> = std::thread::scope(|s| {
-            let builds: Vec<_> =
-                (0..3).map(|_| s.spawn(|| InitdbTemplates::new(root.clone()).pgdata(&conf, now).unwrap())).collect();
+            let builds: Vec<_> = (0..3)
+                .map(|_| s.spawn(|| InitdbTemplates::new(root.clone()).pgdata(&conf, PgVersion::V15, now).unwrap()))
+                .collect();
             builds.into_iter().map(|b| b.join().unwrap()).collect()
         });
         assert!(made.iter().all(|p| p == &made[0]), "{made:?}");
@@ -331,7 +355,7 @@ mod tests {
         let left: Vec<String> =
             std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(left.len(), 1, "{left:?}");
-        assert!(left[0].starts_with("pg-"), "{left:?}");
+        assert!(left[0].starts_with("pg15-"), "{left:?}");
         // initdb's user reaches the data directory whatever the umask; no
         // other user lists the directories on the way.
         for d in [root.clone(), root.join(&left[0])] {
@@ -341,7 +365,7 @@ mod tests {
         // Found again without running initdb.
         std::fs::remove_file(conf.pg_bin_dir.join("initdb")).unwrap();
         std::fs::write(conf.pg_bin_dir.join("initdb"), "").unwrap();
-        let again = InitdbTemplates::new(root.clone()).pgdata(&conf, now);
+        let again = InitdbTemplates::new(root.clone()).pgdata(&conf, PgVersion::V15, now);
         // The install changed (initdb is another file now): a new build is
         // attempted, and fails, leaving the old template and nothing else.
         assert!(again.is_err());

@@ -10,8 +10,11 @@ pub mod config;
 pub mod dirs;
 pub mod eviction;
 pub mod fuzz;
+pub mod heap_trim;
 pub mod http;
+pub mod idle;
 pub mod import;
+pub mod import_upload;
 pub mod ingest;
 pub mod initdb_template;
 pub mod key;
@@ -28,6 +31,7 @@ pub mod timeline;
 pub mod user;
 pub mod value;
 pub mod walreceiver;
+pub mod watcher;
 
 use std::sync::Arc;
 
@@ -37,6 +41,30 @@ use strata_service::{Limits, Listener};
 /// Why the pageserver could not start (every service's start-up error;
 /// its own steps are `Service` errors).
 pub type StartError = ServiceStartError;
+
+/// Object storage, when the config names it (with its attachment file).
+fn start_remote(
+    config: &config::PageserverConfig,
+    metrics: &Arc<metrics::Metrics>,
+    clock: &Arc<dyn clock::Clock>,
+) -> Result<Option<Arc<remote::Remote>>, StartError> {
+    let (Some(cfg), Some(attachments)) = (&config.remote_storage, &config.attachments) else {
+        return Ok(None);
+    };
+    let storage = remote::open_storage(cfg, config.storage_key.as_deref())
+        .map_err(|e| StartError::service("remote storage", e))?;
+    remote::Remote::start(
+        storage,
+        attachments.clone(),
+        config.controller,
+        config.max_upload_lag_bytes,
+        config.fsync,
+        metrics.clone(),
+        clock.clone(),
+    )
+    .map(Some)
+    .map_err(|e| StartError::service("remote storage", e))
+}
 
 /// Runs the pageserver until SIGTERM/SIGINT.
 pub async fn run(config: config::PageserverConfig) -> Result<(), StartError> {
@@ -91,26 +119,15 @@ pub async fn serve_with_clock(
     let page = Listener::new("page", page, limits(config.max_connections), page_service::refusal, &listener_metrics)
         .with_tls(security.server_tls.clone());
     let http = http_listener(http, config.max_http_connections, config.handshake_timeout, &listener_metrics, &security);
-    let remote = match (&config.remote_storage, &config.attachments) {
-        (Some(cfg), Some(attachments)) => Some(
-            remote::Remote::start(
-                remote::open_storage(cfg, config.storage_key.as_deref())
-                    .map_err(|e| StartError::service("remote storage", e))?,
-                attachments.clone(),
-                config.controller,
-                config.max_upload_lag_bytes,
-                config.fsync,
-                metrics.clone(),
-                clock.clone(),
-            )
-            .map_err(|e| StartError::service("remote storage", e))?,
-        ),
-        _ => None,
-    };
+    let remote = start_remote(&config, &metrics, &clock)?;
     let verifier = security.verifier.clone();
     let auth = security.http_auth(metrics.refusal_metrics());
     // The token this pageserver shows the safekeepers when it streams WAL.
     let token = security.token.clone();
+    // Wakes idle timelines, asking the safekeepers with the same trust and token.
+    let watcher = config.idle_after().map(|_| {
+        watcher::Watcher::new(&config.safekeepers_http, client_tls.as_ref(), token.clone(), config.idle_poll_period)
+    });
     let conf = Arc::new(config);
     let tenants = tokio::task::spawn_blocking({
         let conf = conf.clone();
@@ -125,6 +142,9 @@ pub async fn serve_with_clock(
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(page_service::serve(page, tenants.clone(), verifier));
     tasks.spawn(serve_http(http, http::router(tenants.clone(), auth.as_ref())));
+    if let Some(w) = watcher {
+        tasks.spawn(w.run(tenants.clone()));
+    }
     tasks.spawn({
         let (tenants, clock) = (tenants.clone(), clock.clone());
         async move {

@@ -51,6 +51,18 @@ pub const BROKEN_RECEIVER_POLL: Duration = Duration::from_millis(500);
 /// How often the flusher of a timeline looks for frozen layers.
 pub const FLUSH_POLL: Duration = Duration::from_millis(100);
 
+// Idle timelines (`idle.rs`, `watcher.rs`).
+
+/// Longest one read of a safekeeper's positions may take (connect and answer).
+pub const POSITIONS_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest answer of positions accepted (some 300 bytes per timeline: about
+/// 200,000 timelines).
+pub const POSITIONS_MAX_ANSWER: u64 = 64 << 20;
+/// Shortest time between two returns of the allocator's free memory to
+/// the system after timelines went idle (`heap_trim.rs`): one walk of
+/// every arena serves all that went idle meanwhile.
+pub const HEAP_TRIM_MIN_INTERVAL: Duration = Duration::from_secs(5);
+
 // Ingest (`ingest.rs`) and in-memory layers (`timeline.rs`).
 
 /// An in-memory layer older than this is frozen even if small, so that
@@ -79,6 +91,12 @@ pub const MAX_TRACKED_CHAINS: usize = 100_000;
 pub const MAX_PENDING_VERSIONS: usize = 4096;
 /// Versions committed per batch while importing (bounds memory).
 pub const IMPORT_BATCH: usize = 1024;
+/// Default of `import_max_bytes`: the file data one import may send.
+pub const DEFAULT_IMPORT_MAX_BYTES: u64 = 1 << 40;
+/// Imports receiving at once (each holds a copy of a database on disk).
+pub const IMPORTS_AT_ONCE: usize = 2;
+/// The longest wait for the next bytes of an import's upload.
+pub const IMPORT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 // Reads (`rebuilt_pages.rs`, `layer/layer_file`).
 
@@ -179,6 +197,12 @@ pub const DEFAULT_CHECKPOINT_DISTANCE: u64 = 64 << 20;
 pub const CHECKPOINT_DISTANCE_RANGE: (u64, u64) = (1 << 20, 1 << 30);
 /// Longest a request waits for WAL up to its LSN to be ingested.
 pub const DEFAULT_WAIT_LSN_TIMEOUT: Duration = Duration::from_secs(30);
+/// A timeline that receives no WAL for this long goes idle.
+pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(30);
+/// Shortest accepted `idle_after` (other than 0, never).
+pub const MIN_IDLE_AFTER: Duration = Duration::from_secs(1);
+/// How often the safekeepers' positions are read while a timeline idles.
+pub const DEFAULT_IDLE_POLL_PERIOD: Duration = Duration::from_secs(1);
 /// Most page service connections at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// Most connections on the HTTP listener at once.
@@ -258,6 +282,21 @@ const _: () = assert!(!WAL_MIN_BACKOFF.is_zero() && WAL_MIN_BACKOFF.as_nanos() <
 // A small layer is frozen by age: the receiver looks at its age every poll.
 const _: () = assert!(WAL_POLL.as_nanos() < MAX_LAYER_AGE.as_nanos());
 const _: () = assert!(MAX_FROZEN >= 1);
+// A timeline goes idle only after it told the safekeepers what is durable:
+// feedback goes out within the shortest idle period, and the receiver looks
+// at its idleness every poll.
+const _: () = assert!(WAL_FEEDBACK_INTERVAL.as_nanos() <= MIN_IDLE_AFTER.as_nanos());
+const _: () = assert!(WAL_POLL.as_nanos() < MIN_IDLE_AFTER.as_nanos());
+const _: () = assert!(MIN_IDLE_AFTER.as_nanos() <= DEFAULT_IDLE_AFTER.as_nanos());
+// WAL arriving for an idle timeline is noticed well before a read that
+// waits for it would give up (a read wakes its timeline at once anyway).
+const _: () = assert!(DEFAULT_IDLE_POLL_PERIOD.as_nanos() < DEFAULT_WAIT_LSN_TIMEOUT.as_nanos());
+const _: () = assert!(!DEFAULT_IDLE_POLL_PERIOD.is_zero() && !POSITIONS_TIMEOUT.is_zero());
+// A timeline's memory goes back to the system soon after it idles: well
+// within one more idle period, and no more often than the watcher looks.
+const _: () = assert!(HEAP_TRIM_MIN_INTERVAL.as_nanos() < DEFAULT_IDLE_AFTER.as_nanos());
+const _: () = assert!(HEAP_TRIM_MIN_INTERVAL.as_nanos() >= DEFAULT_IDLE_POLL_PERIOD.as_nanos());
+const _: () = assert!(POSITIONS_MAX_ANSWER <= usize::MAX as u64);
 // A stored chain holds at least one whole page of records: two, so that the
 // image that ends it costs at most half of what it replaces.
 const _: () = assert!(MAX_CHAIN_BYTES == 2 * BLCKSZ);

@@ -32,6 +32,11 @@ strata_service::declare_metrics! {
         walreceiver_connects: Counter => "Connections made to safekeepers",
         wal_segments_from_object_storage: Counter => "WAL segments read from object storage because the safekeepers had removed them",
         timelines_broken: Gauge => "Timelines stopped by an error (see their status)",
+        timelines: Family<TimelineActivity, Gauge> => "Timelines attached here, by state: active (WAL receiver and flusher threads running) or idle (no thread, no WAL stream)",
+        timelines_gone_idle: Counter => "Times a timeline went idle (no WAL for idle_after: its WAL stream and threads ended)",
+        timeline_wakes: Family<WakeReason, Counter> => "Times an idle timeline was woken, by reason (wal: a safekeeper had WAL it lacked; read: a read waited for an LSN)",
+        heap_trims: Counter => "Times the allocator's free memory was returned to the system after timelines went idle",
+        positions_errors: Counter => "Reads of a safekeeper's positions (GET /v1/positions) that failed",
         timeline_reloads: Counter => "Broken timelines re-read from disk",
         redo_records_stored: Counter => "Block changes stored as WAL records for native redo (no image)",
         redo_pages_materialized: Counter => "Pages written as images by ingest to keep redo chains short",
@@ -72,6 +77,34 @@ strata_service::declare_metrics! {
         tenants: Family<TenantMode, Gauge> => "Tenants held here, by location mode (attached, secondary, reader)",
         tenant_local_layer_bytes: Family<TenantLabel, Gauge> => "Bytes of a tenant's layer files on local disk (a secondary's: its warm cache)",
         tenant_remote_layer_bytes: Family<TenantLabel, Gauge> => "Bytes of a tenant's layer files in object storage, as the indexes of its timelines loaded here list them",
+    }
+}
+
+/// Whether a timeline streams WAL: a fixed set, one series each.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimelineActivity {
+    /// `active` or `idle`.
+    pub state: &'static str,
+}
+
+/// Why an idle timeline was woken: a fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WakeReason {
+    /// `wal` or `read`.
+    pub reason: &'static str,
+}
+
+impl Metrics {
+    /// Sets the gauge of timelines by state.
+    pub fn set_timeline_activity(&self, active: usize, idle: usize) {
+        for (state, n) in [("active", active), ("idle", idle)] {
+            self.timelines.get_or_create(&TimelineActivity { state }).set(gauge_value(n as u64));
+        }
+    }
+
+    /// Counts a wake of an idle timeline.
+    pub fn count_wake(&self, reason: &'static str) {
+        self.timeline_wakes.get_or_create(&WakeReason { reason }).inc();
     }
 }
 

@@ -19,9 +19,11 @@ use strata_protocol::{TenantId, TimelineId, Token};
 use strata_service::backoff::Backoff;
 use tracing::{error, info, warn};
 
+mod activity;
 mod heatmaps;
 mod locations;
 mod readers;
+pub use activity::Commits;
 pub use locations::LocationError;
 
 use crate::config::PageserverConfig;
@@ -33,7 +35,7 @@ use strata_service::durable::{replace_file, sync_dir};
 
 use crate::timeline::{StorageError, Timeline, TimelineMetadata, TimelineResources};
 use crate::walreceiver::{ReceiverStatus, SpawnError, WalReceiver, WalSources};
-use strata_formats::Lsn;
+use strata_formats::{Lsn, PgVersion};
 
 /// Suffix of a creation marker (`<timeline>.creating`).
 const CREATING_SUFFIX: &str = ".creating";
@@ -46,11 +48,14 @@ fn local_disk_consistent_lsn(dir: &Path) -> Option<Lsn> {
     (meta.disk_consistent_lsn != Lsn::INVALID).then_some(meta.disk_consistent_lsn)
 }
 
-/// A timeline with its WAL receiver.
+/// A timeline with its WAL receiver (none while it idles).
 pub struct TimelineEntry {
     pub tl: Arc<Timeline>,
     pub receiver: Arc<Mutex<ReceiverStatus>>,
     handle: Mutex<Option<WalReceiver>>,
+    /// Set (under `handle`) once the entry is out of service (deleted,
+    /// detached, replaced, shut down): the watcher never wakes it again.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 /// Why a branch could not be created.
@@ -109,7 +114,15 @@ pub enum DeleteError {
     },
 }
 
-/// Why a tenant could not be bootstrapped.
+/// Where a new tenant's first timeline comes from.
+enum Origin<'a> {
+    /// The kept `initdb` output of this major (a new identity per tenant).
+    Initdb(PgVersion),
+    /// An existing database's data directory, cleanly shut down.
+    Directory(&'a Path),
+}
+
+/// Why a tenant could not be bootstrapped (or imported).
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
     #[error("timeline {0}/{1} already exists")]
@@ -158,6 +171,8 @@ pub struct Tenants {
     pub remote: Option<Arc<Remote>>,
     /// Where every timeline's WAL receiver streams from.
     wal_sources: WalSources,
+    /// Calls the watcher that wakes idle timelines (`watcher.rs`).
+    pub wakeups: Arc<tokio::sync::Notify>,
     /// The generation of each tenant attached here, read at start (and at
     /// bootstrap): the one this pageserver's objects carry.
     generations: Mutex<HashMap<TenantId, u32>>,
@@ -172,12 +187,29 @@ pub struct Tenants {
     readers: Mutex<std::collections::HashSet<TenantId>>,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), Arc<TimelineEntry>>>,
     creating: Mutex<()>,
+    /// Imports receiving their data now (`crate::limits::IMPORTS_AT_ONCE`).
+    pub importing: Arc<tokio::sync::Semaphore>,
     /// The kept `initdb` output new tenants are imported from.
     initdb: crate::initdb_template::InitdbTemplates,
     /// When each broken timeline is re-read next, and its backoff.
     reloads: Mutex<HashMap<(TenantId, TimelineId), (Instant, Backoff)>>,
     /// Held through a metrics scrape (`render_metrics`).
     scrape: Mutex<()>,
+}
+
+/// Where the timelines' WAL receivers stream from, and when they idle.
+fn wal_sources(
+    conf: &PageserverConfig,
+    token: Option<Token>,
+    tls: Option<strata_service::tls::ClientTls>,
+) -> WalSources {
+    WalSources {
+        safekeepers: conf.safekeepers.clone(),
+        site: conf.site_safekeepers,
+        token,
+        tls,
+        idle_after: conf.idle_after(),
+    }
 }
 
 fn marker_path(timeline_dir: &Path) -> PathBuf {
@@ -222,10 +254,10 @@ impl Tenants {
                 .map(|(t, _)| *t)
                 .collect();
         }
-        let wal_sources = WalSources { safekeepers: conf.safekeepers.clone(), site: conf.site_safekeepers, token, tls };
         let tenants = Arc::new(Tenants {
             conf: conf.clone(),
-            wal_sources,
+            wal_sources: wal_sources(&conf, token, tls),
+            wakeups: Arc::new(tokio::sync::Notify::new()),
             metrics: resources.metrics.clone(),
             resources,
             remote,
@@ -235,6 +267,7 @@ impl Tenants {
             readers: Mutex::new(std::collections::HashSet::new()),
             timelines: RwLock::new(BTreeMap::new()),
             creating: Mutex::new(()),
+            importing: Arc::new(tokio::sync::Semaphore::new(crate::limits::IMPORTS_AT_ONCE)),
             initdb: crate::initdb_template::InitdbTemplates::new(
                 conf.initdb_template_dir.clone().unwrap_or_else(|| conf.data_dir.join("initdb-template")),
             ),
@@ -501,11 +534,7 @@ impl Tenants {
 
     fn attach_unloadable(&self, dir: PathBuf, tenant: TenantId, timeline: TimelineId, reason: String) {
         let tl = Timeline::unloadable(dir, tenant, timeline, reason, &self.resources);
-        let entry = Arc::new(TimelineEntry {
-            tl,
-            receiver: Arc::new(Mutex::new(ReceiverStatus::default())),
-            handle: Mutex::new(None),
-        });
+        let entry = Arc::new(TimelineEntry::new(tl, None));
         self.timelines.write().insert((tenant, timeline), entry);
     }
 
@@ -513,24 +542,23 @@ impl Tenants {
         let (tenant, timeline) = (tl.tenant_id, tl.timeline_id);
         // Before its ingest starts: a branch's first reads go to its parent.
         self.link_ancestors(&tl);
-        let receiver = match WalReceiver::spawn(tl.clone(), self.wal_sources.clone()) {
-            Ok(r) => r,
+        if self.wal_sources.idle_after.is_some() {
+            tl.activity.watch(self.wakeups.clone());
+        }
+        let status = Arc::new(Mutex::new(ReceiverStatus::default()));
+        match WalReceiver::spawn(tl.clone(), self.wal_sources.clone(), status) {
+            Ok(receiver) => {
+                let entry = Arc::new(TimelineEntry::new(tl, Some(receiver)));
+                self.timelines.write().insert((tenant, timeline), entry.clone());
+                Ok(entry)
+            }
             Err(source) => {
                 // No threads: the timeline is kept, broken, and retried like a storage failure.
                 tl.set_broken(crate::timeline::BrokenKind::Storage, format!("starting its WAL receiver: {source}"));
-                let entry = Arc::new(TimelineEntry {
-                    tl,
-                    receiver: Arc::new(Mutex::new(ReceiverStatus::default())),
-                    handle: Mutex::new(None),
-                });
-                self.timelines.write().insert((tenant, timeline), entry);
-                return Err(CreateError::Receiver { tenant, timeline, source });
+                self.timelines.write().insert((tenant, timeline), Arc::new(TimelineEntry::new(tl, None)));
+                Err(CreateError::Receiver { tenant, timeline, source })
             }
-        };
-        let entry =
-            Arc::new(TimelineEntry { tl, receiver: receiver.status.clone(), handle: Mutex::new(Some(receiver)) });
-        self.timelines.write().insert((tenant, timeline), entry.clone());
-        Ok(entry)
+        }
     }
 
     /// Links `tl` to its parent and its children to it, whichever was
@@ -658,10 +686,7 @@ impl Tenants {
         if !children.is_empty() {
             return Err(DeleteError::HasBranches { timeline, children });
         }
-        let receiver = entry.handle.lock().take();
-        if let Some(r) = receiver {
-            r.shutdown();
-        }
+        entry.stop_receiver();
         self.timelines.write().remove(&(tenant, timeline));
         let meta = entry.tl.metadata();
         if let Some(r) = entry.tl.remote() {
@@ -710,10 +735,43 @@ impl Tenants {
         self.timelines.read().values().cloned().collect()
     }
 
-    /// Creates a tenant with its first timeline from the kept `initdb`
-    /// output (blocking; a fraction of a second, seconds when `initdb` runs
-    /// first).
-    pub fn bootstrap(&self, tenant: TenantId, timeline: TimelineId) -> Result<Arc<TimelineEntry>, CreateError> {
+    /// Creates a tenant of PostgreSQL `version` with its first timeline from
+    /// the kept `initdb` output of that major (blocking; a fraction of a
+    /// second, seconds when `initdb` runs first).
+    pub fn bootstrap(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        version: PgVersion,
+    ) -> Result<Arc<TimelineEntry>, CreateError> {
+        self.create_from(tenant, timeline, Origin::Initdb(version))
+    }
+
+    /// Creates a tenant whose first timeline is the cleanly shut-down data
+    /// directory `pgdata` (`strata tenant import`, `docs/import.md`): its
+    /// system identifier, WAL position and major are the source's.
+    pub fn import(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        pgdata: &Path,
+    ) -> Result<Arc<TimelineEntry>, CreateError> {
+        self.create_from(tenant, timeline, Origin::Directory(pgdata))
+    }
+
+    /// Whether timeline `timeline` of `tenant` exists here, or is being
+    /// created (so that an import is refused before its data is sent).
+    pub fn exists(&self, tenant: TenantId, timeline: TimelineId) -> bool {
+        let dir = self.timeline_dir(tenant, timeline);
+        self.get(tenant, timeline).is_some() || dir.exists() || marker_path(&dir).exists()
+    }
+
+    fn create_from(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        origin: Origin<'_>,
+    ) -> Result<Arc<TimelineEntry>, CreateError> {
         let _one_at_a_time = self.creating.lock();
         let dir = self.timeline_dir(tenant, timeline);
         let marker = marker_path(&dir);
@@ -748,10 +806,15 @@ impl Tenants {
         let parent = dir.parent().expect("under timelines/").to_path_buf();
         crate::timeline::create_dir_durable(&parent, self.conf.fsync).map_err(storage)?;
         replace_file(&marker, b"", self.conf.fsync).map_err(|e| storage(e.into()))?;
-        let result = self
-            .initdb
-            .pgdata(&self.conf, self.resources.clock.system_now())
-            .and_then(|pgdata| import::import_datadir(&pgdata, dir.clone(), tenant, timeline, &self.resources, true));
+        let result = match origin {
+            Origin::Initdb(version) => {
+                self.initdb.pgdata(&self.conf, version, self.resources.clock.system_now()).and_then(|pgdata| {
+                    import::import_datadir(&pgdata, dir.clone(), tenant, timeline, &self.resources, true)
+                })
+            }
+            Origin::Directory(pgdata) => import::check_importable(pgdata)
+                .and_then(|_| import::import_datadir(pgdata, dir.clone(), tenant, timeline, &self.resources, false)),
+        };
         match result {
             Ok((tl, imported)) => {
                 // Complete: the marker goes, durably, before the timeline is served.
@@ -797,10 +860,7 @@ impl Tenants {
             }
             info!(tenant = %key.0, timeline = %key.1, reason = %broken.reason, "re-reading a broken timeline from disk");
             // The old receiver stops (it flushes nothing: the timeline is broken).
-            let receiver = entry.handle.lock().take();
-            if let Some(r) = receiver {
-                r.shutdown();
-            }
+            entry.stop_receiver();
             // Back in service only once the disk takes a durable write again.
             let remote = entry.tl.remote().cloned();
             let reloaded = Timeline::load_with_remote(entry.tl.dir.clone(), &self.resources, remote).and_then(|tl| {
@@ -834,10 +894,7 @@ impl Tenants {
     /// is not uploaded then is uploaded after the next start).
     pub fn shutdown(&self) {
         for entry in self.all() {
-            let receiver = entry.handle.lock().take();
-            if let Some(r) = receiver {
-                r.shutdown();
-            }
+            entry.stop_receiver();
             if entry.tl.broken_reason().is_none() {
                 if let Err(e) = entry.tl.flush_frozen() {
                     error!(timeline = %entry.tl.timeline_id, "final flush failed: {e}");
@@ -905,6 +962,7 @@ impl TimelineEntry {
             remote,
             remote_consistent_lsn: self.tl.remote_consistent_lsn(),
             state: if broken.is_some() { TimelineState::Broken } else { TimelineState::Active },
+            idle: self.tl.activity.state().is_idle(),
             error: broken.as_ref().map(|b| b.reason.clone()),
             broken,
             verify_redo: self.tl.verify_redo.then(|| self.tl.redo_check.lock().clone()),

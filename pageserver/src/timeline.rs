@@ -16,7 +16,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use strata_formats::types::{BlockNumber, ForkNumber, Oid};
 use strata_formats::v15::control::ControlFile;
 use strata_formats::v15::records::xlog::CheckPoint;
-use strata_formats::version::BLCKSZ;
+use strata_formats::version::{PgVersion, BLCKSZ};
 use strata_formats::Lsn;
 use strata_protocol::pageserver::SlruKind;
 use strata_protocol::{TenantId, TimelineId};
@@ -35,6 +35,7 @@ use strata_service::durable::{replace_file, sync_dir};
 
 use crate::checkpoint_record::CheckpointRecord;
 use crate::dirs;
+use crate::idle::Activity;
 use crate::key::{Key, RelTag};
 use crate::layer::files::FileCache;
 use crate::layer::inmemory::InMemoryLayer;
@@ -162,6 +163,9 @@ pub struct Timeline {
     checkpoint_distance: u64,
     files: Arc<FileCache>,
     meta: Mutex<TimelineMetadata>,
+    /// The PostgreSQL major of its WAL and pages (`meta.pg_version`; 15 for
+    /// a timeline that could not be loaded).
+    pub pg_version: PgVersion,
     layers: RwLock<LayerMap>,
     lsns: tokio::sync::watch::Sender<RecordLsns>,
     broken: Mutex<Option<Broken>>,
@@ -210,6 +214,9 @@ pub struct Timeline {
     /// computes and announces its cutoff under this lock, so a lease is
     /// either seen by GC or refused as below the cutoff.
     leases: Mutex<leases::Leases>,
+    /// Whether its WAL receiver runs or it idles, and the reads waiting
+    /// for WAL (`idle.rs`).
+    pub activity: Activity,
 }
 
 pub use leases::LEASE_TTL;
@@ -295,7 +302,9 @@ impl Timeline {
         let open = Arc::new(InMemoryLayer::new(first));
         let gc_cutoff = meta.gc_cutoff_lsn;
         let ancestor_lsn = meta.ancestor_timeline_id.and(meta.ancestor_lsn);
+        let pg_version = PgVersion::from_major(meta.pg_version).unwrap_or(PgVersion::V15);
         Arc::new(Timeline {
+            pg_version,
             tenant_id: meta.tenant_id,
             timeline_id: meta.timeline_id,
             dir,
@@ -326,6 +335,7 @@ impl Timeline {
             ancestor_lsn,
             ancestor: RwLock::new(None),
             leases: Mutex::new(leases::Leases::default()),
+            activity: Activity::default(),
         })
     }
 
@@ -357,6 +367,9 @@ impl Timeline {
         let meta: TimelineMetadata = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         if meta.format_version != METADATA_VERSION {
             return Err(invalid(format!("format version {} is not {METADATA_VERSION}", meta.format_version)));
+        }
+        if PgVersion::from_major(meta.pg_version).is_none() {
+            return Err(invalid(format!("PostgreSQL {} is not a version this pageserver supports", meta.pg_version)));
         }
         if meta.disk_consistent_lsn == Lsn::INVALID {
             return Err(invalid("nothing was ever made durable (an unfinished creation without its marker)".into()));
@@ -791,6 +804,8 @@ impl Timeline {
             )));
         }
         let mut rx = self.lsns.subscribe();
+        // An idle timeline is woken at once: no WAL streams until then.
+        let _waiting = (rx.borrow().last < lsn).then(|| self.activity.wait_for_wal());
         let waiting = rx.wait_for(|l| l.last >= lsn || self.is_detached());
         let reached = strata_service::clock::timeout(&*self.clock, timeout, waiting).await.is_ok_and(|r| r.is_ok());
         self.check_broken()?;
@@ -817,6 +832,13 @@ impl Timeline {
             map.open.put_batch(batch);
         }
         self.lsns.send_replace(lsns);
+    }
+
+    /// Whether nothing ingested is only in memory: no in-memory layer holds
+    /// a version, and every record ingested is below `disk_consistent_lsn`.
+    pub fn is_all_durable(&self) -> bool {
+        let map = self.layers.read();
+        map.open.is_empty() && map.frozen.is_empty() && self.record_lsns().last == self.disk_consistent_lsn()
     }
 
     /// Whether the open layer should be frozen (large enough, or old enough and not empty).
@@ -1113,7 +1135,7 @@ impl Timeline {
                     Value::Native(r) => r.apply(page).map_err(|e| corrupt(format!("key {key} at {l}: {e}")))?,
                     // Only the oldest version gathered can be a record that initializes the page.
                     Value::Wal(w) if !w.will_init || i == list.len() - 1 => {
-                        w.apply(page).map_err(|e| corrupt(format!("key {key}: {e}")))?
+                        w.apply(self.pg_version, page).map_err(|e| corrupt(format!("key {key}: {e}")))?
                     }
                     _ => return Err(corrupt(format!("key {key}: base version above the oldest at {l}"))),
                 }

@@ -3,7 +3,7 @@
 //! natively when the page is read, or changes to a relation directory.
 
 use bytes::Bytes;
-use strata_formats::version::BLCKSZ;
+use strata_formats::version::{PgVersion, BLCKSZ};
 use strata_formats::wal::record::DecodedRecord;
 use strata_formats::Lsn;
 use strata_redo::{NativeRecord, RedoError};
@@ -75,9 +75,10 @@ pub enum WalRedoError {
 }
 
 impl WalRedo {
-    /// Applies the record to `page`, the version before it.
-    pub fn apply(&self, page: &mut [u8; BLCKSZ]) -> Result<(), WalRedoError> {
-        let rec = DecodedRecord::decode(self.lsn, self.end_lsn, self.record.to_vec())
+    /// Applies the record, written by PostgreSQL `version`, to `page`, the
+    /// version before it.
+    pub fn apply(&self, version: PgVersion, page: &mut [u8; BLCKSZ]) -> Result<(), WalRedoError> {
+        let rec = DecodedRecord::decode(version, self.lsn, self.end_lsn, self.record.to_vec())
             .map_err(|source| WalRedoError::Decode { lsn: self.lsn, source })?;
         strata_redo::redo_block(&rec, self.block_id, page).map_err(|source| WalRedoError::Redo {
             lsn: self.lsn,

@@ -10,8 +10,11 @@
 //! to the safekeepers from the end of each: the decoder carries a record
 //! that runs on into the next segment across the switch.
 //!
-//! One thread per timeline: ingest is CPU-bound, and blocking sockets with
-//! timeouts keep the loop simple.
+//! One thread per timeline while it is active: ingest is CPU-bound, and
+//! blocking sockets with timeouts keep the loop simple. A timeline that
+//! receives no WAL for `idle_after` makes what it ingested durable, reports
+//! it, and ends its stream and both threads (`idle.rs`); the watcher
+//! (`watcher.rs`) starts them again.
 
 use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -20,7 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_formats::version::PgVersion;
 use strata_formats::wal::reader::{StartPosition, WalDecodeError, WalDecoder};
 use strata_formats::Lsn;
 use strata_protocol::framed::{FrameError, FrameReader};
@@ -33,6 +35,7 @@ use strata_service::panic_message;
 use strata_service::tls::{BlockingStream, ClientTls};
 use tracing::{info, warn};
 
+use crate::idle::{next_step, Quiet, Step};
 use crate::ingest::{IngestError, WalIngest};
 use crate::timeline::{BrokenKind, Timeline};
 
@@ -71,6 +74,9 @@ pub struct WalSources {
     pub site: usize,
     pub token: Option<Token>,
     pub tls: Option<ClientTls>,
+    /// A timeline that receives no WAL for this long goes idle (`idle.rs`);
+    /// none: it streams as long as it is attached (no watcher would wake it).
+    pub idle_after: Option<Duration>,
 }
 
 /// Handle to a running receiver.
@@ -81,10 +87,15 @@ pub struct WalReceiver {
 }
 
 impl WalReceiver {
-    /// Starts the receiver and the flusher of `tl`. A panic in either
-    /// breaks this timeline only (its memory is re-read from disk later).
-    pub fn spawn(tl: Arc<Timeline>, sources: WalSources) -> Result<WalReceiver, SpawnError> {
-        let status = Arc::new(Mutex::new(ReceiverStatus::default()));
+    /// Starts the receiver and the flusher of `tl`, which report in
+    /// `status` (kept across the idle periods of the timeline). A panic in
+    /// either breaks this timeline only (its memory is re-read from disk
+    /// later).
+    pub fn spawn(
+        tl: Arc<Timeline>,
+        sources: WalSources,
+        status: Arc<Mutex<ReceiverStatus>>,
+    ) -> Result<WalReceiver, SpawnError> {
         let stop = Arc::new(AtomicBool::new(false));
         let receiver = {
             let (tl2, status, stop) = (tl.clone(), status.clone(), stop.clone());
@@ -160,6 +171,9 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
     // A safekeeper found lagging behind another: not chosen again while
     // another answers (an own-site preference would otherwise return to it).
     let mut lagging: Option<String> = None;
+    // When WAL last arrived (or the receiver started): what idling counts from.
+    let mut last_wal = clock.now();
+    let mut leaving = false;
     while !stop.load(Ordering::SeqCst) {
         if tl.broken_reason().is_some() {
             clock.sleep_blocking(BROKEN_RECEIVER_POLL);
@@ -181,13 +195,16 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
                 info!(timeline = %tl.timeline_id, safekeeper = %addr, %start, %commit, "streaming WAL");
                 backoff = MIN_BACKOFF;
                 status.lock().last_error = None;
-                stream_wal(&tl, ingest, carried.take(), stream, &addr, &sources, &status, &stop)
+                let link = Link { addr: &addr, sources: &sources, status: &status, stop: &stop };
+                stream_wal(&tl, ingest, carried.take(), stream, &link, &mut last_wal)
             }
             Err(StreamError::Connection(LinkError::NoSource { start, failures }))
                 if failures.iter().any(|(_, e)| matches!(e, LinkError::WalRemoved(_))) =>
             {
-                read_offloaded(&tl, ingest, &mut carried, &status, start).inspect(|()| {
+                read_offloaded(&tl, ingest, &mut carried, &status, start).map(|()| {
                     backoff = MIN_BACKOFF;
+                    last_wal = clock.now();
+                    Ended::Stopped
                 })
             }
             Err(e) => Err(e),
@@ -197,44 +214,91 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
             carried = None;
         }
         match result {
-            Ok(()) => {}
-            // The tenant left this pageserver while a record was ingested: nothing is wrong with it.
-            Err(StreamError::Ingest(_)) if tl.is_detached() => {
-                info!(timeline = %tl.timeline_id, "the tenant left this pageserver; ingest stopped");
-            }
-            Err(e @ (StreamError::Ingest(_) | StreamError::Decode(_))) => {
-                tl.set_broken(BrokenKind::Ingest, e.to_string());
-            }
-            Err(StreamError::Broken(reason)) => {
-                info!(timeline = %tl.timeline_id, %reason, "the timeline is broken; stopped streaming WAL");
-                let mut s = status.lock();
-                s.safekeeper = None;
-                s.last_error = Some(format!("not streaming: the timeline is broken: {reason}"));
-            }
-            Err(StreamError::Connection(e)) => {
-                warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
-                match &e {
-                    // Passed over until an own-site one is found caught up.
-                    LinkError::Behind { current, .. } => lagging = Some(current.clone()),
-                    LinkError::SiteCaughtUp(_) => lagging = None,
-                    _ => {}
+            Ok(Ended::Stopped) => {}
+            Ok(Ended::Idle(received)) => {
+                if tl.activity.try_leave(received) {
+                    info!(timeline = %tl.timeline_id, %received, "idle: WAL stream and threads end until there is WAL or a read");
+                    status.lock().safekeeper = None;
+                    tl.metrics.timelines_gone_idle.inc();
+                    // The flusher ends too (nothing is left to flush).
+                    stop.store(true, Ordering::SeqCst);
+                    leaving = true;
                 }
-                let mut s = status.lock();
-                s.last_error = Some(e.to_string());
-                s.safekeeper = None;
-                drop(s);
-                clock.sleep_blocking(backoff);
-                backoff = next_backoff(backoff);
+            }
+            Err(e) => {
+                let wait = stream_failed(&tl, e, &status, &mut lagging);
+                if wait {
+                    clock.sleep_blocking(backoff);
+                    backoff = next_backoff(backoff);
+                }
             }
         }
     }
     // Freeze what was ingested so the flusher makes it durable before exit.
     tl.freeze();
+    if leaving {
+        tl.activity.left();
+    }
+}
+
+/// Records why a stream ended in an error; true if the receiver waits
+/// (backs off) before it connects again.
+fn stream_failed(tl: &Timeline, e: StreamError, status: &Mutex<ReceiverStatus>, lagging: &mut Option<String>) -> bool {
+    match e {
+        // The tenant left this pageserver while a record was ingested: nothing is wrong with it.
+        StreamError::Ingest(_) if tl.is_detached() => {
+            info!(timeline = %tl.timeline_id, "the tenant left this pageserver; ingest stopped");
+            false
+        }
+        e @ (StreamError::Ingest(_) | StreamError::Decode(_)) => {
+            tl.set_broken(BrokenKind::Ingest, e.to_string());
+            false
+        }
+        StreamError::Broken(reason) => {
+            info!(timeline = %tl.timeline_id, %reason, "the timeline is broken; stopped streaming WAL");
+            let mut s = status.lock();
+            s.safekeeper = None;
+            s.last_error = Some(format!("not streaming: the timeline is broken: {reason}"));
+            false
+        }
+        StreamError::Connection(e) => {
+            warn!(timeline = %tl.timeline_id, "WAL stream: {e}");
+            match &e {
+                // Passed over until an own-site one is found caught up.
+                LinkError::Behind { current, .. } => *lagging = Some(current.clone()),
+                LinkError::SiteCaughtUp(_) => *lagging = None,
+                _ => {}
+            }
+            let mut s = status.lock();
+            s.last_error = Some(e.to_string());
+            s.safekeeper = None;
+            true
+        }
+    }
 }
 
 /// The wait before the next reconnection, after one of `backoff` failed.
 fn next_backoff(backoff: Duration) -> Duration {
     (backoff * 2).min(MAX_BACKOFF)
+}
+
+/// How a stream ended without an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// The receiver was told to stop, or the stream ended (connect again).
+    Stopped,
+    /// The timeline may go idle: it received WAL up to this LSN, all of it
+    /// durable and reported.
+    Idle(Lsn),
+}
+
+/// The stream a receiver reads: the safekeeper's address, every
+/// safekeeper, the status it reports in and its stop flag.
+struct Link<'a> {
+    addr: &'a str,
+    sources: &'a WalSources,
+    status: &'a Mutex<ReceiverStatus>,
+    stop: &'a AtomicBool,
 }
 
 /// Why streaming stopped.
@@ -408,7 +472,7 @@ fn new_decoder(tl: &Timeline) -> WalDecoder {
     let meta = tl.metadata();
     let lsns = tl.record_lsns();
     let mut decoder =
-        WalDecoder::new(PgVersion::V15, lsns.last, u64::from(meta.wal_segment_size), StartPosition::RecordBoundary);
+        WalDecoder::new(tl.pg_version, lsns.last, u64::from(meta.wal_segment_size), StartPosition::RecordBoundary);
     decoder.set_system_id(meta.system_id);
     if lsns.prev != Lsn::INVALID {
         decoder.set_prev_record(lsns.prev);
@@ -525,23 +589,64 @@ fn own_site_caught_up(tl: &Timeline, sources: &WalSources, lsn: Lsn) -> Option<S
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The feedback `tl` gives now. A reader (`docs/sites.md`) reports
+/// nothing: its ingest must not hold back the writer, and its index is not
+/// its own.
+fn feedback_now(tl: &Timeline) -> ConsumerFeedback {
+    if tl.remote().is_some_and(|r| r.is_reader()) {
+        return ConsumerFeedback { applied_lsn: Lsn::INVALID, remote_consistent_lsn: Lsn::INVALID };
+    }
+    ConsumerFeedback {
+        applied_lsn: tl.feedback_lsn(),
+        remote_consistent_lsn: tl.remote_consistent_lsn().unwrap_or(Lsn::INVALID),
+    }
+}
+
+fn send_feedback(frames: &mut FrameReader<BlockingStream>, feedback: &ConsumerFeedback) -> Result<(), LinkError> {
+    let mut out = Vec::new();
+    codec::encode_consumer(&ConsumerMessage::Feedback(feedback.clone()), &mut out);
+    frames.get_mut().write_all(&out).and_then(|()| frames.get_mut().flush())?;
+    Ok(())
+}
+
+/// Whether object storage holds every layer file of `tl` (true without
+/// object storage, and for a reader, which never uploads).
+fn all_uploaded(tl: &Timeline) -> bool {
+    match tl.remote() {
+        Some(r) if !r.is_reader() => r.remote_consistent_lsn() >= tl.disk_consistent_lsn(),
+        _ => true,
+    }
+}
+
+/// Where the receiver stands about idling (`idle::next_step`): freezes the
+/// in-memory layer when that is the step, and answers the LSN received up
+/// to when the timeline may go idle.
+fn idle_step(tl: &Timeline, idle_after: Duration, q: Quiet, received: Lsn) -> Option<Lsn> {
+    match next_step(&q, idle_after) {
+        Step::Stream => None,
+        Step::Freeze => {
+            tl.freeze();
+            None
+        }
+        Step::Leave => Some(received),
+    }
+}
+
 fn stream_wal(
     tl: &Timeline,
     ingest: &mut WalIngest,
     decoder: Option<WalDecoder>,
     open: OpenStream,
-    current: &str,
-    sources: &WalSources,
-    status: &Mutex<ReceiverStatus>,
-    stop: &AtomicBool,
-) -> Result<(), StreamError> {
+    link: &Link,
+    last_wal: &mut Instant,
+) -> Result<Ended, StreamError> {
     let mut decoder = decoder.unwrap_or_else(|| new_decoder(tl));
     let OpenStream { mut frames, .. } = open;
+    let (current, sources, status) = (link.addr, link.sources, link.status);
     let clock = &**tl.clock();
     let started = clock.now();
-    // Feedback goes out at once.
-    let mut last_feedback: Option<Instant> = None;
+    // Feedback goes out at once; what it said last, for idling.
+    let mut last_feedback: Option<(Instant, ConsumerFeedback)> = None;
     let mut last_heard = started;
     // When ingest last advanced: a stream that stops advancing may come from
     // a safekeeper the quorum left behind.
@@ -550,7 +655,7 @@ fn stream_wal(
     // Another safekeeper that had committed more when the current one had
     // sent nothing for a while, and since when.
     let mut behind: Option<(String, Lsn, Instant)> = None;
-    while !stop.load(Ordering::SeqCst) {
+    while !link.stop.load(Ordering::SeqCst) {
         if let Some(reason) = tl.broken_reason() {
             // Nothing more goes into a broken timeline: it cannot be read or
             // flushed, and the memory it took would grow without bound.
@@ -577,21 +682,26 @@ fn stream_wal(
                 return Err(LinkError::SiteCaughtUp(addr).into());
             }
         }
-        if last_feedback.is_none_or(|at| clock.since(at) >= FEEDBACK_INTERVAL) {
-            let mut out = Vec::new();
-            // A reader (`docs/sites.md`) reports nothing: its ingest must not
-            // hold back the writer, and its index is not its own.
-            let reader = tl.remote().is_some_and(|r| r.is_reader());
-            let applied_lsn = if reader { Lsn::INVALID } else { tl.feedback_lsn() };
-            let remote_consistent_lsn =
-                if reader { Lsn::INVALID } else { tl.remote_consistent_lsn().unwrap_or(Lsn::INVALID) };
-            let feedback = ConsumerFeedback { applied_lsn, remote_consistent_lsn };
-            codec::encode_consumer(&ConsumerMessage::Feedback(feedback), &mut out);
-            frames.get_mut().write_all(&out).and_then(|()| frames.get_mut().flush()).map_err(LinkError::from)?;
-            last_feedback = Some(clock.now());
+        let feedback = feedback_now(tl);
+        if last_feedback.as_ref().is_none_or(|(at, _)| clock.since(*at) >= FEEDBACK_INTERVAL) {
+            send_feedback(&mut frames, &feedback)?;
+            last_feedback = Some((clock.now(), feedback.clone()));
         }
         if tl.should_freeze(MAX_LAYER_AGE) {
             tl.freeze();
+        }
+        if let (Some(idle_after), None) = (sources.idle_after, &behind) {
+            let q = Quiet {
+                quiet_for: clock.since(*last_wal),
+                caught_up: decoder.input_lsn() >= status.lock().safekeeper_commit_lsn,
+                readers_waiting: tl.activity.waiters() > 0,
+                durable: tl.is_all_durable(),
+                uploaded: all_uploaded(tl),
+                reported: last_feedback.as_ref().is_some_and(|(_, f)| *f == feedback),
+            };
+            if let Some(received) = idle_step(tl, idle_after, q, decoder.input_lsn()) {
+                return Ok(Ended::Idle(received));
+            }
         }
         let Some(message) = poll_message(&mut frames)? else {
             if clock.since(last_heard) >= READ_TIMEOUT {
@@ -606,6 +716,9 @@ fn stream_wal(
                     return Err(LinkError::Gap { got: w.begin_lsn, expected: decoder.input_lsn() }.into());
                 }
                 status.lock().safekeeper_commit_lsn = w.commit_lsn;
+                if !w.wal.is_empty() {
+                    *last_wal = clock.now();
+                }
                 decoder.feed(&w.wal);
                 tl.metrics.wal_bytes_ingested.inc_by(w.wal.len() as u64);
                 ingest_decoded(tl, ingest, &mut decoder)?;
@@ -615,7 +728,7 @@ fn stream_wal(
             StreamMessage::Start(_) => return Err(LinkError::Unexpected("a second stream start".into()).into()),
         }
     }
-    Ok(())
+    Ok(Ended::Stopped)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use strata_formats::page::{max_offset_number, pd_lsn};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::wal::record::{record_crc, DecodedRecord};
-use strata_formats::Lsn;
+use strata_formats::{Lsn, PgVersion};
 use strata_pageserver::ingest::{WalIngest, MAX_CHAIN_BYTES, MAX_PENDING_VERSIONS, MAX_REDO_CHAIN};
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::files::FileCache;
@@ -57,7 +57,7 @@ fn record(rmgr: u8, info: u8, block: u32, fork_flags: u8, data: &[u8], main: &[u
     let crc = record_crc(&raw);
     raw[20..24].copy_from_slice(&crc.to_le_bytes());
     let end = Lsn((lsn.0 + u64::from(len)).next_multiple_of(8));
-    DecodedRecord::decode(lsn, end, raw).unwrap()
+    DecodedRecord::decode(PgVersion::V15, lsn, end, raw).unwrap()
 }
 
 /// A heap insert of a one-column tuple at `offnum` (`xl_heap_insert` as
@@ -358,7 +358,7 @@ fn smgr_create(rel: u32, lsn: Lsn) -> DecodedRecord {
     let crc = record_crc(&raw);
     raw[20..24].copy_from_slice(&crc.to_le_bytes());
     let end = Lsn((lsn.0 + u64::from(len)).next_multiple_of(8));
-    DecodedRecord::decode(lsn, end, raw).unwrap()
+    DecodedRecord::decode(PgVersion::V15, lsn, end, raw).unwrap()
 }
 
 #[test]

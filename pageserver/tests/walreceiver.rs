@@ -180,7 +180,14 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
     let other = fake_safekeeper(identity, bytes, first, stop.clone());
     let receiver = WalReceiver::spawn(
         tl.clone(),
-        WalSources { safekeepers: vec![silent.addr.clone(), other.addr.clone()], site: 0, token: None, tls: None },
+        WalSources {
+            safekeepers: vec![silent.addr.clone(), other.addr.clone()],
+            site: 0,
+            token: None,
+            tls: None,
+            idle_after: None,
+        },
+        Default::default(),
     )
     .unwrap();
 
@@ -213,7 +220,14 @@ fn an_own_site_safekeeper_is_preferred_left_when_it_lags_and_returned_to_once_ca
     let far = fake_safekeeper(identity, bytes, more, stop.clone());
     let receiver = WalReceiver::spawn(
         tl.clone(),
-        WalSources { safekeepers: vec![own.addr.clone(), far.addr.clone()], site: 1, token: None, tls: None },
+        WalSources {
+            safekeepers: vec![own.addr.clone(), far.addr.clone()],
+            site: 1,
+            token: None,
+            tls: None,
+            idle_after: None,
+        },
+        Default::default(),
     )
     .unwrap();
     let wait = |what: &str, check: &dyn Fn() -> bool| wait_for(&tl, what, check);
@@ -229,6 +243,45 @@ fn an_own_site_safekeeper_is_preferred_left_when_it_lags_and_returned_to_once_ca
         receiver.status.lock().safekeeper.as_deref() == Some(own.addr.as_str())
     });
     assert_eq!(tl.record_lsns().last, more);
+
+    stop.store(true, Ordering::SeqCst);
+    receiver.shutdown();
+    let _ = std::fs::remove_dir_all(&tl.dir);
+}
+
+#[test]
+fn a_quiet_timeline_makes_its_wal_durable_reports_it_and_ends_its_stream_and_threads() {
+    use strata_pageserver::idle::State;
+    let Setup { tl, identity, bytes, first, more } = setup("walreceiver-idle");
+    let stop = Arc::new(AtomicBool::new(false));
+    let sk = fake_safekeeper(identity, bytes, first, stop.clone());
+    tl.activity.watch(Arc::new(tokio::sync::Notify::new()));
+    let sources = WalSources {
+        safekeepers: vec![sk.addr.clone()],
+        site: 0,
+        token: None,
+        tls: None,
+        idle_after: Some(Duration::from_secs(1)),
+    };
+    let receiver = WalReceiver::spawn(tl.clone(), sources.clone(), Default::default()).unwrap();
+    let wait = |what: &str, check: &dyn Fn() -> bool| wait_for(&tl, what, check);
+    wait("the timeline to go idle", &|| tl.activity.state() == State::Left);
+    // Nothing is only in memory, and the safekeeper was told (feedback goes
+    // out at the start, and again once the flush moved the applied LSN).
+    assert_eq!((tl.record_lsns().last, tl.disk_consistent_lsn()), (first, first));
+    assert!(tl.is_all_durable());
+    assert_eq!(tl.activity.received(), first);
+    assert!(sk.feedback.load(Ordering::SeqCst) >= 2, "{} feedback messages", sk.feedback.load(Ordering::SeqCst));
+    assert!(receiver.status.lock().safekeeper.is_none(), "the stream ended");
+    receiver.shutdown();
+    tl.activity.reaped();
+
+    // WAL committed while it idled: woken, it streams from its last record.
+    sk.commit.store(more.0, Ordering::SeqCst);
+    assert!(tl.activity.wake());
+    let receiver = WalReceiver::spawn(tl.clone(), sources, Default::default()).unwrap();
+    wait("the WAL committed while idle ingested", &|| tl.record_lsns().last == more);
+    assert_eq!(tl.activity.state(), State::Active, "a woken timeline streams at least idle_after");
 
     stop.store(true, Ordering::SeqCst);
     receiver.shutdown();

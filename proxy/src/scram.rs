@@ -202,6 +202,13 @@ fn check_nonce(nonce: &str) -> Result<(), ScramError> {
     }
 }
 
+/// A random nonce of printable characters (no `,`): 18 random bytes in base64.
+pub fn nonce() -> String {
+    let mut bytes = [0u8; 18];
+    aws_lc_rs::rand::fill(&mut bytes).expect("the system's random source works");
+    B64.encode(bytes)
+}
+
 /// The server's side: checks a client's proof against a verifier.
 pub struct ServerExchange {
     verifier: Verifier,

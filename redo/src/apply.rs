@@ -34,6 +34,7 @@ pub fn redo_block(rec: &DecodedRecord, block_id: u8, page: &mut [u8; BLCKSZ]) ->
         page.fill(0);
     }
     match rec.rmgr() {
+        RM_HEAP_ID | RM_HEAP2_ID if heap::clears_vm_block(rec, block.fork) => heap::redo_vm_block(rec, block_id, page),
         RM_HEAP_ID if heap::supports_heap(rec.header.info) => heap::redo_heap(rec, block_id, page),
         RM_HEAP2_ID if heap::supports_heap2(rec.header.info) => heap::redo_heap2(rec, block_id, page),
         RM_BTREE_ID if nbtree::supports(rec.header.info) => nbtree::redo(rec, block_id, page),

@@ -5,11 +5,11 @@
 use strata_formats::v15::rmgr::{RM_BTREE_ID, RM_HEAP2_ID, RM_HEAP_ID};
 use strata_formats::version::BLCKSZ;
 use strata_formats::wal::record::{record_crc, DecodedRecord, RECORD_HEADER_SIZE};
-use strata_formats::Lsn;
+use strata_formats::{Lsn, PgVersion};
 
 use crate::redo_block;
 
-/// `data` = a selector byte (which resource manager), the record, and
+/// `data` = a selector byte (which resource manager and PostgreSQL major), the record, and
 /// optionally a last full page to redo on (otherwise a zero page). The
 /// record's length, resource manager and CRC are fixed up, so the fuzzer
 /// spends its time in redo rather than on checksums.
@@ -28,7 +28,8 @@ pub fn fuzz_one(data: &[u8]) {
     let crc = record_crc(&raw);
     raw[20..24].copy_from_slice(&crc.to_le_bytes());
     let start = Lsn(0x0100_0028);
-    let Ok(rec) = DecodedRecord::decode(start, Lsn(start.0 + u64::from(len)), raw) else { return };
+    let version = PgVersion::ALL[usize::from(selector / 3) % PgVersion::ALL.len()];
+    let Ok(rec) = DecodedRecord::decode(version, start, Lsn(start.0 + u64::from(len)), raw) else { return };
     for block in &rec.blocks {
         let mut target = [0u8; BLCKSZ];
         if page.len() == BLCKSZ {

@@ -12,7 +12,7 @@ use strata_formats::page::{
 };
 use strata_formats::types::{Cursor, ForkNumber, TransactionId};
 use strata_formats::v15::records::heap::{
-    VISIBILITYMAP_VALID_BITS, XLOG_HEAP2_FREEZE_PAGE, XLOG_HEAP2_LOCK_UPDATED, XLOG_HEAP2_MULTI_INSERT,
+    vm_clears, VISIBILITYMAP_VALID_BITS, XLOG_HEAP2_FREEZE_PAGE, XLOG_HEAP2_LOCK_UPDATED, XLOG_HEAP2_MULTI_INSERT,
     XLOG_HEAP2_NEW_CID, XLOG_HEAP2_PRUNE, XLOG_HEAP2_VACUUM, XLOG_HEAP2_VISIBLE, XLOG_HEAP_CONFIRM, XLOG_HEAP_DELETE,
     XLOG_HEAP_HOT_UPDATE, XLOG_HEAP_INIT_PAGE, XLOG_HEAP_INPLACE, XLOG_HEAP_INSERT, XLOG_HEAP_LOCK, XLOG_HEAP_OPMASK,
     XLOG_HEAP_UPDATE,
@@ -28,8 +28,10 @@ use crate::htup::{xid_precedes, xmax_is_locked_only, TupleMut, HEAP_HOT_UPDATED,
 use crate::htup::{FROZEN_TRANSACTION_ID, MOVED_PARTITIONS_BLOCK, MOVED_PARTITIONS_OFFSET};
 use crate::{RedoError, HEAPBLOCKS_PER_VM_PAGE};
 
+pub mod prune_freeze;
 pub mod records;
 
+use prune_freeze::{PruneFreeze, PruneFreezeData};
 use records::*;
 
 /// Largest heap tuple (`MaxHeapTupleSize`): a page holding just that tuple and its line pointer.
@@ -71,6 +73,52 @@ pub fn supports_heap2(info: u8) -> bool {
     )
 }
 
+/// Redoes a heap or heap2 record on a visibility-map block it references:
+/// clears that record's bits of the heap blocks this VM page covers, and
+/// stamps the page only if a bit changed. Minor releases from 18.6 on
+/// register the VM page in the records that clear its bits (older WAL has
+/// no such reference; the clears are then derived by the pageserver).
+pub fn redo_vm_block(rec: &DecodedRecord, block_id: u8, page: &mut [u8; BLCKSZ]) -> Result<(), RedoError> {
+    let vm = rec.block(block_id).ok_or(RedoError::NoBlock(block_id))?;
+    debug_assert_eq!(vm.fork, ForkNumber::VisibilityMap);
+    let clears = vm_clears(rec, rec.rmgr() == strata_formats::v15::rmgr::RM_HEAP2_ID)
+        .map_err(|e| RedoError::BadRecord(e.to_string()))?;
+    let mine: Vec<_> =
+        clears.iter().filter(|c| c.rel == vm.rel && c.heap_block / HEAPBLOCKS_PER_VM_PAGE == vm.block).collect();
+    if mine.is_empty() {
+        return Err(RedoError::BadRecord(format!(
+            "block {block_id} is visibility-map page {} but the record clears no bit on it",
+            vm.block
+        )));
+    }
+    // Replay that already went past this record leaves the page alone. On a
+    // page that does not exist yet (zeros) no bit is set: nothing changes
+    // and the page is not stamped.
+    if rec.end_lsn.0 <= pd_lsn(page).map_err(page_err)? {
+        return Ok(());
+    }
+    let mut changed = false;
+    for c in mine {
+        let in_page = (c.heap_block % HEAPBLOCKS_PER_VM_PAGE) as usize;
+        let byte = VM_MAP_START + in_page / 4;
+        let mask = (c.bits & VISIBILITYMAP_VALID_BITS) << (2 * (in_page % 4));
+        changed |= page[byte] & mask != 0;
+        page[byte] &= !mask;
+    }
+    if changed {
+        set_lsn(rec, page)?;
+    }
+    Ok(())
+}
+
+/// Whether a heap or heap2 record's block in `fork` is a visibility-map page
+/// whose bits the record clears (heap2 `VISIBLE` sets them: its own redo).
+pub fn clears_vm_block(rec: &DecodedRecord, fork: ForkNumber) -> bool {
+    fork == ForkNumber::VisibilityMap
+        && !(rec.rmgr() == strata_formats::v15::rmgr::RM_HEAP2_ID
+            && rec.header.info & XLOG_HEAP_OPMASK == XLOG_HEAP2_VISIBLE)
+}
+
 /// Redoes a heap record on block `block_id`.
 pub fn redo_heap(rec: &DecodedRecord, block_id: u8, page: &mut [u8; BLCKSZ]) -> Result<(), RedoError> {
     match rec.header.info & XLOG_HEAP_OPMASK {
@@ -87,7 +135,13 @@ pub fn redo_heap(rec: &DecodedRecord, block_id: u8, page: &mut [u8; BLCKSZ]) -> 
 
 /// Redoes a heap2 record on block `block_id`.
 pub fn redo_heap2(rec: &DecodedRecord, block_id: u8, page: &mut [u8; BLCKSZ]) -> Result<(), RedoError> {
-    match rec.header.info & XLOG_HEAP_OPMASK {
+    let op = rec.header.info & XLOG_HEAP_OPMASK;
+    if rec.version.merged_prune_records() && matches!(op, XLOG_HEAP2_PRUNE | XLOG_HEAP2_VACUUM | XLOG_HEAP2_FREEZE_PAGE)
+    {
+        // 17's PRUNE_ON_ACCESS, PRUNE_VACUUM_SCAN and PRUNE_VACUUM_CLEANUP.
+        return prune_and_freeze(rec, block_id, page);
+    }
+    match op {
         XLOG_HEAP2_PRUNE => prune(rec, block_id, page),
         XLOG_HEAP2_VACUUM => vacuum(rec, block_id, page),
         XLOG_HEAP2_FREEZE_PAGE => freeze_page(rec, block_id, page),
@@ -469,16 +523,66 @@ fn freeze_page(rec: &DecodedRecord, block_id: u8, page: &mut Page) -> Result<(),
     let blk = only_block(rec, block_id, 0)?;
     let xl = HeapFreezePage::decode(rec.main_data())?;
     for plan in xl.tuples(rec.block_data(blk))? {
-        let mut t = TupleMut::new(page_get_item_mut(page, plan.offset)?)?;
-        t.set_xmax(plan.xmax);
-        if plan.frzflags & XLH_FREEZE_XVAC != 0 {
-            t.set_xvac(FROZEN_TRANSACTION_ID);
+        freeze_tuple(page, plan.offset, plan.xmax, plan.t_infomask2, plan.t_infomask, plan.frzflags)?;
+    }
+    set_lsn(rec, page)
+}
+
+/// Freezes the tuple at `offset` as a freeze plan says (PostgreSQL's
+/// `heap_execute_freeze_tuple`): the same in 15's and 17's records.
+fn freeze_tuple(
+    page: &mut Page,
+    offset: u16,
+    xmax: u32,
+    infomask2: u16,
+    infomask: u16,
+    frzflags: u8,
+) -> Result<(), RedoError> {
+    let mut t = TupleMut::new(page_get_item_mut(page, offset)?)?;
+    t.set_xmax(xmax);
+    if frzflags & XLH_FREEZE_XVAC != 0 {
+        t.set_xvac(FROZEN_TRANSACTION_ID);
+    }
+    if frzflags & XLH_INVALID_XVAC != 0 {
+        t.set_xvac(0);
+    }
+    t.set_infomask(infomask);
+    t.set_infomask2(infomask2);
+    Ok(())
+}
+
+/// 17's merged record: line pointers change as a prune (with a cleanup
+/// lock: the page is defragmented) or a vacuum's second pass (without:
+/// the line pointer array is only truncated), then the planned tuples are
+/// frozen.
+fn prune_and_freeze(rec: &DecodedRecord, block_id: u8, page: &mut Page) -> Result<(), RedoError> {
+    let blk = only_block(rec, block_id, 0)?;
+    let xl = PruneFreeze::decode(rec.main_data())?;
+    let data = PruneFreezeData::decode(xl.flags, rec.block_data(blk))?;
+    if data.prunes() {
+        let moves_items = !data.redirected.is_empty() || !data.dead.is_empty();
+        if moves_items && !xl.cleanup_lock() {
+            return Err(RedoError::BadRecord("redirects or dead items without a cleanup lock".into()));
         }
-        if plan.frzflags & XLH_INVALID_XVAC != 0 {
-            t.set_xvac(0);
+        for &(from, to) in &data.redirected {
+            set_lp(page, from, ItemId { off: to, flags: LP_REDIRECT, len: 0 })?;
         }
-        t.set_infomask(plan.t_infomask);
-        t.set_infomask2(plan.t_infomask2);
+        for &off in &data.dead {
+            set_lp(page, off, ItemId { off: 0, flags: LP_DEAD, len: 0 })?;
+        }
+        for &off in &data.unused {
+            set_lp(page, off, ItemId { off: 0, flags: LP_UNUSED, len: 0 })?;
+        }
+        if xl.cleanup_lock() {
+            page_repair_fragmentation(page)?;
+        } else {
+            page_truncate_line_pointer_array(page)?;
+        }
+    }
+    for (plan, offsets) in &data.frozen {
+        for &off in offsets {
+            freeze_tuple(page, off, plan.xmax, plan.t_infomask2, plan.t_infomask, plan.frzflags)?;
+        }
     }
     set_lsn(rec, page)
 }

@@ -135,7 +135,7 @@ async fn create_timeline(
     if !size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&size) {
         return error(StatusCode::BAD_REQUEST, format!("invalid wal_segment_size {size}"));
     }
-    if req.pg_version != 15 {
+    if strata_formats::PgVersion::from_major(req.pg_version).is_none() {
         return error(StatusCode::BAD_REQUEST, format!("PostgreSQL {} is not supported", req.pg_version));
     }
     let identity = TimelineIdentity {

@@ -504,7 +504,8 @@ async fn stream(
     let mut out = BytesMut::new();
     put(&mut out, &CopyBothResponse::new(0, 0, Vec::new()))?;
     send(&mut w, &out).await?;
-    let mut stripper = strip.then(|| ConsistencyStripper::new(PgVersion::V15, start, segment_size));
+    let version = PgVersion::from_major(timeline.identity.pg_version).unwrap_or(PgVersion::V15);
+    let mut stripper = strip.then(|| ConsistencyStripper::new(version, start, segment_size));
     // Client messages: hot standby feedback goes to the timeline's
     // registry (for the writer's proposer), status updates are dropped;
     // CopyDone ends the stream. A client quiet for longer than `PG_IO_TIMEOUT`

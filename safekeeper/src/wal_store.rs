@@ -216,6 +216,26 @@ impl SegmentStore {
         Ok(done)
     }
 
+    /// The major whose magic the WAL page holding `from` carries (WAL says
+    /// what wrote it), read from the segment file whatever the positions
+    /// say. A page never written (or damaged) says nothing; 15 is assumed,
+    /// and the decoder then finds the end of the WAL there.
+    fn version_at(&mut self, from: Lsn) -> Result<PgVersion, StorageError> {
+        let page = from.0 - from.0 % strata_formats::version::XLOG_BLCKSZ as u64;
+        let (segno, offset) = (page / self.segment_size, page % self.segment_size);
+        let path = self.segment_path(segno);
+        let mut magic = [0u8; 2];
+        let found = match self.segment(segno, false)? {
+            Some(file) => match file.read_exact_at(&mut magic, offset) {
+                Ok(()) => PgVersion::from_wal_page_magic(u16::from_le_bytes(magic)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => None,
+                Err(e) => return Err(io_err("reading", &path, e)),
+            },
+            None => None,
+        };
+        Ok(found.unwrap_or(PgVersion::V15))
+    }
+
     /// Decodes records from `from` to find where the last complete one ends.
     fn find_end_of_wal(&mut self, from: Lsn) -> Result<Lsn, StorageError> {
         // From the start of the WAL held (the timeline's, or a segment
@@ -225,7 +245,8 @@ impl SegmentStore {
         } else {
             StartPosition::RecordBoundary
         };
-        let mut decoder = WalDecoder::new(PgVersion::V15, from, self.segment_size, mode);
+        let version = self.version_at(from)?;
+        let mut decoder = WalDecoder::new(version, from, self.segment_size, mode);
         let mut end = from;
         let mut pos = from;
         let mut buf = vec![0u8; 1 << 20];

@@ -192,6 +192,22 @@ impl ApiClient {
         Ok(Reply { url: url.to_string(), status, text })
     }
 
+    /// `PUT url` whose body is what `body` reads, of type `content_type`,
+    /// sent as it is read (chunked); the answer whatever its status, as
+    /// `send`. The client's timeout bounds the whole upload.
+    pub fn put_stream(&self, url: &str, content_type: &str, body: &mut dyn std::io::Read) -> Result<Reply, ApiError> {
+        let result =
+            self.authorized(self.agent.put(url)).content_type(content_type).send(ureq::SendBody::from_reader(body));
+        let mut response =
+            result.map_err(|e| ApiError::Unreachable { url: url.to_string(), message: e.to_string() })?;
+        let status = response.status().as_u16();
+        let text =
+            response.body_mut().with_config().limit(self.max_answer).read_to_string().map_err(|e| {
+                ApiError::Unreachable { url: url.to_string(), message: format!("reading the answer: {e}") }
+            })?;
+        Ok(Reply { url: url.to_string(), status, text })
+    }
+
     /// `GET url`: the answer as `T`, or the error status.
     pub fn get<T: DeserializeOwned>(&self, url: &str) -> Result<T, ApiError> {
         self.send::<()>("GET", url, None)?.into_result()

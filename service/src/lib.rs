@@ -4,6 +4,7 @@
 //! files replaced atomically and durably, the tokens that authorize
 //! every call, and TLS on the links between hosts.
 
+pub mod allocator;
 pub mod api_client;
 pub mod audit;
 pub mod auth;

@@ -57,6 +57,31 @@ pub enum TenantCommand {
     /// prints its id. Run again after an interruption, it finishes.
     Create {
         name: String,
+        /// Its PostgreSQL major: 15 (the default), 17 or 18
+        /// (`docs/postgres-versions.md`).
+        #[arg(long, value_name = "MAJOR", default_value_t = 15)]
+        pg_version: u32,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Make a tenant of an existing database (`docs/import.md`): its
+    /// `main` branch equals the source, of the source's major (15, 17 or
+    /// 18). The source is a running server (`--from`, copied with
+    /// `pg_basebackup`; its user needs the REPLICATION attribute) or a data
+    /// directory (`--pgdata`: cleanly shut down, or a base backup with its
+    /// WAL in `pg_wal/` or in `--wal`). Prints the new tenant's id.
+    Import {
+        name: String,
+        /// A connection string of the source server.
+        #[arg(long, value_name = "CONNINFO", required_unless_present = "pgdata", conflicts_with = "pgdata")]
+        from: Option<String>,
+        /// The source's data directory (only read).
+        #[arg(long, value_name = "DIR")]
+        pgdata: Option<std::path::PathBuf>,
+        /// A directory of WAL segment files that the base backup in
+        /// `--pgdata` needs.
+        #[arg(long, value_name = "DIR", requires = "pgdata")]
+        wal: Option<std::path::PathBuf>,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
@@ -102,6 +127,11 @@ pub struct InitArgs {
     /// Unprivileged user that runs initdb and PostgreSQL when Strata runs as root.
     #[arg(long, default_value = "postgres")]
     pub pg_user: String,
+    /// The default tenant's PostgreSQL major: 15 (the default), 17 or 18
+    /// (`docs/postgres-versions.md`); its programs are found beside
+    /// `--pg-bin-dir`'s in Debian's layout.
+    #[arg(long, value_name = "MAJOR")]
+    pub pg_version: Option<u32>,
     /// Verification mode: computes log an image of every page they change and
     /// the pageserver checks its native redo against them (slower; for tests).
     #[arg(long)]
@@ -133,6 +163,11 @@ pub struct InitArgs {
     /// unless its own `--suspend-after` says otherwise (default: never).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=strata_compute::limits::MAX_SUSPEND_AFTER_SECS))]
     pub suspend_after: Option<u64>,
+    /// The proxy's domain (`docs/proxy.md`): a client reaches endpoint
+    /// NAME through the proxy as host `NAME.<domain>`; the proxy's
+    /// certificate names `*.<domain>`.
+    #[arg(long, value_name = "DOMAIN", default_value = "localhost")]
+    pub proxy_domain: String,
 }
 
 impl InitArgs {
@@ -145,6 +180,7 @@ impl InitArgs {
             hosts: self.hosts.clone(),
             pg_bin_dir: self.pg_bin_dir.clone(),
             pg_user: self.pg_user.clone(),
+            pg_version: self.pg_version,
             verify_redo: self.verify_redo,
             sites: self.sites,
             site_latency_ms: self.site_latency_ms,
@@ -152,6 +188,7 @@ impl InitArgs {
             insecure_loopback: self.insecure_loopback,
             no_encryption_at_rest: self.no_encryption_at_rest,
             suspend_after_secs: self.suspend_after,
+            proxy_domain: Some(self.proxy_domain.clone()),
         }
     }
 }

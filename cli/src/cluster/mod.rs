@@ -283,21 +283,41 @@ fn tenant_id_of(wd: &layout::Workdir, given: &str) -> Result<strata_protocol::Te
     }
 }
 
-/// `strata tenant create|list|delete`.
+/// `strata tenant create|import|list|delete`.
 pub fn tenant(cmd: TenantCommand) -> i32 {
     match cmd {
-        TenantCommand::Create { name, workdir } => {
+        TenantCommand::Create { name, pg_version, workdir } => {
             let result = (|| {
                 workdir.plain("tenant create")?;
                 let wd = open(&workdir.workdir)?;
                 let _lock = lock(&wd)?;
-                let created = tenant::create(&wd, &name, &mut Printer);
+                let created = tenant::create(&wd, &name, pg_version, &mut Printer);
                 // What was recorded reaches the other hosts even if the creation stopped midway.
                 publish(&wd)?;
                 outln!("{}", created?);
                 Ok(())
             })();
             exit_code("tenant create", result)
+        }
+        TenantCommand::Import { name, from, pgdata, wal, workdir } => {
+            let result = (|| {
+                workdir.plain("tenant import")?;
+                let source = match (from, pgdata) {
+                    (Some(conninfo), _) => strata_control_plane::import::Source::Server(conninfo),
+                    (None, Some(pgdata)) => strata_control_plane::import::Source::Directory { pgdata, wal },
+                    (None, None) => unreachable!("clap requires one"),
+                };
+                let wd = open(&workdir.workdir)?;
+                // The copy and its replay change nothing of the cluster: no lock yet.
+                let ready = strata_control_plane::import::prepare(&wd, &name, &source, &mut Printer)?;
+                let _lock = lock(&wd)?;
+                let wd = open(&workdir.workdir)?;
+                let created = strata_control_plane::import::import(&wd, &name, &ready, &mut Printer);
+                publish(&wd)?;
+                outln!("{}", created?);
+                Ok(())
+            })();
+            exit_code("tenant import", result)
         }
         TenantCommand::List { json, workdir } => {
             let result = (|| {

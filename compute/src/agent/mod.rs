@@ -54,8 +54,23 @@ use restart::RestartTracker;
 use status::{AgentState, AgentStatus, RestartStatus, StartTimings, StatusHandle};
 use strata_protocol::api::pageserver::TimelineState;
 
-/// The only PostgreSQL major version supported.
-const PG_VERSION: u32 = 15;
+/// The major of the PostgreSQL whose programs are in `bin_dir`, from
+/// `postgres --version` (`postgres (PostgreSQL) 18.6 (Debian 18.6-3)`).
+fn postgres_major(bin_dir: &Path) -> Result<u32, String> {
+    let postgres = bin_dir.join("postgres");
+    let out = std::process::Command::new(&postgres)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("running {} --version: {e}", postgres.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_postgres_major(&text).ok_or_else(|| format!("{} --version says {:?}", postgres.display(), text.trim()))
+}
+
+/// The major in `postgres --version`'s output.
+fn parse_postgres_major(text: &str) -> Option<u32> {
+    let version = text.trim().strip_prefix("postgres (PostgreSQL) ")?;
+    version.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
 
 /// A receiver that turns true at the first SIGTERM or SIGINT (a graceful stop).
 pub fn stop_on_signals() -> std::io::Result<watch::Receiver<bool>> {
@@ -173,7 +188,7 @@ pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended,
     });
     let marker = suspend::marker_path(&pgdata);
     let mut stops = Stops::new(stop, &cfg, &pgdata, &status, &marker);
-    let agent = Agent { cfg, pgdata, status: status.clone(), lazy, marker };
+    let agent = Agent { cfg, pgdata, status: status.clone(), lazy, marker, pg_major: std::sync::OnceLock::new() };
     let result = agent.run(&mut stops.rx, proposer_tx).await;
     let decided = stops.end();
     watcher.abort();
@@ -303,8 +318,8 @@ fn check_timeline(info: &TimelineStatus) -> Result<(), String> {
             info.error.as_deref().unwrap_or("no reason given")
         ));
     }
-    if info.pg_version != PG_VERSION {
-        return Err(format!("the timeline is of PostgreSQL {}, this agent runs {PG_VERSION}", info.pg_version));
+    if strata_formats::PgVersion::from_major(info.pg_version).is_none() {
+        return Err(format!("the timeline is of PostgreSQL {}, which this agent does not run", info.pg_version));
     }
     let size = info.wal_segment_size;
     if !size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&size) {
@@ -349,9 +364,39 @@ struct Agent {
     lazy: lazy::LazyMounts,
     /// The suspension marker beside the data directory (`suspend`).
     marker: PathBuf,
+    /// The major of the PostgreSQL in `cfg.pg_bin_dir`, read once.
+    pg_major: std::sync::OnceLock<u32>,
 }
 
 impl Agent {
+    /// Checks that the configured PostgreSQL is the timeline's major
+    /// (its programs are asked once).
+    fn check_postgres_major(&self, timeline_major: u32) -> Result<(), AgentError> {
+        let major = match self.pg_major.get() {
+            Some(m) => *m,
+            None => {
+                let m = postgres_major(&self.cfg.pg_bin_dir).map_err(|e| error::fail("postgres", e))?;
+                *self.pg_major.get_or_init(|| m)
+            }
+        };
+        if major != timeline_major {
+            return Err(error::fail(
+                "postgres",
+                format!(
+                    "{} is of PostgreSQL {timeline_major}, but {} holds PostgreSQL {major}",
+                    self.timeline_name(),
+                    self.cfg.pg_bin_dir.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The PostgreSQL major checked by [`Agent::check_postgres_major`].
+    fn checked_major(&self) -> u32 {
+        *self.pg_major.get().expect("checked before the basebackup")
+    }
+
     fn timeline_name(&self) -> String {
         format!("timeline {}/{}", self.cfg.tenant_id, self.cfg.timeline_id)
     }
@@ -430,7 +475,11 @@ mod tests {
         check_timeline(&info()).unwrap();
         let broken = TimelineStatus { state: TimelineState::Broken, error: Some("missing layer".into()), ..info() };
         assert!(check_timeline(&broken).unwrap_err().contains("missing layer"));
-        assert!(check_timeline(&TimelineStatus { pg_version: 16, ..info() }).is_err());
+        assert!(check_timeline(&TimelineStatus { pg_version: 14, ..info() }).is_err());
+        assert_eq!(parse_postgres_major("postgres (PostgreSQL) 18.6 (Debian 18.6-3)\n"), Some(18));
+        assert_eq!(parse_postgres_major("postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)"), Some(15));
+        assert_eq!(parse_postgres_major("postgres (PostgreSQL) 19beta2"), Some(19));
+        assert_eq!(parse_postgres_major("something else 15.1"), None);
         assert!(check_timeline(&TimelineStatus { wal_segment_size: 3 << 20, ..info() }).is_err());
         assert!(check_timeline(&TimelineStatus { wal_segment_size: 1 << 19, ..info() }).is_err());
     }

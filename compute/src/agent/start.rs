@@ -19,7 +19,7 @@ use super::running::Started;
 use super::status::{AgentState, StartTimings};
 use super::{
     basebackup, check_timeline, fail, leftover, pgconf, roles, stop_requested, unless_stopped, Agent, AgentError,
-    Attempt, RunEnd, PG_VERSION,
+    Attempt, RunEnd,
 };
 use crate::pg_replication::ReplicationConfig;
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
@@ -134,6 +134,7 @@ impl Agent {
         };
         let info = step!(info.map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name()))));
         step!(check_timeline(&info).map_err(|e| fail("pageserver", format!("{}: {e}", self.timeline_name()))));
+        step!(self.check_postgres_major(info.pg_version));
         let seconds = self.cfg.clock.since(t).as_secs_f64();
         self.record(|t| t.timeline_lookup_seconds = seconds);
         info!(seconds, system_id = info.system_id, last_record_lsn = %info.last_record_lsn, "timeline found");
@@ -144,7 +145,7 @@ impl Agent {
             tenant_id: self.cfg.tenant_id,
             timeline_id: self.cfg.timeline_id,
             system_id: info.system_id,
-            pg_version: PG_VERSION,
+            pg_version: info.pg_version,
             wal_segment_size: info.wal_segment_size,
         };
         let mut proposer_cfg = ProposerConfig::new(self.cfg.safekeepers.clone(), identity);
@@ -392,6 +393,7 @@ impl Agent {
         // A lazy compute's mounts of the previous run (or a dead agent's).
         self.lazy.unmount(&self.pgdata);
         let cancel = Arc::new(AtomicBool::new(false));
+        let pg_major = self.checked_major();
         let (c, pgdata, flag) = (client.clone(), self.pgdata.clone(), cancel.clone());
         let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
         let (kind, at) = match (standby_at, self.cfg.read_only_at) {
@@ -404,7 +406,7 @@ impl Agent {
             basebackup::prepare_dir(&pgdata).map_err(|e| e.to_string())?;
             let reader = c.basebackup(tenant, timeline, at, kind, lazy).map_err(|e| e.to_string())?;
             let stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
-            basebackup::finish(&pgdata, PG_VERSION).map_err(|e| e.to_string())?;
+            basebackup::finish(&pgdata, pg_major).map_err(|e| e.to_string())?;
             Ok(stats)
         });
         let context = || format!("{} at {lsn} into {}", self.timeline_name(), self.pgdata.display());

@@ -152,6 +152,7 @@ mod tests {
             this_timeline: 1,
             prev_timeline: 1,
             full_page_writes: true,
+            wal_level: 0,
             next_full_xid,
             next_oid: 16384,
             next_multi: 1,

@@ -1,12 +1,17 @@
-//! `global/pg_control` of PostgreSQL 15 (`ControlFileData`, version 1300).
+//! `global/pg_control` (`ControlFileData`) of PostgreSQL 15 to 18.
 //!
-//! The struct is 296 bytes, CRC-32C over everything before the CRC field, and
-//! the file is zero-padded to 8 KiB. Fields Strata does not interpret are
-//! kept byte for byte, so a decoded file re-encodes to the same bytes.
+//! The struct is 296 bytes in every major, CRC-32C over everything before
+//! the CRC field, and the file is zero-padded to 8 KiB. Fields Strata does
+//! not interpret are kept byte for byte, so a decoded file re-encodes to the
+//! same bytes. The layout differs in one place: 18 (version 1800) adds
+//! `default_char_signedness` after `data_checksum_version`, which moves the
+//! mock authentication nonce by one byte and the CRC by four. 17 (1700)
+//! differs from 15 and 16 (1300) only inside the checkpoint's copy.
 
 use crate::lsn::Lsn;
 use crate::types::{Cursor, Truncated};
 use crate::v15::records::xlog::CheckPoint;
+use crate::version::PgVersion;
 
 /// `PG_CONTROL_VERSION` of PostgreSQL 15.
 pub const PG_CONTROL_VERSION: u32 = 1300;
@@ -14,12 +19,30 @@ pub const PG_CONTROL_VERSION: u32 = 1300;
 pub const CATALOG_VERSION_NO: u32 = 202209061;
 /// Size of the file on disk.
 pub const PG_CONTROL_FILE_SIZE: usize = 8192;
-/// Size of the struct.
+/// Size of the struct (the same from 15 to 18).
 pub const CONTROL_DATA_SIZE: usize = 296;
-const CRC_OFFSET: usize = 288;
 /// Length of `mock_authentication_nonce`, the last field before the CRC.
 pub const MOCK_AUTH_NONCE_LEN: usize = 32;
-const MOCK_AUTH_NONCE_OFFSET: usize = CRC_OFFSET - MOCK_AUTH_NONCE_LEN;
+/// Where `default_char_signedness` is, from 18 on.
+const CHAR_SIGNEDNESS_OFFSET: usize = 256;
+
+/// Where the fields after `data_checksum_version` are, by `PG_CONTROL_VERSION`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    nonce: usize,
+    crc: usize,
+    char_signedness: bool,
+}
+
+impl Layout {
+    fn of(pg_control_version: u32) -> Option<Layout> {
+        match pg_control_version {
+            1300 | 1700 => Some(Layout { nonce: 256, crc: 288, char_signedness: false }),
+            1800 => Some(Layout { nonce: 257, crc: 292, char_signedness: true }),
+            _ => None,
+        }
+    }
+}
 
 /// `DBState`: how the cluster was last left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -73,6 +96,9 @@ pub struct ControlFile {
     pub wal_block_size: u32,
     pub wal_segment_size: u32,
     pub data_checksum_version: u32,
+    /// `default_char_signedness` (18 on): whether `char` was signed where
+    /// the cluster was initialised; None before 18.
+    pub default_char_signedness: Option<bool>,
     /// The struct as read (fields above override it when encoding).
     raw: [u8; CONTROL_DATA_SIZE],
 }
@@ -84,10 +110,18 @@ pub enum ControlFileError {
     Truncated(#[from] Truncated),
     #[error("pg_control CRC mismatch (stored {stored:08X}, computed {computed:08X})")]
     Crc { stored: u32, computed: u32 },
-    #[error("pg_control version {0} is not supported (expected {PG_CONTROL_VERSION})")]
+    #[error("pg_control version {0} is not supported (15 and 16: 1300, 17: 1700, 18: 1800)")]
     Version(u32),
+    #[error("pg_control version {control} with catalog version {catalog} is no supported PostgreSQL major")]
+    Catalog { control: u32, catalog: u32 },
     #[error("pg_control has invalid state {0}")]
     State(u32),
+}
+
+/// The major whose `PG_CONTROL_VERSION` and `CATALOG_VERSION_NO` these are
+/// (15 and 16 share the first; the catalog version tells them apart).
+fn version_of(control: u32, catalog: u32) -> Option<PgVersion> {
+    PgVersion::ALL.into_iter().find(|v| v.table().control_version == control && v.table().catalog_version == catalog)
 }
 
 impl ControlFile {
@@ -96,18 +130,20 @@ impl ControlFile {
         if bytes.len() < CONTROL_DATA_SIZE {
             return Err(Truncated { offset: 0, needed: CONTROL_DATA_SIZE, available: bytes.len() }.into());
         }
-        let stored = u32::from_le_bytes(bytes[CRC_OFFSET..CRC_OFFSET + 4].try_into().unwrap());
-        let computed = crc32c::crc32c(&bytes[..CRC_OFFSET]);
+        let pg_control_version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        let layout = Layout::of(pg_control_version).ok_or(ControlFileError::Version(pg_control_version))?;
+        let stored = u32::from_le_bytes(bytes[layout.crc..layout.crc + 4].try_into().unwrap());
+        let computed = crc32c::crc32c(&bytes[..layout.crc]);
         if stored != computed {
             return Err(ControlFileError::Crc { stored, computed });
         }
         let mut c = Cursor::new(bytes);
         let system_identifier = c.u64()?;
-        let pg_control_version = c.u32()?;
-        if pg_control_version != PG_CONTROL_VERSION {
-            return Err(ControlFileError::Version(pg_control_version));
-        }
+        c.skip(4)?;
         let catalog_version_no = c.u32()?;
+        if version_of(pg_control_version, catalog_version_no).is_none() {
+            return Err(ControlFileError::Catalog { control: pg_control_version, catalog: catalog_version_no });
+        }
         let state_raw = c.u32()?;
         let state = DbState::from_u32(state_raw).ok_or(ControlFileError::State(state_raw))?;
         c.skip(4)?;
@@ -131,6 +167,7 @@ impl ControlFile {
         let wal_segment_size = c.u32()?;
         let mut c = Cursor::new(&bytes[252..]);
         let data_checksum_version = c.u32()?;
+        let default_char_signedness = layout.char_signedness.then(|| bytes[CHAR_SIGNEDNESS_OFFSET] != 0);
         Ok(ControlFile {
             system_identifier,
             pg_control_version,
@@ -151,6 +188,7 @@ impl ControlFile {
             wal_block_size,
             wal_segment_size,
             data_checksum_version,
+            default_char_signedness,
             raw: bytes[..CONTROL_DATA_SIZE].try_into().unwrap(),
         })
     }
@@ -178,20 +216,36 @@ impl ControlFile {
         out[224..228].copy_from_slice(&self.wal_block_size.to_le_bytes());
         out[228..232].copy_from_slice(&self.wal_segment_size.to_le_bytes());
         out[252..256].copy_from_slice(&self.data_checksum_version.to_le_bytes());
-        let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
-        out[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+        let layout = self.layout();
+        if let Some(signed) = self.default_char_signedness {
+            debug_assert!(layout.char_signedness, "default_char_signedness in a pg_control before 18");
+            out[CHAR_SIGNEDNESS_OFFSET] = signed as u8;
+        }
+        let crc = crc32c::crc32c(&out[..layout.crc]);
+        out[layout.crc..layout.crc + 4].copy_from_slice(&crc.to_le_bytes());
         out
+    }
+
+    /// The PostgreSQL major that wrote the file (checked when decoded).
+    pub fn pg_version(&self) -> PgVersion {
+        version_of(self.pg_control_version, self.catalog_version_no).expect("checked when decoded")
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::of(self.pg_control_version).expect("checked when decoded")
     }
 
     /// The random value PostgreSQL derives fake SCRAM salts from for roles
     /// that do not exist (so that a client cannot tell them apart).
     pub fn mock_authentication_nonce(&self) -> [u8; MOCK_AUTH_NONCE_LEN] {
-        self.raw[MOCK_AUTH_NONCE_OFFSET..CRC_OFFSET].try_into().unwrap()
+        let at = self.layout().nonce;
+        self.raw[at..at + MOCK_AUTH_NONCE_LEN].try_into().unwrap()
     }
 
     /// Replaces the mock authentication nonce (each cluster has its own).
     pub fn set_mock_authentication_nonce(&mut self, nonce: [u8; MOCK_AUTH_NONCE_LEN]) {
-        self.raw[MOCK_AUTH_NONCE_OFFSET..CRC_OFFSET].copy_from_slice(&nonce);
+        let at = self.layout().nonce;
+        self.raw[at..at + MOCK_AUTH_NONCE_LEN].copy_from_slice(&nonce);
     }
 
     /// Points the file at a shutdown checkpoint record at `lsn`: a server

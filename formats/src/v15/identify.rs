@@ -1,10 +1,15 @@
-//! Record type names for PostgreSQL 15 WAL records, as pg_waldump prints them
-//! (each resource manager's `rm_identify`).
+//! Record type names of WAL records, as each version's pg_waldump prints
+//! them (each resource manager's `rm_identify`). From 15 to 18 only two
+//! resource managers name records differently: 17 merged heap2's prune,
+//! vacuum and freeze records and added XLOG's `CHECKPOINT_REDO`.
+
+use crate::version::PgVersion;
 
 /// Low bits of `xl_info` reserved for the WAL machinery itself.
 const XLR_INFO_MASK: u8 = 0x0F;
 
-/// The record type name pg_waldump prints for this record (`rm_identify`), or None where PostgreSQL 15 returns NULL.
+/// The record type name `version`'s pg_waldump prints for this record
+/// (`rm_identify`), or None where PostgreSQL returns NULL.
 ///
 /// Each resource manager masks `xl_info` its own way: most drop only the
 /// low four bits, so a record whose operation carries a flag in the high bit
@@ -12,10 +17,10 @@ const XLR_INFO_MASK: u8 = 0x0F;
 /// transaction manager keeps only its three operation bits, and CommitTs and
 /// ReplicationOrigin compare the whole byte. Custom resource managers (ids
 /// 128 and up) and unassigned ids give None.
-pub fn identify(rmgr: u8, xl_info: u8) -> Option<&'static str> {
+pub fn identify(version: PgVersion, rmgr: u8, xl_info: u8) -> Option<&'static str> {
     let info = xl_info & !XLR_INFO_MASK;
     match rmgr {
-        0 => xlog(info),
+        0 => xlog(version, info),
         1 => xact(xl_info),
         2 => smgr(info),
         3 => clog(info),
@@ -24,7 +29,7 @@ pub fn identify(rmgr: u8, xl_info: u8) -> Option<&'static str> {
         6 => multixact(info),
         7 => relmap(info),
         8 => standby(info),
-        9 => heap2(info),
+        9 => heap2(version, info),
         10 => heap(info),
         11 => btree(info),
         12 => hash(info),
@@ -41,8 +46,9 @@ pub fn identify(rmgr: u8, xl_info: u8) -> Option<&'static str> {
     }
 }
 
-fn xlog(info: u8) -> Option<&'static str> {
+fn xlog(version: PgVersion, info: u8) -> Option<&'static str> {
     Some(match info {
+        0xE0 if version >= PgVersion::V17 => "CHECKPOINT_REDO",
         0x00 => "CHECKPOINT_SHUTDOWN",
         0x10 => "CHECKPOINT_ONLINE",
         0x20 => "NOOP",
@@ -136,7 +142,15 @@ fn standby(info: u8) -> Option<&'static str> {
 
 /// Only `MULTI_INSERT` has an `+INIT` variant; any other operation with the
 /// init-page bit set is unnamed.
-fn heap2(info: u8) -> Option<&'static str> {
+fn heap2(version: PgVersion, info: u8) -> Option<&'static str> {
+    if version.merged_prune_records() {
+        match info {
+            0x10 => return Some("PRUNE_ON_ACCESS"),
+            0x20 => return Some("PRUNE_VACUUM_SCAN"),
+            0x30 => return Some("PRUNE_VACUUM_CLEANUP"),
+            _ => {}
+        }
+    }
     Some(match info {
         0x00 => "REWRITE",
         0x10 => "PRUNE",
@@ -301,160 +315,176 @@ fn logicalmsg(info: u8) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::identify;
+    use crate::version::PgVersion::{self, V15, V17, V18};
 
     #[test]
     fn xlog() {
-        assert_eq!(identify(0, 0x00), Some("CHECKPOINT_SHUTDOWN"));
-        assert_eq!(identify(0, 0x10), Some("CHECKPOINT_ONLINE"));
-        assert_eq!(identify(0, 0x40), Some("SWITCH"));
-        assert_eq!(identify(0, 0xA0), Some("FPI_FOR_HINT"));
-        assert_eq!(identify(0, 0xB0), Some("FPI"));
+        assert_eq!(identify(V15, 0, 0x00), Some("CHECKPOINT_SHUTDOWN"));
+        assert_eq!(identify(V15, 0, 0x10), Some("CHECKPOINT_ONLINE"));
+        assert_eq!(identify(V15, 0, 0x40), Some("SWITCH"));
+        assert_eq!(identify(V15, 0, 0xA0), Some("FPI_FOR_HINT"));
+        assert_eq!(identify(V15, 0, 0xB0), Some("FPI"));
         // Low bits (e.g. XLR_SPECIAL_REL_UPDATE 0x01) are masked off.
-        assert_eq!(identify(0, 0xB1), Some("FPI"));
-        assert_eq!(identify(0, 0xD0), Some("OVERWRITE_CONTRECORD"));
+        assert_eq!(identify(V15, 0, 0xB1), Some("FPI"));
+        assert_eq!(identify(V15, 0, 0xD0), Some("OVERWRITE_CONTRECORD"));
         // 0xC0 is no longer used; 0xE0/0xF0 never were.
-        assert_eq!(identify(0, 0xC0), None);
-        assert_eq!(identify(0, 0xE0), None);
-        assert_eq!(identify(0, 0xF0), None);
+        assert_eq!(identify(V15, 0, 0xC0), None);
+        assert_eq!(identify(V15, 0, 0xE0), None);
+        assert_eq!(identify(V15, 0, 0xF0), None);
     }
 
     #[test]
     fn xact() {
-        assert_eq!(identify(1, 0x00), Some("COMMIT"));
-        assert_eq!(identify(1, 0x80), Some("COMMIT"));
-        assert_eq!(identify(1, 0x10), Some("PREPARE"));
-        assert_eq!(identify(1, 0xA0), Some("ABORT"));
-        assert_eq!(identify(1, 0x30), Some("COMMIT_PREPARED"));
-        assert_eq!(identify(1, 0xC0), Some("ABORT_PREPARED"));
-        assert_eq!(identify(1, 0x50), Some("ASSIGNMENT"));
-        assert_eq!(identify(1, 0x60), Some("INVALIDATION"));
-        assert_eq!(identify(1, 0x70), None);
-        assert_eq!(identify(1, 0xF0), None);
+        assert_eq!(identify(V15, 1, 0x00), Some("COMMIT"));
+        assert_eq!(identify(V15, 1, 0x80), Some("COMMIT"));
+        assert_eq!(identify(V15, 1, 0x10), Some("PREPARE"));
+        assert_eq!(identify(V15, 1, 0xA0), Some("ABORT"));
+        assert_eq!(identify(V15, 1, 0x30), Some("COMMIT_PREPARED"));
+        assert_eq!(identify(V15, 1, 0xC0), Some("ABORT_PREPARED"));
+        assert_eq!(identify(V15, 1, 0x50), Some("ASSIGNMENT"));
+        assert_eq!(identify(V15, 1, 0x60), Some("INVALIDATION"));
+        assert_eq!(identify(V15, 1, 0x70), None);
+        assert_eq!(identify(V15, 1, 0xF0), None);
     }
 
     #[test]
     fn small_managers() {
-        assert_eq!(identify(2, 0x00), None);
-        assert_eq!(identify(2, 0x10), Some("CREATE"));
-        assert_eq!(identify(2, 0x20), Some("TRUNCATE"));
-        assert_eq!(identify(3, 0x00), Some("ZEROPAGE"));
-        assert_eq!(identify(3, 0x10), Some("TRUNCATE"));
-        assert_eq!(identify(3, 0x20), None);
-        assert_eq!(identify(4, 0x00), Some("CREATE_FILE_COPY"));
-        assert_eq!(identify(4, 0x10), Some("CREATE_WAL_LOG"));
-        assert_eq!(identify(4, 0x20), Some("DROP"));
-        assert_eq!(identify(4, 0x30), None);
-        assert_eq!(identify(5, 0x00), Some("CREATE"));
-        assert_eq!(identify(5, 0x10), Some("DROP"));
-        assert_eq!(identify(6, 0x00), Some("ZERO_OFF_PAGE"));
-        assert_eq!(identify(6, 0x30), Some("TRUNCATE_ID"));
-        assert_eq!(identify(6, 0x40), None);
-        assert_eq!(identify(7, 0x00), Some("UPDATE"));
-        assert_eq!(identify(7, 0x10), None);
-        assert_eq!(identify(8, 0x00), Some("LOCK"));
-        assert_eq!(identify(8, 0x10), Some("RUNNING_XACTS"));
-        assert_eq!(identify(8, 0x20), Some("INVALIDATIONS"));
-        assert_eq!(identify(8, 0x30), None);
-        assert_eq!(identify(15, 0x00), Some("LOG"));
-        assert_eq!(identify(15, 0x10), None);
+        assert_eq!(identify(V15, 2, 0x00), None);
+        assert_eq!(identify(V15, 2, 0x10), Some("CREATE"));
+        assert_eq!(identify(V15, 2, 0x20), Some("TRUNCATE"));
+        assert_eq!(identify(V15, 3, 0x00), Some("ZEROPAGE"));
+        assert_eq!(identify(V15, 3, 0x10), Some("TRUNCATE"));
+        assert_eq!(identify(V15, 3, 0x20), None);
+        assert_eq!(identify(V15, 4, 0x00), Some("CREATE_FILE_COPY"));
+        assert_eq!(identify(V15, 4, 0x10), Some("CREATE_WAL_LOG"));
+        assert_eq!(identify(V15, 4, 0x20), Some("DROP"));
+        assert_eq!(identify(V15, 4, 0x30), None);
+        assert_eq!(identify(V15, 5, 0x00), Some("CREATE"));
+        assert_eq!(identify(V15, 5, 0x10), Some("DROP"));
+        assert_eq!(identify(V15, 6, 0x00), Some("ZERO_OFF_PAGE"));
+        assert_eq!(identify(V15, 6, 0x30), Some("TRUNCATE_ID"));
+        assert_eq!(identify(V15, 6, 0x40), None);
+        assert_eq!(identify(V15, 7, 0x00), Some("UPDATE"));
+        assert_eq!(identify(V15, 7, 0x10), None);
+        assert_eq!(identify(V15, 8, 0x00), Some("LOCK"));
+        assert_eq!(identify(V15, 8, 0x10), Some("RUNNING_XACTS"));
+        assert_eq!(identify(V15, 8, 0x20), Some("INVALIDATIONS"));
+        assert_eq!(identify(V15, 8, 0x30), None);
+        assert_eq!(identify(V15, 15, 0x00), Some("LOG"));
+        assert_eq!(identify(V15, 15, 0x10), None);
     }
 
     #[test]
     fn heap_and_heap2() {
-        assert_eq!(identify(10, 0x00), Some("INSERT"));
-        assert_eq!(identify(10, 0x80), Some("INSERT+INIT"));
-        assert_eq!(identify(10, 0x10), Some("DELETE"));
-        assert_eq!(identify(10, 0x90), None);
-        assert_eq!(identify(10, 0x20), Some("UPDATE"));
-        assert_eq!(identify(10, 0xA0), Some("UPDATE+INIT"));
-        assert_eq!(identify(10, 0x30), Some("TRUNCATE"));
-        assert_eq!(identify(10, 0x40), Some("HOT_UPDATE"));
-        assert_eq!(identify(10, 0xC0), Some("HOT_UPDATE+INIT"));
-        assert_eq!(identify(10, 0x50), Some("HEAP_CONFIRM"));
-        assert_eq!(identify(10, 0x60), Some("LOCK"));
-        assert_eq!(identify(10, 0x70), Some("INPLACE"));
-        assert_eq!(identify(10, 0xF0), None);
-        assert_eq!(identify(10, 0x81), Some("INSERT+INIT"));
+        assert_eq!(identify(V15, 10, 0x00), Some("INSERT"));
+        assert_eq!(identify(V15, 10, 0x80), Some("INSERT+INIT"));
+        assert_eq!(identify(V15, 10, 0x10), Some("DELETE"));
+        assert_eq!(identify(V15, 10, 0x90), None);
+        assert_eq!(identify(V15, 10, 0x20), Some("UPDATE"));
+        assert_eq!(identify(V15, 10, 0xA0), Some("UPDATE+INIT"));
+        assert_eq!(identify(V15, 10, 0x30), Some("TRUNCATE"));
+        assert_eq!(identify(V15, 10, 0x40), Some("HOT_UPDATE"));
+        assert_eq!(identify(V15, 10, 0xC0), Some("HOT_UPDATE+INIT"));
+        assert_eq!(identify(V15, 10, 0x50), Some("HEAP_CONFIRM"));
+        assert_eq!(identify(V15, 10, 0x60), Some("LOCK"));
+        assert_eq!(identify(V15, 10, 0x70), Some("INPLACE"));
+        assert_eq!(identify(V15, 10, 0xF0), None);
+        assert_eq!(identify(V15, 10, 0x81), Some("INSERT+INIT"));
 
-        assert_eq!(identify(9, 0x00), Some("REWRITE"));
-        assert_eq!(identify(9, 0x10), Some("PRUNE"));
-        assert_eq!(identify(9, 0x20), Some("VACUUM"));
-        assert_eq!(identify(9, 0x30), Some("FREEZE_PAGE"));
-        assert_eq!(identify(9, 0x40), Some("VISIBLE"));
-        assert_eq!(identify(9, 0x50), Some("MULTI_INSERT"));
-        assert_eq!(identify(9, 0xD0), Some("MULTI_INSERT+INIT"));
-        assert_eq!(identify(9, 0x60), Some("LOCK_UPDATED"));
-        assert_eq!(identify(9, 0x70), Some("NEW_CID"));
-        assert_eq!(identify(9, 0x80), None);
+        assert_eq!(identify(V15, 9, 0x00), Some("REWRITE"));
+        assert_eq!(identify(V15, 9, 0x10), Some("PRUNE"));
+        assert_eq!(identify(V15, 9, 0x20), Some("VACUUM"));
+        assert_eq!(identify(V15, 9, 0x30), Some("FREEZE_PAGE"));
+        assert_eq!(identify(V15, 9, 0x40), Some("VISIBLE"));
+        assert_eq!(identify(V15, 9, 0x50), Some("MULTI_INSERT"));
+        assert_eq!(identify(V15, 9, 0xD0), Some("MULTI_INSERT+INIT"));
+        assert_eq!(identify(V15, 9, 0x60), Some("LOCK_UPDATED"));
+        assert_eq!(identify(V15, 9, 0x70), Some("NEW_CID"));
+        assert_eq!(identify(V15, 9, 0x80), None);
     }
 
     #[test]
     fn indexes() {
-        assert_eq!(identify(11, 0x00), Some("INSERT_LEAF"));
-        assert_eq!(identify(11, 0x30), Some("SPLIT_L"));
-        assert_eq!(identify(11, 0x60), Some("DEDUP"));
-        assert_eq!(identify(11, 0xB0), Some("MARK_PAGE_HALFDEAD"));
-        assert_eq!(identify(11, 0xC0), Some("VACUUM"));
-        assert_eq!(identify(11, 0xE0), Some("META_CLEANUP"));
-        assert_eq!(identify(11, 0xF0), None);
+        assert_eq!(identify(V15, 11, 0x00), Some("INSERT_LEAF"));
+        assert_eq!(identify(V15, 11, 0x30), Some("SPLIT_L"));
+        assert_eq!(identify(V15, 11, 0x60), Some("DEDUP"));
+        assert_eq!(identify(V15, 11, 0xB0), Some("MARK_PAGE_HALFDEAD"));
+        assert_eq!(identify(V15, 11, 0xC0), Some("VACUUM"));
+        assert_eq!(identify(V15, 11, 0xE0), Some("META_CLEANUP"));
+        assert_eq!(identify(V15, 11, 0xF0), None);
 
-        assert_eq!(identify(12, 0x00), Some("INIT_META_PAGE"));
-        assert_eq!(identify(12, 0x90), Some("DELETE"));
-        assert_eq!(identify(12, 0xC0), Some("VACUUM_ONE_PAGE"));
-        assert_eq!(identify(12, 0xD0), None);
+        assert_eq!(identify(V15, 12, 0x00), Some("INIT_META_PAGE"));
+        assert_eq!(identify(V15, 12, 0x90), Some("DELETE"));
+        assert_eq!(identify(V15, 12, 0xC0), Some("VACUUM_ONE_PAGE"));
+        assert_eq!(identify(V15, 12, 0xD0), None);
 
-        assert_eq!(identify(13, 0x00), None);
-        assert_eq!(identify(13, 0x10), Some("CREATE_PTREE"));
-        assert_eq!(identify(13, 0x40), Some("VACUUM_PAGE"));
-        assert_eq!(identify(13, 0x90), Some("VACUUM_DATA_LEAF_PAGE"));
-        assert_eq!(identify(13, 0xA0), None);
+        assert_eq!(identify(V15, 13, 0x00), None);
+        assert_eq!(identify(V15, 13, 0x10), Some("CREATE_PTREE"));
+        assert_eq!(identify(V15, 13, 0x40), Some("VACUUM_PAGE"));
+        assert_eq!(identify(V15, 13, 0x90), Some("VACUUM_DATA_LEAF_PAGE"));
+        assert_eq!(identify(V15, 13, 0xA0), None);
 
-        assert_eq!(identify(14, 0x00), Some("PAGE_UPDATE"));
-        assert_eq!(identify(14, 0x30), Some("PAGE_SPLIT"));
-        assert_eq!(identify(14, 0x40), None);
-        assert_eq!(identify(14, 0x50), None);
-        assert_eq!(identify(14, 0x60), Some("PAGE_DELETE"));
-        assert_eq!(identify(14, 0x70), Some("ASSIGN_LSN"));
+        assert_eq!(identify(V15, 14, 0x00), Some("PAGE_UPDATE"));
+        assert_eq!(identify(V15, 14, 0x30), Some("PAGE_SPLIT"));
+        assert_eq!(identify(V15, 14, 0x40), None);
+        assert_eq!(identify(V15, 14, 0x50), None);
+        assert_eq!(identify(V15, 14, 0x60), Some("PAGE_DELETE"));
+        assert_eq!(identify(V15, 14, 0x70), Some("ASSIGN_LSN"));
 
-        assert_eq!(identify(16, 0x00), None);
-        assert_eq!(identify(16, 0x10), Some("ADD_LEAF"));
-        assert_eq!(identify(16, 0x50), Some("PICKSPLIT"));
-        assert_eq!(identify(16, 0x80), Some("VACUUM_REDIRECT"));
-        assert_eq!(identify(16, 0x90), None);
+        assert_eq!(identify(V15, 16, 0x00), None);
+        assert_eq!(identify(V15, 16, 0x10), Some("ADD_LEAF"));
+        assert_eq!(identify(V15, 16, 0x50), Some("PICKSPLIT"));
+        assert_eq!(identify(V15, 16, 0x80), Some("VACUUM_REDIRECT"));
+        assert_eq!(identify(V15, 16, 0x90), None);
 
-        assert_eq!(identify(17, 0x00), Some("CREATE_INDEX"));
-        assert_eq!(identify(17, 0x10), Some("INSERT"));
-        assert_eq!(identify(17, 0x90), Some("INSERT+INIT"));
-        assert_eq!(identify(17, 0xA0), Some("UPDATE+INIT"));
-        assert_eq!(identify(17, 0x30), Some("SAMEPAGE_UPDATE"));
-        assert_eq!(identify(17, 0x50), Some("DESUMMARIZE"));
-        assert_eq!(identify(17, 0x80), None);
+        assert_eq!(identify(V15, 17, 0x00), Some("CREATE_INDEX"));
+        assert_eq!(identify(V15, 17, 0x10), Some("INSERT"));
+        assert_eq!(identify(V15, 17, 0x90), Some("INSERT+INIT"));
+        assert_eq!(identify(V15, 17, 0xA0), Some("UPDATE+INIT"));
+        assert_eq!(identify(V15, 17, 0x30), Some("SAMEPAGE_UPDATE"));
+        assert_eq!(identify(V15, 17, 0x50), Some("DESUMMARIZE"));
+        assert_eq!(identify(V15, 17, 0x80), None);
     }
 
     #[test]
     fn unmasked_managers() {
-        assert_eq!(identify(18, 0x00), Some("ZEROPAGE"));
-        assert_eq!(identify(18, 0x10), Some("TRUNCATE"));
-        assert_eq!(identify(18, 0x01), None);
-        assert_eq!(identify(19, 0x00), Some("SET"));
-        assert_eq!(identify(19, 0x10), Some("DROP"));
-        assert_eq!(identify(19, 0x11), None);
+        assert_eq!(identify(V15, 18, 0x00), Some("ZEROPAGE"));
+        assert_eq!(identify(V15, 18, 0x10), Some("TRUNCATE"));
+        assert_eq!(identify(V15, 18, 0x01), None);
+        assert_eq!(identify(V15, 19, 0x00), Some("SET"));
+        assert_eq!(identify(V15, 19, 0x10), Some("DROP"));
+        assert_eq!(identify(V15, 19, 0x11), None);
     }
 
     #[test]
     fn generic_and_logical_message() {
-        assert_eq!(identify(20, 0x00), Some("Generic"));
-        assert_eq!(identify(20, 0xFF), Some("Generic"));
-        assert_eq!(identify(21, 0x00), Some("MESSAGE"));
-        assert_eq!(identify(21, 0x01), Some("MESSAGE"));
-        assert_eq!(identify(21, 0x10), None);
+        assert_eq!(identify(V15, 20, 0x00), Some("Generic"));
+        assert_eq!(identify(V15, 20, 0xFF), Some("Generic"));
+        assert_eq!(identify(V15, 21, 0x00), Some("MESSAGE"));
+        assert_eq!(identify(V15, 21, 0x01), Some("MESSAGE"));
+        assert_eq!(identify(V15, 21, 0x10), None);
     }
 
     #[test]
     fn unknown_managers() {
-        assert_eq!(identify(22, 0x00), None);
-        assert_eq!(identify(127, 0x00), None);
-        assert_eq!(identify(128, 0x00), None);
-        assert_eq!(identify(255, 0x00), None);
+        assert_eq!(identify(V15, 22, 0x00), None);
+        assert_eq!(identify(V15, 127, 0x00), None);
+        assert_eq!(identify(V15, 128, 0x00), None);
+        assert_eq!(identify(V15, 255, 0x00), None);
+    }
+
+    #[test]
+    fn versions_from_17_name_the_merged_prune_records_and_the_redo_checkpoint() {
+        for v in [V17, V18] {
+            assert_eq!(identify(v, 9, 0x10), Some("PRUNE_ON_ACCESS"));
+            assert_eq!(identify(v, 9, 0x20), Some("PRUNE_VACUUM_SCAN"));
+            assert_eq!(identify(v, 9, 0x30), Some("PRUNE_VACUUM_CLEANUP"));
+            assert_eq!(identify(v, 9, 0x40), Some("VISIBLE"));
+            assert_eq!(identify(v, 0, 0xE0), Some("CHECKPOINT_REDO"));
+        }
+        for v in [V15, PgVersion::V16] {
+            assert_eq!(identify(v, 9, 0x10), Some("PRUNE"));
+            assert_eq!(identify(v, 0, 0xE0), None);
+        }
     }
 }

@@ -7,7 +7,6 @@ use crate::lsn::Lsn;
 use crate::v15::control::{ControlFile, DbState};
 use crate::v15::records::xlog::CheckPoint;
 use crate::v15::rmgr::{RM_XLOG_ID, XLOG_CHECKPOINT_SHUTDOWN};
-use crate::version::PgVersion;
 use crate::wal::encode::{encode_record, WalBuilder};
 use crate::wal::segment::SegmentName;
 
@@ -37,7 +36,7 @@ pub fn shutdown_checkpoint_at(
 ) -> ShutdownCheckpoint {
     let segment_size = template.wal_segment_size as u64;
     let mut builder =
-        WalBuilder::new(PgVersion::V15, template.system_identifier, state.this_timeline, segment_size, at, prev);
+        WalBuilder::new(template.pg_version(), template.system_identifier, state.this_timeline, segment_size, at, prev);
     let mut checkpoint = *state;
     checkpoint.time = time;
     // No transaction is running at a shutdown checkpoint.

@@ -390,7 +390,7 @@ impl WalDecoder {
             end = Lsn(self.pos.0.div_ceil(self.segment_size) * self.segment_size);
             self.skip_until = Some(end);
         }
-        match DecodedRecord::decode(start, end, partial.bytes) {
+        match DecodedRecord::decode(self.version, start, end, partial.bytes) {
             Ok(record) => {
                 self.prev_record = Some(start);
                 Ok(record)

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use crate::lsn::Lsn;
 use crate::types::{BlockNumber, Cursor, ForkNumber, RelFileNode, TransactionId};
-use crate::version::BLCKSZ;
+use crate::version::{PgVersion, BLCKSZ};
 
 /// Size of `XLogRecord`.
 pub const RECORD_HEADER_SIZE: usize = 24;
@@ -174,6 +174,9 @@ impl BlockRef {
 /// A complete, CRC-checked WAL record with its fragments located.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodedRecord {
+    /// The PostgreSQL major that wrote it: resource managers' record
+    /// layouts differ between majors (`PgVersion`).
+    pub version: PgVersion,
     /// LSN of the first byte of the record.
     pub lsn: Lsn,
     /// LSN where the next record may start (MAXALIGNed end; a segment boundary after XLOG SWITCH).
@@ -214,7 +217,7 @@ pub enum RecordError {
 impl DecodedRecord {
     /// Decodes the fragments of `raw`, a complete record whose header and CRC
     /// the caller has already validated.
-    pub fn decode(lsn: Lsn, end_lsn: Lsn, raw: Vec<u8>) -> Result<DecodedRecord, RecordError> {
+    pub fn decode(version: PgVersion, lsn: Lsn, end_lsn: Lsn, raw: Vec<u8>) -> Result<DecodedRecord, RecordError> {
         let header = RecordHeader::decode(&raw).ok_or(crate::types::Truncated {
             offset: 0,
             needed: RECORD_HEADER_SIZE,
@@ -340,7 +343,7 @@ impl DecodedRecord {
         }
         let main_data = offset..offset + main_len;
         debug_assert_eq!(main_data.end, body_len);
-        Ok(DecodedRecord { lsn, end_lsn, header, origin, toplevel_xid, blocks, main_data, raw })
+        Ok(DecodedRecord { version, lsn, end_lsn, header, origin, toplevel_xid, blocks, main_data, raw })
     }
 
     /// The record's main data.

@@ -140,6 +140,9 @@ impl Tenants {
     pub fn render_metrics(&self) -> String {
         let _one_at_a_time = self.scrape.lock();
         self.metrics.set_tenants(&self.tenant_sizes());
+        let all = self.all();
+        let idle = all.iter().filter(|e| e.tl.activity.state().is_idle()).count();
+        self.metrics.set_timeline_activity(all.len() - idle, idle);
         self.metrics.render()
     }
 
@@ -281,9 +284,7 @@ impl Tenants {
         let entries: Vec<_> = self.all().into_iter().filter(|e| e.tl.tenant_id == tenant).collect();
         for e in &entries {
             e.tl.detach();
-            if let Some(r) = e.handle.lock().take() {
-                r.shutdown();
-            }
+            e.stop_receiver();
         }
         for e in &entries {
             if let Some(r) = e.tl.remote() {

@@ -118,6 +118,10 @@ pub struct TimelineStatus {
     pub remote: Option<UploadStatus>,
     pub remote_consistent_lsn: Option<Lsn>,
     pub state: TimelineState,
+    /// Idle: no WAL arrived for a while, so its WAL stream and threads
+    /// ended; WAL for it, or a read that waits for an LSN, wakes it.
+    #[serde(default)]
+    pub idle: bool,
     /// Why it is broken (`broken.reason`).
     pub error: Option<String>,
     pub broken: Option<Broken>,
@@ -171,6 +175,7 @@ impl TimelineStatus {
             remote: None,
             remote_consistent_lsn: None,
             state: TimelineState::Active,
+            idle: false,
             error: None,
             broken: None,
             verify_redo: None,
@@ -306,6 +311,10 @@ pub struct GcOutcome {
 pub struct CreateTenantRequest {
     pub tenant_id: Option<TenantId>,
     pub timeline_id: Option<TimelineId>,
+    /// The tenant's PostgreSQL major (15 when absent): its `initdb` makes
+    /// the first timeline, and every branch inherits it.
+    #[serde(default)]
+    pub pg_version: Option<u32>,
 }
 
 /// `POST /v1/tenant/{tenant}/timeline`: a branch (`docs/branches.md`).

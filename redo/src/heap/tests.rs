@@ -58,7 +58,8 @@ fn record(rmgr: u8, info: u8, blocks: &[Blk], main: &[u8]) -> DecodedRecord {
     raw.push(rmgr);
     raw.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
     raw.extend_from_slice(&body);
-    DecodedRecord::decode(Lsn(END_LSN - 0x100), Lsn(END_LSN), raw).expect("test record decodes")
+    DecodedRecord::decode(strata_formats::PgVersion::V15, Lsn(END_LSN - 0x100), Lsn(END_LSN), raw)
+        .expect("test record decodes")
 }
 
 /// Logged tuple body: an 1-byte null-bitmap-free header pad to t_hoff 24, then data.
@@ -423,4 +424,37 @@ fn garbage_never_panics() {
         let _ = crate::redo_block(&rec, 0, &mut page);
         let _ = crate::redo_block(&rec, 1, &mut page);
     }
+}
+
+/// From 18.6 a record that clears visibility-map bits registers the VM page
+/// (block 1 of a delete): redo clears the bits of the heap block it covers,
+/// leaves the others, and stamps the page only when a bit changed.
+#[test]
+fn a_registered_visibility_map_page_loses_the_deleted_blocks_bits() {
+    let mut main = XID.to_le_bytes().to_vec();
+    main.extend_from_slice(&1u16.to_le_bytes()); // offnum
+    main.push(0); // infobits
+    main.push(XLH_DELETE_ALL_VISIBLE_CLEARED);
+    let vm = Blk { fork: ForkNumber::VisibilityMap, ..blk(1, 0, vec![]) };
+    let rec = record(RM_HEAP_ID, XLOG_HEAP_DELETE, &[blk(0, 7, vec![]), vm], &main);
+    assert!(clears_vm_block(&rec, ForkNumber::VisibilityMap));
+    // Heap blocks 4-7 share one byte after the 24-byte header: 7 is the high pair.
+    let mut page = [0u8; BLCKSZ];
+    set_pd_lsn(&mut page, 0x10).unwrap();
+    page[VM_MAP_START + 1] = 0xFF;
+    page[VM_MAP_START + 2] = 0x03;
+    crate::redo_block(&rec, 1, &mut page).unwrap();
+    assert_eq!(page[VM_MAP_START + 1], 0x3F, "heap block 7's two bits cleared, 4-6 kept");
+    assert_eq!(page[VM_MAP_START + 2], 0x03, "heap block 8 kept");
+    assert_eq!(pd_lsn(&page).unwrap(), END_LSN);
+
+    // Nothing left to clear: the page keeps its LSN.
+    set_pd_lsn(&mut page, 0x10).unwrap();
+    crate::redo_block(&rec, 1, &mut page).unwrap();
+    assert_eq!((page[VM_MAP_START + 1], pd_lsn(&page).unwrap()), (0x3F, 0x10));
+
+    // A VM page the record clears nothing on is a malformed record.
+    let far = Blk { fork: ForkNumber::VisibilityMap, ..blk(1, 3, vec![]) };
+    let rec = record(RM_HEAP_ID, XLOG_HEAP_DELETE, &[blk(0, 7, vec![]), far], &main);
+    assert!(matches!(crate::redo_block(&rec, 1, &mut page), Err(RedoError::BadRecord(_))));
 }

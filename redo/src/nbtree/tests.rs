@@ -35,6 +35,7 @@ fn record(info: u8, main: &[u8], blocks: &[(u8, u32, &[u8])]) -> DecodedRecord {
     let main_start = raw.len();
     raw.extend_from_slice(main);
     DecodedRecord {
+        version: strata_formats::PgVersion::V15,
         lsn: Lsn(END_LSN - 0x40),
         end_lsn: Lsn(END_LSN),
         header: RecordHeader { total_length: raw.len() as u32, xid: 0, prev: Lsn(0), info, rmgr: RM_BTREE_ID, crc: 0 },

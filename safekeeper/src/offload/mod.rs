@@ -337,9 +337,9 @@ fn fill_headers_before_start(bytes: &mut [u8], tl: &Timeline, segno: u64, segmen
     if start <= seg_start || start >= seg_start + segment_size {
         return Ok(());
     }
-    let magic = match tl.identity.pg_version {
-        15 => strata_formats::PgVersion::V15.wal_page_magic(),
-        v => return Err(format!("PostgreSQL {v} is not supported")),
+    let magic = match strata_formats::PgVersion::from_major(tl.identity.pg_version) {
+        Some(v) => v.wal_page_magic(),
+        None => return Err(format!("PostgreSQL {} is not supported", tl.identity.pg_version)),
     };
     let page = XLOG_BLCKSZ as u64;
     let mut at = seg_start;

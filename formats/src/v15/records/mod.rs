@@ -48,7 +48,7 @@ pub fn parse(record: &DecodedRecord) -> Result<Option<ParsedRecord>, ParseError>
     let err = |e: &dyn std::fmt::Display| ParseError { rmgr: name(record.rmgr()).into_owned(), reason: e.to_string() };
     let parsed = match record.rmgr() {
         RM_XLOG_ID => Some(ParsedRecord::Xlog(xlog::parse(info, data).map_err(|e| err(&e))?)),
-        RM_XACT_ID => Some(ParsedRecord::Xact(xact::parse(info, data).map_err(|e| err(&e))?)),
+        RM_XACT_ID => Some(ParsedRecord::Xact(xact::parse(record.version, info, data).map_err(|e| err(&e))?)),
         RM_SMGR_ID => storage::parse_smgr(info, data).map_err(|e| err(&e))?.map(ParsedRecord::Smgr),
         RM_CLOG_ID => slru::parse_clog(info, data).map_err(|e| err(&e))?.map(ParsedRecord::Clog),
         RM_DBASE_ID => storage::parse_dbase(info, data).map_err(|e| err(&e))?.map(ParsedRecord::Dbase),
@@ -86,7 +86,7 @@ mod tests {
         let header = RecordHeader { total_length: 24 + body.len() as u32, xid, prev: Lsn(8), info, rmgr, crc: 0 };
         let mut raw = header.encode().to_vec();
         raw.extend(body);
-        DecodedRecord::decode(Lsn(0x100), Lsn(0x200), raw).unwrap()
+        DecodedRecord::decode(crate::PgVersion::V15, Lsn(0x100), Lsn(0x200), raw).unwrap()
     }
 
     const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16384 };

@@ -1,6 +1,7 @@
 //! Transaction resource manager: commit, abort, prepare, subtransaction assignment.
 
 use crate::types::{Cursor, Oid, RelFileNode, TransactionId, Truncated};
+use crate::version::PgVersion;
 
 pub const XLOG_XACT_COMMIT: u8 = 0x00;
 pub const XLOG_XACT_PREPARE: u8 = 0x10;
@@ -25,8 +26,15 @@ pub const XACT_XINFO_HAS_DROPPED_STATS: u32 = 1 << 8;
 
 /// Size of one `SharedInvalidationMessage`.
 const INVALIDATION_MESSAGE_SIZE: usize = 16;
-/// Size of one `xl_xact_stats_item`.
-const STATS_ITEM_SIZE: usize = 12;
+/// Size of one `xl_xact_stats_item`: kind, database and object id; 18
+/// widened the object id to 64 bits (two 32-bit halves).
+fn stats_item_size(version: PgVersion) -> usize {
+    if version >= PgVersion::V18 {
+        16
+    } else {
+        12
+    }
+}
 
 /// Whether a finish record commits or aborts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -106,7 +114,7 @@ fn c_string(c: &mut Cursor<'_>) -> Result<String, Truncated> {
     Ok(s)
 }
 
-fn parse_finish(info: u8, data: &[u8]) -> Result<XactFinish, Truncated> {
+fn parse_finish(version: PgVersion, info: u8, data: &[u8]) -> Result<XactFinish, Truncated> {
     let op = info & XLOG_XACT_OPMASK;
     let mut c = Cursor::new(data);
     let xact_time = c.i64()?;
@@ -139,8 +147,9 @@ fn parse_finish(info: u8, data: &[u8]) -> Result<XactFinish, Truncated> {
         finish.dropped_rels = (0..n).map(|_| c.rel_file_node()).collect::<Result<_, _>>()?;
     }
     if xinfo & XACT_XINFO_HAS_DROPPED_STATS != 0 {
-        let n = c.count(STATS_ITEM_SIZE)?;
-        c.skip(n * STATS_ITEM_SIZE)?;
+        let size = stats_item_size(version);
+        let n = c.count(size)?;
+        c.skip(n * size)?;
     }
     // Abort records never carry invalidations.
     if xinfo & XACT_XINFO_HAS_INVALS != 0 && finish.outcome == Outcome::Commit {
@@ -201,11 +210,11 @@ fn parse_prepare(data: &[u8]) -> Result<XactPrepare, Truncated> {
     })
 }
 
-/// Decodes a transaction record's main data.
-pub fn parse(info: u8, data: &[u8]) -> Result<XactRecord, Truncated> {
+/// Decodes a transaction record's main data, as written by `version`.
+pub fn parse(version: PgVersion, info: u8, data: &[u8]) -> Result<XactRecord, Truncated> {
     Ok(match info & XLOG_XACT_OPMASK {
         XLOG_XACT_COMMIT | XLOG_XACT_ABORT | XLOG_XACT_COMMIT_PREPARED | XLOG_XACT_ABORT_PREPARED => {
-            XactRecord::Finish(parse_finish(info, data)?)
+            XactRecord::Finish(parse_finish(version, info, data)?)
         }
         XLOG_XACT_PREPARE => XactRecord::Prepare(parse_prepare(data)?),
         XLOG_XACT_ASSIGNMENT => {
@@ -215,4 +224,34 @@ pub fn parse(info: u8, data: &[u8]) -> Result<XactRecord, Truncated> {
         }
         _ => XactRecord::Invalidations,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A COMMIT_PREPARED record that dropped the statistics of one object
+    /// (`size` bytes per item) and carries no invalidations, then the
+    /// prepared transaction's xid.
+    fn commit_prepared(size: usize) -> Vec<u8> {
+        let mut d = 7i64.to_le_bytes().to_vec(); // xact_time
+        d.extend_from_slice(&(XACT_XINFO_HAS_DROPPED_STATS | XACT_XINFO_HAS_TWOPHASE).to_le_bytes());
+        d.extend_from_slice(&1i32.to_le_bytes());
+        d.extend(std::iter::repeat_n(0xAB, size));
+        d.extend_from_slice(&4242u32.to_le_bytes());
+        d
+    }
+
+    #[test]
+    fn dropped_statistics_items_are_12_bytes_before_18_and_16_from_18() {
+        let info = XLOG_XACT_COMMIT_PREPARED | XLOG_XACT_HAS_INFO;
+        for (version, size) in [(PgVersion::V15, 12), (PgVersion::V17, 12), (PgVersion::V18, 16)] {
+            let XactRecord::Finish(f) = parse(version, info, &commit_prepared(size)).unwrap() else { panic!() };
+            assert_eq!((f.outcome, f.twophase_xid), (Outcome::Commit, Some(4242)), "{version}");
+        }
+        // 18's record read as 15's loses the prepared xid to the stats' tail.
+        let XactRecord::Finish(f) = parse(PgVersion::V15, info, &commit_prepared(16)).unwrap() else { panic!() };
+        assert_ne!(f.twophase_xid, Some(4242));
+        assert!(parse(PgVersion::V18, info, &commit_prepared(12)).is_err(), "too short for 18's item");
+    }
 }

@@ -10,6 +10,9 @@ pub struct CheckPoint {
     pub this_timeline: u32,
     pub prev_timeline: u32,
     pub full_page_writes: bool,
+    /// `wal_level` from 17 on. On 15 and 16 these four bytes are padding,
+    /// kept as read so that a decoded struct re-encodes to the same bytes.
+    pub wal_level: i32,
     /// 64-bit transaction id: epoch in the high 32 bits.
     pub next_full_xid: u64,
     pub next_oid: Oid,
@@ -37,7 +40,8 @@ impl CheckPoint {
         let this_timeline = c.u32()?;
         let prev_timeline = c.u32()?;
         let full_page_writes = c.u8()? != 0;
-        c.skip(7)?;
+        c.skip(3)?;
+        let wal_level = c.i32()?;
         let next_full_xid = c.u64()?;
         let next_oid = c.u32()?;
         let next_multi = c.u32()?;
@@ -58,6 +62,7 @@ impl CheckPoint {
             this_timeline,
             prev_timeline,
             full_page_writes,
+            wal_level,
             next_full_xid,
             next_oid,
             next_multi,
@@ -80,6 +85,7 @@ impl CheckPoint {
         out[8..12].copy_from_slice(&self.this_timeline.to_le_bytes());
         out[12..16].copy_from_slice(&self.prev_timeline.to_le_bytes());
         out[16] = self.full_page_writes as u8;
+        out[20..24].copy_from_slice(&self.wal_level.to_le_bytes());
         out[24..32].copy_from_slice(&self.next_full_xid.to_le_bytes());
         let words = [
             self.next_oid,

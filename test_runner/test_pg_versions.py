@@ -1,0 +1,107 @@
+"""A tenant's PostgreSQL major (docs/postgres-versions.md): `strata tenant
+create --pg-version` makes the tenant with that major's own initdb, the
+pageserver and every safekeeper keep its timeline as that major's, and a
+basebackup is that major's data directory; a major a tenant cannot have is
+refused by name, and a 15 tenant beside it is untouched."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+
+from fixtures.endpoint import Endpoint
+from fixtures.strata import urlopen
+from fixtures.versions import MAJORS
+
+
+def test_a_tenant_of_each_major_is_made_by_that_majors_initdb(cluster):
+    for major in [m for m in MAJORS if m != 15]:
+        name = f"pg{major}"
+        out = cluster.run("tenant", "create", name, "--pg-version", str(major), timeout=180).stdout
+        assert f"tenant {name}:" in out, out
+        tenant = cluster.tenant(name)
+        assert tenant["pg_version"] == major, tenant
+        tenant_id = tenant["tenant_id"]
+        timeline_id = next(b["timeline_id"] for b in tenant["branches"] if b["name"] == "main")
+        path = f"/v1/tenant/{tenant_id}/timeline/{timeline_id}"
+
+        code, status = cluster.http("pageserver", "GET", path)
+        assert code == 200 and status["pg_version"] == major, (code, status)
+        for sk in cluster.safekeeper_names():
+            code, status = cluster.http(sk, "GET", path)
+            assert code == 200 and status["pg_version"] == major, (sk, code, status)
+
+        # The basebackup is that major's data directory: its PG_VERSION
+        # files and a pg_control of its version (18: checksums on, as its
+        # initdb does by default).
+        with urlopen(cluster.http_url("pageserver", path + "/basebackup"), timeout=60) as r:
+            tar = tarfile.open(fileobj=io.BytesIO(r.read()))
+        files = {m.name: m for m in tar.getmembers()}
+        assert tar.extractfile(files["PG_VERSION"]).read() == f"{major}\n".encode()
+        db_versions = [n for n in files if n.startswith("base/") and n.endswith("/PG_VERSION")]
+        assert db_versions and all(tar.extractfile(files[n]).read() == f"{major}\n".encode() for n in db_versions)
+        control = tar.extractfile(files["global/pg_control"]).read()
+        control_version = int.from_bytes(control[8:12], "little")
+        assert control_version == {17: 1700, 18: 1800}[major], control_version
+        if major >= 18:
+            assert int.from_bytes(control[252:256], "little") == 1, "data checksums on"
+
+    # A major no tenant can have: refused by name, nothing recorded.
+    r = cluster.run("tenant", "create", "pg16", "--pg-version", "16", check=False)
+    assert r.returncode != 0 and "PostgreSQL 16 is not a major a tenant can have" in r.stderr, r
+    assert all(t["name"] != "pg16" for t in cluster.cluster_toml["tenants"])
+
+    # The pageserver refuses it too, whoever asks.
+    code, body = cluster.http("pageserver", "POST", "/v1/tenant", {"pg_version": 16})
+    assert code == 400 and "PostgreSQL 16" in body["error"], (code, body)
+
+    # The default tenant is still 15's.
+    assert cluster.timeline_status("pageserver")["pg_version"] == 15
+
+
+def test_a_compute_of_each_major_runs_that_majors_postgres(cluster, tmp_path):
+    for major in [m for m in MAJORS if m != 15]:
+        name = f"pg{major}"
+        cluster.run("tenant", "create", name, "--pg-version", str(major), timeout=180)
+        ep = Endpoint(cluster, f"e{major}", pg_bin_dir=f"/usr/lib/postgresql/{major}/bin")
+        ep.start("--tenant", name)
+        assert ep.sql("SHOW server_version_num")[0][0].startswith(str(major)), ep.sql("SELECT version()")
+        ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        ep.sql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 10000) g")
+        ep.sql("UPDATE t SET v = 'y' WHERE id % 10 = 0")
+        ep.sql("VACUUM t")
+        # A new compute reads every page back from the pageserver.
+        ep.stop()
+        ep.start("--tenant", name)
+        assert ep.sql("SELECT count(*), count(*) FILTER (WHERE v = 'y') FROM t") == [(10000, 1000)]
+        if major >= 18:
+            # 18's initdb turns checksums on: every page read back (built
+            # or redone by the pageserver) passed PostgreSQL's check.
+            assert ep.sql("SHOW data_checksums") == [("on",)]
+        # That major's own clients: pgbench writes, pg_amcheck finds every
+        # heap and index whole.
+        ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+        ep.run(["pgbench", "-n", "-c", "4", "-t", "200"], timeout=300)
+        ep.sql("CREATE EXTENSION amcheck")
+        ep.stop()
+        ep.start("--tenant", name)
+        ep.run(["pg_amcheck", "--all", "--heapallindexed", "--rootdescend"], timeout=300)
+        assert ep.sql("SELECT sum(abalance) = (SELECT sum(delta) FROM pgbench_history) FROM pgbench_accounts") == [(True,)]
+        ep.stop()
+
+
+def test_init_makes_the_default_tenant_of_another_major(cluster_factory):
+    cluster = cluster_factory(init_args=("--pg-version", "18"))
+    assert cluster.tenant()["pg_version"] == 18
+    assert cluster.timeline_status("pageserver")["pg_version"] == 18
+    ep = Endpoint(cluster, "ep", pg_bin_dir="/usr/lib/postgresql/18/bin")
+    ep.start()
+    assert ep.sql("SELECT current_setting('server_version_num')::int / 10000") == [(18,)]
+    ep.stop()
+    # A major no tenant can have is refused before anything is made.
+    other = cluster.workdir.parent / "other"
+    r = subprocess.run([str(cluster.strata_bin), "init", "--workdir", str(other), "--pg-version", "16"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "PostgreSQL 16 is not a major a tenant can have" in r.stderr, r
+    assert not (other / "cluster.toml").exists()
