@@ -13,106 +13,18 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import urllib.error
 import tarfile
 import threading
+import urllib.error
 
 import pytest
 
 from fixtures.checks import split_sequences
 from fixtures.endpoint import Endpoint
+from fixtures.objects import OBJECTS
 from fixtures.strata import urlopen
 from fixtures.versions import MAJORS
 
-#: Objects of most kinds PostgreSQL has, in a database of their own.
-OBJECTS = r"""
-CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
-CREATE TYPE pair AS (a int, b text);
-CREATE DOMAIN positive AS int CHECK (VALUE > 0);
-CREATE TYPE floatrange AS RANGE (subtype = float8, subtype_diff = float8mi);
-CREATE SEQUENCE counter START 100 INCREMENT 7;
-CREATE TABLE items (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    name text NOT NULL UNIQUE,
-    feeling mood DEFAULT 'ok',
-    p pair,
-    qty positive,
-    tags text[],
-    doc jsonb,
-    span int4range,
-    pt point,
-    body text,
-    ts tsvector GENERATED ALWAYS AS (to_tsvector('english', coalesce(body, ''))) STORED
-);
-INSERT INTO items (name, feeling, p, qty, tags, doc, span, pt, body)
-SELECT 'item' || g, (ARRAY['sad','ok','happy']::mood[])[1 + g % 3], ROW(g, md5(g::text))::pair, 1 + g % 50,
-       ARRAY['t' || g % 7, 't' || g % 11], jsonb_build_object('g', g, 'sq', g * g), int4range(g, g + 10),
-       point(g % 100, g / 100), repeat(md5(g::text), 1 + g % 5)
-FROM generate_series(1, 5000) g;
--- TOAST: values far over 2 kB, some compressible and some not.
-CREATE TABLE blobs (id int PRIMARY KEY, big text, raw bytea);
-INSERT INTO blobs SELECT g, repeat('toast', 2000 + g), decode(string_agg(md5(g::text || x::text), ''), 'hex')
-FROM generate_series(1, 40) g, generate_series(1, 300) x GROUP BY g;
--- Every index access method.
-CREATE INDEX items_hash ON items USING hash (name);
-CREATE INDEX items_gist ON items USING gist (pt);
-CREATE INDEX items_gin ON items USING gin (tags);
-CREATE INDEX items_fts ON items USING gin (ts);
-CREATE INDEX items_brin ON items USING brin (id);
-CREATE INDEX items_spgist ON items USING spgist (span);
-CREATE INDEX items_partial ON items (qty) WHERE feeling = 'happy';
-CREATE INDEX items_expr ON items ((doc ->> 'g'));
--- Partitions, by range and by list, with a default.
-CREATE TABLE events (at date NOT NULL, kind text NOT NULL, n int) PARTITION BY RANGE (at);
-CREATE TABLE events_2025 PARTITION OF events FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')
-    PARTITION BY LIST (kind);
-CREATE TABLE events_2025_a PARTITION OF events_2025 FOR VALUES IN ('a');
-CREATE TABLE events_2025_other PARTITION OF events_2025 DEFAULT;
-CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
-INSERT INTO events SELECT date '2025-01-01' + g % 700, (ARRAY['a','b','c'])[1 + g % 3], g
-FROM generate_series(1, 3000) g;
--- Foreign keys, a check, an exclusion constraint.
-CREATE EXTENSION IF NOT EXISTS btree_gist;
-CREATE TABLE orders (id serial PRIMARY KEY, item bigint REFERENCES items ON DELETE CASCADE,
-                     during tsrange, CHECK (id > 0), EXCLUDE USING gist (item WITH =, during WITH &&));
-INSERT INTO orders (item, during) SELECT g, tsrange(timestamp '2025-01-01' + g * interval '1 hour',
-                                                    timestamp '2025-01-01' + (g + 1) * interval '1 hour')
-FROM generate_series(1, 500) g;
--- Views, a materialized view, a rule, functions, a procedure, triggers.
-CREATE VIEW happy_items AS SELECT id, name FROM items WHERE feeling = 'happy';
-CREATE MATERIALIZED VIEW item_stats AS SELECT feeling, count(*) AS n, sum(qty) AS q FROM items GROUP BY feeling;
-CREATE INDEX ON item_stats (feeling);
-CREATE TABLE audit (at timestamptz DEFAULT now(), what text);
-CREATE RULE keep_audit AS ON DELETE TO audit DO INSTEAD NOTHING;
-CREATE FUNCTION add(a int, b int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT a + b';
-CREATE FUNCTION log_change() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO audit (what) VALUES (TG_OP || ' ' || NEW.name); RETURN NEW; END $$;
-CREATE TRIGGER items_log AFTER UPDATE ON items FOR EACH ROW EXECUTE FUNCTION log_change();
-CREATE PROCEDURE bump(n int) LANGUAGE plpgsql AS $$ BEGIN UPDATE items SET qty = qty + 1 WHERE id <= n; END $$;
-CALL bump(10);
-CREATE AGGREGATE total(int) (sfunc = add, stype = int, initcond = '0');
--- Row-level security, a policy, comments, grants.
-CREATE ROLE reader NOLOGIN;
-ALTER TABLE orders ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_orders ON orders FOR SELECT TO reader USING (id % 2 = 0);
-GRANT SELECT ON items, orders TO reader;
-COMMENT ON TABLE items IS 'things for sale';
-COMMENT ON COLUMN items.qty IS 'how many';
--- Text search, a collation, a schema, an unlogged table, a large object.
-CREATE TEXT SEARCH CONFIGURATION simple_en (COPY = english);
-CREATE COLLATION plain_c (locale = 'C');
-CREATE SCHEMA extra;
-CREATE TABLE extra.notes (id int PRIMARY KEY, note text COLLATE plain_c);
-INSERT INTO extra.notes SELECT g, 'note ' || g FROM generate_series(1, 200) g;
-CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY, v text);
-INSERT INTO scratch SELECT g, 'v' || g FROM generate_series(1, 1000) g;
-SELECT lo_from_bytea(424242, convert_to(repeat('large object ', 20000), 'UTF8'));
--- Deleted and updated rows, and a vacuum: free space and visibility maps.
-DELETE FROM items WHERE id % 13 = 0;
-UPDATE items SET body = 'changed' WHERE id % 17 = 0;
-VACUUM (ANALYZE) items;
-SELECT nextval('counter') FROM generate_series(1, 5);
-"""
 
 
 def put_tar(cluster, path: str, body: bytes, token: str | None = None) -> tuple[int, dict]:

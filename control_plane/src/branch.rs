@@ -16,7 +16,7 @@ use super::{endpoint, http, services};
 use crate::limits::{BRANCH_CREATE_TIMEOUT, QUICK};
 
 /// Branch names go into `cluster.toml` and command lines: keep them plain.
-fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
@@ -35,7 +35,7 @@ fn check_name(name: &str) -> Result<()> {
 /// and the safekeepers learn that LSN a moment later (with the next append,
 /// or after the proposer's commit update delay), so a branch made right
 /// after a commit would otherwise begin before it.
-fn newest_commit(wd: &Workdir, t: &Tenant, branch: &Branch) -> Result<Option<Lsn>> {
+pub(crate) fn newest_commit(wd: &Workdir, t: &Tenant, branch: &Branch) -> Result<Option<Lsn>> {
     let (tenant, timeline) = (t.tenant_id, branch.timeline_id);
     let from_safekeepers = wd.cluster.of_kind(Kind::Safekeeper).filter(|s| services::is_up(wd, s)).filter_map(|s| {
         let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", s.http_url());
@@ -144,6 +144,8 @@ pub fn create(
             // A branch's WAL is placed as its parent's.
             placement: parent.placement.clone(),
             divergent: None,
+            // And its major (an upgraded branch's children are of its major).
+            pg_version: parent.pg_version,
         });
         Ok(())
     })?;

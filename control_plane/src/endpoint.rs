@@ -1088,7 +1088,7 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
     f.password_verifier_file = Some(ep.verifier_file());
     f.controllers = c.of_kind(Kind::Controller).filter_map(|s| c.addr_from(site, s, "http")).collect();
     f.http = Some(std::net::SocketAddr::new(ep.address, ep.file.http_port));
-    f.pg_bin_dir = c.pg_bin_dir_for(c.tenant_pg_version(req.tenant_id));
+    f.pg_bin_dir = c.pg_bin_dir_for(c.timeline_pg_version(req.tenant_id, req.timeline_id));
     f.pg_user = c.pg_user.clone();
     f.verify_redo = c.verify_redo;
     f.pageserver_site = read_site.map(str::to_string);

@@ -167,3 +167,20 @@ pub fn put_stream(
     }
     reply(client(timeout).put_stream(url, content_type, body))
 }
+
+/// `GET url` of a large body: its reader when the answer is 200, else the
+/// answer (`Err(Ok(reply))`), or why none came (`Err(Err(text))`). Not for
+/// a thread's fake transport.
+pub fn get_reader(
+    url: &str,
+    timeout: Duration,
+) -> std::result::Result<Box<dyn std::io::Read + Send>, std::result::Result<Reply, String>> {
+    if TRANSPORT.with(|t| t.borrow().is_some()) {
+        return Err(Err(format!("GET {url}: not served by the fake transport")));
+    }
+    match client(timeout).get_reader(url) {
+        Ok(Ok(reader)) => Ok(reader),
+        Ok(Err(answer)) => Err(reply(Ok(answer))),
+        Err(e) => Err(Err(e.to_string())),
+    }
+}

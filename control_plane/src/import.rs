@@ -12,9 +12,10 @@ use std::process::{Command, Stdio};
 
 use strata_formats::v15::control::{ControlFile, DbState};
 use strata_protocol::api::pageserver::TimelineStatus;
+use strata_protocol::{TenantId, TimelineId};
 
 use super::error::{failed, Error, Result};
-use super::layout::{Tenant, Workdir, MAIN_BRANCH};
+use super::layout::{Workdir, MAIN_BRANCH};
 use super::report::{Progress, TenantEvent};
 use super::tenant::TenantCreated;
 use crate::limits::{IMPORT_RECOVERY_TIMEOUT, IMPORT_UPLOAD_TIMEOUT, QUICK};
@@ -47,7 +48,8 @@ pub fn prepare(wd: &Workdir, name: &str, source: &Source, progress: &mut dyn Pro
 /// pageserver instead of `initdb`'s output.
 pub fn import(wd: &Workdir, name: &str, ready: &Ready, progress: &mut dyn Progress) -> Result<TenantCreated> {
     let result = super::tenant::create_with(wd, name, ready.major, progress, &mut |wd, t, progress| {
-        send(wd, t, ready, progress)
+        let timeline = t.branch(MAIN_BRANCH).map(|b| b.timeline_id).unwrap_or_default();
+        send(wd, t.tenant_id, timeline, ready, progress)
     });
     if result.is_ok() {
         // The copy is in the tenant now.
@@ -62,11 +64,11 @@ fn stage_of(wd: &Workdir, name: &str) -> PathBuf {
 
 /// A cleanly shut-down data directory to send.
 pub struct Ready {
-    pgdata: PathBuf,
-    major: u32,
+    pub(crate) pgdata: PathBuf,
+    pub(crate) major: u32,
     /// The WAL files the import reads (the checkpoint record's), relative
     /// to the data directory.
-    wal: Vec<String>,
+    pub(crate) wal: Vec<String>,
 }
 
 /// Makes the source a cleanly shut-down data directory: the source itself
@@ -137,7 +139,7 @@ fn major_of(pgdata: &Path) -> Result<u32> {
     text.trim().parse().map_err(|_| Error::Failed(format!("{}: not a major version: {text:?}", path.display())))
 }
 
-fn read_control(pgdata: &Path) -> Result<ControlFile> {
+pub(crate) fn read_control(pgdata: &Path) -> Result<ControlFile> {
     let path = pgdata.join("global/pg_control");
     let bytes = std::fs::read(&path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
     ControlFile::decode(&bytes).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
@@ -149,7 +151,7 @@ fn state_of(pgdata: &Path) -> Result<DbState> {
 
 /// The WAL segment files holding the last checkpoint record (it may cross
 /// into the next segment), relative to the data directory.
-fn checkpoint_wal(pgdata: &Path, control: &ControlFile) -> Vec<String> {
+pub(crate) fn checkpoint_wal(pgdata: &Path, control: &ControlFile) -> Vec<String> {
     let size = u64::from(control.wal_segment_size).max(1);
     let tli = control.checkpoint_copy.this_timeline;
     let segment = control.checkpoint.0 / size;
@@ -164,7 +166,7 @@ fn checkpoint_wal(pgdata: &Path, control: &ControlFile) -> Vec<String> {
 
 /// An empty staging directory for this import, private to the user that
 /// runs PostgreSQL (which owns the copy in it).
-fn fresh_stage(stage: &Path, user: &str) -> Result<()> {
+pub(crate) fn fresh_stage(stage: &Path, user: &str) -> Result<()> {
     if stage.exists() {
         std::fs::remove_dir_all(stage).map_err(|e| Error::Failed(format!("{}: {e}", stage.display())))?;
     }
@@ -181,7 +183,7 @@ fn fresh_stage(stage: &Path, user: &str) -> Result<()> {
 }
 
 /// When running as root: makes `dir` and everything in it `user`'s.
-fn give_to(dir: &Path, user: &str) -> Result<()> {
+pub(crate) fn give_to(dir: &Path, user: &str) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
@@ -190,7 +192,7 @@ fn give_to(dir: &Path, user: &str) -> Result<()> {
 }
 
 /// When running as root: `cmd` runs as `user` (PostgreSQL refuses root).
-fn as_user(cmd: &mut Command, user: &str) -> Result<()> {
+pub(crate) fn as_user(cmd: &mut Command, user: &str) -> Result<()> {
     use std::os::unix::process::CommandExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -203,7 +205,7 @@ fn as_user(cmd: &mut Command, user: &str) -> Result<()> {
 }
 
 /// Runs `cmd` to its end; its error output in the error.
-fn run(cmd: &mut Command, what: &str) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<()> {
     let out = cmd
         .stdin(Stdio::null())
         .output()
@@ -246,17 +248,17 @@ fn recover(wd: &Workdir, stage: &Path, pgdata: &Path, major: u32, progress: &mut
         let _ = std::fs::remove_file(pgdata.join(signal));
     }
     let user = &wd.cluster.pg_user;
-    let (conf, hba, ident, sock, log) = (
+    let (conf, hba, ident, log) = (
         stage.join("recovery.conf"),
         stage.join("recovery.hba"),
         stage.join("recovery.ident"),
-        stage.join("sock"),
         stage.join("recovery.log"),
     );
     for (path, text) in [(&conf, ""), (&hba, "local all all reject\n"), (&ident, "")] {
         std::fs::write(path, text).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
     }
-    super::layout::create_private_dir(&sock)?;
+    let socket_dir = SocketDir::new(user)?;
+    let sock = socket_dir.path();
     give_to(stage, user)?;
     let settings = [
         format!("config_file={}", conf.display()),
@@ -309,8 +311,35 @@ fn recover(wd: &Workdir, stage: &Path, pgdata: &Path, major: u32, progress: &mut
     run(&mut stop, "shutting the copy down")
 }
 
+/// A private directory for the Unix sockets of the servers an import or
+/// an upgrade runs, short enough for a socket's path (107 bytes: a
+/// workdir's path may be longer), removed when dropped.
+pub(crate) struct SocketDir(PathBuf);
+
+impl SocketDir {
+    /// A new one under the system's temporary directory, `user`'s alone.
+    pub(crate) fn new(user: &str) -> Result<SocketDir> {
+        // A random name (a new id's 128 random bits).
+        let dir = std::env::temp_dir().join(format!("strata-sock-{}", TimelineId::generate()));
+        super::layout::create_private_dir(&dir)?;
+        let made = SocketDir(dir);
+        give_to(&made.0, user)?;
+        Ok(made)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The last lines of a server log.
-fn log_tail(log: &Path) -> String {
+pub(crate) fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
@@ -318,7 +347,7 @@ fn log_tail(log: &Path) -> String {
 
 /// `value` quoted for the single string of `pg_ctl -o`, which PostgreSQL
 /// splits on spaces (a backslash escapes the next character).
-fn shell_quote(value: &str) -> String {
+pub(crate) fn shell_quote(value: &str) -> String {
     let mut out = String::new();
     for c in value.chars() {
         if c == ' ' || c == '\\' || c == '\'' || c == '"' {
@@ -329,11 +358,16 @@ fn shell_quote(value: &str) -> String {
     out
 }
 
-/// Sends the data directory to the tenant's pageserver, unless it holds
-/// the timeline already (an interrupted import run again).
-fn send(wd: &Workdir, t: &Tenant, ready: &Ready, progress: &mut dyn Progress) -> Result<()> {
-    let tenant = t.tenant_id;
-    let timeline = t.branch(MAIN_BRANCH).map(|b| b.timeline_id).unwrap_or_default();
+/// Sends the data directory to the tenant's pageserver as timeline
+/// `timeline`, unless it holds that timeline already (an interrupted
+/// import run again).
+pub(crate) fn send(
+    wd: &Workdir,
+    tenant: TenantId,
+    timeline: TimelineId,
+    ready: &Ready,
+    progress: &mut dyn Progress,
+) -> Result<()> {
     super::controller::register(wd, tenant)?;
     let ps = super::controller::attached(wd, tenant)?;
     let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());

@@ -265,6 +265,7 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
                 ancestor_lsn: None,
                 placement: main_placement,
                 divergent: None,
+                pg_version: None,
             }],
         }],
         services: out.services,

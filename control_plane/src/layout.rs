@@ -244,6 +244,11 @@ pub struct Branch {
     /// "Site failover"): its timeline is sealed, read-only for good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub divergent: Option<Divergence>,
+    /// Its PostgreSQL major when not its tenant's: a branch made by
+    /// `strata branch upgrade` (`docs/postgres-versions.md`, "Major
+    /// upgrade"), and the branches of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg_version: Option<u32>,
 }
 
 /// Where a divergent branch's history parted from the branch that went on.
@@ -410,6 +415,14 @@ impl ClusterFile {
     /// The PostgreSQL major of the tenant with this id (15 if unknown).
     pub fn tenant_pg_version(&self, tenant_id: TenantId) -> u32 {
         self.tenants.iter().find(|t| t.tenant_id == tenant_id).map_or(DEFAULT_PG_VERSION, |t| t.pg_version)
+    }
+
+    /// The PostgreSQL major of a tenant's timeline: its branch's own, else
+    /// the tenant's.
+    pub fn timeline_pg_version(&self, tenant_id: TenantId, timeline_id: TimelineId) -> u32 {
+        let tenant = self.tenants.iter().find(|t| t.tenant_id == tenant_id);
+        let branch = tenant.and_then(|t| t.branches.iter().find(|b| b.timeline_id == timeline_id));
+        branch.and_then(|b| b.pg_version).unwrap_or_else(|| self.tenant_pg_version(tenant_id))
     }
 
     /// Where PostgreSQL `major`'s programs are: `pg_bin_dir` for 15; for

@@ -43,6 +43,7 @@ pub mod supervisor;
 pub mod supervisor_state;
 pub mod tenant;
 pub mod timeline;
+pub mod upgrade;
 
 pub use error::{Error, Result};
 pub use layout::Workdir;

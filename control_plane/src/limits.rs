@@ -43,6 +43,10 @@ pub const IMPORT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Bound on `tenant import`'s upload of a data directory and its import
 /// (the whole request).
 pub const IMPORT_UPLOAD_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
+/// Bound on the full basebackup `branch upgrade` reads.
+pub const BASEBACKUP_FETCH_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
+/// Bound on each server start and stop of `branch upgrade`.
+pub const UPGRADE_STEP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Log lines shown when a service fails to start.
 pub const SERVICE_TAIL_LINES: usize = 20;
 /// The most safekeepers, and the most pageservers, a cluster has.

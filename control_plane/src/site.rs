@@ -344,6 +344,7 @@ fn fork_in(
             ancestor_lsn: Some(start),
             placement: Some(home),
             divergent: None,
+            pg_version: old.pg_version,
         });
         progress.tell(SiteEvent::GoesOn {
             branch: loss.branch.clone(),

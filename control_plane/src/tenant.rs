@@ -115,6 +115,7 @@ pub fn create_with(
                         ancestor_lsn: None,
                         placement,
                         divergent: None,
+                        pg_version: None,
                     }],
                 });
                 Ok(())

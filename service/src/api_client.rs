@@ -208,6 +208,25 @@ impl ApiClient {
         Ok(Reply { url: url.to_string(), status, text })
     }
 
+    /// `GET url` of a body too large to hold (a basebackup): the reader of
+    /// a 200 answer's body, or the status and text of any other answer.
+    /// The client's timeout bounds the whole transfer.
+    pub fn get_reader(&self, url: &str) -> Result<Result<Box<dyn std::io::Read + Send>, Reply>, ApiError> {
+        let mut response = self
+            .authorized(self.agent.get(url))
+            .call()
+            .map_err(|e| ApiError::Unreachable { url: url.to_string(), message: e.to_string() })?;
+        let status = response.status().as_u16();
+        if status == 200 {
+            return Ok(Ok(Box::new(response.into_body().into_reader())));
+        }
+        let text =
+            response.body_mut().with_config().limit(self.max_answer).read_to_string().map_err(|e| {
+                ApiError::Unreachable { url: url.to_string(), message: format!("reading the answer: {e}") }
+            })?;
+        Ok(Err(Reply { url: url.to_string(), status, text }))
+    }
+
     /// `GET url`: the answer as `T`, or the error status.
     pub fn get<T: DeserializeOwned>(&self, url: &str) -> Result<T, ApiError> {
         self.send::<()>("GET", url, None)?.into_result()

@@ -479,6 +479,24 @@ pub enum BranchCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+    /// Upgrade a branch to a newer PostgreSQL major as a new branch: its
+    /// database at its newest commit, upgraded by the new major's own
+    /// `pg_upgrade` (`docs/postgres-versions.md`, "Major upgrade"). The
+    /// branch itself is left as it is.
+    Upgrade {
+        /// The branch to upgrade.
+        branch: String,
+        /// The major to upgrade to (17 or 18, newer than the branch's).
+        #[arg(long, value_name = "MAJOR")]
+        to: u32,
+        /// The new branch's name (default: BRANCH-pgMAJOR).
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
     /// Delete a branch: refused while a branch depends on it, or while an
     /// endpoint runs on it unless --force (which stops it).
     Delete {

@@ -173,6 +173,20 @@ pub fn branch(cmd: BranchCommand) -> i32 {
             })();
             exit_code("branch create", result)
         }
+        BranchCommand::Upgrade { branch, to, name, tenant, workdir } => {
+            let result = (|| {
+                workdir.plain("branch upgrade")?;
+                let wd = open(&workdir.workdir)?;
+                let _lock = lock(&wd)?;
+                let name = name.unwrap_or_else(|| format!("{branch}-pg{to}"));
+                let upgraded =
+                    strata_control_plane::upgrade::upgrade(&wd, tenant.name(), &branch, to, &name, &mut Printer);
+                publish(&wd)?;
+                outln!("{}", upgraded?);
+                Ok(())
+            })();
+            exit_code("branch upgrade", result)
+        }
         BranchCommand::Delete { name, force, tenant, workdir } => {
             let result = (|| {
                 workdir.plain("branch delete")?;
