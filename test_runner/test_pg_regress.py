@@ -1,8 +1,8 @@
 """PostgreSQL's own regression suite (docs/regression-suite.md): the full
-parallel schedule of the installed server's source, run with ``pg_regress
---use-existing`` once against stock PostgreSQL 15 on local disk and once
-against a lazy compute of a local Strata cluster. The same tests must pass
-on both, the same way.
+parallel schedule of each major's own source, run with ``pg_regress
+--use-existing`` once against stock PostgreSQL of that major on local disk
+and once against a lazy compute of a local Strata cluster whose tenant is
+of that major. The same tests must pass on both, the same way.
 
 The suite and its C modules come from ``scripts/pg-regress-setup.sh``; the
 test fails, never skips, when they are missing.
@@ -19,6 +19,7 @@ import pytest
 
 from fixtures.endpoint import Endpoint
 from fixtures.pg import temp_root
+from fixtures.versions import DEFAULT_MAJOR, MAJORS
 import fixtures.pg_regress as pg_regress_module
 from fixtures.pg_regress import (DATABASE, SETUP_SCRIPT, RegressRun, SuiteMissing, copy_suite,
                                  create_regression_database, find_suite, ignored_tests, keep_stock_run,
@@ -129,8 +130,9 @@ def table_contents(ep: Endpoint) -> dict[str, tuple]:
     return out
 
 
+@pytest.mark.parametrize("major", MAJORS)
 def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
-        pg_cluster, cluster_factory, pg_bin_dir, tmp_path, tmp_path_factory):
+        pg_cluster_factory, cluster_factory, pg_bin_dir, tmp_path, tmp_path_factory, major):
     """The full parallel schedule against stock PostgreSQL, then against a
     lazy endpoint (one after the other): both run every test of the
     schedule in order, and each test ends the same on both (a test that
@@ -139,13 +141,16 @@ def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
     lazily from the storage, and every permanent table the suite left reads
     the same as before.
 
-    The tablespace test runs on both. PostgreSQL 15's makes *in-place*
+    The tablespace test runs on both. PostgreSQL 15 and 18 make *in-place*
     tablespaces (allow_in_place_tablespaces: directories in `pg_tblspc`,
     nothing outside the data directory); on a compute those are on its
     local disk, beside the FUSE mounts, and the test creates, uses and drops
     them within one run of PostgreSQL. They would not survive a restart:
     the pageserver serves no tablespace but pg_default and pg_global
     (docs/decisions.md), which the suite does not need."""
+    if major != DEFAULT_MAJOR:
+        pg_bin_dir = Path(f"/usr/lib/postgresql/{major}/bin")
+    pg_cluster = pg_cluster_factory("pg", major=major)
     try:
         suite_cache = find_suite(pg_bin_dir)
     except SuiteMissing as e:
@@ -155,7 +160,7 @@ def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
     ignored = ignored_tests(suite / "parallel_schedule")
     assert len(scheduled) > 200 and "tablespace" in scheduled, scheduled
 
-    # Stock PostgreSQL 15 on local disk; a clean run of the same server,
+    # Stock PostgreSQL of the major on local disk; a clean run of the same server,
     # suite, settings and code is kept and stands in for running it again
     # (STRATA_REGRESS_STOCK_CACHE=none runs it every time).
     key = stock_cache_key(pg_bin_dir, suite_cache, STOCK_SETTINGS, Path(__file__), Path(pg_regress_module.__file__))
@@ -176,9 +181,10 @@ def test_the_regression_suite_passes_alike_on_stock_postgres_and_a_lazy_compute(
         pg_cluster.stop()
         # Kept only once the lazy run is known to match it (below).
 
-    # A lazy endpoint (the default) of a local cluster.
-    cluster = cluster_factory()
-    ep = Endpoint(cluster, "regress")
+    # A lazy endpoint (the default) of a local cluster whose tenant is of
+    # the same major.
+    cluster = cluster_factory() if major == DEFAULT_MAJOR else cluster_factory(init_args=("--pg-version", str(major)))
+    ep = Endpoint(cluster, "regress", pg_bin_dir=pg_bin_dir)
     started = time.monotonic()
     ep.start()
     print(f"lazy endpoint started in {time.monotonic() - started:.1f} s")
