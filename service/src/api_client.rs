@@ -104,6 +104,11 @@ pub fn error_message(body: &str) -> String {
     trimmed[..end].to_string()
 }
 
+/// No answer came from `url`.
+fn unreachable(url: &str, e: ureq::Error) -> ApiError {
+    ApiError::Unreachable { url: url.to_string(), message: e.to_string() }
+}
+
 /// A client of one kind of call: its trust, its token and its timeout.
 #[derive(Clone)]
 pub struct ApiClient {
@@ -182,14 +187,7 @@ impl ApiClient {
                 panic!("no {other} request {} a body here", if with_body { "with" } else { "without" })
             }
         };
-        let mut response =
-            result.map_err(|e| ApiError::Unreachable { url: url.to_string(), message: e.to_string() })?;
-        let status = response.status().as_u16();
-        let text =
-            response.body_mut().with_config().limit(self.max_answer).read_to_string().map_err(|e| {
-                ApiError::Unreachable { url: url.to_string(), message: format!("reading the answer: {e}") }
-            })?;
-        Ok(Reply { url: url.to_string(), status, text })
+        self.answer(url, result.map_err(|e| unreachable(url, e))?)
     }
 
     /// `PUT url` whose body is what `body` reads, of type `content_type`,
@@ -198,33 +196,28 @@ impl ApiClient {
     pub fn put_stream(&self, url: &str, content_type: &str, body: &mut dyn std::io::Read) -> Result<Reply, ApiError> {
         let result =
             self.authorized(self.agent.put(url)).content_type(content_type).send(ureq::SendBody::from_reader(body));
-        let mut response =
-            result.map_err(|e| ApiError::Unreachable { url: url.to_string(), message: e.to_string() })?;
-        let status = response.status().as_u16();
-        let text =
-            response.body_mut().with_config().limit(self.max_answer).read_to_string().map_err(|e| {
-                ApiError::Unreachable { url: url.to_string(), message: format!("reading the answer: {e}") }
-            })?;
-        Ok(Reply { url: url.to_string(), status, text })
+        self.answer(url, result.map_err(|e| unreachable(url, e))?)
     }
 
     /// `GET url` of a body too large to hold (a basebackup): the reader of
     /// a 200 answer's body, or the status and text of any other answer.
     /// The client's timeout bounds the whole transfer.
     pub fn get_reader(&self, url: &str) -> Result<Result<Box<dyn std::io::Read + Send>, Reply>, ApiError> {
-        let mut response = self
-            .authorized(self.agent.get(url))
-            .call()
-            .map_err(|e| ApiError::Unreachable { url: url.to_string(), message: e.to_string() })?;
-        let status = response.status().as_u16();
-        if status == 200 {
+        let response = self.authorized(self.agent.get(url)).call().map_err(|e| unreachable(url, e))?;
+        if response.status().as_u16() == 200 {
             return Ok(Ok(Box::new(response.into_body().into_reader())));
         }
+        self.answer(url, response).map(Err)
+    }
+
+    /// A response's status and text (at most `max_answer` bytes).
+    fn answer(&self, url: &str, mut response: ureq::http::Response<ureq::Body>) -> Result<Reply, ApiError> {
+        let status = response.status().as_u16();
         let text =
             response.body_mut().with_config().limit(self.max_answer).read_to_string().map_err(|e| {
                 ApiError::Unreachable { url: url.to_string(), message: format!("reading the answer: {e}") }
             })?;
-        Ok(Err(Reply { url: url.to_string(), status, text }))
+        Ok(Reply { url: url.to_string(), status, text })
     }
 
     /// `GET url`: the answer as `T`, or the error status.
