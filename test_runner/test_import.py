@@ -15,12 +15,14 @@ import json
 import subprocess
 import tarfile
 import threading
+import time
 import urllib.error
 
 import pytest
 
 from fixtures.checks import split_sequences
 from fixtures.endpoint import Endpoint
+from fixtures.load import AckedWriter
 from fixtures.objects import OBJECTS
 from fixtures.strata import urlopen
 from fixtures.versions import MAJORS
@@ -142,6 +144,84 @@ def test_a_running_server_is_imported_while_it_takes_writes(cluster, pg_cluster_
     # The staging copy is gone; the source is untouched and still serves.
     assert not (cluster.workdir / "imports" / "shop").exists()
     assert src.sql("SELECT count(*) FROM pgbench_history")[0][0] == after
+
+
+@pytest.mark.parametrize("major", MAJORS)
+def test_a_streaming_import_follows_its_source_and_cuts_over_losing_no_acknowledged_commit(cluster, pg_cluster_factory,
+                                                                                          major):
+    """`--follow`: main takes the source's WAL while pgbench and a writer of
+    acknowledged commits go on; a cut-over while the source runs is refused
+    and following goes on; once the source is stopped under that load, the
+    cut-over gives a main holding every commit the source acknowledged."""
+    src = source_with_objects(pg_cluster_factory, major)
+    acked = AckedWriter(src).start()
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def pgbench() -> None:
+        while not stop.is_set():
+            r = src.run(["pgbench", "-n", "-c", "2", "-T", "2"], check=False, timeout=60)
+            if r.returncode != 0 and not stop.is_set():
+                errors.append(r.stderr[-2000:])
+                return
+
+    load = threading.Thread(target=pgbench)
+    load.start()
+    try:
+        info = src.conninfo()
+        conninfo = f"host={info['host']} port={info['port']} user={info['user']} dbname=postgres"
+        out = cluster.run("tenant", "import", "live", "--from", conninfo, "--follow", timeout=900).stdout
+        assert "follows the source" in out, out
+        assert cluster.tenant("live")["follows"] == "strata_import_live"
+        # The source's connection string (a password, maybe) and the
+        # follower's token are their owners' alone.
+        secrets = [cluster.workdir / "imports" / "live" / "source.conf",
+                   cluster.workdir / "imports" / "live.follower" / "follower.token"]
+        assert secrets[0].exists()
+        for path in secrets:
+            assert not path.exists() or path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)
+        slots = src.sql("SELECT slot_name, active FROM pg_replication_slots")
+        assert ("strata_import_live", True) in slots, slots
+        # No writer on main while it follows: its WAL is the source's.
+        r = cluster.run("endpoint", "start", "live-early", "--tenant", "live", check=False, timeout=120)
+        assert r.returncode != 0 and "strata tenant cutover live" in r.stderr, r
+        time.sleep(3)
+        # The source runs: its WAL goes on past what the relay has, so a
+        # cut-over fails and the import keeps following.
+        r = cluster.run("tenant", "cutover", "live", "--wait", "20", check=False, timeout=300)
+        assert r.returncode != 0 and "the source still runs" in r.stderr, r
+        assert cluster.tenant("live")["follows"] == "strata_import_live"
+        time.sleep(3)
+    finally:
+        # The source stops under the load: what it acknowledged before is
+        # all that counts.
+        stop.set()
+        src.stop("fast")
+        load.join(timeout=120)
+        acked.stop()
+    assert not errors, errors
+    began = time.monotonic()
+    out = cluster.run("tenant", "cutover", "live", timeout=300).stdout
+    assert "cut over at" in out and "pg_drop_replication_slot('strata_import_live')" in out, out
+    assert "follows" not in cluster.tenant("live")
+    ep = Endpoint(cluster, "live-ep", pg_bin_dir=pg_bin(major))
+    ep.start("--tenant", "live")
+    print(f"PostgreSQL {major}: cut-over and a compute serving in {time.monotonic() - began:.1f} s")
+    mine = {row[0] for row in ep.sql("SELECT id FROM acked")}
+    assert len(acked.xids()) > 50, "the writer committed through the import, its following and the stop"
+    lost = set(acked.xids()) - mine
+    assert not lost, f"{len(lost)} acknowledged commits lost, e.g. {sorted(lost)[:10]}"
+    assert not (cluster.workdir / "imports" / "live").exists()
+    src.start()
+    assert mine == {row[0] for row in src.sql("SELECT id FROM acked")}
+    assert ep.sql("SELECT count(*) FROM pgbench_history") == src.sql("SELECT count(*) FROM pgbench_history")
+    check = "SELECT sum(abalance) = (SELECT sum(delta) FROM pgbench_history) FROM pgbench_accounts"
+    assert ep.sql(check) == [(True,)]
+    assert_same_dump(src, ep, "objects")
+    # Main is the tenant's now: it takes writes.
+    ep.run(["pgbench", "-n", "-c", "2", "-t", "100"], timeout=300)
+    assert ep.sql(check) == [(True,)]
+    ep.stop()
 
 
 def test_a_stopped_data_directory_and_a_base_backup_with_archived_wal_are_imported(cluster, pg_cluster_factory,

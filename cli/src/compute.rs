@@ -69,7 +69,22 @@ pub enum ComputeCommand {
         /// present a service or management token signed by it.
         #[arg(long, value_name = "PEM")]
         auth_public_key: Option<std::path::PathBuf>,
+        /// Follow a relay of a database being imported: the end of its
+        /// stream is the normal end. Once a quorum holds all it sent, write
+        /// where the WAL ended to FILE (JSON) and exit with code 80
+        /// (`docs/import.md`, "Streaming import").
+        #[arg(long, value_name = "FILE")]
+        follow_end: Option<std::path::PathBuf>,
     },
+}
+
+/// What a follower writes where `--follow-end` says when its relay stopped.
+#[derive(serde::Serialize)]
+struct FollowEnd {
+    /// The commit LSN: the end of the WAL a quorum of safekeepers holds.
+    end_lsn: String,
+    /// The WAL ended with the source's shutdown checkpoint.
+    shut_down: bool,
 }
 
 #[derive(Args)]
@@ -117,20 +132,21 @@ pub fn run(cmd: ComputeCommand) -> i32 {
     let mut fenced = false;
     let result = runtime.block_on(async {
         match cmd {
-            ComputeCommand::Start(args) => start(*args).await.map_err(|e| {
+            ComputeCommand::Start(args) => start(*args).await.map(RoleEnd::Agent).map_err(|e| {
                 fenced = e.is_fenced();
                 e.to_string()
             }),
-            other => run_proposer_role(other).await.map(|()| agent::Ended::Stopped).map_err(|e| e.to_string()),
+            other => run_proposer_role(other).await.map_err(|e| e.to_string()),
         }
     });
     // Blocking calls still waiting for an answer (the storage controller's
     // long poll) must not hold up the exit: the agent's work is done.
     runtime.shutdown_timeout(limits::RUNTIME_SHUTDOWN_TIMEOUT);
     match result {
-        Ok(agent::Ended::Stopped) => 0,
+        Ok(RoleEnd::Agent(agent::Ended::Stopped)) | Ok(RoleEnd::Done) => 0,
         // Its supervisor must not start it again: the next start wakes it.
-        Ok(agent::Ended::Suspended(_)) => agent::exit::SUSPENDED,
+        Ok(RoleEnd::Agent(agent::Ended::Suspended(_))) => agent::exit::SUSPENDED,
+        Ok(RoleEnd::SourceEnded) => agent::exit::SOURCE_ENDED,
         Err(e) => {
             tracing::error!("{e}");
             errln!("strata compute: {e}");
@@ -143,8 +159,16 @@ pub fn run(cmd: ComputeCommand) -> i32 {
     }
 }
 
+/// How a role ended without an error.
+enum RoleEnd {
+    Agent(agent::Ended),
+    Done,
+    /// A follower's relay stopped and its WAL is on a quorum.
+    SourceEnded,
+}
+
 /// `sync-safekeepers` and `proposer`.
-async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::ProposerError> {
+async fn run_proposer_role(cmd: ComputeCommand) -> Result<RoleEnd, proposer::ProposerError> {
     match cmd {
         ComputeCommand::Start(_) => unreachable!("handled by start"),
         ComputeCommand::SyncSafekeepers { timeline, system_id, wal_segment_size } => {
@@ -162,7 +186,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             cfg.tls = tls;
             let end = proposer::sync_safekeepers(cfg).await?;
             outln!("{end}");
-            Ok::<(), proposer::ProposerError>(())
+            Ok(RoleEnd::Done)
         }
         ComputeCommand::Proposer {
             timeline,
@@ -175,6 +199,7 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             max_consumer_lag_mb,
             http,
             auth_public_key,
+            follow_end,
         } => {
             let token = timeline.token().map_err(proposer::ProposerError::Other)?;
             let tls = timeline.tls().map_err(proposer::ProposerError::Other)?;
@@ -214,7 +239,19 @@ async fn run_proposer_role(cmd: ComputeCommand) -> Result<(), proposer::Proposer
             cfg.tls = tls;
             cfg.max_buffer_bytes = max_buffer_mb.max(1) << 20;
             cfg.max_consumer_lag_bytes = (max_consumer_lag_mb > 0).then_some(max_consumer_lag_mb << 20);
-            proposer::on_own_thread(move || proposer::run(cfg, pg, Some(slot), status)).await
+            let Some(path) = follow_end else {
+                return proposer::on_own_thread(move || proposer::run(cfg, pg, Some(slot), status))
+                    .await
+                    .map(|()| RoleEnd::Done);
+            };
+            let drain = limits::FOLLOW_DRAIN_TIMEOUT;
+            let end = proposer::on_own_thread(move || proposer::follow(cfg, pg, Some(slot), status, drain)).await?;
+            let text = serde_json::to_string(&FollowEnd { end_lsn: end.end.to_string(), shut_down: end.shut_down })
+                .expect("plain fields serialize");
+            strata_service::durable::replace_file(&path, text.as_bytes(), true)
+                .map_err(|e| ProposerError::Other(format!("{}: {e}", path.display())))?;
+            tracing::info!(end = %end.end, shut_down = end.shut_down, "the followed WAL ended");
+            Ok(RoleEnd::SourceEnded)
         }
     }
 }
@@ -281,9 +318,18 @@ async fn identity_from_postgres(
         tenant_id: timeline.tenant_id,
         timeline_id: timeline.timeline_id,
         system_id: system.system_id,
-        pg_version: 15,
+        pg_version: server_major(conn.parameter("server_version"))?,
         wal_segment_size: size,
     })
+}
+
+/// The major of a `server_version` as the server reports it (`18.6`,
+/// `15.18 (Debian 15.18-1)`: 18, 15).
+fn server_major(version: Option<&str>) -> Result<u32, proposer::ProposerError> {
+    version
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|major| major.parse::<u32>().ok())
+        .ok_or_else(|| proposer::ProposerError::Postgres(format!("unexpected server_version {version:?}")))
 }
 
 /// Parses PostgreSQL's "16MB" style sizes.
@@ -296,5 +342,19 @@ fn parse_size(text: &str) -> Option<u32> {
         "kB" => n.checked_mul(1 << 10),
         "" => Some(n),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_major_is_read_from_the_reported_server_version() {
+        assert_eq!(server_major(Some("18.6")).unwrap(), 18);
+        assert_eq!(server_major(Some("15.18 (Debian 15.18-1.pgdg120+1)")).unwrap(), 15);
+        assert_eq!(server_major(Some("19devel")).unwrap(), 19);
+        assert!(server_major(Some("devel")).is_err());
+        assert!(server_major(None).is_err());
     }
 }

@@ -48,3 +48,7 @@ const _: () = assert!(DEFAULT_MAX_BUFFER_MB <= usize::MAX >> 20);
 const _: () = assert!(DEFAULT_MAX_CONSUMER_LAG_MB <= u64::MAX >> 20 && MAX_CACHE_MB <= u64::MAX >> 20);
 // The status server admits at least one connection.
 const _: () = assert!(STATUS_MAX_CONNECTIONS >= 1);
+
+/// How long a follower waits, once its relay stopped, for a quorum of
+/// safekeepers to hold all the relay sent.
+pub const FOLLOW_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);

@@ -10,7 +10,7 @@
 //! waits up to the grace period, SIGKILLs the service's process group if it
 //! is still there, removes the pidfiles and exits. If the supervisor itself
 //! is killed, the service keeps running on its own. A compute agent that
-//! exits with `FENCED` or `SUSPENDED` is not started again: the supervisor
+//! exits with `FENCED`, `SUSPENDED` or `SOURCE_ENDED` is not started again: the supervisor
 //! records why and exits.
 
 use crate::out::errln;
@@ -232,6 +232,10 @@ impl Supervisor {
                 };
                 info!("supervisor: {name} {why}; not starting it again");
                 Some(why)
+            }
+            Some(exit::SOURCE_ENDED) => {
+                info!("supervisor: {name}: the WAL it followed ended; not starting it again");
+                Some("the WAL it followed ended".into())
             }
             _ => None,
         }

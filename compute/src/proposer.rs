@@ -870,7 +870,7 @@ pub async fn run(
     slot: Option<String>,
     status: tokio::sync::watch::Sender<ProposerStatus>,
 ) -> Result<(), ProposerError> {
-    run_inner(cfg, pg, slot, status, None).await.map(|_| ())
+    run_inner(cfg, pg, slot, status, None, false).await.map(|_| ())
 }
 
 /// Like [`run`], for a PostgreSQL that may be asked to stop. Once `shutdown`
@@ -888,7 +888,43 @@ pub async fn run_until_shutdown(
     shutdown: tokio::sync::watch::Receiver<bool>,
     drain_timeout: Duration,
 ) -> Result<Lsn, ProposerError> {
-    run_inner(cfg, pg, slot, status, Some((shutdown, drain_timeout))).await
+    run_inner(cfg, pg, slot, status, Some((shutdown, drain_timeout)), false).await.map(|e| e.commit)
+}
+
+/// Where a followed server's WAL ended ([`follow`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceEnd {
+    /// The commit LSN: a quorum of safekeepers holds every record before it.
+    pub end: Lsn,
+    /// The last record before `end` is a shutdown checkpoint: the server
+    /// the WAL comes from was shut down cleanly and wrote nothing after.
+    pub shut_down: bool,
+}
+
+/// Like [`run_until_shutdown`] for a server whose stream ending is always
+/// the normal end: a relay of a database being imported, stopped to cut
+/// over (`docs/import.md`, "Streaming import"). Returns, once a quorum
+/// holds every complete record received, where the WAL ended and whether
+/// it ended with the source's shutdown checkpoint.
+pub async fn follow(
+    cfg: ProposerConfig,
+    pg: ReplicationConfig,
+    slot: Option<String>,
+    status: tokio::sync::watch::Sender<ProposerStatus>,
+    drain_timeout: Duration,
+) -> Result<SourceEnd, ProposerError> {
+    // Already true: every end of the stream drains.
+    let (_stop, stopped) = tokio::sync::watch::channel(true);
+    let ended = run_inner(cfg, pg, slot, status, Some((stopped, drain_timeout)), true).await?;
+    Ok(SourceEnd { end: ended.commit, shut_down: ended.commit != Lsn::INVALID && ended.commit == ended.shutdown_end })
+}
+
+/// How [`run_inner`] ended.
+struct Ended {
+    commit: Lsn,
+    /// The end of the last complete record received when that record is a
+    /// shutdown checkpoint; [`Lsn::INVALID`] otherwise.
+    shutdown_end: Lsn,
 }
 
 /// Runs the proposer that `make` returns ([`run`] or
@@ -970,15 +1006,18 @@ async fn run_inner(
     slot: Option<String>,
     status: tokio::sync::watch::Sender<ProposerStatus>,
     mut shutdown: Option<(tokio::sync::watch::Receiver<bool>, Duration)>,
-) -> Result<Lsn, ProposerError> {
+    following: bool,
+) -> Result<Ended, ProposerError> {
     let pg_err = |e: crate::pg_replication::PgError| ProposerError::Postgres(e.to_string());
     let (mut core, mut decoder, mut stream) = tokio::select! {
         r = connect_and_elect(cfg, &pg, slot.as_deref(), status) => r?,
-        _ = shutdown_requested(&mut shutdown) => {
+        _ = shutdown_requested(&mut shutdown), if !following => {
             info!("shutdown requested before PostgreSQL's WAL was streamed");
-            return Ok(Lsn::INVALID);
+            return Ok(Ended { commit: Lsn::INVALID, shutdown_end: Lsn::INVALID });
         }
     };
+    let mut shutdown_end = Lsn::INVALID;
+    let drained = |commit: Lsn, shutdown_end: Lsn| Ended { commit, shutdown_end };
     core.streaming = true;
     core.commit_update_delay = crate::limits::COMMIT_UPDATE_DELAY;
     core.publish();
@@ -1009,7 +1048,7 @@ async fn run_inner(
                     Err(e) => match stopping(&shutdown) {
                         Some(drain_timeout) => {
                             warn!("replication stream failed during shutdown: {e}");
-                            return drain(core, drain_timeout).await;
+                            return drain(core, drain_timeout).await.map(|c| drained(c, shutdown_end));
                         }
                         None => return Err(pg_err(e)),
                     },
@@ -1024,7 +1063,10 @@ async fn run_inner(
                         decoder.feed(&data);
                         loop {
                             match decoder.next_record() {
-                                Ok(Some(r)) => b.complete_end = r.end_lsn.min(b.end()),
+                                Ok(Some(r)) => {
+                                    b.complete_end = r.end_lsn.min(b.end());
+                                    shutdown_end = if is_shutdown_checkpoint(&r) { b.complete_end } else { Lsn::INVALID };
+                                }
                                 Ok(None) => break,
                                 Err(e) => return Err(ProposerError::Wal(e.to_string())),
                             }
@@ -1035,7 +1077,7 @@ async fn run_inner(
                             let ack = core.acknowledgeable();
                             if let Err(e) = stream.send_status(ack, ack, ack, false).await {
                                 return match stopping(&shutdown) {
-                                    Some(drain_timeout) => drain(core, drain_timeout).await,
+                                    Some(drain_timeout) => drain(core, drain_timeout).await.map(|c| drained(c, shutdown_end)),
                                     None => Err(pg_err(e)),
                                 };
                             }
@@ -1043,7 +1085,7 @@ async fn run_inner(
                     }
                     ReplicationEvent::End => {
                         return match stopping(&shutdown) {
-                            Some(drain_timeout) => drain(core, drain_timeout).await,
+                            Some(drain_timeout) => drain(core, drain_timeout).await.map(|c| drained(c, shutdown_end)),
                             None => Err(ProposerError::Postgres("replication stream ended".into())),
                         };
                     }
@@ -1063,7 +1105,7 @@ async fn run_inner(
             // What a quorum holds is what PostgreSQL may consider flushed.
             if let Err(e) = stream.send_status(ack, ack, ack, false).await {
                 return match stopping(&shutdown) {
-                    Some(drain_timeout) => drain(core, drain_timeout).await,
+                    Some(drain_timeout) => drain(core, drain_timeout).await.map(|c| drained(c, shutdown_end)),
                     None => Err(pg_err(e)),
                 };
             }
@@ -1076,7 +1118,7 @@ async fn run_inner(
         if feedback != feedback_reported {
             if let Err(e) = stream.send_hot_standby_feedback(feedback.xmin, feedback.catalog_xmin).await {
                 return match stopping(&shutdown) {
-                    Some(drain_timeout) => drain(core, drain_timeout).await,
+                    Some(drain_timeout) => drain(core, drain_timeout).await.map(|c| drained(c, shutdown_end)),
                     None => Err(pg_err(e)),
                 };
             }
@@ -1084,6 +1126,12 @@ async fn run_inner(
         }
         core.publish();
     }
+}
+
+/// An XLOG_CHECKPOINT_SHUTDOWN record (the same on every major).
+fn is_shutdown_checkpoint(r: &strata_formats::wal::DecodedRecord) -> bool {
+    use strata_formats::v15::rmgr::{RM_XLOG_ID, XLOG_CHECKPOINT_SHUTDOWN};
+    r.header.rmgr == RM_XLOG_ID && r.header.rmgr_info() & 0xF0 == XLOG_CHECKPOINT_SHUTDOWN
 }
 
 /// After PostgreSQL's stream ended at shutdown: keeps the safekeepers going

@@ -607,6 +607,13 @@ pub fn start(
         None => old.and_then(|o| o.file.read_only_at),
     };
     if read_only_at.is_none() && replica_of.is_none() {
+        if tenant.follows.is_some() && branch_name == layout::MAIN_BRANCH {
+            return failed(format!(
+                "tenant {}: main follows the source of its streaming import and takes no writer until `strata \
+                 tenant cutover {}` (read it with --at LSN)",
+                tenant.name, tenant.name
+            ));
+        }
         check_writer_may_start(name, &branch, &all, how.promote)?;
     }
     check_storage_runs(wd, tenant, branch.placement.as_ref())?;

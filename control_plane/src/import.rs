@@ -10,13 +10,17 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use strata_formats::v15::control::{ControlFile, DbState};
+use strata_formats::v15::control::DbState;
 use strata_protocol::api::pageserver::TimelineStatus;
 use strata_protocol::{TenantId, TimelineId};
 
 use super::error::{failed, Error, Result};
 use super::layout::{Workdir, MAIN_BRANCH};
 use super::report::{Progress, TenantEvent};
+pub use super::stage::Ready;
+use super::stage::{
+    as_user, checkpoint_wal, fresh_stage, give_to, log_tail, read_control, run, server_major, shell_quote, SocketDir,
+};
 use super::tenant::TenantCreated;
 use crate::limits::{IMPORT_RECOVERY_TIMEOUT, IMPORT_UPLOAD_TIMEOUT, QUICK};
 
@@ -36,11 +40,17 @@ pub enum Source {
 /// where it is not one). Takes no lock: a copy may take long, and changes
 /// nothing of the cluster.
 pub fn prepare(wd: &Workdir, name: &str, source: &Source, progress: &mut dyn Progress) -> Result<Ready> {
+    prepare_in(wd, &check_new(wd, name)?, source, progress)
+}
+
+/// Refuses the name of a tenant that exists (one left `creating` is
+/// finished); the import's staging directory.
+pub fn check_new(wd: &Workdir, name: &str) -> Result<PathBuf> {
     super::tenant::check_name(name)?;
     if wd.cluster.tenant(name).is_some_and(|t| t.state != super::layout::TenantState::Creating) {
         return failed(format!("a tenant named {name:?} exists"));
     }
-    prepare_in(wd, &stage_of(wd, name), source, progress)
+    Ok(stage_of(wd, name))
 }
 
 /// Its second half, under the cluster's lock: the tenant, of the source's
@@ -51,7 +61,8 @@ pub fn import(wd: &Workdir, name: &str, ready: &Ready, progress: &mut dyn Progre
         let timeline = t.branch(MAIN_BRANCH).map(|b| b.timeline_id).unwrap_or_default();
         send(wd, t.tenant_id, timeline, ready, progress)
     });
-    if result.is_ok() {
+    // A streaming import's copy goes on as its relay (`super::follow`).
+    if result.is_ok() && !ready.follow {
         // The copy is in the tenant now.
         let _ = std::fs::remove_dir_all(stage_of(wd, name));
     }
@@ -60,15 +71,6 @@ pub fn import(wd: &Workdir, name: &str, ready: &Ready, progress: &mut dyn Progre
 
 fn stage_of(wd: &Workdir, name: &str) -> PathBuf {
     wd.root.join("imports").join(name)
-}
-
-/// A cleanly shut-down data directory to send.
-pub struct Ready {
-    pub(crate) pgdata: PathBuf,
-    pub(crate) major: u32,
-    /// The WAL files the import reads (the checkpoint record's), relative
-    /// to the data directory.
-    pub(crate) wal: Vec<String>,
 }
 
 /// Makes the source a cleanly shut-down data directory: the source itself
@@ -129,7 +131,7 @@ fn prepare_in(wd: &Workdir, stage: &Path, source: &Source, progress: &mut dyn Pr
     if std::fs::read_dir(&tablespaces).map(|mut d| d.next().is_some()).unwrap_or(false) {
         return failed(format!("{}: the database has tablespaces, which are not imported", tablespaces.display()));
     }
-    Ok(Ready { wal: checkpoint_wal(&pgdata, &control), pgdata, major })
+    Ok(Ready { wal: checkpoint_wal(&pgdata, &control), pgdata, major, follow: false })
 }
 
 /// The major of a data directory, from its `PG_VERSION`.
@@ -139,102 +141,8 @@ fn major_of(pgdata: &Path) -> Result<u32> {
     text.trim().parse().map_err(|_| Error::Failed(format!("{}: not a major version: {text:?}", path.display())))
 }
 
-pub(crate) fn read_control(pgdata: &Path) -> Result<ControlFile> {
-    let path = pgdata.join("global/pg_control");
-    let bytes = std::fs::read(&path).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
-    ControlFile::decode(&bytes).map_err(|e| Error::Failed(format!("{}: {e}", path.display())))
-}
-
 fn state_of(pgdata: &Path) -> Result<DbState> {
     Ok(read_control(pgdata)?.state)
-}
-
-/// The WAL segment files holding the last checkpoint record (it may cross
-/// into the next segment), relative to the data directory.
-pub(crate) fn checkpoint_wal(pgdata: &Path, control: &ControlFile) -> Vec<String> {
-    let size = u64::from(control.wal_segment_size).max(1);
-    let tli = control.checkpoint_copy.this_timeline;
-    let segment = control.checkpoint.0 / size;
-    let per_xlogid = 0x1_0000_0000u64 / size;
-    let name = |s: u64| format!("pg_wal/{tli:08X}{:08X}{:08X}", s / per_xlogid, s % per_xlogid);
-    let mut out = vec![name(segment)];
-    if pgdata.join(name(segment + 1)).exists() {
-        out.push(name(segment + 1));
-    }
-    out
-}
-
-/// An empty staging directory for this import, private to the user that
-/// runs PostgreSQL (which owns the copy in it).
-pub(crate) fn fresh_stage(stage: &Path, user: &str) -> Result<()> {
-    if stage.exists() {
-        std::fs::remove_dir_all(stage).map_err(|e| Error::Failed(format!("{}: {e}", stage.display())))?;
-    }
-    // `imports/` is traversable (PostgreSQL's user reaches its copy inside);
-    // each stage is that user's alone.
-    if let Some(parent) = stage.parent() {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        let made = std::fs::DirBuilder::new().recursive(true).mode(0o711).create(parent);
-        made.and_then(|()| std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711)))
-            .map_err(|e| Error::Failed(format!("{}: {e}", parent.display())))?;
-    }
-    super::layout::create_private_dir(stage)?;
-    give_to(stage, user)
-}
-
-/// When running as root: makes `dir` and everything in it `user`'s.
-pub(crate) fn give_to(dir: &Path, user: &str) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
-    }
-    run(Command::new("chown").arg("-R").arg(format!("{user}:")).arg("--").arg(dir), "giving the copy to its user")
-}
-
-/// When running as root: `cmd` runs as `user` (PostgreSQL refuses root).
-pub(crate) fn as_user(cmd: &mut Command, user: &str) -> Result<()> {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
-    }
-    let (uid, gid) =
-        strata_pageserver::user::lookup(user).map_err(|e| Error::Failed(format!("pg_user {user:?}: {e}")))?;
-    cmd.uid(uid).gid(gid);
-    Ok(())
-}
-
-/// Runs `cmd` to its end; its error output in the error.
-pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::Failed(format!("{what}: running {}: {e}", cmd.get_program().to_string_lossy())))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        return failed(format!("{what} failed ({}): {}", out.status, stderr.trim()));
-    }
-    Ok(())
-}
-
-/// The major of the PostgreSQL `conninfo` reaches.
-fn server_major(wd: &Workdir, conninfo: &str) -> Result<u32> {
-    let psql = wd.cluster.pg_bin_dir.join("psql");
-    let out = Command::new(&psql)
-        .args(["-X", "-A", "-t", "-c", "SHOW server_version_num", "--dbname"])
-        .arg(conninfo)
-        .env("PGCONNECT_TIMEOUT", "10")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::Failed(format!("running {}: {e}", psql.display())))?;
-    if !out.status.success() {
-        return failed(format!("connecting to the source: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let number: u32 = text.trim().parse().map_err(|_| Error::Failed(format!("server_version_num {text:?}")))?;
-    let major = number / 10_000;
-    super::tenant::check_pg_version(major)?;
-    Ok(major)
 }
 
 /// Replays the copy's WAL with the source major's own PostgreSQL, then
@@ -311,53 +219,6 @@ fn recover(wd: &Workdir, stage: &Path, pgdata: &Path, major: u32, progress: &mut
     run(&mut stop, "shutting the copy down")
 }
 
-/// A private directory for the Unix sockets of the servers an import or
-/// an upgrade runs, short enough for a socket's path (107 bytes: a
-/// workdir's path may be longer), removed when dropped.
-pub(crate) struct SocketDir(PathBuf);
-
-impl SocketDir {
-    /// A new one under the system's temporary directory, `user`'s alone.
-    pub(crate) fn new(user: &str) -> Result<SocketDir> {
-        // A random name (a new id's 128 random bits).
-        let dir = std::env::temp_dir().join(format!("strata-sock-{}", TimelineId::generate()));
-        super::layout::create_private_dir(&dir)?;
-        let made = SocketDir(dir);
-        give_to(&made.0, user)?;
-        Ok(made)
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for SocketDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The last lines of a server log.
-pub(crate) fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(10)..].join("\n")
-}
-
-/// `value` quoted for the single string of `pg_ctl -o`, which PostgreSQL
-/// splits on spaces (a backslash escapes the next character).
-pub(crate) fn shell_quote(value: &str) -> String {
-    let mut out = String::new();
-    for c in value.chars() {
-        if c == ' ' || c == '\\' || c == '\'' || c == '"' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// Sends the data directory to the tenant's pageserver as timeline
 /// `timeline`, unless it holds that timeline already (an interrupted
 /// import run again).
@@ -405,16 +266,5 @@ pub(crate) fn send(
     match reply.status {
         201 => Ok(()),
         s => failed(format!("{}: importing tenant {tenant}: HTTP {s}: {}", ps.name, reply.error_text())),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pg_ctl_options_keep_spaces_and_quotes_in_their_value() {
-        assert_eq!(shell_quote("unix_socket_directories=/a b/c"), "unix_socket_directories=/a\\ b/c");
-        assert_eq!(shell_quote("x='y'"), "x=\\'y\\'");
     }
 }

@@ -258,6 +258,7 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
             tenant_id,
             state: TenantState::Active,
             pg_version,
+            follows: None,
             branches: vec![Branch {
                 name: MAIN_BRANCH.into(),
                 timeline_id: TimelineId::generate(),

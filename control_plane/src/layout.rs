@@ -152,6 +152,11 @@ pub struct Tenant {
     /// branch has it (`docs/postgres-versions.md`).
     #[serde(default = "default_pg_version", skip_serializing_if = "is_default_pg_version")]
     pub pg_version: u32,
+    /// While a streaming import follows its source: the source's slot for
+    /// the relay. `main` takes no writer until `strata tenant cutover`
+    /// (`docs/import.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<String>,
     pub branches: Vec<Branch>,
 }
 
@@ -160,6 +165,19 @@ pub const DEFAULT_PG_VERSION: u32 = 15;
 
 fn default_pg_version() -> u32 {
     DEFAULT_PG_VERSION
+}
+
+/// The majors a tenant can have (`docs/postgres-versions.md`): 16 has no
+/// build here to check Strata's formats against.
+pub const TENANT_PG_VERSIONS: [u32; 3] = [15, 17, 18];
+
+/// Refuses a major a tenant cannot have, by name.
+pub fn check_pg_version(v: u32) -> Result<()> {
+    if TENANT_PG_VERSIONS.contains(&v) {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!("PostgreSQL {v} is not a major a tenant can have: 15, 17 or 18")))
+    }
 }
 
 fn is_default_pg_version(v: &u32) -> bool {

@@ -21,6 +21,7 @@ pub mod endpoint;
 pub mod error;
 #[cfg(test)]
 mod fakes;
+pub mod follow;
 pub mod hosts;
 pub mod http;
 pub mod import;
@@ -38,6 +39,7 @@ pub mod reconfigure;
 pub mod report;
 pub mod services;
 pub mod site;
+pub mod stage;
 pub mod status;
 pub mod supervisor;
 pub mod supervisor_state;

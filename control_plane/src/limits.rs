@@ -205,3 +205,11 @@ const _: () = assert!(LOCK_WAIT.as_millis() + BOOTSTRAP_TIMEOUT.as_millis() < CL
 const _: () = assert!(ENDPOINT_STOPS_AT_ONCE >= 1);
 // A shortened cause keeps at least its ellipsis and one character.
 const _: () = assert!(SHORT_CHARS >= 2);
+
+/// How long a streaming import's follower must keep running after its
+/// start before the import counts it as started.
+pub const FOLLOWER_START_CHECK: Duration = Duration::from_secs(3);
+
+/// How long `strata tenant cutover` waits, by default, for the follower to
+/// end once the relay stopped (a quorum holding all the relay sent).
+pub const FOLLOW_CUTOVER_WAIT: Duration = Duration::from_secs(60);

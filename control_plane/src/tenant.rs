@@ -10,6 +10,7 @@ use strata_protocol::api::pageserver::TenantObjectsDeleted;
 use strata_protocol::{TenantId, TimelineId};
 
 use super::error::{failed, Error, Result};
+pub use super::layout::{check_pg_version, TENANT_PG_VERSIONS};
 use super::layout::{update_cluster, Branch, Kind, Tenant, TenantState, Workdir, MAIN_BRANCH};
 use super::report::{EndpointEvent, Progress, TenantEvent};
 use super::{endpoint, http, services};
@@ -42,19 +43,6 @@ pub struct TenantCreated {
 impl std::fmt::Display for TenantCreated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "tenant {}: id {}, branch {MAIN_BRANCH} = timeline {}", self.name, self.tenant_id, self.timeline)
-    }
-}
-
-/// The majors a tenant can have (`docs/postgres-versions.md`): 16 has no
-/// build here to check Strata's formats against.
-pub const TENANT_PG_VERSIONS: [u32; 3] = [15, 17, 18];
-
-/// Refuses a major a tenant cannot have, by name.
-pub(crate) fn check_pg_version(v: u32) -> Result<()> {
-    if TENANT_PG_VERSIONS.contains(&v) {
-        Ok(())
-    } else {
-        Err(Error::Usage(format!("PostgreSQL {v} is not a major a tenant can have: 15, 17 or 18")))
     }
 }
 
@@ -108,6 +96,7 @@ pub fn create_with(
                     tenant_id: TenantId::generate(),
                     state: TenantState::Creating,
                     pg_version,
+                    follows: None,
                     branches: vec![Branch {
                         name: MAIN_BRANCH.into(),
                         timeline_id: TimelineId::generate(),
@@ -232,6 +221,7 @@ pub fn delete(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<T
         progress.tell(TenantEvent::Resuming { tenant: name.into(), what: "deletion" });
     }
     remove_endpoints(wd, &t, progress)?;
+    super::follow::abandon(wd, &t)?;
     detach_everywhere(wd, &t, progress)?;
     delete_timelines(wd, &t, progress)?;
     let objects = delete_objects(wd, &t)?;

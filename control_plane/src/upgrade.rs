@@ -18,11 +18,10 @@ use std::process::Command;
 use strata_protocol::TimelineId;
 
 use super::error::{failed, Error, Result};
-use super::import::{
-    as_user, checkpoint_wal, fresh_stage, give_to, log_tail, read_control, run, send, Ready, SocketDir,
-};
+use super::import::send;
 use super::layout::{update_cluster, Branch, Tenant, Workdir};
 use super::report::{Progress, TenantEvent};
+use super::stage::{as_user, checkpoint_wal, fresh_stage, give_to, log_tail, read_control, run, Ready, SocketDir};
 use crate::limits::{BASEBACKUP_FETCH_TIMEOUT, UPGRADE_STEP_TIMEOUT};
 
 /// What `branch upgrade` made.
@@ -92,7 +91,7 @@ pub fn upgrade(
     let sides = Sides { to, old_bin: &old_bin, new_bin: &new_bin, user: &user, sock };
     pg_upgrade(&sides, &stage, &template0, checksums)?;
     let control = read_control(&new)?;
-    let ready = Ready { wal: checkpoint_wal(&new, &control), pgdata: new.clone(), major: to };
+    let ready = Ready { wal: checkpoint_wal(&new, &control), pgdata: new.clone(), major: to, follow: false };
 
     // The new timeline first, then the branch that names it: an
     // interruption leaves at most a timeline no branch names.
@@ -211,7 +210,7 @@ fn template0_of(bin: &Path, pgdata: &Path, sock: &Path, user: &str, log: &Path) 
     let timeout = UPGRADE_STEP_TIMEOUT.as_secs().to_string();
     let options = format!(
         "-c listen_addresses= -c unix_socket_directories={} -c port=50432",
-        super::import::shell_quote(&sock.to_string_lossy())
+        super::stage::shell_quote(&sock.to_string_lossy())
     );
     let mut start = Command::new(bin.join("pg_ctl"));
     start.arg("start").arg("-D").arg(pgdata).arg("-l").arg(log).args(["-w", "-t", &timeout, "-o", &options]);

@@ -97,6 +97,24 @@ pub fn import_datadir(
         .ok_or_else(|| invalid(&wal_dir, format!("no checkpoint record at {}", control.checkpoint)))?;
     let end_lsn = record.end_lsn;
     let _ = segment_size;
+    if control.state == strata_formats::v15::control::DbState::ShutdownedInRecovery
+        && control.min_recovery_point != end_lsn
+    {
+        // Shut down in recovery, a standby's files are consistent at its
+        // minimum recovery point. Only where that is the end of the
+        // checkpoint record did its shutdown restartpoint write every page
+        // replayed, so that the files hold the database at `end_lsn`
+        // (what the streaming import makes, `docs/import.md`).
+        return Err(invalid(
+            &control_path,
+            format!(
+                "a standby's data directory (shut down in recovery) whose minimum recovery point {} is not the end \
+                 {end_lsn} of its checkpoint record {}: promote it, or start it once without standby.signal, and \
+                 shut it down cleanly",
+                control.min_recovery_point, control.checkpoint
+            ),
+        ));
+    }
 
     let meta = TimelineMetadata {
         format_version: 1,
@@ -250,14 +268,10 @@ pub fn check_importable(pgdata: &Path) -> Result<PgVersion, ImportError> {
     }
     match control.state {
         DbState::Shutdowned => {}
-        DbState::ShutdownedInRecovery => {
-            return Err(invalid(
-                &control_path,
-                "a standby's data directory (shut down in recovery): promote it, or start it once without \
-                 standby.signal, and shut it down cleanly"
-                    .into(),
-            ))
-        }
+        // A standby's directory is imported only where it stopped right
+        // after a restartpoint at its last record; `import_datadir` checks
+        // that against the WAL.
+        DbState::ShutdownedInRecovery => {}
         other => {
             return Err(invalid(
                 &control_path,

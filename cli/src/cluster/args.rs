@@ -82,6 +82,25 @@ pub enum TenantCommand {
         /// `--pgdata` needs.
         #[arg(long, value_name = "DIR", requires = "pgdata")]
         wal: Option<std::path::PathBuf>,
+        /// Keep following the source (`--from`) as its standby: `main`
+        /// takes its WAL until `strata tenant cutover`, so the switch takes
+        /// seconds. The role also needs CHECKPOINT (a superuser, or a
+        /// member of pg_checkpoint).
+        #[arg(long, requires = "from")]
+        follow: bool,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// End a streaming import (`tenant import --follow`) once its source
+    /// is stopped (`pg_ctl stop`): the last of its WAL reaches the
+    /// safekeepers, and `main` takes a writer from then on. Fails, and the
+    /// import goes on following, if the source's WAL did not end with its
+    /// shutdown checkpoint.
+    Cutover {
+        name: String,
+        /// How long to wait for the last of the WAL (seconds).
+        #[arg(long, value_name = "SECS", default_value_t = 60)]
+        wait: u64,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },

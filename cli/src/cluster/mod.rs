@@ -313,7 +313,7 @@ pub fn tenant(cmd: TenantCommand) -> i32 {
             })();
             exit_code("tenant create", result)
         }
-        TenantCommand::Import { name, from, pgdata, wal, workdir } => {
+        TenantCommand::Import { name, from, pgdata, wal, follow, workdir } => {
             let result = (|| {
                 workdir.plain("tenant import")?;
                 let source = match (from, pgdata) {
@@ -323,15 +323,42 @@ pub fn tenant(cmd: TenantCommand) -> i32 {
                 };
                 let wd = open(&workdir.workdir)?;
                 // The copy and its replay change nothing of the cluster: no lock yet.
-                let ready = strata_control_plane::import::prepare(&wd, &name, &source, &mut Printer)?;
+                let ready = match (&source, follow) {
+                    (strata_control_plane::import::Source::Server(conninfo), true) => {
+                        let stage = strata_control_plane::import::check_new(&wd, &name)?;
+                        strata_control_plane::follow::prepare(&wd, &name, &stage, conninfo, &mut Printer)?
+                    }
+                    _ => strata_control_plane::import::prepare(&wd, &name, &source, &mut Printer)?,
+                };
                 let _lock = lock(&wd)?;
                 let wd = open(&workdir.workdir)?;
-                let created = strata_control_plane::import::import(&wd, &name, &ready, &mut Printer);
+                let mut created = strata_control_plane::import::import(&wd, &name, &ready, &mut Printer);
+                if created.is_ok() && ready.follow {
+                    // The copy goes on as the relay of the source.
+                    let wd = open(&workdir.workdir)?;
+                    if let Err(e) = strata_control_plane::follow::start(&wd, &name, &mut Printer) {
+                        created = Err(e);
+                    }
+                }
                 publish(&wd)?;
                 outln!("{}", created?);
                 Ok(())
             })();
             exit_code("tenant import", result)
+        }
+        TenantCommand::Cutover { name, wait, workdir } => {
+            let result = (|| {
+                workdir.plain("tenant cutover")?;
+                let wd = open(&workdir.workdir)?;
+                let _lock = lock(&wd)?;
+                let wd = open(&workdir.workdir)?;
+                let wait = std::time::Duration::from_secs(wait);
+                let done = strata_control_plane::follow::cutover(&wd, &name, Some(wait), &mut Printer);
+                publish(&wd)?;
+                outln!("{}", done?);
+                Ok(())
+            })();
+            exit_code("tenant cutover", result)
         }
         TenantCommand::List { json, workdir } => {
             let result = (|| {

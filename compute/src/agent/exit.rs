@@ -14,6 +14,12 @@ pub const FENCED: i32 = 78;
 /// next `strata endpoint start` wakes it.
 pub const SUSPENDED: i32 = 79;
 
+/// The exit code of a follower (`strata compute proposer --follow-end`)
+/// once the relay it followed stopped and a quorum of safekeepers holds
+/// all the WAL it sent: the cut-over of a streaming import
+/// (`docs/import.md`); its supervisor then stops too.
+pub const SOURCE_ENDED: i32 = 80;
+
 /// The conventional name of a signal (`SIGKILL`), or `SIG<n>`.
 pub fn signal_name(signal: i32) -> String {
     let name = match signal {
