@@ -10,9 +10,12 @@ import io
 import subprocess
 import tarfile
 
-from fixtures.endpoint import Endpoint
-from fixtures.strata import urlopen
+from fixtures.checks import read_every_page, run_amcheck
+from fixtures.endpoint import Endpoint, current_lsn
+from fixtures.load import AckedWriters
+from fixtures.strata import format_lsn, urlopen
 from fixtures.versions import MAJORS
+from fixtures.wait import wait_until
 
 
 def test_a_tenant_of_each_major_is_made_by_that_majors_initdb(cluster):
@@ -105,3 +108,79 @@ def test_init_makes_the_default_tenant_of_another_major(cluster_factory):
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode != 0 and "PostgreSQL 16 is not a major a tenant can have" in r.stderr, r
     assert not (other / "cluster.toml").exists()
+
+
+def test_a_tenant_of_the_newest_major_branches_replicates_fails_over_and_promotes(cluster_factory):
+    """What 15 does, on the newest major (18): a branch at a past LSN
+    brings back a dropped table; a lazy replica follows its writer; the
+    attached pageserver killed under writes fails over to the secondary
+    while the writer and the replica go on; the replica promoted keeps
+    every acknowledged commit, and every page of it reads with its checksum
+    verified."""
+    major = MAJORS[-1]
+    bin_dir = f"/usr/lib/postgresql/{major}/bin"
+    cluster = cluster_factory(init_args=("--pageservers", "2", "--pg-version", str(major)), start=False)
+    for name in ("pageserver", "pageserver2"):
+        cluster.configure(name, {"heatmap_period": 1})
+    cluster.start()
+    ep = Endpoint(cluster, "ep", pg_bin_dir=bin_dir)
+    ep.start()
+    ep.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    ep.sql("CREATE TABLE keep AS SELECT g AS id FROM generate_series(1, 1000) g")
+    with ep.connect() as conn:
+        before_drop = current_lsn(conn)
+    ep.sql("DROP TABLE keep")
+
+    # Point in time: a branch where the table still was.
+    cluster.run("branch", "create", "before", "--at", format_lsn(before_drop), timeout=120)
+    old = Endpoint(cluster, "old", branch="before", pg_bin_dir=bin_dir)
+    old.start()
+    assert old.sql("SELECT count(*), current_setting('server_version_num')::int / 10000 FROM keep") == [
+        (1000, major)]
+    old.stop()
+    assert ep.sql("SELECT to_regclass('keep') IS NULL") == [(True,)]
+
+    # A replica; then the attached pageserver dies under writes.
+    ep.sql("CREATE EXTENSION amcheck")
+    ep.run(["pgbench", "-n", "-c", "2", "-t", "100"], timeout=300)
+    cluster.run("timeline", "checkpoint")
+    tenant = cluster.tenant_id()
+    wait_until("the secondary warm", lambda: secondary_layers(cluster, tenant) > 0 or None, timeout=60)
+    replica = Endpoint(cluster, "r1", pg_bin_dir=bin_dir)
+    replica.start("--replica-of", "ep")
+    writers = AckedWriters(ep, threads=2, backoff=(0.01, 0.1)).start()
+    bench = subprocess.Popen(ep.command(["pgbench", "-n", "-c", "2", "-T", "20"]), env=ep.client_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until("commits", lambda: writers.count() > 50 or None, timeout=60, details=lambda: writers.errors[-3:])
+        cluster.kill9("pageserver", supervisor=True)
+        wait_until("the tenant on pageserver2", lambda: attached(cluster) == "pageserver2" or None, timeout=60)
+        done = writers.count()
+        wait_until("commits after the failover", lambda: writers.count() > done + 50 or None, timeout=60,
+                   details=lambda: writers.errors[-3:])
+        out = cluster.run("endpoint", "promote", "r1", timeout=180).stdout
+        assert "promoted to the writer of branch main" in out, out
+    finally:
+        writers.stop()
+        # pgbench loses its connections when the writer is fenced.
+        bench.communicate(timeout=120)
+    acked = writers.acked_ids()
+    rows = {r[0] for r in replica.sql("SELECT id FROM acked")}
+    assert not acked - rows, f"{len(acked - rows)} acknowledged commits lost"
+    assert replica.sql("SELECT sum(abalance) = (SELECT sum(delta) FROM pgbench_history) FROM pgbench_accounts") \
+        == [(True,)]
+    run_amcheck(replica)
+    replica.restart()
+    assert replica.sql("SHOW data_checksums") == [("on",)]
+    assert read_every_page(replica, "postgres") > 0
+    cluster.start()
+
+
+def secondary_layers(cluster, tenant: str) -> int:
+    code, body = cluster.http("pageserver2", "GET", "/v1/status")
+    assert code == 200, body
+    return next((loc["local_layers"] for loc in body["locations"] if loc["tenant_id"] == tenant), 0)
+
+
+def attached(cluster) -> str | None:
+    return cluster.status()["timelines"][0]["attached"]
