@@ -184,3 +184,37 @@ def secondary_layers(cluster, tenant: str) -> int:
 
 def attached(cluster) -> str | None:
     return cluster.status()["timelines"][0]["attached"]
+
+
+def test_the_lazy_file_system_serves_18_under_every_io_method(cluster_factory):
+    """PostgreSQL 18 reads through its asynchronous I/O (`io_method`):
+    worker processes, io_uring, or each backend for itself. A lazy compute
+    started with each (`--io-method`) reads a table larger than its
+    shared buffers, cold, and its index, the same as it wrote them, and
+    writes; a branch of 15 refuses the option by name."""
+    cluster = cluster_factory(init_args=("--pg-version", "18"))
+    ep = Endpoint(cluster, "ep", pg_bin_dir="/usr/lib/postgresql/18/bin")
+    ep.start()
+    ep.sql("CREATE TABLE big AS SELECT g AS id, md5(g::text) AS v, repeat('x', 200) AS pad"
+           " FROM generate_series(1, 200000) g")
+    ep.sql("CREATE INDEX big_v ON big (v)")
+    digest = "SELECT count(*), md5(string_agg(v, ',' ORDER BY id)) FROM big"
+    expected = ep.sql(digest)
+    probes = "SELECT count(*) FROM big WHERE v IN (SELECT md5(g::text) FROM generate_series(1, 200000, 997) g)"
+    for method in ("sync", "worker", "io_uring"):
+        ep.stop()
+        ep.start("--io-method", method)
+        assert ep.sql("SHOW io_method") == [(method,)]
+        # Cold: the table (about 60 MB) is more than shared_buffers holds.
+        assert ep.sql(digest) == expected, method
+        with ep.connect() as conn:
+            conn.execute("SET enable_seqscan = off")
+            assert conn.execute(probes).fetchone() == (201,), method
+        ep.sql(f"INSERT INTO big SELECT 200000 + g, md5('{method}' || g), '' FROM generate_series(1, 1000) g")
+        ep.sql("DELETE FROM big WHERE id > 200000")
+    assert ep.agent_status()["lazy"]["fetch_errors"] == 0
+    ep.stop()
+    cluster.run("tenant", "create", "old", timeout=180)
+    r = cluster.run("endpoint", "start", "old-ep", "--tenant", "old", "--io-method", "io_uring", check=False,
+                    timeout=120)
+    assert r.returncode != 0 and "io_method is PostgreSQL 18's" in r.stderr, r

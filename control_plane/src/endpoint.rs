@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile};
+use strata_compute::agent::pgconf::IoMethod;
 use strata_compute::agent::DEFAULT_APP_ROLE as APP_ROLE;
 use strata_compute::agent::{postgres, suspend};
 use strata_protocol::api::compute::{AgentState, AgentStatus, ComputeStatus};
@@ -1150,6 +1151,16 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
     }
     if let Some(size) = &agent.shared_buffers {
         f.shared_buffers = size.clone();
+    }
+    if let Some(method) = &agent.io_method {
+        let major = c.timeline_pg_version(req.tenant_id, req.timeline_id);
+        if major < 18 {
+            return failed(format!("endpoint {}: io_method is PostgreSQL 18's; the branch is {major}'s", req.name));
+        }
+        f.io_method = Some(
+            IoMethod::parse(method)
+                .ok_or_else(|| Error::Usage(format!("io_method {method:?}: sync, worker or io_uring")))?,
+        );
     }
     f.crash_loop_restarts = agent.crash_loop_restarts.unwrap_or(f.crash_loop_restarts);
     f.crash_loop_window_secs = agent.crash_loop_window_secs.unwrap_or(f.crash_loop_window_secs);

@@ -64,6 +64,9 @@ pub struct AgentOptions {
     pub max_replica_lag_mb: Option<u64>,
     /// PostgreSQL's shared_buffers for this run.
     pub shared_buffers: Option<String>,
+    /// PostgreSQL 18's `io_method` for this run (`sync`, `worker`, `io_uring`).
+    #[serde(default)]
+    pub io_method: Option<String>,
     /// Suspend after this many seconds without a client (0: never); kept
     /// for the endpoint's later starts.
     #[serde(default)]

@@ -334,6 +334,10 @@ pub struct AgentArgs {
     /// PostgreSQL's shared_buffers for this run (default 128MB).
     #[arg(long, help_heading = "compute agent options", value_name = "SIZE")]
     pub shared_buffers: Option<String>,
+    /// PostgreSQL 18's io_method for this run (default: 18's, worker;
+    /// `docs/lazy-compute.md`).
+    #[arg(long, help_heading = "compute agent options", value_name = "METHOD", value_parser = ["sync", "worker", "io_uring"])]
+    pub io_method: Option<String>,
     /// Suspend after this many seconds without a client connection: the
     /// compute stops cleanly and the next `endpoint start` wakes it (0:
     /// never; default: the cluster's `default_suspend_after_secs`, else
@@ -356,6 +360,7 @@ impl AgentArgs {
             fetch_retry_secs,
             max_replica_lag_mb,
             shared_buffers,
+            io_method,
             suspend_after,
         } = self.clone();
         AgentOptions {
@@ -367,6 +372,7 @@ impl AgentArgs {
             fetch_retry_secs,
             max_replica_lag_mb,
             shared_buffers,
+            io_method,
             suspend_after_secs: suspend_after,
         }
     }

@@ -51,6 +51,8 @@ pub struct AgentConfig {
     pub app_role: String,
     /// `shared_buffers` (`128MB`).
     pub shared_buffers: String,
+    /// `io_method` (PostgreSQL 18 on); none: the major's default.
+    pub io_method: Option<super::pgconf::IoMethod>,
     /// Images of every change for every resource manager (`wal_consistency_checking = 'all'`).
     pub verify_redo: bool,
     /// The proposer's application name, listed in `synchronous_standby_names`.
@@ -205,6 +207,7 @@ impl AgentConfig {
             pg_role: SUPERUSER.into(),
             app_role: DEFAULT_APP_ROLE.into(),
             shared_buffers: "128MB".into(),
+            io_method: None,
             verify_redo: false,
             application_name: "strata_proposer".into(),
             slot: "strata_proposer".into(),

@@ -77,6 +77,10 @@ pub struct AgentFile {
     /// PostgreSQL's shared_buffers.
     #[serde(default = "default_shared_buffers")]
     pub shared_buffers: String,
+    /// PostgreSQL 18's `io_method` (`sync`, `worker`, `io_uring`); absent:
+    /// the major's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_method: Option<super::pgconf::IoMethod>,
     /// Log an image of every changed page, for the pageserver to check its
     /// native redo against.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -262,6 +266,7 @@ impl AgentFile {
             pg_user: default_pg_user(),
             app_role: default_app_role(),
             shared_buffers: default_shared_buffers(),
+            io_method: None,
             verify_redo: false,
             max_consumer_lag_mb: default_max_consumer_lag_mb(),
             wait_timeout_secs: default_wait_timeout_secs(),
@@ -371,6 +376,7 @@ impl AgentFile {
         cfg.app_role = self.app_role;
         cfg.password_verifier_file = self.password_verifier_file;
         cfg.shared_buffers = self.shared_buffers;
+        cfg.io_method = self.io_method;
         cfg.verify_redo = self.verify_redo;
         cfg.max_consumer_lag_bytes = (self.max_consumer_lag_mb > 0).then_some(self.max_consumer_lag_mb << 20);
         cfg.wait_timeout = Duration::from_secs(self.wait_timeout_secs);

@@ -5,6 +5,35 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+/// PostgreSQL 18's `io_method`: how its reads are issued
+/// (`docs/lazy-compute.md`, "PostgreSQL 18's asynchronous I/O").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoMethod {
+    /// Each backend reads for itself, synchronously.
+    Sync,
+    /// I/O worker processes read for the backends (18's default).
+    Worker,
+    /// Linux's io_uring.
+    IoUring,
+}
+
+impl IoMethod {
+    /// The setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoMethod::Sync => "sync",
+            IoMethod::Worker => "worker",
+            IoMethod::IoUring => "io_uring",
+        }
+    }
+
+    /// From the setting's value.
+    pub fn parse(text: &str) -> Option<IoMethod> {
+        [IoMethod::Sync, IoMethod::Worker, IoMethod::IoUring].into_iter().find(|m| m.as_str() == text)
+    }
+}
+
 /// Longest Unix socket path PostgreSQL accepts (`sizeof(sun_path) - 1`).
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -20,6 +49,8 @@ pub struct PgSettings {
     pub socket_dir: PathBuf,
     /// `shared_buffers`, in PostgreSQL's size syntax (`128MB`).
     pub shared_buffers: String,
+    /// `io_method` (18 on); none: the major's default.
+    pub io_method: Option<IoMethod>,
     /// Images for every resource manager, natively redone ones included.
     pub verify_redo: bool,
     /// The WAL proposer's application name, the only synchronous standby.
@@ -269,6 +300,9 @@ pub fn postgresql_conf(s: &PgSettings, pgdata: &Path) -> Result<String, ConfigEr
         quote(s.socket_dir.to_str().expect("validated")),
     );
     set("", "shared_buffers", quote(&s.shared_buffers));
+    if let Some(method) = s.io_method {
+        set("Chosen for this endpoint (PostgreSQL 18 on).", "io_method", quote(method.as_str()));
+    }
     set(
         "Passwords are stored as SCRAM verifiers; TCP clients log in with SCRAM-SHA-256.",
         "password_encryption",
@@ -506,12 +540,26 @@ mod tests {
 
     const PGDATA: &str = "/srv/compute/pgdata";
 
+    #[test]
+    fn io_method_is_written_only_when_chosen() {
+        let plain = postgresql_conf(&settings(), Path::new(PGDATA)).unwrap();
+        assert!(!plain.contains("io_method"));
+        let s = PgSettings { io_method: Some(IoMethod::IoUring), ..settings() };
+        let conf = postgresql_conf(&s, Path::new(PGDATA)).unwrap();
+        assert!(conf.lines().any(|l| l == "io_method = 'io_uring'"), "{conf}");
+        for m in [IoMethod::Sync, IoMethod::Worker, IoMethod::IoUring] {
+            assert_eq!(IoMethod::parse(m.as_str()), Some(m));
+        }
+        assert_eq!(IoMethod::parse("posix_aio"), None);
+    }
+
     fn settings() -> PgSettings {
         PgSettings {
             port: 55432,
             host_address: None,
             socket_dir: PathBuf::from("/srv/compute/pgdata"),
             shared_buffers: "128MB".into(),
+            io_method: None,
             verify_redo: false,
             application_name: "strata_proposer".into(),
             read_only: false,

@@ -430,6 +430,7 @@ impl Agent {
             host_address: self.cfg.pg_host_address,
             socket_dir: pgconf::socket_dir(&self.pgdata, self.cfg.pg_port),
             shared_buffers: self.cfg.shared_buffers.clone(),
+            io_method: self.cfg.io_method,
             verify_redo: self.cfg.verify_redo,
             application_name: self.cfg.application_name.clone(),
             read_only: self.cfg.read_only_at.is_some(),
