@@ -10,9 +10,12 @@ import re
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from fixtures.endpoint import Endpoint
 from fixtures.pageserver_api import PageserverApi
 from fixtures.strata import drop_os_caches
+from fixtures.versions import MAJORS
 from fixtures.wait import wait_until
 
 BLOCK = 8192
@@ -43,13 +46,15 @@ def fork_sizes(files: dict[str, bytes]) -> dict[str, int]:
     return sizes
 
 
-def test_the_lazy_basebackup_names_every_relation_fork_and_carries_none(cluster):
-    """The lazy basebackup at the end of the WAL: the full one's files but
-    the logged relations' data; the manifest lists exactly the full one's
-    main and visibility map forks with their sizes (a table over 1 GiB is
-    not needed: segments are added up the same way), and the unlogged
-    relation's forks come in the tar as in eager mode."""
-    ep = Endpoint(cluster, "ep")
+@pytest.mark.parametrize("major", MAJORS)
+def test_the_lazy_basebackup_names_every_relation_fork_and_carries_none(cluster_factory, major):
+    """The lazy basebackup at the end of the WAL, of each major: the full
+    one's files but the logged relations' data; the manifest lists exactly
+    the full one's main and visibility map forks with their sizes (a table
+    over 1 GiB is not needed: segments are added up the same way), and the
+    unlogged relation's forks come in the tar as in eager mode."""
+    cluster = cluster_factory(init_args=("--pg-version", str(major)))
+    ep = Endpoint(cluster, "ep", pg_bin_dir=f"/usr/lib/postgresql/{major}/bin")
     ep.start()
     ep.sql("CREATE TABLE t AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 20000) g")
     ep.sql("VACUUM t")  # a visibility map fork

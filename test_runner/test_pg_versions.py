@@ -112,7 +112,7 @@ def test_init_makes_the_default_tenant_of_another_major(cluster_factory):
 
 def test_a_tenant_of_the_newest_major_branches_replicates_fails_over_and_promotes(cluster_factory):
     """What 15 does, on the newest major (18): a branch at a past LSN
-    brings back a dropped table; a lazy replica follows its writer; the
+    brings back a dropped table on an eager compute; a lazy replica follows its writer; the
     attached pageserver killed under writes fails over to the secondary
     while the writer and the replica go on; the replica promoted keeps
     every acknowledged commit, and every page of it reads with its checksum
@@ -133,8 +133,9 @@ def test_a_tenant_of_the_newest_major_branches_replicates_fails_over_and_promote
 
     # Point in time: a branch where the table still was.
     cluster.run("branch", "create", "before", "--at", format_lsn(before_drop), timeout=120)
+    # An eager compute: the whole branch restored before PostgreSQL starts.
     old = Endpoint(cluster, "old", branch="before", pg_bin_dir=bin_dir)
-    old.start()
+    old.start("--eager")
     assert old.sql("SELECT count(*), current_setting('server_version_num')::int / 10000 FROM keep") == [
         (1000, major)]
     old.stop()
