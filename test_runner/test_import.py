@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import subprocess
 import tarfile
 import threading
@@ -26,6 +28,7 @@ from fixtures.load import AckedWriter
 from fixtures.objects import OBJECTS
 from fixtures.strata import urlopen
 from fixtures.versions import MAJORS
+from fixtures.wait import wait_until
 
 
 
@@ -195,7 +198,15 @@ def test_a_streaming_import_follows_its_source_and_cuts_over_losing_no_acknowled
         # No writer on main while it follows: its WAL is the source's.
         r = cluster.run("endpoint", "start", "live-early", "--tenant", "live", check=False, timeout=120)
         assert r.returncode != 0 and "strata tenant cutover live" in r.stderr, r
-        time.sleep(3)
+        time.sleep(2)
+        # The follower killed: its supervisor starts it again, and it is
+        # elected and streams on from what a quorum holds.
+        pidfile = cluster.workdir / "imports" / "live.follower" / "follower.pid"
+        killed = int(pidfile.read_text())
+        os.kill(killed, signal.SIGKILL)
+        wait_until("the follower started again",
+                   lambda: pidfile.exists() and pidfile.read_text().strip() not in ("", str(killed)) or None, 60)
+        time.sleep(2)
         # The source runs: its WAL goes on past what the relay has, so a
         # cut-over fails and the import keeps following.
         r = cluster.run("tenant", "cutover", "live", "--wait", "20", check=False, timeout=300)
