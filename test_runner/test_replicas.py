@@ -29,6 +29,7 @@ from fixtures.load import AckedWriters, PgbenchLoop
 from fixtures.pageserver_api import PageserverApi, wait_for_pageserver_lsn
 from fixtures.pg import PgCluster
 from fixtures.strata import SEGMENT, format_lsn, parse_lsn
+from fixtures.versions import MAJORS
 from fixtures.wait import wait_until
 
 
@@ -165,12 +166,15 @@ def _replay_lsn(replica) -> int:
     return parse_lsn(replica.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0])
 
 
-def test_a_replica_endpoint_follows_its_writer(cluster):
-    """`strata endpoint start R --replica-of EP`: a lazy hot standby that
-    starts from the writer's fresh checkpoint, streams from the
-    safekeepers, reads its relation files through the pageserver, reports
-    its lag and leases its read floor."""
+@pytest.mark.parametrize("major", MAJORS)
+def test_a_replica_endpoint_follows_its_writer(cluster_factory, major):
+    """`strata endpoint start R --replica-of EP`, of each major: a lazy hot
+    standby that starts from the writer's fresh checkpoint, streams from
+    the safekeepers, reads its relation files through the pageserver,
+    reports its lag and leases its read floor."""
+    cluster = cluster_factory(init_args=("--pg-version", str(major)))
     ep = start_endpoint(cluster)
+    assert ep.sql("SELECT current_setting('server_version_num')::int / 10000") == [(major,)]
     with ep.connect() as conn:
         conn.execute("CREATE TABLE rep_a AS SELECT g, md5(g::text) AS v FROM generate_series(1, 20000) g")
         conn.execute("CREATE TABLE rep_b AS SELECT g FROM generate_series(1, 3000) g")

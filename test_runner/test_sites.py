@@ -14,10 +14,12 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 
 from fixtures.endpoint import Endpoint, SocketSuperuser, start_endpoint
 from fixtures.load import AckedWriters
 from fixtures.strata import parse_lsn
+from fixtures.versions import MAJORS
 from fixtures.wait import wait_until
 
 LATENCY_MS = 4
@@ -430,15 +432,18 @@ def test_promoting_dc2_under_local_quorum_reports_dc1s_tail_and_fences_its_write
     assert membership(cluster, "sk1")["placement"]["home"] == "dc2"
 
 
-def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_factory):
-    """Under `stretched` every acknowledged commit is on dc2's safekeeper.
+@pytest.mark.parametrize("major", MAJORS)
+def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_factory, major):
+    """Under `stretched` every acknowledged commit is on dc2's safekeeper,
+    for a cluster of each major.
     dc1 is cut off, then dies whole (every service and the writer, kill
     -9); `strata site promote dc2` reports nothing lost and dc2's writer
     has every acknowledged commit. dc1 comes back: `strata site rejoin dc1`
     confirms nothing was lost, and the old writer, started again on its
     (divergent) branch, is refused: its timeline is sealed."""
-    cluster = sites_cluster(cluster_factory, "--placement", "stretched")
+    cluster = sites_cluster(cluster_factory, "--placement", "stretched", "--pg-version", str(major))
     ep = start_endpoint(cluster)
+    assert ep.sql("SELECT current_setting('server_version_num')::int / 10000") == [(major,)]
     writers = AckedWriters(ep, threads=2).start()
     wait_until("commits", lambda: writers.count() > 50, timeout=60)
     cut(cluster)
