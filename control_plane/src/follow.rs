@@ -24,7 +24,7 @@ use super::error::{failed, Error, Result};
 use super::layout::{create_private_dir, update_cluster, Tenant, Workdir, MAIN_BRANCH};
 use super::process::{self, Identity};
 use super::report::{Progress, TenantEvent};
-use super::stage::{as_user, give_to, log_tail, read_control, run, shell_quote, Ready};
+use super::stage::{as_user, give_to, log_tail, psql_query, read_control, run, shell_quote, source_query, Ready};
 use super::supervisor::{Liveness, Supervised};
 use crate::limits::{FOLLOWER_START_CHECK, FOLLOW_CUTOVER_WAIT, IMPORT_RECOVERY_TIMEOUT};
 
@@ -104,22 +104,6 @@ impl Places {
             Duration::from_secs(10),
         )
     }
-}
-
-/// Runs `sql` on the source; its rows, fields separated by `|`.
-fn source_query(wd: &Workdir, conninfo: &str, sql: &str) -> Result<String> {
-    let psql = wd.cluster.pg_bin_dir.join("psql");
-    let out = Command::new(&psql)
-        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql, "--dbname"])
-        .arg(conninfo)
-        .env("PGCONNECT_TIMEOUT", "10")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::Failed(format!("running {}: {e}", psql.display())))?;
-    if !out.status.success() {
-        return failed(format!("the source: {}: {}", sql, String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Writes a file of the relay's, `user`'s alone.
@@ -329,23 +313,18 @@ fn start_relay(wd: &Workdir, places: &Places, major: u32) -> Result<()> {
 
 /// Runs `sql` on the relay, as its bootstrap superuser.
 fn relay_sql(wd: &Workdir, places: &Places, sql: &str) -> Result<String> {
-    let psql = wd.cluster.pg_bin_dir.join("psql");
-    let mut cmd = Command::new(&psql);
-    cmd.args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"]).arg(&places.sockets).args([
-        "-p",
-        RELAY_PORT,
-        "-d",
-        "template1",
-        "-U",
-        &relay_superuser(places)?,
-        "-c",
-        sql,
-    ]);
-    let out = cmd.stdin(Stdio::null()).output().map_err(|e| Error::Failed(format!("running psql: {e}")))?;
-    if !out.status.success() {
-        return failed(format!("the relay: {sql}: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let user = relay_superuser(places)?;
+    let connect: [&std::ffi::OsStr; 8] = [
+        "-h".as_ref(),
+        places.sockets.as_os_str(),
+        "-p".as_ref(),
+        RELAY_PORT.as_ref(),
+        "-d".as_ref(),
+        "template1".as_ref(),
+        "-U".as_ref(),
+        user.as_ref(),
+    ];
+    psql_query(wd, "the relay", &connect, sql)
 }
 
 /// The copy's bootstrap superuser: the owner of `template1`'s files.

@@ -2,6 +2,7 @@
 //! it, for what makes a data directory to send to a pageserver: `strata
 //! tenant import` (plain and streaming) and `strata branch upgrade`.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -97,21 +98,34 @@ pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The major of the PostgreSQL `conninfo` reaches.
-pub fn server_major(wd: &Workdir, conninfo: &str) -> Result<u32> {
+/// Runs `sql` through psql (unaligned, tuples only, stopping at the first
+/// error) on the server `connect` names (`--dbname CONNINFO`, or `-h`,
+/// `-p`, ...), at most 10 s to connect; its rows, fields separated by `|`.
+/// Errors name `server` and the statement.
+pub fn psql_query(wd: &Workdir, server: &str, connect: &[&OsStr], sql: &str) -> Result<String> {
     let psql = wd.cluster.pg_bin_dir.join("psql");
     let out = Command::new(&psql)
-        .args(["-X", "-A", "-t", "-c", "SHOW server_version_num", "--dbname"])
-        .arg(conninfo)
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .args(connect)
         .env("PGCONNECT_TIMEOUT", "10")
         .stdin(Stdio::null())
         .output()
         .map_err(|e| Error::Failed(format!("running {}: {e}", psql.display())))?;
     if !out.status.success() {
-        return failed(format!("connecting to the source: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return failed(format!("{server}: {sql}: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let number: u32 = text.trim().parse().map_err(|_| Error::Failed(format!("server_version_num {text:?}")))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Runs `sql` on the server `conninfo` reaches ([`psql_query`]).
+pub fn source_query(wd: &Workdir, conninfo: &str, sql: &str) -> Result<String> {
+    psql_query(wd, "the source", &["--dbname".as_ref(), conninfo.as_ref()], sql)
+}
+
+/// The major of the PostgreSQL `conninfo` reaches.
+pub fn server_major(wd: &Workdir, conninfo: &str) -> Result<u32> {
+    let text = source_query(wd, conninfo, "SHOW server_version_num")?;
+    let number: u32 = text.parse().map_err(|_| Error::Failed(format!("server_version_num {text:?}")))?;
     let major = number / 10_000;
     super::layout::check_pg_version(major)?;
     Ok(major)
