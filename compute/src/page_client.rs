@@ -137,7 +137,7 @@ impl PageClient {
             broken: false,
         };
         let token = client.config.token.clone();
-        let hello = Hello { protocol_version: PAGE_PROTOCOL_VERSION, tenant_id, timeline_id, token };
+        let hello = Hello { protocol_version: PAGE_PROTOCOL_VERSION, tenant_id: tenant_id.into(), timeline_id, token };
         codec::encode_client(&ClientMessage::Hello(hello), &mut client.out);
         client.write_out(deadline, "sending the hello", limit).await?;
         match client.read_message(deadline, "the hello answer", limit).await? {

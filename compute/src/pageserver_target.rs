@@ -192,7 +192,7 @@ mod tests {
 
     fn info(version: u64, http: &str) -> AttachmentInfo {
         AttachmentInfo {
-            tenant_id: TenantId([1; 16]),
+            tenant_id: TenantId([1; 16]).into(),
             version,
             generation: version as u32,
             pageserver: format!("ps-{http}"),

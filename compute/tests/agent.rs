@@ -61,7 +61,7 @@ async fn fake_pageserver(state: Arc<Mutex<FakeState>>) -> SocketAddr {
         } else {
             s.last_record_lsn
         };
-        let mut status = TimelineStatus::new(tenant, timeline, s.system_id, SEG as u32, Lsn(SEG));
+        let mut status = TimelineStatus::new(tenant.into(), timeline, s.system_id, SEG as u32, Lsn(SEG));
         status.last_record_lsn = lsn;
         status.state = s.state;
         if s.state == TimelineState::Broken {

@@ -86,7 +86,7 @@ pub fn attached(wd: &Workdir, tenant: TenantId) -> Result<&Service> {
             _ => return Ok(ps),
         };
         let ready = status.locations.iter().any(|l| {
-            l.tenant_id == tenant && l.mode == LocationMode::Attached && l.generation >= Some(info.generation)
+            l.tenant_id == tenant.into() && l.mode == LocationMode::Attached && l.generation >= Some(info.generation)
         });
         if ready {
             return Ok(ps);

@@ -162,7 +162,7 @@ impl FakeServices {
     ) -> Result<Reply, String> {
         let tenant = self.tenant.unwrap_or(TenantId([0; 16]));
         let status = |timeline: TimelineId, lsn: Lsn| {
-            let s = strata_protocol::api::pageserver::TimelineStatus::new(tenant, timeline, 7, 16 << 20, lsn);
+            let s = strata_protocol::api::pageserver::TimelineStatus::new(tenant.into(), timeline, 7, 16 << 20, lsn);
             serde_json::to_value(s).unwrap()
         };
         match (method, rest) {

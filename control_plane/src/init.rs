@@ -772,7 +772,7 @@ mod tests {
         assert!(psc.controller, "the storage controller places the tenant");
         let cc = strata_controller::config::ControllerConfig::load(&wd.config_path(wd.service("controller").unwrap()))
             .unwrap();
-        assert_eq!(cc.tenants, vec![wd.cluster.tenants[0].tenant_id]);
+        assert_eq!(cc.tenants, vec![wd.cluster.tenants[0].tenant_id.into()]);
         assert_eq!(cc.pageservers[0].http, ps.addr("http").unwrap());
         // Several pageservers: a controller beside each, every port distinct.
         let dir2 = tempdir("init2");

@@ -314,9 +314,11 @@ pub fn ensure_tenant(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> R
             progress.tell(ServiceEvent::CreatingTenant { pageserver: ps.name.clone(), tenant });
             let create_url = format!("{}/v1/tenant", ps.http_url());
             let body = CreateTenantRequest {
-                tenant_id: Some(tenant),
+                tenant_id: Some(tenant.into()),
                 timeline_id: Some(timeline),
                 pg_version: Some(t.pg_version),
+                stripe_blocks: None,
+                system_id: None,
             };
             let created = http::post(&create_url, &body, BOOTSTRAP_TIMEOUT)
                 .map_err(|e| Error::Failed(format!("{}: creating the tenant: {e}", ps.name)))?;

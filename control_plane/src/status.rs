@@ -343,7 +343,7 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
     let mut tenants = Vec::new();
     for t in &c.tenants {
         // Where the tenant is: the controller's state (every branch is where the tenant is).
-        let placement = state.as_ref().and_then(|s| s.tenants.get(&t.tenant_id).cloned());
+        let placement = state.as_ref().and_then(|s| s.tenants.get(&t.tenant_id.into()).cloned());
         let attached = placement.as_ref().and_then(|p| p.attached.as_deref());
         let on_ps = ps_status.iter().find(|(n, _)| Some(n.as_str()) == attached).map(|(_, st)| st);
         let here: Vec<BranchStatus> = t
@@ -381,7 +381,7 @@ fn tenant_status(
         logical_bytes: sum(&|s| s.logical_size),
         wal_held_bytes: wal_held,
         local_layer_bytes: ps
-            .and_then(|p| p.locations.iter().find(|l| l.tenant_id == t.tenant_id))
+            .and_then(|p| p.locations.iter().find(|l| l.tenant_id == t.tenant_id.into()))
             .map(|l| l.local_layer_bytes),
         remote_layer_bytes: sum(&|s| s.remote.as_ref().map(|r| r.remote_bytes)),
     }

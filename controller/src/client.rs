@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use strata_protocol::api::pageserver::{LocationRequest, LocationStatus, PageserverStatus};
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_service::api_client::ApiClient;
 use strata_service::auth::Token;
 use strata_service::tls::ClientTls;
@@ -24,7 +24,7 @@ pub trait Pageservers: Send + Sync {
     fn set_location<'a>(
         &'a self,
         http: &'a str,
-        tenant: TenantId,
+        tenant: TenantShardId,
         req: LocationRequest,
     ) -> BoxFuture<'a, Result<LocationStatus, String>>;
 }
@@ -58,7 +58,7 @@ impl Pageservers for Client {
     fn set_location<'a>(
         &'a self,
         http: &'a str,
-        tenant: TenantId,
+        tenant: TenantShardId,
         req: LocationRequest,
     ) -> BoxFuture<'a, Result<LocationStatus, String>> {
         let (c, url) = (self.location.clone(), self.location.url(http, &format!("/v1/tenant/{tenant}/location")));

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_service::config::{
     check_duration, check_exposure, check_range, check_unique_names, load_toml, seconds, ConfigError, ConfigLoadError,
     Protection,
@@ -25,7 +25,7 @@ pub struct ControllerConfig {
     /// The pageservers it places tenants on, in order of preference.
     pub pageservers: Vec<PageserverRef>,
     /// The tenants it places.
-    pub tenants: Vec<TenantId>,
+    pub tenants: Vec<TenantShardId>,
     /// Tokens: callers' tokens are checked, and this controller's own is
     /// sent to the pageservers (`docs/security.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,7 +13,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use strata_protocol::api::controller::{PageserverPolicy, PolicyChanged};
 use strata_protocol::api::ErrorBody;
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_service::auth::http::{guard, HttpAuth, Need};
 
 use crate::limits::MAX_WAIT;
@@ -100,7 +100,7 @@ async fn attachment(
 }
 
 /// The tenant id of a path, or why it is none (a 400).
-fn parse_tenant(tenant: &str) -> Result<TenantId, String> {
+fn parse_tenant(tenant: &str) -> Result<TenantShardId, String> {
     tenant.parse().map_err(|e| format!("{e}"))
 }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use strata_protocol::api::controller::{ControllerState, DeletedTenant, Migration, PageserverPolicy, TenantPlacement};
 use strata_protocol::limits::MAX_DELETED_TENANTS;
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 
 use crate::limits::MAX_SECONDARIES;
 
@@ -62,7 +62,7 @@ pub type Planner = fn(&ControllerState, &View) -> Option<ControllerState>;
 /// Places the tenants of `tenants` that the state does not know yet, each
 /// with generations above `first_generation` (what object storage already
 /// holds of it); they are attached by the next [`plan`].
-pub fn add_tenants(state: &mut ControllerState, tenants: &[(TenantId, u32)]) -> bool {
+pub fn add_tenants(state: &mut ControllerState, tenants: &[(TenantShardId, u32)]) -> bool {
     let mut changed = false;
     for (t, g) in tenants {
         if !state.tenants.contains_key(t) {
@@ -78,7 +78,7 @@ pub fn add_tenants(state: &mut ControllerState, tenants: &[(TenantId, u32)]) -> 
 /// move at a time.
 pub fn plan(state: &ControllerState, view: &View) -> Option<ControllerState> {
     let mut next = state.clone();
-    let tenants: Vec<TenantId> = next.tenants.keys().copied().collect();
+    let tenants: Vec<TenantShardId> = next.tenants.keys().copied().collect();
     for t in &tenants {
         let p = next.tenants[t].clone();
         let p = place(&next, view, p);
@@ -280,7 +280,7 @@ fn rebalance(state: &mut ControllerState, view: &View) {
 
 /// A migration whose target caught up: it becomes the attached location
 /// and the origin its secondary.
-pub fn complete_migration(state: &ControllerState, tenant: TenantId) -> Option<ControllerState> {
+pub fn complete_migration(state: &ControllerState, tenant: TenantShardId) -> Option<ControllerState> {
     let mut next = state.clone();
     let p = next.tenants.get_mut(&tenant)?;
     let m = p.migration.take()?;
@@ -308,7 +308,11 @@ pub fn set_policy(state: &ControllerState, name: &str, policy: PageserverPolicy)
 /// the config, with generations above `first_generation` and above its
 /// tombstone's, which goes (a tenant created again with the same id must
 /// be served). `None` if it is placed already.
-pub fn register_tenant(state: &ControllerState, tenant: TenantId, first_generation: u32) -> Option<ControllerState> {
+pub fn register_tenant(
+    state: &ControllerState,
+    tenant: TenantShardId,
+    first_generation: u32,
+) -> Option<ControllerState> {
     if state.tenants.contains_key(&tenant) {
         return None;
     }
@@ -323,7 +327,11 @@ pub fn register_tenant(state: &ControllerState, tenant: TenantId, first_generati
 /// the oldest tombstones go, but never those of `pinned` (the config's
 /// tenants: without their tombstone the config would place them again).
 /// `None` if it is deleted already.
-pub fn delete_tenant(state: &ControllerState, tenant: TenantId, pinned: &[TenantId]) -> Option<ControllerState> {
+pub fn delete_tenant(
+    state: &ControllerState,
+    tenant: TenantShardId,
+    pinned: &[TenantShardId],
+) -> Option<ControllerState> {
     if state.deleted_tenants.contains_key(&tenant) {
         return None;
     }
@@ -396,11 +404,11 @@ mod tests {
         assert!(site_readers(&s.tenants[&t], &view(&["ps3"])).is_empty());
     }
 
-    fn tenant(n: u8) -> TenantId {
-        TenantId([n; 16])
+    fn tenant(n: u8) -> TenantShardId {
+        TenantShardId::unsharded(strata_protocol::TenantId([n; 16]))
     }
 
-    fn placement(state: &ControllerState, t: TenantId) -> (u32, Option<&str>, Vec<&str>, Option<&str>) {
+    fn placement(state: &ControllerState, t: TenantShardId) -> (u32, Option<&str>, Vec<&str>, Option<&str>) {
         let p = &state.tenants[&t];
         (
             p.generation,
@@ -519,7 +527,7 @@ mod tests {
         let id = |n: usize| {
             let mut bytes = [0xee; 16];
             bytes[..8].copy_from_slice(&(n as u64).to_be_bytes());
-            TenantId(bytes)
+            TenantShardId::unsharded(strata_protocol::TenantId(bytes))
         };
         let config_tenant = tenant(1);
         let mut s = ControllerState::default();
@@ -552,7 +560,8 @@ mod tests {
         // ps2 comes: one move starts; none other until it completes.
         let v = view(&["ps1", "ps2"]);
         let s = settle(s, &v);
-        let moving: Vec<TenantId> = s.tenants.iter().filter(|(_, p)| p.migration.is_some()).map(|(t, _)| *t).collect();
+        let moving: Vec<TenantShardId> =
+            s.tenants.iter().filter(|(_, p)| p.migration.is_some()).map(|(t, _)| *t).collect();
         assert_eq!(moving.len(), 1);
         let s = settle(complete_migration(&s, moving[0]).unwrap(), &v);
         let s = settle(

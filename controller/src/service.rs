@@ -18,7 +18,7 @@ use strata_protocol::api::controller::{
     TenantRegistered, STATE_FORMAT_VERSION,
 };
 use strata_protocol::api::pageserver::{LocationMode, LocationRequest, LocationStatus, PageserverStatus};
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_remote_storage::cas::ObjectVersion;
 use strata_service::clock::{self, Clock};
 use tokio::sync::{watch, Notify};
@@ -67,7 +67,7 @@ struct Inner {
     state_confirmed: Option<Instant>,
     health: BTreeMap<String, Health>,
     /// LSNs a migration's target must reach, per tenant and timeline.
-    catch_up: BTreeMap<TenantId, BTreeMap<String, strata_formats::Lsn>>,
+    catch_up: BTreeMap<TenantShardId, BTreeMap<String, strata_formats::Lsn>>,
     last_error: Option<String>,
 }
 
@@ -84,9 +84,9 @@ pub struct Controller {
     /// The version of the state this controller knows (computes wait on it).
     version: watch::Sender<u64>,
     /// Location calls under way, so a slow attach is not sent twice.
-    in_flight: Mutex<BTreeSet<(String, TenantId)>>,
+    in_flight: Mutex<BTreeSet<(String, TenantShardId)>>,
     /// Location calls that failed, and when to try again (growing pauses).
-    retries: Mutex<Retries<(String, TenantId)>>,
+    retries: Mutex<Retries<(String, TenantShardId)>>,
     wake: Notify,
     /// When the heartbeats started: before a whole offline period has
     /// passed, nothing is known to be offline.
@@ -110,9 +110,9 @@ pub enum CallError {
 #[derive(Debug, thiserror::Error)]
 pub enum NoAttachment {
     #[error("tenant {0} was deleted")]
-    Deleted(TenantId),
+    Deleted(TenantShardId),
     #[error("tenant {0} is not attached anywhere (yet)")]
-    NotAttached(TenantId),
+    NotAttached(TenantShardId),
 }
 
 impl Controller {
@@ -499,7 +499,7 @@ impl Controller {
         self.check_term(&state, term)?;
         let mut next = state.clone();
         // The config's tenants are placed unless known or deleted since.
-        let unknown: Vec<TenantId> = self
+        let unknown: Vec<TenantShardId> = self
             .conf
             .tenants
             .iter()
@@ -651,7 +651,7 @@ impl Controller {
     /// Sends `ps` the location `want` of `tenant` in a task of its own,
     /// unless a call for the same is under way or waits to be retried. Its
     /// answer updates what the heartbeats said of `ps` at once.
-    fn send_location(&self, ps: &PageserverRef, tenant: TenantId, want: LocationRequest) {
+    fn send_location(&self, ps: &PageserverRef, tenant: TenantShardId, want: LocationRequest) {
         let key = (ps.name.clone(), tenant);
         if self.retries.lock().waiting(&key, self.clock.now()) {
             return;
@@ -694,7 +694,7 @@ impl Controller {
 
     /// Whether a move's target has ingested every timeline as far as the
     /// origin had when the target was first seen attached.
-    fn caught_up(&self, state: &ControllerState, tenant: TenantId) -> bool {
+    fn caught_up(&self, state: &ControllerState, tenant: TenantShardId) -> bool {
         let p = &state.tenants[&tenant];
         let (Some(m), Some(origin)) = (&p.migration, &p.attached) else { return false };
         let mut inner = self.inner.lock();
@@ -733,7 +733,7 @@ impl Controller {
     /// online and loaded (`reader: true`), else the attached pageserver.
     pub async fn attachment(
         &self,
-        tenant: TenantId,
+        tenant: TenantShardId,
         after: Option<u64>,
         wait: Duration,
         site: Option<&str>,
@@ -835,7 +835,7 @@ impl Controller {
     /// Registers `tenant` (`PUT /v1/tenant/{tenant}`): adds it to the state,
     /// above every generation its objects carry, and wakes the decisions so
     /// it is placed at once. Whether it was new, and its generation.
-    pub async fn register_tenant(&self, tenant: TenantId) -> Result<(bool, TenantRegistered), CallError> {
+    pub async fn register_tenant(&self, tenant: TenantShardId) -> Result<(bool, TenantRegistered), CallError> {
         let mut stored = None;
         for _ in 0..WRITE_ATTEMPTS {
             let (state, version, term) = self.leader_state().await?;
@@ -869,7 +869,7 @@ impl Controller {
     /// Deletes `tenant` (`DELETE /v1/tenant/{tenant}`): its placement becomes
     /// a tombstone, and the decisions tell its pageservers to detach it.
     /// Again, it only answers where it is still located.
-    pub async fn delete_tenant(&self, tenant: TenantId) -> Result<TenantDeleted, CallError> {
+    pub async fn delete_tenant(&self, tenant: TenantShardId) -> Result<TenantDeleted, CallError> {
         for _ in 0..WRITE_ATTEMPTS {
             let (state, version, term) = self.leader_state().await?;
             let Some(next) = schedule::delete_tenant(&state, tenant, &self.conf.tenants) else {
@@ -902,7 +902,7 @@ impl Controller {
 
     /// Where a deleted tenant is still located, as the heartbeats and the
     /// location calls under way say.
-    fn located(&self, tenant: TenantId) -> TenantDeleted {
+    fn located(&self, tenant: TenantShardId) -> TenantDeleted {
         let online = self.online();
         let sending: BTreeSet<String> =
             self.in_flight.lock().iter().filter(|(_, t)| *t == tenant).map(|(n, _)| n.clone()).collect();

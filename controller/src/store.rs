@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use strata_protocol::api::controller::{ControllerState, LEADER_KEY, STATE_KEY};
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_remote_storage::cas::{CasError, ObjectVersion};
 use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
 
@@ -162,7 +162,7 @@ impl Store {
     /// index names end in `-<generation:08x>`): a tenant the controller
     /// places for the first time gets generations above the ones issued
     /// before there was a controller.
-    pub async fn max_generation(&self, tenant: TenantId) -> Result<u32, StoreError> {
+    pub async fn max_generation(&self, tenant: TenantShardId) -> Result<u32, StoreError> {
         let keys = self.objects.list(&format!("tenants/{tenant}")).await?;
         Ok(keys.iter().filter_map(|k| generation_of(k)).max().unwrap_or(0))
     }

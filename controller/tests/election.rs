@@ -6,11 +6,11 @@ use std::time::Duration;
 use strata_controller::config::{ControllerConfig, PageserverRef};
 use strata_controller::env::Env;
 use strata_controller::service::Controller;
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_remote_storage::RemoteStorageConfig;
 use strata_service::clock::{Clock, SystemClock};
 
-fn config(id: u64, storage: &std::path::Path, tenant: TenantId) -> ControllerConfig {
+fn config(id: u64, storage: &std::path::Path, tenant: TenantShardId) -> ControllerConfig {
     ControllerConfig {
         id,
         listen_http: format!("127.0.0.1:{}", 7000 + id).parse().unwrap(),
@@ -52,7 +52,7 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_controller_leads_and_another_takes_over_when_it_dies() {
     let dir = strata_test_support::scratch_dir("controller-election");
-    let tenant = TenantId::generate();
+    let tenant = TenantShardId::generate();
     let controllers: Vec<_> = (1..=3).map(|id| start(config(id, &dir, tenant))).collect();
     wait_for("a leader", || controllers.iter().filter(|(c, _)| c.leading().is_some()).count() == 1).await;
     let first = controllers.iter().position(|(c, _)| c.leading().is_some()).unwrap();

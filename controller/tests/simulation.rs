@@ -176,7 +176,7 @@ fn the_rounds_can_be_called_one_at_a_time() {
     let pageservers = FakePageservers::new(clock.clone(), rng.clone(), checker.clone());
     pageservers.add("ps1", "ps1:1");
     pageservers.add("ps2", "ps2:1");
-    let tenant = strata_protocol::TenantId([9; 16]);
+    let tenant = strata_protocol::TenantShardId::unsharded(strata_protocol::TenantId([9; 16]));
     let conf: config::ControllerConfig = toml::from_str(&format!(
         "id = 1\nlisten_http = \"127.0.0.1:7000\"\ntenants = [\"{tenant}\"]\n\
          [remote_storage]\ntype = \"local\"\npath = \"/nonexistent\"\n\

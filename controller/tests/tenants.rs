@@ -21,7 +21,7 @@ use strata_controller::service::{CallError, Controller, NoAttachment};
 use strata_controller::store::Store;
 use strata_protocol::api::controller::{ControllerState, DeletedTenant, TenantDeleted, TenantRegistered};
 use strata_protocol::api::pageserver::LocationMode;
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_service::clock::{Clock, ManualClock};
 
 /// Heartbeats this far apart: a tenant placed sooner was placed because
@@ -41,7 +41,7 @@ struct Rig {
     controllers: Vec<Arc<Controller>>,
 }
 
-fn config(id: u64, pageservers: usize, tenants: &[TenantId]) -> ControllerConfig {
+fn config(id: u64, pageservers: usize, tenants: &[TenantShardId]) -> ControllerConfig {
     let tenants: Vec<String> = tenants.iter().map(|t| format!("\"{t}\"")).collect();
     let mut text = format!(
         "id = {id}\nlisten_http = \"127.0.0.1:{}\"\ntenants = [{}]\nheartbeat_interval = {}\noffline_after = {}\n\
@@ -62,7 +62,7 @@ fn config(id: u64, pageservers: usize, tenants: &[TenantId]) -> ControllerConfig
 impl Rig {
     /// `controllers` controllers placing `tenants` (their config's list) on
     /// `pageservers` pageservers, their loops running.
-    fn new(controllers: u64, pageservers: usize, tenants: &[TenantId]) -> Rig {
+    fn new(controllers: u64, pageservers: usize, tenants: &[TenantShardId]) -> Rig {
         let rng: sim::SharedRng = Arc::new(Mutex::new(fastrand::Rng::with_seed(7)));
         let clock = ManualClock::new();
         let checker = Arc::new(Checker::default());
@@ -129,12 +129,12 @@ impl Rig {
         answer.expect("answered")
     }
 
-    fn register(&mut self, c: usize, t: TenantId) -> Result<(bool, TenantRegistered), CallError> {
+    fn register(&mut self, c: usize, t: TenantShardId) -> Result<(bool, TenantRegistered), CallError> {
         let c = self.controllers[c].clone();
         self.call(async move { c.register_tenant(t).await })
     }
 
-    fn delete(&mut self, c: usize, t: TenantId) -> Result<TenantDeleted, CallError> {
+    fn delete(&mut self, c: usize, t: TenantShardId) -> Result<TenantDeleted, CallError> {
         let c = self.controllers[c].clone();
         self.call(async move { c.delete_tenant(t).await })
     }
@@ -153,7 +153,7 @@ impl Rig {
 
     /// Repeats `DELETE` as its callers do, until no pageserver holds `t`,
     /// for at most `bound`; the last answer.
-    fn delete_until_gone(&mut self, c: usize, t: TenantId, bound: Duration) -> TenantDeleted {
+    fn delete_until_gone(&mut self, c: usize, t: TenantShardId, bound: Duration) -> TenantDeleted {
         let end = self.clock.now() + bound;
         loop {
             let answer = self.delete(c, t).expect("deleted");
@@ -171,7 +171,7 @@ impl Rig {
     }
 
     /// What pageserver `name` holds of `t`.
-    fn held(&self, name: &str, t: TenantId) -> Option<LocationMode> {
+    fn held(&self, name: &str, t: TenantShardId) -> Option<LocationMode> {
         self.pageservers.location(&http(name), t).map(|(mode, _)| mode)
     }
 
@@ -183,7 +183,7 @@ impl Rig {
 
     /// Runs until `t` is attached on a pageserver under the state's
     /// generation and has a secondary there too; its (attached, secondary).
-    fn served(&mut self, t: TenantId) -> (String, String) {
+    fn served(&mut self, t: TenantShardId) -> (String, String) {
         self.run_until("the tenant served", Duration::from_secs(20), |r| {
             let Some(p) = r.state().tenants.get(&t).cloned() else { return false };
             let (Some(a), Some(s)) = (p.attached, p.secondaries.first().cloned()) else { return false };
@@ -197,8 +197,8 @@ impl Rig {
     }
 }
 
-fn tenant(n: u8) -> TenantId {
-    TenantId([n; 16])
+fn tenant(n: u8) -> TenantShardId {
+    TenantShardId::unsharded(strata_protocol::TenantId([n; 16]))
 }
 
 /// A fake pageserver's HTTP address, by its name.

@@ -13,7 +13,7 @@ use tracing::{error, warn};
 use crate::tenants::Tenants;
 use std::collections::HashMap;
 
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 
 use crate::timeline::{CompactionError, Throttle, Timeline};
 
@@ -47,7 +47,7 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
     let rate = tenants.conf.compaction_max_bytes_per_second;
     let gc_policy = tenants.conf.gc_policy();
     let clock = &*tenants.resources.clock;
-    let mut last_gc: HashMap<(TenantId, TimelineId), Instant> = HashMap::new();
+    let mut last_gc: HashMap<(TenantShardId, TimelineId), Instant> = HashMap::new();
     let launched = clock.now();
     while !stop.load(Ordering::SeqCst) {
         let started = clock.now();

@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::{Lsn, PgVersion};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{ShardLayout, TenantShardId, TimelineId};
 use strata_service::auth::http::{guard, HttpAuth, Need};
 
 use strata_protocol::api::pageserver::{
@@ -109,8 +109,15 @@ async fn status(State(tenants): State<Arc<Tenants>>) -> Response {
 }
 
 /// The object name prefixes of everything a tenant has in object storage.
-pub fn tenant_prefixes(tenant: TenantId) -> [String; 3] {
-    [format!("tenants/{tenant}/"), format!("wal/{tenant}/"), format!("keys/{tenant}/")]
+pub fn tenant_prefixes(tenant: TenantShardId) -> Vec<String> {
+    // Offloaded WAL and data keys belong to the tenant, not to one shard:
+    // they go with shard 0 (the last one a tenant's deletion removes).
+    if tenant.shard.number == 0 {
+        let t = tenant.tenant;
+        vec![format!("tenants/{tenant}/"), format!("wal/{t}/"), format!("keys/{t}/")]
+    } else {
+        vec![format!("tenants/{tenant}/")]
+    }
 }
 
 /// `DELETE /v1/tenant/{tenant}`: deletes every object of a tenant from
@@ -118,7 +125,7 @@ pub fn tenant_prefixes(tenant: TenantId) -> [String; 3] {
 /// Refused while the tenant has a location here: the storage controller
 /// detaches it from every pageserver first, so nothing uploads it again.
 async fn delete_tenant(State(tenants): State<Arc<Tenants>>, Path(tenant): Path<String>) -> Response {
-    let tenant: TenantId = match tenant.parse() {
+    let tenant: TenantShardId = match tenant.parse() {
         Ok(t) => t,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
     };
@@ -153,7 +160,7 @@ async fn set_location(
     Path(tenant): Path<String>,
     body: Result<Json<LocationRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let tenant: TenantId = match tenant.parse() {
+    let tenant: TenantShardId = match tenant.parse() {
         Ok(t) => t,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
     };
@@ -195,13 +202,47 @@ async fn create_tenant(
             return error(StatusCode::BAD_REQUEST, message);
         }
     };
-    let tenant = req.tenant_id.unwrap_or_else(TenantId::generate);
+    let tenant = req.tenant_id.unwrap_or_else(TenantShardId::generate);
     let timeline = req.timeline_id.unwrap_or_else(TimelineId::generate);
+    let shard = match shard_request(tenant, req.stripe_blocks, req.system_id) {
+        Ok(s) => s,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
     let t2 = tenants.clone();
-    match tokio::task::spawn_blocking(move || t2.bootstrap(tenant, timeline, version)).await {
+    let create = move || match shard {
+        None => t2.bootstrap(tenant, timeline, version),
+        Some((stripe, system_id)) => t2.bootstrap_shard(tenant, timeline, version, stripe, system_id),
+    };
+    match tokio::task::spawn_blocking(create).await {
         Ok(Ok(entry)) => (StatusCode::CREATED, Json(entry.status())).into_response(),
         Ok(Err(e)) => error(create_status(&e), e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("bootstrap task failed: {e}")),
+    }
+}
+
+/// The stripe size and shared system identifier of a shard's creation,
+/// none for an unsharded tenant, or why the request is refused.
+fn shard_request(
+    tenant: TenantShardId,
+    stripe_blocks: Option<u32>,
+    system_id: Option<u64>,
+) -> Result<Option<(u32, Option<u64>)>, String> {
+    let shard = tenant.shard;
+    if shard.is_unsharded() {
+        return match (stripe_blocks, system_id) {
+            (None, None) => Ok(None),
+            _ => Err(format!("tenant {tenant} is not a shard: it takes no stripe_blocks or system_id")),
+        };
+    }
+    let Some(stripe) = stripe_blocks else {
+        return Err(format!("shard {tenant} needs stripe_blocks"));
+    };
+    ShardLayout::new(u32::from(shard.count), stripe).map_err(|e| format!("shard {tenant}: {e}"))?;
+    match (shard.number, system_id) {
+        (0, Some(_)) => Err(format!("shard {tenant} is the first: it is given a system identifier of its own")),
+        (0, None) => Ok(Some((stripe, None))),
+        (_, None) => Err(format!("shard {tenant} needs the system_id of shard 0")),
+        (_, Some(id)) => Ok(Some((stripe, Some(id)))),
     }
 }
 
@@ -217,7 +258,7 @@ async fn import_tenant(
 ) -> Response {
     use crate::import_upload::{unpack, ChunkReader};
     use crate::limits::IMPORT_IDLE_TIMEOUT;
-    let (tenant, timeline): (TenantId, TimelineId) = match (tenant.parse(), timeline.parse()) {
+    let (tenant, timeline): (TenantShardId, TimelineId) = match (tenant.parse(), timeline.parse()) {
         (Ok(t), Ok(l)) => (t, l),
         (Err(e), _) | (_, Err(e)) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
     };
@@ -309,7 +350,7 @@ async fn create_branch(
     Path(tenant): Path<String>,
     body: Result<Json<CreateBranchRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let tenant: TenantId = match tenant.parse() {
+    let tenant: TenantShardId = match tenant.parse() {
         Ok(t) => t,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
     };
@@ -500,7 +541,7 @@ impl FromRequestParts<Arc<Tenants>> for TimelinePath {
         let Path((tenant, timeline)) =
             Path::<(String, String)>::from_request_parts(parts, tenants).await.map_err(IntoResponse::into_response)?;
         let bad = |e: strata_protocol::ids::IdParseError| error(StatusCode::BAD_REQUEST, e.to_string());
-        let t: TenantId = tenant.parse().map_err(bad)?;
+        let t: TenantShardId = tenant.parse().map_err(bad)?;
         let l: TimelineId = timeline.parse().map_err(bad)?;
         let entry = tenants.get(t, l).ok_or_else(|| missing_timeline(tenants, t, l))?;
         Ok(TimelinePath(entry))
@@ -513,7 +554,7 @@ impl FromRequestParts<Arc<Tenants>> for TimelinePath {
 /// first one, a new branch) appears a few seconds later, and a tenant
 /// still attaching has not loaded all of its timelines: 503 then, which a
 /// compute asks again after.
-fn missing_timeline(tenants: &Tenants, t: TenantId, l: TimelineId) -> Response {
+fn missing_timeline(tenants: &Tenants, t: TenantShardId, l: TimelineId) -> Response {
     if tenants.is_reader(t) || tenants.is_attaching(t) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,

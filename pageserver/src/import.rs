@@ -12,7 +12,7 @@ use strata_formats::version::{PgVersion, BLCKSZ};
 use strata_formats::wal::segment::{list_segments, SegmentReader};
 use strata_formats::Lsn;
 use strata_protocol::pageserver::SlruKind;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 use tracing::info;
 
 use crate::dirs;
@@ -65,24 +65,46 @@ pub struct Imported {
     pub checkpoint_lsn: Lsn,
 }
 
+/// Whose identity (`pg_control`'s system identifier and mock
+/// authentication nonce) an imported timeline has.
+#[derive(Clone, Copy, Debug)]
+pub enum Identity {
+    /// The source's: an existing database brought in.
+    Source,
+    /// One of its own (a data directory shared by many tenants,
+    /// `initdb_template`), with the given system identifier if any (the
+    /// shards of one tenant share theirs).
+    Fresh(Option<u64>),
+}
+
+/// How a data directory is imported.
+#[derive(Clone, Copy, Debug)]
+pub struct ImportAs {
+    pub identity: Identity,
+    /// The stripe size of a sharded tenant's shard (`docs/sharding.md`).
+    pub stripe_blocks: Option<u32>,
+}
+
 /// Creates timeline `timeline_id` of `tenant_id` in `dir` from the cleanly
-/// shut-down data directory `pgdata`. With `new_identity` (a data
-/// directory shared by many tenants, `initdb_template`), the timeline gets a
-/// system identifier and mock authentication nonce of its own.
+/// shut-down data directory `pgdata`, with the identity `how` says; a
+/// shard keeps only its own keys of it.
 pub fn import_datadir(
     pgdata: &Path,
     dir: PathBuf,
-    tenant_id: TenantId,
+    tenant_id: TenantShardId,
     timeline_id: TimelineId,
     res: &TimelineResources,
-    new_identity: bool,
+    how: ImportAs,
 ) -> Result<(Arc<Timeline>, Imported), ImportError> {
     let control_path = pgdata.join("global/pg_control");
     let mut control_bytes = std::fs::read(&control_path).map_err(|e| io(&control_path, e))?;
     let mut control = ControlFile::decode(&control_bytes).map_err(|e| invalid(&control_path, e.to_string()))?;
-    if new_identity {
+    if let Identity::Fresh(system_id) = how.identity {
         let now = res.clock.system_now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         fresh_identity(&mut control, now.as_secs());
+        if let Some(id) = system_id {
+            control.system_identifier = id;
+        }
         control_bytes = control.encode();
     }
     let segment_size = u64::from(control.wal_segment_size);
@@ -132,6 +154,7 @@ pub fn import_datadir(
         removed_layers: Vec::new(),
         gc_cutoff_lsn: Lsn::INVALID,
         retain_lsns: Vec::new(),
+        stripe_blocks: how.stripe_blocks,
     };
     let tl = Timeline::create(dir, meta, res)?;
     let lsns = RecordLsns { last: end_lsn, prev: control.checkpoint };

@@ -253,6 +253,16 @@ impl WalIngest {
             let tag = RelTag { rel: block.rel, fork: block.fork };
             let key = Key::rel_block(tag, block.block);
             let native = strata_redo::supports(rec.rmgr(), rec.header.info);
+            if !self.tl.shard.owns_block(block.rel.rel, block.fork, block.block) {
+                // Another shard's block: this one keeps only the relation's
+                // size, as the owner's ingest changes it below.
+                if block.image.is_none() && is_fpi_for_hint(rec) {
+                    continue;
+                }
+                self.ensure_rel(tag)?;
+                self.extend_to(tag, block.block + 1)?;
+                continue;
+            }
             let Some(mut page) = rec.block_image(block).map_err(|e| image_failure(e.into()))? else {
                 if is_fpi_for_hint(rec) {
                     // Hint bits set with full_page_writes off: PostgreSQL's
@@ -716,7 +726,10 @@ impl WalIngest {
             let src_tag = RelTag { rel: RelFileNode { spc: src.0, db: src.1, rel }, fork: fork_number };
             let dst_tag = RelTag { rel: RelFileNode { spc: dst.0, db: dst.1, rel }, fork: fork_number };
             let size = self.rel_size(src_tag)?.unwrap_or(0);
-            for b in 0..size {
+            // The file node is the same in both databases, and with it the
+            // shard of every block (`docs/sharding.md`): a shard copies its own.
+            let shard = self.tl.shard;
+            for b in (0..size).filter(|b| shard.owns_block(rel, fork_number, *b)) {
                 if let Some(page) = self.tl.get(&Key::rel_block(src_tag, b), lsn)? {
                     self.put(Key::rel_block(dst_tag, b), Value::Image(page));
                 }

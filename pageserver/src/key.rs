@@ -22,6 +22,7 @@ use std::fmt;
 
 use strata_formats::types::{BlockNumber, ForkNumber, Oid, RelFileNode};
 use strata_protocol::pageserver::SlruKind;
+use strata_protocol::ShardIdentity;
 
 /// Encoded size of a key.
 pub const KEY_SIZE: usize = 18;
@@ -137,6 +138,26 @@ impl Key {
         }
         let fork = ForkNumber::from_u8(self.field4)?;
         Some((RelTag { rel: RelFileNode { spc: self.field1, db: self.field2, rel: self.field3 }, fork }, self.field5))
+    }
+
+    /// Whether `shard` stores this key (`docs/sharding.md`): relation
+    /// blocks by the stripe mapping; SLRU pages and two-phase state files
+    /// only on shard 0, the home of what a compute start reads; every other
+    /// key (sizes, directories, the relation map, checkpoint counters,
+    /// `pg_control`) on every shard, since each shard's ingest and reads
+    /// need them and they are small.
+    pub fn is_stored_on(&self, shard: &ShardIdentity) -> bool {
+        if shard.index.is_unsharded() {
+            return true;
+        }
+        match self.kind {
+            KIND_REL if self.field5 != REL_SIZE_BLOCK => match ForkNumber::from_u8(self.field4) {
+                Some(fork) => shard.owns_block(self.field3, fork, self.field5),
+                None => shard.is_home(),
+            },
+            KIND_SLRU_PAGE | KIND_TWOPHASE_FILE => shard.is_home(),
+            _ => true,
+        }
     }
 
     /// Whether reading this key without any stored version means a zero page

@@ -4,7 +4,7 @@
 //! use it without either depending on the other.
 
 use strata_formats::Lsn;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{ShardIdentity, TenantShardId, TimelineId};
 
 /// Version of `metadata.json`.
 pub const METADATA_VERSION: u32 = 1;
@@ -14,7 +14,7 @@ pub const METADATA_VERSION: u32 = 1;
 #[serde(deny_unknown_fields)]
 pub struct TimelineMetadata {
     pub format_version: u32,
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     pub timeline_id: TimelineId,
     pub ancestor_timeline_id: Option<TimelineId>,
     pub ancestor_lsn: Option<Lsn>,
@@ -39,6 +39,26 @@ pub struct TimelineMetadata {
     /// LSNs whose pages GC keeps readable whatever the cutoff (branch points).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retain_lsns: Vec<Lsn>,
+    /// Blocks per stripe of a sharded tenant (`docs/sharding.md`; the
+    /// shard itself is part of `tenant_id`). Absent when unsharded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_blocks: Option<u32>,
+}
+
+impl TimelineMetadata {
+    /// What the timeline's shard stores, or why the metadata names none.
+    pub fn shard(&self) -> Result<ShardIdentity, String> {
+        let index = self.tenant_id.shard;
+        match (index.is_unsharded(), self.stripe_blocks) {
+            (true, None) => Ok(ShardIdentity::UNSHARDED),
+            (true, Some(_)) => Err("an unsharded tenant's timeline names a stripe size".into()),
+            (false, None) => Err(format!("shard {} names no stripe size", self.tenant_id)),
+            (false, Some(stripe)) => {
+                strata_protocol::ShardLayout::new(u32::from(index.count), stripe).map_err(|e| e.to_string())?;
+                Ok(ShardIdentity { index, stripe_blocks: stripe })
+            }
+        }
+    }
 }
 
 fn lsn_is_zero(lsn: &Lsn) -> bool {

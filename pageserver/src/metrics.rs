@@ -7,7 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 use strata_protocol::api::pageserver::LocationMode;
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 
 use crate::layer::files::CacheMetrics;
 
@@ -147,7 +147,7 @@ const MODES: [(LocationMode, &str); 3] =
 /// What the metrics show of one tenant held here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TenantSizes {
-    pub tenant: TenantId,
+    pub tenant: TenantShardId,
     /// How it is held here (never detached).
     pub mode: LocationMode,
     /// Its layer files on local disk.

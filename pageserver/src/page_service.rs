@@ -23,7 +23,7 @@ use strata_protocol::pageserver::{
     ClientMessage, ErrorCode, PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_MIN_VERSION,
     PAGE_PROTOCOL_VERSION,
 };
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_service::auth::{Access, Verifier};
 use strata_service::tls::Stream;
 use strata_service::Listener;
@@ -78,7 +78,7 @@ pub struct TenantConnections {
 #[derive(Default)]
 struct TenantCounts {
     /// Open connections by tenant; never 0 (the entry goes with the last one).
-    open: HashMap<TenantId, usize>,
+    open: HashMap<TenantShardId, usize>,
     /// Entries at the limit.
     at_limit: usize,
 }
@@ -90,7 +90,7 @@ struct TenantCounts {
      (max_connections_per_tenant); retry later"
 )]
 pub struct TenantAtLimit {
-    pub tenant: TenantId,
+    pub tenant: TenantShardId,
     pub limit: usize,
 }
 
@@ -98,7 +98,7 @@ pub struct TenantAtLimit {
 #[must_use = "the place is given back when this is dropped"]
 pub struct TenantConnection {
     owner: Arc<TenantConnections>,
-    tenant: TenantId,
+    tenant: TenantShardId,
 }
 
 impl TenantConnections {
@@ -118,7 +118,7 @@ impl TenantConnections {
     }
 
     /// A place for one more connection of `tenant`, unless it holds its limit.
-    pub fn open(self: &Arc<Self>, tenant: TenantId) -> Result<TenantConnection, TenantAtLimit> {
+    pub fn open(self: &Arc<Self>, tenant: TenantShardId) -> Result<TenantConnection, TenantAtLimit> {
         let mut state = self.state.lock();
         let n = state.open.get(&tenant).copied().unwrap_or(0);
         if n >= self.limit {
@@ -133,7 +133,7 @@ impl TenantConnections {
     }
 
     /// How many connections `tenant` holds.
-    pub fn open_of(&self, tenant: TenantId) -> usize {
+    pub fn open_of(&self, tenant: TenantShardId) -> usize {
         self.state.lock().open.get(&tenant).copied().unwrap_or(0)
     }
 
@@ -142,7 +142,7 @@ impl TenantConnections {
         self.state.lock().open.len()
     }
 
-    fn close(&self, tenant: TenantId) {
+    fn close(&self, tenant: TenantShardId) {
         let mut state = self.state.lock();
         let Some(&n) = state.open.get(&tenant) else {
             debug_assert!(false, "a place of tenant {tenant} given back twice");
@@ -257,7 +257,7 @@ async fn connection(
         let token = strata_protocol::token::wire(&hello.token);
         let action = format!("hello {}/{}", hello.tenant_id, hello.timeline_id);
         if let Err(refusal) =
-            verifier.check_for("page", &action, &token, Access::Timeline(hello.tenant_id, hello.timeline_id))
+            verifier.check_for("page", &action, &token, Access::Timeline(hello.tenant_id.tenant, hello.timeline_id))
         {
             tenants.metrics.refusal_metrics().count("page", &refusal);
             let code = if refusal.unauthenticated() { ErrorCode::Unauthorized } else { ErrorCode::Forbidden };
@@ -435,6 +435,10 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
                 for k in i..j {
                     let PageRequest::GetPage { id, rel, fork, block, .. } = requests[k] else { unreachable!() };
                     let tag = RelTag { rel, fork };
+                    if !tl.shard.owns_block(rel.rel, fork, block) {
+                        out[k] = Some(wrong_shard(tl, id, format!("block {block} of {tag}")).into());
+                        continue;
+                    }
                     let size = sizes
                         .entry(tag)
                         .or_insert_with(|| tl.rel_size(tag, lsn).map_err(|e| (read_error_code(tl, &e), e.to_string())));
@@ -482,6 +486,12 @@ fn answer(tl: &Timeline, requests: Vec<PageRequest>, lsns: &HashMap<Lsn, Resolve
     out.into_iter().map(|m| m.expect("every request answered")).collect()
 }
 
+/// The answer to a request for what another shard of the tenant holds.
+fn wrong_shard(tl: &Timeline, id: u64, what: String) -> ServerMessage {
+    let message = format!("{what} is not stored on shard {} (docs/sharding.md)", tl.tenant_id);
+    ServerMessage::Error { id, code: ErrorCode::WrongShard, message }
+}
+
 fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Resolved) -> ServerMessage {
     let id = req.id();
     let lsn = match lsn {
@@ -510,6 +520,9 @@ fn answer_one(tl: &Timeline, req: &PageRequest, lsn: Resolved) -> ServerMessage 
                 ServerMessage::DbSize { id, bytes: tl.db_size(spc, db, lsn)? }
             }
             PageRequest::SlruSegment { kind, segno, .. } => {
+                if !tl.shard.is_home() {
+                    return Ok(wrong_shard(tl, id, format!("{kind} segment {segno:04X}")));
+                }
                 if !tl.slru_segments(kind, lsn)?.contains(&segno) {
                     return Err(ReadError::NotFound(format!("{kind} segment {segno:04X} does not exist at {lsn}")));
                 }
@@ -532,7 +545,10 @@ mod tests {
     #[test]
     fn each_tenant_holds_at_most_its_limit_until_a_connection_closes() {
         let (places, connected, at_limit) = limiter(2);
-        let (a, b) = (TenantId([1; 16]), TenantId([2; 16]));
+        let (a, b) = (
+            TenantShardId::unsharded(strata_protocol::TenantId([1; 16])),
+            TenantShardId::unsharded(strata_protocol::TenantId([2; 16])),
+        );
         let a1 = places.open(a).unwrap();
         let a2 = places.open(a).unwrap();
         assert_eq!((places.open_of(a), connected.get(), at_limit.get()), (2, 1, 1));
@@ -559,7 +575,7 @@ mod tests {
         for i in 0..1000u32 {
             let mut id = [0; 16];
             id[..4].copy_from_slice(&i.to_le_bytes());
-            let tenant = TenantId(id);
+            let tenant = TenantShardId::unsharded(strata_protocol::TenantId(id));
             let held: Vec<_> = (0..3).map(|_| places.open(tenant).unwrap()).collect();
             assert!(places.open(tenant).is_err());
             assert_eq!(places.tenants(), 1);
@@ -572,7 +588,7 @@ mod tests {
     #[test]
     fn places_are_given_back_from_any_thread() {
         let (places, connected, at_limit) = limiter(4);
-        let tenant = TenantId([7; 16]);
+        let tenant = TenantShardId::unsharded(strata_protocol::TenantId([7; 16]));
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {
@@ -591,7 +607,7 @@ mod tests {
     #[test]
     fn a_limit_of_zero_still_admits_one() {
         let (places, _, at_limit) = limiter(0);
-        let tenant = TenantId([3; 16]);
+        let tenant = TenantShardId::unsharded(strata_protocol::TenantId([3; 16]));
         let only = places.open(tenant).unwrap();
         assert_eq!(at_limit.get(), 1);
         assert!(places.open(tenant).is_err());

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use strata_protocol::api::pageserver::{LocationMode, LocationStatus};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 use strata_remote_storage::RemoteStorage;
 use strata_service::clock::Clock;
 use tracing::{info, warn};
@@ -36,7 +36,7 @@ use crate::limits::MAX_HEATMAP_BYTES;
 const WARM_DIR: &str = "secondary";
 
 /// A tenant's heatmap object.
-pub fn heatmap_key(tenant: TenantId) -> String {
+pub fn heatmap_key(tenant: TenantShardId) -> String {
     format!("tenants/{tenant}/heatmap-v1.json")
 }
 
@@ -151,7 +151,7 @@ struct Warmer {
 /// The secondary locations of a pageserver.
 #[derive(Default)]
 pub struct Secondaries {
-    warmers: Mutex<HashMap<TenantId, Arc<Warmer>>>,
+    warmers: Mutex<HashMap<TenantShardId, Arc<Warmer>>>,
     /// How many warmers share the budget.
     sharing: Arc<AtomicUsize>,
 }
@@ -160,7 +160,7 @@ pub struct Secondaries {
 struct WarmContext {
     storage: RemoteStorage,
     clock: Arc<dyn Clock>,
-    tenant: TenantId,
+    tenant: TenantShardId,
     tenant_dir: PathBuf,
     /// The pageserver's budget, shared by `sharing` warmers.
     budget: u64,
@@ -180,7 +180,14 @@ impl Secondaries {
     /// Starts keeping `tenant` (whose directory is `tenant_dir`) warm,
     /// within its share of `budget` bytes, reading its heatmap every
     /// `period`; nothing if it already is.
-    pub fn start(&self, remote: &Arc<Remote>, tenant: TenantId, tenant_dir: PathBuf, budget: u64, period: Duration) {
+    pub fn start(
+        &self,
+        remote: &Arc<Remote>,
+        tenant: TenantShardId,
+        tenant_dir: PathBuf,
+        budget: u64,
+        period: Duration,
+    ) {
         let Some((w, cx)) = self.add(remote.storage.clone(), remote.clock.clone(), tenant, tenant_dir, budget, period)
         else {
             return;
@@ -192,7 +199,7 @@ impl Secondaries {
         &self,
         storage: RemoteStorage,
         clock: Arc<dyn Clock>,
-        tenant: TenantId,
+        tenant: TenantShardId,
         tenant_dir: PathBuf,
         budget: u64,
         period: Duration,
@@ -214,7 +221,7 @@ impl Secondaries {
 
     /// Stops keeping `tenant` warm and waits for a download under way
     /// (called from a blocking thread).
-    pub fn stop(&self, tenant: TenantId) {
+    pub fn stop(&self, tenant: TenantShardId) {
         let w = {
             let mut warmers = self.warmers.lock();
             let w = warmers.remove(&tenant);
@@ -399,6 +406,7 @@ mod tests {
             gc_cutoff_lsn: Lsn(0),
             retain_lsns: vec![],
             layers,
+            stripe_blocks: None,
         };
         // Another generation's object of the same name, or another size: not the same file.
         assert!(take_warm(&tenant_dir, t, &index(vec![layer(&l1, 4, 10)])).is_empty());
@@ -429,7 +437,7 @@ mod tests {
         let root = strata_test_support::scratch_dir("secondary-budget");
         let storage = RemoteStorage::new(&RemoteStorageConfig::Local { path: root.join("store") }).unwrap();
         let secondaries = Secondaries::default();
-        let (t1, t2, tl) = (TenantId::generate(), TenantId::generate(), TimelineId::generate());
+        let (t1, t2, tl) = (TenantShardId::generate(), TenantShardId::generate(), TimelineId::generate());
         // Five layers of 100 kB per tenant, the hottest first.
         for tenant in [t1, t2] {
             let mut layers = Vec::new();
@@ -452,7 +460,7 @@ mod tests {
             storage.put(&heatmap_key(tenant), Bytes::from(heatmap.encode())).await.unwrap();
         }
         let budget = 450_000;
-        let add = |tenant: TenantId| {
+        let add = |tenant: TenantShardId| {
             let dir = root.join(tenant.to_string());
             secondaries
                 .add(storage.clone(), crate::clock::system(), tenant, dir, budget, Duration::from_secs(1))

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
-use strata_protocol::{TenantId, TimelineId, Token};
+use strata_protocol::{TenantShardId, TimelineId, Token};
 use strata_service::backoff::Backoff;
 use tracing::{error, info, warn};
 
@@ -62,9 +62,9 @@ pub struct TimelineEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum BranchError {
     #[error("timeline {0}/{1} already exists")]
-    Exists(TenantId, TimelineId),
+    Exists(TenantShardId, TimelineId),
     #[error("parent timeline {0}/{1} not found")]
-    ParentNotFound(TenantId, TimelineId),
+    ParentNotFound(TenantShardId, TimelineId),
     #[error("parent timeline {parent} is broken: {reason}")]
     ParentBroken { parent: TimelineId, reason: String },
     #[error("{lsn} is not a WAL position: records begin at 8-byte aligned LSNs")]
@@ -79,14 +79,14 @@ pub enum BranchError {
     NoCommitThatOld { parent: TimelineId },
     #[error("branch {tenant}/{timeline}: {source}")]
     Storage {
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         #[source]
         source: StorageError,
     },
     #[error("branch {tenant}/{timeline}: {source}")]
     Receiver {
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         #[source]
         source: SpawnError,
@@ -101,7 +101,7 @@ pub enum BranchError {
 #[derive(Debug, thiserror::Error)]
 pub enum DeleteError {
     #[error("timeline {0}/{1} not found")]
-    NotFound(TenantId, TimelineId),
+    NotFound(TenantShardId, TimelineId),
     #[error("timeline {timeline} has branches ({}); delete them first", children.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
     HasBranches { timeline: TimelineId, children: Vec<TimelineId> },
     #[error("timeline {timeline}: deleting its objects: {reason}")]
@@ -116,8 +116,9 @@ pub enum DeleteError {
 
 /// Where a new tenant's first timeline comes from.
 enum Origin<'a> {
-    /// The kept `initdb` output of this major (a new identity per tenant).
-    Initdb(PgVersion),
+    /// The kept `initdb` output of this major: a new identity per tenant,
+    /// or for a shard other than 0 the system identifier of its shard 0.
+    Initdb(PgVersion, Option<u64>),
     /// An existing database's data directory, cleanly shut down.
     Directory(&'a Path),
 }
@@ -126,26 +127,26 @@ enum Origin<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
     #[error("timeline {0}/{1} already exists")]
-    Exists(TenantId, TimelineId),
+    Exists(TenantShardId, TimelineId),
     #[error("bootstrap of {tenant}/{timeline}: {source}")]
     Import {
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         #[source]
         source: Box<ImportError>,
     },
     #[error("bootstrap of {tenant}/{timeline}: {source}")]
     Storage {
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         #[source]
         source: StorageError,
     },
     #[error("tenant {tenant} is not attached to this pageserver: {reason}")]
-    NotAttached { tenant: TenantId, reason: String },
+    NotAttached { tenant: TenantShardId, reason: String },
     #[error("timeline {tenant}/{timeline}: {source}")]
     Receiver {
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         #[source]
         source: SpawnError,
@@ -175,24 +176,24 @@ pub struct Tenants {
     pub wakeups: Arc<tokio::sync::Notify>,
     /// The generation of each tenant attached here, read at start (and at
     /// bootstrap): the one this pageserver's objects carry.
-    generations: Mutex<HashMap<TenantId, u32>>,
+    generations: Mutex<HashMap<TenantShardId, u32>>,
     /// The tenants kept warm here for another pageserver.
     pub secondaries: crate::secondary::Secondaries,
     /// Tenants whose attachment is under way: their timelines are not all
     /// loaded yet, so they count as not attached (a compute asking now
     /// retries, rather than hear that a timeline does not exist).
-    attaching: Mutex<std::collections::HashSet<TenantId>>,
+    attaching: Mutex<std::collections::HashSet<TenantShardId>>,
     /// Tenants held here as a site's reader, every timeline loaded
     /// (`docs/sites.md`, "A pageserver per site").
-    readers: Mutex<std::collections::HashSet<TenantId>>,
-    timelines: RwLock<BTreeMap<(TenantId, TimelineId), Arc<TimelineEntry>>>,
+    readers: Mutex<std::collections::HashSet<TenantShardId>>,
+    timelines: RwLock<BTreeMap<(TenantShardId, TimelineId), Arc<TimelineEntry>>>,
     creating: Mutex<()>,
     /// Imports receiving their data now (`crate::limits::IMPORTS_AT_ONCE`).
     pub importing: Arc<tokio::sync::Semaphore>,
     /// The kept `initdb` output new tenants are imported from.
     initdb: crate::initdb_template::InitdbTemplates,
     /// When each broken timeline is re-read next, and its backoff.
-    reloads: Mutex<HashMap<(TenantId, TimelineId), (Instant, Backoff)>>,
+    reloads: Mutex<HashMap<(TenantShardId, TimelineId), (Instant, Backoff)>>,
     /// Held through a metrics scrape (`render_metrics`).
     scrape: Mutex<()>,
 }
@@ -219,7 +220,7 @@ fn marker_path(timeline_dir: &Path) -> PathBuf {
 }
 
 impl Tenants {
-    fn timeline_dir(&self, tenant: TenantId, timeline: TimelineId) -> PathBuf {
+    fn timeline_dir(&self, tenant: TenantShardId, timeline: TimelineId) -> PathBuf {
         self.conf.data_dir.join("tenants").join(tenant.to_string()).join("timelines").join(timeline.to_string())
     }
 
@@ -283,7 +284,7 @@ impl Tenants {
         let mut loaded: Vec<Arc<Timeline>> = Vec::new();
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))? {
             let t = t.map_err(err("listing", &root))?;
-            let Ok(tenant_id) = t.file_name().to_string_lossy().parse::<TenantId>() else { continue };
+            let Ok(tenant_id) = t.file_name().to_string_lossy().parse::<TenantShardId>() else { continue };
             if tenants.conf.controller && !tenants.is_attached(tenant_id) {
                 // Not attached here (a secondary, or moved away while this
                 // pageserver was down): an attach replaces what is left.
@@ -354,7 +355,8 @@ impl Tenants {
         }
         // Timelines that only object storage has: attached from their index.
         if let Some(remote) = tenants.remote.clone() {
-            let attached: Vec<(TenantId, u32)> = tenants.generations.lock().iter().map(|(t, g)| (*t, *g)).collect();
+            let attached: Vec<(TenantShardId, u32)> =
+                tenants.generations.lock().iter().map(|(t, g)| (*t, *g)).collect();
             for (tenant_id, _) in attached {
                 let remote_timelines = match crate::remote::remote_timelines(&remote, tenant_id) {
                     Ok(t) => t,
@@ -423,7 +425,7 @@ impl Tenants {
     /// the tenant here).
     fn remote_timeline(
         &self,
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         dir: &Path,
     ) -> Result<Option<(Arc<RemoteTimeline>, Lsn)>, String> {
@@ -532,7 +534,7 @@ impl Tenants {
         Ok(())
     }
 
-    fn attach_unloadable(&self, dir: PathBuf, tenant: TenantId, timeline: TimelineId, reason: String) {
+    fn attach_unloadable(&self, dir: PathBuf, tenant: TenantShardId, timeline: TimelineId, reason: String) {
         let tl = Timeline::unloadable(dir, tenant, timeline, reason, &self.resources);
         let entry = Arc::new(TimelineEntry::new(tl, None));
         self.timelines.write().insert((tenant, timeline), entry);
@@ -584,7 +586,7 @@ impl Tenants {
     /// has resolved the point and waited for the parent to ingest it.
     pub fn create_branch(
         &self,
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         parent: TimelineId,
         lsn: Lsn,
@@ -639,6 +641,8 @@ impl Tenants {
             removed_layers: Vec::new(),
             gc_cutoff_lsn: Lsn::INVALID,
             retain_lsns: Vec::new(),
+            // A branch is of the same shard as its parent.
+            stripe_blocks: pmeta.stripe_blocks,
         };
         let parent_dir = dir.parent().expect("under timelines/").to_path_buf();
         let created = (|| {
@@ -673,7 +677,7 @@ impl Tenants {
     /// stops, it leaves the map (reads in flight finish on their open
     /// files), its objects and directory go, and its parent lets GC have
     /// the branch point again.
-    pub fn delete_timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<(), DeleteError> {
+    pub fn delete_timeline(&self, tenant: TenantShardId, timeline: TimelineId) -> Result<(), DeleteError> {
         let _one_at_a_time = self.creating.lock();
         let entry = self.get(tenant, timeline).ok_or(DeleteError::NotFound(tenant, timeline))?;
         let children: Vec<TimelineId> = self
@@ -718,7 +722,7 @@ impl Tenants {
     }
 
     /// The branch points of `parent`'s children attached here.
-    fn branch_points(&self, tenant: TenantId, parent: TimelineId) -> Vec<Lsn> {
+    fn branch_points(&self, tenant: TenantShardId, parent: TimelineId) -> Vec<Lsn> {
         self.all()
             .iter()
             .map(|e| e.tl.metadata())
@@ -727,7 +731,7 @@ impl Tenants {
             .collect()
     }
 
-    pub fn get(&self, tenant: TenantId, timeline: TimelineId) -> Option<Arc<TimelineEntry>> {
+    pub fn get(&self, tenant: TenantShardId, timeline: TimelineId) -> Option<Arc<TimelineEntry>> {
         self.timelines.read().get(&(tenant, timeline)).cloned()
     }
 
@@ -740,11 +744,25 @@ impl Tenants {
     /// second, seconds when `initdb` runs first).
     pub fn bootstrap(
         &self,
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         version: PgVersion,
     ) -> Result<Arc<TimelineEntry>, CreateError> {
-        self.create_from(tenant, timeline, Origin::Initdb(version))
+        self.create_from(tenant, timeline, Origin::Initdb(version, None), None)
+    }
+
+    /// Bootstraps one shard of a sharded tenant (`docs/sharding.md`): shard
+    /// 0 as any new tenant, every other one with shard 0's system
+    /// identifier (`system_id`), so that all of them take the same WAL.
+    pub fn bootstrap_shard(
+        &self,
+        tenant: TenantShardId,
+        timeline: TimelineId,
+        version: PgVersion,
+        stripe_blocks: u32,
+        system_id: Option<u64>,
+    ) -> Result<Arc<TimelineEntry>, CreateError> {
+        self.create_from(tenant, timeline, Origin::Initdb(version, system_id), Some(stripe_blocks))
     }
 
     /// Creates a tenant whose first timeline is the cleanly shut-down data
@@ -752,25 +770,26 @@ impl Tenants {
     /// system identifier, WAL position and major are the source's.
     pub fn import(
         &self,
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         pgdata: &Path,
     ) -> Result<Arc<TimelineEntry>, CreateError> {
-        self.create_from(tenant, timeline, Origin::Directory(pgdata))
+        self.create_from(tenant, timeline, Origin::Directory(pgdata), None)
     }
 
     /// Whether timeline `timeline` of `tenant` exists here, or is being
     /// created (so that an import is refused before its data is sent).
-    pub fn exists(&self, tenant: TenantId, timeline: TimelineId) -> bool {
+    pub fn exists(&self, tenant: TenantShardId, timeline: TimelineId) -> bool {
         let dir = self.timeline_dir(tenant, timeline);
         self.get(tenant, timeline).is_some() || dir.exists() || marker_path(&dir).exists()
     }
 
     fn create_from(
         &self,
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         origin: Origin<'_>,
+        stripe_blocks: Option<u32>,
     ) -> Result<Arc<TimelineEntry>, CreateError> {
         let _one_at_a_time = self.creating.lock();
         let dir = self.timeline_dir(tenant, timeline);
@@ -807,13 +826,17 @@ impl Tenants {
         crate::timeline::create_dir_durable(&parent, self.conf.fsync).map_err(storage)?;
         replace_file(&marker, b"", self.conf.fsync).map_err(|e| storage(e.into()))?;
         let result = match origin {
-            Origin::Initdb(version) => {
+            Origin::Initdb(version, system_id) => {
+                let how = import::ImportAs { identity: import::Identity::Fresh(system_id), stripe_blocks };
                 self.initdb.pgdata(&self.conf, version, self.resources.clock.system_now()).and_then(|pgdata| {
-                    import::import_datadir(&pgdata, dir.clone(), tenant, timeline, &self.resources, true)
+                    import::import_datadir(&pgdata, dir.clone(), tenant, timeline, &self.resources, how)
                 })
             }
-            Origin::Directory(pgdata) => import::check_importable(pgdata)
-                .and_then(|_| import::import_datadir(pgdata, dir.clone(), tenant, timeline, &self.resources, false)),
+            Origin::Directory(pgdata) => {
+                let how = import::ImportAs { identity: import::Identity::Source, stripe_blocks };
+                import::check_importable(pgdata)
+                    .and_then(|_| import::import_datadir(pgdata, dir.clone(), tenant, timeline, &self.resources, how))
+            }
         };
         match result {
             Ok((tl, imported)) => {

@@ -19,7 +19,7 @@ use strata_formats::v15::records::xlog::CheckPoint;
 use strata_formats::version::{PgVersion, BLCKSZ};
 use strata_formats::Lsn;
 use strata_protocol::pageserver::SlruKind;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{ShardIdentity, TenantShardId, TimelineId};
 use tracing::{info, warn};
 
 mod compaction;
@@ -128,7 +128,7 @@ impl StorageError {
 #[derive(Debug, thiserror::Error)]
 #[error("timeline {tenant_id}/{timeline_id}: flushing up to {lsn}: {source}")]
 pub struct FlushError {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     pub timeline_id: TimelineId,
     pub lsn: Lsn,
     #[source]
@@ -156,7 +156,9 @@ pub enum ReadError {
 }
 
 pub struct Timeline {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
+    /// Which keys it stores (all of them unless its tenant is sharded).
+    pub shard: ShardIdentity,
     pub timeline_id: TimelineId,
     pub dir: PathBuf,
     fsync: bool,
@@ -257,6 +259,7 @@ impl Timeline {
         meta: TimelineMetadata,
         res: &TimelineResources,
     ) -> Result<Arc<Timeline>, StorageError> {
+        meta.shard().map_err(|reason| StorageError::Invalid { path: dir.clone(), reason })?;
         create_dir_durable(&dir, res.fsync)?;
         let tl = Timeline::new(dir, meta, HistoricLayers::default(), res);
         tl.write_metadata(&tl.metadata())?;
@@ -267,7 +270,7 @@ impl Timeline {
     /// reported: every request on it answers that it is broken.
     pub fn unloadable(
         dir: PathBuf,
-        tenant_id: TenantId,
+        tenant_id: TenantShardId,
         timeline_id: TimelineId,
         reason: String,
         res: &TimelineResources,
@@ -288,6 +291,7 @@ impl Timeline {
             removed_layers: Vec::new(),
             gc_cutoff_lsn: Lsn::INVALID,
             retain_lsns: Vec::new(),
+            stripe_blocks: None,
         };
         let tl = Timeline::new(dir, meta, HistoricLayers::default(), res);
         tl.set_broken(BrokenKind::Files, reason);
@@ -303,8 +307,11 @@ impl Timeline {
         let gc_cutoff = meta.gc_cutoff_lsn;
         let ancestor_lsn = meta.ancestor_timeline_id.and(meta.ancestor_lsn);
         let pg_version = PgVersion::from_major(meta.pg_version).unwrap_or(PgVersion::V15);
+        // Checked at load and creation; an unloadable timeline has none.
+        let shard = meta.shard().unwrap_or(ShardIdentity::UNSHARDED);
         Arc::new(Timeline {
             pg_version,
+            shard,
             tenant_id: meta.tenant_id,
             timeline_id: meta.timeline_id,
             dir,
@@ -371,6 +378,7 @@ impl Timeline {
         if PgVersion::from_major(meta.pg_version).is_none() {
             return Err(invalid(format!("PostgreSQL {} is not a version this pageserver supports", meta.pg_version)));
         }
+        meta.shard().map_err(invalid)?;
         if meta.disk_consistent_lsn == Lsn::INVALID {
             return Err(invalid("nothing was ever made durable (an unfinished creation without its marker)".into()));
         }
@@ -823,8 +831,13 @@ impl Timeline {
     // ---- writes (the single ingest thread) ----
 
     /// Adds the versions one record produced and advances the record LSNs.
-    pub fn commit_record(&self, batch: Vec<(Key, Lsn, Value)>, lsns: RecordLsns) {
+    pub fn commit_record(&self, mut batch: Vec<(Key, Lsn, Value)>, lsns: RecordLsns) {
         debug_assert!(lsns.last >= self.record_lsns().last, "record LSNs go backwards");
+        // A shard stores only its own keys, whoever made the versions
+        // (ingest skips other shards' blocks early; an import does not).
+        if !self.shard.index.is_unsharded() {
+            batch.retain(|(key, _, _)| key.is_stored_on(&self.shard));
+        }
         // Holding the map (shared) across both steps keeps a concurrent
         // freeze from cutting between the versions and their record LSNs.
         let map = self.layers.read();

@@ -429,7 +429,7 @@ fn open_stream(tl: &Timeline, addr: &str, sources: &WalSources, start: Lsn) -> R
     codec::encode_consumer(
         &ConsumerMessage::Start(StartStreaming {
             protocol_version: PROTOCOL_VERSION,
-            tenant_id: tl.tenant_id,
+            tenant_id: tl.tenant_id.tenant,
             timeline_id: tl.timeline_id,
             start_lsn: start,
             stop_lsn: Lsn::INVALID,

@@ -195,6 +195,7 @@ fn remote_index_v1_vector() {
                 generation: 2,
             },
         ],
+        stripe_blocks: None,
     };
     let vector = strata_test_support::paths::in_crate("tests/data/index-v1.json");
     if std::env::var_os("STRATA_WRITE_VECTORS").is_some() {

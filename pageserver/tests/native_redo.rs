@@ -35,29 +35,9 @@ fn timeline(name: &str) -> (Arc<Timeline>, Arc<Metrics>) {
     (tl, metrics)
 }
 
-/// A WAL record with one block reference (`fork_flags` as given, data
-/// attached) and main data, its length and CRC filled in.
+/// A WAL record on block `block` of [`REL`] ([`common::record`]).
 fn record(rmgr: u8, info: u8, block: u32, fork_flags: u8, data: &[u8], main: &[u8], lsn: Lsn) -> DecodedRecord {
-    let mut raw = vec![0u8; 24];
-    raw.push(0); // block id
-    raw.push(fork_flags);
-    raw.extend_from_slice(&(data.len() as u16).to_le_bytes());
-    for v in [REL.spc, REL.db, REL.rel, block] {
-        raw.extend_from_slice(&v.to_le_bytes());
-    }
-    raw.push(255);
-    raw.push(main.len() as u8);
-    raw.extend_from_slice(data);
-    raw.extend_from_slice(main);
-    let len = raw.len() as u32;
-    raw[0..4].copy_from_slice(&len.to_le_bytes());
-    raw[4..8].copy_from_slice(&1000u32.to_le_bytes());
-    raw[16] = info;
-    raw[17] = rmgr;
-    let crc = record_crc(&raw);
-    raw[20..24].copy_from_slice(&crc.to_le_bytes());
-    let end = Lsn((lsn.0 + u64::from(len)).next_multiple_of(8));
-    DecodedRecord::decode(PgVersion::V15, lsn, end, raw).unwrap()
+    common::record(REL, rmgr, info, block, fork_flags, data, main, lsn)
 }
 
 /// A heap insert of a one-column tuple at `offnum` (`xl_heap_insert` as

@@ -156,7 +156,13 @@ fn setup(name: &str) -> Setup {
     let (tenant_id, timeline_id, system_id) = (tl.tenant_id, tl.timeline_id, control.system_identifier);
     tl.checkpoint().unwrap();
     let (bytes, ends) = wal(system_id, 40);
-    let identity = TimelineIdentity { tenant_id, timeline_id, system_id, pg_version: 15, wal_segment_size: SEG as u32 };
+    let identity = TimelineIdentity {
+        tenant_id: tenant_id.tenant,
+        timeline_id,
+        system_id,
+        pg_version: 15,
+        wal_segment_size: SEG as u32,
+    };
     Setup { tl, identity, bytes: Arc::new(bytes), first: ends[19], more: ends[39] }
 }
 

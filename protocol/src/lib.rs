@@ -8,7 +8,9 @@ pub mod lazy_manifest;
 pub mod limits;
 pub mod pageserver;
 pub mod safekeeper;
+pub mod shard;
 pub mod token;
 
 pub use ids::{NodeId, TenantId, TimelineId};
+pub use shard::{ShardIdentity, ShardIndex, ShardLayout, TenantShardId};
 pub use token::Token;

@@ -467,7 +467,7 @@ mod tests {
     use strata_protocol::{TenantId, TimelineId};
 
     fn info() -> TimelineStatus {
-        TimelineStatus::new(TenantId([1; 16]), TimelineId([2; 16]), 1, 16 << 20, Lsn(0x100_0000))
+        TimelineStatus::new(TenantId([1; 16]).into(), TimelineId([2; 16]), 1, 16 << 20, Lsn(0x100_0000))
     }
 
     #[test]

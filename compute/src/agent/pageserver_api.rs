@@ -232,8 +232,13 @@ mod tests {
 
     #[test]
     fn parses_timeline_status() {
-        let mut status =
-            TimelineStatus::new(TenantId([1; 16]), TimelineId([2; 16]), 7412345678901234567, 16 << 20, Lsn(0x16B3748));
+        let mut status = TimelineStatus::new(
+            TenantId([1; 16]).into(),
+            TimelineId([2; 16]),
+            7412345678901234567,
+            16 << 20,
+            Lsn(0x16B3748),
+        );
         let mut text = serde_json::to_value(&status).unwrap();
         assert_eq!(text["last_record_lsn"], "0/16B3748");
         assert_eq!(text["state"], "active");

@@ -9,7 +9,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use strata_controller::store::LeaderLease;
 use strata_protocol::api::controller::{ControllerState, TenantPlacement, LEADER_KEY, STATE_KEY};
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 
 /// What the world has done so far, and what it must not do.
 #[derive(Default)]
@@ -23,11 +23,11 @@ struct Inner {
     /// The state last written.
     state: Option<ControllerState>,
     /// The pageserver each (tenant, generation) was given to by a state.
-    issued: BTreeMap<(TenantId, u32), String>,
+    issued: BTreeMap<(TenantShardId, u32), String>,
     /// The pageserver that accepted each (tenant, generation).
-    accepted: BTreeMap<(TenantId, u32), String>,
+    accepted: BTreeMap<(TenantShardId, u32), String>,
     /// The highest generation in object storage before any controller.
-    preexisting: BTreeMap<TenantId, u32>,
+    preexisting: BTreeMap<TenantShardId, u32>,
     lease: Option<LeaderLease>,
     /// Counts, for the summary.
     state_writes: u64,
@@ -76,7 +76,7 @@ impl Checker {
     }
 
     /// The generations object storage held of `tenant` before the controllers.
-    pub fn preexisting(&self, tenant: TenantId, generation: u32) {
+    pub fn preexisting(&self, tenant: TenantShardId, generation: u32) {
         self.inner.lock().preexisting.insert(tenant, generation);
     }
 
@@ -188,7 +188,7 @@ impl Checker {
     }
 
     /// `pageserver` accepted an attachment of `tenant` under `generation`.
-    pub fn attached(&self, pageserver: &str, tenant: TenantId, generation: u32) {
+    pub fn attached(&self, pageserver: &str, tenant: TenantShardId, generation: u32) {
         let mut inner = self.inner.lock();
         match inner.issued.get(&(tenant, generation)) {
             Some(to) if to == pageserver => {}

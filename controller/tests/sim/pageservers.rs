@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use strata_controller::client::Pageservers;
 use strata_controller::tasks::BoxFuture;
 use strata_protocol::api::pageserver::{LocationMode, LocationRequest, LocationStatus, PageserverStatus};
-use strata_protocol::{NodeId, TenantId};
+use strata_protocol::{NodeId, TenantShardId};
 use strata_service::clock::{self, Clock, ManualClock};
 use tokio::sync::oneshot;
 
@@ -38,16 +38,21 @@ struct Server {
     name: String,
     mode: Mode,
     /// Mode and generation per tenant.
-    locations: BTreeMap<TenantId, (LocationMode, Option<u32>)>,
+    locations: BTreeMap<TenantShardId, (LocationMode, Option<u32>)>,
     /// Location changes that arrived while hung.
-    queued: Vec<(TenantId, LocationRequest, Answer)>,
+    queued: Vec<(TenantShardId, LocationRequest, Answer)>,
     /// Counts restarts, so that an answer from before one is lost.
     incarnation: u64,
 }
 
 impl Server {
     /// The real pageserver's rules (`pageserver/src/tenants/locations.rs`).
-    fn set(&mut self, tenant: TenantId, req: LocationRequest, checker: &Checker) -> Result<LocationStatus, String> {
+    fn set(
+        &mut self,
+        tenant: TenantShardId,
+        req: LocationRequest,
+        checker: &Checker,
+    ) -> Result<LocationStatus, String> {
         let current =
             self.locations.get(&tenant).and_then(|(m, g)| (*m == LocationMode::Attached).then_some(*g)).flatten();
         match req.mode {
@@ -72,7 +77,7 @@ impl Server {
         Ok(self.status_of(tenant))
     }
 
-    fn status_of(&self, tenant: TenantId) -> LocationStatus {
+    fn status_of(&self, tenant: TenantShardId) -> LocationStatus {
         let (mode, generation) = self.locations.get(&tenant).copied().unwrap_or((LocationMode::Detached, None));
         LocationStatus {
             tenant_id: tenant,
@@ -147,12 +152,12 @@ impl FakePageservers {
     }
 
     /// What `http` holds of `tenant` now.
-    pub fn location(&self, http: &str, tenant: TenantId) -> Option<(LocationMode, Option<u32>)> {
+    pub fn location(&self, http: &str, tenant: TenantShardId) -> Option<(LocationMode, Option<u32>)> {
         self.servers.lock()[http].locations.get(&tenant).copied()
     }
 
     /// Every attached location now: (pageserver, tenant, generation).
-    pub fn attached(&self) -> Vec<(String, TenantId, u32)> {
+    pub fn attached(&self) -> Vec<(String, TenantShardId, u32)> {
         let servers = self.servers.lock();
         let mut out = Vec::new();
         for s in servers.values() {
@@ -197,7 +202,7 @@ impl Pageservers for FakePageservers {
     fn set_location<'a>(
         &'a self,
         http: &'a str,
-        tenant: TenantId,
+        tenant: TenantShardId,
         req: LocationRequest,
     ) -> BoxFuture<'a, Result<LocationStatus, String>> {
         Box::pin(async move {

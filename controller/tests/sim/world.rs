@@ -21,7 +21,7 @@ use strata_controller::service::Controller;
 use strata_controller::store::Store;
 use strata_protocol::api::controller::PageserverPolicy;
 use strata_protocol::api::pageserver::LocationMode;
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_service::clock::{Clock, ManualClock};
 
 use super::checker::{Checker, Counts};
@@ -79,7 +79,7 @@ struct World {
     pageservers: FakePageservers,
     /// (name, HTTP address) of each pageserver.
     names: Vec<(String, String)>,
-    tenants: Vec<TenantId>,
+    tenants: Vec<TenantShardId>,
     slots: Vec<Slot>,
     /// Stalled controllers and when they go on.
     paused: Vec<(Owner, Duration)>,
@@ -137,7 +137,7 @@ pub fn run(seed: u64, planner: Planner) -> Outcome {
     w.outcome(seed)
 }
 
-fn config(id: u64, names: &[(String, String)], sites: bool, tenants: &[TenantId]) -> ControllerConfig {
+fn config(id: u64, names: &[(String, String)], sites: bool, tenants: &[TenantShardId]) -> ControllerConfig {
     ControllerConfig {
         id,
         listen_http: format!("127.0.0.1:{}", 7000 + id).parse().expect("an address"),
@@ -180,7 +180,8 @@ impl World {
         for (name, http) in &names {
             pageservers.add(name, http);
         }
-        let tenants: Vec<TenantId> = (1..=n_tenants).map(|n| TenantId([n; 16])).collect();
+        let tenants: Vec<TenantShardId> =
+            (1..=n_tenants).map(|n| TenantShardId::unsharded(strata_protocol::TenantId([n; 16]))).collect();
         for t in &tenants {
             // Generations issued before there was a controller.
             let g = rng.lock().u32(..4);
@@ -369,7 +370,7 @@ impl World {
     /// An operator deletes `t`, or registers it again once the last state
     /// written has it deleted, through one controller (which refuses it
     /// unless it leads).
-    fn tenant_call(&mut self, t: TenantId) {
+    fn tenant_call(&mut self, t: TenantShardId) {
         let i = self.draw(0..self.slots.len() as u64) as usize;
         let Some((_, c)) = self.slots[i].running.clone() else { return };
         let deleted = self.checker.state().is_some_and(|s| s.deleted_tenants.contains_key(&t));

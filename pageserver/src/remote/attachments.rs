@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 
 pub use strata_protocol::api::pageserver::LocationMode;
 
@@ -49,7 +49,7 @@ impl Attachment {
 #[serde(deny_unknown_fields)]
 pub struct Attachments {
     pub format_version: u32,
-    pub tenants: BTreeMap<TenantId, Attachment>,
+    pub tenants: BTreeMap<TenantShardId, Attachment>,
 }
 
 impl Attachments {
@@ -93,7 +93,7 @@ impl Attachments {
     }
 
     /// The current generation of `tenant`, if it is attached.
-    pub fn generation(&self, tenant: TenantId) -> Option<u32> {
+    pub fn generation(&self, tenant: TenantShardId) -> Option<u32> {
         self.tenants.get(&tenant).filter(|a| a.mode == LocationMode::Attached).map(|a| a.generation)
     }
 }
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn round_trips_and_refuses_bad_files() {
-        let t = "11111111111111111111111111111111".parse::<TenantId>().unwrap();
+        let t = "11111111111111111111111111111111".parse::<TenantShardId>().unwrap();
         let a = Attachments { format_version: 2, tenants: BTreeMap::from([(t, Attachment::attached(7))]) };
         let bytes = a.encode();
         assert_eq!(Attachments::decode(&bytes).unwrap(), a);

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_remote_storage::RemoteStorage;
 
 use super::attachments::Attachments;
@@ -24,7 +24,7 @@ pub enum Authority {
 impl Authority {
     /// Every tenant's current generation. An error means unknown: the
     /// callers then neither delete nor stop.
-    pub async fn generations(&self, storage: &RemoteStorage) -> Result<BTreeMap<TenantId, u32>, String> {
+    pub async fn generations(&self, storage: &RemoteStorage) -> Result<BTreeMap<TenantShardId, u32>, String> {
         match self {
             Authority::AttachmentFile(path) => {
                 let path = path.clone();

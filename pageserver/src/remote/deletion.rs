@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_remote_storage::RemoteStorage;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -19,7 +19,7 @@ use crate::limits::DELETION_BATCHES_PER_CHECK as BATCHES_PER_CHECK;
 /// index that no longer lists them was uploaded.
 #[derive(Debug)]
 pub struct DeletionBatch {
-    pub tenant: TenantId,
+    pub tenant: TenantShardId,
     pub generation: u32,
     pub keys: Vec<String>,
 }
@@ -89,8 +89,8 @@ mod tests {
         for key in ["old/a", "old/b", "new/c"] {
             storage.put(key, Bytes::from_static(b"x")).await.unwrap();
         }
-        let tenant: TenantId = "0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
-        let other: TenantId = "1f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
+        let tenant: TenantShardId = "0f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
+        let other: TenantShardId = "1f3c9e5a27d14b6c8e1f2a3b4c5d6e7f".parse().unwrap();
         let attachments = dir.join("attachments.json");
         let file = Attachments {
             format_version: 1,

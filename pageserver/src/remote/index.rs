@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 use strata_formats::Lsn;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 
 use crate::layer::layer_file::LayerName;
 
@@ -58,6 +58,10 @@ pub struct RemoteIndex {
     pub retain_lsns: Vec<Lsn>,
     /// Sorted by name, each name once.
     pub layers: Vec<IndexLayer>,
+    /// Blocks per stripe of a sharded tenant's shard (`docs/sharding.md`);
+    /// absent, so older indexes keep their bytes and CRC, when unsharded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_blocks: Option<u32>,
 }
 
 /// The file: the index with its format version and a CRC-32C of the
@@ -146,17 +150,17 @@ impl RemoteIndex {
 }
 
 /// The prefix of every object of a timeline.
-pub fn timeline_prefix(tenant: TenantId, timeline: TimelineId) -> String {
+pub fn timeline_prefix(tenant: TenantShardId, timeline: TimelineId) -> String {
     format!("tenants/{tenant}/timelines/{timeline}")
 }
 
 /// The object name of a layer file uploaded by `generation`.
-pub fn layer_key(tenant: TenantId, timeline: TimelineId, layer: &str, generation: u32) -> String {
+pub fn layer_key(tenant: TenantShardId, timeline: TimelineId, layer: &str, generation: u32) -> String {
     format!("{}/{layer}-{generation:08x}", timeline_prefix(tenant, timeline))
 }
 
 /// The object name of an index written by `generation`.
-pub fn index_key(tenant: TenantId, timeline: TimelineId, generation: u32) -> String {
+pub fn index_key(tenant: TenantShardId, timeline: TimelineId, generation: u32) -> String {
     format!("{}/index-{generation:08x}.json", timeline_prefix(tenant, timeline))
 }
 
@@ -202,6 +206,7 @@ mod tests {
                 crc32c: 0xDEAD_BEEF,
                 generation: 2,
             }],
+            stripe_blocks: None,
         }
     }
 
@@ -238,7 +243,7 @@ mod tests {
 
     #[test]
     fn object_names_carry_the_generation_and_the_newest_index_at_or_below_wins() {
-        let t = "11111111111111111111111111111111".parse::<TenantId>().unwrap();
+        let t = "11111111111111111111111111111111".parse::<TenantShardId>().unwrap();
         let l = "22222222222222222222222222222222".parse::<TimelineId>().unwrap();
         assert_eq!(
             index_key(t, l, 0x1a),

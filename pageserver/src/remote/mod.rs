@@ -17,7 +17,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use strata_remote_storage::{RemoteStorage, RemoteStorageConfig};
 use strata_service::clock::Clock;
 use tokio::sync::{mpsc, Semaphore};
@@ -126,7 +126,7 @@ impl Remote {
 
     /// The generation of `tenant` that this pageserver was given, from
     /// the attachment file.
-    pub fn generation(&self, tenant: TenantId) -> Result<Option<u32>, String> {
+    pub fn generation(&self, tenant: TenantShardId) -> Result<Option<u32>, String> {
         Ok(Attachments::load(&self.attachments)?.generation(tenant))
     }
 

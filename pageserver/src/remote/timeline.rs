@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use strata_formats::Lsn;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 use strata_remote_storage::wal::{fetch_segment, SegmentMeta};
 use strata_remote_storage::RemoteError;
 use strata_service::backoff::Backoff;
@@ -83,7 +83,7 @@ pub enum UploadSource {
 /// A timeline's remote storage client.
 pub struct RemoteTimeline {
     remote: Arc<Remote>,
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     pub timeline_id: TimelineId,
     /// Of this pageserver's attachment of the tenant.
     pub generation: u32,
@@ -110,7 +110,7 @@ pub struct RemoteTimeline {
 impl RemoteTimeline {
     pub fn new(
         remote: Arc<Remote>,
-        tenant_id: TenantId,
+        tenant_id: TenantShardId,
         timeline_id: TimelineId,
         generation: u32,
         dir: PathBuf,
@@ -123,7 +123,7 @@ impl RemoteTimeline {
     /// never fenced and fence nothing), no upload loop.
     pub fn reader(
         remote: Arc<Remote>,
-        tenant_id: TenantId,
+        tenant_id: TenantShardId,
         timeline_id: TimelineId,
         dir: PathBuf,
         found: Option<FoundIndex>,
@@ -133,7 +133,7 @@ impl RemoteTimeline {
 
     fn build(
         remote: Arc<Remote>,
-        tenant_id: TenantId,
+        tenant_id: TenantShardId,
         timeline_id: TimelineId,
         generation: u32,
         dir: PathBuf,
@@ -184,7 +184,7 @@ impl RemoteTimeline {
     /// The newest index of the timeline at or below `generation`, if any.
     pub fn find_index(
         remote: &Arc<Remote>,
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
         generation: u32,
     ) -> Result<Option<FoundIndex>, String> {
@@ -276,7 +276,7 @@ impl RemoteTimeline {
     pub fn fetch_wal_segment(&self, segno: u64, segment_size: u64) -> Result<Option<(SegmentMeta, Vec<u8>)>, String> {
         let (storage, tenant, timeline) = (self.remote.storage.clone(), self.tenant_id, self.timeline_id);
         self.remote
-            .block_on(async move { fetch_segment(&storage, tenant, timeline, segno, segment_size).await })
+            .block_on(async move { fetch_segment(&storage, tenant.tenant, timeline, segno, segment_size).await })
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())
     }
@@ -486,6 +486,7 @@ impl RemoteTimeline {
                 gc_cutoff_lsn: meta.gc_cutoff_lsn,
                 retain_lsns: meta.retain_lsns.clone(),
                 layers,
+                stripe_blocks: meta.stripe_blocks,
             };
             if state.index.as_ref() == Some(&index) {
                 return Ok(());
@@ -574,7 +575,7 @@ impl Fetch for RemoteTimeline {
 }
 
 /// The timelines of `tenant` that remote storage holds objects of.
-pub fn remote_timelines(remote: &Arc<Remote>, tenant: TenantId) -> Result<Vec<TimelineId>, String> {
+pub fn remote_timelines(remote: &Arc<Remote>, tenant: TenantShardId) -> Result<Vec<TimelineId>, String> {
     let storage = remote.storage.clone();
     let prefix = format!("tenants/{tenant}/timelines");
     let listed = remote
@@ -598,7 +599,11 @@ pub fn remote_timelines(remote: &Arc<Remote>, tenant: TenantId) -> Result<Vec<Ti
 /// Deletes every object of a timeline (a deleted branch): its indexes
 /// first, so an attach never finds an index whose layers are going, then
 /// its layers. Returns how many objects went.
-pub fn delete_timeline_objects(remote: &Arc<Remote>, tenant: TenantId, timeline: TimelineId) -> Result<usize, String> {
+pub fn delete_timeline_objects(
+    remote: &Arc<Remote>,
+    tenant: TenantShardId,
+    timeline: TimelineId,
+) -> Result<usize, String> {
     let storage = remote.storage.clone();
     let prefix = format!("{}/", super::index::timeline_prefix(tenant, timeline));
     remote
@@ -616,7 +621,7 @@ pub fn delete_timeline_objects(remote: &Arc<Remote>, tenant: TenantId, timeline:
 }
 
 /// The metadata of a timeline attached from `index` alone.
-pub fn metadata_from_index(tenant: TenantId, timeline: TimelineId, index: &RemoteIndex) -> TimelineMetadata {
+pub fn metadata_from_index(tenant: TenantShardId, timeline: TimelineId, index: &RemoteIndex) -> TimelineMetadata {
     TimelineMetadata {
         format_version: METADATA_VERSION,
         tenant_id: tenant,
@@ -633,6 +638,7 @@ pub fn metadata_from_index(tenant: TenantId, timeline: TimelineId, index: &Remot
         removed_layers: Vec::new(),
         gc_cutoff_lsn: index.gc_cutoff_lsn,
         retain_lsns: index.retain_lsns.clone(),
+        stripe_blocks: index.stripe_blocks,
     }
 }
 

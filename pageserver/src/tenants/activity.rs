@@ -18,6 +18,8 @@ use crate::timeline::Timeline;
 use crate::walreceiver::WalReceiver;
 
 /// The highest commit LSN any safekeeper reported, per timeline.
+/// Safekeepers' commit LSNs per timeline (every shard of a tenant reads
+/// the same WAL).
 pub type Commits = HashMap<(TenantId, TimelineId), Lsn>;
 
 impl TimelineEntry {
@@ -77,7 +79,7 @@ impl Tenants {
                 State::Idle => {}
                 State::Active | State::Leaving => continue,
             }
-            let key = (entry.tl.tenant_id, entry.tl.timeline_id);
+            let key = (entry.tl.tenant_id.tenant, entry.tl.timeline_id);
             let commit = commits.and_then(|c| c.get(&key).copied());
             if let Some(reason) = wake_reason(activity.waiters(), activity.received(), commit) {
                 self.wake(&entry, reason);

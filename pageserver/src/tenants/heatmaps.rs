@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use bytes::Bytes;
 use strata_protocol::api::pageserver::LocationMode;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 use tracing::warn;
 
 use super::Tenants;
@@ -14,7 +14,7 @@ use crate::secondary::{heatmap_key, Heatmap, HeatmapTimeline, HEATMAP_FORMAT_VER
 
 impl Tenants {
     /// The heatmap of an attached tenant as it is now.
-    pub fn current_heatmap(&self, tenant: TenantId, generation: u32) -> Heatmap {
+    pub fn current_heatmap(&self, tenant: TenantShardId, generation: u32) -> Heatmap {
         let mut timelines = Vec::new();
         for e in self.all().iter().filter(|e| e.tl.tenant_id == tenant) {
             let Some(index) = e.tl.remote().and_then(|r| r.index()) else { continue };
@@ -39,7 +39,7 @@ impl Tenants {
 
     /// Publishes the heatmap of every attached tenant whose set of hot layers
     /// changed since the last one (the order within it changes with every read).
-    pub fn publish_heatmaps(&self, published: &mut HashMap<TenantId, BTreeSet<(TimelineId, String)>>) {
+    pub fn publish_heatmaps(&self, published: &mut HashMap<TenantShardId, BTreeSet<(TimelineId, String)>>) {
         let Some(remote) = self.remote.clone() else { return };
         for l in self.locations().into_iter().filter(|l| l.mode == LocationMode::Attached) {
             let Some(generation) = l.generation else { continue };

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_protocol::api::pageserver::{LocationMode, LocationStatus};
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 use tracing::{info, warn};
 
 use super::Tenants;
@@ -35,18 +35,18 @@ use crate::timeline::StorageError;
 #[derive(Debug, thiserror::Error)]
 pub enum LocationError {
     #[error("tenant {0}: an attached location needs a generation")]
-    NoGeneration(TenantId),
+    NoGeneration(TenantShardId),
     #[error("tenant {tenant}: already attached under generation {current}, newer than {asked}")]
-    Older { tenant: TenantId, current: u32, asked: u32 },
+    Older { tenant: TenantShardId, current: u32, asked: u32 },
     #[error("this pageserver has no object storage (locations need one)")]
     NoRemote,
     #[error("tenant {tenant}: {reason}")]
-    Failed { tenant: TenantId, reason: String },
+    Failed { tenant: TenantShardId, reason: String },
 }
 
 impl Tenants {
     /// The tenants' directory of `tenant`.
-    pub(crate) fn tenant_dir(&self, tenant: TenantId) -> PathBuf {
+    pub(crate) fn tenant_dir(&self, tenant: TenantShardId) -> PathBuf {
         self.conf.data_dir.join("tenants").join(tenant.to_string())
     }
 
@@ -56,9 +56,9 @@ impl Tenants {
     }
 
     /// [`Self::locations`], with the layer totals of the loaded timelines.
-    fn locations_with(&self, totals: &BTreeMap<TenantId, LayerTotals>) -> Vec<LocationStatus> {
+    fn locations_with(&self, totals: &BTreeMap<TenantShardId, LayerTotals>) -> Vec<LocationStatus> {
         let attaching = self.attaching.lock().clone();
-        let attached: BTreeMap<TenantId, u32> =
+        let attached: BTreeMap<TenantShardId, u32> =
             self.generations.lock().iter().filter(|(t, _)| !attaching.contains(*t)).map(|(t, g)| (*t, *g)).collect();
         let mut out: Vec<LocationStatus> = attached
             .iter()
@@ -83,8 +83,8 @@ impl Tenants {
 
     /// Per tenant with timelines loaded here: its layer files on local
     /// disk and its layers in object storage. One pass over the timelines.
-    pub(super) fn layer_totals(&self) -> BTreeMap<TenantId, LayerTotals> {
-        let mut out: BTreeMap<TenantId, LayerTotals> = BTreeMap::new();
+    pub(super) fn layer_totals(&self) -> BTreeMap<TenantShardId, LayerTotals> {
+        let mut out: BTreeMap<TenantShardId, LayerTotals> = BTreeMap::new();
         for e in self.all() {
             let t = out.entry(e.tl.tenant_id).or_default();
             let (n, b) = e.tl.resident_layers();
@@ -147,7 +147,7 @@ impl Tenants {
     }
 
     /// Starts keeping `tenant` warm here.
-    pub(crate) fn start_secondary(&self, tenant: TenantId) {
+    pub(crate) fn start_secondary(&self, tenant: TenantShardId) {
         if let Some(remote) = &self.remote {
             let (budget, period) = (self.conf.secondary_cache_bytes, self.conf.heatmap_period);
             self.secondaries.start(remote, tenant, self.tenant_dir(tenant), budget, period);
@@ -155,12 +155,12 @@ impl Tenants {
     }
 
     /// Whether `tenant` is attached here, every timeline loaded (pages can be asked for).
-    pub fn is_attached(&self, tenant: TenantId) -> bool {
+    pub fn is_attached(&self, tenant: TenantShardId) -> bool {
         self.generations.lock().contains_key(&tenant) && !self.attaching.lock().contains(&tenant)
     }
 
     /// Whether `tenant` is being attached here (its timelines still loading).
-    pub fn is_attaching(&self, tenant: TenantId) -> bool {
+    pub fn is_attaching(&self, tenant: TenantShardId) -> bool {
         self.attaching.lock().contains(&tenant)
     }
 
@@ -168,7 +168,7 @@ impl Tenants {
     /// index and may move many files).
     pub fn set_location(
         self: &Arc<Self>,
-        tenant: TenantId,
+        tenant: TenantShardId,
         mode: LocationMode,
         generation: Option<u32>,
     ) -> Result<LocationStatus, LocationError> {
@@ -250,13 +250,13 @@ impl Tenants {
     }
 
     /// Records the location of `tenant` in the attachment file, durably.
-    pub(super) fn record(&self, tenant: TenantId, at: Attachment) -> Result<(), LocationError> {
+    pub(super) fn record(&self, tenant: TenantShardId, at: Attachment) -> Result<(), LocationError> {
         self.rewrite_attachments(tenant, |tenants| {
             tenants.insert(tenant, at);
         })
     }
 
-    fn forget(&self, tenant: TenantId) -> Result<(), LocationError> {
+    fn forget(&self, tenant: TenantShardId) -> Result<(), LocationError> {
         self.rewrite_attachments(tenant, |tenants| {
             tenants.remove(&tenant);
         })
@@ -264,8 +264,8 @@ impl Tenants {
 
     fn rewrite_attachments(
         &self,
-        tenant: TenantId,
-        change: impl FnOnce(&mut BTreeMap<TenantId, Attachment>),
+        tenant: TenantShardId,
+        change: impl FnOnce(&mut BTreeMap<TenantShardId, Attachment>),
     ) -> Result<(), LocationError> {
         let remote = self.remote.as_ref().ok_or(LocationError::NoRemote)?;
         let path = remote.attachments_path();
@@ -280,7 +280,7 @@ impl Tenants {
     /// Stops every timeline of `tenant` and takes them out of service: WAL
     /// receivers, then uploads (a round under way finishes). With `keep`,
     /// the uploaded layer files become the secondary's warm cache.
-    pub(super) fn stop_timelines(&self, tenant: TenantId, keep: bool) {
+    pub(super) fn stop_timelines(&self, tenant: TenantShardId, keep: bool) {
         let entries: Vec<_> = self.all().into_iter().filter(|e| e.tl.tenant_id == tenant).collect();
         for e in &entries {
             e.tl.detach();
@@ -312,7 +312,7 @@ impl Tenants {
 
     /// Ends a reader location of `tenant`, if there is one: its downloaded
     /// layers stay as the warm cache (an attach or a secondary takes them).
-    fn stop_reader(&self, tenant: TenantId) {
+    fn stop_reader(&self, tenant: TenantShardId) {
         if self.readers.lock().remove(&tenant) {
             self.stop_timelines(tenant, true);
         }
@@ -322,7 +322,7 @@ impl Tenants {
     fn attach_tenant(
         self: &Arc<Self>,
         remote: &Arc<crate::remote::Remote>,
-        tenant: TenantId,
+        tenant: TenantShardId,
         generation: u32,
     ) -> Result<(), LocationError> {
         let failed = |reason: String| LocationError::Failed { tenant, reason };
@@ -422,7 +422,7 @@ mod tests {
 
     /// A new timeline of `tenant` holding one layer file, attached here
     /// (uploading under `generation`, if given).
-    fn timeline_with_a_layer(tenants: &Tenants, tenant: TenantId, generation: Option<u32>) -> Arc<Timeline> {
+    fn timeline_with_a_layer(tenants: &Tenants, tenant: TenantShardId, generation: Option<u32>) -> Arc<Timeline> {
         let timeline = TimelineId::generate();
         let dir = tenants.timeline_dir(tenant, timeline);
         std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
@@ -447,6 +447,7 @@ mod tests {
             removed_layers: Vec::new(),
             gc_cutoff_lsn: Lsn::INVALID,
             retain_lsns: Vec::new(),
+            stripe_blocks: None,
         };
         let tl = Timeline::create(dir.clone(), meta, &tenants.resources).unwrap();
         tl.commit_record(
@@ -478,7 +479,7 @@ mod tests {
     fn tenant_series_follow_the_tenants_held_and_match_their_status() {
         let root = strata_test_support::scratch_dir("tenant-metrics");
         let tenants = tenants(&root);
-        let (placed, unplaced) = (TenantId::generate(), TenantId::generate());
+        let (placed, unplaced) = (TenantShardId::generate(), TenantShardId::generate());
         let (p, u) = (placed.to_string(), unplaced.to_string());
         assert!(series(&tenants.render_metrics(), LOCAL, "tenant", &p).is_none());
 

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use strata_protocol::api::pageserver::{LocationMode, LocationStatus};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 use tracing::{info, warn};
 
 use super::locations::{LayerTotals, LocationError};
@@ -37,18 +37,18 @@ use crate::limits::DOWNLOADS_PER_ROUND;
 
 impl Tenants {
     /// Whether `tenant` is held here as a loaded reader.
-    pub fn is_reader(&self, tenant: TenantId) -> bool {
+    pub fn is_reader(&self, tenant: TenantShardId) -> bool {
         self.readers.lock().contains(&tenant)
     }
 
     /// Whether computes may read `tenant` here: attached, or a loaded reader.
-    pub fn serves(&self, tenant: TenantId) -> bool {
+    pub fn serves(&self, tenant: TenantShardId) -> bool {
         self.is_attached(tenant) || self.is_reader(tenant)
     }
 
     /// The reader locations, for the status.
-    pub(super) fn reader_statuses(&self, totals: &BTreeMap<TenantId, LayerTotals>) -> Vec<LocationStatus> {
-        let readers: Vec<TenantId> = self.readers.lock().iter().copied().collect();
+    pub(super) fn reader_statuses(&self, totals: &BTreeMap<TenantShardId, LayerTotals>) -> Vec<LocationStatus> {
+        let readers: Vec<TenantShardId> = self.readers.lock().iter().copied().collect();
         readers
             .into_iter()
             .map(|t| {
@@ -69,7 +69,7 @@ impl Tenants {
     /// Loads every timeline of `tenant` from its newest index as a reader
     /// (with the warm files a secondary or an earlier location left) and
     /// starts their WAL receivers. The caller serializes location changes.
-    pub(super) fn attach_reader(&self, remote: &Arc<Remote>, tenant: TenantId) -> Result<(), LocationError> {
+    pub(super) fn attach_reader(&self, remote: &Arc<Remote>, tenant: TenantShardId) -> Result<(), LocationError> {
         let failed = |reason: String| LocationError::Failed { tenant, reason };
         let timelines = crate::remote::remote_timelines(remote, tenant).map_err(failed)?;
         let mut loaded = Vec::new();
@@ -95,7 +95,7 @@ impl Tenants {
     fn load_reader_timeline(
         &self,
         remote: &Arc<Remote>,
-        tenant: TenantId,
+        tenant: TenantShardId,
         timeline: TimelineId,
     ) -> Result<Option<Arc<Timeline>>, String> {
         let dir = self.timeline_dir(tenant, timeline);
@@ -113,7 +113,7 @@ impl Tenants {
     /// index no longer lists is loaded again.
     pub fn refresh_readers(&self) {
         let Some(remote) = self.remote.clone() else { return };
-        let readers: Vec<TenantId> = self.readers.lock().iter().copied().collect();
+        let readers: Vec<TenantShardId> = self.readers.lock().iter().copied().collect();
         for tenant in readers {
             if let Err(e) = self.refresh_reader(&remote, tenant) {
                 warn!(%tenant, "refreshing the reader location: {e}");
@@ -121,7 +121,7 @@ impl Tenants {
         }
     }
 
-    fn refresh_reader(&self, remote: &Arc<Remote>, tenant: TenantId) -> Result<(), String> {
+    fn refresh_reader(&self, remote: &Arc<Remote>, tenant: TenantShardId) -> Result<(), String> {
         let listed: BTreeSet<TimelineId> = crate::remote::remote_timelines(remote, tenant)?.into_iter().collect();
         let held: Vec<_> = self.all().into_iter().filter(|e| e.tl.tenant_id == tenant).collect();
         let held_ids: BTreeSet<TimelineId> = held.iter().map(|e| e.tl.timeline_id).collect();

@@ -5,15 +5,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use strata_formats::types::RelFileNode;
 use strata_formats::v15::control::ControlFile;
-use strata_formats::Lsn;
+use strata_formats::wal::record::{record_crc, DecodedRecord};
+use strata_formats::{Lsn, PgVersion};
 use strata_pageserver::key::Key;
 use strata_pageserver::layer::files::FileCache;
 use strata_pageserver::layer::map::RecordLsns;
 use strata_pageserver::metrics::Metrics;
 use strata_pageserver::timeline::{Timeline, TimelineMetadata, TimelineResources};
 use strata_pageserver::value::Value;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantId, TenantShardId, TimelineId};
 
 /// The pg_control of the format test vectors.
 pub const CONTROL: &[u8] = include_bytes!("../../../formats/tests/data/pg_control_v15");
@@ -22,7 +24,7 @@ pub const CONTROL: &[u8] = include_bytes!("../../../formats/tests/data/pg_contro
 pub fn metadata(start: Lsn, system_id: u64) -> TimelineMetadata {
     TimelineMetadata {
         format_version: 1,
-        tenant_id: TenantId::generate(),
+        tenant_id: TenantId::generate().into(),
         timeline_id: TimelineId::generate(),
         ancestor_timeline_id: None,
         ancestor_lsn: None,
@@ -36,6 +38,7 @@ pub fn metadata(start: Lsn, system_id: u64) -> TimelineMetadata {
         removed_layers: Vec::new(),
         gc_cutoff_lsn: Lsn::INVALID,
         retain_lsns: Vec::new(),
+        stripe_blocks: None,
     }
 }
 
@@ -82,10 +85,22 @@ pub fn test_dir_path(name: &str) -> PathBuf {
 /// A timeline holding what an import leaves, pg_control and the checkpoint
 /// at `start`, so that ingest can begin after it.
 pub fn imported_timeline(name: &str, start: Lsn) -> (Arc<Timeline>, Arc<Metrics>, ControlFile) {
+    imported_shard(name, start, TenantId::generate().into(), None)
+}
+
+/// [`imported_timeline`] for one shard of a tenant (`stripe_blocks` of a
+/// sharded one).
+pub fn imported_shard(
+    name: &str,
+    start: Lsn,
+    tenant_id: TenantShardId,
+    stripe_blocks: Option<u32>,
+) -> (Arc<Timeline>, Arc<Metrics>, ControlFile) {
     let control = ControlFile::decode(CONTROL).unwrap();
     let metrics = Arc::new(Metrics::new());
     let res = resources(metrics.clone(), FileCache::new(16, Default::default(), strata_pageserver::clock::system()));
-    let tl = Timeline::create(test_dir(name), metadata(start, control.system_identifier), &res).unwrap();
+    let meta = TimelineMetadata { tenant_id, stripe_blocks, ..metadata(start, control.system_identifier) };
+    let tl = Timeline::create(test_dir(name), meta, &res).unwrap();
     tl.commit_record(
         vec![
             (Key::control(), start, Value::Image(Bytes::copy_from_slice(CONTROL))),
@@ -94,6 +109,41 @@ pub fn imported_timeline(name: &str, start: Lsn) -> (Arc<Timeline>, Arc<Metrics>
         RecordLsns { last: start, prev: Lsn::INVALID },
     );
     (tl, metrics, control)
+}
+
+/// A WAL record with one block reference to `block` of `rel` (`fork_flags`
+/// as given, data attached) and main data, its length and CRC filled in.
+#[allow(clippy::too_many_arguments)] // the fields of a record header
+pub fn record(
+    rel: RelFileNode,
+    rmgr: u8,
+    info: u8,
+    block: u32,
+    fork_flags: u8,
+    data: &[u8],
+    main: &[u8],
+    lsn: Lsn,
+) -> DecodedRecord {
+    let mut raw = vec![0u8; 24];
+    raw.push(0); // block id
+    raw.push(fork_flags);
+    raw.extend_from_slice(&(data.len() as u16).to_le_bytes());
+    for v in [rel.spc, rel.db, rel.rel, block] {
+        raw.extend_from_slice(&v.to_le_bytes());
+    }
+    raw.push(255);
+    raw.push(main.len() as u8);
+    raw.extend_from_slice(data);
+    raw.extend_from_slice(main);
+    let len = raw.len() as u32;
+    raw[0..4].copy_from_slice(&len.to_le_bytes());
+    raw[4..8].copy_from_slice(&1000u32.to_le_bytes());
+    raw[16] = info;
+    raw[17] = rmgr;
+    let crc = record_crc(&raw);
+    raw[20..24].copy_from_slice(&crc.to_le_bytes());
+    let end = Lsn((lsn.0 + u64::from(len)).next_multiple_of(8));
+    DecodedRecord::decode(PgVersion::V15, lsn, end, raw).unwrap()
 }
 
 /// An 8 KiB page that does not compress, different for each `seed`.

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::limits::MAX_STATE_BYTES;
-use crate::TenantId;
+use crate::TenantShardId;
 
 /// Where the state object lives, relative to the storage's prefix.
 pub const STATE_KEY: &str = "controller/state.json";
@@ -27,7 +27,7 @@ pub struct ControllerState {
     /// The term of the leader that wrote it last: a leader whose term is
     /// lower has been replaced and writes nothing more.
     pub leader_term: u64,
-    pub tenants: BTreeMap<TenantId, TenantPlacement>,
+    pub tenants: BTreeMap<TenantShardId, TenantPlacement>,
     /// Scheduling policy of each pageserver (by name) that is not active.
     #[serde(default)]
     pub pageservers: BTreeMap<String, PageserverPolicy>,
@@ -36,7 +36,7 @@ pub struct ControllerState {
     /// told to detach it. Never a tenant of `tenants`. Absent when empty,
     /// so states without it read as before.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub deleted_tenants: BTreeMap<TenantId, DeletedTenant>,
+    pub deleted_tenants: BTreeMap<TenantShardId, DeletedTenant>,
 }
 
 impl ControllerState {
@@ -74,7 +74,7 @@ impl ControllerState {
     }
 
     /// The current generation of `tenant`, if it has one.
-    pub fn generation(&self, tenant: TenantId) -> Option<u32> {
+    pub fn generation(&self, tenant: TenantShardId) -> Option<u32> {
         self.tenants.get(&tenant).map(|p| p.generation).filter(|g| *g > 0)
     }
 }
@@ -129,7 +129,7 @@ pub enum PageserverPolicy {
 /// `GET /v1/tenant/{tenant}/attachment`: where a tenant's pages are served.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AttachmentInfo {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     /// The state's version this answer comes from.
     pub version: u64,
     pub generation: u32,
@@ -182,7 +182,7 @@ pub struct PolicyChanged {
 /// 200 when it was known already).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TenantRegistered {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     /// Its generation in the state when answered; a new tenant's first
     /// attachment is issued the next one.
     pub generation: u32,
@@ -192,7 +192,7 @@ pub struct TenantRegistered {
 /// the call until `still_located_on` is empty.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TenantDeleted {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     /// Online pageservers that still hold a location of it (or are being
     /// sent one): each is told to detach it, which removes its local files.
     pub still_located_on: Vec<String>,
@@ -218,10 +218,10 @@ mod tests {
     use super::*;
     use crate::limits::{MAX_DELETED_TENANTS, STATE_PLACEMENT_BYTES, STATE_SIZED_FOR_TENANTS, STATE_TOMBSTONE_BYTES};
 
-    fn tenant(n: usize) -> TenantId {
+    fn tenant(n: usize) -> TenantShardId {
         let mut id = [0xab; 16];
         id[..8].copy_from_slice(&(n as u64).to_be_bytes());
-        TenantId(id)
+        TenantShardId::unsharded(crate::TenantId(id))
     }
 
     /// A placement as large as the state's size is planned for: names of

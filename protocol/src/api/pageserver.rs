@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use strata_formats::Lsn;
 
-use crate::{NodeId, TenantId, TimelineId};
+use crate::{NodeId, TenantShardId, TimelineId};
 
 /// `GET /v1/status`: the pageserver and every timeline it holds.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -57,7 +57,7 @@ pub struct LocationRequest {
 /// to a location request).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LocationStatus {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     pub mode: LocationMode,
     /// Of an attached location.
     pub generation: Option<u32>,
@@ -78,7 +78,7 @@ pub struct LocationStatus {
 /// (and as creating, branching and checkpointing answer).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct TimelineStatus {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     pub timeline_id: TimelineId,
     pub ancestor_timeline_id: Option<TimelineId>,
     pub ancestor_lsn: Option<Lsn>,
@@ -138,7 +138,7 @@ impl TimelineStatus {
     /// start, no layer files, no object storage (what a stand-in server
     /// answers; fields are set from there).
     pub fn new(
-        tenant_id: TenantId,
+        tenant_id: TenantShardId,
         timeline_id: TimelineId,
         system_id: u64,
         wal_segment_size: u32,
@@ -309,8 +309,19 @@ pub struct GcOutcome {
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTenantRequest {
-    pub tenant_id: Option<TenantId>,
+    /// The tenant's shard: a sharded tenant is created one shard at a
+    /// time, each from the same `initdb` (`docs/sharding.md`).
+    pub tenant_id: Option<TenantShardId>,
     pub timeline_id: Option<TimelineId>,
+    /// Blocks per stripe of a sharded tenant (required with a shard;
+    /// `strata_protocol::shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_blocks: Option<u32>,
+    /// For a shard other than 0: the system identifier shard 0 was given,
+    /// which every shard of the tenant shares (required there, refused
+    /// elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_id: Option<u64>,
     /// The tenant's PostgreSQL major (15 when absent): its `initdb` makes
     /// the first timeline, and every branch inherits it.
     #[serde(default)]
@@ -351,7 +362,7 @@ pub struct DeleteTimelineResponse {
 /// pageserver holds any more.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TenantObjectsDeleted {
-    pub tenant_id: TenantId,
+    pub tenant_id: TenantShardId,
     /// Objects deleted from object storage: layers, indexes, heatmaps,
     /// offloaded WAL and data keys.
     pub objects_deleted: u64,

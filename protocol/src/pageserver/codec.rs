@@ -32,6 +32,7 @@ use super::{
 };
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{TenantId, TimelineId};
+use crate::shard::{ShardIndex, TenantShardId};
 use crate::token::Token;
 
 /// Size of the length prefix of a frame.
@@ -96,6 +97,8 @@ pub enum DecodeError {
     UnknownSlruKind { message: &'static str, kind: u8 },
     #[error("{message}: request id 0 is reserved for connection-level errors")]
     ZeroId { message: &'static str },
+    #[error("Hello: {detail}")]
+    BadShard { detail: String },
     #[error("Page: {len} page bytes, a page is exactly {PAGE_SIZE}")]
     BadPageSize { len: usize },
     #[error("Segment: {len} bytes, a segment is a whole number of {PAGE_SIZE}-byte pages, at most {MAX_SEGMENT_SIZE}")]
@@ -160,7 +163,13 @@ pub fn encode_client(msg: &ClientMessage, out: &mut Vec<u8>) {
     match msg {
         ClientMessage::Hello(h) => {
             let mut f = begin_frame(out, tag::HELLO);
-            f.u32(h.protocol_version).bytes(&h.tenant_id.0).bytes(&h.timeline_id.0);
+            f.u32(h.protocol_version).bytes(&h.tenant_id.tenant.0).bytes(&h.timeline_id.0);
+            // Version 3 names the shard: its number and count (0 unsharded).
+            if h.protocol_version >= 3 {
+                f.u8(h.tenant_id.shard.number).u8(h.tenant_id.shard.count);
+            } else {
+                debug_assert!(h.tenant_id.shard.is_unsharded(), "a shard needs protocol version 3");
+            }
             // Version 1 has no token field; later ones always have one.
             if h.protocol_version >= 2 {
                 f.string(&crate::token::wire(&h.token));
@@ -319,8 +328,15 @@ pub fn decode_client(frame: &[u8]) -> Result<ClientMessage, DecodeError> {
     match frame_tag(frame)? {
         tag::HELLO => read(frame, "Hello", |r| {
             let protocol_version = r.u32("protocol_version")?;
-            let tenant_id = TenantId(r.id16("tenant_id")?);
+            let tenant = TenantId(r.id16("tenant_id")?);
             let timeline_id = TimelineId(r.id16("timeline_id")?);
+            let shard = if protocol_version >= 3 {
+                let (number, count) = (r.u8("shard_number")?, r.u8("shard_count")?);
+                ShardIndex::from_wire(number, count).map_err(|e| DecodeError::BadShard { detail: e.to_string() })?
+            } else {
+                ShardIndex::UNSHARDED
+            };
+            let tenant_id = TenantShardId { tenant, shard };
             let token = if protocol_version >= 2 { Token::from_wire(r.string("token")?) } else { None };
             Ok(ClientMessage::Hello(Hello { protocol_version, tenant_id, timeline_id, token }))
         })
@@ -470,7 +486,7 @@ mod tests {
             (
                 ClientMessage::Hello(Hello {
                     protocol_version: 2,
-                    tenant_id: TenantId([0x11; 16]),
+                    tenant_id: TenantId([0x11; 16]).into(),
                     timeline_id: TimelineId([0x22; 16]),
                     token: Some(Token::new("tok".into())),
                 }),
@@ -502,6 +518,16 @@ mod tests {
             (
                 request(PageRequest::SlruSegment { id: 11, lsn: Lsn::INVALID, kind: SlruKind::Clog, segno: 2 }),
                 "16000000 14 0b00000000000000 0000000000000000 00 02000000",
+            ),
+            (
+                ClientMessage::Hello(Hello {
+                    protocol_version: 3,
+                    tenant_id: TenantShardId { tenant: TenantId([0x11; 16]), shard: ShardIndex::new(1, 4).unwrap() },
+                    timeline_id: TimelineId([0x22; 16]),
+                    token: Some(Token::new("tok".into())),
+                }),
+                "2e000000 01 03000000 11111111111111111111111111111111 22222222222222222222222222222222 \
+                 01 04 03000000 746f6b",
             ),
         ]
     }
@@ -764,7 +790,8 @@ mod tests {
         assert!(error(8, b"").is_ok(), "Unauthorized");
         assert!(error(9, b"").is_ok(), "Forbidden");
         assert!(error(10, b"").is_ok(), "NotAttached");
-        assert!(matches!(error(11, b""), Err(DecodeError::UnknownErrorCode { code: 11, .. })));
+        assert!(error(11, b"").is_ok(), "WrongShard");
+        assert!(matches!(error(12, b""), Err(DecodeError::UnknownErrorCode { code: 12, .. })));
         // A hostile length fails before anything is allocated.
         let frame = [tag::ERROR, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0xFF, 0xFF, 0xFF, 0xFF];
         assert!(matches!(decode_server(&frame), Err(DecodeError::StringTooLong { .. })));
@@ -780,22 +807,25 @@ mod tests {
             assert_eq!(code.closes_connection(), n <= 2);
         }
         assert!(ErrorCode::NotAttached.closes_connection(), "the client asks where the tenant went");
+        assert_eq!(ErrorCode::from_u16(11), Some(ErrorCode::WrongShard));
+        assert!(!ErrorCode::WrongShard.closes_connection(), "one request was misrouted, not the connection");
+        assert_eq!(ErrorCode::from_u16(12), None);
     }
 
     #[test]
     fn other_versions_are_reported_as_such() {
         let mut hello = client_bytes(&ClientMessage::Hello(Hello {
-            protocol_version: 3,
-            tenant_id: TenantId([1; 16]),
+            protocol_version: 4,
+            tenant_id: TenantId([1; 16]).into(),
             timeline_id: TimelineId([2; 16]),
             token: None,
         }));
         // Same layout: decodes, and the server refuses the version itself.
         assert!(decode_client(&hello[LENGTH_SIZE..]).is_ok());
-        assert_eq!(peek_version(&hello[LENGTH_SIZE..]), Some(3));
+        assert_eq!(peek_version(&hello[LENGTH_SIZE..]), Some(4));
         hello.extend([9, 9]);
         let err = decode_client(&hello[LENGTH_SIZE..]).unwrap_err();
-        assert!(matches!(err, DecodeError::UnsupportedVersion { version: 3, .. }), "{err:?}");
+        assert!(matches!(err, DecodeError::UnsupportedVersion { version: 4, .. }), "{err:?}");
         // The same damage to a version 2 hello is a plain decoding error.
         let mut hello = client_bytes(&client_vectors()[0].0);
         hello.push(0);
@@ -807,11 +837,19 @@ mod tests {
         let want = |protocol_version| {
             ClientMessage::Hello(Hello {
                 protocol_version,
-                tenant_id: TenantId([0x11; 16]),
+                tenant_id: TenantId([0x11; 16]).into(),
                 timeline_id: TimelineId([0x22; 16]),
                 token: None,
             })
         };
+        // Version 3 names a shard; a pair that is no shard is refused.
+        let v3 = client_bytes(&client_vectors().last().unwrap().0);
+        for (number, count) in [(4u8, 4u8), (1, 1), (0, 1), (1, 0), (0, 65)] {
+            let mut frame = v3[LENGTH_SIZE..].to_vec();
+            frame[37] = number;
+            frame[38] = count;
+            assert!(matches!(decode_client(&frame), Err(DecodeError::BadShard { .. })), "{number} of {count}");
+        }
         assert_eq!(decode_client(&v1[LENGTH_SIZE..]), Ok(want(1)));
         assert_eq!(hex::encode(client_bytes(&want(1))), hex::encode(&v1));
         let empty = client_bytes(&want(2));

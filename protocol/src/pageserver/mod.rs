@@ -10,11 +10,12 @@ use std::fmt;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::Lsn;
 
-use crate::ids::{TenantId, TimelineId};
+use crate::ids::TimelineId;
+use crate::shard::TenantShardId;
 use crate::token::Token;
 
 /// Protocol version spoken by this build.
-pub const PAGE_PROTOCOL_VERSION: u32 = 2;
+pub const PAGE_PROTOCOL_VERSION: u32 = 3;
 /// The oldest version a server still accepts (its hello has no token).
 pub const PAGE_PROTOCOL_MIN_VERSION: u32 = 1;
 
@@ -73,7 +74,8 @@ impl fmt::Display for SlruKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
     pub protocol_version: u32,
-    pub tenant_id: TenantId,
+    /// The tenant's shard (version 3; unsharded before).
+    pub tenant_id: TenantShardId,
     pub timeline_id: TimelineId,
     /// A token signed by the cluster's key (`docs/security.md`); none in
     /// version 1, or sent empty.
@@ -180,6 +182,9 @@ pub enum ErrorCode {
     /// The tenant is not attached to this pageserver (a secondary, or
     /// moved): ask the storage controller where it is, and retry there.
     NotAttached = 10,
+    /// The block belongs to another shard of the tenant than the one the
+    /// connection opened (`docs/sharding.md`): the client routed it wrong.
+    WrongShard = 11,
 }
 
 impl ErrorCode {
@@ -196,6 +201,7 @@ impl ErrorCode {
             8 => ErrorCode::Unauthorized,
             9 => ErrorCode::Forbidden,
             10 => ErrorCode::NotAttached,
+            11 => ErrorCode::WrongShard,
             _ => return None,
         })
     }

@@ -3,7 +3,7 @@
 //! (offloaded WAL). Everything else (the controller's state and lease, the
 //! key objects themselves) is stored as it is given.
 
-use strata_protocol::TenantId;
+use strata_protocol::{TenantId, TenantShardId};
 
 /// The top-level prefixes of tenants' objects.
 pub const TENANT_PREFIXES: [&str; 2] = ["tenants", "wal"];
@@ -20,7 +20,10 @@ pub fn object_tenant(key: &str) -> Option<Result<TenantId, String>> {
         return None;
     }
     let tenant = parts.next().unwrap_or("");
-    Some(tenant.parse().map_err(|_| format!("`{tenant}` under `{top}/` is not a tenant id")))
+    // A shard's objects (`<tenant>-<n>of<count>`) are sealed with its
+    // tenant's keys: every shard of a tenant shares them.
+    let parsed = tenant.parse::<TenantShardId>().map(|t| t.tenant);
+    Some(parsed.map_err(|_| format!("`{tenant}` under `{top}/` is not a tenant id")))
 }
 
 /// The object holding `tenant`'s wrapped data keys.
@@ -37,6 +40,8 @@ mod tests {
         let t = TenantId([0xab; 16]);
         assert_eq!(object_tenant(&format!("tenants/{t}/timelines/x/layer")), Some(Ok(t)));
         assert_eq!(object_tenant(&format!("tenants/{t}/heatmap-v1.json")), Some(Ok(t)));
+        assert_eq!(object_tenant(&format!("tenants/{t}-1of4/timelines/x/layer")), Some(Ok(t)));
+        assert!(matches!(object_tenant(&format!("tenants/{t}-4of4/x")), Some(Err(_))));
         assert_eq!(object_tenant(&format!("wal/{t}/l/000000010000000000000001")), Some(Ok(t)));
         for outside in ["controller/state.json", "keys/x/data-keys.json", "tenantsx/y", "copy", ""] {
             assert_eq!(object_tenant(outside), None, "{outside}");
