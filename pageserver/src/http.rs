@@ -638,6 +638,9 @@ async fn basebackup(
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
+    if let Some(why) = basebackup_refusal(&entry.tl.shard, q.full) {
+        return error(StatusCode::BAD_REQUEST, format!("{}: {why}", entry.tl.tenant_id));
+    }
     let lsn = match entry.tl.wait_lsn(q.lsn.unwrap_or(Lsn::INVALID), tenants.conf.wait_lsn_timeout).await {
         Ok(l) => l,
         Err(e) => return read_error(e),
@@ -686,6 +689,22 @@ async fn basebackup(
         }
     });
     ([("content-type", "application/x-tar")], Body::from_stream(ChannelBody(rx))).into_response()
+}
+
+/// Why a shard cannot make the basebackup asked for, if it cannot: only
+/// shard 0 holds the SLRUs, the catalog and the init forks, and no shard
+/// holds every page (`docs/sharding.md`). Answered before the tar starts:
+/// a basebackup missing pages would be a silent zero page, not an error.
+fn basebackup_refusal(shard: &strata_protocol::ShardIdentity, full: bool) -> Option<&'static str> {
+    if shard.index.is_unsharded() {
+        None
+    } else if !shard.is_home() {
+        Some("a sharded tenant's basebackups come from its shard 0")
+    } else if full {
+        Some("no shard holds every page of a sharded tenant: full=true is for unsharded ones")
+    } else {
+        None
+    }
 }
 
 /// Flushes what was ingested (and, with `compact=true`, compacts and
@@ -771,4 +790,37 @@ async fn page(
 
 async fn metrics(State(tenants): State<Arc<Tenants>>) -> Response {
     ([("content-type", "text/plain; version=0.0.4")], tenants.render_metrics()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_protocol::{ShardIdentity, ShardIndex, TenantId};
+
+    fn shard(number: u8, count: u8) -> TenantShardId {
+        TenantShardId { tenant: TenantId([7; 16]), shard: ShardIndex::new(number, count).unwrap() }
+    }
+
+    #[test]
+    fn shards_are_created_with_their_stripe_and_shard_0s_identity() {
+        let plain = TenantShardId::unsharded(TenantId([7; 16]));
+        assert_eq!(shard_request(plain, None, None), Ok(None));
+        assert!(shard_request(plain, Some(8), None).is_err(), "an unsharded tenant has no stripe");
+        assert!(shard_request(plain, None, Some(5)).is_err());
+        assert_eq!(shard_request(shard(0, 4), Some(8), None), Ok(Some((8, None))));
+        assert!(shard_request(shard(0, 4), Some(8), Some(5)).is_err(), "shard 0 gets an identity of its own");
+        assert!(shard_request(shard(0, 4), None, None).is_err(), "a shard needs its stripe");
+        assert!(shard_request(shard(0, 4), Some(12), None).is_err(), "not a power of two");
+        assert_eq!(shard_request(shard(3, 4), Some(2048), Some(5)), Ok(Some((2048, Some(5)))));
+        assert!(shard_request(shard(3, 4), Some(2048), None).is_err(), "shard 0's system identifier is needed");
+    }
+
+    #[test]
+    fn only_shard_0_makes_basebackups_and_never_full_ones() {
+        let of = |number, count| ShardIdentity { index: ShardIndex::new(number, count).unwrap(), stripe_blocks: 8 };
+        assert_eq!(basebackup_refusal(&ShardIdentity::UNSHARDED, true), None);
+        assert_eq!(basebackup_refusal(&of(0, 2), false), None);
+        assert!(basebackup_refusal(&of(0, 2), true).is_some());
+        assert!(basebackup_refusal(&of(1, 2), false).is_some());
+    }
 }
