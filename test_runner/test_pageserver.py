@@ -558,8 +558,8 @@ def test_bad_requests(cluster_factory):
         assert other in r.message and "not attached" in r.message, r
         assert cl.closed_by_server()
     with pp.PageClient(ps.pg_address) as cl:
-        r = cl.hello(ps.tenant, ps.timeline, version=3)
-        assert isinstance(r, pp.Error) and r.id == 0 and r.code == pp.ERR_VERSION and "3" in r.message, r
+        r = cl.hello(ps.tenant, ps.timeline, version=4)
+        assert isinstance(r, pp.Error) and r.id == 0 and r.code == pp.ERR_VERSION and "4" in r.message, r
         assert cl.closed_by_server()
 
     # Page service: a future LSN is an error for that request only.

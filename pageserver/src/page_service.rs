@@ -244,6 +244,10 @@ async fn connection(
     let hello = match hello {
         Ok(ClientMessage::Hello(h)) => h,
         Ok(_) => return refuse(&mut w, ErrorCode::Protocol, "the first message must be Hello".into()).await,
+        // A hello of another version whose fields this build cannot read.
+        Err(e @ codec::DecodeError::UnsupportedVersion { .. }) => {
+            return refuse(&mut w, ErrorCode::Version, e.to_string()).await
+        }
         Err(e) => return refuse(&mut w, ErrorCode::Protocol, e.to_string()).await,
     };
     if !(PAGE_PROTOCOL_MIN_VERSION..=PAGE_PROTOCOL_VERSION).contains(&hello.protocol_version) {
