@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use strata_formats::page::{max_offset_number, pd_lsn};
 use strata_formats::types::{ForkNumber, RelFileNode};
-use strata_formats::wal::record::{record_crc, DecodedRecord};
-use strata_formats::{Lsn, PgVersion};
+use strata_formats::wal::record::DecodedRecord;
+use strata_formats::Lsn;
 use strata_pageserver::ingest::{WalIngest, MAX_CHAIN_BYTES, MAX_PENDING_VERSIONS, MAX_REDO_CHAIN};
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::layer::files::FileCache;
@@ -331,14 +331,7 @@ fn smgr_create(rel: u32, lsn: Lsn) -> DecodedRecord {
     raw.push(255);
     raw.push(main.len() as u8);
     raw.extend_from_slice(&main);
-    let len = raw.len() as u32;
-    raw[0..4].copy_from_slice(&len.to_le_bytes());
-    raw[16] = XLOG_SMGR_CREATE;
-    raw[17] = RM_SMGR;
-    let crc = record_crc(&raw);
-    raw[20..24].copy_from_slice(&crc.to_le_bytes());
-    let end = Lsn((lsn.0 + u64::from(len)).next_multiple_of(8));
-    DecodedRecord::decode(PgVersion::V15, lsn, end, raw).unwrap()
+    common::seal(raw, RM_SMGR, XLOG_SMGR_CREATE, lsn)
 }
 
 #[test]

@@ -135,9 +135,15 @@ pub fn record(
     raw.push(main.len() as u8);
     raw.extend_from_slice(data);
     raw.extend_from_slice(main);
+    raw[4..8].copy_from_slice(&1000u32.to_le_bytes());
+    seal(raw, rmgr, info, lsn)
+}
+
+/// Fills in the header of a record whose body follows its 24 header bytes
+/// (length, resource manager, info, CRC) and decodes it at `lsn`.
+pub fn seal(mut raw: Vec<u8>, rmgr: u8, info: u8, lsn: Lsn) -> DecodedRecord {
     let len = raw.len() as u32;
     raw[0..4].copy_from_slice(&len.to_le_bytes());
-    raw[4..8].copy_from_slice(&1000u32.to_le_bytes());
     raw[16] = info;
     raw[17] = rmgr;
     let crc = record_crc(&raw);
