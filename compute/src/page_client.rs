@@ -29,7 +29,7 @@ use strata_protocol::pageserver::codec::{self, DecodeError};
 use strata_protocol::pageserver::{
     ClientMessage, ErrorCode, Hello, PageRequest, ServerMessage, SlruKind, MAX_PIPELINE_DEPTH, PAGE_PROTOCOL_VERSION,
 };
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 
 /// Timeouts and limits of a [`PageClient`].
 #[derive(Clone, Debug)]
@@ -115,10 +115,11 @@ impl PageClient {
     /// `tenant_id`/`timeline_id`.
     pub async fn connect(
         addr: &str,
-        tenant_id: TenantId,
+        tenant_id: impl Into<TenantShardId>,
         timeline_id: TimelineId,
         config: PageClientConfig,
     ) -> Result<PageClient, PageClientError> {
+        let tenant_id = tenant_id.into();
         let limit = config.connect_timeout;
         let deadline = config.clock.now() + limit;
         // With no delay (requests are small and latency-bound), and TLS if configured.
@@ -137,7 +138,7 @@ impl PageClient {
             broken: false,
         };
         let token = client.config.token.clone();
-        let hello = Hello { protocol_version: PAGE_PROTOCOL_VERSION, tenant_id: tenant_id.into(), timeline_id, token };
+        let hello = Hello { protocol_version: PAGE_PROTOCOL_VERSION, tenant_id, timeline_id, token };
         codec::encode_client(&ClientMessage::Hello(hello), &mut client.out);
         client.write_out(deadline, "sending the hello", limit).await?;
         match client.read_message(deadline, "the hello answer", limit).await? {
@@ -551,7 +552,7 @@ mod tests {
 
     async fn connect(script: Script, config: PageClientConfig) -> Result<PageClient, PageClientError> {
         let addr = fake_server(script).await;
-        PageClient::connect(&addr, TenantId([1; 16]), TimelineId([2; 16]), config).await
+        PageClient::connect(&addr, strata_protocol::TenantId([1; 16]), TimelineId([2; 16]), config).await
     }
 
     fn get(block: u32) -> PageRequest {
@@ -686,7 +687,9 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
             l.local_addr().unwrap().to_string()
         };
-        let err = PageClient::connect(&addr, TenantId([1; 16]), TimelineId([2; 16]), config()).await.unwrap_err();
+        let err = PageClient::connect(&addr, strata_protocol::TenantId([1; 16]), TimelineId([2; 16]), config())
+            .await
+            .unwrap_err();
         assert!(matches!(err, PageClientError::Connect { .. }), "{err}");
     }
 }

@@ -103,13 +103,44 @@ impl PageserverTarget {
     }
 }
 
+/// Takes a controller's answer for every shard: `targets` in shard order
+/// (one for an unsharded tenant); true if any pageserver changed.
+pub fn update_all(targets: &[PageserverTarget], info: &AttachmentInfo) -> bool {
+    if info.shards.is_empty() {
+        return targets.first().is_some_and(|t| t.update(info));
+    }
+    let mut moved = false;
+    for s in &info.shards {
+        let Some(target) = targets.get(usize::from(s.shard.shard.number)) else {
+            // A layout this compute was not started with (a split): its
+            // restart takes the new one.
+            continue;
+        };
+        let one = AttachmentInfo {
+            tenant_id: s.shard,
+            version: info.version,
+            generation: s.generation,
+            pageserver: s.pageserver.clone(),
+            pg: s.pg.clone(),
+            http: s.http.clone(),
+            reader: s.reader,
+            shards: Vec::new(),
+        };
+        moved |= target.update(&one);
+    }
+    moved
+}
+
 /// Follows the tenant's attachment: long-polls the controllers (any of
 /// them answers) and updates `target`; runs until the task is dropped.
+/// A sharded tenant's `shards` (in shard order, the first `target`) are
+/// updated from the same answers.
 /// With `site`, the controllers answer that site's reader when it has
 /// one (a replica, `docs/sites.md`).
 #[allow(clippy::too_many_arguments)]
 pub async fn watch_attachment(
     target: PageserverTarget,
+    shards: Vec<PageserverTarget>,
     controllers: Vec<String>,
     site: Option<String>,
     tenant: TenantId,
@@ -169,8 +200,13 @@ pub async fn watch_attachment(
         match answer {
             Ok(info) => {
                 let before = target.get();
-                if target.update(&info) {
+                let moved = if shards.is_empty() { target.update(&info) } else { update_all(&shards, &info) };
+                if moved && shards.is_empty() {
                     info!(from = %before.http, to = %info.http, pageserver = %info.pageserver, generation = info.generation, "the tenant moved: pageserver connections switch");
+                } else if moved {
+                    let now: Vec<String> =
+                        info.shards.iter().map(|s| format!("{}@{}#{}", s.shard, s.pageserver, s.generation)).collect();
+                    info!(shards = %now.join(" "), "a shard moved: its pageserver connections switch");
                 }
                 let now = target.get();
                 if now != before {
@@ -199,6 +235,7 @@ mod tests {
             pg: format!("{http}-pg"),
             http: http.into(),
             reader: false,
+            shards: Vec::new(),
         }
     }
 
@@ -215,5 +252,41 @@ mod tests {
         let t = PageserverTarget::new("a".into(), None);
         assert!(t.update(&info(1, "b")));
         assert_eq!(t.pg(), None);
+    }
+
+    #[test]
+    fn a_sharded_answer_moves_only_the_shards_that_moved() {
+        let tenant = TenantId([1; 16]);
+        let targets: Vec<PageserverTarget> =
+            ["a", "b", "c"].iter().map(|h| PageserverTarget::new(h.to_string(), Some(format!("{h}-pg")))).collect();
+        let shard = |n: u8, http: &str, generation| strata_protocol::api::controller::ShardAttachment {
+            shard: strata_protocol::TenantShardId {
+                tenant,
+                shard: strata_protocol::shard::ShardIndex::new(n, 3).unwrap(),
+            },
+            generation,
+            pageserver: format!("ps-{http}"),
+            pg: format!("{http}-pg"),
+            http: http.into(),
+            reader: false,
+        };
+        let mut answer = info(4, "a");
+        answer.shards = vec![shard(0, "a", 1), shard(1, "b", 1), shard(2, "c", 1)];
+        assert!(!update_all(&targets, &answer), "where they are already");
+        // Shard 1's pageserver failed: it is served from c now.
+        answer.version = 5;
+        answer.shards[1] = shard(1, "c", 2);
+        assert!(update_all(&targets, &answer));
+        let now: Vec<(String, Option<String>, Option<u32>)> =
+            targets.iter().map(|t| (t.http(), t.pg(), t.get().generation)).collect();
+        assert_eq!(
+            now,
+            [
+                ("a".to_string(), Some("a-pg".to_string()), Some(1)),
+                ("c".to_string(), Some("c-pg".to_string()), Some(2)),
+                ("c".to_string(), Some("c-pg".to_string()), Some(1))
+            ]
+        );
+        assert_eq!(targets.iter().map(|t| t.get().switches).collect::<Vec<_>>(), [0, 1, 0]);
     }
 }

@@ -52,6 +52,7 @@ pub async fn fetch_wal(donor: &Donor<'_>, from: Lsn, to: Lsn) -> Result<(StreamS
             token: donor.token.clone(),
             // Not a pageserver: never fenced.
             generation: 0,
+            shard: strata_protocol::shard::ShardIndex::UNSHARDED,
         }),
         &mut out,
     );

@@ -96,7 +96,7 @@ pub fn create(
     let Some(parent) = t.branch(parent_name).cloned() else {
         return failed(format!("no branch named {parent_name:?} (branches: {})", t.branch_names()));
     };
-    let ps = super::controller::attached(wd, t.tenant_id)?;
+    let ps = super::controller::attached(wd, t.home())?;
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running (start it with `strata start`)", ps.name));
     }
@@ -124,7 +124,7 @@ pub fn create(
             body.ancestor_lsn = newest_commit(wd, t, &parent)?;
         }
     }
-    let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), t.tenant_id);
+    let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), t.home());
     let r = http::post(&url, &body, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 201 {
         return failed(format!("branch {name}: {} (HTTP {})", r.error_text(), r.status));
@@ -133,6 +133,23 @@ pub fn create(
         .json::<pageserver::TimelineStatus>()
         .map_err(|e| Error::Failed(format!("{}: the new timeline: {e}", ps.name)))?
         .start_lsn;
+    // Every other shard branches at the LSN shard 0 resolved (a time is
+    // resolved once), so that all of them are one branch.
+    for shard in &t.shard_ids()[1..] {
+        let ps = super::controller::attached(wd, *shard)?;
+        let body = CreateBranchRequest { ancestor_lsn: Some(start), ancestor_time: None, ..body.clone() };
+        let url = format!("{}/v1/tenant/{shard}/timeline", ps.http_url());
+        let r =
+            http::post(&url, &body, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+        if r.status != 201 {
+            return failed(format!(
+                "branch {name}, shard {shard} on {}: {} (HTTP {})",
+                ps.name,
+                r.error_text(),
+                r.status
+            ));
+        }
+    }
 
     update_cluster(&wd.root, |cluster| {
         let t = cluster.tenant_mut(tenant).ok_or_else(|| Error::Failed(format!("tenant {tenant} was deleted")))?;
@@ -213,17 +230,19 @@ pub fn delete(
         progress.tell(EndpointEvent::Removed { endpoint: ep.file.name.clone() });
     }
     let tenant_id = t.tenant_id;
-    let ps = super::controller::attached(wd, tenant_id)?;
-    let url = format!("{}/v1/tenant/{tenant_id}/timeline/{}", ps.http_url(), b.timeline_id);
-    let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
-    if r.status != 200 && r.status != 404 {
-        return failed(format!(
-            "{}: deleting timeline {}: {} (HTTP {})",
-            ps.name,
-            b.timeline_id,
-            r.error_text(),
-            r.status
-        ));
+    for shard in t.shard_ids() {
+        let ps = super::controller::attached(wd, shard)?;
+        let url = format!("{}/v1/tenant/{shard}/timeline/{}", ps.http_url(), b.timeline_id);
+        let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+        if r.status != 200 && r.status != 404 {
+            return failed(format!(
+                "{}: deleting timeline {} of {shard}: {} (HTTP {})",
+                ps.name,
+                b.timeline_id,
+                r.error_text(),
+                r.status
+            ));
+        }
     }
     for sk in wd.cluster.of_kind(Kind::Safekeeper) {
         let url = format!("{}/v1/tenant/{tenant_id}/timeline/{}", sk.http_url(), b.timeline_id);
@@ -249,8 +268,8 @@ pub fn delete(
 
 /// One branch as `branch list` shows it.
 fn describe(wd: &Workdir, t: &Tenant, b: &Branch, endpoints: &[endpoint::EndpointRecord]) -> BranchInfo {
-    let status = super::controller::attached_now(wd, t.tenant_id)
-        .map(|ps| format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), t.tenant_id, b.timeline_id))
+    let status = super::controller::attached_now(wd, t.home())
+        .map(|ps| format!("{}/v1/tenant/{}/timeline/{}?logical_size=true", ps.http_url(), t.home(), b.timeline_id))
         .and_then(|url| http::get(&url, QUICK).ok())
         .filter(|r| r.status == 200)
         .and_then(|r| r.json::<pageserver::TimelineStatus>().ok());

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use strata_protocol::api::controller::{AttachmentInfo, ControllerStatus, TenantDeleted};
 use strata_protocol::api::pageserver::{LocationMode, PageserverStatus};
-use strata_protocol::TenantId;
+use strata_protocol::TenantShardId;
 
 use super::error::{failed, Error, Result};
 use super::http;
@@ -22,21 +22,25 @@ fn controllers(wd: &Workdir) -> Vec<&Service> {
 /// Where `tenant` is attached: asked of each controller in turn (a
 /// follower answers from its copy of the state), waiting up to `wait` for
 /// one that knows.
-pub fn attachment(wd: &Workdir, tenant: TenantId, wait: Duration) -> Result<(&Service, AttachmentInfo)> {
-    attachment_for(wd, tenant, wait, None)
+pub fn attachment(
+    wd: &Workdir,
+    tenant: impl Into<TenantShardId>,
+    wait: Duration,
+) -> Result<(&Service, AttachmentInfo)> {
+    attachment_for(wd, tenant.into(), wait, None)
 }
 
 /// The reader of `site` (`docs/sites.md`), if the controllers have one
 /// there, online and loaded; otherwise replicas read the attached pageserver.
-pub fn site_reader<'a>(wd: &'a Workdir, tenant: TenantId, site: &str) -> Option<&'a Service> {
-    let (ps, info) = attachment_for(wd, tenant, Duration::ZERO, Some(site)).ok()?;
+pub fn site_reader<'a>(wd: &'a Workdir, tenant: impl Into<TenantShardId>, site: &str) -> Option<&'a Service> {
+    let (ps, info) = attachment_for(wd, tenant.into(), Duration::ZERO, Some(site)).ok()?;
     info.reader.then_some(ps)
 }
 
 /// [`attachment`], or with `site` that site's reader if it has one.
 fn attachment_for<'a>(
     wd: &'a Workdir,
-    tenant: TenantId,
+    tenant: TenantShardId,
     wait: Duration,
     site: Option<&str>,
 ) -> Result<(&'a Service, AttachmentInfo)> {
@@ -74,7 +78,8 @@ fn attachment_for<'a>(
 /// (the controller records a placement before it tells the pageserver). A
 /// pageserver that does not answer is returned at once: the callers say
 /// it is not running.
-pub fn attached(wd: &Workdir, tenant: TenantId) -> Result<&Service> {
+pub fn attached(wd: &Workdir, tenant: impl Into<TenantShardId>) -> Result<&Service> {
+    let tenant = tenant.into();
     let (ps, info) = attachment(wd, tenant, ATTACH_WAIT)?;
     let deadline = Instant::now() + ATTACH_WAIT;
     let mut poll = Poll::every(ATTACH_POLL);
@@ -86,7 +91,7 @@ pub fn attached(wd: &Workdir, tenant: TenantId) -> Result<&Service> {
             _ => return Ok(ps),
         };
         let ready = status.locations.iter().any(|l| {
-            l.tenant_id == tenant.into() && l.mode == LocationMode::Attached && l.generation >= Some(info.generation)
+            l.tenant_id == tenant && l.mode == LocationMode::Attached && l.generation >= Some(info.generation)
         });
         if ready {
             return Ok(ps);
@@ -105,7 +110,7 @@ pub fn attached(wd: &Workdir, tenant: TenantId) -> Result<&Service> {
 
 /// The pageserver that serves the tenant, if a controller says so at once
 /// (for status pages, which must not wait).
-pub fn attached_now(wd: &Workdir, tenant: TenantId) -> Option<&Service> {
+pub fn attached_now(wd: &Workdir, tenant: impl Into<TenantShardId>) -> Option<&Service> {
     attachment(wd, tenant, Duration::ZERO).ok().map(|(s, _)| s)
 }
 
@@ -143,7 +148,7 @@ fn to_leader(wd: &Workdir, what: &str, call: impl Fn(&Service) -> Result<http::R
 
 /// Has the leading controller place `tenant` (idempotent): a new tenant
 /// is attached within a decision round.
-pub fn register(wd: &Workdir, tenant: TenantId) -> Result<()> {
+pub fn register(wd: &Workdir, tenant: TenantShardId) -> Result<()> {
     let what = format!("the registration of tenant {tenant}");
     to_leader(wd, &what, |c| {
         let url = format!("{}/v1/tenant/{tenant}", c.http_url());
@@ -155,7 +160,7 @@ pub fn register(wd: &Workdir, tenant: TenantId) -> Result<()> {
 /// Has the leading controller forget `tenant` (idempotent): its
 /// pageservers are told to detach it. Its answer: the pageservers that
 /// still hold a location of it, and those not online.
-pub fn forget(wd: &Workdir, tenant: TenantId) -> Result<TenantDeleted> {
+pub fn forget(wd: &Workdir, tenant: TenantShardId) -> Result<TenantDeleted> {
     let what = format!("the deletion of tenant {tenant}");
     let reply = to_leader(wd, &what, |c| {
         let url = format!("{}/v1/tenant/{tenant}", c.http_url());

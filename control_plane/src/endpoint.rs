@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile};
+use strata_compute::agent::config_file::{AgentFile, LazyFile, ReplicaFile, ShardsFile};
 use strata_compute::agent::pgconf::IoMethod;
 use strata_compute::agent::DEFAULT_APP_ROLE as APP_ROLE;
 use strata_compute::agent::{postgres, suspend};
@@ -284,11 +284,11 @@ fn resolve_point(wd: &Workdir, t: &Tenant, branch: &layout::Branch, at: &str) ->
         return Ok(lsn);
     }
     let time = super::options::parse_time(at, "--at")?;
-    let ps = super::controller::attached(wd, t.tenant_id)?;
+    let ps = super::controller::attached(wd, t.home())?;
     let url = format!(
         "{}/v1/tenant/{}/timeline/{}/lsn_by_time?time={}",
         ps.http_url(),
-        t.tenant_id,
+        t.home(),
         branch.timeline_id,
         time.replace('+', "%2B")
     );
@@ -1042,7 +1042,16 @@ fn record(wd: &Workdir, req: &LaunchRequest, host: &layout::Host, old: Option<&E
     let agent = &req.agent;
     let before = old.map(|o| &o.file).or(req.moved.as_ref().map(|m| &m.file));
     // Lazy unless asked otherwise, now or at an earlier start of the endpoint.
-    let lazy = agent.lazy || (!agent.eager && before.is_none_or(|o| o.lazy));
+    // A sharded tenant's are always lazy: no pageserver has all its pages.
+    let sharded = wd.cluster.tenant(&req.tenant).is_some_and(Tenant::is_sharded);
+    if sharded && agent.eager {
+        return Err(Error::Usage(format!(
+            "endpoint {name}: tenant {} is sharded, and its computes are lazy (no pageserver holds every page to \
+             restore); leave out --eager",
+            req.tenant
+        )));
+    }
+    let lazy = sharded || agent.lazy || (!agent.eager && before.is_none_or(|o| o.lazy));
     let (pg_port, http_port) = choose_ports(wd, name, req.port, old.map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;
@@ -1074,6 +1083,23 @@ fn record(wd: &Workdir, req: &LaunchRequest, host: &layout::Host, old: Option<&E
     Ok(ep)
 }
 
+/// Each shard's pageserver, in shard order (the only one's when
+/// unsharded): a replica reads its site's reader of a shard where there is one.
+fn serving_pageservers<'a>(
+    wd: &'a Workdir,
+    tenant: &Tenant,
+    read_site: Option<&str>,
+) -> Result<Vec<&'a layout::Service>> {
+    let mut serving = Vec::new();
+    for shard in tenant.shard_ids() {
+        serving.push(match read_site.and_then(|s| super::controller::site_reader(wd, shard, s)) {
+            Some(reader) => reader,
+            None => super::controller::attached(wd, shard)?,
+        });
+    }
+    Ok(serving)
+}
+
 /// The agent's configuration for this start. Everything of another site
 /// is reached through the link proxy's routes; a replica reads its site's
 /// reader when there is one (`docs/sites.md`).
@@ -1081,10 +1107,9 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
     let c = &wd.cluster;
     let site = host.site.as_str();
     let read_site = req.replica.as_ref().and_then(|r| r.site.as_deref());
-    let ps = match read_site.and_then(|s| super::controller::site_reader(wd, req.tenant_id, s)) {
-        Some(reader) => reader,
-        None => super::controller::attached(wd, req.tenant_id)?,
-    };
+    let tenant = wd.cluster.tenant_named(&req.tenant)?;
+    let serving = serving_pageservers(wd, tenant, read_site)?;
+    let ps = serving[0];
     let mut f = AgentFile::new(
         ep.pgdata(),
         ep.file.pg_port,
@@ -1149,6 +1174,12 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
         lazy.fetch_retry_secs = ep.file.fetch_retry_secs.unwrap_or(lazy.fetch_retry_secs);
         f.lazy = Some(lazy);
     }
+    f.shards = tenant.shards.map(|layout| ShardsFile {
+        count: layout.count,
+        stripe_blocks: layout.stripe_blocks,
+        page_services: serving.iter().map(|ps| c.addr_from(site, ps, "pg").unwrap_or_default()).collect(),
+        pageservers_http: serving.iter().map(|ps| c.addr_from(site, ps, "http").unwrap_or_default()).collect(),
+    });
     if let Some(size) = &agent.shared_buffers {
         f.shared_buffers = size.clone();
     }
@@ -1246,9 +1277,11 @@ fn check_storage_runs(
     if !wd.cluster.of_kind(Kind::Controller).any(|s| services::is_up(wd, s)) {
         return failed(format!("no storage controller is running; {how}"));
     }
-    let ps = super::controller::attached(wd, t.tenant_id)?;
-    if !services::is_up(wd, ps) {
-        return failed(format!("{} is not running; {how}", ps.name));
+    for shard in t.shard_ids() {
+        let ps = super::controller::attached(wd, shard)?;
+        if !services::is_up(wd, ps) {
+            return failed(format!("{} is not running; {how}", ps.name));
+        }
     }
     let nodes = super::reconfigure::nodes(wd)?;
     let up: Vec<strata_protocol::NodeId> = nodes

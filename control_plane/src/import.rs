@@ -57,7 +57,7 @@ pub fn check_new(wd: &Workdir, name: &str) -> Result<PathBuf> {
 /// major, created as `tenant create` does, with `ready` sent to its
 /// pageserver instead of `initdb`'s output.
 pub fn import(wd: &Workdir, name: &str, ready: &Ready, progress: &mut dyn Progress) -> Result<TenantCreated> {
-    let result = super::tenant::create_with(wd, name, ready.major, progress, &mut |wd, t, progress| {
+    let result = super::tenant::create_with(wd, name, ready.major, None, progress, &mut |wd, t, progress| {
         let timeline = t.branch(MAIN_BRANCH).map(|b| b.timeline_id).unwrap_or_default();
         send(wd, t.tenant_id, timeline, ready, progress)
     });
@@ -229,7 +229,7 @@ pub(crate) fn send(
     ready: &Ready,
     progress: &mut dyn Progress,
 ) -> Result<()> {
-    super::controller::register(wd, tenant)?;
+    super::controller::register(wd, tenant.into())?;
     let ps = super::controller::attached(wd, tenant)?;
     let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
     let reply = super::http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;

@@ -259,6 +259,7 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
             state: TenantState::Active,
             pg_version,
             follows: None,
+            shards: None,
             branches: vec![Branch {
                 name: MAIN_BRANCH.into(),
                 timeline_id: TimelineId::generate(),

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::de::DeserializeOwned;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::shard::ShardLayout;
+use strata_protocol::{TenantId, TenantShardId, TimelineId};
 
 use super::error::{failed, Error, Result};
 use crate::limits::{LOCK_POLL, LOCK_WAIT};
@@ -157,6 +158,9 @@ pub struct Tenant {
     /// (`docs/import.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follows: Option<String>,
+    /// A sharded tenant's layout (`docs/sharding.md`); absent: unsharded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardLayout>,
     pub branches: Vec<Branch>,
 }
 
@@ -205,6 +209,38 @@ impl Tenant {
             (true, e) => e,
             (false, Error::Usage(m)) => Error::Usage(format!("tenant {}: {m}", self.name)),
             (false, e) => Error::Failed(format!("tenant {}: {e}", self.name)),
+        }
+    }
+
+    /// How its keys are spread (one shard when unsharded).
+    pub fn layout(&self) -> ShardLayout {
+        self.shards.unwrap_or_default()
+    }
+
+    pub fn is_sharded(&self) -> bool {
+        self.layout().is_sharded()
+    }
+
+    /// Its shards, in order: the pageservers' names of its locations.
+    pub fn shard_ids(&self) -> Vec<TenantShardId> {
+        self.layout().shards().map(|shard| TenantShardId { tenant: self.tenant_id, shard }).collect()
+    }
+
+    /// Shard 0 (the tenant itself when unsharded): where basebackups,
+    /// timeline questions and every non-relation key are.
+    pub fn home(&self) -> TenantShardId {
+        self.shard_ids()[0]
+    }
+
+    /// Refuses what a sharded tenant cannot do yet, by name.
+    pub fn refuse_sharded(&self, what: &str) -> Result<()> {
+        match self.is_sharded() {
+            false => Ok(()),
+            true => Err(Error::Usage(format!(
+                "tenant {} is sharded ({} shards): {what} is for unsharded tenants (docs/sharding.md)",
+                self.name,
+                self.layout().count
+            ))),
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::Placement;
-use strata_protocol::{NodeId, TenantId, TimelineId};
+use strata_protocol::{NodeId, TimelineId};
 
 use super::process::Stopped;
 use super::supervisor::StopOutcome;
@@ -184,7 +184,7 @@ pub enum ServiceEvent {
     TenantNotChecked,
     CreatingTenant {
         pageserver: String,
-        tenant: TenantId,
+        tenant: strata_protocol::TenantShardId,
     },
     TimelineOn {
         branch: String,

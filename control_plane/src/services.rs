@@ -9,6 +9,7 @@ use super::error::{failed, Error, Result};
 use super::{hosts, http};
 use strata_protocol::api::pageserver::{CreateTenantRequest, TimelineState, TimelineStatus};
 use strata_protocol::api::safekeeper::CreateTimelineRequest;
+use strata_protocol::TenantShardId;
 
 use super::layout::{Kind, Service, Tenant, TenantState, Workdir, MAIN_BRANCH};
 use super::process::{self, Identity, Poll};
@@ -303,48 +304,19 @@ pub fn ensure_timelines(wd: &Workdir, progress: &mut dyn Progress) -> Result<()>
 pub fn ensure_tenant(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> Result<()> {
     let c = &wd.cluster;
     let tenant = t.tenant_id;
-    super::controller::register(wd, tenant)?;
-    let ps = super::controller::attached(wd, tenant)?;
+    // Every shard is placed before any is created: the controllers spread
+    // them over the pageservers as they come.
+    let shards = t.shard_ids();
+    for shard in &shards {
+        super::controller::register(wd, *shard)?;
+    }
+    let ps = super::controller::attached(wd, shards[0])?;
     for branch in &t.branches {
         let timeline = branch.timeline_id;
-        let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
-        let get = || http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)));
-        let mut reply = get()?;
-        if reply.status == 404 && branch.name == MAIN_BRANCH {
-            progress.tell(ServiceEvent::CreatingTenant { pageserver: ps.name.clone(), tenant });
-            let create_url = format!("{}/v1/tenant", ps.http_url());
-            let body = CreateTenantRequest {
-                tenant_id: Some(tenant.into()),
-                timeline_id: Some(timeline),
-                pg_version: Some(t.pg_version),
-                stripe_blocks: None,
-                system_id: None,
-            };
-            let created = http::post(&create_url, &body, BOOTSTRAP_TIMEOUT)
-                .map_err(|e| Error::Failed(format!("{}: creating the tenant: {e}", ps.name)))?;
-            reply = match created.status {
-                201 => created,
-                // Created meanwhile (or earlier, but then the GET would have found it).
-                409 => get()?,
-                s => {
-                    return failed(format!("{}: creating tenant {tenant}: HTTP {s}: {}", ps.name, created.error_text()))
-                }
-            };
-        }
-        if reply.status != 200 && reply.status != 201 {
-            return failed(format!(
-                "{}: branch {} (timeline {timeline}): HTTP {}: {}",
-                ps.name,
-                branch.name,
-                reply.status,
-                reply.error_text()
-            ));
-        }
-        let status: TimelineStatus =
-            reply.json().map_err(|e| Error::Failed(format!("{}: timeline {timeline}: {e}", ps.name)))?;
-        if status.state == TimelineState::Broken {
-            let why = status.error.unwrap_or_else(|| "no reason given".into());
-            return failed(format!("{}: timeline {timeline} is broken: {why}", ps.name));
+        let status = ensure_shard_timeline(wd, t, shards[0], branch, None, progress)?;
+        // The other shards take shard 0's system identifier: one WAL feeds them all.
+        for shard in &shards[1..] {
+            ensure_shard_timeline(wd, t, *shard, branch, Some(status.system_id), progress)?;
         }
         let create = CreateTimelineRequest {
             system_id: status.system_id,
@@ -389,6 +361,68 @@ pub fn ensure_tenant(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> R
         }
     }
     Ok(())
+}
+
+/// Makes sure `shard`'s pageserver has `branch`'s timeline, creating the
+/// shard (with the `main` timeline) if it has none; its status. Shards
+/// other than 0 are created with shard 0's system identifier.
+fn ensure_shard_timeline(
+    wd: &Workdir,
+    t: &Tenant,
+    shard: TenantShardId,
+    branch: &super::layout::Branch,
+    system_id: Option<u64>,
+    progress: &mut dyn Progress,
+) -> Result<TimelineStatus> {
+    let ps = super::controller::attached(wd, shard)?;
+    let timeline = branch.timeline_id;
+    let url = format!("{}/v1/tenant/{shard}/timeline/{timeline}", ps.http_url());
+    let get = || http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)));
+    let mut reply = get()?;
+    if reply.status == 404 && branch.name == MAIN_BRANCH {
+        progress.tell(ServiceEvent::CreatingTenant { pageserver: ps.name.clone(), tenant: shard });
+        let create_url = format!("{}/v1/tenant", ps.http_url());
+        let body = CreateTenantRequest {
+            tenant_id: Some(shard),
+            timeline_id: Some(timeline),
+            pg_version: Some(t.pg_version),
+            stripe_blocks: t.shards.map(|l| l.stripe_blocks),
+            system_id,
+        };
+        let created = http::post(&create_url, &body, BOOTSTRAP_TIMEOUT)
+            .map_err(|e| Error::Failed(format!("{}: creating the tenant: {e}", ps.name)))?;
+        reply = match created.status {
+            201 => created,
+            // Created meanwhile (or earlier, but then the GET would have found it).
+            409 => get()?,
+            s => return failed(format!("{}: creating tenant {shard}: HTTP {s}: {}", ps.name, created.error_text())),
+        };
+    }
+    if reply.status != 200 && reply.status != 201 {
+        return failed(format!(
+            "{}: branch {} (timeline {timeline}{}): HTTP {}: {}",
+            ps.name,
+            branch.name,
+            if shard.shard.is_unsharded() { String::new() } else { format!(", shard {shard}") },
+            reply.status,
+            reply.error_text()
+        ));
+    }
+    let status: TimelineStatus =
+        reply.json().map_err(|e| Error::Failed(format!("{}: timeline {timeline}: {e}", ps.name)))?;
+    if status.state == TimelineState::Broken {
+        let why = status.error.clone().unwrap_or_else(|| "no reason given".into());
+        return failed(format!("{}: timeline {timeline} of {shard} is broken: {why}", ps.name));
+    }
+    if system_id.is_some_and(|id| id != status.system_id) {
+        return failed(format!(
+            "{}: shard {shard} has system identifier {}, shard 0 has {}",
+            ps.name,
+            status.system_id,
+            system_id.unwrap_or_default()
+        ));
+    }
+    Ok(status)
 }
 
 /// `strata stop` of the services (the endpoints are stopped before):

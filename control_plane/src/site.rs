@@ -154,6 +154,9 @@ fn tell_tenant(t: &Tenant, progress: &mut dyn Progress) {
 /// `strata site promote SITE`: every tenant's branches.
 pub fn promote(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()> {
     let sides = Sides::of(&wd.cluster, site)?;
+    for t in live_tenants(&wd.cluster) {
+        t.refuse_sharded("a site promotion (which forks every branch)")?;
+    }
     // 1. Seal: the promoted site's safekeepers first (their WAL ends at F),
     //    then every other one that answers (its writer is fenced at once).
     //    The branches that go on here: every one not already left behind.
@@ -603,6 +606,7 @@ fn count_commits(
             consumer_id: "strata site rejoin".into(),
             token,
             generation: 0,
+            shard: strata_protocol::shard::ShardIndex::UNSHARDED,
         }),
         &mut out,
     );

@@ -7,7 +7,8 @@
 use std::time::Instant;
 
 use strata_protocol::api::pageserver::TenantObjectsDeleted;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::shard::ShardLayout;
+use strata_protocol::{TenantId, TenantShardId, TimelineId};
 
 use super::error::{failed, Error, Result};
 pub use super::layout::{check_pg_version, TENANT_PG_VERSIONS};
@@ -51,8 +52,17 @@ impl std::fmt::Display for TenantCreated {
 /// (initdb from the kept template) and its `main` timeline on every
 /// running safekeeper, then marks it active. A tenant left `creating` by
 /// an interrupted run is finished.
-pub fn create(wd: &Workdir, name: &str, pg_version: u32, progress: &mut dyn Progress) -> Result<TenantCreated> {
-    create_with(wd, name, pg_version, progress, &mut |_, _, _| Ok(()))
+/// With `shards`, a sharded tenant (`docs/sharding.md`): each shard is
+/// placed, and created from the same `initdb` with shard 0's system
+/// identifier.
+pub fn create(
+    wd: &Workdir,
+    name: &str,
+    pg_version: u32,
+    shards: Option<ShardLayout>,
+    progress: &mut dyn Progress,
+) -> Result<TenantCreated> {
+    create_with(wd, name, pg_version, shards, progress, &mut |_, _, _| Ok(()))
 }
 
 /// What fills a new tenant's first timeline on its pageserver before the
@@ -65,11 +75,21 @@ pub fn create_with(
     wd: &Workdir,
     name: &str,
     pg_version: u32,
+    shards: Option<ShardLayout>,
     progress: &mut dyn Progress,
     fill: &mut Fill<'_>,
 ) -> Result<TenantCreated> {
     check_name(name)?;
     check_pg_version(pg_version)?;
+    // One shard is no sharding: recorded as unsharded.
+    let shards = shards.filter(ShardLayout::is_sharded);
+    if let Some(t) = wd.cluster.tenant(name).filter(|t| t.state == TenantState::Creating && t.shards != shards) {
+        return failed(format!(
+            "tenant {name} is being created with {} shards, not {}; finish that first",
+            t.layout().count,
+            shards.unwrap_or_default().count
+        ));
+    }
     if let Some(t) = wd.cluster.tenant(name).filter(|t| t.state == TenantState::Creating && t.pg_version != pg_version)
     {
         return failed(format!(
@@ -97,6 +117,7 @@ pub fn create_with(
                     state: TenantState::Creating,
                     pg_version,
                     follows: None,
+                    shards,
                     branches: vec![Branch {
                         name: MAIN_BRANCH.into(),
                         timeline_id: TimelineId::generate(),
@@ -141,6 +162,8 @@ pub struct TenantRow {
     pub name: String,
     pub tenant_id: TenantId,
     pub state: String,
+    /// Its shard count (1: unsharded).
+    pub shards: u8,
     pub branches: Vec<String>,
     pub endpoints: Vec<String>,
 }
@@ -177,6 +200,7 @@ pub fn list(wd: &Workdir) -> Result<TenantList> {
             name: t.name.clone(),
             tenant_id: t.tenant_id,
             state: t.state.as_str().into(),
+            shards: t.layout().count,
             branches: t.branches.iter().map(|b| b.name.clone()).collect(),
             endpoints: endpoints.iter().filter(|e| e.file.tenant == t.name).map(|e| e.file.name.clone()).collect(),
         })
@@ -249,9 +273,17 @@ fn detach_everywhere(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> R
     let deadline = Instant::now() + DETACH_WAIT;
     let mut told = false;
     loop {
-        let answer = super::controller::forget(wd, t.tenant_id)?;
-        let holding = answer.still_located_on;
-        if holding.is_empty() && answer.offline.is_empty() {
+        let (mut holding, mut offline) = (Vec::new(), Vec::new());
+        for shard in t.shard_ids() {
+            let answer = super::controller::forget(wd, shard)?;
+            holding.extend(answer.still_located_on);
+            offline.extend(answer.offline);
+        }
+        holding.sort();
+        holding.dedup();
+        offline.sort();
+        offline.dedup();
+        if holding.is_empty() && offline.is_empty() {
             return Ok(());
         }
         if holding.is_empty() {
@@ -259,7 +291,7 @@ fn detach_everywhere(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> R
             return failed(format!(
                 "tenant {}: {} not online (they may hold it); start them and run this again",
                 t.name,
-                answer.offline.join(", ")
+                offline.join(", ")
             ));
         }
         if !told {
@@ -305,9 +337,19 @@ fn delete_timelines(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> Re
 /// Deletes every object of the tenant (a pageserver does it: it has the
 /// object storage's credentials); how many there were.
 fn delete_objects(wd: &Workdir, t: &Tenant) -> Result<u64> {
+    // Shard 0 last: its prefixes hold the tenant's WAL and keys, which a
+    // run that stops half-way must still find for the other shards.
+    let mut total = 0;
+    for shard in t.shard_ids().into_iter().rev() {
+        total += delete_shard_objects(wd, t, shard)?;
+    }
+    Ok(total)
+}
+
+fn delete_shard_objects(wd: &Workdir, t: &Tenant, shard: TenantShardId) -> Result<u64> {
     let mut last = String::from("no pageserver");
     for ps in wd.cluster.of_kind(Kind::Pageserver) {
-        let url = format!("{}/v1/tenant/{}", ps.http_url(), t.tenant_id);
+        let url = format!("{}/v1/tenant/{shard}", ps.http_url());
         match http::delete(&url, TENANT_DELETE_TIMEOUT) {
             Ok(r) if r.status == 200 => {
                 let done: TenantObjectsDeleted =
@@ -318,7 +360,7 @@ fn delete_objects(wd: &Workdir, t: &Tenant) -> Result<u64> {
             Err(e) => last = format!("{}: {e}", ps.name),
         }
     }
-    failed(format!("tenant {}: its objects were not deleted ({last}); run this again", t.name))
+    failed(format!("tenant {} ({shard}): its objects were not deleted ({last}); run this again", t.name))
 }
 
 #[cfg(test)]

@@ -17,25 +17,29 @@ pub fn checkpoint(wd: &Workdir, tenant: &str, branch: Option<&str>) -> Result<Ls
     let Some(b) = tenant.branch(name) else {
         return failed(format!("no branch named {name:?} (branches: {})", tenant.branch_names()));
     };
-    let ps = super::controller::attached(wd, tenant.tenant_id)?;
-    let url = format!(
-        "{}/v1/tenant/{}/timeline/{}/checkpoint?compact=true&upload_timeout={}",
-        ps.http_url(),
-        tenant.tenant_id,
-        b.timeline_id,
-        CHECKPOINT_TIMEOUT.as_secs() / 2
-    );
-    let reply = match http::post(&url, &(), CHECKPOINT_TIMEOUT) {
-        Ok(r) => r,
-        Err(e) => return failed(format!("the pageserver did not answer (is the cluster started?): {e}")),
-    };
-    if reply.status != 200 {
-        return failed(format!("checkpoint of branch {name}: {} {}", reply.status, reply.error_text()));
+    // Every shard: what is durable is what all of them uploaded.
+    let mut durable: Option<Lsn> = None;
+    for shard in tenant.shard_ids() {
+        let ps = super::controller::attached(wd, shard)?;
+        let url = format!(
+            "{}/v1/tenant/{shard}/timeline/{}/checkpoint?compact=true&upload_timeout={}",
+            ps.http_url(),
+            b.timeline_id,
+            CHECKPOINT_TIMEOUT.as_secs() / 2
+        );
+        let reply = match http::post(&url, &(), CHECKPOINT_TIMEOUT) {
+            Ok(r) => r,
+            Err(e) => return failed(format!("{} did not answer (is the cluster started?): {e}", ps.name)),
+        };
+        if reply.status != 200 {
+            return failed(format!("checkpoint of branch {name} ({shard}): {} {}", reply.status, reply.error_text()));
+        }
+        let done: CheckpointResponse =
+            reply.json().map_err(|e| Error::Failed(format!("checkpoint of branch {name}: {e}")))?;
+        let Some(lsn) = done.uploaded_lsn else {
+            return failed(format!("checkpoint of branch {name}: no uploaded_lsn in {}", reply.body));
+        };
+        durable = Some(durable.map_or(lsn, |d| d.min(lsn)));
     }
-    let done: CheckpointResponse =
-        reply.json().map_err(|e| Error::Failed(format!("checkpoint of branch {name}: {e}")))?;
-    let Some(lsn) = done.uploaded_lsn else {
-        return failed(format!("checkpoint of branch {name}: no uploaded_lsn in {}", reply.body));
-    };
-    Ok(lsn)
+    Ok(durable.expect("a tenant has at least one shard"))
 }

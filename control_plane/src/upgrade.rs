@@ -57,6 +57,7 @@ pub fn upgrade(
     super::branch::check_name(name)?;
     super::tenant::check_pg_version(to)?;
     let t = wd.cluster.tenant_named(tenant)?;
+    t.refuse_sharded("a major upgrade")?;
     if t.branch(name).is_some() {
         return failed(format!("a branch named {name:?} exists"));
     }

@@ -44,14 +44,33 @@ fn attached_counts(state: &ControllerState) -> BTreeMap<String, usize> {
     counts
 }
 
-/// The usable pageserver (not in `exclude`) with the fewest attached
-/// tenants, in the order of preference on ties.
-fn least_loaded(state: &ControllerState, view: &View, exclude: &[&str]) -> Option<String> {
+/// How many other shards of `tenant`'s tenant are attached to (or moving
+/// to) `name`: shards of one tenant go to different pageservers where
+/// they can, so that one pageserver's failure or load is one shard's.
+fn siblings_on(state: &ControllerState, tenant: TenantShardId, name: &str) -> usize {
+    if tenant.shard.is_unsharded() {
+        return 0;
+    }
+    state
+        .tenants
+        .iter()
+        .filter(|(t, p)| {
+            t.tenant == tenant.tenant
+                && **t != tenant
+                && (p.attached.as_deref() == Some(name) || p.migration.as_ref().is_some_and(|m| m.to == name))
+        })
+        .count()
+}
+
+/// The usable pageserver (not in `exclude`) with the fewest shards of
+/// `tenant`'s tenant, then the fewest attached tenants, in the order of
+/// preference on ties.
+fn least_loaded(state: &ControllerState, view: &View, exclude: &[&str], tenant: TenantShardId) -> Option<String> {
     let counts = attached_counts(state);
     view.order
         .iter()
         .filter(|n| view.usable(state, n) && !exclude.contains(&n.as_str()))
-        .min_by_key(|n| counts.get(*n).copied().unwrap_or(0))
+        .min_by_key(|n| (siblings_on(state, tenant, n), counts.get(*n).copied().unwrap_or(0)))
         .cloned()
 }
 
@@ -81,7 +100,7 @@ pub fn plan(state: &ControllerState, view: &View) -> Option<ControllerState> {
     let tenants: Vec<TenantShardId> = next.tenants.keys().copied().collect();
     for t in &tenants {
         let p = next.tenants[t].clone();
-        let p = place(&next, view, p);
+        let p = place(&next, view, *t, p);
         next.tenants.insert(*t, p);
     }
     rebalance(&mut next, view);
@@ -118,7 +137,7 @@ fn keeps_the_rules(before: &TenantPlacement, after: &TenantPlacement) -> bool {
 }
 
 /// One tenant's placement, decided.
-fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> TenantPlacement {
+fn place(state: &ControllerState, view: &View, tenant: TenantShardId, mut p: TenantPlacement) -> TenantPlacement {
     let attached_ok = p.attached.as_ref().is_some_and(|a| view.online.contains(a));
     if !attached_ok {
         // Failover (or the first placement). A migration's target is
@@ -138,12 +157,12 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
                 .secondaries
                 .iter()
                 .filter(|s| view.usable(state, s))
-                .min_by_key(|s| view.sites.get(*s) != old_site)
+                .min_by_key(|s| (view.sites.get(*s) != old_site, siblings_on(state, tenant, s)))
                 .cloned();
             let from_secondaries =
                 from_secondaries.or_else(|| p.secondaries.iter().find(|s| view.online.contains(*s)).cloned());
             let target = from_secondaries
-                .or_else(|| least_loaded(state, view, &[]))
+                .or_else(|| least_loaded(state, view, &[], tenant))
                 .or_else(|| view.order.iter().find(|n| view.online.contains(*n)).cloned());
             // With nowhere to go, a move whose target is down too stays as
             // it is: its generation was issued to the target, so the origin
@@ -174,7 +193,7 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
                 .iter()
                 .find(|s| view.usable(state, s))
                 .cloned()
-                .or_else(|| least_loaded(state, view, &[a.as_str()]));
+                .or_else(|| least_loaded(state, view, &[a.as_str()], tenant));
             if let Some(to) = to {
                 p.migration = Some(Migration { to });
                 p.generation += 1;
@@ -191,7 +210,14 @@ fn place(state: &ControllerState, view: &View, mut p: TenantPlacement) -> Tenant
         let mut exclude: Vec<&str> = p.secondaries.iter().map(String::as_str).collect();
         exclude.extend(p.attached.as_deref());
         exclude.extend(target.as_deref());
-        if let Some(c) = view.order.iter().find(|n| view.usable(state, n) && !exclude.contains(&n.as_str())) {
+        // Where no sibling shard is attached, if it can: a failover then
+        // does not stack two shards on one pageserver.
+        let pick = view
+            .order
+            .iter()
+            .filter(|n| view.usable(state, n) && !exclude.contains(&n.as_str()))
+            .min_by_key(|n| siblings_on(state, tenant, n));
+        if let Some(c) = pick {
             p.secondaries.push(c.clone());
         }
     }
@@ -264,12 +290,13 @@ fn rebalance(state: &mut ControllerState, view: &View) {
         return;
     }
     let (most, least) = ((*most).clone(), (*least).clone());
-    // Prefer a tenant whose secondary is already there (warm).
+    // Prefer a shard with no sibling there, then a tenant whose secondary
+    // is already there (warm).
     let pick = state
         .tenants
         .iter()
         .filter(|(_, p)| p.attached.as_deref() == Some(most.as_str()))
-        .max_by_key(|(_, p)| p.secondaries.contains(&least))
+        .max_by_key(|(t, p)| (siblings_on(state, **t, &least) == 0, p.secondaries.contains(&least)))
         .map(|(t, _)| *t);
     if let Some(t) = pick {
         let p = state.tenants.get_mut(&t).expect("picked from the map");
@@ -402,6 +429,34 @@ mod tests {
         assert!(site_readers(&s.tenants[&t], &dc2_only).values().all(|r| !dc2_only.online.contains(r)));
         // Without sites there are no readers.
         assert!(site_readers(&s.tenants[&t], &view(&["ps3"])).is_empty());
+    }
+
+    #[test]
+    fn shards_of_one_tenant_go_to_different_pageservers_and_fail_over_one_by_one() {
+        let t = strata_protocol::TenantId([9; 16]);
+        let shard = |n| TenantShardId { tenant: t, shard: strata_protocol::shard::ShardIndex::new(n, 3).unwrap() };
+        let mut s = ControllerState::default();
+        // Another tenant already on ps1: the shards still take one pageserver each.
+        add_tenants(&mut s, &[(tenant(1), 0)]);
+        let s = settle(s, &view(&["ps1", "ps2", "ps3"]));
+        let mut s = s;
+        add_tenants(&mut s, &[(shard(0), 0), (shard(1), 0), (shard(2), 0)]);
+        let all = view(&["ps1", "ps2", "ps3"]);
+        let s = settle(s, &all);
+        let on = |s: &ControllerState, n| placement(s, shard(n)).1.unwrap().to_string();
+        let mut places: Vec<String> = (0..3).map(|n| on(&s, n)).collect();
+        places.sort();
+        assert_eq!(places, ["ps1", "ps2", "ps3"], "{s:?}");
+        // The pageserver of one shard fails: only that shard moves, under a new generation.
+        let lost = on(&s, 1);
+        let before: Vec<(u32, String)> = (0..3).map(|n| (placement(&s, shard(n)).0, on(&s, n))).collect();
+        let rest: Vec<&str> = ["ps1", "ps2", "ps3"].into_iter().filter(|n| *n != lost).collect();
+        let s = settle(s, &view(&rest));
+        for n in [0, 2] {
+            assert_eq!((placement(&s, shard(n)).0, on(&s, n)), before[n as usize], "shard {n} stays");
+        }
+        assert_ne!(on(&s, 1), lost);
+        assert!(placement(&s, shard(1)).0 > before[1].0);
     }
 
     fn tenant(n: u8) -> TenantShardId {

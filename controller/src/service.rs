@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_protocol::api::controller::{
-    AttachmentInfo, ControllerState, ControllerStatus, PageserverHealth, PageserverPolicy, TenantDeleted,
-    TenantRegistered, STATE_FORMAT_VERSION,
+    AttachmentInfo, ControllerState, ControllerStatus, PageserverHealth, PageserverPolicy, ShardAttachment,
+    TenantDeleted, TenantPlacement, TenantRegistered, STATE_FORMAT_VERSION,
 };
 use strata_protocol::api::pageserver::{LocationMode, LocationRequest, LocationStatus, PageserverStatus};
 use strata_protocol::TenantShardId;
@@ -750,26 +750,57 @@ impl Controller {
         if state.deleted_tenants.contains_key(&tenant) {
             return Err(NoAttachment::Deleted(tenant));
         }
-        let p = state.tenants.get(&tenant).ok_or_else(not_attached)?;
-        let attached = p.attached.as_ref().ok_or_else(not_attached)?;
-        let reader = site.zip(view.as_ref()).and_then(|(site, view)| {
-            let name = schedule::site_readers(p, view).remove(site)?;
-            let loaded =
-                inner.health.get(&name).and_then(|h| h.status.as_ref()).is_some_and(|s| {
-                    s.locations.iter().any(|l| l.tenant_id == tenant && l.mode == LocationMode::Reader)
+        // One shard (or an unsharded tenant) by its id; a sharded tenant
+        // by its bare id: all of its shards, each attached.
+        let shards: Vec<(TenantShardId, &TenantPlacement)> = match state.tenants.get(&tenant) {
+            Some(p) => vec![(tenant, p)],
+            None if tenant.shard.is_unsharded() => state
+                .tenants
+                .range(tenant..)
+                .take_while(|(t, _)| t.tenant == tenant.tenant)
+                .map(|(t, p)| (*t, p))
+                .collect(),
+            None => Vec::new(),
+        };
+        let count = shards.first().map(|(t, _)| t.shard.shards() as usize).ok_or_else(not_attached)?;
+        let whole = shards.len() == 1 && shards[0].0 == tenant;
+        if !whole && (shards.len() != count || shards.iter().any(|(t, _)| t.shard.shards() as usize != count)) {
+            // Registered shard by shard: not all of them yet (or a split's
+            // children beside their parents, which the split reports).
+            return Err(not_attached());
+        }
+        let mut answers = Vec::with_capacity(count);
+        for (shard, p) in &shards {
+            let attached = p.attached.as_ref().ok_or_else(not_attached)?;
+            let reader = site.zip(view.as_ref()).and_then(|(site, view)| {
+                let name = schedule::site_readers(p, view).remove(site)?;
+                let loaded = inner.health.get(&name).and_then(|h| h.status.as_ref()).is_some_and(|s| {
+                    s.locations.iter().any(|l| l.tenant_id == *shard && l.mode == LocationMode::Reader)
                 });
-            loaded.then_some(name)
-        });
-        let name = reader.as_ref().unwrap_or(attached);
-        let ps = self.conf.pageserver(name).ok_or_else(not_attached)?;
+                loaded.then_some(name)
+            });
+            let name = reader.as_ref().unwrap_or(attached);
+            let ps = self.conf.pageserver(name).ok_or_else(not_attached)?;
+            answers.push(ShardAttachment {
+                shard: *shard,
+                generation: p.generation,
+                pageserver: name.clone(),
+                pg: ps.pg.clone(),
+                http: ps.http.clone(),
+                reader: reader.is_some(),
+            });
+        }
+        let first = answers[0].clone();
+        let sharded = first.shard.shard.count > 0 && first.shard != tenant;
         Ok(AttachmentInfo {
             tenant_id: tenant,
             version: state.version,
-            generation: p.generation,
-            pageserver: name.clone(),
-            pg: ps.pg.clone(),
-            http: ps.http.clone(),
-            reader: reader.is_some(),
+            generation: first.generation,
+            pageserver: first.pageserver,
+            pg: first.pg,
+            http: first.http,
+            reader: first.reader,
+            shards: if sharded { answers } else { Vec::new() },
         })
     }
 

@@ -351,3 +351,42 @@ fn a_follower_refuses_both_calls_and_names_the_leader() {
     assert!(!state.tenants.contains_key(&t));
     assert_eq!(state.deleted_tenants[&t], DeletedTenant { generation, version: state.version });
 }
+
+#[test]
+fn a_sharded_tenant_is_answered_by_its_bare_id_once_every_shard_is_attached_each_on_its_own_pageserver() {
+    let t = strata_protocol::TenantId([4; 16]);
+    let shard = move |n| TenantShardId { tenant: t, shard: strata_protocol::shard::ShardIndex::new(n, 3).unwrap() };
+    let mut rig = Rig::new(1, 3, &[]);
+    let leader = rig.leader();
+    rig.run_until("a first state", Duration::from_secs(20), |r| r.checker.state().is_some());
+    let c = rig.controllers[leader].clone();
+    let bare = TenantShardId::unsharded(t);
+    // Two of three shards registered: the tenant is not answered yet.
+    for n in 0..2 {
+        assert!(rig.register(leader, shard(n)).unwrap().0);
+    }
+    rig.settle();
+    let c2 = c.clone();
+    let e = rig.call(async move { c2.attachment(bare, None, Duration::ZERO, None).await }).unwrap_err();
+    assert!(matches!(e, NoAttachment::NotAttached(x) if x == bare), "{e:?}");
+    assert!(rig.register(leader, shard(2)).unwrap().0);
+    let mut on = Vec::new();
+    for n in 0..3 {
+        on.push(rig.served(shard(n)).0);
+    }
+    let c2 = c.clone();
+    let a = rig.call(async move { c2.attachment(bare, None, Duration::ZERO, None).await }).unwrap();
+    assert_eq!(a.tenant_id, bare);
+    let named: Vec<(TenantShardId, String)> = a.shards.iter().map(|s| (s.shard, s.pageserver.clone())).collect();
+    assert_eq!(named, (0..3).map(|n| (shard(n), on[n as usize].clone())).collect::<Vec<_>>());
+    assert_eq!((a.pageserver.as_str(), a.generation), (on[0].as_str(), a.shards[0].generation));
+    let mut distinct = on.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "one pageserver per shard: {on:?}");
+    // One shard asked by its own id: that shard alone.
+    let c2 = c.clone();
+    let one = rig.call(async move { c2.attachment(shard(1), None, Duration::ZERO, None).await }).unwrap();
+    assert!(one.shards.is_empty());
+    assert_eq!((one.tenant_id, one.pageserver), (shard(1), on[1].clone()));
+}

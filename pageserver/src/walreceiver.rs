@@ -439,6 +439,8 @@ fn open_stream(tl: &Timeline, addr: &str, sources: &WalSources, start: Lsn) -> R
             // Safekeepers stop feeding a generation once a newer one has
             // streamed: a pageserver fenced by the controller is starved too.
             generation: tl.remote().map_or(0, |r| r.generation),
+            // Fenced per shard: each shard fails over on its own.
+            shard: tl.tenant_id.shard,
         }),
         &mut out,
     );

@@ -12,6 +12,7 @@ use strata_protocol::safekeeper::{
     Membership, OnAsyncLag, Placement, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback,
     StartStreaming, StreamMessage, TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
 };
+use strata_protocol::shard::ShardIndex;
 use strata_protocol::{NodeId, TenantId, TimelineId, Token};
 
 fn history(entries: &[(u64, u64)]) -> TermHistory {
@@ -241,8 +242,15 @@ fn start_streaming() {
             consumer_id: "ps-1".into(),
             token: token.map(|t| Token::new(t.into())),
             generation: if protocol_version >= 5 { 7 } else { 0 },
+            shard: if protocol_version >= 8 { ShardIndex::new(1, 4).unwrap() } else { ShardIndex::UNSHARDED },
         })
     };
+    // Version 8 ends with the shard (number 1 of 4).
+    consumer(
+        start(8, Some("tok")),
+        "4b000000 10 08000000 11111111111111111111111111111111 22222222222222222222222222222222
+         0010000000000000 0000000000000000 00 04000000 70732d31 03000000 746f6b 07000000 01 04",
+    );
     // Version 5 ends with the attachment generation.
     consumer(
         start(5, Some("tok")),

@@ -14,8 +14,9 @@ use strata_formats::Lsn;
 use strata_protocol::safekeeper::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ErrorCode, ErrorMessage, Membership,
     ProposerElected, ProposerGreeting, ProposerMessage, Term, TermHistory, TimelineIdentity, VoteRequest, VoteResponse,
-    PROTOCOL_VERSION,
+    OLDEST_GREETING_VERSION, PROTOCOL_VERSION,
 };
+use strata_protocol::shard::ShardIndex;
 use strata_protocol::NodeId;
 
 /// What the acceptor keeps durably (the control file).
@@ -47,6 +48,11 @@ pub struct PersistentState {
     /// here so that a restart does not let a fenced pageserver back in).
     #[serde(default)]
     pub pageserver_generation: u32,
+    /// The same for each shard of a sharded tenant (`<n>of<count>`): each
+    /// shard is attached, and fails over, on its own. At most one entry
+    /// per shard of each layout the tenant has had.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub shard_generations: std::collections::BTreeMap<String, u32>,
     /// Sealed by a site failover (`docs/sites.md`): no proposer is ever
     /// accepted again, and the WAL held is final (consumers still read it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -92,7 +98,20 @@ impl TimelineIdentityState {
     }
 }
 
+/// How [`PersistentState::shard_generations`] names a shard.
+fn shard_key(shard: ShardIndex) -> String {
+    format!("{}of{}", shard.number, shard.count)
+}
+
 impl PersistentState {
+    /// The newest attachment generation `shard` has streamed under (0: none yet).
+    pub fn pageserver_generation_of(&self, shard: ShardIndex) -> u32 {
+        match shard.is_unsharded() {
+            true => self.pageserver_generation,
+            false => self.shard_generations.get(&shard_key(shard)).copied().unwrap_or(0),
+        }
+    }
+
     /// State of a new, empty timeline whose WAL starts at `timeline_start_lsn`.
     pub fn new(identity: &TimelineIdentity, timeline_start_lsn: Lsn) -> PersistentState {
         PersistentState {
@@ -106,6 +125,7 @@ impl PersistentState {
             membership: Membership::default(),
             elected_generation: 0,
             pageserver_generation: 0,
+            shard_generations: Default::default(),
             sealed: false,
             commit_before_seal: None,
         }
@@ -301,7 +321,7 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
     }
 
     fn greeting(&mut self, g: &ProposerGreeting) -> Result<AcceptorMessage, AcceptorError> {
-        if g.protocol_version != PROTOCOL_VERSION {
+        if !(OLDEST_GREETING_VERSION..=PROTOCOL_VERSION).contains(&g.protocol_version) {
             return Err(AcceptorError::Version(g.protocol_version));
         }
         let mine = &self.state.identity;
@@ -574,13 +594,18 @@ impl<W: WalStore, C: ControlStore> Acceptor<W, C> {
 
     /// Records that a pageserver streams under attachment generation `g`
     /// (durably, if it is the newest yet); returns the newest.
-    pub fn note_pageserver_generation(&mut self, g: u32) -> Result<u32, AcceptorError> {
-        if g > self.state.pageserver_generation {
+    pub fn note_pageserver_generation(&mut self, shard: ShardIndex, g: u32) -> Result<u32, AcceptorError> {
+        if g > self.state.pageserver_generation_of(shard) {
             let mut next = self.state.clone();
-            next.pageserver_generation = g;
+            match shard.is_unsharded() {
+                true => next.pageserver_generation = g,
+                false => {
+                    next.shard_generations.insert(shard_key(shard), g);
+                }
+            }
             self.persist_state(next)?;
         }
-        Ok(self.state.pageserver_generation)
+        Ok(self.state.pageserver_generation_of(shard))
     }
 
     /// Writes the control file with the current positions (called

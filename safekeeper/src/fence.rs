@@ -48,12 +48,21 @@ impl Fence {
 
 /// Why a consumer's stream request was refused.
 #[derive(Debug, thiserror::Error)]
-#[error("attachment generation {generation} of timeline {tenant}/{timeline} is stale: a pageserver has streamed it under generation {newest}")]
+#[error("attachment generation {generation} of timeline {tenant}/{timeline}{} is stale: a pageserver has streamed it under generation {newest}", shard_suffix(*.shard))]
 pub struct Stale {
     pub tenant: strata_protocol::TenantId,
     pub timeline: strata_protocol::TimelineId,
+    pub shard: strata_protocol::shard::ShardIndex,
     pub generation: u32,
     pub newest: u32,
+}
+
+/// ` (shard N of M)` for a shard of a sharded tenant, else nothing.
+pub fn shard_suffix(shard: strata_protocol::shard::ShardIndex) -> String {
+    match shard.is_unsharded() {
+        true => String::new(),
+        false => format!(" (shard {} of {})", shard.number, shard.count),
+    }
 }
 
 impl StreamFence {
@@ -75,6 +84,11 @@ pub struct StreamFence {
 }
 
 impl StreamFence {
+    /// The newest generation of its shard seen so far.
+    pub fn newest(&self) -> u32 {
+        self.rx.as_ref().map_or(self.generation, |rx| *rx.borrow())
+    }
+
     /// The consumer's generation (0: not a pageserver).
     pub fn generation(&self) -> u32 {
         self.generation

@@ -169,6 +169,7 @@ impl PeerStream {
                 token: shared.token.clone(),
                 // A peer, not a pageserver: never fenced.
                 generation: 0,
+                shard: strata_protocol::shard::ShardIndex::UNSHARDED,
             }),
             &mut out,
         );

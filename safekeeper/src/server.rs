@@ -258,7 +258,7 @@ async fn consumer(
             format!("start {} lies in WAL this safekeeper removed; it holds the WAL from {held_from}", start.start_lsn);
         return stream_error(&mut w, ErrorCode::WalRemoved, msg).await;
     }
-    let fence = match timeline.admit_consumer(start.generation) {
+    let fence = match timeline.admit_consumer(start.shard, start.generation) {
         Ok(Ok(fence)) => fence,
         Ok(Err(stale)) => {
             shared.metrics.stale_consumers_refused.inc();
@@ -332,11 +332,12 @@ async fn consumer_loop(
         if fence.expired(grace) {
             shared.metrics.stale_streams_ended.inc();
             let msg = format!(
-                "attachment generation {} of timeline {}/{} is stale: a pageserver has streamed it under generation {}",
+                "attachment generation {} of timeline {}/{}{} is stale: a pageserver has streamed it under generation {}",
                 fence.generation(),
                 start.tenant_id,
                 start.timeline_id,
-                timeline.fence.newest()
+                crate::fence::shard_suffix(start.shard),
+                fence.newest()
             );
             warn!(consumer = %start.consumer_id, "{msg}; stream ended");
             return stream_error(w, ErrorCode::StaleGeneration, msg).await;
@@ -400,7 +401,7 @@ async fn consumer_loop(
                         // A fenced pageserver's uploads may never become
                         // visible: WAL removal must not trust them.
                         if !fence.is_fenced() {
-                            timeline.progress.note_remote_consistent(f.remote_consistent_lsn);
+                            timeline.progress.note_shard_remote_consistent(start.shard, f.remote_consistent_lsn);
                         }
                     }
                     Ok(ConsumerMessage::Start(_)) => {
@@ -413,7 +414,7 @@ async fn consumer_loop(
                 if let Some(c) = timeline.consumers.lock().get_mut(&id) {
                     c.fenced = true;
                 }
-                info!(consumer = %start.consumer_id, generation = fence.generation(), newest = timeline.fence.newest(),
+                info!(consumer = %start.consumer_id, generation = fence.generation(), newest = fence.newest(),
                     grace = ?grace, "a newer attachment generation streams this timeline; this stream ends after the grace");
             }
             () = sleep_until_deadline(clock, deadline) => {}

@@ -12,7 +12,7 @@
 //! Consumers keep reading the WAL below the published flush LSN, which was
 //! durable before the failure. Other timelines are not affected.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use std::time::{Instant, UNIX_EPOCH};
 use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::safekeeper::{Term, TermHistory, TimelineIdentity};
+use strata_protocol::shard::ShardIndex;
 use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_service::clock::Clock;
 use strata_service::panic_message;
@@ -79,8 +80,9 @@ pub struct Timeline {
     last_append: Mutex<Option<Instant>>,
     /// The replicas' `hot_standby_feedback`, for the proposer.
     pub standby_feedback: crate::standby_feedback::FeedbackRegistry,
-    /// The newest pageserver generation (see `fence`).
-    pub fence: crate::fence::Fence,
+    /// The newest pageserver generation of each shard (see `fence`),
+    /// made when a consumer of the shard first asks.
+    fences: Mutex<BTreeMap<ShardIndex, Arc<crate::fence::Fence>>>,
     /// Times the control file's rewrites, failures and appends.
     clock: Arc<dyn Clock>,
 }
@@ -176,7 +178,6 @@ impl Timeline {
         let acceptor = Self::open_acceptor(&dir, node_id, state, control, no_sync, None)?;
         let progress = crate::progress::Progress::new(acceptor.wal().removed_before());
         let positions = Self::positions_of(&acceptor);
-        let fence = crate::fence::Fence::new(acceptor.state().pageserver_generation, clock.clone());
         Ok(Arc::new(Timeline {
             identity,
             dir,
@@ -195,7 +196,7 @@ impl Timeline {
             next_proposer: std::sync::atomic::AtomicU64::new(0),
             last_append: Mutex::new(None),
             standby_feedback: crate::standby_feedback::FeedbackRegistry::new(clock.clone()),
-            fence,
+            fences: Mutex::new(BTreeMap::new()),
             clock,
         }))
     }
@@ -406,23 +407,36 @@ impl Timeline {
     /// it is admitted, so that a restart still refuses the older ones.
     pub fn admit_consumer(
         &self,
+        shard: ShardIndex,
         generation: u32,
     ) -> Result<Result<crate::fence::StreamFence, crate::fence::Stale>, AcceptorCallError> {
+        let fence = self.fence(shard)?;
         if generation != 0 {
             // Only a newer generation needs the acceptor (to be made
             // durable): a reconnect of the current one streams even from a
             // timeline that has stopped accepting WAL.
-            if generation > self.fence.newest() {
-                let newest = self.with_acceptor(|a| a.note_pageserver_generation(generation))?;
-                self.fence.raise(newest);
+            if generation > fence.newest() {
+                let newest = self.with_acceptor(|a| a.note_pageserver_generation(shard, generation))?;
+                fence.raise(newest);
             }
-            let newest = self.fence.newest();
+            let newest = fence.newest();
             if generation < newest {
                 let (tenant, timeline) = (self.identity.tenant_id, self.identity.timeline_id);
-                return Ok(Err(crate::fence::Stale { tenant, timeline, generation, newest }));
+                return Ok(Err(crate::fence::Stale { tenant, timeline, shard, generation, newest }));
             }
         }
-        Ok(Ok(crate::fence::StreamFence::new(&self.fence, generation)))
+        Ok(Ok(crate::fence::StreamFence::new(&fence, generation)))
+    }
+
+    /// The fence of `shard`'s pageservers, from the control file the first time.
+    pub fn fence(&self, shard: ShardIndex) -> Result<Arc<crate::fence::Fence>, AcceptorCallError> {
+        if let Some(f) = self.fences.lock().get(&shard) {
+            return Ok(f.clone());
+        }
+        let newest = self.with_acceptor(|a| Ok(a.state().pageserver_generation_of(shard)))?;
+        let mut fences = self.fences.lock();
+        let f = fences.entry(shard).or_insert_with(|| Arc::new(crate::fence::Fence::new(newest, self.clock.clone())));
+        Ok(f.clone())
     }
 
     /// Writes the control file (at shutdown); not for a failed timeline.

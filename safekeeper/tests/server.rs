@@ -109,6 +109,17 @@ async fn consumer(addr: SocketAddr, stop_lsn: Lsn, name: &str) -> Client {
 /// A consumer of attachment generation `generation` (0: not a pageserver)
 /// that has asked to stream the test timeline from `START` to `stop_lsn`.
 async fn stream_request(addr: SocketAddr, stop_lsn: Lsn, name: &str, generation: u32) -> Client {
+    shard_stream_request(addr, stop_lsn, name, generation, strata_protocol::shard::ShardIndex::UNSHARDED).await
+}
+
+/// [`stream_request`] for one shard of a sharded tenant.
+async fn shard_stream_request(
+    addr: SocketAddr,
+    stop_lsn: Lsn,
+    name: &str,
+    generation: u32,
+    shard: strata_protocol::shard::ShardIndex,
+) -> Client {
     let mut c = Client::connect(addr).await;
     let mut out = Vec::new();
     codec::encode_consumer(
@@ -122,6 +133,7 @@ async fn stream_request(addr: SocketAddr, stop_lsn: Lsn, name: &str, generation:
             consumer_id: name.into(),
             token: None,
             generation,
+            shard,
         }),
         &mut out,
     );
@@ -599,6 +611,7 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
                 consumer_id: "auth-test".into(),
                 token: token.map(|t| strata_protocol::Token::new(t.into())),
                 generation: 0,
+                shard: strata_protocol::shard::ShardIndex::UNSHARDED,
             }),
             &mut out,
         );
@@ -770,6 +783,55 @@ async fn stale_pageserver_generations_are_fenced() {
     let mut newer = pageserver_consumer(sk.addr, 5).await;
     assert_eq!(stream_answer(&mut newer).await, None);
     drop(newer);
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Shards of one tenant fail over one by one: a new generation of one
+/// shard fences that shard's older pageserver and no other shard's, and
+/// the WAL-removal horizon is the slowest shard's upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generations_are_fenced_per_shard() {
+    use strata_protocol::shard::ShardIndex;
+    let dir = std::env::temp_dir().join(format!("strata-sk-shard-fence-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start_with(&dir, "stale_stream_grace = 1").await;
+    let tl = create_timeline(&sk).await;
+    let (s0, s1) = (ShardIndex::new(0, 2).unwrap(), ShardIndex::new(1, 2).unwrap());
+    let request = |g, shard| shard_stream_request(sk.addr, Lsn::INVALID, "ps", g, shard);
+
+    let mut zero = request(1, s0).await;
+    assert_eq!(stream_answer(&mut zero).await, None);
+    let mut one = request(1, s1).await;
+    assert_eq!(stream_answer(&mut one).await, None);
+    feedback(&mut zero, Lsn(START.0 + 700)).await;
+    feedback(&mut one, Lsn(START.0 + 300)).await;
+    status_until(&sk, &tl, "the slower shard's upload counts", |s| {
+        s["remote_consistent_lsn"] == Lsn(START.0 + 300).to_string()
+    })
+    .await;
+    // Shard 1 fails over (generation 2): shard 0's generation 1 still streams.
+    let mut moved = request(2, s1).await;
+    assert_eq!(stream_answer(&mut moved).await, None);
+    let mut zero_again = request(1, s0).await;
+    assert_eq!(stream_answer(&mut zero_again).await, None, "another shard's generation fences no one");
+    let mut one_again = request(1, s1).await;
+    assert_eq!(stream_answer(&mut one_again).await, Some(ErrorCode::StaleGeneration));
+    // The unsharded generation is its own too.
+    let mut unsharded = pageserver_consumer(sk.addr, 1).await;
+    assert_eq!(stream_answer(&mut unsharded).await, None);
+    drop((zero, one, moved, zero_again, unsharded));
+
+    // A restart remembers each shard's newest.
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    let sk = start_with(&dir, "stale_stream_grace = 1").await;
+    let mut stale = shard_stream_request(sk.addr, Lsn::INVALID, "ps", 1, s1).await;
+    assert_eq!(stream_answer(&mut stale).await, Some(ErrorCode::StaleGeneration));
+    let mut fine = shard_stream_request(sk.addr, Lsn::INVALID, "ps", 1, s0).await;
+    assert_eq!(stream_answer(&mut fine).await, None);
+    drop(fine);
     sk.stop.send(()).unwrap();
     sk.task.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(&dir);

@@ -61,6 +61,14 @@ pub enum TenantCommand {
         /// (`docs/postgres-versions.md`).
         #[arg(long, value_name = "MAJOR", default_value_t = 15)]
         pg_version: u32,
+        /// Spread it over N shards, each served by its own pageserver
+        /// where there are enough (`docs/sharding.md`); 1: unsharded.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        shards: u32,
+        /// A shard's stripe: this many consecutive blocks of a relation
+        /// stay on one shard (a power of two, at least 8; 2048 = 16 MiB).
+        #[arg(long, value_name = "BLOCKS", default_value_t = strata_protocol::shard::DEFAULT_STRIPE_BLOCKS)]
+        stripe_blocks: u32,
         #[command(flatten)]
         workdir: WorkdirArgs,
     },

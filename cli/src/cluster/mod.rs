@@ -300,12 +300,14 @@ fn tenant_id_of(wd: &layout::Workdir, given: &str) -> Result<strata_protocol::Te
 /// `strata tenant create|import|list|delete`.
 pub fn tenant(cmd: TenantCommand) -> i32 {
     match cmd {
-        TenantCommand::Create { name, pg_version, workdir } => {
+        TenantCommand::Create { name, pg_version, shards, stripe_blocks, workdir } => {
             let result = (|| {
                 workdir.plain("tenant create")?;
+                let layout = strata_protocol::shard::ShardLayout::new(shards, stripe_blocks)
+                    .map_err(|e| Error::Usage(format!("--shards {shards} --stripe-blocks {stripe_blocks}: {e}")))?;
                 let wd = open(&workdir.workdir)?;
                 let _lock = lock(&wd)?;
-                let created = tenant::create(&wd, &name, pg_version, &mut Printer);
+                let created = tenant::create(&wd, &name, pg_version, Some(layout), &mut Printer);
                 // What was recorded reaches the other hosts even if the creation stopped midway.
                 publish(&wd)?;
                 outln!("{}", created?);

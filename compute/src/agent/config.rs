@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::shard::ShardLayout;
+use strata_protocol::{TenantId, TenantShardId, TimelineId};
 
 use super::restart::RestartPolicy;
 
@@ -89,6 +90,11 @@ pub struct AgentConfig {
     /// through FUSE from the page service at this address (`host:port`)
     /// instead of restored.
     pub lazy_page_service: Option<String>,
+    /// A sharded tenant's layout (`docs/sharding.md`); none: unsharded.
+    pub shards: Option<ShardLayout>,
+    /// Where each shard is served now, in shard order (the first is
+    /// `pageserver`); empty for an unsharded tenant.
+    pub shard_targets: Vec<crate::pageserver_target::PageserverTarget>,
     /// A lazy compute's local file cache: the most bytes of relation
     /// blocks it keeps that it may fetch again (`docs/lazy-compute.md`).
     pub lazy_cache_bytes: u64,
@@ -223,6 +229,8 @@ impl AgentConfig {
             read_only_at: None,
             replica: None,
             lazy_page_service: None,
+            shards: None,
+            shard_targets: Vec::new(),
             lazy_cache_bytes: 1 << 30,
             lazy_fetch_retry: crate::limits::LAZY_FETCH_RETRY_FOR,
             auth_public_key: None,
@@ -239,10 +247,64 @@ impl AgentConfig {
         }
     }
 
-    /// A client of the pageserver's HTTP API with this compute's token and TLS.
+    /// A client of the pageserver's HTTP API with this compute's token and
+    /// TLS: of shard 0's for a sharded tenant (which holds every
+    /// non-relation key, the catalog and every size).
     pub fn pageserver_client(&self) -> super::pageserver_api::PageserverClient {
         super::pageserver_api::PageserverClient::new(&self.pageserver_http, self.tls_client.as_ref())
             .with_token(self.token.clone())
             .following(self.pageserver.clone())
+            .of_shard(self.home_shard())
+    }
+
+    /// The clients of every shard's pageserver, in shard order (the one
+    /// [`Self::pageserver_client`] for an unsharded tenant): what must hold
+    /// on every shard (a lease) is asked of each.
+    pub fn shard_clients(&self) -> Vec<super::pageserver_api::PageserverClient> {
+        if self.shard_targets.is_empty() {
+            return vec![self.pageserver_client()];
+        }
+        self.shard_ids()
+            .into_iter()
+            .zip(&self.shard_targets)
+            .map(|(id, target)| {
+                super::pageserver_api::PageserverClient::new(&target.http(), self.tls_client.as_ref())
+                    .with_token(self.token.clone())
+                    .following(target.clone())
+                    .of_shard(id)
+            })
+            .collect()
+    }
+
+    /// The tenant's shard 0 (or its only one): basebackups and timeline
+    /// questions go there.
+    pub fn home_shard(&self) -> TenantShardId {
+        self.shard_ids().into_iter().next().unwrap_or_else(|| self.tenant_id.into())
+    }
+
+    /// Every shard of the tenant, in order.
+    pub fn shard_ids(&self) -> Vec<TenantShardId> {
+        let layout = self.shards.unwrap_or_default();
+        layout.shards().map(|shard| TenantShardId { tenant: self.tenant_id, shard }).collect()
+    }
+
+    /// Makes this a compute of a sharded tenant whose shards are at
+    /// `(http, page service)` at start, in shard order (shard 0's are the
+    /// ones given already).
+    pub fn set_shards(&mut self, layout: ShardLayout, at: Vec<(String, String)>) {
+        self.shards = Some(layout);
+        self.shard_targets = at
+            .into_iter()
+            .enumerate()
+            .map(|(i, (http, pg))| {
+                if i == 0 {
+                    self.pageserver.clone()
+                } else {
+                    let t = crate::pageserver_target::PageserverTarget::new(http, Some(pg));
+                    t.set_address_map(self.address_map.clone());
+                    t
+                }
+            })
+            .collect();
     }
 }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use strata_formats::Lsn;
+use strata_protocol::shard::ShardLayout;
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::load_token;
 use strata_service::tls::{ClientTls, ServerTls};
@@ -111,6 +112,11 @@ pub struct AgentFile {
     /// A lazy compute: relation files through FUSE (`docs/lazy-compute.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy: Option<LazyFile>,
+    /// A sharded tenant (`docs/sharding.md`): its layout and where each
+    /// shard is served at start. Only lazy computes: no pageserver has
+    /// every page for a restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardsFile>,
     /// The cluster's public key: callers of the status server must present
     /// a token signed by it (`docs/security.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,6 +177,20 @@ pub struct LazyFile {
     /// query fails with an I/O error (0: at once).
     #[serde(default = "default_lazy_fetch_retry_secs")]
     pub fetch_retry_secs: u64,
+}
+
+/// `[shards]` of `agent.toml`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardsFile {
+    pub count: u8,
+    pub stripe_blocks: u32,
+    /// Each shard's page service (host:port), in shard order; shard 0's is
+    /// `lazy.page_service`.
+    pub page_services: Vec<String>,
+    /// Each shard's pageserver HTTP API, in shard order; shard 0's is
+    /// `pageserver_http`.
+    pub pageservers_http: Vec<String>,
 }
 
 impl ReplicaFile {
@@ -276,6 +296,7 @@ impl AgentFile {
             read_only_at: None,
             replica: None,
             lazy: None,
+            shards: None,
             auth_public_key: None,
             password_file,
             password_verifier_file: None,
@@ -343,6 +364,23 @@ impl AgentFile {
                 ));
             }
         }
+        if let Some(shards) = &self.shards {
+            let layout =
+                ShardLayout::new(shards.count.into(), shards.stripe_blocks).map_err(|e| format!("shards: {e}"))?;
+            if !layout.is_sharded() {
+                return Err("shards.count: a sharded tenant has at least 2 shards".into());
+            }
+            let n = usize::from(shards.count);
+            if shards.page_services.len() != n || shards.pageservers_http.len() != n {
+                return Err(format!("shards: page_services and pageservers_http name each of the {n} shards"));
+            }
+            let Some(lazy) = &self.lazy else {
+                return Err("shards: a sharded tenant's compute is lazy (no pageserver holds every page)".into());
+            };
+            if shards.page_services[0] != lazy.page_service || shards.pageservers_http[0] != self.pageserver_http {
+                return Err("shards: shard 0 is served where lazy.page_service and pageserver_http say".into());
+            }
+        }
         Ok(())
     }
 
@@ -393,6 +431,10 @@ impl AgentFile {
             max_lag_bytes: r.max_lag_mb << 20,
             max_lag: Duration::from_secs(r.max_lag_secs),
         });
+        if let Some(shards) = self.shards {
+            let layout = ShardLayout::new(shards.count.into(), shards.stripe_blocks).map_err(|e| e.to_string())?;
+            cfg.set_shards(layout, shards.pageservers_http.into_iter().zip(shards.page_services).collect());
+        }
         if let Some(lazy) = self.lazy {
             cfg.lazy_page_service = Some(lazy.page_service);
             cfg.lazy_cache_bytes = lazy.cache_mb << 20;

@@ -16,8 +16,9 @@ use super::config::AgentConfig;
 use super::error::{fail, AgentError};
 use super::pageserver_api::PageserverClient;
 use crate::lazy::cache::Cache;
+use crate::lazy::fs::PageSource;
 use crate::lazy::fs::{mount, LazyHooks, LazyStats, Mount, ReadFloor};
-use crate::lazy::source::PageServiceSource;
+use crate::lazy::source::{PageServiceSource, ShardedSource};
 use crate::page_client::PageClientConfig;
 
 /// The directories a lazy compute serves, and their names under the data directory.
@@ -207,16 +208,28 @@ impl LazyMounts {
         lsn: Lsn,
         owner: Option<(u32, u32)>,
     ) -> Result<usize, AgentError> {
-        let source = PageServiceSource::new(
-            page_service.to_string(),
-            cfg.tenant_id,
-            cfg.timeline_id,
-            PageClientConfig { token: cfg.token.clone(), tls: cfg.tls_client.clone(), ..PageClientConfig::default() },
-        )
-        .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))?
-        .retry_for(cfg.lazy_fetch_retry)
-        .following(cfg.pageserver.clone());
-        let source = Arc::new(source);
+        let client_config = || PageClientConfig {
+            token: cfg.token.clone(),
+            tls: cfg.tls_client.clone(),
+            ..PageClientConfig::default()
+        };
+        let one = |addr: String,
+                   shard: strata_protocol::TenantShardId,
+                   target: &crate::pageserver_target::PageserverTarget| {
+            PageServiceSource::new(addr, shard, cfg.timeline_id, client_config())
+                .map(|s| s.retry_for(cfg.lazy_fetch_retry).following(target.clone()))
+                .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))
+        };
+        let source: Arc<dyn PageSource> = match cfg.shards {
+            None => Arc::new(one(page_service.to_string(), cfg.tenant_id.into(), &cfg.pageserver)?),
+            Some(layout) => {
+                let mut shards = Vec::with_capacity(cfg.shard_targets.len());
+                for (id, target) in cfg.shard_ids().into_iter().zip(&cfg.shard_targets) {
+                    shards.push(one(target.pg().unwrap_or_default(), id, target)?);
+                }
+                Arc::new(ShardedSource::new(layout, shards).map_err(|e| fail("lazy mount", e))?)
+            }
+        };
         let pgdata = pgdata.to_path_buf();
         let stats = self.stats.clone();
         let budget =
@@ -265,7 +278,7 @@ fn prepare(
     pgdata: &Path,
     lsn: Lsn,
     owner: Option<(u32, u32)>,
-    source: Arc<PageServiceSource>,
+    source: Arc<dyn PageSource>,
     stats: Arc<LazyStats>,
     cache: Arc<Cache>,
     floor: ReadFloor,
@@ -291,7 +304,7 @@ fn prepare(
         // The mount point, as PostgreSQL's own directory would be.
         std::fs::create_dir(&from).map_err(|e| format!("creating {}: {e}", from.display()))?;
         super::basebackup::set_ownership(&from, owner).map_err(|e| e.to_string())?;
-        let source: Arc<dyn crate::lazy::fs::PageSource> = source.clone();
+        let source = source.clone();
         let hooks =
             LazyHooks::new(which, to.clone(), &manifest.entries, lsn, owner, source, stats.clone(), cache.clone())
                 .map_err(|e| format!("backing files in {}: {e}", to.display()))?;

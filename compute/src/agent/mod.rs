@@ -162,6 +162,7 @@ pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended,
     status.update(|s| s.pageserver = Some(in_use(&cfg.pageserver.get())));
     let watcher = tokio::spawn(crate::pageserver_target::watch_attachment(
         cfg.pageserver.clone(),
+        cfg.shard_targets.clone(),
         cfg.controllers.clone(),
         cfg.pageserver_site.clone(),
         cfg.tenant_id,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use strata_formats::Lsn;
 use strata_protocol::api::pageserver::{CheckpointRecordResponse, LeaseRequest};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::shard::ShardIndex;
+use strata_protocol::{TenantId, TenantShardId, TimelineId};
 use strata_service::api_client::{self, ApiClient};
 use strata_service::auth::Token;
 use strata_service::clock::Clock;
@@ -30,6 +31,8 @@ pub struct PageserverClient {
     /// Where the pageserver is now, read before every request (a
     /// failover moves it); `base` until then.
     target: Option<(crate::pageserver_target::PageserverTarget, &'static str)>,
+    /// The shard asked for in every path (unsharded: the bare tenant id).
+    shard: ShardIndex,
 }
 
 impl PageserverClient {
@@ -55,13 +58,26 @@ impl PageserverClient {
             .timeout_per_read(Some(crate::limits::BASEBACKUP_READ_TIMEOUT))
             .build()
             .into();
-        PageserverClient { base: base.trim_end_matches('/').to_string(), json, stream, token: None, target: None }
+        PageserverClient {
+            base: base.trim_end_matches('/').to_string(),
+            json,
+            stream,
+            token: None,
+            target: None,
+            shard: ShardIndex::UNSHARDED,
+        }
     }
 
     /// The same, sending every request to where `target` says the pageserver is.
     pub fn following(mut self, target: crate::pageserver_target::PageserverTarget) -> PageserverClient {
         let scheme = if self.base.starts_with("https://") { "https" } else { "http" };
         self.target = Some((target, scheme));
+        self
+    }
+
+    /// The same, asking for `shard` of the tenants it is given.
+    pub fn of_shard(mut self, shard: TenantShardId) -> PageserverClient {
+        self.shard = shard.shard;
         self
     }
 
@@ -86,6 +102,7 @@ impl PageserverClient {
     }
 
     fn timeline_url(&self, tenant: TenantId, timeline: TimelineId) -> String {
+        let tenant = TenantShardId { tenant, shard: self.shard };
         format!("{}/v1/tenant/{tenant}/timeline/{timeline}", self.base())
     }
 
@@ -134,6 +151,18 @@ impl PageserverClient {
             return Err(ApiError::Status { url, status: reply.status, message });
         }
         Ok(())
+    }
+
+    /// [`Self::lease`] on each of `clients` (every shard of a tenant: each
+    /// keeps its own pages, so each must keep `lsn` readable).
+    pub fn lease_all(
+        clients: &[PageserverClient],
+        tenant: TenantId,
+        timeline: TimelineId,
+        lsn: Lsn,
+        holder: Option<&str>,
+    ) -> Result<(), ApiError> {
+        clients.iter().try_for_each(|c| c.lease(tenant, timeline, lsn, holder))
     }
 
     /// `GET …/basebackup?lsn={lsn}&full=true` (`lazy=true` instead for a

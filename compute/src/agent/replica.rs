@@ -210,8 +210,14 @@ impl Agent {
         lsn: Lsn,
         name: &str,
     ) -> Result<(), ApiError> {
-        let (c, tenant, timeline, name) = (client.clone(), self.cfg.tenant_id, self.cfg.timeline_id, name.to_string());
-        let leased = tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn, Some(&name))).await;
+        // Every shard keeps the floor; unsharded, the one client given.
+        let clients =
+            if self.cfg.shard_targets.is_empty() { vec![(**client).clone()] } else { self.cfg.shard_clients() };
+        let (tenant, timeline, name) = (self.cfg.tenant_id, self.cfg.timeline_id, name.to_string());
+        let leased = tokio::task::spawn_blocking(move || {
+            super::pageserver_api::PageserverClient::lease_all(&clients, tenant, timeline, lsn, Some(&name))
+        })
+        .await;
         let result = leased
             .unwrap_or_else(|e| Err(ApiError::Invalid { url: "lease".into(), message: format!("request task: {e}") }));
         if result.is_ok() {

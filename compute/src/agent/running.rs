@@ -160,7 +160,7 @@ impl Agent {
         let clock = &self.cfg.clock;
         let running_since = clock.now();
         self.now_running(running_since, attempt);
-        let client = std::sync::Arc::new(self.cfg.pageserver_client());
+        let clients = std::sync::Arc::new(self.cfg.shard_clients());
         // The lease was just taken: the first renewal is one period away.
         let mut renew = clock.sleep(crate::limits::READ_ONLY_LEASE_RENEWAL);
         loop {
@@ -170,8 +170,9 @@ impl Agent {
                 _ = stop_requested(stop) => return self.stop_standby(&mut pg).await,
                 _ = &mut renew => {
                     renew = clock.sleep(crate::limits::READ_ONLY_LEASE_RENEWAL);
-                    let (c, tenant, timeline) = (client.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
-                    match tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn, None)).await {
+                    let (c, tenant, timeline) = (clients.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
+                    let renewed = move || super::pageserver_api::PageserverClient::lease_all(&c, tenant, timeline, lsn, None);
+                    match tokio::task::spawn_blocking(renewed).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => warn!(%lsn, "renewing the lease: {e}"),
                         Err(e) => warn!(%lsn, "renewing the lease: {e}"),

@@ -223,10 +223,13 @@ impl Agent {
         if self.cfg.read_only_at.is_some() || self.cfg.replica.is_some() {
             // Held before the basebackup reads at it, renewed (a replica's
             // moved) while running.
-            let c = client.clone();
+            let clients = self.cfg.shard_clients();
             let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
             let holder = self.cfg.replica.as_ref().map(|r| r.name.clone());
-            let leased = tokio::task::spawn_blocking(move || c.lease(tenant, timeline, lsn, holder.as_deref())).await;
+            let leased = tokio::task::spawn_blocking(move || {
+                PageserverClient::lease_all(&clients, tenant, timeline, lsn, holder.as_deref())
+            })
+            .await;
             step!(leased
                 .map_err(|e| e.to_string())
                 .and_then(|r| r.map_err(|e| e.to_string()))

@@ -2,14 +2,17 @@
 //! few pipelined connections (`crate::page_client`), each opened on first
 //! use and again after any failure, driven from the file system's threads
 //! by a runtime of its own. Several, so that concurrent reads (the workers
-//! of a parallel scan) are served by the pageserver at once.
+//! of a parallel scan) are served by the pageserver at once. A sharded
+//! tenant's pages come from [`ShardedSource`]: one such source per shard,
+//! each read split by the key mapping and fetched from all shards at once.
 
 use parking_lot::Mutex;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::version::BLCKSZ;
 use strata_formats::Lsn;
 use strata_protocol::pageserver::{ErrorCode, PageRequest, ServerMessage};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::shard::ShardLayout;
+use strata_protocol::{TenantShardId, TimelineId};
 
 use super::fs::{FetchError, PageSource};
 use crate::page_client::{PageClient, PageClientConfig, PageClientError};
@@ -17,7 +20,7 @@ use crate::page_client::{PageClient, PageClientConfig, PageClientError};
 /// The page service of one timeline.
 pub struct PageServiceSource {
     addr: String,
-    tenant: TenantId,
+    tenant: TenantShardId,
     timeline: TimelineId,
     config: PageClientConfig,
     /// How long a fetch keeps trying ([`crate::limits::LAZY_FETCH_RETRY_FOR`] by default).
@@ -34,10 +37,11 @@ impl PageServiceSource {
     /// A source for `tenant`/`timeline` at the page service `addr` (`host:port`).
     pub fn new(
         addr: String,
-        tenant: TenantId,
+        tenant: impl Into<TenantShardId>,
         timeline: TimelineId,
         config: PageClientConfig,
     ) -> std::io::Result<PageServiceSource> {
+        let tenant = tenant.into();
         // A current-thread runtime may be entered from several threads at
         // once: each drives its own future, one of them the I/O driver.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
@@ -201,5 +205,80 @@ impl PageServiceSource {
             }
             result
         })
+    }
+}
+
+/// The pages of a sharded tenant: each block from the shard the mapping
+/// gives it (`docs/sharding.md`), the shards of one read fetched at once.
+pub struct ShardedSource {
+    layout: ShardLayout,
+    /// One source per shard, in shard order.
+    shards: Vec<PageServiceSource>,
+}
+
+impl ShardedSource {
+    /// `shards` in shard order, one per shard of `layout`.
+    pub fn new(layout: ShardLayout, shards: Vec<PageServiceSource>) -> Result<ShardedSource, String> {
+        if shards.len() != usize::from(layout.count) {
+            return Err(format!("{} shard sources for {} shards", shards.len(), layout.count));
+        }
+        Ok(ShardedSource { layout, shards })
+    }
+
+    /// The blocks of one read grouped by shard: for each shard, its blocks
+    /// and their places in the read.
+    fn split(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32]) -> Vec<(Vec<u32>, Vec<usize>)> {
+        let mut groups = vec![(Vec::new(), Vec::new()); self.shards.len()];
+        for (i, b) in blocks.iter().enumerate() {
+            let shard = usize::from(self.layout.shard_of_block(rel.rel, fork, *b));
+            groups[shard].0.push(*b);
+            groups[shard].1.push(i);
+        }
+        groups
+    }
+}
+
+impl PageSource for ShardedSource {
+    fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
+        let groups = self.split(rel, fork, blocks);
+        let used: Vec<usize> = (0..groups.len()).filter(|s| !groups[*s].0.is_empty()).collect();
+        if let [only] = used[..] {
+            // A read within one stripe (the common case): no reassembly.
+            return self.shards[only].get_pages(rel, fork, blocks, lsn);
+        }
+        // Each shard's part on a thread of its own, so the shards' round
+        // trips overlap rather than add up.
+        let fetched: Vec<(usize, Result<Vec<u8>, FetchError>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = used
+                .iter()
+                .map(|s| {
+                    let (source, part) = (&self.shards[*s], &groups[*s].0);
+                    (*s, scope.spawn(move || source.get_pages(rel, fork, part, lsn)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(s, h)| {
+                    let r =
+                        h.join().unwrap_or_else(|_| Err(FetchError::Other(format!("shard {s}: its fetch panicked"))));
+                    (s, r)
+                })
+                .collect()
+        });
+        let mut pages = vec![0u8; blocks.len() * BLCKSZ];
+        for (s, result) in fetched {
+            let part = result?;
+            debug_assert_eq!(part.len(), groups[s].1.len() * BLCKSZ);
+            for (k, place) in groups[s].1.iter().enumerate() {
+                pages[place * BLCKSZ..(place + 1) * BLCKSZ].copy_from_slice(&part[k * BLCKSZ..(k + 1) * BLCKSZ]);
+            }
+        }
+        Ok(pages)
+    }
+
+    fn latest_lsn(&self) -> Result<Lsn, String> {
+        // Shard 0 ingests every record; each GetPage waits for its LSN on
+        // its own shard anyway.
+        self.shards[0].latest_lsn()
     }
 }

@@ -141,6 +141,22 @@ pub struct AttachmentInfo {
     /// attached pageserver: it serves replicas, not writers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reader: bool,
+    /// Asked for a sharded tenant by its bare id: every shard's location,
+    /// in shard order (the fields above are shard 0's). Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardAttachment>,
+}
+
+/// Where one shard of a sharded tenant is served ([`AttachmentInfo::shards`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardAttachment {
+    pub shard: TenantShardId,
+    pub generation: u32,
+    pub pageserver: String,
+    pub pg: String,
+    pub http: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reader: bool,
 }
 
 /// `GET /v1/status` of a controller.

@@ -35,6 +35,7 @@ use super::messages::{
 };
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{NodeId, TenantId, TimelineId};
+use crate::shard::ShardIndex;
 use crate::token::Token;
 
 /// The wire codes of placements (`docs/safekeeper-protocol.md`).
@@ -103,6 +104,8 @@ pub enum CodecError {
     InvalidMembership { message: &'static str, detail: String },
     #[error("{message}: unknown error code {code}")]
     UnknownErrorCode { message: &'static str, code: u16 },
+    #[error("{message}: invalid shard: {detail}")]
+    InvalidShard { message: &'static str, detail: crate::shard::ShardError },
     #[error("{message}: {len} WAL bytes from LSN {begin_lsn} run past the end of the LSN space")]
     LsnOverflow { message: &'static str, begin_lsn: Lsn, len: usize },
     /// A greeting or stream request of another protocol version that this
@@ -286,6 +289,10 @@ pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
             // Version 5 adds the attachment generation.
             if s.protocol_version >= 5 {
                 f.u32(s.generation);
+            }
+            // Version 8 adds the shard (number, count; 0, 0 unsharded).
+            if s.protocol_version >= 8 {
+                f.u8(s.shard.number).u8(s.shard.count);
             }
             f.finish()
         }
@@ -489,7 +496,7 @@ pub fn decode_proposer(frame: &[u8]) -> Result<ProposerMessage, CodecError> {
                 token: Token::from_wire(r.string("token")?),
             }))
         })
-        .map_err(|e| version_aware(frame, e, PROTOCOL_VERSION)),
+        .map_err(|e| version_aware(frame, e, super::messages::OLDEST_GREETING_VERSION)),
         tag::VOTE_REQUEST => {
             read(frame, "VoteRequest", |r| Ok(ProposerMessage::VoteRequest(VoteRequest { term: r.u64("term")? })))
         }
@@ -569,6 +576,13 @@ pub fn decode_consumer(frame: &[u8]) -> Result<ConsumerMessage, CodecError> {
                 // Versions 1 and 2 have no token field.
                 token: if protocol_version >= 3 { Token::from_wire(r.string("token")?) } else { None },
                 generation: if protocol_version >= 5 { r.u32("generation")? } else { 0 },
+                shard: if protocol_version >= 8 {
+                    let (number, count) = (r.u8("shard_number")?, r.u8("shard_count")?);
+                    ShardIndex::from_wire(number, count)
+                        .map_err(|detail| CodecError::InvalidShard { message: "StartStreaming", detail })?
+                } else {
+                    ShardIndex::UNSHARDED
+                },
             }))
         })
         .map_err(|e| version_aware(frame, e, OLDEST_CONSUMER_VERSION)),
@@ -776,6 +790,7 @@ mod tests {
                 consumer_id: "pageserver-7".into(),
                 token: None,
                 generation: 4,
+                shard: ShardIndex::new(1, 2).unwrap(),
             })),
             Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
                 applied_lsn: Lsn(0x0250_0000),
@@ -1288,7 +1303,12 @@ mod tests {
                 })),
                 7 => Any::A(AcceptorMessage::Error(self.error())),
                 8 => {
-                    let protocol_version = self.below(6) as u32;
+                    let protocol_version = 1 + self.below(PROTOCOL_VERSION as u64) as u32;
+                    let shard = match (protocol_version >= 8, self.below(3)) {
+                        (true, 1) => ShardIndex::new(0, 2).unwrap(),
+                        (true, 2) => ShardIndex::new(3, 4).unwrap(),
+                        _ => ShardIndex::UNSHARDED,
+                    };
                     Any::C(ConsumerMessage::Start(StartStreaming {
                         protocol_version,
                         tenant_id: TenantId(self.bytes(16).try_into().unwrap()),
@@ -1300,6 +1320,7 @@ mod tests {
                         // Only version 3 and later carry a token.
                         token: if protocol_version >= 3 { Token::from_wire(self.string()) } else { None },
                         generation: if protocol_version >= 5 { self.next_u64() as u32 } else { 0 },
+                        shard,
                     }))
                 }
                 9 => Any::C(ConsumerMessage::Feedback(ConsumerFeedback {

@@ -13,8 +13,13 @@ use crate::token::Token;
 /// configuration; 3: greetings and stream requests carry a token; 4:
 /// acceptors send StandbyFeedback; 5: stream requests carry the
 /// consumer's attachment generation; 6: membership configurations carry
-/// each member's site and the placement).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// each member's site and the placement; 7: the error code `Sealed`; 8:
+/// stream requests carry the consumer's shard).
+pub const PROTOCOL_VERSION: u32 = 8;
+
+/// The oldest greeting version an acceptor takes: greetings of versions 7
+/// and 8 are laid out alike.
+pub const OLDEST_GREETING_VERSION: u32 = 7;
 
 /// Which timeline a connection is about, and the facts every party must agree on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -216,6 +221,10 @@ pub struct StartStreaming {
     /// safekeeper stops feeding generations older than the newest it has
     /// seen for the timeline.
     pub generation: u32,
+    /// The shard of the tenant the consumer streams for (version 8;
+    /// unsharded in older versions): attachment generations are fenced
+    /// per shard, since each shard fails over on its own.
+    pub shard: crate::shard::ShardIndex,
 }
 
 /// Periodic report from a consumer.

@@ -17,6 +17,6 @@ pub use membership::{Member, Membership, OnAsyncLag, Placement};
 pub use messages::{
     AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
     ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
-    StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
+    StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, OLDEST_GREETING_VERSION, PROTOCOL_VERSION,
 };
 pub use term::Term;

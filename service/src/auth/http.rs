@@ -14,7 +14,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantShardId, TimelineId};
 
 use super::{bearer_token, Access, Refusal, Verifier};
 
@@ -97,7 +97,9 @@ async fn check(State((auth, need)): State<(HttpAuth, Need)>, req: Request, next:
         Need::Tenant => match RawPathParams::from_request_parts(&mut parts, &()).await {
             Ok(params) => {
                 let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
-                match (param(TENANT_PARAM).map(|v| v.parse::<TenantId>()), param(TIMELINE_PARAM)) {
+                // A shard's route (`<tenant>-<n>of<count>`) is its tenant's.
+                let tenant = param(TENANT_PARAM).map(|v| v.parse::<TenantShardId>().map(|t| t.tenant));
+                match (tenant, param(TIMELINE_PARAM)) {
                     (Some(Ok(t)), None) => Access::Tenant(t),
                     (Some(Ok(t)), Some(l)) => match l.parse::<TimelineId>() {
                         Ok(l) => Access::Timeline(t, l),

@@ -222,6 +222,8 @@ async fn http_routes_answer_401_or_403_before_their_handler_runs() {
     let (management, service, tenant1) =
         (token(Scope::Management, None), token(Scope::Service, None), token(Scope::Tenant, Some(T1)));
     let (t1, t2) = (format!("/t/{T1}/x"), format!("/t/{T2}/x"));
+    // A shard's route is its tenant's.
+    let (s1, s2) = (format!("/t/{T1}-1of4/x"), format!("/t/{T2}-0of2/x"));
     let cases: Vec<(&str, Option<&str>, u16)> = vec![
         ("/admin", None, 401),
         ("/admin", Some("garbage"), 401),
@@ -234,6 +236,8 @@ async fn http_routes_answer_401_or_403_before_their_handler_runs() {
         (&t1, Some(&tenant1), 200),
         (&t2, Some(&tenant1), 403),
         (&t2, Some(&service), 200),
+        (&s1, Some(&tenant1), 200),
+        (&s2, Some(&tenant1), 403),
         ("/t/not-a-tenant/x", Some(&tenant1), 403),
         ("/t/not-a-tenant/x", Some(&management), 200),
     ];
@@ -255,7 +259,7 @@ async fn http_routes_answer_401_or_403_before_their_handler_runs() {
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(text.contains(r#"auth_refusals_total{interface="http",reason="no_token"} 2"#), "{text}");
     assert!(text.contains(r#"auth_refusals_total{interface="http",reason="scope"} 4"#), "{text}");
-    assert!(text.contains(r#"auth_refusals_total{interface="http",reason="other_tenant"} 1"#), "{text}");
+    assert!(text.contains(r#"auth_refusals_total{interface="http",reason="other_tenant"} 2"#), "{text}");
 }
 
 /// The committed vectors of `docs/security.md`: a key pair made for them

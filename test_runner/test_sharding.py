@@ -1,0 +1,163 @@
+"""Sharded tenants (docs/sharding.md): `strata tenant create --shards N`
+spreads a tenant's pages over pageservers in stripes of blocks; the
+storage controllers place each shard on a pageserver of its own, and a
+lazy compute reads each page from the shard that holds it.
+
+Stripes of 8 blocks (the smallest) make every table of a few hundred kB
+span both shards, so that scans, index lookups and the reads after a
+restart all cross shards."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fixtures.endpoint import Endpoint
+from fixtures.load import AckedWriters
+from fixtures.strata import parse_lsn
+from fixtures.wait import wait_until
+
+STRIPE = 8
+SCALE = 2
+GETPAGE = "strata_pageserver_getpage_requests_total"
+ERRORS = "strata_pageserver_request_errors_total"
+
+
+def contents(ep: Endpoint) -> list:
+    """A digest of every table the tests write: equal digests, equal rows."""
+    return ep.sql(
+        "SELECT (SELECT md5(string_agg(a::text, ',' ORDER BY aid)) FROM pgbench_accounts a),"
+        " (SELECT md5(string_agg(b::text, ',' ORDER BY bid)) FROM pgbench_branches b),"
+        " (SELECT md5(string_agg(t::text, ',' ORDER BY tid)) FROM pgbench_tellers t),"
+        " (SELECT count(*) FROM pgbench_history)")[0]
+
+
+def controller_placements(cluster, tenant_id: str) -> dict[str, dict]:
+    """The controllers' placement of each shard of the tenant, by shard id."""
+    for s in cluster.cluster_toml["services"]:
+        if s["kind"] == "controller" and cluster.answers(s["name"]):
+            code, body = cluster.http(s["name"], "GET", "/v1/status")
+            if code == 200 and body["leader"]:
+                return {t: p for t, p in body["state"]["tenants"].items() if t.startswith(tenant_id + "-")}
+    return {}
+
+
+def sharded_cluster(cluster_factory, shards: int = 2):
+    """Two pageservers and a tenant `sh` of `shards` shards, its shards
+    spread; an endpoint on it with pgbench's tables, started again so that
+    every relation file is read from the pageservers."""
+    cluster = cluster_factory(init_args=("--pageservers", "2"))
+    for bad, why in ((("--shards", "65"), "1 to 64 shards"), (("--shards", "2", "--stripe-blocks", "12"), "power of two"),
+                     (("--shards", "0"), "1 to 64 shards")):
+        r = cluster.run("tenant", "create", "bad", *bad, check=False)
+        assert r.returncode != 0 and why in r.stderr, (bad, r.stderr)
+    assert "bad" not in [t["name"] for t in cluster.cluster_toml["tenants"]]
+    out = cluster.run("tenant", "create", "sh", "--shards", str(shards), "--stripe-blocks", str(STRIPE),
+                      timeout=300).stdout
+    assert "tenant sh:" in out, out
+    tenant = cluster.tenant("sh")
+    assert tenant["shards"] == {"count": shards, "stripe_blocks": STRIPE}, tenant
+    listed = {t["name"]: t for t in json.loads(cluster.run("tenant", "list", "--json").stdout)}
+    assert (listed["sh"]["shards"], listed["default"]["shards"]) == (shards, 1), listed
+    ep = Endpoint(cluster, "e1")
+    ep.start("--tenant", "sh")
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    ep.sql("CREATE EXTENSION amcheck")
+    return cluster, ep, tenant["tenant_id"]
+
+
+def test_a_sharded_tenant_is_spread_over_pageservers_and_reads_the_same_after_a_restart(cluster_factory):
+    cluster, ep, tenant_id = sharded_cluster(cluster_factory)
+    placed = controller_placements(cluster, tenant_id)
+    assert sorted(placed) == [f"{tenant_id}-0of2", f"{tenant_id}-1of2"], placed
+    attached = sorted(p["attached"] for p in placed.values())
+    assert attached == ["pageserver", "pageserver2"], placed
+
+    # Each pageserver holds its own shard attached, the other's as a secondary.
+    for name in ("pageserver", "pageserver2"):
+        code, body = cluster.http(name, "GET", "/v1/status")
+        assert code == 200, body
+        modes = {loc["tenant_id"]: loc["mode"] for loc in body["locations"] if loc["tenant_id"].startswith(tenant_id)}
+        mine = [t for t, p in placed.items() if p["attached"] == name]
+        assert len(mine) == 1 and modes.get(mine[0]) == "attached", (name, modes)
+        # A sharded tenant is never served by its bare id.
+        assert tenant_id not in modes, modes
+
+    ep.run(["pgbench", "-n", "-c", "4", "-j", "2", "-t", "200"], timeout=300)
+    before = contents(ep)
+    assert before[3] == 800, before
+    # Every page the restarted compute reads comes from the pageservers.
+    served = {name: cluster.metrics(name).get(GETPAGE, 0) for name in ("pageserver", "pageserver2")}
+    ep.restart()
+    assert contents(ep) == before
+    ep.run(["pg_amcheck", "--heapallindexed", "--install-missing", "-d", "postgres"], timeout=300)
+    for name in ("pageserver", "pageserver2"):
+        m = cluster.metrics(name)
+        assert m.get(GETPAGE, 0) > served[name], (name, served, m.get(GETPAGE))
+        # No read went to a shard that does not hold its page (WrongShard).
+        assert m.get(ERRORS, 0) == 0, (name, m.get(ERRORS))
+
+    # A replica of the writer replays its WAL and reads its pages from both shards.
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "e1")
+    ep.sql("UPDATE pgbench_branches SET bbalance = bbalance + 7")
+    end = parse_lsn(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    wait_until("the replica to replay the writer's WAL", lambda: parse_lsn(
+        replica.agent_status()["replica"]["replay_lsn"] or "0/0") >= end or None, timeout=60)
+    assert contents(replica) == contents(ep)
+    assert replica.agent_status()["lazy"]["blocks_fetched"] > 0
+    replica.stop()
+
+    # The tenant's branches are every shard's: a branch at an LSN before a
+    # change reads as the tenant did then, on both shards.
+    lsn = ep.sql("SELECT pg_current_wal_lsn()::text")[0][0]
+    at = contents(ep)
+    ep.sql("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid % 3 = 0")
+    cluster.run("branch", "create", "past", "--tenant", "sh", "--at", lsn, timeout=120)
+    past = Endpoint(cluster, "past", branch="past")
+    past.start("--tenant", "sh")
+    assert contents(past) == at
+    assert contents(ep) != at
+    # And a read-only endpoint at that LSN (PITR) too.
+    ro = Endpoint(cluster, "ro")
+    ro.start("--tenant", "sh", "--at", lsn)
+    assert contents(ro) == at
+    for e in (ro, past, ep):
+        e.stop()
+
+    # Deleted, nothing of any shard is left on the pageservers.
+    cluster.run("tenant", "delete", "sh", timeout=300)
+    for name in ("pageserver", "pageserver2"):
+        code, body = cluster.http(name, "GET", "/v1/status")
+        assert not [loc for loc in body["locations"] if loc["tenant_id"].startswith(tenant_id)], body
+
+
+def test_the_pageserver_of_one_shard_killed_under_load_loses_no_acknowledged_commit(cluster_factory):
+    cluster, ep, tenant_id = sharded_cluster(cluster_factory)
+    # What each shard uploaded is where its new pageserver starts from.
+    cluster.run("timeline", "checkpoint", "--tenant", "sh", timeout=300)
+    writers = AckedWriters(ep).start()
+    wait_until("commits", lambda: writers.count() >= 50 or None, timeout=60)
+    placed = controller_placements(cluster, tenant_id)
+    victim = placed[f"{tenant_id}-1of2"]["attached"]
+    survivor = placed[f"{tenant_id}-0of2"]["attached"]
+    cluster.kill9(victim, supervisor=True)
+    # The controller fails the shard over to the pageserver that serves
+    # shard 0; the other shard does not move.
+    def moved():
+        p = controller_placements(cluster, tenant_id)
+        return p if p[f"{tenant_id}-1of2"]["attached"] == survivor else None
+    after = wait_until("shard 1 failed over", moved, timeout=120)
+    assert after[f"{tenant_id}-0of2"]["attached"] == survivor
+    assert after[f"{tenant_id}-0of2"]["generation"] == placed[f"{tenant_id}-0of2"]["generation"]
+    t = time.monotonic()
+    wait_until("commits after the failover", lambda: len(writers.acked_between(t, time.monotonic())) >= 50 or None,
+               timeout=120)
+    writers.stop()
+    # Every page read again from the pageservers, one of them the survivor alone.
+    ep.restart()
+    got = {r[0] for r in ep.sql(f"SELECT id FROM {writers.table}")}
+    missing = writers.acked_ids() - got
+    assert not missing, f"{len(missing)} acknowledged commits lost"
+    ep.run(["pg_amcheck", "--heapallindexed", "--install-missing", "-d", "postgres"], timeout=300)
+    assert contents(ep)[0] is not None
