@@ -30,14 +30,23 @@ use strata_formats::Lsn;
 use strata_protocol::framed::FrameReader;
 use strata_protocol::pageserver::codec::{self, GET_PAGE_LEN};
 use strata_protocol::pageserver::{PageRequest, ServerMessage, MAX_PIPELINE_DEPTH, PAGE_SIZE};
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::shard::ShardLayout;
+use strata_protocol::{TenantId, TenantShardId, TimelineId};
 
 /// Options of `strata pagebench`.
 #[derive(Args, Debug)]
 pub struct PagebenchArgs {
-    /// Page service address of the pageserver (host:port).
+    /// Page service address of the pageserver (host:port); of a sharded
+    /// tenant, one per shard in shard order.
     #[arg(long, value_name = "HOST:PORT", required_unless_present = "loopback_baseline")]
-    pageserver: Option<String>,
+    pageserver: Vec<String>,
+    /// The tenant's shard count (`docs/sharding.md`): each page is read
+    /// from the shard that holds it, every shard loaded at once.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    shards: u32,
+    /// The sharded tenant's stripe, in blocks.
+    #[arg(long, value_name = "BLOCKS", default_value_t = strata_protocol::shard::DEFAULT_STRIPE_BLOCKS)]
+    stripe_blocks: u32,
     /// The tenant (32 hex digits).
     #[arg(long, required_unless_present = "loopback_baseline")]
     tenant_id: Option<TenantId>,
@@ -48,7 +57,7 @@ pub struct PagebenchArgs {
     /// 1663/5/16384); repeat for several. Blocks are drawn uniformly over all.
     #[arg(long = "rel", value_name = "SPC/DB/REL", value_parser = parse_rel, required_unless_present = "loopback_baseline")]
     rels: Vec<RelFileNode>,
-    /// Connections, each served by its own task.
+    /// Connections (to each shard), each served by its own task.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     connections: u32,
     /// Requests kept in flight on each connection.
@@ -136,15 +145,34 @@ const LOOPBACK_BLOCKS: u32 = 1 << 17;
 
 /// Where the load goes and what it reads.
 struct Target {
-    addr: String,
-    tenant_id: TenantId,
     timeline_id: TimelineId,
     lsn: Lsn,
     /// Relations with blocks, each with the global index of its first block.
     rels: Vec<(u64, RelFileNode)>,
     total_blocks: u64,
+    /// Each shard (one when unsharded) with the blocks it holds.
+    shards: Vec<ShardTarget>,
     token: Option<Token>,
     tls: Option<ClientTls>,
+}
+
+/// One shard's page service and the blocks of the relations it holds, as
+/// runs of global block indexes.
+struct ShardTarget {
+    id: TenantShardId,
+    addr: String,
+    /// (offset among this shard's blocks, first global index, length).
+    runs: Vec<(u64, u64, u64)>,
+    blocks: u64,
+}
+
+impl ShardTarget {
+    /// The global index of this shard's `k`-th block (`k` below `blocks`).
+    fn global(&self, k: u64) -> u64 {
+        let pos = self.runs.partition_point(|&(offset, _, _)| offset <= k).saturating_sub(1);
+        let (offset, start, _) = self.runs[pos];
+        start + (k - offset)
+    }
 }
 
 impl Target {
@@ -155,6 +183,32 @@ impl Target {
         // Each relation has fewer than 2^32 blocks.
         (rel, (i - start) as u32)
     }
+}
+
+/// Runs of blocks, `(offset among the shard's blocks, first global index,
+/// length)`, with the shard's total.
+type Runs = (Vec<(u64, u64, u64)>, u64);
+
+/// The blocks of `rels` (each `(first global index, relation, blocks)`)
+/// each shard of `layout` holds, stripe by stripe.
+fn shard_runs(layout: ShardLayout, rels: &[(u64, RelFileNode, u32)]) -> Vec<Runs> {
+    let mut out = vec![(Vec::new(), 0u64); usize::from(layout.count)];
+    for &(start, rel, blocks) in rels {
+        let mut b = 0u32;
+        while b < blocks {
+            // A stripe (the whole relation when unsharded) goes to one shard.
+            let len = if layout.is_sharded() {
+                (layout.stripe_blocks - b % layout.stripe_blocks).min(blocks - b)
+            } else {
+                blocks
+            };
+            let (runs, total) = &mut out[usize::from(layout.shard_of_block(rel.rel, ForkNumber::Main, b))];
+            runs.push((*total, start + u64::from(b), u64::from(len)));
+            *total += u64::from(len);
+            b += len;
+        }
+    }
+    out
 }
 
 /// What one connection's task measured.
@@ -198,13 +252,18 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
         };
         let addr = start_loopback_server(server_tls).await.map_err(|e| format!("starting the loopback server: {e}"))?;
         let rel = RelFileNode { spc: 1663, db: 1, rel: 1 };
+        let blocks = u64::from(LOOPBACK_BLOCKS);
         Target {
-            addr: addr.to_string(),
-            tenant_id: TenantId::default(),
             timeline_id: TimelineId::default(),
             lsn: args.lsn,
             rels: vec![(0, rel)],
-            total_blocks: u64::from(LOOPBACK_BLOCKS),
+            total_blocks: blocks,
+            shards: vec![ShardTarget {
+                id: TenantShardId::default(),
+                addr: addr.to_string(),
+                runs: vec![(0, 0, blocks)],
+                blocks,
+            }],
             token: None,
             tls: client_tls,
         }
@@ -213,19 +272,25 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
     };
     let target = Arc::new(target);
 
-    // Connect everything first so that the timed part is only load.
+    // Connect everything first so that the timed part is only load: each
+    // connection to each shard that holds blocks of the relations.
     let mut connecting = Vec::new();
     for _ in 0..args.connections {
-        let t = Arc::clone(&target);
-        let depth = args.depth;
-        connecting.push(tokio::spawn(async move {
-            PageClient::connect(&t.addr, t.tenant_id, t.timeline_id, client_config(depth, &t.token, &t.tls)).await
-        }));
+        for (s, shard) in target.shards.iter().enumerate().filter(|(_, sh)| sh.blocks > 0) {
+            let t = Arc::clone(&target);
+            let (depth, addr, id) = (args.depth, shard.addr.clone(), shard.id);
+            connecting.push((
+                s,
+                tokio::spawn(async move {
+                    PageClient::connect(&addr, id, t.timeline_id, client_config(depth, &t.token, &t.tls)).await
+                }),
+            ));
+        }
     }
     let mut clients = Vec::new();
-    for c in connecting {
+    for (s, c) in connecting {
         let client = c.await.map_err(|e| format!("connecting: {e}"))?;
-        clients.push(client.map_err(|e| e.to_string())?);
+        clients.push((s, client.map_err(|e| format!("{}: {e}", target.shards[s].addr))?));
     }
 
     let duration = Duration::from_secs_f64(args.duration);
@@ -233,10 +298,10 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
     let deadline = start + duration;
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let mut workers = Vec::new();
-    for (i, client) in clients.into_iter().enumerate() {
+    for (i, (shard, client)) in clients.into_iter().enumerate() {
         let t = Arc::clone(&target);
         let rng = Rng::with_seed(seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        workers.push(tokio::spawn(worker(t, client, args.depth as usize, deadline, rng)));
+        workers.push(tokio::spawn(worker(t, shard, client, args.depth as usize, deadline, rng)));
     }
     let mut total = WorkerStats::default();
     for w in workers {
@@ -256,7 +321,7 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
     }
     Ok(Report {
         loopback: args.loopback_baseline,
-        addr: target.addr.clone(),
+        addr: target.shards.iter().map(|s| s.addr.as_str()).collect::<Vec<_>>().join(","),
         connections: args.connections,
         depth: args.depth,
         lsn: target.lsn,
@@ -271,18 +336,32 @@ async fn bench(args: &PagebenchArgs) -> Result<Report, String> {
 
 /// Checks the pageserver's address and asks the size of every relation.
 async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
-    let (Some(addr), Some(tenant_id), Some(timeline_id)) = (&args.pageserver, args.tenant_id, args.timeline_id) else {
+    let (Some(addr), Some(tenant_id), Some(timeline_id)) = (args.pageserver.first(), args.tenant_id, args.timeline_id)
+    else {
         return Err("--pageserver, --tenant-id and --timeline-id are required".into());
     };
     if args.rels.is_empty() {
         return Err("at least one --rel is required".into());
     }
+    let layout = ShardLayout::new(args.shards, args.stripe_blocks)
+        .map_err(|e| format!("--shards {} --stripe-blocks {}: {e}", args.shards, args.stripe_blocks))?;
+    if args.pageserver.len() != usize::from(layout.count) {
+        return Err(format!(
+            "{} shards need {} --pageserver addresses (one per shard, in shard order), not {}",
+            layout.count,
+            layout.count,
+            args.pageserver.len()
+        ));
+    }
+    let ids: Vec<TenantShardId> = layout.shards().map(|shard| TenantShardId { tenant: tenant_id, shard }).collect();
     let token = args.token_file.as_deref().map(read_token).transpose().map_err(|e| e.to_string())?;
     let tls = args.tls_ca.as_deref().map(ClientTls::load).transpose().map_err(|e| e.to_string())?;
-    let mut client = PageClient::connect(addr, tenant_id, timeline_id, client_config(1, &token, &tls))
+    // Sizes are answered by every shard; shard 0 is asked.
+    let mut client = PageClient::connect(addr, ids[0], timeline_id, client_config(1, &token, &tls))
         .await
         .map_err(|e| e.to_string())?;
     let mut rels = Vec::new();
+    let mut sized = Vec::new();
     let mut total_blocks = 0u64;
     for &rel in &args.rels {
         let blocks = client
@@ -294,26 +373,39 @@ async fn prepare(args: &PagebenchArgs) -> Result<Target, String> {
             continue;
         }
         rels.push((total_blocks, rel));
+        sized.push((total_blocks, rel, blocks));
         total_blocks += u64::from(blocks);
     }
     if total_blocks == 0 {
         return Err("no block to read: every relation is empty".into());
     }
-    Ok(Target { addr: addr.clone(), tenant_id, timeline_id, lsn: args.lsn, rels, total_blocks, token, tls })
+    let shards = shard_runs(layout, &sized)
+        .into_iter()
+        .zip(ids.into_iter().zip(&args.pageserver))
+        .map(|((runs, blocks), (id, addr))| ShardTarget { id, addr: addr.clone(), runs, blocks })
+        .collect();
+    Ok(Target { timeline_id, lsn: args.lsn, rels, total_blocks, shards, token, tls })
 }
 
 /// One connection's load: keeps `depth` random GetPage requests in flight
 /// until `deadline`, then collects the answers still due. Reconnects after
 /// a failure.
-async fn worker(target: Arc<Target>, client: PageClient, depth: usize, deadline: Instant, mut rng: Rng) -> WorkerStats {
+async fn worker(
+    target: Arc<Target>,
+    shard: usize,
+    client: PageClient,
+    depth: usize,
+    deadline: Instant,
+    mut rng: Rng,
+) -> WorkerStats {
     let mut stats = WorkerStats::default();
     let mut client = Some(client);
     while Instant::now() < deadline {
         let mut c = match client.take() {
             Some(c) => c,
             None => match PageClient::connect(
-                &target.addr,
-                target.tenant_id,
+                &target.shards[shard].addr,
+                target.shards[shard].id,
                 target.timeline_id,
                 client_config(depth as u32, &target.token, &target.tls),
             )
@@ -328,7 +420,7 @@ async fn worker(target: Arc<Target>, client: PageClient, depth: usize, deadline:
             },
         };
         let mut sent_at = VecDeque::with_capacity(depth);
-        match load(&target, &mut c, depth, deadline, &mut rng, &mut sent_at, &mut stats).await {
+        match load(&target, shard, &mut c, depth, deadline, &mut rng, &mut sent_at, &mut stats).await {
             Ok(()) => break,
             // Requests in flight on a failed connection are lost.
             Err(e) => stats.error(sent_at.len().max(1) as u64, || e.to_string()),
@@ -337,8 +429,10 @@ async fn worker(target: Arc<Target>, client: PageClient, depth: usize, deadline:
     stats
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn load(
     target: &Target,
+    shard: usize,
     client: &mut PageClient,
     depth: usize,
     deadline: Instant,
@@ -350,7 +444,9 @@ async fn load(
         let now = Instant::now();
         if now < deadline {
             while client.in_flight() < depth {
-                let (rel, block) = target.block(rng.u64(..target.total_blocks));
+                // A block of this connection's shard.
+                let own = &target.shards[shard];
+                let (rel, block) = target.block(own.global(rng.u64(..own.blocks)));
                 client.queue(PageRequest::GetPage { id: 0, lsn: target.lsn, rel, fork: ForkNumber::Main, block })?;
                 sent_at.push_back(now);
             }
@@ -725,6 +821,41 @@ mod tests {
     }
 
     #[test]
+    fn each_shard_is_given_exactly_the_blocks_it_holds() {
+        let user = RelFileNode { spc: 1663, db: 5, rel: 16390 };
+        let catalog = RelFileNode { spc: 1663, db: 5, rel: 1259 };
+        let rels = [(0, user, 100), (100, catalog, 30), (130, RelFileNode { rel: 16400, ..user }, 9)];
+        let layout = ShardLayout::new(4, 8).unwrap();
+        let shards = shard_runs(layout, &rels);
+        let mut seen = vec![None; 139];
+        for (s, (runs, blocks)) in shards.iter().enumerate() {
+            let shard =
+                ShardTarget { id: TenantShardId::default(), addr: String::new(), runs: runs.clone(), blocks: *blocks };
+            for k in 0..*blocks {
+                let g = shard.global(k);
+                assert!(seen[g as usize].replace(s).is_none(), "block {g} twice");
+            }
+        }
+        let target = Target {
+            timeline_id: TimelineId::default(),
+            lsn: Lsn::INVALID,
+            rels: rels.iter().map(|&(start, rel, _)| (start, rel)).collect(),
+            total_blocks: 139,
+            shards: Vec::new(),
+            token: None,
+            tls: None,
+        };
+        for (g, owner) in seen.iter().enumerate() {
+            let (rel, block) = target.block(g as u64);
+            let want = layout.shard_of_block(rel.rel, ForkNumber::Main, block) as usize;
+            assert_eq!(*owner, Some(want), "block {block} of {rel}");
+        }
+        // Unsharded: one run per relation, all on the one shard.
+        let one = shard_runs(ShardLayout::UNSHARDED, &rels);
+        assert_eq!(one, vec![(vec![(0, 0, 100), (100, 100, 30), (130, 130, 9)], 139)]);
+    }
+
+    #[test]
     fn histogram_buckets_cover_every_value() {
         let mut rng = Rng::with_seed(7);
         let mut previous_high = None;
@@ -804,12 +935,11 @@ mod tests {
     fn blocks_are_mapped_to_relations() {
         let r = |rel| RelFileNode { spc: 1663, db: 5, rel };
         let target = Target {
-            addr: String::new(),
-            tenant_id: TenantId::default(),
             timeline_id: TimelineId::default(),
             lsn: Lsn::INVALID,
             rels: vec![(0, r(1)), (10, r(2)), (11, r(3))],
             total_blocks: 14,
+            shards: Vec::new(),
             token: None,
             tls: None,
         };

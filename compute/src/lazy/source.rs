@@ -282,3 +282,127 @@ impl PageSource for ShardedSource {
         self.shards[0].latest_lsn()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use strata_protocol::framed::FrameReader;
+    use strata_protocol::pageserver::codec;
+    use strata_protocol::pageserver::{ClientMessage, PAGE_SIZE};
+    use strata_protocol::shard::ShardIndex;
+    use strata_protocol::TenantId;
+    use tokio::io::AsyncWriteExt;
+
+    const TENANT: TenantId = TenantId([3; 16]);
+
+    /// The page a fake shard serves for `block`: its number and the shard's.
+    fn page_of(shard: u8, block: u32) -> Vec<u8> {
+        let mut page = vec![shard; PAGE_SIZE];
+        page[..4].copy_from_slice(&block.to_le_bytes());
+        page
+    }
+
+    /// A page service of shard `number` of `layout` on a thread of its
+    /// own: it refuses a hello for another shard, and answers a block of
+    /// another shard `WrongShard`, as a pageserver does.
+    fn fake_shard(layout: ShardLayout, number: u8) -> String {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                std_listener.set_nonblocking(true).unwrap();
+                let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                while let Ok((stream, _)) = listener.accept().await {
+                    tokio::spawn(async move {
+                        let mut frames = FrameReader::new(stream, codec::MAX_FRAME_SIZE);
+                        while let Ok(frame) = frames.read_frame(Duration::from_secs(30)).await {
+                            let mut out = Vec::new();
+                            let msg = match codec::decode_client(frame).unwrap() {
+                                ClientMessage::Hello(h)
+                                    if h.tenant_id.shard == ShardIndex::new(number, layout.count).unwrap() =>
+                                {
+                                    ServerMessage::HelloOk { last_record_lsn: Lsn(0x1000 + u64::from(number)) }
+                                }
+                                ClientMessage::Hello(_) => ServerMessage::Error {
+                                    id: 0,
+                                    code: ErrorCode::NotAttached,
+                                    message: "not here".into(),
+                                },
+                                ClientMessage::Request(PageRequest::GetPage { id, rel, fork, block, .. }) => {
+                                    match layout.shard_of_block(rel.rel, fork, block) == number {
+                                        true => ServerMessage::Page { id, page: page_of(number, block) },
+                                        false => ServerMessage::Error {
+                                            id,
+                                            code: ErrorCode::WrongShard,
+                                            message: format!("block {block}"),
+                                        },
+                                    }
+                                }
+                                ClientMessage::Request(other) => panic!("unexpected {other:?}"),
+                            };
+                            codec::encode_server(&msg, &mut out);
+                            if frames.get_mut().write_all(&out).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+        });
+        addr
+    }
+
+    #[test]
+    fn each_block_of_a_read_comes_from_its_shard_and_in_order() {
+        let layout = ShardLayout::new(3, 8).unwrap();
+        let shards = (0..3)
+            .map(|n| {
+                let id = TenantShardId { tenant: TENANT, shard: ShardIndex::new(n, 3).unwrap() };
+                PageServiceSource::new(fake_shard(layout, n), id, TimelineId([4; 16]), PageClientConfig::default())
+                    .unwrap()
+                    .retry_for(Duration::ZERO)
+            })
+            .collect();
+        let source = ShardedSource::new(layout, shards).unwrap();
+        let rel = RelFileNode { spc: 1663, db: 5, rel: 16390 };
+        // 100 blocks in one read span every shard (stripes of 8).
+        let blocks: Vec<u32> = (0..100).collect();
+        let pages = source.get_pages(rel, ForkNumber::Main, &blocks, Lsn(0x1000)).unwrap();
+        assert_eq!(pages.len(), blocks.len() * BLCKSZ);
+        let mut used = [false; 3];
+        for (i, b) in blocks.iter().enumerate() {
+            let owner = layout.shard_of_block(rel.rel, ForkNumber::Main, *b);
+            used[usize::from(owner)] = true;
+            assert_eq!(&pages[i * BLCKSZ..(i + 1) * BLCKSZ], &page_of(owner, *b)[..], "block {b}");
+        }
+        assert_eq!(used, [true; 3], "the read crossed every shard");
+        // A read within one stripe, out of order blocks, and the catalog (shard 0's).
+        let scattered = [93, 5, 40, 6];
+        let pages = source.get_pages(rel, ForkNumber::Main, &scattered, Lsn(0x1000)).unwrap();
+        for (i, b) in scattered.iter().enumerate() {
+            let owner = layout.shard_of_block(rel.rel, ForkNumber::Main, *b);
+            assert_eq!(&pages[i * BLCKSZ..(i + 1) * BLCKSZ], &page_of(owner, *b)[..]);
+        }
+        let catalog = RelFileNode { rel: 1259, ..rel };
+        let pages = source.get_pages(catalog, ForkNumber::Main, &[0, 9, 17], Lsn(0x1000)).unwrap();
+        assert!(pages.chunks(BLCKSZ).all(|p| p[PAGE_SIZE - 1] == 0));
+        // Shard 0 says how far the tenant is ingested.
+        assert_eq!(source.latest_lsn().unwrap(), Lsn(0x1000));
+        // Sources in the wrong order are refused by the shards themselves.
+        let swapped: Vec<PageServiceSource> = [1u8, 0]
+            .iter()
+            .map(|n| {
+                let id = TenantShardId { tenant: TENANT, shard: ShardIndex::new(1 - n, 2).unwrap() };
+                let two = ShardLayout::new(2, 8).unwrap();
+                PageServiceSource::new(fake_shard(two, *n), id, TimelineId([4; 16]), PageClientConfig::default())
+                    .unwrap()
+                    .retry_for(Duration::ZERO)
+            })
+            .collect();
+        let wrong = ShardedSource::new(ShardLayout::new(2, 8).unwrap(), swapped).unwrap();
+        assert!(wrong.get_pages(rel, ForkNumber::Main, &blocks, Lsn(0x1000)).is_err());
+        assert!(ShardedSource::new(layout, Vec::new()).is_err(), "one source per shard");
+    }
+}
