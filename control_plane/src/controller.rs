@@ -50,22 +50,30 @@ fn attachment_for<'a>(
     // A starting cluster's controller places the tenant within milliseconds.
     let mut poll = Poll::every(LOCATE_POLL);
     loop {
+        // Every controller is asked and the newest state's answer wins: a
+        // follower's copy may be a failover behind the leader's.
+        let mut newest: Option<(&Service, AttachmentInfo)> = None;
         for c in controllers(wd) {
             let url = format!("{}/v1/tenant/{tenant}/attachment{query}", c.http_url());
             match http::get(&url, QUICK) {
                 Ok(r) if r.status == 200 => {
                     let info: AttachmentInfo = r.json().map_err(|e| Error::Failed(format!("{}: {e}", c.name)))?;
-                    let Some(ps) = wd.service(&info.pageserver).filter(|s| s.kind == Kind::Pageserver) else {
-                        return failed(format!(
-                            "{}: names pageserver {:?}, which the cluster has not",
-                            c.name, info.pageserver
-                        ));
-                    };
-                    return Ok((ps, info));
+                    if newest.as_ref().is_none_or(|(_, n)| info.version > n.version) {
+                        newest = Some((c, info));
+                    }
                 }
                 Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
                 Err(e) => last = format!("{}: {e}", c.name),
             }
+        }
+        if let Some((c, info)) = newest {
+            let Some(ps) = wd.service(&info.pageserver).filter(|s| s.kind == Kind::Pageserver) else {
+                return failed(format!(
+                    "{}: names pageserver {:?}, which the cluster has not",
+                    c.name, info.pageserver
+                ));
+            };
+            return Ok((ps, info));
         }
         if Instant::now() >= deadline {
             return failed(format!("no controller says where tenant {tenant} is attached ({last})"));

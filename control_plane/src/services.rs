@@ -412,7 +412,8 @@ fn ensure_shard_timeline(
         reply.json().map_err(|e| Error::Failed(format!("{}: timeline {timeline}: {e}", ps.name)))?;
     if status.state == TimelineState::Broken {
         let why = status.error.clone().unwrap_or_else(|| "no reason given".into());
-        return failed(format!("{}: timeline {timeline} of {shard} is broken: {why}", ps.name));
+        let of = if shard.shard.is_unsharded() { String::new() } else { format!(" (shard {shard})") };
+        return failed(format!("{}: timeline {timeline} is broken{of}: {why}", ps.name));
     }
     if system_id.is_some_and(|id| id != status.system_id) {
         return failed(format!(

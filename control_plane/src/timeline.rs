@@ -29,7 +29,9 @@ pub fn checkpoint(wd: &Workdir, tenant: &str, branch: Option<&str>) -> Result<Ls
         );
         let reply = match http::post(&url, &(), CHECKPOINT_TIMEOUT) {
             Ok(r) => r,
-            Err(e) => return failed(format!("{} did not answer (is the cluster started?): {e}", ps.name)),
+            Err(e) => {
+                return failed(format!("the pageserver did not answer (is the cluster started?): {}: {e}", ps.name))
+            }
         };
         if reply.status != 200 {
             return failed(format!("checkpoint of branch {name} ({shard}): {} {}", reply.status, reply.error_text()));
