@@ -232,6 +232,32 @@ def test_concurrent_first_connections_wake_the_compute_once(cluster):
     assert proxy.status()["waking"] == []
 
 
+def suspending(ep: Endpoint) -> bool:
+    """Whether the endpoint's agent is stopping PostgreSQL to suspend."""
+    try:
+        return json.loads((ep.dir / "suspended").read_text()).get("phase") == "suspending"
+    except (OSError, ValueError):
+        return False
+
+
+def test_a_client_arriving_while_the_compute_suspends_is_answered(cluster):
+    """The catalog says running until the agent exits, but PostgreSQL
+    refuses or resets connections from its shutdown on: the proxy looks
+    again until the compute is suspended, then wakes it."""
+    proxy = Proxy(cluster)
+    ep = start_endpoint(cluster, "ep1", "--suspend-after", str(IDLE))
+    pw = password(ep)
+    for round in range(2):
+        # A dirty buffer pool makes the shutdown checkpoint last.
+        app_sql(ep, f"CREATE TABLE ballast{round} AS SELECT g, repeat('x', 900) AS pad "
+                    "FROM generate_series(1, 80000) g")
+        wakes = proxy.wakes()
+        wait_until("a suspension under way", lambda: suspending(ep), 60, interval=0.005, details=ep.logs)
+        with proxy.connect("ep1", pw) as conn:
+            assert conn.execute(f"SELECT count(*) FROM ballast{round}").fetchone() == (80000,)
+        assert proxy.wakes() == wakes + 1, "it was woken once it had suspended"
+
+
 def replayed_to(conn: psycopg.Connection, lsn: int) -> bool:
     """Whether the standby behind `conn` has replayed the WAL up to `lsn`."""
     replayed = conn.execute("SELECT pg_last_wal_replay_lsn()::text").fetchone()[0]
@@ -439,20 +465,14 @@ def test_kill9_of_the_proxy_and_of_a_waking_compute_lose_nothing(cluster):
     # stays, and the next client through the proxy wakes the endpoint.
     ep.sql("CREATE TABLE ballast AS SELECT g, repeat('x', 900) AS pad FROM generate_series(1, 80000) g")
 
-    def suspending() -> bool:
-        try:
-            return json.loads((ep.dir / "suspended").read_text()).get("phase") == "suspending"
-        except (OSError, ValueError):
-            return False
-
-    wait_until("a suspension under way", suspending, 60, interval=0.005, details=ep.logs)
+    wait_until("a suspension under way", lambda: suspending(ep), 60, interval=0.005, details=ep.logs)
     hit = True
     try:
         kill_and_wait(ep.supervisor_pid())
         kill_and_wait(ep.agent_pid())
     except (ProcessLookupError, TypeError):
         hit = False  # it was over first
-    print(f"\nKILLED WHILE SUSPENDING: {'mid-suspension' if hit and suspending() else 'after it'}")
+    print(f"\nKILLED WHILE SUSPENDING: {'mid-suspension' if hit and suspending(ep) else 'after it'}")
     wait_until("nothing of the endpoint to run", lambda: state(ep) in ("suspended", "stopped"), 60)
     with proxy.connect("ep1", pw) as conn:
         got = [r[0] for r in conn.execute("SELECT id FROM acked WHERE id < 1000 ORDER BY id").fetchall()]

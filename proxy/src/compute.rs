@@ -22,7 +22,7 @@ use crate::scram::{ClientExchange, ClientKey, Verifier, MECHANISM};
 use crate::wire::{self, Auth};
 
 /// SQLSTATE of "the database system is starting up" (and shutting down).
-const CANNOT_CONNECT_NOW: &str = "57P03";
+pub const CANNOT_CONNECT_NOW: &str = "57P03";
 
 fn unreachable_compute(target: &Target, e: impl std::fmt::Display) -> Refusal {
     let message = format!("endpoint {}: its compute at {}: {e}", target.endpoint, target.address);
@@ -72,16 +72,27 @@ async fn tcp(address: SocketAddr, tls: Option<&ClientTls>) -> io::Result<Box<dyn
     Ok(Box::new(tls))
 }
 
-/// Connects and logs in to the compute of `target` by `deadline`,
-/// retrying while it starts (refused connections, "starting up").
+/// When a login to a compute gives up.
+#[derive(Clone, Copy, Debug)]
+pub struct Patience {
+    /// No attempt runs past this.
+    pub deadline: Instant,
+    /// No attempt starts after this: a refused connection or "starting
+    /// up" is retried until then.
+    pub retry_until: Instant,
+}
+
+/// Connects and logs in to the compute of `target`, retrying while it
+/// starts (refused connections, "starting up") as `patience` allows.
 pub async fn login(
     target: &Target,
     params: &[(String, String)],
     key: &ClientKey,
     verifier: &Verifier,
     tls: Option<&ClientTls>,
-    deadline: Instant,
+    patience: Patience,
 ) -> Result<Box<dyn Io>, Refusal> {
+    let Patience { deadline, retry_until } = patience;
     loop {
         let attempt = timeout_at(deadline, async {
             let (mut stream, unix) =
@@ -98,7 +109,7 @@ pub async fn login(
             Ok(Err(Attempt::Refused(r))) if r.code == CANNOT_CONNECT_NOW => r,
             Ok(Err(Attempt::Refused(r))) => return Err(r),
         };
-        if Instant::now() + COMPUTE_RETRY >= deadline {
+        if Instant::now() + COMPUTE_RETRY >= retry_until.min(deadline) {
             return Err(retry);
         }
         tokio::time::sleep(COMPUTE_RETRY).await;

@@ -51,6 +51,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Catalog lookups running at once (each reads the workdir or asks a
 /// host's node on a blocking thread).
 pub const MAX_LOOKUPS_IN_FLIGHT: usize = 32;
+/// How long a login to a compute found running is tried before the
+/// catalog is asked again whether it is suspending.
+pub const SUSPENDING_POLL: Duration = Duration::from_millis(250);
 /// Wakes of one endpoint per client: a compute that suspends again just
 /// as a client arrives is woken once more, not forever.
 pub const MAX_WAKES_PER_SESSION: usize = 2;

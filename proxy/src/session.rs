@@ -13,7 +13,7 @@ use tokio::time::{timeout, Instant};
 
 use crate::catalog::{State, Target};
 use crate::compute;
-use crate::limits::{MAX_STARTUP_ROUNDS, MAX_WAKES_PER_SESSION};
+use crate::limits::{MAX_STARTUP_ROUNDS, MAX_WAKES_PER_SESSION, SUSPENDING_POLL};
 use crate::refusal::{self as why, Refusal};
 use crate::route::{route, Route, RouteError};
 use crate::scram::{ClientKey, ScramError, ServerExchange, Verifier, MECHANISM};
@@ -246,6 +246,12 @@ async fn sasl_message(stream: &mut Stream) -> Result<Vec<u8>, Refusal> {
 
 /// The compute, running and logged in: wakes it if it sleeps, connects
 /// (retrying while it starts), logs in and passes its greeting on.
+///
+/// A compute found running may be suspending just as the client comes:
+/// PostgreSQL stops (its connections reset or are refused) before its
+/// agent exits and the catalog says suspended. So a running compute that
+/// cannot be reached is looked up again every [`SUSPENDING_POLL`] for up
+/// to `compute_timeout`, and woken once it is suspended.
 async fn reach(
     client: &mut Stream,
     mut target: Target,
@@ -255,6 +261,8 @@ async fn reach(
     proxy: &Arc<Proxy>,
 ) -> Result<(Box<dyn compute::Io>, crate::cancel::CancelKey), Refusal> {
     let mut wakes = 0;
+    let mut woken = false;
+    let mut unreachable_until = None;
     loop {
         match target.state {
             State::Running => {}
@@ -264,9 +272,10 @@ async fn reach(
             }
             State::Suspended if wakes < MAX_WAKES_PER_SESSION => {
                 wakes += 1;
-                let woken =
+                woken = true;
+                let wake =
                     proxy.wakes.wake(&proxy.backend, &proxy.metrics, &target.endpoint, proxy.config.wake_timeout);
-                if let Err(e) = woken.await {
+                if let Err(e) = wake.await {
                     // Another start may have won the race: look again.
                     target = proxy.lookup(&target.endpoint).await?.ok_or_else(|| gone(&target.endpoint))?;
                     if target.state != State::Running {
@@ -280,22 +289,36 @@ async fn reach(
                 return Err(Refusal::new(why::WAKE_FAILED, "57P03", message));
             }
         }
-        let deadline = Instant::now() + proxy.config.compute_timeout;
-        match compute::login(&target, &route.params, key, verifier, proxy.compute_tls.as_ref(), deadline).await {
+        // A compute just woken may still be starting: its login is retried
+        // for the whole timeout. One found running is asked briefly, then
+        // looked up again.
+        let now = Instant::now();
+        let deadline = now + proxy.config.compute_timeout;
+        let retry_until = if woken { deadline } else { now + SUSPENDING_POLL };
+        let patience = compute::Patience { deadline, retry_until };
+        match compute::login(&target, &route.params, key, verifier, proxy.compute_tls.as_ref(), patience).await {
             Ok(mut compute) => {
                 let key = compute::greet(&mut compute, client, &target, &proxy.cancels).await?;
                 return Ok((compute, key));
             }
-            Err(r) if r.reason == why::COMPUTE_UNREACHABLE && wakes < MAX_WAKES_PER_SESSION => {
-                // It may have gone to sleep just as this client came.
+            Err(r) if may_be_suspending(&r) && wakes < MAX_WAKES_PER_SESSION => {
+                let until = *unreachable_until.get_or_insert_with(|| Instant::now() + proxy.config.compute_timeout);
                 target = proxy.lookup(&target.endpoint).await?.ok_or_else(|| gone(&target.endpoint))?;
-                if target.state != State::Suspended {
-                    return Err(r);
+                match target.state {
+                    State::Suspended => woken = false,
+                    State::Running if Instant::now() < until => tokio::time::sleep(SUSPENDING_POLL).await,
+                    _ => return Err(r),
                 }
             }
             Err(r) => return Err(r),
         }
     }
+}
+
+/// Whether a failed login may be a compute shutting down to suspend:
+/// unreachable, or "the database system is shutting down".
+fn may_be_suspending(r: &Refusal) -> bool {
+    r.reason == why::COMPUTE_UNREACHABLE || (r.reason == why::COMPUTE_ERROR && r.code == compute::CANNOT_CONNECT_NOW)
 }
 
 fn gone(endpoint: &str) -> Refusal {
