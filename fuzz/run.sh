@@ -111,6 +111,10 @@ for i in 1 2 3; do seed_sealed "$i"; done
 # The proxy's wire decoders share it: a startup packet's body, a cancel request.
 [ -f corpus/decoders/seed-pg-startup ] || printf '\x0c\x00\x03\x00\x00user\0app\0database\0postgres\0options\0endpoint=ep1\0\0' > corpus/decoders/seed-pg-startup
 [ -f corpus/decoders/seed-pg-cancel ] || printf '\x0c\x04\xd2\x16\x2e\x00\x00\x00\x07\x01\x02\x03\x04' > corpus/decoders/seed-pg-cancel
+# Decoded WAL (selector 14): a compressed batch of a whole record and a
+# skeleton through a stream decoder, and the same batch's Protobuf bytes.
+seed_hex seed-decoded-stream "0e014700000046000000738d86fb28b52ffd0038f4010054030a32102e1a2e2e00000005000b002002007f06000005000000104000000100000007070a10082a103320063208ff0c05908001000902006060032401"
+seed_hex seed-decoded-batch "0e000a32102e1a2e2e000000050000000000000000000000000b000000000000002002007f06000005000000104000000100000007070a10082a103320063208ff0c059080010009"
 # An import's tar stream (selector 13): a data directory's first files.
 if [ ! -f corpus/decoders/seed-import-tar ]; then
     seed_dir="$(mktemp -d)"

@@ -22,6 +22,9 @@ STRIPE = 8
 SCALE = 2
 GETPAGE = "strata_pageserver_getpage_requests_total"
 ERRORS = "strata_pageserver_request_errors_total"
+DECODED = "strata_pageserver_decoded_batches_total"
+STREAM_BYTES = "strata_pageserver_wal_stream_bytes_total"
+WAL_BYTES = "strata_pageserver_wal_bytes_ingested_total"
 
 
 def contents(ep: Endpoint) -> list:
@@ -127,6 +130,10 @@ def test_a_sharded_tenant_is_spread_over_pageservers_and_reads_the_same_after_a_
         assert m.get(GETPAGE, 0) > served[name], (name, served, m.get(GETPAGE))
         # No read went to a shard that does not hold its page (WrongShard).
         assert m.get(ERRORS, 0) == errors[name], (name, errors, m.get(ERRORS))
+        # Each shard's WAL came decoded, in fewer bytes than the WAL
+        # (`docs/sharding.md`, "WAL decoded once").
+        assert m.get(DECODED, 0) > 0, (name, m.get(DECODED))
+        assert m.get(STREAM_BYTES, 0) < m.get(WAL_BYTES, 0) / 2, (name, m.get(STREAM_BYTES), m.get(WAL_BYTES))
 
     # A replica of the writer replays its WAL and reads its pages from both shards.
     replica = Endpoint(cluster, "r1")

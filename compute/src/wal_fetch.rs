@@ -53,6 +53,8 @@ pub async fn fetch_wal(donor: &Donor<'_>, from: Lsn, to: Lsn) -> Result<(StreamS
             // Not a pageserver: never fenced.
             generation: 0,
             shard: strata_protocol::shard::ShardIndex::UNSHARDED,
+            format: strata_protocol::decoded_wal::StreamFormat::Raw,
+            stripe_blocks: strata_protocol::shard::DEFAULT_STRIPE_BLOCKS,
         }),
         &mut out,
     );
@@ -77,6 +79,7 @@ pub async fn fetch_wal(donor: &Donor<'_>, from: Lsn, to: Lsn) -> Result<(StreamS
                     wal.extend_from_slice(&w.wal[..w.wal.len().min(len - wal.len())]);
                 }
                 StreamMessage::Keepalive { .. } => {}
+                StreamMessage::Decoded(_) => return Err(format!("{address}: decoded WAL in a raw stream")),
                 StreamMessage::Error(e) => return Err(format!("{address}: {:?}: {}", e.code, e.message)),
             }
         }

@@ -548,6 +548,7 @@ impl Plan {
                     "pg_bin_dir": args.pg_bin_dir,
                     "pg_user": args.pg_user,
                     "verify_redo": args.verify_redo,
+                    "wal_stream": args.wal_stream,
                     "remote_storage": self.remote_storage,
                     "storage_key": self.storage_key,
                     "attachments": self.root.join(&name).join(ATTACHMENTS_FILE),

@@ -23,6 +23,8 @@ pub struct InitOptions {
     pub pg_user: String,
     /// Computes log an image of every page they change, checked by the pageserver.
     pub verify_redo: bool,
+    /// How pageservers ask the safekeepers for WAL (`pageserver.toml`'s `wal_stream`).
+    pub wal_stream: strata_pageserver::config::WalStreamChoice,
     /// A cluster on this machine in this many sites (`docs/sites.md`).
     pub sites: Option<usize>,
     /// The round trip between two sites, in milliseconds.
@@ -102,6 +104,7 @@ impl InitOptions {
             pg_user: "postgres".into(),
             pg_version: None,
             verify_redo: false,
+            wal_stream: Default::default(),
             insecure_loopback: false,
             no_encryption_at_rest: false,
             sites: None,

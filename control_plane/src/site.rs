@@ -607,6 +607,8 @@ fn count_commits(
             token,
             generation: 0,
             shard: strata_protocol::shard::ShardIndex::UNSHARDED,
+            format: strata_protocol::decoded_wal::StreamFormat::Raw,
+            stripe_blocks: strata_protocol::shard::DEFAULT_STRIPE_BLOCKS,
         }),
         &mut out,
     );
@@ -640,6 +642,7 @@ fn count_commits(
                 }
             }
             StreamMessage::Error(e) => return Err(format!("{:?}: {}", e.code, e.message)),
+            StreamMessage::Decoded(_) => return Err("decoded WAL in a raw stream".into()),
             StreamMessage::Start(_) | StreamMessage::Keepalive { .. } => {}
         }
     }

@@ -37,6 +37,8 @@ const SCRAM: u8 = 12;
 /// First byte of inputs for the tar stream of `tenant import`, unpacked
 /// into a scratch directory.
 const IMPORT_TAR: u8 = 13;
+/// Decoded WAL batches (`strata_protocol::decoded_wal`).
+const DECODED_WAL: u8 = 14;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -74,5 +76,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     if let Some((&IMPORT_TAR, bytes)) = data.split_first() {
         strata_pageserver::fuzz::fuzz_import_tar(bytes);
+    }
+    if let Some((&DECODED_WAL, bytes)) = data.split_first() {
+        strata_protocol::decoded_wal::fuzz_one(bytes);
     }
 });

@@ -12,6 +12,27 @@ use strata_service::config::{
     Protection,
 };
 
+/// The `wal_stream` setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WalStreamChoice {
+    #[default]
+    Auto,
+    Decoded,
+    Raw,
+}
+
+impl WalStreamChoice {
+    /// Whether a timeline of a tenant so laid out streams decoded WAL.
+    pub fn decoded(self, sharded: bool) -> bool {
+        match self {
+            WalStreamChoice::Auto => sharded,
+            WalStreamChoice::Decoded => true,
+            WalStreamChoice::Raw => false,
+        }
+    }
+}
+
 /// Everything a pageserver process needs; written by `strata init`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -109,6 +130,12 @@ pub struct PageserverConfig {
     /// mismatches are counted, logged and shown in the timeline's status).
     #[serde(default)]
     pub verify_redo: bool,
+    /// How timelines ask the safekeepers for WAL: `decoded` (records
+    /// decoded once on the safekeepers and routed per shard, compressed),
+    /// `raw` (the WAL's bytes), or `auto`: decoded for sharded tenants and
+    /// raw for the rest, which measured cheaper in CPU (`docs/sharding.md`).
+    #[serde(default)]
+    pub wal_stream: WalStreamChoice,
     /// L0 deltas (one per flush) that start a compaction into L1 deltas.
     #[serde(default = "default_compaction_threshold")]
     pub compaction_threshold: usize,

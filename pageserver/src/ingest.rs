@@ -35,6 +35,7 @@ use strata_formats::v15::{identify, rmgr};
 use strata_formats::version::BLCKSZ;
 use strata_formats::wal::record::{BlockRef, DecodedRecord};
 use strata_formats::Lsn;
+use strata_protocol::decoded_wal::Skeleton;
 use strata_protocol::pageserver::SlruKind;
 use strata_redo::{NativeRecord, HEAPBLOCKS_PER_VM_PAGE};
 
@@ -210,24 +211,68 @@ impl WalIngest {
     /// or once [`MAX_PENDING_VERSIONS`] wait. A record that fails adds
     /// nothing; the records before it stay pending.
     pub fn add(&mut self, rec: &DecodedRecord) -> Result<(), IngestError> {
+        self.add_with(rec.lsn, rec.end_lsn, |this| this.ingest_inner(rec)).map_err(|reason| IngestError {
+            lsn: rec.lsn,
+            rmgr: rmgr::name(rec.rmgr()).into_owned(),
+            kind: identify::identify(rec.version, rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN").to_string(),
+            reason: Box::new(reason),
+        })
+    }
+
+    /// Ingests the skeleton of a record whose blocks are all another
+    /// shard's (a decoded stream, `strata_protocol::decoded_wal`): the
+    /// relation sizes it implies and the transaction ids it carries, as
+    /// [`WalIngest::add`] would keep of the whole record.
+    pub fn add_skeleton(&mut self, s: &Skeleton) -> Result<(), IngestError> {
+        self.add_with(s.lsn, s.end_lsn, |this| this.ingest_skeleton(s)).map_err(|reason| IngestError {
+            lsn: s.lsn,
+            rmgr: "(skeleton)".into(),
+            kind: format!("{} blocks", s.blocks.len()),
+            reason: Box::new(reason),
+        })
+    }
+
+    /// Moves ingest past records this shard was not sent (they change
+    /// nothing it keeps): the timeline reaches `end`, the last record
+    /// having started at `last_record`.
+    pub fn skip_to(&mut self, end: Lsn, last_record: Lsn) {
+        debug_assert!(self.batch.is_empty(), "between records");
+        let current = self.pending_lsns.unwrap_or_else(|| self.tl.record_lsns());
+        if end > current.last {
+            self.lsn = end;
+            self.pending_lsns = Some(RecordLsns { last: end, prev: last_record });
+        }
+    }
+
+    /// The frame of every record's ingest: `body` adds the record's
+    /// versions, which become pending at `end_lsn`; a failure adds nothing.
+    fn add_with(&mut self, lsn: Lsn, end_lsn: Lsn, body: impl FnOnce(&mut Self) -> Res<()>) -> Res<()> {
         debug_assert!(self.batch.is_empty(), "a record's versions outlived it");
-        self.lsn = rec.end_lsn;
-        let result = self.ingest_inner(rec);
-        if let Err(reason) = result {
+        self.lsn = end_lsn;
+        if let Err(reason) = body(self) {
             self.batch.clear();
             self.lsn = self.pending_lsns.unwrap_or_else(|| self.tl.record_lsns()).last;
-            return Err(IngestError {
-                lsn: rec.lsn,
-                rmgr: rmgr::name(rec.rmgr()).into_owned(),
-                kind: identify::identify(rec.version, rec.rmgr(), rec.header.info).unwrap_or("UNKNOWN").to_string(),
-                reason: Box::new(reason),
-            });
+            return Err(reason);
         }
         self.finish_record();
         self.pending.append(&mut self.batch);
-        self.pending_lsns = Some(RecordLsns { last: rec.end_lsn, prev: rec.lsn });
+        self.pending_lsns = Some(RecordLsns { last: end_lsn, prev: lsn });
         if self.pending.len() >= MAX_PENDING_VERSIONS {
             self.commit();
+        }
+        Ok(())
+    }
+
+    fn ingest_skeleton(&mut self, s: &Skeleton) -> Res<()> {
+        for b in &s.blocks {
+            let tag = RelTag { rel: b.rel, fork: b.fork };
+            self.ensure_rel(tag)?;
+            self.extend_to(tag, b.block + 1)?;
+        }
+        let before = self.checkpoint.checkpoint;
+        self.checkpoint.observe_xids(s.xid, s.toplevel_xid);
+        if self.checkpoint.checkpoint != before {
+            self.put(Key::checkpoint(), Value::Image(Bytes::copy_from_slice(&self.checkpoint.checkpoint.encode())));
         }
         Ok(())
     }

@@ -7,6 +7,7 @@ pub mod basebackup;
 pub mod checkpoint_record;
 pub mod clock;
 pub mod config;
+pub mod decoded_ingest;
 pub mod dirs;
 pub mod eviction;
 pub mod fuzz;

@@ -15,6 +15,8 @@ strata_service::declare_metrics! {
     /// Counters and histograms shared by every timeline and connection.
     pub struct Metrics in "strata_pageserver" {
         wal_bytes_ingested: Counter => "WAL bytes decoded and ingested",
+        wal_stream_bytes: Counter => "Bytes of WAL streams received from safekeepers (raw WAL, or decoded batches compressed)",
+        decoded_batches: Counter => "Batches of decoded WAL received",
         records_ingested: Counter => "WAL records ingested",
         layers_flushed: Counter => "In-memory layers written to layer files",
         layer_bytes_written: Counter => "Bytes of layer files written",

@@ -210,6 +210,7 @@ fn wal_sources(
         token,
         tls,
         idle_after: conf.idle_after(),
+        wal_stream: conf.wal_stream,
     }
 }
 

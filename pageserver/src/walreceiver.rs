@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use strata_formats::wal::reader::{StartPosition, WalDecodeError, WalDecoder};
 use strata_formats::Lsn;
+use strata_protocol::decoded_wal::StreamFormat;
 use strata_protocol::framed::{FrameError, FrameReader};
 use strata_protocol::safekeeper::codec::{self, CodecError};
 use strata_protocol::safekeeper::{
@@ -35,6 +36,8 @@ use strata_service::panic_message;
 use strata_service::tls::{BlockingStream, ClientTls};
 use tracing::{info, warn};
 
+use crate::config::WalStreamChoice;
+use crate::decoded_ingest::{DecodedInput, DecodedInputError};
 use crate::idle::{next_step, Quiet, Step};
 use crate::ingest::{IngestError, WalIngest};
 use crate::timeline::{BrokenKind, Timeline};
@@ -77,6 +80,8 @@ pub struct WalSources {
     /// A timeline that receives no WAL for this long goes idle (`idle.rs`);
     /// none: it streams as long as it is attached (no watcher would wake it).
     pub idle_after: Option<Duration>,
+    /// Raw or decoded WAL (`pageserver.toml`'s `wal_stream`).
+    pub wal_stream: WalStreamChoice,
 }
 
 /// Handle to a running receiver.
@@ -174,6 +179,9 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
     // When WAL last arrived (or the receiver started): what idling counts from.
     let mut last_wal = clock.now();
     let mut leaving = false;
+    // After a decoded stream met a record too large for it: raw WAL until
+    // ingest has passed that record.
+    let mut raw_until: Option<Lsn> = None;
     while !stop.load(Ordering::SeqCst) {
         if tl.broken_reason().is_some() {
             clock.sleep_blocking(BROKEN_RECEIVER_POLL);
@@ -190,13 +198,21 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
         }
         let ingest = ingest.as_mut().expect("set above");
         let start = carried.as_ref().map_or_else(|| tl.record_lsns().last, WalDecoder::input_lsn);
-        let result = match connect_best(&tl, &sources, &status, start, lagging.as_deref()) {
+        if raw_until.is_some_and(|until| start > until) {
+            raw_until = None;
+        }
+        let format = stream_format(&tl, &sources, carried.is_some() || raw_until.is_some());
+        let result = match connect_best(&tl, &sources, &status, start, lagging.as_deref(), format) {
             Ok((addr, stream, commit)) => {
-                info!(timeline = %tl.timeline_id, safekeeper = %addr, %start, %commit, "streaming WAL");
+                info!(timeline = %tl.timeline_id, safekeeper = %addr, %start, %commit, ?format, "streaming WAL");
                 backoff = MIN_BACKOFF;
                 status.lock().last_error = None;
                 let link = Link { addr: &addr, sources: &sources, status: &status, stop: &stop };
-                stream_wal(&tl, ingest, carried.take(), stream, &link, &mut last_wal)
+                let input = match format {
+                    StreamFormat::Decoded => Input::Decoded(DecodedInput::new(start)),
+                    StreamFormat::Raw => Input::Raw(carried.take().unwrap_or_else(|| new_decoder(&tl))),
+                };
+                stream_wal(&tl, ingest, input, stream, &link, &mut last_wal, raw_until)
             }
             Err(StreamError::Connection(LinkError::NoSource { start, failures }))
                 if failures.iter().any(|(_, e)| matches!(e, LinkError::WalRemoved(_))) =>
@@ -225,6 +241,10 @@ fn receive_loop(tl: Arc<Timeline>, sources: WalSources, status: Arc<Mutex<Receiv
                     leaving = true;
                 }
             }
+            Err(StreamError::Connection(LinkError::RecordTooLarge { lsn, message })) => {
+                info!(timeline = %tl.timeline_id, "{message}; streaming raw WAL past it");
+                raw_until = Some(lsn.unwrap_or_else(|| tl.record_lsns().last));
+            }
             Err(e) => {
                 let wait = stream_failed(&tl, e, &status, &mut lagging);
                 if wait {
@@ -250,7 +270,7 @@ fn stream_failed(tl: &Timeline, e: StreamError, status: &Mutex<ReceiverStatus>, 
             info!(timeline = %tl.timeline_id, "the tenant left this pageserver; ingest stopped");
             false
         }
-        e @ (StreamError::Ingest(_) | StreamError::Decode(_)) => {
+        e @ (StreamError::Ingest(_) | StreamError::Decode(_) | StreamError::Record(_)) => {
             tl.set_broken(BrokenKind::Ingest, e.to_string());
             false
         }
@@ -274,6 +294,17 @@ fn stream_failed(tl: &Timeline, e: StreamError, status: &Mutex<ReceiverStatus>, 
             s.safekeeper = None;
             true
         }
+    }
+}
+
+/// A decoded batch that failed: a record that does not decode or ingest
+/// stops the timeline as raw WAL's would; a damaged or misplaced batch
+/// ends the stream.
+fn decoded_failure(e: DecodedInputError) -> StreamError {
+    match e {
+        DecodedInputError::Ingest(e) => StreamError::Ingest(e),
+        e @ DecodedInputError::Record { .. } => StreamError::Record(e.to_string()),
+        e => StreamError::Connection(LinkError::Decoded(e)),
     }
 }
 
@@ -313,6 +344,9 @@ enum StreamError {
     /// The WAL does not decode: the timeline stops.
     #[error("WAL decoding failed: {0}")]
     Decode(#[from] WalDecodeError),
+    /// A record of a decoded stream does not decode: the timeline stops.
+    #[error("decoded WAL: {0}")]
+    Record(String),
     /// The timeline broke meanwhile (a flush failed): ingest stops.
     #[error("the timeline is broken: {0}")]
     Broken(String),
@@ -343,6 +377,10 @@ pub enum LinkError {
     Offloaded(String),
     #[error("unexpected message: {0}")]
     Unexpected(String),
+    #[error("a decoded stream cannot send a record: {message}")]
+    RecordTooLarge { lsn: Option<Lsn>, message: String },
+    #[error(transparent)]
+    Decoded(DecodedInputError),
     #[error("WAL at {got} does not continue {expected}")]
     Gap { got: Lsn, expected: Lsn },
     #[error("{other} has committed up to {commit}, beyond {current}; switching")]
@@ -374,6 +412,7 @@ fn connect_best(
     status: &Mutex<ReceiverStatus>,
     start: Lsn,
     lagging: Option<&str>,
+    format: StreamFormat,
 ) -> Result<(String, OpenStream, Lsn), StreamError> {
     // (address, stream, commit LSN) of the best of each kind.
     let mut best: Option<(String, OpenStream, Lsn)> = None;
@@ -381,7 +420,7 @@ fn connect_best(
     let mut failures = Vec::new();
     let mut passed_over = None;
     for addr in &sources.safekeepers {
-        match open_stream(tl, addr, sources, start) {
+        match open_stream(tl, addr, sources, start, format) {
             Ok(s) if Some(addr.as_str()) == lagging => passed_over = Some((addr.clone(), s.commit, s)),
             Ok(s) => {
                 let commit = s.commit;
@@ -414,7 +453,13 @@ struct OpenStream {
     commit: Lsn,
 }
 
-fn open_stream(tl: &Timeline, addr: &str, sources: &WalSources, start: Lsn) -> Result<OpenStream, LinkError> {
+fn open_stream(
+    tl: &Timeline,
+    addr: &str,
+    sources: &WalSources,
+    start: Lsn,
+    format: StreamFormat,
+) -> Result<OpenStream, LinkError> {
     let sockaddr = addr.to_socket_addrs()?.next().ok_or(LinkError::NoAddress)?;
     let tcp = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)?;
     // The TLS handshake runs under these timeouts too, with the first write.
@@ -441,6 +486,8 @@ fn open_stream(tl: &Timeline, addr: &str, sources: &WalSources, start: Lsn) -> R
             generation: tl.remote().map_or(0, |r| r.generation),
             // Fenced per shard: each shard fails over on its own.
             shard: tl.tenant_id.shard,
+            format,
+            stripe_blocks: tl.shard.stripe_blocks,
         }),
         &mut out,
     );
@@ -462,10 +509,41 @@ fn open_stream(tl: &Timeline, addr: &str, sources: &WalSources, start: Lsn) -> R
 }
 
 fn refusal(code: ErrorCode, message: String) -> LinkError {
-    if code == ErrorCode::WalRemoved {
-        LinkError::WalRemoved(message)
+    match code {
+        ErrorCode::WalRemoved => LinkError::WalRemoved(message),
+        ErrorCode::RecordTooLarge => {
+            // The message names the record's LSN ("the record at 0/16B3F28 ...").
+            let lsn = message.split_whitespace().find_map(|w| w.parse::<Lsn>().ok());
+            LinkError::RecordTooLarge { lsn, message }
+        }
+        _ => LinkError::Refused(message),
+    }
+}
+
+/// The format a timeline's next stream asks for: raw when a decoder
+/// carries a record cut by an offloaded segment's end, or past a record
+/// too large for a decoded stream; else as configured.
+fn stream_format(tl: &Timeline, sources: &WalSources, must_be_raw: bool) -> StreamFormat {
+    if !must_be_raw && sources.wal_stream.decoded(!tl.shard.index.is_unsharded()) {
+        StreamFormat::Decoded
     } else {
-        LinkError::Refused(message)
+        StreamFormat::Raw
+    }
+}
+
+/// What a stream feeds: a decoder of raw WAL, or decoded batches.
+enum Input {
+    Raw(WalDecoder),
+    Decoded(DecodedInput),
+}
+
+impl Input {
+    /// How far the safekeeper's WAL has been read into this input.
+    fn read_lsn(&self) -> Lsn {
+        match self {
+            Input::Raw(d) => d.input_lsn(),
+            Input::Decoded(d) => d.read_lsn(),
+        }
     }
 }
 
@@ -575,7 +653,7 @@ fn poll_message(frames: &mut FrameReader<BlockingStream>) -> Result<Option<Strea
 /// Whether a safekeeper other than `current` has committed WAL beyond `lsn`.
 fn other_has_more(tl: &Timeline, sources: &WalSources, current: &str, lsn: Lsn) -> Option<(String, Lsn)> {
     let others = sources.safekeepers.iter().filter(|a| a.as_str() != current);
-    others.into_iter().find_map(|addr| match open_stream(tl, addr, sources, lsn) {
+    others.into_iter().find_map(|addr| match open_stream(tl, addr, sources, lsn, StreamFormat::Raw) {
         Ok(s) if s.commit > lsn => Some((addr.clone(), s.commit)),
         _ => None,
     })
@@ -585,7 +663,7 @@ fn other_has_more(tl: &Timeline, sources: &WalSources, current: &str, lsn: Lsn) 
 /// (the stream from another site ends, and the next one starts there).
 fn own_site_caught_up(tl: &Timeline, sources: &WalSources, lsn: Lsn) -> Option<String> {
     let own = sources.safekeepers.iter().take(sources.site);
-    own.into_iter().find_map(|addr| match open_stream(tl, addr, sources, lsn) {
+    own.into_iter().find_map(|addr| match open_stream(tl, addr, sources, lsn, StreamFormat::Raw) {
         Ok(s) if s.commit >= lsn => Some(addr.clone()),
         _ => None,
     })
@@ -637,12 +715,12 @@ fn idle_step(tl: &Timeline, idle_after: Duration, q: Quiet, received: Lsn) -> Op
 fn stream_wal(
     tl: &Timeline,
     ingest: &mut WalIngest,
-    decoder: Option<WalDecoder>,
+    mut input: Input,
     open: OpenStream,
     link: &Link,
     last_wal: &mut Instant,
+    raw_until: Option<Lsn>,
 ) -> Result<Ended, StreamError> {
-    let mut decoder = decoder.unwrap_or_else(|| new_decoder(tl));
     let OpenStream { mut frames, .. } = open;
     let (current, sources, status) = (link.addr, link.sources, link.status);
     let clock = &**tl.clock();
@@ -695,13 +773,13 @@ fn stream_wal(
         if let (Some(idle_after), None) = (sources.idle_after, &behind) {
             let q = Quiet {
                 quiet_for: clock.since(*last_wal),
-                caught_up: decoder.input_lsn() >= status.lock().safekeeper_commit_lsn,
+                caught_up: input.read_lsn() >= status.lock().safekeeper_commit_lsn,
                 readers_waiting: tl.activity.waiters() > 0,
                 durable: tl.is_all_durable(),
                 uploaded: all_uploaded(tl),
                 reported: last_feedback.as_ref().is_some_and(|(_, f)| *f == feedback),
             };
-            if let Some(received) = idle_step(tl, idle_after, q, decoder.input_lsn()) {
+            if let Some(received) = idle_step(tl, idle_after, q, input.read_lsn()) {
                 return Ok(Ended::Idle(received));
             }
         }
@@ -712,8 +790,8 @@ fn stream_wal(
             continue;
         };
         last_heard = clock.now();
-        match message {
-            StreamMessage::Wal(w) => {
+        match (message, &mut input) {
+            (StreamMessage::Wal(w), Input::Raw(decoder)) => {
                 if w.begin_lsn != decoder.input_lsn() {
                     return Err(LinkError::Gap { got: w.begin_lsn, expected: decoder.input_lsn() }.into());
                 }
@@ -723,11 +801,31 @@ fn stream_wal(
                 }
                 decoder.feed(&w.wal);
                 tl.metrics.wal_bytes_ingested.inc_by(w.wal.len() as u64);
-                ingest_decoded(tl, ingest, &mut decoder)?;
+                tl.metrics.wal_stream_bytes.inc_by(w.wal.len() as u64);
+                ingest_decoded(tl, ingest, decoder)?;
+                if raw_until.is_some_and(|until| tl.record_lsns().last > until) {
+                    // Past the record a decoded stream could not send: back to one.
+                    return Ok(Ended::Stopped);
+                }
             }
-            StreamMessage::Keepalive { commit_lsn, .. } => status.lock().safekeeper_commit_lsn = commit_lsn,
-            StreamMessage::Error(e) => return Err(refusal(e.code, e.message).into()),
-            StreamMessage::Start(_) => return Err(LinkError::Unexpected("a second stream start".into()).into()),
+            (StreamMessage::Decoded(d), Input::Decoded(decoded)) => {
+                status.lock().safekeeper_commit_lsn = d.commit_lsn;
+                let read_before = decoded.read_lsn();
+                let records = decoded.ingest(tl, ingest, &d).map_err(decoded_failure)?;
+                if d.read_lsn > read_before {
+                    *last_wal = clock.now();
+                }
+                tl.metrics.records_ingested.inc_by(records);
+                tl.metrics.wal_bytes_ingested.inc_by(d.read_lsn.0 - read_before.0);
+                tl.metrics.wal_stream_bytes.inc_by(d.payload.len() as u64);
+                tl.metrics.decoded_batches.inc();
+            }
+            (m @ (StreamMessage::Wal(_) | StreamMessage::Decoded(_)), _) => {
+                return Err(LinkError::Unexpected(format!("{m:?} in a stream of another format")).into());
+            }
+            (StreamMessage::Keepalive { commit_lsn, .. }, _) => status.lock().safekeeper_commit_lsn = commit_lsn,
+            (StreamMessage::Error(e), _) => return Err(refusal(e.code, e.message).into()),
+            (StreamMessage::Start(_), _) => return Err(LinkError::Unexpected("a second stream start".into()).into()),
         }
     }
     Ok(Ended::Stopped)

@@ -11,9 +11,12 @@ use std::sync::Arc;
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::wal::record::DecodedRecord;
 use strata_formats::Lsn;
+use strata_pageserver::decoded_ingest::{DecodedInput, DecodedInputError};
 use strata_pageserver::ingest::WalIngest;
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::timeline::Timeline;
+use strata_protocol::decoded_wal::{route, skeleton, BatchBuilder, BatchEncoder, Route};
+use strata_protocol::safekeeper::DecodedWal;
 use strata_protocol::{ShardIndex, ShardLayout, TenantId, TenantShardId};
 
 const START: Lsn = Lsn(0x0100_0028);
@@ -64,29 +67,27 @@ impl Tenant {
     }
 }
 
-#[test]
-fn every_page_reads_the_same_from_its_shard_at_every_lsn() {
-    let t = Tenant::new("pages");
-    let mut all = WalIngest::new(t.unsharded.clone()).unwrap();
-    let mut shards: Vec<WalIngest> = t.shards.iter().map(|s| WalIngest::new(s.clone()).unwrap()).collect();
-    // A catalog relation (one home) and three user relations, in two databases.
-    let rels = [
-        RelFileNode { spc: 1663, db: 5, rel: 1259 },
-        RelFileNode { spc: 1663, db: 5, rel: 16384 },
-        RelFileNode { spc: 1663, db: 5, rel: 16390 },
-        RelFileNode { spc: 1663, db: 16400, rel: 24576 },
-    ];
+/// A catalog relation (one home) and three user relations, in two databases.
+const RELS: [RelFileNode; 4] = [
+    RelFileNode { spc: 1663, db: 5, rel: 1259 },
+    RelFileNode { spc: 1663, db: 5, rel: 16384 },
+    RelFileNode { spc: 1663, db: 5, rel: 16390 },
+    RelFileNode { spc: 1663, db: 16400, rel: 24576 },
+];
+
+/// Random heap inserts into [`RELS`], from `START`: up to 64 blocks (8
+/// stripes) each, new ones right after the last; half the records start
+/// a new block.
+fn workload() -> Vec<DecodedRecord> {
     let mut rows: BTreeMap<(usize, u32), u16> = BTreeMap::new();
     let mut lsn = START;
-    let mut ends = Vec::new();
+    let mut records = Vec::new();
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    for i in 0..600u32 {
+    for _ in 0..600u32 {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let r = (x % rels.len() as u64) as usize;
-        // Up to 64 blocks (8 stripes) each, new ones right after the last;
-        // half the records start a new block.
+        let r = (x % RELS.len() as u64) as usize;
         let known = rows.range((r, 0)..(r + 1, 0)).count() as u32;
         let block = if (x >> 8).is_multiple_of(2) { known } else { (x >> 16) as u32 % (known + 1) }.min(63);
         let row = rows.entry((r, block)).or_insert(0);
@@ -94,24 +95,19 @@ fn every_page_reads_the_same_from_its_shard_at_every_lsn() {
             continue;
         }
         *row += 1;
-        let rec = heap_insert(rels[r], block, *row, lsn);
-        all.ingest(&rec).unwrap();
-        for s in &mut shards {
-            s.ingest(&rec).unwrap();
-        }
+        let rec = heap_insert(RELS[r], block, *row, lsn);
         lsn = rec.end_lsn;
-        ends.push(lsn);
-        if i == 300 {
-            // Half of it from layer files, half from memory.
-            t.unsharded.checkpoint().unwrap();
-            for s in &t.shards {
-                s.checkpoint().unwrap();
-            }
-        }
+        records.push(rec);
     }
+    records
+}
+
+/// Every page of [`RELS`] at every 25th record's end: the owner shard's
+/// equal to the unsharded timeline's, none on the others, sizes alike.
+fn check_pages(t: &Tenant, ends: &[Lsn]) {
     let mut on_each = [0usize; 4];
     for (n, at) in ends.iter().enumerate().filter(|(n, _)| n.is_multiple_of(25) || *n == ends.len() - 1) {
-        for (r, rel) in rels.iter().enumerate() {
+        for (r, rel) in RELS.iter().enumerate() {
             let tag = RelTag { rel: *rel, fork: ForkNumber::Main };
             let size = t.unsharded.rel_size(tag, *at).unwrap();
             for s in &t.shards {
@@ -140,6 +136,114 @@ fn every_page_reads_the_same_from_its_shard_at_every_lsn() {
     }
     // The user relations' blocks are spread over every shard.
     assert!(on_each.iter().all(|n| *n > 0), "{on_each:?}");
+}
+
+/// Half of it from layer files, half from memory.
+fn checkpoint_all(t: &Tenant) {
+    t.unsharded.checkpoint().unwrap();
+    for s in &t.shards {
+        s.checkpoint().unwrap();
+    }
+}
+
+#[test]
+fn every_page_reads_the_same_from_its_shard_at_every_lsn() {
+    let t = Tenant::new("pages");
+    let mut all = WalIngest::new(t.unsharded.clone()).unwrap();
+    let mut shards: Vec<WalIngest> = t.shards.iter().map(|s| WalIngest::new(s.clone()).unwrap()).collect();
+    let records = workload();
+    for (i, rec) in records.iter().enumerate() {
+        all.ingest(rec).unwrap();
+        for s in &mut shards {
+            s.ingest(rec).unwrap();
+        }
+        if i == records.len() / 2 {
+            checkpoint_all(&t);
+        }
+    }
+    check_pages(&t, &records.iter().map(|r| r.end_lsn).collect::<Vec<_>>());
+}
+
+/// The same, each shard fed a decoded stream (`strata_protocol::decoded_wal`):
+/// the records routed for it, whole or as skeletons, in compressed batches
+/// of 1 to 40 records, some of which end in records it is not sent.
+#[test]
+fn every_page_reads_the_same_from_its_shard_through_decoded_streams() {
+    let t = Tenant::new("decoded");
+    let mut all = WalIngest::new(t.unsharded.clone()).unwrap();
+    let mut shards: Vec<(WalIngest, DecodedInput, BatchEncoder)> = t
+        .shards
+        .iter()
+        .map(|s| (WalIngest::new(s.clone()).unwrap(), DecodedInput::new(START), BatchEncoder::new().unwrap()))
+        .collect();
+    let records = workload();
+    for rec in &records {
+        all.ingest(rec).unwrap();
+    }
+    let (mut begin, mut at, mut n, mut sizes) = (START, 0, 1usize, 0);
+    let mut sent = [[0usize; 2]; 4];
+    while at < records.len() {
+        let batch = &records[at..(at + n).min(records.len())];
+        let last = batch.last().unwrap();
+        for (k, (ingest, input, encoder)) in shards.iter_mut().enumerate() {
+            let mut b = BatchBuilder::new(begin);
+            for rec in batch {
+                match route(rec, t.layout).for_shard(k as u8) {
+                    Route::Whole => {
+                        b.add_whole(rec);
+                        sent[k][0] += 1;
+                    }
+                    Route::Skeleton => {
+                        b.add_skeleton(&skeleton(rec));
+                        sent[k][1] += 1;
+                    }
+                    Route::Omit => {}
+                }
+            }
+            let e = encoder.encode(&b.finish()).unwrap();
+            let d = DecodedWal {
+                begin_lsn: begin,
+                end_lsn: last.end_lsn,
+                last_record_lsn: last.lsn,
+                read_lsn: last.end_lsn,
+                commit_lsn: last.end_lsn,
+                flush_lsn: last.end_lsn,
+                batch_len: e.batch_len,
+                crc32c: e.crc,
+                payload: e.payload,
+            };
+            let got = input.ingest(&t.shards[k], ingest, &d).unwrap();
+            assert!(got as usize <= batch.len());
+            assert_eq!(t.shards[k].record_lsns().last, last.end_lsn, "shard {k} moved past the batch");
+        }
+        begin = last.end_lsn;
+        at += batch.len();
+        n = n % 40 + 1 + (n * 7) % 3;
+        sizes += 1;
+        if sizes == 10 {
+            checkpoint_all(&t);
+        }
+    }
+    // Each shard got its own records whole, the others' as skeletons.
+    for (k, [whole, skeletons]) in sent.iter().enumerate() {
+        assert!(*whole > 0 && *skeletons > 0 && whole + skeletons == records.len(), "shard {k}: {sent:?}");
+    }
+    // A batch that does not follow is refused, and changes nothing.
+    let (ingest, input, encoder) = &mut shards[1];
+    let e = encoder.encode(&BatchBuilder::new(START).finish()).unwrap();
+    let stray = DecodedWal {
+        begin_lsn: START,
+        end_lsn: START,
+        last_record_lsn: Lsn::INVALID,
+        read_lsn: START,
+        commit_lsn: START,
+        flush_lsn: START,
+        batch_len: e.batch_len,
+        crc32c: e.crc,
+        payload: e.payload,
+    };
+    assert!(matches!(input.ingest(&t.shards[1], ingest, &stray), Err(DecodedInputError::Gap { .. })));
+    check_pages(&t, &records.iter().map(|r| r.end_lsn).collect::<Vec<_>>());
 }
 
 #[test]

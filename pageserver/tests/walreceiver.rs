@@ -192,6 +192,7 @@ fn a_silent_safekeeper_gets_feedback_and_is_left_for_one_that_committed_more() {
             token: None,
             tls: None,
             idle_after: None,
+            wal_stream: Default::default(),
         },
         Default::default(),
     )
@@ -232,6 +233,7 @@ fn an_own_site_safekeeper_is_preferred_left_when_it_lags_and_returned_to_once_ca
             token: None,
             tls: None,
             idle_after: None,
+            wal_stream: Default::default(),
         },
         Default::default(),
     )
@@ -268,6 +270,7 @@ fn a_quiet_timeline_makes_its_wal_durable_reports_it_and_ends_its_stream_and_thr
         token: None,
         tls: None,
         idle_after: Some(Duration::from_secs(1)),
+        wal_stream: Default::default(),
     };
     let receiver = WalReceiver::spawn(tl.clone(), sources.clone(), Default::default()).unwrap();
     let wait = |what: &str, check: &dyn Fn() -> bool| wait_for(&tl, what, check);

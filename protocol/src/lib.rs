@@ -1,6 +1,7 @@
 //! Strata's wire protocols and the identifiers they carry.
 
 pub mod api;
+pub mod decoded_wal;
 mod frame;
 pub mod framed;
 pub mod ids;

@@ -27,6 +27,24 @@ pub const MAX_SITE_LEN: usize = 64;
 /// `max_async_lag` of a `local-quorum` placement unless told otherwise.
 pub const DEFAULT_MAX_ASYNC_LAG: u64 = 128 << 20;
 
+// Decoded WAL (`crate::decoded_wal`).
+
+/// WAL a safekeeper decodes into one batch before it sends it (less when
+/// it has caught up).
+pub const DECODED_BATCH_TARGET: usize = 1 << 20;
+/// Largest record sent whole in a decoded stream; a consumer that meets a
+/// larger one streams raw WAL past it (`ErrorCode::RecordTooLarge`).
+pub const DECODED_MAX_RECORD: usize = 8 << 20;
+/// Largest batch before compression: the target, one more record, and
+/// the skeletons' overhead.
+pub const DECODED_MAX_BATCH: usize = DECODED_BATCH_TARGET + DECODED_MAX_RECORD + (1 << 20);
+/// The zstd window of a decoded stream (128 KiB): what each consumer's
+/// decoder holds, whatever its peer sends.
+pub const DECODED_WINDOW_LOG: u32 = 17;
+/// zstd's level 1: the stream is made once per shard on the safekeeper,
+/// which also writes and fsyncs the WAL.
+pub const DECODED_ZSTD_LEVEL: i32 = 1;
+
 // The page service protocol.
 
 /// Largest value of a page-service frame's length field (tag and payload).
@@ -83,6 +101,9 @@ const MEMBER_BYTES: usize = 8 + 2 * (4 + SAFEKEEPER_MAX_STRING_LEN);
 
 // Every frame length fits the wire format's 32-bit length field.
 const _: () = assert!(SAFEKEEPER_MAX_FRAME_SIZE <= u32::MAX as usize);
+// A compressed batch (at most its input plus zstd's block overhead, under
+// 1/128) and its fixed fields fit in a frame.
+const _: () = assert!(DECODED_MAX_BATCH + DECODED_MAX_BATCH / 128 + 4096 <= SAFEKEEPER_MAX_FRAME_SIZE);
 const _: () = assert!(PAGESERVER_MAX_FRAME_SIZE <= u32::MAX as usize);
 // A maximal WAL chunk leaves room for its message's fixed fields (tag,
 // LSNs, length), which take well under 256 bytes.

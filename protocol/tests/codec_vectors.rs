@@ -3,16 +3,18 @@
 //! Spaces in the hex strings separate fields and mean nothing.
 
 use strata_formats::Lsn;
+use strata_protocol::decoded_wal::StreamFormat;
 use strata_protocol::safekeeper::codec::{
     decode_acceptor, decode_consumer, decode_proposer, decode_stream, encode_acceptor, encode_consumer,
     encode_proposer, encode_stream, split_frame, CodecError,
 };
 use strata_protocol::safekeeper::{
-    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, ErrorCode, ErrorMessage, Member,
-    Membership, OnAsyncLag, Placement, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback,
-    StartStreaming, StreamMessage, TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse, WalData,
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerMessage, DecodedWal, ErrorCode,
+    ErrorMessage, Member, Membership, OnAsyncLag, Placement, ProposerElected, ProposerGreeting, ProposerMessage,
+    StandbyFeedback, StartStreaming, StreamMessage, TermHistory, TermLsn, TimelineIdentity, VoteRequest, VoteResponse,
+    WalData,
 };
-use strata_protocol::shard::ShardIndex;
+use strata_protocol::shard::{ShardIndex, DEFAULT_STRIPE_BLOCKS};
 use strata_protocol::{NodeId, TenantId, TimelineId, Token};
 
 fn history(entries: &[(u64, u64)]) -> TermHistory {
@@ -243,8 +245,16 @@ fn start_streaming() {
             token: token.map(|t| Token::new(t.into())),
             generation: if protocol_version >= 5 { 7 } else { 0 },
             shard: if protocol_version >= 8 { ShardIndex::new(1, 4).unwrap() } else { ShardIndex::UNSHARDED },
+            format: if protocol_version >= 9 { StreamFormat::Decoded } else { StreamFormat::Raw },
+            stripe_blocks: if protocol_version >= 9 { 256 } else { DEFAULT_STRIPE_BLOCKS },
         })
     };
+    // Version 9 ends with the format (decoded) and the stripe size (256).
+    consumer(
+        start(9, Some("tok")),
+        "50000000 10 09000000 11111111111111111111111111111111 22222222222222222222222222222222
+         0010000000000000 0000000000000000 00 04000000 70732d31 03000000 746f6b 07000000 01 04 01 00010000",
+    );
     // Version 8 ends with the shard (number 1 of 4).
     consumer(
         start(8, Some("tok")),
@@ -287,6 +297,25 @@ fn wal_data() {
             wal: vec![1, 2, 3, 4, 5],
         }),
         "1e000000 91 0030000000000000 0030000000000000 0530000000000000 0102030405",
+    );
+}
+
+#[test]
+fn decoded_wal() {
+    stream(
+        StreamMessage::Decoded(DecodedWal {
+            begin_lsn: Lsn(0x3000),
+            end_lsn: Lsn(0x3080),
+            last_record_lsn: Lsn(0x3040),
+            read_lsn: Lsn(0x3090),
+            commit_lsn: Lsn(0x3090),
+            flush_lsn: Lsn(0x3100),
+            batch_len: 5,
+            crc32c: 0x0102_0304,
+            payload: vec![0xaa, 0xbb],
+        }),
+        "3b000000 93 0030000000000000 8030000000000000 4030000000000000 9030000000000000 9030000000000000
+         0031000000000000 05000000 04030201 aabb",
     );
 }
 

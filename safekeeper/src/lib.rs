@@ -8,6 +8,7 @@ pub mod acceptor;
 pub mod config;
 pub mod connection;
 pub mod control_file;
+pub mod decoded_stream;
 pub mod fence;
 pub mod healing;
 pub mod http;

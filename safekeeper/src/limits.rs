@@ -39,6 +39,15 @@ pub const DEFAULT_WAL_ARCHIVE_RETENTION: Duration = Duration::from_secs(7 * 24 *
 /// and control files, peer and recovery connections, logs.
 pub const RESERVED_FILES: usize = 256;
 
+// Decoded streams (`decoded_stream`).
+
+/// Chunks of decoded records a timeline keeps for its shards' streams.
+pub const DECODED_CACHE_CHUNKS: usize = 8;
+/// ... and their bytes at most (the newest chunk is always kept).
+pub const DECODED_CACHE_BYTES: usize = 32 << 20;
+/// WAL read per step while decoding a chunk.
+pub const DECODED_READ_STEP: usize = 256 << 10;
+
 // The safekeeper protocol's connections.
 
 /// Time allowed for a peer to take what we send.

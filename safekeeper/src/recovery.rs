@@ -170,6 +170,8 @@ impl PeerStream {
                 // A peer, not a pageserver: never fenced.
                 generation: 0,
                 shard: strata_protocol::shard::ShardIndex::UNSHARDED,
+                format: strata_protocol::decoded_wal::StreamFormat::Raw,
+                stripe_blocks: strata_protocol::shard::DEFAULT_STRIPE_BLOCKS,
             }),
             &mut out,
         );

@@ -20,8 +20,12 @@ use strata_protocol::safekeeper::{
     StreamStart, WalData, PROTOCOL_VERSION,
 };
 
+use strata_protocol::decoded_wal::StreamFormat;
+use strata_protocol::shard::ShardLayout;
+
 use crate::acceptor::AcceptorError;
 use crate::connection::{Connection, ConnectionError, Frames, Writer};
+use crate::decoded_stream::{DecodedStream, DecodedStreamError};
 use crate::fence::StreamFence;
 use crate::limits::{CONSUMER_KEEPALIVE, IDLE_STREAM_BUFFER, RECENT_WAL_BYTES, SEND_TIMEOUT};
 use crate::shared::Shared;
@@ -258,6 +262,10 @@ async fn consumer(
             format!("start {} lies in WAL this safekeeper removed; it holds the WAL from {held_from}", start.start_lsn);
         return stream_error(&mut w, ErrorCode::WalRemoved, msg).await;
     }
+    let decoded = match decoded_stream(&timeline, &start) {
+        Ok(d) => d,
+        Err(msg) => return stream_error(&mut w, ErrorCode::Protocol, msg).await,
+    };
     let fence = match timeline.admit_consumer(start.shard, start.generation) {
         Ok(Ok(fence)) => fence,
         Ok(Err(stale)) => {
@@ -279,10 +287,61 @@ async fn consumer(
             fenced: false,
         },
     );
-    let result = consumer_loop(&mut reader, &mut w, &shared, &timeline, &start, id, fence).await;
+    let admitted = Admitted { fence, decoded };
+    let result = consumer_loop(&mut reader, &mut w, &shared, &timeline, &start, id, admitted).await;
     timeline.consumers.lock().remove(&id);
     shared.metrics.consumer_connections.dec();
     result
+}
+
+/// What a consumer was admitted with: its generation's fence and, if it
+/// asked for one, its decoded stream.
+struct Admitted {
+    fence: StreamFence,
+    decoded: Option<DecodedStream>,
+}
+
+/// The decoded stream a request asks for, if it does: its shard and
+/// layout checked, its cache shared with the other shards' streams.
+fn decoded_stream(timeline: &Timeline, start: &StartStreaming) -> Result<Option<DecodedStream>, String> {
+    if start.format != StreamFormat::Decoded {
+        return Ok(None);
+    }
+    if start.include_uncommitted {
+        // Only committed WAL is never truncated: chunks of it can be shared.
+        return Err("a decoded stream carries committed WAL only".into());
+    }
+    let layout = ShardLayout::new(u32::from(start.shard.shards()), start.stripe_blocks)
+        .map_err(|e| format!("decoded stream: {e}"))?;
+    let cache = timeline.decoded_cache(layout)?;
+    DecodedStream::new(cache, start.shard.number, start.start_lsn).map(Some).map_err(|e| e.to_string())
+}
+
+/// Sends the next decoded batch up to `limit`; false if the stream must
+/// end (the consumer was told why).
+async fn send_decoded(
+    w: &mut Writer,
+    out: &mut Vec<u8>,
+    shared: &Shared,
+    stream: &mut DecodedStream,
+    wal: &mut WalReader,
+    limit: Lsn,
+    now: &crate::timeline::Positions,
+) -> Result<bool, ConnectionError> {
+    match stream.next_batch(wal, limit, now.commit_lsn, now.flush_lsn).await {
+        Ok((batch, covered)) => {
+            shared.metrics.decoded_wal_bytes.inc_by(covered);
+            shared.metrics.decoded_sent_bytes.inc_by(batch.payload.len() as u64);
+            shared.metrics.decoded_batches.inc();
+            codec::encode_stream(&StreamMessage::Decoded(batch), out);
+            Ok(true)
+        }
+        Err(DecodedStreamError::Io(e)) => Err(e.into()),
+        Err(e @ DecodedStreamError::Undecodable { .. }) => {
+            stream_error(w, ErrorCode::RecordTooLarge, e.to_string()).await?;
+            Ok(false)
+        }
+    }
 }
 
 /// Sleeps on `clock` until `deadline`, or forever without one.
@@ -300,8 +359,9 @@ async fn consumer_loop(
     timeline: &Arc<Timeline>,
     start: &StartStreaming,
     id: u64,
-    mut fence: StreamFence,
+    admitted: Admitted,
 ) -> Result<(), ConnectionError> {
+    let Admitted { mut fence, mut decoded } = admitted;
     let mut positions = timeline.subscribe();
     let mut out = Vec::new();
     let now = *positions.borrow_and_update();
@@ -358,6 +418,16 @@ async fn consumer_loop(
             if sent >= start.stop_lsn {
                 return Ok(());
             }
+        }
+        if let (Some(stream), true) = (decoded.as_mut(), sent < limit) {
+            if !send_decoded(w, &mut out, shared, stream, &mut wal, limit, &now).await? {
+                return Ok(());
+            }
+            sent = stream.read_lsn();
+            if let Some(c) = timeline.consumers.lock().get_mut(&id) {
+                c.sent_lsn = sent;
+            }
+            continue;
         }
         if sent < limit {
             let n = ((limit.0 - sent.0) as usize).min(max_chunk);

@@ -83,6 +83,9 @@ pub struct Timeline {
     /// The newest pageserver generation of each shard (see `fence`),
     /// made when a consumer of the shard first asks.
     fences: Mutex<BTreeMap<ShardIndex, Arc<crate::fence::Fence>>>,
+    /// The decoded streams' shared chunks, one cache per shard layout
+    /// streamed now (held by the streams; gone with the last of them).
+    decoded: Mutex<Vec<std::sync::Weak<crate::decoded_stream::DecodedCache>>>,
     /// Times the control file's rewrites, failures and appends.
     clock: Arc<dyn Clock>,
 }
@@ -197,8 +200,28 @@ impl Timeline {
             last_append: Mutex::new(None),
             standby_feedback: crate::standby_feedback::FeedbackRegistry::new(clock.clone()),
             fences: Mutex::new(BTreeMap::new()),
+            decoded: Mutex::new(Vec::new()),
             clock,
         }))
+    }
+
+    /// The cache of decoded chunks the streams of `layout` share.
+    pub fn decoded_cache(
+        &self,
+        layout: strata_protocol::shard::ShardLayout,
+    ) -> Result<Arc<crate::decoded_stream::DecodedCache>, String> {
+        let version = strata_formats::version::PgVersion::from_major(self.identity.pg_version)
+            .ok_or_else(|| format!("PostgreSQL {} has no decoder here", self.identity.pg_version))?;
+        let mut caches = self.decoded.lock();
+        caches.retain(|w| w.strong_count() > 0);
+        if let Some(c) = caches.iter().filter_map(|w| w.upgrade()).find(|c| c.layout() == layout) {
+            return Ok(c);
+        }
+        let segment_size = u64::from(self.identity.wal_segment_size);
+        let cache =
+            Arc::new(crate::decoded_stream::DecodedCache::new(layout, version, self.identity.system_id, segment_size));
+        caches.push(Arc::downgrade(&cache));
+        Ok(cache)
     }
 
     fn positions_of(acceptor: &TimelineAcceptor) -> Positions {

@@ -12,8 +12,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use strata_formats::wal::encode::{encode_record, WalBuilder};
 use strata_formats::{Lsn, PgVersion};
+use strata_protocol::decoded_wal::{BatchDecoder, Entry, StreamFormat};
 use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::*;
+use strata_protocol::shard::ShardIndex;
 use strata_protocol::{TenantId, TimelineId};
 use strata_safekeeper::config::SafekeeperConfig;
 // The server runs on the real clock, so these tests time it on the real clock too.
@@ -112,6 +114,66 @@ async fn stream_request(addr: SocketAddr, stop_lsn: Lsn, name: &str, generation:
     shard_stream_request(addr, stop_lsn, name, generation, strata_protocol::shard::ShardIndex::UNSHARDED).await
 }
 
+/// A decoded stream of one shard (a tenant of 8-block stripes) from `START`.
+async fn decoded_consumer(addr: SocketAddr, stop_lsn: Lsn, shard: ShardIndex) -> Client {
+    let mut c = Client::connect(addr).await;
+    let mut out = Vec::new();
+    codec::encode_consumer(&ConsumerMessage::Start(decoded_request(stop_lsn, shard)), &mut out);
+    c.send_raw(&out).await;
+    c
+}
+
+fn decoded_request(stop_lsn: Lsn, shard: ShardIndex) -> StartStreaming {
+    StartStreaming {
+        protocol_version: PROTOCOL_VERSION,
+        tenant_id: TenantId([5; 16]),
+        timeline_id: TimelineId([6; 16]),
+        start_lsn: START,
+        stop_lsn,
+        include_uncommitted: false,
+        consumer_id: format!("decoded/{shard:?}"),
+        token: None,
+        generation: 0,
+        shard,
+        format: StreamFormat::Decoded,
+        stripe_blocks: 8,
+    }
+}
+
+/// A counter of the safekeeper's `/metrics`.
+async fn metric(sk: &Running, name: &str) -> u64 {
+    let (status, text) = http(sk.http, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
+}
+
+/// Reads a decoded stream to its end: its records' (start, end) LSNs,
+/// checked to follow one another from `START`.
+async fn read_decoded(c: &mut Client) -> Vec<(Lsn, Lsn)> {
+    let mut decoder = BatchDecoder::new();
+    let (mut at, mut records) = (START, Vec::new());
+    while let Some(frame) = c.frame().await {
+        match codec::decode_stream(&frame).unwrap() {
+            StreamMessage::Decoded(d) => {
+                assert_eq!(d.begin_lsn, at, "batches follow one another");
+                for e in decoder.decode(&d.payload, d.batch_len as usize, d.crc32c, d.begin_lsn).unwrap() {
+                    let Entry::Whole { lsn, end_lsn, raw } = e else { panic!("XLOG records go whole to every shard") };
+                    assert!(lsn >= at && raw.len() >= 100, "{lsn} after {at}");
+                    records.push((lsn, end_lsn));
+                    at = end_lsn;
+                }
+                assert!(at <= d.end_lsn && d.end_lsn <= d.read_lsn);
+                at = d.end_lsn;
+            }
+            StreamMessage::Start(_) | StreamMessage::Keepalive { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    records
+}
+
 /// [`stream_request`] for one shard of a sharded tenant.
 async fn shard_stream_request(
     addr: SocketAddr,
@@ -134,6 +196,8 @@ async fn shard_stream_request(
             token: None,
             generation,
             shard,
+            format: strata_protocol::decoded_wal::StreamFormat::Raw,
+            stripe_blocks: strata_protocol::shard::DEFAULT_STRIPE_BLOCKS,
         }),
         &mut out,
     );
@@ -282,10 +346,31 @@ async fn proposer_consumer_restart_and_bad_input() {
                 streamed.extend(w.wal);
             }
             StreamMessage::Keepalive { .. } => {}
-            StreamMessage::Error(e) => panic!("{e:?}"),
+            other => panic!("{other:?}"),
         }
     }
     assert_eq!(streamed, wal, "the consumer got exactly the WAL");
+
+    // Decoded streams of two shards: every record, once, to the end; the
+    // second shard's stream takes the chunks the first one decoded.
+    let mut first = decoded_consumer(sk.addr, end, ShardIndex::new(0, 2).unwrap()).await;
+    let records = read_decoded(&mut first).await;
+    assert_eq!((records.len(), records.last().unwrap().1), (600, end));
+    let decoded_before = metric(&sk, "strata_safekeeper_decoded_wal_bytes_total").await;
+    let mut second = decoded_consumer(sk.addr, end, ShardIndex::new(1, 2).unwrap()).await;
+    assert_eq!(read_decoded(&mut second).await, records);
+    assert!(metric(&sk, "strata_safekeeper_decoded_wal_bytes_total").await > decoded_before);
+    // Only committed WAL is decoded (it is never truncated under a chunk).
+    let mut c = Client::connect(sk.addr).await;
+    let mut out = Vec::new();
+    let mut req = decoded_request(end, ShardIndex::UNSHARDED);
+    req.include_uncommitted = true;
+    codec::encode_consumer(&ConsumerMessage::Start(req), &mut out);
+    c.send_raw(&out).await;
+    match codec::decode_stream(&c.frame().await.unwrap()).unwrap() {
+        StreamMessage::Error(e) => assert_eq!(e.code, ErrorCode::Protocol, "{}", e.message),
+        other => panic!("{other:?}"),
+    }
 
     // A newer term supersedes this proposer.
     let mut p2 = Client::connect(sk.addr).await;
@@ -612,6 +697,8 @@ async fn greetings_and_stream_requests_need_a_token_for_their_tenant() {
                 token: token.map(|t| strata_protocol::Token::new(t.into())),
                 generation: 0,
                 shard: strata_protocol::shard::ShardIndex::UNSHARDED,
+                format: strata_protocol::decoded_wal::StreamFormat::Raw,
+                stripe_blocks: strata_protocol::shard::DEFAULT_STRIPE_BLOCKS,
             }),
             &mut out,
         );

@@ -163,6 +163,10 @@ pub struct InitArgs {
     /// the pageserver checks its native redo against them (slower; for tests).
     #[arg(long)]
     pub verify_redo: bool,
+    /// How pageservers ask the safekeepers for WAL: `decoded` records
+    /// routed per shard, `raw` bytes, or `auto` (decoded for sharded tenants).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub wal_stream: WalStream,
     /// A cluster on this machine in this many sites (data centres), `dc1`
     /// to `dcN`, joined through a link proxy that adds `--site-latency-ms`
     /// (`docs/sites.md`): the safekeepers spread with the most in `dc1`,
@@ -209,6 +213,7 @@ impl InitArgs {
             pg_user: self.pg_user.clone(),
             pg_version: self.pg_version,
             verify_redo: self.verify_redo,
+            wal_stream: self.wal_stream.into(),
             sites: self.sites,
             site_latency_ms: self.site_latency_ms,
             placement: self.placement.clone(),
@@ -577,4 +582,22 @@ pub enum BranchCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+}
+
+/// `--wal-stream`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum WalStream {
+    Auto,
+    Decoded,
+    Raw,
+}
+
+impl From<WalStream> for strata_pageserver::config::WalStreamChoice {
+    fn from(w: WalStream) -> Self {
+        match w {
+            WalStream::Auto => Self::Auto,
+            WalStream::Decoded => Self::Decoded,
+            WalStream::Raw => Self::Raw,
+        }
+    }
 }

@@ -55,10 +55,7 @@ impl CheckpointState {
 
     /// Applies one record (with its parsed form, if any).
     pub fn apply(&mut self, record: &DecodedRecord, parsed: Option<&ParsedRecord>) {
-        self.observe_xid(record.header.xid);
-        if let Some(top) = record.toplevel_xid {
-            self.observe_xid(top);
-        }
+        self.observe_xids(record.header.xid, record.toplevel_xid);
         let Some(parsed) = parsed else { return };
         match parsed {
             ParsedRecord::Xact(XactRecord::Finish(finish)) => {
@@ -101,6 +98,15 @@ impl CheckpointState {
                 self.checkpoint.oldest_multi_db = *oldest_multi_db;
             }
             _ => {}
+        }
+    }
+
+    /// What a record's header says of the transaction counters: its
+    /// transaction id and, for a subtransaction's first record, its top's.
+    pub fn observe_xids(&mut self, xid: TransactionId, toplevel: Option<TransactionId>) {
+        self.observe_xid(xid);
+        if let Some(top) = toplevel {
+            self.observe_xid(top);
         }
     }
 

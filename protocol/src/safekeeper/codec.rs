@@ -29,13 +29,14 @@ use strata_formats::Lsn;
 use super::history::{HistoryError, TermHistory, TermLsn};
 use super::membership::{Member, Membership, OnAsyncLag, Placement};
 use super::messages::{
-    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
-    ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
-    StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, DecodedWal,
+    ErrorCode, ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming,
+    StreamMessage, StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
 };
+use crate::decoded_wal::StreamFormat;
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{NodeId, TenantId, TimelineId};
-use crate::shard::ShardIndex;
+use crate::shard::{ShardIndex, DEFAULT_STRIPE_BLOCKS};
 use crate::token::Token;
 
 /// The wire codes of placements (`docs/safekeeper-protocol.md`).
@@ -74,6 +75,7 @@ pub mod tag {
     pub const STREAM_START: u8 = 0x90;
     pub const WAL_DATA: u8 = 0x91;
     pub const KEEPALIVE: u8 = 0x92;
+    pub const DECODED_WAL: u8 = 0x93;
     pub const STREAM_ERROR: u8 = 0x9F;
 }
 
@@ -104,6 +106,10 @@ pub enum CodecError {
     InvalidMembership { message: &'static str, detail: String },
     #[error("{message}: unknown error code {code}")]
     UnknownErrorCode { message: &'static str, code: u16 },
+    #[error("StartStreaming: unknown stream format {value}")]
+    InvalidFormat { value: u8 },
+    #[error("DecodedWal: positions out of order (begin {begin}, end {end}, last record {last_record}, read {read})")]
+    DecodedPositions { begin: Lsn, end: Lsn, last_record: Lsn, read: Lsn },
     #[error("{message}: invalid shard: {detail}")]
     InvalidShard { message: &'static str, detail: crate::shard::ShardError },
     #[error("{message}: {len} WAL bytes from LSN {begin_lsn} run past the end of the LSN space")]
@@ -294,6 +300,10 @@ pub fn encode_consumer(msg: &ConsumerMessage, out: &mut Vec<u8>) {
             if s.protocol_version >= 8 {
                 f.u8(s.shard.number).u8(s.shard.count);
             }
+            // Version 9 adds the format and the stripe size.
+            if s.protocol_version >= 9 {
+                f.u8(s.format.to_wire()).u32(s.stripe_blocks);
+            }
             f.finish()
         }
         ConsumerMessage::Feedback(f) => {
@@ -315,6 +325,17 @@ pub fn encode_stream(msg: &StreamMessage, out: &mut Vec<u8>) {
         StreamMessage::Wal(w) => {
             begin_frame(out, tag::WAL_DATA).lsn(w.begin_lsn).lsn(w.commit_lsn).lsn(w.flush_lsn).bytes(&w.wal).finish()
         }
+        StreamMessage::Decoded(d) => begin_frame(out, tag::DECODED_WAL)
+            .lsn(d.begin_lsn)
+            .lsn(d.end_lsn)
+            .lsn(d.last_record_lsn)
+            .lsn(d.read_lsn)
+            .lsn(d.commit_lsn)
+            .lsn(d.flush_lsn)
+            .u32(d.batch_len)
+            .u32(d.crc32c)
+            .bytes(&d.payload)
+            .finish(),
         StreamMessage::Keepalive { commit_lsn, flush_lsn } => {
             begin_frame(out, tag::KEEPALIVE).lsn(*commit_lsn).lsn(*flush_lsn).finish()
         }
@@ -451,6 +472,7 @@ fn error_code(code: u16) -> Option<ErrorCode> {
         12 => ErrorCode::Forbidden,
         13 => ErrorCode::StaleGeneration,
         14 => ErrorCode::Sealed,
+        15 => ErrorCode::RecordTooLarge,
         _ => return None,
     })
 }
@@ -583,6 +605,13 @@ pub fn decode_consumer(frame: &[u8]) -> Result<ConsumerMessage, CodecError> {
                 } else {
                     ShardIndex::UNSHARDED
                 },
+                format: if protocol_version >= 9 {
+                    let v = r.u8("format")?;
+                    StreamFormat::from_wire(v).ok_or(CodecError::InvalidFormat { value: v })?
+                } else {
+                    StreamFormat::Raw
+                },
+                stripe_blocks: if protocol_version >= 9 { r.u32("stripe_blocks")? } else { DEFAULT_STRIPE_BLOCKS },
             }))
         })
         .map_err(|e| version_aware(frame, e, OLDEST_CONSUMER_VERSION)),
@@ -613,6 +642,28 @@ pub fn decode_stream(frame: &[u8]) -> Result<StreamMessage, CodecError> {
             let flush_lsn = r.lsn("flush_lsn")?;
             let wal = r.wal(begin_lsn)?;
             Ok(StreamMessage::Wal(WalData { begin_lsn, commit_lsn, flush_lsn, wal }))
+        }),
+        tag::DECODED_WAL => read(frame, "DecodedWal", |r| {
+            let d = DecodedWal {
+                begin_lsn: r.lsn("begin_lsn")?,
+                end_lsn: r.lsn("end_lsn")?,
+                last_record_lsn: r.lsn("last_record_lsn")?,
+                read_lsn: r.lsn("read_lsn")?,
+                commit_lsn: r.lsn("commit_lsn")?,
+                flush_lsn: r.lsn("flush_lsn")?,
+                batch_len: r.u32("batch_len")?,
+                crc32c: r.u32("crc32c")?,
+                payload: r.rest("payload")?.to_vec(),
+            };
+            if d.end_lsn < d.begin_lsn || d.read_lsn < d.end_lsn || d.last_record_lsn > d.end_lsn {
+                return Err(CodecError::DecodedPositions {
+                    begin: d.begin_lsn,
+                    end: d.end_lsn,
+                    last_record: d.last_record_lsn,
+                    read: d.read_lsn,
+                });
+            }
+            Ok(StreamMessage::Decoded(d))
         }),
         tag::KEEPALIVE => read(frame, "Keepalive", |r| {
             Ok(StreamMessage::Keepalive { commit_lsn: r.lsn("commit_lsn")?, flush_lsn: r.lsn("flush_lsn")? })
@@ -700,7 +751,10 @@ mod tests {
 
         /// Ends with WAL bytes (whose truncation only framing detects).
         fn ends_with_wal(&self) -> bool {
-            matches!(self, Any::P(ProposerMessage::Append(_)) | Any::S(StreamMessage::Wal(_)))
+            matches!(
+                self,
+                Any::P(ProposerMessage::Append(_)) | Any::S(StreamMessage::Wal(_)) | Any::S(StreamMessage::Decoded(_))
+            )
         }
     }
 
@@ -791,6 +845,8 @@ mod tests {
                 token: None,
                 generation: 4,
                 shard: ShardIndex::new(1, 2).unwrap(),
+                format: StreamFormat::Decoded,
+                stripe_blocks: 256,
             })),
             Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
                 applied_lsn: Lsn(0x0250_0000),
@@ -810,6 +866,21 @@ mod tests {
                 wal: b"some WAL bytes".to_vec(),
             })),
             Any::S(StreamMessage::Keepalive { commit_lsn: Lsn(77), flush_lsn: Lsn(78) }),
+            Any::S(StreamMessage::Decoded(DecodedWal {
+                begin_lsn: Lsn(0x0300_0000),
+                end_lsn: Lsn(0x0300_1000),
+                last_record_lsn: Lsn(0x0300_0f80),
+                read_lsn: Lsn(0x0300_1010),
+                commit_lsn: Lsn(0x0300_1234),
+                flush_lsn: Lsn(0x0300_2000),
+                batch_len: 4096,
+                crc32c: 0xdead_beef,
+                payload: b"compressed".to_vec(),
+            })),
+            Any::S(StreamMessage::Error(ErrorMessage {
+                code: ErrorCode::RecordTooLarge,
+                message: "at 0/3000F80".into(),
+            })),
             Any::S(StreamMessage::Error(ErrorMessage { code: ErrorCode::NotFound, message: String::new() })),
             Any::A(AcceptorMessage::StandbyFeedback(StandbyFeedback { xmin: (1 << 32) | 731, catalog_xmin: 0 })),
             Any::A(AcceptorMessage::Greeting(AcceptorGreeting {
@@ -885,6 +956,7 @@ mod tests {
             let fixed = match &m {
                 Any::P(ProposerMessage::Append(a)) => frame.len() - a.wal.len(),
                 Any::S(StreamMessage::Wal(w)) => frame.len() - w.wal.len(),
+                Any::S(StreamMessage::Decoded(d)) => frame.len() - d.payload.len(),
                 _ => frame.len(),
             };
             for cut in 0..frame.len() {
@@ -958,7 +1030,7 @@ mod tests {
             if !(0x10..=0x11).contains(&tag) {
                 assert_eq!(decode_consumer(&frame), Err(CodecError::UnknownTag { direction: "consumer", tag }));
             }
-            if !(0x90..=0x92).contains(&tag) && tag != 0x9F {
+            if !(0x90..=0x93).contains(&tag) && tag != 0x9F {
                 assert_eq!(decode_stream(&frame), Err(CodecError::UnknownTag { direction: "stream", tag }));
             }
         }
@@ -1095,7 +1167,15 @@ mod tests {
             "Sealed"
         );
         let frame = [tag::STREAM_ERROR, 15, 0, 0, 0, 0, 0];
-        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 15, .. })));
+        assert!(
+            matches!(
+                decode_stream(&frame),
+                Ok(StreamMessage::Error(ErrorMessage { code: ErrorCode::RecordTooLarge, .. }))
+            ),
+            "RecordTooLarge"
+        );
+        let frame = [tag::STREAM_ERROR, 16, 0, 0, 0, 0, 0];
+        assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 16, .. })));
         let frame = [tag::STREAM_ERROR, 0, 0, 0, 0, 0, 0];
         assert!(matches!(decode_stream(&frame), Err(CodecError::UnknownErrorCode { code: 0, .. })));
 
@@ -1221,7 +1301,7 @@ mod tests {
             }
         }
         fn error(&mut self) -> ErrorMessage {
-            ErrorMessage { code: error_code(1 + self.below(13) as u16).unwrap(), message: self.string() }
+            ErrorMessage { code: error_code(1 + self.below(15) as u16).unwrap(), message: self.string() }
         }
         fn membership(&mut self) -> Membership {
             if self.below(3) == 0 {
@@ -1259,7 +1339,7 @@ mod tests {
         }
 
         fn message(&mut self) -> Any {
-            match self.below(15) {
+            match self.below(16) {
                 0 => Any::P(ProposerMessage::Greeting(ProposerGreeting {
                     protocol_version: self.below(3) as u32,
                     proposer_id: self.bytes(16).try_into().unwrap(),
@@ -1321,6 +1401,16 @@ mod tests {
                         token: if protocol_version >= 3 { Token::from_wire(self.string()) } else { None },
                         generation: if protocol_version >= 5 { self.next_u64() as u32 } else { 0 },
                         shard,
+                        format: if protocol_version >= 9 && self.below(2) == 1 {
+                            StreamFormat::Decoded
+                        } else {
+                            StreamFormat::Raw
+                        },
+                        stripe_blocks: if protocol_version >= 9 {
+                            self.next_u64() as u32
+                        } else {
+                            DEFAULT_STRIPE_BLOCKS
+                        },
                     }))
                 }
                 9 => Any::C(ConsumerMessage::Feedback(ConsumerFeedback {
@@ -1341,6 +1431,21 @@ mod tests {
                     wal: self.wal(),
                 })),
                 12 => Any::S(StreamMessage::Keepalive { commit_lsn: self.lsn(), flush_lsn: self.lsn() }),
+                14 => {
+                    let begin = self.below(1 << 40);
+                    let end = begin + self.below(1 << 20);
+                    Any::S(StreamMessage::Decoded(DecodedWal {
+                        begin_lsn: Lsn(begin),
+                        end_lsn: Lsn(end),
+                        last_record_lsn: Lsn(end.saturating_sub(self.below(100)).max(begin)),
+                        read_lsn: Lsn(end + self.below(100)),
+                        commit_lsn: self.lsn(),
+                        flush_lsn: self.lsn(),
+                        batch_len: self.next_u64() as u32,
+                        crc32c: self.next_u64() as u32,
+                        payload: self.wal(),
+                    }))
+                }
                 13 => Any::A(AcceptorMessage::StandbyFeedback(StandbyFeedback {
                     xmin: self.next_u64(),
                     catalog_xmin: self.next_u64(),

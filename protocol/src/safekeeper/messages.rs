@@ -14,8 +14,10 @@ use crate::token::Token;
 /// acceptors send StandbyFeedback; 5: stream requests carry the
 /// consumer's attachment generation; 6: membership configurations carry
 /// each member's site and the placement; 7: the error code `Sealed`; 8:
-/// stream requests carry the consumer's shard).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// stream requests carry the consumer's shard; 9: stream requests carry a
+/// format and the tenant's stripe size, `DecodedWal` and the error code
+/// `RecordTooLarge`).
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// The oldest greeting version an acceptor takes: greetings of versions 7
 /// and 8 are laid out alike.
@@ -196,6 +198,10 @@ pub enum ErrorCode {
     /// The timeline was sealed by a site failover (`docs/sites.md`): it
     /// accepts no proposer, ever; its history goes on in another timeline.
     Sealed = 14,
+    /// A decoded stream met a record larger than it sends whole
+    /// (`limits::DECODED_MAX_RECORD`); the message names its LSN. The
+    /// consumer streams raw WAL past it.
+    RecordTooLarge = 15,
 }
 
 /// First message of a consumer connection (pageserver, peer recovery,
@@ -225,6 +231,12 @@ pub struct StartStreaming {
     /// unsharded in older versions): attachment generations are fenced
     /// per shard, since each shard fails over on its own.
     pub shard: crate::shard::ShardIndex,
+    /// Raw WAL or decoded records (version 9; raw in older versions).
+    pub format: crate::decoded_wal::StreamFormat,
+    /// The tenant's stripe size, which with `shard` says what the shard
+    /// holds (version 9; the default in older versions). Only a decoded
+    /// stream uses it.
+    pub stripe_blocks: u32,
 }
 
 /// Periodic report from a consumer.
@@ -264,11 +276,31 @@ pub struct WalData {
     pub wal: Vec<u8>,
 }
 
+/// A batch of decoded records (`crate::decoded_wal`) covering the WAL
+/// `[begin_lsn, end_lsn)`: `end_lsn` is the end of the last record the
+/// safekeeper decoded for it, `last_record_lsn` that record's start, and
+/// `read_lsn` how far the safekeeper has read (a record may be cut there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodedWal {
+    pub begin_lsn: Lsn,
+    pub end_lsn: Lsn,
+    pub last_record_lsn: Lsn,
+    pub read_lsn: Lsn,
+    pub commit_lsn: Lsn,
+    pub flush_lsn: Lsn,
+    /// The batch's length before compression, and its CRC-32C.
+    pub batch_len: u32,
+    pub crc32c: u32,
+    /// The batch, compressed in the stream's zstd context.
+    pub payload: Vec<u8>,
+}
+
 /// Messages a safekeeper sends to a consumer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StreamMessage {
     Start(StreamStart),
     Wal(WalData),
+    Decoded(DecodedWal),
     /// No new WAL; positions as of now.
     Keepalive {
         commit_lsn: Lsn,

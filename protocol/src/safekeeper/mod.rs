@@ -15,8 +15,9 @@ mod term;
 pub use history::{TermHistory, TermLsn};
 pub use membership::{Member, Membership, OnAsyncLag, Placement};
 pub use messages::{
-    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, ErrorCode,
-    ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming, StreamMessage,
-    StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, OLDEST_GREETING_VERSION, PROTOCOL_VERSION,
+    AcceptorGreeting, AcceptorMessage, AppendRequest, AppendResponse, ConsumerFeedback, ConsumerMessage, DecodedWal,
+    ErrorCode, ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming,
+    StreamMessage, StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, OLDEST_GREETING_VERSION,
+    PROTOCOL_VERSION,
 };
 pub use term::Term;

@@ -1,0 +1,107 @@
+//! Which shard needs which part of a record.
+
+use strata_formats::types::ForkNumber;
+use strata_formats::v15::records::xlog::XlogRecord;
+use strata_formats::v15::records::{self, ParsedRecord};
+use strata_formats::v15::rmgr;
+use strata_formats::version::BLCKSZ;
+use strata_formats::wal::record::DecodedRecord;
+
+use super::types::{BlockExtent, Skeleton};
+use crate::shard::ShardLayout;
+
+/// Heap blocks whose bits one visibility-map page holds (two bits each on
+/// the page after its 24-byte header).
+const HEAP_BLOCKS_PER_VM_PAGE: u32 = ((BLCKSZ - 24) * 4) as u32;
+
+/// What one shard receives of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Whole,
+    Skeleton,
+    Omit,
+}
+
+/// How a record reaches every shard of a layout, worked out once per
+/// record however many shards stream it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routing {
+    /// Bit `n` set: shard `n` needs the whole record.
+    whole: u64,
+    /// Whether a skeleton changes anything: the record touches a block
+    /// (whose relation's size every shard keeps) or carries a transaction id.
+    skeleton: bool,
+}
+
+impl Routing {
+    pub fn for_shard(&self, number: u8) -> Route {
+        debug_assert!(number < 64, "at most 64 shards");
+        if self.whole & (1u64 << number) != 0 {
+            Route::Whole
+        } else if self.skeleton {
+            Route::Skeleton
+        } else {
+            Route::Omit
+        }
+    }
+}
+
+/// Routes `rec` for `layout`. Records that change what every shard keeps
+/// (and records that do not parse, so that each shard reports them as its
+/// own ingest would) go whole to all; a record of blocks only goes whole
+/// to the shards that hold one of its blocks or a visibility-map page it
+/// clears bits on, and as a skeleton to the rest.
+pub fn route(rec: &DecodedRecord, layout: ShardLayout) -> Routing {
+    let all = if layout.count >= 64 { u64::MAX } else { (1u64 << layout.count.max(1)) - 1 };
+    let skeleton = skeleton_matters(rec);
+    let parsed = match records::parse(rec) {
+        Ok(p) => p,
+        Err(_) => return Routing { whole: all, skeleton },
+    };
+    let mut whole = 0u64;
+    match &parsed {
+        None | Some(ParsedRecord::GistFollowRight { .. }) => {}
+        Some(ParsedRecord::Xlog(XlogRecord::FullPageImage { .. })) => {}
+        Some(ParsedRecord::VmClear(clears)) => {
+            for c in clears {
+                let vm_block = c.heap_block / HEAP_BLOCKS_PER_VM_PAGE;
+                whole |= 1u64 << layout.shard_of_block(c.rel.rel, ForkNumber::VisibilityMap, vm_block);
+            }
+        }
+        Some(_) => return Routing { whole: all, skeleton },
+    }
+    for b in &rec.blocks {
+        whole |= 1u64 << layout.shard_of_block(b.rel.rel, b.fork, b.block);
+    }
+    Routing { whole: whole & all, skeleton }
+}
+
+fn is_fpi_for_hint(rec: &DecodedRecord) -> bool {
+    rec.rmgr() == rmgr::RM_XLOG_ID && rec.header.rmgr_info() == rmgr::XLOG_FPI_FOR_HINT
+}
+
+/// The blocks a skeleton carries: every block reference but a hint's
+/// without an image (ingest skips those: hints are never needed).
+fn sized_blocks(rec: &DecodedRecord) -> impl Iterator<Item = BlockExtent> + '_ {
+    let hint = is_fpi_for_hint(rec);
+    rec.blocks.iter().filter(move |b| !(hint && b.image.is_none())).map(|b| BlockExtent {
+        rel: b.rel,
+        fork: b.fork,
+        block: b.block,
+    })
+}
+
+fn skeleton_matters(rec: &DecodedRecord) -> bool {
+    rec.header.xid != 0 || rec.toplevel_xid.is_some_and(|x| x != 0) || sized_blocks(rec).next().is_some()
+}
+
+/// The skeleton of `rec`.
+pub fn skeleton(rec: &DecodedRecord) -> Skeleton {
+    Skeleton {
+        lsn: rec.lsn,
+        end_lsn: rec.end_lsn,
+        xid: rec.header.xid,
+        toplevel_xid: rec.toplevel_xid,
+        blocks: sized_blocks(rec).collect(),
+    }
+}
