@@ -199,10 +199,12 @@ def main() -> int:
     p.add_argument("--seconds", type=int, default=20)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--stripe-blocks", type=int, default=2048)
-    p.add_argument("--quick", action="store_true", help="a smoke run: 200k rows, scale 2, 3 s runs, one run each")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 200k rows, scale 2, 3 s runs, one run each, stripes of 128 blocks")
     args = p.parse_args()
     if args.quick:
-        args.rows, args.scale, args.seconds, args.runs = 200_000, 2, 3, 1
+        # Stripes of 1 MiB: a 13 MB table still spans every shard.
+        args.rows, args.scale, args.seconds, args.runs, args.stripe_blocks = 200_000, 2, 3, 1, 128
     layouts = args.shards.split(",")
     strata = strata_to_measure()
     rows = []

@@ -15,7 +15,7 @@ use strata_pageserver::decoded_ingest::{DecodedInput, DecodedInputError};
 use strata_pageserver::ingest::WalIngest;
 use strata_pageserver::key::{Key, RelTag};
 use strata_pageserver::timeline::Timeline;
-use strata_protocol::decoded_wal::{route, skeleton, BatchBuilder, BatchEncoder, Route};
+use strata_protocol::decoded_wal::{route, BatchBuilder, BatchEncoder, Route, ShardFilter};
 use strata_protocol::safekeeper::DecodedWal;
 use strata_protocol::{ShardIndex, ShardLayout, TenantId, TenantShardId};
 
@@ -165,39 +165,38 @@ fn every_page_reads_the_same_from_its_shard_at_every_lsn() {
 }
 
 /// The same, each shard fed a decoded stream (`strata_protocol::decoded_wal`):
-/// the records routed for it, whole or as skeletons, in compressed batches
-/// of 1 to 40 records, some of which end in records it is not sent.
+/// the records routed for it, whole or as skeletons (a repeated one
+/// dropped), in compressed batches of 1 to 40 records, some of which end
+/// in records it is not sent.
 #[test]
 fn every_page_reads_the_same_from_its_shard_through_decoded_streams() {
     let t = Tenant::new("decoded");
     let mut all = WalIngest::new(t.unsharded.clone()).unwrap();
-    let mut shards: Vec<(WalIngest, DecodedInput, BatchEncoder)> = t
+    let mut shards: Vec<(WalIngest, DecodedInput, BatchEncoder, ShardFilter)> = t
         .shards
         .iter()
-        .map(|s| (WalIngest::new(s.clone()).unwrap(), DecodedInput::new(START), BatchEncoder::new().unwrap()))
+        .enumerate()
+        .map(|(k, s)| {
+            let input = (WalIngest::new(s.clone()).unwrap(), DecodedInput::new(START));
+            (input.0, input.1, BatchEncoder::new().unwrap(), ShardFilter::new(k as u8))
+        })
         .collect();
     let records = workload();
     for rec in &records {
         all.ingest(rec).unwrap();
     }
     let (mut begin, mut at, mut n, mut sizes) = (START, 0, 1usize, 0);
-    let mut sent = [[0usize; 2]; 4];
+    let mut sent = [[0usize; 3]; 4];
     while at < records.len() {
         let batch = &records[at..(at + n).min(records.len())];
         let last = batch.last().unwrap();
-        for (k, (ingest, input, encoder)) in shards.iter_mut().enumerate() {
+        for (k, (ingest, input, encoder, filter)) in shards.iter_mut().enumerate() {
             let mut b = BatchBuilder::new(begin);
             for rec in batch {
-                match route(rec, t.layout).for_shard(k as u8) {
-                    Route::Whole => {
-                        b.add_whole(rec);
-                        sent[k][0] += 1;
-                    }
-                    Route::Skeleton => {
-                        b.add_skeleton(&skeleton(rec));
-                        sent[k][1] += 1;
-                    }
-                    Route::Omit => {}
+                match filter.add(&mut b, rec, &route(rec, t.layout)) {
+                    Route::Whole => sent[k][0] += 1,
+                    Route::Skeleton => sent[k][1] += 1,
+                    Route::Omit => sent[k][2] += 1,
                 }
             }
             let e = encoder.encode(&b.finish()).unwrap();
@@ -224,12 +223,14 @@ fn every_page_reads_the_same_from_its_shard_through_decoded_streams() {
             checkpoint_all(&t);
         }
     }
-    // Each shard got its own records whole, the others' as skeletons.
-    for (k, [whole, skeletons]) in sent.iter().enumerate() {
-        assert!(*whole > 0 && *skeletons > 0 && whole + skeletons == records.len(), "shard {k}: {sent:?}");
+    // Each shard got its own records whole, the others' as skeletons, and
+    // a skeleton that repeats the one before not at all.
+    for (k, [whole, skeletons, dropped]) in sent.iter().enumerate() {
+        assert!(*whole > 0 && *skeletons > 0 && *dropped > 0, "shard {k}: {sent:?}");
+        assert_eq!(whole + skeletons + dropped, records.len(), "shard {k}");
     }
     // A batch that does not follow is refused, and changes nothing.
-    let (ingest, input, encoder) = &mut shards[1];
+    let (ingest, input, encoder, _) = &mut shards[1];
     let e = encoder.encode(&BatchBuilder::new(START).finish()).unwrap();
     let stray = DecodedWal {
         begin_lsn: START,

@@ -16,7 +16,7 @@ use strata_formats::version::PgVersion;
 use strata_formats::wal::reader::{StartPosition, WalDecoder};
 use strata_formats::wal::record::DecodedRecord;
 use strata_formats::Lsn;
-use strata_protocol::decoded_wal::{route, skeleton, BatchBuilder, BatchEncoder, Route, Routing};
+use strata_protocol::decoded_wal::{route, BatchBuilder, BatchEncoder, Routing, ShardFilter};
 use strata_protocol::limits::{DECODED_BATCH_TARGET, DECODED_MAX_RECORD};
 use strata_protocol::safekeeper::DecodedWal;
 use strata_protocol::shard::ShardLayout;
@@ -189,24 +189,25 @@ fn decode_chunk(
 /// One consumer's decoded stream: its shard, its compressor and where it is.
 pub struct DecodedStream {
     cache: Arc<DecodedCache>,
-    shard: u8,
     encoder: BatchEncoder,
     /// The end of the last record sent (or skipped): the next batch's begin.
     position: Lsn,
     last_record: Lsn,
     /// How far the WAL sent was read.
     read: Lsn,
+    /// What of each record the shard is sent.
+    filter: ShardFilter,
 }
 
 impl DecodedStream {
     pub fn new(cache: Arc<DecodedCache>, shard: u8, start: Lsn) -> std::io::Result<DecodedStream> {
         Ok(DecodedStream {
             cache,
-            shard,
             encoder: BatchEncoder::new()?,
             position: start,
             last_record: Lsn::INVALID,
             read: start,
+            filter: ShardFilter::new(shard),
         })
     }
 
@@ -226,11 +227,7 @@ impl DecodedStream {
         let (chunk, from) = self.cache.chunk_at(wal, self.position, limit).await?;
         let mut batch = BatchBuilder::new(self.position);
         for r in &chunk.records[from..] {
-            match r.routing.for_shard(self.shard) {
-                Route::Whole => batch.add_whole(&r.rec),
-                Route::Skeleton => batch.add_skeleton(&skeleton(&r.rec)),
-                Route::Omit => {}
-            }
+            self.filter.add(&mut batch, &r.rec, &r.routing);
         }
         let encoded = self.encoder.encode(&batch.finish())?;
         if chunk.end > self.position {

@@ -22,7 +22,7 @@ mod route;
 mod types;
 mod wire;
 
-pub use route::{route, skeleton, Route, Routing};
+pub use route::{route, skeleton, Route, Routing, ShardFilter};
 pub use types::{BlockExtent, DecodedWalError, Entry, Skeleton, StreamFormat};
 pub use wire::{without_prev_and_crc, BatchBuilder, BatchDecoder, BatchEncoder, EncodedBatch};
 

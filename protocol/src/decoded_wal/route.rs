@@ -8,6 +8,7 @@ use strata_formats::version::BLCKSZ;
 use strata_formats::wal::record::DecodedRecord;
 
 use super::types::{BlockExtent, Skeleton};
+use super::wire::BatchBuilder;
 use crate::shard::ShardLayout;
 
 /// Heap blocks whose bits one visibility-map page holds (two bits each on
@@ -103,5 +104,45 @@ pub fn skeleton(rec: &DecodedRecord) -> Skeleton {
         xid: rec.header.xid,
         toplevel_xid: rec.toplevel_xid,
         blocks: sized_blocks(rec).collect(),
+    }
+}
+
+/// What one shard's stream sends of each record, in order. A skeleton
+/// with the same blocks and transaction ids as the last one sent, and no
+/// whole record between them, changes nothing on the shard (the sizes are
+/// already that large, the ids already seen) and is dropped: a bulk load's
+/// rows into one page of another shard cost that shard one skeleton per
+/// page, not one per row. A whole record resets it, since it may change a
+/// size a later skeleton must set again (a truncation).
+pub struct ShardFilter {
+    shard: u8,
+    last_skeleton: Option<Skeleton>,
+}
+
+impl ShardFilter {
+    pub fn new(shard: u8) -> ShardFilter {
+        ShardFilter { shard, last_skeleton: None }
+    }
+
+    /// Adds `rec`, routed by `routing`, to `batch` as this shard needs it;
+    /// says what was added (`Omit`: nothing).
+    pub fn add(&mut self, batch: &mut BatchBuilder, rec: &DecodedRecord, routing: &Routing) -> Route {
+        match routing.for_shard(self.shard) {
+            Route::Whole => {
+                batch.add_whole(rec);
+                self.last_skeleton = None;
+                Route::Whole
+            }
+            Route::Skeleton => {
+                let s = skeleton(rec);
+                if self.last_skeleton.as_ref().is_some_and(|last| last.same_effect(&s)) {
+                    return Route::Omit;
+                }
+                batch.add_skeleton(&s);
+                self.last_skeleton = Some(s);
+                Route::Skeleton
+            }
+            Route::Omit => Route::Omit,
+        }
     }
 }

@@ -245,3 +245,35 @@ fn a_batch_of_incompressible_records_round_trips_again_and_again() {
         assert_eq!(got.last().unwrap().end_lsn(), records.last().unwrap().0.end_lsn);
     }
 }
+
+#[test]
+fn a_repeated_skeleton_is_dropped_until_a_whole_record_comes_between() {
+    let l = layout(4);
+    // Three inserts into one page of shard `theirs`, a commit, one more.
+    let block = (0..64).map(|s| s * 8).find(|b| owner(l, 16400, *b) != 0).unwrap();
+    let theirs = owner(l, 16400, block);
+    let mine = (0..4u8).find(|s| *s != theirs).unwrap();
+    let mut lsn = 0x0100_0028u64;
+    let mut next = |rmgr, xid, blocks: &[(u32, u32)], main: &[u8]| {
+        let rec = record(rmgr, 0, xid, blocks, main, lsn);
+        lsn = rec.end_lsn.0.next_multiple_of(8);
+        rec
+    };
+    let recs = [
+        next(RM_BTREE, 700, &[(16400, block)], &[]),
+        next(RM_BTREE, 700, &[(16400, block)], &[]),
+        next(RM_BTREE, 701, &[(16400, block)], &[]),
+        next(RM_BTREE, 701, &[(16400, block)], &[]),
+        next(RM_XACT, 0, &[], &1i64.to_le_bytes()),
+        next(RM_BTREE, 701, &[(16400, block)], &[]),
+    ];
+    let mut filter = ShardFilter::new(mine);
+    let mut b = BatchBuilder::new(recs[0].lsn);
+    let sent: Vec<Route> = recs.iter().map(|r| filter.add(&mut b, r, &route(r, l))).collect();
+    use Route::*;
+    assert_eq!(sent, [Skeleton, Omit, Skeleton, Omit, Whole, Skeleton]);
+    // The owner gets every one whole.
+    let mut owners = ShardFilter::new(theirs);
+    let mut b = BatchBuilder::new(recs[0].lsn);
+    assert!(recs.iter().all(|r| owners.add(&mut b, r, &route(r, l)) == Whole));
+}

@@ -49,6 +49,14 @@ pub struct Skeleton {
     pub blocks: Vec<BlockExtent>,
 }
 
+impl Skeleton {
+    /// Whether ingesting `other` after `self` changes nothing more: the
+    /// same blocks (so the same sizes) and the same transaction ids.
+    pub fn same_effect(&self, other: &Skeleton) -> bool {
+        self.xid == other.xid && self.toplevel_xid == other.toplevel_xid && self.blocks == other.blocks
+    }
+}
+
 /// One record of a batch, as the consumer's shard needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
