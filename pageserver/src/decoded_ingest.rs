@@ -72,22 +72,24 @@ impl DecodedInput {
             return Err(DecodedInputError::Batch { begin: d.begin_lsn, source });
         }
         let result = add_entries(tl, ingest, entries);
-        if result.is_ok() {
+        if let Ok((_, true)) = result {
             ingest.skip_to(d.end_lsn, d.last_record_lsn);
             self.position = d.end_lsn;
             self.read = d.read_lsn;
         }
         ingest.commit();
-        result
+        result.map(|(records, _)| records)
     }
 }
 
-fn add_entries(tl: &Timeline, ingest: &mut WalIngest, entries: Vec<Entry>) -> Result<u64, DecodedInputError> {
+/// Ingests `entries`: how many, and whether all of them.
+fn add_entries(tl: &Timeline, ingest: &mut WalIngest, entries: Vec<Entry>) -> Result<(u64, bool), DecodedInputError> {
     let mut records = 0;
     for e in entries {
         if tl.is_broken() {
-            // Not even the rest of this batch (a flush failed meanwhile).
-            break;
+            // Not even the rest of this batch (a flush failed meanwhile);
+            // the stream ends there.
+            return Ok((records, false));
         }
         match e {
             Entry::Whole { lsn, end_lsn, raw } => {
@@ -99,5 +101,5 @@ fn add_entries(tl: &Timeline, ingest: &mut WalIngest, entries: Vec<Entry>) -> Re
         }
         records += 1;
     }
-    Ok(records)
+    Ok((records, true))
 }

@@ -122,7 +122,7 @@ impl DecodedCache {
             tokio::task::block_in_place(|| decode_chunk(self.layout, decoder, wal, position, limit))?
         };
         let chunk = Arc::new(chunk);
-        cached.tail = Some((chunk.end, decoder));
+        cached.tail = decoder.map(|d| (chunk.end, d));
         cached.bytes += chunk.bytes;
         cached.chunks.push_back(chunk.clone());
         while cached.chunks.len() > DECODED_CACHE_CHUNKS
@@ -135,14 +135,17 @@ impl DecodedCache {
     }
 }
 
-/// Decodes from `decoder`'s position to about a batch or `limit`.
+/// Decodes from `decoder`'s position to about a batch or `limit`. The
+/// decoder comes back to go on from the chunk's end, unless it failed.
+/// Records decoded before a failure are still a chunk: the failure is
+/// answered when a stream asks past them.
 fn decode_chunk(
     layout: ShardLayout,
     mut decoder: WalDecoder,
     wal: &mut WalReader,
     begin: Lsn,
     limit: Lsn,
-) -> Result<(Chunk, WalDecoder), DecodedStreamError> {
+) -> Result<(Chunk, Option<WalDecoder>), DecodedStreamError> {
     let mut chunk = Chunk {
         begin,
         end: begin,
@@ -158,32 +161,40 @@ fn decode_chunk(
         wal.read(chunk.read, &mut buf)?;
         decoder.feed(&buf);
         chunk.read = Lsn(chunk.read.0 + n as u64);
-        loop {
-            let rec = match decoder.next_record() {
-                Ok(Some(rec)) => rec,
-                Ok(None) => break,
-                Err(e) => {
-                    let lsn = decoder.in_record().unwrap_or(chunk.end);
-                    return Err(DecodedStreamError::Undecodable { lsn, reason: e.to_string() });
-                }
-            };
-            if rec.raw.len() > DECODED_MAX_RECORD {
-                let reason = format!("{} bytes, more than the {DECODED_MAX_RECORD} sent whole", rec.raw.len());
-                return Err(DecodedStreamError::Undecodable { lsn: rec.lsn, reason });
-            }
-            chunk.bytes += rec.raw.len();
-            chunk.end = rec.end_lsn;
-            chunk.last_record = rec.lsn;
-            let routing = route(&rec, layout);
-            chunk.records.push(Routed { rec, routing });
-        }
-        // A record being reassembled is bounded too: the decoder holds it whole.
-        if let Some(start) = decoder.in_record().filter(|s| chunk.read.0 - s.0 > DECODED_MAX_RECORD as u64) {
-            let reason = format!("more than the {DECODED_MAX_RECORD} bytes sent whole");
-            return Err(DecodedStreamError::Undecodable { lsn: start, reason });
+        if let Err(e) = decode_records(layout, &mut decoder, &mut chunk) {
+            return if chunk.records.is_empty() { Err(e) } else { Ok((chunk, None)) };
         }
     }
-    Ok((chunk, decoder))
+    Ok((chunk, Some(decoder)))
+}
+
+/// Adds the whole records `decoder` holds to `chunk`.
+fn decode_records(layout: ShardLayout, decoder: &mut WalDecoder, chunk: &mut Chunk) -> Result<(), DecodedStreamError> {
+    loop {
+        let rec = match decoder.next_record() {
+            Ok(Some(rec)) => rec,
+            Ok(None) => break,
+            Err(e) => {
+                let lsn = decoder.in_record().unwrap_or(chunk.end);
+                return Err(DecodedStreamError::Undecodable { lsn, reason: e.to_string() });
+            }
+        };
+        if rec.raw.len() > DECODED_MAX_RECORD {
+            let reason = format!("{} bytes, more than the {DECODED_MAX_RECORD} sent whole", rec.raw.len());
+            return Err(DecodedStreamError::Undecodable { lsn: rec.lsn, reason });
+        }
+        chunk.bytes += rec.raw.len();
+        chunk.end = rec.end_lsn;
+        chunk.last_record = rec.lsn;
+        let routing = route(&rec, layout);
+        chunk.records.push(Routed { rec, routing });
+    }
+    // A record being reassembled is bounded too: the decoder holds it whole.
+    if let Some(start) = decoder.in_record().filter(|s| chunk.read.0 - s.0 > DECODED_MAX_RECORD as u64) {
+        let reason = format!("more than the {DECODED_MAX_RECORD} bytes sent whole");
+        return Err(DecodedStreamError::Undecodable { lsn: start, reason });
+    }
+    Ok(())
 }
 
 /// One consumer's decoded stream: its shard, its compressor and where it is.

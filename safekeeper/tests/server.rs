@@ -429,6 +429,78 @@ async fn create_timeline(sk: &Running) -> String {
     tl
 }
 
+/// A record too large to send whole: a decoded stream sends what comes
+/// before it, then `RecordTooLarge` naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_for_a_decoded_stream_is_named_in_an_error() {
+    let dir = std::env::temp_dir().join(format!("strata-sk-decoded-large-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start(&dir).await;
+    create_timeline(&sk).await;
+    let mut b = WalBuilder::new(PgVersion::V15, 77, 1, SEG, START, Lsn(0));
+    let small = b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &[1; 200]));
+    let large = b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &vec![2; 9 << 20]));
+    b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &[3; 200]));
+    let end = b.end_lsn();
+    let mut wal = Vec::new();
+    for (_, seg) in b.into_segments() {
+        wal.extend(seg);
+    }
+    let wal = wal[(START.0 % SEG) as usize..(end.0 - START.0 / SEG * SEG) as usize].to_vec();
+    let mut p = greeted(sk.addr).await;
+    p.send(&ProposerMessage::VoteRequest(VoteRequest { term: 1 })).await;
+    assert!(matches!(p.reply().await, AcceptorMessage::VoteResponse(VoteResponse { vote_given: true, .. })));
+    let history = TermHistory(vec![TermLsn { term: 1, lsn: START }]);
+    p.send(&ProposerMessage::Elected(ProposerElected {
+        term: 1,
+        start_streaming_at: START,
+        term_history: history,
+        timeline_start_lsn: START,
+    }))
+    .await;
+    p.reply().await;
+    let mut at = START;
+    for chunk in wal.chunks(1 << 20) {
+        let req = AppendRequest { term: 1, begin_lsn: at, commit_lsn: at, truncate_lsn: START, wal: chunk.to_vec() };
+        at = req.end_lsn();
+        p.send(&ProposerMessage::Append(req)).await;
+    }
+    p.send(&ProposerMessage::Append(AppendRequest {
+        term: 1,
+        begin_lsn: at,
+        commit_lsn: end,
+        truncate_lsn: START,
+        wal: vec![],
+    }))
+    .await;
+    loop {
+        match p.reply().await {
+            AcceptorMessage::AppendResponse(r) if r.commit_lsn >= end => break,
+            AcceptorMessage::AppendResponse(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut c = decoded_consumer(sk.addr, end, ShardIndex::UNSHARDED).await;
+    let mut decoder = BatchDecoder::new();
+    let mut got = Vec::new();
+    let error = loop {
+        let frame = c.frame().await.expect("an error before the stream ends");
+        match codec::decode_stream(&frame).unwrap() {
+            StreamMessage::Decoded(d) => {
+                got.extend(decoder.decode(&d.payload, d.batch_len as usize, d.crc32c, d.begin_lsn).unwrap());
+            }
+            StreamMessage::Error(e) => break e,
+            StreamMessage::Start(_) | StreamMessage::Keepalive { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(error.code, ErrorCode::RecordTooLarge, "{}", error.message);
+    assert!(error.message.contains(&large.to_string()), "{} names {large}", error.message);
+    assert!(got.iter().all(|e| e.lsn() < large) && got.iter().any(|e| e.lsn() == small), "{got:?}");
+    sk.stop.send(()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Greets and expects the acceptor's greeting: an established connection.
 async fn greeted(addr: SocketAddr) -> Client {
     let mut p = Client::connect(addr).await;
