@@ -30,6 +30,7 @@ use strata_formats::v15::records::storage::{
     DbaseRecord, SmgrRecord, SMGR_TRUNCATE_FSM, SMGR_TRUNCATE_HEAP, SMGR_TRUNCATE_VM,
 };
 use strata_formats::v15::records::xact::{Outcome, XactRecord};
+use strata_formats::v15::records::xlog::is_fpi_for_hint;
 use strata_formats::v15::records::{self, gist, ParsedRecord};
 use strata_formats::v15::{identify, rmgr};
 use strata_formats::version::BLCKSZ;
@@ -839,12 +840,6 @@ impl WalIngest {
             self.put(Key::twophase_dir(), Value::Image(Bytes::from(v)));
         }
     }
-}
-
-/// An `XLOG_FPI_FOR_HINT` record: hint bits changed on its pages. Without
-/// `full_page_writes` its blocks carry no image and replay skips them.
-fn is_fpi_for_hint(rec: &DecodedRecord) -> bool {
-    rec.rmgr() == rmgr::RM_XLOG_ID && rec.header.rmgr_info() == rmgr::XLOG_FPI_FOR_HINT
 }
 
 /// Most changes written on top of a relation directory of `entries` before

@@ -231,12 +231,51 @@ fn wal_bytes(n: usize) -> (Vec<u8>, Lsn) {
         let data = vec![i as u8; 100 + (i * 37) % 3000];
         b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &data));
     }
+    wal_of(b)
+}
+
+/// The WAL a builder that started at `START` made, from `START` to its end.
+fn wal_of(b: WalBuilder) -> (Vec<u8>, Lsn) {
     let end = b.end_lsn();
     let mut bytes = Vec::new();
     for (_, seg) in b.into_segments() {
         bytes.extend(seg);
     }
     (bytes[(START.0 - START.0 / SEG * SEG) as usize..(end.0 - START.0 / SEG * SEG) as usize].to_vec(), end)
+}
+
+/// Elects the proposer `p` in term 1 from `START`; the acceptor's answer.
+async fn elect(p: &mut Client) -> AcceptorMessage {
+    let history = TermHistory(vec![TermLsn { term: 1, lsn: START }]);
+    p.send(&ProposerMessage::Elected(ProposerElected {
+        term: 1,
+        start_streaming_at: START,
+        term_history: history,
+        timeline_start_lsn: START,
+    }))
+    .await;
+    p.reply().await
+}
+
+/// Sends `wal` (from `START` to `end`) in appends of `chunk` bytes back to
+/// back, then an empty one that commits it all; the answers are left to
+/// read. Answers where the appends' WAL ended.
+async fn append_all(p: &mut Client, wal: &[u8], end: Lsn, chunk: usize) -> Lsn {
+    let mut at = START;
+    for piece in wal.chunks(chunk) {
+        let req = AppendRequest { term: 1, begin_lsn: at, commit_lsn: at, truncate_lsn: START, wal: piece.to_vec() };
+        at = req.end_lsn();
+        p.send(&ProposerMessage::Append(req)).await;
+    }
+    p.send(&ProposerMessage::Append(AppendRequest {
+        term: 1,
+        begin_lsn: at,
+        commit_lsn: end,
+        truncate_lsn: START,
+        wal: vec![],
+    }))
+    .await;
+    at
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,30 +335,9 @@ async fn proposer_consumer_restart_and_bad_input() {
     }
     // Appends before the election are refused.
     let (wal, end) = wal_bytes(600);
-    let history = TermHistory(vec![TermLsn { term: 1, lsn: START }]);
-    p.send(&ProposerMessage::Elected(ProposerElected {
-        term: 1,
-        start_streaming_at: START,
-        term_history: history,
-        timeline_start_lsn: START,
-    }))
-    .await;
-    assert!(matches!(p.reply().await, AcceptorMessage::AppendResponse(AppendResponse { term: 1, .. })));
+    assert!(matches!(elect(&mut p).await, AcceptorMessage::AppendResponse(AppendResponse { term: 1, .. })));
     // Many appends sent back to back: acknowledged after (batched) flushes.
-    let mut at = START;
-    for chunk in wal.chunks(10_000) {
-        let req = AppendRequest { term: 1, begin_lsn: at, commit_lsn: at, truncate_lsn: START, wal: chunk.to_vec() };
-        at = req.end_lsn();
-        p.send(&ProposerMessage::Append(req)).await;
-    }
-    p.send(&ProposerMessage::Append(AppendRequest {
-        term: 1,
-        begin_lsn: at,
-        commit_lsn: end,
-        truncate_lsn: START,
-        wal: vec![],
-    }))
-    .await;
+    let at = append_all(&mut p, &wal, end, 10_000).await;
     let mut flushed = START;
     let mut commit = Lsn(0);
     while flushed < end || commit < end {
@@ -441,38 +459,12 @@ async fn a_record_too_large_for_a_decoded_stream_is_named_in_an_error() {
     let small = b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &[1; 200]));
     let large = b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &vec![2; 9 << 20]));
     b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &[3; 200]));
-    let end = b.end_lsn();
-    let mut wal = Vec::new();
-    for (_, seg) in b.into_segments() {
-        wal.extend(seg);
-    }
-    let wal = wal[(START.0 % SEG) as usize..(end.0 - START.0 / SEG * SEG) as usize].to_vec();
+    let (wal, end) = wal_of(b);
     let mut p = greeted(sk.addr).await;
     p.send(&ProposerMessage::VoteRequest(VoteRequest { term: 1 })).await;
     assert!(matches!(p.reply().await, AcceptorMessage::VoteResponse(VoteResponse { vote_given: true, .. })));
-    let history = TermHistory(vec![TermLsn { term: 1, lsn: START }]);
-    p.send(&ProposerMessage::Elected(ProposerElected {
-        term: 1,
-        start_streaming_at: START,
-        term_history: history,
-        timeline_start_lsn: START,
-    }))
-    .await;
-    p.reply().await;
-    let mut at = START;
-    for chunk in wal.chunks(1 << 20) {
-        let req = AppendRequest { term: 1, begin_lsn: at, commit_lsn: at, truncate_lsn: START, wal: chunk.to_vec() };
-        at = req.end_lsn();
-        p.send(&ProposerMessage::Append(req)).await;
-    }
-    p.send(&ProposerMessage::Append(AppendRequest {
-        term: 1,
-        begin_lsn: at,
-        commit_lsn: end,
-        truncate_lsn: START,
-        wal: vec![],
-    }))
-    .await;
+    elect(&mut p).await;
+    append_all(&mut p, &wal, end, 1 << 20).await;
     loop {
         match p.reply().await {
             AcceptorMessage::AppendResponse(r) if r.commit_lsn >= end => break,
@@ -1010,14 +1002,7 @@ async fn a_sealed_timeline_takes_no_writer_and_its_wal_is_final() {
     let mut p = greeted(sk.addr).await;
     p.send(&ProposerMessage::VoteRequest(VoteRequest { term: 1 })).await;
     assert!(matches!(p.reply().await, AcceptorMessage::VoteResponse(VoteResponse { vote_given: true, .. })));
-    p.send(&ProposerMessage::Elected(ProposerElected {
-        term: 1,
-        start_streaming_at: START,
-        term_history: TermHistory(vec![TermLsn { term: 1, lsn: START }]),
-        timeline_start_lsn: START,
-    }))
-    .await;
-    assert!(matches!(p.reply().await, AcceptorMessage::AppendResponse(_)));
+    assert!(matches!(elect(&mut p).await, AcceptorMessage::AppendResponse(_)));
     // WAL flushed, none of it committed yet (the commit LSN stays at START).
     let (wal, end) = wal_bytes(50);
     p.send(&ProposerMessage::Append(AppendRequest {
@@ -1111,14 +1096,7 @@ async fn each_tenants_local_wal_is_a_series_until_its_timelines_are_gone() {
     let mut p = greeted(sk.addr).await;
     p.send(&ProposerMessage::VoteRequest(VoteRequest { term: 1 })).await;
     assert!(matches!(p.reply().await, AcceptorMessage::VoteResponse(VoteResponse { vote_given: true, .. })));
-    p.send(&ProposerMessage::Elected(ProposerElected {
-        term: 1,
-        start_streaming_at: START,
-        term_history: TermHistory(vec![TermLsn { term: 1, lsn: START }]),
-        timeline_start_lsn: START,
-    }))
-    .await;
-    assert!(matches!(p.reply().await, AcceptorMessage::AppendResponse(_)));
+    assert!(matches!(elect(&mut p).await, AcceptorMessage::AppendResponse(_)));
     let (wal, end) = wal_bytes(800);
     assert!(end.0 - START.0 > SEG, "the WAL spans two segments");
     let mut at = START;

@@ -1,9 +1,8 @@
 //! Which shard needs which part of a record.
 
 use strata_formats::types::ForkNumber;
-use strata_formats::v15::records::xlog::XlogRecord;
+use strata_formats::v15::records::xlog::{self, XlogRecord};
 use strata_formats::v15::records::{self, ParsedRecord};
-use strata_formats::v15::rmgr;
 use strata_formats::version::BLCKSZ;
 use strata_formats::wal::record::DecodedRecord;
 
@@ -77,14 +76,10 @@ pub fn route(rec: &DecodedRecord, layout: ShardLayout) -> Routing {
     Routing { whole: whole & all, skeleton }
 }
 
-fn is_fpi_for_hint(rec: &DecodedRecord) -> bool {
-    rec.rmgr() == rmgr::RM_XLOG_ID && rec.header.rmgr_info() == rmgr::XLOG_FPI_FOR_HINT
-}
-
 /// The blocks a skeleton carries: every block reference but a hint's
 /// without an image (ingest skips those: hints are never needed).
 fn sized_blocks(rec: &DecodedRecord) -> impl Iterator<Item = BlockExtent> + '_ {
-    let hint = is_fpi_for_hint(rec);
+    let hint = xlog::is_fpi_for_hint(rec);
     rec.blocks.iter().filter(move |b| !(hint && b.image.is_none())).map(|b| BlockExtent {
         rel: b.rel,
         fork: b.fork,

@@ -54,12 +54,11 @@ const MAX_BLOCKS: usize = 33;
 pub struct BatchBuilder {
     proto: BatchProto,
     prev_end: Lsn,
-    bytes: usize,
 }
 
 impl BatchBuilder {
     pub fn new(begin: Lsn) -> BatchBuilder {
-        BatchBuilder { proto: BatchProto::default(), prev_end: begin, bytes: 0 }
+        BatchBuilder { proto: BatchProto::default(), prev_end: begin }
     }
 
     fn entry(&mut self, lsn: Lsn, end_lsn: Lsn) -> EntryProto {
@@ -73,7 +72,6 @@ impl BatchBuilder {
     pub fn add_whole(&mut self, rec: &DecodedRecord) {
         let mut raw = rec.raw[..(rec.header.total_length as usize).min(rec.raw.len())].to_vec();
         without_prev_and_crc(&mut raw);
-        self.bytes += raw.len();
         let mut e = self.entry(rec.lsn, rec.end_lsn);
         e.record = Some(raw);
         self.proto.entries.push(e);
@@ -87,22 +85,7 @@ impl BatchBuilder {
         for b in &s.blocks {
             e.blocks.extend_from_slice(&[b.rel.spc, b.rel.db, b.rel.rel, b.fork as u32, b.block]);
         }
-        self.bytes += 16 + s.blocks.len() * 20;
         self.proto.entries.push(e);
-    }
-
-    /// Entries so far.
-    pub fn len(&self) -> usize {
-        self.proto.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.proto.entries.is_empty()
-    }
-
-    /// About how many bytes the batch holds (records and skeletons).
-    pub fn bytes(&self) -> usize {
-        self.bytes
     }
 
     /// The batch's Protobuf bytes.

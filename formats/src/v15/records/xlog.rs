@@ -2,6 +2,13 @@
 
 use crate::lsn::Lsn;
 use crate::types::{Cursor, Oid, TransactionId, Truncated};
+use crate::wal::record::DecodedRecord;
+
+/// An `XLOG_FPI_FOR_HINT` record: hint bits changed on its pages. Without
+/// `full_page_writes` its blocks carry no image and replay skips them.
+pub fn is_fpi_for_hint(rec: &DecodedRecord) -> bool {
+    rec.rmgr() == crate::v15::rmgr::RM_XLOG_ID && rec.header.rmgr_info() == crate::v15::rmgr::XLOG_FPI_FOR_HINT
+}
 
 /// `CheckPoint`: the state a server needs to start at a checkpoint (88 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
