@@ -125,6 +125,7 @@ pub fn update_all(targets: &[PageserverTarget], info: &AttachmentInfo) -> bool {
             http: s.http.clone(),
             reader: s.reader,
             shards: Vec::new(),
+            stripe_blocks: None,
         };
         moved |= target.update(&one);
     }
@@ -236,6 +237,7 @@ mod tests {
             http: http.into(),
             reader: false,
             shards: Vec::new(),
+            stripe_blocks: None,
         }
     }
 

@@ -801,6 +801,7 @@ impl Controller {
             http: first.http,
             reader: first.reader,
             shards: if sharded { answers } else { Vec::new() },
+            stripe_blocks: state.splits.get(&tenant.tenant).filter(|_| sharded).map(|s| s.to.stripe_blocks),
         })
     }
 

@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 
 use crate::limits::MAX_STATE_BYTES;
-use crate::TenantShardId;
+use crate::shard::ShardLayout;
+use crate::{TenantId, TenantShardId};
 
 /// Where the state object lives, relative to the storage's prefix.
 pub const STATE_KEY: &str = "controller/state.json";
@@ -37,6 +38,11 @@ pub struct ControllerState {
     /// so states without it read as before.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub deleted_tenants: BTreeMap<TenantShardId, DeletedTenant>,
+    /// Each tenant's newest split (`docs/sharding.md`, "Split, step by
+    /// step"), kept once ended so that it says how it ended. Absent when
+    /// empty, so states without it read as before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub splits: BTreeMap<TenantId, TenantSplit>,
 }
 
 impl ControllerState {
@@ -63,6 +69,9 @@ impl ControllerState {
                 }
             }
         }
+        for (t, split) in &s.splits {
+            split.check().map_err(|e| format!("tenant {t}: split: {e}"))?;
+        }
         Ok(s)
     }
 
@@ -76,6 +85,100 @@ impl ControllerState {
     /// The current generation of `tenant`, if it has one.
     pub fn generation(&self, tenant: TenantShardId) -> Option<u32> {
         self.tenants.get(&tenant).map(|p| p.generation).filter(|g| *g > 0)
+    }
+
+    /// Whether `shard` may delete objects: not while a split that may
+    /// reference its layers is under way (its children's indexes name
+    /// them), nor once it ended in the children (the parent's objects
+    /// then go only with the sweep that knows what the children use).
+    pub fn may_delete(&self, shard: TenantShardId) -> bool {
+        self.splits.get(&shard.tenant).is_none_or(|s| !s.is_parent(shard) || s.phase == SplitPhase::RolledBack)
+    }
+
+    /// The shards the bare tenant id stands for now: the parents while a
+    /// split is under way, the children once it is done.
+    pub fn current_count(&self, tenant: TenantId) -> Option<u8> {
+        let split = self.splits.get(&tenant)?;
+        Some(match split.phase {
+            SplitPhase::Done => split.to.count,
+            _ => split.from.count,
+        })
+    }
+}
+
+/// A split of a tenant's shards into more (`strata tenant split`): what
+/// the controllers record so that, after any crash, it either completes
+/// or rolls back.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TenantSplit {
+    pub from: ShardLayout,
+    pub to: ShardLayout,
+    pub phase: SplitPhase,
+    /// Each child's first generation, in shard order (`to.count` of them).
+    pub generations: Vec<u32>,
+    /// Where each parent was attached when the split was prepared, in
+    /// shard order: its children are attached there.
+    pub parents: Vec<String>,
+    /// The state version that prepared it.
+    pub version: u64,
+    /// Why it rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Once done: whether the parents' objects that no child uses are gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub swept: bool,
+}
+
+/// Where a split is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitPhase {
+    /// Recorded; the parents delete nothing from here on. Each parent's
+    /// pageserver writes its children's indexes.
+    Prepared,
+    /// Every child's index is written: the children are placed where their
+    /// parents are and catch up. From here the split completes.
+    Copied,
+    /// The children serve the tenant; the parents are detached.
+    Done,
+    /// Given up before `Copied`: the children's objects are removed, the
+    /// parents go on.
+    RolledBack,
+}
+
+impl TenantSplit {
+    /// The parents' shard ids.
+    pub fn parent_ids(&self, tenant: TenantId) -> Vec<TenantShardId> {
+        self.from.shards().map(|shard| TenantShardId { tenant, shard }).collect()
+    }
+
+    /// The children's shard ids.
+    pub fn child_ids(&self, tenant: TenantId) -> Vec<TenantShardId> {
+        self.to.shards().map(|shard| TenantShardId { tenant, shard }).collect()
+    }
+
+    /// Whether `shard` is one of the parents.
+    pub fn is_parent(&self, shard: TenantShardId) -> bool {
+        shard.shard.shards() == self.from.count
+    }
+
+    /// Whether the split is under way (neither done nor rolled back).
+    pub fn is_open(&self) -> bool {
+        matches!(self.phase, SplitPhase::Prepared | SplitPhase::Copied)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.from.split(u32::from(self.to.count)).map_err(|e| e.to_string())?;
+        if self.from.stripe_blocks != self.to.stripe_blocks {
+            return Err("the stripe changes".into());
+        }
+        if self.generations.len() != usize::from(self.to.count) || self.generations.contains(&0) {
+            return Err(format!("{} generations for {} children", self.generations.len(), self.to.count));
+        }
+        if self.parents.len() != usize::from(self.from.count) {
+            return Err(format!("{} parents' pageservers for {} parents", self.parents.len(), self.from.count));
+        }
+        Ok(())
     }
 }
 
@@ -145,6 +248,11 @@ pub struct AttachmentInfo {
     /// in shard order (the fields above are shard 0's). Empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardAttachment>,
+    /// The stripe of `shards`' layout, when the controllers know it (a
+    /// tenant that was split): a compute started unsharded, or with fewer
+    /// shards, switches to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_blocks: Option<u32>,
 }
 
 /// Where one shard of a sharded tenant is served ([`AttachmentInfo::shards`]).
