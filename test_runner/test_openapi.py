@@ -743,6 +743,14 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
     c.call(ps, "put", loc, json_body={"mode": "attached"}, expect={400}, tenant=tenant)  # no generation
     c.call(ps, "put", loc, json_body={"mode": "elsewhere"}, expect={400}, tenant=tenant)
     c.call(ps, "put", loc, json_body={"mode": "secondary"}, expect={400}, tenant="not-an-id")
+    # A split's call: children that are not the parent's, a parent not here.
+    split = "/v1/tenant/{tenant}/split"
+    c.call(ps, "post", split, json_body={"stripe_blocks": 8, "children": [
+        {"shard": f"{tenant}-0of3", "generation": 1}]}, expect={400}, tenant=tenant)
+    c.call(ps, "post", split, json_body={"stripe_blocks": 8, "children": [
+        {"shard": f"{missing}-0of2", "generation": 1}, {"shard": f"{missing}-1of2", "generation": 1}]},
+        expect={404}, tenant=missing)
+    c.call(ps, "post", split, raw_body=b"{", expect={400}, tenant=tenant)
 
     # ---- safekeepers
     for sk in SAFEKEEPERS:
@@ -816,6 +824,14 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
         c.problems.append(f"registering {tenant} again answered another tenant: {registered}")
     c.call(ctl, "put", "/v1/tenant/{tenant}", expect={400}, tenant="not-an-id")
     c.call(ctl, "delete", "/v1/tenant/{tenant}", expect={400}, tenant="not-an-id")
+    # Splits: never split (404), a count that is no multiple, a shard's id.
+    csplit = "/v1/tenant/{tenant}/split"
+    c.call(ctl, "get", csplit, expect={404}, tenant=tenant)
+    c.call(ctl, "get", csplit, expect={400}, tenant="not-an-id")
+    c.call(ctl, "post", csplit, json_body={"shards": 1, "stripe_blocks": 8}, expect={409}, tenant=tenant)
+    c.call(ctl, "post", csplit, json_body={"shards": 2, "stripe_blocks": 7}, expect={409}, tenant=tenant)
+    c.call(ctl, "post", csplit, json_body={"shards": 2}, expect={400}, tenant=tenant)
+    c.call(ctl, "post", csplit, json_body={"shards": 4, "stripe_blocks": 8}, expect={400}, tenant=f"{tenant}-0of2")
     # Renewal renews a tenant's own token only: management's is refused.
     c.call(ctl, "post", "/v1/tenant/{tenant}/token", expect={403}, tenant=tenant)
     c.call(ctl, "post", "/v1/tenant/{tenant}/token", expect={400}, tenant="not-an-id")

@@ -39,6 +39,7 @@ pub mod reconfigure;
 pub mod report;
 pub mod services;
 pub mod site;
+pub mod split;
 pub mod stage;
 pub mod status;
 pub mod supervisor;

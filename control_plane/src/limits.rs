@@ -92,6 +92,10 @@ pub const BRANCH_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a command waits for the tenant to be attached (a starting
 /// cluster, a failover under way).
 pub const ATTACH_WAIT: Duration = Duration::from_secs(60);
+
+/// How long `strata tenant split` follows a split before it leaves the
+/// controllers to finish it (run again, it follows it on).
+pub const SPLIT_WAIT: Duration = Duration::from_secs(600);
 /// How long `strata tenant delete` waits for every pageserver to detach
 /// the tenant (the controllers tell them within a decision round or two).
 pub const DETACH_WAIT: Duration = Duration::from_secs(60);

@@ -354,6 +354,8 @@ pub enum TenantEvent {
     TimelinesDeleted { tenant: String, safekeeper: String },
     /// A step of `tenant import` begins.
     Importing { step: String },
+    /// A split reached a phase (`strata tenant split`).
+    Split { tenant: String, phase: String },
 }
 
 impl fmt::Display for TenantEvent {
@@ -367,6 +369,7 @@ impl fmt::Display for TenantEvent {
                 write!(f, "tenant {tenant}: its timelines are deleted on {safekeeper}")
             }
             TenantEvent::Importing { step } => write!(f, "import: {step}"),
+            TenantEvent::Split { tenant, phase } => write!(f, "tenant {tenant}: split {phase}"),
         }
     }
 }

@@ -340,10 +340,28 @@ fn delete_objects(wd: &Workdir, t: &Tenant) -> Result<u64> {
     // Shard 0 last: its prefixes hold the tenant's WAL and keys, which a
     // run that stops half-way must still find for the other shards.
     let mut total = 0;
-    for shard in t.shard_ids().into_iter().rev() {
+    for shard in shards_ever(t) {
         total += delete_shard_objects(wd, t, shard)?;
     }
     Ok(total)
+}
+
+/// Every shard the tenant may have objects of, the current layout's shard
+/// 0 last: a split's children name their parents' layers, so the parents'
+/// prefixes may hold objects too, and splits go from `n` shards to a
+/// multiple of `n`, so every earlier layout's count divides today's.
+fn shards_ever(t: &Tenant) -> Vec<TenantShardId> {
+    let now = t.layout();
+    let mut shards: Vec<TenantShardId> = (1..=now.count)
+        .filter(|c| now.count.is_multiple_of(*c))
+        .flat_map(|count| {
+            let layout = ShardLayout { count, stripe_blocks: now.stripe_blocks };
+            layout.shards().map(|shard| TenantShardId { tenant: t.tenant_id, shard }).collect::<Vec<_>>()
+        })
+        .collect();
+    let last = t.shard_ids()[0];
+    shards.sort_by_key(|s| (*s == last, s.shard.number == 0));
+    shards
 }
 
 fn delete_shard_objects(wd: &Workdir, t: &Tenant, shard: TenantShardId) -> Result<u64> {
@@ -366,6 +384,27 @@ fn delete_shard_objects(wd: &Workdir, t: &Tenant, shard: TenantShardId) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenants_objects_are_looked_for_under_every_layout_it_may_have_had() {
+        let mut t = Tenant {
+            name: "t".into(),
+            tenant_id: TenantId::generate(),
+            state: TenantState::Active,
+            pg_version: 15,
+            follows: None,
+            shards: Some(ShardLayout { count: 4, stripe_blocks: 8 }),
+            branches: Vec::new(),
+        };
+        let names: Vec<String> = shards_ever(&t).iter().map(|s| s.to_string()).collect();
+        let id = t.tenant_id;
+        // 1, 2 and 4 shards; the zeros after the others, the current one last.
+        assert_eq!(names.len(), 7, "{names:?}");
+        assert_eq!(names.last().unwrap(), &format!("{id}-0of4"));
+        assert!(names[..4].iter().all(|n| !n.contains("-0of") && n != &id.to_string()), "{names:?}");
+        t.shards = None;
+        assert_eq!(shards_ever(&t).iter().map(|s| s.to_string()).collect::<Vec<_>>(), vec![id.to_string()]);
+    }
 
     #[test]
     fn tenant_names_are_dns_labels() {

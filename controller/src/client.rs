@@ -5,13 +5,15 @@
 
 use std::time::Duration;
 
-use strata_protocol::api::pageserver::{LocationRequest, LocationStatus, PageserverStatus};
+use strata_protocol::api::pageserver::{
+    LocationRequest, LocationStatus, PageserverStatus, SplitShardDone, SplitShardRequest,
+};
 use strata_protocol::TenantShardId;
 use strata_service::api_client::ApiClient;
 use strata_service::auth::Token;
 use strata_service::tls::ClientTls;
 
-use crate::limits::{LOCATION_TIMEOUT, MAX_ANSWER};
+use crate::limits::{LOCATION_TIMEOUT, MAX_ANSWER, SPLIT_CALL_TIMEOUT};
 use crate::tasks::BoxFuture;
 
 /// What the controller asks of the pageservers, each named by its HTTP
@@ -27,6 +29,18 @@ pub trait Pageservers: Send + Sync {
         tenant: TenantShardId,
         req: LocationRequest,
     ) -> BoxFuture<'a, Result<LocationStatus, String>>;
+    /// `POST /v1/tenant/{parent}/split`: the parent's children's indexes.
+    /// `Err((permanent, why))`: permanent when asking again cannot help
+    /// (the request was refused as invalid).
+    fn split_shard<'a>(
+        &'a self,
+        http: &'a str,
+        parent: TenantShardId,
+        req: SplitShardRequest,
+    ) -> BoxFuture<'a, Result<SplitShardDone, (bool, String)>> {
+        let _ = (http, parent, req);
+        Box::pin(async { Err((true, "this pageserver client cannot split shards".to_string())) })
+    }
 }
 
 /// A client of every pageserver, with the controller's token and TLS: the
@@ -35,13 +49,18 @@ pub trait Pageservers: Send + Sync {
 pub struct Client {
     heartbeat: ApiClient,
     location: ApiClient,
+    split: ApiClient,
 }
 
 impl Client {
     /// Heartbeats time out after `heartbeat_timeout`.
     pub fn new(tls: Option<&ClientTls>, token: Option<Token>, heartbeat_timeout: Duration) -> Client {
         let client = |timeout| ApiClient::new(tls, token.clone(), timeout).with_max_answer(MAX_ANSWER);
-        Client { heartbeat: client(heartbeat_timeout), location: client(LOCATION_TIMEOUT) }
+        Client {
+            heartbeat: client(heartbeat_timeout),
+            location: client(LOCATION_TIMEOUT),
+            split: client(SPLIT_CALL_TIMEOUT),
+        }
     }
 }
 
@@ -66,6 +85,21 @@ impl Pageservers for Client {
             tokio::task::spawn_blocking(move || c.put(&url, &req).map_err(|e| e.to_string()))
                 .await
                 .map_err(|e| e.to_string())?
+        })
+    }
+
+    fn split_shard<'a>(
+        &'a self,
+        http: &'a str,
+        parent: TenantShardId,
+        req: SplitShardRequest,
+    ) -> BoxFuture<'a, Result<SplitShardDone, (bool, String)>> {
+        let (c, url) = (self.split.clone(), self.split.url(http, &format!("/v1/tenant/{parent}/split")));
+        Box::pin(async move {
+            let r = tokio::task::spawn_blocking(move || c.post::<SplitShardDone>(&url, &req))
+                .await
+                .map_err(|e| (false, e.to_string()))?;
+            r.map_err(|e| (e.status() == Some(400), e.to_string()))
         })
     }
 }

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use strata_protocol::api::controller::{PageserverPolicy, PolicyChanged};
+use strata_protocol::api::controller::{PageserverPolicy, PolicyChanged, SplitRequest};
 use strata_protocol::api::ErrorBody;
 use strata_protocol::TenantShardId;
 use strata_service::auth::http::{guard, HttpAuth, Need};
@@ -33,7 +33,8 @@ pub fn router(
         .route("/v1/pageserver/{name}/drain", post(drain))
         .route("/v1/pageserver/{name}/fill", post(fill))
         .route("/v1/pageserver/{name}/lost", post(lost))
-        .route("/v1/tenant/{tenant}", put(register_tenant).delete(delete_tenant));
+        .route("/v1/tenant/{tenant}", put(register_tenant).delete(delete_tenant))
+        .route("/v1/tenant/{tenant}/split", post(split_tenant).get(split_status));
     let tenant = Router::new().route("/v1/tenant/{tenant}/attachment", get(attachment));
     let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
     let renewal = Router::new().route("/v1/tenant/{tenant}/token", post(renew_token)).with_state(renewer);
@@ -108,8 +109,9 @@ fn parse_tenant(tenant: &str) -> Result<TenantShardId, String> {
 /// storage failure's are 503 (the caller asks the leader, or again).
 fn call_error(e: CallError) -> Response {
     let status = match e {
-        CallError::NotLeader(_) | CallError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        CallError::NotLeader(_) | CallError::Store(_) | CallError::Later(_) => StatusCode::SERVICE_UNAVAILABLE,
         CallError::Unknown(_) => StatusCode::NOT_FOUND,
+        CallError::Split(_) => StatusCode::CONFLICT,
     };
     error(status, e.to_string())
 }
@@ -143,6 +145,46 @@ async fn delete_tenant(State(c): State<Arc<Controller>>, Path(tenant): Path<Stri
     match c.delete_tenant(tenant).await {
         Ok(d) => Json(d).into_response(),
         Err(e) => call_error(e),
+    }
+}
+
+/// The bare tenant id of a split's path.
+fn parse_bare_tenant(tenant: &str) -> Result<strata_protocol::TenantId, String> {
+    match parse_tenant(tenant)? {
+        t if t.shard.is_unsharded() => Ok(t.tenant),
+        t => Err(format!("{t}: a split is asked of the tenant, not of a shard")),
+    }
+}
+
+/// `POST /v1/tenant/{tenant}/split`: 202 with the split recorded.
+async fn split_tenant(
+    State(c): State<Arc<Controller>>,
+    Path(tenant): Path<String>,
+    body: Result<Json<SplitRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let tenant = match parse_bare_tenant(&tenant) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let req = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    match c.split_tenant(tenant, req.shards, req.stripe_blocks).await {
+        Ok(s) => (StatusCode::ACCEPTED, Json(s)).into_response(),
+        Err(e) => call_error(e),
+    }
+}
+
+/// `GET /v1/tenant/{tenant}/split`: the newest split, 404 if none.
+async fn split_status(State(c): State<Arc<Controller>>, Path(tenant): Path<String>) -> Response {
+    let tenant = match parse_bare_tenant(&tenant) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match c.split_of(tenant) {
+        Some(s) => Json(s).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("tenant {tenant} was never split")),
     }
 }
 

@@ -20,6 +20,7 @@ pub mod renew;
 pub mod retry;
 pub mod schedule;
 pub mod service;
+pub mod split;
 pub mod store;
 pub mod tasks;
 

@@ -51,6 +51,14 @@ pub const WRITE_ATTEMPTS: usize = 5;
 pub const MAX_ANSWER: u64 = 16 << 20;
 /// Bound on a location change: an attach lists and reads every index.
 pub const LOCATION_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A split's call to a parent's pageserver: it flushes and uploads every
+/// timeline (up to a minute each) before it writes the children's indexes.
+pub const SPLIT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Failed calls to a parent's pageserver after which a split rolls back
+/// (each retried after the location calls' growing pause).
+pub const SPLIT_ATTEMPTS: u32 = 6;
 /// Pauses before a failed location call is sent again.
 pub const RETRY_MIN: Duration = Duration::from_millis(500);
 pub const RETRY_MAX: Duration = Duration::from_secs(10);

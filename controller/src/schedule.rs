@@ -367,6 +367,11 @@ pub fn delete_tenant(
     // The version this state is written with.
     let version = state.version + 1;
     next.deleted_tenants.insert(tenant, DeletedTenant { generation, version });
+    // A split's record goes with the tenant's last shard: the record bounds
+    // nothing once no shard of it is placed.
+    if !next.tenants.keys().any(|t| t.tenant == tenant.tenant) {
+        next.splits.remove(&tenant.tenant);
+    }
     loop {
         let droppable = next.deleted_tenants.iter().filter(|(t, _)| !pinned.contains(t));
         if droppable.clone().count() <= MAX_DELETED_TENANTS {

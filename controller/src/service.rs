@@ -34,6 +34,8 @@ use crate::schedule::{self, Planner, View};
 use crate::store::{LeaderLease, Store, StoreError};
 use crate::tasks::{each_as_ready, BoxFuture, Spawn};
 
+mod splits;
+
 /// While this controller leads.
 struct Lead {
     term: u64,
@@ -68,6 +70,10 @@ struct Inner {
     health: BTreeMap<String, Health>,
     /// LSNs a migration's target must reach, per tenant and timeline.
     catch_up: BTreeMap<TenantShardId, BTreeMap<String, strata_formats::Lsn>>,
+    /// The calls of prepared splits to their parents' pageservers.
+    split_calls: BTreeMap<TenantShardId, splits::SplitCall>,
+    /// LSNs each child of a copied split must reach, per timeline.
+    split_goals: BTreeMap<TenantShardId, BTreeMap<String, strata_formats::Lsn>>,
     last_error: Option<String>,
 }
 
@@ -85,6 +91,8 @@ pub struct Controller {
     version: watch::Sender<u64>,
     /// Location calls under way, so a slow attach is not sent twice.
     in_flight: Mutex<BTreeSet<(String, TenantShardId)>>,
+    /// Parents whose split call is under way.
+    split_in_flight: Mutex<BTreeSet<TenantShardId>>,
     /// Location calls that failed, and when to try again (growing pauses).
     retries: Mutex<Retries<(String, TenantShardId)>>,
     wake: Notify,
@@ -104,6 +112,11 @@ pub enum CallError {
     Unknown(String),
     #[error("{0}")]
     Store(String),
+    #[error("{0}")]
+    Split(String),
+    /// Refused for now: asked again later it may be taken.
+    #[error("{0}")]
+    Later(String),
 }
 
 /// Why a tenant's attachment is not answered.
@@ -132,6 +145,7 @@ impl Controller {
             inner: Mutex::new(Inner::default()),
             version: watch::Sender::new(0),
             in_flight: Mutex::new(BTreeSet::new()),
+            split_in_flight: Mutex::new(BTreeSet::new()),
             retries: Mutex::new(Retries::new(RETRY_MIN, RETRY_MAX, env.seed)),
             wake: Notify::new(),
             started,
@@ -504,6 +518,7 @@ impl Controller {
             .tenants
             .iter()
             .filter(|t| !state.tenants.contains_key(t) && !state.deleted_tenants.contains_key(t))
+            .filter(|t| !crate::split::is_retired_parent(&state, **t))
             .copied()
             .collect();
         let mut new = Vec::new();
@@ -544,6 +559,9 @@ impl Controller {
         // Goals of moves that ended otherwise (a failover, a cancellation).
         self.inner.lock().catch_up.retain(|t, _| state.tenants.get(t).is_some_and(|p| p.migration.is_some()));
         self.apply(&state);
+        if self.advance_splits(&state, version.as_ref(), term).await? {
+            return Ok(());
+        }
         // Moves whose target caught up.
         for t in state.tenants.iter().filter(|(_, p)| p.migration.is_some()).map(|(t, _)| *t).collect::<Vec<_>>() {
             if self.caught_up(&state, t) {
@@ -640,8 +658,9 @@ impl Controller {
         // Deleted tenants: a detach removes the pageserver's local files.
         for ps in online_pageservers() {
             let held = observed.get(&ps.name).into_iter().flatten();
-            let deleted =
-                held.filter(|l| l.mode != LocationMode::Detached && state.deleted_tenants.contains_key(&l.tenant_id));
+            let gone =
+                |t: &TenantShardId| state.deleted_tenants.contains_key(t) || crate::split::is_retired_parent(state, *t);
+            let deleted = held.filter(|l| l.mode != LocationMode::Detached && gone(&l.tenant_id));
             for t in deleted.map(|l| l.tenant_id).collect::<BTreeSet<_>>() {
                 self.send_location(ps, t, LocationRequest { mode: LocationMode::Detached, generation: None });
             }
@@ -754,12 +773,8 @@ impl Controller {
         // by its bare id: all of its shards, each attached.
         let shards: Vec<(TenantShardId, &TenantPlacement)> = match state.tenants.get(&tenant) {
             Some(p) => vec![(tenant, p)],
-            None if tenant.shard.is_unsharded() => state
-                .tenants
-                .range(tenant..)
-                .take_while(|(t, _)| t.tenant == tenant.tenant)
-                .map(|(t, p)| (*t, p))
-                .collect(),
+            // While a split is under way its parents answer, once done its children.
+            None if tenant.shard.is_unsharded() => crate::split::current_shards(state, tenant.tenant),
             None => Vec::new(),
         };
         let count = shards.first().map(|(t, _)| t.shard.shards() as usize).ok_or_else(not_attached)?;

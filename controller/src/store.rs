@@ -46,6 +46,8 @@ pub trait Objects: Send + Sync {
     ) -> BoxFuture<'a, Result<ObjectVersion, StoreError>>;
     /// The names of the objects under `prefix`.
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+    /// Deletes `key` (done if it does not exist).
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 impl Objects for RemoteStorage {
@@ -71,6 +73,10 @@ impl Objects for RemoteStorage {
             let objects = RemoteStorage::list(self, prefix).await.map_err(|e| StoreError::Failed(e.to_string()))?;
             Ok(objects.into_iter().map(|o| o.key).collect())
         })
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { RemoteStorage::delete(self, key).await.map_err(|e| StoreError::Failed(e.to_string())) })
     }
 }
 
@@ -156,6 +162,18 @@ impl Store {
     ) -> Result<ObjectVersion, StoreError> {
         let bytes = serde_json::to_vec(lease).expect("a lease always encodes");
         self.objects.put_if(LEADER_KEY, Bytes::from(bytes), expected).await
+    }
+
+    /// Deletes every object under `tenants/{shard}/` (a rolled back
+    /// split's child): its indexes first, so that nothing attaches from an
+    /// index whose layers are going. How many went.
+    pub async fn delete_shard_objects(&self, shard: TenantShardId) -> Result<usize, StoreError> {
+        let mut keys = self.objects.list(&format!("tenants/{shard}/")).await?;
+        keys.sort_by_key(|k| !k.rsplit('/').next().is_some_and(|n| n.starts_with("index-")));
+        for k in &keys {
+            self.objects.delete(k).await?;
+        }
+        Ok(keys.len())
     }
 
     /// The highest generation any object of `tenant` carries (layer and

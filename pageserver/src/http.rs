@@ -83,7 +83,9 @@ pub fn router(tenants: Arc<Tenants>, auth: Option<&HttpAuth>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/page", get(page));
     // The storage controller places tenants with its own token; the
     // services' token, on every host, may not.
-    let placement = Router::new().route("/v1/tenant/{tenant}/location", put(set_location));
+    let placement = Router::new()
+        .route("/v1/tenant/{tenant}/location", put(set_location))
+        .route("/v1/tenant/{tenant}/split", post(split_shard));
     let service = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
     Router::new()
         .merge(guard(management, auth, Need::Management))
@@ -181,6 +183,36 @@ async fn set_location(
             error(code, e.to_string())
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("location task failed: {e}")),
+    }
+}
+
+/// A split's step on a parent shard (`crate::split`): its children's indexes.
+async fn split_shard(
+    State(tenants): State<Arc<Tenants>>,
+    Path(tenant): Path<String>,
+    body: Result<Json<strata_protocol::api::pageserver::SplitShardRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let parent: TenantShardId = match tenant.parse() {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}")),
+    };
+    let req = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    match tokio::task::spawn_blocking(move || crate::split::write_children(&tenants, parent, &req)).await {
+        Ok(Ok(done)) => Json(done).into_response(),
+        Ok(Err(e)) => {
+            let code = match &e {
+                crate::split::SplitError::Invalid { .. } => StatusCode::BAD_REQUEST,
+                crate::split::SplitError::NotAttached { .. } => StatusCode::NOT_FOUND,
+                crate::split::SplitError::NoRemote { .. } => StatusCode::PRECONDITION_FAILED,
+                crate::split::SplitError::Storage { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                crate::split::SplitError::Timeline { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(code, e.to_string())
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("split task failed: {e}")),
     }
 }
 

@@ -27,6 +27,7 @@ pub mod page_service;
 pub mod rebuilt_pages;
 pub mod remote;
 pub mod secondary;
+pub mod split;
 pub mod tenants;
 pub mod timeline;
 pub mod user;

@@ -164,6 +164,10 @@ pub const DELETION_BATCHES_PER_CHECK: usize = 64;
 pub const TRANSFER_THREADS: usize = 2;
 /// The upload loop looks at the metadata at least this often without being woken.
 pub const UPLOAD_SYNC_PERIOD: Duration = Duration::from_secs(10);
+
+/// How long a split waits for each parent timeline's upload before the
+/// step fails (the storage controller calls it again).
+pub const SPLIT_UPLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// Backoff between failed upload rounds: from this, doubling, ...
 pub const UPLOAD_RETRY_MIN: Duration = Duration::from_millis(100);
 /// ... up to this, forever.

@@ -26,7 +26,7 @@ use strata_remote_storage::RemoteStorage;
 use strata_service::clock::Clock;
 use tracing::{info, warn};
 
-use crate::remote::index::{layer_key, IndexLayer, RemoteIndex};
+use crate::remote::index::{IndexLayer, RemoteIndex};
 use crate::remote::Remote;
 
 /// The heatmap format this build reads and writes.
@@ -311,7 +311,7 @@ async fn warm_round(w: &Warmer, cx: &WarmContext) -> Result<(), String> {
         }
         std::fs::create_dir_all(path.parent().expect("under the warm dir"))
             .map_err(|e| format!("creating {}: {e}", path.display()))?;
-        let object = layer_key(cx.tenant, *timeline, &l.name, l.generation);
+        let object = l.object_key(cx.tenant, *timeline);
         let got = match cx.storage.download_file(&object, &path).await {
             Ok(got) => got,
             // Deleted since the heatmap was written (compaction, GC): the next one will not list it.
@@ -352,10 +352,11 @@ async fn warm_round(w: &Warmer, cx: &WarmContext) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::index::layer_key;
     use strata_formats::Lsn;
 
     fn layer(name: &str, generation: u32, size: u64) -> IndexLayer {
-        IndexLayer { name: name.into(), size, crc32c: 0, generation }
+        IndexLayer { name: name.into(), size, crc32c: 0, generation, owner: None }
     }
 
     fn name(from: u64, to: u64) -> String {
@@ -448,6 +449,7 @@ mod tests {
                     size: 100_000,
                     crc32c: crc32c::crc32c(&bytes),
                     generation: 3,
+                    owner: None,
                 };
                 storage.put(&layer_key(tenant, tl, &l.name, 3), Bytes::from(bytes)).await.unwrap();
                 layers.push(l);

@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod durable;
+pub mod failpoint;
 pub mod http;
 pub mod limits;
 pub mod listener;

@@ -112,6 +112,23 @@ pub enum TenantCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+    /// Split a tenant into more shards while it serves reads and writes
+    /// (`docs/sharding.md`, "Split, step by step"): no data is copied,
+    /// and the split either completes or rolls back. N is a multiple of
+    /// the tenant's shards. Running computes switch to the new shards by
+    /// themselves. Run again after an interruption, it follows the split on.
+    Split {
+        name: String,
+        /// The shard count after the split.
+        #[arg(long, value_name = "N")]
+        shards: u32,
+        /// The stripe of an unsharded tenant's new shards (a sharded
+        /// tenant keeps its own); 2048 blocks by default.
+        #[arg(long, value_name = "BLOCKS")]
+        stripe_blocks: Option<u32>,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
     /// Every tenant: id, state, branches, endpoints.
     List {
         /// Machine-readable output.

@@ -362,6 +362,21 @@ pub fn tenant(cmd: TenantCommand) -> i32 {
             })();
             exit_code("tenant cutover", result)
         }
+        TenantCommand::Split { name, shards, stripe_blocks, workdir } => {
+            let result = (|| {
+                workdir.plain("tenant split")?;
+                let wd = open(&workdir.workdir)?;
+                // The controllers carry the split out: the workdir is only locked to record it.
+                let done = strata_control_plane::split::split(&wd, &name, shards, stripe_blocks, &mut Printer)?;
+                let _lock = lock(&wd)?;
+                let wd = open(&workdir.workdir)?;
+                strata_control_plane::split::record(&wd, &done)?;
+                publish(&wd)?;
+                outln!("{done}");
+                Ok(())
+            })();
+            exit_code("tenant split", result)
+        }
         TenantCommand::List { json, workdir } => {
             let result = (|| {
                 workdir.plain("tenant list")?;

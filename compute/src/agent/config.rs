@@ -7,6 +7,8 @@ use std::time::Duration;
 use strata_protocol::shard::ShardLayout;
 use strata_protocol::{TenantId, TenantShardId, TimelineId};
 
+use crate::pageserver_target::{PageserverTarget, TenantShards};
+
 use super::restart::RestartPolicy;
 
 /// Everything `strata compute start` needs.
@@ -22,9 +24,10 @@ pub struct AgentConfig {
     pub timeline_id: TimelineId,
     /// The pageserver's HTTP API (host:port) at start.
     pub pageserver_http: String,
-    /// Where the pageserver is now: the one given at start until a
-    /// storage controller says otherwise.
-    pub pageserver: crate::pageserver_target::PageserverTarget,
+    /// Where the pageserver (shard 0's) is now: the one given at start
+    /// until a storage controller says otherwise. After a split, `shards`
+    /// has the new shard 0's, which clients of shard 0 follow instead.
+    pub pageserver: PageserverTarget,
     /// The storage controllers' HTTP APIs (`host:port`): asked where the
     /// tenant is attached, and followed when it moves.
     pub controllers: Vec<String>,
@@ -90,11 +93,10 @@ pub struct AgentConfig {
     /// through FUSE from the page service at this address (`host:port`)
     /// instead of restored.
     pub lazy_page_service: Option<String>,
-    /// A sharded tenant's layout (`docs/sharding.md`); none: unsharded.
-    pub shards: Option<ShardLayout>,
-    /// Where each shard is served now, in shard order (the first is
-    /// `pageserver`); empty for an unsharded tenant.
-    pub shard_targets: Vec<crate::pageserver_target::PageserverTarget>,
+    /// The tenant's layout (`docs/sharding.md`; unsharded unless
+    /// [`Self::set_shards`] says otherwise) and where each shard is served
+    /// now, the first `pageserver` until a split replaces them all.
+    pub shards: TenantShards,
     /// A lazy compute's local file cache: the most bytes of relation
     /// blocks it keeps that it may fetch again (`docs/lazy-compute.md`).
     pub lazy_cache_bytes: u64,
@@ -195,13 +197,14 @@ impl AgentConfig {
         pageserver_http: String,
         password_file: PathBuf,
     ) -> AgentConfig {
+        let pageserver = PageserverTarget::new(pageserver_http.clone(), None);
         AgentConfig {
             pgdata,
             pg_port,
             safekeepers,
             tenant_id,
             timeline_id,
-            pageserver: crate::pageserver_target::PageserverTarget::new(pageserver_http.clone(), None),
+            pageserver: pageserver.clone(),
             controllers: Vec::new(),
             pageserver_site: None,
             address_map: Vec::new(),
@@ -229,8 +232,7 @@ impl AgentConfig {
             read_only_at: None,
             replica: None,
             lazy_page_service: None,
-            shards: None,
-            shard_targets: Vec::new(),
+            shards: TenantShards::unsharded(pageserver),
             lazy_cache_bytes: 1 << 30,
             lazy_fetch_retry: crate::limits::LAZY_FETCH_RETRY_FOR,
             auth_public_key: None,
@@ -249,24 +251,26 @@ impl AgentConfig {
 
     /// A client of the pageserver's HTTP API with this compute's token and
     /// TLS: of shard 0's for a sharded tenant (which holds every
-    /// non-relation key, the catalog and every size).
+    /// non-relation key, the catalog and every size), of the layout it has
+    /// at each request (a split changes it while the compute runs).
     pub fn pageserver_client(&self) -> super::pageserver_api::PageserverClient {
         super::pageserver_api::PageserverClient::new(&self.pageserver_http, self.tls_client.as_ref())
             .with_token(self.token.clone())
-            .following(self.pageserver.clone())
-            .of_shard(self.home_shard())
+            .following_home(self.shards.clone())
     }
 
-    /// The clients of every shard's pageserver, in shard order (the one
-    /// [`Self::pageserver_client`] for an unsharded tenant): what must hold
-    /// on every shard (a lease) is asked of each.
+    /// The clients of every shard's pageserver of the layout now, in shard
+    /// order (the one [`Self::pageserver_client`] for an unsharded tenant):
+    /// what must hold on every shard (a lease) is asked of each. Asked
+    /// again for each use, so that a split's new shards are asked.
     pub fn shard_clients(&self) -> Vec<super::pageserver_api::PageserverClient> {
-        if self.shard_targets.is_empty() {
+        let now = self.shards.now();
+        if !now.layout.is_sharded() {
             return vec![self.pageserver_client()];
         }
-        self.shard_ids()
+        now.ids(self.tenant_id)
             .into_iter()
-            .zip(&self.shard_targets)
+            .zip(&now.targets)
             .map(|(id, target)| {
                 super::pageserver_api::PageserverClient::new(&target.http(), self.tls_client.as_ref())
                     .with_token(self.token.clone())
@@ -276,35 +280,34 @@ impl AgentConfig {
             .collect()
     }
 
-    /// The tenant's shard 0 (or its only one): basebackups and timeline
-    /// questions go there.
+    /// The tenant's shard 0 (or its only one) now: basebackups and
+    /// timeline questions go there.
     pub fn home_shard(&self) -> TenantShardId {
-        self.shard_ids().into_iter().next().unwrap_or_else(|| self.tenant_id.into())
+        TenantShardId { tenant: self.tenant_id, shard: self.shards.home_index() }
     }
 
-    /// Every shard of the tenant, in order.
+    /// Every shard of the tenant now, in order.
     pub fn shard_ids(&self) -> Vec<TenantShardId> {
-        let layout = self.shards.unwrap_or_default();
-        layout.shards().map(|shard| TenantShardId { tenant: self.tenant_id, shard }).collect()
+        self.shards.now().ids(self.tenant_id)
     }
 
     /// Makes this a compute of a sharded tenant whose shards are at
     /// `(http, page service)` at start, in shard order (shard 0's are the
     /// ones given already).
     pub fn set_shards(&mut self, layout: ShardLayout, at: Vec<(String, String)>) {
-        self.shards = Some(layout);
-        self.shard_targets = at
+        let targets = at
             .into_iter()
             .enumerate()
             .map(|(i, (http, pg))| {
                 if i == 0 {
                     self.pageserver.clone()
                 } else {
-                    let t = crate::pageserver_target::PageserverTarget::new(http, Some(pg));
+                    let t = PageserverTarget::new(http, Some(pg));
                     t.set_address_map(self.address_map.clone());
                     t
                 }
             })
             .collect();
+        self.shards = TenantShards::new(layout, targets);
     }
 }

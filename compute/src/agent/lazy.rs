@@ -2,6 +2,8 @@
 //! basebackup is unpacked and configured, `base/` and `global/` move to a
 //! backing directory beside the data directory and come back as FUSE mounts
 //! of it; at the next start and when the agent ends they are unmounted.
+//! Their page source follows the tenant's layout: a split while the
+//! compute runs switches it to the new shards ([`LazyMounts::follow_layout`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +12,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use strata_formats::Lsn;
 use strata_protocol::lazy_manifest::{Manifest, MANIFEST_NAME};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::config::AgentConfig;
 use super::error::{fail, AgentError};
@@ -18,8 +20,9 @@ use super::pageserver_api::PageserverClient;
 use crate::lazy::cache::Cache;
 use crate::lazy::fs::PageSource;
 use crate::lazy::fs::{mount, LazyHooks, LazyStats, Mount, ReadFloor};
-use crate::lazy::source::{PageServiceSource, ShardedSource};
+use crate::lazy::source::{PageServiceSource, ShardedSource, SwitchableSource};
 use crate::page_client::PageClientConfig;
+use crate::pageserver_target::{PageserverTarget, Shards, TenantShards};
 
 /// The directories a lazy compute serves, and their names under the data directory.
 const MOUNTS: [(Mount, &str); 2] = [(Mount::Base, "base"), (Mount::Global, "global")];
@@ -33,7 +36,65 @@ pub struct LazyMounts {
     poller_stop: Mutex<Option<Arc<AtomicBool>>>,
     /// The current run's cache, for a replica's agent to move its floor.
     cache: Mutex<Weak<Cache>>,
+    /// The current run's page source, to switch when the layout changes.
+    follower: Mutex<Option<Follower>>,
     stats: Arc<LazyStats>,
+}
+
+/// A mounted page source that follows the tenant's layout.
+struct Follower {
+    source: Weak<SwitchableSource>,
+    factory: SourceFactory,
+    /// The layout switches ([`Shards::switches`]) of the layout it reads.
+    serving: u64,
+}
+
+/// How the page sources of a run are made: kept from its mount, to make
+/// the sources of a layout it switches to the same way.
+#[derive(Clone)]
+struct SourceFactory {
+    /// The page service given at start, where shard 0's target has none.
+    page_service: String,
+    tenant: strata_protocol::TenantId,
+    timeline: strata_protocol::TimelineId,
+    client: PageClientConfig,
+    retry: std::time::Duration,
+}
+
+impl SourceFactory {
+    fn new(cfg: &AgentConfig, page_service: &str) -> SourceFactory {
+        SourceFactory {
+            page_service: page_service.to_string(),
+            tenant: cfg.tenant_id,
+            timeline: cfg.timeline_id,
+            client: PageClientConfig {
+                token: cfg.token.clone(),
+                tls: cfg.tls_client.clone(),
+                ..PageClientConfig::default()
+            },
+            retry: cfg.lazy_fetch_retry,
+        }
+    }
+
+    /// The source of `shards`: one page service source (unsharded) or one
+    /// per shard, each following its shard's target.
+    fn build(&self, shards: &Shards) -> Result<Arc<dyn PageSource>, String> {
+        let one = |id: strata_protocol::TenantShardId, target: &PageserverTarget| {
+            let addr = target.pg().unwrap_or_else(|| self.page_service.clone());
+            PageServiceSource::new(addr, id, self.timeline, self.client.clone())
+                .map(|s| s.retry_for(self.retry).following(target.clone()))
+                .map_err(|e| format!("page service runtime: {e}"))
+        };
+        let ids = shards.ids(self.tenant);
+        if !shards.layout.is_sharded() {
+            return Ok(Arc::new(one(ids[0], shards.home())?));
+        }
+        let mut sources = Vec::with_capacity(ids.len());
+        for (id, target) in ids.into_iter().zip(&shards.targets) {
+            sources.push(one(id, target)?);
+        }
+        Ok(Arc::new(ShardedSource::new(shards.layout, sources)?))
+    }
 }
 
 /// Tells `cache` the pageserver's ingested LSN every [`crate::limits::INGEST_POLL`] until
@@ -197,6 +258,41 @@ impl LazyMounts {
         }
     }
 
+    /// A new run's page source, of the layout now, registered so that
+    /// [`Self::follow_layout`] switches it to the next. Made under the
+    /// registration's lock, so that a switch is either in the layout read
+    /// here or followed after.
+    fn switchable(&self, factory: SourceFactory, shards: &TenantShards) -> Result<Arc<SwitchableSource>, String> {
+        let mut follower = self.follower.lock();
+        let now = shards.now();
+        let source = Arc::new(SwitchableSource::new(factory.build(&now)?));
+        *follower = Some(Follower { source: Arc::downgrade(&source), factory, serving: now.switches });
+        Ok(source)
+    }
+
+    /// Switches the mounted file system to `shards`, a new layout of the
+    /// tenant (a split): reads under way finish on the old shards, or are
+    /// tried again on the new ones if they fail there. Blocks: it makes the
+    /// new page sources and may drop the old ones.
+    pub fn follow_layout(&self, shards: &Shards) {
+        let mut follower = self.follower.lock();
+        let Some(f) = follower.as_mut() else { return };
+        let Some(source) = f.source.upgrade() else { return };
+        if shards.switches <= f.serving {
+            return;
+        }
+        match f.factory.build(shards) {
+            Ok(next) => {
+                let old = source.switch(next);
+                f.serving = shards.switches;
+                drop(follower);
+                drop(old);
+                info!(shards = shards.layout.count, "the lazy file system reads from the tenant's new shards");
+            }
+            Err(e) => error!("the lazy file system stays on the old shards, whose pageservers may refuse it: {e}"),
+        }
+    }
+
     /// Reads and removes the manifest, moves `base/` and `global/` to the
     /// backing directory and mounts them back; returns how many relation
     /// files are served from the pageserver.
@@ -208,28 +304,8 @@ impl LazyMounts {
         lsn: Lsn,
         owner: Option<(u32, u32)>,
     ) -> Result<usize, AgentError> {
-        let client_config = || PageClientConfig {
-            token: cfg.token.clone(),
-            tls: cfg.tls_client.clone(),
-            ..PageClientConfig::default()
-        };
-        let one = |addr: String,
-                   shard: strata_protocol::TenantShardId,
-                   target: &crate::pageserver_target::PageserverTarget| {
-            PageServiceSource::new(addr, shard, cfg.timeline_id, client_config())
-                .map(|s| s.retry_for(cfg.lazy_fetch_retry).following(target.clone()))
-                .map_err(|e| fail("lazy mount", format!("page service runtime: {e}")))
-        };
-        let source: Arc<dyn PageSource> = match cfg.shards {
-            None => Arc::new(one(page_service.to_string(), cfg.tenant_id.into(), &cfg.pageserver)?),
-            Some(layout) => {
-                let mut shards = Vec::with_capacity(cfg.shard_targets.len());
-                for (id, target) in cfg.shard_ids().into_iter().zip(&cfg.shard_targets) {
-                    shards.push(one(target.pg().unwrap_or_default(), id, target)?);
-                }
-                Arc::new(ShardedSource::new(layout, shards).map_err(|e| fail("lazy mount", e))?)
-            }
-        };
+        let source: Arc<dyn PageSource> =
+            self.switchable(SourceFactory::new(cfg, page_service), &cfg.shards).map_err(|e| fail("lazy mount", e))?;
         let pgdata = pgdata.to_path_buf();
         let stats = self.stats.clone();
         let budget =
@@ -320,5 +396,50 @@ mod tests {
     #[test]
     fn the_backing_directory_is_a_sibling() {
         assert_eq!(backing_dir(Path::new("/srv/ep/pgdata")), PathBuf::from("/srv/ep/pgdata.lazy"));
+    }
+
+    #[test]
+    fn a_new_layout_switches_the_mounted_source_once() {
+        use strata_protocol::api::controller::{AttachmentInfo, ShardAttachment};
+        use strata_protocol::shard::ShardIndex;
+        let (tenant, timeline) = (strata_protocol::TenantId([1; 16]), strata_protocol::TimelineId([2; 16]));
+        let cfg = AgentConfig::new("pgdata".into(), 5432, Vec::new(), tenant, timeline, "ps:1".into(), "pw".into());
+        cfg.shards.home().set_pg(Some("ps:2".into()));
+        let lazy = LazyMounts::default();
+        // Nothing mounted: nothing to switch.
+        lazy.follow_layout(&cfg.shards.now());
+        let source = lazy.switchable(SourceFactory::new(&cfg, "ps:2"), &cfg.shards).unwrap();
+        lazy.follow_layout(&cfg.shards.now());
+        assert_eq!(source.switches(), 0, "the layout it reads already");
+        let shard = |n: u8| ShardAttachment {
+            shard: strata_protocol::TenantShardId { tenant, shard: ShardIndex::new(n, 2).unwrap() },
+            generation: 2,
+            pageserver: format!("ps{n}"),
+            pg: format!("ps{n}:2"),
+            http: format!("ps{n}:1"),
+            reader: false,
+        };
+        let answer = AttachmentInfo {
+            tenant_id: tenant.into(),
+            version: 9,
+            generation: 2,
+            pageserver: "ps0".into(),
+            pg: "ps0:2".into(),
+            http: "ps0:1".into(),
+            reader: false,
+            shards: vec![shard(0), shard(1)],
+            stripe_blocks: Some(16),
+        };
+        cfg.shards.follow(&answer);
+        lazy.follow_layout(&cfg.shards.now());
+        lazy.follow_layout(&cfg.shards.now());
+        assert_eq!(source.switches(), 1, "switched once to the two shards");
+        // A later mount reads the new layout from the start.
+        let next = lazy.switchable(SourceFactory::new(&cfg, "ps:2"), &cfg.shards).unwrap();
+        lazy.follow_layout(&cfg.shards.now());
+        assert_eq!((next.switches(), source.switches()), (0, 1));
+        assert_eq!(cfg.shard_ids().len(), 2);
+        assert_eq!(cfg.shard_clients().len(), 2);
+        assert_eq!(cfg.home_shard().shard, ShardIndex::new(0, 2).unwrap());
     }
 }

@@ -129,8 +129,9 @@ pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended,
     cfg.restart.validate().map_err(|e| fail("configuration", e))?;
     let (proposer_tx, proposer_rx) = watch::channel(ProposerStatus::default());
     let status = StatusHandle::new(initial_status(&cfg, &pgdata), proposer_rx).with_clock(cfg.clock.clone());
-    let lazy = lazy::LazyMounts::default();
+    let lazy = std::sync::Arc::new(lazy::LazyMounts::default());
     let status = if cfg.lazy_page_service.is_some() { status.with_lazy(lazy.stats().clone()) } else { status };
+    let status = status.with_shards(cfg.shards.clone());
     let status = if cfg.read_only_at.is_none() && cfg.replica.is_none() {
         status.with_sql(socket_session(&pgdata, &cfg))
     } else {
@@ -150,29 +151,8 @@ pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended,
         ),
         None => None,
     };
-    cfg.pageserver.set_pg(cfg.lazy_page_service.clone());
-    let in_use = |t: &crate::pageserver_target::Target| strata_protocol::api::compute::PageserverInUse {
-        name: t.name.clone(),
-        http: t.http.clone(),
-        pg: t.pg.clone(),
-        generation: t.generation,
-        switches: t.switches,
-        reader: t.reader,
-    };
-    status.update(|s| s.pageserver = Some(in_use(&cfg.pageserver.get())));
-    let watcher = tokio::spawn(crate::pageserver_target::watch_attachment(
-        cfg.pageserver.clone(),
-        cfg.shard_targets.clone(),
-        cfg.controllers.clone(),
-        cfg.pageserver_site.clone(),
-        cfg.tenant_id,
-        cfg.tls_client.clone(),
-        cfg.token.clone(),
-        {
-            let status = status.clone();
-            move |t| status.update(|s| s.pageserver = Some(in_use(t)))
-        },
-    ));
+    cfg.shards.home().set_pg(cfg.lazy_page_service.clone());
+    let watcher = tokio::spawn(watch_attachment(&cfg, &status, &lazy));
     let renewal = cfg.token.clone().map(|token| {
         let renewal = renewal::Renewal {
             token,
@@ -216,6 +196,39 @@ pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended,
         server.abort();
     }
     result
+}
+
+/// Follows the tenant's attachment (`pageserver_target`): shard 0's
+/// pageserver shows in the status, and a new layout (a split) switches the
+/// lazy file system's page source.
+fn watch_attachment(
+    cfg: &AgentConfig,
+    status: &StatusHandle,
+    lazy: &std::sync::Arc<lazy::LazyMounts>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let in_use = |t: &crate::pageserver_target::Target| strata_protocol::api::compute::PageserverInUse {
+        name: t.name.clone(),
+        http: t.http.clone(),
+        pg: t.pg.clone(),
+        generation: t.generation,
+        switches: t.switches,
+        reader: t.reader,
+    };
+    status.update(|s| s.pageserver = Some(in_use(&cfg.shards.home().get())));
+    let watch = crate::pageserver_target::AttachmentWatch {
+        shards: cfg.shards.clone(),
+        controllers: cfg.controllers.clone(),
+        site: cfg.pageserver_site.clone(),
+        tenant: cfg.tenant_id,
+        tls: cfg.tls_client.clone(),
+        token: cfg.token.clone(),
+    };
+    let status = status.clone();
+    let lazy = lazy.clone();
+    watch.run(
+        move |t| status.update(|s| s.pageserver = Some(in_use(t))),
+        std::sync::Arc::new(move |shards| lazy.follow_layout(shards)),
+    )
 }
 
 /// The status before anything started.
@@ -361,8 +374,9 @@ struct Agent {
     /// Absolute.
     pgdata: PathBuf,
     status: StatusHandle,
-    /// A lazy compute's mounts of `base/` and `global/`.
-    lazy: lazy::LazyMounts,
+    /// A lazy compute's mounts of `base/` and `global/` (shared with the
+    /// attachment watcher, which switches their source after a split).
+    lazy: std::sync::Arc<lazy::LazyMounts>,
     /// The suspension marker beside the data directory (`suspend`).
     marker: PathBuf,
     /// The major of the PostgreSQL in `cfg.pg_bin_dir`, read once.

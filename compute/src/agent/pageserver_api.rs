@@ -30,9 +30,20 @@ pub struct PageserverClient {
     token: Option<Token>,
     /// Where the pageserver is now, read before every request (a
     /// failover moves it); `base` until then.
-    target: Option<(crate::pageserver_target::PageserverTarget, &'static str)>,
-    /// The shard asked for in every path (unsharded: the bare tenant id).
+    target: Option<(Following, &'static str)>,
+    /// The shard asked for in every path (unsharded: the bare tenant id),
+    /// unless it follows the tenant's shard 0.
     shard: ShardIndex,
+}
+
+/// What a client follows.
+#[derive(Clone, Debug)]
+enum Following {
+    /// One pageserver (one shard's, or an unsharded tenant's).
+    One(crate::pageserver_target::PageserverTarget),
+    /// The tenant's shard 0, whichever layout it has now (a split changes
+    /// its id as well as where it is).
+    Home(crate::pageserver_target::TenantShards),
 }
 
 impl PageserverClient {
@@ -71,7 +82,15 @@ impl PageserverClient {
     /// The same, sending every request to where `target` says the pageserver is.
     pub fn following(mut self, target: crate::pageserver_target::PageserverTarget) -> PageserverClient {
         let scheme = if self.base.starts_with("https://") { "https" } else { "http" };
-        self.target = Some((target, scheme));
+        self.target = Some((Following::One(target), scheme));
+        self
+    }
+
+    /// The same, asking the tenant's shard 0 wherever and whichever it is
+    /// now (after a split: the new layout's shard 0).
+    pub fn following_home(mut self, shards: crate::pageserver_target::TenantShards) -> PageserverClient {
+        let scheme = if self.base.starts_with("https://") { "https" } else { "http" };
+        self.target = Some((Following::Home(shards), scheme));
         self
     }
 
@@ -84,8 +103,17 @@ impl PageserverClient {
     /// The base URL now.
     fn base(&self) -> String {
         match &self.target {
-            Some((t, scheme)) => format!("{scheme}://{}", t.http()),
+            Some((Following::One(t), scheme)) => format!("{scheme}://{}", t.http()),
+            Some((Following::Home(s), scheme)) => format!("{scheme}://{}", s.home().http()),
             None => self.base.clone(),
+        }
+    }
+
+    /// The shard asked for now.
+    fn shard(&self) -> ShardIndex {
+        match &self.target {
+            Some((Following::Home(s), _)) => s.home_index(),
+            _ => self.shard,
         }
     }
 
@@ -102,7 +130,7 @@ impl PageserverClient {
     }
 
     fn timeline_url(&self, tenant: TenantId, timeline: TimelineId) -> String {
-        let tenant = TenantShardId { tenant, shard: self.shard };
+        let tenant = TenantShardId { tenant, shard: self.shard() };
         format!("{}/v1/tenant/{tenant}/timeline/{timeline}", self.base())
     }
 
@@ -296,6 +324,38 @@ mod tests {
             format!("http://127.0.0.1:9898/v1/tenant/{}/timeline/{}", "11".repeat(16), "22".repeat(16))
         );
         assert_eq!(PageserverClient::new("http://ps:1/", None).base, "http://ps:1");
+    }
+
+    #[test]
+    fn a_client_of_the_home_shard_follows_a_split() {
+        use crate::pageserver_target::{PageserverTarget, TenantShards};
+        use strata_protocol::api::controller::{AttachmentInfo, ShardAttachment};
+        let (t, l) = (TenantId([0x11; 16]), TimelineId([0x22; 16]));
+        let shards = TenantShards::unsharded(PageserverTarget::new("a:1".into(), None));
+        let c = PageserverClient::new("a:1", None).following_home(shards.clone());
+        assert_eq!(c.timeline_url(t, l), format!("http://a:1/v1/tenant/{t}/timeline/{l}"));
+        let shard = |n: u8| ShardAttachment {
+            shard: TenantShardId { tenant: t, shard: ShardIndex::new(n, 2).unwrap() },
+            generation: 3,
+            pageserver: format!("p{n}"),
+            pg: format!("p{n}:2"),
+            http: format!("p{n}:1"),
+            reader: false,
+        };
+        let answer = AttachmentInfo {
+            tenant_id: t.into(),
+            version: 5,
+            generation: 3,
+            pageserver: "p0".into(),
+            pg: "p0:2".into(),
+            http: "p0:1".into(),
+            reader: false,
+            shards: vec![shard(0), shard(1)],
+            stripe_blocks: Some(32),
+        };
+        shards.follow(&answer);
+        let home = TenantShardId { tenant: t, shard: ShardIndex::new(0, 2).unwrap() };
+        assert_eq!(c.timeline_url(t, l), format!("http://p0:1/v1/tenant/{home}/timeline/{l}"));
     }
 
     #[tokio::test]

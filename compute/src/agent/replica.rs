@@ -5,7 +5,6 @@
 //! that lags beyond the bound at the newest WAL.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_service::clock::timeout;
@@ -96,11 +95,11 @@ impl Agent {
         let clock = &self.cfg.clock;
         let running_since = clock.now();
         self.now_running(running_since, attempt);
-        let client = Arc::new(self.cfg.pageserver_client());
         let lazy = self.cfg.lazy_page_service.is_some();
         let start = self.status.agent().replica.map(|r| r.redo_lsn).unwrap_or_default();
-        // The start's lease was just taken at the redo point.
-        let mut leased = (start, clock.now());
+        // The start's lease was just taken at the redo point; the shards of
+        // a later layout (a split) are leased on at the next poll.
+        let mut leased = (start, clock.now(), self.cfg.shards.switches());
         self.update_replica(|r| r.leased_lsn = lazy.then_some(start));
         let mut conn: Option<ReplicationConnection> = None;
         let mut ends = EndTimes::default();
@@ -147,12 +146,14 @@ impl Agent {
             if let (Some(floor), None) = (floor, &lagging) {
                 let target = Lsn(floor.0 & !7);
                 let age = clock.since(leased.1);
+                let layout = self.cfg.shards.switches();
                 let due = age >= crate::limits::REPLICA_LEASE_RENEW
-                    || (target > leased.0 && age >= crate::limits::REPLICA_LEASE_MOVE);
+                    || (target > leased.0 && age >= crate::limits::REPLICA_LEASE_MOVE)
+                    || layout != leased.2;
                 if due {
-                    match self.lease_floor(&client, target, &replica.name).await {
+                    match self.lease_floor(target, &replica.name).await {
                         Ok(()) => {
-                            leased = (target, clock.now());
+                            leased = (target, clock.now(), layout);
                             self.update_replica(|r| r.leased_lsn = Some(target));
                         }
                         // The pageserver's own bound: this replica holds GC back too long.
@@ -204,15 +205,9 @@ impl Agent {
     }
 
     /// Leases `lsn` under the replica's name (replacing its last lease).
-    async fn lease_floor(
-        &self,
-        client: &Arc<super::pageserver_api::PageserverClient>,
-        lsn: Lsn,
-        name: &str,
-    ) -> Result<(), ApiError> {
-        // Every shard keeps the floor; unsharded, the one client given.
-        let clients =
-            if self.cfg.shard_targets.is_empty() { vec![(**client).clone()] } else { self.cfg.shard_clients() };
+    async fn lease_floor(&self, lsn: Lsn, name: &str) -> Result<(), ApiError> {
+        // Every shard of the layout now keeps the floor.
+        let clients = self.cfg.shard_clients();
         let (tenant, timeline, name) = (self.cfg.tenant_id, self.cfg.timeline_id, name.to_string());
         let leased = tokio::task::spawn_blocking(move || {
             super::pageserver_api::PageserverClient::lease_all(&clients, tenant, timeline, lsn, Some(&name))

@@ -160,9 +160,10 @@ impl Agent {
         let clock = &self.cfg.clock;
         let running_since = clock.now();
         self.now_running(running_since, attempt);
-        let clients = std::sync::Arc::new(self.cfg.shard_clients());
-        // The lease was just taken: the first renewal is one period away.
+        // The lease was just taken: the first renewal is one period away,
+        // unless the tenant's shards change (a split) before.
         let mut renew = clock.sleep(crate::limits::READ_ONLY_LEASE_RENEWAL);
+        let mut layout = self.cfg.shards.subscribe();
         loop {
             tokio::select! {
                 exit = pg.wait() => return self.standby_exited(&mut pg, exit, running_since).await,
@@ -170,15 +171,25 @@ impl Agent {
                 _ = stop_requested(stop) => return self.stop_standby(&mut pg).await,
                 _ = &mut renew => {
                     renew = clock.sleep(crate::limits::READ_ONLY_LEASE_RENEWAL);
-                    let (c, tenant, timeline) = (clients.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
-                    let renewed = move || super::pageserver_api::PageserverClient::lease_all(&c, tenant, timeline, lsn, None);
-                    match tokio::task::spawn_blocking(renewed).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => warn!(%lsn, "renewing the lease: {e}"),
-                        Err(e) => warn!(%lsn, "renewing the lease: {e}"),
-                    }
+                    self.renew_lease(lsn).await;
+                }
+                Ok(()) = layout.changed() => {
+                    info!(%lsn, "the tenant's shards changed: leasing the LSN on the new ones");
+                    self.renew_lease(lsn).await;
                 }
             }
+        }
+    }
+
+    /// Renews a read-only compute's lease on `lsn` on every shard of the
+    /// layout now (a failure is retried at the next renewal).
+    async fn renew_lease(&self, lsn: strata_formats::Lsn) {
+        let (clients, tenant, timeline) = (self.cfg.shard_clients(), self.cfg.tenant_id, self.cfg.timeline_id);
+        let renewed = move || super::pageserver_api::PageserverClient::lease_all(&clients, tenant, timeline, lsn, None);
+        match tokio::task::spawn_blocking(renewed).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(%lsn, "renewing the lease: {e}"),
+            Err(e) => warn!(%lsn, "renewing the lease: {e}"),
         }
     }
 

@@ -35,6 +35,9 @@ pub struct StatusHandle {
     refusals: RefusalMetrics,
     /// A lazy compute's file system counters.
     lazy: Option<Arc<crate::lazy::fs::LazyStats>>,
+    /// The tenant's shards as the compute follows them (their count and
+    /// layout switches in the metrics).
+    shards: Option<crate::pageserver_target::TenantShards>,
     /// Until when the recent restarts are a crash loop; `crash_loop` is
     /// derived from it when the status is read.
     crash_loop_until: Arc<Mutex<Option<Instant>>>,
@@ -53,6 +56,7 @@ impl StatusHandle {
             listeners: ListenerMetrics::default(),
             refusals: RefusalMetrics::default(),
             lazy: None,
+            shards: None,
             crash_loop_until: Arc::default(),
             sql: None,
             clock: SharedClock::default(),
@@ -76,6 +80,28 @@ impl StatusHandle {
     pub fn with_lazy(mut self, stats: Arc<crate::lazy::fs::LazyStats>) -> StatusHandle {
         self.lazy = Some(stats);
         self
+    }
+
+    /// The same handle, reporting the tenant's shard count and layout switches.
+    pub fn with_shards(mut self, shards: crate::pageserver_target::TenantShards) -> StatusHandle {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Registers the metrics of the tenant's shards, if followed.
+    fn register_shard_metrics(&self, registry: &mut Registry) {
+        let Some(shards) = &self.shards else { return };
+        let now = shards.now();
+        registry.register(
+            "shards",
+            "Shards of the tenant the compute reads from",
+            ConstGauge::new(i64::from(now.layout.count)),
+        );
+        registry.register(
+            "shard_layout_switches",
+            "Times the compute switched to a new shard layout of its tenant (splits)",
+            ConstCounter::new(now.switches),
+        );
     }
 
     /// Changes the agent's part.
@@ -351,6 +377,7 @@ pub fn router(handle: StatusHandle, auth: Option<&HttpAuth>) -> axum::Router {
                 let mut registry = Registry::with_prefix("strata_compute");
                 handle.listeners.register_into(&mut registry);
                 handle.refusals.register_into(&mut registry);
+                handle.register_shard_metrics(&mut registry);
                 text.push_str(&strata_service::metrics::render(&registry));
                 async move { text }
             }),
@@ -424,6 +451,22 @@ mod tests {
         assert!(text.contains("strata_compute_lazy_blocks_fetched_total 7"), "{text}");
         assert!(text.contains("strata_compute_lazy_blocks_streamed_total 5"), "{text}");
         assert!(text.contains("strata_compute_lazy_fetch_errors_total 0"), "{text}");
+    }
+
+    #[test]
+    fn the_shard_count_and_layout_switches() {
+        use crate::pageserver_target::{PageserverTarget, TenantShards};
+        let (_tx, rx) = watch::channel(ProposerStatus::default());
+        let metrics = |handle: &StatusHandle| {
+            let mut registry = Registry::with_prefix("strata_compute");
+            handle.register_shard_metrics(&mut registry);
+            strata_service::metrics::render(&registry)
+        };
+        assert!(!metrics(&StatusHandle::new(status(), rx.clone())).contains("shard"));
+        let shards = TenantShards::unsharded(PageserverTarget::new("ps:1".into(), None));
+        let text = metrics(&StatusHandle::new(status(), rx).with_shards(shards));
+        assert!(text.contains("strata_compute_shards 1"), "{text}");
+        assert!(text.contains("strata_compute_shard_layout_switches_total 0"), "{text}");
     }
 
     #[test]

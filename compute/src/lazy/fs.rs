@@ -74,6 +74,11 @@ pub trait PageSource: Send + Sync + 'static {
     fn latest_lsn(&self) -> std::result::Result<Lsn, String> {
         Err("this source cannot tell".into())
     }
+
+    /// Another source took this one's place (a split's new shards): its
+    /// reads under way stop retrying at their next failure, to be tried on
+    /// the new one rather than wait for shards that are going away.
+    fn retire(&self) {}
 }
 
 /// Counters of the file system, for the agent's status and metrics.

@@ -5,8 +5,13 @@
 //! of a parallel scan) are served by the pageserver at once. A sharded
 //! tenant's pages come from [`ShardedSource`]: one such source per shard,
 //! each read split by the key mapping and fetched from all shards at once.
+//! A [`SwitchableSource`] lets a running compute replace its source when
+//! the tenant's shard count changes (a split).
 
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
 use strata_formats::types::{ForkNumber, RelFileNode};
 use strata_formats::version::BLCKSZ;
 use strata_formats::Lsn;
@@ -31,6 +36,8 @@ pub struct PageServiceSource {
     /// Each `None` until connected, and after a failure (the next call
     /// on it reconnects); with the address it is connected to.
     clients: Vec<Mutex<Option<(PageClient, String)>>>,
+    /// Replaced by another source ([`PageSource::retire`]): no more retries.
+    retired: AtomicBool,
 }
 
 impl PageServiceSource {
@@ -55,6 +62,7 @@ impl PageServiceSource {
             runtime,
             target: None,
             clients,
+            retired: AtomicBool::new(false),
         })
     }
 
@@ -140,6 +148,10 @@ impl PageSource for PageServiceSource {
         })
     }
 
+    fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
     fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
         // Blocking: the deadline is read from the clock, the pauses slept on this thread.
         let clock = &self.config.clock;
@@ -152,6 +164,9 @@ impl PageSource for PageServiceSource {
                 Err(Failure::Transport(e)) => e.to_string(),
                 Err(Failure::Busy(e)) => e,
             };
+            if self.retired.load(Ordering::Relaxed) {
+                return Err(FetchError::Other(format!("{error} (this source was replaced: not retried)")));
+            }
             if clock.now() + pause > deadline {
                 return Err(FetchError::Other(format!("{error} (still failing after {:?})", self.retry_for)));
             }
@@ -281,6 +296,88 @@ impl PageSource for ShardedSource {
         // its own shard anyway.
         self.shards[0].latest_lsn()
     }
+
+    fn retire(&self) {
+        self.shards.iter().for_each(PageSource::retire);
+    }
+}
+
+/// A page source that another can replace while it serves: a lazy
+/// compute's, whose tenant may be split while it runs. Each call takes the
+/// source of the moment, so calls under way finish on the old one and new
+/// ones go to the new one; a call that fails on a source replaced while it
+/// ran is tried once more on the new one (a split's old shards are
+/// detached soon after: their failure is not the read's).
+pub struct SwitchableSource {
+    /// The source now, and the switches before it.
+    current: RwLock<(u64, Arc<dyn PageSource>)>,
+    /// Calls that failed on a replaced source and were tried again.
+    retried: AtomicU64,
+}
+
+impl SwitchableSource {
+    pub fn new(inner: Arc<dyn PageSource>) -> SwitchableSource {
+        SwitchableSource { current: RwLock::new((0, inner)), retried: AtomicU64::new(0) }
+    }
+
+    /// Serves every call from `next` from now on. Returns the old source,
+    /// retired: the caller drops it where blocking is allowed (a page
+    /// service source's runtime may not be dropped in an async context).
+    pub fn switch(&self, next: Arc<dyn PageSource>) -> Arc<dyn PageSource> {
+        let old = {
+            let mut current = self.current.write();
+            let switches = current.0 + 1;
+            std::mem::replace(&mut *current, (switches, next)).1
+        };
+        old.retire();
+        old
+    }
+
+    /// Times the source was replaced.
+    pub fn switches(&self) -> u64 {
+        self.current.read().0
+    }
+
+    /// Calls that failed on a replaced source and were tried on its successor.
+    pub fn retried(&self) -> u64 {
+        self.retried.load(Ordering::Relaxed)
+    }
+
+    fn current(&self) -> (u64, Arc<dyn PageSource>) {
+        let current = self.current.read();
+        (current.0, current.1.clone())
+    }
+
+    /// `call` on the source now, and once more on the new one if it failed
+    /// and the source was replaced meanwhile.
+    fn call<T, E: std::fmt::Display>(&self, call: impl Fn(&dyn PageSource) -> Result<T, E>) -> Result<T, E> {
+        let (seen, source) = self.current();
+        let error = match call(&*source) {
+            Ok(done) => return Ok(done),
+            Err(e) => e,
+        };
+        let (now, next) = self.current();
+        if now == seen {
+            return Err(error);
+        }
+        self.retried.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!("a read failed on the page source replaced meanwhile, tried on the new one: {error}");
+        call(&*next)
+    }
+}
+
+impl PageSource for SwitchableSource {
+    fn get_pages(&self, rel: RelFileNode, fork: ForkNumber, blocks: &[u32], lsn: Lsn) -> Result<Vec<u8>, FetchError> {
+        self.call(|s| s.get_pages(rel, fork, blocks, lsn))
+    }
+
+    fn latest_lsn(&self) -> Result<Lsn, String> {
+        self.call(|s| s.latest_lsn())
+    }
+
+    fn retire(&self) {
+        self.current().1.retire();
+    }
 }
 
 #[cfg(test)]
@@ -404,5 +501,140 @@ mod tests {
         let wrong = ShardedSource::new(ShardLayout::new(2, 8).unwrap(), swapped).unwrap();
         assert!(wrong.get_pages(rel, ForkNumber::Main, &blocks, Lsn(0x1000)).is_err());
         assert!(ShardedSource::new(layout, Vec::new()).is_err(), "one source per shard");
+    }
+
+    /// A source that answers every block with pages of `tag`, or fails;
+    /// with a gate, each call waits there until the test opens it.
+    struct Fake {
+        tag: u8,
+        fail: bool,
+        calls: AtomicU64,
+        retired: AtomicBool,
+        /// Tells the test a call arrived, then waits for its go.
+        gate: Option<Gate>,
+    }
+
+    /// The two ends of a gate: where a call says it arrived, where it waits.
+    type Gate = (Mutex<std::sync::mpsc::Sender<()>>, Mutex<std::sync::mpsc::Receiver<()>>);
+
+    impl Fake {
+        fn new(tag: u8, fail: bool) -> Arc<Fake> {
+            Fake::gated(tag, fail, None)
+        }
+
+        fn gated(tag: u8, fail: bool, gate: Option<Gate>) -> Arc<Fake> {
+            Arc::new(Fake { tag, fail, calls: AtomicU64::new(0), retired: AtomicBool::new(false), gate })
+        }
+    }
+
+    impl PageSource for Fake {
+        fn get_pages(&self, _: RelFileNode, _: ForkNumber, blocks: &[u32], _: Lsn) -> Result<Vec<u8>, FetchError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if let Some((arrived, go)) = &self.gate {
+                arrived.lock().send(()).unwrap();
+                go.lock().recv().unwrap();
+            }
+            match self.fail {
+                true => Err(FetchError::Other(format!("source {} refuses", self.tag))),
+                false => Ok(vec![self.tag; blocks.len() * BLCKSZ]),
+            }
+        }
+
+        fn latest_lsn(&self) -> Result<Lsn, String> {
+            Ok(Lsn(u64::from(self.tag)))
+        }
+
+        fn retire(&self) {
+            self.retired.store(true, Ordering::Relaxed);
+        }
+    }
+
+    const REL: RelFileNode = RelFileNode { spc: 1663, db: 5, rel: 16390 };
+
+    #[test]
+    fn after_a_switch_reads_go_to_the_new_source_and_the_old_one_is_retired() {
+        let (old, new) = (Fake::new(1, false), Fake::new(2, false));
+        let source = SwitchableSource::new(old.clone());
+        assert_eq!(source.get_pages(REL, ForkNumber::Main, &[0, 1], Lsn(8)).unwrap(), vec![1; 2 * BLCKSZ]);
+        assert_eq!(source.latest_lsn().unwrap(), Lsn(1));
+        let replaced = source.switch(new.clone());
+        assert!(Arc::ptr_eq(&replaced, &(old.clone() as Arc<dyn PageSource>)));
+        assert!(old.retired.load(Ordering::Relaxed) && !new.retired.load(Ordering::Relaxed));
+        assert_eq!(source.get_pages(REL, ForkNumber::Main, &[0, 1], Lsn(8)).unwrap(), vec![2; 2 * BLCKSZ]);
+        assert_eq!(source.latest_lsn().unwrap(), Lsn(2));
+        assert_eq!((old.calls.load(Ordering::Relaxed), new.calls.load(Ordering::Relaxed)), (1, 1));
+        assert_eq!((source.switches(), source.retried()), (1, 0));
+        // Without a switch, a failure is the read's: no second try.
+        let failing = Fake::new(3, true);
+        source.switch(failing.clone());
+        assert!(source.get_pages(REL, ForkNumber::Main, &[0], Lsn(8)).is_err());
+        assert_eq!((failing.calls.load(Ordering::Relaxed), source.retried()), (1, 0));
+    }
+
+    #[test]
+    fn a_read_that_fails_on_the_old_source_after_a_switch_is_tried_on_the_new_one() {
+        let (arrived_tx, arrived) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let old = Fake::gated(1, true, Some((Mutex::new(arrived_tx), Mutex::new(go_rx))));
+        let new = Fake::new(2, false);
+        let source = Arc::new(SwitchableSource::new(old.clone()));
+        let reader = std::thread::spawn({
+            let source = source.clone();
+            move || source.get_pages(REL, ForkNumber::Main, &[4, 5, 6], Lsn(8))
+        });
+        // The read is under way on the old source (its shards detached)
+        // when the new layout's source takes over.
+        arrived.recv().unwrap();
+        source.switch(new.clone());
+        go.send(()).unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), vec![2; 3 * BLCKSZ], "answered by the new source");
+        assert_eq!((old.calls.load(Ordering::Relaxed), new.calls.load(Ordering::Relaxed)), (1, 1));
+        assert_eq!(source.retried(), 1);
+    }
+
+    #[test]
+    fn a_retired_page_service_source_stops_retrying() {
+        // A port that was free a moment ago: connections are refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let id = TenantShardId { tenant: TENANT, shard: ShardIndex::UNSHARDED };
+        let source = PageServiceSource::new(format!("127.0.0.1:{port}"), id, TimelineId([4; 16]), Default::default())
+            .unwrap()
+            .retry_for(Duration::from_secs(600));
+        source.retire();
+        let clock = strata_service::clock::SystemClock;
+        let started = strata_service::clock::Clock::now(&clock);
+        let error = source.get_pages(REL, ForkNumber::Main, &[0], Lsn(8)).unwrap_err();
+        assert!(error.to_string().contains("replaced"), "{error}");
+        assert!(strata_service::clock::Clock::since(&clock, started) < Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_split_switches_reads_to_the_new_layouts_shards() {
+        let source_of = |layout: ShardLayout| {
+            let shards = (0..layout.count)
+                .map(|n| {
+                    let id = TenantShardId { tenant: TENANT, shard: ShardIndex::new(n, layout.count).unwrap() };
+                    PageServiceSource::new(fake_shard(layout, n), id, TimelineId([4; 16]), PageClientConfig::default())
+                        .unwrap()
+                        .retry_for(Duration::ZERO)
+                })
+                .collect();
+            Arc::new(ShardedSource::new(layout, shards).unwrap())
+        };
+        let (two, four) = (ShardLayout::new(2, 8).unwrap(), ShardLayout::new(4, 8).unwrap());
+        let source = SwitchableSource::new(source_of(two));
+        let blocks: Vec<u32> = (0..64).collect();
+        let check = |layout: ShardLayout| {
+            let pages = source.get_pages(REL, ForkNumber::Main, &blocks, Lsn(0x1000)).unwrap();
+            for (i, b) in blocks.iter().enumerate() {
+                let owner = layout.shard_of_block(REL.rel, ForkNumber::Main, *b);
+                assert_eq!(&pages[i * BLCKSZ..(i + 1) * BLCKSZ], &page_of(owner, *b)[..], "block {b} of {layout:?}");
+            }
+        };
+        check(two);
+        // Dropped here, on a thread where its runtimes may be.
+        drop(source.switch(source_of(four)));
+        check(four);
+        assert_eq!(source.latest_lsn().unwrap(), Lsn(0x1000));
     }
 }

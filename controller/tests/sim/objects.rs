@@ -177,4 +177,11 @@ impl Objects for FakeObjects {
             Ok(self.inner.lock().objects.keys().filter(|k| k.starts_with(&dir)).cloned().collect())
         })
     }
+
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.inner.lock().objects.remove(key);
+            Ok(())
+        })
+    }
 }

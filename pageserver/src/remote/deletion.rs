@@ -39,7 +39,7 @@ pub(super) async fn run(
                 Err(_) => break,
             }
         }
-        let current = match authority.generations(&storage).await {
+        let current = match authority.deleting_generations(&storage).await {
             Ok(a) => a,
             Err(e) => {
                 // Unknown: nothing is deleted (left behind is safe, deleted is not).

@@ -31,6 +31,23 @@ pub struct IndexLayer {
     pub crc32c: u32,
     /// The generation that uploaded it (part of its object name).
     pub generation: u32,
+    /// The shard whose objects hold it, when not this one: a split's
+    /// child names its parent's layers until compaction replaces them
+    /// (`docs/sharding.md`). Absent, so older indexes keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<TenantShardId>,
+}
+
+impl IndexLayer {
+    /// The object's name, under its owner's prefix.
+    pub fn object_key(&self, tenant: TenantShardId, timeline: TimelineId) -> String {
+        layer_key(self.owner.unwrap_or(tenant), timeline, &self.name, self.generation)
+    }
+
+    /// Whether another shard's objects hold it: this shard never deletes it.
+    pub fn is_foreign(&self) -> bool {
+        self.owner.is_some()
+    }
 }
 
 /// What a timeline's index says.
@@ -132,7 +149,8 @@ impl RemoteIndex {
                     l.name, index.disk_consistent_lsn
                 )));
             }
-            if l.generation > index.generation {
+            // A parent's layer carries the parent's generation, which may be above the child's.
+            if l.owner.is_none() && l.generation > index.generation {
                 return Err(IndexError::Invalid(format!(
                     "layer {} of generation {} in an index of generation {}",
                     l.name, l.generation, index.generation
@@ -205,6 +223,7 @@ mod tests {
                 size: 300,
                 crc32c: 0xDEAD_BEEF,
                 generation: 2,
+                owner: None,
             }],
             stripe_blocks: None,
         }

@@ -445,7 +445,7 @@ impl RemoteTimeline {
                     }
                     Err(e) => return Err(e.into()),
                 };
-                let layer = IndexLayer { name, size: uploaded.size, crc32c: uploaded.crc32c, generation };
+                let layer = IndexLayer { name, size: uploaded.size, crc32c: uploaded.crc32c, generation, owner: None };
                 Ok(layer)
             });
         }
@@ -510,8 +510,10 @@ impl RemoteTimeline {
             (gone, std::mem::take(&mut state.older_indexes))
         };
         self.consistent.send_replace(lsn);
+        // Another shard's layers (a split's parent's) are only let go of:
+        // their objects go with the parent's sweep.
         let mut keys: Vec<String> =
-            gone.iter().map(|l| layer_key(self.tenant_id, self.timeline_id, &l.name, l.generation)).collect();
+            gone.iter().filter(|l| !l.is_foreign()).map(|l| l.object_key(self.tenant_id, self.timeline_id)).collect();
         keys.extend(older);
         self.remote.delete_later(DeletionBatch { tenant: self.tenant_id, generation: self.generation, keys }).await;
         Ok(())
@@ -531,7 +533,7 @@ impl Fetch for RemoteTimeline {
         if entry.size != size {
             return Err(format!("layer {name_s}: the index says {} bytes, the timeline {size}", entry.size));
         }
-        let key = layer_key(self.tenant_id, self.timeline_id, &entry.name, entry.generation);
+        let key = entry.object_key(self.tenant_id, self.timeline_id);
         let storage = self.remote.storage.clone();
         let started = self.remote.clock.now();
         let k = key.clone();

@@ -337,6 +337,11 @@ impl Timeline {
                 return Ok(());
             }
             last = Some(v.key);
+            // A split's child reads its parent's layers, which hold its
+            // siblings' keys too: its images keep only its own.
+            if !v.key.is_stored_on(&self.shard) {
+                return Ok(());
+            }
             batch.push(v.key);
             if batch.len() == IMAGE_BATCH {
                 write_batch(&mut batch, &mut out)?;

@@ -326,6 +326,17 @@ pub struct TenantDeleted {
     pub offline: Vec<String>,
 }
 
+/// `POST /v1/tenant/{tenant}/split`: split the tenant (its bare id) into
+/// `shards` shards of `stripe_blocks` blocks (its stripe; the default for
+/// an unsharded tenant). Answered with the recorded [`TenantSplit`] (202);
+/// `GET` on the same path answers the newest split.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitRequest {
+    pub shards: u8,
+    pub stripe_blocks: u32,
+}
+
 /// `POST /v1/tenant/{tenant}/token`: the caller's own tenant token issued
 /// again with a new expiry (the same claims and id), signed by the
 /// controller's issuer key (`docs/security.md`, "Renewal").

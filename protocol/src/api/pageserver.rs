@@ -492,3 +492,36 @@ pub struct PageQuery {
     pub block: u32,
     pub lsn: Option<Lsn>,
 }
+
+/// `POST /v1/tenant/{parent}/split` (the storage controller's): the parent
+/// shard's pageserver writes an index for each child of each timeline,
+/// naming the parent's layers (`docs/sharding.md`, "Split, step by step").
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitShardRequest {
+    /// The children's stripe (the parent's, or the default for an unsharded parent).
+    pub stripe_blocks: u32,
+    /// The parent's children, each with its first generation.
+    pub children: Vec<SplitChild>,
+}
+
+/// One child of a split ([`SplitShardRequest::children`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitChild {
+    pub shard: TenantShardId,
+    pub generation: u32,
+}
+
+/// The answer: where each timeline's children start.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SplitShardDone {
+    pub timelines: Vec<SplitTimeline>,
+}
+
+/// One timeline of a split: its children's indexes end at `lsn`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SplitTimeline {
+    pub timeline_id: TimelineId,
+    pub lsn: Lsn,
+}

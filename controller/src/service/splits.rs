@@ -1,0 +1,263 @@
+//! The leader's side of splits (`crate::split` has the state changes): the
+//! API call that begins one, and the decision rounds' steps that take it
+//! to `Done` or `RolledBack`.
+
+use std::collections::BTreeMap;
+
+use strata_formats::Lsn;
+use strata_protocol::api::controller::{SplitPhase, TenantSplit};
+use strata_protocol::api::pageserver::{LocationMode, SplitChild, SplitShardRequest};
+use strata_protocol::{TenantId, TenantShardId};
+use strata_remote_storage::cas::ObjectVersion;
+use strata_service::failpoint;
+use tracing::{info, warn};
+
+use super::{CallError, Controller, Inner};
+use crate::limits::{SPLIT_ATTEMPTS, WRITE_ATTEMPTS};
+use crate::split;
+use strata_protocol::api::controller::ControllerState;
+
+/// What this leader knows of one parent's call (forgotten with a restart:
+/// the calls are then made again, which is harmless).
+#[derive(Clone, Debug, Default)]
+pub(super) struct SplitCall {
+    done: bool,
+    failures: u32,
+    /// Asking again cannot help (the pageserver refused the request).
+    permanent: bool,
+    last_error: Option<String>,
+}
+
+impl Controller {
+    /// Begins a split of `tenant` into `to` shards (`POST /v1/tenant/{tenant}/split`):
+    /// records it as prepared; the decision rounds take it on.
+    pub async fn split_tenant(&self, tenant: TenantId, to: u8, stripe_blocks: u32) -> Result<TenantSplit, CallError> {
+        let mut generations: Option<Vec<u32>> = None;
+        for _ in 0..WRITE_ATTEMPTS {
+            let (state, version, term) = self.leader_state().await?;
+            if let Some(s) = state.splits.get(&tenant).filter(|s| s.is_open() && s.to.count == to) {
+                return Ok(s.clone());
+            }
+            let gens = match &generations {
+                Some(g) => g.clone(),
+                None => {
+                    // Above any object a child's prefix holds, and above the
+                    // generations of an earlier attempt (rolled back, its
+                    // objects swept): no generation is issued twice.
+                    let earlier = state.splits.get(&tenant).map(|s| s.generations.iter().copied().max().unwrap_or(0));
+                    let mut g = Vec::with_capacity(usize::from(to));
+                    for shard in (0..to).map(|n| strata_protocol::shard::ShardIndex::new(n, to)) {
+                        let shard = shard.map_err(|e| CallError::Split(e.to_string()))?;
+                        let child = TenantShardId { tenant, shard };
+                        let max = self.store.max_generation(child).await.map_err(|e| {
+                            self.metrics.storage_errors.inc();
+                            CallError::Store(format!("tenant {child}: listing its objects: {e}"))
+                        })?;
+                        g.push(max.max(earlier.unwrap_or(0)) + 1);
+                    }
+                    generations.insert(g).clone()
+                }
+            };
+            let next = split::prepare(&state, tenant, to, stripe_blocks, gens).map_err(|e| match e {
+                split::SplitRefused::NotSettled { .. } => CallError::Later(e.to_string()),
+                _ => CallError::Split(e.to_string()),
+            })?;
+            let recorded = next.splits[&tenant].clone();
+            match self.write(next, version.as_ref(), term).await {
+                Ok(()) => {
+                    info!(tenant = %tenant, from = recorded.from.count, to, "split prepared");
+                    failpoint::hit("controller-split-prepared").map_err(CallError::Store)?;
+                    self.wake.notify_one();
+                    return Ok(recorded);
+                }
+                Err(e) => warn!(tenant = %tenant, "preparing a split: {e}"),
+            }
+        }
+        Err(CallError::Store(format!("tenant {tenant}: the state kept changing; the split was not recorded")))
+    }
+
+    /// The newest split of `tenant`, as the state has it.
+    pub fn split_of(&self, tenant: TenantId) -> Option<TenantSplit> {
+        self.inner.lock().state.as_ref().and_then(|(s, _)| s.splits.get(&tenant).cloned())
+    }
+
+    /// Takes each split one step, if it can: at most one write per call
+    /// (the round repeats at once after a write).
+    pub(super) async fn advance_splits(
+        &self,
+        state: &ControllerState,
+        version: Option<&ObjectVersion>,
+        term: u64,
+    ) -> Result<bool, String> {
+        {
+            // Calls of splits past `Prepared` are of no more use.
+            let mut inner = self.inner.lock();
+            let open = |p: &TenantShardId| state.splits.get(&p.tenant).is_some_and(|s| s.phase == SplitPhase::Prepared);
+            inner.split_calls.retain(|p, _| open(p));
+            let copied = |c: &TenantShardId| state.splits.get(&c.tenant).is_some_and(|s| s.phase == SplitPhase::Copied);
+            inner.split_goals.retain(|c, _| copied(c));
+        }
+        for (tenant, s) in &state.splits {
+            let next = match s.phase {
+                SplitPhase::Prepared => self.prepared_step(state, *tenant, s),
+                SplitPhase::Copied if self.children_ready(state, *tenant, s) => split::done(state, *tenant),
+                SplitPhase::RolledBack if !s.swept => self.sweep_children(state, *tenant, s).await,
+                _ => None,
+            };
+            let Some(next) = next else { continue };
+            let now = next.splits[tenant].clone();
+            self.write(next, version, term).await?;
+            match (now.phase, now.swept) {
+                (SplitPhase::Copied, _) => {
+                    info!(tenant = %tenant, "split copied: the children are placed");
+                    failpoint::hit("controller-split-copied")?
+                }
+                (SplitPhase::Done, _) => {
+                    info!(tenant = %tenant, to = now.to.count, "split done: the children serve the tenant");
+                    failpoint::hit("controller-split-done")?
+                }
+                (SplitPhase::RolledBack, false) => {
+                    warn!(tenant = %tenant, error = ?now.error, "split rolled back")
+                }
+                (SplitPhase::RolledBack, true) => info!(tenant = %tenant, "a rolled back split's children are gone"),
+                (SplitPhase::Prepared, _) => {}
+            }
+            self.wake.notify_one();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// `Prepared`: calls each parent's pageserver until all have written
+    /// their children's indexes (then `Copied`), or rolls back once one
+    /// refuses or keeps failing.
+    fn prepared_step(&self, state: &ControllerState, tenant: TenantId, s: &TenantSplit) -> Option<ControllerState> {
+        let parents = s.parent_ids(tenant);
+        let calls: BTreeMap<TenantShardId, SplitCall> = {
+            let inner = self.inner.lock();
+            parents.iter().filter_map(|p| Some((*p, inner.split_calls.get(p)?.clone()))).collect()
+        };
+        let failed = calls.iter().find(|(_, c)| c.permanent || c.failures >= SPLIT_ATTEMPTS);
+        if let Some((p, c)) = failed {
+            let why = format!("{p}: {}", c.last_error.clone().unwrap_or_default());
+            return split::roll_back(state, tenant, why);
+        }
+        if parents.iter().all(|p| calls.get(p).is_some_and(|c| c.done)) {
+            return split::copied(state, tenant);
+        }
+        for parent in parents.iter().filter(|p| !calls.get(p).is_some_and(|c| c.done)) {
+            let Some(ps) = state.tenants.get(parent).and_then(|p| p.attached.as_ref()) else { continue };
+            let Some(ps) = self.conf.pageserver(ps).cloned() else { continue };
+            let children = s
+                .child_ids(tenant)
+                .into_iter()
+                .zip(&s.generations)
+                .filter(|(c, _)| c.shard.number % s.from.count == parent.shard.number)
+                .map(|(shard, generation)| SplitChild { shard, generation: *generation })
+                .collect();
+            self.send_split(&ps, *parent, SplitShardRequest { stripe_blocks: s.to.stripe_blocks, children });
+        }
+        None
+    }
+
+    /// Sends a parent's pageserver its split call in a task of its own,
+    /// unless one is under way or waits to be retried.
+    fn send_split(&self, ps: &crate::config::PageserverRef, parent: TenantShardId, req: SplitShardRequest) {
+        let key = (format!("split {}", ps.name), parent);
+        if self.retries.lock().waiting(&key, self.clock.now()) || !self.split_in_flight.lock().insert(parent) {
+            return;
+        }
+        info!(pageserver = %ps.name, %parent, children = req.children.len(), "split: writing the children's indexes");
+        let (pageservers, http, me) = (self.pageservers.clone(), ps.http.clone(), self.me.clone());
+        self.spawn.spawn(Box::pin(async move {
+            let r = pageservers.split_shard(&http, parent, req).await;
+            let Some(me) = me.upgrade() else { return };
+            me.split_in_flight.lock().remove(&parent);
+            let mut retries = me.retries.lock();
+            let mut inner = me.inner.lock();
+            let call = inner.split_calls.entry(parent).or_default();
+            match r {
+                Ok(_) => {
+                    retries.succeeded(&key);
+                    call.done = true;
+                }
+                Err((permanent, e)) => {
+                    retries.failed(key, me.clock.now());
+                    call.failures += 1;
+                    call.permanent |= permanent;
+                    warn!(%parent, failures = call.failures, "split call: {e}");
+                    call.last_error = Some(e);
+                }
+            }
+            drop((inner, retries));
+            me.wake.notify_one();
+        }));
+    }
+
+    /// `Copied`: whether every child is attached under its generation and
+    /// has ingested every timeline as far as its parent had when the child
+    /// was first seen attached.
+    fn children_ready(&self, state: &ControllerState, tenant: TenantId, s: &TenantSplit) -> bool {
+        let parents = s.parent_ids(tenant);
+        let mut inner = self.inner.lock();
+        for child in s.child_ids(tenant) {
+            let Some(p) = state.tenants.get(&child) else { return false };
+            let Some(at) = p.attached.as_deref() else { return false };
+            let attached = inner.health.get(at).and_then(|h| h.status.as_ref()).is_some_and(|st| {
+                st.locations.iter().any(|l| {
+                    l.tenant_id == child && l.mode == LocationMode::Attached && l.generation == Some(p.generation)
+                })
+            });
+            let Some(have) = attached.then(|| timeline_lsns(&inner, at, child)).flatten() else { return false };
+            if !inner.split_goals.contains_key(&child) {
+                let parent = parents[usize::from(child.shard.number % s.from.count)];
+                let parent_at = state.tenants.get(&parent).and_then(|p| p.attached.clone());
+                let Some(goal) = parent_at.and_then(|ps| timeline_lsns(&inner, &ps, parent)) else { return false };
+                inner.split_goals.insert(child, goal);
+            }
+            let goal = &inner.split_goals[&child];
+            if !goal.iter().all(|(tl, lsn)| have.get(tl).is_some_and(|h| h >= lsn)) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `RolledBack`: removes the children's objects; `swept` once they are gone.
+    async fn sweep_children(
+        &self,
+        state: &ControllerState,
+        tenant: TenantId,
+        s: &TenantSplit,
+    ) -> Option<ControllerState> {
+        // A call still under way may write a child's index yet (the
+        // pageservers also check that the split is prepared before each).
+        if s.parent_ids(tenant).iter().any(|p| self.split_in_flight.lock().contains(p)) {
+            return None;
+        }
+        for child in s.child_ids(tenant) {
+            match self.store.delete_shard_objects(child).await {
+                Ok(n) if n > 0 => info!(%child, objects = n, "a rolled back split's child removed"),
+                Ok(_) => {}
+                Err(e) => {
+                    self.metrics.storage_errors.inc();
+                    self.note_error(format!("removing {child}'s objects: {e}"));
+                    return None;
+                }
+            }
+        }
+        split::swept(state, tenant)
+    }
+}
+
+/// Each timeline's `last_record_lsn` of `shard` on `ps`, as its heartbeat said.
+fn timeline_lsns(inner: &Inner, ps: &str, shard: TenantShardId) -> Option<BTreeMap<String, Lsn>> {
+    let s = inner.health.get(ps)?.status.as_ref()?;
+    let lsns: BTreeMap<String, Lsn> = s
+        .timelines
+        .iter()
+        .filter(|t| t.tenant_id == shard)
+        .map(|t| (t.timeline_id.to_string(), t.last_record_lsn))
+        .collect();
+    (!lsns.is_empty()).then_some(lsns)
+}
