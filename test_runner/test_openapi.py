@@ -871,5 +871,13 @@ def test_live_cluster_answers_as_documented(cluster, node, link_proxy, specs):
         c.problems.append(f"ro: not started at {format_lsn(commit_lsn)}: {ro.get('start_lsn')}")
     c.call("ro", "post", "/v1/checkpoint", expect={409})
 
+    # A split, last (it changes the tenant): recorded, then answered.
+    _, recorded = c.call(ctl, "post", csplit, json_body={"shards": 2, "stripe_blocks": 8}, expect={202},
+                         tenant=tenant)
+    _, newest = c.call(ctl, "get", csplit, expect={200}, tenant=tenant)
+    if isinstance(recorded, dict) and isinstance(newest, dict) and \
+            (recorded.get("to"), recorded.get("version")) != (newest.get("to"), newest.get("version")):
+        c.problems.append(f"the split answered is not the one recorded: {recorded} vs {newest}")
+
     problems = c.problems + c.unexercised()
     assert not problems, "\n".join(problems)

@@ -71,7 +71,7 @@ struct Inner {
     /// LSNs a migration's target must reach, per tenant and timeline.
     catch_up: BTreeMap<TenantShardId, BTreeMap<String, strata_formats::Lsn>>,
     /// The calls of prepared splits to their parents' pageservers.
-    split_calls: BTreeMap<TenantShardId, splits::SplitCall>,
+    split_calls: BTreeMap<TenantShardId, crate::split::SplitCall>,
     /// LSNs each child of a copied split must reach, per timeline.
     split_goals: BTreeMap<TenantShardId, BTreeMap<String, strata_formats::Lsn>>,
     last_error: Option<String>,

@@ -11,6 +11,18 @@ use strata_protocol::api::controller::{ControllerState, SplitPhase, TenantPlacem
 use strata_protocol::shard::{ShardIndex, ShardLayout};
 use strata_protocol::{TenantId, TenantShardId};
 
+/// What the leader knows of one parent's call to write its children's
+/// indexes (forgotten with a restart: the calls are then made again, which
+/// is harmless).
+#[derive(Clone, Debug, Default)]
+pub struct SplitCall {
+    pub done: bool,
+    pub failures: u32,
+    /// Asking again cannot help (the pageserver refused the request).
+    pub permanent: bool,
+    pub last_error: Option<String>,
+}
+
 /// Why a split is not begun.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SplitRefused {

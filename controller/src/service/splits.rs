@@ -14,19 +14,8 @@ use tracing::{info, warn};
 
 use super::{CallError, Controller, Inner};
 use crate::limits::{SPLIT_ATTEMPTS, WRITE_ATTEMPTS};
-use crate::split;
+use crate::split::{self, SplitCall};
 use strata_protocol::api::controller::ControllerState;
-
-/// What this leader knows of one parent's call (forgotten with a restart:
-/// the calls are then made again, which is harmless).
-#[derive(Clone, Debug, Default)]
-pub(super) struct SplitCall {
-    done: bool,
-    failures: u32,
-    /// Asking again cannot help (the pageserver refused the request).
-    permanent: bool,
-    last_error: Option<String>,
-}
 
 impl Controller {
     /// Begins a split of `tenant` into `to` shards (`POST /v1/tenant/{tenant}/split`):
