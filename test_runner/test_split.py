@@ -14,6 +14,7 @@ either completes or rolls back, and no acknowledged commit is lost."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -165,3 +166,48 @@ def test_splits_under_load_complete_or_roll_back_at_every_step(cluster_factory, 
     got = {r[0] for r in ep.sql(f"SELECT id FROM {writers.table}")}
     assert not writers.acked_ids() - got, f"{len(writers.acked_ids() - got)} acknowledged commits lost after a restart"
     ep.run(["pg_amcheck", "--heapallindexed", "--install-missing", "-d", "postgres"], timeout=300)
+
+
+def test_the_size_policy_splits_a_growing_tenant_by_itself(cluster_factory):
+    """`[split_policy]` of the controllers: a tenant one of whose shards
+    holds more than `shard_bytes` of its own layers is split by the leader
+    alone; the running compute follows, and the next start of an endpoint
+    writes the new layout into the cluster file."""
+    cluster = cluster_factory(init_args=("--pageservers", "2"), start=False)
+    limit = 20 << 20
+    for s in cluster.cluster_toml["services"]:
+        if s["kind"] == "controller":
+            path = cluster.service_config_path(s["name"])
+            text, n = re.subn(r"\n\[split_policy\]\n(?:(?!\[).*\n?)*",
+                              f"\n[split_policy]\nshard_bytes = {limit}\nfirst_shards = 2\nmax_shards = 2\n"
+                              "stripe_blocks = 8\n", path.read_text(), count=1)
+            assert n == 1, text
+            path.write_text(text)
+    cluster.start()
+    cluster.run("tenant", "create", "big", timeout=300)
+    tenant_id = cluster.tenant("big")["tenant_id"]
+    ep = Endpoint(cluster, "e1")
+    ep.start("--tenant", "big")
+    writers = AckedWriters(ep).start()
+    ep.run(["pgbench", "-i", "-s", "6", "-q"], timeout=300)
+    cluster.run("timeline", "checkpoint", "--tenant", "big", timeout=300)
+    done = wait_until("the size policy's split", lambda: (s := split_record(cluster, tenant_id))
+                      and s["phase"] == "done" and s, timeout=180)
+    assert (done["from"]["count"], done["to"]["count"], done["to"]["stripe_blocks"]) == (1, 2, 8), done
+    # Nothing split again: the children hold next to nothing of their own yet, and 2 is the most.
+    assert split_record(cluster, tenant_id)["version"] == done["version"]
+    wait_until("the compute on two shards", lambda: "strata_compute_shards 2" in ep.agent_metrics() or None,
+               timeout=60)
+    t = time.monotonic()
+    wait_until("commits after the split", lambda: len(writers.acked_between(t, time.monotonic())) >= 20 or None,
+               timeout=120)
+    writers.stop()
+    before = ep.sql("SELECT sum(abalance), count(*) FROM pgbench_accounts")[0]
+    # The cluster file learns the layout at the next start of an endpoint.
+    assert cluster.tenant("big").get("shards") is None
+    ep.stop()
+    ep.start()
+    assert cluster.tenant("big")["shards"] == {"count": 2, "stripe_blocks": 8}
+    assert ep.sql("SELECT sum(abalance), count(*) FROM pgbench_accounts")[0] == before
+    got = {r[0] for r in ep.sql(f"SELECT id FROM {writers.table}")}
+    assert not writers.acked_ids() - got, f"{len(writers.acked_ids() - got)} acknowledged commits lost"

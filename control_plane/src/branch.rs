@@ -92,6 +92,7 @@ pub fn create(
     if t.branch(name).is_some() {
         return failed(format!("a branch named {name:?} exists"));
     }
+    super::split::refuse_while_open(wd, t, "create the branch")?;
     let parent_name = from.unwrap_or(MAIN_BRANCH);
     let Some(parent) = t.branch(parent_name).cloned() else {
         return failed(format!("no branch named {parent_name:?} (branches: {})", t.branch_names()));
@@ -204,6 +205,7 @@ pub fn delete(
     if b.parent.is_none() {
         return failed(format!("{name} is the tenant's first branch; every other branch descends from it"));
     }
+    super::split::refuse_while_open(wd, t, "delete the branch")?;
     let children: Vec<&str> =
         t.branches.iter().filter(|c| c.parent.as_deref() == Some(name)).map(|c| c.name.as_str()).collect();
     if !children.is_empty() {

@@ -588,6 +588,11 @@ pub fn start(
     let all = inventory(wd)?;
     let replica_of = replica_source(name, how, all.iter().find(|r| r.file.name == name))?;
     let tenant = tenant_of(wd, name, how.tenant, &all, replica_of.as_deref())?;
+    // A split the controllers finished reaches the cluster file first: the
+    // compute starts with the tenant's shards as they are.
+    if let Some(now) = super::split::adopt_layout(wd, tenant)? {
+        return start(&now, name, how, agent, progress);
+    }
     // The tenant's endpoints: branch names mean something within a tenant only.
     let all: Vec<EndpointRecord> = all.into_iter().filter(|r| r.file.tenant == tenant.name).collect();
     let old = all.iter().find(|r| r.file.name == name);

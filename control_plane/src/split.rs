@@ -12,7 +12,7 @@ use strata_protocol::TenantId;
 
 use super::error::{failed, Error, Result};
 use super::http;
-use super::layout::{update_cluster, Kind, TenantState, Workdir};
+use super::layout::{update_cluster, Kind, Tenant, TenantState, Workdir};
 use super::report::{Progress, TenantEvent};
 use crate::limits::{CONTROLLER_ACTION_POLL, QUICK, SPLIT_WAIT};
 
@@ -98,9 +98,12 @@ pub fn split(
             ));
         }
         std::thread::sleep(CONTROLLER_ACTION_POLL);
-        // A controller that restarts meanwhile answers again within its lease.
+        // A controller that restarts meanwhile answers again within its
+        // lease; a follower's copy may be older than the split begun.
         if let Ok(Some(s)) = newest(wd, tenant) {
-            split = s;
+            if s.version >= split.version {
+                split = s;
+            }
         }
     }
     Ok(TenantSplitDone { name: name.into(), tenant, from: from.count, to })
@@ -115,6 +118,32 @@ pub fn record(wd: &Workdir, done: &TenantSplitDone) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The cluster file after a split the controllers finished but the file
+/// does not know of yet (a `tenant split` interrupted before it recorded
+/// it): `Some` with the workdir opened again once it is recorded.
+pub fn adopt_layout(wd: &Workdir, t: &Tenant) -> Result<Option<Workdir>> {
+    let Ok(Some(s)) = newest(wd, t.tenant_id) else { return Ok(None) };
+    if s.phase != SplitPhase::Done || s.to.count <= t.layout().count {
+        return Ok(None);
+    }
+    let done = TenantSplitDone { name: t.name.clone(), tenant: t.tenant_id, from: s.from.count, to: s.to };
+    record(wd, &done)?;
+    Ok(Some(Workdir::open(&wd.root)?))
+}
+
+/// Refuses what would miss the children of a split under way (a branch
+/// created or deleted on the parents alone).
+pub fn refuse_while_open(wd: &Workdir, t: &Tenant, what: &str) -> Result<()> {
+    match newest(wd, t.tenant_id) {
+        Ok(Some(s)) if s.is_open() => failed(format!(
+            "tenant {}: a split to {} shards is under way; {what} once it is done (`strata tenant split {} --shards {}` \
+             follows it)",
+            t.name, s.to.count, t.name, s.to.count
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Asks the controllers (the leader takes it) to begin the split.

@@ -51,6 +51,63 @@ pub struct ControllerConfig {
     /// Most connections on `listen_http` at once (computes long-poll it).
     #[serde(default = "default_max_http_connections")]
     pub max_http_connections: usize,
+    /// When the leader splits a tenant by itself (`docs/sharding.md`, "Size policy").
+    #[serde(default)]
+    pub split_policy: SplitPolicy,
+}
+
+/// `[split_policy]`: a tenant one of whose shards holds more than
+/// `shard_bytes` of its own layers is split: an unsharded one into
+/// `first_shards`, a sharded one into twice its shards, up to `max_shards`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitPolicy {
+    /// 0: the leader splits nothing by itself.
+    #[serde(default = "default_split_shard_bytes")]
+    pub shard_bytes: u64,
+    #[serde(default = "default_first_shards")]
+    pub first_shards: u8,
+    #[serde(default = "default_max_shards")]
+    pub max_shards: u8,
+    /// The stripe of an unsharded tenant's new shards (a sharded one keeps its own).
+    #[serde(default = "default_split_stripe_blocks")]
+    pub stripe_blocks: u32,
+}
+
+impl Default for SplitPolicy {
+    fn default() -> SplitPolicy {
+        SplitPolicy {
+            shard_bytes: default_split_shard_bytes(),
+            first_shards: default_first_shards(),
+            max_shards: default_max_shards(),
+            stripe_blocks: default_split_stripe_blocks(),
+        }
+    }
+}
+
+impl SplitPolicy {
+    /// The shard count a tenant of `count` shards, its largest holding
+    /// `largest` bytes of its own, is split into now, if any.
+    pub fn next_count(&self, count: u8, largest: u64) -> Option<u8> {
+        if self.shard_bytes == 0 || largest <= self.shard_bytes {
+            return None;
+        }
+        let next = if count <= 1 { self.first_shards } else { count.checked_mul(2)? };
+        (next > count && next <= self.max_shards).then_some(next)
+    }
+}
+
+fn default_split_shard_bytes() -> u64 {
+    limits::DEFAULT_SPLIT_SHARD_BYTES
+}
+fn default_first_shards() -> u8 {
+    limits::DEFAULT_SPLIT_FIRST_SHARDS
+}
+fn default_max_shards() -> u8 {
+    limits::DEFAULT_SPLIT_MAX_SHARDS
+}
+fn default_split_stripe_blocks() -> u32 {
+    strata_protocol::shard::DEFAULT_STRIPE_BLOCKS
 }
 
 /// A pageserver the controller places tenants on.
@@ -93,6 +150,13 @@ impl ControllerConfig {
         check_duration("offline_after", self.offline_after)?;
         check_duration("lease_ttl", self.lease_ttl)?;
         check_range("max_http_connections", self.max_http_connections, 1, limits::MAX_HTTP_CONNECTIONS)?;
+        let p = &self.split_policy;
+        let max = u32::from(strata_protocol::shard::MAX_SHARDS);
+        check_range("split_policy.first_shards", u32::from(p.first_shards), 2, max)?;
+        check_range("split_policy.max_shards", u32::from(p.max_shards), u32::from(p.first_shards), max)?;
+        if let Err(e) = strata_protocol::shard::ShardLayout::new(u32::from(p.first_shards), p.stripe_blocks) {
+            return Err(ConfigError { key: "split_policy.stripe_blocks", message: e.to_string() });
+        }
         if self.offline_after < self.heartbeat_interval * 2 {
             return Err(ConfigError {
                 key: "offline_after",
@@ -158,5 +222,24 @@ http = "127.0.0.1:7002"
         let open: ControllerConfig = toml::from_str(&OK.replace("127.0.0.1:7000", "10.0.0.1:7000")).unwrap();
         assert_eq!(open.validate().unwrap_err().key, "listen_http");
         assert!(toml::from_str::<ControllerConfig>(&format!("bogus = 1\n{OK}")).is_err());
+    }
+
+    #[test]
+    fn the_size_policy_splits_past_its_bytes_and_stops_at_its_most_shards() {
+        let p = SplitPolicy { shard_bytes: 100, first_shards: 4, max_shards: 16, stripe_blocks: 8 };
+        assert_eq!(p.next_count(1, 100), None, "at the limit: not over it");
+        assert_eq!(p.next_count(1, 101), Some(4));
+        assert_eq!(p.next_count(4, 500), Some(8));
+        assert_eq!(p.next_count(8, 500), Some(16));
+        assert_eq!(p.next_count(16, 500), None);
+        assert_eq!(SplitPolicy { shard_bytes: 0, ..p.clone() }.next_count(1, u64::MAX), None);
+        let text = format!("{OK}\n[split_policy]\nshard_bytes = 1000\nfirst_shards = 2\n");
+        let c: ControllerConfig = toml::from_str(&text).unwrap();
+        assert_eq!((c.split_policy.shard_bytes, c.split_policy.first_shards, c.split_policy.max_shards), (1000, 2, 16));
+        c.validate().unwrap();
+        let bad: ControllerConfig = toml::from_str(&format!("{OK}\n[split_policy]\nfirst_shards = 1\n")).unwrap();
+        assert_eq!(bad.validate().unwrap_err().key, "split_policy.first_shards");
+        let bad: ControllerConfig = toml::from_str(&format!("{OK}\n[split_policy]\nstripe_blocks = 7\n")).unwrap();
+        assert_eq!(bad.validate().unwrap_err().key, "split_policy.stripe_blocks");
     }
 }

@@ -75,6 +75,13 @@ pub const MAX_SECONDARIES: usize = 2;
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// Connections on the HTTP API at once, by default (computes long-poll it).
 pub const DEFAULT_MAX_HTTP_CONNECTIONS: usize = 1024;
+
+/// The size policy's defaults (`docs/sharding.md`, "Size policy"): a shard
+/// over 16 GiB of its own layers splits its tenant; an unsharded tenant
+/// into 4, then doubling up to 16.
+pub const DEFAULT_SPLIT_SHARD_BYTES: u64 = 16 << 30;
+pub const DEFAULT_SPLIT_FIRST_SHARDS: u8 = 4;
+pub const DEFAULT_SPLIT_MAX_SHARDS: u8 = 16;
 /// Most connections the HTTP API may be configured for.
 pub const MAX_HTTP_CONNECTIONS: usize = 100_000;
 /// Longest a new HTTP connection may take to complete its TLS greeting.

@@ -575,6 +575,10 @@ impl Controller {
                 }
             }
         }
+        // Last: it writes the state itself.
+        if let Err(e) = self.policy_split(&state).await {
+            self.note_error(format!("size policy: {e}"));
+        }
         Ok(())
     }
 

@@ -30,6 +30,7 @@ fn config(id: u64, storage: &std::path::Path, tenant: TenantShardId) -> Controll
         offline_after: Duration::from_millis(300),
         lease_ttl: Duration::from_millis(800),
         max_http_connections: 16,
+        split_policy: Default::default(),
     }
 }
 

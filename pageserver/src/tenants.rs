@@ -991,6 +991,8 @@ impl TimelineEntry {
             broken,
             verify_redo: self.tl.verify_redo.then(|| self.tl.redo_check.lock().clone()),
             logical_size: None,
+            stripe_blocks: meta.stripe_blocks,
+            foreign_layer_bytes: self.tl.remote().map_or(0, |r| r.foreign_bytes()),
         }
     }
 }

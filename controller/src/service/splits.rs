@@ -183,6 +183,61 @@ impl Controller {
         }));
     }
 
+    /// The size policy (`SplitPolicy`): begins the split of the first
+    /// tenant one of whose shards holds more of its own layers than the
+    /// policy allows, once all its shards are attached where they should
+    /// be and no split of it is under way. At most one per round.
+    pub(super) async fn policy_split(&self, state: &ControllerState) -> Result<(), CallError> {
+        let policy = &self.conf.split_policy;
+        if policy.shard_bytes == 0 {
+            return Ok(());
+        }
+        let tenants: std::collections::BTreeSet<TenantId> = state.tenants.keys().map(|t| t.tenant).collect();
+        for tenant in tenants {
+            if state.splits.get(&tenant).is_some_and(|s| s.is_open()) {
+                continue;
+            }
+            let shards = split::current_shards(state, tenant);
+            let Some(count) = shards.first().map(|(t, _)| t.shard.shards()) else { continue };
+            if shards.len() != usize::from(count) || shards.iter().any(|(_, p)| p.migration.is_some()) {
+                continue;
+            }
+            let mut sizes = Vec::with_capacity(shards.len());
+            for (shard, p) in &shards {
+                let Some(size) = p.attached.as_deref().and_then(|ps| self.own_bytes(ps, *shard)) else { break };
+                sizes.push(size);
+            }
+            if sizes.len() != shards.len() {
+                continue;
+            }
+            let largest = sizes.iter().map(|(bytes, _)| *bytes).max().unwrap_or(0);
+            let Some(to) = policy.next_count(count, largest) else { continue };
+            let stripe = match sizes.iter().find_map(|(_, stripe)| *stripe) {
+                Some(stripe) => stripe,
+                None if count == 1 => policy.stripe_blocks,
+                // A sharded tenant whose stripe no shard reported yet.
+                None => continue,
+            };
+            info!(tenant = %tenant, from = count, to, largest, limit = policy.shard_bytes, "size policy: splitting");
+            self.split_tenant(tenant, to, stripe).await?;
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    /// What `shard` holds of its own layers on `ps` (every timeline), and
+    /// its stripe, as the heartbeat said.
+    fn own_bytes(&self, ps: &str, shard: TenantShardId) -> Option<(u64, Option<u32>)> {
+        let inner = self.inner.lock();
+        let status = inner.health.get(ps)?.status.as_ref()?;
+        let timelines: Vec<_> = status.timelines.iter().filter(|t| t.tenant_id == shard).collect();
+        if timelines.is_empty() {
+            return None;
+        }
+        let bytes = timelines.iter().map(|t| t.layer_bytes.saturating_sub(t.foreign_layer_bytes)).sum();
+        Some((bytes, timelines.iter().find_map(|t| t.stripe_blocks)))
+    }
+
     /// `Copied`: whether every child is attached under its generation and
     /// has ingested every timeline as far as its parent had when the child
     /// was first seen attached.

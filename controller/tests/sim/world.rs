@@ -161,6 +161,7 @@ fn config(id: u64, names: &[(String, String)], sites: bool, tenants: &[TenantSha
         offline_after: Duration::from_secs(2),
         lease_ttl: Duration::from_secs(6),
         max_http_connections: 16,
+        split_policy: Default::default(),
     }
 }
 

@@ -65,7 +65,11 @@ impl Authority {
     /// generations is still prepared: only then may a parent write their
     /// indexes (a call that outlived its split's rollback must not). With
     /// the attachment file there is no controller, and no split.
-    pub async fn split_prepared(&self, storage: &RemoteStorage, children: &[(TenantShardId, u32)]) -> Result<(), String> {
+    pub async fn split_prepared(
+        &self,
+        storage: &RemoteStorage,
+        children: &[(TenantShardId, u32)],
+    ) -> Result<(), String> {
         use strata_protocol::api::controller::{ControllerState, SplitPhase, STATE_KEY};
         let Authority::Controller = self else { return Err("splits need a storage controller".into()) };
         let Some(first) = children.first() else { return Ok(()) };

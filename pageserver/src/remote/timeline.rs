@@ -325,6 +325,13 @@ impl RemoteTimeline {
         index_totals(self.state.lock().index.as_ref()).1
     }
 
+    /// Bytes of the layers the newest index names in another shard's
+    /// objects (a split's parent's).
+    pub fn foreign_bytes(&self) -> u64 {
+        let state = self.state.lock();
+        state.index.as_ref().map_or(0, |i| i.layers.iter().filter(|l| l.is_foreign()).map(|l| l.size).sum())
+    }
+
     /// The remote side now; `local` are the timeline's layer files (name, bytes).
     pub fn status(&self, local: &[(String, u64)]) -> UploadStatus {
         let state = self.state.lock();

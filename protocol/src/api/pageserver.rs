@@ -131,6 +131,18 @@ pub struct TimelineStatus {
     /// (`?logical_size=true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logical_size: Option<u64>,
+    /// A sharded timeline's stripe (`docs/sharding.md`); absent when unsharded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_blocks: Option<u32>,
+    /// Bytes of the layers its index names in another shard's objects (a
+    /// split's parent's, until compaction and garbage collection replace
+    /// them): `layer_bytes` less these is what the shard holds of its own.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub foreign_layer_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TimelineStatus {
@@ -180,6 +192,8 @@ impl TimelineStatus {
             broken: None,
             verify_redo: None,
             logical_size: None,
+            stripe_blocks: None,
+            foreign_layer_bytes: 0,
         }
     }
 }
