@@ -91,6 +91,7 @@ impl Controller {
                 SplitPhase::Prepared => self.prepared_step(state, *tenant, s),
                 SplitPhase::Copied if self.children_ready(state, *tenant, s) => split::done(state, *tenant),
                 SplitPhase::RolledBack if !s.swept => self.sweep_children(state, *tenant, s).await,
+                SplitPhase::Done if !s.swept => self.sweep_parents(state, *tenant, s).await,
                 _ => None,
             };
             let Some(next) = next else { continue };
@@ -101,7 +102,7 @@ impl Controller {
                     info!(tenant = %tenant, "split copied: the children are placed");
                     failpoint::hit("controller-split-copied")?
                 }
-                (SplitPhase::Done, _) => {
+                (SplitPhase::Done, false) => {
                     info!(tenant = %tenant, to = now.to.count, "split done: the children serve the tenant");
                     failpoint::hit("controller-split-done")?
                 }
@@ -109,6 +110,7 @@ impl Controller {
                     warn!(tenant = %tenant, error = ?now.error, "split rolled back")
                 }
                 (SplitPhase::RolledBack, true) => info!(tenant = %tenant, "a rolled back split's children are gone"),
+                (SplitPhase::Done, true) => info!(tenant = %tenant, "the parents' objects are gone"),
                 (SplitPhase::Prepared, _) => {}
             }
             self.wake.notify_one();
@@ -263,6 +265,71 @@ impl Controller {
             if !goal.iter().all(|(tl, lsn)| have.get(tl).is_some_and(|h| h >= lsn)) {
                 return false;
             }
+        }
+        true
+    }
+
+    /// `Done`: once no shard of the tenant names a layer in another
+    /// shard's objects (every one attached, each timeline's uploaded index
+    /// free of foreign layers, as the heartbeats say) and no pageserver
+    /// holds a parent any more, removes the objects of every earlier
+    /// layout's shards (a split goes from `n` to a multiple of `n`: their
+    /// counts divide today's); `swept` once they are gone.
+    async fn sweep_parents(&self, state: &ControllerState, tenant: TenantId, s: &TenantSplit) -> Option<ControllerState> {
+        let shards = split::current_shards(state, tenant);
+        if shards.len() != usize::from(s.to.count) || !self.free_of_foreign_layers(&shards) {
+            return None;
+        }
+        let earlier: Vec<TenantShardId> = (1..s.to.count)
+            .filter(|c| s.to.count.is_multiple_of(*c))
+            .flat_map(|count| {
+                let layout = strata_protocol::shard::ShardLayout { count, stripe_blocks: s.to.stripe_blocks };
+                layout.shards().map(|shard| TenantShardId { tenant, shard }).collect::<Vec<_>>()
+            })
+            .collect();
+        let held = {
+            let inner = self.inner.lock();
+            inner.health.values().filter_map(|h| h.status.as_ref()).any(|st| {
+                st.locations.iter().any(|l| l.mode != LocationMode::Detached && earlier.contains(&l.tenant_id))
+            })
+        };
+        if held {
+            return None;
+        }
+        for parent in earlier {
+            match self.store.delete_shard_objects(parent).await {
+                Ok(n) if n > 0 => info!(%parent, objects = n, "a split's parent removed"),
+                Ok(_) => {}
+                Err(e) => {
+                    self.metrics.storage_errors.inc();
+                    self.note_error(format!("removing {parent}'s objects: {e}"));
+                    return None;
+                }
+            }
+        }
+        split::swept(state, tenant)
+    }
+
+    /// Whether every one of `shards` is attached under its generation with
+    /// its timelines known, the same timelines as the others, and none of
+    /// them naming another shard's layers.
+    fn free_of_foreign_layers(&self, shards: &[(TenantShardId, &strata_protocol::api::controller::TenantPlacement)]) -> bool {
+        let inner = self.inner.lock();
+        let mut timelines: Option<std::collections::BTreeSet<String>> = None;
+        for (shard, p) in shards {
+            let Some(st) = p.attached.as_deref().and_then(|ps| inner.health.get(ps)?.status.as_ref()) else {
+                return false;
+            };
+            let attached = st.locations.iter().any(|l| {
+                l.tenant_id == *shard && l.mode == LocationMode::Attached && l.generation == Some(p.generation)
+            });
+            let mine: Vec<_> = st.timelines.iter().filter(|t| t.tenant_id == *shard).collect();
+            let ids: std::collections::BTreeSet<String> = mine.iter().map(|t| t.timeline_id.to_string()).collect();
+            let clean = mine.iter().all(|t| t.foreign_layer_bytes == 0 && t.remote.is_some());
+            if !attached || ids.is_empty() || !clean || timelines.as_ref().is_some_and(|t| *t != ids) {
+                return false;
+            }
+            timelines = Some(ids);
         }
         true
     }
