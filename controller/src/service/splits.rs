@@ -275,7 +275,12 @@ impl Controller {
     /// holds a parent any more, removes the objects of every earlier
     /// layout's shards (a split goes from `n` to a multiple of `n`: their
     /// counts divide today's); `swept` once they are gone.
-    async fn sweep_parents(&self, state: &ControllerState, tenant: TenantId, s: &TenantSplit) -> Option<ControllerState> {
+    async fn sweep_parents(
+        &self,
+        state: &ControllerState,
+        tenant: TenantId,
+        s: &TenantSplit,
+    ) -> Option<ControllerState> {
         let shards = split::current_shards(state, tenant);
         if shards.len() != usize::from(s.to.count) || !self.free_of_foreign_layers(&shards) {
             return None;
@@ -313,7 +318,10 @@ impl Controller {
     /// Whether every one of `shards` is attached under its generation with
     /// its timelines known, the same timelines as the others, and none of
     /// them naming another shard's layers.
-    fn free_of_foreign_layers(&self, shards: &[(TenantShardId, &strata_protocol::api::controller::TenantPlacement)]) -> bool {
+    fn free_of_foreign_layers(
+        &self,
+        shards: &[(TenantShardId, &strata_protocol::api::controller::TenantPlacement)],
+    ) -> bool {
         let inner = self.inner.lock();
         let mut timelines: Option<std::collections::BTreeSet<String>> = None;
         for (shard, p) in shards {
