@@ -148,6 +148,9 @@ def test_splits_under_load_complete_or_roll_back_at_every_step(cluster_factory, 
     assert "2 shards -> 4 shards" in out, out
     assert split_record(cluster, tenant_id)["phase"] == "done"
     assert sorted(placements(cluster, tenant_id)) == [f"{tenant_id}-{n}of4" for n in range(4)]
+    # Every earlier layout's objects stay: the children's indexes name their layers.
+    assert {tenant_id, f"{tenant_id}-0of2", f"{tenant_id}-1of2"} <= object_prefixes(cluster, tenant_id)
+    assert not split_record(cluster, tenant_id).get("swept")
     t = time.monotonic()
     wait_until("commits after the second split",
                lambda: len(writers.acked_between(t, time.monotonic())) >= 20 or None, timeout=120)
@@ -162,34 +165,6 @@ def test_splits_under_load_complete_or_roll_back_at_every_step(cluster_factory, 
     got = {r[0] for r in ep.sql(f"SELECT id FROM {writers.table}")}
     assert not writers.acked_ids() - got, f"{len(writers.acked_ids() - got)} acknowledged commits lost"
 
-    # The children's own images replace their parent's layers, garbage
-    # collection drops those from their indexes, and then the leader
-    # removes the parent's objects (the sweep).
-    assert tenant_id in object_prefixes(cluster, tenant_id)
-    assert not split_record(cluster, tenant_id).get("swept")
-    timeline = next(b["timeline_id"] for b in cluster.tenant("big")["branches"] if b["name"] == "main")
-    where = placements(cluster, tenant_id)
-
-    def checkpoint(child: str, query: str) -> dict:
-        code, body = cluster.http(where[child]["attached"], "POST",
-                                  f"/v1/tenant/{child}/timeline/{timeline}/checkpoint?{query}", timeout=180)
-        assert code == 200, body
-        return body
-
-    children = [f"{tenant_id}-{n}of2" for n in range(2)]
-    for child in children:
-        assert checkpoint(child, "compact=true")["compaction"]["images_written"] > 0
-    time.sleep(2)
-    ep.sql("CREATE TABLE after_images AS SELECT 1 AS x")
-    time.sleep(1.5)
-    for child in children:
-        checkpoint(child, "gc=true&upload_timeout=60")
-    wait_until("the parent's objects swept", lambda: split_record(cluster, tenant_id).get("swept")
-               and tenant_id not in object_prefixes(cluster, tenant_id) or None, timeout=120)
-    # Every page is still there, read from the children's own layers.
-    ep.restart()
-    assert ep.sql("SELECT sum(abalance), count(*) FROM pgbench_accounts")[0] == before
-    ep.run(["pg_amcheck", "--heapallindexed", "--install-missing", "-d", "postgres"], timeout=300)
     ep.restart()
     assert contents(ep) == before
     got = {r[0] for r in ep.sql(f"SELECT id FROM {writers.table}")}
@@ -243,3 +218,32 @@ def test_the_size_policy_splits_a_growing_tenant_by_itself(cluster_factory):
     assert ep.sql("SELECT sum(abalance), count(*) FROM pgbench_accounts")[0] == before
     got = {r[0] for r in ep.sql(f"SELECT id FROM {writers.table}")}
     assert not writers.acked_ids() - got, f"{len(writers.acked_ids() - got)} acknowledged commits lost"
+
+    # The children's own images replace their parent's layers, garbage
+    # collection drops those from their indexes, and then the leader
+    # removes the parent's objects (the sweep).
+    assert tenant_id in object_prefixes(cluster, tenant_id)
+    assert not split_record(cluster, tenant_id).get("swept")
+    timeline = next(b["timeline_id"] for b in cluster.tenant("big")["branches"] if b["name"] == "main")
+    where = placements(cluster, tenant_id)
+
+    def checkpoint(child: str, query: str) -> dict:
+        code, body = cluster.http(where[child]["attached"], "POST",
+                                  f"/v1/tenant/{child}/timeline/{timeline}/checkpoint?{query}", timeout=180)
+        assert code == 200, body
+        return body
+
+    children = [f"{tenant_id}-{n}of2" for n in range(2)]
+    for child in children:
+        assert checkpoint(child, "compact=true")["compaction"]["images_written"] > 0
+    time.sleep(2)
+    ep.sql("CREATE TABLE after_images AS SELECT 1 AS x")
+    time.sleep(1.5)
+    for child in children:
+        checkpoint(child, "gc=true&upload_timeout=60")
+    wait_until("the parent's objects swept", lambda: split_record(cluster, tenant_id).get("swept")
+               and tenant_id not in object_prefixes(cluster, tenant_id) or None, timeout=120)
+    # Every page is still there, read from the children's own layers.
+    ep.restart()
+    assert ep.sql("SELECT sum(abalance), count(*) FROM pgbench_accounts")[0] == before
+    ep.run(["pg_amcheck", "--heapallindexed", "--install-missing", "-d", "postgres"], timeout=300)

@@ -59,6 +59,10 @@ pub const SPLIT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// Failed calls to a parent's pageserver after which a split rolls back
 /// (each retried after the location calls' growing pause).
 pub const SPLIT_ATTEMPTS: u32 = 6;
+
+/// How long a done split's shards must keep naming no other shard's layers
+/// (heartbeat after heartbeat) before the parents' objects are swept.
+pub const SPLIT_SWEEP_SETTLE: Duration = Duration::from_secs(20);
 /// Pauses before a failed location call is sent again.
 pub const RETRY_MIN: Duration = Duration::from_millis(500);
 pub const RETRY_MAX: Duration = Duration::from_secs(10);

@@ -74,6 +74,8 @@ struct Inner {
     split_calls: BTreeMap<TenantShardId, crate::split::SplitCall>,
     /// LSNs each child of a copied split must reach, per timeline.
     split_goals: BTreeMap<TenantShardId, BTreeMap<String, strata_formats::Lsn>>,
+    /// Since when each done split's shards have named no other shard's layers.
+    split_clean_since: BTreeMap<strata_protocol::TenantId, Instant>,
     last_error: Option<String>,
 }
 

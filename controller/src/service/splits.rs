@@ -13,7 +13,7 @@ use strata_service::failpoint;
 use tracing::{info, warn};
 
 use super::{CallError, Controller, Inner};
-use crate::limits::{SPLIT_ATTEMPTS, WRITE_ATTEMPTS};
+use crate::limits::{SPLIT_ATTEMPTS, SPLIT_SWEEP_SETTLE, WRITE_ATTEMPTS};
 use crate::split::{self, SplitCall};
 use strata_protocol::api::controller::ControllerState;
 
@@ -85,6 +85,8 @@ impl Controller {
             inner.split_calls.retain(|p, _| open(p));
             let copied = |c: &TenantShardId| state.splits.get(&c.tenant).is_some_and(|s| s.phase == SplitPhase::Copied);
             inner.split_goals.retain(|c, _| copied(c));
+            let sweeping = |t: &TenantId| state.splits.get(t).is_some_and(|s| s.phase == SplitPhase::Done && !s.swept);
+            inner.split_clean_since.retain(|t, _| sweeping(t));
         }
         for (tenant, s) in &state.splits {
             let next = match s.phase {
@@ -282,7 +284,20 @@ impl Controller {
         s: &TenantSplit,
     ) -> Option<ControllerState> {
         let shards = split::current_shards(state, tenant);
-        if shards.len() != usize::from(s.to.count) || !self.free_of_foreign_layers(&shards) {
+        let clean = shards.len() == usize::from(s.to.count) && self.free_of_foreign_layers(&shards);
+        // Clean through a settling time of heartbeats, not one answer: a
+        // shard reporting a moment's state (a move, a restart) must not
+        // cost the objects another shard still names.
+        let now = self.clock.now();
+        let since = {
+            let mut inner = self.inner.lock();
+            if !clean {
+                inner.split_clean_since.remove(&tenant);
+                return None;
+            }
+            *inner.split_clean_since.entry(tenant).or_insert(now)
+        };
+        if self.clock.since(since) < SPLIT_SWEEP_SETTLE {
             return None;
         }
         let earlier: Vec<TenantShardId> = (1..s.to.count)
@@ -301,6 +316,7 @@ impl Controller {
         if held {
             return None;
         }
+        info!(tenant = %tenant, "no shard named another shard's layers for {SPLIT_SWEEP_SETTLE:?}: sweeping");
         for parent in earlier {
             match self.store.delete_shard_objects(parent).await {
                 Ok(n) if n > 0 => info!(%parent, objects = n, "a split's parent removed"),
@@ -324,6 +340,7 @@ impl Controller {
     ) -> bool {
         let inner = self.inner.lock();
         let mut timelines: Option<std::collections::BTreeSet<String>> = None;
+        let mut seen = Vec::with_capacity(shards.len());
         for (shard, p) in shards {
             let Some(st) = p.attached.as_deref().and_then(|ps| inner.health.get(ps)?.status.as_ref()) else {
                 return false;
@@ -334,11 +351,21 @@ impl Controller {
             let mine: Vec<_> = st.timelines.iter().filter(|t| t.tenant_id == *shard).collect();
             let ids: std::collections::BTreeSet<String> = mine.iter().map(|t| t.timeline_id.to_string()).collect();
             let clean = mine.iter().all(|t| t.foreign_layer_bytes == 0 && t.remote.is_some());
+            let detail: Vec<String> = mine
+                .iter()
+                .map(|t| {
+                    let layers = t.remote.as_ref().map(|r| r.remote_layers);
+                    format!("{}:{}:{}:{layers:?}", t.timeline_id, t.layer_bytes, t.foreign_layer_bytes)
+                })
+                .collect();
+            seen.push(format!("{shard}@{:?}#{} [{}]", p.attached, p.generation, detail.join(" ")));
             if !attached || ids.is_empty() || !clean || timelines.as_ref().is_some_and(|t| *t != ids) {
                 return false;
             }
             timelines = Some(ids);
         }
+        // What the sweep goes by (timeline:layer bytes:foreign bytes:remote layers).
+        tracing::debug!(shards = %seen.join(" "), "no shard names another shard's layers");
         true
     }
 
