@@ -260,6 +260,11 @@ impl Timeline {
             if stop.load(Ordering::Relaxed) {
                 return Err(CompactionError::Cancelled);
             }
+            // A split's child compacts its parent's L0 deltas too: their
+            // siblings' keys stay behind.
+            if !v.key.is_stored_on(&self.shard) {
+                return Ok(());
+            }
             throttle.consume(v.bytes.len() as u64 + 44);
             out.writer(v.key)?.put_raw(&v).map_err(StorageError::from)?;
             Ok(())
