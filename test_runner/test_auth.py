@@ -103,9 +103,22 @@ def test_every_http_api_refuses_bad_tokens_and_changes_nothing(cluster_factory, 
         code, body = call(location, token, "PUT")
         assert code not in (401, 403) and 400 <= code < 500, (code, body)
     assert c.service_config("controller")["auth"]["token_file"].endswith("auth/controller.token")
-    ctl = f"http://127.0.0.1:{ports['controller']}"
+    # A split's children's indexes are the controllers' to ask for: the
+    # tenant's own token may not split it, on either listener.
+    split = f"{ps}/v1/tenant/{tenant}/split"
     for token in [service, tenant_token]:
+        code, body = call(split, token, "POST")
+        assert code == 403 and "needs controller scope" in body, (code, body)
+    code, body = call(split, controller_token, "POST")
+    assert code not in (401, 403) and 400 <= code < 500, (code, body)
+    ctl = f"http://127.0.0.1:{ports['controller']}"
+    for token in [service, tenant_token, other_tenant]:
         assert call(f"{ctl}/v1/pageserver/pageserver/drain", token, "POST")[0] == 403
+        code, body = call(f"{ctl}/v1/tenant/{tenant}/split", token, "POST")
+        assert code == 403 and "needs management scope" in body, (code, body)
+        assert call(f"{ctl}/v1/tenant/{tenant}/split", token)[0] == 403
+    code, body = call(f"{ctl}/v1/tenant/{tenant}/split", management)
+    assert code == 404 and "never split" in body, (code, body)
     assert http_json("GET", f"{ctl}/v1/status")[1]["state"]["pageservers"] == {}
     for name in SAFEKEEPERS:
         sk = f"http://127.0.0.1:{ports[name]}"

@@ -135,3 +135,46 @@ def test_a_branch_upgraded_to_a_new_major_holds_the_same_database(cluster, pg_cl
     assert r.returncode != 0 and "is not an upgrade of it" in r.stderr, r
     old.stop()
 
+
+
+def test_a_sharded_tenants_branch_upgrades_on_every_shard(cluster_factory):
+    """A tenant of two shards (stripes of 8 blocks, so that every table
+    spans both): `branch upgrade` reads main from both shards (shard 0's
+    lazy basebackup, then every relation file from the shard that holds
+    it) and imports the upgraded data directory into every shard, each
+    keeping its own keys. The new branch reads as main did, 18's pg_amcheck
+    finds nothing, and it takes writes that a new compute reads back."""
+    cluster = cluster_factory(init_args=("--pageservers", "2"))
+    cluster.run("tenant", "create", "sh", "--shards", "2", "--stripe-blocks", "8", timeout=300)
+    old = Endpoint(cluster, "old")
+    old.start("--tenant", "sh")
+    old.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    old.run(["pgbench", "-n", "-c", "2", "-t", "100"], timeout=300)
+    digest = ("SELECT (SELECT md5(string_agg(a::text, ',' ORDER BY aid)) FROM pgbench_accounts a),"
+              " (SELECT md5(string_agg(t::text, ',' ORDER BY tid)) FROM pgbench_tellers t),"
+              " (SELECT count(*) FROM pgbench_history)")
+    before = old.sql(digest)[0]
+
+    out = cluster.run("branch", "upgrade", "main", "--to", str(NEW), "--tenant", "sh", timeout=900).stdout
+    assert f"from PostgreSQL 15 to {NEW}" in out and "from its shards" in out, out
+    branch = next(b for b in cluster.tenant("sh")["branches"] if b["name"] == f"main-pg{NEW}")
+    tenant_id = cluster.tenant_id("sh")
+    # Each shard holds the new timeline, on one pageserver.
+    for n, name in enumerate(("pageserver", "pageserver2")):
+        owners = [ps for ps in ("pageserver", "pageserver2") if cluster.http(
+            ps, "GET", f"/v1/tenant/{tenant_id}-{n}of2/timeline/{branch['timeline_id']}")[0] == 200]
+        assert len(owners) == 1, (n, owners)
+
+    up = Endpoint(cluster, "up", branch=f"main-pg{NEW}", pg_bin_dir=NEW_BIN)
+    up.start("--tenant", "sh")
+    assert up.sql("SELECT current_setting('server_version_num')::int / 10000") == [(NEW,)]
+    assert up.sql(digest)[0] == before
+    up.run(["pg_amcheck", "--heapallindexed", "--install-missing", "-d", "postgres"], timeout=300)
+    up.run(["pgbench", "-n", "-c", "2", "-t", "100"], timeout=300)
+    written = up.sql(digest)[0]
+    assert written[2] == before[2] + 200, (before, written)
+    up.restart()
+    assert up.sql(digest)[0] == written
+    # The old branch goes on, of 15.
+    assert old.sql("SHOW server_version_num")[0][0].startswith("15")
+    old.run(["pgbench", "-n", "-t", "20"], timeout=300)

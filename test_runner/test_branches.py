@@ -6,17 +6,20 @@ prepared and in-progress transactions at the branch point."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
+from pathlib import Path
 
 import psycopg
 
 from fixtures.checks import assert_pgbench_invariants, pgbench_state, run_amcheck
 from fixtures.endpoint import Endpoint, current_lsn
+from fixtures.load import PgbenchLoop
 from fixtures.page_compare import catalog, compare_data_dir, mismatch_report, quiet_compute, wait_quiet
 from fixtures.pageserver_api import PageserverApi, error_message
 from fixtures.pg import PgCluster
-from fixtures.strata import format_lsn, parse_lsn
+from fixtures.strata import format_lsn, http_text, parse_lsn
 from fixtures.wait import wait_until
 from fixtures.workload import run_broad_workload
 
@@ -479,3 +482,58 @@ def test_every_page_of_a_branch_equals_stock_postgres_replayed_to_its_point(clus
         assert {"postgres", "template0", "template1", "db_wal_log"} <= set(dbs), dbs
     finally:
         stock.cleanup()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_branch_churn_under_load_leaves_no_memory_behind(cluster_factory):
+    """Branches made, read and deleted one after another under pgbench RW:
+    nothing of a deleted branch stays in the pageserver. Its highest RSS
+    over the last 12 branches is within one in-memory layer
+    (`checkpoint_distance`) of its highest over the 12 before, where a
+    leak of the size once reported (25 MiB a branch) would add 300 MiB;
+    the long run is `bench/memory_soak.py`."""
+    distance = 8 << 20
+    cluster = cluster_factory(start=False)
+    cluster.configure("pageserver", {"checkpoint_distance": distance})
+    cluster.start()
+    main = Endpoint(cluster, "main-ep")
+    main.start()
+    main.run(["pgbench", "-i", "-s", "2", "-q"], timeout=300)
+    bench = PgbenchLoop(main).start()
+
+    def churn(n: int) -> None:
+        branch_create(cluster, f"churn{n}")
+        ep = Endpoint(cluster, f"churn{n}-ep", branch=f"churn{n}")
+        ep.start()
+        assert ep.sql("SELECT count(*) FROM pgbench_accounts")[0][0] == 200_000
+        ep.stop()
+        cluster.run("branch", "delete", f"churn{n}", timeout=120)
+
+    for n in range(6):
+        churn(n)
+    pid = cluster.pid("pageserver")
+    # The highest RSS over each of two windows of 12 branches: in-memory
+    # layers and caches fill and empty in both alike, while anything a
+    # branch left behind would pile up from the first window to the second.
+    windows = []
+    for w in range(2):
+        highest = 0.0
+        for n in range(6 + 12 * w, 18 + 12 * w):
+            churn(n)
+            highest = max(highest, rss_mib(pid))
+        windows.append(highest)
+    bench.stop()
+    assert bench.restarts() <= 1, bench.runs
+    print(f"\npageserver RSS, highest over branches 7-18 and 19-30: {windows[0]:.0f} and {windows[1]:.0f} MiB")
+    # A bounded structure filling late may add up to one in-memory layer.
+    assert windows[1] - windows[0] <= distance / (1 << 20) + 8, windows
+    # Every deleted branch is gone from the pageserver: main alone is left.
+    metrics = http_text(cluster.http_url("pageserver", "/metrics"))
+    counts = re.findall(r'^strata_pageserver_timelines\{state="\w+"\} (\S+)$', metrics, re.M)
+    assert sum(float(c) for c in counts) == 1, counts

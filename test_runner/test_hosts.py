@@ -34,7 +34,8 @@ from fixtures.endpoint import superuser_conninfo
 from fixtures.load import AckedWriters, PgbenchLoop
 from fixtures.minio import Minio
 from fixtures.pg import PgClient, libpq_env, make_traversable, temp_root
-from fixtures.strata import http_json
+from fixtures.metrics import parse_metrics
+from fixtures.strata import http_json, http_text
 from fixtures.tokens import header_of
 from fixtures.wait import wait_until
 
@@ -555,5 +556,70 @@ def test_the_attached_pageservers_host_cut_off_fails_over_and_returns_demoted(st
             with ep.connect() as conn:
                 assert_pgbench_invariants(pgbench_state(conn), SCALE)
             print(f"\n{len(acked)} acknowledged commits kept across the cut-off pageserver host")
+    finally:
+        minio.kill()
+
+
+def test_a_tenant_split_across_hosts_streams_each_shard_its_decoded_wal(strata_bin, pg_bin_dir, tmp_path,
+                                                                         tmp_path_factory):
+    """Across hosts, with MinIO on the operator's machine: the tenant is
+    split into two shards under acknowledged writes (`strata tenant split`
+    run on the operator's machine). The children start on ps1's pageserver
+    and part onto both pageserver hosts; each ingests the WAL the
+    safekeeper hosts decode for its shard, in fewer bytes than the WAL;
+    the compute on cp1 follows the new layout; every acknowledged commit
+    is there and pg_amcheck finds nothing."""
+    minio = Minio(tmp_path / "minio")
+    try:
+        with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory, FAILOVER_HOSTS,
+                            remote=lambda gateway: (minio.start(host=gateway), minio.remote_storage("strata"))[1]) \
+                as hosted:
+            tenant = hosted.cluster.tenant_id()
+            ep = hosted.endpoint("ep", "cp1")
+            ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+            before = ep.sql("SELECT sum(abalance), count(*) FROM pgbench_accounts")
+            writers = AckedWriters(ep, threads=2, backoff=(0.05, 0.5)).start()
+            try:
+                wait_until("acknowledged commits", lambda: writers.count() > 20, 90, interval=0.2)
+                out = hosted.cluster.run("tenant", "split", "default", "--shards", "2", "--stripe-blocks", "8",
+                                         timeout=600).stdout
+                assert "2 shards" in out, out
+                n = writers.count()
+                wait_until("commits after the split", lambda: writers.count() > n + 20, 90, interval=0.2,
+                           details=lambda: (writers.errors[-3:], hosted.logs()))
+
+                def placed() -> list[str]:
+                    """The leading controller's attached pageserver of each shard."""
+                    for svc in hosted.cluster.cluster_toml["services"]:
+                        if svc["kind"] == "controller":
+                            code, body = hosted.http(svc["name"], "GET", "/v1/status")
+                            if code == 200 and body.get("leader"):
+                                return sorted(p["attached"] for t, p in body["state"]["tenants"].items()
+                                              if t.startswith(f"{tenant}-"))
+                    return []
+                wait_until("a shard attached on each pageserver host",
+                           lambda: placed() == ["pageserver", "pageserver2"], 120, interval=0.5, details=placed)
+                n = writers.count()
+                wait_until("commits with the shards apart", lambda: writers.count() > n + 20, 90, interval=0.2)
+            finally:
+                writers.stop()
+            # Read through both shards: a whole scan after the writes.
+            assert ep.sql("SELECT sum(abalance), count(*) FROM pgbench_accounts") == before
+            acked = writers.acked_ids()
+            stored = {row[0] for row in ep.sql(f"SELECT id FROM {writers.table}")}
+            assert not acked - stored, f"{len(acked - stored)} acknowledged commits lost"
+            ep.as_superuser([str(pg_bin_dir / "psql"), "-X", "-c", "CREATE EXTENSION IF NOT EXISTS amcheck"])
+            ep.as_superuser([str(pg_bin_dir / "pg_amcheck"), "--heapallindexed", "-d", "postgres"])
+            # pageserver2 only ever held a child: its WAL came decoded, and
+            # only what its shard needs.
+            svc = next(s for s in hosted.cluster.cluster_toml["services"] if s["name"] == "pageserver2")
+            address = hosted.hosts.hosts[svc["host"]].address
+            hosted.cluster.register_port(svc["ports"]["http"])
+            m = parse_metrics(http_text(f"http://{address}:{svc['ports']['http']}/metrics"))
+            decoded, sent, wal = (m.get(f"strata_pageserver_{k}", 0) for k in
+                                  ("decoded_batches_total", "wal_stream_bytes_total", "wal_bytes_ingested_total"))
+            assert decoded > 0 and 0 < sent < wal, (decoded, sent, wal)
+            print(f"\n{len(acked)} acknowledged commits across the split; pageserver2 received {sent} bytes "
+                  f"for {wal} bytes of WAL ({sent / wal:.2f}x), tenant {tenant}")
     finally:
         minio.kill()

@@ -39,7 +39,7 @@ STOCK_SETTINGS = {
     "shared_buffers": "128MB",
     "wal_level": "replica",
     "wal_log_hints": True,
-    "full_page_writes": True,
+    "full_page_writes": False,
     "fsync": False,
     "timezone": "UTC",
     "log_timezone": "UTC",

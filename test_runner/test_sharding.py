@@ -10,6 +10,7 @@ restart all cross shards."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -82,6 +83,17 @@ def test_a_sharded_tenant_is_spread_over_pageservers_and_reads_the_same_after_a_
     assert sorted(placed) == [f"{tenant_id}-0of2", f"{tenant_id}-1of2"], placed
     attached = sorted(p["attached"] for p in placed.values())
     assert attached == ["pageserver", "pageserver2"], placed
+
+    # `strata status` shows every shard where it is attached, and its timeline there.
+    st = {t["name"]: t for t in cluster.status()["tenants"]}
+    assert sorted(st["sh"]["attached"].split(",")) == ["pageserver", "pageserver2"], st["sh"]
+    main = next(t for t in cluster.status()["timelines"] if t["tenant"] == "sh" and t["branch"] == "main")
+    assert main["attached"] == placed[f"{tenant_id}-0of2"]["attached"], main
+    assert [s["shard"] for s in main["shards"]] == [f"{tenant_id}-1of2"], main
+    assert main["shards"][0]["attached"] == placed[f"{tenant_id}-1of2"]["attached"], main
+    assert main["pageserver"]["last_record_lsn"] and main["shards"][0]["pageserver"]["last_record_lsn"], main
+    table = cluster.run("status").stdout
+    assert "(0of2)" in table and "(1of2)" in table, table
 
     # Each pageserver holds its own shard attached, the other's as a secondary.
     for name in ("pageserver", "pageserver2"):
@@ -160,8 +172,31 @@ def test_a_sharded_tenant_is_spread_over_pageservers_and_reads_the_same_after_a_
     ro = Endpoint(cluster, "ro")
     ro.start("--tenant", "sh", "--at", lsn)
     assert contents(ro) == at
+    now = contents(ep)
     for e in (ro, past, ep):
         e.stop()
+
+    # Eager computes (`--eager`): every relation file written from both
+    # shards before PostgreSQL starts, nothing mounted. One at that LSN
+    # reads as the tenant did then; a writer goes on from the lazy one.
+    eager_ro = Endpoint(cluster, "eager-ro")
+    eager_ro.start("--tenant", "sh", "--at", lsn, "--eager")
+    assert contents(eager_ro) == at
+    eager_ro.stop()
+    eager = Endpoint(cluster, "eager")
+    eager.start("--tenant", "sh", "--eager")
+    pgdata = cluster.workdir / "endpoints" / "eager" / "pgdata"
+    assert not os.path.ismount(pgdata / "base") and not os.path.ismount(pgdata / "global")
+    assert eager.agent_status()["lazy"] is None
+    assert contents(eager) == now
+    eager.run(["pgbench", "-n", "-c", "2", "-t", "100"], timeout=300)
+    eager.run(["pg_amcheck", "--heapallindexed", "--install-missing", "-d", "postgres"], timeout=300)
+    written = contents(eager)
+    assert written[3] == now[3] + 200, (now, written)
+    eager.stop()
+    ep.start()
+    assert contents(ep) == written
+    ep.stop()
 
     # Deleted, nothing of any shard is left on the pageservers.
     cluster.run("tenant", "delete", "sh", timeout=300)

@@ -53,6 +53,17 @@ def wait_commits_resume(writers: AckedWriters, since: float) -> None:
     wait_until("commits to resume", lambda: len(writers.acked_between(since, time.monotonic())) > 20, timeout=60)
 
 
+def lose_dc1(cluster, ep, writers: AckedWriters) -> None:
+    """dc1 is cut off, then dies whole: every service of it and its writer
+    (kill -9); the writers stop."""
+    cut(cluster)
+    time.sleep(1)
+    for name in ("sk1", "sk2", "pageserver", "controller"):
+        cluster.kill9(name, supervisor=True)
+    ep.kill9_compute()
+    writers.stop()
+
+
 def check_all_acked_present(ep, writers: AckedWriters) -> None:
     present = {r[0] for r in ep.sql(f"SELECT id FROM {writers.table}")}
     lost = writers.acked_ids() - present
@@ -74,7 +85,8 @@ def test_a_cluster_in_two_sites_places_wal_by_policy(cluster_factory):
         assert [x.get("site") for x in m["members"]] == ["dc1", "dc1", "dc2"], m
     ep = start_endpoint(cluster)
     ep.sql("CREATE TABLE t (id int)")
-    ep.sql("INSERT INTO t SELECT generate_series(1, 1000)")
+    # About 400 kB of WAL (with full-page writes off, 1000 rows made only 80).
+    ep.sql("INSERT INTO t SELECT generate_series(1, 5000)")
     p = proposer(ep)
     assert p["placement"] == "local-quorum", p
     # dc2's safekeeper is asynchronous, reached through the proxy.
@@ -97,7 +109,7 @@ def test_a_cluster_in_two_sites_places_wal_by_policy(cluster_factory):
     ep.sql("INSERT INTO t SELECT generate_series(1, 1000)")
     wait_until("the proposer to work under stretched", lambda: proposer(ep)["placement"] == "stretched", timeout=30)
     assert proposer(ep)["async_safekeepers"] == []
-    assert ep.sql("SELECT count(*) FROM t")[0][0] == 2000
+    assert ep.sql("SELECT count(*) FROM t")[0][0] == 6000
     # Refused: a home site without safekeepers; stretched where all sit in one site is checked at init.
     bad = cluster.run("branch", "placement", "main", "local-quorum", "--home", "dc9", check=False)
     assert bad.returncode != 0 and "dc9" in bad.stderr, bad.stderr
@@ -446,12 +458,7 @@ def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_fa
     assert ep.sql("SELECT current_setting('server_version_num')::int / 10000") == [(major,)]
     writers = AckedWriters(ep, threads=2).start()
     wait_until("commits", lambda: writers.count() > 50, timeout=60)
-    cut(cluster)
-    time.sleep(1)
-    for name in ("sk1", "sk2", "pageserver", "controller"):
-        cluster.kill9(name, supervisor=True)
-    ep.kill9_compute()
-    writers.stop()
+    lose_dc1(cluster, ep, writers)
     out = cluster.run("site", "promote", "dc2", timeout=300).stdout
     assert "nothing lost: under stretched" in report_line(out), out
     with SocketSuperuser(cluster.workdir / "endpoints" / "main-dc2" / "pgdata").connect() as conn:
@@ -472,3 +479,72 @@ def test_promoting_dc2_under_stretched_after_losing_dc1_loses_nothing(cluster_fa
     res = cluster.run("endpoint", "start", "ep", check=False, timeout=180)
     assert res.returncode != 0, res.stdout
     assert "sealed" in (res.stdout + res.stderr).lower(), res.stdout + res.stderr
+
+
+def test_promoting_dc2_carries_a_sharded_tenant_over_shard_by_shard(cluster_factory):
+    """A tenant of two shards, one attached in each site, under
+    `stretched`; dc1 dies whole (kill -9). `strata site promote dc2`
+    attaches both shards in dc2 and forks each of them at F into one new
+    timeline; the writer it starts in dc2 has every acknowledged commit and
+    reads pgbench's tables, striped over both shards, as dc1 had them."""
+    cluster = sites_cluster(cluster_factory, "--placement", "stretched")
+    cluster.run("tenant", "create", "sh", "--shards", "2", "--stripe-blocks", "8", timeout=300)
+    tenant_id = cluster.tenant_id("sh")
+
+    def placements() -> dict:
+        """The leading controller's attached pageserver of each shard."""
+        for ctl in ("controller", "controller2"):
+            code, body = cluster.http(ctl, "GET", "/v1/status") if cluster.answers(ctl) else (0, {})
+            if code == 200 and body.get("leader"):
+                return {t: p["attached"] for t, p in body["state"]["tenants"].items() if t.startswith(tenant_id)}
+        return {}
+
+    def spread() -> bool:
+        return sorted(placements().values()) == ["pageserver", "pageserver2"]
+    wait_until("a shard attached in each site", spread, timeout=60, details=placements)
+    ep = Endpoint(cluster, "ep")
+    ep.start("--tenant", "sh")
+    ep.run(["pgbench", "-i", "-s", "1", "-q"], timeout=300)
+    digest = "SELECT md5(string_agg(a::text, ',' ORDER BY aid)), count(*) FROM pgbench_accounts a"
+    before = ep.sql(digest)
+    writers = AckedWriters(ep, threads=2).start()
+    wait_until("commits", lambda: writers.count() > 50, timeout=60)
+    lose_dc1(cluster, ep, writers)
+
+    out = cluster.run("site", "promote", "dc2", timeout=300).stdout
+    assert "pageserver2: the tenant is attached in dc2" in out, out
+    assert "nothing lost: under stretched" in report_line(out), out
+    # Both shards have main's new timeline on dc2's pageserver, and the
+    # old one is the divergent branch.
+    branches = {b["name"]: b for b in cluster.tenant("sh")["branches"]}
+    divergent = next(n for n, b in branches.items() if b.get("divergent"))
+    assert branches["main"]["parent"] == divergent, branches
+    for n in range(2):
+        path = f"/v1/tenant/{tenant_id}-{n}of2/timeline/{branches['main']['timeline_id']}"
+        code, body = cluster.http("pageserver2", "GET", path)
+        assert code == 200, (n, body)
+    dc2 = SocketSuperuser(cluster.workdir / "endpoints" / "sh-main-dc2" / "pgdata")
+    with dc2.connect() as conn:
+        on_dc2 = {r[0] for r in conn.execute(f"SELECT id FROM {writers.table}")}
+        assert conn.execute(digest).fetchall() == before
+        conn.execute(f"INSERT INTO {writers.table} (id, writer) VALUES (-1, -1)")  # the new writer commits
+    lost = writers.acked_ids() - on_dc2
+    assert not lost, f"{len(lost)} acknowledged commits lost under stretched"
+    assert not (on_dc2 - writers.acked_ids() - writers.in_doubt), "dc2 has commits nobody attempted"
+
+    # dc1 returns: `site rejoin dc1` fills its pageserver again, and the
+    # shards spread over both sites while dc2's writer goes on.
+    cut(cluster, heal=True)
+    cluster.run("start")
+    old_path = f"/v1/tenant/{tenant_id}/timeline/{branches[divergent]['timeline_id']}"
+    for sk in ("sk1", "sk2"):
+        wait_until(f"{sk} to adopt the seal from its peer",
+                   lambda sk=sk: cluster.http(sk, "GET", old_path)[1]["sealed"], timeout=30)
+    out = cluster.run("site", "rejoin", "dc1").stdout
+    assert "nothing lost" in report_line(out), out
+
+    wait_until("the shards to spread over both sites again", spread, timeout=120, details=placements)
+    with dc2.connect() as conn:
+        conn.execute(f"INSERT INTO {writers.table} (id, writer) VALUES (-2, -1)")
+        assert conn.execute(digest).fetchall() == before
+        assert conn.execute(f"SELECT count(*) FROM {writers.table} WHERE id < 0").fetchall() == [(2,)]

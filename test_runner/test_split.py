@@ -29,12 +29,16 @@ STRIPE = 8
 
 
 def leader_state(cluster) -> dict:
-    for s in cluster.cluster_toml["services"]:
-        if s["kind"] == "controller" and cluster.answers(s["name"]):
-            code, body = cluster.http(s["name"], "GET", "/v1/status")
-            if code == 200 and body["leader"] and body.get("state"):
-                return body["state"]
-    return {}
+    """The leading controller's state. The failure points exit controllers
+    right after they record a step, so this waits for a leader to answer."""
+    def ask():
+        for s in cluster.cluster_toml["services"]:
+            if s["kind"] == "controller" and cluster.answers(s["name"]):
+                code, body = cluster.http(s["name"], "GET", "/v1/status")
+                if code == 200 and body["leader"] and body.get("state"):
+                    return body["state"]
+        return None
+    return wait_until("a leading controller", ask, timeout=60)
 
 
 def split_record(cluster, tenant_id: str) -> dict | None:

@@ -204,6 +204,8 @@ def test_local_wal_stays_bounded_and_acknowledged_commits_survive_a_restart(clus
         assert len(files) <= 3, f"{n} still holds {files}"
         assert peak[n] <= 160 << 20, f"{n} held {peak[n]} bytes of the {written} written under load"
         assert cluster.metrics(n)["strata_safekeeper_segments_removed_total"] > 0
+        # Removed segments are kept to be recycled, at most two.
+        assert 1 <= st[n]["spare_segments"] <= 2, st[n]
         log = cluster.log(n)
         assert "removed WAL segments" in log and "remote_consistent" in log and "offloaded_lsn" in log
         assert st[n]["held_back_by"], st[n]

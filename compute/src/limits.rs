@@ -114,6 +114,11 @@ pub const LAZY_FETCH_FIRST_PAUSE: Duration = Duration::from_millis(50);
 pub const LAZY_FETCH_MAX_PAUSE: Duration = Duration::from_secs(1);
 /// Connections per page source: as many as the file system has threads.
 pub const PAGE_SOURCE_CONNECTIONS: usize = 4;
+/// Blocks an eager compute of a sharded tenant reads per request while it
+/// writes its relation files (`agent::materialize`), and its readers: one
+/// per connection of the page source.
+pub const MATERIALIZE_BATCH_BLOCKS: u32 = 32;
+pub const MATERIALIZE_WORKERS: usize = PAGE_SOURCE_CONNECTIONS;
 /// Threads of a lazy mount's daemon: a read waiting on the pageserver does
 /// not hold up the others.
 pub const LAZY_FS_THREADS: usize = 4;

@@ -88,10 +88,13 @@ fn attachment_for<'a>(
 /// it is not running.
 pub fn attached(wd: &Workdir, tenant: impl Into<TenantShardId>) -> Result<&Service> {
     let tenant = tenant.into();
-    let (ps, info) = attachment(wd, tenant, ATTACH_WAIT)?;
     let deadline = Instant::now() + ATTACH_WAIT;
     let mut poll = Poll::every(ATTACH_POLL);
     loop {
+        // Asked again at each poll: while a live move is under way the
+        // answer is the origin under the target's generation, until the
+        // move completes (a rebalance, or a split's children parting).
+        let (ps, info) = attachment(wd, tenant, ATTACH_WAIT)?;
         let status = match http::get(&format!("{}/v1/status", ps.http_url()), QUICK) {
             Ok(r) if r.status == 200 => {
                 r.json::<PageserverStatus>().map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?

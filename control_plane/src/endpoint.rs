@@ -1046,17 +1046,10 @@ fn record(wd: &Workdir, req: &LaunchRequest, host: &layout::Host, old: Option<&E
     let name = req.name.as_str();
     let agent = &req.agent;
     let before = old.map(|o| &o.file).or(req.moved.as_ref().map(|m| &m.file));
-    // Lazy unless asked otherwise, now or at an earlier start of the endpoint.
-    // A sharded tenant's are always lazy: no pageserver has all its pages.
-    let sharded = wd.cluster.tenant(&req.tenant).is_some_and(Tenant::is_sharded);
-    if sharded && agent.eager {
-        return Err(Error::Usage(format!(
-            "endpoint {name}: tenant {} is sharded, and its computes are lazy (no pageserver holds every page to \
-             restore); leave out --eager",
-            req.tenant
-        )));
-    }
-    let lazy = sharded || agent.lazy || (!agent.eager && before.is_none_or(|o| o.lazy));
+    // Lazy unless asked otherwise, now or at an earlier start of the
+    // endpoint (an eager compute of a sharded tenant writes its relation
+    // files from every shard before PostgreSQL starts).
+    let lazy = agent.lazy || (!agent.eager && before.is_none_or(|o| o.lazy));
     let (pg_port, http_port) = choose_ports(wd, name, req.port, old.map(|o| &o.file))?;
     let dir = wd.endpoint_dir(name);
     fs::create_dir_all(&dir).map_err(|e| Error::Failed(format!("{}: {e}", dir.display())))?;

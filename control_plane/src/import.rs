@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 use strata_formats::v15::control::DbState;
 use strata_protocol::api::pageserver::TimelineStatus;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{TenantId, TenantShardId, TimelineId};
 
 use super::error::{failed, Error, Result};
 use super::layout::{Workdir, MAIN_BRANCH};
@@ -221,7 +221,8 @@ fn recover(wd: &Workdir, stage: &Path, pgdata: &Path, major: u32, progress: &mut
 
 /// Sends the data directory to the tenant's pageserver as timeline
 /// `timeline`, unless it holds that timeline already (an interrupted
-/// import run again).
+/// import run again); to each shard's of a sharded tenant (a major
+/// upgrade's new branch), which keeps its own keys of it.
 pub(crate) fn send(
     wd: &Workdir,
     tenant: TenantId,
@@ -229,7 +230,23 @@ pub(crate) fn send(
     ready: &Ready,
     progress: &mut dyn Progress,
 ) -> Result<()> {
-    super::controller::register(wd, tenant.into())?;
+    match wd.cluster.tenants.iter().find(|t| t.tenant_id == tenant).filter(|t| t.is_sharded()) {
+        Some(t) => t.shard_ids().into_iter().try_for_each(|shard| send_to(wd, shard, timeline, ready, progress)),
+        None => {
+            super::controller::register(wd, tenant.into())?;
+            send_to(wd, tenant.into(), timeline, ready, progress)
+        }
+    }
+}
+
+/// [`send`] to one shard (or an unsharded tenant).
+fn send_to(
+    wd: &Workdir,
+    tenant: TenantShardId,
+    timeline: TimelineId,
+    ready: &Ready,
+    progress: &mut dyn Progress,
+) -> Result<()> {
     let ps = super::controller::attached(wd, tenant)?;
     let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
     let reply = super::http::get(&url, QUICK).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;

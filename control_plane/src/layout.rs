@@ -232,18 +232,6 @@ impl Tenant {
         self.shard_ids()[0]
     }
 
-    /// Refuses what a sharded tenant cannot do yet, by name.
-    pub fn refuse_sharded(&self, what: &str) -> Result<()> {
-        match self.is_sharded() {
-            false => Ok(()),
-            true => Err(Error::Usage(format!(
-                "tenant {} is sharded ({} shards): {what} is for unsharded tenants (docs/sharding.md)",
-                self.name,
-                self.layout().count
-            ))),
-        }
-    }
-
     /// Its branches' names, for errors that list them.
     pub fn branch_names(&self) -> String {
         self.branches.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ")

@@ -32,6 +32,7 @@ use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::{
     ConsumerMessage, OnAsyncLag, Placement, StartStreaming, StreamMessage, PROTOCOL_VERSION,
 };
+use strata_protocol::shard::TenantShardId;
 use strata_protocol::{TenantId, TimelineId};
 use strata_service::auth::{Claims, Scope};
 
@@ -153,10 +154,18 @@ fn tell_tenant(t: &Tenant, progress: &mut dyn Progress) {
 
 /// `strata site promote SITE`: every tenant's branches.
 pub fn promote(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()> {
-    let sides = Sides::of(&wd.cluster, site)?;
+    // Every shard of a tenant is forked: the layout the controllers last
+    // finished, and none while a split is under way (it completes or rolls
+    // back by itself, and the promotion is asked again).
+    let mut adopted = None;
     for t in live_tenants(&wd.cluster) {
-        t.refuse_sharded("a site promotion (which forks every branch)")?;
+        super::split::refuse_while_open(wd, t, "promote a site")?;
+        if let Some(now) = super::split::adopt_layout(adopted.as_ref().unwrap_or(wd), t)? {
+            adopted = Some(now);
+        }
     }
+    let wd = adopted.as_ref().unwrap_or(wd);
+    let sides = Sides::of(&wd.cluster, site)?;
     // 1. Seal: the promoted site's safekeepers first (their WAL ends at F),
     //    then every other one that answers (its writer is fenced at once).
     //    The branches that go on here: every one not already left behind.
@@ -174,9 +183,9 @@ pub fn promote(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<
         let wd = Workdir::open(&wd.root)?;
         let t = wd.cluster.tenant_named(&name)?;
         tell_tenant(t, progress);
-        let ps = attached_in(&wd, t, site, progress)?;
+        let shards = attached_in(&wd, t, site, progress)?;
         // 3. Fork each branch at F; the sealed timeline becomes the divergent branch.
-        fork_branches(&wd, t, ps, &sides, &losses, progress)?;
+        fork_branches(&wd, t, &shards, &sides, &losses, progress)?;
         let wd = Workdir::open(&wd.root)?;
         let t = wd.cluster.tenant_named(&name)?;
         // 4. Endpoints of the old timelines are recorded on the divergent branches.
@@ -272,25 +281,34 @@ fn mark_lost(wd: &Workdir, site: &str, progress: &mut dyn Progress) -> Result<()
     Ok(())
 }
 
-/// Waits until the storage controller has attached `t` in `site`; that pageserver.
-fn attached_in<'a>(wd: &'a Workdir, t: &Tenant, site: &str, progress: &mut dyn Progress) -> Result<&'a Service> {
+/// The pageserver each shard of a tenant is attached to (one, the
+/// tenant's own, when it is unsharded), shard 0 first.
+type Shards<'a> = Vec<(TenantShardId, &'a Service)>;
+
+/// Waits until the storage controller has attached every shard of `t` in
+/// `site`; those pageservers.
+fn attached_in<'a>(wd: &'a Workdir, t: &Tenant, site: &str, progress: &mut dyn Progress) -> Result<Shards<'a>> {
     let c = &wd.cluster;
     let deadline = Instant::now() + SITE_ATTACH_WAIT;
-    loop {
-        let ps = controller::attached(wd, t.tenant_id)?;
-        if c.site_of(ps) == site {
+    let mut shards: Shards<'a> = Vec::new();
+    for shard in t.shard_ids() {
+        let ps = loop {
+            let ps = controller::attached(wd, shard)?;
+            if c.site_of(ps) == site {
+                break ps;
+            }
+            if Instant::now() >= deadline {
+                let secs = SITE_ATTACH_WAIT.as_secs();
+                return failed(format!("tenant {shard} is still attached to {} after {secs}s", ps.name));
+            }
+            std::thread::sleep(SITE_ATTACH_POLL);
+        };
+        if !shards.iter().any(|(_, p)| p.name == ps.name) {
             progress.tell(SiteEvent::AttachedIn { pageserver: ps.name.clone(), site: site.to_string() });
-            return Ok(ps);
         }
-        if Instant::now() >= deadline {
-            return failed(format!(
-                "the tenant is still attached to {} after {}s",
-                ps.name,
-                SITE_ATTACH_WAIT.as_secs()
-            ));
-        }
-        std::thread::sleep(SITE_ATTACH_POLL);
+        shards.push((shard, ps));
     }
+    Ok(shards)
 }
 
 /// Forks each lost branch at its F on pageserver `ps` and records the
@@ -299,21 +317,21 @@ fn attached_in<'a>(wd: &'a Workdir, t: &Tenant, site: &str, progress: &mut dyn P
 fn fork_branches(
     wd: &Workdir,
     t: &Tenant,
-    ps: &Service,
+    shards: &Shards<'_>,
     sides: &Sides<'_>,
     losses: &[Loss],
     progress: &mut dyn Progress,
 ) -> Result<()> {
     update_cluster(&wd.root, |c| {
         let cluster = c.tenant_mut(&t.name).ok_or_else(|| Error::Failed(format!("tenant {} was deleted", t.name)))?;
-        fork_in(cluster, ps, sides, losses, progress)
+        fork_in(cluster, shards, sides, losses, progress)
     })
 }
 
 /// [`fork_branches`] of one tenant's `cluster.toml` entry.
 fn fork_in(
     cluster: &mut Tenant,
-    ps: &Service,
+    shards: &Shards<'_>,
     sides: &Sides<'_>,
     losses: &[Loss],
     progress: &mut dyn Progress,
@@ -321,7 +339,13 @@ fn fork_in(
     for loss in losses {
         let old = cluster.branch(&loss.branch).cloned().expect("every loss is of a branch");
         let t2 = TimelineId::generate();
-        let start = fork_timeline(cluster.tenant_id, ps, old.timeline_id, t2, loss)?;
+        // Shard 0 first; every other shard branches where it began, so
+        // that all of them are one branch.
+        let (home, rest) = shards.split_first().expect("a tenant has a shard");
+        let start = fork_timeline(*home, old.timeline_id, t2, &loss.branch, loss.fork_lsn)?;
+        for shard in rest {
+            fork_timeline(*shard, old.timeline_id, t2, &loss.branch, start)?;
+        }
         let home = home_placement(old.placement.as_ref(), sides.site);
         for b in cluster.branches.iter_mut() {
             if b.parent.as_deref() == Some(loss.branch.as_str()) {
@@ -367,19 +391,30 @@ fn fork_in(
     Ok(())
 }
 
-/// Creates timeline `t2` branched from `t1` at the loss's fork LSN; its start LSN.
-fn fork_timeline(tenant: TenantId, ps: &Service, t1: TimelineId, t2: TimelineId, loss: &Loss) -> Result<Lsn> {
+/// Creates timeline `t2` of one shard, branched from `t1` at `at` (the
+/// loss's fork LSN); its start LSN.
+fn fork_timeline(
+    (shard, ps): (TenantShardId, &Service),
+    t1: TimelineId,
+    t2: TimelineId,
+    branch: &str,
+    at: Lsn,
+) -> Result<Lsn> {
     let body = CreateBranchRequest {
         timeline_id: Some(t2),
         ancestor_timeline_id: t1,
-        ancestor_lsn: Some(loss.fork_lsn),
+        ancestor_lsn: Some(at),
         ancestor_time: None,
     };
-    let url = format!("{}/v1/tenant/{tenant}/timeline", ps.http_url());
+    let url = format!("{}/v1/tenant/{shard}/timeline", ps.http_url());
     let r = http::post(&url, &body, LOSS_BRANCH_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 201 {
-        let (b, f) = (&loss.branch, loss.fork_lsn);
-        return failed(format!("branch {b}: forking at {f}: HTTP {}: {}", r.status, r.error_text()));
+        let status = r.status;
+        return failed(format!(
+            "branch {branch}, {shard} on {}: forking at {at}: HTTP {status}: {}",
+            ps.name,
+            r.error_text()
+        ));
     }
     let status = r
         .json::<pageserver::TimelineStatus>()

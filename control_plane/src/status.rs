@@ -2,12 +2,14 @@
 //! JSON. Works whatever runs: a stopped service is reported, not an error.
 
 use strata_protocol::api::cluster::{
-    BranchStatus, ClusterStatus, EndpointStatus, SafekeeperPosition, ServiceStatus, TenantStatus,
+    BranchStatus, ClusterStatus, EndpointStatus, SafekeeperPosition, ServiceStatus, ShardPosition, TenantStatus,
 };
 use strata_protocol::api::compute::{AgentState, RestartStatus};
 use strata_protocol::api::controller::TenantPlacement;
 use strata_protocol::api::pageserver::{PageserverStatus, TimelineStatus};
 use strata_protocol::api::safekeeper::SafekeeperStatus;
+use strata_protocol::shard::{ShardIndex, TenantShardId};
+use strata_protocol::TimelineId;
 
 use super::endpoint::{self, Endpoint};
 use super::error::Result;
@@ -342,16 +344,20 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
     let mut timelines = Vec::new();
     let mut tenants = Vec::new();
     for t in &c.tenants {
-        // Where the tenant is: the controller's state (every branch is where the tenant is).
-        let placement = state.as_ref().and_then(|s| s.tenants.get(&t.tenant_id.into()).cloned());
-        let attached = placement.as_ref().and_then(|p| p.attached.as_deref());
-        let on_ps = ps_status.iter().find(|(n, _)| Some(n.as_str()) == attached).map(|(_, st)| st);
-        let here: Vec<BranchStatus> = t
-            .branches
-            .iter()
-            .map(|b| branch_status(wd, t, b, placement.as_ref(), on_ps.is_some(), &sk_status))
+        // Where each shard is: the controller's state (every branch is
+        // where its shard is); shard 0 (the tenant itself when unsharded) first.
+        let placements: Vec<(TenantShardId, Option<TenantPlacement>)> = t
+            .shard_ids()
+            .into_iter()
+            .map(|id| (id, state.as_ref().and_then(|s| s.tenants.get(&id).cloned())))
             .collect();
-        tenants.push(tenant_status(t, attached, on_ps, &here, &sk_status));
+        let running = |p: &Option<TenantPlacement>| {
+            let attached = p.as_ref().and_then(|p| p.attached.as_deref());
+            ps_status.iter().any(|(n, _)| Some(n.as_str()) == attached)
+        };
+        let here: Vec<BranchStatus> =
+            t.branches.iter().map(|b| branch_status(wd, t, b, &placements, &running, &sk_status)).collect();
+        tenants.push(tenant_status(t, &placements, &ps_status, &here, &sk_status));
         timelines.extend(here);
     }
     Ok(ClusterStatus { workdir: wd.root.clone(), tenants, services, endpoints, timelines })
@@ -360,14 +366,33 @@ pub fn collect(wd: &Workdir) -> Result<ClusterStatus> {
 /// A tenant's sizes from what its services reported.
 fn tenant_status(
     t: &Tenant,
-    attached: Option<&str>,
-    ps: Option<&PageserverStatus>,
+    placements: &[(TenantShardId, Option<TenantPlacement>)],
+    ps_status: &[(String, PageserverStatus)],
     branches: &[BranchStatus],
     sk_status: &[(String, Option<SafekeeperStatus>)],
 ) -> TenantStatus {
+    // Every shard's answer counts (each holds its own keys).
     let sum = |f: &dyn Fn(&TimelineStatus) -> Option<u64>| -> Option<u64> {
-        branches.iter().map(|b| b.pageserver.as_ref().and_then(f)).sum()
+        branches
+            .iter()
+            .flat_map(|b| std::iter::once(&b.pageserver).chain(b.shards.iter().map(|s| &s.pageserver)))
+            .map(|answer| answer.as_ref().and_then(f))
+            .sum()
     };
+    let mut attached: Vec<&str> = Vec::new();
+    for on in placements.iter().filter_map(|(_, p)| p.as_ref().and_then(|p| p.attached.as_deref())) {
+        if !attached.contains(&on) {
+            attached.push(on);
+        }
+    }
+    let local_layer_bytes = placements
+        .iter()
+        .map(|(id, p)| {
+            let on = p.as_ref().and_then(|p| p.attached.as_deref())?;
+            let (_, st) = ps_status.iter().find(|(n, _)| n == on)?;
+            st.locations.iter().find(|l| l.tenant_id == *id).map(|l| l.local_layer_bytes)
+        })
+        .sum();
     let wal_held = sk_status
         .iter()
         .filter_map(|(_, body)| body.as_ref())
@@ -377,36 +402,55 @@ fn tenant_status(
         name: t.name.clone(),
         tenant_id: t.tenant_id,
         state: t.state.as_str().into(),
-        attached: attached.map(str::to_string),
-        logical_bytes: sum(&|s| s.logical_size),
+        // Each shard's, in shard order, each pageserver once.
+        attached: (!attached.is_empty()).then(|| attached.join(",")),
+        // Shard 0 holds every relation's size.
+        logical_bytes: branches.iter().map(|b| b.pageserver.as_ref().and_then(|s| s.logical_size)).sum(),
         wal_held_bytes: wal_held,
-        local_layer_bytes: ps
-            .and_then(|p| p.locations.iter().find(|l| l.tenant_id == t.tenant_id.into()))
-            .map(|l| l.local_layer_bytes),
+        local_layer_bytes,
         remote_layer_bytes: sum(&|s| s.remote.as_ref().map(|r| r.remote_bytes)),
     }
 }
 
 /// One branch as the attached pageserver and each running safekeeper see it.
+/// A shard's timeline as its attached pageserver answers, if it runs and answers.
+fn shard_timeline(
+    wd: &Workdir,
+    shard: TenantShardId,
+    timeline: TimelineId,
+    placement: Option<&TenantPlacement>,
+    running: bool,
+) -> Option<TimelineStatus> {
+    let ps = placement.and_then(|p| p.attached.as_deref()).and_then(|n| wd.service(n)).filter(|_| running)?;
+    let url = format!("{}/v1/tenant/{shard}/timeline/{timeline}", ps.http_url());
+    let get = |url: &str| http::get(url, QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok());
+    // A timeline whose size cannot be read (broken, say) still has a
+    // status; only shard 0 holds every relation's size.
+    let sized = if shard.shard.number == 0 { get(&format!("{url}?logical_size=true")) } else { None };
+    sized.or_else(|| get(&url))
+}
+
 fn branch_status(
     wd: &Workdir,
     t: &Tenant,
     b: &Branch,
-    placement: Option<&TenantPlacement>,
-    ps_running: bool,
+    placements: &[(TenantShardId, Option<TenantPlacement>)],
+    running: &dyn Fn(&Option<TenantPlacement>) -> bool,
     sk_status: &[(String, Option<SafekeeperStatus>)],
 ) -> BranchStatus {
-    let ps = placement.and_then(|p| p.attached.as_deref()).and_then(|n| wd.service(n));
     let (tenant, timeline) = (t.tenant_id, b.timeline_id);
-    let pageserver = match ps.filter(|_| ps_running) {
-        Some(ps) => {
-            let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", ps.http_url());
-            let get = |url: &str| http::get(url, QUICK).ok().filter(|r| r.status == 200).and_then(|r| r.json().ok());
-            // A timeline whose size cannot be read (broken, say) still has a status.
-            get(&format!("{url}?logical_size=true")).or_else(|| get(&url))
-        }
-        None => None,
-    };
+    let (home, home_placement) = &placements[0];
+    let placement = home_placement.as_ref();
+    let pageserver = shard_timeline(wd, *home, timeline, placement, running(home_placement));
+    let shards = placements[1..]
+        .iter()
+        .map(|(id, p)| ShardPosition {
+            shard: *id,
+            attached: p.as_ref().and_then(|p| p.attached.clone()),
+            generation: p.as_ref().map(|p| p.generation).filter(|g| *g > 0),
+            pageserver: shard_timeline(wd, *id, timeline, p.as_ref(), running(p)),
+        })
+        .collect();
     let safekeepers = sk_status
         .iter()
         .map(|(name, body)| {
@@ -442,6 +486,7 @@ fn branch_status(
         placement_wanted: (wanted != wal_placement).then_some(wanted),
         placement: wal_placement,
         safekeepers,
+        shards,
     }
 }
 
@@ -641,7 +686,15 @@ fn render_timelines(st: &ClusterStatus) -> String {
     for t in &st.timelines {
         let branch = branch_label(&t.tenant, &t.branch);
         let head = |source: &str| vec![branch.clone(), t.timeline_id.to_string(), source.to_string()];
-        let mut row = head(t.attached.as_deref().unwrap_or("pageserver"));
+        let first = t.attached.as_deref().unwrap_or("pageserver");
+        let mut row = match t.shards.first() {
+            // Shard 0's, named as the others are.
+            Some(s) => head(&format!(
+                "{first} ({})",
+                shard_name(TenantShardId { shard: ShardIndex { number: 0, ..s.shard.shard }, ..s.shard })
+            )),
+            None => head(first),
+        };
         match &t.pageserver {
             None if t.attached.is_none() => {
                 row.extend(["-".into(), "(not attached: no storage controller answered)".into()])
@@ -650,6 +703,20 @@ fn render_timelines(st: &ClusterStatus) -> String {
             Some(ps) => row.extend([ps.state.to_string(), pageserver_lsns(t, ps)]),
         }
         rows.push(row);
+        for s in &t.shards {
+            let source = format!("{} ({})", s.attached.as_deref().unwrap_or("-"), shard_name(s.shard));
+            let mut row = head(&source);
+            match &s.pageserver {
+                None => row.extend(["-".into(), "(no answer)".into()]),
+                Some(ps) => {
+                    let generation = s.generation.map(|g| format!("generation={g} ")).unwrap_or_default();
+                    let lsns =
+                        format!("{generation}last_record={} {:.1} MB", ps.last_record_lsn, megabytes(ps.layer_bytes));
+                    row.extend([ps.state.to_string(), lsns]);
+                }
+            }
+            rows.push(row);
+        }
         if !t.placement.is_majority() || t.placement_wanted.is_some() {
             let mut text = super::report::describe_placement(&t.placement);
             if let Some(w) = &t.placement_wanted {
@@ -677,6 +744,11 @@ fn render_timelines(st: &ClusterStatus) -> String {
         }
     }
     table(&["BRANCH", "TIMELINE", "SOURCE", "STATE", "LSNS"], rows)
+}
+
+/// A shard as the status names it: `1of4`.
+fn shard_name(id: TenantShardId) -> String {
+    format!("{}of{}", id.shard.number, id.shard.count)
 }
 
 /// The pageserver's LSNs and layers of a timeline (with its placement
@@ -832,6 +904,12 @@ mod tests {
                     commit_lsn: Some(Lsn(8)),
                     membership_generation: None,
                 }],
+                shards: vec![ShardPosition {
+                    shard: TenantShardId { tenant: TenantId([1; 16]), shard: ShardIndex::new(1, 2).unwrap() },
+                    attached: Some("ps2".into()),
+                    generation: Some(3),
+                    pageserver: None,
+                }],
             }],
         };
         let out = render(&st);
@@ -852,6 +930,7 @@ mod tests {
         assert!(out.contains("acme/main  02020202020202020202020202020202  sk1"), "{out}");
         assert!(out.contains("no endpoints"), "{out}");
         assert!(out.contains("stretched (wanted: majority, applied once every safekeeper runs)"), "{out}");
-        assert!(out.contains("pageserver  -      (not attached: no storage controller answered)"), "{out}");
+        assert!(out.contains("pageserver (0of2)  -      (not attached: no storage controller answered)"), "{out}");
+        assert!(out.contains("ps2 (1of2)         -      (no answer)"), "{out}");
     }
 }

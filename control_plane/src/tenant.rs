@@ -352,10 +352,10 @@ fn delete_objects(wd: &Workdir, t: &Tenant) -> Result<u64> {
 /// multiple of `n`, so every earlier layout's count divides today's.
 fn shards_ever(t: &Tenant) -> Vec<TenantShardId> {
     let now = t.layout();
-    let mut shards: Vec<TenantShardId> = (1..=now.count)
-        .filter(|c| now.count.is_multiple_of(*c))
-        .flat_map(|count| {
-            let layout = ShardLayout { count, stripe_blocks: now.stripe_blocks };
+    let mut shards: Vec<TenantShardId> = now
+        .earlier()
+        .chain([now])
+        .flat_map(|layout| {
             layout.shards().map(|shard| TenantShardId { tenant: t.tenant_id, shard }).collect::<Vec<_>>()
         })
         .collect();

@@ -57,7 +57,7 @@ pub fn upgrade(
     super::branch::check_name(name)?;
     super::tenant::check_pg_version(to)?;
     let t = wd.cluster.tenant_named(tenant)?;
-    t.refuse_sharded("a major upgrade")?;
+    super::split::refuse_while_open(wd, t, "upgrade a branch")?;
     if t.branch(name).is_some() {
         return failed(format!("a branch named {name:?} exists"));
     }
@@ -122,9 +122,11 @@ pub fn upgrade(
 fn fetch_old(wd: &Workdir, t: &Tenant, b: &Branch, old: &Path, progress: &mut dyn Progress) -> Result<()> {
     progress.tell(TenantEvent::Importing { step: format!("the basebackup of {} at its newest commit", b.name) });
     let lsn = super::branch::newest_commit(wd, t, b)?;
-    let ps = super::controller::attached(wd, t.tenant_id)?;
-    let mut url =
-        format!("{}/v1/tenant/{}/timeline/{}/basebackup?full=true", ps.http_url(), t.tenant_id, b.timeline_id);
+    let ps = super::controller::attached(wd, t.home())?;
+    // No shard of a sharded tenant holds every page: shard 0's lazy
+    // basebackup, then every relation file from its shards.
+    let what = if t.is_sharded() { "lazy" } else { "full" };
+    let mut url = format!("{}/v1/tenant/{}/timeline/{}/basebackup?{what}=true", ps.http_url(), t.home(), b.timeline_id);
     if let Some(lsn) = lsn {
         url.push_str(&format!("&lsn={lsn}"));
     }
@@ -135,6 +137,10 @@ fn fetch_old(wd: &Workdir, t: &Tenant, b: &Branch, old: &Path, progress: &mut dy
     tar::Archive::new(reader)
         .unpack(old)
         .map_err(|e| Error::Failed(format!("{}: unpacking the basebackup into {}: {e}", ps.name, old.display())))?;
+    if t.is_sharded() {
+        progress.tell(TenantEvent::Importing { step: format!("the relation files of {} from its shards", b.name) });
+        materialize_from_shards(wd, t, b, old)?;
+    }
     // PostgreSQL reads its configuration from the data directory; what the
     // old server needs to answer pg_upgrade on its socket, and no more.
     for (file, text) in [("postgresql.conf", ""), ("pg_hba.conf", "local all all trust\n"), ("pg_ident.conf", "")] {
@@ -146,6 +152,28 @@ fn fetch_old(wd: &Workdir, t: &Tenant, b: &Branch, old: &Path, progress: &mut dy
         std::fs::set_permissions(old, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::Failed(format!("{}: {e}", old.display())))?;
     }
+    Ok(())
+}
+
+/// Writes the relation files the lazy basebackup in `old` lists from the
+/// shards that hold them (`docs/sharding.md`, "Eager computes"), over
+/// their page services with this process's token.
+fn materialize_from_shards(wd: &Workdir, t: &Tenant, b: &Branch, old: &Path) -> Result<()> {
+    use strata_compute::lazy::source::{PageServiceSource, ShardedSource};
+    use strata_compute::page_client::PageClientConfig;
+    let client = PageClientConfig { token: super::http::token(), tls: super::http::tls(), ..Default::default() };
+    let mut sources = Vec::new();
+    for shard in t.shard_ids() {
+        let ps = super::controller::attached(wd, shard)?;
+        let addr = ps.addr("pg").ok_or_else(|| Error::Failed(format!("{}: no page service port", ps.name)))?;
+        let source = PageServiceSource::new(addr, shard, b.timeline_id, client.clone())
+            .map_err(|e| Error::Failed(format!("the page service client of {shard}: {e}")))?;
+        sources.push(source);
+    }
+    let source = ShardedSource::new(t.layout(), sources).map_err(Error::Failed)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    strata_compute::agent::materialize::materialize(old, &source, &stop)
+        .map_err(|e| Error::Failed(format!("branch {}: {e}", b.name)))?;
     Ok(())
 }
 

@@ -279,30 +279,48 @@ fn rebalance(state: &mut ControllerState, view: &View) {
     if state.tenants.values().any(|p| p.migration.is_some() || p.attached.is_none()) {
         return;
     }
+    if let Some((t, to)) = rebalancing_move(state, view) {
+        let p = state.tenants.get_mut(&t).expect("picked from the map");
+        p.migration = Some(Migration { to });
+        p.generation += 1;
+    }
+}
+
+/// The one move rebalancing makes now, if any: (shard, to). Counts that
+/// differ by two or more come first; then shards of one tenant that share
+/// a pageserver while a less loaded one holds none of theirs (after a
+/// failover, a site's return or a split, which places children with their
+/// parents). Each move keeps the counts' spread and lowers the shards
+/// sharing, so moves end.
+fn rebalancing_move(state: &ControllerState, view: &View) -> Option<(TenantShardId, String)> {
     let counts = attached_counts(state);
     let usable: Vec<&String> = view.order.iter().filter(|n| view.usable(state, n)).collect();
     let count = |n: &str| counts.get(n).copied().unwrap_or(0);
-    let (Some(most), Some(least)) = (usable.iter().max_by_key(|n| count(n)), usable.iter().min_by_key(|n| count(n)))
-    else {
-        return;
-    };
-    if count(most) < count(least) + 2 {
-        return;
+    let most = usable.iter().max_by_key(|n| count(n))?;
+    let least = usable.iter().min_by_key(|n| count(n))?;
+    // A split under way waits for its parents and children where they are.
+    let movable = state.tenants.iter().filter(|(t, _)| !state.splits.get(&t.tenant).is_some_and(|s| s.is_open()));
+    if count(most) >= count(least) + 2 {
+        // Prefer a shard with no sibling there, then one sharing its
+        // pageserver with a sibling, then one whose secondary is there (warm).
+        return movable
+            .filter(|(_, p)| p.attached.as_deref() == Some(most.as_str()))
+            .max_by_key(|(t, p)| {
+                (siblings_on(state, **t, least) == 0, siblings_on(state, **t, most) > 0, p.secondaries.contains(least))
+            })
+            .map(|(t, _)| (*t, least.to_string()));
     }
-    let (most, least) = ((*most).clone(), (*least).clone());
-    // Prefer a shard with no sibling there, then a tenant whose secondary
-    // is already there (warm).
-    let pick = state
-        .tenants
-        .iter()
-        .filter(|(_, p)| p.attached.as_deref() == Some(most.as_str()))
-        .max_by_key(|(t, p)| (siblings_on(state, **t, &least) == 0, p.secondaries.contains(&least)))
-        .map(|(t, _)| *t);
-    if let Some(t) = pick {
-        let p = state.tenants.get_mut(&t).expect("picked from the map");
-        p.migration = Some(Migration { to: least });
-        p.generation += 1;
-    }
+    movable.into_iter().find_map(|(t, p)| {
+        let from = p.attached.as_deref()?;
+        if siblings_on(state, *t, from) == 0 {
+            return None;
+        }
+        let to = usable
+            .iter()
+            .filter(|n| n.as_str() != from && siblings_on(state, *t, n) == 0 && count(n) < count(from))
+            .min_by_key(|n| (count(n), !p.secondaries.contains(n)))?;
+        Some((*t, to.to_string()))
+    })
 }
 
 /// A migration whose target caught up: it becomes the attached location
@@ -466,6 +484,54 @@ mod tests {
 
     fn tenant(n: u8) -> TenantShardId {
         TenantShardId::unsharded(strata_protocol::TenantId([n; 16]))
+    }
+
+    /// [`settle`], with every migration completed as its target catches up.
+    fn settle_moving(mut state: ControllerState, view: &View) -> ControllerState {
+        for _ in 0..20 {
+            state = settle(state, view);
+            let moving: Vec<TenantShardId> =
+                state.tenants.iter().filter(|(_, p)| p.migration.is_some()).map(|(t, _)| *t).collect();
+            if moving.is_empty() {
+                return state;
+            }
+            for t in moving {
+                state = complete_migration(&state, t).expect("a migration");
+            }
+        }
+        panic!("moves without end: {state:?}");
+    }
+
+    #[test]
+    fn shards_sharing_a_pageserver_spread_when_another_returns() {
+        let t = strata_protocol::TenantId([7; 16]);
+        let shard = |n| TenantShardId { tenant: t, shard: strata_protocol::shard::ShardIndex::new(n, 2).unwrap() };
+        let mut s = ControllerState::default();
+        add_tenants(&mut s, &[(tenant(1), 0), (shard(0), 0), (shard(1), 0)]);
+        // ps1 alone (the other site lost): all three there.
+        let s = settle_moving(s, &view(&["ps1"]));
+        assert!([tenant(1), shard(0), shard(1)].iter().all(|t| placement(&s, *t).1 == Some("ps1")), "{s:?}");
+        // ps2 returns: the counts even out, and the shards part.
+        let s = settle_moving(s, &view(&["ps1", "ps2"]));
+        let (a, b) = (placement(&s, shard(0)).1.unwrap(), placement(&s, shard(1)).1.unwrap());
+        assert_ne!(a, b, "{s:?}");
+        // Counts even, one pageserver per shard: nothing moves again.
+        assert!(plan(&s, &view(&["ps1", "ps2"])).is_none(), "{s:?}");
+
+        // Counts within one (2 and 1) but both shards together: one moves
+        // to the pageserver with fewer; with a single pageserver usable,
+        // none does.
+        let mut s = ControllerState::default();
+        for (t, ps) in [(shard(0), "ps1"), (shard(1), "ps1"), (tenant(1), "ps2")] {
+            s.tenants.insert(t, TenantPlacement { generation: 1, attached: Some(ps.into()), ..Default::default() });
+        }
+        assert!(settle_moving(s.clone(), &view(&["ps1"]))
+            .tenants
+            .values()
+            .all(|p| p.attached.as_deref() == Some("ps1")));
+        let s = settle_moving(s, &view(&["ps1", "ps2"]));
+        assert_ne!(placement(&s, shard(0)).1, placement(&s, shard(1)).1, "{s:?}");
+        assert_eq!(placement(&s, tenant(1)).1, Some("ps2"), "{s:?}");
     }
 
     fn placement(state: &ControllerState, t: TenantShardId) -> (u32, Option<&str>, Vec<&str>, Option<&str>) {

@@ -53,7 +53,12 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
         let started = clock.now();
         let (mut l0, mut l1, mut image, mut pressed) = (0, 0, 0, 0);
         let (mut lag_layers, mut lag_bytes, mut upload_pressed) = (0, 0, 0);
-        for entry in tenants.all() {
+        let all = tenants.all();
+        // Timelines deleted or detached since the last round are forgotten:
+        // under branch churn the map would otherwise grow with every branch.
+        let present: std::collections::HashSet<_> = all.iter().map(|e| (e.tl.tenant_id, e.tl.timeline_id)).collect();
+        last_gc.retain(|key, _| present.contains(key));
+        for entry in all {
             if stop.load(Ordering::SeqCst) {
                 return;
             }

@@ -36,7 +36,7 @@ impl HeapTrim {
         HeapTrim { clock, pending: false, last: None }
     }
 
-    /// Some memory was freed for good (timelines went idle): trim soon.
+    /// Some memory was freed for good (timelines went idle or were deleted): trim soon.
     pub fn request(&mut self) {
         self.pending = true;
     }

@@ -311,8 +311,7 @@ impl WalIngest {
             }
             let Some(mut page) = rec.block_image(block).map_err(|e| image_failure(e.into()))? else {
                 if is_fpi_for_hint(rec) {
-                    // Hint bits set with full_page_writes off: PostgreSQL's
-                    // redo skips such a block too (hints are never needed).
+                    self.stamp_hinted(tag, key, blkno)?;
                     continue;
                 }
                 if !native {
@@ -355,6 +354,25 @@ impl WalIngest {
         if self.checkpoint.checkpoint != before {
             self.put(Key::checkpoint(), Value::Image(Bytes::copy_from_slice(&self.checkpoint.checkpoint.encode())));
         }
+        Ok(())
+    }
+
+    /// A block of an `XLOG_FPI_FOR_HINT` record without an image (hint bits
+    /// set with `full_page_writes` off): PostgreSQL's redo skips it, but the
+    /// compute stamped the page with the record's LSN, so the page read at
+    /// or after it carries that `pd_lsn` too. The hint bits themselves are
+    /// not in the WAL and are never needed. Free space map blocks are not
+    /// served, and a block the relation does not have (yet) has no LSN to
+    /// stamp: both are left alone.
+    fn stamp_hinted(&mut self, tag: RelTag, key: Key, blkno: BlockNumber) -> Res<()> {
+        if tag.fork == ForkNumber::Fsm || self.rel_size(tag)?.is_none_or(|n| blkno >= n) {
+            return Ok(());
+        }
+        // A stamp lengthens the page's chain like any stored change.
+        if let Some(chain) = self.chains.get_mut(&key) {
+            chain.records += 1;
+        }
+        self.put(key, Value::Native(NativeRecord::SetPageLsn(self.lsn.0)));
         Ok(())
     }
 

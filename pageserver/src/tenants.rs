@@ -196,6 +196,9 @@ pub struct Tenants {
     reloads: Mutex<HashMap<(TenantShardId, TimelineId), (Instant, Backoff)>>,
     /// Held through a metrics scrape (`render_metrics`).
     scrape: Mutex<()>,
+    /// Set when a timeline was deleted: its memory went back to the
+    /// allocator, and the watcher returns it to the system (`heap_trim.rs`).
+    trim_wanted: std::sync::atomic::AtomicBool,
 }
 
 /// Where the timelines' WAL receivers stream from, and when they idle.
@@ -275,6 +278,7 @@ impl Tenants {
             ),
             reloads: Mutex::new(HashMap::new()),
             scrape: Mutex::new(()),
+            trim_wanted: std::sync::atomic::AtomicBool::new(false),
         });
         let root = tenants.conf.data_dir.join("tenants");
         fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LoadError + 'a {
@@ -693,6 +697,9 @@ impl Tenants {
         }
         entry.stop_receiver();
         self.timelines.write().remove(&(tenant, timeline));
+        self.reloads.lock().remove(&(tenant, timeline));
+        // Reads still holding it end now rather than at their timeouts.
+        entry.tl.detach();
         let meta = entry.tl.metadata();
         if let Some(r) = entry.tl.remote() {
             // An index uploaded after the listing below would outlive the deletion.
@@ -719,7 +726,15 @@ impl Tenants {
             }
         }
         info!(%tenant, %timeline, "deleted timeline");
+        self.trim_wanted.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.wakeups.notify_one();
         Ok(())
+    }
+
+    /// Whether a timeline was deleted since the last call: the watcher
+    /// then asks for a heap trim.
+    pub fn take_trim_request(&self) -> bool {
+        self.trim_wanted.swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The branch points of `parent`'s children attached here.
@@ -775,7 +790,21 @@ impl Tenants {
         timeline: TimelineId,
         pgdata: &Path,
     ) -> Result<Arc<TimelineEntry>, CreateError> {
-        self.create_from(tenant, timeline, Origin::Directory(pgdata), None)
+        // A shard's new timeline (a major upgrade of a sharded tenant) is
+        // striped as its other timelines; its first comes with the tenant.
+        let stripe = match tenant.shard.is_unsharded() {
+            true => None,
+            false => {
+                let of_shard = self.all().into_iter().find(|e| e.tl.tenant_id == tenant);
+                let stripe = of_shard.map(|e| e.tl.shard.stripe_blocks).ok_or_else(|| CreateError::NotAttached {
+                    tenant,
+                    reason: "a shard's first timeline is made with its tenant; an import adds to a shard that has one"
+                        .into(),
+                })?;
+                Some(stripe)
+            }
+        };
+        self.create_from(tenant, timeline, Origin::Directory(pgdata), stripe)
     }
 
     /// Whether timeline `timeline` of `tenant` exists here, or is being
@@ -881,6 +910,13 @@ impl Tenants {
                     continue;
                 }
                 *next = now + backoff.next_delay();
+            }
+            // Not while a delete (or a create) runs: a timeline deleted
+            // after the listing above must not come back.
+            let _one_at_a_time = self.creating.lock();
+            if !self.get(key.0, key.1).is_some_and(|e| Arc::ptr_eq(&e, &entry)) {
+                self.reloads.lock().remove(&key);
+                continue;
             }
             info!(tenant = %key.0, timeline = %key.1, reason = %broken.reason, "re-reading a broken timeline from disk");
             // The old receiver stops (it flushes nothing: the timeline is broken).

@@ -118,6 +118,7 @@ impl Value {
             Value::Native(NativeRecord::ClogSetStatus { xids, .. }) => 16 + xids.len() * 4,
             Value::Native(NativeRecord::MultiXactOffset { .. }) => 16,
             Value::Native(NativeRecord::MultiXactMembers(v)) => 16 + v.len() * 12,
+            Value::Native(NativeRecord::SetPageLsn(_)) => 16,
             Value::Wal(w) => 48 + w.record.len(),
             Value::RelDirChange(c) => 16 + (c.added.len() + c.removed.len()) * REL_ENTRY_SIZE,
         }

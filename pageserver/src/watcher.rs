@@ -62,7 +62,7 @@ impl Watcher {
                     reaped |= t.tend_idle(Some(&commits));
                 }
                 let mut trim = trim.lock();
-                if reaped {
+                if reaped || t.take_trim_request() {
                     trim.request();
                 }
                 if trim.run_if_due() {

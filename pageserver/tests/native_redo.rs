@@ -220,9 +220,10 @@ fn added_records_wait_for_a_commit_and_their_number_is_bounded() {
 }
 
 #[test]
-fn hint_records_without_an_image_change_nothing() {
+fn hint_records_without_an_image_stamp_the_page_lsn_only() {
     // With full_page_writes off, PostgreSQL logs a hint-bit change as an
-    // FPI_FOR_HINT record whose block has no image; its replay skips it.
+    // FPI_FOR_HINT record whose block has no image; its replay skips it,
+    // but the compute's page carries the record's LSN from then on.
     let (tl, _) = timeline("hints");
     let mut ingest = WalIngest::new(tl.clone()).unwrap();
     let first = heap_insert(0, 1, true, START);
@@ -232,11 +233,20 @@ fn hint_records_without_an_image_change_nothing() {
     let hint = record(RM_XLOG, XLOG_FPI_FOR_HINT, 0, 0, &[], &[], first.end_lsn);
     ingest.ingest(&hint).unwrap();
     assert_eq!(tl.record_lsns().last, hint.end_lsn);
-    assert_eq!(tl.get(&key, hint.end_lsn).unwrap().unwrap(), before);
+    let after = tl.get(&key, hint.end_lsn).unwrap().unwrap();
+    assert_eq!(strata_formats::page::pd_lsn(&after[..]).unwrap(), hint.end_lsn.0);
+    assert_eq!(&after[8..], &before[8..], "only pd_lsn changes");
+    // The version before the hint is still there, unstamped.
+    assert_eq!(tl.get(&key, first.end_lsn).unwrap().unwrap(), before);
+    // A hint naming a block the relation does not have changes nothing.
+    let beyond = record(RM_XLOG, XLOG_FPI_FOR_HINT, 3, 0, &[], &[], hint.end_lsn);
+    ingest.ingest(&beyond).unwrap();
+    let key3 = Key::rel_block(RelTag { rel: REL, fork: ForkNumber::Main }, 3);
+    assert_eq!(tl.get(&key3, beyond.end_lsn).unwrap(), None);
     // A plain FPI record must have its image: without one it is refused.
-    let fpi = record(RM_XLOG, XLOG_FPI, 0, 0, &[], &[], hint.end_lsn);
+    let fpi = record(RM_XLOG, XLOG_FPI, 0, 0, &[], &[], beyond.end_lsn);
     let err = ingest.ingest(&fpi).expect_err("an FPI record without an image").to_string();
-    assert!(err.contains(&hint.end_lsn.to_string()), "{err}");
+    assert!(err.contains(&beyond.end_lsn.to_string()), "{err}");
 }
 
 #[test]

@@ -156,6 +156,14 @@ impl ShardLayout {
         }
         Ok(next)
     }
+
+    /// The layouts a tenant with this layout may have had before: every
+    /// smaller count that divides this one (splits only multiply), with
+    /// the same stripe. Their shards' objects are what a split leaves
+    /// behind until the sweep.
+    pub fn earlier(&self) -> impl Iterator<Item = ShardLayout> + '_ {
+        (1..self.count).filter(|c| self.count.is_multiple_of(*c)).map(|count| ShardLayout { count, ..*self })
+    }
 }
 
 /// What one shard holds: its index and the tenant's stripe size.
@@ -381,5 +389,15 @@ mod tests {
             assert!(format!("{t}-{bad}").parse::<TenantShardId>().is_err(), "{bad}");
         }
         assert!("nothex-1of2".parse::<TenantShardId>().is_err());
+    }
+
+    #[test]
+    fn earlier_layouts_are_the_dividing_counts() {
+        let counts = |n: u32| -> Vec<u8> { ShardLayout::new(n, 64).unwrap().earlier().map(|l| l.count).collect() };
+        assert_eq!(counts(1), Vec::<u8>::new());
+        assert_eq!(counts(2), vec![1]);
+        assert_eq!(counts(8), vec![1, 2, 4]);
+        assert_eq!(counts(12), vec![1, 2, 3, 4, 6]);
+        assert!(ShardLayout::new(8, 64).unwrap().earlier().all(|l| l.stripe_blocks == 64));
     }
 }

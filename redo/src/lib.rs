@@ -41,6 +41,11 @@ pub enum NativeRecord {
     MultiXactOffset { multi: u32, offset: u32 },
     /// Set members (member offset, xid, status) on one members page.
     MultiXactMembers(Vec<(u32, TransactionId, u8)>),
+    /// Set the page's `pd_lsn`: an `XLOG_FPI_FOR_HINT` record without an
+    /// image (hint bits set with `full_page_writes` off). The hint bits stay
+    /// on the compute; the LSN stamp is what the record changed that a read
+    /// can see (`docs/decisions.md`, "Full-page writes off").
+    SetPageLsn(u64),
 }
 
 /// Transaction status values in the CLOG (2 bits per transaction).
@@ -137,6 +142,15 @@ impl NativeRecord {
                     page[x..x + 4].copy_from_slice(&xid.to_le_bytes());
                 }
             }
+            NativeRecord::SetPageLsn(lsn) => {
+                // A page never initialized stays all zeros: PostgreSQL
+                // verifies a page with no upper bound as all zeros, and a
+                // hint is never set on one.
+                if !strata_formats::page::is_new(&page[..]).unwrap_or(true) {
+                    strata_formats::page::set_pd_lsn(&mut page[..], *lsn)
+                        .map_err(|_| RedoError::Malformed("a page too short for pd_lsn"))?;
+                }
+            }
         }
         Ok(())
     }
@@ -173,6 +187,10 @@ impl NativeRecord {
                     out.extend_from_slice(&xid.to_le_bytes());
                     out.push(status);
                 }
+            }
+            NativeRecord::SetPageLsn(lsn) => {
+                out.push(5);
+                out.extend_from_slice(&lsn.to_le_bytes());
             }
         }
     }
@@ -215,6 +233,7 @@ impl NativeRecord {
                 }
                 NativeRecord::MultiXactMembers(v)
             }
+            5 => NativeRecord::SetPageLsn(c.u64().map_err(bad)?),
             _ => return Err(RedoError::Malformed("unknown tag")),
         };
         if c.remaining() != 0 {
@@ -279,5 +298,22 @@ mod tests {
         roundtrip(&r);
         assert!(NativeRecord::decode(&[9]).is_err());
         assert!(NativeRecord::decode(&[1, 0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn a_page_lsn_stamp_sets_pd_lsn_of_an_initialized_page_only() {
+        let r = NativeRecord::SetPageLsn(0x0000_0001_2345_6789);
+        let mut page = [0u8; BLCKSZ];
+        r.apply(&mut page).unwrap();
+        assert_eq!(page, [0u8; BLCKSZ], "a page never initialized stays zeros");
+        page[12..14].copy_from_slice(&24u16.to_le_bytes()); // pd_lower
+        page[14..16].copy_from_slice(&8192u16.to_le_bytes()); // pd_upper
+        page[100] = 7;
+        let before = page;
+        r.apply(&mut page).unwrap();
+        // pd_lsn: xlogid (high half) then xrecoff, each little-endian.
+        assert_eq!(&page[0..8], &[1, 0, 0, 0, 0x89, 0x67, 0x45, 0x23]);
+        assert_eq!(&page[8..], &before[8..], "nothing but pd_lsn changes");
+        roundtrip(&r);
     }
 }

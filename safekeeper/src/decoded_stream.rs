@@ -164,6 +164,14 @@ fn decode_chunk(
         if let Err(e) = decode_records(layout, &mut decoder, &mut chunk) {
             return if chunk.records.is_empty() { Err(e) } else { Ok((chunk, None)) };
         }
+        if chunk.end > chunk.read {
+            // A segment switch: the rest of its segment is padding, which
+            // ends no record. The chunk covers it unread (a consumer checks
+            // that what it was sent was read), and the next chunk begins at
+            // the next segment with a decoder of its own.
+            chunk.read = chunk.end;
+            return Ok((chunk, None));
+        }
     }
     Ok((chunk, Some(decoder)))
 }
@@ -260,5 +268,123 @@ impl DecodedStream {
             payload: encoded.payload,
         };
         Ok((message, covered))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_formats::wal::encode::{encode_record, WalBuilder};
+
+    const SEG: u64 = 16 << 20;
+    const START: Lsn = Lsn(0x100_0028);
+
+    /// Segments of `n` no-op records of `size` bytes of data each, written
+    /// under `dir`; the end of each record.
+    fn write_wal(dir: &std::path::Path, n: usize, size: usize) -> Vec<Lsn> {
+        let mut b = WalBuilder::new(PgVersion::V15, 7, 1, SEG, START, Lsn(0));
+        let mut ends = Vec::new();
+        for i in 0..n {
+            let data = vec![i as u8; size];
+            b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &data));
+            ends.push(b.end_lsn());
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, bytes) in b.into_segments() {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        ends
+    }
+
+    /// Reads a whole stream through `cache` and, after every chunk, checks
+    /// the cache's bounds and its count of bytes; returns the most chunks
+    /// and bytes it ever held.
+    async fn read_through(cache: &DecodedCache, wal: &mut WalReader, end: Lsn) -> (usize, usize) {
+        let (mut position, mut most) = (START, (0, 0));
+        while position < end {
+            let (chunk, from) = cache.chunk_at(wal, position, end).await.unwrap();
+            assert!(chunk.records.len() > from, "a chunk with records after {position}");
+            position = chunk.end;
+            let held = cache.inner.lock().await;
+            let counted: usize = held.chunks.iter().map(|c| c.bytes).sum();
+            assert_eq!(held.bytes, counted, "the cache's count of its bytes");
+            assert!(held.chunks.len() <= DECODED_CACHE_CHUNKS, "{} chunks", held.chunks.len());
+            assert!(held.bytes <= DECODED_CACHE_BYTES || held.chunks.len() == 1, "{} bytes", held.bytes);
+            assert!(Arc::ptr_eq(held.chunks.back().unwrap(), &chunk), "the newest chunk is kept");
+            most = (most.0.max(held.chunks.len()), most.1.max(held.bytes));
+        }
+        assert_eq!(position, end);
+        most
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_cache_keeps_its_bounds_in_chunks_and_bytes() {
+        let dir = std::env::temp_dir().join(format!("strata-sk-decoded-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let layout = ShardLayout::new(4, 8).unwrap();
+
+        // Small records: many chunks of about a batch; the count bounds them.
+        let small = dir.join("small");
+        let ends = write_wal(&small, 4000, 4000);
+        let cache = DecodedCache::new(layout, PgVersion::V15, 7, SEG);
+        let mut wal = WalReader::new(&small, SEG, true);
+        let (chunks, _) = read_through(&cache, &mut wal, *ends.last().unwrap()).await;
+        assert_eq!(chunks, DECODED_CACHE_CHUNKS, "the count bound was reached");
+
+        // Records of 6 MiB: one per chunk; the bytes bound them first.
+        let large = dir.join("large");
+        let ends = write_wal(&large, 10, 6 << 20);
+        let cache = DecodedCache::new(layout, PgVersion::V15, 7, SEG);
+        let mut wal = WalReader::new(&large, SEG, true);
+        let (chunks, bytes) = read_through(&cache, &mut wal, *ends.last().unwrap()).await;
+        assert!(
+            chunks < DECODED_CACHE_CHUNKS && bytes > DECODED_CACHE_BYTES - (6 << 20),
+            "{chunks} chunks, {bytes} bytes"
+        );
+
+        // A stream that fell behind what the cache holds decodes again, and
+        // finds the same records.
+        let (chunk, from) = cache.chunk_at(&mut wal, START, ends[1]).await.unwrap();
+        assert_eq!((chunk.begin, chunk.end, from), (START, ends[0], 0));
+        assert!(cache.inner.lock().await.bytes <= DECODED_CACHE_BYTES);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_segment_switch_ends_a_batch_at_the_next_segment_with_its_padding_read() {
+        use strata_formats::v15::rmgr::{RM_XLOG_ID, XLOG_SWITCH};
+        let dir = std::env::temp_dir().join(format!("strata-sk-decoded-switch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Just over a batch of records, a switch (pg_switch_wal) as the
+        // last record a chunk reads, then records in the next segment.
+        let mut b = WalBuilder::new(PgVersion::V15, 7, 1, SEG, START, Lsn(0));
+        for i in 0..270 {
+            let data = vec![i as u8; 4000];
+            b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &data));
+        }
+        let switch = b.append_with(|_, prev| encode_record(RM_XLOG_ID, XLOG_SWITCH, 0, prev, &[]));
+        let next_segment = Lsn(SEG * (switch.0 / SEG + 1));
+        let mut segments = b.into_segments();
+        let mut b = WalBuilder::new(PgVersion::V15, 7, 1, SEG, next_segment, switch);
+        b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, b"after the switch"));
+        let end = b.end_lsn();
+        segments.extend(b.into_segments());
+        for (name, bytes) in segments {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        let cache = Arc::new(DecodedCache::new(ShardLayout::new(2, 8).unwrap(), PgVersion::V15, 7, SEG));
+        let mut wal = WalReader::new(&dir, SEG, true);
+        let mut stream = DecodedStream::new(cache, 1, START).unwrap();
+        let mut ends = Vec::new();
+        while ends.last() != Some(&end) {
+            let (m, _) = stream.next_batch(&mut wal, end, end, end).await.unwrap();
+            // What the pageserver checks of every message.
+            assert!(m.begin_lsn <= m.end_lsn && m.end_lsn <= m.read_lsn && m.last_record_lsn <= m.end_lsn, "{m:?}");
+            assert!(ends.len() < 10, "no progress: {ends:?}");
+            ends.push(m.end_lsn);
+        }
+        assert!(ends.contains(&next_segment), "a batch ends where the switch's padding does: {ends:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

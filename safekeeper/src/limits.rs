@@ -66,6 +66,10 @@ pub const MAX_APPENDS_PER_FLUSH: usize = 256;
 pub const RECENT_WAL_BYTES: u64 = 1 << 20;
 /// Open segment files kept at once, per timeline.
 pub const MAX_OPEN_SEGMENTS: usize = 4;
+/// Removed segments kept, per timeline, to become the next new ones
+/// (`wal_store.rs`, "Recycled segments"): their blocks are allocated, so
+/// an append's fdatasync writes data only, not the file system's metadata.
+pub const MAX_SPARE_SEGMENTS: usize = 2;
 /// Most often a timeline's control file is rewritten after acceptor calls
 /// (so restarts scan little WAL without a write per append).
 pub const PERSIST_EVERY: Duration = Duration::from_secs(1);

@@ -144,14 +144,16 @@ impl Remover {
         let (held_back_by, horizon) = inputs.iter().copied().min_by_key(|(_, lsn)| *lsn).expect("not empty");
         let horizon = Lsn(horizon.0.min(flush.0) / segment_size * segment_size);
         let mut removed = 0;
+        let mut spares = tl.progress.removal().spare_segments;
         let mut now_before = removed_before;
         if horizon > removed_before {
             // A failed removal (returned inside `Ok`) does not fail the
             // timeline: it is retried a second later.
-            removed = tl
-                .with_acceptor(|a| Ok(a.wal_mut().remove_before(horizon)))
-                .map_err(|e| e.to_string())?
+            let (result, kept) = tl
+                .with_acceptor(|a| Ok((a.wal_mut().remove_before(horizon), a.wal_mut().spare_segments())))
                 .map_err(|e| e.to_string())?;
+            removed = result.map_err(|e| e.to_string())?;
+            spares = kept as u64;
             now_before = horizon;
             if removed > 0 {
                 self.metrics.segments_removed.inc_by(removed);
@@ -162,6 +164,10 @@ impl Remover {
                 );
             }
         }
+        if removed == 0 {
+            // New segments take spares between removals: the count is read anew.
+            spares = tl.with_acceptor(|a| Ok(a.wal_mut().spare_segments() as u64)).unwrap_or(spares);
+        }
         let first = now_before.0 / segment_size;
         let local = (flush.0.div_ceil(segment_size).max(first + 1) - first) * segment_size;
         *segments_removed += removed;
@@ -171,6 +177,7 @@ impl Remover {
             held_back_by: held_back_by.to_string(),
             local_wal_bytes: local,
             segments_removed: *segments_removed,
+            spare_segments: spares,
         });
         Ok(local)
     }

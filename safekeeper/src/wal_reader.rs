@@ -3,7 +3,7 @@
 //! read, which the acceptor no longer changes until a truncation).
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use strata_formats::Lsn;
@@ -19,7 +19,8 @@ pub struct WalReader {
     dir: PathBuf,
     segment_size: u64,
     keep_open: bool,
-    open: Option<(u64, File)>,
+    /// The segment open, with its file's inode.
+    open: Option<(u64, File, u64)>,
 }
 
 impl WalReader {
@@ -37,7 +38,10 @@ impl WalReader {
             let segno = pos / self.segment_size;
             let offset = pos % self.segment_size;
             let n = (buf.len() - done).min((self.segment_size - offset) as usize);
-            let result = self.segment(segno).and_then(|f| f.read_exact_at(&mut buf[done..done + n], offset));
+            let result = self
+                .segment(segno)
+                .and_then(|f| f.read_exact_at(&mut buf[done..done + n], offset))
+                .and_then(|()| self.still_named(segno));
             if let Err(e) = result {
                 self.open = None;
                 let path = segment_path(&self.dir, segno, self.segment_size);
@@ -57,10 +61,29 @@ impl WalReader {
     }
 
     fn segment(&mut self, segno: u64) -> std::io::Result<&File> {
-        if self.open.as_ref().is_none_or(|(open, _)| *open != segno) {
-            self.open = Some((segno, File::open(segment_path(&self.dir, segno, self.segment_size))?));
+        if self.open.as_ref().is_none_or(|(open, _, _)| *open != segno) {
+            let file = File::open(segment_path(&self.dir, segno, self.segment_size))?;
+            let inode = file.metadata()?.ino();
+            self.open = Some((segno, file, inode));
         }
         Ok(&self.open.as_ref().expect("opened above").1)
+    }
+
+    /// Whether the file just read is still segment `segno`. A removed
+    /// segment is recycled (`wal_store.rs`): renamed to a spare name, then
+    /// to a later segment's and written again. Its name never comes back,
+    /// so if the name still leads to the same file after the read, nothing
+    /// of a later segment was written into it before the read ended;
+    /// otherwise the bytes read may be newer WAL, and the read counts as
+    /// one of a removed segment (the caller turns to object storage).
+    fn still_named(&self, segno: u64) -> std::io::Result<()> {
+        let Some((_, _, inode)) = &self.open else { return Ok(()) };
+        let path = segment_path(&self.dir, segno, self.segment_size);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.ino() == *inode => Ok(()),
+            Ok(_) => Err(std::io::Error::new(std::io::ErrorKind::NotFound, "removed (recycled while read)")),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -100,6 +123,15 @@ mod tests {
         assert!(r.read(Lsn(5 * size), &mut buf[..1]).is_err());
         r.read(Lsn(10), &mut buf[..10]).unwrap();
         assert_eq!(&buf[..10], &[9u8; 10]);
+        // A segment recycled under the reader (renamed to a later segment
+        // and written again) is never read as the segment it was.
+        r.read(Lsn(size + 10), &mut buf[..10]).unwrap();
+        std::fs::rename(segment_path(&dir, 1, size), segment_path(&dir, 7, size)).unwrap();
+        std::fs::write(segment_path(&dir, 7, size), vec![7u8; size as usize]).unwrap();
+        let err = r.read(Lsn(size + 10), &mut buf[..10]).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+        r.read(Lsn(7 * size), &mut buf[..10]).unwrap();
+        assert_eq!(&buf[..10], &[7u8; 10]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -107,6 +107,52 @@ fn removed_segments_stay_removed_and_reads_below_them_fail() {
 }
 
 #[test]
+fn removed_segments_are_recycled_and_their_old_wal_is_never_read_as_new() {
+    let dir = tempdir("recycle");
+    let start = Lsn(3 * SEG);
+    let (bytes, ends) = wal(start, 800);
+    assert!(ends.last().unwrap().0 > 9 * SEG, "the WAL spans several segments");
+    // The first half (segments 3 to 5 whole), then everything below 6 removed:
+    // 3 and 4 are kept as spares (the most), 5 is deleted.
+    let half = ends.iter().position(|e| e.0 > 6 * SEG + SEG / 3).unwrap();
+    let cut = (ends[half].0 - start.0) as usize;
+    let mut store = SegmentStore::open(&dir, SEG, start, start, false).unwrap();
+    store.write(start, &bytes[..cut]).unwrap();
+    store.flush().unwrap();
+    assert_eq!(store.remove_before(Lsn(6 * SEG)).unwrap(), 3);
+    assert_eq!(store.spare_segments(), 2);
+    let spares = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "spare"))
+            .count()
+    };
+    assert_eq!(spares(&dir), 2);
+    // A restart keeps them.
+    drop(store);
+    let mut store = SegmentStore::open(&dir, SEG, start, ends[half], false).unwrap();
+    assert_eq!((store.flush_lsn(), store.spare_segments()), (ends[half], 2));
+    // The next two new segments (7 and 8) are the spares, full of segments
+    // 3 and 4's old WAL; the WAL written into them reads back exactly.
+    let end_in_8 = ends.iter().position(|e| e.0 > 8 * SEG + SEG / 4).unwrap();
+    store.write(ends[half], &bytes[cut..(ends[end_in_8].0 - start.0) as usize]).unwrap();
+    store.flush().unwrap();
+    assert_eq!(store.spare_segments(), 0);
+    assert_eq!(spares(&dir), 0);
+    let mut back = vec![0u8; (ends[end_in_8].0 - 6 * SEG) as usize];
+    assert_eq!(store.read(Lsn(6 * SEG), &mut back).unwrap(), back.len());
+    assert_eq!(back, bytes[(6 * SEG - start.0) as usize..(ends[end_in_8].0 - start.0) as usize]);
+    drop(store);
+    // Reopened from any hint, the end is the last record written, not the
+    // old records that follow it in the recycled file.
+    for hint in [ends[half], ends[end_in_8 - 1], ends[end_in_8]] {
+        let store = SegmentStore::open(&dir, SEG, start, hint, false).unwrap();
+        assert_eq!(store.flush_lsn(), ends[end_in_8], "hint {hint}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn control_file_roundtrip_and_damage() {
     let dir = tempdir("control");
     std::fs::create_dir_all(&dir).unwrap();

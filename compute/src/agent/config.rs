@@ -292,14 +292,15 @@ impl AgentConfig {
     }
 
     /// Makes this a compute of a sharded tenant whose shards are at
-    /// `(http, page service)` at start, in shard order (shard 0's are the
-    /// ones given already).
+    /// `(http, page service)` at start, in shard order (shard 0's http is
+    /// the one given already).
     pub fn set_shards(&mut self, layout: ShardLayout, at: Vec<(String, String)>) {
         let targets = at
             .into_iter()
             .enumerate()
             .map(|(i, (http, pg))| {
                 if i == 0 {
+                    self.pageserver.set_pg(Some(pg));
                     self.pageserver.clone()
                 } else {
                     let t = PageserverTarget::new(http, Some(pg));

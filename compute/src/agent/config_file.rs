@@ -374,10 +374,10 @@ impl AgentFile {
             if shards.page_services.len() != n || shards.pageservers_http.len() != n {
                 return Err(format!("shards: page_services and pageservers_http name each of the {n} shards"));
             }
-            let Some(lazy) = &self.lazy else {
-                return Err("shards: a sharded tenant's compute is lazy (no pageserver holds every page)".into());
-            };
-            if shards.page_services[0] != lazy.page_service || shards.pageservers_http[0] != self.pageserver_http {
+            // Without `[lazy]`, the compute writes its relation files from
+            // the shards before PostgreSQL starts (`agent::materialize`).
+            let lazy_elsewhere = self.lazy.as_ref().is_some_and(|l| l.page_service != shards.page_services[0]);
+            if lazy_elsewhere || shards.pageservers_http[0] != self.pageserver_http {
                 return Err("shards: shard 0 is served where lazy.page_service and pageserver_http say".into());
             }
         }

@@ -97,6 +97,15 @@ impl SourceFactory {
     }
 }
 
+/// A page source of the tenant's layout now, each shard read where its
+/// target says (an eager compute of a sharded tenant writes its relation
+/// files from it, `super::materialize`).
+pub fn page_source(cfg: &AgentConfig) -> Result<Arc<dyn PageSource>, String> {
+    let now = cfg.shards.now();
+    let home = now.home().pg().ok_or("shard 0's page service is not known")?;
+    SourceFactory::new(cfg, &home).build(&now)
+}
+
 /// Tells `cache` the pageserver's ingested LSN every [`crate::limits::INGEST_POLL`] until
 /// `stop` is set or the cache is gone, and for a writer
 /// ([`ReadFloor::Ingested`]) moves the read floor there too, so that its

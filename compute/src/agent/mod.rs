@@ -25,6 +25,7 @@ mod error;
 pub mod exit;
 pub mod lazy;
 pub mod leftover;
+pub mod materialize;
 pub mod pageserver_api;
 pub mod pgconf;
 pub mod postgres;
@@ -151,7 +152,11 @@ pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended,
         ),
         None => None,
     };
-    cfg.shards.home().set_pg(cfg.lazy_page_service.clone());
+    // Shard 0's page service: a lazy compute's (a sharded tenant's shards
+    // name theirs, shard 0's too, from the configuration).
+    if let Some(pg) = cfg.lazy_page_service.clone() {
+        cfg.shards.home().set_pg(Some(pg));
+    }
     let watcher = tokio::spawn(watch_attachment(&cfg, &status, &lazy));
     let renewal = cfg.token.clone().map(|token| {
         let renewal = renewal::Renewal {

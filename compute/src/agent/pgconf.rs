@@ -349,8 +349,10 @@ pub fn postgresql_conf(s: &PgSettings, pgdata: &Path) -> Result<String, ConfigEr
         quote(&wal_consistency_checking(s.verify_redo)),
     );
     set(
-        "Hint-bit-only changes are WAL-logged (with a full page image after each\n\
-         checkpoint), so pages served back from the pageserver keep their hints.",
+        "A page's first hint-bit change after a checkpoint is WAL-logged (without an\n\
+         image: full_page_writes is off) and stamps the page's LSN, as an all-visible\n\
+         mark does; the pageserver stamps its page alike (docs/decisions.md,\n\
+         \"Full-page writes off\"), so pages served equal the compute's to pd_lsn.",
         "wal_log_hints",
         "on".into(),
     );
@@ -360,7 +362,12 @@ pub fn postgresql_conf(s: &PgSettings, pgdata: &Path) -> Result<String, ConfigEr
         "wal_compression",
         "lz4".into(),
     );
-    set("Full page images after each checkpoint give the pageserver complete pages.", "full_page_writes", "on".into());
+    set(
+        "No torn page can reach a read: the compute's files are thrown away at\n\
+         every start, and the pageserver builds each page from the one before.",
+        "full_page_writes",
+        "off".into(),
+    );
     set(
         "The compute is disposable: its data directory is rebuilt from the pageserver\n\
          at every start, and WAL durability comes from the safekeepers.",
@@ -594,7 +601,7 @@ mod tests {
         assert_eq!(get("wal_consistency_checking"), Some(quote(&wal_consistency_checking(false)).as_str()));
         assert_eq!(get("wal_compression"), Some("lz4"));
         assert_eq!(get("wal_log_hints"), Some("on"));
-        assert_eq!(get("full_page_writes"), Some("on"));
+        assert_eq!(get("full_page_writes"), Some("off"));
         assert_eq!(get("fsync"), Some("off"));
         assert_eq!(get("shared_buffers"), Some("'128MB'"));
         assert_eq!(get("restart_after_crash"), Some("off"));

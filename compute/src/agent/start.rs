@@ -405,10 +405,26 @@ impl Agent {
             (None, None) => (BasebackupKind::Writer, lsn),
         };
         let lazy = self.cfg.lazy_page_service.is_some();
+        // An eager compute of a sharded tenant: shard 0's lazy basebackup,
+        // then every relation file written from the shards.
+        let from_shards = match lazy || !self.cfg.shards.now().layout.is_sharded() {
+            true => None,
+            false => Some(super::lazy::page_source(&self.cfg).map_err(|e| fail("basebackup", e))?),
+        };
+        let clock = self.cfg.clock.clone();
         let mut task = tokio::task::spawn_blocking(move || -> Result<basebackup::UnpackStats, String> {
             basebackup::prepare_dir(&pgdata).map_err(|e| e.to_string())?;
-            let reader = c.basebackup(tenant, timeline, at, kind, lazy).map_err(|e| e.to_string())?;
-            let stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
+            let manifest = lazy || from_shards.is_some();
+            let reader = c.basebackup(tenant, timeline, at, kind, manifest).map_err(|e| e.to_string())?;
+            let mut stats = basebackup::unpack(reader, &pgdata, &flag).map_err(|e| e.to_string())?;
+            if let Some(source) = from_shards {
+                let t = clock.now();
+                let done = super::materialize::materialize(&pgdata, &*source, &flag)?;
+                let seconds = clock.since(t).as_secs_f64();
+                info!(seconds, files = done.files, blocks = done.blocks, "relation files written from the shards");
+                stats.bytes += done.blocks * strata_formats::version::BLCKSZ as u64;
+                stats.files += done.files;
+            }
             basebackup::finish(&pgdata, pg_major).map_err(|e| e.to_string())?;
             Ok(stats)
         });

@@ -306,6 +306,19 @@ pub enum ReadFloor {
     Replay,
 }
 
+/// The relation and fork a manifest entry lists.
+pub fn entry_rel(e: &ManifestEntry) -> (RelFileNode, ForkNumber) {
+    let rel = match e.db {
+        None => RelFileNode { spc: GLOBAL_SPC, db: 0, rel: e.relfilenode },
+        Some(db) => RelFileNode { spc: DEFAULT_SPC, db, rel: e.relfilenode },
+    };
+    let fork = match e.fork {
+        ManifestFork::Main => ForkNumber::Main,
+        ManifestFork::VisibilityMap => ForkNumber::VisibilityMap,
+    };
+    (rel, fork)
+}
+
 /// The backing file's path (relative to the mount) of segment `segment` of
 /// a manifest entry, and its relation, or `None` if the entry is not under
 /// this mount.

@@ -300,13 +300,10 @@ impl Controller {
         if self.clock.since(since) < SPLIT_SWEEP_SETTLE {
             return None;
         }
-        let earlier: Vec<TenantShardId> = (1..s.to.count)
-            .filter(|c| s.to.count.is_multiple_of(*c))
-            .flat_map(|count| {
-                let layout = strata_protocol::shard::ShardLayout { count, stripe_blocks: s.to.stripe_blocks };
-                layout.shards().map(|shard| TenantShardId { tenant, shard }).collect::<Vec<_>>()
-            })
-            .collect();
+        let earlier: Vec<TenantShardId> =
+            s.to.earlier()
+                .flat_map(|layout| layout.shards().map(|shard| TenantShardId { tenant, shard }).collect::<Vec<_>>())
+                .collect();
         let held = {
             let inner = self.inner.lock();
             inner.health.values().filter_map(|h| h.status.as_ref()).any(|st| {
@@ -317,18 +314,28 @@ impl Controller {
             return None;
         }
         info!(tenant = %tenant, "no shard named another shard's layers for {SPLIT_SWEEP_SETTLE:?}: sweeping");
-        for parent in earlier {
-            match self.store.delete_shard_objects(parent).await {
-                Ok(n) if n > 0 => info!(%parent, objects = n, "a split's parent removed"),
+        if !self.delete_shards_objects(&earlier, "a split's parent").await {
+            return None;
+        }
+        split::swept(state, tenant)
+    }
+
+    /// Deletes every object of each of `shards` (`what` names them in the
+    /// log); false after the first failure, which is noted: the caller
+    /// tries again on a later pass.
+    async fn delete_shards_objects(&self, shards: &[TenantShardId], what: &str) -> bool {
+        for shard in shards {
+            match self.store.delete_shard_objects(*shard).await {
+                Ok(n) if n > 0 => info!(%shard, objects = n, "{what} removed"),
                 Ok(_) => {}
                 Err(e) => {
                     self.metrics.storage_errors.inc();
-                    self.note_error(format!("removing {parent}'s objects: {e}"));
-                    return None;
+                    self.note_error(format!("removing {shard}'s objects: {e}"));
+                    return false;
                 }
             }
         }
-        split::swept(state, tenant)
+        true
     }
 
     /// Whether every one of `shards` is attached under its generation with
@@ -340,7 +347,7 @@ impl Controller {
     ) -> bool {
         let inner = self.inner.lock();
         let mut timelines: Option<std::collections::BTreeSet<String>> = None;
-        let mut seen = Vec::with_capacity(shards.len());
+        let mut seen = Vec::new();
         for (shard, p) in shards {
             let Some(st) = p.attached.as_deref().and_then(|ps| inner.health.get(ps)?.status.as_ref()) else {
                 return false;
@@ -351,14 +358,16 @@ impl Controller {
             let mine: Vec<_> = st.timelines.iter().filter(|t| t.tenant_id == *shard).collect();
             let ids: std::collections::BTreeSet<String> = mine.iter().map(|t| t.timeline_id.to_string()).collect();
             let clean = mine.iter().all(|t| t.foreign_layer_bytes == 0 && t.remote.is_some());
-            let detail: Vec<String> = mine
-                .iter()
-                .map(|t| {
-                    let layers = t.remote.as_ref().map(|r| r.remote_layers);
-                    format!("{}:{}:{}:{layers:?}", t.timeline_id, t.layer_bytes, t.foreign_layer_bytes)
-                })
-                .collect();
-            seen.push(format!("{shard}@{:?}#{} [{}]", p.attached, p.generation, detail.join(" ")));
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let detail: Vec<String> = mine
+                    .iter()
+                    .map(|t| {
+                        let layers = t.remote.as_ref().map(|r| r.remote_layers);
+                        format!("{}:{}:{}:{layers:?}", t.timeline_id, t.layer_bytes, t.foreign_layer_bytes)
+                    })
+                    .collect();
+                seen.push(format!("{shard}@{:?}#{} [{}]", p.attached, p.generation, detail.join(" ")));
+            }
             if !attached || ids.is_empty() || !clean || timelines.as_ref().is_some_and(|t| *t != ids) {
                 return false;
             }
@@ -381,16 +390,8 @@ impl Controller {
         if s.parent_ids(tenant).iter().any(|p| self.split_in_flight.lock().contains(p)) {
             return None;
         }
-        for child in s.child_ids(tenant) {
-            match self.store.delete_shard_objects(child).await {
-                Ok(n) if n > 0 => info!(%child, objects = n, "a rolled back split's child removed"),
-                Ok(_) => {}
-                Err(e) => {
-                    self.metrics.storage_errors.inc();
-                    self.note_error(format!("removing {child}'s objects: {e}"));
-                    return None;
-                }
-            }
+        if !self.delete_shards_objects(&s.child_ids(tenant), "a rolled back split's child").await {
+            return None;
         }
         split::swept(state, tenant)
     }

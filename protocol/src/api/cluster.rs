@@ -160,6 +160,21 @@ pub struct BranchStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement_wanted: Option<crate::safekeeper::Placement>,
     pub safekeepers: Vec<SafekeeperPosition>,
+    /// The other shards of a sharded tenant, in order (shard 0's are the
+    /// fields above); empty when unsharded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardPosition>,
+}
+
+/// One shard of a sharded tenant's branch, as the storage controller
+/// places it and its attached pageserver sees it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ShardPosition {
+    pub shard: crate::TenantShardId,
+    pub attached: Option<String>,
+    pub generation: Option<u32>,
+    /// The attached pageserver's answer (none when it did not answer).
+    pub pageserver: Option<TimelineStatus>,
 }
 
 /// One running safekeeper's positions of a timeline (none: it does not hold it).

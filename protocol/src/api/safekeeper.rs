@@ -165,6 +165,9 @@ pub struct RemovalStatus {
     pub local_wal_bytes: u64,
     /// Segments removed since the safekeeper started.
     pub segments_removed: u64,
+    /// Removed segments kept to be recycled as the next new ones.
+    #[serde(default)]
+    pub spare_segments: u64,
 }
 
 /// `GET /v1/positions`: one timeline's positions as a safekeeper reports
