@@ -77,7 +77,7 @@ seed_hex seed-page-server "04\
 # Pageserver seeds: the layer file vectors (selector 6) and a timeline metadata file (5).
 [ -f corpus/decoders/seed-layer ] || { printf "\\x06" > corpus/decoders/seed-layer; cat ../pageserver/tests/data/layer-v1.delta >> corpus/decoders/seed-layer; }
 # The lazy manifest vector (selector 9).
-[ -f corpus/decoders/seed-lazy-manifest ] || printf '\x09strata lazy manifest 1\nlsn 0/1500780\nbase/5/1249 61\nbase/5/16384_vm 1\nglobal/1262 1\nend 3\n' > corpus/decoders/seed-lazy-manifest
+[ -f corpus/decoders/seed-lazy-manifest-v2 ] || printf '\x09strata lazy manifest 2\nlsn 0/1500780\nbase/5/1249 61\nbase/5/16384_fsm 3\nbase/5/16384_vm 1\nglobal/1262 1\nend 4\n' > corpus/decoders/seed-lazy-manifest-v2
 [ -f corpus/decoders/seed-image-layer ] || { printf "\\x06" > corpus/decoders/seed-image-layer; cat ../pageserver/tests/data/layer-v1.image >> corpus/decoders/seed-image-layer; }
 # Safekeeper seeds (selector 8): offloaded segment metadata.
 [ -f corpus/decoders/seed-segment-meta ] || printf '\x08{"format_version":1,"segment_size":16777216,"start_lsn":"0/1000000","end_lsn":"0/2000000","crc32c":1,"wal_start_lsn":"0/1500780","uploaded_by":1}' > corpus/decoders/seed-segment-meta
@@ -115,6 +115,8 @@ for i in 1 2 3; do seed_sealed "$i"; done
 # skeleton through a stream decoder, and the same batch's Protobuf bytes.
 seed_hex seed-decoded-stream "0e014700000046000000738d86fb28b52ffd0038f4010054030a32102e1a2e2e00000005000b002002007f06000005000000104000000100000007070a10082a103320063208ff0c05908001000902006060032401"
 seed_hex seed-decoded-batch "0e000a32102e1a2e2e000000050000000000000000000000000b000000000000002002007f06000005000000104000000100000007070a10082a103320063208ff0c059080010009"
+# Free space map pages (selector 15): one page of 1663/5/16384_fsm, block 2.
+seed_hex seed-fsm-pages "0f5346534d01010028b52ffd60101fd50000807f060000050000000040000002001100031000d4df4b77d94a"
 # An import's tar stream (selector 13): a data directory's first files.
 if [ ! -f corpus/decoders/seed-import-tar ]; then
     seed_dir="$(mktemp -d)"

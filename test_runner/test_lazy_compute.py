@@ -70,7 +70,7 @@ def test_the_lazy_basebackup_names_every_relation_fork_and_carries_none(cluster_
 
     manifest = lazy.pop("strata.lazy.manifest").decode()
     lines = manifest.splitlines()
-    assert lines[0] == "strata lazy manifest 1" and lines[1].startswith("lsn ") and lines[-1] == f"end {len(lines) - 3}"
+    assert lines[0] == "strata lazy manifest 2" and lines[1].startswith("lsn ") and lines[-1] == f"end {len(lines) - 3}"
     entries = dict(line.rsplit(" ", 1) for line in lines[2:-1])
     assert list(entries) == sorted(entries), "sorted by path"
     listed = {path: int(blocks) for path, blocks in entries.items()}
@@ -78,7 +78,7 @@ def test_the_lazy_basebackup_names_every_relation_fork_and_carries_none(cluster_
     full_sizes = fork_sizes(full)
     unlogged = {m["rel"] for name in full if (m := SEGMENT_FILE.match(name)) and m["fork"] == "_init"}
     logged = {p: n for p, n in full_sizes.items()
-              if SEGMENT_FILE.match(p)["rel"] not in unlogged and SEGMENT_FILE.match(p)["fork"] in (None, "_vm")}
+              if SEGMENT_FILE.match(p)["rel"] not in unlogged and SEGMENT_FILE.match(p)["fork"] in (None, "_vm", "_fsm")}
     assert listed == logged, sorted(set(listed.items()) ^ set(logged.items()))[:20]
     assert any(p.endswith("_vm") and n > 0 for p, n in listed.items()), "t's visibility map is listed"
     assert sum(listed.values()) * BLOCK > 10 << 20, "t alone is over 10 MiB"

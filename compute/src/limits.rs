@@ -235,6 +235,17 @@ pub const MAX_SUSPEND_AFTER_SECS: u64 = 30 * 24 * 3600;
 /// checkpoint is not used (`CHECKPOINT` is immediate), but a large one
 /// writes every dirty buffer.
 pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a primary's agent looks for free space map pages PostgreSQL
+/// wrote and sends the changed ones (`docs/free-space-maps.md`).
+pub const FSM_SYNC_EVERY: Duration = Duration::from_secs(15);
+/// Pages read into memory by one pass (8 MiB); the rest waits for the next.
+pub const FSM_PASS_MAX_PAGES: usize = 1024;
+/// A map file modified this recently is read again at the next pass, as a
+/// write in the same clock tick would not change its stamp.
+pub const FSM_STAMP_SETTLE: Duration = Duration::from_secs(2);
+/// Bound on one pass's sending, and on the checkpoint and pass before a
+/// stop (a stop goes on without them).
+pub const FSM_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound on a TLS handshake with the status server.
 pub const STATUS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 

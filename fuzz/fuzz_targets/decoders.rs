@@ -7,8 +7,9 @@
 //! peer positions and replicas' hot standby feedback (`strata-safekeeper`), a lazy basebackup's
 //! manifest (`strata-protocol`), tokens (`strata-service`), and sealed
 //! objects, data key objects and storage key files (`strata-remote-storage`),
-//! the proxy's SCRAM messages and verifiers (`strata-proxy`), and an
-//! import's tar stream (`strata-pageserver`).
+//! the proxy's SCRAM messages and verifiers (`strata-proxy`), an
+//! import's tar stream (`strata-pageserver`), decoded WAL batches and free
+//! space map messages (`strata-protocol`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -39,6 +40,8 @@ const SCRAM: u8 = 12;
 const IMPORT_TAR: u8 = 13;
 /// Decoded WAL batches (`strata_protocol::decoded_wal`).
 const DECODED_WAL: u8 = 14;
+/// Free space map pages carried in a logical message (`strata_protocol::fsm_pages`).
+const FSM_PAGES: u8 = 15;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     strata_formats::fuzz::fuzz_one(data);
@@ -79,5 +82,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     if let Some((&DECODED_WAL, bytes)) = data.split_first() {
         strata_protocol::decoded_wal::fuzz_one(bytes);
+    }
+    if let Some((&FSM_PAGES, bytes)) = data.split_first() {
+        strata_protocol::fsm_pages::fuzz_decode(bytes);
     }
 });

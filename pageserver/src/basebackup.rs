@@ -128,11 +128,12 @@ pub fn write_basebackup<W: Write>(
             rels.iter().filter(|(_, f)| *f == ForkNumber::Init as u8).map(|(r, _)| *r).collect();
         for &(rel, fork) in &rels {
             let Some(fork) = ForkNumber::from_u8(fork) else { continue };
-            if fork == ForkNumber::Fsm {
-                continue;
-            }
             let tag = RelTag { rel: RelFileNode { spc, db, rel }, fork };
             let unlogged = has_init.contains(&rel);
+            if unlogged && fork == ForkNumber::Fsm {
+                // An unlogged relation's map starts afresh with its data.
+                continue;
+            }
             if unlogged && fork == ForkNumber::Main {
                 // Written from the init fork below: an unlogged relation starts empty.
                 continue;
@@ -142,8 +143,9 @@ pub fn write_basebackup<W: Write>(
                 let fork = match fork {
                     ForkNumber::Main => ManifestFork::Main,
                     ForkNumber::VisibilityMap => ManifestFork::VisibilityMap,
-                    // A logged relation has no init fork; free space maps were skipped.
-                    _ => continue,
+                    ForkNumber::Fsm => ManifestFork::FreeSpaceMap,
+                    // A logged relation has no init fork.
+                    ForkNumber::Init => continue,
                 };
                 let db = (spc != GLOBALTABLESPACE_OID).then_some(db);
                 manifest.push(ManifestEntry { db, relfilenode: rel, fork, blocks: size });

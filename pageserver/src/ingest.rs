@@ -160,6 +160,8 @@ pub struct WalIngest {
 /// [`IngestError`] naming the record and its LSN.
 type Res<T> = Result<T, IngestFailure>;
 
+mod fsm;
+
 impl WalIngest {
     /// Starts ingesting after the last record the timeline holds.
     pub fn new(tl: Arc<Timeline>) -> Result<WalIngest, ReadError> {
@@ -361,9 +363,10 @@ impl WalIngest {
     /// set with `full_page_writes` off): PostgreSQL's redo skips it, but the
     /// compute stamped the page with the record's LSN, so the page read at
     /// or after it carries that `pd_lsn` too. The hint bits themselves are
-    /// not in the WAL and are never needed. Free space map blocks are not
-    /// served, and a block the relation does not have (yet) has no LSN to
-    /// stamp: both are left alone.
+    /// not in the WAL and are never needed. Free space map blocks arrive
+    /// whole, with their own `pd_lsn`, in the agent's messages
+    /// (`docs/free-space-maps.md`), and a block the relation does not have
+    /// (yet) has no LSN to stamp: both are left alone.
     fn stamp_hinted(&mut self, tag: RelTag, key: Key, blkno: BlockNumber) -> Res<()> {
         if tag.fork == ForkNumber::Fsm || self.rel_size(tag)?.is_none_or(|n| blkno >= n) {
             return Ok(());
@@ -466,8 +469,11 @@ impl WalIngest {
                     self.truncate(RelTag { rel: *rel, fork: ForkNumber::VisibilityMap }, vm_blocks)?;
                 }
                 if flags & SMGR_TRUNCATE_FSM != 0 {
-                    // The free space map is a hint, not served to computes; start it afresh.
-                    self.truncate(RelTag { rel: *rel, fork: ForkNumber::Fsm }, 0)?;
+                    // PostgreSQL's cut, which keeps the leaf of the new end
+                    // (its tail slots are cleared in a page sent later).
+                    let fsm_blocks = strata_protocol::fsm_pages::blocks_after_truncate(*blocks);
+                    let fsm_blocks = BlockNumber::try_from(fsm_blocks).unwrap_or(BlockNumber::MAX);
+                    self.truncate(RelTag { rel: *rel, fork: ForkNumber::Fsm }, fsm_blocks)?;
                 }
             }
             ParsedRecord::Dbase(DbaseRecord::CreateFileCopy { db, tablespace, src_db, src_tablespace }) => {
@@ -502,6 +508,12 @@ impl WalIngest {
             }
             ParsedRecord::RelMap(u) => {
                 self.put(Key::relmap(u.tablespace, u.db), Value::Image(Bytes::copy_from_slice(&u.data)));
+            }
+            ParsedRecord::LogicalMessage(m) => {
+                // Transactional messages are not the agent's (it sends none).
+                if !m.transactional && m.prefix == strata_protocol::fsm_pages::PREFIX.as_bytes() {
+                    self.store_fsm_pages(&m.message)?;
+                }
             }
             ParsedRecord::Xlog(_) | ParsedRecord::GistFollowRight { .. } => {}
         }

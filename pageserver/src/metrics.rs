@@ -46,6 +46,8 @@ strata_service::declare_metrics! {
         rebuilt_page_hits: Counter => "Page reads that started from a page rebuilt by an earlier read",
         redo_blocks_verified: Counter => "Blocks whose native redo was compared with PostgreSQL's image (verify_redo)",
         redo_mismatches: Counter => "Blocks whose native redo differed from PostgreSQL's image (verify_redo)",
+        fsm_pages_stored: Counter => "Free space map pages stored from computes' messages (docs/free-space-maps.md)",
+        fsm_pages_refused: Counter => "Free space map pages (or whole messages) skipped because they did not hold",
         layer_files_open: Gauge => "Layer files open in the descriptor cache",
         layer_file_opens: Counter => "Layer files opened by the descriptor cache",
         layer_file_evictions: Counter => "Layer files closed to stay within max_open_layer_files",

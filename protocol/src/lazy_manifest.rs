@@ -1,14 +1,15 @@
 //! The manifest of a lazy basebackup (`docs/lazy-compute.md`, "The
-//! manifest", version 1): every relation fork a lazy compute reads from the
+//! manifest", version 2): every relation fork a lazy compute reads from the
 //! pageserver, with its size in blocks at the basebackup's LSN.
 //!
 //! ```text
-//! strata lazy manifest 1
+//! strata lazy manifest 2
 //! lsn 0/1500780
 //! base/5/1249 61
+//! base/5/16384_fsm 3
 //! base/5/16384_vm 1
 //! global/1262 1
-//! end 3
+//! end 4
 //! ```
 //!
 //! Paths are sorted and unique; the last line counts the entries, so a
@@ -23,7 +24,7 @@ use crate::limits::MAX_MANIFEST_BYTES;
 /// The member name of the manifest in a lazy basebackup's tar stream.
 pub const MANIFEST_NAME: &str = "strata.lazy.manifest";
 /// The version this code writes and reads.
-pub const MANIFEST_VERSION: u32 = 1;
+pub const MANIFEST_VERSION: u32 = 2;
 
 const HEADER: &str = "strata lazy manifest ";
 
@@ -32,6 +33,8 @@ const HEADER: &str = "strata lazy manifest ";
 pub enum ManifestFork {
     Main,
     VisibilityMap,
+    /// Since version 2 (`docs/free-space-maps.md`).
+    FreeSpaceMap,
 }
 
 /// One relation fork: where it lives in the data directory and its size.
@@ -55,6 +58,7 @@ impl ManifestEntry {
         let suffix = match self.fork {
             ManifestFork::Main => "",
             ManifestFork::VisibilityMap => "_vm",
+            ManifestFork::FreeSpaceMap => "_fsm",
         };
         format!("{dir}/{}{suffix}", self.relfilenode)
     }
@@ -90,7 +94,7 @@ pub fn file_number(s: &str) -> Option<u32> {
     s.parse().ok()
 }
 
-/// Parses `global/<rel>[_vm]` or `base/<db>/<rel>[_vm]`.
+/// Parses `global/<rel>[_vm|_fsm]` or `base/<db>/<rel>[_vm|_fsm]`.
 fn parse_path(path: &str) -> Option<(Option<u32>, u32, ManifestFork)> {
     let (db, file) = if let Some(file) = path.strip_prefix("global/") {
         (None, file)
@@ -98,9 +102,12 @@ fn parse_path(path: &str) -> Option<(Option<u32>, u32, ManifestFork)> {
         let (db, file) = path.strip_prefix("base/")?.split_once('/')?;
         (Some(file_number(db)?), file)
     };
-    let (rel, fork) = match file.strip_suffix("_vm") {
-        Some(rel) => (rel, ManifestFork::VisibilityMap),
-        None => (file, ManifestFork::Main),
+    let (rel, fork) = if let Some(rel) = file.strip_suffix("_vm") {
+        (rel, ManifestFork::VisibilityMap)
+    } else if let Some(rel) = file.strip_suffix("_fsm") {
+        (rel, ManifestFork::FreeSpaceMap)
+    } else {
+        (file, ManifestFork::Main)
     };
     Some((db, file_number(rel)?, fork))
 }
@@ -171,13 +178,14 @@ mod tests {
 
     /// The example of `docs/lazy-compute.md`, byte for byte.
     const VECTOR: &str =
-        "strata lazy manifest 1\nlsn 0/1500780\nbase/5/1249 61\nbase/5/16384_vm 1\nglobal/1262 1\nend 3\n";
+        "strata lazy manifest 2\nlsn 0/1500780\nbase/5/1249 61\nbase/5/16384_fsm 3\nbase/5/16384_vm 1\nglobal/1262 1\nend 4\n";
 
     fn example() -> Manifest {
         Manifest {
             lsn: Lsn(0x150_0780),
             entries: vec![
                 ManifestEntry { db: Some(5), relfilenode: 1249, fork: ManifestFork::Main, blocks: 61 },
+                ManifestEntry { db: Some(5), relfilenode: 16384, fork: ManifestFork::FreeSpaceMap, blocks: 3 },
                 ManifestEntry { db: Some(5), relfilenode: 16384, fork: ManifestFork::VisibilityMap, blocks: 1 },
                 ManifestEntry { db: None, relfilenode: 1262, fork: ManifestFork::Main, blocks: 1 },
             ],
@@ -204,25 +212,25 @@ mod tests {
         let cases: &[(&str, &str)] = &[
             ("", "does not end with a newline"),
             ("\n", "not a lazy manifest"),
-            ("strata lazy manifest 2\nlsn 0/1\nend 0\n", "version 2"),
-            ("strata lazy manifest 1\nend 0\n", "expected \"lsn X/Y\""),
-            ("strata lazy manifest 1\nlsn 0/1a\nend 0\n", "expected \"lsn X/Y\""),
-            ("strata lazy manifest 1\nlsn 00/1\nend 0\n", "expected \"lsn X/Y\""),
-            ("strata lazy manifest 1\nlsn 0/1\n", "cut short"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249 61\n", "cut short"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249 61\nend 2\n", "says 2 entries, 1 were read"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249 61\nend 0", "does not end with a newline"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249_fsm 1\nend 1\n", "bad path"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249.1 1\nend 1\n", "bad path"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/../1249 1\nend 1\n", "bad path"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/01249 1\nend 1\n", "bad path"),
-            ("strata lazy manifest 1\nlsn 0/1\npg_wal/1 1\nend 1\n", "bad path"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249 -1\nend 1\n", "bad size"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249 4294967296\nend 1\n", "bad size"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249\nend 1\n", "no size"),
-            ("strata lazy manifest 1\nlsn 0/1\nbase/5/1249 1\nbase/5/1249 1\nend 2\n", "out of order or repeated"),
-            ("strata lazy manifest 1\nlsn 0/1\nglobal/1 1\nbase/5/1 1\nend 2\n", "out of order or repeated"),
-            ("strata lazy manifest 1\nlsn 0/1\nend 0\nbase/5/1 1\n", "text after the end line"),
+            ("strata lazy manifest 1\nlsn 0/1\nend 0\n", "version 1"),
+            ("strata lazy manifest 2\nend 0\n", "expected \"lsn X/Y\""),
+            ("strata lazy manifest 2\nlsn 0/1a\nend 0\n", "expected \"lsn X/Y\""),
+            ("strata lazy manifest 2\nlsn 00/1\nend 0\n", "expected \"lsn X/Y\""),
+            ("strata lazy manifest 2\nlsn 0/1\n", "cut short"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249 61\n", "cut short"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249 61\nend 2\n", "says 2 entries, 1 were read"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249 61\nend 0", "does not end with a newline"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249_init 1\nend 1\n", "bad path"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249.1 1\nend 1\n", "bad path"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/../1249 1\nend 1\n", "bad path"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/01249 1\nend 1\n", "bad path"),
+            ("strata lazy manifest 2\nlsn 0/1\npg_wal/1 1\nend 1\n", "bad path"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249 -1\nend 1\n", "bad size"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249 4294967296\nend 1\n", "bad size"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249\nend 1\n", "no size"),
+            ("strata lazy manifest 2\nlsn 0/1\nbase/5/1249 1\nbase/5/1249 1\nend 2\n", "out of order or repeated"),
+            ("strata lazy manifest 2\nlsn 0/1\nglobal/1 1\nbase/5/1 1\nend 2\n", "out of order or repeated"),
+            ("strata lazy manifest 2\nlsn 0/1\nend 0\nbase/5/1 1\n", "text after the end line"),
         ];
         for (input, expected) in cases {
             let err = Manifest::decode(input.as_bytes()).unwrap_err().to_string();

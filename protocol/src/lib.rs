@@ -4,6 +4,7 @@ pub mod api;
 pub mod decoded_wal;
 mod frame;
 pub mod framed;
+pub mod fsm_pages;
 pub mod ids;
 pub mod lazy_manifest;
 pub mod limits;

@@ -211,7 +211,7 @@ pub fn detach_left_behind(pgdata: &Path) {
 
 /// The backing directory of a data directory: a sibling, so that renames
 /// into it stay on one file system.
-fn backing_dir(pgdata: &Path) -> PathBuf {
+pub(super) fn backing_dir(pgdata: &Path) -> PathBuf {
     let name = pgdata.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "pgdata".into());
     pgdata.with_file_name(format!("{name}.lazy"))
 }

@@ -23,6 +23,7 @@ mod config;
 pub mod config_file;
 mod error;
 pub mod exit;
+pub mod fsm_sync;
 pub mod lazy;
 pub mod leftover;
 pub mod materialize;

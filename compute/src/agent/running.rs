@@ -6,13 +6,16 @@ use std::time::Instant;
 
 use strata_service::clock::timeout;
 
-use tokio::sync::watch;
-use tracing::{info, warn};
+use std::sync::Arc;
 
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::fsm_sync::{self, FsmScanner};
 use super::postgres::Postgres;
 use super::status::AgentState;
 use super::{fail, stop_requested, Agent, AgentError, Attempt, RunEnd};
-use crate::pg_replication::ReplicationConfig;
+use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
 
 /// What a start hands over to the run.
@@ -76,8 +79,17 @@ impl Agent {
         let t = clock.now();
         let mut streaming_deadline = clock.sleep(self.cfg.start_timeout);
         let mut running_since = None;
+        let fsm = self.fsm_scanner().await;
+        let mut fsm_tick = clock.sleep(crate::limits::FSM_SYNC_EVERY);
+        let mut fsm_task: Option<tokio::task::JoinHandle<()>> = None;
         let ended = loop {
             tokio::select! {
+                _ = &mut fsm_tick => {
+                    fsm_tick = clock.sleep(crate::limits::FSM_SYNC_EVERY);
+                    if fsm_task.as_ref().is_none_or(|t| t.is_finished()) {
+                        fsm_task = Some(tokio::spawn(self.fsm_pass(fsm.clone(), false)));
+                    }
+                }
                 exit = pg.wait() => break Watch::PostgresExited(exit),
                 r = &mut proposer => break Watch::ProposerEnded(r),
                 dead = self.lazy.died() => break Watch::MountDied(dead),
@@ -94,9 +106,15 @@ impl Agent {
             }
         };
 
+        if let Some(task) = fsm_task.take() {
+            task.abort();
+        }
         let (error, cause) = match ended {
             Watch::StopRequested => {
-                return RunEnd::Stopped(self.stop_gracefully(&mut pg, &mut proposer, &proposer_stop_tx).await)
+                // The maps PostgreSQL holds in its buffers reach their files
+                // at a checkpoint: sent before the shutdown's own.
+                self.fsm_pass(fsm, true).await;
+                return RunEnd::Stopped(self.stop_gracefully(&mut pg, &mut proposer, &proposer_stop_tx).await);
             }
             Watch::PostgresExited(exit) => unexpected_exit(&pg, exit),
             Watch::ProposerEnded(Err(proposer::ProposerError::Superseded { ours, seen })) => {
@@ -145,6 +163,52 @@ impl Agent {
             warn!("stopping PostgreSQL: {e}");
         }
         RunEnd::Failed { error, cause, running_since }
+    }
+
+    /// The free space maps of this run's PostgreSQL, as it started
+    /// (`fsm_sync`): the backing directory of a lazy compute, else the data
+    /// directory.
+    async fn fsm_scanner(&self) -> Arc<parking_lot::Mutex<FsmScanner>> {
+        let root = match self.cfg.lazy_page_service {
+            Some(_) => super::lazy::backing_dir(&self.pgdata),
+            None => self.pgdata.clone(),
+        };
+        let scanner = Arc::new(parking_lot::Mutex::new(FsmScanner::new(root)));
+        let (s, now) = (scanner.clone(), self.cfg.clock.system_now());
+        match tokio::task::spawn_blocking(move || s.lock().baseline(now)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!("reading the free space maps the compute started with: {e}"),
+            Err(e) => warn!("reading the free space maps the compute started with: {e}"),
+        }
+        scanner
+    }
+
+    /// A pass of `fsm_sync`, bounded; `checkpoint` first has PostgreSQL
+    /// write the maps it holds (before a stop). Failures are logged: the
+    /// pages are sent at a later pass.
+    fn fsm_pass(
+        &self,
+        fsm: Arc<parking_lot::Mutex<FsmScanner>>,
+        checkpoint: bool,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (session, clock) = (self.socket_config(false), self.cfg.clock.clone());
+        async move {
+            let pass = async {
+                if checkpoint {
+                    let mut conn = ReplicationConnection::connect(&session)
+                        .await
+                        .map_err(|e| format!("connecting for a checkpoint: {e}"))?;
+                    conn.simple_query("CHECKPOINT").await.map_err(|e| format!("CHECKPOINT: {e}"))?;
+                }
+                fsm_sync::sync(fsm, session, clock.system_now()).await
+            };
+            match timeout(&*clock, crate::limits::FSM_SEND_TIMEOUT, pass).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(pages)) => debug!(pages, "free space map pages sent"),
+                Ok(Err(e)) => warn!("free space maps: {e}"),
+                Err(_) => warn!("free space maps: not sent within {:?}", crate::limits::FSM_SEND_TIMEOUT),
+            }
+        }
     }
 
     /// A read-only compute: PostgreSQL alone (a hot standby that replays

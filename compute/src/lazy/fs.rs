@@ -315,6 +315,7 @@ pub fn entry_rel(e: &ManifestEntry) -> (RelFileNode, ForkNumber) {
     let fork = match e.fork {
         ManifestFork::Main => ForkNumber::Main,
         ManifestFork::VisibilityMap => ForkNumber::VisibilityMap,
+        ManifestFork::FreeSpaceMap => ForkNumber::Fsm,
     };
     (rel, fork)
 }
@@ -359,6 +360,7 @@ impl LazyHooks {
             let (fork, kind) = match e.fork {
                 ManifestFork::Main => (ForkNumber::Main, ForkKind::Main),
                 ManifestFork::VisibilityMap => (ForkNumber::VisibilityMap, ForkKind::VisibilityMap),
+                ManifestFork::FreeSpaceMap => (ForkNumber::Fsm, ForkKind::FreeSpaceMap),
             };
             // Every segment up to the one holding the last block; an empty
             // fork still has its first segment file.

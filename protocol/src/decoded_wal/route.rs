@@ -62,6 +62,9 @@ pub fn route(rec: &DecodedRecord, layout: ShardLayout) -> Routing {
     match &parsed {
         None | Some(ParsedRecord::GistFollowRight { .. }) => {}
         Some(ParsedRecord::Xlog(XlogRecord::FullPageImage { .. })) => {}
+        // Free space map pages change every shard's fork sizes; other
+        // messages are for logical decoding, which no shard does.
+        Some(ParsedRecord::LogicalMessage(m)) if m.prefix != crate::fsm_pages::PREFIX.as_bytes() => {}
         Some(ParsedRecord::VmClear(clears)) => {
             for c in clears {
                 let vm_block = c.heap_block / HEAP_BLOCKS_PER_VM_PAGE;

@@ -277,3 +277,27 @@ fn a_repeated_skeleton_is_dropped_until_a_whole_record_comes_between() {
     let mut b = BatchBuilder::new(recs[0].lsn);
     assert!(recs.iter().all(|r| owners.add(&mut b, r, &route(r, l)) == Whole));
 }
+
+/// `pg_logical_emit_message(false, prefix, '\x0102')`'s main data.
+fn logical_message(prefix: &str) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.extend_from_slice(&5u32.to_le_bytes());
+    d.extend_from_slice(&[0; 4]);
+    d.extend_from_slice(&(prefix.len() as u64 + 1).to_le_bytes());
+    d.extend_from_slice(&2u64.to_le_bytes());
+    d.extend_from_slice(prefix.as_bytes());
+    d.extend_from_slice(&[0, 1, 2]);
+    d
+}
+
+#[test]
+fn free_space_map_messages_reach_every_shard_and_other_messages_none() {
+    const RM_LOGICALMSG: u8 = 21;
+    let l = layout(4);
+    let fsm = record(RM_LOGICALMSG, 0, 0, &[], &logical_message(crate::fsm_pages::PREFIX), 0x0100_0028);
+    let r = route(&fsm, l);
+    assert!((0..4).all(|s| r.for_shard(s) == Route::Whole), "every shard keeps the maps' sizes");
+    let other = record(RM_LOGICALMSG, 0, 0, &[], &logical_message("app.audit"), 0x0100_0028);
+    let r = route(&other, l);
+    assert!((0..4).all(|s| r.for_shard(s) == Route::Omit), "logical decoding is no shard's");
+}

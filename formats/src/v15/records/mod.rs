@@ -5,6 +5,7 @@
 
 pub mod gist;
 pub mod heap;
+pub mod logicalmsg;
 pub mod slru;
 pub mod storage;
 pub mod xact;
@@ -30,6 +31,8 @@ pub enum ParsedRecord {
     GistFollowRight {
         block_id: u8,
     },
+    /// A logical decoding message (`pg_logical_emit_message`).
+    LogicalMessage(logicalmsg::LogicalMessage),
 }
 
 /// A record whose main data does not match its type.
@@ -60,6 +63,7 @@ pub fn parse(record: &DecodedRecord) -> Result<Option<ParsedRecord>, ParseError>
             (!clears.is_empty()).then_some(ParsedRecord::VmClear(clears))
         }
         RM_GIST_ID => gist::follow_right_child(record).map(|block_id| ParsedRecord::GistFollowRight { block_id }),
+        RM_LOGICALMSG_ID => logicalmsg::parse(info, data).map_err(|e| err(&e))?.map(ParsedRecord::LogicalMessage),
         _ => None,
     };
     Ok(parsed)
