@@ -106,31 +106,44 @@ def summarize(samples: list[dict], names: list[str]) -> dict:
     return out
 
 
+def sample_under_load(load, minutes: float, args, rss, cycle) -> tuple[list[dict], int]:
+    """Samples `rss()` every `args.sample` seconds for `minutes` while
+    `load` (a pgbench process) runs, calling `cycle(n)` every
+    `args.interval` seconds; stops the load at the end. The samples and
+    the cycles done."""
+    samples, cycles = [], 0
+    try:
+        started = time.monotonic()
+        next_cycle = started + args.interval
+        while (now := time.monotonic()) - started < minutes * 60:
+            if load.poll() is not None:
+                raise RuntimeError(f"pgbench exited early ({load.returncode})")
+            samples.append({"t": now - started, "cycles": cycles, "rss_kib": rss()})
+            if now >= next_cycle:
+                cycle(cycles)
+                cycles += 1
+                next_cycle += args.interval
+            time.sleep(max(0.0, min(args.sample, next_cycle - time.monotonic())))
+    finally:
+        load.terminate()
+        load.wait(timeout=60)
+    return samples, cycles
+
+
 def strata_run(base: Path, strata: Path, args) -> dict:
-    samples, cycles, started = [], 0, time.monotonic()
     with local_cluster(strata, base / "strata") as cluster:
         env = client_env(cluster.endpoint_start("writer"))
         pgbench_init(env, args.scale)
         agent = base / "strata" / "endpoints" / "writer" / "compute.pid"
         load = pgbench_process(env, "-c", str(args.clients), "-j", "2", "-T", str(int(args.minutes * 60) + 600),
                                "-n", output=False)
-        try:
-            started = time.monotonic()
-            next_cycle = started + args.interval
-            while (now := time.monotonic()) - started < args.minutes * 60:
-                if load.poll() is not None:
-                    raise RuntimeError(f"pgbench exited early ({load.returncode})")
-                rss = {name: rss_kib(cluster.pid(name)) for name in SERVICES}
-                rss["agent"] = rss_kib(read_pid(agent))
-                samples.append({"t": now - started, "cycles": cycles, "rss_kib": rss})
-                if now >= next_cycle:
-                    branch_cycle(cluster, cycles)
-                    cycles += 1
-                    next_cycle += args.interval
-                time.sleep(max(0.0, min(args.sample, next_cycle - time.monotonic())))
-        finally:
-            load.terminate()
-            load.wait(timeout=60)
+
+        def rss() -> dict:
+            out = {name: rss_kib(cluster.pid(name)) for name in SERVICES}
+            out["agent"] = rss_kib(read_pid(agent))
+            return out
+
+        samples, cycles = sample_under_load(load, args.minutes, args, rss, lambda n: branch_cycle(cluster, n))
     return {"samples": samples, "cycles": cycles, "summary": summarize(samples, [*SERVICES, "agent"])}
 
 
@@ -146,28 +159,20 @@ def branch_cycle(cluster, n: int) -> None:
 
 
 def stock_run(base: Path, args) -> dict:
-    samples, cycles = [], 0
     with stock_postgres(base, "stock") as pg:
         env = pg.client_env()
         pgbench_init(env, args.scale)
         load = pgbench_process(env, "-c", str(args.clients), "-j", "2", "-T",
                                str(int(args.stock_minutes * 60) + 600), "-n", output=False)
-        try:
-            started = time.monotonic()
-            next_cycle = started + args.interval
-            postmaster = pg._postmaster_pid()
-            while (now := time.monotonic()) - started < args.stock_minutes * 60:
-                samples.append({"t": now - started, "cycles": cycles, "rss_kib": {"postgres": tree_rss_kib(postmaster)}})
-                if now >= next_cycle:
-                    psql(env, f"CREATE TABLE soak{cycles} AS SELECT * FROM pgbench_accounts;"
-                              f" SELECT count(*), sum(abalance) FROM soak{cycles}; DROP TABLE soak{cycles}",
-                         timeout=600)
-                    cycles += 1
-                    next_cycle += args.interval
-                time.sleep(max(0.0, min(args.sample, next_cycle - time.monotonic())))
-        finally:
-            load.terminate()
-            load.wait(timeout=60)
+        postmaster = pg._postmaster_pid()
+
+        def table_cycle(n: int) -> None:
+            # Stock's counterpart of a branch: a copy of the accounts, read and dropped.
+            psql(env, f"CREATE TABLE soak{n} AS SELECT * FROM pgbench_accounts;"
+                      f" SELECT count(*), sum(abalance) FROM soak{n}; DROP TABLE soak{n}", timeout=600)
+
+        samples, cycles = sample_under_load(load, args.stock_minutes, args,
+                                            lambda: {"postgres": tree_rss_kib(postmaster)}, table_cycle)
     return {"samples": samples, "cycles": cycles, "summary": summarize(samples, ["postgres"])}
 
 

@@ -21,13 +21,16 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
+use strata_service::clock::timeout;
+use tracing::{debug, warn};
 
 use strata_formats::types::RelFileNode;
 use strata_formats::version::BLCKSZ;
 use strata_protocol::fsm_pages::{self, FsmPage};
 
+use crate::clock::SharedClock;
 use crate::lazy::rules::{ForkKind, RelFileName, SEGMENT_BLOCKS};
-use crate::limits::FSM_PASS_MAX_PAGES;
+use crate::limits::{FSM_PASS_MAX_PAGES, FSM_SEND_TIMEOUT};
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
 
 /// `pg_default` and `pg_global`, the tablespaces Strata serves.
@@ -216,6 +219,36 @@ pub fn statements(pages: &[FsmPage]) -> Vec<String> {
             format!("SELECT pg_logical_emit_message(false, '{}', '\\x{hex}'::bytea)", fsm_pages::PREFIX)
         })
         .collect()
+}
+
+/// The scanner of the run under way, if any: shared with the idle watch,
+/// which sends the maps before it decides to suspend.
+pub type FsmSlot = Arc<Mutex<Option<Arc<Mutex<FsmScanner>>>>>;
+
+/// A bounded pass (`sync`) whose failures are logged, not returned: the
+/// pages are sent at a later pass. With `checkpoint`, PostgreSQL first
+/// writes the maps it holds in shared buffers (before a stop).
+pub async fn logged_pass(
+    scanner: Arc<Mutex<FsmScanner>>,
+    session: ReplicationConfig,
+    clock: SharedClock,
+    checkpoint: bool,
+) {
+    let pass = async {
+        if checkpoint {
+            let mut conn = ReplicationConnection::connect(&session)
+                .await
+                .map_err(|e| format!("connecting for a checkpoint: {e}"))?;
+            conn.simple_query("CHECKPOINT").await.map_err(|e| format!("CHECKPOINT: {e}"))?;
+        }
+        sync(scanner, session, clock.system_now()).await
+    };
+    match timeout(&*clock, FSM_SEND_TIMEOUT, pass).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(pages)) => debug!(pages, "free space map pages sent"),
+        Ok(Err(e)) => warn!("free space maps: {e}"),
+        Err(_) => warn!("free space maps: not sent within {FSM_SEND_TIMEOUT:?}"),
+    }
 }
 
 /// One pass: the changed pages read (off the runtime's threads) and sent

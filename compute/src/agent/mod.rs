@@ -174,8 +174,9 @@ pub async fn run(cfg: AgentConfig, stop: watch::Receiver<bool>) -> Result<Ended,
         tokio::spawn(renewal.run(move |t| status.update(|s| s.token = Some(t))))
     });
     let marker = suspend::marker_path(&pgdata);
-    let mut stops = Stops::new(stop, &cfg, &pgdata, &status, &marker);
-    let agent = Agent { cfg, pgdata, status: status.clone(), lazy, marker, pg_major: std::sync::OnceLock::new() };
+    let fsm = fsm_sync::FsmSlot::default();
+    let mut stops = Stops::new(stop, &cfg, (&pgdata, &marker), &status, &fsm);
+    let agent = Agent { cfg, pgdata, status: status.clone(), lazy, marker, pg_major: std::sync::OnceLock::new(), fsm };
     let result = agent.run(&mut stops.rx, proposer_tx).await;
     let decided = stops.end();
     watcher.abort();
@@ -272,9 +273,9 @@ impl Stops {
     fn new(
         outside: watch::Receiver<bool>,
         cfg: &AgentConfig,
-        pgdata: &Path,
+        (pgdata, marker): (&Path, &Path),
         status: &StatusHandle,
-        marker: &Path,
+        fsm: &fsm_sync::FsmSlot,
     ) -> Stops {
         let (tx, rx) = watch::channel(false);
         let forward = tokio::spawn({
@@ -293,6 +294,7 @@ impl Stops {
                 proposer: cfg.application_name.clone(),
                 marker: marker.to_path_buf(),
                 clock: cfg.clock.clone(),
+                fsm: fsm.clone(),
             };
             tokio::spawn(watch.run(tx, decided.clone()))
         });
@@ -387,6 +389,8 @@ struct Agent {
     marker: PathBuf,
     /// The major of the PostgreSQL in `cfg.pg_bin_dir`, read once.
     pg_major: std::sync::OnceLock<u32>,
+    /// The free space maps of the run under way (`fsm_sync`).
+    fsm: fsm_sync::FsmSlot,
 }
 
 impl Agent {

@@ -9,13 +9,13 @@ use strata_service::clock::timeout;
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::fsm_sync::{self, FsmScanner};
 use super::postgres::Postgres;
 use super::status::AgentState;
 use super::{fail, stop_requested, Agent, AgentError, Attempt, RunEnd};
-use crate::pg_replication::{ReplicationConfig, ReplicationConnection};
+use crate::pg_replication::ReplicationConfig;
 use crate::proposer::{self, ProposerConfig, ProposerStatus};
 
 /// What a start hands over to the run.
@@ -80,6 +80,7 @@ impl Agent {
         let mut streaming_deadline = clock.sleep(self.cfg.start_timeout);
         let mut running_since = None;
         let fsm = self.fsm_scanner().await;
+        *self.fsm.lock() = Some(fsm.clone());
         let mut fsm_tick = clock.sleep(crate::limits::FSM_SYNC_EVERY);
         let mut fsm_task: Option<tokio::task::JoinHandle<()>> = None;
         let ended = loop {
@@ -109,11 +110,18 @@ impl Agent {
         if let Some(task) = fsm_task.take() {
             task.abort();
         }
+        self.fsm.lock().take();
         let (error, cause) = match ended {
             Watch::StopRequested => {
                 // The maps PostgreSQL holds in its buffers reach their files
-                // at a checkpoint: sent before the shutdown's own.
-                self.fsm_pass(fsm, true).await;
+                // at a checkpoint: sent before the shutdown's own. A
+                // suspension sent them before it was decided (`suspend`),
+                // and from its decision on PostgreSQL must refuse clients.
+                let suspending = super::suspend::read_marker(&self.marker)
+                    .is_some_and(|m| m.phase == super::suspend::Phase::Suspending);
+                if !suspending {
+                    self.fsm_pass(fsm, true).await;
+                }
                 return RunEnd::Stopped(self.stop_gracefully(&mut pg, &mut proposer, &proposer_stop_tx).await);
             }
             Watch::PostgresExited(exit) => unexpected_exit(&pg, exit),
@@ -183,32 +191,13 @@ impl Agent {
         scanner
     }
 
-    /// A pass of `fsm_sync`, bounded; `checkpoint` first has PostgreSQL
-    /// write the maps it holds (before a stop). Failures are logged: the
-    /// pages are sent at a later pass.
+    /// A pass of `fsm_sync`, bounded and logged (`fsm_sync::logged_pass`).
     fn fsm_pass(
         &self,
         fsm: Arc<parking_lot::Mutex<FsmScanner>>,
         checkpoint: bool,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (session, clock) = (self.socket_config(false), self.cfg.clock.clone());
-        async move {
-            let pass = async {
-                if checkpoint {
-                    let mut conn = ReplicationConnection::connect(&session)
-                        .await
-                        .map_err(|e| format!("connecting for a checkpoint: {e}"))?;
-                    conn.simple_query("CHECKPOINT").await.map_err(|e| format!("CHECKPOINT: {e}"))?;
-                }
-                fsm_sync::sync(fsm, session, clock.system_now()).await
-            };
-            match timeout(&*clock, crate::limits::FSM_SEND_TIMEOUT, pass).await {
-                Ok(Ok(0)) => {}
-                Ok(Ok(pages)) => debug!(pages, "free space map pages sent"),
-                Ok(Err(e)) => warn!("free space maps: {e}"),
-                Err(_) => warn!("free space maps: not sent within {:?}", crate::limits::FSM_SEND_TIMEOUT),
-            }
-        }
+        fsm_sync::logged_pass(fsm, self.socket_config(false), self.cfg.clock.clone(), checkpoint)
     }
 
     /// A read-only compute: PostgreSQL alone (a hot standby that replays

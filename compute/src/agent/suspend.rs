@@ -166,6 +166,8 @@ pub(super) struct IdleWatch {
     pub proposer: String,
     pub marker: PathBuf,
     pub clock: SharedClock,
+    /// The run's free space maps, sent before a suspension is decided.
+    pub fsm: super::fsm_sync::FsmSlot,
 }
 
 impl IdleWatch {
@@ -200,6 +202,10 @@ impl IdleWatch {
                 None
             };
             let Verdict::Suspend(idle) = tracker.observe(self.clock.now(), clients) else { continue };
+            if !self.maps_sent_and_still_idle(&mut conn, &query).await {
+                tracker = IdleTracker::new(self.after);
+                continue;
+            }
             let marker = Marker {
                 phase: Phase::Suspending,
                 idle_secs: idle.as_secs(),
@@ -218,6 +224,16 @@ impl IdleWatch {
             let _ = stop.send(true);
             return;
         }
+    }
+
+    /// Sends the free space maps (a checkpoint first), as a stop would,
+    /// before the suspension is decided: from the decision on PostgreSQL
+    /// must refuse clients, and a client that arrives meanwhile is served
+    /// and keeps the compute up. Whether it is still idle after.
+    async fn maps_sent_and_still_idle(&self, conn: &mut Option<ReplicationConnection>, query: &str) -> bool {
+        let Some(scanner) = self.fsm.lock().clone() else { return true };
+        super::fsm_sync::logged_pass(scanner, self.conn.clone(), self.clock.clone(), true).await;
+        matches!(self.count(conn, query).await, Ok(0))
     }
 
     /// One count, over the agent's session (made again after an error).
