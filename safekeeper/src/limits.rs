@@ -60,6 +60,12 @@ pub const CONSUMER_KEEPALIVE: Duration = Duration::from_secs(5);
 pub const IDLE_STREAM_BUFFER: usize = 64 << 10;
 /// Most appends written before one flush (bounds the latency of the first).
 pub const MAX_APPENDS_PER_FLUSH: usize = 256;
+/// Under load the positions change at every append and every commit: a
+/// consumer woken with less than [`CONSUMER_GATHER_BYTES`] to send waits
+/// this long first, so that one wake-up and one message carry several.
+pub const CONSUMER_GATHER_DELAY: Duration = Duration::from_millis(2);
+/// What is worth sending at once, without gathering more.
+pub const CONSUMER_GATHER_BYTES: u64 = 64 << 10;
 /// WAL within this many bytes of the flush LSN was written moments ago and
 /// is read in place (from the page cache); older WAL may have to come from
 /// the disk, and is read off the async worker.

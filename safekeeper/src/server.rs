@@ -27,7 +27,10 @@ use crate::acceptor::AcceptorError;
 use crate::connection::{Connection, ConnectionError, Frames, Writer};
 use crate::decoded_stream::{DecodedStream, DecodedStreamError};
 use crate::fence::StreamFence;
-use crate::limits::{CONSUMER_KEEPALIVE, IDLE_STREAM_BUFFER, RECENT_WAL_BYTES, SEND_TIMEOUT};
+use crate::limits::{
+    CONSUMER_GATHER_BYTES, CONSUMER_GATHER_DELAY, CONSUMER_KEEPALIVE, IDLE_STREAM_BUFFER, RECENT_WAL_BYTES,
+    SEND_TIMEOUT,
+};
 use crate::shared::Shared;
 use crate::timeline::{AcceptorCallError, ConsumerStatus, Timeline};
 use crate::wal_reader::WalReader;
@@ -458,6 +461,13 @@ async fn consumer_loop(
             changed = positions.changed() => {
                 if changed.is_err() {
                     return Ok(());
+                }
+                let now = *positions.borrow();
+                let limit = if start.include_uncommitted { now.flush_lsn } else { now.commit_lsn };
+                if limit.0.saturating_sub(sent.0) < CONSUMER_GATHER_BYTES {
+                    // Gathered: one message and one wake-up of the consumer for
+                    // the appends and commits of the next moments.
+                    clock.sleep(CONSUMER_GATHER_DELAY).await;
                 }
             }
             frame = reader.read_frame(shared.config.idle_timeout) => {
