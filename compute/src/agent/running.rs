@@ -110,16 +110,15 @@ impl Agent {
         if let Some(task) = fsm_task.take() {
             task.abort();
         }
-        self.fsm.lock().take();
+        // Still in the slot unless a suspension took it to send the last
+        // maps before it was decided (`suspend`): from the decision on,
+        // PostgreSQL must refuse clients, so the stop sends none.
+        let last_pass = self.fsm.lock().take();
         let (error, cause) = match ended {
             Watch::StopRequested => {
                 // The maps PostgreSQL holds in its buffers reach their files
-                // at a checkpoint: sent before the shutdown's own. A
-                // suspension sent them before it was decided (`suspend`),
-                // and from its decision on PostgreSQL must refuse clients.
-                let suspending = super::suspend::read_marker(&self.marker)
-                    .is_some_and(|m| m.phase == super::suspend::Phase::Suspending);
-                if !suspending {
+                // at a checkpoint: sent before the shutdown's own.
+                if let Some(fsm) = last_pass {
                     self.fsm_pass(fsm, true).await;
                 }
                 return RunEnd::Stopped(self.stop_gracefully(&mut pg, &mut proposer, &proposer_stop_tx).await);
@@ -183,10 +182,9 @@ impl Agent {
         };
         let scanner = Arc::new(parking_lot::Mutex::new(FsmScanner::new(root)));
         let (s, now) = (scanner.clone(), self.cfg.clock.system_now());
-        match tokio::task::spawn_blocking(move || s.lock().baseline(now)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!("reading the free space maps the compute started with: {e}"),
-            Err(e) => warn!("reading the free space maps the compute started with: {e}"),
+        let read = tokio::task::spawn_blocking(move || s.lock().baseline(now).map_err(|e| e.to_string()));
+        if let Err(e) = read.await.map_err(|e| e.to_string()).and_then(|r| r) {
+            warn!("reading the free space maps the compute started with: {e}");
         }
         scanner
     }

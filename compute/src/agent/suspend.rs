@@ -218,6 +218,8 @@ impl IdleWatch {
                 tracker = IdleTracker::new(self.after);
                 continue;
             }
+            // The maps are sent: the stop that follows sends none.
+            self.fsm.lock().take();
             info!(idle_secs = marker.idle_secs, "no client connected for {idle:?}: suspending");
             *decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker);
             drop(conn);
