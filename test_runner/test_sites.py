@@ -18,6 +18,7 @@ import pytest
 
 from fixtures.endpoint import Endpoint, SocketSuperuser, start_endpoint
 from fixtures.load import AckedWriters
+from fixtures.processes import pid_alive
 from fixtures.strata import parse_lsn
 from fixtures.versions import MAJORS
 from fixtures.wait import wait_until
@@ -394,11 +395,15 @@ def test_promoting_dc2_under_local_quorum_reports_dc1s_tail_and_fences_its_write
     started = time.monotonic()
     out = cluster.run("site", "promote", "dc2").stdout
     print(out)
-    time.sleep(2)
-    # dc1's writer is fenced: nothing it acknowledged after the seal (its
-    # commits wait for ever; it is killed to end them).
+    # dc1's writer is fenced: the seal closed its safekeeper connections,
+    # and they refuse it when it comes back, so it stops for good (its
+    # supervisor does not start it again) having acknowledged nothing after
+    # the seal.
+    pids = ep.supervisor_pid(), ep.agent_pid()
+    wait_until("dc1's writer stopped for good",
+               lambda: not any(p is not None and pid_alive(p) for p in (*pids, ep.postmaster_pid())), timeout=60)
     assert not writers.acked_between(started + 5, time.monotonic()), "dc1's writer committed after the seal"
-    ep.kill9_compute()
+    assert "has sealed the timeline" in (ep.dir / "compute.log").read_text()
     writers.stop()
     f, c, nbytes, txns = lost_range(report_line(out))
     assert c > f and nbytes == c - f and txns is not None, out

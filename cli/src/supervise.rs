@@ -221,8 +221,10 @@ impl Supervisor {
         let name = &self.args.name;
         match status.code() {
             Some(exit::FENCED) => {
-                warn!("supervisor: {name} was fenced by another writer; not starting it again");
-                Some("fenced by another writer".into())
+                warn!(
+                    "supervisor: {name} was fenced (another writer, or a site failover's seal); not starting it again"
+                );
+                Some("fenced: another writer took the branch, or a site failover sealed it".into())
             }
             Some(exit::SUSPENDED) => {
                 let marker = self.args.suspend_marker.as_deref().and_then(suspend::read_marker);

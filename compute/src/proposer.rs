@@ -93,6 +93,10 @@ pub enum ProposerError {
     Superseded { ours: Term, seen: Term },
     #[error("safekeeper {0} refused: {1}")]
     Refused(String, String),
+    /// A site failover sealed the timeline (`docs/sites.md`): this writer
+    /// is fenced for good, and a restart would only be refused again.
+    #[error("safekeeper {0} has sealed the timeline (a site failover forked the branch): {1}")]
+    Sealed(String, String),
     #[error("safekeepers hold WAL up to {epoch_start}, beyond this PostgreSQL's end {pg_end}: start it from a basebackup at {epoch_start}")]
     PostgresBehind { epoch_start: Lsn, pg_end: Lsn },
     #[error("PostgreSQL: {0}")]
@@ -105,6 +109,14 @@ pub enum ProposerError {
     Reconfigured { generation: u32, why: String },
     #[error("{0}")]
     Other(String),
+}
+
+impl ProposerError {
+    /// Whether this writer may never write the branch again: another writer
+    /// was elected, or a site failover sealed the timeline.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, ProposerError::Superseded { .. } | ProposerError::Sealed(..))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -434,6 +446,14 @@ impl Core {
             }
             LinkEvent::Message { link, session, msg } => {
                 if self.links[link].session != session {
+                    // A greeting refused because a site failover sealed the
+                    // timeline (the session never began): fenced for good,
+                    // where other refusals of a greeting are retried.
+                    if let AcceptorMessage::Error(e) = &msg {
+                        if e.code == ErrorCode::Sealed && session > self.links[link].session {
+                            return Err(ProposerError::Sealed(self.links[link].address.clone(), e.message.clone()));
+                        }
+                    }
                     return Ok(());
                 }
                 self.on_message(link, msg)?;
@@ -543,9 +563,10 @@ impl Core {
                 if e.code == ErrorCode::TermSuperseded {
                     return Err(ProposerError::Superseded { ours: self.term, seen: self.term + 1 });
                 }
-                // Sealed: a site failover forked the branch; this writer is fenced for good.
-                if matches!(e.code, ErrorCode::Mismatch | ErrorCode::NotFound | ErrorCode::Version | ErrorCode::Sealed)
-                {
+                if e.code == ErrorCode::Sealed {
+                    return Err(ProposerError::Sealed(self.links[link].address.clone(), e.message));
+                }
+                if matches!(e.code, ErrorCode::Mismatch | ErrorCode::NotFound | ErrorCode::Version) {
                     return Err(ProposerError::Refused(self.links[link].address.clone(), e.message));
                 }
                 warn!(safekeeper = %self.links[link].address, "error: {:?}: {}", e.code, e.message);
@@ -1287,5 +1308,37 @@ mod tests {
         assert!(matches!(sent.try_recv(), Ok((1, ProposerMessage::VoteRequest(VoteRequest { term: 3 })))));
         core.retry_lagging();
         assert!(sent.try_recv().is_err(), "asked once per interval");
+    }
+
+    #[test]
+    fn a_greeting_refused_as_sealed_fences_the_proposer_and_other_refusals_are_retried() {
+        let clock = ManualClock::new();
+        let mut cfg = ProposerConfig::new(Vec::new(), test_identity());
+        cfg.clock = SharedClock::new(clock.clone());
+        let (status, _) = tokio::sync::watch::channel(ProposerStatus::default());
+        let mut core = Core::start(cfg, status);
+        let (commands, _sent) = mpsc::channel(16);
+        core.links.push(Link {
+            address: "sk".into(),
+            id: None,
+            session: 1,
+            phase: LinkPhase::Down,
+            term_seen: 0,
+            flush: None,
+            commands,
+            last_request: clock.now(),
+            consumer_applied: Lsn::INVALID,
+            commit_sent: Lsn::INVALID,
+            feedback: StandbyFeedback::default(),
+        });
+        let refusal = |session, code| LinkEvent::Message {
+            link: 0,
+            session,
+            msg: AcceptorMessage::Error(strata_protocol::safekeeper::ErrorMessage { code, message: "no".into() }),
+        };
+        // A timeline not (yet) on that safekeeper: the link tries again.
+        assert!(core.on_event(refusal(2, ErrorCode::NotFound)).is_ok());
+        let err = core.on_event(refusal(3, ErrorCode::Sealed)).unwrap_err();
+        assert!(matches!(err, ProposerError::Sealed(..)) && err.is_fenced(), "{err}");
     }
 }

@@ -124,13 +124,17 @@ impl Agent {
                 return RunEnd::Stopped(self.stop_gracefully(&mut pg, &mut proposer, &proposer_stop_tx).await);
             }
             Watch::PostgresExited(exit) => unexpected_exit(&pg, exit),
-            Watch::ProposerEnded(Err(proposer::ProposerError::Superseded { ours, seen })) => {
-                // Another writer was elected: this one's WAL can no longer
-                // commit, and starting again would take the branch back.
+            Watch::ProposerEnded(Err(e)) if e.is_fenced() => {
+                // Another writer was elected, or a site failover sealed the
+                // timeline: this one's WAL can no longer commit, and starting
+                // again would take the branch back or be refused for ever.
                 drop(proposer);
-                let why = format!(
-                    "another writer took the branch over (safekeeper term {seen}, ours {ours}); stopping for good"
-                );
+                let why = match e {
+                    proposer::ProposerError::Superseded { ours, seen } => format!(
+                        "another writer took the branch over (safekeeper term {seen}, ours {ours}); stopping for good"
+                    ),
+                    other => format!("{other}; stopping for good"),
+                };
                 warn!("{why}");
                 if let Err(e) = pg.stop_everything().await {
                     warn!("stopping PostgreSQL: {e}");

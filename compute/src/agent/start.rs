@@ -196,10 +196,22 @@ impl Agent {
                 let Some(lsn) = unless_stopped(stop, sync).await else {
                     return stopped_early();
                 };
-                let lsn = step!(lsn
-                    .map_err(|_| format!("no quorum of safekeepers was synced within {:?}", self.cfg.sync_timeout))
-                    .and_then(|r| r.map_err(|e| e.to_string()))
-                    .map_err(|e| fail("sync-safekeepers", format!("{}: {e}", self.timeline_name()))));
+                let lsn = step!(match lsn {
+                    Ok(Ok(lsn)) => Ok(lsn),
+                    // Sealed by a site failover: never to start again (`docs/sites.md`).
+                    Ok(Err(e @ proposer::ProposerError::Sealed(..))) => {
+                        Err(fail(super::error::FENCED, format!("{}: {e}", self.timeline_name())))
+                    }
+                    Ok(Err(e)) => Err(fail("sync-safekeepers", format!("{}: {e}", self.timeline_name()))),
+                    Err(_) => Err(fail(
+                        "sync-safekeepers",
+                        format!(
+                            "{}: no quorum of safekeepers was synced within {:?}",
+                            self.timeline_name(),
+                            self.cfg.sync_timeout
+                        ),
+                    )),
+                });
                 let seconds = self.cfg.clock.since(t).as_secs_f64();
                 self.status.update(|s| {
                     s.start_lsn = Some(lsn);
