@@ -9,6 +9,7 @@
 //! flush LSN a safekeeper reports is a place where WAL can continue.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_service::clock::{timeout, Clock, Sleep};
@@ -21,12 +22,13 @@ pub use strata_protocol::api::compute::ProposerStatus;
 
 use strata_formats::wal::{StartPosition, WalDecoder};
 use strata_formats::{Lsn, PgVersion};
+use strata_protocol::safekeeper::codec;
 use strata_protocol::safekeeper::election::{
     advance_commit, elect, next_term, quorum, quorum_lsn, start_streaming_at, Epoch,
 };
 use strata_protocol::safekeeper::{
-    AcceptorMessage, AppendRequest, ErrorCode, Membership, OnAsyncLag, ProposerElected, ProposerGreeting,
-    ProposerMessage, StandbyFeedback, Term, TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
+    AcceptorMessage, ErrorCode, Membership, OnAsyncLag, ProposerElected, ProposerGreeting, ProposerMessage,
+    StandbyFeedback, Term, TimelineIdentity, VoteRequest, VoteResponse, PROTOCOL_VERSION,
 };
 use strata_protocol::{NodeId, Token};
 
@@ -36,7 +38,7 @@ use crate::limits::{
     QUORUM_WAIT, STATUS_REPORT_INTERVAL,
 };
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
-use crate::safekeeper_link::{run_link, LinkEvent, Target};
+use crate::safekeeper_link::{run_link, LinkCommand, LinkEvent, Target};
 use strata_service::tls::ClientTls;
 
 /// What the proposer needs.
@@ -140,7 +142,7 @@ struct Link {
     term_seen: Term,
     /// Durable end acknowledged in our term (survives reconnects).
     flush: Option<Lsn>,
-    commands: mpsc::Sender<(u64, ProposerMessage)>,
+    commands: mpsc::Sender<(u64, LinkCommand)>,
     /// When its position was last asked for (links left behind are asked again).
     last_request: Instant,
     /// What its consumers report as applied.
@@ -152,6 +154,9 @@ struct Link {
 }
 
 /// WAL from `start`, record-complete up to `complete_end`.
+/// `[from, to)` of WAL.
+type LsnRange = (Lsn, Lsn);
+
 struct WalBuffer {
     start: Lsn,
     bytes: VecDeque<u8>,
@@ -162,21 +167,22 @@ impl WalBuffer {
     fn end(&self) -> Lsn {
         Lsn(self.start.0 + self.bytes.len() as u64)
     }
-    /// A copy of `[from, to)`: at most two copies of contiguous memory (the
-    /// ring's two halves), not a byte-by-byte walk of the ring.
-    fn slice(&self, from: Lsn, to: Lsn) -> Vec<u8> {
+    /// `[from, to)` as at most two runs of contiguous memory (the ring's
+    /// two halves), in LSN order; either may be empty.
+    fn parts(&self, from: Lsn, to: Lsn) -> [&[u8]; 2] {
         let a = (from.0 - self.start.0) as usize;
         let b = (to.0 - self.start.0) as usize;
         debug_assert!(a <= b && b <= self.bytes.len(), "a slice of WAL the buffer holds");
         let (front, back) = self.bytes.as_slices();
-        let mut out = Vec::with_capacity(b - a);
-        if a < front.len() {
-            out.extend_from_slice(&front[a..b.min(front.len())]);
-        }
-        if b > front.len() {
-            out.extend_from_slice(&back[a.saturating_sub(front.len())..b - front.len()]);
-        }
-        out
+        let first = if a < front.len() { &front[a..b.min(front.len())] } else { &[][..] };
+        let second = if b > front.len() { &back[a.saturating_sub(front.len())..b - front.len()] } else { &[][..] };
+        [first, second]
+    }
+
+    /// A copy of `[from, to)`.
+    #[cfg(test)]
+    fn slice(&self, from: Lsn, to: Lsn) -> Vec<u8> {
+        self.parts(from, to).concat()
     }
     fn trim_to(&mut self, lsn: Lsn) {
         if lsn > self.start {
@@ -369,6 +375,10 @@ impl Core {
     }
 
     fn send(&mut self, link: usize, msg: ProposerMessage) {
+        self.send_command(link, LinkCommand::Message(msg));
+    }
+
+    fn send_command(&mut self, link: usize, msg: LinkCommand) {
         let l = &self.links[link];
         // A full queue means the link is far behind; it catches up from its acknowledged position later.
         if l.commands.try_send((l.session, msg)).is_err() {
@@ -772,17 +782,23 @@ impl Core {
             Some(flushes) => flushes.into_iter().min().unwrap_or(Lsn::INVALID),
             None => Lsn::INVALID,
         };
+        // Links at the same position get the same appends: each is encoded
+        // once, straight from the buffer, and its frame shared.
+        let mut frames: Vec<(LsnRange, Arc<[u8]>)> = Vec::new();
         for (i, at, msgs) in sends {
             for (from, to) in msgs {
-                let wal = self.buffer.as_ref().expect("checked").slice(from, to);
-                let req = AppendRequest {
-                    term: self.term,
-                    begin_lsn: from,
-                    commit_lsn: self.commit_lsn,
-                    truncate_lsn: truncate,
-                    wal,
+                let frame = match frames.iter().find(|(range, _)| *range == (from, to)) {
+                    Some((_, frame)) => frame.clone(),
+                    None => {
+                        let mut out = Vec::new();
+                        let wal = self.buffer.as_ref().expect("checked").parts(from, to);
+                        codec::encode_append(self.term, from, self.commit_lsn, truncate, wal, &mut out);
+                        let frame: Arc<[u8]> = out.into();
+                        frames.push(((from, to), frame.clone()));
+                        frame
+                    }
                 };
-                self.send(i, ProposerMessage::Append(req));
+                self.send_command(i, LinkCommand::Frame(frame));
             }
             self.links[i].phase = LinkPhase::Streaming { next: at };
             self.links[i].commit_sent = self.commit_lsn;
@@ -1299,13 +1315,16 @@ mod tests {
             donor: 0,
         });
         core.request_position(0);
-        assert!(matches!(sent.try_recv(), Ok((1, ProposerMessage::VoteRequest(_)))));
+        assert!(matches!(sent.try_recv(), Ok((1, LinkCommand::Message(ProposerMessage::VoteRequest(_))))));
         clock.advance(POSITION_RETRY);
         core.retry_lagging();
         assert!(sent.try_recv().is_err(), "not before the interval has passed");
         clock.advance(Duration::from_millis(1));
         core.retry_lagging();
-        assert!(matches!(sent.try_recv(), Ok((1, ProposerMessage::VoteRequest(VoteRequest { term: 3 })))));
+        assert!(matches!(
+            sent.try_recv(),
+            Ok((1, LinkCommand::Message(ProposerMessage::VoteRequest(VoteRequest { term: 3 }))))
+        ));
         core.retry_lagging();
         assert!(sent.try_recv().is_err(), "asked once per interval");
     }

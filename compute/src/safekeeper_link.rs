@@ -2,6 +2,7 @@
 //! with backoff, greets, and then forwards commands from the proposer core
 //! and the safekeeper's answers. The core owns all protocol decisions.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use strata_service::clock::timeout;
@@ -42,7 +43,64 @@ pub enum LinkEvent {
 }
 
 /// Commands from the core for the current session of a link.
-pub type LinkCommand = ProposerMessage;
+#[derive(Debug)]
+pub enum LinkCommand {
+    /// A message to encode and send.
+    Message(ProposerMessage),
+    /// A frame already encoded, shared by every link it goes to (an append
+    /// the core encoded once for all the safekeepers at its position).
+    Frame(Arc<[u8]>),
+}
+
+/// Commands taken for one write: messages encoded into a scratch buffer,
+/// shared frames referred to as they are, so that an append's WAL reaches
+/// the socket without another copy (a vectored write).
+#[derive(Default)]
+struct Batch {
+    scratch: Vec<u8>,
+    /// Each command's bytes: a range of `scratch` or a shared frame.
+    parts: Vec<Part>,
+    len: usize,
+}
+
+enum Part {
+    Scratch(std::ops::Range<usize>),
+    Frame(Arc<[u8]>),
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.scratch.clear();
+        self.parts.clear();
+        self.len = 0;
+    }
+
+    fn push(&mut self, cmd: LinkCommand) {
+        let part = match cmd {
+            LinkCommand::Message(msg) => {
+                let start = self.scratch.len();
+                codec::encode_proposer(&msg, &mut self.scratch);
+                Part::Scratch(start..self.scratch.len())
+            }
+            LinkCommand::Frame(frame) => Part::Frame(frame),
+        };
+        self.len += match &part {
+            Part::Scratch(r) => r.len(),
+            Part::Frame(f) => f.len(),
+        };
+        self.parts.push(part);
+    }
+
+    fn slices(&self) -> Vec<&[u8]> {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Scratch(r) => &self.scratch[r.clone()],
+                Part::Frame(f) => &f[..],
+            })
+            .collect()
+    }
+}
 
 /// Where a link connects: a safekeeper's protocol address, over TLS with
 /// the cluster's CA when given.
@@ -125,6 +183,7 @@ async fn session_loop(
     if events.send(LinkEvent::Connected { link, session, term, node_id, membership }).await.is_err() {
         return Ok(());
     }
+    let mut batch = Batch::default();
     loop {
         tokio::select! {
             cmd = commands.recv() => {
@@ -132,18 +191,18 @@ async fn session_loop(
                 if cmd_session != session {
                     continue;
                 }
-                out.clear();
-                codec::encode_proposer(&cmd, &mut out);
+                batch.clear();
+                batch.push(cmd);
                 // Drain whatever else is queued into the same write.
                 while let Ok((s, more)) = commands.try_recv() {
                     if s == session {
-                        codec::encode_proposer(&more, &mut out);
+                        batch.push(more);
                     }
-                    if out.len() > LINK_MAX_WRITE_BATCH {
+                    if batch.len > LINK_MAX_WRITE_BATCH {
                         break;
                     }
                 }
-                framed::write_all(&mut w, &out, limit).await.map_err(|e| format!("sending: {e}"))?;
+                framed::write_all_vectored(&mut w, &batch.slices(), limit).await.map_err(|e| format!("sending: {e}"))?;
             }
             // A quiet PostgreSQL sends nothing for long stretches, and a
             // safekeeper answers only appends: silence alone is not a

@@ -33,6 +33,7 @@ use super::messages::{
     ErrorCode, ErrorMessage, ProposerElected, ProposerGreeting, ProposerMessage, StandbyFeedback, StartStreaming,
     StreamMessage, StreamStart, TimelineIdentity, VoteRequest, VoteResponse, WalData, PROTOCOL_VERSION,
 };
+use super::term::Term;
 use crate::decoded_wal::StreamFormat;
 use crate::frame::{self, FieldError, Fields, FrameWriter};
 use crate::ids::{NodeId, TenantId, TimelineId};
@@ -244,6 +245,33 @@ pub fn encode_proposer(msg: &ProposerMessage, out: &mut Vec<u8>) {
             .bytes(&a.wal)
             .finish(),
     }
+}
+
+/// Appends the frame of an [`AppendRequest`] whose WAL is given in parts
+/// (a ring buffer's two halves): the same bytes as [`encode_proposer`] of
+/// the request, without first gathering the WAL into one vector. The
+/// proposer encodes an append once and sends the frame to every safekeeper
+/// at that position.
+///
+/// # Panics
+/// As [`encode_proposer`], if the frame would exceed [`MAX_FRAME_SIZE`].
+pub fn encode_append(
+    term: Term,
+    begin_lsn: Lsn,
+    commit_lsn: Lsn,
+    truncate_lsn: Lsn,
+    wal: [&[u8]; 2],
+    out: &mut Vec<u8>,
+) {
+    out.reserve(LENGTH_SIZE + 1 + 32 + wal[0].len() + wal[1].len());
+    begin_frame(out, tag::APPEND_REQUEST)
+        .u64(term)
+        .lsn(begin_lsn)
+        .lsn(commit_lsn)
+        .lsn(truncate_lsn)
+        .bytes(wal[0])
+        .bytes(wal[1])
+        .finish();
 }
 
 /// Appends the frame of an acceptor message to `out` (see [`encode_proposer`]).
@@ -1073,6 +1101,42 @@ mod tests {
         let mut huge = vec![tag::APPEND_REQUEST];
         huge.resize(MAX_FRAME_SIZE + 1, 0);
         assert_eq!(decode_proposer(&huge), Err(CodecError::FrameTooLarge { len: MAX_FRAME_SIZE + 1 }));
+    }
+
+    #[test]
+    fn an_append_encoded_from_parts_is_the_append_encoded_whole() {
+        let wal: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        let whole = ProposerMessage::Append(AppendRequest {
+            term: 9,
+            begin_lsn: Lsn(0x0100_0028),
+            commit_lsn: Lsn(0x0100_0000),
+            truncate_lsn: Lsn(0x00F0_0000),
+            wal: wal.clone(),
+        });
+        let mut expected = Vec::new();
+        encode_proposer(&whole, &mut expected);
+        // Every way a ring may split the WAL, after a frame already in the buffer.
+        for cut in [0, 1, 2500, 4999, 5000] {
+            let mut out = vec![0xAA; 3];
+            let (a, b) = wal.split_at(cut);
+            encode_append(9, Lsn(0x0100_0028), Lsn(0x0100_0000), Lsn(0x00F0_0000), [a, b], &mut out);
+            assert_eq!(out[..3], [0xAA; 3]);
+            assert_eq!(out[3..], expected[..], "cut at {cut}");
+        }
+        // An empty append (a commit LSN update alone).
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        encode_proposer(
+            &ProposerMessage::Append(AppendRequest {
+                term: 2,
+                begin_lsn: Lsn(8),
+                commit_lsn: Lsn(8),
+                truncate_lsn: Lsn(0),
+                wal: Vec::new(),
+            }),
+            &mut a,
+        );
+        encode_append(2, Lsn(8), Lsn(8), Lsn(0), [&[], &[]], &mut b);
+        assert_eq!(a, b);
     }
 
     #[test]
