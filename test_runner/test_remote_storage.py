@@ -353,3 +353,57 @@ def test_object_storage_killed_under_load(minio, cluster_factory):
     ps.close()
     assert_same_pages(ps, cmp, lsn)
     assert cluster.metrics("pageserver")["strata_pageserver_layers_downloaded_total"] > 0
+
+
+def test_a_branch_deletion_cut_off_by_object_storage_is_finished_later_and_never_comes_back(minio, cluster_factory):
+    """Object storage down while two branches are deleted: each deletion
+    fails, and neither branch is served any more. Once MinIO is back, a
+    retry finishes the first, the pageserver's restart the second: their
+    objects, directories and markers are gone, and neither comes back
+    (before, the retry said "not found" and the restart brought the
+    timeline back from its directory)."""
+    minio.start()
+    cluster, ps, ep = remote_cluster(cluster_factory, SMALL_LAYERS, remote=minio.remote_storage("strata"))
+    ep.sql("CREATE TABLE kept AS SELECT i FROM generate_series(1, 20000) AS i")
+    tenant = cluster.tenant_id()
+    doomed = {}
+    for name in ("doomed1", "doomed2"):
+        cluster.run("branch", "create", name)
+        path = cluster.timeline_path(name)
+        code, body = ps.request("POST", path + "/checkpoint?upload_timeout=120", timeout=300)
+        assert code == 200, body
+        objects = minio.data_dir / "strata-test" / "strata" / "tenants" / tenant / "timelines" / cluster.timeline_id(name)
+        assert any(p.is_file() for p in objects.rglob("*")), f"{name}: nothing uploaded under {objects}"
+        doomed[name] = (path, objects, cluster.timelines_dir() / cluster.timeline_id(name))
+
+    def gone(name: str) -> None:
+        path, objects, local = doomed[name]
+        assert cluster.http("pageserver", "GET", path)[0] == 404, f"{name} is still served"
+        assert not any(p.is_file() for p in objects.rglob("*")) if objects.exists() else True, f"{name}: objects left"
+        assert not local.exists(), f"{name}: its directory is left"
+        assert not local_marker(local).exists(), f"{name}: its deletion marker is left"
+
+    minio.kill()
+    for name in doomed:
+        r = cluster.run("branch", "delete", name, check=False, timeout=600)
+        assert r.returncode != 0, r.stdout
+        assert cluster.http("pageserver", "GET", doomed[name][0])[0] == 404, f"{name} is served after its deletion began"
+        assert local_marker(doomed[name][2]).exists()
+    assert {"doomed1", "doomed2"} <= {b["name"] for b in cluster.tenant()["branches"]}
+
+    minio.start()
+    cluster.run("branch", "delete", "doomed1", timeout=600)
+    gone("doomed1")
+    killed = cluster.kill9("pageserver")
+    cluster.wait_restarted("pageserver", killed)
+    wait_until("the interrupted deletion finished at start", lambda: not local_marker(doomed["doomed2"][2]).exists(),
+               timeout=60)
+    gone("doomed2")
+    cluster.run("branch", "delete", "doomed2", timeout=600)
+    assert not {"doomed1", "doomed2"} & {b["name"] for b in cluster.tenant()["branches"]}
+    assert ep.sql("SELECT count(*) FROM kept")[0][0] == 20000
+
+
+def local_marker(local: Path) -> Path:
+    """The deletion marker beside a timeline's directory."""
+    return local.with_name(local.name + ".deleting")

@@ -451,15 +451,23 @@ async fn create_branch(
 
 /// `DELETE /v1/tenant/{tenant}/timeline/{timeline}`: refused (409) while a
 /// branch depends on it.
-async fn delete_timeline(State(tenants): State<Arc<Tenants>>, TimelinePath(entry): TimelinePath) -> Response {
-    let (tenant, timeline) = (entry.tl.tenant_id, entry.tl.timeline_id);
-    drop(entry);
+/// A timeline no longer served whose deletion a failure interrupted is
+/// found by its marker: the request finishes it.
+async fn delete_timeline(
+    State(tenants): State<Arc<Tenants>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Response {
+    let bad = |e: strata_protocol::ids::IdParseError| error(StatusCode::BAD_REQUEST, e.to_string());
+    let (tenant, timeline) = match (tenant.parse::<TenantShardId>(), timeline.parse::<TimelineId>()) {
+        (Ok(t), Ok(l)) => (t, l),
+        (Err(e), _) | (_, Err(e)) => return bad(e),
+    };
     let t2 = tenants.clone();
     match tokio::task::spawn_blocking(move || t2.delete_timeline(tenant, timeline)).await {
         Ok(Ok(())) => (StatusCode::OK, Json(DeleteTimelineResponse { deleted: timeline })).into_response(),
         Ok(Err(e)) => {
             let status = match e {
-                DeleteError::NotFound(..) => StatusCode::NOT_FOUND,
+                DeleteError::NotFound(..) => return missing_timeline(&tenants, tenant, timeline),
                 DeleteError::HasBranches { .. } => StatusCode::CONFLICT,
                 DeleteError::Remote { .. } | DeleteError::Storage { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             };

@@ -39,6 +39,11 @@ use strata_formats::{Lsn, PgVersion};
 
 /// Suffix of a creation marker (`<timeline>.creating`).
 const CREATING_SUFFIX: &str = ".creating";
+/// Suffix of a deletion marker (`<timeline>.deleting`): the timeline was
+/// asked to go and is no longer served; its objects and directory go
+/// before the marker does (a retry of the deletion or the next start
+/// finishes what a failure interrupted).
+const DELETING_SUFFIX: &str = ".deleting";
 use crate::limits::{RELOAD_MAX_DELAY, RELOAD_MIN_DELAY, SHUTDOWN_UPLOAD_WAIT};
 
 /// `disk_consistent_lsn` of a timeline directory's metadata, if readable.
@@ -218,8 +223,23 @@ fn wal_sources(
 }
 
 fn marker_path(timeline_dir: &Path) -> PathBuf {
+    suffixed(timeline_dir, CREATING_SUFFIX)
+}
+
+fn deleting_marker(timeline_dir: &Path) -> PathBuf {
+    suffixed(timeline_dir, DELETING_SUFFIX)
+}
+
+/// The metadata of a timeline directory, if it is still readable (the
+/// branch point a deletion releases).
+fn read_metadata(dir: &Path) -> Option<TimelineMetadata> {
+    let text = std::fs::read(dir.join(crate::timeline::METADATA_FILE)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+fn suffixed(timeline_dir: &Path, suffix: &str) -> PathBuf {
     let mut name = timeline_dir.file_name().expect("a timeline directory has a name").to_os_string();
-    name.push(CREATING_SUFFIX);
+    name.push(suffix);
     timeline_dir.with_file_name(name)
 }
 
@@ -306,6 +326,10 @@ impl Tenants {
                 let l = l.map_err(err("listing", &tl_root))?;
                 let Ok(timeline_id) = l.file_name().to_string_lossy().parse::<TimelineId>() else { continue };
                 let dir = l.path();
+                if deleting_marker(&dir).exists() {
+                    // Being deleted: finished with the markers below.
+                    continue;
+                }
                 if marker_path(&dir).exists() {
                     // Explicitly marked: a creation that did not finish.
                     warn!(dir = %dir.display(), "removing a timeline whose creation did not finish");
@@ -373,6 +397,7 @@ impl Tenants {
                 for timeline_id in remote_timelines {
                     if tenants.get(tenant_id, timeline_id).is_some()
                         || loaded.iter().any(|t| (t.tenant_id, t.timeline_id) == (tenant_id, timeline_id))
+                        || tenants.being_deleted(tenant_id, timeline_id)
                     {
                         continue;
                     }
@@ -410,7 +435,8 @@ impl Tenants {
                 }
             }
         }
-        // Markers whose directory is gone (a failed creation cleaned up halfway).
+        // Markers whose directory is gone (a failed creation cleaned up
+        // halfway), and deletions a crash or a failure interrupted.
         for t in std::fs::read_dir(&root).map_err(err("listing", &root))?.flatten() {
             let Ok(entries) = std::fs::read_dir(t.path().join("timelines")) else { continue };
             for e in entries.flatten() {
@@ -419,6 +445,9 @@ impl Tenants {
                     if !e.path().with_file_name(stem).exists() {
                         let _ = std::fs::remove_file(e.path());
                     }
+                }
+                if let Some(stem) = name.strip_suffix(DELETING_SUFFIX) {
+                    tenants.resume_deletion(&t.file_name().to_string_lossy(), stem);
                 }
             }
         }
@@ -524,15 +553,51 @@ impl Tenants {
         }
     }
 
+    /// Whether a deletion of the timeline began here and has not finished:
+    /// its objects may still be listed, but it is never attached again.
+    pub(crate) fn being_deleted(&self, tenant: TenantShardId, timeline: TimelineId) -> bool {
+        deleting_marker(&self.timeline_dir(tenant, timeline)).exists()
+    }
+
+    /// Finishes at start a deletion that was interrupted (names from the
+    /// data directory); one that fails again is left to a retry of the
+    /// request, the timeline staying out of service.
+    fn resume_deletion(&self, tenant: &str, timeline: &str) {
+        let (Ok(tenant), Ok(timeline)) = (tenant.parse::<TenantShardId>(), timeline.parse::<TimelineId>()) else {
+            return;
+        };
+        if self.conf.controller && !self.is_attached(tenant) {
+            // Its objects are the attached pageserver's to delete.
+            return;
+        }
+        if self.get(tenant, timeline).is_some() {
+            // Never: a timeline being deleted is neither loaded nor attached.
+            error!(%tenant, %timeline, "a timeline being deleted was loaded; its deletion waits for a request");
+            return;
+        }
+        let dir = self.timeline_dir(tenant, timeline);
+        let meta = read_metadata(&dir);
+        match self.finish_deletion(tenant, timeline, &dir, meta.as_ref()) {
+            Ok(()) => info!(%tenant, %timeline, "finished a deletion that was interrupted"),
+            Err(e) => {
+                error!(%tenant, %timeline, "finishing an interrupted deletion (a retry of the request goes on): {e}")
+            }
+        }
+    }
+
     /// Removes a marked, unfinished timeline: the directory, then the marker.
     fn remove_unfinished(&self, dir: &Path) -> Result<(), StorageError> {
+        self.remove_marked(dir, &marker_path(dir))
+    }
+
+    /// Removes a timeline directory (if still there), then its `marker`.
+    fn remove_marked(&self, dir: &Path, marker: &Path) -> Result<(), StorageError> {
         match std::fs::remove_dir_all(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(StorageError::Io { op: "removing", path: dir.to_path_buf(), source: e }),
         }
-        let marker = marker_path(dir);
-        std::fs::remove_file(&marker).map_err(StorageError::io("removing", &marker))?;
+        std::fs::remove_file(marker).map_err(StorageError::io("removing", marker))?;
         if self.conf.fsync {
             sync_dir(dir.parent().expect("under timelines/"))?;
         }
@@ -599,7 +664,7 @@ impl Tenants {
         let _one_at_a_time = self.creating.lock();
         let dir = self.timeline_dir(tenant, timeline);
         let marker = marker_path(&dir);
-        if self.get(tenant, timeline).is_some() || dir.exists() || marker.exists() {
+        if self.get(tenant, timeline).is_some() || dir.exists() || marker.exists() || deleting_marker(&dir).exists() {
             return Err(BranchError::Exists(tenant, timeline));
         }
         let p = self.get(tenant, parent).ok_or(BranchError::ParentNotFound(tenant, parent))?;
@@ -684,7 +749,16 @@ impl Tenants {
     /// the branch point again.
     pub fn delete_timeline(&self, tenant: TenantShardId, timeline: TimelineId) -> Result<(), DeleteError> {
         let _one_at_a_time = self.creating.lock();
-        let entry = self.get(tenant, timeline).ok_or(DeleteError::NotFound(tenant, timeline))?;
+        let Some(entry) = self.get(tenant, timeline) else {
+            // A deletion that a failure interrupted (object storage out of
+            // reach): this request finishes it.
+            let dir = self.timeline_dir(tenant, timeline);
+            if deleting_marker(&dir).exists() {
+                let meta = read_metadata(&dir);
+                return self.finish_deletion(tenant, timeline, &dir, meta.as_ref());
+            }
+            return Err(DeleteError::NotFound(tenant, timeline));
+        };
         let children: Vec<TimelineId> = self
             .all()
             .iter()
@@ -705,19 +779,31 @@ impl Tenants {
             // An index uploaded after the listing below would outlive the deletion.
             r.stop_and_wait();
         }
+        // From here on the deletion is recorded: whatever fails below, a
+        // retry or the next start finishes it, and the timeline never comes
+        // back (not even from its objects, which go first).
+        let dir = entry.tl.dir.clone();
+        replace_file(&deleting_marker(&dir), b"", self.conf.fsync)
+            .map_err(|e| DeleteError::Storage { timeline, source: e.into() })?;
+        self.finish_deletion(tenant, timeline, &dir, Some(&meta))
+    }
+
+    /// The rest of a deletion once its marker is written: the timeline's
+    /// objects, its directory, the marker, and the parent's branch point.
+    fn finish_deletion(
+        &self,
+        tenant: TenantShardId,
+        timeline: TimelineId,
+        dir: &Path,
+        meta: Option<&TimelineMetadata>,
+    ) -> Result<(), DeleteError> {
         if let Some(remote) = &self.remote {
             let n = crate::remote::delete_timeline_objects(remote, tenant, timeline)
                 .map_err(|reason| DeleteError::Remote { timeline, reason })?;
             info!(%tenant, %timeline, objects = n, "deleted the timeline's objects");
         }
-        // A crash halfway leaves the marker: the next start removes the rest.
-        let dir = entry.tl.dir.clone();
-        let marker = marker_path(&dir);
-        replace_file(&marker, b"", self.conf.fsync)
-            .map_err(StorageError::from)
-            .and_then(|()| self.remove_unfinished(&dir))
-            .map_err(|source| DeleteError::Storage { timeline, source })?;
-        if let (Some(parent), Some(at)) = (meta.ancestor_timeline_id, meta.ancestor_lsn) {
+        self.remove_marked(dir, &deleting_marker(dir)).map_err(|source| DeleteError::Storage { timeline, source })?;
+        if let Some((parent, at)) = meta.and_then(|m| m.ancestor_timeline_id.zip(m.ancestor_lsn)) {
             if let Some(p) = self.get(tenant, parent) {
                 let others = self.branch_points(tenant, parent).iter().filter(|l| **l == at).count();
                 if let Err(e) = p.tl.release_lsn(at, others) {

@@ -329,6 +329,9 @@ impl Tenants {
         let timelines = crate::remote::remote_timelines(remote, tenant).map_err(failed)?;
         let mut loaded = Vec::new();
         for timeline in timelines {
+            if self.being_deleted(tenant, timeline) {
+                continue;
+            }
             let dir = self.timeline_dir(tenant, timeline);
             let Some((rt, _)) = self.remote_timeline(tenant, timeline, &dir).map_err(failed)? else { continue };
             let Some(index) = rt.index() else {

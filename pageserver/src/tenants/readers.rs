@@ -98,6 +98,9 @@ impl Tenants {
         tenant: TenantShardId,
         timeline: TimelineId,
     ) -> Result<Option<Arc<Timeline>>, String> {
+        if self.being_deleted(tenant, timeline) {
+            return Ok(None);
+        }
         let dir = self.timeline_dir(tenant, timeline);
         let Some(found) = RemoteTimeline::find_index(remote, tenant, timeline, u32::MAX)? else {
             return Ok(None);
