@@ -459,10 +459,9 @@ impl Core {
                     // A greeting refused because a site failover sealed the
                     // timeline (the session never began): fenced for good,
                     // where other refusals of a greeting are retried.
-                    if let AcceptorMessage::Error(e) = &msg {
-                        if e.code == ErrorCode::Sealed && session > self.links[link].session {
-                            return Err(ProposerError::Sealed(self.links[link].address.clone(), e.message.clone()));
-                        }
+                    let sealed = matches!(&msg, AcceptorMessage::Error(e) if e.code == ErrorCode::Sealed);
+                    if sealed && session > self.links[link].session {
+                        return self.on_message(link, msg);
                     }
                     return Ok(());
                 }
@@ -1283,21 +1282,20 @@ mod tests {
         assert!(err.to_string().contains("no quorum of safekeepers answered"), "{err}");
     }
 
-    #[test]
-    fn a_link_is_asked_for_its_position_again_only_after_the_retry_interval() {
-        let clock = ManualClock::new();
-        let identity = test_identity();
-        let mut cfg = ProposerConfig::new(Vec::new(), identity);
+    /// A core on `clock` with no safekeepers configured (so no link task)
+    /// and one link, "sk" in session 1 at `phase`, whose commands the test
+    /// reads from the receiver.
+    fn core_with_one_link(clock: &ManualClock, phase: LinkPhase) -> (Core, mpsc::Receiver<(u64, LinkCommand)>) {
+        let mut cfg = ProposerConfig::new(Vec::new(), test_identity());
         cfg.clock = SharedClock::new(clock.clone());
         let (status, _) = tokio::sync::watch::channel(ProposerStatus::default());
-        // No safekeepers configured: no link task; the test adds its link itself.
         let mut core = Core::start(cfg, status);
-        let (commands, mut sent) = mpsc::channel(16);
+        let (commands, sent) = mpsc::channel(16);
         core.links.push(Link {
             address: "sk".into(),
             id: None,
             session: 1,
-            phase: LinkPhase::Greeted,
+            phase,
             term_seen: 0,
             flush: None,
             commands,
@@ -1306,6 +1304,13 @@ mod tests {
             commit_sent: Lsn::INVALID,
             feedback: StandbyFeedback::default(),
         });
+        (core, sent)
+    }
+
+    #[test]
+    fn a_link_is_asked_for_its_position_again_only_after_the_retry_interval() {
+        let clock = ManualClock::new();
+        let (mut core, mut sent) = core_with_one_link(&clock, LinkPhase::Greeted);
         core.term = 3;
         core.epoch = Some(Epoch {
             term: 3,
@@ -1332,24 +1337,7 @@ mod tests {
     #[test]
     fn a_greeting_refused_as_sealed_fences_the_proposer_and_other_refusals_are_retried() {
         let clock = ManualClock::new();
-        let mut cfg = ProposerConfig::new(Vec::new(), test_identity());
-        cfg.clock = SharedClock::new(clock.clone());
-        let (status, _) = tokio::sync::watch::channel(ProposerStatus::default());
-        let mut core = Core::start(cfg, status);
-        let (commands, _sent) = mpsc::channel(16);
-        core.links.push(Link {
-            address: "sk".into(),
-            id: None,
-            session: 1,
-            phase: LinkPhase::Down,
-            term_seen: 0,
-            flush: None,
-            commands,
-            last_request: clock.now(),
-            consumer_applied: Lsn::INVALID,
-            commit_sent: Lsn::INVALID,
-            feedback: StandbyFeedback::default(),
-        });
+        let (mut core, _sent) = core_with_one_link(&clock, LinkPhase::Down);
         let refusal = |session, code| LinkEvent::Message {
             link: 0,
             session,

@@ -457,10 +457,9 @@ async fn delete_timeline(
     State(tenants): State<Arc<Tenants>>,
     Path((tenant, timeline)): Path<(String, String)>,
 ) -> Response {
-    let bad = |e: strata_protocol::ids::IdParseError| error(StatusCode::BAD_REQUEST, e.to_string());
-    let (tenant, timeline) = match (tenant.parse::<TenantShardId>(), timeline.parse::<TimelineId>()) {
-        (Ok(t), Ok(l)) => (t, l),
-        (Err(e), _) | (_, Err(e)) => return bad(e),
+    let (tenant, timeline) = match timeline_ids(&tenant, &timeline) {
+        Ok(ids) => ids,
+        Err(e) => return bad_id(e),
     };
     let t2 = tenants.clone();
     match tokio::task::spawn_blocking(move || t2.delete_timeline(tenant, timeline)).await {
@@ -580,12 +579,23 @@ impl FromRequestParts<Arc<Tenants>> for TimelinePath {
     async fn from_request_parts(parts: &mut Parts, tenants: &Arc<Tenants>) -> Result<Self, Response> {
         let Path((tenant, timeline)) =
             Path::<(String, String)>::from_request_parts(parts, tenants).await.map_err(IntoResponse::into_response)?;
-        let bad = |e: strata_protocol::ids::IdParseError| error(StatusCode::BAD_REQUEST, e.to_string());
-        let t: TenantShardId = tenant.parse().map_err(bad)?;
-        let l: TimelineId = timeline.parse().map_err(bad)?;
+        let (t, l) = timeline_ids(&tenant, &timeline).map_err(bad_id)?;
         let entry = tenants.get(t, l).ok_or_else(|| missing_timeline(tenants, t, l))?;
         Ok(TimelinePath(entry))
     }
+}
+
+/// The tenant and timeline of a route's path.
+fn timeline_ids(
+    tenant: &str,
+    timeline: &str,
+) -> Result<(TenantShardId, TimelineId), strata_protocol::ids::IdParseError> {
+    Ok((tenant.parse()?, timeline.parse()?))
+}
+
+/// The answer for an id in a path that does not parse.
+fn bad_id(e: strata_protocol::ids::IdParseError) -> Response {
+    error(StatusCode::BAD_REQUEST, e.to_string())
 }
 
 /// The answer for a timeline this pageserver does not have: 404, unless
