@@ -1,10 +1,11 @@
 """The pageserver's object storage, through the CLI's cluster: layers and
 the index are uploaded as they are written; a pageserver on an empty disk
 attaches the timeline from object storage alone and serves the same pages;
-the local disk is a bounded cache (eviction, on-demand download); kill -9
-during uploads never leaves an index that lists a missing or partial
-object; a stale generation can neither publish nor delete; and an S3
-server (MinIO) killed under load costs nothing once it is back.
+the local disk is a bounded cache (eviction, on-demand download), and so is
+the memory layers keep of their files; kill -9 during uploads never leaves
+an index that lists a missing or partial object; a stale generation can
+neither publish nor delete; and an S3 server (MinIO) killed under load
+costs nothing once it is back.
 
 Pages are compared with the compute's own data files at its checkpoint
 (PostgreSQL's masking rules; fixtures/page_compare.py)."""
@@ -149,6 +150,8 @@ def test_eviction_keeps_local_disk_bounded_and_downloads_on_demand(cluster_facto
     limit = 4 << 20
     cluster, ps, ep = remote_cluster(cluster_factory, {**SMALL_LAYERS, "local_cache_bytes": limit})
     ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    loaded_lsn = settle(cluster, ps, ep)
+    loaded = snapshot_pages(ps, ep, loaded_lsn)
     ep.run(["pgbench", "-n", "-c", "4", "-T", "10"], timeout=300)
     lsn = settle(cluster, ps, ep)
 
@@ -180,6 +183,45 @@ def test_eviction_keeps_local_disk_bounded_and_downloads_on_demand(cluster_facto
     ps.close()
     assert ps.status()["state"] == "active"
     assert_same_pages(ps, cmp, lsn)
+
+
+def test_layer_index_memory_stays_within_its_budget_and_reads_open_the_files_again(cluster_factory):
+    # The smallest budget accepted: far less than what this timeline's
+    # layers keep of their files (summaries, key filters).
+    limit = 64 << 10
+    cluster, ps, ep = remote_cluster(cluster_factory, {**SMALL_LAYERS, "layer_index_cache_bytes": limit})
+    ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
+    loaded_lsn = settle(cluster, ps, ep)
+    loaded = snapshot_pages(ps, ep, loaded_lsn)
+    ep.run(["pgbench", "-n", "-c", "4", "-T", "10"], timeout=300)
+    lsn = settle(cluster, ps, ep)
+
+    def bounded():
+        m = cluster.metrics("pageserver")
+        within = m["strata_pageserver_layer_index_bytes"] <= limit
+        return m if within and m["strata_pageserver_layer_index_unloads_total"] > 0 else None
+
+    m = wait_until("layer indexes within layer_index_cache_bytes", bounded, timeout=60)
+    st = ps.status()
+    print("\nlayers:", st["l0_layers"] + st["l1_layers"] + st["image_layers"], "index bytes kept:",
+          m["strata_pageserver_layer_index_bytes"], "unloads:", m["strata_pageserver_layer_index_unloads_total"])
+    # The files stay on local disk: dropping an index is not an eviction.
+    assert m["strata_pageserver_layers_evicted_total"] == 0, m
+    assert m["strata_pageserver_local_layer_bytes"] > 4 * limit, m
+
+    # Every page is still exact, now and as loaded: a read of a layer
+    # without its index (the older layers, read longest ago, first) opens
+    # and checks the file again; the next round drops what it loaded.
+    cmp = snapshot_pages(ps, ep, lsn)
+    assert_same_pages(ps, loaded, loaded_lsn)
+    m2 = wait_until("layer indexes within the budget again", bounded, timeout=60)
+    print("indexes loaded again by reads:", m2["strata_pageserver_layer_index_reloads_total"])
+    assert m2["strata_pageserver_layer_index_reloads_total"] > 0, m2
+    assert_same_pages(ps, cmp, lsn)
+    # The compute reads and writes on through it.
+    ep.run(["pgbench", "-n", "-c", "2", "-T", "5"], timeout=300)
+    with ep.connect() as conn:
+        assert_pgbench_invariants(pgbench_state(conn), SCALE)
 
 
 def test_kill9_during_uploads_never_publishes_a_partial_index(cluster_factory):

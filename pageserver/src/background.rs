@@ -90,6 +90,7 @@ fn run(tenants: &Tenants, stop: &AtomicBool) {
             }
         }
         crate::eviction::evict_to_limit(tenants, tenants.conf.local_cache_bytes);
+        crate::eviction::unload_to_limit(tenants, tenants.conf.layer_index_cache_bytes);
         tenants.metrics.upload_queue_layers.set(lag_layers as i64);
         tenants.metrics.upload_lag_bytes.set(lag_bytes as i64);
         tenants.metrics.upload_backpressure_timelines.set(upload_pressed as i64);

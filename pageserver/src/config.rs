@@ -194,6 +194,11 @@ pub struct PageserverConfig {
     /// ago are evicted (0: no limit). Needs `remote_storage`.
     #[serde(default)]
     pub local_cache_bytes: u64,
+    /// Memory that layers keep of their files (index summaries, key
+    /// filters), all timelines together: above it, the layers read longest
+    /// ago drop theirs and their next read opens the file again.
+    #[serde(default = "default_layer_index_cache_bytes")]
+    pub layer_index_cache_bytes: u64,
     /// Bytes of layer files not yet in object storage above which ingest
     /// is slowed (the applied LSN reported stops at the uploaded one).
     #[serde(default = "default_max_upload_lag_bytes")]
@@ -277,6 +282,9 @@ fn default_gc_horizon() -> u64 {
 fn default_gc_period() -> Duration {
     limits::DEFAULT_GC_PERIOD
 }
+fn default_layer_index_cache_bytes() -> u64 {
+    limits::DEFAULT_LAYER_INDEX_CACHE_BYTES
+}
 fn default_max_upload_lag_bytes() -> u64 {
     limits::DEFAULT_MAX_UPLOAD_LAG_BYTES
 }
@@ -356,6 +364,16 @@ impl PageserverConfig {
             return Err(ConfigError {
                 key: "storage_key",
                 message: "needs `remote_storage`: it encrypts the objects stored there".into(),
+            });
+        }
+        if self.layer_index_cache_bytes < limits::MIN_LAYER_INDEX_CACHE_BYTES {
+            return Err(ConfigError {
+                key: "layer_index_cache_bytes",
+                message: format!(
+                    "{} is below the smallest accepted, {} (64 KiB)",
+                    self.layer_index_cache_bytes,
+                    limits::MIN_LAYER_INDEX_CACHE_BYTES
+                ),
             });
         }
         if self.remote_storage.is_none() && self.local_cache_bytes != 0 {
@@ -474,6 +492,7 @@ mod tests {
             ("idle_after = 0.5", "idle_after"),
             ("idle_poll_period = 0", "idle_poll_period"),
             ("local_cache_bytes = 1000000", "local_cache_bytes"),
+            ("layer_index_cache_bytes = 1000", "layer_index_cache_bytes"),
             ("max_upload_lag_bytes = 10", "max_upload_lag_bytes"),
             ("[remote_storage]\ntype = 'local'\npath = '/tmp/r'", "attachments"),
         ] {

@@ -74,6 +74,9 @@ strata_service::declare_metrics! {
         download_errors: Counter => "On-demand downloads that failed",
         layers_evicted: Counter => "Layer files evicted from local disk (kept in remote storage)",
         local_layer_bytes: Gauge => "Bytes of layer files on local disk, all timelines",
+        layer_index_bytes: Gauge => "Bytes of memory layers keep of their files (index summaries, key filters), all timelines; at most layer_index_cache_bytes after each round",
+        layer_index_reloads: Counter => "Times a read loaded a layer's dropped in-memory index again from its local file",
+        layer_index_unloads: Counter => "Times a layer dropped its in-memory index to stay within layer_index_cache_bytes (its next read opens the file again)",
         remote_deletions: Counter => "Objects deleted from remote storage through the deletion queue",
         remote_deletions_refused: Counter => "Queued deletions dropped because their generation is no longer current",
         reader_reloads: Counter => "Reader locations loaded again: a layer they had not downloaded was gone from the newest index",
@@ -188,6 +191,7 @@ impl Metrics {
             open: self.layer_files_open.clone(),
             opens: self.layer_file_opens.clone(),
             evictions: self.layer_file_evictions.clone(),
+            index_reloads: self.layer_index_reloads.clone(),
         }
     }
 }

@@ -37,6 +37,9 @@ pub struct CacheMetrics {
     pub open: Gauge,
     pub opens: Counter,
     pub evictions: Counter,
+    /// Layers whose dropped in-memory index a read loaded again from the
+    /// local file (`LayerFile::unload`).
+    pub index_reloads: Counter,
 }
 
 #[derive(Default)]
@@ -66,6 +69,11 @@ impl FileCache {
             inner: Mutex::new(Inner::default()),
             metrics,
         })
+    }
+
+    /// Counts a layer's in-memory index loaded again from its local file.
+    pub fn count_index_reload(&self) {
+        self.metrics.index_reloads.inc();
     }
 
     /// The clock of the layers read through this cache.

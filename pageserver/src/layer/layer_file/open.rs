@@ -14,7 +14,7 @@ use super::format::{
 };
 use super::name::{LayerKind, LayerName};
 use crate::key::{Key, KEY_SIZE};
-use crate::layer::bloom::KeyFilter;
+use crate::layer::bloom::{self, KeyFilter};
 use crate::layer::files::CachedFile;
 use crate::layer::LayerError;
 
@@ -162,8 +162,11 @@ impl Loaded {
             index,
             count,
             summary: Vec::with_capacity((count as usize).div_ceil(ENTRIES_PER_BLOCK).min(1 << 20)),
-            filter: KeyFilter::with_capacity(usize::try_from(count).unwrap_or(usize::MAX).min(1 << 28)),
+            filter: KeyFilter::with_capacity(0),
         };
+        // The distinct keys' hashes; the filter is sized by their number
+        // once the pass is over (a version per key would be far too many).
+        let mut key_hashes: Vec<u64> = Vec::new();
         // Stream the index once: check its CRCs, its order and value
         // bounds, and keep the summary.
         let mut crc = 0u32;
@@ -194,7 +197,7 @@ impl Loaded {
                     return Err(corrupt(format!("index entry {at} of an image layer is not one base version")));
                 }
                 if last.is_none_or(|(k, _)| k != e.key) {
-                    loaded.filter.insert(&e.key);
+                    key_hashes.push(bloom::hash(&e.key));
                 }
                 last = Some((e.key, e.lsn));
                 if i == 0 {
@@ -207,7 +210,22 @@ impl Loaded {
         if version == 1 && crc != index_crc {
             return Err(corrupt("index CRC mismatch".into()));
         }
+        loaded.filter = KeyFilter::from_hashes(&key_hashes);
         Ok((name, loaded))
+    }
+
+    /// Bytes of memory held for reads: the summary, the index block table
+    /// and the key filter (a layer held in memory counts its bytes too).
+    pub(super) fn memory_bytes(&self) -> usize {
+        let blocks = match &self.index {
+            IndexLayout::Plain { .. } => 0,
+            IndexLayout::Blocks(b) => b.capacity() * std::mem::size_of::<(u64, u32, u32)>(),
+        };
+        let bytes = match &self.file {
+            Source::File(_) => 0,
+            Source::Memory(m) => m.len(),
+        };
+        self.summary.capacity() * std::mem::size_of::<(Key, Lsn)>() + blocks + self.filter.size() + bytes
     }
 
     /// Where the values end: the index is written after the last of them.

@@ -245,6 +245,53 @@ mod tests {
     }
 
     #[test]
+    fn a_layer_that_dropped_its_index_opens_its_file_again_at_the_next_read() {
+        let dir = std::env::temp_dir().join(format!("strata-unload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // 600 versions of key 1, one of each of keys 2..500.
+        let mut versions: Vec<(Key, Lsn, Value)> =
+            (0..600u64).map(|i| (key(1), Lsn(0x100 + i * 8), page(i as u8))).collect();
+        versions.extend((2..500).map(|n| (key(n), Lsn(0x200), page(n as u8))));
+        let path = write(&dir, &versions);
+        let files = FileCache::new(4, Default::default(), crate::clock::system());
+        let layer = LayerFile::open(&path, &files).unwrap();
+        let loaded = layer.loaded().unwrap();
+        // The filter is sized by the 499 distinct keys (499 × 8 bits, to a
+        // power of two), not by the 1098 versions.
+        assert_eq!(loaded.filter.size(), 512);
+        let kept = layer.index_memory();
+        assert!(kept >= 512 + 9 * 32, "{kept}");
+        // A read in progress keeps what it uses.
+        assert_eq!(layer.unload(), 0);
+        drop(loaded);
+        assert_eq!(layer.unload(), kept);
+        assert_eq!((layer.index_memory(), layer.unload()), (0, 0));
+        assert!(layer.is_resident(), "the file stays on local disk");
+        assert_eq!(layer.len(), versions.len() as u64);
+        // The next read opens the file again and finds the same versions.
+        let mut out = Versions::default();
+        assert!(layer.collect(&key(1), Lsn(0x100 + 599 * 8), &mut out).unwrap());
+        assert_eq!(out.list, vec![(Lsn(0x100 + 599 * 8), page(599u64 as u8))]);
+        assert_eq!(layer.index_memory(), kept);
+
+        // A file replaced behind the layer's back is refused at that open.
+        assert_eq!(layer.unload(), kept);
+        for sub in ["other", "mem"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        std::fs::write(&path, std::fs::read(write(&dir.join("other"), &versions[..700])).unwrap()).unwrap();
+        let err = layer.collect(&key(1), Lsn(0x200), &mut Versions::default()).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains("local file is"), "{err}");
+
+        // A layer held in memory has no file to open again: it never unloads.
+        let bytes = std::fs::read(write(&dir.join("mem"), &versions)).unwrap();
+        let in_memory = LayerFile::from_bytes(&path, bytes).unwrap();
+        assert!(in_memory.index_memory() > kept);
+        assert_eq!(in_memory.unload(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn image_layers_hold_one_base_version_per_key_and_end_the_search() {
         let dir = std::env::temp_dir().join(format!("strata-image-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

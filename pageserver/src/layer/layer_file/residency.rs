@@ -24,17 +24,24 @@ pub trait Fetch: Send + Sync {
 }
 
 /// A layer file of either kind. Holds only a sparse summary of its index
-/// in memory, and only while the file is local: a layer evicted from local
-/// disk keeps its name and size, and is downloaded again by the first read
-/// that needs it.
+/// and its key filter in memory, and only while the file is local and
+/// recently read: a layer evicted from local disk keeps its name and size,
+/// and is downloaded again by the first read that needs it; one whose
+/// in-memory part was dropped to keep within `layer_index_cache_bytes`
+/// ([`LayerFile::unload`]) is opened again by that read.
 pub struct LayerFile {
     /// Its kind, key range and LSN range.
     pub name: LayerName,
     path: PathBuf,
     /// Bytes of the file, known even while it is not local.
     pub file_size: u64,
-    /// `None` while the file is not on local disk.
+    /// What reads need of the file (summary, filter); `None` while the
+    /// file is not on local disk, or unloaded.
     loaded: parking_lot::Mutex<Option<Arc<Loaded>>>,
+    /// Whether the file is on local disk.
+    local: std::sync::atomic::AtomicBool,
+    /// Versions stored (0 until the file was first opened here).
+    count: std::sync::atomic::AtomicU64,
     /// Held while downloading or evicting: one download per layer at a
     /// time, and no eviction racing a download.
     residency: parking_lot::Mutex<()>,
@@ -93,11 +100,14 @@ impl LayerFile {
         files: Option<Arc<FileCache>>,
     ) -> LayerFile {
         let last_read = now_ms(files.as_ref());
+        let (local, count) = (loaded.is_some(), loaded.as_ref().map_or(0, |l| l.count));
         LayerFile {
             name,
             path: path.to_path_buf(),
             file_size,
             loaded: parking_lot::Mutex::new(loaded.map(Arc::new)),
+            local: std::sync::atomic::AtomicBool::new(local),
+            count: std::sync::atomic::AtomicU64::new(count),
             residency: parking_lot::Mutex::new(()),
             files,
             remote: std::sync::OnceLock::new(),
@@ -121,7 +131,30 @@ impl LayerFile {
 
     /// Whether the file is on local disk.
     pub fn is_resident(&self) -> bool {
-        self.loaded.lock().is_some()
+        self.local.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Bytes of memory the layer keeps of its file now (0 if unloaded).
+    pub fn index_memory(&self) -> usize {
+        self.loaded.lock().as_ref().map_or(0, |l| l.memory_bytes())
+    }
+
+    /// Drops what the layer keeps in memory of its file (index summary,
+    /// key filter) while the file stays on local disk; the next read opens
+    /// and checks the file again. Returns the bytes released: 0 if nothing
+    /// was loaded, a read holds it, or the layer has no file.
+    pub fn unload(&self) -> usize {
+        if self.files.is_none() {
+            return 0;
+        }
+        let _one = self.residency.lock();
+        let mut loaded = self.loaded.lock();
+        let bytes = match &*loaded {
+            Some(l) if Arc::strong_count(l) == 1 => l.memory_bytes(),
+            _ => return 0,
+        };
+        *loaded = None;
+        bytes
     }
 
     /// When the layer was last read (ms since the Unix epoch).
@@ -146,25 +179,28 @@ impl LayerFile {
             return Ok(l.clone());
         }
         let p = self.path.display().to_string();
-        let (Some(fetch), Some(files)) = (self.remote.get(), self.files.as_ref()) else {
-            return Err(LayerError::Io {
-                path: p,
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not on local disk and no remote storage"),
-            });
-        };
-        fetch
-            .fetch(&self.name, &self.path, self.file_size)
-            .map_err(|e| LayerError::Io { path: p.clone(), source: std::io::Error::other(e) })?;
+        let not_here = || std::io::Error::new(std::io::ErrorKind::NotFound, "not on local disk and no remote storage");
+        let Some(files) = self.files.as_ref() else { return Err(LayerError::Io { path: p, source: not_here() }) };
+        let local = self.is_resident();
+        if !local {
+            let Some(fetch) = self.remote.get() else { return Err(LayerError::Io { path: p, source: not_here() }) };
+            fetch
+                .fetch(&self.name, &self.path, self.file_size)
+                .map_err(|e| LayerError::Io { path: p.clone(), source: std::io::Error::other(e) })?;
+        }
         let (name, size, loaded) = LayerFile::load(&self.path, files)?;
         if name != self.name || size != self.file_size {
+            let what = if local { "local file" } else { "downloaded file" };
             return Err(LayerError::Corrupt {
                 path: p,
-                reason: format!(
-                    "downloaded file is {name} of {size} bytes, expected {} of {}",
-                    self.name, self.file_size
-                ),
+                reason: format!("{what} is {name} of {size} bytes, expected {} of {}", self.name, self.file_size),
             });
         }
+        if local {
+            files.count_index_reload();
+        }
+        self.count.store(loaded.count, std::sync::atomic::Ordering::Relaxed);
+        self.local.store(true, std::sync::atomic::Ordering::SeqCst);
         let loaded = Arc::new(loaded);
         *self.loaded.lock() = Some(loaded.clone());
         Ok(loaded)
@@ -179,9 +215,8 @@ impl LayerFile {
         }
         let _one = self.residency.lock();
         let mut loaded = self.loaded.lock();
-        match &*loaded {
-            Some(l) if Arc::strong_count(l) == 1 => {}
-            _ => return Ok(false),
+        if !self.is_resident() || loaded.as_ref().is_some_and(|l| Arc::strong_count(l) > 1) {
+            return Ok(false);
         }
         match std::fs::remove_file(&self.path) {
             Ok(()) => {}
@@ -189,6 +224,7 @@ impl LayerFile {
             Err(source) => return Err(LayerError::Io { path: self.path.display().to_string(), source }),
         }
         *loaded = None;
+        self.local.store(false, std::sync::atomic::Ordering::SeqCst);
         Ok(true)
     }
 
@@ -208,12 +244,12 @@ impl LayerFile {
         &self.path
     }
 
-    /// Number of versions stored (0 while the file is not local).
+    /// Number of versions stored (0 if the file was never opened here).
     pub fn len(&self) -> u64 {
-        self.loaded.lock().as_ref().map_or(0, |l| l.count)
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Whether no version is stored (or the file is not local).
+    /// Whether no version is stored (or the file was never opened here).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
