@@ -21,7 +21,12 @@ made and deleted: the slope within the noise of stock's, and no process
 above its bound (the pageserver's: its in-memory layers, about three times
 `checkpoint_distance`, plus its caches).
 
-Usage: .venv/bin/python -m bench.memory_soak [--minutes 120] [--interval 60] [--quick]
+The pageserver's layers keep part of each file in memory (index summaries,
+key filters), which grows with the history kept until
+`layer_index_cache_bytes`; the report gives it beside the local layer
+bytes, and --layer-index-mib sets that budget for a run.
+
+Usage: .venv/bin/python -m bench.memory_soak [--minutes 120] [--interval 60] [--layer-index-mib N] [--quick]
 Writes bench/results/memory_soak.json and .txt (memory_soak_quick.* with --quick).
 """
 
@@ -131,7 +136,9 @@ def sample_under_load(load, minutes: float, args, rss, cycle) -> tuple[list[dict
 
 
 def strata_run(base: Path, strata: Path, args) -> dict:
-    with local_cluster(strata, base / "strata") as cluster:
+    settings = {} if args.layer_index_mib is None else {"layer_index_cache_bytes": args.layer_index_mib << 20}
+    with local_cluster(strata, base / "strata",
+                       prepare=lambda c: c.configure("pageserver", settings) if settings else None) as cluster:
         env = client_env(cluster.endpoint_start("writer"))
         pgbench_init(env, args.scale)
         agent = base / "strata" / "endpoints" / "writer" / "compute.pid"
@@ -141,10 +148,21 @@ def strata_run(base: Path, strata: Path, args) -> dict:
         def rss() -> dict:
             out = {name: rss_kib(cluster.pid(name)) for name in SERVICES}
             out["agent"] = rss_kib(read_pid(agent))
+            # What the pageserver's layers keep in memory of their files
+            # (bounded by layer_index_cache_bytes) and their bytes on disk:
+            # the history's share of its RSS.
+            try:
+                m = cluster.metrics("pageserver")
+                out["layer_index_kib"] = int(m.get("strata_pageserver_layer_index_bytes", 0)) // 1024
+                out["local_layer_kib"] = int(m.get("strata_pageserver_local_layer_bytes", 0)) // 1024
+            except OSError:
+                pass
             return out
 
         samples, cycles = sample_under_load(load, args.minutes, args, rss, lambda n: branch_cycle(cluster, n))
-    return {"samples": samples, "cycles": cycles, "summary": summarize(samples, [*SERVICES, "agent"])}
+    return {"samples": samples, "cycles": cycles, "summary": summarize(samples, [*SERVICES, "agent"]),
+            "history": summarize([x for x in samples if "layer_index_kib" in x["rss_kib"]],
+                                 ["layer_index_kib", "local_layer_kib"])}
 
 
 def branch_cycle(cluster, n: int) -> None:
@@ -187,6 +205,12 @@ def report(results: dict) -> str:
         lines.append(f"  {name:<11} {v['after_warmup_mib']:>14.1f} {v['end_mib']:>8.1f} {v['max_mib']:>8.1f} "
                      f"{v['slope_mib_per_hour']:>12.1f}")
     lines.append(f"  stock ran {results['config']['stock_minutes']} min ({k['cycles']} table copies made, read, dropped)")
+    h = s.get("history", {})
+    if h.get("layer_index_kib") and h.get("local_layer_kib"):
+        lines.append(f"  pageserver layer indexes in memory: {h['layer_index_kib']['after_warmup_mib']:.1f} -> "
+                     f"{h['layer_index_kib']['end_mib']:.1f} MiB (budget: layer_index_cache_bytes), for "
+                     f"{h['local_layer_kib']['after_warmup_mib']:.0f} -> {h['local_layer_kib']['end_mib']:.0f} MiB "
+                     f"of local layers")
     return "\n".join(lines)
 
 
@@ -198,6 +222,8 @@ def main() -> None:
     p.add_argument("--sample", type=float, default=10, help="seconds between RSS samples")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--scale", type=int, default=10)
+    p.add_argument("--layer-index-mib", type=int, default=None,
+                   help="the pageserver's layer_index_cache_bytes in MiB (default: its own default, 128)")
     p.add_argument("--quick", action="store_true", help="3 minutes, a branch every 15 s")
     args = p.parse_args()
     if args.quick:

@@ -370,8 +370,11 @@ def test_a_proxy_on_one_host_wakes_and_reaches_computes_on_two_others(hosted):
             assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
             assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].split("/")[0] == \
                 hosts[ep.host].address
-    st = {e["name"]: (e["host"], e["state"]) for e in hosted.status()["endpoints"]}
-    assert st == {"e1": ("cp1", "running"), "e2": ("cp2", "running")}, st
+            # Running on its own host while the session holds it (once the
+            # session ends it may suspend again after its 2 s, before the
+            # other endpoint has woken).
+            st = {e["name"]: (e["host"], e["state"]) for e in hosted.status()["endpoints"]}
+            assert st[name] == (ep.host, "running"), st
 
 
 def test_a_safekeeper_is_replaced_on_its_host_and_every_host_learns_it(hosted):
