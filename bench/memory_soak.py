@@ -206,9 +206,11 @@ def report(results: dict) -> str:
                      f"{v['slope_mib_per_hour']:>12.1f}")
     lines.append(f"  stock ran {results['config']['stock_minutes']} min ({k['cycles']} table copies made, read, dropped)")
     h = s.get("history", {})
+    mib = results["config"].get("layer_index_mib")
+    budget = "the default" if mib is None else f"{mib} MiB"
     if h.get("layer_index_kib") and h.get("local_layer_kib"):
         lines.append(f"  pageserver layer indexes in memory: {h['layer_index_kib']['after_warmup_mib']:.1f} -> "
-                     f"{h['layer_index_kib']['end_mib']:.1f} MiB (budget: layer_index_cache_bytes), for "
+                     f"{h['layer_index_kib']['end_mib']:.1f} MiB (layer_index_cache_bytes: {budget}), for "
                      f"{h['local_layer_kib']['after_warmup_mib']:.0f} -> {h['local_layer_kib']['end_mib']:.0f} MiB "
                      f"of local layers")
     return "\n".join(lines)
