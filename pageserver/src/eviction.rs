@@ -20,16 +20,46 @@ use crate::tenants::Tenants;
 
 /// What a round found and did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EvictionOutcome {
-    /// Bytes of layer files on local disk afterwards.
-    pub local_bytes: u64,
-    pub evicted: usize,
-    pub evicted_bytes: u64,
+pub struct RoundOutcome {
+    /// Bytes held afterwards: layer files on local disk ([`evict_to_limit`]),
+    /// or what layers keep in memory of their files ([`unload_to_limit`]).
+    pub bytes: u64,
+    /// Layers that let go of theirs, and the bytes they released.
+    pub released: usize,
+    pub released_bytes: u64,
+}
+
+/// Releases the `candidates` read longest ago, one after another, until
+/// the `total` bytes held are at most `limit`. `release` lets go of one
+/// layer's bytes and returns how many (0: it could not, a read holds them).
+fn release_oldest(
+    mut candidates: Vec<(u64, Arc<LayerFile>)>,
+    total: u64,
+    limit: u64,
+    mut release: impl FnMut(&LayerFile) -> u64,
+) -> RoundOutcome {
+    let mut outcome = RoundOutcome { bytes: total, ..Default::default() };
+    if total <= limit {
+        return outcome;
+    }
+    candidates.sort_by_key(|(read, _)| *read);
+    for (_, layer) in candidates {
+        if outcome.bytes <= limit {
+            break;
+        }
+        let freed = release(&layer);
+        if freed > 0 {
+            outcome.bytes = outcome.bytes.saturating_sub(freed);
+            outcome.released += 1;
+            outcome.released_bytes += freed;
+        }
+    }
+    outcome
 }
 
 /// Evicts until the local layer bytes are at most `limit` (0: no limit,
 /// only the gauge is updated).
-pub fn evict_to_limit(tenants: &Tenants, limit: u64) -> EvictionOutcome {
+pub fn evict_to_limit(tenants: &Tenants, limit: u64) -> RoundOutcome {
     let mut total = 0u64;
     let mut candidates: Vec<(u64, Arc<LayerFile>)> = Vec::new();
     for entry in tenants.all() {
@@ -45,88 +75,56 @@ pub fn evict_to_limit(tenants: &Tenants, limit: u64) -> EvictionOutcome {
             }
         }
     }
-    let mut outcome = EvictionOutcome { local_bytes: total, ..Default::default() };
-    if limit > 0 && total > limit {
-        candidates.sort_by_key(|(read, _)| *read);
-        for (_, layer) in candidates {
-            if outcome.local_bytes <= limit {
-                break;
-            }
-            match layer.evict() {
-                Ok(true) => {
-                    outcome.local_bytes -= layer.file_size;
-                    outcome.evicted += 1;
-                    outcome.evicted_bytes += layer.file_size;
-                }
-                Ok(false) => {}
-                Err(e) => warn!("evicting {}: {e}", layer.name),
-            }
+    let limit_or_none = if limit > 0 { limit } else { u64::MAX };
+    let outcome = release_oldest(candidates, total, limit_or_none, |layer| match layer.evict() {
+        Ok(true) => layer.file_size,
+        Ok(false) => 0,
+        Err(e) => {
+            warn!("evicting {}: {e}", layer.name);
+            0
         }
-        if outcome.evicted > 0 {
-            tenants.metrics.layers_evicted.inc_by(outcome.evicted as u64);
-            info!(
-                layers = outcome.evicted,
-                bytes = outcome.evicted_bytes,
-                local_bytes = outcome.local_bytes,
-                limit,
-                "evicted layers from local disk"
-            );
-        }
+    });
+    if outcome.released > 0 {
+        tenants.metrics.layers_evicted.inc_by(outcome.released as u64);
+        info!(
+            layers = outcome.released,
+            bytes = outcome.released_bytes,
+            local_bytes = outcome.bytes,
+            limit,
+            "evicted layers from local disk"
+        );
     }
-    tenants.metrics.local_layer_bytes.set(outcome.local_bytes as i64);
+    tenants.metrics.local_layer_bytes.set(outcome.bytes as i64);
     outcome
-}
-
-/// What a round of [`unload_to_limit`] found and did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UnloadOutcome {
-    /// Bytes layers keep in memory of their files afterwards.
-    pub index_bytes: u64,
-    pub unloaded: usize,
-    pub unloaded_bytes: u64,
 }
 
 /// Drops the in-memory part of the layers read longest ago until what all
 /// layers keep in memory of their files is at most `limit`. A layer a read
 /// holds keeps it (that read releases it when done, and the next round
 /// tries again).
-pub fn unload_to_limit(tenants: &Tenants, limit: u64) -> UnloadOutcome {
-    let mut candidates: Vec<(u64, u64, Arc<LayerFile>)> = Vec::new();
+pub fn unload_to_limit(tenants: &Tenants, limit: u64) -> RoundOutcome {
+    let mut candidates: Vec<(u64, Arc<LayerFile>)> = Vec::new();
     let mut total = 0u64;
     for entry in tenants.all() {
         for layer in entry.tl.historic().iter() {
             let bytes = layer.index_memory() as u64;
             if bytes > 0 {
                 total += bytes;
-                candidates.push((layer.last_read_ms(), bytes, layer.clone()));
+                candidates.push((layer.last_read_ms(), layer.clone()));
             }
         }
     }
-    let mut outcome = UnloadOutcome { index_bytes: total, ..Default::default() };
-    if total > limit {
-        candidates.sort_by_key(|(read, _, _)| *read);
-        for (_, _, layer) in candidates {
-            if outcome.index_bytes <= limit {
-                break;
-            }
-            let freed = layer.unload() as u64;
-            if freed > 0 {
-                outcome.index_bytes = outcome.index_bytes.saturating_sub(freed);
-                outcome.unloaded += 1;
-                outcome.unloaded_bytes += freed;
-            }
-        }
-        if outcome.unloaded > 0 {
-            tenants.metrics.layer_index_unloads.inc_by(outcome.unloaded as u64);
-            info!(
-                layers = outcome.unloaded,
-                bytes = outcome.unloaded_bytes,
-                index_bytes = outcome.index_bytes,
-                limit,
-                "dropped the in-memory index of layers read longest ago"
-            );
-        }
+    let outcome = release_oldest(candidates, total, limit, |layer| layer.unload() as u64);
+    if outcome.released > 0 {
+        tenants.metrics.layer_index_unloads.inc_by(outcome.released as u64);
+        info!(
+            layers = outcome.released,
+            bytes = outcome.released_bytes,
+            index_bytes = outcome.bytes,
+            limit,
+            "dropped the in-memory index of layers read longest ago"
+        );
     }
-    tenants.metrics.layer_index_bytes.set(outcome.index_bytes as i64);
+    tenants.metrics.layer_index_bytes.set(outcome.bytes as i64);
     outcome
 }
