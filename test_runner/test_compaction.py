@@ -116,6 +116,74 @@ def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
     assert visited / reads <= 3, (visited, reads)
 
 
+def test_bulk_load_pages_skip_compaction_and_stay_exact(cluster_factory):
+    """A bulk load (an insert into a new table, then its index) initializes
+    its pages in the flush that writes them: those go to fresh-page deltas,
+    which compaction keeps instead of reading and writing them again. An
+    update of some of them afterwards, and one inside the load's window,
+    make compaction merge the deltas that share their keys. Every page of
+    the compute then equals the pageserver's, after a forced compaction
+    too, and the load's LSN still serves the pages of that time."""
+    settings = dict(SMALL_LAYERS, checkpoint_distance=4 << 20, compaction_threshold=4,
+                    fresh_page_min_bytes=256 << 10)
+    cluster, ps, ep = quiet_cluster(cluster_factory, settings)
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE bulk (id int, pad text)")
+        for part in range(4):
+            conn.execute("INSERT INTO bulk SELECT g, repeat(md5(g::text), 6) FROM generate_series(%s, %s) g",
+                         (part * 50_000 + 1, (part + 1) * 50_000))
+            if part == 1:
+                # Inside the load: pages loaded a flush or two ago change again.
+                conn.execute("UPDATE bulk SET pad = 'changed' WHERE id % 5000 = 0")
+        conn.execute("CREATE INDEX bulk_id ON bulk (id)")
+        conn.execute("CHECKPOINT")
+        early = current_lsn(conn)
+        path = conn.execute("SELECT pg_relation_filepath('bulk')").fetchone()[0]
+    early_bulk = (ep.pgdata / path).read_bytes()
+    wait_quiet(ep)
+    lsn, st = checkpoint_compute(ep, ps)
+    st = ps.checkpoint("compact=true", timeout=600)
+    m = cluster.metrics("pageserver")
+    flushed = m["strata_pageserver_layer_bytes_written_total"]
+    fresh = m["strata_pageserver_fresh_bytes_written_total"]
+    read = m["strata_pageserver_compaction_bytes_read_total"]
+    print(f"\nflushed {flushed / 1e6:.1f} MB, of it fresh-page deltas {fresh / 1e6:.1f} MB; "
+          f"compaction read {read / 1e6:.1f} MB; layers {st['l0_layers']}/{st['l1_layers']}/{st['image_layers']}")
+    assert m["strata_pageserver_compaction_errors_total"] == 0
+    # Most of what the load flushed was its own new pages, and compaction
+    # did not read them again (it used to read every flushed byte).
+    assert fresh >= 0.5 * flushed, (fresh, flushed)
+    assert read <= flushed - 0.5 * fresh, (read, flushed, fresh)
+
+    # Today's pages (the compute ran no query since the checkpoint).
+    _, rels = catalog(ep)
+    cmp = compare_data_dir(ps, ep, rels, lsn, keep=True)
+    print("pages:", json.dumps(cmp.summary()))
+    assert not cmp.mismatches and not cmp.size_mismatches, json.dumps(cmp.mismatches[:5] + cmp.size_mismatches[:5])
+    assert cmp.by_kind["heap"] > 1000 and cmp.by_kind["btree"] > 100, cmp.summary()
+
+    # An update of pages kept as fresh-page deltas, then everything
+    # compacted and imaged: the same pages, and the load's LSN still serves
+    # the table as it was then.
+    ep.sql("UPDATE bulk SET pad = 'later' WHERE id % 3000 = 1")
+    wait_quiet(ep)
+    lsn, st = checkpoint_compute(ep, ps)
+    st = ps.checkpoint("compact=true", timeout=600)
+    assert st["l0_layers"] == 0, st
+    _, rels = catalog(ep)
+    cmp = compare_data_dir(ps, ep, rels, lsn)
+    assert not cmp.mismatches and not cmp.size_mismatches, json.dumps(cmp.mismatches[:5] + cmp.size_mismatches[:5])
+    db_oid = ep.sql("SELECT oid::int FROM pg_database WHERE datname = 'postgres'")[0][0]
+    rel = int(path.rsplit("/", 1)[1])
+    for block in range(0, len(early_bulk) // 8192, 23):
+        code, served = ps.page(1663, db_oid, rel, "main", block, early)
+        assert code == 200, (block, served)
+        assert masked(served, "heap", block) == masked(early_bulk[block * 8192:(block + 1) * 8192], "heap", block), \
+            f"bulk block {block} at {format_lsn(early)}"
+    assert ep.sql("SELECT count(*), count(*) FILTER (WHERE pad = 'changed'), "
+                  "count(*) FILTER (WHERE pad = 'later') FROM bulk") == [(200_000, 20, 67)]
+
+
 def test_gc_keeps_the_pitr_window_exact_and_refuses_below(cluster_factory):
     """With a PITR window of 2 s and no byte horizon, GC after pgbench
     moves the cutoff to the newest commit older than 2 s, removes the

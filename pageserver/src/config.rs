@@ -148,6 +148,11 @@ pub struct PageserverConfig {
     /// L0 deltas at which ingest is slowed until compaction catches up.
     #[serde(default = "default_l0_backpressure_threshold")]
     pub l0_backpressure_threshold: usize,
+    /// Bytes of fresh pages (initialized or imaged in the flush) of one
+    /// relation fork from which a flush writes them as their own deltas,
+    /// which compaction does not rewrite (0: every flush is one L0).
+    #[serde(default = "default_fresh_page_min_bytes")]
+    pub fresh_page_min_bytes: u64,
     /// Bytes per second compaction and image creation may read (0: no limit).
     #[serde(default = "default_compaction_max_bytes_per_second")]
     pub compaction_max_bytes_per_second: u64,
@@ -260,6 +265,9 @@ fn default_compaction_threshold() -> usize {
 }
 fn default_compaction_target_size() -> u64 {
     limits::DEFAULT_COMPACTION_TARGET_SIZE
+}
+fn default_fresh_page_min_bytes() -> u64 {
+    limits::DEFAULT_FRESH_PAGE_MIN_BYTES
 }
 fn default_image_creation_threshold() -> usize {
     limits::DEFAULT_IMAGE_CREATION_THRESHOLD
@@ -428,6 +436,7 @@ impl PageserverConfig {
             compaction_target_size: self.compaction_target_size,
             image_creation_threshold: self.image_creation_threshold,
             l0_backpressure_threshold: self.l0_backpressure_threshold,
+            fresh_page_min_bytes: self.fresh_page_min_bytes,
         }
     }
 

@@ -245,6 +245,11 @@ pub const COMPACTION_THRESHOLD_RANGE: (usize, usize) = (2, 1000);
 pub const DEFAULT_COMPACTION_TARGET_SIZE: u64 = 128 << 20;
 /// Accepted `compaction_target_size`.
 pub const COMPACTION_TARGET_SIZE_RANGE: (u64, u64) = (64 << 10, 16 << 30);
+/// Bytes of fresh pages of one relation fork in one flush from which they
+/// are written as their own deltas (`docs/pageserver.md`, "Fresh pages
+/// skip compaction"): a file per fork, so below this they would make
+/// small files.
+pub const DEFAULT_FRESH_PAGE_MIN_BYTES: u64 = 1 << 20;
 /// L1 delta runs above the newest image that start an image creation.
 pub const DEFAULT_IMAGE_CREATION_THRESHOLD: usize = 3;
 /// Accepted `image_creation_threshold`.

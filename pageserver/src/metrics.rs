@@ -20,6 +20,7 @@ strata_service::declare_metrics! {
         records_ingested: Counter => "WAL records ingested",
         layers_flushed: Counter => "In-memory layers written to layer files",
         layer_bytes_written: Counter => "Bytes of layer files written",
+        fresh_bytes_written: Counter => "Bytes of fresh-page deltas written by flushes (pages that started from a base in their flush; compaction leaves them as they are)",
         getpage_requests: Counter => "GetPage requests served",
         getpage_batches: Counter => "Batched lookups serving GetPage requests",
         getpage_batch_size: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 8)) => "GetPage requests per batched lookup",

@@ -23,6 +23,7 @@ use strata_protocol::{ShardIdentity, TenantShardId, TimelineId};
 use tracing::{info, warn};
 
 mod compaction;
+mod flush;
 mod gc;
 pub mod leases;
 
@@ -39,7 +40,7 @@ use crate::idle::Activity;
 use crate::key::{Key, RelTag};
 use crate::layer::files::FileCache;
 use crate::layer::inmemory::InMemoryLayer;
-use crate::layer::layer_file::{LayerFile, LayerFileWriter, LayerName, WriteError};
+use crate::layer::layer_file::{LayerFile, LayerName, WriteError};
 use crate::layer::map::{HistoricLayers, LayerCounts, LayerMap, RecordLsns};
 use crate::layer::{LayerError, Versions};
 use crate::metrics::Metrics;
@@ -76,6 +77,9 @@ pub struct LayerPolicy {
     pub image_creation_threshold: usize,
     /// L0 deltas at which ingest is slowed (the applied LSN reported stops at the oldest L0).
     pub l0_backpressure_threshold: usize,
+    /// Fresh pages of one relation fork in one flush, in bytes, from which
+    /// the flush writes them as their own deltas (0: never).
+    pub fresh_page_min_bytes: u64,
 }
 
 impl Default for LayerPolicy {
@@ -85,6 +89,7 @@ impl Default for LayerPolicy {
             compaction_target_size: crate::limits::DEFAULT_COMPACTION_TARGET_SIZE,
             image_creation_threshold: crate::limits::DEFAULT_IMAGE_CREATION_THRESHOLD,
             l0_backpressure_threshold: crate::limits::DEFAULT_L0_BACKPRESSURE_THRESHOLD,
+            fresh_page_min_bytes: crate::limits::DEFAULT_FRESH_PAGE_MIN_BYTES,
         }
     }
 }
@@ -908,59 +913,6 @@ impl Timeline {
 
     fn flush_error(&self, lsn: Lsn, source: StorageError) -> FlushError {
         FlushError { tenant_id: self.tenant_id, timeline_id: self.timeline_id, lsn, source }
-    }
-
-    fn flush_one(&self, layer: &Arc<InMemoryLayer>, lsns: RecordLsns) -> Result<(), StorageError> {
-        let started = self.clock.now();
-        let delta = match layer.key_range() {
-            Some(_) => {
-                // An L0: every key (compaction sorts them into key ranges).
-                let name = LayerName::delta(Key::MIN, Key::MAX, layer.start_lsn, layer.end_lsn().expect("frozen"));
-                // Each step's error names the layer file (its temporary name).
-                let mut writer = LayerFileWriter::new(&self.dir, name)?;
-                layer.for_each(|k, l, v| writer.put(k, l, v))?;
-                let path = writer.finish(self.fsync)?;
-                if self.fsync {
-                    sync_dir(&self.dir)?;
-                }
-                let file = LayerFile::open(&path, &self.files)?;
-                self.adopt(&file);
-                Some(Arc::new(file))
-            }
-            None => None,
-        };
-        let _files = self.layer_files_lock.lock();
-        let mut next = self.metadata();
-        if let Some(d) = &delta {
-            next.layers.push(d.name.to_string());
-        }
-        debug_assert!(lsns.last >= next.disk_consistent_lsn, "disk_consistent_lsn goes backwards");
-        next.disk_consistent_lsn = lsns.last;
-        next.prev_record_lsn = lsns.prev;
-        self.prune_removed(&mut next);
-        self.write_metadata(&next)?;
-        *self.meta.lock() = next;
-        self.metadata_changed();
-        {
-            let mut map = self.layers.write();
-            if let Some(d) = &delta {
-                self.metrics.layer_bytes_written.inc_by(d.file_size);
-                let mut historic = (*map.historic).clone();
-                historic
-                    .insert(d.clone())
-                    .map_err(|e| StorageError::Invalid { path: self.dir.clone(), reason: e.to_string() })?;
-                map.historic = Arc::new(historic);
-            }
-            let (first, _) = map.frozen.remove(0);
-            debug_assert!(Arc::ptr_eq(&first, layer));
-        }
-        self.metrics.layers_flushed.inc();
-        info!(
-            tenant = %self.tenant_id, timeline = %self.timeline_id, disk_consistent_lsn = %lsns.last,
-            versions = delta.as_ref().map_or(0, |d| d.len()), elapsed_ms = self.clock.since(started).as_millis() as u64,
-            "flushed a layer"
-        );
-        Ok(())
     }
 
     /// Freezes and flushes everything ingested so far.

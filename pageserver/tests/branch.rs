@@ -37,6 +37,7 @@ fn resources() -> TimelineResources {
         compaction_target_size: 64 << 10,
         image_creation_threshold: 1,
         l0_backpressure_threshold: 8,
+        fresh_page_min_bytes: 0,
     };
     res
 }

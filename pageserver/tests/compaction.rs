@@ -37,6 +37,7 @@ fn resources() -> TimelineResources {
         compaction_target_size: 64 << 10,
         image_creation_threshold: 2,
         l0_backpressure_threshold: 8,
+        fresh_page_min_bytes: 0,
     };
     res
 }
@@ -306,5 +307,152 @@ fn long_history_keeps_layers_files_and_read_cost_bounded() {
     let mut listed = tl.metadata().layers.clone();
     listed.sort();
     assert_eq!(layer_files_on_disk(&dir), listed);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+const BULK: RelTag = RelTag { rel: RelFileNode { spc: 1663, db: 5, rel: 16390 }, fork: ForkNumber::VisibilityMap };
+
+/// Writes one record of `key` at the next LSN of `i`.
+fn record(tl: &Timeline, i: &mut u64, key: Key, v: impl FnOnce(u64) -> Value) {
+    *i += 1;
+    let v = v(*i);
+    tl.commit_record(vec![(key, lsn(*i), v)], RecordLsns { last: lsn(*i), prev: lsn(*i - 1) });
+}
+
+fn change(i: u64) -> Value {
+    Value::Native(NativeRecord::ClearVmBits(vec![((i % 4000) as u32, 1)]))
+}
+
+/// Every key of `rels` (blocks `0..blocks`) at every LSN up to record `upto`.
+fn reads_of(tl: &Timeline, rels: &[RelTag], blocks: u32, upto: u64) -> BTreeMap<(u64, RelTag, u32), Option<Bytes>> {
+    let mut out = BTreeMap::new();
+    for i in 1..=upto {
+        for rel in rels {
+            for b in 0..blocks {
+                out.insert((i, *rel, b), tl.get(&Key::rel_block(*rel, b), lsn(i)).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The non-L0 delta files, by name.
+fn fresh_names(tl: &Timeline) -> Vec<String> {
+    let l0 = format!("{}-{}__", Key::MIN, Key::MAX);
+    let mut names: Vec<String> =
+        tl.metadata().layers.iter().filter(|n| n.ends_with(".delta") && !n.starts_with(&l0)).cloned().collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn fresh_pages_skip_compaction_unless_their_window_changes_them_again() {
+    let dir = common::test_dir("fresh-pages");
+    let mut res = resources();
+    res.policy.fresh_page_min_bytes = 16 << 10;
+    let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
+    let never = AtomicBool::new(false);
+    let mut i = 0;
+    let mut flushes = Vec::new();
+    for round in 0..4u32 {
+        // A load: eight new blocks of BULK, each an image and two changes.
+        for b in round * 8..round * 8 + 8 {
+            record(&tl, &mut i, Key::rel_block(BULK, b), |i| Value::Image(common::noise_page(i)));
+            for _ in 0..2 {
+                record(&tl, &mut i, Key::rel_block(BULK, b), change);
+            }
+        }
+        // Four hot blocks of TAG: images in the first flush, changes after.
+        for b in 0..4 {
+            let v = |i| if round == 0 { Value::Image(common::noise_page(i)) } else { change(i) };
+            record(&tl, &mut i, Key::rel_block(TAG, b), v);
+        }
+        // The third flush changes a page the second loaded.
+        if round == 2 {
+            record(&tl, &mut i, Key::rel_block(BULK, 9), change);
+        }
+        tl.checkpoint().unwrap();
+        flushes.push(fresh_names(&tl));
+    }
+    // Each flush wrote its L0 and a fresh-page delta for its load (less
+    // its highest block); the first also one for the hot blocks' images
+    // (less the highest: three images, 24 KiB).
+    let counts = tl.layer_count().1;
+    assert_eq!((counts.l0, counts.l1, counts.image), (4, 5, 0), "{:?}", flushes.last());
+    assert!(common::metric(&res.metrics, "strata_pageserver_fresh_bytes_written_total") > 0.0);
+    let fresh = flushes.last().unwrap().clone();
+    let of_round = |r: usize| -> Vec<String> {
+        let before: Vec<String> = if r == 0 { Vec::new() } else { flushes[r - 1].clone() };
+        flushes[r].iter().filter(|n| !before.contains(n)).cloned().collect()
+    };
+    assert_eq!(of_round(0).len(), 2);
+    let bulk = |r: usize| of_round(r).into_iter().find(|n| n.starts_with(&Key::rel_block(BULK, 0).to_string()[..26])).unwrap();
+    assert!(bulk(1).starts_with(&Key::rel_block(BULK, 8).to_string()), "{}", bulk(1));
+    assert!(bulk(1).contains(&format!("-{}__", Key::rel_block(BULK, 15))), "the highest block stays in the L0: {}", bulk(1));
+    let before = reads_of(&tl, &[BULK, TAG], 33, i);
+    let sizes: BTreeMap<String, u64> = tl.layer_sizes().into_iter().collect();
+
+    // Compaction merges the L0s with the two fresh-page deltas whose keys
+    // other flushes changed (the hot blocks, block 9) and keeps the others.
+    let outcome = tl.compact(false, &mut Throttle::unlimited(), &never).unwrap();
+    assert_eq!(outcome.l0_compacted, 4, "{outcome:?}");
+    assert_eq!(outcome.images_written, 0, "runs kept inside the L1 run do not count for images: {outcome:?}");
+    let after = fresh_names(&tl);
+    for kept in [bulk(0), bulk(2), bulk(3)] {
+        assert!(after.contains(&kept), "{kept} kept: {after:?}");
+    }
+    let hot = of_round(0).into_iter().find(|n| n.starts_with(&Key::rel_block(TAG, 0).to_string())).unwrap();
+    for merged in [bulk(1), hot] {
+        assert!(!after.contains(&merged) && !dir.join(&merged).exists(), "{merged} merged: {after:?}");
+    }
+    // It read everything but the files it kept.
+    let kept_bytes: u64 = [bulk(0), bulk(2), bulk(3)].iter().map(|n| sizes[n]).sum();
+    assert_eq!(outcome.bytes_read, sizes.values().sum::<u64>() - kept_bytes);
+    assert_eq!(fresh.len(), 5);
+    assert_eq!(reads_of(&tl, &[BULK, TAG], 33, i), before, "compaction changed a read");
+
+    // Further flushes and compactions: images come after two L1 runs, and
+    // every read stays the same, after a reload too.
+    for round in 4..9u32 {
+        for b in [round, 9, 20] {
+            record(&tl, &mut i, Key::rel_block(BULK, b), change);
+        }
+        record(&tl, &mut i, Key::rel_block(TAG, 1), change);
+        tl.checkpoint().unwrap();
+    }
+    let before = reads_of(&tl, &[BULK, TAG], 33, i);
+    let outcome = tl.compact(false, &mut Throttle::unlimited(), &never).unwrap();
+    assert_eq!(outcome.l0_compacted, 5, "{outcome:?}");
+    assert!(outcome.images_written >= 1, "{outcome:?}");
+    assert_eq!(reads_of(&tl, &[BULK, TAG], 33, i), before, "compaction or images changed a read");
+    drop(tl);
+    let tl = Timeline::load(dir.clone(), &res).unwrap();
+    assert!(tl.broken().is_none(), "{:?}", tl.broken());
+    assert_eq!(reads_of(&tl, &[BULK, TAG], 33, i), before);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_compaction_of_one_l0_takes_its_fresh_pages_along() {
+    let dir = common::test_dir("fresh-one");
+    let mut res = resources();
+    res.policy.fresh_page_min_bytes = 16 << 10;
+    let tl = Timeline::create(dir.clone(), common::metadata(lsn(0), 42), &res).unwrap();
+    let never = AtomicBool::new(false);
+    let mut i = 0;
+    for b in 0..6 {
+        record(&tl, &mut i, Key::rel_block(BULK, b), |i| Value::Image(common::noise_page(i)));
+    }
+    tl.checkpoint().unwrap();
+    let counts = tl.layer_count().1;
+    assert_eq!((counts.l0, counts.l1), (1, 1), "the highest block goes to the L0, the rest to a fresh-page delta");
+    let fresh = fresh_names(&tl);
+    let before = reads_of(&tl, &[BULK], 7, i);
+    // A forced compaction of a single L0 merges its fresh-page deltas too:
+    // the L1 run has their LSN range, and one run cannot hold both.
+    let outcome = tl.compact(true, &mut Throttle::unlimited(), &never).unwrap();
+    assert_eq!(outcome.l0_compacted, 1, "{outcome:?}");
+    assert!(fresh_names(&tl).iter().all(|n| !fresh.contains(n)), "{:?}", fresh_names(&tl));
+    assert_eq!(reads_of(&tl, &[BULK], 7, i), before);
     std::fs::remove_dir_all(&dir).unwrap();
 }

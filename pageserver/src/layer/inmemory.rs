@@ -7,7 +7,7 @@ use parking_lot::RwLock;
 use strata_formats::Lsn;
 
 use super::Versions;
-use crate::key::Key;
+use crate::key::{Key, RelTag};
 use crate::value::Value;
 
 /// Versions of keys for LSNs in `[start_lsn, end_lsn)`; `end_lsn` is set when frozen.
@@ -84,6 +84,50 @@ impl InMemoryLayer {
             }
         }
         Ok(())
+    }
+
+    /// The fresh pages of this layer, in key order: relation blocks whose
+    /// oldest version here is a base (a page initialized or imaged here:
+    /// bulk loads, index builds, restores), in the relation forks where
+    /// they add up to at least `min_bytes` (`0`: none), less each fork's
+    /// highest block here (the page a load is still filling, which the
+    /// next flush is likely to change again). Nothing older is needed to
+    /// read them, so they can skip compaction
+    /// (`crate::timeline::Timeline::compact`).
+    pub fn fresh_keys(&self, min_bytes: u64) -> Vec<Key> {
+        let mut out = Vec::new();
+        if min_bytes == 0 {
+            return out;
+        }
+        let inner = self.inner.read();
+        // Candidates of the fork being scanned, their bytes, and its highest block.
+        let mut fork: Option<RelTag> = None;
+        let mut candidates: Vec<(Key, u64)> = Vec::new();
+        let mut highest: Option<Key> = None;
+        let close = |candidates: &mut Vec<(Key, u64)>, highest: Option<Key>, out: &mut Vec<Key>| {
+            if candidates.last().map(|(k, _)| Some(*k)) == Some(highest) {
+                candidates.pop();
+            }
+            if candidates.iter().map(|(_, b)| b).sum::<u64>() >= min_bytes {
+                out.extend(candidates.iter().map(|(k, _)| *k));
+            }
+            candidates.clear();
+        };
+        for (key, versions) in &inner.map {
+            let Some((tag, _)) = key.as_rel_block() else { continue };
+            if fork != Some(tag) {
+                close(&mut candidates, highest, &mut out);
+                fork = Some(tag);
+            }
+            highest = Some(*key);
+            if versions.first().is_some_and(|(_, v)| v.is_base()) {
+                let bytes: usize = versions.iter().map(|(_, v)| v.size()).sum();
+                candidates.push((*key, bytes as u64));
+            }
+        }
+        close(&mut candidates, highest, &mut out);
+        debug_assert!(out.windows(2).all(|w| w[0] < w[1]), "fresh keys are in key order");
+        out
     }
 
     /// Smallest and largest key held.

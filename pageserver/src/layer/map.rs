@@ -3,7 +3,9 @@
 //!
 //! Layer files are kept in *runs*: layers of one kind that share an LSN
 //! range and have disjoint key ranges. Every L0 delta (a flush, all keys) is
-//! a run of its own; the L1 deltas one compaction writes form a run; so do
+//! a run of its own; the fresh-page deltas written beside it by the same
+//! flush form another (`docs/pageserver.md`, "Fresh pages skip
+//! compaction"); the L1 deltas one compaction writes form a run; so do
 //! the image layers of one image creation. Runs are ordered by the end of
 //! their LSN range, newest first, images before deltas that end at the same
 //! LSN — the order a read must visit them. Within a run, the layer that may
@@ -42,12 +44,15 @@ pub fn is_l0(name: &LayerName) -> bool {
 
 /// Order of runs: newest end LSN first; at the same end, images first (an
 /// image at `L` holds every version at or below `L`, including those of a
-/// delta ending at `L + 1`); then the newest start.
+/// delta ending at `L + 1`); then the newest start; then an L0 before the
+/// fresh-page deltas of the same flush (they hold other keys, so a read
+/// may visit them in either order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct RunKey {
     lsn_end: Reverse<Lsn>,
     delta: bool,
     lsn_start: Reverse<Lsn>,
+    not_l0: bool,
 }
 
 impl RunKey {
@@ -56,6 +61,7 @@ impl RunKey {
             lsn_end: Reverse(name.lsn_end),
             delta: name.kind == LayerKind::Delta,
             lsn_start: Reverse(name.lsn_start),
+            not_l0: !is_l0(name),
         }
     }
 }
@@ -151,10 +157,29 @@ impl HistoricLayers {
         out
     }
 
-    /// Number of L0 deltas: they are the newest delta runs, so counting
-    /// stops at the first run that is not one.
+    /// Number of L0 deltas: they are the newest delta runs (each maybe
+    /// followed by its flush's fresh-page deltas), so counting stops at the
+    /// first other run.
     pub fn l0_count(&self) -> usize {
-        self.runs.values().take_while(|r| r.layers.values().next().is_some_and(|l| is_l0(&l.name))).count()
+        let mut count = 0;
+        let mut last_l0: Option<RunKey> = None;
+        for key in self.runs.keys() {
+            if !key.not_l0 {
+                count += 1;
+                last_l0 = Some(*key);
+            } else if last_l0.is_none_or(|l| RunKey { not_l0: true, ..l } != *key) {
+                break;
+            }
+        }
+        count
+    }
+
+    /// The fresh-page deltas written by the flush of the L0 `l0`: the
+    /// non-L0 deltas of exactly its LSN range.
+    pub fn fresh_of(&self, l0: &LayerName) -> Vec<Arc<LayerFile>> {
+        debug_assert!(is_l0(l0));
+        let key = RunKey { not_l0: true, ..RunKey::of(l0) };
+        self.runs.get(&key).map(|r| r.layers.values().cloned().collect()).unwrap_or_default()
     }
 
     pub fn counts(&self) -> LayerCounts {

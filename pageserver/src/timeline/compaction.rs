@@ -11,7 +11,7 @@
 //! a flush, so ingest and reads never wait for the work itself.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeSet, BinaryHeap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -85,8 +85,9 @@ impl Throttle {
     }
 }
 
-/// Calls `f` on every version of `layers` in (key, LSN) order; the layers'
-/// LSN ranges are disjoint, so no two versions compare equal.
+/// Calls `f` on every version of `layers` in (key, LSN) order; layers whose
+/// LSN ranges overlap (an L0 and its fresh-page deltas) hold other keys, so
+/// no two versions compare equal.
 fn merge(
     layers: &[Arc<LayerFile>],
     keys_only: bool,
@@ -112,6 +113,10 @@ fn merge(
     }
     Ok(())
 }
+
+/// What a compaction merges, and the count and bytes of the fresh-page
+/// deltas of its window that it keeps as they are.
+type CompactionInputs = (Vec<Arc<LayerFile>>, (usize, u64));
 
 /// Layer files being written, cut at key boundaries by size; removed
 /// (temporary files) if dropped before being installed.
@@ -249,10 +254,11 @@ impl Timeline {
             return Ok(());
         }
         let started = self.clock.now();
-        let inputs: Vec<Arc<LayerFile>> = l0.into_iter().take(MAX_L0_PER_COMPACTION).collect();
-        debug_assert!(inputs.windows(2).all(|w| w[0].name.lsn_end <= w[1].name.lsn_start), "L0s are disjoint");
-        let lsn_start = inputs[0].name.lsn_start;
-        let lsn_end = inputs.last().expect("not empty").name.lsn_end;
+        let l0: Vec<Arc<LayerFile>> = l0.into_iter().take(MAX_L0_PER_COMPACTION).collect();
+        debug_assert!(l0.windows(2).all(|w| w[0].name.lsn_end <= w[1].name.lsn_start), "L0s are disjoint");
+        let lsn_start = l0[0].name.lsn_start;
+        let lsn_end = l0.last().expect("not empty").name.lsn_end;
+        let (inputs, kept) = self.compaction_inputs(l0)?;
         let mut out = Outputs::new(self, LayerKind::Delta, lsn_start, lsn_end);
         // Stored bytes, as the files hold them (grouped values compressed).
         let bytes_read: u64 = inputs.iter().map(|l| l.file_size).sum();
@@ -276,16 +282,60 @@ impl Timeline {
         self.metrics.compactions.inc();
         self.metrics.compaction_bytes_read.inc_by(bytes_read);
         self.metrics.compaction_bytes_written.inc_by(bytes_written);
-        outcome.l0_compacted += inputs.len();
+        outcome.l0_compacted += inputs.iter().filter(|l| is_l0(&l.name)).count();
         outcome.l1_written += added.len();
         outcome.bytes_read += bytes_read;
         outcome.bytes_written += bytes_written;
         info!(
-            tenant = %self.tenant_id, timeline = %self.timeline_id, l0 = inputs.len(), l1 = added.len(),
-            %lsn_start, %lsn_end, bytes_read, bytes_written, elapsed_ms = self.clock.since(started).as_millis() as u64,
+            tenant = %self.tenant_id, timeline = %self.timeline_id, inputs = inputs.len(), l1 = added.len(),
+            fresh_kept = kept.0, fresh_bytes_kept = kept.1, %lsn_start, %lsn_end, bytes_read, bytes_written, elapsed_ms = self.clock.since(started).as_millis() as u64,
             "compacted L0 deltas"
         );
         Ok(())
+    }
+
+    /// The files a compaction of the L0s `l0` merges: the L0s, and the
+    /// fresh-page deltas of their flushes that share a key with what is
+    /// merged. A fresh-page delta stays as it is (the returned count and
+    /// bytes) only when no other file of the window holds any of its keys:
+    /// the L1 run spans the whole window, so a key in both would have its
+    /// versions in two runs whose LSN ranges interleave, and a read collects
+    /// each key's versions newest first, run after run. A single L0 takes
+    /// its fresh-page deltas along: the L1 run would have their LSN range.
+    fn compaction_inputs(&self, l0: Vec<Arc<LayerFile>>) -> Result<CompactionInputs, LayerError> {
+        let historic = self.historic();
+        let mut fresh: Vec<Arc<LayerFile>> = l0.iter().flat_map(|l| historic.fresh_of(&l.name)).collect();
+        let mut inputs = l0;
+        if inputs.len() == 1 {
+            inputs.append(&mut fresh);
+            return Ok((inputs, (0, 0)));
+        }
+        let keys_of = |l: &LayerFile| -> Result<Vec<Key>, LayerError> {
+            let mut keys: Vec<Key> = Vec::new();
+            for v in l.scan_keys() {
+                let k = v?.key;
+                if keys.last() != Some(&k) {
+                    keys.push(k);
+                }
+            }
+            Ok(keys)
+        };
+        let mut merged: HashSet<Key> = HashSet::new();
+        for l in &inputs {
+            merged.extend(keys_of(l)?);
+        }
+        let mut fresh_keys: Vec<Vec<Key>> = fresh.iter().map(|l| keys_of(l)).collect::<Result<_, _>>()?;
+        // Until no fresh-page delta left shares a key with the merged files
+        // (joining one adds its keys, which may tie in another).
+        while let Some(i) = fresh_keys.iter().position(|keys| keys.iter().any(|k| merged.contains(k))) {
+            merged.extend(fresh_keys.swap_remove(i));
+            inputs.push(fresh.swap_remove(i));
+        }
+        // The fresh-page deltas kept share no key with the merged files, and
+        // none with each other within one flush's run.
+        debug_assert!(fresh_keys.iter().flatten().all(|k| !merged.contains(k)));
+        let kept = (fresh.len(), fresh.iter().map(|l| l.file_size).sum());
+        Ok((inputs, kept))
     }
 
     fn create_images(
@@ -297,12 +347,24 @@ impl Timeline {
     ) -> Result<(), CompactionError> {
         let historic = self.historic();
         let newest_image = historic.iter().filter(|l| l.name.kind == LayerKind::Image).map(|l| l.name.lsn_start).max();
-        // L1 runs above the newest image, by their LSN range.
-        let runs: BTreeSet<(Lsn, Lsn)> = historic
+        // L1 runs above the newest image, by their LSN range. Not counted:
+        // fresh-page deltas, both those of a flush whose L0 is not compacted
+        // yet (same LSN range as an L0: an image above them would lie above
+        // that L0, and its compaction would straddle the image) and those a
+        // compaction kept (inside the range of its L1 run).
+        let l0_ranges: BTreeSet<(Lsn, Lsn)> =
+            historic.l0().iter().map(|l| (l.name.lsn_start, l.name.lsn_end)).collect();
+        let ranges: BTreeSet<(Lsn, Lsn)> = historic
             .iter()
             .filter(|l| l.name.kind == LayerKind::Delta && !is_l0(&l.name))
             .filter(|l| newest_image.is_none_or(|i| l.name.lsn_start > i))
             .map(|l| (l.name.lsn_start, l.name.lsn_end))
+            .filter(|r| !l0_ranges.contains(r))
+            .collect();
+        let runs: BTreeSet<(Lsn, Lsn)> = ranges
+            .iter()
+            .filter(|(s, e)| !ranges.iter().any(|(os, oe)| (os, oe) != (s, e) && os <= s && e <= oe))
+            .copied()
             .collect();
         let threshold = if force { 1 } else { self.policy.image_creation_threshold };
         let Some(&(_, top)) = runs.iter().next_back() else { return Ok(()) };
