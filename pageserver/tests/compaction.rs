@@ -386,9 +386,14 @@ fn fresh_pages_skip_compaction_unless_their_window_changes_them_again() {
         flushes[r].iter().filter(|n| !before.contains(n)).cloned().collect()
     };
     assert_eq!(of_round(0).len(), 2);
-    let bulk = |r: usize| of_round(r).into_iter().find(|n| n.starts_with(&Key::rel_block(BULK, 0).to_string()[..26])).unwrap();
+    let bulk =
+        |r: usize| of_round(r).into_iter().find(|n| n.starts_with(&Key::rel_block(BULK, 0).to_string()[..26])).unwrap();
     assert!(bulk(1).starts_with(&Key::rel_block(BULK, 8).to_string()), "{}", bulk(1));
-    assert!(bulk(1).contains(&format!("-{}__", Key::rel_block(BULK, 15))), "the highest block stays in the L0: {}", bulk(1));
+    assert!(
+        bulk(1).contains(&format!("-{}__", Key::rel_block(BULK, 15))),
+        "the highest block stays in the L0: {}",
+        bulk(1)
+    );
     let before = reads_of(&tl, &[BULK, TAG], 33, i);
     let sizes: BTreeMap<String, u64> = tl.layer_sizes().into_iter().collect();
 

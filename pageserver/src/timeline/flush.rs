@@ -35,7 +35,8 @@ struct FreshFiles<'a> {
 impl FreshFiles<'_> {
     fn put(&mut self, key: &Key, lsn: strata_formats::Lsn, value: &Value) -> Result<(), StorageError> {
         if self.last_key != Some(*key) {
-            let other_fork = self.last_key.is_some_and(|l| l.as_rel_block().map(|r| r.0) != key.as_rel_block().map(|r| r.0));
+            let other_fork =
+                self.last_key.is_some_and(|l| l.as_rel_block().map(|r| r.0) != key.as_rel_block().map(|r| r.0));
             let full = self.current.as_ref().is_some_and(|w| w.written() >= self.tl.policy.compaction_target_size);
             if other_fork || full {
                 self.finish_current()?;
