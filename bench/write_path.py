@@ -231,6 +231,10 @@ class Strata:
 GC_NOW = {"pitr_interval": 0, "gc_horizon": 0, "gc_period": 3600}
 LAYER_WRITES = ("strata_pageserver_layer_bytes_written_total", "strata_pageserver_compaction_bytes_written_total",
                 "strata_pageserver_image_bytes_written_total")
+# Of the flushes' bytes, the fresh-page deltas (which compaction keeps as
+# they are); and what compaction read.
+FRESH_WRITTEN = "strata_pageserver_fresh_bytes_written_total"
+COMPACTION_READ = "strata_pageserver_compaction_bytes_read_total"
 
 
 def storage(target: "Strata", before: dict[str, float], lsn_start: int) -> dict:
@@ -257,6 +261,8 @@ def storage(target: "Strata", before: dict[str, float], lsn_start: int) -> dict:
     wal_mb = (wal_lsn(target.env()) - lsn_start) / MB
     parts = {k.split("_")[2]: after.get(k, 0) - before.get(k, 0) for k in LAYER_WRITES}
     written = sum(parts.values())
+    fresh = after.get(FRESH_WRITTEN, 0) - before.get(FRESH_WRITTEN, 0)
+    compaction_read = after.get(COMPACTION_READ, 0) - before.get(COMPACTION_READ, 0)
     stored = c.timeline_status("pageserver")["layer_bytes"]
     code, body = c.http("pageserver", "POST", c.timeline_path() + "/checkpoint?compact=true&gc=true&upload_timeout=120",
                         timeout=600)
@@ -266,6 +272,7 @@ def storage(target: "Strata", before: dict[str, float], lsn_start: int) -> dict:
     data = int(run(target.env(), "psql", "-XAtc", "SELECT sum(pg_database_size(oid)) FROM pg_database").stdout)
     return {"wal_mb": round(wal_mb, 1), "layer_mb_written": round(written / MB, 1),
             "layer_written_by": {k: round(v / MB, 1) for k, v in parts.items()},
+            "flushed_fresh_mb": round(fresh / MB, 1), "compaction_read_mb": round(compaction_read / MB, 1),
             "layer_written_vs_wal": round(written / MB / max(wal_mb, 1e-9), 3),
             "stored_mb": round(stored / MB, 1), "stored_after_gc_mb": round(collected / MB, 1),
             "data_files_mb": round(data / MB, 1), "stored_after_gc_vs_data": round(collected / max(data, 1), 3)}
@@ -522,7 +529,9 @@ def main() -> int:
                 "stored_after_gc_vs_data")}
             results[name]["storage"] = st
             lines.append(f"         layers written {st['layer_mb_written']:.0f} MB = {st['layer_written_vs_wal']:.2f}x "
-                         f"the {st['wal_mb']:.0f} MB of WAL until measured (target <= 1.5; by kind {[r['storage']['layer_written_by'] for r in per['strata']]}); "
+                         f"the {st['wal_mb']:.0f} MB of WAL until measured (target <= 1.5; by kind {[r['storage']['layer_written_by'] for r in per['strata']]}; "
+                         f"of the flushes, fresh-page deltas {[r['storage']['flushed_fresh_mb'] for r in per['strata']]} MB; "
+                         f"compaction read {[r['storage']['compaction_read_mb'] for r in per['strata']]} MB); "
                          f"stored {st['stored_mb']:.0f} MB, after compaction and GC {st['stored_after_gc_mb']:.0f} MB "
                          f"= {st['stored_after_gc_vs_data']:.2f} of {st['data_files_mb']:.0f} MB of data files "
                          f"(target <= 0.33)")

@@ -306,7 +306,7 @@ impl Timeline {
         let historic = self.historic();
         let mut fresh: Vec<Arc<LayerFile>> = l0.iter().flat_map(|l| historic.fresh_of(&l.name)).collect();
         let mut inputs = l0;
-        if inputs.len() == 1 {
+        if inputs.len() == 1 || fresh.is_empty() {
             inputs.append(&mut fresh);
             return Ok((inputs, (0, 0)));
         }
