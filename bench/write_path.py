@@ -135,6 +135,30 @@ def thread_cpu(pid: int, roles: list[tuple[str, str]]) -> dict[str, float]:
     return out
 
 
+def proc_switches(pid: int, roles: list[tuple[str, str]]) -> dict[str, int]:
+    """Context switches (voluntary and not) of a process's live threads, in
+    all and grouped by name prefix as `thread_cpu` does: each is a wake-up
+    or a preemption, what a commit's hops cost beyond their work."""
+    out = {"": 0, **{role: 0 for _, role in roles}}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return out
+    for task in tasks:
+        try:
+            status = (task / "status").read_text()
+            name = (task / "comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        n = sum(int(line.split()[1]) for line in status.splitlines()
+                if line.split(":")[0] in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))
+        out[""] += n
+        role = next((r for prefix, r in roles if name.startswith(prefix)), None)
+        if role:
+            out[role] += n
+    return out
+
+
 class Processes:
     """The processes whose CPU is counted, by role (and the threads of the
     pageserver and the agent by what they do, as `role.part`)."""
@@ -149,6 +173,15 @@ class Processes:
             out[name] = proc_cpu(pid)
             for part, cpu in thread_cpu(pid, THREAD_ROLES.get(name, [])).items():
                 out[f"{name}.{part}"] = cpu
+        return out
+
+    def switches(self) -> dict[str, int]:
+        """Context switches of the services' live threads, by role (and
+        `role.part`); PostgreSQL's are not counted (its backends come and go)."""
+        out = {}
+        for name, pid in self.services.items():
+            for part, n in proc_switches(pid, THREAD_ROLES.get(name, [])).items():
+                out[f"{name}.{part}" if part else name] = n
         return out
 
     def settle(self, quiet: float = 0.1, limit: float = 180) -> None:
@@ -297,11 +330,11 @@ def timed(target, fn) -> dict:
     """Runs `fn`; its wall seconds, WAL bytes and CPU by role."""
     procs = target.processes()
     env = target.env()
-    lsn0, cpu0 = wal_lsn(env), procs.sample()
+    lsn0, cpu0, sw0 = wal_lsn(env), procs.sample(), procs.switches()
     t0 = time.monotonic()
     fn(env)
     seconds = time.monotonic() - t0
-    cpu1 = procs.sample()
+    cpu1, sw1 = procs.sample(), procs.switches()
     wal = wal_lsn(env) - lsn0
     cpu = cpu_delta(cpu0, cpu1)
     # What the services still do for this workload after it returned (the
@@ -309,7 +342,9 @@ def timed(target, fn) -> dict:
     procs.settle()
     settled = cpu_delta(cpu0, procs.sample())
     return {"seconds": round(seconds, 2), "wal_mb": round(wal / MB, 1), "lsn_start": lsn0, "cpu": cpu,
-            "cpu_settled": settled,
+            # Live threads only: a thread that exited in between takes its
+            # switches along, hence the floor at 0.
+            "cpu_settled": settled, "switches": {k: max(v - sw0.get(k, 0), 0) for k, v in sw1.items()},
             "cpu_per_wal_mb": {k: round(v / max(wal / MB, 1e-9), 4) for k, v in settled.items()}}
 
 
@@ -554,6 +589,13 @@ def main() -> int:
                 lines.append(f"pgbench RW -c {c:2}: stock {tps['stock']:8.1f}  strata {tps['strata']:8.1f}  "
                              f"any2 {tps['sync_any2']:8.1f}  strata/stock {tps['strata'] / tps['stock']:.2f}  "
                              f"strata/any2 {tps['strata'] / tps['sync_any2']:.2f}")
+                # Wake-ups per transaction of each service (median of the runs).
+                per_tx = {}
+                for k in per["strata"][0][c]["switches"]:
+                    per_tx[k] = round(median([r[c]["switches"][k] / max(r[c]["tps"] * args.seconds, 1)
+                                              for r in per["strata"]]), 2)
+                results["pgbench"][c]["strata_switches_per_tx"] = per_tx
+                lines.append(f"         strata context switches per transaction: {per_tx}")
             save(results, lines, args.quick)
         if "catchup" in only:
             runs = [catchup(strata, base, f"catchup-{r}", catchup_scale) for r in range(args.runs)]
