@@ -1136,3 +1136,62 @@ async fn each_tenants_local_wal_is_a_series_until_its_timelines_are_gone() {
     sk.task.await.unwrap().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An append that carries only a commit LSN is answered only when the
+/// answer says something new: the proposer is not woken for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_only_append_is_answered_only_when_the_answer_changed() {
+    let dir = std::env::temp_dir().join(format!("strata-sk-commit-only-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sk = start(&dir).await;
+    create_timeline(&sk).await;
+    let mut p = greeted(sk.addr).await;
+    assert!(matches!(elect(&mut p).await, AcceptorMessage::AppendResponse(_)));
+    let (wal, end) = wal_bytes(20);
+    let half = wal.len() / 2;
+    let mid = Lsn(START.0 + half as u64);
+    let append = |begin: Lsn, commit: Lsn, wal: Vec<u8>| {
+        ProposerMessage::Append(AppendRequest {
+            term: 1,
+            begin_lsn: begin,
+            commit_lsn: commit,
+            truncate_lsn: START,
+            wal,
+        })
+    };
+    let flush_of = |m: AcceptorMessage| match m {
+        AcceptorMessage::AppendResponse(r) => r.flush_lsn,
+        other => panic!("{other:?}"),
+    };
+    // WAL: answered with the new flush LSN.
+    p.send(&append(START, START, wal[..half].to_vec())).await;
+    assert_eq!(flush_of(p.reply().await), mid);
+    // Its commit on its own: the answer would be the same, so none comes.
+    p.send(&append(mid, mid, vec![])).await;
+    match p.s.read_frame(Duration::from_millis(500)).await {
+        Err(FrameError::Timeout(_)) => {}
+        other => panic!("an answer to a commit-only append that changed nothing: {other:?}"),
+    }
+    assert_eq!(metric(&sk, "strata_safekeeper_answers_skipped_total").await, 1);
+    // More WAL is answered again, and so is a commit-only append that
+    // follows it on the same flush (the batch's answer is new).
+    p.send(&append(mid, mid, wal[half..].to_vec())).await;
+    p.send(&append(end, end, vec![])).await;
+    assert_eq!(flush_of(p.reply().await), end);
+    // The connection goes on: the next WAL is answered as usual.
+    let (more, more_end) = {
+        let mut b = WalBuilder::new(PgVersion::V15, 77, 1, SEG, START, Lsn(0));
+        for i in 0..21 {
+            let data = vec![i as u8; 100 + (i * 37) % 3000];
+            b.append_with(|_, prev| encode_record(0, 0x20, 0, prev, &data));
+        }
+        wal_of(b)
+    };
+    assert_eq!(&more[..wal.len()], &wal[..], "the same WAL, one record longer");
+    p.send(&append(end, end, more[wal.len()..].to_vec())).await;
+    assert_eq!(flush_of(p.reply().await), more_end);
+    drop(p);
+    sk.stop.send(()).unwrap();
+    sk.task.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
