@@ -28,6 +28,17 @@ PGBENCH_ROUND = 3
 PGBENCH_SECONDS = 27
 
 
+def assert_heap_served_as_it_was(ps, db_oid: int, rel: int, file: bytes, lsn: int, step: int) -> None:
+    """Every `step`-th block of a heap's main fork, as its file held it at
+    `lsn`, is what the pageserver serves at `lsn`: equal after PostgreSQL's
+    masking (hint bits set later)."""
+    for block in range(0, len(file) // 8192, step):
+        code, served = ps.page(1663, db_oid, rel, "main", block, lsn)
+        assert code == 200, (block, served)
+        assert masked(served, "heap", block) == masked(file[block * 8192:(block + 1) * 8192], "heap", block), \
+            f"relation {rel} block {block} at {format_lsn(lsn)}"
+
+
 def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
     cluster, ps, ep = quiet_cluster(cluster_factory, SMALL_LAYERS)
     ep.run(["pgbench", "-i", "-s", str(SCALE), "-q"], timeout=300)
@@ -99,12 +110,7 @@ def test_compaction_under_pgbench_keeps_pages_exact(cluster_factory):
     # The early LSN still serves the pages of that time (from L1 deltas below the images).
     db_oid = dbs["postgres"]
     rel = int(accounts.rsplit("/", 1)[1])
-    for block in range(0, len(early_accounts) // 8192, 37):
-        code, served = ps.page(1663, db_oid, rel, "main", block, early)
-        assert code == 200, (block, served)
-        # Pages equal after PostgreSQL's masking (hint bits set later).
-        assert masked(served, "heap", block) == masked(early_accounts[block * 8192:(block + 1) * 8192], "heap", block), \
-            f"pgbench_accounts block {block} at {format_lsn(early)}"
+    assert_heap_served_as_it_was(ps, db_oid, rel, early_accounts, early, 37)
 
     # A read at the newest LSN stops at the first image: few layers, however long the history.
     before = cluster.metrics("pageserver")
@@ -174,12 +180,7 @@ def test_bulk_load_pages_skip_compaction_and_stay_exact(cluster_factory):
     cmp = compare_data_dir(ps, ep, rels, lsn)
     assert not cmp.mismatches and not cmp.size_mismatches, json.dumps(cmp.mismatches[:5] + cmp.size_mismatches[:5])
     db_oid = ep.sql("SELECT oid::int FROM pg_database WHERE datname = 'postgres'")[0][0]
-    rel = int(path.rsplit("/", 1)[1])
-    for block in range(0, len(early_bulk) // 8192, 23):
-        code, served = ps.page(1663, db_oid, rel, "main", block, early)
-        assert code == 200, (block, served)
-        assert masked(served, "heap", block) == masked(early_bulk[block * 8192:(block + 1) * 8192], "heap", block), \
-            f"bulk block {block} at {format_lsn(early)}"
+    assert_heap_served_as_it_was(ps, db_oid, int(path.rsplit("/", 1)[1]), early_bulk, early, 23)
     assert ep.sql("SELECT count(*), count(*) FILTER (WHERE pad = 'changed'), "
                   "count(*) FILTER (WHERE pad = 'later') FROM bulk") == [(200_000, 20, 67)]
 
