@@ -17,7 +17,6 @@ strata_service::declare_metrics! {
         flushes: Counter => "WAL flushes (fsync batches)",
         flush_seconds: Histogram = Histogram::new(exponential_buckets(0.00005, 2.0, 16)) => "Time to make a batch of appends durable",
         appends_per_flush: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 12)) => "Append requests covered by one flush",
-        answers_skipped: Counter => "Appends carrying only a commit LSN left unanswered: the answer would have told the proposer nothing new",
         proposer_connections: Gauge => "Open proposer connections",
         consumer_connections: Gauge => "Open WAL consumer connections",
         stale_consumers_refused: Counter => "Stream requests refused because a pageserver of a newer attachment generation has streamed the timeline",

@@ -92,12 +92,6 @@ pub fn serve(
     // configuration is ever taken (docs/safekeeper-membership.md).
     let mut session_generation = 0u32;
     let mut feedback_sent = strata_protocol::safekeeper::StandbyFeedback::default();
-    // What the last answer told the proposer (term, flush LSN, consumers'
-    // applied LSN): an append that carries only a commit LSN and would be
-    // answered with the same is not answered at all. The proposer uses
-    // nothing else of an answer, so that spares it a wake-up per idle
-    // commit (per transaction at one client) without changing what it knows.
-    let mut answered: Option<(u64, strata_formats::Lsn, strata_formats::Lsn)> = None;
     let same_generation = |acceptor: &crate::timeline::TimelineAcceptor, session: u32| {
         let current = acceptor.membership().generation;
         if current == session {
@@ -130,7 +124,6 @@ pub fn serve(
             }
             let started = shared.clock.now();
             let n = batch.len();
-            let commit_only = batch.iter().all(|m| matches!(m, ProposerMessage::Append(a) if a.wal.is_empty()));
             let outcome = timeline.with_acceptor(|acceptor| {
                 same_generation(acceptor, session_generation)?;
                 for m in &batch {
@@ -151,18 +144,9 @@ pub fn serve(
                     shared.metrics.flushes.inc();
                     shared.metrics.flush_seconds.observe(shared.clock.since(started).as_secs_f64());
                     shared.metrics.appends_per_flush.observe(n as f64);
-                    let told = match &ack {
-                        AcceptorMessage::AppendResponse(r) => Some((r.term, r.flush_lsn, r.consumer_applied_lsn)),
-                        _ => None,
-                    };
+                    codec::encode_acceptor(&ack, &mut session.out);
                     // The replicas' feedback rides along when it changed.
                     let feedback = timeline.standby_feedback.oldest();
-                    if commit_only && told.is_some() && told == answered && feedback == feedback_sent {
-                        shared.metrics.answers_skipped.inc();
-                        continue;
-                    }
-                    codec::encode_acceptor(&ack, &mut session.out);
-                    answered = told;
                     if feedback != feedback_sent {
                         codec::encode_acceptor(&AcceptorMessage::StandbyFeedback(feedback), &mut session.out);
                         feedback_sent = feedback;
