@@ -18,6 +18,7 @@ from fixtures import sk_protocol as skp
 from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.load import AckedWriters
 from fixtures.minio import minio  # noqa: F401 - a fixture
+from fixtures.processes import kill_and_wait
 from fixtures.wait import wait_until
 
 SCALE = 5
@@ -181,6 +182,15 @@ def test_kill9_of_the_attached_pageserver_under_pgbench(cluster_factory):
     ep.run(["pgbench", "-n", "-c", "2", "-T", "3"], timeout=120)
     check_after(ep, writers)
     check_fenced(cluster, tenant, stale=1, current=2)
+
+    # The agent killed now: its configuration still names the first
+    # pageserver, which answers that it has no such timeline attached (it
+    # is a secondary). The new agent asks again where the controller says
+    # the tenant is, instead of failing its start over and over.
+    kill_and_wait(ep.agent_pid())
+    wait_until("the compute back after its agent was killed", lambda: ep.sql("SELECT 1") == [(1,)], timeout=90)
+    assert ep.agent_status()["pageserver"]["name"] == "pageserver2"
+    check_after(ep, writers)
 
 
 def check_fenced(cluster, tenant: str, stale: int, current: int) -> None:

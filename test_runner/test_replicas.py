@@ -227,6 +227,43 @@ def test_a_replica_endpoint_follows_its_writer(cluster_factory, major):
     assert any(le.get("holder") == "r1" for le in leases), leases
 
 
+def test_a_restarted_replica_never_answers_with_an_older_state(cluster):
+    """A replica's PostgreSQL killed: its agent starts it again from the
+    branch's last checkpoint record, which is older than what it had
+    replayed. Its first answer afterwards must show everything it showed
+    before: queries wait until replay has passed the newest commit the
+    pageserver knew of at the start (`docs/replicas.md`, "Never older
+    than before")."""
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE mono (id bigint)")
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep")
+    # WAL after the replica's checkpoint record: replaying it takes a while.
+    with ep.connect() as conn:
+        for i in range(10):
+            conn.execute("INSERT INTO mono SELECT g FROM generate_series(%s, %s) g", (i * 50_000, i * 50_000 + 49_999))
+        end = current_lsn(conn)
+    wait_until("the replica to replay the inserts", lambda: _replay_lsn(replica) >= end or None, timeout=120)
+    seen = replica.sql("SELECT count(*) FROM mono")[0][0]
+    assert seen == 500_000
+    pid = replica.postmaster_pid()
+    os.kill(pid, 9)
+
+    def first_answer():
+        if replica.postmaster_pid() in (None, pid):
+            return None
+        try:
+            with replica.connect(connect_timeout=2) as conn:
+                return (conn.execute("SELECT count(*) FROM mono").fetchone()[0],)
+        except psycopg.OperationalError:
+            return None  # not accepting connections yet
+
+    (first,) = wait_until("the replica to answer again", first_answer, timeout=120, interval=0.01)
+    assert first == seen, f"the restarted replica first answered with {first} rows, after {seen}"
+    held = re.findall(r"consistent_at=(\S+)", (replica.dir / "compute.log").read_text())
+    assert len(held) >= 2 and parse_lsn(held[-1]) >= end, held
+
+
 def test_promotion_under_load_keeps_every_acknowledged_commit_and_fences_the_writer(cluster):
     """`strata endpoint promote`: the replica starts again as the branch's
     writer in a new safekeeper term. Every commit the old writer

@@ -188,6 +188,12 @@ pub const MAX_JSON_BYTES: u64 = 1 << 20;
 pub const PAGESERVER_FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest pause between retries of an unreachable pageserver.
 pub const PAGESERVER_MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a start that finds its timeline missing on the pageserver it
+/// asked waits for the storage controller to name another (the tenant
+/// moved while the agent was down, or during the request).
+pub const PAGESERVER_MOVE_PATIENCE: Duration = Duration::from_secs(10);
+/// How often that wait looks at where the tenant is.
+pub const PAGESERVER_MOVE_POLL: Duration = Duration::from_millis(100);
 /// First pause while waiting for the pageserver to ingest the start LSN.
 pub const INGEST_WAIT_FIRST_PAUSE: Duration = Duration::from_millis(10);
 /// Longest pause while waiting for the pageserver to ingest the start LSN.

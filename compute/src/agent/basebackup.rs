@@ -7,6 +7,9 @@ use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use strata_formats::v15::control::{ControlFile, DbState};
+use strata_formats::Lsn;
+
 /// Left in the data directory while it is being restored; a directory with
 /// it (or with `PG_VERSION`) may be emptied by the next start.
 pub const RESTORE_MARKER: &str = ".strata-restore-incomplete";
@@ -181,6 +184,40 @@ pub fn unpack(reader: impl Read, pgdata: &Path, cancel: &AtomicBool) -> Result<U
     Ok(stats)
 }
 
+/// Makes a standby's data directory open for queries only once replay has
+/// reached `lsn`: its `pg_control`'s minimum recovery point, which a
+/// backup taken from a standby also takes as the backup's end, is raised
+/// to `lsn` (`docs/replicas.md`, "Never older than before"). Returns the
+/// point the basebackup had.
+pub fn hold_queries_until(pgdata: &Path, lsn: Lsn) -> Result<Lsn, RestoreError> {
+    let path = pgdata.join("global/pg_control");
+    let bytes = fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
+    let mut control = ControlFile::decode(&bytes)
+        .map_err(|e| RestoreError::Invalid(format!("the basebackup's {}: {e}", path.display())))?;
+    let had = control.min_recovery_point;
+    if control.state != DbState::InArchiveRecovery || had == Lsn::INVALID {
+        return Err(RestoreError::Invalid(format!(
+            "{} is not a standby's (state {:?}, minimum recovery point {had})",
+            path.display(),
+            control.state
+        )));
+    }
+    if lsn <= had {
+        return Ok(had);
+    }
+    control.min_recovery_point = lsn;
+    let mut out = control.encode();
+    // The file keeps its size (PostgreSQL reads and writes 8 KiB).
+    out.resize(bytes.len().max(out.len()), 0);
+    let write = || -> io::Result<()> {
+        let mut f = fs::OpenOptions::new().write(true).truncate(true).open(&path)?;
+        f.write_all(&out)?;
+        f.sync_all()
+    };
+    write().map_err(io_err(format!("writing {}", path.display())))?;
+    Ok(had)
+}
+
 /// After unpacking: checks that `pgdata` is a PostgreSQL `pg_version` data
 /// directory, removes a running server's leftovers, creates missing standard
 /// directories and removes [`RESTORE_MARKER`].
@@ -245,6 +282,37 @@ pub fn set_ownership(root: &Path, owner: Option<(u32, u32)>) -> Result<(), Resto
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standby_answers_queries_only_once_replayed_to_where_it_is_held() {
+        let template = ControlFile::decode(include_bytes!("../../../formats/tests/data/pg_control_v15")).unwrap();
+        let cp = template.checkpoint_copy;
+        let end = Lsn(cp.redo.0 + 0x80);
+        let start = strata_formats::v15::startup::standby_start(&template, cp.redo, end, &cp, "now");
+        let dir = temp_dir("hold");
+        fs::create_dir_all(dir.join("global")).unwrap();
+        let path = dir.join("global/pg_control");
+        fs::write(&path, &start.control_file).unwrap();
+        let held = Lsn(end.0 + 0x10_0000);
+        assert_eq!(hold_queries_until(&dir, held).unwrap(), end);
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), start.control_file.len(), "pg_control keeps its size");
+        let c = ControlFile::decode(&bytes).unwrap();
+        assert_eq!(c.min_recovery_point, held);
+        assert_eq!((c.checkpoint, c.state), (cp.redo, DbState::InArchiveRecovery), "nothing else changes");
+        // Never lowered.
+        assert_eq!(hold_queries_until(&dir, end).unwrap(), held);
+        assert_eq!(ControlFile::decode(&fs::read(&path).unwrap()).unwrap().min_recovery_point, held);
+        // A writer's pg_control is refused, and a damaged one.
+        fs::write(&path, include_bytes!("../../../formats/tests/data/pg_control_v15")).unwrap();
+        assert!(matches!(hold_queries_until(&dir, held), Err(RestoreError::Invalid(_))));
+        let mut damaged = start.control_file.clone();
+        damaged[40] ^= 1;
+        fs::write(&path, &damaged).unwrap();
+        let err = hold_queries_until(&dir, held).unwrap_err().to_string();
+        assert!(err.contains("CRC"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("strata-basebackup-{name}-{}", std::process::id()));

@@ -267,6 +267,7 @@ pub async fn timeline_with_retry(
     let deadline = clock.now() + patience;
     let mut backoff = crate::limits::PAGESERVER_FIRST_BACKOFF;
     loop {
+        let asked = client.base();
         let c = client.clone();
         let result = tokio::task::spawn_blocking(move || c.timeline(tenant, timeline))
             .await
@@ -276,6 +277,19 @@ pub async fn timeline_with_retry(
                 tracing::debug!("pageserver not answering yet: {e}");
                 clock.sleep(backoff).await;
                 backoff = (backoff * 2).min(crate::limits::PAGESERVER_MAX_BACKOFF);
+            }
+            // Not there: the tenant may have moved (a failover while the
+            // agent was down, or during the request), and the controller
+            // names its new place a moment later. Asked again there.
+            Err(e) if e.status() == Some(404) && client.target.is_some() => {
+                let until = deadline.min(clock.now() + crate::limits::PAGESERVER_MOVE_PATIENCE);
+                while client.base() == asked && clock.now() < until {
+                    clock.sleep(crate::limits::PAGESERVER_MOVE_POLL).await;
+                }
+                if client.base() == asked {
+                    return Err(e);
+                }
+                tracing::info!(from = %asked, to = %client.base(), "the timeline was not where the agent asked: asking where the tenant is now");
             }
             other => return other,
         }

@@ -155,7 +155,8 @@ impl Agent {
         proposer_cfg.address_map = self.cfg.address_map.clone();
         proposer_cfg.clock = self.cfg.clock.clone();
         // A replica's basebackup is asked for at its checkpoint record's end
-        // and holds the data at the record's redo point, `lsn`.
+        // and holds the data at the record's redo point, `lsn`; the second
+        // LSN is where it starts answering queries.
         let mut basebackup_at = None;
         let lsn = match (self.cfg.read_only_at, &self.cfg.replica) {
             // A read-only compute writes no WAL: no election, its point is given.
@@ -169,7 +170,11 @@ impl Agent {
                 let Some(record) = unless_stopped(stop, self.replica_start_point(&client, replica.after)).await else {
                     return stopped_early();
                 };
-                let record = step!(record);
+                let (record, newest) = step!(record);
+                // Queries wait until replay has passed every position this
+                // replica (an earlier run of it) or the branch may have shown.
+                let shown = self.status.agent().replica.and_then(|r| r.replay_lsn).unwrap_or(Lsn::INVALID);
+                let consistent_at = newest.max(shown).max(record.end_lsn);
                 let seconds = self.cfg.clock.since(t).as_secs_f64();
                 self.status.update(|s| {
                     s.start_lsn = Some(record.redo);
@@ -185,9 +190,9 @@ impl Agent {
                 });
                 info!(
                     seconds, checkpoint = %record.lsn, redo = %record.redo, shutdown = record.shutdown,
-                    "a replica starts from this checkpoint record"
+                    %consistent_at, "a replica starts from this checkpoint record, and answers queries once replayed to the newest commit"
                 );
-                basebackup_at = Some(record.end_lsn);
+                basebackup_at = Some((record.end_lsn, consistent_at));
                 record.redo
             }
             (None, None) => {
@@ -338,14 +343,18 @@ impl Agent {
         &self,
         client: &Arc<PageserverClient>,
         after: Option<Lsn>,
-    ) -> Result<CheckpointRecordResponse, AgentError> {
+    ) -> Result<(CheckpointRecordResponse, Lsn), AgentError> {
         if let Some(after) = after {
             self.wait_for_pageserver(client, after).await?;
         }
         let (c, tenant, timeline) = (client.clone(), self.cfg.tenant_id, self.cfg.timeline_id);
         let record = tokio::task::spawn_blocking(move || {
-            let last = c.timeline(tenant, timeline)?.last_record_lsn;
-            c.checkpoint_record(tenant, timeline, last)
+            let info = c.timeline(tenant, timeline)?;
+            let record = c.checkpoint_record(tenant, timeline, info.last_record_lsn)?;
+            Ok::<_, crate::agent::pageserver_api::ApiError>((
+                record,
+                info.last_record_lsn.max(info.safekeeper_commit_lsn),
+            ))
         })
         .await
         .map_err(|e| fail("replica start", format!("request task: {e}")))?;
@@ -399,7 +408,7 @@ impl Agent {
         stop: &mut watch::Receiver<bool>,
         client: &Arc<PageserverClient>,
         lsn: Lsn,
-        standby_at: Option<Lsn>,
+        standby_at: Option<(Lsn, Lsn)>,
     ) -> Result<Option<basebackup::UnpackStats>, AgentError> {
         if let Some(pid) = leftover::find(&self.pgdata) {
             leftover::stop(&self.pgdata, pid, &*self.cfg.clock).await.map_err(|e| fail("basebackup", e))?;
@@ -412,7 +421,7 @@ impl Agent {
         let (c, pgdata, flag) = (client.clone(), self.pgdata.clone(), cancel.clone());
         let (tenant, timeline) = (self.cfg.tenant_id, self.cfg.timeline_id);
         let (kind, at) = match (standby_at, self.cfg.read_only_at) {
-            (Some(at), _) => (BasebackupKind::Standby, at),
+            (Some((at, _)), _) => (BasebackupKind::Standby, at),
             (None, Some(_)) => (BasebackupKind::ReadOnly, lsn),
             (None, None) => (BasebackupKind::Writer, lsn),
         };
@@ -436,6 +445,9 @@ impl Agent {
                 info!(seconds, files = done.files, blocks = done.blocks, "relation files written from the shards");
                 stats.bytes += done.blocks * strata_formats::version::BLCKSZ as u64;
                 stats.files += done.files;
+            }
+            if let Some((_, consistent_at)) = standby_at {
+                basebackup::hold_queries_until(&pgdata, consistent_at).map_err(|e| e.to_string())?;
             }
             basebackup::finish(&pgdata, pg_major).map_err(|e| e.to_string())?;
             Ok(stats)
