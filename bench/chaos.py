@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Chaos for an hour (`docs/consistency.md`, "Under faults"): transactional
+histories checked under random faults, seed after seed, as a user runs
+the cluster (`strata init --pageservers 2`, every service on, a writer
+endpoint and a replica). Each seed gets a fresh cluster and `--seconds`
+of the list-append (its isolation level by the seed), bank and register
+workloads while faults from the seed hit it, several at a time: SIGKILL
+of any service (restarted at once, or kept down a while), SIGSTOP of a
+service (a host cut off without a reset), SIGKILL of either endpoint's
+PostgreSQL or agent, endpoint restarts (`fixtures.chaos`). Then every
+fault heals and the histories are checked. Seeds run until `--minutes`
+have passed.
+
+Side by side: stock PostgreSQL 15 with a streaming hot standby under the
+same workloads for `--seconds`, with the faults that apply to it (SIGKILL
+of either server and `pg_ctl start`, SIGSTOP of either), checked the same
+way. The figures are the anomalies each shows (the goal for Strata: none
+that the level forbids) and the transactions each completed.
+
+A failing seed replays the same faults: `--first-seed N --minutes 0`
+runs seed N alone.
+
+Usage: .venv/bin/python -m bench.chaos [--minutes 60] [--seconds 120] [--first-seed 1] [--quick]
+Writes bench/results/chaos.json and .txt (chaos_quick.* with --quick);
+the histories and faults of a seed that found something are copied to
+bench/results/chaos-failed/seed-N/ to be checked again
+(`fixtures.consistency.load_history`).
+"""
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bench.harness import (RESULTS, bench_dir, local_cluster, machine_state, result_stem, stock_cluster,
+                           strata_to_measure, write_results)
+from test_runner.fixtures.chaos import StockNemesis, run_chaos, run_workloads, stock_schedule
+from test_runner.fixtures.endpoint import Endpoint, start_endpoint
+
+
+def strata_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
+    with local_cluster(strata, base / f"cluster-{seed}", "--pageservers", "2") as cluster:
+        writer = start_endpoint(cluster)
+        replica = Endpoint(cluster, "r1")
+        replica.start("--replica-of", "ep")
+        outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories")
+    return json.loads(outcome.to_json())
+
+
+def stock_run(base: Path, seed: int, seconds: float) -> dict:
+    primary, standby = stock_cluster(base, "primary"), stock_cluster(base, "standby")
+    try:
+        primary.initdb()
+        primary.start({"max_connections": 50})
+        standby.basebackup_from(primary, application_name="standby")
+        standby.start({"hot_standby": "on", "max_connections": 50})
+        nemesis = StockNemesis({"primary": primary, "standby": standby}, stock_schedule(seed, seconds))
+        outcome = run_workloads(primary, standby, "standby", nemesis, seed, seconds, base / "stock-histories")
+    finally:
+        for c in (standby, primary):
+            c.cleanup()
+    return json.loads(outcome.to_json())
+
+
+def summary(name: str, o: dict) -> str:
+    faults = sum(1 for f in o["faults"] if f["what"] == "begin")
+    ops = {w: sum(v for k, v in counts.items() if k.startswith("ok")) for w, counts in o["ops"].items()}
+    found = {w: a for w, a in o["anomalies"].items() if a}
+    return (f"{name} seed {o['seed']:>3} {o['level']:<16} {faults:>3} faults  ok: " +
+            ", ".join(f"{w} {n}" for w, n in ops.items()) +
+            f"  forbidden: {found or 'none'}" + (f"  nemesis errors: {o['nemesis_errors']}" if o["nemesis_errors"] else ""))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=60, help="run seeds until this much time has passed")
+    ap.add_argument("--seconds", type=float, default=120, help="of faults per seed")
+    ap.add_argument("--first-seed", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="smoke run: one seed of 30 s, and stock for 30 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.minutes, args.seconds = 0, 30
+    strata = strata_to_measure()
+    results = {"config": vars(args), "machine": machine_state(), "strata": [], "stock": None}
+    lines = []
+    started = time.monotonic()
+    with bench_dir("strata-chaos-") as base:
+        seed = args.first_seed
+        while True:
+            o = strata_seed(strata, base, seed, args.seconds)
+            results["strata"].append(o)
+            if any(o["anomalies"].values()) or o["nemesis_errors"]:
+                keep = RESULTS / "chaos-failed" / f"seed-{seed}"
+                keep.mkdir(parents=True, exist_ok=True)
+                for f in (base / "histories").glob(f"*-{seed}.*"):
+                    shutil.copy(f, keep / f.name)
+            lines.append(summary("strata", o))
+            print(lines[-1], flush=True)
+            seed += 1
+            if time.monotonic() - started >= args.minutes * 60:
+                break
+        results["stock"] = stock_run(base, args.first_seed, args.seconds)
+        lines.append(summary("stock ", results["stock"]))
+        print(lines[-1], flush=True)
+    bad = [o["seed"] for o in results["strata"] if any(o["anomalies"].values()) or o["nemesis_errors"]]
+    lines.append(f"{len(results['strata'])} seeds in {(time.monotonic() - started) / 60:.1f} min; "
+                 f"seeds with a forbidden anomaly or a failed fault: {bad or 'none'}")
+    print(lines[-1])
+    write_results(result_stem("chaos", args.quick), results, "\n".join(lines) + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

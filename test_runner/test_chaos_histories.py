@@ -1,0 +1,50 @@
+"""Histories under random faults (`docs/consistency.md`, "Under faults"):
+a cluster with two pageservers, a writer and a replica, the list-append,
+bank and register workloads, and faults from a fixed seed, several at a
+time (`fixtures.chaos`). Nothing forbidden at the run's level may show,
+no acknowledged append may be lost, and every bank read keeps the total.
+`bench/chaos.py` runs the same for an hour over many seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.chaos import INSTANT, KINDS, STOCK_KINDS, run_chaos, schedule, stock_schedule
+from fixtures.endpoint import Endpoint, start_endpoint
+
+SECONDS = 60
+
+
+def test_the_schedule_is_a_function_of_the_seed():
+    services, endpoints = ["sk1", "sk2", "sk3", "pageserver", "pageserver2", "controller"], ["ep", "r1"]
+    a = schedule(7, 600, services, endpoints)
+    assert a == schedule(7, 600, services, endpoints), "the same seed gives the same faults"
+    assert a != schedule(8, 600, services, endpoints)
+    assert {f.kind for f in a} == set(KINDS), "600 s of faults use every kind"
+    for f in a:
+        assert f.at + f.duration <= 600
+        assert (f.duration == 0) == (f.kind in INSTANT)
+        during = [g for g in a if g.at <= f.at < g.at + g.duration]
+        assert len(during) <= 2, f"more than two faults in force at {f.at}: {during}"
+        assert sum(g.target == f.target for g in during) <= 1, f"two faults on {f.target} at {f.at}"
+    stock = stock_schedule(7, 600)
+    assert stock == stock_schedule(7, 600) and stock != stock_schedule(8, 600)
+    assert {f.kind for f in stock} == set(STOCK_KINDS) and {f.target for f in stock} == {"primary", "standby"}
+    assert all(a.at + a.duration < b.at for a, b in zip(stock, stock[1:])), "stock's faults come one at a time"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_histories_hold_under_random_faults(cluster_factory, tmp_path, seed):
+    cluster = cluster_factory(init_args=("--pageservers", "2"))
+    writer = start_endpoint(cluster)
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep")
+    outcome = run_chaos(cluster, writer, replica, seed=seed, seconds=SECONDS, out_dir=tmp_path / "chaos")
+    print(f"seed {seed}, {outcome.level}: {len(outcome.faults)} fault events, ops {outcome.ops}")
+    for f in outcome.faults:
+        print(f"  {f}")
+    print(f"  examples: {outcome.examples}")
+    assert not outcome.nemesis_errors, outcome.nemesis_errors
+    assert outcome.forbidden() == {}, outcome.examples
+    assert outcome.ops["list-append"].get("ok", 0) > 100, outcome.ops
+    assert outcome.ops["bank"].get("ok on r1", 0) > 10, outcome.ops
