@@ -12,7 +12,7 @@ import pytest
 from fixtures.chaos import INSTANT, KINDS, STOCK_KINDS, run_chaos, schedule, stock_schedule
 from fixtures.endpoint import Endpoint, start_endpoint
 
-SECONDS = 60
+SECONDS = 45
 
 
 def test_the_schedule_is_a_function_of_the_seed():

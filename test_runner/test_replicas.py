@@ -231,8 +231,8 @@ def test_a_restarted_replica_never_answers_with_an_older_state(cluster):
     """A replica's PostgreSQL killed: its agent starts it again from the
     branch's last checkpoint record, which is older than what it had
     replayed. Its first answer afterwards must show everything it showed
-    before: queries wait until replay has passed the newest commit the
-    pageserver knew of at the start (`docs/replicas.md`, "Never older
+    before: queries wait until replay has passed the newest record the
+    pageserver had ingested at the start (`docs/replicas.md`, "Never older
     than before")."""
     ep = start_endpoint(cluster)
     ep.sql("CREATE TABLE mono (id bigint)")

@@ -190,7 +190,7 @@ impl Agent {
                 });
                 info!(
                     seconds, checkpoint = %record.lsn, redo = %record.redo, shutdown = record.shutdown,
-                    %consistent_at, "a replica starts from this checkpoint record, and answers queries once replayed to the newest commit"
+                    %consistent_at, "a replica starts from this checkpoint record, and answers queries once replayed to consistent_at"
                 );
                 basebackup_at = Some((record.end_lsn, consistent_at));
                 record.redo
@@ -351,10 +351,11 @@ impl Agent {
         let record = tokio::task::spawn_blocking(move || {
             let info = c.timeline(tenant, timeline)?;
             let record = c.checkpoint_record(tenant, timeline, info.last_record_lsn)?;
-            Ok::<_, crate::agent::pageserver_api::ApiError>((
-                record,
-                info.last_record_lsn.max(info.safekeeper_commit_lsn),
-            ))
+            // Not the safekeepers' commit LSN the pageserver was told: WAL
+            // up to it may not be on the safekeepers this replica streams
+            // from (another site's, through a cut), and PostgreSQL would
+            // refuse queries until it were.
+            Ok::<_, crate::agent::pageserver_api::ApiError>((record, info.last_record_lsn))
         })
         .await
         .map_err(|e| fail("replica start", format!("request task: {e}")))?;
