@@ -7,7 +7,8 @@ of the list-append (its isolation level by the seed), bank and register
 workloads while faults from the seed hit it, several at a time: SIGKILL
 of any service (restarted at once, or kept down a while), SIGSTOP of a
 service (a host cut off without a reset), SIGKILL of either endpoint's
-PostgreSQL or agent, endpoint restarts (`fixtures.chaos`). Then every
+PostgreSQL or agent, endpoint restarts, and fsync failures and full
+disks on a safekeeper and a pageserver (`fixtures.chaos`). Then every
 fault heals and the histories are checked. Seeds run until `--minutes`
 have passed.
 
@@ -40,12 +41,27 @@ from test_runner.fixtures.chaos import StockNemesis, run_chaos, run_workloads, s
 from test_runner.fixtures.endpoint import Endpoint, start_endpoint
 
 
+# The services whose disks fail now and then (strata-faultfs mounts).
+DISKS = ("sk1", "pageserver")
+
+
 def strata_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
-    with local_cluster(strata, base / f"cluster-{seed}", "--pageservers", "2") as cluster:
-        writer = start_endpoint(cluster)
-        replica = Endpoint(cluster, "r1")
-        replica.start("--replica-of", "ep")
-        outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories")
+    made = []
+
+    def on_faultfs(cluster) -> None:
+        made.append(cluster)
+        for name in DISKS:
+            cluster.put_data_on_faultfs(name)
+
+    try:
+        with local_cluster(strata, base / f"cluster-{seed}", "--pageservers", "2", prepare=on_faultfs) as cluster:
+            writer = start_endpoint(cluster)
+            replica = Endpoint(cluster, "r1")
+            replica.start("--replica-of", "ep")
+            outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories")
+    finally:
+        for cluster in made:
+            cluster.unmount_faultfs()
     return json.loads(outcome.to_json())
 
 
@@ -66,9 +82,10 @@ def stock_run(base: Path, seed: int, seconds: float) -> dict:
 
 def summary(name: str, o: dict) -> str:
     faults = sum(1 for f in o["faults"] if f["what"] == "begin")
+    skipped = sum(1 for f in o["faults"] if f["what"].startswith("skipped"))
     ops = {w: sum(v for k, v in counts.items() if k.startswith("ok")) for w, counts in o["ops"].items()}
     found = {w: a for w, a in o["anomalies"].items() if a}
-    return (f"{name} seed {o['seed']:>3} {o['level']:<16} {faults:>3} faults  ok: " +
+    return (f"{name} seed {o['seed']:>3} {o['level']:<16} {faults:>3} faults ({skipped} skipped)  ok: " +
             ", ".join(f"{w} {n}" for w, n in ops.items()) +
             f"  forbidden: {found or 'none'}" + (f"  nemesis errors: {o['nemesis_errors']}" if o["nemesis_errors"] else ""))
 

@@ -1,7 +1,8 @@
 """Histories under random faults (`docs/consistency.md`, "Under faults"):
-a cluster with two pageservers, a writer and a replica, the list-append,
-bank and register workloads, and faults from a fixed seed, several at a
-time (`fixtures.chaos`). Nothing forbidden at the run's level may show,
+a cluster with two pageservers, a writer and a replica, the disks of a
+safekeeper and a pageserver on faultfs, the list-append, bank and
+register workloads, and faults from a fixed seed, several at a time
+(`fixtures.chaos`). Nothing forbidden at the run's level may show,
 no acknowledged append may be lost, and every bank read keeps the total.
 `bench/chaos.py` runs the same for an hour over many seeds."""
 
@@ -9,18 +10,23 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.chaos import INSTANT, KINDS, STOCK_KINDS, run_chaos, schedule, stock_schedule
+from fixtures.chaos import DISK_KINDS, INSTANT, KINDS, STOCK_KINDS, run_chaos, schedule, stock_schedule
 from fixtures.endpoint import Endpoint, start_endpoint
 
 SECONDS = 45
+# The services whose disks fail now and then (fsync with EIO, writes with ENOSPC).
+DISKS = ("sk1", "pageserver")
 
 
 def test_the_schedule_is_a_function_of_the_seed():
     services, endpoints = ["sk1", "sk2", "sk3", "pageserver", "pageserver2", "controller"], ["ep", "r1"]
-    a = schedule(7, 600, services, endpoints)
-    assert a == schedule(7, 600, services, endpoints), "the same seed gives the same faults"
-    assert a != schedule(8, 600, services, endpoints)
+    disks = ["pageserver", "sk1"]
+    a = schedule(7, 600, services, endpoints, disks)
+    assert a == schedule(7, 600, services, endpoints, disks), "the same seed gives the same faults"
+    assert a != schedule(8, 600, services, endpoints, disks)
     assert {f.kind for f in a} == set(KINDS), "600 s of faults use every kind"
+    assert {f.target for f in a if f.kind in DISK_KINDS} == set(disks)
+    assert not {f.kind for f in schedule(7, 600, services, endpoints)} & set(DISK_KINDS), "no disk faults without faultfs"
     for f in a:
         assert f.at + f.duration <= 600
         assert (f.duration == 0) == (f.kind in INSTANT)
@@ -35,7 +41,7 @@ def test_the_schedule_is_a_function_of_the_seed():
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_histories_hold_under_random_faults(cluster_factory, tmp_path, seed):
-    cluster = cluster_factory(init_args=("--pageservers", "2"))
+    cluster = cluster_factory(init_args=("--pageservers", "2"), faultfs=DISKS)
     writer = start_endpoint(cluster)
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep")
@@ -45,6 +51,8 @@ def test_histories_hold_under_random_faults(cluster_factory, tmp_path, seed):
         print(f"  {f}")
     print(f"  examples: {outcome.examples}")
     assert not outcome.nemesis_errors, outcome.nemesis_errors
+    began = [f for f in outcome.faults if f["what"] == "begin"]
+    assert len(began) >= SECONDS / 8, f"only {len(began)} faults were made"
     assert outcome.forbidden() == {}, outcome.examples
     assert outcome.ops["list-append"].get("ok", 0) > 100, outcome.ops
     assert outcome.ops["bank"].get("ok on r1", 0) > 10, outcome.ops
