@@ -7,8 +7,9 @@ of the list-append (its isolation level by the seed), bank and register
 workloads while faults from the seed hit it, several at a time: SIGKILL
 of any service (restarted at once, or kept down a while), SIGSTOP of a
 service (a host cut off without a reset), SIGKILL of either endpoint's
-PostgreSQL or agent, endpoint restarts, and fsync failures and full
-disks on a safekeeper and a pageserver (`fixtures.chaos`). Then every
+PostgreSQL or agent, endpoint restarts, fsync failures and full disks on
+a safekeeper and a pageserver, and object storage (MinIO behind a link
+proxy) killed or slow (`fixtures.chaos`). Then every
 fault heals and the histories are checked. Seeds run until `--minutes`
 have passed.
 
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from bench.harness import (RESULTS, bench_dir, local_cluster, machine_state, result_stem, stock_cluster,
                            strata_to_measure, write_results)
-from test_runner.fixtures.chaos import StockNemesis, run_chaos, run_workloads, stock_schedule
+from test_runner.fixtures.chaos import Store, StockNemesis, run_chaos, run_workloads, stock_schedule
 from test_runner.fixtures.endpoint import Endpoint, start_endpoint
 
 
@@ -47,21 +48,24 @@ DISKS = ("sk1", "pageserver")
 
 def strata_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
     made = []
+    store = Store(strata, base / f"store-{seed}")
 
-    def on_faultfs(cluster) -> None:
+    def prepare(cluster) -> None:
         made.append(cluster)
         for name in DISKS:
             cluster.put_data_on_faultfs(name)
+        cluster.set_remote_storage(store.remote_storage(f"seed-{seed}"))
 
     try:
-        with local_cluster(strata, base / f"cluster-{seed}", "--pageservers", "2", prepare=on_faultfs) as cluster:
+        with local_cluster(strata, base / f"cluster-{seed}", "--pageservers", "2", prepare=prepare) as cluster:
             writer = start_endpoint(cluster)
             replica = Endpoint(cluster, "r1")
             replica.start("--replica-of", "ep")
-            outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories")
+            outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories", store=store)
     finally:
         for cluster in made:
             cluster.unmount_faultfs()
+        store.close()
     return json.loads(outcome.to_json())
 
 

@@ -29,6 +29,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from test_runner.fixtures.cluster import LocalCluster
+from test_runner.fixtures.link_proxy import LinkProxy  # noqa: F401 - the benchmarks' too
 from test_runner.fixtures.pg import PgCluster, libpq_env
 from test_runner.fixtures.ports import free_port
 from test_runner.fixtures.strata import http_json, parse_lsn
@@ -213,46 +214,6 @@ def wal_bench(strata: Path, paths: Iterable[Path], runs: int) -> dict:
     out = subprocess.run([str(strata), "wal", "bench", "--runs", str(runs), *map(str, paths)],
                          capture_output=True, text=True, check=True, timeout=3600)
     return json.loads(out.stdout)
-
-
-class LinkProxy:
-    """A `strata link-proxy` of its own, outside any cluster: the routes of
-    `routes` (TOML after its `listen_http` line), reachable through its
-    HTTP API, which changes their delay at run time. Its log is
-    `link-proxy.log` in `workdir`."""
-
-    def __init__(self, strata: Path, workdir: Path, routes: str, timeout: float = 30):
-        self.url = f"http://127.0.0.1:{free_port()}"
-        config = workdir / "link-proxy.toml"
-        config.write_text(f'listen_http = "{self.url.removeprefix("http://")}"\n{routes}')
-        self.log = open(workdir / "link-proxy.log", "ab")
-        self.process = subprocess.Popen([str(strata), "link-proxy", "--config", str(config)], stdout=self.log,
-                                        stderr=subprocess.STDOUT)
-        self._wait_ready(timeout)
-
-    def _wait_ready(self, timeout: float) -> None:
-        """Until the proxy's API answers; fails at once if it exited."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if http_json("GET", f"{self.url}/v1/status", timeout=1)[0] == 200:
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError("the link proxy did not start; see link-proxy.log")
-            time.sleep(0.1)
-
-    def set_delay(self, ms: float) -> None:
-        """Holds every byte of every route `ms` milliseconds (each way)."""
-        code, body = http_json("PUT", f"{self.url}/v1/route/*", {"delay_ms": ms})
-        assert code == 200, body
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=30)
-        self.log.close()
 
 
 # ------------------------------------------------------ client programs

@@ -1,8 +1,8 @@
 """Histories under random faults (`docs/consistency.md`, "Under faults"):
 a cluster with two pageservers, a writer and a replica, the disks of a
-safekeeper and a pageserver on faultfs, the list-append, bank and
-register workloads, and faults from a fixed seed, several at a time
-(`fixtures.chaos`). Nothing forbidden at the run's level may show,
+safekeeper and a pageserver on faultfs, MinIO as object storage behind a
+link proxy, the list-append, bank and register workloads, and faults
+from a fixed seed, several at a time (`fixtures.chaos`). Nothing forbidden at the run's level may show,
 no acknowledged append may be lost, and every bank read keeps the total.
 `bench/chaos.py` runs the same for an hour over many seeds."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.chaos import DISK_KINDS, INSTANT, KINDS, STOCK_KINDS, run_chaos, schedule, stock_schedule
+from fixtures.chaos import DISK_KINDS, INSTANT, KINDS, STOCK_KINDS, STORE_KINDS, Store, run_chaos, schedule, stock_schedule
 from fixtures.endpoint import Endpoint, start_endpoint
 
 SECONDS = 45
@@ -21,12 +21,14 @@ DISKS = ("sk1", "pageserver")
 def test_the_schedule_is_a_function_of_the_seed():
     services, endpoints = ["sk1", "sk2", "sk3", "pageserver", "pageserver2", "controller"], ["ep", "r1"]
     disks = ["pageserver", "sk1"]
-    a = schedule(7, 600, services, endpoints, disks)
-    assert a == schedule(7, 600, services, endpoints, disks), "the same seed gives the same faults"
-    assert a != schedule(8, 600, services, endpoints, disks)
+    a = schedule(7, 600, services, endpoints, disks, store=True)
+    assert a == schedule(7, 600, services, endpoints, disks, store=True), "the same seed gives the same faults"
+    assert a != schedule(8, 600, services, endpoints, disks, store=True)
     assert {f.kind for f in a} == set(KINDS), "600 s of faults use every kind"
     assert {f.target for f in a if f.kind in DISK_KINDS} == set(disks)
-    assert not {f.kind for f in schedule(7, 600, services, endpoints)} & set(DISK_KINDS), "no disk faults without faultfs"
+    assert {f.target for f in a if f.kind in STORE_KINDS} == {"store"}
+    plain = {f.kind for f in schedule(7, 600, services, endpoints)}
+    assert not plain & {*DISK_KINDS, *STORE_KINDS}, "no disk or storage faults without faultfs or a store"
     for f in a:
         assert f.at + f.duration <= 600
         assert (f.duration == 0) == (f.kind in INSTANT)
@@ -39,13 +41,25 @@ def test_the_schedule_is_a_function_of_the_seed():
     assert all(a.at + a.duration < b.at for a, b in zip(stock, stock[1:])), "stock's faults come one at a time"
 
 
+@pytest.fixture
+def store(strata_bin, tmp_path):
+    """MinIO behind a link proxy; asked for before the cluster, so that it
+    closes after the cluster stopped."""
+    s = Store(strata_bin, tmp_path / "store")
+    yield s
+    s.close()
+
+
 @pytest.mark.parametrize("seed", [1, 2])
-def test_histories_hold_under_random_faults(cluster_factory, tmp_path, seed):
-    cluster = cluster_factory(init_args=("--pageservers", "2"), faultfs=DISKS)
+def test_histories_hold_under_random_faults(store, cluster_factory, tmp_path, seed):
+    cluster = cluster_factory(init_args=("--pageservers", "2"), faultfs=DISKS, start=False)
+    cluster.set_remote_storage(store.remote_storage("chaos"))
+    cluster.start()
     writer = start_endpoint(cluster)
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep")
-    outcome = run_chaos(cluster, writer, replica, seed=seed, seconds=SECONDS, out_dir=tmp_path / "chaos")
+    outcome = run_chaos(cluster, writer, replica, seed=seed, seconds=SECONDS, out_dir=tmp_path / "chaos",
+                        store=store)
     print(f"seed {seed}, {outcome.level}: {len(outcome.faults)} fault events, ops {outcome.ops}")
     for f in outcome.faults:
         print(f"  {f}")
