@@ -449,3 +449,32 @@ def test_a_branch_deletion_cut_off_by_object_storage_is_finished_later_and_never
 def local_marker(local: Path) -> Path:
     """The deletion marker beside a timeline's directory."""
     return local.with_name(local.name + ".deleting")
+
+
+def test_a_pageserver_started_while_object_storage_is_down_loads_its_timelines_once_it_is_back(minio, cluster_factory):
+    """The pageserver starts while MinIO is down: the timeline's index in
+    object storage cannot be read, so the timeline is broken (kind
+    `remote`), not loaded from local files that object storage may be
+    ahead of. Once MinIO answers, it is loaded again by itself, and serves
+    every page as before. (A chaos run found it broken for good: the
+    load was never tried again.)"""
+    minio.start()
+    cluster, ps, ep = remote_cluster(cluster_factory, SMALL_LAYERS, remote=minio.remote_storage("strata"))
+    ep.sql("CREATE TABLE kept AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 20000) g")
+    lsn = settle(cluster, ps, ep)
+    cmp = snapshot_pages(ps, ep, lsn)
+    cluster.stop("--only", "pageserver")
+    minio.kill()
+    # `strata start` also checks the timelines, which fails here.
+    cluster.run("start", "--only", "pageserver", check=False, timeout=120)
+    ps.close()
+    broken = wait_until("the timeline reported broken", lambda: (s := ps.status())["state"] == "broken" and s, 60)
+    assert broken["broken"]["kind"] == "remote" and "reading its remote index" in broken["error"], broken
+    time.sleep(3)
+    assert ps.status()["broken"]["reload_attempts"] >= 1, "no load was tried again while the store was down"
+    minio.start()
+    active = wait_until("the timeline loaded again", lambda: (s := ps.status())["state"] == "active" and s, 120)
+    assert active["broken"] is None, active
+    assert cluster.metrics("pageserver")["strata_pageserver_timeline_reloads_total"] >= 1
+    assert_same_pages(ps, cmp, lsn)
+    assert ep.sql("SELECT count(*) FROM kept")[0][0] == 20000

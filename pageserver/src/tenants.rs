@@ -33,7 +33,7 @@ use crate::remote::{Attachments, Remote, RemoteTimeline};
 use strata_protocol::api::pageserver::{Lease, TimelineState, TimelineStatus};
 use strata_service::durable::{replace_file, sync_dir};
 
-use crate::timeline::{StorageError, Timeline, TimelineMetadata, TimelineResources};
+use crate::timeline::{BrokenKind, StorageError, Timeline, TimelineMetadata, TimelineResources};
 use crate::walreceiver::{ReceiverStatus, SpawnError, WalReceiver, WalSources};
 use strata_formats::{Lsn, PgVersion};
 
@@ -339,46 +339,9 @@ impl Tenants {
                     }
                     continue;
                 }
-                let remote = match tenants.remote_timeline(tenant_id, timeline_id, &dir) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        error!(%tenant_id, %timeline_id, "cannot read its index in remote storage: {e}");
-                        tenants.attach_unloadable(
-                            dir,
-                            tenant_id,
-                            timeline_id,
-                            format!("reading its remote index: {e}"),
-                        );
-                        continue;
-                    }
-                };
-                if let Some((rt, remote_lsn)) = &remote {
-                    let local_lsn = local_disk_consistent_lsn(&dir);
-                    // Object storage is the truth, and it is ahead (another
-                    // attachment went on): the local files are an old cache.
-                    // Local files without readable metadata are not replaced:
-                    // they stay for an operator, as without object storage.
-                    if local_lsn.is_some_and(|l| l < *remote_lsn) {
-                        warn!(%tenant_id, %timeline_id, local = ?local_lsn, remote = %remote_lsn, "remote storage is ahead of the local files; attaching from remote storage");
-                        match tenants.attach_from_remote(&dir, rt.clone(), true) {
-                            Ok(tl) => loaded.push(tl),
-                            Err(e) => {
-                                error!(%tenant_id, %timeline_id, "{e}");
-                                tenants.attach_unloadable(dir, tenant_id, timeline_id, e.to_string());
-                            }
-                        }
-                        continue;
-                    }
-                }
-                match Timeline::load_with_remote(dir.clone(), &tenants.resources, remote.map(|(r, _)| r)) {
-                    Ok(tl) => {
-                        info!(%tenant_id, %timeline_id, disk_consistent_lsn = %tl.disk_consistent_lsn(), "loaded timeline");
-                        loaded.push(tl);
-                    }
-                    Err(e) => {
-                        error!(%tenant_id, %timeline_id, "cannot load timeline; it is broken and its files stay: {e}");
-                        tenants.attach_unloadable(dir, tenant_id, timeline_id, e.to_string());
-                    }
+                match tenants.load_local(&dir, tenant_id, timeline_id) {
+                    Ok(tl) => loaded.push(tl),
+                    Err((kind, reason)) => tenants.attach_broken(dir, tenant_id, timeline_id, kind, reason),
                 }
             }
         }
@@ -605,9 +568,63 @@ impl Tenants {
     }
 
     fn attach_unloadable(&self, dir: PathBuf, tenant: TenantShardId, timeline: TimelineId, reason: String) {
-        let tl = Timeline::unloadable(dir, tenant, timeline, reason, &self.resources);
+        self.attach_broken(dir, tenant, timeline, BrokenKind::Files, reason);
+    }
+
+    /// Keeps a timeline that could not be loaded, broken of `kind`.
+    fn attach_broken(
+        &self,
+        dir: PathBuf,
+        tenant: TenantShardId,
+        timeline: TimelineId,
+        kind: BrokenKind,
+        reason: String,
+    ) {
+        let tl = Timeline::unloadable(dir, tenant, timeline, kind, reason, &self.resources);
         let entry = Arc::new(TimelineEntry::new(tl, None));
         self.timelines.write().insert((tenant, timeline), entry);
+    }
+
+    /// Loads a timeline directory found on disk: from its local files,
+    /// with its object-storage side, or from object storage when that is
+    /// ahead of the files. An index that could not be read is
+    /// [`BrokenKind::Remote`] (loaded again once the store answers,
+    /// [`Tenants::reload_broken`]); anything else about the files is
+    /// [`BrokenKind::Files`].
+    fn load_local(
+        &self,
+        dir: &Path,
+        tenant_id: TenantShardId,
+        timeline_id: TimelineId,
+    ) -> Result<Arc<Timeline>, (BrokenKind, String)> {
+        let remote = self.remote_timeline(tenant_id, timeline_id, dir).map_err(|e| {
+            error!(%tenant_id, %timeline_id, "cannot read its index in remote storage: {e}");
+            (BrokenKind::Remote, format!("reading its remote index: {e}"))
+        })?;
+        if let Some((rt, remote_lsn)) = &remote {
+            let local_lsn = local_disk_consistent_lsn(dir);
+            // Object storage is the truth, and it is ahead (another
+            // attachment went on): the local files are an old cache.
+            // Local files without readable metadata are not replaced:
+            // they stay for an operator, as without object storage.
+            if local_lsn.is_some_and(|l| l < *remote_lsn) {
+                warn!(%tenant_id, %timeline_id, local = ?local_lsn, remote = %remote_lsn, "remote storage is ahead of the local files; attaching from remote storage");
+                return self.attach_from_remote(dir, rt.clone(), true).map_err(|e| {
+                    error!(%tenant_id, %timeline_id, "{e}");
+                    (BrokenKind::Files, e.to_string())
+                });
+            }
+        }
+        match Timeline::load_with_remote(dir.to_path_buf(), &self.resources, remote.map(|(r, _)| r)) {
+            Ok(tl) => {
+                info!(%tenant_id, %timeline_id, disk_consistent_lsn = %tl.disk_consistent_lsn(), "loaded timeline");
+                Ok(tl)
+            }
+            Err(e) => {
+                error!(%tenant_id, %timeline_id, "cannot load timeline; it is broken and its files stay: {e}");
+                Err((BrokenKind::Files, e.to_string()))
+            }
+        }
     }
 
     fn attach(&self, tl: Arc<Timeline>) -> Result<Arc<TimelineEntry>, CreateError> {
@@ -1008,15 +1025,18 @@ impl Tenants {
             // The old receiver stops (it flushes nothing: the timeline is broken).
             entry.stop_receiver();
             // Back in service only once the disk takes a durable write again.
-            let remote = entry.tl.remote().cloned();
-            let reloaded = Timeline::load_with_remote(entry.tl.dir.clone(), &self.resources, remote).and_then(|tl| {
-                match tl.broken() {
-                    Some(b) => Err(StorageError::Invalid {
-                        path: tl.dir.clone(),
-                        reason: format!("still broken: {}", b.reason),
-                    }),
-                    None => tl.persist_metadata().map(|()| tl),
+            let loaded = match broken.kind {
+                // Never loaded: the whole load again, index first.
+                BrokenKind::Remote => self
+                    .load_local(&entry.tl.dir, key.0, key.1)
+                    .map_err(|(_, reason)| StorageError::Invalid { path: entry.tl.dir.clone(), reason }),
+                _ => Timeline::load_with_remote(entry.tl.dir.clone(), &self.resources, entry.tl.remote().cloned()),
+            };
+            let reloaded = loaded.and_then(|tl| match tl.broken() {
+                Some(b) => {
+                    Err(StorageError::Invalid { path: tl.dir.clone(), reason: format!("still broken: {}", b.reason) })
                 }
+                None => tl.persist_metadata().map(|()| tl),
             });
             match reloaded {
                 Ok(tl) => {

@@ -272,11 +272,12 @@ impl Timeline {
     }
 
     /// A timeline that could not be loaded, kept (with its files) to be
-    /// reported: every request on it answers that it is broken.
+    /// reported: every request on it answers that it is broken, of `kind`.
     pub fn unloadable(
         dir: PathBuf,
         tenant_id: TenantShardId,
         timeline_id: TimelineId,
+        kind: BrokenKind,
         reason: String,
         res: &TimelineResources,
     ) -> Arc<Timeline> {
@@ -299,7 +300,7 @@ impl Timeline {
             stripe_blocks: None,
         };
         let tl = Timeline::new(dir, meta, HistoricLayers::default(), res);
-        tl.set_broken(BrokenKind::Files, reason);
+        tl.set_broken(kind, reason);
         tl
     }
 

@@ -253,12 +253,16 @@ pub enum BrokenKind {
     Ingest,
     /// Its files on disk are missing, damaged or unexpected: an operator decides.
     Files,
+    /// Its index in object storage could not be read when it was loaded
+    /// (the store down or unreachable): loaded again, automatically and
+    /// with backoff, once the store answers.
+    Remote,
 }
 
 impl BrokenKind {
     /// Whether the timeline is re-read from disk automatically.
     pub fn reloads(self) -> bool {
-        matches!(self, BrokenKind::Storage | BrokenKind::Panic)
+        matches!(self, BrokenKind::Storage | BrokenKind::Panic | BrokenKind::Remote)
     }
 }
 
