@@ -91,7 +91,8 @@ def summary(name: str, o: dict) -> str:
     found = {w: a for w, a in o["anomalies"].items() if a}
     return (f"{name} seed {o['seed']:>3} {o['level']:<16} {faults:>3} faults ({skipped} skipped)  ok: " +
             ", ".join(f"{w} {n}" for w, n in ops.items()) +
-            f"  forbidden: {found or 'none'}" + (f"  nemesis errors: {o['nemesis_errors']}" if o["nemesis_errors"] else ""))
+            f"  forbidden: {found or 'none'}" + (f"  also stock's: {o['known']}" if o.get("known") else "") +
+            (f"  nemesis errors: {o['nemesis_errors']}" if o["nemesis_errors"] else ""))
 
 
 def main() -> int:

@@ -100,6 +100,10 @@ def test_isolation_levels_forbid_what_they_promise():
                               op(3, 3, 4, OK, r("x", [1]), r("y", [1]))])
     assert skew.forbidden("serializable") and not skew.forbidden("repeatable read")
     assert not skew.forbidden("read committed")
+    # What stock PostgreSQL shows too is set apart, and only that.
+    assert skew.known("serializable") == skew.forbidden("serializable") and not skew.unexpected("serializable")
+    lost = check_list_append([op(1, 0, 1, OK, a("x", 1)), op(2, 2, 3, OK, r("x", []))])
+    assert set(lost.unexpected("serializable")) == {"lost"} and not lost.known("serializable")
 
 
 def test_replica_reads_are_not_held_to_real_time():
