@@ -15,8 +15,10 @@
 //! to [`MAX_SPARE_SEGMENTS`]) and renamed into place as the next new
 //! segment, as PostgreSQL recycles its own. Its old WAL is never read as
 //! new: every page of it carries an older page address, which the decoder
-//! takes as the end of the WAL, and a record's prev-link and CRC fail on
-//! the old bytes that follow the last record written into a page.
+//! takes as the end of the WAL, and on the old bytes that follow the last
+//! record written into a page a record's CRC fails, or, where an old record
+//! starts right there, its prev-link (which the end-of-WAL search checks for
+//! every record after the durable hint, the first one too).
 //!
 //! A failed fsync poisons the store: after it the kernel may have dropped
 //! the unwritten pages and report later fsyncs as successful, so nothing
@@ -29,6 +31,7 @@ use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use strata_formats::version::XLOG_BLCKSZ;
 use strata_formats::wal::segment::SegmentName;
 use strata_formats::wal::{StartPosition, WalDecodeError, WalDecoder};
 use strata_formats::{Lsn, PgVersion};
@@ -244,7 +247,7 @@ impl SegmentStore {
     /// say. A page never written (or damaged) says nothing; 15 is assumed,
     /// and the decoder then finds the end of the WAL there.
     fn version_at(&mut self, from: Lsn) -> Result<PgVersion, StorageError> {
-        let page = from.0 - from.0 % strata_formats::version::XLOG_BLCKSZ as u64;
+        let page = from.0 - from.0 % XLOG_BLCKSZ as u64;
         let (segno, offset) = (page / self.segment_size, page % self.segment_size);
         let path = self.segment_path(segno);
         let mut magic = [0u8; 2];
@@ -259,18 +262,44 @@ impl SegmentStore {
         Ok(found.unwrap_or(PgVersion::V15))
     }
 
-    /// Decodes records from `from` to find where the last complete one ends.
-    fn find_end_of_wal(&mut self, from: Lsn) -> Result<Lsn, StorageError> {
-        // From the start of the WAL held (the timeline's, or a segment
-        // boundary after removal) the first record is searched for.
-        let mode = if from == self.start || from == self.removed_before {
-            StartPosition::FindFirstRecord
-        } else {
-            StartPosition::RecordBoundary
-        };
+    /// Finds where the last complete record ends, from `hint` (a record
+    /// boundary that was durable) on.
+    ///
+    /// A record's prev-link is what tells the WAL written into a recycled
+    /// segment from the older segment's records after it: those follow at
+    /// the same offsets, whole and with valid CRCs, and one may start right
+    /// where the new WAL ends. So decoding starts a page or more before the
+    /// hint, at the first record found there, and the record at the hint
+    /// is checked against the one before it.
+    fn find_end_of_wal(&mut self, hint: Lsn) -> Result<Lsn, StorageError> {
+        let floor = self.removed_before.max(self.start);
+        let hint = hint.max(floor);
+        let page = XLOG_BLCKSZ as u64;
+        let mut back = page;
+        loop {
+            let from = if hint == floor {
+                floor
+            } else {
+                Lsn(((hint.0 - 1) / page * page).saturating_sub(back - page).max(floor.0))
+            };
+            let (first, end) = self.decode_from(from)?;
+            // A record that begins at the hint or later was not checked
+            // against its predecessor: start further back (a long record
+            // may span many pages).
+            if from == floor || first.is_some_and(|f| f < hint) {
+                return Ok(end.max(hint));
+            }
+            back = back.saturating_mul(2);
+        }
+    }
+
+    /// Decodes records from `from` (the start of the WAL held, or a page
+    /// boundary: the first record there is searched for) while they chain;
+    /// returns where the first one began and where the last one ends.
+    fn decode_from(&mut self, from: Lsn) -> Result<(Option<Lsn>, Lsn), StorageError> {
         let version = self.version_at(from)?;
-        let mut decoder = WalDecoder::new(version, from, self.segment_size, mode);
-        let mut end = from;
+        let mut decoder = WalDecoder::new(version, from, self.segment_size, StartPosition::FindFirstRecord);
+        let (mut first, mut end) = (None, from);
         let mut pos = from;
         let mut buf = vec![0u8; 1 << 20];
         'outer: loop {
@@ -284,13 +313,16 @@ impl SegmentStore {
             pos = Lsn(pos.0 + n as u64);
             loop {
                 match decoder.next_record() {
-                    Ok(Some(record)) => end = record.end_lsn,
+                    Ok(Some(record)) => {
+                        first.get_or_insert(record.lsn);
+                        end = record.end_lsn;
+                    }
                     Ok(None) => break,
                     Err(WalDecodeError::EndOfWal { .. } | WalDecodeError::Corrupt { .. }) => break 'outer,
                 }
             }
         }
-        Ok(end.max(from))
+        Ok((first, end))
     }
 
     pub fn start_lsn(&self) -> Lsn {

@@ -2,6 +2,7 @@
 //! writes cut at the last complete record, truncation, reads across segments.
 
 use strata_formats::wal::encode::{encode_record, WalBuilder};
+use strata_formats::wal::segment::SegmentName;
 use strata_formats::{Lsn, PgVersion};
 use strata_protocol::safekeeper::TimelineIdentity;
 use strata_protocol::{TenantId, TimelineId};
@@ -149,6 +150,45 @@ fn removed_segments_are_recycled_and_their_old_wal_is_never_read_as_new() {
         let store = SegmentStore::open(&dir, SEG, start, hint, false).unwrap();
         assert_eq!(store.flush_lsn(), ends[end_in_8], "hint {hint}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A recycled segment holds an older segment's WAL after the new WAL's end,
+/// at the same offsets; where one of its records starts right at that end,
+/// whole and with a valid CRC, only its prev-link shows it is not new WAL,
+/// also when the reopen's hint is that very end (the durable position).
+#[test]
+fn an_old_record_right_after_the_end_is_not_taken_for_new_wal() {
+    let dir = tempdir("old-record");
+    let start = Lsn(3 * SEG);
+    let (bytes, ends) = wal(start, 300);
+    // A record end in a later segment with room after it on its page.
+    let i = (1..ends.len())
+        .find(|&i| ends[i].0 > 4 * SEG && ends[i].0 % 8192 > 64 && ends[i].0 % 8192 < 4096)
+        .expect("a record end with room on its page");
+    let end = ends[i];
+    let mut store = SegmentStore::open(&dir, SEG, start, start, false).unwrap();
+    store.write(start, &bytes[..(end.0 - start.0) as usize]).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    // What an older segment left there: a whole record whose prev-link
+    // points into that segment.
+    let old = encode_record(0, 0x20, 0, Lsn(end.0 - 3 * SEG - 0x108), &[7u8; 120]);
+    let segment = SegmentName { timeline: 1, segment_number: end.0 / SEG }.file_name(SEG);
+    let file = std::fs::OpenOptions::new().write(true).open(dir.join(segment)).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &old, end.0 % SEG).unwrap();
+    drop(file);
+    // A hint after a record spanning pages: decoding starts pages back.
+    let long = (1..i).find(|&j| ends[j].0 - ends[j - 1].0 > 2 * 8192 && ends[j].0 % 8192 < 8192 / 2).unwrap();
+    for hint in [end, ends[i - 1], ends[long], ends[i / 2], start] {
+        let store = SegmentStore::open(&dir, SEG, start, hint, false).unwrap();
+        assert_eq!(store.flush_lsn(), end, "hint {hint}");
+    }
+    // The reopen cut the old record off: the bytes after the end are zero.
+    let segment_bytes =
+        std::fs::read(dir.join(SegmentName { timeline: 1, segment_number: end.0 / SEG }.file_name(SEG))).unwrap();
+    let at = (end.0 % SEG) as usize;
+    assert!(segment_bytes[at..at + old.len()].iter().all(|b| *b == 0));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
