@@ -589,6 +589,8 @@ def check_link_proxy(c: Checker) -> None:
     c.call(lp, "put", route, raw_body=b"{", expect={400}, name="to-pageserver")
     c.call(lp, "put", route, json_body={"delay_ms": 0}, expect={404}, name="nope")
     c.call(lp, "post", route + "/cut", expect={404}, name="nope")
+    c.call(lp, "post", route + "/cut", query={"direction": "sideways"}, expect={400}, name="to-pageserver")
+    c.call(lp, "put", route, json_body={"loss_pct": 101}, expect={400}, name="to-pageserver")
     c.call(lp, "post", route + "/heal", expect={200}, name="to-pageserver")
     c.call(lp, "post", route + "/heal", expect={200}, name="*")
     c.call(lp, "post", route + "/heal", expect={404}, name="nope")

@@ -650,6 +650,7 @@ impl Plan {
                     target: std::net::SocketAddr::new(target.address, target.ports[&r.role]).to_string(),
                     delay_ms: latency_ms / 2.0,
                     jitter_ms: 0.0,
+                    loss_pct: 0.0,
                 }
             })
             .collect();

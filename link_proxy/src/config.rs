@@ -9,7 +9,7 @@ use strata_service::config::{
     Protection,
 };
 
-use crate::limits::{self, MAX_DELAY_MS};
+use crate::limits::{self, MAX_DELAY_MS, MAX_RETRANSMISSIONS, RETRANSMIT_TIMEOUT};
 
 /// Everything a link proxy process needs.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -52,12 +52,15 @@ pub struct RouteConfig {
     /// Uniform jitter in ± milliseconds around the delay (never reorders).
     #[serde(default)]
     pub jitter_ms: f64,
+    /// Percent of chunks lost once or more (see [`Delay::loss_pct`]).
+    #[serde(default)]
+    pub loss_pct: f64,
 }
 
 impl RouteConfig {
     /// Its delay as configured.
     pub fn delay(&self) -> Delay {
-        Delay { delay_ms: self.delay_ms, jitter_ms: self.jitter_ms }
+        Delay { delay_ms: self.delay_ms, jitter_ms: self.jitter_ms, loss_pct: self.loss_pct }
     }
 }
 
@@ -71,22 +74,42 @@ pub struct Delay {
     /// Uniform jitter in ± milliseconds around the delay (never reorders).
     #[serde(default)]
     pub jitter_ms: f64,
+    /// Percent of chunks lost. The relayed bytes travel over TCP, which
+    /// loses nothing: a lost segment comes again after a retransmission
+    /// timeout, and what follows it waits. So a lost chunk is delivered
+    /// [`RETRANSMIT_TIMEOUT`] late, twice that if lost again, and so on.
+    #[serde(default)]
+    pub loss_pct: f64,
 }
 
 impl Delay {
-    /// The delay of one chunk: uniform in the jitter around the delay, never negative.
+    /// The delay of one chunk: uniform in the jitter around the delay,
+    /// never negative, plus the retransmissions of its losses.
     pub fn sample(&self) -> Duration {
         let jitter = if self.jitter_ms > 0.0 { (fastrand::f64() * 2.0 - 1.0) * self.jitter_ms } else { 0.0 };
-        Duration::from_secs_f64((self.delay_ms + jitter).max(0.0) / 1000.0)
+        let mut delay = Duration::from_secs_f64((self.delay_ms + jitter).max(0.0) / 1000.0);
+        let mut timeout = RETRANSMIT_TIMEOUT;
+        for _ in 0..MAX_RETRANSMISSIONS {
+            if self.loss_pct <= 0.0 || fastrand::f64() * 100.0 >= self.loss_pct {
+                break;
+            }
+            delay += timeout;
+            timeout *= 2;
+        }
+        delay
     }
 }
 
 impl Delay {
     /// Refuses negative, non-finite or absurd values.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (key, v) in [("delay_ms", self.delay_ms), ("jitter_ms", self.jitter_ms)] {
-            if !v.is_finite() || !(0.0..=MAX_DELAY_MS).contains(&v) {
-                return Err(ConfigError { key, message: format!("{v} is not between 0 and {MAX_DELAY_MS}") });
+        for (key, v, max) in [
+            ("delay_ms", self.delay_ms, MAX_DELAY_MS),
+            ("jitter_ms", self.jitter_ms, MAX_DELAY_MS),
+            ("loss_pct", self.loss_pct, 100.0),
+        ] {
+            if !v.is_finite() || !(0.0..=max).contains(&v) {
+                return Err(ConfigError { key, message: format!("{v} is not between 0 and {max}") });
             }
         }
         Ok(())
@@ -155,7 +178,7 @@ jitter_ms = 0.5
     fn a_config_is_checked() {
         let c: LinkProxyConfig = toml::from_str(OK).unwrap();
         c.validate().unwrap();
-        assert_eq!(c.routes[0].delay(), Delay { delay_ms: 5.0, jitter_ms: 0.5 });
+        assert_eq!(c.routes[0].delay(), Delay { delay_ms: 5.0, jitter_ms: 0.5, loss_pct: 0.0 });
         assert_eq!(c.max_in_flight_bytes, 1 << 20);
         let bad = |text: &str| {
             toml::from_str::<LinkProxyConfig>(text)
@@ -165,10 +188,24 @@ jitter_ms = 0.5
         assert!(bad(&OK.replace("delay_ms = 5", "delay_ms = -1")).unwrap_err().contains("delay_ms"));
         assert!(bad(&OK.replace("jitter_ms = 0.5", "jitter_ms = 1e9")).unwrap_err().contains("jitter_ms"));
         assert!(bad(&OK.replace("dc1-to-sk3", "a b")).unwrap_err().contains("route name"));
+        assert!(bad(&OK.replace("jitter_ms = 0.5", "loss_pct = 101")).unwrap_err().contains("loss_pct"));
+        assert!(bad(&OK.replace("jitter_ms = 0.5", "loss_pct = 2.5")).is_ok());
         assert!(bad(&format!("{OK}[[routes]]\nname = \"dc1-to-sk3\"\nlisten = \"127.0.0.1:1\"\ntarget = \"x:1\"\n"))
             .unwrap_err()
             .contains("same name"));
         assert!(bad(&OK.replace("127.0.0.1:7000", "0.0.0.0:7000")).unwrap_err().contains("listen_http"));
         assert!(bad(&format!("{OK}bogus = 1\n")).is_err());
+    }
+
+    #[test]
+    fn a_lost_chunk_comes_a_retransmission_later() {
+        let none = Delay { delay_ms: 3.0, jitter_ms: 0.0, loss_pct: 0.0 };
+        assert!((0..1000).all(|_| none.sample() == Duration::from_millis(3)));
+        let all = Delay { loss_pct: 100.0, ..none };
+        let most = RETRANSMIT_TIMEOUT * ((1 << MAX_RETRANSMISSIONS) - 1);
+        assert!((0..100).all(|_| all.sample() == Duration::from_millis(3) + most));
+        let some = Delay { loss_pct: 10.0, ..none };
+        let late = (0..10_000).filter(|_| some.sample() > Duration::from_millis(3)).count();
+        assert!((700..1300).contains(&late), "{late} of 10000 chunks lost at 10%");
     }
 }

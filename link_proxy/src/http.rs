@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -13,6 +13,7 @@ use strata_service::auth::http::{guard, HttpAuth, Need};
 
 use crate::config::Delay;
 use crate::metrics::Metrics;
+use crate::relay::Cut;
 use crate::route::{RouteState, RouteStatus};
 
 /// What the handlers share.
@@ -90,12 +91,41 @@ async fn set_delay(
     act(&p, &name, |r| r.set_delay(delay))
 }
 
-async fn cut(State(p): State<Arc<Proxy>>, Path(name): Path<String>) -> Response {
-    act(&p, &name, |r| r.set_cut(true))
+/// `?direction=` of a cut: which way nothing moves.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CutQuery {
+    #[serde(default)]
+    direction: CutDirection,
+}
+
+#[derive(Clone, Copy, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum CutDirection {
+    #[default]
+    Both,
+    Forward,
+    Back,
+}
+
+async fn cut(
+    State(p): State<Arc<Proxy>>,
+    Path(name): Path<String>,
+    query: Result<Query<CutQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let cut = match query {
+        Ok(Query(q)) => match q.direction {
+            CutDirection::Both => Cut::BOTH,
+            CutDirection::Forward => Cut { forward: true, back: false },
+            CutDirection::Back => Cut { forward: false, back: true },
+        },
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    act(&p, &name, |r| r.set_cut(cut))
 }
 
 async fn heal(State(p): State<Arc<Proxy>>, Path(name): Path<String>) -> Response {
-    act(&p, &name, |r| r.set_cut(false))
+    act(&p, &name, |r| r.set_cut(Cut::default()))
 }
 
 async fn reset(State(p): State<Arc<Proxy>>, Path(name): Path<String>) -> Response {

@@ -20,6 +20,11 @@ pub const MIN_IN_FLIGHT_BYTES: usize = 1 << 10;
 pub const MAX_IN_FLIGHT_BYTES: usize = 1 << 30;
 /// Longest one-way delay accepted (a minute: anything more is a mistake).
 pub const MAX_DELAY_MS: f64 = 60_000.0;
+/// What a lost chunk waits before it comes again: Linux's least TCP
+/// retransmission timeout.
+pub const RETRANSMIT_TIMEOUT: Duration = Duration::from_millis(200);
+/// Losses of one chunk in a row at most (each doubles the wait).
+pub const MAX_RETRANSMISSIONS: u32 = 5;
 
 // ---- routes
 

@@ -1,7 +1,9 @@
 //! One direction of a relayed connection: what is read is held for the
 //! route's delay, then written on, in order, with at most
-//! `max_in_flight_bytes` held at once. While the route is cut nothing moves
-//! either way (a partition is silence, not an error).
+//! `max_in_flight_bytes` held at once. While a direction of the route is
+//! cut nothing moves that way (a partition is silence, not an error); a
+//! route cut one way only is a one-way partition: what is sent the other
+//! way still arrives.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,19 +17,58 @@ use crate::config::Delay;
 use crate::limits::{RELAY_CHUNK, RELAY_QUEUE};
 use crate::metrics::Metrics;
 
-/// What every connection of a route shares: the delay, whether the link is
-/// cut, and what crossed it.
+/// A direction of a relayed connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// From the client that connected to the route's target.
+    Forward,
+    /// From the target back to the client.
+    Back,
+}
+
+/// Which directions of a route are cut.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub forward: bool,
+    pub back: bool,
+}
+
+impl Cut {
+    /// Both ways.
+    pub const BOTH: Cut = Cut { forward: true, back: true };
+
+    fn blocks(&self, d: Direction) -> bool {
+        match d {
+            Direction::Forward => self.forward,
+            Direction::Back => self.back,
+        }
+    }
+
+    /// Whether anything is cut.
+    pub fn any(&self) -> bool {
+        self.forward || self.back
+    }
+}
+
+/// What every connection of a route shares: the delay, which directions of
+/// the link are cut, and what crossed it.
 pub struct Link {
     delay: Mutex<Delay>,
-    /// True while cut: nothing moves and new connections wait.
-    cut: watch::Sender<bool>,
+    /// Nothing moves a cut way; new connections wait while either is cut
+    /// (a handshake needs both).
+    cut: watch::Sender<Cut>,
     delivered_bytes: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
 impl Link {
     pub fn new(delay: Delay, metrics: Arc<Metrics>) -> Link {
-        Link { delay: Mutex::new(delay), cut: watch::channel(false).0, delivered_bytes: AtomicU64::new(0), metrics }
+        Link {
+            delay: Mutex::new(delay),
+            cut: watch::channel(Cut::default()).0,
+            delivered_bytes: AtomicU64::new(0),
+            metrics,
+        }
     }
 
     /// The delay now (it may change while connections are open).
@@ -39,20 +80,21 @@ impl Link {
         *self.delay.lock() = d;
     }
 
-    pub fn is_cut(&self) -> bool {
+    pub fn cut(&self) -> Cut {
         *self.cut.borrow()
     }
 
-    /// Cuts the link (true) or heals it (false).
-    pub fn set_cut(&self, cut: bool) {
+    /// Cuts the directions `cut` names and heals the others.
+    pub fn set_cut(&self, cut: Cut) {
         self.cut.send_replace(cut);
     }
 
-    /// Returns once the link is not cut.
-    pub async fn wait_while_cut(&self) {
+    /// Returns once direction `d` is not cut, or, without one, once
+    /// neither is.
+    pub async fn wait_while_cut(&self, d: Option<Direction>) {
         let mut rx = self.cut.subscribe();
         // The sender lives as long as the link: an error cannot happen.
-        let _ = rx.wait_for(|cut| !*cut).await;
+        let _ = rx.wait_for(|cut| d.map_or(!cut.any(), |d| !cut.blocks(d))).await;
     }
 
     /// Bytes delivered, both directions.
@@ -66,9 +108,15 @@ impl Link {
     }
 }
 
-/// Relays `from` to `to` until `from` ends (then shuts `to` down) or either
-/// fails; returns the bytes delivered.
-pub async fn pump<R, W>(mut from: R, mut to: W, route: Arc<Link>, max_in_flight: usize) -> std::io::Result<u64>
+/// Relays `from` to `to` (direction `dir` of the route) until `from` ends
+/// (then shuts `to` down) or either fails; returns the bytes delivered.
+pub async fn pump<R, W>(
+    mut from: R,
+    mut to: W,
+    route: Arc<Link>,
+    dir: Direction,
+    max_in_flight: usize,
+) -> std::io::Result<u64>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -84,7 +132,7 @@ where
             // Chunks leave in the order they came: no earlier than the one before.
             let mut last = Instant::now();
             loop {
-                route.wait_while_cut().await;
+                route.wait_while_cut(Some(dir)).await;
                 // Room for a whole chunk first: a full budget stops the reading.
                 let permit = budget.acquire_many(chunk as u32).await.expect("the budget is never closed");
                 permit.forget();
@@ -106,7 +154,7 @@ where
         let mut delivered = 0u64;
         while let Some((at, bytes)) = rx.recv().await {
             tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
-            route.wait_while_cut().await;
+            route.wait_while_cut(Some(dir)).await;
             to.write_all(&bytes).await?;
             delivered += bytes.len() as u64;
             route.delivered(bytes.len());

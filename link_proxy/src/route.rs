@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use crate::config::{Delay, RouteConfig};
 use crate::metrics::Metrics;
-use crate::relay::{pump, Link};
+use crate::relay::{pump, Cut, Direction, Link};
 
 /// The state of one route, shared by its connections and the HTTP API.
 pub struct RouteState {
@@ -36,7 +36,11 @@ pub struct RouteStatus {
     pub target: String,
     pub delay_ms: f64,
     pub jitter_ms: f64,
+    pub loss_pct: f64,
+    /// Whether either direction is cut.
     pub cut: bool,
+    pub cut_forward: bool,
+    pub cut_back: bool,
     pub connections: usize,
     pub accepted: u64,
     pub delivered_bytes: u64,
@@ -58,13 +62,19 @@ impl RouteState {
     }
 
     pub fn set_delay(&self, d: Delay) {
-        info!(route = %self.name, delay_ms = d.delay_ms, jitter_ms = d.jitter_ms, "delay changed");
+        info!(route = %self.name, delay_ms = d.delay_ms, jitter_ms = d.jitter_ms, loss_pct = d.loss_pct, "delay changed");
         self.link.set_delay(d);
     }
 
-    /// Cuts the route (true) or heals it (false).
-    pub fn set_cut(&self, cut: bool) {
-        info!(route = %self.name, cut, "{}", if cut { "cut: nothing moves" } else { "healed" });
+    /// Cuts the directions `cut` names, and heals the others.
+    pub fn set_cut(&self, cut: Cut) {
+        let what = match (cut.forward, cut.back) {
+            (true, true) => "cut: nothing moves",
+            (true, false) => "cut forward: nothing reaches the target",
+            (false, true) => "cut back: nothing comes back from the target",
+            (false, false) => "healed",
+        };
+        info!(route = %self.name, forward = cut.forward, back = cut.back, "{what}");
         self.link.set_cut(cut);
     }
 
@@ -75,14 +85,17 @@ impl RouteState {
     }
 
     pub fn status(&self) -> RouteStatus {
-        let d = self.link.delay();
+        let (d, cut) = (self.link.delay(), self.link.cut());
         RouteStatus {
             name: self.name.clone(),
             listen: self.listen,
             target: self.target.clone(),
             delay_ms: d.delay_ms,
             jitter_ms: d.jitter_ms,
-            cut: self.link.is_cut(),
+            loss_pct: d.loss_pct,
+            cut: cut.any(),
+            cut_forward: cut.forward,
+            cut_back: cut.back,
             connections: self.connections.load(Ordering::SeqCst),
             accepted: self.accepted.load(Ordering::SeqCst),
             delivered_bytes: self.link.delivered_bytes(),
@@ -134,7 +147,7 @@ async fn relay(client: TcpStream, route: &Arc<RouteState>, bounds: Bounds) {
     resets.mark_unchanged();
     let work = async {
         // A cut route connects nothing: the client waits, as behind a partition.
-        route.link.wait_while_cut().await;
+        route.link.wait_while_cut(None).await;
         let target = match tokio::time::timeout(bounds.connect_timeout, TcpStream::connect(&route.target)).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => return Err(format!("connecting to {}: {e}", route.target)),
@@ -145,8 +158,8 @@ async fn relay(client: TcpStream, route: &Arc<RouteState>, bounds: Bounds) {
         let _ = (client.set_nodelay(true), target.set_nodelay(true));
         let (cr, cw) = client.into_split();
         let (tr, tw) = target.into_split();
-        let up = pump(cr, tw, route.link.clone(), bounds.max_in_flight_bytes);
-        let down = pump(tr, cw, route.link.clone(), bounds.max_in_flight_bytes);
+        let up = pump(cr, tw, route.link.clone(), Direction::Forward, bounds.max_in_flight_bytes);
+        let down = pump(tr, cw, route.link.clone(), Direction::Back, bounds.max_in_flight_bytes);
         let (mut up, mut down) = (std::pin::pin!(up), std::pin::pin!(down));
         // A direction that ends cleanly (a half-close) leaves the other
         // running; one that fails ends the connection.
