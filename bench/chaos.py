@@ -19,11 +19,21 @@ of either server and `pg_ctl start`, SIGSTOP of either), checked the same
 way. The figures are the anomalies each shows (the goal for Strata: none
 that the level forbids) and the transactions each completed.
 
-A failing seed replays the same faults: `--first-seed N --minutes 0`
-runs seed N alone.
+With `--sites`, every seed's cluster is two sites instead (`strata init
+--sites 2`: two safekeepers, a pageserver and a controller in dc1, one
+safekeeper, a pageserver and a controller in dc2, every byte between them
+through the link proxy), the replica in dc2, the WAL placement
+`stretched` for even seeds and `local-quorum` for odd ones; half of the
+faults are then the sites' own: partitions both ways and one way, a
+slow link, a lossy one, every connection between the sites reset, and a
+pageserver drained to the other site.
 
-Usage: .venv/bin/python -m bench.chaos [--minutes 60] [--seconds 120] [--first-seed 1] [--quick]
-Writes bench/results/chaos.json and .txt (chaos_quick.* with --quick);
+A failing seed replays the same faults: `--first-seed N --minutes 0`
+runs seed N alone (with `--sites` if it ran across sites).
+
+Usage: .venv/bin/python -m bench.chaos [--minutes 60] [--seconds 120] [--first-seed 1] [--sites] [--quick]
+Writes bench/results/chaos.json and .txt (chaos_sites.* with --sites,
+*_quick.* with --quick);
 the histories and faults of a seed that found something are copied to
 bench/results/chaos-failed/seed-N/ to be checked again
 (`fixtures.consistency.load_history`).
@@ -46,7 +56,15 @@ from test_runner.fixtures.endpoint import Endpoint, start_endpoint
 DISKS = ("sk1", "pageserver")
 
 
-def strata_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
+# The round trip between the sites, and each seed's WAL placement.
+SITE_LATENCY_MS = 4
+
+
+def placement(seed: int) -> str:
+    return "stretched" if seed % 2 == 0 else "local-quorum"
+
+
+def strata_seed(strata: Path, base: Path, seed: int, seconds: float, sites: bool = False) -> dict:
     made = []
     store = Store(strata, base / f"store-{seed}")
 
@@ -57,16 +75,21 @@ def strata_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
         cluster.set_remote_storage(store.remote_storage(f"seed-{seed}"))
 
     try:
-        with local_cluster(strata, base / f"cluster-{seed}", "--pageservers", "2", prepare=prepare) as cluster:
+        init = (("--sites", "2", "--site-latency-ms", str(SITE_LATENCY_MS), "--placement", placement(seed)) if sites
+                else ("--pageservers", "2"))
+        with local_cluster(strata, base / f"cluster-{seed}", *init, prepare=prepare) as cluster:
             writer = start_endpoint(cluster)
             replica = Endpoint(cluster, "r1")
-            replica.start("--replica-of", "ep")
+            replica.start("--replica-of", "ep", *(("--site", "dc2") if sites else ()))
             outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories", store=store)
     finally:
         for cluster in made:
             cluster.unmount_faultfs()
         store.close()
-    return json.loads(outcome.to_json())
+    result = json.loads(outcome.to_json())
+    if sites:
+        result["placement"] = placement(seed)
+    return result
 
 
 def stock_run(base: Path, seed: int, seconds: float) -> dict:
@@ -89,7 +112,8 @@ def summary(name: str, o: dict) -> str:
     skipped = sum(1 for f in o["faults"] if f["what"].startswith("skipped"))
     ops = {w: sum(v for k, v in counts.items() if k.startswith("ok")) for w, counts in o["ops"].items()}
     found = {w: a for w, a in o["anomalies"].items() if a}
-    return (f"{name} seed {o['seed']:>3} {o['level']:<16} {faults:>3} faults ({skipped} skipped)  ok: " +
+    where = f" {o['placement']:<12}" if "placement" in o else ""
+    return (f"{name} seed {o['seed']:>3} {o['level']:<16}{where} {faults:>3} faults ({skipped} skipped)  ok: " +
             ", ".join(f"{w} {n}" for w, n in ops.items()) +
             f"  forbidden: {found or 'none'}" + (f"  also stock's: {o['known']}" if o.get("known") else "") +
             (f"  nemesis errors: {o['nemesis_errors']}" if o["nemesis_errors"] else ""))
@@ -100,6 +124,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60, help="run seeds until this much time has passed")
     ap.add_argument("--seconds", type=float, default=120, help="of faults per seed")
     ap.add_argument("--first-seed", type=int, default=1)
+    ap.add_argument("--sites", action="store_true", help="a cluster of two sites, with the link's faults")
     ap.add_argument("--quick", action="store_true", help="smoke run: one seed of 30 s, and stock for 30 s")
     args = ap.parse_args()
     if args.quick:
@@ -111,10 +136,10 @@ def main() -> int:
     with bench_dir("strata-chaos-") as base:
         seed = args.first_seed
         while True:
-            o = strata_seed(strata, base, seed, args.seconds)
+            o = strata_seed(strata, base, seed, args.seconds, args.sites)
             results["strata"].append(o)
             if any(o["anomalies"].values()) or o["nemesis_errors"]:
-                keep = RESULTS / "chaos-failed" / f"seed-{seed}"
+                keep = RESULTS / "chaos-failed" / f"{'sites-' if args.sites else ''}seed-{seed}"
                 keep.mkdir(parents=True, exist_ok=True)
                 for f in (base / "histories").glob(f"*-{seed}.*"):
                     shutil.copy(f, keep / f.name)
@@ -130,7 +155,7 @@ def main() -> int:
     lines.append(f"{len(results['strata'])} seeds in {(time.monotonic() - started) / 60:.1f} min; "
                  f"seeds with a forbidden anomaly or a failed fault: {bad or 'none'}")
     print(lines[-1])
-    write_results(result_stem("chaos", args.quick), results, "\n".join(lines) + "\n")
+    write_results(result_stem("chaos_sites" if args.sites else "chaos", args.quick), results, "\n".join(lines) + "\n")
     return 1 if bad else 0
 
 

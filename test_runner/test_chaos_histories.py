@@ -2,15 +2,20 @@
 a cluster with two pageservers, a writer and a replica, the disks of a
 safekeeper and a pageserver on faultfs, MinIO as object storage behind a
 link proxy, the list-append, bank and register workloads, and faults
-from a fixed seed, several at a time (`fixtures.chaos`). Nothing forbidden at the run's level may show,
-no acknowledged append may be lost, and every bank read keeps the total.
+from a fixed seed, several at a time (`fixtures.chaos`). Then the same
+across two sites, the replica in the other one, with the link's faults
+too (partitions both ways and one way, a slow and a lossy link,
+connections reset) and pageservers drained to the other site, under
+either WAL placement. Nothing forbidden at the run's level may show, no
+acknowledged append may be lost, and every bank read keeps the total.
 `bench/chaos.py` runs the same for an hour over many seeds."""
 
 from __future__ import annotations
 
 import pytest
 
-from fixtures.chaos import DISK_KINDS, INSTANT, KINDS, STOCK_KINDS, STORE_KINDS, Store, run_chaos, schedule, stock_schedule
+from fixtures.chaos import (DISK_KINDS, INSTANT, KINDS, LINK_KINDS, SITE_KINDS, STOCK_KINDS, STORE_KINDS, Store,
+                            run_chaos, schedule, stock_schedule)
 from fixtures.endpoint import Endpoint, start_endpoint
 
 SECONDS = 45
@@ -21,20 +26,26 @@ DISKS = ("sk1", "pageserver")
 def test_the_schedule_is_a_function_of_the_seed():
     services, endpoints = ["sk1", "sk2", "sk3", "pageserver", "pageserver2", "controller"], ["ep", "r1"]
     disks = ["pageserver", "sk1"]
-    a = schedule(7, 600, services, endpoints, disks, store=True)
-    assert a == schedule(7, 600, services, endpoints, disks, store=True), "the same seed gives the same faults"
-    assert a != schedule(8, 600, services, endpoints, disks, store=True)
+    pageservers = ["pageserver", "pageserver2"]
+    a = schedule(7, 600, services, endpoints, disks, store=True, pageservers=pageservers)
+    assert a == schedule(7, 600, services, endpoints, disks, store=True, pageservers=pageservers), \
+        "the same seed gives the same faults"
+    assert a != schedule(8, 600, services, endpoints, disks, store=True, pageservers=pageservers)
     assert {f.kind for f in a} == set(KINDS), "600 s of faults use every kind"
     assert {f.target for f in a if f.kind in DISK_KINDS} == set(disks)
     assert {f.target for f in a if f.kind in STORE_KINDS} == {"store"}
+    assert {f.target for f in a if f.kind == "one-way"} == {"dc1>dc2", "dc2>dc1"}
+    assert {f.target for f in a if f.kind == "migrate"} == set(pageservers)
     plain = {f.kind for f in schedule(7, 600, services, endpoints)}
-    assert not plain & {*DISK_KINDS, *STORE_KINDS}, "no disk or storage faults without faultfs or a store"
+    assert not plain & {*DISK_KINDS, *STORE_KINDS, *SITE_KINDS}, \
+        "no disk, storage or site faults without faultfs, a store or sites"
     for f in a:
         assert f.at + f.duration <= 600
         assert (f.duration == 0) == (f.kind in INSTANT)
         during = [g for g in a if g.at <= f.at < g.at + g.duration]
         assert len(during) <= 2, f"more than two faults in force at {f.at}: {during}"
         assert sum(g.target == f.target for g in during) <= 1, f"two faults on {f.target} at {f.at}"
+        assert sum(g.kind in LINK_KINDS for g in during) <= 1, f"two faults of the link at {f.at}: {during}"
     stock = stock_schedule(7, 600)
     assert stock == stock_schedule(7, 600) and stock != stock_schedule(8, 600)
     assert {f.kind for f in stock} == set(STOCK_KINDS) and {f.target for f in stock} == {"primary", "standby"}
@@ -60,7 +71,27 @@ def test_histories_hold_under_random_faults(store, cluster_factory, tmp_path, se
     replica.start("--replica-of", "ep")
     outcome = run_chaos(cluster, writer, replica, seed=seed, seconds=SECONDS, out_dir=tmp_path / "chaos",
                         store=store)
-    print(f"seed {seed}, {outcome.level}: {len(outcome.faults)} fault events, ops {outcome.ops}")
+    check(outcome, seed)
+
+
+@pytest.mark.parametrize("seed,placement", [(7, "stretched"), (9, "local-quorum")])
+def test_histories_hold_under_random_faults_across_two_sites(store, cluster_factory, tmp_path, seed, placement):
+    cluster = cluster_factory(init_args=("--sites", "2", "--site-latency-ms", "4", "--placement", placement),
+                              faultfs=DISKS, start=False)
+    cluster.set_remote_storage(store.remote_storage("chaos"))
+    cluster.start()
+    writer = start_endpoint(cluster)
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep", "--site", "dc2")
+    outcome = run_chaos(cluster, writer, replica, seed=seed, seconds=SECONDS, out_dir=tmp_path / "chaos",
+                        store=store)
+    check(outcome, seed)
+    made = {f["kind"] for f in outcome.faults if f["what"] == "begin"}
+    assert made & set(SITE_KINDS), f"no fault of the sites was made: {made}"
+
+
+def check(outcome, seed: int) -> None:
+    print(f"\nseed {seed}, {outcome.level}: {len(outcome.faults)} fault events, ops {outcome.ops}")
     for f in outcome.faults:
         print(f"  {f}")
     print(f"  examples: {outcome.examples}")
