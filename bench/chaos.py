@@ -28,12 +28,20 @@ faults are then the sites' own: partitions both ways and one way, a
 slow link, a lossy one, every connection between the sites reset, and a
 pageserver drained to the other site.
 
-A failing seed replays the same faults: `--first-seed N --minutes 0`
-runs seed N alone (with `--sites` if it ran across sites).
+With `--hosts` (root), every seed's cluster runs on seven hosts made of
+network namespaces in two sites (`fixtures.chaos.CHAOS_HOSTS`:
+three safekeeper hosts, a pageserver host and a compute host in each
+site), the clients and MinIO on the operator's machine, and the faults
+are those of machines and networks (`fixtures.chaos.HostNemesis`): hosts
+powered off and cut off, two hosts partitioned both ways or one way,
+object storage down or slow.
 
-Usage: .venv/bin/python -m bench.chaos [--minutes 60] [--seconds 120] [--first-seed 1] [--sites] [--quick]
+A failing seed replays the same faults: `--first-seed N --minutes 0`
+runs seed N alone (with `--sites` or `--hosts` if it ran so).
+
+Usage: .venv/bin/python -m bench.chaos [--minutes 60] [--seconds 120] [--first-seed 1] [--sites|--hosts] [--quick]
 Writes bench/results/chaos.json and .txt (chaos_sites.* with --sites,
-*_quick.* with --quick);
+chaos_hosts.* with --hosts, *_quick.* with --quick);
 the histories and faults of a seed that found something are copied to
 bench/results/chaos-failed/seed-N/ to be checked again
 (`fixtures.consistency.load_history`).
@@ -46,10 +54,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import (RESULTS, bench_dir, local_cluster, machine_state, result_stem, stock_cluster,
+from bench.harness import (PG_BIN, RESULTS, bench_dir, local_cluster, machine_state, result_stem, stock_cluster,
                            strata_to_measure, write_results)
-from test_runner.fixtures.chaos import Store, StockNemesis, run_chaos, run_workloads, stock_schedule
+from test_runner.fixtures.chaos import (CHAOS_HOSTS, Store, StockNemesis, run_chaos, run_host_chaos, run_workloads,
+                                        stock_schedule)
 from test_runner.fixtures.endpoint import Endpoint, start_endpoint
+from test_runner.fixtures.hosted import hosted_cluster
 
 
 # The services whose disks fail now and then (strata-faultfs mounts).
@@ -92,6 +102,27 @@ def strata_seed(strata: Path, base: Path, seed: int, seconds: float, sites: bool
     return result
 
 
+def hosts_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
+    stores = []
+
+    def remote(gateway: str) -> dict:
+        stores.append(Store(strata, base / f"store-{seed}", host=gateway))
+        return stores[-1].remote_storage(f"seed-{seed}")
+
+    where = base / f"hosts-{seed}"
+    where.mkdir()
+    try:
+        with hosted_cluster(strata, PG_BIN, where, base, CHAOS_HOSTS, remote=remote) as hosted:
+            writer = hosted.endpoint("ep", "cp1")
+            replica = hosted.endpoint("r1", "cp2", "--replica-of", "ep")
+            outcome = run_host_chaos(hosted, writer, replica, {"ep": "cp1", "r1": "cp2"}, seed, seconds,
+                                     base / "histories", store=stores[0])
+    finally:
+        for s in stores:
+            s.close()
+    return json.loads(outcome.to_json())
+
+
 def stock_run(base: Path, seed: int, seconds: float) -> dict:
     primary, standby = stock_cluster(base, "primary"), stock_cluster(base, "standby")
     try:
@@ -124,7 +155,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60, help="run seeds until this much time has passed")
     ap.add_argument("--seconds", type=float, default=120, help="of faults per seed")
     ap.add_argument("--first-seed", type=int, default=1)
-    ap.add_argument("--sites", action="store_true", help="a cluster of two sites, with the link's faults")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--sites", action="store_true", help="a cluster of two sites, with the link's faults")
+    where.add_argument("--hosts", action="store_true", help="a cluster on seven network-namespace hosts (root)")
     ap.add_argument("--quick", action="store_true", help="smoke run: one seed of 30 s, and stock for 30 s")
     args = ap.parse_args()
     if args.quick:
@@ -136,10 +169,12 @@ def main() -> int:
     with bench_dir("strata-chaos-") as base:
         seed = args.first_seed
         while True:
-            o = strata_seed(strata, base, seed, args.seconds, args.sites)
+            o = (hosts_seed(strata, base, seed, args.seconds) if args.hosts
+                 else strata_seed(strata, base, seed, args.seconds, args.sites))
             results["strata"].append(o)
             if any(o["anomalies"].values()) or o["nemesis_errors"]:
-                keep = RESULTS / "chaos-failed" / f"{'sites-' if args.sites else ''}seed-{seed}"
+                kind = "sites-" if args.sites else "hosts-" if args.hosts else ""
+                keep = RESULTS / "chaos-failed" / f"{kind}seed-{seed}"
                 keep.mkdir(parents=True, exist_ok=True)
                 for f in (base / "histories").glob(f"*-{seed}.*"):
                     shutil.copy(f, keep / f.name)
@@ -155,7 +190,8 @@ def main() -> int:
     lines.append(f"{len(results['strata'])} seeds in {(time.monotonic() - started) / 60:.1f} min; "
                  f"seeds with a forbidden anomaly or a failed fault: {bad or 'none'}")
     print(lines[-1])
-    write_results(result_stem("chaos_sites" if args.sites else "chaos", args.quick), results, "\n".join(lines) + "\n")
+    name = "chaos_sites" if args.sites else "chaos_hosts" if args.hosts else "chaos"
+    write_results(result_stem(name, args.quick), results, "\n".join(lines) + "\n")
     return 1 if bad else 0
 
 

@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-# iproute2: the network namespaces of the tests across hosts (test_runner/fixtures/netns.py).
-need_packages "${BASE_PACKAGES[@]}" python3-venv curl iproute2
+# iproute2: the network namespaces of the tests across hosts (test_runner/fixtures/netns.py);
+# nftables: the partitions between those hosts in the chaos runs.
+need_packages "${BASE_PACKAGES[@]}" python3-venv curl iproute2 nftables
 need_cargo
 # CI checks formatting and lints too.
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then

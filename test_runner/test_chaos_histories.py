@@ -6,7 +6,10 @@ from a fixed seed, several at a time (`fixtures.chaos`). Then the same
 across two sites, the replica in the other one, with the link's faults
 too (partitions both ways and one way, a slow and a lossy link,
 connections reset), pageservers drained to the other site and the replica
-promoted (the workloads follow the writer), under either WAL placement. Nothing forbidden at the run's level may show, no
+promoted (the workloads follow the writer), under either WAL placement.
+And across seven hosts made of network namespaces in two sites, with the
+faults of machines and networks: hosts powered off and cut off, two
+hosts partitioned from each other, both ways or one way (nftables). Nothing forbidden at the run's level may show, no
 acknowledged append may be lost, and every bank read keeps the total.
 `bench/chaos.py` runs the same for an hour over many seeds."""
 
@@ -14,9 +17,12 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.chaos import (DISK_KINDS, INSTANT, KINDS, LINK_KINDS, SITE_KINDS, STOCK_KINDS, STORE_KINDS, Store,
-                            run_chaos, schedule, stock_schedule)
+from fixtures import netns
+from fixtures.chaos import (CHAOS_HOSTS, DISK_KINDS, HOST_KINDS, INSTANT, KINDS, LINK_KINDS, SITE_KINDS, STOCK_KINDS,
+                            STORE_KINDS, Store, host_schedule, run_chaos, run_host_chaos, schedule, stock_schedule)
 from fixtures.endpoint import Endpoint, start_endpoint
+from fixtures.hosted import hosted_cluster
+from fixtures.pg import temp_root
 
 SECONDS = 45
 # The services whose disks fail now and then (fsync with EIO, writes with ENOSPC).
@@ -50,6 +56,23 @@ def test_the_schedule_is_a_function_of_the_seed():
     assert stock == stock_schedule(7, 600) and stock != stock_schedule(8, 600)
     assert {f.kind for f in stock} == set(STOCK_KINDS) and {f.target for f in stock} == {"primary", "standby"}
     assert all(a.at + a.duration < b.at for a, b in zip(stock, stock[1:])), "stock's faults come one at a time"
+
+
+def test_the_schedule_of_hosts_is_a_function_of_the_seed():
+    hosts = ["sk-a", "sk-b", "sk-c", "ps1", "ps2", "cp1", "cp2"]
+    a = host_schedule(7, 600, hosts, store=True)
+    assert a == host_schedule(7, 600, hosts, store=True) and a != host_schedule(8, 600, hosts, store=True)
+    assert {f.kind for f in a} == {*HOST_KINDS, *STORE_KINDS}
+    assert not {f.kind for f in host_schedule(7, 600, hosts)} & set(STORE_KINDS)
+    net = ("partition-hosts", "one-way-hosts")
+    for f in a:
+        assert f.at + f.duration <= 600 and f.duration > 0
+        names = f.target.replace("|", " ").replace(">", " ").split()
+        assert f.kind in STORE_KINDS or (set(names) <= set(hosts) and len(set(names)) == len(names)), f
+        during = [g for g in a if g.at <= f.at < g.at + g.duration]
+        assert len(during) <= 2, during
+        assert sum(g.kind in net for g in during) <= 1, f"two partitions at {f.at}: {during}"
+        assert sum(g.target == f.target for g in during if g.kind not in net) <= 1, during
 
 
 @pytest.fixture
@@ -88,6 +111,31 @@ def test_histories_hold_under_random_faults_across_two_sites(store, cluster_fact
     check(outcome, seed)
     made = {f["kind"] for f in outcome.faults if f["what"] == "begin"}
     assert made & set(SITE_KINDS), f"no fault of the sites was made: {made}"
+
+
+def test_histories_hold_under_random_faults_across_hosts(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
+    reason = netns.available()
+    if reason:
+        pytest.skip(reason)
+    seed, stores = 11, []
+
+    def remote(gateway: str) -> dict:
+        stores.append(Store(strata_bin, tmp_path / "store", host=gateway))
+        return stores[-1].remote_storage("chaos")
+
+    try:
+        with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, temp_root(tmp_path_factory), CHAOS_HOSTS,
+                            remote=remote) as hosted:
+            writer = hosted.endpoint("ep", "cp1")
+            replica = hosted.endpoint("r1", "cp2", "--replica-of", "ep")
+            outcome = run_host_chaos(hosted, writer, replica, {"ep": "cp1", "r1": "cp2"}, seed, SECONDS,
+                                     tmp_path / "chaos", store=stores[0])
+            check(outcome, seed)
+            made = {f["kind"] for f in outcome.faults if f["what"] == "begin"}
+            assert made >= {"power-off", "partition-hosts"}, made
+    finally:
+        for s in stores:
+            s.close()
 
 
 def check(outcome, seed: int) -> None:

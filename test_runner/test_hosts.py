@@ -16,26 +16,22 @@ node`; the test process is the operator's machine, on none of them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import shutil
 import time
 import tomllib
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from fixtures import netns
 from fixtures.checks import assert_pgbench_invariants, pgbench_state
-from fixtures.cluster import LocalCluster
-from fixtures.endpoint import superuser_conninfo
+from fixtures.hosted import Remote, hosted_cluster
+from fixtures.pg import temp_root
 from fixtures.load import AckedWriters, PgbenchLoop
 from fixtures.minio import Minio
-from fixtures.pg import PgClient, libpq_env, make_traversable, temp_root
 from fixtures.metrics import parse_metrics
-from fixtures.strata import http_json, http_text
+from fixtures.strata import http_text
 from fixtures.tokens import header_of
 from fixtures.wait import wait_until
 
@@ -53,135 +49,9 @@ SCALE = 2
 NO_CLI = ("ps", "sk-b")
 
 
-class Remote(PgClient):
-    """A compute as a client on another machine reaches it: the connection
-    string `endpoint start` prints as "over TLS"."""
-
-    def __init__(self, connstr: str, cluster: "Hosted", host: str | None = None, name: str | None = None):
-        self.info = conninfo_to_dict(connstr)
-        self.hosted = cluster
-        self.host, self.name = host, name
-
-    def conninfo(self, dbname: str = "postgres") -> dict:
-        return {**self.info, "dbname": dbname}
-
-    def as_superuser(self, cmd: list[str], timeout: float = 600) -> str:
-        """`cmd` (psql, pg_amcheck) run on the compute's host as the
-        superuser through its Unix socket, the host operator's way in, for
-        what applications may not run; returns its output."""
-        assert self.host is not None and self.name is not None, "the endpoint's host is not known"
-        pgdata = self.hosted.hosts.hosts[self.host].disk / "endpoints" / self.name / "pgdata"
-        # postmaster.pid names the socket's directory as the host sees it.
-        env = libpq_env(superuser_conninfo(pgdata))
-        return self.hosted.hosts.run(self.host, cmd, env=env, timeout=timeout).stdout
-
-    def failure_context(self) -> str:
-        return self.hosted.logs()
-
-
-class Hosted:
-    """The cluster: `strata` commands from the operator's machine, and each
-    host's node."""
-
-    def __init__(self, cluster: LocalCluster, hosts: netns.Hosts, strata_bin):
-        self.cluster = cluster
-        self.hosts = hosts
-        self.strata_bin = str(strata_bin)
-        self.nodes: dict = {}
-
-    def start_node(self, name: str) -> None:
-        log = self.hosts.hosts[name].disk.parent / f"{name}-node.log"
-        self.nodes[name] = self.hosts.popen(
-            name, [self.strata_bin, "node", "--workdir", str(self.cluster.workdir), "--host", name], log)
-
-    def on(self, name: str, *args: str) -> str:
-        """`strata ARGS` run on host `name`, with that host's workdir."""
-        return self.hosts.run(name, [self.strata_bin, *args, "--workdir", str(self.cluster.workdir)]).stdout
-
-    def status(self) -> dict:
-        return self.cluster.status()
-
-    def services_running(self) -> bool:
-        st = self.status()
-        return all(s["state"] == "running" for s in st["services"])
-
-    def http(self, name: str, method: str, path: str) -> tuple[int, dict]:
-        """One request to service `name`'s HTTP API at its host's address."""
-        svc = next(s for s in self.cluster.cluster_toml["services"] if s["name"] == name)
-        self.cluster.register_port(svc["ports"]["http"])
-        address = self.hosts.hosts[svc["host"]].address
-        return http_json(method, f"http://{address}:{svc['ports']['http']}{path}")
-
-    def endpoint(self, name: str, host: str, *extra: str) -> Remote:
-        out = self.cluster.run("endpoint", "start", name, "--host", host, *extra, timeout=300).stdout
-        tls = next(line for line in out.splitlines() if line.startswith("over TLS: "))
-        return Remote(tls.removeprefix("over TLS: "), self, host, name)
-
-    def logs(self) -> str:
-        parts = []
-        for h in self.hosts.hosts.values():
-            for log in sorted(h.disk.glob("*/*.log")) + sorted(h.disk.glob("endpoints/*/compute.log")) + \
-                    sorted(h.disk.parent.glob(f"{h.name}-node.log")):
-                tail = log.read_text(errors="replace").splitlines()[-15:]
-                parts.append(f"--- {h.name}: {log.name} ---\n" + "\n".join(tail))
-        return "\n" + "\n".join(parts)
-
-
-@contextlib.contextmanager
-def hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory, layout=HOSTS, remote=None):
-    """A started cluster on the hosts of `layout` (name, what it runs,
-    site); `remote(gateway)` gives the spec's `[remote_storage]` table for
-    an object store on the operator's machine (the bridge's address)."""
-    reason = netns.available()
-    if reason:
-        pytest.skip(reason)
-    traverse_root = temp_root(tmp_path_factory)
-    workdir = tmp_path / "cluster"
-    workdir.mkdir()
-    make_traversable(workdir, traverse_root)
-    hosts = netns.Hosts([h[0] for h in layout], tmp_path / "hosts", workdir)
-    tag = hosts.tag
-    h = None
-    try:
-        spec = tmp_path / "hosts.toml"
-        text = "".join(
-            f'[[hosts]]\nname = "{name}"\naddress = "{hosts.hosts[name].address}"\nsite = "{site}"\n'
-            f'run = {json.dumps(run.split("+"))}\n\n'
-            for name, run, site in layout)
-        if remote is not None:
-            text += "[remote_storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in remote(hosts.gateway).items())
-        spec.write_text(text)
-        cluster = LocalCluster(strata_bin, workdir, pg_bin_dir)
-        cluster.run("init", "--hosts", str(spec), "--pg-bin-dir", str(pg_bin_dir))
-        # Every host gets its copy of the workdir, as `docs/deployment.md` says.
-        for host in hosts.hosts.values():
-            shutil.copytree(workdir, host.disk, symlinks=True, dirs_exist_ok=True)
-            make_traversable(host.disk, traverse_root)
-            if host.name in NO_CLI:
-                # Hosts where no one runs the CLI need neither signing key.
-                (host.disk / "auth" / "private.pem").unlink()
-                (host.disk / "tls" / "ca.key").unlink()
-        h = Hosted(cluster, hosts, strata_bin)
-        for name, _, _ in layout:
-            h.start_node(name)
-        wait_until("every host's node to start its services", h.services_running, 90, interval=0.5,
-                   details=lambda: [(s["name"], s["state"]) for s in h.status()["services"]])
-        # Creates the tenant on the pageserver host and its timeline on every safekeeper host.
-        cluster.start()
-        yield h
-    finally:
-        try:
-            if h is not None:
-                h.cluster.run("stop", check=False, timeout=300)
-        finally:
-            hosts.cleanup()
-            left = netns.leftovers(tag)
-            assert not left, f"left behind: {left}"
-
-
 @pytest.fixture
 def hosted(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):
-    with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory) as h:
+    with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, temp_root(tmp_path_factory), HOSTS, no_cli=NO_CLI) as h:
         yield h
 
 
@@ -494,7 +364,7 @@ def test_the_attached_pageservers_host_cut_off_fails_over_and_returns_demoted(st
     meanwhile damaged what the new generation serves."""
     minio = Minio(tmp_path / "minio")
     try:
-        with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory, FAILOVER_HOSTS,
+        with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, temp_root(tmp_path_factory), FAILOVER_HOSTS,
                             remote=lambda gateway: (minio.start(host=gateway), minio.remote_storage("strata"))[1]) \
                 as hosted:
             hosts = hosted.hosts
@@ -574,7 +444,7 @@ def test_a_tenant_split_across_hosts_streams_each_shard_its_decoded_wal(strata_b
     is there and pg_amcheck finds nothing."""
     minio = Minio(tmp_path / "minio")
     try:
-        with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory, FAILOVER_HOSTS,
+        with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, temp_root(tmp_path_factory), FAILOVER_HOSTS,
                             remote=lambda gateway: (minio.start(host=gateway), minio.remote_storage("strata"))[1]) \
                 as hosted:
             tenant = hosted.cluster.tenant_id()
