@@ -33,8 +33,9 @@ network namespaces in two sites (`fixtures.chaos.CHAOS_HOSTS`:
 three safekeeper hosts, a pageserver host and a compute host in each
 site), the clients and MinIO on the operator's machine, and the faults
 are those of machines and networks (`fixtures.chaos.HostNemesis`): hosts
-powered off and cut off, two hosts partitioned both ways or one way,
-object storage down or slow.
+powered off and cut off, two hosts partitioned both ways or one way, a
+host's wall clock stepped up to an hour either way, object storage down
+or slow.
 
 A failing seed replays the same faults: `--first-seed N --minutes 0`
 runs seed N alone (with `--sites` or `--hosts` if it ran so).
@@ -112,7 +113,7 @@ def hosts_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
     where = base / f"hosts-{seed}"
     where.mkdir()
     try:
-        with hosted_cluster(strata, PG_BIN, where, base, CHAOS_HOSTS, remote=remote) as hosted:
+        with hosted_cluster(strata, PG_BIN, where, base, CHAOS_HOSTS, remote=remote, own_clocks=True) as hosted:
             writer = hosted.endpoint("ep", "cp1")
             replica = hosted.endpoint("r1", "cp2", "--replica-of", "ep")
             outcome = run_host_chaos(hosted, writer, replica, {"ep": "cp1", "r1": "cp2"}, seed, seconds,
