@@ -142,16 +142,17 @@ pub fn status(wd: &Workdir) -> Option<ControllerStatus> {
 fn to_leader(wd: &Workdir, what: &str, call: impl Fn(&Service) -> Result<http::Reply>) -> Result<http::Reply> {
     let deadline = Instant::now() + ATTACH_WAIT;
     loop {
-        let mut last = String::new();
+        // Every controller's answer: the leader's says why, the others' only where it is.
+        let mut answers = Vec::new();
         for c in controllers(wd) {
             match call(c) {
                 Ok(r) if (200..300).contains(&r.status) => return Ok(r),
-                Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
-                Err(e) => last = format!("{}: {e}", c.name),
+                Ok(r) => answers.push(format!("{}: HTTP {}: {}", c.name, r.status, r.error_text())),
+                Err(e) => answers.push(format!("{}: {e}", c.name)),
             }
         }
         if Instant::now() >= deadline {
-            return failed(format!("no controller took {what} ({last})"));
+            return failed(format!("no controller took {what} ({})", answers.join("; ")));
         }
         std::thread::sleep(CONTROLLER_ACTION_POLL);
     }
@@ -192,19 +193,19 @@ pub fn set_policy(wd: &Workdir, name: &str, action: &str) -> Result<PolicyChange
     }
     let deadline = Instant::now() + ATTACH_WAIT;
     loop {
-        let mut last = String::new();
+        let mut answers = Vec::new();
         for c in controllers(wd) {
             let url = format!("{}/v1/pageserver/{name}/{action}", c.http_url());
             match http::post(&url, &serde_json::json!({}), QUICK) {
                 Ok(r) if r.status == 200 => {
                     return Ok(PolicyChanged { pageserver: name.into(), action: action.into() });
                 }
-                Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
-                Err(e) => last = format!("{}: {e}", c.name),
+                Ok(r) => answers.push(format!("{}: HTTP {}: {}", c.name, r.status, r.error_text())),
+                Err(e) => answers.push(format!("{}: {e}", c.name)),
             }
         }
         if Instant::now() >= deadline {
-            return failed(format!("no controller took the {action} of {name} ({last})"));
+            return failed(format!("no controller took the {action} of {name} ({})", answers.join("; ")));
         }
         std::thread::sleep(CONTROLLER_ACTION_POLL);
     }

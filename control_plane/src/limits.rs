@@ -136,6 +136,10 @@ pub const PROPOSER_WAIT: Duration = Duration::from_secs(15);
 pub const JOINT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Polling interval of the replacement's waits.
 pub const RECONFIGURE_POLL: Duration = Duration::from_millis(200);
+/// How long a membership configuration is offered to members that do not
+/// answer (a restart, a timeline healing, a partition) before the change
+/// fails; running it again resumes it.
+pub const INSTALL_PATIENCE: Duration = Duration::from_secs(30);
 
 // ---- hosts and their nodes
 
@@ -188,6 +192,7 @@ const _: () = assert!(KILL_WAIT.as_millis() < SUPERVISOR_MARGIN.as_millis());
 // A running compute gets its chance to be elected before the joint
 // configuration's deadline.
 const _: () = assert!(PROPOSER_WAIT.as_millis() < JOINT_TIMEOUT.as_millis());
+const _: () = assert!(5 * RECONFIGURE_POLL.as_millis() < INSTALL_PATIENCE.as_millis());
 // The promoted site gets at least as long to attach as a tenant anywhere.
 const _: () = assert!(ATTACH_WAIT.as_millis() <= SITE_ATTACH_WAIT.as_millis());
 // A node call outlasts what the node waits for: an endpoint's start, and a
@@ -201,8 +206,10 @@ const _: () = assert!(SYNC_CALL.as_millis() < SEND_CALL.as_millis() && SEND_CALL
 const _: () = assert!(2 * QUICK.as_millis() < NODE_CALL.as_millis());
 // The CLI's token outlives the longest commands, including a wait for the lock.
 const _: () = assert!(LOCK_WAIT.as_millis() + CHECKPOINT_TIMEOUT.as_millis() < CLI_TOKEN_TTL.as_millis());
+// A membership change installs at most four configurations.
 const _: () = assert!(
-    LOCK_WAIT.as_millis() + CATCH_UP_TIMEOUT.as_millis() + JOINT_TIMEOUT.as_millis() < CLI_TOKEN_TTL.as_millis()
+    LOCK_WAIT.as_millis() + CATCH_UP_TIMEOUT.as_millis() + JOINT_TIMEOUT.as_millis() + 4 * INSTALL_PATIENCE.as_millis()
+        < CLI_TOKEN_TTL.as_millis()
 );
 const _: () = assert!(LOCK_WAIT.as_millis() + BOOTSTRAP_TIMEOUT.as_millis() < CLI_TOKEN_TTL.as_millis());
 // Endpoints are stopped at least one at a time.

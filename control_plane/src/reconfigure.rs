@@ -20,7 +20,7 @@ use super::http;
 use super::layout::{read_toml, Kind, Service, Workdir};
 use super::report::{ChangeEvent, Progress};
 use crate::limits::{
-    CATCH_UP_REPORT_INTERVAL, CATCH_UP_TIMEOUT, JOINT_TIMEOUT, PROPOSER_WAIT, QUICK, RECONFIGURE_POLL,
+    CATCH_UP_REPORT_INTERVAL, CATCH_UP_TIMEOUT, INSTALL_PATIENCE, JOINT_TIMEOUT, PROPOSER_WAIT, QUICK, RECONFIGURE_POLL,
 };
 
 /// One safekeeper as the change sees it.
@@ -75,34 +75,54 @@ impl Change<'_> {
     /// quorum of `need` holds it (or a later generation refused it — then
     /// someone else moved on, and that is an error). A quorum of the
     /// configuration being left is what keeps its proposers from being
-    /// elected or committing any more.
+    /// elected or committing any more. A member that is briefly away (a
+    /// restart, a timeline healing after a disk error, a partition) is
+    /// asked again for up to `INSTALL_PATIENCE`: the change goes on while
+    /// writes do, and such hiccups come with them.
     fn install(&self, m: &Membership, on: &[&Node], need: &Membership, progress: &mut dyn Progress) -> Result<()> {
         let body = serde_json::to_value(m).expect("a membership serializes");
         let mut holding = Vec::new();
-        let mut problems = Vec::new();
-        for n in on {
-            let url = format!("{}/membership", tl_url(n, self.tenant, self.timeline));
-            match http::put(&url, &body, QUICK) {
-                Ok(r) if r.status == 200 => holding.push(n.member.id),
-                Ok(r) => problems.push(format!("{}: HTTP {}: {}", n.name, r.status, r.error_text())),
-                Err(e) => problems.push(format!("{}: {e}", n.name)),
+        let started = Instant::now();
+        loop {
+            let mut problems = Vec::new();
+            let asked: Vec<&&Node> = on.iter().filter(|n| !holding.contains(&n.member.id)).collect();
+            for n in asked {
+                let url = format!("{}/membership", tl_url(n, self.tenant, self.timeline));
+                match http::put(&url, &body, QUICK) {
+                    Ok(r) if r.status == 200 => holding.push(n.member.id),
+                    Ok(r) if r.status == 409 => {
+                        return failed(format!(
+                            "timeline {}: {} refused generation {}: {}",
+                            self.timeline,
+                            n.name,
+                            m.generation,
+                            r.error_text()
+                        ))
+                    }
+                    Ok(r) => problems.push(format!("{}: HTTP {}: {}", n.name, r.status, r.error_text())),
+                    Err(e) => problems.push(format!("{}: {e}", n.name)),
+                }
             }
+            if need.has_quorum(&holding) {
+                for p in problems {
+                    progress.tell(ChangeEvent::NotReached(p));
+                }
+                return Ok(());
+            }
+            if started.elapsed() >= INSTALL_PATIENCE {
+                return failed(format!(
+                    "timeline {}: generation {} reached safekeepers {:?}, not a quorum of {:?} ({}), in {:?}: {}",
+                    self.timeline,
+                    m.generation,
+                    holding.iter().map(|id| id.0).collect::<Vec<_>>(),
+                    need.all().iter().map(|m| m.id.0).collect::<Vec<_>>(),
+                    need.placement.policy(),
+                    INSTALL_PATIENCE,
+                    problems.join("; ")
+                ));
+            }
+            std::thread::sleep(RECONFIGURE_POLL * 5);
         }
-        if !need.has_quorum(&holding) {
-            return failed(format!(
-                "timeline {}: generation {} reached safekeepers {:?}, not a quorum of {:?} ({}): {}",
-                self.timeline,
-                m.generation,
-                holding.iter().map(|id| id.0).collect::<Vec<_>>(),
-                need.all().iter().map(|m| m.id.0).collect::<Vec<_>>(),
-                need.placement.policy(),
-                problems.join("; ")
-            ));
-        }
-        for p in problems {
-            progress.tell(ChangeEvent::NotReached(p));
-        }
-        Ok(())
     }
 
     /// The highest-generation configuration any reachable node holds.

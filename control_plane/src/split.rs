@@ -152,7 +152,7 @@ fn begin(wd: &Workdir, tenant: TenantId, to: ShardLayout) -> Result<TenantSplit>
     // A shard that is moving (a drain, a rebalance) is waited for.
     let deadline = Instant::now() + SPLIT_WAIT / 2;
     loop {
-        let mut last = String::from("no storage controller is configured");
+        let mut answers = Vec::new();
         for c in wd.cluster.of_kind(Kind::Controller) {
             let url = format!("{}/v1/tenant/{tenant}/split", c.http_url());
             match http::post(&url, &body, QUICK) {
@@ -161,12 +161,14 @@ fn begin(wd: &Workdir, tenant: TenantId, to: ShardLayout) -> Result<TenantSplit>
                 Ok(r) if r.status == 409 || r.status == 400 => {
                     return failed(format!("the split was refused: {}", r.error_text()))
                 }
-                Ok(r) => last = format!("{}: HTTP {}: {}", c.name, r.status, r.error_text()),
-                Err(e) => last = format!("{}: {e}", c.name),
+                Ok(r) => answers.push(format!("{}: HTTP {}: {}", c.name, r.status, r.error_text())),
+                Err(e) => answers.push(format!("{}: {e}", c.name)),
             }
         }
         if Instant::now() >= deadline {
-            return failed(format!("no controller took the split ({last})"));
+            let answers =
+                if answers.is_empty() { "no storage controller is configured".into() } else { answers.join("; ") };
+            return failed(format!("no controller took the split ({answers})"));
         }
         std::thread::sleep(CONTROLLER_ACTION_POLL);
     }
