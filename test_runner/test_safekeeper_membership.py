@@ -1,7 +1,8 @@
 """Replacing a safekeeper with `strata safekeeper replace OLD NEW`
 (docs/safekeeper-membership.md): the new safekeeper catches up from its
 peers and from object storage, every timeline moves through a joint
-configuration to the new set, and writes go on throughout."""
+configuration to the new set, and writes go on throughout; a member
+briefly away is waited for."""
 
 from __future__ import annotations
 
@@ -179,3 +180,47 @@ def test_an_interrupted_replacement_resumes_and_without_a_compute_elects_itself(
     assert again.returncode == 2 and "no safekeeper named" in again.stderr, again
     again = cluster.run("safekeeper", "replace", "sk1", "pageserver", check=False)
     assert again.returncode == 2 and "another service" in again.stderr, again
+
+
+def test_a_replacement_waits_for_a_member_briefly_away(cluster_factory):
+    """Under `local-quorum` dc1's quorum needs both of its safekeepers.
+    sk1's disk fails its writes (faultfs), so its timeline stops accepting
+    and answers 503 until it is re-read from disk, when the replacement of
+    sk3 by sk4 begins; the disk heals seconds later and sk1 heals itself.
+    The change waits for it (each configuration is offered again for up
+    to `INSTALL_PATIENCE`) instead of failing at the first install."""
+    cluster = cluster_factory(init_args=("--sites", "2", "--placement", "local-quorum"), faultfs=("sk1",))
+    ep = start_endpoint(cluster)
+    ep.sql("CREATE TABLE t (id int)")
+    ep.sql("INSERT INTO t SELECT generate_series(1, 1000)")
+    cluster.faultfs["sk1"].set_faults("write")
+    # A commit makes sk1 write, and fail; it waits for sk1 (dc1's quorum).
+    stalled = threading.Thread(target=lambda: ep.sql("INSERT INTO t SELECT generate_series(1001, 2000)"), daemon=True)
+    stalled.start()
+
+    def sk1_failed():
+        return cluster.timeline_status("sk1").get("failure") or None
+    wait_until("sk1's timeline to stop accepting", sk1_failed, timeout=60)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(
+        r=cluster.run("safekeeper", "replace", "sk3", "sk4", check=False, timeout=300)))
+    started = time.monotonic()
+    runner.start()
+    try:
+        # sk4 catches up from sk2 within a second or two; the first install
+        # then finds sk1's timeline failed.
+        time.sleep(6)
+        assert runner.is_alive(), f"the replacement ended while sk1 was away: {result['r'].stderr}"
+    finally:
+        cluster.faultfs["sk1"].set_faults("")
+    runner.join(timeout=300)
+    r = result["r"]
+    assert r.returncode == 0, r.stderr
+    took = time.monotonic() - started
+    assert took < 60, f"the replacement took {took:.0f} s"
+    stalled.join(timeout=60)
+    assert not stalled.is_alive(), "the commit that waited for sk1 did not finish"
+    sets = {sk: member_ids(membership(cluster, sk)) for sk in ("sk1", "sk2", "sk4")}
+    assert len({tuple(x) for x in sets.values()}) == 1 and sets["sk1"][:2] == [1, 2] and 3 not in sets["sk1"], sets
+    ep.sql("INSERT INTO t SELECT generate_series(2001, 3000)")
+    assert ep.sql("SELECT count(*) FROM t") == [(3000,)]
