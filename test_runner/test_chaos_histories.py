@@ -22,8 +22,9 @@ import time
 import pytest
 
 from fixtures import netns
-from fixtures.chaos import (CHAOS_HOSTS, DISK_KINDS, HOST_KINDS, INSTANT, KINDS, LINK_KINDS, SITE_KINDS, STOCK_KINDS,
-                            STORE_KINDS, Store, host_schedule, run_chaos, run_host_chaos, schedule, stock_schedule)
+from fixtures.chaos import (CHAOS_HOSTS, SiteFailover, DISK_KINDS, HOST_KINDS, INSTANT, KINDS, LINK_KINDS, SITE_KINDS, STOCK_KINDS,
+                            STORE_KINDS, Store, host_schedule, run_chaos, run_host_chaos, run_workloads, schedule,
+                            stock_schedule)
 from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.hosted import hosted_cluster
 from fixtures.pg import temp_root
@@ -128,6 +129,27 @@ def test_histories_hold_under_random_faults_across_two_sites(store, cluster_fact
     check(outcome, seed)
     made = {f["kind"] for f in outcome.faults if f["what"] == "begin"}
     assert made & set(SITE_KINDS), f"no fault of the sites was made: {made}"
+
+
+def test_histories_hold_across_a_site_failover_and_rejoin(cluster_factory, tmp_path):
+    """Under `stretched`, the workloads run on a writer in dc1 and a replica
+    in dc2; at 12 s dc1 is lost whole and `strata site promote dc2` moves
+    the writer there (the workloads follow it, and a new replica of it in
+    dc2); at 30 s dc1 is back and rejoins. Nothing acknowledged is lost,
+    and nothing forbidden shows across the move."""
+    cluster = cluster_factory(init_args=("--sites", "2", "--site-latency-ms", "4", "--placement", "stretched"))
+    writer = start_endpoint(cluster)
+    replica = Endpoint(cluster, "r1")
+    replica.start("--replica-of", "ep", "--site", "dc2")
+    nemesis = SiteFailover(cluster, {"ep": writer, "r1": replica}, lose_at=12, back_at=30)
+    outcome = run_workloads(writer, replica, "r1", nemesis, seed=2, seconds=SECONDS, out_dir=tmp_path / "chaos")
+    print(f"\n{outcome.level}: ops {outcome.ops}\n  " + "\n  ".join(nemesis.reports))
+    assert not outcome.nemesis_errors, outcome.nemesis_errors
+    assert [f["what"] for f in outcome.faults] == ["begin", "end"], outcome.faults
+    assert any("nothing lost" in r for r in nemesis.reports), nemesis.reports
+    assert outcome.forbidden() == {}, outcome.examples
+    # The writer's clients committed on both sides of the move.
+    assert outcome.ops["list-append"].get("ok", 0) > 100, outcome.ops
 
 
 def test_histories_hold_under_random_faults_across_hosts(strata_bin, pg_bin_dir, tmp_path, tmp_path_factory):

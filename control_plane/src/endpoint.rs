@@ -1159,7 +1159,9 @@ fn agent_file(wd: &Workdir, ep: &Endpoint, req: &LaunchRequest, host: &layout::H
     }
     let agent = &req.agent;
     f.replica = req.replica.as_ref().map(|replica| {
-        let replication = c.of_kind(Kind::Safekeeper).filter_map(|s| c.addr_from(site, s, "pg")).collect();
+        // Its own site's safekeepers first: the others are reached across
+        // the link, which a partition may have cut.
+        let replication = c.safekeeper_addrs_from_role(site, "pg");
         let mut r = ReplicaFile::new(req.name.clone(), replication);
         r.after = replica.after;
         r.hot_standby_feedback = replica.hot_standby_feedback;

@@ -86,6 +86,8 @@ pub struct StandbySettings {
 
 /// The replica's password file and CA copy in the data directory.
 const REPLICATION_PASSFILE: &str = "strata_replication.pgpass";
+/// How long a replica's walreceiver tries one safekeeper before the next.
+const REPLICATION_CONNECT_TIMEOUT_SECS: u32 = 5;
 const REPLICATION_CA: &str = "strata_ca.pem";
 /// A file that is never there: the walreceiver presents no client certificate.
 const NO_CLIENT_CERT: &str = "strata_no_client_certificate";
@@ -125,7 +127,15 @@ impl StandbySettings {
                 Ok(text)
             }
         };
-        let mut out = format!("host={} port={} user={}", hosts.join(","), ports.join(","), self.user);
+        // Each safekeeper in turn, a few seconds each: one across a cut link
+        // (or a dead host) would otherwise hold the stream up for minutes,
+        // the connect's own timeout.
+        let mut out = format!(
+            "host={} port={} user={} connect_timeout={REPLICATION_CONNECT_TIMEOUT_SECS}",
+            hosts.join(","),
+            ports.join(","),
+            self.user
+        );
         if self.token.is_some() {
             out.push_str(&format!(" passfile={}", path(REPLICATION_PASSFILE)?));
         }
