@@ -57,8 +57,8 @@ from pathlib import Path
 
 from bench.harness import (PG_BIN, RESULTS, bench_dir, local_cluster, machine_state, result_stem, stock_cluster,
                            strata_to_measure, write_results)
-from test_runner.fixtures.chaos import (CHAOS_HOSTS, Store, StockNemesis, run_chaos, run_host_chaos, run_workloads,
-                                        stock_schedule)
+from test_runner.fixtures.chaos import (CHAOS_HOSTS, CLOCK_HOSTS, Store, StockNemesis, run_chaos, run_host_chaos,
+                                        run_workloads, stock_schedule)
 from test_runner.fixtures.endpoint import Endpoint, start_endpoint
 from test_runner.fixtures.hosted import hosted_cluster
 
@@ -113,7 +113,7 @@ def hosts_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
     where = base / f"hosts-{seed}"
     where.mkdir()
     try:
-        with hosted_cluster(strata, PG_BIN, where, base, CHAOS_HOSTS, remote=remote, own_clocks=True) as hosted:
+        with hosted_cluster(strata, PG_BIN, where, base, CHAOS_HOSTS, remote=remote, own_clocks=CLOCK_HOSTS) as hosted:
             writer = hosted.endpoint("ep", "cp1")
             replica = hosted.endpoint("r1", "cp2", "--replica-of", "ep")
             outcome = run_host_chaos(hosted, writer, replica, {"ep": "cp1", "r1": "cp2"}, seed, seconds,
@@ -170,8 +170,12 @@ def main() -> int:
     with bench_dir("strata-chaos-") as base:
         seed = args.first_seed
         while True:
-            o = (hosts_seed(strata, base, seed, args.seconds) if args.hosts
-                 else strata_seed(strata, base, seed, args.seconds, args.sites))
+            try:
+                o = (hosts_seed(strata, base, seed, args.seconds) if args.hosts
+                     else strata_seed(strata, base, seed, args.seconds, args.sites))
+            except Exception as e:  # noqa: BLE001 - a seed that could not run is a failed seed; the others go on
+                o = {"seed": seed, "level": "-", "faults": [], "ops": {}, "anomalies": {}, "known": {},
+                     "nemesis_errors": [f"the seed did not run: {str(e)[-2000:]}"]}
             results["strata"].append(o)
             if any(o["anomalies"].values()) or o["nemesis_errors"]:
                 kind = "sites-" if args.sites else "hosts-" if args.hosts else ""

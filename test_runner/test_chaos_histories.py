@@ -22,9 +22,9 @@ import time
 import pytest
 
 from fixtures import netns
-from fixtures.chaos import (CHAOS_HOSTS, SiteFailover, DISK_KINDS, HOST_KINDS, INSTANT, KINDS, LINK_KINDS, SITE_KINDS, STOCK_KINDS,
-                            STORE_KINDS, Store, host_schedule, run_chaos, run_host_chaos, run_workloads, schedule,
-                            stock_schedule)
+from fixtures.chaos import (CHAOS_HOSTS, CLOCK_HOSTS, DISK_KINDS, HOST_KINDS, INSTANT, KINDS, LINK_KINDS,
+                            SITE_KINDS, STOCK_KINDS, STORE_KINDS, SiteFailover, Store, host_schedule, run_chaos,
+                            run_host_chaos, run_workloads, schedule, stock_schedule)
 from fixtures.endpoint import Endpoint, start_endpoint
 from fixtures.hosted import hosted_cluster
 from fixtures.pg import temp_root
@@ -164,7 +164,7 @@ def test_histories_hold_under_random_faults_across_hosts(strata_bin, pg_bin_dir,
 
     try:
         with hosted_cluster(strata_bin, pg_bin_dir, tmp_path, temp_root(tmp_path_factory), CHAOS_HOSTS,
-                            remote=remote, own_clocks=True) as hosted:
+                            remote=remote, own_clocks=CLOCK_HOSTS) as hosted:
             writer = hosted.endpoint("ep", "cp1")
             replica = hosted.endpoint("r1", "cp2", "--replica-of", "ep")
 
