@@ -435,8 +435,17 @@ def test_a_replica_lagging_beyond_the_bound_restarts_at_the_newest_wal(cluster_f
     # loaded machine): the replica then restarted from the checkpoint
     # before it and caught up. Paused again past the CHECKPOINT, its next
     # lag restart must start from that one, the newest.
-    wait_until("the replica to answer", lambda: _replay_lsn(replica) > 0 or None, timeout=90)
-    replica.sql("SELECT pg_wal_replay_pause()")
+    # Its agent may restart it at any moment from here on (it is paused
+    # and past the bound): a pause sent as it restarts is retried.
+
+    def paused_again():
+        try:
+            replica.sql("SELECT pg_wal_replay_pause()")
+        except psycopg.OperationalError:
+            return None
+        return True
+
+    wait_until("the replica to be paused again", paused_again, timeout=90)
     with ep.connect() as conn:
         conn.execute("INSERT INTO lagging SELECT g, repeat('y', 500) FROM generate_series(1, 3000) g")
         end = current_lsn(conn)
