@@ -10,8 +10,10 @@ service (a host cut off without a reset), SIGKILL of either endpoint's
 PostgreSQL or agent, endpoint restarts, fsync failures and full disks on
 a safekeeper and a pageserver, and object storage (MinIO behind a link
 proxy) killed or slow (`fixtures.chaos`). Then every
-fault heals and the histories are checked. Seeds run until `--minutes`
-have passed.
+fault heals and the histories are checked. A second tenant's writer
+(`t2w`) runs a list-append and two bank clients of its own under the same
+faults of the services the tenants share; its histories are checked
+apart. Seeds run until `--minutes` have passed.
 
 Side by side: stock PostgreSQL 15 with a streaming hot standby under the
 same workloads for `--seconds`, with the faults that apply to it (SIGKILL
@@ -34,8 +36,9 @@ three safekeeper hosts, a pageserver host and a compute host in each
 site), the clients and MinIO on the operator's machine, and the faults
 are those of machines and networks (`fixtures.chaos.HostNemesis`): hosts
 powered off and cut off, two hosts partitioned both ways or one way, a
-host's wall clock stepped up to an hour either way, object storage down
-or slow.
+host's wall clock stepped up to an hour either way, an endpoint moved
+to the other compute host, object storage down or slow. The clients
+reach every endpoint through the proxy on its host.
 
 A failing seed replays the same faults: `--first-seed N --minutes 0`
 runs seed N alone (with `--sites` or `--hosts` if it ran so).
@@ -92,7 +95,11 @@ def strata_seed(strata: Path, base: Path, seed: int, seconds: float, sites: bool
             writer = start_endpoint(cluster)
             replica = Endpoint(cluster, "r1")
             replica.start("--replica-of", "ep", *(("--site", "dc2") if sites else ()))
-            outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories", store=store)
+            cluster.run("tenant", "create", "t2", timeout=180)
+            other = Endpoint(cluster, "t2w")
+            other.start("--tenant", "t2")
+            outcome = run_chaos(cluster, writer, replica, seed, seconds, base / "histories", store=store,
+                                others=[other])
     finally:
         for cluster in made:
             cluster.unmount_faultfs()
@@ -116,8 +123,10 @@ def hosts_seed(strata: Path, base: Path, seed: int, seconds: float) -> dict:
         with hosted_cluster(strata, PG_BIN, where, base, CHAOS_HOSTS, remote=remote, own_clocks=CLOCK_HOSTS) as hosted:
             writer = hosted.endpoint("ep", "cp1")
             replica = hosted.endpoint("r1", "cp2", "--replica-of", "ep")
+            hosted.cluster.run("tenant", "create", "t2", timeout=180)
+            other = hosted.endpoint("t2w", "cp2", "--tenant", "t2")
             outcome = run_host_chaos(hosted, writer, replica, {"ep": "cp1", "r1": "cp2"}, seed, seconds,
-                                     base / "histories", store=stores[0])
+                                     base / "histories", store=stores[0], others=[other])
     finally:
         for s in stores:
             s.close()

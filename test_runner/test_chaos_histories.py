@@ -75,16 +75,23 @@ def test_the_schedule_is_a_function_of_the_seed():
 
 def test_the_schedule_of_hosts_is_a_function_of_the_seed():
     hosts = ["sk-a", "sk-b", "sk-c", "ps1", "ps2", "cp1", "cp2"]
-    a = host_schedule(7, 600, hosts, store=True)
-    assert a == host_schedule(7, 600, hosts, store=True) and a != host_schedule(8, 600, hosts, store=True)
+    movable = ["ep", "r1"]
+    a = host_schedule(7, 600, hosts, store=True, movable=movable)
+    assert a == host_schedule(7, 600, hosts, store=True, movable=movable)
+    assert a != host_schedule(8, 600, hosts, store=True, movable=movable)
     assert {f.kind for f in a} == {*HOST_KINDS, *STORE_KINDS}
-    assert not {f.kind for f in host_schedule(7, 600, hosts)} & set(STORE_KINDS)
+    assert not {f.kind for f in host_schedule(7, 600, hosts)} & {*STORE_KINDS, "move"}
+    assert {f.target for f in a if f.kind == "move"} == set(movable)
     net = ("partition-hosts", "one-way-hosts")
     for f in a:
         assert f.at + f.duration <= 600 and f.duration > 0
+        during = [g for g in a if g.at <= f.at < g.at + g.duration]
+        if f.kind == "move":
+            # A move begins alone, and nothing begins while it lasts.
+            assert during == [f] and not [g for g in a if f.at < g.at < f.at + f.duration], f
+            continue
         names = f.target.split("@")[0].replace("|", " ").replace(">", " ").split()
         assert f.kind in STORE_KINDS or (set(names) <= set(hosts) and len(set(names)) == len(names)), f
-        during = [g for g in a if g.at <= f.at < g.at + g.duration]
         assert len(during) <= 2, during
         assert sum(g.kind in net for g in during) <= 1, f"two partitions at {f.at}: {during}"
         host = f.target.split("@")[0]
@@ -110,9 +117,16 @@ def test_histories_hold_under_random_faults(store, cluster_factory, tmp_path, se
     writer = start_endpoint(cluster)
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep")
+    # A second tenant, its own writer and histories, under the same faults
+    # of the services they share.
+    cluster.run("tenant", "create", "t2", timeout=180)
+    other = Endpoint(cluster, "t2w")
+    other.start("--tenant", "t2")
     outcome = run_chaos(cluster, writer, replica, seed=seed, seconds=SECONDS, out_dir=tmp_path / "chaos",
-                        store=store)
+                        store=store, others=[other])
     check(outcome, seed)
+    assert outcome.ops["list-append (t2w)"].get("ok", 0) > 100, outcome.ops
+    assert outcome.ops["bank (t2w)"].get("ok", 0) > 100, outcome.ops
 
 
 @pytest.mark.parametrize("seed,placement", [(16, "stretched"), (7, "local-quorum")])
@@ -156,7 +170,7 @@ def test_histories_hold_under_random_faults_across_hosts(strata_bin, pg_bin_dir,
     reason = netns.available()
     if reason:
         pytest.skip(reason)
-    seed, stores = 15, []
+    seed, stores = 14, []
 
     def remote(gateway: str) -> dict:
         stores.append(Store(strata_bin, tmp_path / "store", host=gateway))
@@ -176,11 +190,14 @@ def test_histories_hold_under_random_faults_across_hosts(strata_bin, pg_bin_dir,
             assert abs(offset(replica)) < 10, "cp2's clock moved with cp1's"
             hosted.step_clock("cp1", 0)
             wait_until("cp1's clock back", lambda: abs(offset(writer)) < 10 or None, timeout=30)
+            hosted.cluster.run("tenant", "create", "t2", timeout=180)
+            other = hosted.endpoint("t2w", "cp2", "--tenant", "t2")
             outcome = run_host_chaos(hosted, writer, replica, {"ep": "cp1", "r1": "cp2"}, seed, SECONDS,
-                                     tmp_path / "chaos", store=stores[0])
+                                     tmp_path / "chaos", store=stores[0], others=[other])
             check(outcome, seed)
+            assert outcome.ops["bank (t2w)"].get("ok", 0) > 100, outcome.ops
             made = {f["kind"] for f in outcome.faults if f["what"] == "begin"}
-            assert made >= {"power-off", "partition-hosts", "clock-step"}, made
+            assert made >= {"power-off", "host-cut", "partition-hosts", "clock-step", "move"}, made
     finally:
         for s in stores:
             s.close()

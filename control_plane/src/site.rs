@@ -29,16 +29,20 @@ use strata_protocol::api::pageserver::{self, CreateBranchRequest};
 use strata_protocol::api::safekeeper::TimelineStatus;
 use strata_protocol::framed::FrameReader;
 use strata_protocol::safekeeper::codec;
+use strata_protocol::safekeeper::membership::Membership;
 use strata_protocol::safekeeper::{
     ConsumerMessage, OnAsyncLag, Placement, StartStreaming, StreamMessage, PROTOCOL_VERSION,
 };
 use strata_protocol::shard::TenantShardId;
-use strata_protocol::{TenantId, TimelineId};
+use strata_protocol::{NodeId, TenantId, TimelineId};
 use strata_service::auth::{Claims, Scope};
 
 use super::error::{failed, Error, Result};
+use strata_safekeeper::config::SafekeeperConfig;
+
 use super::layout::{
-    update_cluster, Branch, ClusterFile, Divergence, Kind, Service, Tenant, TenantState, Workdir, DEFAULT_TENANT,
+    read_toml, update_cluster, Branch, ClusterFile, Divergence, Kind, Service, Tenant, TenantState, Workdir,
+    DEFAULT_TENANT,
 };
 use super::report::{Loss, Progress, SiteEvent};
 use super::{controller, endpoint, http, services};
@@ -47,11 +51,51 @@ use crate::limits::{
 };
 
 /// What the lost site's safekeepers that answer held of a sealed
-/// timeline: (acknowledged, held, the safekeeper holding the most).
-fn lost_side<'a>(sealed: &[(&'a Service, TimelineStatus)]) -> (Option<Lsn>, Option<Lsn>, Option<&'a Service>) {
-    let acknowledged = sealed.iter().map(|(_, s)| s.commit_before_seal.unwrap_or(s.commit_lsn)).max();
+/// timeline: (acknowledged at most, held, the safekeeper holding the
+/// most). `others`: the other safekeepers' statuses of it, those that
+/// answer.
+///
+/// A safekeeper learns the commit LSN with its proposer's next message,
+/// so its `commit_before_seal` may lag by one round what the writer had
+/// acknowledged: a commit is acknowledged once a commit quorum has flushed
+/// it, whatever the safekeepers were told. The bound is the higher of the
+/// two: the highest commit LSN a safekeeper was told, and the highest LSN
+/// a commit quorum of the timeline's configuration may have flushed
+/// (`quorum_bound`), never past what the lost side holds.
+fn lost_side<'a>(
+    wd: &Workdir,
+    sealed: &[(&'a Service, TimelineStatus)],
+    others: &[(&Service, TimelineStatus)],
+) -> (Option<Lsn>, Option<Lsn>, Option<&'a Service>) {
+    let told = sealed.iter().map(|(_, s)| s.commit_before_seal.unwrap_or(s.commit_lsn)).max();
     let best = sealed.iter().max_by_key(|(_, s)| s.flush_lsn);
-    (acknowledged, best.map(|(_, s)| s.flush_lsn), best.map(|(sk, _)| *sk))
+    let held = best.map(|(_, s)| s.flush_lsn);
+    let flushes: Vec<(NodeId, Lsn)> =
+        sealed.iter().chain(others).filter_map(|(sk, s)| node_id(wd, sk).map(|id| (id, s.flush_lsn))).collect();
+    let membership = sealed.iter().chain(others).map(|(_, s)| &s.membership).max_by_key(|m| m.generation);
+    let quorum = membership.filter(|m| m.generation > 0).map(|m| quorum_bound(m, &flushes));
+    let acknowledged = match (told, quorum, held) {
+        (Some(t), Some(q), Some(h)) => Some(t.max(q.min(h))),
+        (t, _, _) => t,
+    };
+    (acknowledged, held, best.map(|(sk, _)| *sk))
+}
+
+/// The highest LSN a commit quorum of `m` may have flushed, from the flush
+/// LSNs of the members that answer; a member that does not answer may
+/// hold anything (`Lsn::MAX`, which the caller bounds by what it can read).
+fn quorum_bound(m: &Membership, known: &[(NodeId, Lsn)]) -> Lsn {
+    let flushes: Vec<(NodeId, Lsn)> = m
+        .all()
+        .iter()
+        .map(|x| (x.id, known.iter().find(|(id, _)| *id == x.id).map_or(Lsn(u64::MAX), |(_, l)| *l)))
+        .collect();
+    m.quorum_lsn(&flushes)
+}
+
+/// A safekeeper's node id, from its configuration in the workdir.
+fn node_id(wd: &Workdir, sk: &Service) -> Option<NodeId> {
+    read_toml::<SafekeeperConfig>(&wd.config_path(sk)).ok().map(|c| c.id)
 }
 
 /// What the lost side held of a branch's sealed timeline past the fork:
@@ -230,6 +274,7 @@ fn seal_branch(wd: &Workdir, t: &Tenant, sides: &Sides<'_>, b: &Branch, progress
         m.generation > 0 && sites.len() == 2 && m.rules().all(|(_, p)| matches!(p, Placement::Stretched))
     });
     let mut fork = Lsn::INVALID;
+    let mut sealed_here = Vec::new();
     for sk in &sides.here {
         match seal(sk, tenant, t1) {
             // A sealed timeline's WAL is final and committed: F is where it ends.
@@ -239,7 +284,10 @@ fn seal_branch(wd: &Workdir, t: &Tenant, sides: &Sides<'_>, b: &Branch, progress
                     b.name, sk.name, s.commit_lsn, s.flush_lsn
                 ))
             }
-            Ok(s) => fork = fork.max(s.commit_lsn),
+            Ok(s) => {
+                fork = fork.max(s.commit_lsn);
+                sealed_here.push((*sk, s));
+            }
             Err(error) => {
                 progress.tell(SiteEvent::NotSealed { branch: b.name.clone(), safekeeper: sk.name.clone(), error })
             }
@@ -256,7 +304,7 @@ fn seal_branch(wd: &Workdir, t: &Tenant, sides: &Sides<'_>, b: &Branch, progress
             sealed_elsewhere.push((*sk, s));
         }
     }
-    let (acknowledged, held, source) = lost_side(&sealed_elsewhere);
+    let (acknowledged, held, source) = lost_side(wd, &sealed_elsewhere, &sealed_here);
     let tail = Tail { timeline: t1, fork, acknowledged, held, source };
     let transactions = tail_transactions(wd, tenant, &b.name, &tail, progress);
     Ok(Loss {
@@ -577,7 +625,13 @@ fn rejoin_tenant(
             let after = seal(sk, tenant, t1).map_err(|e| Error::Failed(format!("{}: sealing {t1}: {e}", sk.name)))?;
             sealed.push((*sk, after));
         }
-        let (ack_here, held, source) = lost_side(&sealed);
+        let others: Vec<(&Service, TimelineStatus)> = wd
+            .cluster
+            .of_kind(Kind::Safekeeper)
+            .filter(|sk| !returning.iter().any(|r| r.name == sk.name))
+            .filter_map(|sk| sk_status(sk, tenant, t1).map(|s| (sk, s)))
+            .collect();
+        let (ack_here, held, source) = lost_side(wd, &sealed, &others);
         let acknowledged = ack_here.max(div.acknowledged_lsn);
         let tail = Tail { timeline: t1, fork: div.fork_lsn, acknowledged, held, source };
         let transactions = tail_transactions(wd, tenant, &d.name, &tail, progress);
@@ -693,6 +747,31 @@ mod tests {
     use crate::http::with_transport;
     use crate::options::InitOptions;
     use crate::report::Event;
+
+    #[test]
+    fn what_a_quorum_may_have_flushed_bounds_the_acknowledged_wal() {
+        use strata_protocol::safekeeper::membership::Member;
+        let member =
+            |id: u64, site: &str| Member { id: NodeId(id), address: format!("sk{id}:1"), site: Some(site.into()) };
+        let members = vec![member(1, "dc1"), member(2, "dc1"), member(3, "dc2")];
+        let local =
+            Placement::LocalQuorum { home: "dc1".into(), max_async_lag: 1 << 30, on_async_lag: OnAsyncLag::default() };
+        let m = Membership::of(1, members.clone(), local);
+        let (n1, n2, n3) = (NodeId(1), NodeId(2), NodeId(3));
+        // dc1's two voters must both flush a commit: the lower of the two;
+        // dc2's asynchronous member counts for nothing.
+        assert_eq!(quorum_bound(&m, &[(n1, Lsn(100)), (n2, Lsn(150)), (n3, Lsn(50))]), Lsn(100));
+        assert_eq!(quorum_bound(&m, &[(n1, Lsn(100)), (n2, Lsn(150)), (n3, Lsn(500))]), Lsn(100));
+        // A voter that does not answer may have flushed anything: the other's.
+        assert_eq!(quorum_bound(&m, &[(n1, Lsn(100)), (n3, Lsn(50))]), Lsn(100));
+        // Neither answers: nothing bounds it.
+        assert_eq!(quorum_bound(&m, &[(n3, Lsn(50))]), Lsn(u64::MAX));
+        // A majority of three: the second highest.
+        let m = Membership::of(1, members, Placement::Majority);
+        assert_eq!(quorum_bound(&m, &[(n1, Lsn(100)), (n2, Lsn(150)), (n3, Lsn(50))]), Lsn(100));
+        assert_eq!(quorum_bound(&m, &[(n1, Lsn(100)), (n3, Lsn(50))]), Lsn(100));
+        assert_eq!(quorum_bound(&m, &[(n3, Lsn(50))]), Lsn(u64::MAX));
+    }
 
     /// Two sites on this machine (sk1, sk2 and a pageserver in dc1; sk3
     /// and a pageserver in dc2), `main` under local-quorum at home in dc1,

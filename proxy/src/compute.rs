@@ -57,6 +57,7 @@ async fn tcp(address: SocketAddr, tls: Option<&ClientTls>) -> io::Result<Box<dyn
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no connection in time"))??;
     let _ = tcp.set_nodelay(true);
+    crate::limits::watch_peer(&tcp);
     let Some(tls) = tls else { return Ok(Box::new(tcp)) };
     tcp.write_all(&wire::request(wire::SSL_REQUEST)).await?;
     // Exactly one byte: what follows is the TLS handshake.

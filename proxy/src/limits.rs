@@ -48,6 +48,17 @@ pub const DEFAULT_COMPUTE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const COMPUTE_RETRY: Duration = Duration::from_millis(25);
 /// One TCP connect (a cancel request, an attempt of a login).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A peer of a relayed session (a client, a compute) that vanished
+/// without closing (its host cut off, powered off) is found by TCP: an
+/// idle session is probed after `KEEPALIVE_IDLE`, every
+/// `KEEPALIVE_INTERVAL`, `KEEPALIVE_PROBES` times; bytes sent and not
+/// acknowledged for `USER_TIMEOUT` end it too. Without them the other side
+/// waited on the proxy for good (the kernel's retransmissions take ~15
+/// minutes, and an idle connection is never probed).
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_PROBES: u32 = 3;
+pub const USER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Catalog lookups running at once (each reads the workdir or asks a
 /// host's node on a blocking thread).
 pub const MAX_LOOKUPS_IN_FLIGHT: usize = 32;
@@ -57,6 +68,19 @@ pub const SUSPENDING_POLL: Duration = Duration::from_millis(250);
 /// Wakes of one endpoint per client: a compute that suspends again just
 /// as a client arrives is woken once more, not forever.
 pub const MAX_WAKES_PER_SESSION: usize = 2;
+
+/// Sets the keepalives and the user timeout above on a session's socket.
+/// A socket that refuses them (not TCP) is used as it is.
+pub fn watch_peer(tcp: &tokio::net::TcpStream) {
+    let sock = socket2::SockRef::from(tcp);
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = sock.set_tcp_keepalive(&probes).and_then(|()| sock.set_tcp_user_timeout(Some(USER_TIMEOUT))) {
+        tracing::debug!("keepalives not set on a session's socket: {e}");
+    }
+}
 
 // ---- The HTTP API
 
@@ -70,3 +94,26 @@ const _: () = assert!(DEFAULT_MAX_CONNECTIONS <= MAX_CONNECTIONS);
 const _: () = assert!(DEFAULT_MAX_CONNECTIONS_PER_TENANT <= DEFAULT_MAX_CONNECTIONS);
 const _: () = assert!(COMPUTE_RETRY.as_millis() < DEFAULT_COMPUTE_TIMEOUT.as_millis());
 const _: () = assert!(MAX_STARTUP_ROUNDS >= 2);
+const _: () = assert!(KEEPALIVE_IDLE.as_secs() + KEEPALIVE_INTERVAL.as_secs() * KEEPALIVE_PROBES as u64 <= 60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sessions_socket_probes_its_peer_and_gives_up_on_unacknowledged_bytes() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        for tcp in [&client, &accepted] {
+            let sock = socket2::SockRef::from(tcp);
+            assert!(!sock.keepalive().unwrap(), "off until the proxy sets it");
+            watch_peer(tcp);
+            assert!(sock.keepalive().unwrap());
+            assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+            assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+            assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+            assert_eq!(sock.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
+        }
+    }
+}

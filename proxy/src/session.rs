@@ -37,6 +37,7 @@ pub async fn serve(conn: Connection, proxy: Arc<Proxy>) {
     let peer = conn.peer;
     let (tcp, slot) = conn.into_plain();
     let _ = tcp.set_nodelay(true);
+    crate::limits::watch_peer(&tcp);
     let opened = match timeout(proxy.config.startup_timeout, open(Stream::Plain(tcp), &proxy)).await {
         Ok(Ok(Some(o))) => o,
         Ok(Ok(None)) => return,
