@@ -211,7 +211,7 @@ def test_histories_hold_under_random_faults_across_hosts(strata_bin, pg_bin_dir,
     reason = netns.available()
     if reason:
         pytest.skip(reason)
-    seed, stores = 14, []
+    seed, stores = 34, []
 
     def remote(gateway: str) -> dict:
         stores.append(Store(strata_bin, tmp_path / "store", host=gateway))
