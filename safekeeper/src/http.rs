@@ -159,10 +159,15 @@ async fn create_timeline(
 /// Deletes the timeline here and its offloaded WAL in object storage
 /// (every safekeeper deletes the same objects: deleting is idempotent).
 async fn delete_timeline(State(shared): State<Arc<Shared>>, TimelineIds(t, l): TimelineIds) -> Response {
+    let held = shared.timelines.get(t, l);
     let existed = match tokio::task::block_in_place(|| shared.timelines.delete(t, l)) {
         Ok(existed) => existed,
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
+    // An upload in flight would land after the listing below: waited for.
+    if let Some(tl) = held.filter(|_| existed) {
+        tl.stop_uploads().await;
+    }
     let mut objects = 0usize;
     if let Some(storage) = &shared.remote {
         let prefix = format!("{}/", strata_remote_storage::wal::timeline_prefix(t, l));

@@ -88,6 +88,11 @@ pub struct Timeline {
     decoded: Mutex<Vec<std::sync::Weak<crate::decoded_stream::DecodedCache>>>,
     /// Times the control file's rewrites, failures and appends.
     clock: Arc<dyn Clock>,
+    /// Held (shared) by the offloader through each round of writes to
+    /// object storage; true once the timeline is deleted. A deletion takes
+    /// it exclusively before it lists and deletes the offloaded objects,
+    /// so no upload in flight lands after them.
+    uploads: tokio::sync::RwLock<bool>,
 }
 
 /// Holds a proposer connection's place in its timeline's list.
@@ -202,6 +207,7 @@ impl Timeline {
             fences: Mutex::new(BTreeMap::new()),
             decoded: Mutex::new(Vec::new()),
             clock,
+            uploads: tokio::sync::RwLock::new(false),
         }))
     }
 
@@ -277,6 +283,18 @@ impl Timeline {
 
     /// Closes every proposer connection (after a membership change): each
     /// proposer reconnects and is told the new configuration in the greeting.
+    /// Leave to write this timeline's objects: `None` once it is deleted.
+    /// Held while writing, it keeps a deletion waiting.
+    pub async fn upload_leave(&self) -> Option<tokio::sync::RwLockReadGuard<'_, bool>> {
+        let guard = self.uploads.read().await;
+        (!*guard).then_some(guard)
+    }
+
+    /// Waits for the writes to object storage in flight, and allows no more.
+    pub async fn stop_uploads(&self) {
+        *self.uploads.write().await = true;
+    }
+
     pub fn disconnect_proposers(&self) -> usize {
         let proposers = self.proposers.lock();
         for (_, socket) in proposers.iter() {

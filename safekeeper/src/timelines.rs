@@ -209,4 +209,26 @@ mod tests {
         assert!(tenant_dir.is_dir());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A deletion waits for the upload round in flight, and no round
+    /// begins after it: no offloaded object lands after the deletion
+    /// listed them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deletion_waits_for_the_upload_in_flight_and_stops_the_next() {
+        let dir = strata_test_support::scratch_dir("sk-timelines-uploads");
+        let clock: Arc<dyn Clock> = Arc::new(strata_service::clock::SystemClock);
+        let timelines = Timelines::load(NodeId(1), dir.clone(), true, clock).unwrap();
+        let (tl, _) = timelines.create(&identity(1, 1), Lsn(1 << 20)).unwrap();
+        let leave = tl.upload_leave().await.expect("a live timeline may upload");
+        let stopping = {
+            let tl = tl.clone();
+            tokio::spawn(async move { tl.stop_uploads().await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!stopping.is_finished(), "the deletion waits while a round writes");
+        drop(leave);
+        tokio::time::timeout(std::time::Duration::from_secs(10), stopping).await.unwrap().unwrap();
+        assert!(tl.upload_leave().await.is_none(), "no round after the deletion");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -110,6 +110,9 @@ impl Offloader {
             if !self.views.settled(&self.peers) || tl.failure().is_some() {
                 continue;
             }
+            // A deleted timeline writes nothing more (its deletion waits
+            // for this round to end before it deletes the objects).
+            let Some(_leave) = tl.upload_leave().await else { return };
             match self.offload_timeline(tl, &mut state).await {
                 Ok(()) => state.last_error = None,
                 Err(e) => {
