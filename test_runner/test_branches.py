@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -493,17 +494,14 @@ def rss_mib(pid: int) -> float:
 
 def test_branch_churn_under_load_leaves_no_memory_behind(cluster_factory):
     """Branches made, read and deleted one after another under pgbench RW:
-    nothing of a deleted branch stays in the pageserver. Its highest RSS
-    over the last 12 branches is within one in-memory layer
-    (`checkpoint_distance`) of its highest over the 12 before, where a
+    nothing of a deleted branch stays in the pageserver. Its median RSS
+    after a branch over the last 12 branches is within one in-memory layer
+    (`checkpoint_distance`) of its median over the 12 before, where a
     leak of the size once reported (25 MiB a branch) would add 300 MiB;
     the long run is `bench/memory_soak.py`."""
     distance = 8 << 20
     cluster = cluster_factory(start=False)
-    # The layers' index cache is bounded (128 MiB by default) and fills as
-    # layers pile up, faster on a loaded machine where compaction lags: kept
-    # small here, so that what it may still add stays within the margin.
-    cluster.configure("pageserver", {"checkpoint_distance": distance, "layer_index_cache_bytes": 4 << 20})
+    cluster.configure("pageserver", {"checkpoint_distance": distance})
     cluster.start()
     main = Endpoint(cluster, "main-ep")
     main.start()
@@ -521,21 +519,24 @@ def test_branch_churn_under_load_leaves_no_memory_behind(cluster_factory):
     for n in range(6):
         churn(n)
     pid = cluster.pid("pageserver")
-    # The highest RSS over each of two windows of 12 branches: in-memory
-    # layers and caches fill and empty in both alike, while anything a
-    # branch left behind would pile up from the first window to the second.
-    windows = []
-    for w in range(2):
-        highest = 0.0
-        for n in range(6 + 12 * w, 18 + 12 * w):
-            churn(n)
-            highest = max(highest, rss_mib(pid))
-        windows.append(highest)
+    # The median RSS after a branch over each of two windows of 12.
+    # In-memory layers, reconstructions and ingest fill and empty in both
+    # windows alike: the RSS after a branch ranges over 20 MiB and more,
+    # so a window's highest or lowest is one outlier (a CI run's highest
+    # rose by 26 MiB with no leak). Anything a branch left behind raises
+    # every later value, the median too.
+    series = []
+    for n in range(6, 30):
+        churn(n)
+        series.append(round(rss_mib(pid), 1))
+    windows = [statistics.median(series[:12]), statistics.median(series[12:])]
     bench.stop()
     assert bench.restarts() <= 1, bench.runs
-    print(f"\npageserver RSS, highest over branches 7-18 and 19-30: {windows[0]:.0f} and {windows[1]:.0f} MiB")
-    # A bounded structure filling late may add up to one in-memory layer.
-    assert windows[1] - windows[0] <= distance / (1 << 20) + 8, windows
+    print(f"\npageserver RSS, median over branches 7-18 and 19-30: {windows[0]:.0f} and {windows[1]:.0f} MiB; "
+          f"after each: {series}")
+    # A bounded structure filling late may add up to one in-memory layer;
+    # 1.5 MiB left by each branch would pass that.
+    assert windows[1] - windows[0] <= distance / (1 << 20) + 8, (windows, series)
     # Every deleted branch is gone from the pageserver: main alone is left.
     metrics = http_text(cluster.http_url("pageserver", "/metrics"))
     counts = re.findall(r'^strata_pageserver_timelines\{state="\w+"\} (\S+)$', metrics, re.M)
