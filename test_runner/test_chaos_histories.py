@@ -151,13 +151,11 @@ def test_histories_hold_under_random_faults_across_two_sites(store, cluster_fact
     assert made & set(SITE_KINDS), f"no fault of the sites was made: {made}"
 
 
-def test_histories_hold_across_a_site_failover_and_rejoin(cluster_factory, tmp_path):
-    """Under `stretched`, the workloads run on a writer in dc1 and a replica
-    in dc2; at 12 s dc1 is lost whole and `strata site promote dc2` moves
-    the writer there (the workloads follow it, and a new replica of it in
-    dc2); at 30 s dc1 is back and rejoins. Nothing acknowledged is lost,
-    and nothing forbidden shows across the move."""
-    cluster = cluster_factory(init_args=("--sites", "2", "--site-latency-ms", "4", "--placement", "stretched"))
+def site_failover(cluster_factory, tmp_path, placement: str):
+    """A writer in dc1 and a replica in dc2 under `placement`, the workloads
+    of seed 2 with `SiteFailover` (dc1 lost at 12 s, back at 30 s); the
+    outcome and the nemesis (its reports), once no fault failed."""
+    cluster = cluster_factory(init_args=("--sites", "2", "--site-latency-ms", "4", "--placement", placement))
     writer = start_endpoint(cluster)
     replica = Endpoint(cluster, "r1")
     replica.start("--replica-of", "ep", "--site", "dc2")
@@ -165,6 +163,16 @@ def test_histories_hold_across_a_site_failover_and_rejoin(cluster_factory, tmp_p
     outcome = run_workloads(writer, replica, "r1", nemesis, seed=2, seconds=SECONDS, out_dir=tmp_path / "chaos")
     print(f"\n{outcome.level}: ops {outcome.ops}\n  " + "\n  ".join(nemesis.reports))
     assert not outcome.nemesis_errors, outcome.nemesis_errors
+    return outcome, nemesis
+
+
+def test_histories_hold_across_a_site_failover_and_rejoin(cluster_factory, tmp_path):
+    """Under `stretched`, the workloads run on a writer in dc1 and a replica
+    in dc2; at 12 s dc1 is lost whole and `strata site promote dc2` moves
+    the writer there (the workloads follow it, and a new replica of it in
+    dc2); at 30 s dc1 is back and rejoins. Nothing acknowledged is lost,
+    and nothing forbidden shows across the move."""
+    outcome, nemesis = site_failover(cluster_factory, tmp_path, "stretched")
     assert [f["what"] for f in outcome.faults] == ["begin", "end"], outcome.faults
     assert any("nothing lost" in r for r in nemesis.reports), nemesis.reports
     assert outcome.forbidden() == {}, outcome.examples
@@ -181,14 +189,7 @@ def test_a_site_failover_under_local_quorum_loses_only_what_it_reports(cluster_f
     are no more such transactions than the report counts, nothing
     acknowledged after it is missing, and every bank read kept its total
     (a transfer is one transaction: any prefix of the WAL keeps it)."""
-    cluster = cluster_factory(init_args=("--sites", "2", "--site-latency-ms", "4", "--placement", "local-quorum"))
-    writer = start_endpoint(cluster)
-    replica = Endpoint(cluster, "r1")
-    replica.start("--replica-of", "ep", "--site", "dc2")
-    nemesis = SiteFailover(cluster, {"ep": writer, "r1": replica}, lose_at=12, back_at=30)
-    outcome = run_workloads(writer, replica, "r1", nemesis, seed=2, seconds=SECONDS, out_dir=tmp_path / "chaos")
-    print(f"\n{outcome.level}: ops {outcome.ops}\n  " + "\n  ".join(nemesis.reports))
-    assert not outcome.nemesis_errors, outcome.nemesis_errors
+    outcome, nemesis = site_failover(cluster_factory, tmp_path, "local-quorum")
     promoted = nemesis._t0 + next(f["t"] for f in outcome.faults if f["what"] == "begin")
     counts = [re.search(r"(\d+) transactions acknowledged by dc1 and never received", r) for r in nemesis.reports]
     reported = [int(m[1]) for m in counts if m]
