@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 
 # iproute2: the network namespaces of the tests across hosts (test_runner/fixtures/netns.py);
 # nftables and faketime: the partitions between those hosts and their clock steps in the chaos runs.
-need_packages "${BASE_PACKAGES[@]}" python3-venv curl iproute2 nftables faketime
+# chromium (and openssl, for its certificate pin): the browser the console's tests drive through Playwright.
+need_packages "${BASE_PACKAGES[@]}" python3-venv curl iproute2 nftables faketime chromium openssl
 need_cargo
 # CI checks formatting and lints too.
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then

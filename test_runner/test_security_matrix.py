@@ -25,8 +25,14 @@ ROUTERS = {
     "node": REPO_ROOT / "control_plane" / "src" / "node.rs",
     "link-proxy": REPO_ROOT / "link_proxy" / "src" / "http.rs",
     "proxy": REPO_ROOT / "proxy" / "src" / "http.rs",
+    "console": REPO_ROOT / "console" / "src" / "web.rs",
 }
-NEEDS = {"Management": "management", "Placement": "placement", "Service": "service", "Tenant": "tenant"}
+# The console's groups need a session (of any role, an operator's or an
+# admin's) or nothing (its files and the login): `docs/console.md`.
+NEEDS = {
+    "Management": "management", "Placement": "placement", "Service": "service", "Tenant": "tenant",
+    "Public": "public", "Session": "session", "Operator": "operator", "Admin": "admin",
+}
 GROUP = re.compile(r"let\s+(?P<name>\w+)\s*=\s*(?:axum::)?Router::new\(\)")
 GUARD = re.compile(r"guard\(\s*(?P<name>\w+)\s*,[^,]+,\s*Need::(?P<need>\w+)\s*\)")
 MATRIX_ROW = re.compile(r"^\|\s*(?P<router>[\w-]+)\s*\|\s*`(?P<method>[A-Z]+)`\s*\|\s*`(?P<path>[^`]+)`\s*\|\s*(?P<need>\w+)\s*\|$")

@@ -2,6 +2,7 @@
 
 mod cluster;
 mod compute;
+mod console;
 mod limits;
 mod logging;
 mod out;
@@ -91,6 +92,8 @@ enum Command {
     /// Timelines of the local cluster's branches: checkpoint.
     #[command(subcommand)]
     Timeline(cluster::TimelineCommand),
+    /// The cluster as a web page over HTTPS (`docs/console.md`), and its users.
+    Console(console::ConsoleArgs),
     /// Tokens of the local cluster (`docs/security.md`).
     #[command(subcommand)]
     Auth(cluster::AuthCommand),
@@ -239,6 +242,7 @@ fn main() {
         Command::Branch(cmd) => cluster::branch(cmd),
         Command::Tenant(cmd) => cluster::tenant(cmd),
         Command::Auth(cmd) => cluster::auth(cmd),
+        Command::Console(args) => console::run(args),
         Command::Supervise(args) => supervise::run(args),
         Command::Node(args) => cluster::node(args),
     };

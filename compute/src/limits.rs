@@ -16,6 +16,11 @@ use strata_protocol::safekeeper::codec::MAX_FRAME_SIZE;
 /// before it is sent on its own. Only the WAL's consumers (which read
 /// committed WAL) wait for it; PostgreSQL's commits do not.
 pub const COMMIT_UPDATE_DELAY: Duration = Duration::from_millis(2);
+
+/// Batches of received WAL whose wait for an acknowledgement is timed at
+/// once (the commit latency the console graphs); more waiting batches are
+/// timed with the next one.
+pub const ACK_WAITS: usize = 1024;
 /// Longest the proposer waits for a quorum of safekeepers: to elect it,
 /// and in sync-safekeepers to hold and commit the WAL up to the epoch start.
 pub const QUORUM_WAIT: Duration = Duration::from_secs(600);
@@ -231,6 +236,10 @@ pub const MAX_END_SAMPLES: usize = 8192;
 /// How often an agent with `suspend_after_secs` counts its PostgreSQL's
 /// clients: a suspension comes at most this long after the idle period.
 pub const IDLE_POLL: Duration = Duration::from_secs(1);
+
+/// How often the agent reads PostgreSQL's transaction and connection
+/// counts for its metrics (the console's graphs sample every 10 s).
+pub const ACTIVITY_POLL: Duration = Duration::from_secs(5);
 /// Bound on one count of the clients (an answer that does not come counts
 /// as not idle).
 pub const IDLE_QUERY_TIMEOUT: Duration = Duration::from_secs(5);

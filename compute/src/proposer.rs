@@ -34,8 +34,8 @@ use strata_protocol::{NodeId, Token};
 
 use crate::clock::SharedClock;
 use crate::limits::{
-    LAGGING_CHECK_INTERVAL, LAST_COMMIT_DELIVERY, LINK_COMMANDS_CAPACITY, LINK_EVENTS_CAPACITY, POSITION_RETRY,
-    QUORUM_WAIT, STATUS_REPORT_INTERVAL,
+    ACK_WAITS, LAGGING_CHECK_INTERVAL, LAST_COMMIT_DELIVERY, LINK_COMMANDS_CAPACITY, LINK_EVENTS_CAPACITY,
+    POSITION_RETRY, QUORUM_WAIT, STATUS_REPORT_INTERVAL,
 };
 use crate::pg_replication::{ReplicationConfig, ReplicationConnection, ReplicationEvent, ReplicationStream};
 use crate::safekeeper_link::{run_link, LinkCommand, LinkEvent, Target};
@@ -224,6 +224,11 @@ struct Core {
     streaming: bool,
     /// Asynchronous links dropped for lagging past `max_async_lag`.
     async_dropped: u64,
+    /// Ends of batches of received WAL not yet acknowledged, with when they
+    /// arrived (at most [`ACK_WAITS`]: past that a batch is timed with the next).
+    ack_waits: VecDeque<(Lsn, Instant)>,
+    acks: u64,
+    ack_wait: Duration,
     /// The link tasks, aborted with the core: a dropped proposer keeps no
     /// safekeeper connection (or reconnection attempt) behind.
     link_tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -262,6 +267,9 @@ impl Core {
             throttled_since: None,
             streaming: false,
             async_dropped: 0,
+            ack_waits: VecDeque::new(),
+            acks: 0,
+            ack_wait: Duration::ZERO,
             link_tasks: Vec::new(),
         };
         let configured = core.cfg.safekeepers.iter().map(|a| (None, a.clone())).collect();
@@ -415,7 +423,17 @@ impl Core {
                 })
                 .collect(),
             async_dropped: self.async_dropped,
+            acks: self.acks,
+            ack_wait_seconds: self.ack_wait.as_secs_f64(),
         });
+    }
+
+    /// Notes that PostgreSQL's WAL up to `end` arrived now.
+    fn received(&mut self, end: Lsn) {
+        if self.ack_waits.back().is_some_and(|(lsn, _)| *lsn >= end) || self.ack_waits.len() >= ACK_WAITS {
+            return;
+        }
+        self.ack_waits.push_back((end, self.cfg.clock.now()));
     }
 
     /// Handles one link event; returns an error if this proposer must stop.
@@ -697,6 +715,12 @@ impl Core {
             _ => {}
         }
         self.acknowledged_lsn = ack;
+        while let Some(&(end, at)) = self.ack_waits.front().filter(|(end, _)| *end <= ack) {
+            debug_assert!(end <= ack);
+            self.ack_waits.pop_front();
+            self.acks += 1;
+            self.ack_wait += self.cfg.clock.since(at);
+        }
         ack
     }
 
@@ -1118,6 +1142,8 @@ async fn run_inner(
                                 Err(e) => return Err(ProposerError::Wal(e.to_string())),
                             }
                         }
+                        let end = b.complete_end;
+                        core.received(end);
                     }
                     ReplicationEvent::Keepalive { reply_requested, .. } => {
                         if reply_requested {

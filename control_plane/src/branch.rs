@@ -86,7 +86,6 @@ pub fn create(
     point: BranchPoint<'_>,
     progress: &mut dyn Progress,
 ) -> Result<BranchCreated> {
-    let BranchPoint { at, at_time } = point;
     check_name(name)?;
     let t = wd.cluster.tenant_named(tenant)?;
     if t.branch(name).is_some() {
@@ -97,6 +96,48 @@ pub fn create(
     let Some(parent) = t.branch(parent_name).cloned() else {
         return failed(format!("no branch named {parent_name:?} (branches: {})", t.branch_names()));
     };
+    let made = new_timeline(wd, t, &parent, point).map_err(|e| match e {
+        Error::Failed(m) => Error::Failed(format!("branch {name}: {m}")),
+        usage => usage,
+    })?;
+    let NewTimeline { timeline_id, start, ref point_time } = made;
+    update_cluster(&wd.root, |cluster| {
+        let t = cluster.tenant_mut(tenant).ok_or_else(|| Error::Failed(format!("tenant {tenant} was deleted")))?;
+        t.branches.push(Branch {
+            name: name.to_string(),
+            timeline_id,
+            parent: Some(parent_name.to_string()),
+            ancestor_lsn: Some(start),
+            // A branch's WAL is placed as its parent's.
+            placement: parent.placement.clone(),
+            divergent: None,
+            // And its major (an upgraded branch's children are of its major).
+            pg_version: parent.pg_version,
+            created_at: Some(crate::supervisor_state::unix_now()),
+            point_time: point_time.clone(),
+        });
+        Ok(())
+    })?;
+    // Its WAL timeline on every running safekeeper (the others get it at `strata start`).
+    let wd = Workdir::open(&wd.root)?;
+    services::ensure_tenant(&wd, wd.cluster.tenant_named(tenant)?, progress)?;
+    Ok(BranchCreated { name: name.into(), timeline: timeline_id, parent: parent_name.into(), start })
+}
+
+/// A timeline made on the pageservers as a branch of `parent` (not yet in
+/// `cluster.toml` nor on the safekeepers).
+struct NewTimeline {
+    timeline_id: TimelineId,
+    /// Where it begins in its parent.
+    start: Lsn,
+    /// The time it was asked for, normalized, when it was made at a time.
+    point_time: Option<String>,
+}
+
+/// Makes a new timeline of `parent` on the pageservers of every shard, at
+/// `point` (its newest commit when the point names nothing).
+fn new_timeline(wd: &Workdir, t: &Tenant, parent: &Branch, point: BranchPoint<'_>) -> Result<NewTimeline> {
+    let BranchPoint { at, at_time } = point;
     let ps = super::controller::attached(wd, t.home())?;
     if !services::is_up(wd, ps) {
         return failed(format!("{} is not running (start it with `strata start`)", ps.name));
@@ -108,27 +149,32 @@ pub fn create(
         ancestor_lsn: None,
         ancestor_time: None,
     };
+    let mut point_time = None;
     match (at, at_time) {
         (Some(_), Some(_)) => return Err(Error::Usage("give --at or --at-time, not both".into())),
         (Some(lsn), None) => {
             let lsn: Lsn = lsn.parse().map_err(|e| Error::Usage(format!("--at {lsn:?}: {e}")))?;
             // Said at once rather than after the pageserver's wait for it.
-            if let Some(newest) = newest_commit(wd, t, &parent)?.filter(|n| lsn > *n) {
-                return failed(format!("{lsn} is in the future: the newest commit of {parent_name} is {newest}"));
+            if let Some(newest) = newest_commit(wd, t, parent)?.filter(|n| lsn > *n) {
+                return failed(format!("{lsn} is in the future: the newest commit of {} is {newest}", parent.name));
             }
             body.ancestor_lsn = Some(lsn);
         }
-        (None, Some(t)) => body.ancestor_time = Some(super::options::parse_time(t, "--at-time")?),
+        (None, Some(time)) => {
+            let time = super::options::parse_time(time, "--at-time")?;
+            body.ancestor_time = Some(time.clone());
+            point_time = Some(time);
+        }
         // The parent's newest commit: what its safekeepers hold committed
         // (the pageserver waits until it has ingested it).
         (None, None) => {
-            body.ancestor_lsn = newest_commit(wd, t, &parent)?;
+            body.ancestor_lsn = newest_commit(wd, t, parent)?;
         }
     }
     let url = format!("{}/v1/tenant/{}/timeline", ps.http_url(), t.home());
     let r = http::post(&url, &body, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
     if r.status != 201 {
-        return failed(format!("branch {name}: {} (HTTP {})", r.error_text(), r.status));
+        return failed(format!("{}: {} (HTTP {})", ps.name, r.error_text(), r.status));
     }
     let start = r
         .json::<pageserver::TimelineStatus>()
@@ -143,34 +189,11 @@ pub fn create(
         let r =
             http::post(&url, &body, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
         if r.status != 201 {
-            return failed(format!(
-                "branch {name}, shard {shard} on {}: {} (HTTP {})",
-                ps.name,
-                r.error_text(),
-                r.status
-            ));
+            return failed(format!("shard {shard} on {}: {} (HTTP {})", ps.name, r.error_text(), r.status));
         }
     }
 
-    update_cluster(&wd.root, |cluster| {
-        let t = cluster.tenant_mut(tenant).ok_or_else(|| Error::Failed(format!("tenant {tenant} was deleted")))?;
-        t.branches.push(Branch {
-            name: name.to_string(),
-            timeline_id,
-            parent: Some(parent_name.to_string()),
-            ancestor_lsn: Some(start),
-            // A branch's WAL is placed as its parent's.
-            placement: parent.placement.clone(),
-            divergent: None,
-            // And its major (an upgraded branch's children are of its major).
-            pg_version: parent.pg_version,
-        });
-        Ok(())
-    })?;
-    // Its WAL timeline on every running safekeeper (the others get it at `strata start`).
-    let wd = Workdir::open(&wd.root)?;
-    services::ensure_tenant(&wd, wd.cluster.tenant_named(tenant)?, progress)?;
-    Ok(BranchCreated { name: name.into(), timeline: timeline_id, parent: parent_name.into(), start })
+    Ok(NewTimeline { timeline_id, start, point_time })
 }
 
 /// A branch `strata branch delete` deleted: `branch dev: deleted (timeline T)`.
@@ -231,34 +254,7 @@ pub fn delete(
         endpoint::remove(wd, &ep.file, progress)?;
         progress.tell(EndpointEvent::Removed { endpoint: ep.file.name.clone() });
     }
-    let tenant_id = t.tenant_id;
-    for shard in t.shard_ids() {
-        let ps = super::controller::attached(wd, shard)?;
-        let url = format!("{}/v1/tenant/{shard}/timeline/{}", ps.http_url(), b.timeline_id);
-        let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
-        if r.status != 200 && r.status != 404 {
-            return failed(format!(
-                "{}: deleting timeline {} of {shard}: {} (HTTP {})",
-                ps.name,
-                b.timeline_id,
-                r.error_text(),
-                r.status
-            ));
-        }
-    }
-    for sk in wd.cluster.of_kind(Kind::Safekeeper) {
-        let url = format!("{}/v1/tenant/{tenant_id}/timeline/{}", sk.http_url(), b.timeline_id);
-        let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
-        if r.status != 200 && r.status != 404 {
-            return failed(format!(
-                "{}: deleting timeline {}: {} (HTTP {})",
-                sk.name,
-                b.timeline_id,
-                r.error_text(),
-                r.status
-            ));
-        }
-    }
+    delete_timeline(wd, t, b.timeline_id)?;
     update_cluster(&wd.root, |cluster| {
         if let Some(t) = cluster.tenant_mut(tenant) {
             t.branches.retain(|x| x.name != name);
@@ -266,6 +262,151 @@ pub fn delete(
         Ok(())
     })?;
     Ok(BranchDeleted { name: name.into(), timeline: b.timeline_id })
+}
+
+/// Deletes a timeline's data from the pageservers of every shard and from
+/// every safekeeper (one that does not have it is fine).
+fn delete_timeline(wd: &Workdir, t: &Tenant, timeline: TimelineId) -> Result<()> {
+    let tenant_id = t.tenant_id;
+    for shard in t.shard_ids() {
+        let ps = super::controller::attached(wd, shard)?;
+        let url = format!("{}/v1/tenant/{shard}/timeline/{}", ps.http_url(), timeline);
+        let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", ps.name)))?;
+        if r.status != 200 && r.status != 404 {
+            return failed(format!(
+                "{}: deleting timeline {} of {shard}: {} (HTTP {})",
+                ps.name,
+                timeline,
+                r.error_text(),
+                r.status
+            ));
+        }
+    }
+    for sk in wd.cluster.of_kind(Kind::Safekeeper) {
+        let url = format!("{}/v1/tenant/{tenant_id}/timeline/{}", sk.http_url(), timeline);
+        let r = http::delete(&url, BRANCH_CREATE_TIMEOUT).map_err(|e| Error::Failed(format!("{}: {e}", sk.name)))?;
+        if r.status != 200 && r.status != 404 {
+            return failed(format!(
+                "{}: deleting timeline {}: {} (HTTP {})",
+                sk.name,
+                timeline,
+                r.error_text(),
+                r.status
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What `strata branch reset` did: `branch dev: reset to main at L
+/// (timeline T, was U); endpoints restarted: …`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BranchReset {
+    pub name: String,
+    pub parent: String,
+    pub start: Lsn,
+    pub timeline: TimelineId,
+    pub old_timeline: TimelineId,
+    pub restarted: Vec<String>,
+}
+
+impl std::fmt::Display for BranchReset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let BranchReset { name, parent, start, timeline, old_timeline, restarted } = self;
+        write!(f, "branch {name}: reset to {parent} at {start} (timeline {timeline}, was {old_timeline})")?;
+        if !restarted.is_empty() {
+            write!(f, "; endpoints restarted: {}", restarted.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// `strata branch reset NAME`: the branch becomes a fresh copy of its
+/// parent's newest commit, under its name, with its settings and its
+/// endpoints: a new timeline of the parent takes its place, its endpoints
+/// (writer and replicas) start again on it, and its old timeline is deleted
+/// everywhere. Refused for a first branch, a divergent one, a branch with
+/// branches (they begin in its old history) and one with a read-only
+/// endpoint (pinned to an LSN of that history); every service must run,
+/// since every one deletes the old timeline.
+pub fn reset(wd: &Workdir, tenant: &str, name: &str, progress: &mut dyn Progress) -> Result<BranchReset> {
+    let t = wd.cluster.tenant_named(tenant)?;
+    let Some(b) = t.branch(name).cloned() else {
+        return failed(format!("no branch named {name:?} (branches: {})", t.branch_names()));
+    };
+    let Some(parent_name) = b.parent.clone() else {
+        return failed(format!("{name} is the tenant's first branch: it has no parent to reset to"));
+    };
+    if b.divergent.is_some() {
+        return failed(format!("{name} is a divergent history a site failover left: it is kept as it is"));
+    }
+    let parent = t
+        .branch(&parent_name)
+        .cloned()
+        .ok_or_else(|| Error::Failed(format!("the parent {parent_name} of {name} is not in cluster.toml")))?;
+    let children: Vec<&str> =
+        t.branches.iter().filter(|c| c.parent.as_deref() == Some(name)).map(|c| c.name.as_str()).collect();
+    if !children.is_empty() {
+        return failed(format!(
+            "branch {name} has branches ({}), which begin in the history a reset deletes; delete them first",
+            children.join(", ")
+        ));
+    }
+    super::split::refuse_while_open(wd, t, "reset the branch")?;
+    let on: Vec<endpoint::EndpointRecord> =
+        endpoint::inventory(wd)?.into_iter().filter(|e| e.file.tenant == tenant && e.file.branch == name).collect();
+    if let Some(ro) = on.iter().find(|e| e.file.read_only_at.is_some()) {
+        return failed(format!(
+            "endpoint {} reads branch {name} at {}, in the history a reset deletes; remove it first",
+            ro.file.name,
+            ro.file.read_only_at.unwrap_or_default()
+        ));
+    }
+    if let Some(s) = wd.cluster.services.iter().find(|s| !services::is_up(wd, s)) {
+        return failed(format!(
+            "{} is not running: every service deletes the branch's old data (start it first)",
+            s.name
+        ));
+    }
+    // The writer first, then its replicas: each starts again in that order.
+    let mut running: Vec<&endpoint::EndpointRecord> = on.iter().filter(|e| e.state == "running").collect();
+    running.sort_by_key(|e| !e.file.is_writer());
+    for ep in &running {
+        endpoint::stop(wd, &ep.file.name, false, progress)?;
+    }
+    let made = new_timeline(wd, t, &parent, BranchPoint::default())
+        .map_err(|e| Error::Failed(format!("branch {name}: a new timeline of {parent_name}: {e}")))?;
+    update_cluster(&wd.root, |cluster| {
+        let t = cluster.tenant_mut(tenant).ok_or_else(|| Error::Failed(format!("tenant {tenant} was deleted")))?;
+        let entry = t
+            .branches
+            .iter_mut()
+            .find(|x| x.name == name)
+            .ok_or_else(|| Error::Failed(format!("branch {name} was deleted")))?;
+        entry.timeline_id = made.timeline_id;
+        entry.ancestor_lsn = Some(made.start);
+        entry.created_at = Some(crate::supervisor_state::unix_now());
+        entry.point_time = None;
+        Ok(())
+    })?;
+    let wd = Workdir::open(&wd.root)?;
+    let t = wd.cluster.tenant_named(tenant)?;
+    services::ensure_tenant(&wd, t, progress)?;
+    delete_timeline(&wd, t, b.timeline_id)?;
+    let mut restarted = Vec::new();
+    for ep in running {
+        let how = endpoint::StartOptions { tenant: Some(tenant), ..Default::default() };
+        endpoint::start(&wd, &ep.file.name, &how, &Default::default(), progress)?;
+        restarted.push(ep.file.name.clone());
+    }
+    Ok(BranchReset {
+        name: name.into(),
+        parent: parent_name,
+        start: made.start,
+        timeline: made.timeline_id,
+        old_timeline: b.timeline_id,
+        restarted,
+    })
 }
 
 /// One branch as `branch list` shows it.

@@ -83,6 +83,12 @@ fn issue_names(root: &Path, names: &[String]) -> Result<(String, String)> {
     tls::issue(&ca_key, names).map_err(failed)
 }
 
+/// A certificate and key (PEM) of the cluster's CA for `names`: the
+/// console's (`strata console`), which serves the operator's browser.
+pub fn issue_names_of(root: &Path, names: &[String]) -> Result<(String, String)> {
+    issue_names(root, names)
+}
+
 /// The proxy's certificate and key files (`tls.pem`, `tls.key`) in its
 /// service's directory: an operator may put a certificate of their own
 /// there (or name other files in `proxy.toml`).

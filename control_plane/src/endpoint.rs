@@ -1389,6 +1389,49 @@ pub fn stop(wd: &Workdir, name: &str, immediate: bool, progress: &mut dyn Progre
     Ok(())
 }
 
+/// `strata endpoint suspend NAME`: puts a running endpoint of this
+/// machine to sleep now, as its idle period would (`docs/compute.md`,
+/// "Suspend"): the marker first, so that a crash midway leaves it to be
+/// woken, then a clean stop (its last WAL reaches the safekeepers), then
+/// the marker of a finished suspension. The next `endpoint start`, or a
+/// client's connection through the proxy, wakes it.
+pub fn suspend(wd: &Workdir, name: &str, progress: &mut dyn Progress) -> Result<()> {
+    let Some(ep) = load(wd, name)? else {
+        return match inventory(wd)?.into_iter().find(|r| r.file.name == name) {
+            Some(r) => {
+                failed(format!("endpoint {name} runs on host {}: suspend it from there (or stop it)", r.file.host))
+            }
+            None => failed(format!("no endpoint named {name:?}")),
+        };
+    };
+    if ep.is_suspended() {
+        return failed(format!("endpoint {name} is suspended already"));
+    }
+    if !matches!(ep.supervised().liveness(), Liveness::Running { .. }) {
+        return failed(format!("endpoint {name} is not running: only a running endpoint is suspended"));
+    }
+    let decided_at = crate::supervisor_state::unix_now();
+    let mut marker =
+        suspend::Marker { phase: suspend::Phase::Suspending, idle_secs: 0, decided_at, suspended_at: None };
+    suspend::write_marker(&ep.suspend_marker(), &marker).map_err(|e| Error::Failed(format!("endpoint {name}: {e}")))?;
+    let report = match ep.supervised().stop(false) {
+        Ok(outcome) => {
+            StopReport { label: format!("endpoint {name}"), outcome, immediate: false, grace: ENDPOINT_STOP_GRACE }
+        }
+        Err(e) => {
+            // Not stopped: it runs on, awake.
+            let _ = suspend::clear_marker(&ep.suspend_marker());
+            return Err(e);
+        }
+    };
+    stop_orphan_postgres(&ep, false, progress)?;
+    marker.phase = suspend::Phase::Suspended;
+    marker.suspended_at = Some(crate::supervisor_state::unix_now());
+    suspend::write_marker(&ep.suspend_marker(), &marker).map_err(|e| Error::Failed(format!("endpoint {name}: {e}")))?;
+    progress.tell(report);
+    Ok(())
+}
+
 /// Stops an endpoint of this machine; how it went.
 pub fn stop_local(wd: &Workdir, name: &str, immediate: bool, progress: &mut dyn Progress) -> Result<StopReport> {
     let Some(ep) = load(wd, name)? else { return failed(format!("no endpoint named {name:?} here")) };

@@ -3,8 +3,8 @@
 //! CLI's management token, or the node's service token) and the cluster's
 //! CA, set once when the workdir is opened.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use strata_service::api_client::{self, ApiClient, ApiError};
 use strata_service::auth::Token;
@@ -36,19 +36,48 @@ impl Reply {
     }
 }
 
-/// The token every request of this process carries. A CLI process works
-/// on one cluster, so it is set once, when the workdir is opened.
-static TOKEN: OnceLock<Token> = OnceLock::new();
+/// The token every request of this process carries, and when it was
+/// minted if this process minted it. A process works on one cluster, so
+/// a token given is set once (the first wins); a minted one is minted
+/// again as it ages, for the processes that run for months and work as
+/// the CLI does (the proxy, the console).
+static TOKEN: RwLock<Option<(Token, Option<Instant>)>> = RwLock::new(None);
 
 /// Sends `token` with every later request (the first call wins).
 pub fn use_token(token: Token) {
-    let _ = TOKEN.set(token);
+    let mut slot = TOKEN.write().unwrap_or_else(|e| e.into_inner());
+    if slot.is_none() {
+        *slot = Some((token, None));
+    }
+}
+
+/// Sends a token `mint` makes with every later request, unless a token
+/// was given, or one it minted is younger than `renew_after`.
+pub fn use_minted_token(
+    renew_after: Duration,
+    mint: impl FnOnce() -> Result<Option<Token>, String>,
+) -> Result<(), String> {
+    let fresh = |slot: &Option<(Token, Option<Instant>)>| match slot {
+        None => false,
+        Some((_, None)) => true,
+        Some((_, Some(at))) => at.elapsed() < renew_after,
+    };
+    if fresh(&TOKEN.read().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(());
+    }
+    let mut slot = TOKEN.write().unwrap_or_else(|e| e.into_inner());
+    if !fresh(&slot) {
+        if let Some(token) = mint()? {
+            *slot = Some((token, Some(Instant::now())));
+        }
+    }
+    Ok(())
 }
 
 /// The token this process sends, for calls that are not HTTP (the
 /// safekeeper protocol).
 pub fn token() -> Option<Token> {
-    TOKEN.get().cloned()
+    TOKEN.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(t, _)| t.clone())
 }
 
 /// The TLS of every request of this process, set with the token.
@@ -75,7 +104,7 @@ pub fn scheme() -> &'static str {
 
 /// The client of one call: this process's trust and token, and `timeout`.
 fn client(timeout: Duration) -> ApiClient {
-    ApiClient::new(TLS.get(), TOKEN.get().cloned(), timeout)
+    ApiClient::new(TLS.get(), token(), timeout)
 }
 
 /// The answer as the callers read it: a JSON body, or its text as a string.

@@ -268,6 +268,8 @@ pub fn init(args: &InitOptions) -> Result<Initialised> {
                 placement: main_placement,
                 divergent: None,
                 pg_version: None,
+                created_at: Some(crate::supervisor_state::unix_now()),
+                point_time: None,
             }],
         }],
         services: out.services,

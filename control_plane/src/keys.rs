@@ -109,12 +109,14 @@ pub fn signer(root: &Path) -> Result<Option<Signer>> {
 }
 
 /// Makes every HTTP call of this process carry a fresh management token.
+/// A process that runs longer than the token (the proxy, the console)
+/// gets a new one at the first opening of the workdir past half its life.
 pub fn use_management_token(root: &Path) -> Result<()> {
-    if let Some(signer) = signer(root)? {
-        let token = signer.sign(&Claims::new(Scope::Management, None, Some(CLI_TOKEN_TTL)));
-        super::http::use_token(Token::new(token));
-    }
-    Ok(())
+    super::http::use_minted_token(CLI_TOKEN_TTL / 2, || {
+        let signer = signer(root).map_err(|e| e.to_string())?;
+        Ok(signer.map(|s| Token::new(s.sign(&Claims::new(Scope::Management, None, Some(CLI_TOKEN_TTL))))))
+    })
+    .map_err(Error::Failed)
 }
 
 /// How far a tenant token reaches within its tenant.

@@ -291,6 +291,14 @@ pub struct Branch {
     /// upgrade"), and the branches of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pg_version: Option<u32>,
+    /// When it was made, or last reset to its parent (Unix seconds);
+    /// absent for branches made before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<u64>,
+    /// The time it was made at (`--at-time`, RFC 3339), when it was made
+    /// at a time rather than at an LSN or its parent's newest commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub point_time: Option<String>,
 }
 
 /// Where a divergent branch's history parted from the branch that went on.

@@ -420,6 +420,8 @@ fn fork_in(
             placement: Some(home),
             divergent: None,
             pg_version: old.pg_version,
+            created_at: Some(crate::supervisor_state::unix_now()),
+            point_time: None,
         });
         progress.tell(SiteEvent::GoesOn {
             branch: loss.branch.clone(),

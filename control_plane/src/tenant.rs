@@ -126,6 +126,8 @@ pub fn create_with(
                         placement,
                         divergent: None,
                         pg_version: None,
+                        created_at: Some(crate::supervisor_state::unix_now()),
+                        point_time: None,
                     }],
                 });
                 Ok(())

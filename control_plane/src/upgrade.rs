@@ -108,6 +108,8 @@ pub fn upgrade(
             placement: b.placement.clone(),
             divergent: None,
             pg_version: Some(to),
+            created_at: Some(crate::supervisor_state::unix_now()),
+            point_time: None,
         });
         Ok(())
     })?;

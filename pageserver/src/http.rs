@@ -617,6 +617,7 @@ fn missing_timeline(tenants: &Tenants, t: TenantShardId, l: TimelineId) -> Respo
 }
 
 async fn timeline_status(
+    State(tenants): State<Arc<Tenants>>,
     TimelinePath(entry): TimelinePath,
     query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -624,6 +625,7 @@ async fn timeline_status(
         return error(StatusCode::BAD_REQUEST, "the only query parameter is logical_size=true|false".into());
     };
     let mut status = entry.status();
+    status.pitr_interval_secs = Some(tenants.conf.gc_policy().pitr_interval.as_secs());
     if query.logical_size {
         let tl = entry.tl.clone();
         let size = tokio::task::spawn_blocking(move || {

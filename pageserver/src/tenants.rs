@@ -1135,6 +1135,7 @@ impl TimelineEntry {
             logical_size: None,
             stripe_blocks: meta.stripe_blocks,
             foreign_layer_bytes: self.tl.remote().map_or(0, |r| r.foreign_bytes()),
+            pitr_interval_secs: None,
         }
     }
 }

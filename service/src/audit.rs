@@ -28,6 +28,10 @@ pub struct Identity {
     pub timeline_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jti: Option<String>,
+    /// A console user's name (`docs/console.md`), beside the scope a
+    /// session acts with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// One line of the log.
@@ -45,6 +49,10 @@ pub struct Event<'a> {
     /// Why it was refused (a refusal's metric label).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
+    /// What an operation that was allowed came to: its error, or what it
+    /// reported (outcomes `done` and `failed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<&'a str>,
     #[serde(flatten)]
     pub who: Identity,
 }
@@ -86,12 +94,31 @@ pub fn allowed(interface: &str, action: &str, who: Identity) {
     record(interface, action, "allowed", None, who);
 }
 
+/// Records what an allowed operation came to (`done` or `failed`, with
+/// `detail`), by `who`: for operations that run long after they were
+/// allowed (the console's actions).
+pub fn finished(interface: &str, action: &str, ok: bool, detail: &str, who: Identity) {
+    let outcome = if ok { "done" } else { "failed" };
+    write_event(interface, action, outcome, None, Some(detail), who);
+}
+
 fn record(interface: &str, action: &str, outcome: &'static str, reason: Option<&'static str>, who: Identity) {
+    write_event(interface, action, outcome, reason, None, who);
+}
+
+fn write_event(
+    interface: &str,
+    action: &str,
+    outcome: &'static str,
+    reason: Option<&'static str>,
+    detail: Option<&str>,
+    who: Identity,
+) {
     let Some(log) = LOG.get() else { return };
     let ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_millis() as f64 / 1000.0);
-    let event = Event { ts, service: &log.service, interface, action, outcome, reason, who };
+    let event = Event { ts, service: &log.service, interface, action, outcome, reason, detail, who };
     let mut line = serde_json::to_vec(&event).expect("an audit event serializes");
     line.push(b'\n');
     log.write(&line);
@@ -144,6 +171,7 @@ mod tests {
             tenant_id: Some("01".repeat(16)),
             timeline_id: None,
             jti: Some("00ff".into()),
+            user: None,
         };
         let event = Event {
             ts: 1.5,
@@ -152,6 +180,7 @@ mod tests {
             action: "PUT /v1/tenant/x/location",
             outcome: "refused",
             reason: Some("scope"),
+            detail: None,
             who,
         };
         let line = serde_json::to_string(&event).unwrap();

@@ -218,6 +218,7 @@ pub fn identity(claims: Option<&Claims>) -> crate::audit::Identity {
             tenant_id: c.tenant_id.map(|t| t.to_string()),
             timeline_id: c.timeline_id.map(|t| t.to_string()),
             jti: c.jti.clone(),
+            user: None,
         },
     }
 }

@@ -316,6 +316,13 @@ pub enum EndpointCommand {
         #[command(flatten)]
         workdir: WorkdirArgs,
     },
+    /// Suspend a running compute now, as its idle period would: it stops
+    /// cleanly and the next `endpoint start` or proxied connection wakes it.
+    Suspend {
+        name: String,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
     /// Stop a compute: PostgreSQL shuts down and its WAL reaches the safekeepers.
     Stop {
         name: String,
@@ -547,6 +554,17 @@ pub enum BranchCommand {
         /// The new branch's name (default: BRANCH-pgMAJOR).
         #[arg(long, value_name = "NAME")]
         name: Option<String>,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[command(flatten)]
+        workdir: WorkdirArgs,
+    },
+    /// Reset a branch to its parent's newest commit: it keeps its name,
+    /// settings and endpoints (which start again on it); its own changes
+    /// are deleted. Refused while a branch or a read-only endpoint depends
+    /// on its history.
+    Reset {
+        name: String,
         #[command(flatten)]
         tenant: TenantArg,
         #[command(flatten)]

@@ -187,6 +187,18 @@ pub fn branch(cmd: BranchCommand) -> i32 {
             })();
             exit_code("branch upgrade", result)
         }
+        BranchCommand::Reset { name, tenant, workdir } => {
+            let result = (|| {
+                workdir.plain("branch reset")?;
+                let wd = open(&workdir.workdir)?;
+                let _lock = lock(&wd)?;
+                let reset = branch::reset(&wd, tenant.name(), &name, &mut Printer);
+                publish(&wd)?;
+                outln!("{}", reset?);
+                Ok(())
+            })();
+            exit_code("branch reset", result)
+        }
         BranchCommand::Delete { name, force, tenant, workdir } => {
             let result = (|| {
                 workdir.plain("branch delete")?;
@@ -525,6 +537,18 @@ pub fn endpoint(cmd: EndpointCommand) -> i32 {
                 endpoint::promote(&wd, &name, &mut Printer)
             })();
             exit_code("endpoint promote", result)
+        }
+        EndpointCommand::Suspend { name, workdir } => {
+            let result = (|| {
+                workdir.plain("endpoint suspend")?;
+                let wd = open(&workdir.workdir)?;
+                endpoint::check_name(&name)?;
+                let _lock = lock(&wd)?;
+                endpoint::suspend(&wd, &name, &mut Printer)?;
+                outln!("endpoint {name}: suspended; `strata endpoint start {name}` or a connection through the proxy wakes it");
+                Ok(())
+            })();
+            exit_code("endpoint suspend", result)
         }
         EndpointCommand::Stop { name, workdir } => {
             let result = (|| {

@@ -18,6 +18,7 @@
 //! period, a compute without clients for that long suspends itself
 //! ([`suspend`]).
 
+mod activity;
 pub mod basebackup;
 mod config;
 pub mod config_file;
@@ -255,6 +256,7 @@ fn initial_status(cfg: &AgentConfig, pgdata: &Path) -> AgentStatus {
         replica: None,
         pageserver: None,
         token: None,
+        activity: None,
     }
 }
 
@@ -298,7 +300,15 @@ impl Stops {
             };
             tokio::spawn(watch.run(tx, decided.clone()))
         });
-        Stops { rx, tasks: [forward].into_iter().chain(idle).collect(), decided }
+        let activity = tokio::spawn(
+            activity::ActivityWatch {
+                status: status.clone(),
+                conn: socket_session(pgdata, cfg),
+                clock: cfg.clock.clone(),
+            }
+            .run(),
+        );
+        Stops { rx, tasks: [forward, activity].into_iter().chain(idle).collect(), decided }
     }
 
     /// Ends the tasks; the suspension that stopped the run, if one did.

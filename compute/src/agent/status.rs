@@ -180,6 +180,16 @@ pub fn register_proposer_metrics(registry: &mut Registry, s: &ProposerStatus) {
         "Times an asynchronous safekeeper was dropped for lagging past max_async_lag",
         ConstCounter::new(s.async_dropped),
     );
+    r.register(
+        "acks",
+        "Batches of PostgreSQL's WAL acknowledged as flushed once a quorum held them",
+        ConstCounter::new(s.acks),
+    );
+    r.register(
+        "ack_wait_seconds",
+        "Summed wait of those batches from arrival to acknowledgement (what commits wait on the safekeepers)",
+        ConstCounter::new(s.ack_wait_seconds),
+    );
 }
 
 /// The proposer's metrics in Prometheus text format.
@@ -250,6 +260,18 @@ pub fn render_metrics(agent: &AgentStatus, proposer: &ProposerStatus) -> String 
             "Last restart: from detecting the failure to running again",
             ConstGauge::new(restart.last_restart_downtime_seconds.unwrap_or(0.0)),
         );
+        if let Some(a) = &agent.activity {
+            r.register(
+                "transactions",
+                "PostgreSQL's commits and rollbacks since its server started (pg_stat_database, polled)",
+                ConstCounter::new(a.transactions),
+            );
+            r.register(
+                "client_connections",
+                "PostgreSQL's client connections, the agent's own excluded (polled)",
+                ConstGauge::new(a.client_connections as i64),
+            );
+        }
         if let Some(lazy) = &agent.lazy {
             r.register(
                 "lazy_blocks_fetched",
@@ -429,6 +451,7 @@ mod tests {
             replica: None,
             pageserver: None,
             token: None,
+            activity: None,
         }
     }
 

@@ -140,6 +140,20 @@ pub struct AgentStatus {
     /// renewals (`docs/security.md`, "Renewal"); null without one.
     #[serde(default)]
     pub token: Option<TokenStatus>,
+    /// PostgreSQL's activity as last polled while it runs: its transactions
+    /// (commits and rollbacks of every database since the server started)
+    /// and its client connections; null until a poll succeeded.
+    #[serde(default)]
+    pub activity: Option<Activity>,
+}
+
+/// PostgreSQL's activity at one poll (`pg_stat_database`, `pg_stat_activity`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Activity {
+    /// Commits and rollbacks since the server started (a new server starts again from 0).
+    pub transactions: u64,
+    /// Client backends, the agent's own sessions excluded.
+    pub client_connections: u64,
 }
 
 /// What the agent's token is now (never the token itself).
@@ -250,6 +264,14 @@ pub struct ProposerStatus {
     /// `max_async_lag` (`on_async_lag = "fall-behind"`).
     #[serde(default)]
     pub async_dropped: u64,
+    /// Acknowledgements of PostgreSQL's WAL: each the end of a batch of
+    /// records received, reported flushed once a quorum held it.
+    #[serde(default)]
+    pub acks: u64,
+    /// Their summed wait, from a batch's arrival to its acknowledgement
+    /// (what a commit waits on the safekeepers), in seconds.
+    #[serde(default)]
+    pub ack_wait_seconds: f64,
 }
 
 /// An asynchronous safekeeper as the proposer sees it.

@@ -139,6 +139,11 @@ pub struct TimelineStatus {
     /// them): `layer_bytes` less these is what the shard holds of its own.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub foreign_layer_bytes: u64,
+    /// How far back its history stays readable (the pageserver's
+    /// `pitr_interval`): GC keeps every version younger than this, besides
+    /// `retain_lsns` and `leases`. Absent from older pageservers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pitr_interval_secs: Option<u64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -194,6 +199,7 @@ impl TimelineStatus {
             logical_size: None,
             stripe_blocks: None,
             foreign_layer_bytes: 0,
+            pitr_interval_secs: None,
         }
     }
 }
