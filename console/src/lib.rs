@@ -25,8 +25,6 @@ use strata_control_plane::{certs, keys};
 use strata_service::start::{http_listener, serve_http, stop_signal, Security};
 use tracing::{info, warn};
 
-/// The console's audit log, in its directory.
-pub const AUDIT_FILE: &str = "audit.jsonl";
 /// Where it remembers its address.
 const CONFIG_FILE: &str = "console.toml";
 
@@ -112,7 +110,7 @@ pub fn serve(options: ConsoleOptions) -> Result<(), String> {
     users::create_private_dir(&dir)?;
     let addr = listen_address(&dir, options.listen)?;
     let tls = server_tls(&root, &dir, addr)?;
-    strata_service::audit::open(&dir.join(AUDIT_FILE), "console").map_err(|e| format!("the audit log: {e}"))?;
+    strata_service::audit::open(&dir.join(web::AUDIT_FILE), "console").map_err(|e| format!("the audit log: {e}"))?;
     if users::load(&root)?.is_empty() {
         info!("no console users yet: log in with a management token, or add one with `strata console user add`");
     }

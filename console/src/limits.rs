@@ -61,3 +61,12 @@ pub const MAX_CONNECTIONS: usize = 256;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lines of the audit log the audit view shows.
 pub const AUDIT_VIEW_LINES: usize = 200;
+
+// The sampler's interval divides the 5-minute slots, and an hour of it is
+// the hour's slots; a session's idle expiry is within its whole life.
+const _: () = assert!(DAY_SLOT_SECS.is_multiple_of(SAMPLE_INTERVAL.as_secs()));
+const _: () = assert!(HOUR_SLOTS * SAMPLE_INTERVAL.as_secs() == 3600 && DAY_SLOTS * DAY_SLOT_SECS == 86_400);
+const _: () = assert!(SESSION_IDLE.as_secs() < SESSION_MAX_AGE.as_secs());
+const _: () = assert!(SQL_DEFAULT_TIMEOUT.as_secs() <= SQL_MAX_TIMEOUT.as_secs() && SQL_MAX_ROWS > 0);
+const _: () = assert!(SCRAPE_TIMEOUT.as_secs() < SAMPLE_INTERVAL.as_secs());
+const _: () = assert!(MAX_LOGIN_FAILURES >= 3 && MIN_PASSWORD_LEN >= 12);

@@ -23,6 +23,9 @@ use crate::snapshot::Snapshots;
 use crate::users::{self, Role};
 use crate::{assets, sql};
 
+/// The console's audit log, in its directory.
+pub const AUDIT_FILE: &str = "audit.jsonl";
+
 /// What every handler shares.
 pub struct Console {
     pub root: PathBuf,
@@ -607,7 +610,7 @@ async fn run_sql(
 
 /// `GET /api/audit`: the newest entries of the console's audit log.
 async fn audit_view(State(c): State<Shared>) -> Answer<serde_json::Value> {
-    let path = c.root.join(users::CONSOLE_DIR).join(crate::AUDIT_FILE);
+    let path = c.root.join(users::CONSOLE_DIR).join(AUDIT_FILE);
     let entries = tokio::task::spawn_blocking(move || tail_lines(&path, crate::limits::AUDIT_VIEW_LINES))
         .await
         .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
