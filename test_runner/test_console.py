@@ -123,7 +123,7 @@ def test_an_operator_works_the_cluster_in_a_browser(cluster, console, tmp_path):
         page.get_by_test_id("endpoint-submit").click()
         ep_row = page.locator('[data-testid="endpoint-row"][data-name="ep1"]')
         expect(ep_row.get_by_test_id("endpoint-state")).to_have_text("running", timeout=180_000)
-        page.screenshot(path=str(shots / "tenant.png"), full_page=True)
+        shoot(page, shots / "tenant.png")
 
         # A query, its 120 rows paged.
         page.get_by_test_id("nav-sql").click()
@@ -139,14 +139,14 @@ def test_an_operator_works_the_cluster_in_a_browser(cluster, console, tmp_path):
         expect(page.get_by_test_id("sql-page-info").last).to_contain_text("120")
         page.get_by_test_id("sql-next").last.click()
         expect(results.last).to_contain_text("item 51")
-        page.screenshot(path=str(shots / "sql.png"), full_page=True)
+        shoot(page, shots / "sql.png")
 
         # It sleeps once idle; the next query wakes it through the proxy.
         page.get_by_test_id("nav-tenants").click()
         page.locator('[data-testid="tenant-row"][data-name="default"]').get_by_role("link").first.click()
         ep_row = page.locator('[data-testid="endpoint-row"][data-name="ep1"]')
         expect(ep_row.get_by_test_id("endpoint-state")).to_have_text("suspended", timeout=120_000)
-        page.screenshot(path=str(shots / "suspended.png"), full_page=True)
+        shoot(page, shots / "suspended.png")
         page.get_by_test_id("nav-sql").click()
         page.get_by_test_id("sql-tenant").select_option("default")
         page.get_by_test_id("sql-endpoint").select_option("ep1")
@@ -177,11 +177,11 @@ def test_an_operator_works_the_cluster_in_a_browser(cluster, console, tmp_path):
         page.get_by_test_id("nav-services").click()
         expect(page.get_by_test_id("services-view")).to_be_visible()
         expect(page.locator('[data-testid="service-row"][data-name="sk1"]')).to_be_visible()
-        page.screenshot(path=str(shots / "services.png"), full_page=True)
+        shoot(page, shots / "services.png")
         page.get_by_test_id("nav-graphs").click()
         expect(page.get_by_test_id("graphs-view")).to_be_visible()
         expect(page.locator('[data-testid="graph"][data-name="tps"]')).to_be_visible()
-        page.screenshot(path=str(shots / "graphs.png"), full_page=True)
+        shoot(page, shots / "graphs.png")
         browser.close()
 
     assert not problems, "\n".join(problems)
@@ -204,6 +204,18 @@ def test_an_operator_works_the_cluster_in_a_browser(cluster, console, tmp_path):
     actions = {e["action"].split(" ")[0] + " " + e["action"].split(" ")[1] for e in done}
     assert {"branch create", "endpoint start", "endpoint promote", "sql on"} <= actions, actions
     assert any(e.get("outcome") == "refused" and e.get("reason") == "bad_password" for e in audit)
+    # The endpoints' passwords (in the connection strings a start prints) never reach it.
+    text = (console.dir / "audit.jsonl").read_text()
+    for ep in ("ep1", "ep1r"):
+        password = (cluster.workdir / "endpoints" / ep / "password").read_text().strip()
+        assert password not in text
+
+
+def shoot(page, path: Path) -> None:
+    """A picture of the whole page, from its top (a page scrolled down
+    would show its sticky header in the middle)."""
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.screenshot(path=str(path), full_page=True)
 
 
 def logged_in(console: Console, user: str, password: str):

@@ -215,7 +215,7 @@
 
   // ------------------------------------------------------------------ API
   class ApiError extends Error {
-    constructor(status, msg) { super(msg); this.status = status; }
+    constructor(status, msg, data) { super(msg); this.status = status; this.data = data || null; }
   }
 
   async function api(method, path, body) {
@@ -246,7 +246,7 @@
     }
     if (!res.ok) {
       const msg = data && typeof data.error === 'string' ? data.error : `HTTP ${res.status} ${res.statusText}`.trim();
-      throw new ApiError(res.status, msg);
+      throw new ApiError(res.status, msg, data);
     }
     if (data === undefined) throw new ApiError(res.status, 'the console answered something that is not JSON');
     return { data, text };
@@ -1562,7 +1562,7 @@
       if (!endpoint) { showError('Choose an endpoint.'); return; }
       if (!sql.trim()) { showError('Write a statement.'); text.focus(); return; }
       const tv = timeout.value.trim();
-      if (tv && !/^\d+(\.\d+)?$/.test(tv)) { showError('The timeout is a number of seconds.'); timeout.focus(); return; }
+      if (tv && !/^\d+$/.test(tv)) { showError('The timeout is a whole number of seconds.'); timeout.focus(); return; }
       S.sql.endpoint = endpoint;
       setBusy(runBtn, true);
       results = [];
@@ -1581,7 +1581,9 @@
       } catch (e) {
         if (e.status === 401 || S.view !== view) return;
         info.textContent = `failed after ${Math.round(performance.now() - t0)} ms`;
-        showError(e.message);
+        const d = e.data || {};
+        const extra = [d.sqlstate ? `SQLSTATE ${d.sqlstate}` : null, isNum(d.position) ? `at character ${d.position}` : null].filter(Boolean);
+        showError(e.message + (extra.length ? `\n(${extra.join(', ')})` : ''));
       } finally {
         setBusy(runBtn, false);
       }

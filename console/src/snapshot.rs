@@ -149,6 +149,8 @@ pub struct Snapshot {
     pub sites: Vec<SiteRow>,
     /// Why the last reading failed, if it did (the previous one is kept).
     pub error: Option<String>,
+    /// How long the reading took.
+    pub read_seconds: f64,
 }
 
 /// The snapshot in force and the thread that renews it.
@@ -212,11 +214,14 @@ impl Snapshots {
 }
 
 fn read(root: &std::path::Path) -> Result<Snapshot, String> {
+    let started = std::time::Instant::now();
     let mut events = Vec::new();
     let wd = strata_control_plane::open(root, &mut events).map_err(|e| e.to_string())?;
     let st = status::collect(&wd).map_err(|e| e.to_string())?;
     let records = endpoint::inventory(&wd).unwrap_or_default();
-    Ok(shape(&wd, &st, &records))
+    let mut snapshot = shape(&wd, &st, &records);
+    snapshot.read_seconds = started.elapsed().as_secs_f64();
+    Ok(snapshot)
 }
 
 /// The pages' rows from the cluster's status.
@@ -246,7 +251,16 @@ pub fn shape(wd: &Workdir, st: &ClusterStatus, records: &[EndpointRecord]) -> Sn
             None => site.hosts.push(HostRow { host: s.host.clone(), services: vec![s.name.clone()] }),
         }
     }
-    Snapshot { sampled_at: strata_service::auth::now(), tenants, branches, endpoints, services, sites, error: None }
+    Snapshot {
+        sampled_at: strata_service::auth::now(),
+        tenants,
+        branches,
+        endpoints,
+        services,
+        sites,
+        error: None,
+        read_seconds: 0.0,
+    }
 }
 
 fn tenant_row(

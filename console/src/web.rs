@@ -445,7 +445,9 @@ async fn act(c: &Shared, a: &Authed, tenant: &str, action: Action) -> Answer<ser
     c.snapshots.refresh();
     match outcome {
         Ok(lines) => {
-            audit::finished("http", &what, true, &lines.join("; "), a.who());
+            // The answer carries a new endpoint's connection string with its
+            // password, for the operator who started it; the log never does.
+            audit::finished("http", &what, true, &redact_passwords(&lines.join("; ")), a.who());
             let snapshots = c.snapshots.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 snapshots.wait_newer(before.max(strata_service::auth::now()), std::time::Duration::from_secs(20))
@@ -608,6 +610,30 @@ async fn run_sql(
     }
 }
 
+/// `text` with the password of every connection URL in it (`scheme://user:PASSWORD@`) replaced.
+pub fn redact_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (before, after) = rest.split_at(i + 3);
+        out.push_str(before);
+        // The authority ends at the first '/', '?', '#' or white space.
+        let end = after.find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace()).unwrap_or(after.len());
+        let authority = &after[..end];
+        match authority.rfind('@').and_then(|at| authority[..at].find(':').map(|colon| (colon, at))) {
+            Some((colon, at)) => {
+                out.push_str(&authority[..colon]);
+                out.push_str(":(password)");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `GET /api/audit`: the newest entries of the console's audit log.
 async fn audit_view(State(c): State<Shared>) -> Answer<serde_json::Value> {
     let path = c.root.join(users::CONSOLE_DIR).join(AUDIT_FILE);
@@ -661,7 +687,25 @@ async fn status(State(c): State<Shared>) -> Json<serde_json::Value> {
         "sessions": c.sessions.count(),
         "snapshot_at": snap.sampled_at,
         "snapshot_error": snap.error,
+        "snapshot_seconds": snap.read_seconds,
         "tenants": snap.tenants.len(),
         "series": c.history.series_count(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_connection_urls_are_redacted() {
+        let line = "endpoint e: running; postgresql://app:s3cret@127.0.0.1:5432/postgres?sslmode=verify-full and \
+                    postgresql://app@10.0.0.1:5/x; https://host/path";
+        let out = redact_passwords(line);
+        assert!(!out.contains("s3cret"), "{out}");
+        assert!(out.contains("postgresql://app:(password)@127.0.0.1:5432/postgres?sslmode=verify-full"));
+        assert!(out.contains("postgresql://app@10.0.0.1:5/x") && out.contains("https://host/path"));
+        assert_eq!(redact_passwords("no url here"), "no url here");
+        assert_eq!(redact_passwords("x://a:b@"), "x://a:(password)@");
+    }
 }
