@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -369,3 +370,41 @@ def test_branch_reset_and_endpoint_suspend_from_the_cli(cluster):
     dev.start()
     with dev.app_connect() as c:
         assert sorted(r[0] for r in c.execute("SELECT x FROM t")) == [1, 3]
+
+
+def test_the_sql_editor_is_bounded_and_stays_in_its_tenant(cluster, console):
+    """An endpoint started through the API; a result past 1,000 rows is cut
+    and counted, a statement past its timeout is cancelled by PostgreSQL
+    (SQLSTATE 57014), an error comes with its SQLSTATE and position, and a
+    user bound to another tenant reaches none of its endpoints."""
+    cluster.run("tenant", "create", "t2")
+    console.add_user(*OPERATOR, role="operator")
+    console.add_user("bound", "bound password 123", role="operator", tenants=("t2",))
+    op = logged_in(console, *OPERATOR)
+    status, answer = op.post("/api/tenants/default/endpoints", {"name": "e1", "branch": "main"})
+    assert status == 200, answer
+    assert endpoint_row(tenant_view(op), "e1")["state"] == "running"
+
+    status, answer = op.post("/api/sql", {"endpoint": "e1", "sql": "SELECT g, repeat('x', 10) FROM generate_series(1, 5000) g"})
+    assert status == 200, answer
+    [result] = answer["results"]
+    assert result["columns"] == ["g", "repeat"] and result["row_count"] == 5000 and result["truncated"]
+    assert len(result["rows"]) == 1000 and result["rows"][0] == ["1", "x" * 10]
+
+    started = time.monotonic()
+    status, answer = op.post("/api/sql", {"endpoint": "e1", "sql": "SELECT pg_sleep(30)", "timeout_secs": 1})
+    assert status == 400 and answer["sqlstate"] == "57014", answer
+    assert time.monotonic() - started < 20
+
+    status, answer = op.post("/api/sql", {"endpoint": "e1", "sql": "SELECT nonsense FROM nowhere"})
+    assert status == 400 and answer["sqlstate"] == "42P01" and answer["position"] == 22, answer
+    # It logs in as the database's owner, not its superuser.
+    status, answer = op.post("/api/sql", {"endpoint": "e1", "sql": "SELECT current_user, "
+                                          "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"})
+    assert status == 200 and answer["results"][0]["rows"] == [["app", "f"]], answer
+
+    bound = logged_in(console, "bound", "bound password 123")
+    status, answer = bound.post("/api/sql", {"endpoint": "e1", "sql": "SELECT 1"})
+    assert status == 404, answer
+    assert bound.post("/api/endpoints/e1/stop")[0] == 404
+    assert endpoint_row(tenant_view(op), "e1")["state"] == "running"

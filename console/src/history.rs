@@ -270,9 +270,15 @@ fn sample(root: &Path, history: &History, snapshots: &Snapshots, previous: &mut 
     let snap = snapshots.current();
     let now = strata_service::auth::now();
     let mut per_tenant: HashMap<String, Sums> = HashMap::new();
+    // The agents' ports, read once (the endpoints of other hosts through their nodes).
+    let ports: HashMap<String, u16> = strata_control_plane::endpoint::inventory(&wd)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| (r.file.name, r.file.http_port))
+        .collect();
     for ep in snap.endpoints.iter().filter(|e| e.state == "running") {
         let Some(host) = wd.cluster.host(&ep.host) else { continue };
-        let Some(port) = snap_port(&wd, &ep.name) else { continue };
+        let Some(&port) = ports.get(&ep.name) else { continue };
         let url = format!(
             "{}://{}/metrics",
             strata_control_plane::http::scheme(),
@@ -403,15 +409,6 @@ fn sample(root: &Path, history: &History, snapshots: &Snapshots, previous: &mut 
     // Endpoints that are gone leave their last counters: forget them.
     previous.at.retain(|_, (t, _)| now.saturating_sub(*t) < 10 * SAMPLE_INTERVAL.as_secs());
     Ok(())
-}
-
-/// The agent's HTTP port of endpoint `name`.
-fn snap_port(wd: &Workdir, name: &str) -> Option<u16> {
-    strata_control_plane::endpoint::inventory(wd)
-        .ok()?
-        .into_iter()
-        .find(|r| r.file.name == name)
-        .map(|r| r.file.http_port)
 }
 
 #[cfg(test)]

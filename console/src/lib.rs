@@ -177,6 +177,20 @@ pub fn serve(options: ConsoleOptions) -> Result<(), String> {
     Ok(())
 }
 
+/// The fuzz target's entry (`fuzz/`): the console's readers of text it did
+/// not write — metrics of the services, `Cookie` headers — and the
+/// redaction of passwords in what it logs, on arbitrary bytes.
+pub fn fuzz_one(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let metrics = history::parse_metrics(&text);
+    assert!(metrics.len() <= text.lines().count());
+    let _ = web::cookie_of(text.lines());
+    let redacted = web::redact_passwords(&text);
+    // Redaction only ever replaces a password: what is left is the same
+    // text around it, and doing it again changes nothing.
+    assert_eq!(web::redact_passwords(&redacted), redacted);
+}
+
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), String> {
     std::thread::Builder::new().name(name.into()).spawn(f).map(|_| ()).map_err(|e| format!("a thread: {e}"))
 }

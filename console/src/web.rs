@@ -202,10 +202,12 @@ async fn check(State((console, need)): State<(Shared, Need)>, mut req: Request, 
 
 /// The session cookie's value.
 fn cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
+    cookie_of(headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()))
+}
+
+/// The session cookie's value in `Cookie` header values: 64 hex digits, or nothing.
+pub fn cookie_of<'a>(values: impl Iterator<Item = &'a str>) -> Option<String> {
+    values
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(name, _)| *name == COOKIE)
@@ -707,5 +709,14 @@ mod tests {
         assert!(out.contains("postgresql://app@10.0.0.1:5/x") && out.contains("https://host/path"));
         assert_eq!(redact_passwords("no url here"), "no url here");
         assert_eq!(redact_passwords("x://a:b@"), "x://a:(password)@");
+    }
+
+    #[test]
+    fn only_a_well_formed_session_cookie_is_read() {
+        let id = "ab".repeat(32);
+        assert_eq!(cookie_of([format!("a=1; strata_console={id}").as_str()].into_iter()), Some(id.clone()));
+        assert_eq!(cookie_of(["strata_console=zz"].into_iter()), None);
+        assert_eq!(cookie_of(["other=1", ""].into_iter()), None);
+        assert_eq!(cookie_of([format!("strata_console={id}x").as_str()].into_iter()), None);
     }
 }

@@ -9,7 +9,8 @@
 //! objects, data key objects and storage key files (`strata-remote-storage`),
 //! the proxy's SCRAM messages and verifiers (`strata-proxy`), an
 //! import's tar stream (`strata-pageserver`), decoded WAL batches and free
-//! space map messages (`strata-protocol`).
+//! space map messages (`strata-protocol`), and the console's readers of
+//! services' metrics and cookies (`strata-console`).
 #![no_main]
 
 /// First byte of inputs meant for the page service decoders. The formats
@@ -42,8 +43,13 @@ const IMPORT_TAR: u8 = 13;
 const DECODED_WAL: u8 = 14;
 /// Free space map pages carried in a logical message (`strata_protocol::fsm_pages`).
 const FSM_PAGES: u8 = 15;
+/// The console's readers: services' metrics, `Cookie` headers, password redaction.
+const CONSOLE: u8 = 16;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    if let Some((&CONSOLE, bytes)) = data.split_first() {
+        strata_console::fuzz_one(bytes);
+    }
     strata_formats::fuzz::fuzz_one(data);
     strata_protocol::safekeeper::codec::fuzz_decode(data);
     if let Some((&PAGE_SERVICE, frames)) = data.split_first() {
