@@ -120,7 +120,7 @@ pub fn create(
     })?;
     // Its WAL timeline on every running safekeeper (the others get it at `strata start`).
     let wd = Workdir::open(&wd.root)?;
-    services::ensure_tenant(&wd, wd.cluster.tenant_named(tenant)?, progress)?;
+    services::ensure_branch(&wd, wd.cluster.tenant_named(tenant)?, name, progress)?;
     Ok(BranchCreated { name: name.into(), timeline: timeline_id, parent: parent_name.into(), start })
 }
 
@@ -391,7 +391,7 @@ pub fn reset(wd: &Workdir, tenant: &str, name: &str, progress: &mut dyn Progress
     })?;
     let wd = Workdir::open(&wd.root)?;
     let t = wd.cluster.tenant_named(tenant)?;
-    services::ensure_tenant(&wd, t, progress)?;
+    services::ensure_branch(&wd, t, name, progress)?;
     delete_timeline(&wd, t, b.timeline_id)?;
     let mut restarted = Vec::new();
     for ep in running {

@@ -302,6 +302,16 @@ pub fn ensure_timelines(wd: &Workdir, progress: &mut dyn Progress) -> Result<()>
 /// its `main` timeline if needed) and on every running safekeeper, with
 /// the identity the pageserver reports. Idempotent.
 pub fn ensure_tenant(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> Result<()> {
+    ensure_branches(wd, t, None, progress)
+}
+
+/// [`ensure_tenant`] for one branch only (`branch create`, `branch reset`):
+/// its cost does not grow with the tenant's other branches.
+pub fn ensure_branch(wd: &Workdir, t: &Tenant, branch: &str, progress: &mut dyn Progress) -> Result<()> {
+    ensure_branches(wd, t, Some(branch), progress)
+}
+
+fn ensure_branches(wd: &Workdir, t: &Tenant, only: Option<&str>, progress: &mut dyn Progress) -> Result<()> {
     let c = &wd.cluster;
     let tenant = t.tenant_id;
     // Every shard is placed before any is created: the controllers spread
@@ -311,7 +321,7 @@ pub fn ensure_tenant(wd: &Workdir, t: &Tenant, progress: &mut dyn Progress) -> R
         super::controller::register(wd, *shard)?;
     }
     let ps = super::controller::attached(wd, shards[0])?;
-    for branch in &t.branches {
+    for branch in t.branches.iter().filter(|b| only.is_none_or(|name| b.name == name)) {
         let timeline = branch.timeline_id;
         let status = ensure_shard_timeline(wd, t, shards[0], branch, None, progress)?;
         // The other shards take shard 0's system identifier: one WAL feeds them all.

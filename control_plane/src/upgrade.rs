@@ -114,7 +114,7 @@ pub fn upgrade(
         Ok(())
     })?;
     let wd = Workdir::open(&wd.root)?;
-    super::services::ensure_tenant(&wd, wd.cluster.tenant_named(tenant)?, progress)?;
+    super::services::ensure_branch(&wd, wd.cluster.tenant_named(tenant)?, name, progress)?;
     let _ = std::fs::remove_dir_all(&stage);
     Ok(BranchUpgraded { name: name.into(), timeline, from: branch.into(), from_major: from, to_major: to })
 }
