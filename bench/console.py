@@ -27,7 +27,7 @@ answer, no main-thread task over 50 ms while nothing is clicked.
 With --screenshots, the pages are photographed into docs/console/ (the
 tenants list at this size, a large tree, graphs under load).
 
-Usage: .venv/bin/python -m bench.console [--tenants 200] [--big-branches 600] [--runs 5] [--idle-secs 30] [--load-secs 120] [--screenshots] [--quick]
+Usage: .venv/bin/python -m bench.console [--tenants 200] [--big-branches 601] [--runs 5] [--idle-secs 30] [--load-secs 120] [--screenshots] [--quick]
 Writes bench/results/console.json and .txt (console_quick.* with --quick).
 """
 
@@ -159,7 +159,7 @@ def measure_api(console: Console, n: int = 20) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tenants", type=int, default=200)
-    ap.add_argument("--big-branches", type=int, default=600)
+    ap.add_argument("--big-branches", type=int, default=601)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--idle-secs", type=float, default=30)
     ap.add_argument("--load-secs", type=float, default=120, help="pgbench RW before the measurements, for the graphs")

@@ -68,6 +68,35 @@
     return el;
   }
 
+  // Puts rows into `tbody`, reusing each row whose data did not change
+  // (`items`: {key, sig, build}): a poll that moves one branch's LSN
+  // rebuilds that row, not the page's thousand. When the rows are the same
+  // keys in the same order, changed ones are swapped in place; otherwise
+  // the body is replaced with the (mostly reused) rows.
+  function patchRows(tbody, items, cache) {
+    const next = new Map();
+    const rows = items.map(it => {
+      const old = cache.get(it.key);
+      const tr = old && old.sig === it.sig ? old.tr : it.build();
+      next.set(it.key, { sig: it.sig, tr });
+      return tr;
+    });
+    const current = tbody.children;
+    const inPlace = current.length === rows.length && items.every((it, i) => {
+      const old = cache.get(it.key);
+      return old && current[i] === old.tr;
+    });
+    if (inPlace) {
+      for (let i = 0; i < rows.length; i++) if (current[i] !== rows[i]) current[i].replaceWith(rows[i]);
+    } else {
+      const frag = document.createDocumentFragment();
+      frag.append(...rows);
+      tbody.replaceChildren(frag);
+    }
+    cache.clear();
+    for (const [k, v] of next) cache.set(k, v);
+  }
+
   function badge(text, cls, testid) {
     return h('span', { class: 'badge ' + cls, testid }, text);
   }
@@ -591,28 +620,12 @@
       });
     }
 
+    const rowCache = new Map();
     function renderRows() {
       const fk = focusKey(tbody);
-      const frag = document.createDocumentFragment();
-      for (const t of sortRows(tenants)) {
-        const name = String(t.name);
-        const tid = t.tenant_id == null ? '' : String(t.tenant_id);
-        frag.append(h('tr', { testid: 'tenant-row', data: { name, search: (name + ' ' + tid).toLowerCase() } },
-          h('td', { class: 'strong' }, h('a', { href: '#/tenant/' + enc(name) }, name)),
-          h('td', { class: 'mono small', title: tid || null }, tid ? tid.slice(0, 12) + (tid.length > 12 ? '\u2026' : '') : DASH),
-          h('td', null, badge(fmtText(t.state), stateClass(t.state))),
-          h('td', { class: 'num' }, fmtText(t.pg_version)),
-          h('td', null, fmtBool(t.attached)),
-          h('td', { class: 'num' }, fmtCount(t.branches)),
-          h('td', { class: 'num' }, fmtCount(t.endpoints_running)),
-          h('td', { class: 'num' }, fmtCount(t.endpoints_suspended)),
-          h('td', { class: 'num' }, fmtBytes(t.logical_bytes)),
-          h('td', { class: 'num' }, fmtBytes(t.wal_held_bytes)),
-          h('td', { class: 'num' }, fmtBytes(t.local_layer_bytes)),
-          h('td', { class: 'num' }, fmtBytes(t.remote_layer_bytes))));
-      }
-      if (!tenants.length) frag.append(h('tr', { class: 'empty' }, h('td', { colspan: TENANT_COLS.length }, 'No tenants.')));
-      tbody.replaceChildren(frag);
+      const items = sortRows(tenants).map(t => ({ key: String(t.name), sig: JSON.stringify(t), build: () => tenantRow(t) }));
+      if (items.length) patchRows(tbody, items, rowCache);
+      else { rowCache.clear(); tbody.replaceChildren(h('tr', { class: 'empty' }, h('td', { colspan: TENANT_COLS.length }, 'No tenants.'))); }
       for (const th of theadEl.querySelectorAll('th[data-sort]')) {
         const on = th.dataset.sort === S.tenantSort.key;
         th.classList.toggle('sorted', on);
@@ -620,6 +633,24 @@
       }
       applyFilter();
       restoreFocus(tbody, fk);
+    }
+
+    function tenantRow(t) {
+      const name = String(t.name);
+      const tid = t.tenant_id == null ? '' : String(t.tenant_id);
+      return (h('tr', { testid: 'tenant-row', data: { name, search: (name + ' ' + tid).toLowerCase() } },
+        h('td', { class: 'strong' }, h('a', { href: '#/tenant/' + enc(name) }, name)),
+        h('td', { class: 'mono small', title: tid || null }, tid ? tid.slice(0, 12) + (tid.length > 12 ? '\u2026' : '') : DASH),
+        h('td', null, badge(fmtText(t.state), stateClass(t.state))),
+        h('td', { class: 'num' }, fmtText(t.pg_version)),
+        h('td', null, fmtBool(t.attached)),
+        h('td', { class: 'num' }, fmtCount(t.branches)),
+        h('td', { class: 'num' }, fmtCount(t.endpoints_running)),
+        h('td', { class: 'num' }, fmtCount(t.endpoints_suspended)),
+        h('td', { class: 'num' }, fmtBytes(t.logical_bytes)),
+        h('td', { class: 'num' }, fmtBytes(t.wal_held_bytes)),
+        h('td', { class: 'num' }, fmtBytes(t.local_layer_bytes)),
+        h('td', { class: 'num' }, fmtBytes(t.remote_layer_bytes))));
     }
 
     view.mount = root => {
@@ -889,19 +920,24 @@
         h('span', { class: 'mono' }, `${fmtText(s.flush_lsn)} / ${fmtText(s.commit_lsn)}`)]));
     }
 
+    const treeCache = new Map();
     function renderTree() {
       const fk = focusKey(treeBody);
       const nodes = buildTree(branches);
       const act = canAct();
       const selected = S.selectedBranch.get(T);
-      const frag = document.createDocumentFragment();
+      const items = [];
       for (let i = 0; i < nodes.length; i++) {
         const n = nodes[i];
-        frag.append(branchRow(n, act, selected));
-        if (n.kids && collapsed.has(String(n.b.name))) i += n.desc;
+        const name = String(n.b.name);
+        // Everything the row shows depends on: its data and its place.
+        const sig = JSON.stringify([n.b, n.depth, !!n.kids, n.desc, act, name === selected, collapsed.has(name),
+          S.busy.has(`reset:${T}:${name}`)]);
+        items.push({ key: name, sig, build: () => branchRow(n, act, selected) });
+        if (n.kids && collapsed.has(name)) i += n.desc;
       }
-      if (!nodes.length) frag.append(h('tr', { class: 'empty' }, h('td', { colspan: BRANCH_COLS.length }, 'No branches.')));
-      treeBody.replaceChildren(frag);
+      if (items.length) patchRows(treeBody, items, treeCache);
+      else { treeCache.clear(); treeBody.replaceChildren(h('tr', { class: 'empty' }, h('td', { colspan: BRANCH_COLS.length }, 'No branches.'))); }
       branchCount.textContent = `(${branches.length})`;
       restoreFocus(treeBody, fk);
     }

@@ -479,9 +479,22 @@ fn stop_relay(wd: &Workdir, places: &Places, major: u32, mode: &str) -> Result<(
         return Ok(());
     }
     let mut stop = pg_ctl(wd, major);
-    stop.arg("stop").arg("-D").arg(places.pgdata()).args(["-m", mode, "-w", "-t", "120"]);
+    stop.arg("stop").arg("-D").arg(places.pgdata()).args(["-m", mode, "-w", "-t", "60"]);
     as_user(&mut stop, &wd.cluster.pg_user)?;
-    run(&mut stop, "stopping the relay")
+    match run(&mut stop, "stopping the relay") {
+        Ok(()) => Ok(()),
+        // A relay's fast shutdown waits for its walsender to hand the
+        // follower all it has, which a follower behind a busy quorum may
+        // not confirm in time. Stopped at once, the relay may cut its stream
+        // short of the source's end: the cut-over then finds no shutdown
+        // checkpoint at the end, starts the relay again and fails safely,
+        // to be run again.
+        Err(e) if mode != "immediate" => {
+            tracing::warn!("{e}; stopping the relay at once");
+            stop_relay(wd, places, major, "immediate")
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn remove_places(places: &Places) {
