@@ -73,40 +73,7 @@
   // rebuilds that row, not the page's thousand. When the rows are the same
   // keys in the same order, changed ones are swapped in place; otherwise
   // the body is replaced with the (mostly reused) rows.
-  // The first render of a long list builds a screenful before the page
-  // paints, and the rest in slices after (a tree of 600 rows built at once
-  // held the page for a third of a second); `after` runs after each slice.
-  const FIRST_ROWS = 60;
-  const ROWS_PER_SLICE = 200;
-  function patchRows(tbody, items, cache, after) {
-    // A newer call supersedes the slices an earlier one left to build.
-    const gen = (tbody._strataGen = (tbody._strataGen || 0) + 1);
-    if (!cache.size && items.length > FIRST_ROWS) {
-      const first = items.slice(0, FIRST_ROWS).map(it => {
-        const tr = it.build();
-        cache.set(it.key, { sig: it.sig, tr });
-        return tr;
-      });
-      const frag = document.createDocumentFragment();
-      frag.append(...first);
-      tbody.replaceChildren(frag);
-      let at = FIRST_ROWS;
-      const slice = () => {
-        if (tbody._strataGen !== gen || !tbody.isConnected) return;
-        const part = document.createDocumentFragment();
-        for (const it of items.slice(at, at + ROWS_PER_SLICE)) {
-          const tr = it.build();
-          cache.set(it.key, { sig: it.sig, tr });
-          part.append(tr);
-        }
-        tbody.append(part);
-        at += ROWS_PER_SLICE;
-        if (after) after();
-        if (at < items.length) setTimeout(slice, 0);
-      };
-      setTimeout(slice, 0);
-      return;
-    }
+  function patchRows(tbody, items, cache) {
     const next = new Map();
     const rows = items.map(it => {
       const old = cache.get(it.key);
@@ -657,7 +624,7 @@
     function renderRows() {
       const fk = focusKey(tbody);
       const items = sortRows(tenants).map(t => ({ key: String(t.name), sig: JSON.stringify(t), build: () => tenantRow(t) }));
-      if (items.length) patchRows(tbody, items, rowCache, applyFilter);
+      if (items.length) patchRows(tbody, items, rowCache);
       else { rowCache.clear(); tbody.replaceChildren(h('tr', { class: 'empty' }, h('td', { colspan: TENANT_COLS.length }, 'No tenants.'))); }
       for (const th of theadEl.querySelectorAll('th[data-sort]')) {
         const on = th.dataset.sort === S.tenantSort.key;
