@@ -127,14 +127,10 @@ def test_an_operator_works_the_cluster_in_a_browser(cluster, console, tmp_path):
         shoot(page, shots / "tenant.png")
 
         # A query, its 120 rows paged.
-        page.get_by_test_id("nav-sql").click()
-        page.get_by_test_id("sql-tenant").select_option("default")
-        page.get_by_test_id("sql-endpoint").select_option("ep1")
-        page.get_by_test_id("sql-text").fill(
-            "CREATE TABLE items (id int PRIMARY KEY, name text);\n"
-            "INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 120) g;\n"
-            "SELECT id, name FROM items ORDER BY id;")
-        page.get_by_test_id("sql-run").click()
+        run_sql(page, "default", "ep1",
+                "CREATE TABLE items (id int PRIMARY KEY, name text);\n"
+                "INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 120) g;\n"
+                "SELECT id, name FROM items ORDER BY id;")
         results = page.get_by_test_id("sql-result")
         expect(results.last).to_contain_text("item 1", timeout=120_000)
         expect(page.get_by_test_id("sql-page-info").last).to_contain_text("120")
@@ -143,20 +139,12 @@ def test_an_operator_works_the_cluster_in_a_browser(cluster, console, tmp_path):
         shoot(page, shots / "sql.png")
 
         # It sleeps once idle; the next query wakes it through the proxy.
-        page.get_by_test_id("nav-tenants").click()
-        page.locator('[data-testid="tenant-row"][data-name="default"]').get_by_role("link").first.click()
-        ep_row = page.locator('[data-testid="endpoint-row"][data-name="ep1"]')
+        ep_row = open_tenant(page, "default").locator('[data-testid="endpoint-row"][data-name="ep1"]')
         expect(ep_row.get_by_test_id("endpoint-state")).to_have_text("suspended", timeout=120_000)
         shoot(page, shots / "suspended.png")
-        page.get_by_test_id("nav-sql").click()
-        page.get_by_test_id("sql-tenant").select_option("default")
-        page.get_by_test_id("sql-endpoint").select_option("ep1")
-        page.get_by_test_id("sql-text").fill("SELECT count(*) AS n FROM items;")
-        page.get_by_test_id("sql-run").click()
+        run_sql(page, "default", "ep1", "SELECT count(*) AS n FROM items;")
         expect(page.get_by_test_id("sql-result").last).to_contain_text("120", timeout=180_000)
-        page.get_by_test_id("nav-tenants").click()
-        page.locator('[data-testid="tenant-row"][data-name="default"]').get_by_role("link").first.click()
-        ep_row = page.locator('[data-testid="endpoint-row"][data-name="ep1"]')
+        ep_row = open_tenant(page, "default").locator('[data-testid="endpoint-row"][data-name="ep1"]')
         expect(ep_row.get_by_test_id("endpoint-state")).to_have_text("running", timeout=60_000)
 
         # A replica of it, then promoted.
@@ -210,6 +198,22 @@ def test_an_operator_works_the_cluster_in_a_browser(cluster, console, tmp_path):
     for ep in ("ep1", "ep1r"):
         password = (cluster.workdir / "endpoints" / ep / "password").read_text().strip()
         assert password not in text
+
+
+def open_tenant(page, tenant: str):
+    """Goes to `tenant`'s page from the tenants list; the page."""
+    page.get_by_test_id("nav-tenants").click()
+    page.locator(f'[data-testid="tenant-row"][data-name="{tenant}"]').get_by_role("link").first.click()
+    return page
+
+
+def run_sql(page, tenant: str, endpoint: str, sql: str) -> None:
+    """Runs `sql` on `endpoint` in the SQL editor."""
+    page.get_by_test_id("nav-sql").click()
+    page.get_by_test_id("sql-tenant").select_option(tenant)
+    page.get_by_test_id("sql-endpoint").select_option(endpoint)
+    page.get_by_test_id("sql-text").fill(sql)
+    page.get_by_test_id("sql-run").click()
 
 
 def shoot(page, path: Path) -> None:

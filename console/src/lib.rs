@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use strata_control_plane::layout::Workdir;
 use strata_control_plane::{certs, keys};
 use strata_service::start::{http_listener, serve_http, stop_signal, Security};
 use tracing::{info, warn};
@@ -118,6 +117,9 @@ pub fn serve(options: ConsoleOptions) -> Result<(), String> {
     let snapshots = snapshot::Snapshots::new(root.clone());
     snapshots.read_now();
     let history = history::History::open(dir.join("history.json"));
+    // The snapshot thread opens the workdir every few seconds, which mints
+    // the management token of the calls to the services again before its
+    // hour ends (`keys::use_management_token`).
     spawn("console-snapshots", {
         let s = snapshots.clone();
         move || s.run()
@@ -126,18 +128,6 @@ pub fn serve(options: ConsoleOptions) -> Result<(), String> {
         let (r, h, s) = (root.clone(), history.clone(), snapshots.clone());
         move || history::run_sampler(r, h, s)
     })?;
-    spawn("console-token", {
-        let r = root.clone();
-        // The calls to the services carry a management token of an hour:
-        // it is minted again before it ends.
-        move || loop {
-            std::thread::sleep(std::time::Duration::from_secs(60));
-            if let Err(e) = Workdir::open(&r) {
-                warn!("reading the workdir: {e}");
-            }
-        }
-    })?;
-
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("console")
